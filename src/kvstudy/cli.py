@@ -1,0 +1,49 @@
+"""The ``kvstudy`` command. Each concern's module adds its own sub-command through ``register``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from .errors import StudyError
+
+# module name -> registers one sub-command with argparse; each sets ``func`` on its parser.
+SUBCOMMAND_MODULES = (
+    "kvstudy.capacity",
+    "kvstudy.startup_log",
+    "kvstudy.scales",
+    "kvstudy.tinymodel",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvstudy", description="FP8 KV-cache study helpers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue  # a concern that is not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except StudyError as exc:
+        print(f"kvstudy: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvstudy: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
