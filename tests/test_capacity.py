@@ -290,3 +290,14 @@ def test_bad_files(tmp_path: Path) -> None:
     (index / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}}))
     with pytest.raises(StudyError, match="field 'metadata.total_size' is None"):
         cap.weights_size(index)
+
+
+def test_parameter_estimate_for_mla_moe_and_hybrid() -> None:
+    # DeepSeek-V3's weight README gives 671 B parameters for the main model (61 layers, MTP excluded);
+    # its checkpoint stores them in FP8, one byte each.
+    deepseek = cap.weights_size(MODELS / "DeepSeek-V3")
+    assert abs(deepseek.parameters - 671e9) / 671e9 < 0.005
+    assert deepseek.bytes == deepseek.parameters and "fp8" in deepseek.source
+    # Qwen3-Next-80B-A3B: about 80 B parameters (gated-delta-net and attention layers, 512 experts)
+    nxt = cap.weights_size(MODELS / "Qwen3-Next-80B-A3B-Instruct")
+    assert 79e9 < nxt.parameters < 81e9

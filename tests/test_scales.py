@@ -567,3 +567,42 @@ def test_cli_human_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["scales", str(BUNDLED / "modelopt-kv")]) == 0
     out = capsys.readouterr().out
     assert "layer 0 k:" in out and "kv_cache_quant_algo: FP8" in out and "verdict:" in out
+
+
+# ----------------------------------------------------------------------------- bundled logs
+
+@pytest.mark.parametrize("log, outcome", [
+    ("constructed/gpu-0.32-fp8-scale-warning.log", "dropped"),
+    ("constructed/gpu-0.11-fp8-scale-warning.log", "dropped"),
+    ("constructed/gpu-0.32-fp8-no-warning.log", "consistent"),
+])
+def test_constructed_gpu_logs_with_scaled_checkpoint(log: str, outcome: str) -> None:
+    report = inspect_model(BUNDLED / "fp8-kv-scales", log=LOGS / log)
+    assert report.engine_outcome == outcome
+
+
+@pytest.mark.parametrize("log, outcome", [
+    ("constructed/gpu-0.32-fp8-scale-warning.log", "warning-expected"),
+    ("constructed/gpu-0.32-fp8-no-warning.log", "silent-unit-scale"),
+])
+def test_constructed_gpu_logs_with_plain_checkpoint(log: str, outcome: str) -> None:
+    assert inspect_model(BUNDLED / "plain-bf16", log=LOGS / log).engine_outcome == outcome
+
+
+def test_start_that_failed_before_loading_weights_says_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "early.log"
+    log.write_text("(APIServer pid=1) INFO 11-29 07:11:00 [core.py:90] Initializing a V1 LLM engine (v0.32.0) with "
+                   "config: model='m', kv_cache_dtype=fp8, device_config=cuda\n"
+                   "(EngineCore pid=2) ERROR 11-29 07:11:05 [core.py:1510] EngineCore failed to start.\n"
+                   "RuntimeError: Engine core initialization failed. See root cause above.\n")
+    report = inspect_model(BUNDLED / "fp8-kv-scales", log=log)
+    assert report.engine_outcome == "too-early"
+    assert "cannot say whether scales loaded" in joined(report)
+
+
+def test_record_of_failed_start_past_weights(tmp_path: Path) -> None:
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps({"resolved": {"kv_cache_dtype": "fp8", "kv_scale_warning": False, "failed": True,
+                                             "pool_tokens": 2097152}}))
+    report = inspect_model(BUNDLED / "fp8-kv-scales", log=path)
+    assert report.engine_outcome == "consistent" and "failed later" in joined(report)

@@ -307,21 +307,6 @@ def discrimination_check(model_label: str, model: Mapping[int, bool], weak_label
                           table[0][0] + only_weak, n, p, p < alpha)
 
 
-def discrimination_from_counts(model_label: str, model_correct: int, weak_label: str,
-                               weak_correct: int, n: int, alpha: float = ALPHA) -> Discrimination:
-    """Unpaired fallback: the model's Wilson interval lies wholly above the weak one's."""
-    a, b = accuracy_row(model_label, model_correct, n), accuracy_row(weak_label, weak_correct, n)
-    separated = a.wilson_low > b.wilson_high
-    from statsmodels.stats.proportion import proportions_ztest
-
-    if model_correct == weak_correct:
-        p = 1.0
-    else:
-        _, p = proportions_ztest([model_correct, weak_correct], [n, n], alternative="larger")
-    return Discrimination(model_label, weak_label, model_correct, weak_correct, n, float(p),
-                          bool(separated))
-
-
 # --------------------------------------------------------------------------- verdicts
 
 def _pts(x: float) -> str:

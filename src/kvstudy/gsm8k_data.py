@@ -132,7 +132,7 @@ def _speed_distance(r: random.Random) -> Problem:
 
 def _percent_discount(r: random.Random) -> Problem:
     name, item = r.choice(NAMES), r.choice(ITEMS)
-    price = r.randint(2, 30) * 10
+    price = r.randint(1, 15) * 20  # a multiple of 20, so every discount below is whole dollars
     pct = r.choice((10, 20, 25, 50))
     off = price * pct // 100
     final = price - off

@@ -44,6 +44,7 @@ ENGINE_OUTCOMES = {
     "warning-expected": "no scales, and the log warns about scale 1.0",
     "silent-unit-scale": "no scales, FP8, no warning: scale 1.0 used silently",
     "unknown": "the log does not say which KV dtype was used",
+    "too-early": "the start failed before the weights were loaded: the log cannot say",
 }
 
 # (name ending, kinds, naming style). Order matters: longer endings first.
@@ -141,6 +142,8 @@ class EngineEvidence:
     kv_cache_dtype: str | None  # the dtype the engine stored the KV cache in ("auto" counts as not FP8)
     kv_scale_warning: bool  # the "Using KV cache scaling factor 1.0" warning was printed
     version: str | None
+    failed: bool = False  # the start failed
+    weights_processed: bool = True  # the log goes past weight loading (pool sized, or ready)
 
 
 def _json_number(value: float) -> float | str:
@@ -535,6 +538,8 @@ def _all_ones(report: ScaleReport) -> bool:
 def engine_outcome(report: ScaleReport, ev: EngineEvidence) -> str:
     """One of ENGINE_OUTCOMES: what the log says happened to this checkpoint's scales."""
     fp8 = (ev.kv_cache_dtype or "").lower().startswith("fp8")
+    if not ev.kv_scale_warning and not ev.weights_processed:
+        return "too-early"
     if ev.kv_cache_dtype is not None and not fp8 and not ev.kv_scale_warning:
         return "not-fp8"
     if report.has_scales and ev.kv_scale_warning:
@@ -561,7 +566,10 @@ def _evidence_verdicts(report: ScaleReport, ev: EngineEvidence) -> list[str]:
         "silent-unit-scale": ("FP8 KV cache, no scale-1.0 warning and no scales in the checkpoint: "
                               "it ran with scale 1.0 silently."),
         "unknown": "the log does not say which KV dtype was used; nothing to compare.",
+        "too-early": "the start failed before the weights were loaded, so the log cannot say whether scales loaded.",
     }[outcome]
+    if ev.failed and outcome != "too-early":
+        text += " (The start failed later, after the weights and their scales were loaded.)"
     return [f"{on}: {text}"]
 
 
@@ -597,7 +605,15 @@ def read_evidence(path: str | Path) -> EngineEvidence:
     if path.suffix == ".json":
         return _evidence_from_record(path)
     info = parse_startup_log(path)
-    return EngineEvidence(str(path), info.kv_cache_dtype, bool(info.kv_scale_warning), info.version)
+    return EngineEvidence(str(path), info.kv_cache_dtype, bool(info.kv_scale_warning), info.version,
+                          failed=bool(info.failed), weights_processed=_weights_processed(vars(info)))
+
+
+def _weights_processed(fields: dict[str, Any]) -> bool:
+    """Whether a start got past weight loading, where vLLM prints the scale-1.0 warning."""
+    if fields.get("failed") is not True:
+        return True
+    return any(fields.get(k) is not None for k in ("pool_tokens", "model_load_gib")) or fields.get("ready") is True
 
 
 def _find_key(data: Any, key: str) -> Any:
@@ -622,8 +638,10 @@ def _evidence_from_record(path: Path) -> EngineEvidence:
     if not isinstance(warning, bool):
         raise StudyError(f"{path}: expected a resolved-run record with a boolean 'kv_scale_warning'")
     dtype, version = _find_key(resolved, "kv_cache_dtype"), _find_key(resolved, "version")
+    fields = {k: _find_key(resolved, k) for k in ("failed", "pool_tokens", "model_load_gib", "ready")}
     return EngineEvidence(str(path), str(dtype) if dtype is not None else None, warning,
-                          str(version) if version is not None else None)
+                          str(version) if version is not None else None, failed=fields["failed"] is True,
+                          weights_processed=_weights_processed(fields))
 
 
 # --------------------------------------------------------------------------- public entry points
@@ -768,7 +786,7 @@ def findings_table(reports: Sequence[ScaleReport]) -> Any:
             "per head": any(len(s.values) > 1 for s in r.scales) if r.scales else None,
             "k scales": _span(k), "v scales": _span(v),
             "log check": r.engine_outcome, "bytes read": r.bytes_read, "errors": len(r.errors)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).astype(object).fillna("–")
 
 
 def scale_values_frame(reports: Sequence[ScaleReport]) -> Any:
@@ -805,10 +823,10 @@ def summarize(reports: Sequence[ScaleReport], dump: Any = None) -> dict[str, Any
     }
     c = counts
     text = (f"Of {c['models']} model folders, {c['inspected']} had safetensors weights to inspect and "
-            f"{c['with_scales']} of those carry KV scale tensors. {c['declare_kv']} declare a KV dtype themselves. "
-            f"{c['silent_unit_scale']} have no scales and no KV-handling quantization method: with "
-            "`--kv-cache-dtype fp8` they run with scale 1.0 and vLLM prints no warning. "
-            f"{c['with_errors']} have problems in their files. ")
+            f"{c['with_scales']} of those carry KV scale tensors. Folders that declare a KV dtype themselves: "
+            f"{c['declare_kv']}. Folders with no scales and no KV-handling quantization method, which run "
+            f"`--kv-cache-dtype fp8` with scale 1.0 and no warning: {c['silent_unit_scale']}. "
+            f"Folders with problems in their files: {c['with_errors']}. ")
     if c["checked"]:
         text += (f"Against {c['checked']} startup logs, {c['dropped']} show scales that the checkpoint has "
                  "but the loader dropped. ")

