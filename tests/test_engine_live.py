@@ -159,7 +159,8 @@ def test_broken_config_json(tiny_model: Path, tmp_path: Path) -> None:
     with pytest.raises(EngineStartError) as err:
         server.start()
     assert "exited with code" in str(err.value)
-    assert err.value.info is not None and err.value.info.failed and err.value.info.failure_cause
+    assert err.value.info is not None and err.value.info.failed
+    assert "JSON" in err.value.info.failure_cause and "config.json" in err.value.info.failure_cause
     assert (tmp_path / "broken.log").stat().st_size > 0
     assert_gone(server)
 

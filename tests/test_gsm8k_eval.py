@@ -181,3 +181,44 @@ def test_cached_answers_counts_lm_eval_cache(tmp_path):
     with SqliteDict(str(tmp_path / f"{ge.CACHE_PREFIX}_rank0.db"), autocommit=True) as db:
         db["a"], db["b"] = "x", "y"
     assert ge.cached_answers(tmp_path) == 2
+
+
+def test_root_error_skips_warnings_and_wrappers(tmp_path):
+    log = tmp_path / "engine.log"
+    log.write_text(
+        "(APIServer pid=1) WARNING 11-29 [x.py:1] fd limits can cause `OSError: [Errno 24] Too many open files`\n"
+        "(Worker pid=2) ERROR 11-29 [m.py:9] Traceback (most recent call last):\n"
+        "(Worker pid=2) ERROR 11-29 [m.py:9] RuntimeError: _C::static_scaled_fp8_quant() expected at most 0 argument(s)\n"
+        "(EngineCore pid=3) ERROR 11-29 [core.py:1] Exception: WorkerProc initialization failed due to an exception\n")
+    assert ge.root_error(log) == "RuntimeError: _C::static_scaled_fp8_quant() expected at most 0 argument(s)"
+    log.write_text("(APIServer pid=1) INFO ready\n")
+    assert ge.root_error(log) is None
+
+
+def test_run_missing_starts_nothing_when_all_is_there(tmp_path):
+    settings = ge.EvalSettings(n=2)
+    cap = _fake_capture(tmp_path, {"bf16": "10", "bf16-zero-shot": "00"},
+                        failed={"fp8-kv": "FP8 KV cache on CPU requires x86 with AVX-512 or AMX."})
+    for name in ("bf16", "bf16-zero-shot"):  # statuses as run_group writes them
+        status = json.loads((cap / name / "status.json").read_text())
+        status["settings"] = {"n": 2, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}
+        (cap / name / "status.json").write_text(json.dumps(status))
+    (cap / "fp8-kv" / "status.json").write_text(json.dumps(
+        {"state": "failed", "diagnosis": "no AVX-512", "settings": {"n": 2}}))
+    lines: list[str] = []
+    out = ge.run_missing(["bf16", "fp8-kv", "bf16-zero-shot"], tmp_path / "model", cap, settings,
+                         log=lines.append)
+    assert out == {}
+    assert lines[0] == "bf16: done already, kept" and lines[1].startswith("fp8-kv: failed before")
+
+
+def test_manifest_refuses_other_settings(tmp_path):
+    from kvstudy.engine import ServerConfig
+
+    base = ServerConfig(model="m")
+    ge.write_manifest(tmp_path, ["bf16"], "m", ge.EvalSettings(n=2), base)
+    ge.write_manifest(tmp_path, ["fp8-kv"], "m", ge.EvalSettings(n=2), base)
+    manifest = ge.read_manifest(tmp_path)
+    assert [r["configurations"] for r in manifest["runs"]] == [["bf16"], ["fp8-kv"]]
+    with pytest.raises(StudyError, match="other settings"):
+        ge.write_manifest(tmp_path, ["bf16"], "m", ge.EvalSettings(n=3), base)

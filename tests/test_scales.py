@@ -464,7 +464,7 @@ def test_verdict_warning_matches_missing_scales(tmp_path: Path) -> None:
 
 def test_verdict_silent_scale_one(tmp_path: Path) -> None:
     report = inspect_model(BUNDLED / "plain-bf16", log=write_log(tmp_path / "s.log"))
-    assert "it ran with scale 1.0 silently" in joined(report)
+    assert "scale 1.0 was used silently" in joined(report)
 
 
 def test_verdict_bf16_run_uses_no_scales(tmp_path: Path) -> None:
@@ -605,4 +605,42 @@ def test_record_of_failed_start_past_weights(tmp_path: Path) -> None:
     path.write_text(json.dumps({"resolved": {"kv_cache_dtype": "fp8", "kv_scale_warning": False, "failed": True,
                                              "pool_tokens": 2097152}}))
     report = inspect_model(BUNDLED / "fp8-kv-scales", log=path)
-    assert report.engine_outcome == "consistent" and "failed later" in joined(report)
+    assert report.engine_outcome == "consistent" and "failed afterwards" in joined(report)
+
+
+# ----------------------------------------------------------------------------- seed 002's dump check
+
+def test_dump_lists_every_config_with_its_declared_kv_dtype() -> None:
+    from kvstudy.scales import dump_kv_settings
+
+    rows = {Path(r["config"]).parent.name: r for r in dump_kv_settings(BUNDLED)}
+    assert set(rows) == {c.name for c in ck.CASES}
+    assert rows["kv-dtype-field"]["kv_cache_dtype"] == "fp8_e4m3" and rows["kv-dtype-field"]["declared"] == "fp8_e4m3"
+    assert rows["config-trap"]["declared"] == "fp8" and rows["modelopt-kv"]["declared"] == "fp8"
+    assert rows["plain-bf16"]["declared"] is None and rows["fp8-kv-scales"]["declared"] is None
+    assert all(r["agree"] is None for r in rows.values())
+
+
+def test_dump_compares_with_logs(tmp_path: Path) -> None:
+    from kvstudy.scales import dump_kv_settings
+
+    fp8, bf16, auto = (write_log(tmp_path / f"{d}.log", dtype=d) for d in ("fp8", "bfloat16", "auto"))
+    rows = dump_kv_settings(BUNDLED, {"config-trap": [str(fp8), str(bf16), str(auto)],
+                                      str(BUNDLED / "plain-bf16"): str(fp8)})
+    trap = [r for r in rows if "config-trap" in r["config"]]
+    assert [(r["log_kv_dtype"], r["agree"]) for r in trap] == [("fp8", True), ("bfloat16", False), ("auto", None)]
+    assert "another dtype than the folder declares" in trap[1]["note"]
+    assert "shows only the flag 'auto'" in trap[2]["note"]
+    plain = next(r for r in rows if "plain-bf16" in r["config"])
+    assert plain["log_kv_dtype"] == "fp8" and plain["agree"] is None  # the folder declares nothing
+
+
+def test_dump_bad_root_and_bad_config(tmp_path: Path) -> None:
+    from kvstudy.scales import dump_kv_settings
+
+    with pytest.raises(StudyError, match="not a folder"):
+        dump_kv_settings(tmp_path / "none")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("[")
+    (row,) = dump_kv_settings(tmp_path)
+    assert "config.json: not valid JSON" in row["errors"]

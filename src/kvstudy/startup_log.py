@@ -202,7 +202,8 @@ def _diagnose(info: StartupInfo, text: str) -> None:
     for regex, cause, advice in FAILURE_RULES:
         hit = regex.search(text)
         if hit:
-            detail = _first_detail(hit, lines)
+            evidence = [m.group(0).strip() for m in exc_lines if regex.search(m.group(0))]
+            detail = evidence[-1][:300] if evidence else _first_detail(hit, lines)
             info.failure_cause = f"{cause}: {detail}" if detail else cause
             info.advice = list(advice)
             return
