@@ -152,7 +152,7 @@ def run(out_dir: Path, names: list[str], timeout_s: float) -> int:
             with VllmServer(config, log, ready_timeout_s=timeout_s) as server:
                 print(f"[capture] {cap.name}: ready in {server.ready_s:.0f} s", flush=True)
         except EngineStartError as exc:
-            outcome = f"failed: {exc}"
+            outcome = f"failed: {str(exc).splitlines()[0]}"
             failures += 1
             print(f"[capture] {cap.name}: {outcome}", flush=True)
         report = inspect_model(folder)

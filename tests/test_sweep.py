@@ -7,6 +7,7 @@ can be injected; the live tests in test_sweep_live.py run the same code against 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -244,3 +245,59 @@ def test_cli_dry_run_lists_cells_and_rejects_bad_grid(tmp_path: Path, capsys: py
     args = parser.parse_args(["sweep", str(bad), str(tmp_path / "cap"), "--dry-run"])
     with pytest.raises(StudyError, match="bad.json: 'users'"):
         args.func(args)
+
+
+# --------------------------------------------------------------------------- one cell, client faked
+
+def fake_result(errors: list[str]) -> dict[str, Any]:
+    n = len(errors)
+    return {"duration": 1.0, "median_tpot_ms": 100.0, "start_times": [time.perf_counter() + i * 0.01 for i in range(n)],
+            "ttfts": [0.05] * n, "latencies": [0.45 if not e else 0.0 for e in errors],
+            "itls": [[0.1] * 4 if not e else [] for e in errors], "input_lens": [32] * n,
+            "output_lens": [5 if not e else 0 for e in errors], "errors": errors}
+
+
+class CellServer:
+    def __init__(self, tmp: Path, alive: bool) -> None:
+        self.base_url, self.model_name, self.alive = "http://127.0.0.1:1", "m", alive
+        self.log_path = tmp / "server.log"
+        self.log_path.write_text("line 1\nERROR the engine died\n")
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+def test_run_cell_writes_records_and_telemetry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = sweep.SweepSpec.from_dict(grid(telemetry_interval_s=0.01))
+    monkeypatch.setattr(sweep, "run_bench", lambda *a, **k: (time.sleep(0.1), fake_result(["", ""]))[1])
+    res = sweep.run_cell(spec, tmp_path, sweep.Cell("fp8", 0, 1), CellServer(tmp_path, True), None)
+    assert res.status == "ok" and res.kv_cache_dtype == "fp8"
+    assert res.metrics["median_tpot_ms"] == pytest.approx(100.0) and res.vllm_metrics["median_tpot_ms"] == 100.0
+    assert len((tmp_path / "requests" / "fp8__s0__u1.jsonl").read_text().splitlines()) == 2
+    assert len((tmp_path / "telemetry" / "fp8__s0__u1.jsonl").read_text().splitlines()) >= 3
+    assert json.loads((tmp_path / "bench" / "fp8__s0__u1.json").read_text())["errors"] == ["", ""]
+    assert res.clock_device == "cpu"
+
+
+def test_run_cell_with_failed_requests_is_failed_with_last_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = sweep.SweepSpec.from_dict(grid())
+    err = "Traceback (most recent call last):\n  File x\naiohttp.ClientConnectorError: Cannot connect to host 127.0.0.1:1\n"
+    monkeypatch.setattr(sweep, "run_bench", lambda *a, **k: fake_result(["", err]))
+    res = sweep.run_cell(spec, tmp_path, sweep.Cell("auto", 0, 1), CellServer(tmp_path, False), None)
+    assert res.status == "failed"
+    assert res.reason == ("1 of 2 requests failed (the server is no longer running); "
+                          "first error: aiohttp.ClientConnectorError: Cannot connect to host 127.0.0.1:1")
+    assert "the engine died" in res.log_tail
+
+
+def test_run_cell_client_failure_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstudy.bench_client import BenchError
+
+    def boom(*a: Any, **k: Any) -> dict[str, Any]:
+        raise BenchError("vllm bench serve exited with status 1: boom", "client tail")
+
+    spec = sweep.SweepSpec.from_dict(grid())
+    monkeypatch.setattr(sweep, "run_bench", boom)
+    res = sweep.run_cell(spec, tmp_path, sweep.Cell("auto", 0, 1), CellServer(tmp_path, True), None)
+    assert res.status == "failed" and res.reason.endswith("status 1: boom") and res.log_tail == "client tail"
+    assert (tmp_path / "telemetry" / "auto__s0__u1.jsonl").exists() and not (tmp_path / "requests").exists()

@@ -192,10 +192,11 @@ def paired_power(n: int, loss: float, discordance: float, alpha: float = ALPHA) 
     if loss > discordance + 1e-12:
         raise StudyError(f"paired_power: a loss of {loss:.4f} needs a discordance rate of at "
                          f"least that much, got {discordance:.4f}")
-    d = np.arange(0, n + 1)
+    # only the discordant counts with any probability mass (the rest add < 1e-12 to the power)
+    lo = int(sps.binom.ppf(1e-13, n, discordance))
+    hi = int(sps.binom.isf(1e-13, n, discordance)) if discordance < 1 else n
+    d = np.arange(max(lo - 1, 0), min(hi + 1, n) + 1)
     weights = sps.binom.pmf(d, n, discordance)
-    keep = weights > 1e-15
-    d, weights = d[keep], weights[keep]
     k = _critical_counts(d, alpha)
     pi = min(1.0, (1 + loss / discordance) / 2)  # chance a discordant question favours the baseline
     # reject when the baseline-only count b <= k or >= d - k
@@ -214,7 +215,7 @@ def smallest_detectable_loss(n: int, discordance: float, power: float = TARGET_P
     if paired_power(n, discordance, discordance, alpha) < power:
         return None
     lo, hi = 0.0, discordance
-    for _ in range(60):  # power rises with the loss at a fixed discordance: bisect
+    while hi - lo > 1e-5:  # power rises with the loss at a fixed discordance: bisect to 0.001 point
         mid = (lo + hi) / 2
         if paired_power(n, mid, discordance, alpha) >= power:
             hi = mid

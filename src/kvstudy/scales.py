@@ -536,9 +536,26 @@ def _all_ones(report: ScaleReport) -> bool:
     return all(v == 1.0 for s in report.scales for v in s.values)
 
 
+def _version_at_least(version: str | None, wanted: tuple[int, int]) -> bool:
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    return match is None or (int(match.group(1)), int(match.group(2))) >= wanted  # unknown: assume recent
+
+
+def effective_kv_dtype(report: ScaleReport, ev: EngineEvidence) -> str | None:
+    """The KV dtype the engine used: the logged one, or for the flag 'auto' the folder's declaration."""
+    logged = ev.kv_cache_dtype
+    if logged is None or logged.lower() != "auto":
+        return logged
+    if report.kv_scheme is not None and _version_at_least(ev.version, (0, 20)):
+        return declared_kv_dtype(report)
+    if report.kv_cache_quant_algo is not None and _version_at_least(ev.version, (0, 14)):
+        return report.kv_cache_quant_algo.lower()
+    return logged
+
+
 def engine_outcome(report: ScaleReport, ev: EngineEvidence) -> str:
     """One of ENGINE_OUTCOMES: what the log says happened to this checkpoint's scales."""
-    fp8 = (ev.kv_cache_dtype or "").lower().startswith("fp8")
+    fp8 = (effective_kv_dtype(report, ev) or "").lower().startswith("fp8")
     if not ev.kv_scale_warning and not ev.weights_processed:
         return "too-early"
     if ev.kv_cache_dtype is not None and not fp8 and not ev.kv_scale_warning:
@@ -570,6 +587,9 @@ def _evidence_verdicts(report: ScaleReport, ev: EngineEvidence) -> list[str]:
         "too-early": ("the start failed before the weights were loaded (or while loading them), so the log "
                       "cannot say whether scales loaded."),
     }[outcome]
+    if (ev.kv_cache_dtype or "").lower() == "auto" and effective_kv_dtype(report, ev) != ev.kv_cache_dtype:
+        text += (f" The flag was 'auto': the folder's declaration made the KV cache "
+                 f"{effective_kv_dtype(report, ev)}, although the log never names that dtype.")
     cause = f": {ev.failure_cause.rstrip('.')}" if ev.failure_cause else ""
     if ev.failed and outcome != "too-early":
         text += f" (The start failed afterwards, once the weights and scales were loaded{cause}.)"
@@ -647,7 +667,8 @@ def _evidence_from_record(path: Path) -> EngineEvidence:
     fields = {k: _find_key(resolved, k) for k in ("failed", "pool_tokens", "model_load_gib", "ready")}
     return EngineEvidence(str(path), str(dtype) if dtype is not None else None, warning,
                           str(version) if version is not None else None, failed=fields["failed"] is True,
-                          weights_processed=_weights_processed(fields))
+                          weights_processed=_weights_processed(fields),
+                          failure_cause=_find_key(resolved, "failure_cause") if fields["failed"] is True else None)
 
 
 # --------------------------------------------------------------------------- public entry points
@@ -743,7 +764,8 @@ def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> li
             "quant_method": report.quant_method,
             "kv_cache_scheme": json.dumps(report.kv_scheme, sort_keys=True) if report.kv_scheme else None,
             "kv_cache_quant_algo": report.kv_cache_quant_algo, "declared": declared_kv_dtype(report),
-            "log": None, "log_kv_dtype": None, "log_scale_warning": None, "log_version": None, "agree": None,
+            "log": None, "log_kv_dtype": None, "log_scale_warning": None, "log_pool_tokens": None,
+            "log_version": None, "log_failure": None, "agree": None,
             "note": None, "errors": "; ".join(report.errors) or None}
         paired = pairs.get(str(folder)) or pairs.get(str(folder.relative_to(root)))
         for log in ([paired] if isinstance(paired, str) else list(paired or [None])):
@@ -751,7 +773,8 @@ def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> li
             if log is not None:
                 info = parse_startup_log(Path(log))
                 entry.update(log=str(log), log_kv_dtype=info.kv_cache_dtype, log_scale_warning=info.kv_scale_warning,
-                             log_version=info.version)
+                             log_pool_tokens=info.pool_tokens, log_version=info.version,
+                             log_failure=info.failure_cause if info.failed else None)
                 entry["agree"], entry["note"] = _compare_kv_dtypes(entry["declared"], info.kv_cache_dtype)
             rows.append(entry)
     return rows
@@ -821,6 +844,20 @@ def verdicts_markdown(reports: Sequence[ScaleReport]) -> str:
     return "\n\n".join(parts)
 
 
+def pool_comparisons(dump: Any) -> list[str]:
+    """For folders logged under several KV flags: the pool each flag got (same KV memory assumed)."""
+    if dump is None or len(dump) == 0 or "log_pool_tokens" not in dump:
+        return []
+    lines = []
+    for config, rows in dump.dropna(subset=["log_pool_tokens"]).groupby("config", sort=True):
+        if rows["log_kv_dtype"].nunique() < 2:
+            continue
+        parts = [f"{int(r.log_pool_tokens):,} tokens with {r.log_kv_dtype}" for r in rows.itertuples()]
+        ratio = rows["log_pool_tokens"].max() / rows["log_pool_tokens"].min()
+        lines.append(f"{Path(config).parent.name}: {' vs '.join(parts)} (ratio {ratio:.2f})")
+    return lines
+
+
 def summarize(reports: Sequence[ScaleReport], dump: Any = None) -> dict[str, Any]:
     """Counts behind the notebook's conclusion, a paragraph and a one-line finding."""
     readable = [r for r in reports if r.readable and r.weights == "safetensors"]
@@ -836,6 +873,8 @@ def summarize(reports: Sequence[ScaleReport], dump: Any = None) -> dict[str, Any
         "disagree": 0 if dump is None or len(dump) == 0 else int((dump["agree"] == False).sum()),  # noqa: E712
         "dump_compared": 0 if dump is None or len(dump) == 0 else int(dump["agree"].notna().sum()),
     }
+    pool_lines = pool_comparisons(dump)
+    counts["pool_comparisons"] = len(pool_lines)
     c = counts
     text = (f"Of {c['models']} model folders, {c['inspected']} had safetensors weights to inspect and "
             f"{c['with_scales']} of those carry KV scale tensors. Folders that declare a KV dtype themselves: "
@@ -848,6 +887,8 @@ def summarize(reports: Sequence[ScaleReport], dump: Any = None) -> dict[str, Any
     if c["dump_compared"]:
         text += (f"In the settings dump, {c['disagree']} of {c['dump_compared']} logs used a KV dtype other than "
                  "the one the folder declares.")
+    if pool_lines:
+        text += " Logged pools of the same folder under different flags: " + "; ".join(pool_lines) + "."
     finding = (f"{c['with_scales']} of {c['inspected']} inspected checkpoints carry KV scales, "
                f"{c['declare_kv']} of {c['models']} folders declare their own KV dtype, and "
                f"{c['silent_unit_scale']} would run FP8 at scale 1.0 with no warning")

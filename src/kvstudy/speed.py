@@ -425,10 +425,15 @@ def plot_distributions(requests: pd.DataFrame, order: list[str]) -> Any:
     return fig
 
 
-def plot_clock(telemetry: pd.DataFrame, order: list[str]) -> Any:
-    """Clock (and utilisation, where recorded) over time per cell, 0 = first measured request."""
+def plot_clock(telemetry: pd.DataFrame, order: list[str], lead_s: float = 3.0) -> Any:
+    """Clock (and utilisation, where recorded) over time per cell, 0 = first measured request.
+
+    Samples taken more than ``lead_s`` seconds before the first measured request (the client
+    starting up, the warm-up requests) are left out of the picture.
+    """
     import matplotlib.pyplot as plt
 
+    telemetry = telemetry[telemetry["t_rel_s"] >= -lead_s]
     users = sorted(telemetry["users"].unique())
     has_util = "util_pct" in telemetry and telemetry["util_pct"].notna().any()
     nrows = 2 if has_util else 1

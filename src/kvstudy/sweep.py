@@ -391,7 +391,10 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
                      seconds=time.monotonic() - t0)
     if metrics.failed:
         first = next(r.error for r in records if not r.success)
-        res.status, res.reason = "failed", f"{metrics.failed} of {len(records)} requests failed; first: {first.strip()[:300]}"
+        last_line = next((ln.strip() for ln in reversed(first.splitlines()) if ln.strip()), "no error text")
+        alive = "" if server.is_alive() else " (the server is no longer running)"
+        res.status = "failed"
+        res.reason = f"{metrics.failed} of {len(records)} requests failed{alive}; first error: {last_line[:300]}"
         res.log_tail = _log_tail(server.log_path)
     return res
 
