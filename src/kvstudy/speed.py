@@ -531,6 +531,11 @@ def cell_status_frame(capture: Capture) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _short_reason(v: Verdict) -> str:
+    """The verdict's first reason without its figures in parentheses, for one-line summaries."""
+    return v.reasons[0].split(" (")[0] if v.reasons else ""
+
+
 def finding_text(published: list[Verdict], measured: list[Verdict], machine: str) -> str:
     """One line from the verdicts: what the published table supports and what our capture shows."""
     parts = []
@@ -541,8 +546,8 @@ def finding_text(published: list[Verdict], measured: list[Verdict], machine: str
         if v.claim != "none":
             what = f"{v.candidate} {abs(v.faster_per_token_pct):.1f} % {v.claim} per token than {v.baseline}"
         elif math.isnan(v.faster_per_token_pct):
-            what = f"{v.candidate} vs {v.baseline}: no claim ({v.reasons[0]})"
+            what = f"{v.candidate} vs {v.baseline}: no claim ({_short_reason(v)})"
         else:
-            what = f"{v.candidate} vs {v.baseline}: no claim ({v.faster_per_token_pct:+.1f} % per token; {v.reasons[0]})"
+            what = f"{v.candidate} vs {v.baseline}: no claim ({v.faster_per_token_pct:+.1f} % per token; {_short_reason(v)})"
         parts.append(f"{machine}, {v.users} user(s): {what}")
     return "; ".join(parts) if parts else "no comparable cells"
