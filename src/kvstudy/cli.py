@@ -15,6 +15,7 @@ SUBCOMMAND_MODULES = (
     "kvstudy.startup_log",
     "kvstudy.scales",
     "kvstudy.tinymodel",
+    "kvstudy.gsm8k_eval",
 )
 
 
@@ -22,13 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvstudy", description="FP8 KV-cache study helpers.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue  # a concern that is not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
@@ -43,6 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kvstudy: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
