@@ -76,6 +76,7 @@ def main() -> int:
     ap.add_argument("--prompts-per-user", type=int, default=8)
     ap.add_argument("--cpu-kvcache-gib", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=3, help="pairs of runs, alternating which goes first")
+    ap.add_argument("--telemetry-interval", type=float, default=0.25, help="seconds between clock samples")
     args = ap.parse_args()
     if args.model == "data/tiny-models/tiny-qwen3":
         from kvstudy.tinymodel import ensure_tiny_model
@@ -85,7 +86,7 @@ def main() -> int:
         "model": args.model, "configurations": [{"name": args.kv, "kv_cache_dtype": args.kv}], "seeds": [0],
         "users": [args.users], "input_len": args.input_len, "output_len": args.output_len,
         "prompts_per_user": args.prompts_per_user, "cpu_kvcache_space_gib": args.cpu_kvcache_gib,
-        "max_model_len": 4096})
+        "max_model_len": 4096, "telemetry_interval_s": args.telemetry_interval})
     cell = spec.cells()[0]
     settings = spec.bench_settings(cell)
     ours_tpot, plain_tpot, how = [], [], ""
@@ -109,7 +110,7 @@ def main() -> int:
                 print(f"repeat {rep + 1}: median TPOT project {ours_tpot[-1]:.3f} ms, plain {plain_tpot[-1]:.3f} ms",
                       flush=True)
     a, b = statistics.median(ours_tpot), statistics.median(plain_tpot)
-    print(f"settings: {settings}")
+    print(f"settings: {settings}; telemetry every {args.telemetry_interval} s in the project cell")
     print(f"plain run via: {how}")
     print(f"median TPOT over {args.repeats} repeats: project cell {a:.3f} ms, plain vllm bench serve {b:.3f} ms")
     print(f"  project runs: {', '.join(f'{x:.3f}' for x in ours_tpot)}")

