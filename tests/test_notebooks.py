@@ -59,3 +59,30 @@ def test_notebook_executes_on_reference_profile(path: Path, tmp_path: Path) -> N
     assert run.error is None, f"{path.name} failed: {run.error}"
     assert run.html_path.is_file() and run.html_path.stat().st_size > 10_000
     assert run.finding, f"{path.name} states no finding for the index page"
+
+
+def declared_parameters(path: Path) -> set[str]:
+    """Names assigned in a notebook's parameters cell."""
+    import ast
+
+    nb = json.loads(path.read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+    tree = ast.parse("".join(cell["source"]))
+    return {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+            if isinstance(t, ast.Name)}
+
+
+PROFILES = sorted((ROOT / "profiles").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("profile_path", PROFILES, ids=lambda p: p.stem)
+def test_profile_sets_only_declared_parameters(profile_path: Path) -> None:
+    """A typo in a profile would otherwise be injected as a new variable and silently ignored."""
+    data = report.load_profile(profile_path.stem, ROOT / "profiles")
+    by_stem = {nb.stem: nb for nb in NOTEBOOKS}
+    for stem, params in (data.get("notebooks") or {}).items():
+        assert stem in by_stem, f"{profile_path.name}: no notebook {stem}"
+        declared = declared_parameters(by_stem[stem])
+        unknown = set(params or {}) | set(data.get("defaults") or {})
+        unknown -= declared
+        assert not unknown, f"{profile_path.name}: {stem} does not declare {sorted(unknown)}"

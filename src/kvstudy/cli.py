@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = (
     "kvstudy.scales",
     "kvstudy.tinymodel",
     "kvstudy.gsm8k_eval",
+    "kvstudy.sweep",
 )
 
 
