@@ -49,7 +49,7 @@ def write_log(path: Path, *, dtype: str = "fp8", warning: bool = False, version:
                      "footprint and boosts the performance. Meanwhile, it may cause accuracy drop without a proper "
                      "scaling factor")
     if warning:
-        lines.append(f"(EngineCore pid=4790) WARNING 11-29 07:11:30 [kv_cache.py:164] Using KV cache scaling factor "
+        lines.append("(EngineCore pid=4790) WARNING 11-29 07:11:30 [kv_cache.py:164] Using KV cache scaling factor "
                      "1.0 for fp8_e4m3. If this is unintended, verify that k/v_scale scaling factors are properly "
                      "set in the checkpoint.")
     lines.append(f"{prefix} [kv_cache_utils.py:1300] GPU KV cache size: 24,096 tokens, Maximum concurrency for "

@@ -20,12 +20,13 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .atomic import write_jsonl_atomic
 from .errors import StudyError
 
 # The body of `vllm bench serve`, without the console entry point that needs the `vllm` dist.
@@ -212,12 +213,7 @@ def requests_from_result(result: dict[str, Any], where: str = "bench result") ->
 
 def write_requests_jsonl(path: Path, records: Sequence[RequestRecord]) -> None:
     """Write records as JSON lines through a temporary file and an atomic rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(asdict(rec)) + "\n")
-    os.replace(tmp, path)
+    write_jsonl_atomic(path, records)
 
 
 def read_requests_jsonl(path: Path) -> list[RequestRecord]:

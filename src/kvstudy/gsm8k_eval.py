@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .atomic import write_json_atomic, write_jsonl_atomic
 from .errors import StudyError
 
 PACKAGE_TASK = Path(__file__).resolve().parent / "tasks" / "gsm8k_offline.yaml"
@@ -152,11 +153,7 @@ def records_from_samples(samples: Iterable[Mapping[str, Any]]) -> list[QuestionR
 
 
 def write_records(path: Path, records: Sequence[QuestionRecord]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(asdict(r), ensure_ascii=False) + "\n" for r in records),
-                   encoding="utf-8")
-    os.replace(tmp, path)
+    write_jsonl_atomic(path, records)
 
 
 def read_records(path: str | Path) -> list[QuestionRecord]:
@@ -256,7 +253,7 @@ def evaluate_server(base_url: str, model_name: str, tokenizer: str | Path, out_d
                "scores": result["results"][settings.task], "lm_eval_config": result["config"],
                "lm_eval_version": result.get("lm_eval_version"), "date": result.get("date"),
                "n_samples": result.get("n-samples")}
-    _write_json(out_dir / "results.json", summary)
+    write_json_atomic(out_dir / "results.json", summary)
     if not keep_cache:
         for path in out_dir.glob(f"{CACHE_PREFIX}*.db"):
             path.unlink()
@@ -275,19 +272,6 @@ def cached_answers(out_dir: str | Path) -> int:
         except sqlite3.Error:
             continue
     return total
-
-
-def _write_json(path: Path, data: Any) -> None:
-    try:
-        from .record import write_json_atomic
-    except ImportError:  # the engine engineer's module is not there yet
-        write_json_atomic = None
-    if write_json_atomic is not None:
-        write_json_atomic(path, data)
-        return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- configurations live
@@ -343,7 +327,7 @@ def run_group(configs: Sequence[EvalConfig], base: Any, capture: Path, settings:
             record = srv.resolved_record()
             for cfg in configs:
                 folder = capture / cfg.name
-                _write_json(folder / "resolved_record.json", record)
+                write_json_atomic(folder / "resolved_record.json", record)
                 shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
                 log(f"  {cfg.name}: lm-eval, {settings.n} questions, {shots}-shot")
                 try:
@@ -355,7 +339,7 @@ def run_group(configs: Sequence[EvalConfig], base: Any, capture: Path, settings:
                     status = ConfigStatus(cfg.name, cfg.label, "incomplete", str(exc),
                                           server_cfg.to_dict(), asdict(settings), shots,
                                           cached_answers(folder), _now())
-                _write_json(folder / "status.json", asdict(status))
+                write_json_atomic(folder / "status.json", asdict(status))
                 log(f"  {cfg.name}: {status.state} ({status.n_records} answers)")
                 statuses.append(status)
     except EngineStartError as exc:
@@ -366,7 +350,7 @@ def run_group(configs: Sequence[EvalConfig], base: Any, capture: Path, settings:
         for cfg in configs[len(statuses):]:
             status = ConfigStatus(cfg.name, cfg.label, "failed", diagnosis, server_cfg.to_dict(),
                                   asdict(settings), None, 0, _now())
-            _write_json(capture / cfg.name / "status.json", asdict(status))
+            write_json_atomic(capture / cfg.name / "status.json", asdict(status))
             statuses.append(status)
             log(f"  {cfg.name}: failed to start: {diagnosis[:300]}")
     return statuses
@@ -458,7 +442,7 @@ def write_manifest(capture: Path, names: Sequence[str], model: str | Path,
     manifest.setdefault("machine", run["machine"])
     manifest.setdefault("versions", run["versions"])
     manifest["runs"] = list(manifest.get("runs") or []) + [run]
-    _write_json(path, manifest)
+    write_json_atomic(path, manifest)
 
 
 def _folder_digest(path: Path) -> str | None:

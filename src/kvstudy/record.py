@@ -21,15 +21,13 @@ even when the dtype explains it.
 from __future__ import annotations
 
 import datetime as dt
-import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .atomic import write_json_atomic  # noqa: F401  (re-exported: captures and tests write through it)
 from .errors import StudyError
 from .startup_log import StartupInfo, parse_startup_log
 
@@ -77,27 +75,6 @@ class Difference:
         return f"{self.field}: {self.a!r} vs {self.b!r}{extra}"
 
 
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=2, sort_keys=False, default=_json_default, allow_nan=False)
-            out.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def package_versions(names: Sequence[str] = VERSION_PACKAGES) -> dict[str, str]:

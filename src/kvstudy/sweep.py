@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import atomic
 from .bench_client import (BenchError, BenchSettings, calculate_metrics, metrics_reported_by_vllm,
                            requests_from_result, run_bench, write_requests_jsonl)
 from .errors import StudyError
@@ -243,14 +244,8 @@ class CellResult:
 # --------------------------------------------------------------------------- files
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temporary file beside ``path`` and rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, default=str)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Captures keep NaN metrics (a cell without a second token has no TPOT) and show odd values as text."""
+    atomic.write_json_atomic(path, data, indent=1, allow_nan=True, default=str)
 
 
 def read_json(path: Path) -> Any:

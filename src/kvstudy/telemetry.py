@@ -13,14 +13,14 @@ and utilisation with psutil. The NVML reader is thin: the conversion of its raw 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from .atomic import write_jsonl_atomic
 from .errors import StudyError
 
 # NVML clock-event ("throttle") reason bits, nvml.h (nvmlClocksEventReason*).
@@ -216,12 +216,7 @@ class TelemetrySampler:
 
 def write_telemetry_jsonl(path: Path, samples: Sequence[ClockSample]) -> None:
     """JSON lines, written to a temporary file and renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for s in samples:
-            fh.write(json.dumps(asdict(s)) + "\n")
-    os.replace(tmp, path)
+    write_jsonl_atomic(path, samples)
 
 
 def read_telemetry_jsonl(path: Path) -> list[ClockSample]:
