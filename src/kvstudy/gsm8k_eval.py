@@ -417,7 +417,7 @@ def _read_status(folder: Path) -> dict[str, Any] | None:
 def write_manifest(capture: Path, names: Sequence[str], model: str | Path,
                    settings: EvalSettings, base: Any) -> None:
     """Write (or extend) the capture's manifest: one entry in ``runs`` per invocation."""
-    from .report import cpu_model, package_versions
+    from .hardware import cpu_model, package_versions
 
     capture.mkdir(parents=True, exist_ok=True)
     path = capture / "manifest.json"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,22 @@ def _cpuinfo() -> tuple[str, set[str]]:
     except OSError:
         pass
     return model or platform.processor() or platform.machine(), flags
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    return _cpuinfo()[0]
+
+
+def package_versions(names: Iterable[str]) -> dict[str, str]:
+    """Installed versions of the named distributions; absent ones are left out."""
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 def _decode(value: Any) -> str:

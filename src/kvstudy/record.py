@@ -23,7 +23,6 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,16 +74,6 @@ class Difference:
         return f"{self.field}: {self.a!r} vs {self.b!r}{extra}"
 
 
-
-
-def package_versions(names: Sequence[str] = VERSION_PACKAGES) -> dict[str, str]:
-    found = {}
-    for name in names:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
 
 
 def _block_size(config: "ServerConfig", device: str | None) -> int:
@@ -189,7 +178,7 @@ def _weights_digest(files: list[Path]) -> str | None:
 def build_record(config: "ServerConfig", log_path: Path, port: int | None = None) -> dict[str, Any]:
     """The resolved-run record of one server start, from its config and its log (JSON-ready)."""
     from .engine import build_command, recorded_environment, server_environment, vllm_distribution
-    from .hardware import hardware_info
+    from .hardware import hardware_info, package_versions
 
     log_path = Path(log_path)
     if not log_path.is_file():
@@ -217,7 +206,7 @@ def build_record(config: "ServerConfig", log_path: Path, port: int | None = None
         "capacity": (_capacity(config, info, model_folder, block, memory, memory_source)
                      if model_folder.is_dir() else {"error": "model is not a local folder"}),
         "hardware": hardware_info().to_dict(),
-        "versions": package_versions(),
+        "versions": package_versions(VERSION_PACKAGES),
         "vllm_distribution": dist[0] if dist else None,
     }
     return record

@@ -16,13 +16,13 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from .errors import StudyError
+from .hardware import cpu_model, package_versions
 
 FINDING_KEY = "kvstudy_finding"
 # Code cells whose source the HTML keeps: the parameters a reader needs to re-run the report.
@@ -48,27 +48,6 @@ def save_figure(fig: Any, figures_dir: str | Path, name: str) -> Path:
     path = folder / f"{name}.png"
     fig.savefig(path, dpi=120, bbox_inches="tight")
     return path
-
-
-def package_versions(names: Iterable[str] = REPORT_PACKAGES) -> dict[str, str]:
-    """Installed versions of the named distributions (absent ones are left out)."""
-    found: dict[str, str] = {}
-    for name in names:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def git_commit(root: Path = REPO_ROOT) -> str:
@@ -104,7 +83,7 @@ def provenance(data: Sequence[str | Path] = (), **settings: Any) -> Any:
         ("python", platform.python_version()),
         ("machine", f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"),
     ]
-    rows += [(f"package {k}", v) for k, v in package_versions().items()]
+    rows += [(f"package {k}", v) for k, v in package_versions(REPORT_PACKAGES).items()]
     rows += [(f"setting {k}", f"`{v}`") for k, v in settings.items()]
     for item in data:
         p = Path(item)
@@ -212,7 +191,7 @@ def write_index(runs: Sequence[NotebookRun], profile: str, profile_data: dict[st
             summary = html.escape(run.finding or "(the notebook stated no finding)")
         items.append(f'<li><a href="{html.escape(run.html_path.name)}">{html.escape(run.name)}</a>'
                      f' (<a href="{html.escape(run.name)}.ipynb">notebook with code</a>) &mdash; {summary}</li>')
-    versions = ", ".join(f"{k} {v}" for k, v in package_versions().items())
+    versions = ", ".join(f"{k} {v}" for k, v in package_versions(REPORT_PACKAGES).items())
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>FP8 KV-cache study: {html.escape(profile)}</title>
