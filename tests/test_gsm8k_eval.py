@@ -226,3 +226,17 @@ def test_manifest_refuses_other_settings(tmp_path):
     assert [r["configurations"] for r in manifest["runs"]] == [["bf16"], ["fp8-kv"]]
     with pytest.raises(StudyError, match="other settings"):
         ge.write_manifest(tmp_path, ["bf16"], "m", ge.EvalSettings(n=3), base)
+
+
+def test_fp8_kv_backend_applies_only_to_fp8_kv_configurations() -> None:
+    from kvstudy.engine import ServerConfig
+
+    base = ServerConfig(model="m", env={"VLLM_USE_FLASHINFER_SAMPLER": "0"})
+    by_name = {c.name: ge.server_config_for(c, base, "TRITON_ATTN") for c in ge.configurations(
+        ["bf16", "fp8-weights", "fp8-kv", "fp8-weights-fp8-kv"])}
+    assert by_name["bf16"].attention_backend is None
+    assert by_name["fp8-weights"].attention_backend is None
+    assert by_name["fp8-kv"].attention_backend == "TRITON_ATTN"
+    assert by_name["fp8-weights-fp8-kv"].attention_backend == "TRITON_ATTN"
+    assert all(cfg.env == base.env for cfg in by_name.values())
+    assert ge.server_config_for(ge.CONFIGURATIONS["fp8-kv"], base).attention_backend is None

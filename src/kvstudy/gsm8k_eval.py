@@ -293,9 +293,15 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def server_config_for(cfg: EvalConfig, base: Any) -> Any:
-    """The baseline ServerConfig with only this configuration's intended changes."""
-    return replace(base, kv_cache_dtype=cfg.kv_cache_dtype, quantization=cfg.quantization)
+def server_config_for(cfg: EvalConfig, base: Any, fp8_kv_backend: str | None = None) -> Any:
+    """The baseline ServerConfig with only this configuration's intended changes.
+
+    ``fp8_kv_backend`` sets the attention backend of the FP8-KV configurations only (the study ran
+    them with TRITON_ATTN on its L4); the A/B guard then reports the backend as a second change.
+    """
+    backend = fp8_kv_backend if fp8_kv_backend and cfg.kv_cache_dtype != "auto" else base.attention_backend
+    return replace(base, kv_cache_dtype=cfg.kv_cache_dtype, quantization=cfg.quantization,
+                   attention_backend=backend)
 
 
 def is_done(folder: Path, settings: EvalSettings, shots: int) -> bool:
@@ -310,13 +316,13 @@ def is_done(folder: Path, settings: EvalSettings, shots: int) -> bool:
 
 
 def run_group(configs: Sequence[EvalConfig], base: Any, capture: Path, settings: EvalSettings,
-              ready_timeout_s: float = 900.0, log: Callable[[str], None] = print
-              ) -> list[ConfigStatus]:
+              ready_timeout_s: float = 900.0, log: Callable[[str], None] = print,
+              fp8_kv_backend: str | None = None) -> list[ConfigStatus]:
     """Start one server for configurations that share it and evaluate each; never raises for
     an engine failure (the status records the engine's diagnosis)."""
     from .engine import EngineStartError, VllmServer
 
-    server_cfg = server_config_for(configs[0], base)
+    server_cfg = server_config_for(configs[0], base, fp8_kv_backend)
     first = capture / configs[0].name
     first.mkdir(parents=True, exist_ok=True)
     statuses = []
@@ -379,8 +385,8 @@ def root_error(log_path: Path) -> str | None:
 
 def run_missing(names: Sequence[str], model: str | Path, capture: str | Path,
                 settings: EvalSettings, base: Any | None = None, ready_timeout_s: float = 900.0,
-                retry_failed: bool = False, log: Callable[[str], None] = print
-                ) -> dict[str, ConfigStatus | None]:
+                retry_failed: bool = False, log: Callable[[str], None] = print,
+                fp8_kv_backend: str | None = None) -> dict[str, ConfigStatus | None]:
     """Run every named configuration that has no finished records under these settings."""
     from .engine import ServerConfig
 
@@ -404,7 +410,7 @@ def run_missing(names: Sequence[str], model: str | Path, capture: str | Path,
     if todo:
         write_manifest(capture, names, model, settings, base)
     for group in todo.values():
-        for status in run_group(group, base, capture, settings, ready_timeout_s, log):
+        for status in run_group(group, base, capture, settings, ready_timeout_s, log, fp8_kv_backend):
             results[status.name] = status
     return results
 
