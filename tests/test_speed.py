@@ -242,6 +242,6 @@ def test_finding_text_uses_verdicts() -> None:
     pv = speed.compare(pub.table, "bf16", "fp8")
     mv = speed.compare(speed.summary_table(apart()), "auto", "fp8")
     text = speed.finding_text(pv, mv, "vllm-cpu")
-    assert "1 user(s): +2.3 % per token for fp8, clocks equal within tolerance" in text
-    assert "32 user(s): +3.4 % per token for fp8, clocks differ" in text
+    assert "1 user(s): fp8 +2.3 % per token, at clocks equal within tolerance" in text
+    assert "32 user(s): fp8 +3.4 % per token, no claim: the median clocks differ by +6.7 %" in text
     assert "vllm-cpu, 1 user(s): fp8 5.8 % faster per token" in text
