@@ -19,7 +19,7 @@ def test_reference_render_recomputes_published_ratio_and_reads_capture(tmp_path:
     assert params["run_missing"] is False  # the reference profile never starts vLLM
     run = report.run_notebook(NOTEBOOK, tmp_path / "reports", params, ROOT)
     assert run.error is None, run.error
-    assert "L4 published, 1 user(s): +2.3 % per token for fp8, clocks equal within tolerance" in run.finding
+    assert "L4 published, 1 user(s): fp8 +2.3 % per token, at clocks equal within tolerance" in run.finding
     assert "32 user(s): fp8 +3.4 % per token, no claim: the median clocks differ by +6.7 %" in run.finding
     cap = speed.load_capture(ROOT / params["capture"])
     html = run.html_path.read_text()
