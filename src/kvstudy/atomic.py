@@ -1,6 +1,8 @@
-"""Atomic file writes for captures: a temporary file beside the target, then ``os.replace``.
+"""Capture files: atomic writes (a temporary file beside the target, then ``os.replace``) and
+checked JSON-lines reads.
 
-A reader (or a resumed run) sees either the old file or the complete new one, never a torn write.
+A reader (or a resumed run) sees either the old file or the complete new one, never a torn write;
+a malformed line is reported with its file and line number.
 """
 
 from __future__ import annotations
@@ -11,7 +13,11 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from .errors import StudyError
+
+T = TypeVar("T")
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -52,3 +58,19 @@ def write_jsonl_atomic(path: str | Path, rows: Iterable[Any]) -> None:
     """Write one JSON object per line (dataclass records are written field by field)."""
     write_text_atomic(path, "".join(json.dumps(row, default=json_default, ensure_ascii=False) + "\n"
                                     for row in rows))
+
+
+def read_jsonl(path: str | Path, make: Callable[[Any], T] = lambda row: row, what: str = "a JSON object",
+               skip_blank: bool = True) -> list[T]:
+    """Each line of a JSON-lines file through ``make``; a line that does not parse, or that ``make``
+    rejects with TypeError/ValueError, is a StudyError naming the file and line (``make`` may raise
+    its own StudyError)."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if skip_blank and not line.strip():
+            continue
+        try:
+            rows.append(make(json.loads(line)))
+        except (json.JSONDecodeError, TypeError, ValueError) as exc:
+            raise StudyError(f"{path}:{number}: not {what} ({exc})") from None
+    return rows

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .atomic import write_jsonl_atomic
+from .atomic import read_jsonl, write_jsonl_atomic
 from .errors import StudyError
 
 # The body of `vllm bench serve`, without the console entry point that needs the `vllm` dist.
@@ -217,14 +217,7 @@ def write_requests_jsonl(path: Path, records: Sequence[RequestRecord]) -> None:
 
 
 def read_requests_jsonl(path: Path) -> list[RequestRecord]:
-    records = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(RequestRecord(**json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as exc:
-                raise StudyError(f"{path}:{n}: not a request record ({exc})") from None
-    return records
+    return read_jsonl(path, lambda row: RequestRecord(**row), "a request record")
 
 
 # --------------------------------------------------------------------------- metrics

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .atomic import read_jsonl
 from .errors import StudyError
 from .sweep import MANIFEST, SweepSpec, load_spec, read_json
 
@@ -59,14 +60,7 @@ class Capture:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise StudyError(f"{path}:{n}: not valid JSON") from None
-    return rows
+    return read_jsonl(path, what="valid JSON")
 
 
 def load_capture(path: str | Path) -> Capture:

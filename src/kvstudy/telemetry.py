@@ -12,7 +12,6 @@ and utilisation with psutil. The NVML reader is thin: the conversion of its raw 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .atomic import write_jsonl_atomic
+from .atomic import read_jsonl, write_jsonl_atomic
 from .errors import StudyError
 
 # NVML clock-event ("throttle") reason bits, nvml.h (nvmlClocksEventReason*).
@@ -220,14 +219,7 @@ def write_telemetry_jsonl(path: Path, samples: Sequence[ClockSample]) -> None:
 
 
 def read_telemetry_jsonl(path: Path) -> list[ClockSample]:
-    samples = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                samples.append(ClockSample(**json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as exc:
-                raise StudyError(f"{path}:{n}: not a telemetry sample ({exc})") from None
-    return samples
+    return read_jsonl(path, lambda row: ClockSample(**row), "a telemetry sample")
 
 
 def median_clock(samples: Sequence[ClockSample], start_s: float | None = None,
