@@ -281,7 +281,8 @@ def load_spec(capture: Path) -> SweepSpec:
 
 
 def machine_description() -> dict[str, Any]:
-    from .report import cpu_model, package_versions
+    from .hardware import cpu_model, package_versions
+    from .report import REPORT_PACKAGES
 
     info: dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count(), "system": f"{platform.system()} {platform.release()}",
                             "python": platform.python_version()}
@@ -301,7 +302,7 @@ def machine_description() -> dict[str, Any]:
         pynvml.nvmlShutdown()
     except Exception:
         info["gpus"] = []
-    info["versions"] = package_versions()
+    info["versions"] = package_versions(REPORT_PACKAGES)
     return info
 
 
