@@ -26,7 +26,7 @@ import numpy as np
 
 from kvstudy.checkpoints import write_json
 from kvstudy.engine import EngineStartError, ServerConfig, VllmServer
-from kvstudy.report import cpu_model, package_versions
+from kvstudy.hardware import cpu_model, package_versions
 from kvstudy.scales import inspect_model
 from kvstudy.tinymodel import TinyModelSpec, build_tiny_model
 
