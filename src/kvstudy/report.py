@@ -213,10 +213,9 @@ def write_index(runs: Sequence[NotebookRun], profile: str, profile_data: dict[st
 
 def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) -> list[NotebookRun]:
     profile_data = load_profile(profile, root / "profiles")
-    notebooks = sorted((root / "notebooks").glob("*.ipynb"))
-    if only:
-        notebooks = [nb for nb in notebooks if nb.stem in only or nb.name in only]
-    unknown = set(profile_data.get("notebooks") or {}) - {nb.stem for nb in sorted((root / "notebooks").glob("*.ipynb"))}
+    all_notebooks = sorted((root / "notebooks").glob("*.ipynb"))
+    notebooks = [nb for nb in all_notebooks if not only or nb.stem in only or nb.name in only]
+    unknown = set(profile_data.get("notebooks") or {}) - {nb.stem for nb in all_notebooks}
     if unknown:
         raise StudyError(f"profiles/{profile}.yaml: 'notebooks' names {sorted(unknown)}, which are not in notebooks/")
     out_dir = root / "reports" / profile
