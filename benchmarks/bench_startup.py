@@ -26,9 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kvstudy.engine import (ServerConfig, VllmServer, build_command, free_port,  # noqa: E402
+from kvstudy.vllm.server import (ServerConfig, VllmServer, build_command, free_port,  # noqa: E402
                             server_environment, stop_process_group, vllm_distribution)
-from kvstudy.tinymodel import ensure_tiny_model  # noqa: E402
+from kvstudy.tools.tiny_model import ensure_tiny_model  # noqa: E402
 
 
 def ready(url: str) -> bool:

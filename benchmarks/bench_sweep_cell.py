@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvstudy import sweep
-from kvstudy.bench_client import BenchSettings
-from kvstudy.engine import VllmServer
+from kvstudy.speed import runner as sweep
+from kvstudy.speed.bench_client import BenchSettings
+from kvstudy.vllm.server import VllmServer
 
 CLI_SHIM = (
     "import importlib.metadata as md, os, sys\n"
@@ -79,7 +79,7 @@ def main() -> int:
     ap.add_argument("--telemetry-interval", type=float, default=0.25, help="seconds between clock samples")
     args = ap.parse_args()
     if args.model == "data/tiny-models/tiny-qwen3":
-        from kvstudy.tinymodel import ensure_tiny_model
+        from kvstudy.tools.tiny_model import ensure_tiny_model
 
         ensure_tiny_model(args.model)
     spec = sweep.SweepSpec.from_dict({

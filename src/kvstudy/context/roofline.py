@@ -1,0 +1,476 @@
+"""A memory-roofline model of one decode step: the bytes it reads, the time they take, FP8's gain.
+
+One decode step of ``users`` requests, each holding ``context_len`` tokens, reads
+
+* the **weights** read per step: the checkpoint's weights (``capacity.weights_size`` or a given
+  figure) less the input-embedding table when it is not tied to the output head (a step looks up
+  one row per request, it does not stream the table), and for mixture-of-experts models less the
+  experts no request routes to (uniform, independent routing of ``k`` of ``E`` experts per token is
+  assumed: a given expert is touched with probability ``1 - (1 - k/E) ** users``);
+* the **KV cache**, per layer kind: full-attention and MLA layers read every token of the context,
+  sliding-window layers at most their window, linear-attention (state) layers a fixed state per
+  request, read and written back once per step (counted twice);
+* **activations**: per request and layer, about ``8 x hidden + 3 x MLP width`` 16-bit values
+  written and read back, plus FP32 logits over the vocabulary (an estimate; at one request it is
+  a few MB against GB of weights, so it only matters with many users).
+
+The step time is ``bytes / (bandwidth x factor)``. The factor (achievable / peak bandwidth) is a
+stated figure: ``DEFAULT_BANDWIDTH_FACTOR`` (assumed), or one the caller gives or measures. FP8's
+predicted speedup is ``(TPOT_16bit / TPOT_fp8 - 1) x 100``; the factor cancels in it, so it is
+also the largest gain the smaller KV reads can explain when a step is all memory traffic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.gpu_catalog import GpuSpec, find_gpu
+from kvstudy.model.capacity import (
+    KVFootprint,
+    ModelLayout,
+    estimate_parameters,
+    kv_footprint,
+    layer_bytes_per_token,
+    load_layout,
+    weights_size,
+)
+from kvstudy.model.folder import load_config
+
+GIB = 2**30
+# Achievable / peak DRAM bandwidth for decode-time streaming reads. Assumed: the published
+# Llama-3.1-8B BF16 ITL slope on an H100 (seed 003, 4.37e-05 ms/token for 131,072 B/token)
+# implies 3.0 TB/s for the KV reads, 0.90 of the 3.35 TB/s datasheet figure.
+DEFAULT_BANDWIDTH_FACTOR = 0.9
+ACTIVATION_VALUE_BYTES = 2       # 16-bit activations
+ACTIVATION_HIDDEN_VECTORS = 8    # norms, attention in/out, residual adds, per layer (estimate)
+ACTIVATION_MLP_VECTORS = 3       # gate, up, activated product, per layer (estimate)
+LOGIT_BYTES = 4                  # FP32 logits over the vocabulary
+SIXTEEN_BIT = ("bfloat16", "float16", "half")
+MAX_SEARCH_TOKENS = 10**8        # upper end of the "KV dominates from" search when a model has no limit
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """A figure the prediction depends on, with where it came from."""
+
+    name: str
+    value: Any
+    unit: str
+    origin: str      # "datasheet", "given", "measured", "assumed", "estimated", "model folder"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class KindRead:
+    """KV bytes one layer kind reads per request in one step."""
+
+    kind: str
+    layers: int
+    bytes_per_token: float         # summed over the kind's layers
+    tokens_read_per_request: int   # context, or the window when it caps (0 for state layers)
+    bytes_per_request: float
+
+
+@dataclass(frozen=True)
+class StepBytes:
+    """Bytes one decode step reads for one KV dtype."""
+
+    kv_dtype: str
+    resolved_dtype: str
+    context_len: int
+    users: int
+    weights_bytes: float           # weights read per step
+    kv_bytes: float                # attention KV, all requests
+    state_bytes: float             # linear-attention state read + written, all requests
+    activation_bytes: float        # all requests
+    per_kind: tuple[KindRead, ...] = field(default_factory=tuple)
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.kv_bytes + self.state_bytes + self.activation_bytes
+
+    @property
+    def kv_share(self) -> float:
+        """Share of the step's bytes that is KV cache."""
+        return self.kv_bytes / self.total_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["total_bytes"] = self.total_bytes
+        out["kv_share"] = self.kv_share
+        return out
+
+
+@dataclass(frozen=True)
+class WeightsRead:
+    """The weights a decode step streams, and how the figure was reached."""
+
+    total_bytes: int               # the checkpoint's (or given) weight bytes
+    total_source: str
+    read_bytes: float              # what one step reads at this user count
+    embedding_bytes_skipped: float
+    expert_bytes_skipped: float
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RooflineResult:
+    """Predicted bytes and TPOT per KV dtype at one context length and user count."""
+
+    model: str
+    config: str
+    gpu: str | None
+    context_len: int
+    users: int
+    bandwidth_gb_s: float
+    bandwidth_factor: float
+    steps: dict[str, StepBytes]
+    predicted_tpot_ms: dict[str, float]
+    predicted_itl_slope_ms_per_token: dict[str, float]
+    kv_dominates_from_tokens: dict[str, int | None]
+    baseline_dtype: str | None
+    fp8_dtype: str | None
+    fp8_speedup_pct: float | None
+    fp8_tpot_reduction_pct: float | None
+    weights: WeightsRead
+    assumptions: tuple[Assumption, ...]
+
+    @property
+    def effective_bandwidth_gb_s(self) -> float:
+        return self.bandwidth_gb_s * self.bandwidth_factor
+
+    def to_dict(self) -> dict[str, Any]:
+        """The CLI's JSON object."""
+        return {
+            "model": self.model, "config": self.config, "gpu": self.gpu,
+            "context_len": self.context_len, "users": self.users,
+            "bandwidth_gb_s": self.bandwidth_gb_s, "bandwidth_factor": self.bandwidth_factor,
+            "effective_bandwidth_gb_s": self.effective_bandwidth_gb_s,
+            "kv_dtypes": list(self.steps),
+            "bytes_per_step": {k: s.total_bytes for k, s in self.steps.items()},
+            "kv_bytes_per_step": {k: s.kv_bytes for k, s in self.steps.items()},
+            "kv_share_of_step": {k: s.kv_share for k, s in self.steps.items()},
+            "predicted_tpot_ms": dict(self.predicted_tpot_ms),
+            "predicted_itl_slope_ms_per_token": dict(self.predicted_itl_slope_ms_per_token),
+            "kv_dominates_from_tokens": dict(self.kv_dominates_from_tokens),
+            "baseline_dtype": self.baseline_dtype, "fp8_dtype": self.fp8_dtype,
+            "fp8_speedup_pct": self.fp8_speedup_pct,
+            "fp8_tpot_reduction_pct": self.fp8_tpot_reduction_pct,
+            "max_fp8_gain_pct": self.fp8_speedup_pct,
+            "weights": asdict(self.weights),
+            "breakdown": {k: s.to_dict() for k, s in self.steps.items()},
+            "assumptions": [asdict(a) for a in self.assumptions],
+        }
+
+
+# --------------------------------------------------------------------------- checks
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise StudyError(f"{name} {value!r}: expected a positive integer")
+    return value
+
+
+def _positive_number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise StudyError(f"{name} {value!r}: expected a positive number")
+    return float(value)
+
+
+def check_context(layout: ModelLayout, context_len: Any) -> int:
+    """A positive context length no longer than the model's ``max_position_embeddings``."""
+    length = _positive_int(context_len, "context")
+    limit = layout.max_position_embeddings
+    if limit is not None and length > limit:
+        raise StudyError(f"context {length}: above {layout.config_path} max_position_embeddings {limit} "
+                         f"(expected at most {limit} tokens)")
+    return length
+
+
+def check_bandwidth_factor(factor: Any) -> float:
+    """A factor in (0, 1]: achievable over peak bandwidth."""
+    value = _positive_number(factor, "bandwidth factor")
+    if value > 1:
+        raise StudyError(f"bandwidth factor {factor!r}: expected a fraction of the peak in (0, 1]")
+    return value
+
+
+# --------------------------------------------------------------------------- config facts
+
+def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's fields (``text_config`` merged over the top level when nested)."""
+    text = config.get("text_config")
+    return {**config, **text} if isinstance(text, dict) else dict(config)
+
+
+def _int_field(cfg: dict[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class _ConfigFacts:
+    hidden: int | None
+    layers: int | None
+    vocab: int | None
+    tied: bool
+    mlp_width_per_token: int | None    # MLP values one token computes per layer (active experts for MoE)
+    experts: int | None
+    experts_per_token: int | None
+    expert_parameters: int             # all routed-expert parameters (0 for dense models)
+    parameters: int | None             # capacity.estimate_parameters, when it can
+    config_path: str
+
+
+def _config_facts(layout: ModelLayout) -> _ConfigFacts:
+    """The few config fields the weights and activation terms need."""
+    config, path = load_config(layout.config_path)
+    cfg = _text_config(config)
+    hidden = _int_field(cfg, "hidden_size")
+    layers = _int_field(cfg, "num_hidden_layers")
+    vocab = _int_field(cfg, "vocab_size")
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    experts = _int_field(cfg, "n_routed_experts", "num_experts", "num_local_experts")
+    k = _int_field(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk")
+    dense_width = _int_field(cfg, "intermediate_size")
+    expert_width = _int_field(cfg, "moe_intermediate_size") or dense_width
+    expert_params = 0
+    mlp_width = dense_width
+    if experts and k and expert_width and hidden and layers:
+        moe_layers = layers - (_int_field(cfg, "first_k_dense_replace") or 0)
+        expert_params = 3 * hidden * expert_width * experts * max(moe_layers, 0)
+        shared = _int_field(cfg, "shared_expert_intermediate_size") or \
+            (_int_field(cfg, "n_shared_experts") or 0) * expert_width
+        mlp_width = k * expert_width + shared
+    try:
+        params: int | None = estimate_parameters(config, str(path))
+    except StudyError:
+        params = None
+    return _ConfigFacts(hidden, layers, vocab, tied, mlp_width, experts, k, expert_params, params, str(path))
+
+
+# --------------------------------------------------------------------------- weights
+
+def weights_read(model: str | Path | ModelLayout, users: int = 1, weights_bytes: int | None = None) -> WeightsRead:
+    """Weight bytes one decode step streams (see the module docstring for what is left out)."""
+    layout = load_layout(model)
+    users = _positive_int(users, "users")
+    if weights_bytes is not None:
+        total, source = int(_positive_number(weights_bytes, "weights bytes")), "given"
+    else:
+        size = weights_size(layout.config_path, layout)
+        total, source = size.bytes, size.source
+    facts = _config_facts(layout)
+    notes: list[str] = []
+    if not facts.parameters:
+        notes.append("parameter count unknown: every weight byte is counted as read each step")
+        return WeightsRead(total, source, float(total), 0.0, 0.0, tuple(notes))
+    per_param = total / facts.parameters
+    embedding = 0.0
+    if not facts.tied and facts.vocab and facts.hidden:
+        embedding = facts.vocab * facts.hidden * per_param
+        notes.append("untied input embedding (vocab x hidden) not streamed: one row per request is read")
+    experts = 0.0
+    if facts.expert_parameters and facts.experts and facts.experts_per_token:
+        touched = 1 - (1 - facts.experts_per_token / facts.experts) ** users
+        experts = facts.expert_parameters * per_param * (1 - touched)
+        notes.append(f"MoE: {facts.experts_per_token} of {facts.experts} experts per token, uniform routing "
+                     f"assumed; {touched:.1%} of expert weights touched at {users} user(s)")
+    notes.append(f"{per_param:.3f} bytes per parameter (weights / estimated parameters), used for both parts")
+    read = max(total - embedding - experts, 0.0)
+    return WeightsRead(total, source, read, embedding, experts, tuple(notes))
+
+
+def activation_bytes_per_request(model: str | Path | ModelLayout) -> float:
+    """Estimated activation traffic of one request in one decode step (see ``ACTIVATION_*``)."""
+    facts = _config_facts(load_layout(model))
+    if not (facts.hidden and facts.layers and facts.mlp_width_per_token):
+        return 0.0
+    per_layer = 2 * ACTIVATION_VALUE_BYTES * (ACTIVATION_HIDDEN_VECTORS * facts.hidden
+                                              + ACTIVATION_MLP_VECTORS * facts.mlp_width_per_token)
+    return float(facts.layers * per_layer + (facts.vocab or 0) * LOGIT_BYTES)
+
+
+# --------------------------------------------------------------------------- KV per step
+
+def kind_reads(model: str | Path | ModelLayout, kv_dtype: str, context_len: int,
+               skip_layers: str | None = None) -> tuple[KindRead, ...]:
+    """KV bytes per request by layer kind at ``context_len``: windows cap, state layers are constant.
+
+    Computed per layer from ``capacity.layer_bytes_per_token`` (``kv_footprint`` gives only the
+    totals); state layers take ``kv_footprint``'s ``state_bytes_per_request``.
+    """
+    layout = load_layout(model)
+    fp = kv_footprint(layout, kv_dtype, context_len, skip_layers)
+    groups: dict[str, list[float]] = {}
+    for layer in layout.layers:
+        per_token = float(layer_bytes_per_token(layer, fp.resolved_dtype, layout.model_dtype, skip_layers))
+        tokens = context_len if not layer.sliding_window else min(context_len, layer.sliding_window)
+        if layer.kind == "linear_attention":
+            tokens = 0
+        row = groups.setdefault(layer.kind, [0, 0.0, 0, 0.0])
+        row[0] += 1
+        row[1] += per_token
+        row[2] = max(row[2], tokens)
+        row[3] += per_token * tokens
+    reads = []
+    for kind, (count, per_token, tokens, per_request) in groups.items():
+        if kind == "linear_attention":
+            per_request = float(fp.state_bytes_per_request)
+        reads.append(KindRead(kind, int(count), per_token, int(tokens), per_request))
+    return tuple(reads)
+
+
+def step_bytes(model: str | Path | ModelLayout, kv_dtype: str, context_len: int, users: int = 1,
+               weights_bytes: int | None = None, skip_layers: str | None = None,
+               activation_bytes_per_user: float | None = None) -> StepBytes:
+    """Bytes one decode step reads: weights + KV x requests + state + activations."""
+    layout = load_layout(model)
+    length = check_context(layout, context_len)
+    users = _positive_int(users, "users")
+    fp: KVFootprint = kv_footprint(layout, kv_dtype, length, skip_layers)
+    state = float(fp.state_bytes_per_request)
+    kv_per_request = float(fp.bytes_per_request) - state
+    per_kind = kind_reads(layout, kv_dtype, length, skip_layers)
+    split = sum(k.bytes_per_request for k in per_kind if k.kind != "linear_attention")
+    if not math.isclose(split, kv_per_request, rel_tol=1e-9, abs_tol=1e-6):
+        raise StudyError(f"{layout.config_path}: per-kind KV bytes {split} differ from kv_footprint's {kv_per_request}")
+    acts = activation_bytes_per_request(layout) if activation_bytes_per_user is None else activation_bytes_per_user
+    weights = weights_read(layout, users, weights_bytes).read_bytes
+    return StepBytes(kv_dtype, fp.resolved_dtype, length, users, weights, kv_per_request * users,
+                     2 * state * users, float(acts) * users, per_kind)
+
+
+def tpot_ms(total_bytes: float, bandwidth_gb_s: float, bandwidth_factor: float = DEFAULT_BANDWIDTH_FACTOR) -> float:
+    """Milliseconds to stream ``total_bytes`` at ``bandwidth_gb_s x bandwidth_factor``."""
+    bandwidth = _positive_number(bandwidth_gb_s, "bandwidth GB/s") * check_bandwidth_factor(bandwidth_factor)
+    return total_bytes / (bandwidth * 1e9) * 1e3
+
+
+def speedup_pct(tpot_baseline_ms: float, tpot_candidate_ms: float) -> float:
+    """``(TPOT_baseline / TPOT_candidate - 1) x 100``: positive when the candidate is faster."""
+    return (tpot_baseline_ms / tpot_candidate_ms - 1) * 100
+
+
+def predicted_slope_ms_per_token(model: str | Path | ModelLayout, kv_dtype: str, bandwidth_gb_s: float,
+                                 bandwidth_factor: float = DEFAULT_BANDWIDTH_FACTOR, users: int = 1,
+                                 skip_layers: str | None = None) -> float:
+    """ITL growth per token of context beyond every window: growing KV bytes / effective bandwidth."""
+    layout = load_layout(model)
+    growing = float(kv_footprint(layout, kv_dtype, 1, skip_layers).bytes_per_token)
+    return tpot_ms(growing * _positive_int(users, "users"), bandwidth_gb_s, bandwidth_factor)
+
+
+def kv_dominates_from(model: str | Path | ModelLayout, kv_dtype: str, users: int = 1,
+                      weights_bytes: int | None = None, skip_layers: str | None = None) -> int | None:
+    """The shortest context at which the step's KV bytes reach the weights read; None if never.
+
+    Searched up to the model's ``max_position_embeddings`` (or 10^8 tokens without one); a model
+    whose every layer is windowed or a state can have no such length.
+    """
+    layout = load_layout(model)
+    users = _positive_int(users, "users")
+    weights = weights_read(layout, users, weights_bytes).read_bytes
+    limit = layout.max_position_embeddings or MAX_SEARCH_TOKENS
+
+    def kv_at(length: int) -> float:
+        return sum(k.bytes_per_request for k in kind_reads(layout, kv_dtype, length, skip_layers)
+                   if k.kind != "linear_attention") * users
+
+    if kv_at(limit) < weights:
+        return None
+    low, high = 1, limit
+    while low < high:
+        mid = (low + high) // 2
+        if kv_at(mid) >= weights:
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def max_fp8_gain_pct(model: str | Path | ModelLayout, context_len: int, users: int = 1,
+                     baseline_dtype: str = "auto", fp8_dtype: str = "fp8", weights_bytes: int | None = None,
+                     skip_layers: str | None = None) -> float:
+    """The largest speedup the smaller FP8 KV reads can explain at this context and user count.
+
+    Equal to the roofline's predicted speedup: a step that is all memory traffic at one
+    bandwidth, so the bandwidth and its factor cancel. Measured changes above it need another cause.
+    """
+    base = step_bytes(model, baseline_dtype, context_len, users, weights_bytes, skip_layers)
+    cand = step_bytes(model, fp8_dtype, context_len, users, weights_bytes, skip_layers)
+    return (base.total_bytes / cand.total_bytes - 1) * 100
+
+
+# --------------------------------------------------------------------------- the whole prediction
+
+def _pick(steps: dict[str, StepBytes], test: Any) -> str | None:
+    return next((name for name, s in steps.items() if test(s.resolved_dtype)), None)
+
+
+def roofline(model: str | Path | ModelLayout, context_len: int, users: int = 1, gpu: str | GpuSpec | None = None,
+             kv_dtypes: list[str] | tuple[str, ...] | None = None, bandwidth_factor: float | None = None,
+             bandwidth_gb_s: float | None = None, bandwidth_origin: str = "given",
+             weights_bytes: int | None = None, skip_layers: str | None = None,
+             catalog_path: str | Path | None = None) -> RooflineResult:
+    """Predicted bytes per step, TPOT, ITL slope and FP8 speedup for a model on a GPU.
+
+    The bandwidth is the GPU's datasheet figure unless ``bandwidth_gb_s`` is given (then its
+    origin is ``bandwidth_origin``, e.g. "measured" for the CPU probe). ``kv_dtypes`` defaults to the
+    model's 16-bit dtype and fp8.
+    """
+    layout = load_layout(model)
+    length = check_context(layout, context_len)
+    users = _positive_int(users, "users")
+    spec = find_gpu(gpu, catalog_path) if isinstance(gpu, str) else gpu
+    assumptions: list[Assumption] = []
+    if bandwidth_gb_s is not None:
+        bandwidth = _positive_number(bandwidth_gb_s, "bandwidth GB/s")
+        assumptions.append(Assumption("bandwidth_gb_s", bandwidth, "GB/s", bandwidth_origin,
+                                      "peak figure given instead of the catalog's"))
+    elif spec is not None:
+        bandwidth = spec.bandwidth_gb_s
+        assumptions.append(Assumption("bandwidth_gb_s", bandwidth, "GB/s", "datasheet", spec.source))
+    else:
+        raise StudyError("gpu: none given (expected --gpu NAME from the catalog, or a bandwidth in GB/s)")
+    if bandwidth_factor is None:
+        factor = DEFAULT_BANDWIDTH_FACTOR
+        assumptions.append(Assumption("bandwidth_factor", factor, "fraction of peak", "assumed",
+                                      "achievable/peak DRAM bandwidth; the published H100 BF16 ITL slope of "
+                                      "Llama-3.1-8B (seed 003) implies 0.90 for KV reads"))
+    else:
+        factor = check_bandwidth_factor(bandwidth_factor)
+        assumptions.append(Assumption("bandwidth_factor", factor, "fraction of peak", "given"))
+    dtypes = list(kv_dtypes) if kv_dtypes else [layout.model_dtype, "fp8"]
+    weights = weights_read(layout, users, weights_bytes)
+    assumptions.append(Assumption("weights_bytes", weights.total_bytes, "bytes",
+                                  "given" if weights_bytes is not None else "model folder", weights.total_source))
+    assumptions.append(Assumption("weights_read_bytes", weights.read_bytes, "bytes per step", "estimated",
+                                  "; ".join(weights.notes)))
+    acts = activation_bytes_per_request(layout)
+    assumptions.append(Assumption("activation_bytes_per_user", acts, "bytes per step", "estimated",
+                                  f"{ACTIVATION_HIDDEN_VECTORS} x hidden + {ACTIVATION_MLP_VECTORS} x MLP width "
+                                  f"16-bit values per layer, written and read back, plus FP32 logits"))
+    assumptions.append(Assumption("state_traffic", 2, "x state bytes per request", "assumed",
+                                  "linear-attention state read and written back once per step"))
+    assumptions.append(Assumption("kv_read_per_step", "context (window-capped)", "tokens per request", "assumed",
+                                  "attention reads every cached token of its layer once per step; "
+                                  "the new token's KV write is not counted"))
+    steps = {d: step_bytes(layout, d, length, users, weights_bytes, skip_layers, acts) for d in dtypes}
+    tpot = {d: tpot_ms(s.total_bytes, bandwidth, factor) for d, s in steps.items()}
+    slopes = {d: predicted_slope_ms_per_token(layout, d, bandwidth, factor, users, skip_layers) for d in dtypes}
+    dominates = {d: kv_dominates_from(layout, d, users, weights_bytes, skip_layers) for d in dtypes}
+    base = _pick(steps, lambda r: r in SIXTEEN_BIT)
+    fp8 = _pick(steps, lambda r: r.startswith("fp8"))
+    gain = speedup_pct(tpot[base], tpot[fp8]) if base and fp8 else None
+    reduction = (1 - tpot[fp8] / tpot[base]) * 100 if base and fp8 else None
+    return RooflineResult(layout.name, layout.config_path, spec.name if spec else None, length, users, bandwidth,
+                          factor, steps, tpot, slopes, dominates, base, fp8, gain, reduction, weights,
+                          tuple(assumptions))

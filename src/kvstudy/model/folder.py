@@ -1,0 +1,60 @@
+"""Find a model's folder (a path, a config.json, or a Hugging Face cache id) and read its config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.io import is_finite_number, read_json  # noqa: F401  (re-exported for model readers)
+
+
+def _cached_snapshot(repo_id: str, cache_dir: str | Path | None = None) -> Path:
+    """The newest cached snapshot of ``repo_id`` in the local Hugging Face cache (no network)."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        info = scan_cache_dir(cache_dir)
+    except CacheNotFound as exc:
+        raise StudyError(f"{repo_id}: not a folder, and there is no Hugging Face cache at {exc.cache_dir}") from None
+    for repo in info.repos:
+        if repo.repo_id == repo_id and repo.repo_type == "model" and repo.revisions:
+            newest = max(repo.revisions, key=lambda r: r.last_modified)
+            return Path(newest.snapshot_path)
+    raise StudyError(f"{repo_id}: not a folder and not in the local Hugging Face cache (expected a model folder, a config.json or a cached repo id)")
+
+
+def resolve_model_path(spec: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """A model folder from a folder path, a path to its config.json, or a cached ``org/name`` id."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_file():
+        return path.parent
+    text = str(spec)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        return _cached_snapshot(text, cache_dir)
+    raise StudyError(f"{spec}: no such model folder or file")
+
+
+def config_path(spec: str | Path) -> Path:
+    """The config.json that ``spec`` names (a file is taken as the config itself)."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path
+    folder = resolve_model_path(spec)
+    cfg = folder / "config.json"
+    if not cfg.is_file():
+        raise StudyError(f"{folder}: no config.json in this folder (expected a Hugging Face model folder)")
+    return cfg
+
+
+def load_config(spec: str | Path) -> tuple[dict[str, Any], Path]:
+    """The parsed config.json for a folder, file or cache id, and the path it came from."""
+    cfg = config_path(spec)
+    data = read_json(cfg)
+    if not isinstance(data, dict):
+        raise StudyError(f"{cfg}: expected a JSON object at the top level, got {type(data).__name__}")
+    return data, cfg
+

@@ -1,0 +1,224 @@
+"""Verdicts: what vLLM will do with the KV settings and scales a folder has, and, given a startup
+log or resolved-run record, what the engine did (loaded, dropped or never had the scales)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvstudy.errors import StudyError
+from kvstudy.io import read_json
+from kvstudy.model.scale_records import EngineEvidence, ScaleReport, declared_kv_dtype
+from kvstudy.vllm.startup_log import parse_startup_log
+
+# quant_method values whose vLLM loader handles KV scales and warns when both end up 1.0.
+WARNING_METHODS = {"fp8", "modelopt", "modelopt_fp4", "quark"}
+ISSUE_54623 = "vLLM issue 54623"
+# What a startup log or run record shows about the scales (ScaleReport.engine_outcome).
+ENGINE_OUTCOMES = {
+    "not-fp8": "the KV cache was not FP8: scales unused",
+    "unit-scales": "scale-1.0 warning, and the checkpoint's scales are all 1.0",
+    "dropped": "checkpoint has scales, log shows the scale-1.0 warning: the loader dropped them",
+    "consistent": "checkpoint has scales, FP8, no warning: consistent with scales loaded",
+    "warning-expected": "no scales, and the log warns about scale 1.0",
+    "silent-unit-scale": "no scales, FP8, no warning: scale 1.0 used silently",
+    "unknown": "the log does not say which KV dtype was used",
+    "too-early": "the start failed before the weights were loaded: the log cannot say",
+}
+
+
+
+def kv_handling_method(report: ScaleReport) -> bool:
+    return (report.quant_method or "").lower() in WARNING_METHODS
+
+
+def _scale_summary(report: ScaleReport) -> str:
+    k_layers, v_layers = report.scale_layers("k"), report.scale_layers("v")
+    per_head = any(len(s.values) > 1 for s in report.scales)
+    values = np.array([v for s in report.scales for v in s.values], dtype=float)
+    finite = values[np.isfinite(values)]
+    span = f"values {finite.min():.4g} to {finite.max():.4g}" if finite.size else "no finite values"
+    styles = sorted({s.style for s in report.scales})
+    total = f" of {report.num_hidden_layers}" if report.num_hidden_layers else ""
+    return (f"KV scales present: k for {len(k_layers)}{total} layers, v for {len(v_layers)}{total} layers, "
+            f"{'per head' if per_head else 'one per tensor'}, {span} ({'; '.join(styles)}).")
+
+
+def _no_scale_verdict(report: ScaleReport) -> str:
+    base = "No KV scale tensors in the checkpoint: with an FP8 KV cache vLLM uses scale 1.0 for k and v"
+    method = report.quant_method
+    if method is None:
+        return base + (", and prints no warning: a plain (unquantized) checkpoint never triggers the "
+                       "'Using KV cache scaling factor 1.0' warning, so a silent log does not mean scales loaded.")
+    if kv_handling_method(report):
+        return base + (f"; with quant_method '{method}' vLLM should print the 'Using KV cache scaling "
+                       "factor 1.0' warning.")
+    return base + (f"; with quant_method '{method}' vLLM may print no warning (compressed-tensors "
+                   "stays silent when scales are missing).")
+
+
+def _forcing_verdicts(report: ScaleReport) -> list[str]:
+    out = []
+    if report.kv_scheme is not None:
+        bits, kind = report.kv_scheme.get("num_bits"), report.kv_scheme.get("type")
+        strategy = report.kv_scheme_strategy or "unset"
+        out.append(
+            f"config.json quantization_config.kv_cache_scheme ({kind} {bits}-bit, strategy {strategy}) "
+            "declares an FP8 KV cache in the model folder: vLLM 0.20 stores KV in FP8 whatever "
+            "--kv-cache-dtype says (an 'auto' vs 'fp8' A/B compares fp8 with fp8); 0.32 and 0.33 do so "
+            "only when the flag is 'auto' (an explicit bfloat16 wins); 0.11 with 'auto' stays BF16.")
+        if strategy not in ("tensor", "attn_head"):
+            out.append(f"kv_cache_scheme strategy {strategy}: vLLM accepts only 'tensor' or 'attn_head' "
+                       "and refuses to load this checkpoint.")
+        if strategy == "attn_head":
+            out.append("Per-head (attn_head) scales: vLLM keeps one scale per KV head for backends that take "
+                       "them; a backend that takes one scale per layer uses the largest head's scale.")
+    if report.kv_cache_quant_algo is not None:
+        out.append(
+            f"{report.kv_cache_quant_algo_file} declares kv_cache_quant_algo {report.kv_cache_quant_algo}: "
+            f"from vLLM 0.14, --kv-cache-dtype auto resolves to it ({report.kv_cache_quant_algo.lower()}); "
+            "0.11 with 'auto' stays BF16.")
+    if report.kv_cache_dtype_in_config is not None:
+        out.append(
+            f"config.json sets {report.kv_cache_dtype_field} = {report.kv_cache_dtype_in_config}: a KV dtype "
+            "declared in the model folder, not on the command line. vLLM 0.32.0's source does not read this "
+            "field (other tools may); the startup log's KV dtype line says what the engine used.")
+    return out
+
+
+def _all_ones(report: ScaleReport) -> bool:
+    return all(v == 1.0 for s in report.scales for v in s.values)
+
+
+def _version_at_least(version: str | None, wanted: tuple[int, int]) -> bool:
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    return match is None or (int(match.group(1)), int(match.group(2))) >= wanted  # unknown: assume recent
+
+
+def effective_kv_dtype(report: ScaleReport, ev: EngineEvidence) -> str | None:
+    """The KV dtype the engine used: the logged one, or for the flag 'auto' the folder's declaration."""
+    logged = ev.kv_cache_dtype
+    if logged is None or logged.lower() != "auto":
+        return logged
+    if report.kv_scheme is not None and _version_at_least(ev.version, (0, 20)):
+        return declared_kv_dtype(report)
+    if report.kv_cache_quant_algo is not None and _version_at_least(ev.version, (0, 14)):
+        return report.kv_cache_quant_algo.lower()
+    return logged
+
+
+def engine_outcome(report: ScaleReport, ev: EngineEvidence) -> str:
+    """One of ENGINE_OUTCOMES: what the log says happened to this checkpoint's scales."""
+    fp8 = (effective_kv_dtype(report, ev) or "").lower().startswith("fp8")
+    if not ev.kv_scale_warning and not ev.weights_processed:
+        return "too-early"
+    if ev.kv_cache_dtype is not None and not fp8 and not ev.kv_scale_warning:
+        return "not-fp8"
+    if report.has_scales and ev.kv_scale_warning:
+        return "unit-scales" if _all_ones(report) else "dropped"
+    if report.has_scales:
+        return "consistent" if fp8 else "unknown"
+    if ev.kv_scale_warning:
+        return "warning-expected"
+    return "silent-unit-scale" if fp8 else "unknown"
+
+
+def _evidence_verdicts(report: ScaleReport, ev: EngineEvidence) -> list[str]:
+    on = f"{ev.source}" + (f" (vLLM {ev.version})" if ev.version else "")
+    outcome = engine_outcome(report, ev)
+    report.engine_outcome = outcome
+    text = {
+        "not-fp8": f"the KV cache was stored as {ev.kv_cache_dtype}, so KV scales were not used.",
+        "unit-scales": "the scale-1.0 warning is expected: every KV scale in the checkpoint is 1.0.",
+        "dropped": ("the checkpoint has KV scales but the log shows the 'scaling factor 1.0' warning: "
+                    f"the loader dropped them and FP8 ran with scale 1.0 (as in {ISSUE_54623})."),
+        "consistent": ("FP8 KV cache and no scale-1.0 warning: consistent with the checkpoint's scales "
+                       "being loaded (the log alone cannot prove it)."),
+        "warning-expected": "the scale-1.0 warning matches the checkpoint, which has no KV scales.",
+        "silent-unit-scale": ("FP8 KV cache, no scale-1.0 warning and no scales in the checkpoint: "
+                              "scale 1.0 was used silently."),
+        "unknown": "the log does not say which KV dtype was used; nothing to compare.",
+        "too-early": ("the start failed before the weights were loaded (or while loading them), so the log "
+                      "cannot say whether scales loaded."),
+    }[outcome]
+    if (ev.kv_cache_dtype or "").lower() == "auto" and effective_kv_dtype(report, ev) != ev.kv_cache_dtype:
+        text += (f" The flag was 'auto': the folder's declaration made the KV cache "
+                 f"{effective_kv_dtype(report, ev)}, although the log never names that dtype.")
+    cause = f": {ev.failure_cause.rstrip('.')}" if ev.failure_cause else ""
+    if ev.failed and outcome != "too-early":
+        text += f" (The start failed afterwards, once the weights and scales were loaded{cause}.)"
+    elif ev.failed:
+        text += f" (Cause{cause or ': not named in the log'}.)"
+    return [f"{on}: {text}"]
+
+
+def verdicts(report: ScaleReport, evidence: EngineEvidence | None) -> list[str]:
+    out: list[str] = []
+    if report.weights == "bin-only":
+        out.append("Weights are only in pickle (.bin) files: KV scales cannot be inspected safely.")
+    elif report.weights == "none":
+        out.append("No weight files in the folder: whether KV scales exist cannot be checked here.")
+    elif report.has_scales:
+        out.append(_scale_summary(report))
+        if report.num_hidden_layers:
+            missing = sorted(set(range(report.num_hidden_layers)) - set(report.scale_layers("k")))
+            if missing and len(missing) < report.num_hidden_layers:
+                out.append(f"Layers without a k scale (they run with 1.0): {missing[:16]}.")
+    elif report.files_read:
+        out.append(_no_scale_verdict(report))
+    out += _forcing_verdicts(report)
+    if evidence is not None:
+        out += _evidence_verdicts(report, evidence)
+    return out
+
+
+# --------------------------------------------------------------------------- engine evidence
+
+def read_evidence(path: str | Path) -> EngineEvidence:
+    """A startup log (text, parsed by kvstudy.vllm.startup_log) or a resolved-run record / parsed log (JSON)."""
+    path = Path(path)
+    if not path.is_file():
+        raise StudyError(f"{path}: no such startup log or run record")
+    if path.suffix == ".json":
+        return _evidence_from_record(path)
+    info = parse_startup_log(path)
+    return EngineEvidence(str(path), info.kv_cache_dtype, bool(info.kv_scale_warning), info.version,
+                          failed=bool(info.failed), weights_processed=_weights_processed(vars(info)),
+                          failure_cause=info.failure_cause)
+
+
+def _weights_processed(fields: dict[str, Any]) -> bool:
+    """Whether a start got past weight loading, where vLLM prints the scale-1.0 warning."""
+    if fields.get("failed") is not True:
+        return True
+    return any(fields.get(k) is not None for k in ("pool_tokens", "model_load_gib")) or fields.get("ready") is True
+
+
+def _find_key(data: Any, key: str) -> Any:
+    if isinstance(data, dict):
+        if key in data:
+            return data[key]
+        for value in data.values():
+            found = _find_key(value, key)
+            if found is not None:
+                return found
+    return None
+
+
+def _evidence_from_record(path: Path) -> EngineEvidence:
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise StudyError(f"{path}: expected a JSON object (a resolved-run record or a parsed startup log)")
+    resolved = data.get("resolved", data)
+    warning = _find_key(resolved, "kv_scale_warning")
+    if not isinstance(warning, bool):
+        raise StudyError(f"{path}: expected a resolved-run record with a boolean 'kv_scale_warning'")
+    dtype, version = _find_key(resolved, "kv_cache_dtype"), _find_key(resolved, "version")
+    fields = {k: _find_key(resolved, k) for k in ("failed", "pool_tokens", "model_load_gib", "ready")}
+    return EngineEvidence(str(path), str(dtype) if dtype is not None else None, warning,
+                          str(version) if version is not None else None, failed=fields["failed"] is True,
+                          weights_processed=_weights_processed(fields),
+                          failure_cause=_find_key(resolved, "failure_cause") if fields["failed"] is True else None)

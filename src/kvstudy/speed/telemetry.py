@@ -1,0 +1,232 @@
+"""Sample the accelerator's clock in the background while a cell runs.
+
+Timestamps use ``time.perf_counter()``: on Linux that is CLOCK_MONOTONIC, a system-wide clock,
+and vLLM's benchmark client stamps each request's start with the same call in its own process,
+so samples and requests share one time axis. Each sample also carries the wall clock.
+
+On an NVIDIA GPU the sampler reads NVML (nvidia-ml-py): SM and memory clocks, power,
+temperature and the clock-event (throttle) reasons. Elsewhere it reads the CPU's core frequency
+and utilisation with psutil. The NVML reader is thin: the conversion of its raw values into a
+:class:`ClockSample` is a pure function, tested with plain numbers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from kvstudy.io import read_jsonl, write_jsonl_atomic
+from kvstudy.errors import StudyError
+
+# NVML clock-event ("throttle") reason bits, nvml.h (nvmlClocksEventReason*).
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+@dataclass
+class ClockSample:
+    """One telemetry sample. ``clock_mhz`` is the SM clock on a GPU, the mean core clock on a CPU."""
+
+    t_mono_s: float                       # time.perf_counter() at the sample
+    t_wall_s: float                       # time.time() at the sample
+    device: str                           # "gpu0", "gpu1", ... or "cpu"
+    clock_mhz: float | None
+    mem_clock_mhz: float | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+    clock_event_mask: int | None = None
+    clock_event_reasons: list[str] = field(default_factory=list)
+    util_pct: float | None = None
+
+
+def decode_clock_event_reasons(mask: int) -> list[str]:
+    """Names of the NVML clock-event reason bits set in ``mask`` (unknown bits as hex)."""
+    names = [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
+    unknown = mask & ~sum(CLOCK_EVENT_REASONS)
+    if unknown:
+        names.append(f"unknown_0x{unknown:x}")
+    return names
+
+
+def nvml_sample(t_mono_s: float, t_wall_s: float, index: int, sm_clock_mhz: int | None,
+                mem_clock_mhz: int | None, power_mw: int | None, temperature_c: int | None,
+                reasons_mask: int | None, util_pct: int | None = None) -> ClockSample:
+    """A sample from NVML's raw values (power in milliwatts, as NVML reports it)."""
+    return ClockSample(
+        t_mono_s=t_mono_s, t_wall_s=t_wall_s, device=f"gpu{index}",
+        clock_mhz=None if sm_clock_mhz is None else float(sm_clock_mhz),
+        mem_clock_mhz=None if mem_clock_mhz is None else float(mem_clock_mhz),
+        power_w=None if power_mw is None else power_mw / 1000.0,
+        temperature_c=None if temperature_c is None else float(temperature_c),
+        clock_event_mask=reasons_mask,
+        clock_event_reasons=[] if reasons_mask is None else decode_clock_event_reasons(reasons_mask),
+        util_pct=None if util_pct is None else float(util_pct))
+
+
+def cpu_sample(t_mono_s: float, t_wall_s: float, core_mhz: Sequence[float],
+               util_pct: float | None = None) -> ClockSample:
+    """A sample from per-core frequencies (their mean is the clock)."""
+    clocks = [float(f) for f in core_mhz if f]
+    return ClockSample(t_mono_s=t_mono_s, t_wall_s=t_wall_s, device="cpu",
+                       clock_mhz=sum(clocks) / len(clocks) if clocks else None,
+                       util_pct=None if util_pct is None else float(util_pct))
+
+
+class Reader(Protocol):
+    kind: str
+
+    def read(self) -> ClockSample: ...
+
+    def close(self) -> None: ...
+
+
+class CpuReader:
+    """Core frequency (psutil: sysfs cpufreq, else /proc/cpuinfo) and CPU utilisation."""
+
+    kind = "cpu"
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        psutil.cpu_percent(None)  # primes the utilisation counter
+
+    def read(self) -> ClockSample:
+        freqs = self._psutil.cpu_freq(percpu=True) or []
+        return cpu_sample(time.perf_counter(), time.time(), [f.current for f in freqs],
+                          self._psutil.cpu_percent(None))
+
+    def close(self) -> None:
+        return None
+
+
+class NvmlReader:
+    """One NVIDIA GPU through NVML. Not exercised on machines without a GPU."""
+
+    kind = "nvml"
+
+    def __init__(self, index: int = 0) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self._nv = pynvml
+        self.index = index
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self._reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+
+    def _try(self, fn, *args):  # a field the GPU does not report stays None
+        try:
+            return fn(self._handle, *args)
+        except self._nv.NVMLError:
+            return None
+
+    def read(self) -> ClockSample:
+        nv = self._nv
+        util = self._try(nv.nvmlDeviceGetUtilizationRates)
+        return nvml_sample(
+            time.perf_counter(), time.time(), self.index,
+            self._try(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
+            self._try(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM),
+            self._try(nv.nvmlDeviceGetPowerUsage),
+            self._try(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU),
+            self._try(self._reasons),
+            None if util is None else util.gpu)
+
+    def close(self) -> None:
+        try:
+            self._nv.nvmlShutdown()
+        except self._nv.NVMLError:
+            pass
+
+
+def default_reader(gpu_index: int = 0) -> Reader:
+    """NVML when an NVIDIA GPU answers, the CPU otherwise."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        if count > gpu_index:
+            return NvmlReader(gpu_index)
+    except Exception:  # no driver, no library, no device: fall back to the CPU
+        pass
+    return CpuReader()
+
+
+class TelemetrySampler:
+    """Background thread that reads ``reader`` every ``interval_s`` seconds.
+
+    ``with TelemetrySampler(reader) as sampler: ...`` then ``sampler.samples``.
+    """
+
+    def __init__(self, reader: Reader | None = None, interval_s: float = 0.25) -> None:
+        if interval_s <= 0:
+            raise StudyError(f"telemetry interval_s: must be positive, got {interval_s}")
+        self.reader = reader or default_reader()
+        self.interval_s = interval_s
+        self.samples: list[ClockSample] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _loop(self) -> None:
+        next_t = time.perf_counter()
+        while not self._stop.is_set():
+            try:
+                self.samples.append(self.reader.read())
+            except Exception as exc:  # keep sampling; say what failed
+                if len(self.errors) < 10:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+            next_t += self.interval_s
+            self._stop.wait(max(0.0, next_t - time.perf_counter()))
+
+    def start(self) -> "TelemetrySampler":
+        self._thread = threading.Thread(target=self._loop, name="kvstudy-telemetry", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[ClockSample]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5 * self.interval_s + 1)
+        return self.samples
+
+    def __enter__(self) -> "TelemetrySampler":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def write_telemetry_jsonl(path: Path, samples: Sequence[ClockSample]) -> None:
+    """JSON lines, written to a temporary file and renamed into place."""
+    write_jsonl_atomic(path, samples)
+
+
+def read_telemetry_jsonl(path: Path) -> list[ClockSample]:
+    return read_jsonl(path, lambda row: ClockSample(**row), "a telemetry sample")
+
+
+def median_clock(samples: Sequence[ClockSample], start_s: float | None = None,
+                 end_s: float | None = None) -> float | None:
+    """Median ``clock_mhz`` of the samples inside [start_s, end_s] (monotonic seconds)."""
+    import statistics
+
+    values = [s.clock_mhz for s in samples if s.clock_mhz is not None
+              and (start_s is None or s.t_mono_s >= start_s) and (end_s is None or s.t_mono_s <= end_s)]
+    return statistics.median(values) if values else None

@@ -1,0 +1,316 @@
+"""Generate the small test checkpoints in data/checkpoints: one per way a folder declares KV scales.
+
+Each checkpoint is a Qwen3-shaped model folder (``config.json`` + safetensors) with tiny random
+weights (fixed seed) and, depending on the case, KV scale tensors under one of the names vLLM
+loads, a ``quantization_config`` or an ``hf_quant_config.json``. They are not meant to be served:
+they exercise the scale inspector (``kvstudy.model.scales``). The output is byte-for-byte deterministic.
+
+    kvstudy checkpoints build data/checkpoints
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import safetensors
+
+from kvstudy.model.safetensors import F8_E4M3_VALUES
+from kvstudy.errors import StudyError
+
+SEED = 20261129
+LAYERS = 4
+HIDDEN = 32
+HEADS = 4
+KV_HEADS = 2
+HEAD_DIM = 8
+INTERMEDIATE = 64
+VOCAB = 128
+_SPEC_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F8_E4M3": "float8_e4m3fn"}
+
+# name -> (dtype, values as float32); written in the given dtype
+Tensors = dict[str, tuple[str, np.ndarray]]
+
+
+# --------------------------------------------------------------------------- encoding and writing
+
+def to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (round to nearest even), as uint16."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (rounded >> 16).astype(np.uint16)
+
+
+def to_f8_e4m3_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> nearest float8 e4m3fn byte (finite values only)."""
+    table = np.nan_to_num(F8_E4M3_VALUES.astype(np.float64), nan=np.inf)
+    flat = np.asarray(values, dtype=np.float64).reshape(-1, 1)
+    codes = np.abs(flat - table.reshape(1, -1)).argmin(axis=1)
+    return codes.astype(np.uint8).reshape(np.shape(values))
+
+
+def _raw(dtype: str, values: np.ndarray) -> np.ndarray:
+    if dtype == "BF16":
+        return to_bf16_bits(values)
+    if dtype == "F8_E4M3":
+        return to_f8_e4m3_bits(values)
+    if dtype == "F16":
+        return np.ascontiguousarray(values, dtype="<f2")
+    if dtype == "F32":
+        return np.ascontiguousarray(values, dtype="<f4")
+    raise ValueError(f"unsupported dtype {dtype}")
+
+
+def write_safetensors(path: Path, tensors: Tensors) -> int:
+    """Write ``tensors`` with the safetensors package; returns the file size."""
+    buffers = {name: np.ascontiguousarray(_raw(dtype, values)) for name, (dtype, values) in tensors.items()}
+    specs = {name: safetensors.TensorSpec(dtype=_SPEC_DTYPES[tensors[name][0]],
+                                          shape=list(np.shape(tensors[name][1])),
+                                          data_ptr=buf.ctypes.data, data_len=buf.nbytes)
+             for name, buf in buffers.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    safetensors.serialize_file(specs, str(path), {"format": "pt"})
+    return path.stat().st_size
+
+
+def write_json(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- model pieces
+
+def base_config(**extra: object) -> dict[str, object]:
+    config: dict[str, object] = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+    }
+    config.update(extra)
+    return config
+
+
+def base_weights(rng: np.random.Generator, proj_dtype: str = "BF16") -> Tensors:
+    """Every weight of the tiny Qwen3; projections in ``proj_dtype`` (F8_E4M3 adds weight/input scales)."""
+    def normal(*shape: int) -> np.ndarray:
+        return rng.normal(0.0, 0.05, size=shape).astype(np.float32)
+
+    tensors: Tensors = {"model.embed_tokens.weight": ("BF16", normal(VOCAB, HIDDEN)),
+                        "model.norm.weight": ("BF16", np.ones(HIDDEN, np.float32))}
+    shapes = {"self_attn.q_proj": (HEADS * HEAD_DIM, HIDDEN), "self_attn.k_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
+              "self_attn.v_proj": (KV_HEADS * HEAD_DIM, HIDDEN), "self_attn.o_proj": (HIDDEN, HEADS * HEAD_DIM),
+              "mlp.gate_proj": (INTERMEDIATE, HIDDEN), "mlp.up_proj": (INTERMEDIATE, HIDDEN),
+              "mlp.down_proj": (HIDDEN, INTERMEDIATE)}
+    for layer in range(LAYERS):
+        prefix = f"model.layers.{layer}."
+        for module, shape in shapes.items():
+            weight = normal(*shape)
+            if proj_dtype == "F8_E4M3":
+                scale = np.float32(np.abs(weight).max() / 448.0)
+                tensors[prefix + module + ".weight"] = ("F8_E4M3", weight / scale)
+                tensors[prefix + module + ".weight_scale"] = ("F32", np.array(scale, np.float32))
+                tensors[prefix + module + ".input_scale"] = ("F32", np.array(0.01, np.float32))
+            else:
+                tensors[prefix + module + ".weight"] = ("BF16", weight)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            tensors[prefix + norm + ".weight"] = ("BF16", np.ones(HIDDEN, np.float32))
+        for norm in ("self_attn.q_norm", "self_attn.k_norm"):
+            tensors[prefix + norm + ".weight"] = ("BF16", np.ones(HEAD_DIM, np.float32))
+    return tensors
+
+
+def layer_scales(rng: np.random.Generator, per_head: bool = False) -> dict[str, np.ndarray]:
+    """Calibrated-looking k and v scales (amax / 448) for every layer; keys 'k<layer>' / 'v<layer>'."""
+    out = {}
+    for layer in range(LAYERS):
+        for kind, (low, high) in (("k", (0.03, 0.12)), ("v", (0.005, 0.03))):
+            size = (KV_HEADS, 1, 1) if per_head else ()
+            out[f"{kind}{layer}"] = np.round(rng.uniform(low, high, size=size), 5).astype(np.float32)
+    return out
+
+
+def named_scales(scales: dict[str, np.ndarray], pattern: str) -> Tensors:
+    """Scale tensors named by ``pattern`` with ``{layer}`` and ``{kind}`` placeholders."""
+    return {pattern.format(layer=key[1:], kind=key[0]): ("F32", value) for key, value in scales.items()}
+
+
+FP8_QC = {"quant_method": "fp8", "activation_scheme": "static"}
+
+
+def _ct_qc(strategy: str) -> dict[str, object]:
+    return {"quant_method": "compressed-tensors", "format": "dense", "quantization_status": "compressed",
+            "config_groups": {}, "ignore": ["lm_head"],
+            "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": strategy, "dynamic": False,
+                                "symmetric": True, "group_size": None, "observer": "minmax"}}
+
+
+# --------------------------------------------------------------------------- the checkpoints
+
+def _single(folder: Path, config: dict[str, object], tensors: Tensors) -> None:
+    write_json(folder / "config.json", config)
+    write_safetensors(folder / "model.safetensors", tensors)
+
+
+def build_plain_bf16(folder: Path, rng: np.random.Generator) -> None:
+    _single(folder, base_config(), base_weights(rng))
+
+
+def build_fp8_kv_scales(folder: Path, rng: np.random.Generator) -> None:
+    tensors = base_weights(rng, "F8_E4M3")
+    tensors.update(named_scales(layer_scales(rng), "model.layers.{layer}.self_attn.{kind}_scale"))
+    _single(folder, base_config(quantization_config=FP8_QC), tensors)
+
+
+def build_compressed_tensors_kv(folder: Path, rng: np.random.Generator) -> None:
+    tensors = base_weights(rng)
+    scales = {k: v.reshape(1) for k, v in layer_scales(rng).items()}
+    tensors.update(named_scales(scales, "model.layers.{layer}.self_attn.{kind}_proj.output_scale"))
+    _single(folder, base_config(quantization_config=_ct_qc("tensor")), tensors)
+
+
+def build_modelopt_kv(folder: Path, rng: np.random.Generator) -> None:
+    tensors = base_weights(rng, "F8_E4M3")
+    tensors.update(named_scales(layer_scales(rng), "model.layers.{layer}.self_attn.{kind}_proj.{kind}_scale"))
+    _single(folder, base_config(), tensors)
+    write_json(folder / "hf_quant_config.json", {
+        "producer": {"name": "modelopt", "version": "0.0.0-kvstudy-generated"},
+        "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}})
+
+
+def build_deprecated_kv_scale(folder: Path, rng: np.random.Generator) -> None:
+    tensors = base_weights(rng, "F8_E4M3")
+    scales = {k: v for k, v in layer_scales(rng).items() if k.startswith("k")}
+    tensors.update({f"model.layers.{key[1:]}.self_attn.kv_scale": ("F32", value) for key, value in scales.items()})
+    _single(folder, base_config(quantization_config=FP8_QC), tensors)
+
+
+def build_per_head_scales(folder: Path, rng: np.random.Generator) -> None:
+    tensors = base_weights(rng)
+    tensors.update(named_scales(layer_scales(rng, per_head=True),
+                                "model.layers.{layer}.self_attn.{kind}_proj.output_scale"))
+    _single(folder, base_config(quantization_config=_ct_qc("attn_head")), tensors)
+
+
+def build_multi_shard(folder: Path, rng: np.random.Generator) -> None:
+    tensors = base_weights(rng, "F8_E4M3")
+    tensors.update(named_scales(layer_scales(rng), "model.layers.{layer}.self_attn.{kind}_scale"))
+    write_json(folder / "config.json", base_config(quantization_config=FP8_QC))
+    shards: dict[str, Tensors] = {"model-00001-of-00002.safetensors": {}, "model-00002-of-00002.safetensors": {}}
+    for name, tensor in tensors.items():
+        second = any(f"layers.{n}." in name for n in range(LAYERS // 2, LAYERS))
+        shards["model-00002-of-00002.safetensors" if second else "model-00001-of-00002.safetensors"][name] = tensor
+    total = 0
+    weight_map = {}
+    for shard, part in shards.items():
+        write_safetensors(folder / shard, part)
+        total += sum(_raw(d, v).nbytes for d, v in part.values())
+        weight_map.update({name: shard for name in part})
+    write_json(folder / "model.safetensors.index.json",
+               {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
+
+
+def build_config_trap(folder: Path, rng: np.random.Generator) -> None:
+    """A KV-only compressed-tensors scheme and no scale tensors: FP8 forced, scale 1.0, no warning."""
+    _single(folder, base_config(quantization_config=_ct_qc("tensor")), base_weights(rng))
+
+
+def build_kv_dtype_field(folder: Path, rng: np.random.Generator) -> None:
+    """A top-level config.json kv_cache_dtype, the field seed 002's one-line check prints."""
+    _single(folder, base_config(kv_cache_dtype="fp8_e4m3"), base_weights(rng))
+
+
+def build_bad_scales(folder: Path, rng: np.random.Generator) -> None:
+    """fp8 scales with a zero v scale in layer 1 and a NaN k scale in layer 3."""
+    scales = layer_scales(rng)
+    scales["v1"] = np.array(0.0, np.float32)
+    scales["k3"] = np.array(np.nan, np.float32)
+    tensors = base_weights(rng, "F8_E4M3")
+    tensors.update(named_scales(scales, "model.layers.{layer}.self_attn.{kind}_scale"))
+    _single(folder, base_config(quantization_config=FP8_QC), tensors)
+
+
+@dataclass(frozen=True)
+class CheckpointCase:
+    name: str
+    what: str
+    build: Callable[[Path, np.random.Generator], None]
+
+
+CASES: tuple[CheckpointCase, ...] = (
+    CheckpointCase("plain-bf16", "BF16 weights, no quantization config, no scales", build_plain_bf16),
+    CheckpointCase("fp8-kv-scales", "quant_method fp8, FP8 weights, per-tensor self_attn.k_scale/v_scale",
+                   build_fp8_kv_scales),
+    CheckpointCase("compressed-tensors-kv", "compressed-tensors kv_cache_scheme (tensor), k_proj/v_proj.output_scale",
+                   build_compressed_tensors_kv),
+    CheckpointCase("modelopt-kv", "ModelOpt hf_quant_config.json kv_cache_quant_algo FP8, "
+                   "self_attn.k_proj.k_scale/v_proj.v_scale", build_modelopt_kv),
+    CheckpointCase("deprecated-kv-scale", "quant_method fp8, one deprecated self_attn.kv_scale per layer",
+                   build_deprecated_kv_scale),
+    CheckpointCase("per-head-scales", "compressed-tensors kv_cache_scheme (attn_head), output_scale of shape "
+                   "[kv_heads, 1, 1]", build_per_head_scales),
+    CheckpointCase("multi-shard", "quant_method fp8, two shards and an index, k/v scales in both shards",
+                   build_multi_shard),
+    CheckpointCase("config-trap", "compressed-tensors kv_cache_scheme with no scale tensors", build_config_trap),
+    CheckpointCase("kv-dtype-field", "top-level config.json kv_cache_dtype fp8_e4m3, no scales",
+                   build_kv_dtype_field),
+    CheckpointCase("bad-scales", "quant_method fp8 with a zero v scale (layer 1) and a NaN k scale (layer 3)",
+                   build_bad_scales),
+)
+
+
+def build_all(out_dir: str | Path, names: Sequence[str] = ()) -> list[Path]:
+    """Build the checkpoints (all, or those named) under ``out_dir``; each has its own seeded RNG."""
+    out = Path(out_dir)
+    built = []
+    for number, case in enumerate(CASES):
+        if names and case.name not in names:
+            continue
+        folder = out / case.name
+        for old in folder.glob("*"):
+            if old.is_file():
+                old.unlink()
+        case.build(folder, np.random.default_rng(SEED + number))
+        built.append(folder)
+    return built
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    if args.checkpoints_command == "list":
+        for case in CASES:
+            print(f"{case.name:24s} {case.what}")
+        return 0
+    unknown = set(args.names) - {c.name for c in CASES}
+    if unknown:
+        raise StudyError(f"checkpoint names {sorted(unknown)}: unknown (see `kvstudy checkpoints list`)")
+    for folder in build_all(args.out_dir, args.names):
+        size = sum(p.stat().st_size for p in folder.iterdir())
+        print(f"{folder}: {size} bytes")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``kvstudy checkpoints build OUT_DIR [NAMES]`` and ``kvstudy checkpoints list``."""
+    parser = subparsers.add_parser("checkpoints", help="generate the small KV-scale test checkpoints",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="checkpoints_command", required=True)
+    build = sub.add_parser("build", help="write the checkpoints into a folder")
+    build.add_argument("out_dir", help="e.g. data/checkpoints")
+    build.add_argument("names", nargs="*", help="only these checkpoints (default: all)")
+    build.set_defaults(func=_cmd)
+    sub.add_parser("list", help="list the checkpoints and what each contains").set_defaults(func=_cmd)

@@ -1,0 +1,260 @@
+"""A tiny random-weight Qwen3 model, built offline and deterministically, for the live CPU paths.
+
+No model hub is reachable on the machines this study runs on, so the CPU profile serves a model
+made here: a ``Qwen3Config`` with 4 layers, hidden size 256, 4 query heads, 2 KV heads and
+head_dim 64 (the KV layout of a real Qwen3, scaled down), random weights from a fixed seed saved
+as bfloat16 safetensors, and a byte-level BPE tokenizer trained with the ``tokenizers`` package on
+a corpus generated here (English words, digits, arithmetic and the GSM8K markers ``Question:``,
+``Answer:`` and ``####``). Random weights produce garbage text: the model is for plumbing, speed
+and capacity, never for accuracy.
+
+``ensure_tiny_model(path)`` builds the folder only when it is missing. A marker file is written
+last, so a folder left half-built by an interrupted build is rebuilt on the next call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kvstudy.errors import StudyError
+
+DEFAULT_PATH = Path("data/tiny-models/tiny-qwen3")
+MARKER = ".kvstudy-tiny-model.json"
+BUILD_VERSION = 1  # bump when the recipe changes, so stale folders are rebuilt
+
+BOS_TOKEN = "<|startoftext|>"
+EOS_TOKEN = "<|endoftext|>"
+SPECIAL_TOKENS = (EOS_TOKEN, BOS_TOKEN)
+
+# Files a build writes; a folder holding only these (and no marker) is a half-built one.
+KNOWN_FILES = {
+    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", MARKER,
+}
+
+# A minimal chat template so /v1/chat/completions works too (the study uses completions).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+WORDS = (
+    "the a an and or but if then so of to in on at by for with from as is are was were be been "
+    "has have had do does did not no yes it its this that these those there here he she they we "
+    "you i his her their our my your who what when where why how which many much more less most "
+    "each every all some any one two three four five six seven eight nine ten hundred thousand "
+    "half twice times total left right after before per day days week weeks month year years hour "
+    "hours minute minutes dollar dollars cent cents price cost costs pay paid buy buys bought sell "
+    "sells sold earn earns earned spend spends spent save saves saved give gives gave take takes "
+    "took make makes made get gets got need needs want wants has apple apples orange oranges egg "
+    "eggs cookie cookies book books page pages car cars mile miles pound pounds box boxes bag bags "
+    "student students class teacher school friend friends family mother father sister brother "
+    "farm farmer cow cows chicken chickens dog dogs cat cats store shop money water cup cups "
+    "glass tree trees garden flower flowers ticket tickets game games team player players point "
+    "points number numbers answer question problem left over remaining together altogether each "
+    "than equal sum difference product quotient add subtract multiply divide percent rate speed "
+    "work job hourly weekly daily first second third last next new old big small long short"
+).split()
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """The recipe; it is written into the marker file so a folder says how it was made."""
+
+    seed: int = 1234
+    num_hidden_layers: int = 4
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    max_position_embeddings: int = 8192
+    vocab_size: int = 1024
+    corpus_lines: int = 4000
+    build_version: int = BUILD_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def corpus_lines(seed: int, count: int) -> Iterator[str]:
+    """Deterministic training text: word sentences, arithmetic and GSM8K-style Q/A lines."""
+    rng = random.Random(seed)
+    for i in range(count):
+        kind = i % 4
+        if kind == 0:
+            words = [rng.choice(WORDS) for _ in range(rng.randint(6, 16))]
+            yield " ".join(words).capitalize() + rng.choice((".", "?", "!"))
+        elif kind == 1:
+            a, b = rng.randint(0, 999), rng.randint(1, 999)
+            op, val = rng.choice((("+", a + b), ("-", a - b), ("*", a * b), ("/", round(a / b, 2))))
+            yield f"{a} {op} {b} = {val}. <<{a}{op}{b}={val}>>"
+        elif kind == 2:
+            n, p = rng.randint(2, 60), rng.randint(1, 40)
+            noun = rng.choice(("apples", "books", "eggs", "tickets", "cookies", "cups"))
+            yield f"Question: A store sells {n} {noun} for ${p} each. How much do {n} {noun} cost?"
+        else:
+            n, p = rng.randint(2, 60), rng.randint(1, 40)
+            yield f"Answer: {n} * {p} = <<{n}*{p}={n * p}>>{n * p}. The total is {n * p} dollars.\n#### {n * p}"
+
+
+def build_tokenizer(spec: TinyModelSpec) -> Any:
+    """Train a byte-level BPE tokenizer on the generated corpus (deterministic for a given spec)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus_lines(spec.seed, spec.corpus_lines), trainer=trainer)
+    return tok
+
+
+def _qwen3_config(spec: TinyModelSpec, vocab_size: int, bos_id: int, eos_id: int) -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+    )
+
+
+def _write_model(spec: TinyModelSpec, tokenizer: Any, out: Path) -> None:
+    import torch
+    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3ForCausalLM
+
+    bos_id, eos_id = tokenizer.token_to_id(BOS_TOKEN), tokenizer.token_to_id(EOS_TOKEN)
+    config = _qwen3_config(spec, tokenizer.get_vocab_size(), bos_id, eos_id)
+    torch.manual_seed(spec.seed)
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    model.save_pretrained(out, safe_serialization=True)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN,
+        model_max_length=spec.max_position_embeddings, chat_template=CHAT_TEMPLATE,
+    )
+    fast.save_pretrained(out)
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER}
+
+
+def _marker_matches(folder: Path, spec: TinyModelSpec) -> bool:
+    marker = folder / MARKER
+    if not marker.is_file():
+        return False
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    return data.get("spec") == spec.to_dict()
+
+
+def _check_replaceable(folder: Path) -> None:
+    """Refuse to replace anything but an empty, half-built or stale tiny-model folder."""
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise StudyError(f"{folder}: exists and is not a folder (expected the tiny model's folder)")
+    foreign = sorted(p.name for p in folder.iterdir() if p.name not in KNOWN_FILES)
+    if foreign:
+        raise StudyError(f"{folder}: holds files a tiny-model build does not write ({', '.join(foreign[:3])}); "
+                         "expected an empty folder or a tiny-model folder; pick another path")
+
+
+def _clear_half_built(folder: Path) -> None:
+    """Remove a folder left by an interrupted build (checked by ``_check_replaceable``)."""
+    _check_replaceable(folder)
+    if folder.exists():
+        shutil.rmtree(folder)
+
+
+def build_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+    """Build the model into ``path`` (replacing a half-built or stale one) and return the folder."""
+    folder = Path(path)
+    _check_replaceable(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.building-", dir=folder.parent))
+    try:
+        tokenizer = build_tokenizer(spec)
+        _write_model(spec, tokenizer, tmp)
+        marker = {"spec": spec.to_dict(), "files": _digest(tmp),
+                  "note": "random weights (fixed seed) and a locally trained tokenizer: for plumbing, not accuracy"}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        for item in tmp.iterdir():
+            item.chmod(0o644)
+        tmp.chmod(0o755)
+        _clear_half_built(folder)
+        os.replace(tmp, folder)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def ensure_tiny_model(path: str | Path = DEFAULT_PATH) -> Path:
+    """The tiny model's folder, built only when missing, half-built or made by an older recipe.
+
+    A lock file next to the folder serialises concurrent callers (parallel test sessions).
+    """
+    import fcntl
+
+    folder = Path(path)
+    spec = TinyModelSpec()
+    if _marker_matches(folder, spec):
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _marker_matches(folder, spec):  # another process built it while we waited
+            return folder
+        return build_tiny_model(folder, spec)
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    folder = build_tiny_model(args.path) if args.force else ensure_tiny_model(args.path)
+    marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    print(f"{folder}: tiny Qwen3 ready ({size / 1e6:.1f} MB, "
+          f"model.safetensors sha256 {marker['files']['model.safetensors'][:12]})")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``kvstudy tiny-model build PATH``."""
+    parser = subparsers.add_parser("tiny-model", help="build the tiny random-weight Qwen3 model (offline)")
+    sub = parser.add_subparsers(dest="tiny_command", required=True)
+    build = sub.add_parser("build", help="build the model folder if it is missing")
+    build.add_argument("path", nargs="?", default=str(DEFAULT_PATH), help=f"model folder (default {DEFAULT_PATH})")
+    build.add_argument("--force", action="store_true", help="rebuild even if the folder is complete")
+    build.set_defaults(func=_cmd_build)

