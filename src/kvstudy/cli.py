@@ -11,13 +11,14 @@ from kvstudy.errors import StudyError
 
 # module name -> registers one sub-command with argparse; each sets ``func`` on its parser.
 SUBCOMMAND_MODULES = (
-    "kvstudy.model.capacity",          # kvstudy capacity
+    "kvstudy.model.plan",              # kvstudy capacity
     "kvstudy.vllm.startup_log",        # kvstudy startup-log
     "kvstudy.model.scales",            # kvstudy scales
     "kvstudy.speed.runner",            # kvstudy sweep
     "kvstudy.speed.compare",           # kvstudy speed compare
     "kvstudy.accuracy.runner",         # kvstudy gsm8k
     "kvstudy.accuracy.cli",            # kvstudy accuracy
+    "kvstudy.capture",                 # kvstudy capture upgrade
     "kvstudy.render",                  # kvstudy render
     "kvstudy.vllm.install_check",      # kvstudy engine-check
     "kvstudy.tools.tiny_model",        # kvstudy tiny-model

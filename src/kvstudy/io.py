@@ -9,11 +9,13 @@ chunks; weight files contribute their size and safetensors header, never their t
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import math
 import os
 import re
+import stat
 import struct
 import tempfile
 from collections.abc import Callable, Iterable
@@ -71,32 +73,19 @@ def read_jsonl(path: str | Path, make: Callable[[Any], T] = lambda row: row, wha
     rejects with TypeError/ValueError, is a StudyError naming the file and line (``make`` may raise
     its own StudyError)."""
     rows = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    # split on "\n" only: U+2028 and the like may sit unescaped inside a JSON string
+    for number, line in enumerate(read_text_checked(path, MAX_LOG_BYTES).split("\n"), 1):
         if skip_blank and not line.strip():
             continue
         try:
+            check_nesting(line, f"{path}:{number}")
             rows.append(make(json.loads(line)))
-        except (json.JSONDecodeError, TypeError, ValueError) as exc:
+        except (json.JSONDecodeError, TypeError, ValueError, RecursionError) as exc:
             raise StudyError(f"{path}:{number}: not {what} ({exc})") from None
     return rows
 
 
 # --------------------------------------------------------------------------- JSON files
-
-def read_json(path: str | Path) -> Any:
-    """Parse a JSON file, turning every failure into a one-line StudyError naming the file."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise StudyError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StudyError(f"{path}: cannot read ({exc})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise StudyError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
-
 
 def is_finite_number(value: Any) -> bool:
     """True for an int or float that is not a bool, NaN or infinite."""
@@ -105,6 +94,7 @@ def is_finite_number(value: Any) -> bool:
 
 # --------------------------------------------------------------------------- logs
 
+TAIL_BYTES = 1024 * 1024
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
 
@@ -116,8 +106,11 @@ def strip_ansi(text: str) -> str:
 def log_tail(path: str | Path, lines: int = 30) -> str:
     """The last ``lines`` lines of a log file, colours stripped ('' when there is no file)."""
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        target = check_regular_file(path)
+        with open(target, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - TAIL_BYTES))
+            text = fh.read().decode("utf-8", errors="replace")
+    except (OSError, StudyError):
         return ""
     return text_tail(text, lines)
 
@@ -161,7 +154,7 @@ def file_digest(path: str | Path, weights_headers_only: bool = True) -> str:
     if path.is_dir():
         files = sorted((p for p in path.rglob("*") if p.is_file() and not p.is_symlink()), key=lambda p: str(p.relative_to(path)))
     else:
-        files = [path]
+        files = [check_regular_file(path)]
     try:
         for file in files:
             digest.update(file.name.encode())
@@ -186,3 +179,254 @@ def weights_digest(files: Iterable[Path]) -> str | None:
         except (OSError, struct.error):
             continue
     return digest.hexdigest()[:12]
+
+
+# --------------------------------------------------------------------------- checked reading layer
+#
+# Every input the project reads from a user (configs, indexes, specs, profiles, logs, headers)
+# goes through these: regular files only (no FIFO, device or directory; symlinks resolved and the
+# target checked), a size limit, a nesting limit checked before parsing (no RecursionError), and
+# typed field access whose errors name the file and the field path.
+
+MAX_INPUT_BYTES = 64 * 1024 * 1024     # a config, index, spec or profile is far below this
+MAX_LOG_BYTES = 256 * 1024 * 1024      # a server log is read from its tail when larger
+MAX_NESTING = 64                       # no real config nests deeper than a handful of levels
+MAX_NODES = 2_000_000                  # YAML aliases can make a small file a huge tree
+MAX_NUMBER_DIGITS = 30                 # a count or size in a log or config never needs more
+_INT_TEXT = re.compile(r"[+-]?[0-9]{1,30}", re.ASCII)
+_FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})(?:[eE][+-]?[0-9]{1,3})?", re.ASCII)
+
+
+def _regular_target(path: Path) -> tuple[Path, os.stat_result]:
+    """``path`` resolved through symlinks, with its stat; a StudyError unless it is a regular file."""
+    try:
+        target = path.resolve(strict=True)
+        st = target.stat()
+    except FileNotFoundError:
+        raise StudyError(f"{path}: file not found") from None
+    except RuntimeError:
+        raise StudyError(f"{path}: symlink loop (expected a file)") from None
+    except OSError as exc:
+        reason = "symlink loop" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
+        raise StudyError(f"{path}: cannot open ({reason})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise StudyError(f"{path}: is a directory (expected a file)")
+    if not stat.S_ISREG(st.st_mode):
+        raise StudyError(f"{path}: not a regular file (a FIFO, device or socket; expected a file)")
+    return target, st
+
+
+def check_regular_file(path: str | Path) -> Path:
+    """The resolved path of ``path`` if it is a regular file (after symlinks), else a StudyError."""
+    return _regular_target(Path(path))[0]
+
+
+def read_bytes_checked(path: str | Path, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a regular file no larger than ``limit``; never blocks on a FIFO."""
+    path = Path(path)
+    target, st = _regular_target(path)
+    if st.st_size > limit:
+        raise StudyError(f"{path}: {st.st_size} bytes is larger than the {limit}-byte limit for this input")
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise StudyError(f"{path}: cannot open ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # swapped after the check
+            raise StudyError(f"{path}: not a regular file (expected a file)")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise StudyError(f"{path}: larger than the {limit}-byte limit for this input")
+    return data
+
+
+def read_text_checked(path: str | Path, limit: int = MAX_INPUT_BYTES, errors: str = "strict") -> str:
+    """A regular file's text as UTF-8 (``errors='replace'`` for logs); bad UTF-8 is a StudyError."""
+    data = read_bytes_checked(path, limit)
+    try:
+        return data.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as exc:
+        raise StudyError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def check_nesting(text: str, where: str, limit: int = MAX_NESTING) -> None:
+    """A StudyError if JSON (or YAML flow) ``text`` nests brackets deeper than ``limit``."""
+    if text.count("[") + text.count("{") <= limit:
+        return
+    depth = 0
+    for match in _BRACKETS.finditer(_JSON_STRING.sub('""', text)):
+        depth += 1 if match.group() in "[{" else -1
+        if depth > limit:
+            raise StudyError(f"{where}: nested deeper than {limit} levels (expected a plain JSON document)")
+
+
+def check_tree(data: Any, where: str, limit: int = MAX_NESTING, max_nodes: int = MAX_NODES) -> None:
+    """A StudyError if parsed ``data`` nests deeper than ``limit`` or has more than ``max_nodes``
+    nodes (counted with repeats, so YAML alias bombs stop here); iterative, no recursion."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    nodes = 0
+    while stack:
+        item, depth = stack.pop()
+        nodes += 1
+        if nodes > max_nodes:
+            raise StudyError(f"{where}: more than {max_nodes} values (expected a small document)")
+        if depth > limit:
+            raise StudyError(f"{where}: nested deeper than {limit} levels (expected a plain document)")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+            stack.extend((k, depth + 1) for k in item if not isinstance(k, str))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, depth + 1) for v in item)
+
+
+def parse_json_text(text: str | bytes, where: str) -> Any:
+    """Parse JSON ``text`` with the nesting check; every failure is a StudyError naming ``where``."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise StudyError(f"{where}: not UTF-8 text (byte {exc.start})") from None
+    check_nesting(text, where)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StudyError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
+        raise StudyError(f"{where}: malformed JSON ({str(exc)[:120]})") from None
+
+
+def read_json(path: str | Path, limit: int = MAX_INPUT_BYTES) -> Any:
+    """Parse a regular JSON file within the size and nesting limits; failures are one-line StudyErrors."""
+    return parse_json_text(read_text_checked(path, limit), str(path))
+
+
+def read_json_object(path: str | Path, limit: int = MAX_INPUT_BYTES) -> dict[str, Any]:
+    """``read_json`` that also insists on a JSON object at the top level."""
+    data = read_json(path, limit)
+    if not isinstance(data, dict):
+        raise StudyError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
+    return data
+
+
+def read_yaml(path: str | Path, limit: int = MAX_INPUT_BYTES) -> Any:
+    """Parse a regular YAML file with ``yaml.safe_load`` within the size, nesting and size-of-tree
+    limits; failures are one-line StudyErrors."""
+    import yaml
+
+    text = read_text_checked(path, limit)
+    check_nesting(text, str(path))
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise StudyError(f"{path}: malformed YAML{at} ({problem})") from None
+    except (RecursionError, ValueError) as exc:
+        raise StudyError(f"{path}: malformed YAML ({str(exc)[:120]})") from None
+    check_tree(data, str(path))
+    return data
+
+
+# --------------------------------------------------------------------------- typed fields
+
+_MISSING: Any = object()
+_TYPE_NAMES = {bool: "true/false", int: "an integer", float: "a number", str: "a string",
+               list: "a list", dict: "a mapping"}
+
+
+def type_name(value: Any) -> str:
+    """A user-facing name of ``value``'s JSON/YAML type."""
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
+def get_field(data: Any, field_path: str, kind: type | tuple[type, ...], where: str,
+              default: Any = _MISSING) -> Any:
+    """``data[a][b]...`` for ``field_path`` 'a.b...', checked to be of ``kind``.
+
+    A missing field gives ``default`` (or a StudyError when there is none); a field of another
+    type is a StudyError naming ``where`` and the field path. bool never passes for int/float, and
+    an int passes for float.
+    """
+    value = data
+    for part in field_path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            if default is not _MISSING:
+                return default
+            raise StudyError(f"{where}: {field_path}: missing (required)")
+        value = value[part]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if float in kinds and int not in kinds:
+        kinds = (*kinds, int)
+    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+    if not ok:
+        expected = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise StudyError(f"{where}: {field_path}: expected {expected}, got {type_name(value)} {_short(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise StudyError(f"{where}: {field_path}: expected a finite number, got {value!r}")
+    return value
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters (huge values stay on one short line)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too large to print
+        return "(a huge number)"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def bounded_int(value: Any, where: str, low: int | None = None, high: int | None = None) -> int:
+    """``value`` (an int, or digits in text with optional thousands commas) as an int within
+    [low, high]; anything else, or more than ``MAX_NUMBER_DIGITS`` digits, is a StudyError."""
+    if isinstance(value, bool):
+        raise StudyError(f"{where}: expected an integer, got a boolean")
+    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+        value = int(value)
+    if isinstance(value, str):
+        text = value.strip().replace(",", "").replace("_", "")
+        if not _INT_TEXT.fullmatch(text):
+            raise StudyError(f"{where}: expected an integer, got {_short(value)}")
+        value = int(text)
+    if not isinstance(value, int):
+        raise StudyError(f"{where}: expected an integer, got {type_name(value)} {_short(value)}")
+    if value.bit_length() > 4 * MAX_NUMBER_DIGITS:
+        raise StudyError(f"{where}: integer too large")
+    _check_range(value, where, low, high)
+    return value
+
+
+def bounded_float(value: Any, where: str, low: float | None = None, high: float | None = None) -> float:
+    """``value`` (a number, or decimal text with optional thousands commas) as a finite float
+    within [low, high]; NaN, infinities, huge digit strings and other types are StudyErrors."""
+    if isinstance(value, bool):
+        raise StudyError(f"{where}: expected a number, got a boolean")
+    if isinstance(value, str):
+        text = value.strip().replace(",", "")
+        if not _FLOAT_TEXT.fullmatch(text):
+            raise StudyError(f"{where}: expected a number, got {_short(value)}")
+        value = float(text)
+    if isinstance(value, int):
+        if value.bit_length() > 1000:
+            raise StudyError(f"{where}: number too large")
+        value = float(value)
+    if not isinstance(value, float):
+        raise StudyError(f"{where}: expected a number, got {type_name(value)} {_short(value)}")
+    if not math.isfinite(value):
+        raise StudyError(f"{where}: expected a finite number, got {value!r}")
+    _check_range(value, where, low, high)
+    return value
+
+
+def _check_range(value: float, where: str, low: float | None, high: float | None) -> None:
+    if low is not None and value < low:
+        raise StudyError(f"{where}: {value!r} is below the minimum {low!r}")
+    if high is not None and value > high:
+        raise StudyError(f"{where}: {value!r} is above the maximum {high!r}")

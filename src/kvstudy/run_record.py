@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvstudy.io import file_digest, read_json, weights_digest
+from kvstudy.redact import redact
 from kvstudy.errors import StudyError
 from kvstudy.model.allocator import predict_logged_pool
 from kvstudy.vllm.facts import device_defaults
@@ -172,8 +173,9 @@ def build_record(config: "ServerConfig", log_path: Path, port: int | None = None
         "log_path": str(log_path),
         "asked": {
             "config": config.to_dict(),
-            "command": build_command(config, port or 0, python="python", vllm_version=version)[1:],
-            "environment": recorded_environment(server_environment(config, vllm_version=version), config),
+            "command": redact(build_command(config, port or 0, python="python", vllm_version=version)[1:]),
+            "environment": recorded_environment(server_environment(config, vllm_version=version, resolve=False),
+                                                config),
             "port": port,
         },
         "resolved": resolved,
@@ -191,7 +193,7 @@ def build_record(config: "ServerConfig", log_path: Path, port: int | None = None
 def server_record(server: "VllmServer") -> dict[str, Any]:
     """The resolved-run record of a started server: its actual command, environment and port."""
     record = build_record(server.config, server.log_path, port=server.port)
-    record["asked"]["command"] = server.command[1:]  # without the interpreter's path
+    record["asked"]["command"] = redact(server.command[1:])  # without the interpreter's path
     record["asked"]["environment"] = server.environment
     record["server"] = {"base_url": server.base_url, "model_name": server.model_name, "pid": server.pid,
                         "start_to_ready_s": None if server.ready_s is None else round(server.ready_s, 2)}

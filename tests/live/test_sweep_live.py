@@ -118,4 +118,4 @@ def test_killed_server_is_resumed_with_only_missing_cells(tmp_path: Path, tiny_m
     assert (tmp_path / "requests" / "auto__s0__u1.jsonl").read_bytes() == ok_requests
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["complete"] and len(manifest["sessions"]) == 2
-    assert manifest["sessions"][1]["cells_to_run"] == ["auto__s0__u2", "auto__s0__u3"]
+    assert manifest["sessions"][1]["items_to_run"] == ["auto__s0__u2", "auto__s0__u3"]

@@ -1,48 +1,112 @@
-"""The profile runner: parameters reach the notebook, findings reach the index, failures are kept."""
+"""The profile runner: parameters reach the notebook, findings reach the index, failures keep the last good report."""
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from kvstudy import render as report
-from kvstudy.io import file_digest
 from kvstudy.errors import StudyError
+from kvstudy.io import file_digest
 
 
 def make_notebook(path: Path, body: str) -> None:
     nb = nbformat.v4.new_notebook()
     params = nbformat.v4.new_code_cell('profile = "x"  # profile\nfigures_dir = "f"  # figures\nvalue = 1  # a number')
     params.metadata["tags"] = ["parameters"]
-    nb.cells = [nbformat.v4.new_markdown_cell("# A test report"), params, nbformat.v4.new_code_cell(body)]
+    nb.cells = [nbformat.v4.new_markdown_cell("# A test report, after seed 000"), params,
+                nbformat.v4.new_code_cell(body)]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, path)
+
+
+OK_BODY = ("from kvstudy.notebook import finding, verdict, progress\nimport pandas as pd\n"
+           "progress('cell 1 of 1')\nverdict('capacity', f'twice the tokens at {value}')\n"
+           "finding(f'value is {value * 2} on {profile}')\n"
+           "pd.DataFrame({'tokens': [2097152.0, float('nan')], 'name': ['a', None]})")
 
 
 @pytest.fixture()
 def study(tmp_path: Path) -> Path:
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "profiles").mkdir()
-    make_notebook(tmp_path / "notebooks" / "01_ok.ipynb",
-                  "from kvstudy.notebook import finding\nfinding(f'value is {value * 2} on {profile}')")
+    make_notebook(tmp_path / "notebooks" / "01_ok.ipynb", OK_BODY)
     make_notebook(tmp_path / "notebooks" / "02_broken.ipynb", "raise ValueError('bad data file')")
+    make_notebook(tmp_path / "notebooks" / "03_other.ipynb", "print(value)")
     (tmp_path / "profiles" / "demo.yaml").write_text(
-        "description: a demo\ndefaults: {value: 5}\nnotebooks:\n  01_ok: {value: 21}\n")
+        "description: a demo\ndefaults: {value: 5}\nnotebooks:\n  01_ok: {value: 21}\n  02_broken:\n")
     return tmp_path
 
 
-def test_profile_parameters_reach_notebook_and_index(study: Path) -> None:
-    runs = report.run_profile("demo", root=study)
-    ok, broken = runs
+def test_profile_parameters_reach_notebook_and_index(study: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ok, broken = report.run_profile("demo", root=study)
     assert ok.error is None and ok.finding == "value is 42 on demo"
+    assert ok.verdicts == [{"topic": "capacity", "text": "twice the tokens at 21"}]
     assert broken.error and "bad data file" in broken.error
-    # the failed notebook is still rendered, so the reader sees where it stopped
-    assert broken.html_path.is_file()
-    index = (study / "reports" / "demo" / "index.html").read_text()
+    out_dir = study / "reports" / "demo"
+    index = (out_dir / "index.html").read_text()
     assert "value is 42 on demo" in index and "01_ok.html" in index
-    assert "failed" in index and "02_broken.html" in index
+    assert "Verdicts" in index and "twice the tokens at 21" in index
+    # the failed notebook is rendered beside, so the reader sees where it stopped
+    assert "failed" in index and "02_broken.failed.html" in index and (out_dir / "02_broken.failed.html").is_file()
+    assert "03_other" in index and "not in this profile" in index and not (out_dir / "03_other.html").exists()
+    assert "[demo]   01_ok: cell 1 of 1" in capsys.readouterr().out  # the progress line, streamed
+
+
+def test_report_html_hides_parameters_and_cleans_tables(study: Path) -> None:
+    report.run_profile("demo", root=study)
+    page = (study / "reports" / "demo" / "01_ok.html").read_text()
+    assert "injected-parameters" not in page and 'value = 21' not in page
+    assert "given by the profile" in page and "notebook default" not in page.split("| value |")[0]
+    assert "2097152.0" not in page and "<td>2097152</td>" in page
+    assert "NaN" not in page and "None</td>" not in page and "no value" in page
+    assert "<th>0</th>" not in page and "seed 000" not in page and "Fit more users" in page
+
+
+def test_failed_rerun_keeps_last_good_report(study: Path) -> None:
+    report.run_profile("demo", root=study, only=["01_ok"])
+    good = (study / "reports" / "demo" / "01_ok.html").read_bytes()
+    make_notebook(study / "notebooks" / "01_ok.ipynb", "raise RuntimeError('now broken')")
+    (run,) = report.run_profile("demo", root=study, only=["01_ok.ipynb"])
+    assert run.error and "now broken" in run.error
+    out_dir = study / "reports" / "demo"
+    assert (out_dir / "01_ok.html").read_bytes() == good
+    index = (out_dir / "index.html").read_text()
+    assert "now broken" in index and "last good report" in index
+    assert not list((study / "reports").glob(".demo-*")), "the staging folder is removed"
+
+
+def test_second_run_of_a_profile_is_refused(study: Path) -> None:
+    with report.profile_lock(study / "reports", "demo"):
+        with pytest.raises(StudyError, match="is being rendered by process"):
+            report.run_profile("demo", root=study)
+
+
+@pytest.mark.parametrize("only, message", [(["01"], "--only '01' is not a notebook of profile"),
+                                           (["03_other"], "--only '03_other'")])
+def test_only_names_are_checked(study: Path, only: list[str], message: str) -> None:
+    with pytest.raises(StudyError, match=message):
+        report.run_profile("demo", root=study, only=only)
+    assert not (study / "reports" / "demo" / "index.html").exists()
+
+
+@pytest.mark.parametrize("name", ["../profiles/demo", "demo.yaml", "/tmp/demo", ""])
+def test_profile_must_be_a_name(study: Path, name: str) -> None:
+    with pytest.raises(StudyError, match="give the name of a file in profiles/"):
+        report.run_profile(name, root=study)
+
+
+def test_misspelt_parameter_stops_before_anything_runs(study: Path) -> None:
+    (study / "profiles" / "typo.yaml").write_text("notebooks:\n  01_ok: {valeu: 3}\n")
+    with pytest.raises(StudyError) as info:
+        report.run_profile("typo", root=study)
+    message = str(info.value)
+    assert "typo.yaml" in message and "01_ok" in message and "'valeu'" in message and "'value'" in message
+    assert "\n" not in message and not (study / "reports" / "typo").exists()
 
 
 def test_unknown_profile_names_the_file(study: Path) -> None:
@@ -50,27 +114,12 @@ def test_unknown_profile_names_the_file(study: Path) -> None:
         report.run_profile("nope", root=study)
 
 
-def test_profile_naming_missing_notebook_is_rejected(study: Path) -> None:
-    (study / "profiles" / "bad.yaml").write_text("notebooks:\n  09_missing: {}\n")
-    with pytest.raises(StudyError, match="09_missing"):
-        report.run_profile("bad", root=study)
-
-
-@pytest.mark.parametrize("text, message", [
-    ("defaults: [1, 2]\n", "field 'defaults' must be a mapping"),
-    ("- a\n- b\n", "expected a mapping"),
-    ("defaults: {a: 1\n", "malformed YAML"),
-])
-def test_malformed_profile(tmp_path: Path, text: str, message: str) -> None:
-    (tmp_path / "p.yaml").write_text(text)
-    with pytest.raises(StudyError, match=message):
-        report.load_profile("p", tmp_path)
-
-
-def test_notebook_parameters_merge_order() -> None:
-    data = {"defaults": {"a": 1, "b": 2}, "notebooks": {"nb": {"b": 3}}}
-    params = report.notebook_parameters(data, "nb", "prof", Path("figures/prof"))
-    assert params == {"a": 1, "b": 3, "profile": "prof", "figures_dir": "figures/prof"}
+def test_progress_stream_forwards_only_progress_lines() -> None:
+    out = io.StringIO()
+    stream = report.ProgressStream("[p] nb:", out)
+    stream.write("noise\n[progress] seed 1 of ")
+    stream.write("3\nmore noise\n")
+    assert out.getvalue() == "[p] nb: seed 1 of 3\n"
 
 
 def test_file_digest_changes_with_content(tmp_path: Path) -> None:
@@ -79,3 +128,9 @@ def test_file_digest_changes_with_content(tmp_path: Path) -> None:
     first = file_digest(f)
     f.write_text("2")
     assert file_digest(f) != first and len(first) == 12
+
+
+def test_status_file_records_each_notebook(study: Path) -> None:
+    report.run_profile("demo", root=study)
+    status = json.loads((study / "reports" / "demo" / "status.json").read_text())
+    assert set(status) == {"01_ok", "02_broken"} and status["02_broken"]["error"]

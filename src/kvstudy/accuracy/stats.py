@@ -24,7 +24,7 @@ an estimate; a published summary of counts does not, so power is then shown for 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -128,7 +128,7 @@ class PairedComparison:
         return data
 
 
-def paired_table(baseline: Mapping[int, bool], other: Mapping[int, bool],
+def paired_table(baseline: Mapping[Hashable, bool], other: Mapping[Hashable, bool],
                  where: str = "paired records") -> list[list[int]]:
     """The 2x2 table from per-question correctness keyed by doc_id; both must cover the same ids."""
     if set(baseline) != set(other):

@@ -1,4 +1,4 @@
-"""``kvstudy roofline``: bytes a decode step reads, predicted TPOT and FP8 speedup for a model on a GPU."""
+"""``kvstudy roofline`` (bytes a decode step reads, predicted TPOT and FP8 speedup) and ``kvstudy context-sweep``."""
 
 from __future__ import annotations
 
@@ -78,3 +78,31 @@ def register(subparsers: Any) -> None:
                         help="'sliding_window' (or layer indices): layers kept in the model dtype")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=_run)
+    sweep = subparsers.add_parser(
+        "context-sweep", help="run (or resume) the live ITL-vs-context sweep described by a JSON spec",
+        description="One user, a grid of input lengths, each KV arm; resumes an existing capture folder.")
+    sweep.add_argument("spec", help="JSON file with ContextSweepSpec fields (model, arms, lengths, seeds, ...)")
+    sweep.add_argument("capture", help="capture folder (created, or resumed if it holds the same grid)")
+    sweep.add_argument("--max-servers", type=int, default=None, help="start at most this many servers in this run")
+    sweep.add_argument("--retry-failed", action="store_true", help="also retry arms whose server failed to start")
+    sweep.add_argument("--dry-run", action="store_true", help="list the cells that would run, start nothing")
+    sweep.set_defaults(func=_sweep)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kvstudy.context.sweep import ContextSweepSpec, cells_to_run, run_context_sweep
+    from kvstudy.io import read_json
+
+    spec = ContextSweepSpec.from_dict(read_json(Path(args.spec)), where=args.spec)
+    todo = cells_to_run(spec, Path(args.capture), args.retry_failed)
+    if args.dry_run:
+        print("\n".join(todo + [f"{len(todo)} of {len(spec.cells())} cells to run"]))
+        return 0
+    outcomes = run_context_sweep(spec, args.capture, how=f"kvstudy context-sweep {args.spec} {args.capture}",
+                                 max_servers=args.max_servers, retry_failed=args.retry_failed)
+    left = cells_to_run(spec, Path(args.capture), args.retry_failed)
+    print(f"{sum(o.status == 'ok' for o in outcomes)} cells ok, {sum(o.status != 'ok' for o in outcomes)} failed "
+          f"now; {len(left)} still to run; capture in {args.capture}")
+    return 0

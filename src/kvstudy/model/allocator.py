@@ -3,7 +3,9 @@
 ``predict_logged_pool`` mirrors how vLLM 0.32 turns KV memory into the logged
 ``KV cache size: N tokens, Maximum concurrency for L tokens per request: X.XXx`` line
 (``vllm/v1/core/kv_cache_utils.py``: layers grouped by page size, blocks per request per group,
-sliding windows capped at the window plus the tokens in flight, one state block per Mamba layer).
+sliding windows capped at the window plus the tokens in flight, chunked local attention at the
+chunk plus the tokens in flight, one state block per Mamba layer, two in the ``align`` prefix-cache
+mode (``MambaSpec.max_memory_usage_bytes``); KV-shared layers (gemma-3n) hold no blocks).
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from fractions import Fraction
 from pathlib import Path
 
 from kvstudy.errors import StudyError
-from kvstudy.model.capacity import (LINEAR, SLIDING, ModelLayout, _check_skip_layers, layer_bytes_per_token,
-                                    load_layout, resolve_kv_dtype, state_bytes)
+from kvstudy.model.capacity import (CHUNKED, LINEAR, SHARED, SLIDING, ModelLayout, _check_skip_layers,
+                                    layer_bytes_per_token, load_layout, resolve_kv_dtype, state_bytes)
 from kvstudy.vllm.facts import DEVICE_DEFAULTS
 
 
@@ -46,10 +48,13 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _blocks_per_request(spec: _Spec, max_model_len: int, max_in_flight_tokens: int) -> int:
+def _blocks_per_request(spec: _Spec, max_model_len: int, max_in_flight_tokens: int,
+                        mamba_cache_mode: str = "none") -> int:
     """vLLM 0.32 ``cdiv(max_memory_usage_bytes, page_size_bytes)`` for one layer spec."""
     if spec.kind == LINEAR:
-        return 1
+        return 2 if mamba_cache_mode == "align" else 1
+    if spec.kind == CHUNKED:  # ChunkedLocalAttentionSpec.max_admission_blocks_per_request
+        return _cdiv(min((spec.sliding_window or 0) + max_in_flight_tokens, max_model_len), spec.block_size)
     if spec.kind == SLIDING:
         tokens = min((spec.sliding_window or 0) - 1 + max_in_flight_tokens, max_model_len)
         return _cdiv(tokens, spec.block_size) + 1
@@ -65,13 +70,14 @@ def _page(per_token: Fraction, block_size: int, where: str) -> int:
 
 def _layer_specs(layout: ModelLayout, dtype: str, block_size: int, skip_layers: str | None) -> list[_Spec]:
     """Per-layer specs; hybrid Mamba models raise the attention block size to fit one state."""
-    per_token = [layer_bytes_per_token(l, dtype, layout.model_dtype, skip_layers) for l in layout.layers]
-    states = [state_bytes(l, layout.model_dtype) for l in layout.layers if l.kind == LINEAR]
+    layers = [l for l in layout.layers if l.kind != SHARED]
+    per_token = [layer_bytes_per_token(l, dtype, layout.model_dtype, skip_layers) for l in layers]
+    states = [state_bytes(l, layout.model_dtype) for l in layers if l.kind == LINEAR]
     if states:  # vLLM Platform._align_hybrid_block_size: attention page >= state, state padded to it
         one_token = max(p for p in per_token if p)
         block_size = block_size * _cdiv(max(states), int(block_size * one_token))
     specs: list[_Spec] = []
-    for layer, cost in zip(layout.layers, per_token):
+    for layer, cost in zip(layers, per_token):
         if layer.kind == LINEAR:
             specs.append(_Spec(LINEAR, block_size, 0))
         else:
@@ -98,12 +104,13 @@ def _unify_page_sizes(specs: list[_Spec]) -> list[_Spec]:
     return out
 
 
-def _group(specs: list[_Spec], max_model_len: int, max_in_flight_tokens: int) -> tuple[int, int, int]:
+def _group(specs: list[_Spec], max_model_len: int, max_in_flight_tokens: int,
+           mamba_cache_mode: str = "none") -> tuple[int, int, int]:
     """(bytes per block, blocks one max-length request needs, number of groups), as vLLM groups layers."""
     distinct_kinds = {(s.kind, s.block_size, s.sliding_window) for s in specs}
     if len(distinct_kinds) == 1:  # uniform type: one group holding every layer
         return (sum(s.page_bytes for s in specs),
-                _blocks_per_request(specs[0], max_model_len, max_in_flight_tokens), 1)
+                _blocks_per_request(specs[0], max_model_len, max_in_flight_tokens, mamba_cache_mode), 1)
     specs = _unify_page_sizes(specs)
     buckets = Counter(specs)
     smallest, largest = min(buckets.values()), max(buckets.values())
@@ -113,7 +120,7 @@ def _group(specs: list[_Spec], max_model_len: int, max_in_flight_tokens: int) ->
         num_groups = _cdiv(count, group_size)
         widest = _cdiv(count, num_groups)
         bytes_per_block = max(bytes_per_block, widest * spec.page_bytes)
-        blocks += num_groups * _blocks_per_request(spec, max_model_len, max_in_flight_tokens)
+        blocks += num_groups * _blocks_per_request(spec, max_model_len, max_in_flight_tokens, mamba_cache_mode)
         groups += num_groups
     return bytes_per_block, blocks, groups
 
@@ -121,7 +128,7 @@ def _group(specs: list[_Spec], max_model_len: int, max_in_flight_tokens: int) ->
 def predict_logged_pool(config: str | Path | ModelLayout, kv_cache_dtype: str, kv_memory_bytes: int,
                         max_model_len: int, block_size: int | None = None, skip_layers: str | None = None,
                         max_in_flight_tokens: int | None = None, num_blocks_override: int | None = None,
-                        device: str = "cuda") -> LoggedPool:
+                        device: str = "cuda", mamba_cache_mode: str = "none") -> LoggedPool:
     """The pool vLLM 0.32 logs for ``kv_memory_bytes`` of KV memory.
 
     ``num_blocks = kv_memory_bytes // bytes_per_block``; ``concurrency = num_blocks /
@@ -129,9 +136,13 @@ def predict_logged_pool(config: str | Path | ModelLayout, kv_cache_dtype: str, k
     int(concurrency * max_model_len)``. ``block_size`` and ``max_in_flight_tokens`` default to
     vLLM's for ``device`` ("cuda" or "cpu", see DEVICE_DEFAULTS); the in-flight tokens
     (max_num_batched_tokens times the batches in flight) only matter for sliding-window layers.
+    ``mamba_cache_mode`` "align" (what vLLM picks for hybrid models when prefix caching is on,
+    vllm/model_executor/models/config.py MambaModelConfig) reserves two state blocks per request.
     Not mirrored: the packed layout some backends use for mixed page sizes, tensor/context
-    parallelism and speculative-decoding layers.
+    parallelism, speculative-decoding layers, and the block-size alignment of the align mode.
     """
+    if mamba_cache_mode not in ("none", "align"):
+        raise StudyError(f"mamba_cache_mode {mamba_cache_mode!r}: expected 'none' or 'align'")
     if device not in DEVICE_DEFAULTS:
         raise StudyError(f"device {device!r}: expected one of {', '.join(DEVICE_DEFAULTS)}")
     block_size = DEVICE_DEFAULTS[device]["block_size"] if block_size is None else block_size
@@ -144,10 +155,11 @@ def predict_logged_pool(config: str | Path | ModelLayout, kv_cache_dtype: str, k
                         ("block_size", block_size), ("max_in_flight_tokens", max_in_flight_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise StudyError(f"{name} {value!r}: expected a positive integer")
-    if not any(l.kind != LINEAR for l in layout.layers):
+    if not any(l.kind not in (LINEAR, SHARED) for l in layout.layers):
         raise StudyError(f"{layout.config_path}: no attention layers, so no KV pool to predict")
     specs = _layer_specs(layout, dtype, block_size, skip_layers)
-    bytes_per_block, blocks_per_request, groups = _group(specs, max_model_len, max_in_flight_tokens)
+    bytes_per_block, blocks_per_request, groups = _group(specs, max_model_len, max_in_flight_tokens,
+                                                         mamba_cache_mode)
     num_blocks = num_blocks_override if num_blocks_override is not None else kv_memory_bytes // bytes_per_block
     concurrency = num_blocks / blocks_per_request
     used_block = min(s.block_size for s in specs if s.kind != LINEAR)

@@ -16,16 +16,18 @@ How vLLM's block allocator turns KV memory into the logged pool is in ``kvstudy.
 
 from __future__ import annotations
 
-import argparse
-import json
-from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.model.folder import is_finite_number, load_config, read_json
+from kvstudy.model.folder import is_finite_number
+from kvstudy.model.layout import (  # noqa: F401  (re-exported: the public names callers use)
+    CHUNKED, FULL, LAYER_KINDS, LAYER_TYPE_NAMES, LINEAR, MLA, SHARED, SLIDING, SUPPORTED_MODEL_TYPES,
+    LayerSpec, ModelLayout, StateShape, layout_from_config, load_layout, positive_int, text_config,
+)
+from kvstudy.model.weights import WeightsSize, estimate_parameters, estimate_weights, weights_size  # noqa: F401
 from kvstudy.vllm.facts import DTYPE_BYTES, MLA_SPECIAL_BYTES
 
 GIB = 1024**3
@@ -33,86 +35,8 @@ KIB = 1024
 
 KV_DTYPES: tuple[str, ...] = ("auto", *DTYPE_BYTES, *MLA_SPECIAL_BYTES)
 
-FULL = "full_attention"
-SLIDING = "sliding_attention"
-MLA = "mla"
-LINEAR = "linear_attention"
-LAYER_KINDS = (FULL, SLIDING, MLA, LINEAR)
-
-# Values of `layer_types` in Hugging Face configs, mapped to the kinds above.
-LAYER_TYPE_NAMES: dict[str, str] = {
-    "full_attention": FULL,
-    "attention": FULL,
-    "global": FULL,
-    "sliding_attention": SLIDING,
-    "sliding_window": SLIDING,
-    "local": SLIDING,
-    "linear_attention": LINEAR,
-    "mamba": LINEAR,
-    "mamba2": LINEAR,
-}
-
-# model_type values whose KV layout this module knows (checked against each family's config).
-SUPPORTED_MODEL_TYPES: frozenset[str] = frozenset({
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next",
-    "gemma", "gemma2", "gemma3", "gemma3_text", "gpt_oss", "deepseek_v2", "deepseek_v3",
-    "kimi_k2", "phi3", "granite", "olmo2", "starcoder2",
-})
-
-
-# Fields a family's config may leave out, with the default its transformers config class applies.
-FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": {"sliding_window_pattern": 6, "max_position_embeddings": 131072,
-                    "vocab_size": 262208, "tie_word_embeddings": True},
-    "gemma2": {"tie_word_embeddings": True},
-}
-
 
 # --------------------------------------------------------------------------- records
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """The KV cache one decoder layer keeps."""
-
-    index: int
-    kind: str                      # one of LAYER_KINDS
-    num_kv_heads: int = 0          # KV heads (1 for MLA's latent, 0 for a state layer)
-    head_size: int = 0             # values per head for K (the latent size for MLA)
-    head_size_v: int = 0           # values per head for V (0 for MLA)
-    sliding_window: int | None = None
-    state_values: tuple[int, ...] = ()   # linear layers: element count of each state tensor
-
-    @property
-    def values_per_token(self) -> int:
-        """K and V values one token adds to this layer (0 for a state layer)."""
-        return self.num_kv_heads * (self.head_size + self.head_size_v)
-
-
-@dataclass(frozen=True)
-class ModelLayout:
-    """What the capacity math needs from a config.json."""
-
-    name: str                      # folder name
-    config_path: str
-    model_type: str
-    architecture: str
-    model_dtype: str               # bfloat16 / float16, the dtype "auto" resolves to
-    layers: tuple[LayerSpec, ...]
-    max_position_embeddings: int | None
-    kv_scheme_dtype: str | None = None   # a checkpoint-level KV dtype (compressed-tensors kv_cache_scheme)
-
-    def count(self, kind: str) -> int:
-        return sum(1 for layer in self.layers if layer.kind == kind)
-
-    @property
-    def layer_kinds(self) -> dict[str, int]:
-        counts = Counter(layer.kind for layer in self.layers)
-        return {kind: counts[kind] for kind in LAYER_KINDS if counts[kind]}
-
-    @property
-    def sliding_windows(self) -> tuple[int, ...]:
-        return tuple(sorted({l.sliding_window for l in self.layers if l.sliding_window}))
-
 
 @dataclass(frozen=True)
 class KVFootprint:
@@ -128,6 +52,14 @@ class KVFootprint:
     bytes_per_request: float       # a request of context_len tokens, all layer kinds
     layer_kinds: dict[str, int]
     skip_layers: str | None = None
+    cap_tokens: int | None = None  # every layer windowed or chunked: a request stops growing here,
+    #                                and bytes_per_token is the cost per token within the window
+    bytes_per_token_by_kind: dict[str, float] = field(default_factory=dict)  # one token, per layer kind
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    bytes_per_token_per_gpu: float = 0.0          # on the GPU of the group that holds the most
+    state_bytes_per_request_per_gpu: int = 0
+    bytes_per_request_per_gpu: float = 0.0
 
     @property
     def kib_per_token(self) -> float:
@@ -159,170 +91,6 @@ class PoolEstimate:
     @property
     def kv_pool_gib(self) -> float:
         return self.kv_pool_bytes / GIB
-
-
-@dataclass(frozen=True)
-class WeightsSize:
-    """Weight memory of a checkpoint and where the figure came from."""
-
-    bytes: int
-    source: str                    # "safetensors index total_size" or "estimated from config"
-    parameters: int | None = None
-
-
-# --------------------------------------------------------------------------- reading configs
-
-def _text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's part of a config: ``text_config`` when nested, else the config."""
-    text = config.get("text_config")
-    merged = dict(config)
-    if isinstance(text, dict):
-        merged = {k: v for k, v in config.items() if k not in ("text_config", "vision_config")}
-        merged.update(text)
-    for key, value in FAMILY_DEFAULTS.get(str(merged.get("model_type")), {}).items():
-        merged.setdefault(key, value)
-    return merged
-
-
-def _positive_int(cfg: dict[str, Any], key: str, where: str, required: bool = True) -> int | None:
-    value = cfg.get(key)
-    if value is None:
-        if required:
-            raise StudyError(f"{where}: missing field '{key}' (expected a positive integer)")
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise StudyError(f"{where}: field '{key}' is {value!r} (expected a positive integer)")
-    return value
-
-
-def _model_dtype(cfg: dict[str, Any], where: str) -> str:
-    """The dtype vLLM serves the model in with ``--dtype auto`` (and so what KV 'auto' stores)."""
-    value = cfg.get("torch_dtype", cfg.get("dtype"))
-    if value is None:
-        return "bfloat16"  # vLLM reads a missing torch_dtype as float32 and serves it in bfloat16
-    text = str(value).removeprefix("torch.")
-    if text in ("bfloat16", "float16"):
-        return text
-    if text == "float32":
-        return "bfloat16"  # vLLM serves float32 checkpoints in bfloat16 by default
-    raise StudyError(f"{where}: field 'torch_dtype' is {value!r} (expected bfloat16, float16 or float32)")
-
-
-def _model_type(cfg: dict[str, Any], where: str) -> tuple[str, str]:
-    archs = cfg.get("architectures")
-    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
-    model_type = cfg.get("model_type")
-    if not isinstance(model_type, str) or not model_type:
-        raise StudyError(f"{where}: missing field 'model_type' (expected e.g. 'qwen3', 'llama', 'gemma3')")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        known = ", ".join(sorted(SUPPORTED_MODEL_TYPES))
-        raise StudyError(f"{where}: unknown architecture, field 'model_type' is {model_type!r} "
-                         f"(architectures {archs!r}); this module knows: {known}")
-    return model_type, arch or model_type
-
-
-def _layer_kinds(cfg: dict[str, Any], model_type: str, num_layers: int, where: str) -> list[str]:
-    """Kind of each layer, from `layer_types` or the family's own pattern fields."""
-    layer_types = cfg.get("layer_types")
-    if layer_types is not None:
-        if not isinstance(layer_types, list) or len(layer_types) != num_layers:
-            raise StudyError(f"{where}: field 'layer_types' must list {num_layers} layer kinds "
-                             f"(num_hidden_layers), got {len(layer_types) if isinstance(layer_types, list) else layer_types!r}")
-        kinds = []
-        for i, name in enumerate(layer_types):
-            if name not in LAYER_TYPE_NAMES:
-                raise StudyError(f"{where}: field 'layer_types[{i}]' is {name!r} "
-                                 f"(expected one of {', '.join(LAYER_TYPE_NAMES)})")
-            kinds.append(LAYER_TYPE_NAMES[name])
-        return kinds
-    if model_type == "qwen3_next":
-        interval = _positive_int(cfg, "full_attention_interval", where)
-        return [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
-    window = cfg.get("sliding_window")
-    if model_type in ("gemma3", "gemma3_text"):
-        pattern = _positive_int(cfg, "sliding_window_pattern", where)
-        return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
-    if model_type in ("gemma2", "gpt_oss"):
-        return [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)]
-    if window and cfg.get("use_sliding_window", True) is not False:
-        return [SLIDING] * num_layers  # e.g. Mistral-7B-v0.1: every layer slides
-    return [FULL] * num_layers
-
-
-def _attention_shape(cfg: dict[str, Any], where: str) -> tuple[int, int]:
-    """(num_kv_heads, head_dim) of a standard attention layer."""
-    heads = _positive_int(cfg, "num_attention_heads", where)
-    kv_heads = _positive_int(cfg, "num_key_value_heads", where, required=False) or heads
-    head_dim = _positive_int(cfg, "head_dim", where, required=False)
-    if head_dim is None:
-        hidden = _positive_int(cfg, "hidden_size", where)
-        if hidden % heads:
-            raise StudyError(f"{where}: field 'hidden_size' {hidden} is not a multiple of "
-                             f"'num_attention_heads' {heads} and there is no 'head_dim'")
-        head_dim = hidden // heads
-    return kv_heads, head_dim
-
-
-def _linear_state_values(cfg: dict[str, Any], where: str) -> tuple[int, ...]:
-    """Element counts of a gated-delta-net layer's conv and recurrent states (vLLM mamba_utils)."""
-    k_heads = _positive_int(cfg, "linear_num_key_heads", where)
-    v_heads = _positive_int(cfg, "linear_num_value_heads", where)
-    k_dim = _positive_int(cfg, "linear_key_head_dim", where)
-    v_dim = _positive_int(cfg, "linear_value_head_dim", where)
-    kernel = _positive_int(cfg, "linear_conv_kernel_dim", where)
-    conv_dim = k_dim * k_heads * 2 + v_dim * v_heads
-    return (conv_dim * (kernel - 1), v_heads * v_dim * k_dim)
-
-
-def layout_from_config(config: dict[str, Any], where: str = "config.json") -> ModelLayout:
-    """Turn a parsed config.json into the per-layer KV layout (no file access)."""
-    cfg = _text_config(config)
-    model_type, arch = _model_type(cfg, where)
-    num_layers = _positive_int(cfg, "num_hidden_layers", where)
-    dtype = _model_dtype(cfg, where)
-    kinds = _layer_kinds(cfg, model_type, num_layers, where)
-    layers: list[LayerSpec] = []
-    if cfg.get("kv_lora_rank") is not None:
-        rank = _positive_int(cfg, "kv_lora_rank", where)
-        rope = _positive_int(cfg, "qk_rope_head_dim", where)
-        layers = [LayerSpec(i, MLA, 1, rank + rope, 0) for i in range(num_layers)]
-    else:
-        kv_heads, head_dim = (0, 0)
-        if any(k != LINEAR for k in kinds):
-            kv_heads, head_dim = _attention_shape(cfg, where)
-        window = None
-        if SLIDING in kinds:
-            window = _positive_int(cfg, "sliding_window", where)
-        state = _linear_state_values(cfg, where) if LINEAR in kinds else ()
-        for i, kind in enumerate(kinds):
-            if kind == LINEAR:
-                layers.append(LayerSpec(i, LINEAR, state_values=state))
-            else:
-                layers.append(LayerSpec(i, kind, kv_heads, head_dim, head_dim,
-                                        window if kind == SLIDING else None))
-    max_pos = cfg.get("max_position_embeddings")
-    name = Path(where).parent.name or Path(where).stem
-    return ModelLayout(name=name, config_path=str(where), model_type=model_type, architecture=arch,
-                       model_dtype=dtype, layers=tuple(layers),
-                       max_position_embeddings=max_pos if isinstance(max_pos, int) else None,
-                       kv_scheme_dtype=_kv_scheme_dtype(config))
-
-
-def _kv_scheme_dtype(config: dict[str, Any]) -> str | None:
-    """fp8 when the checkpoint's config declares an 8-bit float KV scheme (compressed-tensors)."""
-    quant = config.get("quantization_config")
-    scheme = quant.get("kv_cache_scheme") if isinstance(quant, dict) else None
-    if isinstance(scheme, dict) and scheme.get("num_bits") == 8 and scheme.get("type") == "float":
-        return "fp8"
-    return None
-
-
-def load_layout(model: str | Path | ModelLayout) -> ModelLayout:
-    """The KV layout of a model folder, a config.json, or a cached Hugging Face id."""
-    if isinstance(model, ModelLayout):
-        return model
-    config, path = load_config(model)
-    return layout_from_config(config, str(path))
 
 
 # --------------------------------------------------------------------------- bytes per token
@@ -360,27 +128,70 @@ def _check_skip_layers(skip_layers: str | None) -> None:
 
 
 def layer_bytes_per_token(layer: LayerSpec, dtype: str, model_dtype: str,
-                          skip_layers: str | None = None) -> Fraction:
-    """KV bytes one token costs in one layer (0 for a linear-attention layer)."""
-    if layer.kind == LINEAR:
+                          skip_layers: str | None = None, tensor_parallel_size: int = 1) -> Fraction:
+    """KV bytes one token costs in one layer on one GPU (0 for a state or KV-shared layer).
+
+    With tensor parallelism each GPU holds ``max(1, kv_heads // tp)`` KV heads (heads are
+    replicated when tp > kv_heads, vllm/model_executor/layers/linear.py QKVParallelLinear);
+    MLA's single latent is kept whole on every GPU.
+    """
+    if layer.kind in (LINEAR, SHARED):
         return Fraction(0)
     if _skipped(layer, skip_layers):
         dtype = model_dtype
-    if layer.kind == MLA and dtype in MLA_SPECIAL_BYTES:
-        return Fraction(MLA_SPECIAL_BYTES[dtype])
-    return layer.values_per_token * DTYPE_BYTES[dtype]
+    if layer.kind == MLA:
+        if dtype in MLA_SPECIAL_BYTES:
+            return Fraction(MLA_SPECIAL_BYTES[dtype])
+        return layer.values_per_token * DTYPE_BYTES[dtype]
+    heads = max(1, layer.num_kv_heads // tensor_parallel_size)
+    return heads * (layer.head_size + layer.head_size_v) * DTYPE_BYTES[dtype]
 
 
-def state_bytes(layer: LayerSpec, model_dtype: str) -> int:
-    """A linear-attention layer's fixed state per request (conv and recurrent state in the model dtype)."""
-    return int(sum(layer.state_values) * DTYPE_BYTES[model_dtype])
+def state_bytes(layer: LayerSpec, model_dtype: str, tensor_parallel_size: int = 1) -> int:
+    """A state layer's fixed state per request on one GPU (conv and temporal state; the dtypes vLLM uses:
+    the model dtype unless the family says otherwise, vllm/model_executor/layers/mamba/mamba_utils.py)."""
+    if layer.state is None:
+        return 0
+    total = Fraction(0)
+    for values, dtype in zip(layer.state.values(tensor_parallel_size), layer.state_dtypes):
+        total += values * DTYPE_BYTES[dtype or model_dtype]
+    return int(total)
+
+
+def pipeline_stages(num_layers: int, pipeline_parallel_size: int) -> list[range]:
+    """Decoder layers per pipeline stage as vLLM splits them (vllm/distributed/utils.py get_pp_indices:
+    equal parts, the remainder added one each to the stages before the last)."""
+    if pipeline_parallel_size > num_layers:
+        raise StudyError(f"pipeline_parallel_size {pipeline_parallel_size}: more stages than the "
+                         f"{num_layers} layers")
+    sizes = [num_layers // pipeline_parallel_size] * pipeline_parallel_size
+    for i in range(2, num_layers % pipeline_parallel_size + 2):
+        sizes[-i] += 1
+    starts = [sum(sizes[:i]) for i in range(pipeline_parallel_size)]
+    return [range(start, start + size) for start, size in zip(starts, sizes)]
+
+
+def _check_parallel(value: int, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise StudyError(f"{name} {value!r}: expected a positive integer")
+
+
+def _limit(layer: LayerSpec, length: int) -> int:
+    """Tokens of a ``length``-token request one layer keeps: all, or at most its window / chunk."""
+    if layer.kind in (SLIDING, CHUNKED):
+        return min(length, layer.sliding_window or length)
+    return length
 
 
 def kv_footprint(model: str | Path | ModelLayout, kv_dtype: str = "auto", context_len: int | None = None,
-                 skip_layers: str | None = None) -> KVFootprint:
-    """Bytes per token (long context), per token (short context) and per request of ``context_len``."""
+                 skip_layers: str | None = None, tensor_parallel_size: int = 1,
+                 pipeline_parallel_size: int = 1) -> KVFootprint:
+    """Bytes per token (long context), per token (short context) and per request of ``context_len``,
+    for the whole model and for one GPU of a ``tensor_parallel_size x pipeline_parallel_size`` group."""
     layout = load_layout(model)
     _check_skip_layers(skip_layers)
+    _check_parallel(tensor_parallel_size, "tensor_parallel_size")
+    _check_parallel(pipeline_parallel_size, "pipeline_parallel_size")
     dtype = resolve_kv_dtype(layout, kv_dtype)
     length = context_len if context_len is not None else (layout.max_position_embeddings or 0)
     if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
@@ -388,21 +199,37 @@ def kv_footprint(model: str | Path | ModelLayout, kv_dtype: str = "auto", contex
                          f"({layout.config_path} has no max_position_embeddings to default to)")
     growing = short = per_request = Fraction(0)
     state = 0
+    by_kind: dict[str, Fraction] = {}
     for layer in layout.layers:
         per_token = layer_bytes_per_token(layer, dtype, layout.model_dtype, skip_layers)
         short += per_token
-        if layer.kind == LINEAR:
-            state += state_bytes(layer, layout.model_dtype)
-        elif layer.kind == SLIDING:
-            per_request += per_token * min(length, layer.sliding_window or length)
-        else:
+        by_kind[layer.kind] = by_kind.get(layer.kind, Fraction(0)) + per_token
+        state += state_bytes(layer, layout.model_dtype)
+        per_request += per_token * _limit(layer, length)
+        if layer.kind in (FULL, MLA):
             growing += per_token
-            per_request += per_token * length
+    caps = [l.sliding_window for l in layout.layers if l.kind in (SLIDING, CHUNKED) and l.sliding_window]
+    cap_tokens = max(caps) if growing == 0 and caps else None
+    num_layers = layout.num_hidden_layers or (max((l.index for l in layout.layers), default=-1) + 1)
+    gpu_token, gpu_short, gpu_request, gpu_state = Fraction(0), Fraction(0), Fraction(0), 0
+    for stage in pipeline_stages(num_layers, pipeline_parallel_size):
+        layers = [l for l in layout.layers if l.index in stage]
+        costs = [layer_bytes_per_token(l, dtype, layout.model_dtype, skip_layers, tensor_parallel_size) for l in layers]
+        s_state = sum(state_bytes(l, layout.model_dtype, tensor_parallel_size) for l in layers)
+        s_request = sum((c * _limit(l, length) for l, c in zip(layers, costs)), Fraction(0)) + s_state
+        if s_request >= gpu_request:
+            gpu_request, gpu_state = s_request, s_state
+            gpu_short = sum(costs, Fraction(0))
+            gpu_token = sum((c for l, c in zip(layers, costs) if l.kind in (FULL, MLA)), Fraction(0))
     return KVFootprint(model=layout.name, kv_dtype=kv_dtype, resolved_dtype=dtype,
-                       bytes_per_token=_plain(growing), bytes_per_token_short=_plain(short),
+                       bytes_per_token=_plain(growing if growing else short), bytes_per_token_short=_plain(short),
                        state_bytes_per_request=state, context_len=length,
                        bytes_per_request=_plain(per_request + state), layer_kinds=layout.layer_kinds,
-                       skip_layers=skip_layers)
+                       skip_layers=skip_layers, cap_tokens=cap_tokens,
+                       bytes_per_token_by_kind={k: _plain(v) for k, v in by_kind.items()},
+                       tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
+                       bytes_per_token_per_gpu=_plain(gpu_token if growing else gpu_short),
+                       state_bytes_per_request_per_gpu=gpu_state, bytes_per_request_per_gpu=_plain(gpu_request))
 
 
 def _plain(value: Fraction) -> int | float:
@@ -418,71 +245,6 @@ def tokens_per_gib(bytes_per_token: float) -> float:
 
 
 # --------------------------------------------------------------------------- weights and pool
-
-def weights_size(model: str | Path, layout: ModelLayout | None = None) -> WeightsSize:
-    """Weight bytes: the safetensors index ``metadata.total_size`` when present, else an estimate."""
-    config, cfg_path = load_config(model)
-    index = cfg_path.parent / "model.safetensors.index.json"
-    if index.is_file():
-        data = read_json(index)
-        total = (data.get("metadata") or {}).get("total_size") if isinstance(data, dict) else None
-        if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
-            raise StudyError(f"{index}: field 'metadata.total_size' is {total!r} (expected a positive integer)")
-        return WeightsSize(total, "safetensors index total_size")
-    layout = layout or layout_from_config(config, str(cfg_path))
-    params = estimate_parameters(config, str(cfg_path))
-    quant = config.get("quantization_config")
-    if isinstance(quant, dict) and quant.get("quant_method") == "fp8":
-        return WeightsSize(params, "estimated from config (fp8 weights, 1 byte per parameter)", params)
-    return WeightsSize(int(params * DTYPE_BYTES[layout.model_dtype]), "estimated from config", params)
-
-
-def estimate_parameters(config: dict[str, Any], where: str = "config.json") -> int:
-    """Parameter count of a standard decoder (dense or MoE, GQA or MLA) from its config.
-
-    An estimate: biases and norms are left out, and quantized checkpoints are counted as if
-    every weight had the model dtype.
-    """
-    cfg = _text_config(config)
-    layout = layout_from_config(config, where)
-    hidden = _positive_int(cfg, "hidden_size", where)
-    vocab = _positive_int(cfg, "vocab_size", where)
-    heads = _positive_int(cfg, "num_attention_heads", where)
-    total = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    for layer in layout.layers:
-        total += _attention_parameters(cfg, layer, hidden, heads, where)
-        total += _mlp_parameters(cfg, layer.index, hidden, where)
-    return total
-
-
-def _attention_parameters(cfg: dict[str, Any], layer: LayerSpec, hidden: int, heads: int, where: str) -> int:
-    need = lambda key: _positive_int(cfg, key, where)  # noqa: E731 - a required positive field
-    if layer.kind == LINEAR:
-        key = need("linear_num_key_heads") * need("linear_key_head_dim")
-        value = need("linear_num_value_heads") * need("linear_value_head_dim")
-        return hidden * (2 * key + 2 * value) + hidden * 2 * need("linear_num_value_heads") + value * hidden
-    if layer.kind == MLA:
-        q_rank = _positive_int(cfg, "q_lora_rank", where, required=False)
-        qk_dim = need("qk_nope_head_dim") + need("qk_rope_head_dim")
-        q = hidden * heads * qk_dim if not q_rank else hidden * q_rank + q_rank * heads * qk_dim
-        kv = hidden * (need("kv_lora_rank") + need("qk_rope_head_dim"))
-        kv += need("kv_lora_rank") * heads * (need("qk_nope_head_dim") + need("v_head_dim"))
-        return q + kv + heads * need("v_head_dim") * hidden
-    q_dim = heads * layer.head_size
-    return hidden * q_dim + 2 * hidden * layer.num_kv_heads * layer.head_size + q_dim * hidden
-
-
-def _mlp_parameters(cfg: dict[str, Any], index: int, hidden: int, where: str) -> int:
-    experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
-    dense_first = cfg.get("first_k_dense_replace") or 0
-    if experts and index >= dense_first:
-        key = "moe_intermediate_size" if cfg.get("moe_intermediate_size") is not None else "intermediate_size"
-        expert_size = _positive_int(cfg, key, where)
-        shared = cfg.get("n_shared_experts") or 0
-        shared_size = cfg.get("shared_expert_intermediate_size") or shared * expert_size
-        return 3 * hidden * expert_size * experts + 3 * hidden * shared_size + hidden * experts
-    return 3 * hidden * _positive_int(cfg, "intermediate_size", where)
-
 
 def kv_pool_after_weights(gpu_memory_gib: float, gpu_memory_utilization: float, weights_bytes: int,
                           overhead_gib: float = 0.0, fixed_pool_tokens: int | None = None) -> PoolEstimate:
@@ -517,8 +279,9 @@ def default_dtypes(layout: ModelLayout) -> list[str]:
     return [layout.model_dtype, "fp8", "nvfp4"]
 
 
-def capacity_summary(model: str | Path, kv_dtypes: list[str] | None = None, context_len: int | None = None,
-                     skip_layers: str | None = None) -> dict[str, Any]:
+def capacity_summary(model: str | Path | ModelLayout, kv_dtypes: list[str] | None = None,
+                     context_len: int | None = None, skip_layers: str | None = None,
+                     tensor_parallel_size: int = 1) -> dict[str, Any]:
     """The CLI's JSON object: the model's layer kinds and, per dtype, the footprint figures."""
     layout = load_layout(model)
     dtypes = kv_dtypes or default_dtypes(layout)
@@ -530,20 +293,28 @@ def capacity_summary(model: str | Path, kv_dtypes: list[str] | None = None, cont
         "model_dtype": layout.model_dtype,
         "layer_kinds": layout.layer_kinds,
         "sliding_windows": list(layout.sliding_windows),
+        "attention_chunk_sizes": list(layout.chunk_sizes),
+        "warnings": list(layout.warnings),
+        "notes": list(layout.notes),
         "skip_layers": skip_layers,
+        "tensor_parallel_size": tensor_parallel_size,
         "dtypes": {},
     }
     for dtype in dtypes:
-        fp = kv_footprint(layout, dtype, context_len, skip_layers)
+        fp = kv_footprint(layout, dtype, context_len, skip_layers, tensor_parallel_size)
         result["context_len"] = fp.context_len
+        result["cap_tokens"] = fp.cap_tokens
         result["dtypes"][dtype] = {
             "resolved_dtype": fp.resolved_dtype,
             "bytes_per_token": fp.bytes_per_token,
+            "bytes_per_token_per_gpu": fp.bytes_per_token_per_gpu,
             "kib_per_token": fp.kib_per_token,
             "tokens_per_gib": fp.tokens_per_gib if fp.bytes_per_token else None,
             "bytes_per_token_short_context": fp.bytes_per_token_short,
+            "bytes_per_token_by_kind": fp.bytes_per_token_by_kind,
             "state_bytes_per_request": fp.state_bytes_per_request,
             "bytes_per_request": fp.bytes_per_request,
+            "bytes_per_request_per_gpu": fp.bytes_per_request_per_gpu,
         }
     return result
 
@@ -583,37 +354,3 @@ def compare_models(models: list[str | Path], context_len: int,
             row[f"MiB/request {label if dtype != 'auto' else '16-bit'}"] = fp.bytes_per_request / 2**20
         rows.append(row)
     return pd.DataFrame(rows).set_index("model")
-
-
-def _format_table(summary: dict[str, Any]) -> str:
-    kinds = ", ".join(f"{n} {k}" for k, n in summary["layer_kinds"].items())
-    lines = [f"{summary['model']} ({summary['model_type']}, {kinds}); request of "
-             f"{summary['context_len']:,} tokens" + (f"; skip layers {summary['skip_layers']}"
-                                                    if summary["skip_layers"] else ""),
-             f"{'kv dtype':<14}{'bytes/token':>14}{'KiB/token':>11}{'tokens/GiB':>12}{'MiB/request':>13}"]
-    for name, row in summary["dtypes"].items():
-        per_gib = f"{row['tokens_per_gib']:,.0f}" if row["tokens_per_gib"] else "-"
-        lines.append(f"{name:<14}{row['bytes_per_token']:>14,.0f}{row['kib_per_token']:>11,.2f}"
-                     f"{per_gib:>12}{row['bytes_per_request'] / 2**20:>13,.1f}")
-    return "\n".join(lines)
-
-
-def _run(args: argparse.Namespace) -> int:
-    summary = capacity_summary(args.path, args.kv_dtype, args.max_model_len, args.skip_layers)
-    print(json.dumps(summary, indent=2) if args.json else _format_table(summary))
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy capacity PATH [--kv-dtype D ...] [--max-model-len N] [--skip-layers S] [--json]``."""
-    parser = subparsers.add_parser("capacity", help="KV bytes per token and per request from a config.json",
-                                   description=__doc__.split("\n\n")[0])
-    parser.add_argument("path", help="model folder, its config.json, or a cached Hugging Face id")
-    parser.add_argument("--kv-dtype", nargs="+", metavar="D",
-                        help=f"KV dtypes (default: the model's dtype, fp8, nvfp4); one of {', '.join(KV_DTYPES)}")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="tokens in one request (default: the config's max_position_embeddings)")
-    parser.add_argument("--skip-layers", default=None,
-                        help="'sliding_window' (or layer indices): layers kept in the model dtype")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(func=_run)

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
+from kvstudy.errors import StudyError
+from kvstudy.io import check_regular_file, parse_json_text
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
 MAX_SCALE_BYTES = 1024 * 1024  # a KV scale is one value per tensor or per head: far below this
@@ -78,8 +83,18 @@ class SafetensorsHeader:
 def read_header(path: Path, sink: ProblemSink) -> SafetensorsHeader | None:
     """The JSON header of one safetensors file, or None with the reason in ``sink.errors``."""
     try:
-        size = path.stat().st_size
-        with path.open("rb") as fh:
+        target = check_regular_file(path)
+    except StudyError as exc:
+        sink.errors.append(str(exc))
+        return None
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                sink.errors.append(f"{path}: not a regular file (expected a safetensors file)")
+                return None
+            size = st.st_size
             prefix = fh.read(8)
             sink.bytes_read += len(prefix)
             if len(prefix) < 8:
@@ -101,10 +116,10 @@ def read_header(path: Path, sink: ProblemSink) -> SafetensorsHeader | None:
         sink.errors.append(f"{path}: cannot read ({exc.strerror or exc})")
         return None
     try:
-        header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        sink.errors.append(f"{path}: safetensors header is not valid JSON ({' '.join(str(exc).split())}); "
-                             "the header is truncated or corrupt")
+        header = parse_json_text(raw, "")
+    except StudyError as exc:
+        sink.errors.append(f"{path}: safetensors header is not valid JSON ({str(exc).removeprefix(': ')}); "
+                           "the header is truncated or corrupt")
         return None
     if not isinstance(header, dict):
         sink.errors.append(f"{path}: safetensors header is not a JSON object")
@@ -121,8 +136,9 @@ def read_tensor(header: SafetensorsHeader, name: str, sink: ProblemSink) -> tupl
         return None
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if (dtype not in DTYPE_BYTES or not isinstance(shape, list) or not isinstance(offsets, list)
-            or len(offsets) != 2 or not all(isinstance(x, int) and x >= 0 for x in shape + offsets)):
-        sink.errors.append(f"{where}: header entry {json.dumps(entry)} is not a float tensor with a shape "
+            or len(offsets) != 2 or len(shape) > 8
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**48 for x in shape + offsets)):
+        sink.errors.append(f"{where}: header entry {json.dumps(entry)[:200]} is not a float tensor with a shape "
                              "and data_offsets [begin, end]")
         return None
     begin, end = offsets
@@ -138,8 +154,15 @@ def read_tensor(header: SafetensorsHeader, name: str, sink: ProblemSink) -> tupl
         sink.errors.append(f"{where}: data ends at byte {header.data_start + end}, past the end of the "
                              f"file ({header.size} bytes); the shard is truncated")
         return None
-    with header.path.open("rb") as fh:
-        fh.seek(header.data_start + begin)
-        raw = fh.read(end - begin)
+    try:
+        with open(check_regular_file(header.path), "rb") as fh:
+            fh.seek(header.data_start + begin)
+            raw = fh.read(end - begin)
+    except (OSError, StudyError) as exc:
+        sink.errors.append(f"{where}: cannot read ({exc})")
+        return None
+    if len(raw) != end - begin:
+        sink.errors.append(f"{where}: the file ended early (truncated shard)")
+        return None
     sink.bytes_read += len(raw)
     return dtype, shape, decode(raw, dtype)

@@ -51,6 +51,7 @@ class ScaleReport:
     config_read: bool = False
     verdicts: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    files_unread: list[str] = field(default_factory=list)  # inputs that could not be read (exit non-zero)
     checked_against: str | None = None  # the startup log or run record the verdicts used
     engine_outcome: str | None = None  # against that log: see ENGINE_OUTCOMES
 
@@ -86,10 +87,6 @@ class EngineEvidence:
     failed: bool = False  # the start failed
     weights_processed: bool = True  # the log goes past weight loading (pool sized, or ready)
     failure_cause: str | None = None
-
-
-def _json_number(value: float) -> float | str:
-    return value if math.isfinite(value) else str(value)
 
 
 def _json_number(value: float) -> float | str:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from kvstudy.errors import StudyError
+from kvstudy.io import parse_json_text, read_bytes_checked
 from kvstudy.model.folder import resolve_model_path
 from kvstudy.model.safetensors import SafetensorsHeader, read_header, read_tensor
 from kvstudy.model.scale_records import ScaleReport, ScaleTensor, _json_number, declared_kv_dtype
@@ -52,16 +53,33 @@ _LAYER_RE = re.compile(r"\.(\d+)\.")
 
 def _read_json_file(path: Path, report: ScaleReport) -> Any | None:
     try:
-        text = path.read_bytes()
-    except OSError as exc:
-        report.errors.append(f"{path}: cannot read ({exc.strerror or exc})")
+        text = read_bytes_checked(path)
+    except StudyError as exc:
+        report.errors.append(str(exc))
+        report.files_unread.append(str(path))
         return None
     report.bytes_read += len(text)
     try:
-        return json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        report.errors.append(f"{path}: not valid JSON ({' '.join(str(exc).split())}); expected a JSON object")
+        return parse_json_text(text, "")
+    except StudyError as exc:
+        report.errors.append(f"{path}: not valid JSON ({str(exc).removeprefix(': ')}); expected a JSON object")
+        report.files_unread.append(str(path))
         return None
+
+
+def _inside(folder: Path, name: str, index: Path, report: ScaleReport) -> Path | None:
+    """The shard ``name`` of an index if it resolves (symlinks too) inside ``folder``, else None
+    with the reason in the report: an index never makes kvstudy read another folder's files."""
+    try:
+        root = folder.resolve(strict=True)
+        target = (folder / name).resolve()
+    except (OSError, RuntimeError):
+        target = None
+    if target is None or not target.is_relative_to(root) or Path(name).is_absolute() or "\x00" in name:
+        report.errors.append(f"{index}: shard {name[:200]!r} is outside the model folder {folder} (not read)")
+        report.files_unread.append(name[:200])
+        return None
+    return folder / name
 
 
 def _kv_dtype_in_config(config: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -80,7 +98,8 @@ def _kv_dtype_in_config(config: dict[str, Any]) -> tuple[str | None, str | None]
 
 def _first(config: dict[str, Any], *keys: str) -> Any:
     """A config value from the top level or from ``text_config`` (multimodal models)."""
-    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    nested = config.get("text_config")
+    text_config: dict[str, Any] = nested if isinstance(nested, dict) else {}
     for key in keys:
         for source in (config, text_config):
             if source.get(key) is not None:
@@ -208,15 +227,18 @@ def _scan_index(folder: Path, report: ScaleReport) -> bool:
     for name, shard in weight_map.items():
         if scale_kinds(name) is not None:
             by_shard.setdefault(shard, []).append(name)
-    shards = set(weight_map.values())
-    for shard in sorted(shards):
-        if not (folder / shard).is_file():
+    shards = {shard: _inside(folder, shard, path, report) for shard in sorted(set(weight_map.values()))}
+    for shard, where in shards.items():
+        if where is not None and not where.exists():
             report.errors.append(f"{path}: names shard {shard}, which is not in {folder}")
+            report.files_unread.append(shard)
     for shard, names in sorted(by_shard.items()):
-        if not (folder / shard).is_file():
+        where = shards[shard]
+        if where is None or not where.exists():
             continue
-        header = read_header(folder / shard, report)
+        header = read_header(where, report)
         if header is None:
+            report.files_unread.append(shard)
             continue
         report.files_read.append(shard)
         _collect_scales(header, names, folder, report)
@@ -227,6 +249,7 @@ def _scan_files(files: Sequence[Path], folder: Path, report: ScaleReport) -> Non
     for path in files:
         header = read_header(path, report)
         if header is None:
+            report.files_unread.append(path.name)
             continue
         report.files_read.append(str(path.relative_to(folder)))
         _collect_scales(header, header.tensors.keys(), folder, report)
@@ -403,7 +426,7 @@ def _cmd(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
     else:
         print("\n\n".join(summary(r) for r in reports))
-    return 2 if any(not r.readable for r in reports) else 0
+    return 2 if any(not r.readable or r.files_unread for r in reports) else 0
 
 
 def register(subparsers: Any) -> None:

@@ -11,16 +11,16 @@ Definitions used throughout (stated in the notebook too):
 
 * a cell's TPOT is vLLM's median TPOT over its requests; a configuration's TPOT at a user count is
   the median of its seeds' cell medians, and its seed range is [min, max] of those medians;
-* "faster per token" is ``TPOT_baseline / TPOT_candidate - 1`` (tokens per second per user);
-* a speed difference is claimed only when both arms have at least ``min_seeds`` seeds, their seed
-  ranges do not overlap, and their median clocks differ by at most ``clock_tolerance_pct``.
+* verdicts are not made here: :mod:`kvstudy.speed.verdicts_table` runs
+  :func:`kvstudy.speed.verdict.compare_runs` on the capture's per-request records (the old rule,
+  per-seed ranges that do not overlap, claimed non-existent differences 20-33 % of the time).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -161,103 +161,6 @@ def load_published(path: str | Path) -> Published:
     meta = {k: v for k, v in data.items() if k not in ("rows", "published_verdicts", "not_published")}
     return Published(path, meta, table[SUMMARY_COLUMNS], list(data.get("published_verdicts", [])),
                      list(data.get("not_published", [])))
-
-
-# --------------------------------------------------------------------------- verdicts
-
-@dataclass
-class Verdict:
-    """The comparison of candidate against baseline at one user count, computed from a table."""
-
-    users: int
-    baseline: str
-    candidate: str
-    baseline_tpot_ms: float
-    candidate_tpot_ms: float
-    faster_per_token_pct: float          # TPOT_base / TPOT_cand - 1, in percent
-    throughput_change_pct: float         # output tok/s, candidate vs baseline, in percent
-    clock_diff_pct: float | None         # median clock, candidate vs baseline, in percent
-    clocks_comparable: bool | None
-    ranges_overlap: bool | None          # None: no per-seed values
-    seeds: tuple[int, int]
-    claim: str                           # "faster", "slower" or "none"
-    reasons: list[str] = field(default_factory=list)
-
-    @property
-    def statement(self) -> str:
-        if self.claim == "none":
-            return "no claim: " + "; ".join(self.reasons)
-        return (f"{self.candidate} {abs(self.faster_per_token_pct):.1f} % {self.claim} per token than "
-                f"{self.baseline} (seed ranges apart, clocks within tolerance)")
-
-
-def _pct(a: float, b: float) -> float:
-    return (a / b - 1.0) * 100.0
-
-
-def compare(table: pd.DataFrame, baseline: str, candidate: str, clock_tolerance_pct: float = 5.0,
-            min_seeds: int = 2) -> list[Verdict]:
-    """One verdict per user count present for both arms of ``table`` (summary_table's columns)."""
-    if clock_tolerance_pct < 0:
-        raise StudyError(f"clock_tolerance_pct: must be >= 0, got {clock_tolerance_pct}")
-    verdicts = []
-    for users in sorted(table["users"].unique()):
-        at = table[table["users"] == users].set_index("configuration")
-        if baseline not in at.index and candidate not in at.index:
-            continue
-        if baseline not in at.index or candidate not in at.index:
-            gone = candidate if candidate not in at.index else baseline
-            have = at.loc[baseline if gone == candidate else candidate]
-            nan = float("nan")
-            verdicts.append(Verdict(int(users), baseline, candidate,
-                                    float(have["median_tpot_ms"]) if gone == candidate else nan,
-                                    float(have["median_tpot_ms"]) if gone == baseline else nan, nan, nan, None, None,
-                                    None, (int(have["seeds"]), 0) if gone == candidate else (0, int(have["seeds"])),
-                                    "none", [f"{gone} has no finished cells at this user count"]))
-            continue
-        b, c = at.loc[baseline], at.loc[candidate]
-        reasons = []
-        seeds = (int(b["seeds"]), int(c["seeds"]))
-        if min(seeds) < min_seeds:
-            reasons.append(f"too few seeds ({seeds[0]} / {seeds[1]}; at least {min_seeds} per arm needed for a range)")
-        has_ranges = not any(pd.isna(x) for x in (b["tpot_min_ms"], b["tpot_max_ms"], c["tpot_min_ms"], c["tpot_max_ms"]))
-        overlap = None
-        if has_ranges:
-            overlap = bool(max(b["tpot_min_ms"], c["tpot_min_ms"]) <= min(b["tpot_max_ms"], c["tpot_max_ms"]))
-            if overlap:
-                reasons.append(f"the seed ranges of median TPOT overlap ({baseline} {b['tpot_min_ms']:.2f} to "
-                               f"{b['tpot_max_ms']:.2f} ms, {candidate} {c['tpot_min_ms']:.2f} to {c['tpot_max_ms']:.2f} ms)")
-        else:
-            reasons.append("no per-seed values, so the seed ranges cannot be checked")
-        clock_diff, comparable = None, None
-        if pd.notna(b["median_clock_mhz"]) and pd.notna(c["median_clock_mhz"]) and b["median_clock_mhz"] > 0:
-            clock_diff = float(_pct(c["median_clock_mhz"], b["median_clock_mhz"]))
-            comparable = bool(abs(clock_diff) <= clock_tolerance_pct + 1e-9)
-            if not comparable:
-                reasons.append(f"the median clocks differ by {clock_diff:+.1f} % ({b['median_clock_mhz']:.0f} vs "
-                               f"{c['median_clock_mhz']:.0f} MHz; tolerance ±{clock_tolerance_pct:g} %)")
-        else:
-            reasons.append("no clock reading for one arm")
-        speed = float(_pct(b["median_tpot_ms"], c["median_tpot_ms"]))
-        claim = "none" if reasons else ("faster" if speed > 0 else "slower")
-        verdicts.append(Verdict(int(users), baseline, candidate, float(b["median_tpot_ms"]), float(c["median_tpot_ms"]),
-                                speed, float(_pct(c["output_throughput_tok_s"], b["output_throughput_tok_s"])),
-                                clock_diff, comparable, overlap, seeds, claim, reasons))
-    return verdicts
-
-
-def verdict_frame(verdicts: list[Verdict]) -> pd.DataFrame:
-    rows = []
-    for v in verdicts:
-        rows.append({"users": v.users, "baseline": v.baseline, "candidate": v.candidate,
-                     "TPOT baseline (ms)": round(v.baseline_tpot_ms, 2),
-                     "TPOT candidate (ms)": round(v.candidate_tpot_ms, 2),
-                     "faster per token (%)": round(v.faster_per_token_pct, 2),
-                     "output tok/s change (%)": round(v.throughput_change_pct, 2),
-                     "clock difference (%)": None if v.clock_diff_pct is None else round(v.clock_diff_pct, 1),
-                     "seed ranges overlap": {None: "unknown", True: "yes", False: "no"}[v.ranges_overlap],
-                     "verdict": v.statement})
-    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- clock-adjusted estimate
@@ -471,25 +374,6 @@ def finite(x: float | None) -> bool:
 
 # --------------------------------------------------------------------------- notebook helpers
 
-def published_comparison(pub: Published, clock_tolerance_pct: float = 5.0) -> pd.DataFrame:
-    """Per user count: the published numbers, the ratios recomputed from them, the clock check
-    recomputed, and the text's own verdict (quoted as a published statement)."""
-    base, cand = pub.meta.get("baseline"), pub.meta.get("candidate")
-    quoted = {int(v["users"]): v.get("statement", "") for v in pub.verdicts}
-    rows = []
-    for v in compare(pub.table, base, cand, clock_tolerance_pct, min_seeds=2):
-        rows.append({"users": v.users,
-                     f"TPOT {base} / {cand} (ms)": f"{v.baseline_tpot_ms:g} / {v.candidate_tpot_ms:g}",
-                     "faster per token (%)": round(v.faster_per_token_pct, 1),
-                     "output tok/s change (%)": round(v.throughput_change_pct, 1),
-                     "clock difference (%)": None if v.clock_diff_pct is None else round(v.clock_diff_pct, 1),
-                     f"clocks within ±{clock_tolerance_pct:g} %": v.clocks_comparable,
-                     "seeds": f"{v.seeds[0]} / {v.seeds[1]}",
-                     "recomputed from the table": v.statement,
-                     "the text's verdict (published statement)": quoted.get(v.users, "(none)")})
-    return pd.DataFrame(rows)
-
-
 def open_or_complete(spec_data: dict[str, Any], capture: str | Path, run_missing: bool,
                      how: str = "") -> tuple[Capture | None, str]:
     """The capture to analyse, after running its missing cells when ``run_missing`` is true.
@@ -516,35 +400,10 @@ def open_or_complete(spec_data: dict[str, Any], capture: str | Path, run_missing
 
 
 def cell_status_frame(capture: Capture) -> pd.DataFrame:
-    status = capture.manifest.get("cells") or {}
+    status = capture.manifest.get("items") or capture.manifest.get("cells") or {}
     rows = []
     for c in capture.spec.cells():
         row = capture.cells[capture.cells["cell_id"] == c.id] if len(capture.cells) else pd.DataFrame()
         rows.append({"cell": c.id, "status": row["status"].iloc[0] if len(row) else status.get(c.id, "missing"),
                      "reason": row["reason"].iloc[0] if len(row) and row["reason"].iloc[0] else ""})
     return pd.DataFrame(rows)
-
-
-def _short_reason(v: Verdict) -> str:
-    """The verdict's first reason without its figures in parentheses, for one-line summaries."""
-    return v.reasons[0].split(" (")[0] if v.reasons else ""
-
-
-def finding_text(published: list[Verdict], measured: list[Verdict], machine: str) -> str:
-    """One line from the verdicts: what the published table supports and what our capture shows."""
-    parts = []
-    for v in published:
-        if v.clocks_comparable:
-            clocks = "at clocks equal within tolerance; per-seed values unpublished, so the seed ranges are not rechecked"
-        else:
-            clocks = f"no claim: the median clocks differ by {v.clock_diff_pct:+.1f} %"
-        parts.append(f"L4 published, {v.users} user(s): {v.candidate} {v.faster_per_token_pct:+.1f} % per token, {clocks}")
-    for v in measured:
-        if v.claim != "none":
-            what = f"{v.candidate} {abs(v.faster_per_token_pct):.1f} % {v.claim} per token than {v.baseline}"
-        elif math.isnan(v.faster_per_token_pct):
-            what = f"{v.candidate} vs {v.baseline}: no claim ({_short_reason(v)})"
-        else:
-            what = f"{v.candidate} vs {v.baseline}: no claim ({v.faster_per_token_pct:+.1f} % per token; {_short_reason(v)})"
-        parts.append(f"{machine}, {v.users} user(s): {what}")
-    return "; ".join(parts) if parts else "no comparable cells"

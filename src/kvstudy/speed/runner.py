@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -35,6 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from kvstudy import capture as capture_format
 from kvstudy import io as atomic
 from kvstudy.io import log_tail, read_json
 from kvstudy.run_record import server_record
@@ -44,7 +43,7 @@ from kvstudy.errors import StudyError
 from kvstudy.speed.spec import Cell, CellResult, KvConfig, Run, SweepSpec  # noqa: F401  (KvConfig: notebooks build specs here)
 from kvstudy.speed.telemetry import TelemetrySampler, default_reader, median_clock, write_telemetry_jsonl
 
-MANIFEST = "manifest.json"
+MANIFEST = capture_format.MANIFEST
 KIND = "kvstudy speed sweep"
 LOG_TAIL_LINES = 30
 
@@ -78,32 +77,6 @@ def load_spec(capture: Path) -> SweepSpec:
     return SweepSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
 
 
-def machine_description() -> dict[str, Any]:
-    from kvstudy.machine import cpu_model, package_versions
-    from kvstudy.machine import REPORT_PACKAGES
-
-    info: dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count(), "system": f"{platform.system()} {platform.release()}",
-                            "python": platform.python_version()}
-    try:
-        import psutil
-
-        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
-    except ImportError:
-        pass
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        info["gpus"] = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-                        for i in range(pynvml.nvmlDeviceGetCount())]
-        info["nvidia_driver"] = pynvml.nvmlSystemGetDriverVersion()
-        pynvml.nvmlShutdown()
-    except Exception:
-        info["gpus"] = []
-    info["versions"] = package_versions(REPORT_PACKAGES)
-    return info
-
-
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -122,18 +95,14 @@ def prepare_capture(spec: SweepSpec, capture: Path, how: str = "") -> dict[str, 
             raise StudyError(f"{path}: this capture holds a different sweep (fields {diff} differ); "
                              "use a new capture folder or the same parameters")
         return manifest
-    manifest = {"kind": KIND, "source": "captured by this project", "how": how or "kvstudy.speed.runner.run_sweep",
-                "created_utc": _now(), "spec": spec.to_dict(), "machine": machine_description(),
-                "sessions": [], "cells": {}}
-    write_json_atomic(path, manifest)
+    manifest = capture_format.new_manifest(KIND, spec.to_dict(), how or "kvstudy.speed.runner.run_sweep")
+    capture_format.write_manifest(capture, manifest)
     return manifest
 
 
 def _update_manifest(capture: Path, manifest: dict[str, Any], spec: SweepSpec) -> None:
-    manifest["cells"] = {c.id: cell_status(capture, c) for c in spec.cells()}
-    manifest["complete"] = all(v == "ok" for v in manifest["cells"].values())
-    manifest["updated_utc"] = _now()
-    write_json_atomic(capture / MANIFEST, manifest)
+    capture_format.set_items(manifest, {c.id: cell_status(capture, c) for c in spec.cells()})
+    capture_format.write_manifest(capture, manifest)
 
 
 # --------------------------------------------------------------------------- running
@@ -198,8 +167,7 @@ def run_sweep(spec: SweepSpec, capture: str | Path, how: str = "", progress: boo
     capture = Path(capture)
     manifest = prepare_capture(spec, capture, how)
     todo = missing_cells(spec, capture)
-    session = {"started_utc": _now(), "cells_to_run": [c.id for c in todo], "finished_utc": None}
-    manifest.setdefault("sessions", []).append(session)
+    session = capture_format.start_session(manifest, [c.id for c in todo])
     _update_manifest(capture, manifest, spec)
     results: list[CellResult] = []
     bar = _progress(len(todo), progress)
@@ -248,7 +216,7 @@ def run_sweep(spec: SweepSpec, capture: str | Path, how: str = "", progress: boo
                 _update_manifest(capture, manifest, spec)
     finally:
         bar.close()
-        session["finished_utc"] = _now()
+        capture_format.finish_session(session)
         _update_manifest(capture, manifest, spec)
     return results
 

@@ -11,8 +11,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.io import bounded_float, bounded_int, type_name
+from kvstudy.redact import check_env_mapping
 from kvstudy.speed.bench_client import BenchSettings
 from kvstudy.vllm.facts import CACHE_DTYPES
+from kvstudy.vllm.server import check_extra_args
 
 
 @dataclass
@@ -60,23 +63,20 @@ class SweepSpec:
             raise StudyError(f"{where}: unknown field(s) {unknown} (expected some of {sorted(known)})")
         if "model" not in data or "configurations" not in data:
             raise StudyError(f"{where}: fields 'model' and 'configurations' are required")
+        _check_types(data, where)
         configs = []
-        for i, item in enumerate(data.get("configurations") or []):
+        for i, item in enumerate(data["configurations"]):
             if isinstance(item, KvConfig):
                 configs.append(item)
                 continue
-            if not isinstance(item, dict) or "name" not in item:
-                raise StudyError(f"{where}: configurations[{i}] must be a mapping with a 'name'")
-            extra = sorted(set(item) - set(KvConfig.__dataclass_fields__))
-            if extra:
-                raise StudyError(f"{where}: configurations[{i}] has unknown field(s) {extra}")
-            configs.append(KvConfig(**item))
+            configs.append(_kv_config(item, f"{where}: configurations[{i}]"))
         spec = cls(**{**data, "configurations": configs,
                       "seeds": list(data.get("seeds", [0])), "users": list(data.get("users", [1]))})
         spec.validate(where)
         return spec
 
     def validate(self, where: str = "sweep spec") -> None:
+        """Check values and their relations; bad input raises StudyError naming the field."""
         if not self.configurations:
             raise StudyError(f"{where}: 'configurations' is empty (expected at least a baseline and a candidate)")
         names = [c.name for c in self.configurations]
@@ -110,6 +110,11 @@ class SweepSpec:
                              f"input_len + output_len = {self.input_len + self.output_len}")
         if self.telemetry_interval_s <= 0:
             raise StudyError(f"{where}: 'telemetry_interval_s' must be positive")
+        check_env_mapping(self.server_env, f"{where}: server_env")
+        check_extra_args(self.server_extra_args, f"{where}: server_extra_args")
+        for c in self.configurations:
+            check_env_mapping(c.env, f"{where}: configuration {c.name!r}: env")
+            check_extra_args(c.extra_args, f"{where}: configuration {c.name!r}: extra_args")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,6 +148,66 @@ class SweepSpec:
         return BenchSettings(input_len=self.input_len, output_len=self.output_len,
                              num_prompts=cell.users * self.prompts_per_user, max_concurrency=cell.users,
                              num_warmups=cell.users * self.warmups_per_user, seed=cell.seed)
+
+
+MAX_COUNT = 10**9          # seeds, users, lengths and counts stay far below this
+_INT_FIELDS = {"input_len": 1, "output_len": 1, "prompts_per_user": 1, "warmups_per_user": 0,
+               "num_gpu_blocks_override": 1, "kv_cache_memory_bytes": 1, "max_model_len": 1}
+_FLOAT_FIELDS = ("cpu_kvcache_space_gib", "telemetry_interval_s", "ready_timeout_s", "bench_timeout_s")
+_OPTIONAL = ("num_gpu_blocks_override", "kv_cache_memory_bytes", "cpu_kvcache_space_gib", "max_model_len")
+
+
+def _check_types(data: dict[str, Any], where: str) -> None:
+    """Every field of a spec mapping checked for type, finiteness and range before it is used."""
+    if not isinstance(data["model"], str) or not data["model"]:
+        raise StudyError(f"{where}: 'model' must be a model folder or id (a non-empty string), "
+                         f"got {type_name(data['model'])}")
+    if not isinstance(data["configurations"], list):
+        raise StudyError(f"{where}: 'configurations' must be a non-empty list of mappings, "
+                         f"got {type_name(data['configurations'])}")
+    for name in ("seeds", "users"):
+        if name in data and not isinstance(data[name], list):
+            raise StudyError(f"{where}: '{name}' must be a list of integers, got {type_name(data[name])}")
+        for i, value in enumerate(data.get(name, [])):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise StudyError(f"{where}: '{name}'[{i}] must be an integer, got {type_name(value)}")
+            bounded_int(value, f"{where}: '{name}'[{i}]", 0, MAX_COUNT)
+    for name, low in _INT_FIELDS.items():
+        if name in data and not (data[name] is None and name in _OPTIONAL):
+            if not isinstance(data[name], int) or isinstance(data[name], bool):
+                raise StudyError(f"{where}: '{name}' must be an integer, got {type_name(data[name])}")
+            bounded_int(data[name], f"{where}: '{name}'", low, 2**62)
+    for name in _FLOAT_FIELDS:
+        if name in data and not (data[name] is None and name in _OPTIONAL):
+            if isinstance(data[name], str):
+                raise StudyError(f"{where}: '{name}' must be a number, got a string {data[name][:40]!r}")
+            value = bounded_float(data[name], f"{where}: '{name}'", 0.0, 1e9)
+            if value <= 0:
+                raise StudyError(f"{where}: '{name}' must be positive, got {value!r}")
+    if "enforce_eager" in data and not isinstance(data["enforce_eager"], bool):
+        raise StudyError(f"{where}: 'enforce_eager' must be true or false, got {type_name(data['enforce_eager'])}")
+    if "server_env" in data:
+        check_env_mapping(data["server_env"], f"{where}: server_env")
+    if "server_extra_args" in data:
+        check_extra_args(data["server_extra_args"], f"{where}: server_extra_args")
+
+
+def _kv_config(item: Any, where: str) -> KvConfig:
+    """One configuration mapping checked field by field."""
+    if not isinstance(item, dict) or "name" not in item:
+        raise StudyError(f"{where} must be a mapping with a 'name'")
+    extra = sorted(set(item) - set(KvConfig.__dataclass_fields__), key=str)
+    if extra:
+        raise StudyError(f"{where} has unknown field(s) {[str(e)[:40] for e in extra]}")
+    if not isinstance(item["name"], str):
+        raise StudyError(f"{where}: 'name' must be a string, got {type_name(item['name'])}")
+    if not isinstance(item.get("kv_cache_dtype", "auto"), str):
+        raise StudyError(f"{where}: 'kv_cache_dtype' must be a string")
+    if not isinstance(item.get("attention_backend") or "", str):
+        raise StudyError(f"{where}: 'attention_backend' must be a string or null")
+    check_env_mapping(item.get("env", {}), f"{where}: env")
+    check_extra_args(item.get("extra_args", []), f"{where}: extra_args")
+    return KvConfig(**item)
 
 
 def _positive_ints(values: Sequence[Any], name: str, where: str) -> None:

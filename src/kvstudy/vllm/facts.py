@@ -61,5 +61,19 @@ def device_defaults(device: str | None) -> dict[str, int]:
 # with --attention-backend (vllm/engine/arg_utils.py).
 BACKEND_FLAG_SINCE: tuple[int, int] = (0, 14)
 
-# --gpu-memory-utilization when not given (vllm/config/cache.py, 0.32 and 0.33).
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+# --gpu-memory-utilization when not given: ``gpu_memory_utilization: float = Field(default=0.92, ...)``
+# in vllm/config/cache.py of the installed vLLM 0.32 (read there; earlier notes said 0.9, which was
+# the default of older versions).
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+
+# Prefix caching is on by default (``enable_prefix_caching: bool = True``, vllm/config/cache.py), and
+# with it vLLM sets ``mamba_cache_mode = "align"`` for hybrid Mamba / linear-attention models
+# (vllm/model_executor/models/config.py MambaModelConfig), where each state layer reserves two state
+# blocks per request instead of one (MambaSpec.max_memory_usage_bytes, vllm/v1/kv_cache_interface.py).
+DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING = "align"
+
+# The state dtypes of Mamba layers: the model dtype for the conv state and, unless
+# --mamba-ssm-cache-dtype is given, for the SSM state too (mamba_utils._mamba_state_dtype); Nemotron-H
+# keeps its SSM state in float32 unless its config says otherwise (models/config.py
+# NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE).
+NEMOTRON_H_SSM_STATE_DTYPE = "float32"

@@ -30,8 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.io import MAX_LOG_BYTES, log_tail, write_text_atomic
+from kvstudy.redact import (
+    SECRET_NAME,  # noqa: F401  (re-exported: the name pattern records filter on)
+    is_env_reference,
+    is_secret_name,
+    redact,
+    resolve_env,
+    scrub,
+    secret_values,
+)
 from kvstudy.vllm.facts import BACKEND_FLAG_SINCE
-from kvstudy.io import log_tail
 from kvstudy.vllm.startup_log import RE_ENGINE_FAILED, StartupInfo, parse_startup_log
 
 HOST = "127.0.0.1"
@@ -48,10 +57,11 @@ OFFLINE_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
-SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTH|COOKIE|PRIVATE|SESSION|CERT",
-                         re.I)
 SECRET_VALUE = re.compile(r"^(hf_|sk-|ghp_|gho_|github_pat_|xox[abp]-|AKIA)[A-Za-z0-9_\-]{8,}")
 # Variables worth recording from the parent environment (besides the config's own env).
+PID_FILE_SUFFIX = ".pids"
+# Options the project sets itself: an extra argument may not undo them (loopback, the chosen port).
+RESERVED_OPTIONS = ("host", "port", "uds")
 RECORDED_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "PYTORCH_")
 
 
@@ -71,13 +81,15 @@ class ServerConfig:
     enforce_eager: bool = False
     quantization: str | None = None             # weight quantization, e.g. "fp8"
     served_model_name: str | None = None
-    env: dict[str, str] = field(default_factory=dict)     # e.g. {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    env: dict[str, Any] = field(default_factory=dict)     # str values or {"from_env": NAME}
     extra_args: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        """The config for records: env references kept, secret values and arguments redacted."""
         data = asdict(self)
-        data["env"] = safe_environment(self.env)
-        return data
+        data["env"] = {k: v for k, v in sorted(self.env.items()) if is_env_reference(v)}
+        data["env"].update(safe_environment({k: v for k, v in self.env.items() if not is_env_reference(v)}))
+        return redact(data)
 
 
 class EngineStartError(StudyError):
@@ -97,8 +109,25 @@ class EngineStartError(StudyError):
 
 
 def safe_environment(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
-    """``env`` without anything that looks like a secret (by name or by value), for records."""
-    return {k: v for k, v in sorted(env.items()) if not SECRET_NAME.search(k) and not SECRET_VALUE.match(str(v))}
+    """``env`` without anything that looks like a secret (by name or by value), for records;
+    values that carry a secret inside (a password in a URL) are kept redacted."""
+    return {k: redact(str(v)) for k, v in sorted(env.items())
+            if not is_secret_name(k) and not SECRET_VALUE.match(str(v))}
+
+
+def check_extra_args(args: Any, where: str = "extra_args") -> list[str]:
+    """``args`` checked to be a list of strings that does not set ``--host``/``--port`` (in any
+    spelling: ``--port 80``, ``--port=80``, ``--PORT``, ``-port``): the project chooses them."""
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise StudyError(f"{where}: expected a list of strings (command-line arguments), got {type(args).__name__}")
+    for arg in args:
+        name = arg.split("=", 1)[0].lstrip("-").strip().lower().replace("_", "-")
+        if arg.lstrip().startswith("-") and name in RESERVED_OPTIONS:
+            raise StudyError(f"{where}: {arg.split('=', 1)[0]!r} is set by the project (servers listen on "
+                             f"{HOST} at a port it chooses); remove it")
+        if "\x00" in arg:
+            raise StudyError(f"{where}: an argument holds a NUL character")
+    return list(args)
 
 
 def vllm_distribution() -> tuple[str, str] | None:
@@ -164,26 +193,124 @@ def build_command(config: ServerConfig, port: int, python: str = sys.executable,
     cmd += [item for flag, value in options if value is not None for item in (flag, str(value))]
     if config.enforce_eager:
         cmd.append("--enforce-eager")
-    return cmd + [str(a) for a in config.extra_args]
+    return cmd + check_extra_args([str(a) for a in config.extra_args])
 
 
 def server_environment(config: ServerConfig, base: dict[str, str] | None = None,
-                       vllm_version: str | None = None) -> dict[str, str]:
-    """The full environment the server runs with (parent env + offline settings + the config's)."""
+                       vllm_version: str | None = None, resolve: bool = True) -> dict[str, str]:
+    """The full environment the server runs with (parent env + offline settings + the config's).
+
+    ``{from_env: NAME}`` values are looked up in the parent environment only when ``resolve``
+    (when the child is started); otherwise they are left out (for records)."""
     env = dict(os.environ if base is None else base)
     env.update(OFFLINE_ENV)
     if config.cpu_kvcache_space_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = _format_gib(config.cpu_kvcache_space_gib)
     if config.attention_backend and backend_uses_env_var(vllm_version):
         env["VLLM_ATTENTION_BACKEND"] = config.attention_backend
-    env.update({k: str(v) for k, v in config.env.items()})
+    plain = {k: v for k, v in config.env.items() if not is_env_reference(v)}
+    env.update(resolve_env(config.env if resolve else plain))
     return env
 
 
 def recorded_environment(full_env: dict[str, str], config: ServerConfig) -> dict[str, str]:
     """The part of the server's environment a record keeps: study-relevant names, secrets dropped."""
     keep = {k: v for k, v in full_env.items() if k.startswith(RECORDED_PREFIXES) or k in config.env}
-    return safe_environment(keep)
+    recorded: dict[str, Any] = safe_environment(keep)
+    recorded.update({k: dict(v) for k, v in config.env.items() if is_env_reference(v)})
+    return recorded
+
+
+def config_secrets(config: ServerConfig) -> list[str]:
+    """Literal secret values a config carries (secret-named env values, resolved references, values
+    after secret-named options), so a copied log can be scrubbed of them even when unshaped."""
+    values: list[str] = []
+    for key, value in config.env.items():
+        if is_env_reference(value):
+            values.append(os.environ.get(value["from_env"], ""))
+        elif is_secret_name(key):
+            values.append(str(value))
+    args = [str(a) for a in config.extra_args]
+    for i, arg in enumerate(args):
+        if arg.startswith("-") and is_secret_name(arg.split("=", 1)[0]):
+            values.append(arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else ""))
+    return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
+
+
+def scrub_log(path: Path, config: ServerConfig) -> None:
+    """Rewrite a server log with secrets redacted (vLLM echoes its non-default arguments)."""
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_LOG_BYTES:
+            return
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return
+    clean = scrub(text, config_secrets(config) + secret_values())
+    if clean != text:
+        write_text_atomic(path, clean)
+
+
+# ---- children die with their parent ---------------------------------------------------------
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """preexec_fn: ask Linux to SIGTERM this child when the thread that started it dies (also on
+    SIGKILL of the parent); elsewhere nothing (the pid file lets the next run reap it)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() == 1:  # the parent died before prctl took effect
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
+
+
+def write_pid_file(path: Path, pid: int) -> None:
+    """Record a started process group (pid = pgid) and its start time, for ``reap_pid_file``."""
+    import psutil
+
+    try:
+        created = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return
+    write_text_atomic(path, json.dumps({"pgid": pid, "create_time": created}) + "\n")
+
+
+def reap_pid_file(path: Path) -> bool:
+    """Stop a process group a killed earlier run left behind (from its pid file), then remove the
+    file; True if something was stopped. A pid reused by another process is left alone."""
+    import psutil
+
+    from kvstudy.io import read_json
+
+    if not path.is_file():
+        return False
+    try:
+        data = read_json(path, limit=4096)
+        pgid, created = int(data["pgid"]), float(data["create_time"])
+        alive = psutil.Process(pgid).create_time() == created
+    except (StudyError, KeyError, TypeError, ValueError, psutil.Error):
+        alive = False
+    if alive:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+            try:
+                psutil.Process(pgid).wait(timeout=STOP_GRACE_S)
+                break
+            except psutil.TimeoutExpired:
+                continue
+            except psutil.Error:
+                break
+    path.unlink(missing_ok=True)
+    return alive
 
 
 def _looks_like_hub_id(spec: str) -> bool:
@@ -246,6 +373,11 @@ class VllmServer:
         self._version = (vllm_distribution() or ("", None))[1]
 
     @property
+    def pid_path(self) -> Path:
+        """The pid file beside the log: a run killed with SIGKILL leaves it for the next to reap."""
+        return self.log_path.with_name(self.log_path.name + PID_FILE_SUFFIX)
+
+    @property
     def base_url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
@@ -281,17 +413,24 @@ class VllmServer:
         if self._proc is not None:
             raise StudyError(f"server on port {self.port}: already started")
         self._check_inputs()
+        try:
+            check_extra_args([str(a) for a in self.config.extra_args])
+        except StudyError as exc:
+            raise self._fail_early(str(exc)) from None
         self.port = self.requested_port or free_port()
         self.command = build_command(self.config, self.port, vllm_version=self._version)
         full_env = server_environment(self.config, vllm_version=self._version)
         self.environment = recorded_environment(full_env, self.config)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        reap_pid_file(self.pid_path)
         _install_handlers()
         try:
             with open(self.log_path, "wb") as log:
                 self._proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
+                                              stdin=subprocess.DEVNULL, env=full_env, start_new_session=True,
+                                              preexec_fn=die_with_parent)
             self.pid = self._proc.pid
+            write_pid_file(self.pid_path, self.pid)
             self.started_at = time.monotonic()
             with _LIVE_LOCK:
                 _LIVE.add(self)
@@ -367,6 +506,8 @@ class VllmServer:
             _LIVE.discard(self)
         stop_process_group(proc, STOP_GRACE_S)
         self._stopped = True
+        self.pid_path.unlink(missing_ok=True)
+        scrub_log(self.log_path, self.config)
 
     # ---- records --------------------------------------------------------------------------
     def startup_info(self) -> StartupInfo:

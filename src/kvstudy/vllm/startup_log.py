@@ -9,7 +9,6 @@ When a value appears more than once (a restarted engine, several workers), the l
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import re
 from dataclasses import asdict, dataclass, field
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import strip_ansi
+from kvstudy.io import MAX_LOG_BYTES, bounded_float, read_text_checked, strip_ansi
 
 NUM = r"([\d,]+(?:\.\d+)?)"
 
@@ -116,16 +115,28 @@ class StartupInfo:
         return asdict(self)
 
 
-def _num(text: str) -> float:
-    return float(text.replace(",", ""))
+MAX_LOGGED_NUMBER = 1e18  # a pool, a length or a GiB figure in a log is far below this
+
+
+def _num(text: str) -> float | None:
+    """A logged decimal number (thousands commas allowed), or None when it is not one or is huge."""
+    try:
+        return bounded_float(text, "log number", 0.0, MAX_LOGGED_NUMBER)
+    except StudyError:
+        return None
+
+
+def _int(text: str) -> int | None:
+    """A logged whole number (thousands commas allowed), or None when it is not one or is huge."""
+    value = _num(text)
+    return int(value) if value is not None and value.is_integer() else None
 
 
 def _candidates(text: str) -> list[str]:
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return [s.strip(" '\"") for s in text.strip("[]()").split(",") if s.strip(" '\"")]
-    return [str(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    """Backend names from a logged list such as ``['FLASH_ATTN', 'TRITON_ATTN']`` (text only, never
+    evaluated); at most 32 names of at most 64 characters."""
+    names = re.findall(r"[A-Za-z_][A-Za-z0-9_.]{0,63}", text[:4096])
+    return list(dict.fromkeys(n.split(".")[-1] for n in names))[:32]
 
 
 def _read_config_line(info: StartupInfo, line: str) -> None:
@@ -140,7 +151,7 @@ def _read_config_line(info: StartupInfo, line: str) -> None:
             setattr(info, attr, None if found.group(1) == "None" else found.group(1))
     found = RE_CONFIG_MAXLEN.search(rest)
     if found:
-        info.max_model_len = int(found.group(1))
+        info.max_model_len = _int(found.group(1))
     found = RE_CONFIG_DEVICE.search(rest)
     if found and found.group(1).lower() in ("cpu", "cuda"):
         info.device = "cpu" if found.group(1).lower() == "cpu" else "gpu"
@@ -166,10 +177,10 @@ def _read_line(info: StartupInfo, line: str) -> None:
     elif "may cause accuracy issues" in line and "k/v_scale" in line:  # 0.11 wording
         info.kv_scale_warning = True
     if m := RE_POOL.search(line):
-        info.pool_tokens = int(_num(m.group(2)))
+        info.pool_tokens = _int(m.group(2))
         info.device = "cpu" if m.group(1) == "CPU" else "gpu"
     if m := RE_CONCURRENCY.search(line):
-        info.max_concurrency_len, info.max_concurrency = int(_num(m.group(1))), _num(m.group(2))
+        info.max_concurrency_len, info.max_concurrency = _int(m.group(1)), _num(m.group(2))
     if m := RE_AVAILABLE.search(line):
         info.available_kv_memory_gib = _num(m.group(1))
     if m := RE_MODEL_LOAD.search(line):
@@ -179,7 +190,9 @@ def _read_line(info: StartupInfo, line: str) -> None:
     if m := RE_BACKEND_REJECTED.search(line):
         info.attention_backend_rejected = m.group(1).split(".")[-1]
     if m := RE_OVERRIDE.search(line):
-        info.block_override = {"profiled": int(m.group(1)), "override": int(m.group(2))}
+        profiled, override = _int(m.group(1)), _int(m.group(2))
+        if profiled is not None and override is not None:
+            info.block_override = {"profiled": profiled, "override": override}
     if "Application startup complete" in line or re.search(r"Starting vLLM (API )?server", line):
         info.ready = True
 
@@ -251,13 +264,9 @@ def parse_startup_log(source: str | Path) -> StartupInfo:
     """Parse a log file (a ``Path``, or a ``str`` naming an existing file) or a log's text."""
     if isinstance(source, Path) or ("\n" not in source and len(source) < 4096 and Path(source).is_file()):
         path = Path(source)
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            raise StudyError(f"{path}: log file not found") from None
-        except OSError as exc:
-            raise StudyError(f"{path}: cannot read the log ({exc})") from None
-        return parse_startup_text(text)
+        if not path.exists() and not path.is_symlink():
+            raise StudyError(f"{path}: log file not found")
+        return parse_startup_text(read_text_checked(path, MAX_LOG_BYTES, errors="replace"))
     return parse_startup_text(source)
 
 
@@ -278,10 +287,7 @@ def summary(info: StartupInfo) -> str:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    path = Path(args.file)
-    if not path.is_file():
-        raise StudyError(f"{path}: log file not found")
-    info = parse_startup_log(path)
+    info = parse_startup_log(Path(args.file))
     print(json.dumps(info.to_dict(), indent=2) if args.json else summary(info))
     return 0
 

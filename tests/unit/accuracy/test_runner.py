@@ -224,7 +224,7 @@ def test_manifest_refuses_other_settings(tmp_path):
     ge.write_manifest(tmp_path, ["bf16"], "m", ge.EvalSettings(n=2), base)
     ge.write_manifest(tmp_path, ["fp8-kv"], "m", ge.EvalSettings(n=2), base)
     manifest = ge.read_manifest(tmp_path)
-    assert [r["configurations"] for r in manifest["runs"]] == [["bf16"], ["fp8-kv"]]
+    assert [s["items_to_run"] for s in manifest["sessions"]] == [["bf16"], ["fp8-kv"]]
     with pytest.raises(StudyError, match="other settings"):
         ge.write_manifest(tmp_path, ["bf16"], "m", ge.EvalSettings(n=3), base)
 

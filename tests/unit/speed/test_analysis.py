@@ -14,6 +14,7 @@ import pytest
 
 from kvstudy.speed import analysis as speed
 from kvstudy.speed import runner as sweep
+from kvstudy.speed import verdicts_table as vt
 from kvstudy.speed.bench_client import RequestRecord, write_requests_jsonl
 from kvstudy.errors import StudyError
 from kvstudy.speed.telemetry import ClockSample, write_telemetry_jsonl
@@ -41,19 +42,26 @@ def test_published_table_is_read_as_printed() -> None:
     assert any("per-seed" in item for item in pub.not_published)
 
 
-def test_published_ratios_and_clock_check_are_recomputed() -> None:
+def test_published_table_restated_under_the_new_rule() -> None:
     pub = speed.load_published(PUBLISHED)
-    one, many = speed.compare(pub.table, "bf16", "fp8", clock_tolerance_pct=5.0)
-    assert round(one.faster_per_token_pct, 1) == 2.3          # 104.1 / 101.8 - 1
-    assert round(one.throughput_change_pct, 1) == 1.5         # 10.75 / 10.59 - 1
-    assert one.clock_diff_pct == 0.0 and one.clocks_comparable is True
-    assert one.ranges_overlap is None and one.claim == "none"
-    assert "cannot be checked" in one.statement
-    assert round(many.clock_diff_pct, 1) == 6.7 and many.clocks_comparable is False
-    assert "clocks differ by +6.7 %" in many.statement
-    view = speed.published_comparison(pub, 5.0)
-    assert list(view["faster per token (%)"]) == [2.3, 3.4]
-    assert "did not overlap" in view.loc[0, "the text's verdict (published statement)"]
+    t = vt.published_verdict_frame(pub, 1152).set_index("users")
+    assert t.loc[1, "change"] == "faster by 2.2 %"            # 101.8 / 104.1 = 0.978
+    assert t.loc[1, "min reachable p"] == "0.2"               # 2 / C(5, 2): 3 vs 2 seeds
+    assert "cannot reach significance" in t.loc[1, "why"]
+    assert (t["verdict (new rule)"] == "no claim").all()
+    assert t.loc[32, "cycles per token (cand/base)"] == "more by 3.2 %"  # 138.0 x 480 vs 142.7 x 450
+    assert "clocks differ by +6.7%" in t.loc[32, "why"]
+    bound = float(t.loc[1, "roofline bound (% less time, 1152 tokens assumed)"])
+    assert 0.3 < bound < 1.0 and t.loc[1, "against the bound"].startswith("another factor changed")
+
+
+def test_sign_convention_and_bound_wording() -> None:
+    assert vt.change_text(0.9) == "faster by 10.0 %" and vt.change_text(1.25) == "slower by 25.0 %"
+    assert vt.bound_less_time_pct(100.0) == pytest.approx(50.0)  # twice as fast = half the time
+    assert vt.beyond_bound(0.9, (0.85, 0.95), 1.0).startswith("another factor changed")
+    assert vt.beyond_bound(0.9, (0.85, 1.05), 1.0).startswith("within reach")  # interval reaches the bound
+    assert vt.beyond_bound(0.995, None, 1.0).startswith("within reach")
+    assert vt.beyond_bound(1.1, None, 1.0).startswith("slower")
 
 
 def test_published_source_must_say_published(tmp_path: Path) -> None:
@@ -82,50 +90,6 @@ def test_summary_table_medians_ranges_and_seed_counts() -> None:
     assert (s.loc["auto", "tpot_min_ms"], s.loc["auto", "tpot_max_ms"]) == (100.0, 102.0)
     assert s.loc["fp8", "median_tpot_ms"] == 95.5 and s.loc["fp8", "seeds"] == 2
     assert s.loc["auto", "output_throughput_tok_s"] == 9.9 and s.loc["fp8", "median_clock_mhz"] == 1005
-
-
-def test_claim_when_ranges_apart_and_clocks_close() -> None:
-    (v,) = speed.compare(speed.summary_table(apart()), "auto", "fp8", clock_tolerance_pct=5.0)
-    assert v.claim == "faster" and v.ranges_overlap is False and v.clocks_comparable is True
-    assert v.faster_per_token_pct == pytest.approx((101.0 / 95.5 - 1) * 100)
-    assert v.statement.startswith("fp8 5.8 % faster per token than auto")
-
-
-def test_slower_is_claimed_too() -> None:
-    d = apart()
-    d.loc[d.configuration == "fp8", "median_tpot_ms"] += 20
-    (v,) = speed.compare(speed.summary_table(d), "auto", "fp8")
-    assert v.claim == "slower" and v.faster_per_token_pct < 0
-
-
-def test_no_claim_when_ranges_overlap() -> None:
-    d = apart()
-    d.loc[(d.configuration == "fp8") & (d.seed == 1), "median_tpot_ms"] = 100.5
-    (v,) = speed.compare(speed.summary_table(d), "auto", "fp8")
-    assert v.claim == "none" and v.ranges_overlap is True and "overlap" in v.statement
-
-
-def test_no_claim_when_clocks_differ_beyond_tolerance() -> None:
-    d = apart()
-    d.loc[d.configuration == "fp8", "median_clock_mhz"] = 1100
-    (v,) = speed.compare(speed.summary_table(d), "auto", "fp8", clock_tolerance_pct=5.0)
-    assert v.claim == "none" and v.clocks_comparable is False and "+10.0 %" in v.statement
-    (v,) = speed.compare(speed.summary_table(d), "auto", "fp8", clock_tolerance_pct=10.0)
-    assert v.claim == "faster"
-
-
-def test_no_claim_with_one_seed() -> None:
-    d = apart()
-    d = d[~((d.configuration == "fp8") & (d.seed == 1))]
-    (v,) = speed.compare(speed.summary_table(d), "auto", "fp8")
-    assert v.claim == "none" and "too few seeds (3 / 1" in v.statement
-
-
-def test_no_claim_without_clock() -> None:
-    d = apart()
-    d["median_clock_mhz"] = np.nan
-    (v,) = speed.compare(speed.summary_table(d), "auto", "fp8")
-    assert v.claim == "none" and "no clock reading" in v.statement
 
 
 # --------------------------------------------------------------------------- OLS
@@ -238,11 +202,19 @@ def test_load_capture_rejects_non_capture(tmp_path: Path) -> None:
         speed.load_capture(tmp_path)
 
 
-def test_finding_text_uses_verdicts() -> None:
-    pub = speed.load_published(PUBLISHED)
-    pv = speed.compare(pub.table, "bf16", "fp8")
-    mv = speed.compare(speed.summary_table(apart()), "auto", "fp8")
-    text = speed.finding_text(pv, mv, "vllm-cpu")
-    assert "1 user(s): fp8 +2.3 % per token, at clocks equal within tolerance" in text
-    assert "32 user(s): fp8 +3.4 % per token, no claim: the median clocks differ by +6.7 %" in text
-    assert "vllm-cpu, 1 user(s): fp8 5.8 % faster per token" in text
+def test_capture_verdicts_use_per_run_requests(tmp_path: Path) -> None:
+    make_capture(tmp_path)
+    cap = speed.load_capture(tmp_path)
+    verdicts = vt.capture_verdicts(cap)
+    assert [(v.users, v.candidate) for v in verdicts] == [(1, "fp8"), (2, "fp8")]
+    one = verdicts[0].verdict
+    assert one.runs == {"baseline": 2, "candidate": 2}
+    assert one.tpot_ratio == pytest.approx(((9.0 * 10.0) / (10.0 * 11.0)) ** 0.5)  # geometric means of run medians
+    assert one.verdict == "no claim" and one.min_p_value == pytest.approx(1 / 3)
+    assert one.interleaved is True  # seed 0 of both arms before seed 1 of both
+    assert verdicts[0].bound_pct is None and "not computed" in verdicts[0].bound_note  # model "m" has no config
+    frame = vt.capture_verdict_frame(verdicts)
+    assert frame.loc[0, "roofline bound (% less time)"] == "not computed"
+    assert frame.loc[0, "change"].startswith("faster by")
+    text = vt.finding_text(pd.DataFrame(), verdicts, "vllm-cpu")
+    assert "vllm-cpu, 1 user(s): fp8 vs auto: no claim (faster by" in text

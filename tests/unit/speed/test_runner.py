@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from kvstudy import capture as capture_format
 from kvstudy.vllm import server as engine
 from kvstudy.speed import runner as sweep
 from kvstudy.errors import StudyError
@@ -126,7 +127,7 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr(engine, "VllmServer", FakeServer)
     monkeypatch.setattr(sweep, "run_cell", fake_run_cell)
-    monkeypatch.setattr(sweep, "machine_description", lambda: {"cpu": "test"})
+    monkeypatch.setattr(capture_format, "machine_section", lambda: {"machine": {"cpu": "test"}, "versions": {}})
     return state
 
 
@@ -138,7 +139,7 @@ def test_full_sweep_then_rerun_runs_nothing(tmp_path: Path, fakes: dict[str, Any
     assert [r.cell_id for r in results] == [c.id for c in spec.cells()]
     assert FakeServer.starts == ["auto:0", "fp8:0", "auto:1", "fp8:1"]
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["complete"] is True and set(manifest["cells"].values()) == {"ok"}
+    assert manifest["complete"] is True and set(manifest["items"].values()) == {"ok"}
     assert manifest["source"] == "captured by this project"
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [f"{r.id}.json" for r in sorted(spec.runs(), key=lambda r: r.id)]
     fakes["ran"].clear()
@@ -191,7 +192,7 @@ def test_ctrl_c_leaves_no_partial_cell_and_resume_continues(tmp_path: Path, fake
     assert not (tmp_path / "cells" / "auto__s1__u1.json").exists()
     assert not list(tmp_path.rglob("*.tmp"))
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["sessions"][-1]["finished_utc"] and manifest["cells"]["auto__s1__u1"] == "missing"
+    assert manifest["sessions"][-1]["finished_utc"] and manifest["items"]["auto__s1__u1"] == "missing"
     fakes["interrupt_at"], fakes["ran"] = None, []
     sweep.run_sweep(spec, tmp_path, progress=False)
     assert fakes["ran"] == ["auto__s1__u1", "auto__s1__u4", "fp8__s1__u1", "fp8__s1__u4"]

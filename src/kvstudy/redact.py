@@ -1,0 +1,169 @@
+"""Secrets out of everything the project writes: by name and by value.
+
+``redact(value)`` takes a mapping, a list (an argument list included), a string or a number and
+returns a copy with every secret replaced by ``REDACTED``:
+
+- by name: a mapping value whose key names a secret (``HF_TOKEN``, ``api_key``, ``DB_PASSWORD``,
+  ``Cookie``, ...), and ``NAME=value`` text whose NAME does;
+- by value: passwords in URLs (``scheme://user:pw@host``), the value after an argument that names
+  a secret in any spelling (``--api-key X``, ``--api_key=X``, ``--hf-token X``), ``Authorization:``
+  headers, and token-shaped strings (``hf_...``, ``sk-...``, ``ghp_...``, ``AKIA...``, JWTs).
+
+Profiles and specs may give an environment value as ``{from_env: NAME}``: the value is looked up
+in the parent environment only when the child's environment is built (``resolve_env``), so it is
+never part of a parameter, a manifest or a record.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from kvstudy.errors import StudyError
+
+REDACTED = "[REDACTED]"
+SECRET_NAME = re.compile(
+    r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|PWD|CREDENTIAL|AUTH|COOKIE|PRIVATE|SESSION|CERT|SIGNATURE",
+    re.I)
+# Names that match SECRET_NAME but hold nothing secret (a count of tokens is not a token).
+_HARMLESS_NAME = re.compile(r"TOKENS|TOKENIZER|TOKEN_?IDS?$|TOKEN_?(?:LEN|COUNT)|KEY_?VALUE|KEY_?HEADS|KEY_?DIM|"
+                            r"SORT_?KEY|AUTHOR|KV_?CACHE", re.I)
+TOKEN_VALUE = re.compile(
+    r"\b(?:hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_\-]{8,}|sk_(?:live|test)_[A-Za-z0-9]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|"
+    r"github_pat_[A-Za-z0-9_]{8,}|xox[abpr]-[A-Za-z0-9\-]{8,}|(?:AKIA|ASIA)[A-Z0-9]{12,}|"
+    r"glpat-[A-Za-z0-9_\-]{8,}|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]+)")
+URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\"]*:)(?P<pw>[^\s@/'\"]+)(?=@)")
+AUTH_HEADER = re.compile(r"(?P<head>\b(?:Proxy-)?Authorization\s*[:=]\s*(?:(?:Bearer|Basic|Token)\s+)?)"
+                         r"(?P<value>[^\s'\",]+)", re.I)
+# NAME=value, NAME: value, --name value, --name=value, where NAME names a secret.
+_ASSIGN = re.compile(r"(?P<head>(?<![A-Za-z0-9_\-])(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_\-.]*)['\"]?"
+                     r"\s*(?:=|:\s*|\s+(?=\S)))(?P<q>\[?['\"]?)(?P<value>[^\s'\",}]+)")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable, field or option name (any spelling) names a secret."""
+    bare = str(name).lstrip("-").replace("-", "_")
+    return bool(SECRET_NAME.search(bare)) and not _HARMLESS_NAME.search(bare)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with secret values replaced: URL passwords, Authorization headers, token-shaped
+    strings, and the values of ``NAME=value`` / ``--name value`` pairs whose name is a secret."""
+    text = URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
+    text = AUTH_HEADER.sub(lambda m: m.group("head") + REDACTED, text)
+    text = TOKEN_VALUE.sub(REDACTED, text)
+
+    def assign(match: re.Match[str]) -> str:
+        name = match.group("name")
+        if REDACTED[1:] in match.group(0):  # already redacted by value
+            return match.group(0)
+        flag_or_assign = name.startswith("-") or not match.group("head")[len(name):].isspace()
+        if flag_or_assign and is_secret_name(name) and REDACTED not in match.group(0):
+            return match.group("head") + match.group("q") + REDACTED
+        return match.group(0)
+
+    return _ASSIGN.sub(assign, text)
+
+
+def redact_args(args: list[Any]) -> list[Any]:
+    """An argument list with the value after any secret-naming option (``--api-key X``) redacted,
+    and ``--api-key=X`` forms and secret-shaped values redacted in place."""
+    out: list[Any] = []
+    hide_next = False
+    for arg in args:
+        if hide_next and isinstance(arg, str) and not arg.startswith("--"):
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        hide_next = False
+        if isinstance(arg, str) and arg.startswith("-") and "=" not in arg and is_secret_name(arg):
+            hide_next = True
+            out.append(arg)
+        else:
+            out.append(redact(arg))
+    return out
+
+
+def redact(value: Any) -> Any:
+    """A copy of ``value`` (mapping, list, tuple, string, other scalars) with secrets redacted.
+
+    A list whose items are strings and start with an option (``--...``) is treated as an argument
+    list. Mapping keys that name a secret have their whole value redacted, whatever its type.
+    """
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, Mapping):
+        return {k: (_redact_named(v) if isinstance(k, str) and is_secret_name(k) else redact(v))
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        if any(isinstance(a, str) and a.startswith("-") for a in value):
+            items = redact_args(list(value))
+        else:
+            items = [redact(v) for v in value]
+        return type(value)(items) if isinstance(value, tuple) else items
+    return value
+
+
+def _redact_named(value: Any) -> Any:
+    """The value of a secret-named field: a ``{from_env: NAME}`` reference is kept (it holds no
+    secret), anything else is replaced."""
+    if is_env_reference(value):
+        return dict(value)
+    return REDACTED if value not in (None, "") else value
+
+
+def is_env_reference(value: Any) -> bool:
+    """Whether ``value`` is ``{"from_env": "NAME"}``."""
+    return (isinstance(value, Mapping) and set(value) == {"from_env"} and isinstance(value["from_env"], str)
+            and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value["from_env"]) is not None)
+
+
+def check_env_mapping(env: Any, where: str) -> dict[str, Any]:
+    """``env`` checked to map variable names to strings or ``{from_env: NAME}``; StudyError otherwise."""
+    if not isinstance(env, Mapping):
+        raise StudyError(f"{where}: expected a mapping of variable names to strings or {{from_env: NAME}}, "
+                         f"got {type(env).__name__}")
+    for key, value in env.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise StudyError(f"{where}: {str(key)[:40]!r} is not an environment variable name")
+        if not isinstance(value, str) and not is_env_reference(value):
+            raise StudyError(f"{where}.{key}: expected a string or {{from_env: NAME}}, got {type(value).__name__}")
+        if isinstance(value, str) and "\x00" in value:
+            raise StudyError(f"{where}.{key}: holds a NUL character")
+    return dict(env)
+
+
+def resolve_env(env: Mapping[str, Any], source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` with every ``{from_env: NAME}`` replaced by ``source[NAME]`` (the parent environment);
+    a reference to a variable that is not set is a StudyError naming it (never its value).
+    Call this only where the child's environment is built."""
+    source = os.environ if source is None else source
+    out: dict[str, str] = {}
+    for key, value in env.items():
+        if is_env_reference(value):
+            name = value["from_env"]
+            if name not in source:
+                raise StudyError(f"env {key}: from_env {name}: not set in this environment")
+            out[key] = source[name]
+        else:
+            out[key] = str(value)
+    return out
+
+
+def secret_values(env: Mapping[str, Any] | None = None) -> list[str]:
+    """The values of secret-named variables in ``env`` (default: this process's environment), for a
+    last scrub of copied text: a planted value never survives even where its shape is unknown."""
+    env = os.environ if env is None else env
+    return sorted({v for k, v in env.items() if isinstance(v, str) and len(v) >= 6 and is_secret_name(k)},
+                  key=len, reverse=True)
+
+
+def scrub(text: str, values: list[str] | None = None) -> str:
+    """``redact_text(text)`` and then every literal secret value of ``values`` (default: the secret
+    environment of this process) replaced."""
+    text = redact_text(text)
+    for value in secret_values() if values is None else values:
+        text = text.replace(value, REDACTED)
+    return text

@@ -1,0 +1,143 @@
+"""HTML a reader trusts, for every notebook at once: what ``kvstudy render`` does to an executed notebook.
+
+- the ``parameters`` and ``injected-parameters`` cells are removed and, unless the notebook showed its
+  own ``settings_table``, a settings table (name, value, origin) takes their place;
+- pandas tables lose their row numbers, ``NaN``/``<NA>``/``None`` become a dash with a note, and
+  ``2097152.0`` becomes ``2097152``;
+- source documents are named by title instead of "seed 000";
+- a style sheet wraps long text in cells and keeps tables and figures inside the page.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvstudy.notebook import DEFAULT, FINDING_KEY, GIVEN, MISSING, SETTINGS_KEY, SOURCE_TITLES, VERDICT_KEY
+
+HIDDEN_TAGS = {"parameters", "injected-parameters"}
+RUNNER_SET = "set by the runner"
+SEED = re.compile(r"\b[Ss]eed (00\d)\b")
+TABLE = re.compile(r"<table\b[^>]*dataframe[^>]*>.*?</table>", re.S)
+MISSING_CELL = re.compile(r"<td>(?:NaN|nan|&lt;NA&gt;|<NA>|None|NaT)</td>")
+INTEGRAL_CELL = re.compile(r"<td>(-?\d+)\.0</td>")
+ROW_NUMBER = re.compile(r"(<tr[^>]*>\s*)<th>\d+</th>")
+STYLE = """<style>
+body { max-width: 72em; margin: 1em auto; }
+.jp-RenderedHTMLCommon table, .kvstudy-table table { table-layout: auto; max-width: 100%; border-collapse: collapse; }
+.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th { white-space: normal !important; overflow-wrap: anywhere;
+  text-overflow: clip; max-width: 36em; vertical-align: top; }
+.jp-OutputArea-output, .jp-RenderedHTMLCommon { max-width: 100%; }
+.jp-RenderedImage img, img { max-width: 100%; height: auto; }
+.kvstudy-note { color: #555; font-size: .85em; margin: .3em 0 1em; }
+</style>
+"""
+
+
+def name_sources(text: str) -> str:
+    """``text`` with "seed 000" style references replaced by the document's title."""
+    return SEED.sub(lambda m: SOURCE_TITLES.get(f"seed {m.group(1)}", m.group(0)), text)
+
+
+def clean_dataframe_html(text: str) -> str:
+    """Pandas HTML tables without row numbers, with a dash (and a note) for missing values."""
+    def one(match: re.Match[str]) -> str:
+        table = match.group(0)
+        head, sep, body = table.partition("<tbody>")
+        header_rows = re.findall(r"<tr[^>]*>", head)
+        if sep and len(header_rows) == 1 and re.search(r"<tr[^>]*>\s*<th></th>", head) \
+                and ROW_NUMBER.search(body) and not re.search(r"<tr[^>]*>\s*<td", body):
+            head = re.sub(r"(<tr[^>]*>\s*)<th></th>", r"\1", head, count=1)
+            body = ROW_NUMBER.sub(r"\1", body)
+            table = head + sep + body
+        table = INTEGRAL_CELL.sub(r"<td>\1</td>", table)
+        table, count = MISSING_CELL.subn(f"<td>{MISSING}</td>", table)
+        if count:
+            table += f'<p class="kvstudy-note">{MISSING}: no value (not measured, not applicable or not stated by the source).</p>'
+        return table
+    return TABLE.sub(one, text)
+
+
+def _clean_output(output: dict[str, Any]) -> None:
+    data = output.get("data") or {}
+    for mime in ("text/html", "text/markdown"):
+        if mime in data:
+            text = "".join(data[mime]) if isinstance(data[mime], list) else str(data[mime])
+            data[mime] = name_sources(clean_dataframe_html(text) if mime == "text/html" else text)
+    if output.get("output_type") == "stream":
+        text = output.get("text", "")
+        output["text"] = name_sources("".join(text) if isinstance(text, list) else text)
+
+
+def shows_own_settings(nb: Any) -> bool:
+    """True when a cell of the executed notebook displayed ``notebook.settings_table``."""
+    return any((out.get("metadata") or {}).get(SETTINGS_KEY)
+               for cell in nb.cells for out in cell.get("outputs", []) or [])
+
+
+def settings_markdown(values: Mapping[str, Any], given: set[str]) -> str:
+    """A settings table (name, value, origin) for the parameters a notebook ran with."""
+    rows = ["**Settings** (origin: given by the profile, or the notebook's default)", "",
+            "| setting | value | origin |", "|---|---|---|"]
+    for name, value in values.items():
+        origin = RUNNER_SET if name in ("profile", "figures_dir") else GIVEN if name in given else DEFAULT
+        shown = json.dumps(value) if not isinstance(value, str) else value
+        if len(shown) > 300:
+            shown = shown[:300] + " … (full list in the executed notebook)"
+        shown = shown.replace("|", "\\|").replace("`", "'")
+        rows.append(f"| {name} | `{shown}` | {origin} |")
+    return "\n".join(rows)
+
+
+def prepare(nb: Any, values: Mapping[str, Any] | None, given: set[str]) -> Any:
+    """The notebook as the HTML shows it (see the module docstring); ``nb`` is changed in place."""
+    import nbformat
+
+    own_settings = shows_own_settings(nb)
+    cells = []
+    for cell in nb.cells:
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if cell.cell_type == "code" and tags & HIDDEN_TAGS:
+            if "parameters" in tags and values is not None and not own_settings:
+                cells.append(nbformat.v4.new_markdown_cell(settings_markdown(values, given)))
+            continue
+        if cell.cell_type == "markdown":
+            cell.source = name_sources(cell.source)
+        if cell.cell_type == "code":
+            cell.metadata.setdefault("transient", {})["remove_source"] = True
+            for output in cell.get("outputs", []) or []:
+                _clean_output(output)
+        cells.append(cell)
+    nb.cells = cells
+    return nb
+
+
+def render_html(notebook_path: Path, html_path: Path, values: Mapping[str, Any] | None = None,
+                given: set[str] | frozenset[str] = frozenset()) -> None:
+    """Render an executed notebook as the report HTML (prose, tables, figures; no code)."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = prepare(nbformat.read(notebook_path, as_version=4), values, set(given))
+    body, _ = HTMLExporter(template_name="lab", exclude_input_prompt=True,
+                           exclude_output_prompt=True).from_notebook_node(nb)
+    body = body.replace("</head>", STYLE + "</head>", 1)
+    html_path.write_text(body, encoding="utf-8")
+
+
+def extract_results(notebook_path: Path) -> tuple[str | None, list[dict[str, str]]]:
+    """The notebook's finding and its structured verdicts (``notebook.verdict``), in order."""
+    nb = json.loads(notebook_path.read_text(encoding="utf-8"))
+    finding, verdicts = None, []
+    for cell in nb.get("cells", []):
+        for output in cell.get("outputs", []) or []:
+            meta = output.get("metadata") or {}
+            if meta.get(FINDING_KEY) and finding is None:
+                finding = str(meta[FINDING_KEY])
+            item = meta.get(VERDICT_KEY)
+            if isinstance(item, dict) and item.get("text"):
+                verdicts.append({"topic": str(item.get("topic", "")), "text": str(item["text"])})
+    return finding, verdicts

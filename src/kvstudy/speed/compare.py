@@ -1,0 +1,384 @@
+"""``kvstudy speed compare BASE CAND``: the speed verdict on two folders of vLLM bench results.
+
+Each folder holds ``vllm bench serve --save-result --save-detailed`` result files, one run each
+(``*.json``; hidden files and vLLM's ``*.pytorch.json`` side files are skipped, other names are
+ignored). What a result file holds (vLLM's ``vllm/benchmarks/serve.py``): the settings ``date``
+(local time when the run ended, ``%Y%m%d-%H%M%S``), ``backend``, ``model_id``, ``num_prompts``,
+``request_rate``, ``burstiness``, ``max_concurrency``, any ``--metadata KEY=VALUE`` pairs, the
+run's ``duration`` and summary metrics, and with ``--save-detailed`` per request ``input_lens``,
+``output_lens`` (0 for a failed request), ``ttfts``, ``itls`` (gaps between streamed chunks, in s),
+``latencies``, ``start_times`` and ``errors`` ("" when the request succeeded).
+
+Runs compared must share the workload: model, number of prompts, concurrency, request rate,
+backend, input length (median, within :data:`INPUT_LEN_TOLERANCE`) and output length (longest
+output or ``--metadata output_len=N``, within :data:`OUTPUT_LEN_TOLERANCE`). A clock recorded with
+``--metadata median_clock_mhz=X`` is used for the clock checks.
+
+Bad input (a file that is not a detailed vLLM bench result, settings that differ, fewer than two
+runs in a folder, an unreadable, huge or non-regular file) raises one StudyError naming the file
+and what was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import stat
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvstudy.errors import StudyError
+from kvstudy.speed.calibration import centred, minimum_detectable_change
+from kvstudy.speed.measurability import Measurability, RunRequests, assess_run
+from kvstudy.speed.verdict import ALPHA, CLOCK_TOLERANCE, Verdict, compare_runs, minimum_p_value, summarise_run
+
+# A detailed result of 10,000 prompts x 1,000 output tokens is about 200 MB of JSON; beyond this the
+# file is not one bench run (or would not fit comfortably in memory once parsed).
+MAX_RESULT_BYTES = 256 * 1024 * 1024
+
+# Median input lengths of the random dataset vary by a token or two between seeds (vLLM re-aligns
+# prompts to the server's tokenizer); a real difference in --input-len is far larger.
+INPUT_LEN_TOLERANCE = 0.05
+INPUT_LEN_SLACK_TOKENS = 2
+
+# The longest output of a run is the asked length with --ignore-eos; without it (EOS allowed) it
+# varies a little between runs of the same settings.
+OUTPUT_LEN_TOLERANCE = 0.10
+
+MIN_RUNS_PER_ARM = 2
+# Simulated designs per step of the detectable-change search in the CLI (p < alpha alone, no bootstrap:
+# about a second); the figure is a guide to the design's reach, the benchmark script computes it fully.
+MDC_SIMULATIONS = 200
+
+SETTINGS_KEYS = ("date", "model_id", "num_prompts", "duration", "completed", "latencies")
+DETAILED_KEYS = ("ttfts", "itls", "output_lens", "errors")
+DATE_FORMAT = "%Y%m%d-%H%M%S"
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One vLLM bench result file: its path, its per-request timings and the settings it ran with."""
+
+    path: Path
+    run: RunRequests
+    settings: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The verdict on two folders, with each run's measurability and the shared settings."""
+
+    baseline: Path
+    candidate: Path
+    verdict: Verdict
+    measurability: dict[str, list[Measurability]]
+    settings: dict[str, Any]
+    detectable_change: float | None = None   # TPOT change detected with 80 % power by this design (fraction)
+    files: dict[str, list[str]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """One JSON-ready object: the verdict's fields first, then the details."""
+        out = self.verdict.to_dict()
+        out.update({"baseline": str(self.baseline), "candidate": str(self.candidate), "settings": self.settings,
+                    "detectable_change_80": self.detectable_change, "files": self.files,
+                    "measurability": {arm: [m.to_dict() for m in ms] for arm, ms in self.measurability.items()}})
+        return out
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _label(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+
+
+def read_result_file(path: str | Path) -> dict[str, Any]:
+    """The JSON object in one result file, after checking it is a regular, readable, not huge file."""
+    path = Path(path)
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise StudyError(f"{path}: cannot be read ({exc.strerror or exc}); expected a vLLM bench result file") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise StudyError(f"{path}: not a regular file; expected a vLLM bench result file")
+    if info.st_size > MAX_RESULT_BYTES:
+        raise StudyError(f"{path}: {info.st_size} bytes, more than the {MAX_RESULT_BYTES} a bench result of one run "
+                         "should need")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise StudyError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise StudyError(f"{path}: not UTF-8 text; expected a vLLM bench result (JSON)") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":
+            raise StudyError(f"{path}: holds more than one JSON document (written with --append-result?); "
+                             "expected one run per file") from None
+        raise StudyError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); expected a vLLM bench result") from None
+    except RecursionError:
+        raise StudyError(f"{path}: JSON nested too deeply; expected a vLLM bench result") from None
+    if not isinstance(data, dict):
+        raise StudyError(f"{path}: a JSON {type(data).__name__}, expected the object vLLM bench serve --save-result "
+                         "writes")
+    return data
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and bool(np.isfinite(value))
+
+
+def _numbers(data: dict[str, Any], key: str, path: Path, n: int) -> list[float]:
+    values = data[key]
+    if not isinstance(values, list) or len(values) != n:
+        size = len(values) if isinstance(values, list) else type(values).__name__
+        raise StudyError(f"{path}: {key} has {size} entries, expected a list of {n} (one per request)")
+    for i, v in enumerate(values):
+        if not _is_number(v) or v < 0:
+            raise StudyError(f"{path}: {key}[{i}] is {v!r}, expected a finite number >= 0")
+    return [float(v) for v in values]
+
+
+def _metadata_number(data: dict[str, Any], keys: Sequence[str], path: Path) -> float | None:
+    """A number given with --metadata KEY=VALUE (stored as text by vLLM), or None."""
+    for key in keys:
+        if key in data and data[key] is not None:
+            try:
+                value = float(data[key])
+            except (TypeError, ValueError):
+                raise StudyError(f"{path}: {key} is {data[key]!r}, expected a number") from None
+            if not np.isfinite(value) or value <= 0:
+                raise StudyError(f"{path}: {key} is {data[key]!r}, expected a positive number")
+            return value
+    return None
+
+
+def _start_time(data: dict[str, Any], duration: float) -> float | None:
+    """Wall-clock start of the run: vLLM's ``date`` (local time at the end, 1 s resolution) minus its duration."""
+    try:
+        end = dt.datetime.strptime(str(data.get("date")), DATE_FORMAT).timestamp()
+    except ValueError:
+        return None
+    return end - duration
+
+
+def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
+    """Check one parsed result object and turn it into a :class:`BenchRun`."""
+    path = Path(path)
+    missing = [k for k in SETTINGS_KEYS if k not in data]
+    if missing or not ("backend" in data or "endpoint_type" in data):
+        raise StudyError(f"{path}: not a vLLM bench serve result (missing {', '.join(missing) or 'backend'}); "
+                         "expected a file written by vllm bench serve --save-result --save-detailed")
+    absent = [k for k in DETAILED_KEYS if k not in data]
+    if absent:
+        raise StudyError(f"{path}: no per-request data ({', '.join(absent)} missing); rerun vllm bench serve with "
+                         "--save-result --save-detailed")
+    latencies = data["latencies"]
+    if not isinstance(latencies, list) or not latencies:
+        raise StudyError(f"{path}: latencies is {latencies!r}, expected a non-empty list (one entry per request)")
+    n = len(latencies)
+    lat = _numbers(data, "latencies", path, n)
+    ttft = _numbers(data, "ttfts", path, n)
+    outs = _numbers(data, "output_lens", path, n)
+    if any(o != int(o) for o in outs):
+        raise StudyError(f"{path}: output_lens holds fractions, expected token counts")
+    itls_raw = data["itls"]
+    if not isinstance(itls_raw, list) or len(itls_raw) != n:
+        raise StudyError(f"{path}: itls has {len(itls_raw) if isinstance(itls_raw, list) else 'no'} entries, "
+                         f"expected a list of {n} lists (one per request)")
+    itls: list[tuple[float, ...]] = []
+    for i, gaps in enumerate(itls_raw):
+        if not isinstance(gaps, list) or not all(_is_number(g) and g >= 0 for g in gaps):
+            raise StudyError(f"{path}: itls[{i}] is not a list of finite numbers >= 0")
+        itls.append(tuple(float(g) for g in gaps))
+    errors = data["errors"]
+    if not isinstance(errors, list) or len(errors) != n or not all(e is None or isinstance(e, str) for e in errors):
+        raise StudyError(f"{path}: errors is not a list of {n} texts (one per request)")
+    success = tuple(not e and o > 0 for e, o in zip(errors, outs))
+    duration = data["duration"]
+    if not _is_number(duration) or duration <= 0:
+        raise StudyError(f"{path}: duration is {duration!r}, expected a positive number of seconds")
+    num_prompts = data["num_prompts"]
+    if not isinstance(num_prompts, int) or isinstance(num_prompts, bool) or num_prompts < 1:
+        raise StudyError(f"{path}: num_prompts is {num_prompts!r}, expected a positive whole number")
+    concurrency = data.get("max_concurrency")
+    if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)):
+        raise StudyError(f"{path}: max_concurrency is {concurrency!r}, expected a whole number or null")
+    input_lens = data.get("input_lens")
+    input_len = None
+    if isinstance(input_lens, list) and input_lens:
+        input_len = float(np.median(_numbers(data, "input_lens", path, len(input_lens))))
+    asked = _metadata_number(data, ("output_len", "random_output_len"), path)
+    settings: dict[str, Any] = {
+        "model_id": data["model_id"],
+        "num_prompts": num_prompts,
+        "max_concurrency": concurrency,
+        "request_rate": data.get("request_rate"),
+        "backend": data.get("backend", data.get("endpoint_type")),
+        "input_len": input_len,
+        "output_len": int(asked) if asked is not None else int(max(outs)),
+        "output_len_asked": asked is not None,
+    }
+    if settings["request_rate"] not in (None, "inf"):
+        settings["burstiness"] = data.get("burstiness")
+    run = RunRequests(name=_label(path), ttfts_s=tuple(ttft), latencies_s=tuple(lat), itls_s=tuple(itls),
+                      output_lens=tuple(int(o) for o in outs), success=success,
+                      start_time_s=_start_time(data, float(duration)), duration_s=float(duration),
+                      median_clock_mhz=_metadata_number(data, ("median_clock_mhz",), path),
+                      expected_output_len=int(asked) if asked is not None else None)
+    return BenchRun(path=path, run=run, settings=settings)
+
+
+def result_files(folder: str | Path) -> list[Path]:
+    """The result files of a folder: ``*.json``, not hidden, not vLLM's ``*.pytorch.json``; sorted."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise StudyError(f"{folder}: not a folder; expected a folder of vllm bench serve result files")
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as exc:
+        raise StudyError(f"{folder}: cannot be listed ({exc.strerror or exc})") from None
+    return [p for p in entries if p.name.endswith(".json") and not p.name.startswith(".")
+            and not p.name.endswith(".pytorch.json")]
+
+
+def read_bench_folder(folder: str | Path, *, min_runs: int = MIN_RUNS_PER_ARM) -> list[BenchRun]:
+    """Every run in ``folder`` (see :func:`result_files`), at least ``min_runs`` of them."""
+    files = result_files(folder)
+    if len(files) < min_runs:
+        names = ", ".join(p.name for p in files) or "none"
+        raise StudyError(f"{folder}: holds {len(files)} vLLM bench result file(s) ({names}); a comparison needs at "
+                         f"least {min_runs} runs per arm")
+    return [run_from_result(read_result_file(p), p) for p in files]
+
+
+def _differs(key: str, a: Any, b: Any) -> bool:
+    if key == "input_len":
+        if a is None or b is None:
+            return False
+        return abs(a - b) > max(INPUT_LEN_SLACK_TOKENS, INPUT_LEN_TOLERANCE * max(a, b))
+    if key == "output_len":
+        return abs(a - b) > OUTPUT_LEN_TOLERANCE * max(a, b)
+    return a != b
+
+
+def check_same_settings(runs: Sequence[BenchRun]) -> dict[str, Any]:
+    """The settings all ``runs`` share (those of the first); a StudyError naming the first file that differs."""
+    first = runs[0]
+    for other in runs[1:]:
+        for key in ("model_id", "num_prompts", "max_concurrency", "request_rate", "burstiness", "backend",
+                    "input_len", "output_len"):
+            a, b = first.settings.get(key), other.settings.get(key)
+            if _differs(key, a, b):
+                raise StudyError(f"{other.path}: {key} is {b!r}, but {first.path} has {a!r}; runs in one comparison "
+                                 "must share model, prompts, concurrency, request rate, backend and input/output "
+                                 "lengths")
+    return {k: v for k, v in first.settings.items() if k != "output_len_asked"}
+
+
+def expected_output_len(runs: Sequence[BenchRun]) -> int | None:
+    """The output length asked for: given with --metadata, else the longest output when at least half
+    of all successful requests have it (a fixed length, as with --ignore-eos); else None (unknown)."""
+    asked = {r.run.expected_output_len for r in runs if r.run.expected_output_len is not None}
+    if asked:
+        return max(asked)
+    lens = [o for r in runs for o, ok in zip(r.run.output_lens, r.run.success) if ok]
+    if not lens:
+        return None
+    longest = max(lens)
+    return longest if Counter(lens)[longest] * 2 >= len(lens) else None
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+def compare_folders(baseline: str | Path, candidate: str | Path, *, clock_tolerance: float = CLOCK_TOLERANCE,
+                    alpha: float = ALPHA, seed: int = 0, detectable_change: bool = True) -> Comparison:
+    """Read both folders, check the runs share their settings, assess each run and give the verdict.
+
+    With ``detectable_change`` the TPOT change this design would detect with 80 % power is estimated
+    from the runs' own spread (each arm centred) when the verdict is "no claim".
+    """
+    base_path, cand_path = Path(baseline), Path(candidate)
+    if base_path.resolve() == cand_path.resolve():
+        raise StudyError(f"{cand_path}: the same folder as the baseline; expected two folders of runs")
+    base = read_bench_folder(base_path)
+    cand = read_bench_folder(cand_path)
+    settings = check_same_settings([*base, *cand])
+    expected = expected_output_len([*base, *cand])
+    assessed = {label: [assess_run(r.run, expected_output_len=expected) for r in arm]
+                for label, arm in (("baseline", base), ("candidate", cand))}
+    summaries = {label: [summarise_run(r.run, m) for r, m in zip(arm, assessed[label])]
+                 for label, arm in (("baseline", base), ("candidate", cand))}
+    verdict = compare_runs(summaries["baseline"], summaries["candidate"], alpha=alpha,
+                           clock_tolerance=clock_tolerance, seed=seed)
+    mdc = None
+    if (detectable_change and verdict.verdict == "no claim" and verdict.tpot_ratio is not None
+            and minimum_p_value(len(base), len(cand)) < alpha):
+        mdc = minimum_detectable_change(centred([summaries["baseline"], summaries["candidate"]]),
+                                        n_per_arm=len(base), n_cand=len(cand), alpha=alpha,
+                                        simulations=MDC_SIMULATIONS, seed=seed, precision=0.01, use_interval=False)
+        if mdc is not None:
+            extra = (f"with {len(base)} vs {len(cand)} runs and the run-to-run spread seen here, a TPOT "
+                     f"change of about {mdc:.0%} would be detected with 80 % power")
+        else:
+            extra = "with the run-to-run spread seen here, no change up to 300 % would be detected with 80 % power"
+        verdict = replace(verdict, reasons=[*verdict.reasons, extra])
+    settings["output_len_checked"] = expected
+    return Comparison(baseline=base_path, candidate=cand_path, verdict=verdict, measurability=assessed,
+                      settings=settings, detectable_change=mdc,
+                      files={"baseline": [str(r.path) for r in base], "candidate": [str(r.path) for r in cand]})
+
+
+def format_text(result: Comparison) -> str:
+    """A short human-readable account of a comparison."""
+    v = result.verdict
+    lines = [f"baseline {result.baseline} ({v.runs['baseline']} runs) vs candidate {result.candidate} "
+             f"({v.runs['candidate']} runs)", f"verdict: {v.verdict}"]
+    if v.tpot_ratio is not None and v.tpot_ratio_ci is not None and v.p_value is not None:
+        lines.append(f"TPOT candidate / baseline: {v.tpot_ratio:.3f} (95 % interval {v.tpot_ratio_ci[0]:.3f} to "
+                     f"{v.tpot_ratio_ci[1]:.3f}), p = {v.p_value:.3g} (smallest possible {v.min_p_value:.3g})")
+    lines.append("per-token latency measured in every run" if v.measurable
+                 else "per-token latency NOT measured in every run")
+    lines.extend(f"- {reason}" for reason in v.reasons)
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def register(subparsers: Any) -> None:
+    """Add ``kvstudy speed compare BASE CAND [--json] [--clock-tolerance-pct X]``."""
+    parser = subparsers.add_parser("speed", help="speed verdicts on vLLM bench results")
+    sub = parser.add_subparsers(dest="speed_command", required=True)
+    cmp_parser = sub.add_parser("compare", help="candidate vs baseline TPOT from two folders of vllm bench serve "
+                                                "--save-result --save-detailed files (one run per file)",
+                                description=__doc__.split("\n\n")[0])
+    cmp_parser.add_argument("base", metavar="BASE", help="folder of the baseline's result files")
+    cmp_parser.add_argument("cand", metavar="CAND", help="folder of the candidate's result files")
+    cmp_parser.add_argument("--json", action="store_true", help="print one JSON object")
+    cmp_parser.add_argument("--clock-tolerance-pct", type=float, default=CLOCK_TOLERANCE * 100, metavar="X",
+                            help="largest difference of the arms' median clocks that still allows a claim "
+                                 f"(default {CLOCK_TOLERANCE * 100:g})")
+    cmp_parser.set_defaults(func=_cli_compare)
+
+
+def _cli_compare(args: argparse.Namespace) -> int:
+    if not args.clock_tolerance_pct >= 0 or not np.isfinite(args.clock_tolerance_pct):
+        raise StudyError(f"--clock-tolerance-pct: {args.clock_tolerance_pct!r}, expected a percentage >= 0")
+    result = compare_folders(args.base, args.cand, clock_tolerance=args.clock_tolerance_pct / 100.0)
+    if args.json:
+        print(json.dumps(result.to_dict(), default=str, allow_nan=False))
+    else:
+        print(format_text(result))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,222 @@
+"""Was per-token latency measured in a run? A check per run, before any TPOT enters a verdict.
+
+A run is one ``vllm bench serve --save-result --save-detailed`` result (or one cell of this
+project's sweep, read from its per-request rows). Its TPOT is only a decode time when the client
+saw the tokens one decode step at a time. It is not when:
+
+* the tokens arrived in bursts: many inter-token gaps at network speed (under
+  :data:`NEAR_ZERO_GAP_S`), or far fewer streamed chunks than output tokens; then TPOT measures
+  how the stream was delivered (an issue of this project saw every gap at 0.00 ms: all 32 tokens
+  in one chunk after the first);
+* outputs were shorter than asked (the two arms no longer decode the same number of tokens);
+* requests failed (TPOT of the survivors is a biased sample);
+* no request produced two tokens (there is no TPOT at all);
+* the bench window was shorter than the clock sampling interval, or held no clock sample (the
+  clock beside the TPOT was not measured during the run).
+
+:func:`assess_run` returns a :class:`Measurability` record with the verdict, the reasons in words
+and the figures behind each. Per-request TPOT follows vLLM's definition: (latency - TTFT) / (output
+tokens - 1), over successful requests with more than one output token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvstudy.errors import StudyError
+
+# A gap below 0.1 ms is network or serialisation time, not a decode step: the fastest decode steps
+# vLLM takes (small models on big GPUs) last about a millisecond, CPU steps tens of milliseconds.
+NEAR_ZERO_GAP_S = 1e-4
+
+# More than a quarter of the gaps at network speed: the client saw tokens in bursts (the server or
+# a proxy coalesced the stream, or the client process was starved of CPU and read several events at
+# once), so the gaps say more about delivery than about decode. Occasional pairs stay well below.
+MAX_NEAR_ZERO_GAP_SHARE = 0.25
+
+# vLLM streams one chunk per decode step per request (chunks / tokens = 1). Below one chunk per two
+# tokens the stream was buffered (e.g. all tokens in one chunk after the first one) and
+# (latency - TTFT) no longer spans the decode steps.
+MIN_CHUNKS_PER_TOKEN = 0.5
+
+# Any failed request makes the run unmeasurable: the TPOT of the survivors is a biased sample and
+# the two arms no longer ran the same work.
+MAX_FAILED_SHARE = 0.0
+
+# Any successful request shorter than asked: the arms no longer decode the same number of tokens
+# (and a shorter request decodes at a shorter context).
+MAX_SHORT_OUTPUT_SHARE = 0.0
+
+# At least one clock sample must fall inside the bench window for the run's clock to be known.
+MIN_CLOCK_SAMPLES_IN_WINDOW = 1
+
+
+@dataclass(frozen=True)
+class RunRequests:
+    """The per-request timings of one run, in seconds, in the order the client sent them.
+
+    ``start_time_s`` is when the run started on a clock shared by the runs being compared (wall-clock
+    epoch seconds for vLLM result files); ``duration_s`` is the bench window; ``median_clock_mhz``
+    the median clock over that window, when recorded; ``expected_output_len`` the output length
+    asked for, when known.
+    """
+
+    name: str
+    ttfts_s: tuple[float, ...]
+    latencies_s: tuple[float, ...]
+    itls_s: tuple[tuple[float, ...], ...]
+    output_lens: tuple[int, ...]
+    success: tuple[bool, ...]
+    start_time_s: float | None = None
+    duration_s: float | None = None
+    median_clock_mhz: float | None = None
+    expected_output_len: int | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.latencies_s)
+        for label, values in (("ttfts", self.ttfts_s), ("itls", self.itls_s), ("output_lens", self.output_lens),
+                              ("success", self.success)):
+            if len(values) != n:
+                raise StudyError(f"{self.name}: {label} has {len(values)} entries, expected {n} (one per request)")
+
+
+@dataclass(frozen=True)
+class Measurability:
+    """Whether one run measured per-token latency, why not, and the figures behind each reason."""
+
+    run: str
+    measurable: bool
+    reasons: list[str] = field(default_factory=list)
+    requests: int = 0
+    failed: int = 0
+    tpot_requests: int = 0                  # successful requests with more than one output token
+    near_zero_gap_share: float | None = None
+    chunks_per_token: float | None = None   # streamed chunks / output tokens, over successful requests
+    short_outputs: int = 0
+    expected_output_len: int | None = None
+    window_s: float | None = None
+    clock_interval_s: float | None = None
+    clock_samples_in_window: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready fields."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def per_request_tpot_s(run: RunRequests) -> np.ndarray:
+    """vLLM's per-request TPOT in seconds: (latency - TTFT) / (output tokens - 1), successful
+    requests with more than one output token only."""
+    lat = np.asarray(run.latencies_s, dtype=float)
+    ttft = np.asarray(run.ttfts_s, dtype=float)
+    out = np.asarray(run.output_lens, dtype=float)
+    ok = np.asarray(run.success, dtype=bool) & (out > 1)
+    return (lat[ok] - ttft[ok]) / (out[ok] - 1.0)
+
+
+def per_request_e2e_per_token_s(run: RunRequests) -> np.ndarray:
+    """End-to-end latency per output token (first token included), successful requests only.
+
+    Shown, labelled, when TPOT was not measurable; never used for a TPOT verdict."""
+    lat = np.asarray(run.latencies_s, dtype=float)
+    out = np.asarray(run.output_lens, dtype=float)
+    ok = np.asarray(run.success, dtype=bool) & (out > 0)
+    return lat[ok] / out[ok]
+
+
+def _gap_figures(run: RunRequests) -> tuple[float | None, float | None]:
+    """(share of near-zero gaps, chunks per output token) over successful requests."""
+    gaps: list[float] = []
+    chunks = 0
+    tokens = 0
+    for ok, itl, n in zip(run.success, run.itls_s, run.output_lens):
+        if not ok or n <= 0:
+            continue
+        gaps.extend(itl)
+        chunks += len(itl) + 1
+        tokens += n
+    share = (sum(1 for g in gaps if g < NEAR_ZERO_GAP_S) / len(gaps)) if gaps else None
+    return share, (chunks / tokens if tokens else None)
+
+
+def assess_run(run: RunRequests, *, expected_output_len: int | None = None, clock_interval_s: float | None = None,
+               clock_samples_in_window: int | None = None) -> Measurability:
+    """Decide whether ``run`` measured per-token latency.
+
+    ``expected_output_len`` overrides the run's own; ``clock_interval_s`` (the telemetry sampling
+    interval) and ``clock_samples_in_window`` are checked only when given.
+    """
+    expected = expected_output_len if expected_output_len is not None else run.expected_output_len
+    reasons: list[str] = []
+    n = len(run.latencies_s)
+    failed = sum(1 for ok in run.success if not ok)
+    tpot_requests = int(per_request_tpot_s(run).size)
+    share, chunks_per_token = _gap_figures(run)
+    short = 0
+    if expected is not None:
+        short = sum(1 for ok, out in zip(run.success, run.output_lens) if ok and out < expected)
+
+    if n == 0:
+        reasons.append("no requests")
+    if n and failed / n > MAX_FAILED_SHARE:
+        reasons.append(f"{failed} of {n} requests failed")
+    if n and tpot_requests == 0:
+        reasons.append("no successful request produced more than one output token: there is no TPOT")
+    if share is not None and share > MAX_NEAR_ZERO_GAP_SHARE:
+        reasons.append(f"tokens arrived in bursts: {share:.0%} of inter-token gaps were under "
+                       f"{NEAR_ZERO_GAP_S * 1e3:g} ms (at most {MAX_NEAR_ZERO_GAP_SHARE:.0%} allowed)")
+    if chunks_per_token is not None and chunks_per_token < MIN_CHUNKS_PER_TOKEN:
+        reasons.append(f"tokens arrived in bursts: {chunks_per_token:.2f} streamed chunks per output token "
+                       f"(at least {MIN_CHUNKS_PER_TOKEN:g} expected, 1 when each decode step is streamed)")
+    ok_count = n - failed
+    if expected is not None and ok_count and short / ok_count > MAX_SHORT_OUTPUT_SHARE:
+        reasons.append(f"{short} of {ok_count} successful requests returned fewer than the {expected} "
+                       "output tokens asked for")
+    window = run.duration_s
+    if clock_interval_s is not None and window is not None and window < clock_interval_s:
+        reasons.append(f"the bench window ({window:.3f} s) was shorter than the clock sampling interval "
+                       f"({clock_interval_s:g} s): the clock was not measured during the run")
+    if clock_samples_in_window is not None and clock_samples_in_window < MIN_CLOCK_SAMPLES_IN_WINDOW:
+        reasons.append(f"{clock_samples_in_window} clock samples fell inside the bench window "
+                       f"(at least {MIN_CLOCK_SAMPLES_IN_WINDOW} needed)")
+    return Measurability(run=run.name, measurable=not reasons, reasons=reasons, requests=n, failed=failed,
+                         tpot_requests=tpot_requests, near_zero_gap_share=share, chunks_per_token=chunks_per_token,
+                         short_outputs=short, expected_output_len=expected, window_s=window,
+                         clock_interval_s=clock_interval_s, clock_samples_in_window=clock_samples_in_window)
+
+
+def _number(row: Mapping[str, Any], key: str, where: str) -> float:
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise StudyError(f"{where}: {key} is {value!r}, expected a finite number")
+    return float(value)
+
+
+def run_from_request_rows(rows: Iterable[Mapping[str, Any]], name: str, *, start_time_s: float | None = None,
+                          duration_s: float | None = None, median_clock_mhz: float | None = None,
+                          expected_output_len: int | None = None) -> RunRequests:
+    """A run from this project's per-request rows (``requests/<cell>.jsonl``: ``ttft_ms``,
+    ``e2el_ms``, ``itls_ms``, ``output_len``, ``success``); times are converted to seconds."""
+    ttfts: list[float] = []
+    lats: list[float] = []
+    itls: list[tuple[float, ...]] = []
+    outs: list[int] = []
+    oks: list[bool] = []
+    for i, row in enumerate(rows):
+        where = f"{name}: request {i}"
+        ok = bool(row.get("success", True))
+        oks.append(ok)
+        ttfts.append(_number(row, "ttft_ms", where) / 1e3 if ok else 0.0)
+        lats.append(_number(row, "e2el_ms", where) / 1e3 if ok else 0.0)
+        gaps = row.get("itls_ms") or []
+        if not isinstance(gaps, Sequence) or isinstance(gaps, (str, bytes)):
+            raise StudyError(f"{where}: itls_ms is {type(gaps).__name__}, expected a list of numbers")
+        itls.append(tuple(float(g) / 1e3 for g in gaps))
+        outs.append(int(_number(row, "output_len", where)) if ok else 0)
+    return RunRequests(name=name, ttfts_s=tuple(ttfts), latencies_s=tuple(lats), itls_s=tuple(itls),
+                       output_lens=tuple(outs), success=tuple(oks), start_time_s=start_time_s,
+                       duration_s=duration_s, median_clock_mhz=median_clock_mhz,
+                       expected_output_len=expected_output_len)

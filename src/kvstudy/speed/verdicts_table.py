@@ -1,0 +1,260 @@
+"""Speed verdicts for notebook 02: :func:`kvstudy.speed.verdict.compare_runs` on a capture's cells,
+the published table restated under the same rule, the roofline bound beside each change, and the
+A/A calibration.
+
+One sign convention everywhere: the candidate/baseline TPOT ratio ``r``; "faster by X %" means the
+candidate spends X = (1 - r) x 100 % less time per output token, "slower by X %" X = (r - 1) x 100 %
+more. The roofline bound (:func:`kvstudy.context.roofline.max_fp8_gain_pct`, a speed-up
+``base/cand - 1``) is converted to the same "less time per token" scale.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvstudy.errors import StudyError
+from kvstudy.io import read_jsonl
+from kvstudy.speed.measurability import assess_run, run_from_request_rows
+from kvstudy.speed.verdict import CLOCK_TOLERANCE, RunSummary, Verdict, compare_runs, minimum_p_value, summarise_run
+
+# "Well beyond" the bound: the measured change is more than this many times what halving the KV
+# bytes can explain (and, when an interval exists, the interval lies beyond the bound too).
+BEYOND_FACTOR = 2.0
+
+
+def change_text(ratio: float | None) -> str:
+    """"faster by X %" / "slower by X %" from a candidate/baseline TPOT ratio."""
+    if ratio is None or not math.isfinite(ratio):
+        return "no ratio"
+    pct = (1.0 - ratio) * 100.0
+    return f"faster by {pct:.1f} %" if pct >= 0 else f"slower by {-pct:.1f} %"
+
+
+def bound_less_time_pct(gain_pct: float) -> float:
+    """The roofline's largest speed-up (base/cand - 1, %) as the largest "less time per token" (%)."""
+    return (1.0 - 1.0 / (1.0 + gain_pct / 100.0)) * 100.0
+
+
+def beyond_bound(ratio: float | None, ci: tuple[float, float] | None, bound_pct: float | None) -> str:
+    """What the bound says about a measured change ("" when nothing is to be said)."""
+    if ratio is None or bound_pct is None:
+        return ""
+    less = (1.0 - ratio) * 100.0
+    if less < 0:
+        return "slower: fewer KV bytes cannot explain a slowdown (FP8 conversion work, or another factor changed)"
+    if less > BEYOND_FACTOR * max(bound_pct, 1e-9) and (ci is None or (1.0 - ci[1]) * 100.0 > bound_pct):
+        return f"another factor changed: the change is well beyond the {bound_pct:.2f} % that halving KV bytes explains"
+    return f"within reach of the {bound_pct:.2f} % bound"
+
+
+# --------------------------------------------------------------------------- capture runs
+
+def _cell_start(cell: pd.Series) -> float | None:
+    """The cell's start on a clock shared by the cells of one capture: the runner's recorded
+    ``started_mono_s``, else the bench window's start (monotonic clock of the capture machine)."""
+    for key in ("started_mono_s",):
+        value = cell.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+    window = cell.get("bench_window_s")
+    if isinstance(window, (list, tuple)) and window and isinstance(window[0], (int, float)):
+        return float(window[0])
+    return None
+
+
+def capture_runs(capture: Any, configuration: str, users: int) -> list[RunSummary]:
+    """Per finished cell of ``configuration`` at ``users``: a RunSummary from ``requests/<cell>.jsonl``
+    (per-request timings), the cell's median clock and its start time; measurability assessed."""
+    cells = capture.cells
+    if not len(cells):
+        return []
+    sel = cells[(cells["status"] == "ok") & (cells["configuration"] == configuration) & (cells["users"] == users)]
+    out = []
+    for _, cell in sel.sort_values("seed").iterrows():
+        path = Path(capture.path) / "requests" / f"{cell['cell_id']}.jsonl"
+        if not path.is_file():
+            raise StudyError(f"{path}: missing (the cell is marked ok but has no per-request records)")
+        window = cell.get("bench_window_s")
+        duration = float(window[1] - window[0]) if isinstance(window, (list, tuple)) and len(window) == 2 else None
+        clock = cell.get("median_clock_mhz")
+        run = run_from_request_rows(read_jsonl(path, what="valid JSON"), str(cell["cell_id"]),
+                                    start_time_s=_cell_start(cell), duration_s=duration,
+                                    median_clock_mhz=float(clock) if pd.notna(clock) else None,
+                                    expected_output_len=int(capture.spec.output_len))
+        samples = cell.get("clock_samples_in_window")
+        m = assess_run(run, clock_samples_in_window=int(samples) if pd.notna(samples) else None)
+        out.append(summarise_run(run, m))
+    return out
+
+
+@dataclass
+class CaptureVerdict:
+    """One baseline/candidate pair at one user count, with the bound beside it."""
+
+    users: int
+    baseline: str
+    candidate: str
+    verdict: Verdict
+    bound_pct: float | None        # largest "less time per token" halving KV bytes explains; None: no dtype change
+    bound_note: str
+
+
+def _dtype(capture: Any, name: str) -> str:
+    return next(c.kv_cache_dtype for c in capture.spec.configurations if c.name == name)
+
+
+def capture_verdicts(capture: Any, clock_tolerance: float = CLOCK_TOLERANCE) -> list[CaptureVerdict]:
+    """compare_runs for every configuration against the first, per user count (both arms finished)."""
+    from kvstudy.context.roofline import max_fp8_gain_pct
+
+    order = [c.name for c in capture.spec.configurations]
+    context = int(capture.spec.input_len) + int(capture.spec.output_len)
+    out = []
+    for cand in order[1:]:
+        for users in capture.spec.users:
+            base_runs, cand_runs = capture_runs(capture, order[0], users), capture_runs(capture, cand, users)
+            if not base_runs or not cand_runs:
+                continue
+            v = compare_runs(base_runs, cand_runs, clock_tolerance=clock_tolerance)
+            bound, note = None, "same KV dtype in both arms (an A/A pair: the bound is no change)"
+            if _dtype(capture, cand) != _dtype(capture, order[0]):
+                try:
+                    bound = bound_less_time_pct(max_fp8_gain_pct(capture.spec.model, context, int(users)))
+                    note = (f"roofline, computed from {capture.spec.model}/config.json at {context} tokens x "
+                            f"{users} user(s); bandwidth cancels, so no bandwidth figure is needed")
+                except (StudyError, OSError) as exc:
+                    note = f"not computed: the model's config.json could not be read here ({exc})"
+            out.append(CaptureVerdict(int(users), order[0], cand, v, bound, note))
+    return out
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def capture_verdict_frame(verdicts: list[CaptureVerdict]) -> pd.DataFrame:
+    """One row per pair and user count: ratio, interval, p, min p, measurability, clocks, cycles, bound."""
+    rows = []
+    for cv in verdicts:
+        v = cv.verdict
+        unmeasured = [r for r in v.reasons if "not measured" in r]
+        cycles = v.cycles_per_token or {}
+        rows.append({
+            "users": cv.users, "baseline → candidate": f"{cv.baseline} → {cv.candidate}",
+            "runs": f"{v.runs['baseline']} / {v.runs['candidate']}",
+            "TPOT ratio (cand/base)": _fmt(v.tpot_ratio, ".3f"),
+            "change": change_text(v.tpot_ratio),
+            "95 % interval": "" if v.tpot_ratio_ci is None else f"{v.tpot_ratio_ci[0]:.3f} to {v.tpot_ratio_ci[1]:.3f}",
+            "p": _fmt(v.p_value, ".3g"), "min reachable p": _fmt(v.min_p_value, ".3g"),
+            "measurable": "yes" if v.measurable else "no: " + "; ".join(unmeasured),
+            "clock ratio (cand/base)": _fmt(v.clock_ratio, ".3f"),
+            "cycles/token base, cand (M)": (f"{cycles['baseline'] / 1e6:.3g}, {cycles['candidate'] / 1e6:.3g}"
+                                            if cycles else ""),
+            "had the clocks been equal": _fmt(v.clock_adjusted_ratio, ".3f"),
+            "interleaved": {None: "unknown", True: "yes", False: "no"}[v.interleaved],
+            "roofline bound (% less time)": (f"{cv.bound_pct:.2f}" if cv.bound_pct is not None
+                                             else "n/a (A/A)" if cv.bound_note.startswith("same") else "not computed"),
+            "against the bound": "" if cv.bound_pct is None else beyond_bound(v.tpot_ratio, v.tpot_ratio_ci, cv.bound_pct),
+            "verdict": v.verdict,
+            "why": "; ".join(r for r in v.reasons if not r.startswith(("TPOT ratio", "cycles per token"))),
+        })
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- the published table
+
+def published_verdict_frame(pub: Any, context_len: int, clock_tolerance: float = CLOCK_TOLERANCE) -> pd.DataFrame:
+    """The published per-configuration medians restated under the new rule (no per-run values exist,
+    so no test can be run: the design's smallest reachable p decides), clocks, cycles and the bound."""
+    from kvstudy.context.roofline import max_fp8_gain_pct
+
+    base, cand = pub.meta["baseline"], pub.meta["candidate"]
+    # the project's copy of the published model's config.json (data/models/<name>, beside data/published)
+    model_dir = Path(pub.path).resolve().parents[1] / "models" / str(pub.meta["model"]).split("/")[-1]
+    rows = []
+    for users in sorted(pub.table["users"].unique()):
+        at = pub.table[pub.table["users"] == users].set_index("configuration")
+        if base not in at.index or cand not in at.index:
+            continue
+        b, c = at.loc[base], at.loc[cand]
+        ratio = float(c["median_tpot_ms"] / b["median_tpot_ms"])
+        n_b, n_c = int(b["seeds"]), int(c["seeds"])
+        min_p = minimum_p_value(n_b, n_c)
+        clock_ratio = float(c["median_clock_mhz"] / b["median_clock_mhz"])
+        cyc_b = float(b["median_tpot_ms"]) * 1e-3 * float(b["median_clock_mhz"]) * 1e6
+        cyc_c = float(c["median_tpot_ms"]) * 1e-3 * float(c["median_clock_mhz"]) * 1e6
+        reasons = []
+        if min_p >= 0.05:
+            reasons.append(f"no claim, the design cannot reach significance: {n_b} vs {n_c} seeds, smallest "
+                           f"two-sided p of an exact test is {min_p:.2g}")
+        reasons.append("per-seed values were not published: no test, no interval")
+        if abs(clock_ratio - 1.0) > clock_tolerance:
+            reasons.append(f"clocks differ by {clock_ratio - 1:+.1%} ({b['median_clock_mhz']:.0f} vs "
+                           f"{c['median_clock_mhz']:.0f} MHz)")
+        bound = None
+        if (model_dir / "config.json").is_file():
+            bound = bound_less_time_pct(max_fp8_gain_pct(model_dir, context_len, int(users)))
+        rows.append({
+            "users": int(users), "TPOT base / cand (ms, published)": f"{b['median_tpot_ms']:g} / {c['median_tpot_ms']:g}",
+            "seeds": f"{n_b} / {n_c}", "TPOT ratio (cand/base)": f"{ratio:.3f}", "change": change_text(ratio),
+            "min reachable p": f"{min_p:.2g}", "clock ratio (cand/base)": f"{clock_ratio:.3f}",
+            "cycles/token base, cand (M)": f"{cyc_b / 1e6:.1f}, {cyc_c / 1e6:.1f}",
+            "cycles per token (cand/base)": change_text(cyc_c / cyc_b).replace("faster by", "fewer by")
+                                            .replace("slower by", "more by"),
+            f"roofline bound (% less time, {context_len} tokens assumed)": "not computed (no config.json)"
+                                            if bound is None else f"{bound:.2f}",
+            "against the bound": beyond_bound(ratio, None, bound) if bound is not None else "",
+            "verdict (new rule)": "no claim", "why": "; ".join(reasons)})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- A/A calibration
+
+def aa_pairs(capture: Any) -> list[str]:
+    """Configurations with the baseline's KV dtype, attention backend and env (A/A controls)."""
+    confs = capture.spec.configurations
+    b = confs[0]
+    return [c.name for c in confs[1:] if (c.kv_cache_dtype, c.attention_backend, c.env) ==
+            (b.kv_cache_dtype, b.attention_backend, b.env)]
+
+
+def calibration_frame(capture: Any, n_per_arm: int = 5, seed: int = 0) -> pd.DataFrame:
+    """Per user count, from the capture's A/A runs (baseline + its repeats): the false-claim rate of
+    the test over pseudo-arm splits, and the change detected with 80 % power at ``n_per_arm``."""
+    from kvstudy.speed import calibration as cal
+
+    base = capture.spec.configurations[0].name
+    rows = []
+    for users in capture.spec.users:
+        runs = [r for name in [base, *aa_pairs(capture)] for r in capture_runs(capture, name, users)]
+        runs = [r for r in runs if r.measurable and r.tpots_s]
+        if len(runs) < 2:
+            continue
+        rate = cal.false_claim_rate(runs, seed=seed)
+        mdc = cal.minimum_detectable_change(runs, n_per_arm=n_per_arm, seed=seed)
+        rows.append({"users": int(users), "A/A runs": len(runs),
+                     "pseudo-arms": f"{rate.n_base} / {rate.n_cand}",
+                     "false claims": f"{rate.claims} of {rate.trials} splits ({rate.rate:.1%}, "
+                                     f"95 % upper bound {rate.upper_95:.1%})",
+                     f"detectable change, {n_per_arm} runs per arm, 80 % power":
+                         "none up to 300 %" if mdc is None else f"slower by {mdc * 100:.1f} %",
+                     "origin": "computed here from the capture's A/A cells (calibration.py)"})
+    return pd.DataFrame(rows)
+
+
+def finding_text(published: pd.DataFrame, measured: list[CaptureVerdict], machine: str) -> str:
+    """One line from the verdicts: the published table under the new rule, then this capture."""
+    parts = [f"L4 published, {r['users']} user(s): FP8 {r['change']} per token, {r['verdict (new rule)']} "
+             f"({r['why'].split(':')[0] if r['why'] else ''})" for _, r in published.iterrows()]
+    for cv in measured:
+        v = cv.verdict
+        what = (f"{cv.candidate} {change_text(v.tpot_ratio)} per token than {cv.baseline}" if v.verdict != "no claim"
+                else f"{cv.candidate} vs {cv.baseline}: no claim ({change_text(v.tpot_ratio)}, p = "
+                     f"{_fmt(v.p_value, '.2g') or 'n/a'}, min reachable p {v.min_p_value:.2g})")
+        parts.append(f"{machine}, {cv.users} user(s): {what}")
+    return "; ".join(parts) if parts else "no comparable cells"

@@ -1,0 +1,214 @@
+"""A seeded generator of RULER-style long-context retrieval items (key/value lists and needles).
+
+Two kinds of context, both built from a ``random.Random`` seeded with a string, so the same
+arguments always give the same items on any machine and any Python process:
+
+- ``kv``: many lines ``<key>: <value>`` (a key is five lower-case letters, a value five digits);
+  the question asks for the value of one key.
+- ``needle``: a haystack of filler sentences with one or several needles
+  ``The special magic number for <key> is <value>.``; the question asks for one needle's number.
+
+Every item is a dict ``{"id", "kind", "context_id", "context", "question", "answer",
+"context_tokens_approx", "target_tokens", "n_keys", "depth", "seed"}``. Several items may share
+a context (``questions_per_context`` > 1), which the statistics must treat as a cluster. The
+prompt an item is asked with is ``prompt_text(item)``:
+``{context}\\n\\nQuestion: {question}\\nAnswer:`` and the expected completion is ``" {answer}"``.
+
+``context_tokens_approx`` is ``len(context) / chars_per_token``: exact for the project's
+trained byte-level model (1 character = 1 token for ASCII), an estimate for other tokenizers.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvstudy.errors import StudyError
+
+KINDS = ("kv", "needle")
+DEFAULT_SEED = 20261130
+
+FILLER_SUBJECTS = ("The river", "A small dog", "The old house", "Every morning the baker",
+                   "The green hill", "A quiet student", "The market", "Our neighbour",
+                   "The night train", "A tall tree", "The school bus", "My aunt")
+FILLER_VERBS = ("watched", "found", "carried", "painted", "visited", "followed", "heard",
+                "cleaned", "opened", "passed", "counted", "remembered")
+FILLER_OBJECTS = ("the bright window", "a wooden box", "the empty road", "some warm bread",
+                  "a blue kite", "the long bridge", "the garden gate", "a paper map",
+                  "the tiny boat", "an old song", "the red door", "a stack of letters")
+FILLER_ENDS = ("before noon", "after the rain", "in the evening", "near the station",
+               "with great care", "for a while", "on Sunday", "without a word")
+_FILLER_TEXT = " ".join(FILLER_SUBJECTS + FILLER_VERBS + FILLER_OBJECTS + FILLER_ENDS).lower()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One key and its value, as written into a context."""
+
+    key: str
+    value: str
+
+
+def _rng(*parts: object) -> random.Random:
+    """A generator seeded from a string, so it does not depend on PYTHONHASHSEED."""
+    return random.Random(":".join(str(p) for p in parts))
+
+
+def _key(rng: random.Random, used: set[str]) -> str:
+    """A new five-letter key that is no other key and no part of the filler text."""
+    while True:
+        key = "".join(rng.choice(string.ascii_lowercase) for _ in range(5))
+        if key not in used and key not in _FILLER_TEXT:
+            used.add(key)
+            return key
+
+
+def _value(rng: random.Random) -> str:
+    return str(rng.randint(10000, 99999))
+
+
+def kv_line(entry: Entry) -> str:
+    """The line a ``kv`` context holds for one entry."""
+    return f"{entry.key}: {entry.value}"
+
+
+def needle_sentence(entry: Entry) -> str:
+    """The sentence a ``needle`` context holds for one entry."""
+    return f"The special magic number for {entry.key} is {entry.value}."
+
+
+def question_for(kind: str, key: str) -> str:
+    """The question asked about ``key`` in a context of ``kind``."""
+    if kind == "kv":
+        return f"What is the value of {key}?"
+    return f"What is the special magic number for {key}?"
+
+
+def filler_sentence(rng: random.Random) -> str:
+    """One sentence of haystack text (no digits, so it never looks like an answer)."""
+    return (f"{rng.choice(FILLER_SUBJECTS)} {rng.choice(FILLER_VERBS)} "
+            f"{rng.choice(FILLER_OBJECTS)} {rng.choice(FILLER_ENDS)}.")
+
+
+def kv_context(rng: random.Random, target_chars: int) -> tuple[str, list[Entry]]:
+    """Key/value lines until the text reaches ``target_chars`` characters (at least two lines)."""
+    used: set[str] = set()
+    entries: list[Entry] = []
+    length = -1
+    while length < target_chars or len(entries) < 2:
+        entry = Entry(_key(rng, used), _value(rng))
+        entries.append(entry)
+        length += len(kv_line(entry)) + 1
+    return "\n".join(kv_line(e) for e in entries), entries
+
+
+def needle_context(rng: random.Random, target_chars: int, n_needles: int
+                   ) -> tuple[str, list[Entry]]:
+    """Filler sentences with ``n_needles`` needles at random places, about ``target_chars`` long."""
+    sentences: list[str] = []
+    length = -1
+    used: set[str] = set()
+    entries = [Entry(_key(rng, used), _value(rng)) for _ in range(n_needles)]
+    needle_chars = sum(len(needle_sentence(e)) + 1 for e in entries)
+    while length + needle_chars < target_chars or not sentences:
+        sentence = filler_sentence(rng)
+        sentences.append(sentence)
+        length += len(sentence) + 1
+    slots = sorted(rng.sample(range(len(sentences) + n_needles), n_needles))
+    out: list[str] = []
+    pending = list(entries)
+    filler = iter(sentences)
+    for index in range(len(sentences) + n_needles):
+        out.append(needle_sentence(pending.pop(0)) if index in slots else next(filler))
+    return " ".join(out), entries
+
+
+def make_context(kind: str, target_tokens: int, rng: random.Random, chars_per_token: float = 1.0,
+                 n_needles: int = 1) -> tuple[str, list[Entry]]:
+    """A context of ``kind`` about ``target_tokens`` tokens long, and the entries it holds."""
+    if kind not in KINDS:
+        raise StudyError(f"retrieval kind: got {kind!r}, expected one of {', '.join(KINDS)}")
+    if target_tokens < 16:
+        raise StudyError(f"retrieval target_tokens: got {target_tokens}, expected >= 16")
+    if chars_per_token <= 0:
+        raise StudyError(f"retrieval chars_per_token: got {chars_per_token}, expected > 0")
+    target_chars = int(target_tokens * chars_per_token)
+    if kind == "kv":
+        return kv_context(rng, target_chars)
+    if n_needles < 1:
+        raise StudyError(f"retrieval n_needles: got {n_needles}, expected >= 1")
+    return needle_context(rng, target_chars, n_needles)
+
+
+def _depth_index(n_entries: int, depth: float) -> int:
+    return min(n_entries - 1, int(depth * n_entries))
+
+
+def generate_items(kind: str, lengths: Sequence[int], n_per_length: int, seed: int = DEFAULT_SEED,
+                   chars_per_token: float = 1.0, questions_per_context: int = 1,
+                   n_needles: int = 4) -> list[dict[str, Any]]:
+    """``n_per_length`` items for each context length, their queried keys spread over depths.
+
+    For each length, ``n_per_length / questions_per_context`` contexts are drawn; item ``i``
+    asks about the key nearest depth ``(i + 0.5) / n_per_length`` of its context (the share of
+    the context before the key), so every length covers the context from start to end.
+    """
+    if n_per_length < 1 or questions_per_context < 1:
+        raise StudyError(f"retrieval n_per_length / questions_per_context: got {n_per_length} / "
+                         f"{questions_per_context}, expected >= 1 each")
+    items: list[dict[str, Any]] = []
+    for length in lengths:
+        context, entries, context_id = "", [], ""
+        for i in range(n_per_length):
+            if i % questions_per_context == 0:
+                context_id = f"{kind}-{length}-{i // questions_per_context}"
+                rng = _rng(seed, kind, length, i // questions_per_context)
+                context, entries = make_context(kind, length, rng, chars_per_token, n_needles)
+            depth = (i + 0.5) / n_per_length
+            entry = entries[_depth_index(len(entries), depth)]
+            items.append({
+                "id": f"{kind}-{length}-{i}",
+                "kind": kind,
+                "context_id": context_id,
+                "context": context,
+                "question": question_for(kind, entry.key),
+                "answer": entry.value,
+                "context_tokens_approx": round(len(context) / chars_per_token),
+                "target_tokens": length,
+                "n_keys": len(entries),
+                "depth": round(context.index(entry.key) / len(context), 4),
+                "seed": seed,
+            })
+    return items
+
+
+def prompt_text(item: dict[str, Any]) -> str:
+    """The prompt an item is asked with; the model should continue with ``" " + answer``."""
+    return f"{item['context']}\n\nQuestion: {item['question']}\nAnswer:"
+
+
+def answer_of(completion: str) -> str:
+    """The answer a completion gives: its first line, stripped."""
+    return completion.strip().split("\n", 1)[0].strip() if completion.strip() else ""
+
+
+def training_text(kind: str, target_tokens: int, rng: random.Random, n_questions: int,
+                  n_needles: int = 4) -> tuple[str, list[tuple[int, int]]]:
+    """A context followed by ``n_questions`` question/answer pairs, for training.
+
+    Returns the text and the character spans ``(start, end)`` of each answer (``" value\\n\\n"``),
+    the only places a retrieval loss should count.
+    """
+    context, entries = make_context(kind, target_tokens, rng, 1.0, n_needles)
+    text = context
+    spans: list[tuple[int, int]] = []
+    for _ in range(n_questions):
+        entry = rng.choice(entries)
+        text += f"\n\nQuestion: {question_for(kind, entry.key)}\nAnswer:"
+        start = len(text)
+        text += f" {entry.value}"
+        spans.append((start, len(text) + 2))
+    return text + "\n\n", spans

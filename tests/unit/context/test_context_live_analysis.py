@@ -1,0 +1,90 @@
+"""A synthetic context-sweep capture analysed end to end (no vLLM), and the published-vs-roofline table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvstudy.context.live import analyse_capture, comparison_frame, plot_fits, points_frame, slope_table
+from kvstudy.context.predict import published_vs_roofline
+from kvstudy.context.sweep import KIND, ContextSweepSpec, cell_id
+from kvstudy.errors import StudyError
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = str(ROOT / "data" / "tiny-models" / "tiny-qwen3")
+needs_tiny = pytest.mark.skipif(not Path(TINY, "config.json").is_file(), reason="tiny model not built")
+
+
+def _capture(tmp: Path, fp8_fails: bool) -> Path:
+    spec = ContextSweepSpec.from_dict({"model": TINY, "arms": [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
+                                       "lengths": [256, 1024, 2048], "seeds": [0, 1, 2], "output_len": 8,
+                                       "cpu_kvcache_space_gib": 1})
+    (tmp / "cells").mkdir(parents=True)
+    (tmp / "runs").mkdir()
+    (tmp / "manifest.json").write_text(json.dumps({"kind": KIND, "spec": spec.to_dict()}))
+    (tmp / "bandwidth.json").write_text(json.dumps({"best_gb_s": 10.0, "copy_gb_s": 9.0, "triad_gb_s": 10.0,
+                                                    "threads_note": "one thread"}))
+    rng = np.random.default_rng(0)
+    for arm, seed in spec.runs():
+        failed = arm == "fp8" and fp8_fails
+        (tmp / "runs" / f"{arm}__s{seed}.json").write_text(json.dumps(
+            {"status": "failed" if failed else "ok", "reason": "FP8 KV cache on CPU requires x86 with AVX-512 or AMX."}))
+        for L in spec.lengths:
+            rec = {"cell_id": cell_id(arm, seed, L), "arm": arm, "seed": seed, "input_len": L, "output_len": 8}
+            if failed:
+                rec.update(status="failed", start_failed=True, reason="server did not start")
+            else:
+                slope = 1e-3 if arm == "auto" else 5e-4
+                base = 2.0 if arm == "auto" else 2.5
+                reqs = []
+                for _ in range(4):
+                    tpot = base + slope * L + rng.normal(0, 0.01)
+                    reqs.append({"tpot_ms": tpot, "itls_ms": [tpot] * 7, "output_len": 8, "success": True})
+                rec.update(status="ok", requests=reqs)
+            (tmp / "cells" / f"{rec['cell_id']}.json").write_text(json.dumps(rec))
+    return tmp
+
+
+@needs_tiny
+def test_both_arms_measured(tmp_path: Path) -> None:
+    a = analyse_capture(_capture(tmp_path, fp8_fails=False), n_boot=300)
+    assert set(a.fits) == {"auto", "fp8"} and not a.not_measured
+    cmp = a.comparisons[0]
+    assert cmp.slope_ratio == pytest.approx(0.5, abs=0.05)
+    assert cmp.break_even_tokens == pytest.approx(1000, rel=0.2)
+    table = slope_table(a)
+    pred = table.set_index("arm")["predicted slope (ms/token)"]
+    # tiny model: 4 layers x 2 KV heads x 64 x (K+V) x 2 bytes = 2,048 B/token at 10 GB/s
+    assert pred["auto"] == pytest.approx(2048 / 10e9 * 1e3)
+    assert pred["fp8"] == pytest.approx(pred["auto"] / 2)
+    assert len(points_frame(a)) == 18 and len(comparison_frame(a)) == 1
+    plot_fits(a, dict(pred))
+
+
+@needs_tiny
+def test_fp8_failed_start_is_not_measured(tmp_path: Path) -> None:
+    a = analyse_capture(_capture(tmp_path, fp8_fails=True), n_boot=300)
+    assert set(a.fits) == {"auto"} and a.comparisons == ()
+    assert "AVX-512" in a.not_measured["fp8"]
+    row = slope_table(a).set_index("arm").loc["fp8"]
+    assert row["status"].startswith("not measured on this machine")
+
+
+def test_missing_capture_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(StudyError, match="manifest.json: not found"):
+        analyse_capture(tmp_path)
+
+
+def test_published_vs_roofline_rows() -> None:
+    t = published_vs_roofline(ROOT / "data" / "models")
+    key = t.set_index(["figure", "quantity"])
+    assert key.loc[("llama-3.1-8b-h100", "slope ratio FP8/BF16"), "published"] == pytest.approx(2.37 / 4.37)
+    assert key.loc[("llama-3.1-8b-h100", "slope ratio FP8/BF16"), "roofline"] == pytest.approx(0.5)
+    assert key.loc[("llama-3.1-8b-h100", "implied fixed FP8 cost per step (ms)"), "published"] == pytest.approx(0.14)
+    assert key.loc[("gpt-oss-20b-skip-sw", "slope ratio FP8/BF16"), "roofline"] == pytest.approx(0.5)
+    # 131,072 B/token at the H100 SXM's 3,350 GB/s peak
+    assert key.loc[("llama-3.1-8b-h100", "BF16 ITL slope (ms/token)"), "roofline"] == pytest.approx(131072 / 3350e9 * 1e3)
+    assert (t["published origin"] != "").all()

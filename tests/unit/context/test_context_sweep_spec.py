@@ -1,0 +1,73 @@
+"""The context sweep's grid: validation (bad input: one line), order, resume bookkeeping. No vLLM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvstudy.cli import main
+from kvstudy.context.sweep import ContextSweepSpec, cell_id, cells_to_run, default_arms
+from kvstudy.errors import StudyError
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = str(ROOT / "data" / "tiny-models" / "tiny-qwen3")
+BASE = {"model": TINY, "arms": [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
+        "lengths": [256, 1024], "seeds": [0, 1], "output_len": 16, "cpu_kvcache_space_gib": 1}
+
+needs_tiny = pytest.mark.skipif(not Path(TINY, "config.json").is_file(), reason="tiny model not built")
+
+
+@needs_tiny
+def test_interleaved_order_and_alternating_lengths() -> None:
+    spec = ContextSweepSpec.from_dict(BASE)
+    assert spec.runs() == [("auto", 0), ("fp8", 0), ("auto", 1), ("fp8", 1)]
+    assert spec.cells()[:4] == [cell_id("auto", 0, 256), cell_id("auto", 0, 1024),
+                                cell_id("fp8", 0, 1024), cell_id("fp8", 0, 256)]
+    assert spec.served_max_model_len == 1024 + 16
+
+
+@needs_tiny
+@pytest.mark.parametrize("change, words", [
+    ({"lengths": [256, 9000]}, "max_position_embeddings 8192"),
+    ({"lengths": [0, 256]}, "'lengths'"),
+    ({"lengths": [256]}, "two distinct"),
+    ({"arms": []}, "'arms' is empty"),
+    ({"arms": [{"name": "x", "kv_cache_dtype": "fp9"}]}, "unknown kv_cache_dtype"),
+    ({"cpu_kvcache_space_gib": None}, "no fixed KV pool"),
+    ({"max_model_len": 512}, "max_model_len 512"),
+    ({"colour": 1}, "unknown field"),
+])
+def test_bad_specs_raise_one_line(change: dict, words: str) -> None:
+    with pytest.raises(StudyError) as err:
+        ContextSweepSpec.from_dict({**BASE, **change})
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@needs_tiny
+def test_cli_bad_spec_exits_nonzero_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps({**BASE, "lengths": [256, 9000]}))
+    assert main(["context-sweep", str(path), str(tmp_path / "cap"), "--dry-run"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "max_position_embeddings" in err
+
+
+@needs_tiny
+def test_resume_skips_ok_and_diagnosed_start_failures(tmp_path: Path) -> None:
+    spec = ContextSweepSpec.from_dict(BASE)
+    cells = tmp_path / "cells"
+    cells.mkdir()
+    (cells / f"{cell_id('auto', 0, 256)}.json").write_text(json.dumps({"status": "ok"}))
+    (cells / f"{cell_id('fp8', 0, 256)}.json").write_text(json.dumps({"status": "failed", "start_failed": True}))
+    (cells / f"{cell_id('auto', 1, 256)}.json").write_text(json.dumps({"status": "failed"}))
+    todo = cells_to_run(spec, tmp_path)
+    assert cell_id("auto", 0, 256) not in todo and cell_id("fp8", 0, 256) not in todo
+    assert cell_id("auto", 1, 256) in todo
+    assert cell_id("fp8", 0, 256) in cells_to_run(spec, tmp_path, retry_failed=True)
+
+
+@needs_tiny
+def test_default_arms_for_full_attention_model() -> None:
+    assert [a.name for a in default_arms(TINY)] == ["auto", "fp8"]

@@ -1,0 +1,133 @@
+"""Per-run measurability: bursts, short outputs, failures, clock windows; vLLM's TPOT definition."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvstudy.errors import StudyError
+from kvstudy.io import read_jsonl
+from kvstudy.speed.compare import run_from_result
+from kvstudy.speed.measurability import (
+    MAX_NEAR_ZERO_GAP_SHARE,
+    NEAR_ZERO_GAP_S,
+    RunRequests,
+    assess_run,
+    per_request_e2e_per_token_s,
+    per_request_tpot_s,
+    run_from_request_rows,
+)
+
+
+def test_steady_stream_is_measurable(helpers: Any) -> None:
+    h = helpers
+    m = assess_run(h.steady_run(), expected_output_len=32, clock_interval_s=0.25, clock_samples_in_window=3)
+    assert m.measurable and m.reasons == []
+    assert m.near_zero_gap_share == 0.0 and m.chunks_per_token == 1.0
+    assert m.tpot_requests == 8 and m.failed == 0 and m.short_outputs == 0
+
+
+def test_all_gaps_near_zero_after_first_token_is_not_measurable(helpers: Any) -> None:
+    h = helpers
+    # the issue's fp8 cells: a 60 ms first token, then all 31 remaining tokens at once
+    run = replace(h.steady_run(gap_s=0.0, ttft_s=0.06))
+    m = assess_run(run)
+    assert not m.measurable
+    assert m.near_zero_gap_share == 1.0
+    assert any("bursts" in r for r in m.reasons)
+    assert float(np.median(per_request_tpot_s(run))) == 0.0
+
+
+def test_one_chunk_for_all_tokens_is_not_measurable() -> None:
+    n = 4
+    run = RunRequests(name="one-chunk", ttfts_s=(0.06,) * n, latencies_s=(0.0601,) * n, itls_s=((),) * n,
+                      output_lens=(32,) * n, success=(True,) * n)
+    m = assess_run(run)
+    assert not m.measurable
+    assert m.chunks_per_token == pytest.approx(1 / 32)
+    assert any("chunks per output token" in r for r in m.reasons)
+
+
+def test_gap_share_threshold_is_a_boundary(helpers: Any) -> None:
+    h = helpers
+    # 31 gaps: 7 near zero (22.6 %) passes, 8 (25.8 %) does not
+    def run_with(zeros: int) -> RunRequests:
+        gaps = tuple([NEAR_ZERO_GAP_S / 2] * zeros + [0.02] * (31 - zeros))
+        return replace(h.steady_run(n=1), itls_s=(gaps,))
+
+    assert 7 / 31 <= MAX_NEAR_ZERO_GAP_SHARE < 8 / 31
+    assert assess_run(run_with(7)).measurable
+    assert not assess_run(run_with(8)).measurable
+
+
+def test_short_output_only_when_the_asked_length_is_known(helpers: Any) -> None:
+    h = helpers
+    run = replace(h.steady_run(n=2), output_lens=(32, 20))
+    assert assess_run(run).measurable
+    m = assess_run(run, expected_output_len=32)
+    assert not m.measurable and m.short_outputs == 1
+    assert any("fewer than the 32" in r for r in m.reasons)
+
+
+def test_failed_request_is_not_measurable(helpers: Any) -> None:
+    h = helpers
+    run = replace(h.steady_run(n=3), success=(True, False, True))
+    m = assess_run(run)
+    assert not m.measurable and m.failed == 1
+    assert any("1 of 3 requests failed" in r for r in m.reasons)
+    assert per_request_tpot_s(run).size == 2
+
+
+def test_single_token_outputs_have_no_tpot(helpers: Any) -> None:
+    h = helpers
+    run = h.steady_run(n=2, out=1)
+    m = assess_run(run)
+    assert not m.measurable and m.tpot_requests == 0
+
+
+def test_window_shorter_than_clock_sampling(helpers: Any) -> None:
+    h = helpers
+    run = h.steady_run(duration_s=0.1)
+    m = assess_run(run, clock_interval_s=0.25)
+    assert not m.measurable and any("clock sampling interval" in r for r in m.reasons)
+    assert assess_run(h.steady_run(duration_s=1.0), clock_interval_s=0.25).measurable
+    assert not assess_run(h.steady_run(duration_s=1.0), clock_samples_in_window=0).measurable
+
+
+def test_mismatched_request_lists_are_refused() -> None:
+    with pytest.raises(StudyError, match="ttfts has 1 entries, expected 2"):
+        RunRequests(name="x", ttfts_s=(0.1,), latencies_s=(0.2, 0.2), itls_s=((), ()), output_lens=(2, 2),
+                    success=(True, True))
+
+
+def test_tpot_follows_vllm_on_a_bundled_result(helpers: Any) -> None:
+    h = helpers
+    data = h.bundled("auto__s0__u1")
+    run = run_from_result(data, "auto__s0__u1.json").run
+    assert float(np.median(per_request_tpot_s(run))) * 1e3 == pytest.approx(data["median_tpot_ms"], rel=1e-9)
+    assert float(np.mean(per_request_tpot_s(run))) * 1e3 == pytest.approx(data["mean_tpot_ms"], rel=1e-9)
+    e2e = per_request_e2e_per_token_s(run)
+    assert e2e.size == 8 and np.all(e2e > 0)
+
+
+def test_project_request_rows_match_the_cell(helpers: Any) -> None:
+    h = helpers
+    rows = read_jsonl(h.BUNDLED_REQUESTS / "auto__s0__u4.jsonl")
+    cell = json.loads((h.BUNDLED_CELLS / "auto__s0__u4.json").read_text(encoding="utf-8"))
+    run = run_from_request_rows(rows, "auto__s0__u4", median_clock_mhz=cell["median_clock_mhz"],
+                                duration_s=cell["metrics"]["duration_s"])
+    assert float(np.median(per_request_tpot_s(run))) * 1e3 == pytest.approx(cell["metrics"]["median_tpot_ms"],
+                                                                          rel=1e-6)
+    m = assess_run(run, expected_output_len=cell["settings"]["output_len"], clock_interval_s=0.25)
+    assert m.measurable, m.reasons
+
+
+def test_bad_request_row_names_the_request() -> None:
+    with pytest.raises(StudyError, match="request 1: e2el_ms"):
+        run_from_request_rows([{"ttft_ms": 1, "e2el_ms": 2, "itls_ms": [1], "output_len": 2},
+                               {"ttft_ms": 1, "e2el_ms": math.nan, "itls_ms": [], "output_len": 2}], "cell")

@@ -1,0 +1,113 @@
+"""The trained mini model: its recipe reproduces the committed loss curve's start, its folder
+matches the digests its training recorded, and the retrieval generator is deterministic and
+answerable from its contexts."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from kvstudy.errors import StudyError
+from kvstudy.tools import retrieval_data, train_model
+
+ROOT = Path(__file__).resolve().parents[3]
+FOLDER = ROOT / "data" / "trained-model" / "qwen3-mini"
+TRAINING = FOLDER / "training.json"
+
+
+def _training() -> dict:
+    if not TRAINING.is_file():
+        pytest.fail(f"{TRAINING}: missing (python -m kvstudy.tools.train_model --out {FOLDER})")
+    return json.loads(TRAINING.read_text(encoding="utf-8"))
+
+
+def test_first_steps_reproduce_the_committed_loss_curve() -> None:
+    pytest.importorskip("torch")
+    record = _training()
+    settings = train_model.settings_from_dict(record["settings"])
+    committed = record["first_losses"][:3]
+    result = train_model.train(settings, max_steps=3)
+    assert len(result.losses) == 3
+    # Same seeds, same data, same thread count: only float summation order may differ by CPU.
+    assert result.losses == pytest.approx(committed, rel=2e-3, abs=2e-3)
+    assert result.losses[2] < result.losses[0]  # the loss falls, so training does something
+
+
+def test_folder_matches_the_recorded_digests() -> None:
+    record = _training()
+    files = record["files"]
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(files)
+    on_disk = {p.name for p in FOLDER.iterdir() if p.is_file()} - {"training.json", "SOURCE.md"}
+    assert on_disk == set(files)
+    for name, digest in files.items():
+        assert train_model.sha256_file(FOLDER / name) == digest, name
+    source = (FOLDER / "SOURCE.md").read_text(encoding="utf-8")
+    assert files["model.safetensors"] in source
+
+
+def test_committed_tokenizer_is_bos_then_bytes() -> None:
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(FOLDER)
+    text = "Question: Ava has 25 cards.\nAnswer: 25 * 3 = <<25*3=75>>75\n#### 75"
+    ids = tok(text)["input_ids"]
+    assert ids == [train_model.BOS_ID] + train_model.encode(text)
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    assert tok.eos_token_id == train_model.EOS_ID
+
+
+def test_training_batches_never_hold_a_test_question() -> None:
+    settings = train_model.settings_from_dict(_training()["settings"])
+    excluded = train_model.test_questions()
+    parts = train_model.batch_for_step(settings, 0, excluded)
+    gsm = next(inputs for part, inputs, _ in parts if part == "gsm")
+    text = bytes(t for t in gsm[0] if t < 256).decode("utf-8")
+    questions = re.findall(r"Question: (.*?)\nAnswer:", text)
+    assert questions and not set(questions) & excluded
+
+
+def test_retrieval_generator_is_deterministic() -> None:
+    first = retrieval_data.generate_items("kv", [512, 1024], 6, seed=7, questions_per_context=2)
+    again = retrieval_data.generate_items("kv", [512, 1024], 6, seed=7, questions_per_context=2)
+    other = retrieval_data.generate_items("kv", [512, 1024], 6, seed=8, questions_per_context=2)
+    assert first == again
+    assert [i["context"] for i in first] != [i["context"] for i in other]
+    assert len({i["context_id"] for i in first}) == 6  # two questions per context
+
+
+@pytest.mark.parametrize("kind", retrieval_data.KINDS)
+@pytest.mark.parametrize("length", [256, 2048])
+def test_retrieval_answers_are_in_their_contexts(kind: str, length: int) -> None:
+    items = retrieval_data.generate_items(kind, [length], 8, seed=11)
+    for item in items:
+        key = re.search(r"(?:value of|number for) ([a-z]{5})\?", item["question"]).group(1)
+        if kind == "kv":
+            lines = dict(line.split(": ") for line in item["context"].split("\n"))
+            assert lines[key] == item["answer"]
+        else:
+            assert f"The special magic number for {key} is {item['answer']}." in item["context"]
+            assert item["context"].count(key) == 1
+        assert abs(item["context_tokens_approx"] - length) < 0.1 * length
+        assert retrieval_data.prompt_text(item).endswith(f"{item['question']}\nAnswer:")
+    depths = [item["depth"] for item in items]
+    assert depths == sorted(depths) and depths[0] < 0.2 and depths[-1] > 0.8
+
+
+def test_retrieval_training_spans_are_the_answers() -> None:
+    text, spans = retrieval_data.training_text("kv", 300, random.Random(3), 4)
+    for start, end in spans:
+        value = text[start:end].strip()
+        key = re.findall(r"value of ([a-z]{5})\?\nAnswer:$", text[:start])[-1]
+        assert f"{key}: {value}" in text
+
+
+def test_retrieval_rejects_bad_input() -> None:
+    with pytest.raises(StudyError, match="kind"):
+        retrieval_data.generate_items("haystack", [512], 2)
+    with pytest.raises(StudyError, match="target_tokens"):
+        retrieval_data.generate_items("kv", [4], 2)
