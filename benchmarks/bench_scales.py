@@ -77,11 +77,23 @@ def write_sparse_shard(path: Path, tensors: list[tuple[str, str, list[int]]], rn
 def build_checkpoint(folder: Path, target_gib: float) -> int:
     """Shards of layers until the total reaches ``target_gib`` (more layers than 32 if needed)."""
     rng = np.random.default_rng(0)
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN,
-        "num_hidden_layers": LAYERS, "num_attention_heads": 32, "num_key_value_heads": KV_HEADS,
-        "head_dim": HEAD_DIM, "intermediate_size": INTERMEDIATE, "vocab_size": VOCAB, "torch_dtype": "bfloat16",
-        "quantization_config": {"quant_method": "fp8", "activation_scheme": "static"}}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": HIDDEN,
+                "num_hidden_layers": LAYERS,
+                "num_attention_heads": 32,
+                "num_key_value_heads": KV_HEADS,
+                "head_dim": HEAD_DIM,
+                "intermediate_size": INTERMEDIATE,
+                "vocab_size": VOCAB,
+                "torch_dtype": "bfloat16",
+                "quantization_config": {"quant_method": "fp8", "activation_scheme": "static"},
+            }
+        )
+    )
     weight_map: dict[str, str] = {}
     total = 0
     shards = 4
@@ -95,10 +107,11 @@ def build_checkpoint(folder: Path, target_gib: float) -> int:
             tensors += [("model.norm.weight", "BF16", [HIDDEN]), ("lm_head.weight", "BF16", [VOCAB, HIDDEN])]
         total += write_sparse_shard(folder / name, tensors, rng)
         weight_map.update({t[0]: name for t in tensors})
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
-                                                                     "weight_map": weight_map}))
-    if total < target_gib * 1024 ** 3:
-        raise SystemExit(f"generated only {total / 1024 ** 3:.2f} GiB, below the {target_gib} GiB asked")
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
+    if total < target_gib * 1024**3:
+        raise SystemExit(f"generated only {total / 1024**3:.2f} GiB, below the {target_gib} GiB asked")
     return total
 
 
@@ -111,8 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         total = build_checkpoint(folder, args.gib)
         allocated = sum(p.stat().st_blocks * 512 for p in folder.iterdir())
-        print(f"checkpoint: {len(list(folder.glob('*.safetensors')))} shards, {total / 1024 ** 3:.2f} GiB apparent, "
-              f"{allocated / 1024 ** 2:.2f} MiB allocated (sparse)")
+        print(
+            f"checkpoint: {len(list(folder.glob('*.safetensors')))} shards, {total / 1024**3:.2f} GiB apparent, "
+            f"{allocated / 1024**2:.2f} MiB allocated (sparse)"
+        )
         times = []
         for _ in range(args.repeats):
             start = time.perf_counter()
@@ -122,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"scan wrong: {len(report.scales)} scales, errors {report.errors}", file=sys.stderr)
             return 1
         print(f"scan: {len(report.scales)} k/v scales from {len(report.files_read)} files")
-        print(f"seconds: first {times[0]:.4f}, median {statistics.median(times):.4f}, max {max(times):.4f} "
-              f"(target < 0.5)")
+        print(
+            f"seconds: first {times[0]:.4f}, median {statistics.median(times):.4f}, max {max(times):.4f} (target < 0.5)"
+        )
         print(f"bytes read: {report.bytes_read} ({report.bytes_read / 1024:.1f} KiB; target < 1 MB = 1,000,000)")
         ok = max(times) < 0.5 and report.bytes_read < 1_000_000
         print("targets met" if ok else "targets NOT met")

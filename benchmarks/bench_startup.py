@@ -26,9 +26,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kvstudy.vllm.server import (ServerConfig, VllmServer, build_command, free_port,  # noqa: E402
-                            server_environment, stop_process_group, vllm_distribution)
 from kvstudy.tools.tiny_model import ensure_tiny_model  # noqa: E402
+from kvstudy.vllm.server import (  # noqa: E402
+    ServerConfig,
+    VllmServer,
+    build_command,
+    free_port,
+    server_environment,
+    stop_process_group,
+    vllm_distribution,
+)
 
 
 def ready(url: str) -> bool:
@@ -79,8 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = ensure_tiny_model(ROOT / "data" / "tiny-models" / "tiny-qwen3")
-    config = ServerConfig(model=str(model), kv_cache_dtype=args.kv_cache_dtype, cpu_kvcache_space_gib=1,
-                          max_model_len=4096, enforce_eager=args.enforce_eager)
+    config = ServerConfig(
+        model=str(model),
+        kv_cache_dtype=args.kv_cache_dtype,
+        cpu_kvcache_space_gib=1,
+        max_model_len=4096,
+        enforce_eager=args.enforce_eager,
+    )
     times: dict[str, list[float]] = {"runner": [], "by_hand": []}
     for i in range(args.runs):
         order = ("runner", "by_hand") if i % 2 == 0 else ("by_hand", "runner")
@@ -91,10 +103,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run {i} {kind:8s} start-to-ready {seconds:7.1f} s  (log {log})", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = med["runner"] / med["by_hand"]
-    print(f"median start-to-ready: runner {med['runner']:.1f} s, by hand {med['by_hand']:.1f} s, "
-          f"ratio {ratio:.3f} (target <= 1.1) over {args.runs} runs each")
-    result = {"times_s": times, "median_s": med, "ratio": ratio, "config": config.to_dict(),
-              "vllm": vllm_distribution(), "load_average": os.getloadavg()}
+    print(
+        f"median start-to-ready: runner {med['runner']:.1f} s, by hand {med['by_hand']:.1f} s, "
+        f"ratio {ratio:.3f} (target <= 1.1) over {args.runs} runs each"
+    )
+    result = {
+        "times_s": times,
+        "median_s": med,
+        "ratio": ratio,
+        "config": config.to_dict(),
+        "vllm": vllm_distribution(),
+        "load_average": os.getloadavg(),
+    }
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return 0
 

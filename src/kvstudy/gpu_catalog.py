@@ -22,11 +22,21 @@ MIB = 2**20
 GIB = 2**30
 
 _REQUIRED: dict[str, type | tuple[type, ...]] = {
-    "name": str, "vendor": str, "architecture": str, "compute_capability": str,
-    "aliases": list, "memory_type": str, "memory_marketing_gb": (int, float),
-    "memory_mib_driver": int, "memory_confirmed": bool, "bandwidth_gb_s": (int, float),
-    "bandwidth_confirmed": bool, "fp8_hardware": bool, "fp4_hardware": bool,
-    "fp8_kv_note": str, "source": str,
+    "name": str,
+    "vendor": str,
+    "architecture": str,
+    "compute_capability": str,
+    "aliases": list,
+    "memory_type": str,
+    "memory_marketing_gb": (int, float),
+    "memory_mib_driver": int,
+    "memory_confirmed": bool,
+    "bandwidth_gb_s": (int, float),
+    "bandwidth_confirmed": bool,
+    "fp8_hardware": bool,
+    "fp4_hardware": bool,
+    "fp8_kv_note": str,
+    "source": str,
 }
 
 
@@ -37,19 +47,19 @@ class GpuSpec:
     name: str
     vendor: str
     architecture: str
-    compute_capability: str        # "8.9" for NVIDIA, the gfx target for AMD
+    compute_capability: str  # "8.9" for NVIDIA, the gfx target for AMD
     aliases: tuple[str, ...]
     memory_type: str
-    memory_marketing_gb: float     # what the vendor markets (decimal GB)
-    memory_mib_driver: int         # nvidia-smi memory.total / rocm-smi VRAM total, in MiB
-    memory_gib: float              # memory_mib_driver / 1024
-    memory_confirmed: bool         # the driver figure was seen in a public listing
-    cuda_total_bytes: int | None   # CUDA's own total where a listing was found (can be below the driver's)
-    bandwidth_gb_s: float          # peak DRAM bandwidth from the vendor datasheet
+    memory_marketing_gb: float  # what the vendor markets (decimal GB)
+    memory_mib_driver: int  # nvidia-smi memory.total / rocm-smi VRAM total, in MiB
+    memory_gib: float  # memory_mib_driver / 1024
+    memory_confirmed: bool  # the driver figure was seen in a public listing
+    cuda_total_bytes: int | None  # CUDA's own total where a listing was found (can be below the driver's)
+    bandwidth_gb_s: float  # peak DRAM bandwidth from the vendor datasheet
     bandwidth_confirmed: bool
-    fp8_hardware: bool             # FP8 tensor/matrix cores
-    fp4_hardware: bool             # FP4 tensor cores
-    fp8_kv_note: str               # what vLLM does with --kv-cache-dtype fp8 on this GPU
+    fp8_hardware: bool  # FP8 tensor/matrix cores
+    fp4_hardware: bool  # FP4 tensor cores
+    fp8_kv_note: str  # what vLLM does with --kv-cache-dtype fp8 on this GPU
     source: str
 
     @property
@@ -89,15 +99,24 @@ def _spec_from_entry(entry: Any, where: str) -> GpuSpec:
     if cuda_total is not None and (not isinstance(cuda_total, int) or cuda_total <= 0):
         raise StudyError(f"{label}: field 'cuda_total_bytes' is {cuda_total!r} (expected a positive integer or null)")
     return GpuSpec(
-        name=entry["name"], vendor=entry["vendor"], architecture=entry["architecture"],
+        name=entry["name"],
+        vendor=entry["vendor"],
+        architecture=entry["architecture"],
         compute_capability=entry["compute_capability"],
-        aliases=tuple(str(a) for a in entry["aliases"]), memory_type=entry["memory_type"],
+        aliases=tuple(str(a) for a in entry["aliases"]),
+        memory_type=entry["memory_type"],
         memory_marketing_gb=float(entry["memory_marketing_gb"]),
-        memory_mib_driver=entry["memory_mib_driver"], memory_gib=entry["memory_mib_driver"] / 1024,
-        memory_confirmed=entry["memory_confirmed"], cuda_total_bytes=cuda_total,
-        bandwidth_gb_s=float(entry["bandwidth_gb_s"]), bandwidth_confirmed=entry["bandwidth_confirmed"],
-        fp8_hardware=entry["fp8_hardware"], fp4_hardware=entry["fp4_hardware"],
-        fp8_kv_note=entry["fp8_kv_note"], source=entry["source"])
+        memory_mib_driver=entry["memory_mib_driver"],
+        memory_gib=entry["memory_mib_driver"] / 1024,
+        memory_confirmed=entry["memory_confirmed"],
+        cuda_total_bytes=cuda_total,
+        bandwidth_gb_s=float(entry["bandwidth_gb_s"]),
+        bandwidth_confirmed=entry["bandwidth_confirmed"],
+        fp8_hardware=entry["fp8_hardware"],
+        fp4_hardware=entry["fp4_hardware"],
+        fp8_kv_note=entry["fp8_kv_note"],
+        source=entry["source"],
+    )
 
 
 def load_catalog(path: str | Path | None = None) -> dict[str, GpuSpec]:

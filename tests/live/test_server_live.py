@@ -13,14 +13,14 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from kvstudy.vllm.server import EngineStartError, ServerConfig, VllmServer
-from kvstudy.run_record import ab_guard, load_record
 from kvstudy.io import write_json_atomic
-from kvstudy.run_record import server_record
+from kvstudy.run_record import ab_guard, load_record, server_record
+from kvstudy.vllm.server import EngineStartError, ServerConfig, VllmServer
 
 pytestmark = pytest.mark.live
 
@@ -57,13 +57,15 @@ def assert_gone(server: VllmServer, also: list[int] = ()) -> None:
 
 def complete(server: VllmServer, prompt: str) -> dict:
     body = json.dumps({"model": server.model_name, "prompt": prompt, "max_tokens": 4, "temperature": 0}).encode()
-    req = urllib.request.Request(f"{server.base_url}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{server.base_url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as resp:
         return json.loads(resp.read())
 
 
 # ---- the shared pair -------------------------------------------------------------------------
+
 
 def test_auto_and_fp8_records(live_server_auto: VllmServer, live_server_fp8: VllmServer, live_log_dir: Path) -> None:
     a, b = server_record(live_server_auto), server_record(live_server_fp8)
@@ -87,7 +89,9 @@ def test_auto_and_fp8_records(live_server_auto: VllmServer, live_server_fp8: Vll
     write_json_atomic(live_log_dir / "pair.json", {"auto": a, "fp8": b})
     again = json.loads((live_log_dir / "pair.json").read_text())
     assert ab_guard(again["auto"], again["fp8"]) == []
-    assert load_record(live_log_dir / "server-auto.record.json")["resolved"]["pool_tokens"] == a["resolved"]["pool_tokens"]
+    assert (
+        load_record(live_log_dir / "server-auto.record.json")["resolved"]["pool_tokens"] == a["resolved"]["pool_tokens"]
+    )
 
 
 def _answers(server: VllmServer) -> None:
@@ -109,15 +113,16 @@ def test_fp8_server_answers(live_server_fp8: VllmServer) -> None:
     _answers(live_server_fp8)
 
 
-def test_fp8_start_fails_clearly_without_avx512(live_server_auto: VllmServer, tiny_model: Path,
-                                                live_log_dir: Path) -> None:
+def test_fp8_start_fails_clearly_without_avx512(
+    live_server_auto: VllmServer, tiny_model: Path, live_log_dir: Path, live_server_config: Any
+) -> None:
     """On an AVX2-only CPU the fp8 twin of the auto server fails after logging its pool: the error
     names the cause, the record still shows the doubled pool as predicted, and the guard reports
     only that the start failed."""
-    from conftest import live_config
+    live_config = live_server_config
+    from kvstudy.io import write_json_atomic
     from kvstudy.machine import cpu_can_store_fp8_kv, read_gpus
     from kvstudy.run_record import build_record
-    from kvstudy.io import write_json_atomic
 
     if read_gpus()[0] or cpu_can_store_fp8_kv():
         pytest.skip("this machine can store an FP8 KV cache: test_auto_and_fp8_records covers the pair")
@@ -140,10 +145,12 @@ def test_fp8_start_fails_clearly_without_avx512(live_server_auto: VllmServer, ti
 
 # ---- starts that must fail -------------------------------------------------------------------
 
+
 def test_invalid_flag(tiny_model: Path, tmp_path: Path) -> None:
     log = tmp_path / "bad-flag.log"
-    server = VllmServer(ServerConfig(model=str(tiny_model), extra_args=["--no-such-flag-kvstudy"]), log,
-                        ready_timeout_s=600)
+    server = VllmServer(
+        ServerConfig(model=str(tiny_model), extra_args=["--no-such-flag-kvstudy"]), log, ready_timeout_s=600
+    )
     with pytest.raises(EngineStartError) as err:
         server.start()
     message = str(err.value)
@@ -157,8 +164,9 @@ def test_broken_config_json(tiny_model: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken-model"
     shutil.copytree(tiny_model, broken)
     (broken / "config.json").write_text('{"model_type": "qwen3", "num_hidden_layers": ')
-    server = VllmServer(ServerConfig(model=str(broken), cpu_kvcache_space_gib=1), tmp_path / "broken.log",
-                        ready_timeout_s=600)
+    server = VllmServer(
+        ServerConfig(model=str(broken), cpu_kvcache_space_gib=1), tmp_path / "broken.log", ready_timeout_s=600
+    )
     with pytest.raises(EngineStartError) as err:
         server.start()
     assert "exited with code" in str(err.value)
@@ -169,8 +177,9 @@ def test_broken_config_json(tiny_model: Path, tmp_path: Path) -> None:
 
 
 def test_readiness_timeout_stops_the_server(tiny_model: Path, tmp_path: Path) -> None:
-    server = VllmServer(ServerConfig(model=str(tiny_model), cpu_kvcache_space_gib=1), tmp_path / "slow.log",
-                        ready_timeout_s=3)
+    server = VllmServer(
+        ServerConfig(model=str(tiny_model), cpu_kvcache_space_gib=1), tmp_path / "slow.log", ready_timeout_s=3
+    )
     with pytest.raises(EngineStartError, match="not ready after 3 s"):
         server.start()
     assert (tmp_path / "slow.log").is_file()
@@ -205,8 +214,9 @@ def _name(proc: psutil.Process) -> list[str]:
 
 def test_server_dying_while_starting(tiny_model: Path, tmp_path: Path) -> None:
     """The engine core is killed mid-start: the runner reports the exit, keeps the log, leaves no orphan."""
-    server = VllmServer(ServerConfig(model=str(tiny_model), cpu_kvcache_space_gib=1), tmp_path / "dies.log",
-                        ready_timeout_s=900)
+    server = VllmServer(
+        ServerConfig(model=str(tiny_model), cpu_kvcache_space_gib=1), tmp_path / "dies.log", ready_timeout_s=900
+    )
     seen: list[int] = []
     done = threading.Event()
     killer = threading.Thread(target=_kill_engine_core_when_seen, args=(server, seen, done), daemon=True)
@@ -242,10 +252,12 @@ def test_ctrl_c_while_starting_leaves_no_orphan(tiny_model: Path, tmp_path: Path
 def test_sigterm_to_the_parent_stops_its_servers(tiny_model: Path, tmp_path: Path) -> None:
     """A script is terminated while its server starts: its handler stops the server's group."""
     script = tmp_path / "parent.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         from kvstudy.vllm.server import ServerConfig, VllmServer
-        VllmServer(ServerConfig(model={str(tiny_model)!r}, cpu_kvcache_space_gib=1), {str(tmp_path / 'term.log')!r}).start()
-    """))
+        VllmServer(ServerConfig(model={str(tiny_model)!r}, cpu_kvcache_space_gib=1), {str(tmp_path / "term.log")!r}).start()
+    """)
+    )
     parent = subprocess.Popen([sys.executable, str(script)])
     server_pid = None
     deadline = time.monotonic() + 60

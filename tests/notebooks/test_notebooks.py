@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -15,8 +16,9 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 def committed_notebooks() -> list[Path]:
-    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "notebooks/*.ipynb"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "notebooks/*.ipynb"], capture_output=True, text=True, check=True
+    )
     return [ROOT / line for line in out.stdout.split()]
 
 
@@ -27,8 +29,11 @@ def test_there_are_notebooks() -> None:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_has_no_outputs(path: Path) -> None:
     nb = json.loads(path.read_text())
-    dirty = [i for i, cell in enumerate(nb["cells"])
-             if cell["cell_type"] == "code" and (cell.get("outputs") or cell.get("execution_count"))]
+    dirty = [
+        i
+        for i, cell in enumerate(nb["cells"])
+        if cell["cell_type"] == "code" and (cell.get("outputs") or cell.get("execution_count"))
+    ]
     assert not dirty, f"{path.name}: cells {dirty} carry outputs or execution counts"
 
 
@@ -46,8 +51,8 @@ def test_notebook_has_tagged_parameters_cell(path: Path) -> None:
     tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(tagged) == 1, f"{path.name}: expected one cell tagged 'parameters'"
     source = "".join(tagged[0]["source"])
-    for name in ("profile", "figures_dir"):
-        assert f"{name} =" in source, f"{path.name}: parameters cell lacks {name}"
+    for name in ("profile", "figures_dir"):  # `name = ...` or, typed, `name: str = ...`
+        assert re.search(rf"^{name}\s*(:[^=\n]+)?=", source, re.M), f"{path.name}: parameters cell lacks {name}"
 
 
 @pytest.mark.notebooks
@@ -68,8 +73,15 @@ def declared_parameters(path: Path) -> set[str]:
     nb = json.loads(path.read_text())
     cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
     tree = ast.parse("".join(cell["source"]))
-    return {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
-            if isinstance(t, ast.Name)}
+    plain = {
+        t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)
+    }
+    typed = {
+        node.target.id
+        for node in tree.body  # `x: int = 20  # comment`
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    }
+    return plain | typed
 
 
 PROFILES = sorted((ROOT / "profiles").glob("*.yaml"))

@@ -35,8 +35,13 @@ def test_notebook_finding_matches_the_package(tmp_path: Path) -> None:
 
     defaults = {"models": None, "logs": {}, "dump_root": None, "dump_logs": {}}
     nb_defaults = {}
-    source = "".join(next(c for c in json.loads(NOTEBOOK.read_text())["cells"]
-                          if "parameters" in c.get("metadata", {}).get("tags", []))["source"])
+    source = "".join(
+        next(
+            c
+            for c in json.loads(NOTEBOOK.read_text())["cells"]
+            if "parameters" in c.get("metadata", {}).get("tags", [])
+        )["source"]
+    )
     exec(source, {}, nb_defaults)  # the literals of the parameters cell
     values = {k: params.get(k, nb_defaults.get(k, v)) for k, v in defaults.items()}
     with pytest.MonkeyPatch.context() as mp:

@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("run_record",),
     ("speed", "accuracy", "context"),
     ("notebook", "profiles"),
-    ("render", "report_index", "report_html", "profile_cli"),
+    ("render", "report_index", "report_html", "profile_new"),
     ("cli",),
 )
 
@@ -67,7 +67,7 @@ def test_no_import_cycle() -> None:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                pytest.fail("import cycle: " + " -> ".join(stack[stack.index(nxt):] + [nxt]))
+                pytest.fail("import cycle: " + " -> ".join(stack[stack.index(nxt) :] + [nxt]))
             if nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = 2
@@ -78,14 +78,22 @@ def test_no_import_cycle() -> None:
 
 
 def test_imports_run_downward() -> None:
-    upward = [f"{a} imports {b}" for a, targets in _graph().items() if a != "kvstudy"
-              for b in targets if b != "kvstudy" and _layer(b) > _layer(a)]
+    upward = [
+        f"{a} imports {b}"
+        for a, targets in _graph().items()
+        if a != "kvstudy"
+        for b in targets
+        if b != "kvstudy" and _layer(b) > _layer(a)
+    ]
     assert not upward, "imports that run upward: " + "; ".join(sorted(upward))
 
 
 def test_modules_stay_small() -> None:
-    big = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
-           if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    big = {
+        str(p.relative_to(PACKAGE)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
     assert not big, f"modules over {MAX_LINES} lines: {big}"
 
 

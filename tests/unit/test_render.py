@@ -18,16 +18,21 @@ def make_notebook(path: Path, body: str) -> None:
     nb = nbformat.v4.new_notebook()
     params = nbformat.v4.new_code_cell('profile = "x"  # profile\nfigures_dir = "f"  # figures\nvalue = 1  # a number')
     params.metadata["tags"] = ["parameters"]
-    nb.cells = [nbformat.v4.new_markdown_cell("# A test report, after seed 000"), params,
-                nbformat.v4.new_code_cell(body)]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# A test report, after seed 000"),
+        params,
+        nbformat.v4.new_code_cell(body),
+    ]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, path)
 
 
-OK_BODY = ("from kvstudy.notebook import finding, verdict, progress\nimport pandas as pd\n"
-           "progress('cell 1 of 1')\nverdict('capacity', f'twice the tokens at {value}')\n"
-           "finding(f'value is {value * 2} on {profile}')\n"
-           "pd.DataFrame({'tokens': [2097152.0, float('nan')], 'name': ['a', None]})")
+OK_BODY = (
+    "from kvstudy.notebook import finding, verdict, progress\nimport pandas as pd\n"
+    "progress('cell 1 of 1')\nverdict('capacity', f'twice the tokens at {value}')\n"
+    "finding(f'value is {value * 2} on {profile}')\n"
+    "pd.DataFrame({'tokens': [2097152.0, float('nan')], 'name': ['a', None]})"
+)
 
 
 @pytest.fixture()
@@ -38,7 +43,8 @@ def study(tmp_path: Path) -> Path:
     make_notebook(tmp_path / "notebooks" / "02_broken.ipynb", "raise ValueError('bad data file')")
     make_notebook(tmp_path / "notebooks" / "03_other.ipynb", "print(value)")
     (tmp_path / "profiles" / "demo.yaml").write_text(
-        "description: a demo\ndefaults: {value: 5}\nnotebooks:\n  01_ok: {value: 21}\n  02_broken:\n")
+        "description: a demo\ndefaults: {value: 5}\nnotebooks:\n  01_ok: {value: 21}\n  02_broken:\n"
+    )
     return tmp_path
 
 
@@ -60,7 +66,7 @@ def test_profile_parameters_reach_notebook_and_index(study: Path, capsys: pytest
 def test_report_html_hides_parameters_and_cleans_tables(study: Path) -> None:
     report.run_profile("demo", root=study)
     page = (study / "reports" / "demo" / "01_ok.html").read_text()
-    assert "injected-parameters" not in page and 'value = 21' not in page
+    assert "injected-parameters" not in page and "value = 21" not in page
     assert "given by the profile" in page and "notebook default" not in page.split("| value |")[0]
     assert "2097152.0" not in page and "<td>2097152</td>" in page
     assert "NaN" not in page and "None</td>" not in page and "no value" in page
@@ -86,8 +92,9 @@ def test_second_run_of_a_profile_is_refused(study: Path) -> None:
             report.run_profile("demo", root=study)
 
 
-@pytest.mark.parametrize("only, message", [(["01"], "--only '01' is not a notebook of profile"),
-                                           (["03_other"], "--only '03_other'")])
+@pytest.mark.parametrize(
+    "only, message", [(["01"], "--only '01' is not a notebook of profile"), (["03_other"], "--only '03_other'")]
+)
 def test_only_names_are_checked(study: Path, only: list[str], message: str) -> None:
     with pytest.raises(StudyError, match=message):
         report.run_profile("demo", root=study, only=only)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy.vllm.server import ServerConfig
 from kvstudy.errors import StudyError
+from kvstudy.io import write_json_atomic
 from kvstudy.machine import hardware_info
 from kvstudy.run_record import Difference, ab_guard, build_record, guard_summary, load_record
-from kvstudy.io import write_json_atomic
+from kvstudy.vllm.server import ServerConfig
 
 LOGS = Path(__file__).resolve().parents[2] / "data" / "logs"
 CPU_LOGS = LOGS / "vllm-cpu"
@@ -73,8 +73,12 @@ def test_guard_is_clean_for_the_pair_and_lists_the_dtype_when_not_intended(ok_pa
     assert ab_guard(a, b) == []
     assert guard_summary([]) == "clean A/B: only kv_cache_dtype changed"
     fields = {d.field for d in ab_guard(a, b, intended=())}
-    assert {"asked.kv_cache_dtype", "resolved.kv_cache_dtype", "resolved.pool_tokens",
-            "resolved.max_concurrency"} <= fields
+    assert {
+        "asked.kv_cache_dtype",
+        "resolved.kv_cache_dtype",
+        "resolved.pool_tokens",
+        "resolved.max_concurrency",
+    } <= fields
 
 
 def test_guard_reports_a_backend_change_like_seed_000(ok_pair: tuple[dict, dict]) -> None:
@@ -88,15 +92,18 @@ def test_guard_reports_a_backend_change_like_seed_000(ok_pair: tuple[dict, dict]
     assert guard_summary(diffs).startswith("3 things changed together")
 
 
-@pytest.mark.parametrize("section, key, value", [
-    ("resolved", "version", "0.33.0"),
-    ("resolved", "max_model_len", 8192),
-    ("resolved", "quantization", "fp8"),
-    ("resolved", "kv_scale_warning", True),
-    ("model", "has_scales", True),
-    ("model", "weights_sha256", "0123456789ab"),
-    ("asked", "seed", 1),
-])
+@pytest.mark.parametrize(
+    "section, key, value",
+    [
+        ("resolved", "version", "0.33.0"),
+        ("resolved", "max_model_len", 8192),
+        ("resolved", "quantization", "fp8"),
+        ("resolved", "kv_scale_warning", True),
+        ("model", "has_scales", True),
+        ("model", "weights_sha256", "0123456789ab"),
+        ("asked", "seed", 1),
+    ],
+)
 def test_guard_reports_each_other_difference(ok_pair: tuple[dict, dict], section: str, key: str, value: object) -> None:
     a, b = copy.deepcopy(ok_pair)
     target = b["asked"]["config"] if section == "asked" else b[section]
@@ -129,8 +136,10 @@ def test_build_record_needs_the_log(tiny_model: Path, tmp_path: Path) -> None:
 
 
 def test_record_of_a_failed_start(tiny_model: Path) -> None:
-    rec = build_record(ServerConfig(model=str(tiny_model), kv_cache_dtype="fp8"),
-                       LOGS / "published" / "seed000-l4-fp8-flashinfer-jit.log")
+    rec = build_record(
+        ServerConfig(model=str(tiny_model), kv_cache_dtype="fp8"),
+        LOGS / "published" / "seed000-l4-fp8-flashinfer-jit.log",
+    )
     assert rec["resolved"]["failed"] is True and rec["capacity"]["match"] is None
 
 

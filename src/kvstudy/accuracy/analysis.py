@@ -15,13 +15,14 @@ from typing import Any
 import pandas as pd
 
 from kvstudy.accuracy import stats as acc
-from kvstudy.errors import StudyError
 from kvstudy.accuracy.runner import CONFIGURATIONS, ConfigResult, correctness
+from kvstudy.errors import StudyError
 
 ASSUMED_DISCORDANCE = (0.02, 0.05, 0.10)  # fractions of questions on which two runs disagree
 
 
 # --------------------------------------------------------------------------- published summary
+
 
 @dataclass(frozen=True)
 class PublishedRow:
@@ -51,7 +52,7 @@ def load_published(path: str | Path) -> PublishedSummary:
     except json.JSONDecodeError as exc:
         raise StudyError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
     if not isinstance(data, dict) or data.get("source") != "published":
-        raise StudyError(f"{path}: expected a JSON object with \"source\": \"published\"")
+        raise StudyError(f'{path}: expected a JSON object with "source": "published"')
     n = data.get("n")
     if not isinstance(n, int) or n <= 0:
         raise StudyError(f"{path}: field 'n' must be a positive integer, got {n!r}")
@@ -59,11 +60,20 @@ def load_published(path: str | Path) -> PublishedSummary:
     for i, row in enumerate(data.get("rows") or []):
         try:
             low, high = row["published_wilson95_pct"]
-            rows.append(PublishedRow(str(row["name"]), str(row["label"]), int(row["correct"]),
-                                     float(row["published_accuracy_pct"]), (float(low), float(high))))
+            rows.append(
+                PublishedRow(
+                    str(row["name"]),
+                    str(row["label"]),
+                    int(row["correct"]),
+                    float(row["published_accuracy_pct"]),
+                    (float(low), float(high)),
+                )
+            )
         except (KeyError, TypeError, ValueError):
-            raise StudyError(f"{path}: rows[{i}] needs name, label, correct, "
-                             f"published_accuracy_pct and published_wilson95_pct [low, high]") from None
+            raise StudyError(
+                f"{path}: rows[{i}] needs name, label, correct, "
+                f"published_accuracy_pct and published_wilson95_pct [low, high]"
+            ) from None
         if not 0 <= rows[-1].correct <= n:
             raise StudyError(f"{path}: rows[{i}].correct must be between 0 and n={n}")
     if not rows:
@@ -80,29 +90,37 @@ def published_table(summary: PublishedSummary) -> pd.DataFrame:
     for row in summary.rows:
         ours = acc.accuracy_row(row.label, row.correct, summary.n)
         low, high = round(100 * ours.wilson_low, 1), round(100 * ours.wilson_high, 1)
-        out.append({"configuration": row.label, "correct": f"{row.correct}/{summary.n}",
-                    "accuracy %": round(100 * ours.accuracy, 1),
-                    "Wilson 95% (recomputed)": f"{low:.1f} to {high:.1f}",
-                    "Wilson 95% (published)": f"{row.published_wilson95_pct[0]:.1f} to "
-                                              f"{row.published_wilson95_pct[1]:.1f}",
-                    "matches to 0.1": (abs(low - row.published_wilson95_pct[0]) < 0.05 + 1e-9
-                                       and abs(high - row.published_wilson95_pct[1]) < 0.05 + 1e-9
-                                       and abs(round(100 * ours.accuracy, 1)
-                                               - row.published_accuracy_pct) < 0.05 + 1e-9)})
+        out.append(
+            {
+                "configuration": row.label,
+                "correct": f"{row.correct}/{summary.n}",
+                "accuracy %": round(100 * ours.accuracy, 1),
+                "Wilson 95% (recomputed)": f"{low:.1f} to {high:.1f}",
+                "Wilson 95% (published)": f"{row.published_wilson95_pct[0]:.1f} to {row.published_wilson95_pct[1]:.1f}",
+                "matches to 0.1": (
+                    abs(low - row.published_wilson95_pct[0]) < 0.05 + 1e-9
+                    and abs(high - row.published_wilson95_pct[1]) < 0.05 + 1e-9
+                    and abs(round(100 * ours.accuracy, 1) - row.published_accuracy_pct) < 0.05 + 1e-9
+                ),
+            }
+        )
     return pd.DataFrame(out)
 
 
 def published_verdicts(summary: PublishedSummary) -> list[str]:
     base = next(r for r in summary.rows if r.name == summary.baseline)
     base_row = acc.accuracy_row(base.label, base.correct, summary.n)
-    return [acc.unpaired_verdict(base_row, acc.accuracy_row(r.label, r.correct, summary.n))
-            for r in summary.rows if r.name != summary.baseline]
+    return [
+        acc.unpaired_verdict(base_row, acc.accuracy_row(r.label, r.correct, summary.n))
+        for r in summary.rows
+        if r.name != summary.baseline
+    ]
 
 
 # --------------------------------------------------------------------------- power
 
-def power_table(n: int, discordances: Sequence[float] = ASSUMED_DISCORDANCE,
-                loss: float | None = None) -> pd.DataFrame:
+
+def power_table(n: int, discordances: Sequence[float] = ASSUMED_DISCORDANCE, loss: float | None = None) -> pd.DataFrame:
     """Per assumed discordance: the smallest loss n questions find with 80 % power (exact
     McNemar), and, if ``loss`` is given, the questions that loss would need."""
     rows = []
@@ -110,40 +128,60 @@ def power_table(n: int, discordances: Sequence[float] = ASSUMED_DISCORDANCE,
         mde = acc.smallest_detectable_loss(n, psi)
         row: dict[str, Any] = {
             "runs disagree on": f"{100 * psi:.0f}% of questions",
-            f"smallest loss found at N={n} (80% power)":
-                "none up to the discordance" if mde is None else f"{100 * mde:.1f} points"}
+            f"smallest loss found at N={n} (80% power)": "none up to the discordance"
+            if mde is None
+            else f"{100 * mde:.1f} points",
+        }
         if loss is not None:
             row[f"questions needed for a {100 * loss:.1f}-point loss"] = (
-                f"{acc.required_questions(loss, psi):,}" if loss <= psi else "impossible (loss > discordance)")
+                f"{acc.required_questions(loss, psi):,}" if loss <= psi else "impossible (loss > discordance)"
+            )
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def power_sentence(n: int, discordances: Sequence[float] = ASSUMED_DISCORDANCE) -> str:
     mdes = [acc.smallest_detectable_loss(n, psi) for psi in discordances]
-    parts = [f"{100 * m:.1f} points if the runs disagree on {100 * p:.0f}% of questions"
-             for m, p in zip(mdes, discordances) if m is not None]
+    parts = [
+        f"{100 * m:.1f} points if the runs disagree on {100 * p:.0f}% of questions"
+        for m, p in zip(mdes, discordances)
+        if m is not None
+    ]
     if not parts:
         return f"With {n} questions no loss is found with 80% power at these discordance rates."
-    return (f"With {n} paired questions, the smallest loss found with 80% power is about "
-            + "; ".join(parts) + ". Smaller losses can go unseen.")
+    return (
+        f"With {n} paired questions, the smallest loss found with 80% power is about "
+        + "; ".join(parts)
+        + ". Smaller losses can go unseen."
+    )
 
 
 # --------------------------------------------------------------------------- a capture
+
 
 def capture_table(results: Mapping[str, ConfigResult], filter_name: str) -> pd.DataFrame:
     """One row per configuration: its state, and for finished ones the score and interval
     (the diagnoses of failed ones are in ``failure_lines``)."""
     rows = []
     for res in results.values():
-        row: dict[str, Any] = {"configuration": res.label, "state": res.state,
-                               "shots": res.num_fewshot, "correct": "", "accuracy %": "",
-                               "Wilson 95%": ""}
+        row: dict[str, Any] = {
+            "configuration": res.label,
+            "state": res.state,
+            "shots": res.num_fewshot,
+            "correct": "",
+            "accuracy %": "",
+            "Wilson 95%": "",
+        }
         if res.state == "ok" and res.records:
             right = sum(correctness(res.records, filter_name).values())
             r = acc.accuracy_row(res.label, right, len(res.records))
-            row.update({"correct": f"{right}/{r.n}", "accuracy %": f"{100 * r.accuracy:.1f}",
-                        "Wilson 95%": f"{100 * r.wilson_low:.1f} to {100 * r.wilson_high:.1f}"})
+            row.update(
+                {
+                    "correct": f"{right}/{r.n}",
+                    "accuracy %": f"{100 * r.accuracy:.1f}",
+                    "Wilson 95%": f"{100 * r.wilson_low:.1f} to {100 * r.wilson_high:.1f}",
+                }
+            )
         rows.append(row)
     table = pd.DataFrame(rows)
     table["shots"] = table["shots"].astype("Int64")
@@ -152,12 +190,16 @@ def capture_table(results: Mapping[str, ConfigResult], filter_name: str) -> pd.D
 
 def failure_lines(results: Mapping[str, ConfigResult]) -> list[str]:
     """'<label> (<state>): <diagnosis>' for every configuration without finished records."""
-    return [f"{res.label} ({res.state}): {res.diagnosis or 'no diagnosis recorded'}"
-            for res in results.values() if res.state != "ok"]
+    return [
+        f"{res.label} ({res.state}): {res.diagnosis or 'no diagnosis recorded'}"
+        for res in results.values()
+        if res.state != "ok"
+    ]
 
 
-def paired_comparisons(results: Mapping[str, ConfigResult], baseline: str, filter_name: str
-                       ) -> tuple[pd.DataFrame, list[str]]:
+def paired_comparisons(
+    results: Mapping[str, ConfigResult], baseline: str, filter_name: str
+) -> tuple[pd.DataFrame, list[str]]:
     """Each finished configuration (few-shot, not the weak baseline) against the baseline on the
     same questions: the McNemar table, p-value, identical responses, and a verdict sentence."""
     base = _finished(results, baseline)
@@ -171,21 +213,30 @@ def paired_comparisons(results: Mapping[str, ConfigResult], baseline: str, filte
         psi = cmp.discordance_rate
         mde = acc.smallest_detectable_loss(cmp.n, psi) if psi > 0 else None
         same = sum(base_resp.get(r.doc_id) == r.response for r in res.records)
-        rows.append({"configuration": res.label, "both right": cmp.both_right,
-                     f"only {base.label} right": cmp.only_baseline_right,
-                     "only this right": cmp.only_other_right, "both wrong": cmp.both_wrong,
-                     "difference (points)": round(100 * cmp.difference, 1),
-                     "exact McNemar p": round(cmp.p_value, 4),
-                     "identical responses": f"{same}/{cmp.n}"})
+        rows.append(
+            {
+                "configuration": res.label,
+                "both right": cmp.both_right,
+                f"only {base.label} right": cmp.only_baseline_right,
+                "only this right": cmp.only_other_right,
+                "both wrong": cmp.both_wrong,
+                "difference (points)": round(100 * cmp.difference, 1),
+                "exact McNemar p": round(cmp.p_value, 4),
+                "identical responses": f"{same}/{cmp.n}",
+            }
+        )
         verdicts.append(acc.paired_verdict(cmp, mde))
     return pd.DataFrame(rows), verdicts
 
 
-def discrimination(results: Mapping[str, ConfigResult], model: str, weak: str,
-                   filter_name: str) -> acc.Discrimination:
+def discrimination(results: Mapping[str, ConfigResult], model: str, weak: str, filter_name: str) -> acc.Discrimination:
     a, b = _finished(results, model), _finished(results, weak)
-    return acc.discrimination_check(f"{a.label} ({a.num_fewshot}-shot)", correctness(a.records, filter_name),
-                                    b.label, correctness(b.records, filter_name))
+    return acc.discrimination_check(
+        f"{a.label} ({a.num_fewshot}-shot)",
+        correctness(a.records, filter_name),
+        b.label,
+        correctness(b.records, filter_name),
+    )
 
 
 def guard_table(results: Mapping[str, ConfigResult], baseline: str) -> pd.DataFrame:
@@ -200,13 +251,24 @@ def guard_table(results: Mapping[str, ConfigResult], baseline: str) -> pd.DataFr
             continue
         intended = CONFIGURATIONS[name].intended or ("nothing",)
         if base is None or base.resolved_record is None or res.resolved_record is None:
-            rows.append({"configuration": res.label, "intended change": ", ".join(intended),
-                         "A/B guard": "no resolved record to compare (the server did not start)"})
+            rows.append(
+                {
+                    "configuration": res.label,
+                    "intended change": ", ".join(intended),
+                    "A/B guard": "no resolved record to compare (the server did not start)",
+                }
+            )
             continue
         diffs = ab_guard(base.resolved_record, res.resolved_record, intended=intended)
-        rows.append({"configuration": res.label, "intended change": ", ".join(intended),
-                     "A/B guard": "clean: only the intended change" if not diffs else
-                     "FLAGGED: also " + "; ".join(str(d) for d in diffs)})
+        rows.append(
+            {
+                "configuration": res.label,
+                "intended change": ", ".join(intended),
+                "A/B guard": "clean: only the intended change"
+                if not diffs
+                else "FLAGGED: also " + "; ".join(str(d) for d in diffs),
+            }
+        )
     return pd.DataFrame(rows)
 
 

@@ -51,23 +51,39 @@ def _run_compare(args: argparse.Namespace) -> int:
     margin_points = _number(args.margin_points, "--margin-points")
     margin_share = _number(args.margin_share, "--margin-share")
     pair = samples.read_pair(args.baseline, args.candidate, args.filter, args.metric)
-    verdict = paired.compare(pair.baseline_correct(), pair.candidate_correct(),
-                             margin_points=margin_points, margin_share=margin_share,
-                             baseline_label="baseline", candidate_label="candidate")
+    verdict = paired.compare(
+        pair.baseline_correct(),
+        pair.candidate_correct(),
+        margin_points=margin_points,
+        margin_share=margin_share,
+        baseline_label="baseline",
+        candidate_label="candidate",
+    )
     cuts = [samples.cut_off_answers(s) for s in (pair.baseline, pair.candidate)]
-    data = {**verdict.to_json(), "task": pair.baseline.task or pair.candidate.task,
-            "filter": args.filter, "metric": args.metric, "same_prompts": pair.same_prompts,
-            "cut_off": {"baseline": list(cuts[0].cut_off) if cuts[0].method != "not checked" else None,
-                        "candidate": list(cuts[1].cut_off) if cuts[1].method != "not checked" else None}}
+    data = {
+        **verdict.to_json(),
+        "task": pair.baseline.task or pair.candidate.task,
+        "filter": args.filter,
+        "metric": args.metric,
+        "same_prompts": pair.same_prompts,
+        "cut_off": {
+            "baseline": list(cuts[0].cut_off) if cuts[0].method != "not checked" else None,
+            "candidate": list(cuts[1].cut_off) if cuts[1].method != "not checked" else None,
+        },
+    }
     c = verdict.counts
-    lines = [f"items paired by doc_id: {c.n} ({args.filter}, {args.metric})",
-             f"correct: baseline {c.baseline_correct}, candidate {c.candidate_correct}",
-             f"discordant: baseline only {c.baseline_only}, candidate only {c.candidate_only}",
-             f"exact McNemar p (two-sided): {verdict.mcnemar_p:.4g}",
-             f"95% interval of candidate - baseline (Newcombe, paired): "
-             f"{100 * verdict.ci_low:+.2f} to {100 * verdict.ci_high:+.2f} points",
-             f"non-inferior at {100 * verdict.margin:.2f} points: {verdict.non_inferior}",
-             *(t.sentence() for t in cuts), "", verdict.text]
+    lines = [
+        f"items paired by doc_id: {c.n} ({args.filter}, {args.metric})",
+        f"correct: baseline {c.baseline_correct}, candidate {c.candidate_correct}",
+        f"discordant: baseline only {c.baseline_only}, candidate only {c.candidate_only}",
+        f"exact McNemar p (two-sided): {verdict.mcnemar_p:.4g}",
+        f"95% interval of candidate - baseline (Newcombe, paired): "
+        f"{100 * verdict.ci_low:+.2f} to {100 * verdict.ci_high:+.2f} points",
+        f"non-inferior at {100 * verdict.margin:.2f} points: {verdict.non_inferior}",
+        *(t.sentence() for t in cuts),
+        "",
+        verdict.text,
+    ]
     if pair.same_prompts is False:
         lines.insert(-2, "note: the prompts differ between the runs (prompt_hash).")
     _print(data, args.json, lines)
@@ -81,40 +97,52 @@ def _run_totals(args: argparse.Namespace) -> int:
     bounds = paired.totals_bounds(n, a, b)
     data = bounds.to_json()
     low, high = bounds.detectable_loss_low, bounds.detectable_loss_high
-    loss = ("none at 80% power" if high is None
-            else f"{100 * low:.1f} to {100 * high:.1f} points (80% power, exact paired test)")
-    lines = [f"exact McNemar p over all pairings: {bounds.mcnemar_p_min:.4g} to "
-             f"{bounds.mcnemar_p_max:.4g}",
-             f"disagreement rate: {100 * bounds.discordant_min / n:.1f}% to "
-             f"{100 * bounds.discordant_max / n:.1f}% ({bounds.discordant_min} to "
-             f"{bounds.discordant_max} items)",
-             f"detectable loss: {loss}",
-             f"unpaired 95% interval of candidate - baseline (Newcombe): "
-             f"{100 * bounds.unpaired_ci_low:+.2f} to {100 * bounds.unpaired_ci_high:+.2f} points",
-             "", bounds.text]
+    loss = (
+        "none at 80% power"
+        if high is None or low is None
+        else f"{100 * low:.1f} to {100 * high:.1f} points (80% power, exact paired test)"
+    )
+    lines = [
+        f"exact McNemar p over all pairings: {bounds.mcnemar_p_min:.4g} to {bounds.mcnemar_p_max:.4g}",
+        f"disagreement rate: {100 * bounds.discordant_min / n:.1f}% to "
+        f"{100 * bounds.discordant_max / n:.1f}% ({bounds.discordant_min} to "
+        f"{bounds.discordant_max} items)",
+        f"detectable loss: {loss}",
+        f"unpaired 95% interval of candidate - baseline (Newcombe): "
+        f"{100 * bounds.unpaired_ci_low:+.2f} to {100 * bounds.unpaired_ci_high:+.2f} points",
+        "",
+        bounds.text,
+    ]
     _print(data, args.json, lines)
     return 0
 
 
 def register(subparsers: Any) -> None:
     """Add ``kvstudy accuracy compare`` and ``kvstudy accuracy totals``."""
-    parser = subparsers.add_parser("accuracy", help="paired accuracy verdicts (lm-eval samples or totals)",
-                                   description=__doc__.split("\n\n")[0])
+    parser = subparsers.add_parser(
+        "accuracy", help="paired accuracy verdicts (lm-eval samples or totals)", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="accuracy_command", required=True)
 
     cmp = sub.add_parser("compare", help="pair two lm-eval --log_samples files by doc_id")
     cmp.add_argument("baseline", help="the 16-bit run's samples_<task>_<date>.jsonl")
     cmp.add_argument("candidate", help="the candidate run's samples file (e.g. FP8 KV)")
-    cmp.add_argument("--filter", default=samples.DEFAULT_FILTER,
-                     help=f"lm-eval filter to score (default {samples.DEFAULT_FILTER})")
-    cmp.add_argument("--metric", default=samples.DEFAULT_METRIC,
-                     help=f"per-item metric, 0 or 1 (default {samples.DEFAULT_METRIC})")
+    cmp.add_argument(
+        "--filter", default=samples.DEFAULT_FILTER, help=f"lm-eval filter to score (default {samples.DEFAULT_FILTER})"
+    )
+    cmp.add_argument(
+        "--metric", default=samples.DEFAULT_METRIC, help=f"per-item metric, 0 or 1 (default {samples.DEFAULT_METRIC})"
+    )
     margin = cmp.add_mutually_exclusive_group()
-    margin.add_argument("--margin-points", default=None, metavar="X",
-                        help="non-inferiority margin in percentage points")
-    margin.add_argument("--margin-share", default=None, metavar="S",
-                        help=f"margin as a share of the 16-bit score kept (default "
-                             f"{paired.DEFAULT_MARGIN_SHARE}, MLPerf's 99%%)")
+    margin.add_argument(
+        "--margin-points", default=None, metavar="X", help="non-inferiority margin in percentage points"
+    )
+    margin.add_argument(
+        "--margin-share",
+        default=None,
+        metavar="S",
+        help=f"margin as a share of the 16-bit score kept (default {paired.DEFAULT_MARGIN_SHARE}, MLPerf's 99%%)",
+    )
     cmp.add_argument("--json", action="store_true", help="print one JSON object")
     cmp.set_defaults(func=_run_compare)
 

@@ -40,18 +40,26 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats as sps
 
-from kvstudy.accuracy.stats import (ALPHA, TARGET_POWER, paired_power, paired_table,
-                                    smallest_detectable_loss, wilson_interval)
+from kvstudy.accuracy.stats import (
+    ALPHA,
+    TARGET_POWER,
+    paired_power,
+    paired_table,
+    smallest_detectable_loss,
+    wilson_interval,
+)
 from kvstudy.errors import StudyError
 
 DEFAULT_MARGIN_SHARE = 0.99  # MLPerf-style: the candidate keeps 99 % of the 16-bit score
 
 
 # --------------------------------------------------------------------------- exact McNemar
+
 
 def mcnemar_exact(baseline_only: int, candidate_only: int) -> float:
     """Two-sided exact McNemar p: binomial test of the discordant items against 1/2 (1.0 if none)."""
@@ -75,6 +83,7 @@ def _count(value: object, where: str) -> int:
 
 
 # --------------------------------------------------------------------------- paired counts
+
 
 @dataclass(frozen=True)
 class PairedCounts:
@@ -113,14 +122,16 @@ class PairedCounts:
         return (self.candidate_only - self.baseline_only) / self.n
 
 
-def paired_counts(baseline: Mapping[Hashable, bool], candidate: Mapping[Hashable, bool],
-                  where: str = "paired items") -> PairedCounts:
+def paired_counts(
+    baseline: Mapping[Any, bool], candidate: Mapping[Any, bool], where: str = "paired items"
+) -> PairedCounts:
     """Count the 2x2 table from per-item correctness keyed by item id (the same ids in both)."""
     table = paired_table(baseline, candidate, where)  # rows: baseline right?, cols: candidate right?
     return PairedCounts(table[0][0], table[0][1], table[1][0], table[1][1])
 
 
 # --------------------------------------------------------------------------- intervals
+
 
 def _newcombe_phi(counts: PairedCounts) -> float:
     """Newcombe's (1998, paired) phi with its adjustment of ``ad - bc`` toward 0 by n/2."""
@@ -149,20 +160,20 @@ def paired_difference_ci(counts: PairedCounts, alpha: float = ALPHA) -> tuple[fl
     return max(-1.0, theta - math.sqrt(max(down, 0.0))), min(1.0, theta + math.sqrt(max(up, 0.0)))
 
 
-def unpaired_difference_ci(n: int, baseline: int, candidate: int,
-                           alpha: float = ALPHA) -> tuple[float, float]:
+def unpaired_difference_ci(n: int, baseline: int, candidate: int, alpha: float = ALPHA) -> tuple[float, float]:
     """Newcombe's hybrid score interval for candidate minus baseline, as if the runs were independent."""
     from statsmodels.stats.proportion import confint_proportions_2indep
 
-    low, high = confint_proportions_2indep(candidate, n, baseline, n, method="newcomb",
-                                           compare="diff", alpha=alpha)
+    low, high = confint_proportions_2indep(candidate, n, baseline, n, method="newcomb", compare="diff", alpha=alpha)
     return float(low), float(high)
 
 
 # --------------------------------------------------------------------------- non-inferiority
 
-def resolve_margin(baseline_accuracy: float, margin_points: float | None = None,
-                   margin_share: float | None = None) -> float:
+
+def resolve_margin(
+    baseline_accuracy: float, margin_points: float | None = None, margin_share: float | None = None
+) -> float:
     """The non-inferiority margin as a fraction: from points, or from a share of the 16-bit score.
 
     With neither given, MLPerf's 99 % of the baseline score is used.
@@ -170,15 +181,12 @@ def resolve_margin(baseline_accuracy: float, margin_points: float | None = None,
     if margin_points is not None and margin_share is not None:
         raise StudyError("margin: give it in points or as a share of the 16-bit score, not both")
     if margin_points is not None:
-        if not (isinstance(margin_points, (int, float)) and 0 < margin_points < 100
-                and math.isfinite(margin_points)):
-            raise StudyError(f"margin_points: expected a number of points in (0, 100), "
-                             f"got {margin_points!r}")
+        if not (isinstance(margin_points, (int, float)) and 0 < margin_points < 100 and math.isfinite(margin_points)):
+            raise StudyError(f"margin_points: expected a number of points in (0, 100), got {margin_points!r}")
         return float(margin_points) / 100
     share = DEFAULT_MARGIN_SHARE if margin_share is None else margin_share
     if not (isinstance(share, (int, float)) and 0 < share < 1):
-        raise StudyError(f"margin_share: expected a share of the 16-bit score in (0, 1), e.g. "
-                         f"0.99, got {share!r}")
+        raise StudyError(f"margin_share: expected a share of the 16-bit score in (0, 1), e.g. 0.99, got {share!r}")
     return (1 - float(share)) * float(baseline_accuracy)
 
 
@@ -188,6 +196,7 @@ def non_inferior(ci_low: float, margin: float) -> bool:
 
 
 # --------------------------------------------------------------------------- the verdict
+
 
 def _points(x: float) -> str:
     return f"{100 * x:+.1f}".replace("-", "\u2212")
@@ -203,10 +212,10 @@ class PairedVerdict:
     baseline_label: str
     candidate_label: str
     counts: PairedCounts
-    mcnemar_p: float         # exact, two-sided
-    ci_low: float            # 95 % Newcombe (paired) interval of candidate - baseline
+    mcnemar_p: float  # exact, two-sided
+    ci_low: float  # 95 % Newcombe (paired) interval of candidate - baseline
     ci_high: float
-    margin: float            # non-inferiority margin (fraction)
+    margin: float  # non-inferiority margin (fraction)
     non_inferior: bool
     alpha: float
     text: str
@@ -218,16 +227,17 @@ class PairedVerdict:
     def to_json(self) -> dict[str, object]:
         """The keys of ``kvstudy accuracy compare --json`` (interval and margin in points)."""
         c = self.counts
-        return {"n": c.n,
-                "correct": {"baseline": c.baseline_correct, "candidate": c.candidate_correct},
-                "discordant": {"baseline_only": c.baseline_only,
-                               "candidate_only": c.candidate_only},
-                "mcnemar_p": self.mcnemar_p,
-                "difference_points": 100 * self.difference,
-                "difference_ci": [100 * self.ci_low, 100 * self.ci_high],
-                "margin_points": 100 * self.margin,
-                "non_inferior": self.non_inferior,
-                "verdict": self.text}
+        return {
+            "n": c.n,
+            "correct": {"baseline": c.baseline_correct, "candidate": c.candidate_correct},
+            "discordant": {"baseline_only": c.baseline_only, "candidate_only": c.candidate_only},
+            "mcnemar_p": self.mcnemar_p,
+            "difference_points": 100 * self.difference,
+            "difference_ci": [100 * self.ci_low, 100 * self.ci_high],
+            "margin_points": 100 * self.margin,
+            "non_inferior": self.non_inferior,
+            "verdict": self.text,
+        }
 
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -235,34 +245,48 @@ class PairedVerdict:
         return data
 
 
-def _verdict_text(base: str, cand: str, counts: PairedCounts, p: float, low: float,
-                  high: float, margin: float, ok: bool, alpha: float) -> str:
+def _verdict_text(
+    base: str, cand: str, counts: PairedCounts, p: float, low: float, high: float, margin: float, ok: bool, alpha: float
+) -> str:
     c = counts
     level = round(100 * (1 - alpha))
-    head = (f"{cand}: {c.candidate_correct}/{c.n} against {c.baseline_correct}/{c.n} for {base} "
-            f"({_points(c.difference)} points); the runs disagree on {c.discordant} items "
-            f"({c.baseline_only} only {base} right, {c.candidate_only} only {cand} right); "
-            f"exact McNemar p = {p:.3g}; {level}% interval of the difference (Newcombe, paired) "
-            f"{_points(low)} to {_points(high)} points.")
+    head = (
+        f"{cand}: {c.candidate_correct}/{c.n} against {c.baseline_correct}/{c.n} for {base} "
+        f"({_points(c.difference)} points); the runs disagree on {c.discordant} items "
+        f"({c.baseline_only} only {base} right, {c.candidate_only} only {cand} right); "
+        f"exact McNemar p = {p:.3g}; {level}% interval of the difference (Newcombe, paired) "
+        f"{_points(low)} to {_points(high)} points."
+    )
     if c.discordant == 0:
         test = " Both runs got exactly the same items right."
     elif p < alpha:
         word = "lower" if c.difference < 0 else "higher"
         test = f" The paired test shows {cand} scoring {word} than {base} at the {100 * alpha:g}% level."
     else:
-        test = (f" The paired test shows no difference at the {100 * alpha:g}% level, which is not "
-                f"proof that there is none.")
+        test = (
+            f" The paired test shows no difference at the {100 * alpha:g}% level, which is not "
+            f"proof that there is none."
+        )
     if ok:
-        ni = (f" Non-inferior at a margin of {100 * margin:.2f} points: the interval's lower "
-              f"limit ({_points(low)}) is above {_points(-margin)}.")
+        ni = (
+            f" Non-inferior at a margin of {100 * margin:.2f} points: the interval's lower "
+            f"limit ({_points(low)}) is above {_points(-margin)}."
+        )
     else:
-        ni = (f" Non-inferiority at a margin of {100 * margin:.2f} points is not shown: the "
-              f"interval reaches down to {_points(low)} points.")
+        ni = (
+            f" Non-inferiority at a margin of {100 * margin:.2f} points is not shown: the "
+            f"interval reaches down to {_points(low)} points."
+        )
     return head + test + ni
 
 
-def verdict_from_counts(counts: PairedCounts, margin: float, baseline_label: str = "16-bit",
-                        candidate_label: str = "candidate", alpha: float = ALPHA) -> PairedVerdict:
+def verdict_from_counts(
+    counts: PairedCounts,
+    margin: float,
+    baseline_label: str = "16-bit",
+    candidate_label: str = "candidate",
+    alpha: float = ALPHA,
+) -> PairedVerdict:
     """The paired verdict from a 2x2 table and a margin (fraction)."""
     if not (0 < margin < 1):
         raise StudyError(f"margin: expected a fraction in (0, 1), got {margin!r}")
@@ -270,14 +294,19 @@ def verdict_from_counts(counts: PairedCounts, margin: float, baseline_label: str
     low, high = paired_difference_ci(counts, alpha)
     ok = non_inferior(low, margin)
     text = _verdict_text(baseline_label, candidate_label, counts, p, low, high, margin, ok, alpha)
-    return PairedVerdict(baseline_label, candidate_label, counts, p, low, high, margin, ok,
-                         alpha, text)
+    return PairedVerdict(baseline_label, candidate_label, counts, p, low, high, margin, ok, alpha, text)
 
 
-def compare(baseline: Mapping[Hashable, bool], candidate: Mapping[Hashable, bool], *,
-            margin_points: float | None = None, margin_share: float | None = None,
-            baseline_label: str = "16-bit", candidate_label: str = "candidate",
-            alpha: float = ALPHA) -> PairedVerdict:
+def compare(
+    baseline: Mapping[Any, bool],
+    candidate: Mapping[Any, bool],
+    *,
+    margin_points: float | None = None,
+    margin_share: float | None = None,
+    baseline_label: str = "16-bit",
+    candidate_label: str = "candidate",
+    alpha: float = ALPHA,
+) -> PairedVerdict:
     """Paired verdict from per-item correctness keyed by item id (e.g. lm-eval doc_id)."""
     counts = paired_counts(baseline, candidate, f"{candidate_label} vs {baseline_label}")
     margin = resolve_margin(counts.baseline_correct / counts.n, margin_points, margin_share)
@@ -286,19 +315,19 @@ def compare(baseline: Mapping[Hashable, bool], candidate: Mapping[Hashable, bool
 
 # --------------------------------------------------------------------------- totals only
 
+
 def check_totals(n: object, baseline: object, candidate: object) -> tuple[int, int, int]:
     """Whole numbers with 0 <= baseline, candidate <= n and n > 0, or a StudyError naming the field."""
     for name, value in (("n", n), ("baseline", baseline), ("candidate", candidate)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise StudyError(f"{name}: expected a whole number, got {value!r}")
-    n, baseline, candidate = int(n), int(baseline), int(candidate)  # type: ignore[call-overload]
-    if n <= 0:
+    n_i, a_i, b_i = int(n), int(baseline), int(candidate)  # type: ignore[call-overload]
+    if n_i <= 0:
         raise StudyError(f"n: expected a positive number of items, got {n}")
-    for name, value in (("baseline", baseline), ("candidate", candidate)):
-        if not 0 <= value <= n:
-            raise StudyError(f"{name}: expected a count of correct items between 0 and n = {n}, "
-                             f"got {value}")
-    return int(n), int(baseline), int(candidate)
+    for name, value in (("baseline", a_i), ("candidate", b_i)):
+        if not 0 <= value <= n_i:
+            raise StudyError(f"{name}: expected a count of correct items between 0 and n = {n_i}, got {value}")
+    return n_i, a_i, b_i
 
 
 def possible_pairings(n: int, baseline: int, candidate: int) -> tuple[np.ndarray, np.ndarray]:
@@ -335,9 +364,9 @@ class TotalsBounds:
     discordant_max: int
     mcnemar_p_min: float
     mcnemar_p_max: float
-    detectable_loss_low: float | None   # at the lowest usable disagreement rate (fraction)
+    detectable_loss_low: float | None  # at the lowest usable disagreement rate (fraction)
     detectable_loss_high: float | None  # at the highest disagreement rate
-    power_floor: float | None           # below this disagreement rate no loss is found with power
+    power_floor: float | None  # below this disagreement rate no loss is found with power
     unpaired_ci_low: float
     unpaired_ci_high: float
     power: float
@@ -354,18 +383,23 @@ class TotalsBounds:
 
     def to_json(self) -> dict[str, object]:
         """The keys of ``kvstudy accuracy totals --json`` (rates and losses in percent/points)."""
+
         def pts(x: float | None) -> float | None:
             return None if x is None else 100 * x
+
         rates = [100 * self.discordant_min / self.n, 100 * self.discordant_max / self.n]
-        return {"n": self.n, "correct": {"baseline": self.baseline, "candidate": self.candidate},
-                "mcnemar_p_min": self.mcnemar_p_min, "mcnemar_p_max": self.mcnemar_p_max,
-                "discordant_range": [self.discordant_min, self.discordant_max],
-                "disagreement_rate_pct": rates,
-                "detectable_loss_points": [pts(self.detectable_loss_low),
-                                           pts(self.detectable_loss_high)],
-                "power_floor_disagreement_pct": pts(self.power_floor),
-                "unpaired_difference_ci": [pts(self.unpaired_ci_low), pts(self.unpaired_ci_high)],
-                "verdict": self.text}
+        return {
+            "n": self.n,
+            "correct": {"baseline": self.baseline, "candidate": self.candidate},
+            "mcnemar_p_min": self.mcnemar_p_min,
+            "mcnemar_p_max": self.mcnemar_p_max,
+            "discordant_range": [self.discordant_min, self.discordant_max],
+            "disagreement_rate_pct": rates,
+            "detectable_loss_points": [pts(self.detectable_loss_low), pts(self.detectable_loss_high)],
+            "power_floor_disagreement_pct": pts(self.power_floor),
+            "unpaired_difference_ci": [pts(self.unpaired_ci_low), pts(self.unpaired_ci_high)],
+            "verdict": self.text,
+        }
 
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -376,36 +410,48 @@ class TotalsBounds:
 def _totals_text(t: TotalsBounds) -> str:
     diff = (t.candidate - t.baseline) / t.n
     level = round(100 * (1 - t.alpha))
-    head = (f"From totals alone ({t.candidate}/{t.n} against {t.baseline}/{t.n}, "
-            f"{_points(diff)} points) the pairing of items is unknown. ")
+    head = (
+        f"From totals alone ({t.candidate}/{t.n} against {t.baseline}/{t.n}, "
+        f"{_points(diff)} points) the pairing of items is unknown. "
+    )
     if t.mcnemar_p_min >= t.alpha:
-        test = (f"No pairing gives an exact McNemar p below {t.mcnemar_p_min:.3g}, so these totals "
-                f"cannot show a difference at the {100 * t.alpha:g}% level whatever the per-item "
-                f"records are. ")
+        test = (
+            f"No pairing gives an exact McNemar p below {t.mcnemar_p_min:.3g}, so these totals "
+            f"cannot show a difference at the {100 * t.alpha:g}% level whatever the per-item "
+            f"records are. "
+        )
     else:
-        test = (f"The exact McNemar p lies between {t.mcnemar_p_min:.3g} and "
-                f"{t.mcnemar_p_max:.3g} depending on the pairing; only per-item records can tell "
-                f"whether the difference is significant. ")
-    rates = (f"The runs disagree on {100 * t.disagreement_min:.1f}% to "
-             f"{100 * t.disagreement_max:.1f}% of the items")
+        test = (
+            f"The exact McNemar p lies between {t.mcnemar_p_min:.3g} and "
+            f"{t.mcnemar_p_max:.3g} depending on the pairing; only per-item records can tell "
+            f"whether the difference is significant. "
+        )
+    rates = f"The runs disagree on {100 * t.disagreement_min:.1f}% to {100 * t.disagreement_max:.1f}% of the items"
     pw = f"{100 * t.power:g}%"
     if t.detectable_loss_high is None:
         power = f"{rates}; at none of these rates does the paired exact test find a loss with {pw} power. "
     elif t.power_floor is not None and t.power_floor > t.disagreement_min:
-        power = (f"{rates}; below {100 * t.power_floor:.1f}% disagreement no loss is found with "
-                 f"{pw} power, and above it the paired exact test finds only a loss of at least "
-                 f"{100 * t.detectable_loss_low:.1f} to {100 * t.detectable_loss_high:.1f} points. ")
+        power = (
+            f"{rates}; below {100 * t.power_floor:.1f}% disagreement no loss is found with "
+            f"{pw} power, and above it the paired exact test finds only a loss of at least "
+            f"{100 * (t.detectable_loss_low or 0):.1f} to {100 * (t.detectable_loss_high or 0):.1f} points. "
+        )
     else:
-        power = (f"{rates}; over that range the paired exact test finds with {pw} power only a "
-                 f"loss of at least {100 * t.detectable_loss_low:.1f} to "
-                 f"{100 * t.detectable_loss_high:.1f} points. ")
-    ci = (f"The unpaired {level}% interval of the difference (Newcombe hybrid score) is "
-          f"{_points(t.unpaired_ci_low)} to {_points(t.unpaired_ci_high)} points.")
+        power = (
+            f"{rates}; over that range the paired exact test finds with {pw} power only a "
+            f"loss of at least {100 * (t.detectable_loss_low or 0):.1f} to "
+            f"{100 * (t.detectable_loss_high or 0):.1f} points. "
+        )
+    ci = (
+        f"The unpaired {level}% interval of the difference (Newcombe hybrid score) is "
+        f"{_points(t.unpaired_ci_low)} to {_points(t.unpaired_ci_high)} points."
+    )
     return head + test + power + ci
 
 
-def totals_bounds(n: int, baseline: int, candidate: int, power: float = TARGET_POWER,
-                  alpha: float = ALPHA) -> TotalsBounds:
+def totals_bounds(
+    n: int, baseline: int, candidate: int, power: float = TARGET_POWER, alpha: float = ALPHA
+) -> TotalsBounds:
     """The range of exact McNemar p, disagreement and detectable loss over all pairings."""
     n, a, b = check_totals(n, baseline, candidate)
     only_a, only_b = possible_pairings(n, a, b)
@@ -415,15 +461,20 @@ def totals_bounds(n: int, baseline: int, candidate: int, power: float = TARGET_P
     floor = _power_floor(n, power, alpha)
     low = high = None
     if floor is not None and d_max > 0 and d_max / n >= floor:
-        high = smallest_detectable_loss(n, d_max / n, power, alpha)
-        low = smallest_detectable_loss(n, max(d_min / n, floor), power, alpha)
+        # the exact test is discrete, so the loss need not grow with the rate: take the range's extremes
+        ends = [smallest_detectable_loss(n, rate, power, alpha) for rate in (max(d_min / n, floor), d_max / n)]
+        found = [x for x in ends if x is not None]
+        if found:
+            low, high = min(found), max(found)
     ci_low, ci_high = unpaired_difference_ci(n, a, b, alpha)
-    draft = TotalsBounds(n, a, b, d_min, d_max, float(p.min()), float(p.max()), low, high, floor,
-                         ci_low, ci_high, power, alpha, "")
+    draft = TotalsBounds(
+        n, a, b, d_min, d_max, float(p.min()), float(p.max()), low, high, floor, ci_low, ci_high, power, alpha, ""
+    )
     return TotalsBounds(**{**asdict(draft), "text": _totals_text(draft)})
 
 
 # --------------------------------------------------------------------------- clustered errors
+
 
 @dataclass(frozen=True)
 class ClusteredMean:
@@ -434,7 +485,7 @@ class ClusteredMean:
     mean: float
     se_independent: float
     se_clustered: float
-    ci_low: float     # t interval on clusters - 1 degrees of freedom, clustered error
+    ci_low: float  # t interval on clusters - 1 degrees of freedom, clustered error
     ci_high: float
 
     @property
@@ -445,13 +496,11 @@ class ClusteredMean:
         return (self.se_clustered / self.se_independent) ** 2
 
 
-def clustered_mean(values: Sequence[float], clusters: Sequence[Hashable],
-                   alpha: float = ALPHA) -> ClusteredMean:
+def clustered_mean(values: Sequence[float], clusters: Sequence[Hashable], alpha: float = ALPHA) -> ClusteredMean:
     """Mean of per-item values with the cluster-robust (sandwich) standard error."""
     x = np.asarray(values, dtype=float)
     if x.ndim != 1 or len(x) != len(clusters):
-        raise StudyError(f"clusters: expected one cluster id per item, got {len(clusters)} ids "
-                         f"for {x.size} items")
+        raise StudyError(f"clusters: expected one cluster id per item, got {len(clusters)} ids for {x.size} items")
     if len(x) < 2:
         raise StudyError(f"clustered mean: expected at least 2 items, got {len(x)}")
     _, index = np.unique(np.asarray([repr(c) for c in clusters]), return_inverse=True)
@@ -467,15 +516,19 @@ def clustered_mean(values: Sequence[float], clusters: Sequence[Hashable],
     return ClusteredMean(n, groups, mean, se_ind, se_cl, mean - t * se_cl, mean + t * se_cl)
 
 
-def clustered_difference(baseline: Mapping[Hashable, bool], candidate: Mapping[Hashable, bool],
-                         cluster_of: Mapping[Hashable, Hashable],
-                         alpha: float = ALPHA) -> ClusteredMean:
+def clustered_difference(
+    baseline: Mapping[Any, bool],
+    candidate: Mapping[Any, bool],
+    cluster_of: Mapping[Hashable, Hashable],
+    alpha: float = ALPHA,
+) -> ClusteredMean:
     """Candidate minus baseline accuracy over paired items, clustered by shared context."""
     paired_table(baseline, candidate, "clustered difference")  # same ids, not empty
     missing = [k for k in baseline if k not in cluster_of]
     if missing:
-        raise StudyError(f"clusters: no cluster id for items {sorted(map(str, missing))[:5]} "
-                         f"(first 5 shown); expected one per item")
+        raise StudyError(
+            f"clusters: no cluster id for items {sorted(map(str, missing))[:5]} (first 5 shown); expected one per item"
+        )
     ids = list(baseline)
     diffs = [float(bool(candidate[k])) - float(bool(baseline[k])) for k in ids]
     return clustered_mean(diffs, [cluster_of[k] for k in ids], alpha)

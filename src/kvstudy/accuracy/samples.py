@@ -32,19 +32,38 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 
-DEFAULT_FILTER = "strict-match"   # GSM8K's primary filter in lm-eval
+DEFAULT_FILTER = "strict-match"  # GSM8K's primary filter in lm-eval
 DEFAULT_METRIC = "exact_match"
-MAX_BYTES = 256 * 2**20           # a 500-question 8-shot GSM8K file is a few MB
-_NAME = re.compile(r"^samples_(?P<task>.+)_(?P<date>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)"
-                   r"\.jsonl$")
+MAX_BYTES = 256 * 2**20  # a 500-question 8-shot GSM8K file is a few MB
+_NAME = re.compile(
+    r"^samples_(?P<task>.+)_(?P<date>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)"
+    r"\.jsonl$"
+)
 _LENGTH_REASONS = ("length", "max_tokens", "max_length")
 # keys of a row that are not per-document metric values
-_KNOWN_KEYS = frozenset({"doc_id", "doc", "target", "arguments", "resps", "filtered_resps",
-                         "filter", "metrics", "doc_hash", "prompt_hash", "target_hash", "task",
-                         "task_name", "truncated", "finish_reason"})
+_KNOWN_KEYS = frozenset(
+    {
+        "doc_id",
+        "doc",
+        "target",
+        "arguments",
+        "resps",
+        "filtered_resps",
+        "filter",
+        "metrics",
+        "doc_hash",
+        "prompt_hash",
+        "target_hash",
+        "task",
+        "task_name",
+        "truncated",
+        "finish_reason",
+    }
+)
 
 
 # --------------------------------------------------------------------------- one row
+
 
 @dataclass(frozen=True)
 class SampleRow:
@@ -52,16 +71,16 @@ class SampleRow:
 
     doc_id: int
     filter: str
-    scores: Mapping[str, float]      # metric name -> value for this document
-    metric_names: tuple[str, ...]    # lm-eval's ``metrics`` list (empty if absent)
-    doc_hash: str | None             # lm-eval's, or None when absent
-    doc_digest: str | None           # sha256 of the ``doc`` object (keys sorted), None if absent
+    scores: Mapping[str, float]  # metric name -> value for this document
+    metric_names: tuple[str, ...]  # lm-eval's ``metrics`` list (empty if absent)
+    doc_hash: str | None  # lm-eval's, or None when absent
+    doc_digest: str | None  # sha256 of the ``doc`` object (keys sorted), None if absent
     target_hash: str | None
     prompt_hash: str | None
-    response: str | None             # the first raw generation (generate_until tasks)
-    gen_limit: int | None            # ``max_gen_toks`` in the logged generation kwargs
-    stopped_by_limit: bool | None    # what the row says (``finish_reason``/``truncated``), if anything
-    task: str | None                 # only if a row carries one (lm-eval's rows do not)
+    response: str | None  # the first raw generation (generate_until tasks)
+    gen_limit: int | None  # ``max_gen_toks`` in the logged generation kwargs
+    stopped_by_limit: bool | None  # what the row says (``finish_reason``/``truncated``), if anything
+    task: str | None  # only if a row carries one (lm-eval's rows do not)
 
 
 def _whole(value: Any, field: str) -> int:
@@ -119,36 +138,44 @@ def parse_row(row: Any) -> SampleRow:
     names = row.get("metrics", [])
     if not isinstance(names, list) or not all(isinstance(m, str) for m in names):
         raise ValueError(f"metrics: expected a list of metric names, got {names!r}")
-    scores = {k: float(v) for k, v in row.items()
-              if k not in _KNOWN_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
-              and math.isfinite(v)}
+    scores = {
+        k: float(v)
+        for k, v in row.items()
+        if k not in _KNOWN_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
     doc = row.get("doc")
     digest = None
     if doc is not None:
-        digest = hashlib.sha256(json.dumps(doc, sort_keys=True, ensure_ascii=False)
-                                .encode("utf-8")).hexdigest()
+        digest = hashlib.sha256(json.dumps(doc, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
     task = row.get("task", row.get("task_name"))
-    return SampleRow(doc_id=doc_id, filter=row["filter"], scores=scores, metric_names=tuple(names),
-                     doc_hash=_text_or_none(row, "doc_hash"), doc_digest=digest,
-                     target_hash=_text_or_none(row, "target_hash"),
-                     prompt_hash=_text_or_none(row, "prompt_hash"),
-                     response=_first_text(row.get("resps")), gen_limit=_gen_limit(row.get("arguments")),
-                     stopped_by_limit=_stopped_by_limit(row),
-                     task=task if isinstance(task, str) else None)
-
+    return SampleRow(
+        doc_id=doc_id,
+        filter=row["filter"],
+        scores=scores,
+        metric_names=tuple(names),
+        doc_hash=_text_or_none(row, "doc_hash"),
+        doc_digest=digest,
+        target_hash=_text_or_none(row, "target_hash"),
+        prompt_hash=_text_or_none(row, "prompt_hash"),
+        response=_first_text(row.get("resps")),
+        gen_limit=_gen_limit(row.get("arguments")),
+        stopped_by_limit=_stopped_by_limit(row),
+        task=task if isinstance(task, str) else None,
+    )
 
 
 # --------------------------------------------------------------------------- one file
+
 
 @dataclass(frozen=True)
 class SampleFile:
     """The rows of one filter of one lm-eval samples file, one per doc_id, sorted by doc_id."""
 
     path: Path
-    task: str | None                # from the file name (or the rows), None if unknown
+    task: str | None  # from the file name (or the rows), None if unknown
     filter: str
     metric: str
-    filters: tuple[str, ...]        # every filter the file holds
+    filters: tuple[str, ...]  # every filter the file holds
     rows: tuple[SampleRow, ...]
 
     @property
@@ -165,8 +192,10 @@ class SampleFile:
         for r in self.rows:
             value = r.scores[self.metric]
             if value not in (0.0, 1.0):
-                raise StudyError(f"{self.path}: doc_id {r.doc_id}: {self.metric} is {value}, "
-                                 f"expected 0 or 1 per item for a paired right/wrong comparison")
+                raise StudyError(
+                    f"{self.path}: doc_id {r.doc_id}: {self.metric} is {value}, "
+                    f"expected 0 or 1 per item for a paired right/wrong comparison"
+                )
             out[r.doc_id] = value == 1.0
         return out
 
@@ -187,8 +216,10 @@ def _check_file(path: Path, max_bytes: int) -> None:
     if not stat.S_ISREG(info.st_mode):
         raise StudyError(f"{path}: not a regular file; expected an lm-eval samples file (JSONL)")
     if info.st_size > max_bytes:
-        raise StudyError(f"{path}: {info.st_size} bytes, larger than the {max_bytes}-byte limit "
-                         f"for a samples file; expected one task's --log_samples output")
+        raise StudyError(
+            f"{path}: {info.st_size} bytes, larger than the {max_bytes}-byte limit "
+            f"for a samples file; expected one task's --log_samples output"
+        )
     if info.st_size == 0:
         raise StudyError(f"{path}: empty; expected one JSON object per document and filter")
 
@@ -231,12 +262,15 @@ def _check_docs_agree(path: Path, rows: Sequence[SampleRow]) -> None:
     for r in rows:
         first = seen.setdefault(r.doc_id, r)
         if _same_doc(first, r) is False:
-            raise StudyError(f"{path}: doc_id {r.doc_id} is a different document under filters "
-                             f"{first.filter!r} and {r.filter!r}; expected one document per id")
+            raise StudyError(
+                f"{path}: doc_id {r.doc_id} is a different document under filters "
+                f"{first.filter!r} and {r.filter!r}; expected one document per id"
+            )
 
 
-def read_samples(path: str | Path, filter_name: str = DEFAULT_FILTER,
-                 metric: str = DEFAULT_METRIC, max_bytes: int = MAX_BYTES) -> SampleFile:
+def read_samples(
+    path: str | Path, filter_name: str = DEFAULT_FILTER, metric: str = DEFAULT_METRIC, max_bytes: int = MAX_BYTES
+) -> SampleFile:
     """Read one lm-eval samples file and keep the rows of ``filter_name`` (checked, by doc_id)."""
     path = Path(path)
     _check_file(path, max_bytes)
@@ -245,24 +279,27 @@ def read_samples(path: str | Path, filter_name: str = DEFAULT_FILTER,
     _check_docs_agree(path, rows)
     filters = tuple(sorted({r.filter for r in rows}))
     if filter_name not in filters:
-        raise StudyError(f"{path}: no rows for filter {filter_name!r}; the file has filters "
-                         f"{list(filters)}")
+        raise StudyError(f"{path}: no rows for filter {filter_name!r}; the file has filters {list(filters)}")
     chosen = [r for r in rows if r.filter == filter_name]
     dupes = sorted(d for d, k in Counter(r.doc_id for r in chosen).items() if k > 1)
     if dupes:
-        raise StudyError(f"{path}: doc_ids {dupes[:5]} appear more than once for filter "
-                         f"{filter_name!r} (first 5 shown); expected one row per document per "
-                         f"filter (lm-eval appends: was a run written into an old file?)")
+        raise StudyError(
+            f"{path}: doc_ids {dupes[:5]} appear more than once for filter "
+            f"{filter_name!r} (first 5 shown); expected one row per document per "
+            f"filter (lm-eval appends: was a run written into an old file?)"
+        )
     for r in chosen:
         if metric not in r.scores:
             have = sorted(set(r.metric_names) | set(r.scores))
-            raise StudyError(f"{path}: doc_id {r.doc_id} (filter {filter_name!r}) has no numeric "
-                             f"metric {metric!r}; it has {have}")
+            raise StudyError(
+                f"{path}: doc_id {r.doc_id} (filter {filter_name!r}) has no numeric metric {metric!r}; it has {have}"
+            )
     chosen.sort(key=lambda r: r.doc_id)
     return SampleFile(path, task, filter_name, metric, filters, tuple(chosen))
 
 
 # --------------------------------------------------------------------------- two files
+
 
 def _same_doc(a: SampleRow, b: SampleRow) -> bool | None:
     """True/False when the rows can be compared (doc_hash, else doc, and target_hash), else None."""
@@ -283,7 +320,7 @@ class SamplePair:
     baseline: SampleFile
     candidate: SampleFile
     doc_ids: tuple[int, ...]
-    docs_checked: bool        # every pair was compared by doc_hash/doc (False: no hashes to compare)
+    docs_checked: bool  # every pair was compared by doc_hash/doc (False: no hashes to compare)
     same_prompts: bool | None  # every prompt_hash equal (None: not logged); FP8 vs 16-bit should be
 
     def baseline_correct(self) -> dict[int, bool]:
@@ -297,25 +334,31 @@ def pair_samples(baseline: SampleFile, candidate: SampleFile) -> SamplePair:
     """Pair two sample files by doc_id; refuse different tasks, filters or document sets."""
     b, c = baseline, candidate
     if b.task and c.task and b.task != c.task:
-        raise StudyError(f"{c.path}: task {c.task!r}, but {b.path} is task {b.task!r}; expected "
-                         f"two runs of the same task")
+        raise StudyError(
+            f"{c.path}: task {c.task!r}, but {b.path} is task {b.task!r}; expected two runs of the same task"
+        )
     if (b.filter, b.metric) != (c.filter, c.metric):
-        raise StudyError(f"{c.path}: filter/metric {c.filter}/{c.metric} differs from "
-                         f"{b.filter}/{b.metric} in {b.path}")
+        raise StudyError(
+            f"{c.path}: filter/metric {c.filter}/{c.metric} differs from {b.filter}/{b.metric} in {b.path}"
+        )
     ids_b, ids_c = set(b.doc_ids), set(c.doc_ids)
     if ids_b != ids_c:
         only_b, only_c = sorted(ids_b - ids_c)[:5], sorted(ids_c - ids_b)[:5]
-        raise StudyError(f"{c.path}: a different document set from {b.path}: doc_ids only in the "
-                         f"baseline {only_b}, only in the candidate {only_c} (first 5 shown); "
-                         f"expected the same documents (same --limit and task)")
+        raise StudyError(
+            f"{c.path}: a different document set from {b.path}: doc_ids only in the "
+            f"baseline {only_b}, only in the candidate {only_c} (first 5 shown); "
+            f"expected the same documents (same --limit and task)"
+        )
     rows_c = {r.doc_id: r for r in c.rows}
     checked, prompts = True, []
     for rb in b.rows:
         rc = rows_c[rb.doc_id]
         same = _same_doc(rb, rc)
         if same is False:
-            raise StudyError(f"{c.path}: doc_id {rb.doc_id} is a different document from the one "
-                             f"in {b.path} (doc_hash/target differ); expected the same document set")
+            raise StudyError(
+                f"{c.path}: doc_id {rb.doc_id} is a different document from the one "
+                f"in {b.path} (doc_hash/target differ); expected the same document set"
+            )
         checked = checked and same is not None
         if rb.prompt_hash is not None and rc.prompt_hash is not None:
             prompts.append(rb.prompt_hash == rc.prompt_hash)
@@ -323,14 +366,15 @@ def pair_samples(baseline: SampleFile, candidate: SampleFile) -> SamplePair:
     return SamplePair(b, c, b.doc_ids, checked, same_prompts)
 
 
-def read_pair(baseline: str | Path, candidate: str | Path, filter_name: str = DEFAULT_FILTER,
-              metric: str = DEFAULT_METRIC) -> SamplePair:
+def read_pair(
+    baseline: str | Path, candidate: str | Path, filter_name: str = DEFAULT_FILTER, metric: str = DEFAULT_METRIC
+) -> SamplePair:
     """Read and pair two sample files in one call."""
-    return pair_samples(read_samples(baseline, filter_name, metric),
-                        read_samples(candidate, filter_name, metric))
+    return pair_samples(read_samples(baseline, filter_name, metric), read_samples(candidate, filter_name, metric))
 
 
 # --------------------------------------------------------------------------- cut-off answers
+
 
 @dataclass(frozen=True)
 class Truncation:
@@ -338,9 +382,9 @@ class Truncation:
 
     path: Path
     checked: int
-    cut_off: tuple[int, ...]   # doc_ids
-    limit: int | None          # max_gen_toks used for the check
-    method: str                # "rows", "tokens", "words (a lower bound)" or "not checked"
+    cut_off: tuple[int, ...]  # doc_ids
+    limit: int | None  # max_gen_toks used for the check
+    method: str  # "rows", "tokens", "words (a lower bound)" or "not checked"
 
     @property
     def share(self) -> float:
@@ -348,17 +392,24 @@ class Truncation:
 
     def sentence(self) -> str:
         if self.method == "not checked":
-            return (f"{self.path.name}: cut-off answers not checked (the rows record neither a "
-                    f"finish reason nor the generation limit, and none was given).")
-        how = {"rows": "as the rows record", "tokens": f"at {self.limit} tokens",
-               "words (a lower bound)": f"at {self.limit} tokens, counted as words (a lower "
-                                        f"bound: some cut-off answers may be missed)"}[self.method]
-        return (f"{self.path.name}: {len(self.cut_off)} of {self.checked} answers stopped at the "
-                f"generation limit ({how}).")
+            return (
+                f"{self.path.name}: cut-off answers not checked (the rows record neither a "
+                f"finish reason nor the generation limit, and none was given)."
+            )
+        how = {
+            "rows": "as the rows record",
+            "tokens": f"at {self.limit} tokens",
+            "words (a lower bound)": f"at {self.limit} tokens, counted as words (a lower "
+            f"bound: some cut-off answers may be missed)",
+        }[self.method]
+        return (
+            f"{self.path.name}: {len(self.cut_off)} of {self.checked} answers stopped at the generation limit ({how})."
+        )
 
 
-def cut_off_answers(samples: SampleFile, max_gen_toks: int | None = None,
-                    count_tokens: Callable[[str], int] | None = None) -> Truncation:
+def cut_off_answers(
+    samples: SampleFile, max_gen_toks: int | None = None, count_tokens: Callable[[str], int] | None = None
+) -> Truncation:
     """Which answers were cut off by the generation limit.
 
     The rows decide when they say so (``finish_reason == "length"`` or ``truncated``). Otherwise
@@ -367,8 +418,9 @@ def cut_off_answers(samples: SampleFile, max_gen_toks: int | None = None,
     ``encode`` wrapped in ``len``), else in whitespace-separated words, a lower bound on tokens.
     """
     rows = samples.rows
-    if max_gen_toks is not None and (isinstance(max_gen_toks, bool) or not isinstance(max_gen_toks, int)
-                                     or max_gen_toks <= 0):
+    if max_gen_toks is not None and (
+        isinstance(max_gen_toks, bool) or not isinstance(max_gen_toks, int) or max_gen_toks <= 0
+    ):
         raise StudyError(f"max_gen_toks: expected a positive whole number, got {max_gen_toks!r}")
     if rows and all(r.stopped_by_limit is not None for r in rows):
         cut = tuple(r.doc_id for r in rows if r.stopped_by_limit)
@@ -379,6 +431,7 @@ def cut_off_answers(samples: SampleFile, max_gen_toks: int | None = None,
         return Truncation(samples.path, len(rows), (), None, "not checked")
     measure = count_tokens if count_tokens is not None else (lambda text: len(text.split()))
     method = "tokens" if count_tokens is not None else "words (a lower bound)"
-    cut = tuple(r.doc_id for r in rows
-                if r.stopped_by_limit or (r.response is not None and measure(r.response) >= limit))
+    cut = tuple(
+        r.doc_id for r in rows if r.stopped_by_limit or (r.response is not None and measure(r.response) >= limit)
+    )
     return Truncation(samples.path, len(rows), cut, limit, method)

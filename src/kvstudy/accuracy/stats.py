@@ -24,8 +24,9 @@ an estimate; a published summary of counts does not, so power is then shown for 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats as sps
@@ -37,6 +38,7 @@ TARGET_POWER = 0.80
 
 
 # --------------------------------------------------------------------------- intervals
+
 
 @dataclass(frozen=True)
 class AccuracyRow:
@@ -50,10 +52,13 @@ class AccuracyRow:
     wilson_high: float
 
     def as_percent_dict(self) -> dict[str, object]:
-        return {"configuration": self.label, "correct": f"{self.correct}/{self.n}",
-                "accuracy_pct": round(100 * self.accuracy, 1),
-                "wilson95_low_pct": round(100 * self.wilson_low, 1),
-                "wilson95_high_pct": round(100 * self.wilson_high, 1)}
+        return {
+            "configuration": self.label,
+            "correct": f"{self.correct}/{self.n}",
+            "accuracy_pct": round(100 * self.accuracy, 1),
+            "wilson95_low_pct": round(100 * self.wilson_low, 1),
+            "wilson95_high_pct": round(100 * self.wilson_high, 1),
+        }
 
 
 def _check_count(correct: int, n: int, where: str) -> None:
@@ -83,6 +88,7 @@ def intervals_overlap(a: AccuracyRow, b: AccuracyRow) -> bool:
 
 
 # --------------------------------------------------------------------------- paired test
+
 
 @dataclass(frozen=True)
 class PairedComparison:
@@ -119,8 +125,7 @@ class PairedComparison:
         return self.discordant / self.n
 
     def table(self) -> list[list[int]]:
-        return [[self.both_right, self.only_baseline_right],
-                [self.only_other_right, self.both_wrong]]
+        return [[self.both_right, self.only_baseline_right], [self.only_other_right, self.both_wrong]]
 
     def to_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -128,14 +133,17 @@ class PairedComparison:
         return data
 
 
-def paired_table(baseline: Mapping[Hashable, bool], other: Mapping[Hashable, bool],
-                 where: str = "paired records") -> list[list[int]]:
+def paired_table(
+    baseline: Mapping[Any, bool], other: Mapping[Any, bool], where: str = "paired records"
+) -> list[list[int]]:
     """The 2x2 table from per-question correctness keyed by doc_id; both must cover the same ids."""
     if set(baseline) != set(other):
         only_a = sorted(set(baseline) - set(other))[:5]
         only_b = sorted(set(other) - set(baseline))[:5]
-        raise StudyError(f"{where}: the two runs must cover the same questions; doc_ids only in "
-                         f"the baseline {only_a}, only in the other {only_b} (first 5 shown)")
+        raise StudyError(
+            f"{where}: the two runs must cover the same questions; doc_ids only in "
+            f"the baseline {only_a}, only in the other {only_b} (first 5 shown)"
+        )
     if not baseline:
         raise StudyError(f"{where}: no questions to compare")
     cells = [[0, 0], [0, 0]]
@@ -158,15 +166,24 @@ def mcnemar_exact_p(table: Sequence[Sequence[int]]) -> float:
     return float(mcnemar(np.asarray(table), exact=True).pvalue)
 
 
-def compare_paired(baseline_label: str, baseline: Mapping[int, bool], other_label: str,
-                   other: Mapping[int, bool]) -> PairedComparison:
+def compare_paired(
+    baseline_label: str, baseline: Mapping[int, bool], other_label: str, other: Mapping[int, bool]
+) -> PairedComparison:
     table = paired_table(baseline, other, f"{other_label} vs {baseline_label}")
-    return PairedComparison(baseline_label, other_label, sum(map(sum, table)),
-                            table[0][0], table[0][1], table[1][0], table[1][1],
-                            mcnemar_exact_p(table))
+    return PairedComparison(
+        baseline_label,
+        other_label,
+        sum(map(sum, table)),
+        table[0][0],
+        table[0][1],
+        table[1][0],
+        table[1][1],
+        mcnemar_exact_p(table),
+    )
 
 
 # --------------------------------------------------------------------------- power (paired)
+
 
 def _critical_counts(d: np.ndarray, alpha: float) -> np.ndarray:
     """For each discordant count d, the largest k with 2 * P(Bin(d, 1/2) <= k) <= alpha (-1: none).
@@ -190,8 +207,9 @@ def paired_power(n: int, loss: float, discordance: float, alpha: float = ALPHA) 
     if not 0 < discordance <= 1:
         raise StudyError(f"paired_power: discordance must be in (0, 1], got {discordance}")
     if loss > discordance + 1e-12:
-        raise StudyError(f"paired_power: a loss of {loss:.4f} needs a discordance rate of at "
-                         f"least that much, got {discordance:.4f}")
+        raise StudyError(
+            f"paired_power: a loss of {loss:.4f} needs a discordance rate of at least that much, got {discordance:.4f}"
+        )
     # only the discordant counts with any probability mass (the rest add < 1e-12 to the power)
     lo = int(sps.binom.ppf(1e-13, n, discordance))
     hi = int(sps.binom.isf(1e-13, n, discordance)) if discordance < 1 else n
@@ -205,8 +223,9 @@ def paired_power(n: int, loss: float, discordance: float, alpha: float = ALPHA) 
     return float(np.sum(weights * (low + high)))
 
 
-def smallest_detectable_loss(n: int, discordance: float, power: float = TARGET_POWER,
-                             alpha: float = ALPHA) -> float | None:
+def smallest_detectable_loss(
+    n: int, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA
+) -> float | None:
     """The smallest loss (fraction) the paired exact test finds with ``power`` on n questions.
 
     ``None`` when even the largest loss this discordance allows (loss == discordance, every
@@ -224,17 +243,17 @@ def smallest_detectable_loss(n: int, discordance: float, power: float = TARGET_P
     return hi
 
 
-def connor_sample_size(loss: float, discordance: float, power: float = TARGET_POWER,
-                       alpha: float = ALPHA) -> int:
+def connor_sample_size(loss: float, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA) -> int:
     """Normal-approximation N for the paired design (Connor 1987), a cross-check on the exact one."""
     loss = abs(loss)
     za, zb = sps.norm.ppf(1 - alpha / 2), sps.norm.ppf(power)
-    n = (za * math.sqrt(discordance) + zb * math.sqrt(discordance - loss ** 2)) ** 2 / loss ** 2
+    n = (za * math.sqrt(discordance) + zb * math.sqrt(discordance - loss**2)) ** 2 / loss**2
     return int(math.ceil(n))
 
 
-def required_questions(loss: float, discordance: float, power: float = TARGET_POWER,
-                       alpha: float = ALPHA, n_max: int = 2_000_000) -> int:
+def required_questions(
+    loss: float, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA, n_max: int = 2_000_000
+) -> int:
     """The number of questions the paired exact test needs to find ``loss`` with ``power``.
 
     Exact power is a slightly saw-toothed function of N, so this bisects on it between bounds
@@ -259,8 +278,9 @@ def required_questions(loss: float, discordance: float, power: float = TARGET_PO
     return hi
 
 
-def independent_sample_size(p_baseline: float, p_other: float, power: float = TARGET_POWER,
-                            alpha: float = ALPHA) -> int:
+def independent_sample_size(
+    p_baseline: float, p_other: float, power: float = TARGET_POWER, alpha: float = ALPHA
+) -> int:
     """Questions per arm for two independent samples (statsmodels), the unpaired upper bound."""
     from statsmodels.stats.power import NormalIndPower
     from statsmodels.stats.proportion import proportion_effectsize
@@ -271,6 +291,7 @@ def independent_sample_size(p_baseline: float, p_other: float, power: float = TA
 
 
 # --------------------------------------------------------------------------- discrimination
+
 
 @dataclass(frozen=True)
 class Discrimination:
@@ -287,28 +308,33 @@ class Discrimination:
     def sentence(self) -> str:
         a, b = 100 * self.model_correct / self.n, 100 * self.weak_correct / self.n
         if self.discriminates:
-            return (f"The eval discriminates: {self.model} scores {a:.1f}% against {b:.1f}% for "
-                    f"the weak baseline ({self.weak}) on the same {self.n} questions "
-                    f"(one-sided exact p = {self.p_value:.2g}).")
-        return (f"The eval cannot discriminate here: {self.model} scores {a:.1f}% and the weak "
-                f"baseline ({self.weak}) {b:.1f}% on the same {self.n} questions (one-sided exact "
-                f"p = {self.p_value:.2g}), so no accuracy difference between configurations can "
-                f"be read from it.")
+            return (
+                f"The eval discriminates: {self.model} scores {a:.1f}% against {b:.1f}% for "
+                f"the weak baseline ({self.weak}) on the same {self.n} questions "
+                f"(one-sided exact p = {self.p_value:.2g})."
+            )
+        return (
+            f"The eval cannot discriminate here: {self.model} scores {a:.1f}% and the weak "
+            f"baseline ({self.weak}) {b:.1f}% on the same {self.n} questions (one-sided exact "
+            f"p = {self.p_value:.2g}), so no accuracy difference between configurations can "
+            f"be read from it."
+        )
 
 
-def discrimination_check(model_label: str, model: Mapping[int, bool], weak_label: str,
-                         weak: Mapping[int, bool], alpha: float = ALPHA) -> Discrimination:
+def discrimination_check(
+    model_label: str, model: Mapping[int, bool], weak_label: str, weak: Mapping[int, bool], alpha: float = ALPHA
+) -> Discrimination:
     """One-sided exact McNemar test (paired, same questions) that the model beats the weak one."""
     table = paired_table(model, weak, f"discrimination {model_label} vs {weak_label}")
     only_model, only_weak = table[0][1], table[1][0]
     d = only_model + only_weak
     p = 1.0 if d == 0 else float(sps.binom.sf(only_model - 1, d, 0.5))
     n = sum(map(sum, table))
-    return Discrimination(model_label, weak_label, table[0][0] + only_model,
-                          table[0][0] + only_weak, n, p, p < alpha)
+    return Discrimination(model_label, weak_label, table[0][0] + only_model, table[0][0] + only_weak, n, p, p < alpha)
 
 
 # --------------------------------------------------------------------------- verdicts
+
 
 def _pts(x: float) -> str:
     return f"{100 * x:+.1f}".replace("-", "\u2212") + " points"
@@ -318,30 +344,34 @@ def unpaired_verdict(baseline: AccuracyRow, other: AccuracyRow) -> str:
     """Sentence for two counts without per-question records (intervals only)."""
     diff = other.accuracy - baseline.accuracy
     overlap = intervals_overlap(baseline, other)
-    head = (f"{other.label}: {other.correct}/{other.n} against {baseline.correct}/{baseline.n} "
-            f"({_pts(diff)}).")
+    head = f"{other.label}: {other.correct}/{other.n} against {baseline.correct}/{baseline.n} ({_pts(diff)})."
     if overlap:
-        return head + (" The Wilson intervals overlap, so these counts show no difference; "
-                       "without per-question records no paired test can be run.")
+        return head + (
+            " The Wilson intervals overlap, so these counts show no difference; "
+            "without per-question records no paired test can be run."
+        )
     word = "lower" if diff < 0 else "higher"
     return head + f" The Wilson intervals do not overlap: {other.label} scored {word}."
 
 
 def paired_verdict(cmp: PairedComparison, mde: float | None, alpha: float = ALPHA) -> str:
     """Sentence for one paired comparison, from its numbers and the smallest detectable loss."""
-    head = (f"{cmp.other}: {cmp.other_correct}/{cmp.n} against {cmp.baseline_correct}/{cmp.n} "
-            f"({_pts(cmp.difference)}); {cmp.discordant} questions differ "
-            f"({cmp.only_baseline_right} only {cmp.baseline} right, {cmp.only_other_right} only "
-            f"{cmp.other} right); exact McNemar p = {cmp.p_value:.3g}.")
+    head = (
+        f"{cmp.other}: {cmp.other_correct}/{cmp.n} against {cmp.baseline_correct}/{cmp.n} "
+        f"({_pts(cmp.difference)}); {cmp.discordant} questions differ "
+        f"({cmp.only_baseline_right} only {cmp.baseline} right, {cmp.only_other_right} only "
+        f"{cmp.other} right); exact McNemar p = {cmp.p_value:.3g}."
+    )
     if cmp.discordant == 0:
         return head + " Both runs got exactly the same questions right."
     if cmp.p_value < alpha:
         word = "a loss" if cmp.difference < 0 else "a gain"
         return head + f" This is {word} at the 5% level."
     if mde is None:
-        tail = (" No difference is shown, and with this discordance no loss is found with 80% "
-                "power at this N.")
+        tail = " No difference is shown, and with this discordance no loss is found with 80% power at this N."
     else:
-        tail = (f" No difference is shown; at this N and discordance only a loss of about "
-                f"{100 * mde:.1f} points or more would be found with 80% power.")
+        tail = (
+            f" No difference is shown; at this N and discordance only a loss of about "
+            f"{100 * mde:.1f} points or more would be found with 80% power."
+        )
     return head + tail

@@ -17,7 +17,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 
-DEFAULT_ARRAY_MIB = 128     # per array; three arrays (384 MiB) are well above common last-level caches
+DEFAULT_ARRAY_MIB = 128  # per array; three arrays (384 MiB) are well above common last-level caches
 DEFAULT_REPEATS = 4
 
 
@@ -27,9 +27,9 @@ class BandwidthProbe:
 
     copy_gb_s: float
     triad_gb_s: float
-    array_bytes: int           # size of each float64 array
+    array_bytes: int  # size of each float64 array
     repeats: int
-    threads_note: str          # numpy's element-wise kernels run on one thread
+    threads_note: str  # numpy's element-wise kernels run on one thread
 
     @property
     def best_gb_s(self) -> float:
@@ -77,6 +77,10 @@ def measure_bandwidth(array_mib: int = DEFAULT_ARRAY_MIB, repeats: int = DEFAULT
     copy_s = _best_seconds(copy, repeats)
     triad_s = _best_seconds(triad, repeats)
     size = n * 8
-    return BandwidthProbe(copy_gb_s=2 * size / copy_s / 1e9, triad_gb_s=3 * size / triad_s / 1e9,
-                          array_bytes=size, repeats=repeats,
-                          threads_note="numpy element-wise kernels use one thread: a single-core figure")
+    return BandwidthProbe(
+        copy_gb_s=2 * size / copy_s / 1e9,
+        triad_gb_s=3 * size / triad_s / 1e9,
+        array_bytes=size,
+        repeats=repeats,
+        threads_note="numpy element-wise kernels use one thread: a single-core figure",
+    )

@@ -16,18 +16,24 @@ def _format(result: RooflineResult) -> str:
     """A short table: one line per KV dtype, then the speedup and the assumptions."""
     origin = next((a.origin for a in result.assumptions if a.name == "bandwidth_gb_s"), "given")
     where = result.gpu if origin == "datasheet" else f"{result.gpu or 'this machine'} ({origin} bandwidth)"
-    head = (f"{result.model} on {where}: context {result.context_len:,} tokens, "
-            f"{result.users} user(s), {result.bandwidth_gb_s:,.0f} GB/s x {result.bandwidth_factor:g}")
+    head = (
+        f"{result.model} on {where}: context {result.context_len:,} tokens, "
+        f"{result.users} user(s), {result.bandwidth_gb_s:,.0f} GB/s x {result.bandwidth_factor:g}"
+    )
     columns = f"{'kv dtype':<12}{'GB/step':>10}{'KV share':>10}{'TPOT ms':>10}{'slope ms/tok':>14}"
     lines = [head, columns + f"{'KV>=weights from':>18}"]
     for name, step in result.steps.items():
         dom = result.kv_dominates_from_tokens[name]
-        lines.append(f"{name:<12}{step.total_bytes / 1e9:>10.3f}{step.kv_share:>10.2%}"
-                     f"{result.predicted_tpot_ms[name]:>10.3f}{result.predicted_itl_slope_ms_per_token[name]:>14.3e}"
-                     f"{(f'{dom:,}' if dom else 'never'):>18}")
+        lines.append(
+            f"{name:<12}{step.total_bytes / 1e9:>10.3f}{step.kv_share:>10.2%}"
+            f"{result.predicted_tpot_ms[name]:>10.3f}{result.predicted_itl_slope_ms_per_token[name]:>14.3e}"
+            f"{(f'{dom:,}' if dom else 'never'):>18}"
+        )
     if result.fp8_speedup_pct is not None:
-        lines.append(f"predicted FP8 speedup: {result.fp8_speedup_pct:+.2f} % ({result.fp8_dtype} vs "
-                     f"{result.baseline_dtype}); TPOT {result.fp8_tpot_reduction_pct:.2f} % shorter")
+        lines.append(
+            f"predicted FP8 speedup: {result.fp8_speedup_pct:+.2f} % ({result.fp8_dtype} vs "
+            f"{result.baseline_dtype}); TPOT {result.fp8_tpot_reduction_pct:.2f} % shorter"
+        )
     for a in result.assumptions:
         value = f"{a.value:,.4g}" if isinstance(a.value, (int, float)) else str(a.value)
         lines.append(f"  {a.name} = {value} {a.unit} [{a.origin}]")
@@ -41,16 +47,26 @@ def _run(args: argparse.Namespace) -> int:
 
         bandwidth, origin = measure_bandwidth().best_gb_s, "measured"
     if args.gpu is None and bandwidth is None:
-        raise StudyError("--gpu: none given (expected a GPU name from the catalog, "
-                         "or --bandwidth-gb-s / --measure-bandwidth)")
+        raise StudyError(
+            "--gpu: none given (expected a GPU name from the catalog, or --bandwidth-gb-s / --measure-bandwidth)"
+        )
     weights = None
     if args.weights_gib is not None:
         if not args.weights_gib > 0:
             raise StudyError(f"--weights-gib {args.weights_gib!r}: expected a positive number of GiB")
         weights = int(args.weights_gib * GIB)
-    result = roofline(args.model, args.context, args.users, gpu=args.gpu, kv_dtypes=args.kv_dtype,
-                      bandwidth_factor=args.bandwidth_factor, bandwidth_gb_s=bandwidth, bandwidth_origin=origin,
-                      weights_bytes=weights, skip_layers=args.skip_layers)
+    result = roofline(
+        args.model,
+        args.context,
+        args.users,
+        gpu=args.gpu,
+        kv_dtypes=args.kv_dtype,
+        bandwidth_factor=args.bandwidth_factor,
+        bandwidth_gb_s=bandwidth,
+        bandwidth_origin=origin,
+        weights_bytes=weights,
+        skip_layers=args.skip_layers,
+    )
     print(json.dumps(result.to_dict(), indent=2) if args.json else _format(result))
     return 0
 
@@ -58,29 +74,47 @@ def _run(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add ``kvstudy roofline MODEL --gpu NAME --context N --users U [...]``."""
     parser = subparsers.add_parser(
-        "roofline", help="predicted bytes per decode step, TPOT and FP8 speedup on a GPU",
-        description=(__doc__ or "").strip())
+        "roofline",
+        help="predicted bytes per decode step, TPOT and FP8 speedup on a GPU",
+        description=(__doc__ or "").strip(),
+    )
     parser.add_argument("model", help="model folder, its config.json, or a cached Hugging Face id")
     parser.add_argument("--gpu", default=None, help="GPU name or alias from data/gpus/catalog.json")
     parser.add_argument("--context", type=int, required=True, help="tokens each request holds")
     parser.add_argument("--users", type=int, default=1, help="requests decoded together (default 1)")
-    parser.add_argument("--kv-dtype", nargs="+", metavar="D", default=None,
-                        help="KV dtypes (default: the model's 16-bit dtype and fp8)")
-    parser.add_argument("--bandwidth-factor", type=float, default=None,
-                        help=f"achievable / peak bandwidth (default {DEFAULT_BANDWIDTH_FACTOR}, assumed)")
-    parser.add_argument("--bandwidth-gb-s", type=float, default=None,
-                        help="peak bandwidth in GB/s instead of the catalog's")
-    parser.add_argument("--measure-bandwidth", action="store_true",
-                        help="measure this machine's bandwidth with the STREAM-like probe and use it")
-    parser.add_argument("--weights-gib", type=float, default=None,
-                        help="total weight memory in GiB instead of the model folder's figure")
-    parser.add_argument("--skip-layers", default=None,
-                        help="'sliding_window' (or layer indices): layers kept in the model dtype")
+    parser.add_argument(
+        "--kv-dtype", nargs="+", metavar="D", default=None, help="KV dtypes (default: the model's 16-bit dtype and fp8)"
+    )
+    parser.add_argument(
+        "--bandwidth-factor",
+        type=float,
+        default=None,
+        help=f"achievable / peak bandwidth (default {DEFAULT_BANDWIDTH_FACTOR}, assumed)",
+    )
+    parser.add_argument(
+        "--bandwidth-gb-s", type=float, default=None, help="peak bandwidth in GB/s instead of the catalog's"
+    )
+    parser.add_argument(
+        "--measure-bandwidth",
+        action="store_true",
+        help="measure this machine's bandwidth with the STREAM-like probe and use it",
+    )
+    parser.add_argument(
+        "--weights-gib",
+        type=float,
+        default=None,
+        help="total weight memory in GiB instead of the model folder's figure",
+    )
+    parser.add_argument(
+        "--skip-layers", default=None, help="'sliding_window' (or layer indices): layers kept in the model dtype"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=_run)
     sweep = subparsers.add_parser(
-        "context-sweep", help="run (or resume) the live ITL-vs-context sweep described by a JSON spec",
-        description="One user, a grid of input lengths, each KV arm; resumes an existing capture folder.")
+        "context-sweep",
+        help="run (or resume) the live ITL-vs-context sweep described by a JSON spec",
+        description="One user, a grid of input lengths, each KV arm; resumes an existing capture folder.",
+    )
     sweep.add_argument("spec", help="JSON file with ContextSweepSpec fields (model, arms, lengths, seeds, ...)")
     sweep.add_argument("capture", help="capture folder (created, or resumed if it holds the same grid)")
     sweep.add_argument("--max-servers", type=int, default=None, help="start at most this many servers in this run")
@@ -100,9 +134,16 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.dry_run:
         print("\n".join(todo + [f"{len(todo)} of {len(spec.cells())} cells to run"]))
         return 0
-    outcomes = run_context_sweep(spec, args.capture, how=f"kvstudy context-sweep {args.spec} {args.capture}",
-                                 max_servers=args.max_servers, retry_failed=args.retry_failed)
+    outcomes = run_context_sweep(
+        spec,
+        args.capture,
+        how=f"kvstudy context-sweep {args.spec} {args.capture}",
+        max_servers=args.max_servers,
+        retry_failed=args.retry_failed,
+    )
     left = cells_to_run(spec, Path(args.capture), args.retry_failed)
-    print(f"{sum(o.status == 'ok' for o in outcomes)} cells ok, {sum(o.status != 'ok' for o in outcomes)} failed "
-          f"now; {len(left)} still to run; capture in {args.capture}")
+    print(
+        f"{sum(o.status == 'ok' for o in outcomes)} cells ok, {sum(o.status != 'ok' for o in outcomes)} failed "
+        f"now; {len(left)} still to run; capture in {args.capture}"
+    )
     return 0

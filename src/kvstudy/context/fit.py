@@ -25,7 +25,7 @@ import numpy as np
 from kvstudy.errors import StudyError
 
 DEFAULT_BOOT = 2000
-NEAR_ZERO_GAP_MS = 0.1          # as kvstudy.speed.measurability: a gap under 0.1 ms is not a decode step
+NEAR_ZERO_GAP_MS = 0.1  # as kvstudy.speed.measurability: a gap under 0.1 ms is not a decode step
 MAX_NEAR_ZERO_SHARE = 0.25
 
 
@@ -63,11 +63,17 @@ class LineFit:
         return self.intercept_ms + self.slope_ms_per_token * length
 
     def summary(self) -> dict[str, Any]:
-        return {"arm": self.arm, "runs": self.runs, "points": self.points,
-                "lengths": f"{min(self.lengths)}..{max(self.lengths)}",
-                "intercept_ms": self.intercept_ms, "intercept_ci": self.intercept_ci,
-                "slope_ms_per_token": self.slope_ms_per_token, "slope_ci": self.slope_ci,
-                "slope_resolved": self.resolved}
+        return {
+            "arm": self.arm,
+            "runs": self.runs,
+            "points": self.points,
+            "lengths": f"{min(self.lengths)}..{max(self.lengths)}",
+            "intercept_ms": self.intercept_ms,
+            "intercept_ci": self.intercept_ci,
+            "slope_ms_per_token": self.slope_ms_per_token,
+            "slope_ci": self.slope_ci,
+            "slope_resolved": self.resolved,
+        }
 
 
 @dataclass(frozen=True)
@@ -137,9 +143,21 @@ def fit_arm(cells: Sequence[Cell], n_boot: int = DEFAULT_BOOT, seed: int = 0) ->
             boot_a[i], boot_b[i] = np.nan, np.nan
     ok = np.isfinite(boot_b)
     if ok.sum() < max(10, n_boot // 2):
-        raise StudyError(f"fit {next(iter(arms))}: too few bootstrap draws span two lengths ({int(ok.sum())} of {n_boot})")
-    return LineFit(next(iter(arms)), len(names), tuple(sorted(set(int(x) for x in xs))), int(xs.size), a, b,
-                   _interval(boot_a[ok]), _interval(boot_b[ok]), tuple(boot_a), tuple(boot_b))
+        raise StudyError(
+            f"fit {next(iter(arms))}: too few bootstrap draws span two lengths ({int(ok.sum())} of {n_boot})"
+        )
+    return LineFit(
+        next(iter(arms)),
+        len(names),
+        tuple(sorted(set(int(x) for x in xs))),
+        int(xs.size),
+        a,
+        b,
+        _interval(boot_a[ok]),
+        _interval(boot_b[ok]),
+        tuple(boot_a),
+        tuple(boot_b),
+    )
 
 
 def compare_arms(base: LineFit, cand: LineFit) -> ArmComparison:
@@ -159,30 +177,59 @@ def compare_arms(base: LineFit, cand: LineFit) -> ArmComparison:
     lo, hi = min(base.lengths + cand.lengths), max(base.lengths + cand.lengths)
     names = f"{cand.arm} vs {base.arm}"
     if not base.resolved:
-        return ArmComparison(base.arm, cand.arm, None, None, diff_ci, None, None,
-                             f"{names}: {base.arm}'s slope is not resolved (its interval includes 0): no ratio or break-even claimed")
+        return ArmComparison(
+            base.arm,
+            cand.arm,
+            None,
+            None,
+            diff_ci,
+            None,
+            None,
+            f"{names}: {base.arm}'s slope is not resolved (its interval includes 0): no ratio or break-even claimed",
+        )
     if diff_ci is None or diff_ci[0] <= 0 <= diff_ci[1]:
-        return ArmComparison(base.arm, cand.arm, ratio, ratio_ci, diff_ci, None, None,
-                             f"{names}: the slopes are not resolved apart (difference interval includes 0): "
-                             "no break-even claimed")
+        return ArmComparison(
+            base.arm,
+            cand.arm,
+            ratio,
+            ratio_ci,
+            diff_ci,
+            None,
+            None,
+            f"{names}: the slopes are not resolved apart (difference interval includes 0): no break-even claimed",
+        )
     d = base.slope_ms_per_token - cand.slope_ms_per_token
     if d < 0:
-        return ArmComparison(base.arm, cand.arm, ratio, ratio_ci, diff_ci, None, None,
-                             f"{names}: {cand.arm}'s latency grows faster with context: no break-even")
+        return ArmComparison(
+            base.arm,
+            cand.arm,
+            ratio,
+            ratio_ci,
+            diff_ci,
+            None,
+            None,
+            f"{names}: {cand.arm}'s latency grows faster with context: no break-even",
+        )
     length = (cand.intercept_ms - base.intercept_ms) / d
     boot = (ca[ok] - ba[ok]) / diff
     be_ci = _interval(boot[np.isfinite(boot)])
     if length <= lo:
-        text = f"{names}: {cand.arm} is at least as fast from the shortest measured length ({lo:,} tokens); crossing at {length:,.0f}"
+        text = (
+            f"{names}: {cand.arm} is at least as fast from the shortest measured length ({lo:,} tokens); "
+            f"the lines cross at {length:,.0f}"
+        )
     elif length > hi:
-        text = (f"{names}: none within the measured range ({lo:,}..{hi:,} tokens); the lines would cross at "
-                f"{length:,.0f} tokens (extrapolated, 95 % interval {be_ci[0]:,.0f}..{be_ci[1]:,.0f})")
+        text = (
+            f"{names}: none within the measured range ({lo:,}..{hi:,} tokens); the lines would cross at "
+            f"{length:,.0f} tokens (extrapolated, 95 % interval {be_ci[0]:,.0f}..{be_ci[1]:,.0f})"
+        )
     else:
         text = f"{names}: break-even at {length:,.0f} tokens (95 % interval {be_ci[0]:,.0f}..{be_ci[1]:,.0f})"
     return ArmComparison(base.arm, cand.arm, ratio, ratio_ci, diff_ci, length, be_ci, text)
 
 
 # --------------------------------------------------------------------------- from a capture
+
 
 @dataclass(frozen=True)
 class CellCheck:
@@ -206,8 +253,12 @@ def check_cell(record: dict[str, Any]) -> CellCheck:
     if short:
         return CellCheck(cid, False, f"{short} of {len(reqs)} requests returned fewer tokens than asked", share)
     if share is None or share > MAX_NEAR_ZERO_SHARE:
-        return CellCheck(cid, False, "tokens arrived in bursts: per-token latency not measured" if share is not None
-                         else "no inter-token gaps", share)
+        return CellCheck(
+            cid,
+            False,
+            "tokens arrived in bursts: per-token latency not measured" if share is not None else "no inter-token gaps",
+            share,
+        )
     return CellCheck(cid, True, "", share)
 
 

@@ -6,7 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvstudy.context.fit import DEFAULT_BOOT, ArmComparison, CellCheck, LineFit, cells_from_records, compare_arms, fit_all
+from kvstudy.context.fit import (
+    DEFAULT_BOOT,
+    ArmComparison,
+    CellCheck,
+    LineFit,
+    cells_from_records,
+    compare_arms,
+    fit_all,
+)
 from kvstudy.context.predict import measured_vs_predicted
 from kvstudy.context.sweep import ContextSweepSpec, load_context_spec, read_bandwidth, read_cells, run_failures
 from kvstudy.errors import StudyError
@@ -49,6 +57,8 @@ def analyse_capture(capture: str | Path, n_boot: int = DEFAULT_BOOT, seed: int =
             continue
         if a.name in failures:
             not_measured[a.name] = f"every server start failed: {failures[a.name][:240]}"
+        elif not any(r.get("arm") == a.name for r in records):
+            not_measured[a.name] = "no cells captured yet (the capture is incomplete: resume it)"
         else:
             reasons = sorted({c.reason for c in checks if c.cell_id.startswith(f"{a.name}__") and c.reason})
             not_measured[a.name] = "; ".join(reasons)[:240] or "fewer than two measured lengths"
@@ -56,8 +66,17 @@ def analyse_capture(capture: str | Path, n_boot: int = DEFAULT_BOOT, seed: int =
     comparisons = []
     if baseline in fits:
         comparisons = [compare_arms(fits[baseline], fits[a]) for a in fits if a != baseline]
-    return ContextAnalysis(str(capture), spec, records, tuple(checks), fits, tuple(comparisons), not_measured,
-                           read_bandwidth(capture), baseline)
+    return ContextAnalysis(
+        str(capture),
+        spec,
+        records,
+        tuple(checks),
+        fits,
+        tuple(comparisons),
+        not_measured,
+        read_bandwidth(capture),
+        baseline,
+    )
 
 
 def slope_table(analysis: ContextAnalysis, bandwidth_gb_s: float | None = None, origin: str = "measured") -> Any:
@@ -82,19 +101,37 @@ def points_frame(analysis: ContextAnalysis) -> Any:
     for rec in analysis.records:
         tpots = [r["tpot_ms"] for r in rec.get("requests") or [] if r.get("tpot_ms") is not None]
         chk = checks[rec["cell_id"]]
-        rows.append({"arm": rec["arm"], "seed": rec["seed"], "input_len": rec["input_len"],
-                     "mean_tpot_ms": float(np.mean(tpots)) if tpots else None, "requests": len(tpots),
-                     "measurable": chk.measurable, "why not": chk.reason})
+        rows.append(
+            {
+                "arm": rec["arm"],
+                "seed": rec["seed"],
+                "input_len": rec["input_len"],
+                "mean_tpot_ms": float(np.mean(tpots)) if tpots else None,
+                "requests": len(tpots),
+                "measurable": chk.measurable,
+                "why not": chk.reason,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def comparison_frame(analysis: ContextAnalysis) -> Any:
     import pandas as pd
 
-    return pd.DataFrame([{"baseline": c.baseline, "candidate": c.candidate, "slope ratio": c.slope_ratio,
-                          "ratio 95 % interval": c.slope_ratio_ci, "break-even (tokens)": c.break_even_tokens,
-                          "break-even 95 % interval": c.break_even_ci, "statement": c.statement}
-                         for c in analysis.comparisons])
+    return pd.DataFrame(
+        [
+            {
+                "baseline": c.baseline,
+                "candidate": c.candidate,
+                "slope ratio": c.slope_ratio,
+                "ratio 95 % interval": c.slope_ratio_ci,
+                "break-even (tokens)": c.break_even_tokens,
+                "break-even 95 % interval": c.break_even_ci,
+                "statement": c.statement,
+            }
+            for c in analysis.comparisons
+        ]
+    )
 
 
 def plot_fits(analysis: ContextAnalysis, predicted: dict[str, float] | None = None) -> Any:
@@ -117,8 +154,13 @@ def plot_fits(analysis: ContextAnalysis, predicted: dict[str, float] | None = No
         xs = np.linspace(min(fit.lengths), max(fit.lengths), 50)
         ax.plot(xs, fit.intercept_ms + fit.slope_ms_per_token * xs, color=color, label=f"{arm}: fitted a + b·L")
         if predicted and arm in predicted:
-            ax.plot(xs, fit.intercept_ms + predicted[arm] * (xs - xs[0]) + fit.slope_ms_per_token * xs[0],
-                    color=color, ls="--", label=f"{arm}: roofline slope (predicted)")
+            ax.plot(
+                xs,
+                fit.intercept_ms + predicted[arm] * (xs - xs[0]) + fit.slope_ms_per_token * xs[0],
+                color=color,
+                ls="--",
+                label=f"{arm}: roofline slope (predicted)",
+            )
     ax.set_xlabel("input length L (tokens)")
     ax.set_ylabel("TPOT (ms)")
     ax.legend(fontsize=7)

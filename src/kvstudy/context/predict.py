@@ -31,7 +31,7 @@ class Setting:
 
     model_dir: str
     gpu: str | None
-    assumed: str            # what the text does not give and the prediction had to assume
+    assumed: str  # what the text does not give and the prediction had to assume
 
 
 def _model_dir(models_root: Path, hub_id: str) -> str:
@@ -51,8 +51,12 @@ def _gpu_name(gpu: str) -> str:
     return {"H100": "H100-SXM"}.get(gpu, gpu)
 
 
-def published_vs_roofline(models_root: str | Path, bandwidth_factor: float = 1.0, assumed_gpu: str = "H100-SXM",
-                          path: str | Path | None = None) -> Any:
+def published_vs_roofline(
+    models_root: str | Path,
+    bandwidth_factor: float = 1.0,
+    assumed_gpu: str = "H100-SXM",
+    path: str | Path | None = None,
+) -> Any:
     """One row per published context-scaling figure: the value as printed, the roofline's, and the gap.
 
     ``bandwidth_factor`` 1.0 (peak) by default: the roofline's default 0.9 was itself read off the
@@ -65,49 +69,126 @@ def published_vs_roofline(models_root: str | Path, bandwidth_factor: float = 1.0
     for fig, der in zip(slope_figures(path), derive_all(path)):
         where = _settings(root, fig.model, fig.gpu and _gpu_name(fig.gpu), assumed_gpu)
         skip = "sliding_window" if "skip-layers sliding_window" in fig.candidate else None
-        bw = find_gpu(where.gpu).bandwidth_gb_s
+        bw = find_gpu(where.gpu or assumed_gpu).bandwidth_gb_s
         pb = predicted_slope_ms_per_token(where.model_dir, "bfloat16", bw, bandwidth_factor)
         pc = predicted_slope_ms_per_token(where.model_dir, "fp8", bw, bandwidth_factor, skip_layers=skip)
         note = where.assumed
         if fig.slope_baseline_ms_per_token is not None:
-            rows.append(_row(fig.id, "BF16 ITL slope (ms/token)", fig.slope_baseline_ms_per_token, pb, note,
-                             f"at {where.gpu} peak x {bandwidth_factor:g}"))
-            rows.append(_row(fig.id, "FP8 ITL slope (ms/token)", fig.slope_candidate_ms_per_token, pc, note,
-                             f"at {where.gpu} peak x {bandwidth_factor:g}"))
-        rows.append(_row(fig.id, "slope ratio FP8/BF16", der.slope_ratio, pc / pb, note,
-                         "KV bytes per token halved" + (" in full-attention layers" if skip else ""),
-                         published_origin=PUBLISHED if der.ratio_source == "printed ratio" else f"{DERIVED} (absolute slopes)"))
+            rows.append(
+                _row(
+                    fig.id,
+                    "BF16 ITL slope (ms/token)",
+                    fig.slope_baseline_ms_per_token,
+                    pb,
+                    note,
+                    f"at {where.gpu} peak x {bandwidth_factor:g}",
+                )
+            )
+            rows.append(
+                _row(
+                    fig.id,
+                    "FP8 ITL slope (ms/token)",
+                    fig.slope_candidate_ms_per_token,
+                    pc,
+                    note,
+                    f"at {where.gpu} peak x {bandwidth_factor:g}",
+                )
+            )
+        rows.append(
+            _row(
+                fig.id,
+                "slope ratio FP8/BF16",
+                der.slope_ratio,
+                pc / pb,
+                note,
+                "KV bytes per token halved" + (" in full-attention layers" if skip else ""),
+                published_origin=PUBLISHED if der.ratio_source == "printed ratio" else f"{DERIVED} (absolute slopes)",
+            )
+        )
         if fig.break_even_tokens is not None:
-            rows.append(_row(fig.id, "break-even context (tokens)", float(fig.break_even_tokens), 0.0, note,
-                             "no fixed FP8 cost in the roofline: FP8 is never slower"))
+            rows.append(
+                _row(
+                    fig.id,
+                    "break-even context (tokens)",
+                    float(fig.break_even_tokens),
+                    0.0,
+                    note,
+                    "no fixed FP8 cost in the roofline: FP8 is never slower",
+                )
+            )
         if der.fixed_cost_ms is not None:
-            rows.append(_row(fig.id, "implied fixed FP8 cost per step (ms)", der.fixed_cost_ms, 0.0, note,
-                             "slope difference x break-even length", published_origin=DERIVED))
+            rows.append(
+                _row(
+                    fig.id,
+                    "implied fixed FP8 cost per step (ms)",
+                    der.fixed_cost_ms,
+                    0.0,
+                    note,
+                    "slope difference x break-even length",
+                    published_origin=DERIVED,
+                )
+            )
         elif der.fixed_cost_bf16_slope_tokens is not None:
-            rows.append(_row(fig.id, "implied fixed FP8 cost (tokens of BF16 slope)", der.fixed_cost_bf16_slope_tokens,
-                             0.0, note, "(1 - ratio) x break-even length", published_origin=DERIVED))
+            rows.append(
+                _row(
+                    fig.id,
+                    "implied fixed FP8 cost (tokens of BF16 slope)",
+                    der.fixed_cost_bf16_slope_tokens,
+                    0.0,
+                    note,
+                    "(1 - ratio) x break-even length",
+                    published_origin=DERIVED,
+                )
+            )
     data = load_published(path)
     for item in data["throughput_under_load"]:
         skip = "sliding_window" if "sliding_window" in item["candidate"] else None
         where = _settings(root, item["model"], None, assumed_gpu)
         gain = max_fp8_gain_pct(where.model_dir, item["input_tokens_approx"], item["concurrency"], skip_layers=skip)
-        rows.append(_row(f"{item['model'].split('/')[-1]} c={item['concurrency']} ~{item['input_tokens_approx']:,} in",
-                         "output throughput gain (%)", item["output_throughput_gain_pct"], gain,
-                         "output length not given; decode steps at the input length assumed",
-                         "largest decode-step gain from halved KV reads (bandwidth cancels)"))
+        rows.append(
+            _row(
+                f"{item['model'].split('/')[-1]} c={item['concurrency']} ~{item['input_tokens_approx']:,} in",
+                "output throughput gain (%)",
+                item["output_throughput_gain_pct"],
+                gain,
+                "output length not given; decode steps at the input length assumed",
+                "largest decode-step gain from halved KV reads (bandwidth cancels)",
+            )
+        )
     return pd.DataFrame(rows)
 
 
-def _row(figure: str, quantity: str, published: float | None, predicted: float, assumed: str, basis: str,
-         published_origin: str = PUBLISHED) -> dict[str, Any]:
+def _row(
+    figure: str,
+    quantity: str,
+    published: float | None,
+    predicted: float,
+    assumed: str,
+    basis: str,
+    published_origin: str = PUBLISHED,
+) -> dict[str, Any]:
     gap = published / predicted if published is not None and predicted else None
-    return {"figure": figure, "quantity": quantity, "published": published, "published origin": published_origin,
-            "roofline": predicted, "roofline basis": basis, "published / roofline": gap, "assumed": assumed}
+    return {
+        "figure": figure,
+        "quantity": quantity,
+        "published": published,
+        "published origin": published_origin,
+        "roofline": predicted,
+        "roofline basis": basis,
+        "published / roofline": gap,
+        "assumed": assumed,
+    }
 
 
-def measured_vs_predicted(fits: dict[str, Any], arms: dict[str, str], model: str, bandwidth_gb_s: float,
-                          bandwidth_origin: str, not_measured: dict[str, str] | None = None,
-                          skip_layers: dict[str, str | None] | None = None) -> Any:
+def measured_vs_predicted(
+    fits: dict[str, Any],
+    arms: dict[str, str],
+    model: str,
+    bandwidth_gb_s: float,
+    bandwidth_origin: str,
+    not_measured: dict[str, str] | None = None,
+    skip_layers: dict[str, str | None] | None = None,
+) -> Any:
     """Per arm: the fitted slope with its interval (measured) beside the roofline's from ``bandwidth_gb_s``.
 
     ``arms`` maps arm name -> KV dtype; ``fits`` arm -> LineFit (kvstudy.context.fit); an arm without a
@@ -117,20 +198,44 @@ def measured_vs_predicted(fits: dict[str, Any], arms: dict[str, str], model: str
 
     rows = []
     for arm, dtype in arms.items():
-        pred = predicted_slope_ms_per_token(model, dtype, bandwidth_gb_s, 1.0,
-                                            skip_layers=(skip_layers or {}).get(arm))
+        pred = predicted_slope_ms_per_token(model, dtype, bandwidth_gb_s, 1.0, skip_layers=(skip_layers or {}).get(arm))
         fit = fits.get(arm)
         if fit is None:
             why = (not_measured or {}).get(arm, "no measurable cells")
-            rows.append({"arm": arm, "kv dtype": dtype, "measured slope (ms/token)": None, "95 % interval": "",
-                         "resolved": False, "predicted slope (ms/token)": pred,
-                         f"bandwidth ({bandwidth_origin})": bandwidth_gb_s,
-                         "measured / predicted": None, "status": f"not measured on this machine: {why}"})
+            rows.append(
+                {
+                    "arm": arm,
+                    "kv dtype": dtype,
+                    "measured slope (ms/token)": None,
+                    "95 % interval": "",
+                    "resolved": False,
+                    "predicted slope (ms/token)": pred,
+                    f"bandwidth ({bandwidth_origin})": bandwidth_gb_s,
+                    "measured / predicted": None,
+                    "status": f"not measured on this machine: {why}",
+                }
+            )
             continue
         lo, hi = fit.slope_ci
-        rows.append({"arm": arm, "kv dtype": dtype, "measured slope (ms/token)": fit.slope_ms_per_token,
-                     "95 % interval": f"{lo:.3g} .. {hi:.3g}", "resolved": fit.resolved,
-                     "predicted slope (ms/token)": pred, f"bandwidth ({bandwidth_origin})": bandwidth_gb_s,
-                     "measured / predicted": fit.slope_ms_per_token / pred,
-                     "status": "measured" if fit.resolved else "not resolved: the slope's interval includes 0"})
+        rows.append(
+            {
+                "arm": arm,
+                "kv dtype": dtype,
+                "measured slope (ms/token)": fit.slope_ms_per_token,
+                "95 % interval": f"{lo:.3g} .. {hi:.3g}",
+                "resolved": fit.resolved,
+                "predicted slope (ms/token)": pred,
+                f"bandwidth ({bandwidth_origin})": bandwidth_gb_s,
+                "measured / predicted": fit.slope_ms_per_token / pred,
+                "status": _status(fit),
+            }
+        )
     return pd.DataFrame(rows)
+
+
+def _status(fit: Any) -> str:
+    """ "measured" or "not resolved", and a warning when one server start is all the interval covers."""
+    text = "measured" if fit.resolved else "not resolved: the slope's interval includes 0"
+    if fit.runs < 2:
+        text += " (one server start only: the interval covers request-to-request noise, not start-to-start)"
+    return text

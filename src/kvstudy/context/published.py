@@ -45,13 +45,13 @@ class SlopeDerivation:
     """What one slope figure implies."""
 
     id: str
-    slope_ratio: float                   # candidate / baseline (from absolute slopes when printed)
+    slope_ratio: float  # candidate / baseline (from absolute slopes when printed)
     slope_ratio_pct: float
-    slope_reduction_pct: float           # (1 - ratio) x 100
-    ratio_source: str                    # "absolute slopes" or "printed ratio"
+    slope_reduction_pct: float  # (1 - ratio) x 100
+    ratio_source: str  # "absolute slopes" or "printed ratio"
     slope_difference_ms_per_token: float | None
-    fixed_cost_ms: float | None          # slope difference x break-even length
-    fixed_cost_bf16_slope_tokens: float | None   # (1 - ratio) x break-even: the fixed cost in tokens of baseline slope
+    fixed_cost_ms: float | None  # slope difference x break-even length
+    fixed_cost_bf16_slope_tokens: float | None  # (1 - ratio) x break-even: the fixed cost in tokens of baseline slope
     statement: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,7 +69,7 @@ class ThroughputCheck:
     output_throughput_gain_pct: float
     implied_runtime_reduction_pct: float
     printed_runtime_reduction_pct: float | None
-    consistent: bool | None              # within 0.1 point when both are printed
+    consistent: bool | None  # within 0.1 point when both are printed
 
 
 def load_published(path: str | Path | None = None) -> dict[str, Any]:
@@ -82,7 +82,7 @@ def load_published(path: str | Path | None = None) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StudyError(f"{where}: cannot read ({exc})") from None
     if not isinstance(data, dict) or data.get("source") != "published":
-        raise StudyError(f"{where}: expected an object with \"source\": \"published\"")
+        raise StudyError(f'{where}: expected an object with "source": "published"')
     for key in ("itl_slopes", "throughput_under_load"):
         if not isinstance(data.get(key), list):
             raise StudyError(f"{where}: field '{key}' must be a list")
@@ -103,8 +103,10 @@ def slope_figures(path: str | Path | None = None) -> list[SlopeFigure]:
 
 def reduction_statement(ratio: float, printed_wording: str) -> str:
     """A sentence saying what a slope ratio is as a reduction, next to the text's own wording."""
-    return (f"FP8's slope is {ratio * 100:.0f} % of the baseline's, a {(1 - ratio) * 100:.0f} % reduction "
-            f"(the text says: {printed_wording!r})")
+    return (
+        f"FP8's slope is {ratio * 100:.0f} % of the baseline's, a {(1 - ratio) * 100:.0f} % reduction "
+        f"(the text says: {printed_wording!r})"
+    )
 
 
 def derive_slope(figure: SlopeFigure) -> SlopeDerivation:
@@ -121,13 +123,18 @@ def derive_slope(figure: SlopeFigure) -> SlopeDerivation:
     fixed_tokens = (1 - ratio) * length if length else None
     statement = reduction_statement(ratio, figure.printed_wording)
     if fixed_ms is not None:
-        statement += (f"; break-even at {length:,} tokens implies a fixed FP8 cost of {fixed_ms:.3f} ms per step "
-                      f"({base - cand:.2e} ms/token x {length:,})")
+        statement += (
+            f"; break-even at {length:,} tokens implies a fixed FP8 cost of {fixed_ms:.3f} ms per step "
+            f"({diff:.2e} ms/token x {length:,})"
+        )
     elif fixed_tokens is not None:
-        statement += (f"; break-even at {length:,} tokens implies a fixed FP8 cost equal to {fixed_tokens:,.0f} "
-                      f"tokens of baseline ITL slope (no absolute slope printed)")
-    return SlopeDerivation(figure.id, ratio, ratio * 100, (1 - ratio) * 100, source, diff, fixed_ms,
-                           fixed_tokens, statement)
+        statement += (
+            f"; break-even at {length:,} tokens implies a fixed FP8 cost equal to {fixed_tokens:,.0f} "
+            f"tokens of baseline ITL slope (no absolute slope printed)"
+        )
+    return SlopeDerivation(
+        figure.id, ratio, ratio * 100, (1 - ratio) * 100, source, diff, fixed_ms, fixed_tokens, statement
+    )
 
 
 def derive_all(path: str | Path | None = None) -> list[SlopeDerivation]:
@@ -148,17 +155,26 @@ def throughput_checks(path: str | Path | None = None) -> list[ThroughputCheck]:
     for row in load_published(path)["throughput_under_load"]:
         implied = runtime_reduction_pct(row["output_throughput_gain_pct"])
         printed = row.get("total_runtime_reduction_pct")
-        out.append(ThroughputCheck(row["model"], row["concurrency"], row["input_tokens_approx"],
-                                   row["output_throughput_gain_pct"], implied, printed,
-                                   None if printed is None else abs(implied - printed) <= 0.1))
+        out.append(
+            ThroughputCheck(
+                row["model"],
+                row["concurrency"],
+                row["input_tokens_approx"],
+                row["output_throughput_gain_pct"],
+                implied,
+                printed,
+                None if printed is None else abs(implied - printed) <= 0.1,
+            )
+        )
     return out
 
 
 def implied_kv_bandwidth_gb_s(slope_ms_per_token: float, kv_bytes_per_token: float) -> float:
     """The bandwidth (GB/s) at which reading one more token's KV costs ``slope_ms_per_token``."""
     if slope_ms_per_token <= 0 or kv_bytes_per_token <= 0:
-        raise StudyError(f"slope {slope_ms_per_token!r} ms/token and bytes {kv_bytes_per_token!r}: "
-                         "expected positive numbers")
+        raise StudyError(
+            f"slope {slope_ms_per_token!r} ms/token and bytes {kv_bytes_per_token!r}: expected positive numbers"
+        )
     return kv_bytes_per_token / (slope_ms_per_token / 1e3) / 1e9
 
 
@@ -168,11 +184,20 @@ def published_table(path: str | Path | None = None) -> Any:
 
     rows = []
     for fig, der in zip(slope_figures(path), derive_all(path)):
-        rows.append({"id": fig.id, "model": fig.model, "gpu": fig.gpu, "candidate": fig.candidate,
-                     "slope bf16 (ms/token)": fig.slope_baseline_ms_per_token,
-                     "slope fp8 (ms/token)": fig.slope_candidate_ms_per_token,
-                     "printed ratio %": fig.slope_ratio_printed_pct, "ratio %": der.slope_ratio_pct,
-                     "reduction %": der.slope_reduction_pct, "break-even tokens": fig.break_even_tokens,
-                     "fixed FP8 cost (ms)": der.fixed_cost_ms,
-                     "fixed cost (tokens of bf16 slope)": der.fixed_cost_bf16_slope_tokens})
+        rows.append(
+            {
+                "id": fig.id,
+                "model": fig.model,
+                "gpu": fig.gpu,
+                "candidate": fig.candidate,
+                "slope bf16 (ms/token)": fig.slope_baseline_ms_per_token,
+                "slope fp8 (ms/token)": fig.slope_candidate_ms_per_token,
+                "printed ratio %": fig.slope_ratio_printed_pct,
+                "ratio %": der.slope_ratio_pct,
+                "reduction %": der.slope_reduction_pct,
+                "break-even tokens": fig.break_even_tokens,
+                "fixed FP8 cost (ms)": der.fixed_cost_ms,
+                "fixed cost (tokens of bf16 slope)": der.fixed_cost_bf16_slope_tokens,
+            }
+        )
     return pd.DataFrame(rows).set_index("id")

@@ -45,12 +45,12 @@ GIB = 2**30
 # Llama-3.1-8B BF16 ITL slope on an H100 (seed 003, 4.37e-05 ms/token for 131,072 B/token)
 # implies 3.0 TB/s for the KV reads, 0.90 of the 3.35 TB/s datasheet figure.
 DEFAULT_BANDWIDTH_FACTOR = 0.9
-ACTIVATION_VALUE_BYTES = 2       # 16-bit activations
-ACTIVATION_HIDDEN_VECTORS = 8    # norms, attention in/out, residual adds, per layer (estimate)
-ACTIVATION_MLP_VECTORS = 3       # gate, up, activated product, per layer (estimate)
-LOGIT_BYTES = 4                  # FP32 logits over the vocabulary
+ACTIVATION_VALUE_BYTES = 2  # 16-bit activations
+ACTIVATION_HIDDEN_VECTORS = 8  # norms, attention in/out, residual adds, per layer (estimate)
+ACTIVATION_MLP_VECTORS = 3  # gate, up, activated product, per layer (estimate)
+LOGIT_BYTES = 4  # FP32 logits over the vocabulary
 SIXTEEN_BIT = ("bfloat16", "float16", "half")
-MAX_SEARCH_TOKENS = 10**8        # upper end of the "KV dominates from" search when a model has no limit
+MAX_SEARCH_TOKENS = 10**8  # upper end of the "KV dominates from" search when a model has no limit
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Assumption:
     name: str
     value: Any
     unit: str
-    origin: str      # "datasheet", "given", "measured", "assumed", "estimated", "model folder"
+    origin: str  # "datasheet", "given", "measured", "assumed", "estimated", "model folder"
     note: str = ""
 
 
@@ -70,8 +70,8 @@ class KindRead:
 
     kind: str
     layers: int
-    bytes_per_token: float         # summed over the kind's layers
-    tokens_read_per_request: int   # context, or the window when it caps (0 for state layers)
+    bytes_per_token: float  # summed over the kind's layers
+    tokens_read_per_request: int  # context, or the window when it caps (0 for state layers)
     bytes_per_request: float
 
 
@@ -83,10 +83,10 @@ class StepBytes:
     resolved_dtype: str
     context_len: int
     users: int
-    weights_bytes: float           # weights read per step
-    kv_bytes: float                # attention KV, all requests
-    state_bytes: float             # linear-attention state read + written, all requests
-    activation_bytes: float        # all requests
+    weights_bytes: float  # weights read per step
+    kv_bytes: float  # attention KV, all requests
+    state_bytes: float  # linear-attention state read + written, all requests
+    activation_bytes: float  # all requests
     per_kind: tuple[KindRead, ...] = field(default_factory=tuple)
 
     @property
@@ -109,9 +109,9 @@ class StepBytes:
 class WeightsRead:
     """The weights a decode step streams, and how the figure was reached."""
 
-    total_bytes: int               # the checkpoint's (or given) weight bytes
+    total_bytes: int  # the checkpoint's (or given) weight bytes
     total_source: str
-    read_bytes: float              # what one step reads at this user count
+    read_bytes: float  # what one step reads at this user count
     embedding_bytes_skipped: float
     expert_bytes_skipped: float
     notes: tuple[str, ...]
@@ -146,9 +146,13 @@ class RooflineResult:
     def to_dict(self) -> dict[str, Any]:
         """The CLI's JSON object."""
         return {
-            "model": self.model, "config": self.config, "gpu": self.gpu,
-            "context_len": self.context_len, "users": self.users,
-            "bandwidth_gb_s": self.bandwidth_gb_s, "bandwidth_factor": self.bandwidth_factor,
+            "model": self.model,
+            "config": self.config,
+            "gpu": self.gpu,
+            "context_len": self.context_len,
+            "users": self.users,
+            "bandwidth_gb_s": self.bandwidth_gb_s,
+            "bandwidth_factor": self.bandwidth_factor,
             "effective_bandwidth_gb_s": self.effective_bandwidth_gb_s,
             "kv_dtypes": list(self.steps),
             "bytes_per_step": {k: s.total_bytes for k, s in self.steps.items()},
@@ -157,7 +161,8 @@ class RooflineResult:
             "predicted_tpot_ms": dict(self.predicted_tpot_ms),
             "predicted_itl_slope_ms_per_token": dict(self.predicted_itl_slope_ms_per_token),
             "kv_dominates_from_tokens": dict(self.kv_dominates_from_tokens),
-            "baseline_dtype": self.baseline_dtype, "fp8_dtype": self.fp8_dtype,
+            "baseline_dtype": self.baseline_dtype,
+            "fp8_dtype": self.fp8_dtype,
             "fp8_speedup_pct": self.fp8_speedup_pct,
             "fp8_tpot_reduction_pct": self.fp8_tpot_reduction_pct,
             "max_fp8_gain_pct": self.fp8_speedup_pct,
@@ -168,6 +173,7 @@ class RooflineResult:
 
 
 # --------------------------------------------------------------------------- checks
+
 
 def _positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -186,8 +192,10 @@ def check_context(layout: ModelLayout, context_len: Any) -> int:
     length = _positive_int(context_len, "context")
     limit = layout.max_position_embeddings
     if limit is not None and length > limit:
-        raise StudyError(f"context {length}: above {layout.config_path} max_position_embeddings {limit} "
-                         f"(expected at most {limit} tokens)")
+        raise StudyError(
+            f"context {length}: above {layout.config_path} max_position_embeddings {limit} "
+            f"(expected at most {limit} tokens)"
+        )
     return length
 
 
@@ -200,6 +208,7 @@ def check_bandwidth_factor(factor: Any) -> float:
 
 
 # --------------------------------------------------------------------------- config facts
+
 
 def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     """The language model's fields (``text_config`` merged over the top level when nested)."""
@@ -221,11 +230,11 @@ class _ConfigFacts:
     layers: int | None
     vocab: int | None
     tied: bool
-    mlp_width_per_token: int | None    # MLP values one token computes per layer (active experts for MoE)
+    mlp_width_per_token: int | None  # MLP values one token computes per layer (active experts for MoE)
     experts: int | None
     experts_per_token: int | None
-    expert_parameters: int             # all routed-expert parameters (0 for dense models)
-    parameters: int | None             # capacity.estimate_parameters, when it can
+    expert_parameters: int  # all routed-expert parameters (0 for dense models)
+    parameters: int | None  # capacity.estimate_parameters, when it can
     config_path: str
 
 
@@ -246,8 +255,10 @@ def _config_facts(layout: ModelLayout) -> _ConfigFacts:
     if experts and k and expert_width and hidden and layers:
         moe_layers = layers - (_int_field(cfg, "first_k_dense_replace") or 0)
         expert_params = 3 * hidden * expert_width * experts * max(moe_layers, 0)
-        shared = _int_field(cfg, "shared_expert_intermediate_size") or \
-            (_int_field(cfg, "n_shared_experts") or 0) * expert_width
+        shared = (
+            _int_field(cfg, "shared_expert_intermediate_size")
+            or (_int_field(cfg, "n_shared_experts") or 0) * expert_width
+        )
         mlp_width = k * expert_width + shared
     try:
         params: int | None = estimate_parameters(config, str(path))
@@ -257,6 +268,7 @@ def _config_facts(layout: ModelLayout) -> _ConfigFacts:
 
 
 # --------------------------------------------------------------------------- weights
+
 
 def weights_read(model: str | Path | ModelLayout, users: int = 1, weights_bytes: int | None = None) -> WeightsRead:
     """Weight bytes one decode step streams (see the module docstring for what is left out)."""
@@ -281,8 +293,10 @@ def weights_read(model: str | Path | ModelLayout, users: int = 1, weights_bytes:
     if facts.expert_parameters and facts.experts and facts.experts_per_token:
         touched = 1 - (1 - facts.experts_per_token / facts.experts) ** users
         experts = facts.expert_parameters * per_param * (1 - touched)
-        notes.append(f"MoE: {facts.experts_per_token} of {facts.experts} experts per token, uniform routing "
-                     f"assumed; {touched:.1%} of expert weights touched at {users} user(s)")
+        notes.append(
+            f"MoE: {facts.experts_per_token} of {facts.experts} experts per token, uniform routing "
+            f"assumed; {touched:.1%} of expert weights touched at {users} user(s)"
+        )
     notes.append(f"{per_param:.3f} bytes per parameter (weights / estimated parameters), used for both parts")
     read = max(total - embedding - experts, 0.0)
     return WeightsRead(total, source, read, embedding, experts, tuple(notes))
@@ -293,15 +307,20 @@ def activation_bytes_per_request(model: str | Path | ModelLayout) -> float:
     facts = _config_facts(load_layout(model))
     if not (facts.hidden and facts.layers and facts.mlp_width_per_token):
         return 0.0
-    per_layer = 2 * ACTIVATION_VALUE_BYTES * (ACTIVATION_HIDDEN_VECTORS * facts.hidden
-                                              + ACTIVATION_MLP_VECTORS * facts.mlp_width_per_token)
+    per_layer = (
+        2
+        * ACTIVATION_VALUE_BYTES
+        * (ACTIVATION_HIDDEN_VECTORS * facts.hidden + ACTIVATION_MLP_VECTORS * facts.mlp_width_per_token)
+    )
     return float(facts.layers * per_layer + (facts.vocab or 0) * LOGIT_BYTES)
 
 
 # --------------------------------------------------------------------------- KV per step
 
-def kind_reads(model: str | Path | ModelLayout, kv_dtype: str, context_len: int,
-               skip_layers: str | None = None) -> tuple[KindRead, ...]:
+
+def kind_reads(
+    model: str | Path | ModelLayout, kv_dtype: str, context_len: int, skip_layers: str | None = None
+) -> tuple[KindRead, ...]:
     """KV bytes per request by layer kind at ``context_len``: windows cap, state layers are constant.
 
     Computed per layer from ``capacity.layer_bytes_per_token`` (``kv_footprint`` gives only the
@@ -321,16 +340,21 @@ def kind_reads(model: str | Path | ModelLayout, kv_dtype: str, context_len: int,
         row[2] = max(row[2], tokens)
         row[3] += per_token * tokens
     reads = []
-    for kind, (count, per_token, tokens, per_request) in groups.items():
-        if kind == "linear_attention":
-            per_request = float(fp.state_bytes_per_request)
-        reads.append(KindRead(kind, int(count), per_token, int(tokens), per_request))
+    for kind, (count, kind_per_token, kind_tokens, kind_bytes) in groups.items():
+        per_request = float(fp.state_bytes_per_request) if kind == "linear_attention" else float(kind_bytes)
+        reads.append(KindRead(kind, int(count), float(kind_per_token), int(kind_tokens), per_request))
     return tuple(reads)
 
 
-def step_bytes(model: str | Path | ModelLayout, kv_dtype: str, context_len: int, users: int = 1,
-               weights_bytes: int | None = None, skip_layers: str | None = None,
-               activation_bytes_per_user: float | None = None) -> StepBytes:
+def step_bytes(
+    model: str | Path | ModelLayout,
+    kv_dtype: str,
+    context_len: int,
+    users: int = 1,
+    weights_bytes: int | None = None,
+    skip_layers: str | None = None,
+    activation_bytes_per_user: float | None = None,
+) -> StepBytes:
     """Bytes one decode step reads: weights + KV x requests + state + activations."""
     layout = load_layout(model)
     length = check_context(layout, context_len)
@@ -344,8 +368,17 @@ def step_bytes(model: str | Path | ModelLayout, kv_dtype: str, context_len: int,
         raise StudyError(f"{layout.config_path}: per-kind KV bytes {split} differ from kv_footprint's {kv_per_request}")
     acts = activation_bytes_per_request(layout) if activation_bytes_per_user is None else activation_bytes_per_user
     weights = weights_read(layout, users, weights_bytes).read_bytes
-    return StepBytes(kv_dtype, fp.resolved_dtype, length, users, weights, kv_per_request * users,
-                     2 * state * users, float(acts) * users, per_kind)
+    return StepBytes(
+        kv_dtype,
+        fp.resolved_dtype,
+        length,
+        users,
+        weights,
+        kv_per_request * users,
+        2 * state * users,
+        float(acts) * users,
+        per_kind,
+    )
 
 
 def tpot_ms(total_bytes: float, bandwidth_gb_s: float, bandwidth_factor: float = DEFAULT_BANDWIDTH_FACTOR) -> float:
@@ -359,17 +392,27 @@ def speedup_pct(tpot_baseline_ms: float, tpot_candidate_ms: float) -> float:
     return (tpot_baseline_ms / tpot_candidate_ms - 1) * 100
 
 
-def predicted_slope_ms_per_token(model: str | Path | ModelLayout, kv_dtype: str, bandwidth_gb_s: float,
-                                 bandwidth_factor: float = DEFAULT_BANDWIDTH_FACTOR, users: int = 1,
-                                 skip_layers: str | None = None) -> float:
+def predicted_slope_ms_per_token(
+    model: str | Path | ModelLayout,
+    kv_dtype: str,
+    bandwidth_gb_s: float,
+    bandwidth_factor: float = DEFAULT_BANDWIDTH_FACTOR,
+    users: int = 1,
+    skip_layers: str | None = None,
+) -> float:
     """ITL growth per token of context beyond every window: growing KV bytes / effective bandwidth."""
     layout = load_layout(model)
     growing = float(kv_footprint(layout, kv_dtype, 1, skip_layers).bytes_per_token)
     return tpot_ms(growing * _positive_int(users, "users"), bandwidth_gb_s, bandwidth_factor)
 
 
-def kv_dominates_from(model: str | Path | ModelLayout, kv_dtype: str, users: int = 1,
-                      weights_bytes: int | None = None, skip_layers: str | None = None) -> int | None:
+def kv_dominates_from(
+    model: str | Path | ModelLayout,
+    kv_dtype: str,
+    users: int = 1,
+    weights_bytes: int | None = None,
+    skip_layers: str | None = None,
+) -> int | None:
     """The shortest context at which the step's KV bytes reach the weights read; None if never.
 
     Searched up to the model's ``max_position_embeddings`` (or 10^8 tokens without one); a model
@@ -381,8 +424,14 @@ def kv_dominates_from(model: str | Path | ModelLayout, kv_dtype: str, users: int
     limit = layout.max_position_embeddings or MAX_SEARCH_TOKENS
 
     def kv_at(length: int) -> float:
-        return sum(k.bytes_per_request for k in kind_reads(layout, kv_dtype, length, skip_layers)
-                   if k.kind != "linear_attention") * users
+        return (
+            sum(
+                k.bytes_per_request
+                for k in kind_reads(layout, kv_dtype, length, skip_layers)
+                if k.kind != "linear_attention"
+            )
+            * users
+        )
 
     if kv_at(limit) < weights:
         return None
@@ -396,9 +445,15 @@ def kv_dominates_from(model: str | Path | ModelLayout, kv_dtype: str, users: int
     return low
 
 
-def max_fp8_gain_pct(model: str | Path | ModelLayout, context_len: int, users: int = 1,
-                     baseline_dtype: str = "auto", fp8_dtype: str = "fp8", weights_bytes: int | None = None,
-                     skip_layers: str | None = None) -> float:
+def max_fp8_gain_pct(
+    model: str | Path | ModelLayout,
+    context_len: int,
+    users: int = 1,
+    baseline_dtype: str = "auto",
+    fp8_dtype: str = "fp8",
+    weights_bytes: int | None = None,
+    skip_layers: str | None = None,
+) -> float:
     """The largest speedup the smaller FP8 KV reads can explain at this context and user count.
 
     Equal to the roofline's predicted speedup: a step that is all memory traffic at one
@@ -411,15 +466,24 @@ def max_fp8_gain_pct(model: str | Path | ModelLayout, context_len: int, users: i
 
 # --------------------------------------------------------------------------- the whole prediction
 
+
 def _pick(steps: dict[str, StepBytes], test: Any) -> str | None:
     return next((name for name, s in steps.items() if test(s.resolved_dtype)), None)
 
 
-def roofline(model: str | Path | ModelLayout, context_len: int, users: int = 1, gpu: str | GpuSpec | None = None,
-             kv_dtypes: list[str] | tuple[str, ...] | None = None, bandwidth_factor: float | None = None,
-             bandwidth_gb_s: float | None = None, bandwidth_origin: str = "given",
-             weights_bytes: int | None = None, skip_layers: str | None = None,
-             catalog_path: str | Path | None = None) -> RooflineResult:
+def roofline(
+    model: str | Path | ModelLayout,
+    context_len: int,
+    users: int = 1,
+    gpu: str | GpuSpec | None = None,
+    kv_dtypes: list[str] | tuple[str, ...] | None = None,
+    bandwidth_factor: float | None = None,
+    bandwidth_gb_s: float | None = None,
+    bandwidth_origin: str = "given",
+    weights_bytes: int | None = None,
+    skip_layers: str | None = None,
+    catalog_path: str | Path | None = None,
+) -> RooflineResult:
     """Predicted bytes per step, TPOT, ITL slope and FP8 speedup for a model on a GPU.
 
     The bandwidth is the GPU's datasheet figure unless ``bandwidth_gb_s`` is given (then its
@@ -433,8 +497,11 @@ def roofline(model: str | Path | ModelLayout, context_len: int, users: int = 1, 
     assumptions: list[Assumption] = []
     if bandwidth_gb_s is not None:
         bandwidth = _positive_number(bandwidth_gb_s, "bandwidth GB/s")
-        assumptions.append(Assumption("bandwidth_gb_s", bandwidth, "GB/s", bandwidth_origin,
-                                      "peak figure given instead of the catalog's"))
+        assumptions.append(
+            Assumption(
+                "bandwidth_gb_s", bandwidth, "GB/s", bandwidth_origin, "peak figure given instead of the catalog's"
+            )
+        )
     elif spec is not None:
         bandwidth = spec.bandwidth_gb_s
         assumptions.append(Assumption("bandwidth_gb_s", bandwidth, "GB/s", "datasheet", spec.source))
@@ -442,27 +509,62 @@ def roofline(model: str | Path | ModelLayout, context_len: int, users: int = 1, 
         raise StudyError("gpu: none given (expected --gpu NAME from the catalog, or a bandwidth in GB/s)")
     if bandwidth_factor is None:
         factor = DEFAULT_BANDWIDTH_FACTOR
-        assumptions.append(Assumption("bandwidth_factor", factor, "fraction of peak", "assumed",
-                                      "achievable/peak DRAM bandwidth; the published H100 BF16 ITL slope of "
-                                      "Llama-3.1-8B (seed 003) implies 0.90 for KV reads"))
+        assumptions.append(
+            Assumption(
+                "bandwidth_factor",
+                factor,
+                "fraction of peak",
+                "assumed",
+                "achievable/peak DRAM bandwidth; the published H100 BF16 ITL slope of "
+                "Llama-3.1-8B (seed 003) implies 0.90 for KV reads",
+            )
+        )
     else:
         factor = check_bandwidth_factor(bandwidth_factor)
         assumptions.append(Assumption("bandwidth_factor", factor, "fraction of peak", "given"))
     dtypes = list(kv_dtypes) if kv_dtypes else [layout.model_dtype, "fp8"]
     weights = weights_read(layout, users, weights_bytes)
-    assumptions.append(Assumption("weights_bytes", weights.total_bytes, "bytes",
-                                  "given" if weights_bytes is not None else "model folder", weights.total_source))
-    assumptions.append(Assumption("weights_read_bytes", weights.read_bytes, "bytes per step", "estimated",
-                                  "; ".join(weights.notes)))
+    assumptions.append(
+        Assumption(
+            "weights_bytes",
+            weights.total_bytes,
+            "bytes",
+            "given" if weights_bytes is not None else "model folder",
+            weights.total_source,
+        )
+    )
+    assumptions.append(
+        Assumption("weights_read_bytes", weights.read_bytes, "bytes per step", "estimated", "; ".join(weights.notes))
+    )
     acts = activation_bytes_per_request(layout)
-    assumptions.append(Assumption("activation_bytes_per_user", acts, "bytes per step", "estimated",
-                                  f"{ACTIVATION_HIDDEN_VECTORS} x hidden + {ACTIVATION_MLP_VECTORS} x MLP width "
-                                  f"16-bit values per layer, written and read back, plus FP32 logits"))
-    assumptions.append(Assumption("state_traffic", 2, "x state bytes per request", "assumed",
-                                  "linear-attention state read and written back once per step"))
-    assumptions.append(Assumption("kv_read_per_step", "context (window-capped)", "tokens per request", "assumed",
-                                  "attention reads every cached token of its layer once per step; "
-                                  "the new token's KV write is not counted"))
+    assumptions.append(
+        Assumption(
+            "activation_bytes_per_user",
+            acts,
+            "bytes per step",
+            "estimated",
+            f"{ACTIVATION_HIDDEN_VECTORS} x hidden + {ACTIVATION_MLP_VECTORS} x MLP width "
+            f"16-bit values per layer, written and read back, plus FP32 logits",
+        )
+    )
+    assumptions.append(
+        Assumption(
+            "state_traffic",
+            2,
+            "x state bytes per request",
+            "assumed",
+            "linear-attention state read and written back once per step",
+        )
+    )
+    assumptions.append(
+        Assumption(
+            "kv_read_per_step",
+            "context (window-capped)",
+            "tokens per request",
+            "assumed",
+            "attention reads every cached token of its layer once per step; the new token's KV write is not counted",
+        )
+    )
     steps = {d: step_bytes(layout, d, length, users, weights_bytes, skip_layers, acts) for d in dtypes}
     tpot = {d: tpot_ms(s.total_bytes, bandwidth, factor) for d, s in steps.items()}
     slopes = {d: predicted_slope_ms_per_token(layout, d, bandwidth, factor, users, skip_layers) for d in dtypes}
@@ -471,6 +573,22 @@ def roofline(model: str | Path | ModelLayout, context_len: int, users: int = 1, 
     fp8 = _pick(steps, lambda r: r.startswith("fp8"))
     gain = speedup_pct(tpot[base], tpot[fp8]) if base and fp8 else None
     reduction = (1 - tpot[fp8] / tpot[base]) * 100 if base and fp8 else None
-    return RooflineResult(layout.name, layout.config_path, spec.name if spec else None, length, users, bandwidth,
-                          factor, steps, tpot, slopes, dominates, base, fp8, gain, reduction, weights,
-                          tuple(assumptions))
+    return RooflineResult(
+        layout.name,
+        layout.config_path,
+        spec.name if spec else None,
+        length,
+        users,
+        bandwidth,
+        factor,
+        steps,
+        tpot,
+        slopes,
+        dominates,
+        base,
+        fp8,
+        gain,
+        reduction,
+        weights,
+        tuple(assumptions),
+    )

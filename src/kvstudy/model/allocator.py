@@ -16,8 +16,18 @@ from fractions import Fraction
 from pathlib import Path
 
 from kvstudy.errors import StudyError
-from kvstudy.model.capacity import (CHUNKED, LINEAR, SHARED, SLIDING, ModelLayout, _check_skip_layers,
-                                    layer_bytes_per_token, load_layout, resolve_kv_dtype, state_bytes)
+from kvstudy.model.capacity import (
+    CHUNKED,
+    LINEAR,
+    SHARED,
+    SLIDING,
+    ModelLayout,
+    _check_skip_layers,
+    layer_bytes_per_token,
+    load_layout,
+    resolve_kv_dtype,
+    state_bytes,
+)
 from kvstudy.vllm.facts import DEVICE_DEFAULTS
 
 
@@ -48,8 +58,9 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _blocks_per_request(spec: _Spec, max_model_len: int, max_in_flight_tokens: int,
-                        mamba_cache_mode: str = "none") -> int:
+def _blocks_per_request(
+    spec: _Spec, max_model_len: int, max_in_flight_tokens: int, mamba_cache_mode: str = "none"
+) -> int:
     """vLLM 0.32 ``cdiv(max_memory_usage_bytes, page_size_bytes)`` for one layer spec."""
     if spec.kind == LINEAR:
         return 2 if mamba_cache_mode == "align" else 1
@@ -81,8 +92,9 @@ def _layer_specs(layout: ModelLayout, dtype: str, block_size: int, skip_layers: 
         if layer.kind == LINEAR:
             specs.append(_Spec(LINEAR, block_size, 0))
         else:
-            specs.append(_Spec(layer.kind, block_size, _page(cost, block_size, layout.config_path),
-                               layer.sliding_window))
+            specs.append(
+                _Spec(layer.kind, block_size, _page(cost, block_size, layout.config_path), layer.sliding_window)
+            )
     if states:
         attn_page = max(s.page_bytes for s in specs)
         specs = [_Spec(LINEAR, s.block_size, attn_page) if s.kind == LINEAR else s for s in specs]
@@ -104,13 +116,17 @@ def _unify_page_sizes(specs: list[_Spec]) -> list[_Spec]:
     return out
 
 
-def _group(specs: list[_Spec], max_model_len: int, max_in_flight_tokens: int,
-           mamba_cache_mode: str = "none") -> tuple[int, int, int]:
+def _group(
+    specs: list[_Spec], max_model_len: int, max_in_flight_tokens: int, mamba_cache_mode: str = "none"
+) -> tuple[int, int, int]:
     """(bytes per block, blocks one max-length request needs, number of groups), as vLLM groups layers."""
     distinct_kinds = {(s.kind, s.block_size, s.sliding_window) for s in specs}
     if len(distinct_kinds) == 1:  # uniform type: one group holding every layer
-        return (sum(s.page_bytes for s in specs),
-                _blocks_per_request(specs[0], max_model_len, max_in_flight_tokens, mamba_cache_mode), 1)
+        return (
+            sum(s.page_bytes for s in specs),
+            _blocks_per_request(specs[0], max_model_len, max_in_flight_tokens, mamba_cache_mode),
+            1,
+        )
     specs = _unify_page_sizes(specs)
     buckets = Counter(specs)
     smallest, largest = min(buckets.values()), max(buckets.values())
@@ -125,10 +141,18 @@ def _group(specs: list[_Spec], max_model_len: int, max_in_flight_tokens: int,
     return bytes_per_block, blocks, groups
 
 
-def predict_logged_pool(config: str | Path | ModelLayout, kv_cache_dtype: str, kv_memory_bytes: int,
-                        max_model_len: int, block_size: int | None = None, skip_layers: str | None = None,
-                        max_in_flight_tokens: int | None = None, num_blocks_override: int | None = None,
-                        device: str = "cuda", mamba_cache_mode: str = "none") -> LoggedPool:
+def predict_logged_pool(
+    config: str | Path | ModelLayout,
+    kv_cache_dtype: str,
+    kv_memory_bytes: int,
+    max_model_len: int,
+    block_size: int | None = None,
+    skip_layers: str | None = None,
+    max_in_flight_tokens: int | None = None,
+    num_blocks_override: int | None = None,
+    device: str = "cuda",
+    mamba_cache_mode: str = "none",
+) -> LoggedPool:
     """The pool vLLM 0.32 logs for ``kv_memory_bytes`` of KV memory.
 
     ``num_blocks = kv_memory_bytes // bytes_per_block``; ``concurrency = num_blocks /
@@ -151,33 +175,50 @@ def predict_logged_pool(config: str | Path | ModelLayout, kv_cache_dtype: str, k
     layout = load_layout(config)
     _check_skip_layers(skip_layers)
     dtype = resolve_kv_dtype(layout, kv_cache_dtype)
-    for name, value in (("kv_memory_bytes", kv_memory_bytes), ("max_model_len", max_model_len),
-                        ("block_size", block_size), ("max_in_flight_tokens", max_in_flight_tokens)):
+    for name, value in (
+        ("kv_memory_bytes", kv_memory_bytes),
+        ("max_model_len", max_model_len),
+        ("block_size", block_size),
+        ("max_in_flight_tokens", max_in_flight_tokens),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise StudyError(f"{name} {value!r}: expected a positive integer")
     if not any(l.kind not in (LINEAR, SHARED) for l in layout.layers):
         raise StudyError(f"{layout.config_path}: no attention layers, so no KV pool to predict")
     specs = _layer_specs(layout, dtype, block_size, skip_layers)
-    bytes_per_block, blocks_per_request, groups = _group(specs, max_model_len, max_in_flight_tokens,
-                                                         mamba_cache_mode)
+    bytes_per_block, blocks_per_request, groups = _group(specs, max_model_len, max_in_flight_tokens, mamba_cache_mode)
     num_blocks = num_blocks_override if num_blocks_override is not None else kv_memory_bytes // bytes_per_block
     concurrency = num_blocks / blocks_per_request
     used_block = min(s.block_size for s in specs if s.kind != LINEAR)
-    return LoggedPool(num_blocks=num_blocks, tokens=int(concurrency * max_model_len),
-                      max_concurrency=concurrency, block_size=used_block,
-                      bytes_per_block=bytes_per_block, blocks_per_request=blocks_per_request,
-                      num_groups=groups)
+    return LoggedPool(
+        num_blocks=num_blocks,
+        tokens=int(concurrency * max_model_len),
+        max_concurrency=concurrency,
+        block_size=used_block,
+        bytes_per_block=bytes_per_block,
+        blocks_per_request=blocks_per_request,
+        num_groups=groups,
+    )
 
 
-def kv_memory_for_pool(config: str | Path | ModelLayout, kv_cache_dtype: str, num_blocks: int,
-                       block_size: int | None = None, skip_layers: str | None = None, device: str = "cuda") -> int:
+def kv_memory_for_pool(
+    config: str | Path | ModelLayout,
+    kv_cache_dtype: str,
+    num_blocks: int,
+    block_size: int | None = None,
+    skip_layers: str | None = None,
+    device: str = "cuda",
+) -> int:
     """KV bytes a pool of ``num_blocks`` blocks occupies (the inverse of ``predict_logged_pool``)."""
-    pool = predict_logged_pool(config, kv_cache_dtype, 1, 1, block_size, skip_layers,
-                               num_blocks_override=num_blocks, device=device)
+    pool = predict_logged_pool(
+        config, kv_cache_dtype, 1, 1, block_size, skip_layers, num_blocks_override=num_blocks, device=device
+    )
     return pool.bytes_per_block * num_blocks
 
 
 def format_logged_line(pool: LoggedPool, max_model_len: int, device: str = "GPU") -> str:
     """The pool as vLLM 0.32 logs it, for side-by-side reading with a startup log."""
-    return (f"{device} KV cache size: {pool.tokens:,} tokens, Maximum concurrency for "
-            f"{max_model_len:,} tokens per request: {pool.max_concurrency:.2f}x")
+    return (
+        f"{device} KV cache size: {pool.tokens:,} tokens, Maximum concurrency for "
+        f"{max_model_len:,} tokens per request: {pool.max_concurrency:.2f}x"
+    )

@@ -1,21 +1,30 @@
 """KV-cache capacity math: bytes per token and per request, tokens per GiB, the pool a GPU leaves.
 
-Everything here is computed from a model's ``config.json`` with the per-layer rules of vLLM
-0.32 (``vllm/v1/kv_cache_interface.py`` and ``vllm/v1/core/kv_cache_utils.py``):
+Everything here is computed from a model's layout (``kvstudy.model.layout``, which reads the
+``config.json`` with each family's rules) with the per-layer rules of vLLM 0.32
+(``vllm/v1/kv_cache_interface.py`` and ``vllm/v1/core/kv_cache_utils.py``):
 
 * full attention (MHA/GQA): ``num_kv_heads * (head_size + head_size_v) * dtype_bytes`` per token
   per layer; the cost grows with every token;
 * MLA (DeepSeek-V2/V3, Kimi-K2): one latent of ``kv_lora_rank + qk_rope_head_dim`` values per
   token per layer and no V; the special dtypes ``fp8_ds_mla`` and ``nvfp4_ds_mla`` cost a fixed
-  656 and 352 bytes per token per layer;
-* sliding-window layers: the same per-token cost, but a request holds at most the window;
-* linear-attention / Mamba layers (Qwen3-Next): a fixed state per request, whatever its length.
+  656 and 352 bytes per token per layer (vLLM uses them only with sparse MLA);
+* sliding-window and chunked local layers: the same per-token cost, but a request holds at most
+  the window / chunk; when every layer is so limited, ``bytes_per_token`` is the cost per token
+  within the window and ``cap_tokens`` says where a request stops growing;
+* KV-shared layers (gemma-3n) store nothing; state layers (gated delta net, Mamba-1/2) keep a
+  fixed state per request, whatever its length;
+* tensor parallelism: ``max(1, kv_heads // tp)`` KV heads per GPU, MLA's latent on every GPU, state
+  channels and heads split; pipeline parallelism: the layers split into stages as vLLM splits them.
 
-How vLLM's block allocator turns KV memory into the logged pool is in ``kvstudy.model.allocator``.
+Weights are in ``kvstudy.model.weights``; the GPU / calculator side and the ``kvstudy capacity``
+command in ``kvstudy.model.plan``; how vLLM's block allocator turns KV memory into the logged pool
+in ``kvstudy.model.allocator``.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -24,8 +33,22 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.model.folder import is_finite_number
 from kvstudy.model.layout import (  # noqa: F401  (re-exported: the public names callers use)
-    CHUNKED, FULL, LAYER_KINDS, LAYER_TYPE_NAMES, LINEAR, MLA, SHARED, SLIDING, SUPPORTED_MODEL_TYPES,
-    LayerSpec, ModelLayout, StateShape, layout_from_config, load_layout, positive_int, text_config,
+    CHUNKED,
+    FULL,
+    LAYER_KINDS,
+    LAYER_TYPE_NAMES,
+    LINEAR,
+    MLA,
+    SHARED,
+    SLIDING,
+    SUPPORTED_MODEL_TYPES,
+    LayerSpec,
+    ModelLayout,
+    StateShape,
+    layout_from_config,
+    load_layout,
+    positive_int,
+    text_config,
 )
 from kvstudy.model.weights import WeightsSize, estimate_parameters, estimate_weights, weights_size  # noqa: F401
 from kvstudy.vllm.facts import DTYPE_BYTES, MLA_SPECIAL_BYTES
@@ -38,18 +61,19 @@ KV_DTYPES: tuple[str, ...] = ("auto", *DTYPE_BYTES, *MLA_SPECIAL_BYTES)
 
 # --------------------------------------------------------------------------- records
 
+
 @dataclass(frozen=True)
 class KVFootprint:
     """KV bytes for one model and one KV dtype."""
 
     model: str
-    kv_dtype: str                  # as asked (may be "auto")
-    resolved_dtype: str            # what the attention layers store
-    bytes_per_token: float         # what one more token adds in a long context (growing layers only)
-    bytes_per_token_short: float   # what one token adds while every sliding window is still open
-    state_bytes_per_request: int   # fixed state of linear-attention layers, per request
+    kv_dtype: str  # as asked (may be "auto")
+    resolved_dtype: str  # what the attention layers store
+    bytes_per_token: float  # what one more token adds in a long context (growing layers only)
+    bytes_per_token_short: float  # what one token adds while every sliding window is still open
+    state_bytes_per_request: int  # fixed state of linear-attention layers, per request
     context_len: int
-    bytes_per_request: float       # a request of context_len tokens, all layer kinds
+    bytes_per_request: float  # a request of context_len tokens, all layer kinds
     layer_kinds: dict[str, int]
     skip_layers: str | None = None
     cap_tokens: int | None = None  # every layer windowed or chunked: a request stops growing here,
@@ -57,7 +81,7 @@ class KVFootprint:
     bytes_per_token_by_kind: dict[str, float] = field(default_factory=dict)  # one token, per layer kind
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
-    bytes_per_token_per_gpu: float = 0.0          # on the GPU of the group that holds the most
+    bytes_per_token_per_gpu: float = 0.0  # on the GPU of the group that holds the most
     state_bytes_per_request_per_gpu: int = 0
     bytes_per_request_per_gpu: float = 0.0
 
@@ -82,10 +106,10 @@ class PoolEstimate:
 
     gpu_memory_bytes: int
     gpu_memory_utilization: float
-    requested_bytes: int           # gpu_memory_bytes * utilization
+    requested_bytes: int  # gpu_memory_bytes * utilization
     weights_bytes: int
-    overhead_bytes: int            # activations, non-torch memory, CUDA graphs (an assumption)
-    kv_pool_bytes: int             # what is left for the KV cache (0 if nothing)
+    overhead_bytes: int  # activations, non-torch memory, CUDA graphs (an assumption)
+    kv_pool_bytes: int  # what is left for the KV cache (0 if nothing)
     fixed_pool_tokens: int | None = None
 
     @property
@@ -94,6 +118,7 @@ class PoolEstimate:
 
 
 # --------------------------------------------------------------------------- bytes per token
+
 
 def resolve_kv_dtype(layout: ModelLayout, kv_dtype: str) -> str:
     """The dtype the attention layers store for a --kv-cache-dtype value."""
@@ -114,21 +139,27 @@ def _skipped(layer: LayerSpec, skip_layers: str | None) -> bool:
         item = item.strip()
         if item == "sliding_window" and layer.kind == SLIDING:
             return True
-        if item.isdigit() and int(item) == layer.index:
+        if _is_index(item) and int(item) == layer.index:
             return True
     return False
+
+
+def _is_index(item: str) -> bool:
+    """Whether ``item`` is a layer index in ASCII digits (``str.isdigit`` also takes '²')."""
+    return re.fullmatch(r"[0-9]{1,6}", item.strip(), re.ASCII) is not None
 
 
 def _check_skip_layers(skip_layers: str | None) -> None:
     if not skip_layers:
         return
     for item in str(skip_layers).split(","):
-        if item.strip() != "sliding_window" and not item.strip().isdigit():
+        if item.strip() != "sliding_window" and not _is_index(item):
             raise StudyError(f"skip layers {skip_layers!r}: expected 'sliding_window' or comma-separated layer indices")
 
 
-def layer_bytes_per_token(layer: LayerSpec, dtype: str, model_dtype: str,
-                          skip_layers: str | None = None, tensor_parallel_size: int = 1) -> Fraction:
+def layer_bytes_per_token(
+    layer: LayerSpec, dtype: str, model_dtype: str, skip_layers: str | None = None, tensor_parallel_size: int = 1
+) -> Fraction:
     """KV bytes one token costs in one layer on one GPU (0 for a state or KV-shared layer).
 
     With tensor parallelism each GPU holds ``max(1, kv_heads // tp)`` KV heads (heads are
@@ -162,8 +193,7 @@ def pipeline_stages(num_layers: int, pipeline_parallel_size: int) -> list[range]
     """Decoder layers per pipeline stage as vLLM splits them (vllm/distributed/utils.py get_pp_indices:
     equal parts, the remainder added one each to the stages before the last)."""
     if pipeline_parallel_size > num_layers:
-        raise StudyError(f"pipeline_parallel_size {pipeline_parallel_size}: more stages than the "
-                         f"{num_layers} layers")
+        raise StudyError(f"pipeline_parallel_size {pipeline_parallel_size}: more stages than the {num_layers} layers")
     sizes = [num_layers // pipeline_parallel_size] * pipeline_parallel_size
     for i in range(2, num_layers % pipeline_parallel_size + 2):
         sizes[-i] += 1
@@ -183,9 +213,14 @@ def _limit(layer: LayerSpec, length: int) -> int:
     return length
 
 
-def kv_footprint(model: str | Path | ModelLayout, kv_dtype: str = "auto", context_len: int | None = None,
-                 skip_layers: str | None = None, tensor_parallel_size: int = 1,
-                 pipeline_parallel_size: int = 1) -> KVFootprint:
+def kv_footprint(
+    model: str | Path | ModelLayout,
+    kv_dtype: str = "auto",
+    context_len: int | None = None,
+    skip_layers: str | None = None,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+) -> KVFootprint:
     """Bytes per token (long context), per token (short context) and per request of ``context_len``,
     for the whole model and for one GPU of a ``tensor_parallel_size x pipeline_parallel_size`` group."""
     layout = load_layout(model)
@@ -195,8 +230,12 @@ def kv_footprint(model: str | Path | ModelLayout, kv_dtype: str = "auto", contex
     dtype = resolve_kv_dtype(layout, kv_dtype)
     length = context_len if context_len is not None else (layout.max_position_embeddings or 0)
     if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
-        raise StudyError(f"context length {length!r}: expected a positive integer "
-                         f"({layout.config_path} has no max_position_embeddings to default to)")
+        if context_len is None:
+            raise StudyError(
+                f"context length: {layout.config_path} has no max_position_embeddings to default to; "
+                "give one (e.g. --max-model-len 4096)"
+            )
+        raise StudyError(f"context length {repr(context_len)[:40]}: expected a positive integer number of tokens")
     growing = short = per_request = Fraction(0)
     state = 0
     by_kind: dict[str, Fraction] = {}
@@ -221,15 +260,25 @@ def kv_footprint(model: str | Path | ModelLayout, kv_dtype: str = "auto", contex
             gpu_request, gpu_state = s_request, s_state
             gpu_short = sum(costs, Fraction(0))
             gpu_token = sum((c for l, c in zip(layers, costs) if l.kind in (FULL, MLA)), Fraction(0))
-    return KVFootprint(model=layout.name, kv_dtype=kv_dtype, resolved_dtype=dtype,
-                       bytes_per_token=_plain(growing if growing else short), bytes_per_token_short=_plain(short),
-                       state_bytes_per_request=state, context_len=length,
-                       bytes_per_request=_plain(per_request + state), layer_kinds=layout.layer_kinds,
-                       skip_layers=skip_layers, cap_tokens=cap_tokens,
-                       bytes_per_token_by_kind={k: _plain(v) for k, v in by_kind.items()},
-                       tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
-                       bytes_per_token_per_gpu=_plain(gpu_token if growing else gpu_short),
-                       state_bytes_per_request_per_gpu=gpu_state, bytes_per_request_per_gpu=_plain(gpu_request))
+    return KVFootprint(
+        model=layout.name,
+        kv_dtype=kv_dtype,
+        resolved_dtype=dtype,
+        bytes_per_token=_plain(growing if growing else short),
+        bytes_per_token_short=_plain(short),
+        state_bytes_per_request=state,
+        context_len=length,
+        bytes_per_request=_plain(per_request + state),
+        layer_kinds=layout.layer_kinds,
+        skip_layers=skip_layers,
+        cap_tokens=cap_tokens,
+        bytes_per_token_by_kind={k: _plain(v) for k, v in by_kind.items()},
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        bytes_per_token_per_gpu=_plain(gpu_token if growing else gpu_short),
+        state_bytes_per_request_per_gpu=gpu_state,
+        bytes_per_request_per_gpu=_plain(gpu_request),
+    )
 
 
 def _plain(value: Fraction) -> int | float:
@@ -246,8 +295,14 @@ def tokens_per_gib(bytes_per_token: float) -> float:
 
 # --------------------------------------------------------------------------- weights and pool
 
-def kv_pool_after_weights(gpu_memory_gib: float, gpu_memory_utilization: float, weights_bytes: int,
-                          overhead_gib: float = 0.0, fixed_pool_tokens: int | None = None) -> PoolEstimate:
+
+def kv_pool_after_weights(
+    gpu_memory_gib: float,
+    gpu_memory_utilization: float,
+    weights_bytes: int,
+    overhead_gib: float = 0.0,
+    fixed_pool_tokens: int | None = None,
+) -> PoolEstimate:
     """KV pool = GPU memory x utilization - weights - overhead (the overhead is an assumption)."""
     if not is_finite_number(gpu_memory_gib) or gpu_memory_gib <= 0:
         raise StudyError(f"gpu_memory_gib {gpu_memory_gib!r}: expected a positive number of GiB")
@@ -259,8 +314,7 @@ def kv_pool_after_weights(gpu_memory_gib: float, gpu_memory_utilization: float, 
     requested = int(total * gpu_memory_utilization)
     overhead = int(overhead_gib * GIB)
     pool = max(requested - int(weights_bytes) - overhead, 0)
-    return PoolEstimate(total, gpu_memory_utilization, requested, int(weights_bytes), overhead, pool,
-                        fixed_pool_tokens)
+    return PoolEstimate(total, gpu_memory_utilization, requested, int(weights_bytes), overhead, pool, fixed_pool_tokens)
 
 
 def users_that_fit(pool_bytes: float, footprint: KVFootprint) -> int:
@@ -272,6 +326,7 @@ def users_that_fit(pool_bytes: float, footprint: KVFootprint) -> int:
 
 # --------------------------------------------------------------------------- tables and CLI
 
+
 def default_dtypes(layout: ModelLayout) -> list[str]:
     """The model's own 16-bit dtype, fp8 and nvfp4 (MLA models: their own fp8/nvfp4 formats)."""
     if any(l.kind == MLA for l in layout.layers):
@@ -279,9 +334,13 @@ def default_dtypes(layout: ModelLayout) -> list[str]:
     return [layout.model_dtype, "fp8", "nvfp4"]
 
 
-def capacity_summary(model: str | Path | ModelLayout, kv_dtypes: list[str] | None = None,
-                     context_len: int | None = None, skip_layers: str | None = None,
-                     tensor_parallel_size: int = 1) -> dict[str, Any]:
+def capacity_summary(
+    model: str | Path | ModelLayout,
+    kv_dtypes: list[str] | None = None,
+    context_len: int | None = None,
+    skip_layers: str | None = None,
+    tensor_parallel_size: int = 1,
+) -> dict[str, Any]:
     """The CLI's JSON object: the model's layer kinds and, per dtype, the footprint figures."""
     layout = load_layout(model)
     dtypes = kv_dtypes or default_dtypes(layout)
@@ -319,24 +378,30 @@ def capacity_summary(model: str | Path | ModelLayout, kv_dtypes: list[str] | Non
     return result
 
 
-def footprint_table(model: str | Path | ModelLayout, kv_dtypes: list[str], context_len: int,
-                    skip_layers: str | None = None) -> Any:
+def footprint_table(
+    model: str | Path | ModelLayout, kv_dtypes: list[str], context_len: int, skip_layers: str | None = None
+) -> Any:
     """One row per KV dtype: bytes and KiB per token, tokens per GiB, MiB per request (a DataFrame)."""
     import pandas as pd
 
     rows = []
     for dtype in kv_dtypes:
         fp = kv_footprint(model, dtype, context_len, skip_layers)
-        rows.append({"kv dtype": dtype, "stored as": fp.resolved_dtype,
-                     "bytes per token": fp.bytes_per_token, "KiB per token": fp.kib_per_token,
-                     "tokens per GiB": fp.tokens_per_gib if fp.bytes_per_token else float("nan"),
-                     "fixed state per request (MiB)": fp.state_bytes_per_request / 2**20,
-                     f"MiB per {context_len:,}-token request": fp.bytes_per_request / 2**20})
+        rows.append(
+            {
+                "kv dtype": dtype,
+                "stored as": fp.resolved_dtype,
+                "bytes per token": fp.bytes_per_token,
+                "KiB per token": fp.kib_per_token,
+                "tokens per GiB": fp.tokens_per_gib if fp.bytes_per_token else float("nan"),
+                "fixed state per request (MiB)": fp.state_bytes_per_request / 2**20,
+                f"MiB per {context_len:,}-token request": fp.bytes_per_request / 2**20,
+            }
+        )
     return pd.DataFrame(rows).set_index("kv dtype")
 
 
-def compare_models(models: list[str | Path], context_len: int,
-                   dtypes: tuple[str, str] = ("auto", "fp8")) -> Any:
+def compare_models(models: list[str | Path], context_len: int, dtypes: tuple[str, str] = ("auto", "fp8")) -> Any:
     """One row per model: layer kinds and, for two KV dtypes, KiB per token and tokens per GiB."""
     import pandas as pd
 

@@ -22,7 +22,9 @@ def _cached_snapshot(repo_id: str, cache_dir: str | Path | None = None) -> Path:
         if repo.repo_id == repo_id and repo.repo_type == "model" and repo.revisions:
             newest = max(repo.revisions, key=lambda r: r.last_modified)
             return Path(newest.snapshot_path)
-    raise StudyError(f"{repo_id}: not a folder and not in the local Hugging Face cache (expected a model folder, a config.json or a cached repo id)")
+    raise StudyError(
+        f"{repo_id}: not a folder and not in the local Hugging Face cache (expected a model folder, a config.json or a cached repo id)"
+    )
 
 
 def resolve_model_path(spec: str | Path, cache_dir: str | Path | None = None) -> Path:
@@ -57,4 +59,3 @@ def load_config(spec: str | Path) -> tuple[dict[str, Any], Path]:
     if not isinstance(data, dict):
         raise StudyError(f"{cfg}: expected a JSON object at the top level, got {type(data).__name__}")
     return data, cfg
-

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from kvstudy.errors import StudyError
 from kvstudy.model.folder import load_config
@@ -34,9 +34,11 @@ FULL = "full_attention"
 SLIDING = "sliding_attention"
 CHUNKED = "chunked_local_attention"
 MLA = "mla"
-LINEAR = "linear_attention"        # any fixed-state layer (gated delta net, Mamba-1/2)
-SHARED = "kv_shared"               # reads another layer's KV, stores nothing
+LINEAR = "linear_attention"  # any fixed-state layer (gated delta net, Mamba-1/2)
+SHARED = "kv_shared"  # reads another layer's KV, stores nothing
 LAYER_KINDS = (FULL, SLIDING, CHUNKED, MLA, LINEAR, SHARED)
+
+MAX_LAYERS = 10_000  # no model has more decoder layers; a bound keeps a hostile config from filling memory
 
 # Values of `layer_types` in Hugging Face configs, mapped to the kinds above.
 LAYER_TYPE_NAMES: dict[str, str] = {
@@ -53,22 +55,54 @@ LAYER_TYPE_NAMES: dict[str, str] = {
 }
 
 # Families read with the plain GQA / MLA / window rules (checked against each family's config).
-PLAIN_MODEL_TYPES: frozenset[str] = frozenset({
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-    "gemma", "gemma2", "gemma3", "gemma3_text", "gpt_oss", "deepseek_v2", "deepseek_v3",
-    "kimi_k2", "phi3", "granite", "olmo2", "starcoder2", "glm4_moe",
-})
+PLAIN_MODEL_TYPES: frozenset[str] = frozenset(
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "gemma2",
+        "gemma3",
+        "gemma3_text",
+        "gpt_oss",
+        "deepseek_v2",
+        "deepseek_v3",
+        "kimi_k2",
+        "phi3",
+        "granite",
+        "olmo2",
+        "starcoder2",
+        "glm4_moe",
+    }
+)
 # Families with their own layer rules in this module.
-SPECIAL_MODEL_TYPES: frozenset[str] = frozenset({
-    "qwen3_next", "llama4", "llama4_text", "gemma3n", "gemma3n_text", "granitemoehybrid",
-    "nemotron_h", "falcon_h1", "jamba",
-})
+SPECIAL_MODEL_TYPES: frozenset[str] = frozenset(
+    {
+        "qwen3_next",
+        "llama4",
+        "llama4_text",
+        "gemma3n",
+        "gemma3n_text",
+        "granitemoehybrid",
+        "nemotron_h",
+        "falcon_h1",
+        "jamba",
+    }
+)
 SUPPORTED_MODEL_TYPES: frozenset[str] = PLAIN_MODEL_TYPES | SPECIAL_MODEL_TYPES
 
 # Fields a family's config may leave out, with the default its transformers config class applies.
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": {"sliding_window_pattern": 6, "max_position_embeddings": 131072,
-                    "vocab_size": 262208, "tie_word_embeddings": True},
+    "gemma3_text": {
+        "sliding_window_pattern": 6,
+        "max_position_embeddings": 131072,
+        "vocab_size": 262208,
+        "tie_word_embeddings": True,
+    },
     "gemma2": {"tie_word_embeddings": True},
     "llama4_text": {"no_rope_layer_interval": 4},
 }
@@ -76,18 +110,19 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 
 # --------------------------------------------------------------------------- records
 
+
 @dataclass(frozen=True)
 class StateShape:
     """A fixed-state layer's shape parameters (vLLM ``MambaStateShapeCalculator``)."""
 
-    kind: str                      # "gdn" (Qwen3-Next), "mamba2" or "mamba1"
-    conv_dim: int                  # channels of the conv state at TP 1
+    kind: str  # "gdn" (Qwen3-Next), "mamba2" or "mamba1"
+    conv_dim: int  # channels of the conv state at TP 1
     conv_kernel: int
-    heads: int                     # SSM / value heads (mamba1: the intermediate size)
+    heads: int  # SSM / value heads (mamba1: the intermediate size)
     head_dim: int
     state_size: int
-    n_groups: int = 0              # mamba2: B/C groups (part of conv_dim)
-    intermediate: int = 0          # mamba2: the x part of conv_dim
+    n_groups: int = 0  # mamba2: B/C groups (part of conv_dim)
+    intermediate: int = 0  # mamba2: the x part of conv_dim
 
     def values(self, tp: int = 1) -> tuple[int, int]:
         """(conv state, temporal state) element counts on one GPU at tensor parallelism ``tp``."""
@@ -105,12 +140,12 @@ class LayerSpec:
     """The KV cache (or state) one decoder layer keeps."""
 
     index: int
-    kind: str                      # one of LAYER_KINDS
-    num_kv_heads: int = 0          # KV heads (1 for MLA's latent, 0 for a state layer)
-    head_size: int = 0             # values per head for K (the latent size for MLA)
-    head_size_v: int = 0           # values per head for V (0 for MLA)
-    sliding_window: int | None = None    # window (sliding) or attention_chunk_size (chunked), tokens
-    state: StateShape | None = None      # fixed-state layers
+    kind: str  # one of LAYER_KINDS
+    num_kv_heads: int = 0  # KV heads (1 for MLA's latent, 0 for a state layer)
+    head_size: int = 0  # values per head for K (the latent size for MLA)
+    head_size_v: int = 0  # values per head for V (0 for MLA)
+    sliding_window: int | None = None  # window (sliding) or attention_chunk_size (chunked), tokens
+    state: StateShape | None = None  # fixed-state layers
     state_dtypes: tuple[str | None, str | None] = (None, None)  # conv / temporal; None: model dtype
 
     @property
@@ -130,17 +165,17 @@ class LayerSpec:
 class ModelLayout:
     """What the capacity math needs from a config.json."""
 
-    name: str                      # folder name
+    name: str  # folder name
     config_path: str
     model_type: str
     architecture: str
-    model_dtype: str               # bfloat16 / float16, the dtype "auto" resolves to
+    model_dtype: str  # bfloat16 / float16, the dtype "auto" resolves to
     layers: tuple[LayerSpec, ...]
     max_position_embeddings: int | None
-    kv_scheme_dtype: str | None = None   # a checkpoint-level KV dtype (compressed-tensors kv_cache_scheme)
-    warnings: tuple[str, ...] = ()       # e.g. a family assumed for an unknown model_type
-    num_hidden_layers: int = 0           # decoder layers (some keep no cache: Nemotron-H MLP layers)
-    notes: tuple[str, ...] = ()          # per-family facts worth showing (MTP layers not served, ...)
+    kv_scheme_dtype: str | None = None  # a checkpoint-level KV dtype (compressed-tensors kv_cache_scheme)
+    warnings: tuple[str, ...] = ()  # e.g. a family assumed for an unknown model_type
+    num_hidden_layers: int = 0  # decoder layers (some keep no cache: Nemotron-H MLP layers)
+    notes: tuple[str, ...] = ()  # per-family facts worth showing (MTP layers not served, ...)
 
     def count(self, kind: str) -> int:
         """Layers of one kind."""
@@ -165,13 +200,13 @@ class ModelLayout:
 
 # --------------------------------------------------------------------------- config fields
 
+
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
     """The language model's part of a config: ``text_config`` when nested, else the config."""
     text = config.get("text_config")
     merged = dict(config)
     if isinstance(text, dict):
-        merged = {k: v for k, v in config.items()
-                  if k not in ("text_config", "vision_config", "audio_config")}
+        merged = {k: v for k, v in config.items() if k not in ("text_config", "vision_config", "audio_config")}
         merged.update(text)
     for key, value in FAMILY_DEFAULTS.get(str(merged.get("model_type")), {}).items():
         if merged.get(key) is None:
@@ -179,6 +214,10 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+@overload
+def positive_int(cfg: dict[str, Any], key: str, where: str, required: Literal[True] = True) -> int: ...
+@overload
+def positive_int(cfg: dict[str, Any], key: str, where: str, required: bool) -> int | None: ...
 def positive_int(cfg: dict[str, Any], key: str, where: str, required: bool = True) -> int | None:
     """A positive integer field, or a one-line StudyError naming the file and field."""
     value = cfg.get(key)
@@ -217,27 +256,35 @@ def _model_type(cfg: dict[str, Any], where: str, assume: str | None) -> tuple[st
     if model_type in SUPPORTED_MODEL_TYPES:
         return model_type, arch or model_type, ()
     if assume is None:
-        raise StudyError(f"{where}: unknown architecture, field 'model_type' is {model_type!r} (architectures "
-                         f"{archs!r}); if its KV layout is that of a known family, pass --assume FAMILY "
-                         f"(notebook parameter assume_family), FAMILY one of: {known}")
-    warning = (f"model_type {model_type!r} is not known to this study; its config was read with the rules of "
-               f"{assume!r} (--assume), which may not be how vLLM serves it")
+        raise StudyError(
+            f"{where}: unknown architecture, field 'model_type' is {model_type!r} (architectures "
+            f"{archs!r}); if its KV layout is that of a known family, pass --assume FAMILY "
+            f"(notebook parameter assume_family), FAMILY one of: {known}"
+        )
+    warning = (
+        f"model_type {model_type!r} is not known to this study; its config was read with the rules of "
+        f"{assume!r} (--assume), which may not be how vLLM serves it"
+    )
     return assume, arch or model_type, (warning,)
 
 
 # --------------------------------------------------------------------------- layer kinds per family
 
+
 def _kinds_from_layer_types(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
     layer_types = cfg["layer_types"]
     if not isinstance(layer_types, list) or len(layer_types) != num_layers:
         got = len(layer_types) if isinstance(layer_types, list) else layer_types
-        raise StudyError(f"{where}: field 'layer_types' must list {num_layers} layer kinds "
-                         f"(num_hidden_layers), got {got!r}")
+        raise StudyError(
+            f"{where}: field 'layer_types' must list {num_layers} layer kinds (num_hidden_layers), got {got!r}"
+        )
     kinds = []
     for i, name in enumerate(layer_types):
-        if name not in LAYER_TYPE_NAMES:
-            raise StudyError(f"{where}: field 'layer_types[{i}]' is {name!r} "
-                             f"(expected one of {', '.join(LAYER_TYPE_NAMES)})")
+        if not isinstance(name, str) or name not in LAYER_TYPE_NAMES:
+            raise StudyError(
+                f"{where}: field 'layer_types[{i}]' is {repr(name)[:60]} "
+                f"(expected one of {', '.join(LAYER_TYPE_NAMES)})"
+            )
         kinds.append(LAYER_TYPE_NAMES[name])
     return kinds
 
@@ -258,12 +305,14 @@ def _nemotron_h_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[
     """nemotron_h.py: 'M' Mamba-2, '*' attention, '-' MLP and 'E' MoE (no cache) per layer."""
     pattern = cfg.get("hybrid_override_pattern")
     if not isinstance(pattern, str) or len(pattern) != num_layers:
-        raise StudyError(f"{where}: field 'hybrid_override_pattern' must be a string of {num_layers} "
-                         "characters (M, *, -, E)")
+        raise StudyError(
+            f"{where}: field 'hybrid_override_pattern' must be a string of {num_layers} characters (M, *, -, E)"
+        )
     table = {"M": LINEAR, "*": FULL, "-": None, "E": None}
     if set(pattern) - set(table):
-        raise StudyError(f"{where}: field 'hybrid_override_pattern' has {sorted(set(pattern) - set(table))} "
-                         "(expected M, *, - or E)")
+        raise StudyError(
+            f"{where}: field 'hybrid_override_pattern' has {sorted(set(pattern) - set(table))} (expected M, *, - or E)"
+        )
     return [table[c] for c in pattern]
 
 
@@ -308,6 +357,7 @@ def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -
 
 # --------------------------------------------------------------------------- shapes
 
+
 def attention_shape(cfg: dict[str, Any], where: str) -> tuple[int, int]:
     """(num_kv_heads, head_dim) of a standard attention layer."""
     heads = positive_int(cfg, "num_attention_heads", where)
@@ -316,8 +366,10 @@ def attention_shape(cfg: dict[str, Any], where: str) -> tuple[int, int]:
     if head_dim is None:
         hidden = positive_int(cfg, "hidden_size", where)
         if hidden % heads:
-            raise StudyError(f"{where}: field 'hidden_size' {hidden} is not a multiple of "
-                             f"'num_attention_heads' {heads} and there is no 'head_dim'")
+            raise StudyError(
+                f"{where}: field 'hidden_size' {hidden} is not a multiple of "
+                f"'num_attention_heads' {heads} and there is no 'head_dim'"
+            )
         head_dim = hidden // heads
     return kv_heads, head_dim
 
@@ -342,7 +394,9 @@ def state_shape(cfg: dict[str, Any], family: str, where: str) -> StateShape:
     if family == "nemotron_h":
         inner = heads * head_dim
     else:
-        inner = positive_int(cfg, "mamba_d_ssm", where, required=False) or int(cfg.get("mamba_expand") or 0) * need("hidden_size")
+        inner = positive_int(cfg, "mamba_d_ssm", where, required=False) or int(cfg.get("mamba_expand") or 0) * need(
+            "hidden_size"
+        )
         if inner <= 0:
             raise StudyError(f"{where}: missing field 'mamba_expand' (expected a positive number)")
     return StateShape("mamba2", inner + 2 * groups * state, kernel, heads, head_dim, state, groups, inner)
@@ -361,6 +415,8 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
     cfg = text_config(config)
     family, arch, warnings = _model_type(cfg, where, assume)
     num_layers = positive_int(cfg, "num_hidden_layers", where)
+    if num_layers is not None and num_layers > MAX_LAYERS:
+        raise StudyError(f"{where}: field 'num_hidden_layers' is {num_layers} (expected at most {MAX_LAYERS:,})")
     dtype = model_dtype(cfg, where)
     kinds = layer_kinds(cfg, family, num_layers, where)
     flat = {k for ks in kinds for k in ks}
@@ -384,11 +440,19 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
                     layers.append(LayerSpec(i, kind, kv_heads, head_dim, head_dim, limit))
     max_pos = cfg.get("max_position_embeddings")
     name = Path(where).parent.name or Path(where).stem
-    return ModelLayout(name=name, config_path=str(where), model_type=str(cfg.get("model_type")), architecture=arch,
-                       model_dtype=dtype, layers=tuple(layers),
-                       max_position_embeddings=max_pos if isinstance(max_pos, int) else None,
-                       kv_scheme_dtype=_kv_scheme_dtype(config), warnings=warnings, num_hidden_layers=num_layers,
-                       notes=_family_notes(cfg, family))
+    return ModelLayout(
+        name=name,
+        config_path=str(where),
+        model_type=str(cfg.get("model_type")),
+        architecture=arch,
+        model_dtype=dtype,
+        layers=tuple(layers),
+        max_position_embeddings=max_pos if isinstance(max_pos, int) else None,
+        kv_scheme_dtype=_kv_scheme_dtype(config),
+        warnings=warnings,
+        num_hidden_layers=num_layers,
+        notes=_family_notes(cfg, family),
+    )
 
 
 def _family_notes(cfg: dict[str, Any], family: str) -> tuple[str, ...]:
@@ -396,8 +460,10 @@ def _family_notes(cfg: dict[str, Any], family: str) -> tuple[str, ...]:
     notes = []
     mtp = cfg.get("num_nextn_predict_layers")
     if isinstance(mtp, int) and mtp > 0:
-        notes.append(f"{mtp} MTP layer(s) (num_nextn_predict_layers) are not counted: vLLM builds them only "
-                     "with speculative decoding (--speculative-config)")
+        notes.append(
+            f"{mtp} MTP layer(s) (num_nextn_predict_layers) are not counted: vLLM builds them only "
+            "with speculative decoding (--speculative-config)"
+        )
     shared = cfg.get("num_kv_shared_layers")
     if family in ("gemma3n", "gemma3n_text") and shared:
         notes.append(f"the last {shared} layers reuse an earlier layer's KV and store nothing (gemma3n.py)")

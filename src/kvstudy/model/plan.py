@@ -17,8 +17,16 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
 from kvstudy.io import write_text_atomic
-from kvstudy.model.capacity import (GIB, KV_DTYPES, ModelLayout, PoolEstimate, capacity_summary, kv_footprint,
-                                    kv_pool_after_weights, load_layout)
+from kvstudy.model.capacity import (
+    GIB,
+    KV_DTYPES,
+    ModelLayout,
+    PoolEstimate,
+    capacity_summary,
+    kv_footprint,
+    kv_pool_after_weights,
+    load_layout,
+)
 from kvstudy.model.weights import weights_size
 from kvstudy.vllm.facts import DEFAULT_GPU_MEMORY_UTILIZATION
 
@@ -41,16 +49,17 @@ class GroupPool:
     memory: GpuMemory
     tensor_parallel_size: int
     pipeline_parallel_size: int
-    weights_bytes: int             # the whole model
+    weights_bytes: int  # the whole model
     weights_source: str
     weights_bytes_per_gpu: int
-    pool: PoolEstimate             # one GPU's
+    pool: PoolEstimate  # one GPU's
     fits: bool
-    message: str                   # "" when it fits
+    message: str  # "" when it fits
 
 
-def resolve_gpu_memory(gpu: str | None = None, gpu_memory_gib: float | None = None,
-                       gpu_memory_utilization: float | None = None) -> GpuMemory:
+def resolve_gpu_memory(
+    gpu: str | None = None, gpu_memory_gib: float | None = None, gpu_memory_utilization: float | None = None
+) -> GpuMemory:
     """GPU memory from the catalog (``gpu``) unless given; utilization given or vLLM's default."""
     if gpu_memory_gib is not None:
         memory, source = float(gpu_memory_gib), "given"
@@ -59,18 +68,28 @@ def resolve_gpu_memory(gpu: str | None = None, gpu_memory_gib: float | None = No
         memory = spec.memory_gib
         source = f"from the GPU catalog ({spec.name}, {spec.memory_mib_driver:,} MiB as the driver reports it)"
     else:
-        raise StudyError("gpu memory: give a GPU name from the catalog (--gpu, parameter gpu) "
-                         "or its memory in GiB (--gpu-memory-gib, parameter gpu_memory_gib)")
+        raise StudyError(
+            "gpu memory: give a GPU name from the catalog (--gpu, parameter gpu) "
+            "or its memory in GiB (--gpu-memory-gib, parameter gpu_memory_gib)"
+        )
     name = find_gpu(gpu).name if gpu is not None else None
     if gpu_memory_utilization is None:
-        return GpuMemory(name, memory, source, DEFAULT_GPU_MEMORY_UTILIZATION,
-                         "vLLM 0.32 default (vllm/config/cache.py)")
+        return GpuMemory(
+            name, memory, source, DEFAULT_GPU_MEMORY_UTILIZATION, "vLLM 0.32 default (vllm/config/cache.py)"
+        )
     return GpuMemory(name, memory, source, float(gpu_memory_utilization), "given")
 
 
-def group_pool(model: str | Path, memory: GpuMemory, weights_bytes: int | None = None,
-               weights_source: str | None = None, overhead_gib: float = 0.0, tensor_parallel_size: int = 1,
-               pipeline_parallel_size: int = 1, layout: ModelLayout | None = None) -> GroupPool:
+def group_pool(
+    model: str | Path,
+    memory: GpuMemory,
+    weights_bytes: int | None = None,
+    weights_source: str | None = None,
+    overhead_gib: float = 0.0,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    layout: ModelLayout | None = None,
+) -> GroupPool:
     """Each GPU's KV pool: its memory x utilization - its share of the weights - overhead.
 
     The weights are split evenly over the group (an approximation: vLLM replicates norms and, when
@@ -84,16 +103,37 @@ def group_pool(model: str | Path, memory: GpuMemory, weights_bytes: int | None =
     pool = kv_pool_after_weights(memory.memory_gib, memory.utilization, per_gpu, overhead_gib)
     fits = pool.kv_pool_bytes > 0
     where = "per GPU " if group > 1 else ""
-    message = "" if fits else (
-        f"the weights {where}({per_gpu / GIB:.2f} GiB) exceed the memory vLLM may use "
-        f"({pool.requested_bytes / GIB:.2f} GiB{' less ' + format(overhead_gib, '.2f') + ' GiB overhead' if overhead_gib else ''}): "
-        "use a larger GPU, more GPUs (tensor parallelism), or a smaller checkpoint")
-    return GroupPool(memory, tensor_parallel_size, pipeline_parallel_size, int(weights_bytes),
-                     weights_source or "given", per_gpu, pool, fits, message)
+    message = (
+        ""
+        if fits
+        else (
+            f"the weights {where}({per_gpu / GIB:.2f} GiB) exceed the memory vLLM may use "
+            f"({pool.requested_bytes / GIB:.2f} GiB{' less ' + format(overhead_gib, '.2f') + ' GiB overhead' if overhead_gib else ''}): "
+            "use a larger GPU, more GPUs (tensor parallelism), or a smaller checkpoint"
+        )
+    )
+    return GroupPool(
+        memory,
+        tensor_parallel_size,
+        pipeline_parallel_size,
+        int(weights_bytes),
+        weights_source or "given",
+        per_gpu,
+        pool,
+        fits,
+        message,
+    )
 
 
-def users_at(layout: ModelLayout, kv_dtype: str, pool_bytes_per_gpu: int, context_len: int,
-             tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1, skip_layers: str | None = None) -> int:
+def users_at(
+    layout: ModelLayout,
+    kv_dtype: str,
+    pool_bytes_per_gpu: int,
+    context_len: int,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    skip_layers: str | None = None,
+) -> int:
     """Whole requests of ``context_len`` tokens the group holds at once (each GPU holds its share of every one)."""
     fp = kv_footprint(layout, kv_dtype, context_len, skip_layers, tensor_parallel_size, pipeline_parallel_size)
     if fp.bytes_per_request_per_gpu <= 0:
@@ -101,21 +141,39 @@ def users_at(layout: ModelLayout, kv_dtype: str, pool_bytes_per_gpu: int, contex
     return int(pool_bytes_per_gpu // fp.bytes_per_request_per_gpu)
 
 
-def users_vs_context(layout: ModelLayout, kv_dtypes: list[str], pool_bytes_per_gpu: int, contexts: list[int],
-                     tensor_parallel_size: int = 1, skip_layers: str | None = None) -> Any:
+def users_vs_context(
+    layout: ModelLayout,
+    kv_dtypes: list[str],
+    pool_bytes_per_gpu: int,
+    contexts: list[int],
+    tensor_parallel_size: int = 1,
+    skip_layers: str | None = None,
+) -> Any:
     """Users that fit per context length (rows) and KV dtype (columns), a DataFrame."""
     import pandas as pd
 
-    rows = {length: {d: users_at(layout, d, pool_bytes_per_gpu, length, tensor_parallel_size, 1, skip_layers)
-                     for d in kv_dtypes} for length in contexts}
+    rows = {
+        length: {
+            d: users_at(layout, d, pool_bytes_per_gpu, length, tensor_parallel_size, 1, skip_layers) for d in kv_dtypes
+        }
+        for length in contexts
+    }
     frame = pd.DataFrame.from_dict(rows, orient="index")
     frame.index.name = "context length (tokens)"
     return frame
 
 
-def gpu_tp_table(model: str | Path, layout: ModelLayout, kv_dtypes: list[str], gpus: list[str],
-                 tensor_parallel_sizes: list[int], context_len: int, weights_bytes: int,
-                 gpu_memory_utilization: float | None = None, overhead_gib: float = 0.0) -> Any:
+def gpu_tp_table(
+    model: str | Path,
+    layout: ModelLayout,
+    kv_dtypes: list[str],
+    gpus: list[str],
+    tensor_parallel_sizes: list[int],
+    context_len: int,
+    weights_bytes: int,
+    gpu_memory_utilization: float | None = None,
+    overhead_gib: float = 0.0,
+) -> Any:
     """One row per GPU and TP size: weights and KV pool per GPU, users at ``context_len`` per KV dtype."""
     import pandas as pd
 
@@ -124,12 +182,16 @@ def gpu_tp_table(model: str | Path, layout: ModelLayout, kv_dtypes: list[str], g
         memory = resolve_gpu_memory(name, None, gpu_memory_utilization)
         for tp in tensor_parallel_sizes:
             plan = group_pool(model, memory, weights_bytes, None, overhead_gib, tp, 1, layout)
-            row: dict[str, Any] = {"GPU": memory.gpu_name, "TP": tp,
-                                   "weights per GPU (GiB)": plan.weights_bytes_per_gpu / GIB,
-                                   "KV pool per GPU (GiB)": plan.pool.kv_pool_bytes / GIB}
+            row: dict[str, Any] = {
+                "GPU": memory.gpu_name,
+                "TP": tp,
+                "weights per GPU (GiB)": plan.weights_bytes_per_gpu / GIB,
+                "KV pool per GPU (GiB)": plan.pool.kv_pool_bytes / GIB,
+            }
             for dtype in kv_dtypes:
-                row[f"users {dtype}"] = (users_at(layout, dtype, plan.pool.kv_pool_bytes, context_len, tp)
-                                         if plan.fits else 0)
+                row[f"users {dtype}"] = (
+                    users_at(layout, dtype, plan.pool.kv_pool_bytes, context_len, tp) if plan.fits else 0
+                )
             rows.append(row)
     return pd.DataFrame(rows).set_index(["GPU", "TP"])
 
@@ -143,6 +205,7 @@ def write_csv(frame: Any, directory: str | Path, name: str) -> Path:
 
 
 # --------------------------------------------------------------------------- the command
+
 
 def plan_summary(args: argparse.Namespace) -> dict[str, Any]:
     """The ``capacity`` command's object: the footprint summary plus, when a GPU is named, the pool."""
@@ -159,11 +222,17 @@ def plan_summary(args: argparse.Namespace) -> dict[str, Any]:
         return summary
     memory = resolve_gpu_memory(args.gpu, args.gpu_memory_gib, args.gpu_memory_utilization)
     plan = group_pool(args.path, memory, weights_bytes, weights_source, 0.0, tp, 1, layout)
-    summary["gpu"] = {"name": memory.gpu_name, "memory_gib": memory.memory_gib,
-                      "memory_source": memory.memory_source, "gpu_memory_utilization": memory.utilization,
-                      "utilization_source": memory.utilization_source,
-                      "kv_pool_bytes_per_gpu": plan.pool.kv_pool_bytes, "fits": plan.fits, "message": plan.message,
-                      "overhead": "not counted (activations and CUDA graphs come off this pool)"}
+    summary["gpu"] = {
+        "name": memory.gpu_name,
+        "memory_gib": memory.memory_gib,
+        "memory_source": memory.memory_source,
+        "gpu_memory_utilization": memory.utilization,
+        "utilization_source": memory.utilization_source,
+        "kv_pool_bytes_per_gpu": plan.pool.kv_pool_bytes,
+        "fits": plan.fits,
+        "message": plan.message,
+        "overhead": "not counted (activations and CUDA graphs come off this pool)",
+    }
     for dtype, row in summary["dtypes"].items():
         row["users"] = users_at(layout, dtype, plan.pool.kv_pool_bytes, summary["context_len"], tp) if plan.fits else 0
     return summary
@@ -172,26 +241,34 @@ def plan_summary(args: argparse.Namespace) -> dict[str, Any]:
 def _format(summary: dict[str, Any]) -> str:
     kinds = ", ".join(f"{n} {k}" for k, n in summary["layer_kinds"].items())
     tp = summary["tensor_parallel_size"]
-    lines = [f"{summary['model']} ({summary['model_type']}, {kinds}); request of {summary['context_len']:,} tokens"
-             + (f"; TP {tp}" if tp > 1 else "")
-             + (f"; skip layers {summary['skip_layers']}" if summary["skip_layers"] else "")]
+    lines = [
+        f"{summary['model']} ({summary['model_type']}, {kinds}); request of {summary['context_len']:,} tokens"
+        + (f"; TP {tp}" if tp > 1 else "")
+        + (f"; skip layers {summary['skip_layers']}" if summary["skip_layers"] else "")
+    ]
     lines += [f"WARNING: {w}" for w in summary.get("warnings", [])] + [f"note: {n}" for n in summary.get("notes", [])]
     lines.append(f"weights {summary['weights_bytes'] / GIB:,.2f} GiB ({summary['weights_source']})")
     gpu = summary.get("gpu")
     if gpu:
-        lines.append(f"GPU {gpu['name'] or ''} {gpu['memory_gib']:.2f} GiB ({gpu['memory_source']}) x utilization "
-                     f"{gpu['gpu_memory_utilization']} ({gpu['utilization_source']}): KV pool per GPU "
-                     f"{gpu['kv_pool_bytes_per_gpu'] / GIB:,.2f} GiB" + (f"; {gpu['message']}" if gpu["message"] else ""))
+        lines.append(
+            f"GPU {gpu['name'] or ''} {gpu['memory_gib']:.2f} GiB ({gpu['memory_source']}) x utilization "
+            f"{gpu['gpu_memory_utilization']} ({gpu['utilization_source']}): KV pool per GPU "
+            f"{gpu['kv_pool_bytes_per_gpu'] / GIB:,.2f} GiB" + (f"; {gpu['message']}" if gpu["message"] else "")
+        )
     header = f"{'kv dtype':<14}{'bytes/token':>14}{'per GPU':>12}{'KiB/token':>11}{'tokens/GiB':>12}{'MiB/request':>13}"
     lines.append(header + (f"{'users':>8}" if gpu else ""))
     for name, row in summary["dtypes"].items():
         per_gib = f"{row['tokens_per_gib']:,.0f}" if row["tokens_per_gib"] else "-"
-        lines.append(f"{name:<14}{row['bytes_per_token']:>14,.0f}{row['bytes_per_token_per_gpu']:>12,.0f}"
-                     f"{row['kib_per_token']:>11,.2f}{per_gib:>12}{row['bytes_per_request'] / 2**20:>13,.1f}"
-                     + (f"{row['users']:>8,}" if gpu else ""))
+        lines.append(
+            f"{name:<14}{row['bytes_per_token']:>14,.0f}{row['bytes_per_token_per_gpu']:>12,.0f}"
+            f"{row['kib_per_token']:>11,.2f}{per_gib:>12}{row['bytes_per_request'] / 2**20:>13,.1f}"
+            + (f"{row['users']:>8,}" if gpu else "")
+        )
     if summary.get("cap_tokens"):
-        lines.append(f"every layer is windowed: a request stops growing at {summary['cap_tokens']:,} tokens; "
-                     "bytes/token is the cost per token within the window")
+        lines.append(
+            f"every layer is windowed: a request stops growing at {summary['cap_tokens']:,} tokens; "
+            "bytes/token is the cost per token within the window"
+        )
     return "\n".join(lines)
 
 
@@ -214,23 +291,47 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``kvstudy capacity PATH [--kv-dtype D ...] [--gpu NAME] [--tensor-parallel-size N] ... [--json]``."""
-    parser = subparsers.add_parser("capacity", help="KV bytes per token and per request from a config.json",
-                                   description="KV-cache capacity of a model (and, with --gpu, on a GPU)")
+    parser = subparsers.add_parser(
+        "capacity",
+        help="KV bytes per token and per request from a config.json",
+        description="KV-cache capacity of a model (and, with --gpu, on a GPU)",
+    )
     parser.add_argument("path", help="model folder, its config.json, or a cached Hugging Face id")
-    parser.add_argument("--kv-dtype", nargs="+", metavar="D",
-                        help=f"KV dtypes (default: the model's dtype, fp8, nvfp4); one of {', '.join(KV_DTYPES)}")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="tokens in one request (default: the config's max_position_embeddings)")
-    parser.add_argument("--skip-layers", default=None,
-                        help="'sliding_window' (or layer indices): layers kept in the model dtype")
-    parser.add_argument("--assume", metavar="FAMILY", default=None,
-                        help="read a config of unknown model_type with a known family's rules (printed as a warning)")
+    parser.add_argument(
+        "--kv-dtype",
+        nargs="+",
+        metavar="D",
+        help=f"KV dtypes (default: the model's dtype, fp8, nvfp4); one of {', '.join(KV_DTYPES)}",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="tokens in one request (default: the config's max_position_embeddings)",
+    )
+    parser.add_argument(
+        "--skip-layers", default=None, help="'sliding_window' (or layer indices): layers kept in the model dtype"
+    )
+    parser.add_argument(
+        "--assume",
+        metavar="FAMILY",
+        default=None,
+        help="read a config of unknown model_type with a known family's rules (printed as a warning)",
+    )
     parser.add_argument("--gpu", metavar="NAME", default=None, help="a GPU from data/gpus/catalog.json (e.g. H100-SXM)")
     parser.add_argument("--gpu-memory-gib", type=float, default=None, help="GPU memory in GiB (overrides --gpu's)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=None,
-                        help=f"vLLM --gpu-memory-utilization (default: vLLM's, {DEFAULT_GPU_MEMORY_UTILIZATION})")
-    parser.add_argument("--weights-gib", type=float, default=None,
-                        help="weights in GiB (default: the checkpoint's, else an estimate from the config)")
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help=f"vLLM --gpu-memory-utilization (default: vLLM's, {DEFAULT_GPU_MEMORY_UTILIZATION})",
+    )
+    parser.add_argument(
+        "--weights-gib",
+        type=float,
+        default=None,
+        help="weights in GiB (default: the checkpoint's, else an estimate from the config)",
+    )
     parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N", help="GPUs in tensor parallelism")
     parser.add_argument("--csv", metavar="PATH", default=None, help="also write the per-dtype table as CSV")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

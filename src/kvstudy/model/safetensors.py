@@ -98,17 +98,21 @@ def read_header(path: Path, sink: ProblemSink) -> SafetensorsHeader | None:
             prefix = fh.read(8)
             sink.bytes_read += len(prefix)
             if len(prefix) < 8:
-                sink.errors.append(f"{path}: truncated safetensors file ({size} bytes; expected an 8-byte "
-                                     "header length first)")
+                sink.errors.append(
+                    f"{path}: truncated safetensors file ({size} bytes; expected an 8-byte header length first)"
+                )
                 return None
             length = int.from_bytes(prefix, "little")
             if length > size - 8:
-                sink.errors.append(f"{path}: header length {length} is larger than the file "
-                                     f"({size} bytes); the file is truncated or not safetensors")
+                sink.errors.append(
+                    f"{path}: header length {length} is larger than the file "
+                    f"({size} bytes); the file is truncated or not safetensors"
+                )
                 return None
             if length > MAX_HEADER_BYTES:
-                sink.errors.append(f"{path}: header length {length} exceeds the safetensors limit of "
-                                     f"{MAX_HEADER_BYTES} bytes")
+                sink.errors.append(
+                    f"{path}: header length {length} exceeds the safetensors limit of {MAX_HEADER_BYTES} bytes"
+                )
                 return None
             raw = fh.read(length)
             sink.bytes_read += len(raw)
@@ -118,8 +122,10 @@ def read_header(path: Path, sink: ProblemSink) -> SafetensorsHeader | None:
     try:
         header = parse_json_text(raw, "")
     except StudyError as exc:
-        sink.errors.append(f"{path}: safetensors header is not valid JSON ({str(exc).removeprefix(': ')}); "
-                           "the header is truncated or corrupt")
+        sink.errors.append(
+            f"{path}: safetensors header is not valid JSON ({str(exc).removeprefix(': ')}); "
+            "the header is truncated or corrupt"
+        )
         return None
     if not isinstance(header, dict):
         sink.errors.append(f"{path}: safetensors header is not a JSON object")
@@ -135,24 +141,35 @@ def read_tensor(header: SafetensorsHeader, name: str, sink: ProblemSink) -> tupl
         sink.errors.append(f"{where}: not in this file's header (the index points to the wrong shard)")
         return None
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if (dtype not in DTYPE_BYTES or not isinstance(shape, list) or not isinstance(offsets, list)
-            or len(offsets) != 2 or len(shape) > 8
-            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**48 for x in shape + offsets)):
-        sink.errors.append(f"{where}: header entry {json.dumps(entry)[:200]} is not a float tensor with a shape "
-                             "and data_offsets [begin, end]")
+    if (
+        not isinstance(dtype, str)
+        or dtype not in DTYPE_BYTES
+        or not isinstance(shape, list)
+        or not isinstance(offsets, list)
+        or len(offsets) != 2
+        or len(shape) > 8
+        or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**48 for x in shape + offsets)
+    ):
+        sink.errors.append(
+            f"{where}: header entry {json.dumps(entry)[:200]} is not a float tensor with a shape "
+            "and data_offsets [begin, end]"
+        )
         return None
     begin, end = offsets
     count = math.prod(shape)
     if end - begin != count * DTYPE_BYTES[dtype]:
-        sink.errors.append(f"{where}: data_offsets span {end - begin} bytes, but {dtype} {shape} needs "
-                             f"{count * DTYPE_BYTES[dtype]}")
+        sink.errors.append(
+            f"{where}: data_offsets span {end - begin} bytes, but {dtype} {shape} needs {count * DTYPE_BYTES[dtype]}"
+        )
         return None
     if end - begin > MAX_SCALE_BYTES:
         sink.errors.append(f"{where}: {end - begin} bytes is too large for a KV scale (read skipped)")
         return None
     if header.data_start + end > header.size:
-        sink.errors.append(f"{where}: data ends at byte {header.data_start + end}, past the end of the "
-                             f"file ({header.size} bytes); the shard is truncated")
+        sink.errors.append(
+            f"{where}: data ends at byte {header.data_start + end}, past the end of the "
+            f"file ({header.size} bytes); the shard is truncated"
+        )
         return None
     try:
         with open(check_regular_file(header.path), "rb") as fh:

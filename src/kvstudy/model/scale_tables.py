@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from kvstudy.model.scale_records import ScaleReport
-from kvstudy.model.scale_records import declared_kv_dtype
+from kvstudy.model.scale_records import ScaleReport, declared_kv_dtype
 from kvstudy.model.scale_verdicts import kv_handling_method
+
 
 def _span(values: Sequence[float]) -> str | None:
     finite = [v for v in values if math.isfinite(v)]
@@ -27,15 +27,24 @@ def findings_table(reports: Sequence[ScaleReport]) -> Any:
     for r in reports:
         k = [v for s in r.scales if s.kind == "k" for v in s.values]
         v = [v for s in r.scales if s.kind == "v" for v in s.values]
-        rows.append({
-            "model": r.source, "weights": r.weights, "quant method": r.quant_method,
-            "declares KV": declared_kv_dtype(r), "scheme strategy": r.kv_scheme_strategy,
-            "layers with k / v scales": f"{len(r.scale_layers('k'))} / {len(r.scale_layers('v'))}"
-            + (f" of {r.num_hidden_layers}" if r.num_hidden_layers else ""),
-            "naming": "; ".join(sorted({s.style for s in r.scales})) or None,
-            "per head": any(len(s.values) > 1 for s in r.scales) if r.scales else None,
-            "k scales": _span(k), "v scales": _span(v),
-            "log check": r.engine_outcome, "bytes read": r.bytes_read, "errors": len(r.errors)})
+        rows.append(
+            {
+                "model": r.source,
+                "weights": r.weights,
+                "quant method": r.quant_method,
+                "declares KV": declared_kv_dtype(r),
+                "scheme strategy": r.kv_scheme_strategy,
+                "layers with k / v scales": f"{len(r.scale_layers('k'))} / {len(r.scale_layers('v'))}"
+                + (f" of {r.num_hidden_layers}" if r.num_hidden_layers else ""),
+                "naming": "; ".join(sorted({s.style for s in r.scales})) or None,
+                "per head": any(len(s.values) > 1 for s in r.scales) if r.scales else None,
+                "k scales": _span(k),
+                "v scales": _span(v),
+                "log check": r.engine_outcome,
+                "bytes read": r.bytes_read,
+                "errors": len(r.errors),
+            }
+        )
     return pd.DataFrame(rows).astype(object).fillna("–")
 
 
@@ -43,8 +52,12 @@ def scale_values_frame(reports: Sequence[ScaleReport]) -> Any:
     """Long table of every stored scale value: model, layer, kind, head, value."""
     import pandas as pd
 
-    rows = [{"model": r.source, "layer": s.layer, "kind": s.kind, "head": head, "value": value, "name": s.name}
-            for r in reports for s in r.scales for head, value in enumerate(s.values)]
+    rows = [
+        {"model": r.source, "layer": s.layer, "kind": s.kind, "head": head, "value": value, "name": s.name}
+        for r in reports
+        for s in r.scales
+        for head, value in enumerate(s.values)
+    ]
     return pd.DataFrame(rows, columns=["model", "layer", "kind", "head", "value", "name"])
 
 
@@ -88,22 +101,30 @@ def summarize(reports: Sequence[ScaleReport], dump: Any = None) -> dict[str, Any
     pool_lines = pool_comparisons(dump)
     counts["pool_comparisons"] = len(pool_lines)
     c = counts
-    text = (f"Of {c['models']} model folders, {c['inspected']} had safetensors weights to inspect and "
-            f"{c['with_scales']} of those carry KV scale tensors. Folders that declare a KV dtype themselves: "
-            f"{c['declare_kv']}. Folders with no scales and no KV-handling quantization method, which run "
-            f"`--kv-cache-dtype fp8` with scale 1.0 and no warning: {c['silent_unit_scale']}. "
-            f"Folders with problems in their files: {c['with_errors']}. ")
+    text = (
+        f"Of {c['models']} model folders, {c['inspected']} had safetensors weights to inspect and "
+        f"{c['with_scales']} of those carry KV scale tensors. Folders that declare a KV dtype themselves: "
+        f"{c['declare_kv']}. Folders with no scales and no KV-handling quantization method, which run "
+        f"`--kv-cache-dtype fp8` with scale 1.0 and no warning: {c['silent_unit_scale']}. "
+        f"Folders with problems in their files: {c['with_errors']}. "
+    )
     if c["checked"]:
-        text += (f"Against {c['checked']} startup logs, {c['dropped']} show scales that the checkpoint has "
-                 "but the loader dropped. ")
+        text += (
+            f"Against {c['checked']} startup logs, {c['dropped']} show scales that the checkpoint has "
+            "but the loader dropped. "
+        )
     if c["dump_compared"]:
-        text += (f"In the settings dump, {c['disagree']} of {c['dump_compared']} logs used a KV dtype other than "
-                 "the one the folder declares.")
+        text += (
+            f"In the settings dump, {c['disagree']} of {c['dump_compared']} logs used a KV dtype other than "
+            "the one the folder declares."
+        )
     if pool_lines:
         text += " Logged pools of the same folder under different flags: " + "; ".join(pool_lines) + "."
-    finding = (f"{c['with_scales']} of {c['inspected']} inspected checkpoints carry KV scales, "
-               f"{c['declare_kv']} of {c['models']} folders declare their own KV dtype, and "
-               f"{c['silent_unit_scale']} would run FP8 at scale 1.0 with no warning")
+    finding = (
+        f"{c['with_scales']} of {c['inspected']} inspected checkpoints carry KV scales, "
+        f"{c['declare_kv']} of {c['models']} folders declare their own KV dtype, and "
+        f"{c['silent_unit_scale']} would run FP8 at scale 1.0 with no warning"
+    )
     if c["checked"]:
         finding += f"; {c['dropped']} of {c['checked']} logs show dropped scales"
     if c["dump_compared"]:

@@ -30,7 +30,6 @@ ENGINE_OUTCOMES = {
 }
 
 
-
 def kv_handling_method(report: ScaleReport) -> bool:
     return (report.quant_method or "").lower() in WARNING_METHODS
 
@@ -43,21 +42,28 @@ def _scale_summary(report: ScaleReport) -> str:
     span = f"values {finite.min():.4g} to {finite.max():.4g}" if finite.size else "no finite values"
     styles = sorted({s.style for s in report.scales})
     total = f" of {report.num_hidden_layers}" if report.num_hidden_layers else ""
-    return (f"KV scales present: k for {len(k_layers)}{total} layers, v for {len(v_layers)}{total} layers, "
-            f"{'per head' if per_head else 'one per tensor'}, {span} ({'; '.join(styles)}).")
+    return (
+        f"KV scales present: k for {len(k_layers)}{total} layers, v for {len(v_layers)}{total} layers, "
+        f"{'per head' if per_head else 'one per tensor'}, {span} ({'; '.join(styles)})."
+    )
 
 
 def _no_scale_verdict(report: ScaleReport) -> str:
     base = "No KV scale tensors in the checkpoint: with an FP8 KV cache vLLM uses scale 1.0 for k and v"
     method = report.quant_method
     if method is None:
-        return base + (", and prints no warning: a plain (unquantized) checkpoint never triggers the "
-                       "'Using KV cache scaling factor 1.0' warning, so a silent log does not mean scales loaded.")
+        return base + (
+            ", and prints no warning: a plain (unquantized) checkpoint never triggers the "
+            "'Using KV cache scaling factor 1.0' warning, so a silent log does not mean scales loaded."
+        )
     if kv_handling_method(report):
-        return base + (f"; with quant_method '{method}' vLLM should print the 'Using KV cache scaling "
-                       "factor 1.0' warning.")
-    return base + (f"; with quant_method '{method}' vLLM may print no warning (compressed-tensors "
-                   "stays silent when scales are missing).")
+        return base + (
+            f"; with quant_method '{method}' vLLM should print the 'Using KV cache scaling factor 1.0' warning."
+        )
+    return base + (
+        f"; with quant_method '{method}' vLLM may print no warning (compressed-tensors "
+        "stays silent when scales are missing)."
+    )
 
 
 def _forcing_verdicts(report: ScaleReport) -> list[str]:
@@ -69,23 +75,30 @@ def _forcing_verdicts(report: ScaleReport) -> list[str]:
             f"config.json quantization_config.kv_cache_scheme ({kind} {bits}-bit, strategy {strategy}) "
             "declares an FP8 KV cache in the model folder: vLLM 0.20 stores KV in FP8 whatever "
             "--kv-cache-dtype says (an 'auto' vs 'fp8' A/B compares fp8 with fp8); 0.32 and 0.33 do so "
-            "only when the flag is 'auto' (an explicit bfloat16 wins); 0.11 with 'auto' stays BF16.")
+            "only when the flag is 'auto' (an explicit bfloat16 wins); 0.11 with 'auto' stays BF16."
+        )
         if strategy not in ("tensor", "attn_head"):
-            out.append(f"kv_cache_scheme strategy {strategy}: vLLM accepts only 'tensor' or 'attn_head' "
-                       "and refuses to load this checkpoint.")
+            out.append(
+                f"kv_cache_scheme strategy {strategy}: vLLM accepts only 'tensor' or 'attn_head' "
+                "and refuses to load this checkpoint."
+            )
         if strategy == "attn_head":
-            out.append("Per-head (attn_head) scales: vLLM keeps one scale per KV head for backends that take "
-                       "them; a backend that takes one scale per layer uses the largest head's scale.")
+            out.append(
+                "Per-head (attn_head) scales: vLLM keeps one scale per KV head for backends that take "
+                "them; a backend that takes one scale per layer uses the largest head's scale."
+            )
     if report.kv_cache_quant_algo is not None:
         out.append(
             f"{report.kv_cache_quant_algo_file} declares kv_cache_quant_algo {report.kv_cache_quant_algo}: "
             f"from vLLM 0.14, --kv-cache-dtype auto resolves to it ({report.kv_cache_quant_algo.lower()}); "
-            "0.11 with 'auto' stays BF16.")
+            "0.11 with 'auto' stays BF16."
+        )
     if report.kv_cache_dtype_in_config is not None:
         out.append(
             f"config.json sets {report.kv_cache_dtype_field} = {report.kv_cache_dtype_in_config}: a KV dtype "
             "declared in the model folder, not on the command line. vLLM 0.32.0's source does not read this "
-            "field (other tools may); the startup log's KV dtype line says what the engine used.")
+            "field (other tools may); the startup log's KV dtype line says what the engine used."
+        )
     return out
 
 
@@ -133,20 +146,29 @@ def _evidence_verdicts(report: ScaleReport, ev: EngineEvidence) -> list[str]:
     text = {
         "not-fp8": f"the KV cache was stored as {ev.kv_cache_dtype}, so KV scales were not used.",
         "unit-scales": "the scale-1.0 warning is expected: every KV scale in the checkpoint is 1.0.",
-        "dropped": ("the checkpoint has KV scales but the log shows the 'scaling factor 1.0' warning: "
-                    f"the loader dropped them and FP8 ran with scale 1.0 (as in {ISSUE_54623})."),
-        "consistent": ("FP8 KV cache and no scale-1.0 warning: consistent with the checkpoint's scales "
-                       "being loaded (the log alone cannot prove it)."),
+        "dropped": (
+            "the checkpoint has KV scales but the log shows the 'scaling factor 1.0' warning: "
+            f"the loader dropped them and FP8 ran with scale 1.0 (as in {ISSUE_54623})."
+        ),
+        "consistent": (
+            "FP8 KV cache and no scale-1.0 warning: consistent with the checkpoint's scales "
+            "being loaded (the log alone cannot prove it)."
+        ),
         "warning-expected": "the scale-1.0 warning matches the checkpoint, which has no KV scales.",
-        "silent-unit-scale": ("FP8 KV cache, no scale-1.0 warning and no scales in the checkpoint: "
-                              "scale 1.0 was used silently."),
+        "silent-unit-scale": (
+            "FP8 KV cache, no scale-1.0 warning and no scales in the checkpoint: scale 1.0 was used silently."
+        ),
         "unknown": "the log does not say which KV dtype was used; nothing to compare.",
-        "too-early": ("the start failed before the weights were loaded (or while loading them), so the log "
-                      "cannot say whether scales loaded."),
+        "too-early": (
+            "the start failed before the weights were loaded (or while loading them), so the log "
+            "cannot say whether scales loaded."
+        ),
     }[outcome]
     if (ev.kv_cache_dtype or "").lower() == "auto" and effective_kv_dtype(report, ev) != ev.kv_cache_dtype:
-        text += (f" The flag was 'auto': the folder's declaration made the KV cache "
-                 f"{effective_kv_dtype(report, ev)}, although the log never names that dtype.")
+        text += (
+            f" The flag was 'auto': the folder's declaration made the KV cache "
+            f"{effective_kv_dtype(report, ev)}, although the log never names that dtype."
+        )
     cause = f": {ev.failure_cause.rstrip('.')}" if ev.failure_cause else ""
     if ev.failed and outcome != "too-early":
         text += f" (The start failed afterwards, once the weights and scales were loaded{cause}.)"
@@ -177,6 +199,7 @@ def verdicts(report: ScaleReport, evidence: EngineEvidence | None) -> list[str]:
 
 # --------------------------------------------------------------------------- engine evidence
 
+
 def read_evidence(path: str | Path) -> EngineEvidence:
     """A startup log (text, parsed by kvstudy.vllm.startup_log) or a resolved-run record / parsed log (JSON)."""
     path = Path(path)
@@ -185,9 +208,15 @@ def read_evidence(path: str | Path) -> EngineEvidence:
     if path.suffix == ".json":
         return _evidence_from_record(path)
     info = parse_startup_log(path)
-    return EngineEvidence(str(path), info.kv_cache_dtype, bool(info.kv_scale_warning), info.version,
-                          failed=bool(info.failed), weights_processed=_weights_processed(vars(info)),
-                          failure_cause=info.failure_cause)
+    return EngineEvidence(
+        str(path),
+        info.kv_cache_dtype,
+        bool(info.kv_scale_warning),
+        info.version,
+        failed=bool(info.failed),
+        weights_processed=_weights_processed(vars(info)),
+        failure_cause=info.failure_cause,
+    )
 
 
 def _weights_processed(fields: dict[str, Any]) -> bool:
@@ -218,7 +247,12 @@ def _evidence_from_record(path: Path) -> EngineEvidence:
         raise StudyError(f"{path}: expected a resolved-run record with a boolean 'kv_scale_warning'")
     dtype, version = _find_key(resolved, "kv_cache_dtype"), _find_key(resolved, "version")
     fields = {k: _find_key(resolved, k) for k in ("failed", "pool_tokens", "model_load_gib", "ready")}
-    return EngineEvidence(str(path), str(dtype) if dtype is not None else None, warning,
-                          str(version) if version is not None else None, failed=fields["failed"] is True,
-                          weights_processed=_weights_processed(fields),
-                          failure_cause=_find_key(resolved, "failure_cause") if fields["failed"] is True else None)
+    return EngineEvidence(
+        str(path),
+        str(dtype) if dtype is not None else None,
+        warning,
+        str(version) if version is not None else None,
+        failed=fields["failed"] is True,
+        weights_processed=_weights_processed(fields),
+        failure_cause=_find_key(resolved, "failure_cause") if fields["failed"] is True else None,
+    )

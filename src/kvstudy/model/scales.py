@@ -51,6 +51,7 @@ _LAYER_RE = re.compile(r"\.(\d+)\.")
 
 # --------------------------------------------------------------------------- config fields
 
+
 def _read_json_file(path: Path, report: ScaleReport) -> Any | None:
     try:
         text = read_bytes_checked(path)
@@ -139,8 +140,9 @@ def _read_config(folder: Path, report: ScaleReport) -> None:
         strategy = scheme.get("strategy")
         report.kv_scheme_strategy = str(strategy) if strategy is not None else None
     elif scheme is not None:
-        report.errors.append(f"{path}: quantization_config.kv_cache_scheme: expected an object or null, "
-                             f"got {type(scheme).__name__}")
+        report.errors.append(
+            f"{path}: quantization_config.kv_cache_scheme: expected an object or null, got {type(scheme).__name__}"
+        )
     algo = qc.get("kv_cache_quant_algo")
     if algo is not None:
         report.kv_cache_quant_algo, report.kv_cache_quant_algo_file = str(algo), "config.json"
@@ -166,6 +168,7 @@ def _read_hf_quant_config(folder: Path, report: ScaleReport) -> None:
 
 # --------------------------------------------------------------------------- safetensors
 
+
 def scale_kinds(name: str) -> tuple[tuple[str, ...], str] | None:
     """The kinds ("k", "v", "q") and naming style of a tensor vLLM loads as a KV/query scale."""
     for ending, kinds, style in _SCALE_ENDINGS:
@@ -190,8 +193,10 @@ def _check_values(name: str, file: str, values: np.ndarray, report: ScaleReport)
     if (values < 0).any():
         bad.append("negative")
     if bad:
-        report.errors.append(f"{file}: tensor {name}: {', '.join(bad)} scale value(s) "
-                             f"{[_json_number(float(v)) for v in values[:8]]}; expected finite positive scales")
+        report.errors.append(
+            f"{file}: tensor {name}: {', '.join(bad)} scale value(s) "
+            f"{[_json_number(float(v)) for v in values[:8]]}; expected finite positive scales"
+        )
 
 
 def _collect_scales(header: SafetensorsHeader, names: Iterable[str], folder: Path, report: ScaleReport) -> None:
@@ -207,8 +212,7 @@ def _collect_scales(header: SafetensorsHeader, names: Iterable[str], folder: Pat
         dtype, shape, values = tensor
         _check_values(name, str(header.path), values, report)
         for kind in kinds:
-            record = ScaleTensor(layer_of(name), kind, name, rel, dtype, shape,
-                                 [float(v) for v in values], style)
+            record = ScaleTensor(layer_of(name), kind, name, rel, dtype, shape, [float(v) for v in values], style)
             (report.q_scales if kind == "q" else report.scales).append(record)
 
 
@@ -270,21 +274,36 @@ def _scan_weights(folder: Path, report: ScaleReport) -> None:
     pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
     if pickles:
         report.weights = "bin-only"
-        report.errors.append(f"{folder}: weights only in pickle files ({', '.join(pickles[:3])}); not inspectable "
-                             "(kvstudy never unpickles a .bin), expected .safetensors")
+        report.errors.append(
+            f"{folder}: weights only in pickle files ({', '.join(pickles[:3])}); not inspectable "
+            "(kvstudy never unpickles a .bin), expected .safetensors"
+        )
 
 
 # --------------------------------------------------------------------------- public entry points
 
+
 def _empty_report(source: str, folder: Path | None) -> ScaleReport:
-    return ScaleReport(source=source, folder=str(folder) if folder else None, kv_cache_dtype_in_config=None,
-                       kv_cache_dtype_field=None, torch_dtype=None, quant_method=None, kv_scheme=None,
-                       kv_scheme_strategy=None, kv_cache_quant_algo=None, kv_cache_quant_algo_file=None,
-                       num_hidden_layers=None, num_key_value_heads=None, weights="none")
+    return ScaleReport(
+        source=source,
+        folder=str(folder) if folder else None,
+        kv_cache_dtype_in_config=None,
+        kv_cache_dtype_field=None,
+        torch_dtype=None,
+        quant_method=None,
+        kv_scheme=None,
+        kv_scheme_strategy=None,
+        kv_cache_quant_algo=None,
+        kv_cache_quant_algo_file=None,
+        num_hidden_layers=None,
+        num_key_value_heads=None,
+        weights="none",
+    )
 
 
-def inspect_model(path_or_id: str | Path, log: str | Path | None = None,
-                  cache_dir: str | Path | None = None) -> ScaleReport:
+def inspect_model(
+    path_or_id: str | Path, log: str | Path | None = None, cache_dir: str | Path | None = None
+) -> ScaleReport:
     """Read a model folder's KV settings and KV scale tensors; never raises for bad files.
 
     ``path_or_id`` is a folder, its config.json, or a cached Hugging Face id. ``log`` is an optional
@@ -331,6 +350,7 @@ def inspect_cache(cache_dir: str | Path | None = None) -> list[ScaleReport]:
 
 # --------------------------------------------------------------------------- seed 002's dump check
 
+
 def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """For every config.json under ``root``: its KV fields, and what a paired startup log says.
 
@@ -351,21 +371,35 @@ def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> li
         _read_config(folder, report)
         _read_hf_quant_config(folder, report)
         row: dict[str, Any] = {
-            "config": str(config), "kv_cache_dtype": report.kv_cache_dtype_in_config,
+            "config": str(config),
+            "kv_cache_dtype": report.kv_cache_dtype_in_config,
             "quant_method": report.quant_method,
             "kv_cache_scheme": json.dumps(report.kv_scheme, sort_keys=True) if report.kv_scheme else None,
-            "kv_cache_quant_algo": report.kv_cache_quant_algo, "declared": declared_kv_dtype(report),
-            "log": None, "log_kv_dtype": None, "log_scale_warning": None, "log_pool_tokens": None,
-            "log_version": None, "log_failure": None, "agree": None,
-            "note": None, "errors": "; ".join(report.errors) or None}
+            "kv_cache_quant_algo": report.kv_cache_quant_algo,
+            "declared": declared_kv_dtype(report),
+            "log": None,
+            "log_kv_dtype": None,
+            "log_scale_warning": None,
+            "log_pool_tokens": None,
+            "log_version": None,
+            "log_failure": None,
+            "agree": None,
+            "note": None,
+            "errors": "; ".join(report.errors) or None,
+        }
         paired = pairs.get(str(folder)) or pairs.get(str(folder.relative_to(root)))
-        for log in ([paired] if isinstance(paired, str) else list(paired or [None])):
+        for log in [paired] if isinstance(paired, str) else list(paired or [None]):
             entry = dict(row)
             if log is not None:
                 info = parse_startup_log(Path(log))
-                entry.update(log=str(log), log_kv_dtype=info.kv_cache_dtype, log_scale_warning=info.kv_scale_warning,
-                             log_pool_tokens=info.pool_tokens, log_version=info.version,
-                             log_failure=info.failure_cause if info.failed else None)
+                entry.update(
+                    log=str(log),
+                    log_kv_dtype=info.kv_cache_dtype,
+                    log_scale_warning=info.kv_scale_warning,
+                    log_pool_tokens=info.pool_tokens,
+                    log_version=info.version,
+                    log_failure=info.failure_cause if info.failed else None,
+                )
                 entry["agree"], entry["note"] = _compare_kv_dtypes(entry["declared"], info.kv_cache_dtype)
             rows.append(entry)
     return rows
@@ -381,8 +415,10 @@ def _compare_kv_dtypes(declared: str | None, logged: str | None) -> tuple[bool |
     if declared is None or logged is None:
         return None, None
     if logged.lower() == "auto":
-        return None, ("the log shows only the flag 'auto'; with 'auto' vLLM 0.14+ (ModelOpt) and 0.20+ "
-                      "(compressed-tensors) store the KV cache as the folder declares")
+        return None, (
+            "the log shows only the flag 'auto'; with 'auto' vLLM 0.14+ (ModelOpt) and 0.20+ "
+            "(compressed-tensors) store the KV cache as the folder declares"
+        )
     if _norm_kv_dtype(declared) == _norm_kv_dtype(logged):
         return True, None
     return False, "the engine stored the KV cache in another dtype than the folder declares"
@@ -392,13 +428,20 @@ def _compare_kv_dtypes(declared: str | None, logged: str | None) -> tuple[bool |
 
 # --------------------------------------------------------------------------- command line
 
+
 def summary(report: ScaleReport) -> str:
     """A few human lines about one report."""
     lines = [f"{report.source}" + (f" ({report.folder})" if report.folder and report.folder != report.source else "")]
-    pairs = [("config kv_cache_dtype", report.kv_cache_dtype_in_config), ("torch_dtype", report.torch_dtype),
-             ("quant_method", report.quant_method), ("kv_cache_scheme", report.kv_scheme and json.dumps(report.kv_scheme)),
-             ("kv_cache_quant_algo", report.kv_cache_quant_algo), ("weights", report.weights),
-             ("files read", ", ".join(report.files_read) or None), ("bytes read", report.bytes_read)]
+    pairs = [
+        ("config kv_cache_dtype", report.kv_cache_dtype_in_config),
+        ("torch_dtype", report.torch_dtype),
+        ("quant_method", report.quant_method),
+        ("kv_cache_scheme", report.kv_scheme and json.dumps(report.kv_scheme)),
+        ("kv_cache_quant_algo", report.kv_cache_quant_algo),
+        ("weights", report.weights),
+        ("files read", ", ".join(report.files_read) or None),
+        ("bytes read", report.bytes_read),
+    ]
     lines += [f"  {k}: {v}" for k, v in pairs if v is not None]
     for scale in report.scales:
         values = ", ".join(f"{v:.6g}" for v in scale.values)
@@ -406,8 +449,6 @@ def summary(report: ScaleReport) -> str:
     lines += [f"  verdict: {v}" for v in report.verdicts]
     lines += [f"  error: {e}" for e in report.errors]
     return "\n".join(lines)
-
-
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -432,11 +473,17 @@ def _cmd(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add ``kvstudy scales PATH_OR_ID... [--log FILE] [--all-cache] [--json]``."""
     parser = subparsers.add_parser(
-        "scales", help="find a checkpoint's KV settings and KV scale tensors (reads only their bytes)")
-    parser.add_argument("models", nargs="*", metavar="PATH_OR_ID",
-                        help="model folder, its config.json, or a cached Hugging Face id")
+        "scales", help="find a checkpoint's KV settings and KV scale tensors (reads only their bytes)"
+    )
+    parser.add_argument(
+        "models", nargs="*", metavar="PATH_OR_ID", help="model folder, its config.json, or a cached Hugging Face id"
+    )
     parser.add_argument("--log", help="a vLLM startup log or resolved-run record (JSON) to check the scales against")
-    parser.add_argument("--all-cache", action="store_true", help="also scan every model in the local Hugging Face cache")
-    parser.add_argument("--cache-dir", help="the Hugging Face hub cache for ids and --all-cache (default: HF_HUB_CACHE)")
+    parser.add_argument(
+        "--all-cache", action="store_true", help="also scan every model in the local Hugging Face cache"
+    )
+    parser.add_argument(
+        "--cache-dir", help="the Hugging Face hub cache for ids and --all-cache (default: HF_HUB_CACHE)"
+    )
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.set_defaults(func=_cmd)

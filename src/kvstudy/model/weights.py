@@ -24,15 +24,35 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.model.folder import load_config, read_json
-from kvstudy.model.layout import LINEAR, MLA, SHARED, LayerSpec, ModelLayout, layout_from_config, positive_int, text_config
+from kvstudy.model.layout import (
+    LINEAR,
+    MLA,
+    SHARED,
+    LayerSpec,
+    ModelLayout,
+    layout_from_config,
+    positive_int,
+    text_config,
+)
 from kvstudy.vllm.facts import DTYPE_BYTES
 
 GIB = 2**30
 # Bytes per stored value in the safetensors header dtypes (the format's own names).
 SAFETENSORS_DTYPE_BYTES: dict[str, Fraction] = {
-    "F64": Fraction(8), "F32": Fraction(4), "F16": Fraction(2), "BF16": Fraction(2), "I64": Fraction(8),
-    "I32": Fraction(4), "I16": Fraction(2), "I8": Fraction(1), "U8": Fraction(1), "BOOL": Fraction(1),
-    "F8_E4M3": Fraction(1), "F8_E5M2": Fraction(1), "F8_E8M0": Fraction(1), "F4": Fraction(1, 2),
+    "F64": Fraction(8),
+    "F32": Fraction(4),
+    "F16": Fraction(2),
+    "BF16": Fraction(2),
+    "I64": Fraction(8),
+    "I32": Fraction(4),
+    "I16": Fraction(2),
+    "I8": Fraction(1),
+    "U8": Fraction(1),
+    "BOOL": Fraction(1),
+    "F8_E4M3": Fraction(1),
+    "F8_E5M2": Fraction(1),
+    "F8_E8M0": Fraction(1),
+    "F4": Fraction(1, 2),
 }
 
 
@@ -41,11 +61,11 @@ class WeightsSize:
     """Weight memory of a checkpoint and where the figure came from."""
 
     bytes: int
-    source: str                    # "safetensors index total_size", "safetensors headers", "estimated ..."
+    source: str  # "safetensors index total_size", "safetensors headers", "estimated ..."
     parameters: int | None = None
-    embedding_bytes: int | None = None      # input embedding table (not streamed per decode step)
-    expert_bytes: int | None = None         # all routed experts
-    experts: int | None = None              # routed experts per MoE layer
+    embedding_bytes: int | None = None  # input embedding table (not streamed per decode step)
+    expert_bytes: int | None = None  # all routed experts
+    experts: int | None = None  # routed experts per MoE layer
     experts_per_token: int | None = None
     parts_bytes: dict[str, int] = field(default_factory=dict)  # the estimate per part
 
@@ -56,6 +76,7 @@ class WeightsSize:
 
 
 # --------------------------------------------------------------------------- parameter counts
+
 
 def _attention_parameters(cfg: dict[str, Any], layer: LayerSpec, hidden: int, heads: int, where: str) -> int:
     need = lambda key: positive_int(cfg, key, where)  # noqa: E731 - a required positive field
@@ -115,15 +136,23 @@ def _tower_parameters(tower: Any) -> int:
     return depth * (4 * hidden * hidden + 2 * hidden * mlp)
 
 
-def parameter_parts(config: dict[str, Any], where: str = "config.json", layout: ModelLayout | None = None) -> dict[str, int]:
+def parameter_parts(
+    config: dict[str, Any], where: str = "config.json", layout: ModelLayout | None = None
+) -> dict[str, int]:
     """Parameters per part: embedding, output_head, attention, mlp, experts, towers (biases and norms left out)."""
     cfg = text_config(config)
     layout = layout or layout_from_config(config, where)
     hidden = positive_int(cfg, "hidden_size", where)
     vocab = positive_int(cfg, "vocab_size", where)
     heads = positive_int(cfg, "num_attention_heads", where)
-    parts = {"embedding": vocab * hidden, "output_head": 0 if cfg.get("tie_word_embeddings") else vocab * hidden,
-             "attention": 0, "mlp": 0, "experts": 0, "towers": 0}
+    parts = {
+        "embedding": vocab * hidden,
+        "output_head": 0 if cfg.get("tie_word_embeddings") else vocab * hidden,
+        "attention": 0,
+        "mlp": 0,
+        "experts": 0,
+        "towers": 0,
+    }
     layer_specs = [l for l in layout.layers]
     for layer in layer_specs:
         if layer.kind == SHARED:
@@ -149,6 +178,7 @@ def estimate_parameters(config: dict[str, Any], where: str = "config.json") -> i
 
 
 # --------------------------------------------------------------------------- bytes per parameter
+
 
 def _quantized_bytes(quant: dict[str, Any], where: str) -> tuple[Fraction, str]:
     """Bytes per quantized weight and a label, from a quantization_config."""
@@ -179,9 +209,11 @@ def _quantized_bytes(quant: dict[str, Any], where: str) -> tuple[Fraction, str]:
             if isinstance(weights, dict) and isinstance(weights.get("num_bits"), int):
                 bits = weights["num_bits"]
                 return Fraction(bits, 8), f"compressed-tensors {bits}-bit weights"
-    raise StudyError(f"{where}: quantization_config quant_method {method!r} is not known to the weights "
-                     "estimate (expected fp8, mxfp4, nvfp4/modelopt_fp4, awq, gptq, bitsandbytes, "
-                     "compressed-tensors); pass the weights in GiB (--weights-gib)")
+    raise StudyError(
+        f"{where}: quantization_config quant_method {method!r} is not known to the weights "
+        "estimate (expected fp8, mxfp4, nvfp4/modelopt_fp4, awq, gptq, bitsandbytes, "
+        "compressed-tensors); pass the weights in GiB (--weights-gib)"
+    )
 
 
 def _unconverted(quant: dict[str, Any]) -> set[str]:
@@ -195,8 +227,9 @@ def _unconverted(quant: dict[str, Any]) -> set[str]:
     return kept
 
 
-def estimate_weights(config: dict[str, Any], where: str = "config.json",
-                     layout: ModelLayout | None = None) -> WeightsSize:
+def estimate_weights(
+    config: dict[str, Any], where: str = "config.json", layout: ModelLayout | None = None
+) -> WeightsSize:
     """Weight bytes estimated from a config: parameters per part x the bytes the checkpoint stores them in."""
     layout = layout or layout_from_config(config, where)
     parts = parameter_parts(config, where, layout)
@@ -211,17 +244,25 @@ def estimate_weights(config: dict[str, Any], where: str = "config.json",
             if name not in kept:
                 per_part[name] = per
         label += "; embeddings, output head and towers 16-bit" + (
-            f"; {', '.join(sorted(kept))} 16-bit (modules_to_not_convert)" if kept else "")
+            f"; {', '.join(sorted(kept))} 16-bit (modules_to_not_convert)" if kept else ""
+        )
     sizes = {name: int(math.ceil(count * per_part[name])) for name, count in parts.items()}
     cfg = text_config(config)
     k = cfg.get("num_experts_per_tok") or cfg.get("moe_topk") or cfg.get("num_experts_per_token")
-    return WeightsSize(sum(sizes.values()), f"estimated from config ({label})", sum(parts.values()),
-                       embedding_bytes=sizes["embedding"], expert_bytes=sizes["experts"],
-                       experts=_experts(cfg) or None, experts_per_token=k if isinstance(k, int) else None,
-                       parts_bytes=sizes)
+    return WeightsSize(
+        sum(sizes.values()),
+        f"estimated from config ({label})",
+        sum(parts.values()),
+        embedding_bytes=sizes["embedding"],
+        expert_bytes=sizes["experts"],
+        experts=_experts(cfg) or None,
+        experts_per_token=k if isinstance(k, int) else None,
+        parts_bytes=sizes,
+    )
 
 
 # --------------------------------------------------------------------------- from the checkpoint
+
 
 class _Sink:
     """Collects safetensors read problems."""
@@ -241,10 +282,18 @@ def _header_bytes(files: list[Path]) -> int:
         if header is None:
             raise StudyError(sink.errors[-1])
         for name, info in header.tensors.items():
-            dtype, shape = info.get("dtype"), info.get("shape")
-            if dtype not in SAFETENSORS_DTYPE_BYTES or not isinstance(shape, list):
-                raise StudyError(f"{path}: tensor {name!r} has dtype {dtype!r} (expected one of "
-                                 f"{', '.join(SAFETENSORS_DTYPE_BYTES)}) or no shape")
+            dtype, shape = (info.get("dtype"), info.get("shape")) if isinstance(info, dict) else (None, None)
+            if (
+                not isinstance(dtype, str)
+                or dtype not in SAFETENSORS_DTYPE_BYTES
+                or not isinstance(shape, list)
+                or len(shape) > 8
+                or not all(type(x) is int and 0 <= x < 2**48 for x in shape)
+            ):
+                raise StudyError(
+                    f"{path}: tensor {str(name)[:80]!r} has dtype {repr(dtype)[:40]} (expected one of "
+                    f"{', '.join(SAFETENSORS_DTYPE_BYTES)}) or no shape of at most 8 sizes"
+                )
             total += math.prod(shape) * SAFETENSORS_DTYPE_BYTES[dtype]
     return int(total)
 
@@ -278,5 +327,13 @@ def _with_source(total: int, source: str, estimate: WeightsSize | None) -> Weigh
     """The checkpoint's figure, with the estimate's per-part breakdown (labelled estimated) kept."""
     if estimate is None:
         return WeightsSize(total, source)
-    return WeightsSize(total, source, estimate.parameters, estimate.embedding_bytes, estimate.expert_bytes,
-                       estimate.experts, estimate.experts_per_token, estimate.parts_bytes)
+    return WeightsSize(
+        total,
+        source,
+        estimate.parameters,
+        estimate.embedding_bytes,
+        estimate.expert_bytes,
+        estimate.experts,
+        estimate.experts_per_token,
+        estimate.parts_bytes,
+    )

@@ -27,15 +27,25 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvstudy.io import read_jsonl
 from kvstudy.errors import StudyError
+from kvstudy.io import read_jsonl
 from kvstudy.speed.runner import MANIFEST, SweepSpec, load_spec, read_json
 
-SUMMARY_COLUMNS = ["users", "configuration", "kv_cache_dtype", "median_tpot_ms", "tpot_min_ms", "tpot_max_ms",
-                   "output_throughput_tok_s", "median_clock_mhz", "seeds"]
+SUMMARY_COLUMNS = [
+    "users",
+    "configuration",
+    "kv_cache_dtype",
+    "median_tpot_ms",
+    "tpot_min_ms",
+    "tpot_max_ms",
+    "output_throughput_tok_s",
+    "median_clock_mhz",
+    "seeds",
+]
 
 
 # --------------------------------------------------------------------------- loading
+
 
 @dataclass
 class Capture:
@@ -44,9 +54,9 @@ class Capture:
     path: Path
     manifest: dict[str, Any]
     spec: SweepSpec
-    cells: pd.DataFrame          # one row per cell result (ok and failed)
-    requests: pd.DataFrame       # one row per measured request of ok cells
-    telemetry: pd.DataFrame      # one row per clock sample
+    cells: pd.DataFrame  # one row per cell result (ok and failed)
+    requests: pd.DataFrame  # one row per measured request of ok cells
+    telemetry: pd.DataFrame  # one row per clock sample
     runs: dict[str, dict[str, Any]]
 
     @property
@@ -81,7 +91,10 @@ def load_capture(path: str | Path) -> Capture:
             continue
         keys = {k: cell[k] for k in ("cell_id", "configuration", "kv_cache_dtype", "seed", "users")}
         t0 = (cell.get("bench_window_s") or [None])[0]
-        req_file, tel_file = path / "requests" / f"{cell['cell_id']}.jsonl", path / "telemetry" / f"{cell['cell_id']}.jsonl"
+        req_file, tel_file = (
+            path / "requests" / f"{cell['cell_id']}.jsonl",
+            path / "telemetry" / f"{cell['cell_id']}.jsonl",
+        )
         if req_file.is_file():
             df = pd.DataFrame(_read_jsonl(req_file)).assign(**keys)
             df["t_rel_s"] = df["start_time_s"] - (t0 if t0 is not None else df["start_time_s"].min())
@@ -92,21 +105,42 @@ def load_capture(path: str | Path) -> Capture:
                 df["t_rel_s"] = df["t_mono_s"] - (t0 if t0 is not None else df["t_mono_s"].min())
                 tel_frames.append(df)
     runs = {p.stem: read_json(p) for p in sorted((path / "runs").glob("*.json"))}
-    return Capture(path, manifest, spec, cell_df,
-                   pd.concat(req_frames, ignore_index=True) if req_frames else pd.DataFrame(),
-                   pd.concat(tel_frames, ignore_index=True) if tel_frames else pd.DataFrame(), runs)
+    return Capture(
+        path,
+        manifest,
+        spec,
+        cell_df,
+        pd.concat(req_frames, ignore_index=True) if req_frames else pd.DataFrame(),
+        pd.concat(tel_frames, ignore_index=True) if tel_frames else pd.DataFrame(),
+        runs,
+    )
 
 
 def seed_table(capture: Capture) -> pd.DataFrame:
     """One row per successful cell: the per-seed values every summary is built from."""
-    cols = ["users", "configuration", "kv_cache_dtype", "seed", "median_tpot_ms", "median_ttft_ms",
-            "median_itl_ms", "output_throughput_tok_s", "median_clock_mhz", "completed"]
+    cols = [
+        "users",
+        "configuration",
+        "kv_cache_dtype",
+        "seed",
+        "median_tpot_ms",
+        "median_ttft_ms",
+        "median_itl_ms",
+        "output_throughput_tok_s",
+        "median_clock_mhz",
+        "completed",
+    ]
     if not len(capture.cells):
         return pd.DataFrame(columns=cols)
     ok = capture.cells[capture.cells["status"] == "ok"]
     order = {c.name: i for i, c in enumerate(capture.spec.configurations)}
-    return (ok[cols].assign(_o=ok["configuration"].map(order))
-            .sort_values(["users", "_o", "seed"]).drop(columns="_o").reset_index(drop=True))
+    return (
+        ok[cols]
+        .assign(_o=ok["configuration"].map(order))
+        .sort_values(["users", "_o", "seed"])
+        .drop(columns="_o")
+        .reset_index(drop=True)
+    )
 
 
 def failed_cells(capture: Capture) -> pd.DataFrame:
@@ -121,10 +155,14 @@ def summary_table(seeds: pd.DataFrame, order: list[str] | None = None) -> pd.Dat
     if not len(seeds):
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     g = seeds.groupby(["users", "configuration", "kv_cache_dtype"], sort=False)
-    out = g.agg(median_tpot_ms=("median_tpot_ms", "median"), tpot_min_ms=("median_tpot_ms", "min"),
-                tpot_max_ms=("median_tpot_ms", "max"),
-                output_throughput_tok_s=("output_throughput_tok_s", "median"),
-                median_clock_mhz=("median_clock_mhz", "median"), seeds=("seed", "nunique")).reset_index()
+    out = g.agg(
+        median_tpot_ms=("median_tpot_ms", "median"),
+        tpot_min_ms=("median_tpot_ms", "min"),
+        tpot_max_ms=("median_tpot_ms", "max"),
+        output_throughput_tok_s=("output_throughput_tok_s", "median"),
+        median_clock_mhz=("median_clock_mhz", "median"),
+        seeds=("seed", "nunique"),
+    ).reset_index()
     if order:
         out["_o"] = out["configuration"].map({n: i for i, n in enumerate(order)})
         out = out.sort_values(["users", "_o"]).drop(columns="_o")
@@ -132,6 +170,7 @@ def summary_table(seeds: pd.DataFrame, order: list[str] | None = None) -> pd.Dat
 
 
 # --------------------------------------------------------------------------- published summary
+
 
 @dataclass
 class Published:
@@ -159,11 +198,17 @@ def load_published(path: str | Path) -> Published:
     table["tpot_min_ms"] = np.nan  # per-seed values were not published
     table["tpot_max_ms"] = np.nan
     meta = {k: v for k, v in data.items() if k not in ("rows", "published_verdicts", "not_published")}
-    return Published(path, meta, table[SUMMARY_COLUMNS], list(data.get("published_verdicts", [])),
-                     list(data.get("not_published", [])))
+    return Published(
+        path,
+        meta,
+        table[SUMMARY_COLUMNS],
+        list(data.get("published_verdicts", [])),
+        list(data.get("not_published", [])),
+    )
 
 
 # --------------------------------------------------------------------------- clock-adjusted estimate
+
 
 @dataclass
 class ClockAdjusted:
@@ -171,18 +216,19 @@ class ClockAdjusted:
 
     users: int
     n_cells: int
-    effect_ms: float | None              # candidate minus baseline TPOT at equal clock
+    effect_ms: float | None  # candidate minus baseline TPOT at equal clock
     ci_low_ms: float | None
     ci_high_ms: float | None
-    effect_pct: float | None             # effect relative to the baseline's mean TPOT
+    effect_pct: float | None  # effect relative to the baseline's mean TPOT
     clock_coef_ms_per_100mhz: float | None
     formula: str
     note: str
     candidate: str = ""
 
 
-def clock_adjusted(seeds: pd.DataFrame, baseline: str, candidate: str, users: int,
-                   alpha: float = 0.05) -> ClockAdjusted:
+def clock_adjusted(
+    seeds: pd.DataFrame, baseline: str, candidate: str, users: int, alpha: float = 0.05
+) -> ClockAdjusted:
     """Fit ``median_tpot_ms ~ candidate + median_clock_mhz`` over the cells at ``users``.
 
     The clock term is dropped (and the note says so) when the clock is missing or does not vary,
@@ -216,23 +262,46 @@ def clock_adjusted(seeds: pd.DataFrame, baseline: str, candidate: str, users: in
         if abs(corr) > 0.9:
             note += f"; the clock is nearly confounded with the arm (r = {corr:.2f}), so the split is fragile"
     elif clock.notna().all():
-        note = f"the clock did not vary ({clock.iloc[0]:.0f} MHz in every cell): no adjustment possible, plain difference"
+        note = (
+            f"the clock did not vary ({clock.iloc[0]:.0f} MHz in every cell): no adjustment possible, plain difference"
+        )
     else:
         note = "no clock readings: plain difference"
     note += f"; {n} cells, {int(fit.df_resid)} residual degrees of freedom, {int((1 - alpha) * 100)} % interval"
-    return ClockAdjusted(users, n, effect, float(lo), float(hi), effect / base_mean * 100.0,
-                         float(fit.params["clock_100mhz"]) if use_clock else None, formula, note, candidate)
+    return ClockAdjusted(
+        users,
+        n,
+        effect,
+        float(lo),
+        float(hi),
+        effect / base_mean * 100.0,
+        float(fit.params["clock_100mhz"]) if use_clock else None,
+        formula,
+        note,
+        candidate,
+    )
 
 
 def adjusted_frame(estimates: list[ClockAdjusted]) -> pd.DataFrame:
-    return pd.DataFrame([{"candidate": e.candidate, "users": e.users, "cells": e.n_cells, "model": e.formula,
-                          "TPOT change (ms)": None if e.effect_ms is None else round(e.effect_ms, 3),
-                          "95 % interval (ms)": None if e.ci_low_ms is None else f"{e.ci_low_ms:.3f} to {e.ci_high_ms:.3f}",
-                          "change (%)": None if e.effect_pct is None else round(e.effect_pct, 2),
-                          "note": e.note} for e in estimates])
+    return pd.DataFrame(
+        [
+            {
+                "candidate": e.candidate,
+                "users": e.users,
+                "cells": e.n_cells,
+                "model": e.formula,
+                "TPOT change (ms)": None if e.effect_ms is None else round(e.effect_ms, 3),
+                "95 % interval (ms)": None if e.ci_low_ms is None else f"{e.ci_low_ms:.3f} to {e.ci_high_ms:.3f}",
+                "change (%)": None if e.effect_pct is None else round(e.effect_pct, 2),
+                "note": e.note,
+            }
+            for e in estimates
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- A/B guard
+
 
 def ab_differences(capture: Capture, baseline: str, candidate: str) -> pd.DataFrame:
     """Per seed, what the resolved-run records of the two arms differ in besides the KV dtype."""
@@ -243,14 +312,27 @@ def ab_differences(capture: Capture, baseline: str, candidate: str) -> pd.DataFr
         a = capture.runs.get(f"{baseline}__s{seed}", {})
         b = capture.runs.get(f"{candidate}__s{seed}", {})
         if a.get("status") != "ok" or b.get("status") != "ok":
-            rows.append({"seed": seed, "field": "(run record)", baseline: a.get("status", "missing"),
-                         candidate: b.get("status", "missing")})
+            rows.append(
+                {
+                    "seed": seed,
+                    "field": "(run record)",
+                    baseline: a.get("status", "missing"),
+                    candidate: b.get("status", "missing"),
+                }
+            )
             continue
         try:
             diffs = ab_guard(a.get("record") or {}, b.get("record") or {})
         except StudyError as exc:
-            rows.append({"seed": seed, "field": "(run record)", baseline: a.get("record_error", ""),
-                         candidate: b.get("record_error", ""), "note": str(exc)})
+            rows.append(
+                {
+                    "seed": seed,
+                    "field": "(run record)",
+                    baseline: a.get("record_error", ""),
+                    candidate: b.get("record_error", ""),
+                    "note": str(exc),
+                }
+            )
             continue
         for d in diffs:
             rows.append({"seed": seed, "field": d.field, baseline: _short(d.a), candidate: _short(d.b), "note": d.note})
@@ -263,6 +345,7 @@ def _short(value: Any, width: int = 80) -> str:
 
 
 # --------------------------------------------------------------------------- figures
+
 
 def _colors(names: list[str]) -> dict[str, Any]:
     import matplotlib.pyplot as plt
@@ -312,8 +395,12 @@ def plot_distributions(requests: pd.DataFrame, order: list[str]) -> Any:
             r = ok[(ok["users"] == u) & (ok["configuration"] == name)]
             _ecdf(row[0], r["ttft_ms"].to_numpy(), color=colors[name], label=name)
             _ecdf(row[1], r["tpot_ms"].dropna().to_numpy(), color=colors[name], label=name)
-            _ecdf(row[2], np.concatenate([np.asarray(x, float) for x in r["itls_ms"]]) if len(r) else np.array([]),
-                  color=colors[name], label=name)
+            _ecdf(
+                row[2],
+                np.concatenate([np.asarray(x, float) for x in r["itls_ms"]]) if len(r) else np.array([]),
+                color=colors[name],
+                label=name,
+            )
         for ax, what in zip(row, ("TTFT (ms)", "TPOT (ms)", "ITL (ms)")):
             ax.set_xlabel(what)
             ax.set_ylabel(f"{u} user{'s' if u != 1 else ''}: share ≤ x")
@@ -340,8 +427,7 @@ def plot_clock(telemetry: pd.DataFrame, order: list[str], lead_s: float = 3.0) -
     for j, u in enumerate(users):
         t = telemetry[telemetry["users"] == u]
         for (name, seed), g in t.groupby(["configuration", "seed"]):
-            axes[0][j].plot(g["t_rel_s"], g["clock_mhz"], color=colors.get(name), lw=1,
-                            label=f"{name} seed {seed}")
+            axes[0][j].plot(g["t_rel_s"], g["clock_mhz"], color=colors.get(name), lw=1, label=f"{name} seed {seed}")
             if has_util:
                 axes[1][j].plot(g["t_rel_s"], g["util_pct"], color=colors.get(name), lw=1)
         axes[0][j].set_title(f"{u} user{'s' if u != 1 else ''}")
@@ -361,8 +447,11 @@ def describe_spec(spec: SweepSpec) -> pd.DataFrame:
     """The grid and what was held fixed, as a two-column table."""
     d = spec.to_dict()
     d["configurations"] = "; ".join(
-        f"{c.name}: kv {c.kv_cache_dtype}" + (f", backend {c.attention_backend}" if c.attention_backend else "")
-        + (f", env {c.env}" if c.env else "") for c in spec.configurations)
+        f"{c.name}: kv {c.kv_cache_dtype}"
+        + (f", backend {c.attention_backend}" if c.attention_backend else "")
+        + (f", env {c.env}" if c.env else "")
+        for c in spec.configurations
+    )
     return pd.DataFrame({"setting": list(d), "value": [str(v) for v in d.values()]})
 
 
@@ -370,12 +459,12 @@ def finite(x: float | None) -> bool:
     return x is not None and not (isinstance(x, float) and math.isnan(x))
 
 
-
-
 # --------------------------------------------------------------------------- notebook helpers
 
-def open_or_complete(spec_data: dict[str, Any], capture: str | Path, run_missing: bool,
-                     how: str = "") -> tuple[Capture | None, str]:
+
+def open_or_complete(
+    spec_data: dict[str, Any], capture: str | Path, run_missing: bool, how: str = ""
+) -> tuple[Capture | None, str]:
     """The capture to analyse, after running its missing cells when ``run_missing`` is true.
 
     Returns the capture (None when there is none) and a sentence saying what was done.
@@ -384,7 +473,7 @@ def open_or_complete(spec_data: dict[str, Any], capture: str | Path, run_missing
 
     path = Path(capture)
     if run_missing:
-        spec = SweepSpec.from_dict(spec_data, where="notebook parameters")
+        spec = SweepSpec.from_params(**spec_data)  # None: SweepSpec's default
         todo = missing_cells(spec, path)
         if todo:
             results = run_sweep(spec, path, how=how or "notebooks/02_speed-sweep.ipynb")
@@ -404,6 +493,11 @@ def cell_status_frame(capture: Capture) -> pd.DataFrame:
     rows = []
     for c in capture.spec.cells():
         row = capture.cells[capture.cells["cell_id"] == c.id] if len(capture.cells) else pd.DataFrame()
-        rows.append({"cell": c.id, "status": row["status"].iloc[0] if len(row) else status.get(c.id, "missing"),
-                     "reason": row["reason"].iloc[0] if len(row) and row["reason"].iloc[0] else ""})
+        rows.append(
+            {
+                "cell": c.id,
+                "status": row["status"].iloc[0] if len(row) else status.get(c.id, "missing"),
+                "reason": row["reason"].iloc[0] if len(row) and row["reason"].iloc[0] else "",
+            }
+        )
     return pd.DataFrame(rows)

@@ -19,15 +19,17 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
-from kvstudy.io import log_tail, read_jsonl, text_tail, write_jsonl_atomic
 from kvstudy.errors import StudyError
+from kvstudy.io import log_tail, read_jsonl, text_tail, write_jsonl_atomic
+from kvstudy.vllm.server import die_with_parent
 
 # The body of `vllm bench serve`, without the console entry point that needs the `vllm` dist.
 BENCH_ENTRY = (
@@ -39,6 +41,8 @@ BENCH_ENTRY = (
     "main(parser.parse_args(sys.argv[1:]))\n"
 )
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
+# What vllm/benchmarks/serve.py (0.32) prints after the warm-ups, right before the measured requests.
+MEASURED_RUN_MARKER = "Starting main benchmark run"
 
 
 class BenchError(StudyError):
@@ -72,24 +76,49 @@ class BenchSettings:
         if not isinstance(self.num_warmups, int) or self.num_warmups < 0:
             raise StudyError(f"{where}: 'num_warmups' must be an integer >= 0, got {self.num_warmups!r}")
 
-    def cli_args(self, base_url: str, model: str, tokenizer: str | None,
-                 result_dir: Path, result_filename: str) -> list[str]:
+    def cli_args(
+        self, base_url: str, model: str, tokenizer: str | None, result_dir: Path, result_filename: str
+    ) -> list[str]:
         """The ``vllm bench serve`` arguments for these settings."""
         args = [
-            "--backend", self.backend, "--base-url", base_url, "--endpoint", self.endpoint,
-            "--model", model,
-            "--dataset-name", "random",
-            "--random-input-len", str(self.input_len), "--random-output-len", str(self.output_len),
-            "--random-range-ratio", "0.0",
-            "--num-prompts", str(self.num_prompts),
-            "--max-concurrency", str(self.max_concurrency),
-            "--request-rate", "inf",
-            "--num-warmups", str(self.num_warmups),
-            "--seed", str(self.seed),
-            "--temperature", repr(float(self.temperature)),
-            "--percentile-metrics", PERCENTILE_METRICS, "--metric-percentiles", "50,90,99",
-            "--save-result", "--save-detailed",
-            "--result-dir", str(result_dir), "--result-filename", result_filename,
+            "--backend",
+            self.backend,
+            "--base-url",
+            base_url,
+            "--endpoint",
+            self.endpoint,
+            "--model",
+            model,
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(self.input_len),
+            "--random-output-len",
+            str(self.output_len),
+            "--random-range-ratio",
+            "0.0",
+            "--num-prompts",
+            str(self.num_prompts),
+            "--max-concurrency",
+            str(self.max_concurrency),
+            "--request-rate",
+            "inf",
+            "--num-warmups",
+            str(self.num_warmups),
+            "--seed",
+            str(self.seed),
+            "--temperature",
+            repr(float(self.temperature)),
+            "--percentile-metrics",
+            PERCENTILE_METRICS,
+            "--metric-percentiles",
+            "50,90,99",
+            "--save-result",
+            "--save-detailed",
+            "--result-dir",
+            str(result_dir),
+            "--result-filename",
+            result_filename,
             "--disable-tqdm",
         ]
         if self.ignore_eos:
@@ -99,11 +128,17 @@ class BenchSettings:
         return args
 
 
-def bench_command(settings: BenchSettings, base_url: str, model: str, tokenizer: str | None,
-                  result_dir: Path, result_filename: str, python: str = sys.executable) -> list[str]:
+def bench_command(
+    settings: BenchSettings,
+    base_url: str,
+    model: str,
+    tokenizer: str | None,
+    result_dir: Path,
+    result_filename: str,
+    python: str = sys.executable,
+) -> list[str]:
     """The subprocess command line that runs vLLM's ``bench serve`` code."""
-    return [python, "-c", BENCH_ENTRY, *settings.cli_args(base_url, model, tokenizer,
-                                                          result_dir, result_filename)]
+    return [python, "-c", BENCH_ENTRY, *settings.cli_args(base_url, model, tokenizer, result_dir, result_filename)]
 
 
 def client_platform_env() -> dict[str, str]:
@@ -128,47 +163,118 @@ def client_platform_env() -> dict[str, str]:
     return {"VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")}
 
 
-def run_bench(settings: BenchSettings, base_url: str, model: str, tokenizer: str | None,
-              log_path: Path, timeout_s: float = 1800.0, python: str = sys.executable,
-              env: dict[str, str] | None = None) -> dict[str, Any]:
+def run_bench(
+    settings: BenchSettings,
+    base_url: str,
+    model: str,
+    tokenizer: str | None,
+    log_path: Path,
+    timeout_s: float = 1800.0,
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Run the client once and return vLLM's result JSON (with the per-request arrays).
 
-    Its console output goes to ``log_path``. Raises :class:`BenchError` (with the output's tail)
-    when the client exits non-zero, times out, or saves no result.
+    Its console output goes to ``log_path``; ``on_line(line)``, when given, sees each line as the
+    client prints it (the runner takes a clock sample at :data:`MEASURED_RUN_MARKER`). Raises
+    :class:`BenchError` (with the output's tail) when the client exits non-zero, times out, or
+    saves no result.
     """
     settings.validate()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvstudy-bench-") as tmp:
         result_dir = Path(tmp)
         cmd = bench_command(settings, base_url, model, tokenizer, result_dir, "result.json", python)
-        run_env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **client_platform_env(),
-                   **(env or {})}
+        run_env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            **client_platform_env(),
+            **({"PYTHONUNBUFFERED": "1"} if on_line else {}),
+            **(env or {}),
+        }
         with open(log_path, "w", encoding="utf-8") as log:
-            try:
-                proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env,
-                                      timeout=timeout_s, check=False, start_new_session=True)
-            except subprocess.TimeoutExpired:
-                raise BenchError(f"vllm bench serve: no result after {timeout_s:.0f} s",
-                                 log_tail(log_path)) from None
+            if on_line is None:
+                returncode = _run_to_log(cmd, run_env, log, timeout_s, log_path)
+            else:
+                returncode = _run_streaming(cmd, run_env, log, timeout_s, log_path, on_line)
         output = log_path.read_text(errors="replace")
         result_file = result_dir / "result.json"
-        if proc.returncode != 0 or not result_file.is_file():
+        if returncode != 0 or not result_file.is_file():
             last = next((ln for ln in reversed(output.splitlines()) if ln.strip()), "no output")
-            raise BenchError(f"vllm bench serve exited with status {proc.returncode}: {last}", text_tail(output))
+            raise BenchError(f"vllm bench serve exited with status {returncode}: {last}", text_tail(output))
         return json.loads(result_file.read_text())
 
 
+def _run_to_log(cmd: list[str], env: dict[str, str], log: IO[str], timeout_s: float, log_path: Path) -> int:
+    try:
+        proc = subprocess.run(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=timeout_s,
+            check=False,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"vllm bench serve: no result after {timeout_s:.0f} s", log_tail(log_path)) from None
+    return proc.returncode
+
+
+def _run_streaming(
+    cmd: list[str], env: dict[str, str], log: IO[str], timeout_s: float, log_path: Path, on_line: Callable[[str], None]
+) -> int:
+    """Run the client with its output read line by line (into the log and ``on_line``)."""
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            try:
+                on_line(line)
+            except Exception:  # a failing observer must not lose the client's output
+                pass
+        log.flush()
+
+    reader = threading.Thread(target=pump, name="kvstudy-bench-output", daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        reader.join(timeout=5)
+        log.flush()
+        raise BenchError(f"vllm bench serve: no result after {timeout_s:.0f} s", log_tail(log_path)) from None
+    reader.join(timeout=30)
+    return proc.returncode
+
+
 # --------------------------------------------------------------------------- per-request records
+
 
 @dataclass
 class RequestRecord:
     """One measured request (warm-ups are not among them). Times from vLLM's client."""
 
     index: int
-    start_time_s: float          # time.perf_counter() in the client (CLOCK_MONOTONIC on Linux)
-    ttft_ms: float               # request start to the first token
-    e2el_ms: float               # request start to the last token
-    tpot_ms: float | None        # (e2el - ttft) / (output_len - 1); None for <= 1 output token
+    start_time_s: float  # time.perf_counter() in the client (CLOCK_MONOTONIC on Linux)
+    ttft_ms: float  # request start to the first token
+    e2el_ms: float  # request start to the last token
+    tpot_ms: float | None  # (e2el - ttft) / (output_len - 1); None for <= 1 output token
     itls_ms: list[float] = field(default_factory=list)  # gaps between later tokens
     input_len: int = 0
     output_len: int = 0
@@ -198,12 +304,20 @@ def requests_from_result(result: dict[str, Any], where: str = "bench result") ->
         ttft = float(result["ttfts"][i] or 0.0)
         latency = float(result["latencies"][i] or 0.0)
         tpot = (latency - ttft) / (out_len - 1) * 1000.0 if success and out_len > 1 else None
-        records.append(RequestRecord(
-            index=i, start_time_s=float(result["start_times"][i]), ttft_ms=ttft * 1000.0,
-            e2el_ms=latency * 1000.0, tpot_ms=tpot,
-            itls_ms=[float(x) * 1000.0 for x in (result["itls"][i] or [])],
-            input_len=int(result["input_lens"][i] or 0), output_len=out_len,
-            success=success, error=error))
+        records.append(
+            RequestRecord(
+                index=i,
+                start_time_s=float(result["start_times"][i]),
+                ttft_ms=ttft * 1000.0,
+                e2el_ms=latency * 1000.0,
+                tpot_ms=tpot,
+                itls_ms=[float(x) * 1000.0 for x in (result["itls"][i] or [])],
+                input_len=int(result["input_lens"][i] or 0),
+                output_len=out_len,
+                success=success,
+                error=error,
+            )
+        )
     return records
 
 
@@ -218,24 +332,25 @@ def read_requests_jsonl(path: Path) -> list[RequestRecord]:
 
 # --------------------------------------------------------------------------- metrics
 
+
 @dataclass
 class CellMetrics:
     """The metrics of one cell, as vLLM's ``BenchmarkMetrics`` defines them (units in names)."""
 
-    completed: int                    # successful requests
-    failed: int                       # failed requests
-    duration_s: float                 # benchmark duration (warm-ups excluded)
+    completed: int  # successful requests
+    failed: int  # failed requests
+    duration_s: float  # benchmark duration (warm-ups excluded)
     total_input_tokens: int
     total_output_tokens: int
-    request_throughput_req_s: float   # completed / duration
-    output_throughput_tok_s: float    # output tokens / duration
+    request_throughput_req_s: float  # completed / duration
+    output_throughput_tok_s: float  # output tokens / duration
     mean_ttft_ms: float
     median_ttft_ms: float
     p99_ttft_ms: float
-    mean_tpot_ms: float               # per request (e2el - ttft) / (output tokens - 1)
+    mean_tpot_ms: float  # per request (e2el - ttft) / (output tokens - 1)
     median_tpot_ms: float
     p99_tpot_ms: float
-    mean_itl_ms: float                # all inter-token gaps pooled
+    mean_itl_ms: float  # all inter-token gaps pooled
     median_itl_ms: float
     p99_itl_ms: float
     mean_e2el_ms: float
@@ -259,21 +374,39 @@ def calculate_metrics(records: Sequence[RequestRecord], duration_s: float) -> Ce
     e2el = _stats([r.e2el_ms for r in ok])
     out_tokens = sum(r.output_len for r in ok)
     return CellMetrics(
-        completed=len(ok), failed=len(records) - len(ok), duration_s=duration_s,
-        total_input_tokens=sum(r.input_len for r in ok), total_output_tokens=out_tokens,
-        request_throughput_req_s=len(ok) / duration_s, output_throughput_tok_s=out_tokens / duration_s,
-        mean_ttft_ms=ttft[0], median_ttft_ms=ttft[1], p99_ttft_ms=ttft[2],
-        mean_tpot_ms=tpot[0], median_tpot_ms=tpot[1], p99_tpot_ms=tpot[2],
-        mean_itl_ms=itl[0], median_itl_ms=itl[1], p99_itl_ms=itl[2],
-        mean_e2el_ms=e2el[0], median_e2el_ms=e2el[1], p99_e2el_ms=e2el[2])
+        completed=len(ok),
+        failed=len(records) - len(ok),
+        duration_s=duration_s,
+        total_input_tokens=sum(r.input_len for r in ok),
+        total_output_tokens=out_tokens,
+        request_throughput_req_s=len(ok) / duration_s,
+        output_throughput_tok_s=out_tokens / duration_s,
+        mean_ttft_ms=ttft[0],
+        median_ttft_ms=ttft[1],
+        p99_ttft_ms=ttft[2],
+        mean_tpot_ms=tpot[0],
+        median_tpot_ms=tpot[1],
+        p99_tpot_ms=tpot[2],
+        mean_itl_ms=itl[0],
+        median_itl_ms=itl[1],
+        p99_itl_ms=itl[2],
+        mean_e2el_ms=e2el[0],
+        median_e2el_ms=e2el[1],
+        p99_e2el_ms=e2el[2],
+    )
 
 
 def metrics_reported_by_vllm(result: dict[str, Any]) -> dict[str, float | None]:
     """The summary numbers vLLM's client printed and saved, under :class:`CellMetrics` names."""
-    names = {"completed": "completed", "failed": "failed", "duration": "duration_s",
-             "total_input_tokens": "total_input_tokens", "total_output_tokens": "total_output_tokens",
-             "request_throughput": "request_throughput_req_s",
-             "output_throughput": "output_throughput_tok_s"}
+    names = {
+        "completed": "completed",
+        "failed": "failed",
+        "duration": "duration_s",
+        "total_input_tokens": "total_input_tokens",
+        "total_output_tokens": "total_output_tokens",
+        "request_throughput": "request_throughput_req_s",
+        "output_throughput": "output_throughput_tok_s",
+    }
     out: dict[str, float | None] = {ours: result.get(theirs) for theirs, ours in names.items()}
     for metric in PERCENTILE_METRICS.split(","):
         for stat in ("mean", "median", "p99"):

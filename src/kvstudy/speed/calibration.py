@@ -36,7 +36,7 @@ from kvstudy.speed.verdict import (
     statistical_claim,
 )
 
-SPLITS = 1_000               # pseudo-arm splits / simulated designs (>= 1,000: the rate's own SE <= 0.7 points at 5 %)
+SPLITS = 1_000  # pseudo-arm splits / simulated designs (>= 1,000: the rate's own SE <= 0.7 points at 5 %)
 CALIBRATION_RESAMPLES = 400  # bootstrap draws per simulated verdict (the interval only matters once p < alpha)
 TARGET_POWER = 0.8
 
@@ -49,7 +49,7 @@ class ClaimRate:
     claims: int
     trials: int
     rate: float
-    upper_95: float              # Clopper-Pearson one-sided 95 % upper bound of the rate
+    upper_95: float  # Clopper-Pearson one-sided 95 % upper bound of the rate
     n_base: int
     n_cand: int
     change: float | None = None  # true candidate/baseline TPOT ratio minus 1 (power only)
@@ -63,8 +63,16 @@ def _upper_bound(claims: int, trials: int, level: float = 0.95) -> float:
 
 
 def _rate(what: str, claims: int, trials: int, n_base: int, n_cand: int, change: float | None = None) -> ClaimRate:
-    return ClaimRate(what=what, claims=claims, trials=trials, rate=claims / trials,
-                     upper_95=_upper_bound(claims, trials), n_base=n_base, n_cand=n_cand, change=change)
+    return ClaimRate(
+        what=what,
+        claims=claims,
+        trials=trials,
+        rate=claims / trials,
+        upper_95=_upper_bound(claims, trials),
+        n_base=n_base,
+        n_cand=n_cand,
+        change=change,
+    )
 
 
 def _usable(runs: Sequence[RunSummary]) -> list[RunSummary]:
@@ -74,8 +82,15 @@ def _usable(runs: Sequence[RunSummary]) -> list[RunSummary]:
     return list(runs)
 
 
-def claim_by_test(base: Sequence[Sequence[float]], cand: Sequence[Sequence[float]], *, alpha: float = ALPHA,
-               resamples: int = CALIBRATION_RESAMPLES, seed: int = 0, use_interval: bool = True) -> str:
+def claim_by_test(
+    base: Sequence[Sequence[float]],
+    cand: Sequence[Sequence[float]],
+    *,
+    alpha: float = ALPHA,
+    resamples: int = CALIBRATION_RESAMPLES,
+    seed: int = 0,
+    use_interval: bool = True,
+) -> str:
     """The verdict test on per-request TPOTs of each run: "faster", "slower" or "no claim".
 
     ``use_interval=False`` counts p < alpha alone (faster; the interval rarely decides once p < alpha)."""
@@ -90,9 +105,16 @@ def claim_by_test(base: Sequence[Sequence[float]], cand: Sequence[Sequence[float
     return statistical_claim(test.p_value, ci, math.exp(test.statistic), alpha)
 
 
-def false_claim_rate(runs: Sequence[RunSummary], *, n_base: int | None = None, n_cand: int | None = None,
-                     splits: int = SPLITS, alpha: float = ALPHA, resamples: int = CALIBRATION_RESAMPLES,
-                     seed: int = 0) -> ClaimRate:
+def false_claim_rate(
+    runs: Sequence[RunSummary],
+    *,
+    n_base: int | None = None,
+    n_cand: int | None = None,
+    splits: int = SPLITS,
+    alpha: float = ALPHA,
+    resamples: int = CALIBRATION_RESAMPLES,
+    seed: int = 0,
+) -> ClaimRate:
     """Split the A/A ``runs`` at random (without replacement) into pseudo-arms of ``n_base`` and
     ``n_cand`` runs (default: half each) ``splits`` times; the share of splits with a claim."""
     pool = _usable(runs)
@@ -106,13 +128,22 @@ def false_claim_rate(runs: Sequence[RunSummary], *, n_base: int | None = None, n
     for i in range(splits):
         order = rng.permutation(len(pool))
         base = [tpots[j] for j in order[:n1]]
-        cand = [tpots[j] for j in order[n1:n1 + n2]]
+        cand = [tpots[j] for j in order[n1 : n1 + n2]]
         claims += claim_by_test(base, cand, alpha=alpha, resamples=resamples, seed=seed + i) != "no claim"
     return _rate("A/A runs split into pseudo-arms", claims, splits, n1, n2)
 
 
-def _simulate(pool: Sequence[np.ndarray], n_base: int, n_cand: int, ratio: float, simulations: int, alpha: float,
-              resamples: int, seed: int, use_interval: bool = True) -> tuple[int, int]:
+def _simulate(
+    pool: Sequence[np.ndarray],
+    n_base: int,
+    n_cand: int,
+    ratio: float,
+    simulations: int,
+    alpha: float,
+    resamples: int,
+    seed: int,
+    use_interval: bool = True,
+) -> tuple[int, int]:
     """(claims in any direction, claims in the direction of ``ratio``) over simulated designs."""
     if n_base < 1 or n_cand < 1:
         raise StudyError(f"calibration: {n_base} vs {n_cand} runs per arm, expected at least 1 each")
@@ -129,9 +160,15 @@ def _simulate(pool: Sequence[np.ndarray], n_base: int, n_cand: int, ratio: float
     return any_claims, right
 
 
-def simulated_false_claim_rate(runs: Sequence[RunSummary], *, n_per_arm: int = 5, simulations: int = SPLITS,
-                               alpha: float = ALPHA, resamples: int = CALIBRATION_RESAMPLES,
-                               seed: int = 0) -> ClaimRate:
+def simulated_false_claim_rate(
+    runs: Sequence[RunSummary],
+    *,
+    n_per_arm: int = 5,
+    simulations: int = SPLITS,
+    alpha: float = ALPHA,
+    resamples: int = CALIBRATION_RESAMPLES,
+    seed: int = 0,
+) -> ClaimRate:
     """Designs of ``n_per_arm`` runs per arm drawn with replacement from the A/A ``runs`` (no effect
     added); the share with a claim."""
     pool = [np.asarray(r.tpots_s, dtype=float) for r in _usable(runs)]
@@ -139,22 +176,46 @@ def simulated_false_claim_rate(runs: Sequence[RunSummary], *, n_per_arm: int = 5
     return _rate("designs resampled from A/A runs, no change", claims, simulations, n_per_arm, n_per_arm)
 
 
-def power(runs: Sequence[RunSummary], *, change: float = 0.2, n_per_arm: int = 5, simulations: int = SPLITS,
-          alpha: float = ALPHA, resamples: int = CALIBRATION_RESAMPLES, seed: int = 0) -> ClaimRate:
+def power(
+    runs: Sequence[RunSummary],
+    *,
+    change: float = 0.2,
+    n_per_arm: int = 5,
+    simulations: int = SPLITS,
+    alpha: float = ALPHA,
+    resamples: int = CALIBRATION_RESAMPLES,
+    seed: int = 0,
+) -> ClaimRate:
     """Share of designs (``n_per_arm`` runs per arm, drawn with replacement from the A/A ``runs``,
     candidate TPOTs multiplied by ``1 + change``) in which the verdict claims the true direction."""
     if not change > -1.0 or change == 0.0:
         raise StudyError(f"power: change is {change!r}, expected a non-zero fraction above -1 (0.2 = 20 % slower)")
     pool = [np.asarray(r.tpots_s, dtype=float) for r in _usable(runs)]
     _, right = _simulate(pool, n_per_arm, n_per_arm, 1.0 + change, simulations, alpha, resamples, seed)
-    return _rate(f"designs resampled from A/A runs, candidate TPOT x {1.0 + change:g}", right, simulations,
-                 n_per_arm, n_per_arm, change=change)
+    return _rate(
+        f"designs resampled from A/A runs, candidate TPOT x {1.0 + change:g}",
+        right,
+        simulations,
+        n_per_arm,
+        n_per_arm,
+        change=change,
+    )
 
 
-def minimum_detectable_change(runs: Sequence[RunSummary], *, n_per_arm: int = 5, n_cand: int | None = None,
-                              target_power: float = TARGET_POWER, alpha: float = ALPHA, simulations: int = 400,
-                              resamples: int = 200, seed: int = 0, max_change: float = 3.0,
-                              precision: float = 0.005, use_interval: bool = True) -> float | None:
+def minimum_detectable_change(
+    runs: Sequence[RunSummary],
+    *,
+    n_per_arm: int = 5,
+    n_cand: int | None = None,
+    target_power: float = TARGET_POWER,
+    alpha: float = ALPHA,
+    simulations: int = 400,
+    resamples: int = 200,
+    seed: int = 0,
+    max_change: float = 3.0,
+    precision: float = 0.005,
+    use_interval: bool = True,
+) -> float | None:
     """Smallest TPOT increase (fraction: 0.2 = candidate 20 % slower) that a design of ``n_per_arm``
     baseline and ``n_cand`` (default the same) candidate runs detects with ``target_power``, by
     bisection with common random numbers; None when no change up to ``max_change`` is (the design

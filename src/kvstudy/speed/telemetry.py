@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kvstudy.io import read_jsonl, write_jsonl_atomic
 from kvstudy.errors import StudyError
+from kvstudy.io import read_jsonl, write_jsonl_atomic
 
 # NVML clock-event ("throttle") reason bits, nvml.h (nvmlClocksEventReason*).
 CLOCK_EVENT_REASONS: dict[int, str] = {
@@ -40,9 +40,9 @@ CLOCK_EVENT_REASONS: dict[int, str] = {
 class ClockSample:
     """One telemetry sample. ``clock_mhz`` is the SM clock on a GPU, the mean core clock on a CPU."""
 
-    t_mono_s: float                       # time.perf_counter() at the sample
-    t_wall_s: float                       # time.time() at the sample
-    device: str                           # "gpu0", "gpu1", ... or "cpu"
+    t_mono_s: float  # time.perf_counter() at the sample
+    t_wall_s: float  # time.time() at the sample
+    device: str  # "gpu0", "gpu1", ... or "cpu"
     clock_mhz: float | None
     mem_clock_mhz: float | None = None
     power_w: float | None = None
@@ -50,6 +50,7 @@ class ClockSample:
     clock_event_mask: int | None = None
     clock_event_reasons: list[str] = field(default_factory=list)
     util_pct: float | None = None
+    mark: str | None = None  # "window_start" / "window_end" for the edge samples, else None
 
 
 def decode_clock_event_reasons(mask: int) -> list[str]:
@@ -61,28 +62,44 @@ def decode_clock_event_reasons(mask: int) -> list[str]:
     return names
 
 
-def nvml_sample(t_mono_s: float, t_wall_s: float, index: int, sm_clock_mhz: int | None,
-                mem_clock_mhz: int | None, power_mw: int | None, temperature_c: int | None,
-                reasons_mask: int | None, util_pct: int | None = None) -> ClockSample:
+def nvml_sample(
+    t_mono_s: float,
+    t_wall_s: float,
+    index: int,
+    sm_clock_mhz: int | None,
+    mem_clock_mhz: int | None,
+    power_mw: int | None,
+    temperature_c: int | None,
+    reasons_mask: int | None,
+    util_pct: int | None = None,
+) -> ClockSample:
     """A sample from NVML's raw values (power in milliwatts, as NVML reports it)."""
     return ClockSample(
-        t_mono_s=t_mono_s, t_wall_s=t_wall_s, device=f"gpu{index}",
+        t_mono_s=t_mono_s,
+        t_wall_s=t_wall_s,
+        device=f"gpu{index}",
         clock_mhz=None if sm_clock_mhz is None else float(sm_clock_mhz),
         mem_clock_mhz=None if mem_clock_mhz is None else float(mem_clock_mhz),
         power_w=None if power_mw is None else power_mw / 1000.0,
         temperature_c=None if temperature_c is None else float(temperature_c),
         clock_event_mask=reasons_mask,
         clock_event_reasons=[] if reasons_mask is None else decode_clock_event_reasons(reasons_mask),
-        util_pct=None if util_pct is None else float(util_pct))
+        util_pct=None if util_pct is None else float(util_pct),
+    )
 
 
-def cpu_sample(t_mono_s: float, t_wall_s: float, core_mhz: Sequence[float],
-               util_pct: float | None = None) -> ClockSample:
+def cpu_sample(
+    t_mono_s: float, t_wall_s: float, core_mhz: Sequence[float], util_pct: float | None = None
+) -> ClockSample:
     """A sample from per-core frequencies (their mean is the clock)."""
     clocks = [float(f) for f in core_mhz if f]
-    return ClockSample(t_mono_s=t_mono_s, t_wall_s=t_wall_s, device="cpu",
-                       clock_mhz=sum(clocks) / len(clocks) if clocks else None,
-                       util_pct=None if util_pct is None else float(util_pct))
+    return ClockSample(
+        t_mono_s=t_mono_s,
+        t_wall_s=t_wall_s,
+        device="cpu",
+        clock_mhz=sum(clocks) / len(clocks) if clocks else None,
+        util_pct=None if util_pct is None else float(util_pct),
+    )
 
 
 class Reader(Protocol):
@@ -106,8 +123,7 @@ class CpuReader:
 
     def read(self) -> ClockSample:
         freqs = self._psutil.cpu_freq(percpu=True) or []
-        return cpu_sample(time.perf_counter(), time.time(), [f.current for f in freqs],
-                          self._psutil.cpu_percent(None))
+        return cpu_sample(time.perf_counter(), time.time(), [f.current for f in freqs], self._psutil.cpu_percent(None))
 
     def close(self) -> None:
         return None
@@ -125,8 +141,10 @@ class NvmlReader:
         self._nv = pynvml
         self.index = index
         self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        self._reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        self._reasons = (
+            getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
 
     def _try(self, fn, *args):  # a field the GPU does not report stays None
         try:
@@ -138,13 +156,16 @@ class NvmlReader:
         nv = self._nv
         util = self._try(nv.nvmlDeviceGetUtilizationRates)
         return nvml_sample(
-            time.perf_counter(), time.time(), self.index,
+            time.perf_counter(),
+            time.time(),
+            self.index,
             self._try(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
             self._try(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM),
             self._try(nv.nvmlDeviceGetPowerUsage),
             self._try(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU),
             self._try(self._reasons),
-            None if util is None else util.gpu)
+            None if util is None else util.gpu,
+        )
 
     def close(self) -> None:
         try:
@@ -166,6 +187,10 @@ def default_reader(gpu_index: int = 0) -> Reader:
     except Exception:  # no driver, no library, no device: fall back to the CPU
         pass
     return CpuReader()
+
+
+WINDOW_START = "window_start"
+WINDOW_END = "window_end"
 
 
 class TelemetrySampler:
@@ -195,6 +220,25 @@ class TelemetrySampler:
             next_t += self.interval_s
             self._stop.wait(max(0.0, next_t - time.perf_counter()))
 
+    def mark(self, label: str) -> ClockSample | None:
+        """Take one sample now, outside the timer, labelled ``label`` (the runner marks each bench
+        window's start and end this way, so a window shorter than the interval still holds samples)."""
+        try:
+            sample = self.reader.read()
+        except Exception as exc:
+            if len(self.errors) < 10:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            return None
+        sample.mark = label
+        self.samples.append(sample)
+        return sample
+
+    def window(self, start_label: str = WINDOW_START, end_label: str = WINDOW_END) -> tuple[float, float] | None:
+        """(start, end) monotonic seconds of the last pair of edge samples, None when not both taken."""
+        starts = [s.t_mono_s for s in self.samples if s.mark == start_label]
+        ends = [s.t_mono_s for s in self.samples if s.mark == end_label]
+        return (starts[-1], ends[-1]) if starts and ends and ends[-1] >= starts[-1] else None
+
     def start(self) -> "TelemetrySampler":
         self._thread = threading.Thread(target=self._loop, name="kvstudy-telemetry", daemon=True)
         self._thread.start()
@@ -222,11 +266,82 @@ def read_telemetry_jsonl(path: Path) -> list[ClockSample]:
     return read_jsonl(path, lambda row: ClockSample(**row), "a telemetry sample")
 
 
-def median_clock(samples: Sequence[ClockSample], start_s: float | None = None,
-                 end_s: float | None = None) -> float | None:
+def median_clock(
+    samples: Sequence[ClockSample], start_s: float | None = None, end_s: float | None = None
+) -> float | None:
     """Median ``clock_mhz`` of the samples inside [start_s, end_s] (monotonic seconds)."""
     import statistics
 
-    values = [s.clock_mhz for s in samples if s.clock_mhz is not None
-              and (start_s is None or s.t_mono_s >= start_s) and (end_s is None or s.t_mono_s <= end_s)]
+    values = [
+        s.clock_mhz
+        for s in samples
+        if s.clock_mhz is not None
+        and (start_s is None or s.t_mono_s >= start_s)
+        and (end_s is None or s.t_mono_s <= end_s)
+    ]
     return statistics.median(values) if values else None
+
+
+def samples_in_window(samples: Sequence[ClockSample], start_s: float, end_s: float) -> int:
+    """How many samples with a clock reading lie inside [start_s, end_s] (monotonic seconds)."""
+    return sum(1 for s in samples if s.clock_mhz is not None and start_s <= s.t_mono_s <= end_s)
+
+
+# --------------------------------------------------------------------------- vLLM's /metrics
+
+# Prometheus names vLLM 0.32 exports (vllm/v1/metrics/loggers.py): counters get "_total",
+# histograms "_sum"/"_count". Values are summed over label sets (engines, models).
+SERVER_METRICS = {
+    "vllm:num_preemptions_total": "preemptions_total",  # counter
+    "vllm:num_preemptions": "preemptions_total",  # the same, without the suffix
+    "vllm:num_requests_waiting": "requests_waiting",  # gauge
+    "vllm:num_requests_running": "requests_running",  # gauge
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",  # gauge, 0..1
+    "vllm:request_queue_time_seconds_sum": "queue_time_s_sum",  # histogram: seconds queued, all requests
+    "vllm:request_queue_time_seconds_count": "queue_time_count",
+}
+
+
+def parse_server_metrics(text: str) -> dict[str, float]:
+    """The :data:`SERVER_METRICS` found in Prometheus text, summed over label sets (absent ones left out)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name not in SERVER_METRICS:
+            continue
+        try:
+            value = float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        key = SERVER_METRICS[name]
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def scrape_server_metrics(base_url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
+    """vLLM's /metrics read once; None when the server does not answer or exposes none of them."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as resp:
+            text = resp.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    return parse_server_metrics(text) or None
+
+
+def metrics_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    """What happened during a cell: preemptions and queueing (mean queue time per request)."""
+    if not before or not after:
+        return {}
+    out: dict[str, float] = {}
+    if "preemptions_total" in before and "preemptions_total" in after:
+        out["preemptions"] = after["preemptions_total"] - before["preemptions_total"]
+    n = after.get("queue_time_count", 0.0) - before.get("queue_time_count", 0.0)
+    if n > 0:
+        out["mean_queue_time_s"] = (after.get("queue_time_s_sum", 0.0) - before.get("queue_time_s_sum", 0.0)) / n
+        out["requests_seen"] = n
+    return out

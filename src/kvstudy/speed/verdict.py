@@ -42,13 +42,13 @@ from kvstudy.speed.measurability import (
     per_request_tpot_s,
 )
 
-ALPHA = 0.05                 # false-claim rate the test is built for
-CONFIDENCE = 0.95            # level of the reported interval
-CLOCK_TOLERANCE = 0.05       # arm median clocks may differ by this fraction before a claim is refused
-MAX_EXACT_SPLITS = 20_000    # enumerate all splits up to this many (C(16, 8) = 12,870)
-MONTE_CARLO_DRAWS = 20_000   # random splits otherwise (>= 10,000 keeps the p-value's own error < 0.005)
+ALPHA = 0.05  # false-claim rate the test is built for
+CONFIDENCE = 0.95  # level of the reported interval
+CLOCK_TOLERANCE = 0.05  # arm median clocks may differ by this fraction before a claim is refused
+MAX_EXACT_SPLITS = 20_000  # enumerate all splits up to this many (C(16, 8) = 12,870)
+MONTE_CARLO_DRAWS = 20_000  # random splits otherwise (>= 10,000 keeps the p-value's own error < 0.005)
 BOOTSTRAP_RESAMPLES = 2_000  # hierarchical bootstrap draws for the interval
-_TIE_TOL = 1e-12             # statistics this close to the observed one count as ties (float sums)
+_TIE_TOL = 1e-12  # statistics this close to the observed one count as ties (float sums)
 
 VERDICTS = ("faster", "slower", "no claim")
 
@@ -78,17 +78,17 @@ class PermutationTest:
     statistic: float
     p_value: float
     exact: bool
-    splits: int          # splits evaluated (all of them when exact)
-    min_p_value: float   # smallest two-sided p the design can reach
+    splits: int  # splits evaluated (all of them when exact)
+    min_p_value: float  # smallest two-sided p the design can reach
 
 
 @dataclass(frozen=True)
 class Verdict:
     """Baseline vs candidate TPOT: the claim, the figures behind it and the reasons in words."""
 
-    verdict: str                                     # "faster" | "slower" | "no claim"
+    verdict: str  # "faster" | "slower" | "no claim"
     measurable: bool
-    tpot_ratio: float | None                         # candidate / baseline, ratio of geometric means of run medians
+    tpot_ratio: float | None  # candidate / baseline, ratio of geometric means of run medians
     tpot_ratio_ci: tuple[float, float] | None
     p_value: float | None
     min_p_value: float
@@ -97,13 +97,13 @@ class Verdict:
     reasons: list[str] = field(default_factory=list)
     exact: bool = True
     splits: int = 0
-    baseline_tpot_ms: float | None = None            # geometric mean of per-run median TPOTs
+    baseline_tpot_ms: float | None = None  # geometric mean of per-run median TPOTs
     candidate_tpot_ms: float | None = None
     interleaved: bool | None = None
-    clock_ratio: float | None = None                 # candidate / baseline median clock
+    clock_ratio: float | None = None  # candidate / baseline median clock
     cycles_per_token: dict[str, float] | None = None  # TPOT x median clock, per arm (cycles)
-    clock_adjusted_ratio: float | None = None        # the TPOT ratio had the clocks been equal
-    e2e_per_token_ratio: float | None = None         # end-to-end latency per output token, candidate / baseline
+    clock_adjusted_ratio: float | None = None  # the TPOT ratio had the clocks been equal
+    e2e_per_token_ratio: float | None = None  # end-to-end latency per output token, candidate / baseline
     ratio_method: str = "ratio of geometric means of per-run median TPOT (candidate / baseline)"
     test_method: str = "permutation test on log median TPOT per run, two-sided (2 x smaller one-sided p)"
     interval_method: str = "hierarchical bootstrap (runs within arm, then requests within run), percentile"
@@ -144,8 +144,14 @@ def _split_matrix(total: int, n_cand: int) -> np.ndarray:
     return mat
 
 
-def permutation_test(base: Sequence[float], cand: Sequence[float], *, seed: int = 0,
-                     max_exact: int = MAX_EXACT_SPLITS, draws: int = MONTE_CARLO_DRAWS) -> PermutationTest:
+def permutation_test(
+    base: Sequence[float],
+    cand: Sequence[float],
+    *,
+    seed: int = 0,
+    max_exact: int = MAX_EXACT_SPLITS,
+    draws: int = MONTE_CARLO_DRAWS,
+) -> PermutationTest:
     """Permutation test of mean(cand) - mean(base) on per-run values (e.g. log median TPOT).
 
     Exact over all splits when there are at most ``max_exact``; otherwise ``draws`` random splits
@@ -179,12 +185,14 @@ def permutation_test(base: Sequence[float], cand: Sequence[float], *, seed: int 
         lower = (1 + np.count_nonzero(stats <= observed + tol)) / (1 + draws)
         exact, evaluated = False, draws
     p = min(1.0, 2.0 * min(upper, lower))
-    return PermutationTest(statistic=float(observed), p_value=float(p), exact=exact, splits=evaluated,
-                           min_p_value=minimum_p_value(n1, n2))
+    return PermutationTest(
+        statistic=float(observed), p_value=float(p), exact=exact, splits=evaluated, min_p_value=minimum_p_value(n1, n2)
+    )
 
 
-def _arm_log_stat_draws(arm: Sequence[np.ndarray], resamples: int, rng: np.random.Generator,
-                        max_cells: int = 4_000_000) -> np.ndarray:
+def _arm_log_stat_draws(
+    arm: Sequence[np.ndarray], resamples: int, rng: np.random.Generator, max_cells: int = 4_000_000
+) -> np.ndarray:
     """Hierarchical bootstrap of one arm's mean log median: (resamples,) draws."""
     n = len(arm)
     picks = rng.integers(0, n, size=(resamples, n))
@@ -195,15 +203,20 @@ def _arm_log_stat_draws(arm: Sequence[np.ndarray], resamples: int, rng: np.rando
         m = values.size
         step = max(1, max_cells // max(m, 1))
         for start in range(0, slots.size, step):
-            chunk = slots[start:start + step]
+            chunk = slots[start : start + step]
             idx = rng.integers(0, m, size=(chunk.size, m))
             flat[chunk] = np.log(np.maximum(np.median(values[idx], axis=1), np.finfo(float).tiny))
     return out.mean(axis=1)
 
 
-def bootstrap_ratio_interval(base: Sequence[Sequence[float]], cand: Sequence[Sequence[float]], *,
-                             confidence: float = CONFIDENCE, resamples: int = BOOTSTRAP_RESAMPLES,
-                             seed: int = 0) -> tuple[float, float]:
+def bootstrap_ratio_interval(
+    base: Sequence[Sequence[float]],
+    cand: Sequence[Sequence[float]],
+    *,
+    confidence: float = CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float]:
     """Percentile interval of candidate/baseline (geometric means of run medians) from a hierarchical
     bootstrap: runs resampled within each arm, then requests within each drawn run. Seeded."""
     arms = [[np.asarray(v, dtype=float) for v in arm] for arm in (base, cand)]
@@ -223,10 +236,15 @@ def bootstrap_ratio_interval(base: Sequence[Sequence[float]], cand: Sequence[Seq
 def summarise_run(run: RunRequests, measurability: Measurability | None = None) -> RunSummary:
     """A :class:`RunSummary` from a run's per-request timings (assessed here unless given)."""
     m = measurability if measurability is not None else assess_run(run)
-    return RunSummary(name=run.name, tpots_s=tuple(float(x) for x in per_request_tpot_s(run)),
-                      measurable=m.measurable, unmeasurable_reasons=tuple(m.reasons),
-                      start_time_s=run.start_time_s, median_clock_mhz=run.median_clock_mhz,
-                      e2e_per_token_s=tuple(float(x) for x in per_request_e2e_per_token_s(run)))
+    return RunSummary(
+        name=run.name,
+        tpots_s=tuple(float(x) for x in per_request_tpot_s(run)),
+        measurable=m.measurable,
+        unmeasurable_reasons=tuple(m.reasons),
+        start_time_s=run.start_time_s,
+        median_clock_mhz=run.median_clock_mhz,
+        e2e_per_token_s=tuple(float(x) for x in per_request_e2e_per_token_s(run)),
+    )
 
 
 def _geomean(values: Sequence[float]) -> float:
@@ -241,17 +259,16 @@ def arms_interleaved(base_starts: Sequence[float], cand_starts: Sequence[float])
 # --------------------------------------------------------------------------- the verdict
 
 
-def statistical_claim(p_value: float, interval: tuple[float, float] | None, ratio: float,
-                      alpha: float = ALPHA) -> str:
+def statistical_claim(p_value: float, interval: tuple[float, float] | None, ratio: float, alpha: float = ALPHA) -> str:
     """The test's part of the rule alone: a direction when p < alpha and the interval excludes 1."""
     if interval is None or not p_value < alpha or interval[0] <= 1.0 <= interval[1]:
         return "no claim"
     return "faster" if ratio < 1.0 else "slower"
 
 
-def _clock_part(base: Sequence[RunSummary], cand: Sequence[RunSummary], ratio: float | None,
-                tolerance: float, reasons: list[str]) -> tuple[bool, float | None, dict[str, float] | None,
-                                                             float | None]:
+def _clock_part(
+    base: Sequence[RunSummary], cand: Sequence[RunSummary], ratio: float | None, tolerance: float, reasons: list[str]
+) -> tuple[bool, float | None, dict[str, float] | None, float | None]:
     """(clocks allow a claim, clock ratio, cycles per token per arm, clock-adjusted ratio)."""
     clocks = [r.median_clock_mhz for r in (*base, *cand)]
     if all(c is None for c in clocks):
@@ -266,25 +283,39 @@ def _clock_part(base: Sequence[RunSummary], cand: Sequence[RunSummary], ratio: f
     clock_ratio = cc / cb
     ok = abs(clock_ratio - 1.0) <= tolerance
     if not ok:
-        reasons.append(f"clocks differ by {clock_ratio - 1.0:+.1%} (baseline {cb:.0f} MHz, candidate {cc:.0f} MHz), "
-                       f"more than the {tolerance:.0%} tolerance")
+        reasons.append(
+            f"clocks differ by {clock_ratio - 1.0:+.1%} (baseline {cb:.0f} MHz, candidate {cc:.0f} MHz), "
+            f"more than the {tolerance:.0%} tolerance"
+        )
     cycles = None
     adjusted = None
     if ratio is not None and all(r.tpots_s for r in (*base, *cand)):
-        cycles = {label: _geomean([r.median_tpot_s * r.median_clock_mhz * 1e6 for r in arm])  # type: ignore[operator]
-                  for label, arm in (("baseline", base), ("candidate", cand))}
+        cycles = {
+            label: _geomean([r.median_tpot_s * r.median_clock_mhz * 1e6 for r in arm])  # type: ignore[operator]
+            for label, arm in (("baseline", base), ("candidate", cand))
+        }
         adjusted = cycles["candidate"] / cycles["baseline"]
-        reasons.append(f"cycles per token (TPOT x median clock): baseline {cycles['baseline'] / 1e6:.3g} M, "
-                       f"candidate {cycles['candidate'] / 1e6:.3g} M; had the clocks been equal, the TPOT ratio "
-                       f"would have been about {adjusted:.3f} (an estimate of what the clock difference explains, "
-                       "not the effect of the candidate's setting: that setting may itself change the clock)")
+        reasons.append(
+            f"cycles per token (TPOT x median clock): baseline {cycles['baseline'] / 1e6:.3g} M, "
+            f"candidate {cycles['candidate'] / 1e6:.3g} M; had the clocks been equal, the TPOT ratio "
+            f"would have been about {adjusted:.3f} (an estimate of what the clock difference explains, "
+            "not the effect of the candidate's setting: that setting may itself change the clock)"
+        )
     return ok, clock_ratio, cycles, adjusted
 
 
-def compare_runs(base: Sequence[RunSummary], cand: Sequence[RunSummary], *, alpha: float = ALPHA,
-                 clock_tolerance: float = CLOCK_TOLERANCE, confidence: float = CONFIDENCE,
-                 resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0, check_interleaving: bool = True,
-                 check_measurable: bool = True) -> Verdict:
+def compare_runs(
+    base: Sequence[RunSummary],
+    cand: Sequence[RunSummary],
+    *,
+    alpha: float = ALPHA,
+    clock_tolerance: float = CLOCK_TOLERANCE,
+    confidence: float = CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+    check_interleaving: bool = True,
+    check_measurable: bool = True,
+) -> Verdict:
     """The verdict on candidate vs baseline TPOT from per-run summaries (see the module text).
 
     ``check_interleaving=False`` and ``check_measurable=False`` leave those guards out (calibration
@@ -319,12 +350,15 @@ def compare_runs(base: Sequence[RunSummary], cand: Sequence[RunSummary], *, alph
         test = permutation_test(lb, lc, seed=seed)
         ratio, p = math.exp(test.statistic), test.p_value
         base_ms, cand_ms = math.exp(np.mean(lb)) * 1e3, math.exp(np.mean(lc)) * 1e3
-        ci = bootstrap_ratio_interval([r.tpots_s for r in base], [r.tpots_s for r in cand],
-                                      confidence=confidence, resamples=resamples, seed=seed)
+        ci = bootstrap_ratio_interval(
+            [r.tpots_s for r in base], [r.tpots_s for r in cand], confidence=confidence, resamples=resamples, seed=seed
+        )
         kind = f"exact over all {test.splits} splits" if test.exact else f"Monte-Carlo, {test.splits} random splits"
-        reasons.append(f"TPOT ratio {ratio:.3f} (candidate {cand_ms:.3g} ms / baseline {base_ms:.3g} ms), "
-                       f"{confidence:.0%} interval [{ci[0]:.3f}, {ci[1]:.3f}], p = {p:.3g} "
-                       f"(permutation test, {kind})")
+        reasons.append(
+            f"TPOT ratio {ratio:.3f} (candidate {cand_ms:.3g} ms / baseline {base_ms:.3g} ms), "
+            f"{confidence:.0%} interval [{ci[0]:.3f}, {ci[1]:.3f}], p = {p:.3g} "
+            f"(permutation test, {kind})"
+        )
         if not p < alpha:
             reasons.append(f"p = {p:.3g} is not below alpha = {alpha:g}")
         if ci[0] <= 1.0 <= ci[1]:
@@ -333,13 +367,17 @@ def compare_runs(base: Sequence[RunSummary], cand: Sequence[RunSummary], *, alph
         allowed = False
         reasons.append("a run has no positive median TPOT: no TPOT ratio can be computed")
         if e2e_ratio is not None:
-            reasons.append(f"end-to-end latency per output token (first token included, not a TPOT), "
-                           f"candidate / baseline: {e2e_ratio:.3f}")
+            reasons.append(
+                f"end-to-end latency per output token (first token included, not a TPOT), "
+                f"candidate / baseline: {e2e_ratio:.3f}"
+            )
     if min_p >= alpha:
         allowed = False
-        reasons.append(f"the design cannot reach significance: with {len(base)} vs {len(cand)} runs the smallest "
-                       f"possible two-sided p is {min_p:.3g}, not below alpha = {alpha:g}; an exact test needs at "
-                       f"least {runs_needed(alpha)} runs per arm")
+        reasons.append(
+            f"the design cannot reach significance: with {len(base)} vs {len(cand)} runs the smallest "
+            f"possible two-sided p is {min_p:.3g}, not below alpha = {alpha:g}; an exact test needs at "
+            f"least {runs_needed(alpha)} runs per arm"
+        )
 
     interleaved: bool | None = None
     starts_b = [r.start_time_s for r in base if r.start_time_s is not None]
@@ -353,8 +391,10 @@ def compare_runs(base: Sequence[RunSummary], cand: Sequence[RunSummary], *, alph
         if not interleaved and check_interleaving:
             allowed = False
             first = "baseline" if max(starts_b) < min(starts_c) else "candidate"
-            reasons.append(f"every {first} run started before every other run: the arms were not interleaved in "
-                           "time, so drift cannot be told from the effect")
+            reasons.append(
+                f"every {first} run started before every other run: the arms were not interleaved in "
+                "time, so drift cannot be told from the effect"
+            )
 
     clocks_ok, clock_ratio, cycles, adjusted = _clock_part(base, cand, ratio, clock_tolerance, reasons)
     allowed = allowed and clocks_ok
@@ -364,9 +404,23 @@ def compare_runs(base: Sequence[RunSummary], cand: Sequence[RunSummary], *, alph
     if verdict != "no claim":
         word = "less" if verdict == "faster" else "more"
         reasons.insert(0, f"the candidate spends {abs(1.0 - ratio):.1%} {word} time per output token")  # type: ignore[operator]
-    return Verdict(verdict=verdict, measurable=measurable, tpot_ratio=ratio, tpot_ratio_ci=ci, p_value=p,
-                   min_p_value=min_p, alpha=alpha, runs=runs, reasons=reasons,
-                   exact=test.exact if test else True, splits=test.splits if test else 0,
-                   baseline_tpot_ms=base_ms, candidate_tpot_ms=cand_ms, interleaved=interleaved,
-                   clock_ratio=clock_ratio, cycles_per_token=cycles, clock_adjusted_ratio=adjusted,
-                   e2e_per_token_ratio=e2e_ratio)
+    return Verdict(
+        verdict=verdict,
+        measurable=measurable,
+        tpot_ratio=ratio,
+        tpot_ratio_ci=ci,
+        p_value=p,
+        min_p_value=min_p,
+        alpha=alpha,
+        runs=runs,
+        reasons=reasons,
+        exact=test.exact if test else True,
+        splits=test.splits if test else 0,
+        baseline_tpot_ms=base_ms,
+        candidate_tpot_ms=cand_ms,
+        interleaved=interleaved,
+        clock_ratio=clock_ratio,
+        cycles_per_token=cycles,
+        clock_adjusted_ratio=adjusted,
+        e2e_per_token_ratio=e2e_ratio,
+    )

@@ -28,7 +28,7 @@ BEYOND_FACTOR = 2.0
 
 
 def change_text(ratio: float | None) -> str:
-    """"faster by X %" / "slower by X %" from a candidate/baseline TPOT ratio."""
+    """ "faster by X %" / "slower by X %" from a candidate/baseline TPOT ratio."""
     if ratio is None or not math.isfinite(ratio):
         return "no ratio"
     pct = (1.0 - ratio) * 100.0
@@ -54,6 +54,7 @@ def beyond_bound(ratio: float | None, ci: tuple[float, float] | None, bound_pct:
 
 # --------------------------------------------------------------------------- capture runs
 
+
 def _cell_start(cell: pd.Series) -> float | None:
     """The cell's start on a clock shared by the cells of one capture: the runner's recorded
     ``started_mono_s``, else the bench window's start (monotonic clock of the capture machine)."""
@@ -65,6 +66,19 @@ def _cell_start(cell: pd.Series) -> float | None:
     if isinstance(window, (list, tuple)) and window and isinstance(window[0], (int, float)):
         return float(window[0])
     return None
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _clock_interval(cell: pd.Series, capture: Any) -> float | None:
+    """The sampling interval the cell recorded, else the spec's; None when the cell's clock window
+    was bracketed by edge samples (then the interval no longer limits what a window can hold)."""
+    if _present(cell.get("clock_window_s")) and _present(cell.get("clock_samples_in_window")):
+        return None
+    value = cell.get("clock_interval_s")
+    return float(value) if _present(value) else float(capture.spec.telemetry_interval_s)
 
 
 def capture_runs(capture: Any, configuration: str, users: int) -> list[RunSummary]:
@@ -82,12 +96,20 @@ def capture_runs(capture: Any, configuration: str, users: int) -> list[RunSummar
         window = cell.get("bench_window_s")
         duration = float(window[1] - window[0]) if isinstance(window, (list, tuple)) and len(window) == 2 else None
         clock = cell.get("median_clock_mhz")
-        run = run_from_request_rows(read_jsonl(path, what="valid JSON"), str(cell["cell_id"]),
-                                    start_time_s=_cell_start(cell), duration_s=duration,
-                                    median_clock_mhz=float(clock) if pd.notna(clock) else None,
-                                    expected_output_len=int(capture.spec.output_len))
+        run = run_from_request_rows(
+            read_jsonl(path, what="valid JSON"),
+            str(cell["cell_id"]),
+            start_time_s=_cell_start(cell),
+            duration_s=duration,
+            median_clock_mhz=float(clock) if pd.notna(clock) else None,
+            expected_output_len=int(capture.spec.output_len),
+        )
         samples = cell.get("clock_samples_in_window")
-        m = assess_run(run, clock_samples_in_window=int(samples) if pd.notna(samples) else None)
+        m = assess_run(
+            run,
+            clock_interval_s=_clock_interval(cell, capture),
+            clock_samples_in_window=int(samples) if _present(samples) else None,
+        )
         out.append(summarise_run(run, m))
     return out
 
@@ -100,8 +122,42 @@ class CaptureVerdict:
     baseline: str
     candidate: str
     verdict: Verdict
-    bound_pct: float | None        # largest "less time per token" halving KV bytes explains; None: no dtype change
+    bound_pct: float | None  # largest "less time per token" halving KV bytes explains; None: no dtype change
     bound_note: str
+    effect: str = ""  # what the pair isolates: "A/A (noise)", "KV dtype", "attention backend", ...
+
+
+def _arm(c: Any) -> tuple[str, str | None, tuple[tuple[str, str], ...], tuple[str, ...]]:
+    return (c.kv_cache_dtype, c.attention_backend, tuple(sorted(c.env.items())), tuple(c.extra_args))
+
+
+def _what_differs(base: Any, cand: Any) -> list[str]:
+    a, b = _arm(base), _arm(cand)
+    names = ("KV dtype", "attention backend", "environment", "extra arguments")
+    return [n for n, x, y in zip(names, a, b) if x != y]
+
+
+def comparison_pairs(configurations: list[Any]) -> list[tuple[str, str, str]]:
+    """(baseline, candidate, effect) pairs of a crossed design. Each configuration is compared with
+    the first; one that changes the KV dtype and something else is also compared with the
+    configuration that has everything of it but the baseline's dtype, which isolates the dtype."""
+    base = configurations[0]
+    pairs = []
+    for c in configurations[1:]:
+        diff = _what_differs(base, c)
+        effect = (
+            "A/A (noise: identical configurations)"
+            if not diff
+            else " + ".join(diff) + (" together" if len(diff) > 1 else "")
+        )
+        pairs.append((base.name, c.name, effect))
+        if "KV dtype" in diff and len(diff) > 1:
+            for d in configurations[1:]:
+                if d is not c and _what_differs(d, c) == ["KV dtype"] and d.kv_cache_dtype == base.kv_cache_dtype:
+                    where = d.attention_backend or "the default backend"
+                    pairs.append((d.name, c.name, f"KV dtype alone (both on {where})"))
+                    break
+    return pairs
 
 
 def _dtype(capture: Any, name: str) -> str:
@@ -112,24 +168,25 @@ def capture_verdicts(capture: Any, clock_tolerance: float = CLOCK_TOLERANCE) -> 
     """compare_runs for every configuration against the first, per user count (both arms finished)."""
     from kvstudy.context.roofline import max_fp8_gain_pct
 
-    order = [c.name for c in capture.spec.configurations]
     context = int(capture.spec.input_len) + int(capture.spec.output_len)
     out = []
-    for cand in order[1:]:
+    for base, cand, effect in comparison_pairs(capture.spec.configurations):
         for users in capture.spec.users:
-            base_runs, cand_runs = capture_runs(capture, order[0], users), capture_runs(capture, cand, users)
+            base_runs, cand_runs = capture_runs(capture, base, users), capture_runs(capture, cand, users)
             if not base_runs or not cand_runs:
                 continue
             v = compare_runs(base_runs, cand_runs, clock_tolerance=clock_tolerance)
-            bound, note = None, "same KV dtype in both arms (an A/A pair: the bound is no change)"
-            if _dtype(capture, cand) != _dtype(capture, order[0]):
+            bound, note = None, "same KV dtype in both arms: halving KV bytes plays no part"
+            if _dtype(capture, cand) != _dtype(capture, base):
                 try:
                     bound = bound_less_time_pct(max_fp8_gain_pct(capture.spec.model, context, int(users)))
-                    note = (f"roofline, computed from {capture.spec.model}/config.json at {context} tokens x "
-                            f"{users} user(s); bandwidth cancels, so no bandwidth figure is needed")
+                    note = (
+                        f"roofline, computed from {capture.spec.model}/config.json at {context} tokens x "
+                        f"{users} user(s); bandwidth cancels, so no bandwidth figure is needed"
+                    )
                 except (StudyError, OSError) as exc:
                     note = f"not computed: the model's config.json could not be read here ({exc})"
-            out.append(CaptureVerdict(int(users), order[0], cand, v, bound, note))
+            out.append(CaptureVerdict(int(users), base, cand, v, bound, note, effect))
     return out
 
 
@@ -144,29 +201,50 @@ def capture_verdict_frame(verdicts: list[CaptureVerdict]) -> pd.DataFrame:
         v = cv.verdict
         unmeasured = [r for r in v.reasons if "not measured" in r]
         cycles = v.cycles_per_token or {}
-        rows.append({
-            "users": cv.users, "baseline → candidate": f"{cv.baseline} → {cv.candidate}",
-            "runs": f"{v.runs['baseline']} / {v.runs['candidate']}",
-            "TPOT ratio (cand/base)": _fmt(v.tpot_ratio, ".3f"),
-            "change": change_text(v.tpot_ratio),
-            "95 % interval": "" if v.tpot_ratio_ci is None else f"{v.tpot_ratio_ci[0]:.3f} to {v.tpot_ratio_ci[1]:.3f}",
-            "p": _fmt(v.p_value, ".3g"), "min reachable p": _fmt(v.min_p_value, ".3g"),
-            "measurable": "yes" if v.measurable else "no: " + "; ".join(unmeasured),
-            "clock ratio (cand/base)": _fmt(v.clock_ratio, ".3f"),
-            "cycles/token base, cand (M)": (f"{cycles['baseline'] / 1e6:.3g}, {cycles['candidate'] / 1e6:.3g}"
-                                            if cycles else ""),
-            "had the clocks been equal": _fmt(v.clock_adjusted_ratio, ".3f"),
-            "interleaved": {None: "unknown", True: "yes", False: "no"}[v.interleaved],
-            "roofline bound (% less time)": (f"{cv.bound_pct:.2f}" if cv.bound_pct is not None
-                                             else "n/a (A/A)" if cv.bound_note.startswith("same") else "not computed"),
-            "against the bound": "" if cv.bound_pct is None else beyond_bound(v.tpot_ratio, v.tpot_ratio_ci, cv.bound_pct),
-            "verdict": v.verdict,
-            "why": "; ".join(r for r in v.reasons if not r.startswith(("TPOT ratio", "cycles per token"))),
-        })
+        rows.append(
+            {
+                "users": cv.users,
+                "baseline → candidate": f"{cv.baseline} → {cv.candidate}",
+                "effect": cv.effect,
+                "runs": f"{v.runs['baseline']} / {v.runs['candidate']}",
+                "TPOT ratio (cand/base)": _fmt(v.tpot_ratio, ".3f"),
+                "change": change_text(v.tpot_ratio),
+                "95 % interval": ""
+                if v.tpot_ratio_ci is None
+                else f"{v.tpot_ratio_ci[0]:.3f} to {v.tpot_ratio_ci[1]:.3f}",
+                "p": _fmt(v.p_value, ".3g"),
+                "min reachable p": _fmt(v.min_p_value, ".3g"),
+                "measurable": "yes" if v.measurable else "no: " + "; ".join(unmeasured),
+                "clock ratio (cand/base)": _fmt(v.clock_ratio, ".3f"),
+                "cycles/token base, cand (M)": (
+                    f"{cycles['baseline'] / 1e6:.3g}, {cycles['candidate'] / 1e6:.3g}" if cycles else ""
+                ),
+                "had the clocks been equal": _fmt(v.clock_adjusted_ratio, ".3f"),
+                "interleaved": {None: "unknown", True: "yes", False: "no"}[v.interleaved],
+                "roofline bound (% less time)": (
+                    f"{cv.bound_pct:.2f}"
+                    if cv.bound_pct is not None
+                    else "n/a (same dtype)"
+                    if cv.bound_note.startswith("same")
+                    else "not computed"
+                ),
+                "against the bound": ""
+                if cv.bound_pct is None
+                else beyond_bound(v.tpot_ratio, v.tpot_ratio_ci, cv.bound_pct),
+                "verdict": v.verdict,
+                "why": "; ".join(r for r in v.reasons if not r.startswith(("TPOT ratio", "cycles per token"))),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- the published table
+
+
+def published_model_dir(pub: Any) -> Path:
+    """The bundled model folder of the published table's model (``data/models/<name>``)."""
+    return Path(pub.path).resolve().parents[1] / "models" / str(pub.meta["model"]).split("/")[-1]
+
 
 def published_verdict_frame(pub: Any, context_len: int, clock_tolerance: float = CLOCK_TOLERANCE) -> pd.DataFrame:
     """The published per-configuration medians restated under the new rule (no per-run values exist,
@@ -175,7 +253,7 @@ def published_verdict_frame(pub: Any, context_len: int, clock_tolerance: float =
 
     base, cand = pub.meta["baseline"], pub.meta["candidate"]
     # the project's copy of the published model's config.json (data/models/<name>, beside data/published)
-    model_dir = Path(pub.path).resolve().parents[1] / "models" / str(pub.meta["model"]).split("/")[-1]
+    model_dir = published_model_dir(pub)
     rows = []
     for users in sorted(pub.table["users"].unique()):
         at = pub.table[pub.table["users"] == users].set_index("configuration")
@@ -190,37 +268,125 @@ def published_verdict_frame(pub: Any, context_len: int, clock_tolerance: float =
         cyc_c = float(c["median_tpot_ms"]) * 1e-3 * float(c["median_clock_mhz"]) * 1e6
         reasons = []
         if min_p >= 0.05:
-            reasons.append(f"no claim, the design cannot reach significance: {n_b} vs {n_c} seeds, smallest "
-                           f"two-sided p of an exact test is {min_p:.2g}")
+            reasons.append(
+                f"no claim, the design cannot reach significance: {n_b} vs {n_c} seeds, smallest "
+                f"two-sided p of an exact test is {min_p:.2g}"
+            )
         reasons.append("per-seed values were not published: no test, no interval")
         if abs(clock_ratio - 1.0) > clock_tolerance:
-            reasons.append(f"clocks differ by {clock_ratio - 1:+.1%} ({b['median_clock_mhz']:.0f} vs "
-                           f"{c['median_clock_mhz']:.0f} MHz)")
+            reasons.append(
+                f"clocks differ by {clock_ratio - 1:+.1%} ({b['median_clock_mhz']:.0f} vs "
+                f"{c['median_clock_mhz']:.0f} MHz)"
+            )
         bound = None
         if (model_dir / "config.json").is_file():
             bound = bound_less_time_pct(max_fp8_gain_pct(model_dir, context_len, int(users)))
-        rows.append({
-            "users": int(users), "TPOT base / cand (ms, published)": f"{b['median_tpot_ms']:g} / {c['median_tpot_ms']:g}",
-            "seeds": f"{n_b} / {n_c}", "TPOT ratio (cand/base)": f"{ratio:.3f}", "change": change_text(ratio),
-            "min reachable p": f"{min_p:.2g}", "clock ratio (cand/base)": f"{clock_ratio:.3f}",
-            "cycles/token base, cand (M)": f"{cyc_b / 1e6:.1f}, {cyc_c / 1e6:.1f}",
-            "cycles per token (cand/base)": change_text(cyc_c / cyc_b).replace("faster by", "fewer by")
-                                            .replace("slower by", "more by"),
-            f"roofline bound (% less time, {context_len} tokens assumed)": "not computed (no config.json)"
-                                            if bound is None else f"{bound:.2f}",
-            "against the bound": beyond_bound(ratio, None, bound) if bound is not None else "",
-            "verdict (new rule)": "no claim", "why": "; ".join(reasons)})
+        rows.append(
+            {
+                "users": int(users),
+                "TPOT base / cand (ms, published)": f"{b['median_tpot_ms']:g} / {c['median_tpot_ms']:g}",
+                "seeds": f"{n_b} / {n_c}",
+                "TPOT ratio (cand/base)": f"{ratio:.3f}",
+                "change": change_text(ratio),
+                "min reachable p": f"{min_p:.2g}",
+                "clock ratio (cand/base)": f"{clock_ratio:.3f}",
+                "cycles/token base, cand (M)": f"{cyc_b / 1e6:.1f}, {cyc_c / 1e6:.1f}",
+                "cycles per token (cand/base)": change_text(cyc_c / cyc_b)
+                .replace("faster by", "fewer by")
+                .replace("slower by", "more by"),
+                f"roofline bound (% less time, {context_len} tokens assumed)": "not computed (no config.json)"
+                if bound is None
+                else f"{bound:.2f}",
+                "against the bound": beyond_bound(ratio, None, bound) if bound is not None else "",
+                "verdict (new rule)": "no claim",
+                "why": "; ".join(reasons),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- pool admission
+
+
+def admission_frame(
+    model: str | Path,
+    context_len: int,
+    users: list[int],
+    num_blocks: int,
+    device: str = "cuda",
+    kv_cache_dtype: str = "auto",
+) -> pd.DataFrame:
+    """Per user count: the KV blocks the users' requests need at once against the pool's blocks
+    (vLLM 0.32's allocator, :func:`kvstudy.model.allocator.predict_logged_pool`): when they need
+    more, vLLM admits fewer requests and the rest wait in its queue, so TPOT then also measures
+    queueing, not only decoding. The pool is held in blocks, so the dtype changes bytes, not blocks."""
+    from kvstudy.model.allocator import predict_logged_pool
+
+    pool = predict_logged_pool(
+        model, kv_cache_dtype, 1, int(context_len), num_blocks_override=int(num_blocks), device=device
+    )
+    rows = []
+    for u in users:
+        need = int(u) * pool.blocks_per_request
+        fit = num_blocks // pool.blocks_per_request
+        rows.append(
+            {
+                "users": int(u),
+                "tokens per request": int(context_len),
+                "blocks per request": pool.blocks_per_request,
+                "block size": pool.block_size,
+                "blocks needed by all users": need,
+                "pool blocks": int(num_blocks),
+                "requests that fit at once": fit,
+                "queueing": (f"yes: {int(u) - fit} of {int(u)} requests wait" if need > num_blocks else "no"),
+                "origin": f"computed from {model}/config.json with vLLM 0.32's block rules (model/allocator.py), "
+                f"{device} block size",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def server_metrics_frame(capture: Any) -> pd.DataFrame:
+    """Per finished cell: preemptions and mean queue time during the cell, from vLLM's /metrics read
+    before and after it (empty when the capture predates this or the server exposed none)."""
+    from kvstudy.speed.telemetry import metrics_delta
+
+    cells = capture.cells
+    if not len(cells) or "server_metrics_before" not in cells.columns:
+        return pd.DataFrame()
+    rows = []
+    for _, cell in cells[cells["status"] == "ok"].iterrows():
+        before, after = cell.get("server_metrics_before"), cell.get("server_metrics_after")
+        delta = metrics_delta(before if isinstance(before, dict) else None, after if isinstance(after, dict) else None)
+        if not delta:
+            continue
+        rows.append(
+            {
+                "cell": cell["cell_id"],
+                "users": int(cell["users"]),
+                "preemptions": delta.get("preemptions"),
+                "mean queue time (ms)": (
+                    None if "mean_queue_time_s" not in delta else delta["mean_queue_time_s"] * 1e3
+                ),
+                "requests counted (warm-ups included)": delta.get("requests_seen"),
+                "origin": "vLLM /metrics (vllm:num_preemptions, vllm:request_queue_time_seconds) before/after the cell",
+            }
+        )
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- A/A calibration
 
+
 def aa_pairs(capture: Any) -> list[str]:
     """Configurations with the baseline's KV dtype, attention backend and env (A/A controls)."""
     confs = capture.spec.configurations
     b = confs[0]
-    return [c.name for c in confs[1:] if (c.kv_cache_dtype, c.attention_backend, c.env) ==
-            (b.kv_cache_dtype, b.attention_backend, b.env)]
+    return [
+        c.name
+        for c in confs[1:]
+        if (c.kv_cache_dtype, c.attention_backend, c.env) == (b.kv_cache_dtype, b.attention_backend, b.env)
+    ]
 
 
 def calibration_frame(capture: Any, n_per_arm: int = 5, seed: int = 0) -> pd.DataFrame:
@@ -232,29 +398,58 @@ def calibration_frame(capture: Any, n_per_arm: int = 5, seed: int = 0) -> pd.Dat
     rows = []
     for users in capture.spec.users:
         runs = [r for name in [base, *aa_pairs(capture)] for r in capture_runs(capture, name, users)]
-        runs = [r for r in runs if r.measurable and r.tpots_s]
-        if len(runs) < 2:
+        usable = [r for r in runs if r.measurable and r.tpots_s]
+        if len(usable) < 2:
+            why = sorted({reason.split(":")[0] for r in runs if not r.measurable for reason in r.unmeasurable_reasons})
+            rows.append(
+                {
+                    "users": int(users),
+                    "A/A runs": f"{len(usable)} measurable of {len(runs)}",
+                    "false claims": "not computed: fewer than 2 measurable A/A runs"
+                    + (f" (not measurable: {'; '.join(why)})" if why else ""),
+                    "origin": "computed here from the capture's A/A cells (calibration.py)",
+                }
+            )
             continue
+        runs = usable
         rate = cal.false_claim_rate(runs, seed=seed)
         mdc = cal.minimum_detectable_change(runs, n_per_arm=n_per_arm, seed=seed)
-        rows.append({"users": int(users), "A/A runs": len(runs),
-                     "pseudo-arms": f"{rate.n_base} / {rate.n_cand}",
-                     "false claims": f"{rate.claims} of {rate.trials} splits ({rate.rate:.1%}, "
-                                     f"95 % upper bound {rate.upper_95:.1%})",
-                     f"detectable change, {n_per_arm} runs per arm, 80 % power":
-                         "none up to 300 %" if mdc is None else f"slower by {mdc * 100:.1f} %",
-                     "origin": "computed here from the capture's A/A cells (calibration.py)"})
+        rows.append(
+            {
+                "users": int(users),
+                "A/A runs": len(runs),
+                "pseudo-arms": f"{rate.n_base} / {rate.n_cand}",
+                "false claims": f"{rate.claims} of {rate.trials} splits ({rate.rate:.1%}, "
+                f"95 % upper bound {rate.upper_95:.1%})",
+                f"detectable change, {n_per_arm} runs per arm, 80 % power": "none up to 300 %"
+                if mdc is None
+                else f"slower by {mdc * 100:.1f} %",
+                "origin": "computed here from the capture's A/A cells (calibration.py)",
+            }
+        )
     return pd.DataFrame(rows)
+
+
+def _first_reason(why: str, verdict: str) -> str:
+    """The first reason's head, without repeating the verdict ("no claim, the design ..." -> "the design ...")."""
+    head = why.split(":")[0].strip()
+    return head[len(verdict) :].lstrip(" ,") if head.lower().startswith(verdict.lower()) else head
 
 
 def finding_text(published: pd.DataFrame, measured: list[CaptureVerdict], machine: str) -> str:
     """One line from the verdicts: the published table under the new rule, then this capture."""
-    parts = [f"L4 published, {r['users']} user(s): FP8 {r['change']} per token, {r['verdict (new rule)']} "
-             f"({r['why'].split(':')[0] if r['why'] else ''})" for _, r in published.iterrows()]
+    parts = [
+        f"L4 published, {r['users']} user(s): FP8 {r['change']} per token, {r['verdict (new rule)']}"
+        + (f" ({_first_reason(r['why'], r['verdict (new rule)'])})" if r["why"] else "")
+        for _, r in published.iterrows()
+    ]
     for cv in measured:
         v = cv.verdict
-        what = (f"{cv.candidate} {change_text(v.tpot_ratio)} per token than {cv.baseline}" if v.verdict != "no claim"
-                else f"{cv.candidate} vs {cv.baseline}: no claim ({change_text(v.tpot_ratio)}, p = "
-                     f"{_fmt(v.p_value, '.2g') or 'n/a'}, min reachable p {v.min_p_value:.2g})")
+        what = (
+            f"{cv.candidate} {change_text(v.tpot_ratio)} per token than {cv.baseline}"
+            if v.verdict != "no claim"
+            else f"{cv.candidate} vs {cv.baseline}: no claim ({change_text(v.tpot_ratio)}, p = "
+            f"{_fmt(v.p_value, '.2g') or 'n/a'}, min reachable p {v.min_p_value:.2g})"
+        )
         parts.append(f"{machine}, {cv.users} user(s): {what}")
     return "; ".join(parts) if parts else "no comparable cells"

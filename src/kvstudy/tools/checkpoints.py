@@ -11,17 +11,17 @@ they exercise the scale inspector (``kvstudy.model.scales``). The output is byte
 from __future__ import annotations
 
 import argparse
-from typing import Any
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import safetensors
 
-from kvstudy.model.safetensors import F8_E4M3_VALUES
 from kvstudy.errors import StudyError
+from kvstudy.model.safetensors import F8_E4M3_VALUES
 
 SEED = 20261129
 LAYERS = 4
@@ -38,6 +38,7 @@ Tensors = dict[str, tuple[str, np.ndarray]]
 
 
 # --------------------------------------------------------------------------- encoding and writing
+
 
 def to_bf16_bits(values: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bit patterns (round to nearest even), as uint16."""
@@ -69,10 +70,15 @@ def _raw(dtype: str, values: np.ndarray) -> np.ndarray:
 def write_safetensors(path: Path, tensors: Tensors) -> int:
     """Write ``tensors`` with the safetensors package; returns the file size."""
     buffers = {name: np.ascontiguousarray(_raw(dtype, values)) for name, (dtype, values) in tensors.items()}
-    specs = {name: safetensors.TensorSpec(dtype=_SPEC_DTYPES[tensors[name][0]],
-                                          shape=list(np.shape(tensors[name][1])),
-                                          data_ptr=buf.ctypes.data, data_len=buf.nbytes)
-             for name, buf in buffers.items()}
+    specs = {
+        name: safetensors.TensorSpec(
+            dtype=_SPEC_DTYPES[tensors[name][0]],
+            shape=list(np.shape(tensors[name][1])),
+            data_ptr=buf.ctypes.data,
+            data_len=buf.nbytes,
+        )
+        for name, buf in buffers.items()
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     safetensors.serialize_file(specs, str(path), {"format": "pt"})
     return path.stat().st_size
@@ -84,6 +90,7 @@ def write_json(path: Path, data: object) -> None:
 
 
 # --------------------------------------------------------------------------- model pieces
+
 
 def base_config(**extra: object) -> dict[str, object]:
     config: dict[str, object] = {
@@ -108,15 +115,23 @@ def base_config(**extra: object) -> dict[str, object]:
 
 def base_weights(rng: np.random.Generator, proj_dtype: str = "BF16") -> Tensors:
     """Every weight of the tiny Qwen3; projections in ``proj_dtype`` (F8_E4M3 adds weight/input scales)."""
+
     def normal(*shape: int) -> np.ndarray:
         return rng.normal(0.0, 0.05, size=shape).astype(np.float32)
 
-    tensors: Tensors = {"model.embed_tokens.weight": ("BF16", normal(VOCAB, HIDDEN)),
-                        "model.norm.weight": ("BF16", np.ones(HIDDEN, np.float32))}
-    shapes = {"self_attn.q_proj": (HEADS * HEAD_DIM, HIDDEN), "self_attn.k_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
-              "self_attn.v_proj": (KV_HEADS * HEAD_DIM, HIDDEN), "self_attn.o_proj": (HIDDEN, HEADS * HEAD_DIM),
-              "mlp.gate_proj": (INTERMEDIATE, HIDDEN), "mlp.up_proj": (INTERMEDIATE, HIDDEN),
-              "mlp.down_proj": (HIDDEN, INTERMEDIATE)}
+    tensors: Tensors = {
+        "model.embed_tokens.weight": ("BF16", normal(VOCAB, HIDDEN)),
+        "model.norm.weight": ("BF16", np.ones(HIDDEN, np.float32)),
+    }
+    shapes = {
+        "self_attn.q_proj": (HEADS * HEAD_DIM, HIDDEN),
+        "self_attn.k_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
+        "self_attn.v_proj": (KV_HEADS * HEAD_DIM, HIDDEN),
+        "self_attn.o_proj": (HIDDEN, HEADS * HEAD_DIM),
+        "mlp.gate_proj": (INTERMEDIATE, HIDDEN),
+        "mlp.up_proj": (INTERMEDIATE, HIDDEN),
+        "mlp.down_proj": (HIDDEN, INTERMEDIATE),
+    }
     for layer in range(LAYERS):
         prefix = f"model.layers.{layer}."
         for module, shape in shapes.items():
@@ -154,13 +169,26 @@ FP8_QC = {"quant_method": "fp8", "activation_scheme": "static"}
 
 
 def _ct_qc(strategy: str) -> dict[str, object]:
-    return {"quant_method": "compressed-tensors", "format": "dense", "quantization_status": "compressed",
-            "config_groups": {}, "ignore": ["lm_head"],
-            "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": strategy, "dynamic": False,
-                                "symmetric": True, "group_size": None, "observer": "minmax"}}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "dense",
+        "quantization_status": "compressed",
+        "config_groups": {},
+        "ignore": ["lm_head"],
+        "kv_cache_scheme": {
+            "num_bits": 8,
+            "type": "float",
+            "strategy": strategy,
+            "dynamic": False,
+            "symmetric": True,
+            "group_size": None,
+            "observer": "minmax",
+        },
+    }
 
 
 # --------------------------------------------------------------------------- the checkpoints
+
 
 def _single(folder: Path, config: dict[str, object], tensors: Tensors) -> None:
     write_json(folder / "config.json", config)
@@ -188,9 +216,13 @@ def build_modelopt_kv(folder: Path, rng: np.random.Generator) -> None:
     tensors = base_weights(rng, "F8_E4M3")
     tensors.update(named_scales(layer_scales(rng), "model.layers.{layer}.self_attn.{kind}_proj.{kind}_scale"))
     _single(folder, base_config(), tensors)
-    write_json(folder / "hf_quant_config.json", {
-        "producer": {"name": "modelopt", "version": "0.0.0-kvstudy-generated"},
-        "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}})
+    write_json(
+        folder / "hf_quant_config.json",
+        {
+            "producer": {"name": "modelopt", "version": "0.0.0-kvstudy-generated"},
+            "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]},
+        },
+    )
 
 
 def build_deprecated_kv_scale(folder: Path, rng: np.random.Generator) -> None:
@@ -202,8 +234,9 @@ def build_deprecated_kv_scale(folder: Path, rng: np.random.Generator) -> None:
 
 def build_per_head_scales(folder: Path, rng: np.random.Generator) -> None:
     tensors = base_weights(rng)
-    tensors.update(named_scales(layer_scales(rng, per_head=True),
-                                "model.layers.{layer}.self_attn.{kind}_proj.output_scale"))
+    tensors.update(
+        named_scales(layer_scales(rng, per_head=True), "model.layers.{layer}.self_attn.{kind}_proj.output_scale")
+    )
     _single(folder, base_config(quantization_config=_ct_qc("attn_head")), tensors)
 
 
@@ -221,8 +254,10 @@ def build_multi_shard(folder: Path, rng: np.random.Generator) -> None:
         write_safetensors(folder / shard, part)
         total += sum(_raw(d, v).nbytes for d, v in part.values())
         weight_map.update({name: shard for name in part})
-    write_json(folder / "model.safetensors.index.json",
-               {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
+    write_json(
+        folder / "model.safetensors.index.json",
+        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
+    )
 
 
 def build_config_trap(folder: Path, rng: np.random.Generator) -> None:
@@ -254,23 +289,37 @@ class CheckpointCase:
 
 CASES: tuple[CheckpointCase, ...] = (
     CheckpointCase("plain-bf16", "BF16 weights, no quantization config, no scales", build_plain_bf16),
-    CheckpointCase("fp8-kv-scales", "quant_method fp8, FP8 weights, per-tensor self_attn.k_scale/v_scale",
-                   build_fp8_kv_scales),
-    CheckpointCase("compressed-tensors-kv", "compressed-tensors kv_cache_scheme (tensor), k_proj/v_proj.output_scale",
-                   build_compressed_tensors_kv),
-    CheckpointCase("modelopt-kv", "ModelOpt hf_quant_config.json kv_cache_quant_algo FP8, "
-                   "self_attn.k_proj.k_scale/v_proj.v_scale", build_modelopt_kv),
-    CheckpointCase("deprecated-kv-scale", "quant_method fp8, one deprecated self_attn.kv_scale per layer",
-                   build_deprecated_kv_scale),
-    CheckpointCase("per-head-scales", "compressed-tensors kv_cache_scheme (attn_head), output_scale of shape "
-                   "[kv_heads, 1, 1]", build_per_head_scales),
-    CheckpointCase("multi-shard", "quant_method fp8, two shards and an index, k/v scales in both shards",
-                   build_multi_shard),
+    CheckpointCase(
+        "fp8-kv-scales", "quant_method fp8, FP8 weights, per-tensor self_attn.k_scale/v_scale", build_fp8_kv_scales
+    ),
+    CheckpointCase(
+        "compressed-tensors-kv",
+        "compressed-tensors kv_cache_scheme (tensor), k_proj/v_proj.output_scale",
+        build_compressed_tensors_kv,
+    ),
+    CheckpointCase(
+        "modelopt-kv",
+        "ModelOpt hf_quant_config.json kv_cache_quant_algo FP8, self_attn.k_proj.k_scale/v_proj.v_scale",
+        build_modelopt_kv,
+    ),
+    CheckpointCase(
+        "deprecated-kv-scale",
+        "quant_method fp8, one deprecated self_attn.kv_scale per layer",
+        build_deprecated_kv_scale,
+    ),
+    CheckpointCase(
+        "per-head-scales",
+        "compressed-tensors kv_cache_scheme (attn_head), output_scale of shape [kv_heads, 1, 1]",
+        build_per_head_scales,
+    ),
+    CheckpointCase(
+        "multi-shard", "quant_method fp8, two shards and an index, k/v scales in both shards", build_multi_shard
+    ),
     CheckpointCase("config-trap", "compressed-tensors kv_cache_scheme with no scale tensors", build_config_trap),
-    CheckpointCase("kv-dtype-field", "top-level config.json kv_cache_dtype fp8_e4m3, no scales",
-                   build_kv_dtype_field),
-    CheckpointCase("bad-scales", "quant_method fp8 with a zero v scale (layer 1) and a NaN k scale (layer 3)",
-                   build_bad_scales),
+    CheckpointCase("kv-dtype-field", "top-level config.json kv_cache_dtype fp8_e4m3, no scales", build_kv_dtype_field),
+    CheckpointCase(
+        "bad-scales", "quant_method fp8 with a zero v scale (layer 1) and a NaN k scale (layer 3)", build_bad_scales
+    ),
 )
 
 
@@ -306,8 +355,12 @@ def _cmd(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``kvstudy checkpoints build OUT_DIR [NAMES]`` and ``kvstudy checkpoints list``."""
-    parser = subparsers.add_parser("checkpoints", help="generate the small KV-scale test checkpoints",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "checkpoints",
+        help="generate the small KV-scale test checkpoints",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="checkpoints_command", required=True)
     build = sub.add_parser("build", help="write the checkpoints into a folder")
     build.add_argument("out_dir", help="e.g. data/checkpoints")

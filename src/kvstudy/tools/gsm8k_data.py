@@ -13,12 +13,12 @@ multi-step grade-school arithmetic from a fixed set of templates; every number i
 from __future__ import annotations
 
 import argparse
-from typing import Any
 import json
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvstudy.errors import StudyError
 
@@ -26,10 +26,29 @@ SEED = 20261023
 N_TEST = 1000
 N_TRAIN = 200
 
-NAMES = ("Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hiro", "Isla", "Jamal",
-         "Kira", "Liam", "Maya", "Noah", "Olga", "Priya", "Quinn", "Rosa", "Sami", "Tara")
-ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "shells", "stamps",
-         "cards", "beads")
+NAMES = (
+    "Ava",
+    "Ben",
+    "Chloe",
+    "Diego",
+    "Emma",
+    "Farid",
+    "Grace",
+    "Hiro",
+    "Isla",
+    "Jamal",
+    "Kira",
+    "Liam",
+    "Maya",
+    "Noah",
+    "Olga",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sami",
+    "Tara",
+)
+ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "shells", "stamps", "cards", "beads")
 
 
 @dataclass(frozen=True)
@@ -55,21 +74,37 @@ def _buy_and_change(r: random.Random) -> Problem:
     cost = count * price
     paid = (cost // 10 + r.randint(1, 5)) * 10
     change = paid - cost
-    q = (f"{name} buys {count} {item} at ${price} each and pays with ${paid}. "
-         f"How many dollars of change does {name} get back?")
-    return _finish(q, [f"The {item} cost {_calc(f'{count} * {price}', cost)} dollars.",
-                       f"{name} gets back {_calc(f'{paid} - {cost}', change)} dollars."], change)
+    q = (
+        f"{name} buys {count} {item} at ${price} each and pays with ${paid}. "
+        f"How many dollars of change does {name} get back?"
+    )
+    return _finish(
+        q,
+        [
+            f"The {item} cost {_calc(f'{count} * {price}', cost)} dollars.",
+            f"{name} gets back {_calc(f'{paid} - {cost}', change)} dollars.",
+        ],
+        change,
+    )
 
 
 def _share_equally(r: random.Random) -> Problem:
     name, item = r.choice(NAMES), r.choice(ITEMS)
     friends, each, kept = r.randint(2, 8), r.randint(3, 15), r.randint(1, 20)
     total = friends * each + kept
-    q = (f"{name} has {total} {item}. {name} keeps {kept} and shares the rest equally among "
-         f"{friends} friends. How many {item} does each friend get?")
+    q = (
+        f"{name} has {total} {item}. {name} keeps {kept} and shares the rest equally among "
+        f"{friends} friends. How many {item} does each friend get?"
+    )
     shared = total - kept
-    return _finish(q, [f"{name} shares {_calc(f'{total} - {kept}', shared)} {item}.",
-                       f"Each friend gets {_calc(f'{shared} / {friends}', each)} {item}."], each)
+    return _finish(
+        q,
+        [
+            f"{name} shares {_calc(f'{total} - {kept}', shared)} {item}.",
+            f"Each friend gets {_calc(f'{shared} / {friends}', each)} {item}.",
+        ],
+        each,
+    )
 
 
 def _weekly_savings(r: random.Random) -> Problem:
@@ -79,12 +114,19 @@ def _weekly_savings(r: random.Random) -> Problem:
     total = week * weeks
     spent = r.randint(1, min(30, total - 1))
     left = total - spent
-    q = (f"{name} saves ${per_day} a day for {days} days each week. After {weeks} weeks, "
-         f"{name} spends ${spent} on a gift. How many dollars does {name} have left?")
-    return _finish(q, [f"Each week {name} saves {_calc(f'{per_day} * {days}', week)} dollars.",
-                       f"In {weeks} weeks that is {_calc(f'{week} * {weeks}', total)} dollars.",
-                       f"After the gift {name} has {_calc(f'{total} - {spent}', left)} dollars."],
-                   left)
+    q = (
+        f"{name} saves ${per_day} a day for {days} days each week. After {weeks} weeks, "
+        f"{name} spends ${spent} on a gift. How many dollars does {name} have left?"
+    )
+    return _finish(
+        q,
+        [
+            f"Each week {name} saves {_calc(f'{per_day} * {days}', week)} dollars.",
+            f"In {weeks} weeks that is {_calc(f'{week} * {weeks}', total)} dollars.",
+            f"After the gift {name} has {_calc(f'{total} - {spent}', left)} dollars.",
+        ],
+        left,
+    )
 
 
 def _boxes_and_extras(r: random.Random) -> Problem:
@@ -94,12 +136,19 @@ def _boxes_and_extras(r: random.Random) -> Problem:
     in_boxes = boxes * per_box
     total = in_boxes + loose
     left = total - lost
-    q = (f"{name} has {boxes} boxes with {per_box} {item} in each box and {loose} loose {item}. "
-         f"{name} loses {lost} of them. How many {item} does {name} have now?")
-    return _finish(q, [f"The boxes hold {_calc(f'{boxes} * {per_box}', in_boxes)} {item}.",
-                       f"With the loose ones that is {_calc(f'{in_boxes} + {loose}', total)}.",
-                       f"After losing some, {name} has {_calc(f'{total} - {lost}', left)}."],
-                   left)
+    q = (
+        f"{name} has {boxes} boxes with {per_box} {item} in each box and {loose} loose {item}. "
+        f"{name} loses {lost} of them. How many {item} does {name} have now?"
+    )
+    return _finish(
+        q,
+        [
+            f"The boxes hold {_calc(f'{boxes} * {per_box}', in_boxes)} {item}.",
+            f"With the loose ones that is {_calc(f'{in_boxes} + {loose}', total)}.",
+            f"After losing some, {name} has {_calc(f'{total} - {lost}', left)}.",
+        ],
+        left,
+    )
 
 
 def _twice_as_many(r: random.Random) -> Problem:
@@ -108,13 +157,20 @@ def _twice_as_many(r: random.Random) -> Problem:
     first, factor, extra = r.randint(3, 40), r.randint(2, 5), r.randint(1, 12)
     second = first * factor + extra
     total = first + second
-    q = (f"{a} has {first} {item}. {b} has {extra} more than {factor} times as many as {a}. "
-         f"How many {item} do they have together?")
+    q = (
+        f"{a} has {first} {item}. {b} has {extra} more than {factor} times as many as {a}. "
+        f"How many {item} do they have together?"
+    )
     times = first * factor
-    return _finish(q, [f"{factor} times {a}'s {item} is {_calc(f'{first} * {factor}', times)}.",
-                       f"{b} has {_calc(f'{times} + {extra}', second)} {item}.",
-                       f"Together they have {_calc(f'{first} + {second}', total)} {item}."],
-                   total)
+    return _finish(
+        q,
+        [
+            f"{factor} times {a}'s {item} is {_calc(f'{first} * {factor}', times)}.",
+            f"{b} has {_calc(f'{times} + {extra}', second)} {item}.",
+            f"Together they have {_calc(f'{first} + {second}', total)} {item}.",
+        ],
+        total,
+    )
 
 
 def _speed_distance(r: random.Random) -> Problem:
@@ -123,11 +179,19 @@ def _speed_distance(r: random.Random) -> Problem:
     out = speed * hours
     back_km = speed * back
     total = out + back_km
-    q = (f"{name} drives at {speed} km per hour for {hours} hours, then drives back at the same "
-         f"speed for {back} hours. How many kilometers does {name} drive in all?")
-    return _finish(q, [f"First {name} drives {_calc(f'{speed} * {hours}', out)} km.",
-                       f"Then {name} drives {_calc(f'{speed} * {back}', back_km)} km.",
-                       f"In all that is {_calc(f'{out} + {back_km}', total)} km."], total)
+    q = (
+        f"{name} drives at {speed} km per hour for {hours} hours, then drives back at the same "
+        f"speed for {back} hours. How many kilometers does {name} drive in all?"
+    )
+    return _finish(
+        q,
+        [
+            f"First {name} drives {_calc(f'{speed} * {hours}', out)} km.",
+            f"Then {name} drives {_calc(f'{speed} * {back}', back_km)} km.",
+            f"In all that is {_calc(f'{out} + {back_km}', total)} km.",
+        ],
+        total,
+    )
 
 
 def _percent_discount(r: random.Random) -> Problem:
@@ -136,37 +200,59 @@ def _percent_discount(r: random.Random) -> Problem:
     pct = r.choice((10, 20, 25, 50))
     off = price * pct // 100
     final = price - off
-    q = (f"A set of {item} costs ${price}. {name} gets a {pct}% discount. "
-         f"How many dollars does {name} pay?")
-    return _finish(q, [f"The discount is {_calc(f'{price} * {pct} / 100', off)} dollars.",
-                       f"{name} pays {_calc(f'{price} - {off}', final)} dollars."], final)
+    q = f"A set of {item} costs ${price}. {name} gets a {pct}% discount. How many dollars does {name} pay?"
+    return _finish(
+        q,
+        [
+            f"The discount is {_calc(f'{price} * {pct} / 100', off)} dollars.",
+            f"{name} pays {_calc(f'{price} - {off}', final)} dollars.",
+        ],
+        final,
+    )
 
 
 def _pages_per_day(r: random.Random) -> Problem:
     name = r.choice(NAMES)
-    first_days, first_rate, rest_rate, rest_days = (r.randint(2, 6), r.randint(5, 20),
-                                                    r.randint(10, 30), r.randint(1, 5))
+    first_days, first_rate, rest_rate, rest_days = (
+        r.randint(2, 6),
+        r.randint(5, 20),
+        r.randint(10, 30),
+        r.randint(1, 5),
+    )
     first = first_days * first_rate
     rest = rest_days * rest_rate
     total = first + rest
-    q = (f"{name} reads {first_rate} pages a day for {first_days} days, then {rest_rate} pages a "
-         f"day for {rest_days} days and finishes the book. How many pages does the book have?")
-    return _finish(q, [f"First {name} reads {_calc(f'{first_days} * {first_rate}', first)} pages.",
-                       f"Then {name} reads {_calc(f'{rest_days} * {rest_rate}', rest)} pages.",
-                       f"The book has {_calc(f'{first} + {rest}', total)} pages."], total)
+    q = (
+        f"{name} reads {first_rate} pages a day for {first_days} days, then {rest_rate} pages a "
+        f"day for {rest_days} days and finishes the book. How many pages does the book have?"
+    )
+    return _finish(
+        q,
+        [
+            f"First {name} reads {_calc(f'{first_days} * {first_rate}', first)} pages.",
+            f"Then {name} reads {_calc(f'{rest_days} * {rest_rate}', rest)} pages.",
+            f"The book has {_calc(f'{first} + {rest}', total)} pages.",
+        ],
+        total,
+    )
 
 
 TEMPLATES: tuple[Callable[[random.Random], Problem], ...] = (
-    _buy_and_change, _share_equally, _weekly_savings, _boxes_and_extras, _twice_as_many,
-    _speed_distance, _percent_discount, _pages_per_day)
+    _buy_and_change,
+    _share_equally,
+    _weekly_savings,
+    _boxes_and_extras,
+    _twice_as_many,
+    _speed_distance,
+    _percent_discount,
+    _pages_per_day,
+)
 
 
-def generate(n_test: int = N_TEST, n_train: int = N_TRAIN, seed: int = SEED
-             ) -> dict[str, list[Problem]]:
+def generate(n_test: int = N_TEST, n_train: int = N_TRAIN, seed: int = SEED) -> dict[str, list[Problem]]:
     """Train and test splits with no question in both; the same seed gives the same problems."""
     if n_test <= 0 or n_train < 8:
-        raise StudyError(f"gsm8k_data: need n_test > 0 and n_train >= 8 (for 8 shots), got "
-                         f"{n_test} and {n_train}")
+        raise StudyError(f"gsm8k_data: need n_test > 0 and n_train >= 8 (for 8 shots), got {n_test} and {n_train}")
     r = random.Random(seed)
     seen: set[str] = set()
     splits: dict[str, list[Problem]] = {"test": [], "train": []}
@@ -186,8 +272,7 @@ def final_answer(answer: str) -> str:
     return answer.rsplit("#### ", 1)[1].strip()
 
 
-def write_splits(folder: str | Path, seed: int = SEED, n_test: int = N_TEST,
-                 n_train: int = N_TRAIN) -> dict[str, Path]:
+def write_splits(folder: str | Path, seed: int = SEED, n_test: int = N_TEST, n_train: int = N_TRAIN) -> dict[str, Path]:
     """Write ``train.jsonl`` and ``test.jsonl`` under ``folder`` (one JSON object a line)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -213,8 +298,11 @@ def read_split(path: str | Path) -> list[Problem]:
             item = json.loads(line)
         except json.JSONDecodeError:
             raise StudyError(f"{path}:{number}: not a JSON object") from None
-        if not isinstance(item, dict) or not isinstance(item.get("question"), str) \
-                or not isinstance(item.get("answer"), str):
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("question"), str)
+            or not isinstance(item.get("answer"), str)
+        ):
             raise StudyError(f"{path}:{number}: expected {{'question': str, 'answer': str}}")
         final_answer(item["answer"])
         problems.append(Problem(item["question"], item["answer"]))
@@ -229,8 +317,12 @@ def _cmd(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``kvstudy gsm8k-data FOLDER``."""
-    parser = subparsers.add_parser("gsm8k-data", help="write the offline GSM8K-format train/test files",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "gsm8k-data",
+        help="write the offline GSM8K-format train/test files",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("folder", help="where to write train.jsonl and test.jsonl")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--n-test", type=int, default=N_TEST)

@@ -31,16 +31,58 @@ from kvstudy.errors import StudyError
 KINDS = ("kv", "needle")
 DEFAULT_SEED = 20261130
 
-FILLER_SUBJECTS = ("The river", "A small dog", "The old house", "Every morning the baker",
-                   "The green hill", "A quiet student", "The market", "Our neighbour",
-                   "The night train", "A tall tree", "The school bus", "My aunt")
-FILLER_VERBS = ("watched", "found", "carried", "painted", "visited", "followed", "heard",
-                "cleaned", "opened", "passed", "counted", "remembered")
-FILLER_OBJECTS = ("the bright window", "a wooden box", "the empty road", "some warm bread",
-                  "a blue kite", "the long bridge", "the garden gate", "a paper map",
-                  "the tiny boat", "an old song", "the red door", "a stack of letters")
-FILLER_ENDS = ("before noon", "after the rain", "in the evening", "near the station",
-               "with great care", "for a while", "on Sunday", "without a word")
+FILLER_SUBJECTS = (
+    "The river",
+    "A small dog",
+    "The old house",
+    "Every morning the baker",
+    "The green hill",
+    "A quiet student",
+    "The market",
+    "Our neighbour",
+    "The night train",
+    "A tall tree",
+    "The school bus",
+    "My aunt",
+)
+FILLER_VERBS = (
+    "watched",
+    "found",
+    "carried",
+    "painted",
+    "visited",
+    "followed",
+    "heard",
+    "cleaned",
+    "opened",
+    "passed",
+    "counted",
+    "remembered",
+)
+FILLER_OBJECTS = (
+    "the bright window",
+    "a wooden box",
+    "the empty road",
+    "some warm bread",
+    "a blue kite",
+    "the long bridge",
+    "the garden gate",
+    "a paper map",
+    "the tiny boat",
+    "an old song",
+    "the red door",
+    "a stack of letters",
+)
+FILLER_ENDS = (
+    "before noon",
+    "after the rain",
+    "in the evening",
+    "near the station",
+    "with great care",
+    "for a while",
+    "on Sunday",
+    "without a word",
+)
 _FILLER_TEXT = " ".join(FILLER_SUBJECTS + FILLER_VERBS + FILLER_OBJECTS + FILLER_ENDS).lower()
 
 
@@ -89,8 +131,10 @@ def question_for(kind: str, key: str) -> str:
 
 def filler_sentence(rng: random.Random) -> str:
     """One sentence of haystack text (no digits, so it never looks like an answer)."""
-    return (f"{rng.choice(FILLER_SUBJECTS)} {rng.choice(FILLER_VERBS)} "
-            f"{rng.choice(FILLER_OBJECTS)} {rng.choice(FILLER_ENDS)}.")
+    return (
+        f"{rng.choice(FILLER_SUBJECTS)} {rng.choice(FILLER_VERBS)} "
+        f"{rng.choice(FILLER_OBJECTS)} {rng.choice(FILLER_ENDS)}."
+    )
 
 
 def kv_context(rng: random.Random, target_chars: int) -> tuple[str, list[Entry]]:
@@ -105,30 +149,47 @@ def kv_context(rng: random.Random, target_chars: int) -> tuple[str, list[Entry]]
     return "\n".join(kv_line(e) for e in entries), entries
 
 
-def needle_context(rng: random.Random, target_chars: int, n_needles: int
-                   ) -> tuple[str, list[Entry]]:
-    """Filler sentences with ``n_needles`` needles at random places, about ``target_chars`` long."""
-    sentences: list[str] = []
-    length = -1
+def needle_context(
+    rng: random.Random, target_chars: int, n_needles: int, depth: float | None = None
+) -> tuple[str, list[Entry]]:
+    """Filler sentences with ``n_needles`` needles, about ``target_chars`` long.
+
+    With ``depth`` (0 to 1) the first entry's needle sits at that share of the sentences and the
+    others at random places; without it every needle is at a random place.
+    """
     used: set[str] = set()
     entries = [Entry(_key(rng, used), _value(rng)) for _ in range(n_needles)]
     needle_chars = sum(len(needle_sentence(e)) + 1 for e in entries)
+    sentences: list[str] = []
+    length = -1
     while length + needle_chars < target_chars or not sentences:
         sentence = filler_sentence(rng)
         sentences.append(sentence)
         length += len(sentence) + 1
-    slots = sorted(rng.sample(range(len(sentences) + n_needles), n_needles))
-    out: list[str] = []
-    pending = list(entries)
+    total = len(sentences) + n_needles
+    if depth is None:
+        slots = sorted(rng.sample(range(total), n_needles))  # entries in order of place
+    else:
+        first = min(total - 1, max(0, round(depth * (total - 1))))
+        slots = [first] + rng.sample([i for i in range(total) if i != first], n_needles - 1)
+    by_slot = dict(zip(slots, entries))
     filler = iter(sentences)
-    for index in range(len(sentences) + n_needles):
-        out.append(needle_sentence(pending.pop(0)) if index in slots else next(filler))
+    out = [needle_sentence(by_slot[i]) if i in by_slot else next(filler) for i in range(total)]
     return " ".join(out), entries
 
 
-def make_context(kind: str, target_tokens: int, rng: random.Random, chars_per_token: float = 1.0,
-                 n_needles: int = 1) -> tuple[str, list[Entry]]:
-    """A context of ``kind`` about ``target_tokens`` tokens long, and the entries it holds."""
+def make_context(
+    kind: str,
+    target_tokens: int,
+    rng: random.Random,
+    chars_per_token: float = 1.0,
+    n_needles: int = 1,
+    depth: float | None = None,
+) -> tuple[str, list[Entry]]:
+    """A context of ``kind`` about ``target_tokens`` tokens long, and the entries it holds.
+
+    ``depth`` places the first needle of a ``needle`` context (see ``needle_context``).
+    """
     if kind not in KINDS:
         raise StudyError(f"retrieval kind: got {kind!r}, expected one of {', '.join(KINDS)}")
     if target_tokens < 16:
@@ -140,48 +201,62 @@ def make_context(kind: str, target_tokens: int, rng: random.Random, chars_per_to
         return kv_context(rng, target_chars)
     if n_needles < 1:
         raise StudyError(f"retrieval n_needles: got {n_needles}, expected >= 1")
-    return needle_context(rng, target_chars, n_needles)
+    return needle_context(rng, target_chars, n_needles, depth)
 
 
-def _depth_index(n_entries: int, depth: float) -> int:
-    return min(n_entries - 1, int(depth * n_entries))
+def _entry_at_depth(context: str, entries: Sequence[Entry], depth: float) -> Entry:
+    """The entry whose place in the context is nearest ``depth`` (a share of its length)."""
+    return min(entries, key=lambda e: abs(context.index(e.key) / len(context) - depth))
 
 
-def generate_items(kind: str, lengths: Sequence[int], n_per_length: int, seed: int = DEFAULT_SEED,
-                   chars_per_token: float = 1.0, questions_per_context: int = 1,
-                   n_needles: int = 4) -> list[dict[str, Any]]:
+def generate_items(
+    kind: str,
+    lengths: Sequence[int],
+    n_per_length: int,
+    seed: int = DEFAULT_SEED,
+    chars_per_token: float = 1.0,
+    questions_per_context: int = 1,
+    n_needles: int = 4,
+) -> list[dict[str, Any]]:
     """``n_per_length`` items for each context length, their queried keys spread over depths.
 
     For each length, ``n_per_length / questions_per_context`` contexts are drawn; item ``i``
-    asks about the key nearest depth ``(i + 0.5) / n_per_length`` of its context (the share of
-    the context before the key), so every length covers the context from start to end.
+    asks about the entry nearest depth ``(i + 0.5) / n_per_length`` (the share of the context
+    before it), so every length covers the context from start to end. With one question per
+    needle context, the queried needle is placed at that depth.
     """
     if n_per_length < 1 or questions_per_context < 1:
-        raise StudyError(f"retrieval n_per_length / questions_per_context: got {n_per_length} / "
-                         f"{questions_per_context}, expected >= 1 each")
+        raise StudyError(
+            f"retrieval n_per_length / questions_per_context: got {n_per_length} / "
+            f"{questions_per_context}, expected >= 1 each"
+        )
     items: list[dict[str, Any]] = []
     for length in lengths:
-        context, entries, context_id = "", [], ""
+        context, context_id = "", ""
+        entries: list[Any] = []
         for i in range(n_per_length):
+            depth = (i + 0.5) / n_per_length
             if i % questions_per_context == 0:
                 context_id = f"{kind}-{length}-{i // questions_per_context}"
                 rng = _rng(seed, kind, length, i // questions_per_context)
-                context, entries = make_context(kind, length, rng, chars_per_token, n_needles)
-            depth = (i + 0.5) / n_per_length
-            entry = entries[_depth_index(len(entries), depth)]
-            items.append({
-                "id": f"{kind}-{length}-{i}",
-                "kind": kind,
-                "context_id": context_id,
-                "context": context,
-                "question": question_for(kind, entry.key),
-                "answer": entry.value,
-                "context_tokens_approx": round(len(context) / chars_per_token),
-                "target_tokens": length,
-                "n_keys": len(entries),
-                "depth": round(context.index(entry.key) / len(context), 4),
-                "seed": seed,
-            })
+                placed = depth if questions_per_context == 1 else None
+                context, entries = make_context(kind, length, rng, chars_per_token, n_needles, placed)
+            entry = _entry_at_depth(context, entries, depth)
+            items.append(
+                {
+                    "id": f"{kind}-{length}-{i}",
+                    "kind": kind,
+                    "context_id": context_id,
+                    "context": context,
+                    "question": question_for(kind, entry.key),
+                    "answer": entry.value,
+                    "context_tokens_approx": round(len(context) / chars_per_token),
+                    "target_tokens": length,
+                    "n_keys": len(entries),
+                    "depth": round(context.index(entry.key) / len(context), 4),
+                    "seed": seed,
+                }
+            )
     return items
 
 
@@ -195,8 +270,9 @@ def answer_of(completion: str) -> str:
     return completion.strip().split("\n", 1)[0].strip() if completion.strip() else ""
 
 
-def training_text(kind: str, target_tokens: int, rng: random.Random, n_questions: int,
-                  n_needles: int = 4) -> tuple[str, list[tuple[int, int]]]:
+def training_text(
+    kind: str, target_tokens: int, rng: random.Random, n_questions: int, n_needles: int = 4
+) -> tuple[str, list[tuple[int, int]]]:
     """A context followed by ``n_questions`` question/answer pairs, for training.
 
     Returns the text and the character spans ``(start, end)`` of each answer (``" value\\n\\n"``),

@@ -8,7 +8,13 @@ a corpus generated here (English words, digits, arithmetic and the GSM8K markers
 ``Answer:`` and ``####``). Random weights produce garbage text: the model is for plumbing, speed
 and capacity, never for accuracy.
 
-``ensure_tiny_model(path)`` builds the folder only when it is missing. A marker file is written
+A second size, ``speed`` (``SIZES["speed"]``: 6 layers, hidden 768, 12 query heads, 4 KV heads,
+head_dim 64, about 80 MB), is built by the same recipe for the CPU speed sweep: a decode step of the
+4-layer model (a few ms, mostly vLLM's per-step overhead) is shorter than the API server's
+per-token streaming work on a loaded 2-core machine, so tokens reached the client in bursts and
+per-token latency was not measurable; the speed model's decode step is several times longer.
+
+``ensure_tiny_model(path, spec)`` builds the folder only when it is missing. A marker file is written
 last, so a folder left half-built by an interrupted build is rebuilt on the next call.
 """
 
@@ -29,6 +35,7 @@ from typing import Any
 from kvstudy.errors import StudyError
 
 DEFAULT_PATH = Path("data/tiny-models/tiny-qwen3")
+SPEED_PATH = Path("data/tiny-models/speed-qwen3")
 MARKER = ".kvstudy-tiny-model.json"
 BUILD_VERSION = 1  # bump when the recipe changes, so stale folders are rebuilt
 
@@ -38,8 +45,14 @@ SPECIAL_TOKENS = (EOS_TOKEN, BOS_TOKEN)
 
 # Files a build writes; a folder holding only these (and no marker) is a half-built one.
 KNOWN_FILES = {
-    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", MARKER,
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    MARKER,
 }
 
 # A minimal chat template so /v1/chat/completions works too (the study uses completions).
@@ -85,6 +98,29 @@ class TinyModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# Named sizes for `kvstudy tiny-model build --size`: ``tiny`` for plumbing and capacity, ``speed``
+# for the CPU speed sweep (decode steps long enough to be measured one token at a time).
+SIZES: dict[str, TinyModelSpec] = {
+    "tiny": TinyModelSpec(),
+    "speed": TinyModelSpec(
+        num_hidden_layers=6,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        head_dim=64,
+    ),
+}
+DEFAULT_PATHS: dict[str, Path] = {"tiny": DEFAULT_PATH, "speed": SPEED_PATH}
+
+
+def spec_for_size(size: str) -> TinyModelSpec:
+    """The recipe of a named size (``tiny`` or ``speed``)."""
+    if size not in SIZES:
+        raise StudyError(f"tiny-model --size: {size!r} is not a size (expected one of {', '.join(SIZES)})")
+    return SIZES[size]
 
 
 def corpus_lines(seed: int, count: int) -> Iterator[str]:
@@ -153,19 +189,26 @@ def _write_model(spec: TinyModelSpec, tokenizer: Any, out: Path) -> None:
     bos_id, eos_id = tokenizer.token_to_id(BOS_TOKEN), tokenizer.token_to_id(EOS_TOKEN)
     config = _qwen3_config(spec, tokenizer.get_vocab_size(), bos_id, eos_id)
     torch.manual_seed(spec.seed)
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16)  # type: ignore[arg-type]
     model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=eos_id)
     model.save_pretrained(out, safe_serialization=True)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=BOS_TOKEN, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN,
-        model_max_length=spec.max_position_embeddings, chat_template=CHAT_TEMPLATE,
+        tokenizer_object=tokenizer,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        model_max_length=spec.max_position_embeddings,
+        chat_template=CHAT_TEMPLATE,
     )
     fast.save_pretrained(out)
 
 
 def _digest(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != MARKER
+    }
 
 
 def _marker_matches(folder: Path, spec: TinyModelSpec) -> bool:
@@ -180,15 +223,25 @@ def _marker_matches(folder: Path, spec: TinyModelSpec) -> bool:
 
 
 def _check_replaceable(folder: Path) -> None:
-    """Refuse to replace anything but an empty, half-built or stale tiny-model folder."""
+    """Refuse to replace anything but an empty folder or one carrying the tiny model's own marker
+    (a real model folder holds the same standard file names: only the marker proves it is ours)."""
+    if folder.is_symlink():
+        raise StudyError(f"{folder}: is a symlink; refusing to replace it (expected the tiny model's folder)")
     if not folder.exists():
         return
     if not folder.is_dir():
         raise StudyError(f"{folder}: exists and is not a folder (expected the tiny model's folder)")
     foreign = sorted(p.name for p in folder.iterdir() if p.name not in KNOWN_FILES)
     if foreign:
-        raise StudyError(f"{folder}: holds files a tiny-model build does not write ({', '.join(foreign[:3])}); "
-                         "expected an empty folder or a tiny-model folder; pick another path")
+        raise StudyError(
+            f"{folder}: holds files a tiny-model build does not write ({', '.join(foreign[:3])}); "
+            "expected an empty folder or a tiny-model folder; pick another path"
+        )
+    if any(folder.iterdir()) and not (folder / MARKER).is_file():
+        raise StudyError(
+            f"{folder}: not empty and has no {MARKER} marker, so it is not a tiny model "
+            "this project built; refusing to delete it (pick another path)"
+        )
 
 
 def _clear_half_built(folder: Path) -> None:
@@ -206,10 +259,19 @@ def build_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.building-", dir=folder.parent))
     try:
-        tokenizer = build_tokenizer(spec)
-        _write_model(spec, tokenizer, tmp)
-        marker = {"spec": spec.to_dict(), "files": _digest(tmp),
-                  "note": "random weights (fixed seed) and a locally trained tokenizer: for plumbing, not accuracy"}
+        try:
+            tokenizer = build_tokenizer(spec)
+            _write_model(spec, tokenizer, tmp)
+        except ModuleNotFoundError as exc:
+            raise StudyError(
+                f"tiny-model: the package {exc.name!r} is not installed (the build needs torch, "
+                "transformers and tokenizers: run `make engine`)"
+            ) from None
+        marker = {
+            "spec": spec.to_dict(),
+            "files": _digest(tmp),
+            "note": "random weights (fixed seed) and a locally trained tokenizer: for plumbing, not accuracy",
+        }
         (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         for item in tmp.iterdir():
             item.chmod(0o644)
@@ -222,15 +284,14 @@ def build_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
     return folder
 
 
-def ensure_tiny_model(path: str | Path = DEFAULT_PATH) -> Path:
-    """The tiny model's folder, built only when missing, half-built or made by an older recipe.
+def ensure_tiny_model(path: str | Path = DEFAULT_PATH, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+    """The model's folder for ``spec``, built only when missing, half-built or made by another recipe.
 
     A lock file next to the folder serialises concurrent callers (parallel test sessions).
     """
     import fcntl
 
     folder = Path(path)
-    spec = TinyModelSpec()
     if _marker_matches(folder, spec):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -242,19 +303,32 @@ def ensure_tiny_model(path: str | Path = DEFAULT_PATH) -> Path:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    folder = build_tiny_model(args.path) if args.force else ensure_tiny_model(args.path)
+    spec = spec_for_size(args.size)
+    path = args.path if args.path is not None else DEFAULT_PATHS[args.size]
+    folder = build_tiny_model(path, spec) if args.force else ensure_tiny_model(path, spec)
     marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
-    print(f"{folder}: tiny Qwen3 ready ({size / 1e6:.1f} MB, "
-          f"model.safetensors sha256 {marker['files']['model.safetensors'][:12]})")
+    print(
+        f"{folder}: {args.size} Qwen3 ready ({spec.num_hidden_layers} layers, hidden {spec.hidden_size}, "
+        f"{size / 1e6:.1f} MB, "
+        f"model.safetensors sha256 {marker['files']['model.safetensors'][:12]})"
+    )
     return 0
 
 
 def register(subparsers: Any) -> None:
-    """Add ``kvstudy tiny-model build PATH``."""
+    """Add ``kvstudy tiny-model build [PATH] [--size tiny|speed]``."""
     parser = subparsers.add_parser("tiny-model", help="build the tiny random-weight Qwen3 model (offline)")
     sub = parser.add_subparsers(dest="tiny_command", required=True)
     build = sub.add_parser("build", help="build the model folder if it is missing")
-    build.add_argument("path", nargs="?", default=str(DEFAULT_PATH), help=f"model folder (default {DEFAULT_PATH})")
+    build.add_argument(
+        "path", nargs="?", default=None, help=f"model folder (default {DEFAULT_PATH} for tiny, {SPEED_PATH} for speed)"
+    )
+    build.add_argument(
+        "--size",
+        choices=sorted(SIZES),
+        default="tiny",
+        help="tiny: 4 layers, hidden 256 (plumbing); speed: 6 layers, hidden 768 (CPU speed sweep)",
+    )
     build.add_argument("--force", action="store_true", help="rebuild even if the folder is complete")
     build.set_defaults(func=_cmd_build)

@@ -16,12 +16,16 @@ trains one, offline and deterministically, in minutes on two CPU cores:
   seeds than its test split, with every question of the test split dropped; calculator drills
   (the ``a * b = <<a*b=c>>c`` steps of such problems, one per line); and retrieval contexts from
   :mod:`kvstudy.tools.retrieval_data` followed by several questions. The loss counts only
-  answers (and the ``Question:`` that follows one), never the random numbers a question states.
-- **schedule**: stages of growing context length for the retrieval part (a curriculum), AdamW
-  with warm-up and cosine decay, gradient clipping, ``torch.set_num_threads(2)``.
+  answers (and, in retrieval, the queried key's letters after its first, which only copying
+  from the context predicts), never the random numbers a question states.
+- **schedule**: stages of growing retrieval context (a curriculum: many short contexts with few
+  keys first, where copying from context forms fast, then up to 2048 tokens), AdamW with warm-up
+  and cosine decay, gradient clipping; an optional phase B (``finetune_stages``) from the bf16
+  rounded weights. ``torch.set_num_threads`` is a setting (1 on two shared cores). Evaluation
+  (greedy, transformers) lives in :mod:`kvstudy.tools.train_eval`.
 
-The output folder holds the HF files, ``training.json`` (settings, loss curve, wall time,
-versions, sha256 of every file) and nothing else; ``SOURCE.md`` is written by hand from it.
+The output folder holds the HF files and ``training.json`` (settings, loss curve, wall time,
+versions, sha256 of every file); ``SOURCE.md`` is written by hand from it.
 
     python -m kvstudy.tools.train_model --out data/trained-model/qwen3-mini
 """
@@ -35,7 +39,6 @@ import math
 import os
 import platform
 import random
-import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -44,42 +47,54 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.tools import retrieval_data
-
-try:
-    from kvstudy.tools import gsm8k_data
-except ImportError:  # the module's older home
-    from kvstudy import gsm8k_data  # type: ignore[no-redef]
+from kvstudy.tools.train_data import (  # noqa: F401
+    BOS_ID,
+    EOS_ID,
+    IGNORE,
+    STEP_RE,
+    copy_sequence,
+    drill_lines,
+    drill_sequence,
+    encode,
+    fresh_problem,
+    gsm_sequence,
+    problem_text,
+    retrieval_sequence,
+    test_questions,
+)
+from kvstudy.tools.train_eval import evaluate_gsm8k, evaluate_retrieval, greedy_complete, load_trained, strict_match  # noqa: F401
 
 DEFAULT_OUT = Path("data/trained-model/qwen3-mini")
 BOS_TOKEN = "<|startoftext|>"
 EOS_TOKEN = "<|endoftext|>"
-BOS_ID = 256
-EOS_ID = 257
 VOCAB_SIZE = 258
-IGNORE = -100
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
-MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-               "tokenizer_config.json", "chat_template.jinja")
-STEP_RE = re.compile(r"(\d+(?: [-+*/] \d+)+) = <<([^=>]+)=(-?\d+)>>(-?\d+)")
-STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+)
 
 
 # --------------------------------------------------------------------------- settings
+
 
 @dataclass(frozen=True)
 class Stage:
     """One stage of the curriculum: how many steps and what each step's batch holds."""
 
     steps: int
-    gsm_seqs: int            # sequences of packed GSM8K-format problems
-    gsm_len: int             # their length in tokens
-    drill_seqs: int          # sequences of calculator-step drills
+    gsm_seqs: int  # sequences of packed GSM8K-format problems
+    gsm_len: int  # their length in tokens
+    drill_seqs: int  # sequences of calculator-step drills
     drill_len: int
-    retrieval_seqs: int      # retrieval sequences (context + questions)
+    retrieval_seqs: int  # retrieval sequences (context + questions)
     retrieval_len: int
     retrieval_questions: int  # questions after each retrieval context
 
@@ -99,28 +114,56 @@ class TrainSettings:
     max_position_embeddings: int = 8192
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
-    warmup_steps: int = 50
+    warmup_steps: int = 30
     weight_decay: float = 0.01
     beta2: float = 0.98
     grad_clip: float = 1.0
-    threads: int = 2
+    threads: int = 1  # one thread: on shared cores two threads waited on each other
     log_every: int = 10
     first_steps_logged: int = 8
     needle_share: float = 0.3  # share of retrieval sequences that are needle haystacks
+    copy_share: float = 0.0  # share of retrieval sequences that are key/value lines said twice
+    # Qwen3 normalises queries and keys (RMSNorm, weight 1 at init), which caps attention logits
+    # at sqrt(head_dim); a larger initial norm weight may let sharp (copying) attention form early.
+    qk_norm_init: float = 1.0
+    # retrieval data (train_data.retrieval_sequence): 1 = the committed model's (its last needle
+    # answer can be cut), 2 = whole answers only plus the queried key's letters
+    data_version: int = 1
     stages: tuple[Stage, ...] = (
-        Stage(420, 3, 512, 6, 256, 2, 512, 8),
-        Stage(130, 2, 512, 4, 256, 1, 1024, 10),
-        Stage(50, 2, 512, 2, 256, 1, 2048, 12),
-        Stage(10, 2, 512, 2, 256, 1, 4096, 16),
+        Stage(260, 2, 512, 4, 256, 2, 512, 8),
+        Stage(60, 2, 512, 2, 256, 1, 1024, 10),
+        Stage(20, 1, 512, 1, 256, 1, 2048, 12),
+    )
+    # Phase B starts from phase A's weights rounded to bfloat16 (as saved), with a fresh AdamW and
+    # its own warm-up and cosine; it teaches retrieval from a few keys up to long contexts.
+    # No finetune stages = no phase B.
+    finetune_lr: float = 2e-3
+    finetune_warmup_steps: int = 10
+    finetune_needle_share: float = 0.15
+    finetune_stages: tuple[Stage, ...] = (
+        Stage(50, 1, 512, 1, 256, 8, 320, 4),
+        Stage(50, 1, 512, 1, 256, 4, 640, 8),
+        Stage(30, 1, 512, 1, 256, 2, 1024, 10),
+        Stage(10, 1, 512, 1, 256, 1, 2048, 12),
     )
 
     @property
     def total_steps(self) -> int:
+        """Steps of phase A."""
         return sum(s.steps for s in self.stages)
+
+    def phase_stages(self, phase: int) -> tuple[Stage, ...]:
+        """The stages of phase 0 (A) or 1 (B)."""
+        return self.stages if phase == 0 else self.finetune_stages
+
+    def phase_steps(self, phase: int) -> int:
+        """How many steps phase 0 (A) or 1 (B) has."""
+        return sum(s.steps for s in self.phase_stages(phase))
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["stages"] = [asdict(s) for s in self.stages]
+        data["finetune_stages"] = [asdict(s) for s in self.finetune_stages]
         return data
 
 
@@ -128,140 +171,63 @@ def settings_from_dict(data: dict[str, Any]) -> TrainSettings:
     """The settings ``training.json`` stores, back as a ``TrainSettings``."""
     try:
         stages = tuple(Stage(**stage) for stage in data["stages"])
-        return TrainSettings(**{**data, "stages": stages})
+        finetune = tuple(Stage(**stage) for stage in data.get("finetune_stages", []))
+        # a record older than a field was made with the behaviour before it
+        legacy = {"data_version": 1, "copy_share": 0.0, "qk_norm_init": 1.0}
+        return TrainSettings(**{**legacy, **data, "stages": stages, "finetune_stages": finetune})
     except (KeyError, TypeError) as exc:
         raise StudyError(f"training.json settings: {exc}; expected the fields of TrainSettings") from None
 
 
-def stage_at(settings: TrainSettings, step: int) -> Stage:
-    """The stage a (0-based) step belongs to."""
+def stage_at(settings: TrainSettings, step: int, phase: int = 0) -> Stage:
+    """The stage a (0-based) step of a phase belongs to."""
     end = 0
-    for stage in settings.stages:
+    for stage in settings.phase_stages(phase):
         end += stage.steps
         if step < end:
             return stage
-    raise StudyError(f"step: {step} is past the last stage (total {settings.total_steps} steps)")
+    raise StudyError(f"step: {step} is past the last stage of phase {phase} ({settings.phase_steps(phase)} steps)")
 
 
-def learning_rate(settings: TrainSettings, step: int) -> float:
-    """Linear warm-up, then cosine decay to ``min_lr_ratio`` of the peak."""
-    if step < settings.warmup_steps:
-        return settings.lr * (step + 1) / settings.warmup_steps
-    span = max(1, settings.total_steps - settings.warmup_steps)
-    progress = min(1.0, (step - settings.warmup_steps) / span)
+def learning_rate(settings: TrainSettings, step: int, phase: int = 0) -> float:
+    """Linear warm-up, then cosine decay to ``min_lr_ratio`` of the phase's peak."""
+    peak = settings.lr if phase == 0 else settings.finetune_lr
+    warmup = settings.warmup_steps if phase == 0 else settings.finetune_warmup_steps
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    span = max(1, settings.phase_steps(phase) - warmup)
+    progress = min(1.0, (step - warmup) / span)
     floor = settings.min_lr_ratio
-    return settings.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 # --------------------------------------------------------------------------- data
 
-def encode(text: str) -> list[int]:
-    """Token ids of ``text`` (its UTF-8 bytes), without BOS: what the tokenizer gives after BOS."""
-    return list(text.encode("utf-8"))
 
-
-def test_questions() -> frozenset[str]:
-    """The questions of the test split (``data/gsm8k/test.jsonl``), never trained on."""
-    return frozenset(p.question for p in gsm8k_data.generate()["test"])
-
-
-def fresh_problem(rng: random.Random, excluded: frozenset[str]) -> Any:
-    """A GSM8K-format problem from the generator's templates that is not a test question."""
-    while True:
-        problem = rng.choice(gsm8k_data.TEMPLATES)(rng)
-        if problem.question not in excluded:
-            return problem
-
-
-def problem_text(question: str, answer: str) -> tuple[str, list[int]]:
-    """``Question: q\\nAnswer: a\\n\\n`` and its loss mask (``Question:`` and the answer count)."""
-    head = "Question:"
-    body = f" {question}\nAnswer:"
-    tail = f" {answer}\n\n"
-    return head + body + tail, [1] * len(head) + [0] * len(body) + [1] * len(tail)
-
-
-def drill_lines(problem: Any) -> list[tuple[str, list[int]]]:
-    """The calculator steps of a worked answer, one line each, loss on all after the operands."""
-    lines = []
-    for match in STEP_RE.finditer(problem.answer):
-        text = match.group(0) + "\n"
-        operands = len(match.group(1))
-        lines.append((text, [0] * operands + [1] * (len(text) - operands)))
-    return lines
-
-
-def _fill(pieces: Callable[[], tuple[str, list[int]]], length: int) -> tuple[list[int], list[int]]:
-    """BOS then pieces until ``length + 1`` tokens; inputs and labels of ``length`` each."""
-    ids, mask = [BOS_ID], [0]
-    while len(ids) < length + 1:
-        text, piece_mask = pieces()
-        ids += encode(text)
-        mask += piece_mask
-    ids, mask = ids[:length + 1], mask[:length + 1]
-    labels = [t if m else IGNORE for t, m in zip(ids[1:], mask[1:])]
-    return ids[:length], labels
-
-
-def gsm_sequence(rng: random.Random, length: int, excluded: frozenset[str]
-                 ) -> tuple[list[int], list[int]]:
-    """Problems packed one after another, as a few-shot prompt lays them out."""
-    def piece() -> tuple[str, list[int]]:
-        problem = fresh_problem(rng, excluded)
-        return problem_text(problem.question, problem.answer)
-    return _fill(piece, length)
-
-
-def drill_sequence(rng: random.Random, length: int, excluded: frozenset[str]
-                   ) -> tuple[list[int], list[int]]:
-    """Calculator steps of fresh problems, one per line."""
-    queue: list[tuple[str, list[int]]] = []
-
-    def piece() -> tuple[str, list[int]]:
-        while not queue:
-            queue.extend(drill_lines(fresh_problem(rng, excluded)))
-        return queue.pop(0)
-    return _fill(piece, length)
-
-
-def retrieval_sequence(rng: random.Random, length: int, questions: int, needle_share: float
-                       ) -> tuple[list[int], list[int]]:
-    """A retrieval context sized so that it and its questions fill ``length`` tokens."""
-    kind = "needle" if rng.random() < needle_share else "kv"
-    per_question = 64 if kind == "needle" else 52
-    target = max(32, length - 1 - questions * per_question)
-    text, spans = retrieval_data.training_text(kind, target, rng, questions,
-                                               n_needles=rng.randint(1, 6))
-    mask = [0] * len(text)
-    for start, end in spans:
-        mask[start:end] = [1] * (end - start)
-    ids = [BOS_ID] + encode(text)
-    mask = [0] + mask
-    ids, mask = ids[:length + 1], mask[:length + 1]
-    pad = length + 1 - len(ids)
-    ids, mask = ids + [EOS_ID] * pad, mask + [0] * pad
-    labels = [t if m else IGNORE for t, m in zip(ids[1:], mask[1:])]
-    return ids[:length], labels
-
-
-def batch_for_step(settings: TrainSettings, step: int, excluded: frozenset[str]
-                   ) -> list[tuple[str, list[list[int]], list[list[int]]]]:
+def batch_for_step(
+    settings: TrainSettings, step: int, excluded: frozenset[str], phase: int = 0
+) -> list[tuple[str, list[list[int]], list[list[int]]]]:
     """The micro-batches of one step: ``(part, inputs, labels)``; a pure function of the step."""
-    stage = stage_at(settings, step)
+    stage = stage_at(settings, step, phase)
+    prefix = f"{settings.seed}" if phase == 0 else f"{settings.seed}:finetune"
+    needle_share = settings.needle_share if phase == 0 else settings.finetune_needle_share
     parts = []
-    for part, count, length in (("gsm", stage.gsm_seqs, stage.gsm_len),
-                                ("drill", stage.drill_seqs, stage.drill_len),
-                                ("retrieval", stage.retrieval_seqs, stage.retrieval_len)):
+    for part, count, length in (
+        ("gsm", stage.gsm_seqs, stage.gsm_len),
+        ("drill", stage.drill_seqs, stage.drill_len),
+        ("retrieval", stage.retrieval_seqs, stage.retrieval_len),
+    ):
         inputs, labels = [], []
         for index in range(count):
-            rng = random.Random(f"{settings.seed}:{part}:{step}:{index}")
+            rng = random.Random(f"{prefix}:{part}:{step}:{index}")
             if part == "gsm":
                 seq = gsm_sequence(rng, length, excluded)
             elif part == "drill":
                 seq = drill_sequence(rng, length, excluded)
             else:
-                seq = retrieval_sequence(rng, length, stage.retrieval_questions,
-                                         settings.needle_share)
+                seq = retrieval_sequence(
+                    rng, length, stage.retrieval_questions, needle_share, settings.copy_share, settings.data_version
+                )
             inputs.append(seq[0])
             labels.append(seq[1])
         if inputs:
@@ -270,6 +236,7 @@ def batch_for_step(settings: TrainSettings, step: int, excluded: frozenset[str]
 
 
 # --------------------------------------------------------------------------- model and tokenizer
+
 
 def model_config(settings: TrainSettings) -> Any:
     """The ``Qwen3Config`` of the recipe."""
@@ -294,8 +261,7 @@ def model_config(settings: TrainSettings) -> Any:
 
 def _byte_symbols() -> list[str]:
     """The printable character that stands for each byte in a byte-level vocabulary, by byte."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     symbols, extra = {}, 0
     for byte in range(256):
         if byte in kept:
@@ -317,7 +283,8 @@ def build_tokenizer() -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A $B", special_tokens=[(BOS_TOKEN, BOS_ID)])
+        single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A $B", special_tokens=[(BOS_TOKEN, BOS_ID)]
+    )
     return tok
 
 
@@ -326,9 +293,15 @@ def hf_tokenizer(settings: TrainSettings) -> Any:
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
-        tokenizer_object=build_tokenizer(), bos_token=BOS_TOKEN, eos_token=EOS_TOKEN,
-        pad_token=EOS_TOKEN, model_max_length=settings.max_position_embeddings,
-        chat_template=CHAT_TEMPLATE, add_bos_token=True, clean_up_tokenization_spaces=False)
+        tokenizer_object=build_tokenizer(),
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        model_max_length=settings.max_position_embeddings,
+        chat_template=CHAT_TEMPLATE,
+        add_bos_token=True,
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def new_model(settings: TrainSettings) -> Any:
@@ -339,62 +312,90 @@ def new_model(settings: TrainSettings) -> Any:
     torch.manual_seed(settings.seed)
     config = model_config(settings)
     config._attn_implementation = "sdpa"
-    return Qwen3ForCausalLM(config)
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.fill_(settings.qk_norm_init)
+            layer.self_attn.k_norm.weight.fill_(settings.qk_norm_init)
+    return model
 
 
 # --------------------------------------------------------------------------- training
 
+
+@dataclass
+class PhaseResult:
+    """What one phase of training produced."""
+
+    phase: int
+    steps: int
+    first_losses: list[float]  # mean loss over answer tokens, the first steps
+    curve: list[list[float]]  # [step within the phase, mean loss of the last steps]
+    final_part_losses: dict[str, float]  # the last step's loss per part (gsm, drill, retrieval)
+    wall_s: float
+    seconds_per_stage: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # every step's loss
+
+
 @dataclass
 class TrainResult:
-    """What a training run produced."""
+    """A trained model and its phases."""
 
     model: Any
-    losses: list[float]                    # mean loss over the step's answer tokens, every step
-    part_losses: list[dict[str, float]]    # the same per part (gsm, drill, retrieval)
-    wall_s: float
-    steps: int = 0
-    seconds_per_stage: list[float] = field(default_factory=list)
+    phases: list[PhaseResult]
+
+    @property
+    def losses(self) -> list[float]:
+        return [loss for phase in self.phases for loss in phase.losses]
 
 
-def train(settings: TrainSettings, max_steps: int | None = None,
-          progress: Callable[[str], None] | None = None) -> TrainResult:
-    """Train from scratch; ``max_steps`` stops early (the tests run the first few steps)."""
+def train_phase(
+    model: Any,
+    settings: TrainSettings,
+    phase: int,
+    max_steps: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> PhaseResult:
+    """Run one phase on ``model`` (float32) with a fresh AdamW; the model is trained in place."""
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(settings.threads)
     excluded = test_questions()
-    model = new_model(settings)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=settings.lr, betas=(0.9, settings.beta2), eps=1e-8)
-    steps = settings.total_steps if max_steps is None else min(max_steps, settings.total_steps)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=settings.lr,
+        betas=(0.9, settings.beta2),
+        eps=1e-8,
+    )
+    total_steps = settings.phase_steps(phase)
+    steps = total_steps if max_steps is None else min(max_steps, total_steps)
     losses: list[float] = []
     part_losses: list[dict[str, float]] = []
     stage_seconds: list[float] = []
     start = stage_start = time.perf_counter()
-    current_stage = stage_at(settings, 0)
+    current_stage = stage_at(settings, 0, phase)
     for step in range(steps):
-        stage = stage_at(settings, step)
+        stage = stage_at(settings, step, phase)
         if stage is not current_stage:
             stage_seconds.append(time.perf_counter() - stage_start)
             stage_start, current_stage = time.perf_counter(), stage
         for group in opt.param_groups:
-            group["lr"] = learning_rate(settings, step)
-        parts = batch_for_step(settings, step, excluded)
-        counts = {part: sum(t != IGNORE for row in labels for t in row)
-                  for part, _, labels in parts}
+            group["lr"] = learning_rate(settings, step, phase)
+        parts = batch_for_step(settings, step, excluded, phase)
+        counts = {part: sum(t != IGNORE for row in labels for t in row) for part, _, labels in parts}
         total = sum(counts.values())
         step_loss, per_part = 0.0, {}
         for part, inputs, labels in parts:
             x = torch.tensor(inputs, dtype=torch.long)
             y = torch.tensor(labels, dtype=torch.long)
             logits = model(input_ids=x).logits
-            loss_sum = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1),
-                                       ignore_index=IGNORE, reduction="sum")
+            loss_sum = F.cross_entropy(
+                logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE, reduction="sum"
+            )
             (loss_sum / total).backward()
             step_loss += loss_sum.item()
             per_part[part] = loss_sum.item() / max(1, counts[part])
@@ -406,14 +407,54 @@ def train(settings: TrainSettings, max_steps: int | None = None,
         if progress and (step % settings.log_every == 0 or step == steps - 1):
             elapsed = time.perf_counter() - start
             parts_text = " ".join(f"{k} {v:.3f}" for k, v in per_part.items())
-            progress(f"step {step + 1}/{steps} loss {losses[-1]:.4f} ({parts_text}) "
-                     f"lr {learning_rate(settings, step):.2e} {elapsed:.0f}s")
+            progress(
+                f"phase {'AB'[phase]} step {step + 1}/{steps} loss {losses[-1]:.4f} "
+                f"({parts_text}) lr {learning_rate(settings, step, phase):.2e} {elapsed:.0f}s"
+            )
     stage_seconds.append(time.perf_counter() - stage_start)
-    return TrainResult(model, losses, part_losses, time.perf_counter() - start, steps,
-                       stage_seconds)
+    every = settings.log_every
+    curve = [
+        [i + 1, round(sum(losses[i + 1 - every : i + 1]) / every, 5)] for i in range(every - 1, len(losses), every)
+    ]
+    return PhaseResult(
+        phase,
+        steps,
+        losses[: settings.first_steps_logged],
+        curve,
+        part_losses[-1] if part_losses else {},
+        time.perf_counter() - start,
+        stage_seconds,
+        losses,
+    )
+
+
+def round_to_bfloat16(model: Any) -> Any:
+    """The model's weights rounded to bfloat16 and back to float32 (what saving then loading does)."""
+    import torch
+
+    return model.to(torch.bfloat16).to(torch.float32)
+
+
+def train(
+    settings: TrainSettings, max_steps: int | None = None, progress: Callable[[str], None] | None = None
+) -> TrainResult:
+    """Train from scratch: phase A, round to bfloat16, phase B.
+
+    ``max_steps`` runs only the first steps of phase A (the tests use it).
+    """
+    model = new_model(settings)
+    first = train_phase(model, settings, 0, max_steps, progress)
+    if max_steps is not None:
+        return TrainResult(model, [first])
+    if not settings.finetune_stages:
+        return TrainResult(model, [first])
+    model = round_to_bfloat16(model)
+    second = train_phase(model, settings, 1, None, progress)
+    return TrainResult(model, [first, second])
 
 
 # --------------------------------------------------------------------------- saving
+
 
 def sha256_file(path: Path) -> str:
     """The sha256 of a file's bytes."""
@@ -426,8 +467,11 @@ def sha256_file(path: Path) -> str:
 
 def folder_digests(folder: Path) -> dict[str, str]:
     """sha256 of every file the model folder holds, except ``training.json`` and ``SOURCE.md``."""
-    return {p.name: sha256_file(p) for p in sorted(folder.iterdir())
-            if p.is_file() and p.name not in ("training.json", "SOURCE.md")}
+    return {
+        p.name: sha256_file(p)
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name not in ("training.json", "SOURCE.md")
+    }
 
 
 def _versions() -> dict[str, str]:
@@ -435,8 +479,12 @@ def _versions() -> dict[str, str]:
     import torch
     import transformers
 
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+    }
 
 
 def cpu_model() -> str:
@@ -457,24 +505,27 @@ def save_model(result: TrainResult, settings: TrainSettings, out: Path) -> dict[
 
     out.mkdir(parents=True, exist_ok=True)
     model = result.model.to(torch.bfloat16)
-    model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-                                               pad_token_id=EOS_ID)
+    model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
     model.save_pretrained(out, safe_serialization=True)
     hf_tokenizer(settings).save_pretrained(out)
-    every = settings.log_every
-    curve = [[i + 1, round(sum(result.losses[max(0, i + 1 - every):i + 1])
-                          / len(result.losses[max(0, i + 1 - every):i + 1]), 5)]
-             for i in range(every - 1, len(result.losses), every)]
+    offset, curve = 0, []
+    for phase in result.phases:
+        curve += [[offset + step, loss] for step, loss in phase.curve]
+        offset += phase.steps
     record = {
         "what": "kvstudy's trained mini Qwen3 (GSM8K-format arithmetic + long-context retrieval)",
         "settings": settings.to_dict(),
-        "steps": result.steps,
-        "first_losses": result.losses[:settings.first_steps_logged],
-        "loss_curve": {"every": every, "points": curve,
-                       "note": "[step, mean loss of the last `every` steps]"},
-        "final_part_losses": result.part_losses[-1] if result.part_losses else {},
-        "wall_s": round(result.wall_s, 1),
-        "seconds_per_stage": [round(s, 1) for s in result.seconds_per_stage],
+        "steps": [phase.steps for phase in result.phases],
+        "first_losses": result.phases[0].first_losses,
+        "loss_curve": {
+            "every": settings.log_every,
+            "points": curve,
+            "note": "[step counted over both phases, mean loss of the last `every` "
+            "steps]; phase B starts after phase A's steps",
+        },
+        "final_part_losses": [phase.final_part_losses for phase in result.phases],
+        "wall_s": round(sum(phase.wall_s for phase in result.phases), 1),
+        "seconds_per_stage": [[round(x, 1) for x in phase.seconds_per_stage] for phase in result.phases],
         "threads": settings.threads,
         "cpu": cpu_model(),
         "versions": _versions(),
@@ -485,133 +536,12 @@ def save_model(result: TrainResult, settings: TrainSettings, out: Path) -> dict[
     return record
 
 
-# --------------------------------------------------------------------------- evaluation
-
-def load_trained(folder: str | Path) -> tuple[Any, Any]:
-    """The saved model (weights as stored, computed in float32) and its tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise StudyError(f"{folder}: no config.json (expected a model folder written by train-model)")
-    tok = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                 attn_implementation="sdpa")
-    model.eval()
-    return model, tok
-
-
-def greedy_complete(model: Any, tok: Any, prompts: Sequence[str], max_new_tokens: int,
-                    stop: Sequence[str], batch_size: int = 16) -> list[str]:
-    """Greedy continuations of ``prompts``, each cut at the first stop string (or EOS).
-
-    A plain loop over the KV cache with left padding: one forward pass per new token for the
-    whole batch, stopping as soon as every row has hit a stop string.
-    """
-    import torch
-
-    tok.padding_side = "left"
-    tail = max(len(s) for s in stop) + 4
-    outputs: list[str] = []
-    for begin in range(0, len(prompts), batch_size):
-        enc = tok(list(prompts[begin:begin + batch_size]), return_tensors="pt", padding=True)
-        ids, mask = enc["input_ids"], enc["attention_mask"]
-        rows = ids.shape[0]
-        generated: list[list[int]] = [[] for _ in range(rows)]
-        done = [False] * rows
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        past = None
-        with torch.no_grad():
-            for _ in range(max_new_tokens):
-                out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                            past_key_values=past, use_cache=True)
-                past = out.past_key_values
-                nxt = out.logits[:, -1].argmax(-1)
-                for row in range(rows):
-                    if done[row]:
-                        continue
-                    token = int(nxt[row])
-                    if token == EOS_ID:
-                        done[row] = True
-                        continue
-                    generated[row].append(token)
-                    recent = tok.decode(generated[row][-tail:], skip_special_tokens=True)
-                    done[row] = any(s in recent for s in stop)
-                if all(done):
-                    break
-                ids = nxt[:, None]
-                positions = positions[:, -1:] + 1
-                mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype)], dim=1)
-        for row in range(rows):
-            text = tok.decode(generated[row], skip_special_tokens=True)
-            cut = min([text.index(s) for s in stop if s in text], default=len(text))
-            outputs.append(text[:cut])
-    return outputs
-
-
-def strict_match(completion: str) -> str | None:
-    """The number after the first ``#### `` (lm-eval's strict-match), normalised like its metric."""
-    match = STRICT_RE.search(completion)
-    if not match:
-        return None
-    return match.group(1).replace(",", "").replace("$", "").rstrip(".")
-
-
-def gsm8k_prompt(question: str, shots: Sequence[Any]) -> str:
-    """lm-eval's gsm8k layout: shots as ``Question: q\\nAnswer: a`` joined by blank lines."""
-    head = "".join(f"Question: {s.question}\nAnswer: {s.answer}\n\n" for s in shots)
-    return f"{head}Question: {question}\nAnswer:"
-
-
-def evaluate_gsm8k(folder: str | Path, n: int, shots: int = 0,
-                   test_file: str | Path = "data/gsm8k/test.jsonl",
-                   train_file: str | Path = "data/gsm8k/train.jsonl",
-                   batch_size: int = 16) -> dict[str, Any]:
-    """Greedy strict-match accuracy on the first ``n`` test questions, ``shots``-shot.
-
-    Shots come from the train file, drawn per question with ``random.Random(1234 + index)``.
-    """
-    test = gsm8k_data.read_split(test_file)[:n]
-    pool = gsm8k_data.read_split(train_file) if shots else []
-    model, tok = load_trained(folder)
-    prompts = [gsm8k_prompt(p.question, random.Random(1234 + i).sample(pool, shots) if shots else [])
-               for i, p in enumerate(test)]
-    completions = greedy_complete(model, tok, prompts, 320, ["Question:"], batch_size)
-    answers = [strict_match(c) for c in completions]
-    gold = [gsm8k_data.final_answer(p.answer) for p in test]
-    correct = [a == g for a, g in zip(answers, gold)]
-    return {"n": len(test), "shots": shots, "correct": sum(correct),
-            "accuracy": sum(correct) / max(1, len(test)),
-            "samples": [{"doc_id": i, "gold": g, "answer": a, "completion": c}
-                        for i, (g, a, c) in enumerate(zip(gold, answers, completions))]}
-
-
-def evaluate_retrieval(folder: str | Path, lengths: Sequence[int], n: int,
-                       kinds: Sequence[str] = retrieval_data.KINDS,
-                       seed: int = retrieval_data.DEFAULT_SEED, batch_size: int = 4
-                       ) -> dict[str, Any]:
-    """Greedy accuracy per kind and context length on ``n`` generated items each."""
-    model, tok = load_trained(folder)
-    results: dict[str, Any] = {}
-    for kind in kinds:
-        for length in lengths:
-            items = retrieval_data.generate_items(kind, [length], n, seed=seed)
-            prompts = [retrieval_data.prompt_text(item) for item in items]
-            completions = greedy_complete(model, tok, prompts, 8, ["\n"], batch_size)
-            correct = [retrieval_data.answer_of(c) == item["answer"]
-                       for c, item in zip(completions, items)]
-            results[f"{kind}@{length}"] = {
-                "kind": kind, "length": length, "n": len(items), "correct": sum(correct),
-                "accuracy": sum(correct) / len(items),
-                "context_tokens": sum(len(tok(p)["input_ids"]) for p in prompts) / len(prompts)}
-    return results
-
-
 # --------------------------------------------------------------------------- command line
 
-def run_training(out: str | Path, settings: TrainSettings = TrainSettings(),
-                 progress: Callable[[str], None] | None = print) -> dict[str, Any]:
+
+def run_training(
+    out: str | Path, settings: TrainSettings = TrainSettings(), progress: Callable[[str], None] | None = print
+) -> dict[str, Any]:
     """Train with ``settings`` and save the folder at ``out``; return ``training.json``'s data."""
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -625,11 +555,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     settings = TrainSettings()
     if args.steps_scale != 1.0:
         from dataclasses import replace
-        settings = replace(settings, stages=tuple(
-            replace(s, steps=max(1, round(s.steps * args.steps_scale))) for s in settings.stages))
+
+        def scaled(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
+            return tuple(replace(s, steps=max(1, round(s.steps * args.steps_scale))) for s in stages)
+
+        settings = replace(settings, stages=scaled(settings.stages), finetune_stages=scaled(settings.finetune_stages))
     record = run_training(args.out, settings)
-    print(f"{args.out}: trained in {record['wall_s']:.0f} s, final loss "
-          f"{record['loss_curve']['points'][-1][1]:.4f}")
+    print(f"{args.out}: trained in {record['wall_s']:.0f} s, final loss {record['loss_curve']['points'][-1][1]:.4f}")
     if args.eval:
         gsm = evaluate_gsm8k(args.out, args.eval)
         print(f"gsm8k zero-shot strict-match: {gsm['correct']}/{gsm['n']} = {gsm['accuracy']:.3f}")
@@ -641,13 +573,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add ``kvstudy train-model --out DIR``."""
-    parser = subparsers.add_parser("train-model",
-                                   help="train the small Qwen3 model (GSM8K-format + retrieval)")
+    parser = subparsers.add_parser("train-model", help="train the small Qwen3 model (GSM8K-format + retrieval)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"model folder (default {DEFAULT_OUT})")
-    parser.add_argument("--eval", type=int, default=0, metavar="N",
-                        help="then evaluate on N test questions and 20 retrieval items per length")
-    parser.add_argument("--steps-scale", type=float, default=1.0,
-                        help="multiply every stage's steps (1.0 = the committed recipe)")
+    parser.add_argument(
+        "--eval",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then evaluate on N test questions and 20 retrieval items per length",
+    )
+    parser.add_argument(
+        "--steps-scale", type=float, default=1.0, help="multiply every stage's steps (1.0 = the committed recipe)"
+    )
     parser.set_defaults(func=_cmd_train)
 
 

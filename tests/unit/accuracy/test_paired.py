@@ -14,19 +14,32 @@ from kvstudy.accuracy import stats as acc
 from kvstudy.errors import StudyError
 
 
-def outcomes(both_right: int, baseline_only: int, candidate_only: int, both_wrong: int
-             ) -> tuple[dict[int, bool], dict[int, bool]]:
-    cells = ([(True, True)] * both_right + [(True, False)] * baseline_only
-             + [(False, True)] * candidate_only + [(False, False)] * both_wrong)
+def outcomes(
+    both_right: int, baseline_only: int, candidate_only: int, both_wrong: int
+) -> tuple[dict[int, bool], dict[int, bool]]:
+    cells = (
+        [(True, True)] * both_right
+        + [(True, False)] * baseline_only
+        + [(False, True)] * candidate_only
+        + [(False, False)] * both_wrong
+    )
     return ({i: a for i, (a, _) in enumerate(cells)}, {i: b for i, (_, b) in enumerate(cells)})
 
 
 # --------------------------------------------------------------------------- exact McNemar
 
-@pytest.mark.parametrize("b, c, expected", [
-    (5, 0, 0.0625), (6, 0, 0.03125), (0, 5, 0.0625), (4, 4, 1.0), (0, 0, 1.0),
-    (10, 2, 2 * (1 + 12 + 66) / 4096),  # 2 * P(Bin(12, 1/2) <= 2), counted by hand
-])
+
+@pytest.mark.parametrize(
+    "b, c, expected",
+    [
+        (5, 0, 0.0625),
+        (6, 0, 0.03125),
+        (0, 5, 0.0625),
+        (4, 4, 1.0),
+        (0, 0, 1.0),
+        (10, 2, 2 * (1 + 12 + 66) / 4096),  # 2 * P(Bin(12, 1/2) <= 2), counted by hand
+    ],
+)
 def test_mcnemar_exact_known_values(b: int, c: int, expected: float) -> None:
     assert paired.mcnemar_exact(b, c) == pytest.approx(expected, rel=1e-12)
 
@@ -46,6 +59,7 @@ def test_mcnemar_exact_refuses_non_counts(bad: object) -> None:
 
 
 # --------------------------------------------------------------------------- Newcombe paired
+
 
 def test_newcombe_paired_interval_reproduces_the_published_example() -> None:
     # Cavo et al. (2012), complete response before/after consolidation, the worked example of
@@ -77,12 +91,12 @@ def test_no_discordant_items_gives_an_interval_around_zero() -> None:
 def test_paired_interval_narrower_than_unpaired_when_runs_agree() -> None:
     counts = paired.PairedCounts(450, 9, 4, 37)
     low, high = paired.paired_difference_ci(counts)
-    u_low, u_high = paired.unpaired_difference_ci(counts.n, counts.baseline_correct,
-                                                  counts.candidate_correct)
+    u_low, u_high = paired.unpaired_difference_ci(counts.n, counts.baseline_correct, counts.candidate_correct)
     assert high - low < u_high - u_low
 
 
 # --------------------------------------------------------------------------- verdicts
+
 
 def test_resolve_margin_points_share_and_default() -> None:
     assert paired.resolve_margin(0.918, margin_points=1.0) == pytest.approx(0.01)
@@ -90,8 +104,7 @@ def test_resolve_margin_points_share_and_default() -> None:
     assert paired.resolve_margin(0.918) == pytest.approx(0.00918)  # MLPerf's 99 % by default
     with pytest.raises(StudyError, match="not both"):
         paired.resolve_margin(0.9, margin_points=1, margin_share=0.99)
-    for bad in ({"margin_points": -1}, {"margin_points": 0}, {"margin_share": 1.5},
-                {"margin_points": math.nan}):
+    for bad in ({"margin_points": -1}, {"margin_points": 0}, {"margin_share": 1.5}, {"margin_points": math.nan}):
         with pytest.raises(StudyError, match="margin"):
             paired.resolve_margin(0.9, **bad)
 
@@ -108,8 +121,7 @@ def test_compare_non_inferior_when_the_interval_stays_above_the_margin() -> None
 
 def test_compare_significant_loss_is_not_non_inferior() -> None:
     base, cand = outcomes(400, 30, 5, 65)
-    v = paired.compare(base, cand, margin_points=1.0, candidate_label="FP8 KV",
-                       baseline_label="BF16")
+    v = paired.compare(base, cand, margin_points=1.0, candidate_label="FP8 KV", baseline_label="BF16")
     assert v.mcnemar_p == pytest.approx(paired.mcnemar_exact(30, 5))
     assert v.mcnemar_p < 0.05 and not v.non_inferior
     assert "FP8 KV scoring lower than BF16" in v.text
@@ -125,8 +137,7 @@ def test_verdict_text_never_uses_wilson_overlap_as_a_test() -> None:
 def test_verdict_json_keys_and_units() -> None:
     v = paired.compare(*outcomes(450, 9, 4, 37), margin_points=1.0)
     data = v.to_json()
-    assert {"n", "correct", "discordant", "mcnemar_p", "difference_ci", "non_inferior",
-            "verdict"} <= set(data)
+    assert {"n", "correct", "discordant", "mcnemar_p", "difference_ci", "non_inferior", "verdict"} <= set(data)
     assert data["correct"] == {"baseline": 459, "candidate": 454}
     assert data["discordant"] == {"baseline_only": 9, "candidate_only": 4}
     assert data["difference_ci"] == pytest.approx([100 * v.ci_low, 100 * v.ci_high])
@@ -138,6 +149,7 @@ def test_compare_refuses_different_item_sets() -> None:
 
 
 # --------------------------------------------------------------------------- totals only
+
 
 def brute_force_pairings(n: int, a: int, b: int) -> list[tuple[int, int]]:
     """Every 2x2 table with row total a (baseline right) and column total b, by enumeration."""
@@ -151,12 +163,12 @@ def brute_force_pairings(n: int, a: int, b: int) -> list[tuple[int, int]]:
 
 
 def test_totals_published_figures() -> None:
-    kv = paired.totals_bounds(500, 459, 454)        # FP8 KV cache, published
-    weights = paired.totals_bounds(500, 459, 453)   # FP8 weights, published
+    kv = paired.totals_bounds(500, 459, 454)  # FP8 KV cache, published
+    weights = paired.totals_bounds(500, 459, 453)  # FP8 weights, published
     assert kv.mcnemar_p_min == pytest.approx(0.0625, rel=1e-12)
     assert weights.mcnemar_p_min == pytest.approx(0.03125, rel=1e-12)
     assert (kv.discordant_min, kv.discordant_max) == (5, 87)
-    assert (weights.discordant_min, weights.discordant_max) == (6, 88)   # 1.2 % to 17.6 %
+    assert (weights.discordant_min, weights.discordant_max) == (6, 88)  # 1.2 % to 17.6 %
     assert kv.mcnemar_p_max == pytest.approx(paired.mcnemar_exact(46, 41))
     assert "cannot show a difference" in kv.text
     assert "between 0.0312 and" in weights.text
@@ -212,16 +224,24 @@ def test_totals_small_n_has_no_detectable_loss() -> None:
     assert "at none of these rates" in t.text
 
 
-@pytest.mark.parametrize("n, a, b, field", [
-    (500, 501, 3, "baseline"), (500, 3, -1, "candidate"), (0, 0, 0, "n"),
-    (500, 4.5, 3, "baseline"), (500, True, 3, "baseline"), ("500", 3, 3, "n"),
-])
+@pytest.mark.parametrize(
+    "n, a, b, field",
+    [
+        (500, 501, 3, "baseline"),
+        (500, 3, -1, "candidate"),
+        (0, 0, 0, "n"),
+        (500, 4.5, 3, "baseline"),
+        (500, True, 3, "baseline"),
+        ("500", 3, 3, "n"),
+    ],
+)
 def test_totals_refuse_bad_counts(n: object, a: object, b: object, field: str) -> None:
     with pytest.raises(StudyError, match=f"^{field}:"):
         paired.totals_bounds(n, a, b)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- clustered errors
+
 
 def test_clustered_error_with_singleton_clusters_equals_the_independent_one() -> None:
     rng = np.random.default_rng(0)
@@ -245,8 +265,7 @@ def test_clustered_error_matches_statsmodels_cluster_robust_ols() -> None:
     assert m.se_clustered == pytest.approx(float(fit.bse[0]), rel=1e-10)
     assert m.clusters == 12 and m.design_effect > 1
     t = sps.t.ppf(0.975, 11)
-    assert (m.ci_low, m.ci_high) == pytest.approx((m.mean - t * m.se_clustered,
-                                                   m.mean + t * m.se_clustered))
+    assert (m.ci_low, m.ci_high) == pytest.approx((m.mean - t * m.se_clustered, m.mean + t * m.se_clustered))
 
 
 def test_clustered_difference_of_needles_in_shared_haystacks() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy.accuracy import analysis as ga
 from kvstudy import cli
+from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import runner as ge
 from kvstudy.errors import StudyError
 
@@ -17,16 +17,24 @@ PUBLISHED = ROOT / "data" / "published" / "gsm8k-l4-qwen3-8b.json"
 
 
 def _sample(doc_id: int, flt: str, response: str, extracted: str, right: bool) -> dict:
-    return {"doc_id": doc_id, "filter": flt, "target": f"steps\n#### {doc_id + 10}",
-            "prompt_hash": f"hash{doc_id}", "resps": [[response]], "filtered_resps": [extracted],
-            "exact_match": 1.0 if right else 0.0}
+    return {
+        "doc_id": doc_id,
+        "filter": flt,
+        "target": f"steps\n#### {doc_id + 10}",
+        "prompt_hash": f"hash{doc_id}",
+        "resps": [[response]],
+        "filtered_resps": [extracted],
+        "exact_match": 1.0 if right else 0.0,
+    }
 
 
 def test_records_from_samples_joins_filters_per_question():
-    samples = [_sample(1, "flexible-extract", "so 11", "11", True),
-               _sample(0, "strict-match", "#### 10", "10", True),
-               _sample(1, "strict-match", "so 11", "[invalid]", False),
-               _sample(0, "flexible-extract", "#### 10", "10", True)]
+    samples = [
+        _sample(1, "flexible-extract", "so 11", "11", True),
+        _sample(0, "strict-match", "#### 10", "10", True),
+        _sample(1, "strict-match", "so 11", "[invalid]", False),
+        _sample(0, "flexible-extract", "#### 10", "10", True),
+    ]
     records = ge.records_from_samples(samples)
     assert [r.doc_id for r in records] == [0, 1]
     assert records[1].target == "11" and records[1].response == "so 11"
@@ -65,8 +73,7 @@ def test_server_config_changes_only_the_intended_fields():
 
     base = ServerConfig(model="m", cpu_kvcache_space_gib=1.0, max_model_len=4096, seed=0)
     for cfg in ge.CONFIGURATIONS.values():
-        changed = {k for k, v in ge.server_config_for(cfg, base).to_dict().items()
-                   if v != base.to_dict()[k]}
+        changed = {k for k, v in ge.server_config_for(cfg, base).to_dict().items() if v != base.to_dict()[k]}
         assert changed <= set(cfg.intended), (cfg.name, changed)
         assert changed == {k for k in cfg.intended if k in ("kv_cache_dtype", "quantization")}
 
@@ -78,11 +85,15 @@ def _fake_capture(root: Path, patterns: dict[str, str], failed: dict[str, str] |
         folder = root / name
         folder.mkdir(parents=True)
         shots = ge.CONFIGURATIONS[name].num_fewshot
-        samples = [_sample(i, f, f"resp{ch}", "10" if ch == "1" else "[invalid]", ch == "1")
-                   for i, ch in enumerate(pattern) for f in ge.FILTERS]
+        samples = [
+            _sample(i, f, f"resp{ch}", "10" if ch == "1" else "[invalid]", ch == "1")
+            for i, ch in enumerate(pattern)
+            for f in ge.FILTERS
+        ]
         ge.write_records(folder / "records.jsonl", ge.records_from_samples(samples))
-        (folder / "status.json").write_text(json.dumps({"state": "ok", "num_fewshot": 8 if shots is None else shots,
-                                                        "settings": {"n": len(pattern)}}))
+        (folder / "status.json").write_text(
+            json.dumps({"state": "ok", "num_fewshot": 8 if shots is None else shots, "settings": {"n": len(pattern)}})
+        )
     for name, diagnosis in (failed or {}).items():
         (root / name).mkdir(parents=True)
         (root / name / "status.json").write_text(json.dumps({"state": "failed", "diagnosis": diagnosis}))
@@ -90,22 +101,26 @@ def _fake_capture(root: Path, patterns: dict[str, str], failed: dict[str, str] |
 
 
 def test_capture_tables_paired_and_discrimination(tmp_path):
-    cap = _fake_capture(tmp_path, {"bf16": "1111111100", "fp8-kv": "1111110000",
-                                   "bf16-zero-shot": "0000000000"},
-                        failed={"fp8-weights": "vLLM server exited with code 1; cause: fp8 not supported"})
+    cap = _fake_capture(
+        tmp_path,
+        {"bf16": "1111111100", "fp8-kv": "1111110000", "bf16-zero-shot": "0000000000"},
+        failed={"fp8-weights": "vLLM server exited with code 1; cause: fp8 not supported"},
+    )
     results = ge.load_capture(cap, ["bf16", "fp8-weights", "fp8-kv", "bf16-zero-shot"])
     table = ga.capture_table(results, "strict-match")
     assert list(table["state"]) == ["ok", "failed", "ok", "ok"]
     assert table.loc[0, "correct"] == "8/10" and table.loc[2, "correct"] == "6/10"
     assert table.loc[1, "correct"] == "" and table.loc[0, "shots"] == 8
-    assert ga.failure_lines(results) == ["FP8 weights (failed): vLLM server exited with code 1; cause: fp8 not supported"]
+    assert ga.failure_lines(results) == [
+        "FP8 weights (failed): vLLM server exited with code 1; cause: fp8 not supported"
+    ]
     pairs, verdicts = ga.paired_comparisons(results, "bf16", "strict-match")
     assert list(pairs["configuration"]) == ["FP8 KV cache"]  # the failed and zero-shot runs are left out
     assert pairs.loc[0, "only BF16 right"] == 2 and pairs.loc[0, "only this right"] == 0
     assert pairs.loc[0, "exact McNemar p"] == pytest.approx(0.5)
     assert "No difference is shown" in verdicts[0]
     disc = ga.discrimination(results, "bf16", "bf16-zero-shot", "strict-match")
-    assert disc.discriminates and disc.p_value == pytest.approx(0.5 ** 8)
+    assert disc.discriminates and disc.p_value == pytest.approx(0.5**8)
     with pytest.raises(StudyError, match="no finished records"):
         ga.discrimination(results, "fp8-weights", "bf16-zero-shot", "strict-match")
 
@@ -121,8 +136,7 @@ def test_published_intervals_reproduced():
     table = ga.published_table(ga.load_published(PUBLISHED))
     assert list(table["correct"]) == ["459/500", "453/500", "454/500", "453/500"]
     assert table["matches to 0.1"].all()
-    assert list(table["Wilson 95% (recomputed)"]) == ["89.1 to 93.9", "87.7 to 92.9",
-                                                     "87.9 to 93.0", "87.7 to 92.9"]
+    assert list(table["Wilson 95% (recomputed)"]) == ["89.1 to 93.9", "87.7 to 92.9", "87.9 to 93.0", "87.7 to 92.9"]
 
 
 def test_published_mismatch_is_detected(tmp_path):
@@ -133,13 +147,16 @@ def test_published_mismatch_is_detected(tmp_path):
     assert list(ga.published_table(ga.load_published(path))["matches to 0.1"]) == [True, True, False, True]
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(source="captured"), "source"),
-    (lambda d: d.update(n=0), "'n'"),
-    (lambda d: d["rows"][0].pop("correct"), r"rows\[0\]"),
-    (lambda d: d["rows"][1].update(correct=501), r"rows\[1\].correct"),
-    (lambda d: d.update(baseline="int8"), "baseline"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.update(source="captured"), "source"),
+        (lambda d: d.update(n=0), "'n'"),
+        (lambda d: d["rows"][0].pop("correct"), r"rows\[0\]"),
+        (lambda d: d["rows"][1].update(correct=501), r"rows\[1\].correct"),
+        (lambda d: d.update(baseline="int8"), "baseline"),
+    ],
+)
 def test_published_bad_fields(tmp_path, change, message):
     data = json.loads(PUBLISHED.read_text())
     change(data)
@@ -166,12 +183,11 @@ def test_is_done_only_for_the_same_settings(tmp_path):
     folder = tmp_path / "bf16"
     assert not ge.is_done(folder, settings, 8)
     ge.write_records(folder / "records.jsonl", [])
-    status = {"state": "ok", "num_fewshot": 8,
-              "settings": {"n": 10, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}}
+    status = {"state": "ok", "num_fewshot": 8, "settings": {"n": 10, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}}
     (folder / "status.json").write_text(json.dumps(status))
     assert ge.is_done(folder, settings, 8)
-    assert not ge.is_done(folder, ge.EvalSettings(n=20), 8)      # more questions asked: run again
-    assert not ge.is_done(folder, settings, 0)                    # other shots
+    assert not ge.is_done(folder, ge.EvalSettings(n=20), 8)  # more questions asked: run again
+    assert not ge.is_done(folder, settings, 0)  # other shots
     (folder / "status.json").write_text(json.dumps({**status, "state": "incomplete"}))
     assert not ge.is_done(folder, settings, 8)
 
@@ -191,10 +207,13 @@ def test_root_error_skips_warnings_and_wrappers(tmp_path):
         "(APIServer pid=1) WARNING 11-29 [x.py:1] fd limits can cause `OSError: [Errno 24] Too many open files`\n"
         "(Worker pid=2) ERROR 11-29 [m.py:9] Traceback (most recent call last):\n"
         "(Worker pid=2) ERROR 11-29 [m.py:9] RuntimeError: _C::static_scaled_fp8_quant() expected at most 0 argument(s)\n"
-        "(EngineCore pid=3) ERROR 11-29 [core.py:1] Exception: WorkerProc initialization failed due to an exception\n")
+        "(EngineCore pid=3) ERROR 11-29 [core.py:1] Exception: WorkerProc initialization failed due to an exception\n"
+    )
     assert ge.root_error(log) == "RuntimeError: _C::static_scaled_fp8_quant() expected at most 0 argument(s)"
-    log.write_text("\x1b[0;36m(Worker pid=2)\x1b[0;0m \x1b[31mERROR\x1b[0m \x1b[90m11-29\x1b[0m "
-                   "ValueError: coloured, as under a notebook kernel\n")
+    log.write_text(
+        "\x1b[0;36m(Worker pid=2)\x1b[0;0m \x1b[31mERROR\x1b[0m \x1b[90m11-29\x1b[0m "
+        "ValueError: coloured, as under a notebook kernel\n"
+    )
     assert ge.root_error(log) == "ValueError: coloured, as under a notebook kernel"
     log.write_text("(APIServer pid=1) INFO ready\n")
     assert ge.root_error(log) is None
@@ -202,17 +221,20 @@ def test_root_error_skips_warnings_and_wrappers(tmp_path):
 
 def test_run_missing_starts_nothing_when_all_is_there(tmp_path):
     settings = ge.EvalSettings(n=2)
-    cap = _fake_capture(tmp_path, {"bf16": "10", "bf16-zero-shot": "00"},
-                        failed={"fp8-kv": "FP8 KV cache on CPU requires x86 with AVX-512 or AMX."})
+    cap = _fake_capture(
+        tmp_path,
+        {"bf16": "10", "bf16-zero-shot": "00"},
+        failed={"fp8-kv": "FP8 KV cache on CPU requires x86 with AVX-512 or AMX."},
+    )
     for name in ("bf16", "bf16-zero-shot"):  # statuses as run_group writes them
         status = json.loads((cap / name / "status.json").read_text())
         status["settings"] = {"n": 2, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}
         (cap / name / "status.json").write_text(json.dumps(status))
-    (cap / "fp8-kv" / "status.json").write_text(json.dumps(
-        {"state": "failed", "diagnosis": "no AVX-512", "settings": {"n": 2}}))
+    (cap / "fp8-kv" / "status.json").write_text(
+        json.dumps({"state": "failed", "diagnosis": "no AVX-512", "settings": {"n": 2}})
+    )
     lines: list[str] = []
-    out = ge.run_missing(["bf16", "fp8-kv", "bf16-zero-shot"], tmp_path / "model", cap, settings,
-                         log=lines.append)
+    out = ge.run_missing(["bf16", "fp8-kv", "bf16-zero-shot"], tmp_path / "model", cap, settings, log=lines.append)
     assert out == {}
     assert lines[0] == "bf16: done already, kept" and lines[1].startswith("fp8-kv: failed before")
 
@@ -233,8 +255,10 @@ def test_fp8_kv_backend_applies_only_to_fp8_kv_configurations() -> None:
     from kvstudy.vllm.server import ServerConfig
 
     base = ServerConfig(model="m", env={"VLLM_USE_FLASHINFER_SAMPLER": "0"})
-    by_name = {c.name: ge.server_config_for(c, base, "TRITON_ATTN") for c in ge.configurations(
-        ["bf16", "fp8-weights", "fp8-kv", "fp8-weights-fp8-kv"])}
+    by_name = {
+        c.name: ge.server_config_for(c, base, "TRITON_ATTN")
+        for c in ge.configurations(["bf16", "fp8-weights", "fp8-kv", "fp8-weights-fp8-kv"])
+    }
     assert by_name["bf16"].attention_backend is None
     assert by_name["fp8-weights"].attention_backend is None
     assert by_name["fp8-kv"].attention_backend == "TRITON_ATTN"

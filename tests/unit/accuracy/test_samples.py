@@ -13,7 +13,7 @@ from kvstudy.accuracy import paired
 from kvstudy.accuracy import samples as smp
 from kvstudy.errors import StudyError
 
-BASE = {i: i % 7 != 0 for i in range(40)}             # 34 right
+BASE = {i: i % 7 != 0 for i in range(40)}  # 34 right
 CAND = {i: (i % 7 != 0) != (i in (3, 8, 21)) or i == 14 for i in range(40)}
 
 
@@ -44,8 +44,9 @@ def test_pairs_files_written_in_different_orders(tmp_path: Path, lmeval: SimpleN
 
 
 def test_filter_picks_the_rows_of_that_filter(tmp_path: Path, lmeval: SimpleNamespace) -> None:
-    rows = (lmeval.rows_for({0: True, 1: True}, filters=["strict-match"])
-            + lmeval.rows_for({0: False, 1: True}, filters=["flexible-extract"]))
+    rows = lmeval.rows_for({0: True, 1: True}, filters=["strict-match"]) + lmeval.rows_for(
+        {0: False, 1: True}, filters=["flexible-extract"]
+    )
     path = lmeval.write_rows(tmp_path / f"samples_gsm8k_{lmeval.DATE}.jsonl", rows)
     assert smp.read_samples(path).correctness() == {0: True, 1: True}
     assert smp.read_samples(path, "flexible-extract").correctness() == {0: False, 1: True}
@@ -59,6 +60,7 @@ def test_task_from_file_name(lmeval: SimpleNamespace) -> None:
 
 
 # --------------------------------------------------------------------------- bad input
+
 
 def one_line_error(exc: pytest.ExceptionInfo[StudyError]) -> str:
     message = str(exc.value)
@@ -76,8 +78,7 @@ def test_different_tasks_are_refused(tmp_path: Path, lmeval: SimpleNamespace) ->
 
 
 def test_task_in_rows_must_agree_with_the_file_name(tmp_path: Path, lmeval: SimpleNamespace) -> None:
-    path = lmeval.write_rows(tmp_path / f"samples_gsm8k_{lmeval.DATE}.jsonl",
-                      lmeval.rows_for({0: True}, task="mmlu"))
+    path = lmeval.write_rows(tmp_path / f"samples_gsm8k_{lmeval.DATE}.jsonl", lmeval.rows_for({0: True}, task="mmlu"))
     with pytest.raises(StudyError, match="file name says task 'gsm8k', the rows 'mmlu'"):
         smp.read_samples(path)
 
@@ -103,22 +104,27 @@ def test_same_doc_id_with_another_document_is_refused(tmp_path: Path, lmeval: Si
 
 def test_documents_compared_by_doc_when_no_hash_is_logged(tmp_path: Path, lmeval: SimpleNamespace) -> None:
     def rows(doc1: dict[str, str]) -> list[dict[str, object]]:
-        out = lmeval.rows_for({0: True}) + [lmeval.gsm8k_row(1, True, f, doc=doc1) for f in ("strict-match",
-                                                                                 "flexible-extract")]
+        out = lmeval.rows_for({0: True}) + [
+            lmeval.gsm8k_row(1, True, f, doc=doc1) for f in ("strict-match", "flexible-extract")
+        ]
         for r in out:
             del r["doc_hash"], r["target_hash"]
         return out
+
     base = lmeval.write_rows(tmp_path / "a" / f"samples_gsm8k_{lmeval.DATE}.jsonl", rows(lmeval.gsm8k_doc(1)))
-    cand = lmeval.write_rows(tmp_path / "b" / f"samples_gsm8k_{lmeval.DATE}.jsonl",
-                      rows({**lmeval.gsm8k_doc(1), "question": "changed"}))
+    cand = lmeval.write_rows(
+        tmp_path / "b" / f"samples_gsm8k_{lmeval.DATE}.jsonl", rows({**lmeval.gsm8k_doc(1), "question": "changed"})
+    )
     with pytest.raises(StudyError, match="doc_id 1 is a different document"):
         smp.read_pair(base, cand)
     assert smp.read_pair(base, base).docs_checked
 
 
 def test_one_doc_id_must_be_one_document_within_a_file(tmp_path: Path, lmeval: SimpleNamespace) -> None:
-    rows = [lmeval.gsm8k_row(0, True, "strict-match"),
-            lmeval.gsm8k_row(0, True, "flexible-extract", doc={"question": "?", "answer": "#### 2"})]
+    rows = [
+        lmeval.gsm8k_row(0, True, "strict-match"),
+        lmeval.gsm8k_row(0, True, "flexible-extract", doc={"question": "?", "answer": "#### 2"}),
+    ]
     path = lmeval.write_rows(tmp_path / f"samples_gsm8k_{lmeval.DATE}.jsonl", rows)
     with pytest.raises(StudyError, match="doc_id 0 is a different document under filters"):
         smp.read_samples(path)
@@ -136,8 +142,11 @@ def test_missing_filter_lists_the_ones_there(tmp_path: Path, lmeval: SimpleNames
 def test_duplicate_doc_ids_for_one_filter_are_refused(tmp_path: Path, lmeval: SimpleNamespace) -> None:
     rows = lmeval.rows_for({0: True, 1: False}) + [lmeval.gsm8k_row(1, False, "strict-match")]
     path = lmeval.write_rows(tmp_path / f"samples_gsm8k_{lmeval.DATE}.jsonl", rows)
-    with pytest.raises(StudyError, match=r"doc_ids \[1\] appear more than once for filter "
-                                         r"'strict-match'"):
+    with pytest.raises(
+        StudyError,
+        match=r"doc_ids \[1\] appear more than once for filter "
+        r"'strict-match'",
+    ):
         smp.read_samples(path)
 
 
@@ -182,18 +191,22 @@ def test_huge_and_empty_files_are_refused(tmp_path: Path, lmeval: SimpleNamespac
         smp.read_samples(blank)
 
 
-@pytest.mark.parametrize("line, problem", [
-    ('{"doc_id": 0, "filter": "strict-match"', "not an lm-eval sample row"),
-    ('[1, 2, 3]', "expected a JSON object"),
-    ('{"filter": "strict-match", "exact_match": 1.0}', "no 'doc_id' key"),
-    ('{"doc_id": -3, "filter": "strict-match", "exact_match": 1.0}', "doc_id: expected a whole"),
-    ('{"doc_id": "7", "filter": "strict-match", "exact_match": 1.0}', "doc_id: expected a whole"),
-    ('{"doc_id": 7, "filter": 3, "exact_match": 1.0}', "filter: expected a filter name"),
-    ('{"doc_id": 7, "filter": "x", "metrics": "exact_match"}', "metrics: expected a list"),
-    ('{"doc_id": 7, "filter": "x", "doc_hash": 12}', "doc_hash: expected text"),
-])
-def test_malformed_lines_name_the_file_and_line(tmp_path: Path, line: str, problem: str,
-                                                lmeval: SimpleNamespace) -> None:
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ('{"doc_id": 0, "filter": "strict-match"', "not an lm-eval sample row"),
+        ("[1, 2, 3]", "expected a JSON object"),
+        ('{"filter": "strict-match", "exact_match": 1.0}', "no 'doc_id' key"),
+        ('{"doc_id": -3, "filter": "strict-match", "exact_match": 1.0}', "doc_id: expected a whole"),
+        ('{"doc_id": "7", "filter": "strict-match", "exact_match": 1.0}', "doc_id: expected a whole"),
+        ('{"doc_id": 7, "filter": 3, "exact_match": 1.0}', "filter: expected a filter name"),
+        ('{"doc_id": 7, "filter": "x", "metrics": "exact_match"}', "metrics: expected a list"),
+        ('{"doc_id": 7, "filter": "x", "doc_hash": 12}', "doc_hash: expected text"),
+    ],
+)
+def test_malformed_lines_name_the_file_and_line(
+    tmp_path: Path, line: str, problem: str, lmeval: SimpleNamespace
+) -> None:
     path = tmp_path / f"samples_gsm8k_{lmeval.DATE}.jsonl"
     good = json.dumps(lmeval.gsm8k_row(0, True))
     path.write_text(good + "\n" + line + "\n")
@@ -212,9 +225,13 @@ def test_non_utf8_file_is_refused(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- cut-off answers
 
+
 def test_cut_off_when_the_rows_say_so(tmp_path: Path, lmeval: SimpleNamespace) -> None:
-    rows = [lmeval.gsm8k_row(0, True, finish_reason="stop"), lmeval.gsm8k_row(1, False, finish_reason="length"),
-            lmeval.gsm8k_row(2, False, truncated=True)]
+    rows = [
+        lmeval.gsm8k_row(0, True, finish_reason="stop"),
+        lmeval.gsm8k_row(1, False, finish_reason="length"),
+        lmeval.gsm8k_row(2, False, truncated=True),
+    ]
     s = smp.read_samples(lmeval.write_rows(tmp_path / f"samples_gsm8k_{lmeval.DATE}.jsonl", rows))
     t = smp.cut_off_answers(s)
     assert t.method == "rows" and t.cut_off == (1, 2) and t.checked == 3

@@ -12,11 +12,14 @@ from kvstudy.accuracy import stats as acc
 from kvstudy.errors import StudyError
 
 
-@pytest.mark.parametrize("correct, low, high", [
-    (459, 89.1, 93.9),  # seed 000, vLLM BF16
-    (453, 87.7, 92.9),  # seed 000, FP8 weights and FP8 weights + FP8 KV
-    (454, 87.9, 93.0),  # seed 000, FP8 KV cache
-])
+@pytest.mark.parametrize(
+    "correct, low, high",
+    [
+        (459, 89.1, 93.9),  # seed 000, vLLM BF16
+        (453, 87.7, 92.9),  # seed 000, FP8 weights and FP8 weights + FP8 KV
+        (454, 87.9, 93.0),  # seed 000, FP8 KV cache
+    ],
+)
 def test_wilson_matches_published_intervals(correct, low, high):
     row = acc.accuracy_row("x", correct, 500)
     assert round(100 * row.wilson_low, 1) == low
@@ -45,8 +48,8 @@ def _records(pattern: str) -> dict[int, bool]:
 
 
 def test_paired_table_layout_and_hand_mcnemar():
-    base = _records("1111100000" "11")
-    other = _records("1100011000" "10")
+    base = _records("111110000011")
+    other = _records("110001100010")
     cmp = acc.compare_paired("BF16", base, "FP8", other)
     # both right: 0,1,10 -> 3; only base: 2,3,4,11 -> 4; only other: 5,6 -> 2; both wrong: 7,8,9 -> 3
     assert cmp.table() == [[3, 4], [2, 3]]
@@ -56,12 +59,15 @@ def test_paired_table_layout_and_hand_mcnemar():
     assert cmp.difference == pytest.approx(-2 / 12)
 
 
-@pytest.mark.parametrize("b, c, expected", [
-    (0, 5, 2 / 32),                 # 2 * P(X <= 0), X ~ Bin(5, 1/2)
-    (1, 9, 2 * (1 + 10) / 1024),    # 2 * P(X <= 1), X ~ Bin(10, 1/2)
-    (3, 3, 1.0),                    # symmetric: capped at 1
-    (2, 10, 2 * (1 + 12 + 66) / 4096),
-])
+@pytest.mark.parametrize(
+    "b, c, expected",
+    [
+        (0, 5, 2 / 32),  # 2 * P(X <= 0), X ~ Bin(5, 1/2)
+        (1, 9, 2 * (1 + 10) / 1024),  # 2 * P(X <= 1), X ~ Bin(10, 1/2)
+        (3, 3, 1.0),  # symmetric: capped at 1
+        (2, 10, 2 * (1 + 12 + 66) / 4096),
+    ],
+)
 def test_mcnemar_exact_against_binomial_by_hand(b, c, expected):
     table = [[40, b], [c, 7]]
     assert acc.mcnemar_exact_p(table) == pytest.approx(expected)
@@ -98,7 +104,7 @@ def test_power_hand_calc_single_discordance():
     # min(b, c) <= 1 (2 * 11/1024 = 0.0215 <= 0.05; k = 2 gives 0.109). With loss 0.6,
     # pi = 0.8: power = P(b <= 1) + P(b >= 9) for b ~ Bin(10, 0.8).
     pi = 0.8
-    hand = sum(math.comb(10, k) * pi ** k * (1 - pi) ** (10 - k) for k in (0, 1, 9, 10))
+    hand = sum(math.comb(10, k) * pi**k * (1 - pi) ** (10 - k) for k in (0, 1, 9, 10))
     assert acc.paired_power(10, 0.6, 1.0) == pytest.approx(hand)
 
 

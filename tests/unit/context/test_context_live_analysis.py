@@ -19,19 +19,33 @@ needs_tiny = pytest.mark.skipif(not Path(TINY, "config.json").is_file(), reason=
 
 
 def _capture(tmp: Path, fp8_fails: bool) -> Path:
-    spec = ContextSweepSpec.from_dict({"model": TINY, "arms": [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
-                                       "lengths": [256, 1024, 2048], "seeds": [0, 1, 2], "output_len": 8,
-                                       "cpu_kvcache_space_gib": 1})
+    spec = ContextSweepSpec.from_dict(
+        {
+            "model": TINY,
+            "arms": [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
+            "lengths": [256, 1024, 2048],
+            "seeds": [0, 1, 2],
+            "output_len": 8,
+            "cpu_kvcache_space_gib": 1,
+        }
+    )
     (tmp / "cells").mkdir(parents=True)
     (tmp / "runs").mkdir()
     (tmp / "manifest.json").write_text(json.dumps({"kind": KIND, "spec": spec.to_dict()}))
-    (tmp / "bandwidth.json").write_text(json.dumps({"best_gb_s": 10.0, "copy_gb_s": 9.0, "triad_gb_s": 10.0,
-                                                    "threads_note": "one thread"}))
+    (tmp / "bandwidth.json").write_text(
+        json.dumps({"best_gb_s": 10.0, "copy_gb_s": 9.0, "triad_gb_s": 10.0, "threads_note": "one thread"})
+    )
     rng = np.random.default_rng(0)
     for arm, seed in spec.runs():
         failed = arm == "fp8" and fp8_fails
-        (tmp / "runs" / f"{arm}__s{seed}.json").write_text(json.dumps(
-            {"status": "failed" if failed else "ok", "reason": "FP8 KV cache on CPU requires x86 with AVX-512 or AMX."}))
+        (tmp / "runs" / f"{arm}__s{seed}.json").write_text(
+            json.dumps(
+                {
+                    "status": "failed" if failed else "ok",
+                    "reason": "FP8 KV cache on CPU requires x86 with AVX-512 or AMX.",
+                }
+            )
+        )
         for L in spec.lengths:
             rec = {"cell_id": cell_id(arm, seed, L), "arm": arm, "seed": seed, "input_len": L, "output_len": 8}
             if failed:
@@ -86,5 +100,7 @@ def test_published_vs_roofline_rows() -> None:
     assert key.loc[("llama-3.1-8b-h100", "implied fixed FP8 cost per step (ms)"), "published"] == pytest.approx(0.14)
     assert key.loc[("gpt-oss-20b-skip-sw", "slope ratio FP8/BF16"), "roofline"] == pytest.approx(0.5)
     # 131,072 B/token at the H100 SXM's 3,350 GB/s peak
-    assert key.loc[("llama-3.1-8b-h100", "BF16 ITL slope (ms/token)"), "roofline"] == pytest.approx(131072 / 3350e9 * 1e3)
+    assert key.loc[("llama-3.1-8b-h100", "BF16 ITL slope (ms/token)"), "roofline"] == pytest.approx(
+        131072 / 3350e9 * 1e3
+    )
     assert (t["published origin"] != "").all()

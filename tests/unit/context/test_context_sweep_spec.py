@@ -13,8 +13,14 @@ from kvstudy.errors import StudyError
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = str(ROOT / "data" / "tiny-models" / "tiny-qwen3")
-BASE = {"model": TINY, "arms": [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
-        "lengths": [256, 1024], "seeds": [0, 1], "output_len": 16, "cpu_kvcache_space_gib": 1}
+BASE = {
+    "model": TINY,
+    "arms": [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
+    "lengths": [256, 1024],
+    "seeds": [0, 1],
+    "output_len": 16,
+    "cpu_kvcache_space_gib": 1,
+}
 
 needs_tiny = pytest.mark.skipif(not Path(TINY, "config.json").is_file(), reason="tiny model not built")
 
@@ -23,22 +29,29 @@ needs_tiny = pytest.mark.skipif(not Path(TINY, "config.json").is_file(), reason=
 def test_interleaved_order_and_alternating_lengths() -> None:
     spec = ContextSweepSpec.from_dict(BASE)
     assert spec.runs() == [("auto", 0), ("fp8", 0), ("auto", 1), ("fp8", 1)]
-    assert spec.cells()[:4] == [cell_id("auto", 0, 256), cell_id("auto", 0, 1024),
-                                cell_id("fp8", 0, 1024), cell_id("fp8", 0, 256)]
-    assert spec.served_max_model_len == 1024 + 16
+    assert spec.cells()[:4] == [
+        cell_id("auto", 0, 256),
+        cell_id("auto", 0, 1024),
+        cell_id("fp8", 0, 1024),
+        cell_id("fp8", 0, 256),
+    ]
+    assert spec.served_max_model_len == 1024 + 16 + 64
 
 
 @needs_tiny
-@pytest.mark.parametrize("change, words", [
-    ({"lengths": [256, 9000]}, "max_position_embeddings 8192"),
-    ({"lengths": [0, 256]}, "'lengths'"),
-    ({"lengths": [256]}, "two distinct"),
-    ({"arms": []}, "'arms' is empty"),
-    ({"arms": [{"name": "x", "kv_cache_dtype": "fp9"}]}, "unknown kv_cache_dtype"),
-    ({"cpu_kvcache_space_gib": None}, "no fixed KV pool"),
-    ({"max_model_len": 512}, "max_model_len 512"),
-    ({"colour": 1}, "unknown field"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"lengths": [256, 9000]}, "max_position_embeddings 8192"),
+        ({"lengths": [0, 256]}, "'lengths'"),
+        ({"lengths": [256]}, "two distinct"),
+        ({"arms": []}, "'arms' is empty"),
+        ({"arms": [{"name": "x", "kv_cache_dtype": "fp9"}]}, "unknown kv_cache_dtype"),
+        ({"cpu_kvcache_space_gib": None}, "no fixed KV pool"),
+        ({"max_model_len": 512}, "max_model_len 512"),
+        ({"colour": 1}, "unknown field"),
+    ],
+)
 def test_bad_specs_raise_one_line(change: dict, words: str) -> None:
     with pytest.raises(StudyError) as err:
         ContextSweepSpec.from_dict({**BASE, **change})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvstudy.context.fit import Cell, check_cell, cells_from_records, compare_arms, fit_all, fit_arm, ols
+from kvstudy.context.fit import Cell, cells_from_records, check_cell, compare_arms, fit_all, fit_arm, ols
 from kvstudy.errors import StudyError
 
 LENGTHS = (256, 1024, 2048, 3072)
@@ -55,7 +55,7 @@ def test_ratio_and_break_even_inside_range() -> None:
 
 def test_break_even_beyond_range_says_none_within() -> None:
     base = fit_arm(synthetic("auto", 2.0, 1e-3, 0.02, seed=1), n_boot=400)
-    cand = fit_arm(synthetic("fp8", 4.0, 5e-4, 0.02, seed=2), n_boot=400)   # crossing at 4,000 tokens
+    cand = fit_arm(synthetic("fp8", 4.0, 5e-4, 0.02, seed=2), n_boot=400)  # crossing at 4,000 tokens
     cmp = compare_arms(base, cand)
     assert "none within the measured range" in cmp.statement
 
@@ -78,15 +78,23 @@ def test_fit_rejects_mixed_arms_and_empty() -> None:
 def _record(status: str = "ok", gaps: list[float] | None = None, out: int = 8) -> dict:
     gaps = [2.0] * 7 if gaps is None else gaps
     req = {"tpot_ms": 2.0, "itls_ms": gaps, "output_len": out, "success": True}
-    return {"cell_id": "auto__s0__L256", "arm": "auto", "seed": 0, "input_len": 256, "output_len": 8,
-            "status": status, "reason": "server did not start" if status != "ok" else "", "requests": [req, req]}
+    return {
+        "cell_id": "auto__s0__L256",
+        "arm": "auto",
+        "seed": 0,
+        "input_len": 256,
+        "output_len": 8,
+        "status": status,
+        "reason": "server did not start" if status != "ok" else "",
+        "requests": [req, req],
+    }
 
 
 def test_check_cell_rules() -> None:
     assert check_cell(_record()).measurable
     assert not check_cell(_record(status="failed")).measurable
-    assert not check_cell(_record(gaps=[0.0] * 7)).measurable      # bursts
-    assert not check_cell(_record(out=5)).measurable                 # shorter than asked
+    assert not check_cell(_record(gaps=[0.0] * 7)).measurable  # bursts
+    assert not check_cell(_record(out=5)).measurable  # shorter than asked
 
 
 def test_cells_from_records_and_fit_all_skip_single_length_arms() -> None:

@@ -10,8 +10,19 @@ import pytest
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import DEFAULT_CATALOG, find_gpu, gpu_names, load_catalog, normalize_name
 
-REQUIRED = ("L4", "A10G", "L40S", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "B200",
-            "RTX-4090", "MI300X")
+REQUIRED = (
+    "L4",
+    "A10G",
+    "L40S",
+    "A100-40GB",
+    "A100-80GB",
+    "H100-SXM",
+    "H100-PCIe",
+    "H200",
+    "B200",
+    "RTX-4090",
+    "MI300X",
+)
 
 
 def test_every_required_gpu_is_there_with_positive_figures() -> None:
@@ -27,16 +38,25 @@ def test_every_required_gpu_is_there_with_positive_figures() -> None:
 def test_l4_is_the_study_figure() -> None:
     l4 = find_gpu("L4")
     assert l4.memory_mib_driver == 23034
-    assert round(l4.memory_gib, 2) == 22.49     # what profiles/reference.yaml uses
+    assert round(l4.memory_gib, 2) == 22.49  # what profiles/reference.yaml uses
     assert l4.bandwidth_gb_s == 300
     assert l4.fp8_hardware and not l4.fp4_hardware
 
 
-@pytest.mark.parametrize("alias, name", [
-    ("h100", "H100-SXM"), ("H100 SXM5 80GB", "H100-SXM"), ("h100_sxm", "H100-SXM"),
-    ("NVIDIA H100 PCIe", "H100-PCIe"), ("a100-sxm4-40gb", "A100-40GB"), ("rtx 4090", "RTX-4090"),
-    ("AMD Instinct MI300X", "MI300X"), ("b200", "B200"), ("  l40s ", "L40S"),
-])
+@pytest.mark.parametrize(
+    "alias, name",
+    [
+        ("h100", "H100-SXM"),
+        ("H100 SXM5 80GB", "H100-SXM"),
+        ("h100_sxm", "H100-SXM"),
+        ("NVIDIA H100 PCIe", "H100-PCIe"),
+        ("a100-sxm4-40gb", "A100-40GB"),
+        ("rtx 4090", "RTX-4090"),
+        ("AMD Instinct MI300X", "MI300X"),
+        ("b200", "B200"),
+        ("  l40s ", "L40S"),
+    ],
+)
 def test_aliases_and_case(alias: str, name: str) -> None:
     assert find_gpu(alias).name == name
 

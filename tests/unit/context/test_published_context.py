@@ -33,7 +33,7 @@ def test_figures_as_printed() -> None:
 
 def test_h100_ratio_is_a_46_percent_reduction_and_the_fixed_cost() -> None:
     der = {d.id: d for d in derive_all()}["llama-3.1-8b-h100"]
-    assert der.slope_ratio == pytest.approx(2.37 / 4.37)          # 0.542
+    assert der.slope_ratio == pytest.approx(2.37 / 4.37)  # 0.542
     assert round(der.slope_ratio_pct) == 54 and round(der.slope_reduction_pct) == 46
     assert "46 % reduction" in der.statement and "54% reduction" in der.statement
     # (4.37e-05 - 2.37e-05) ms/token x 7,000 tokens = 0.14 ms per step
@@ -46,7 +46,7 @@ def test_ratio_only_figures_give_the_cost_in_tokens_of_slope() -> None:
     der = {d.id: d for d in derive_all()}
     b200 = der["llama-3.1-8b-b200"]
     assert b200.ratio_source == "printed ratio" and b200.fixed_cost_ms is None
-    assert b200.fixed_cost_bf16_slope_tokens == pytest.approx(0.46 * 4000)   # 1,840 tokens
+    assert b200.fixed_cost_bf16_slope_tokens == pytest.approx(0.46 * 4000)  # 1,840 tokens
     oss = der["gpt-oss-20b-skip-sw"]
     assert oss.slope_reduction_pct == pytest.approx(29) and oss.fixed_cost_bf16_slope_tokens is None
 

@@ -40,11 +40,11 @@ def test_qwen3_8b_on_l4_one_user_1100_tokens() -> None:
     assert bf16.kv_bytes == 162_201_600 and fp8.kv_bytes == 81_100_800
     assert bf16.activation_bytes == 10_634_752
     assert bf16.weights_bytes == pytest.approx(16_381_470_720 - 151_936 * 4096 * 2, rel=2e-3)
-    assert result.fp8_speedup_pct == pytest.approx(0.53, abs=0.02)       # "about 0.5 %"
+    assert result.fp8_speedup_pct == pytest.approx(0.53, abs=0.02)  # "about 0.5 %"
     assert bf16.kv_share == pytest.approx(0.0106, abs=0.0005)
     # TPOT = bytes / (300 GB/s x 0.9)
     assert result.predicted_tpot_ms["bfloat16"] == pytest.approx(bf16.total_bytes / (300e9 * 0.9) * 1e3)
-    assert result.kv_dominates_from_tokens["bfloat16"] is None   # not within 40,960 tokens
+    assert result.kv_dominates_from_tokens["bfloat16"] is None  # not within 40,960 tokens
     with_all_weights = roofline(QWEN, 1100, 1, gpu="L4")
     assert with_all_weights.weights.total_bytes == 16_381_470_720
 
@@ -66,7 +66,7 @@ def test_llama_3_1_8b_on_h100_32k() -> None:
     assert bf16.kv_bytes == 4_294_967_296 and fp8.kv_bytes == 2_147_483_648
     assert bf16.total_bytes == pytest.approx(19_314_496_512)
     assert fp8.total_bytes == pytest.approx(17_167_012_864)
-    assert result.fp8_speedup_pct == pytest.approx(12.51, abs=0.01)       # "about 12 %"
+    assert result.fp8_speedup_pct == pytest.approx(12.51, abs=0.01)  # "about 12 %"
     assert result.predicted_tpot_ms["bfloat16"] == pytest.approx(6.406, abs=0.001)
     # KV reaches the weights read at 15,009,316,864 / 131,072 = 114,512 tokens (BF16)
     assert result.kv_dominates_from_tokens == {"bfloat16": 114_512, "fp8": None}
@@ -105,7 +105,7 @@ def test_gpt_oss_skip_sliding_predicts_half_the_slope() -> None:
     assert fp8 / bf16 == pytest.approx(0.5)
     assert bf16 == pytest.approx(24_576 / (3350e9 * 0.9) * 1e3)
     reads = {k.kind: k for k in kind_reads(GPT_OSS, "fp8", 20000, "sliding_window")}
-    assert reads["sliding_attention"].bytes_per_request == 12 * 2048 * 128   # kept in BF16, capped
+    assert reads["sliding_attention"].bytes_per_request == 12 * 2048 * 128  # kept in BF16, capped
 
 
 def test_moe_weights_read_grow_with_users() -> None:
@@ -135,14 +135,17 @@ def test_assumptions_carry_their_origin() -> None:
     assert origins["bandwidth_gb_s"] == "measured" and origins["bandwidth_factor"] == "given"
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"context_len": 0}, "context 0"),
-    ({"context_len": -5}, "context -5"),
-    ({"context_len": 50000}, "max_position_embeddings 40960"),
-    ({"context_len": 1000, "users": 0}, "users 0"),
-    ({"context_len": 1000, "bandwidth_factor": 1.5}, "bandwidth factor"),
-    ({"context_len": 1000, "gpu": "V100"}, "known: L4"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"context_len": 0}, "context 0"),
+        ({"context_len": -5}, "context -5"),
+        ({"context_len": 50000}, "max_position_embeddings 40960"),
+        ({"context_len": 1000, "users": 0}, "users 0"),
+        ({"context_len": 1000, "bandwidth_factor": 1.5}, "bandwidth factor"),
+        ({"context_len": 1000, "gpu": "V100"}, "known: L4"),
+    ],
+)
 def test_bad_input(kwargs: dict, match: str) -> None:
     kwargs = {"gpu": "L4", **kwargs}
     with pytest.raises(StudyError, match=match):

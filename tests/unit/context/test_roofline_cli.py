@@ -29,8 +29,14 @@ def _json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
 
 def test_json_keys_and_qwen_l4(capsys: pytest.CaptureFixture[str]) -> None:
     data = _json(capsys, "data/models/Qwen3-8B", "--gpu", "L4", "--context", "1100", "--users", "1")
-    for key in ("bytes_per_step", "predicted_tpot_ms", "fp8_speedup_pct", "assumptions",
-                "kv_dominates_from_tokens", "predicted_itl_slope_ms_per_token"):
+    for key in (
+        "bytes_per_step",
+        "predicted_tpot_ms",
+        "fp8_speedup_pct",
+        "assumptions",
+        "kv_dominates_from_tokens",
+        "predicted_itl_slope_ms_per_token",
+    ):
         assert key in data
     assert set(data["bytes_per_step"]) == {"bfloat16", "fp8"} == set(data["predicted_tpot_ms"])
     assert data["fp8_speedup_pct"] == pytest.approx(0.53, abs=0.02)
@@ -43,8 +49,24 @@ def test_llama_h100_32k(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_options(capsys: pytest.CaptureFixture[str]) -> None:
-    data = _json(capsys, "data/models/Qwen3-8B", "--gpu", "l4", "--context", "4096", "--users", "4",
-                 "--kv-dtype", "auto", "fp8", "nvfp4", "--bandwidth-factor", "0.7", "--weights-gib", "15.26")
+    data = _json(
+        capsys,
+        "data/models/Qwen3-8B",
+        "--gpu",
+        "l4",
+        "--context",
+        "4096",
+        "--users",
+        "4",
+        "--kv-dtype",
+        "auto",
+        "fp8",
+        "nvfp4",
+        "--bandwidth-factor",
+        "0.7",
+        "--weights-gib",
+        "15.26",
+    )
     assert list(data["bytes_per_step"]) == ["auto", "fp8", "nvfp4"]
     assert data["bandwidth_factor"] == 0.7 and data["weights"]["total_source"] == "given"
     assert data["baseline_dtype"] == "auto" and data["fp8_dtype"] == "fp8"
@@ -56,13 +78,16 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert "predicted FP8 speedup" in out and "[assumed]" in out
 
 
-@pytest.mark.parametrize("args, match", [
-    (["--gpu", "V100", "--context", "1000"], "known: L4, A10G"),
-    (["--gpu", "L4", "--context", "0"], "context 0"),
-    (["--gpu", "L4", "--context", "-3"], "context -3"),
-    (["--gpu", "L4", "--context", "50000"], "max_position_embeddings 40960"),
-    (["--context", "1000"], "--gpu"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--gpu", "V100", "--context", "1000"], "known: L4, A10G"),
+        (["--gpu", "L4", "--context", "0"], "context 0"),
+        (["--gpu", "L4", "--context", "-3"], "context -3"),
+        (["--gpu", "L4", "--context", "50000"], "max_position_embeddings 40960"),
+        (["--context", "1000"], "--gpu"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], match: str) -> None:
     assert main(["roofline", "data/models/Qwen3-8B", *args]) == 2
     err = capsys.readouterr().err
@@ -71,6 +96,13 @@ def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], args: 
 
 def test_console_command_exit_code() -> None:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    out = subprocess.run([str(KVSTUDY), "roofline", "data/models/Qwen3-8B", "--gpu", "nope", "--context", "10"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [str(KVSTUDY), "roofline", "data/models/Qwen3-8B", "--gpu", "nope", "--context", "10"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr and "MI300X" in out.stderr

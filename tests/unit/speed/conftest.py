@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvstudy.speed.measurability import RunRequests
+from kvstudy.io import read_jsonl
+from kvstudy.speed.measurability import RunRequests, assess_run, run_from_request_rows
 from kvstudy.speed.verdict import RunSummary
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -21,28 +22,82 @@ BUNDLED_REQUESTS = ROOT / "data" / "captures" / "speed-cpu" / "requests"
 BUNDLED_CELLS = ROOT / "data" / "captures" / "speed-cpu" / "cells"
 
 
-def steady_run(name: str = "run", n: int = 8, out: int = 32, gap_s: float = 0.02, ttft_s: float = 0.1,
-               **kw: Any) -> RunRequests:
+def steady_run(
+    name: str = "run", n: int = 8, out: int = 32, gap_s: float = 0.02, ttft_s: float = 0.1, **kw: Any
+) -> RunRequests:
     """A run whose tokens arrive one decode step (``gap_s``) apart."""
     itl = tuple([gap_s] * (out - 1))
-    return RunRequests(name=name, ttfts_s=(ttft_s,) * n, latencies_s=(ttft_s + gap_s * (out - 1),) * n,
-                       itls_s=(itl,) * n, output_lens=(out,) * n, success=(True,) * n, **kw)
+    return RunRequests(
+        name=name,
+        ttfts_s=(ttft_s,) * n,
+        latencies_s=(ttft_s + gap_s * (out - 1),) * n,
+        itls_s=(itl,) * n,
+        output_lens=(out,) * n,
+        success=(True,) * n,
+        **kw,
+    )
 
 
-def summary(name: str, median_s: float, *, spread: float = 0.05, n: int = 16, start: float | None = None,
-            clock: float | None = None, seed: int = 0, measurable: bool = True) -> RunSummary:
+def summary(
+    name: str,
+    median_s: float,
+    *,
+    spread: float = 0.05,
+    n: int = 16,
+    start: float | None = None,
+    clock: float | None = None,
+    seed: int = 0,
+    measurable: bool = True,
+) -> RunSummary:
     """A run summary with ``n`` per-request TPOTs scattered (log-normal) around ``median_s``."""
     rng = np.random.default_rng(seed)
     tpots = median_s * np.exp(rng.normal(0.0, spread, n))
-    tpots *= median_s / float(np.median(tpots))   # exactly this median
-    return RunSummary(name=name, tpots_s=tuple(float(t) for t in tpots), measurable=measurable,
-                      unmeasurable_reasons=() if measurable else ("synthetic: bursts",),
-                      start_time_s=start, median_clock_mhz=clock)
+    tpots *= median_s / float(np.median(tpots))  # exactly this median
+    return RunSummary(
+        name=name,
+        tpots_s=tuple(float(t) for t in tpots),
+        measurable=measurable,
+        unmeasurable_reasons=() if measurable else ("synthetic: bursts",),
+        start_time_s=start,
+        median_clock_mhz=clock,
+    )
 
 
 def bundled(name: str) -> dict[str, Any]:
     """One bundled vLLM 0.32 bench result (``bench/<name>.json``) as a dict."""
     return json.loads((BUNDLED_BENCH / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def bundled_cell(cell_id: str) -> dict[str, Any]:
+    """One bundled cell record (``cells/<cell_id>.json``) as a dict."""
+    return json.loads((BUNDLED_CELLS / f"{cell_id}.json").read_text(encoding="utf-8"))
+
+
+def bundled_run(cell: dict[str, Any]) -> RunRequests:
+    """The per-request rows of a bundled cell as a run (times in seconds)."""
+    rows = read_jsonl(BUNDLED_REQUESTS / f"{cell['cell_id']}.jsonl")
+    return run_from_request_rows(
+        rows, cell["cell_id"], median_clock_mhz=cell["median_clock_mhz"], duration_s=cell["metrics"]["duration_s"]
+    )
+
+
+def measurable_cells(configuration: str, users: int) -> list[str]:
+    """Ids of the bundled cells of ``configuration`` at ``users`` that ran and measured per-token
+    latency, in seed order: chosen by reading the capture, so the tests follow a re-made capture."""
+    found: list[tuple[int, str]] = []
+    for path in sorted(BUNDLED_CELLS.glob("*.json")):
+        cell = json.loads(path.read_text(encoding="utf-8"))
+        if cell["configuration"] != configuration or cell["users"] != users or cell["status"] != "ok":
+            continue
+        m = assess_run(
+            bundled_run(cell),
+            expected_output_len=cell["settings"]["output_len"],
+            clock_interval_s=cell["clock_interval_s"],
+            clock_samples_in_window=cell["clock_samples_in_window"],
+        )
+        if m.measurable:
+            found.append((int(cell["seed"]), str(cell["cell_id"])))
+    return [cell_id for _, cell_id in sorted(found)]
 
 
 def scaled(result: dict[str, Any], factor: float, date: str | None = None) -> dict[str, Any]:
@@ -70,14 +125,17 @@ def make_arms(tmp_path: Path) -> Callable[..., tuple[Path, Path]]:
     candidate's times multiplied by ``ratio``; each run's baseline factor spreads by ``spread``.
     ``interleave`` alternates the arms in time (dates one minute apart), else all baseline first."""
 
-    def make(n: int = 4, ratio: float = 1.0, spread: float = 0.02, interleave: bool = True,
-             source: str = "auto-repeat__s1__u4") -> tuple[Path, Path]:
+    def make(
+        n: int = 4, ratio: float = 1.0, spread: float = 0.02, interleave: bool = True, source: str | None = None
+    ) -> tuple[Path, Path]:
         base_dir, cand_dir = tmp_path / "base", tmp_path / "cand"
+        if source is None:  # the first measurable A/A-repeat run of the bundled capture
+            source = next(iter(measurable_cells("auto-repeat", 4) + measurable_cells("auto-repeat", 1)))
         data = bundled(source)
         for i in range(n):
             f = math.exp(spread * (i - (n - 1) / 2) / max(n - 1, 1))
-            tb = (2 * i if interleave else i)
-            tc = (2 * i + 1 if interleave else n + i)
+            tb = 2 * i if interleave else i
+            tc = 2 * i + 1 if interleave else n + i
             write(base_dir, f"b{i}.json", scaled(data, f, f"20261129-09{tb:02d}00"))
             write(cand_dir, f"c{i}.json", scaled(data, f * ratio, f"20261129-09{tc:02d}00"))
         return base_dir, cand_dir
@@ -90,6 +148,16 @@ def helpers() -> Any:
     """The helpers above, for tests (with --import-mode=importlib a conftest cannot be imported)."""
     import types
 
-    return types.SimpleNamespace(steady_run=steady_run, summary=summary, bundled=bundled, scaled=scaled, write=write,
-                                 BUNDLED_BENCH=BUNDLED_BENCH, BUNDLED_REQUESTS=BUNDLED_REQUESTS,
-                                 BUNDLED_CELLS=BUNDLED_CELLS)
+    return types.SimpleNamespace(
+        steady_run=steady_run,
+        summary=summary,
+        bundled=bundled,
+        scaled=scaled,
+        write=write,
+        bundled_cell=bundled_cell,
+        bundled_run=bundled_run,
+        measurable_cells=measurable_cells,
+        BUNDLED_BENCH=BUNDLED_BENCH,
+        BUNDLED_REQUESTS=BUNDLED_REQUESTS,
+        BUNDLED_CELLS=BUNDLED_CELLS,
+    )

@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvstudy.errors import StudyError
 from kvstudy.speed import analysis as speed
 from kvstudy.speed import runner as sweep
 from kvstudy.speed import verdicts_table as vt
 from kvstudy.speed.bench_client import RequestRecord, write_requests_jsonl
-from kvstudy.errors import StudyError
 from kvstudy.speed.telemetry import ClockSample, write_telemetry_jsonl
 
 PUBLISHED = Path(__file__).resolve().parents[3] / "data" / "published" / "l4-speed-qwen3-8b.json"
@@ -24,12 +24,24 @@ PUBLISHED = Path(__file__).resolve().parents[3] / "data" / "published" / "l4-spe
 
 def seeds_frame(rows: list[tuple[int, str, int, float, float, float]]) -> pd.DataFrame:
     """(users, configuration, seed, median_tpot_ms, output tok/s, clock MHz) rows."""
-    return pd.DataFrame([{"users": u, "configuration": c, "kv_cache_dtype": "fp8" if c == "fp8" else "auto",
-                          "seed": s, "median_tpot_ms": t, "output_throughput_tok_s": tps,
-                          "median_clock_mhz": clk} for u, c, s, t, tps, clk in rows])
+    return pd.DataFrame(
+        [
+            {
+                "users": u,
+                "configuration": c,
+                "kv_cache_dtype": "fp8" if c == "fp8" else "auto",
+                "seed": s,
+                "median_tpot_ms": t,
+                "output_throughput_tok_s": tps,
+                "median_clock_mhz": clk,
+            }
+            for u, c, s, t, tps, clk in rows
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- published table
+
 
 def test_published_table_is_read_as_printed() -> None:
     pub = speed.load_published(PUBLISHED)
@@ -45,8 +57,8 @@ def test_published_table_is_read_as_printed() -> None:
 def test_published_table_restated_under_the_new_rule() -> None:
     pub = speed.load_published(PUBLISHED)
     t = vt.published_verdict_frame(pub, 1152).set_index("users")
-    assert t.loc[1, "change"] == "faster by 2.2 %"            # 101.8 / 104.1 = 0.978
-    assert t.loc[1, "min reachable p"] == "0.2"               # 2 / C(5, 2): 3 vs 2 seeds
+    assert t.loc[1, "change"] == "faster by 2.2 %"  # 101.8 / 104.1 = 0.978
+    assert t.loc[1, "min reachable p"] == "0.2"  # 2 / C(5, 2): 3 vs 2 seeds
     assert "cannot reach significance" in t.loc[1, "why"]
     assert (t["verdict (new rule)"] == "no claim").all()
     assert t.loc[32, "cycles per token (cand/base)"] == "more by 3.2 %"  # 138.0 x 480 vs 142.7 x 450
@@ -79,9 +91,17 @@ def test_published_source_must_say_published(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- table and verdicts
 
+
 def apart() -> pd.DataFrame:
-    return seeds_frame([(1, "auto", 0, 100.0, 10.0, 1000), (1, "auto", 1, 101.0, 9.9, 1000), (1, "auto", 2, 102.0, 9.8, 1000),
-                        (1, "fp8", 0, 95.0, 10.5, 1010), (1, "fp8", 1, 96.0, 10.4, 1000)])
+    return seeds_frame(
+        [
+            (1, "auto", 0, 100.0, 10.0, 1000),
+            (1, "auto", 1, 101.0, 9.9, 1000),
+            (1, "auto", 2, 102.0, 9.8, 1000),
+            (1, "fp8", 0, 95.0, 10.5, 1010),
+            (1, "fp8", 1, 96.0, 10.4, 1000),
+        ]
+    )
 
 
 def test_summary_table_medians_ranges_and_seed_counts() -> None:
@@ -93,6 +113,7 @@ def test_summary_table_medians_ranges_and_seed_counts() -> None:
 
 
 # --------------------------------------------------------------------------- OLS
+
 
 def test_ols_recovers_effect_at_equal_clock() -> None:
     rng = np.random.default_rng(0)
@@ -130,32 +151,74 @@ def test_ols_with_too_few_cells_gives_no_number() -> None:
 
 # --------------------------------------------------------------------------- a capture on disk
 
+
 def make_capture(root: Path) -> sweep.SweepSpec:
     """A small synthetic capture written with the sweep's own writers."""
-    spec = sweep.SweepSpec.from_dict({"model": "m", "configurations": [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
-                                      "seeds": [0, 1], "users": [1, 2], "input_len": 8, "output_len": 5,
-                                      "cpu_kvcache_space_gib": 1.0})
-    sweep.write_json_atomic(root / "manifest.json", {"kind": sweep.KIND, "source": "test", "spec": spec.to_dict(),
-                                                     "machine": {"cpu": "x", "gpus": []}})
+    spec = sweep.SweepSpec.from_dict(
+        {
+            "model": "m",
+            "configurations": [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
+            "seeds": [0, 1],
+            "users": [1, 2],
+            "input_len": 8,
+            "output_len": 5,
+            "cpu_kvcache_space_gib": 1.0,
+        }
+    )
+    sweep.write_json_atomic(
+        root / "manifest.json",
+        {"kind": sweep.KIND, "source": "test", "spec": spec.to_dict(), "machine": {"cpu": "x", "gpus": []}},
+    )
     for cell in spec.cells():
         if cell.id == "fp8__s1__u2":
-            sweep.write_json_atomic(root / "cells" / f"{cell.id}.json",
-                                    {"cell_id": cell.id, "configuration": "fp8", "kv_cache_dtype": "fp8", "seed": 1,
-                                     "users": 2, "status": "failed", "reason": "server died", "metrics": None})
+            sweep.write_json_atomic(
+                root / "cells" / f"{cell.id}.json",
+                {
+                    "cell_id": cell.id,
+                    "configuration": "fp8",
+                    "kv_cache_dtype": "fp8",
+                    "seed": 1,
+                    "users": 2,
+                    "status": "failed",
+                    "reason": "server died",
+                    "metrics": None,
+                },
+            )
             continue
         base = 10.0 if cell.configuration == "auto" else 9.0
         t0 = 100.0 * (cell.seed + 1) + cell.users
-        recs = [RequestRecord(i, t0 + i, 50.0, 50.0 + 4 * (base + cell.seed), base + cell.seed,
-                              [base + cell.seed] * 4, 8, 5) for i in range(cell.users * 2)]
+        recs = [
+            RequestRecord(
+                i, t0 + i, 50.0, 50.0 + 4 * (base + cell.seed), base + cell.seed, [base + cell.seed] * 4, 8, 5
+            )
+            for i in range(cell.users * 2)
+        ]
         write_requests_jsonl(root / "requests" / f"{cell.id}.jsonl", recs)
-        write_telemetry_jsonl(root / "telemetry" / f"{cell.id}.jsonl",
-                              [ClockSample(t0 - 1 + k * 0.5, 0.0, "cpu", 2000.0 + k, util_pct=50.0) for k in range(6)])
-        sweep.write_json_atomic(root / "cells" / f"{cell.id}.json", {
-            "cell_id": cell.id, "configuration": cell.configuration,
-            "kv_cache_dtype": spec.config(cell.configuration).kv_cache_dtype, "seed": cell.seed, "users": cell.users,
-            "status": "ok", "reason": "", "median_clock_mhz": 2002.0, "bench_window_s": [t0, t0 + 3],
-            "metrics": {"median_tpot_ms": base + cell.seed, "median_ttft_ms": 50.0, "median_itl_ms": base + cell.seed,
-                        "output_throughput_tok_s": 100.0 / (base + cell.seed), "completed": cell.users * 2}})
+        write_telemetry_jsonl(
+            root / "telemetry" / f"{cell.id}.jsonl",
+            [ClockSample(t0 - 1 + k * 0.5, 0.0, "cpu", 2000.0 + k, util_pct=50.0) for k in range(6)],
+        )
+        sweep.write_json_atomic(
+            root / "cells" / f"{cell.id}.json",
+            {
+                "cell_id": cell.id,
+                "configuration": cell.configuration,
+                "kv_cache_dtype": spec.config(cell.configuration).kv_cache_dtype,
+                "seed": cell.seed,
+                "users": cell.users,
+                "status": "ok",
+                "reason": "",
+                "median_clock_mhz": 2002.0,
+                "bench_window_s": [t0, t0 + 3],
+                "metrics": {
+                    "median_tpot_ms": base + cell.seed,
+                    "median_ttft_ms": 50.0,
+                    "median_itl_ms": base + cell.seed,
+                    "output_throughput_tok_s": 100.0 / (base + cell.seed),
+                    "completed": cell.users * 2,
+                },
+            },
+        )
     for run in spec.runs():
         sweep.write_json_atomic(root / "runs" / f"{run.id}.json", {"status": "ok", "record": {"x": run.configuration}})
     return spec
@@ -218,3 +281,98 @@ def test_capture_verdicts_use_per_run_requests(tmp_path: Path) -> None:
     assert frame.loc[0, "change"].startswith("faster by")
     text = vt.finding_text(pd.DataFrame(), verdicts, "vllm-cpu")
     assert "vllm-cpu, 1 user(s): fp8 vs auto: no claim (faster by" in text
+
+
+# --------------------------------------------------------------------------- crossed arms, pool, finding
+
+
+def _confs(*items: dict) -> list:
+    from kvstudy.speed.spec import KvConfig
+
+    return [KvConfig(**i) for i in items]
+
+
+def test_crossed_design_separates_dtype_from_backend_and_states_the_aa() -> None:
+    confs = _confs(
+        {"name": "bf16"},
+        {"name": "bf16-triton", "attention_backend": "TRITON_ATTN"},
+        {"name": "fp8-triton", "kv_cache_dtype": "fp8", "attention_backend": "TRITON_ATTN"},
+        {"name": "bf16-repeat"},
+    )
+    pairs = vt.comparison_pairs(confs)
+    assert ("bf16", "bf16-triton", "attention backend") in pairs
+    assert ("bf16", "fp8-triton", "KV dtype + attention backend together") in pairs
+    assert ("bf16-triton", "fp8-triton", "KV dtype alone (both on TRITON_ATTN)") in pairs
+    assert ("bf16", "bf16-repeat", "A/A (noise: identical configurations)") in pairs
+    assert len(pairs) == 4
+
+
+def test_plain_design_compares_each_with_the_baseline() -> None:
+    pairs = vt.comparison_pairs(
+        _confs({"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}, {"name": "auto-repeat"})
+    )
+    assert [(b, c) for b, c, _ in pairs] == [("auto", "fp8"), ("auto", "auto-repeat")]
+    assert pairs[0][2] == "KV dtype"
+
+
+def test_first_reason_does_not_repeat_the_verdict() -> None:
+    why = "no claim, the design cannot reach significance: 3 vs 2 seeds; per-seed values were not published"
+    assert vt._first_reason(why, "no claim") == "the design cannot reach significance"
+    assert vt._first_reason("clocks differ by +6 %", "no claim") == "clocks differ by +6 %"
+
+
+def test_admission_frame_counts_blocks_with_the_allocator(tmp_path: Path) -> None:
+    # 2 layers, 2 KV heads of 64: the block count per request depends only on tokens and block size
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen3ForCausalLM"],
+                "model_type": "qwen3",
+                "num_hidden_layers": 2,
+                "hidden_size": 256,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 64,
+                "torch_dtype": "bfloat16",
+                "max_position_embeddings": 4096,
+                "vocab_size": 1000,
+            }
+        )
+    )
+    frame = vt.admission_frame(tmp_path, 1152, [1, 32], 1506, device="cuda")
+    row = frame.set_index("users").loc[32]
+    assert row["blocks per request"] == 72 and row["blocks needed by all users"] == 32 * 72
+    assert row["requests that fit at once"] == 1506 // 72 and row["queueing"].startswith("yes")
+    assert frame.set_index("users").loc[1, "queueing"] == "no"
+
+
+def _edit_cell(root: Path, cell_id: str, **fields: object) -> None:
+    path = root / "cells" / f"{cell_id}.json"
+    data = json.loads(path.read_text())
+    data.update(fields)
+    sweep.write_json_atomic(path, data)
+
+
+def test_window_shorter_than_the_sampling_interval_is_not_measurable(tmp_path: Path) -> None:
+    make_capture(tmp_path)  # spec interval 0.25 s; auto__s0__u1 starts at t0 = 101
+    _edit_cell(tmp_path, "auto__s0__u1", bench_window_s=[101.0, 101.1])
+    runs = {r.name: r for r in vt.capture_runs(speed.load_capture(tmp_path), "auto", 1)}
+    assert not runs["auto__s0__u1"].measurable
+    assert any("clock sampling interval" in why for why in runs["auto__s0__u1"].unmeasurable_reasons)
+    assert runs["auto__s1__u1"].measurable
+    # the same short window bracketed by edge samples holds a clock: the interval no longer limits it
+    _edit_cell(
+        tmp_path, "auto__s0__u1", clock_window_s=[100.9, 101.2], clock_samples_in_window=2, clock_interval_s=0.25
+    )
+    runs = {r.name: r for r in vt.capture_runs(speed.load_capture(tmp_path), "auto", 1)}
+    assert runs["auto__s0__u1"].measurable
+
+
+def test_calibration_says_why_a_user_count_has_too_few_aa_runs(tmp_path: Path) -> None:
+    make_capture(tmp_path)
+    _edit_cell(tmp_path, "auto__s0__u1", bench_window_s=[101.0, 101.1])
+    frame = vt.calibration_frame(speed.load_capture(tmp_path)).set_index("users")
+    assert frame.loc[1, "A/A runs"] == "1 measurable of 2"
+    assert frame.loc[1, "false claims"].startswith("not computed: fewer than 2 measurable A/A runs")
+    assert "shorter than the clock sampling interval" in frame.loc[1, "false claims"]
+    assert "splits" in frame.loc[2, "false claims"]  # 2 measurable runs at 2 users: computed

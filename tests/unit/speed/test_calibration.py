@@ -48,8 +48,10 @@ def test_fresh_aa_datasets_claim_at_most_five_percent() -> None:
     claims = 0
     for k in range(trials):
         runs = aa_runs(8, seed=1000 + k)
-        claims += claim_by_test([r.tpots_s for r in runs[:4]], [r.tpots_s for r in runs[4:]],
-                                resamples=200, seed=k) != "no claim"
+        claims += (
+            claim_by_test([r.tpots_s for r in runs[:4]], [r.tpots_s for r in runs[4:]], resamples=200, seed=k)
+            != "no claim"
+        )
     assert claims / trials <= 0.05 + margin(trials)
 
 
@@ -68,7 +70,7 @@ def test_simulated_false_claim_rate_from_aa_noise() -> None:
 
 
 def test_small_designs_never_claim() -> None:
-    rate = false_claim_rate(aa_runs(4, seed=5), splits=1000, seed=0)   # 2 vs 2: smallest p is 1/3
+    rate = false_claim_rate(aa_runs(4, seed=5), splits=1000, seed=0)  # 2 vs 2: smallest p is 1/3
     assert rate.claims == 0
 
 
@@ -89,11 +91,11 @@ def test_minimum_detectable_change() -> None:
     kw: dict[str, Any] = dict(n_per_arm=5, simulations=150, seed=0, max_change=1.0, precision=0.02)
     mdc = minimum_detectable_change(runs, use_interval=False, **kw)
     assert mdc is not None and 0.05 < mdc < 0.6
-    assert minimum_detectable_change(runs, use_interval=False, **kw) == mdc       # seeded
+    assert minimum_detectable_change(runs, use_interval=False, **kw) == mdc  # seeded
     with_interval = minimum_detectable_change(runs, resamples=100, **kw)
-    assert with_interval is not None and with_interval >= mdc - 0.02            # the interval only adds a condition
+    assert with_interval is not None and with_interval >= mdc - 0.02  # the interval only adds a condition
     assert power(runs, change=with_interval, n_per_arm=5, simulations=150, resamples=100, seed=0).rate >= 0.8
-    assert minimum_detectable_change(runs, n_per_arm=3) is None                  # 3 vs 3 cannot reach p < 0.05
+    assert minimum_detectable_change(runs, n_per_arm=3) is None  # 3 vs 3 cannot reach p < 0.05
 
 
 def test_centred_removes_each_arms_level(helpers: Any) -> None:

@@ -32,14 +32,25 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 
 
 def test_bundled_aa_folders_give_no_claim(tmp_path: Path, helpers: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two measurable runs of each arm of the bundled A/A pair, at the first user count that has them
+    (picked by reading the capture's cells, not by id)."""
     base, cand = tmp_path / "auto", tmp_path / "repeat"
-    for name in ("auto__s0__u4", "auto__s1__u4"):
+    users = next(
+        (
+            u
+            for u in (1, 4)
+            if len(helpers.measurable_cells("auto", u)) >= 2 and len(helpers.measurable_cells("auto-repeat", u)) >= 2
+        ),
+        None,
+    )
+    assert users is not None, "the bundled capture has no user count with 2 measurable runs per A/A arm"
+    for name in helpers.measurable_cells("auto", users)[:2]:
         helpers.write(base, f"{name}.json", helpers.bundled(name))
-    for name in ("auto-repeat__s0__u4", "auto-repeat__s1__u4"):
+    for name in helpers.measurable_cells("auto-repeat", users)[:2]:
         helpers.write(cand, f"{name}.json", helpers.bundled(name))
     rc, out, _ = run_cli(["speed", "compare", str(base), str(cand), "--json"], capsys)
     assert rc == 0
-    d = json.loads(out)                      # one object
+    d = json.loads(out)  # one object
     assert d["verdict"] == "no claim" and d["measurable"] is True
     assert d["runs"] == {"baseline": 2, "candidate": 2}
     assert d["p_value"] >= d["min_p_value"] == pytest.approx(1 / 3)
@@ -67,8 +78,9 @@ def test_arms_run_one_after_the_other_give_no_claim(make_arms: Any, capsys: pyte
     assert any("drift cannot be told" in r for r in d["reasons"])
 
 
-def test_identical_arms_with_enough_runs_state_the_detectable_change(make_arms: Any,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_identical_arms_with_enough_runs_state_the_detectable_change(
+    make_arms: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     base, cand = make_arms(n=4, ratio=1.0, spread=0.1)
     d = json.loads(run_cli(["speed", "compare", str(base), str(cand), "--json"], capsys)[1])
     assert d["verdict"] == "no claim" and d["p_value"] == pytest.approx(1.0)
@@ -93,7 +105,7 @@ def test_clock_metadata_is_used(make_arms: Any, capsys: pytest.CaptureFixture[st
     for folder, clock in ((base, "1000"), (cand, "1100")):
         for path in folder.glob("*.json"):
             data = json.loads(path.read_text())
-            data["median_clock_mhz"] = clock        # as vllm bench serve --metadata median_clock_mhz=1000 stores it
+            data["median_clock_mhz"] = clock  # as vllm bench serve --metadata median_clock_mhz=1000 stores it
             path.write_text(json.dumps(data))
     argv = ["speed", "compare", str(base), str(cand), "--json"]
     d = json.loads(run_cli(argv, capsys)[1])
@@ -143,14 +155,16 @@ def test_saved_without_detailed(make_arms: Any, capsys: pytest.CaptureFixture[st
     _bad(["speed", "compare", str(base), str(cand)], capsys, "c0.json", "--save-detailed")
 
 
-@pytest.mark.parametrize("key,value,needle", [
-    ("max_concurrency", 8, "max_concurrency is 8"),
-    ("model_id", "other/model", "model_id is 'other/model'"),
-    ("num_prompts", 64, "num_prompts is 64"),
-    ("request_rate", 2.0, "request_rate is 2.0"),
-])
-def test_mixed_settings(make_arms: Any, capsys: pytest.CaptureFixture[str], key: str, value: Any,
-                        needle: str) -> None:
+@pytest.mark.parametrize(
+    "key,value,needle",
+    [
+        ("max_concurrency", 8, "max_concurrency is 8"),
+        ("model_id", "other/model", "model_id is 'other/model'"),
+        ("num_prompts", 64, "num_prompts is 64"),
+        ("request_rate", 2.0, "request_rate is 2.0"),
+    ],
+)
+def test_mixed_settings(make_arms: Any, capsys: pytest.CaptureFixture[str], key: str, value: Any, needle: str) -> None:
     base, cand = make_arms(n=2)
     _edit(cand / "c1.json", **{key: value})
     _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", needle, "b0.json")
@@ -169,7 +183,7 @@ def test_mixed_lengths(make_arms: Any, capsys: pytest.CaptureFixture[str]) -> No
 def test_folder_with_one_run(make_arms: Any, capsys: pytest.CaptureFixture[str]) -> None:
     base, cand = make_arms(n=2)
     (cand / "c1.json").unlink()
-    (cand / "notes.txt").write_text("not a result")          # other names are ignored
+    (cand / "notes.txt").write_text("not a result")  # other names are ignored
     _bad(["speed", "compare", str(base), str(cand)], capsys, str(cand), "1 vLLM bench result", "at least 2")
 
 
@@ -184,7 +198,7 @@ def test_unparsable_files(make_arms: Any, capsys: pytest.CaptureFixture[str]) ->
     (cand / "c1.json").write_text("{not json")
     _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "not JSON")
     one = (cand / "c0.json").read_text()
-    (cand / "c1.json").write_text(one + "\n" + one)          # --append-result
+    (cand / "c1.json").write_text(one + "\n" + one)  # --append-result
     _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "more than one JSON document")
     (cand / "c1.json").write_bytes(b"\xff\xfe\x00binary")
     _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "not UTF-8")
@@ -222,15 +236,18 @@ def test_unreadable_file(make_arms: Any, capsys: pytest.CaptureFixture[str]) -> 
         (cand / "c1.json").chmod(0o644)
 
 
-@pytest.mark.parametrize("key,value,needle", [
-    ("latencies", [], "non-empty list"),
-    ("ttfts", [0.1], "ttfts has 1 entries"),
-    ("itls", "x", "itls has no entries"),
-    ("errors", [1] * 32, "errors is not a list"),
-    ("duration", -1, "duration is -1"),
-    ("num_prompts", "8", "num_prompts is '8'"),
-    ("median_clock_mhz", "fast", "median_clock_mhz is 'fast'"),
-])
+@pytest.mark.parametrize(
+    "key,value,needle",
+    [
+        ("latencies", [], "non-empty list"),
+        ("ttfts", [0.1], "ttfts has 1 entries"),
+        ("itls", "x", "itls has no entries"),
+        ("errors", [1] * 32, "errors is not a list"),
+        ("duration", -1, "duration is -1"),
+        ("num_prompts", "8", "num_prompts is '8'"),
+        ("median_clock_mhz", "fast", "median_clock_mhz is 'fast'"),
+    ],
+)
 def test_malformed_fields(helpers: Any, tmp_path: Path, key: str, value: Any, needle: str) -> None:
     data = helpers.bundled("auto-repeat__s1__u4")
     data[key] = value
@@ -296,9 +313,11 @@ def test_reader_property_with_hypothesis(helpers: Any, tmp_path_factory: pytest.
     st = pytest.importorskip("hypothesis.strategies")
     original = helpers.bundled("auto-repeat__s1__u4")
     folder = tmp_path_factory.mktemp("hyp")
-    values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-                          lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner,
-                                                                                       max_size=4), max_leaves=10)
+    values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+        max_leaves=10,
+    )
 
     @hypothesis.settings(max_examples=200, deadline=None)
     @hypothesis.given(key=st.sampled_from(sorted(original)), value=values)

@@ -6,6 +6,7 @@ can be injected; the live tests in test_sweep_live.py run the same code against 
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from dataclasses import asdict
@@ -15,27 +16,55 @@ from typing import Any
 import pytest
 
 from kvstudy import capture as capture_format
-from kvstudy.vllm import server as engine
-from kvstudy.speed import runner as sweep
 from kvstudy.errors import StudyError
+from kvstudy.speed import runner as sweep
+from kvstudy.vllm import server as engine
 
 
 def grid(**over: Any) -> dict[str, Any]:
-    data = {"model": "data/tiny-models/tiny-qwen3",
-            "configurations": [{"name": "auto", "kv_cache_dtype": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
-            "seeds": [0, 1], "users": [1, 4], "input_len": 32, "output_len": 16, "prompts_per_user": 2,
-            "cpu_kvcache_space_gib": 1.0, "max_model_len": 4096}
+    data = {
+        "model": "data/tiny-models/tiny-qwen3",
+        "configurations": [{"name": "auto", "kv_cache_dtype": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
+        "seeds": [0, 1],
+        "users": [1, 4],
+        "input_len": 32,
+        "output_len": 16,
+        "prompts_per_user": 2,
+        "cpu_kvcache_space_gib": 1.0,
+        "max_model_len": 4096,
+    }
     data.update(over)
     return data
 
 
 # --------------------------------------------------------------------------- the grid
 
-def test_grid_cells_interleave_arms_per_seed() -> None:
-    spec = sweep.SweepSpec.from_dict(grid())
-    assert [r.id for r in spec.runs()] == ["auto__s0", "fp8__s0", "auto__s1", "fp8__s1"]
+
+def test_grid_runs_arms_abba_over_seeds() -> None:
+    spec = sweep.SweepSpec.from_dict(grid(seeds=[0, 1, 2, 3]))
+    assert spec.run_order == "abba"
+    assert [r.id for r in spec.runs()] == [
+        "auto__s0",
+        "fp8__s0",
+        "fp8__s1",
+        "auto__s1",
+        "auto__s2",
+        "fp8__s2",
+        "fp8__s3",
+        "auto__s3",
+    ]
     assert [c.id for c in spec.cells()][:3] == ["auto__s0__u1", "auto__s0__u4", "fp8__s0__u1"]
-    assert len(spec.cells()) == 8
+    assert len(spec.cells()) == 16
+
+
+def test_grid_runs_grouped_order_keeps_listed_order() -> None:
+    spec = sweep.SweepSpec.from_dict(grid(run_order="grouped"))
+    assert [r.id for r in spec.runs()] == ["auto__s0", "fp8__s0", "auto__s1", "fp8__s1"]
+
+
+def test_grid_run_order_unknown_is_refused() -> None:
+    with pytest.raises(StudyError, match="run_order"):
+        sweep.SweepSpec.from_dict(grid(run_order="random"))
 
 
 def test_bench_settings_scale_with_users() -> None:
@@ -46,10 +75,15 @@ def test_bench_settings_scale_with_users() -> None:
 
 
 def test_server_config_holds_pool_and_differs_only_in_arm() -> None:
-    spec = sweep.SweepSpec.from_dict(grid(configurations=[
-        {"name": "bf16", "kv_cache_dtype": "auto"},
-        {"name": "fp8", "kv_cache_dtype": "fp8", "attention_backend": "TRITON_ATTN", "env": {"A": "1"}}],
-        server_env={"VLLM_USE_FLASHINFER_SAMPLER": "0"}))
+    spec = sweep.SweepSpec.from_dict(
+        grid(
+            configurations=[
+                {"name": "bf16", "kv_cache_dtype": "auto"},
+                {"name": "fp8", "kv_cache_dtype": "fp8", "attention_backend": "TRITON_ATTN", "env": {"A": "1"}},
+            ],
+            server_env={"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+        )
+    )
     a, b = spec.server_config(sweep.Run("bf16", 1)), spec.server_config(sweep.Run("fp8", 1))
     assert a.cpu_kvcache_space_gib == b.cpu_kvcache_space_gib == 1.0
     assert (a.seed, b.seed) == (1, 1)
@@ -58,24 +92,28 @@ def test_server_config_holds_pool_and_differs_only_in_arm() -> None:
     assert a.env == {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 
 
-@pytest.mark.parametrize("over, words", [
-    ({"users": [0, 4]}, "'users'"),
-    ({"users": []}, "'users'"),
-    ({"seeds": [-1]}, "'seeds'"),
-    ({"configurations": [{"name": "x", "kv_cache_dtype": "fp9"}]}, "unknown kv_cache_dtype 'fp9'"),
-    ({"configurations": []}, "'configurations' is empty"),
-    ({"configurations": [{"name": "a"}, {"name": "a", "kv_cache_dtype": "fp8"}]}, "repeat"),
-    ({"cpu_kvcache_space_gib": None}, "no fixed KV pool"),
-    ({"input_len": 0}, "'input_len'"),
-    ({"max_model_len": 20}, "max_model_len"),
-    ({"colour": "red"}, "unknown field"),
-])
+@pytest.mark.parametrize(
+    "over, words",
+    [
+        ({"users": [0, 4]}, "'users'"),
+        ({"users": []}, "'users'"),
+        ({"seeds": [-1]}, "'seeds'"),
+        ({"configurations": [{"name": "x", "kv_cache_dtype": "fp9"}]}, "unknown kv_cache_dtype 'fp9'"),
+        ({"configurations": []}, "'configurations' is empty"),
+        ({"configurations": [{"name": "a"}, {"name": "a", "kv_cache_dtype": "fp8"}]}, "repeat"),
+        ({"cpu_kvcache_space_gib": None}, "no fixed KV pool"),
+        ({"input_len": 0}, "'input_len'"),
+        ({"max_model_len": 20}, "max_model_len"),
+        ({"colour": "red"}, "unknown field"),
+    ],
+)
 def test_invalid_grid_is_refused(over: dict[str, Any], words: str) -> None:
     with pytest.raises(StudyError, match=words.replace("[", r"\[")):
         sweep.SweepSpec.from_dict(grid(**over), where="grid.json")
 
 
 # --------------------------------------------------------------------------- fakes
+
 
 class FakeServer:
     """Stands in for VllmServer: records starts, can be told to fail or to die."""
@@ -93,8 +131,12 @@ class FakeServer:
         self.log_path.write_text(f"fake server {self.config.kv_cache_dtype} seed {self.config.seed}\n")
         FakeServer.starts.append(f"{self.config.kv_cache_dtype}:{self.config.seed}")
         if self.config.kv_cache_dtype in FakeServer.fail_dtypes:
-            raise engine.EngineStartError("vLLM server exited with code 1 while starting; cause: FlashInfer JIT",
-                                          self.log_path, None, "RuntimeError: Engine core initialization failed.")
+            raise engine.EngineStartError(
+                "vLLM server exited with code 1 while starting; cause: FlashInfer JIT",
+                self.log_path,
+                None,
+                "RuntimeError: Engine core initialization failed.",
+            )
         self.alive = True
         return self
 
@@ -114,16 +156,31 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     FakeServer.fail_dtypes = set()
     state: dict[str, Any] = {"ran": [], "interrupt_at": None, "crash_at": None}
 
-    def fake_run_cell(spec: sweep.SweepSpec, capture: Path, cell: sweep.Cell, server: Any, tokenizer: Any) -> sweep.CellResult:
+    def fake_run_cell(
+        spec: sweep.SweepSpec, capture: Path, cell: sweep.Cell, server: Any, tokenizer: Any
+    ) -> sweep.CellResult:
         if cell.id == state["interrupt_at"]:
             raise KeyboardInterrupt
         state["ran"].append(cell.id)
         if cell.id == state["crash_at"]:
             server.alive = False
-            return sweep._failed(spec, cell, "vllm bench serve exited with status 1 (the server is no longer running)",
-                                 "tail", "now", 0.1)
-        return sweep.CellResult(cell.id, cell.configuration, spec.config(cell.configuration).kv_cache_dtype,
-                                cell.seed, cell.users, "ok", metrics={"median_tpot_ms": 10.0})
+            return sweep._failed(
+                spec,
+                cell,
+                "vllm bench serve exited with status 1 (the server is no longer running)",
+                "tail",
+                "now",
+                0.1,
+            )
+        return sweep.CellResult(
+            cell.id,
+            cell.configuration,
+            spec.config(cell.configuration).kv_cache_dtype,
+            cell.seed,
+            cell.users,
+            "ok",
+            metrics={"median_tpot_ms": 10.0},
+        )
 
     monkeypatch.setattr(engine, "VllmServer", FakeServer)
     monkeypatch.setattr(sweep, "run_cell", fake_run_cell)
@@ -133,15 +190,18 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- resume
 
+
 def test_full_sweep_then_rerun_runs_nothing(tmp_path: Path, fakes: dict[str, Any]) -> None:
     spec = sweep.SweepSpec.from_dict(grid())
     results = sweep.run_sweep(spec, tmp_path, progress=False)
     assert [r.cell_id for r in results] == [c.id for c in spec.cells()]
-    assert FakeServer.starts == ["auto:0", "fp8:0", "auto:1", "fp8:1"]
+    assert FakeServer.starts == ["auto:0", "fp8:0", "fp8:1", "auto:1"]  # ABBA
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["complete"] is True and set(manifest["items"].values()) == {"ok"}
     assert manifest["source"] == "captured by this project"
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [f"{r.id}.json" for r in sorted(spec.runs(), key=lambda r: r.id)]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
+        f"{r.id}.json" for r in sorted(spec.runs(), key=lambda r: r.id)
+    ]
     fakes["ran"].clear()
     assert sweep.run_sweep(spec, tmp_path, progress=False) == []
     assert fakes["ran"] == [] and len(FakeServer.starts) == 4
@@ -159,15 +219,26 @@ def test_crash_mid_sweep_fails_rest_of_run_and_resume_runs_only_those(tmp_path: 
     failed = json.loads((tmp_path / "cells" / "fp8__s0__u4.json").read_text())
     assert "stopped before this cell" in failed["reason"] and "fake server fp8" in failed["log_tail"]
     assert all(s == "ok" for k, s in status.items() if not k.startswith("fp8__s0"))
-    assert [c.id for c in sweep.missing_cells(spec, tmp_path)] == ["fp8__s0__u1", "fp8__s0__u4"]
+    assert sweep.missing_cells(spec, tmp_path) == []  # failed cells are retried only when asked
+    assert [c.id for c in sweep.missing_cells(spec, tmp_path, retry_failed=True)] == ["fp8__s0__u1", "fp8__s0__u4"]
     ok_before = (tmp_path / "cells" / "auto__s1__u4.json").read_bytes()
     fakes["crash_at"], fakes["ran"] = None, []
     FakeServer.starts = []
-    again = sweep.run_sweep(spec, tmp_path, progress=False)
+    assert sweep.run_sweep(spec, tmp_path, progress=False) == [] and FakeServer.starts == []
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(grid()))
+    cli_args = argparse.Namespace(spec=str(spec_file), capture=str(tmp_path), dry_run=False, retry_failed=False)
+    assert sweep._cli(cli_args) == 1  # failed cells kept: the exit code says so
+    old_log = tmp_path / "logs" / "fp8__s0__u1.bench.log"
+    old_log.parent.mkdir(parents=True, exist_ok=True)
+    old_log.write_text("attempt one")
+    again = sweep.run_sweep(spec, tmp_path, progress=False, retry_failed=True)
     assert [r.cell_id for r in again] == ["fp8__s0__u1", "fp8__s0__u4"]
     assert FakeServer.starts == ["fp8:0"]
+    assert (tmp_path / "logs" / "fp8__s0__u1.bench.attempt1.log").read_text() == "attempt one"
+    assert (tmp_path / "logs" / "fp8__s0.server.attempt1.log").read_text().startswith("fake server fp8")
     assert (tmp_path / "cells" / "auto__s1__u4.json").read_bytes() == ok_before
-    assert sweep.missing_cells(spec, tmp_path) == []
+    assert sweep.missing_cells(spec, tmp_path, retry_failed=True) == []
 
 
 def test_server_that_fails_to_start_is_recorded_and_others_go_on(tmp_path: Path, fakes: dict[str, Any]) -> None:
@@ -176,7 +247,12 @@ def test_server_that_fails_to_start_is_recorded_and_others_go_on(tmp_path: Path,
     results = sweep.run_sweep(spec, tmp_path, progress=False)
     by_id = {r.cell_id: r for r in results}
     assert len(results) == 8
-    assert {k for k, r in by_id.items() if r.status == "failed"} == {"fp8__s0__u1", "fp8__s0__u4", "fp8__s1__u1", "fp8__s1__u4"}
+    assert {k for k, r in by_id.items() if r.status == "failed"} == {
+        "fp8__s0__u1",
+        "fp8__s0__u4",
+        "fp8__s1__u1",
+        "fp8__s1__u4",
+    }
     assert "FlashInfer JIT" in by_id["fp8__s1__u4"].reason
     assert "Engine core initialization failed" in by_id["fp8__s1__u4"].log_tail
     run = json.loads((tmp_path / "runs" / "fp8__s0.json").read_text())
@@ -195,7 +271,7 @@ def test_ctrl_c_leaves_no_partial_cell_and_resume_continues(tmp_path: Path, fake
     assert manifest["sessions"][-1]["finished_utc"] and manifest["items"]["auto__s1__u1"] == "missing"
     fakes["interrupt_at"], fakes["ran"] = None, []
     sweep.run_sweep(spec, tmp_path, progress=False)
-    assert fakes["ran"] == ["auto__s1__u1", "auto__s1__u4", "fp8__s1__u1", "fp8__s1__u4"]
+    assert fakes["ran"] == ["auto__s1__u1", "auto__s1__u4"]  # ABBA: fp8__s1 ran before auto__s1
 
 
 def test_other_grid_in_same_folder_is_refused_before_any_start(tmp_path: Path, fakes: dict[str, Any]) -> None:
@@ -251,12 +327,20 @@ def test_cli_dry_run_lists_cells_and_rejects_bad_grid(tmp_path: Path, capsys: py
 
 # --------------------------------------------------------------------------- one cell, client faked
 
+
 def fake_result(errors: list[str]) -> dict[str, Any]:
     n = len(errors)
-    return {"duration": 1.0, "median_tpot_ms": 100.0, "start_times": [time.perf_counter() + i * 0.01 for i in range(n)],
-            "ttfts": [0.05] * n, "latencies": [0.45 if not e else 0.0 for e in errors],
-            "itls": [[0.1] * 4 if not e else [] for e in errors], "input_lens": [32] * n,
-            "output_lens": [5 if not e else 0 for e in errors], "errors": errors}
+    return {
+        "duration": 1.0,
+        "median_tpot_ms": 100.0,
+        "start_times": [time.perf_counter() + i * 0.01 for i in range(n)],
+        "ttfts": [0.05] * n,
+        "latencies": [0.45 if not e else 0.0 for e in errors],
+        "itls": [[0.1] * 4 if not e else [] for e in errors],
+        "input_lens": [32] * n,
+        "output_lens": [5 if not e else 0 for e in errors],
+        "errors": errors,
+    }
 
 
 class CellServer:
@@ -281,14 +365,18 @@ def test_run_cell_writes_records_and_telemetry(tmp_path: Path, monkeypatch: pyte
     assert res.clock_device == "cpu"
 
 
-def test_run_cell_with_failed_requests_is_failed_with_last_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_cell_with_failed_requests_is_failed_with_last_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = sweep.SweepSpec.from_dict(grid())
     err = "Traceback (most recent call last):\n  File x\naiohttp.ClientConnectorError: Cannot connect to host 127.0.0.1:1\n"
     monkeypatch.setattr(sweep, "run_bench", lambda *a, **k: fake_result(["", err]))
     res = sweep.run_cell(spec, tmp_path, sweep.Cell("auto", 0, 1), CellServer(tmp_path, False), None)
     assert res.status == "failed"
-    assert res.reason == ("1 of 2 requests failed (the server is no longer running); "
-                          "first error: aiohttp.ClientConnectorError: Cannot connect to host 127.0.0.1:1")
+    assert res.reason == (
+        "1 of 2 requests failed (the server is no longer running); "
+        "first error: aiohttp.ClientConnectorError: Cannot connect to host 127.0.0.1:1"
+    )
     assert "the engine died" in res.log_tail
 
 
@@ -303,3 +391,58 @@ def test_run_cell_client_failure_is_recorded(tmp_path: Path, monkeypatch: pytest
     res = sweep.run_cell(spec, tmp_path, sweep.Cell("auto", 0, 1), CellServer(tmp_path, True), None)
     assert res.status == "failed" and res.reason.endswith("status 1: boom") and res.log_tail == "client tail"
     assert (tmp_path / "telemetry" / "auto__s0__u1.jsonl").exists() and not (tmp_path / "requests").exists()
+
+
+class StepReader:
+    """A clock reader with a fixed clock: every read is a sample at the current monotonic time."""
+
+    kind = "cpu"
+
+    def read(self) -> Any:
+        from kvstudy.speed.telemetry import cpu_sample
+
+        return cpu_sample(time.perf_counter(), time.time(), [1000.0])
+
+    def close(self) -> None:
+        return None
+
+
+def test_run_cell_window_shorter_than_interval_still_holds_edge_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An interval far longer than the bench: only the edge samples can fall in the window.
+    spec = sweep.SweepSpec.from_dict(grid(telemetry_interval_s=3600.0))
+    monkeypatch.setattr(sweep, "default_reader", lambda: StepReader())
+
+    def bench(*a: Any, on_line: Any = None, **k: Any) -> dict[str, Any]:
+        on_line("Warmup run completed.\n")
+        on_line("Starting main benchmark run...\n")
+        return fake_result(["", ""])
+
+    monkeypatch.setattr(sweep, "run_bench", bench)
+    res = sweep.run_cell(spec, tmp_path, sweep.Cell("auto", 1, 4), CellServer(tmp_path, True), None)
+    assert res.status == "ok"
+    assert res.clock_samples_in_window == 2 and res.median_clock_mhz == pytest.approx(1000.0)
+    assert res.clock_interval_s == 3600.0
+    assert res.started_mono_s is not None and res.ended_mono_s is not None
+    assert res.started_mono_s <= res.clock_window_s[0] <= res.clock_window_s[1] <= res.ended_mono_s
+    assert res.started_wall_s <= res.ended_wall_s
+    assert res.run_position == [r.id for r in spec.runs()].index("auto__s1")
+    lines = (tmp_path / "telemetry" / "auto__s1__u4.jsonl").read_text().splitlines()
+    marks = [json.loads(ln).get("mark") for ln in lines]
+    assert marks.count("window_start") == 1 and marks.count("window_end") == 1
+
+
+def test_run_cell_without_announcement_uses_request_span(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = sweep.SweepSpec.from_dict(grid(telemetry_interval_s=3600.0))
+    monkeypatch.setattr(sweep, "default_reader", lambda: StepReader())
+    monkeypatch.setattr(sweep, "run_bench", lambda *a, **k: fake_result(["", ""]))
+    res = sweep.run_cell(spec, tmp_path, sweep.Cell("auto", 0, 1), CellServer(tmp_path, True), None)
+    assert res.clock_window_s == res.bench_window_s
+
+
+def test_manifest_states_the_run_order(tmp_path: Path) -> None:
+    spec = sweep.SweepSpec.from_dict(grid())
+    manifest = sweep.prepare_capture(spec, tmp_path)
+    assert manifest["spec"]["run_order"] == "abba"
+    assert manifest["run_order"]["server_starts"] == ["auto__s0", "fp8__s0", "fp8__s1", "auto__s1"]

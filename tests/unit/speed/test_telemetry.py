@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy.speed import telemetry as tm
 from kvstudy.errors import StudyError
+from kvstudy.speed import telemetry as tm
 
 
 def test_clock_event_reasons_decode() -> None:
@@ -80,3 +80,69 @@ def test_jsonl_round_trip_and_windowed_median(tmp_path: Path) -> None:
 def test_bad_interval_is_refused() -> None:
     with pytest.raises(StudyError, match="interval_s"):
         tm.TelemetrySampler(CountingReader(), interval_s=0)
+
+
+# --------------------------------------------------------------------------- edge samples, /metrics
+
+
+class _FixedReader:
+    kind = "cpu"
+
+    def read(self) -> "tm.ClockSample":
+        import time as _t
+
+        return tm.cpu_sample(_t.perf_counter(), _t.time(), [1500.0])
+
+    def close(self) -> None:
+        return None
+
+
+def test_mark_takes_labelled_edge_samples_outside_the_timer() -> None:
+    sampler = tm.TelemetrySampler(_FixedReader(), interval_s=3600.0)
+    with sampler:
+        sampler.mark(tm.WINDOW_START)
+        sampler.mark(tm.WINDOW_END)
+    window = sampler.window()
+    assert window is not None and window[0] <= window[1]
+    assert tm.samples_in_window(sampler.samples, *window) == 2
+    assert tm.median_clock(sampler.samples, *window) == 1500.0
+
+
+def test_window_is_none_without_both_edges() -> None:
+    sampler = tm.TelemetrySampler(_FixedReader(), interval_s=3600.0)
+    sampler.mark(tm.WINDOW_START)
+    assert sampler.window() is None
+
+
+PROMETHEUS = """# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:num_requests_running{engine="0",model_name="m"} 5.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 1.5
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 10.0
+vllm:request_queue_time_seconds_bucket{engine="0",le="0.3",model_name="m"} 4.0
+vllm:generation_tokens_total{engine="0",model_name="m"} 999.0
+"""
+
+
+def test_parse_server_metrics_reads_queue_and_preemptions() -> None:
+    got = tm.parse_server_metrics(PROMETHEUS)
+    assert got == {
+        "preemptions_total": 3.0,
+        "requests_waiting": 2.0,
+        "requests_running": 5.0,
+        "queue_time_s_sum": 1.5,
+        "queue_time_count": 10.0,
+    }
+
+
+def test_metrics_delta_gives_preemptions_and_mean_queue_time_of_the_cell() -> None:
+    before = {"preemptions_total": 3.0, "queue_time_s_sum": 1.5, "queue_time_count": 10.0}
+    after = {"preemptions_total": 7.0, "queue_time_s_sum": 3.5, "queue_time_count": 14.0}
+    assert tm.metrics_delta(before, after) == {"preemptions": 4.0, "mean_queue_time_s": 0.5, "requests_seen": 4.0}
+    assert tm.metrics_delta(None, after) == {}
+
+
+def test_scrape_server_metrics_of_no_server_is_none() -> None:
+    assert tm.scrape_server_metrics("http://127.0.0.1:1", timeout_s=1.0) is None

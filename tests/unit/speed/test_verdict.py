@@ -21,8 +21,8 @@ from kvstudy.speed.verdict import (
 
 
 def test_minimum_p_values_of_small_designs() -> None:
-    assert minimum_p_value(3, 2) == pytest.approx(0.2)        # 2 / C(5, 2): the published design
-    assert minimum_p_value(3, 3) == pytest.approx(0.1)        # 2 / C(6, 3)
+    assert minimum_p_value(3, 2) == pytest.approx(0.2)  # 2 / C(5, 2): the published design
+    assert minimum_p_value(3, 3) == pytest.approx(0.1)  # 2 / C(6, 3)
     assert minimum_p_value(2, 2) == pytest.approx(1 / 3)
     assert minimum_p_value(4, 4) == pytest.approx(2 / 70)
     assert minimum_p_value(1, 1) == 1.0
@@ -59,7 +59,7 @@ def test_monte_carlo_agrees_with_exact_and_is_seeded() -> None:
     base, cand = [1.0, 2.0, 3.0], [4.0, 5.0, 6.0]
     mc = permutation_test(base, cand, max_exact=5, draws=10_000, seed=3)
     assert not mc.exact and mc.splits == 10_000
-    assert mc.p_value == pytest.approx(0.1, abs=0.015)   # SE of 2 x a 5 % rate over 10,000 draws is 0.004
+    assert mc.p_value == pytest.approx(0.1, abs=0.015)  # SE of 2 x a 5 % rate over 10,000 draws is 0.004
     assert permutation_test(base, cand, max_exact=5, draws=10_000, seed=3).p_value == mc.p_value
 
 
@@ -67,22 +67,40 @@ def test_permutation_test_refuses_empty_or_infinite() -> None:
     with pytest.raises(StudyError):
         permutation_test([], [1.0])
     with pytest.raises(StudyError, match="finite"):
-        permutation_test([-math.inf, 1.0], [1.0, 2.0])   # log of a zero TPOT
+        permutation_test([-math.inf, 1.0], [1.0, 2.0])  # log of a zero TPOT
 
 
 def test_interleaving_rule() -> None:
     assert arms_interleaved([0, 2, 4], [1, 3, 5])
-    assert arms_interleaved([0, 3], [1, 2])            # ABBA
+    assert arms_interleaved([0, 3], [1, 2])  # ABBA
     assert not arms_interleaved([0, 1, 2], [3, 4, 5])  # all baseline first
-    assert not arms_interleaved([3, 4], [0, 1])        # all candidate first
+    assert not arms_interleaved([3, 4], [0, 1])  # all candidate first
 
 
-def _arms(h: Any, ratio: float, n: int = 4, *, interleave: bool = True, clock_b: float | None = None,
-          clock_c: float | None = None, spread: float = 0.02) -> tuple[list, list]:
-    base = [h.summary(f"b{i}", 0.020 * (1 + spread * i), start=(2 * i if interleave else i), clock=clock_b, seed=i)
-            for i in range(n)]
-    cand = [h.summary(f"c{i}", 0.020 * ratio * (1 + spread * i), start=(2 * i + 1 if interleave else n + i),
-                      clock=clock_c, seed=10 + i) for i in range(n)]
+def _arms(
+    h: Any,
+    ratio: float,
+    n: int = 4,
+    *,
+    interleave: bool = True,
+    clock_b: float | None = None,
+    clock_c: float | None = None,
+    spread: float = 0.02,
+) -> tuple[list, list]:
+    base = [
+        h.summary(f"b{i}", 0.020 * (1 + spread * i), start=(2 * i if interleave else i), clock=clock_b, seed=i)
+        for i in range(n)
+    ]
+    cand = [
+        h.summary(
+            f"c{i}",
+            0.020 * ratio * (1 + spread * i),
+            start=(2 * i + 1 if interleave else n + i),
+            clock=clock_c,
+            seed=10 + i,
+        )
+        for i in range(n)
+    ]
     return base, cand
 
 
@@ -104,7 +122,7 @@ def test_arms_not_interleaved_make_no_claim(helpers: Any) -> None:
     v = compare_runs(base, cand)
     assert v.verdict == "no claim" and v.interleaved is False
     assert any("drift cannot be told from the effect" in r for r in v.reasons)
-    assert v.p_value == pytest.approx(2 / 70)   # the figures are still reported
+    assert v.p_value == pytest.approx(2 / 70)  # the figures are still reported
 
 
 def test_unknown_start_times_make_no_claim_unless_unchecked(helpers: Any) -> None:
@@ -156,11 +174,11 @@ def test_cycles_per_token_and_clock_adjusted_ratio_published_example(helpers: An
     v = compare_runs(base, cand)
     assert v.cycles_per_token["baseline"] == pytest.approx(0.1427 * 450e6)
     assert v.cycles_per_token["candidate"] == pytest.approx(0.1380 * 480e6)
-    assert v.clock_adjusted_ratio == pytest.approx(0.1380 * 480 / (0.1427 * 450))   # about 3 % more cycles
+    assert v.clock_adjusted_ratio == pytest.approx(0.1380 * 480 / (0.1427 * 450))  # about 3 % more cycles
     assert v.clock_adjusted_ratio == pytest.approx(1.0315, abs=5e-4)
     text = next(r for r in v.reasons if "cycles per token" in r)
     assert "had the clocks been equal" in text and "not the effect" in text
-    assert v.verdict == "no claim"   # 480 vs 450 MHz is a 6.7 % clock difference
+    assert v.verdict == "no claim"  # 480 vs 450 MHz is a 6.7 % clock difference
 
 
 def test_bootstrap_interval_is_seeded_and_brackets_the_ratio() -> None:

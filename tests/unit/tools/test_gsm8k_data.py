@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvstudy.tools import gsm8k_data
 from kvstudy.errors import StudyError
+from kvstudy.tools import gsm8k_data
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "data" / "gsm8k"
@@ -71,8 +71,18 @@ def _lm_eval_gsm8k() -> dict:
 
 def test_offline_task_mirrors_lm_eval_gsm8k():
     ours, theirs = yaml.safe_load(TASK.read_text()), _lm_eval_gsm8k()
-    for key in ("output_type", "training_split", "fewshot_split", "test_split", "doc_to_text",
-                "doc_to_target", "generation_kwargs", "filter_list", "repeats", "num_fewshot"):
+    for key in (
+        "output_type",
+        "training_split",
+        "fewshot_split",
+        "test_split",
+        "doc_to_text",
+        "doc_to_target",
+        "generation_kwargs",
+        "filter_list",
+        "repeats",
+        "num_fewshot",
+    ):
         assert ours[key] == theirs[key], key
     assert ours["metric_list"] == theirs["metric_list"]
     assert ours["metadata"]["version"] == theirs["metadata"]["version"]

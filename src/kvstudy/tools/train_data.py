@@ -1,0 +1,145 @@
+"""The training data of the project's small model: token ids and loss masks, made from seeds.
+
+Byte-level ids (id = byte value, ``BOS_ID`` before every text): GSM8K-format problems packed
+as a few-shot prompt lays them out, calculator-step drills, retrieval contexts followed by
+questions, and copy sequences (key/value lines said twice). Every builder takes a seeded
+``random.Random`` and returns ``(inputs, labels)`` of one length, ``IGNORE`` where no loss
+counts. :mod:`kvstudy.tools.train_model` puts them into batches.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+from typing import Any
+
+from kvstudy.tools import gsm8k_data, retrieval_data
+
+BOS_ID = 256
+EOS_ID = 257
+IGNORE = -100
+STEP_RE = re.compile(r"(\d+(?: [-+*/] \d+)+) = <<([^=>]+)=(-?\d+)>>(-?\d+)")
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of ``text`` (its UTF-8 bytes), without BOS: what the tokenizer gives after BOS."""
+    return list(text.encode("utf-8"))
+
+
+def test_questions() -> frozenset[str]:
+    """The questions of the test split (``data/gsm8k/test.jsonl``), never trained on."""
+    return frozenset(p.question for p in gsm8k_data.generate()["test"])
+
+
+def fresh_problem(rng: random.Random, excluded: frozenset[str]) -> Any:
+    """A GSM8K-format problem from the generator's templates that is not a test question."""
+    while True:
+        problem = rng.choice(gsm8k_data.TEMPLATES)(rng)
+        if problem.question not in excluded:
+            return problem
+
+
+def problem_text(question: str, answer: str) -> tuple[str, list[int]]:
+    """``Question: q\\nAnswer: a\\n\\n`` and its loss mask (``Question:`` and the answer count)."""
+    head = "Question:"
+    body = f" {question}\nAnswer:"
+    tail = f" {answer}\n\n"
+    return head + body + tail, [1] * len(head) + [0] * len(body) + [1] * len(tail)
+
+
+def drill_lines(problem: Any) -> list[tuple[str, list[int]]]:
+    """The calculator steps of a worked answer, one line each, loss on all after the operands."""
+    lines = []
+    for match in STEP_RE.finditer(problem.answer):
+        text = match.group(0) + "\n"
+        operands = len(match.group(1))
+        lines.append((text, [0] * operands + [1] * (len(text) - operands)))
+    return lines
+
+
+def _fill(pieces: Callable[[], tuple[str, list[int]]], length: int) -> tuple[list[int], list[int]]:
+    """BOS then pieces until ``length + 1`` tokens; inputs and labels of ``length`` each."""
+    ids, mask = [BOS_ID], [0]
+    while len(ids) < length + 1:
+        text, piece_mask = pieces()
+        ids += encode(text)
+        mask += piece_mask
+    ids, mask = ids[: length + 1], mask[: length + 1]
+    labels = [t if m else IGNORE for t, m in zip(ids[1:], mask[1:])]
+    return ids[:length], labels
+
+
+def gsm_sequence(rng: random.Random, length: int, excluded: frozenset[str]) -> tuple[list[int], list[int]]:
+    """Problems packed one after another, as a few-shot prompt lays them out."""
+
+    def piece() -> tuple[str, list[int]]:
+        problem = fresh_problem(rng, excluded)
+        return problem_text(problem.question, problem.answer)
+
+    return _fill(piece, length)
+
+
+def drill_sequence(rng: random.Random, length: int, excluded: frozenset[str]) -> tuple[list[int], list[int]]:
+    """Calculator steps of fresh problems, one per line."""
+    queue: list[tuple[str, list[int]]] = []
+
+    def piece() -> tuple[str, list[int]]:
+        while not queue:
+            queue.extend(drill_lines(fresh_problem(rng, excluded)))
+        return queue.pop(0)
+
+    return _fill(piece, length)
+
+
+def copy_sequence(rng: random.Random, length: int) -> tuple[list[int], list[int]]:
+    """Key/value lines, then the same lines again shuffled: loss on all of each repeated line
+    but its key's first letter (dense copy-from-context examples)."""
+    context, entries = retrieval_data.kv_context(rng, length // 2 - 2)
+    rng.shuffle(entries)
+    text, mask = context + "\n\n", [0] * (len(context) + 2)
+    for entry in entries:
+        line = retrieval_data.kv_line(entry) + "\n"
+        text, mask = text + line, mask + [0] + [1] * (len(line) - 1)
+    ids, mask = ([BOS_ID] + encode(text) + [EOS_ID] * length)[: length + 1], ([0] + mask + [0] * length)[: length + 1]
+    return ids[:length], [t if m else IGNORE for t, m in zip(ids[1:], mask[1:])]
+
+
+def retrieval_sequence(
+    rng: random.Random, length: int, questions: int, needle_share: float, copy_share: float = 0.0, version: int = 2
+) -> tuple[list[int], list[int]]:
+    """A retrieval context sized so that it and its questions fill ``length`` tokens (or, a
+    ``copy_share`` of the time, a ``copy_sequence``).
+
+    ``version`` 2 counts only whole answers (one the cut at ``length`` would split is masked)
+    and the queried key's letters after its first; ``version`` 1 is the first recipe's data
+    (question sizes guessed, so a needle context's last answer could be cut), kept so that
+    a ``training.json`` without ``data_version`` still rebuilds its batches.
+    """
+    if copy_share and rng.random() < copy_share:
+        return copy_sequence(rng, length)
+    kind = "needle" if rng.random() < needle_share else "kv"
+    if version == 1:
+        per_question = 64 if kind == "needle" else 52
+        target = max(32, length - 1 - questions * per_question)
+        needles = rng.randint(1, 6)
+    else:
+        question = f"\n\nQuestion: {retrieval_data.question_for(kind, 'abcde')}\nAnswer: 12345\n\n"
+        target = max(32, length - 1 - questions * len(question))
+        needles = rng.randint(1, max(1, min(6, target // 64)))
+    text, spans = retrieval_data.training_text(kind, target, rng, questions, n_needles=needles)
+    mask = [0] * len(text)
+    for start, end in spans:
+        if version == 1:
+            mask[start:end] = [1] * (end - start)
+        elif end <= length:  # text[i] is token i + 1 after BOS; keep answers that fit whole
+            mask[start:end] = [1] * (end - start)
+            # the queried key's letters after its first: predictable only by copying from context
+            mask[start - 13 : start - 9] = [1] * 4
+    ids = [BOS_ID] + encode(text)
+    mask = [0] + mask
+    ids, mask = ids[: length + 1], mask[: length + 1]
+    pad = length + 1 - len(ids)
+    ids, mask = ids + [EOS_ID] * pad, mask + [0] * pad
+    labels = [t if m else IGNORE for t, m in zip(ids[1:], mask[1:])]
+    return ids[:length], labels

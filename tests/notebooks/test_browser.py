@@ -1,0 +1,118 @@
+"""The reference reports in a real browser: every image loads, every link resolves, no table overflows.
+
+Renders the reference profile into a temporary copy of the repository (so a colleague's `make all`
+is not disturbed), then opens the index and every report in headless Chromium with a small check
+script added, and reads the script's verdict back from ``--dump-dom``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+
+from kvstudy import render
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,1000",
+    "--virtual-time-budget=10000",
+    "--dump-dom",
+]
+CHECK_SCRIPT = """<script>
+window.addEventListener('load', function () {
+  var width = document.documentElement.clientWidth;
+  var images = Array.from(document.images).filter(function (i) { return !(i.complete && i.naturalWidth > 0); })
+    .map(function (i) { return (i.getAttribute('src') || '').slice(0, 80); });
+  var links = Array.from(document.querySelectorAll('a[href]')).map(function (a) { return a.getAttribute('href'); });
+  var anchors = links.filter(function (h) { var id = h.slice(1);
+    return h[0] === '#' && h.length > 1 && !document.getElementById(id) && !document.getElementById(decodeURIComponent(id)); });
+  function scrolls(el) {  // a table inside a horizontally scrolling box does not overflow the page
+    for (var e = el.parentElement; e && e !== document.body; e = e.parentElement) {
+      var o = getComputedStyle(e).overflowX;
+      if ((o === 'auto' || o === 'scroll') && e.getBoundingClientRect().right <= width + 1) return true; }
+    return false; }
+  var wide = Array.from(document.querySelectorAll('table')).filter(function (t) {
+    var r = t.getBoundingClientRect(); return (r.right > width + 1 || r.left < -1) && !scrolls(t); })
+    .map(function (t) { return (t.innerText || '').slice(0, 80); });
+  var out = document.createElement('pre'); out.id = 'kvstudy-check';
+  out.textContent = JSON.stringify({width: width, page_width: document.documentElement.scrollWidth, broken_images: images, links: links, missing_anchors: anchors,
+                                    wide_tables: wide});
+  document.body.appendChild(out);
+});
+</script>"""
+
+pytestmark = [
+    pytest.mark.notebooks,
+    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)"),
+]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference profile rendered into a copy of the repository; its report folder."""
+    root = tmp_path_factory.mktemp("study")
+    for entry in ROOT.iterdir():
+        if entry.name not in {"reports", "figures", ".git"}:
+            (root / entry.name).symlink_to(entry)
+    render.run_profile("reference", root=root)
+    return root / "reports" / "reference"
+
+
+def browser_check(page: Path, profile_dir: Path) -> dict:
+    """Open ``page`` with the check script added; the script's findings."""
+    probe = page.with_name(f".check-{page.name}")
+    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", CHECK_SCRIPT + "</body>", 1), encoding="utf-8")
+    try:
+        out = subprocess.run(
+            [CHROMIUM, *FLAGS, f"--user-data-dir={profile_dir}", probe.as_uri()],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+    finally:
+        probe.unlink()
+    match = re.search(r'<pre id="kvstudy-check">(.*?)</pre>', out.stdout, re.S)
+    assert match, f"{page.name}: the check script did not report (chromium: {out.stderr[-500:]})"
+    import html
+
+    return json.loads(html.unescape(match.group(1)))
+
+
+def local_target(page: Path, href: str) -> Path | None:
+    """The file a relative link points to, or None for an external, data or in-page link."""
+    parsed = urlparse(href)
+    if parsed.scheme in {"http", "https", "mailto", "data", "javascript"} or href.startswith("#"):
+        return None
+    return (page.parent / unquote(parsed.path)).resolve()
+
+
+def test_index_and_reports_open_cleanly_in_chromium(rendered: Path, tmp_path: Path) -> None:
+    pages = [rendered / "index.html", *sorted(p for p in rendered.glob("*.html") if p.name != "index.html")]
+    assert len(pages) >= 5, [p.name for p in pages]
+    for number, page in enumerate(pages):
+        result = browser_check(page, tmp_path / f"chromium-{number}")
+        assert 0 < result["page_width"] <= result["width"] + 1, (page.name, "the page scrolls sideways")
+        assert result["broken_images"] == [], (page.name, result["broken_images"])
+        assert result["missing_anchors"] == [], (page.name, result["missing_anchors"])
+        assert result["wide_tables"] == [], (page.name, result["wide_tables"])
+        missing = [h for h in result["links"] if (t := local_target(page, h)) is not None and not t.exists()]
+        assert missing == [], (page.name, missing)
+    index_links = browser_check(pages[0], tmp_path / "chromium-index")["links"]
+    assert {p.name for p in pages[1:]} <= set(index_links), "the index links every report"
+    failed = sorted(p.name for p in pages if p.name.endswith(".failed.html"))
+    assert failed == [], f"notebooks failed on the reference profile: {failed}"

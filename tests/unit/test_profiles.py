@@ -1,0 +1,119 @@
+"""Strict profiles: names, keys and types checked against the notebooks; extends; profile new."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from kvstudy import profiles
+from kvstudy.errors import StudyError
+from kvstudy.profile_new import write_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+PARAMS = (
+    'profile = "x"  # profile\nfigures_dir = "f"  # figures\nmodel = "m"  # a model\n'
+    "gib = 22.5  # memory in GiB\nweights: Optional[float] = None  # weights in GiB\n"
+    'flag = False  # a switch\nnames = ["a"]  # a list\n'
+)
+
+
+@pytest.fixture()
+def study(tmp_path: Path) -> Path:
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "profiles").mkdir()
+    for stem in ("01_a", "02_b"):
+        nb = nbformat.v4.new_notebook()
+        cell = nbformat.v4.new_code_cell(PARAMS)
+        cell.metadata["tags"] = ["parameters"]
+        nb.cells = [cell]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, tmp_path / "notebooks" / f"{stem}.ipynb")
+    return tmp_path
+
+
+def check(study: Path, text: str, name: str = "p") -> dict:
+    (study / "profiles" / f"{name}.yaml").write_text(text)
+    data = profiles.load_profile(name, study / "profiles")
+    profiles.validate_profile(data, study / "notebooks")
+    return data
+
+
+def test_declared_parameters_carry_types_and_help(study: Path) -> None:
+    declared = profiles.declared_parameters(study / "notebooks" / "01_a.ipynb")
+    assert list(declared) == ["profile", "figures_dir", "model", "gib", "weights", "flag", "names"]
+    assert declared["gib"].type_label == "float | int | None" and declared["gib"].help == "memory in GiB"
+    assert declared["weights"].type_label == "float | int | None"
+    assert declared["flag"].types == (bool,)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("notebooks:\n  01_a: {modle: x}\n", "notebook 01_a: unknown parameter 'modle'; did you mean 'model'?"),
+        ("notebooks:\n  09_x: {}\n", "notebook '09_x' is not in notebooks/"),
+        ("notebooks:\n  01_a: {gib: '80'}\n", "parameter 'gib' must be float | int | None"),
+        ("notebooks:\n  01_a: {flag: 'no'}\n", "parameter 'flag' must be bool"),
+        ("notebooks:\n  01_a: {names: a}\n", "parameter 'names' must be list"),
+        ("notebooks:\n  01_a: {model: 5}\n", "parameter 'model' must be str"),
+        ("notebooks:\n  01_a: {weights: true}\n", "parameter 'weights' must be float | int | None"),
+        ("notebooks:\n  01_a: {profile: y}\n", "set by the runner"),
+        ("defaults: {nope: 1}\nnotebooks:\n  01_a: {}\n", "defaults: no notebook of this profile declares 'nope'"),
+        ("notebook:\n  01_a: {}\n", "unknown field 'notebook'"),
+        ("extends: p\n", "'extends' must name another profile"),
+    ],
+)
+def test_bad_profile_is_one_line_naming_profile_notebook_key(study: Path, text: str, message: str) -> None:
+    with pytest.raises(StudyError) as info:
+        check(study, text)
+    assert message in str(info.value) and "p.yaml" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_good_values_pass(study: Path) -> None:
+    data = check(study, "notebooks:\n  01_a: {gib: 80, weights: 15, flag: true, names: [b], model: m2}\n")
+    assert list(data["notebooks"]) == ["01_a"]
+
+
+def test_extends_takes_the_base_settings(study: Path) -> None:
+    check(study, "notebooks:\n  01_a: {gib: 80, model: base}\n  02_b: {}\n", name="base")
+    data = check(study, "extends: base\nnotebooks:\n  01_a: {model: mine}\n")
+    assert data["notebooks"] == {"01_a": {"gib": 80, "model": "mine"}, "02_b": {}}
+    declared = profiles.declared_parameters(study / "notebooks" / "01_a.ipynb")
+    assert profiles.given_parameters(data, "01_a", declared) == {"gib": 80, "model": "mine"}
+
+
+@pytest.mark.parametrize("name", ["../profiles/reference", "reference.yaml", "a/b", ".hidden"])
+def test_profile_names_are_plain(name: str) -> None:
+    with pytest.raises(StudyError, match="give the name of a file in profiles/"):
+        profiles.check_profile_name(name)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "profiles").glob("*.yaml")), ids=lambda p: p.stem)
+def test_repository_profiles_are_valid(path: Path) -> None:
+    data = profiles.load_profile(path.stem, ROOT / "profiles")
+    profiles.validate_profile(data, ROOT / "notebooks")
+
+
+def test_profile_new_writes_a_valid_commented_profile(tmp_path: Path) -> None:
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "notebooks").symlink_to(ROOT / "notebooks")
+    path = write_profile("mine", "data/models/Mistral-7B-v0.1", "H100-SXM", root=tmp_path)
+    text = path.read_text()
+    assert text.startswith("# Profile mine") and "make all PROFILE=mine" in text
+    data = yaml.safe_load(text)
+    capacity = data["notebooks"]["01_capacity-math"]
+    assert capacity["model"] == "data/models/Mistral-7B-v0.1"
+    assert "H100" in text and ("gpu" in capacity or capacity["gpu_memory_gib"] > 70)
+    assert "02_speed-sweep" not in data["notebooks"]  # live notebooks only as comments
+    with pytest.raises(StudyError, match="the profile exists"):
+        write_profile("mine", "data/models/Mistral-7B-v0.1", None, root=tmp_path)
+
+
+def test_profile_new_refuses_an_unknown_gpu(tmp_path: Path) -> None:
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "notebooks").symlink_to(ROOT / "notebooks")
+    with pytest.raises(StudyError, match="not in the GPU catalog"):
+        write_profile("mine", "data/models/Qwen3-8B", "Z9000", root=tmp_path)
+    assert not (tmp_path / "profiles" / "mine.yaml").exists()
