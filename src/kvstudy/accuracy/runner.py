@@ -26,7 +26,6 @@ records are written (``keep_cache=False``), because the records then hold everyt
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -45,6 +44,7 @@ from kvstudy.accuracy.records import (  # noqa: F401 (re-exported)
     write_records,
 )
 from kvstudy.accuracy.task_specs import GSM8K_FILTERS, task_spec, write_task_folder
+from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, strip_ansi, write_json_atomic
 
@@ -260,10 +260,6 @@ class ConfigStatus:
     finished_at: str | None = None
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def server_config_for(cfg: EvalConfig, base: Any, fp8_kv_backend: str | None = None) -> Any:
     """The baseline ServerConfig with only this configuration's intended changes.
 
@@ -335,7 +331,7 @@ def run_group(
                         asdict(settings),
                         shots,
                         len(records),
-                        _now(),
+                        now_utc(),
                     )
                 except EvalIncomplete as exc:
                     status = ConfigStatus(
@@ -347,7 +343,7 @@ def run_group(
                         asdict(settings),
                         shots,
                         cached_answers(folder),
-                        _now(),
+                        now_utc(),
                     )
                 write_json_atomic(folder / "status.json", asdict(status))
                 log(f"  {cfg.name}: {status.state} ({status.n_records} answers)")
@@ -359,7 +355,7 @@ def run_group(
             diagnosis = f"{root} (root error in the engine log); {diagnosis}"
         for cfg in configs[len(statuses) :]:
             status = ConfigStatus(
-                cfg.name, cfg.label, "failed", diagnosis, server_cfg.to_dict(), asdict(settings), None, 0, _now()
+                cfg.name, cfg.label, "failed", diagnosis, server_cfg.to_dict(), asdict(settings), None, 0, now_utc()
             )
             write_json_atomic(capture / cfg.name / "status.json", asdict(status))
             statuses.append(status)

@@ -176,40 +176,22 @@ def compare_arms(base: LineFit, cand: LineFit) -> ArmComparison:
         ratio_ci = _interval(cb[pos] / bb[pos]) if pos.sum() >= n // 2 else None
     lo, hi = min(base.lengths + cand.lengths), max(base.lengths + cand.lengths)
     names = f"{cand.arm} vs {base.arm}"
+
+    def no_break_even(reason: str) -> ArmComparison:
+        # ratio and ratio_ci are None already when the baseline's slope is not resolved
+        return ArmComparison(base.arm, cand.arm, ratio, ratio_ci, diff_ci, None, None, f"{names}: {reason}")
+
     if not base.resolved:
-        return ArmComparison(
-            base.arm,
-            cand.arm,
-            None,
-            None,
-            diff_ci,
-            None,
-            None,
-            f"{names}: {base.arm}'s slope is not resolved (its interval includes 0): no ratio or break-even claimed",
+        return no_break_even(
+            f"{base.arm}'s slope is not resolved (its interval includes 0): no ratio or break-even claimed"
         )
     if diff_ci is None or diff_ci[0] <= 0 <= diff_ci[1]:
-        return ArmComparison(
-            base.arm,
-            cand.arm,
-            ratio,
-            ratio_ci,
-            diff_ci,
-            None,
-            None,
-            f"{names}: the slopes are not resolved apart (difference interval includes 0): no break-even claimed",
+        return no_break_even(
+            "the slopes are not resolved apart (difference interval includes 0): no break-even claimed"
         )
     d = base.slope_ms_per_token - cand.slope_ms_per_token
     if d < 0:
-        return ArmComparison(
-            base.arm,
-            cand.arm,
-            ratio,
-            ratio_ci,
-            diff_ci,
-            None,
-            None,
-            f"{names}: {cand.arm}'s latency grows faster with context: no break-even",
-        )
+        return no_break_even(f"{cand.arm}'s latency grows faster with context: no break-even")
     length = (cand.intercept_ms - base.intercept_ms) / d
     boot = (ca[ok] - ba[ok]) / diff
     be_ci = _interval(boot[np.isfinite(boot)])

@@ -22,7 +22,6 @@ several short runs under the machine-wide lock.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy import io as atomic
+from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
 from kvstudy.vllm.facts import CACHE_DTYPES
@@ -264,10 +264,6 @@ def run_id(arm: str, seed: int) -> str:
 # --------------------------------------------------------------------------- capture files
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _write(path: Path, data: Any) -> None:
     atomic.write_json_atomic(path, data, indent=1, allow_nan=True, default=str)
 
@@ -322,7 +318,7 @@ def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
         "kind": KIND,
         "source": "captured by this project",
         "how": how,
-        "created_utc": _now(),
+        "created_utc": now_utc(),
         "spec": spec.to_dict(),
         "machine": machine,
         "sessions": [],
@@ -335,7 +331,7 @@ def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
 def _update(capture: Path, manifest: dict[str, Any], spec: ContextSweepSpec) -> None:
     manifest["cells"] = {c: (cell_state(capture, c) or {}).get("status", "missing") for c in spec.cells()}
     manifest["complete"] = all(v != "missing" for v in manifest["cells"].values()) and not cells_to_run(spec, capture)
-    manifest["updated_utc"] = _now()
+    manifest["updated_utc"] = now_utc()
     _write(capture / MANIFEST, manifest)
 
 
@@ -367,7 +363,7 @@ def _run_cell(spec: ContextSweepSpec, capture: Path, arm: str, seed: int, length
     from kvstudy.speed.bench_client import BenchError, requests_from_result, run_bench
 
     cid = cell_id(arm, seed, length)
-    started, t0 = _now(), time.monotonic()
+    started, t0 = now_utc(), time.monotonic()
     tokenizer = spec.model if Path(spec.model).is_dir() else None
     try:
         result = run_bench(
@@ -440,7 +436,7 @@ def run_context_sweep(
     todo = set(cells_to_run(spec, capture, retry_failed))
     if todo and not (capture / BANDWIDTH).is_file():
         record_bandwidth(capture)
-    session = {"started_utc": _now(), "cells_to_run": sorted(todo), "finished_utc": None}
+    session = {"started_utc": now_utc(), "cells_to_run": sorted(todo), "finished_utc": None}
     manifest.setdefault("sessions", []).append(session)
     outcomes: list[CellOutcome] = []
     starts = 0
@@ -453,7 +449,7 @@ def run_context_sweep(
                 break
             starts += 1
             rid = run_id(arm, seed)
-            log(f"{_now()} start {rid} ({len(lengths)} cells)")
+            log(f"{now_utc()} start {rid} ({len(lengths)} cells)")
             try:
                 with VllmServer(
                     spec.server_config(arm, seed),
@@ -472,7 +468,7 @@ def run_context_sweep(
                         cell = _run_cell(spec, capture, arm, seed, L, server)
                         _write(capture / "cells" / f"{cell['cell_id']}.json", cell)
                         outcomes.append(CellOutcome(cell["cell_id"], cell["status"], cell.get("reason", "")))
-                        log(f"{_now()} {cell['cell_id']}: {cell['status']} {cell.get('reason', '')}")
+                        log(f"{now_utc()} {cell['cell_id']}: {cell['status']} {cell.get('reason', '')}")
                         _update(capture, manifest, spec)
             except EngineStartError as exc:
                 reason = " ".join(str(exc.args[0]).split())
@@ -491,14 +487,14 @@ def run_context_sweep(
                         reason=f"server did not start: {reason}",
                         start_failed=True,
                         log_tail=tail,
-                        started_utc=_now(),
+                        started_utc=now_utc(),
                         seconds=0.0,
                     )
                     _write(capture / "cells" / f"{cell['cell_id']}.json", cell)
                     outcomes.append(CellOutcome(cell["cell_id"], "failed", cell["reason"]))
-                log(f"{_now()} {rid}: server did not start: {reason[:200]}")
+                log(f"{now_utc()} {rid}: server did not start: {reason[:200]}")
     finally:
-        session["finished_utc"] = _now()
+        session["finished_utc"] = now_utc()
         _update(capture, manifest, spec)
     return outcomes
 
@@ -510,7 +506,7 @@ def record_bandwidth(capture: Path) -> dict[str, Any]:
     probe = measure_bandwidth()
     data = {
         "source": "measured by this project",
-        "measured_utc": _now(),
+        "measured_utc": now_utc(),
         "how": "kvstudy.context.bandwidth.measure_bandwidth",
         **probe.to_dict(),
     }

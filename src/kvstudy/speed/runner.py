@@ -26,7 +26,6 @@ machine going down costs only the unfinished cells.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import time
@@ -37,6 +36,7 @@ from typing import Any
 
 from kvstudy import capture as capture_format
 from kvstudy import io as atomic
+from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import log_tail, read_json
 from kvstudy.redact import resolve_env, scrub, secret_values
@@ -105,10 +105,6 @@ def missing_cells(spec: SweepSpec, capture: Path, retry_failed: bool = False) ->
 def load_spec(capture: Path) -> SweepSpec:
     manifest = capture_format.read_manifest(capture, KIND)
     return SweepSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def prepare_capture(spec: SweepSpec, capture: Path, how: str = "") -> dict[str, Any]:
@@ -182,7 +178,7 @@ def _failed(spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: st
 def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None) -> CellResult:
     """Run one cell against a ready server and write its files; never raises for a bench failure."""
     settings = spec.bench_settings(cell)
-    started, t0, wall0 = _now(), time.perf_counter(), time.time()
+    started, t0, wall0 = now_utc(), time.perf_counter(), time.time()
     bench_log = capture / "logs" / f"{cell.id}.bench.log"
     sampler = TelemetrySampler(default_reader(), spec.telemetry_interval_s)
     before = scrape_server_metrics(server.base_url) if spec.scrape_metrics else None
@@ -318,14 +314,14 @@ def run_sweep(
                             try:
                                 res = run_cell(spec, capture, cell, server, tokenizer)
                             except StudyError as exc:  # e.g. an unreadable client result
-                                res = _failed(spec, cell, str(exc), log_tail(log_path), _now(), 0.0)
+                                res = _failed(spec, cell, str(exc), log_tail(log_path), now_utc(), 0.0)
                         else:
                             res = _failed(
                                 spec,
                                 cell,
                                 "the server had stopped before this cell started",
                                 log_tail(log_path),
-                                _now(),
+                                now_utc(),
                                 0.0,
                             )
                         write_json_atomic(capture / "cells" / f"{cell.id}.json", asdict(res))
@@ -349,7 +345,7 @@ def run_sweep(
                     if cell_status(capture, cell) == "ok" or any(r.cell_id == cell.id for r in results):
                         continue
                     res = _failed(
-                        spec, cell, f"server did not start: {reason}", getattr(exc, "log_tail", ""), _now(), 0.0
+                        spec, cell, f"server did not start: {reason}", getattr(exc, "log_tail", ""), now_utc(), 0.0
                     )
                     write_json_atomic(capture / "cells" / f"{cell.id}.json", asdict(res))
                     results.append(res)

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.machine import cpu_model
 from kvstudy.tools.train_data import (  # noqa: F401
     BOS_ID,
     EOS_ID,
@@ -485,17 +486,6 @@ def _versions() -> dict[str, str]:
         "transformers": transformers.__version__,
         "tokenizers": tokenizers.__version__,
     }
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (or the platform's processor string)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def save_model(result: TrainResult, settings: TrainSettings, out: Path) -> dict[str, Any]:
