@@ -189,7 +189,7 @@ def _write_model(spec: TinyModelSpec, tokenizer: Any, out: Path) -> None:
     bos_id, eos_id = tokenizer.token_to_id(BOS_TOKEN), tokenizer.token_to_id(EOS_TOKEN)
     config = _qwen3_config(spec, tokenizer.get_vocab_size(), bos_id, eos_id)
     torch.manual_seed(spec.seed)
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)  # type: ignore[arg-type]
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
     model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=eos_id)
     model.save_pretrained(out, safe_serialization=True)
     fast = PreTrainedTokenizerFast(
