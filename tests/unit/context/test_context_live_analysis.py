@@ -14,14 +14,13 @@ from kvstudy.context.sweep import KIND, ContextSweepSpec, cell_id
 from kvstudy.errors import StudyError
 
 ROOT = Path(__file__).resolve().parents[3]
-TINY = str(ROOT / "data" / "tiny-models" / "tiny-qwen3")
-needs_tiny = pytest.mark.skipif(not Path(TINY, "config.json").is_file(), reason="tiny model not built")
 
 
-def _capture(tmp: Path, fp8_fails: bool) -> Path:
+def _capture(tmp: Path, model: Path, fp8_fails: bool) -> Path:
+    """A synthetic capture of the tiny model's grid (``model``: a folder with its config.json)."""
     spec = ContextSweepSpec.from_dict(
         {
-            "model": TINY,
+            "model": str(model),
             "arms": [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
             "lengths": [256, 1024, 2048],
             "seeds": [0, 1, 2],
@@ -62,9 +61,8 @@ def _capture(tmp: Path, fp8_fails: bool) -> Path:
     return tmp
 
 
-@needs_tiny
-def test_both_arms_measured(tmp_path: Path) -> None:
-    a = analyse_capture(_capture(tmp_path, fp8_fails=False), n_boot=300)
+def test_both_arms_measured(tmp_path: Path, qwen3_config_model: Path) -> None:
+    a = analyse_capture(_capture(tmp_path, qwen3_config_model, fp8_fails=False), n_boot=300)
     assert set(a.fits) == {"auto", "fp8"} and not a.not_measured
     cmp = a.comparisons[0]
     assert cmp.slope_ratio == pytest.approx(0.5, abs=0.05)
@@ -78,9 +76,8 @@ def test_both_arms_measured(tmp_path: Path) -> None:
     plot_fits(a, dict(pred))
 
 
-@needs_tiny
-def test_fp8_failed_start_is_not_measured(tmp_path: Path) -> None:
-    a = analyse_capture(_capture(tmp_path, fp8_fails=True), n_boot=300)
+def test_fp8_failed_start_is_not_measured(tmp_path: Path, qwen3_config_model: Path) -> None:
+    a = analyse_capture(_capture(tmp_path, qwen3_config_model, fp8_fails=True), n_boot=300)
     assert set(a.fits) == {"auto"} and a.comparisons == ()
     assert "AVX-512" in a.not_measured["fp8"]
     row = slope_table(a).set_index("arm").loc["fp8"]

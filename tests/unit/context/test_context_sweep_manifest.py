@@ -4,7 +4,6 @@ and kept up to date by a run (the server and the benchmark client are fakes; no 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +16,7 @@ from kvstudy.errors import StudyError
 from kvstudy.vllm import server as engine
 
 ROOT = Path(__file__).resolve().parents[3]
-TINY = ROOT / "data" / "tiny-models" / "tiny-qwen3"
 BUNDLED = ROOT / "data" / "captures" / "context-cpu"
-needs_tiny = pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="tiny model not built")
-
-
-def _model(tmp: Path) -> Path:
-    """A model folder of its own (the tiny model's config), so a test can change it."""
-    folder = tmp / "model"
-    folder.mkdir()
-    shutil.copy(TINY / "config.json", folder / "config.json")
-    return folder
 
 
 def _spec(model: Path | str, **over: Any) -> ContextSweepSpec:
@@ -46,9 +35,8 @@ def _spec(model: Path | str, **over: Any) -> ContextSweepSpec:
 # --------------------------------------------------------------------------- created, resumed, refused
 
 
-@needs_tiny
-def test_new_capture_has_the_capture_format(tmp_path: Path) -> None:
-    model = _model(tmp_path)
+def test_new_capture_has_the_capture_format(tmp_path: Path, own_qwen3_config_model: Path) -> None:
+    model = own_qwen3_config_model
     spec = _spec(model)
     manifest = prepare(spec, tmp_path / "cap", "test")
     back = capture.read_manifest(tmp_path / "cap", KIND)
@@ -62,17 +50,15 @@ def test_new_capture_has_the_capture_format(tmp_path: Path) -> None:
     assert sweep.load_context_spec(tmp_path / "cap") == spec
 
 
-@needs_tiny
-def test_same_grid_resumes_the_same_capture(tmp_path: Path) -> None:
-    spec = _spec(_model(tmp_path))
+def test_same_grid_resumes_the_same_capture(tmp_path: Path, own_qwen3_config_model: Path) -> None:
+    spec = _spec(own_qwen3_config_model)
     first = prepare(spec, tmp_path / "cap", "test")
     again = prepare(_spec(spec.model), tmp_path / "cap", "another how")
     assert again["created_utc"] == first["created_utc"] and again["how"] == "test"
 
 
-@needs_tiny
-def test_other_grid_is_refused_in_one_line_naming_the_fields(tmp_path: Path) -> None:
-    model = _model(tmp_path)
+def test_other_grid_is_refused_in_one_line_naming_the_fields(tmp_path: Path, own_qwen3_config_model: Path) -> None:
+    model = own_qwen3_config_model
     prepare(_spec(model), tmp_path / "cap", "test")
     with pytest.raises(StudyError) as err:
         prepare(_spec(model, lengths=[256, 2048], output_len=16), tmp_path / "cap", "test")
@@ -80,9 +66,8 @@ def test_other_grid_is_refused_in_one_line_naming_the_fields(tmp_path: Path) -> 
     assert "different sweep (fields ['lengths', 'output_len'] differ)" in text and "\n" not in text
 
 
-@needs_tiny
-def test_capture_of_another_model_is_refused(tmp_path: Path) -> None:
-    model = _model(tmp_path)
+def test_capture_of_another_model_is_refused(tmp_path: Path, own_qwen3_config_model: Path) -> None:
+    model = own_qwen3_config_model
     prepare(_spec(model), tmp_path / "cap", "test")
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-5}))  # same path, other model
@@ -91,18 +76,18 @@ def test_capture_of_another_model_is_refused(tmp_path: Path) -> None:
     assert "\n" not in str(err.value)
 
 
-@needs_tiny
-def test_another_kind_of_capture_is_refused(tmp_path: Path) -> None:
+def test_another_kind_of_capture_is_refused(tmp_path: Path, own_qwen3_config_model: Path) -> None:
     capture.write_manifest(tmp_path, capture.new_manifest(capture.SPEED_KIND, {}, "test"))
     with pytest.raises(StudyError, match="not a context-sweep manifest"):
-        prepare(_spec(_model(tmp_path)), tmp_path, "test")
+        prepare(_spec(own_qwen3_config_model), tmp_path, "test")
     with pytest.raises(StudyError, match="field 'kind'"):
         sweep.load_context_spec(tmp_path)
 
 
-@needs_tiny
-def test_a_secret_in_server_env_is_not_written_and_the_capture_resumes(tmp_path: Path) -> None:
-    spec = _spec(_model(tmp_path), server_env={"HF_TOKEN": "hf_plantedSecret123", "N": "1"})
+def test_a_secret_in_server_env_is_not_written_and_the_capture_resumes(
+    tmp_path: Path, own_qwen3_config_model: Path
+) -> None:
+    spec = _spec(own_qwen3_config_model, server_env={"HF_TOKEN": "hf_plantedSecret123", "N": "1"})
     prepare(spec, tmp_path / "cap", "test")
     assert "hf_plantedSecret123" not in (tmp_path / "cap" / "manifest.json").read_text()
     prepare(spec, tmp_path / "cap", "test")
@@ -133,9 +118,8 @@ def _old_manifest(spec: ContextSweepSpec, cells: dict[str, str], complete: bool)
     }
 
 
-@needs_tiny
-def test_resuming_an_older_manifest_upgrades_it_in_place(tmp_path: Path) -> None:
-    spec = _spec(_model(tmp_path))
+def test_resuming_an_older_manifest_upgrades_it_in_place(tmp_path: Path, own_qwen3_config_model: Path) -> None:
+    spec = _spec(own_qwen3_config_model)
     cap = tmp_path / "cap"
     cap.mkdir()
     (cap / "manifest.json").write_text(json.dumps(_old_manifest(spec, {c: "missing" for c in spec.cells()}, False)))
@@ -195,9 +179,8 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return FakeServer.starts
 
 
-@needs_tiny
-def test_a_run_records_sessions_and_cell_states(tmp_path: Path, fakes: list[str]) -> None:
-    spec = _spec(_model(tmp_path))
+def test_a_run_records_sessions_and_cell_states(tmp_path: Path, own_qwen3_config_model: Path, fakes: list[str]) -> None:
+    spec = _spec(own_qwen3_config_model)
     cap = tmp_path / "cap"
     cap.mkdir()
     (cap / "bandwidth.json").write_text(json.dumps({"best_gb_s": 10.0}))  # no probe in a unit test

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,23 +12,22 @@ from kvstudy.cli import main
 from kvstudy.context.sweep import ContextSweepSpec, cell_id, cells_to_run, default_arms
 from kvstudy.errors import StudyError
 
-ROOT = Path(__file__).resolve().parents[3]
-TINY = str(ROOT / "data" / "tiny-models" / "tiny-qwen3")
-BASE = {
-    "model": TINY,
-    "arms": [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
-    "lengths": [256, 1024],
-    "seeds": [0, 1],
-    "output_len": 16,
-    "cpu_kvcache_space_gib": 1,
-}
 
-needs_tiny = pytest.mark.skipif(not Path(TINY, "config.json").is_file(), reason="tiny model not built")
+@pytest.fixture
+def base(qwen3_config_model: Path) -> dict[str, Any]:
+    """A valid grid on a config-only Qwen3 folder (the tiny model's config: 8,192 positions)."""
+    return {
+        "model": str(qwen3_config_model),
+        "arms": [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
+        "lengths": [256, 1024],
+        "seeds": [0, 1],
+        "output_len": 16,
+        "cpu_kvcache_space_gib": 1,
+    }
 
 
-@needs_tiny
-def test_interleaved_order_and_alternating_lengths() -> None:
-    spec = ContextSweepSpec.from_dict(BASE)
+def test_interleaved_order_and_alternating_lengths(base: dict[str, Any]) -> None:
+    spec = ContextSweepSpec.from_dict(base)
     assert spec.runs() == [("auto", 0), ("fp8", 0), ("auto", 1), ("fp8", 1)]
     assert spec.cells()[:4] == [
         cell_id("auto", 0, 256),
@@ -38,7 +38,6 @@ def test_interleaved_order_and_alternating_lengths() -> None:
     assert spec.served_max_model_len == 1024 + 16 + 64
 
 
-@needs_tiny
 @pytest.mark.parametrize(
     "change, words",
     [
@@ -52,24 +51,24 @@ def test_interleaved_order_and_alternating_lengths() -> None:
         ({"colour": 1}, "unknown field"),
     ],
 )
-def test_bad_specs_raise_one_line(change: dict, words: str) -> None:
+def test_bad_specs_raise_one_line(base: dict[str, Any], change: dict, words: str) -> None:
     with pytest.raises(StudyError) as err:
-        ContextSweepSpec.from_dict({**BASE, **change})
+        ContextSweepSpec.from_dict({**base, **change})
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
-@needs_tiny
-def test_cli_bad_spec_exits_nonzero_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_bad_spec_exits_nonzero_with_one_line(
+    base: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "spec.json"
-    path.write_text(json.dumps({**BASE, "lengths": [256, 9000]}))
+    path.write_text(json.dumps({**base, "lengths": [256, 9000]}))
     assert main(["context-sweep", str(path), str(tmp_path / "cap"), "--dry-run"]) != 0
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "max_position_embeddings" in err
 
 
-@needs_tiny
-def test_resume_skips_ok_and_diagnosed_start_failures(tmp_path: Path) -> None:
-    spec = ContextSweepSpec.from_dict(BASE)
+def test_resume_skips_ok_and_diagnosed_start_failures(base: dict[str, Any], tmp_path: Path) -> None:
+    spec = ContextSweepSpec.from_dict(base)
     cells = tmp_path / "cells"
     cells.mkdir()
     (cells / f"{cell_id('auto', 0, 256)}.json").write_text(json.dumps({"status": "ok"}))
@@ -81,6 +80,5 @@ def test_resume_skips_ok_and_diagnosed_start_failures(tmp_path: Path) -> None:
     assert cell_id("fp8", 0, 256) in cells_to_run(spec, tmp_path, retry_failed=True)
 
 
-@needs_tiny
-def test_default_arms_for_full_attention_model() -> None:
-    assert [a.name for a in default_arms(TINY)] == ["auto", "fp8"]
+def test_default_arms_for_full_attention_model(qwen3_config_model: Path) -> None:
+    assert [a.name for a in default_arms(str(qwen3_config_model))] == ["auto", "fp8"]
