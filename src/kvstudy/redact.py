@@ -12,14 +12,18 @@ returns a copy with every secret replaced by ``REDACTED``:
 Profiles and specs may give an environment value as ``{from_env: NAME}``: the value is looked up
 in the parent environment only when the child's environment is built (``resolve_env``), so it is
 never part of a parameter, a manifest or a record.
+
+``copy_scrubbed`` / ``start_scrubbed_copy`` copy a child's output (a pipe) to a log file line by
+line, each line scrubbed before it is written, so no secret reaches the disk even for a moment.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import IO, Any
 
 from kvstudy.errors import StudyError
 
@@ -183,3 +187,99 @@ def scrub(text: str, values: list[str] | None = None) -> str:
     for value in secret_values() if values is None else values:
         text = text.replace(value, REDACTED)
     return text
+
+
+# ---- a child's output to a log file, scrubbed line by line ------------------------------------
+SCRUB_READ_BYTES = 65536
+SCRUB_PIECE_BYTES = 1 << 20  # a longer line is scrubbed and written in pieces
+_SPACES = b" \t\x0b\x0c"
+_AFTER_LAST_SPACE = re.compile(rb"(?s).*[ \t\x0b\x0c]")  # greedy: match.end() is after the last space
+_AFTER_LAST_NON_TOKEN = re.compile(rb"(?s).*[^A-Za-z0-9_\-.]")
+
+
+def scrub_bytes(data: bytes, values: list[str] | None = None) -> bytes:
+    """``scrub`` of raw output: bytes that are not UTF-8 pass through unchanged (surrogateescape)."""
+    return scrub(data.decode("utf-8", "surrogateescape"), values).encode("utf-8", "surrogateescape")
+
+
+def _cut_point(data: bytes, limit: int) -> int:
+    """Where to cut a line longer than ``limit`` bytes: before the last two words of its first
+    ``limit`` bytes (so ``--api-key VALUE`` stays in one piece), else after its last byte outside a
+    token's alphabet, else at ``limit``; never before ``limit // 2`` (each piece makes progress)."""
+    window = data[:limit]
+    least = max(1, limit // 2)
+    last = _AFTER_LAST_SPACE.match(window)
+    if last:
+        before = _AFTER_LAST_SPACE.match(window[: last.end()].rstrip(_SPACES))
+        for cut in (before.end() if before else 0, last.end()):
+            if cut >= least:
+                return cut
+    other = _AFTER_LAST_NON_TOKEN.match(window)
+    return other.end() if other and other.end() >= least else limit
+
+
+def _ready_part(pending: bytes, limit: int) -> tuple[bytes, bytes]:
+    """(what can be written now: complete lines and pieces of over-long lines, what waits for more)."""
+    end = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
+    ready, rest = pending[:end], pending[end:]
+    pieces = [ready] if ready else []
+    while len(rest) > limit:
+        cut = _cut_point(rest, limit)
+        pieces.append(rest[:cut])
+        rest = rest[cut:]
+    return b"".join(pieces), rest
+
+
+def _write_scrubbed(target: IO[bytes], data: bytes, values: list[str]) -> bool:
+    """Write ``data`` scrubbed and flush; False when ``target`` cannot be written any more."""
+    try:
+        clean = scrub_bytes(data, values)
+    except Exception:  # never let one odd line stop the copy: the child would block on a full pipe
+        clean = f"{REDACTED} ({len(data)} bytes of output that could not be scrubbed left out)\n".encode()
+    try:
+        target.write(clean)
+        target.flush()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def copy_scrubbed(
+    source: IO[bytes], target: IO[bytes], values: list[str], piece_bytes: int = SCRUB_PIECE_BYTES
+) -> None:
+    """Copy ``source`` (a child's output pipe) to ``target`` until end of file, each line (``\\n`` or
+    ``\\r`` ended; a last line without one at the end) scrubbed of ``values`` and of every secret shape
+    (``scrub``) before it is written and flushed. A line longer than ``piece_bytes`` is written in
+    pieces cut between words where it can. Reading goes on to end of file even when ``target`` fails
+    (the child never blocks on a full pipe); both files are closed at the end."""
+    fd = source.fileno()
+    pending = b""
+    writable = True
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, SCRUB_READ_BYTES)
+            except OSError:
+                chunk = b""
+            pending += chunk
+            ready, pending = _ready_part(pending, piece_bytes) if chunk else (pending, b"")
+            if ready and writable:
+                writable = _write_scrubbed(target, ready, values)
+            if not chunk:
+                return
+    finally:
+        for handle in (source, target):
+            try:
+                handle.close()
+            except OSError:
+                pass
+
+
+def start_scrubbed_copy(
+    source: IO[bytes], target: IO[bytes], values: list[str], name: str = "kvstudy-scrubbed-copy"
+) -> threading.Thread:
+    """``copy_scrubbed`` in a daemon thread (it never keeps the interpreter alive); join it after the
+    child has exited to have the whole output in ``target``."""
+    thread = threading.Thread(target=copy_scrubbed, args=(source, target, list(values)), name=name, daemon=True)
+    thread.start()
+    return thread

