@@ -209,6 +209,8 @@ def paired_comparisons(
     for name, res in results.items():
         if name == baseline or res.state != "ok" or res.num_fewshot != base.num_fewshot:
             continue
+        if name in CONFIGURATIONS and CONFIGURATIONS[name].model is not None:  # a weak baseline, not an arm
+            continue
         cmp = acc.compare_paired(base.label, base_correct, res.label, correctness(res.records, filter_name))
         psi = cmp.discordance_rate
         mde = acc.smallest_detectable_loss(cmp.n, psi) if psi > 0 else None
@@ -250,6 +252,15 @@ def guard_table(results: Mapping[str, ConfigResult], baseline: str) -> pd.DataFr
         if name == baseline:
             continue
         intended = CONFIGURATIONS[name].intended or ("nothing",)
+        if CONFIGURATIONS[name].model is not None:
+            rows.append(
+                {
+                    "configuration": res.label,
+                    "intended change": ", ".join(intended),
+                    "A/B guard": "not compared: another model by design (a weak baseline, not an A/B arm)",
+                }
+            )
+            continue
         if base is None or base.resolved_record is None or res.resolved_record is None:
             rows.append(
                 {

@@ -47,6 +47,7 @@ from kvstudy.accuracy.task_specs import GSM8K_FILTERS, task_spec, write_task_fol
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, strip_ansi, write_json_atomic
+from kvstudy.tools.tiny_model import DEFAULT_PATH as TINY_MODEL_PATH
 
 OFFLINE_TASK = "gsm8k_offline"
 HUB_TASK = "gsm8k"
@@ -69,9 +70,11 @@ class EvalConfig:
     num_fewshot: int | None = None  # None: the run's shots; 0 for a zero-shot weak baseline
     intended: tuple[str, ...] = ()  # fields allowed to differ from the baseline's record
     repeat: int = 0  # > 0: the same server settings started afresh (A/A control)
+    # another model than the run's (only for a weak baseline of the discrimination check)
+    model: str | None = None
 
-    def server_key(self) -> tuple[str, str | None, int]:
-        return (self.kv_cache_dtype, self.quantization, self.repeat)
+    def server_key(self) -> tuple[str, str | None, int, str | None]:
+        return (self.kv_cache_dtype, self.quantization, self.repeat, self.model)
 
 
 CONFIGURATIONS: dict[str, EvalConfig] = {
@@ -89,6 +92,9 @@ CONFIGURATIONS: dict[str, EvalConfig] = {
         ),
         EvalConfig("bf16-zero-shot", "BF16, zero-shot", num_fewshot=0),
         EvalConfig("bf16-repeat", "BF16, repeat", repeat=1),  # 16-bit vs 16-bit: the noise floor
+        # A weak baseline for a model trained on the task's format, which answers zero-shot as well
+        # as few-shot: the random-weight tiny model (`make tiny-model`), asked the same questions.
+        EvalConfig("random-weights", "random weights (tiny model)", model=str(TINY_MODEL_PATH), intended=("model",)),
     )
 }
 
@@ -267,7 +273,10 @@ def server_config_for(cfg: EvalConfig, base: Any, fp8_kv_backend: str | None = N
     them with TRITON_ATTN on its L4); the A/B guard then reports the backend as a second change.
     """
     backend = fp8_kv_backend if fp8_kv_backend and cfg.kv_cache_dtype != "auto" else base.attention_backend
-    return replace(base, kv_cache_dtype=cfg.kv_cache_dtype, quantization=cfg.quantization, attention_backend=backend)
+    model = cfg.model if cfg.model is not None else base.model
+    return replace(
+        base, model=model, kv_cache_dtype=cfg.kv_cache_dtype, quantization=cfg.quantization, attention_backend=backend
+    )
 
 
 def is_done(folder: Path, settings: EvalSettings, shots: int) -> bool:
@@ -404,7 +413,7 @@ def run_missing(
         manifest = capture_format.read_manifest(capture)
         if manifest.get("kind") == KIND:  # an older manifest is checked when it is next written
             _check_same(capture, manifest, settings, inputs)
-    todo: dict[tuple[str, str | None, int], list[EvalConfig]] = {}
+    todo: dict[tuple[str, str | None, int, str | None], list[EvalConfig]] = {}
     for cfg in configurations(names):
         shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
         folder = capture / cfg.name

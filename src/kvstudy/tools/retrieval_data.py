@@ -8,11 +8,14 @@ arguments always give the same items on any machine and any Python process:
 - ``needle``: a haystack of filler sentences with one or several needles
   ``The special magic number for <key> is <value>.``; the question asks for one needle's number.
 
-Every item is a dict ``{"id", "kind", "context_id", "context", "question", "answer",
+Every item is a dict ``{"id", "kind", "context_id", "context", "question", "answer_prefix", "answer",
 "context_tokens_approx", "target_tokens", "n_keys", "depth", "seed"}``. Several items may share
 a context (``questions_per_context`` > 1), which the statistics must treat as a cluster. The
 prompt an item is asked with is ``prompt_text(item)``:
-``{context}\\n\\nQuestion: {question}\\nAnswer:`` and the expected completion is ``" {answer}"``.
+``{context}\\n\\nQuestion: {question}\\nAnswer: {answer_prefix}`` and the expected completion is
+``" {answer}"``. As in RULER, the answer starts by restating what is asked (``answer_prefix``:
+``<key>:`` for a key/value list, ``The special magic number for <key> is`` for a needle), so the
+value is what follows the same words in the context.
 
 ``context_tokens_approx`` is ``len(context) / chars_per_token``: exact for the project's
 trained byte-level model (1 character = 1 token for ASCII), an estimate for other tokenizers.
@@ -127,6 +130,13 @@ def question_for(kind: str, key: str) -> str:
     if kind == "kv":
         return f"What is the value of {key}?"
     return f"What is the special magic number for {key}?"
+
+
+def answer_prefix(kind: str, key: str) -> str:
+    """The words the answer starts with (RULER's answer prefix): the context's words before the value."""
+    if kind == "kv":
+        return f"{key}:"
+    return f"The special magic number for {key} is"
 
 
 def filler_sentence(rng: random.Random) -> str:
@@ -249,6 +259,7 @@ def generate_items(
                     "context_id": context_id,
                     "context": context,
                     "question": question_for(kind, entry.key),
+                    "answer_prefix": answer_prefix(kind, entry.key),
                     "answer": entry.value,
                     "context_tokens_approx": round(len(context) / chars_per_token),
                     "target_tokens": length,
@@ -262,7 +273,7 @@ def generate_items(
 
 def prompt_text(item: dict[str, Any]) -> str:
     """The prompt an item is asked with; the model should continue with ``" " + answer``."""
-    return f"{item['context']}\n\nQuestion: {item['question']}\nAnswer:"
+    return f"{item['context']}\n\nQuestion: {item['question']}\nAnswer: {item['answer_prefix']}"
 
 
 def answer_of(completion: str) -> str:
@@ -283,7 +294,7 @@ def training_text(
     spans: list[tuple[int, int]] = []
     for _ in range(n_questions):
         entry = rng.choice(entries)
-        text += f"\n\nQuestion: {question_for(kind, entry.key)}\nAnswer:"
+        text += f"\n\nQuestion: {question_for(kind, entry.key)}\nAnswer: {answer_prefix(kind, entry.key)}"
         start = len(text)
         text += f" {entry.value}"
         spans.append((start, len(text) + 2))

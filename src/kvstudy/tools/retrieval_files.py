@@ -28,6 +28,7 @@ ITEM_FIELDS = (
     "context_id",
     "context",
     "question",
+    "answer_prefix",
     "answer",
     "context_tokens_approx",
     "target_tokens",

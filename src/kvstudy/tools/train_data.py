@@ -2,7 +2,7 @@
 
 Byte-level ids (id = byte value, ``BOS_ID`` before every text): GSM8K-format problems packed
 as a few-shot prompt lays them out, calculator-step drills, retrieval contexts followed by
-questions, and copy sequences (key/value lines said twice). Every builder takes a seeded
+questions, and echo sequences (questions or key/value lines said twice). Every builder takes a seeded
 ``random.Random`` and returns ``(inputs, labels)`` of one length, ``IGNORE`` where no loss
 counts. :mod:`kvstudy.tools.train_model` puts them into batches.
 """
@@ -105,37 +105,44 @@ def copy_sequence(rng: random.Random, length: int) -> tuple[list[int], list[int]
     return ids[:length], [t if m else IGNORE for t, m in zip(ids[1:], mask[1:])]
 
 
+def echo_sequence(rng: random.Random, length: int, excluded: frozenset[str]) -> tuple[list[int], list[int]]:
+    """Text said twice: half the time GSM8K-format questions (``Question: q`` then ``Again: q``, loss
+    on the repeat), half the time key/value lines said again (``copy_sequence``). Dense examples of
+    copying from context, the mechanism both tasks need; without them it did not form here."""
+    if rng.random() < 0.5:
+        return copy_sequence(rng, length)
+
+    def piece() -> tuple[str, list[int]]:
+        question = fresh_problem(rng, excluded).question
+        first, again = f"Question: {question}\n", f"Again: {question}\n\n"
+        return first + again, [0] * (len(first) + len("Again:")) + [1] * (len(again) - len("Again:"))
+
+    return _fill(piece, length)
+
+
 def retrieval_sequence(
-    rng: random.Random, length: int, questions: int, needle_share: float, copy_share: float = 0.0, version: int = 2
+    rng: random.Random, length: int, questions: int, needle_share: float, copy_share: float = 0.0
 ) -> tuple[list[int], list[int]]:
     """A retrieval context sized so that it and its questions fill ``length`` tokens (or, a
-    ``copy_share`` of the time, a ``copy_sequence``).
-
-    ``version`` 2 counts only whole answers (one the cut at ``length`` would split is masked)
-    and the queried key's letters after its first; ``version`` 1 is the first recipe's data
-    (question sizes guessed, so a needle context's last answer could be cut), kept so that
-    a ``training.json`` without ``data_version`` still rebuilds its batches.
+    ``copy_share`` of the time, a ``copy_sequence``); the loss counts whole answers only (one the
+    cut at ``length`` would split is masked). Each question is followed by RULER's answer prefix
+    (``retrieval_data.answer_prefix``), as the evaluation asks it.
     """
     if copy_share and rng.random() < copy_share:
         return copy_sequence(rng, length)
     kind = "needle" if rng.random() < needle_share else "kv"
-    if version == 1:
-        per_question = 64 if kind == "needle" else 52
-        target = max(32, length - 1 - questions * per_question)
-        needles = rng.randint(1, 6)
-    else:
-        question = f"\n\nQuestion: {retrieval_data.question_for(kind, 'abcde')}\nAnswer: 12345\n\n"
-        target = max(32, length - 1 - questions * len(question))
-        needles = rng.randint(1, max(1, min(6, target // 64)))
+    key = "abcde"
+    question = (
+        f"\n\nQuestion: {retrieval_data.question_for(kind, key)}\nAnswer: "
+        f"{retrieval_data.answer_prefix(kind, key)} 12345\n\n"
+    )
+    target = max(32, length - 1 - questions * len(question))
+    needles = rng.randint(1, max(1, min(6, target // 64)))
     text, spans = retrieval_data.training_text(kind, target, rng, questions, n_needles=needles)
     mask = [0] * len(text)
     for start, end in spans:
-        if version == 1:
+        if end <= length:  # text[i] is token i + 1 after BOS; keep answers that fit whole
             mask[start:end] = [1] * (end - start)
-        elif end <= length:  # text[i] is token i + 1 after BOS; keep answers that fit whole
-            mask[start:end] = [1] * (end - start)
-            # the queried key's letters after its first: predictable only by copying from context
-            mask[start - 13 : start - 9] = [1] * 4
     ids = [BOS_ID] + encode(text)
     mask = [0] + mask
     ids, mask = ids[: length + 1], mask[: length + 1]

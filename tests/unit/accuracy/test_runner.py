@@ -75,7 +75,24 @@ def test_server_config_changes_only_the_intended_fields():
     for cfg in ge.CONFIGURATIONS.values():
         changed = {k for k, v in ge.server_config_for(cfg, base).to_dict().items() if v != base.to_dict()[k]}
         assert changed <= set(cfg.intended), (cfg.name, changed)
-        assert changed == {k for k in cfg.intended if k in ("kv_cache_dtype", "quantization")}
+        assert changed == {k for k in cfg.intended if k in ("kv_cache_dtype", "quantization", "model")}
+    weak = ge.server_config_for(ge.CONFIGURATIONS["random-weights"], base)
+    assert weak.model == "data/tiny-models/tiny-qwen3" and weak.kv_cache_dtype == "auto"
+
+
+def test_random_weights_weak_baseline_is_no_arm_and_not_guarded(tmp_path):
+    """A weak baseline on another model: used by the discrimination check only."""
+    cap = _fake_capture(tmp_path, {"bf16": "1111111100", "bf16-repeat": "1111111100", "random-weights": "0000000000"})
+    results = ge.load_capture(cap, ["bf16", "bf16-repeat", "random-weights"])
+    pairs, _ = ga.paired_comparisons(results, "bf16", "strict-match")
+    assert list(pairs["configuration"]) == ["BF16, repeat"]
+    guard = ga.guard_table(results, "bf16").set_index("configuration")
+    assert guard.loc["random weights (tiny model)", "A/B guard"].startswith("not compared: another model")
+    disc = ga.discrimination(results, "bf16", "random-weights", "strict-match")
+    assert disc.discriminates and disc.p_value == pytest.approx(0.5**8)
+    # one server per model: the weak baseline never shares the run's server
+    keys = {c.name: c.server_key() for c in ge.configurations(["bf16", "bf16-zero-shot", "random-weights"])}
+    assert keys["bf16"] == keys["bf16-zero-shot"] != keys["random-weights"]
 
 
 def _fake_capture(root: Path, patterns: dict[str, str], failed: dict[str, str] | None = None) -> Path:

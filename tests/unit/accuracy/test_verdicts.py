@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,31 @@ def test_chance_check_against_random_picks():
     assert vt.chance_check(good, "answer-line")[0]
     ok, text = vt.chance_check(bad, "answer-line")
     assert not ok and "NOT" in text
+
+
+def test_poisson_binomial_tail_is_exact():
+    from itertools import product
+
+    from scipy import stats as sps
+
+    chances = [0.25, 0.25, 0.1, 0.5, 0.02]
+    for right in range(len(chances) + 1):
+        brute = sum(
+            math.prod(q if hit else 1 - q for q, hit in zip(chances, hits))
+            for hits in product([0, 1], repeat=len(chances))
+            if sum(hits) >= right
+        )
+        assert vt.poisson_binomial_sf(right, chances) == pytest.approx(brute, abs=1e-12)
+    # equal chances: the binomial tail
+    assert vt.poisson_binomial_sf(22, [0.25] * 64) == pytest.approx(float(sps.binom.sf(21, 64, 0.25)), rel=1e-9)
+
+
+def test_chance_check_uses_each_items_own_chance():
+    """Items with many keys are nearly never right by chance: 8 of 24 right, 1.5 expected, passes,
+    where one chance of 25 % for every item (the largest) would not (p about 0.3)."""
+    mixed = _items({512: "1100"}, n_keys=4) + _items({1024: "11111100000000000000"}, n_keys=40)
+    ok, text = vt.chance_check(_config("bf16", mixed, shots=0), "answer-line")
+    assert ok and "Poisson-binomial" in text and "1.5 expected" in text
 
 
 def test_share_margin_of_a_zero_baseline_is_not_a_verdict():

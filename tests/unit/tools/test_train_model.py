@@ -85,8 +85,8 @@ def test_retrieval_sequences_count_only_whole_answers(length: int) -> None:
                 runs.append(bytes(run).decode("utf-8"))
                 run = []
         assert runs
-        for text in runs:  # the queried key's last four letters, then " ddddd\n\n"
-            assert re.fullmatch(r"[a-z]{4}", text) or re.fullmatch(r" \d{5}\n\n", text), text
+        for text in runs:  # each labelled run is a whole answer, " ddddd\n\n"
+            assert re.fullmatch(r" \d{5}\n\n", text), text
 
 
 def test_retrieval_generator_is_deterministic() -> None:
@@ -111,7 +111,10 @@ def test_retrieval_answers_are_in_their_contexts(kind: str, length: int) -> None
             assert f"The special magic number for {key} is {item['answer']}." in item["context"]
             assert item["context"].count(key) == 1
         assert abs(item["context_tokens_approx"] - length) < max(64, 0.1 * length)
-        assert retrieval_data.prompt_text(item).endswith(f"{item['question']}\nAnswer:")
+        prompt = retrieval_data.prompt_text(item)
+        assert prompt.endswith(f"{item['question']}\nAnswer: {item['answer_prefix']}")
+        # RULER's answer prefix: the context's words just before the value, so it is copied after them
+        assert f"{item['answer_prefix']} {item['answer']}" in item["context"]
     depths = [item["depth"] for item in items]
     assert depths[0] < 0.25 and depths[-1] > 0.75
     if kind == "kv" or length >= 2048:  # fine-grained enough for the depths to come in order
@@ -122,8 +125,29 @@ def test_retrieval_training_spans_are_the_answers() -> None:
     text, spans = retrieval_data.training_text("kv", 300, random.Random(3), 4)
     for start, end in spans:
         value = text[start:end].strip()
-        key = re.findall(r"value of ([a-z]{5})\?\nAnswer:$", text[:start])[-1]
+        key = re.findall(r"value of ([a-z]{5})\?\nAnswer: \1:$", text[:start])[-1]
         assert f"{key}: {value}" in text
+
+
+def test_echo_sequences_count_only_the_repeat() -> None:
+    excluded = train_model.test_questions()
+    for index in range(8):
+        inputs, labels = train_model.echo_sequence(random.Random(f"echo:{index}"), 384, excluded)
+        assert len(inputs) == len(labels) == 384
+        text = bytes(t for t in inputs if t < 256).decode("utf-8")
+        labelled = bytes(t for t in labels if t != train_model.IGNORE).decode("utf-8")
+        assert labelled and len(labelled) < len(text) / 2 + 1  # only the second saying counts
+        for question in re.findall(r"Question: (.*?)\n", text)[:-1]:  # the last may be cut
+            assert f"Again: {question}" in text and question not in excluded
+
+
+def test_an_earlier_recipes_data_version_is_refused() -> None:
+    settings = train_model.TrainSettings().to_dict()
+    with pytest.raises(StudyError, match="data_version 2"):
+        train_model.settings_from_dict({**settings, "data_version": 2})
+    old = {k: v for k, v in settings.items() if k != "data_version"}
+    with pytest.raises(StudyError, match="data_version 1"):
+        train_model.settings_from_dict(old)
 
 
 def test_retrieval_rejects_bad_input() -> None:
