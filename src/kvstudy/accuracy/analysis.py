@@ -197,6 +197,11 @@ def failure_lines(results: Mapping[str, ConfigResult]) -> list[str]:
     ]
 
 
+def _serves_another_model(name: str) -> bool:
+    """Whether a configuration serves another model than the run's (a weak baseline by design)."""
+    return name in CONFIGURATIONS and CONFIGURATIONS[name].model is not None
+
+
 def paired_comparisons(
     results: Mapping[str, ConfigResult], baseline: str, filter_name: str
 ) -> tuple[pd.DataFrame, list[str]]:
@@ -209,7 +214,7 @@ def paired_comparisons(
     for name, res in results.items():
         if name == baseline or res.state != "ok" or res.num_fewshot != base.num_fewshot:
             continue
-        if name in CONFIGURATIONS and CONFIGURATIONS[name].model is not None:  # a weak baseline, not an arm
+        if _serves_another_model(name):  # a weak baseline, not an arm
             continue
         cmp = acc.compare_paired(base.label, base_correct, res.label, correctness(res.records, filter_name))
         psi = cmp.discordance_rate
@@ -252,7 +257,7 @@ def guard_table(results: Mapping[str, ConfigResult], baseline: str) -> pd.DataFr
         if name == baseline:
             continue
         intended = CONFIGURATIONS[name].intended or ("nothing",)
-        if CONFIGURATIONS[name].model is not None:
+        if _serves_another_model(name):
             rows.append(
                 {
                     "configuration": res.label,

@@ -253,15 +253,11 @@ def retrieval_paired(
 
 
 def poisson_binomial_sf(right: int, chances: Sequence[float]) -> float:
-    """P(at least ``right`` successes) among independent trials with these chances (exact)."""
-    import numpy as np
+    """P(at least ``right`` successes) among independent trials with these chances (exact, scipy's
+    Poisson-binomial distribution)."""
+    from scipy.stats import poisson_binom
 
-    dist = np.zeros(len(chances) + 1)
-    dist[0] = 1.0
-    for k, q in enumerate(chances, start=1):  # add one trial: the count stays or rises by one
-        dist[1 : k + 1] = dist[1 : k + 1] * (1 - q) + dist[:k] * q
-        dist[0] *= 1 - q
-    return float(min(1.0, dist[max(0, right) :].sum()))
+    return float(min(1.0, poisson_binom.sf(right - 1, list(chances)))) if right > 0 else 1.0
 
 
 def chance_check(result: ConfigResult, filter_name: str, alpha: float = 0.05) -> tuple[bool, str]:
