@@ -16,7 +16,9 @@ through this module; :func:`describe` summarises any of them for a report.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +105,46 @@ def check_inputs(capture: str | Path, manifest: dict[str, Any], inputs: dict[str
             f"{Path(capture) / MANIFEST}: this capture was made from other inputs "
             f"({'; '.join(differ)}); use a new capture folder or the same model"
         )
+
+
+def create_or_resume(
+    capture: str | Path,
+    kind: str,
+    grid: dict[str, Any],
+    how: str,
+    inputs: dict[str, Any],
+    canonical: Callable[[dict[str, Any], str], dict[str, Any]],
+    label: str,
+) -> tuple[dict[str, Any], bool]:
+    """A capture's manifest, and whether it was just created: a new folder gets a fresh one; an
+    existing one must hold the same grid and inputs, and an older format is upgraded in place.
+
+    Grids are compared as written, redacted (``write_manifest`` never stores a secret), so a grid
+    holding a secret still resumes. ``canonical(stored_grid, where)`` parses a stored grid back into
+    ``to_dict`` form (older spellings included); ``label`` names the experiment in messages.
+    """
+    capture = Path(capture)
+    path = capture / MANIFEST
+    if not path.is_file():
+        manifest = new_manifest(kind, grid, how, inputs)
+        write_manifest(capture, manifest)
+        return manifest, True
+    manifest = read_manifest(capture)
+    if manifest.get("kind") != kind:
+        raise StudyError(f"{path}: not a {label} manifest (kind {manifest.get('kind')!r})")
+    old = redact(json.loads(json.dumps(canonical(manifest.get("spec") or {}, f"{path}: spec"))))
+    new = redact(json.loads(json.dumps(grid)))
+    if old != new:
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise StudyError(
+            f"{path}: this capture holds a different sweep (fields {diff} differ); "
+            "use a new capture folder or the same parameters"
+        )
+    check_inputs(capture, manifest, inputs)
+    if manifest.get("format_version") != FORMAT_VERSION:
+        upgrade_manifest(capture)
+        manifest = read_manifest(capture, kind)
+    return manifest, False
 
 
 def keep_old_attempt(path: str | Path) -> Path | None:

@@ -34,7 +34,6 @@ from kvstudy import io as atomic
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
-from kvstudy.redact import redact
 from kvstudy.vllm.facts import CACHE_DTYPES
 
 KIND = "kvstudy context sweep"
@@ -300,29 +299,15 @@ def load_context_spec(capture: str | Path) -> ContextSweepSpec:
 def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
     """Create the folder and manifest (``kvstudy.capture``'s format), or check that an existing one
     holds the same grid and was made from the same model; an older manifest is upgraded in place."""
-    capture = Path(capture)
-    path = capture / MANIFEST
-    inputs = capture_format.model_inputs(spec.model)
-    if not path.is_file():
-        manifest = capture_format.new_manifest(KIND, spec.to_dict(), how or "kvstudy.context.sweep", inputs)
-        capture_format.write_manifest(capture, manifest)
-        return manifest
-    manifest = capture_format.read_manifest(capture)
-    if manifest.get("kind") != KIND:
-        raise StudyError(f"{path}: not a context-sweep manifest (kind {manifest.get('kind')!r})")
-    # the manifest was written redacted: compare redacted grids, so a secret in server_env still resumes
-    old = redact(ContextSweepSpec.from_dict(manifest.get("spec") or {}, where=f"{path}: spec").to_dict())
-    new = redact(spec.to_dict())
-    if old != new:
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        raise StudyError(
-            f"{path}: this capture holds a different sweep (fields {diff} differ); "
-            "use a new capture folder or the same parameters"
-        )
-    capture_format.check_inputs(capture, manifest, inputs)
-    if manifest.get("format_version") != capture_format.FORMAT_VERSION:
-        capture_format.upgrade_manifest(capture)
-        manifest = capture_format.read_manifest(capture, KIND)
+    manifest, _ = capture_format.create_or_resume(
+        capture,
+        KIND,
+        spec.to_dict(),
+        how or "kvstudy.context.sweep",
+        capture_format.model_inputs(spec.model),
+        lambda stored, where: ContextSweepSpec.from_dict(stored, where=where).to_dict(),
+        "context-sweep",
+    )
     return manifest
 
 

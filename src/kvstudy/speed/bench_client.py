@@ -29,6 +29,7 @@ import numpy as np
 
 from kvstudy.errors import StudyError
 from kvstudy.io import log_tail, read_jsonl, text_tail, write_jsonl_atomic
+from kvstudy.redact import scrub, secret_values
 from kvstudy.vllm.server import die_with_parent
 
 # The body of `vllm bench serve`, without the console entry point that needs the `vllm` dist.
@@ -195,10 +196,7 @@ def run_bench(
             **(env or {}),
         }
         with open(log_path, "w", encoding="utf-8") as log:
-            if on_line is None:
-                returncode = _run_to_log(cmd, run_env, log, timeout_s, log_path)
-            else:
-                returncode = _run_streaming(cmd, run_env, log, timeout_s, log_path, on_line)
+            returncode = _run_streaming(cmd, run_env, log, timeout_s, log_path, on_line)
         output = log_path.read_text(errors="replace")
         result_file = result_dir / "result.json"
         if returncode != 0 or not result_file.is_file():
@@ -207,27 +205,17 @@ def run_bench(
         return json.loads(result_file.read_text())
 
 
-def _run_to_log(cmd: list[str], env: dict[str, str], log: IO[str], timeout_s: float, log_path: Path) -> int:
-    try:
-        proc = subprocess.run(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            timeout=timeout_s,
-            check=False,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"vllm bench serve: no result after {timeout_s:.0f} s", log_tail(log_path)) from None
-    return proc.returncode
-
-
 def _run_streaming(
-    cmd: list[str], env: dict[str, str], log: IO[str], timeout_s: float, log_path: Path, on_line: Callable[[str], None]
+    cmd: list[str],
+    env: dict[str, str],
+    log: IO[str],
+    timeout_s: float,
+    log_path: Path,
+    on_line: Callable[[str], None] | None,
 ) -> int:
-    """Run the client with its output read line by line (into the log and ``on_line``)."""
+    """Run the client with its output read line by line: each line scrubbed of secrets (the secret
+    values of ``env`` and every secret shape) before it reaches the log, and shown to ``on_line``."""
+    values = secret_values(env)
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -242,12 +230,14 @@ def _run_streaming(
     def pump() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            log.write(line)
+            log.write(scrub(line, values))
+            log.flush()
+            if on_line is None:
+                continue
             try:
                 on_line(line)
             except Exception:  # a failing observer must not lose the client's output
                 pass
-        log.flush()
 
     reader = threading.Thread(target=pump, name="kvstudy-bench-output", daemon=True)
     reader.start()

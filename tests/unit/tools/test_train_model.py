@@ -4,6 +4,7 @@ answerable from its contexts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvstudy.errors import StudyError
-from kvstudy.tools import retrieval_data, train_model
+from kvstudy.tools import retrieval_data, train_data, train_model
 
 ROOT = Path(__file__).resolve().parents[3]
 FOLDER = ROOT / "data" / "trained-model" / "qwen3-mini"
@@ -155,3 +156,76 @@ def test_retrieval_rejects_bad_input() -> None:
         retrieval_data.generate_items("haystack", [512], 2)
     with pytest.raises(StudyError, match="target_tokens"):
         retrieval_data.generate_items("kv", [4], 2)
+
+
+def test_arith_lines_are_right_and_count_only_the_result() -> None:
+    rng = random.Random("arith-test")
+    ops = set()
+    for _ in range(400):
+        text, mask = train_data.arith_line(rng)
+        match = train_model.STEP_RE.fullmatch(text.rstrip("\n"))
+        assert match, text
+        expr, calc, value, shown = match.groups()
+        assert calc == expr.replace(" ", "") and value == shown
+        assert eval(calc.replace("/", "//")) == int(value) and int(value) >= 0  # noqa: S307 (digits and + - * / only)
+        if "/" in calc and "100" not in calc:
+            first, second = (int(x) for x in calc.split("/"))
+            assert first % second == 0  # quotients are exact, as in the templates
+        assert len(mask) == len(text) and mask == [0] * len(expr) + [1] * (len(text) - len(expr))
+        ops.add(next(op for op in "+-*/" if op in calc))
+    assert ops == set("+-*/")
+
+
+def test_settings_round_trip_and_read_the_two_phase_record() -> None:
+    settings = train_model.TrainSettings()
+    assert train_model.settings_from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
+    two_phase = {k: v for k, v in settings.to_dict().items() if k != "phases"}
+    a, b = settings.phases[0], settings.phases[1]
+    two_phase |= {
+        "lr": a.lr,
+        "warmup_steps": a.warmup_steps,
+        "needle_share": a.needle_share,
+        "stages": [dataclasses.asdict(s) for s in a.stages],
+        "finetune_lr": b.lr,
+        "finetune_warmup_steps": b.warmup_steps,
+        "finetune_needle_share": b.needle_share,
+        "finetune_stages": [dataclasses.asdict(s) for s in b.stages],
+    }
+    assert train_model.settings_from_dict(two_phase).phases == settings.phases[:2]
+    with pytest.raises(StudyError, match="training.json settings"):
+        train_model.settings_from_dict({**settings.to_dict(), "phases": [{"name": "A"}]})
+
+
+def _small_recipe(phases: int) -> train_model.TrainSettings:
+    stage = train_model.Stage(2, 1, 64, 1, 32, 1, 96, 1, echo_seqs=1, echo_len=64, arith_seqs=1, arith_len=32)
+    recipe = tuple(train_model.Phase(name, tag, 1e-3, 1, 0.5, (stage,)) for name, tag in (("A", ""), ("B", "b")))
+    return dataclasses.replace(
+        train_model.TrainSettings(),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+        threads=1,
+        phases=recipe[:phases],
+    )
+
+
+def test_a_later_phase_continues_a_saved_folder(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    first = train_model.run_training(tmp_path / "a", _small_recipe(1), progress=None)
+    assert first["steps"] == [2] and "continued_from" not in first
+    record = train_model.run_training(tmp_path / "ab", _small_recipe(2), progress=None, start=tmp_path / "a")
+    assert record["steps"] == [2, 2]
+    assert record["first_losses"] == first["first_losses"]
+    assert record["continued_from"]["files"] == first["files"] and record["continued_from"]["phases"] == 1
+    assert record["files"]["model.safetensors"] != first["files"]["model.safetensors"]
+    assert train_model.settings_from_dict(record["settings"]) == _small_recipe(2)
+    # another recipe's first phase, or a folder whose files changed, is not continued
+    with pytest.raises(StudyError, match="not this one's first 1 phase"):
+        train_model.earlier_record(tmp_path / "a", _small_recipe(2).scaled(2))
+    (tmp_path / "a" / "config.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(StudyError, match="differ from the digests"):
+        train_model.earlier_record(tmp_path / "a", _small_recipe(2))
