@@ -43,7 +43,8 @@ from kvstudy.model.folder import load_config
 GIB = 2**30
 # Achievable / peak DRAM bandwidth for decode-time streaming reads. Assumed: the published
 # Llama-3.1-8B BF16 ITL slope on an H100 (seed 003, 4.37e-05 ms/token for 131,072 B/token)
-# implies 3.0 TB/s for the KV reads, 0.90 of the 3.35 TB/s datasheet figure.
+# implies 3.0 TB/s for the KV reads, 0.90 of the 3.35 TB/s datasheet figure. A device-to-device
+# copy on an H200 reached 0.89 of its datasheet figure (measured: data/gpus/measured/).
 DEFAULT_BANDWIDTH_FACTOR = 0.9
 ACTIVATION_VALUE_BYTES = 2  # 16-bit activations
 ACTIVATION_HIDDEN_VECTORS = 8  # norms, attention in/out, residual adds, per layer (estimate)

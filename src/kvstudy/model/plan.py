@@ -65,8 +65,18 @@ def resolve_gpu_memory(
         memory, source = float(gpu_memory_gib), "given"
     elif gpu is not None:
         spec = find_gpu(gpu)
-        memory = spec.memory_gib
-        source = f"from the GPU catalog ({spec.name}, {spec.memory_mib_driver:,} MiB as the driver reports it)"
+        if spec.cuda_total_bytes is not None:  # what vLLM multiplies by the utilization
+            memory = spec.cuda_total_bytes / GIB
+            source = (
+                f"from the GPU catalog ({spec.name}, CUDA's total {spec.cuda_total_bytes:,} B, which vLLM "
+                f"multiplies by the utilization; the driver shows {spec.memory_mib_driver:,} MiB)"
+            )
+        else:
+            memory = spec.memory_gib
+            source = (
+                f"from the GPU catalog ({spec.name}, {spec.memory_mib_driver:,} MiB as the driver reports it; "
+                "CUDA's total, which vLLM uses, is not in the catalog and can be a little lower)"
+            )
     else:
         raise StudyError(
             "gpu memory: give a GPU name from the catalog (--gpu, parameter gpu) "

@@ -167,3 +167,18 @@ def test_unknown_family_and_assume(tmp_path: Path) -> None:
     assert "stops growing at 4,096 tokens" in out.stdout
     bad = run("data/models/Qwen3-8B", "--gpu", "Z9000")
     assert bad.returncode == 2 and "not in the GPU catalog" in bad.stderr
+
+
+def test_a_gpu_with_cuda_total_in_the_catalog_starts_from_it() -> None:
+    """vLLM multiplies CUDA's total (not the driver's) by the utilization: the H200's, measured by
+    this project, is 615 MiB below what nvidia-smi shows."""
+    from kvstudy.model.plan import resolve_gpu_memory
+
+    h200 = resolve_gpu_memory("H200")
+    assert h200.memory_gib * 2**30 == 150109880320 and "CUDA's total" in h200.memory_source
+    l4 = resolve_gpu_memory("L4")  # no CUDA figure: the driver's, said so
+    assert l4.memory_gib == 23034 / 1024 and "not in the catalog" in l4.memory_source
+    measured = json.loads((ROOT / "data/gpus/measured/h200-gpu-check.json").read_text())
+    assert measured["source"] == "captured by this project"
+    assert measured["memory"]["cuda_total_bytes"] == 150109880320
+    assert measured["memory"]["nvml_total_mib"] == 143771
