@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import file_digest, read_json, weights_digest
-from kvstudy.model.allocator import predict_logged_pool
+from kvstudy.model.allocator import mamba_cache_mode_for, predict_logged_pool
 from kvstudy.redact import redact
 from kvstudy.vllm.facts import device_defaults
 from kvstudy.vllm.startup_log import StartupInfo, parse_startup_log
@@ -182,6 +182,7 @@ def _capacity(
             block_size=block_size,
             num_blocks_override=override,
             device="cpu" if info.device == "cpu" else "cuda",
+            mamba_cache_mode=mamba_cache_mode_for(list(config.extra_args)),
         )
     except StudyError as exc:
         out["error"] = str(exc)

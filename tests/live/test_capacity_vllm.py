@@ -64,7 +64,14 @@ def vllm_pool() -> Any:
         return out
 
     def run(
-        model: Path, dtype: str, memory: int, max_len: int, block_size: int, in_flight: int, skip: str | None
+        model: Path,
+        dtype: str,
+        memory: int,
+        max_len: int,
+        block_size: int,
+        in_flight: int,
+        skip: str | None,
+        mamba_cache_mode: str = "none",
     ) -> tuple[int, int]:
         layout = cap.load_layout(model)
         config = SimpleNamespace(
@@ -73,7 +80,7 @@ def vllm_pool() -> Any:
             scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False),
             cache_config=SimpleNamespace(
                 num_gpu_blocks_override=None,
-                mamba_cache_mode="none",
+                mamba_cache_mode=mamba_cache_mode,
                 prefix_cache_retention_interval=None,
                 get_resolved_kv_cache_layout=lambda: KVCacheLayout.LBHNC,
             ),
@@ -108,20 +115,22 @@ def test_prediction_matches_vllm(vllm_pool: Any, model: str) -> None:
     for dtype in ("auto", "fp8"):
         for skip in (None, "sliding_window"):
             for max_len, block_size, in_flight in SHAPES:
-                memory = 6 * GIB + 12345
-                want = vllm_pool(MODELS / model, dtype, memory, max_len, block_size, in_flight, skip)
-                got = alloc.predict_logged_pool(
-                    MODELS / model,
-                    dtype,
-                    memory,
-                    max_len,
-                    block_size=block_size,
-                    skip_layers=skip,
-                    max_in_flight_tokens=in_flight,
-                )
-                assert (got.num_blocks, got.tokens) == want, (model, dtype, skip, max_len, block_size)
-                checked += 1
-    assert checked == 12
+                for mode in ("none", "align"):  # prefix caching off / on (vLLM's default)
+                    memory = 6 * GIB + 12345
+                    want = vllm_pool(MODELS / model, dtype, memory, max_len, block_size, in_flight, skip, mode)
+                    got = alloc.predict_logged_pool(
+                        MODELS / model,
+                        dtype,
+                        memory,
+                        max_len,
+                        block_size=block_size,
+                        skip_layers=skip,
+                        max_in_flight_tokens=in_flight,
+                        mamba_cache_mode=mode,
+                    )
+                    assert (got.num_blocks, got.tokens) == want, (model, dtype, skip, max_len, block_size, mode)
+                    checked += 1
+    assert checked == 24
 
 
 # ----------------------------------------------------------------------------- a real server (issue 9)

@@ -28,7 +28,7 @@ from kvstudy.model.capacity import (
     resolve_kv_dtype,
     state_bytes,
 )
-from kvstudy.vllm.facts import DEVICE_DEFAULTS
+from kvstudy.vllm.facts import DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING, DEVICE_DEFAULTS
 
 
 @dataclass(frozen=True)
@@ -58,9 +58,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _blocks_per_request(
-    spec: _Spec, max_model_len: int, max_in_flight_tokens: int, mamba_cache_mode: str = "none"
-) -> int:
+def _blocks_per_request(spec: _Spec, max_model_len: int, max_in_flight_tokens: int, mamba_cache_mode: str) -> int:
     """vLLM 0.32 ``cdiv(max_memory_usage_bytes, page_size_bytes)`` for one layer spec."""
     if spec.kind == LINEAR:
         return 2 if mamba_cache_mode == "align" else 1
@@ -117,7 +115,7 @@ def _unify_page_sizes(specs: list[_Spec]) -> list[_Spec]:
 
 
 def _group(
-    specs: list[_Spec], max_model_len: int, max_in_flight_tokens: int, mamba_cache_mode: str = "none"
+    specs: list[_Spec], max_model_len: int, max_in_flight_tokens: int, mamba_cache_mode: str
 ) -> tuple[int, int, int]:
     """(bytes per block, blocks one max-length request needs, number of groups), as vLLM groups layers."""
     distinct_kinds = {(s.kind, s.block_size, s.sliding_window) for s in specs}
@@ -151,7 +149,7 @@ def predict_logged_pool(
     max_in_flight_tokens: int | None = None,
     num_blocks_override: int | None = None,
     device: str = "cuda",
-    mamba_cache_mode: str = "none",
+    mamba_cache_mode: str = DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING,
 ) -> LoggedPool:
     """The pool vLLM 0.32 logs for ``kv_memory_bytes`` of KV memory.
 
@@ -160,8 +158,9 @@ def predict_logged_pool(
     int(concurrency * max_model_len)``. ``block_size`` and ``max_in_flight_tokens`` default to
     vLLM's for ``device`` ("cuda" or "cpu", see DEVICE_DEFAULTS); the in-flight tokens
     (max_num_batched_tokens times the batches in flight) only matter for sliding-window layers.
-    ``mamba_cache_mode`` "align" (what vLLM picks for hybrid models when prefix caching is on,
-    vllm/model_executor/models/config.py MambaModelConfig) reserves two state blocks per request.
+    ``mamba_cache_mode`` "align" (what vLLM picks for hybrid models when prefix caching is on, as it
+    is by default: vllm/model_executor/models/config.py MambaModelConfig) reserves two state blocks
+    per request; "none" (``--no-enable-prefix-caching``, see ``mamba_cache_mode_for``) one.
     Not mirrored: the packed layout some backends use for mixed page sizes, tensor/context
     parallelism, speculative-decoding layers, and the block-size alignment of the align mode.
     """
@@ -199,6 +198,23 @@ def predict_logged_pool(
         blocks_per_request=blocks_per_request,
         num_groups=groups,
     )
+
+
+def mamba_cache_mode_for(server_args: list[str]) -> str:
+    """The mamba cache mode vLLM 0.32 runs hybrid models' state layers in for these server arguments
+    (vllm/model_executor/models/config.py MambaModelConfig): "none" when prefix caching is off
+    (``--no-enable-prefix-caching``), whatever ``--mamba-cache-mode`` says; with prefix caching on
+    (the default) "align", unless ``--mamba-cache-mode`` names another mode than "none"."""
+    args = [str(a) for a in server_args]
+    if "--no-enable-prefix-caching" in args:
+        return "none"
+    explicit = None
+    for index, arg in enumerate(args):
+        if arg.startswith("--mamba-cache-mode="):
+            explicit = arg.split("=", 1)[1]
+        elif arg == "--mamba-cache-mode" and index + 1 < len(args):
+            explicit = args[index + 1]
+    return explicit if explicit not in (None, "none") else DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING
 
 
 def kv_memory_for_pool(

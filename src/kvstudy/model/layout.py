@@ -451,8 +451,15 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
         kv_scheme_dtype=_kv_scheme_dtype(config),
         warnings=warnings,
         num_hidden_layers=num_layers,
-        notes=_family_notes(cfg, family),
+        notes=_family_notes(cfg, family) + (STATE_RESERVE_NOTE,) * any(l.kind == LINEAR for l in layers),
     )
+
+
+STATE_RESERVE_NOTE = (
+    "vLLM 0.32 runs state layers in mamba cache mode 'align' when prefix caching is on, its default "
+    "(--no-enable-prefix-caching: 'none'); 'align' reserves two state blocks per request, and the "
+    "per-request figures here count the state once (vllm/model_executor/models/config.py)"
+)
 
 
 def _family_notes(cfg: dict[str, Any], family: str) -> tuple[str, ...]:

@@ -299,12 +299,31 @@ def test_qwen3_next_align_mode_reserves_two_state_blocks() -> None:
     from pathlib import Path
 
     nxt = Path(__file__).resolve().parents[3] / "data" / "models" / "Qwen3-Next-80B-A3B-Instruct"
-    none = alloc.predict_logged_pool(nxt, "bfloat16", 10 * GIB, 4096)
+    none = alloc.predict_logged_pool(nxt, "bfloat16", 10 * GIB, 4096, mamba_cache_mode="none")
     align = alloc.predict_logged_pool(nxt, "bfloat16", 10 * GIB, 4096, mamba_cache_mode="align")
     # 12 full + 36 linear layers: groups of 12, 1 full + 3 linear groups; align adds one block per linear group
     assert align.blocks_per_request == none.blocks_per_request + 3
+    # vLLM 0.32 turns prefix caching on by default, and with it align mode for hybrid models
+    assert alloc.predict_logged_pool(nxt, "bfloat16", 10 * GIB, 4096) == align
     with pytest.raises(StudyError, match="mamba_cache_mode"):
         alloc.predict_logged_pool(nxt, "bfloat16", GIB, 4096, mamba_cache_mode="all")
+    assert any("mamba cache mode 'align'" in note for note in cap.capacity_summary(nxt)["notes"])
+    assert not any("mamba" in note for note in cap.capacity_summary(nxt.parent / "Qwen3-8B")["notes"])
+
+
+@pytest.mark.parametrize(
+    "args, mode",
+    [
+        ([], "align"),
+        (["--no-enable-prefix-caching"], "none"),
+        (["--enable-prefix-caching"], "align"),
+        (["--mamba-cache-mode", "none"], "align"),  # vLLM turns "none" into "align" while prefix caching is on
+        (["--mamba-cache-mode=align", "--no-enable-prefix-caching"], "none"),  # and anything into "none" without it
+        (["--mamba-cache-mode", "all"], "all"),
+    ],
+)
+def test_the_mamba_cache_mode_follows_the_server_arguments(args: list[str], mode: str) -> None:
+    assert alloc.mamba_cache_mode_for(args) == mode
 
 
 def test_unknown_model_type_says_what_to_do_and_assume_warns() -> None:
