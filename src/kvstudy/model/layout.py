@@ -457,8 +457,8 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
 
 STATE_RESERVE_NOTE = (
     "vLLM 0.32 runs state layers in mamba cache mode 'align' when prefix caching is on, its default "
-    "(--no-enable-prefix-caching: 'none'); 'align' reserves two state blocks per request, and the "
-    "per-request figures here count the state once (vllm/model_executor/models/config.py)"
+    "(--no-enable-prefix-caching: 'none'); 'align' reserves two state blocks per request: the users "
+    "column counts the state twice, MiB/request once (vllm/model_executor/models/config.py)"
 )
 
 

@@ -144,11 +144,15 @@ def users_at(
     pipeline_parallel_size: int = 1,
     skip_layers: str | None = None,
 ) -> int:
-    """Whole requests of ``context_len`` tokens the group holds at once (each GPU holds its share of every one)."""
+    """Whole requests of ``context_len`` tokens the group holds at once (each GPU holds its share of every one).
+
+    A hybrid model's state counts twice: vLLM 0.32's default mamba cache mode ('align', with prefix
+    caching on) reserves two state blocks per request (``allocator.mamba_cache_mode_for``)."""
     fp = kv_footprint(layout, kv_dtype, context_len, skip_layers, tensor_parallel_size, pipeline_parallel_size)
+    per_request = fp.bytes_per_request_per_gpu + fp.state_bytes_per_request_per_gpu
     if fp.bytes_per_request_per_gpu <= 0:
         return 0
-    return int(pool_bytes_per_gpu // fp.bytes_per_request_per_gpu)
+    return int(pool_bytes_per_gpu // per_request)
 
 
 def users_vs_context(

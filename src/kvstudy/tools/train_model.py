@@ -396,6 +396,8 @@ def earlier_record(folder: str | Path, settings: TrainSettings) -> dict[str, Any
     """``training.json`` of a model folder that ``settings``' later phases may continue: its files
     match their recorded digests and its recipe is ``settings`` with only the first phases."""
     folder = Path(folder)
+    if not (folder / "training.json").is_file():
+        raise StudyError(f"{folder}: no training.json (expected a model folder saved by train-model, to continue)")
     record = read_json_object(folder / "training.json")
     earlier = settings_from_dict(record.get("settings", {}))
     done = len(earlier.phases)

@@ -341,3 +341,23 @@ def test_unknown_model_type_says_what_to_do_and_assume_warns() -> None:
     assert cap.kv_footprint(assumed, "bfloat16", 4).bytes_per_token == 2 * 2 * 32 * 2
     with pytest.raises(StudyError, match="assume 'nope'"):
         cap.layout_from_config(cfg, "x/config.json", assume="nope")
+
+
+def test_users_count_a_hybrid_models_state_twice_as_align_mode_reserves_it() -> None:
+    from pathlib import Path
+
+    from kvstudy.model.plan import users_at
+
+    nxt = cap.load_layout(Path(__file__).resolve().parents[3] / "data" / "models" / "Qwen3-Next-80B-A3B-Instruct")
+    fp = cap.kv_footprint(nxt, "bfloat16", 8192)
+    assert fp.state_bytes_per_request_per_gpu > 0
+    pool = 40 * GIB
+    assert users_at(nxt, "bfloat16", pool, 8192) == pool // (
+        fp.bytes_per_request_per_gpu + fp.state_bytes_per_request_per_gpu
+    )
+    assert users_at(nxt, "bfloat16", pool, 8192) < pool // fp.bytes_per_request_per_gpu
+    dense = cap.load_layout(Path(__file__).resolve().parents[3] / "data" / "models" / "Qwen3-8B")
+    assert (
+        users_at(dense, "bfloat16", pool, 8192)
+        == pool // cap.kv_footprint(dense, "bfloat16", 8192).bytes_per_request_per_gpu
+    )

@@ -226,6 +226,8 @@ def test_a_later_phase_continues_a_saved_folder(tmp_path: Path) -> None:
     # another recipe's first phase, or a folder whose files changed, is not continued
     with pytest.raises(StudyError, match="not this one's first 1 phase"):
         train_model.earlier_record(tmp_path / "a", _small_recipe(2).scaled(2))
+    with pytest.raises(StudyError, match="no training.json"):
+        train_model.earlier_record(tmp_path, _small_recipe(2))
     (tmp_path / "a" / "config.json").write_text("{}", encoding="utf-8")
     with pytest.raises(StudyError, match="differ from the digests"):
         train_model.earlier_record(tmp_path / "a", _small_recipe(2))
