@@ -322,10 +322,16 @@ def train_phase(
 
 
 def round_to_bfloat16(model: Any) -> Any:
-    """The model's weights rounded to bfloat16 and back to float32 (what saving then loading does)."""
+    """The model's weights rounded to bfloat16 and back to float32: what saving then loading does.
+
+    Parameters only: casting the whole module would also round RoPE's ``inv_freq`` buffers, which a
+    saved model does not store and recomputes in float32 when it is loaded (vLLM too)."""
     import torch
 
-    return model.to(torch.bfloat16).to(torch.float32)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(parameter.to(torch.bfloat16).to(torch.float32))
+    return model
 
 
 def train(

@@ -231,3 +231,18 @@ def test_a_later_phase_continues_a_saved_folder(tmp_path: Path) -> None:
     (tmp_path / "a" / "config.json").write_text("{}", encoding="utf-8")
     with pytest.raises(StudyError, match="differ from the digests"):
         train_model.earlier_record(tmp_path / "a", _small_recipe(2))
+
+
+def test_rounding_between_phases_is_what_saving_and_loading_does() -> None:
+    """Parameters are rounded to bfloat16; RoPE's inv_freq (not saved, recomputed in float32 on load)
+    is not: casting the whole module rounded it, and phase B then ran with other RoPE frequencies
+    than a saved and reloaded model has."""
+    torch = pytest.importorskip("torch")
+    model = train_model.new_model(_small_recipe(1))
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    rounded = train_model.round_to_bfloat16(model)
+    assert buffers and all(torch.equal(b, buffers[name]) for name, b in rounded.named_buffers())
+    for name, p in rounded.named_parameters():
+        assert p.dtype == torch.float32
+        assert torch.equal(p, params[name].to(torch.bfloat16).to(torch.float32)), name
