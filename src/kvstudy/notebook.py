@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstudy.io import file_digest
+from kvstudy.io import REPO_ROOT, file_digest
 from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
 
 FINDING_KEY = "kvstudy_finding"
@@ -31,7 +31,6 @@ VERDICT_KEY = "kvstudy_verdict"
 SETTINGS_KEY = "kvstudy_settings"
 # The runner puts the names of the parameters the profile gave into this variable (a JSON list).
 GIVEN_ENV = "KVSTUDY_GIVEN_PARAMETERS"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 MISSING = "–"  # what a table shows for a value that does not exist
 
 # Where a setting's value came from, as the settings table says it.

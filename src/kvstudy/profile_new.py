@@ -16,7 +16,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
-from kvstudy.notebook import REPO_ROOT
+from kvstudy.io import REPO_ROOT
 from kvstudy.profiles import check_profile_name, declared_parameters, load_profile, validate_profile
 
 CAPACITY = "01_capacity-math"

@@ -15,9 +15,11 @@ import datetime as dt
 import fcntl
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -25,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvstudy.errors import StudyError
-from kvstudy.io import write_text_atomic
-from kvstudy.notebook import GIVEN_ENV, REPO_ROOT
+from kvstudy.errors import MissingPrerequisite, StudyError
+from kvstudy.io import REPO_ROOT, without_machine_paths, write_text_atomic
+from kvstudy.notebook import GIVEN_ENV
 from kvstudy.profiles import (
     Parameter,
     check_profile_name,
@@ -43,6 +45,7 @@ from kvstudy.report_index import write_index
 __all__ = ["NotebookRun", "load_profile", "notebook_parameters", "run_notebook", "run_profile", "render_html"]
 STATUS_FILE = "status.json"
 PROGRESS_PREFIX = "[progress]"
+PROGRESS_ENGINE = "kvstudy-progress"
 # The kernel's own log: errors only (its TCP-without-encryption warning is noise on a local run).
 KERNEL_QUIET = ["--IPKernelApp.log_level=ERROR"]
 
@@ -57,24 +60,84 @@ class NotebookRun:
     finding: str | None
     error: str | None
     verdicts: list[dict[str, str]] = field(default_factory=list)
+    needs: str | None = None  # the command that provides what a live step lacked (MissingPrerequisite)
 
 
 class ProgressStream:
-    """A file-like sink for a kernel's stdout that forwards ``[progress]`` lines to the terminal."""
+    """A file-like sink for a kernel's stdout that forwards ``[progress]`` lines to the terminal, and
+    says which cell is running (with the time so far) when a cell runs longer than ``every_s``."""
 
-    def __init__(self, label: str, out: TextIO | None = None) -> None:
+    def __init__(self, label: str, out: TextIO | None = None, every_s: float = 15.0) -> None:
         self.label, self.out, self.pending = label, out or sys.stdout, ""
+        self.every_s, self.started = every_s, time.perf_counter()
+        self.cell: tuple[int, int, str, float] | None = None  # (number, total, first line, started)
+        self.lock = threading.Lock()
+        self.stop_event = threading.Event()
+        self.ticker: threading.Thread | None = None
 
     def write(self, text: str) -> int:
-        self.pending += text
-        *lines, self.pending = self.pending.split("\n")
-        for line in lines:
-            if line.startswith(PROGRESS_PREFIX):
-                self.out.write(f"{self.label} {line[len(PROGRESS_PREFIX) :].strip()}\n")
+        with self.lock:
+            self.pending += text
+            *lines, self.pending = self.pending.split("\n")
+            for line in lines:
+                if line.startswith(PROGRESS_PREFIX):
+                    self.out.write(f"{self.label} {line[len(PROGRESS_PREFIX) :].strip()}\n")
         return len(text)
 
     def flush(self) -> None:
         self.out.flush()
+
+    def cell_started(self, number: int, total: int, source: str) -> None:
+        """Note the code cell now running (called by :class:`ProgressEngine`); start the ticker once."""
+        first = next((ln.strip() for ln in source.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
+        with self.lock:
+            self.cell = (number, total, first[:70], time.perf_counter())
+        if self.ticker is None and self.every_s > 0:
+            self.ticker = threading.Thread(target=self._tick, name="kvstudy-progress", daemon=True)
+            self.ticker.start()
+
+    def _tick(self) -> None:
+        while not self.stop_event.wait(self.every_s):
+            with self.lock:
+                if self.cell is None:
+                    continue
+                number, total, first, since = self.cell
+                now = time.perf_counter()
+                if now - since >= self.every_s:
+                    self.out.write(
+                        f"{self.label} cell {number}/{total} running for {now - since:.0f} s "
+                        f"({now - self.started:.0f} s in this notebook): {first}\n"
+                    )
+                    self.out.flush()
+
+    def close(self) -> None:
+        self.stop_event.set()
+        if self.ticker is not None:
+            self.ticker.join(timeout=1)
+
+
+def _progress_engine() -> str:
+    """Register (once) papermill's nbclient engine that tells a :class:`ProgressStream` each cell's start."""
+    from papermill.engines import NBClientEngine, papermill_engines
+
+    class ProgressEngine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man: Any, kernel_name: str, **kwargs: Any) -> Any:
+            stream = kwargs.get("stdout_file")
+            if isinstance(stream, ProgressStream):
+                original = nb_man.cell_start
+                code = [i for i, c in enumerate(nb_man.nb.cells) if c.cell_type == "code"]
+
+                def cell_start(cell: Any, cell_index: int | None = None, **kw: Any) -> Any:
+                    if cell_index in code:
+                        stream.cell_started(code.index(cell_index) + 1, len(code), str(cell.source))
+                    return original(cell, cell_index, **kw)
+
+                nb_man.cell_start = cell_start
+            return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+
+    papermill_engines.register(PROGRESS_ENGINE, ProgressEngine)
+    return PROGRESS_ENGINE
 
 
 @contextmanager
@@ -117,7 +180,9 @@ def run_notebook(
     executed = out_dir / source.name
     html_path = out_dir / f"{source.stem}.html"
     start = time.perf_counter()
-    error = None
+    error: str | None = None
+    needs: str | None = None
+    stream = ProgressStream(label or f"  {source.stem}:")
     try:
         with _given_in_environment(given), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -129,13 +194,22 @@ def run_notebook(
                 kernel_name="python3",
                 progress_bar=False,
                 log_output=False,
-                stdout_file=ProgressStream(label or f"  {source.stem}:"),
+                stdout_file=stream,
                 extra_arguments=KERNEL_QUIET,
+                engine_name=_progress_engine(),
             )
     except pm.PapermillExecutionError as exc:  # the partly executed notebook is kept: render it
-        error = f"cell {exc.exec_count}: {exc.ename}: {' '.join(str(exc.evalue).split())}"[:500]
+        evalue = without_machine_paths(" ".join(str(exc.evalue).split()))
+        if exc.ename == MissingPrerequisite.__name__:
+            error = f"needs what this machine lacks: {evalue}"[:500]
+            found_command = re.search(r"run `([^`]+)`$", evalue)
+            needs = found_command.group(1) if found_command else None
+        else:
+            error = f"cell {exc.exec_count}: {exc.ename}: {evalue}"[:500]
     except Exception as exc:  # a kernel that died, a notebook that cannot be read
-        error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:500]
+        error = without_machine_paths(f"{type(exc).__name__}: {' '.join(str(exc).split())}")[:500]
+    finally:
+        stream.close()
     seconds = time.perf_counter() - start
     found: str | None = None
     verdicts: list[Any] = []
@@ -143,7 +217,7 @@ def run_notebook(
         scrub_executed(executed, parameters)
         render_html(executed, html_path, redact(parameters), set(given))
         found, verdicts = extract_results(executed)
-    return NotebookRun(source.stem, html_path, seconds, found, error, verdicts)
+    return NotebookRun(source.stem, html_path, seconds, found, error, verdicts, needs)
 
 
 @contextmanager
@@ -189,7 +263,7 @@ def _publish(run: NotebookRun, stage: Path, out_dir: Path) -> dict[str, Any]:
         if staged.exists():
             os.replace(staged, out_dir / f"{run.name}{suffix}{ext}")
     if run.error:
-        entry.update(error=run.error, failed_html=f"{run.name}.failed.html")
+        entry.update(error=run.error, failed_html=f"{run.name}.failed.html", needs=run.needs)
     else:
         for ext in (".html", ".ipynb"):
             (out_dir / f"{run.name}.failed{ext}").unlink(missing_ok=True)
@@ -231,15 +305,16 @@ def secret_parameter_values(parameters: Any) -> list[str]:
 
 
 def scrub_executed(executed: Path, parameters: dict[str, Any]) -> None:
-    """Rewrite an executed notebook so no secret of its injected parameters survives: the injected
-    cell redacted by name and value, every other text (sources, outputs) by value."""
+    """Rewrite an executed notebook so no secret of its injected parameters survives (the injected
+    cell redacted by name and value, every other text, sources and outputs, by value) and no folder
+    of the rendering machine either (``io.without_machine_paths``)."""
     values = secret_parameter_values(parameters)
     nb = json.loads(executed.read_text(encoding="utf-8"))
     for cell in nb.get("cells", []):
         if "injected-parameters" in ((cell.get("metadata") or {}).get("tags") or []):
             source = cell.get("source", "")
             cell["source"] = scrub("".join(source) if isinstance(source, list) else str(source), values)
-    text = json.dumps(nb, indent=1, ensure_ascii=False)
+    text = without_machine_paths(json.dumps(nb, indent=1, ensure_ascii=False))
     for value in values:  # as JSON spells it inside a string, and as it is
         text = text.replace(json.dumps(value, ensure_ascii=False)[1:-1], REDACTED).replace(value, REDACTED)
     write_text_atomic(executed, text + "\n")
@@ -255,6 +330,7 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
     out_dir = reports_dir / profile
     figures_dir = Path("figures") / profile
     runs = []
+    began = time.perf_counter()
     with profile_lock(reports_dir, profile):
         out_dir.mkdir(parents=True, exist_ok=True)
         status = _read_status(out_dir)
@@ -263,7 +339,8 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
             for number, stem in enumerate(sorted(selected), 1):
                 given = given_parameters(profile_data, stem, declared[stem])
                 params = {**given, "profile": profile, "figures_dir": str(figures_dir)}
-                print(f"[{profile}] ({number}/{len(selected)}) running {stem} ...", flush=True)
+                so_far = f", {time.perf_counter() - began:.0f} s so far" if number > 1 else ""
+                print(f"[{profile}] ({number}/{len(selected)}) running {stem}{so_far} ...", flush=True)
                 run = run_notebook(
                     root / "notebooks" / f"{stem}.ipynb",
                     stage,
@@ -285,12 +362,17 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
     return runs
 
 
-def _cmd_render(args: argparse.Namespace) -> int:
-    runs = run_profile(args.profile, only=args.only)
+def report_failures(runs: Sequence[NotebookRun]) -> int:
+    """One line on stderr per notebook that did not render (and what to run, where known); the exit code."""
     failed = [r for r in runs if r.error]
     for run in failed:
-        print(f"kvstudy: error: notebooks/{run.name}.ipynb failed: {run.error}", file=sys.stderr)
+        what = run.error if run.needs else f"failed: {run.error}"
+        print(f"kvstudy: error: notebooks/{run.name}.ipynb {what}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    return report_failures(run_profile(args.profile, only=args.only))
 
 
 def register(subparsers: Any) -> None:

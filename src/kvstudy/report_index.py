@@ -29,6 +29,7 @@ def _card(stems: Sequence[str], status: dict[str, Any]) -> str:
     for stem in stems:
         entry = status.get(stem) or {}
         if entry.get("error") or not entry:
+            rows.append(f'<dt>{html.escape(stem)}</dt><dd class="failed">{_no_verdict(entry)}</dd>')
             continue
         verdicts = entry.get("verdicts") or (
             [{"topic": stem, "text": entry["finding"]}] if entry.get("finding") else []
@@ -43,16 +44,31 @@ def _card(stems: Sequence[str], status: dict[str, Any]) -> str:
     return '<h2>Verdicts</h2><dl class="card">\n' + "\n".join(rows) + "\n</dl>"
 
 
+def _no_verdict(entry: dict[str, Any]) -> str:
+    """Why a notebook gives no verdict, and what to run to get one (HTML)."""
+    if not entry:
+        return "no verdict: not rendered yet for this profile (<code>make all</code>)"
+    if entry.get("needs"):
+        return (
+            f"no verdict: {html.escape(entry['error'])}. Run <code>{html.escape(entry['needs'])}</code>, "
+            "then <code>make all</code> again."
+        )
+    return f"no verdict: the notebook failed ({html.escape(entry['error'])}); see {_link(entry['failed_html'], 'where it stopped')}"
+
+
 def _line(stem: str, entry: dict[str, Any], out_dir: Path) -> str:
     """One notebook's line: its finding, or that it failed (with the last good report if there is one)."""
     if not entry:
         return f"<li>{html.escape(stem)} &mdash; not rendered yet for this profile</li>"
     if entry.get("error"):
+        state = "not run" if entry.get("needs") else "failed"
         parts = [
-            f'<span class="failed"><strong>failed</strong> ({html.escape(entry["rendered"])}): '
+            f'<span class="failed"><strong>{state}</strong> ({html.escape(entry["rendered"])}): '
             f"{html.escape(entry['error'])}</span>",
             _link(entry["failed_html"], "where it stopped"),
         ]
+        if entry.get("needs"):
+            parts.insert(1, f"run <code>{html.escape(entry['needs'])}</code> to provide it")
         if (out_dir / f"{stem}.html").exists():
             parts.append(_link(f"{stem}.html", "last good report") + " (older run)")
         return f"<li>{html.escape(stem)} &mdash; " + "; ".join(parts) + "</li>"

@@ -64,6 +64,28 @@ def test_notebook_executes_on_reference_profile(path: Path, tmp_path: Path) -> N
     assert run.error is None, f"{path.name} failed: {run.error}"
     assert run.html_path.is_file() and run.html_path.stat().st_size > 10_000
     assert run.finding, f"{path.name} states no finding for the index page"
+    page = run.html_path.read_text(encoding="utf-8").replace("<wbr>", "")
+    executed = (tmp_path / "reports" / path.name).read_text(encoding="utf-8")
+    for text, what in ((page, "report"), (executed, "executed notebook")):
+        assert str(ROOT) not in text, f"{path.name}: the {what} names the rendering machine's folder {ROOT}"
+        assert str(Path.home()) + "/" not in text, f"{path.name}: the {what} names the home folder"
+    assert not unresolved_capture_paths(page), f"{path.name}: names files that are not in the clone"
+
+
+def unresolved_capture_paths(text: str) -> list[str]:
+    """Paths a report names inside a bundled capture folder (``data/captures/<name>/...``) that do not exist."""
+    names = {m.rstrip(".,;:)") for m in re.findall(r"(?<![\w./-])(data/captures/[\w.+-]+/[\w./+-]*[\w/])", text)}
+    return sorted(
+        n
+        for n in names
+        if (ROOT / n.split("/")[0] / n.split("/")[1] / n.split("/")[2]).is_dir() and not (ROOT / n).exists()
+    )
+
+
+def test_unresolved_capture_paths_can_fail() -> None:
+    assert unresolved_capture_paths(
+        "log data/captures/speed-cpu/logs/nope.log, ok data/captures/speed-cpu/spec.json"
+    ) == ["data/captures/speed-cpu/logs/nope.log"]
 
 
 def declared_parameters(path: Path) -> set[str]:

@@ -171,3 +171,55 @@ def test_context_sweep_kind_is_the_one_the_upgrade_knows() -> None:
     from kvstudy.context import sweep
 
     assert sweep.KIND == capture.CONTEXT_KIND
+
+
+def test_relativize_moved_from_renames_a_capture_folder_in_its_records(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    folder = root / "data" / "captures" / "run"
+    (folder / "cells").mkdir(parents=True)
+    (folder / "cells" / "a.json").write_text(
+        json.dumps(
+            {
+                "log": "data/captures/run.new/logs/a.log",
+                "other": "data/captures/run.newer/x",
+                "abs": f"{root}/data/captures/run.new",
+            }
+        )
+    )
+    (folder / capture.MANIFEST).write_text(json.dumps({"how": "kvstudy sweep spec.json data/captures/run.new"}))
+    (folder / "SOURCE.md").write_text("made in data/captures/run.new\n")
+    changed = capture.relativize_folder(folder, root, moved_from="data/captures/run.new")
+    assert [p.name for p in changed] == ["a.json"]
+    assert json.loads((folder / "cells" / "a.json").read_text()) == {
+        "log": "data/captures/run/logs/a.log",
+        "other": "data/captures/run.newer/x",
+        "abs": "data/captures/run",
+    }
+    # the manifest and the Markdown page record how the capture was made: they keep the old name
+    assert "run.new" in (folder / capture.MANIFEST).read_text() and "run.new" in (folder / "SOURCE.md").read_text()
+
+
+def test_capture_keeps_the_served_models_config(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen3"}')
+    cap = tmp_path / "cap"
+    with pytest.raises(StudyError, match="model/config.json: not found"):
+        capture.model_config(cap, tmp_path / "absent")
+    capture.keep_model_config(cap, model)
+    (model / "config.json").write_text('{"model_type": "changed later"}')
+    capture.keep_model_config(cap, model)  # kept once: the capture holds what was served
+    assert capture.model_config(cap, tmp_path / "absent") == cap / capture.MODEL_CONFIG
+    assert json.loads((cap / capture.MODEL_CONFIG).read_text()) == {"model_type": "qwen3"}
+    assert capture.model_config(tmp_path / "other", model) == model / "config.json"  # no copy: the folder's
+
+
+def test_bundled_sweep_captures_hold_the_served_config_with_the_recorded_digest() -> None:
+    from kvstudy.io import file_digest
+
+    for name in ("speed-cpu", "context-cpu"):
+        folder = ROOT / "data" / "captures" / name
+        kept = folder / capture.MODEL_CONFIG
+        records = [json.loads(p.read_text()) for p in sorted((folder / "runs").glob("*.json"))]
+        digests = {r["record"]["model"]["config_sha256"] for r in records if r.get("record")}
+        assert digests == {file_digest(kept)}, name

@@ -155,3 +155,14 @@ def test_bounded_numbers_never_raise_anything_else(value: object) -> None:
             parse(value, "v", 0, 10**12)
         except StudyError:
             pass
+
+
+def test_without_machine_paths_removes_the_root_and_the_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstudy.io import without_machine_paths
+
+    monkeypatch.setenv("HOME", "/home/someone")
+    text = "/build/repo/data/x.json at /home/someone/.pyenv/lib.py; /home/someone2/y and /build/repo2/z"
+    assert (
+        without_machine_paths(text, "/build/repo")
+        == "data/x.json at ~/.pyenv/lib.py; /home/someone2/y and /build/repo2/z"
+    )

@@ -141,3 +141,45 @@ def test_status_file_records_each_notebook(study: Path) -> None:
     report.run_profile("demo", root=study)
     status = json.loads((study / "reports" / "demo" / "status.json").read_text())
     assert set(status) == {"01_ok", "02_broken"} and status["02_broken"]["error"]
+
+
+def test_a_notebook_missing_a_prerequisite_says_what_to_run(study: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_notebook(
+        study / "notebooks" / "02_broken.ipynb",
+        "from kvstudy.errors import MissingPrerequisite\n"
+        "raise MissingPrerequisite('vLLM not installed in this environment', 'make engine')",
+    )
+    code = cli_main(["render", "--profile", "demo"], study)
+    assert code == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("kvstudy: error:")]
+    assert lines == [
+        "kvstudy: error: notebooks/02_broken.ipynb needs what this machine lacks: "
+        "vLLM not installed in this environment; run `make engine`"
+    ]
+    out_dir = study / "reports" / "demo"
+    status = json.loads((out_dir / "status.json").read_text())
+    assert status["02_broken"]["needs"] == "make engine" and status["01_ok"]["error"] is None
+    index = (out_dir / "index.html").read_text()
+    card = index.split('<dl class="card">')[1].split("</dl>")[0]
+    assert "twice the tokens at 21" in card and "<code>make engine</code>" in card  # the failed topic stays in the card
+    assert "not run" in index and (out_dir / "01_ok.html").is_file()
+
+
+def cli_main(argv: list[str], root: Path) -> int:
+    """``kvstudy render`` against the test study's folder (the CLI renders the repository's own)."""
+    runs = report.run_profile(argv[argv.index("--profile") + 1], root=root)
+    return report.report_failures(runs)
+
+
+def test_progress_stream_names_a_long_running_cell() -> None:
+    import time
+
+    out = io.StringIO()
+    stream = report.ProgressStream("[p]   nb:", out, every_s=0.05)
+    stream.cell_started(3, 7, "# a comment\nrun_sweep(spec)\n")
+    deadline = time.monotonic() + 30
+    while "cell 3/7 running for" not in out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stream.close()
+    assert "[p]   nb: cell 3/7 running for" in out.getvalue() and out.getvalue().rstrip().endswith("run_sweep(spec)")

@@ -47,6 +47,7 @@ from kvstudy.accuracy.task_specs import GSM8K_FILTERS, task_spec, write_task_fol
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, strip_ansi, write_json_atomic
+from kvstudy.model.folder import require_live
 from kvstudy.tools.tiny_model import DEFAULT_PATH as TINY_MODEL_PATH
 
 OFFLINE_TASK = "gsm8k_offline"
@@ -427,6 +428,7 @@ def run_missing(
         todo.setdefault(cfg.server_key(), []).append(cfg)
     results: dict[str, ConfigStatus | None] = {}
     if todo:
+        require_live(model, lm_eval=True)
         write_manifest(capture, names, model, settings, base, inputs)
     try:
         for group in todo.values():

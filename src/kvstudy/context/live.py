@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvstudy import capture as capture_format
 from kvstudy.context.fit import (
     DEFAULT_BOOT,
     ArmComparison,
@@ -88,7 +89,8 @@ def slope_table(analysis: ContextAnalysis, bandwidth_gb_s: float | None = None, 
     spec = analysis.spec
     arms = {a.name: a.kv_cache_dtype for a in spec.arms}
     skip = {a.name: "sliding_window" if "sliding_window" in a.extra_args else None for a in spec.arms}
-    return measured_vs_predicted(analysis.fits, arms, spec.model, bandwidth_gb_s, origin, analysis.not_measured, skip)
+    config = capture_format.model_config(analysis.capture, spec.model)
+    return measured_vs_predicted(analysis.fits, arms, str(config), bandwidth_gb_s, origin, analysis.not_measured, skip)
 
 
 def points_frame(analysis: ContextAnalysis) -> Any:

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.io import REPO_ROOT
 
-DEFAULT_PATH = Path(__file__).resolve().parents[3] / "data" / "published" / "context-scaling.json"
+DEFAULT_PATH = REPO_ROOT / "data" / "published" / "context-scaling.json"
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from kvstudy import io as atomic
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
+from kvstudy.model.folder import require_live
 from kvstudy.vllm.facts import CACHE_DTYPES
 
 KIND = "kvstudy context sweep"
@@ -420,6 +421,8 @@ def run_context_sweep(
     capture = Path(capture)
     manifest = prepare(spec, capture, how)
     todo = set(cells_to_run(spec, capture, retry_failed))
+    if todo:
+        require_live(spec.model)
     if todo and not (capture / BANDWIDTH).is_file():
         record_bandwidth(capture)
     session = capture_format.start_session(manifest, [c for c in spec.cells() if c in todo])

@@ -5,8 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvstudy.errors import StudyError
-from kvstudy.io import is_finite_number, read_json  # noqa: F401  (re-exported for model readers)
+from kvstudy.errors import MissingPrerequisite, StudyError
+from kvstudy.io import REPO_ROOT, is_finite_number, read_json  # noqa: F401  (re-exported for model readers)
+from kvstudy.vllm.install_check import require_engine
+
+# Model folders the project builds instead of bundling (not in git), and the command that builds them.
+BUILT_MODELS = {Path("data/tiny-models"): "make engine tiny-model"}
+
+
+def _built_by(path: Path) -> str | None:
+    """The command that builds ``path`` when it is one of the project's built model folders."""
+    try:
+        rel = path.resolve().relative_to(REPO_ROOT) if path.is_absolute() else path
+    except ValueError:
+        return None
+    return next((cmd for root, cmd in BUILT_MODELS.items() if rel.parts[: len(root.parts)] == root.parts), None)
 
 
 def _cached_snapshot(repo_id: str, cache_dir: str | Path | None = None) -> Path:
@@ -37,7 +50,27 @@ def resolve_model_path(spec: str | Path, cache_dir: str | Path | None = None) ->
     text = str(spec)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
         return _cached_snapshot(text, cache_dir)
+    command = _built_by(path)
+    if command:
+        raise MissingPrerequisite(f"{spec}: this model folder is built by the project and is not built here", command)
     raise StudyError(f"{spec}: no such model folder or file")
+
+
+def require_live(model: str | Path, lm_eval: bool = False) -> None:
+    """Before a live step serves ``model``: raise one :class:`MissingPrerequisite` naming everything
+    missing here (vLLM, lm-eval where asked, a model folder the project builds) and the one command
+    that provides it all."""
+    found: list[MissingPrerequisite] = []
+    for check in (lambda: require_engine(lm_eval), lambda: resolve_model_path(model)):
+        try:
+            check()
+        except MissingPrerequisite as exc:
+            found.append(exc)
+    if len(found) == 1:
+        raise found[0]
+    if found:
+        commands = " ".join(dict.fromkeys(w for exc in found for w in exc.command.removeprefix("make ").split()))
+        raise MissingPrerequisite("; ".join(exc.missing for exc in found), f"make {commands}")
 
 
 def config_path(spec: str | Path) -> Path:

@@ -38,6 +38,7 @@ from kvstudy import io as atomic
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import log_tail, read_json
+from kvstudy.model.folder import require_live
 from kvstudy.redact import resolve_env, scrub, secret_values
 from kvstudy.run_record import server_record
 from kvstudy.speed.bench_client import (
@@ -278,6 +279,8 @@ def run_sweep(
     capture = Path(capture)
     manifest = prepare_capture(spec, capture, how)
     todo = missing_cells(spec, capture, retry_failed)
+    if todo:
+        require_live(spec.model)
     session = capture_format.start_session(manifest, [c.id for c in todo])
     _update_manifest(capture, manifest, spec)
     results: list[CellResult] = []

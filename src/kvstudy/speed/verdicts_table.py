@@ -243,7 +243,7 @@ def capture_verdict_frame(verdicts: list[CaptureVerdict]) -> pd.DataFrame:
 
 def published_model_dir(pub: Any) -> Path:
     """The bundled model folder of the published table's model (``data/models/<name>``)."""
-    return Path(pub.path).resolve().parents[1] / "models" / str(pub.meta["model"]).split("/")[-1]
+    return Path(pub.path).parents[1] / "models" / str(pub.meta["model"]).split("/")[-1]
 
 
 def published_verdict_frame(pub: Any, context_len: int, clock_tolerance: float = CLOCK_TOLERANCE) -> pd.DataFrame:

