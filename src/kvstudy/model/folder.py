@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import is_finite_number, read_json  # noqa: F401  (re-exported for model readers)
+from kvstudy.io import read_json
 
 
 def _cached_snapshot(repo_id: str, cache_dir: str | Path | None = None) -> Path:

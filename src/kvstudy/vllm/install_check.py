@@ -16,7 +16,7 @@ from kvstudy.errors import StudyError
 
 def check() -> str:
     """One line describing the working engine; raises RuntimeError with the reason otherwise."""
-    from kvstudy.vllm.server import vllm_distribution
+    from kvstudy.vllm.command import vllm_distribution
 
     dist = vllm_distribution()
     if dist is None:
