@@ -27,15 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from kvstudy.tools.tiny_model import ensure_tiny_model  # noqa: E402
-from kvstudy.vllm.server import (  # noqa: E402
+from kvstudy.vllm.command import (  # noqa: E402
     ServerConfig,
-    VllmServer,
     build_command,
-    free_port,
     server_environment,
-    stop_process_group,
     vllm_distribution,
 )
+from kvstudy.vllm.process import stop_process_group  # noqa: E402
+from kvstudy.vllm.server import VllmServer, free_port  # noqa: E402
 
 
 def ready(url: str) -> bool:

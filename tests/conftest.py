@@ -53,7 +53,7 @@ def live_log_dir() -> Path:
 
 def live_config(model: Path, kv_cache_dtype: str) -> "ServerConfig":  # noqa: F821
     """The shared servers' configuration: everything pinned, only the KV dtype varies."""
-    from kvstudy.vllm.server import ServerConfig
+    from kvstudy.vllm.command import ServerConfig
 
     return ServerConfig(
         model=str(model),

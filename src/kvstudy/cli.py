@@ -16,7 +16,7 @@ SUBCOMMAND_MODULES = (
     "kvstudy.model.scales",  # kvstudy scales
     "kvstudy.speed.runner",  # kvstudy sweep
     "kvstudy.speed.compare",  # kvstudy speed compare
-    "kvstudy.accuracy.runner_cli",  # kvstudy gsm8k
+    "kvstudy.accuracy.gsm8k_command",  # kvstudy gsm8k
     "kvstudy.accuracy.cli",  # kvstudy accuracy
     "kvstudy.capture",  # kvstudy capture upgrade
     "kvstudy.render",  # kvstudy render

@@ -11,7 +11,9 @@ returns a copy with every secret replaced by ``REDACTED``:
 
 Profiles and specs may give an environment value as ``{from_env: NAME}``: the value is looked up
 in the parent environment only when the child's environment is built (``resolve_env``), so it is
-never part of a parameter, a manifest or a record.
+never part of a parameter, a manifest or a record. ``safe_environment`` is an environment as a
+record keeps it (secret variables dropped); ``literal_secrets`` the literal values an environment
+mapping and an argument list carry, which ``scrub`` and ``scrub_file`` replace in copied text.
 
 ``copy_scrubbed`` / ``start_scrubbed_copy`` copy a child's output (a pipe) to a log file line by
 line, each line scrubbed before it is written, so no secret reaches the disk even for a moment.
@@ -22,10 +24,12 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import IO, Any
 
 from kvstudy.errors import StudyError
+from kvstudy.io import MAX_LOG_BYTES, write_text_atomic
 
 REDACTED = "[REDACTED]"
 SECRET_NAME = re.compile(
@@ -42,6 +46,8 @@ TOKEN_VALUE = re.compile(
     r"github_pat_[A-Za-z0-9_]{8,}|xox[abpr]-[A-Za-z0-9\-]{8,}|(?:AKIA|ASIA)[A-Z0-9]{12,}|"
     r"glpat-[A-Za-z0-9_\-]{8,}|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]+)"
 )
+# A value that is a token by its prefix: ``safe_environment`` drops the whole variable.
+SECRET_VALUE = re.compile(r"^(hf_|sk-|ghp_|gho_|github_pat_|xox[abp]-|AKIA)[A-Za-z0-9_\-]{8,}")
 URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\"]*:)(?P<pw>[^\s@/'\"]+)(?=@)")
 AUTH_HEADER = re.compile(
     r"(?P<head>\b(?:Proxy-)?Authorization\s*[:=]\s*(?:(?:Bearer|Basic|Token)\s+)?)"
@@ -187,6 +193,47 @@ def scrub(text: str, values: list[str] | None = None) -> str:
     for value in secret_values() if values is None else values:
         text = text.replace(value, REDACTED)
     return text
+
+
+def scrub_file(path: Path, values: list[str] | None = None, limit: int = MAX_LOG_BYTES) -> None:
+    """Rewrite the text file ``path`` scrubbed (``scrub``) of ``values``: the second net behind a
+    scrubbed copy (``copy_scrubbed``). A missing or unreadable file, or one over ``limit`` bytes, is
+    left as it is."""
+    try:
+        if not path.is_file() or path.stat().st_size > limit:
+            return
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return
+    clean = scrub(text, values)
+    if clean != text:
+        write_text_atomic(path, clean)
+
+
+def safe_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without anything that looks like a secret (by name or by value), for records;
+    values that carry a secret inside (a password in a URL) are kept redacted."""
+    return {
+        k: redact(str(v)) for k, v in sorted(env.items()) if not is_secret_name(k) and not SECRET_VALUE.match(str(v))
+    }
+
+
+def literal_secrets(env: Mapping[str, Any], args: Sequence[Any] = ()) -> list[str]:
+    """Literal secret values an environment mapping and an argument list carry, longest first:
+    secret-named values, the values ``{from_env: NAME}`` references have in this process's
+    environment, and values after (or ``=``-joined to) secret-named options; so copied text can be
+    scrubbed of them even where their shape is unknown."""
+    values: list[str] = []
+    for key, value in env.items():
+        if is_env_reference(value):
+            values.append(os.environ.get(value["from_env"], ""))
+        elif is_secret_name(key):
+            values.append(str(value))
+    words = [str(a) for a in args]
+    for i, arg in enumerate(words):
+        if arg.startswith("-") and is_secret_name(arg.split("=", 1)[0]):
+            values.append(arg.split("=", 1)[1] if "=" in arg else (words[i + 1] if i + 1 < len(words) else ""))
+    return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
 
 
 # ---- a child's output to a log file, scrubbed line by line ------------------------------------

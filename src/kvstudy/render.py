@@ -35,14 +35,12 @@ from kvstudy.profiles import (
     check_profile_name,
     given_parameters,
     load_profile,
-    notebook_parameters,
     validate_profile,
 )
 from kvstudy.redact import REDACTED, redact, scrub
 from kvstudy.report_html import extract_results, render_html
 from kvstudy.report_index import write_index
 
-__all__ = ["NotebookRun", "load_profile", "notebook_parameters", "run_notebook", "run_profile", "render_html"]
 STATUS_FILE = "status.json"
 PROGRESS_PREFIX = "[progress]"
 PROGRESS_ENGINE = "kvstudy-progress"

@@ -34,7 +34,8 @@ from kvstudy.vllm.facts import device_defaults
 from kvstudy.vllm.startup_log import StartupInfo, parse_startup_log
 
 if TYPE_CHECKING:
-    from kvstudy.vllm.server import ServerConfig, VllmServer
+    from kvstudy.vllm.command import ServerConfig
+    from kvstudy.vllm.server import VllmServer
 
 RECORD_VERSION = 1
 GIB = 1024**3
@@ -217,7 +218,7 @@ def _model_section(model_folder: Path, log_path: Path) -> dict[str, Any]:
 def build_record(config: "ServerConfig", log_path: Path, port: int | None = None) -> dict[str, Any]:
     """The resolved-run record of one server start, from its config and its log (JSON-ready)."""
     from kvstudy.machine import hardware_info, package_versions
-    from kvstudy.vllm.server import build_command, recorded_environment, server_environment, vllm_distribution
+    from kvstudy.vllm.command import build_command, recorded_environment, server_environment, vllm_distribution
 
     log_path = Path(log_path)
     if not log_path.is_file():

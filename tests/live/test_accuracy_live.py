@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 
 from kvstudy.accuracy import analysis as ga
+from kvstudy.accuracy import configurations as cf
+from kvstudy.accuracy import records as rec
 from kvstudy.accuracy import runner as ge
 from kvstudy.accuracy import stats as acc
+from kvstudy.accuracy.task_specs import GSM8K_FILTERS
 from kvstudy.io import write_json_atomic
 from kvstudy.run_record import server_record
 
@@ -42,7 +45,7 @@ def live_capture(tmp_path_factory, live_server_auto, tiny_model) -> Path:
     root = tmp_path_factory.mktemp("gsm8k-capture")
     write_json_atomic(root / "manifest.json", {"source": "test", "settings": {}})
     for name in ("bf16", "bf16-zero-shot"):
-        shots = ge.CONFIGURATIONS[name].num_fewshot
+        shots = cf.CONFIGURATIONS[name].num_fewshot
         shots = SETTINGS.num_fewshot if shots is None else shots
         ge.evaluate_server(
             live_server_auto.base_url, live_server_auto.model_name, tiny_model, root / name, SETTINGS, num_fewshot=shots
@@ -69,8 +72,8 @@ def _check_records(folder: Path, records) -> None:
         assert r.strict_correct == (_normalise(r.strict_answer) == _normalise(r.target))
         assert r.flexible_correct == (_normalise(r.flexible_answer) == _normalise(r.target))
     scores = json.loads((folder / "results.json").read_text())["scores"]
-    for flt in ge.FILTERS:  # lm-eval's own aggregate equals the mean of the records
-        assert scores[f"exact_match,{flt}"] == pytest.approx(sum(ge.correctness(records, flt).values()) / N)
+    for flt in GSM8K_FILTERS:  # lm-eval's own aggregate equals the mean of the records
+        assert scores[f"exact_match,{flt}"] == pytest.approx(sum(rec.correctness(records, flt).values()) / N)
     assert not list(folder.glob("lm_eval_cache*.db"))  # removed once the records are complete
 
 
@@ -86,8 +89,8 @@ def test_records_are_complete_and_consistent(live_capture):
 
 def test_statistics_on_live_records(live_capture):
     results = ge.load_capture(live_capture, ["bf16", "bf16-zero-shot"])
-    base = ge.correctness(results["bf16"].records, SETTINGS.primary_filter)
-    weak = ge.correctness(results["bf16-zero-shot"].records, SETTINGS.primary_filter)
+    base = rec.correctness(results["bf16"].records, SETTINGS.primary_filter)
+    weak = rec.correctness(results["bf16-zero-shot"].records, SETTINGS.primary_filter)
     cmp = acc.compare_paired("8-shot", base, "zero-shot", weak)
     assert sum(map(sum, cmp.table())) == N
     assert cmp.baseline_correct == sum(base.values()) and cmp.other_correct == sum(weak.values())
@@ -119,7 +122,7 @@ def test_fp8_kv_against_bf16_kv(request, tiny_model, tmp_path, live_server_confi
         if _cpu_has_fp8_kv_isa() or "AVX-512" not in str(exc):
             raise  # a failure this CPU does not explain
         status = ge.run_group(
-            [ge.CONFIGURATIONS["fp8-kv"]],
+            [cf.CONFIGURATIONS["fp8-kv"]],
             live_server_config(tiny_model, "auto"),
             tmp_path,
             SETTINGS,
@@ -205,6 +208,6 @@ def test_resume_after_the_server_dies(live_capture, live_server_auto, tiny_model
     with _Proxy(live_server_auto.base_url, allow=None) as healthy:
         records = ge.evaluate_server(healthy.url, live_server_auto.model_name, tiny_model, out, settings)
         assert healthy.forwarded == N - 2  # only the unanswered questions were asked again
-    uninterrupted = ge.read_records(live_capture / "bf16" / "records.jsonl")
+    uninterrupted = rec.read_records(live_capture / "bf16" / "records.jsonl")
     assert [r.prompt_hash for r in records] == [r.prompt_hash for r in uninterrupted]
     assert [r.response for r in records] == [r.response for r in uninterrupted]

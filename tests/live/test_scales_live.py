@@ -21,7 +21,8 @@ FOLDER = ROOT / "data" / "scale-logs" / "models" / "tiny-fp8-noscales"
 
 @pytest.mark.live
 def test_scale_warning_from_a_real_start(live_log_dir: Path) -> None:
-    from kvstudy.vllm.server import EngineStartError, ServerConfig, VllmServer
+    from kvstudy.vllm.command import ServerConfig
+    from kvstudy.vllm.server import EngineStartError, VllmServer
 
     log = live_log_dir / "scales-fp8-noscales.log"
     config = ServerConfig(

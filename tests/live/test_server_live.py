@@ -20,7 +20,8 @@ import pytest
 
 from kvstudy.io import write_json_atomic
 from kvstudy.run_record import ab_guard, load_record, server_record
-from kvstudy.vllm.server import EngineStartError, ServerConfig, VllmServer
+from kvstudy.vllm.command import ServerConfig
+from kvstudy.vllm.server import EngineStartError, VllmServer
 
 pytestmark = pytest.mark.live
 
@@ -254,7 +255,8 @@ def test_sigterm_to_the_parent_stops_its_servers(tiny_model: Path, tmp_path: Pat
     script = tmp_path / "parent.py"
     script.write_text(
         textwrap.dedent(f"""
-        from kvstudy.vllm.server import ServerConfig, VllmServer
+        from kvstudy.vllm.command import ServerConfig
+        from kvstudy.vllm.server import VllmServer
         VllmServer(ServerConfig(model={str(tiny_model)!r}, cpu_kvcache_space_gib=1), {str(tmp_path / "term.log")!r}).start()
     """)
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvstudy import render as report
+from kvstudy.profiles import load_profile, notebook_parameters
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -58,8 +59,8 @@ def test_notebook_has_tagged_parameters_cell(path: Path) -> None:
 @pytest.mark.notebooks
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_executes_on_reference_profile(path: Path, tmp_path: Path) -> None:
-    profile = report.load_profile("reference", ROOT / "profiles")
-    params = report.notebook_parameters(profile, path.stem, "reference", tmp_path / "figures")
+    profile = load_profile("reference", ROOT / "profiles")
+    params = notebook_parameters(profile, path.stem, "reference", tmp_path / "figures")
     run = report.run_notebook(path, tmp_path / "reports", params, ROOT)
     assert run.error is None, f"{path.name} failed: {run.error}"
     assert run.html_path.is_file() and run.html_path.stat().st_size > 10_000
@@ -112,7 +113,7 @@ PROFILES = sorted((ROOT / "profiles").glob("*.yaml"))
 @pytest.mark.parametrize("profile_path", PROFILES, ids=lambda p: p.stem)
 def test_profile_sets_only_declared_parameters(profile_path: Path) -> None:
     """A typo in a profile would otherwise be injected as a new variable and silently ignored."""
-    data = report.load_profile(profile_path.stem, ROOT / "profiles")
+    data = load_profile(profile_path.stem, ROOT / "profiles")
     by_stem = {nb.stem: nb for nb in NOTEBOOKS}
     for stem, params in (data.get("notebooks") or {}).items():
         assert stem in by_stem, f"{profile_path.name}: no notebook {stem}"

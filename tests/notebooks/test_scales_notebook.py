@@ -10,6 +10,7 @@ import pytest
 
 from kvstudy import render as report
 from kvstudy.model import scale_tables, scales
+from kvstudy.profiles import load_profile, notebook_parameters
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "04_scale-inspection.ipynb"
@@ -27,8 +28,8 @@ def _outputs_text(path: Path) -> str:
 
 @pytest.mark.notebooks
 def test_notebook_finding_matches_the_package(tmp_path: Path) -> None:
-    profile = report.load_profile("reference", ROOT / "profiles")
-    params = report.notebook_parameters(profile, NOTEBOOK.stem, "reference", tmp_path / "figures")
+    profile = load_profile("reference", ROOT / "profiles")
+    params = notebook_parameters(profile, NOTEBOOK.stem, "reference", tmp_path / "figures")
     run = report.run_notebook(NOTEBOOK, tmp_path / "reports", params, ROOT)
     assert run.error is None, run.error
     assert (tmp_path / "figures" / "04_scale_values.png").is_file()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvstudy import render as report
+from kvstudy.profiles import load_profile, notebook_parameters
 from kvstudy.speed import analysis as speed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,8 +20,8 @@ def html_text_of(run: object) -> str:
 
 @pytest.mark.notebooks
 def test_reference_render_recomputes_published_ratio_and_reads_capture(tmp_path: Path) -> None:
-    profile = report.load_profile("reference", ROOT / "profiles")
-    params = report.notebook_parameters(profile, NOTEBOOK.stem, "reference", tmp_path / "figures")
+    profile = load_profile("reference", ROOT / "profiles")
+    params = notebook_parameters(profile, NOTEBOOK.stem, "reference", tmp_path / "figures")
     assert params["run_missing"] is False  # the reference profile never starts vLLM
     run = report.run_notebook(NOTEBOOK, tmp_path / "reports", params, ROOT)
     assert run.error is None, run.error

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "kvstudy"
-MAX_LINES = 620
+MAX_LINES = 600
 
 # Layers from the bottom up: a module may import only from its own layer or those below it.
 LAYERS: tuple[tuple[str, ...], ...] = (

@@ -1,15 +1,39 @@
-"""Secrets redacted by name and by value, in mappings, argument lists and free text."""
+"""Secrets redacted by name and by value, in mappings, argument lists and free text; a child's
+output copied to a file scrubbed line by line."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvstudy.errors import StudyError
-from kvstudy.redact import REDACTED, check_env_mapping, is_secret_name, redact, redact_text, resolve_env, scrub
+from kvstudy.redact import (
+    REDACTED,
+    _cut_point,
+    check_env_mapping,
+    copy_scrubbed,
+    is_secret_name,
+    literal_secrets,
+    redact,
+    redact_text,
+    resolve_env,
+    safe_environment,
+    scrub,
+    scrub_file,
+    start_scrubbed_copy,
+)
 
 SECRET = "s3cr3t-Value-42"
+HANG_S = 60  # generous bounds: they only catch a hang or a survivor
 
 
 @pytest.mark.parametrize(
@@ -142,3 +166,111 @@ def test_redact_text_never_fails_and_is_stable(text: str) -> None:
 def test_planted_argument_values_never_survive(flag: str, value: str) -> None:
     assert value not in redact([flag, value]) and value not in redact_text(f"{flag} {value}")
     assert value not in redact([f"{flag}={value}"])
+
+
+def test_safe_environment_drops_secrets() -> None:
+    env = {
+        "HF_TOKEN": "hf_abcdefghijklmnop",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "MY_PASSWORD": "p",
+        "GITHUB_AUTH": "a",
+        "OPENAI_API_KEY": "sk-abc",
+        "HARMLESS": "hf_abcdefghijklmnopq",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    }
+    assert safe_environment(env) == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+
+
+def test_literal_secrets_of_an_environment_and_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSTUDY_TEST_SOURCE", "fromEnvValue-1")
+    env = {"HF_TOKEN": "tokValue-22", "PLAIN": "notSecret-5", "VLLM_API_KEY": {"from_env": "KVSTUDY_TEST_SOURCE"}}
+    args = ["--api-key", "argValue-333", "--hf-token=eqValue-4", "--block-size", "16", "--auth-token", "abc", "--auth"]
+    found = literal_secrets({**env, "MY_KEY": "abc"}, args)
+    assert set(found) == {"tokValue-22", "fromEnvValue-1", "argValue-333", "eqValue-4"}  # "abc": too short to scrub
+    assert [len(v) for v in found] == sorted((len(v) for v in found), reverse=True)
+
+
+def test_scrub_file_rewrites_what_it_can_read(tmp_path: Path) -> None:
+    log = tmp_path / "a.log"
+    log.write_text("INFO plainValue-77 and --api-key sk-abcdefghij1234\n")
+    scrub_file(log, ["plainValue-77"])
+    assert log.read_text() == f"INFO {REDACTED} and --api-key {REDACTED}\n"
+    big = tmp_path / "big.log"
+    big.write_text("INFO plainValue-77\n")
+    scrub_file(big, ["plainValue-77"], limit=4)  # over the limit: left as it is
+    assert "plainValue-77" in big.read_text()
+    scrub_file(tmp_path / "missing.log", ["plainValue-77"])  # nothing to do, no error
+
+
+def test_copy_scrubs_lines_split_across_reads(tmp_path: Path) -> None:
+    """A secret arriving in two writes, a \\r progress line, a long line cut between words, an
+    unfinished last line: each reaches the file scrubbed, and everything else byte for byte."""
+    read_end, write_end = os.pipe()
+    target = tmp_path / "copy.log"
+    source = os.fdopen(read_end, "rb")
+    copy = start_scrubbed_copy(source, open(target, "wb"), ["plainSecretValue"])
+    long_line = b"word " * 40 + b"--api-key plainSecretValue " + b"tail " * 40 + b"\n"
+    for part in (
+        b"start --api-ke",
+        b"y sk-abcdefghij1234 x\nprogress 10%\r",
+        b"progress 100%\r\nplainSecret",
+        b"Value here\n" + long_line,
+        b"\xf0\x9f\x98\x80 emoji, then an unfinished plainSecretValue",
+    ):
+        os.write(write_end, part)
+        time.sleep(0.05)
+    deadline = time.monotonic() + HANG_S
+    while b"tail \n" not in target.read_bytes():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert b"plainSecretValue" not in target.read_bytes() and b"unfinished" not in target.read_bytes()
+    os.close(write_end)
+    copy.join(timeout=HANG_S)
+    assert not copy.is_alive() and source.closed
+    expected = (
+        f"start --api-key {REDACTED} x\nprogress 10%\rprogress 100%\r\n{REDACTED} here\n".encode()
+        + long_line.replace(b"plainSecretValue", REDACTED.encode())
+        + f"\U0001f600 emoji, then an unfinished {REDACTED}".encode()
+    )
+    assert target.read_bytes() == expected
+
+
+def test_long_lines_are_cut_between_words_and_keep_option_and_value_together(tmp_path: Path) -> None:
+    line = b"x " * 30 + b"--api-key sk-" + b"A" * 40 + b" more"
+    cut = _cut_point(line, 80)
+    assert 40 <= cut <= 80 and line[cut:].startswith(b"--api-key sk-")
+    assert _cut_point(b"A" * 100, 80) == 80  # no place between words: cut at the limit
+    assert _cut_point(b"A" * 60 + b"/" + b"A" * 60, 80) == 61  # else after a byte outside a token
+    read_end, write_end = os.pipe()
+    with open(tmp_path / "long.log", "wb") as target:
+        os.write(write_end, line * 3)  # no line end: written in pieces of at most 80 bytes
+        os.close(write_end)
+        copy_scrubbed(os.fdopen(read_end, "rb"), target, [], piece_bytes=80)
+    text = (tmp_path / "long.log").read_bytes()
+    assert b"sk-AAAA" not in text and text.count(REDACTED.encode()) == 3
+    assert text == (line * 3).replace(b"sk-" + b"A" * 40, REDACTED.encode())
+
+
+class BrokenTarget:
+    def write(self, data: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def test_a_failing_log_never_blocks_the_child() -> None:
+    """The log cannot be written (disk full): the copy still drains the pipe to its end."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys\nfor _ in range(2000): sys.stdout.write('x' * 4000 + '\\n')"],
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    target: Any = BrokenTarget()
+    copy = threading.Thread(target=copy_scrubbed, args=(child.stdout, target, []), daemon=True)
+    copy.start()
+    assert child.wait(timeout=HANG_S) == 0  # 8 MB through a 64 KiB pipe: it would block undrained
+    copy.join(timeout=HANG_S)
+    assert not copy.is_alive()

@@ -12,7 +12,7 @@ from kvstudy.errors import StudyError
 from kvstudy.io import write_json_atomic
 from kvstudy.machine import hardware_info
 from kvstudy.run_record import Difference, ab_guard, build_record, guard_summary, load_record
-from kvstudy.vllm.server import ServerConfig
+from kvstudy.vllm.command import ServerConfig
 
 LOGS = Path(__file__).resolve().parents[2] / "data" / "logs"
 CPU_LOGS = LOGS / "vllm-cpu"

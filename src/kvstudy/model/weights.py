@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.model.folder import load_config, read_json
+from kvstudy.io import read_json
+from kvstudy.model.folder import load_config
 from kvstudy.model.layout import (
     LINEAR,
     MLA,

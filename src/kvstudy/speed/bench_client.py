@@ -30,7 +30,7 @@ import numpy as np
 from kvstudy.errors import StudyError
 from kvstudy.io import log_tail, read_jsonl, text_tail, write_jsonl_atomic
 from kvstudy.redact import scrub, secret_values
-from kvstudy.vllm.server import die_with_parent
+from kvstudy.vllm.process import die_with_parent
 
 # The body of `vllm bench serve`, without the console entry point that needs the `vllm` dist.
 BENCH_ENTRY = (

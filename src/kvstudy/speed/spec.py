@@ -14,8 +14,8 @@ from kvstudy.errors import StudyError
 from kvstudy.io import bounded_float, bounded_int, type_name
 from kvstudy.redact import check_env_mapping, redact
 from kvstudy.speed.bench_client import BenchSettings
+from kvstudy.vllm.command import check_extra_args
 from kvstudy.vllm.facts import CACHE_DTYPES
-from kvstudy.vllm.server import check_extra_args
 
 
 @dataclass
@@ -165,7 +165,7 @@ class SweepSpec:
         return [Cell(r.configuration, r.seed, u) for r in self.runs() for u in self.users]
 
     def server_config(self, run: "Run") -> Any:
-        from kvstudy.vllm.server import ServerConfig
+        from kvstudy.vllm.command import ServerConfig
 
         c = self.config(run.configuration)
         return ServerConfig(

@@ -106,7 +106,7 @@ def _sample(doc_id: int, item: dict, response: str, right: bool) -> dict:
 def test_retrieval_records_keep_length_and_context(tmp_path):
     items = items_for(SMALL)
     samples = [_sample(i, item, f" {item['answer']}" if i % 3 else " 0", bool(i % 3)) for i, item in enumerate(items)]
-    records = ge.records_from_samples(samples[::-1], "retrieval_offline")  # any order
+    records = rec.records_from_samples(samples[::-1], "retrieval_offline")  # any order
     assert [r.doc_id for r in records] == list(range(len(items)))
     for r, item in zip(records, items):
         assert (r.item_id, r.context_id, r.target_tokens, r.kind) == (
@@ -116,21 +116,21 @@ def test_retrieval_records_keep_length_and_context(tmp_path):
             item["kind"],
         )
         assert r.context_tokens == item["context_tokens_approx"] and r.target == item["answer"]
-    ge.write_records(tmp_path / "records.jsonl", records)
-    back = ge.read_records(tmp_path / "records.jsonl")
+    rec.write_records(tmp_path / "records.jsonl", records)
+    back = rec.read_records(tmp_path / "records.jsonl")
     assert back == records
-    assert ge.correctness(back, "answer-line") == {i: bool(i % 3) for i in range(len(items))}
+    assert rec.correctness(back, "answer-line") == {i: bool(i % 3) for i in range(len(items))}
     with pytest.raises(StudyError, match="filter"):
-        ge.correctness(back, "strict-match")
+        rec.correctness(back, "strict-match")
 
 
 def test_a_records_file_mixing_types_is_refused(tmp_path):
     item = items_for(SMALL)[0]
     retrieval = rec.retrieval_records([_sample(0, item, " 1", False)])[0]
     question = rec.QuestionRecord(1, "h", "3", "#### 3", "3", True, "3", True)
-    ge.write_records(tmp_path / "records.jsonl", [retrieval, question])
+    rec.write_records(tmp_path / "records.jsonl", [retrieval, question])
     with pytest.raises(StudyError, match=r"records.jsonl:2: expected the fields"):
-        ge.read_records(tmp_path / "records.jsonl")
+        rec.read_records(tmp_path / "records.jsonl")
 
 
 def test_samples_without_a_retrieval_doc_are_refused():
@@ -143,7 +143,7 @@ def test_samples_without_a_retrieval_doc_are_refused():
         "exact_match": 0.0,
     }
     with pytest.raises(StudyError, match="doc_id 0 has no retrieval item"):
-        ge.records_from_samples([sample], "retrieval_offline")
+        rec.records_from_samples([sample], "retrieval_offline")
 
 
 # --------------------------------------------------------------------------- task selection
@@ -178,12 +178,6 @@ def test_every_packaged_task_file_exists_and_names_its_task():
         assert config["task"] == spec.name
         assert tuple(f["name"] for f in config["filter_list"]) == spec.filters
         assert set(config["dataset_kwargs"]["data_files"]) == set(spec.splits)
-
-
-def test_the_repeat_configuration_gets_its_own_server():
-    groups = {c.server_key() for c in ge.configurations(["bf16", "bf16-zero-shot", "bf16-repeat"])}
-    assert len(groups) == 2  # bf16 and its zero-shot share a server; the repeat starts a fresh one
-    assert ge.CONFIGURATIONS["bf16-repeat"].intended == ()
 
 
 def test_cli_runs_the_selected_task(monkeypatch, tmp_path):
@@ -291,4 +285,4 @@ def test_runner_evaluates_the_retrieval_task_end_to_end(tmp_path, monkeypatch):
     assert all(r.answer == r.response.strip() for r in records)
     scores = json.loads((tmp_path / "cfg" / "results.json").read_text())["scores"]
     assert scores["exact_match,answer-line"] == pytest.approx(sum(r.is_correct for r in records) / len(records))
-    assert ge.read_records(tmp_path / "cfg" / "records.jsonl") == records
+    assert rec.read_records(tmp_path / "cfg" / "records.jsonl") == records

@@ -9,7 +9,10 @@ import pytest
 
 from kvstudy import cli
 from kvstudy.accuracy import analysis as ga
+from kvstudy.accuracy import configurations as cf
+from kvstudy.accuracy import records as rec
 from kvstudy.accuracy import runner as ge
+from kvstudy.accuracy.task_specs import GSM8K_FILTERS
 from kvstudy.errors import StudyError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -35,28 +38,28 @@ def test_records_from_samples_joins_filters_per_question():
         _sample(1, "strict-match", "so 11", "[invalid]", False),
         _sample(0, "flexible-extract", "#### 10", "10", True),
     ]
-    records = ge.records_from_samples(samples)
+    records = rec.records_from_samples(samples)
     assert [r.doc_id for r in records] == [0, 1]
     assert records[1].target == "11" and records[1].response == "so 11"
     assert records[1].strict_answer == "[invalid]" and not records[1].strict_correct
     assert records[1].flexible_correct and records[1].flexible_answer == "11"
-    assert ge.correctness(records, "strict-match") == {0: True, 1: False}
-    assert ge.correctness(records, "flexible-extract") == {0: True, 1: True}
+    assert rec.correctness(records, "strict-match") == {0: True, 1: False}
+    assert rec.correctness(records, "flexible-extract") == {0: True, 1: True}
 
 
 def test_records_need_both_filters():
     with pytest.raises(StudyError, match="lacks filters"):
-        ge.records_from_samples([_sample(0, "strict-match", "x", "x", False)])
+        rec.records_from_samples([_sample(0, "strict-match", "x", "x", False)])
 
 
 def test_records_round_trip_and_bad_lines(tmp_path):
-    records = ge.records_from_samples([_sample(0, f, "#### 10", "10", True) for f in ge.FILTERS])
+    records = rec.records_from_samples([_sample(0, f, "#### 10", "10", True) for f in GSM8K_FILTERS])
     path = tmp_path / "records.jsonl"
-    ge.write_records(path, records)
-    assert ge.read_records(path) == records
+    rec.write_records(path, records)
+    assert rec.read_records(path) == records
     path.write_text('{"doc_id": 0}\n')
     with pytest.raises(StudyError, match=r"records.jsonl:1: expected the fields"):
-        ge.read_records(path)
+        rec.read_records(path)
 
 
 def test_settings_reject_bad_values():
@@ -65,19 +68,7 @@ def test_settings_reject_bad_values():
     with pytest.raises(StudyError, match="n:"):
         ge.EvalSettings(n=0)
     with pytest.raises(StudyError, match="unknown"):
-        ge.configurations(["bf16", "int4-kv"])
-
-
-def test_server_config_changes_only_the_intended_fields():
-    from kvstudy.vllm.server import ServerConfig
-
-    base = ServerConfig(model="m", cpu_kvcache_space_gib=1.0, max_model_len=4096, seed=0)
-    for cfg in ge.CONFIGURATIONS.values():
-        changed = {k for k, v in ge.server_config_for(cfg, base).to_dict().items() if v != base.to_dict()[k]}
-        assert changed <= set(cfg.intended), (cfg.name, changed)
-        assert changed == {k for k in cfg.intended if k in ("kv_cache_dtype", "quantization", "model")}
-    weak = ge.server_config_for(ge.CONFIGURATIONS["random-weights"], base)
-    assert weak.model == "data/tiny-models/tiny-qwen3" and weak.kv_cache_dtype == "auto"
+        cf.configurations(["bf16", "int4-kv"])
 
 
 def test_random_weights_weak_baseline_is_no_arm_and_not_guarded(tmp_path):
@@ -91,7 +82,7 @@ def test_random_weights_weak_baseline_is_no_arm_and_not_guarded(tmp_path):
     disc = ga.discrimination(results, "bf16", "random-weights", "strict-match")
     assert disc.discriminates and disc.p_value == pytest.approx(0.5**8)
     # one server per model: the weak baseline never shares the run's server
-    keys = {c.name: c.server_key() for c in ge.configurations(["bf16", "bf16-zero-shot", "random-weights"])}
+    keys = {c.name: c.server_key() for c in cf.configurations(["bf16", "bf16-zero-shot", "random-weights"])}
     assert keys["bf16"] == keys["bf16-zero-shot"] != keys["random-weights"]
 
 
@@ -101,13 +92,13 @@ def _fake_capture(root: Path, patterns: dict[str, str], failed: dict[str, str] |
     for name, pattern in patterns.items():
         folder = root / name
         folder.mkdir(parents=True)
-        shots = ge.CONFIGURATIONS[name].num_fewshot
+        shots = cf.CONFIGURATIONS[name].num_fewshot
         samples = [
             _sample(i, f, f"resp{ch}", "10" if ch == "1" else "[invalid]", ch == "1")
             for i, ch in enumerate(pattern)
-            for f in ge.FILTERS
+            for f in GSM8K_FILTERS
         ]
-        ge.write_records(folder / "records.jsonl", ge.records_from_samples(samples))
+        rec.write_records(folder / "records.jsonl", rec.records_from_samples(samples))
         (folder / "status.json").write_text(
             json.dumps({"state": "ok", "num_fewshot": 8 if shots is None else shots, "settings": {"n": len(pattern)}})
         )
@@ -199,7 +190,7 @@ def test_is_done_only_for_the_same_settings(tmp_path):
     settings = ge.EvalSettings(n=10)
     folder = tmp_path / "bf16"
     assert not ge.is_done(folder, settings, 8)
-    ge.write_records(folder / "records.jsonl", [])
+    rec.write_records(folder / "records.jsonl", [])
     status = {"state": "ok", "num_fewshot": 8, "settings": {"n": 10, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}}
     (folder / "status.json").write_text(json.dumps(status))
     assert ge.is_done(folder, settings, 8)
@@ -257,7 +248,7 @@ def test_run_missing_starts_nothing_when_all_is_there(tmp_path):
 
 
 def test_manifest_refuses_other_settings(tmp_path):
-    from kvstudy.vllm.server import ServerConfig
+    from kvstudy.vllm.command import ServerConfig
 
     base = ServerConfig(model="m")
     ge.write_manifest(tmp_path, ["bf16"], "m", ge.EvalSettings(n=2), base)
@@ -266,19 +257,3 @@ def test_manifest_refuses_other_settings(tmp_path):
     assert [s["items_to_run"] for s in manifest["sessions"]] == [["bf16"], ["fp8-kv"]]
     with pytest.raises(StudyError, match="other settings"):
         ge.write_manifest(tmp_path, ["bf16"], "m", ge.EvalSettings(n=3), base)
-
-
-def test_fp8_kv_backend_applies_only_to_fp8_kv_configurations() -> None:
-    from kvstudy.vllm.server import ServerConfig
-
-    base = ServerConfig(model="m", env={"VLLM_USE_FLASHINFER_SAMPLER": "0"})
-    by_name = {
-        c.name: ge.server_config_for(c, base, "TRITON_ATTN")
-        for c in ge.configurations(["bf16", "fp8-weights", "fp8-kv", "fp8-weights-fp8-kv"])
-    }
-    assert by_name["bf16"].attention_backend is None
-    assert by_name["fp8-weights"].attention_backend is None
-    assert by_name["fp8-kv"].attention_backend == "TRITON_ATTN"
-    assert by_name["fp8-weights-fp8-kv"].attention_backend == "TRITON_ATTN"
-    assert all(cfg.env == base.env for cfg in by_name.values())
-    assert ge.server_config_for(ge.CONFIGURATIONS["fp8-kv"], base).attention_backend is None

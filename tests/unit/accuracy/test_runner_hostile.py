@@ -55,7 +55,7 @@ def test_corrupt_resume_files_are_one_line(
 
 
 def test_another_model_is_refused_before_anything_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvstudy.vllm.server import ServerConfig
+    from kvstudy.vllm.command import ServerConfig
 
     one, two = _model(tmp_path / "one"), _model(tmp_path / "two", hidden=16)
     settings = ge.EvalSettings(n=2)

@@ -3,21 +3,19 @@ even when the orchestrator is SIGKILLed (no vLLM: a small Python script plays th
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
 import kvstudy.vllm.server as server_module
-from kvstudy.redact import REDACTED, _cut_point, copy_scrubbed, start_scrubbed_copy
-from kvstudy.vllm.server import ServerConfig, VllmServer
+from kvstudy.redact import REDACTED
+from kvstudy.vllm.command import ServerConfig
+from kvstudy.vllm.server import VllmServer
 
 PLANTED = {
     "extra_args": "plantedArg-5f6a2b",
@@ -132,13 +130,13 @@ def test_sigkill_of_the_parent_leaves_no_secret_on_disk(fake_vllm: Path, tmp_pat
     """The orchestrator is SIGKILLed while its server keeps printing secrets: the log holds none,
     then or later, and the server goes with its parent."""
     log = tmp_path / "killed.log"
-    command = server_module.build_command(planted_config(fake_vllm), 0)
+    fake_server = str(tmp_path / "fake_server.py")
     script = (
-        "import sys, time\nimport kvstudy.vllm.server as s\n"
+        "import sys, time\nimport kvstudy.vllm.server as s\nfrom kvstudy.vllm.command import ServerConfig\n"
         "s.vllm_distribution = lambda: ('vllm', '0.0.0')\n"
-        f"s.build_command = lambda config, port, **_: [sys.executable, {command[1]!r}, str(port), 'chatty', "
+        f"s.build_command = lambda config, port, **_: [sys.executable, {fake_server!r}, str(port), 'chatty', "
         "*config.extra_args]\n"
-        f"config = s.ServerConfig(model={str(fake_vllm)!r}, extra_args=['--api-key', {PLANTED['extra_args']!r}], "
+        f"config = ServerConfig(model={str(fake_vllm)!r}, extra_args=['--api-key', {PLANTED['extra_args']!r}], "
         f"env={{'MY_SERVICE_TOKEN': {PLANTED['server_env']!r}, 'HF_TOKEN': {{'from_env': 'KVSTUDY_TEST_SOURCE'}}}})\n"
         f"server = s.VllmServer(config, {str(log)!r}, ready_timeout_s={HANG_S}).start()\n"
         "print(server.pid, flush=True)\ntime.sleep(600)\n"
@@ -160,76 +158,3 @@ def test_sigkill_of_the_parent_leaves_no_secret_on_disk(fake_vllm: Path, tmp_pat
             middle.kill()
         if server is not None and server.is_running():
             server.kill()
-
-
-def test_copy_scrubs_lines_split_across_reads(tmp_path: Path) -> None:
-    """A secret arriving in two writes, a \\r progress line, a long line cut between words, an
-    unfinished last line: each reaches the file scrubbed, and everything else byte for byte."""
-    read_end, write_end = os.pipe()
-    target = tmp_path / "copy.log"
-    source = os.fdopen(read_end, "rb")
-    copy = start_scrubbed_copy(source, open(target, "wb"), ["plainSecretValue"])
-    long_line = b"word " * 40 + b"--api-key plainSecretValue " + b"tail " * 40 + b"\n"
-    for part in (
-        b"start --api-ke",
-        b"y sk-abcdefghij1234 x\nprogress 10%\r",
-        b"progress 100%\r\nplainSecret",
-        b"Value here\n" + long_line,
-        b"\xf0\x9f\x98\x80 emoji, then an unfinished plainSecretValue",
-    ):
-        os.write(write_end, part)
-        time.sleep(0.05)
-    deadline = time.monotonic() + HANG_S
-    while b"tail \n" not in target.read_bytes():
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    assert b"plainSecretValue" not in target.read_bytes() and b"unfinished" not in target.read_bytes()
-    os.close(write_end)
-    copy.join(timeout=HANG_S)
-    assert not copy.is_alive() and source.closed
-    expected = (
-        f"start --api-key {REDACTED} x\nprogress 10%\rprogress 100%\r\n{REDACTED} here\n".encode()
-        + long_line.replace(b"plainSecretValue", REDACTED.encode())
-        + f"\U0001f600 emoji, then an unfinished {REDACTED}".encode()
-    )
-    assert target.read_bytes() == expected
-
-
-def test_long_lines_are_cut_between_words_and_keep_option_and_value_together(tmp_path: Path) -> None:
-    line = b"x " * 30 + b"--api-key sk-" + b"A" * 40 + b" more"
-    cut = _cut_point(line, 80)
-    assert 40 <= cut <= 80 and line[cut:].startswith(b"--api-key sk-")
-    assert _cut_point(b"A" * 100, 80) == 80  # no place between words: cut at the limit
-    assert _cut_point(b"A" * 60 + b"/" + b"A" * 60, 80) == 61  # else after a byte outside a token
-    read_end, write_end = os.pipe()
-    with open(tmp_path / "long.log", "wb") as target:
-        os.write(write_end, line * 3)  # no line end: written in pieces of at most 80 bytes
-        os.close(write_end)
-        copy_scrubbed(os.fdopen(read_end, "rb"), target, [], piece_bytes=80)
-    text = (tmp_path / "long.log").read_bytes()
-    assert b"sk-AAAA" not in text and text.count(REDACTED.encode()) == 3
-    assert text == (line * 3).replace(b"sk-" + b"A" * 40, REDACTED.encode())
-
-
-class BrokenTarget:
-    def write(self, data: bytes) -> int:
-        raise OSError(28, "No space left on device")
-
-    def flush(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def test_a_failing_log_never_blocks_the_child() -> None:
-    """The log cannot be written (disk full): the copy still drains the pipe to its end."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import sys\nfor _ in range(2000): sys.stdout.write('x' * 4000 + '\\n')"],
-        stdout=subprocess.PIPE,
-    )
-    assert child.stdout is not None
-    target: Any = BrokenTarget()
-    copy = threading.Thread(target=copy_scrubbed, args=(child.stdout, target, []), daemon=True)
-    copy.start()
-    assert child.wait(timeout=HANG_S) == 0  # 8 MB through a 64 KiB pipe: it would block undrained
-    copy.join(timeout=HANG_S)
-    assert not copy.is_alive()

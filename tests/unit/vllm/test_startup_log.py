@@ -8,9 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from kvstudy.cli import main as cli_main
 from kvstudy.errors import StudyError
-from kvstudy.vllm.startup_log import parse_startup_log
+from kvstudy.vllm.startup_log import parse_startup_log, parse_startup_text
 
 LOGS = Path(__file__).resolve().parents[3] / "data" / "logs"
 ESC = "\x1b"
@@ -202,3 +205,29 @@ def test_cli_missing_file_exits_2_without_traceback(capsys: pytest.CaptureFixtur
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("kvstudy: error: ") and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "GPU KV cache size: ,,, tokens",
+        "GPU KV cache size: " + "9" * 5000 + " tokens",
+        "Using FLASH_ATTN attention backend out of potential backends: [" + "(" * 5000 + "]",
+        "Initializing a V1 LLM engine (v0.1) with config: max_seq_len=" + "9" * 5000,
+        "Overriding num_gpu_blocks=" + "1" * 400 + " with num_gpu_blocks_override=1",
+    ],
+)
+def test_hostile_log_lines_give_a_result(line: str) -> None:
+    info = parse_startup_text(line + "\n")
+    assert info.pool_tokens is None or info.pool_tokens < 10**18
+
+
+def test_startup_log_of_a_directory_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["startup-log", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_any_log_text_parses(text: str) -> None:
+    parse_startup_text(text)

