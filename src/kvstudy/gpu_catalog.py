@@ -9,14 +9,13 @@ by its name or an alias, in any case, with spaces, hyphens and underscores treat
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import REPO_ROOT
+from kvstudy.io import REPO_ROOT, read_json
 
 DEFAULT_CATALOG = REPO_ROOT / "data" / "gpus" / "catalog.json"
 MIB = 2**20
@@ -123,12 +122,9 @@ def _spec_from_entry(entry: Any, where: str) -> GpuSpec:
 def load_catalog(path: str | Path | None = None) -> dict[str, GpuSpec]:
     """Every GPU of the catalog file (default ``data/gpus/catalog.json``), keyed by canonical name."""
     where = Path(path) if path is not None else DEFAULT_CATALOG
-    try:
-        data = json.loads(where.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise StudyError(f"{where}: GPU catalog not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StudyError(f"{where}: cannot read the GPU catalog ({exc})") from None
+    if not where.exists():
+        raise StudyError(f"{where}: GPU catalog not found")
+    data = read_json(where)
     entries = data.get("gpus") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
         raise StudyError(f"{where}: expected an object with a non-empty list 'gpus'")

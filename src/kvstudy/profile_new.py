@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
-from kvstudy.io import REPO_ROOT
+from kvstudy.io import REPO_ROOT, write_text_atomic
 from kvstudy.profiles import check_profile_name, declared_parameters, load_profile, validate_profile
 
 CAPACITY = "01_capacity-math"
@@ -89,15 +91,17 @@ def write_profile(name: str, model: str, gpu: str | None, root: Path = REPO_ROOT
     path = root / "profiles" / f"{name}.yaml"
     if path.exists() and not force:
         raise StudyError(f"{path}: the profile exists (pass --force to replace it)")
+    if any(ord(c) < 32 or ord(c) == 127 for c in model) or (gpu and any(ord(c) < 32 for c in gpu)):
+        raise StudyError("--model/--gpu: control characters (a line break, a tab) are not allowed in a profile value")
+    if re.search(r"://[^/@\s]*@", model):
+        raise StudyError("--model: a URL with credentials in it; a profile is a file others read: give the model without them")
     text = profile_text(name, model, gpu, root / "notebooks")
-    tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    try:
-        tmp.replace(path)
-        validate_profile(load_profile(name, root / "profiles"), root / "notebooks")
-    except StudyError:
-        path.unlink(missing_ok=True)
-        raise
+    # Checked before anything is replaced: the new text is loaded and validated from a scratch
+    # folder, so a profile that fails the check never costs the user the one it would replace.
+    with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=root / "profiles") as scratch:
+        write_text_atomic(Path(scratch) / f"{name}.yaml", text)
+        validate_profile(load_profile(name, Path(scratch)), root / "notebooks")
+    write_text_atomic(path, text)
     return path
 
 

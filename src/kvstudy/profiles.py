@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.io import read_yaml
 
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TOP_LEVEL_KEYS = ("description", "extends", "defaults", "notebooks")
@@ -123,14 +124,7 @@ def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise StudyError(f"{path}: malformed YAML ({' '.join(str(exc).split())})") from None
-    except (OSError, UnicodeDecodeError, RecursionError) as exc:
-        raise StudyError(f"{path}: cannot read the profile ({type(exc).__name__})") from None
+    data = read_yaml(path) or {}  # io's checked reader: size, nesting and alias limits
     if not isinstance(data, dict):
         raise StudyError(f"{path}: expected a mapping with 'description', 'defaults' and 'notebooks'")
     unknown = sorted(set(data) - set(TOP_LEVEL_KEYS), key=str)

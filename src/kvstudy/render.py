@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvstudy.errors import MissingPrerequisite, StudyError
-from kvstudy.io import REPO_ROOT, without_machine_paths, write_text_atomic
+from kvstudy.io import REPO_ROOT, read_json, without_machine_paths, write_json_atomic, write_text_atomic
 from kvstudy.notebook import GIVEN_ENV
 from kvstudy.profiles import (
     Parameter,
@@ -245,8 +245,8 @@ def profile_lock(reports_dir: Path, profile: str) -> Iterator[None]:
 
 def _read_status(out_dir: Path) -> dict[str, Any]:
     try:
-        data = json.loads((out_dir / STATUS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(out_dir / STATUS_FILE)
+    except StudyError:  # absent or unreadable: the index is rebuilt from what this run renders
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -307,7 +307,7 @@ def scrub_executed(executed: Path, parameters: dict[str, Any]) -> None:
     cell redacted by name and value, every other text, sources and outputs, by value) and no folder
     of the rendering machine either (``io.without_machine_paths``)."""
     values = secret_parameter_values(parameters)
-    nb = json.loads(executed.read_text(encoding="utf-8"))
+    nb = read_json(executed)
     for cell in nb.get("cells", []):
         if "injected-parameters" in ((cell.get("metadata") or {}).get("tags") or []):
             source = cell.get("source", "")
@@ -355,7 +355,7 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
             shutil.rmtree(stage, ignore_errors=True)
         all_stems = sorted(p.stem for p in (root / "notebooks").glob("*.ipynb"))
         index = write_index(out_dir, profile, profile_data, all_stems, status)
-        (out_dir / STATUS_FILE).write_text(json.dumps(status, indent=1), encoding="utf-8")
+        write_json_atomic(out_dir / STATUS_FILE, redact(status), indent=1)
     print(f"[{profile}] index: {index.relative_to(root)}")
     return runs
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kvstudy.io import read_json, write_text_atomic
 from kvstudy.notebook import DEFAULT, FINDING_KEY, GIVEN, MISSING, SETTINGS_KEY, SOURCE_TITLES, VERDICT_KEY
 
 HIDDEN_TAGS = {"parameters", "injected-parameters"}
@@ -151,12 +152,12 @@ def render_html(
         template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True
     ).from_notebook_node(nb)
     body = body.replace("</head>", STYLE + "</head>", 1)
-    html_path.write_text(body, encoding="utf-8")
+    write_text_atomic(html_path, body)
 
 
 def extract_results(notebook_path: Path) -> tuple[str | None, list[dict[str, str]]]:
     """The notebook's finding and its structured verdicts (``notebook.verdict``), in order."""
-    nb = json.loads(notebook_path.read_text(encoding="utf-8"))
+    nb = read_json(notebook_path)
     finding, verdicts = None, []
     for cell in nb.get("cells", []):
         for output in cell.get("outputs", []) or []:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 import html
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvstudy.io import write_text_atomic
 from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
 from kvstudy.notebook import git_commit
 from kvstudy.report_html import name_sources
@@ -117,7 +117,5 @@ def write_index(
 </body></html>
 """
     path = out_dir / "index.html"
-    tmp = out_dir / ".index.html.tmp"
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, page)
     return path

@@ -117,3 +117,27 @@ def test_profile_new_refuses_an_unknown_gpu(tmp_path: Path) -> None:
     with pytest.raises(StudyError, match="not in the GPU catalog"):
         write_profile("mine", "data/models/Qwen3-8B", "Z9000", root=tmp_path)
     assert not (tmp_path / "profiles" / "mine.yaml").exists()
+
+
+def test_profile_new_force_keeps_the_old_profile_when_the_new_one_fails(tmp_path: Path) -> None:
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "notebooks").symlink_to(ROOT / "notebooks")
+    path = write_profile("mine", "data/models/Qwen3-8B", "H100-SXM", root=tmp_path)
+    before = path.read_text()
+    with pytest.raises(StudyError, match="not in the GPU catalog"):
+        write_profile("mine", "data/models/Qwen3-8B", "Z9000", root=tmp_path, force=True)
+    with pytest.raises(StudyError, match="control characters"):
+        write_profile("mine", "data/models/Qwen3-8B\nnotebooks: {}", None, root=tmp_path, force=True)
+    with pytest.raises(StudyError, match="URL with credentials"):
+        write_profile("mine", "https://user:hunter2@example.invalid/model", None, root=tmp_path, force=True)
+    assert path.read_text() == before
+    assert sorted(p.name for p in (tmp_path / "profiles").iterdir()) == ["mine.yaml"]  # no scratch left
+
+
+def test_profiles_are_read_within_the_yaml_limits(tmp_path: Path) -> None:
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+    )
+    (tmp_path / "bomb.yaml").write_text(bomb + "notebooks: {}\n")
+    with pytest.raises(StudyError, match="bomb.yaml"):
+        profiles.load_profile("bomb", tmp_path)

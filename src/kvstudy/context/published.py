@@ -14,13 +14,12 @@ derives what follows from them, as data a notebook can show:
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import REPO_ROOT
+from kvstudy.io import REPO_ROOT, read_json
 
 DEFAULT_PATH = REPO_ROOT / "data" / "published" / "context-scaling.json"
 
@@ -76,12 +75,9 @@ class ThroughputCheck:
 def load_published(path: str | Path | None = None) -> dict[str, Any]:
     """The published context-scaling file, checked to be labelled ``published``."""
     where = Path(path) if path is not None else DEFAULT_PATH
-    try:
-        data = json.loads(where.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise StudyError(f"{where}: file not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StudyError(f"{where}: cannot read ({exc})") from None
+    if not where.exists():
+        raise StudyError(f"{where}: file not found")
+    data = read_json(where)
     if not isinstance(data, dict) or data.get("source") != "published":
         raise StudyError(f'{where}: expected an object with "source": "published"')
     for key in ("itl_slopes", "throughput_under_load"):

@@ -21,6 +21,7 @@ import numpy as np
 import safetensors
 
 from kvstudy.errors import StudyError
+from kvstudy.io import write_text_atomic
 from kvstudy.model.safetensors import F8_E4M3_VALUES
 
 SEED = 20261129
@@ -85,8 +86,7 @@ def write_safetensors(path: Path, tensors: Tensors) -> int:
 
 
 def write_json(path: Path, data: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 # --------------------------------------------------------------------------- model pieces

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.io import write_text_atomic
 
 SEED = 20261023
 N_TEST = 1000
@@ -281,9 +282,7 @@ def write_splits(folder: str | Path, seed: int = SEED, n_test: int = N_TEST, n_t
     for split, problems in generate(n_test, n_train, seed).items():
         path = folder / f"{split}.jsonl"
         text = "".join(json.dumps(p.to_dict(), ensure_ascii=False) + "\n" for p in problems)
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(path, text)
         paths[split] = path
     return paths
 

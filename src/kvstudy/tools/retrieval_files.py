@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import file_digest, write_json_atomic
+from kvstudy.io import file_digest, write_json_atomic, write_text_atomic
 from kvstudy.tools.retrieval_data import DEFAULT_SEED, KINDS, generate_items
 
 ITEM_FIELDS = (
@@ -90,9 +90,7 @@ def write_retrieval_data(folder: str | Path, spec: RetrievalSet = RetrievalSet()
     items = items_for(spec)
     path = folder / "test.jsonl"
     text = "".join(json.dumps({k: item[k] for k in ITEM_FIELDS}, ensure_ascii=True) + "\n" for item in items)
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, text)
     write_json_atomic(
         folder / "spec.json",
         {

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.io import read_json
 
 DEFAULT_PATH = Path("data/tiny-models/tiny-qwen3")
 SPEED_PATH = Path("data/tiny-models/speed-qwen3")
@@ -216,8 +217,8 @@ def _marker_matches(folder: Path, spec: TinyModelSpec) -> bool:
     if not marker.is_file():
         return False
     try:
-        data = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        data = read_json(marker)
+    except StudyError:
         return False
     return data.get("spec") == spec.to_dict()
 
@@ -306,7 +307,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     spec = spec_for_size(args.size)
     path = args.path if args.path is not None else DEFAULT_PATHS[args.size]
     folder = build_tiny_model(path, spec) if args.force else ensure_tiny_model(path, spec)
-    marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    marker = read_json(folder / MARKER)
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     print(
         f"{folder}: {args.size} Qwen3 ready ({spec.num_hidden_layers} layers, hidden {spec.hidden_size}, "

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import platform
 import random
@@ -48,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json_object
+from kvstudy.io import read_json_object, write_json_atomic
 from kvstudy.machine import cpu_model
 from kvstudy.tools.train_data import (  # noqa: F401
     BOS_ID,
@@ -466,7 +465,7 @@ def save_model(
             "files": earlier.get("files"),
             "continued_from": earlier.get("continued_from"),
         }
-    (out / "training.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    write_json_atomic(out / "training.json", record)
     return record
 
 

@@ -90,7 +90,7 @@ def test_bad_catalog_files(tmp_path: Path) -> None:
         load_catalog(missing)
     broken = tmp_path / "broken.json"
     broken.write_text("{", encoding="utf-8")
-    with pytest.raises(StudyError, match="cannot read"):
+    with pytest.raises(StudyError, match="malformed JSON at line 1"):
         load_catalog(broken)
     entry = json.loads(DEFAULT_CATALOG.read_text())["gpus"][0]
     entry["bandwidth_gb_s"] = "fast"
