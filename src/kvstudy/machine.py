@@ -52,6 +52,7 @@ class HardwareInfo:
     os: str = ""
     python: str = ""
     nvml_error: str | None = None  # why no GPU was read, when nvidia-ml-py is installed
+    cpu_last_level_cache_bytes: int | None = None  # the largest CPU cache (L3 on most), from sysfs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -150,7 +151,28 @@ def hardware_info() -> HardwareInfo:
         os=f"{platform.system()} {platform.release()}",
         python=platform.python_version(),
         nvml_error=None if gpus else error,
+        cpu_last_level_cache_bytes=last_level_cache_bytes(),
     )
+
+
+def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """Size of CPU 0's highest-level cache from sysfs (``index*/level`` and ``size``, e.g. ``32768K``);
+    None where sysfs does not say."""
+    best: tuple[int, int] | None = None
+    for index in sorted(Path(root).glob("index*")):
+        try:
+            level = int((index / "level").read_text().strip())
+            size_text = (index / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 1024, "M": 1024**2, "G": 1024**3}
+        digits = size_text.rstrip("KMGB")
+        if not digits.isdigit():
+            continue
+        size = int(digits) * units.get(size_text.rstrip("B")[-1:], 1)
+        if best is None or (level, size) > best:
+            best = (level, size)
+    return best[1] if best else None
 
 
 def cpu_can_store_fp8_kv() -> bool:

@@ -94,7 +94,9 @@ def write_profile(name: str, model: str, gpu: str | None, root: Path = REPO_ROOT
     if any(ord(c) < 32 or ord(c) == 127 for c in model) or (gpu and any(ord(c) < 32 for c in gpu)):
         raise StudyError("--model/--gpu: control characters (a line break, a tab) are not allowed in a profile value")
     if re.search(r"://[^/@\s]*@", model):
-        raise StudyError("--model: a URL with credentials in it; a profile is a file others read: give the model without them")
+        raise StudyError(
+            "--model: a URL with credentials in it; a profile is a file others read: give the model without them"
+        )
     text = profile_text(name, model, gpu, root / "notebooks")
     # Checked before anything is replaced: the new text is loaded and validated from a scratch
     # folder, so a profile that fails the check never costs the user the one it would replace.

@@ -90,7 +90,27 @@ def slope_table(analysis: ContextAnalysis, bandwidth_gb_s: float | None = None, 
     arms = {a.name: a.kv_cache_dtype for a in spec.arms}
     skip = {a.name: "sliding_window" if "sliding_window" in a.extra_args else None for a in spec.arms}
     config = capture_format.model_config(analysis.capture, spec.model)
-    return measured_vs_predicted(analysis.fits, arms, str(config), bandwidth_gb_s, origin, analysis.not_measured, skip)
+    cache_bytes, cache_origin = capture_cache_bytes(analysis.capture)
+    return measured_vs_predicted(
+        analysis.fits,
+        arms,
+        str(config),
+        bandwidth_gb_s,
+        origin,
+        analysis.not_measured,
+        skip,
+        longest=max(spec.lengths) + spec.output_len,
+        cache_bytes=cache_bytes,
+        cache_origin=cache_origin,
+    )
+
+
+def capture_cache_bytes(capture: str | Path) -> tuple[int | None, str]:
+    """The capture machine's last-level CPU cache (recorded by ``machine.hardware_info``), or None
+    (a GPU capture, or one made before the project recorded it)."""
+    machine = capture_format.read_manifest(capture).get("machine") or {}
+    size = machine.get("cpu_last_level_cache_bytes") if machine.get("device") == "cpu" else None
+    return (int(size), "recorded at capture time") if isinstance(size, int) and size > 0 else (None, "")
 
 
 def points_frame(analysis: ContextAnalysis) -> Any:

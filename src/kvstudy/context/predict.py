@@ -188,17 +188,27 @@ def measured_vs_predicted(
     bandwidth_origin: str,
     not_measured: dict[str, str] | None = None,
     skip_layers: dict[str, str | None] | None = None,
+    longest: int | None = None,
+    cache_bytes: int | None = None,
+    cache_origin: str = "",
 ) -> Any:
     """Per arm: the fitted slope with its interval (measured) beside the roofline's from ``bandwidth_gb_s``.
 
     ``arms`` maps arm name -> KV dtype; ``fits`` arm -> LineFit (kvstudy.context.fit); an arm without a
     fit says why (``not_measured``). The bandwidth factor is 1: a measured bandwidth is already achievable.
+
+    A memory-bandwidth roofline describes KV reads only when they come from memory: where the arm's KV
+    at the ``longest`` length is not well beyond the device's last-level cache (``cache_bytes``, at
+    least :data:`CACHE_MARGIN` times it) the comparison is marked as not applicable and makes no claim;
+    where the cache size is unknown, the comparison says so.
     """
     import pandas as pd
 
     rows = []
     for arm, dtype in arms.items():
         pred = predicted_slope_ms_per_token(model, dtype, bandwidth_gb_s, 1.0, skip_layers=(skip_layers or {}).get(arm))
+        kv_longest = kv_bytes_at(model, dtype, longest, (skip_layers or {}).get(arm)) if longest else None
+        applies, why_not = roofline_applies(kv_longest, cache_bytes, cache_origin, longest)
         fit = fits.get(arm)
         if fit is None:
             why = (not_measured or {}).get(arm, "no measurable cells")
@@ -212,6 +222,9 @@ def measured_vs_predicted(
                     "predicted slope (ms/token)": pred,
                     f"bandwidth ({bandwidth_origin})": bandwidth_gb_s,
                     "measured / predicted": None,
+                    "measured / predicted, 95 %": "",
+                    "KV at the longest length (MiB)": None if kv_longest is None else kv_longest / 2**20,
+                    "roofline applies": applies,
                     "status": f"not measured on this machine: {why}",
                 }
             )
@@ -227,10 +240,42 @@ def measured_vs_predicted(
                 "predicted slope (ms/token)": pred,
                 f"bandwidth ({bandwidth_origin})": bandwidth_gb_s,
                 "measured / predicted": fit.slope_ms_per_token / pred,
-                "status": _status(fit),
+                "measured / predicted, 95 %": f"{lo / pred:.2g} .. {hi / pred:.2g}",
+                "KV at the longest length (MiB)": None if kv_longest is None else kv_longest / 2**20,
+                "roofline applies": applies,
+                "status": _status(fit) + ("" if applies else f"; no claim against the roofline: {why_not}"),
             }
         )
     return pd.DataFrame(rows)
+
+
+CACHE_MARGIN = 4  # KV this many times the last-level cache: reads come mostly from memory
+
+
+def kv_bytes_at(model: str, dtype: str, tokens: int, skip_layers: str | None = None) -> float:
+    """Bytes of KV one request of ``tokens`` tokens holds (the growing layers; windows capped)."""
+    from kvstudy.model.capacity import kv_footprint, load_layout
+
+    return float(kv_footprint(load_layout(model), dtype, tokens, skip_layers).bytes_per_request)
+
+
+def roofline_applies(
+    kv_bytes: float | None, cache_bytes: int | None, cache_origin: str, tokens: int | None
+) -> tuple[bool, str]:
+    """Whether a DRAM-bandwidth roofline can describe KV reads of ``kv_bytes``, and why not."""
+    if kv_bytes is None:
+        return False, "the longest length is not known"
+    if cache_bytes is None:
+        return False, (
+            f"the KV at {tokens:,} tokens is {kv_bytes / 2**20:.1f} MiB and the capture does not say how large "
+            "the device's last-level cache is, so whether the reads came from memory is unknown"
+        )
+    if kv_bytes < CACHE_MARGIN * cache_bytes:
+        return False, (
+            f"the KV at {tokens:,} tokens is {kv_bytes / 2**20:.1f} MiB, not well beyond the "
+            f"{cache_bytes / 2**20:.0f} MiB last-level cache ({cache_origin}): its reads need not come from memory"
+        )
+    return True, ""
 
 
 def _status(fit: Any) -> str:

@@ -101,3 +101,39 @@ def test_published_vs_roofline_rows() -> None:
         131072 / 3350e9 * 1e3
     )
     assert (t["published origin"] != "").all()
+
+
+def test_the_roofline_is_compared_only_where_the_kv_outgrows_the_cache() -> None:
+    from kvstudy.context.predict import CACHE_MARGIN, roofline_applies
+
+    mib = 2**20
+    assert roofline_applies(200 * mib, 32 * mib, "recorded", 8192) == (True, "")
+    applies, why = roofline_applies(6 * mib, 32 * mib, "recorded at capture time", 3136)
+    assert not applies and "not well beyond the 32 MiB last-level cache" in why
+    assert not roofline_applies(CACHE_MARGIN * 32 * mib - 1, 32 * mib, "x", 1)[0]
+    applies, why = roofline_applies(6 * mib, None, "", 3136)
+    assert not applies and "does not say how large" in why
+
+
+def test_bundled_context_capture_makes_no_roofline_claim() -> None:
+    from kvstudy.context.live import analyse_capture
+
+    row = (
+        slope_table(analyse_capture(ROOT / "data" / "captures" / "context-cpu", n_boot=100))
+        .set_index("arm")
+        .loc["auto"]
+    )
+    assert bool(row["resolved"]) and not bool(row["roofline applies"])
+    assert "no claim against the roofline" in row["status"] and 6 < row["KV at the longest length (MiB)"] < 6.5
+
+
+def test_last_level_cache_from_sysfs(tmp_path: Path) -> None:
+    from kvstudy.machine import last_level_cache_bytes
+
+    for index, (level, size) in enumerate([(1, "32K"), (2, "1024K"), (3, "32768K")]):
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        (folder / "level").write_text(f"{level}\n")
+        (folder / "size").write_text(f"{size}\n")
+    assert last_level_cache_bytes(str(tmp_path)) == 32 * 2**20
+    assert last_level_cache_bytes(str(tmp_path / "none")) is None
