@@ -28,9 +28,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from kvstudy.bench.measurability import assess_run
+from kvstudy.bench.result import read_result_file, result_files
 from kvstudy.speed.calibration import false_claim_rate, minimum_detectable_change, power, simulated_false_claim_rate
-from kvstudy.speed.compare import BenchRun, expected_output_len, read_result_file, result_files, run_from_result
-from kvstudy.speed.measurability import assess_run
+from kvstudy.speed.compare import BenchRun, expected_output_len, run_from_result
 from kvstudy.speed.verdict import minimum_p_value, summarise_run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvstudy.bench.client import BenchSettings
 from kvstudy.speed import runner as sweep
-from kvstudy.speed.bench_client import BenchSettings
 from kvstudy.vllm.server import VllmServer
 
 CLI_SHIM = (

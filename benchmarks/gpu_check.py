@@ -8,7 +8,7 @@ parts that only a GPU exercises and prints what they report:
 - memory: the driver's total (NVML, what ``nvidia-smi`` shows) against the catalog's
   ``memory_mib_driver``, and CUDA's own total (``torch.cuda.mem_get_info``, what vLLM multiplies
   by ``--gpu-memory-utilization``) beside it;
-- ``kvstudy.speed.telemetry``: the NVML sampler while the GPU idles and while it runs bf16
+- ``kvstudy.bench.telemetry``: the NVML sampler while the GPU idles and while it runs bf16
   matrix products, with window marks as the speed runner takes them (samples in the window,
   median SM clock, clock-event reasons, power);
 - bandwidth: the best device-to-device copy (bytes read + written per second, CUDA events)
@@ -26,10 +26,10 @@ import sys
 import time
 from typing import Any
 
+from kvstudy.bench import telemetry as tm
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
 from kvstudy.machine import hardware_info
-from kvstudy.speed import telemetry as tm
 
 MIB = 1 << 20
 

@@ -97,8 +97,13 @@ def read_jsonl(
 
 
 def is_finite_number(value: Any) -> bool:
-    """True for an int or float that is not a bool, NaN or infinite."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """True for an int or float that is not a bool, NaN, infinite or beyond a float's range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 # --------------------------------------------------------------------------- logs

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from kvstudy.bench.result import read_requests_jsonl
+from kvstudy.bench.telemetry import read_telemetry_jsonl
 from kvstudy.speed import analysis as speed
 from kvstudy.speed import runner as sweep
 from kvstudy.speed import verdicts_table as vt
-from kvstudy.speed.bench_client import read_requests_jsonl
-from kvstudy.speed.telemetry import read_telemetry_jsonl
 
 pytestmark = pytest.mark.live
 

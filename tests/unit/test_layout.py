@@ -1,4 +1,5 @@
-"""The package's shape: imports run one way (no cycle, function-level imports included), modules stay small."""
+"""The package's shape: imports run one way (no cycle, function-level imports included), the experiments
+stay apart, modules stay small."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "kvstudy"
 MAX_LINES = 600
 
+# The experiments: one layer, and none of them imports another (what they share lives below them).
+EXPERIMENTS = ("speed", "accuracy", "context")
+
 # Layers from the bottom up: a module may import only from its own layer or those below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "io", "machine", "redact"),
@@ -18,15 +22,16 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("model",),
     ("tools",),
     ("run_record",),
-    ("speed", "accuracy", "context"),
+    ("bench",),
+    EXPERIMENTS,
     ("notebook", "profiles"),
     ("render", "report_index", "report_html", "profile_new"),
     ("cli",),
 )
 
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    rel = path.relative_to(package.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
@@ -46,13 +51,18 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def _graph() -> dict[str, set[str]]:
-    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+def _graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    modules = {_module_name(p, package): p for p in package.rglob("*.py")}
     return {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
 
 
+def _top(module: str) -> str:
+    """The subpackage (or top-level module) of ``kvstudy`` a module belongs to."""
+    return module.split(".")[1] if module.count(".") else ""
+
+
 def _layer(module: str) -> int:
-    top = module.split(".")[1] if module.count(".") else ""
+    top = _top(module)
     for index, names in enumerate(LAYERS):
         if top in names:
             return index
@@ -88,6 +98,23 @@ def test_imports_run_downward() -> None:
     assert not upward, "imports that run upward: " + "; ".join(sorted(upward))
 
 
+def _between_experiments(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from one experiment subpackage into another (each shares only the layers below it)."""
+    return sorted(
+        f"{a} imports {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if _top(a) in EXPERIMENTS and _top(b) in EXPERIMENTS and _top(a) != _top(b)
+    )
+
+
+def test_experiments_do_not_import_one_another() -> None:
+    crossing = _between_experiments(_graph())
+    assert not crossing, "experiments importing one another (move the shared code to bench/ or below): " + "; ".join(
+        crossing
+    )
+
+
 def test_modules_stay_small() -> None:
     big = {
         str(p.relative_to(PACKAGE)): n
@@ -102,3 +129,17 @@ def test_the_check_can_fail(tmp_path: Path) -> None:
     a = tmp_path / "a.py"
     a.write_text("def f():\n    from kvstudy.b import x\n")
     assert "kvstudy.b" in _imports(a)
+
+
+def test_the_experiment_check_can_fail(tmp_path: Path) -> None:
+    """An experiment importing another, even inside a function, is found; importing the bench layer is not."""
+    package = tmp_path / "kvstudy"
+    for sub in ("bench", "context", "speed"):
+        (package / sub).mkdir(parents=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "bench" / "client.py").write_text("x = 1\n")
+    (package / "speed" / "runner.py").write_text("from kvstudy.bench.client import x\n")
+    (package / "context" / "sweep.py").write_text(
+        "from kvstudy.bench.client import x\n\n\ndef f():\n    from kvstudy.speed.runner import x\n"
+    )
+    assert _between_experiments(_graph(package)) == ["kvstudy.context.sweep imports kvstudy.speed.runner"]

@@ -1,1 +1,1 @@
-"""Context scaling: what a decode step reads (the roofline), the published ITL slopes, and a memory-bandwidth probe."""
+"""Context scaling: the published ITL slopes beside the roofline, the live sweep and its fits, and a memory-bandwidth probe."""

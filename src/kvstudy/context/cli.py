@@ -6,8 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from kvstudy.context.roofline import DEFAULT_BANDWIDTH_FACTOR, RooflineResult, roofline
 from kvstudy.errors import StudyError
+from kvstudy.model.roofline import DEFAULT_BANDWIDTH_FACTOR, RooflineResult, roofline
 
 GIB = 2**30
 

@@ -22,11 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from kvstudy.bench.measurability import assess_run, run_from_request_rows
 from kvstudy.errors import StudyError
 
 DEFAULT_BOOT = 2000
-NEAR_ZERO_GAP_MS = 0.1  # as kvstudy.speed.measurability: a gap under 0.1 ms is not a decode step
-MAX_NEAR_ZERO_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -215,7 +214,7 @@ def compare_arms(base: LineFit, cand: LineFit) -> ArmComparison:
 
 @dataclass(frozen=True)
 class CellCheck:
-    """Whether one cell measured decode steps (see kvstudy.speed.measurability for the rules)."""
+    """Whether one cell measured decode steps (:func:`kvstudy.bench.measurability.assess_run`'s rules)."""
 
     cell_id: str
     measurable: bool
@@ -224,24 +223,19 @@ class CellCheck:
 
 
 def check_cell(record: dict[str, Any]) -> CellCheck:
-    """A cell is measurable when it ran, nothing failed, every output had the asked length and gaps are not bursts."""
+    """A cell is measurable when it ran and its requests pass the bench layer's measurability check
+    (nothing failed, every output had the asked length, the tokens were not delivered in bursts)."""
     cid = str(record.get("cell_id", "?"))
     if record.get("status") != "ok":
         return CellCheck(cid, False, str(record.get("reason") or "failed"), None)
-    reqs = record.get("requests") or []
-    short = sum(1 for r in reqs if r.get("output_len", 0) < record.get("output_len", 0))
-    gaps = [g for r in reqs for g in (r.get("itls_ms") or [])]
-    share = sum(1 for g in gaps if g < NEAR_ZERO_GAP_MS) / len(gaps) if gaps else None
-    if short:
-        return CellCheck(cid, False, f"{short} of {len(reqs)} requests returned fewer tokens than asked", share)
-    if share is None or share > MAX_NEAR_ZERO_SHARE:
-        return CellCheck(
-            cid,
-            False,
-            "tokens arrived in bursts: per-token latency not measured" if share is not None else "no inter-token gaps",
-            share,
-        )
-    return CellCheck(cid, True, "", share)
+    asked = record.get("output_len")
+    run = run_from_request_rows(
+        record.get("requests") or [],
+        cid,
+        expected_output_len=asked if isinstance(asked, int) and not isinstance(asked, bool) else None,
+    )
+    m = assess_run(run)
+    return CellCheck(cid, m.measurable, "; ".join(m.reasons), m.near_zero_gap_share)
 
 
 def cells_from_records(records: Iterable[dict[str, Any]]) -> tuple[list[Cell], list[CellCheck]]:

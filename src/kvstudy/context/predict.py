@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.context.published import derive_all, load_published, slope_figures
-from kvstudy.context.roofline import max_fp8_gain_pct, predicted_slope_ms_per_token
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
+from kvstudy.model.roofline import max_fp8_gain_pct, predicted_slope_ms_per_token
 
 PUBLISHED = "published (seed 003)"
 PREDICTED = "predicted (roofline)"

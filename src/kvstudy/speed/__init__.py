@@ -1,1 +1,1 @@
-"""The speed experiment: the sweep grid, vLLM's benchmark client, clock telemetry, the runner and the analysis."""
+"""The speed experiment: the sweep grid, the runner, the verdict on TPOT and the analysis."""

@@ -2,12 +2,8 @@
 
 Each folder holds ``vllm bench serve --save-result --save-detailed`` result files, one run each
 (``*.json``; hidden files and vLLM's ``*.pytorch.json`` side files are skipped, other names are
-ignored). What a result file holds (vLLM's ``vllm/benchmarks/serve.py``): the settings ``date``
-(local time when the run ended, ``%Y%m%d-%H%M%S``), ``backend``, ``model_id``, ``num_prompts``,
-``request_rate``, ``burstiness``, ``max_concurrency``, any ``--metadata KEY=VALUE`` pairs, the
-run's ``duration`` and summary metrics, and with ``--save-detailed`` per request ``input_lens``,
-``output_lens`` (0 for a failed request), ``ttfts``, ``itls`` (gaps between streamed chunks, in s),
-``latencies``, ``start_times`` and ``errors`` ("" when the request succeeded).
+ignored). What a result file holds, and the one reader of its per-request arrays, is in
+:mod:`kvstudy.bench.result`; this module checks the settings the runs must share.
 
 Runs compared must share the workload: model, number of prompts, concurrency, request rate,
 backend, input length (median, within :data:`INPUT_LEN_TOLERANCE`) and output length (longest
@@ -24,8 +20,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import stat
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -35,14 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from kvstudy.bench.measurability import Measurability, RunRequests, assess_run, run_from_records
+from kvstudy.bench.result import read_result_file, requests_from_result, result_files
 from kvstudy.errors import StudyError
+from kvstudy.io import is_finite_number
 from kvstudy.speed.calibration import centred, minimum_detectable_change
-from kvstudy.speed.measurability import Measurability, RunRequests, assess_run
 from kvstudy.speed.verdict import ALPHA, CLOCK_TOLERANCE, Verdict, compare_runs, minimum_p_value, summarise_run
-
-# A detailed result of 10,000 prompts x 1,000 output tokens is about 200 MB of JSON; beyond this the
-# file is not one bench run (or would not fit comfortably in memory once parsed).
-MAX_RESULT_BYTES = 256 * 1024 * 1024
 
 # Median input lengths of the random dataset vary by a token or two between seeds (vLLM re-aligns
 # prompts to the server's tokenizer); a real difference in --input-len is far larger.
@@ -59,7 +51,6 @@ MIN_RUNS_PER_ARM = 2
 MDC_SIMULATIONS = 200
 
 SETTINGS_KEYS = ("date", "model_id", "num_prompts", "duration", "completed", "latencies")
-DETAILED_KEYS = ("ttfts", "itls", "output_lens", "errors")
 DATE_FORMAT = "%Y%m%d-%H%M%S"
 
 
@@ -107,57 +98,6 @@ def _label(path: Path) -> str:
     return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
 
 
-def read_result_file(path: str | Path) -> dict[str, Any]:
-    """The JSON object in one result file, after checking it is a regular, readable, not huge file."""
-    path = Path(path)
-    try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise StudyError(f"{path}: cannot be read ({exc.strerror or exc}); expected a vLLM bench result file") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise StudyError(f"{path}: not a regular file; expected a vLLM bench result file")
-    if info.st_size > MAX_RESULT_BYTES:
-        raise StudyError(
-            f"{path}: {info.st_size} bytes, more than the {MAX_RESULT_BYTES} a bench result of one run should need"
-        )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise StudyError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise StudyError(f"{path}: not UTF-8 text; expected a vLLM bench result (JSON)") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        if exc.msg == "Extra data":
-            raise StudyError(
-                f"{path}: holds more than one JSON document (written with --append-result?); expected one run per file"
-            ) from None
-        raise StudyError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); expected a vLLM bench result") from None
-    except RecursionError:
-        raise StudyError(f"{path}: JSON nested too deeply; expected a vLLM bench result") from None
-    if not isinstance(data, dict):
-        raise StudyError(
-            f"{path}: a JSON {type(data).__name__}, expected the object vLLM bench serve --save-result writes"
-        )
-    return data
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and bool(np.isfinite(value))
-
-
-def _numbers(data: dict[str, Any], key: str, path: Path, n: int) -> list[float]:
-    values = data[key]
-    if not isinstance(values, list) or len(values) != n:
-        size = len(values) if isinstance(values, list) else type(values).__name__
-        raise StudyError(f"{path}: {key} has {size} entries, expected a list of {n} (one per request)")
-    for i, v in enumerate(values):
-        if not _is_number(v) or v < 0:
-            raise StudyError(f"{path}: {key}[{i}] is {v!r}, expected a finite number >= 0")
-    return [float(v) for v in values]
-
-
 def _metadata_number(data: dict[str, Any], keys: Sequence[str], path: Path) -> float | None:
     """A number given with --metadata KEY=VALUE (stored as text by vLLM), or None."""
     for key in keys:
@@ -190,38 +130,9 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
             f"{path}: not a vLLM bench serve result (missing {', '.join(missing) or 'backend'}); "
             "expected a file written by vllm bench serve --save-result --save-detailed"
         )
-    absent = [k for k in DETAILED_KEYS if k not in data]
-    if absent:
-        raise StudyError(
-            f"{path}: no per-request data ({', '.join(absent)} missing); rerun vllm bench serve with "
-            "--save-result --save-detailed"
-        )
-    latencies = data["latencies"]
-    if not isinstance(latencies, list) or not latencies:
-        raise StudyError(f"{path}: latencies is {latencies!r}, expected a non-empty list (one entry per request)")
-    n = len(latencies)
-    lat = _numbers(data, "latencies", path, n)
-    ttft = _numbers(data, "ttfts", path, n)
-    outs = _numbers(data, "output_lens", path, n)
-    if any(o != int(o) for o in outs):
-        raise StudyError(f"{path}: output_lens holds fractions, expected token counts")
-    itls_raw = data["itls"]
-    if not isinstance(itls_raw, list) or len(itls_raw) != n:
-        raise StudyError(
-            f"{path}: itls has {len(itls_raw) if isinstance(itls_raw, list) else 'no'} entries, "
-            f"expected a list of {n} lists (one per request)"
-        )
-    itls: list[tuple[float, ...]] = []
-    for i, gaps in enumerate(itls_raw):
-        if not isinstance(gaps, list) or not all(_is_number(g) and g >= 0 for g in gaps):
-            raise StudyError(f"{path}: itls[{i}] is not a list of finite numbers >= 0")
-        itls.append(tuple(float(g) for g in gaps))
-    errors = data["errors"]
-    if not isinstance(errors, list) or len(errors) != n or not all(e is None or isinstance(e, str) for e in errors):
-        raise StudyError(f"{path}: errors is not a list of {n} texts (one per request)")
-    success = tuple(not e and o > 0 for e, o in zip(errors, outs))
+    records = requests_from_result(data, str(path), min_requests=1)
     duration = data["duration"]
-    if not _is_number(duration) or duration <= 0:
+    if not is_finite_number(duration) or duration <= 0:
         raise StudyError(f"{path}: duration is {duration!r}, expected a positive number of seconds")
     num_prompts = data["num_prompts"]
     if not isinstance(num_prompts, int) or isinstance(num_prompts, bool) or num_prompts < 1:
@@ -229,10 +140,7 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
     concurrency = data.get("max_concurrency")
     if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)):
         raise StudyError(f"{path}: max_concurrency is {concurrency!r}, expected a whole number or null")
-    input_lens = data.get("input_lens")
-    input_len = None
-    if isinstance(input_lens, list) and input_lens:
-        input_len = float(np.median(_numbers(data, "input_lens", path, len(input_lens))))
+    input_lens = [r.input_len for r in records if r.input_len is not None]
     asked = _metadata_number(data, ("output_len", "random_output_len"), path)
     settings: dict[str, Any] = {
         "model_id": data["model_id"],
@@ -240,41 +148,21 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
         "max_concurrency": concurrency,
         "request_rate": data.get("request_rate"),
         "backend": data.get("backend", data.get("endpoint_type")),
-        "input_len": input_len,
-        "output_len": int(asked) if asked is not None else int(max(outs)),
+        "input_len": float(np.median(input_lens)) if input_lens else None,
+        "output_len": int(asked) if asked is not None else max(r.output_len for r in records),
         "output_len_asked": asked is not None,
     }
     if settings["request_rate"] not in (None, "inf"):
         settings["burstiness"] = data.get("burstiness")
-    run = RunRequests(
-        name=_label(path),
-        ttfts_s=tuple(ttft),
-        latencies_s=tuple(lat),
-        itls_s=tuple(itls),
-        output_lens=tuple(int(o) for o in outs),
-        success=success,
+    run = run_from_records(
+        records,
+        _label(path),
         start_time_s=_start_time(data, float(duration)),
         duration_s=float(duration),
         median_clock_mhz=_metadata_number(data, ("median_clock_mhz",), path),
         expected_output_len=int(asked) if asked is not None else None,
     )
     return BenchRun(path=path, run=run, settings=settings)
-
-
-def result_files(folder: str | Path) -> list[Path]:
-    """The result files of a folder: ``*.json``, not hidden, not vLLM's ``*.pytorch.json``; sorted."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise StudyError(f"{folder}: not a folder; expected a folder of vllm bench serve result files")
-    try:
-        entries = sorted(folder.iterdir())
-    except OSError as exc:
-        raise StudyError(f"{folder}: cannot be listed ({exc.strerror or exc})") from None
-    return [
-        p
-        for p in entries
-        if p.name.endswith(".json") and not p.name.startswith(".") and not p.name.endswith(".pytorch.json")
-    ]
 
 
 def read_bench_folder(folder: str | Path, *, min_runs: int = MIN_RUNS_PER_ARM) -> list[BenchRun]:

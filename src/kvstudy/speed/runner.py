@@ -4,8 +4,8 @@ The grid is data (:class:`SweepSpec`, plain JSON in the capture's manifest). For
 configuration a fresh vLLM server starts (``kvstudy.vllm.server.VllmServer``), in the order
 ``spec.runs()`` gives (by default ABBA: the arms alternate over seeds, so the arms are interleaved
 in time and a drift cannot masquerade as an effect); for each user count
-vLLM's own benchmark client runs against it (``kvstudy.speed.bench_client``) while a background
-sampler records the clock (``kvstudy.speed.telemetry``).
+vLLM's own benchmark client runs against it (``kvstudy.bench.client``) while a background
+sampler records the clock (``kvstudy.bench.telemetry``).
 
 One folder per sweep::
 
@@ -35,23 +35,10 @@ from typing import Any
 
 from kvstudy import capture as capture_format
 from kvstudy import io as atomic
-from kvstudy.capture import now_utc
-from kvstudy.errors import StudyError
-from kvstudy.io import log_tail, read_json
-from kvstudy.model.folder import require_live
-from kvstudy.redact import resolve_env, scrub, secret_values
-from kvstudy.run_record import server_record
-from kvstudy.speed.bench_client import (
-    MEASURED_RUN_MARKER,
-    BenchError,
-    calculate_metrics,
-    metrics_reported_by_vllm,
-    requests_from_result,
-    run_bench,
-    write_requests_jsonl,
-)
-from kvstudy.speed.spec import RUN_ORDERS, Cell, CellResult, KvConfig, Run, SweepSpec  # noqa: F401  (KvConfig: notebooks build specs here)
-from kvstudy.speed.telemetry import (
+from kvstudy.bench.client import MEASURED_RUN_MARKER, BenchError, run_bench
+from kvstudy.bench.metrics import calculate_metrics, metrics_reported_by_vllm
+from kvstudy.bench.result import RequestRecord, requests_from_result, write_requests_jsonl
+from kvstudy.bench.telemetry import (
     WINDOW_END,
     WINDOW_START,
     TelemetrySampler,
@@ -61,6 +48,13 @@ from kvstudy.speed.telemetry import (
     scrape_server_metrics,
     write_telemetry_jsonl,
 )
+from kvstudy.capture import now_utc
+from kvstudy.errors import StudyError
+from kvstudy.io import log_tail, read_json
+from kvstudy.model.folder import require_live
+from kvstudy.redact import resolve_env, scrub, secret_values
+from kvstudy.run_record import server_record
+from kvstudy.speed.spec import RUN_ORDERS, Cell, CellResult, KvConfig, Run, SweepSpec  # noqa: F401  (KvConfig: notebooks build specs here)
 
 MANIFEST = capture_format.MANIFEST
 KIND = "kvstudy speed sweep"
@@ -203,8 +197,7 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
     records = requests_from_result(result, where=f"bench/{cell.id}.json")
     write_requests_jsonl(capture / "requests" / f"{cell.id}.jsonl", records)
     metrics = calculate_metrics(records, float(result.get("duration") or 0) or 1e-9)
-    ok = [r for r in records if r.success]
-    window = (min(r.start_time_s for r in ok), max(r.end_time_s for r in ok)) if ok else None
+    window = _request_window([r for r in records if r.success])
     clock_window = _clock_window(sampler.window(), window)
     clock = median_clock(sampler.samples, *clock_window) if clock_window else None
     res = CellResult(
@@ -236,6 +229,15 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
         res.reason = f"{metrics.failed} of {len(records)} requests failed{alive}; first error: {last_line[:300]}"
         res.log_tail = _scrubbed(spec, log_tail(server.log_path))
     return res
+
+
+def _request_window(ok: list[RequestRecord]) -> tuple[float, float] | None:
+    """First start and last end of the successful requests; None without any, or without their start times."""
+    starts = [r.start_time_s for r in ok if r.start_time_s is not None]
+    ends = [r.end_time_s for r in ok if r.end_time_s is not None]
+    if not ok or len(starts) < len(ok):
+        return None
+    return min(starts), max(ends)
 
 
 def _clock_window(

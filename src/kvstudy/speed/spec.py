@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvstudy.bench.client import BenchSettings
 from kvstudy.errors import StudyError
 from kvstudy.io import bounded_float, bounded_int, type_name
 from kvstudy.redact import check_env_mapping, redact
-from kvstudy.speed.bench_client import BenchSettings
 from kvstudy.vllm.command import check_extra_args
 from kvstudy.vllm.facts import CACHE_DTYPES
 

@@ -33,14 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from kvstudy.errors import StudyError
-from kvstudy.speed.measurability import (
+from kvstudy.bench.measurability import (
     Measurability,
     RunRequests,
     assess_run,
     per_request_e2e_per_token_s,
     per_request_tpot_s,
 )
+from kvstudy.errors import StudyError
 
 ALPHA = 0.05  # false-claim rate the test is built for
 CONFIDENCE = 0.95  # level of the reported interval

@@ -4,7 +4,7 @@ A/A calibration.
 
 One sign convention everywhere: the candidate/baseline TPOT ratio ``r``; "faster by X %" means the
 candidate spends X = (1 - r) x 100 % less time per output token, "slower by X %" X = (r - 1) x 100 %
-more. The roofline bound (:func:`kvstudy.context.roofline.max_fp8_gain_pct`, a speed-up
+more. The roofline bound (:func:`kvstudy.model.roofline.max_fp8_gain_pct`, a speed-up
 ``base/cand - 1``) is converted to the same "less time per token" scale.
 """
 
@@ -17,9 +17,11 @@ from typing import Any
 
 import pandas as pd
 
+from kvstudy.bench.measurability import assess_run, run_from_request_rows
+from kvstudy.bench.telemetry import metrics_delta
 from kvstudy.errors import StudyError
 from kvstudy.io import read_jsonl
-from kvstudy.speed.measurability import assess_run, run_from_request_rows
+from kvstudy.model.roofline import max_fp8_gain_pct
 from kvstudy.speed.verdict import CLOCK_TOLERANCE, RunSummary, Verdict, compare_runs, minimum_p_value, summarise_run
 
 # "Well beyond" the bound: the measured change is more than this many times what halving the KV
@@ -166,8 +168,6 @@ def _dtype(capture: Any, name: str) -> str:
 
 def capture_verdicts(capture: Any, clock_tolerance: float = CLOCK_TOLERANCE) -> list[CaptureVerdict]:
     """compare_runs for every configuration against the first, per user count (both arms finished)."""
-    from kvstudy.context.roofline import max_fp8_gain_pct
-
     context = int(capture.spec.input_len) + int(capture.spec.output_len)
     out = []
     for base, cand, effect in comparison_pairs(capture.spec.configurations):
@@ -249,8 +249,6 @@ def published_model_dir(pub: Any) -> Path:
 def published_verdict_frame(pub: Any, context_len: int, clock_tolerance: float = CLOCK_TOLERANCE) -> pd.DataFrame:
     """The published per-configuration medians restated under the new rule (no per-run values exist,
     so no test can be run: the design's smallest reachable p decides), clocks, cycles and the bound."""
-    from kvstudy.context.roofline import max_fp8_gain_pct
-
     base, cand = pub.meta["baseline"], pub.meta["candidate"]
     # the project's copy of the published model's config.json (data/models/<name>, beside data/published)
     model_dir = published_model_dir(pub)
@@ -349,8 +347,6 @@ def admission_frame(
 def server_metrics_frame(capture: Any) -> pd.DataFrame:
     """Per finished cell: preemptions and mean queue time during the cell, from vLLM's /metrics read
     before and after it (empty when the capture predates this or the server exposed none)."""
-    from kvstudy.speed.telemetry import metrics_delta
-
     cells = capture.cells
     if not len(cells) or "server_metrics_before" not in cells.columns:
         return pd.DataFrame()

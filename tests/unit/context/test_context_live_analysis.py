@@ -55,7 +55,16 @@ def _capture(tmp: Path, model: Path, fp8_fails: bool) -> Path:
                 reqs = []
                 for _ in range(4):
                     tpot = base + slope * L + rng.normal(0, 0.01)
-                    reqs.append({"tpot_ms": tpot, "itls_ms": [tpot] * 7, "output_len": 8, "success": True})
+                    reqs.append(
+                        {
+                            "ttft_ms": 10.0,
+                            "e2el_ms": 10.0 + 7 * tpot,
+                            "tpot_ms": tpot,
+                            "itls_ms": [tpot] * 7,
+                            "output_len": 8,
+                            "success": True,
+                        }
+                    )
                 rec.update(status="ok", requests=reqs)
             (tmp / "cells" / f"{rec['cell_id']}.json").write_text(json.dumps(rec))
     return tmp

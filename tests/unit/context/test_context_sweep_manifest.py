@@ -170,12 +170,10 @@ class FakeServer:
 
 @pytest.fixture
 def fakes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    from kvstudy.speed import bench_client
-
     result = json.loads((BUNDLED / "bench" / "auto__s0__L256.json").read_text())
     FakeServer.starts = []
     monkeypatch.setattr(engine, "VllmServer", FakeServer)
-    monkeypatch.setattr(bench_client, "run_bench", lambda *a, **k: result)
+    monkeypatch.setattr(sweep, "run_bench", lambda *a, **k: result)
     return FakeServer.starts
 
 

@@ -77,7 +77,14 @@ def test_fit_rejects_mixed_arms_and_empty() -> None:
 
 def _record(status: str = "ok", gaps: list[float] | None = None, out: int = 8) -> dict:
     gaps = [2.0] * 7 if gaps is None else gaps
-    req = {"tpot_ms": 2.0, "itls_ms": gaps, "output_len": out, "success": True}
+    req = {
+        "ttft_ms": 10.0,
+        "e2el_ms": 10.0 + sum(gaps),
+        "tpot_ms": 2.0,
+        "itls_ms": gaps,
+        "output_len": out,
+        "success": True,
+    }
     return {
         "cell_id": "auto__s0__L256",
         "arm": "auto",
@@ -91,10 +98,15 @@ def _record(status: str = "ok", gaps: list[float] | None = None, out: int = 8) -
 
 
 def test_check_cell_rules() -> None:
+    """The bench layer's measurability rules, on a cell's request rows."""
     assert check_cell(_record()).measurable
     assert not check_cell(_record(status="failed")).measurable
-    assert not check_cell(_record(gaps=[0.0] * 7)).measurable  # bursts
-    assert not check_cell(_record(out=5)).measurable  # shorter than asked
+    bursts = check_cell(_record(gaps=[0.0] * 7))
+    assert not bursts.measurable and bursts.near_zero_gap_share == 1.0 and "under 0.1 ms" in bursts.reason
+    short = check_cell(_record(out=5))
+    assert not short.measurable and "fewer than the 8 output tokens" in short.reason
+    one_chunk = check_cell(_record(gaps=[]))  # every token after the first in one chunk
+    assert not one_chunk.measurable and "chunks per output token" in one_chunk.reason
 
 
 def test_cells_from_records_and_fit_all_skip_single_length_arms() -> None:

@@ -144,3 +144,11 @@ def test_safetensors_headers_when_there_is_no_index(tmp_path: Path) -> None:
     (folder / "model.safetensors").write_bytes(b"\x01")
     with pytest.raises(StudyError, match="truncated"):
         w.weights_size(folder)
+
+
+def test_expert_routing_reads_each_spelling() -> None:
+    assert w.expert_routing({"num_local_experts": 32, "experts_per_token": 4}) == (32, 4)  # gpt-oss
+    assert w.expert_routing({"n_routed_experts": 256, "num_experts_per_tok": 8}) == (256, 8)  # DeepSeek
+    assert w.expert_routing({"text_config": {"num_local_experts": 128, "num_experts_per_tok": 1}}) == (128, 1)
+    assert w.expert_routing({"num_experts": 0, "moe_topk": True}) == (None, None)
+    assert w.expert_routing({"hidden_size": 8}) == (None, None)

@@ -1,4 +1,8 @@
-"""Helpers for the speed-verdict tests: synthetic runs and real-format vLLM bench result files."""
+"""Helpers for the speed-verdict tests: run summaries and real-format vLLM bench result files.
+
+The bench-layer helpers (synthetic runs, the bundled capture) come from ``tests/unit/conftest.py``;
+the ``helpers`` fixture here adds these to them.
+"""
 
 from __future__ import annotations
 
@@ -12,30 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvstudy.io import read_jsonl
-from kvstudy.speed.measurability import RunRequests, assess_run, run_from_request_rows
 from kvstudy.speed.verdict import RunSummary
-
-ROOT = Path(__file__).resolve().parents[3]
-BUNDLED_BENCH = ROOT / "data" / "captures" / "speed-cpu" / "bench"
-BUNDLED_REQUESTS = ROOT / "data" / "captures" / "speed-cpu" / "requests"
-BUNDLED_CELLS = ROOT / "data" / "captures" / "speed-cpu" / "cells"
-
-
-def steady_run(
-    name: str = "run", n: int = 8, out: int = 32, gap_s: float = 0.02, ttft_s: float = 0.1, **kw: Any
-) -> RunRequests:
-    """A run whose tokens arrive one decode step (``gap_s``) apart."""
-    itl = tuple([gap_s] * (out - 1))
-    return RunRequests(
-        name=name,
-        ttfts_s=(ttft_s,) * n,
-        latencies_s=(ttft_s + gap_s * (out - 1),) * n,
-        itls_s=(itl,) * n,
-        output_lens=(out,) * n,
-        success=(True,) * n,
-        **kw,
-    )
 
 
 def summary(
@@ -63,43 +44,6 @@ def summary(
     )
 
 
-def bundled(name: str) -> dict[str, Any]:
-    """One bundled vLLM 0.32 bench result (``bench/<name>.json``) as a dict."""
-    return json.loads((BUNDLED_BENCH / f"{name}.json").read_text(encoding="utf-8"))
-
-
-def bundled_cell(cell_id: str) -> dict[str, Any]:
-    """One bundled cell record (``cells/<cell_id>.json``) as a dict."""
-    return json.loads((BUNDLED_CELLS / f"{cell_id}.json").read_text(encoding="utf-8"))
-
-
-def bundled_run(cell: dict[str, Any]) -> RunRequests:
-    """The per-request rows of a bundled cell as a run (times in seconds)."""
-    rows = read_jsonl(BUNDLED_REQUESTS / f"{cell['cell_id']}.jsonl")
-    return run_from_request_rows(
-        rows, cell["cell_id"], median_clock_mhz=cell["median_clock_mhz"], duration_s=cell["metrics"]["duration_s"]
-    )
-
-
-def measurable_cells(configuration: str, users: int) -> list[str]:
-    """Ids of the bundled cells of ``configuration`` at ``users`` that ran and measured per-token
-    latency, in seed order: chosen by reading the capture, so the tests follow a re-made capture."""
-    found: list[tuple[int, str]] = []
-    for path in sorted(BUNDLED_CELLS.glob("*.json")):
-        cell = json.loads(path.read_text(encoding="utf-8"))
-        if cell["configuration"] != configuration or cell["users"] != users or cell["status"] != "ok":
-            continue
-        m = assess_run(
-            bundled_run(cell),
-            expected_output_len=cell["settings"]["output_len"],
-            clock_interval_s=cell["clock_interval_s"],
-            clock_samples_in_window=cell["clock_samples_in_window"],
-        )
-        if m.measurable:
-            found.append((int(cell["seed"]), str(cell["cell_id"])))
-    return [cell_id for _, cell_id in sorted(found)]
-
-
 def scaled(result: dict[str, Any], factor: float, date: str | None = None) -> dict[str, Any]:
     """A copy of a bench result with every per-request time multiplied by ``factor``."""
     out = copy.deepcopy(result)
@@ -120,7 +64,15 @@ def write(folder: Path, name: str, data: Any) -> Path:
 
 
 @pytest.fixture
-def make_arms(tmp_path: Path) -> Callable[..., tuple[Path, Path]]:
+def helpers(helpers: Any) -> Any:
+    """The shared helpers of ``tests/unit/conftest.py`` and the speed ones above."""
+    import types
+
+    return types.SimpleNamespace(**vars(helpers), summary=summary, scaled=scaled, write=write)
+
+
+@pytest.fixture
+def make_arms(tmp_path: Path, helpers: Any) -> Callable[..., tuple[Path, Path]]:
     """Two folders of real-format results built from one bundled measurable run, ``n`` per arm, the
     candidate's times multiplied by ``ratio``; each run's baseline factor spreads by ``spread``.
     ``interleave`` alternates the arms in time (dates one minute apart), else all baseline first."""
@@ -130,8 +82,8 @@ def make_arms(tmp_path: Path) -> Callable[..., tuple[Path, Path]]:
     ) -> tuple[Path, Path]:
         base_dir, cand_dir = tmp_path / "base", tmp_path / "cand"
         if source is None:  # the first measurable A/A-repeat run of the bundled capture
-            source = next(iter(measurable_cells("auto-repeat", 4) + measurable_cells("auto-repeat", 1)))
-        data = bundled(source)
+            source = next(iter(helpers.measurable_cells("auto-repeat", 4) + helpers.measurable_cells("auto-repeat", 1)))
+        data = helpers.bundled(source)
         for i in range(n):
             f = math.exp(spread * (i - (n - 1) / 2) / max(n - 1, 1))
             tb = 2 * i if interleave else i
@@ -141,23 +93,3 @@ def make_arms(tmp_path: Path) -> Callable[..., tuple[Path, Path]]:
         return base_dir, cand_dir
 
     return make
-
-
-@pytest.fixture
-def helpers() -> Any:
-    """The helpers above, for tests (with --import-mode=importlib a conftest cannot be imported)."""
-    import types
-
-    return types.SimpleNamespace(
-        steady_run=steady_run,
-        summary=summary,
-        bundled=bundled,
-        scaled=scaled,
-        write=write,
-        bundled_cell=bundled_cell,
-        bundled_run=bundled_run,
-        measurable_cells=measurable_cells,
-        BUNDLED_BENCH=BUNDLED_BENCH,
-        BUNDLED_REQUESTS=BUNDLED_REQUESTS,
-        BUNDLED_CELLS=BUNDLED_CELLS,
-    )

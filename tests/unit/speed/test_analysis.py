@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvstudy.bench.result import RequestRecord, write_requests_jsonl
+from kvstudy.bench.telemetry import ClockSample, write_telemetry_jsonl
 from kvstudy.errors import StudyError
 from kvstudy.speed import analysis as speed
 from kvstudy.speed import runner as sweep
 from kvstudy.speed import verdicts_table as vt
-from kvstudy.speed.bench_client import RequestRecord, write_requests_jsonl
-from kvstudy.speed.telemetry import ClockSample, write_telemetry_jsonl
 
 PUBLISHED = Path(__file__).resolve().parents[3] / "data" / "published" / "l4-speed-qwen3-8b.json"
 

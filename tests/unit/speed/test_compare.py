@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from kvstudy.bench import result as bench_result
+from kvstudy.bench.result import read_result_file
 from kvstudy.errors import StudyError
-from kvstudy.speed import compare
-from kvstudy.speed.compare import read_result_file, register, run_from_result
+from kvstudy.speed.compare import register, run_from_result
 
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -208,7 +209,7 @@ def test_unparsable_files(make_arms: Any, capsys: pytest.CaptureFixture[str]) ->
 
 def test_huge_file(make_arms: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     base, cand = make_arms(n=2)
-    monkeypatch.setattr(compare, "MAX_RESULT_BYTES", 1000)
+    monkeypatch.setattr(bench_result, "MAX_RESULT_BYTES", 1000)
     _bad(["speed", "compare", str(base), str(cand)], capsys, "b0.json", "bytes, more than the 1000")
 
 

@@ -381,7 +381,7 @@ def test_run_cell_with_failed_requests_is_failed_with_last_error_line(
 
 
 def test_run_cell_client_failure_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvstudy.speed.bench_client import BenchError
+    from kvstudy.bench.client import BenchError
 
     def boom(*a: Any, **k: Any) -> dict[str, Any]:
         raise BenchError("vllm bench serve exited with status 1: boom", "client tail")
@@ -399,7 +399,7 @@ class StepReader:
     kind = "cpu"
 
     def read(self) -> Any:
-        from kvstudy.speed.telemetry import cpu_sample
+        from kvstudy.bench.telemetry import cpu_sample
 
         return cpu_sample(time.perf_counter(), time.time(), [1000.0])
 

@@ -2,11 +2,12 @@
 
 One decode step of ``users`` requests, each holding ``context_len`` tokens, reads
 
-* the **weights** read per step: the checkpoint's weights (``capacity.weights_size`` or a given
+* the **weights** read per step: the checkpoint's weights (``weights.weights_size`` or a given
   figure) less the input-embedding table when it is not tied to the output head (a step looks up
   one row per request, it does not stream the table), and for mixture-of-experts models less the
   experts no request routes to (uniform, independent routing of ``k`` of ``E`` experts per token is
-  assumed: a given expert is touched with probability ``1 - (1 - k/E) ** users``);
+  assumed: a given expert is touched with probability ``1 - (1 - k/E) ** users``). The parameter
+  counts (all, embedding, routed experts) and ``E`` and ``k`` are :mod:`kvstudy.model.weights`'s;
 * the **KV cache**, per layer kind: full-attention and MLA layers read every token of the context,
   sliding-window layers at most their window, linear-attention (state) layers a fixed state per
   request, read and written back once per step (counted twice);
@@ -29,16 +30,10 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import GpuSpec, find_gpu
-from kvstudy.model.capacity import (
-    KVFootprint,
-    ModelLayout,
-    estimate_parameters,
-    kv_footprint,
-    layer_bytes_per_token,
-    load_layout,
-    weights_size,
-)
+from kvstudy.model.capacity import KVFootprint, kv_footprint, layer_bytes_per_token
 from kvstudy.model.folder import load_config
+from kvstudy.model.layout import ModelLayout, load_layout
+from kvstudy.model.weights import expert_routing, parameter_parts, weights_size
 
 GIB = 2**30
 # Achievable / peak DRAM bandwidth for decode-time streaming reads. Assumed: the published
@@ -230,42 +225,47 @@ class _ConfigFacts:
     hidden: int | None
     layers: int | None
     vocab: int | None
-    tied: bool
     mlp_width_per_token: int | None  # MLP values one token computes per layer (active experts for MoE)
-    experts: int | None
+    experts: int | None  # routed experts per MoE layer (weights.expert_routing)
     experts_per_token: int | None
+    parameters: int | None  # all parameters (weights.parameter_parts), when they can be counted
     expert_parameters: int  # all routed-expert parameters (0 for dense models)
-    parameters: int | None  # capacity.estimate_parameters, when it can
+    embedding_parameters: int  # the input embedding when untied from the output head, else 0
     config_path: str
 
 
 def _config_facts(layout: ModelLayout) -> _ConfigFacts:
-    """The few config fields the weights and activation terms need."""
+    """The parameter counts of :mod:`kvstudy.model.weights` and the few config fields the activation term needs."""
     config, path = load_config(layout.config_path)
     cfg = _text_config(config)
     hidden = _int_field(cfg, "hidden_size")
     layers = _int_field(cfg, "num_hidden_layers")
-    vocab = _int_field(cfg, "vocab_size")
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    experts = _int_field(cfg, "n_routed_experts", "num_experts", "num_local_experts")
-    k = _int_field(cfg, "num_experts_per_tok", "experts_per_token", "moe_topk")
+    experts, k = expert_routing(config)
     dense_width = _int_field(cfg, "intermediate_size")
     expert_width = _int_field(cfg, "moe_intermediate_size") or dense_width
-    expert_params = 0
     mlp_width = dense_width
     if experts and k and expert_width and hidden and layers:
-        moe_layers = layers - (_int_field(cfg, "first_k_dense_replace") or 0)
-        expert_params = 3 * hidden * expert_width * experts * max(moe_layers, 0)
         shared = (
             _int_field(cfg, "shared_expert_intermediate_size")
             or (_int_field(cfg, "n_shared_experts") or 0) * expert_width
         )
         mlp_width = k * expert_width + shared
     try:
-        params: int | None = estimate_parameters(config, str(path))
+        parts: dict[str, int] | None = parameter_parts(config, str(path))
     except StudyError:
-        params = None
-    return _ConfigFacts(hidden, layers, vocab, tied, mlp_width, experts, k, expert_params, params, str(path))
+        parts = None
+    return _ConfigFacts(
+        hidden,
+        layers,
+        _int_field(cfg, "vocab_size"),
+        mlp_width,
+        experts,
+        k,
+        sum(parts.values()) if parts else None,
+        parts["experts"] if parts else 0,
+        parts["embedding"] if parts and parts["output_head"] else 0,
+        str(path),
+    )
 
 
 # --------------------------------------------------------------------------- weights
@@ -287,8 +287,8 @@ def weights_read(model: str | Path | ModelLayout, users: int = 1, weights_bytes:
         return WeightsRead(total, source, float(total), 0.0, 0.0, tuple(notes))
     per_param = total / facts.parameters
     embedding = 0.0
-    if not facts.tied and facts.vocab and facts.hidden:
-        embedding = facts.vocab * facts.hidden * per_param
+    if facts.embedding_parameters:
+        embedding = facts.embedding_parameters * per_param
         notes.append("untied input embedding (vocab x hidden) not streamed: one row per request is read")
     experts = 0.0
     if facts.expert_parameters and facts.experts and facts.experts_per_token:

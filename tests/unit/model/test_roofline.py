@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from kvstudy.context.roofline import (
+from kvstudy.errors import StudyError
+from kvstudy.model.roofline import (
     DEFAULT_BANDWIDTH_FACTOR,
     kind_reads,
     kv_dominates_from,
@@ -16,12 +20,14 @@ from kvstudy.context.roofline import (
     tpot_ms,
     weights_read,
 )
-from kvstudy.errors import StudyError
+from kvstudy.model.weights import parameter_parts, weights_size
 
 QWEN = "data/models/Qwen3-8B"
 LLAMA = "data/models/Llama-3.1-8B"
 GEMMA = "data/models/gemma-3-27b-it"
 GPT_OSS = "data/models/gpt-oss-20b"
+# Llama-4-Maverick: 128 experts in every second layer only (interleave_moe_layer_step 2); config only.
+MAVERICK = Path(__file__).resolve().parents[2] / "fixtures" / "models" / "Llama-4-Maverick-17B-128E"
 
 
 def test_qwen3_8b_on_l4_one_user_1100_tokens() -> None:
@@ -114,6 +120,28 @@ def test_moe_weights_read_grow_with_users() -> None:
     assert one.expert_bytes_skipped > many.expert_bytes_skipped > 0
     assert one.read_bytes < many.read_bytes < many.total_bytes
     assert any("uniform routing" in n for n in one.notes)
+
+
+def test_interleaved_moe_counts_the_experts_as_the_weights_do() -> None:
+    """Maverick has 128 experts of 3 x 5,120 x 8,192 parameters in the 24 odd-numbered layers of 48
+    (``interleave_moe_layer_step`` 2): 386,547,056,640 expert parameters, as ``weights.parameter_parts``
+    counts them. The roofline skips the experts no request routes to from that count (at one user and
+    one expert per token, 127 of 128), not from all 48 layers (773e9 parameters, as it once did)."""
+    parts = parameter_parts(json.loads((MAVERICK / "config.json").read_text()))
+    assert parts["experts"] == 24 * 3 * 5120 * 8192 * 128 == 386_547_056_640
+    size = weights_size(MAVERICK)
+    per_param = size.bytes / size.parameters
+    assert size.experts == 128 and size.experts_per_token == 1 and per_param == pytest.approx(2.0)
+    read = weights_read(MAVERICK, 1)
+    assert read.expert_bytes_skipped == pytest.approx(parts["experts"] * per_param * 127 / 128)
+    assert read.embedding_bytes_skipped == pytest.approx(parts["embedding"] * per_param)
+    assert read.read_bytes == pytest.approx(size.bytes - read.expert_bytes_skipped - read.embedding_bytes_skipped)
+    assert any("1 of 128 experts per token" in n for n in read.notes)
+    # counted over all 48 layers the skipped experts (1.53e12 B) exceeded the whole checkpoint: a step read 0 B
+    assert read.read_bytes / per_param == pytest.approx(
+        size.parameters - parts["embedding"] - parts["experts"] * 127 / 128
+    )
+    assert roofline(MAVERICK, 8192, 1, gpu="H200").steps["bfloat16"].weights_bytes == pytest.approx(read.read_bytes)
 
 
 def test_weights_override_and_bound_helpers() -> None:

@@ -10,17 +10,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvstudy.errors import StudyError
-from kvstudy.speed.compare import run_from_result
-from kvstudy.speed.measurability import (
+from kvstudy.bench.measurability import (
     MAX_NEAR_ZERO_GAP_SHARE,
     NEAR_ZERO_GAP_S,
     RunRequests,
     assess_run,
     per_request_e2e_per_token_s,
     per_request_tpot_s,
+    run_from_records,
     run_from_request_rows,
 )
+from kvstudy.bench.result import requests_from_result
+from kvstudy.errors import StudyError
 
 
 def test_steady_stream_is_measurable(helpers: Any) -> None:
@@ -115,7 +116,7 @@ def test_mismatched_request_lists_are_refused() -> None:
 def test_tpot_follows_vllm_on_a_bundled_result(helpers: Any) -> None:
     h = helpers
     data = h.bundled("auto__s0__u1")
-    run = run_from_result(data, "auto__s0__u1.json").run
+    run = run_from_records(requests_from_result(data, "auto__s0__u1.json"), "auto__s0__u1")
     assert float(np.median(per_request_tpot_s(run))) * 1e3 == pytest.approx(data["median_tpot_ms"], rel=1e-9)
     assert float(np.mean(per_request_tpot_s(run))) * 1e3 == pytest.approx(data["mean_tpot_ms"], rel=1e-9)
     e2e = per_request_e2e_per_token_s(run)

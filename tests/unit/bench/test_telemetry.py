@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from kvstudy.bench import telemetry as tm
 from kvstudy.errors import StudyError
-from kvstudy.speed import telemetry as tm
 
 
 def test_clock_event_reasons_decode() -> None:

@@ -1,82 +1,13 @@
-"""Unit tests of the benchmark-client wrapper: arguments, per-request records, metrics (no vLLM)."""
+"""Unit tests of the benchmark-client wrapper: arguments, the subprocess, its log, its environment (no vLLM)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from kvstudy.bench import client as bc
 from kvstudy.errors import StudyError
-from kvstudy.speed import bench_client as bc
-
-
-def vllm_like_result() -> dict:
-    """The shape vLLM 0.32's `--save-result --save-detailed` writes, with three requests."""
-    return {
-        "duration": 2.0,
-        "completed": 2,
-        "failed": 1,
-        "start_times": [10.0, 10.5, 11.0],
-        "ttfts": [0.10, 0.20, 0.0],
-        "latencies": [0.50, 0.80, 0.0],
-        "itls": [[0.1, 0.1, 0.1, 0.1], [0.15, 0.15, 0.15, 0.15], []],
-        "input_lens": [32, 32, 32],
-        "output_lens": [5, 5, 0],
-        "errors": ["", "", "Server disconnected"],
-        "median_tpot_ms": 125.0,
-    }
-
-
-def test_records_from_result_compute_tpot_and_failures() -> None:
-    recs = bc.requests_from_result(vllm_like_result())
-    assert [r.success for r in recs] == [True, True, False]
-    assert recs[0].tpot_ms == pytest.approx(100.0) and recs[1].tpot_ms == pytest.approx(150.0)
-    assert recs[2].tpot_ms is None and recs[2].error == "Server disconnected"
-    assert recs[1].ttft_ms == pytest.approx(200.0) and recs[1].itls_ms == pytest.approx([150.0] * 4)
-    assert recs[1].end_time_s == pytest.approx(11.3)
-
-
-def test_metrics_follow_vllm_definitions() -> None:
-    recs = bc.requests_from_result(vllm_like_result())
-    m = bc.calculate_metrics(recs, 2.0)
-    assert (m.completed, m.failed, m.total_output_tokens, m.total_input_tokens) == (2, 1, 10, 64)
-    assert m.output_throughput_tok_s == 5.0 and m.request_throughput_req_s == 1.0
-    assert m.median_tpot_ms == pytest.approx(125.0)
-    assert m.median_ttft_ms == pytest.approx(150.0)
-    assert m.median_itl_ms == pytest.approx(125.0)  # eight gaps pooled: four of 100, four of 150
-    assert m.p99_e2el_ms == pytest.approx(np.percentile([500.0, 800.0], 99))
-    reported = bc.metrics_reported_by_vllm(vllm_like_result())
-    assert reported["median_tpot_ms"] == 125.0 and reported["duration_s"] == 2.0
-    assert reported["median_ttft_ms"] is None  # not in this result: not invented
-
-
-def test_one_token_outputs_have_no_tpot() -> None:
-    r = vllm_like_result()
-    r["output_lens"] = [1, 5, 0]
-    recs = bc.requests_from_result(r)
-    assert recs[0].tpot_ms is None and recs[0].success
-    assert bc.calculate_metrics(recs, 1.0).median_tpot_ms == pytest.approx(150.0)
-
-
-def test_result_without_detail_is_refused() -> None:
-    r = vllm_like_result()
-    del r["itls"]
-    with pytest.raises(StudyError, match="bench/x.json: no per-request arrays \\['itls'\\]"):
-        bc.requests_from_result(r, where="bench/x.json")
-    r = vllm_like_result()
-    r["ttfts"] = r["ttfts"][:2]
-    with pytest.raises(StudyError, match="different lengths"):
-        bc.requests_from_result(r)
-
-
-def test_records_round_trip_jsonl(tmp_path: Path) -> None:
-    recs = bc.requests_from_result(vllm_like_result())
-    bc.write_requests_jsonl(tmp_path / "r.jsonl", recs)
-    assert bc.read_requests_jsonl(tmp_path / "r.jsonl") == recs
-    (tmp_path / "bad.jsonl").write_text('{"index": 1}\n')
-    with pytest.raises(StudyError, match="bad.jsonl:1"):
-        bc.read_requests_jsonl(tmp_path / "bad.jsonl")
 
 
 def test_cli_args_carry_the_study_settings(tmp_path: Path) -> None:

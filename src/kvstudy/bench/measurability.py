@@ -1,7 +1,8 @@
 """Was per-token latency measured in a run? A check per run, before any TPOT enters a verdict.
 
-A run is one ``vllm bench serve --save-result --save-detailed`` result (or one cell of this
-project's sweep, read from its per-request rows). Its TPOT is only a decode time when the client
+A run is one ``vllm bench serve --save-result --save-detailed`` result (its per-request records,
+:func:`run_from_records`) or one cell of this project's sweeps (its per-request rows,
+:func:`run_from_request_rows`). Its TPOT is only a decode time when the client
 saw the tokens one decode step at a time. It is not when:
 
 * the tokens arrived in bursts: many inter-token gaps at network speed (under
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from kvstudy.bench.result import RequestRecord
 from kvstudy.errors import StudyError
 
 # A gap below 0.1 ms is network or serialisation time, not a decode step: the fastest decode steps
@@ -214,6 +216,31 @@ def assess_run(
         window_s=window,
         clock_interval_s=clock_interval_s,
         clock_samples_in_window=clock_samples_in_window,
+    )
+
+
+def run_from_records(
+    records: Sequence[RequestRecord],
+    name: str,
+    *,
+    start_time_s: float | None = None,
+    duration_s: float | None = None,
+    median_clock_mhz: float | None = None,
+    expected_output_len: int | None = None,
+) -> RunRequests:
+    """A run from the per-request records of one result (:func:`kvstudy.bench.result.requests_from_result`);
+    times are converted to seconds as :func:`run_from_request_rows` converts them."""
+    return RunRequests(
+        name=name,
+        ttfts_s=tuple(r.ttft_ms / 1e3 for r in records),
+        latencies_s=tuple(r.e2el_ms / 1e3 for r in records),
+        itls_s=tuple(tuple(g / 1e3 for g in r.itls_ms) for r in records),
+        output_lens=tuple(r.output_len for r in records),
+        success=tuple(r.success for r in records),
+        start_time_s=start_time_s,
+        duration_s=duration_s,
+        median_clock_mhz=median_clock_mhz,
+        expected_output_len=expected_output_len,
     )
 
 

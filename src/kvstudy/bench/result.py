@@ -1,0 +1,205 @@
+"""vLLM's saved bench result read once: the file checks, the per-request records, their JSON lines.
+
+``vllm bench serve --save-result --save-detailed`` writes one JSON object per run
+(``vllm/benchmarks/serve.py``): the settings ``date`` (local time when the run ended,
+``%Y%m%d-%H%M%S``), ``backend``, ``model_id``, ``num_prompts``, ``request_rate``, ``burstiness``,
+``max_concurrency``, any ``--metadata KEY=VALUE`` pairs, the run's ``duration`` and summary
+metrics, and with ``--save-detailed`` per request ``input_lens``, ``output_lens`` (0 for a failed
+request), ``ttfts``, ``itls`` (gaps between streamed chunks, in s), ``latencies``, ``start_times``
+(``time.perf_counter()`` in the client) and ``errors`` ("" when the request succeeded).
+
+:func:`requests_from_result` is the one reader of those arrays: it checks every entry (a list of
+one per request, finite numbers >= 0, whole token counts, texts for the errors) and returns one
+:class:`RequestRecord` per request, in the order the client sent them. ``start_times`` and
+``input_lens`` are read when present: clients older than January 2026 (vLLM pull request 32667)
+did not save ``start_times``, and the comparison of result folders never needed either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.io import is_finite_number, read_jsonl, write_jsonl_atomic
+
+# A detailed result of 10,000 prompts x 1,000 output tokens is about 200 MB of JSON; beyond this the
+# file is not one bench run (or would not fit comfortably in memory once parsed).
+MAX_RESULT_BYTES = 256 * 1024 * 1024
+
+# The per-request arrays every --save-detailed result holds, and those older clients did not save.
+DETAILED_ARRAYS = ("latencies", "ttfts", "itls", "output_lens", "errors")
+OPTIONAL_ARRAYS = ("start_times", "input_lens")
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One measured request (warm-ups are not among them). Times from vLLM's client."""
+
+    index: int
+    start_time_s: float | None  # time.perf_counter() in the client (CLOCK_MONOTONIC on Linux); None: not saved
+    ttft_ms: float  # request start to the first token
+    e2el_ms: float  # request start to the last token
+    tpot_ms: float | None  # (e2el - ttft) / (output_len - 1); None for <= 1 output token
+    itls_ms: list[float] = field(default_factory=list)  # gaps between later tokens
+    input_len: int | None = None  # prompt tokens; None: not saved
+    output_len: int = 0
+    success: bool = True
+    error: str = ""
+
+    @property
+    def end_time_s(self) -> float | None:
+        return None if self.start_time_s is None else self.start_time_s + self.e2el_ms / 1000.0
+
+
+# --------------------------------------------------------------------------- files
+
+
+def read_result_file(path: str | Path) -> dict[str, Any]:
+    """The JSON object in one result file, after checking it is a regular, readable, not huge file."""
+    path = Path(path)
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise StudyError(f"{path}: cannot be read ({exc.strerror or exc}); expected a vLLM bench result file") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise StudyError(f"{path}: not a regular file; expected a vLLM bench result file")
+    if info.st_size > MAX_RESULT_BYTES:
+        raise StudyError(
+            f"{path}: {info.st_size} bytes, more than the {MAX_RESULT_BYTES} a bench result of one run should need"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise StudyError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise StudyError(f"{path}: not UTF-8 text; expected a vLLM bench result (JSON)") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":
+            raise StudyError(
+                f"{path}: holds more than one JSON document (written with --append-result?); expected one run per file"
+            ) from None
+        raise StudyError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); expected a vLLM bench result") from None
+    except RecursionError:
+        raise StudyError(f"{path}: JSON nested too deeply; expected a vLLM bench result") from None
+    if not isinstance(data, dict):
+        raise StudyError(
+            f"{path}: a JSON {type(data).__name__}, expected the object vLLM bench serve --save-result writes"
+        )
+    return data
+
+
+def result_files(folder: str | Path) -> list[Path]:
+    """The result files of a folder: ``*.json``, not hidden, not vLLM's ``*.pytorch.json``; sorted."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise StudyError(f"{folder}: not a folder; expected a folder of vllm bench serve result files")
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as exc:
+        raise StudyError(f"{folder}: cannot be listed ({exc.strerror or exc})") from None
+    return [
+        p
+        for p in entries
+        if p.name.endswith(".json") and not p.name.startswith(".") and not p.name.endswith(".pytorch.json")
+    ]
+
+
+# --------------------------------------------------------------------------- per-request records
+
+
+def _numbers(data: dict[str, Any], key: str, where: str, n: int, whole: bool = False) -> list[float]:
+    values = data[key]
+    if not isinstance(values, list) or len(values) != n:
+        size = len(values) if isinstance(values, list) else type(values).__name__
+        raise StudyError(f"{where}: {key} has {size} entries, expected a list of {n} (one per request)")
+    for i, v in enumerate(values):
+        if not is_finite_number(v) or v < 0:
+            raise StudyError(f"{where}: {key}[{i}] is {v!r}, expected a finite number >= 0")
+    if whole and any(v != int(v) for v in values):
+        raise StudyError(f"{where}: {key} holds fractions, expected token counts")
+    return [float(v) for v in values]
+
+
+def requests_from_result(
+    data: dict[str, Any], where: str = "bench result", *, min_requests: int = 0
+) -> list[RequestRecord]:
+    """Per-request records from vLLM's ``--save-detailed`` result object, every entry checked.
+
+    A request succeeded when it has no error text and at least one output token (vLLM's rule);
+    its TPOT is vLLM's (latency - TTFT) / (output tokens - 1), None with one token or a failure.
+    Raises StudyError naming ``where`` and the field for anything else than what vLLM writes, and
+    when fewer than ``min_requests`` requests were saved.
+    """
+    absent = [k for k in DETAILED_ARRAYS if k not in data]
+    if absent:
+        raise StudyError(
+            f"{where}: no per-request data ({', '.join(absent)} missing); rerun vllm bench serve with "
+            "--save-result --save-detailed"
+        )
+    latencies = data["latencies"]
+    if not isinstance(latencies, list) or len(latencies) < min_requests:
+        wanted = (
+            "a list"
+            if min_requests <= 0
+            else "a non-empty list"
+            if min_requests == 1
+            else f"a list of at least {min_requests}"
+        )
+        raise StudyError(f"{where}: latencies is {latencies!r:.80}, expected {wanted} (one entry per request)")
+    n = len(latencies)
+    lat = _numbers(data, "latencies", where, n)
+    ttft = _numbers(data, "ttfts", where, n)
+    outs = _numbers(data, "output_lens", where, n, whole=True)
+    itls_raw = data["itls"]
+    if not isinstance(itls_raw, list) or len(itls_raw) != n:
+        raise StudyError(
+            f"{where}: itls has {len(itls_raw) if isinstance(itls_raw, list) else 'no'} entries, "
+            f"expected a list of {n} lists (one per request)"
+        )
+    for i, gaps in enumerate(itls_raw):
+        if not isinstance(gaps, list) or not all(is_finite_number(g) and g >= 0 for g in gaps):
+            raise StudyError(f"{where}: itls[{i}] is not a list of finite numbers >= 0")
+    errors = data["errors"]
+    if not isinstance(errors, list) or len(errors) != n or not all(e is None or isinstance(e, str) for e in errors):
+        raise StudyError(f"{where}: errors is not a list of {n} texts (one per request)")
+    present = {k for k in OPTIONAL_ARRAYS if data.get(k) is not None}
+    starts = _numbers(data, "start_times", where, n) if "start_times" in present else None
+    inputs = _numbers(data, "input_lens", where, n, whole=True) if "input_lens" in present else None
+    records = []
+    for i in range(n):
+        out_len = int(outs[i])
+        error = errors[i] or ""
+        success = not error and out_len > 0
+        tpot = (lat[i] - ttft[i]) / (out_len - 1) * 1000.0 if success and out_len > 1 else None
+        records.append(
+            RequestRecord(
+                index=i,
+                start_time_s=None if starts is None else starts[i],
+                ttft_ms=ttft[i] * 1000.0,
+                e2el_ms=lat[i] * 1000.0,
+                tpot_ms=tpot,
+                itls_ms=[float(g) * 1000.0 for g in itls_raw[i]],
+                input_len=None if inputs is None else int(inputs[i]),
+                output_len=out_len,
+                success=success,
+                error=error,
+            )
+        )
+    return records
+
+
+def write_requests_jsonl(path: Path, records: Sequence[RequestRecord]) -> None:
+    """Write records as JSON lines through a temporary file and an atomic rename."""
+    write_jsonl_atomic(path, records)
+
+
+def read_requests_jsonl(path: Path) -> list[RequestRecord]:
+    return read_jsonl(path, lambda row: RequestRecord(**row), "a request record")

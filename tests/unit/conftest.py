@@ -1,0 +1,87 @@
+"""Helpers shared by the bench-layer and the speed tests: synthetic runs and the bundled speed capture."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvstudy.bench.measurability import RunRequests, assess_run, run_from_request_rows
+from kvstudy.io import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[2]
+BUNDLED_BENCH = ROOT / "data" / "captures" / "speed-cpu" / "bench"
+BUNDLED_REQUESTS = ROOT / "data" / "captures" / "speed-cpu" / "requests"
+BUNDLED_CELLS = ROOT / "data" / "captures" / "speed-cpu" / "cells"
+
+
+def steady_run(
+    name: str = "run", n: int = 8, out: int = 32, gap_s: float = 0.02, ttft_s: float = 0.1, **kw: Any
+) -> RunRequests:
+    """A run whose tokens arrive one decode step (``gap_s``) apart."""
+    itl = tuple([gap_s] * (out - 1))
+    return RunRequests(
+        name=name,
+        ttfts_s=(ttft_s,) * n,
+        latencies_s=(ttft_s + gap_s * (out - 1),) * n,
+        itls_s=(itl,) * n,
+        output_lens=(out,) * n,
+        success=(True,) * n,
+        **kw,
+    )
+
+
+def bundled(name: str) -> dict[str, Any]:
+    """One bundled vLLM 0.32 bench result (``bench/<name>.json``) as a dict."""
+    return json.loads((BUNDLED_BENCH / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def bundled_cell(cell_id: str) -> dict[str, Any]:
+    """One bundled cell record (``cells/<cell_id>.json``) as a dict."""
+    return json.loads((BUNDLED_CELLS / f"{cell_id}.json").read_text(encoding="utf-8"))
+
+
+def bundled_run(cell: dict[str, Any]) -> RunRequests:
+    """The per-request rows of a bundled cell as a run (times in seconds)."""
+    rows = read_jsonl(BUNDLED_REQUESTS / f"{cell['cell_id']}.jsonl")
+    return run_from_request_rows(
+        rows, cell["cell_id"], median_clock_mhz=cell["median_clock_mhz"], duration_s=cell["metrics"]["duration_s"]
+    )
+
+
+def measurable_cells(configuration: str, users: int) -> list[str]:
+    """Ids of the bundled cells of ``configuration`` at ``users`` that ran and measured per-token
+    latency, in seed order: chosen by reading the capture, so the tests follow a re-made capture."""
+    found: list[tuple[int, str]] = []
+    for path in sorted(BUNDLED_CELLS.glob("*.json")):
+        cell = json.loads(path.read_text(encoding="utf-8"))
+        if cell["configuration"] != configuration or cell["users"] != users or cell["status"] != "ok":
+            continue
+        m = assess_run(
+            bundled_run(cell),
+            expected_output_len=cell["settings"]["output_len"],
+            clock_interval_s=cell["clock_interval_s"],
+            clock_samples_in_window=cell["clock_samples_in_window"],
+        )
+        if m.measurable:
+            found.append((int(cell["seed"]), str(cell["cell_id"])))
+    return [cell_id for _, cell_id in sorted(found)]
+
+
+@pytest.fixture
+def helpers() -> Any:
+    """The helpers above, for tests (with --import-mode=importlib a conftest cannot be imported)."""
+    import types
+
+    return types.SimpleNamespace(
+        steady_run=steady_run,
+        bundled=bundled,
+        bundled_cell=bundled_cell,
+        bundled_run=bundled_run,
+        measurable_cells=measurable_cells,
+        BUNDLED_BENCH=BUNDLED_BENCH,
+        BUNDLED_REQUESTS=BUNDLED_REQUESTS,
+        BUNDLED_CELLS=BUNDLED_CELLS,
+    )
