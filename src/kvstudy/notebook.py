@@ -81,13 +81,15 @@ def verdict(topic: str, text: str) -> None:
 def fp8_speed_text(baseline: float, fp8: float, higher_is_better: bool = True, digits: int = 1) -> str:
     """The study's one sign convention: ``FP8 faster by X %`` or ``FP8 slower by X %``.
 
-    For a throughput (``higher_is_better``) X is fp8/baseline − 1; for a latency it is
-    baseline/fp8 − 1, so a speed and its latency give the same sign.
+    X is the change relative to the 16-bit baseline, ``|fp8 − baseline| / baseline``: for a
+    throughput (``higher_is_better``) faster means more, for a latency (TPOT) less, so 10 → 8 ms
+    is "faster by 20 %" (20 % less time per token), as
+    :func:`kvstudy.speed.verdicts_table.change_text` says of the TPOT ratio 0.8.
     """
     if not (baseline > 0 and fp8 > 0 and math.isfinite(baseline) and math.isfinite(fp8)):
         return f"FP8 vs baseline: {MISSING} (no valid measurement)"
-    ratio = fp8 / baseline if higher_is_better else baseline / fp8
-    change = (ratio - 1.0) * 100.0
+    ratio = fp8 / baseline  # (new - base) / base = ratio - 1
+    change = ((ratio - 1.0) if higher_is_better else (1.0 - ratio)) * 100.0
     if round(change, digits) == 0:
         return "FP8 as fast as the baseline (within 0.05 %)" if digits == 1 else "FP8 as fast as the baseline"
     word = "faster" if change > 0 else "slower"

@@ -21,6 +21,8 @@ from kvstudy.accuracy import configurations as cf
 from kvstudy.accuracy import records as rec
 from kvstudy.accuracy import runner as ge
 from kvstudy.accuracy import stats as acc
+from kvstudy.accuracy import tables as rt
+from kvstudy.accuracy import verdicts as vt
 from kvstudy.accuracy.task_specs import GSM8K_FILTERS
 from kvstudy.io import write_json_atomic
 from kvstudy.run_record import server_record
@@ -91,17 +93,16 @@ def test_statistics_on_live_records(live_capture):
     results = ge.load_capture(live_capture, ["bf16", "bf16-zero-shot"])
     base = rec.correctness(results["bf16"].records, SETTINGS.primary_filter)
     weak = rec.correctness(results["bf16-zero-shot"].records, SETTINGS.primary_filter)
-    cmp = acc.compare_paired("8-shot", base, "zero-shot", weak)
+    cmp = acc.paired_counts(base, weak)
     assert sum(map(sum, cmp.table())) == N
-    assert cmp.baseline_correct == sum(base.values()) and cmp.other_correct == sum(weak.values())
+    assert cmp.baseline_correct == sum(base.values()) and cmp.candidate_correct == sum(weak.values())
     disc = ga.discrimination(results, "bf16", "bf16-zero-shot", SETTINGS.primary_filter)
-    assert (disc.model_correct, disc.weak_correct, disc.n) == (cmp.baseline_correct, cmp.other_correct, N)
+    assert (disc.model_correct, disc.weak_correct, disc.n) == (cmp.baseline_correct, cmp.candidate_correct, N)
     assert disc.discriminates == (disc.p_value < 0.05)
-    assert ("cannot discriminate" in disc.sentence()) != disc.discriminates
-    table = ga.capture_table(results, SETTINGS.primary_filter)
-    assert list(table["state"]) == ["ok", "ok"]
-    row = acc.accuracy_row("BF16", cmp.baseline_correct, N)
-    assert table.loc[0, "Wilson 95%"] == f"{100 * row.wilson_low:.1f} to {100 * row.wilson_high:.1f}"
+    assert ("cannot discriminate" in rt.discrimination_sentence(disc)) != disc.discriminates
+    rows = ga.capture_rows(results, SETTINGS.primary_filter)
+    assert [r.state for r in rows] == ["ok", "ok"]
+    assert rows[0].interval == acc.wilson_interval(cmp.baseline_correct, N)
 
 
 def _cpu_has_fp8_kv_isa() -> bool:
@@ -146,13 +147,13 @@ def test_fp8_kv_against_bf16_kv(request, tiny_model, tmp_path, live_server_confi
     _check_records(folder, records)
     results = ge.load_capture(live_capture, ["bf16", "fp8-kv"])
     assert [r.prompt_hash for r in results["bf16"].records] == [r.prompt_hash for r in records]
-    pairs, verdicts = ga.paired_comparisons(results, "bf16", SETTINGS.primary_filter)
-    assert len(pairs) == 1 and "exact McNemar p" in verdicts[0]
+    pairs = vt.paired_rows(results, "bf16", SETTINGS.primary_filter, 2.0, 0.99)
+    assert len(pairs) == 1 and "exact McNemar p" in rt.paired_sentence(pairs[0].comparison)
     same = sum(a.response == b.response for a, b in zip(results["bf16"].records, records))
-    assert pairs.loc[0, "identical responses"] == f"{same}/{N}"
-    guard = ga.guard_table(results, "bf16")
+    assert pairs[0].identical_responses == same
+    (guard,) = ga.guard_rows(results, "bf16")
     # the shared fixtures pin everything but the KV dtype: anything else is flagged by ab_guard
-    assert guard.loc[0, "A/B guard"].startswith("clean"), guard.loc[0, "A/B guard"]
+    assert guard.clean, guard
 
 
 class _Proxy:

@@ -1,7 +1,9 @@
-"""Tables and sentences for the GSM8K notebook, from a published summary or a capture folder.
+"""Records for the GSM8K notebook (03), from a published summary or a capture folder.
 
-The statistics live in :mod:`kvstudy.accuracy.stats`; reading and running captures in
-:mod:`kvstudy.accuracy.runner`. This module joins them into what the report shows.
+The statistics live in :mod:`kvstudy.accuracy.stats` and :mod:`kvstudy.accuracy.totals`; reading
+and running captures in :mod:`kvstudy.accuracy.runner`. This module joins them into typed records,
+one per row of what the report shows; :mod:`kvstudy.accuracy.tables` renders them (the notebooks
+read the records' fields, never a table's text).
 """
 
 from __future__ import annotations
@@ -12,12 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from kvstudy.accuracy import stats as acc
+from kvstudy.accuracy import stats, totals
 from kvstudy.accuracy.configurations import CONFIGURATIONS
 from kvstudy.accuracy.records import correctness
 from kvstudy.accuracy.runner import ConfigResult
+from kvstudy.accuracy.stats import Discrimination, WilsonInterval
 from kvstudy.errors import StudyError
 
 ASSUMED_DISCORDANCE = (0.02, 0.05, 0.10)  # fractions of questions on which two runs disagree
@@ -86,161 +87,105 @@ def load_published(path: str | Path) -> PublishedSummary:
     return PublishedSummary(path, {k: v for k, v in data.items() if k != "rows"}, n, baseline, rows)
 
 
-def published_table(summary: PublishedSummary) -> pd.DataFrame:
+@dataclass(frozen=True)
+class PublishedCheck:
+    """A published row with its Wilson interval recomputed here, and whether the two agree."""
+
+    name: str
+    label: str
+    interval: WilsonInterval  # recomputed from the published count
+    published_accuracy_pct: float
+    published_wilson95_pct: tuple[float, float]
+    matches: bool  # accuracy and both limits reproduced to 0.1 point
+
+
+def published_checks(summary: PublishedSummary) -> list[PublishedCheck]:
     """Each published row with the Wilson interval recomputed here, and whether it matches."""
     out = []
     for row in summary.rows:
-        ours = acc.accuracy_row(row.label, row.correct, summary.n)
-        low, high = round(100 * ours.wilson_low, 1), round(100 * ours.wilson_high, 1)
-        out.append(
-            {
-                "configuration": row.label,
-                "correct": f"{row.correct}/{summary.n}",
-                "accuracy %": round(100 * ours.accuracy, 1),
-                "Wilson 95% (recomputed)": f"{low:.1f} to {high:.1f}",
-                "Wilson 95% (published)": f"{row.published_wilson95_pct[0]:.1f} to {row.published_wilson95_pct[1]:.1f}",
-                "matches to 0.1": (
-                    abs(low - row.published_wilson95_pct[0]) < 0.05 + 1e-9
-                    and abs(high - row.published_wilson95_pct[1]) < 0.05 + 1e-9
-                    and abs(round(100 * ours.accuracy, 1) - row.published_accuracy_pct) < 0.05 + 1e-9
-                ),
-            }
+        ours = stats.wilson_interval(row.correct, summary.n)
+        low, high = round(100 * ours.low, 1), round(100 * ours.high, 1)
+        matches = (
+            abs(low - row.published_wilson95_pct[0]) < 0.05 + 1e-9
+            and abs(high - row.published_wilson95_pct[1]) < 0.05 + 1e-9
+            and abs(round(100 * ours.accuracy, 1) - row.published_accuracy_pct) < 0.05 + 1e-9
         )
-    return pd.DataFrame(out)
-
-
-def published_verdicts(summary: PublishedSummary) -> list[str]:
-    base = next(r for r in summary.rows if r.name == summary.baseline)
-    base_row = acc.accuracy_row(base.label, base.correct, summary.n)
-    return [
-        acc.unpaired_verdict(base_row, acc.accuracy_row(r.label, r.correct, summary.n))
-        for r in summary.rows
-        if r.name != summary.baseline
-    ]
+        out.append(
+            PublishedCheck(row.name, row.label, ours, row.published_accuracy_pct, row.published_wilson95_pct, matches)
+        )
+    return out
 
 
 # --------------------------------------------------------------------------- power
 
 
-def power_table(n: int, discordances: Sequence[float] = ASSUMED_DISCORDANCE, loss: float | None = None) -> pd.DataFrame:
-    """Per assumed discordance: the smallest loss n questions find with 80 % power (exact
-    McNemar), and, if ``loss`` is given, the questions that loss would need."""
-    rows = []
-    for psi in discordances:
-        mde = acc.smallest_detectable_loss(n, psi)
-        row: dict[str, Any] = {
-            "runs disagree on": f"{100 * psi:.0f}% of questions",
-            f"smallest loss found at N={n} (80% power)": "none up to the discordance"
-            if mde is None
-            else f"{100 * mde:.1f} points",
-        }
-        if loss is not None:
-            row[f"questions needed for a {100 * loss:.1f}-point loss"] = (
-                f"{acc.required_questions(loss, psi):,}" if loss <= psi else "impossible (loss > discordance)"
-            )
-        rows.append(row)
-    return pd.DataFrame(rows)
+@dataclass(frozen=True)
+class PowerRow:
+    """At an assumed discordance: the smallest loss n items find with 80 % power (exact McNemar),
+    and the items a given loss would need."""
+
+    n: int
+    discordance: float  # fraction of items on which the two runs disagree
+    detectable_loss: float | None  # None: no loss up to the discordance is found with the power
+    loss: float | None = None  # the loss asked about (fraction), if one was
+    questions_needed: int | None = None  # None: no loss asked, or the loss exceeds the discordance
+
+    @property
+    def loss_points(self) -> float | None:
+        return None if self.loss is None else 100 * self.loss
 
 
-def power_sentence(n: int, discordances: Sequence[float] = ASSUMED_DISCORDANCE) -> str:
-    mdes = [acc.smallest_detectable_loss(n, psi) for psi in discordances]
-    parts = [
-        f"{100 * m:.1f} points if the runs disagree on {100 * p:.0f}% of questions"
-        for m, p in zip(mdes, discordances)
-        if m is not None
+def power_rows(
+    n: int, discordances: Sequence[float] = ASSUMED_DISCORDANCE, loss: float | None = None
+) -> list[PowerRow]:
+    """Per assumed discordance: the smallest loss n items find with 80 % power, and, if ``loss``
+    is given, the items that loss would need."""
+    return [
+        PowerRow(
+            n,
+            psi,
+            totals.smallest_detectable_loss(n, psi),
+            loss,
+            totals.required_questions(loss, psi) if loss is not None and loss <= psi else None,
+        )
+        for psi in discordances
     ]
-    if not parts:
-        return f"With {n} questions no loss is found with 80% power at these discordance rates."
-    return (
-        f"With {n} paired questions, the smallest loss found with 80% power is about "
-        + "; ".join(parts)
-        + ". Smaller losses can go unseen."
-    )
 
 
 # --------------------------------------------------------------------------- a capture
 
 
-def capture_table(results: Mapping[str, ConfigResult], filter_name: str) -> pd.DataFrame:
+@dataclass(frozen=True)
+class CaptureRow:
+    """One configuration of a capture: its state and, when finished, its score."""
+
+    name: str
+    label: str
+    state: str
+    shots: int | None
+    interval: WilsonInterval | None  # None: no finished records
+
+
+def capture_rows(results: Mapping[str, ConfigResult], filter_name: str) -> list[CaptureRow]:
     """One row per configuration: its state, and for finished ones the score and interval
-    (the diagnoses of failed ones are in ``failure_lines``)."""
+    (the diagnoses of failed ones: :func:`kvstudy.accuracy.tables.failure_lines`)."""
     rows = []
     for res in results.values():
-        row: dict[str, Any] = {
-            "configuration": res.label,
-            "state": res.state,
-            "shots": res.num_fewshot,
-            "correct": "",
-            "accuracy %": "",
-            "Wilson 95%": "",
-        }
+        interval = None
         if res.state == "ok" and res.records:
-            right = sum(correctness(res.records, filter_name).values())
-            r = acc.accuracy_row(res.label, right, len(res.records))
-            row.update(
-                {
-                    "correct": f"{right}/{r.n}",
-                    "accuracy %": f"{100 * r.accuracy:.1f}",
-                    "Wilson 95%": f"{100 * r.wilson_low:.1f} to {100 * r.wilson_high:.1f}",
-                }
-            )
-        rows.append(row)
-    table = pd.DataFrame(rows)
-    table["shots"] = table["shots"].astype("Int64")
-    return table
+            interval = stats.wilson_interval(sum(correctness(res.records, filter_name).values()), len(res.records))
+        rows.append(CaptureRow(res.name, res.label, res.state, res.num_fewshot, interval))
+    return rows
 
 
-def failure_lines(results: Mapping[str, ConfigResult]) -> list[str]:
-    """'<label> (<state>): <diagnosis>' for every configuration without finished records."""
-    return [
-        f"{res.label} ({res.state}): {res.diagnosis or 'no diagnosis recorded'}"
-        for res in results.values()
-        if res.state != "ok"
-    ]
-
-
-def _serves_another_model(name: str) -> bool:
+def serves_another_model(name: str) -> bool:
     """Whether a configuration serves another model than the run's (a weak baseline by design)."""
     return name in CONFIGURATIONS and CONFIGURATIONS[name].model is not None
 
 
-def paired_comparisons(
-    results: Mapping[str, ConfigResult], baseline: str, filter_name: str
-) -> tuple[pd.DataFrame, list[str]]:
-    """Each finished configuration (few-shot, not the weak baseline) against the baseline on the
-    same questions: the McNemar table, p-value, identical responses, and a verdict sentence."""
-    base = _finished(results, baseline)
-    base_correct = correctness(base.records, filter_name)
-    base_resp = {r.doc_id: r.response for r in base.records}
-    rows, verdicts = [], []
-    for name, res in results.items():
-        if name == baseline or res.state != "ok" or res.num_fewshot != base.num_fewshot:
-            continue
-        if _serves_another_model(name):  # a weak baseline, not an arm
-            continue
-        cmp = acc.compare_paired(base.label, base_correct, res.label, correctness(res.records, filter_name))
-        psi = cmp.discordance_rate
-        mde = acc.smallest_detectable_loss(cmp.n, psi) if psi > 0 else None
-        same = sum(base_resp.get(r.doc_id) == r.response for r in res.records)
-        rows.append(
-            {
-                "configuration": res.label,
-                "both right": cmp.both_right,
-                f"only {base.label} right": cmp.only_baseline_right,
-                "only this right": cmp.only_other_right,
-                "both wrong": cmp.both_wrong,
-                "difference (points)": round(100 * cmp.difference, 1),
-                "exact McNemar p": round(cmp.p_value, 4),
-                "identical responses": f"{same}/{cmp.n}",
-            }
-        )
-        verdicts.append(acc.paired_verdict(cmp, mde))
-    return pd.DataFrame(rows), verdicts
-
-
-def discrimination(results: Mapping[str, ConfigResult], model: str, weak: str, filter_name: str) -> acc.Discrimination:
-    a, b = _finished(results, model), _finished(results, weak)
-    return acc.discrimination_check(
+def discrimination(results: Mapping[str, ConfigResult], model: str, weak: str, filter_name: str) -> Discrimination:
+    a, b = finished(results, model), finished(results, weak)
+    return stats.discrimination_check(
         f"{a.label} ({a.num_fewshot}-shot)",
         correctness(a.records, filter_name),
         b.label,
@@ -248,9 +193,23 @@ def discrimination(results: Mapping[str, ConfigResult], model: str, weak: str, f
     )
 
 
-def guard_table(results: Mapping[str, ConfigResult], baseline: str) -> pd.DataFrame:
+@dataclass(frozen=True)
+class GuardRow:
+    """A configuration's resolved-run record against the baseline's (kvstudy.run_record.ab_guard)."""
+
+    label: str
+    intended: tuple[str, ...]
+    compared: str  # "yes", "another model" (a weak baseline by design) or "no record"
+    differences: tuple[str, ...] = ()  # beyond the intended change (compared == "yes")
+
+    @property
+    def clean(self) -> bool:
+        return self.compared == "yes" and not self.differences
+
+
+def guard_rows(results: Mapping[str, ConfigResult], baseline: str) -> list[GuardRow]:
     """Flag a configuration whose resolved record differs from the baseline's in more than the
-    intended change (kvstudy.run_record.ab_guard)."""
+    intended change."""
     from kvstudy.run_record import ab_guard
 
     base = results.get(baseline)
@@ -259,38 +218,18 @@ def guard_table(results: Mapping[str, ConfigResult], baseline: str) -> pd.DataFr
         if name == baseline:
             continue
         intended = CONFIGURATIONS[name].intended or ("nothing",)
-        if _serves_another_model(name):
-            rows.append(
-                {
-                    "configuration": res.label,
-                    "intended change": ", ".join(intended),
-                    "A/B guard": "not compared: another model by design (a weak baseline, not an A/B arm)",
-                }
-            )
-            continue
-        if base is None or base.resolved_record is None or res.resolved_record is None:
-            rows.append(
-                {
-                    "configuration": res.label,
-                    "intended change": ", ".join(intended),
-                    "A/B guard": "no resolved record to compare (the server did not start)",
-                }
-            )
-            continue
-        diffs = ab_guard(base.resolved_record, res.resolved_record, intended=intended)
-        rows.append(
-            {
-                "configuration": res.label,
-                "intended change": ", ".join(intended),
-                "A/B guard": "clean: only the intended change"
-                if not diffs
-                else "FLAGGED: also " + "; ".join(str(d) for d in diffs),
-            }
-        )
-    return pd.DataFrame(rows)
+        if serves_another_model(name):
+            rows.append(GuardRow(res.label, intended, "another model"))
+        elif base is None or base.resolved_record is None or res.resolved_record is None:
+            rows.append(GuardRow(res.label, intended, "no record"))
+        else:
+            diffs = ab_guard(base.resolved_record, res.resolved_record, intended=intended)
+            rows.append(GuardRow(res.label, intended, "yes", tuple(str(d) for d in diffs)))
+    return rows
 
 
-def _finished(results: Mapping[str, ConfigResult], name: str) -> ConfigResult:
+def finished(results: Mapping[str, ConfigResult], name: str) -> ConfigResult:
+    """The named configuration, which must have finished records."""
     res = results.get(name)
     if res is None or res.state != "ok":
         state = "absent" if res is None else res.state

@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any
 
-from kvstudy.accuracy import paired, samples
+from kvstudy.accuracy import samples, stats, tables, totals
 from kvstudy.errors import StudyError
 
 
@@ -47,11 +47,47 @@ def _print(data: dict[str, Any], as_json: bool, lines: list[str]) -> None:
         print("\n".join(lines))
 
 
+def _compare_json(cmp: stats.PairedComparison) -> dict[str, Any]:
+    """The keys of ``kvstudy accuracy compare --json`` (interval and margin in points)."""
+    c = cmp.counts
+    return {
+        "n": c.n,
+        "correct": {"baseline": c.baseline_correct, "candidate": c.candidate_correct},
+        "discordant": {"baseline_only": c.baseline_only, "candidate_only": c.candidate_only},
+        "mcnemar_p": cmp.mcnemar.p_value,
+        "difference_points": 100 * cmp.difference,
+        "difference_ci": [100 * cmp.interval.low, 100 * cmp.interval.high],
+        "margin_points": cmp.non_inferiority.margin_points,
+        "non_inferior": cmp.non_inferiority.non_inferior,
+        "verdict": tables.paired_sentence(cmp),
+    }
+
+
+def _totals_json(t: totals.TotalsBounds) -> dict[str, Any]:
+    """The keys of ``kvstudy accuracy totals --json`` (rates and losses in percent/points)."""
+
+    def pts(x: float | None) -> float | None:
+        return None if x is None else 100 * x
+
+    return {
+        "n": t.n,
+        "correct": {"baseline": t.baseline, "candidate": t.candidate},
+        "mcnemar_p_min": t.mcnemar_p_min,
+        "mcnemar_p_max": t.mcnemar_p_max,
+        "discordant_range": [t.discordant_min, t.discordant_max],
+        "disagreement_rate_pct": [100 * t.discordant_min / t.n, 100 * t.discordant_max / t.n],
+        "detectable_loss_points": [pts(t.detectable_loss_low), pts(t.detectable_loss_high)],
+        "power_floor_disagreement_pct": pts(t.power_floor),
+        "unpaired_difference_ci": [pts(t.unpaired.low), pts(t.unpaired.high)],
+        "verdict": tables.totals_sentence(t),
+    }
+
+
 def _run_compare(args: argparse.Namespace) -> int:
     margin_points = _number(args.margin_points, "--margin-points")
     margin_share = _number(args.margin_share, "--margin-share")
     pair = samples.read_pair(args.baseline, args.candidate, args.filter, args.metric)
-    verdict = paired.compare(
+    verdict = stats.compare(
         pair.baseline_correct(),
         pair.candidate_correct(),
         margin_points=margin_points,
@@ -61,7 +97,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     )
     cuts = [samples.cut_off_answers(s) for s in (pair.baseline, pair.candidate)]
     data = {
-        **verdict.to_json(),
+        **_compare_json(verdict),
         "task": pair.baseline.task or pair.candidate.task,
         "filter": args.filter,
         "metric": args.metric,
@@ -76,13 +112,13 @@ def _run_compare(args: argparse.Namespace) -> int:
         f"items paired by doc_id: {c.n} ({args.filter}, {args.metric})",
         f"correct: baseline {c.baseline_correct}, candidate {c.candidate_correct}",
         f"discordant: baseline only {c.baseline_only}, candidate only {c.candidate_only}",
-        f"exact McNemar p (two-sided): {verdict.mcnemar_p:.4g}",
+        f"exact McNemar p (two-sided): {verdict.mcnemar.p_value:.4g}",
         f"95% interval of candidate - baseline (Newcombe, paired): "
-        f"{100 * verdict.ci_low:+.2f} to {100 * verdict.ci_high:+.2f} points",
-        f"non-inferior at {100 * verdict.margin:.2f} points: {verdict.non_inferior}",
+        f"{100 * verdict.interval.low:+.2f} to {100 * verdict.interval.high:+.2f} points",
+        f"non-inferior at {verdict.non_inferiority.margin_points:.2f} points: {verdict.non_inferiority.non_inferior}",
         *(t.sentence() for t in cuts),
         "",
-        verdict.text,
+        str(data["verdict"]),
     ]
     if pair.same_prompts is False:
         lines.insert(-2, "note: the prompts differ between the runs (prompt_hash).")
@@ -94,8 +130,8 @@ def _run_totals(args: argparse.Namespace) -> int:
     n = _whole(args.n, "--n")
     a = _whole(args.baseline, "--baseline")
     b = _whole(args.candidate, "--candidate")
-    bounds = paired.totals_bounds(n, a, b)
-    data = bounds.to_json()
+    bounds = totals.totals_bounds(n, a, b)
+    data = _totals_json(bounds)
     low, high = bounds.detectable_loss_low, bounds.detectable_loss_high
     loss = (
         "none at 80% power"
@@ -109,9 +145,9 @@ def _run_totals(args: argparse.Namespace) -> int:
         f"{bounds.discordant_max} items)",
         f"detectable loss: {loss}",
         f"unpaired 95% interval of candidate - baseline (Newcombe): "
-        f"{100 * bounds.unpaired_ci_low:+.2f} to {100 * bounds.unpaired_ci_high:+.2f} points",
+        f"{100 * bounds.unpaired.low:+.2f} to {100 * bounds.unpaired.high:+.2f} points",
         "",
-        bounds.text,
+        str(data["verdict"]),
     ]
     _print(data, args.json, lines)
     return 0
@@ -141,7 +177,7 @@ def register(subparsers: Any) -> None:
         "--margin-share",
         default=None,
         metavar="S",
-        help=f"margin as a share of the 16-bit score kept (default {paired.DEFAULT_MARGIN_SHARE}, MLPerf's 99%%)",
+        help=f"margin as a share of the 16-bit score kept (default {stats.DEFAULT_MARGIN_SHARE}, MLPerf's 99%%)",
     )
     cmp.add_argument("--json", action="store_true", help="print one JSON object")
     cmp.set_defaults(func=_run_compare)

@@ -1,293 +1,342 @@
-"""Statistics for the GSM8K accuracy comparison: intervals, paired tests, power, verdicts.
+"""Accuracy statistics on per-item records: one function and one typed result per test.
 
-Everything here is a pure function of counts or of per-question correctness, so it is tested
-without a server. The tests that statsmodels has are used as they are:
+Two runs asked the same items are compared item by item; everything here is a pure function of
+per-item correctness (or of counts) and is tested without a server. Results are frozen dataclasses
+of fractions (not percent) and p-values; no result carries a sentence or a display string (the
+tables and sentences are :mod:`kvstudy.accuracy.tables`). What counts alone allow (power of the
+paired test, the bounds published totals put on every pairing) is :mod:`kvstudy.accuracy.totals`.
 
-* Wilson 95 % intervals: ``statsmodels.stats.proportion.proportion_confint(method="wilson")``.
-* Exact paired McNemar test: ``statsmodels.stats.contingency_tables.mcnemar(exact=True)`` on the
-  table ``[[both right, only baseline right], [only other right, both wrong]]``.
+* **Wilson 95 % interval** of one run's accuracy (:class:`WilsonInterval`):
+  ``statsmodels.stats.proportion.proportion_confint(method="wilson")``.
+* **Exact McNemar test**, two-sided (:class:`McNemarTest`): given ``d`` discordant items (one run
+  right, the other wrong), the items only the baseline got right are ``Binomial(d, 1/2)`` under
+  "no difference"; ``p = min(1, 2 * P(X <= min(b, c)))`` (scipy's binomial distribution, vectorised
+  for the totals bounds), the number ``statsmodels``' ``mcnemar(exact=True)`` and
+  ``scipy.stats.binomtest`` give.
+* **Interval of the paired difference** (:class:`DifferenceInterval`): Newcombe's method 10 for
+  paired data, the Wilson score interval of each marginal proportion combined by "square and add"
+  with the phi correlation of the pair (phi with Newcombe's adjustment: ``ad - bc`` above ``n/2``
+  is reduced by ``n/2``, between 0 and ``n/2`` counts as 0, negative is kept). Paper: R. G.
+  Newcombe, "Improved confidence intervals for the difference between binomial proportions based
+  on paired data", Statistics in Medicine 17 (1998) 2635-2650. Neither statsmodels nor scipy has
+  it. Not an exact interval.
+* **Non-inferiority** at a margin ``m`` (:class:`NonInferiority`; a fraction: points / 100): the
+  candidate is non-inferior when the lower limit of the two-sided 95 % interval is above ``-m``, a
+  one-sided test at 2.5 % (confidence-interval inversion). A margin can be given in points or as a
+  share of the 16-bit score (MLPerf's "99 % of the reference": ``m = (1 - 0.99) * baseline``).
+* **Discrimination** (:class:`Discrimination`): a one-sided exact paired test that the model beats
+  a weak baseline (zero-shot, random weights) on the same items.
+* **Better than chance** (:class:`ChanceCheck`): item ``i`` is right by a random pick with its own
+  chance, so the count right by chance is Poisson-binomial (scipy's ``poisson_binom``).
+* **Clustered standard errors** (:class:`ClusteredMean`): items that share a context (several
+  needles in one haystack) are not independent; the per-item values are summed per cluster and
+  the sandwich (cluster-robust) variance ``G/(G-1) * sum_g S_g^2 / n^2`` is used, with a t interval
+  on G - 1 degrees of freedom. It is the standard error of statsmodels' ``OLS(...).fit(
+  cov_type="cluster")`` on a constant (the tests check that), written out so that items all
+  scored alike give an error of exactly 0 (a least-squares fit leaves rounding residue there).
+  With one item per cluster it equals the ordinary standard error.
 
-Power of the paired design has no statsmodels function, so it is computed here **exactly**, not
-by the normal approximation: the exact McNemar test conditions on the number of discordant
-questions ``d`` (one configuration right, the other wrong). With a discordance rate ``psi`` and
-an accuracy loss ``delta``, ``d ~ Binomial(N, psi)`` and, given ``d``, the questions only the
-baseline got right follow ``Binomial(d, (1 + delta/psi) / 2)``. Summing the probability of the
-test's rejection region over every ``d`` gives the power of exactly the test the report runs
-(same alpha, same two-sided exact p-value). The normal-approximation sample size of Connor (1987)
-is kept as a cross-check (``connor_sample_size``); the tests also check the exact power against
-a Monte Carlo simulation that calls statsmodels' ``mcnemar`` itself.
-
-The discordance rate is the unknown that a paired design depends on: per-question records give
-an estimate; a published summary of counts does not, so power is then shown for assumed rates.
+Overlapping Wilson intervals are never used as a test: two 95 % intervals can overlap while the
+paired test finds a clear difference.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import stats as sps
 
 from kvstudy.errors import StudyError
 
 ALPHA = 0.05
 TARGET_POWER = 0.80
+DEFAULT_MARGIN_SHARE = 0.99  # MLPerf-style: the candidate keeps 99 % of the 16-bit score
 
 
-# --------------------------------------------------------------------------- intervals
+def whole_count(value: object, where: str) -> int:
+    """A whole number >= 0 (a bool is not one), or a StudyError naming ``where``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise StudyError(f"{where}: expected a whole number >= 0, got {value!r}")
+    return int(value)
+
+
+# --------------------------------------------------------------------------- one run
 
 
 @dataclass(frozen=True)
-class AccuracyRow:
-    """One configuration's score on N questions with its Wilson interval (fractions, not %)."""
+class WilsonInterval:
+    """One run's accuracy on n items with its Wilson score interval (fractions)."""
 
-    label: str
     correct: int
     n: int
-    accuracy: float
-    wilson_low: float
-    wilson_high: float
+    low: float
+    high: float
+    alpha: float = ALPHA
 
-    def as_percent_dict(self) -> dict[str, object]:
-        return {
-            "configuration": self.label,
-            "correct": f"{self.correct}/{self.n}",
-            "accuracy_pct": round(100 * self.accuracy, 1),
-            "wilson95_low_pct": round(100 * self.wilson_low, 1),
-            "wilson95_high_pct": round(100 * self.wilson_high, 1),
-        }
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n
 
 
-def _check_count(correct: int, n: int, where: str) -> None:
-    if not (isinstance(correct, (int, np.integer)) and isinstance(n, (int, np.integer))):
-        raise StudyError(f"{where}: correct and n must be integers, got {correct!r} and {n!r}")
-    if n <= 0 or correct < 0 or correct > n:
-        raise StudyError(f"{where}: expected 0 <= correct <= n and n > 0, got {correct}/{n}")
-
-
-def wilson_interval(correct: int, n: int, alpha: float = ALPHA) -> tuple[float, float]:
-    """Wilson score interval for ``correct`` successes out of ``n`` (fractions)."""
+def wilson_interval(correct: int, n: int, alpha: float = ALPHA) -> WilsonInterval:
+    """Wilson score interval for ``correct`` successes out of ``n``."""
     from statsmodels.stats.proportion import proportion_confint
 
-    _check_count(correct, n, "wilson_interval")
-    low, high = proportion_confint(correct, n, alpha=alpha, method="wilson")
-    return float(low), float(high)
+    k, total = whole_count(correct, "correct"), whole_count(n, "n")
+    if total == 0 or k > total:
+        raise StudyError(f"wilson_interval: expected 0 <= correct <= n and n > 0, got {correct}/{n}")
+    low, high = proportion_confint(k, total, alpha=alpha, method="wilson")
+    return WilsonInterval(k, total, float(low), float(high), alpha)
 
 
-def accuracy_row(label: str, correct: int, n: int, alpha: float = ALPHA) -> AccuracyRow:
-    _check_count(correct, n, f"configuration {label!r}")
-    low, high = wilson_interval(correct, n, alpha)
-    return AccuracyRow(label, int(correct), int(n), correct / n, low, high)
-
-
-def intervals_overlap(a: AccuracyRow, b: AccuracyRow) -> bool:
-    return a.wilson_low <= b.wilson_high and b.wilson_low <= a.wilson_high
-
-
-# --------------------------------------------------------------------------- paired test
+# --------------------------------------------------------------------------- the paired table
 
 
 @dataclass(frozen=True)
-class PairedComparison:
-    """A configuration against the baseline on the same questions (exact McNemar)."""
+class PairedCounts:
+    """The 2x2 table of two runs on the same n items (baseline = the 16-bit run)."""
 
-    baseline: str
-    other: str
-    n: int
     both_right: int
-    only_baseline_right: int
-    only_other_right: int
+    baseline_only: int
+    candidate_only: int
     both_wrong: int
-    p_value: float  # two-sided exact McNemar (binomial on the discordant questions)
+
+    def __post_init__(self) -> None:
+        for name in ("both_right", "baseline_only", "candidate_only", "both_wrong"):
+            whole_count(getattr(self, name), name)
+        if self.n == 0:
+            raise StudyError("paired counts: no items to compare")
+
+    @property
+    def n(self) -> int:
+        return self.both_right + self.baseline_only + self.candidate_only + self.both_wrong
 
     @property
     def baseline_correct(self) -> int:
-        return self.both_right + self.only_baseline_right
+        return self.both_right + self.baseline_only
 
     @property
-    def other_correct(self) -> int:
-        return self.both_right + self.only_other_right
+    def candidate_correct(self) -> int:
+        return self.both_right + self.candidate_only
 
     @property
     def discordant(self) -> int:
-        return self.only_baseline_right + self.only_other_right
+        return self.baseline_only + self.candidate_only
 
     @property
     def difference(self) -> float:
-        """Other minus baseline accuracy (negative = a loss)."""
-        return (self.other_correct - self.baseline_correct) / self.n
+        """Candidate minus baseline accuracy (a fraction; negative = a loss)."""
+        return (self.candidate_only - self.baseline_only) / self.n
 
     @property
     def discordance_rate(self) -> float:
         return self.discordant / self.n
 
     def table(self) -> list[list[int]]:
-        return [[self.both_right, self.only_baseline_right], [self.only_other_right, self.both_wrong]]
-
-    def to_dict(self) -> dict[str, object]:
-        data = asdict(self)
-        data.update(difference=self.difference, discordance_rate=self.discordance_rate)
-        return data
+        """McNemar's layout: rows baseline right / wrong, columns candidate right / wrong."""
+        return [[self.both_right, self.baseline_only], [self.candidate_only, self.both_wrong]]
 
 
-def paired_table(
-    baseline: Mapping[Any, bool], other: Mapping[Any, bool], where: str = "paired records"
-) -> list[list[int]]:
-    """The 2x2 table from per-question correctness keyed by doc_id; both must cover the same ids."""
-    if set(baseline) != set(other):
-        only_a = sorted(set(baseline) - set(other))[:5]
-        only_b = sorted(set(other) - set(baseline))[:5]
+def paired_counts(
+    baseline: Mapping[Any, bool], candidate: Mapping[Any, bool], where: str = "paired items"
+) -> PairedCounts:
+    """The 2x2 table from per-item correctness keyed by item id (e.g. lm-eval's doc_id); both runs
+    must cover the same ids."""
+    if set(baseline) != set(candidate):
+        only_a = sorted(set(baseline) - set(candidate))[:5]
+        only_b = sorted(set(candidate) - set(baseline))[:5]
         raise StudyError(
             f"{where}: the two runs must cover the same questions; doc_ids only in "
             f"the baseline {only_a}, only in the other {only_b} (first 5 shown)"
         )
     if not baseline:
         raise StudyError(f"{where}: no questions to compare")
-    cells = [[0, 0], [0, 0]]
-    for doc_id, a_right in baseline.items():
-        row = 0 if bool(a_right) else 1
-        col = 0 if bool(other[doc_id]) else 1
-        cells[row][col] += 1
-    # cells[row=baseline right?][col=other right?]; McNemar's layout puts "only other right"
-    # at [1][0] and "only baseline right" at [0][1], which is exactly this.
-    return cells
+    cells = [[0, 0], [0, 0]]  # [baseline right?][candidate right?], 0 = right
+    for item, base_right in baseline.items():
+        cells[0 if bool(base_right) else 1][0 if bool(candidate[item]) else 1] += 1
+    return PairedCounts(cells[0][0], cells[0][1], cells[1][0], cells[1][1])
 
 
-def mcnemar_exact_p(table: Sequence[Sequence[int]]) -> float:
-    """Two-sided exact McNemar p-value (statsmodels); 1.0 when no question is discordant."""
-    from statsmodels.stats.contingency_tables import mcnemar
-
-    b, c = int(table[0][1]), int(table[1][0])
-    if b + c == 0:
-        return 1.0
-    return float(mcnemar(np.asarray(table), exact=True).pvalue)
+# --------------------------------------------------------------------------- exact McNemar
 
 
-def compare_paired(
-    baseline_label: str, baseline: Mapping[int, bool], other_label: str, other: Mapping[int, bool]
+@dataclass(frozen=True)
+class McNemarTest:
+    """Two-sided exact McNemar test on the discordant items."""
+
+    baseline_only: int
+    candidate_only: int
+    p_value: float  # 1.0 when no item is discordant
+
+    @property
+    def discordant(self) -> int:
+        return self.baseline_only + self.candidate_only
+
+
+def mcnemar_p_values(baseline_only: ArrayLike, candidate_only: ArrayLike) -> np.ndarray:
+    """Two-sided exact McNemar p for arrays of discordant counts (1.0 where none is discordant)."""
+    b, c = np.asarray(baseline_only), np.asarray(candidate_only)
+    d = b + c
+    p = np.minimum(1.0, 2.0 * sps.binom.cdf(np.minimum(b, c), d, 0.5))
+    return np.where(d == 0, 1.0, p)
+
+
+def mcnemar_exact(baseline_only: int, candidate_only: int) -> McNemarTest:
+    """The exact McNemar test of ``baseline_only`` against ``candidate_only`` discordant items."""
+    b, c = whole_count(baseline_only, "baseline_only"), whole_count(candidate_only, "candidate_only")
+    return McNemarTest(b, c, float(mcnemar_p_values(b, c)))
+
+
+# --------------------------------------------------------------------------- interval of the difference
+
+
+@dataclass(frozen=True)
+class DifferenceInterval:
+    """An interval of candidate minus baseline accuracy (fractions, clipped to [-1, 1])."""
+
+    difference: float
+    low: float
+    high: float
+    alpha: float
+    method: str  # "Newcombe, paired" or "Newcombe hybrid score, unpaired"
+
+
+def _newcombe_phi(counts: PairedCounts) -> float:
+    """Newcombe's (1998, paired) phi with its adjustment of ``ad - bc`` toward 0 by n/2."""
+    a, b, c, d = counts.both_right, counts.baseline_only, counts.candidate_only, counts.both_wrong
+    margins = (a + b) * (c + d) * (a + c) * (b + d)
+    if margins == 0:
+        return 0.0
+    cross: float = a * d - b * c
+    if cross > counts.n / 2:
+        cross -= counts.n / 2
+    elif cross >= 0:
+        cross = 0.0
+    return cross / math.sqrt(margins)
+
+
+def newcombe_paired_interval(counts: PairedCounts, alpha: float = ALPHA) -> DifferenceInterval:
+    """Newcombe's method 10 interval for candidate minus baseline accuracy on paired items."""
+    n = counts.n
+    p1, p2 = counts.candidate_correct / n, counts.baseline_correct / n
+    one, two = wilson_interval(counts.candidate_correct, n, alpha), wilson_interval(counts.baseline_correct, n, alpha)
+    l1, u1, l2, u2 = one.low, one.high, two.low, two.high
+    phi = _newcombe_phi(counts)
+    theta = p1 - p2
+    down = (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2
+    up = (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2
+    low = max(-1.0, theta - math.sqrt(max(down, 0.0)))
+    high = min(1.0, theta + math.sqrt(max(up, 0.0)))
+    return DifferenceInterval(theta, low, high, alpha, "Newcombe, paired")
+
+
+# --------------------------------------------------------------------------- non-inferiority
+
+
+@dataclass(frozen=True)
+class NonInferiority:
+    """Is the candidate no worse than the baseline by more than ``margin``?"""
+
+    margin: float  # fraction; 0 when a share of a 16-bit score of 0 set it
+    ci_low: float | None  # the lower limit judged (None: no interval to judge)
+    non_inferior: bool | None  # None: not judged (no interval, or a margin of 0)
+    share: float | None = None  # the share of the 16-bit score that set the margin, if one did
+
+    @property
+    def margin_points(self) -> float:
+        return 100 * self.margin
+
+    @property
+    def share_pct(self) -> float | None:
+        return None if self.share is None else 100 * self.share
+
+
+def resolve_margin(
+    baseline_accuracy: float, margin_points: float | None = None, margin_share: float | None = None
+) -> float:
+    """The non-inferiority margin as a fraction: from points, or from a share of the 16-bit score.
+
+    With neither given, MLPerf's 99 % of the baseline score is used.
+    """
+    if margin_points is not None and margin_share is not None:
+        raise StudyError("margin: give it in points or as a share of the 16-bit score, not both")
+    if margin_points is not None:
+        if not (isinstance(margin_points, (int, float)) and 0 < margin_points < 100 and math.isfinite(margin_points)):
+            raise StudyError(f"margin_points: expected a number of points in (0, 100), got {margin_points!r}")
+        return float(margin_points) / 100
+    share = DEFAULT_MARGIN_SHARE if margin_share is None else margin_share
+    if not (isinstance(share, (int, float)) and 0 < share < 1):
+        raise StudyError(f"margin_share: expected a share of the 16-bit score in (0, 1), e.g. 0.99, got {share!r}")
+    return (1 - float(share)) * float(baseline_accuracy)
+
+
+def non_inferiority(ci_low: float | None, margin: float, share: float | None = None) -> NonInferiority:
+    """One-sided test at alpha/2: the interval's lower limit lies above minus the margin.
+
+    Not judged (``non_inferior`` None) without an interval or at a margin of 0, which no interval
+    can lie above.
+    """
+    judged = ci_low is not None and margin > 0
+    return NonInferiority(margin, ci_low, (ci_low > -margin) if judged and ci_low is not None else None, share)
+
+
+# --------------------------------------------------------------------------- the paired comparison
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """A candidate against the 16-bit baseline on the same items: the table, the exact McNemar
+    test, Newcombe's paired interval and non-inferiority at a margin judged on it."""
+
+    baseline: str  # labels
+    candidate: str
+    counts: PairedCounts
+    mcnemar: McNemarTest
+    interval: DifferenceInterval
+    non_inferiority: NonInferiority
+    alpha: float
+
+    @property
+    def difference(self) -> float:
+        return self.counts.difference
+
+
+def compare_counts(
+    counts: PairedCounts,
+    margin: float,
+    baseline_label: str = "16-bit",
+    candidate_label: str = "candidate",
+    alpha: float = ALPHA,
 ) -> PairedComparison:
-    table = paired_table(baseline, other, f"{other_label} vs {baseline_label}")
+    """The paired comparison from a 2x2 table and a margin (fraction)."""
+    if not (0 < margin < 1):
+        raise StudyError(f"margin: expected a fraction in (0, 1), got {margin!r}")
+    test = mcnemar_exact(counts.baseline_only, counts.candidate_only)
+    interval = newcombe_paired_interval(counts, alpha)
     return PairedComparison(
-        baseline_label,
-        other_label,
-        sum(map(sum, table)),
-        table[0][0],
-        table[0][1],
-        table[1][0],
-        table[1][1],
-        mcnemar_exact_p(table),
+        baseline_label, candidate_label, counts, test, interval, non_inferiority(interval.low, margin), alpha
     )
 
 
-# --------------------------------------------------------------------------- power (paired)
-
-
-def _critical_counts(d: np.ndarray, alpha: float) -> np.ndarray:
-    """For each discordant count d, the largest k with 2 * P(Bin(d, 1/2) <= k) <= alpha (-1: none).
-
-    The exact McNemar test rejects when min(b, c) <= k, which is statsmodels' p-value <= alpha.
-    """
-    k = sps.binom.ppf(alpha / 2, d, 0.5)
-    k = np.where(sps.binom.cdf(k, d, 0.5) * 2 > alpha + 1e-12, k - 1, k)
-    return np.where(d > 0, k, -1).astype(np.int64)
-
-
-def paired_power(n: int, loss: float, discordance: float, alpha: float = ALPHA) -> float:
-    """Exact power of the two-sided exact McNemar test to detect an accuracy ``loss`` (fraction).
-
-    ``discordance`` is the expected fraction of questions where the two runs disagree; it must be
-    at least ``|loss|`` (a loss needs that many more baseline-only than other-only questions).
-    """
-    if n <= 0:
-        raise StudyError(f"paired_power: n must be positive, got {n}")
-    loss = abs(loss)
-    if not 0 < discordance <= 1:
-        raise StudyError(f"paired_power: discordance must be in (0, 1], got {discordance}")
-    if loss > discordance + 1e-12:
-        raise StudyError(
-            f"paired_power: a loss of {loss:.4f} needs a discordance rate of at least that much, got {discordance:.4f}"
-        )
-    # only the discordant counts with any probability mass (the rest add < 1e-12 to the power)
-    lo = int(sps.binom.ppf(1e-13, n, discordance))
-    hi = int(sps.binom.isf(1e-13, n, discordance)) if discordance < 1 else n
-    d = np.arange(max(lo - 1, 0), min(hi + 1, n) + 1)
-    weights = sps.binom.pmf(d, n, discordance)
-    k = _critical_counts(d, alpha)
-    pi = min(1.0, (1 + loss / discordance) / 2)  # chance a discordant question favours the baseline
-    # reject when the baseline-only count b <= k or >= d - k
-    low = np.where(k >= 0, sps.binom.cdf(k, d, pi), 0.0)
-    high = np.where(k >= 0, sps.binom.sf(d - k - 1, d, pi), 0.0)
-    return float(np.sum(weights * (low + high)))
-
-
-def smallest_detectable_loss(
-    n: int, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA
-) -> float | None:
-    """The smallest loss (fraction) the paired exact test finds with ``power`` on n questions.
-
-    ``None`` when even the largest loss this discordance allows (loss == discordance, every
-    disagreement against the other configuration) is found with less than ``power``.
-    """
-    if paired_power(n, discordance, discordance, alpha) < power:
-        return None
-    lo, hi = 0.0, discordance
-    while hi - lo > 1e-5:  # power rises with the loss at a fixed discordance: bisect to 0.001 point
-        mid = (lo + hi) / 2
-        if paired_power(n, mid, discordance, alpha) >= power:
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
-def connor_sample_size(loss: float, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA) -> int:
-    """Normal-approximation N for the paired design (Connor 1987), a cross-check on the exact one."""
-    loss = abs(loss)
-    za, zb = sps.norm.ppf(1 - alpha / 2), sps.norm.ppf(power)
-    n = (za * math.sqrt(discordance) + zb * math.sqrt(discordance - loss**2)) ** 2 / loss**2
-    return int(math.ceil(n))
-
-
-def required_questions(
-    loss: float, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA, n_max: int = 2_000_000
-) -> int:
-    """The number of questions the paired exact test needs to find ``loss`` with ``power``.
-
-    Exact power is a slightly saw-toothed function of N, so this bisects on it between bounds
-    around Connor's approximation and returns the first N found with power >= ``power``.
-    """
-    loss = abs(loss)
-    if loss <= 0:
-        raise StudyError(f"required_questions: the loss must be positive, got {loss}")
-    paired_power(1, loss, discordance, alpha)  # validates the arguments
-    guess = connor_sample_size(loss, discordance, power, alpha)
-    lo, hi = max(1, guess // 2), min(n_max, max(guess * 2, 10))
-    while paired_power(hi, loss, discordance, alpha) < power:
-        if hi >= n_max:
-            raise StudyError(f"required_questions: more than {n_max} questions needed")
-        lo, hi = hi, min(n_max, hi * 2)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if paired_power(mid, loss, discordance, alpha) >= power:
-            hi = mid
-        else:
-            lo = mid + 1
-    return hi
-
-
-def independent_sample_size(
-    p_baseline: float, p_other: float, power: float = TARGET_POWER, alpha: float = ALPHA
-) -> int:
-    """Questions per arm for two independent samples (statsmodels), the unpaired upper bound."""
-    from statsmodels.stats.power import NormalIndPower
-    from statsmodels.stats.proportion import proportion_effectsize
-
-    effect = proportion_effectsize(p_baseline, p_other)
-    n = NormalIndPower().solve_power(effect_size=abs(effect), alpha=alpha, power=power, ratio=1.0)
-    return int(math.ceil(n))
+def compare(
+    baseline: Mapping[Any, bool],
+    candidate: Mapping[Any, bool],
+    *,
+    margin_points: float | None = None,
+    margin_share: float | None = None,
+    baseline_label: str = "16-bit",
+    candidate_label: str = "candidate",
+    alpha: float = ALPHA,
+) -> PairedComparison:
+    """The paired comparison from per-item correctness keyed by item id (e.g. lm-eval doc_id)."""
+    counts = paired_counts(baseline, candidate, f"{candidate_label} vs {baseline_label}")
+    margin = resolve_margin(counts.baseline_correct / counts.n, margin_points, margin_share)
+    return compare_counts(counts, margin, baseline_label, candidate_label, alpha)
 
 
 # --------------------------------------------------------------------------- discrimination
@@ -295,83 +344,135 @@ def independent_sample_size(
 
 @dataclass(frozen=True)
 class Discrimination:
-    """Does the eval separate the model from a weak baseline (e.g. zero-shot, random weights)?"""
+    """Does the eval separate the model from a weak baseline on the same items?"""
 
-    model: str
+    model: str  # labels
     weak: str
     model_correct: int
     weak_correct: int
     n: int
-    p_value: float  # one-sided exact test that the model beats the weak baseline
-    discriminates: bool
+    p_value: float  # one-sided exact paired test that the model beats the weak baseline
+    alpha: float = ALPHA
 
-    def sentence(self) -> str:
-        a, b = 100 * self.model_correct / self.n, 100 * self.weak_correct / self.n
-        if self.discriminates:
-            return (
-                f"The eval discriminates: {self.model} scores {a:.1f}% against {b:.1f}% for "
-                f"the weak baseline ({self.weak}) on the same {self.n} questions "
-                f"(one-sided exact p = {self.p_value:.2g})."
-            )
-        return (
-            f"The eval cannot discriminate here: {self.model} scores {a:.1f}% and the weak "
-            f"baseline ({self.weak}) {b:.1f}% on the same {self.n} questions (one-sided exact "
-            f"p = {self.p_value:.2g}), so no accuracy difference between configurations can "
-            f"be read from it."
-        )
+    @property
+    def discriminates(self) -> bool:
+        return self.p_value < self.alpha
 
 
 def discrimination_check(
-    model_label: str, model: Mapping[int, bool], weak_label: str, weak: Mapping[int, bool], alpha: float = ALPHA
+    model_label: str, model: Mapping[Any, bool], weak_label: str, weak: Mapping[Any, bool], alpha: float = ALPHA
 ) -> Discrimination:
-    """One-sided exact McNemar test (paired, same questions) that the model beats the weak one."""
-    table = paired_table(model, weak, f"discrimination {model_label} vs {weak_label}")
-    only_model, only_weak = table[0][1], table[1][0]
-    d = only_model + only_weak
+    """One-sided exact McNemar test (paired, same items) that the model beats the weak one."""
+    counts = paired_counts(model, weak, f"discrimination {model_label} vs {weak_label}")
+    only_model, d = counts.baseline_only, counts.discordant
     p = 1.0 if d == 0 else float(sps.binom.sf(only_model - 1, d, 0.5))
-    n = sum(map(sum, table))
-    return Discrimination(model_label, weak_label, table[0][0] + only_model, table[0][0] + only_weak, n, p, p < alpha)
-
-
-# --------------------------------------------------------------------------- verdicts
-
-
-def _pts(x: float) -> str:
-    return f"{100 * x:+.1f}".replace("-", "\u2212") + " points"
-
-
-def unpaired_verdict(baseline: AccuracyRow, other: AccuracyRow) -> str:
-    """Sentence for two counts without per-question records (intervals only)."""
-    diff = other.accuracy - baseline.accuracy
-    overlap = intervals_overlap(baseline, other)
-    head = f"{other.label}: {other.correct}/{other.n} against {baseline.correct}/{baseline.n} ({_pts(diff)})."
-    if overlap:
-        return head + (
-            " The Wilson intervals overlap, so these counts show no difference; "
-            "without per-question records no paired test can be run."
-        )
-    word = "lower" if diff < 0 else "higher"
-    return head + f" The Wilson intervals do not overlap: {other.label} scored {word}."
-
-
-def paired_verdict(cmp: PairedComparison, mde: float | None, alpha: float = ALPHA) -> str:
-    """Sentence for one paired comparison, from its numbers and the smallest detectable loss."""
-    head = (
-        f"{cmp.other}: {cmp.other_correct}/{cmp.n} against {cmp.baseline_correct}/{cmp.n} "
-        f"({_pts(cmp.difference)}); {cmp.discordant} questions differ "
-        f"({cmp.only_baseline_right} only {cmp.baseline} right, {cmp.only_other_right} only "
-        f"{cmp.other} right); exact McNemar p = {cmp.p_value:.3g}."
+    return Discrimination(
+        model_label, weak_label, counts.baseline_correct, counts.candidate_correct, counts.n, p, alpha
     )
-    if cmp.discordant == 0:
-        return head + " Both runs got exactly the same questions right."
-    if cmp.p_value < alpha:
-        word = "a loss" if cmp.difference < 0 else "a gain"
-        return head + f" This is {word} at the 5% level."
-    if mde is None:
-        tail = " No difference is shown, and with this discordance no loss is found with 80% power at this N."
-    else:
-        tail = (
-            f" No difference is shown; at this N and discordance only a loss of about "
-            f"{100 * mde:.1f} points or more would be found with 80% power."
+
+
+# --------------------------------------------------------------------------- better than chance
+
+
+@dataclass(frozen=True)
+class ChanceCheck:
+    """Is the count of right answers above what picking at random would give?"""
+
+    label: str
+    right: int
+    n: int
+    expected: float  # items right by chance, on average
+    chance_min: float  # the smallest and largest chance of one item
+    chance_max: float
+    p_value: float  # one-sided exact Poisson-binomial test
+    alpha: float = ALPHA
+
+    @property
+    def better_than_chance(self) -> bool:
+        return self.n > 0 and self.p_value < self.alpha
+
+
+def poisson_binomial_sf(right: int, chances: Sequence[float]) -> float:
+    """P(at least ``right`` successes) among independent trials with these chances (exact, scipy's
+    Poisson-binomial distribution)."""
+    from scipy.stats import poisson_binom
+
+    return float(min(1.0, poisson_binom.sf(right - 1, list(chances)))) if right > 0 else 1.0
+
+
+def chance_check(label: str, outcomes: Sequence[bool], chances: Sequence[float], alpha: float = ALPHA) -> ChanceCheck:
+    """One-sided exact test of the count right against independent picks with these chances
+    (its false-claim rate under that null is at most ``alpha``); no items: p = 1, not better."""
+    if len(outcomes) != len(chances):
+        raise StudyError(f"chance check: expected one chance per item, got {len(chances)} for {len(outcomes)} items")
+    right = sum(bool(x) for x in outcomes)
+    if not outcomes:
+        return ChanceCheck(label, 0, 0, 0.0, 0.0, 0.0, 1.0, alpha)
+    p = poisson_binomial_sf(right, chances)
+    return ChanceCheck(label, right, len(outcomes), sum(chances), min(chances), max(chances), p, alpha)
+
+
+# --------------------------------------------------------------------------- clustered errors
+
+
+@dataclass(frozen=True)
+class ClusteredMean:
+    """A mean over items with an independent and a cluster-robust standard error."""
+
+    n: int
+    clusters: int
+    mean: float
+    se_independent: float
+    se_clustered: float
+    ci_low: float  # t interval on clusters - 1 degrees of freedom, clustered error
+    ci_high: float
+
+    @property
+    def varies(self) -> bool:
+        """False when the clustered error is 0 (e.g. every item scored alike): no interval then."""
+        return self.se_clustered > 0
+
+    @property
+    def design_effect(self) -> float:
+        """Variance inflation from clustering (1 when the items behave as independent)."""
+        if self.se_independent == 0:
+            return 1.0 if self.se_clustered == 0 else math.inf
+        return (self.se_clustered / self.se_independent) ** 2
+
+
+def clustered_mean(values: Sequence[float], clusters: Sequence[Hashable], alpha: float = ALPHA) -> ClusteredMean:
+    """Mean of per-item values with the cluster-robust (sandwich) standard error."""
+    x = np.asarray(values, dtype=float)
+    if x.ndim != 1 or len(x) != len(clusters):
+        raise StudyError(f"clusters: expected one cluster id per item, got {len(clusters)} ids for {x.size} items")
+    if len(x) < 2:
+        raise StudyError(f"clustered mean: expected at least 2 items, got {len(x)}")
+    _, index = np.unique(np.asarray([repr(c) for c in clusters]), return_inverse=True)
+    groups = int(index.max()) + 1
+    if groups < 2:
+        raise StudyError("clusters: all items share one cluster; a clustered error needs at least 2")
+    n, mean = len(x), float(x.mean())
+    resid = x - mean
+    se_ind = math.sqrt(float(resid @ resid) / (n * (n - 1)))
+    sums = np.bincount(index, weights=resid, minlength=groups)
+    se_cl = math.sqrt(groups / (groups - 1) * float(sums @ sums)) / n
+    t = float(sps.t.ppf(1 - alpha / 2, groups - 1))
+    return ClusteredMean(n, groups, mean, se_ind, se_cl, mean - t * se_cl, mean + t * se_cl)
+
+
+def clustered_difference(
+    baseline: Mapping[Any, bool],
+    candidate: Mapping[Any, bool],
+    cluster_of: Mapping[Hashable, Hashable],
+    alpha: float = ALPHA,
+) -> ClusteredMean:
+    """Candidate minus baseline accuracy over paired items, clustered by shared context."""
+    paired_counts(baseline, candidate, "clustered difference")  # same ids, not empty
+    missing = [k for k in baseline if k not in cluster_of]
+    if missing:
+        raise StudyError(
+            f"clusters: no cluster id for items {sorted(map(str, missing))[:5]} (first 5 shown); expected one per item"
         )
-    return head + tail
+    ids = list(baseline)
+    diffs = [float(bool(candidate[k])) - float(bool(baseline[k])) for k in ids]
+    return clustered_mean(diffs, [cluster_of[k] for k in ids], alpha)

@@ -15,26 +15,26 @@ pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st
 
-from kvstudy.accuracy import paired  # noqa: E402
 from kvstudy.accuracy import samples as smp  # noqa: E402
+from kvstudy.accuracy import stats, totals  # noqa: E402
 from kvstudy.errors import StudyError  # noqa: E402
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @st.composite
-def totals(draw: st.DrawFn, n_max: int = 40) -> tuple[int, int, int]:
+def item_totals(draw: st.DrawFn, n_max: int = 40) -> tuple[int, int, int]:
     n = draw(st.integers(1, n_max))
     return n, draw(st.integers(0, n)), draw(st.integers(0, n))
 
 
 @FAST
-@given(totals())
+@given(item_totals())
 def test_totals_bounds_match_every_pairing(t: tuple[int, int, int]) -> None:
     n, a, b = t
     tables = [(a - both, b - both) for both in range(n + 1) if min(a - both, b - both, n - a - b + both) >= 0]
-    ps = [paired.mcnemar_exact(x, y) for x, y in tables]
-    bounds = paired.totals_bounds(n, a, b)
+    ps = [stats.mcnemar_exact(x, y).p_value for x, y in tables]
+    bounds = totals.totals_bounds(n, a, b)
     assert bounds.mcnemar_p_min == pytest.approx(min(ps))
     assert bounds.mcnemar_p_max == pytest.approx(max(ps))
     assert (bounds.discordant_min, bounds.discordant_max) == (
@@ -44,32 +44,30 @@ def test_totals_bounds_match_every_pairing(t: tuple[int, int, int]) -> None:
     # the smallest p: every disagreement one way, as few as the totals allow
     assert bounds.mcnemar_p_min == pytest.approx(min(1.0, 2 * 0.5 ** abs(a - b)))
     assert 0 < bounds.mcnemar_p_min <= bounds.mcnemar_p_max <= 1
-    assert bounds.unpaired_ci_low <= (b - a) / n <= bounds.unpaired_ci_high
+    assert bounds.unpaired.low <= (b - a) / n <= bounds.unpaired.high
     if bounds.detectable_loss_high is not None:
         assert bounds.detectable_loss_low <= bounds.detectable_loss_high
         assert bounds.detectable_loss_high <= bounds.disagreement_max + 1e-9
 
 
 @FAST
-@given(totals(n_max=300))
+@given(item_totals(n_max=300))
 def test_totals_are_symmetric_in_the_two_runs(t: tuple[int, int, int]) -> None:
     n, a, b = t
-    one, other = paired.totals_bounds(n, a, b), paired.totals_bounds(n, b, a)
+    one, other = totals.totals_bounds(n, a, b), totals.totals_bounds(n, b, a)
     assert (one.mcnemar_p_min, one.mcnemar_p_max) == pytest.approx((other.mcnemar_p_min, other.mcnemar_p_max))
     assert (one.discordant_min, one.discordant_max) == (other.discordant_min, other.discordant_max)
-    assert (one.unpaired_ci_low, one.unpaired_ci_high) == pytest.approx(
-        (-other.unpaired_ci_high, -other.unpaired_ci_low), abs=1e-9
-    )
+    assert (one.unpaired.low, one.unpaired.high) == pytest.approx((-other.unpaired.high, -other.unpaired.low), abs=1e-9)
 
 
 @FAST
 @given(st.integers(-5, 5), st.integers(-5, 5), st.integers(-5, 5))
 def test_totals_refuse_impossible_counts(n: int, a: int, b: int) -> None:
     if n > 0 and 0 <= a <= n and 0 <= b <= n:
-        paired.totals_bounds(n, a, b)
+        totals.totals_bounds(n, a, b)
     else:
         with pytest.raises(StudyError):
-            paired.totals_bounds(n, a, b)
+            totals.totals_bounds(n, a, b)
 
 
 outcome_maps = st.dictionaries(st.integers(0, 400), st.booleans(), min_size=1, max_size=40)
@@ -94,7 +92,7 @@ def test_reader_pairs_any_order_and_any_document_text(
             pair = smp.read_pair(path_b, path_c, filter_name=name)
             assert pair.baseline_correct() == base and pair.candidate_correct() == cand
             assert pair.doc_ids == tuple(sorted(base))
-            assert paired.paired_counts(pair.baseline_correct(), pair.candidate_correct()) == paired.paired_counts(
+            assert stats.paired_counts(pair.baseline_correct(), pair.candidate_correct()) == stats.paired_counts(
                 base, cand
             )
 

@@ -1,4 +1,4 @@
-"""Unit tests of the GSM8K runner's records, capture reading and report tables (no server)."""
+"""Unit tests of the GSM8K runner's records, capture reading and report records (no server)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import configurations as cf
 from kvstudy.accuracy import records as rec
 from kvstudy.accuracy import runner as ge
+from kvstudy.accuracy import tables as rt
+from kvstudy.accuracy import verdicts as vt
 from kvstudy.accuracy.task_specs import GSM8K_FILTERS
 from kvstudy.errors import StudyError
 
@@ -75,10 +77,10 @@ def test_random_weights_weak_baseline_is_no_arm_and_not_guarded(tmp_path):
     """A weak baseline on another model: used by the discrimination check only."""
     cap = _fake_capture(tmp_path, {"bf16": "1111111100", "bf16-repeat": "1111111100", "random-weights": "0000000000"})
     results = ge.load_capture(cap, ["bf16", "bf16-repeat", "random-weights"])
-    pairs, _ = ga.paired_comparisons(results, "bf16", "strict-match")
-    assert list(pairs["configuration"]) == ["BF16, repeat"]
-    guard = ga.guard_table(results, "bf16").set_index("configuration")
-    assert guard.loc["random weights (tiny model)", "A/B guard"].startswith("not compared: another model")
+    pairs = vt.paired_rows(results, "bf16", "strict-match", 2.0, 0.99)
+    assert [r.label for r in pairs] == ["BF16, repeat"]
+    guard = {r.label: r for r in ga.guard_rows(results, "bf16")}
+    assert guard["random weights (tiny model)"].compared == "another model"
     disc = ga.discrimination(results, "bf16", "random-weights", "strict-match")
     assert disc.discriminates and disc.p_value == pytest.approx(0.5**8)
     # one server per model: the weak baseline never shares the run's server
@@ -115,18 +117,20 @@ def test_capture_tables_paired_and_discrimination(tmp_path):
         failed={"fp8-weights": "vLLM server exited with code 1; cause: fp8 not supported"},
     )
     results = ge.load_capture(cap, ["bf16", "fp8-weights", "fp8-kv", "bf16-zero-shot"])
-    table = ga.capture_table(results, "strict-match")
-    assert list(table["state"]) == ["ok", "failed", "ok", "ok"]
-    assert table.loc[0, "correct"] == "8/10" and table.loc[2, "correct"] == "6/10"
-    assert table.loc[1, "correct"] == "" and table.loc[0, "shots"] == 8
-    assert ga.failure_lines(results) == [
+    rows = ga.capture_rows(results, "strict-match")
+    assert [r.state for r in rows] == ["ok", "failed", "ok", "ok"]
+    assert rows[0].interval is not None and (rows[0].interval.correct, rows[0].interval.n) == (8, 10)
+    assert rows[2].interval is not None and rows[2].interval.correct == 6
+    assert rows[1].interval is None and rows[0].shots == 8
+    assert rt.failure_lines(results) == [
         "FP8 weights (failed): vLLM server exited with code 1; cause: fp8 not supported"
     ]
-    pairs, verdicts = ga.paired_comparisons(results, "bf16", "strict-match")
-    assert list(pairs["configuration"]) == ["FP8 KV cache"]  # the failed and zero-shot runs are left out
-    assert pairs.loc[0, "only BF16 right"] == 2 and pairs.loc[0, "only this right"] == 0
-    assert pairs.loc[0, "exact McNemar p"] == pytest.approx(0.5)
-    assert "No difference is shown" in verdicts[0]
+    pairs = vt.paired_rows(results, "bf16", "strict-match", 2.0, 0.99)
+    assert [r.label for r in pairs] == ["FP8 KV cache"]  # the failed and zero-shot runs are left out
+    counts = pairs[0].comparison.counts
+    assert counts.baseline_only == 2 and counts.candidate_only == 0
+    assert pairs[0].comparison.mcnemar.p_value == pytest.approx(0.5)
+    assert "The paired test shows no difference" in rt.paired_sentence(pairs[0].comparison)
     disc = ga.discrimination(results, "bf16", "bf16-zero-shot", "strict-match")
     assert disc.discriminates and disc.p_value == pytest.approx(0.5**8)
     with pytest.raises(StudyError, match="no finished records"):
@@ -136,15 +140,20 @@ def test_capture_tables_paired_and_discrimination(tmp_path):
 def test_guard_table_without_records_says_so(tmp_path):
     cap = _fake_capture(tmp_path, {"bf16": "10", "fp8-kv": "10"})
     results = ge.load_capture(cap, ["bf16", "fp8-kv"])
-    table = ga.guard_table(results, "bf16")
-    assert "no resolved record" in table.loc[0, "A/B guard"]
+    (row,) = ga.guard_rows(results, "bf16")
+    assert row.compared == "no record" and not row.clean
 
 
 def test_published_intervals_reproduced():
-    table = ga.published_table(ga.load_published(PUBLISHED))
-    assert list(table["correct"]) == ["459/500", "453/500", "454/500", "453/500"]
-    assert table["matches to 0.1"].all()
-    assert list(table["Wilson 95% (recomputed)"]) == ["89.1 to 93.9", "87.7 to 92.9", "87.9 to 93.0", "87.7 to 92.9"]
+    checks = ga.published_checks(ga.load_published(PUBLISHED))
+    assert [c.interval.correct for c in checks] == [459, 453, 454, 453]
+    assert all(c.matches for c in checks)
+    assert [(round(100 * c.interval.low, 1), round(100 * c.interval.high, 1)) for c in checks] == [
+        (89.1, 93.9),
+        (87.7, 92.9),
+        (87.9, 93.0),
+        (87.7, 92.9),
+    ]
 
 
 def test_published_mismatch_is_detected(tmp_path):
@@ -152,7 +161,7 @@ def test_published_mismatch_is_detected(tmp_path):
     data["rows"][2]["published_wilson95_pct"] = [88.1, 93.0]
     path = tmp_path / "p.json"
     path.write_text(json.dumps(data))
-    assert list(ga.published_table(ga.load_published(path))["matches to 0.1"]) == [True, True, False, True]
+    assert [c.matches for c in ga.published_checks(ga.load_published(path))] == [True, True, False, True]
 
 
 @pytest.mark.parametrize(
@@ -174,10 +183,10 @@ def test_published_bad_fields(tmp_path, change, message):
         ga.load_published(path)
 
 
-def test_power_table_consistent_with_statistics():
-    table = ga.power_table(500, (0.05,), loss=0.012)
-    assert table.iloc[0, 1] == "2.9 points"
-    assert table.iloc[0, 2] == "2,850"
+def test_power_rows_consistent_with_statistics():
+    (row,) = ga.power_rows(500, (0.05,), loss=0.012)
+    assert row.detectable_loss is not None and round(100 * row.detectable_loss, 1) == 2.9
+    assert row.questions_needed == 2850 and row.loss_points == pytest.approx(1.2)
 
 
 def test_cli_bad_input_exits_2_without_traceback(tmp_path, capsys):

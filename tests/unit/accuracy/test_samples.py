@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvstudy.accuracy import paired
 from kvstudy.accuracy import samples as smp
+from kvstudy.accuracy import stats
 from kvstudy.errors import StudyError
 
 BASE = {i: i % 7 != 0 for i in range(40)}  # 34 right
@@ -37,8 +37,8 @@ def test_pairs_files_written_in_different_orders(tmp_path: Path, lmeval: SimpleN
     assert lines[:40] != list(range(40))  # really another order
     pair = smp.read_pair(base, cand)
     assert pair.doc_ids == tuple(range(40)) and pair.docs_checked and pair.same_prompts
-    v = paired.compare(pair.baseline_correct(), pair.candidate_correct(), margin_points=1)
-    expected = paired.paired_counts(BASE, CAND)
+    v = stats.compare(pair.baseline_correct(), pair.candidate_correct(), margin_points=1)
+    expected = stats.paired_counts(BASE, CAND)
     assert v.counts == expected
     assert (expected.baseline_only, expected.candidate_only) == (2, 2)
 

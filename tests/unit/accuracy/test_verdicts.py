@@ -1,17 +1,17 @@
-"""The report tables of paired verdicts, on hand-made records whose answers are known."""
+"""The records of paired verdicts (kvstudy.accuracy.verdicts), on hand-made records whose answers are known."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
 
 from kvstudy.accuracy import analysis as ga
-from kvstudy.accuracy import paired
+from kvstudy.accuracy import stats
 from kvstudy.accuracy import verdicts as vt
 from kvstudy.accuracy.records import QuestionRecord, RetrievalRecord
 from kvstudy.accuracy.runner import ConfigResult
+from kvstudy.errors import StudyError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -24,7 +24,7 @@ def _config(name: str, records: list, shots: int | None = 8, state: str = "ok") 
     return ConfigResult(name, name.upper(), state, None, shots, records, None)
 
 
-def test_paired_verdicts_count_the_table_and_mark_the_control():
+def test_paired_rows_count_the_table_and_mark_the_control():
     base = "1111111100"
     results = {
         "bf16": _config("bf16", _questions(base)),
@@ -32,23 +32,32 @@ def test_paired_verdicts_count_the_table_and_mark_the_control():
         "fp8-kv": _config("fp8-kv", _questions("1111100010")),
         "bf16-zero-shot": _config("bf16-zero-shot", _questions("0000000000"), shots=0),
     }
-    table, verdicts = vt.paired_verdicts(results, "bf16", "strict-match", 2.0, 0.99)
-    assert list(table["configuration"]) == ["BF16-REPEAT", "FP8-KV"]  # zero-shot is not paired
-    assert table.loc[0, "role"].startswith(vt.CONTROL_PREFIX) and table.loc[1, "role"] == "candidate"
-    fp8 = verdicts[1]
+    rows = vt.paired_rows(results, "bf16", "strict-match", 2.0, 0.99)
+    assert [r.label for r in rows] == ["BF16-REPEAT", "FP8-KV"]  # zero-shot is not paired
+    assert [r.control for r in rows] == [True, False]
+    fp8 = rows[1].comparison
+    assert (fp8.baseline, fp8.candidate) == ("BF16", "FP8-KV")
     assert (fp8.counts.baseline_only, fp8.counts.candidate_only) == (3, 1)
-    assert fp8.mcnemar_p == pytest.approx(paired.mcnemar_exact(3, 1))
-    assert table.loc[1, "difference (points)"] == -20.0
-    assert verdicts[0].counts.discordant == 0 and table.loc[0, "identical responses"] == "10/10"
-    assert not table.loc[1, "non-inferior at 2 points"]  # 10 items cannot show it
+    assert fp8.mcnemar.p_value == pytest.approx(stats.mcnemar_exact(3, 1).p_value)
+    assert fp8.difference == pytest.approx(-0.2)
+    assert rows[0].comparison.counts.discordant == 0 and rows[0].identical_responses == 10
+    assert fp8.non_inferiority.non_inferior is False  # 10 items cannot show it
+    assert rows[1].by_share.margin == pytest.approx(0.01 * 0.8) and rows[1].by_share.share == 0.99
 
 
-def test_totals_table_gives_the_published_bounds():
+def test_paired_rows_need_a_finished_baseline():
+    results = {"bf16": _config("bf16", [], state="failed"), "fp8-kv": _config("fp8-kv", _questions("1"))}
+    with pytest.raises(StudyError, match="no finished records"):
+        vt.paired_rows(results, "bf16", "strict-match", 2.0, 0.99)
+
+
+def test_totals_rows_give_the_published_bounds():
     summary = ga.load_published(ROOT / "data" / "published" / "gsm8k-l4-qwen3-8b.json")
-    table, bounds = vt.totals_table(summary)
-    kv = dict(zip(table["configuration"], bounds))["FP8 KV cache"]
-    assert kv.mcnemar_p_min == pytest.approx(0.0625)
-    weights = dict(zip(table["configuration"], bounds))["FP8 weights"]
+    rows = {r.name: r for r in vt.totals_rows(summary)}
+    assert list(rows) == ["fp8-weights", "fp8-kv", "fp8-weights-fp8-kv"]  # the baseline is left out
+    kv = rows["fp8-kv"].bounds
+    assert kv.mcnemar_p_min == pytest.approx(0.0625) and (kv.baseline, kv.candidate, kv.n) == (459, 454, 500)
+    weights = rows["fp8-weights"].bounds
     assert weights.mcnemar_p_min == pytest.approx(0.03125)
     assert (weights.discordant_min, weights.discordant_max) == (6, 88)
 
@@ -56,10 +65,11 @@ def test_totals_table_gives_the_published_bounds():
 def test_cut_off_counts_answers_at_the_limit():
     long, short = "x " * 300, "#### 1"
     results = {"a": _config("a", [*_questions("1", short), *_questions("0", long)])}
-    words = vt.cut_off_table(results, 256, None)
-    assert words.iloc[0, 2] == 1 and words.iloc[0, 3] == 1
-    chars = vt.cut_off_table(results, 5, len)  # a counter in characters: both reach 5
-    assert chars.iloc[0, 2] == 2
+    (words,) = vt.cut_off_rows(results, 256, None)
+    assert (words.answers, words.reached, words.wrong) == (2, 1, 1)
+    assert words.measure == "words (a lower bound)" and words.limit == 256
+    (chars,) = vt.cut_off_rows(results, 5, len)  # a counter in characters: both reach 5
+    assert chars.reached == 2 and chars.measure == "tokens (model tokenizer)"
 
 
 def _items(outcomes: dict[int, str], n_keys: int = 10) -> list[RetrievalRecord]:
@@ -90,11 +100,17 @@ def _items(outcomes: dict[int, str], n_keys: int = 10) -> list[RetrievalRecord]:
 
 def test_retrieval_accuracy_per_length_with_clusters():
     results = {"bf16": _config("bf16", _items({512: "111111", 1024: "111000"}), shots=0)}
-    table = vt.retrieval_accuracy(results, "answer-line")
-    assert list(table["context length (tokens)"]) == [512, 1024]
-    assert list(table["correct"]) == [6, 3] and list(table["contexts"]) == [2, 2]
+    rows = vt.retrieval_accuracy(results, "answer-line")
+    assert [r.length for r in rows] == [512, 1024] and {r.kind for r in rows} == {"all"}
+    assert [r.correct for r in rows] == [6, 3] and [r.contexts for r in rows] == [2, 2]
+    assert rows[0].interval is None  # every item right: no interval of width 0
     # at 1024 tokens one context is all right, the other all wrong: clustering inflates the variance
-    assert table.loc[1, "design effect"] > 1
+    at_1024 = rows[1]
+    assert at_1024.clustered is not None and at_1024.clustered.design_effect > 1
+    assert at_1024.accuracy == 0.5 and at_1024.interval == (0.0, 1.0)  # clipped to [0, 1]
+    assert (at_1024.wilson.correct, at_1024.wilson.n) == (3, 6)
+    by_kind = vt.retrieval_accuracy(results, "answer-line", by_kind=True)
+    assert {r.kind for r in by_kind} == {"kv"}
 
 
 def test_retrieval_paired_per_length_and_overall():
@@ -102,57 +118,41 @@ def test_retrieval_paired_per_length_and_overall():
         "bf16": _config("bf16", _items({512: "111111", 1024: "111111"}), shots=0),
         "fp8-kv": _config("fp8-kv", _items({512: "111111", 1024: "111000"}), shots=0),
     }
-    table = vt.retrieval_paired(results, "bf16", "answer-line", 5.0)
-    by_len = {row["context length (tokens)"]: row for _, row in table.iterrows()}
-    assert by_len[512]["only this right"] == 0 and by_len[512]["difference (points)"] == 0
-    assert by_len[1024]["only BF16 right"] == 3 and by_len[1024]["difference (points)"] == -50.0
-    assert by_len["all"]["items"] == 12 and by_len["all"]["contexts"] == 4
-    assert not by_len["all"]["non-inferior at 5 points"]
+    by_len = {r.length: r for r in vt.retrieval_paired(results, "bf16", "answer-line", 5.0)}
+    assert by_len[512].counts.candidate_only == 0 and by_len[512].clustered.mean == 0
+    assert by_len[1024].counts.baseline_only == 3 and by_len[1024].clustered.mean == pytest.approx(-0.5)
+    overall = by_len[None]
+    assert overall.counts.n == 12 and overall.clustered.clusters == 4 and overall.baseline == "BF16"
+    assert overall.mcnemar.p_value == pytest.approx(stats.mcnemar_exact(3, 0).p_value)
+    assert overall.non_inferiority.non_inferior is False and overall.non_inferiority.margin == pytest.approx(0.05)
 
 
 def test_chance_check_against_random_picks():
     good = _config("bf16", _items({512: "111111111111"}, n_keys=10), shots=0)
     bad = _config("bf16", _items({512: "100000000000"}, n_keys=10), shots=0)
-    assert vt.chance_check(good, "answer-line")[0]
-    ok, text = vt.chance_check(bad, "answer-line")
-    assert not ok and "NOT" in text
-
-
-def test_poisson_binomial_tail_is_exact():
-    from itertools import product
-
-    from scipy import stats as sps
-
-    chances = [0.25, 0.25, 0.1, 0.5, 0.02]
-    for right in range(len(chances) + 1):
-        brute = sum(
-            math.prod(q if hit else 1 - q for q, hit in zip(chances, hits))
-            for hits in product([0, 1], repeat=len(chances))
-            if sum(hits) >= right
-        )
-        assert vt.poisson_binomial_sf(right, chances) == pytest.approx(brute, abs=1e-12)
-    # equal chances: the binomial tail
-    assert vt.poisson_binomial_sf(22, [0.25] * 64) == pytest.approx(float(sps.binom.sf(21, 64, 0.25)), rel=1e-9)
+    assert vt.chance_check(good, "answer-line").better_than_chance
+    low = vt.chance_check(bad, "answer-line")
+    assert not low.better_than_chance and (low.right, low.n, low.label) == (1, 12, "BF16")
+    assert low.expected == pytest.approx(1.2)
 
 
 def test_chance_check_uses_each_items_own_chance():
     """Items with many keys are nearly never right by chance: 8 of 24 right, 1.5 expected, passes,
     where one chance of 25 % for every item (the largest) would not (p about 0.3)."""
     mixed = _items({512: "1100"}, n_keys=4) + _items({1024: "11111100000000000000"}, n_keys=40)
-    ok, text = vt.chance_check(_config("bf16", mixed, shots=0), "answer-line")
-    assert ok and "Poisson-binomial" in text and "1.5 expected" in text
+    c = vt.chance_check(_config("bf16", mixed, shots=0), "answer-line")
+    assert c.better_than_chance and c.expected == pytest.approx(1.5)
+    assert (c.chance_min, c.chance_max) == (1 / 40, 1 / 4)
 
 
-def test_share_margin_of_a_zero_baseline_is_not_a_verdict():
+def test_share_margin_of_a_zero_baseline_is_not_judged():
     results = {"bf16": _config("bf16", _questions("0000")), "bf16-repeat": _config("bf16-repeat", _questions("0000"))}
-    table, _ = vt.paired_verdicts(results, "bf16", "strict-match", 2.0, 0.99)
-    share = [c for c in table.columns if c.startswith("non-inferior at 99%")][0]
-    assert table.loc[0, share] == "not defined (16-bit score 0)"
+    (row,) = vt.paired_rows(results, "bf16", "strict-match", 2.0, 0.99)
+    assert row.by_share.margin == 0 and row.by_share.non_inferior is None
     # with a non-zero baseline the share margin is 1 % of its score and gives a yes/no verdict
     results = {"bf16": _config("bf16", _questions("1111")), "bf16-repeat": _config("bf16-repeat", _questions("1111"))}
-    table, _ = vt.paired_verdicts(results, "bf16", "strict-match", 2.0, 0.99)
-    share = [c for c in table.columns if c.startswith("non-inferior at 99%")][0]
-    assert "(1.00 points)" in share and table.loc[0, share] in (True, False)
+    (row,) = vt.paired_rows(results, "bf16", "strict-match", 2.0, 0.99)
+    assert row.by_share.margin_points == pytest.approx(1.0) and row.by_share.non_inferior in (True, False)
 
 
 def test_no_interval_and_no_verdict_when_every_item_scored_alike():
@@ -160,8 +160,7 @@ def test_no_interval_and_no_verdict_when_every_item_scored_alike():
         "bf16": _config("bf16", _items({512: "000000"}), shots=0),
         "bf16-repeat": _config("bf16-repeat", _items({512: "000000"}), shots=0),
     }
-    acc = vt.retrieval_accuracy(results, "answer-line")
-    assert set(acc["clustered 95% %"]) == {vt.NO_VARIATION}
-    table = vt.retrieval_paired(results, "bf16", "answer-line", 5.0)
-    assert set(table["clustered 95% (points)"]) == {vt.NO_VARIATION}
-    assert set(table["non-inferior at 5 points"]) == {"not judged (no variation)"}
+    assert [r.interval for r in vt.retrieval_accuracy(results, "answer-line")] == [None, None]
+    rows = vt.retrieval_paired(results, "bf16", "answer-line", 5.0)
+    assert all(not r.clustered.varies and r.non_inferiority.non_inferior is None for r in rows)
+    assert all(r.control for r in rows)

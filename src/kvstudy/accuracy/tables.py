@@ -1,0 +1,461 @@
+"""The accuracy reports' presentation: one column spec per table, and the verdict sentences.
+
+The statistics (:mod:`kvstudy.accuracy.stats`, :mod:`kvstudy.accuracy.totals`) and the records of
+notebooks 03 and 06 (:mod:`kvstudy.accuracy.analysis`, :mod:`kvstudy.accuracy.verdicts`) carry
+numbers only; this module is the one place that turns them into text. A table is a :class:`Table`
+of :class:`Column` specs, each naming the record field it shows (``key``), its header, its unit
+and how its cells are formatted; :func:`render` makes the DataFrame that
+:func:`kvstudy.notebook.table` displays. Notebooks read the records' fields for their own
+conclusions, never a rendered cell.
+
+Signs: a difference is candidate minus baseline, in points (hundredths), shown with its sign.
+Overlapping Wilson intervals are never used as a test, and no sentence here says they are.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from kvstudy.accuracy.analysis import PowerRow
+from kvstudy.accuracy.runner import ConfigResult
+from kvstudy.accuracy.stats import ChanceCheck, DifferenceInterval, Discrimination, NonInferiority, PairedComparison
+from kvstudy.accuracy.totals import TotalsBounds
+from kvstudy.accuracy.verdicts import RetrievalPaired
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+CONTROL_PREFIX = "A/A control"
+# every item scored alike (e.g. all wrong in both runs): the clustered error is 0 and an interval
+# of width 0 would claim a certainty the data do not have, so none is given
+NO_VARIATION = "none (every item scored alike)"
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a table: which field of the record it shows, under which header, how."""
+
+    key: str  # attribute path on the record, e.g. "comparison.counts.baseline_only"; "" = the record
+    header: str  # "{unit}" and "{row.<path>}" (a field of the first record) are filled in
+    unit: str = ""  # "%", "points", "items", "tokens"; "" for labels, counts and p-values
+    format: Callable[[Any], Any] = _as_is  # the field's value -> the cell (number, text, bool or None)
+
+    def title(self, first: Any) -> str:
+        return self.header.format(unit=self.unit, row=first)
+
+    def cell(self, record: Any) -> Any:
+        return self.format(operator.attrgetter(self.key)(record) if self.key else record)
+
+
+@dataclass(frozen=True)
+class Table:
+    """The column specs of one table, in order."""
+
+    columns: tuple[Column, ...]
+
+    def without(self, *headers: str) -> Table:
+        """The same table without the columns with these headers (as written in the spec)."""
+        return replace(self, columns=tuple(c for c in self.columns if c.header not in headers))
+
+
+def render(records: Sequence[Any], table: Table) -> pd.DataFrame:
+    """The records as a DataFrame for :func:`kvstudy.notebook.table` (empty without records)."""
+    import pandas as pd
+
+    if not records:
+        return pd.DataFrame()
+    titles = [c.title(records[0]) for c in table.columns]
+    return pd.DataFrame([{t: c.cell(r) for t, c in zip(titles, table.columns)} for r in records])
+
+
+# --------------------------------------------------------------------------- cell formats
+
+
+def _hundred(decimals: int) -> Callable[[float], float]:
+    """A fraction as percent or points, rounded (a number: the report table prints it)."""
+    return lambda x: round(100 * x, decimals)
+
+
+def _p(p: float) -> str:
+    """A p-value with three significant digits (tables print floats at fixed decimals)."""
+    return f"{p:.3g}"
+
+
+def _pct_range(low: float, high: float) -> str:
+    """Two fractions as percent, e.g. '87.9 to 93.0'."""
+    return f"{100 * low:.1f} to {100 * high:.1f}"
+
+
+def _signed_range(low: float, high: float) -> str:
+    """An interval of differences as signed points, e.g. '-4.5 to +2.5'."""
+    return f"{100 * low:+.1f} to {100 * high:+.1f}"
+
+
+def _interval(iv: DifferenceInterval) -> str:
+    return _signed_range(iv.low, iv.high)
+
+
+def _points(x: float) -> str:
+    """A difference as signed points with a true minus sign, for sentences."""
+    return f"{100 * x:+.1f}".replace("-", "\u2212")
+
+
+def _or(text: str) -> Callable[[Any], Any]:
+    """The value itself, or ``text`` where it is None (not judged, not defined)."""
+    return lambda value: text if value is None else value
+
+
+LABEL = Column("label", "configuration")
+POINTS_1 = _hundred(1)
+
+# --------------------------------------------------------------------------- notebook 03
+
+PUBLISHED = Table(
+    (
+        LABEL,
+        Column("interval", "correct", format=lambda w: f"{w.correct}/{w.n}"),
+        Column("interval.accuracy", "accuracy {unit}", "%", POINTS_1),
+        Column("interval", "Wilson 95% (recomputed)", "%", lambda w: _pct_range(w.low, w.high)),
+        Column("published_wilson95_pct", "Wilson 95% (published)", "%", lambda lh: f"{lh[0]:.1f} to {lh[1]:.1f}"),
+        Column("matches", "matches to 0.1"),
+    )
+)
+
+
+def _loss_range(b: TotalsBounds) -> str:
+    low, high = b.detectable_loss_low, b.detectable_loss_high
+    return "none" if high is None else f"{100 * (low or high):.1f} to {100 * high:.1f}"
+
+
+TOTALS = Table(
+    (
+        LABEL,
+        Column("bounds", "correct", format=lambda b: f"{b.candidate} vs {b.baseline} of {b.n}"),
+        Column("bounds.mcnemar_p_min", "exact McNemar p, smallest possible", format=_p),
+        Column("bounds.mcnemar_p_max", "exact McNemar p, largest possible", format=_p),
+        Column("bounds", "runs disagree on ({unit})", "items", lambda b: f"{b.discordant_min} to {b.discordant_max}"),
+        Column("bounds", "disagreement rate {unit}", "%", lambda b: _pct_range(b.disagreement_min, b.disagreement_max)),
+        Column("bounds", "loss found with 80% power ({unit})", "points", _loss_range),
+        Column("bounds.unpaired", "unpaired 95% interval (Newcombe, {unit})", "points", _interval),
+    )
+)
+
+CAPTURE = Table(
+    (
+        LABEL,
+        Column("state", "state"),
+        Column("shots", "shots"),
+        Column("interval", "correct", format=lambda w: "" if w is None else f"{w.correct}/{w.n}"),
+        Column("interval", "accuracy {unit}", "%", lambda w: "" if w is None else f"{100 * w.accuracy:.1f}"),
+        Column("interval", "Wilson 95%", "%", lambda w: "" if w is None else _pct_range(w.low, w.high)),
+    )
+)
+RETRIEVAL_CAPTURE = CAPTURE.without("shots")  # a retrieval capture is asked zero-shot
+
+
+def _guard_text(row: Any) -> str:
+    if row.compared == "another model":
+        return "not compared: another model by design (a weak baseline, not an A/B arm)"
+    if row.compared == "no record":
+        return "no resolved record to compare (the server did not start)"
+    return "clean: only the intended change" if row.clean else "FLAGGED: also " + "; ".join(row.differences)
+
+
+GUARD = Table(
+    (
+        LABEL,
+        Column("intended", "intended change", format=", ".join),
+        Column("", "A/B guard", format=_guard_text),
+    )
+)
+
+PAIRED = Table(
+    (
+        LABEL,
+        Column("control", "role", format=lambda c: CONTROL_PREFIX + " (16-bit again)" if c else "candidate"),
+        Column("comparison.counts.n", "items"),
+        Column("comparison.counts.baseline_correct", "{row.comparison.baseline} right"),
+        Column("comparison.counts.candidate_correct", "this right"),
+        Column("comparison.counts.baseline_only", "only {row.comparison.baseline} right"),
+        Column("comparison.counts.candidate_only", "only this right"),
+        Column("comparison.difference", "difference ({unit})", "points", POINTS_1),
+        Column("comparison.mcnemar.p_value", "exact McNemar p", format=_p),
+        Column("comparison.interval", "95% interval (Newcombe, {unit})", "points", _interval),
+        Column(
+            "comparison.non_inferiority.non_inferior",
+            "non-inferior at {row.comparison.non_inferiority.margin_points:g} points",
+        ),
+        Column(
+            "by_share.non_inferior",
+            "non-inferior at {row.by_share.share_pct:g}% of {row.comparison.baseline} "
+            "({row.by_share.margin_points:.2f} points)",
+            format=_or("not defined (16-bit score 0)"),
+        ),
+        Column("", "identical responses", format=lambda r: f"{r.identical_responses}/{r.comparison.counts.n}"),
+    )
+)
+
+CUT_OFF = Table(
+    (
+        LABEL,
+        Column("answers", "answers"),
+        Column("reached", "reached {row.limit} {row.measure}"),
+        Column("wrong", "of these scored wrong"),
+    )
+)
+
+POWER = Table(
+    (
+        Column("discordance", "runs disagree on", "%", lambda psi: f"{100 * psi:.0f}% of questions"),
+        Column(
+            "detectable_loss",
+            "smallest loss found at N={row.n} (80% power)",
+            "points",
+            lambda m: "none up to the discordance" if m is None else f"{100 * m:.1f} points",
+        ),
+    )
+)
+POWER_FOR_A_LOSS = Table(
+    (
+        *POWER.columns,
+        Column(
+            "questions_needed",
+            "questions needed for a {row.loss_points:.1f}-point loss",
+            "items",
+            lambda n: "impossible (loss > discordance)" if n is None else f"{n:,}",
+        ),
+    )
+)
+
+# --------------------------------------------------------------------------- notebook 06
+
+
+def _clustered_pct(row: Any) -> str | None:
+    if row.clustered is None:
+        return None  # fewer than two contexts
+    return NO_VARIATION if row.interval is None else _pct_range(*row.interval)
+
+
+RETRIEVAL_ACCURACY = Table(
+    (
+        LABEL,
+        Column("length", "context length ({unit})", "tokens"),
+        Column("items", "items"),
+        Column("contexts", "contexts"),
+        Column("correct", "correct"),
+        Column("accuracy", "accuracy {unit}", "%", _hundred(2)),
+        Column("", "clustered 95% {unit}", "%", _clustered_pct),
+        Column(
+            "clustered",
+            "design effect",
+            format=lambda m: round(m.design_effect, 2) if m is not None and m.se_independent else None,
+        ),
+        Column("wilson", "Wilson 95% {unit} (ignores clusters)", "%", lambda w: _pct_range(w.low, w.high)),
+    )
+)
+RETRIEVAL_ACCURACY_BY_KIND = Table(
+    (LABEL, Column("kind", "kind"), *RETRIEVAL_ACCURACY.without("Wilson 95% {unit} (ignores clusters)").columns[1:])
+)
+
+
+def _clustered_points(m: Any) -> str:
+    return _signed_range(m.ci_low, m.ci_high) if m.varies else NO_VARIATION
+
+
+RETRIEVAL_PAIRED = Table(
+    (
+        LABEL,
+        Column("control", "role", format=lambda c: CONTROL_PREFIX if c else "candidate"),
+        Column("length", "context length ({unit})", "tokens", _or("all")),
+        Column("counts.n", "items"),
+        Column("clustered.clusters", "contexts"),
+        Column("counts.baseline_only", "only {row.baseline} right"),
+        Column("counts.candidate_only", "only this right"),
+        Column("mcnemar.p_value", "exact McNemar p", format=_p),
+        Column("clustered.mean", "difference ({unit})", "points", POINTS_1),
+        Column("clustered", "clustered 95% ({unit})", "points", _clustered_points),
+        Column(
+            "non_inferiority.non_inferior",
+            "non-inferior at {row.non_inferiority.margin_points:g} points",
+            format=_or("not judged (no variation)"),
+        ),
+        Column(
+            "clustered",
+            "SE independent / clustered ({unit})",
+            "points",
+            lambda m: f"{100 * m.se_independent:.2f} / {100 * m.se_clustered:.2f}",
+        ),
+    )
+)
+
+
+# --------------------------------------------------------------------------- sentences
+
+
+def failure_lines(results: Mapping[str, ConfigResult]) -> list[str]:
+    """'<label> (<state>): <diagnosis>' for every configuration without finished records."""
+    return [
+        f"{res.label} ({res.state}): {res.diagnosis or 'no diagnosis recorded'}"
+        for res in results.values()
+        if res.state != "ok"
+    ]
+
+
+def paired_sentence(cmp: PairedComparison) -> str:
+    """The verdict of one paired comparison: the counts, the test, the interval and the margin."""
+    c, base, cand, alpha = cmp.counts, cmp.baseline, cmp.candidate, cmp.alpha
+    p, low, high = cmp.mcnemar.p_value, cmp.interval.low, cmp.interval.high
+    level = round(100 * (1 - alpha))
+    head = (
+        f"{cand}: {c.candidate_correct}/{c.n} against {c.baseline_correct}/{c.n} for {base} "
+        f"({_points(c.difference)} points); the runs disagree on {c.discordant} items "
+        f"({c.baseline_only} only {base} right, {c.candidate_only} only {cand} right); "
+        f"exact McNemar p = {p:.3g}; {level}% interval of the difference (Newcombe, paired) "
+        f"{_points(low)} to {_points(high)} points."
+    )
+    if c.discordant == 0:
+        test = " Both runs got exactly the same items right."
+    elif p < alpha:
+        word = "lower" if c.difference < 0 else "higher"
+        test = f" The paired test shows {cand} scoring {word} than {base} at the {100 * alpha:g}% level."
+    else:
+        test = (
+            f" The paired test shows no difference at the {100 * alpha:g}% level, which is not "
+            f"proof that there is none."
+        )
+    margin = cmp.non_inferiority.margin
+    if cmp.non_inferiority.non_inferior:
+        ni = (
+            f" Non-inferior at a margin of {100 * margin:.2f} points: the interval's lower "
+            f"limit ({_points(low)}) is above {_points(-margin)}."
+        )
+    else:
+        ni = (
+            f" Non-inferiority at a margin of {100 * margin:.2f} points is not shown: the "
+            f"interval reaches down to {_points(low)} points."
+        )
+    return head + test + ni
+
+
+def totals_sentence(t: TotalsBounds) -> str:
+    """What published totals allow, in words."""
+    level = round(100 * (1 - t.alpha))
+    head = (
+        f"From totals alone ({t.candidate}/{t.n} against {t.baseline}/{t.n}, "
+        f"{_points(t.difference)} points) the pairing of items is unknown. "
+    )
+    if t.mcnemar_p_min >= t.alpha:
+        test = (
+            f"No pairing gives an exact McNemar p below {t.mcnemar_p_min:.3g}, so these totals "
+            f"cannot show a difference at the {100 * t.alpha:g}% level whatever the per-item "
+            f"records are. "
+        )
+    else:
+        test = (
+            f"The exact McNemar p lies between {t.mcnemar_p_min:.3g} and "
+            f"{t.mcnemar_p_max:.3g} depending on the pairing; only per-item records can tell "
+            f"whether the difference is significant. "
+        )
+    rates = f"The runs disagree on {100 * t.disagreement_min:.1f}% to {100 * t.disagreement_max:.1f}% of the items"
+    pw = f"{100 * t.power:g}%"
+    if t.detectable_loss_high is None:
+        power = f"{rates}; at none of these rates does the paired exact test find a loss with {pw} power. "
+    elif t.power_floor is not None and t.power_floor > t.disagreement_min:
+        power = (
+            f"{rates}; below {100 * t.power_floor:.1f}% disagreement no loss is found with "
+            f"{pw} power, and above it the paired exact test finds only a loss of at least "
+            f"{100 * (t.detectable_loss_low or 0):.1f} to {100 * (t.detectable_loss_high or 0):.1f} points. "
+        )
+    else:
+        power = (
+            f"{rates}; over that range the paired exact test finds with {pw} power only a "
+            f"loss of at least {100 * (t.detectable_loss_low or 0):.1f} to "
+            f"{100 * (t.detectable_loss_high or 0):.1f} points. "
+        )
+    ci = (
+        f"The unpaired {level}% interval of the difference (Newcombe hybrid score) is "
+        f"{_points(t.unpaired.low)} to {_points(t.unpaired.high)} points."
+    )
+    return head + test + power + ci
+
+
+def power_sentence(rows: Sequence[PowerRow]) -> str:
+    """The smallest loss n paired items find with 80 % power at each assumed discordance."""
+    parts = [
+        f"{100 * r.detectable_loss:.1f} points if the runs disagree on {100 * r.discordance:.0f}% of questions"
+        for r in rows
+        if r.detectable_loss is not None
+    ]
+    n = rows[0].n if rows else 0
+    if not parts:
+        return f"With {n} questions no loss is found with 80% power at these discordance rates."
+    return (
+        f"With {n} paired questions, the smallest loss found with 80% power is about "
+        + "; ".join(parts)
+        + ". Smaller losses can go unseen."
+    )
+
+
+def discrimination_sentence(d: Discrimination) -> str:
+    """Whether the eval separates the model from the weak baseline, in words."""
+    a, b = 100 * d.model_correct / d.n, 100 * d.weak_correct / d.n
+    if d.discriminates:
+        return (
+            f"The eval discriminates: {d.model} scores {a:.1f}% against {b:.1f}% for "
+            f"the weak baseline ({d.weak}) on the same {d.n} questions "
+            f"(one-sided exact p = {d.p_value:.2g})."
+        )
+    return (
+        f"The eval cannot discriminate here: {d.model} scores {a:.1f}% and the weak "
+        f"baseline ({d.weak}) {b:.1f}% on the same {d.n} questions (one-sided exact "
+        f"p = {d.p_value:.2g}), so no accuracy difference between configurations can "
+        f"be read from it."
+    )
+
+
+def chance_sentence(c: ChanceCheck) -> str:
+    """Whether the model retrieves better than picking one of each context's values at random."""
+    if c.n == 0:
+        return f"{c.label}: no retrieval records."
+    verb = "retrieves better than chance" if c.better_than_chance else "does NOT retrieve better than chance"
+    return (
+        f"{c.label} {verb}: {c.right}/{c.n} right against {c.expected:.1f} expected by picking one of "
+        f"each context's values at random ({100 * c.chance_min:.1f}% to {100 * c.chance_max:.1f}% an item; "
+        f"one-sided exact Poisson-binomial p = {c.p_value:.2g})."
+    )
+
+
+def _non_inferiority_words(ni: NonInferiority) -> str:
+    if ni.non_inferior is None:
+        return "non-inferiority not judged (every item scored alike)"
+    return "non-inferior" if ni.non_inferior else "non-inferiority not shown"
+
+
+def retrieval_sentence(rows: Iterable[RetrievalPaired], alpha: float = 0.05) -> str:
+    """Each candidate over all lengths (difference, clustered interval, McNemar p, non-inferiority),
+    then the context lengths at which the paired test shows a difference."""
+    cands = [r for r in rows if not r.control]
+    text = " ".join(
+        f"{r.label}: {100 * r.clustered.mean:+.1f} points over all lengths (clustered 95% "
+        f"{_clustered_points(r.clustered)}), exact McNemar p = {_p(r.mcnemar.p_value)}; "
+        f"{_non_inferiority_words(r.non_inferiority)} at {r.non_inferiority.margin_points:g} points."
+        for r in cands
+        if r.length is None
+    )
+    shown = [
+        f"{r.label} at {r.length} tokens ({100 * r.clustered.mean:+.1f} points, p = {_p(r.mcnemar.p_value)})"
+        for r in cands
+        if r.length is not None and r.mcnemar.p_value < alpha
+    ]
+    return text + (
+        " The paired test shows a difference at the 5% level at: " + "; ".join(shown) + "."
+        if shown
+        else " At no single context length does the paired test show a difference at the 5% level."
+    )

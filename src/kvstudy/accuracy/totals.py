@@ -1,0 +1,250 @@
+"""What counts alone allow: power of the paired exact test, and bounds from published totals.
+
+The per-item tests are :mod:`kvstudy.accuracy.stats`; this module needs no per-item records.
+
+* **Power of the paired design**, computed **exactly**, not by the normal approximation (no
+  statsmodels function does it): the exact McNemar test conditions on the number of discordant
+  items ``d``. With a discordance rate ``psi`` and an accuracy loss ``delta``,
+  ``d ~ Binomial(N, psi)`` and, given ``d``, the items only the baseline got right follow
+  ``Binomial(d, (1 + delta/psi) / 2)``. Summing the probability of the test's rejection region
+  over every ``d`` gives the power of exactly the test the report runs (same alpha, same two-sided
+  exact p-value). The normal-approximation sample size of Connor (1987) is kept as a cross-check
+  (:func:`connor_sample_size`); the tests also check the exact power against a Monte Carlo
+  simulation that calls statsmodels' ``mcnemar`` itself. Two independent samples:
+  statsmodels' ``NormalIndPower`` (:func:`independent_sample_size`).
+* **Totals only** (:class:`TotalsBounds`; n, baseline correct A, candidate correct B, no pairing
+  known): every 2x2 table with those margins is a possible pairing; its baseline-only count ``b``
+  runs over ``max(0, A - B) .. min(A, n - B)`` with ``c = b - (A - B)``. Over those tables: the
+  range of the exact McNemar p, the range of disagreement rates ``(b + c) / n``, the smallest loss
+  the paired exact test finds with 80 % power at those rates, and the unpaired interval of the
+  difference (Newcombe's hybrid score interval for independent proportions, statsmodels
+  ``confint_proportions_2indep(method="newcomb")``; paper: R. G. Newcombe, "Interval estimation
+  for the difference between independent proportions: comparison of eleven methods", Statistics
+  in Medicine 17 (1998) 873-890).
+
+The discordance rate is the unknown that a paired design depends on: per-item records give an
+estimate; published totals only bound it, so power is then shown over that range or for assumed
+rates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+from kvstudy.accuracy.stats import ALPHA, TARGET_POWER, DifferenceInterval, mcnemar_p_values
+from kvstudy.errors import StudyError
+
+# --------------------------------------------------------------------------- power (paired)
+
+
+def _critical_counts(d: np.ndarray, alpha: float) -> np.ndarray:
+    """For each discordant count d, the largest k with 2 * P(Bin(d, 1/2) <= k) <= alpha (-1: none).
+
+    The exact McNemar test rejects when min(b, c) <= k, which is statsmodels' p-value <= alpha.
+    """
+    k = sps.binom.ppf(alpha / 2, d, 0.5)
+    k = np.where(sps.binom.cdf(k, d, 0.5) * 2 > alpha + 1e-12, k - 1, k)
+    return np.where(d > 0, k, -1).astype(np.int64)
+
+
+def paired_power(n: int, loss: float, discordance: float, alpha: float = ALPHA) -> float:
+    """Exact power of the two-sided exact McNemar test to detect an accuracy ``loss`` (fraction).
+
+    ``discordance`` is the expected fraction of items where the two runs disagree; it must be
+    at least ``|loss|`` (a loss needs that many more baseline-only than candidate-only items).
+    """
+    if n <= 0:
+        raise StudyError(f"paired_power: n must be positive, got {n}")
+    loss = abs(loss)
+    if not 0 < discordance <= 1:
+        raise StudyError(f"paired_power: discordance must be in (0, 1], got {discordance}")
+    if loss > discordance + 1e-12:
+        raise StudyError(
+            f"paired_power: a loss of {loss:.4f} needs a discordance rate of at least that much, got {discordance:.4f}"
+        )
+    # only the discordant counts with any probability mass (the rest add < 1e-12 to the power)
+    lo = int(sps.binom.ppf(1e-13, n, discordance))
+    hi = int(sps.binom.isf(1e-13, n, discordance)) if discordance < 1 else n
+    d = np.arange(max(lo - 1, 0), min(hi + 1, n) + 1)
+    weights = sps.binom.pmf(d, n, discordance)
+    k = _critical_counts(d, alpha)
+    pi = min(1.0, (1 + loss / discordance) / 2)  # chance a discordant item favours the baseline
+    # reject when the baseline-only count b <= k or >= d - k
+    low = np.where(k >= 0, sps.binom.cdf(k, d, pi), 0.0)
+    high = np.where(k >= 0, sps.binom.sf(d - k - 1, d, pi), 0.0)
+    return float(np.sum(weights * (low + high)))
+
+
+def smallest_detectable_loss(
+    n: int, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA
+) -> float | None:
+    """The smallest loss (fraction) the paired exact test finds with ``power`` on n items.
+
+    ``None`` when even the largest loss this discordance allows (loss == discordance, every
+    disagreement against the candidate) is found with less than ``power``.
+    """
+    if paired_power(n, discordance, discordance, alpha) < power:
+        return None
+    lo, hi = 0.0, discordance
+    while hi - lo > 1e-5:  # power rises with the loss at a fixed discordance: bisect to 0.001 point
+        mid = (lo + hi) / 2
+        if paired_power(n, mid, discordance, alpha) >= power:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def connor_sample_size(loss: float, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA) -> int:
+    """Normal-approximation N for the paired design (Connor 1987), a cross-check on the exact one."""
+    loss = abs(loss)
+    za, zb = sps.norm.ppf(1 - alpha / 2), sps.norm.ppf(power)
+    n = (za * math.sqrt(discordance) + zb * math.sqrt(discordance - loss**2)) ** 2 / loss**2
+    return int(math.ceil(n))
+
+
+def required_questions(
+    loss: float, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA, n_max: int = 2_000_000
+) -> int:
+    """The number of items the paired exact test needs to find ``loss`` with ``power``.
+
+    Exact power is a slightly saw-toothed function of N, so this bisects on it between bounds
+    around Connor's approximation and returns the first N found with power >= ``power``.
+    """
+    loss = abs(loss)
+    if loss <= 0:
+        raise StudyError(f"required_questions: the loss must be positive, got {loss}")
+    paired_power(1, loss, discordance, alpha)  # validates the arguments
+    guess = connor_sample_size(loss, discordance, power, alpha)
+    lo, hi = max(1, guess // 2), min(n_max, max(guess * 2, 10))
+    while paired_power(hi, loss, discordance, alpha) < power:
+        if hi >= n_max:
+            raise StudyError(f"required_questions: more than {n_max} questions needed")
+        lo, hi = hi, min(n_max, hi * 2)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if paired_power(mid, loss, discordance, alpha) >= power:
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def independent_sample_size(
+    p_baseline: float, p_other: float, power: float = TARGET_POWER, alpha: float = ALPHA
+) -> int:
+    """Items per arm for two independent samples (statsmodels), the unpaired upper bound."""
+    from statsmodels.stats.power import NormalIndPower
+    from statsmodels.stats.proportion import proportion_effectsize
+
+    effect = proportion_effectsize(p_baseline, p_other)
+    n = NormalIndPower().solve_power(effect_size=abs(effect), alpha=alpha, power=power, ratio=1.0)
+    return int(math.ceil(n))
+
+
+# --------------------------------------------------------------------------- totals only
+
+
+def check_totals(n: object, baseline: object, candidate: object) -> tuple[int, int, int]:
+    """Whole numbers with 0 <= baseline, candidate <= n and n > 0, or a StudyError naming the field."""
+    for name, value in (("n", n), ("baseline", baseline), ("candidate", candidate)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise StudyError(f"{name}: expected a whole number, got {value!r}")
+    n_i, a_i, b_i = int(n), int(baseline), int(candidate)  # type: ignore[call-overload]
+    if n_i <= 0:
+        raise StudyError(f"n: expected a positive number of items, got {n}")
+    for name, value in (("baseline", a_i), ("candidate", b_i)):
+        if not 0 <= value <= n_i:
+            raise StudyError(f"{name}: expected a count of correct items between 0 and n = {n_i}, got {value}")
+    return n_i, a_i, b_i
+
+
+def newcombe_unpaired_interval(n: int, baseline: int, candidate: int, alpha: float = ALPHA) -> DifferenceInterval:
+    """Newcombe's hybrid score interval for candidate minus baseline, as if the runs were independent."""
+    from statsmodels.stats.proportion import confint_proportions_2indep
+
+    n, baseline, candidate = check_totals(n, baseline, candidate)
+    low, high = confint_proportions_2indep(candidate, n, baseline, n, method="newcomb", compare="diff", alpha=alpha)
+    return DifferenceInterval(
+        (candidate - baseline) / n, float(low), float(high), alpha, "Newcombe hybrid score, unpaired"
+    )
+
+
+def possible_pairings(n: int, baseline: int, candidate: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every (baseline_only, candidate_only) a pairing of the items allows, given the totals."""
+    n, a, b = check_totals(n, baseline, candidate)
+    gap = a - b
+    lo, hi = max(0, gap), min(a, n - b)
+    baseline_only = np.arange(lo, hi + 1, dtype=np.int64)
+    return baseline_only, baseline_only - gap
+
+
+def _power_floor(n: int, power: float, alpha: float) -> float | None:
+    """Smallest disagreement rate at which any loss is found with ``power`` (None: not at this n)."""
+    if paired_power(n, 1.0, 1.0, alpha) < power:
+        return None
+    lo, hi = 0.0, 1.0
+    while hi - lo > 1e-6:  # power with every disagreement one way rises with the rate
+        mid = (lo + hi) / 2
+        if mid > 0 and paired_power(n, mid, mid, alpha) >= power:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+@dataclass(frozen=True)
+class TotalsBounds:
+    """What published totals (n, baseline and candidate correct) allow, over every pairing."""
+
+    n: int
+    baseline: int
+    candidate: int
+    discordant_min: int
+    discordant_max: int
+    mcnemar_p_min: float
+    mcnemar_p_max: float
+    detectable_loss_low: float | None  # at the lowest usable disagreement rate (fraction)
+    detectable_loss_high: float | None  # at the highest disagreement rate
+    power_floor: float | None  # below this disagreement rate no loss is found with power
+    unpaired: DifferenceInterval
+    power: float
+    alpha: float
+
+    @property
+    def difference(self) -> float:
+        """Candidate minus baseline accuracy (a fraction)."""
+        return (self.candidate - self.baseline) / self.n
+
+    @property
+    def disagreement_min(self) -> float:
+        return self.discordant_min / self.n
+
+    @property
+    def disagreement_max(self) -> float:
+        return self.discordant_max / self.n
+
+
+def totals_bounds(
+    n: int, baseline: int, candidate: int, power: float = TARGET_POWER, alpha: float = ALPHA
+) -> TotalsBounds:
+    """The range of exact McNemar p, disagreement and detectable loss over all pairings."""
+    n, a, b = check_totals(n, baseline, candidate)
+    only_a, only_b = possible_pairings(n, a, b)
+    p = mcnemar_p_values(only_a, only_b)
+    d = only_a + only_b
+    d_min, d_max = int(d.min()), int(d.max())
+    floor = _power_floor(n, power, alpha)
+    low = high = None
+    if floor is not None and d_max > 0 and d_max / n >= floor:
+        # the exact test is discrete, so the loss need not grow with the rate: take the range's extremes
+        ends = [smallest_detectable_loss(n, rate, power, alpha) for rate in (max(d_min / n, floor), d_max / n)]
+        found = [x for x in ends if x is not None]
+        if found:
+            low, high = min(found), max(found)
+    unpaired = newcombe_unpaired_interval(n, a, b, alpha)
+    return TotalsBounds(n, a, b, d_min, d_max, float(p.min()), float(p.max()), low, high, floor, unpaired, power, alpha)
