@@ -127,7 +127,7 @@ def test_fp8_kv_against_bf16_kv(request, tiny_model, tmp_path, live_server_confi
             live_server_config(tiny_model, "auto"),
             tmp_path,
             SETTINGS,
-            log=lambda line: None,
+            progress=lambda line: None,
         )[0]
         assert status.state == "failed" and "AVX-512 or AMX" in status.diagnosis
         found = ge.load_capture(tmp_path, ["fp8-kv"])["fp8-kv"]

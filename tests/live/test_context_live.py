@@ -33,7 +33,7 @@ def test_small_context_sweep_end_to_end(tiny_model: Path, tmp_path: Path) -> Non
         }
     )
     capture = tmp_path / "context"
-    outcomes = run_context_sweep(spec, capture, log=lambda _line: None)
+    outcomes = run_context_sweep(spec, capture, progress=lambda _line: None)
     status = {o.cell_id: o for o in outcomes}
     assert status["auto__s0__L64"].status == "ok" and status["auto__s0__L512"].status == "ok"
     if cpu_can_store_fp8_kv():

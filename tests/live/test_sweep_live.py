@@ -16,6 +16,7 @@ import pytest
 
 from kvstudy.bench.result import read_requests_jsonl
 from kvstudy.bench.telemetry import read_telemetry_jsonl
+from kvstudy.progress import silent
 from kvstudy.speed import analysis as speed
 from kvstudy.speed import runner as sweep
 from kvstudy.speed import verdicts_table as vt
@@ -73,7 +74,7 @@ def test_reduced_sweep_end_to_end(tmp_path: Path, tiny_model: Path) -> None:
             **TINY,
         }
     )
-    results = sweep.run_sweep(spec, tmp_path, progress=False)
+    results = sweep.run_sweep(spec, tmp_path, progress=silent)
     by_id = {r.cell_id: r for r in results}
     assert list(by_id) == [c.id for c in spec.cells()]
     for users in (1, 4):
@@ -129,7 +130,7 @@ def test_killed_server_is_resumed_with_only_missing_cells(tmp_path: Path, tiny_m
             killed.append(server.pid)
             os.killpg(os.getpgid(server.pid), signal.SIGKILL)
 
-    first = sweep.run_sweep(spec, tmp_path, progress=False, on_cell_start=kill_at_cell)
+    first = sweep.run_sweep(spec, tmp_path, progress=silent, on_cell_start=kill_at_cell)
     assert killed
     status = {r.cell_id: r.status for r in first}
     assert status == {"auto__s0__u1": "ok", "auto__s0__u2": "failed", "auto__s0__u3": "failed"}
@@ -139,7 +140,7 @@ def test_killed_server_is_resumed_with_only_missing_cells(tmp_path: Path, tiny_m
     ok_requests = (tmp_path / "requests" / "auto__s0__u1.jsonl").read_bytes()
     assert [c.id for c in sweep.missing_cells(spec, tmp_path, retry_failed=True)] == ["auto__s0__u2", "auto__s0__u3"]
 
-    second = sweep.run_sweep(spec, tmp_path, progress=False, retry_failed=True)
+    second = sweep.run_sweep(spec, tmp_path, progress=silent, retry_failed=True)
     assert [(r.cell_id, r.status) for r in second] == [("auto__s0__u2", "ok"), ("auto__s0__u3", "ok")], [
         (r.cell_id, r.reason) for r in second
     ]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, strip_ansi, write_json_atomic
 from kvstudy.model.folder import require_live
+from kvstudy.progress import Progress
 
 OFFLINE_TASK = "gsm8k_offline"
 HUB_TASK = "gsm8k"
@@ -236,7 +237,7 @@ def run_group(
     capture: Path,
     settings: EvalSettings,
     ready_timeout_s: float = 900.0,
-    log: Callable[[str], None] = print,
+    progress: Progress = print,
     fp8_kv_backend: str | None = None,
 ) -> list[ConfigStatus]:
     """Start one server for configurations that share it and evaluate each; never raises for
@@ -249,7 +250,7 @@ def run_group(
     first.mkdir(parents=True, exist_ok=True)
     capture_format.keep_old_attempt(first / "engine.log")  # a retry never overwrites an earlier log
     statuses = []
-    log(
+    progress(
         f"starting vLLM for {', '.join(c.name for c in configs)} "
         f"(kv_cache_dtype={server_cfg.kv_cache_dtype}, quantization={server_cfg.quantization})"
     )
@@ -260,7 +261,7 @@ def run_group(
                 folder = capture / cfg.name
                 write_json_atomic(folder / "resolved_record.json", record)
                 shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
-                log(f"  {cfg.name}: lm-eval, {settings.n} questions, {shots}-shot")
+                progress(f"  {cfg.name}: lm-eval, {settings.n} questions, {shots}-shot")
                 try:
                     records = evaluate_server(
                         srv.base_url, srv.model_name, server_cfg.model, folder, settings, num_fewshot=shots
@@ -289,7 +290,7 @@ def run_group(
                         now_utc(),
                     )
                 write_json_atomic(folder / "status.json", asdict(status))
-                log(f"  {cfg.name}: {status.state} ({status.n_records} answers)")
+                progress(f"  {cfg.name}: {status.state} ({status.n_records} answers)")
                 statuses.append(status)
     except EngineStartError as exc:
         diagnosis = " ".join(str(exc).split("\n")[0].split())
@@ -302,7 +303,7 @@ def run_group(
             )
             write_json_atomic(capture / cfg.name / "status.json", asdict(status))
             statuses.append(status)
-            log(f"  {cfg.name}: failed to start: {diagnosis[:300]}")
+            progress(f"  {cfg.name}: failed to start: {diagnosis[:300]}")
     return statuses
 
 
@@ -333,7 +334,7 @@ def run_missing(
     base: Any | None = None,
     ready_timeout_s: float = 900.0,
     retry_failed: bool = False,
-    log: Callable[[str], None] = print,
+    progress: Progress = print,
     fp8_kv_backend: str | None = None,
 ) -> dict[str, ConfigStatus | None]:
     """Run every named configuration that has no finished records under these settings."""
@@ -352,11 +353,11 @@ def run_missing(
         shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
         folder = capture / cfg.name
         if is_done(folder, settings, shots):
-            log(f"{cfg.name}: done already, kept")
+            progress(f"{cfg.name}: done already, kept")
             continue
         status = read_status(folder)
         if status and status.get("state") == "failed" and not retry_failed:
-            log(f"{cfg.name}: failed before ({(status.get('diagnosis') or '')[:120]}), kept")
+            progress(f"{cfg.name}: failed before ({(status.get('diagnosis') or '')[:120]}), kept")
             continue
         todo.setdefault(cfg.server_key(), []).append(cfg)
     results: dict[str, ConfigStatus | None] = {}
@@ -365,7 +366,7 @@ def run_missing(
         write_manifest(capture, names, model, settings, base, inputs)
     try:
         for group in todo.values():
-            for result in run_group(group, base, capture, settings, ready_timeout_s, log, fp8_kv_backend):
+            for result in run_group(group, base, capture, settings, ready_timeout_s, progress, fp8_kv_backend):
                 results[result.name] = result
     finally:
         if todo:

@@ -37,6 +37,7 @@ from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
 from kvstudy.model.folder import require_live
+from kvstudy.progress import Progress, Tracker
 from kvstudy.vllm.facts import CACHE_DTYPES
 
 KIND = "kvstudy context sweep"
@@ -409,7 +410,7 @@ def run_context_sweep(
     how: str = "kvstudy.context.sweep",
     max_servers: int | None = None,
     retry_failed: bool = False,
-    log: Any = print,
+    progress: Progress = print,
 ) -> list[CellOutcome]:
     """Run the cells ``capture`` lacks, at most ``max_servers`` server starts; return what ran now."""
     from kvstudy.run_record import server_record
@@ -426,6 +427,7 @@ def run_context_sweep(
     session = capture_format.start_session(manifest, [c for c in spec.cells() if c in todo])
     _update(capture, manifest, spec)
     outcomes: list[CellOutcome] = []
+    tracker = Tracker(len(todo), progress)
     starts = 0
     try:
         for index, (arm, seed) in enumerate(spec.runs()):
@@ -436,7 +438,7 @@ def run_context_sweep(
                 break
             starts += 1
             rid = run_id(arm, seed)
-            log(f"{now_utc()} start {rid} ({len(lengths)} cells)")
+            tracker.note(f"{now_utc()} starting the server of {rid} for {len(lengths)} cell(s)")
             try:
                 with VllmServer(
                     spec.server_config(arm, seed),
@@ -455,7 +457,7 @@ def run_context_sweep(
                         cell = _run_cell(spec, capture, arm, seed, L, server)
                         _write(capture / "cells" / f"{cell['cell_id']}.json", cell)
                         outcomes.append(CellOutcome(cell["cell_id"], cell["status"], cell.get("reason", "")))
-                        log(f"{now_utc()} {cell['cell_id']}: {cell['status']} {cell.get('reason', '')}")
+                        tracker.finished(cell["cell_id"], f"{cell['status']} {cell.get('reason', '')}".strip())
                         _update(capture, manifest, spec)
             except EngineStartError as exc:
                 reason = " ".join(str(exc.args[0]).split())
@@ -479,7 +481,7 @@ def run_context_sweep(
                     )
                     _write(capture / "cells" / f"{cell['cell_id']}.json", cell)
                     outcomes.append(CellOutcome(cell["cell_id"], "failed", cell["reason"]))
-                log(f"{now_utc()} {rid}: server did not start: {reason[:200]}")
+                tracker.note(f"{now_utc()} {rid}: the server did not start: {reason[:200]}")
     finally:
         capture_format.finish_session(session)
         _update(capture, manifest, spec)

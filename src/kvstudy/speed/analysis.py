@@ -30,6 +30,7 @@ import pandas as pd
 from kvstudy.errors import StudyError
 from kvstudy.io import read_jsonl
 from kvstudy.speed.runner import MANIFEST, SweepSpec, load_spec, read_json
+from kvstudy.progress import Progress
 
 SUMMARY_COLUMNS = [
     "users",
@@ -463,7 +464,7 @@ def finite(x: float | None) -> bool:
 
 
 def open_or_complete(
-    spec_data: dict[str, Any], capture: str | Path, run_missing: bool, how: str = ""
+    spec_data: dict[str, Any], capture: str | Path, run_missing: bool, how: str = "", progress: Progress = print
 ) -> tuple[Capture | None, str]:
     """The capture to analyse, after running its missing cells when ``run_missing`` is true.
 
@@ -476,7 +477,7 @@ def open_or_complete(
         spec = SweepSpec.from_params(**spec_data)  # None: SweepSpec's default
         todo = missing_cells(spec, path)
         if todo:
-            results = run_sweep(spec, path, how=how or "notebooks/02_speed-sweep.ipynb")
+            results = run_sweep(spec, path, how=how or "notebooks/02_speed-sweep.ipynb", progress=progress)
             bad = sum(r.status != "ok" for r in results)
             said = f"ran {len(results)} missing cell(s) into {path} ({bad} failed)"
         else:

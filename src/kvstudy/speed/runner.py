@@ -52,6 +52,7 @@ from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import log_tail, read_json
 from kvstudy.model.folder import require_live
+from kvstudy.progress import Progress, Tracker
 from kvstudy.redact import resolve_env, scrub, secret_values
 from kvstudy.run_record import server_record
 from kvstudy.speed.spec import RUN_ORDERS, Cell, CellResult, KvConfig, Run, SweepSpec  # noqa: F401  (KvConfig: notebooks build specs here)
@@ -266,14 +267,15 @@ def run_sweep(
     spec: SweepSpec,
     capture: str | Path,
     how: str = "",
-    progress: bool = True,
+    progress: Progress = print,
     on_cell_start: CellHook | None = None,
     retry_failed: bool = False,
 ) -> list[CellResult]:
     """Run every cell of ``spec`` that ``capture`` lacks (and its failed cells when ``retry_failed``;
     an earlier attempt's logs are kept as ``<name>.attemptN.log``); return the results of the cells run now.
 
-    ``on_cell_start(cell, server)`` is called before each cell (tests use it to inject faults).
+    ``on_cell_start(cell, server)`` is called before each cell (tests use it to inject faults);
+    ``progress`` gets one line per server start and per finished cell (``kvstudy.progress``).
     """
     from kvstudy.vllm.server import EngineStartError, VllmServer
 
@@ -286,7 +288,7 @@ def run_sweep(
     session = capture_format.start_session(manifest, [c.id for c in todo])
     _update_manifest(capture, manifest, spec)
     results: list[CellResult] = []
-    bar = _progress(len(todo), progress)
+    bar = Tracker(len(todo), progress)
     tokenizer = spec.model if Path(spec.model).is_dir() else None
     try:
         for run in spec.runs():
@@ -295,13 +297,12 @@ def run_sweep(
                 continue
             log_path = capture / "logs" / f"{run.id}.server.log"
             config = spec.server_config(run)
-            bar.set_description(f"start {run.id}")
+            bar.note(f"starting the server of {run.id} for {len(cells)} cell(s)")
             capture_format.keep_old_attempt(log_path)
             try:
                 with VllmServer(config, log_path, ready_timeout_s=spec.ready_timeout_s) as server:
                     write_json_atomic(capture / "runs" / f"{run.id}.json", _run_record(run, server))
                     for cell in cells:
-                        bar.set_description(cell.id)
                         if on_cell_start is not None:
                             on_cell_start(cell, server)
                         capture_format.keep_old_attempt(capture / "logs" / f"{cell.id}.bench.log")
@@ -322,9 +323,12 @@ def run_sweep(
                         write_json_atomic(capture / "cells" / f"{cell.id}.json", asdict(res))
                         results.append(res)
                         _update_manifest(capture, manifest, spec)
-                        bar.update(1)
+                        bar.finished(
+                            cell.id, "ok" if res.status == "ok" else f"{res.status}: {(res.reason or '')[:160]}"
+                        )
             except EngineStartError as exc:
                 reason = " ".join(str(exc.args[0]).split())
+                bar.note(f"{run.id}: the server did not start: {reason[:200]}")
                 write_json_atomic(
                     capture / "runs" / f"{run.id}.json",
                     {
@@ -344,10 +348,9 @@ def run_sweep(
                     )
                     write_json_atomic(capture / "cells" / f"{cell.id}.json", asdict(res))
                     results.append(res)
-                    bar.update(1)
+                    bar.finished(cell.id, f"failed: the server of {run.id} did not start")
                 _update_manifest(capture, manifest, spec)
     finally:
-        bar.close()
         capture_format.finish_session(session)
         _update_manifest(capture, manifest, spec)
     return results
@@ -361,25 +364,6 @@ def _run_record(run: Run, server: Any) -> dict[str, Any]:
         record["record"] = {}
         record["record_error"] = f"{type(exc).__name__}: {exc}"
     return record
-
-
-class _NoBar:
-    def set_description(self, text: str) -> None:
-        pass
-
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, show: bool) -> Any:
-    if not show:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="cell", file=sys.stdout)
 
 
 # --------------------------------------------------------------------------- CLI

@@ -251,7 +251,7 @@ def test_run_missing_starts_nothing_when_all_is_there(tmp_path):
         json.dumps({"state": "failed", "diagnosis": "no AVX-512", "settings": {"n": 2}})
     )
     lines: list[str] = []
-    out = ge.run_missing(["bf16", "fp8-kv", "bf16-zero-shot"], tmp_path / "model", cap, settings, log=lines.append)
+    out = ge.run_missing(["bf16", "fp8-kv", "bf16-zero-shot"], tmp_path / "model", cap, settings, progress=lines.append)
     assert out == {}
     assert lines[0] == "bf16: done already, kept" and lines[1].startswith("fp8-kv: failed before")
 

