@@ -149,9 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth["best_share_of_catalog"] = bandwidth["best_gb_s"] / spec.bandwidth_gb_s
     figures["bandwidth"] = bandwidth
 
-    print(
-        f"GPU: {gpu.name} (cc {gpu.compute_capability}), driver {info.gpu_driver}, CUDA {info.cuda_driver_version}"
-    )
+    print(f"GPU: {gpu.name} (cc {gpu.compute_capability}), driver {info.gpu_driver}, CUDA {info.cuda_driver_version}")
     print(f"catalog entry: {spec.name}")
     print(
         f"memory: NVML {memory['nvml_total_mib']:.0f} MiB (catalog {spec.memory_mib_driver} MiB, "

@@ -184,6 +184,13 @@ def create_or_resume(
     return manifest, False
 
 
+def needs_run(state: str | None, retry_failed: bool = False) -> bool:
+    """The one "done" rule of every experiment: an item whose result file says ``ok`` or ``failed`` is
+    done; a failed one runs again only when ``retry_failed`` (its earlier logs are kept by
+    :func:`keep_old_attempt`). ``state`` is the item's result status, None when it has none."""
+    return state not in ("ok", "failed") or (retry_failed and state == "failed")
+
+
 def keep_old_attempt(path: str | Path) -> Path | None:
     """Rename an existing ``<stem><suffix>`` to the first free ``<stem>.attemptN<suffix>`` so that
     a retry never overwrites an earlier attempt's log; returns the new name (None if no file)."""

@@ -356,8 +356,8 @@ def run_missing(
             progress(f"{cfg.name}: done already, kept")
             continue
         status = read_status(folder)
-        if status and status.get("state") == "failed" and not retry_failed:
-            progress(f"{cfg.name}: failed before ({(status.get('diagnosis') or '')[:120]}), kept")
+        if not capture_format.needs_run((status or {}).get("state"), retry_failed):  # every experiment's rule
+            progress(f"{cfg.name}: failed before ({((status or {}).get('diagnosis') or '')[:120]}), kept")
             continue
         todo.setdefault(cfg.server_key(), []).append(cfg)
     results: dict[str, ConfigStatus | None] = {}

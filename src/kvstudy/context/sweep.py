@@ -15,8 +15,9 @@ One folder per sweep::
     cells/<arm>__s<seed>__L<len>.json  status, per-request TPOT and ITL figures, reason
     bench/<cell>.json                  vLLM's saved result (per-request arrays)
 
-Files are written atomically; a re-run on the same folder runs only missing cells (and cells that
-failed for another reason than a diagnosed failed server start, unless ``retry_failed``). With
+Files are written atomically; a re-run on the same folder runs only missing cells, and failed ones
+only with ``retry_failed`` (the rule of every experiment, ``kvstudy.capture.needs_run``; earlier
+logs are kept as ``*.attemptN.log``). With
 ``max_servers`` one invocation starts at most that many servers, so a capture can be made in
 several short runs under the machine-wide lock.
 """
@@ -283,13 +284,12 @@ def cell_state(capture: Path, cid: str) -> dict[str, Any] | None:
 
 
 def cells_to_run(spec: ContextSweepSpec, capture: Path, retry_failed: bool = False) -> list[str]:
-    """Missing cells, plus failed ones (a diagnosed failed server start only with ``retry_failed``)."""
-    out = []
-    for cid in spec.cells():
-        state = cell_state(capture, cid)
-        if state is None or (state.get("status") != "ok" and (retry_failed or not state.get("start_failed"))):
-            out.append(cid)
-    return out
+    """Missing cells, and failed ones only with ``retry_failed`` (``capture.needs_run``, every experiment's rule)."""
+    return [
+        cid
+        for cid in spec.cells()
+        if capture_format.needs_run((cell_state(capture, cid) or {}).get("status"), retry_failed)
+    ]
 
 
 def load_context_spec(capture: str | Path) -> ContextSweepSpec:
@@ -439,6 +439,7 @@ def run_context_sweep(
             starts += 1
             rid = run_id(arm, seed)
             tracker.note(f"{now_utc()} starting the server of {rid} for {len(lengths)} cell(s)")
+            capture_format.keep_old_attempt(capture / "logs" / f"{rid}.server.log")
             try:
                 with VllmServer(
                     spec.server_config(arm, seed),
@@ -454,6 +455,7 @@ def run_context_sweep(
                         {"status": "ok", "run_id": rid, "arm": arm, "seed": seed, "order": lengths, "record": record},
                     )
                     for L in lengths:
+                        capture_format.keep_old_attempt(capture / "logs" / f"{cell_id(arm, seed, L)}.bench.log")
                         cell = _run_cell(spec, capture, arm, seed, L, server)
                         _write(capture / "cells" / f"{cell['cell_id']}.json", cell)
                         outcomes.append(CellOutcome(cell["cell_id"], cell["status"], cell.get("reason", "")))

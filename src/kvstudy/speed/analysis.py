@@ -29,8 +29,8 @@ import pandas as pd
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_jsonl
-from kvstudy.speed.runner import MANIFEST, SweepSpec, load_spec, read_json
 from kvstudy.progress import Progress
+from kvstudy.speed.runner import MANIFEST, SweepSpec, load_spec, read_json
 
 SUMMARY_COLUMNS = [
     "users",

@@ -90,11 +90,7 @@ def cell_status(capture: Path, cell: Cell) -> str:
 
 def missing_cells(spec: SweepSpec, capture: Path, retry_failed: bool = False) -> list[Cell]:
     """The cells still to run: those without a result, and failed ones only when ``retry_failed``."""
-    return [
-        c
-        for c in spec.cells()
-        if cell_status(capture, c) not in ("ok", "failed") or (retry_failed and cell_status(capture, c) == "failed")
-    ]
+    return [c for c in spec.cells() if capture_format.needs_run(cell_status(capture, c), retry_failed)]
 
 
 def load_spec(capture: Path) -> SweepSpec:
