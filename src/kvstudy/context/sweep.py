@@ -32,6 +32,7 @@ from typing import Any
 
 from kvstudy import capture as capture_format
 from kvstudy import io as atomic
+from kvstudy.bench.arm import Arm, arm_from_dict, check_arms
 from kvstudy.bench.client import BenchError, BenchSettings, run_bench
 from kvstudy.bench.result import requests_from_result
 from kvstudy.capture import now_utc
@@ -39,22 +40,12 @@ from kvstudy.errors import StudyError
 from kvstudy.io import read_json
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress, Tracker
-from kvstudy.vllm.facts import CACHE_DTYPES
 
 KIND = "kvstudy context sweep"
 BANDWIDTH = "bandwidth.json"
 MANIFEST = capture_format.MANIFEST
 PROMPT_MARGIN_TOKENS = 64  # seen: a 3,072-token random prompt arrived as 3,074 tokens
 SKIP_SW = ("--kv-cache-dtype-skip-layers", "sliding_window")
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One KV configuration: a name, the KV dtype, and extra server flags."""
-
-    name: str
-    kv_cache_dtype: str = "auto"
-    extra_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,20 +82,9 @@ class ContextSweepSpec:
         for key in ("model", "arms", "lengths"):
             if key not in data:
                 raise StudyError(f"{where}: field '{key}' is required")
-        arms = []
-        for i, item in enumerate(data["arms"] or []):
-            if not isinstance(item, dict) or "name" not in item:
-                raise StudyError(f"{where}: arms[{i}] must be a mapping with a 'name'")
-            extra = sorted(set(item) - set(Arm.__dataclass_fields__))
-            if extra:
-                raise StudyError(f"{where}: arms[{i}] has unknown field(s) {extra}")
-            arms.append(
-                Arm(
-                    str(item["name"]),
-                    str(item.get("kv_cache_dtype", "auto")),
-                    tuple(str(a) for a in item.get("extra_args", ())),
-                )
-            )
+        if not isinstance(data["arms"], (list, tuple)):
+            raise StudyError(f"{where}: 'arms' must be a list of mappings, got {type(data['arms']).__name__}")
+        arms = [arm_from_dict(item, f"{where}: arms[{i}]") for i, item in enumerate(data["arms"])]
         env = data.get("server_env") or ()
         env = tuple(sorted(env.items())) if isinstance(env, dict) else tuple(tuple(p) for p in env)
         spec = cls(
@@ -126,19 +106,7 @@ class ContextSweepSpec:
 
     def validate(self, where: str = "context sweep spec") -> None:
         """Bad input raises StudyError with one line: empty arms, bad lengths, grid above the model's limit."""
-        if not self.arms:
-            raise StudyError(f"{where}: 'arms' is empty (expected at least the 16-bit arm)")
-        names = [a.name for a in self.arms]
-        if len(set(names)) != len(names):
-            raise StudyError(f"{where}: arm names repeat: {names}")
-        for a in self.arms:
-            if not a.name or not all(ch.isalnum() or ch in "-_." for ch in a.name):
-                raise StudyError(f"{where}: arm name {a.name!r} must be letters, digits, '-', '_' or '.'")
-            if a.kv_cache_dtype not in CACHE_DTYPES:
-                raise StudyError(
-                    f"{where}: arm {a.name!r}: unknown kv_cache_dtype {a.kv_cache_dtype!r} "
-                    f"(expected one of {', '.join(CACHE_DTYPES)})"
-                )
+        check_arms(self.arms, where, "arm")
         _check_ints(self.lengths, "lengths", where, minimum=1)
         if len(set(self.lengths)) < 2 or len(set(self.lengths)) != len(self.lengths):
             raise StudyError(
@@ -211,14 +179,14 @@ class ContextSweepSpec:
         return ServerConfig(
             model=self.model,
             kv_cache_dtype=a.kv_cache_dtype,
-            attention_backend=self.attention_backend,
+            attention_backend=a.attention_backend or self.attention_backend,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             cpu_kvcache_space_gib=self.cpu_kvcache_space_gib,
             max_model_len=self.served_max_model_len,
             seed=seed,
             enforce_eager=self.enforce_eager,
-            env=dict(self.server_env),
+            env={**dict(self.server_env), **a.env},
             extra_args=list(a.extra_args),
         )
 
@@ -254,7 +222,7 @@ def default_arms(model: str) -> tuple[Arm, ...]:
 
     arms = [Arm("auto", "auto"), Arm("fp8", "fp8")]
     if any(layer.sliding_window for layer in load_layout(model).layers):
-        arms.append(Arm("fp8-skip-sw", "fp8", SKIP_SW))
+        arms.append(Arm("fp8-skip-sw", "fp8", extra_args=list(SKIP_SW)))
     return tuple(arms)
 
 

@@ -55,7 +55,7 @@ from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress, Tracker
 from kvstudy.redact import resolve_env, scrub, secret_values
 from kvstudy.run_record import server_record
-from kvstudy.speed.spec import RUN_ORDERS, Cell, CellResult, KvConfig, Run, SweepSpec  # noqa: F401  (KvConfig: notebooks build specs here)
+from kvstudy.speed.spec import RUN_ORDERS, Cell, CellResult, Run, SweepSpec
 
 MANIFEST = capture_format.MANIFEST
 KIND = "kvstudy speed sweep"

@@ -10,23 +10,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvstudy.bench.arm import Arm, arm_from_dict, check_arms
 from kvstudy.bench.client import BenchSettings
 from kvstudy.errors import StudyError
 from kvstudy.io import bounded_float, bounded_int, type_name
 from kvstudy.redact import check_env_mapping, redact
 from kvstudy.vllm.command import check_extra_args
-from kvstudy.vllm.facts import CACHE_DTYPES
-
-
-@dataclass
-class KvConfig:
-    """One arm of the A/B: a name, the KV dtype, and what else that arm sets."""
-
-    name: str
-    kv_cache_dtype: str = "auto"
-    attention_backend: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    extra_args: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -34,7 +23,7 @@ class SweepSpec:
     """The whole grid and everything held fixed across it."""
 
     model: str
-    configurations: list[KvConfig]
+    configurations: list[Arm]
     seeds: list[int]
     users: list[int]
     input_len: int = 1024
@@ -66,12 +55,7 @@ class SweepSpec:
         if "model" not in data or "configurations" not in data:
             raise StudyError(f"{where}: fields 'model' and 'configurations' are required")
         _check_types(data, where)
-        configs = []
-        for i, item in enumerate(data["configurations"]):
-            if isinstance(item, KvConfig):
-                configs.append(item)
-                continue
-            configs.append(_kv_config(item, f"{where}: configurations[{i}]"))
+        configs = [arm_from_dict(item, f"{where}: configurations[{i}]") for i, item in enumerate(data["configurations"])]
         spec = cls(
             **{
                 **data,
@@ -91,19 +75,7 @@ class SweepSpec:
 
     def validate(self, where: str = "sweep spec") -> None:
         """Check values and their relations; bad input raises StudyError naming the field."""
-        if not self.configurations:
-            raise StudyError(f"{where}: 'configurations' is empty (expected at least a baseline and a candidate)")
-        names = [c.name for c in self.configurations]
-        if len(set(names)) != len(names):
-            raise StudyError(f"{where}: configuration names repeat: {names}")
-        for c in self.configurations:
-            if not c.name or not all(ch.isalnum() or ch in "-_." for ch in c.name):
-                raise StudyError(f"{where}: configuration name {c.name!r} must be letters, digits, '-', '_' or '.'")
-            if c.kv_cache_dtype not in CACHE_DTYPES:
-                raise StudyError(
-                    f"{where}: configuration {c.name!r}: unknown kv_cache_dtype {c.kv_cache_dtype!r} "
-                    f"(expected one of {', '.join(CACHE_DTYPES)})"
-                )
+        check_arms(self.configurations, where)
         _positive_ints(self.users, "users", where)
         if not self.seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.seeds):
             raise StudyError(f"{where}: 'seeds' must be a non-empty list of integers >= 0, got {self.seeds!r}")
@@ -137,15 +109,12 @@ class SweepSpec:
             raise StudyError(f"{where}: 'run_order' must be one of {list(RUN_ORDERS)}, got {self.run_order!r}")
         check_env_mapping(self.server_env, f"{where}: server_env")
         check_extra_args(self.server_extra_args, f"{where}: server_extra_args")
-        for c in self.configurations:
-            check_env_mapping(c.env, f"{where}: configuration {c.name!r}: env")
-            check_extra_args(c.extra_args, f"{where}: configuration {c.name!r}: extra_args")
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as stored in a manifest: secrets redacted (``{from_env: NAME}`` kept as is)."""
         return redact(asdict(self))
 
-    def config(self, name: str) -> KvConfig:
+    def config(self, name: str) -> Arm:
         for c in self.configurations:
             if c.name == name:
                 return c
@@ -252,24 +221,6 @@ def _check_types(data: dict[str, Any], where: str) -> None:
         check_env_mapping(data["server_env"], f"{where}: server_env")
     if "server_extra_args" in data:
         check_extra_args(data["server_extra_args"], f"{where}: server_extra_args")
-
-
-def _kv_config(item: Any, where: str) -> KvConfig:
-    """One configuration mapping checked field by field."""
-    if not isinstance(item, dict) or "name" not in item:
-        raise StudyError(f"{where} must be a mapping with a 'name'")
-    extra = sorted(set(item) - set(KvConfig.__dataclass_fields__), key=str)
-    if extra:
-        raise StudyError(f"{where} has unknown field(s) {[str(e)[:40] for e in extra]}")
-    if not isinstance(item["name"], str):
-        raise StudyError(f"{where}: 'name' must be a string, got {type_name(item['name'])}")
-    if not isinstance(item.get("kv_cache_dtype", "auto"), str):
-        raise StudyError(f"{where}: 'kv_cache_dtype' must be a string")
-    if not isinstance(item.get("attention_backend") or "", str):
-        raise StudyError(f"{where}: 'attention_backend' must be a string or null")
-    check_env_mapping(item.get("env", {}), f"{where}: env")
-    check_extra_args(item.get("extra_args", []), f"{where}: extra_args")
-    return KvConfig(**item)
 
 
 def _positive_ints(values: Sequence[Any], name: str, where: str) -> None:

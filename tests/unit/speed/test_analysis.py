@@ -287,9 +287,9 @@ def test_capture_verdicts_use_per_run_requests(tmp_path: Path) -> None:
 
 
 def _confs(*items: dict) -> list:
-    from kvstudy.speed.spec import KvConfig
+    from kvstudy.bench.arm import Arm
 
-    return [KvConfig(**i) for i in items]
+    return [Arm(**i) for i in items]
 
 
 def test_crossed_design_separates_dtype_from_backend_and_states_the_aa() -> None:
