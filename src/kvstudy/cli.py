@@ -20,6 +20,7 @@ SUBCOMMAND_MODULES = (
     "kvstudy.accuracy.cli",  # kvstudy accuracy
     "kvstudy.capture",  # kvstudy capture upgrade
     "kvstudy.render",  # kvstudy render
+    "kvstudy.decision",  # kvstudy verdict
     "kvstudy.profile_new",  # kvstudy profile new
     "kvstudy.vllm.install_check",  # kvstudy engine-check
     "kvstudy.tools.tiny_model",  # kvstudy tiny-model

@@ -71,11 +71,23 @@ def progress(message: str) -> None:
     print(f"[progress] {message}", flush=True)
 
 
-def verdict(topic: str, text: str) -> None:
-    """Show a structured verdict (topic: capacity, speed, accuracy, scales); the index card quotes it."""
+VERDICT_STATES = ("computed", "measured", "published", "no claim", "not measured")
+
+
+def verdict(topic: str, text: str, state: str = "measured", next_step: str | None = None, **facts: Any) -> None:
+    """Show a structured verdict; the index's decision card (``kvstudy.decision``) reads it back.
+
+    ``topic``: capacity, speed, accuracy, long-context accuracy, context scaling or scales;
+    ``state``: one of :data:`VERDICT_STATES` (how sure the study is); ``next_step``: what would
+    settle it; ``facts``: plain values the card uses (``headline``, ``model``, ``context_len``, ...).
+    """
     from IPython.display import Markdown, display
 
-    display(Markdown(f"**Verdict ({topic}):** {text}"), metadata={VERDICT_KEY: {"topic": topic, "text": text}})
+    if state not in VERDICT_STATES:
+        raise ValueError(f"verdict state {state!r}: expected one of {VERDICT_STATES}")
+    record = {"topic": topic, "text": text, "state": state, "next_step": next_step, "facts": facts}
+    shown = f"**Verdict ({topic}, {state}):** {text}" + (f" *Next:* {next_step}" if next_step else "")
+    display(Markdown(shown), metadata={VERDICT_KEY: json.loads(json.dumps(record, default=str))})
 
 
 def fp8_speed_text(baseline: float, fp8: float, higher_is_better: bool = True, digits: int = 1) -> str:

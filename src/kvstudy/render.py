@@ -57,7 +57,7 @@ class NotebookRun:
     seconds: float
     finding: str | None
     error: str | None
-    verdicts: list[dict[str, str]] = field(default_factory=list)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
     needs: str | None = None  # the command that provides what a live step lacked (MissingPrerequisite)
 
 

@@ -155,7 +155,7 @@ def render_html(
     write_text_atomic(html_path, body)
 
 
-def extract_results(notebook_path: Path) -> tuple[str | None, list[dict[str, str]]]:
+def extract_results(notebook_path: Path) -> tuple[str | None, list[dict[str, Any]]]:
     """The notebook's finding and its structured verdicts (``notebook.verdict``), in order."""
     nb = read_json(notebook_path)
     finding, verdicts = None, []
@@ -166,5 +166,5 @@ def extract_results(notebook_path: Path) -> tuple[str | None, list[dict[str, str
                 finding = str(meta[FINDING_KEY])
             item = meta.get(VERDICT_KEY)
             if isinstance(item, dict) and item.get("text"):
-                verdicts.append({"topic": str(item.get("topic", "")), "text": str(item["text"])})
+                verdicts.append({**item, "topic": str(item.get("topic", "")), "text": str(item["text"])})
     return finding, verdicts

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvstudy.decision import card_from_status
 from kvstudy.io import write_text_atomic
 from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
 from kvstudy.notebook import git_commit
@@ -15,33 +17,57 @@ from kvstudy.report_html import name_sources
 
 STYLE = """body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.5}
 li{margin:.6em 0}.meta{color:#555;font-size:.9em}.failed{color:#a00}.absent{color:#777}
-.card{border:1px solid #ccc;border-radius:6px;padding:.6em 1.2em;background:#f8f8f8}
-.card dt{font-weight:bold;margin-top:.5em}.card dd{margin-left:1em}"""
+.decision{border:1px solid #ccc;border-radius:6px;padding:.6em 1.2em;background:#f8f8f8;font-size:1.05em}
+table.card{border-collapse:collapse;width:100%;table-layout:fixed;font-size:.92em}
+table.card th,table.card td{border-top:1px solid #ddd;padding:.35em .5em;text-align:left;vertical-align:top;
+overflow-wrap:anywhere}table.card thead th{border-bottom:2px solid #bbb}
+table.card :is(th,td):nth-child(1){width:15%}table.card :is(th,td):nth-child(2){width:10%}
+table.card :is(th,td):nth-child(4){width:25%}
+.state-measured,.state-computed{color:#060}.state-no-claim,.state-not-measured{color:#a60}"""
 
 
 def _link(href: str, text: str) -> str:
     return f'<a href="{html.escape(href)}">{html.escape(text)}</a>'
 
 
-def _card(stems: Sequence[str], status: dict[str, Any]) -> str:
-    """The verdict card: each notebook's structured verdicts, or its finding, with a link."""
-    rows = []
-    for stem in stems:
-        entry = status.get(stem) or {}
-        if entry.get("error") or not entry:
-            rows.append(f'<dt>{html.escape(stem)}</dt><dd class="failed">{_no_verdict(entry)}</dd>')
-            continue
-        verdicts = entry.get("verdicts") or (
-            [{"topic": stem, "text": entry["finding"]}] if entry.get("finding") else []
-        )
-        for item in verdicts:
-            rows.append(
-                f"<dt>{html.escape(item['topic'])}</dt><dd>{html.escape(name_sources(item['text']))} "
-                f"({_link(stem + '.html', 'report')})</dd>"
-            )
-    if not rows:
+def _code(text: str) -> str:
+    """Escaped text with `backquoted` commands shown as code."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
+def _card(profile: str, stems: Sequence[str], status: dict[str, Any]) -> str:
+    """The decision card (``kvstudy.decision``): one line of decision, then each topic's verdict with how
+    sure the study is and what would settle it, then the published usage guidance on this model."""
+    card = card_from_status(profile, status, list(stems))
+    if not card.lines:
         return ""
-    return '<h2>Verdicts</h2><dl class="card">\n' + "\n".join(rows) + "\n</dl>"
+    rows = []
+    for line in card.lines:
+        step = _code(line.next_step) if line.next_step else ""
+        link = f" ({_link(line.link, 'report')})" if line.link else ""
+        rows.append(
+            f'<tr><th scope="row">{html.escape(line.topic)}</th>'
+            f'<td class="state state-{html.escape(line.state.replace(" ", "-"))}">{html.escape(line.state)}</td>'
+            f"<td>{_code(name_sources(line.text))}{link}</td>"
+            f"<td>{step}</td></tr>"
+        )
+    guidance = []
+    for g in card.guidance:
+        mark = {True: "applies", False: "does not apply", None: "cannot tell"}[g.applies]
+        guidance.append(
+            f'<tr><th scope="row">{html.escape(g.scenario)}</th><td>{mark}</td><td>{html.escape(g.why)}</td>'
+            f"<td>{html.escape(g.published)}</td></tr>"
+        )
+    return (
+        f'<h2>Decision</h2>\n<p class="decision">{_code(name_sources(card.decision))}</p>\n'
+        '<table class="card"><thead><tr><th>topic</th><th>how sure</th><th>what the study found</th>'
+        "<th>what would settle it</th></tr></thead><tbody>\n" + "\n".join(rows) + "\n</tbody></table>\n"
+        "<h3>Published usage guidance, evaluated on this model</h3>\n"
+        '<p class="meta">The usage table of vLLM\'s FP8 KV-cache update (seed 003), row by row, against this '
+        "model's config and the profile's context length.</p>\n"
+        '<table class="card"><thead><tr><th>scenario</th><th>here</th><th>why</th><th>published recommendation</th>'
+        "</tr></thead><tbody>\n" + "\n".join(guidance) + "\n</tbody></table>"
+    )
 
 
 def _no_verdict(entry: dict[str, Any]) -> str:
@@ -75,7 +101,7 @@ def _line(stem: str, entry: dict[str, Any], out_dir: Path) -> str:
     finding = name_sources(entry.get("finding") or "(the notebook stated no finding)")
     return (
         f"<li>{_link(stem + '.html', stem)} ({_link(stem + '.ipynb', 'notebook with code')}) "
-        f"&mdash; {html.escape(finding)}</li>"
+        f"<details><summary>its finding</summary>{html.escape(finding)}</details></li>"
     )
 
 
@@ -107,7 +133,7 @@ def write_index(
 <style>{STYLE}</style></head><body>
 <h1>Should the KV cache be FP8? Study reports, profile <code>{html.escape(profile)}</code>{based}</h1>
 <p>{html.escape(name_sources(str(profile_data.get("description") or "")))}</p>
-{_card(stems, status)}
+{_card(profile, stems, status)}
 <h2>Reports</h2>
 <ol>
 {chr(10).join(items)}

@@ -51,12 +51,14 @@ def study(tmp_path: Path) -> Path:
 def test_profile_parameters_reach_notebook_and_index(study: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ok, broken = report.run_profile("demo", root=study)
     assert ok.error is None and ok.finding == "value is 42 on demo"
-    assert ok.verdicts == [{"topic": "capacity", "text": "twice the tokens at 21"}]
+    assert ok.verdicts == [
+        {"topic": "capacity", "text": "twice the tokens at 21", "state": "measured", "next_step": None, "facts": {}}
+    ]
     assert broken.error and "bad data file" in broken.error
     out_dir = study / "reports" / "demo"
     index = (out_dir / "index.html").read_text()
     assert "value is 42 on demo" in index and "01_ok.html" in index
-    assert "Verdicts" in index and "twice the tokens at 21" in index
+    assert "Decision" in index and "twice the tokens at 21" in index
     # the failed notebook is rendered beside, so the reader sees where it stopped
     assert "failed" in index and "02_broken.failed.html" in index and (out_dir / "02_broken.failed.html").is_file()
     assert "03_other" in index and "not in this profile" in index and not (out_dir / "03_other.html").exists()
@@ -161,7 +163,7 @@ def test_a_notebook_missing_a_prerequisite_says_what_to_run(study: Path, capsys:
     status = json.loads((out_dir / "status.json").read_text())
     assert status["02_broken"]["needs"] == "make engine" and status["01_ok"]["error"] is None
     index = (out_dir / "index.html").read_text()
-    card = index.split('<dl class="card">')[1].split("</dl>")[0]
+    card = index.split('<table class="card">')[1].split("</table>")[0]
     assert "twice the tokens at 21" in card and "<code>make engine</code>" in card  # the failed topic stays in the card
     assert "not run" in index and (out_dir / "01_ok.html").is_file()
 

@@ -55,7 +55,9 @@ class SweepSpec:
         if "model" not in data or "configurations" not in data:
             raise StudyError(f"{where}: fields 'model' and 'configurations' are required")
         _check_types(data, where)
-        configs = [arm_from_dict(item, f"{where}: configurations[{i}]") for i, item in enumerate(data["configurations"])]
+        configs = [
+            arm_from_dict(item, f"{where}: configurations[{i}]") for i, item in enumerate(data["configurations"])
+        ]
         spec = cls(
             **{
                 **data,
