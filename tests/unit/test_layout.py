@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("model",),
     ("tools",),
     ("run_record",),
-    ("speed", "accuracy", "context"),
+    ("speed", "accuracy", "context", "precision"),
     ("notebook", "profiles"),
     ("render", "report_index", "report_html", "profile_new"),
     ("cli",),
