@@ -29,6 +29,9 @@ SUBCOMMAND_MODULES = (
     "kvstudy.tools.train_model",  # kvstudy train-model
     "kvstudy.tools.retrieval_files",  # kvstudy retrieval-data
     "kvstudy.context.cli",  # kvstudy roofline
+    "kvstudy.tools.scaled_k_checkpoint",  # kvstudy control-checkpoint
+    "kvstudy.precision.simulate",  # kvstudy kv-simulate
+    "kvstudy.precision.screen",  # kvstudy kv-screen
 )
 
 

@@ -1,0 +1,164 @@
+"""Tables and verdicts of a KV-precision capture: each candidate arm against its baseline, beside
+the A/A floor of the same engine, per bucket (GSM8K-format; retrieval by context length).
+
+Torch-free: notebook 07 renders a bundled capture with the analysis environment alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvstudy.precision.paired_logp import ALPHA, exact_mcnemar, floor_verdict, pair_rows, verdict
+from kvstudy.precision.prompts import bucket_length
+from kvstudy.precision.records import Capture, Group
+
+FLOOR_ROLE = "A/A floor"
+
+
+def _bucket_order(bucket: str) -> tuple[int, int]:
+    length = bucket_length(bucket)
+    return (0, 0) if length is None else (1, length)
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None or value != value:
+        return "–"
+    return f"{value:.{digits}g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
+
+
+def _arm_label(group: Group, arm: str) -> str:
+    info = group.arms.get(arm) or {}
+    return str(info.get("label") or arm)
+
+
+def comparisons(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any]]:
+    """One record per group, bucket and arm (the floor first): Δ log p, its test and the verdict."""
+    out: list[dict[str, Any]] = []
+    for group in capture.groups:
+        base_rows = capture.logp[(group.name, group.baseline)]
+        buckets = sorted({str(r["bucket"]) for r in base_rows}, key=_bucket_order)
+        for bucket in buckets:
+
+            def rows(arm: str, bucket: str = bucket, name: str = group.name) -> list[dict[str, Any]]:
+                return [r for r in capture.logp[(name, arm)] if r["bucket"] == bucket]
+
+            floor = pair_rows(rows(group.baseline), rows(group.floor), alpha)
+            for role, arm in [(FLOOR_ROLE, group.floor)] + [("candidate", c) for c in group.candidates]:
+                paired = floor if arm == group.floor else pair_rows(rows(group.baseline), rows(arm), alpha)
+                t = paired.test
+                out.append(
+                    {
+                        "group": group.name,
+                        "engine": group.engine,
+                        "bucket": bucket,
+                        "role": role,
+                        "arm": arm,
+                        "label": _arm_label(group, arm),
+                        "prompts": paired.prompts,
+                        "tokens": t.tokens,
+                        "mean": t.mean,
+                        "low": t.low,
+                        "high": t.high,
+                        "p": t.p,
+                        "top1": paired.top1_agreement,
+                        "max_abs": paired.max_abs_delta,
+                        "floor_p": floor.test.p,
+                        "verdict": floor_verdict(t.p, alpha)
+                        if role == FLOOR_ROLE
+                        else verdict(t.p, t.mean, floor.test.p, alpha),
+                    }
+                )
+    return out
+
+
+def comparison_table(records: list[dict[str, Any]]) -> Any:
+    """The report table of :func:`comparisons`."""
+    import pandas as pd
+
+    rows = [
+        {
+            "model": r["group"],
+            "bucket": r["bucket"],
+            "arm": r["label"],
+            "role": r["role"],
+            "prompts": r["prompts"],
+            "tokens": r["tokens"],
+            "mean Δ log p (nats/token)": _fmt(r["mean"]),
+            "clustered 95%": f"{_fmt(r['low'])} to {_fmt(r['high'])}",
+            "p": _fmt(r["p"]),
+            "top-1 agreement %": "–" if r["top1"] is None else f"{100 * r['top1']:.2f}",
+            "A/A floor p": _fmt(r["floor_p"]),
+            "verdict": r["verdict"],
+            "storage": r["engine"],
+        }
+        for r in records
+    ]
+    return pd.DataFrame(rows)
+
+
+def greedy_records(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any]]:
+    """Greedy GSM8K-format accuracy per arm, paired per item with the baseline (exact McNemar)."""
+    out: list[dict[str, Any]] = []
+    for group in capture.groups:
+        base = capture.greedy.get((group.name, group.baseline))
+        if not base:
+            continue
+        by_id = {r["id"]: bool(r["correct"]) for r in base}
+        arms = [(FLOOR_ROLE, group.floor)] + [("candidate", c) for c in group.candidates]
+        tests = {}
+        for role, arm in arms:
+            rows = capture.greedy.get((group.name, arm))
+            if not rows:
+                continue
+            ids = [r["id"] for r in rows if r["id"] in by_id]
+            cand = {r["id"]: bool(r["correct"]) for r in rows}
+            b, c, p = exact_mcnemar([by_id[i] for i in ids], [cand[i] for i in ids])
+            tests[arm] = (role, ids, b, c, p, sum(cand[i] for i in ids))
+        floor_p = tests[group.floor][4] if group.floor in tests else float("nan")
+        for arm, (role, ids, b, c, p, right) in tests.items():
+            out.append(
+                {
+                    "group": group.name,
+                    "arm": _arm_label(group, arm),
+                    "role": role,
+                    "items": len(ids),
+                    "baseline right": sum(by_id[i] for i in ids),
+                    "this right": right,
+                    "only baseline right": b,
+                    "only this right": c,
+                    "exact McNemar p": p,
+                    "verdict": floor_verdict(p, alpha)
+                    if role == FLOOR_ROLE
+                    else verdict(p, float(c - b), floor_p, alpha),
+                    "storage": group.engine,
+                }
+            )
+    return out
+
+
+def greedy_table(records: list[dict[str, Any]]) -> Any:
+    import pandas as pd
+
+    frame = pd.DataFrame(records)
+    if len(frame):
+        frame["exact McNemar p"] = [_fmt(p) for p in frame["exact McNemar p"]]
+        frame = frame.rename(columns={"group": "model"})
+    return frame
+
+
+def find(records: list[dict[str, Any]], group: str, arm: str, bucket: str | None = None) -> dict[str, Any] | None:
+    """The record of ``arm`` in ``group`` (and ``bucket``), or None."""
+    for r in records:
+        if r["group"] == group and r["arm"] == arm and (bucket is None or r["bucket"] == bucket):
+            return r
+    return None
+
+
+def claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The candidate records whose verdict claims a loss."""
+    return [r for r in records if r["role"] == "candidate" and str(r["verdict"]).startswith("loss")]
+
+
+def floor_rejections(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The A/A floor records that reject (they forbid every claim in their bucket)."""
+    return [r for r in records if r["role"] == FLOOR_ROLE and r["p"] == r["p"] and r["p"] < ALPHA]

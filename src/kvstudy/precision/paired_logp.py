@@ -1,0 +1,170 @@
+"""Paired statistics of teacher-forced log-probabilities, and the verdicts drawn from them.
+
+Each arm scores the same prompts' reference tokens. Per token, ``Δ = log p(candidate) - log
+p(baseline)``; tokens of one prompt (or one shared context) are a cluster, so the mean Δ gets a
+cluster-robust standard error (statsmodels OLS on a constant, ``cov_type="cluster"``, t with
+clusters - 1 degrees of freedom). Top-1 agreement is the share of reference positions where both
+arms' most likely next token is the same. Greedy answers are compared by exact McNemar (a
+binomial test on the discordant pairs).
+
+A loss is claimed only when the candidate's test rejects at ``alpha`` with a negative Δ **and**
+the A/A floor (16-bit against 16-bit of the same engine) does not reject; otherwise "no claim"
+with the reason. Torch-free: the analysis environment imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from kvstudy.errors import StudyError
+
+ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class MeanTest:
+    """A clustered mean of per-token differences and its two-sided test of zero."""
+
+    mean: float
+    low: float
+    high: float
+    p: float
+    tokens: int
+    clusters: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def clustered_mean(
+    values: Sequence[float] | np.ndarray, clusters: Sequence[str] | np.ndarray, alpha: float = ALPHA
+) -> MeanTest:
+    """The mean of ``values`` with a cluster-robust (1 - alpha) interval and p of mean = 0."""
+    y = np.asarray(values, dtype=float)
+    groups = np.asarray(clusters)
+    if y.size != groups.size:
+        raise StudyError(f"clustered mean: {y.size} values but {groups.size} cluster labels")
+    if y.size == 0:
+        raise StudyError("clustered mean: no values (no paired tokens)")
+    if not np.all(np.isfinite(y)):
+        raise StudyError("clustered mean: values are not all finite")
+    _, codes = np.unique(groups, return_inverse=True)
+    n_clusters = int(codes.max()) + 1
+    mean = float(y.mean())
+    if np.allclose(y, y[0], rtol=0.0, atol=0.0):  # no variation at all: identical arms, or a constant shift
+        return MeanTest(mean, mean, mean, 1.0 if mean == 0.0 else 0.0, int(y.size), n_clusters)
+    if n_clusters < 2:
+        return MeanTest(mean, float("nan"), float("nan"), float("nan"), int(y.size), n_clusters)
+    import statsmodels.api as sm
+
+    fit = sm.OLS(y, np.ones_like(y)).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
+    low, high = (float(v) for v in np.asarray(fit.conf_int(alpha=alpha))[0])
+    return MeanTest(mean, low, high, float(np.asarray(fit.pvalues)[0]), int(y.size), n_clusters)
+
+
+def exact_mcnemar(baseline: Sequence[bool], candidate: Sequence[bool]) -> tuple[int, int, float]:
+    """(only baseline right, only candidate right, exact two-sided McNemar p)."""
+    from scipy.stats import binomtest
+
+    if len(baseline) != len(candidate):
+        raise StudyError(f"McNemar: {len(baseline)} baseline items but {len(candidate)} candidate items")
+    b = sum(1 for x, y in zip(baseline, candidate) if x and not y)
+    c = sum(1 for x, y in zip(baseline, candidate) if y and not x)
+    p = float(binomtest(b, b + c, 0.5).pvalue) if b + c else 1.0
+    return b, c, p
+
+
+@dataclass(frozen=True)
+class PairedLogp:
+    """One candidate arm against the baseline over a set of prompts."""
+
+    test: MeanTest
+    prompts: int
+    top1_agreement: float | None  # share of reference positions with the same top-1 token
+    max_abs_delta: float
+
+
+def _index(rows: Sequence[Mapping[str, Any]], what: str) -> dict[str, Mapping[str, Any]]:
+    out: dict[str, Mapping[str, Any]] = {}
+    for row in rows:
+        if row["id"] in out:
+            raise StudyError(f"{what}: prompt {row['id']!r} appears twice")
+        out[str(row["id"])] = row
+    return out
+
+
+def pair_rows(
+    baseline: Sequence[Mapping[str, Any]], candidate: Sequence[Mapping[str, Any]], alpha: float = ALPHA
+) -> PairedLogp:
+    """Pair two arms' rows by prompt id and compare their reference tokens' log p."""
+    base, cand = _index(baseline, "baseline"), _index(candidate, "candidate")
+    missing = sorted(set(base) ^ set(cand))
+    if missing:
+        raise StudyError(f"paired log p: prompts scored in one arm only: {missing[:5]}")
+    deltas: list[float] = []
+    groups: list[str] = []
+    agree = compared = 0
+    for pid in sorted(base):
+        b, c = base[pid], cand[pid]
+        if len(b["logp"]) != len(c["logp"]):
+            raise StudyError(
+                f"paired log p: prompt {pid!r} has {len(b['logp'])} reference tokens in the baseline and "
+                f"{len(c['logp'])} in the candidate (different tokenizers?)"
+            )
+        deltas += [float(y) - float(x) for x, y in zip(b["logp"], c["logp"])]
+        groups += [str(b["cluster"])] * len(b["logp"])
+        if b.get("top1") is not None and c.get("top1") is not None:
+            agree += sum(1 for x, y in zip(b["top1"], c["top1"]) if x == y)
+            compared += len(b["top1"])
+    test = clustered_mean(deltas, groups, alpha)
+    return PairedLogp(
+        test=test,
+        prompts=len(base),
+        top1_agreement=agree / compared if compared else None,
+        max_abs_delta=float(np.max(np.abs(deltas))) if deltas else 0.0,
+    )
+
+
+def verdict(candidate_p: float, candidate_mean: float, floor_p: float, alpha: float = ALPHA) -> str:
+    """'loss' only when the candidate's test rejects with Δ < 0 and the A/A floor's does not."""
+    if not np.isfinite(candidate_p):
+        return "no claim: too few clusters for a test"
+    if candidate_p >= alpha:
+        return f"no claim: the paired test does not reject (p = {candidate_p:.3g} >= {alpha:g})"
+    if np.isfinite(floor_p) and floor_p < alpha:
+        return f"no claim: the A/A floor rejects too (p = {floor_p:.3g}), so the method cannot tell"
+    if candidate_mean > 0:
+        return f"no claim of a loss: the candidate scores higher (p = {candidate_p:.3g})"
+    return f"loss (p = {candidate_p:.3g}; A/A floor p = {floor_p:.3g})"
+
+
+def floor_verdict(floor_p: float, alpha: float = ALPHA) -> str:
+    """What the A/A floor itself says (it should make no claim)."""
+    if np.isfinite(floor_p) and floor_p < alpha:
+        return f"the A/A floor rejects (p = {floor_p:.3g}): noise alone 'differs'; no claim is possible"
+    return "no claim (A/A floor)"
+
+
+def false_claim_rate(
+    n_sim: int = 400, n_clusters: int = 40, tokens: int = 20, seed: int = 0, alpha: float = ALPHA
+) -> tuple[float, float]:
+    """(rate of rejections, rate of claimed losses) when both arms differ by noise only.
+
+    Each simulated pair of arms has per-cluster offsets and per-token noise of mean zero, and an
+    A/A floor of the same kind; the rule claims a loss only as :func:`verdict` does.
+    """
+    rng = np.random.default_rng(seed)
+    rejects = claims = 0
+    labels = np.repeat(np.arange(n_clusters).astype(str), tokens)
+    for _ in range(n_sim):
+        tests = []
+        for _arm in range(2):  # the candidate and the A/A floor
+            shift = np.repeat(rng.normal(0, 0.05, n_clusters), tokens)
+            tests.append(clustered_mean(shift + rng.standard_t(4, labels.size) * 0.02, labels, alpha))
+        rejects += tests[0].p < alpha
+        claims += verdict(tests[0].p, tests[0].mean, tests[1].p, alpha).startswith("loss")
+    return rejects / n_sim, claims / n_sim

@@ -1,0 +1,340 @@
+"""Simulated FP8 KV storage where the engine refuses it: the model in PyTorch, K and V rounded as vLLM stores them.
+
+Two groups, each a baseline (16-bit storage), an A/A floor (16-bit storage again through another
+attention kernel: the written-out matmul/softmax instead of SDPA, so only the order of floating-
+point sums differs) and candidates:
+
+- the model itself (``model``): FP8 e4m3 at scale 1.0 (what vLLM uses for a checkpoint without
+  scales), e4m3 with scales from calibration data (max |K| / 448 and max |V| / 448 per layer, on
+  prompts that are not scored), e5m2 at scale 1.0, int8 with one scale per token and head;
+- the positive control (``kvstudy.tools.scaled_k_checkpoint``: K ``control_factor`` times larger,
+  attention scores unchanged): e4m3 at scale 1.0 (the scale trap: K saturates at 448), e4m3 with
+  the checkpoint's ``k_scale``/``v_scale`` tensors (read by ``kvstudy.model.scales``).
+
+Every arm scores the same prompts teacher-forced (``kvstudy.precision.prompts``) and, with
+``greedy_n``, answers the first GSM8K-format items greedily. Everything it writes says **simulated
+storage (PyTorch), not vLLM's kernels**.
+
+    kvstudy kv-simulate CAPTURE [--model DIR] [--gsm8k-n 100] [--retrieval-lengths 512 1024 2048 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvstudy.capture import create_or_resume, finish_session, model_inputs, set_items, start_session, write_manifest
+from kvstudy.errors import MissingPrerequisite, StudyError
+from kvstudy.io import write_json_atomic
+from kvstudy.precision import prompts as pr
+from kvstudy.precision import quantize as qz
+from kvstudy.precision.records import KIND, Group, greedy_path, logp_path, write_greedy, write_group, write_logp
+from kvstudy.tools import scaled_k_checkpoint as ctl
+
+MAIN, CONTROL = "qwen3-mini", "positive-control"
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """What a simulated-storage capture runs (the notebook's parameters have these names)."""
+
+    model: str = "data/trained-model/qwen3-mini"
+    control_dir: str = "captures/models/qwen3-mini-k2048"  # where the positive control is written
+    control_factor: float = ctl.FACTOR
+    gsm8k_n: int = 100
+    control_gsm8k_n: int = 50
+    retrieval_lengths: tuple[int, ...] = (512, 1024, 2048, 4096)
+    retrieval_per_length: int = 8
+    retrieval_seed: int = 20261130
+    calibration_gsm8k_n: int = 16
+    calibration_seed: int = 20261201
+    greedy_n: int = 0
+    greedy_max_tokens: int = 320
+    threads: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("gsm8k_n", "control_gsm8k_n", "retrieval_per_length", "calibration_gsm8k_n", "greedy_n"):
+            if int(getattr(self, name)) < 0:
+                raise StudyError(f"{name}: got {getattr(self, name)}, expected >= 0")
+        if not self.gsm8k_n and not self.retrieval_per_length:
+            raise StudyError("gsm8k_n and retrieval_per_length are both 0: nothing to score")
+        if self.greedy_n > self.gsm8k_n:
+            raise StudyError(
+                f"greedy_n {self.greedy_n}: expected <= gsm8k_n {self.gsm8k_n} (a subset of the scored items)"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["retrieval_lengths"] = list(self.retrieval_lengths)
+        return data
+
+
+@dataclass
+class Loaded:
+    model: Any
+    tok: Any
+    layers: int
+    notes: list[str] = field(default_factory=list)
+
+
+def load(folder: str | Path, threads: int) -> Loaded:
+    """The model in float32 compute (weights as stored) with the storage-simulating attention."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError:
+        raise MissingPrerequisite("torch and transformers are not installed here", "make engine") from None
+    if not (Path(folder) / "config.json").is_file():
+        raise StudyError(f"{folder}: no config.json (expected a Hugging Face model folder)")
+    torch.set_num_threads(threads)
+    name = qz.register()
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=name)
+    model.eval()
+    return Loaded(model, tok, int(model.config.num_hidden_layers))
+
+
+def _ids(tok: Any, prompt: pr.ScoredPrompt) -> tuple[list[int], int]:
+    """Token ids of prompt + continuation, and where the continuation starts."""
+    head = list(tok(prompt.prompt)["input_ids"])
+    full = list(tok(prompt.prompt + prompt.continuation)["input_ids"])
+    start = len(head)
+    if full[:start] != head:  # a merge across the boundary: start where the two agree no longer
+        start = next(i for i, (a, b) in enumerate(zip(head, full)) if a != b)
+    if start >= len(full):
+        raise StudyError(f"prompt {prompt.id}: the continuation has no tokens of its own")
+    return full, start
+
+
+def score(loaded: Loaded, prompts: Sequence[pr.ScoredPrompt], storage: qz.Storage) -> list[dict[str, Any]]:
+    """Teacher-forced log p and top-1 token of every reference token, one prompt at a time."""
+    import torch
+
+    limit = int(getattr(loaded.model.config, "max_position_embeddings", 0) or 0)
+    qz.STATE.storage = storage
+    rows = []
+    try:
+        with torch.no_grad():
+            for prompt in prompts:
+                ids, start = _ids(loaded.tok, prompt)
+                if limit and len(ids) > limit:
+                    raise StudyError(f"prompt {prompt.id}: {len(ids)} tokens, the model's limit is {limit}")
+                logits = loaded.model(input_ids=torch.tensor([ids])).logits[0, start - 1 : len(ids) - 1].float()
+                logp = torch.log_softmax(logits, dim=-1)
+                target = torch.tensor(ids[start:])
+                rows.append(
+                    {
+                        "id": prompt.id,
+                        "bucket": prompt.bucket,
+                        "cluster": prompt.cluster,
+                        "prompt_tokens": start,
+                        "logp": [float(v) for v in logp.gather(1, target[:, None])[:, 0]],
+                        "top1": [int(v) for v in logits.argmax(-1)],
+                    }
+                )
+    finally:
+        qz.STATE.storage = None
+    return rows
+
+
+def greedy(
+    loaded: Loaded, prompts: Sequence[pr.ScoredPrompt], storage: qz.Storage, max_tokens: int
+) -> list[dict[str, Any]]:
+    """Greedy answers to GSM8K-format prompts (strict match of ``#### N``)."""
+    from kvstudy.tools.train_eval import greedy_complete, strict_match
+
+    qz.STATE.storage = storage
+    try:
+        texts = greedy_complete(loaded.model, loaded.tok, [p.prompt for p in prompts], max_tokens, ["Question:"], 8)
+    finally:
+        qz.STATE.storage = None
+    out = []
+    for prompt, text in zip(prompts, texts):
+        answer = strict_match(text)
+        out.append(
+            {
+                "id": prompt.id,
+                "gold": prompt.gold,
+                "answer": answer,
+                "correct": answer == prompt.gold,
+                "completion": text,
+            }
+        )
+    return out
+
+
+def calibrate(loaded: Loaded, prompts: Sequence[pr.ScoredPrompt]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """e4m3 scales (max |x| / 448 per layer) observed over ``prompts`` with 16-bit storage."""
+    qz.STATE.amax.clear()
+    qz.STATE.observe = True
+    try:
+        score(loaded, prompts, qz.Storage("calibration", "bfloat16"))
+    finally:
+        qz.STATE.observe = False
+    k, v = qz.calibrated_scales(qz.STATE.amax, loaded.layers, "float8_e4m3fn")
+    return k, v
+
+
+def _storages_main(calib: tuple[tuple[float, ...], tuple[float, ...]]) -> list[qz.Storage]:
+    return [
+        qz.Storage("bf16", "bfloat16"),
+        qz.Storage("bf16-repeat", "bfloat16", kernel="eager"),
+        qz.Storage("fp8-e4m3-scale1", "float8_e4m3fn"),
+        qz.Storage("fp8-e4m3-calibrated", "float8_e4m3fn", calib[0], calib[1], scales_from="calibration"),
+        qz.Storage("fp8-e5m2-scale1", "float8_e5m2"),
+        qz.Storage("int8-token-head", "int8_per_token_head", scales_from="per token and head"),
+    ]
+
+
+LABELS = {
+    "bf16": "16-bit (bfloat16) storage",
+    "bf16-repeat": "16-bit again, written-out attention (A/A)",
+    "fp8-e4m3-scale1": "FP8 e4m3, scale 1.0",
+    "fp8-e4m3-calibrated": "FP8 e4m3, calibrated scales",
+    "fp8-e5m2-scale1": "FP8 e5m2, scale 1.0",
+    "int8-token-head": "int8 per token and head",
+    "fp8-e4m3-checkpoint": "FP8 e4m3, checkpoint's scales",
+}
+GREEDY_ARMS = ("bf16", "bf16-repeat", "fp8-e4m3-scale1", "fp8-e4m3-calibrated", "fp8-e4m3-checkpoint")
+
+
+def _run_group(
+    capture: Path,
+    name: str,
+    model_dir: str,
+    loaded: Loaded,
+    storages: list[qz.Storage],
+    prompts: list[pr.ScoredPrompt],
+    spec: SimSpec,
+    notes: list[str],
+    states: dict[str, str],
+) -> None:
+    group = Group(
+        name=name,
+        engine=qz.LABEL,
+        model=model_dir,
+        baseline=storages[0].name,
+        floor=storages[1].name,
+        candidates=tuple(s.name for s in storages[2:]),
+        arms={s.name: {**s.to_dict(), "label": LABELS.get(s.name, s.name)} for s in storages},
+        notes=tuple(notes),
+    )
+    write_group(capture, group)
+    gsm = [p for p in prompts if p.bucket == "gsm8k"][: spec.greedy_n]
+    for storage in storages:
+        key = f"{name}/{storage.name}"
+        if states.get(key) == "ok" and logp_path(capture, name, storage.name).is_file():
+            continue
+        began = time.monotonic()
+        write_logp(capture, name, storage.name, score(loaded, prompts, storage))
+        if gsm and storage.name in GREEDY_ARMS and not greedy_path(capture, name, storage.name).is_file():
+            write_greedy(capture, name, storage.name, greedy(loaded, gsm, storage, spec.greedy_max_tokens))
+        states[key] = "ok"
+        print(f"kv-simulate: {key} done in {time.monotonic() - began:.0f} s", flush=True)
+
+
+def run(spec: SimSpec, capture: str | Path) -> Path:
+    """Make (or resume) a simulated-storage capture in ``capture``."""
+    capture = Path(capture)
+    record = ctl.ensure_control(spec.model, spec.control_dir, spec.control_factor)
+    inputs = {**model_inputs(spec.model), "control_weights_sha256": record["weights_sha256"]}
+    grid = {**spec.to_dict(), "groups": [MAIN, CONTROL], "storage": qz.LABEL}
+    grid.pop("threads")
+    manifest, _ = create_or_resume(
+        capture,
+        KIND,
+        grid,
+        "kvstudy kv-simulate (transformers, simulated KV storage)",
+        inputs,
+        lambda g, w: g,
+        "kv-precision",
+    )
+    states: dict[str, str] = dict(manifest.get("items") or {})
+    session = start_session(manifest, [MAIN, CONTROL])
+    write_manifest(capture, manifest)
+    scored = pr.gsm8k_prompts(spec.gsm8k_n) + pr.retrieval_prompts(
+        spec.retrieval_lengths, spec.retrieval_per_length, spec.retrieval_seed
+    )
+    calib_prompts = pr.calibration_prompts(spec.calibration_gsm8k_n, spec.retrieval_lengths[:2], spec.calibration_seed)
+    try:
+        loaded = load(spec.model, spec.threads)
+        calib = calibrate(loaded, calib_prompts)
+        write_json_atomic(
+            capture / MAIN / "calibration.json",
+            {"k_scales": calib[0], "v_scales": calib[1], "prompts": [p.id for p in calib_prompts]},
+        )
+        _run_group(
+            capture,
+            MAIN,
+            spec.model,
+            loaded,
+            _storages_main(calib),
+            scored,
+            spec,
+            [
+                f"calibration on {len(calib_prompts)} prompts that are not scored (GSM8K train split, "
+                f"retrieval seed {spec.calibration_seed})"
+            ],
+            states,
+        )
+        control = load(spec.control_dir, spec.threads)
+        k, v, found = qz.checkpoint_scales(spec.control_dir, control.layers)
+        write_json_atomic(capture / CONTROL / "control.json", {**record, "source": spec.model, "scales_found": found})
+        control_storages = [
+            qz.Storage("bf16", "bfloat16"),
+            qz.Storage("bf16-repeat", "bfloat16", kernel="eager"),
+            qz.Storage("fp8-e4m3-scale1", "float8_e4m3fn"),
+            qz.Storage("fp8-e4m3-checkpoint", "float8_e4m3fn", k, v, scales_from="checkpoint"),
+        ]
+        control_prompts = pr.gsm8k_prompts(spec.control_gsm8k_n)
+        _run_group(
+            capture,
+            CONTROL,
+            spec.control_dir,
+            control,
+            control_storages,
+            control_prompts,
+            spec,
+            [f"k_norm x {spec.control_factor:g}, q_norm / {spec.control_factor:g}; checkpoint: {found}"],
+            states,
+        )
+    finally:
+        set_items(manifest, states)
+        finish_session(session)
+        write_manifest(capture, manifest)
+    return capture
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    spec = SimSpec(
+        model=args.model,
+        control_dir=args.control_dir,
+        gsm8k_n=args.gsm8k_n,
+        control_gsm8k_n=args.control_gsm8k_n,
+        retrieval_lengths=tuple(args.retrieval_lengths),
+        retrieval_per_length=args.retrieval_per_length,
+        greedy_n=args.greedy_n,
+        threads=args.threads,
+    )
+    run(spec, args.capture)
+    print(f"{args.capture}: done ({qz.LABEL})")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    d = SimSpec()
+    p = subparsers.add_parser("kv-simulate", help=f"score FP8/int8 KV storage in PyTorch ({qz.LABEL})")
+    p.add_argument("capture", help="capture folder to write or resume")
+    p.add_argument("--model", default=d.model)
+    p.add_argument("--control-dir", default=d.control_dir, help="where the positive-control checkpoint is written")
+    p.add_argument("--gsm8k-n", type=int, default=d.gsm8k_n)
+    p.add_argument("--control-gsm8k-n", type=int, default=d.control_gsm8k_n)
+    p.add_argument("--retrieval-lengths", type=int, nargs="+", default=list(d.retrieval_lengths))
+    p.add_argument("--retrieval-per-length", type=int, default=d.retrieval_per_length)
+    p.add_argument("--greedy-n", type=int, default=d.greedy_n, help="GSM8K-format items answered greedily per arm")
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.set_defaults(func=_cmd)

@@ -1,0 +1,143 @@
+"""The positive control of the KV-precision study: a Qwen3 checkpoint whose K overflows FP8 at scale 1.0.
+
+Qwen3 normalises each head's query and key with RMSNorm (``q_norm``, ``k_norm``) before RoPE. This
+tool multiplies every layer's ``k_norm.weight`` by ``factor`` and divides ``q_norm.weight`` by it:
+each attention score ``q · k`` is unchanged (with a power of two, exactly: bfloat16 keeps every
+weight's mantissa), so a 16-bit model answers as before, but the stored K is ``factor`` times
+larger and leaves FP8 e4m3's range (448) by far. It writes per-layer ``k_scale`` tensors
+(``model.layers.<i>.self_attn.k_scale``, a name vLLM loads and ``kvstudy.model.scales`` reads) that
+bound K: after RMSNorm every element is at most ``max |k_norm.weight| * sqrt(head_dim)`` and RoPE
+rotates pairs, so ``k_scale = factor * max |k_norm.weight| * sqrt(head_dim) / 448`` never
+saturates. V is untouched and its ``v_scale`` is 1.0. "FP8 at scale 1.0" must then lose (the
+scale trap) and "FP8 with the checkpoint's scales" not, or much less.
+
+Deterministic and torch-free (numpy and safetensors): the same source folder gives the same bytes.
+
+    kvstudy control-checkpoint data/trained-model/qwen3-mini captures/models/qwen3-mini-k2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvstudy.errors import StudyError
+from kvstudy.io import file_digest, read_bytes_checked, write_text_atomic
+from kvstudy.model.safetensors import decode
+from kvstudy.tools.checkpoints import Tensors, write_json, write_safetensors
+
+FACTOR = 2048.0  # a power of two: q·k is exactly unchanged in bfloat16
+FP8_E4M3_MAX = 448.0
+COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+WEIGHTS = "model.safetensors"
+RECORD = "control.json"
+_NORM_RE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.([qk])_norm\.weight$")
+
+
+def read_bf16_safetensors(path: Path) -> Tensors:
+    """Every tensor of a single safetensors file (BF16 or F32) as float32 values."""
+    raw = read_bytes_checked(path, limit=1 << 30)
+    if len(raw) < 8:
+        raise StudyError(f"{path}: too short for a safetensors file")
+    (size,) = struct.unpack("<Q", raw[:8])
+    try:
+        header = json.loads(raw[8 : 8 + size])
+    except ValueError as exc:
+        raise StudyError(f"{path}: header is not JSON ({exc})") from None
+    out: Tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in ("BF16", "F32"):
+            raise StudyError(f"{path}: tensor {name} is {dtype}; expected BF16 or F32 weights")
+        values = decode(raw[8 + size + begin : 8 + size + end], dtype).astype(np.float32).reshape(shape)
+        out[name] = (dtype, values)
+    return out
+
+
+def build_control(source: str | Path, out: str | Path, factor: float = FACTOR) -> dict[str, Any]:
+    """Write the scaled-K checkpoint of ``source`` into ``out``; returns its record."""
+    source, out = Path(source), Path(out)
+    if not (source / WEIGHTS).is_file():
+        raise StudyError(f"{source}: no {WEIGHTS} (expected a single-file Qwen3 model folder)")
+    if not factor > 1:
+        raise StudyError(f"control factor: got {factor}, expected > 1")
+    config = json.loads(read_bytes_checked(source / "config.json"))
+    if config.get("model_type") != "qwen3":
+        raise StudyError(
+            f"{source}/config.json: model_type {config.get('model_type')!r}, expected 'qwen3' (q_norm/k_norm)"
+        )
+    head_dim = int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    tensors = read_bf16_safetensors(source / WEIGHTS)
+    k_scales: dict[int, float] = {}
+    for name, (dtype, values) in list(tensors.items()):
+        match = _NORM_RE.match(name)
+        if not match:
+            continue
+        layer, kind = int(match.group(1)), match.group(2)
+        scaled = values * np.float32(factor) if kind == "k" else values / np.float32(factor)
+        tensors[name] = (dtype, scaled.astype(np.float32))
+        if kind == "k":
+            k_scales[layer] = float(np.abs(scaled).max()) * math.sqrt(head_dim) / FP8_E4M3_MAX
+    layers = int(config["num_hidden_layers"])
+    if sorted(k_scales) != list(range(layers)):
+        raise StudyError(f"{source}: k_norm weights for layers {sorted(k_scales)}, expected 0..{layers - 1}")
+    for layer in range(layers):
+        tensors[f"model.layers.{layer}.self_attn.k_scale"] = ("F32", np.array(k_scales[layer], dtype=np.float32))
+        tensors[f"model.layers.{layer}.self_attn.v_scale"] = ("F32", np.array(1.0, dtype=np.float32))
+    out.mkdir(parents=True, exist_ok=True)
+    write_safetensors(out / WEIGHTS, tensors)
+    for name in COPIED:
+        if (source / name).is_file():
+            write_text_atomic(out / name, (source / name).read_text(encoding="utf-8"))
+    record = {
+        "what": "positive control: k_norm.weight * factor, q_norm.weight / factor, k_scale bounds K",
+        "generator": "kvstudy.tools.scaled_k_checkpoint.build_control",
+        "source": str(source),
+        "source_weights_sha256": file_digest(source / WEIGHTS, weights_headers_only=False),
+        "factor": factor,
+        "head_dim": head_dim,
+        "k_scales": [k_scales[i] for i in range(layers)],
+        "v_scales": [1.0] * layers,
+        "weights_sha256": file_digest(out / WEIGHTS, weights_headers_only=False),
+    }
+    write_json(out / RECORD, record)
+    return record
+
+
+def ensure_control(source: str | Path, out: str | Path, factor: float = FACTOR) -> dict[str, Any]:
+    """The control folder's record, building it when missing or made from other settings."""
+    record_path = Path(out) / RECORD
+    if record_path.is_file() and (Path(out) / WEIGHTS).is_file():
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        same_source = record.get("source_weights_sha256") == file_digest(
+            Path(source) / WEIGHTS, weights_headers_only=False
+        )
+        if same_source and record.get("factor") == factor:
+            return dict(record)
+    return build_control(source, out, factor)
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    record = build_control(args.source, args.out, args.factor)
+    print(f"{args.out}: factor {record['factor']:g}, k_scale per layer {[round(s, 4) for s in record['k_scales']]}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "control-checkpoint",
+        help="write the KV-precision positive control: a Qwen3 checkpoint whose K overflows FP8 at scale 1.0",
+    )
+    p.add_argument("source", help="a single-file Qwen3 model folder (e.g. data/trained-model/qwen3-mini)")
+    p.add_argument("out", help="the folder to write")
+    p.add_argument("--factor", type=float, default=FACTOR, help="k_norm is multiplied and q_norm divided by it")
+    p.set_defaults(func=_cmd)

@@ -1,0 +1,77 @@
+"""The screen's statistics on synthetic data: clustered mean, McNemar, verdicts, A/A false claims."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvstudy.errors import StudyError
+from kvstudy.precision import paired_logp as pl
+
+
+def _rows(values: list[list[float]], prefix: str = "p") -> list[dict]:
+    return [
+        {"id": f"{prefix}{i}", "bucket": "gsm8k", "cluster": f"c{i}", "logp": v, "top1": [1] * len(v)}
+        for i, v in enumerate(values)
+    ]
+
+
+def test_identical_arms_make_no_claim() -> None:
+    rows = _rows([[-1.0, -2.0], [-0.5, -0.1]])
+    paired = pl.pair_rows(rows, rows)
+    assert paired.test.mean == 0.0 and paired.test.p == 1.0 and paired.top1_agreement == 1.0
+    assert pl.verdict(paired.test.p, paired.test.mean, 1.0).startswith("no claim")
+
+
+def test_a_clear_loss_is_claimed_only_without_a_rejecting_floor() -> None:
+    rng = np.random.default_rng(0)
+    base = [list(rng.normal(-1, 0.5, 20)) for _ in range(30)]
+    cand = [[x - 0.3 + rng.normal(0, 0.05) for x in row] for row in base]
+    paired = pl.pair_rows(_rows(base), _rows(cand))
+    assert paired.test.mean < -0.25 and paired.test.p < 1e-6 and paired.test.clusters == 30
+    assert paired.test.low < paired.test.mean < paired.test.high < 0
+    assert pl.verdict(paired.test.p, paired.test.mean, 0.5).startswith("loss")
+    assert "floor rejects" in pl.verdict(paired.test.p, paired.test.mean, 0.01)
+    assert "higher" in pl.verdict(paired.test.p, -paired.test.mean, 0.5)
+
+
+def test_clustering_widens_the_interval() -> None:
+    rng = np.random.default_rng(1)
+    shifts = np.repeat(rng.normal(0, 1, 10), 50)
+    values = shifts + rng.normal(0, 0.1, 500)
+    clustered = pl.clustered_mean(values, np.repeat(np.arange(10).astype(str), 50))
+    naive = pl.clustered_mean(values, np.arange(500).astype(str))
+    assert clustered.high - clustered.low > 3 * (naive.high - naive.low)
+
+
+def test_a_a_false_claim_rate_is_at_most_5_percent() -> None:
+    rejects, claims = pl.false_claim_rate(n_sim=400, n_clusters=30, tokens=15, seed=3)
+    assert rejects <= 0.05 + 2 * (0.05 * 0.95 / 400) ** 0.5  # the test alone: its nominal 5 %, within noise
+    assert claims <= 0.05  # claimed losses: one-sided and gated by the floor
+
+
+def test_pairing_refuses_mismatched_rows() -> None:
+    with pytest.raises(StudyError, match="one arm only"):
+        pl.pair_rows(_rows([[-1.0]]), _rows([[-1.0]], prefix="q"))
+    with pytest.raises(StudyError, match="different tokenizers"):
+        pl.pair_rows(_rows([[-1.0]]), _rows([[-1.0, -2.0]]))
+
+
+def test_exact_mcnemar() -> None:
+    b, c, p = pl.exact_mcnemar([True] * 10 + [False] * 10, [False] * 10 + [False] * 10)
+    assert (b, c) == (10, 0) and p == pytest.approx(2 * 0.5**10)
+    assert pl.exact_mcnemar([True], [True]) == (0, 0, 1.0)
+
+
+def test_the_analysis_side_imports_without_torch() -> None:
+    """Notebook 07 renders with the analysis environment: none of these modules imports torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import kvstudy.precision.analysis, kvstudy.precision.records, kvstudy.precision.quantize, "
+        "kvstudy.precision.screen, kvstudy.precision.simulate, kvstudy.tools.scaled_k_checkpoint; "
+        "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
