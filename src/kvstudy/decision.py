@@ -26,6 +26,7 @@ TOPICS = {
     "speed": "02_speed-sweep",
     "accuracy": "03_gsm8k-accuracy",
     "long-context accuracy": "06_retrieval-accuracy",
+    "KV precision (simulated)": "07_kv-precision",
     "context scaling": "05_context-scaling",
     "scales": "04_scale-inspection",
 }
