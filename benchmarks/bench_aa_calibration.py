@@ -3,36 +3,48 @@
 A/A runs are runs of one server configuration (no effect to find). Runs are grouped by workload
 (concurrency, lengths, prompts, model); per group this prints
 
-* each run's median TPOT and whether per-token latency was measurable;
-* the false-claim rate when the group's runs are split at random into two pseudo-arms (at least
-  1,000 splits; target <= 5 %), with the smallest p that split design can reach;
-* the false-claim rate of designs of N runs per arm drawn with replacement from the group;
-* the power to detect a 20 % TPOT change with N runs per arm (default 5), and the change detected
-  with 80 % power.
+* each run's median TPOT, its seed (the block: read from the file name, ``<config>__s<seed>__...``)
+  and whether per-token latency was measurable;
+* the false-claim rate over the real splits (each seed's two A/A runs one to each pseudo-arm, at
+  least 1,000 splits), or "calibration not possible with this design" when that design cannot reach
+  p < 0.05 (3 seed blocks: smallest p 0.25);
+* the false-claim rate of designs of N seed blocks per arm (default 6, the fewest that can reach
+  p < 0.05) resampled from the group's blocks, with its 95 % Clopper-Pearson interval;
+* the power to detect a 20 % TPOT change at N blocks per arm with its interval over the simulated
+  designs, its range over the noise estimate's own 95 % interval (normal model, sign-flip test),
+  and the change detected with 80 % power.
 
-The rates count the verdict's test (p < 0.05 and the 95 % interval excluding 1) on every run,
-measurable or not: the other conditions can only turn a claim into "no claim".
+The rates count the verdict's test (p < 0.05 within seed blocks, and the 95 % interval excluding 1)
+on every run, measurable or not: the other conditions can only turn a claim into "no claim".
 
 By default it reads the bundled capture ``data/captures/speed-cpu`` (its ``bench/`` files of the
 configurations ``auto`` and ``auto-repeat``, the same server configuration: an A/A pair pooled at
 each user count). Figures only, no assertions.
 
     .venv/bin/python benchmarks/bench_aa_calibration.py [FOLDER ...] [--configs auto auto-repeat]
-        [--splits 1000] [--runs-per-arm 5] [--change 0.2] [--seed 0]
+        [--splits 1000] [--runs-per-arm 6] [--change 0.2] [--seed 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from kvstudy.bench.measurability import assess_run
 from kvstudy.bench.result import read_result_file, result_files
-from kvstudy.speed.calibration import false_claim_rate, minimum_detectable_change, power, simulated_false_claim_rate
+from kvstudy.speed.calibration import (
+    false_claim_rate,
+    minimum_detectable_change,
+    noise_sensitivity,
+    power,
+    simulated_false_claim_rate,
+)
 from kvstudy.speed.compare import BenchRun, expected_output_len, run_from_result
-from kvstudy.speed.verdict import minimum_p_value, summarise_run
+from kvstudy.speed.verdict import summarise_run
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CAPTURE = ROOT / "data" / "captures" / "speed-cpu"
@@ -75,7 +87,7 @@ def main() -> None:
         help="file-name prefixes to keep (default for the bundled capture: auto auto-repeat)",
     )
     parser.add_argument("--splits", type=int, default=1000, help="pseudo-arm splits and simulated designs (>= 1000)")
-    parser.add_argument("--runs-per-arm", type=int, default=5, help="design size for simulation and power")
+    parser.add_argument("--runs-per-arm", type=int, default=6, help="seed blocks per arm for simulation and power")
     parser.add_argument("--change", type=float, default=0.2, help="true TPOT change for the power figure")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -96,32 +108,28 @@ def main() -> None:
         print(f"\n== {concurrency} user(s), {prompts} prompts, ~{input_len} in / {output_len} out: {len(group)} runs")
         for r in group:
             m = assess_run(r.run, expected_output_len=expected)
-            s = summarise_run(r.run, m)
+            seed = re.search(r"__s(\d+)", r.path.name)
+            s = replace(summarise_run(r.run, m), block=int(seed.group(1)) if seed else None)
             summaries.append(s)
             status = "measurable" if m.measurable else "NOT measurable: " + "; ".join(m.reasons)
-            print(f"   {r.path.name:<28} median TPOT {s.median_tpot_s * 1e3:7.2f} ms  {status}")
+            print(f"   {r.path.name:<28} seed {s.block}  median TPOT {s.median_tpot_s * 1e3:7.2f} ms  {status}")
         if len(summaries) < 2:
             print("   fewer than 2 runs: nothing to split")
             continue
         replay = false_claim_rate(summaries, splits=args.splits, seed=args.seed)
-        print(
-            f"   replay, {replay.n_base} vs {replay.n_cand} runs split at random {replay.trials} times: "
-            f"false-claim rate {replay.rate:.1%} (95 % upper bound {replay.upper_95:.1%}; target <= 5 %; "
-            f"smallest reachable p {minimum_p_value(replay.n_base, replay.n_cand):.3g})"
-        )
+        kind = "seed blocks" if replay.blocked else "runs"
+        print(f"   replay, real splits ({replay.n_base} vs {replay.n_cand} {kind}): {replay.text}")
         sim = simulated_false_claim_rate(summaries, n_per_arm=n, simulations=args.splits, seed=args.seed)
         print(
-            f"   resampled, {n} vs {n} runs drawn with replacement {sim.trials} times: "
-            f"false-claim rate {sim.rate:.1%} (95 % upper bound {sim.upper_95:.1%})"
+            f"   resampled, {n} vs {n} {'seed blocks' if sim.blocked else 'runs'}: false claims {sim.text} (target <= 5 %)"
         )
         pw = power(summaries, change=args.change, n_per_arm=n, simulations=args.splits, seed=args.seed)
-        print(
-            f"   power for a {args.change:+.0%} TPOT change at {n} runs per arm: {pw.rate:.1%} "
-            f"({pw.claims} of {pw.trials} designs)"
-        )
+        print(f"   power for a {args.change:+.0%} TPOT change at {n} per arm: {pw.text}")
+        sens = noise_sensitivity(summaries, change=args.change, n_per_arm=n, seed=args.seed)
+        print("   power across the noise estimate's uncertainty: " + (sens.text if sens else "not estimable"))
         mdc = minimum_detectable_change(summaries, n_per_arm=n, seed=args.seed)
         print(
-            f"   change detected with 80 % power at {n} runs per arm: "
+            f"   change detected with 80 % power at {n} per arm: "
             + (f"{mdc:+.0%}" if mdc is not None else "none up to +300 %")
         )
         print(f"   ({time.perf_counter() - t0:.1f} s)")

@@ -34,7 +34,9 @@ def test_reference_render_recomputes_published_ratio_and_reads_capture(tmp_path:
     assert "2304" in html_text_of(run) and "yes: 12 of 32 requests wait" in html_text_of(run)
     assert "L4 published, 32 user(s): FP8 faster by 3.3 % per token, no claim" in run.finding
     html_text = run.html_path.read_text()
-    assert "another factor changed" in html_text and "more by 3.2 %" in html_text
+    assert "another factor changed" not in html_text and "more by 3.2 %" in html_text
+    assert "26.6 streams" in html_text and "calibration not possible with this design" in html_text
+    assert "at equal clock" not in html_text and "not varied / not measured" in html_text
     cap = speed.load_capture(ROOT / params["capture"])
     html = run.html_path.read_text().replace("<wbr/>", "")  # the renderer may break long words
     for cell in cap.spec.cells():  # every cell of the bundled capture is listed with its state

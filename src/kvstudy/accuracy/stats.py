@@ -27,7 +27,7 @@ paired test, the bounds published totals put on every pairing) is :mod:`kvstudy.
 * **Discrimination** (:class:`Discrimination`): a one-sided exact paired test that the model beats
   a weak baseline (zero-shot, random weights) on the same items.
 * **Better than chance** (:class:`ChanceCheck`): item ``i`` is right by a random pick with its own
-  chance, so the count right by chance is Poisson-binomial (scipy's ``poisson_binom``).
+  chance, so the count right by chance is Poisson-binomial (computed exactly by convolution).
 * **Clustered standard errors** (:class:`ClusteredMean`): items that share a context (several
   needles in one haystack) are not independent; the per-item values are summed per cluster and
   the sandwich (cluster-robust) variance ``G/(G-1) * sum_g S_g^2 / n^2`` is used, with a t interval
@@ -393,11 +393,24 @@ class ChanceCheck:
 
 
 def poisson_binomial_sf(right: int, chances: Sequence[float]) -> float:
-    """P(at least ``right`` successes) among independent trials with these chances (exact, scipy's
-    Poisson-binomial distribution)."""
-    from scipy.stats import poisson_binom
+    """P(at least ``right`` successes) among independent trials with these chances, exact: the
+    distribution is built by convolution (one trial at a time) and the upper tail summed directly,
+    so a tail far below 1e-16 keeps its value (scipy's ``poisson_binom.sf`` is 1 - cdf there and
+    stops at the floating-point floor, about 3e-16)."""
+    if right <= 0:
+        return 1.0
+    if right > len(chances):
+        return 0.0
+    pmf = np.array([1.0])
+    for q in chances:
+        q = float(q)
+        pmf = np.concatenate([pmf * (1.0 - q), [0.0]]) + np.concatenate([[0.0], pmf * q])
+    return float(min(1.0, pmf[right:].sum()))
 
-    return float(min(1.0, poisson_binom.sf(right - 1, list(chances)))) if right > 0 else 1.0
+
+def p_text(p: float) -> str:
+    """A p value for a sentence: two significant digits, or '< 1e-300' below what a float holds."""
+    return "< 1e-300" if p < 1e-300 else f"{p:.2g}"
 
 
 def chance_check(label: str, outcomes: Sequence[bool], chances: Sequence[float], alpha: float = ALPHA) -> ChanceCheck:

@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from kvstudy.accuracy.analysis import PowerRow
 from kvstudy.accuracy.runner import ConfigResult
-from kvstudy.accuracy.stats import ChanceCheck, DifferenceInterval, Discrimination, NonInferiority, PairedComparison
+from kvstudy.accuracy.stats import (
+    ChanceCheck,
+    DifferenceInterval,
+    Discrimination,
+    NonInferiority,
+    PairedComparison,
+    p_text,
+)
 from kvstudy.accuracy.totals import TotalsBounds
 from kvstudy.accuracy.verdicts import RetrievalPaired
 
@@ -428,7 +435,7 @@ def chance_sentence(c: ChanceCheck) -> str:
     return (
         f"{c.label} {verb}: {c.right}/{c.n} right against {c.expected:.1f} expected by picking one of "
         f"each context's values at random ({100 * c.chance_min:.1f}% to {100 * c.chance_max:.1f}% an item; "
-        f"one-sided exact Poisson-binomial p = {c.p_value:.2g})."
+        f"one-sided exact Poisson-binomial p = {p_text(c.p_value)})."
     )
 
 

@@ -284,3 +284,33 @@ def _status(fit: Any) -> str:
     if fit.runs < 2:
         text += " (one server start only: the interval covers request-to-request noise, not start-to-start)"
     return text
+
+
+def docs_table_vs_roofline(path: str | Path, models_root: str | Path, users: int = 1) -> Any:
+    """The vLLM documentation's L4 table (FP8 KV cache's throughput change per context length) beside
+    the roofline's predicted speedup for the table's model at ``users`` (not published: assumed),
+    both as "% more output tok/s" (a throughput gain is a TPOT speedup at equal concurrency)."""
+    import json
+
+    import pandas as pd
+
+    data = json.loads(Path(path).read_text())
+    if data.get("source") != "published" or not data.get("rows"):
+        raise StudyError(f"{path}: expected 'source': 'published' and 'rows'")
+    folder = _model_dir(Path(models_root), str(data["model"]))
+    rows = []
+    for r in data["rows"]:
+        tokens = int(r["context_tokens"])
+        predicted = max_fp8_gain_pct(folder, tokens, users)
+        published = float(r["fp8_throughput_change_pct"])
+        rows.append(
+            {
+                "context": r.get("label", str(tokens)),
+                "tokens": tokens,
+                "FP8 tok/s change (%), published": published,
+                f"roofline gain (%), {users} user(s) assumed": round(predicted, 2),
+                "published / roofline": round(published / predicted, 2) if predicted > 0 else None,
+                "origin": f"published: vLLM docs (L4, {data['model']}); predicted: roofline from {folder}/config.json",
+            }
+        )
+    return pd.DataFrame(rows)

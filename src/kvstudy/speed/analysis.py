@@ -217,7 +217,7 @@ class ClockAdjusted:
 
     users: int
     n_cells: int
-    effect_ms: float | None  # candidate minus baseline TPOT at equal clock
+    effect_ms: float | None  # candidate minus baseline TPOT (with the clock in the model where it varied)
     ci_low_ms: float | None
     ci_high_ms: float | None
     effect_pct: float | None  # effect relative to the baseline's mean TPOT
@@ -264,7 +264,8 @@ def clock_adjusted(
             note += f"; the clock is nearly confounded with the arm (r = {corr:.2f}), so the split is fragile"
     elif clock.notna().all():
         note = (
-            f"the clock did not vary ({clock.iloc[0]:.0f} MHz in every cell): no adjustment possible, plain difference"
+            f"clock not varied / not measured (the same {clock.iloc[0]:g} MHz reading in every cell): no clock "
+            "term: a plain difference (a constant reading says nothing about the clocks)"
         )
     else:
         note = "no clock readings: plain difference"

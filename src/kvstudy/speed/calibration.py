@@ -3,18 +3,26 @@
 From A/A data (runs of one configuration; the noise of the machine and the method, no effect):
 
 * :func:`false_claim_rate` splits the A/A runs into two pseudo-arms many times (seeded) and counts
-  how often the verdict's test claims "faster" or "slower";
-* :func:`simulated_false_claim_rate` draws designs of ``n`` runs per arm with replacement from the
-  A/A runs (a design larger than the capture) and counts claims;
-* :func:`power` does the same with one arm's TPOTs multiplied by ``1 + change`` and counts claims
-  in the right direction;
+  how often the verdict's test claims "faster" or "slower", but only when the split design can
+  reach p < alpha at all: a design whose smallest reachable p is 0.1 (3 vs 3 runs) or 0.25 (3 seed
+  blocks) cannot claim anything, so "0 false claims" would say nothing. Such a design is reported
+  as "calibration not possible with this design" (``ClaimRate.possible`` False);
+* :func:`simulated_false_claim_rate` draws designs of ``n`` seed blocks (one run per arm each) from
+  the A/A blocks (a block: one seed's A/A runs, given to the two arms at random);
+* :func:`power` does the same with the candidate's TPOTs multiplied by ``1 + change`` and counts
+  claims in the right direction, with a Clopper-Pearson interval over the simulated designs;
+* :func:`noise_sensitivity` says how much that power rests on the noise estimate itself: the
+  spread of the per-seed A/A differences has few degrees of freedom, so power is recomputed
+  (normal model, exact sign-flip test) at both ends of that spread's 95 % interval;
 * :func:`minimum_detectable_change` searches the smallest change detected with 80 % power.
 
-The rule counted is the test's part of :func:`kvstudy.speed.verdict.compare_runs` (p < alpha and
-the interval excluding 1): the other conditions (every run measurable, clocks comparable, arms
-interleaved) can only turn a claim into "no claim", so the rates here are upper bounds for the full
-verdict's false claims, and its power when those conditions hold. All functions are pure and
-seeded: the same input and seed give the same figures.
+The test is the verdict's (:func:`kvstudy.speed.verdict.permutation_test`, within seed blocks when
+the runs name their seeds). The rule counted is the test's part of
+:func:`kvstudy.speed.verdict.compare_runs` (p < alpha and the interval excluding 1): the other
+conditions can only turn a claim into "no claim", so the rates here are upper bounds for the full
+verdict's false claims, and its power when those conditions hold. Power is for one test at alpha;
+after Holm's correction over m tests the smallest p needs to be below alpha / m. All functions are
+pure and seeded.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import numpy as np
 from scipy import stats
 
 from kvstudy.errors import StudyError
+from kvstudy.speed.design import blocked_min_p
 from kvstudy.speed.verdict import (
     ALPHA,
     RunSummary,
@@ -43,7 +52,7 @@ TARGET_POWER = 0.8
 
 @dataclass(frozen=True)
 class ClaimRate:
-    """How many of ``trials`` simulated comparisons made a claim, with a one-sided 95 % upper bound."""
+    """How many of ``trials`` simulated comparisons made a claim, with its uncertainty."""
 
     what: str
     claims: int
@@ -53,6 +62,20 @@ class ClaimRate:
     n_base: int
     n_cand: int
     change: float | None = None  # true candidate/baseline TPOT ratio minus 1 (power only)
+    ci_95: tuple[float, float] = (0.0, 1.0)  # two-sided Clopper-Pearson 95 % interval of the rate
+    min_p: float = 0.0  # smallest two-sided p the design can reach
+    blocked: bool = False  # seed blocks (one run per arm each) rather than free splits
+    possible: bool = True  # False: the design cannot reach p < alpha, so nothing was counted
+
+    @property
+    def text(self) -> str:
+        """The rate with its interval, or why there is none."""
+        if not self.possible:
+            return f"calibration not possible with this design (smallest reachable p {self.min_p:.3g})"
+        return (
+            f"{self.claims} of {self.trials} ({self.rate:.1%}, 95 % interval {self.ci_95[0]:.1%} to "
+            f"{self.ci_95[1]:.1%})"
+        )
 
 
 def _upper_bound(claims: int, trials: int, level: float = 0.95) -> float:
@@ -62,7 +85,25 @@ def _upper_bound(claims: int, trials: int, level: float = 0.95) -> float:
     return float(stats.beta.ppf(level, claims + 1, trials - claims))
 
 
-def _rate(what: str, claims: int, trials: int, n_base: int, n_cand: int, change: float | None = None) -> ClaimRate:
+def clopper_pearson(claims: int, trials: int, level: float = 0.95) -> tuple[float, float]:
+    """Two-sided Clopper-Pearson interval of a binomial rate."""
+    tail = (1.0 - level) / 2.0
+    low = 0.0 if claims <= 0 else float(stats.beta.ppf(tail, claims, trials - claims + 1))
+    high = 1.0 if claims >= trials else float(stats.beta.ppf(1.0 - tail, claims + 1, trials - claims))
+    return low, high
+
+
+def _rate(
+    what: str,
+    claims: int,
+    trials: int,
+    n_base: int,
+    n_cand: int,
+    change: float | None = None,
+    *,
+    min_p: float = 0.0,
+    blocked: bool = False,
+) -> ClaimRate:
     return ClaimRate(
         what=what,
         claims=claims,
@@ -72,7 +113,17 @@ def _rate(what: str, claims: int, trials: int, n_base: int, n_cand: int, change:
         n_base=n_base,
         n_cand=n_cand,
         change=change,
+        ci_95=clopper_pearson(claims, trials),
+        min_p=min_p,
+        blocked=blocked,
     )
+
+
+def _impossible(
+    what: str, n_base: int, n_cand: int, min_p: float, blocked: bool, change: float | None = None
+) -> ClaimRate:
+    nan = math.nan
+    return ClaimRate(what, 0, 0, nan, nan, n_base, n_cand, change, (nan, nan), min_p, blocked, possible=False)
 
 
 def _usable(runs: Sequence[RunSummary]) -> list[RunSummary]:
@@ -80,6 +131,23 @@ def _usable(runs: Sequence[RunSummary]) -> list[RunSummary]:
     if bad:
         raise StudyError(f"calibration: run(s) {', '.join(bad)} have no positive per-request TPOT")
     return list(runs)
+
+
+def seed_blocks(runs: Sequence[RunSummary]) -> list[list[np.ndarray]] | None:
+    """The runs' per-request TPOTs grouped by seed (blocks of at least 2 runs); None when a run names
+    no seed or no seed has two runs."""
+    if not runs or any(r.block is None for r in runs):
+        return None
+    groups: dict[int, list[np.ndarray]] = {}
+    for r in runs:
+        groups.setdefault(int(r.block), []).append(np.asarray(r.tpots_s, dtype=float))  # type: ignore[arg-type]
+    blocks = [g for g in groups.values() if len(g) >= 2]
+    return blocks or None
+
+
+def design_min_p(n_per_arm: int, blocked: bool) -> float:
+    """Smallest reachable two-sided p of ``n_per_arm`` runs per arm, in seed blocks or free."""
+    return blocked_min_p([(1, 1)] * n_per_arm) if blocked else minimum_p_value(n_per_arm, n_per_arm)
 
 
 def claim_by_test(
@@ -90,13 +158,16 @@ def claim_by_test(
     resamples: int = CALIBRATION_RESAMPLES,
     seed: int = 0,
     use_interval: bool = True,
+    blocked: bool = False,
 ) -> str:
     """The verdict test on per-request TPOTs of each run: "faster", "slower" or "no claim".
 
-    ``use_interval=False`` counts p < alpha alone (faster; the interval rarely decides once p < alpha)."""
+    ``blocked``: run i of each arm forms block i (labels permuted within blocks).
+    ``use_interval=False`` counts p < alpha alone (the interval rarely decides once p < alpha)."""
     lb = [math.log(float(np.median(v))) for v in base]
     lc = [math.log(float(np.median(v))) for v in cand]
-    test = permutation_test(lb, lc, seed=seed)
+    blocks = list(range(len(lb))) if blocked else None
+    test = permutation_test(lb, lc, base_blocks=blocks, cand_blocks=blocks, seed=seed)
     if not test.p_value < alpha:
         return "no claim"
     if not use_interval:
@@ -115,14 +186,35 @@ def false_claim_rate(
     resamples: int = CALIBRATION_RESAMPLES,
     seed: int = 0,
 ) -> ClaimRate:
-    """Split the A/A ``runs`` at random (without replacement) into pseudo-arms of ``n_base`` and
-    ``n_cand`` runs (default: half each) ``splits`` times; the share of splits with a claim."""
+    """Split the A/A ``runs`` at random into pseudo-arms ``splits`` times; the share of splits with
+    a claim. With seeds known (and no sizes given), each seed block's runs go one to each pseudo-arm
+    (the blocked design the verdict tests); otherwise ``n_base`` and ``n_cand`` runs (default half
+    each). When that design cannot reach p < alpha, nothing is counted (``possible`` False)."""
     pool = _usable(runs)
+    blocks = seed_blocks(pool)
+    rng = np.random.default_rng(seed)
+    if blocks is not None and n_base is None and n_cand is None:
+        k = len(blocks)
+        min_p = design_min_p(k, True)
+        what = f"A/A runs, one per pseudo-arm in each of {k} seed blocks"
+        if min_p >= alpha:
+            return _impossible(what, k, k, min_p, True)
+        claims = 0
+        for i in range(splits):
+            picks = [rng.choice(len(b), size=2, replace=False) for b in blocks]
+            base = [b[j[0]] for b, j in zip(blocks, picks)]
+            cand = [b[j[1]] for b, j in zip(blocks, picks)]
+            claim = claim_by_test(base, cand, alpha=alpha, resamples=resamples, seed=seed + i, blocked=True)
+            claims += claim != "no claim"
+        return _rate(what, claims, splits, k, k, min_p=min_p, blocked=True)
     n1 = n_base if n_base is not None else len(pool) // 2
     n2 = n_cand if n_cand is not None else len(pool) - n1
     if n1 < 1 or n2 < 1 or n1 + n2 > len(pool):
         raise StudyError(f"calibration: cannot split {len(pool)} A/A runs into {n1} + {n2}")
-    rng = np.random.default_rng(seed)
+    min_p = minimum_p_value(n1, n2)
+    what = "A/A runs split into pseudo-arms"
+    if min_p >= alpha:
+        return _impossible(what, n1, n2, min_p, False)
     tpots = [np.asarray(r.tpots_s, dtype=float) for r in pool]
     claims = 0
     for i in range(splits):
@@ -130,7 +222,7 @@ def false_claim_rate(
         base = [tpots[j] for j in order[:n1]]
         cand = [tpots[j] for j in order[n1 : n1 + n2]]
         claims += claim_by_test(base, cand, alpha=alpha, resamples=resamples, seed=seed + i) != "no claim"
-    return _rate("A/A runs split into pseudo-arms", claims, splits, n1, n2)
+    return _rate(what, claims, splits, n1, n2, min_p=min_p)
 
 
 def _simulate(
@@ -143,69 +235,165 @@ def _simulate(
     resamples: int,
     seed: int,
     use_interval: bool = True,
+    blocks: Sequence[Sequence[np.ndarray]] | None = None,
 ) -> tuple[int, int]:
-    """(claims in any direction, claims in the direction of ``ratio``) over simulated designs."""
+    """(claims in any direction, claims in the direction of ``ratio``) over simulated designs: with
+    ``blocks``, ``n_base`` seed blocks drawn with replacement, each block's two runs taken from one
+    observed seed and given to the arms at random; otherwise runs drawn with replacement."""
     if n_base < 1 or n_cand < 1:
         raise StudyError(f"calibration: {n_base} vs {n_cand} runs per arm, expected at least 1 each")
     rng = np.random.default_rng(seed)
     want = "slower" if ratio > 1.0 else "faster"
     any_claims = right = 0
     for i in range(simulations):
-        picks = rng.integers(0, len(pool), size=n_base + n_cand)
-        base = [pool[j] for j in picks[:n_base]]
-        cand = [pool[j] * ratio for j in picks[n_base:]]
-        claim = claim_by_test(base, cand, alpha=alpha, resamples=resamples, seed=seed + i, use_interval=use_interval)
+        if blocks is not None:
+            chosen = rng.integers(0, len(blocks), size=n_base)
+            pairs = [rng.choice(len(blocks[k]), size=2, replace=False) for k in chosen]
+            base = [blocks[k][j[0]] for k, j in zip(chosen, pairs)]
+            cand = [blocks[k][j[1]] * ratio for k, j in zip(chosen, pairs)]
+        else:
+            picks = rng.integers(0, len(pool), size=n_base + n_cand)
+            base = [pool[j] for j in picks[:n_base]]
+            cand = [pool[j] * ratio for j in picks[n_base:]]
+        claim = claim_by_test(
+            base,
+            cand,
+            alpha=alpha,
+            resamples=resamples,
+            seed=seed + i,
+            use_interval=use_interval,
+            blocked=blocks is not None,
+        )
         any_claims += claim != "no claim"
         right += claim == want
     return any_claims, right
 
 
+def _noise(runs: Sequence[RunSummary]) -> tuple[list[RunSummary], list[list[np.ndarray]] | None, list[np.ndarray]]:
+    usable = _usable(runs)
+    return usable, seed_blocks(usable), [np.asarray(r.tpots_s, dtype=float) for r in usable]
+
+
 def simulated_false_claim_rate(
     runs: Sequence[RunSummary],
     *,
-    n_per_arm: int = 5,
+    n_per_arm: int = 6,
     simulations: int = SPLITS,
     alpha: float = ALPHA,
     resamples: int = CALIBRATION_RESAMPLES,
     seed: int = 0,
 ) -> ClaimRate:
-    """Designs of ``n_per_arm`` runs per arm drawn with replacement from the A/A ``runs`` (no effect
-    added); the share with a claim."""
-    pool = [np.asarray(r.tpots_s, dtype=float) for r in _usable(runs)]
-    claims, _ = _simulate(pool, n_per_arm, n_per_arm, 1.0, simulations, alpha, resamples, seed)
-    return _rate("designs resampled from A/A runs, no change", claims, simulations, n_per_arm, n_per_arm)
+    """Designs of ``n_per_arm`` seed blocks (runs per arm) resampled from the A/A runs, no change
+    added; the share with a claim (``possible`` False when the design cannot reach p < alpha)."""
+    _, blocks, pool = _noise(runs)
+    min_p = design_min_p(n_per_arm, blocks is not None)
+    what = f"designs resampled from A/A {'seed blocks' if blocks is not None else 'runs'}, no change"
+    if min_p >= alpha:
+        return _impossible(what, n_per_arm, n_per_arm, min_p, blocks is not None)
+    claims, _ = _simulate(pool, n_per_arm, n_per_arm, 1.0, simulations, alpha, resamples, seed, blocks=blocks)
+    return _rate(what, claims, simulations, n_per_arm, n_per_arm, min_p=min_p, blocked=blocks is not None)
 
 
 def power(
     runs: Sequence[RunSummary],
     *,
     change: float = 0.2,
-    n_per_arm: int = 5,
+    n_per_arm: int = 6,
     simulations: int = SPLITS,
     alpha: float = ALPHA,
     resamples: int = CALIBRATION_RESAMPLES,
     seed: int = 0,
 ) -> ClaimRate:
-    """Share of designs (``n_per_arm`` runs per arm, drawn with replacement from the A/A ``runs``,
-    candidate TPOTs multiplied by ``1 + change``) in which the verdict claims the true direction."""
+    """Share of designs (``n_per_arm`` seed blocks resampled from the A/A runs, candidate TPOTs
+    multiplied by ``1 + change``) in which the verdict claims the true direction, with its
+    Clopper-Pearson interval over the simulated designs (``ci_95``)."""
     if not change > -1.0 or change == 0.0:
         raise StudyError(f"power: change is {change!r}, expected a non-zero fraction above -1 (0.2 = 20 % slower)")
-    pool = [np.asarray(r.tpots_s, dtype=float) for r in _usable(runs)]
-    _, right = _simulate(pool, n_per_arm, n_per_arm, 1.0 + change, simulations, alpha, resamples, seed)
-    return _rate(
-        f"designs resampled from A/A runs, candidate TPOT x {1.0 + change:g}",
-        right,
-        simulations,
-        n_per_arm,
-        n_per_arm,
-        change=change,
+    _, blocks, pool = _noise(runs)
+    min_p = design_min_p(n_per_arm, blocks is not None)
+    what = (
+        f"designs resampled from A/A {'seed blocks' if blocks is not None else 'runs'}, candidate TPOT x {1 + change:g}"
     )
+    if min_p >= alpha:
+        return _impossible(what, n_per_arm, n_per_arm, min_p, blocks is not None, change)
+    _, right = _simulate(pool, n_per_arm, n_per_arm, 1.0 + change, simulations, alpha, resamples, seed, blocks=blocks)
+    return _rate(what, right, simulations, n_per_arm, n_per_arm, change, min_p=min_p, blocked=blocks is not None)
+
+
+@dataclass(frozen=True)
+class NoiseSensitivity:
+    """Power under a normal model of the per-seed log differences, at the noise estimate and at both
+    ends of its 95 % interval (chi-square with ``df`` degrees of freedom)."""
+
+    sigma: float  # SD of one seed's log(candidate / baseline) difference with no change
+    sigma_low: float
+    sigma_high: float
+    df: int
+    power: float  # at sigma
+    power_low_noise: float  # at sigma_low (the optimistic end)
+    power_high_noise: float  # at sigma_high
+
+    @property
+    def text(self) -> str:
+        return (
+            f"{self.power:.0%} at the estimated noise (SD {self.sigma:.3f} of a per-seed log difference, "
+            f"{self.df} df); {self.power_high_noise:.0%} to {self.power_low_noise:.0%} across that "
+            f"noise's 95 % interval (SD {self.sigma_low:.3f} to {self.sigma_high:.3f})"
+        )
+
+
+def _sign_flip_power(sigma: float, change: float, n: int, alpha: float, simulations: int, seed: int) -> float:
+    """Share of normal designs (n per-seed differences) whose exact sign-flip test claims the change."""
+    rng = np.random.default_rng(seed)
+    signs = np.array(np.meshgrid(*[[-1.0, 1.0]] * n, indexing="ij")).reshape(n, -1)  # (n, 2^n)
+    right = 0
+    step = max(1, 400_000 // signs.shape[1])
+    for start in range(0, simulations, step):
+        size = min(step, simulations - start)
+        d = rng.normal(math.log1p(change), sigma, size=(size, n))
+        observed = d.mean(axis=1)
+        flipped = d @ signs / n
+        upper = (flipped >= observed[:, None] - 1e-12).mean(axis=1)
+        lower = (flipped <= observed[:, None] + 1e-12).mean(axis=1)
+        p = np.minimum(1.0, 2.0 * np.minimum(upper, lower))
+        right += int(np.count_nonzero((p < alpha) & (np.sign(observed) == np.sign(change))))
+    return right / simulations
+
+
+def noise_sensitivity(
+    runs: Sequence[RunSummary],
+    *,
+    change: float = 0.2,
+    n_per_arm: int = 6,
+    alpha: float = ALPHA,
+    simulations: int = 4_000,
+    seed: int = 0,
+) -> NoiseSensitivity | None:
+    """Power of ``n_per_arm`` seed blocks to detect ``change`` when a seed's log difference is normal
+    with the A/A blocks' spread, and at both ends of that spread's 95 % interval (the noise estimate's
+    own uncertainty). Without seed blocks a difference's spread is sqrt(2) x the runs' log-median SD.
+    None when the noise cannot be estimated or the design cannot reach p < alpha."""
+    usable, blocks, _ = _noise(runs)
+    if blocks is not None:
+        d = [math.log(float(np.median(b[1]))) - math.log(float(np.median(b[0]))) for b in blocks]
+        df, var = len(d), float(np.mean(np.square(d)))  # the mean difference is 0 under A/A
+    else:
+        logs = [math.log(r.median_tpot_s) for r in usable]
+        df = len(logs) - 1
+        var = 2.0 * float(np.var(logs, ddof=1)) if df >= 1 else math.nan
+    if df < 1 or not var > 0 or design_min_p(n_per_arm, True) >= alpha or n_per_arm > 16:
+        return None
+    sigma = math.sqrt(var)
+    low = math.sqrt(df * var / float(stats.chi2.ppf(0.975, df)))
+    high = math.sqrt(df * var / float(stats.chi2.ppf(0.025, df)))
+    at = [_sign_flip_power(s, change, n_per_arm, alpha, simulations, seed) for s in (sigma, low, high)]
+    return NoiseSensitivity(sigma, low, high, df, at[0], at[1], at[2])
 
 
 def minimum_detectable_change(
     runs: Sequence[RunSummary],
     *,
-    n_per_arm: int = 5,
+    n_per_arm: int = 6,
     n_cand: int | None = None,
     target_power: float = TARGET_POWER,
     alpha: float = ALPHA,
@@ -217,16 +405,21 @@ def minimum_detectable_change(
     use_interval: bool = True,
 ) -> float | None:
     """Smallest TPOT increase (fraction: 0.2 = candidate 20 % slower) that a design of ``n_per_arm``
-    baseline and ``n_cand`` (default the same) candidate runs detects with ``target_power``, by
-    bisection with common random numbers; None when no change up to ``max_change`` is (the design
-    cannot reach p < alpha, or the noise is too large). ``use_interval=False``: p < alpha alone."""
+    baseline and ``n_cand`` (default the same) candidate runs (seed blocks when the runs name seeds
+    and the arms are equal) detects with ``target_power``, by bisection with common random numbers;
+    None when no change up to ``max_change`` is (the design cannot reach p < alpha, or the noise is
+    too large). ``use_interval=False``: p < alpha alone."""
     n2 = n_cand if n_cand is not None else n_per_arm
-    if minimum_p_value(n_per_arm, n2) >= alpha:
+    _, blocks, pool = _noise(runs)
+    if n2 != n_per_arm:
+        blocks = None
+    if design_min_p(n_per_arm, blocks is not None) >= alpha or minimum_p_value(n_per_arm, n2) >= alpha:
         return None
-    pool = [np.asarray(r.tpots_s, dtype=float) for r in _usable(runs)]
 
     def detected(change: float) -> bool:
-        _, right = _simulate(pool, n_per_arm, n2, 1.0 + change, simulations, alpha, resamples, seed, use_interval)
+        _, right = _simulate(
+            pool, n_per_arm, n2, 1.0 + change, simulations, alpha, resamples, seed, use_interval, blocks=blocks
+        )
         return right / simulations >= target_power
 
     if not detected(max_change):

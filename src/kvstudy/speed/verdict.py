@@ -7,19 +7,26 @@ independent replicates. Per run the summary is the log of its median per-request
 * **Effect:** ``tpot_ratio`` = candidate / baseline, the ratio of the geometric means of the
   per-run median TPOTs (exp of the difference of mean log medians). Below 1: the candidate spends
   less time per output token ("faster").
-* **Test:** an exact permutation test of that difference over all C(n1+n2, n1) ways to split the
-  runs into two arms of the same sizes (a seeded Monte-Carlo of :data:`MONTE_CARLO_DRAWS` splits
-  when there are more than :data:`MAX_EXACT_SPLITS`). Two-sided p = min(1, 2 x the smaller one-sided
-  p), so the smallest p a design can reach is 2 / C(n1+n2, n1): 0.2 at 3 vs 2 runs, 0.1 at 3 vs 3,
-  0.029 at 4 vs 4. Under "no difference" (runs exchangeable) P(p < alpha) <= alpha exactly.
+* **Test:** an exact permutation test of that difference. When every run names its seed (its
+  block: the sweep runs both arms of a seed next to each other, with the same prompts), labels are
+  permuted only within seed blocks (one run per arm per seed: 2^k sign flips of the k per-seed
+  differences); otherwise over all C(n1+n2, n1) splits. A seeded Monte-Carlo of
+  :data:`MONTE_CARLO_DRAWS` splits is used when there are more than :data:`MAX_EXACT_SPLITS`.
+  Two-sided p = min(1, 2 x the smaller one-sided p), so the smallest reachable p is 2 / (number of
+  splits): blocked, 0.25 at 3 seeds, 0.031 at 6; unblocked, 0.2 at 3 vs 2 runs, 0.1 at 3 vs 3.
+  Under "no difference" (runs exchangeable within blocks) P(p < alpha) <= alpha for a design fixed
+  in advance and tested once (:mod:`kvstudy.speed.design` checks that).
 * **Interval:** a 95 % percentile interval of the ratio from a hierarchical bootstrap (resample runs
   within each arm, then requests within each drawn run). With few runs it is too narrow (it sees
   only the runs it has); the permutation p is the guard on false claims, the interval says how large.
 
 A claim ("faster" or "slower") needs: every run measurable; p < alpha; the interval excluding 1;
-clocks comparable when known (arm medians within ``clock_tolerance``); and the arms interleaved in
-time (when every run of one arm started before every run of the other, drift cannot be told from
-the effect). Otherwise the verdict is "no claim", with the reasons.
+clocks comparable when known (arm medians within ``clock_tolerance``; a clock that reads the same in
+every run is "not varied / not measured", not an equal clock); a block design in time
+(:func:`kvstudy.speed.design.order_check`); the registered number of runs per arm when one was
+registered; and no outside refusal (e.g. queueing). :func:`adjust_for_multiplicity` then applies
+Holm's correction across the tests of one report. Otherwise the verdict is "no claim", with the
+reasons.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import functools
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +48,14 @@ from kvstudy.bench.measurability import (
     per_request_tpot_s,
 )
 from kvstudy.errors import StudyError
+from kvstudy.speed.design import (
+    MULTIPLICITY_METHOD,
+    blocked_min_p,
+    blocks_needed,
+    holm,
+    order_check,
+    registration_check,
+)
 
 ALPHA = 0.05  # false-claim rate the test is built for
 CONFIDENCE = 0.95  # level of the reported interval
@@ -64,6 +79,8 @@ class RunSummary:
     start_time_s: float | None = None
     median_clock_mhz: float | None = None
     e2e_per_token_s: tuple[float, ...] = ()
+    block: int | None = None  # the seed: both arms' runs of one seed form a block
+    clock_range_mhz: float | None = None  # max - min of the clock samples in the run's window
 
     @property
     def median_tpot_s(self) -> float:
@@ -80,6 +97,7 @@ class PermutationTest:
     exact: bool
     splits: int  # splits evaluated (all of them when exact)
     min_p_value: float  # smallest two-sided p the design can reach
+    blocks: int = 0  # seed blocks permuted within (0: unblocked)
 
 
 @dataclass(frozen=True)
@@ -104,8 +122,15 @@ class Verdict:
     cycles_per_token: dict[str, float] | None = None  # TPOT x median clock, per arm (cycles)
     clock_adjusted_ratio: float | None = None  # the TPOT ratio had the clocks been equal
     e2e_per_token_ratio: float | None = None  # end-to-end latency per output token, candidate / baseline
+    clock_status: str = "not recorded"  # "compared" | "not recorded" | "not varied / not measured" | "missing"
+    blocks: int = 0  # seed blocks the test permuted within (0: unblocked)
+    order_design: str = "unknown"  # what order_check found
+    registered_runs_per_arm: int | None = None
+    p_adjusted: float | None = None  # after the multiplicity correction (None: not adjusted)
+    family_size: int = 1  # tests in the family the correction ran over
+    multiplicity: str = ""  # the correction's method
     ratio_method: str = "ratio of geometric means of per-run median TPOT (candidate / baseline)"
-    test_method: str = "permutation test on log median TPOT per run, two-sided (2 x smaller one-sided p)"
+    test_method: str = "permutation test on log median TPOT per run (within seed blocks when known), two-sided"
     interval_method: str = "hierarchical bootstrap (runs within arm, then requests within run), percentile"
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,14 +173,19 @@ def permutation_test(
     base: Sequence[float],
     cand: Sequence[float],
     *,
+    base_blocks: Sequence[int] | None = None,
+    cand_blocks: Sequence[int] | None = None,
     seed: int = 0,
     max_exact: int = MAX_EXACT_SPLITS,
     draws: int = MONTE_CARLO_DRAWS,
 ) -> PermutationTest:
     """Permutation test of mean(cand) - mean(base) on per-run values (e.g. log median TPOT).
 
-    Exact over all splits when there are at most ``max_exact``; otherwise ``draws`` random splits
-    (seeded), each one-sided p as (1 + hits) / (1 + draws). Two-sided p = min(1, 2 x smaller side).
+    With ``base_blocks``/``cand_blocks`` (a block, the seed, per run) labels are permuted within
+    blocks only and the statistic is the mean over blocks of the within-block difference; blocks
+    lacking an arm are left out. Exact over all splits when there are at most ``max_exact``;
+    otherwise ``draws`` random splits (seeded), each one-sided p as (1 + hits) / (1 + draws).
+    Two-sided p = min(1, 2 x smaller side).
     """
     b = np.asarray(base, dtype=float)
     c = np.asarray(cand, dtype=float)
@@ -163,14 +193,16 @@ def permutation_test(
         raise StudyError(f"permutation test: {b.size} baseline and {c.size} candidate runs, expected at least 1 each")
     if not (np.all(np.isfinite(b)) and np.all(np.isfinite(c))):
         raise StudyError("permutation test: per-run values must be finite (a run with zero TPOT?)")
+    if base_blocks is not None and cand_blocks is not None:
+        return _blocked_test(b, c, list(base_blocks), list(cand_blocks), seed, max_exact, draws)
     values = np.concatenate([b, c])
     n1, n2, total = b.size, c.size, b.size + c.size
     observed = c.mean() - b.mean()
     splits = math.comb(total, n2)
+    tol = _TIE_TOL * max(1.0, float(np.abs(values).max()))
     if splits <= max_exact:
         cand_sum = _split_matrix(total, n2) @ values
         stats = cand_sum / n2 - (values.sum() - cand_sum) / n1
-        tol = _TIE_TOL * max(1.0, float(np.abs(values).max()))
         upper = np.count_nonzero(stats >= observed - tol) / splits
         lower = np.count_nonzero(stats <= observed + tol) / splits
         exact, evaluated = True, splits
@@ -180,13 +212,63 @@ def permutation_test(
         picks = np.argsort(keys, axis=1)[:, :n2]
         cand_sum = values[picks].sum(axis=1)
         stats = cand_sum / n2 - (values.sum() - cand_sum) / n1
-        tol = _TIE_TOL * max(1.0, float(np.abs(values).max()))
         upper = (1 + np.count_nonzero(stats >= observed - tol)) / (1 + draws)
         lower = (1 + np.count_nonzero(stats <= observed + tol)) / (1 + draws)
         exact, evaluated = False, draws
     p = min(1.0, 2.0 * min(upper, lower))
     return PermutationTest(
         statistic=float(observed), p_value=float(p), exact=exact, splits=evaluated, min_p_value=minimum_p_value(n1, n2)
+    )
+
+
+def _block_stats(values: np.ndarray, n_cand: int) -> np.ndarray:
+    """Every within-block difference (mean of the chosen candidate runs minus the rest's mean)."""
+    n = values.size
+    cand_sum = _split_matrix(n, n_cand) @ values
+    return cand_sum / n_cand - (values.sum() - cand_sum) / (n - n_cand)
+
+
+def _blocked_test(
+    b: np.ndarray, c: np.ndarray, bb: list[int], cb: list[int], seed: int, max_exact: int, draws: int
+) -> PermutationTest:
+    if len(bb) != b.size or len(cb) != c.size:
+        raise StudyError("permutation test: expected one block per run")
+    blocks = [k for k in dict.fromkeys([*bb, *cb]) if k in bb and k in cb]
+    if not blocks:
+        raise StudyError("permutation test: no block holds runs of both arms")
+    options, observed_parts, sizes = [], [], []
+    for k in blocks:
+        vb = b[[i for i, x in enumerate(bb) if x == k]]
+        vc = c[[i for i, x in enumerate(cb) if x == k]]
+        options.append(_block_stats(np.concatenate([vb, vc]), vc.size))
+        observed_parts.append(vc.mean() - vb.mean())
+        sizes.append((vb.size, vc.size))
+    observed = float(np.mean(observed_parts))
+    splits = math.prod(o.size for o in options)
+    scale = max(1.0, float(np.abs(np.concatenate([b, c])).max()))
+    tol = _TIE_TOL * scale * len(blocks)
+    if splits <= max_exact:
+        total = options[0]
+        for o in options[1:]:
+            total = (total[:, None] + o[None, :]).ravel()
+        stats = total / len(blocks)
+        upper = np.count_nonzero(stats >= observed - tol) / splits
+        lower = np.count_nonzero(stats <= observed + tol) / splits
+        exact, evaluated = True, splits
+    else:
+        rng = np.random.default_rng(seed)
+        stats = np.sum([o[rng.integers(0, o.size, size=draws)] for o in options], axis=0) / len(blocks)
+        upper = (1 + np.count_nonzero(stats >= observed - tol)) / (1 + draws)
+        lower = (1 + np.count_nonzero(stats <= observed + tol)) / (1 + draws)
+        exact, evaluated = False, draws
+    p = min(1.0, 2.0 * min(upper, lower))
+    return PermutationTest(
+        statistic=observed,
+        p_value=float(p),
+        exact=exact,
+        splits=evaluated,
+        min_p_value=blocked_min_p(sizes),
+        blocks=len(blocks),
     )
 
 
@@ -268,16 +350,25 @@ def statistical_claim(p_value: float, interval: tuple[float, float] | None, rati
 
 def _clock_part(
     base: Sequence[RunSummary], cand: Sequence[RunSummary], ratio: float | None, tolerance: float, reasons: list[str]
-) -> tuple[bool, float | None, dict[str, float] | None, float | None]:
-    """(clocks allow a claim, clock ratio, cycles per token per arm, clock-adjusted ratio)."""
-    clocks = [r.median_clock_mhz for r in (*base, *cand)]
+) -> tuple[bool, str, float | None, dict[str, float] | None, float | None]:
+    """(clocks allow a claim, clock status, clock ratio, cycles per token per arm, cycles ratio)."""
+    runs = (*base, *cand)
+    clocks = [r.median_clock_mhz for r in runs]
     if all(c is None for c in clocks):
         reasons.append("clocks were not recorded: the comparison assumes both arms ran at the same clock")
-        return True, None, None, None
-    missing = [r.name for r in (*base, *cand) if r.median_clock_mhz is None or not r.median_clock_mhz > 0]
+        return True, "not recorded", None, None, None
+    missing = [r.name for r in runs if r.median_clock_mhz is None or not r.median_clock_mhz > 0]
     if missing:
         reasons.append(f"no median clock for run(s) {', '.join(missing)}: clocks cannot be compared")
-        return False, None, None, None
+        return False, "missing", None, None, None
+    flat = all(r.clock_range_mhz is None or r.clock_range_mhz == 0 for r in runs)
+    if len(runs) > 1 and len(set(clocks)) == 1 and flat:
+        reasons.append(
+            f"clock not varied / not measured: every run read {clocks[0]:g} MHz; a constant reading is not "
+            "a measurement of an equal clock (this machine may not report its frequency), so no clock "
+            "ratio or cycles per token is given"
+        )
+        return True, "not varied / not measured", None, None, None
     cb = _geomean([r.median_clock_mhz for r in base])  # type: ignore[misc]
     cc = _geomean([r.median_clock_mhz for r in cand])  # type: ignore[misc]
     clock_ratio = cc / cb
@@ -289,7 +380,7 @@ def _clock_part(
         )
     cycles = None
     adjusted = None
-    if ratio is not None and all(r.tpots_s for r in (*base, *cand)):
+    if ratio is not None and all(r.tpots_s for r in runs):
         cycles = {
             label: _geomean([r.median_tpot_s * r.median_clock_mhz * 1e6 for r in arm])  # type: ignore[operator]
             for label, arm in (("baseline", base), ("candidate", cand))
@@ -297,11 +388,11 @@ def _clock_part(
         adjusted = cycles["candidate"] / cycles["baseline"]
         reasons.append(
             f"cycles per token (TPOT x median clock): baseline {cycles['baseline'] / 1e6:.3g} M, "
-            f"candidate {cycles['candidate'] / 1e6:.3g} M; had the clocks been equal, the TPOT ratio "
-            f"would have been about {adjusted:.3f} (an estimate of what the clock difference explains, "
-            "not the effect of the candidate's setting: that setting may itself change the clock)"
+            f"candidate {cycles['candidate'] / 1e6:.3g} M, ratio {adjusted:.3f} (the TPOT ratio times the "
+            "clock ratio: arithmetic on the readings, not the effect of the candidate's setting, which "
+            "may itself change the clock)"
         )
-    return ok, clock_ratio, cycles, adjusted
+    return ok, "compared", clock_ratio, cycles, adjusted
 
 
 def compare_runs(
@@ -315,19 +406,31 @@ def compare_runs(
     seed: int = 0,
     check_interleaving: bool = True,
     check_measurable: bool = True,
+    registered_runs_per_arm: int | None = None,
+    refusals: Sequence[str] = (),
 ) -> Verdict:
     """The verdict on candidate vs baseline TPOT from per-run summaries (see the module text).
 
+    ``registered_runs_per_arm``: the runs per arm fixed before the runs (a verdict on another number
+    is "no claim"); ``refusals``: reasons from outside the runs (e.g. queueing) that refuse a claim.
     ``check_interleaving=False`` and ``check_measurable=False`` leave those guards out (calibration
     measures the test alone; the guards only ever turn a claim into "no claim").
     """
     if not base or not cand:
         raise StudyError(f"verdict: {len(base)} baseline and {len(cand)} candidate runs, expected at least 1 each")
-    reasons: list[str] = []
+    reasons: list[str] = list(refusals)
+    allowed = not refusals
     runs = {"baseline": len(base), "candidate": len(cand)}
-    min_p = minimum_p_value(len(base), len(cand))
+    registration = registration_check(len(base), len(cand), registered_runs_per_arm)
+    if registration:
+        reasons.append(registration)
+        allowed = False
+    blocked = all(r.block is not None for r in (*base, *cand))
+    bb = [int(r.block) for r in base] if blocked else None  # type: ignore[arg-type]
+    cb = [int(r.block) for r in cand] if blocked else None  # type: ignore[arg-type]
+    if blocked and not set(bb or ()) & set(cb or ()):
+        blocked, bb, cb = False, None, None
     measurable = all(r.measurable for r in (*base, *cand))
-    allowed = True
     for r in (*base, *cand):
         if not r.measurable:
             reasons.append(f"run {r.name}: per-token latency not measured ({'; '.join(r.unmeasurable_reasons)})")
@@ -344,20 +447,23 @@ def compare_runs(
     ratio = ci = p = None
     test: PermutationTest | None = None
     base_ms = cand_ms = None
+    min_p = minimum_p_value(len(base), len(cand))
     if medians_ok:
         lb = [math.log(r.median_tpot_s) for r in base]
         lc = [math.log(r.median_tpot_s) for r in cand]
-        test = permutation_test(lb, lc, seed=seed)
-        ratio, p = math.exp(test.statistic), test.p_value
+        test = permutation_test(lb, lc, base_blocks=bb, cand_blocks=cb, seed=seed)
+        min_p = test.min_p_value
+        ratio, p = math.exp(float(np.mean(lc) - np.mean(lb))), test.p_value
         base_ms, cand_ms = math.exp(np.mean(lb)) * 1e3, math.exp(np.mean(lc)) * 1e3
         ci = bootstrap_ratio_interval(
             [r.tpots_s for r in base], [r.tpots_s for r in cand], confidence=confidence, resamples=resamples, seed=seed
         )
         kind = f"exact over all {test.splits} splits" if test.exact else f"Monte-Carlo, {test.splits} random splits"
+        where = f"within {test.blocks} seed blocks" if test.blocks else "unblocked: seeds not known"
         reasons.append(
             f"TPOT ratio {ratio:.3f} (candidate {cand_ms:.3g} ms / baseline {base_ms:.3g} ms), "
             f"{confidence:.0%} interval [{ci[0]:.3f}, {ci[1]:.3f}], p = {p:.3g} "
-            f"(permutation test, {kind})"
+            f"(permutation test {where}, {kind})"
         )
         if not p < alpha:
             reasons.append(f"p = {p:.3g} is not below alpha = {alpha:g}")
@@ -373,30 +479,23 @@ def compare_runs(
             )
     if min_p >= alpha:
         allowed = False
+        need = (
+            f"{blocks_needed_text(alpha)}"
+            if blocked
+            else f"an exact test needs at least {runs_needed(alpha)} runs per arm"
+        )
         reasons.append(
-            f"the design cannot reach significance: with {len(base)} vs {len(cand)} runs the smallest "
-            f"possible two-sided p is {min_p:.3g}, not below alpha = {alpha:g}; an exact test needs at "
-            f"least {runs_needed(alpha)} runs per arm"
+            f"the design cannot reach significance: with {len(base)} vs {len(cand)} runs"
+            f"{' in seed blocks' if blocked else ''} the smallest possible two-sided p is {min_p:.3g}, "
+            f"not below alpha = {alpha:g}; {need}"
         )
 
-    interleaved: bool | None = None
-    starts_b = [r.start_time_s for r in base if r.start_time_s is not None]
-    starts_c = [r.start_time_s for r in cand if r.start_time_s is not None]
-    if len(starts_b) < len(base) or len(starts_c) < len(cand):
-        if check_interleaving:
-            allowed = False
-            reasons.append("run start times not known: whether the arms were interleaved in time cannot be checked")
-    else:
-        interleaved = arms_interleaved(starts_b, starts_c)
-        if not interleaved and check_interleaving:
-            allowed = False
-            first = "baseline" if max(starts_b) < min(starts_c) else "candidate"
-            reasons.append(
-                f"every {first} run started before every other run: the arms were not interleaved in "
-                "time, so drift cannot be told from the effect"
-            )
+    order = order_check([r.start_time_s for r in base], [r.start_time_s for r in cand], bb, cb)
+    if not order.accepted and check_interleaving:
+        allowed = False
+        reasons.append(order.reason)
 
-    clocks_ok, clock_ratio, cycles, adjusted = _clock_part(base, cand, ratio, clock_tolerance, reasons)
+    clocks_ok, clock_status, clock_ratio, cycles, adjusted = _clock_part(base, cand, ratio, clock_tolerance, reasons)
     allowed = allowed and clocks_ok
 
     claim = statistical_claim(p, ci, ratio, alpha) if (ratio is not None and p is not None) else "no claim"
@@ -418,9 +517,47 @@ def compare_runs(
         splits=test.splits if test else 0,
         baseline_tpot_ms=base_ms,
         candidate_tpot_ms=cand_ms,
-        interleaved=interleaved,
+        interleaved=order.overlap,
         clock_ratio=clock_ratio,
         cycles_per_token=cycles,
         clock_adjusted_ratio=adjusted,
         e2e_per_token_ratio=e2e_ratio,
+        clock_status=clock_status,
+        blocks=test.blocks if test else 0,
+        order_design=order.design,
+        registered_runs_per_arm=registered_runs_per_arm,
     )
+
+
+def blocks_needed_text(alpha: float) -> str:
+    """What a blocked design needs to reach p < ``alpha``, in words."""
+    return f"a blocked exact test needs at least {blocks_needed(alpha)} seeds (one run per arm each)"
+
+
+def adjust_for_multiplicity(verdicts: Sequence[Verdict], alpha: float = ALPHA) -> list[Verdict]:
+    """Holm's correction over the tests of one report (those with a p value): each verdict gets its
+    adjusted p; a claim whose adjusted p is not below ``alpha`` becomes "no claim"."""
+    tested = [i for i, v in enumerate(verdicts) if v.p_value is not None]
+    adjusted = holm([verdicts[i].p_value for i in tested])  # type: ignore[misc]
+    m = len(tested)
+    out = list(verdicts)
+    for i, q in zip(tested, adjusted):
+        v = verdicts[i]
+        reasons = list(v.reasons)
+        verdict = v.verdict
+        best = min(1.0, m * v.min_p_value)
+        if m > 1 and best >= alpha:
+            reasons.append(
+                f"after Holm's correction over the {m} tests of this report the smallest reachable "
+                f"adjusted p is {best:.3g} ({m} x {v.min_p_value:.3g}), not below alpha = {alpha:g}"
+            )
+        if verdict != "no claim" and not q < alpha:
+            verdict = "no claim"
+            reasons = [r for r in reasons if not r.startswith("the candidate spends")]
+            reasons.append(
+                f"Holm-adjusted p = {q:.3g} over the {m} tests of this report is not below alpha = {alpha:g}"
+            )
+        out[i] = replace(
+            v, verdict=verdict, reasons=reasons, p_adjusted=q, family_size=m, multiplicity=MULTIPLICITY_METHOD
+        )
+    return out

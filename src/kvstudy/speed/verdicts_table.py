@@ -11,7 +11,7 @@ more. The roofline bound (:func:`kvstudy.model.roofline.max_fp8_gain_pct`, a spe
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,15 @@ from kvstudy.bench.telemetry import metrics_delta
 from kvstudy.errors import StudyError
 from kvstudy.io import read_jsonl
 from kvstudy.model.roofline import max_fp8_gain_pct
-from kvstudy.speed.verdict import CLOCK_TOLERANCE, RunSummary, Verdict, compare_runs, minimum_p_value, summarise_run
+from kvstudy.speed.verdict import (
+    CLOCK_TOLERANCE,
+    RunSummary,
+    Verdict,
+    adjust_for_multiplicity,
+    compare_runs,
+    minimum_p_value,
+    summarise_run,
+)
 
 # "Well beyond" the bound: the measured change is more than this many times what halving the KV
 # bytes can explain (and, when an interval exists, the interval lies beyond the bound too).
@@ -112,8 +120,21 @@ def capture_runs(capture: Any, configuration: str, users: int) -> list[RunSummar
             clock_interval_s=_clock_interval(cell, capture),
             clock_samples_in_window=int(samples) if _present(samples) else None,
         )
-        out.append(summarise_run(run, m))
+        summary = summarise_run(run, m)
+        out.append(replace(summary, block=int(cell["seed"]), clock_range_mhz=_clock_range(capture, cell, duration)))
     return out
+
+
+def _clock_range(capture: Any, cell: pd.Series, duration: float | None) -> float | None:
+    """max - min of the cell's clock samples in its measured window (None: no samples there)."""
+    tel = capture.telemetry
+    if not len(tel) or "clock_mhz" not in tel.columns:
+        return None
+    t = tel[tel["cell_id"] == cell["cell_id"]]
+    if duration is not None:
+        t = t[(t["t_rel_s"] >= 0) & (t["t_rel_s"] <= duration)]
+    clocks = pd.to_numeric(t["clock_mhz"], errors="coerce").dropna()
+    return float(clocks.max() - clocks.min()) if len(clocks) else None
 
 
 @dataclass
@@ -166,16 +187,53 @@ def _dtype(capture: Any, name: str) -> str:
     return next(c.kv_cache_dtype for c in capture.spec.configurations if c.name == name)
 
 
-def capture_verdicts(capture: Any, clock_tolerance: float = CLOCK_TOLERANCE) -> list[CaptureVerdict]:
-    """compare_runs for every configuration against the first, per user count (both arms finished)."""
+def capture_queueing(capture: Any) -> dict[int, str]:
+    """Per user count whose users need more KV blocks than the held pool: the refusal reason
+    (from :func:`admission_frame` on the capture's model config); empty when nothing queues or the
+    pool is not held in blocks."""
+    blocks = capture.spec.num_gpu_blocks_override
+    if not blocks:
+        return {}
+    kept = Path(capture.path) / "model"
+    model = kept if (kept / "config.json").is_file() else Path(capture.spec.model)
+    device = "cpu" if capture.spec.cpu_kvcache_space_gib is not None else "cuda"
+    try:
+        frame = admission_frame(
+            model, int(capture.spec.input_len) + int(capture.spec.output_len), list(capture.spec.users), blocks, device
+        )
+    except (StudyError, OSError):
+        return {}
+    return {
+        int(r["users"]): f"queueing: TPOT includes waiting ({r['queueing'][5:]}: {r['users']} users need "
+        f"{r['blocks needed by all users']:,} blocks, the pool holds {r['pool blocks']:,})"
+        for _, r in frame.iterrows()
+        if r["queueing"] != "no"
+    }
+
+
+def capture_verdicts(
+    capture: Any, clock_tolerance: float = CLOCK_TOLERANCE, registered_runs_per_arm: int | None = None
+) -> list[CaptureVerdict]:
+    """compare_runs for every pair (:func:`comparison_pairs`) per user count (both arms finished),
+    within seed blocks, against the registered runs per arm (default: the capture's seed count, fixed
+    in its spec before the runs), refused where the users queue; then Holm over all of them."""
     context = int(capture.spec.input_len) + int(capture.spec.output_len)
+    registered = registered_runs_per_arm if registered_runs_per_arm is not None else len(capture.spec.seeds)
+    queueing = capture_queueing(capture)
     out = []
     for base, cand, effect in comparison_pairs(capture.spec.configurations):
         for users in capture.spec.users:
             base_runs, cand_runs = capture_runs(capture, base, users), capture_runs(capture, cand, users)
             if not base_runs or not cand_runs:
                 continue
-            v = compare_runs(base_runs, cand_runs, clock_tolerance=clock_tolerance)
+            refusals = [queueing[int(users)]] if int(users) in queueing else []
+            v = compare_runs(
+                base_runs,
+                cand_runs,
+                clock_tolerance=clock_tolerance,
+                registered_runs_per_arm=registered,
+                refusals=refusals,
+            )
             bound, note = None, "same KV dtype in both arms: halving KV bytes plays no part"
             if _dtype(capture, cand) != _dtype(capture, base):
                 try:
@@ -187,7 +245,8 @@ def capture_verdicts(capture: Any, clock_tolerance: float = CLOCK_TOLERANCE) -> 
                 except (StudyError, OSError) as exc:
                     note = f"not computed: the model's config.json could not be read here ({exc})"
             out.append(CaptureVerdict(int(users), base, cand, v, bound, note, effect))
-    return out
+    adjusted = adjust_for_multiplicity([cv.verdict for cv in out])
+    return [replace(cv, verdict=v) for cv, v in zip(out, adjusted)]
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -214,13 +273,18 @@ def capture_verdict_frame(verdicts: list[CaptureVerdict]) -> pd.DataFrame:
                 else f"{v.tpot_ratio_ci[0]:.3f} to {v.tpot_ratio_ci[1]:.3f}",
                 "p": _fmt(v.p_value, ".3g"),
                 "min reachable p": _fmt(v.min_p_value, ".3g"),
+                f"p, Holm over {v.family_size} tests": _fmt(v.p_adjusted, ".3g"),
+                "seed blocks": v.blocks or "none (unblocked)",
+                "registered runs per arm": "" if v.registered_runs_per_arm is None else v.registered_runs_per_arm,
                 "measurable": "yes" if v.measurable else "no: " + "; ".join(unmeasured),
-                "clock ratio (cand/base)": _fmt(v.clock_ratio, ".3f"),
+                "clock ratio (cand/base)": _fmt(v.clock_ratio, ".3f")
+                if v.clock_status == "compared"
+                else v.clock_status,
                 "cycles/token base, cand (M)": (
                     f"{cycles['baseline'] / 1e6:.3g}, {cycles['candidate'] / 1e6:.3g}" if cycles else ""
                 ),
-                "had the clocks been equal": _fmt(v.clock_adjusted_ratio, ".3f"),
-                "interleaved": {None: "unknown", True: "yes", False: "no"}[v.interleaved],
+                "cycles ratio (cand/base)": _fmt(v.clock_adjusted_ratio, ".3f"),
+                "run order": v.order_design,
                 "roofline bound (% less time)": (
                     f"{cv.bound_pct:.2f}"
                     if cv.bound_pct is not None
@@ -246,12 +310,65 @@ def published_model_dir(pub: Any) -> Path:
     return Path(pub.path).parents[1] / "models" / str(pub.meta["model"]).split("/")[-1]
 
 
+def published_consistency_frame(pub: Any, context_len: int) -> pd.DataFrame:
+    """Per published row: the decode streams its own figures imply (output tok/s x median TPOT: the
+    requests decoding at once, on average) against the users and against the requests of
+    ``context_len`` tokens that fit in the published pool at once. Implied streams above either mean
+    the figures contradict that request length (or were not computed over the same requests)."""
+    block = int(pub.meta.get("block_size") or 16)
+    blocks = int(pub.meta["pool_blocks"])
+    fit = blocks // -(-int(context_len) // block)
+    rows = []
+    for _, r in pub.table.sort_values(["users", "configuration"]).iterrows():
+        implied = float(r["output_throughput_tok_s"]) * float(r["median_tpot_ms"]) / 1e3
+        users = int(r["users"])
+        longest = (blocks // math.ceil(implied)) * block if implied <= users else None
+        if implied > users * 1.02:
+            check = (
+                f"contradiction: {implied:.2f} streams from {users} user(s) (tok/s and TPOT describe other requests)"
+            )
+        elif implied > fit:
+            check = (
+                f"contradiction: {implied:.1f} streams, but only {fit} requests of {context_len:,} tokens fit "
+                f"(at most {longest:,} tokens per request would let {math.ceil(implied)} fit)"
+            )
+        else:
+            check = "consistent"
+        rows.append(
+            {
+                "users": users,
+                "configuration": r["configuration"],
+                "output tok/s (published)": float(r["output_throughput_tok_s"]),
+                "median TPOT ms (published)": float(r["median_tpot_ms"]),
+                "streams implied (tok/s x TPOT)": round(implied, 2),
+                f"requests of {context_len:,} tokens that fit": fit,
+                "check": check,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _length_contradicted(pub: Any, context_len: int) -> str:
+    bad = published_consistency_frame(pub, context_len)
+    bad = bad[bad["check"].str.startswith("contradiction") & (bad["users"] > 1)]
+    if not len(bad):
+        return ""
+    r = bad.iloc[0]
+    return (
+        f"the request length was not published, and the {context_len:,} tokens assumed are contradicted by "
+        f"the published throughput ({r['streams implied (tok/s x TPOT)']:.1f} streams implied at {r['users']} "
+        f"users, only {r[f'requests of {context_len:,} tokens that fit']} such requests fit)"
+    )
+
+
 def published_verdict_frame(pub: Any, context_len: int, clock_tolerance: float = CLOCK_TOLERANCE) -> pd.DataFrame:
     """The published per-configuration medians restated under the new rule (no per-run values exist,
-    so no test can be run: the design's smallest reachable p decides), clocks, cycles and the bound."""
+    so no test can be run: the design's smallest reachable p decides), clocks, cycles and the bound
+    at the assumed request length, which makes no claim when the published figures contradict it."""
     base, cand = pub.meta["baseline"], pub.meta["candidate"]
     # the project's copy of the published model's config.json (data/models/<name>, beside data/published)
     model_dir = published_model_dir(pub)
+    contradicted = _length_contradicted(pub, context_len)
     rows = []
     for users in sorted(pub.table["users"].unique()):
         at = pub.table[pub.table["users"] == users].set_index("configuration")
@@ -295,7 +412,11 @@ def published_verdict_frame(pub: Any, context_len: int, clock_tolerance: float =
                 f"roofline bound (% less time, {context_len} tokens assumed)": "not computed (no config.json)"
                 if bound is None
                 else f"{bound:.2f}",
-                "against the bound": beyond_bound(ratio, None, bound) if bound is not None else "",
+                "against the bound": ""
+                if bound is None
+                else f"no claim: {contradicted}; and the smallest reachable p is {min_p:.2g}"
+                if contradicted
+                else beyond_bound(ratio, None, bound),
                 "verdict (new rule)": "no claim",
                 "why": "; ".join(reasons),
             }
@@ -385,13 +506,17 @@ def aa_pairs(capture: Any) -> list[str]:
     ]
 
 
-def calibration_frame(capture: Any, n_per_arm: int = 5, seed: int = 0) -> pd.DataFrame:
-    """Per user count, from the capture's A/A runs (baseline + its repeats): the false-claim rate of
-    the test over pseudo-arm splits, and the change detected with 80 % power at ``n_per_arm``."""
+def calibration_frame(capture: Any, n_per_arm: int = 6, change: float = 0.2, seed: int = 0) -> pd.DataFrame:
+    """Per user count, from the capture's A/A runs (baseline + its repeats, seed blocks): the
+    false-claim rate over the real splits (or why this design cannot be calibrated), over designs of
+    ``n_per_arm`` seed blocks resampled from them, the power for ``change`` with its interval over
+    simulated designs and its range over the noise estimate's own 95 % interval, and the change
+    detected with 80 % power."""
     from kvstudy.speed import calibration as cal
 
     base = capture.spec.configurations[0].name
     rows = []
+    origin = "computed here from the capture's A/A cells (calibration.py), seed as a block"
     for users in capture.spec.users:
         runs = [r for name in [base, *aa_pairs(capture)] for r in capture_runs(capture, name, users)]
         usable = [r for r in runs if r.measurable and r.tpots_s]
@@ -401,26 +526,37 @@ def calibration_frame(capture: Any, n_per_arm: int = 5, seed: int = 0) -> pd.Dat
                 {
                     "users": int(users),
                     "A/A runs": f"{len(usable)} measurable of {len(runs)}",
-                    "false claims": "not computed: fewer than 2 measurable A/A runs"
-                    + (f" (not measurable: {'; '.join(why)})" if why else ""),
-                    "origin": "computed here from the capture's A/A cells (calibration.py)",
+                    "false claims, real splits": "not computed: fewer than 2 measurable A/A runs"
+                    + (f" (not measured: {'; '.join(why)})" if why else ""),
+                    "origin": origin,
                 }
             )
             continue
-        runs = usable
-        rate = cal.false_claim_rate(runs, seed=seed)
-        mdc = cal.minimum_detectable_change(runs, n_per_arm=n_per_arm, seed=seed)
+        replay = cal.false_claim_rate(usable, seed=seed)
+        sim = cal.simulated_false_claim_rate(usable, n_per_arm=n_per_arm, seed=seed)
+        pw = cal.power(usable, change=change, n_per_arm=n_per_arm, seed=seed)
+        sens = cal.noise_sensitivity(usable, change=change, n_per_arm=n_per_arm, seed=seed)
+        mdc = cal.minimum_detectable_change(usable, n_per_arm=n_per_arm, seed=seed, simulations=200)
+        blocks = cal.seed_blocks(usable)
         rows.append(
             {
                 "users": int(users),
-                "A/A runs": len(runs),
-                "pseudo-arms": f"{rate.n_base} / {rate.n_cand}",
-                "false claims": f"{rate.claims} of {rate.trials} splits ({rate.rate:.1%}, "
-                f"95 % upper bound {rate.upper_95:.1%})",
-                f"detectable change, {n_per_arm} runs per arm, 80 % power": "none up to 300 %"
+                "A/A runs": f"{len(usable)} in {len(blocks)} seed blocks" if blocks else len(usable),
+                "false claims, real splits": (
+                    f"calibration not possible with this design: {replay.n_base} vs {replay.n_cand}"
+                    f"{' seed blocks' if replay.blocked else ' runs'}, smallest reachable p {replay.min_p:.3g}"
+                )
+                if not replay.possible
+                else replay.text,
+                f"false claims, {n_per_arm} blocks per arm resampled": sim.text,
+                f"power for {change:+.0%}, {n_per_arm} blocks per arm": pw.text
+                if not pw.possible
+                else f"{pw.rate:.0%} (95 % interval {pw.ci_95[0]:.0%} to {pw.ci_95[1]:.0%}, {pw.trials} designs)",
+                "power across the noise estimate's uncertainty": sens.text if sens else "not estimable",
+                f"80 % power from ({n_per_arm} blocks per arm)": "none up to 300 %"
                 if mdc is None
                 else f"slower by {mdc * 100:.1f} %",
-                "origin": "computed here from the capture's A/A cells (calibration.py)",
+                "origin": origin,
             }
         )
     return pd.DataFrame(rows)

@@ -75,7 +75,7 @@ def helpers(helpers: Any) -> Any:
 def make_arms(tmp_path: Path, helpers: Any) -> Callable[..., tuple[Path, Path]]:
     """Two folders of real-format results built from one bundled measurable run, ``n`` per arm, the
     candidate's times multiplied by ``ratio``; each run's baseline factor spreads by ``spread``.
-    ``interleave`` alternates the arms in time (dates one minute apart), else all baseline first."""
+    ``interleave`` orders the arms ABBA in time (dates one minute apart), else all baseline first."""
 
     def make(
         n: int = 4, ratio: float = 1.0, spread: float = 0.02, interleave: bool = True, source: str | None = None
@@ -86,8 +86,8 @@ def make_arms(tmp_path: Path, helpers: Any) -> Callable[..., tuple[Path, Path]]:
         data = helpers.bundled(source)
         for i in range(n):
             f = math.exp(spread * (i - (n - 1) / 2) / max(n - 1, 1))
-            tb = 2 * i if interleave else i
-            tc = 2 * i + 1 if interleave else n + i
+            tb = 2 * i + i % 2 if interleave else i  # ABBA: AB, BA, AB, ... (a block design)
+            tc = 2 * i + 1 - i % 2 if interleave else n + i
             write(base_dir, f"b{i}.json", scaled(data, f, f"20261129-09{tb:02d}00"))
             write(cand_dir, f"c{i}.json", scaled(data, f * ratio, f"20261129-09{tc:02d}00"))
         return base_dir, cand_dir

@@ -64,7 +64,8 @@ def test_published_table_restated_under_the_new_rule() -> None:
     assert t.loc[32, "cycles per token (cand/base)"] == "more by 3.2 %"  # 138.0 x 480 vs 142.7 x 450
     assert "clocks differ by +6.7%" in t.loc[32, "why"]
     bound = float(t.loc[1, "roofline bound (% less time, 1152 tokens assumed)"])
-    assert 0.3 < bound < 1.0 and t.loc[1, "against the bound"].startswith("another factor changed")
+    # the old "another factor changed" rested on an assumed length the published tok/s x TPOT contradicts
+    assert 0.3 < bound < 1.0 and t.loc[1, "against the bound"].startswith("no claim: the request length")
 
 
 def test_sign_convention_and_bound_wording() -> None:
@@ -140,7 +141,8 @@ def test_ols_with_constant_clock_is_plain_difference_and_says_so() -> None:
     est = speed.clock_adjusted(d, "auto", "fp8", 1)
     assert est.formula == "median_tpot_ms ~ candidate"
     assert est.effect_ms == pytest.approx(95.5 - 101.0)
-    assert "did not vary (2445 MHz" in est.note and est.ci_low_ms < est.effect_ms < est.ci_high_ms
+    assert "clock not varied / not measured (the same 2445 MHz" in est.note
+    assert "at equal clock" not in est.note and est.ci_low_ms < est.effect_ms < est.ci_high_ms
 
 
 def test_ols_with_too_few_cells_gives_no_number() -> None:
@@ -273,8 +275,8 @@ def test_capture_verdicts_use_per_run_requests(tmp_path: Path) -> None:
     one = verdicts[0].verdict
     assert one.runs == {"baseline": 2, "candidate": 2}
     assert one.tpot_ratio == pytest.approx(((9.0 * 10.0) / (10.0 * 11.0)) ** 0.5)  # geometric means of run medians
-    assert one.verdict == "no claim" and one.min_p_value == pytest.approx(1 / 3)
-    assert one.interleaved is True  # seed 0 of both arms before seed 1 of both
+    assert one.verdict == "no claim" and one.min_p_value == pytest.approx(0.5)  # 2 seed blocks: 2 / 2^2
+    assert one.blocks == 2 and one.interleaved is True  # seed 0 of both arms before seed 1 of both
     assert verdicts[0].bound_pct is None and "not computed" in verdicts[0].bound_note  # model "m" has no config
     frame = vt.capture_verdict_frame(verdicts)
     assert frame.loc[0, "roofline bound (% less time)"] == "not computed"
@@ -372,7 +374,9 @@ def test_calibration_says_why_a_user_count_has_too_few_aa_runs(tmp_path: Path) -
     make_capture(tmp_path)
     _edit_cell(tmp_path, "auto__s0__u1", bench_window_s=[101.0, 101.1])
     frame = vt.calibration_frame(speed.load_capture(tmp_path)).set_index("users")
+    col = "false claims, real splits"
     assert frame.loc[1, "A/A runs"] == "1 measurable of 2"
-    assert frame.loc[1, "false claims"].startswith("not computed: fewer than 2 measurable A/A runs")
-    assert "shorter than the clock sampling interval" in frame.loc[1, "false claims"]
-    assert "splits" in frame.loc[2, "false claims"]  # 2 measurable runs at 2 users: computed
+    assert frame.loc[1, col].startswith("not computed: fewer than 2 measurable A/A runs")
+    assert "shorter than the clock sampling interval" in frame.loc[1, col]
+    # 2 measurable runs at 2 users: a split that cannot reach p < 0.05 is not reported as calibrated
+    assert frame.loc[2, col].startswith("calibration not possible with this design")

@@ -88,14 +88,14 @@ def _arms(
     spread: float = 0.02,
 ) -> tuple[list, list]:
     base = [
-        h.summary(f"b{i}", 0.020 * (1 + spread * i), start=(2 * i if interleave else i), clock=clock_b, seed=i)
+        h.summary(f"b{i}", 0.020 * (1 + spread * i), start=(2 * i + i % 2 if interleave else i), clock=clock_b, seed=i)
         for i in range(n)
     ]
     cand = [
         h.summary(
             f"c{i}",
             0.020 * ratio * (1 + spread * i),
-            start=(2 * i + 1 if interleave else n + i),
+            start=(2 * i + 1 - i % 2 if interleave else n + i),  # ABBA: AB, BA, AB, BA
             clock=clock_c,
             seed=10 + i,
         )
@@ -177,7 +177,7 @@ def test_cycles_per_token_and_clock_adjusted_ratio_published_example(helpers: An
     assert v.clock_adjusted_ratio == pytest.approx(0.1380 * 480 / (0.1427 * 450))  # about 3 % more cycles
     assert v.clock_adjusted_ratio == pytest.approx(1.0315, abs=5e-4)
     text = next(r for r in v.reasons if "cycles per token" in r)
-    assert "had the clocks been equal" in text and "not the effect" in text
+    assert "had the clocks been equal" not in text and "not the effect" in text  # no causal "equal clock" wording
     assert v.verdict == "no claim"  # 480 vs 450 MHz is a 6.7 % clock difference
 
 

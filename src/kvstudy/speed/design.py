@@ -1,0 +1,174 @@
+"""What a speed comparison's design must be for its <= 5 % false-claim guarantee to hold.
+
+The permutation test's guarantee is for a design fixed before the data were seen and tested once.
+Three things break it in practice, and this module owns the checks against each:
+
+* **The run order.** Under drift (the machine warming, other jobs starting), a run order that is
+  nearly grouped (A A A B A B B B) passes "the arms overlap in time" yet confounds the drift with
+  the arm. :func:`order_check` accepts only block designs: every seed (block) holds one run of each
+  arm, a block's runs are adjacent in time, and the blocks start with either arm equally often
+  (ABBA; randomized blocks pass when they happen to balance). Anything else is refused.
+* **The number of runs.** Re-testing after each added seed and stopping at the first p < 0.05
+  raises the false-claim rate (11.4 % for one such schedule). :func:`registration_check` compares
+  the runs with the number registered per arm (a profile or notebook parameter) and refuses a
+  verdict on fewer ("incomplete design") or more runs.
+* **Many tests in one report.** :func:`holm` adjusts the p values of one report's tests (Holm's
+  step-down method: the family-wise false-claim rate stays <= alpha).
+
+:func:`blocked_min_p` and :func:`blocks_needed` give what a blocked design can reach at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MULTIPLICITY_METHOD = "Holm (step-down), family-wise false-claim rate <= alpha over the tests of one report"
+
+
+@dataclass(frozen=True)
+class OrderCheck:
+    """Whether a pair's run order lets the test tell drift from the effect."""
+
+    accepted: bool | None  # None: start times not known
+    overlap: bool | None  # the old, weak check: neither arm ran entirely before the other
+    design: str  # "blocked, balanced (ABBA)" / "nearly grouped" / ...
+    reason: str  # empty when accepted
+
+
+def blocked_min_p(block_sizes: Sequence[tuple[int, int]]) -> float:
+    """Smallest two-sided p of an exact permutation test within blocks of (baseline, candidate) runs:
+    2 / (product of C(n_b + n_c, n_c) over the blocks)."""
+    splits = 1
+    for nb, nc in block_sizes:
+        if nb >= 1 and nc >= 1:
+            splits *= math.comb(nb + nc, nc)
+    return min(1.0, 2.0 / splits) if splits > 1 else 1.0
+
+
+def blocks_needed(alpha: float) -> int:
+    """Fewest seed blocks of one run per arm with which the blocked test can reach p < ``alpha``."""
+    k = 1
+    while 2.0 / 2**k >= alpha:
+        k += 1
+    return k
+
+
+def registration_check(n_base: int, n_cand: int, registered: int | None) -> str:
+    """ "" when the runs match the registered number per arm (or none was registered); else the reason."""
+    if registered is None:
+        return ""
+    if n_base < registered or n_cand < registered:
+        return (
+            f"incomplete design, no claim: {n_base} baseline and {n_cand} candidate runs of the "
+            f"{registered} per arm registered before the runs"
+        )
+    if n_base > registered or n_cand > registered:
+        return (
+            f"more runs than the {registered} per arm registered ({n_base} / {n_cand}): a design grown "
+            "until it reaches p < alpha does not keep the 5 % guarantee, no claim"
+        )
+    return ""
+
+
+def _sorted_arms(base_starts: Sequence[float], cand_starts: Sequence[float]) -> list[str]:
+    runs = sorted([(t, "b") for t in base_starts] + [(t, "c") for t in cand_starts])
+    return [arm for _, arm in runs]
+
+
+def _balanced(firsts: Sequence[str]) -> bool:
+    return abs(sum(f == "b" for f in firsts) - sum(f == "c" for f in firsts)) <= 1
+
+
+def order_check(
+    base_starts: Sequence[float | None],
+    cand_starts: Sequence[float | None],
+    base_blocks: Sequence[int | None] | None = None,
+    cand_blocks: Sequence[int | None] | None = None,
+) -> OrderCheck:
+    """Accept a block design (one run per arm per block, a block's runs adjacent in time, blocks
+    balanced in which arm runs first); refuse any other order, nearly grouped ones included.
+
+    With seeds known (``*_blocks``) the blocks are the seeds; without, consecutive pairs in time."""
+    if any(t is None for t in (*base_starts, *cand_starts)) or not base_starts or not cand_starts:
+        return OrderCheck(None, None, "unknown", "run start times not known: the run order cannot be checked")
+    bs = [float(t) for t in base_starts]  # type: ignore[arg-type]
+    cs = [float(t) for t in cand_starts]  # type: ignore[arg-type]
+    overlap = not (max(bs) < min(cs) or max(cs) < min(bs))
+    if not overlap:
+        first = "baseline" if max(bs) < min(cs) else "candidate"
+        return OrderCheck(
+            False,
+            False,
+            "grouped",
+            f"every {first} run started before every other run: the arms were not interleaved in time, "
+            "so drift cannot be told from the effect",
+        )
+    known = base_blocks is not None and cand_blocks is not None
+    known = known and all(b is not None for b in (*base_blocks, *cand_blocks))  # type: ignore[misc]
+    if known:
+        runs = sorted(
+            [(t, "b", blk) for t, blk in zip(bs, base_blocks)]  # type: ignore[arg-type]
+            + [(t, "c", blk) for t, blk in zip(cs, cand_blocks)]  # type: ignore[arg-type]
+        )
+        seq = [blk for _, _, blk in runs]
+        firsts: list[str] = []
+        for blk in dict.fromkeys(seq):
+            where = [i for i, x in enumerate(seq) if x == blk]
+            arms = sorted(runs[i][1] for i in where)
+            if arms != ["b", "c"]:
+                return OrderCheck(
+                    False,
+                    True,
+                    "unblocked",
+                    f"seed {blk} has {arms.count('b')} baseline and {arms.count('c')} candidate run(s), "
+                    "not one of each: not a block design",
+                )
+            if where[-1] - where[0] != 1:
+                return OrderCheck(
+                    False,
+                    True,
+                    "blocks split in time",
+                    f"the two runs of seed {blk} are not adjacent in time (other seeds ran between them): "
+                    "drift between them is not removed by the block",
+                )
+            firsts.append(runs[where[0]][1])
+    else:
+        seq_arms = _sorted_arms(bs, cs)
+        if len(bs) != len(cs):
+            return OrderCheck(False, True, "unbalanced", f"{len(bs)} vs {len(cs)} runs: not a block design")
+        pairs = [seq_arms[i : i + 2] for i in range(0, len(seq_arms), 2)]
+        if any(sorted(p) != ["b", "c"] for p in pairs):
+            order = "".join("A" if a == "b" else "B" for a in seq_arms)
+            return OrderCheck(
+                False,
+                True,
+                "nearly grouped",
+                f"run order {order} (A baseline, B candidate) is not a sequence of AB/BA blocks: an order "
+                "this close to grouped confounds drift with the arm",
+            )
+        firsts = [p[0] for p in pairs]
+    if not _balanced(firsts):
+        n_b = sum(f == "b" for f in firsts)
+        return OrderCheck(
+            False,
+            True,
+            "blocks unbalanced",
+            f"the baseline ran first in {n_b} of {len(firsts)} blocks: a drift within blocks would not cancel "
+            "(ABBA or balanced randomized blocks expected)",
+        )
+    return OrderCheck(True, True, "blocked, balanced (ABBA)", "")
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p values (same order as given): sorted p_(i) x (m - i + 1),
+    made monotone and capped at 1."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * float(p_values[i])))
+        adjusted[i] = running
+    return adjusted
