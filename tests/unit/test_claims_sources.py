@@ -22,4 +22,6 @@ def test_l4_profile_flags_queueing_and_registers_its_design() -> None:
     text = (ROOT / "profiles" / "l4-qwen3-8b.yaml").read_text()
     assert "QUEUEING AT 32 USERS" in text and "20 of the 32" in text
     section = load_profile("l4-qwen3-8b", ROOT / "profiles")["notebooks"]["02_speed-sweep"]
-    assert section["registered_runs_per_arm"] == len(section["seeds"]) == 6
+    assert section["registered_runs_per_arm"] == len(section["seeds"]) == 10
+    # the design can reach a claim: the best within-seed permutation p, Holm over the report's 8 tests
+    assert 8 * 2 / 2 ** len(section["seeds"]) < 0.05 and len(section["seeds"]) % 2 == 0
