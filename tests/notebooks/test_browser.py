@@ -1,4 +1,5 @@
-"""The reference reports in a real browser: every image loads, every link resolves, no table overflows.
+"""The reference reports in a real browser: every image loads, every link resolves, no table overflows
+or needs a sideways scroll inside its box.
 
 Renders the reference profile into a temporary copy of the repository (so a colleague's `make all`
 is not disturbed), then opens the index and every report in headless Chromium with a small check
@@ -48,9 +49,14 @@ window.addEventListener('load', function () {
   var wide = Array.from(document.querySelectorAll('table')).filter(function (t) {
     var r = t.getBoundingClientRect(); return (r.right > width + 1 || r.left < -1) && !scrolls(t); })
     .map(function (t) { return (t.innerText || '').slice(0, 80); });
+  var scrolled = Array.from(document.querySelectorAll('table')).filter(function (t) {  // a box the reader must scroll
+    for (var e = t.parentElement; e && e !== document.body; e = e.parentElement) {
+      var o = getComputedStyle(e).overflowX;
+      if ((o === 'auto' || o === 'scroll') && e.scrollWidth > e.clientWidth + 1) return true; }
+    return false; }).map(function (t) { return (t.innerText || '').slice(0, 80); });
   var out = document.createElement('pre'); out.id = 'kvstudy-check';
   out.textContent = JSON.stringify({width: width, page_width: document.documentElement.scrollWidth, broken_images: images, links: links, missing_anchors: anchors,
-                                    wide_tables: wide});
+                                    wide_tables: wide, scrolled_tables: scrolled});
   document.body.appendChild(out);
 });
 </script>"""
@@ -110,6 +116,7 @@ def test_index_and_reports_open_cleanly_in_chromium(rendered: Path, tmp_path: Pa
         assert result["broken_images"] == [], (page.name, result["broken_images"])
         assert result["missing_anchors"] == [], (page.name, result["missing_anchors"])
         assert result["wide_tables"] == [], (page.name, result["wide_tables"])
+        assert result["scrolled_tables"] == [], (page.name, "tables the reader must scroll sideways", result["scrolled_tables"])
         missing = [h for h in result["links"] if (t := local_target(page, h)) is not None and not t.exists()]
         assert missing == [], (page.name, missing)
     index_links = browser_check(pages[0], tmp_path / "chromium-index")["links"]
