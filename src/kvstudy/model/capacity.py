@@ -401,7 +401,9 @@ def footprint_table(
     return pd.DataFrame(rows).set_index("kv dtype")
 
 
-def compare_models(models: list[str | Path], context_len: int, dtypes: tuple[str, str] = ("auto", "fp8")) -> Any:
+def compare_models(
+    models: list[str | Path] | list[ModelLayout], context_len: int, dtypes: tuple[str, str] = ("auto", "fp8")
+) -> Any:
     """One row per model: layer kinds and, for two KV dtypes, KiB per token and tokens per GiB."""
     import pandas as pd
 
