@@ -50,7 +50,13 @@ from kvstudy.model.layout import (  # noqa: F401  (re-exported: the public names
     positive_int,
     text_config,
 )
-from kvstudy.model.weights import WeightsSize, estimate_parameters, estimate_weights, weights_size  # noqa: F401
+from kvstudy.model.weights import (  # noqa: F401
+    WeightsSize,
+    WeightsUnknown,
+    estimate_parameters,
+    estimate_weights,
+    weights_size,
+)
 from kvstudy.vllm.facts import DTYPE_BYTES, MLA_SPECIAL_BYTES
 
 GIB = 1024**3

@@ -27,7 +27,7 @@ from kvstudy.model.capacity import (
     kv_pool_after_weights,
 )
 from kvstudy.model.oracle import resolve_layout
-from kvstudy.model.weights import weights_size
+from kvstudy.model.weights import WeightsUnknown, weights_size
 from kvstudy.vllm.facts import DEFAULT_GPU_MEMORY_UTILIZATION
 
 
@@ -236,7 +236,7 @@ def plan_summary(args: argparse.Namespace) -> dict[str, Any]:
         try:
             size = weights_size(args.path, layout)
             weights_bytes, weights_source = size.bytes, size.source
-        except StudyError as exc:  # the KV figures stand without the weights
+        except WeightsUnknown as exc:  # the KV figures stand without the weights
             weights_bytes, weights_source = None, f"unknown: {exc}"
     summary.update(weights_bytes=weights_bytes, weights_source=weights_source)
     if (args.gpu is None and args.gpu_memory_gib is None) or weights_bytes is None:

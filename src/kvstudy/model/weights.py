@@ -57,6 +57,10 @@ SAFETENSORS_DTYPE_BYTES: dict[str, Fraction] = {
 }
 
 
+class WeightsUnknown(StudyError):
+    """No checkpoint sizes and no estimate: the KV figures stand, the weights are unknown."""
+
+
 @dataclass(frozen=True)
 class WeightsSize:
     """Weight memory of a checkpoint and where the figure came from."""
@@ -385,7 +389,10 @@ def weights_size(model: str | Path, layout: ModelLayout | None = None) -> Weight
     if files:
         return _with_source(_header_bytes(files), f"safetensors headers ({len(files)} file(s))", estimate)
     if estimate is None:
-        estimate_weights(config, str(cfg_path), layout)  # raises the estimate's own one-line error
+        try:
+            estimate_weights(config, str(cfg_path), layout)
+        except StudyError as exc:  # the estimate's own one-line error, marked as "weights unknown"
+            raise WeightsUnknown(str(exc)) from None
     assert estimate is not None
     return estimate
 

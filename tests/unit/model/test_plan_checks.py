@@ -18,9 +18,19 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "models"
 
 
 def _args(path: Path, **kw: object) -> argparse.Namespace:
-    base = dict(path=str(path), assume=None, tensor_parallel_size=1, kv_dtype=None, max_model_len=4096,
-                skip_layers=None, weights_gib=None, gpu=None, gpu_memory_gib=None, gpu_memory_utilization=None,
-                allow_long_context=False)
+    base = dict(
+        path=str(path),
+        assume=None,
+        tensor_parallel_size=1,
+        kv_dtype=None,
+        max_model_len=4096,
+        skip_layers=None,
+        weights_gib=None,
+        gpu=None,
+        gpu_memory_gib=None,
+        gpu_memory_utilization=None,
+        allow_long_context=False,
+    )
     base.update(kw)
     return argparse.Namespace(**base)
 
