@@ -24,6 +24,10 @@ from pathlib import Path
 
 import pytest
 
+# Unit tests read KV layouts with the project's rules (fast, the same with or without vLLM); the
+# tests of the vLLM path (tests/unit/model/test_oracle.py) turn it back on where vLLM is installed.
+os.environ.setdefault("KVSTUDY_NO_VLLM", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = ROOT / "data" / "tiny-models" / "tiny-qwen3"
 LIVE_KV_SPACE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE for the shared servers

@@ -50,7 +50,13 @@ from kvstudy.model.layout import (  # noqa: F401  (re-exported: the public names
     positive_int,
     text_config,
 )
-from kvstudy.model.weights import WeightsSize, estimate_parameters, estimate_weights, weights_size  # noqa: F401
+from kvstudy.model.weights import (  # noqa: F401
+    WeightsSize,
+    WeightsUnknown,
+    estimate_parameters,
+    estimate_weights,
+    weights_size,
+)
 from kvstudy.vllm.facts import DTYPE_BYTES, MLA_SPECIAL_BYTES
 
 GIB = 1024**3
@@ -401,7 +407,9 @@ def footprint_table(
     return pd.DataFrame(rows).set_index("kv dtype")
 
 
-def compare_models(models: list[str | Path], context_len: int, dtypes: tuple[str, str] = ("auto", "fp8")) -> Any:
+def compare_models(
+    models: list[str | Path] | list[ModelLayout], context_len: int, dtypes: tuple[str, str] = ("auto", "fp8")
+) -> Any:
     """One row per model: layer kinds and, for two KV dtypes, KiB per token and tokens per GiB."""
     import pandas as pd
 

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from kvstudy.errors import StudyError
+from kvstudy.model.config_fields import unread_fields
 from kvstudy.model.folder import load_config
-from kvstudy.vllm.facts import NEMOTRON_H_SSM_STATE_DTYPE
+from kvstudy.vllm.facts import KV_RULES_SOURCE, NEMOTRON_H_SSM_STATE_DTYPE
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -77,6 +78,10 @@ PLAIN_MODEL_TYPES: frozenset[str] = frozenset(
         "olmo2",
         "starcoder2",
         "glm4_moe",
+        "minimax_m2",
+        "qwen3_vl",
+        "qwen3_vl_text",
+        "kimi_k25",
     }
 )
 # Families with their own layer rules in this module.
@@ -91,8 +96,20 @@ SPECIAL_MODEL_TYPES: frozenset[str] = frozenset(
         "nemotron_h",
         "falcon_h1",
         "jamba",
+        "qwen3_5",
+        "qwen3_5_text",
+        "qwen3_5_moe",
+        "qwen3_5_moe_text",
+        "gemma4",
+        "gemma4_text",
+        "mimo_v2_flash",
+        "nemotron-nas",
     }
 )
+GDN_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
+# Fields of layer kinds the rules do not model: a config with one is refused (vLLM's specs, where vLLM
+# can build the model, are the only source for it).
+UNMODELLED_FIELDS = ("index_topk", "compress_rates", "compress_rate_csa", "compress_ratios", "hc_mult")
 SUPPORTED_MODEL_TYPES: frozenset[str] = PLAIN_MODEL_TYPES | SPECIAL_MODEL_TYPES
 
 # Fields a family's config may leave out, with the default its transformers config class applies.
@@ -123,9 +140,15 @@ class StateShape:
     state_size: int
     n_groups: int = 0  # mamba2: B/C groups (part of conv_dim)
     intermediate: int = 0  # mamba2: the x part of conv_dim
+    by_tp: tuple[tuple[int, tuple[int, ...]], ...] = ()  # kind "specs": element counts per TP, from vLLM
 
-    def values(self, tp: int = 1) -> tuple[int, int]:
+    def values(self, tp: int = 1) -> tuple[int, ...]:
         """(conv state, temporal state) element counts on one GPU at tensor parallelism ``tp``."""
+        if self.kind == "specs":
+            found = dict(self.by_tp).get(tp)
+            if found is None:
+                raise StudyError(f"TP {tp}: vLLM's specs of this state layer were not read at this size")
+            return found
         if self.kind == "mamba2":
             groups = self.n_groups if self.n_groups % tp == 0 else tp  # extra_groups_for_head_shards
             conv = (self.intermediate + 2 * groups * self.state_size) // tp
@@ -146,7 +169,7 @@ class LayerSpec:
     head_size_v: int = 0  # values per head for V (0 for MLA)
     sliding_window: int | None = None  # window (sliding) or attention_chunk_size (chunked), tokens
     state: StateShape | None = None  # fixed-state layers
-    state_dtypes: tuple[str | None, str | None] = (None, None)  # conv / temporal; None: model dtype
+    state_dtypes: tuple[str | None, ...] = (None, None)  # conv / temporal; None: model dtype
 
     @property
     def values_per_token(self) -> int:
@@ -176,6 +199,8 @@ class ModelLayout:
     warnings: tuple[str, ...] = ()  # e.g. a family assumed for an unknown model_type
     num_hidden_layers: int = 0  # decoder layers (some keep no cache: Nemotron-H MLP layers)
     notes: tuple[str, ...] = ()  # per-family facts worth showing (MTP layers not served, ...)
+    source: str = KV_RULES_SOURCE  # which path produced the layers: vLLM's specs or the project's rules
+    tp_refused: tuple[tuple[int, str], ...] = ()  # (TP size, vLLM's reason) for sizes vLLM refuses
 
     def count(self, kind: str) -> int:
         """Layers of one kind."""
@@ -254,16 +279,25 @@ def _model_type(cfg: dict[str, Any], where: str, assume: str | None) -> tuple[st
     if assume is not None and assume not in SUPPORTED_MODEL_TYPES:
         raise StudyError(f"assume {assume!r}: not a known family (expected one of {known})")
     if model_type in SUPPORTED_MODEL_TYPES:
+        unmodelled = [f for f in UNMODELLED_FIELDS if cfg.get(f) is not None]
+        if unmodelled and assume is None:
+            raise StudyError(
+                f"{where}: the KV rules do not model field(s) {', '.join(unmodelled)} "
+                "(sparse or compressed attention with its own index cache); only vLLM's specs can size it"
+            )
         return model_type, arch or model_type, ()
     if assume is None:
+        unread = unread_fields(cfg)
         raise StudyError(
             f"{where}: unknown architecture, field 'model_type' is {model_type!r} (architectures "
-            f"{archs!r}); if its KV layout is that of a known family, pass --assume FAMILY "
-            f"(notebook parameter assume_family), FAMILY one of: {known}"
+            f"{archs!r}); fields the KV rules do not understand: {', '.join(unread) or 'none'}; "
+            f"to override, pass --assume FAMILY (notebook parameter assume_family), FAMILY one of: {known}"
         )
+    ignored = unread_fields(cfg)
     warning = (
         f"model_type {model_type!r} is not known to this study; its config was read with the rules of "
-        f"{assume!r} (--assume), which may not be how vLLM serves it"
+        f"{assume!r} (--assume), which may not be how vLLM serves it; fields those rules ignored: "
+        + (", ".join(ignored) or "none")
     )
     return assume, arch or model_type, (warning,)
 
@@ -327,6 +361,16 @@ def _jamba_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
 
 def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -> list[list[str]]:
     """The cache kinds of each layer (a Falcon-H1 layer has two: attention and Mamba-2)."""
+    if family == "mimo_v2_flash":  # mimo_v2.py: hybrid_layer_pattern[i] == 1 is a sliding-window layer
+        pattern = cfg.get("hybrid_layer_pattern")
+        if not isinstance(pattern, list) or len(pattern) != num_layers:
+            raise StudyError(f"{where}: field 'hybrid_layer_pattern' must list {num_layers} values of 0 or 1")
+        return [[SLIDING if flag == 1 else FULL] for flag in pattern]
+    if family == "nemotron-nas":  # nemotron_nas.py: a block whose attention is no_op keeps no cache
+        blocks = cfg.get("block_configs")
+        if not isinstance(blocks, list) or len(blocks) != num_layers:
+            raise StudyError(f"{where}: field 'block_configs' must list {num_layers} blocks")
+        return [[] if _nas_attention(b).get("no_op") else [FULL] for b in blocks]
     if family in ("llama4", "llama4_text"):
         return [[k] for k in _llama4_kinds(cfg, num_layers, where)]
     if family == "nemotron_h":
@@ -337,7 +381,7 @@ def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -
         return [[FULL, LINEAR] for _ in range(num_layers)]
     if cfg.get("layer_types") is not None:
         kinds = _kinds_from_layer_types(cfg, num_layers, where)
-    elif family == "qwen3_next":
+    elif family in GDN_MODEL_TYPES:
         interval = positive_int(cfg, "full_attention_interval", where)
         kinds = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
     elif family in ("gemma3", "gemma3_text"):
@@ -349,7 +393,7 @@ def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -
         kinds = [SLIDING] * num_layers  # e.g. Mistral-7B-v0.1: every layer slides
     else:
         kinds = [FULL] * num_layers
-    if family in ("gemma3n", "gemma3n_text"):
+    if family in ("gemma3n", "gemma3n_text", "gemma4", "gemma4_text"):
         shared = cfg.get("num_kv_shared_layers") or 0
         kinds = [SHARED if i >= num_layers - shared else k for i, k in enumerate(kinds)]
     return [[k] for k in kinds]
@@ -377,7 +421,7 @@ def attention_shape(cfg: dict[str, Any], where: str) -> tuple[int, int]:
 def state_shape(cfg: dict[str, Any], family: str, where: str) -> StateShape:
     """A fixed-state layer's shape, from the fields vLLM reads for the family."""
     need = lambda key: positive_int(cfg, key, where)  # noqa: E731 - a required positive field
-    if family == "qwen3_next":  # qwen3_next.py / mamba_utils.gated_delta_net_state_shape
+    if family in GDN_MODEL_TYPES:  # qwen3_next.py, qwen3_5.py / mamba_utils.gated_delta_net_state_shape
         k_heads, v_heads = need("linear_num_key_heads"), need("linear_num_value_heads")
         k_dim, v_dim = need("linear_key_head_dim"), need("linear_value_head_dim")
         conv = k_dim * k_heads * 2 + v_dim * v_heads
@@ -407,7 +451,36 @@ def _state_dtypes(cfg: dict[str, Any], family: str) -> tuple[str | None, str | N
     unless its config says otherwise (vllm/model_executor/models/config.py NemotronHForCausalLMConfig)."""
     if family == "nemotron_h":
         return None, str(cfg.get("mamba_ssm_cache_dtype") or NEMOTRON_H_SSM_STATE_DTYPE)
+    if family in GDN_MODEL_TYPES and cfg.get("mamba_ssm_dtype"):  # Qwen3_5ForConditionalGenerationConfig
+        return None, str(cfg["mamba_ssm_dtype"])
     return None, None
+
+
+def _nas_attention(block: Any) -> dict[str, Any]:
+    attention = block.get("attention") if isinstance(block, dict) else None
+    return attention if isinstance(attention, dict) else {}
+
+
+def _attention_layer(
+    cfg: dict[str, Any], family: str, index: int, kind: str, default: tuple[int, int], where: str
+) -> tuple[int, int, int]:
+    """(KV heads, K head size, V head size) of one attention layer, where a family varies them per layer."""
+    kv_heads, head_dim = default
+    if family in ("gemma4", "gemma4_text") and kind == FULL:  # gemma4.py: global layers' own heads
+        heads = cfg.get("num_global_key_value_heads") if cfg.get("attention_k_eq_v") else None
+        size = positive_int(cfg, "global_head_dim", where, required=False) or head_dim
+        return int(heads or kv_heads), size, size
+    if family == "mimo_v2_flash":
+        prefix = "swa_" if kind == SLIDING else ""
+        heads = positive_int(cfg, f"{prefix}num_key_value_heads", where)
+        size = positive_int(cfg, f"{prefix}head_dim", where)
+        return heads, size, positive_int(cfg, f"{prefix}v_head_dim", where, required=False) or size
+    if family == "nemotron-nas":
+        group = _nas_attention(cfg["block_configs"][index]).get("n_heads_in_group")
+        if not isinstance(group, int) or group <= 0:
+            raise StudyError(f"{where}: field 'block_configs[{index}].attention.n_heads_in_group' is {group!r}")
+        return positive_int(cfg, "num_attention_heads", where) // group, head_dim, head_dim
+    return kv_heads, head_dim, head_dim
 
 
 def layout_from_config(config: dict[str, Any], where: str = "config.json", assume: str | None = None) -> ModelLayout:
@@ -427,7 +500,8 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
         layers = [LayerSpec(i, MLA, 1, rank + rope, 0) for i in range(num_layers)]
     else:
         kv_heads, head_dim = attention_shape(cfg, where) if flat - {LINEAR} else (0, 0)
-        window = positive_int(cfg, "sliding_window", where) if SLIDING in flat else None
+        window_key = "sliding_window_size" if cfg.get("sliding_window_size") else "sliding_window"
+        window = positive_int(cfg, window_key, where) if SLIDING in flat else None
         chunk = positive_int(cfg, "attention_chunk_size", where) if CHUNKED in flat else None
         state = state_shape(cfg, family, where) if LINEAR in flat else None
         state_dtypes = _state_dtypes(cfg, family)
@@ -437,7 +511,8 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
                     layers.append(LayerSpec(i, LINEAR, state=state, state_dtypes=state_dtypes))
                 else:
                     limit = window if kind == SLIDING else chunk if kind == CHUNKED else None
-                    layers.append(LayerSpec(i, kind, kv_heads, head_dim, head_dim, limit))
+                    heads_i, k_size, v_size = _attention_layer(cfg, family, i, kind, (kv_heads, head_dim), where)
+                    layers.append(LayerSpec(i, kind, heads_i, k_size, v_size, limit))
     max_pos = cfg.get("max_position_embeddings")
     name = Path(where).parent.name or Path(where).stem
     return ModelLayout(

@@ -25,9 +25,9 @@ from kvstudy.model.capacity import (
     capacity_summary,
     kv_footprint,
     kv_pool_after_weights,
-    load_layout,
 )
-from kvstudy.model.weights import weights_size
+from kvstudy.model.oracle import resolve_layout
+from kvstudy.model.weights import WeightsUnknown, weights_size
 from kvstudy.vllm.facts import DEFAULT_GPU_MEMORY_UTILIZATION
 
 
@@ -194,7 +194,7 @@ def gpu_tp_table(
     rows = []
     for name in gpus:
         memory = resolve_gpu_memory(name, None, gpu_memory_utilization)
-        for tp in tensor_parallel_sizes:
+        for tp in valid_tensor_parallel_sizes(layout, tensor_parallel_sizes):
             plan = group_pool(model, memory, weights_bytes, None, overhead_gib, tp, 1, layout)
             row: dict[str, Any] = {
                 "GPU": memory.gpu_name,
@@ -223,16 +223,23 @@ def write_csv(frame: Any, directory: str | Path, name: str) -> Path:
 
 def plan_summary(args: argparse.Namespace) -> dict[str, Any]:
     """The ``capacity`` command's object: the footprint summary plus, when a GPU is named, the pool."""
-    layout = load_layout(args.path, args.assume)
+    layout = resolve_layout(args.path, args.assume, tuple(sorted({1, 2, 4, 8, args.tensor_parallel_size})))
     tp = args.tensor_parallel_size
+    check_plan(layout, tp, args.max_model_len, getattr(args, "allow_long_context", False))
     summary = capacity_summary(layout, args.kv_dtype, args.max_model_len, args.skip_layers, tp)
+    summary["source"] = layout.source
+    summary["tensor_parallel_refused"] = {str(t): why for t, why in layout.tp_refused}
+    weights_bytes: int | None
     if args.weights_gib is not None:
         weights_bytes, weights_source = int(args.weights_gib * GIB), "given"
     else:
-        size = weights_size(args.path, layout)
-        weights_bytes, weights_source = size.bytes, size.source
+        try:
+            size = weights_size(args.path, layout)
+            weights_bytes, weights_source = size.bytes, size.source
+        except WeightsUnknown as exc:  # the KV figures stand without the weights
+            weights_bytes, weights_source = None, f"unknown: {exc}"
     summary.update(weights_bytes=weights_bytes, weights_source=weights_source)
-    if args.gpu is None and args.gpu_memory_gib is None:
+    if (args.gpu is None and args.gpu_memory_gib is None) or weights_bytes is None:
         return summary
     memory = resolve_gpu_memory(args.gpu, args.gpu_memory_gib, args.gpu_memory_utilization)
     plan = group_pool(args.path, memory, weights_bytes, weights_source, 0.0, tp, 1, layout)
@@ -252,6 +259,27 @@ def plan_summary(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def check_plan(
+    layout: ModelLayout, tensor_parallel_size: int, context_len: int | None, allow_long: bool = False
+) -> None:
+    """Refuse a plan vLLM would refuse: a TP size it rejects, a context past the config's limit (unless asked)."""
+    refused = dict(layout.tp_refused).get(tensor_parallel_size)
+    if refused:
+        raise StudyError(f"--tensor-parallel-size {tensor_parallel_size}: {refused}")
+    limit = layout.max_position_embeddings
+    if context_len is not None and limit and context_len > limit and not allow_long:
+        raise StudyError(
+            f"--max-model-len {context_len:,}: beyond the config's max_position_embeddings {limit:,} "
+            "(vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; pass --allow-long-context to count it anyway)"
+        )
+
+
+def valid_tensor_parallel_sizes(layout: ModelLayout, sizes: list[int]) -> list[int]:
+    """The sizes of ``sizes`` vLLM accepts for this model."""
+    refused = dict(layout.tp_refused)
+    return [tp for tp in sizes if tp not in refused]
+
+
 def _format(summary: dict[str, Any]) -> str:
     kinds = ", ".join(f"{n} {k}" for k, n in summary["layer_kinds"].items())
     tp = summary["tensor_parallel_size"]
@@ -259,9 +287,18 @@ def _format(summary: dict[str, Any]) -> str:
         f"{summary['model']} ({summary['model_type']}, {kinds}); request of {summary['context_len']:,} tokens"
         + (f"; TP {tp}" if tp > 1 else "")
         + (f"; skip layers {summary['skip_layers']}" if summary["skip_layers"] else "")
+        + f"; KV figures from {summary.get('source', 'kvstudy rules')}"
     ]
     lines += [f"WARNING: {w}" for w in summary.get("warnings", [])] + [f"note: {n}" for n in summary.get("notes", [])]
-    lines.append(f"weights {summary['weights_bytes'] / GIB:,.2f} GiB ({summary['weights_source']})")
+    if summary["weights_bytes"] is None:
+        lines.append(
+            f"weights {summary['weights_source']} (no GPU pool or users without them; --weights-gib gives them)"
+        )
+    else:
+        lines.append(f"weights {summary['weights_bytes'] / GIB:,.2f} GiB ({summary['weights_source']})")
+    refused = summary.get("tensor_parallel_refused") or {}
+    if refused:
+        lines.append("TP sizes vLLM refuses: " + "; ".join(refused.values()))
     gpu = summary.get("gpu")
     if gpu:
         lines.append(
@@ -330,7 +367,7 @@ def register(subparsers: Any) -> None:
         "--assume",
         metavar="FAMILY",
         default=None,
-        help="read a config of unknown model_type with a known family's rules (printed as a warning)",
+        help="override: read the config with a known family's rules, not vLLM's specs (the fields it ignores are printed)",
     )
     parser.add_argument("--gpu", metavar="NAME", default=None, help="a GPU from data/gpus/catalog.json (e.g. H100-SXM)")
     parser.add_argument("--gpu-memory-gib", type=float, default=None, help="GPU memory in GiB (overrides --gpu's)")
@@ -347,6 +384,11 @@ def register(subparsers: Any) -> None:
         help="weights in GiB (default: the checkpoint's, else an estimate from the config)",
     )
     parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N", help="GPUs in tensor parallelism")
+    parser.add_argument(
+        "--allow-long-context",
+        action="store_true",
+        help="count a --max-model-len beyond the config's max_position_embeddings (vLLM needs VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)",
+    )
     parser.add_argument("--csv", metavar="PATH", default=None, help="also write the per-dtype table as CSV")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=_run)

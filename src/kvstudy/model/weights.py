@@ -35,7 +35,7 @@ from kvstudy.model.layout import (
     positive_int,
     text_config,
 )
-from kvstudy.vllm.facts import DTYPE_BYTES
+from kvstudy.vllm.facts import DTYPE_BYTES, KV_RULES_SOURCE
 
 GIB = 2**30
 # Bytes per stored value in the safetensors header dtypes (the format's own names).
@@ -55,6 +55,10 @@ SAFETENSORS_DTYPE_BYTES: dict[str, Fraction] = {
     "F8_E8M0": Fraction(1),
     "F4": Fraction(1, 2),
 }
+
+
+class WeightsUnknown(StudyError):
+    """No checkpoint sizes and no estimate: the KV figures stand, the weights are unknown."""
 
 
 @dataclass(frozen=True)
@@ -113,24 +117,43 @@ def expert_routing(config: dict[str, Any]) -> tuple[int | None, int | None]:
     return _experts(cfg) or None, k
 
 
+NON_GATED_ACTS = frozenset(
+    {"relu2", "relu_squared"}
+)  # up and down only (vllm ReLUSquaredActivation, is_act_and_mul=False)
+
+
+def _matrices(cfg: dict[str, Any]) -> int:
+    """Weight matrices of one MLP: 3 for a gated MLP (gate, up, down), 2 for relu2's up and down."""
+    act = cfg.get("mlp_hidden_act") or cfg.get("hidden_act")
+    return 2 if act in NON_GATED_ACTS else 3
+
+
 def _mlp_parameters(cfg: dict[str, Any], index: int, hidden: int, where: str) -> tuple[int, int]:
     """(dense or shared MLP parameters, routed-expert parameters) of one layer."""
     experts = _experts(cfg)
     dense_first = cfg.get("first_k_dense_replace") or 0
     step = cfg.get("interleave_moe_layer_step") or 1
+    mats = _matrices(cfg)
     if experts and index >= dense_first and (index + 1) % step == 0:
         key = "moe_intermediate_size" if cfg.get("moe_intermediate_size") is not None else "intermediate_size"
         expert_size = positive_int(cfg, key, where)
         shared = cfg.get("n_shared_experts") or 0
-        shared_size = cfg.get("shared_expert_intermediate_size") or shared * expert_size
-        return 3 * hidden * shared_size + hidden * experts, 3 * hidden * expert_size * experts
+        shared_size = (
+            cfg.get("shared_expert_intermediate_size")
+            or cfg.get("moe_shared_expert_intermediate_size")
+            or shared * expert_size
+        )
+        latent = positive_int(cfg, "moe_latent_size", where, required=False)
+        width = latent or hidden  # latent MoE (Nemotron-3): experts work in a smaller latent space
+        projections = 2 * hidden * latent if latent else 0  # into and out of the latent space
+        return mats * hidden * shared_size + hidden * experts + projections, mats * width * expert_size * experts
     key = "intermediate_size_mlp" if cfg.get("intermediate_size_mlp") else "intermediate_size"
     size = cfg.get(key)
     if isinstance(size, list):  # gemma-3n: one width per layer
         size = size[index] if index < len(size) else size[-1]
     if not isinstance(size, int) or size <= 0:
         raise StudyError(f"{where}: field '{key}' is {size!r} (expected a positive integer)")
-    return 3 * hidden * size, 0
+    return mats * hidden * size, 0
 
 
 def _tower_parameters(tower: Any) -> int:
@@ -150,7 +173,7 @@ def parameter_parts(
 ) -> dict[str, int]:
     """Parameters per part: embedding, output_head, attention, mlp, experts, towers (biases and norms left out)."""
     cfg = text_config(config)
-    layout = layout or layout_from_config(config, where)
+    layout = _rules_layout(config, where, layout)
     hidden = positive_int(cfg, "hidden_size", where)
     vocab = positive_int(cfg, "vocab_size", where)
     heads = positive_int(cfg, "num_attention_heads", where)
@@ -192,8 +215,9 @@ def estimate_parameters(config: dict[str, Any], where: str = "config.json") -> i
 def _quantized_bytes(quant: dict[str, Any], where: str) -> tuple[Fraction, str]:
     """Bytes per quantized weight and a label, from a quantization_config."""
     method = str(quant.get("quant_method") or "").lower()
-    if method in ("fp8", "fbgemm_fp8"):
-        return Fraction(1), "FP8, 1 byte per weight"
+    algo = str(quant.get("quant_algo") or "").upper()
+    if method in ("fp8", "fbgemm_fp8") or (method == "modelopt" and algo.startswith("FP8")):
+        return Fraction(1), "FP8, 1 byte per weight" + (" (ModelOpt)" if method == "modelopt" else "")
     if method == "mxfp4":
         return Fraction(1, 2) + Fraction(1, 32), "MXFP4, 4 bits + a 1-byte scale per 32 weights"
     if method in ("modelopt_fp4", "nvfp4") or "fp4" in str(quant.get("quant_algo", "")).lower():
@@ -217,12 +241,52 @@ def _quantized_bytes(quant: dict[str, Any], where: str) -> tuple[Fraction, str]:
             weights = group.get("weights") if isinstance(group, dict) else None
             if isinstance(weights, dict) and isinstance(weights.get("num_bits"), int):
                 bits = weights["num_bits"]
+                size = weights.get("group_size")
+                if isinstance(size, int) and size > 0:  # one 16-bit scale per group
+                    return Fraction(bits, 8) + Fraction(2, size), f"compressed-tensors {bits}-bit, a scale per {size}"
                 return Fraction(bits, 8), f"compressed-tensors {bits}-bit weights"
+    if method == "modelopt" and "FP4" in algo:
+        return Fraction(1, 2) + Fraction(1, 16), "NVFP4 (ModelOpt), 4 bits + a 1-byte scale per 16 weights"
     raise StudyError(
         f"{where}: quantization_config quant_method {method!r} is not known to the weights "
         "estimate (expected fp8, mxfp4, nvfp4/modelopt_fp4, awq, gptq, bitsandbytes, "
         "compressed-tensors); pass the weights in GiB (--weights-gib)"
     )
+
+
+def quantization_config(config: dict[str, Any], folder: Path | None = None) -> dict[str, Any] | None:
+    """The checkpoint's quantization: ``quantization_config`` at the top or inside ``text_config``, else
+    ModelOpt's ``hf_quant_config.json`` next to the config (read as vLLM's modelopt method reads it)."""
+    for where in (config, config.get("text_config")):
+        quant = where.get("quantization_config") if isinstance(where, dict) else None
+        if isinstance(quant, dict) and quant.get("quant_method"):
+            return quant
+    sidecar = folder / "hf_quant_config.json" if folder is not None else None
+    if sidecar is not None and sidecar.is_file():
+        data = read_json(sidecar)
+        inner = data.get("quantization") if isinstance(data, dict) else None
+        if isinstance(inner, dict):
+            return {
+                "quant_method": "modelopt",
+                "quant_algo": inner.get("quant_algo"),
+                "ignore": inner.get("exclude_modules") or [],
+            }
+    return None
+
+
+def _rules_layout(config: dict[str, Any], where: str, layout: ModelLayout | None) -> ModelLayout:
+    """The rules' layout (parameter counts read the config's own fields, not vLLM's cache specs)."""
+    if layout is not None and layout.source == KV_RULES_SOURCE:
+        return layout
+    return layout_from_config(config, where, assume_from(layout))
+
+
+def assume_from(layout: ModelLayout | None) -> str | None:
+    """The family an --assume'd layout was read with (its warnings say so), else None."""
+    for text in layout.warnings if layout else ():
+        if "(--assume)" in text:
+            return text.split("the rules of '", 1)[1].split("'", 1)[0]
+    return None
 
 
 def _unconverted(quant: dict[str, Any]) -> set[str]:
@@ -240,10 +304,10 @@ def estimate_weights(
     config: dict[str, Any], where: str = "config.json", layout: ModelLayout | None = None
 ) -> WeightsSize:
     """Weight bytes estimated from a config: parameters per part x the bytes the checkpoint stores them in."""
-    layout = layout or layout_from_config(config, where)
+    layout = _rules_layout(config, where, layout)
     parts = parameter_parts(config, where, layout)
     base = DTYPE_BYTES[layout.model_dtype]
-    quant = config.get("quantization_config")
+    quant = quantization_config(config, Path(where).parent)
     per_part = {name: base for name in parts}
     label = f"{layout.model_dtype}, {int(base)} bytes per weight"
     if isinstance(quant, dict) and quant.get("quant_method"):
@@ -310,7 +374,6 @@ def weights_size(model: str | Path, layout: ModelLayout | None = None) -> Weight
     """Weight bytes: the index's total_size, else the safetensors headers, else an estimate from the config."""
     config, cfg_path = load_config(model)
     folder = cfg_path.parent
-    layout = layout or layout_from_config(config, str(cfg_path))
     try:
         estimate: WeightsSize | None = estimate_weights(config, str(cfg_path), layout)
     except StudyError:
@@ -326,7 +389,10 @@ def weights_size(model: str | Path, layout: ModelLayout | None = None) -> Weight
     if files:
         return _with_source(_header_bytes(files), f"safetensors headers ({len(files)} file(s))", estimate)
     if estimate is None:
-        estimate_weights(config, str(cfg_path), layout)  # raises the estimate's own one-line error
+        try:
+            estimate_weights(config, str(cfg_path), layout)
+        except StudyError as exc:  # the estimate's own one-line error, marked as "weights unknown"
+            raise WeightsUnknown(str(exc)) from None
     assert estimate is not None
     return estimate
 

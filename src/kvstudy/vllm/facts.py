@@ -105,3 +105,9 @@ NEMOTRON_H_SSM_STATE_DTYPE = "float32"
 # client sharing a loaded core), not from a setting. The CPU speed sweep therefore uses a model whose
 # decode step is long next to that per-token host work (``kvstudy tiny-model build --size speed``).
 DEFAULT_STREAM_INTERVAL = 1
+
+# Where a KV figure came from: vLLM's own per-layer KV cache specs (the model built on the meta device
+# with vLLM's classes, ``kvstudy.vllm.kv_specs``), or the project's per-family rules
+# (``kvstudy.model.layout``), used where vLLM is not installed or cannot build the model.
+KV_SPECS_SOURCE = "vLLM 0.32 kv cache specs"
+KV_RULES_SOURCE = "kvstudy rules"

@@ -1,0 +1,172 @@
+"""A model's KV layout from vLLM's own specs where vLLM can build it, else from the project's rules.
+
+``resolve_layouts`` asks vLLM first (``kvstudy.vllm.kv_specs``: the model built on the meta device,
+every layer's ``get_kv_cache_spec``), turns the specs into the same :class:`ModelLayout` the rules
+produce, and marks it ``source = "vLLM 0.32 kv cache specs"``. Where vLLM is not installed, is
+turned off (``KVSTUDY_NO_VLLM=1``) or cannot build the model, the rules of ``kvstudy.model.layout``
+answer (``source = "kvstudy rules"``) and a note says why vLLM did not. A model neither can read is
+refused in one line naming both reasons. ``--assume`` bypasses vLLM: the rules of the family named.
+
+The tensor-parallel sizes vLLM refuses (``ModelConfig.verify_with_parallel_config``: attention heads
+divisible by TP; ``QKVParallelLinear``: TP divides the KV heads or they divide TP) are kept in
+``ModelLayout.tp_refused``; :func:`tp_problem` gives the reason for one size on either path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.model.folder import load_config
+from kvstudy.model.layout import (
+    CHUNKED,
+    FULL,
+    LINEAR,
+    MLA,
+    SHARED,
+    SLIDING,
+    LayerSpec,
+    ModelLayout,
+    StateShape,
+    layout_from_config,
+    text_config,
+)
+from kvstudy.vllm.facts import KV_SPECS_SOURCE
+from kvstudy.vllm.kv_specs import read_specs
+
+SPEC_KINDS = {
+    "FullAttentionSpec": FULL,
+    "SlidingWindowSpec": SLIDING,
+    "ChunkedLocalAttentionSpec": CHUNKED,
+    "MLAAttentionSpec": MLA,
+    "MambaSpec": LINEAR,
+}
+DEFAULT_TPS = (1, 2, 4, 8)
+
+
+def tp_problem(config: dict[str, Any], tp: int) -> str | None:
+    """Why vLLM refuses tensor-parallel size ``tp`` for this config, or None (vLLM's two rules)."""
+    cfg = text_config(config)
+    heads = cfg.get("num_attention_heads")
+    kv = cfg.get("num_key_value_heads") or heads
+    if not isinstance(heads, int) or heads <= 0:
+        return None
+    if heads % tp:
+        return f"TP {tp}: the {heads} attention heads are not divisible by {tp} (vLLM refuses it)"
+    if cfg.get("kv_lora_rank") is None and isinstance(kv, int) and kv > 0 and (kv % tp if tp < kv else tp % kv):
+        return (
+            f"TP {tp}: the {kv} KV heads neither divide nor are divisible by {tp} (vLLM's QKVParallelLinear asserts it)"
+        )
+    return None
+
+
+def _state(records: dict[int, dict[str, Any]]) -> tuple[StateShape, tuple[str | None, ...]]:
+    """A state layer's element counts per TP and dtypes, from its MambaSpec at each size."""
+    import math
+
+    by_tp = tuple(sorted((tp, tuple(int(math.prod(s)) for s in r["shapes"])) for tp, r in records.items()))
+    first = records[1]
+    return StateShape("specs", 0, 0, 0, 0, 0, by_tp=by_tp), tuple(first["dtypes"])
+
+
+def layout_from_specs(
+    answer: dict[str, Any], rules: ModelLayout | None, where: str, config: dict[str, Any]
+) -> ModelLayout:
+    """A ModelLayout whose layers are vLLM's specs (TP 1 for the shapes, every TP read for the states)."""
+    tps = {int(tp): r for tp, r in answer["tps"].items() if "layers" in r}
+    first = tps[1]
+    layers: list[LayerSpec] = []
+    for pos, record in enumerate(first["layers"]):
+        family = record.get("family")
+        index = record["index"]
+        if family == "shared":
+            layers.append(LayerSpec(index, SHARED))
+            continue
+        kind = SPEC_KINDS.get(str(record.get("spec")))
+        if kind is None:
+            raise StudyError(
+                f"{where}: vLLM's spec {record.get('spec')} (layer {record['name']}) is not known to kvstudy"
+            )
+        if kind == LINEAR:
+            per_tp = {tp: r["layers"][pos] for tp, r in tps.items() if len(r["layers"]) == len(first["layers"])}
+            state, dtypes = _state(per_tp)
+            layers.append(LayerSpec(index, LINEAR, state=state, state_dtypes=dtypes))
+            continue
+        if record.get("dtype") not in ("bfloat16", "float16", "float32"):
+            raise StudyError(f"{where}: vLLM's spec of {record['name']} stores {record.get('dtype')} (not modelled)")
+        window = record.get("sliding_window") if kind == SLIDING else record.get("attention_chunk_size")
+        heads, k, v = record.get("num_kv_heads", 1), record.get("head_size", 0), record.get("head_size_v", 0)
+        layers.append(
+            LayerSpec(index, kind, heads, k, 0 if kind == MLA else v, window if kind in (SLIDING, CHUNKED) else None)
+        )
+    ordered = sorted(answer["tps"].items(), key=lambda x: int(x[0]))
+    refused = tuple((int(tp), r["error"]) for tp, r in ordered if r.get("refused"))
+    unbuilt = tuple(
+        f"TP {tp}: vLLM could not build the model here ({r['error'][:160]}); its split at TP {tp} is the rules'"
+        for tp, r in ordered
+        if "error" in r and not r.get("refused")
+    )
+    max_pos = text_config(config).get("max_position_embeddings")
+    base = rules or ModelLayout(
+        name=Path(where).parent.name or Path(where).stem,
+        config_path=where,
+        model_type=str(text_config(config).get("model_type")),
+        architecture=answer["architecture"],
+        model_dtype=first["model_dtype"] if first["model_dtype"] in ("bfloat16", "float16") else "bfloat16",
+        layers=(),
+        max_position_embeddings=max_pos if isinstance(max_pos, int) else None,
+        num_hidden_layers=int(text_config(config).get("num_hidden_layers") or 0),
+    )
+    notes = tuple(answer.get("notes") or ()) + unbuilt
+    return dataclasses.replace(
+        base, layers=tuple(layers), source=KV_SPECS_SOURCE, tp_refused=refused, notes=base.notes + notes, warnings=()
+    )
+
+
+def resolve_layouts(
+    models: list[str | Path | ModelLayout], assume: str | None = None, tps: tuple[int, ...] = DEFAULT_TPS
+) -> list[ModelLayout]:
+    """The KV layout of each model: vLLM's specs when vLLM can build it, else the rules (one child for all)."""
+    loaded: list[tuple[str, dict[str, Any], ModelLayout | None, str | None]] = []
+    for model in models:
+        if isinstance(model, ModelLayout):
+            loaded.append((model.config_path, {}, model, None))
+            continue
+        config, path = load_config(model)
+        try:
+            rules: ModelLayout | None = layout_from_config(config, str(path), assume)
+            reason = None
+        except StudyError as exc:
+            rules, reason = None, str(exc)
+        loaded.append((str(path), config, rules, reason))
+    asked = [(where, config) for where, config, rules, _ in loaded if config and assume is None]
+    answers = read_specs(asked, tps) if asked else {}
+    out = []
+    for where, config, rules, reason in loaded:
+        if not config:
+            assert rules is not None
+            out.append(rules)
+            continue
+        answer = answers.get(where)
+        if answer and answer.get("ok"):
+            try:
+                out.append(layout_from_specs(answer, rules, where, config))
+                continue
+            except StudyError as exc:
+                answer = {"ok": False, "error": str(exc)}
+        why = "--assume given" if assume else (answer or {}).get("error", "vLLM not asked")
+        if rules is None:
+            raise StudyError(f"{reason}; vLLM could not read it either ({why})")
+        refused = tuple((tp, p) for tp in tps if (p := tp_problem(config, tp)))
+        note = f"KV figures from the kvstudy rules, not vLLM's specs: {why}"
+        out.append(dataclasses.replace(rules, notes=rules.notes + (note,), tp_refused=refused))
+    return out
+
+
+def resolve_layout(
+    model: str | Path | ModelLayout, assume: str | None = None, tps: tuple[int, ...] = DEFAULT_TPS
+) -> ModelLayout:
+    """One model's layout (:func:`resolve_layouts`)."""
+    return resolve_layouts([model], assume, tps)[0]
