@@ -50,6 +50,10 @@ def bound_less_time_pct(gain_pct: float) -> float:
     return (1.0 - 1.0 / (1.0 + gain_pct / 100.0)) * 100.0
 
 
+# A change the test does not claim is not set against the bound: a point estimate proves nothing there.
+NO_CLAIM_AGAINST_BOUND = "no claim: a change the test does not claim is not compared with the bound"
+
+
 def beyond_bound(ratio: float | None, ci: tuple[float, float] | None, bound_pct: float | None) -> str:
     """What the bound says about a measured change ("" when nothing is to be said)."""
     if ratio is None or bound_pct is None:
@@ -294,6 +298,8 @@ def capture_verdict_frame(verdicts: list[CaptureVerdict]) -> pd.DataFrame:
                 ),
                 "against the bound": ""
                 if cv.bound_pct is None
+                else NO_CLAIM_AGAINST_BOUND
+                if v.verdict == "no claim"
                 else beyond_bound(v.tpot_ratio, v.tpot_ratio_ci, cv.bound_pct),
                 "verdict": v.verdict,
                 "why": "; ".join(r for r in v.reasons if not r.startswith(("TPOT ratio", "cycles per token"))),
@@ -416,7 +422,7 @@ def published_verdict_frame(pub: Any, context_len: int, clock_tolerance: float =
                 if bound is None
                 else f"no claim: {contradicted}; and the smallest reachable p is {min_p:.2g}"
                 if contradicted
-                else beyond_bound(ratio, None, bound),
+                else f"{NO_CLAIM_AGAINST_BOUND} (smallest reachable p {min_p:.2g})",
                 "verdict (new rule)": "no claim",
                 "why": "; ".join(reasons),
             }
