@@ -47,6 +47,14 @@ def test_committed_notebooks_have_no_outputs() -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_cell_has_an_id(path: Path) -> None:
+    """nbformat 4.5 cells carry ids; without them every render warns (and future nbformat refuses)."""
+    nb = json.loads(path.read_text())
+    missing = [i for i, cell in enumerate(nb["cells"]) if not cell.get("id")]
+    assert not missing, f"{path.name}: cells {missing} have no id"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_has_tagged_parameters_cell(path: Path) -> None:
     nb = json.loads(path.read_text())
     tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
