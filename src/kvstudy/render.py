@@ -103,7 +103,7 @@ class ProgressStream:
                 now = time.perf_counter()
                 if now - since >= self.every_s:
                     self.out.write(
-                        f"{self.label} cell {number}/{total} running for {now - since:.0f} s "
+                        f"{self.label} notebook cell {number}/{total} running for {now - since:.0f} s "
                         f"({now - self.started:.0f} s in this notebook): {first}\n"
                     )
                     self.out.flush()

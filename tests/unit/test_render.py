@@ -181,7 +181,7 @@ def test_progress_stream_names_a_long_running_cell() -> None:
     stream = report.ProgressStream("[p]   nb:", out, every_s=0.05)
     stream.cell_started(3, 7, "# a comment\nrun_sweep(spec)\n")
     deadline = time.monotonic() + 30
-    while "cell 3/7 running for" not in out.getvalue() and time.monotonic() < deadline:
+    while "notebook cell 3/7 running for" not in out.getvalue() and time.monotonic() < deadline:
         time.sleep(0.05)
     stream.close()
-    assert "[p]   nb: cell 3/7 running for" in out.getvalue() and out.getvalue().rstrip().endswith("run_sweep(spec)")
+    assert "[p]   nb: notebook cell 3/7 running for" in out.getvalue() and out.getvalue().rstrip().endswith("run_sweep(spec)")
