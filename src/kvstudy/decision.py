@@ -30,15 +30,6 @@ TOPICS = {
     "context scaling": "05_context-scaling",
     "scales": "04_scale-inspection",
 }
-# What a verdict's state says about how sure the study is.
-STATES = {
-    "computed": "computed from the model's config (no run needed)",
-    "measured": "measured, with the interval or test stated",
-    "published": "published figures, restated",
-    "no claim": "measured, but the data cannot support a claim",
-    "not measured": "not measured here",
-    "reported": "the report's finding (the notebook states no structured verdict)",
-}
 # Seed 003 ("vLLM FP8 KV-Cache and Attention Quantization Update"), its usage table and the figures behind it.
 PUBLISHED_BREAK_EVEN_TOKENS = {"H100": 7000, "B200": 4000}  # decode break-even, Llama-3.1-8B
 ACCURACY_SHARE_TO_CALIBRATE = 0.95  # "persistent accuracy loss (< 95 %): calibrate"
@@ -49,7 +40,7 @@ class CardLine:
     """One topic of the card: its state, the sentence, and what would settle it."""
 
     topic: str
-    state: str
+    state: str  # one of kvstudy.notebook.VERDICT_STATES, or "reported": a finding without a structured verdict
     text: str
     report: str  # the notebook stem whose report holds the detail
     next_step: str | None = None
@@ -124,15 +115,13 @@ def evaluate_guidance(model: str | None, context_len: int | None, accuracy_share
     """Seed 003's usage table on this model: which rows apply, and why (or why the study cannot tell)."""
     from kvstudy.model.capacity import load_layout
 
+    if not model:
+        return [Guidance("model layout", "(needs the model's config)", None, "no model named by the profile")]
     try:
-        layout = load_layout(model) if model else None
+        layout = load_layout(model)
     except StudyError as exc:
-        layout, unreadable = None, str(exc)
-    else:
-        unreadable = "no model named by the profile"
+        return [Guidance("model layout", "(needs the model's config)", None, str(exc))]
     out = []
-    if layout is None:
-        return [Guidance("model layout", "(needs the model's config)", None, unreadable)]
     windows = layout.sliding_windows
     out.append(
         Guidance(

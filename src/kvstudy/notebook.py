@@ -71,7 +71,14 @@ def progress(message: str) -> None:
     print(f"[progress] {message}", flush=True)
 
 
-VERDICT_STATES = ("computed", "measured", "published", "no claim", "not measured")
+# What a verdict's state says about how sure the study is (the decision card shows it per topic).
+VERDICT_STATES = {
+    "computed": "computed from the model's config (no run needed)",
+    "measured": "measured, with the interval or test stated",
+    "published": "published figures, restated",
+    "no claim": "measured, but the data cannot support a claim",
+    "not measured": "not measured here",
+}
 
 
 def verdict(topic: str, text: str, state: str = "measured", next_step: str | None = None, **facts: Any) -> None:
@@ -84,7 +91,7 @@ def verdict(topic: str, text: str, state: str = "measured", next_step: str | Non
     from IPython.display import Markdown, display
 
     if state not in VERDICT_STATES:
-        raise ValueError(f"verdict state {state!r}: expected one of {VERDICT_STATES}")
+        raise ValueError(f"verdict state {state!r}: expected one of {tuple(VERDICT_STATES)}")
     record = {"topic": topic, "text": text, "state": state, "next_step": next_step, "facts": facts}
     shown = f"**Verdict ({topic}, {state}):** {text}" + (f" *Next:* {next_step}" if next_step else "")
     display(Markdown(shown), metadata={VERDICT_KEY: json.loads(json.dumps(record, default=str))})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import fcntl
+import functools
 import json
 import os
 import re
@@ -114,6 +115,7 @@ class ProgressStream:
             self.ticker.join(timeout=1)
 
 
+@functools.cache
 def _progress_engine() -> str:
     """Register (once) papermill's nbclient engine that tells a :class:`ProgressStream` each cell's start."""
     from papermill.engines import NBClientEngine, papermill_engines

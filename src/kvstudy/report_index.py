@@ -70,18 +70,6 @@ def _card(profile: str, stems: Sequence[str], status: dict[str, Any]) -> str:
     )
 
 
-def _no_verdict(entry: dict[str, Any]) -> str:
-    """Why a notebook gives no verdict, and what to run to get one (HTML)."""
-    if not entry:
-        return "no verdict: not rendered yet for this profile (<code>make all</code>)"
-    if entry.get("needs"):
-        return (
-            f"no verdict: {html.escape(entry['error'])}. Run <code>{html.escape(entry['needs'])}</code>, "
-            "then <code>make all</code> again."
-        )
-    return f"no verdict: the notebook failed ({html.escape(entry['error'])}); see {_link(entry['failed_html'], 'where it stopped')}"
-
-
 def _line(stem: str, entry: dict[str, Any], out_dir: Path) -> str:
     """One notebook's line: its finding, or that it failed (with the last good report if there is one)."""
     if not entry:

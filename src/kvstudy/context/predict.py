@@ -17,6 +17,8 @@ from typing import Any
 from kvstudy.context.published import derive_all, load_published, slope_figures
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
+from kvstudy.model.capacity import kv_footprint
+from kvstudy.model.layout import ModelLayout, load_layout
 from kvstudy.model.roofline import max_fp8_gain_pct, predicted_slope_ms_per_token
 
 PUBLISHED = "published (seed 003)"
@@ -204,10 +206,13 @@ def measured_vs_predicted(
     """
     import pandas as pd
 
+    layout = load_layout(model)  # read once: every arm's prediction and KV size come from it
     rows = []
     for arm, dtype in arms.items():
-        pred = predicted_slope_ms_per_token(model, dtype, bandwidth_gb_s, 1.0, skip_layers=(skip_layers or {}).get(arm))
-        kv_longest = kv_bytes_at(model, dtype, longest, (skip_layers or {}).get(arm)) if longest else None
+        pred = predicted_slope_ms_per_token(
+            layout, dtype, bandwidth_gb_s, 1.0, skip_layers=(skip_layers or {}).get(arm)
+        )
+        kv_longest = kv_bytes_at(layout, dtype, longest, (skip_layers or {}).get(arm)) if longest else None
         applies, why_not = roofline_applies(kv_longest, cache_bytes, cache_origin, longest)
         fit = fits.get(arm)
         if fit is None:
@@ -252,10 +257,8 @@ def measured_vs_predicted(
 CACHE_MARGIN = 4  # KV this many times the last-level cache: reads come mostly from memory
 
 
-def kv_bytes_at(model: str, dtype: str, tokens: int, skip_layers: str | None = None) -> float:
+def kv_bytes_at(model: str | ModelLayout, dtype: str, tokens: int, skip_layers: str | None = None) -> float:
     """Bytes of KV one request of ``tokens`` tokens holds (the growing layers; windows capped)."""
-    from kvstudy.model.capacity import kv_footprint, load_layout
-
     return float(kv_footprint(load_layout(model), dtype, tokens, skip_layers).bytes_per_request)
 
 
