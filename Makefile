@@ -4,7 +4,23 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PROFILE ?= reference
-# PROFILE and ONLY reach recipes through the environment, never pasted into a shell line.
+# PROFILE and ONLY are checked as names before any recipe sees them (their raw text, through
+# $(value ...), so a `$(shell ...)` in them is never expanded), then reach recipes through the
+# environment, never pasted into a shell line.
+NAME_CHARS := a b c d e f g h i j k l m n o p q r s t u v w x y z A B C D E F G H I J K L M N O P Q R S T U V W X Y Z 0 1 2 3 4 5 6 7 8 9 _ . -
+empty :=
+space := $(empty) $(empty)
+# $(call leftover,TEXT,CHARS): TEXT without any of CHARS ('' when TEXT is made of them only)
+leftover = $(if $(2),$(call leftover,$(subst $(firstword $(2)),,$(1)),$(wordlist 2,$(words $(2)),$(2))),$(1))
+ifneq (x$(call leftover,$(value PROFILE),$(NAME_CHARS))x,xx)
+$(error PROFILE: expected a profile name (letters, digits, _ . -; a file in profiles/ without .yaml))
+endif
+ifeq ($(value PROFILE),)
+$(error PROFILE: expected a profile name, got nothing)
+endif
+ifneq (x$(call leftover,$(subst $(space),,$(value ONLY)),$(NAME_CHARS) /)x,xx)
+$(error ONLY: expected notebook names separated by spaces (letters, digits, _ . - /))
+endif
 export PROFILE ONLY
 # Where pip finds torch's CPU build on machines without a local copy (see README).
 TORCH_INDEX ?=

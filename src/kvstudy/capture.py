@@ -31,6 +31,7 @@ from kvstudy.io import (
     read_json,
     read_text_checked,
     relativize_text,
+    type_name,
     write_json_atomic,
     write_text_atomic,
 )
@@ -282,6 +283,33 @@ CONTEXT_KIND = "kvstudy context sweep"
 ACCURACY_KIND = "kvstudy accuracy runs"
 
 
+# What each upgrade reads of an older manifest (and of each of its sessions or runs); every other
+# field is copied through unchanged, so an upgrade never drops what it does not know.
+_SWEEP_FIELDS = {"kind", "format_version", "source", "how", "created_utc", "spec", "machine", "sessions", "cells"}
+_SWEEP_SESSION_FIELDS = {"started_utc", "cells_to_run", "finished_utc"}
+_ACCURACY_FIELDS = {"kind", "format_version", "source", "how", "when", "settings", "base_server_config"}
+_ACCURACY_FIELDS |= {"model", "model_digest", "machine", "versions", "runs"}
+_ACCURACY_RUN_FIELDS = {"when", "configurations", "machine", "versions"}
+
+
+def _unknown(old: dict[str, Any], known: set[str]) -> dict[str, Any]:
+    """The fields of ``old`` an upgrade does not read."""
+    return {k: v for k, v in old.items() if k not in known}
+
+
+def _check_old(old: dict[str, Any], where: str, mappings: tuple[str, ...], lists: tuple[str, ...]) -> None:
+    """A StudyError naming the field when an older manifest's ``mappings`` are not mappings or its
+    ``lists`` not lists of mappings (absent or null fields are fine): checked before anything is built."""
+    for name in mappings:
+        value = old.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise StudyError(f"{where}: {name}: expected a mapping, got {type_name(value)}")
+    for name in lists:
+        value = old.get(name)
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, dict) for v in value)):
+            raise StudyError(f"{where}: {name}: expected a list of mappings, got {type_name(value)}")
+
+
 def _upgrade_sweep(old: dict[str, Any], kind: str) -> dict[str, Any]:
     """An older speed or context sweep manifest: ``cells``, ``machine.versions``, sessions with
     ``cells_to_run`` (both sweeps wrote this same layout before format 2)."""
@@ -290,6 +318,7 @@ def _upgrade_sweep(old: dict[str, Any], kind: str) -> dict[str, Any]:
     machine.pop("hostname_hidden", None)
     sessions = [
         {
+            **_unknown(s, _SWEEP_SESSION_FIELDS),
             "started_utc": s.get("started_utc"),
             "items_to_run": s.get("cells_to_run", []),
             "finished_utc": s.get("finished_utc"),
@@ -297,6 +326,7 @@ def _upgrade_sweep(old: dict[str, Any], kind: str) -> dict[str, Any]:
         for s in old.get("sessions") or []
     ]
     return {
+        **_unknown(old, _SWEEP_FIELDS),
         "kind": kind,
         "format_version": FORMAT_VERSION,
         "source": old.get("source", SOURCE),
@@ -327,6 +357,7 @@ def _upgrade_context(old: dict[str, Any]) -> dict[str, Any]:
 def _upgrade_accuracy(old: dict[str, Any], capture: Path) -> dict[str, Any]:
     sessions = [
         {
+            **_unknown(r, _ACCURACY_RUN_FIELDS),
             "started_utc": r.get("when"),
             "items_to_run": r.get("configurations", []),
             "machine": r.get("machine"),
@@ -339,6 +370,7 @@ def _upgrade_accuracy(old: dict[str, Any], capture: Path) -> dict[str, Any]:
         status = read_json(folder / "status.json")
         items[folder.name] = str(status.get("state", "missing")) if isinstance(status, dict) else "missing"
     return {
+        **_unknown(old, _ACCURACY_FIELDS),
         "kind": ACCURACY_KIND,
         "format_version": FORMAT_VERSION,
         "source": old.get("source", SOURCE),
@@ -360,6 +392,12 @@ def upgrade_manifest(capture: str | Path) -> bool:
     old = read_manifest(capture)
     if old.get("format_version") == FORMAT_VERSION:
         return False
+    where = str(capture / MANIFEST)
+    if old.get("kind") in (SPEED_KIND, CONTEXT_KIND):
+        _check_old(old, where, ("machine", "spec", "cells"), ("sessions",))
+        _check_old(old.get("machine") or {}, f"{where}: machine", ("versions",), ())
+    elif "runs" in old and "settings" in old:
+        _check_old(old, where, ("machine", "versions"), ("runs",))
     if old.get("kind") == SPEED_KIND:
         new = _upgrade_sweep(old, SPEED_KIND)
     elif old.get("kind") == CONTEXT_KIND:

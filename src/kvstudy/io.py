@@ -29,9 +29,21 @@ T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a flushed temporary file in the same folder."""
+def check_write_target(path: str | Path) -> Path:
+    """``path`` if a writer may put a file there: not a symlink (a planted link would carry the
+    write out of its folder) and not a folder; a StudyError otherwise."""
     path = Path(path)
+    if path.is_symlink():
+        raise StudyError(f"{path}: is a symlink; refusing to write through it (expected a file or nothing there)")
+    if path.is_dir():
+        raise StudyError(f"{path}: is a folder (expected a file or nothing there)")
+    return path
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a flushed temporary file in the same folder (never through
+    a symlink at ``path``: :func:`check_write_target`)."""
+    path = check_write_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

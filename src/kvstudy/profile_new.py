@@ -18,7 +18,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
-from kvstudy.io import REPO_ROOT, write_text_atomic
+from kvstudy.io import REPO_ROOT, check_write_target, write_text_atomic
 from kvstudy.profiles import check_profile_name, declared_parameters, load_profile, validate_profile
 
 CAPACITY = "01_capacity-math"
@@ -88,7 +88,7 @@ def profile_text(name: str, model: str, gpu: str | None, notebooks_dir: Path) ->
 def write_profile(name: str, model: str, gpu: str | None, root: Path = REPO_ROOT, force: bool = False) -> Path:
     """Write ``profiles/<name>.yaml`` and check it; an existing profile is kept unless ``force``."""
     check_profile_name(name)
-    path = root / "profiles" / f"{name}.yaml"
+    path = check_write_target(root / "profiles" / f"{name}.yaml")  # a planted symlink is refused first
     if path.exists() and not force:
         raise StudyError(f"{path}: the profile exists (pass --force to replace it)")
     if any(ord(c) < 32 or ord(c) == 127 for c in model) or (gpu and any(ord(c) < 32 for c in gpu)):

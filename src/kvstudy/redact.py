@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import MAX_LOG_BYTES, write_text_atomic
+from kvstudy.io import MAX_LOG_BYTES, write_json_atomic, write_text_atomic
 
 REDACTED = "[REDACTED]"
 SECRET_NAME = re.compile(
@@ -41,14 +41,24 @@ _HARMLESS_NAME = re.compile(
     r"SORT_?KEY|AUTHOR(?!I)|KV_?CACHE|^SESSIONS$",
     re.I,
 )  # "sessions": a manifest's list of runs
+# A token's shape, also inside a longer name: after any character but a letter or digit, so
+# ``models/hf_...-model`` and ``run_hf_...`` are caught (``xhf_...`` is another word).
 TOKEN_VALUE = re.compile(
-    r"\b(?:hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_\-]{8,}|sk_(?:live|test)_[A-Za-z0-9]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|"
+    r"(?<![A-Za-z0-9])(?:hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_\-]{8,}|sk_(?:live|test)_[A-Za-z0-9]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|"
     r"github_pat_[A-Za-z0-9_]{8,}|xox[abpr]-[A-Za-z0-9\-]{8,}|(?:AKIA|ASIA)[A-Z0-9]{12,}|"
     r"glpat-[A-Za-z0-9_\-]{8,}|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]+)"
 )
+# After ``_`` a plain lowercase word (``use_hf_transfer``) is a name, not a token.
+_PLAIN_WORD = re.compile(r"[a-z_\-]{1,15}")
 # A value that is a token by its prefix: ``safe_environment`` drops the whole variable.
 SECRET_VALUE = re.compile(r"^(hf_|sk-|ghp_|gho_|github_pat_|xox[abp]-|AKIA)[A-Za-z0-9_\-]{8,}")
-URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\"]*:)(?P<pw>[^\s@/'\"]+)(?=@)")
+# ``scheme://user:password@host``: the password runs to the authority's last ``@`` (an unencoded
+# ``@`` inside it is common), wherever the URL sits in a longer text or a longer URL.
+URL_PASSWORD = re.compile(
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\"]*:)(?P<pw>[^\s/?#'\"]+)(?=@[^\s@/?#'\"]*(?:[/?#\s'\")\]]|$))"
+)
+# ``?password=...`` / ``&token=...`` in a URL's query: the value runs to the next ``&``.
+QUERY_SECRET = re.compile(r"(?P<head>[?&;](?P<name>[A-Za-z_][A-Za-z0-9_\-.]*)=)(?P<value>[^&#\s'\"]+)")
 AUTH_HEADER = re.compile(
     r"(?P<head>\b(?:Proxy-)?Authorization\s*[:=]\s*(?:(?:Bearer|Basic|Token)\s+)?)"
     r"(?P<value>[^\s'\",]+)",
@@ -57,7 +67,7 @@ AUTH_HEADER = re.compile(
 # NAME=value, NAME: value, --name value, --name=value, where NAME names a secret.
 _ASSIGN = re.compile(
     r"(?P<head>(?<![A-Za-z0-9_\-])(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_\-.]*)['\"]?"
-    r"\s*(?:=|:\s*|\s+(?=\S)))(?P<q>\[?['\"]?)(?P<value>[^\s'\",}]+)"
+    r"\s*(?:=|:\s*|\s+(?=\S)))(?P<q>\[?['\"]?)(?P<value>[^\s'\",}<]+)"
 )
 
 
@@ -67,12 +77,33 @@ def is_secret_name(name: str) -> bool:
     return bool(SECRET_NAME.search(bare)) and not _HARMLESS_NAME.search(bare)
 
 
+def _token(match: re.Match[str]) -> str:
+    """A token-shaped match redacted, unless it follows ``_`` and its body is a plain word."""
+    start = match.start()
+    if start and match.string[start - 1] == "_":
+        body = re.sub(r"^(?:hf_|sk-|sk_(?:live|test)_|gh[pousr]_|github_pat_|xox[abpr]-|glpat-)", "", match.group(0))
+        if _PLAIN_WORD.fullmatch(body):
+            return match.group(0)
+    return REDACTED
+
+
+def redact_shapes(text: str) -> str:
+    """``text`` with the secrets known by their shape replaced: URL passwords (also inside a longer
+    URL), secret query parameters, Authorization headers and token-shaped strings (also inside a
+    folder name). Report text (code, tables, style sheets) gets this, not the ``NAME=value`` rule,
+    which would take ``key=lambda ...`` or ``--jp-private-height: 28px`` for secrets."""
+    text = URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
+    text = QUERY_SECRET.sub(
+        lambda m: m.group("head") + REDACTED if is_secret_name(m.group("name")) else m.group(0), text
+    )
+    text = AUTH_HEADER.sub(lambda m: m.group("head") + REDACTED, text)
+    return TOKEN_VALUE.sub(_token, text)
+
+
 def redact_text(text: str) -> str:
     """``text`` with secret values replaced: URL passwords, Authorization headers, token-shaped
     strings, and the values of ``NAME=value`` / ``--name value`` pairs whose name is a secret."""
-    text = URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
-    text = AUTH_HEADER.sub(lambda m: m.group("head") + REDACTED, text)
-    text = TOKEN_VALUE.sub(REDACTED, text)
+    text = redact_shapes(text)
 
     def assign(match: re.Match[str]) -> str:
         name = match.group("name")
@@ -208,6 +239,40 @@ def scrub_file(path: Path, values: list[str] | None = None, limit: int = MAX_LOG
     clean = scrub(text, values)
     if clean != text:
         write_text_atomic(path, clean)
+
+
+def scrub_report(text: str, values: list[str] | None = None) -> str:
+    """Report text (a notebook's cells, HTML, the index, a CSV) without secrets: ``redact_shapes``,
+    then every literal value of ``values`` (default: this process's secret environment)."""
+    text = redact_shapes(text)
+    for value in secret_values() if values is None else values:
+        text = text.replace(value, REDACTED)
+    return text
+
+
+def scrub_tree(value: Any, values: list[str] | None = None, skip_keys: frozenset[str] = frozenset()) -> Any:
+    """A copy of parsed JSON ``value`` with every string ``scrub_report``-ed (each string on its own,
+    so no JSON escape is cut); the values of ``skip_keys`` (image data) are kept as they are."""
+    values = secret_values() if values is None else values
+    if isinstance(value, str):
+        return scrub_report(value, values)
+    if isinstance(value, dict):
+        return {k: v if k in skip_keys else scrub_tree(v, values, skip_keys) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub_tree(v, values, skip_keys) for v in value]
+    return value
+
+
+def write_scrubbed(path: str | Path, text: str, values: list[str] | None = None) -> None:
+    """The one writer of report text (index, HTML, CSV): ``scrub_report(text, values)`` (and this
+    process's secret environment) written atomically: no secret by shape or literal value reaches it."""
+    write_text_atomic(path, scrub_report(text, [*(values or []), *secret_values()]))
+
+
+def write_json_scrubbed(path: str | Path, data: Any, values: list[str] | None = None, indent: int = 1) -> None:
+    """The one writer of report JSON (``status.json``): every string scrubbed on its own
+    (``scrub_tree``, so no JSON escape is cut), then written atomically."""
+    write_json_atomic(path, scrub_tree(data, [*(values or []), *secret_values()]), indent=indent)
 
 
 def safe_environment(env: Mapping[str, str]) -> dict[str, str]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvstudy.errors import MissingPrerequisite, StudyError
-from kvstudy.io import REPO_ROOT, read_json, without_machine_paths, write_json_atomic, write_text_atomic
+from kvstudy.io import REPO_ROOT, read_json, read_text_checked, without_machine_paths, write_text_atomic
 from kvstudy.notebook import GIVEN_ENV
 from kvstudy.profiles import (
     Parameter,
@@ -38,11 +38,16 @@ from kvstudy.profiles import (
     load_profile,
     validate_profile,
 )
-from kvstudy.redact import REDACTED, redact, scrub
+from kvstudy.redact import REDACTED, redact, scrub_report, scrub_tree, write_json_scrubbed, write_scrubbed
 from kvstudy.report_html import extract_results, render_html
-from kvstudy.report_index import write_index
+from kvstudy.report_index import status_from_reports, write_index
 
 STATUS_FILE = "status.json"
+# Where a render stages a notebook's files before moving them into reports/<profile>/: one folder
+# per profile, so the next render of that profile removes what a killed one left there.
+STAGING_DIR = ".staging"
+# Output data that is not text: never scrubbed (a base64 image can hold a token-shaped run of letters).
+BINARY_OUTPUTS = frozenset({"image/png", "image/jpeg", "image/gif"})
 PROGRESS_PREFIX = "[progress]"
 PROGRESS_ENGINE = "kvstudy-progress"
 # The kernel's own log: errors only (its TCP-without-encryption warning is noise on a local run).
@@ -305,19 +310,37 @@ def secret_parameter_values(parameters: Any) -> list[str]:
 
 
 def scrub_executed(executed: Path, parameters: dict[str, Any]) -> None:
-    """Rewrite an executed notebook so no secret of its injected parameters survives (the injected
-    cell redacted by name and value, every other text, sources and outputs, by value) and no folder
-    of the rendering machine either (``io.without_machine_paths``)."""
+    """Rewrite an executed notebook so no secret survives: every text, sources and outputs, scrubbed
+    of the injected parameters' secret values and of every secret shape (``redact.scrub``: a token
+    inside a folder name, a URL password), and no folder of the rendering machine either
+    (``io.without_machine_paths``)."""
     values = secret_parameter_values(parameters)
-    nb = read_json(executed)
-    for cell in nb.get("cells", []):
-        if "injected-parameters" in ((cell.get("metadata") or {}).get("tags") or []):
-            source = cell.get("source", "")
-            cell["source"] = scrub("".join(source) if isinstance(source, list) else str(source), values)
+    nb = scrub_tree(read_json(executed), values, BINARY_OUTPUTS)
     text = without_machine_paths(json.dumps(nb, indent=1, ensure_ascii=False))
     for value in values:  # as JSON spells it inside a string, and as it is
         text = text.replace(json.dumps(value, ensure_ascii=False)[1:-1], REDACTED).replace(value, REDACTED)
     write_text_atomic(executed, text + "\n")
+
+
+def clean_staging(reports_dir: Path, profile: str) -> None:
+    """Remove the staging folders a killed render of ``profile`` left behind (call under its lock):
+    ``reports/.staging/<profile>/*`` and the ``reports/.<profile>-XXXXXXXX`` of earlier versions."""
+    shutil.rmtree(reports_dir / STAGING_DIR / profile, ignore_errors=True)
+    legacy = re.compile(re.escape(f".{profile}-") + r"[a-z0-9_]{8}")
+    for path in reports_dir.glob(f".{profile}-*"):
+        if legacy.fullmatch(path.name) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def scrub_figure_tables(figures_dir: Path, values: list[str]) -> None:
+    """Rewrite the CSV files a notebook left in ``figures_dir`` scrubbed of the profile's secret
+    values (the kernel's ``write_csv`` already hid every secret shape)."""
+    if figures_dir.is_dir():
+        for path in figures_dir.glob("*.csv"):
+            if path.is_file() and not path.is_symlink():
+                text = read_text_checked(path, errors="replace")
+                if scrub_report(text, values) != text:
+                    write_scrubbed(path, text, values)
 
 
 def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) -> list[NotebookRun]:
@@ -331,10 +354,22 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
     figures_dir = Path("figures") / profile
     runs = []
     began = time.perf_counter()
+    # every secret value any notebook of the profile is given: none reaches the index or status
+    secrets = sorted(
+        {
+            v
+            for stem in profile_data["notebooks"]
+            for v in secret_parameter_values(given_parameters(profile_data, stem, declared[stem]))
+        },
+        key=len,
+        reverse=True,
+    )
     with profile_lock(reports_dir, profile):
         out_dir.mkdir(parents=True, exist_ok=True)
+        clean_staging(reports_dir, profile)
         status = _read_status(out_dir)
-        stage = Path(tempfile.mkdtemp(prefix=f".{profile}-", dir=reports_dir))
+        (reports_dir / STAGING_DIR / profile).mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(dir=reports_dir / STAGING_DIR / profile))
         try:
             for number, stem in enumerate(sorted(selected), 1):
                 given = given_parameters(profile_data, stem, declared[stem])
@@ -349,6 +384,7 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
                     given=sorted(given),
                     label=f"[{profile}]   {stem}:",
                 )
+                scrub_figure_tables(root / figures_dir, secrets)
                 state = f"FAILED ({run.error})" if run.error else "ok"
                 print(f"[{profile}] {stem}: {state} in {run.seconds:.1f} s", flush=True)
                 status[stem] = _publish(run, stage, out_dir)
@@ -356,8 +392,12 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
         finally:
             shutil.rmtree(stage, ignore_errors=True)
         all_stems = sorted(p.stem for p in (root / "notebooks").glob("*.ipynb"))
-        index = write_index(out_dir, profile, profile_data, all_stems, status)
-        write_json_atomic(out_dir / STATUS_FILE, redact(status), indent=1)
+        # the index says what the reports on disk say, so one a killed render left stale heals here
+        status = status_from_reports(out_dir, [s for s in all_stems if s in profile_data["notebooks"]], status)
+        # entries redacted by field name inside (a stem such as 01_secrets is no secret's name)
+        status = scrub_tree({stem: redact(entry) for stem, entry in status.items()}, secrets)
+        index = write_index(out_dir, profile, profile_data, all_stems, status, secrets)
+        write_json_scrubbed(out_dir / STATUS_FILE, status, secrets)
     print(f"[{profile}] index: {index.relative_to(root)}")
     return runs
 

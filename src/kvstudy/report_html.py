@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvstudy.io import read_json, write_text_atomic
+from kvstudy.io import read_json
 from kvstudy.notebook import DEFAULT, FINDING_KEY, GIVEN, MISSING, SETTINGS_KEY, SOURCE_TITLES, VERDICT_KEY
+from kvstudy.redact import write_scrubbed
 
 HIDDEN_TAGS = {"parameters", "injected-parameters"}
 RUNNER_SET = "set by the runner"
@@ -152,7 +153,7 @@ def render_html(
         template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True
     ).from_notebook_node(nb)
     body = body.replace("</head>", STYLE + "</head>", 1)
-    write_text_atomic(html_path, body)
+    write_scrubbed(html_path, body)
 
 
 def extract_results(notebook_path: Path) -> tuple[str | None, list[dict[str, Any]]]:

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.decision import card_from_status
-from kvstudy.io import write_text_atomic
+from kvstudy.errors import StudyError
 from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
 from kvstudy.notebook import git_commit
-from kvstudy.report_html import name_sources
+from kvstudy.redact import write_scrubbed
+from kvstudy.report_html import extract_results, name_sources
 
 STYLE = """body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.5}
 li{margin:.6em 0}.meta{color:#555;font-size:.9em}.failed{color:#a00}.absent{color:#777}
@@ -93,6 +94,44 @@ def _line(stem: str, entry: dict[str, Any], out_dir: Path) -> str:
     )
 
 
+INTERRUPTED = "the render was interrupted before it recorded why this notebook failed"
+
+
+def _stamp(path: Path) -> str:
+    return dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def status_from_reports(out_dir: Path, stems: Sequence[str], status: dict[str, Any]) -> dict[str, Any]:
+    """Each notebook's status entry as the reports in ``out_dir`` say it: the newer of its last good
+    report (finding and verdicts read back from its executed notebook) and its failed one, with what
+    ``status`` recorded about that render kept where it agrees. A render killed between moving a
+    report and writing ``status.json`` leaves the two contradicting; this is what heals them."""
+    healed: dict[str, Any] = {}
+    for stem in stems:
+        entry = dict(status.get(stem) or {})
+        good, executed, failed = (out_dir / f"{stem}{s}" for s in (".html", ".ipynb", ".failed.html"))
+        good_at = good.stat().st_mtime if good.is_file() and executed.is_file() else None
+        failed_at = failed.stat().st_mtime if failed.is_file() else None
+        if failed_at is not None and (good_at is None or failed_at >= good_at):
+            if not entry.get("error"):
+                entry = {"seconds": None, "rendered": _stamp(failed), "error": INTERRUPTED, "needs": None}
+            healed[stem] = {**entry, "failed_html": failed.name}
+        elif good_at is not None:
+            try:
+                found, verdicts = extract_results(executed)
+            except StudyError:  # a torn or foreign file is no report
+                continue
+            agrees = bool(entry) and not entry.get("error")
+            healed[stem] = {
+                "seconds": entry.get("seconds") if agrees else None,
+                "rendered": entry.get("rendered") if agrees and entry.get("rendered") else _stamp(good),
+                "error": None,
+                "finding": found,
+                "verdicts": verdicts,
+            }
+    return healed
+
+
 def _remove_stale(out_dir: Path, stems: Sequence[str]) -> None:
     """Remove reports of notebooks that are not in the profile, so none is taken for its results."""
     for stem in stems:
@@ -101,9 +140,15 @@ def _remove_stale(out_dir: Path, stems: Sequence[str]) -> None:
 
 
 def write_index(
-    out_dir: Path, profile: str, profile_data: dict[str, Any], all_stems: Sequence[str], status: dict[str, Any]
+    out_dir: Path,
+    profile: str,
+    profile_data: dict[str, Any],
+    all_stems: Sequence[str],
+    status: dict[str, Any],
+    secrets: list[str] | None = None,
 ) -> Path:
-    """Write ``index.html`` (atomically) for the profile's notebooks; drop entries of other notebooks."""
+    """Write ``index.html`` (atomically, scrubbed of every secret shape and of the literal ``secrets``)
+    for the profile's notebooks; drop entries of other notebooks."""
     stems = [s for s in all_stems if s in profile_data["notebooks"]]
     absent = [s for s in all_stems if s not in profile_data["notebooks"]]
     for stem in list(status):
@@ -131,5 +176,5 @@ def write_index(
 </body></html>
 """
     path = out_dir / "index.html"
-    write_text_atomic(path, page)
+    write_scrubbed(path, page, secrets)
     return path

@@ -223,3 +223,53 @@ def test_bundled_sweep_captures_hold_the_served_config_with_the_recorded_digest(
         records = [json.loads(p.read_text()) for p in sorted((folder / "runs").glob("*.json"))]
         digests = {r["record"]["model"]["config_sha256"] for r in records if r.get("record")}
         assert digests == {file_digest(kept)}, name
+
+
+def test_upgrade_keeps_the_fields_it_does_not_know(tmp_path: Path) -> None:
+    old = _old_context_manifest()
+    old["operator_note"] = {"who": "night shift", "why": "re-run after a power cut"}
+    old["sessions"][0]["host_note"] = "rack 4"
+    (tmp_path / capture.MANIFEST).write_text(json.dumps(old))
+    assert capture.upgrade_manifest(tmp_path) is True
+    new = capture.read_manifest(tmp_path, capture.CONTEXT_KIND)
+    assert new["operator_note"] == old["operator_note"]
+    assert new["sessions"][0]["host_note"] == "rack 4" and "cells_to_run" not in new["sessions"][0]
+    assert "cells" not in new and new["format_version"] == capture.FORMAT_VERSION
+
+
+def test_accuracy_upgrade_keeps_the_fields_it_does_not_know(tmp_path: Path) -> None:
+    old = {"settings": {"task": "gsm8k"}, "runs": [{"when": "t0", "configurations": ["fp8"], "gpu_clock": 1}]}
+    old["lab_notebook_page"] = 12
+    (tmp_path / capture.MANIFEST).write_text(json.dumps(old))
+    assert capture.upgrade_manifest(tmp_path) is True
+    new = capture.read_manifest(tmp_path, capture.ACCURACY_KIND)
+    assert new["lab_notebook_page"] == 12 and new["sessions"][0]["gpu_clock"] == 1
+    assert new["sessions"][0]["items_to_run"] == ["fp8"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"machine": [1, 2]}, "machine: expected a mapping"),
+        ({"machine": {"versions": ["vllm"]}}, "machine: versions: expected a mapping"),
+        ({"sessions": [1]}, "sessions: expected a list of mappings"),
+        ({"sessions": 5}, "sessions: expected a list of mappings"),
+        ({"spec": ["model"]}, "spec: expected a mapping"),
+        ({"cells": ["a"]}, "cells: expected a mapping"),
+    ],
+)
+def test_upgrade_refuses_a_malformed_old_manifest_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict, field: str
+) -> None:
+    old = {**_old_context_manifest(), **changes}
+    (tmp_path / capture.MANIFEST).write_text(json.dumps(old))
+    assert cli.main(["capture", "upgrade", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path / capture.MANIFEST}: {field}" in err, err
+    assert json.loads((tmp_path / capture.MANIFEST).read_text()) == old  # nothing rewritten
+
+
+def test_accuracy_upgrade_refuses_malformed_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / capture.MANIFEST).write_text(json.dumps({"settings": {}, "runs": ["yesterday"]}))
+    assert cli.main(["capture", "upgrade", str(tmp_path)]) == 2
+    assert "runs: expected a list of mappings" in capsys.readouterr().err

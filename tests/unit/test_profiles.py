@@ -141,3 +141,14 @@ def test_profiles_are_read_within_the_yaml_limits(tmp_path: Path) -> None:
     (tmp_path / "bomb.yaml").write_text(bomb + "notebooks: {}\n")
     with pytest.raises(StudyError, match="bomb.yaml"):
         profiles.load_profile("bomb", tmp_path)
+
+
+def test_profile_new_refuses_a_planted_symlink_even_with_force(tmp_path: Path) -> None:
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "notebooks").symlink_to(ROOT / "notebooks")
+    outside = tmp_path / "outside.yaml"
+    outside.write_text("keep: me\n")
+    (tmp_path / "profiles" / "mine.yaml").symlink_to(outside)
+    with pytest.raises(StudyError, match="mine.yaml: is a symlink; refusing to write through it"):
+        write_profile("mine", "data/models/Mistral-7B-v0.1", None, root=tmp_path, force=True)
+    assert outside.read_text() == "keep: me\n" and (tmp_path / "profiles" / "mine.yaml").is_symlink()

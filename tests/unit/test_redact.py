@@ -274,3 +274,25 @@ def test_a_failing_log_never_blocks_the_child() -> None:
     assert child.wait(timeout=HANG_S) == 0  # 8 MB through a 64 KiB pipe: it would block undrained
     copy.join(timeout=HANG_S)
     assert not copy.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("models/model_hf_AbCdEfGhIjKl0123-v2", "hf_AbCdEfGhIjKl0123"),  # a token inside a folder name
+        ("run_sk-AbCdEfGhIjKl0123.log", "sk-AbCdEfGhIjKl0123"),
+        ("git+https://user:p4ss@word99@hub.example/repo", "p4ss@word99"),  # an unencoded @ in the password
+        ("https://proxy.example/go?to=https://u:innerPw-77@h.example/p", "innerPw-77"),  # a URL in a URL
+        ("jdbc:postgresql://h/db?user=a&password=qs3cretValue&ssl=1", "qs3cretValue"),  # a query parameter
+        ("see (https://bob:hunter2pass@h.example).", "hunter2pass"),
+    ],
+)
+def test_secrets_inside_longer_strings_are_redacted(text: str, secret: str) -> None:
+    clean = redact_text(text)
+    assert secret not in clean and REDACTED in clean
+    assert not any(part in clean for part in secret.split("@") if len(part) >= 5)
+
+
+@pytest.mark.parametrize("text", ["enable_hf_transfer", "use_sk-learn", "http://h/?tokens=5&user=a", "me@x.example"])
+def test_names_that_only_look_like_secrets_are_kept(text: str) -> None:
+    assert redact_text(text) == text

@@ -16,7 +16,6 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
-from kvstudy.io import write_text_atomic
 from kvstudy.model.capacity import (
     GIB,
     KV_DTYPES,
@@ -28,6 +27,7 @@ from kvstudy.model.capacity import (
 )
 from kvstudy.model.oracle import resolve_layout
 from kvstudy.model.weights import WeightsUnknown, weights_size
+from kvstudy.redact import write_scrubbed
 from kvstudy.vllm.facts import DEFAULT_GPU_MEMORY_UTILIZATION
 
 
@@ -210,12 +210,16 @@ def gpu_tp_table(
     return pd.DataFrame(rows).set_index(["GPU", "TP"])
 
 
+def write_table(frame: Any, path: str | Path) -> Path:
+    """Write a table as CSV at exactly ``path`` (atomically, scrubbed of secrets: ``redact.write_scrubbed``)."""
+    path = Path(path)
+    write_scrubbed(path, frame.to_csv())
+    return path
+
+
 def write_csv(frame: Any, directory: str | Path, name: str) -> Path:
     """Write a table as ``<directory>/<name>.csv`` (next to the report's figures) and return the path."""
-    path = Path(directory) / f"{name}.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, frame.to_csv())
-    return path
+    return write_table(frame, Path(directory) / f"{name}.csv")
 
 
 # --------------------------------------------------------------------------- the command
@@ -323,19 +327,22 @@ def _format(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _csv(summary: dict[str, Any], path: str) -> None:
+def _csv(summary: dict[str, Any], path: str, force: bool = False) -> None:
+    """The per-dtype table at exactly ``path``; an existing file there is kept unless ``force``."""
     import pandas as pd
 
+    target = Path(path)
+    if (target.exists() or target.is_symlink()) and not force:
+        raise StudyError(f"--csv {path}: exists; refusing to replace it (pick another path, or pass --force)")
     frame = pd.DataFrame.from_dict(summary["dtypes"], orient="index")
     frame.index.name = "kv dtype"
-    target = Path(path)
-    write_csv(frame, target.parent, target.stem)
+    write_table(frame, target)
 
 
 def _run(args: argparse.Namespace) -> int:
     summary = plan_summary(args)
     if args.csv:
-        _csv(summary, args.csv)
+        _csv(summary, args.csv, args.force)
     print(json.dumps(summary, indent=2) if args.json else _format(summary))
     return 0
 
@@ -389,6 +396,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="count a --max-model-len beyond the config's max_position_embeddings (vLLM needs VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)",
     )
-    parser.add_argument("--csv", metavar="PATH", default=None, help="also write the per-dtype table as CSV")
+    parser.add_argument("--csv", metavar="PATH", default=None, help="also write the per-dtype table as CSV at PATH")
+    parser.add_argument("--force", action="store_true", help="replace an existing --csv file")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=_run)

@@ -20,9 +20,26 @@ from typing import Any
 from kvstudy.capture import read_manifest
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json_object, read_jsonl, write_json_atomic, write_jsonl_atomic
+from kvstudy.outputs import claim_output_folder
 
 KIND = "kv-precision"
 GROUP_FILE = "group.json"
+
+
+def claim_capture(capture: str | Path, command: str, groups: Sequence[str], force: bool = False) -> Path:
+    """``capture`` as the output folder of ``command`` (``kv-simulate``, ``kv-screen``): new, empty,
+    marked by it, or a ``kv-precision`` capture of the same ``groups`` written before folders were
+    marked; any other folder only with ``force`` (``outputs.claim_output_folder``)."""
+
+    def written_before(folder: Path) -> bool:
+        try:
+            manifest = read_manifest(folder)
+        except StudyError:
+            return False
+        spec = manifest.get("spec")
+        return manifest.get("kind") == KIND and isinstance(spec, dict) and spec.get("groups") == list(groups)
+
+    return claim_output_folder(capture, command, force, recognise=written_before)
 
 
 @dataclass(frozen=True)

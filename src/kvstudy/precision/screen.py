@@ -30,7 +30,7 @@ from typing import Any
 from kvstudy.capture import new_manifest, set_items, write_manifest
 from kvstudy.errors import StudyError
 from kvstudy.precision import prompts as pr
-from kvstudy.precision.records import KIND, Group, write_group, write_logp
+from kvstudy.precision.records import KIND, Group, claim_capture, write_group, write_logp
 
 GROUP = "screen"
 TIMEOUT_S = 600.0
@@ -162,10 +162,13 @@ def screen(
     repeat: str | None = None,
     allow_other_checkpoint: bool = False,
     candidate_label: str = "candidate",
+    force: bool = False,
 ) -> Path:
-    """Score ``prompts`` on every server and write a ``kv-precision`` capture of group ``screen``."""
+    """Score ``prompts`` on every server and write a ``kv-precision`` capture of group ``screen`` (a
+    folder kv-screen did not write only with ``force``: ``records.claim_capture``)."""
     if not prompts:
         raise StudyError("kv-screen: no prompts (gsm8k-n and retrieval-per-length are both 0)")
+    claim_capture(capture, "kv-screen", [GROUP], force)
     base = describe_server(baseline)
     cand = describe_server(candidate)
     check_same_model(base, cand, allow_other_checkpoint)
@@ -225,7 +228,9 @@ def _cmd(args: argparse.Namespace) -> int:
     prompts = pr.gsm8k_prompts(args.gsm8k_n) + pr.retrieval_prompts(
         args.retrieval_lengths, args.retrieval_per_length, chars_per_token=args.chars_per_token
     )
-    capture = screen(args.baseline, args.candidate, args.capture, prompts, args.repeat, args.allow_other_checkpoint)
+    capture = screen(
+        args.baseline, args.candidate, args.capture, prompts, args.repeat, args.allow_other_checkpoint, force=args.force
+    )
     table = comparison_table(comparisons(load(capture)))
     print(table.drop(columns=["storage"]).to_string(index=False))
     return 0
@@ -242,4 +247,5 @@ def register(subparsers: Any) -> None:
     p.add_argument("--retrieval-per-length", type=int, default=4)
     p.add_argument("--chars-per-token", type=float, default=1.0, help="retrieval context characters per token")
     p.add_argument("--allow-other-checkpoint", action="store_true", help="the servers may load different folders")
+    p.add_argument("--force", action="store_true", help="write into a folder kv-screen did not create")
     p.set_defaults(func=_cmd)

@@ -32,7 +32,16 @@ from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import write_json_atomic
 from kvstudy.precision import prompts as pr
 from kvstudy.precision import quantize as qz
-from kvstudy.precision.records import KIND, Group, greedy_path, logp_path, write_greedy, write_group, write_logp
+from kvstudy.precision.records import (
+    KIND,
+    Group,
+    claim_capture,
+    greedy_path,
+    logp_path,
+    write_greedy,
+    write_group,
+    write_logp,
+)
 from kvstudy.tools import scaled_k_checkpoint as ctl
 
 MAIN, CONTROL = "qwen3-mini", "positive-control"
@@ -237,9 +246,10 @@ def _run_group(
         print(f"kv-simulate: {key} done in {time.monotonic() - began:.0f} s", flush=True)
 
 
-def run(spec: SimSpec, capture: str | Path) -> Path:
-    """Make (or resume) a simulated-storage capture in ``capture``."""
-    capture = Path(capture)
+def run(spec: SimSpec, capture: str | Path, force: bool = False) -> Path:
+    """Make (or resume) a simulated-storage capture in ``capture`` (a folder kv-simulate did not
+    write only with ``force``: ``records.claim_capture``)."""
+    capture = claim_capture(capture, "kv-simulate", [MAIN, CONTROL], force)
     record = ctl.ensure_control(spec.model, spec.control_dir, spec.control_factor)
     inputs = {**model_inputs(spec.model), "control_weights_sha256": record["weights_sha256"]}
     grid = {**spec.to_dict(), "groups": [MAIN, CONTROL], "storage": qz.LABEL}
@@ -320,7 +330,7 @@ def _cmd(args: argparse.Namespace) -> int:
         greedy_n=args.greedy_n,
         threads=args.threads,
     )
-    run(spec, args.capture)
+    run(spec, args.capture, args.force)
     print(f"{args.capture}: done ({qz.LABEL})")
     return 0
 
@@ -337,4 +347,5 @@ def register(subparsers: Any) -> None:
     p.add_argument("--retrieval-per-length", type=int, default=d.retrieval_per_length)
     p.add_argument("--greedy-n", type=int, default=d.greedy_n, help="GSM8K-format items answered greedily per arm")
     p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--force", action="store_true", help="write into a folder kv-simulate did not create")
     p.set_defaults(func=_cmd)

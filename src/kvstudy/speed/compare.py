@@ -33,6 +33,7 @@ from kvstudy.bench.measurability import Measurability, RunRequests, assess_run, 
 from kvstudy.bench.result import read_result_file, requests_from_result, result_files
 from kvstudy.errors import StudyError
 from kvstudy.io import is_finite_number
+from kvstudy.redact import redact, redact_text
 from kvstudy.speed.calibration import centred, minimum_detectable_change
 from kvstudy.speed.verdict import ALPHA, CLOCK_TOLERANCE, Verdict, compare_runs, minimum_p_value, summarise_run
 
@@ -347,9 +348,10 @@ def _cli_compare(args: argparse.Namespace) -> int:
     if not args.clock_tolerance_pct >= 0 or not np.isfinite(args.clock_tolerance_pct):
         raise StudyError(f"--clock-tolerance-pct: {args.clock_tolerance_pct!r}, expected a percentage >= 0")
     result = compare_folders(args.base, args.cand, clock_tolerance=args.clock_tolerance_pct / 100.0)
+    # a bench result's model_id or a folder name may carry a URL password or a token: never echoed
     if args.json:
-        print(json.dumps(result.to_dict(), default=str, allow_nan=False))
+        print(json.dumps(redact(result.to_dict()), default=str, allow_nan=False))
     else:
-        print(format_text(result))
+        print(redact_text(format_text(result)))
     sys.stdout.flush()
     return 0

@@ -21,8 +21,9 @@ import numpy as np
 import safetensors
 
 from kvstudy.errors import StudyError
-from kvstudy.io import write_text_atomic
+from kvstudy.io import check_write_target, write_text_atomic
 from kvstudy.model.safetensors import F8_E4M3_VALUES
+from kvstudy.outputs import claim_output_folder
 
 SEED = 20261129
 LAYERS = 4
@@ -80,6 +81,7 @@ def write_safetensors(path: Path, tensors: Tensors) -> int:
         )
         for name, buf in buffers.items()
     }
+    check_write_target(path)  # the writer follows a symlink: refuse one
     path.parent.mkdir(parents=True, exist_ok=True)
     safetensors.serialize_file(specs, str(path), {"format": "pt"})
     return path.stat().st_size
@@ -323,9 +325,11 @@ CASES: tuple[CheckpointCase, ...] = (
 )
 
 
-def build_all(out_dir: str | Path, names: Sequence[str] = ()) -> list[Path]:
-    """Build the checkpoints (all, or those named) under ``out_dir``; each has its own seeded RNG."""
-    out = Path(out_dir)
+def build_all(out_dir: str | Path, names: Sequence[str] = (), force: bool = False) -> list[Path]:
+    """Build the checkpoints (all, or those named) under ``out_dir``; each has its own seeded RNG.
+    ``out_dir`` must be new, empty or one this command wrote (``outputs.claim_output_folder``)
+    unless ``force``."""
+    out = claim_output_folder(out_dir, "checkpoints build", force)
     built = []
     for number, case in enumerate(CASES):
         if names and case.name not in names:
@@ -347,7 +351,7 @@ def _cmd(args: argparse.Namespace) -> int:
     unknown = set(args.names) - {c.name for c in CASES}
     if unknown:
         raise StudyError(f"checkpoint names {sorted(unknown)}: unknown (see `kvstudy checkpoints list`)")
-    for folder in build_all(args.out_dir, args.names):
+    for folder in build_all(args.out_dir, args.names, args.force):
         size = sum(p.stat().st_size for p in folder.iterdir())
         print(f"{folder}: {size} bytes")
     return 0
@@ -365,5 +369,6 @@ def register(subparsers: Any) -> None:
     build = sub.add_parser("build", help="write the checkpoints into a folder")
     build.add_argument("out_dir", help="e.g. data/checkpoints")
     build.add_argument("names", nargs="*", help="only these checkpoints (default: all)")
+    build.add_argument("--force", action="store_true", help="write into a folder this command did not create")
     build.set_defaults(func=_cmd)
     sub.add_parser("list", help="list the checkpoints and what each contains").set_defaults(func=_cmd)

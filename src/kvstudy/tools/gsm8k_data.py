@@ -22,6 +22,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import write_text_atomic
+from kvstudy.outputs import claim_output_folder
 
 SEED = 20261023
 N_TEST = 1000
@@ -274,12 +275,15 @@ def final_answer(answer: str) -> str:
     return answer.rsplit("#### ", 1)[1].strip()
 
 
-def write_splits(folder: str | Path, seed: int = SEED, n_test: int = N_TEST, n_train: int = N_TRAIN) -> dict[str, Path]:
-    """Write ``train.jsonl`` and ``test.jsonl`` under ``folder`` (one JSON object a line)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+def write_splits(
+    folder: str | Path, seed: int = SEED, n_test: int = N_TEST, n_train: int = N_TRAIN, force: bool = False
+) -> dict[str, Path]:
+    """Write ``train.jsonl`` and ``test.jsonl`` under ``folder`` (one JSON object a line); the folder
+    must be new, empty or this command's own (``outputs.claim_output_folder``) unless ``force``."""
+    splits = generate(n_test, n_train, seed)  # settings checked before the folder is touched
+    folder = claim_output_folder(folder, "gsm8k-data", force)
     paths = {}
-    for split, problems in generate(n_test, n_train, seed).items():
+    for split, problems in splits.items():
         path = folder / f"{split}.jsonl"
         text = "".join(json.dumps(p.to_dict(), ensure_ascii=False) + "\n" for p in problems)
         write_text_atomic(path, text)
@@ -310,7 +314,7 @@ def read_split(path: str | Path) -> list[Problem]:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    for split, path in write_splits(args.folder, args.seed, args.n_test, args.n_train).items():
+    for split, path in write_splits(args.folder, args.seed, args.n_test, args.n_train, args.force).items():
         print(f"{split}: {path}")
     return 0
 
@@ -327,4 +331,5 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--n-test", type=int, default=N_TEST)
     parser.add_argument("--n-train", type=int, default=N_TRAIN)
+    parser.add_argument("--force", action="store_true", help="write into a folder this command did not create")
     parser.set_defaults(func=_cmd)

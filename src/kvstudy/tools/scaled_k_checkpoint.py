@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from kvstudy.errors import StudyError
-from kvstudy.io import file_digest, read_bytes_checked, write_text_atomic
+from kvstudy.io import file_digest, read_bytes_checked, read_json_object, write_text_atomic
 from kvstudy.model.safetensors import decode
+from kvstudy.outputs import claim_output_folder
 from kvstudy.tools.checkpoints import Tensors, write_json, write_safetensors
 
 FACTOR = 2048.0  # a power of two: q·k is exactly unchanged in bfloat16
@@ -63,8 +64,20 @@ def read_bf16_safetensors(path: Path) -> Tensors:
     return out
 
 
-def build_control(source: str | Path, out: str | Path, factor: float = FACTOR) -> dict[str, Any]:
-    """Write the scaled-K checkpoint of ``source`` into ``out``; returns its record."""
+GENERATOR = "kvstudy.tools.scaled_k_checkpoint.build_control"
+
+
+def _written_before(folder: Path) -> bool:
+    """Whether ``folder`` holds a control this module wrote before folders were marked."""
+    try:
+        return read_json_object(folder / RECORD).get("generator") == GENERATOR
+    except StudyError:
+        return False
+
+
+def build_control(source: str | Path, out: str | Path, factor: float = FACTOR, force: bool = False) -> dict[str, Any]:
+    """Write the scaled-K checkpoint of ``source`` into ``out`` (new, empty or a control this command
+    wrote: ``outputs.claim_output_folder``; any other folder only with ``force``); returns its record."""
     source, out = Path(source), Path(out)
     if not (source / WEIGHTS).is_file():
         raise StudyError(f"{source}: no {WEIGHTS} (expected a single-file Qwen3 model folder)")
@@ -93,14 +106,14 @@ def build_control(source: str | Path, out: str | Path, factor: float = FACTOR) -
     for layer in range(layers):
         tensors[f"model.layers.{layer}.self_attn.k_scale"] = ("F32", np.array(k_scales[layer], dtype=np.float32))
         tensors[f"model.layers.{layer}.self_attn.v_scale"] = ("F32", np.array(1.0, dtype=np.float32))
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_folder(out, "control-checkpoint", force, recognise=_written_before)
     write_safetensors(out / WEIGHTS, tensors)
     for name in COPIED:
         if (source / name).is_file():
             write_text_atomic(out / name, (source / name).read_text(encoding="utf-8"))
     record = {
         "what": "positive control: k_norm.weight * factor, q_norm.weight / factor, k_scale bounds K",
-        "generator": "kvstudy.tools.scaled_k_checkpoint.build_control",
+        "generator": GENERATOR,
         "source": str(source),
         "source_weights_sha256": file_digest(source / WEIGHTS, weights_headers_only=False),
         "factor": factor,
@@ -127,7 +140,7 @@ def ensure_control(source: str | Path, out: str | Path, factor: float = FACTOR) 
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    record = build_control(args.source, args.out, args.factor)
+    record = build_control(args.source, args.out, args.factor, args.force)
     print(f"{args.out}: factor {record['factor']:g}, k_scale per layer {[round(s, 4) for s in record['k_scales']]}")
     return 0
 
@@ -140,4 +153,5 @@ def register(subparsers: Any) -> None:
     p.add_argument("source", help="a single-file Qwen3 model folder (e.g. data/trained-model/qwen3-mini)")
     p.add_argument("out", help="the folder to write")
     p.add_argument("--factor", type=float, default=FACTOR, help="k_norm is multiplied and q_norm divided by it")
+    p.add_argument("--force", action="store_true", help="write into a folder this command did not create")
     p.set_defaults(func=_cmd)

@@ -333,3 +333,19 @@ def test_reader_property_with_hypothesis(helpers: Any, tmp_path_factory: pytest.
             assert "h.json" in str(exc)
 
     prop()
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_compare_never_echoes_a_url_password_or_token(
+    make_arms: Any, capsys: pytest.CaptureFixture[str], as_json: bool
+) -> None:
+    base, cand = make_arms(n=4, ratio=0.7)
+    for folder in (base, cand):
+        for path in folder.glob("*.json"):
+            _edit(
+                path, model_id="https://user:plantedPw-4c1e9a@hub.example/m", tokenizer_id="org/hf_PlantedTok0123456789"
+            )
+    rc, out, _ = run_cli(["speed", "compare", str(base), str(cand), *(["--json"] if as_json else [])], capsys)
+    assert rc == 0 and "plantedPw-4c1e9a" not in out and "hf_PlantedTok0123456789" not in out
+    if as_json:
+        assert json.loads(out)["verdict"] == "faster"

@@ -1,0 +1,79 @@
+"""Output folders a generator may write: its own (marked), a new or empty one, or any with ``--force``.
+
+Every generator of the study's inputs (``checkpoints build``, ``retrieval-data``, ``gsm8k-data``,
+``control-checkpoint``) claims its folder through :func:`claim_output_folder` before it writes a
+byte: a folder it did not create is refused unless ``--force``, a folder another generator marked
+is refused always (one set's ``test.jsonl`` never overwrites another's), and a planted symlink
+inside it is refused (no write follows a link out of its folder). Single files are guarded by
+:func:`kvstudy.io.check_write_target`, which every atomic write calls.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from kvstudy.errors import StudyError
+from kvstudy.io import read_json_object, write_json_atomic
+
+GENERATED_MARKER = ".kvstudy-generated.json"
+
+
+def _marker_generator(folder: Path) -> str | None:
+    """Which generator's marker ``folder`` holds (None when it holds none or an unreadable one)."""
+    marker = folder / GENERATED_MARKER
+    if not marker.is_file() or marker.is_symlink():
+        return None
+    try:
+        data = read_json_object(marker)
+    except StudyError:
+        return None
+    name = data.get("generator")
+    return name if isinstance(name, str) else None
+
+
+def _links_out(folder: Path) -> Path | None:
+    """The first symlink inside ``folder`` (at any depth, links not followed), or None."""
+    for top, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            if (Path(top) / name).is_symlink():
+                return Path(top) / name
+    return None
+
+
+def claim_output_folder(
+    folder: str | Path, generator: str, force: bool = False, recognise: Callable[[Path], bool] | None = None
+) -> Path:
+    """Make ``folder`` the output of ``generator`` (a command name, e.g. ``retrieval-data``) and
+    return it, or refuse in one line before anything is written. Accepted: a missing or empty folder,
+    one holding ``generator``'s own marker (:data:`GENERATED_MARKER`), one ``recognise`` says it
+    wrote before markers existed, and, with ``force``, any other folder. Refused always: a folder
+    another generator marked (its data is not this one's to replace), a path that is not a folder,
+    and a folder holding a symlink (a write would follow it out). The marker is written on success.
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise StudyError(f"{folder}: exists and is not a folder (expected the output folder of {generator})")
+    if folder.is_dir():
+        owner = _marker_generator(folder)
+        if owner is not None and owner != generator:
+            raise StudyError(
+                f"{folder}: holds the output of `kvstudy {owner}`; refusing to write `kvstudy {generator}` "
+                "files over it (pick another folder)"
+            )
+        link = _links_out(folder)
+        if link is not None:
+            raise StudyError(f"{link}: is a symlink; refusing to write through it (expected plain files in {folder})")
+        ours = owner == generator or not any(folder.iterdir()) or (recognise is not None and recognise(folder))
+        if not ours and not force:
+            raise StudyError(
+                f"{folder}: not empty and not written by `kvstudy {generator}` (no {GENERATED_MARKER}); "
+                "refusing to replace its files: pick another folder, or pass --force"
+            )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StudyError(f"{folder}: cannot create the folder ({exc.strerror or exc})") from None
+    write_json_atomic(folder / GENERATED_MARKER, {"generator": generator})
+    return folder
