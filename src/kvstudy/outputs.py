@@ -42,16 +42,11 @@ def _links_out(folder: Path) -> Path | None:
     return None
 
 
-def claim_output_folder(
+def check_output_folder(
     folder: str | Path, generator: str, force: bool = False, recognise: Callable[[Path], bool] | None = None
 ) -> Path:
-    """Make ``folder`` the output of ``generator`` (a command name, e.g. ``retrieval-data``) and
-    return it, or refuse in one line before anything is written. Accepted: a missing or empty folder,
-    one holding ``generator``'s own marker (:data:`GENERATED_MARKER`), one ``recognise`` says it
-    wrote before markers existed, and, with ``force``, any other folder. Refused always: a folder
-    another generator marked (its data is not this one's to replace), a path that is not a folder,
-    and a folder holding a symlink (a write would follow it out). The marker is written on success.
-    """
+    """The checks of :func:`claim_output_folder` alone, writing nothing: for a command that refuses a
+    folder first and claims it only once its other input is checked."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise StudyError(f"{folder}: exists and is not a folder (expected the output folder of {generator})")
@@ -71,6 +66,20 @@ def claim_output_folder(
                 f"{folder}: not empty and not written by `kvstudy {generator}` (no {GENERATED_MARKER}); "
                 "refusing to replace its files: pick another folder, or pass --force"
             )
+    return folder
+
+
+def claim_output_folder(
+    folder: str | Path, generator: str, force: bool = False, recognise: Callable[[Path], bool] | None = None
+) -> Path:
+    """Make ``folder`` the output of ``generator`` (a command name, e.g. ``retrieval-data``) and
+    return it, or refuse in one line before anything is written. Accepted: a missing or empty folder,
+    one holding ``generator``'s own marker (:data:`GENERATED_MARKER`), one ``recognise`` says it
+    wrote before markers existed, and, with ``force``, any other folder. Refused always: a folder
+    another generator marked (its data is not this one's to replace), a path that is not a folder,
+    and a folder holding a symlink (a write would follow it out). The marker is written on success.
+    """
+    folder = check_output_folder(folder, generator, force, recognise)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

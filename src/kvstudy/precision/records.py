@@ -20,16 +20,19 @@ from typing import Any
 from kvstudy.capture import read_manifest
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json_object, read_jsonl, write_json_atomic, write_jsonl_atomic
-from kvstudy.outputs import claim_output_folder
+from kvstudy.outputs import check_output_folder, claim_output_folder
 
 KIND = "kv-precision"
 GROUP_FILE = "group.json"
 
 
-def claim_capture(capture: str | Path, command: str, groups: Sequence[str], force: bool = False) -> Path:
+def claim_capture(
+    capture: str | Path, command: str, groups: Sequence[str], force: bool = False, check_only: bool = False
+) -> Path:
     """``capture`` as the output folder of ``command`` (``kv-simulate``, ``kv-screen``): new, empty,
     marked by it, or a ``kv-precision`` capture of the same ``groups`` written before folders were
-    marked; any other folder only with ``force`` (``outputs.claim_output_folder``)."""
+    marked; any other folder only with ``force`` (``outputs.claim_output_folder``; with
+    ``check_only`` the checks alone, nothing written)."""
 
     def written_before(folder: Path) -> bool:
         try:
@@ -39,7 +42,8 @@ def claim_capture(capture: str | Path, command: str, groups: Sequence[str], forc
         spec = manifest.get("spec")
         return manifest.get("kind") == KIND and isinstance(spec, dict) and spec.get("groups") == list(groups)
 
-    return claim_output_folder(capture, command, force, recognise=written_before)
+    claim = check_output_folder if check_only else claim_output_folder
+    return claim(capture, command, force, recognise=written_before)
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,7 @@ def screen(
     folder kv-screen did not write only with ``force``: ``records.claim_capture``)."""
     if not prompts:
         raise StudyError("kv-screen: no prompts (gsm8k-n and retrieval-per-length are both 0)")
-    claim_capture(capture, "kv-screen", [GROUP], force)
+    claim_capture(capture, "kv-screen", [GROUP], force, check_only=True)  # refused before any server is asked
     base = describe_server(baseline)
     cand = describe_server(candidate)
     check_same_model(base, cand, allow_other_checkpoint)
@@ -190,7 +190,7 @@ def screen(
                 )
             first = first if first is not None else tokens
             rows[arm].append(row)
-    capture = Path(capture)
+    capture = claim_capture(capture, "kv-screen", [GROUP], force)
     engine = f"OpenAI-compatible servers: baseline {base.url}, candidate {cand.url}"
     spec = {
         "groups": [GROUP],

@@ -148,6 +148,7 @@ def test_kv_screen_refuses_a_foreign_folder_before_asking_any_server(tmp_path: P
     with pytest.raises(StudyError, match="not written by `kvstudy kv-screen`"):
         screen.screen("http://127.0.0.1:9", "http://127.0.0.1:9", mine, items)
     assert (mine / "manifest.json").read_text() == '{"kind": "kvstudy speed sweep"}'
+    assert [p.name for p in mine.iterdir()] == ["manifest.json"]  # not even a marker written
 
 
 def test_kv_simulate_refuses_a_foreign_folder_before_any_work(tmp_path: Path) -> None:
