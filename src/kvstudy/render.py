@@ -1,11 +1,17 @@
 """Run a profile's notebooks with papermill, render HTML, and write the index.
 
 ``kvstudy render --profile NAME [--only NOTEBOOK ...]`` (what ``make all`` runs) checks the profile
-strictly, then executes each notebook it names into a temporary folder under ``reports/``, renders
-it to HTML (prose, tables, figures and a settings table; code stays in the executed notebook) and
-moves the finished files into ``reports/<profile>/``. A notebook that fails keeps its last good
-report; its partial render is ``<notebook>.failed.html`` and the index says it failed. One run per
-profile at a time. Lines a notebook prints with ``[progress]`` are shown while it runs.
+strictly, then executes each notebook it names into a staging folder under
+``reports/.staging/<profile>/``, renders it to HTML (prose, tables, figures and a settings table;
+code stays in the executed notebook) and moves the finished files into ``reports/<profile>/``. A
+notebook that fails keeps its last good report; its partial render is ``<notebook>.failed.html`` and
+the index says it failed. One run per profile at a time. Lines a notebook prints with
+``[progress]`` are shown while it runs.
+
+A render killed part way heals on the next one: that one removes the staging folders left behind
+and rebuilds ``status.json`` and the index from the reports on disk
+(``report_index.status_from_reports``). Every file it writes is scrubbed of secrets by shape and of
+the profile's secret values (``redact.scrub_report``).
 """
 
 from __future__ import annotations
