@@ -48,6 +48,13 @@ def check_output_folder(
     """The checks of :func:`claim_output_folder` alone, writing nothing: for a command that refuses a
     folder first and claims it only once its other input is checked."""
     folder = Path(folder)
+    try:
+        return _check(folder, generator, force, recognise)
+    except OSError as exc:  # a name longer than the file system allows, a parent that is a file
+        raise StudyError(f"{folder}: cannot be the output folder of {generator} ({exc.strerror or exc})") from None
+
+
+def _check(folder: Path, generator: str, force: bool, recognise: Callable[[Path], bool] | None) -> Path:
     if folder.exists() and not folder.is_dir():
         raise StudyError(f"{folder}: exists and is not a folder (expected the output folder of {generator})")
     if folder.is_dir():

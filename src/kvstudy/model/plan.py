@@ -332,11 +332,18 @@ def _csv(summary: dict[str, Any], path: str, force: bool = False) -> None:
     import pandas as pd
 
     target = Path(path)
-    if (target.exists() or target.is_symlink()) and not force:
+    try:
+        taken = target.exists() or target.is_symlink()
+    except OSError as exc:  # a name longer than the file system allows
+        raise StudyError(f"--csv {path}: cannot be written ({exc.strerror or exc})") from None
+    if taken and not force:
         raise StudyError(f"--csv {path}: exists; refusing to replace it (pick another path, or pass --force)")
     frame = pd.DataFrame.from_dict(summary["dtypes"], orient="index")
     frame.index.name = "kv dtype"
-    write_table(frame, target)
+    try:
+        write_table(frame, target)
+    except OSError as exc:  # a parent that is a file, a folder that cannot be made
+        raise StudyError(f"--csv {path}: cannot be written ({exc.strerror or exc})") from None
 
 
 def _run(args: argparse.Namespace) -> int:

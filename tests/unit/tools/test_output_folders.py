@@ -168,3 +168,20 @@ def test_the_bundled_data_folders_are_their_generators_own() -> None:
     ):
         marker = json.loads((ROOT / "data" / folder / GENERATED_MARKER).read_text())
         assert marker == {"generator": generator}
+
+
+@pytest.mark.parametrize("command", ["gsm8k-data", "retrieval-data", "checkpoints build", "capacity --csv"])
+@pytest.mark.parametrize("where", ["parent-is-a-file", "name-too-long"])
+def test_unwritable_output_paths_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, where: str
+) -> None:
+    (tmp_path / "a-file").write_text("x")
+    target = str(tmp_path / "a-file" / "out") if where == "parent-is-a-file" else str(tmp_path / ("n" * 300))
+    argv = {
+        "gsm8k-data": ["gsm8k-data", target],
+        "retrieval-data": ["retrieval-data", target, "--lengths", "64"],
+        "checkpoints build": ["checkpoints", "build", target],
+        "capacity --csv": ["capacity", str(ROOT / "data" / "models" / "Qwen3-8B"), "--csv", target],
+    }[command]
+    assert target[:40] in _error(capsys, argv)
+    assert (tmp_path / "a-file").read_text() == "x"
