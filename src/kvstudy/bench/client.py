@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import log_tail, text_tail
+from kvstudy.io import check_write_target, log_tail, text_tail
 from kvstudy.redact import scrub, secret_values
 from kvstudy.vllm.process import die_with_parent
 
@@ -180,6 +180,7 @@ def run_bench(
     saves no result.
     """
     settings.validate()
+    check_write_target(log_path)  # open() would follow a planted symlink out of the capture
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvstudy-bench-") as tmp:
         result_dir = Path(tmp)

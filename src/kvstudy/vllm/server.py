@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import log_tail
+from kvstudy.io import check_write_target, log_tail
 from kvstudy.redact import scrub_file, start_scrubbed_copy
 from kvstudy.vllm.command import (
     HOST,
@@ -223,7 +223,9 @@ class VllmServer:
     def _spawn(self, full_env: dict[str, str]) -> subprocess.Popen[bytes]:
         """The server process, its output copied to the log by a scrubbing thread. (A child that
         ignores SIGPIPE outlives a SIGKILLed parent: die_with_parent and the pid file stop it.)"""
-        log = open(self.log_path, "wb")  # the copy thread closes it
+        log = open(
+            check_write_target(self.log_path), "wb"
+        )  # never through a planted symlink; the copy thread closes it
         try:
             self._proc = proc = subprocess.Popen(
                 self.command,

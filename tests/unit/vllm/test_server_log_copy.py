@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 import kvstudy.vllm.server as server_module
+from kvstudy.errors import StudyError
 from kvstudy.redact import REDACTED
 from kvstudy.vllm.command import ServerConfig
 from kvstudy.vllm.server import VllmServer
@@ -158,3 +159,13 @@ def test_sigkill_of_the_parent_leaves_no_secret_on_disk(fake_vllm: Path, tmp_pat
             middle.kill()
         if server is not None and server.is_running():
             server.kill()
+
+
+def test_a_planted_symlink_at_the_server_log_is_refused(fake_vllm: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me\n")
+    log = tmp_path / "server.log"
+    log.symlink_to(outside)
+    with pytest.raises(StudyError, match="server.log: is a symlink"):
+        VllmServer(planted_config(fake_vllm), log, ready_timeout_s=HANG_S).start()
+    assert outside.read_text() == "keep me\n"
