@@ -24,6 +24,7 @@ from kvstudy.redact import (
     is_secret_name,
     literal_secrets,
     redact,
+    redact_shapes,
     redact_text,
     resolve_env,
     safe_environment,
@@ -296,3 +297,37 @@ def test_secrets_inside_longer_strings_are_redacted(text: str, secret: str) -> N
 @pytest.mark.parametrize("text", ["enable_hf_transfer", "use_sk-learn", "http://h/?tokens=5&user=a", "me@x.example"])
 def test_names_that_only_look_like_secrets_are_kept(text: str) -> None:
     assert redact_text(text) == text
+
+
+_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789/-._ "
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["hf_", "ghp_", "sk-", "github_pat_", "glpat-"]),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz", min_size=6, max_size=30),
+    st.text(alphabet=_NAME_CHARS + "_", max_size=30),
+    st.sampled_from("/-._ "),
+    st.text(alphabet=_NAME_CHARS, max_size=30),
+)
+def test_a_token_inside_any_folder_name_never_survives(
+    prefix: str, body: str, before: str, sep: str, after: str
+) -> None:
+    token = f"{prefix}X9{body}"  # a real token's body mixes case and digits
+    text = f"{before}{sep}{token}{after}"  # after a separator (``xhf_...`` is another word)
+    assert token not in redact_shapes(text) and token not in redact_text(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=1, max_size=12),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJ0123456789!$%*+-_@:~", min_size=8, max_size=30),
+    st.sampled_from(["https://", "git+https://", "postgresql://", "redis://"]),
+    st.sampled_from(["", "see ", "url=", "(", "https://proxy.example/?to="]),
+    st.sampled_from(["", "/path", ":5432/db", ").", " and more", "?x=1"]),
+)
+def test_a_url_password_inside_any_longer_text_never_survives(
+    user: str, password: str, scheme: str, before: str, after: str
+) -> None:
+    text = f"{before}{scheme}{user}:{password}@host.example{after}"
+    assert f"{scheme}{user}:{REDACTED}@host.example{after}" in redact_shapes(text)
