@@ -49,6 +49,7 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json_object, write_json_atomic
 from kvstudy.machine import cpu_model
+from kvstudy.outputs import check_output_folder, claim_output_folder
 from kvstudy.tools.train_data import (  # noqa: F401
     BOS_ID,
     EOS_ID,
@@ -427,7 +428,7 @@ def save_model(
     import torch
     from transformers import GenerationConfig
 
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_folder(out, "train-model", force=True, recognise=_trained_before)  # checked before training
     model = result.model.to(torch.bfloat16)
     model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
     model.save_pretrained(out, safe_serialization=True)
@@ -472,18 +473,27 @@ def save_model(
 # --------------------------------------------------------------------------- command line
 
 
+def _trained_before(folder: Path) -> bool:
+    """Whether ``folder`` holds a model this command saved before folders were marked."""
+    try:
+        return str(read_json_object(folder / "training.json").get("what", "")).startswith("kvstudy's trained")
+    except StudyError:
+        return False
+
+
 def run_training(
     out: str | Path,
     settings: TrainSettings = TrainSettings(),
     progress: Callable[[str], None] | None = print,
     start: str | Path | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Train with ``settings`` and save the folder at ``out``; return ``training.json``'s data.
+    ``out`` must be new, empty or a model this command saved (``outputs.check_output_folder``,
+    checked before any training) unless ``force``.
 
     ``start``: a folder saved after the recipe's first phases; only the later phases run."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise StudyError(f"{out}: exists and is not a folder (expected the model folder to write)")
+    out = check_output_folder(out, "train-model", force, recognise=_trained_before)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if start is None:
         return save_model(train(settings, progress=progress), settings, out)
@@ -496,7 +506,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     settings = TrainSettings()
     if args.steps_scale != 1.0:
         settings = settings.scaled(args.steps_scale)
-    record = run_training(args.out, settings, start=args.continue_from)
+    record = run_training(args.out, settings, start=args.continue_from, force=args.force)
     print(f"{args.out}: trained in {record['wall_s']:.0f} s, final loss {record['loss_curve']['points'][-1][1]:.4f}")
     if args.eval:
         gsm = evaluate_gsm8k(args.out, args.eval)
@@ -526,6 +536,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--steps-scale", type=float, default=1.0, help="multiply every stage's steps (1.0 = the committed recipe)"
     )
+    parser.add_argument("--force", action="store_true", help="write into a folder this command did not create")
     parser.set_defaults(func=_cmd_train)
 
 

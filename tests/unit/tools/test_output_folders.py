@@ -185,3 +185,21 @@ def test_unwritable_output_paths_are_one_line(
     }[command]
     assert target[:40] in _error(capsys, argv)
     assert (tmp_path / "a-file").read_text() == "x"
+
+
+def test_train_model_refuses_a_foreign_folder_before_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstudy.tools import train_model
+
+    def no_training(*args: object, **kwargs: object) -> None:
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(train_model, "train", no_training)
+    mine = tmp_path / "my-model"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"mine": true}')
+    with pytest.raises(StudyError, match="not written by `kvstudy train-model`"):
+        train_model.run_training(mine, progress=None)
+    assert (mine / "config.json").read_text() == '{"mine": true}'
+    assert not train_model._trained_before(mine) and train_model._trained_before(
+        ROOT / "data" / "trained-model" / "qwen3-mini"
+    )
