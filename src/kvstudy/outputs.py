@@ -1,7 +1,8 @@
 """Output folders a generator may write: its own (marked), a new or empty one, or any with ``--force``.
 
 Every generator of the study's inputs (``checkpoints build``, ``retrieval-data``, ``gsm8k-data``,
-``control-checkpoint``) claims its folder through :func:`claim_output_folder` before it writes a
+``control-checkpoint``, ``train-model``) and the precision captures (``kv-simulate``,
+``kv-screen``) claim their folder through :func:`claim_output_folder` before they write a
 byte: a folder it did not create is refused unless ``--force``, a folder another generator marked
 is refused always (one set's ``test.jsonl`` never overwrites another's), and a planted symlink
 inside it is refused (no write follows a link out of its folder). Single files are guarded by
