@@ -30,7 +30,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.model.allocator import predict_logged_pool, vllm_layer_records
-from kvstudy.model.capacity import GIB, ModelLayout, resolve_kv_dtype
+from kvstudy.model.capacity import GIB, LINEAR, MLA, SHARED, ModelLayout, resolve_kv_dtype
 from kvstudy.model.folder import load_config
 from kvstudy.model.oracle import resolve_layout
 from kvstudy.vllm.facts import (
@@ -44,6 +44,7 @@ from kvstudy.vllm.startup_log import MEMORY_NAMES, StartupInfo, parse_startup_lo
 
 VLLM_POOL_PATH = "vLLM 0.32's pool code (vllm/v1/core/kv_cache_utils.py)"
 RULES_POOL_PATH = "kvstudy rules (kvstudy.model.allocator)"
+OTHER_KV_DTYPES = ("auto", "fp8")  # what the same server would hold: the model's 16-bit cache and FP8
 MAX_CANDIDATE_BLOCKS = 100_000  # block counts a rounded memory figure may span before we stop listing
 
 
@@ -137,7 +138,24 @@ def _check_same_model(
                 "and no --dtype was asked: a log of another model?"
             )
         layout = dataclasses.replace(layout, model_dtype=dtype)
-    return layout
+    return _per_gpu(layout, info.tensor_parallel_size or 1, where)
+
+
+def _per_gpu(layout: ModelLayout, tp: int, where: str) -> ModelLayout:
+    """The layers one GPU of a TP group holds (``max(1, kv_heads // tp)`` KV heads; MLA's latent whole):
+    the logged KV memory and pool are one GPU's."""
+    if tp == 1:
+        return layout
+    refused = dict(layout.tp_refused).get(tp)
+    if refused:
+        raise StudyError(f"{where}: the log runs TP {tp}, which the model does not allow ({refused})")
+    if any(l.kind == LINEAR for l in layout.layers):
+        raise StudyError(f"{where}: a TP {tp} log of a model with state layers is not modelled here (TP 1 only)")
+    layers = tuple(
+        l if l.kind in (MLA, SHARED) else dataclasses.replace(l, num_kv_heads=max(1, l.num_kv_heads // tp))
+        for l in layout.layers
+    )
+    return dataclasses.replace(layout, layers=layers)
 
 
 # --------------------------------------------------------------------------- predicting the pool
@@ -293,11 +311,10 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
     except StudyError as exc:
         raise StudyError(f"{where}: the logged KV dtype {kv_dtype!r} ({exc})") from exc
     mid = (low + high) // 2
-    others_list = [d for d in ("auto", "fp8")]
     pools = predict_ranges(
         layout,
-        [kv_dtype, *others_list],
-        [(low or 1, high or 1)] + [(mid or 1, mid or 1)] * len(others_list),
+        [kv_dtype, *OTHER_KV_DTYPES],
+        [(low or 1, high or 1)] + [(mid or 1, mid or 1)] * len(OTHER_KV_DTYPES),
         max_len,
         block,
         device,
@@ -310,7 +327,7 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
         why += f"; vLLM profiled {profiled:,} blocks, the logged memory gives {pool.blocks_low:,}..{pool.blocks_high:,}"
         agree = agree and pool.blocks_low <= profiled <= pool.blocks_high
     others = {}
-    for dtype, other in zip(others_list, pools[1:]):
+    for dtype, other in zip(OTHER_KV_DTYPES, pools[1:]):
         n = other.blocks_low if mid else (override or 0)
         others[f"{dtype} ({resolve_kv_dtype(layout, dtype)})"] = {
             "path": other.path,
@@ -324,6 +341,7 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
         "log": where,
         "model": str(model),
         "kv_figures": layout.source,
+        "kv_figures_notes": list(layout.notes),
         "attempts": info.attempts,
         "logged": {
             "version": info.version,
@@ -380,6 +398,7 @@ def format_check(result: dict[str, Any]) -> str:
         lines.append(
             f"  {name:<20}{row['tokens']:>14,} tokens {row['requests_at_max_len']:>9}x requests{mark}  [{row['path']}]"
         )
+    lines += [f"note: {note}" for note in result["kv_figures_notes"]]
     overhead = result["overhead"]
     lines.append(f"overhead: {overhead['statement']}" + (f" ({overhead['rule']})" if logged["device"] != "cpu" else ""))
     return "\n".join(lines)

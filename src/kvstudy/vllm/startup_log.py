@@ -65,6 +65,7 @@ RE_CONFIG_MODEL = re.compile(r"\bmodel='([^']*)'")
 RE_CONFIG_SERVED = re.compile(r"\bserved_model_name=([^,]+)")
 RE_CONFIG_DTYPE = re.compile(r"\bdtype=(?:torch\.)?(\w+)")
 RE_CONFIG_BLOCK = re.compile(r"\bblock_size=(\d+)")
+RE_CONFIG_TP = re.compile(r"\btensor_parallel_size=(\d+)")
 RE_ARGS_BLOCK = re.compile(r"'block_size': (\d+)")
 RE_ARGS_DTYPE = re.compile(r"non-default args: .*'dtype': '(\w+)'")
 RE_ARGS_KV_BYTES = re.compile(r"non-default args: .*'kv_cache_memory_bytes': (\d+)")
@@ -200,6 +201,7 @@ class StartupInfo:
     pool_blocks: int | None = None  # the V0 engine's "# GPU blocks: N"
     kv_memory_bytes_asked: int | None = None  # --kv-cache-memory-bytes in the non-default args
     block_size: int | None = None  # --block-size where the log says it
+    tensor_parallel_size: int | None = None  # tensor_parallel_size= of the engine config line
     model: str | None = None  # model='...' of the engine config line
     served_model_name: str | None = None
     model_dtype: str | None = None  # dtype= of the engine config line
@@ -270,6 +272,9 @@ def _read_config_line(info: StartupInfo, line: str) -> None:
     found = RE_CONFIG_BLOCK.search(rest)
     if found:
         info.block_size = _int(found.group(1))
+    found = RE_CONFIG_TP.search(rest)
+    if found:
+        info.tensor_parallel_size = _int(found.group(1))
 
 
 def _read_line(info: StartupInfo, line: str) -> None:

