@@ -380,7 +380,8 @@ def format_check(result: dict[str, Any]) -> str:
     """The check as a few lines of text."""
     logged, predicted = result["logged"], result["predicted"]
     lines = [
-        f"{result['log']}: vLLM {logged['version']} on {logged['device']}, backend {logged['attention_backend']}, "
+        f"{result['log']}: vLLM {logged['version'] or '(version not logged)'} on {logged['device']}, backend "
+        f"{logged['attention_backend'] or 'not logged'}, "
         f"KV dtype {logged['kv_cache_dtype']}"
         + (f" (last of {result['attempts']} start attempts)" if result["attempts"] > 1 else ""),
         f"logged:    KV memory {logged['kv_memory_gib']} GiB ({logged['kv_memory_source']}); pool {logged['pool_tokens']:,} "
