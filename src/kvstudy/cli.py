@@ -12,7 +12,7 @@ from kvstudy.errors import StudyError
 # module name -> registers one sub-command with argparse; each sets ``func`` on its parser.
 SUBCOMMAND_MODULES = (
     "kvstudy.model.plan",  # kvstudy capacity
-    "kvstudy.vllm.startup_log",  # kvstudy startup-log
+    "kvstudy.model.log_check",  # kvstudy startup-log
     "kvstudy.model.scales",  # kvstudy scales
     "kvstudy.speed.runner",  # kvstudy sweep
     "kvstudy.speed.compare",  # kvstudy speed compare
