@@ -6,7 +6,8 @@ to the block's seed. Beside its manifest, ``block.json`` records the plan, the b
 the node that ran it (``node.node_identity``) and each attempt. Done means ``block.json`` says
 ``ok`` (every cell ok); a failed block is kept, and runs again only with ``--retry-failed``
 (the runner keeps earlier logs as ``*.attemptN.log``). A block belongs to one node: a block
-started on another node is refused, so a comparison is never split across machines.
+started on another node is refused once any of its cells has a result, so a comparison is never
+split across machines (a block claimed by a node that measured nothing may move).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kvstudy.distribute.plan import ENGINE_PACKAGES, block_at, experiment
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, write_json_atomic
 from kvstudy.machine import package_versions
+from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 
 BLOCK_RECORD = "block.json"
@@ -30,8 +32,16 @@ def read_block_record(folder: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     data = read_json(path)
-    if not isinstance(data, dict) or "block_id" not in data or "plan_id" not in data:
-        raise StudyError(f"{path}: expected a block record with 'plan_id' and 'block_id'")
+    if not isinstance(data, dict):
+        raise StudyError(f"{path}: expected a block record (a JSON object), got {type(data).__name__}")
+    for key, kind in (("plan_id", str), ("block_id", str), ("plan_blocks", list), ("record", dict), ("node", dict)):
+        if not isinstance(data.get(key), kind):
+            raise StudyError(f"{path}: field '{key}' missing or not a {kind.__name__} (a block record of run-block)")
+    if not isinstance(data["record"].get("experiment_spec"), dict):
+        raise StudyError(f"{path}: field 'record.experiment_spec' missing (a block record of run-block)")
+    for i, entry in enumerate(data["plan_blocks"]):
+        if not isinstance(entry, dict) or not {"index", "block_id", "experiment", "seed"} <= set(entry):
+            raise StudyError(f"{path}: plan_blocks[{i}]: expected index, block_id, experiment and seed")
     return data
 
 
@@ -65,6 +75,13 @@ def _check_engine(record: dict[str, Any]) -> None:
                 f"block {record['block_id']}: planned with {name} {version}, this node has {name} {here[name]} "
                 "(install the planned version, or plan again on this engine)"
             )
+
+
+def _has_results(folder: Path) -> bool:
+    """Whether any cell of the block has a result (ok or failed): a block with none may move to another node."""
+    if not (folder / capture_format.MANIFEST).is_file():
+        return False
+    return any(v in ("ok", "failed") for v in _items_state(folder).values())
 
 
 def _items_state(folder: Path) -> dict[str, str]:
@@ -115,7 +132,7 @@ def run_block(
         if old.get("status") == "ok":
             progress(f"block {record['block_id']}: done on {ran_on} already; nothing run")
             return "ok"
-        if ran_on != node["node_id"]:
+        if ran_on != node["node_id"] and _has_results(folder):
             raise StudyError(
                 f"block {record['block_id']}: started on node {ran_on!r}, this is {node['node_id']!r}: a block "
                 f"runs on one node (delete {folder} to run it here from the start)"
@@ -126,6 +143,7 @@ def run_block(
     _check_engine(record)
     exp = experiment(record["experiment"], f"block {record['block_id']}")
     spec = exp.spec_from_dict(record["spec"], f"block {record['block_id']}: spec")
+    require_live(spec.model)  # before the block is claimed for this node: a node without the engine claims nothing
     attempts = list((old or {}).get("attempts") or [])
     attempt: dict[str, Any] = {"started_utc": capture_format.now_utc(), "retry_failed": retry_failed}
     state = block_state(plan_id, records, record, node, [*attempts, attempt])

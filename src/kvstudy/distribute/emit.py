@@ -38,7 +38,7 @@ def slurm_script(
     lines = [
         "#!/bin/bash",
         f"# kvstudy plan {plan_id}: {len(records)} pair-blocks, one array task each (kvstudy plan --emit slurm).",
-        "# Submit with: sbatch slurm.sbatch   (extra arguments, e.g. --retry-failed, reach run-block)",
+        f"# Submit with: mkdir -p {store} && sbatch slurm.sbatch   (extra arguments, e.g. --retry-failed, reach run-block)",
         f"#SBATCH --job-name=kvstudy-{plan_id[:8]}",
         f"#SBATCH --array=0-{len(records) - 1}%{parallel}",
         f"#SBATCH --output={store}/slurm-%A_%a.log",

@@ -4,7 +4,8 @@ Each task asks for the block's GPUs (``num_gpus`` from TP x PP) and does one thi
 ``kvstudy run-block PLAN --index I --store STORE`` as a subprocess and returns its exit code. Only
 a block index, paths and that integer pass through Ray; every result is a file the block's run
 writes into the store (read back by ``kvstudy collect``, never through Ray's object store). Ray
-itself ships the small task function to its workers as Ray always does.
+itself ships the small task function to its workers as Ray always does. On a multi-node cluster
+every node needs the project and its environment at the driver's paths (a shared file system).
 """
 
 from __future__ import annotations

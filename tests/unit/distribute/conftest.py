@@ -11,6 +11,9 @@ import pytest
 import yaml
 
 from kvstudy import capture as capture_format
+from kvstudy.context.live import SPEC_PARAMETERS
+from kvstudy.context.sweep import ContextSweepSpec, item_states
+from kvstudy.context.sweep import prepare as prepare_context
 from kvstudy.distribute.block import BLOCK_RECORD, block_state
 from kvstudy.distribute.plan import make_plan, read_plan
 from kvstudy.io import read_json, write_json_atomic
@@ -19,6 +22,7 @@ from kvstudy.speed.spec import SweepSpec
 
 ROOT = Path(__file__).resolve().parents[3]
 BUNDLED = ROOT / "data" / "captures" / "speed-cpu"
+BUNDLED_CONTEXT = ROOT / "data" / "captures" / "context-cpu"
 
 
 def write_profile(folder: Path, name: str, notebooks: dict[str, Any]) -> Path:
@@ -33,26 +37,44 @@ def fake_node(name: str) -> dict[str, Any]:
     return {"node_id": name, "host": name, "gpu_uuids": [], "cpu_model": "test CPU", "machine": {}}
 
 
+def _block_manifest(record: dict[str, Any], folder: Path) -> tuple[Any, list[str]]:
+    """The block's capture folder and manifest as the experiment's runner makes them; (spec, cell ids)."""
+    if record["experiment"] == "speed":
+        spec = SweepSpec.from_dict(record["spec"])
+        prepare_capture(spec, folder, how="split from a bundled capture")
+        return spec, [c.id for c in spec.cells()]
+    spec = ContextSweepSpec.from_dict(record["spec"])
+    prepare_context(spec, folder, how="split from a bundled capture")
+    return spec, spec.cells()
+
+
+def _item_states(record: dict[str, Any], spec: Any, folder: Path) -> dict[str, str]:
+    if record["experiment"] == "speed":
+        return {c.id: cell_status(folder, c) for c in spec.cells()}
+    return item_states(spec, folder)
+
+
 def split_into_stores(capture: Path, plan_dir: Path, root: Path, nodes: list[str]) -> list[Path]:
-    """One store per block of the plan: the capture's files of that block's server starts, a manifest
-    as the runner writes it for the block's spec, and ``block.json`` as run-block writes it."""
+    """One store per block of the plan: the capture's files of that block's server starts (and its
+    node files), a manifest as the runner writes it for the block's spec, and ``block.json`` as
+    run-block writes it."""
     plan_id, records = read_plan(plan_dir)
     stores = []
     for record, node in zip(records, nodes):
-        spec = SweepSpec.from_dict(record["spec"])
         store = root / f"store-{node}"
         folder = store / record["block_id"]
-        prepare_capture(spec, folder, how="split from the bundled capture")
-        runs = [r.id for r in spec.runs()]
+        spec, cells = _block_manifest(record, folder)
+        runs = record["server_starts"]
         for path in sorted(p for p in capture.rglob("*") if p.is_file()):
             rel = path.relative_to(capture)
-            if any(path.name.startswith(f"{rid}__") or path.name.startswith(f"{rid}.") for rid in runs):
+            mine = any(path.name.startswith(f"{rid}__") or path.name.startswith(f"{rid}.") for rid in runs)
+            if mine or rel.as_posix() == "bandwidth.json":
                 (folder / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, folder / rel)
         manifest = capture_format.read_manifest(folder)
         session = read_json(capture / "manifest.json")["sessions"][0]
-        manifest["sessions"] = [{**session, "items_to_run": [c.id for c in spec.cells()]}]
-        capture_format.set_items(manifest, {c.id: cell_status(folder, c) for c in spec.cells()})
+        manifest["sessions"] = [{**session, "items_to_run": cells}]
+        capture_format.set_items(manifest, _item_states(record, spec, folder))
         capture_format.write_manifest(folder, manifest)
         state = block_state(plan_id, records, record, fake_node(node), [{"started_utc": "split"}])
         state["status"] = "ok" if manifest["complete"] else "failed"
@@ -70,3 +92,29 @@ def bundled_plan(tmp_path: Path) -> Path:
     )
     make_plan("split", tmp_path / "plan", root=ROOT, profiles_dir=profiles)
     return tmp_path / "plan"
+
+
+@pytest.fixture()
+def split() -> Any:
+    """``split_into_stores`` (tests cannot import conftest under --import-mode=importlib)."""
+    return split_into_stores
+
+
+@pytest.fixture()
+def profile_writer() -> Any:
+    """``write_profile``."""
+    return write_profile
+
+
+@pytest.fixture()
+def context_plan(tmp_path: Path) -> Path:
+    """A plan of a profile whose 05 section is the bundled context capture's grid."""
+    grid = read_json(BUNDLED_CONTEXT / "manifest.json")["spec"]
+    params = {k: grid[k] for k in SPEC_PARAMETERS}
+    profiles = write_profile(
+        tmp_path / "cprofiles",
+        "ctx",
+        {"05_context-scaling": {"capture": str(BUNDLED_CONTEXT), "run_missing": False, **params}},
+    )
+    make_plan("ctx", tmp_path / "cplan", root=ROOT, profiles_dir=profiles)
+    return tmp_path / "cplan"

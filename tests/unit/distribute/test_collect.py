@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -19,7 +20,8 @@ from kvstudy.io import read_json, write_json_atomic
 from kvstudy.speed import analysis as speed
 from kvstudy.speed import verdicts_table as vt
 
-from .conftest import BUNDLED, ROOT, split_into_stores, write_profile
+ROOT = Path(__file__).resolve().parents[3]
+BUNDLED = ROOT / "data" / "captures" / "speed-cpu"
 
 NODES = ["node-a", "node-b", "node-c"]
 
@@ -38,8 +40,10 @@ def _analysis(capture: Path) -> dict[str, pd.DataFrame]:
     }
 
 
-def test_split_by_seed_block_and_collected_gives_the_bundled_analysis(bundled_plan: Path, tmp_path: Path) -> None:
-    stores = split_into_stores(BUNDLED, bundled_plan, tmp_path, NODES)
+def test_split_by_seed_block_and_collected_gives_the_bundled_analysis(
+    bundled_plan: Path, tmp_path: Path, split: Any
+) -> None:
+    stores = split(BUNDLED, bundled_plan, tmp_path, NODES)
     out = tmp_path / "collected"
     manifest = collect(stores, out)
     bundled_manifest = read_json(BUNDLED / "manifest.json")
@@ -64,10 +68,10 @@ def _designs(capture: Path) -> set[str]:
     return set(frame["run order"])
 
 
-def test_blocks_on_one_timeline_keep_each_block_adjacent(bundled_plan: Path, tmp_path: Path) -> None:
+def test_blocks_on_one_timeline_keep_each_block_adjacent(bundled_plan: Path, tmp_path: Path, split: Any) -> None:
     """Blocks run at the same time on nodes whose clocks overlap are laid end to end in plan order,
     so the seed-blocked ABBA check still sees each block's runs adjacent (without it: split blocks)."""
-    stores = split_into_stores(BUNDLED, bundled_plan, tmp_path, NODES)
+    stores = split(BUNDLED, bundled_plan, tmp_path, NODES)
     folders = [next(p for p in store.iterdir() if p.is_dir()) for store in stores]
     start0 = min(read_json(p)["started_mono_s"] for p in (folders[0] / "cells").glob("*.json"))
     for folder in folders[1:]:  # every node started its block at the same instant as node a
@@ -94,8 +98,8 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     return err
 
 
-def test_missing_block_refused_unless_partial(bundled_plan: Path, tmp_path: Path, capsys) -> None:
-    stores = split_into_stores(BUNDLED, bundled_plan, tmp_path, NODES)
+def test_missing_block_refused_unless_partial(bundled_plan: Path, tmp_path: Path, capsys, split: Any) -> None:
+    stores = split(BUNDLED, bundled_plan, tmp_path, NODES)
     _, records = read_plan(bundled_plan)
     out = tmp_path / "out"
     err = _one_line_error(capsys, ["collect", str(stores[0]), str(stores[2]), "--out", str(out)])
@@ -105,18 +109,20 @@ def test_missing_block_refused_unless_partial(bundled_plan: Path, tmp_path: Path
     assert manifest["items"]["auto__s1__u1"] == "missing" and not manifest["complete"]
 
 
-def test_block_run_twice_on_two_nodes_refused(bundled_plan: Path, tmp_path: Path, capsys) -> None:
-    stores = split_into_stores(BUNDLED, bundled_plan, tmp_path, NODES)
-    again = split_into_stores(BUNDLED, bundled_plan, tmp_path / "again", ["node-x", "node-y", "node-z"])
+def test_block_run_twice_on_two_nodes_refused(bundled_plan: Path, tmp_path: Path, capsys, split: Any) -> None:
+    stores = split(BUNDLED, bundled_plan, tmp_path, NODES)
+    again = split(BUNDLED, bundled_plan, tmp_path / "again", ["node-x", "node-y", "node-z"])
     err = _one_line_error(capsys, ["collect", *map(str, stores), str(again[0]), "--out", str(tmp_path / "out")])
     assert "node-a" in err and "node-x" in err and "ran on node" in err
     assert not (tmp_path / "out").exists()
 
 
-def test_blocks_of_two_plans_refused(bundled_plan: Path, tmp_path: Path, capsys) -> None:
-    stores = split_into_stores(BUNDLED, bundled_plan, tmp_path, NODES)
+def test_blocks_of_two_plans_refused(
+    bundled_plan: Path, tmp_path: Path, capsys, split: Any, profile_writer: Any
+) -> None:
+    stores = split(BUNDLED, bundled_plan, tmp_path, NODES)
     grid = {**read_json(BUNDLED / "spec.json"), "output_len": 95}
-    profiles = write_profile(tmp_path / "p2", "other", {"02_speed-sweep": {"run_missing": False, **grid}})
+    profiles = profile_writer(tmp_path / "p2", "other", {"02_speed-sweep": {"run_missing": False, **grid}})
     make_plan("other", tmp_path / "plan2", root=ROOT, profiles_dir=profiles)
     other_plan, _ = read_plan(tmp_path / "plan2")
     record = read_json(next(stores[2].glob(f"*/{BLOCK_RECORD}")))
@@ -129,8 +135,10 @@ def test_blocks_of_two_plans_refused(bundled_plan: Path, tmp_path: Path, capsys)
         run_block(bundled_plan, 0, stores[2])
 
 
-def test_out_folder_that_is_not_this_plans_capture_is_kept(bundled_plan: Path, tmp_path: Path, capsys) -> None:
-    stores = split_into_stores(BUNDLED, bundled_plan, tmp_path, NODES)
+def test_out_folder_that_is_not_this_plans_capture_is_kept(
+    bundled_plan: Path, tmp_path: Path, capsys, split: Any
+) -> None:
+    stores = split(BUNDLED, bundled_plan, tmp_path, NODES)
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
@@ -142,16 +150,16 @@ def test_out_folder_that_is_not_this_plans_capture_is_kept(bundled_plan: Path, t
     assert read_json(out / "manifest.json")["collected"]["plan_id"] == read_plan(bundled_plan)[0]
 
 
-def test_shared_file_that_differs_is_refused(bundled_plan: Path, tmp_path: Path, capsys) -> None:
-    stores = split_into_stores(BUNDLED, bundled_plan, tmp_path, NODES)
+def test_shared_file_that_differs_is_refused(bundled_plan: Path, tmp_path: Path, capsys, split: Any) -> None:
+    stores = split(BUNDLED, bundled_plan, tmp_path, NODES)
     config = next(stores[1].glob("*/model/config.json"))
     config.write_text(json.dumps({**json.loads(config.read_text()), "num_hidden_layers": 7}))
     err = _one_line_error(capsys, ["collect", *map(str, stores), "--out", str(tmp_path / "out")])
     assert "model/config.json differs" in err and not (tmp_path / "out").exists()
 
 
-def test_node_files_are_kept_per_block(bundled_plan: Path, tmp_path: Path) -> None:
-    stores = split_into_stores(BUNDLED, bundled_plan, tmp_path, NODES)
+def test_node_files_are_kept_per_block(bundled_plan: Path, tmp_path: Path, split: Any) -> None:
+    stores = split(BUNDLED, bundled_plan, tmp_path, NODES)
     for i, store in enumerate(stores):
         write_json_atomic(next(p for p in store.iterdir() if p.is_dir()) / "bandwidth.json", {"best_gb_s": 10 + i})
     manifest = collect(stores, tmp_path / "out")
@@ -165,8 +173,8 @@ def test_run_block_index_past_the_plan(bundled_plan: Path, tmp_path: Path, capsy
     assert "block index 3: the plan has 3 blocks (0..2)" in err and not (tmp_path / "s").exists()
 
 
-def test_run_block_refuses_a_block_started_on_another_node(bundled_plan: Path, tmp_path: Path) -> None:
-    stores = split_into_stores(BUNDLED, bundled_plan, tmp_path, NODES)
+def test_run_block_refuses_a_block_started_on_another_node(bundled_plan: Path, tmp_path: Path, split: Any) -> None:
+    stores = split(BUNDLED, bundled_plan, tmp_path, NODES)
     path = next(stores[0].glob(f"*/{BLOCK_RECORD}"))
     record = read_json(path)
     record["status"] = "running"
@@ -177,8 +185,8 @@ def test_run_block_refuses_a_block_started_on_another_node(bundled_plan: Path, t
     assert path.read_bytes() == before
 
 
-def test_run_block_of_a_done_block_runs_nothing(bundled_plan: Path, tmp_path: Path) -> None:
-    stores = split_into_stores(BUNDLED, bundled_plan, tmp_path, NODES)
+def test_run_block_of_a_done_block_runs_nothing(bundled_plan: Path, tmp_path: Path, split: Any) -> None:
+    stores = split(BUNDLED, bundled_plan, tmp_path, NODES)
     lines: list[str] = []
     assert run_block(bundled_plan, 1, stores[1], progress=lines.append) == "ok"
     assert "nothing run" in lines[0]
@@ -193,3 +201,45 @@ def test_hand_edited_plan_record_is_refused(bundled_plan: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(StudyError, match="line 2: block .* does not match its record_hash"):
         read_plan(bundled_plan)
+
+
+def test_context_blocks_collected_give_the_bundled_fits(context_plan: Path, tmp_path: Path, split: Any) -> None:
+    """The context sweep too: split by seed block, collected, the same fits, slopes and comparisons."""
+    from kvstudy.context import live
+
+    bundled = ROOT / "data" / "captures" / "context-cpu"
+    _, records = read_plan(context_plan)
+    assert [r["experiment"] for r in records] == ["context"] * 3
+    assert all(r["same_order_as_one_machine"] for r in records)  # two arms: the length order is kept
+    stores = split(bundled, context_plan, tmp_path, NODES)
+    out = tmp_path / "collected"
+    manifest = collect(stores, out)
+    assert manifest["items"] == read_json(bundled / "manifest.json")["items"] and manifest["complete"]
+    mine, theirs = live.analyse_capture(out, n_boot=200), live.analyse_capture(bundled, n_boot=200)
+    assert mine.fits and mine.fits == theirs.fits and mine.comparisons == theirs.comparisons
+    assert mine.bandwidth == theirs.bandwidth and len(list((out / "nodes").glob("*/bandwidth.json"))) == 3
+
+
+def test_a_block_claimed_without_results_may_move(
+    bundled_plan: Path, tmp_path: Path, split: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that claimed a block and measured nothing (no engine, preempted before a cell) does
+    not lock it: another node gets past the node check, to the engine check, before claiming it."""
+    stores = split(BUNDLED, bundled_plan, tmp_path, NODES)
+    folder = next(p for p in stores[0].iterdir() if p.is_dir())
+    for sub in ("cells", "requests", "bench", "telemetry", "runs"):
+        shutil.rmtree(folder / sub)
+    manifest = read_json(folder / "manifest.json")
+    manifest["items"] = dict.fromkeys(manifest["items"], "missing")
+    write_json_atomic(folder / "manifest.json", manifest, indent=1)
+    record = read_json(folder / BLOCK_RECORD)
+    record["status"] = "running"
+    write_json_atomic(folder / BLOCK_RECORD, record, indent=1)
+
+    def engine_check(model: str) -> None:
+        raise StudyError(f"engine check reached for {model}")
+
+    monkeypatch.setattr("kvstudy.distribute.block.require_live", engine_check)
+    with pytest.raises(StudyError, match="engine check reached"):
+        run_block(bundled_plan, 0, stores[0])
+    assert read_json(folder / BLOCK_RECORD)["node"]["node_id"] == "node-a"  # not claimed before the check

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -13,17 +14,18 @@ from kvstudy.distribute.plan import make_plan, read_plan
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
 
-from .conftest import BUNDLED, ROOT, write_profile
+ROOT = Path(__file__).resolve().parents[3]
+BUNDLED = ROOT / "data" / "captures" / "speed-cpu"
 
 
-def _gpu_plan(tmp_path: Path, tp: int) -> Path:
+def _gpu_plan(tmp_path: Path, tp: int, profile_writer: Any) -> Path:
     grid = {
         **read_json(BUNDLED / "spec.json"),
         "cpu_kvcache_space_gib": None,
         "server_extra_args": ["--tensor-parallel-size", str(tp)],
         "seeds": [0, 1, 2, 3],
     }
-    profiles = write_profile(
+    profiles = profile_writer(
         tmp_path / "profiles",
         "gpu",
         {"02_speed-sweep": {"run_missing": False, **grid}, "01_capacity-math": {"gpu": "H100-SXM"}},
@@ -32,8 +34,8 @@ def _gpu_plan(tmp_path: Path, tp: int) -> Path:
     return tmp_path / "plan"
 
 
-def test_slurm_array_with_throttle_and_gres_from_tp(tmp_path: Path) -> None:
-    plan = _gpu_plan(tmp_path, 2)
+def test_slurm_array_with_throttle_and_gres_from_tp(tmp_path: Path, profile_writer: Any) -> None:
+    plan = _gpu_plan(tmp_path, 2, profile_writer)
     plan_id, records = read_plan(plan)
     assert [r["tensor_parallel_size"] for r in records] == [2] * 4
     (path,) = emit(["slurm"], plan, plan_id, records, "store", parallel=3)
@@ -43,8 +45,8 @@ def test_slurm_array_with_throttle_and_gres_from_tp(tmp_path: Path) -> None:
     assert '--index "$SLURM_ARRAY_TASK_ID" --store store' in path.read_text()
 
 
-def test_k8s_indexed_job(tmp_path: Path) -> None:
-    plan = _gpu_plan(tmp_path, 4)
+def test_k8s_indexed_job(tmp_path: Path, profile_writer: Any) -> None:
+    plan = _gpu_plan(tmp_path, 4, profile_writer)
     plan_id, records = read_plan(plan)
     (path,) = emit(["k8s"], plan, plan_id, records, "store", parallel=2, image="registry.local/kvstudy:1")
     job = yaml.safe_load(path.read_text())
@@ -58,8 +60,8 @@ def test_k8s_indexed_job(tmp_path: Path) -> None:
     subprocess.run(["sh", "-n", "-c", container["command"][-1]], check=True)
 
 
-def test_skypilot_task_and_cpu_plans_ask_for_no_gpu(tmp_path: Path, bundled_plan: Path) -> None:
-    plan = _gpu_plan(tmp_path / "gpu", 2)
+def test_skypilot_task_and_cpu_plans_ask_for_no_gpu(tmp_path: Path, bundled_plan: Path, profile_writer: Any) -> None:
+    plan = _gpu_plan(tmp_path / "gpu", 2, profile_writer)
     plan_id, records = read_plan(plan)
     (path,) = emit(["skypilot"], plan, plan_id, records, "store", parallel=1)
     task = yaml.safe_load(path.read_text())
