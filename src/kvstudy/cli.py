@@ -32,6 +32,7 @@ SUBCOMMAND_MODULES = (
     "kvstudy.tools.scaled_k_checkpoint",  # kvstudy control-checkpoint
     "kvstudy.precision.simulate",  # kvstudy kv-simulate
     "kvstudy.precision.screen",  # kvstudy kv-screen
+    "kvstudy.distribute.cli",  # kvstudy plan, run-block, collect, run-blocks-ray
 )
 
 

@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("bench",),
     EXPERIMENTS,
     ("notebook", "profiles"),
+    ("distribute",),  # plans a profile's experiments as blocks, runs and collects them
     ("render", "report_index", "report_html", "profile_new", "decision"),
     ("cli",),
 )

@@ -17,10 +17,43 @@ from kvstudy.context.fit import (
     fit_all,
 )
 from kvstudy.context.predict import measured_vs_predicted
-from kvstudy.context.sweep import ContextSweepSpec, load_context_spec, read_bandwidth, read_cells, run_failures
+from kvstudy.context.sweep import (
+    ContextSweepSpec,
+    default_arms,
+    load_context_spec,
+    read_bandwidth,
+    read_cells,
+    run_failures,
+)
 from kvstudy.errors import StudyError
 
 SIXTEEN_BIT = ("auto", "bfloat16", "float16", "half")
+# The 05 notebook's parameters that make its live grid (named as ContextSweepSpec's fields).
+SPEC_PARAMETERS = (
+    "model",
+    "arms",
+    "lengths",
+    "seeds",
+    "output_len",
+    "prompts",
+    "cpu_kvcache_space_gib",
+    "kv_cache_memory_bytes",
+    "attention_backend",
+    "server_env",
+    "enforce_eager",
+)
+
+
+def spec_from_params(params: dict[str, Any], where: str = "notebook parameters") -> ContextSweepSpec:
+    """The live grid from the notebook's parameters (``SPEC_PARAMETERS``; arms None: ``default_arms``),
+    the one way a profile's 05 section becomes a ContextSweepSpec (the notebook's, ``kvstudy plan``'s)."""
+    data = {name: params.get(name) for name in SPEC_PARAMETERS}
+    if not data["arms"]:
+        data["arms"] = [
+            {"name": a.name, "kv_cache_dtype": a.kv_cache_dtype, "extra_args": list(a.extra_args)}
+            for a in default_arms(str(data["model"]))
+        ]
+    return ContextSweepSpec.from_dict(data, where=where)
 
 
 @dataclass(frozen=True)

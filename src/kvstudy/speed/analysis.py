@@ -86,6 +86,7 @@ def load_capture(path: str | Path) -> Capture:
     if len(cell_df):
         metrics = pd.json_normalize([c.get("metrics") or {} for c in cells])
         cell_df = pd.concat([cell_df.drop(columns=["metrics"]), metrics], axis=1)
+        _on_one_timeline(cell_df, manifest)
     req_frames, tel_frames = [], []
     for cell in cells:
         if cell.get("status") != "ok":
@@ -115,6 +116,17 @@ def load_capture(path: str | Path) -> Capture:
         pd.concat(tel_frames, ignore_index=True) if tel_frames else pd.DataFrame(),
         runs,
     )
+
+
+def _on_one_timeline(cells: pd.DataFrame, manifest: dict[str, Any]) -> None:
+    """A collected capture (``kvstudy collect``): each block's cells are on its own node's monotonic
+    clock; the manifest's ``timeline_offset_s`` per block lays the blocks end to end in plan order."""
+    for block in manifest.get("blocks") or []:
+        offset = block.get("timeline_offset_s")
+        mine = cells["cell_id"].isin(block.get("items") or [])
+        for column in ("started_mono_s", "ended_mono_s"):
+            if isinstance(offset, (int, float)) and column in cells:
+                cells.loc[mine, column] = cells.loc[mine, column] + float(offset)
 
 
 def seed_table(capture: Capture) -> pd.DataFrame:
