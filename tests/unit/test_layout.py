@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("bench",),
     EXPERIMENTS,
     ("notebook", "profiles"),
-    ("render", "report_index", "report_html", "profile_new", "decision"),
+    ("render", "report_index", "report_html", "report_design", "profile_new", "decision"),
     ("cli",),
 )
 
