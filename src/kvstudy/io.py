@@ -61,6 +61,17 @@ def _named_index(frame: Any) -> bool:
     return any(n is not None for n in getattr(getattr(frame, "index", None), "names", []) or [])
 
 
+def shorten_words(text: str, width: int) -> str:
+    """``text`` on one line; when longer than ``width``, cut at a word boundary (never mid-word)
+    and ended with " …"."""
+    flat = " ".join(str(text).split())
+    if len(flat) <= width:
+        return flat
+    cut = flat[: max(1, width - 2)]
+    head = cut.rsplit(" ", 1)[0] if " " in cut else cut
+    return head.rstrip(" ,;:") + " …"
+
+
 def json_default(value: Any) -> Any:
     """Paths as text, records through ``to_dict`` or as dataclass fields; anything else is an error."""
     if isinstance(value, Path):

@@ -38,6 +38,7 @@ GIVEN = "given by the profile"
 DEFAULT = "notebook default"
 FROM_MODEL = "read from the model folder"
 FROM_CATALOG = "from the GPU catalog"
+FROM_CAPTURE = "read from the capture"
 ASSUMED = "assumed"
 
 # Source documents by title: the data files name them by their seed number.
@@ -151,7 +152,7 @@ def table(df: Any, decimals: int = 2, note: str | None = None) -> Any:
 
     shown = df.reset_index() if _has_named_index(df) else df
     cells = [[format_value(v, decimals) for v in row] for row in shown.itertuples(index=False)]
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
+    head = "".join(f"<th>{html.escape(str(human_header(c)))}</th>" for c in shown.columns)
     body = "".join("<tr>" + "".join(f"<td>{_breakable(c)}</td>" for c in row) + "</tr>" for row in cells)
     missing = any(c == MISSING for row in cells for c in row)
     notes = [note] if note else []
@@ -192,10 +193,7 @@ ACRONYMS = {
     "cpu": "CPU",
     "tp": "TP",
     "id": "ID",
-    "dtype": "dtype",
-    "p50": "p50",
-    "p90": "p90",
-    "p99": "p99",
+    **{word: unit for word, unit in UNIT_SUFFIXES.items() if "_" not in word},  # "tokens per GiB"
 }
 
 
@@ -230,7 +228,7 @@ def human_header(name: Any) -> Any:
     unit = ""
     for size in (2, 1):
         tail = "_".join(words[-size:])
-        if len(words) > size and tail in UNIT_SUFFIXES:
+        if len(words) > size and tail in UNIT_SUFFIXES and words[-size - 1] != "per":
             unit, words = UNIT_SUFFIXES[tail], words[:-size]
             break
     text = " ".join(ACRONYMS.get(w, w) for w in words)
@@ -297,14 +295,27 @@ def given_parameters() -> set[str]:
     return {str(n) for n in names} if isinstance(names, list) else set()
 
 
-def settings_table(values: Mapping[str, Any], origins: Mapping[str, str] | None = None) -> Any:
+def parameter_values(stem: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """The values a notebook's parameters have in ``namespace`` (its ``globals()``), in the order the
+    parameters cell declares them; ``profile`` and ``figures_dir`` (the runner's) left out."""
+    from kvstudy.profiles import declared_parameters
+
+    names = declared_parameters(REPO_ROOT / "notebooks" / f"{stem}.ipynb")
+    return {name: namespace[name] for name in names if name not in ("profile", "figures_dir") and name in namespace}
+
+
+def settings_table(
+    values: Mapping[str, Any], origins: Mapping[str, str] | None = None, assumed: Sequence[str] = ()
+) -> Any:
     """The report's settings: name, value, origin. ``origins`` names values the notebook resolved
-    itself (``FROM_MODEL``, ``FROM_CATALOG``, ``ASSUMED``); others are ``GIVEN`` by the profile or the
-    ``DEFAULT`` of the notebook. The runner shows this table instead of the raw parameter cells."""
+    itself (``FROM_MODEL``, ``FROM_CATALOG``, ``FROM_CAPTURE``, ``ASSUMED``); ``assumed`` names
+    parameters whose default is an assumption (``ASSUMED`` unless the profile gave them); others are
+    ``GIVEN`` by the profile or the ``DEFAULT`` of the notebook. The runner shows this table instead of
+    the raw parameter cells."""
     from IPython.display import Markdown, display
 
     given = given_parameters()
-    origins = dict(origins or {})
+    origins = {**{name: ASSUMED for name in assumed if name not in given}, **dict(origins or {})}
     rows = ["| setting | value | origin |", "|---|---|---|"]
     records = []
     for name, value in values.items():

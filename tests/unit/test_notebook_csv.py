@@ -50,3 +50,15 @@ def test_without_a_folder_nothing_is_written(tmp_path: Path) -> None:
     notebook._CSV.update(folder=None, prefix="", count=0)
     assert notebook.table_csv(pd.DataFrame({"a": [1]})) == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_styled_table_is_written_from_its_data(csv_folder: Path) -> None:
+    frame = pd.DataFrame({"tokens_per_gib": [7281.777]})
+    shown = notebook._styler_html(frame.style.format("{:,.0f}"))
+    assert "7,282" in shown and "tokens per GiB" in shown and "09-table-1.csv" in shown
+    assert pd.read_csv(csv_folder / "09-table-1.csv")["tokens_per_gib"].tolist() == [7281.777]
+
+
+def test_report_table_headers_in_words() -> None:
+    shown = notebook.table(pd.DataFrame({"log_kv_dtype": ["fp8"], "agree": [True]})).data
+    assert "<th>log KV dtype</th>" in shown and "<td>yes</td>" in shown

@@ -19,6 +19,7 @@ from kvstudy.context.fit import (
 from kvstudy.context.predict import measured_vs_predicted
 from kvstudy.context.sweep import ContextSweepSpec, load_context_spec, read_bandwidth, read_cells, run_failures
 from kvstudy.errors import StudyError
+from kvstudy.io import shorten_words
 
 SIXTEEN_BIT = ("auto", "bfloat16", "float16", "half")
 
@@ -57,12 +58,12 @@ def analyse_capture(capture: str | Path, n_boot: int = DEFAULT_BOOT, seed: int =
         if a.name in fits:
             continue
         if a.name in failures:
-            not_measured[a.name] = f"every server start failed: {failures[a.name][:240]}"
+            not_measured[a.name] = f"every server start failed: {shorten_words(failures[a.name], 240)}"
         elif not any(r.get("arm") == a.name for r in records):
             not_measured[a.name] = "no cells captured yet (the capture is incomplete: resume it)"
         else:
             reasons = sorted({c.reason for c in checks if c.cell_id.startswith(f"{a.name}__") and c.reason})
-            not_measured[a.name] = "; ".join(reasons)[:240] or "fewer than two measured lengths"
+            not_measured[a.name] = shorten_words("; ".join(reasons), 240) or "fewer than two measured lengths"
     baseline = next((a.name for a in spec.arms if a.kv_cache_dtype in SIXTEEN_BIT), None)
     comparisons = []
     if baseline in fits:

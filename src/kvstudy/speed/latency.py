@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvstudy.io import shorten_words
 from kvstudy.speed.verdicts_table import capture_runs
 
 PERCENTILES = (50, 90, 99)
@@ -43,8 +44,7 @@ def min_samples(q: float) -> int:
 
 def short_cause(text: str, width: int = CAUSE_WIDTH) -> str:
     """``text`` on one line, shortened at a word boundary (never mid-word), with "…" when cut."""
-    flat = " ".join(str(text).split())
-    return textwrap.shorten(flat, width=width, placeholder=" …") if len(flat) > width else flat
+    return shorten_words(text, width)
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def _samples(rows: pd.DataFrame, column: str) -> np.ndarray:
     return pd.to_numeric(rows[column], errors="coerce").dropna().to_numpy(dtype=float)
 
 
-def _failed_causes(capture: Any) -> dict[tuple[str, int], str]:
+def failed_causes(capture: Any) -> dict[tuple[str, int], str]:
     """(configuration, users) -> the first failure cause, for arms with no finished cell there."""
     cells = capture.cells
     if not len(cells):
@@ -103,7 +103,7 @@ def latency_percentiles(capture: Any, order: list[str] | None = None) -> list[La
     order = order or [c.name for c in capture.spec.configurations]
     requests = capture.requests
     users_seen = sorted({int(u) for u in capture.cells["users"]}) if len(capture.cells) else []
-    failed = _failed_causes(capture)
+    failed = failed_causes(capture)
     out: list[LatencyPercentiles] = []
     for users in users_seen:
         for name in order:
@@ -179,7 +179,7 @@ class ConcurrencyPoint:
 
 def concurrency_points(capture: Any, seeds: pd.DataFrame, order: list[str]) -> list[ConcurrencyPoint]:
     """Per arm and user count: the seed medians of TPOT and throughput, or why there are none."""
-    failed = _failed_causes(capture)
+    failed = failed_causes(capture)
     users_seen = sorted({int(u) for u in capture.cells["users"]}) if len(capture.cells) else []
     out: list[ConcurrencyPoint] = []
     for name in order:

@@ -101,3 +101,12 @@ def test_concurrency_points_are_seed_medians(cap: speed.Capture) -> None:
     assert auto4.state == "measured"
     assert auto4.median_tpot_ms == pytest.approx(float(mine["median_tpot_ms"].median()))
     assert auto4.output_throughput_tok_s == pytest.approx(float(pd.Series(mine["output_throughput_tok_s"]).median()))
+
+
+def test_seed_range_figure_marks_a_failed_arm_with_its_cause(cap: speed.Capture) -> None:
+    broken = with_failed_arm(cap, "fp8", 4, "server did not start: needs AVX-512 or AMX for an FP8 KV cache")
+    fig = speed.plot_seed_ranges(speed.seed_table(broken), order(cap), latency.failed_causes(broken))
+    assert "fp8, 4 user(s): failed: server did not start" in " ".join(t.get_text() for t in fig.texts)
+    assert any(ln.get_marker() == "x" for ax in fig.axes for ln in ax.get_lines())
+    plain = speed.plot_seed_ranges(speed.seed_table(cap), order(cap))
+    assert not plain.texts
