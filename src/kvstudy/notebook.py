@@ -205,6 +205,8 @@ def csv_tables(figures_dir: str | Path, prefix: str) -> None:
     and :func:`provenance`; each table gets a line naming its CSV. The CSV holds the values, not
     the display strings. Call it once, after the imports (every notebook does)."""
     _CSV.update(folder=Path(figures_dir), prefix=prefix, count=0)
+    for stale in Path(figures_dir).glob(f"{prefix}-table-*.csv"):  # numbered by an earlier run: would outlive it
+        stale.unlink()
     try:
         from IPython import get_ipython
     except ImportError:  # pragma: no cover - IPython comes with the notebook tools

@@ -164,11 +164,11 @@ def accuracy_lines(rows: Sequence[AccuracyDesign]) -> list[str]:
     ]
 
 
-def need_sentence(rows: Sequence[AccuracyDesign]) -> str:
-    """The most questions any planned discordance needs, as the card's next step says it."""
+def need_sentence(rows: Sequence[AccuracyDesign], unit: str = "questions") -> str:
+    """The most questions (``unit``) any planned discordance needs, as the card's next step says it."""
     worst = max(rows, key=lambda r: r.questions)
     return (
-        f"a non-inferiority verdict at {worst.margin_points:g} points needs about {worst.questions:,} questions at "
+        f"a non-inferiority verdict at {worst.margin_points:g} points needs about {worst.questions:,} {unit} at "
         f"{worst.power * 100:.0f} % power (discordance {worst.discordance:.1%}, {worst.discordance_origin}; "
         "kvstudy design accuracy)"
     )

@@ -62,3 +62,13 @@ def test_a_styled_table_is_written_from_its_data(csv_folder: Path) -> None:
 def test_report_table_headers_in_words() -> None:
     shown = notebook.table(pd.DataFrame({"log_kv_dtype": ["fp8"], "agree": [True]})).data
     assert "<th>log KV dtype</th>" in shown and "<td>yes</td>" in shown
+
+
+def test_an_earlier_runs_numbered_tables_do_not_outlive_it(tmp_path: Path) -> None:
+    (tmp_path / "09-table-7.csv").write_text("a\n1\n")
+    (tmp_path / "09-verdicts.csv").write_text("a\n1\n")
+    notebook.csv_tables(tmp_path, "09")
+    try:
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["09-verdicts.csv"]
+    finally:
+        notebook._CSV.update(folder=None, prefix="", count=0)
