@@ -117,7 +117,10 @@ def discordances(discordance: float | None = None, totals: Sequence[int] | None 
             raise StudyError(f"--discordance: expected a share of the questions in (0, 1], got {discordance}")
         return [(discordance, "given")]
     if totals is not None:
-        n, base, cand = check_totals(*totals)
+        try:
+            n, base, cand = check_totals(*totals)
+        except StudyError as exc:
+            raise StudyError(f"--totals N BASE CAND: {exc}") from None
         low = max(abs(base - cand), 1) / n
         high = min(base + cand, 2 * n - base - cand) / n
         where = f"allowed by the totals {base}/{n} and {cand}/{n}"

@@ -72,3 +72,9 @@ def test_cli_prints_both_and_refuses_bad_input(capsys: pytest.CaptureFixture[str
     assert len(err) == 1 and err[0].startswith("kvstudy: error: --discordance")
     assert cli.main(["design", "speed", "--noise-sd", "x"]) == 2
     assert "--noise-sd" in capsys.readouterr().err
+
+
+def test_bad_totals_name_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["design", "accuracy", "--totals", "500", "600", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--totals N BASE CAND: baseline" in err[0]
