@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = (
     "kvstudy.capture",  # kvstudy capture upgrade
     "kvstudy.render",  # kvstudy render
     "kvstudy.decision",  # kvstudy verdict
+    "kvstudy.report_design",  # kvstudy design
     "kvstudy.profile_new",  # kvstudy profile new
     "kvstudy.vllm.install_check",  # kvstudy engine-check
     "kvstudy.tools.tiny_model",  # kvstudy tiny-model

@@ -26,6 +26,7 @@ from kvstudy.context.sweep import (
     run_failures,
 )
 from kvstudy.errors import StudyError
+from kvstudy.io import shorten_words
 
 SIXTEEN_BIT = ("auto", "bfloat16", "float16", "half")
 # The 05 notebook's parameters that make its live grid (named as ContextSweepSpec's fields).
@@ -90,12 +91,12 @@ def analyse_capture(capture: str | Path, n_boot: int = DEFAULT_BOOT, seed: int =
         if a.name in fits:
             continue
         if a.name in failures:
-            not_measured[a.name] = f"every server start failed: {failures[a.name][:240]}"
+            not_measured[a.name] = f"every server start failed: {shorten_words(failures[a.name], 240)}"
         elif not any(r.get("arm") == a.name for r in records):
             not_measured[a.name] = "no cells captured yet (the capture is incomplete: resume it)"
         else:
             reasons = sorted({c.reason for c in checks if c.cell_id.startswith(f"{a.name}__") and c.reason})
-            not_measured[a.name] = "; ".join(reasons)[:240] or "fewer than two measured lengths"
+            not_measured[a.name] = shorten_words("; ".join(reasons), 240) or "fewer than two measured lengths"
     baseline = next((a.name for a in spec.arms if a.kv_cache_dtype in SIXTEEN_BIT), None)
     comparisons = []
     if baseline in fits:

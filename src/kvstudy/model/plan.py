@@ -16,7 +16,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
-from kvstudy.io import write_text_atomic
+from kvstudy.io import write_csv
 from kvstudy.model.capacity import (
     GIB,
     KV_DTYPES,
@@ -216,14 +216,6 @@ def gpu_tp_table(
                 )
             rows.append(row)
     return pd.DataFrame(rows).set_index(["GPU", "TP"])
-
-
-def write_csv(frame: Any, directory: str | Path, name: str) -> Path:
-    """Write a table as ``<directory>/<name>.csv`` (next to the report's figures) and return the path."""
-    path = Path(directory) / f"{name}.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, frame.to_csv())
-    return path
 
 
 # --------------------------------------------------------------------------- the command
