@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -29,6 +30,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from scipy import stats
 
 from kvstudy.bench.client import BenchSettings
 from kvstudy.speed import runner as sweep
@@ -77,6 +80,46 @@ def cpu_profile_workload() -> dict:
     from kvstudy.profiles import load_profile
 
     return dict(load_profile("cpu", Path("profiles"))["notebooks"]["02_speed-sweep"])
+
+
+def paired_summary(ours: list[float], plain: list[float], target_pct: float) -> list[str]:
+    """The lines the benchmark ends with: both sides' medians, the paired per-repeat differences,
+    a 95 % t-interval of their mean, each side's spread, and whether the target is met, missed,
+    or not resolved by this many repeats (with the repeats the observed noise would need)."""
+    a, b = statistics.median(ours), statistics.median(plain)
+    paired = [(x / y - 1) * 100 for x, y in zip(ours, plain, strict=True)]
+    lines = [
+        f"median TPOT over {len(ours)} repeats: project cell {a:.3f} ms, plain vllm bench serve {b:.3f} ms"
+        f" ({(a / b - 1) * 100:+.2f} %)",
+        f"  project runs: {', '.join(f'{x:.3f}' for x in ours)}",
+        f"  plain runs:   {', '.join(f'{x:.3f}' for x in plain)}",
+        f"  paired differences per repeat: {', '.join(f'{d:+.2f} %' for d in paired)}",
+    ]
+    spread_ours, spread_plain = max(ours) - min(ours), max(plain) - min(plain)
+    lines.append(
+        f"  spread (max - min): project {spread_ours:.3f} ms, plain {spread_plain:.3f} ms"
+        f" ({'no wider' if spread_ours <= spread_plain else 'WIDER'} than the plain client)"
+    )
+    if len(paired) < 2:
+        lines.append("mean paired difference: one repeat gives no interval; run --repeats 2 or more")
+        return lines
+    mean, sd = statistics.fmean(paired), statistics.stdev(paired)
+    half = float(stats.t.ppf(0.975, len(paired) - 1)) * sd / math.sqrt(len(paired))
+    lo, hi = mean - half, mean + half
+    lines.append(f"mean paired difference: {mean:+.2f} % (95 % interval {lo:+.2f} .. {hi:+.2f} %, SD {sd:.2f} %)")
+    if -target_pct <= lo and hi <= target_pct:
+        verdict = f"within {target_pct:g} %: met"
+    elif lo > target_pct or hi < -target_pct:
+        verdict = f"differs by more than {target_pct:g} %: NOT met"
+    else:
+        # repeats for a 95 % interval of half-width target_pct at the observed SD (normal approximation)
+        need = math.ceil((1.96 * sd / target_pct) ** 2) if sd > 0 else len(paired)
+        verdict = (
+            f"not resolved: the interval is wider than the {target_pct:g} % target;"
+            f" at this repeat-to-repeat noise about {max(need, len(paired) + 1)} repeats would resolve it"
+        )
+    lines.append(f"target (within {target_pct:g} % of plain vllm bench serve): {verdict}")
+    return lines
 
 
 def main() -> int:
@@ -140,24 +183,10 @@ def main() -> int:
                     f"repeat {rep + 1}: median TPOT project {ours_tpot[-1]:.3f} ms, plain {plain_tpot[-1]:.3f} ms",
                     flush=True,
                 )
-    a, b = statistics.median(ours_tpot), statistics.median(plain_tpot)
     print(f"settings: {settings}; telemetry every {args.telemetry_interval} s in the project cell")
     print(f"plain run via: {how}")
-    print(f"median TPOT over {args.repeats} repeats: project cell {a:.3f} ms, plain vllm bench serve {b:.3f} ms")
-    print(f"  project runs: {', '.join(f'{x:.3f}' for x in ours_tpot)}")
-    print(f"  plain runs:   {', '.join(f'{x:.3f}' for x in plain_tpot)}")
-    diff = (a / b - 1) * 100
-    paired = [(x / y - 1) * 100 for x, y in zip(ours_tpot, plain_tpot)]
-    print(f"  paired differences per repeat: {', '.join(f'{d:+.2f} %' for d in paired)}")
-    spread_ours, spread_plain = max(ours_tpot) - min(ours_tpot), max(plain_tpot) - min(plain_tpot)
-    print(
-        f"  spread (max - min): project {spread_ours:.3f} ms, plain {spread_plain:.3f} ms"
-        f" ({'no wider' if spread_ours <= spread_plain else 'WIDER'} than the plain client)"
-    )
-    print(
-        f"median TPOT difference: {diff:+.2f} % (target within {TARGET_PCT:g} %): "
-        f"{'met' if abs(diff) <= TARGET_PCT else 'NOT met'}"
-    )
+    for line in paired_summary(ours_tpot, plain_tpot, TARGET_PCT):
+        print(line)
     return 0
 
 

@@ -8,8 +8,8 @@ ran). ``items`` maps each item id to its state. An item is done when its result 
 says ``ok``; result files are written atomically, so an interrupted session leaves each item
 either complete or absent, and the next session runs only the others.
 
-The speed sweep's and the context sweep's items are their cells (``cells/<id>.json``); the
-accuracy runs' items are configurations (``<config>/status.json``). All three write their manifest
+The speed sweep's and the context sweep's items are their cells (``cells/<id>.json``, each cell's
+per-request rows in ``requests/<id>.jsonl``; both run on ``kvstudy.bench.grid``); the accuracy runs' items are configurations (``<config>/status.json``). All three write their manifest
 through this module; :func:`describe` summarises any of them for a report.
 """
 
@@ -29,16 +29,20 @@ from kvstudy.io import (
     REPO_ROOT,
     file_digest,
     read_json,
+    read_jsonl,
     read_text_checked,
     relativize_text,
     type_name,
     write_json_atomic,
+    write_jsonl_atomic,
     write_text_atomic,
 )
 from kvstudy.machine import REPORT_PACKAGES, hardware_info, package_versions
 from kvstudy.redact import redact
 
 MANIFEST = "manifest.json"
+# A sweep's result file per cell, and its per-request rows (one JSON line per request).
+CELLS, REQUESTS = "cells", "requests"
 # The served model's config.json, copied into the capture when it is made: what a report of the
 # capture needs from the model (its KV layout) without the model folder, which may not be here.
 MODEL_CONFIG = "model/config.json"
@@ -153,7 +157,8 @@ def create_or_resume(
     label: str,
 ) -> tuple[dict[str, Any], bool]:
     """A capture's manifest, and whether it was just created: a new folder gets a fresh one; an
-    existing one must hold the same grid and inputs, and an older format is upgraded in place.
+    existing one must hold the same grid and inputs, and an older format is upgraded in place
+    (:func:`upgrade_capture`).
 
     Grids are compared as written, redacted (``write_manifest`` never stores a secret), so a grid
     holding a secret still resumes. ``canonical(stored_grid, where)`` parses a stored grid back into
@@ -179,8 +184,7 @@ def create_or_resume(
         )
     check_inputs(capture, manifest, inputs)
     keep_model_config(capture, inputs.get("model") or "")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        upgrade_manifest(capture)
+    if upgrade_capture(capture):
         manifest = read_manifest(capture, kind)
     return manifest, False
 
@@ -413,6 +417,49 @@ def upgrade_manifest(capture: str | Path) -> bool:
     return True
 
 
+# --------------------------------------------------------------------------- older cell layouts
+
+
+def move_inline_requests(capture: str | Path) -> list[str]:
+    """Move per-request rows that an older context capture kept inline in ``cells/<cell>.json``
+    (``requests``: TTFT, E2EL, TPOT, ITLs, lengths, success, error) into ``requests/<cell>.jsonl``,
+    the layout of every sweep, and drop them from the cell record; nothing is re-measured. Each row
+    gains its ``index`` (the order the client sent it) and ``start_time_s`` null (the old layout did
+    not keep start times; ``bench/<cell>.json`` still holds vLLM's). The rows file is written
+    before the cell record, so an interrupted upgrade resumes; a rows file that is there already
+    must hold the same rows. Returns the cells moved."""
+    capture = Path(capture)
+    moved = []
+    for path in sorted((capture / CELLS).glob("*.json")):
+        record = read_json(path)
+        if not isinstance(record, dict) or "requests" not in record:
+            continue
+        inline = record["requests"]
+        if not isinstance(inline, list) or not all(isinstance(r, dict) for r in inline):
+            raise StudyError(f"{path}: field 'requests' is not a list of request rows (JSON objects)")
+        rows = [{"index": i, "start_time_s": None, **row} for i, row in enumerate(inline)]
+        target = capture / REQUESTS / f"{path.stem}.jsonl"
+        if target.exists():
+            if read_jsonl(target) != json.loads(json.dumps(rows)):
+                raise StudyError(f"{target}: holds other rows than {path} keeps inline; expected the same requests")
+        else:
+            write_jsonl_atomic(target, rows)
+        write_json_atomic(path, {k: v for k, v in record.items() if k != "requests"}, indent=1, allow_nan=True)
+        moved.append(path.stem)
+    return moved
+
+
+def upgrade_capture(capture: str | Path) -> list[str]:
+    """Bring a capture to the current format in place (its manifest, its cells' layout); what changed."""
+    changes = []
+    if upgrade_manifest(capture):
+        changes.append(f"manifest upgraded to format {FORMAT_VERSION}")
+    moved = move_inline_requests(capture)
+    if moved:
+        changes.append(f"per-request rows of {len(moved)} cell(s) moved to {REQUESTS}/<cell>.jsonl")
+    return changes
+
+
 # --------------------------------------------------------------------------- build-machine paths
 
 TEXT_LIMIT = 64 * 1024 * 1024
@@ -465,8 +512,8 @@ def _cmd_relativize(args: Any) -> int:
 
 def _cmd_upgrade(args: Any) -> int:
     for folder in args.captures:
-        changed = upgrade_manifest(folder)
-        print(f"{folder}: {'upgraded to format ' + str(FORMAT_VERSION) if changed else 'already current'}")
+        changes = upgrade_capture(folder)
+        print(f"{folder}: {'; '.join(changes) if changes else 'already current'}")
     return 0
 
 
@@ -474,7 +521,10 @@ def register(subparsers: Any) -> None:
     """Add ``kvstudy capture upgrade FOLDER...`` and ``kvstudy capture relativize FOLDER...``."""
     parser = subparsers.add_parser("capture", help="maintain capture folders")
     sub = parser.add_subparsers(dest="capture_command", required=True)
-    upgrade = sub.add_parser("upgrade", help="rewrite an older manifest in the current capture format")
+    upgrade = sub.add_parser(
+        "upgrade",
+        help="rewrite an older capture in the current format (its manifest; per-request rows into requests/<cell>.jsonl)",
+    )
     upgrade.add_argument("captures", nargs="+", help="capture folders")
     upgrade.set_defaults(func=_cmd_upgrade)
     relativize = sub.add_parser("relativize", help="make absolute paths under the repository relative in text files")

@@ -12,7 +12,7 @@ from kvstudy.errors import StudyError
 # module name -> registers one sub-command with argparse; each sets ``func`` on its parser.
 SUBCOMMAND_MODULES = (
     "kvstudy.model.plan",  # kvstudy capacity
-    "kvstudy.vllm.startup_log",  # kvstudy startup-log
+    "kvstudy.model.log_check",  # kvstudy startup-log
     "kvstudy.model.scales",  # kvstudy scales
     "kvstudy.speed.runner",  # kvstudy sweep
     "kvstudy.speed.compare",  # kvstudy speed compare
@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = (
     "kvstudy.capture",  # kvstudy capture upgrade
     "kvstudy.render",  # kvstudy render
     "kvstudy.decision",  # kvstudy verdict
+    "kvstudy.report_design",  # kvstudy design
     "kvstudy.profile_new",  # kvstudy profile new
     "kvstudy.vllm.install_check",  # kvstudy engine-check
     "kvstudy.tools.tiny_model",  # kvstudy tiny-model
@@ -32,6 +33,7 @@ SUBCOMMAND_MODULES = (
     "kvstudy.tools.scaled_k_checkpoint",  # kvstudy control-checkpoint
     "kvstudy.precision.simulate",  # kvstudy kv-simulate
     "kvstudy.precision.screen",  # kvstudy kv-screen
+    "kvstudy.distribute.cli",  # kvstudy plan, run-block, collect, run-blocks-ray
 )
 
 

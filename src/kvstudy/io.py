@@ -57,6 +57,39 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         raise
 
 
+def write_csv(frame: Any, directory: str | Path, name: str) -> Path:
+    """Write a table (a pandas DataFrame) as ``<directory>/<name>.csv`` atomically; the path.
+
+    The one writer of every CSV the study leaves beside its figures (``notebook.csv_tables`` calls it
+    for each table a report shows; ``kvstudy capacity --csv`` for its table)."""
+    return write_csv_at(frame, Path(directory) / f"{name}.csv")
+
+
+def write_csv_at(frame: Any, path: str | Path) -> Path:
+    """:func:`write_csv` at exactly ``path`` (``kvstudy capacity --csv PATH`` writes PATH, no suffix
+    added or changed); the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, frame.to_csv(index=_named_index(frame)))
+    return path
+
+
+def _named_index(frame: Any) -> bool:
+    """True when the frame's index carries data (it has a name), so the CSV keeps it."""
+    return any(n is not None for n in getattr(getattr(frame, "index", None), "names", []) or [])
+
+
+def shorten_words(text: str, width: int) -> str:
+    """``text`` on one line; when longer than ``width``, cut at a word boundary (never mid-word)
+    and ended with " …"."""
+    flat = " ".join(str(text).split())
+    if len(flat) <= width:
+        return flat
+    cut = flat[: max(1, width - 2)]
+    head = cut.rsplit(" ", 1)[0] if " " in cut else cut
+    return head.rstrip(" ,;:") + " …"
+
+
 def json_default(value: Any) -> Any:
     """Paths as text, records through ``to_dict`` or as dataclass fields; anything else is an error."""
     if isinstance(value, Path):

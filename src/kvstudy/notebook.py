@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstudy.io import REPO_ROOT, file_digest
+from kvstudy.io import REPO_ROOT, file_digest, write_csv
 from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
 
 FINDING_KEY = "kvstudy_finding"
@@ -38,6 +38,7 @@ GIVEN = "given by the profile"
 DEFAULT = "notebook default"
 FROM_MODEL = "read from the model folder"
 FROM_CATALOG = "from the GPU catalog"
+FROM_CAPTURE = "read from the capture"
 ASSUMED = "assumed"
 
 # Source documents by title: the data files name them by their seed number.
@@ -151,17 +152,125 @@ def table(df: Any, decimals: int = 2, note: str | None = None) -> Any:
 
     shown = df.reset_index() if _has_named_index(df) else df
     cells = [[format_value(v, decimals) for v in row] for row in shown.itertuples(index=False)]
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
+    head = "".join(f"<th>{html.escape(str(human_header(c)))}</th>" for c in shown.columns)
     body = "".join("<tr>" + "".join(f"<td>{_breakable(c)}</td>" for c in row) + "</tr>" for row in cells)
     missing = any(c == MISSING for row in cells for c in row)
     notes = [note] if note else []
     if missing:
         notes.append(f"{MISSING}: no value (not measured, not applicable or not stated by the source).")
-    foot = "".join(f'<p class="kvstudy-note">{html.escape(n)}</p>' for n in notes)
+    foot = "".join(f'<p class="kvstudy-note">{html.escape(n)}</p>' for n in notes) + table_csv(df)
     return HTML(
         f'<div class="kvstudy-table"><table class="dataframe">'
         f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{foot}</div>"
     )
+
+
+# --------------------------------------------------------------------------- every table as CSV
+
+CSV_NOTE = "kvstudy-csv"  # the class of the line under a table that names its CSV
+_CSV: dict[str, Any] = {"folder": None, "prefix": "", "count": 0}
+# Column names as a reader writes them: words for snake_case, units in brackets, acronyms upper case.
+UNIT_SUFFIXES = {
+    "ms": "ms",
+    "s": "s",
+    "mhz": "MHz",
+    "gib": "GiB",
+    "mib": "MiB",
+    "kib": "KiB",
+    "pct": "%",
+    "tok_s": "tokens/s",
+    "gb_s": "GB/s",
+    "bytes": "bytes",
+    "tokens": "tokens",
+}
+ACRONYMS = {
+    "tpot": "TPOT",
+    "ttft": "TTFT",
+    "itl": "ITL",
+    "e2el": "E2E latency",
+    "kv": "KV",
+    "gpu": "GPU",
+    "cpu": "CPU",
+    "tp": "TP",
+    "id": "ID",
+    **{word: unit for word, unit in UNIT_SUFFIXES.items() if "_" not in word},  # "tokens per GiB"
+}
+
+
+def csv_tables(figures_dir: str | Path, prefix: str) -> None:
+    """From here on, write every table this kernel shows as ``<figures_dir>/<prefix>-table-<n>.csv``.
+
+    Covers ``display(df)`` of a DataFrame or Styler (their HTML is shown as before, with
+    snake_case headers in words and yes/no for booleans), :func:`table`, :func:`settings_table`
+    and :func:`provenance`; each table gets a line naming its CSV. The CSV holds the values, not
+    the display strings. Call it once, after the imports (every notebook does)."""
+    _CSV.update(folder=Path(figures_dir), prefix=prefix, count=0)
+    for stale in Path(figures_dir).glob(f"{prefix}-table-*.csv"):  # numbered by an earlier run: would outlive it
+        stale.unlink()
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython comes with the notebook tools
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    import pandas as pd
+    from pandas.io.formats.style import Styler
+
+    formatter = shell.display_formatter.formatters["text/html"]
+    formatter.for_type(pd.DataFrame, _frame_html)
+    formatter.for_type(Styler, _styler_html)
+
+
+def human_header(name: Any) -> Any:
+    """``median_tpot_ms`` -> ``median TPOT (ms)``; a name that is not snake_case stays as it is."""
+    if not isinstance(name, str) or " " in name or "_" not in name:
+        return ACRONYMS.get(name, name) if isinstance(name, str) else name
+    words = name.split("_")
+    unit = ""
+    for size in (2, 1):
+        tail = "_".join(words[-size:])
+        if len(words) > size and tail in UNIT_SUFFIXES and words[-size - 1] != "per":
+            unit, words = UNIT_SUFFIXES[tail], words[:-size]
+            break
+    text = " ".join(ACRONYMS.get(w, w) for w in words)
+    return f"{text} ({unit})" if unit else text
+
+
+def _readable(df: Any) -> Any:
+    """A copy with headers in words and booleans as yes/no (values otherwise untouched)."""
+    shown = df.rename(columns=human_header)
+    shown.index = shown.index.set_names([human_header(n) for n in shown.index.names])
+    for column in shown.columns:
+        values = shown[column]
+        if values.dtype == bool or (
+            values.dtype == object and len(values) and all(isinstance(v, bool) for v in values)
+        ):
+            shown[column] = values.map(lambda v: "yes" if v else "no")
+    return shown
+
+
+def table_csv(df: Any, name: str | None = None) -> str:
+    """Write ``df`` as the next CSV of :func:`csv_tables` (or as ``name``); the HTML line naming it
+    ("" when no folder was set)."""
+    folder = _CSV["folder"]
+    if folder is None:
+        return ""
+    if name is None:
+        _CSV["count"] += 1
+        name = f"{_CSV['prefix']}-table-{_CSV['count']}"
+    path = write_csv(df, folder, name)
+    shown = html.escape(path.name if folder.is_absolute() else str(Path(folder) / path.name))
+    return f'<p class="kvstudy-note {CSV_NOTE}">As CSV: <code>{shown}</code></p>'
+
+
+def _frame_html(df: Any) -> str:
+    return str(_readable(df)._repr_html_()) + table_csv(df)
+
+
+def _styler_html(styler: Any) -> str:
+    styler.relabel_index([human_header(c) for c in styler.data.columns], axis=1)
+    return str(styler._repr_html_()) + table_csv(styler.data)
 
 
 def _breakable(text: str) -> str:
@@ -188,20 +297,44 @@ def given_parameters() -> set[str]:
     return {str(n) for n in names} if isinstance(names, list) else set()
 
 
-def settings_table(values: Mapping[str, Any], origins: Mapping[str, str] | None = None) -> Any:
+def parameter_values(stem: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """The values a notebook's parameters have in ``namespace`` (its ``globals()``), in the order the
+    parameters cell declares them; ``profile`` and ``figures_dir`` (the runner's) left out."""
+    from kvstudy.profiles import declared_parameters
+
+    names = declared_parameters(REPO_ROOT / "notebooks" / f"{stem}.ipynb")
+    return {name: namespace[name] for name in names if name not in ("profile", "figures_dir") and name in namespace}
+
+
+def settings_table(
+    values: Mapping[str, Any], origins: Mapping[str, str] | None = None, assumed: Sequence[str] = ()
+) -> Any:
     """The report's settings: name, value, origin. ``origins`` names values the notebook resolved
-    itself (``FROM_MODEL``, ``FROM_CATALOG``, ``ASSUMED``); others are ``GIVEN`` by the profile or the
-    ``DEFAULT`` of the notebook. The runner shows this table instead of the raw parameter cells."""
+    itself (``FROM_MODEL``, ``FROM_CATALOG``, ``FROM_CAPTURE``, ``ASSUMED``); ``assumed`` names
+    parameters whose default is an assumption (``ASSUMED`` unless the profile gave them); others are
+    ``GIVEN`` by the profile or the ``DEFAULT`` of the notebook. The runner shows this table instead of
+    the raw parameter cells."""
     from IPython.display import Markdown, display
 
     given = given_parameters()
-    origins = dict(origins or {})
+    origins = {**{name: ASSUMED for name in assumed if name not in given}, **dict(origins or {})}
     rows = ["| setting | value | origin |", "|---|---|---|"]
+    records = []
     for name, value in values.items():
         origin = origins.get(name) or (GIVEN if name in given else DEFAULT)
+        records.append((name, value, origin))
         shown = format_value(value) if not isinstance(value, (list, dict, tuple)) else json.dumps(value)
         rows.append(f"| {name} | `{shown}` | {origin} |".replace("\n", " "))
-    display(Markdown("**Settings**\n\n" + "\n".join(rows)), metadata={SETTINGS_KEY: True})
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        [(n, json.dumps(v) if isinstance(v, (list, dict, tuple)) else v, r) for n, v, r in records],
+        columns=["setting", "value", "origin"],
+    )
+    note = table_csv(frame, f"{_CSV['prefix']}-settings") if _CSV["folder"] is not None else ""
+    display(
+        Markdown("**Settings**\n\n" + "\n".join(rows) + ("\n\n" + note if note else "")), metadata={SETTINGS_KEY: True}
+    )
 
 
 def finding(text: str) -> None:
@@ -283,4 +416,10 @@ def provenance(data: Sequence[str | Path] = (), **settings: Any) -> Any:
         p = Path(item)
         rows.append(("data", f"`{item}` (sha256 {file_digest(p)})" if p.exists() else f"`{item}` (missing)"))
     lines = ["| what | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
-    return Markdown("**Provenance**\n\n" + "\n".join(lines))
+    note = ""
+    if _CSV["folder"] is not None:
+        import pandas as pd
+
+        frame = pd.DataFrame([(k, str(v).strip("`")) for k, v in rows], columns=["what", "value"])
+        note = "\n\n" + table_csv(frame, f"{_CSV['prefix']}-provenance")
+    return Markdown("**Provenance**\n\n" + "\n".join(lines) + note)

@@ -226,9 +226,19 @@ def run_notebook(
     verdicts: list[Any] = []
     if executed.exists():
         scrub_executed(executed, parameters)
-        render_html(executed, html_path, redact(parameters), set(given))
+        render_html(executed, html_path, redact(parameters), set(given), _settings_csv(parameters, cwd, source.stem))
         found, verdicts = extract_results(executed)
     return NotebookRun(source.stem, html_path, seconds, found, error, verdicts, needs)
+
+
+def _settings_csv(parameters: dict[str, Any], cwd: Path, stem: str) -> tuple[Path, str, str] | None:
+    """Where the settings table the renderer adds is also written as CSV: (folder, name, folder as shown)."""
+    figures = parameters.get("figures_dir")
+    if not isinstance(figures, str) or not figures:
+        return None
+    if Path(figures).is_absolute():
+        return Path(figures), f"{stem[:2]}-settings", ""
+    return cwd / figures, f"{stem[:2]}-settings", f"{figures}/"
 
 
 @contextmanager

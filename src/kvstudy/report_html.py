@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvstudy.io import read_json
-from kvstudy.notebook import DEFAULT, FINDING_KEY, GIVEN, MISSING, SETTINGS_KEY, SOURCE_TITLES, VERDICT_KEY
+from kvstudy.io import read_json, write_csv
+from kvstudy.notebook import CSV_NOTE, DEFAULT, FINDING_KEY, GIVEN, MISSING, SETTINGS_KEY, SOURCE_TITLES, VERDICT_KEY
 from kvstudy.redact import write_scrubbed
 
 HIDDEN_TAGS = {"parameters", "injected-parameters"}
@@ -97,6 +97,19 @@ def shows_own_settings(nb: Any) -> bool:
     )
 
 
+def settings_origin(name: str, given: set[str]) -> str:
+    return RUNNER_SET if name in ("profile", "figures_dir") else GIVEN if name in given else DEFAULT
+
+
+def write_settings_csv(values: Mapping[str, Any], given: set[str], folder: Path, name: str, shown_folder: str) -> str:
+    """The settings table as ``<folder>/<name>.csv``; the markdown line naming it (in ``shown_folder``)."""
+    import pandas as pd
+
+    rows = [(k, v if isinstance(v, str) else json.dumps(v), settings_origin(k, given)) for k, v in values.items()]
+    path = write_csv(pd.DataFrame(rows, columns=["setting", "value", "origin"]), folder, name)
+    return f'<p class="kvstudy-note {CSV_NOTE}">As CSV: <code>{shown_folder}{path.name}</code></p>'
+
+
 def settings_markdown(values: Mapping[str, Any], given: set[str]) -> str:
     """A settings table (name, value, origin) for the parameters a notebook ran with."""
     rows = [
@@ -106,7 +119,7 @@ def settings_markdown(values: Mapping[str, Any], given: set[str]) -> str:
         "|---|---|---|",
     ]
     for name, value in values.items():
-        origin = RUNNER_SET if name in ("profile", "figures_dir") else GIVEN if name in given else DEFAULT
+        origin = settings_origin(name, given)
         shown = json.dumps(value) if not isinstance(value, str) else value
         if len(shown) > 300:
             shown = shown[:300] + " … (full list in the executed notebook)"
@@ -115,8 +128,11 @@ def settings_markdown(values: Mapping[str, Any], given: set[str]) -> str:
     return "\n".join(rows)
 
 
-def prepare(nb: Any, values: Mapping[str, Any] | None, given: set[str]) -> Any:
-    """The notebook as the HTML shows it (see the module docstring); ``nb`` is changed in place."""
+def prepare(
+    nb: Any, values: Mapping[str, Any] | None, given: set[str], csv: tuple[Path, str, str] | None = None
+) -> Any:
+    """The notebook as the HTML shows it (see the module docstring); ``nb`` is changed in place.
+    ``csv``: (folder, name, folder as shown) where the settings table the renderer adds is also written as CSV."""
     import nbformat
 
     own_settings = shows_own_settings(nb)
@@ -125,7 +141,10 @@ def prepare(nb: Any, values: Mapping[str, Any] | None, given: set[str]) -> Any:
         tags = set(cell.get("metadata", {}).get("tags", []))
         if cell.cell_type == "code" and tags & HIDDEN_TAGS:
             if "parameters" in tags and values is not None and not own_settings:
-                cells.append(nbformat.v4.new_markdown_cell(settings_markdown(values, given)))
+                text = settings_markdown(values, given)
+                if csv is not None:
+                    text += "\n\n" + write_settings_csv(values, given, *csv)
+                cells.append(nbformat.v4.new_markdown_cell(text))
             continue
         if cell.cell_type == "markdown":
             cell.source = name_sources(cell.source)
@@ -143,12 +162,13 @@ def render_html(
     html_path: Path,
     values: Mapping[str, Any] | None = None,
     given: set[str] | frozenset[str] = frozenset(),
+    csv: tuple[Path, str, str] | None = None,
 ) -> None:
     """Render an executed notebook as the report HTML (prose, tables, figures; no code)."""
     import nbformat
     from nbconvert import HTMLExporter
 
-    nb = prepare(nbformat.read(notebook_path, as_version=4), values, set(given))
+    nb = prepare(nbformat.read(notebook_path, as_version=4), values, set(given), csv)
     body, _ = HTMLExporter(
         template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True
     ).from_notebook_node(nb)

@@ -6,10 +6,12 @@ failure (and not retried on resume); on AVX-512/AMX it must serve. No timing is 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from kvstudy.bench.grid import read_requests
 from kvstudy.context.live import analyse_capture, slope_table
 from kvstudy.context.sweep import ContextSweepSpec, cells_to_run, run_context_sweep
 from kvstudy.machine import cpu_can_store_fp8_kv
@@ -42,6 +44,9 @@ def test_small_context_sweep_end_to_end(tiny_model: Path, tmp_path: Path) -> Non
         assert status["fp8__s0__L512"].status == "failed"
         assert "AVX-512" in status["fp8__s0__L512"].reason
     assert (capture / "bandwidth.json").is_file()
+    rows = read_requests(capture, "auto__s0__L512")  # per-request rows in requests/<cell>.jsonl, not inline
+    assert rows and len(rows) == spec.prompts and all(r.input_len for r in rows)
+    assert "requests" not in json.loads((capture / "cells" / "auto__s0__L512.json").read_text())
     assert cells_to_run(spec, capture) == []  # resume: nothing left, a diagnosed failure is not retried
     analysis = analyse_capture(capture, n_boot=200)
     assert "auto" in analysis.fits or "auto" in analysis.not_measured

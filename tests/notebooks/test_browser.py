@@ -1,5 +1,6 @@
-"""The reference reports in a real browser: every image loads, every link resolves, no table overflows
-or needs a sideways scroll inside its box.
+"""The reference reports in a real browser at 1,400 px: every image loads, every link resolves, no
+table overflows or needs a sideways scroll inside its box, no text is cut by its box; and every table
+a report shows names its CSV, which exists beside the figures.
 
 Renders the reference profile into a temporary copy of the repository (so a colleague's `make all`
 is not disturbed), then opens the index and every report in headless Chromium with a small check
@@ -29,7 +30,7 @@ FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--window-size=1280,1000",
+    "--window-size=1400,1000",  # the width a reader's laptop browser gives a report (issue 21)
     "--virtual-time-budget=10000",
     "--dump-dom",
 ]
@@ -54,9 +55,13 @@ window.addEventListener('load', function () {
       var o = getComputedStyle(e).overflowX;
       if ((o === 'auto' || o === 'scroll') && e.scrollWidth > e.clientWidth + 1) return true; }
     return false; }).map(function (t) { return (t.innerText || '').slice(0, 80); });
+  var cut = Array.from(document.querySelectorAll('body *')).filter(function (e) {  // text clipped by its box
+    var s = getComputedStyle(e);
+    if (!(s.overflowX === 'hidden' || s.overflowX === 'clip') || !(e.innerText || '').trim()) return false;
+    return e.scrollWidth > e.clientWidth + 1 && e.clientWidth > 0; }).map(function (e) { return (e.innerText || '').slice(0, 80); });
   var out = document.createElement('pre'); out.id = 'kvstudy-check';
   out.textContent = JSON.stringify({width: width, page_width: document.documentElement.scrollWidth, broken_images: images, links: links, missing_anchors: anchors,
-                                    wide_tables: wide, scrolled_tables: scrolled});
+                                    wide_tables: wide, scrolled_tables: scrolled, cut_text: cut});
   document.body.appendChild(out);
 });
 </script>"""
@@ -117,9 +122,30 @@ def test_index_and_reports_open_cleanly_in_chromium(rendered: Path, tmp_path: Pa
         assert result["missing_anchors"] == [], (page.name, result["missing_anchors"])
         assert result["wide_tables"] == [], (page.name, result["wide_tables"])
         assert result["scrolled_tables"] == [], (page.name, "tables the reader must scroll sideways", result["scrolled_tables"])
+        assert result["cut_text"] == [], (page.name, "text cut by its box", result["cut_text"])
         missing = [h for h in result["links"] if (t := local_target(page, h)) is not None and not t.exists()]
         assert missing == [], (page.name, missing)
     index_links = browser_check(pages[0], tmp_path / "chromium-index")["links"]
     assert {p.name for p in pages[1:]} <= set(index_links), "the index links every report"
     failed = sorted(p.name for p in pages if p.name.endswith(".failed.html"))
     assert failed == [], f"notebooks failed on the reference profile: {failed}"
+
+
+def test_every_table_a_report_shows_has_its_csv(rendered: Path) -> None:
+    root = rendered.parents[1]
+    for page in sorted(p for p in rendered.glob("*.html") if p.name != "index.html"):
+        text = page.read_text(encoding="utf-8")
+        starts = [m.start() for m in re.finditer(r"<table\b", text)]
+        assert starts, page.name
+        for start, end in zip(starts, [*starts[1:], len(text)]):
+            note = re.search(r"As CSV: <code>([^<]+)</code>", text[start:end])
+            head = " ".join(re.sub(r"<[^>]+>", " ", text[start : start + 300]).split())[:60]
+            assert note, (page.name, "a table without its CSV", head)
+            assert (root / note.group(1)).is_file(), (page.name, note.group(1))
+
+
+
+def test_no_report_draws_a_figure_twice(rendered: Path) -> None:
+    for page in sorted(p for p in rendered.glob("*.html") if p.name != "index.html"):
+        images = re.findall(r'src="data:image/png;base64,([^"]+)"', page.read_text(encoding="utf-8"))
+        assert len(images) == len(set(images)), (page.name, "a figure is shown twice")

@@ -64,6 +64,19 @@ def test_notebook_has_tagged_parameters_cell(path: Path) -> None:
         assert re.search(rf"^{name}\s*(:[^=\n]+)?=", source, re.M), f"{path.name}: parameters cell lacks {name}"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_help_notebook_gives_every_parameter_a_type(path: Path) -> None:
+    """`papermill --help-notebook` prints "Unknown type" unless the parameter is annotated (`x: int = 1`);
+    the annotation must also name the types the profile checker already accepted."""
+    import papermill as pm
+
+    from kvstudy.profiles import declared_parameters
+
+    untyped = [n for n, info in pm.inspect_notebook(str(path)).items() if info["inferred_type_name"] in (None, "None")]
+    assert untyped == [], f"{path.name}: parameters without a type for --help-notebook: {untyped}"
+    assert all(p.type_label != "any" for p in declared_parameters(path).values())
+
+
 @pytest.mark.notebooks
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_executes_on_reference_profile(path: Path, tmp_path: Path) -> None:

@@ -273,3 +273,65 @@ def test_accuracy_upgrade_refuses_malformed_runs(tmp_path: Path, capsys: pytest.
     (tmp_path / capture.MANIFEST).write_text(json.dumps({"settings": {}, "runs": ["yesterday"]}))
     assert cli.main(["capture", "upgrade", str(tmp_path)]) == 2
     assert "runs: expected a list of mappings" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- older cell layouts
+
+
+def _inline_cell(folder: Path, cid: str, tpots: list[float]) -> dict[str, object]:
+    rows = [
+        {"ttft_ms": 5.0, "e2el_ms": 50.0, "tpot_ms": t, "itls_ms": [t], "input_len": 8, "output_len": 2}
+        | {"success": True, "error": ""}
+        for t in tpots
+    ]
+    record = {"cell_id": cid, "status": "ok", "requests": rows, "duration_s": 0.5}
+    (folder / capture.CELLS).mkdir(parents=True, exist_ok=True)
+    (folder / capture.CELLS / f"{cid}.json").write_text(json.dumps(record))
+    return record
+
+
+def test_upgrade_moves_inline_rows_into_requests_jsonl_once(tmp_path: Path) -> None:
+    from kvstudy.bench.grid import read_requests
+
+    old = _inline_cell(tmp_path, "auto__s0__L64", [1.5, 2.5])
+    (tmp_path / capture.CELLS / "failed.json").write_text(json.dumps({"status": "failed", "reason": "x"}))
+    assert capture.move_inline_requests(tmp_path) == ["auto__s0__L64"]
+    cell = json.loads((tmp_path / capture.CELLS / "auto__s0__L64.json").read_text())
+    assert cell == {k: v for k, v in old.items() if k != "requests"}
+    rows = read_requests(tmp_path, "auto__s0__L64")
+    assert rows is not None and [(r.index, r.start_time_s, r.tpot_ms) for r in rows] == [(0, None, 1.5), (1, None, 2.5)]
+    assert json.loads((tmp_path / capture.CELLS / "failed.json").read_text()) == {"status": "failed", "reason": "x"}
+    assert capture.move_inline_requests(tmp_path) == []  # already moved
+
+
+def test_an_interrupted_upgrade_resumes_and_other_rows_are_refused(tmp_path: Path) -> None:
+    _inline_cell(tmp_path, "a", [1.0])
+    capture.move_inline_requests(tmp_path)
+    _inline_cell(tmp_path, "a", [1.0])  # the rows were written, the cell record was not yet rewritten
+    assert capture.move_inline_requests(tmp_path) == ["a"]
+    _inline_cell(tmp_path, "a", [9.0])
+    with pytest.raises(StudyError, match=r"requests/a.jsonl: holds other rows than .*cells/a.json keeps inline"):
+        capture.move_inline_requests(tmp_path)
+    (tmp_path / capture.CELLS / "a.json").write_text(json.dumps({"status": "ok", "requests": "nope"}))
+    with pytest.raises(StudyError, match=r"a.json: field 'requests' is not a list of request rows"):
+        capture.move_inline_requests(tmp_path)
+
+
+def test_resuming_a_capture_with_inline_rows_moves_them(tmp_path: Path) -> None:
+    grid = {"lengths": [64]}
+    capture.write_manifest(tmp_path, capture.new_manifest(capture.CONTEXT_KIND, grid, "test"))
+    _inline_cell(tmp_path, "a", [1.0])
+    capture.create_or_resume(tmp_path, capture.CONTEXT_KIND, grid, "test", {}, lambda g, w: g, "context-sweep")
+    assert "requests" not in json.loads((tmp_path / capture.CELLS / "a.json").read_text())
+    assert (tmp_path / capture.REQUESTS / "a.jsonl").is_file()
+
+
+def test_capture_upgrade_command_says_what_it_changed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    capture.write_manifest(tmp_path, capture.new_manifest(capture.CONTEXT_KIND, {}, "test"))
+    _inline_cell(tmp_path, "a", [1.0])
+    assert cli.main(["capture", "upgrade", str(tmp_path)]) == 0
+    assert (
+        capsys.readouterr().out.strip() == f"{tmp_path}: per-request rows of 1 cell(s) moved to requests/<cell>.jsonl"
+    )
+    assert cli.main(["capture", "upgrade", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == f"{tmp_path}: already current"

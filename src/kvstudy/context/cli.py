@@ -118,7 +118,11 @@ def register(subparsers: Any) -> None:
     sweep.add_argument("spec", help="JSON file with ContextSweepSpec fields (model, arms, lengths, seeds, ...)")
     sweep.add_argument("capture", help="capture folder (created, or resumed if it holds the same grid)")
     sweep.add_argument("--max-servers", type=int, default=None, help="start at most this many servers in this run")
-    sweep.add_argument("--retry-failed", action="store_true", help="also retry arms whose server failed to start")
+    sweep.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="also re-run cells that failed before (their old logs are kept as *.attemptN.log)",
+    )
     sweep.add_argument("--dry-run", action="store_true", help="list the cells that would run, start nothing")
     sweep.set_defaults(func=_sweep)
 

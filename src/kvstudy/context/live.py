@@ -17,10 +17,44 @@ from kvstudy.context.fit import (
     fit_all,
 )
 from kvstudy.context.predict import measured_vs_predicted
-from kvstudy.context.sweep import ContextSweepSpec, load_context_spec, read_bandwidth, read_cells, run_failures
+from kvstudy.context.sweep import (
+    ContextSweepSpec,
+    default_arms,
+    load_context_spec,
+    read_bandwidth,
+    read_cells,
+    run_failures,
+)
 from kvstudy.errors import StudyError
+from kvstudy.io import shorten_words
 
 SIXTEEN_BIT = ("auto", "bfloat16", "float16", "half")
+# The 05 notebook's parameters that make its live grid (named as ContextSweepSpec's fields).
+SPEC_PARAMETERS = (
+    "model",
+    "arms",
+    "lengths",
+    "seeds",
+    "output_len",
+    "prompts",
+    "cpu_kvcache_space_gib",
+    "kv_cache_memory_bytes",
+    "attention_backend",
+    "server_env",
+    "enforce_eager",
+)
+
+
+def spec_from_params(params: dict[str, Any], where: str = "notebook parameters") -> ContextSweepSpec:
+    """The live grid from the notebook's parameters (``SPEC_PARAMETERS``; arms None: ``default_arms``),
+    the one way a profile's 05 section becomes a ContextSweepSpec (the notebook's, ``kvstudy plan``'s)."""
+    data = {name: params.get(name) for name in SPEC_PARAMETERS}
+    if not data["arms"]:
+        data["arms"] = [
+            {"name": a.name, "kv_cache_dtype": a.kv_cache_dtype, "extra_args": list(a.extra_args)}
+            for a in default_arms(str(data["model"]))
+        ]
+    return ContextSweepSpec.from_dict(data, where=where)
 
 
 @dataclass(frozen=True)
@@ -57,12 +91,12 @@ def analyse_capture(capture: str | Path, n_boot: int = DEFAULT_BOOT, seed: int =
         if a.name in fits:
             continue
         if a.name in failures:
-            not_measured[a.name] = f"every server start failed: {failures[a.name][:240]}"
+            not_measured[a.name] = f"every server start failed: {shorten_words(failures[a.name], 240)}"
         elif not any(r.get("arm") == a.name for r in records):
             not_measured[a.name] = "no cells captured yet (the capture is incomplete: resume it)"
         else:
             reasons = sorted({c.reason for c in checks if c.cell_id.startswith(f"{a.name}__") and c.reason})
-            not_measured[a.name] = "; ".join(reasons)[:240] or "fewer than two measured lengths"
+            not_measured[a.name] = shorten_words("; ".join(reasons), 240) or "fewer than two measured lengths"
     baseline = next((a.name for a in spec.arms if a.kv_cache_dtype in SIXTEEN_BIT), None)
     comparisons = []
     if baseline in fits:

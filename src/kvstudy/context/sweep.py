@@ -12,14 +12,17 @@ One folder per sweep::
                                        how/when/where, versions, sessions, cell states (items)
     runs/<arm>__s<seed>.json           the server start: resolved record, or why it failed
     logs/<arm>__s<seed>.server.log     server log;  logs/<cell>.bench.log  the client's output
-    cells/<arm>__s<seed>__L<len>.json  status, per-request TPOT and ITL figures, reason
+    cells/<arm>__s<seed>__L<len>.json  status, settings, reason (no per-request rows)
+    requests/<cell>.jsonl              per-request records (TTFT, TPOT, ITLs, lengths, errors)
     bench/<cell>.json                  vLLM's saved result (per-request arrays)
 
-Files are written atomically; a re-run on the same folder runs only missing cells, and failed ones
-only with ``retry_failed`` (the rule of every experiment, ``kvstudy.capture.needs_run``; earlier
-logs are kept as ``*.attemptN.log``). With
-``max_servers`` one invocation starts at most that many servers, so a capture can be made in
-several short runs under the machine-wide lock.
+The loop is the one grid engine's (``kvstudy.bench.grid.run_grid``, the speed sweep's too); this
+module supplies the grid, the server config of a start and how one length runs. Files are written
+atomically; a re-run on the same folder runs only missing cells, and failed ones only with
+``retry_failed`` (the rule of every experiment, ``kvstudy.capture.needs_run``; earlier logs are kept
+as ``*.attemptN.log``). With ``max_servers`` one invocation starts at most that many servers, so a
+capture can be made in several short runs under the machine-wide lock. A capture made before
+the per-request rows moved out of ``cells/`` is upgraded by ``kvstudy capture upgrade``.
 """
 
 from __future__ import annotations
@@ -31,15 +34,27 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy import capture as capture_format
-from kvstudy import io as atomic
 from kvstudy.bench.arm import Arm, arm_from_dict, check_arms
 from kvstudy.bench.client import BenchError, BenchSettings, run_bench
+from kvstudy.bench.grid import (
+    GridPlan,
+    ServeRun,
+    cell_record,
+    read_requests,
+    requests_path,
+    run_grid,
+    scrubber,
+    write_record,
+    write_requests,
+)
+from kvstudy.bench.grid import cells_to_run as grid_cells_to_run
+from kvstudy.bench.grid import item_states as grid_item_states
 from kvstudy.bench.result import requests_from_result
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
 from kvstudy.model.folder import require_live
-from kvstudy.progress import Progress, Tracker
+from kvstudy.progress import Progress
 
 KIND = "kvstudy context sweep"
 BANDWIDTH = "bandwidth.json"
@@ -237,27 +252,14 @@ def run_id(arm: str, seed: int) -> str:
 # --------------------------------------------------------------------------- capture files
 
 
-def _write(path: Path, data: Any) -> None:
-    atomic.write_json_atomic(path, data, indent=1, allow_nan=True, default=str)
-
-
 def cell_state(capture: Path, cid: str) -> dict[str, Any] | None:
-    path = Path(capture) / "cells" / f"{cid}.json"
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
+    """What ``cells/<cell>.json`` holds (None when absent or torn: the cell runs again)."""
+    return cell_record(capture, cid)
 
 
 def cells_to_run(spec: ContextSweepSpec, capture: Path, retry_failed: bool = False) -> list[str]:
     """Missing cells, and failed ones only with ``retry_failed`` (``capture.needs_run``, every experiment's rule)."""
-    return [
-        cid
-        for cid in spec.cells()
-        if capture_format.needs_run((cell_state(capture, cid) or {}).get("status"), retry_failed)
-    ]
+    return [c.id for c in grid_cells_to_run(capture, length_cells(spec), retry_failed)]
 
 
 def load_context_spec(capture: str | Path) -> ContextSweepSpec:
@@ -283,15 +285,23 @@ def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
 
 def item_states(spec: ContextSweepSpec, capture: Path) -> dict[str, str]:
     """Each cell's status (``ok``, ``failed``; ``missing`` for a cell not run), in the spec's order."""
-    return {c: str((cell_state(capture, c) or {}).get("status", "missing")) for c in spec.cells()}
-
-
-def _update(capture: Path, manifest: dict[str, Any], spec: ContextSweepSpec) -> None:
-    capture_format.set_items(manifest, item_states(spec, capture))
-    capture_format.write_manifest(capture, manifest)
+    return grid_item_states(capture, spec.cells())
 
 
 # --------------------------------------------------------------------------- running
+
+
+@dataclass(frozen=True)
+class LengthCell:
+    """One cell of the context grid: an arm at a seed at one input length."""
+
+    arm: str
+    seed: int
+    input_len: int
+
+    @property
+    def id(self) -> str:
+        return cell_id(self.arm, self.seed, self.input_len)
 
 
 @dataclass(frozen=True)
@@ -301,27 +311,49 @@ class CellOutcome:
     reason: str = ""
 
 
-def _cell_record(spec: ContextSweepSpec, arm: str, seed: int, length: int, status: str, **extra: Any) -> dict[str, Any]:
+def length_cells(spec: ContextSweepSpec) -> list[LengthCell]:
+    """Every cell in the order the server starts run them (``spec.cells()``'s order)."""
+    return [c for run in context_runs(spec) for c in run.cells]
+
+
+def context_runs(spec: ContextSweepSpec) -> list[ServeRun[LengthCell]]:
+    """The server starts of ``spec.runs()``, each with its lengths in ``spec.lengths_for`` order."""
+    return [
+        ServeRun(run_id(arm, seed), arm, seed, tuple(LengthCell(arm, seed, L) for L in spec.lengths_for(i)))
+        for i, (arm, seed) in enumerate(spec.runs())
+    ]
+
+
+def _cell_record(spec: ContextSweepSpec, cell: LengthCell, status: str, **extra: Any) -> dict[str, Any]:
     return {
-        "cell_id": cell_id(arm, seed, length),
-        "arm": arm,
-        "kv_cache_dtype": spec.arm(arm).kv_cache_dtype,
-        "seed": seed,
-        "input_len": length,
+        "cell_id": cell.id,
+        "arm": cell.arm,
+        "kv_cache_dtype": spec.arm(cell.arm).kv_cache_dtype,
+        "seed": cell.seed,
+        "input_len": cell.input_len,
         "output_len": spec.output_len,
         "status": status,
-        "settings": asdict(spec.bench_settings(length, seed)),
+        "settings": asdict(spec.bench_settings(cell.input_len, cell.seed)),
         **extra,
     }
 
 
-def _run_cell(spec: ContextSweepSpec, capture: Path, arm: str, seed: int, length: int, server: Any) -> dict[str, Any]:
-    cid = cell_id(arm, seed, length)
+def _failed_cell(
+    spec: ContextSweepSpec, cell: LengthCell, reason: str, tail: str, start_failed: bool
+) -> dict[str, Any]:
+    extra: dict[str, Any] = {"start_failed": True} if start_failed else {}
+    return _cell_record(spec, cell, "failed", reason=reason, **extra, log_tail=tail, started_utc=now_utc(), seconds=0.0)
+
+
+def _run_cell(spec: ContextSweepSpec, capture: Path, cell: LengthCell, server: Any) -> dict[str, Any]:
+    """One length against a ready server: vLLM's saved result in ``bench/<cell>.json``, its
+    per-request rows in ``requests/<cell>.jsonl``; the returned record is ``cells/<cell>.json``."""
+    cid = cell.id
     started, t0 = now_utc(), time.monotonic()
     tokenizer = spec.model if Path(spec.model).is_dir() else None
     try:
         result = run_bench(
-            spec.bench_settings(length, seed),
+            spec.bench_settings(cell.input_len, cell.seed),
             server.base_url,
             server.model_name,
             tokenizer,
@@ -331,44 +363,42 @@ def _run_cell(spec: ContextSweepSpec, capture: Path, arm: str, seed: int, length
     except BenchError as exc:
         return _cell_record(
             spec,
-            arm,
-            seed,
-            length,
+            cell,
             "failed",
             reason=str(exc),
             log_tail=exc.log_tail,
             started_utc=started,
             seconds=time.monotonic() - t0,
         )
-    _write(capture / "bench" / f"{cid}.json", result)
+    write_record(capture / "bench" / f"{cid}.json", result)
     records = requests_from_result(result, where=f"bench/{cid}.json")
-    requests = [
-        {
-            "ttft_ms": r.ttft_ms,
-            "e2el_ms": r.e2el_ms,
-            "tpot_ms": r.tpot_ms,
-            "itls_ms": r.itls_ms,
-            "input_len": r.input_len,
-            "output_len": r.output_len,
-            "success": r.success,
-            "error": r.error[:300],
-        }
-        for r in records
-    ]
+    write_requests(capture, cid, records)
     failed = sum(1 for r in records if not r.success)
     status = "ok" if records and not failed else "failed"
     reason = f"{failed} of {len(records)} requests failed" if failed else ("" if records else "no requests")
     return _cell_record(
         spec,
-        arm,
-        seed,
-        length,
+        cell,
         status,
         reason=reason,
-        requests=requests,
         duration_s=result.get("duration"),
         started_utc=started,
         seconds=time.monotonic() - t0,
+    )
+
+
+def context_plan(spec: ContextSweepSpec, capture: Path) -> GridPlan[LengthCell, dict[str, Any]]:
+    """The context sweep as a grid: arms x seeds in ``spec.runs()`` order, the input lengths per start."""
+    return GridPlan(
+        runs=context_runs(spec),
+        server_config=lambda run: spec.server_config(run.arm, run.seed),
+        ready_timeout_s=spec.ready_timeout_s,
+        run_cell=lambda cell, server: _run_cell(spec, capture, cell, server),
+        failed_cell=lambda cell, reason, tail, start_failed: _failed_cell(spec, cell, reason, tail, start_failed),
+        record=lambda rec: rec,
+        outcome=lambda rec: (str(rec["status"]), str(rec.get("reason", ""))),
+        run_fields=lambda run, cells: {"arm": run.arm, "order": [c.input_len for c in cells]},
+        scrub=scrubber([dict(spec.server_env), *(a.env for a in spec.arms)]),
     )
 
 
@@ -380,82 +410,30 @@ def run_context_sweep(
     retry_failed: bool = False,
     progress: Progress = print,
 ) -> list[CellOutcome]:
-    """Run the cells ``capture`` lacks, at most ``max_servers`` server starts; return what ran now."""
-    from kvstudy.run_record import server_record
-    from kvstudy.vllm.server import EngineStartError, VllmServer
+    """Run the cells ``capture`` lacks, at most ``max_servers`` server starts; return what ran now.
 
+    The context grid on the one engine (``kvstudy.bench.grid.run_grid``); before the first start the
+    machine's memory bandwidth is measured once into ``bandwidth.json``.
+    """
     spec.validate()
     capture = Path(capture)
     manifest = prepare(spec, capture, how)
-    todo = set(cells_to_run(spec, capture, retry_failed))
-    if todo:
+
+    def before_first_start() -> None:
         require_live(spec.model)
-    if todo and not (capture / BANDWIDTH).is_file():
-        record_bandwidth(capture)
-    session = capture_format.start_session(manifest, [c for c in spec.cells() if c in todo])
-    _update(capture, manifest, spec)
-    outcomes: list[CellOutcome] = []
-    tracker = Tracker(len(todo), progress)
-    starts = 0
-    try:
-        for index, (arm, seed) in enumerate(spec.runs()):
-            lengths = [L for L in spec.lengths_for(index) if cell_id(arm, seed, L) in todo]
-            if not lengths:
-                continue
-            if max_servers is not None and starts >= max_servers:
-                break
-            starts += 1
-            rid = run_id(arm, seed)
-            tracker.note(f"{now_utc()} starting the server of {rid} for {len(lengths)} cell(s)")
-            capture_format.keep_old_attempt(capture / "logs" / f"{rid}.server.log")
-            try:
-                with VllmServer(
-                    spec.server_config(arm, seed),
-                    capture / "logs" / f"{rid}.server.log",
-                    ready_timeout_s=spec.ready_timeout_s,
-                ) as server:
-                    try:
-                        record: dict[str, Any] = server_record(server)
-                    except Exception as exc:  # a record that cannot be built must not lose the measurements
-                        record = {"record_error": f"{type(exc).__name__}: {exc}"}
-                    _write(
-                        capture / "runs" / f"{rid}.json",
-                        {"status": "ok", "run_id": rid, "arm": arm, "seed": seed, "order": lengths, "record": record},
-                    )
-                    for L in lengths:
-                        capture_format.keep_old_attempt(capture / "logs" / f"{cell_id(arm, seed, L)}.bench.log")
-                        cell = _run_cell(spec, capture, arm, seed, L, server)
-                        _write(capture / "cells" / f"{cell['cell_id']}.json", cell)
-                        outcomes.append(CellOutcome(cell["cell_id"], cell["status"], cell.get("reason", "")))
-                        tracker.finished(cell["cell_id"], f"{cell['status']} {cell.get('reason', '')}".strip())
-                        _update(capture, manifest, spec)
-            except EngineStartError as exc:
-                reason = " ".join(str(exc.args[0]).split())
-                tail = getattr(exc, "log_tail", "")
-                _write(
-                    capture / "runs" / f"{rid}.json",
-                    {"status": "failed", "run_id": rid, "arm": arm, "seed": seed, "reason": reason, "log_tail": tail},
-                )
-                for L in lengths:
-                    cell = _cell_record(
-                        spec,
-                        arm,
-                        seed,
-                        L,
-                        "failed",
-                        reason=f"server did not start: {reason}",
-                        start_failed=True,
-                        log_tail=tail,
-                        started_utc=now_utc(),
-                        seconds=0.0,
-                    )
-                    _write(capture / "cells" / f"{cell['cell_id']}.json", cell)
-                    outcomes.append(CellOutcome(cell["cell_id"], "failed", cell["reason"]))
-                tracker.note(f"{now_utc()} {rid}: the server did not start: {reason[:200]}")
-    finally:
-        capture_format.finish_session(session)
-        _update(capture, manifest, spec)
-    return outcomes
+        if not (capture / BANDWIDTH).is_file():
+            record_bandwidth(capture)
+
+    records = run_grid(
+        context_plan(spec, capture),
+        capture,
+        manifest,
+        retry_failed=retry_failed,
+        progress=progress,
+        max_servers=max_servers,
+        before_first_start=before_first_start,
+    )
+    return [CellOutcome(str(r["cell_id"]), str(r["status"]), str(r.get("reason", ""))) for r in records]
 
 
 def record_bandwidth(capture: Path) -> dict[str, Any]:
@@ -469,7 +447,7 @@ def record_bandwidth(capture: Path) -> dict[str, Any]:
         "how": "kvstudy.context.bandwidth.measure_bandwidth",
         **probe.to_dict(),
     }
-    _write(Path(capture) / BANDWIDTH, data)
+    write_record(Path(capture) / BANDWIDTH, data)
     return data
 
 
@@ -479,10 +457,27 @@ def read_bandwidth(capture: str | Path) -> dict[str, Any] | None:
 
 
 def read_cells(capture: str | Path) -> list[dict[str, Any]]:
-    """Every cell record of a capture, in the spec's order (missing cells left out)."""
+    """Every cell record of a capture, in the spec's order (missing cells left out), each with its
+    per-request rows from ``requests/<cell>.jsonl`` under ``requests`` (an empty list for a cell
+    that has none). A capture that keeps them inline (made before the grid engine) is refused with
+    the command that upgrades it."""
     capture = Path(capture)
     spec = load_context_spec(capture)
-    return [s for s in (cell_state(capture, c) for c in spec.cells()) if s is not None]
+    out = []
+    for cid in spec.cells():
+        record = cell_state(capture, cid)
+        if record is None:
+            continue
+        if "requests" in record:
+            raise StudyError(
+                f"{capture}/cells/{cid}.json: per-request rows inline (the layout before requests/<cell>.jsonl); "
+                f"run `kvstudy capture upgrade {capture}`"
+            )
+        rows = read_requests(capture, cid)
+        if rows is None and record.get("status") == "ok":
+            raise StudyError(f"{requests_path(capture, cid)}: missing (an ok cell keeps its per-request rows there)")
+        out.append({**record, "requests": [asdict(r) for r in rows or []]})
+    return out
 
 
 def run_failures(capture: str | Path) -> dict[str, str]:

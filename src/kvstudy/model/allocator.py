@@ -19,10 +19,12 @@ from kvstudy.errors import StudyError
 from kvstudy.model.capacity import (
     CHUNKED,
     LINEAR,
+    MLA,
     SHARED,
     SLIDING,
     ModelLayout,
     _check_skip_layers,
+    _skipped,
     layer_bytes_per_token,
     load_layout,
     resolve_kv_dtype,
@@ -198,6 +200,46 @@ def predict_logged_pool(
         blocks_per_request=blocks_per_request,
         num_groups=groups,
     )
+
+
+VLLM_STORED = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "fp8": "fp8"}
+VLLM_STORED |= {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}  # one byte each: vLLM stores them as uint8
+
+
+def vllm_layer_records(
+    config: str | Path | ModelLayout, kv_cache_dtype: str, block_size: int, skip_layers: str | None = None
+) -> list[dict[str, object]] | None:
+    """The per-layer specs :func:`predict_logged_pool` works from, as the records
+    ``kvstudy.vllm.kv_pool.vllm_pools`` hands to vLLM's own pool code (the heads and sizes kept, so
+    vLLM groups the layers as it would); None for a KV dtype that path does not build (nvfp4, the
+    MLA-only formats)."""
+    layout = load_layout(config)
+    dtype = resolve_kv_dtype(layout, kv_cache_dtype)
+    if dtype not in VLLM_STORED or layout.model_dtype not in VLLM_STORED:
+        return None
+    layers = [l for l in layout.layers if l.kind != SHARED]
+    specs = _layer_specs(layout, dtype, block_size, skip_layers)
+    records: list[dict[str, object]] = []
+    for layer, spec in zip(layers, specs):
+        if layer.kind == LINEAR:
+            state = state_bytes(layer, layout.model_dtype)
+            records.append(
+                {"kind": LINEAR, "block_size": spec.block_size, "state_bytes": state, "page_bytes": spec.page_bytes}
+            )
+            continue
+        stored = layout.model_dtype if _skipped(layer, skip_layers) else dtype
+        records.append(
+            {
+                "kind": layer.kind,
+                "block_size": spec.block_size,
+                "dtype": VLLM_STORED[stored],
+                "num_kv_heads": 1 if layer.kind == MLA else layer.num_kv_heads,
+                "head_size": layer.head_size,
+                "head_size_v": layer.head_size_v,
+                "window": layer.sliding_window,
+            }
+        )
+    return records
 
 
 def mamba_cache_mode_for(server_args: list[str]) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
+from kvstudy.io import write_csv, write_csv_at  # noqa: F401 (notebooks call plan.write_csv)
 from kvstudy.model.capacity import (
     GIB,
     KV_DTYPES,
@@ -27,8 +28,15 @@ from kvstudy.model.capacity import (
 )
 from kvstudy.model.oracle import resolve_layout
 from kvstudy.model.weights import WeightsUnknown, weights_size
-from kvstudy.redact import write_scrubbed
-from kvstudy.vllm.facts import DEFAULT_GPU_MEMORY_UTILIZATION
+from kvstudy.vllm.facts import DEFAULT_GPU_MEMORY_UTILIZATION, KV_POOL_OVERHEAD
+
+# Why a pool from GPU memory and weights alone comes out above the engine's: issue 20 compared such
+# predictions with the pools 24 public vLLM startup logs report (5-20 % above them).
+GPU_ONLY_OVERHEAD_NOTE = (
+    f"not counted: {KV_POOL_OVERHEAD}; this pool subtracts only the weights, so it is above the engine's "
+    "(5-20 % above the pools of 24 public vLLM logs, issue 20); `kvstudy startup-log LOG --model M` reads "
+    "the real figures from a server's log"
+)
 
 
 @dataclass(frozen=True)
@@ -210,18 +218,6 @@ def gpu_tp_table(
     return pd.DataFrame(rows).set_index(["GPU", "TP"])
 
 
-def write_table(frame: Any, path: str | Path) -> Path:
-    """Write a table as CSV at exactly ``path`` (atomically, scrubbed of secrets: ``redact.write_scrubbed``)."""
-    path = Path(path)
-    write_scrubbed(path, frame.to_csv())
-    return path
-
-
-def write_csv(frame: Any, directory: str | Path, name: str) -> Path:
-    """Write a table as ``<directory>/<name>.csv`` (next to the report's figures) and return the path."""
-    return write_table(frame, Path(directory) / f"{name}.csv")
-
-
 # --------------------------------------------------------------------------- the command
 
 
@@ -256,7 +252,7 @@ def plan_summary(args: argparse.Namespace) -> dict[str, Any]:
         "kv_pool_bytes_per_gpu": plan.pool.kv_pool_bytes,
         "fits": plan.fits,
         "message": plan.message,
-        "overhead": "not counted (activations and CUDA graphs come off this pool)",
+        "overhead": GPU_ONLY_OVERHEAD_NOTE,
     }
     for dtype, row in summary["dtypes"].items():
         row["users"] = users_at(layout, dtype, plan.pool.kv_pool_bytes, summary["context_len"], tp) if plan.fits else 0
@@ -276,6 +272,21 @@ def check_plan(
             f"--max-model-len {context_len:,}: beyond the config's max_position_embeddings {limit:,} "
             "(vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; pass --allow-long-context to count it anyway)"
         )
+
+
+def pool_sections_skipped(model_name: str, weights_problem: str | None, kv_memory_gib: float | None) -> str | None:
+    """Why a report skips its pool and users sections (one sentence), or None when it can count them.
+
+    Without the weights a pool from GPU memory would be too large by their whole size, so it is not
+    counted; a KV memory given as such (``kv_memory_gib``) needs no weights. Pass ``kv_memory_gib=None``
+    for what always needs them (the GPUs x TP table, a held pool's implied overhead)."""
+    if weights_problem is None or kv_memory_gib is not None:
+        return None
+    return (
+        f"Skipped: the weights of {model_name} are unknown ({weights_problem}), and a pool from GPU memory "
+        "without them would be too large by their whole size; pass `weights_gib` (their memory in GiB) "
+        "or `kv_memory_gib` (the KV memory itself) to count it."
+    )
 
 
 def valid_tensor_parallel_sizes(layout: ModelLayout, sizes: list[int]) -> list[int]:
@@ -310,6 +321,7 @@ def _format(summary: dict[str, Any]) -> str:
             f"{gpu['gpu_memory_utilization']} ({gpu['utilization_source']}): KV pool per GPU "
             f"{gpu['kv_pool_bytes_per_gpu'] / GIB:,.2f} GiB" + (f"; {gpu['message']}" if gpu["message"] else "")
         )
+        lines.append(f"overhead {gpu['overhead']}")
     header = f"{'kv dtype':<14}{'bytes/token':>14}{'per GPU':>12}{'KiB/token':>11}{'tokens/GiB':>12}{'MiB/request':>13}"
     lines.append(header + (f"{'users':>8}" if gpu else ""))
     for name, row in summary["dtypes"].items():
@@ -341,7 +353,7 @@ def _csv(summary: dict[str, Any], path: str, force: bool = False) -> None:
     frame = pd.DataFrame.from_dict(summary["dtypes"], orient="index")
     frame.index.name = "kv dtype"
     try:
-        write_table(frame, target)
+        write_csv_at(frame, target)
     except OSError as exc:  # a parent that is a file, a folder that cannot be made
         raise StudyError(f"--csv {path}: cannot be written ({exc.strerror or exc})") from None
 

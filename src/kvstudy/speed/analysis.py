@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.errors import StudyError
-from kvstudy.io import read_jsonl
+from kvstudy.io import read_jsonl, shorten_words
 from kvstudy.progress import Progress
 from kvstudy.speed.runner import MANIFEST, SweepSpec, load_spec, read_json
 
@@ -86,6 +86,7 @@ def load_capture(path: str | Path) -> Capture:
     if len(cell_df):
         metrics = pd.json_normalize([c.get("metrics") or {} for c in cells])
         cell_df = pd.concat([cell_df.drop(columns=["metrics"]), metrics], axis=1)
+        _on_one_timeline(cell_df, manifest)
     req_frames, tel_frames = [], []
     for cell in cells:
         if cell.get("status") != "ok":
@@ -115,6 +116,17 @@ def load_capture(path: str | Path) -> Capture:
         pd.concat(tel_frames, ignore_index=True) if tel_frames else pd.DataFrame(),
         runs,
     )
+
+
+def _on_one_timeline(cells: pd.DataFrame, manifest: dict[str, Any]) -> None:
+    """A collected capture (``kvstudy collect``): each block's cells are on its own node's monotonic
+    clock; the manifest's ``timeline_offset_s`` per block lays the blocks end to end in plan order."""
+    for block in manifest.get("blocks") or []:
+        offset = block.get("timeline_offset_s")
+        mine = cells["cell_id"].isin(block.get("items") or [])
+        for column in ("started_mono_s", "ended_mono_s"):
+            if isinstance(offset, (int, float)) and column in cells:
+                cells.loc[mine, column] = cells.loc[mine, column] + float(offset)
 
 
 def seed_table(capture: Capture) -> pd.DataFrame:
@@ -343,7 +355,7 @@ def ab_differences(capture: Capture, baseline: str, candidate: str) -> pd.DataFr
 
 def _short(value: Any, width: int = 80) -> str:
     text = json.dumps(value, default=str) if not isinstance(value, str) else value
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return shorten_words(text, width)
 
 
 # --------------------------------------------------------------------------- figures
@@ -356,17 +368,38 @@ def _colors(names: list[str]) -> dict[str, Any]:
     return {n: cycle[i % len(cycle)] for i, n in enumerate(names)}
 
 
-def plot_seed_ranges(seeds: pd.DataFrame, order: list[str]) -> Any:
-    """Median TPOT per seed (dots) and the seed range (bar) per configuration and user count."""
+def plot_seed_ranges(seeds: pd.DataFrame, order: list[str], failed: dict[tuple[str, int], str] | None = None) -> Any:
+    """Median TPOT per seed (dots) and the seed range (bar) per configuration and user count; an arm
+    with no finished cell at a user count (``failed``: its cause) is an ``×`` on the axis, numbered,
+    with the cause under the figure."""
     import matplotlib.pyplot as plt
 
-    users = sorted(seeds["users"].unique())
+    failed = failed or {}
+    users = sorted({*seeds["users"].unique(), *(u for _, u in failed)})
     fig, axes = plt.subplots(1, len(users), figsize=(4.2 * len(users), 3.2), squeeze=False)
     colors = _colors(order)
+    notes: list[str] = []
     for ax, u in zip(axes[0], users):
         for i, name in enumerate(order):
             vals = seeds[(seeds["users"] == u) & (seeds["configuration"] == name)]["median_tpot_ms"]
             if not len(vals):
+                if (name, int(u)) in failed:
+                    notes.append(
+                        f"[{len(notes) + 1}] {name}, {u} user(s): {shorten_words(failed[(name, int(u))], 150)}"
+                    )
+                    ax.plot(
+                        [i],
+                        [0],
+                        marker="x",
+                        ms=10,
+                        mew=2,
+                        color=colors[name],
+                        transform=ax.get_xaxis_transform(),
+                        clip_on=False,
+                    )
+                    ax.annotate(
+                        f"no run [{len(notes)}]", (i, 0.04), xycoords=("data", "axes fraction"), ha="center", fontsize=8
+                    )
                 continue
             ax.plot([i, i], [vals.min(), vals.max()], color=colors[name], lw=6, alpha=0.35, solid_capstyle="butt")
             ax.scatter([i] * len(vals), vals, color=colors[name], zorder=3)
@@ -374,6 +407,8 @@ def plot_seed_ranges(seeds: pd.DataFrame, order: list[str]) -> Any:
         ax.set_xlim(-0.7, len(order) - 0.3)
         ax.set_title(f"{u} user{'s' if u != 1 else ''}")
         ax.set_ylabel("median TPOT per seed (ms)")
+    if notes:
+        fig.text(0.01, 0.0, "\n".join(notes), ha="left", va="top", fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -454,7 +489,8 @@ def describe_spec(spec: SweepSpec) -> pd.DataFrame:
         + (f", env {c.env}" if c.env else "")
         for c in spec.configurations
     )
-    return pd.DataFrame({"setting": list(d), "value": [str(v) for v in d.values()]})
+    shown = ["yes" if v is True else "no" if v is False else str(v) for v in d.values()]
+    return pd.DataFrame({"setting": list(d), "value": shown})
 
 
 def finite(x: float | None) -> bool:
@@ -488,6 +524,24 @@ def open_or_complete(
     else:
         said = f"analysing the capture {path} as it is (run_missing is False)"
     return load_capture(path), said
+
+
+def capture_settings(params: dict[str, Any], capture: str | Path) -> tuple[dict[str, Any], set[str]]:
+    """The notebook's parameters as the report ran them: a sweep field left None (SweepSpec's default)
+    is the capture's own value when a capture exists, and ``registered_runs_per_arm`` None its seed
+    count; with the names so read from the capture."""
+    shown = dict(params)
+    path = Path(capture)
+    if not (path / MANIFEST).is_file():
+        return shown, set()
+    spec = load_spec(path).to_dict()
+    spec["configurations"] = [c["name"] for c in spec["configurations"]]
+    read = {name for name in SweepSpec.__dataclass_fields__ if name in shown and shown[name] is None and name in spec}
+    shown.update({name: spec[name] for name in read})
+    if "registered_runs_per_arm" in shown and shown["registered_runs_per_arm"] is None:
+        shown["registered_runs_per_arm"] = len(spec["seeds"])
+        read.add("registered_runs_per_arm")
+    return shown, read
 
 
 def cell_status_frame(capture: Capture) -> pd.DataFrame:

@@ -35,7 +35,7 @@ import numpy as np
 from scipy import stats
 
 from kvstudy.errors import StudyError
-from kvstudy.speed.design import blocked_min_p
+from kvstudy.speed.design import blocked_min_p, blocks_needed
 from kvstudy.speed.verdict import (
     ALPHA,
     RunSummary,
@@ -360,6 +360,62 @@ def _sign_flip_power(sigma: float, change: float, n: int, alpha: float, simulati
     return right / simulations
 
 
+def noise_sd(runs: Sequence[RunSummary]) -> tuple[float, int] | None:
+    """The A/A noise: SD of one seed's log(candidate / baseline) median-TPOT difference when nothing
+    changed, with its degrees of freedom; without seed blocks sqrt(2) x the runs' log-median SD.
+    None when the runs cannot estimate it."""
+    usable, blocks, _ = _noise(runs)
+    if blocks is not None:
+        d = [math.log(float(np.median(b[1]))) - math.log(float(np.median(b[0]))) for b in blocks]
+        df, var = len(d), float(np.mean(np.square(d)))  # the mean difference is 0 under A/A
+    else:
+        logs = [math.log(r.median_tpot_s) for r in usable]
+        df = len(logs) - 1
+        var = 2.0 * float(np.var(logs, ddof=1)) if df >= 1 else math.nan
+    return (math.sqrt(var), df) if df >= 1 and var > 0 else None
+
+
+@dataclass(frozen=True)
+class RunsNeeded:
+    """Seed blocks per arm (one run per arm each) a change needs at a power, under a noise."""
+
+    change: float  # fraction: 0.1 = a 10 % change of TPOT
+    sigma: float  # SD of a per-seed log difference
+    runs_per_arm: int | None  # None: not reached within max_runs
+    method: str  # "exact sign-flip test, simulated" or "normal approximation"
+    power: float = TARGET_POWER
+
+
+def runs_needed(
+    sigma: float,
+    change: float,
+    *,
+    power: float = TARGET_POWER,
+    alpha: float = ALPHA,
+    simulations: int = 1_000,
+    seed: int = 0,
+    max_exact: int = 14,
+    max_runs: int = 10_000,
+) -> RunsNeeded:
+    """The fewest seed blocks per arm with which the blocked sign-flip test (the verdict's test)
+    claims a TPOT change of ``change`` with ``power``, when a seed's log difference is normal with SD
+    ``sigma``: simulated up to ``max_exact`` blocks (never fewer than the design needs to reach
+    p < alpha, :func:`kvstudy.speed.design.blocks_needed`), beyond that the normal approximation
+    ((z_(1-alpha/2) + z_power) x sigma / log(1 + change))^2."""
+    if not (sigma > 0 and math.isfinite(sigma)):
+        raise StudyError(f"noise SD: expected a positive number, got {sigma!r}")
+    if not (0 < abs(change) < 10):
+        raise StudyError(f"change: expected a fraction such as 0.1 (10 %), got {change!r}")
+    n = blocks_needed(alpha)
+    while n <= max_exact:
+        if _sign_flip_power(sigma, change, n, alpha, simulations, seed) >= power:
+            return RunsNeeded(change, sigma, n, "exact sign-flip test, simulated", power)
+        n += 1
+    z = float(stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power))
+    approx = max(n, math.ceil((z * sigma / math.log1p(abs(change))) ** 2))
+    return RunsNeeded(change, sigma, approx if approx <= max_runs else None, "normal approximation", power)
+
+
 def noise_sensitivity(
     runs: Sequence[RunSummary],
     *,
@@ -373,17 +429,11 @@ def noise_sensitivity(
     with the A/A blocks' spread, and at both ends of that spread's 95 % interval (the noise estimate's
     own uncertainty). Without seed blocks a difference's spread is sqrt(2) x the runs' log-median SD.
     None when the noise cannot be estimated or the design cannot reach p < alpha."""
-    usable, blocks, _ = _noise(runs)
-    if blocks is not None:
-        d = [math.log(float(np.median(b[1]))) - math.log(float(np.median(b[0]))) for b in blocks]
-        df, var = len(d), float(np.mean(np.square(d)))  # the mean difference is 0 under A/A
-    else:
-        logs = [math.log(r.median_tpot_s) for r in usable]
-        df = len(logs) - 1
-        var = 2.0 * float(np.var(logs, ddof=1)) if df >= 1 else math.nan
-    if df < 1 or not var > 0 or design_min_p(n_per_arm, True) >= alpha or n_per_arm > 16:
+    noise = noise_sd(runs)
+    if noise is None or design_min_p(n_per_arm, True) >= alpha or n_per_arm > 16:
         return None
-    sigma = math.sqrt(var)
+    sigma, df = noise
+    var = sigma**2
     low = math.sqrt(df * var / float(stats.chi2.ppf(0.975, df)))
     high = math.sqrt(df * var / float(stats.chi2.ppf(0.025, df)))
     at = [_sign_flip_power(s, change, n_per_arm, alpha, simulations, seed) for s in (sigma, low, high)]

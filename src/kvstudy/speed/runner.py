@@ -17,10 +17,12 @@ One folder per sweep::
     requests/<cell>.jsonl     per-request records
     telemetry/<cell>.jsonl    clock samples
 
+The loop is the one grid engine's (``kvstudy.bench.grid.run_grid``); this module supplies what is
+the speed sweep's own: the server config of a start, how one cell runs and its result record.
 Every file is written to a temporary name and renamed into place, so a cell is either complete
-or absent. A cell counts as done when ``cells/<cell>.json`` says ``ok``; re-running the same
-sweep on the same folder runs only the other cells (missing or failed), so a crash, Ctrl-C or a
-machine going down costs only the unfinished cells.
+or absent. A cell is done when ``cells/<cell>.json`` exists; re-running the same sweep on the same
+folder runs only the missing cells, and the failed ones only with ``retry_failed``, so a crash,
+Ctrl-C or a machine going down costs only the unfinished cells.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy import capture as capture_format
-from kvstudy import io as atomic
 from kvstudy.bench.client import MEASURED_RUN_MARKER, BenchError, run_bench
+from kvstudy.bench.grid import GridPlan, ServeRun, cells_to_run, run_grid, scrubber, write_record, write_requests
+from kvstudy.bench.grid import cell_status as grid_cell_status
 from kvstudy.bench.metrics import calculate_metrics, metrics_reported_by_vllm
-from kvstudy.bench.result import RequestRecord, requests_from_result, write_requests_jsonl
+from kvstudy.bench.result import RequestRecord, requests_from_result
 from kvstudy.bench.telemetry import (
     WINDOW_END,
     WINDOW_START,
@@ -49,12 +52,9 @@ from kvstudy.bench.telemetry import (
     write_telemetry_jsonl,
 )
 from kvstudy.capture import now_utc
-from kvstudy.errors import StudyError
 from kvstudy.io import log_tail, read_json
 from kvstudy.model.folder import require_live
-from kvstudy.progress import Progress, Tracker
-from kvstudy.redact import resolve_env, scrub, secret_values
-from kvstudy.run_record import server_record
+from kvstudy.progress import Progress
 from kvstudy.speed.spec import RUN_ORDERS, Cell, CellResult, Run, SweepSpec
 
 MANIFEST = capture_format.MANIFEST
@@ -64,33 +64,14 @@ LOG_TAIL_LINES = 30
 # --------------------------------------------------------------------------- files
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Captures keep NaN metrics (a cell without a second token has no TPOT) and show odd values as text."""
-    atomic.write_json_atomic(path, data, indent=1, allow_nan=True, default=str)
-
-
 def cell_status(capture: Path, cell: Cell) -> str:
-    """'ok', 'failed' or 'missing'."""
-    path = Path(capture) / "cells" / f"{cell.id}.json"
-    if not path.is_file():
-        return "missing"
-    try:
-        data = read_json(path)
-    except StudyError as exc:
-        if "malformed JSON" not in str(exc):
-            raise
-        return "missing"  # a torn or hand-broken result: the cell runs again
-    if not isinstance(data, dict):
-        raise StudyError(
-            f"{path}: expected a JSON object (a cell result), got {type(data).__name__}; "
-            "delete the file to re-run the cell"
-        )
-    return str(data.get("status", "missing"))
+    """'ok', 'failed' or 'missing' (``kvstudy.bench.grid.cell_status``)."""
+    return grid_cell_status(capture, cell.id)
 
 
 def missing_cells(spec: SweepSpec, capture: Path, retry_failed: bool = False) -> list[Cell]:
     """The cells still to run: those without a result, and failed ones only when ``retry_failed``."""
-    return [c for c in spec.cells() if capture_format.needs_run(cell_status(capture, c), retry_failed)]
+    return cells_to_run(capture, spec.cells(), retry_failed)
 
 
 def load_spec(capture: Path) -> SweepSpec:
@@ -120,11 +101,6 @@ def prepare_capture(spec: SweepSpec, capture: Path, how: str = "") -> dict[str, 
     return manifest
 
 
-def _update_manifest(capture: Path, manifest: dict[str, Any], spec: SweepSpec) -> None:
-    capture_format.set_items(manifest, {c.id: cell_status(capture, c) for c in spec.cells()})
-    capture_format.write_manifest(capture, manifest)
-
-
 # --------------------------------------------------------------------------- running
 
 CellHook = Callable[[Cell, Any], None]
@@ -132,13 +108,7 @@ CellHook = Callable[[Cell, Any], None]
 
 def _scrubbed(spec: SweepSpec, text: str) -> str:
     """Log text with secrets removed: by shape, and every secret value this process or the spec holds."""
-    values: set[str] = set(secret_values())
-    for env in (spec.server_env, *(c.env for c in spec.configurations)):
-        try:
-            values |= set(secret_values(resolve_env(env)))
-        except StudyError:  # a from_env variable that is not set holds no value to scrub
-            continue
-    return scrub(text, sorted(values, key=len, reverse=True))
+    return scrubber([spec.server_env, *(c.env for c in spec.configurations)])(text)
 
 
 def _failed(spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: str, seconds: float) -> CellResult:
@@ -190,9 +160,9 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
         return res
     finally:
         write_telemetry_jsonl(capture / "telemetry" / f"{cell.id}.jsonl", sampler.samples)
-    write_json_atomic(capture / "bench" / f"{cell.id}.json", result)
+    write_record(capture / "bench" / f"{cell.id}.json", result)
     records = requests_from_result(result, where=f"bench/{cell.id}.json")
-    write_requests_jsonl(capture / "requests" / f"{cell.id}.jsonl", records)
+    write_requests(capture, cell.id, records)
     metrics = calculate_metrics(records, float(result.get("duration") or 0) or 1e-9)
     window = _request_window([r for r in records if r.success])
     clock_window = _clock_window(sampler.window(), window)
@@ -270,96 +240,42 @@ def run_sweep(
     """Run every cell of ``spec`` that ``capture`` lacks (and its failed cells when ``retry_failed``;
     an earlier attempt's logs are kept as ``<name>.attemptN.log``); return the results of the cells run now.
 
-    ``on_cell_start(cell, server)`` is called before each cell (tests use it to inject faults);
-    ``progress`` gets one line per server start and per finished cell (``kvstudy.progress``).
+    The speed grid on the one engine (``kvstudy.bench.grid.run_grid``): ``on_cell_start(cell,
+    server)`` is called before each cell (tests use it to inject faults); ``progress`` gets one line
+    per server start and per finished cell (``kvstudy.progress``).
     """
-    from kvstudy.vllm.server import EngineStartError, VllmServer
-
     spec.validate()
     capture = Path(capture)
     manifest = prepare_capture(spec, capture, how)
-    todo = missing_cells(spec, capture, retry_failed)
-    if todo:
-        require_live(spec.model)
-    session = capture_format.start_session(manifest, [c.id for c in todo])
-    _update_manifest(capture, manifest, spec)
-    results: list[CellResult] = []
-    bar = Tracker(len(todo), progress)
+    return run_grid(
+        speed_plan(spec, capture),
+        capture,
+        manifest,
+        retry_failed=retry_failed,
+        progress=progress,
+        on_cell_start=on_cell_start,
+        before_first_start=lambda: require_live(spec.model),
+    )
+
+
+def speed_plan(spec: SweepSpec, capture: Path) -> GridPlan[Cell, CellResult]:
+    """The speed sweep as a grid: configurations x seeds in ``spec.runs()`` order, the user counts per start."""
     tokenizer = spec.model if Path(spec.model).is_dir() else None
-    try:
-        for run in spec.runs():
-            cells = [c for c in todo if c.run == run]
-            if not cells:
-                continue
-            log_path = capture / "logs" / f"{run.id}.server.log"
-            config = spec.server_config(run)
-            bar.note(f"starting the server of {run.id} for {len(cells)} cell(s)")
-            capture_format.keep_old_attempt(log_path)
-            try:
-                with VllmServer(config, log_path, ready_timeout_s=spec.ready_timeout_s) as server:
-                    write_json_atomic(capture / "runs" / f"{run.id}.json", _run_record(run, server))
-                    for cell in cells:
-                        if on_cell_start is not None:
-                            on_cell_start(cell, server)
-                        capture_format.keep_old_attempt(capture / "logs" / f"{cell.id}.bench.log")
-                        if server.is_alive():
-                            try:
-                                res = run_cell(spec, capture, cell, server, tokenizer)
-                            except StudyError as exc:  # e.g. an unreadable client result
-                                res = _failed(spec, cell, str(exc), log_tail(log_path), now_utc(), 0.0)
-                        else:
-                            res = _failed(
-                                spec,
-                                cell,
-                                "the server had stopped before this cell started",
-                                log_tail(log_path),
-                                now_utc(),
-                                0.0,
-                            )
-                        write_json_atomic(capture / "cells" / f"{cell.id}.json", asdict(res))
-                        results.append(res)
-                        _update_manifest(capture, manifest, spec)
-                        bar.finished(
-                            cell.id, "ok" if res.status == "ok" else f"{res.status}: {(res.reason or '')[:160]}"
-                        )
-            except EngineStartError as exc:
-                reason = " ".join(str(exc.args[0]).split())
-                bar.note(f"{run.id}: the server did not start: {reason[:200]}")
-                write_json_atomic(
-                    capture / "runs" / f"{run.id}.json",
-                    {
-                        "status": "failed",
-                        "run_id": run.id,
-                        "seed": run.seed,
-                        "configuration": run.configuration,
-                        "reason": reason,
-                        "log_tail": getattr(exc, "log_tail", ""),
-                    },
-                )
-                for cell in cells:
-                    if cell_status(capture, cell) == "ok" or any(r.cell_id == cell.id for r in results):
-                        continue
-                    res = _failed(
-                        spec, cell, f"server did not start: {reason}", getattr(exc, "log_tail", ""), now_utc(), 0.0
-                    )
-                    write_json_atomic(capture / "cells" / f"{cell.id}.json", asdict(res))
-                    results.append(res)
-                    bar.finished(cell.id, f"failed: the server of {run.id} did not start")
-                _update_manifest(capture, manifest, spec)
-    finally:
-        capture_format.finish_session(session)
-        _update_manifest(capture, manifest, spec)
-    return results
-
-
-def _run_record(run: Run, server: Any) -> dict[str, Any]:
-    record: dict[str, Any] = {"status": "ok", "run_id": run.id, "seed": run.seed, "configuration": run.configuration}
-    try:
-        record["record"] = server_record(server)
-    except Exception as exc:  # a record that cannot be built must not lose the measurements
-        record["record"] = {}
-        record["record_error"] = f"{type(exc).__name__}: {exc}"
-    return record
+    cells = spec.cells()
+    runs = [ServeRun(r.id, r.configuration, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()]
+    scrub_text = scrubber([spec.server_env, *(c.env for c in spec.configurations)])
+    return GridPlan(
+        runs=runs,
+        server_config=lambda run: spec.server_config(Run(run.arm, run.seed)),
+        ready_timeout_s=spec.ready_timeout_s,
+        # run_cell is looked up when called, so that tests can replace it
+        run_cell=lambda cell, server: run_cell(spec, capture, cell, server, tokenizer),
+        failed_cell=lambda cell, reason, tail, _start_failed: _failed(spec, cell, reason, tail, now_utc(), 0.0),
+        record=asdict,
+        outcome=lambda res: (res.status, res.reason),
+        run_fields=lambda run, _cells: {"configuration": run.arm},
+        scrub=scrub_text,
+    )
 
 
 # --------------------------------------------------------------------------- CLI

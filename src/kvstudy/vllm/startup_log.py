@@ -3,13 +3,16 @@
 The formats differ between releases (see ../shared/notes/vllm-facts.md); the parser accepts them all:
 ANSI colour codes, ``(EngineCore pid=N)`` / ``(EngineCore_DP0 pid=N)`` prefixes, the pool on one
 line (0.32+) or two (0.11-0.20), candidates as a list or a tuple, and the 0.11 backend messages.
-When a value appears more than once (a restarted engine, several workers), the last one wins.
+When a value appears more than once (several workers), the last one wins. A log holding several
+start attempts (a wrapper that restarts vLLM, an engine core started twice) is read from its LAST
+attempt only (``split_attempts``): an earlier failure does not stand for the start that followed.
+Readiness is vLLM's own line (uvicorn's "Application startup complete."), never a wrapper's
+"Starting vLLM server..." echo. The memory vLLM logs around the pool (weights, activation peak, CUDA
+graphs, non-torch memory) is kept as logged, with the line it came from (``StartupInfo.memory``).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,11 +23,15 @@ from kvstudy.io import MAX_LOG_BYTES, bounded_float, read_text_checked, strip_an
 
 NUM = r"([\d,]+(?:\.\d+)?)"
 
-# 0.11 names its backends in prose; map them to the names of the 0.14+ flag.
+# 0.11 (and ROCm / XPU to this day) name backends in prose; map them to the names of the 0.14+ flag.
 OLD_BACKEND_NAMES = {
     "flash attention": "FLASH_ATTN",
     "flashinfer": "FLASHINFER",
     "triton": "TRITON_ATTN",
+    "triton attention": "TRITON_ATTN",
+    "rocm attention": "ROCM_ATTN",
+    "aiter flash attention": "ROCM_AITER_FA",
+    "triton mla": "TRITON_MLA",
     "flex attention": "FLEX_ATTENTION",
     "torch sdpa": "TORCH_SDPA",
     "cpu": "CPU_ATTN",
@@ -36,15 +43,62 @@ RE_CONFIG_KV = re.compile(r"\bkv_cache_dtype=([A-Za-z0-9_]+)")
 RE_CONFIG_DEVICE = re.compile(r"\bdevice_config=([A-Za-z]+)")
 RE_CONFIG_MAXLEN = re.compile(r"\bmax_seq_len=(\d+)")
 RE_CONFIG_QUANT = re.compile(r"\bquantization=([A-Za-z0-9_]+)")
-RE_BACKEND_AUTO = re.compile(r"Using (\w+) attention backend out of potential backends: (\[.*?\]|\(.*?\))")
-RE_BACKEND_FORCED = re.compile(r"Using (\w+) backend\.?\s*$")
+# CUDA logs the enum's str() since 0.2x ("Using AttentionBackendEnum.TRITON_ATTN backend."), ROCm leaves
+# out "attention" and adds "(selected via --attention-backend)" (vllm/platforms/cuda.py, rocm.py).
+ENUM = r"(?:AttentionBackendEnum\.)?"
+RE_BACKEND_AUTO = re.compile(
+    r"Using " + ENUM + r"(\w+) (?:attention )?backend out of potential backends: (\[.*?\]|\(.*?\))"
+)
+RE_BACKEND_FORCED = re.compile(r"Using " + ENUM + r"(\w+) backend(?: \(selected via --attention-backend\))?\.?\s*$")
 RE_BACKEND_OLD = re.compile(r"Using ([A-Za-z ]+?) backend on V1 engine")
+RE_BACKEND_PROSE = re.compile(r"Using ([A-Za-z ]+?) backend\.?\s*$")  # ROCm's "Using Triton Attention backend."
 RE_KV_DTYPE = re.compile(r"Using (\w+) data type to store kv cache")
 RE_SCALE_WARNING = re.compile(r"Using KV cache scaling factor 1\.0 for (\w+)")
 RE_POOL = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size: " + NUM + r" tokens")
 RE_CONCURRENCY = re.compile(r"Maximum concurrency for " + NUM + r" tokens per request: " + NUM + r"x")
 RE_AVAILABLE = re.compile(r"Available KV cache memory: " + NUM + r" GiB")
 RE_MODEL_LOAD = re.compile(r"Model loading took " + NUM + r" GiB")
+RE_KV_REST = re.compile(r"the rest of the memory reserved for KV Cache is " + NUM + r" ?GiB")  # 0.6-0.9
+RE_KV_PROFILE = re.compile(r"Memory profiling results:.*\bkv_cache_size=" + NUM + r" ?GiB")  # V0, 0.6
+RE_GPU_BLOCKS = re.compile(r"# GPU blocks: (\d+)")  # the V0 engine's pool, in blocks
+RE_CONFIG_MODEL = re.compile(r"\bmodel='([^']*)'")
+RE_CONFIG_SERVED = re.compile(r"\bserved_model_name=([^,]+)")
+RE_CONFIG_DTYPE = re.compile(r"\bdtype=(?:torch\.)?(\w+)")
+RE_CONFIG_BLOCK = re.compile(r"\bblock_size=(\d+)")
+RE_CONFIG_TP = re.compile(r"\btensor_parallel_size=(\d+)")
+RE_ARGS_BLOCK = re.compile(r"'block_size': (\d+)")
+RE_ARGS_DTYPE = re.compile(r"non-default args: .*'dtype': '(\w+)'")
+RE_ARGS_KV_BYTES = re.compile(r"non-default args: .*'kv_cache_memory_bytes': (\d+)")
+RE_ARGS_NO_PREFIX = re.compile(r"non-default args: .*'enable_prefix_caching': False")
+# What vLLM logs of the memory it keeps off the KV pool: (field, pattern). Each a GiB figure as logged.
+MEMORY_LINES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("weights", re.compile(r"Model loading took " + NUM + r" GiB")),
+    ("weights", re.compile(r"model weights take " + NUM + r" ?GiB")),
+    ("weights", re.compile(r"Loading model weights took " + NUM + r" GB")),  # V0: GiB, labelled GB
+    ("non_torch", re.compile(r"\bnon_torch_memory=" + NUM + r" ?GiB")),
+    (
+        "weights_and_non_torch",
+        re.compile(r"Actual usage is " + NUM + r" GiB for consumed memory \(weights \+ non-torch\)"),
+    ),
+    ("non_torch", re.compile(r"non_torch_memory takes " + NUM + r" ?GiB")),
+    ("activation_peak", re.compile(r"PyTorch activation peak memory takes " + NUM + r" ?GiB")),
+    ("activation_peak", re.compile(NUM + r" GiB for peak activation")),
+    ("cuda_graphs", re.compile(NUM + r" GiB for CUDAGraph memory")),
+    ("cuda_graphs_estimated", re.compile(r"Estimated CUDA graph memory: " + NUM + r" GiB")),
+    ("cuda_graphs", re.compile(r"Graph capturing finished in \d+ secs?, took " + NUM + r" GiB")),
+    ("requested", re.compile(r"Desired GPU memory utilization is \([\d.]+, " + NUM + r" GiB\)")),
+    ("requested", re.compile(r"gpu_memory_utilization \([\d.]+\) = " + NUM + r" ?GiB")),
+)
+RE_V0_REQUESTED = re.compile(r"total_gpu_memory=" + NUM + r" ?GiB.*\bgpu_memory_utilization=([\d.]+)")
+MEMORY_NAMES = {
+    "weights": "weights",
+    "weights_and_non_torch": "weights + non-torch memory",
+    "non_torch": "non-torch memory (CUDA context, NCCL)",
+    "activation_peak": "activation peak of the profiling run",
+    "cuda_graphs": "CUDA graphs",
+    "cuda_graphs_estimated": "CUDA graphs (vLLM's estimate before capture)",
+    "requested": "GPU memory x --gpu-memory-utilization",
+}
 RE_CPU_KV_SPACE = re.compile(r"Explicitly set \(" + NUM + r"/" + NUM + r"\) GiB for KV cache")
 RE_BACKEND_REJECTED = re.compile(r"Cannot use (\S+) backend on CPU")
 RE_OVERRIDE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
@@ -143,6 +197,17 @@ class StartupInfo:
     max_concurrency_len: int | None = None
     available_kv_memory_gib: float | None = None
     model_load_gib: float | None = None
+    memory: dict[str, float] = field(default_factory=dict)  # MEMORY_LINES fields, GiB as logged
+    pool_blocks: int | None = None  # the V0 engine's "# GPU blocks: N"
+    kv_memory_bytes_asked: int | None = None  # --kv-cache-memory-bytes in the non-default args
+    block_size: int | None = None  # --block-size where the log says it
+    tensor_parallel_size: int | None = None  # tensor_parallel_size= of the engine config line
+    model: str | None = None  # model='...' of the engine config line
+    served_model_name: str | None = None
+    model_dtype: str | None = None  # dtype= of the engine config line
+    dtype_asked: str | None = None  # 'dtype' in the non-default args (--dtype)
+    prefix_caching_off: bool = False
+    attempts: int = 0  # start attempts in the log; the fields describe the last one
     block_override: dict[str, int] | None = None  # {"profiled": N, "override": M}
     max_model_len: int | None = None
     quantization: str | None = None
@@ -196,6 +261,20 @@ def _read_config_line(info: StartupInfo, line: str) -> None:
     found = RE_CONFIG_DEVICE.search(rest)
     if found and found.group(1).lower() in ("cpu", "cuda"):
         info.device = "cpu" if found.group(1).lower() == "cpu" else "gpu"
+    for regex, attr in (
+        (RE_CONFIG_MODEL, "model"),
+        (RE_CONFIG_SERVED, "served_model_name"),
+        (RE_CONFIG_DTYPE, "model_dtype"),
+    ):
+        found = regex.search(rest)
+        if found:
+            setattr(info, attr, found.group(1).strip()[:500])
+    found = RE_CONFIG_BLOCK.search(rest)
+    if found:
+        info.block_size = _int(found.group(1))
+    found = RE_CONFIG_TP.search(rest)
+    if found:
+        info.tensor_parallel_size = _int(found.group(1))
 
 
 def _read_line(info: StartupInfo, line: str) -> None:
@@ -211,6 +290,9 @@ def _read_line(info: StartupInfo, line: str) -> None:
     elif m := RE_BACKEND_OLD.search(line):
         name = m.group(1).strip()
         info.attention_backend = OLD_BACKEND_NAMES.get(name.lower(), name.upper().replace(" ", "_"))
+    elif (m := RE_BACKEND_PROSE.search(line)) and m.group(1).strip().lower() in OLD_BACKEND_NAMES:
+        if m.group(1).strip().lower() != "cpu":  # "Using cpu backend" names no attention backend
+            info.attention_backend = OLD_BACKEND_NAMES[m.group(1).strip().lower()]
     if m := RE_KV_DTYPE.search(line):
         info.kv_cache_dtype = m.group(1)
     if m := RE_SCALE_WARNING.search(line):
@@ -226,6 +308,20 @@ def _read_line(info: StartupInfo, line: str) -> None:
         info.available_kv_memory_gib = _num(m.group(1))
     if m := RE_MODEL_LOAD.search(line):
         info.model_load_gib = _num(m.group(1))
+    if (m := RE_KV_REST.search(line)) or (m := RE_KV_PROFILE.search(line)):
+        info.available_kv_memory_gib = _num(m.group(1))
+    if (m := RE_GPU_BLOCKS.search(line)) and (blocks := _int(m.group(1))) is not None:
+        info.pool_blocks = blocks
+        info.device = info.device or "gpu"
+    for name, regex in MEMORY_LINES:
+        if (m := regex.search(line)) and (value := _num(m.group(1))) is not None:
+            info.memory[name] = value
+    if m := RE_V0_REQUESTED.search(line):  # V0's profiling summary: total x utilization
+        total, util = _num(m.group(1)), _num(m.group(2))
+        if total is not None and util is not None and util <= 1:
+            info.memory["requested"] = round(total * util, 2)
+    if "non-default args:" in line:
+        _read_args_line(info, line)
     if m := RE_CPU_KV_SPACE.search(line):
         info.available_kv_memory_gib = _num(m.group(1))
     if m := RE_BACKEND_REJECTED.search(line):
@@ -234,8 +330,20 @@ def _read_line(info: StartupInfo, line: str) -> None:
         profiled, override = _int(m.group(1)), _int(m.group(2))
         if profiled is not None and override is not None:
             info.block_override = {"profiled": profiled, "override": override}
-    if "Application startup complete" in line or re.search(r"Starting vLLM (API )?server", line):
+    if "Application startup complete" in line:  # uvicorn, once vLLM's app serves; a wrapper's echo is not it
         info.ready = True
+
+
+def _read_args_line(info: StartupInfo, line: str) -> None:
+    """What the ``non-default args: {...}`` line says was asked (text only, never evaluated)."""
+    if m := RE_ARGS_BLOCK.search(line):
+        info.block_size = _int(m.group(1))
+    if m := RE_ARGS_DTYPE.search(line):
+        info.dtype_asked = m.group(1)
+    if m := RE_ARGS_KV_BYTES.search(line):
+        info.kv_memory_bytes_asked = _int(m.group(1))
+    if RE_ARGS_NO_PREFIX.search(line):
+        info.prefix_caching_off = True
 
 
 def _diagnose(info: StartupInfo, text: str) -> None:
@@ -280,9 +388,35 @@ def _first_detail(hit: re.Match[str], lines: list[str]) -> str:
     return line[:300]
 
 
+RE_API_START = re.compile(r"vLLM API server version|█\s+version\s+v?\d")
+RE_PROC_TAG = re.compile(r"\((\w+)(?: rank=\d+)? pid=\d+\)")
+
+
+def split_attempts(text: str) -> list[str]:
+    """The log cut at each start attempt: a second API-server banner, or a second engine core of the same
+    name (``EngineCore`` / ``EngineCore_DP0``) initializing; lines before the first start stay in the first."""
+    attempts: list[list[str]] = [[]]
+    seen_api, engines = False, set[str]()
+    for line in text.splitlines():
+        is_api = bool(RE_API_START.search(line))
+        is_engine = bool(RE_VERSION_ENGINE.search(line))
+        tag = (m.group(1) if (m := RE_PROC_TAG.search(line)) else "") if is_engine else ""
+        if (is_api and seen_api) or (is_engine and tag in engines):
+            attempts.append([])
+            seen_api, engines = False, set[str]()
+        seen_api = seen_api or is_api
+        if is_engine:
+            engines.add(tag)
+        attempts[-1].append(line)
+    return ["\n".join(lines) + "\n" for lines in attempts]
+
+
 def parse_startup_text(text: str) -> StartupInfo:
+    """What the LAST start attempt of a log says (:func:`split_attempts`)."""
     text = strip_ansi(text).replace("\r\n", "\n").replace("\r", "\n")
-    info = StartupInfo()
+    attempts = split_attempts(text)
+    text = attempts[-1]
+    info = StartupInfo(attempts=len(attempts))
     for line in text.splitlines():
         _read_line(info, line)
     if info.kv_cache_dtype is None and info.kv_cache_dtype_config is not None:
@@ -333,17 +467,3 @@ def summary(info: StartupInfo) -> str:
     ]
     out += [f"  {k}: {v}" for k, v in pairs if v is not None]
     return "\n".join(out)
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    info = parse_startup_log(Path(args.file))
-    print(json.dumps(info.to_dict(), indent=2) if args.json else summary(info))
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy startup-log FILE [--json]``."""
-    parser = subparsers.add_parser("startup-log", help="parse a vLLM startup log (backend, KV dtype, pool, failure)")
-    parser.add_argument("file", help="the server's log file")
-    parser.add_argument("--json", action="store_true", help="print the parsed fields as JSON")
-    parser.set_defaults(func=_cmd)

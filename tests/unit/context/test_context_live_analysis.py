@@ -8,6 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvstudy import capture
+from kvstudy.bench.grid import write_requests
+from kvstudy.bench.result import RequestRecord
 from kvstudy.context.live import analyse_capture, comparison_frame, plot_fits, points_frame, slope_table
 from kvstudy.context.predict import published_vs_roofline
 from kvstudy.context.sweep import KIND, ContextSweepSpec, cell_id
@@ -16,8 +19,10 @@ from kvstudy.errors import StudyError
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _capture(tmp: Path, model: Path, fp8_fails: bool) -> Path:
-    """A synthetic capture of the tiny model's grid (``model``: a folder with its config.json)."""
+def _capture(tmp: Path, model: Path, fp8_fails: bool, inline_requests: bool = False) -> Path:
+    """A synthetic capture of the tiny model's grid (``model``: a folder with its config.json), its
+    per-request rows in ``requests/<cell>.jsonl`` (``inline_requests``: in the cell records, the
+    layout before the grid engine)."""
     spec = ContextSweepSpec.from_dict(
         {
             "model": str(model),
@@ -61,11 +66,18 @@ def _capture(tmp: Path, model: Path, fp8_fails: bool) -> Path:
                             "e2el_ms": 10.0 + 7 * tpot,
                             "tpot_ms": tpot,
                             "itls_ms": [tpot] * 7,
+                            "input_len": L,
                             "output_len": 8,
                             "success": True,
+                            "error": "",
                         }
                     )
-                rec.update(status="ok", requests=reqs)
+                rec.update(status="ok")
+                if inline_requests:
+                    rec.update(requests=reqs)
+                else:
+                    records = [RequestRecord(index=i, start_time_s=None, **r) for i, r in enumerate(reqs)]
+                    write_requests(tmp, rec["cell_id"], records)
             (tmp / "cells" / f"{rec['cell_id']}.json").write_text(json.dumps(rec))
     return tmp
 
@@ -91,6 +103,31 @@ def test_fp8_failed_start_is_not_measured(tmp_path: Path, qwen3_config_model: Pa
     assert "AVX-512" in a.not_measured["fp8"]
     row = slope_table(a).set_index("arm").loc["fp8"]
     assert row["status"].startswith("not measured on this machine")
+
+
+def test_inline_rows_are_refused_until_upgraded_and_then_read_the_same(
+    tmp_path: Path, qwen3_config_model: Path
+) -> None:
+    new = analyse_capture(_capture(tmp_path / "new", qwen3_config_model, fp8_fails=False), n_boot=300)
+    old = _capture(tmp_path / "old", qwen3_config_model, fp8_fails=False, inline_requests=True)
+    with pytest.raises(
+        StudyError, match=r"auto__s0__L256.json: per-request rows inline.*kvstudy capture upgrade"
+    ) as err:
+        analyse_capture(old)
+    assert "\n" not in str(err.value)
+    assert capture.upgrade_capture(old)[-1:] == ["per-request rows of 18 cell(s) moved to requests/<cell>.jsonl"]
+    assert capture.upgrade_capture(old) == []  # already current
+    assert not any("requests" in json.loads(p.read_text()) for p in (old / "cells").glob("*.json"))
+    upgraded = analyse_capture(old, n_boot=300)
+    assert upgraded.records == new.records and upgraded.fits == new.fits
+    assert points_frame(upgraded).equals(points_frame(new))
+
+
+def test_an_ok_cell_without_its_rows_is_one_line(tmp_path: Path, qwen3_config_model: Path) -> None:
+    cap = _capture(tmp_path, qwen3_config_model, fp8_fails=False)
+    (cap / "requests" / "fp8__s1__L1024.jsonl").unlink()
+    with pytest.raises(StudyError, match=r"requests/fp8__s1__L1024.jsonl: missing"):
+        analyse_capture(cap)
 
 
 def test_missing_capture_is_one_line(tmp_path: Path) -> None:

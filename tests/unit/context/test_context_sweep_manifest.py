@@ -4,12 +4,15 @@ and kept up to date by a run (the server and the benchmark client are fakes; no 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvstudy import capture
+from kvstudy.bench.grid import read_requests
+from kvstudy.bench.result import requests_from_result
 from kvstudy.context import sweep
 from kvstudy.context.sweep import KIND, ContextSweepSpec, cell_id, cells_to_run, prepare, run_context_sweep
 from kvstudy.errors import StudyError
@@ -140,6 +143,19 @@ def test_bundled_capture_is_in_the_capture_format_and_agrees_with_its_cells() ->
     assert set(manifest["items"].values()) == {"ok"} and capture.describe(manifest).sessions == 1
 
 
+def test_bundled_capture_keeps_its_rows_in_requests_jsonl_as_vllm_saved_them() -> None:
+    """Upgraded by `kvstudy capture upgrade` (rows moved out of cells/, nothing re-measured): each
+    cell's rows are vLLM's saved per-request arrays, read by the one parser, but the start times
+    the old layout did not keep (and the error texts, which it cut at 300 characters)."""
+    spec = sweep.load_context_spec(BUNDLED)
+    for cid in spec.cells():
+        assert "requests" not in json.loads((BUNDLED / "cells" / f"{cid}.json").read_text())
+        rows = read_requests(BUNDLED, cid)
+        parsed = requests_from_result(json.loads((BUNDLED / "bench" / f"{cid}.json").read_text()))
+        assert rows is not None and len(rows) == spec.prompts == len(parsed)
+        assert [replace(r, start_time_s=None, error="") for r in parsed] == [replace(r, error="") for r in rows]
+
+
 # --------------------------------------------------------------------------- a run keeps the manifest
 
 
@@ -167,6 +183,9 @@ class FakeServer:
     def __exit__(self, *exc: object) -> None:
         pass
 
+    def is_alive(self) -> bool:
+        return True
+
 
 @pytest.fixture
 def fakes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -178,6 +197,7 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_a_run_records_sessions_and_cell_states(tmp_path: Path, own_qwen3_config_model: Path, fakes: list[str]) -> None:
+    result = json.loads((BUNDLED / "bench" / "auto__s0__L256.json").read_text())
     spec = _spec(own_qwen3_config_model)
     cap = tmp_path / "cap"
     cap.mkdir()
@@ -195,6 +215,9 @@ def test_a_run_records_sessions_and_cell_states(tmp_path: Path, own_qwen3_config
         cell_id("fp8", 0, 256): "missing",
     }
     assert manifest["complete"] is False
+    for cid in (cell_id("auto", 0, 256), cell_id("auto", 0, 1024)):  # per-request rows never inline
+        assert "requests" not in json.loads((cap / "cells" / f"{cid}.json").read_text())
+        assert [r.tpot_ms for r in read_requests(cap, cid) or []] == [r.tpot_ms for r in requests_from_result(result)]
     (session,) = manifest["sessions"]
     assert session["items_to_run"] == spec.cells() and session["finished_utc"]
     assert "machine" in session and "versions" in session

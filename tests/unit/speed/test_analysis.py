@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kvstudy.bench.grid import write_record
 from kvstudy.bench.result import RequestRecord, write_requests_jsonl
 from kvstudy.bench.telemetry import ClockSample, write_telemetry_jsonl
 from kvstudy.errors import StudyError
@@ -167,13 +168,13 @@ def make_capture(root: Path) -> sweep.SweepSpec:
             "cpu_kvcache_space_gib": 1.0,
         }
     )
-    sweep.write_json_atomic(
+    write_record(
         root / "manifest.json",
         {"kind": sweep.KIND, "source": "test", "spec": spec.to_dict(), "machine": {"cpu": "x", "gpus": []}},
     )
     for cell in spec.cells():
         if cell.id == "fp8__s1__u2":
-            sweep.write_json_atomic(
+            write_record(
                 root / "cells" / f"{cell.id}.json",
                 {
                     "cell_id": cell.id,
@@ -200,7 +201,7 @@ def make_capture(root: Path) -> sweep.SweepSpec:
             root / "telemetry" / f"{cell.id}.jsonl",
             [ClockSample(t0 - 1 + k * 0.5, 0.0, "cpu", 2000.0 + k, util_pct=50.0) for k in range(6)],
         )
-        sweep.write_json_atomic(
+        write_record(
             root / "cells" / f"{cell.id}.json",
             {
                 "cell_id": cell.id,
@@ -222,7 +223,7 @@ def make_capture(root: Path) -> sweep.SweepSpec:
             },
         )
     for run in spec.runs():
-        sweep.write_json_atomic(root / "runs" / f"{run.id}.json", {"status": "ok", "record": {"x": run.configuration}})
+        write_record(root / "runs" / f"{run.id}.json", {"status": "ok", "record": {"x": run.configuration}})
     return spec
 
 
@@ -352,7 +353,7 @@ def _edit_cell(root: Path, cell_id: str, **fields: object) -> None:
     path = root / "cells" / f"{cell_id}.json"
     data = json.loads(path.read_text())
     data.update(fields)
-    sweep.write_json_atomic(path, data)
+    write_record(path, data)
 
 
 def test_window_shorter_than_the_sampling_interval_is_not_measurable(tmp_path: Path) -> None:

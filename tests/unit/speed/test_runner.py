@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from kvstudy import capture as capture_format
+from kvstudy.bench.grid import write_record
 from kvstudy.errors import StudyError
 from kvstudy.progress import silent
 from kvstudy.speed import runner as sweep
@@ -294,7 +295,7 @@ def test_invalid_spec_object_is_refused_before_any_start(tmp_path: Path, fakes: 
 def test_cell_status_reads_files(tmp_path: Path) -> None:
     cell = sweep.Cell("auto", 0, 1)
     assert sweep.cell_status(tmp_path, cell) == "missing"
-    sweep.write_json_atomic(tmp_path / "cells" / f"{cell.id}.json", {"status": "failed"})
+    write_record(tmp_path / "cells" / f"{cell.id}.json", {"status": "failed"})
     assert sweep.cell_status(tmp_path, cell) == "failed"
     (tmp_path / "cells" / f"{cell.id}.json").write_text("{half")
     assert sweep.cell_status(tmp_path, cell) == "missing"
@@ -302,9 +303,9 @@ def test_cell_status_reads_files(tmp_path: Path) -> None:
 
 def test_spec_round_trips_through_manifest(tmp_path: Path) -> None:
     spec = sweep.SweepSpec.from_dict(grid())
-    sweep.write_json_atomic(tmp_path / "manifest.json", {"kind": sweep.KIND, "spec": spec.to_dict()})
+    write_record(tmp_path / "manifest.json", {"kind": sweep.KIND, "spec": spec.to_dict()})
     assert asdict(sweep.load_spec(tmp_path)) == asdict(spec)
-    sweep.write_json_atomic(tmp_path / "manifest.json", {"kind": "other"})
+    write_record(tmp_path / "manifest.json", {"kind": "other"})
     with pytest.raises(StudyError, match="kind"):
         sweep.load_spec(tmp_path)
 

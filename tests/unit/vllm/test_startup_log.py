@@ -167,7 +167,7 @@ def test_real_logs_are_present() -> None:
 
 
 def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
-    from kvstudy.vllm.startup_log import register
+    from kvstudy.model.log_check import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="command"))

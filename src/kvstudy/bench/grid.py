@@ -1,0 +1,267 @@
+"""The one grid engine of every sweep: server starts (arm x seed, in the experiment's order), each
+running its bench cells (users for the speed sweep, input lengths for the context sweep).
+
+An experiment hands :func:`run_grid` a :class:`GridPlan`: its server starts in order
+(:class:`ServeRun`, each with the cells it runs in the order it runs them), the server config of a
+start, how to run one cell against a ready server and what that cell's result record is. The
+engine owns everything else, the same for every sweep:
+
+- the done rule: a cell is done when ``cells/<cell>.json`` exists; one that says ``failed`` is
+  kept and runs again only with ``retry_failed`` (``capture.needs_run``), its earlier logs kept as
+  ``*.attemptN.log`` (``capture.keep_old_attempt``);
+- one server per start (``kvstudy.vllm.server.VllmServer``), its resolved record in
+  ``runs/<run>.json``; a start that fails marks that start's cells failed with the reason and the
+  log tail, and the other starts go on; a server that stopped fails the cells left to it;
+- per-request rows always in ``requests/<cell>.jsonl`` (:func:`write_requests`), never inline;
+- the manifest's sessions and item states after every cell, and one progress line per server
+  start and per finished cell (``kvstudy.progress.Tracker``);
+- ``on_cell_start(cell, server)`` before each cell (tests inject faults with it) and
+  ``max_servers`` (at most that many starts in one invocation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+from kvstudy import capture as capture_format
+from kvstudy import io as atomic
+from kvstudy.bench.result import RequestRecord, read_requests_jsonl, write_requests_jsonl
+from kvstudy.errors import StudyError
+from kvstudy.io import log_tail, read_json
+from kvstudy.progress import Progress, Tracker
+from kvstudy.redact import resolve_env, scrub, secret_values
+
+
+class GridCell(Protocol):
+    """A cell of a grid: anything with a file-safe ``id``."""
+
+    @property
+    def id(self) -> str: ...
+
+
+C = TypeVar("C", bound=GridCell)
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class ServeRun(Generic[C]):
+    """One server start: an arm at a seed, and the cells it runs, in the order it runs them."""
+
+    id: str
+    arm: str
+    seed: int
+    cells: tuple[C, ...]
+
+
+@dataclass(frozen=True)
+class GridPlan(Generic[C, R]):
+    """What an experiment supplies; everything else is the engine's.
+
+    ``run_cell(cell, server)`` runs one cell against a ready server, writes its own files (bench
+    output, ``write_requests``) and returns its result without raising for a bench failure (a
+    StudyError it raises fails the cell); ``failed_cell(cell, reason, log_tail, start_failed)`` is
+    the result of a cell that could not run; ``record(result)`` is what ``cells/<cell>.json``
+    holds and ``outcome(result)`` its status and reason; ``run_fields(run, cells)`` adds the
+    experiment's own fields to ``runs/<run>.json``; ``scrub`` removes secrets from log text.
+    """
+
+    runs: Sequence[ServeRun[C]]
+    server_config: Callable[[ServeRun[C]], Any]
+    ready_timeout_s: float
+    run_cell: Callable[[C, Any], R]
+    failed_cell: Callable[[C, str, str, bool], R]
+    record: Callable[[R], dict[str, Any]]
+    outcome: Callable[[R], tuple[str, str]]
+    run_fields: Callable[[ServeRun[C], Sequence[C]], dict[str, Any]] = lambda run, cells: {}
+    scrub: Callable[[str], str] = field(default=lambda text: text)
+
+    def cells(self) -> list[C]:
+        """Every cell of the grid, in the order the server starts run them."""
+        return [c for run in self.runs for c in run.cells]
+
+
+# --------------------------------------------------------------------------- files
+
+CELLS, REQUESTS = capture_format.CELLS, capture_format.REQUESTS
+RUNS, LOGS = "runs", "logs"
+
+
+def write_record(path: Path, data: Any) -> None:
+    """A capture's JSON record, atomically: NaN metrics kept (a cell without a second token has no
+    TPOT), odd values shown as text."""
+    atomic.write_json_atomic(path, data, indent=1, allow_nan=True, default=str)
+
+
+def cell_record(capture: str | Path, cell_id: str) -> dict[str, Any] | None:
+    """What ``cells/<cell>.json`` holds; None when it is absent or torn (the cell runs again)."""
+    path = Path(capture) / CELLS / f"{cell_id}.json"
+    if not path.is_file():
+        return None
+    try:
+        data = read_json(path)
+    except StudyError as exc:
+        if "malformed JSON" not in str(exc):
+            raise
+        return None  # a torn or hand-broken result: the cell runs again
+    if not isinstance(data, dict):
+        raise StudyError(
+            f"{path}: expected a JSON object (a cell result), got {type(data).__name__}; "
+            "delete the file to re-run the cell"
+        )
+    return data
+
+
+def cell_status(capture: str | Path, cell_id: str) -> str:
+    """'ok', 'failed' or 'missing'."""
+    data = cell_record(capture, cell_id)
+    return "missing" if data is None else str(data.get("status", "missing"))
+
+
+def cells_to_run(capture: str | Path, cells: Iterable[C], retry_failed: bool = False) -> list[C]:
+    """The cells without a result, and the failed ones only with ``retry_failed``: the one done rule."""
+    return [c for c in cells if capture_format.needs_run(cell_status(capture, c.id), retry_failed)]
+
+
+def item_states(capture: str | Path, cell_ids: Iterable[str]) -> dict[str, str]:
+    """Each cell's status, in the order given."""
+    return {c: cell_status(capture, c) for c in cell_ids}
+
+
+def requests_path(capture: str | Path, cell_id: str) -> Path:
+    return Path(capture) / REQUESTS / f"{cell_id}.jsonl"
+
+
+def write_requests(capture: str | Path, cell_id: str, records: Sequence[RequestRecord]) -> None:
+    """A cell's per-request records, one JSON line each, in ``requests/<cell>.jsonl``."""
+    write_requests_jsonl(requests_path(capture, cell_id), records)
+
+
+def read_requests(capture: str | Path, cell_id: str) -> list[RequestRecord] | None:
+    """A cell's per-request records; None when it has none (it failed before any request)."""
+    path = requests_path(capture, cell_id)
+    return read_requests_jsonl(path) if path.is_file() else None
+
+
+def update_manifest(capture: Path, manifest: dict[str, Any], cell_ids: Iterable[str]) -> None:
+    capture_format.set_items(manifest, item_states(capture, cell_ids))
+    capture_format.write_manifest(capture, manifest)
+
+
+def scrubber(envs: Iterable[Mapping[str, Any]]) -> Callable[[str], str]:
+    """Text with secrets removed: by shape, and every secret value this process or ``envs`` holds."""
+    values: set[str] = set(secret_values())
+    for env in envs:
+        try:
+            values |= set(secret_values(resolve_env(dict(env))))
+        except StudyError:  # a from_env variable that is not set holds no value to scrub
+            continue
+    ordered = sorted(values, key=len, reverse=True)
+    return lambda text: scrub(text, ordered)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run_grid(
+    plan: GridPlan[C, R],
+    capture: str | Path,
+    manifest: dict[str, Any],
+    *,
+    retry_failed: bool = False,
+    progress: Progress = print,
+    on_cell_start: Callable[[C, Any], None] | None = None,
+    max_servers: int | None = None,
+    before_first_start: Callable[[], None] | None = None,
+) -> list[R]:
+    """Run the cells of ``plan`` that ``capture`` lacks (and its failed ones with ``retry_failed``),
+    at most ``max_servers`` server starts; return the results of the cells run now.
+
+    ``before_first_start()`` runs once when there is anything to run (the experiment's checks that
+    the engine and model are here, a bandwidth probe), before the session is recorded.
+    """
+    from kvstudy.run_record import server_record
+    from kvstudy.vllm.server import EngineStartError, VllmServer
+
+    capture = Path(capture)
+    every = [c.id for c in plan.cells()]
+    todo = {c.id for c in cells_to_run(capture, plan.cells(), retry_failed)}
+    if todo and before_first_start is not None:
+        before_first_start()
+    session = capture_format.start_session(manifest, [c for c in every if c in todo])
+    update_manifest(capture, manifest, every)
+    results: list[R] = []
+    tracker = Tracker(len(todo), progress)
+    starts = 0
+    try:
+        for run in plan.runs:
+            cells = [c for c in run.cells if c.id in todo]
+            if not cells:
+                continue
+            if max_servers is not None and starts >= max_servers:
+                break
+            starts += 1
+            log_path = capture / LOGS / f"{run.id}.server.log"
+            tracker.note(f"starting the server of {run.id} for {len(cells)} cell(s)")
+            capture_format.keep_old_attempt(log_path)
+            ran: set[str] = set()
+            try:
+                with VllmServer(plan.server_config(run), log_path, ready_timeout_s=plan.ready_timeout_s) as server:
+                    write_record(capture / RUNS / f"{run.id}.json", _run_ok(plan, run, cells, server, server_record))
+                    for cell in cells:
+                        if on_cell_start is not None:
+                            on_cell_start(cell, server)
+                        capture_format.keep_old_attempt(capture / LOGS / f"{cell.id}.bench.log")
+                        result = _run_one(plan, cell, server, log_path)
+                        write_record(capture / CELLS / f"{cell.id}.json", plan.record(result))
+                        results.append(result)
+                        ran.add(cell.id)
+                        update_manifest(capture, manifest, every)
+                        tracker.finished(cell.id, _state_text(*plan.outcome(result)))
+            except EngineStartError as exc:
+                reason = " ".join(str(exc.args[0]).split())
+                tail = plan.scrub(getattr(exc, "log_tail", "") or "")
+                tracker.note(f"{run.id}: the server did not start: {reason[:200]}")
+                failed_run = {"status": "failed", "run_id": run.id, "seed": run.seed, **plan.run_fields(run, cells)}
+                write_record(
+                    capture / RUNS / f"{run.id}.json", {**failed_run, "reason": plan.scrub(reason), "log_tail": tail}
+                )
+                for cell in cells:
+                    if cell.id in ran:
+                        continue
+                    result = plan.failed_cell(cell, f"server did not start: {reason}", tail, True)
+                    write_record(capture / CELLS / f"{cell.id}.json", plan.record(result))
+                    results.append(result)
+                    tracker.finished(cell.id, f"failed: the server of {run.id} did not start")
+                update_manifest(capture, manifest, every)
+    finally:
+        capture_format.finish_session(session)
+        update_manifest(capture, manifest, every)
+    return results
+
+
+def _run_one(plan: GridPlan[C, R], cell: C, server: Any, log_path: Path) -> R:
+    if not server.is_alive():
+        return plan.failed_cell(cell, "the server had stopped before this cell started", log_tail(log_path), False)
+    try:
+        return plan.run_cell(cell, server)
+    except StudyError as exc:  # e.g. an unreadable client result
+        return plan.failed_cell(cell, str(exc), log_tail(log_path), False)
+
+
+def _run_ok(
+    plan: GridPlan[C, R], run: ServeRun[C], cells: Sequence[C], server: Any, server_record: Callable[[Any], Any]
+) -> dict[str, Any]:
+    record: dict[str, Any] = {"status": "ok", "run_id": run.id, "seed": run.seed, **plan.run_fields(run, cells)}
+    try:
+        record["record"] = server_record(server)
+    except Exception as exc:  # a record that cannot be built must not lose the measurements
+        record["record"] = {}
+        record["record_error"] = f"{type(exc).__name__}: {exc}"
+    return record
+
+
+def _state_text(status: str, reason: str) -> str:
+    return "ok" if status == "ok" else f"{status}: {(reason or '')[:160]}"

@@ -1,0 +1,166 @@
+"""``kvstudy run-block``: one pair-block of a plan, run with the experiment's own runner.
+
+The block's capture is ``STORE/<block-id>/``, written by ``speed.runner.run_sweep`` or
+``context.sweep.run_context_sweep`` exactly as a one-machine run writes its capture, restricted
+to the block's seed. Beside its manifest, ``block.json`` records the plan, the block's record,
+the node that ran it (``node.node_identity``) and each attempt. Done means ``block.json`` says
+``ok`` (every cell ok); a failed block is kept, and runs again only with ``--retry-failed``
+(the runner keeps earlier logs as ``*.attemptN.log``). A block belongs to one node: a block
+started on another node is refused once any of its cells has a result, so a comparison is never
+split across machines (a block claimed by a node that measured nothing may move).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvstudy import capture as capture_format
+from kvstudy.distribute.node import node_identity
+from kvstudy.distribute.plan import ENGINE_PACKAGES, block_at, experiment
+from kvstudy.errors import StudyError
+from kvstudy.io import read_json, write_json_atomic
+from kvstudy.machine import package_versions
+from kvstudy.model.folder import require_live
+from kvstudy.progress import Progress
+
+BLOCK_RECORD = "block.json"
+
+
+def read_block_record(folder: Path) -> dict[str, Any] | None:
+    path = folder / BLOCK_RECORD
+    if not path.is_file():
+        return None
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise StudyError(f"{path}: expected a block record (a JSON object), got {type(data).__name__}")
+    for key, kind in (("plan_id", str), ("block_id", str), ("plan_blocks", list), ("record", dict), ("node", dict)):
+        if not isinstance(data.get(key), kind):
+            raise StudyError(f"{path}: field '{key}' missing or not a {kind.__name__} (a block record of run-block)")
+    if not isinstance(data["record"].get("experiment_spec"), dict):
+        raise StudyError(f"{path}: field 'record.experiment_spec' missing (a block record of run-block)")
+    for i, entry in enumerate(data["plan_blocks"]):
+        if not isinstance(entry, dict) or not {"index", "block_id", "experiment", "seed"} <= set(entry):
+            raise StudyError(f"{path}: plan_blocks[{i}]: expected index, block_id, experiment and seed")
+    return data
+
+
+def store_blocks(store: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Every block folder of a store (a folder with ``block.json``), with its record."""
+    if not store.is_dir():
+        return []
+    out = []
+    for folder in sorted(p for p in store.iterdir() if p.is_dir()):
+        record = read_block_record(folder)
+        if record is not None:
+            out.append((folder, record))
+    return out
+
+
+def _check_store(store: Path, plan_id: str) -> None:
+    for folder, record in store_blocks(store):
+        if record["plan_id"] != plan_id:
+            raise StudyError(
+                f"{folder / BLOCK_RECORD}: block {record['block_id']} belongs to plan {record['plan_id']}, "
+                f"not this plan {plan_id}: one store per plan (use another --store)"
+            )
+
+
+def _check_engine(record: dict[str, Any]) -> None:
+    planned = record.get("engine") or {}
+    here = package_versions(ENGINE_PACKAGES)
+    for name, version in planned.items():
+        if name in here and here[name] != version:
+            raise StudyError(
+                f"block {record['block_id']}: planned with {name} {version}, this node has {name} {here[name]} "
+                "(install the planned version, or plan again on this engine)"
+            )
+
+
+def _has_results(folder: Path) -> bool:
+    """Whether any cell of the block has a result (ok or failed): a block with none may move to another node."""
+    if not (folder / capture_format.MANIFEST).is_file():
+        return False
+    return any(v in ("ok", "failed") for v in _items_state(folder).values())
+
+
+def _items_state(folder: Path) -> dict[str, str]:
+    manifest = capture_format.read_manifest(folder)
+    items = manifest.get("items") or {}
+    return {str(k): str(v) for k, v in items.items()}
+
+
+def block_state(
+    plan_id: str, records: list[dict[str, Any]], record: dict[str, Any], node: dict[str, Any], attempts: list
+) -> dict[str, Any]:
+    """What ``block.json`` holds: the plan (its id and blocks), this block's record, its node, attempts."""
+    return {
+        "plan_id": plan_id,
+        "plan_blocks": [
+            {"index": r["index"], "block_id": r["block_id"], "experiment": r["experiment"], "seed": r["seed"]}
+            for r in records
+        ],
+        "block_id": record["block_id"],
+        "index": record["index"],
+        "record": record,
+        "node": node,
+        "status": "running",
+        "attempts": attempts,
+    }
+
+
+def run_block(
+    plan_dir: str | Path,
+    index: int,
+    store: str | Path,
+    retry_failed: bool = False,
+    progress: Progress = print,
+    how: str = "",
+) -> str:
+    """Run block ``index`` of the plan into ``store``; returns its status (``ok`` or ``failed``)."""
+    from kvstudy.context.sweep import run_context_sweep
+    from kvstudy.speed.runner import run_sweep
+
+    plan_id, records, record = block_at(plan_dir, index)
+    store = Path(store)
+    _check_store(store, plan_id)
+    folder = store / record["block_id"]
+    node = node_identity()
+    old = read_block_record(folder)
+    if old is not None:
+        ran_on = (old.get("node") or {}).get("node_id")
+        if old.get("status") == "ok":
+            progress(f"block {record['block_id']}: done on {ran_on} already; nothing run")
+            return "ok"
+        if ran_on != node["node_id"] and _has_results(folder):
+            raise StudyError(
+                f"block {record['block_id']}: started on node {ran_on!r}, this is {node['node_id']!r}: a block "
+                f"runs on one node (delete {folder} to run it here from the start)"
+            )
+        if old.get("status") == "failed" and not retry_failed:
+            progress(f"block {record['block_id']}: failed before, kept; run again with --retry-failed")
+            return "failed"
+    _check_engine(record)
+    exp = experiment(record["experiment"], f"block {record['block_id']}")
+    spec = exp.spec_from_dict(record["spec"], f"block {record['block_id']}: spec")
+    require_live(spec.model)  # before the block is claimed for this node: a node without the engine claims nothing
+    attempts = list((old or {}).get("attempts") or [])
+    attempt: dict[str, Any] = {"started_utc": capture_format.now_utc(), "retry_failed": retry_failed}
+    state = block_state(plan_id, records, record, node, [*attempts, attempt])
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(folder / BLOCK_RECORD, state, indent=1)
+    how = how or f"kvstudy run-block {plan_dir} --index {index} --store {store}"
+    progress(f"block {record['block_id']} ({record['experiment']}, seed {record['seed']}) on {node['node_id']}")
+    try:
+        if record["experiment"] == "speed":
+            run_sweep(spec, folder, how=how, progress=progress, retry_failed=retry_failed)
+        else:
+            run_context_sweep(spec, folder, how=how, retry_failed=retry_failed, progress=progress)
+    finally:
+        items = _items_state(folder) if (folder / capture_format.MANIFEST).is_file() else {}
+        done = bool(items) and all(v == "ok" for v in items.values())
+        complete = bool(items) and all(v in ("ok", "failed") for v in items.values())
+        state["status"] = "ok" if done else "failed" if complete else "running"
+        attempt.update(finished_utc=capture_format.now_utc(), items=items)
+        write_json_atomic(folder / BLOCK_RECORD, state, indent=1)
+    return str(state["status"])

@@ -1,0 +1,276 @@
+"""``kvstudy collect``: the blocks of one plan merged into the one capture format the notebooks read.
+
+Every file of each block capture is copied (layout-agnostic) except its manifest and
+``block.json``; a file two blocks both hold must be byte-identical (the served model's
+``config.json``), except the node facts of ``NODE_FILES`` (a machine's measured bandwidth), which
+are kept per block under ``nodes/<block-id>/`` beside the first block's copy. The manifest has the
+kind and spec of a one-machine run of the whole experiment, each block's sessions, and per block
+its node (``blocks``) and a ``timeline_offset_s``: each node's monotonic clock has its own origin,
+so the blocks are laid end to end in plan order (within a block, its node's own times), which is
+what the seed-blocked design check needs (a seed's runs adjacent, either arm first equally often).
+
+Refused, with one line naming the block, and nothing written: blocks of two plans, a block found
+twice (run on two nodes), a missing or unfinished block (unless ``partial``, stated in the
+manifest), blocks made from different inputs, and an output folder that exists and is not a
+collected capture of this plan.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from kvstudy import capture as capture_format
+from kvstudy.distribute.block import BLOCK_RECORD, store_blocks
+from kvstudy.distribute.plan import experiment
+from kvstudy.errors import StudyError
+from kvstudy.io import read_json
+
+NODE_FILES = ("bandwidth.json",)  # facts of the node a block ran on, not of the experiment
+NODES_DIR = "nodes"
+SKIPPED = (capture_format.MANIFEST, BLOCK_RECORD)
+
+
+def _found_blocks(stores: list[Path]) -> dict[str, tuple[Path, dict[str, Any]]]:
+    found: dict[str, tuple[Path, dict[str, Any]]] = {}
+    plan_of: tuple[str, str] | None = None
+    for store in stores:
+        blocks = store_blocks(store)
+        if not blocks:
+            raise StudyError(f"{store}: no block folders (a folder with {BLOCK_RECORD}) in this store")
+        for folder, record in blocks:
+            bid = record["block_id"]
+            if plan_of is None:
+                plan_of = (record["plan_id"], bid)
+            elif record["plan_id"] != plan_of[0]:
+                raise StudyError(
+                    f"block {bid} ({folder}): belongs to plan {record['plan_id']}, block {plan_of[1]} to plan "
+                    f"{plan_of[0]}: blocks of two plans (collect each plan on its own)"
+                )
+            if bid in found:
+                other_folder, other = found[bid]
+                a, b = (other.get("node") or {}).get("node_id"), (record.get("node") or {}).get("node_id")
+                where = f"on node {a!r} and on node {b!r}" if a != b else f"twice on node {a!r}"
+                raise StudyError(
+                    f"block {bid}: ran {where} ({other_folder}, {folder}): keep one of them, a block "
+                    "must come from one node"
+                )
+            found[bid] = (folder, record)
+    return found
+
+
+def _choose_experiment(plan_blocks: list[dict[str, Any]], name: str | None, plan_id: str) -> str:
+    names = list(dict.fromkeys(str(b["experiment"]) for b in plan_blocks))
+    if name is None:
+        if len(names) > 1:
+            raise StudyError(f"plan {plan_id}: holds blocks of {', '.join(names)}: name one with --experiment")
+        return names[0]
+    if name not in names:
+        raise StudyError(f"--experiment {name!r}: plan {plan_id} has blocks of {', '.join(names)} only")
+    return name
+
+
+def _check_out(out: Path, plan_id: str, exp: str) -> bool:
+    """Whether ``out`` is an earlier collect of this plan (replaced); refuse anything else that exists."""
+    if not out.exists():
+        return False
+    if out.is_dir() and not any(out.iterdir()):
+        return False
+    manifest_path = out / capture_format.MANIFEST
+    collected: dict[str, Any] = {}
+    if manifest_path.is_file():
+        data = read_json(manifest_path)
+        collected = (data.get("collected") or {}) if isinstance(data, dict) else {}
+    if collected.get("plan_id") == plan_id and collected.get("experiment") == exp:
+        return True
+    raise StudyError(
+        f"{out}: exists and is not a collected {exp} capture of plan {plan_id}; "
+        "name a new --out folder (nothing overwritten)"
+    )
+
+
+def _copy_block(block_id: str, folder: Path, target: Path, first_of: dict[str, str]) -> None:
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
+        rel = path.relative_to(folder)
+        if len(rel.parts) == 1 and rel.name in SKIPPED:
+            continue
+        if rel.as_posix() in NODE_FILES:
+            keep = target / NODES_DIR / block_id / rel
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, keep)
+        dest = target / rel
+        if dest.exists():
+            if rel.as_posix() in NODE_FILES or filecmp.cmp(path, dest, shallow=False):
+                continue
+            raise StudyError(
+                f"block {block_id}: {rel} differs from block {first_of[rel.as_posix()]}'s copy "
+                "(blocks of one plan must agree on shared files; nothing written)"
+            )
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest)
+        first_of[rel.as_posix()] = block_id
+
+
+def _block_span(folder: Path) -> tuple[float, float] | None:
+    """First start and last end of a block's cells on its node's monotonic clock (None if not recorded)."""
+    starts, ends = [], []
+    for path in (folder / "cells").glob("*.json"):
+        data = read_json(path)
+        if isinstance(data, dict) and isinstance(data.get("started_mono_s"), (int, float)):
+            starts.append(float(data["started_mono_s"]))
+            ends.append(float(data.get("ended_mono_s") or data["started_mono_s"]))
+    return (min(starts), max(ends)) if starts else None
+
+
+def collect(
+    stores: list[str | Path], out: str | Path, experiment_name: str | None = None, partial: bool = False, how: str = ""
+) -> dict[str, Any]:
+    """Merge the block captures of ``stores`` into ``out``; returns the written manifest."""
+    out = Path(out)
+    found = _found_blocks([Path(s) for s in stores])
+    any_record = next(iter(found.values()))[1]
+    plan_id, plan_blocks = any_record["plan_id"], list(any_record["plan_blocks"])
+    name = _choose_experiment(plan_blocks, experiment_name, plan_id)
+    wanted = [b for b in plan_blocks if b["experiment"] == name]
+    missing = []
+    for b in wanted:
+        state = found.get(b["block_id"], (None, {}))[1].get("status")
+        if state in ("ok", "failed"):
+            continue
+        why = "missing from the stores" if state is None else f"unfinished (status {state!r})"
+        if not partial:
+            raise StudyError(
+                f"block {b['block_id']} (index {b['index']}): {why}; run `kvstudy run-block PLAN --index "
+                f"{b['index']} --store STORE`, or collect with --partial"
+            )
+        missing.append({**b, "why": why})
+    present = [b for b in wanted if b["block_id"] not in {m["block_id"] for m in missing}]
+    if not present:
+        raise StudyError(f"plan {plan_id}: no finished {name} block in the stores")
+    exp = experiment(name, f"plan {plan_id}")
+    replace = _check_out(out, plan_id, name)
+    manifests: dict[str, dict[str, Any]] = {}
+    for b in present:
+        folder, record = found[b["block_id"]]
+        manifest = capture_format.read_manifest(folder, exp.kind)
+        if record["record"]["experiment_spec"] != found[present[0]["block_id"]][1]["record"]["experiment_spec"]:
+            raise StudyError(f"block {b['block_id']}: its record holds another experiment spec than the plan's")
+        first = manifests[present[0]["block_id"]] if manifests else manifest
+        if (manifest.get("inputs") or {}).get("model_digest") != (first.get("inputs") or {}).get("model_digest"):
+            raise StudyError(f"block {b['block_id']}: made from another model than block {present[0]['block_id']}")
+        manifests[b["block_id"]] = manifest
+    full_dict = found[present[0]["block_id"]][1]["record"]["experiment_spec"]
+    full = exp.spec_from_dict(full_dict, f"plan {plan_id}: experiment spec")
+    stage = out.parent / f".{out.name}.collect-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    try:
+        first_of: dict[str, str] = {}
+        for b in present:
+            _copy_block(b["block_id"], found[b["block_id"]][0], stage, first_of)
+        manifest = _manifest(exp, full, full_dict, present, found, manifests, plan_id, missing, how)
+        capture_format.write_manifest(stage, manifest)
+        if replace:
+            old = out.parent / f".{out.name}.replaced-{os.getpid()}"
+            out.rename(old)
+            stage.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            if out.exists():
+                out.rmdir()
+            stage.rename(out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return manifest
+
+
+def _manifest(
+    exp: Any,
+    full: Any,
+    full_dict: dict[str, Any],
+    present: list[dict[str, Any]],
+    found: dict[str, tuple[Path, dict[str, Any]]],
+    manifests: dict[str, dict[str, Any]],
+    plan_id: str,
+    missing: list[dict[str, Any]],
+    how: str,
+) -> dict[str, Any]:
+    first = manifests[present[0]["block_id"]]
+    manifest = capture_format.new_manifest(exp.kind, full_dict, how or "kvstudy collect", first.get("inputs"))
+    manifest["machine"], manifest["versions"] = first.get("machine"), first.get("versions")
+    sessions: list[dict[str, Any]] = []
+    blocks: list[dict[str, Any]] = []
+    merged: dict[str, Any] = {}
+    end: float | None = None
+    for b in present:
+        folder, record = found[b["block_id"]]
+        node = record.get("node") or {}
+        items = manifests[b["block_id"]].get("items") or {}
+        merged.update(items)
+        for s in manifests[b["block_id"]].get("sessions") or []:
+            sessions.append({**s, "block_id": b["block_id"], "node_id": node.get("node_id")})
+        span = _block_span(folder)
+        offset = None
+        if span is not None:
+            offset = 0.0 if end is None else end + 1.0 - span[0]
+            end = span[1] + offset
+        blocks.append(
+            {
+                "index": b["index"],
+                "block_id": b["block_id"],
+                "seeds": [b["seed"]],
+                "status": record.get("status"),
+                "node_id": node.get("node_id"),
+                "host": node.get("host"),
+                "gpu_uuids": node.get("gpu_uuids"),
+                "cpu_model": node.get("cpu_model"),
+                "items": sorted(items),
+                "timeline_offset_s": offset,
+                "same_order_as_one_machine": record["record"].get("same_order_as_one_machine"),
+            }
+        )
+    manifest["sessions"] = sessions
+    ids = [c if isinstance(c, str) else c.id for c in full.cells()]
+    capture_format.set_items(manifest, {i: str(merged.get(i, "missing")) for i in ids})
+    if exp.name == "speed":
+        from kvstudy.speed.spec import RUN_ORDERS
+
+        manifest["run_order"] = {
+            "rule": full.run_order,
+            "meaning": RUN_ORDERS[full.run_order],
+            "server_starts": exp.server_starts(full),
+            "executed": "each seed block on one node in this order; blocks possibly in parallel (see blocks)",
+        }
+    manifest["blocks"] = blocks
+    manifest["collected"] = {
+        "plan_id": plan_id,
+        "experiment": exp.name,
+        "collected_utc": capture_format.now_utc(),
+        "partial": bool(missing),
+        "missing_blocks": missing,
+        "nodes": sorted({str(b["node_id"]) for b in blocks}),
+        "blocking": "each block is one seed on one node: the seed-blocked analysis blocks on the node too",
+        "node_files": f"{', '.join(NODE_FILES)}: the first block's at the top, each block's under {NODES_DIR}/",
+    }
+    return manifest
+
+
+def blocks_frame(manifest: dict[str, Any]) -> Any:
+    """Which node ran which seed block of a collected capture (an empty frame for a one-machine capture)."""
+    import pandas as pd
+
+    rows = [
+        {
+            "block": b.get("block_id"),
+            "seeds": ", ".join(str(s) for s in b.get("seeds") or []),
+            "node": b.get("node_id"),
+            "CPU": b.get("cpu_model"),
+            "status": b.get("status"),
+            "cells": len(b.get("items") or []),
+        }
+        for b in manifest.get("blocks") or []
+    ]
+    return pd.DataFrame(rows)

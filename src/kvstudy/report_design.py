@@ -1,0 +1,253 @@
+"""``kvstudy design``: what it would take to decide, for speed and for accuracy.
+
+    kvstudy design speed [--capture DIR | --noise-sd SD] [--change PCT ...] [--power P] [--json]
+    kvstudy design accuracy [--margin-points M ...] [--discordance D | --totals N BASE CAND] [--json]
+
+Speed: from the A/A noise of a sweep capture (the baseline and its repeat, seed blocks;
+:func:`kvstudy.speed.calibration.noise_sd`), or a noise SD given, or an assumed default (labelled
+assumed), the seed blocks per arm (one run per arm each) the verdict's blocked sign-flip test needs to
+claim a TPOT change of X % with 80 % power (:func:`kvstudy.speed.calibration.runs_needed`).
+
+Accuracy: from the share of questions on which two configurations disagree (given; or the range
+the published totals allow; or assumed values), the questions a paired non-inferiority test at a
+margin of M points needs to pass with 80 % power when the configurations truly score alike
+(:func:`kvstudy.accuracy.totals.non_inferiority_questions`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kvstudy.accuracy.analysis import ASSUMED_DISCORDANCE
+from kvstudy.accuracy.totals import check_totals, non_inferiority_questions
+from kvstudy.errors import StudyError
+from kvstudy.speed.calibration import TARGET_POWER, noise_sd, runs_needed
+
+ASSUMED_NOISE_SD = 0.05  # SD of a per-seed log TPOT difference when no capture or value is given (assumed)
+DEFAULT_CHANGES_PCT = (5.0, 10.0, 20.0)
+DEFAULT_MARGINS_POINTS = (1.0, 2.0, 5.0)
+
+
+@dataclass(frozen=True)
+class SpeedDesign:
+    """The seed blocks per arm one TPOT change needs, and where the noise came from."""
+
+    users: int | None  # the capture's user count the noise was measured at; None: no capture
+    noise_sd: float
+    noise_origin: str  # "measured: ...", "given", "assumed: ..."
+    change_pct: float
+    runs_per_arm: int | None  # None: more than the method searches
+    method: str
+    power: float
+
+
+@dataclass(frozen=True)
+class AccuracyDesign:
+    """The questions one non-inferiority margin needs at one discordance, and its origin."""
+
+    margin_points: float
+    discordance: float
+    discordance_origin: str
+    questions: int
+    power: float
+
+
+def capture_noise(capture_dir: str | Path) -> list[tuple[int | None, float | None, str]]:
+    """Per user count of a sweep capture: (users, noise SD or None, origin or why not)."""
+    from kvstudy.speed import analysis, verdicts_table
+
+    cap = analysis.load_capture(capture_dir)
+    base = cap.spec.configurations[0].name
+    repeats = verdicts_table.aa_pairs(cap)
+    if not repeats:
+        return [(None, None, f"{capture_dir}: no A/A repeat of the baseline in this capture")]
+    out: list[tuple[int | None, float | None, str]] = []
+    for users in cap.spec.users:
+        runs = [r for name in [base, *repeats] for r in verdicts_table.capture_runs(cap, name, int(users))]
+        usable = [r for r in runs if r.measurable and r.tpots_s]
+        found = noise_sd(usable)
+        if found is None:
+            out.append((int(users), None, f"not estimable: {len(usable)} measurable of {len(runs)} A/A runs"))
+        else:
+            out.append(
+                (int(users), found[0], f"measured: A/A noise of {capture_dir} at {users} user(s), {found[1]} df")
+            )
+    return out
+
+
+def speed_design(
+    changes_pct: Sequence[float] = DEFAULT_CHANGES_PCT,
+    capture_dir: str | Path | None = None,
+    sd: float | None = None,
+    power: float = TARGET_POWER,
+) -> list[SpeedDesign]:
+    """One row per (noise source, change): the seed blocks per arm the change needs."""
+    if capture_dir is not None and sd is not None:
+        raise StudyError("design speed: give --capture or --noise-sd, not both")
+    noises: list[tuple[int | None, float | None, str]]
+    if capture_dir is not None:
+        noises = capture_noise(capture_dir)
+    elif sd is not None:
+        noises = [(None, sd, "given")]
+    else:
+        noises = [(None, ASSUMED_NOISE_SD, "assumed (no capture or --noise-sd given)")]
+    rows = []
+    for users, sigma, origin in noises:
+        for pct in changes_pct:
+            if sigma is None:
+                rows.append(SpeedDesign(users, math.nan, origin, pct, None, "no noise estimate", power))
+                continue
+            need = runs_needed(sigma, pct / 100.0, power=power)
+            rows.append(SpeedDesign(users, sigma, origin, pct, need.runs_per_arm, need.method, power))
+    return rows
+
+
+def discordances(discordance: float | None = None, totals: Sequence[int] | None = None) -> list[tuple[float, str]]:
+    """The discordances to plan with and where each came from."""
+    if discordance is not None and totals is not None:
+        raise StudyError("design accuracy: give --discordance or --totals, not both")
+    if discordance is not None:
+        if not 0 < discordance <= 1:
+            raise StudyError(f"--discordance: expected a share of the questions in (0, 1], got {discordance}")
+        return [(discordance, "given")]
+    if totals is not None:
+        try:
+            n, base, cand = check_totals(*totals)
+        except StudyError as exc:
+            raise StudyError(f"--totals N BASE CAND: {exc}") from None
+        low = max(abs(base - cand), 1) / n
+        high = min(base + cand, 2 * n - base - cand) / n
+        where = f"allowed by the totals {base}/{n} and {cand}/{n}"
+        return [(low, f"{where}: fewest disagreements"), (high, f"{where}: most disagreements")]
+    return [(d, "assumed (no discordance or totals given)") for d in ASSUMED_DISCORDANCE]
+
+
+def accuracy_design(
+    margins_points: Sequence[float] = DEFAULT_MARGINS_POINTS,
+    discordance: float | None = None,
+    totals: Sequence[int] | None = None,
+    power: float = TARGET_POWER,
+    planned: Sequence[tuple[float, str]] = (),
+) -> list[AccuracyDesign]:
+    """One row per (discordance, margin): the questions a non-inferiority verdict needs. ``planned``:
+    (discordance, origin) pairs a report observed; otherwise :func:`discordances`."""
+    rows = []
+    for psi, origin in [p for p in planned if p[0] > 0] or discordances(discordance, totals):
+        for margin in margins_points:
+            if not 0 < margin < 100:
+                raise StudyError(f"--margin-points: expected points in (0, 100), got {margin}")
+            rows.append(AccuracyDesign(margin, psi, origin, non_inferiority_questions(margin / 100, psi, power), power))
+    return rows
+
+
+def speed_lines(rows: Sequence[SpeedDesign]) -> list[str]:
+    out = []
+    for r in rows:
+        at = f"at {r.users} user(s), " if r.users is not None else ""
+        need = f"{r.runs_per_arm} seed blocks per arm" if r.runs_per_arm else "not reachable"
+        noise = f"noise SD {r.noise_sd:.3f} of a per-seed log difference" if math.isfinite(r.noise_sd) else "no noise"
+        out.append(
+            f"speed {at}a {r.change_pct:g} % TPOT change at {r.power * 100:.0f} % power: {need} ({r.method}; "
+            f"{noise}, {r.noise_origin})"
+        )
+    return out
+
+
+def accuracy_lines(rows: Sequence[AccuracyDesign]) -> list[str]:
+    return [
+        f"accuracy: non-inferiority at a margin of {r.margin_points:g} points, {r.power * 100:.0f} % power: "
+        f"{r.questions:,} questions (discordance {r.discordance:.1%}, {r.discordance_origin}; normal approximation)"
+        for r in rows
+    ]
+
+
+def need_sentence(rows: Sequence[AccuracyDesign], unit: str = "questions") -> str:
+    """The most questions (``unit``) any planned discordance needs, as the card's next step says it."""
+    worst = max(rows, key=lambda r: r.questions)
+    return (
+        f"a non-inferiority verdict at {worst.margin_points:g} points needs about {worst.questions:,} {unit} at "
+        f"{worst.power * 100:.0f} % power (discordance {worst.discordance:.1%}, {worst.discordance_origin}; "
+        "kvstudy design accuracy)"
+    )
+
+
+def _numbers(values: Sequence[str] | None, field: str) -> list[float] | None:
+    if values is None:
+        return None
+    out = []
+    for text in values:
+        try:
+            value = float(text)
+        except ValueError:
+            raise StudyError(f"{field}: expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise StudyError(f"{field}: expected a positive number, got {text!r}")
+        out.append(value)
+    return out
+
+
+def _power(text: str) -> float:
+    value = (_numbers([text], "--power") or [TARGET_POWER])[0]
+    if not 0 < value < 1:
+        raise StudyError(f"--power: expected a share in (0, 1), e.g. 0.8, got {text!r}")
+    return value
+
+
+def _emit(rows: Sequence[Any], lines: list[str], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([asdict(r) for r in rows], indent=2, default=lambda v: None))
+    else:
+        print("\n".join(lines))
+
+
+def _cmd_speed(args: argparse.Namespace) -> int:
+    sd = _numbers([args.noise_sd], "--noise-sd") if args.noise_sd is not None else None
+    changes = _numbers(args.change, "--change") or list(DEFAULT_CHANGES_PCT)
+    rows = speed_design(changes, args.capture, sd[0] if sd else None, _power(args.power))
+    _emit(rows, speed_lines(rows), args.json)
+    return 0
+
+
+def _cmd_accuracy(args: argparse.Namespace) -> int:
+    psi = _numbers([args.discordance], "--discordance") if args.discordance is not None else None
+    totals = None
+    if args.totals is not None:
+        try:
+            totals = [int(t) for t in args.totals]
+        except ValueError:
+            raise StudyError(f"--totals: expected three whole numbers N BASE CAND, got {args.totals}") from None
+    margins = _numbers(args.margin_points, "--margin-points") or list(DEFAULT_MARGINS_POINTS)
+    rows = accuracy_design(margins, psi[0] if psi else None, totals, _power(args.power))
+    _emit(rows, accuracy_lines(rows), args.json)
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``kvstudy design speed`` and ``kvstudy design accuracy``."""
+    parser = subparsers.add_parser(
+        "design",
+        help="the runs or questions a decision needs (speed: runs per arm; accuracy: questions)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="what", required=True)
+    speed = sub.add_parser("speed", help="seed blocks per arm a TPOT change needs at 80 % power")
+    speed.add_argument("--capture", help="a speed-sweep capture folder with an A/A repeat of the baseline")
+    speed.add_argument("--noise-sd", help="SD of a per-seed log TPOT difference (instead of a capture)")
+    speed.add_argument("--change", nargs="+", help="TPOT changes in %% (default 5 10 20)")
+    speed.add_argument("--power", default=str(TARGET_POWER), help="power (default 0.8)")
+    speed.add_argument("--json", action="store_true")
+    speed.set_defaults(func=_cmd_speed)
+    acc = sub.add_parser("accuracy", help="questions a non-inferiority margin needs at 80 % power")
+    acc.add_argument("--margin-points", nargs="+", help="margins in points (default 1 2 5)")
+    acc.add_argument("--discordance", help="share of questions the two configurations disagree on, e.g. 0.05")
+    acc.add_argument("--totals", nargs=3, metavar=("N", "BASE", "CAND"), help="published totals: questions, correct")
+    acc.add_argument("--power", default=str(TARGET_POWER), help="power (default 0.8)")
+    acc.add_argument("--json", action="store_true")
+    acc.set_defaults(func=_cmd_accuracy)

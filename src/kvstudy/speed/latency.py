@@ -1,0 +1,258 @@
+"""Latency percentiles and speed over concurrency for notebook 02, from a capture's per-request rows.
+
+* :func:`latency_percentiles`: p50/p90/p99 of TTFT, TPOT, ITL and end-to-end latency per arm and
+  user count, seeds pooled, computed here from the measured per-request rows the capture's reader
+  returns (``Capture.requests``), not from the percentile fields vLLM's saved result also holds
+  (those are per run and cannot be pooled over seeds). A percentile q needs at least
+  ``100 / (100 - q)`` samples (p99: 100) to be more than the largest value seen: with fewer it is
+  reported as not resolved. TPOT and ITL are per-token latencies: an arm's are marked not
+  measurable when a run's per-token latency was not (:mod:`kvstudy.bench.measurability`).
+* :func:`concurrency_points` and :func:`plot_concurrency`: median TPOT and output throughput over
+  user counts per arm; an arm whose cells failed, or whose per-token latency was not measurable,
+  is marked in the figure with its cause instead of leaving a gap.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvstudy.io import shorten_words
+from kvstudy.speed.verdicts_table import capture_runs
+
+PERCENTILES = (50, 90, 99)
+# name shown, per-request column, what it is
+LATENCIES = (
+    ("TTFT", "ttft_ms", "time to first token"),
+    ("TPOT", "tpot_ms", "time per output token, per request"),
+    ("ITL", "itls_ms", "inter-token latency, every gap"),
+    ("E2E", "e2el_ms", "end-to-end latency, per request"),
+)
+PER_TOKEN = {"TPOT", "ITL"}
+CAUSE_WIDTH = 140  # characters of a cause shown in a table cell or a figure note (cut at a word)
+
+
+def min_samples(q: float) -> int:
+    """Samples a q-th percentile needs to lie inside the data rather than at its largest value."""
+    return math.ceil(100.0 / (100.0 - q) - 1e-9)
+
+
+def short_cause(text: str, width: int = CAUSE_WIDTH) -> str:
+    """``text`` on one line, shortened at a word boundary (never mid-word), with "…" when cut."""
+    return shorten_words(text, width)
+
+
+@dataclass(frozen=True)
+class LatencyPercentiles:
+    """One latency's percentiles for one arm at one user count, seeds pooled."""
+
+    users: int
+    configuration: str
+    latency: str  # TTFT, TPOT, ITL or E2E
+    samples: int  # requests (token gaps for ITL) the percentiles are taken over
+    runs: int  # finished cells pooled
+    values_ms: tuple[tuple[int, float | None], ...]  # (q, value); None: too few samples to resolve it
+    measurable: bool
+    cause: str = ""  # why not measurable, or why the arm has no rows
+
+    def value(self, q: int) -> float | None:
+        return dict(self.values_ms).get(q)
+
+
+def _samples(rows: pd.DataFrame, column: str) -> np.ndarray:
+    if not len(rows) or column not in rows.columns:
+        return np.array([], dtype=float)
+    if column == "itls_ms":
+        parts = [np.asarray(x, dtype=float) for x in rows[column] if isinstance(x, (list, tuple, np.ndarray))]
+        return np.concatenate(parts) if parts else np.array([], dtype=float)
+    return pd.to_numeric(rows[column], errors="coerce").dropna().to_numpy(dtype=float)
+
+
+def failed_causes(capture: Any) -> dict[tuple[str, int], str]:
+    """(configuration, users) -> the first failure cause, for arms with no finished cell there."""
+    cells = capture.cells
+    if not len(cells):
+        return {}
+    out: dict[tuple[str, int], str] = {}
+    ok = {
+        (c, int(u)) for c, u in cells.loc[cells["status"] == "ok", ["configuration", "users"]].itertuples(index=False)
+    }
+    for _, cell in cells[cells["status"] != "ok"].iterrows():
+        key = (str(cell["configuration"]), int(cell["users"]))
+        if key not in ok and key not in out:
+            out[key] = f"{cell['status']}: {cell.get('reason') or 'no cause recorded'}"
+    return out
+
+
+def _per_token_state(capture: Any, configuration: str, users: int) -> tuple[bool, str]:
+    runs = capture_runs(capture, configuration, users)
+    bad = [r for r in runs if not r.measurable]
+    if not bad:
+        return True, ""
+    reasons = sorted({reason for r in bad for reason in r.unmeasurable_reasons})
+    return False, f"{len(bad)} of {len(runs)} runs: " + "; ".join(reasons)
+
+
+def latency_percentiles(capture: Any, order: list[str] | None = None) -> list[LatencyPercentiles]:
+    """Percentiles per arm, user count and latency (see the module docstring), in arm order."""
+    order = order or [c.name for c in capture.spec.configurations]
+    requests = capture.requests
+    users_seen = sorted({int(u) for u in capture.cells["users"]}) if len(capture.cells) else []
+    failed = failed_causes(capture)
+    out: list[LatencyPercentiles] = []
+    for users in users_seen:
+        for name in order:
+            rows = (
+                requests[(requests["users"] == users) & (requests["configuration"] == name)]
+                if len(requests)
+                else requests
+            )
+            if (name, users) in failed or not len(rows):
+                cause = short_cause(failed.get((name, users), "no per-request rows"))
+                out += [LatencyPercentiles(users, name, label, 0, 0, (), False, cause) for label, _, _ in LATENCIES]
+                continue
+            ok_rows = rows[rows["success"].astype(bool)] if "success" in rows.columns else rows
+            failed_requests = len(rows) - len(ok_rows)
+            token_ok, token_cause = _per_token_state(capture, name, users)
+            n_runs = int(rows["cell_id"].nunique()) if "cell_id" in rows.columns else 0
+            for label, column, _ in LATENCIES:
+                values = _samples(ok_rows, column)
+                per_q = tuple(
+                    (q, float(np.percentile(values, q)) if len(values) >= min_samples(q) else None) for q in PERCENTILES
+                )
+                if label in PER_TOKEN and not token_ok:
+                    measurable, cause = False, short_cause(token_cause)
+                elif failed_requests:
+                    measurable, cause = False, f"{failed_requests} of {len(rows)} requests failed (survivors biased)"
+                else:
+                    measurable, cause = len(values) > 0, "" if len(values) else "no samples"
+                out.append(LatencyPercentiles(users, name, label, len(values), n_runs, per_q, measurable, cause))
+    return out
+
+
+def percentile_frame(records: list[LatencyPercentiles]) -> pd.DataFrame:
+    """The records as the report's table: one row per user count, arm and latency."""
+    rows = []
+    for r in records:
+        row: dict[str, Any] = {"users": r.users, "configuration": r.configuration, "latency": r.latency}
+        for q in PERCENTILES:
+            row[f"p{q} (ms)"] = r.value(q)
+        row["samples"] = r.samples
+        row["measurable"] = "yes" if r.measurable else f"no: {r.cause}" if r.cause else "no"
+        rows.append(row)
+    columns = ["users", "configuration", "latency", *(f"p{q} (ms)" for q in PERCENTILES), "samples", "measurable"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def percentile_note() -> str:
+    """What the percentile table's numbers are and when one is not resolved."""
+    needs = ", ".join(f"p{q} {min_samples(q)}" for q in PERCENTILES)
+    what = "; ".join(f"{label}: {text}" for label, _, text in LATENCIES)
+    return (
+        f"Measured: computed from the capture's per-request rows (successful requests, seeds pooled; ITL over every "
+        f"gap between tokens), not read from the percentile fields of vLLM's saved results. {what}. A percentile "
+        f"needs this many samples to be resolved ({needs}); with fewer it is shown as –."
+    )
+
+
+# --------------------------------------------------------------------------- over concurrency
+
+
+@dataclass(frozen=True)
+class ConcurrencyPoint:
+    """One arm at one user count: what the figure draws (or marks, with the cause)."""
+
+    configuration: str
+    users: int
+    state: str  # "measured", "not measurable" (per-token latency) or "failed" (no finished cell)
+    median_tpot_ms: float | None = None  # median over seeds of each cell's median TPOT
+    tpot_min_ms: float | None = None
+    tpot_max_ms: float | None = None
+    output_throughput_tok_s: float | None = None  # median over seeds
+    cause: str = ""
+
+
+def concurrency_points(capture: Any, seeds: pd.DataFrame, order: list[str]) -> list[ConcurrencyPoint]:
+    """Per arm and user count: the seed medians of TPOT and throughput, or why there are none."""
+    failed = failed_causes(capture)
+    users_seen = sorted({int(u) for u in capture.cells["users"]}) if len(capture.cells) else []
+    out: list[ConcurrencyPoint] = []
+    for name in order:
+        for users in users_seen:
+            rows = seeds[(seeds["users"] == users) & (seeds["configuration"] == name)] if len(seeds) else seeds
+            if not len(rows):
+                cause = failed.get((name, users), "no finished cell")
+                out.append(ConcurrencyPoint(name, users, "failed", cause=short_cause(cause)))
+                continue
+            token_ok, cause = _per_token_state(capture, name, users)
+            tpot = pd.to_numeric(rows["median_tpot_ms"], errors="coerce")
+            out.append(
+                ConcurrencyPoint(
+                    name,
+                    users,
+                    "measured" if token_ok else "not measurable",
+                    float(tpot.median()),
+                    float(tpot.min()),
+                    float(tpot.max()),
+                    float(pd.to_numeric(rows["output_throughput_tok_s"], errors="coerce").median()),
+                    short_cause(cause),
+                )
+            )
+    return out
+
+
+def plot_concurrency(points: list[ConcurrencyPoint], order: list[str]) -> Any:
+    """Median TPOT (seed range as bars) and output throughput over user counts, one line per arm.
+
+    A failed arm is drawn as an ``×`` on the axis at its user count (both panels), one whose per-token
+    latency was not measurable with an open marker (TPOT panel); both are numbered and their causes
+    written under the axes."""
+    import matplotlib.pyplot as plt
+
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = {n: cycle[i % len(cycle)] for i, n in enumerate(order)}
+    users = sorted({p.users for p in points})
+    marked = [p for p in points if p.state != "measured"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6 + 0.22 * len(marked)))
+    for name in order:
+        mine = sorted((p for p in points if p.configuration == name and p.state != "failed"), key=lambda p: p.users)
+        if not mine:
+            continue
+        x = [p.users for p in mine]
+        tpot = [p.median_tpot_ms for p in mine]
+        low = [(p.median_tpot_ms or 0) - (p.tpot_min_ms or 0) for p in mine]
+        high = [(p.tpot_max_ms or 0) - (p.median_tpot_ms or 0) for p in mine]
+        axes[0].errorbar(x, tpot, yerr=[low, high], color=colors[name], marker="o", capsize=3, label=name)
+        axes[1].plot(x, [p.output_throughput_tok_s for p in mine], color=colors[name], marker="o", label=name)
+    notes = []
+    for number, p in enumerate(marked, 1):
+        notes.append(f"[{number}] {p.configuration}, {p.users} user{'s' if p.users != 1 else ''}: {p.state}: {p.cause}")
+        # per-token latency unmeasurable leaves the throughput measured: only a failed arm is marked there
+        shown = ((axes[0], p.median_tpot_ms), (axes[1], p.output_throughput_tok_s))
+        for ax, y in shown if p.state == "failed" else shown[:1]:
+            if p.state == "failed" or y is None:
+                ax.plot(
+                    [p.users], [0], marker="x", ms=10, mew=2, color=colors[p.configuration], clip_on=False, zorder=4
+                )
+                ax.annotate(f"[{number}]", (p.users, 0), xytext=(4, 4), textcoords="offset points", fontsize=8)
+            else:
+                ax.plot([p.users], [y], marker="o", ms=11, mfc="white", color=colors[p.configuration], zorder=4)
+                ax.annotate(f"[{number}]", (p.users, y), xytext=(6, 6), textcoords="offset points", fontsize=8)
+    for ax, label in zip(axes, ("median TPOT (ms, seed range as bars)", "output throughput (tokens/s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(users, [str(u) for u in users])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrent users")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    if notes:
+        wrapped = "\n".join(textwrap.fill(n, 140, subsequent_indent="     ") for n in notes)
+        fig.text(0.01, 0.0, "Marked: " + wrapped, ha="left", va="top", fontsize=8)
+    fig.tight_layout()
+    return fig

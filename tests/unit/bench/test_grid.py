@@ -1,0 +1,226 @@
+"""The one grid engine (kvstudy.bench.grid) with a fake server and a toy experiment (no vLLM): order,
+the done rule, failed starts, a server that stops, faults injected before a cell, max_servers,
+progress lines and the capture files. The speed and context sweeps' own tests run it through them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvstudy import capture as capture_format
+from kvstudy.bench import grid
+from kvstudy.bench.result import RequestRecord
+from kvstudy.errors import StudyError
+from kvstudy.progress import silent
+from kvstudy.vllm import server as engine
+
+
+@dataclass(frozen=True)
+class ToyCell:
+    arm: str
+    seed: int
+    n: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.arm}__s{self.seed}__n{self.n}"
+
+
+@dataclass(frozen=True)
+class ToyConfig:
+    kv_cache_dtype: str
+    seed: int
+
+
+class FakeServer:
+    """Stands in for VllmServer: records starts; an arm in ``fail`` does not start."""
+
+    starts: list[str] = []
+    fail: set[str] = set()
+
+    def __init__(self, config: ToyConfig, log_path: Path, ready_timeout_s: float = 0) -> None:
+        self.config, self.log_path, self.alive = config, Path(log_path), False
+        self.base_url, self.model_name = "http://127.0.0.1:1", "fake"
+
+    def __enter__(self) -> "FakeServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.write_text(f"server {self.config.kv_cache_dtype} {self.config.seed} token=hf_SecretValue123\n")
+        FakeServer.starts.append(f"{self.config.kv_cache_dtype}:{self.config.seed}")
+        if self.config.kv_cache_dtype in FakeServer.fail:
+            raise engine.EngineStartError(
+                "vLLM server exited with code 1 while starting;\n cause: FP8 KV cache needs AVX-512",
+                self.log_path,
+                None,
+                "RuntimeError: Engine core initialization failed. hf_SecretValue123",
+            )
+        self.alive = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.alive = False
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+def toy_plan(capture: Path, ran: list[str], fail_cell: str | None = None) -> grid.GridPlan[ToyCell, dict[str, Any]]:
+    runs = [
+        grid.ServeRun(f"{arm}__s{seed}", arm, seed, tuple(ToyCell(arm, seed, n) for n in ((1, 2) if i % 2 else (2, 1))))
+        for i, (arm, seed) in enumerate([("auto", 0), ("fp8", 0), ("fp8", 1), ("auto", 1)])
+    ]
+
+    def run_cell(cell: ToyCell, server: Any) -> dict[str, Any]:
+        ran.append(cell.id)
+        if cell.id == fail_cell:
+            raise StudyError(f"bench/{cell.id}.json: unreadable")
+        grid.write_requests(capture, cell.id, [RequestRecord(0, 1.0, 5.0, 50.0, 1.0, [1.0], 8, 4)])
+        return {"cell_id": cell.id, "status": "ok"}
+
+    def failed(cell: ToyCell, reason: str, tail: str, start_failed: bool) -> dict[str, Any]:
+        return {
+            "cell_id": cell.id,
+            "status": "failed",
+            "reason": reason,
+            "log_tail": tail,
+            "start_failed": start_failed,
+        }
+
+    return grid.GridPlan(
+        runs=runs,
+        server_config=lambda run: ToyConfig(run.arm, run.seed),
+        ready_timeout_s=1.0,
+        run_cell=run_cell,
+        failed_cell=failed,
+        record=lambda rec: rec,
+        outcome=lambda rec: (rec["status"], rec.get("reason", "")),
+        run_fields=lambda run, cells: {"arm": run.arm, "order": [c.n for c in cells]},
+        scrub=lambda text: text.replace("hf_SecretValue123", "[redacted]"),
+    )
+
+
+@pytest.fixture
+def fake_server(monkeypatch: pytest.MonkeyPatch) -> type[FakeServer]:
+    FakeServer.starts, FakeServer.fail = [], set()
+    monkeypatch.setattr(engine, "VllmServer", FakeServer)
+    monkeypatch.setattr(capture_format, "machine_section", lambda: {"machine": {"cpu": "test"}, "versions": {}})
+    return FakeServer
+
+
+def _manifest(capture: Path) -> dict[str, Any]:
+    manifest = capture_format.new_manifest("toy grid", {}, "test")
+    capture_format.write_manifest(capture, manifest)
+    return manifest
+
+
+def test_runs_in_the_plans_order_and_a_rerun_runs_nothing(tmp_path: Path, fake_server: type[FakeServer]) -> None:
+    ran: list[str] = []
+    plan = toy_plan(tmp_path, ran)
+    results = grid.run_grid(plan, tmp_path, _manifest(tmp_path), progress=silent)
+    assert fake_server.starts == ["auto:0", "fp8:0", "fp8:1", "auto:1"]
+    assert ran == [c.id for c in plan.cells()] == [r["cell_id"] for r in results]
+    assert ran[:4] == ["auto__s0__n2", "auto__s0__n1", "fp8__s0__n1", "fp8__s0__n2"]  # each start's own order
+    run = json.loads((tmp_path / "runs" / "fp8__s0.json").read_text())
+    assert run["status"] == "ok" and run["arm"] == "fp8" and run["order"] == [1, 2] and "record" in run
+    rows = (tmp_path / "requests" / "auto__s0__n2.jsonl").read_text().splitlines()
+    assert [json.loads(r)["tpot_ms"] for r in rows] == [1.0]
+    manifest = capture_format.read_manifest(tmp_path)
+    assert manifest["complete"] is True and list(manifest["items"]) == ran
+    ran.clear()
+    assert grid.run_grid(plan, tmp_path, manifest, progress=silent) == [] and ran == []
+    assert len(fake_server.starts) == 4 and capture_format.read_manifest(tmp_path)["sessions"][-1]["items_to_run"] == []
+
+
+def test_failed_start_fails_its_cells_with_reason_and_tail_and_others_go_on(
+    tmp_path: Path, fake_server: type[FakeServer]
+) -> None:
+    fake_server.fail = {"fp8"}
+    ran: list[str] = []
+    lines: list[str] = []
+    results = grid.run_grid(toy_plan(tmp_path, ran), tmp_path, _manifest(tmp_path), progress=lines.append)
+    failed = {r["cell_id"]: r for r in results if r["status"] == "failed"}
+    assert sorted(failed) == ["fp8__s0__n1", "fp8__s0__n2", "fp8__s1__n1", "fp8__s1__n2"]
+    cell = json.loads((tmp_path / "cells" / "fp8__s1__n2.json").read_text())
+    assert cell["start_failed"] is True and cell["reason"].startswith("server did not start: vLLM server exited")
+    assert "needs AVX-512" in cell["reason"] and "\n" not in cell["reason"]
+    assert cell["log_tail"] == "RuntimeError: Engine core initialization failed. [redacted]"
+    run = json.loads((tmp_path / "runs" / "fp8__s0.json").read_text())
+    assert run["status"] == "failed" and "AVX-512" in run["reason"] and "hf_Secret" not in json.dumps(run)
+    assert ran == ["auto__s0__n2", "auto__s0__n1", "auto__s1__n1", "auto__s1__n2"]
+    assert sum("the server did not start" in line for line in lines) == 2
+    assert [line.split(" ")[1] for line in lines if line.startswith("cell ")] == [f"{i}/8" for i in range(1, 9)]
+    assert capture_format.read_manifest(tmp_path)["complete"] is False
+
+
+def test_a_failure_is_kept_and_runs_again_only_with_retry_failed(tmp_path: Path, fake_server: type[FakeServer]) -> None:
+    ran: list[str] = []
+    manifest = _manifest(tmp_path)
+    grid.run_grid(toy_plan(tmp_path, ran, fail_cell="fp8__s1__n1"), tmp_path, manifest, progress=silent)
+    cell = json.loads((tmp_path / "cells" / "fp8__s1__n1.json").read_text())
+    assert cell["status"] == "failed" and "unreadable" in cell["reason"] and "server fp8 1" in cell["log_tail"]
+    assert grid.cell_status(tmp_path, "fp8__s1__n1") == "failed"
+    bench_log = tmp_path / "logs" / "fp8__s1__n1.bench.log"
+    bench_log.write_text("first attempt")
+    ran.clear()
+    fake_server.starts = []
+    assert grid.run_grid(toy_plan(tmp_path, ran), tmp_path, manifest, progress=silent) == [] and ran == []
+    again = grid.run_grid(toy_plan(tmp_path, ran), tmp_path, manifest, retry_failed=True, progress=silent)
+    assert [r["cell_id"] for r in again] == ["fp8__s1__n1"] and fake_server.starts == ["fp8:1"]
+    assert (tmp_path / "logs" / "fp8__s1__n1.bench.attempt1.log").read_text() == "first attempt"
+    assert (tmp_path / "logs" / "fp8__s1.server.attempt1.log").read_text().startswith("server fp8 1")
+    assert capture_format.read_manifest(tmp_path)["complete"] is True
+
+
+def test_a_server_that_stopped_fails_the_cells_left_to_it(tmp_path: Path, fake_server: type[FakeServer]) -> None:
+    ran: list[str] = []
+
+    def kill_before(cell: ToyCell, server: Any) -> None:
+        if cell.id == "fp8__s0__n2":
+            server.alive = False
+
+    grid.run_grid(toy_plan(tmp_path, ran), tmp_path, _manifest(tmp_path), progress=silent, on_cell_start=kill_before)
+    assert "fp8__s0__n2" not in ran and "fp8__s0__n1" in ran
+    cell = json.loads((tmp_path / "cells" / "fp8__s0__n2.json").read_text())
+    assert cell["status"] == "failed" and "stopped before this cell" in cell["reason"]
+    assert cell["start_failed"] is False and "server fp8 0" in cell["log_tail"]
+
+
+def test_max_servers_stops_after_that_many_starts_and_a_resume_goes_on(
+    tmp_path: Path, fake_server: type[FakeServer]
+) -> None:
+    ran: list[str] = []
+    manifest = _manifest(tmp_path)
+    first = grid.run_grid(toy_plan(tmp_path, ran), tmp_path, manifest, progress=silent, max_servers=1)
+    assert fake_server.starts == ["auto:0"] and len(first) == 2
+    assert grid.item_states(tmp_path, ["auto__s0__n1", "fp8__s0__n1"]) == {
+        "auto__s0__n1": "ok",
+        "fp8__s0__n1": "missing",
+    }
+    grid.run_grid(toy_plan(tmp_path, ran), tmp_path, manifest, progress=silent)
+    assert fake_server.starts == ["auto:0", "fp8:0", "fp8:1", "auto:1"] and len(ran) == 8
+
+
+def test_nothing_to_run_starts_nothing_and_skips_the_live_checks(tmp_path: Path, fake_server: type[FakeServer]) -> None:
+    ran: list[str] = []
+    checks: list[str] = []
+    manifest = _manifest(tmp_path)
+    grid.run_grid(
+        toy_plan(tmp_path, ran), tmp_path, manifest, progress=silent, before_first_start=lambda: checks.append("x")
+    )
+    grid.run_grid(
+        toy_plan(tmp_path, ran), tmp_path, manifest, progress=silent, before_first_start=lambda: checks.append("y")
+    )
+    assert checks == ["x"]
+
+
+def test_a_torn_cell_file_runs_again_and_a_non_object_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "cells").mkdir()
+    (tmp_path / "cells" / "a.json").write_text('{"status": "ok"')
+    assert grid.cell_status(tmp_path, "a") == "missing" and grid.cell_record(tmp_path, "a") is None
+    (tmp_path / "cells" / "a.json").write_text("[1]")
+    with pytest.raises(StudyError, match=r"a.json: expected a JSON object \(a cell result\), got list"):
+        grid.cell_status(tmp_path, "a")
+    assert grid.read_requests(tmp_path, "a") is None

@@ -1,0 +1,80 @@
+"""``kvstudy design``: runs per arm for a speed change, questions for a non-inferiority margin."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvstudy import cli, report_design
+from kvstudy.accuracy.totals import non_inferiority_questions
+from kvstudy.speed.calibration import _sign_flip_power, runs_needed
+
+ROOT = Path(__file__).resolve().parents[2]
+CAPTURE = ROOT / "data" / "captures" / "speed-cpu"
+
+
+def test_runs_needed_is_the_fewest_blocks_with_the_power() -> None:
+    need = runs_needed(0.05, 0.10, simulations=1000)
+    n = need.runs_per_arm
+    assert n is not None and need.method.startswith("exact")
+    assert _sign_flip_power(0.05, 0.10, n, 0.05, 1000, 0) >= 0.8
+    if n > 6:  # six blocks is the fewest that can reach p < 0.05 at all
+        assert _sign_flip_power(0.05, 0.10, n - 1, 0.05, 1000, 0) < 0.8
+    # more noise needs more runs; a larger change fewer
+    assert runs_needed(0.2, 0.10, simulations=400).runs_per_arm > n  # type: ignore[operator]
+    assert runs_needed(0.05, 0.30, simulations=400).runs_per_arm == 6
+
+
+def test_normal_approximation_beyond_the_exact_search() -> None:
+    need = runs_needed(0.5, 0.05, simulations=200, max_exact=6)
+    expected = math.ceil(((1.959964 + 0.841621) * 0.5 / math.log1p(0.05)) ** 2)
+    assert need.method == "normal approximation" and need.runs_per_arm == expected
+
+
+def test_speed_design_reads_the_capture_aa_noise() -> None:
+    rows = report_design.speed_design([20.0], capture_dir=CAPTURE)
+    assert [r.users for r in rows] == [1, 4]
+    assert all(r.noise_origin.startswith("measured: A/A noise of") and r.runs_per_arm for r in rows)
+    assumed = report_design.speed_design([20.0])
+    assert assumed[0].noise_origin.startswith("assumed") and assumed[0].noise_sd == report_design.ASSUMED_NOISE_SD
+
+
+def test_non_inferiority_questions_against_a_simulation() -> None:
+    # truly equal scores, 10 % discordance, margin 3 points: the planned N passes about 80 % of the time
+    n = non_inferiority_questions(0.03, 0.10)
+    rng = np.random.default_rng(1)
+    b = rng.binomial(n, 0.05, 4000)
+    c = rng.binomial(n - b, 0.05 / 0.95)  # candidate-only among the rest: same 5 % each way
+    diff = (c - b) / n
+    se = np.sqrt((b + c) / n - diff**2) / np.sqrt(n)
+    passed = np.mean(diff - 1.959964 * se > -0.03)
+    assert 0.75 < passed < 0.86
+
+
+def test_accuracy_design_from_totals_spans_the_pairings() -> None:
+    rows = report_design.accuracy_design([2.0], totals=[500, 440, 436])
+    assert [round(r.discordance, 3) for r in rows] == [0.008, 0.248]
+    assert rows[0].questions < rows[1].questions and "allowed by the totals" in rows[0].discordance_origin
+
+
+def test_cli_prints_both_and_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["design", "speed", "--noise-sd", "0.05", "--change", "10", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data[0]["noise_origin"] == "given" and data[0]["runs_per_arm"] >= 6
+    assert cli.main(["design", "accuracy", "--discordance", "0.05", "--margin-points", "2"]) == 0
+    assert "questions (discordance 5.0%, given" in capsys.readouterr().out
+    assert cli.main(["design", "accuracy", "--discordance", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kvstudy: error: --discordance")
+    assert cli.main(["design", "speed", "--noise-sd", "x"]) == 2
+    assert "--noise-sd" in capsys.readouterr().err
+
+
+def test_bad_totals_name_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["design", "accuracy", "--totals", "500", "600", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--totals N BASE CAND: baseline" in err[0]
