@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvstudy.errors import StudyError
+from kvstudy.secret_shapes import redact_shapes
 
 T = TypeVar("T")
 # The repository's root folder: relative paths in parameters, profiles and records start here.
@@ -67,10 +68,11 @@ def write_csv(frame: Any, directory: str | Path, name: str) -> Path:
 
 def write_csv_at(frame: Any, path: str | Path) -> Path:
     """:func:`write_csv` at exactly ``path`` (``kvstudy capacity --csv PATH`` writes PATH, no suffix
-    added or changed); the path."""
+    added or changed), every secret shape in it redacted (``secret_shapes.redact_shapes``: a token
+    inside a folder name, a URL password); the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, frame.to_csv(index=_named_index(frame)))
+    write_text_atomic(path, redact_shapes(frame.to_csv(index=_named_index(frame))))
     return path
 
 

@@ -350,7 +350,7 @@ def clean_staging(reports_dir: Path, profile: str) -> None:
 
 def scrub_figure_tables(figures_dir: Path, values: list[str]) -> None:
     """Rewrite the CSV files a notebook left in ``figures_dir`` scrubbed of the profile's secret
-    values (the kernel's ``write_csv`` already hid every secret shape)."""
+    values (``io.write_csv`` already hid every secret shape as the kernel wrote them)."""
     if figures_dir.is_dir():
         for path in figures_dir.glob("*.csv"):
             if path.is_file() and not path.is_symlink():

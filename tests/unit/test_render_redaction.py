@@ -59,3 +59,13 @@ def test_secret_shapes_reach_no_file_a_render_writes(tmp_path: Path) -> None:
     index = (tmp_path / "reports" / "planted" / "index.html").read_text()
     assert "our models, read with [REDACTED]" in index and "cannot reach https://user:[REDACTED]@hub.example" in index
     assert "[REDACTED]-model" in (tmp_path / "figures" / "planted" / "models.csv").read_text()
+
+
+def test_every_csv_is_written_without_secret_shapes(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from kvstudy.io import write_csv
+
+    frame = pd.DataFrame({"model": [f"models/run_{TOKEN}-x"], "source": [f"https://u:{PASSWORD}@hub.example/m"]})
+    text = write_csv(frame, tmp_path, "table").read_text()
+    assert TOKEN not in text and PASSWORD not in text and text.count("[REDACTED]") == 2
