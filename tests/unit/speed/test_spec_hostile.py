@@ -47,7 +47,7 @@ BASE: dict[str, Any] = {
         ({"server_extra_args": "--foo"}, "list of strings"),
         ({"server_extra_args": ["--host", "0.0.0.0"]}, "'--host' is set by the project"),
         ({"configurations": [{"name": "a", "extra_args": ["--port=80"]}]}, "'--port' is set by the project"),
-        ({"configurations": [{"name": "a", "extra_args": ["--PORT", "80"]}]}, "set by the project"),
+        ({"configurations": [{"name": "a", "extra_args": ["--PORT", "80"]}]}, "'--PORT': not an option of vLLM"),
         ({"configurations": [{"name": 5}]}, "'name' must be a string"),
         ({"configurations": [{"name": "a", "env": {"K": ["x"]}}]}, "env.K"),
         ({"num_gpu_blocks_override": 2**80}, "num_gpu_blocks_override"),
