@@ -212,7 +212,7 @@ def child() -> None:
     try:
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
     except ImportError:  # vLLM before the launchers package
-        from vllm.entrypoints.openai.cli_args import make_arg_parser  # type: ignore[no-redef]
+        from vllm.entrypoints.openai.cli_args import make_arg_parser  # type: ignore[no-redef,unused-ignore]
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:
