@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from kvstudy.errors import StudyError
 
@@ -37,8 +38,17 @@ SUBCOMMAND_MODULES = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are StudyErrors of one line (the sub-commands' parsers are of this class)."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("kvstudy").strip()
+        where = f"{command}: " if command else ""
+        raise StudyError(f"{where}{' '.join(message.split())} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvstudy", description="FP8 KV-cache study helpers.")
+    parser = _Parser(prog="kvstudy", description="FP8 KV-cache study helpers.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -47,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except StudyError as exc:
         print(f"kvstudy: error: {exc}", file=sys.stderr)

@@ -15,6 +15,7 @@ from kvstudy.accuracy.configurations import CONFIGURATIONS, configurations
 from kvstudy.accuracy.runner import OFFLINE_TASK, EvalSettings, read_status
 from kvstudy.accuracy.task_specs import TASKS
 from kvstudy.errors import StudyError
+from kvstudy.limits import MAX_GIB, MAX_ITEMS, MAX_SHOTS, MAX_TOKENS, float_arg, int_arg
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,14 +26,16 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         default="bf16,fp8-weights,fp8-kv,fp8-weights-fp8-kv,bf16-zero-shot",
         help=f"comma-separated, from {sorted(CONFIGURATIONS)}",
     )
-    parser.add_argument("--n", type=int, default=500, help="first N test questions")
-    parser.add_argument("--shots", type=int, default=None, help="few-shot examples (default: the task's)")
+    parser.add_argument("--n", type=int_arg(1, MAX_ITEMS), default=500, help="first N test questions")
+    parser.add_argument(
+        "--shots", type=int_arg(0, MAX_SHOTS), default=None, help="few-shot examples (default: the task's)"
+    )
     parser.add_argument("--task", default=OFFLINE_TASK, choices=sorted(TASKS))
     parser.add_argument("--data-dir", default=None, help="the offline task's data folder (default: the task's)")
     parser.add_argument("--filter", default=None, help="primary filter (default: the task's)")
-    parser.add_argument("--max-length", type=int, default=None, help="context + generation tokens")
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--cpu-kvcache-space-gib", type=float, default=None)
+    parser.add_argument("--max-length", type=int_arg(1, MAX_TOKENS), default=None, help="context + generation tokens")
+    parser.add_argument("--max-model-len", type=int_arg(1, MAX_TOKENS), default=None)
+    parser.add_argument("--cpu-kvcache-space-gib", type=float_arg(1e-3, MAX_GIB), default=None)
     parser.add_argument(
         "--enforce-eager",
         action="store_true",
@@ -42,21 +45,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_cli(args: argparse.Namespace) -> None:
-    """Every CLI value checked before anything starts (one line each)."""
-    from kvstudy.io import bounded_float, bounded_int
-
+    """The model folder checked before anything starts (the numbers are checked by their argparse
+    types, with the bounds of ``kvstudy.limits``)."""
     model = str(args.model)
     if model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
         raise StudyError(f"--model {model[:200]}: no such model folder")
-    bounded_int(args.n, "--n", low=1, high=10_000_000)
-    if args.shots is not None:
-        bounded_int(args.shots, "--shots", low=0, high=1000)
-    if args.max_length is not None:
-        bounded_int(args.max_length, "--max-length", low=1, high=10_000_000)
-    if args.max_model_len is not None:
-        bounded_int(args.max_model_len, "--max-model-len", low=1, high=100_000_000)
-    if args.cpu_kvcache_space_gib is not None:
-        bounded_float(args.cpu_kvcache_space_gib, "--cpu-kvcache-space-gib", low=1e-3, high=1e6)
 
 
 def _cli_run(args: argparse.Namespace) -> int:

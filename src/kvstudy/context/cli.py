@@ -7,6 +7,16 @@ import json
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.limits import (
+    MAX_BANDWIDTH_GB_S,
+    MAX_FACTOR,
+    MAX_GIB,
+    MAX_GRID_CELLS,
+    MAX_TOKENS,
+    MAX_USERS,
+    float_arg,
+    int_arg,
+)
 from kvstudy.model.roofline import DEFAULT_BANDWIDTH_FACTOR, RooflineResult, roofline
 
 GIB = 2**30
@@ -80,19 +90,22 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("model", help="model folder, its config.json, or a cached Hugging Face id")
     parser.add_argument("--gpu", default=None, help="GPU name or alias from data/gpus/catalog.json")
-    parser.add_argument("--context", type=int, required=True, help="tokens each request holds")
-    parser.add_argument("--users", type=int, default=1, help="requests decoded together (default 1)")
+    parser.add_argument("--context", type=int_arg(1, MAX_TOKENS), required=True, help="tokens each request holds")
+    parser.add_argument("--users", type=int_arg(1, MAX_USERS), default=1, help="requests decoded together (default 1)")
     parser.add_argument(
         "--kv-dtype", nargs="+", metavar="D", default=None, help="KV dtypes (default: the model's 16-bit dtype and fp8)"
     )
     parser.add_argument(
         "--bandwidth-factor",
-        type=float,
+        type=float_arg(0.0, MAX_FACTOR),
         default=None,
         help=f"achievable / peak bandwidth (default {DEFAULT_BANDWIDTH_FACTOR}, assumed)",
     )
     parser.add_argument(
-        "--bandwidth-gb-s", type=float, default=None, help="peak bandwidth in GB/s instead of the catalog's"
+        "--bandwidth-gb-s",
+        type=float_arg(0.0, MAX_BANDWIDTH_GB_S),
+        default=None,
+        help="peak bandwidth in GB/s instead of the catalog's",
     )
     parser.add_argument(
         "--measure-bandwidth",
@@ -101,7 +114,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--weights-gib",
-        type=float,
+        type=float_arg(0.0, MAX_GIB),
         default=None,
         help="total weight memory in GiB instead of the model folder's figure",
     )
@@ -117,7 +130,12 @@ def register(subparsers: Any) -> None:
     )
     sweep.add_argument("spec", help="JSON file with ContextSweepSpec fields (model, arms, lengths, seeds, ...)")
     sweep.add_argument("capture", help="capture folder (created, or resumed if it holds the same grid)")
-    sweep.add_argument("--max-servers", type=int, default=None, help="start at most this many servers in this run")
+    sweep.add_argument(
+        "--max-servers",
+        type=int_arg(0, MAX_GRID_CELLS),
+        default=None,
+        help="start at most this many servers in this run",
+    )
     sweep.add_argument(
         "--retry-failed",
         action="store_true",

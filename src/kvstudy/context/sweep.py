@@ -51,8 +51,10 @@ from kvstudy.bench.grid import cells_to_run as grid_cells_to_run
 from kvstudy.bench.grid import item_states as grid_item_states
 from kvstudy.bench.result import requests_from_result
 from kvstudy.capture import now_utc
+from kvstudy.context.spec_types import check_types
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
+from kvstudy.limits import MAX_GRID_CELLS
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 
@@ -97,8 +99,7 @@ class ContextSweepSpec:
         for key in ("model", "arms", "lengths"):
             if key not in data:
                 raise StudyError(f"{where}: field '{key}' is required")
-        if not isinstance(data["arms"], (list, tuple)):
-            raise StudyError(f"{where}: 'arms' must be a list of mappings, got {type(data['arms']).__name__}")
+        check_types(data, where)
         arms = [arm_from_dict(item, f"{where}: arms[{i}]") for i, item in enumerate(data["arms"])]
         env = data.get("server_env") or ()
         env = tuple(sorted(env.items())) if isinstance(env, dict) else tuple(tuple(p) for p in env)
@@ -130,6 +131,9 @@ class ContextSweepSpec:
         _check_ints(self.seeds, "seeds", where, minimum=0)
         if len(set(self.seeds)) != len(self.seeds):
             raise StudyError(f"{where}: 'seeds' must not repeat")
+        cells = len(self.arms) * len(self.seeds) * len(self.lengths)
+        if cells > MAX_GRID_CELLS:
+            raise StudyError(f"{where}: {cells:,} cells (arms x seeds x lengths), expected at most {MAX_GRID_CELLS:,}")
         for name in ("output_len", "prompts"):
             _check_ints([getattr(self, name)], name, where, minimum=1)
         if self.output_len < 3:

@@ -17,6 +17,7 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
 from kvstudy.io import write_csv, write_csv_at  # noqa: F401 (notebooks call plan.write_csv)
+from kvstudy.limits import MAX_GIB, MAX_TENSOR_PARALLEL, MAX_TOKENS, float_arg, int_arg
 from kvstudy.model.capacity import (
     GIB,
     KV_DTYPES,
@@ -382,7 +383,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--max-model-len",
-        type=int,
+        type=int_arg(1, MAX_TOKENS),
         default=None,
         help="tokens in one request (default: the config's max_position_embeddings)",
     )
@@ -396,20 +397,28 @@ def register(subparsers: Any) -> None:
         help="override: read the config with a known family's rules, not vLLM's specs (the fields it ignores are printed)",
     )
     parser.add_argument("--gpu", metavar="NAME", default=None, help="a GPU from data/gpus/catalog.json (e.g. H100-SXM)")
-    parser.add_argument("--gpu-memory-gib", type=float, default=None, help="GPU memory in GiB (overrides --gpu's)")
+    parser.add_argument(
+        "--gpu-memory-gib", type=float_arg(0.0, MAX_GIB), default=None, help="GPU memory in GiB (overrides --gpu's)"
+    )
     parser.add_argument(
         "--gpu-memory-utilization",
-        type=float,
+        type=float_arg(0.0, 1.0),
         default=None,
         help=f"vLLM --gpu-memory-utilization (default: vLLM's, {DEFAULT_GPU_MEMORY_UTILIZATION})",
     )
     parser.add_argument(
         "--weights-gib",
-        type=float,
+        type=float_arg(0.0, MAX_GIB),
         default=None,
         help="weights in GiB (default: the checkpoint's, else an estimate from the config)",
     )
-    parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N", help="GPUs in tensor parallelism")
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int_arg(1, MAX_TENSOR_PARALLEL),
+        default=1,
+        metavar="N",
+        help="GPUs in tensor parallelism",
+    )
     parser.add_argument(
         "--allow-long-context",
         action="store_true",

@@ -29,6 +29,7 @@ from typing import Any
 
 from kvstudy.capture import new_manifest, set_items, write_manifest
 from kvstudy.errors import StudyError
+from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_TOKENS, float_arg, int_arg
 from kvstudy.precision import prompts as pr
 from kvstudy.precision.records import KIND, Group, claim_capture, write_group, write_logp
 
@@ -242,10 +243,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--candidate", required=True, help="URL of the server under test (e.g. FP8 KV)")
     p.add_argument("--repeat", help="URL of a second 16-bit server for the A/A floor (default: the baseline again)")
     p.add_argument("--capture", required=True, help="capture folder to write")
-    p.add_argument("--gsm8k-n", type=int, default=20)
-    p.add_argument("--retrieval-lengths", type=int, nargs="*", default=[512, 1024, 2048])
-    p.add_argument("--retrieval-per-length", type=int, default=4)
-    p.add_argument("--chars-per-token", type=float, default=1.0, help="retrieval context characters per token")
+    p.add_argument("--gsm8k-n", type=int_arg(0, MAX_ITEMS), default=20)
+    p.add_argument("--retrieval-lengths", type=int_arg(1, MAX_TOKENS), nargs="*", default=[512, 1024, 2048])
+    p.add_argument("--retrieval-per-length", type=int_arg(0, MAX_ITEMS), default=4)
+    p.add_argument(
+        "--chars-per-token",
+        type=float_arg(0.01, MAX_FACTOR),
+        default=1.0,
+        help="retrieval context characters per token",
+    )
     p.add_argument("--allow-other-checkpoint", action="store_true", help="the servers may load different folders")
     p.add_argument("--force", action="store_true", help="write into a folder kv-screen did not create")
     p.set_defaults(func=_cmd)

@@ -30,6 +30,7 @@ from typing import Any
 from kvstudy.capture import create_or_resume, finish_session, model_inputs, set_items, start_session, write_manifest
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import write_json_atomic
+from kvstudy.limits import MAX_ITEMS, MAX_THREADS, MAX_TOKENS, int_arg
 from kvstudy.precision import prompts as pr
 from kvstudy.precision import quantize as qz
 from kvstudy.precision.records import (
@@ -341,11 +342,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("capture", help="capture folder to write or resume")
     p.add_argument("--model", default=d.model)
     p.add_argument("--control-dir", default=d.control_dir, help="where the positive-control checkpoint is written")
-    p.add_argument("--gsm8k-n", type=int, default=d.gsm8k_n)
-    p.add_argument("--control-gsm8k-n", type=int, default=d.control_gsm8k_n)
-    p.add_argument("--retrieval-lengths", type=int, nargs="+", default=list(d.retrieval_lengths))
-    p.add_argument("--retrieval-per-length", type=int, default=d.retrieval_per_length)
-    p.add_argument("--greedy-n", type=int, default=d.greedy_n, help="GSM8K-format items answered greedily per arm")
-    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--gsm8k-n", type=int_arg(0, MAX_ITEMS), default=d.gsm8k_n)
+    p.add_argument("--control-gsm8k-n", type=int_arg(0, MAX_ITEMS), default=d.control_gsm8k_n)
+    p.add_argument("--retrieval-lengths", type=int_arg(1, MAX_TOKENS), nargs="+", default=list(d.retrieval_lengths))
+    p.add_argument("--retrieval-per-length", type=int_arg(0, MAX_ITEMS), default=d.retrieval_per_length)
+    p.add_argument(
+        "--greedy-n",
+        type=int_arg(0, MAX_ITEMS),
+        default=d.greedy_n,
+        help="GSM8K-format items answered greedily per arm",
+    )
+    p.add_argument("--threads", type=int_arg(1, MAX_THREADS), default=d.threads)
     p.add_argument("--force", action="store_true", help="write into a folder kv-simulate did not create")
     p.set_defaults(func=_cmd)

@@ -33,6 +33,7 @@ from kvstudy.bench.measurability import Measurability, RunRequests, assess_run, 
 from kvstudy.bench.result import read_result_file, requests_from_result, result_files
 from kvstudy.errors import StudyError
 from kvstudy.io import is_finite_number
+from kvstudy.limits import float_arg
 from kvstudy.redact import redact, redact_text
 from kvstudy.speed.calibration import centred, minimum_detectable_change
 from kvstudy.speed.verdict import ALPHA, CLOCK_TOLERANCE, Verdict, compare_runs, minimum_p_value, summarise_run
@@ -335,7 +336,7 @@ def register(subparsers: Any) -> None:
     cmp_parser.add_argument("--json", action="store_true", help="print one JSON object")
     cmp_parser.add_argument(
         "--clock-tolerance-pct",
-        type=float,
+        type=float_arg(0.0, 100.0),
         default=CLOCK_TOLERANCE * 100,
         metavar="X",
         help="largest difference of the arms' median clocks that still allows a claim "

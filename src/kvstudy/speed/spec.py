@@ -14,6 +14,19 @@ from kvstudy.bench.arm import Arm, arm_from_dict, check_arms
 from kvstudy.bench.client import BenchSettings
 from kvstudy.errors import StudyError
 from kvstudy.io import bounded_float, bounded_int, type_name
+from kvstudy.limits import (
+    MAX_ARMS,
+    MAX_AXIS_VALUES,
+    MAX_BLOCKS,
+    MAX_BYTES,
+    MAX_GIB,
+    MAX_GRID_CELLS,
+    MAX_REQUESTS,
+    MAX_SECONDS,
+    MAX_SEED,
+    MAX_TOKENS,
+    MAX_USERS,
+)
 from kvstudy.redact import check_env_mapping, redact
 from kvstudy.vllm.command import check_extra_args
 
@@ -83,6 +96,11 @@ class SweepSpec:
             raise StudyError(f"{where}: 'seeds' must be a non-empty list of integers >= 0, got {self.seeds!r}")
         if len(set(self.seeds)) != len(self.seeds) or len(set(self.users)) != len(self.users):
             raise StudyError(f"{where}: 'seeds' and 'users' must not repeat values")
+        cells = len(self.configurations) * len(self.seeds) * len(self.users)
+        if cells > MAX_GRID_CELLS:
+            raise StudyError(
+                f"{where}: {cells:,} cells (configurations x seeds x users), expected at most {MAX_GRID_CELLS:,}"
+            )
         for name in ("input_len", "output_len", "prompts_per_user"):
             _positive_ints([getattr(self, name)], name, where)
         if not isinstance(self.warmups_per_user, int) or self.warmups_per_user < 0:
@@ -170,17 +188,22 @@ RUN_ORDERS = {
     "grouped": "seeds in turn; configurations always in the listed order",
 }
 
-MAX_COUNT = 10**9  # seeds, users, lengths and counts stay far below this
+# Each integer field's least value and its bound (kvstudy.limits, named once).
 _INT_FIELDS = {
-    "input_len": 1,
-    "output_len": 1,
-    "prompts_per_user": 1,
-    "warmups_per_user": 0,
-    "num_gpu_blocks_override": 1,
-    "kv_cache_memory_bytes": 1,
-    "max_model_len": 1,
+    "input_len": (1, MAX_TOKENS),
+    "output_len": (1, MAX_TOKENS),
+    "prompts_per_user": (1, MAX_REQUESTS),
+    "warmups_per_user": (0, MAX_REQUESTS),
+    "num_gpu_blocks_override": (1, MAX_BLOCKS),
+    "kv_cache_memory_bytes": (1, MAX_BYTES),
+    "max_model_len": (1, MAX_TOKENS),
 }
-_FLOAT_FIELDS = ("cpu_kvcache_space_gib", "telemetry_interval_s", "ready_timeout_s", "bench_timeout_s")
+_FLOAT_FIELDS = {
+    "cpu_kvcache_space_gib": MAX_GIB,
+    "telemetry_interval_s": MAX_SECONDS,
+    "ready_timeout_s": MAX_SECONDS,
+    "bench_timeout_s": MAX_SECONDS,
+}
 _OPTIONAL = ("num_gpu_blocks_override", "kv_cache_memory_bytes", "cpu_kvcache_space_gib", "max_model_len")
 
 
@@ -194,23 +217,27 @@ def _check_types(data: dict[str, Any], where: str) -> None:
         raise StudyError(
             f"{where}: 'configurations' must be a non-empty list of mappings, got {type_name(data['configurations'])}"
         )
-    for name in ("seeds", "users"):
+    if len(data["configurations"]) > MAX_ARMS:
+        raise StudyError(f"{where}: {len(data['configurations'])} configurations, expected at most {MAX_ARMS}")
+    for name, most, high in (("seeds", MAX_AXIS_VALUES, MAX_SEED), ("users", MAX_AXIS_VALUES, MAX_USERS)):
         if name in data and not isinstance(data[name], list):
             raise StudyError(f"{where}: '{name}' must be a list of integers, got {type_name(data[name])}")
+        if len(data.get(name, [])) > most:
+            raise StudyError(f"{where}: '{name}' holds {len(data[name])} values, expected at most {most:,}")
         for i, value in enumerate(data.get(name, [])):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise StudyError(f"{where}: '{name}'[{i}] must be an integer, got {type_name(value)}")
-            bounded_int(value, f"{where}: '{name}'[{i}]", 0, MAX_COUNT)
-    for name, low in _INT_FIELDS.items():
+            bounded_int(value, f"{where}: '{name}'[{i}]", 0, high)
+    for name, (low, high) in _INT_FIELDS.items():
         if name in data and not (data[name] is None and name in _OPTIONAL):
             if not isinstance(data[name], int) or isinstance(data[name], bool):
                 raise StudyError(f"{where}: '{name}' must be an integer, got {type_name(data[name])}")
-            bounded_int(data[name], f"{where}: '{name}'", low, 2**62)
-    for name in _FLOAT_FIELDS:
+            bounded_int(data[name], f"{where}: '{name}'", low, high)
+    for name, high in _FLOAT_FIELDS.items():
         if name in data and not (data[name] is None and name in _OPTIONAL):
             if isinstance(data[name], str):
                 raise StudyError(f"{where}: '{name}' must be a number, got a string {data[name][:40]!r}")
-            value = bounded_float(data[name], f"{where}: '{name}'", 0.0, 1e9)
+            value = bounded_float(data[name], f"{where}: '{name}'", 0.0, high)
             if value <= 0:
                 raise StudyError(f"{where}: '{name}' must be positive, got {value!r}")
     if "enforce_eager" in data and not isinstance(data["enforce_eager"], bool):

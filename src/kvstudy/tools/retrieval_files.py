@@ -20,6 +20,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import file_digest, read_json_object, write_json_atomic, write_text_atomic
+from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_NEEDLES, MAX_SEED, float_arg, int_arg
 from kvstudy.outputs import claim_output_folder
 from kvstudy.tools.retrieval_data import DEFAULT_SEED, KINDS, generate_items
 
@@ -149,13 +150,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--lengths", default=",".join(map(str, default.lengths)), help="context lengths in tokens, comma-separated"
     )
-    parser.add_argument("--n-per-length", type=int, default=default.n_per_length)
-    parser.add_argument("--questions-per-context", type=int, default=default.questions_per_context)
-    parser.add_argument("--n-needles", type=int, default=default.n_needles)
-    parser.add_argument("--seed", type=int, default=default.seed)
+    parser.add_argument("--n-per-length", type=int_arg(1, MAX_ITEMS), default=default.n_per_length)
+    parser.add_argument("--questions-per-context", type=int_arg(1, MAX_NEEDLES), default=default.questions_per_context)
+    parser.add_argument("--n-needles", type=int_arg(1, MAX_NEEDLES), default=default.n_needles)
+    parser.add_argument("--seed", type=int_arg(0, MAX_SEED), default=default.seed)
     parser.add_argument(
         "--chars-per-token",
-        type=float,
+        type=float_arg(0.01, MAX_FACTOR),
         default=default.chars_per_token,
         help="characters per token of the served model's tokenizer (1 for a byte-level one)",
     )

@@ -30,6 +30,7 @@ import numpy as np
 
 from kvstudy.errors import StudyError
 from kvstudy.io import file_digest, read_bytes_checked, read_json_object, write_text_atomic
+from kvstudy.limits import MAX_FACTOR, float_arg
 from kvstudy.model.safetensors import decode
 from kvstudy.outputs import claim_output_folder
 from kvstudy.tools.checkpoints import Tensors, write_json, write_safetensors
@@ -152,6 +153,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("source", help="a single-file Qwen3 model folder (e.g. data/trained-model/qwen3-mini)")
     p.add_argument("out", help="the folder to write")
-    p.add_argument("--factor", type=float, default=FACTOR, help="k_norm is multiplied and q_norm divided by it")
+    p.add_argument(
+        "--factor",
+        type=float_arg(1e-6, MAX_FACTOR),
+        default=FACTOR,
+        help="k_norm is multiplied and q_norm divided by it",
+    )
     p.add_argument("--force", action="store_true", help="write into a folder this command did not create")
     p.set_defaults(func=_cmd)

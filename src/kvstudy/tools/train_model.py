@@ -48,6 +48,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json_object, write_json_atomic
+from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, float_arg, int_arg
 from kvstudy.machine import cpu_model
 from kvstudy.outputs import check_output_folder, claim_output_folder
 from kvstudy.tools.train_data import (  # noqa: F401
@@ -523,7 +524,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"model folder (default {DEFAULT_OUT})")
     parser.add_argument(
         "--eval",
-        type=int,
+        type=int_arg(0, MAX_ITEMS),
         default=0,
         metavar="N",
         help="then evaluate on N test questions and 20 retrieval items per length",
@@ -534,7 +535,10 @@ def register(subparsers: Any) -> None:
         help="a model folder saved after the recipe's first phases: run only the phases after them",
     )
     parser.add_argument(
-        "--steps-scale", type=float, default=1.0, help="multiply every stage's steps (1.0 = the committed recipe)"
+        "--steps-scale",
+        type=float_arg(1e-6, MAX_FACTOR),
+        default=1.0,
+        help="multiply every stage's steps (1.0 = the committed recipe)",
     )
     parser.add_argument("--force", action="store_true", help="write into a folder this command did not create")
     parser.set_defaults(func=_cmd_train)

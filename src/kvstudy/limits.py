@@ -1,0 +1,91 @@
+"""The bounds on every count and size a spec, a profile or a command may give, each named once.
+
+They are generous for real use (a 10-million-token context, a hundred thousand users, a week-long
+timeout) and exist so that a mistyped or hostile value is refused before any work starts, in one
+line that names the bound, instead of running for hours or filling memory. Specs check their
+fields with :func:`kvstudy.io.bounded_int` / :func:`kvstudy.io.bounded_float` against these;
+commands take :func:`int_arg` / :func:`float_arg` as argparse types.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.io import bounded_float, bounded_int, type_name
+
+MAX_TOKENS = 10_000_000  # a length in tokens (context, input, output, max_model_len): above any model's
+MAX_USERS = 100_000  # concurrent requests of one benchmark cell
+MAX_REQUESTS = 1_000_000  # requests, prompts or warm-ups per user or per cell
+MAX_ITEMS = 1_000_000  # questions, contexts or records a generated or evaluated set may hold
+MAX_SHOTS = 1_000  # few-shot examples in one prompt
+MAX_NEEDLES = 10_000  # needles or questions in one retrieval context
+MAX_AXIS_VALUES = 10_000  # values on one axis of a grid (seeds, user counts, input lengths)
+MAX_SEED = 2**63 - 1  # a seed's value
+MAX_ARMS = 100  # KV configurations (arms) of one grid
+MAX_GRID_CELLS = 100_000  # benchmark cells of one grid (each runs for seconds to minutes)
+MAX_LAYERS = 10_000  # decoder layers: no model has more
+MAX_GIB = 1_048_576.0  # GiB of memory (a GPU, a KV pool, weights): 1 PiB
+MAX_BYTES = 2**50  # bytes of memory (a KV pool): 1 PiB
+MAX_BLOCKS = 10**9  # KV cache blocks of a pool
+MAX_TENSOR_PARALLEL = 4096  # GPUs one model is split over
+MAX_SECONDS = 7 * 24 * 3600.0  # a timeout or interval: one week
+MAX_BANDWIDTH_GB_S = 1e6  # memory bandwidth in GB/s (a GPU's is a few thousand)
+MAX_FACTOR = 1e6  # a scale, a multiplier or a characters-per-token figure
+MAX_THREADS = 4096  # CPU threads of one run
+
+
+def int_field(value: Any, where: str, low: int, high: int) -> int:
+    """A spec's integer field: an int (not a boolean, not a float, not text) within [low, high]."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise StudyError(f"{where} must be an integer, got {type_name(value)}")
+    return bounded_int(value, where, low, high)
+
+
+def number_field(value: Any, where: str, high: float) -> float:
+    """A spec's positive number field: an int or float (not a boolean, not text), finite, in (0, high]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise StudyError(f"{where} must be a number, got {type_name(value)}")
+    number = bounded_float(value, where, 0.0, high)
+    if number <= 0:
+        raise StudyError(f"{where} must be positive, got {number!r}")
+    return number
+
+
+def int_list(value: Any, where: str, low: int, high: int, most: int = MAX_AXIS_VALUES) -> list[int]:
+    """A spec's list of integers: a list (or tuple) of at most ``most`` ints, each within [low, high]."""
+    if not isinstance(value, (list, tuple)):
+        raise StudyError(f"{where} must be a list of integers, got {type_name(value)}")
+    if len(value) > most:
+        raise StudyError(f"{where} holds {len(value):,} values, expected at most {most:,}")
+    return [int_field(v, f"{where}[{i}]", low, high) for i, v in enumerate(value)]
+
+
+def int_arg(low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in [low, high], refused in one line naming the bound."""
+
+    def parse(text: str) -> int:
+        try:
+            return bounded_int(text, "value", low, high)
+        except StudyError:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer from {low:,} to {high:,}, got {text[:40]!r}"
+            ) from None
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def float_arg(low: float, high: float) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number in [low, high], refused in one line naming the bound."""
+
+    def parse(text: str) -> float:
+        try:
+            return bounded_float(text, "value", low, high)
+        except StudyError:
+            raise argparse.ArgumentTypeError(f"expected a number from {low:g} to {high:g}, got {text[:40]!r}") from None
+
+    parse.__name__ = "number"
+    return parse
