@@ -56,9 +56,9 @@ def check_types(data: dict[str, Any], where: str) -> None:
     for name, (low, high) in _INT_FIELDS.items():
         if name in data and not (data[name] is None and name in _OPTIONAL):
             int_field(data[name], f"{where}: '{name}'", low, high)
-    for name, high in _NUMBER_FIELDS.items():
+    for name, top in _NUMBER_FIELDS.items():
         if name in data and not (data[name] is None and name in _OPTIONAL):
-            number_field(data[name], f"{where}: '{name}'", high)
+            number_field(data[name], f"{where}: '{name}'", top)
     backend = data.get("attention_backend")
     if backend is not None and (not isinstance(backend, str) or not backend.replace("_", "").isalnum()):
         raise StudyError(f"{where}: 'attention_backend' must be a backend name (letters, digits, '_') or null")

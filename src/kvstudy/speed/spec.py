@@ -233,11 +233,11 @@ def _check_types(data: dict[str, Any], where: str) -> None:
             if not isinstance(data[name], int) or isinstance(data[name], bool):
                 raise StudyError(f"{where}: '{name}' must be an integer, got {type_name(data[name])}")
             bounded_int(data[name], f"{where}: '{name}'", low, high)
-    for name, high in _FLOAT_FIELDS.items():
+    for name, top in _FLOAT_FIELDS.items():
         if name in data and not (data[name] is None and name in _OPTIONAL):
             if isinstance(data[name], str):
                 raise StudyError(f"{where}: '{name}' must be a number, got a string {data[name][:40]!r}")
-            value = bounded_float(data[name], f"{where}: '{name}'", 0.0, high)
+            value = bounded_float(data[name], f"{where}: '{name}'", 0.0, top)
             if value <= 0:
                 raise StudyError(f"{where}: '{name}' must be positive, got {value!r}")
     if "enforce_eager" in data and not isinstance(data["enforce_eager"], bool):
