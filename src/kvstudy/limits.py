@@ -10,6 +10,7 @@ commands take :func:`int_arg` / :func:`float_arg` as argparse types.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,26 @@ MAX_SECONDS = 7 * 24 * 3600.0  # a timeout or interval: one week
 MAX_BANDWIDTH_GB_S = 1e6  # memory bandwidth in GB/s (a GPU's is a few thousand)
 MAX_FACTOR = 1e6  # a scale, a multiplier or a characters-per-token figure
 MAX_THREADS = 4096  # CPU threads of one run
+MAX_FILE_NUMBER = 2**53  # any number read from a config, a result or a sample file: past it a float loses units
+
+
+def check_numbers(data: Any, where: str, largest: float = MAX_FILE_NUMBER) -> None:
+    """Every number in a parsed JSON tree finite and within +-``largest``; else one line naming the
+    first offending key's path (a 400-digit ``head_dim`` or ``1e999`` is refused here, before any
+    arithmetic turns it into an OverflowError)."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise StudyError(f"{where}: {path[:120] or 'the value'} is {value!r}, expected a finite number")
+        elif abs(value) > largest:
+            raise StudyError(f"{where}: {path[:120] or 'the value'} is beyond +-{largest:.0f}, expected a real figure")
 
 
 def int_field(value: Any, where: str, low: int, high: int) -> int:

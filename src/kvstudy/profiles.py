@@ -18,11 +18,51 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_yaml
+from kvstudy.limits import (
+    MAX_AXIS_VALUES,
+    MAX_BLOCKS,
+    MAX_BYTES,
+    MAX_FACTOR,
+    MAX_GIB,
+    MAX_ITEMS,
+    MAX_REQUESTS,
+    MAX_SECONDS,
+    MAX_SEED,
+    MAX_SHOTS,
+    MAX_TENSOR_PARALLEL,
+    MAX_THREADS,
+    MAX_TOKENS,
+    MAX_USERS,
+    check_numbers,
+)
 
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TOP_LEVEL_KEYS = ("description", "extends", "defaults", "notebooks")
 # Parameters the runner sets itself; a profile may not set them.
 RUNNER_PARAMETERS = ("profile", "figures_dir")
+# The bounds of the notebooks' count and size parameters (a number, or each number of a list), from
+# kvstudy.limits; checked with the profile, before any notebook runs.
+PARAMETER_BOUNDS: dict[str, tuple[float, float]] = {
+    **dict.fromkeys(
+        ("context_len", "contexts", "lengths", "retrieval_lengths", "input_len", "output_len", "max_model_len"),
+        (1, MAX_TOKENS),
+    ),
+    **dict.fromkeys(("max_length", "max_gen_toks", "published_context_len"), (1, MAX_TOKENS)),
+    "fixed_pool_tokens": (1, MAX_BLOCKS),
+    **dict.fromkeys(("n", "gsm8k_n", "control_gsm8k_n", "greedy_n", "retrieval_per_length", "n_boot"), (0, MAX_ITEMS)),
+    "num_fewshot": (0, MAX_SHOTS),
+    "seeds": (0, MAX_SEED),
+    "users": (1, MAX_USERS),
+    **dict.fromkeys(("prompts", "prompts_per_user", "warmups_per_user"), (0, MAX_REQUESTS)),
+    "calibration_runs_per_arm": (0, MAX_AXIS_VALUES),
+    **dict.fromkeys(("tensor_parallel_size", "compare_tp"), (1, MAX_TENSOR_PARALLEL)),
+    **dict.fromkeys(("cpu_kvcache_space_gib", "overhead_gib", "gpu_memory_gib", "weights_gib"), (0, MAX_GIB)),
+    "kv_cache_memory_bytes": (1, MAX_BYTES),
+    "num_gpu_blocks_override": (1, MAX_BLOCKS),
+    **dict.fromkeys(("ready_timeout_s", "bench_timeout_s", "telemetry_interval_s"), (0, MAX_SECONDS)),
+    "threads": (1, MAX_THREADS),
+    **dict.fromkeys(("bandwidth_factor", "control_factor"), (0, MAX_FACTOR)),
+}
 _UNPARSED = object()
 _TYPE_WORDS = {
     "int": int,
@@ -198,9 +238,29 @@ def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[
             if not _type_ok(value, param.types):
                 raise StudyError(
                     f"{where}: parameter {key!r} must be {param.type_label} "
-                    f"(like the default {param.default!r}), not {value!r}"
+                    f"(like the default {param.default!r}), not {_shown(value)}"
                 )
+            _check_bounds(value, f"{where}: parameter {key!r}", key)
     return declared
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 200 else "a huge integer"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_bounds(value: Any, where: str, key: str) -> None:
+    """Every number finite and not huge; a count or size parameter (or each item of its list) within
+    its bound (:data:`PARAMETER_BOUNDS`); a list of at most ``MAX_AXIS_VALUES`` items."""
+    check_numbers(value, where)
+    if isinstance(value, list) and len(value) > MAX_AXIS_VALUES:
+        raise StudyError(f"{where}: {len(value):,} items, expected at most {MAX_AXIS_VALUES:,}")
+    if key not in PARAMETER_BOUNDS:
+        return
+    low, high = PARAMETER_BOUNDS[key]
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, (int, float)) and not isinstance(item, bool) and not low <= item <= high:
+            raise StudyError(f"{where}: {item!r} is outside {low:,} .. {high:,}")
 
 
 def given_parameters(profile_data: dict[str, Any], stem: str, declared: dict[str, Parameter]) -> dict[str, Any]:

@@ -13,18 +13,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from typing import Any
 
 from kvstudy.accuracy import samples, stats, tables, totals
 from kvstudy.errors import StudyError
+from kvstudy.limits import MAX_ITEMS
 
 
 def _whole(text: str, field: str) -> int:
-    """A whole number from the command line, or a StudyError naming the option."""
-    try:
-        value = int(text.strip(), 10)
-    except (ValueError, AttributeError):
-        raise StudyError(f"{field}: expected a whole number, got {text!r}") from None
+    """A whole number from the command line, at most ``MAX_ITEMS``, or a StudyError naming the option
+    (a negative count is left to the totals' own check, which names the count)."""
+    if not isinstance(text, str) or not re.fullmatch(r"\s*[+-]?[0-9]{1,30}\s*", text):
+        raise StudyError(f"{field}: expected a whole number, got {str(text)[:40]!r}")
+    value = int(text)
+    if value > MAX_ITEMS:
+        raise StudyError(f"{field}: {value} is above the maximum {MAX_ITEMS:,} items")
     return value
 
 

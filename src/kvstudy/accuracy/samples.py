@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.limits import MAX_FILE_NUMBER
 
 DEFAULT_FILTER = "strict-match"  # GSM8K's primary filter in lm-eval
 DEFAULT_METRIC = "exact_match"
@@ -141,7 +142,11 @@ def parse_row(row: Any) -> SampleRow:
     scores = {
         k: float(v)
         for k, v in row.items()
-        if k not in _KNOWN_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if k not in _KNOWN_KEYS
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and abs(v) <= MAX_FILE_NUMBER  # first: a 400-digit score is not a score (float() of it overflows)
+        and math.isfinite(v)
     }
     doc = row.get("doc")
     digest = None

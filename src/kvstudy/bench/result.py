@@ -27,6 +27,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import is_finite_number, read_jsonl, write_jsonl_atomic
+from kvstudy.limits import check_numbers
 
 # A detailed result of 10,000 prompts x 1,000 output tokens is about 200 MB of JSON; beyond this the
 # file is not one bench run (or would not fit comfortably in memory once parsed).
@@ -35,6 +36,9 @@ MAX_RESULT_BYTES = 256 * 1024 * 1024
 # The per-request arrays every --save-detailed result holds, and those older clients did not save.
 DETAILED_ARRAYS = ("latencies", "ttfts", "itls", "output_lens", "errors")
 OPTIONAL_ARRAYS = ("start_times", "input_lens")
+# Numbers the study reads from a result, checked finite and bounded when the file is read (the summary
+# statistics are left alone: vLLM writes NaN there for a run whose requests all failed).
+CHECKED_NUMBERS = (*DETAILED_ARRAYS, *OPTIONAL_ARRAYS, "num_prompts", "completed", "duration", "max_concurrency")
 
 
 @dataclass(frozen=True)
@@ -89,10 +93,13 @@ def read_result_file(path: str | Path) -> dict[str, Any]:
         raise StudyError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); expected a vLLM bench result") from None
     except RecursionError:
         raise StudyError(f"{path}: JSON nested too deeply; expected a vLLM bench result") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise StudyError(f"{path}: not JSON ({str(exc)[:100]}); expected a vLLM bench result") from None
     if not isinstance(data, dict):
         raise StudyError(
             f"{path}: a JSON {type(data).__name__}, expected the object vLLM bench serve --save-result writes"
         )
+    check_numbers({k: v for k, v in data.items() if k in CHECKED_NUMBERS}, str(path))
     return data
 
 

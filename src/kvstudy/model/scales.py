@@ -25,6 +25,7 @@ import numpy as np
 
 from kvstudy.errors import StudyError
 from kvstudy.io import parse_json_text, read_bytes_checked
+from kvstudy.limits import check_numbers
 from kvstudy.model.folder import resolve_model_path
 from kvstudy.model.safetensors import SafetensorsHeader, read_header, read_tensor
 from kvstudy.model.scale_records import ScaleReport, ScaleTensor, _json_number, declared_kv_dtype
@@ -118,6 +119,11 @@ def _read_config(folder: Path, report: ScaleReport) -> None:
         return
     if not isinstance(config, dict):
         report.errors.append(f"{path}: expected a JSON object at the top level, got {type(config).__name__}")
+        return
+    try:
+        check_numbers(config, str(path))
+    except StudyError as exc:
+        report.errors.append(str(exc))
         return
     report.config_read = True
     report.kv_cache_dtype_in_config, report.kv_cache_dtype_field = _kv_dtype_in_config(config)

@@ -83,7 +83,10 @@ def _bad_input_cases(tmp: Path) -> list[tuple[list[str], str]]:
         ([str(unknown)], "unknown architecture, field 'model_type' is 'bert'"),
         (["nobody/not-a-cached-model"], "nobody/not-a-cached-model: not a folder"),
         (["data/models/Qwen3-8B", "--kv-dtype", "int3"], "kv dtype 'int3': unknown"),
-        (["data/models/Qwen3-8B", "--max-model-len", "0"], "context length 0"),
+        (
+            ["data/models/Qwen3-8B", "--max-model-len", "0"],
+            "--max-model-len: expected an integer from 1 to 10,000,000, got '0'",
+        ),
     ]
 
 

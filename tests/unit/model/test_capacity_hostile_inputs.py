@@ -60,7 +60,7 @@ def test_unicode_digit_skip_layers_and_zero_length_say_what_was_wrong(capsys: py
     code, err = _capacity(capsys, str(TINY), "--skip-layers", "²")
     assert code == 2 and "skip layers '²'" in err, err
     code, err = _capacity(capsys, str(TINY), "--max-model-len", "0")
-    assert code == 2 and "context length 0: expected a positive integer" in err
+    assert code == 2 and "--max-model-len: expected an integer from 1 to 10,000,000" in err
     assert "max_position_embeddings" not in err
 
 
