@@ -63,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StudyError as exc:
         print(f"kvstudy: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the filesystem refused a path a command was given (a last resort: one line)
+        where = f"{str(exc.filename)[:200]}: " if exc.filename else ""
+        print(f"kvstudy: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("kvstudy: interrupted", file=sys.stderr)
         return 130

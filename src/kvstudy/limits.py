@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
@@ -110,3 +112,48 @@ def float_arg(low: float, high: float) -> Callable[[str], float]:
 
     parse.__name__ = "number"
     return parse
+
+
+NAME_MAX = 255  # bytes of one file name (Linux filesystems' limit)
+PATH_MAX = 4096  # bytes of a whole path
+
+
+def check_output_path(path: str | Path, where: str, folder: bool) -> Path:
+    """An output path the filesystem can hold: every name at most ``NAME_MAX`` bytes, the whole at
+    most ``PATH_MAX``, no existing ancestor that is a file, and the path itself, where it exists, a
+    folder (``folder``) or not a folder; else one line naming it."""
+    path = Path(path)
+    shown = str(path)[:120]
+    if len(os.fsencode(str(path))) > PATH_MAX:
+        raise StudyError(f"{where}: the path is {len(os.fsencode(str(path))):,} bytes, expected at most {PATH_MAX:,}")
+    for name in path.parts:
+        if len(os.fsencode(name)) > NAME_MAX:
+            raise StudyError(
+                f"{where}: a name of {len(os.fsencode(name))} bytes in {shown}, expected at most {NAME_MAX}"
+            )
+    for parent in path.parents:
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                raise StudyError(f"{where}: {str(parent)[:120]} is a file, not a folder, so {shown} cannot be made")
+            break
+    if path.exists() and path.is_dir() != folder:
+        raise StudyError(
+            f"{where}: {shown} is {'a file' if folder else 'a folder'}, expected {'a folder' if folder else 'a file'}"
+        )
+    return path
+
+
+def _path_arg(folder: bool) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        try:
+            check_output_path(text, "path", folder)
+        except StudyError as exc:
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("path: ")) from None
+        return text
+
+    parse.__name__ = "folder" if folder else "file"
+    return parse
+
+
+output_folder = _path_arg(folder=True)  # an argparse type: an output folder check_output_path accepts
+output_file = _path_arg(folder=False)  # an argparse type: an output file check_output_path accepts

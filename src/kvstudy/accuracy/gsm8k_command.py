@@ -15,12 +15,12 @@ from kvstudy.accuracy.configurations import CONFIGURATIONS, configurations
 from kvstudy.accuracy.runner import OFFLINE_TASK, EvalSettings, read_status
 from kvstudy.accuracy.task_specs import TASKS
 from kvstudy.errors import StudyError
-from kvstudy.limits import MAX_GIB, MAX_ITEMS, MAX_SHOTS, MAX_TOKENS, float_arg, int_arg
+from kvstudy.limits import MAX_GIB, MAX_ITEMS, MAX_SHOTS, MAX_TOKENS, float_arg, int_arg, output_folder
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model folder (or hub id with the hub)")
-    parser.add_argument("--capture", required=True, help="capture folder to write / resume")
+    parser.add_argument("--capture", required=True, type=output_folder, help="capture folder to write / resume")
     parser.add_argument(
         "--configs",
         default="bf16,fp8-weights,fp8-kv,fp8-weights-fp8-kv,bf16-zero-shot",

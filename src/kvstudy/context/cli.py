@@ -16,6 +16,7 @@ from kvstudy.limits import (
     MAX_USERS,
     float_arg,
     int_arg,
+    output_folder,
 )
 from kvstudy.model.roofline import DEFAULT_BANDWIDTH_FACTOR, RooflineResult, roofline
 
@@ -129,7 +130,9 @@ def register(subparsers: Any) -> None:
         description="One user, a grid of input lengths, each KV arm; resumes an existing capture folder.",
     )
     sweep.add_argument("spec", help="JSON file with ContextSweepSpec fields (model, arms, lengths, seeds, ...)")
-    sweep.add_argument("capture", help="capture folder (created, or resumed if it holds the same grid)")
+    sweep.add_argument(
+        "capture", type=output_folder, help="capture folder (created, or resumed if it holds the same grid)"
+    )
     sweep.add_argument(
         "--max-servers",
         type=int_arg(0, MAX_GRID_CELLS),

@@ -17,7 +17,7 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
 from kvstudy.io import write_csv, write_csv_at  # noqa: F401 (notebooks call plan.write_csv)
-from kvstudy.limits import MAX_GIB, MAX_TENSOR_PARALLEL, MAX_TOKENS, float_arg, int_arg
+from kvstudy.limits import MAX_GIB, MAX_TENSOR_PARALLEL, MAX_TOKENS, float_arg, int_arg, output_file
 from kvstudy.model.capacity import (
     GIB,
     KV_DTYPES,
@@ -424,7 +424,9 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="count a --max-model-len beyond the config's max_position_embeddings (vLLM needs VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)",
     )
-    parser.add_argument("--csv", metavar="PATH", default=None, help="also write the per-dtype table as CSV at PATH")
+    parser.add_argument(
+        "--csv", metavar="PATH", type=output_file, default=None, help="also write the per-dtype table as CSV at PATH"
+    )
     parser.add_argument("--force", action="store_true", help="replace an existing --csv file")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=_run)

@@ -29,7 +29,7 @@ from typing import Any
 
 from kvstudy.capture import new_manifest, set_items, write_manifest
 from kvstudy.errors import StudyError
-from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_TOKENS, float_arg, int_arg
+from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_TOKENS, float_arg, int_arg, output_folder
 from kvstudy.precision import prompts as pr
 from kvstudy.precision.records import KIND, Group, claim_capture, write_group, write_logp
 
@@ -242,7 +242,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--baseline", required=True, help="URL of the 16-bit server, e.g. http://127.0.0.1:8000")
     p.add_argument("--candidate", required=True, help="URL of the server under test (e.g. FP8 KV)")
     p.add_argument("--repeat", help="URL of a second 16-bit server for the A/A floor (default: the baseline again)")
-    p.add_argument("--capture", required=True, help="capture folder to write")
+    p.add_argument("--capture", required=True, type=output_folder, help="capture folder to write")
     p.add_argument("--gsm8k-n", type=int_arg(0, MAX_ITEMS), default=20)
     p.add_argument("--retrieval-lengths", type=int_arg(1, MAX_TOKENS), nargs="*", default=[512, 1024, 2048])
     p.add_argument("--retrieval-per-length", type=int_arg(0, MAX_ITEMS), default=4)

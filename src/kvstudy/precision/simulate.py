@@ -30,7 +30,7 @@ from typing import Any
 from kvstudy.capture import create_or_resume, finish_session, model_inputs, set_items, start_session, write_manifest
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import write_json_atomic
-from kvstudy.limits import MAX_ITEMS, MAX_THREADS, MAX_TOKENS, int_arg
+from kvstudy.limits import MAX_ITEMS, MAX_THREADS, MAX_TOKENS, int_arg, output_folder
 from kvstudy.precision import prompts as pr
 from kvstudy.precision import quantize as qz
 from kvstudy.precision.records import (
@@ -339,9 +339,14 @@ def _cmd(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     d = SimSpec()
     p = subparsers.add_parser("kv-simulate", help=f"score FP8/int8 KV storage in PyTorch ({qz.LABEL})")
-    p.add_argument("capture", help="capture folder to write or resume")
+    p.add_argument("capture", type=output_folder, help="capture folder to write or resume")
     p.add_argument("--model", default=d.model)
-    p.add_argument("--control-dir", default=d.control_dir, help="where the positive-control checkpoint is written")
+    p.add_argument(
+        "--control-dir",
+        type=output_folder,
+        default=d.control_dir,
+        help="where the positive-control checkpoint is written",
+    )
     p.add_argument("--gsm8k-n", type=int_arg(0, MAX_ITEMS), default=d.gsm8k_n)
     p.add_argument("--control-gsm8k-n", type=int_arg(0, MAX_ITEMS), default=d.control_gsm8k_n)
     p.add_argument("--retrieval-lengths", type=int_arg(1, MAX_TOKENS), nargs="+", default=list(d.retrieval_lengths))

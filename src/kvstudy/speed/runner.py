@@ -53,6 +53,7 @@ from kvstudy.bench.telemetry import (
 )
 from kvstudy.capture import now_utc
 from kvstudy.io import log_tail, read_json
+from kvstudy.limits import output_folder
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 from kvstudy.speed.spec import RUN_ORDERS, Cell, CellResult, Run, SweepSpec
@@ -284,7 +285,7 @@ def speed_plan(spec: SweepSpec, capture: Path) -> GridPlan[Cell, CellResult]:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("sweep", help="run (or resume) a speed sweep described by a JSON grid")
     p.add_argument("spec", help="JSON file with the grid (SweepSpec fields)")
-    p.add_argument("capture", help="capture folder (created, or resumed if it holds the same grid)")
+    p.add_argument("capture", type=output_folder, help="capture folder (created, or resumed if it holds the same grid)")
     p.add_argument("--dry-run", action="store_true", help="list the cells that would run, start nothing")
     p.add_argument(
         "--retry-failed",

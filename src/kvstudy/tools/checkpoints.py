@@ -22,6 +22,7 @@ import safetensors
 
 from kvstudy.errors import StudyError
 from kvstudy.io import check_write_target, write_text_atomic
+from kvstudy.limits import output_folder
 from kvstudy.model.safetensors import F8_E4M3_VALUES
 from kvstudy.outputs import claim_output_folder
 
@@ -367,7 +368,7 @@ def register(subparsers: Any) -> None:
     )
     sub = parser.add_subparsers(dest="checkpoints_command", required=True)
     build = sub.add_parser("build", help="write the checkpoints into a folder")
-    build.add_argument("out_dir", help="e.g. data/checkpoints")
+    build.add_argument("out_dir", type=output_folder, help="e.g. data/checkpoints")
     build.add_argument("names", nargs="*", help="only these checkpoints (default: all)")
     build.add_argument("--force", action="store_true", help="write into a folder this command did not create")
     build.set_defaults(func=_cmd)

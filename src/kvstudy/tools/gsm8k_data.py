@@ -22,7 +22,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import write_text_atomic
-from kvstudy.limits import MAX_ITEMS, MAX_SEED, int_arg
+from kvstudy.limits import MAX_ITEMS, MAX_SEED, int_arg, output_folder
 from kvstudy.outputs import claim_output_folder
 
 SEED = 20261023
@@ -328,7 +328,7 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("folder", help="where to write train.jsonl and test.jsonl")
+    parser.add_argument("folder", type=output_folder, help="where to write train.jsonl and test.jsonl")
     parser.add_argument("--seed", type=int_arg(0, MAX_SEED), default=SEED)
     parser.add_argument("--n-test", type=int_arg(1, MAX_ITEMS), default=N_TEST)
     parser.add_argument("--n-train", type=int_arg(1, MAX_ITEMS), default=N_TRAIN)

@@ -20,7 +20,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import file_digest, read_json_object, write_json_atomic, write_text_atomic
-from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_NEEDLES, MAX_SEED, float_arg, int_arg
+from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_NEEDLES, MAX_SEED, float_arg, int_arg, output_folder
 from kvstudy.outputs import claim_output_folder
 from kvstudy.tools.retrieval_data import DEFAULT_SEED, KINDS, generate_items
 
@@ -146,7 +146,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "retrieval-data", help="write the long-context retrieval set (lm-eval retrieval_offline)"
     )
-    parser.add_argument("folder", help="where test.jsonl and spec.json go, e.g. data/retrieval")
+    parser.add_argument("folder", type=output_folder, help="where test.jsonl and spec.json go, e.g. data/retrieval")
     parser.add_argument(
         "--lengths", default=",".join(map(str, default.lengths)), help="context lengths in tokens, comma-separated"
     )

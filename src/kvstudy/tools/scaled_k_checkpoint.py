@@ -30,7 +30,7 @@ import numpy as np
 
 from kvstudy.errors import StudyError
 from kvstudy.io import file_digest, read_bytes_checked, read_json_object, write_text_atomic
-from kvstudy.limits import MAX_FACTOR, float_arg
+from kvstudy.limits import MAX_FACTOR, float_arg, output_folder
 from kvstudy.model.safetensors import decode
 from kvstudy.outputs import claim_output_folder
 from kvstudy.tools.checkpoints import Tensors, write_json, write_safetensors
@@ -152,7 +152,7 @@ def register(subparsers: Any) -> None:
         help="write the KV-precision positive control: a Qwen3 checkpoint whose K overflows FP8 at scale 1.0",
     )
     p.add_argument("source", help="a single-file Qwen3 model folder (e.g. data/trained-model/qwen3-mini)")
-    p.add_argument("out", help="the folder to write")
+    p.add_argument("out", type=output_folder, help="the folder to write")
     p.add_argument(
         "--factor",
         type=float_arg(1e-6, MAX_FACTOR),

@@ -34,6 +34,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
+from kvstudy.limits import output_folder
 
 DEFAULT_PATH = Path("data/tiny-models/tiny-qwen3")
 SPEED_PATH = Path("data/tiny-models/speed-qwen3")
@@ -323,7 +324,11 @@ def register(subparsers: Any) -> None:
     sub = parser.add_subparsers(dest="tiny_command", required=True)
     build = sub.add_parser("build", help="build the model folder if it is missing")
     build.add_argument(
-        "path", nargs="?", default=None, help=f"model folder (default {DEFAULT_PATH} for tiny, {SPEED_PATH} for speed)"
+        "path",
+        nargs="?",
+        type=output_folder,
+        default=None,
+        help=f"model folder (default {DEFAULT_PATH} for tiny, {SPEED_PATH} for speed)",
     )
     build.add_argument(
         "--size",

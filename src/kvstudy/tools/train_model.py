@@ -48,7 +48,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json_object, write_json_atomic
-from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, float_arg, int_arg
+from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, float_arg, int_arg, output_folder
 from kvstudy.machine import cpu_model
 from kvstudy.outputs import check_output_folder, claim_output_folder
 from kvstudy.tools.train_data import (  # noqa: F401
@@ -521,7 +521,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add ``kvstudy train-model --out DIR``."""
     parser = subparsers.add_parser("train-model", help="train the small Qwen3 model (GSM8K-format + retrieval)")
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help=f"model folder (default {DEFAULT_OUT})")
+    parser.add_argument(
+        "--out", type=output_folder, default=str(DEFAULT_OUT), help=f"model folder (default {DEFAULT_OUT})"
+    )
     parser.add_argument(
         "--eval",
         type=int_arg(0, MAX_ITEMS),
