@@ -149,7 +149,7 @@ def _mlp_parameters(cfg: dict[str, Any], index: int, hidden: int, where: str) ->
         return mats * hidden * shared_size + hidden * experts + projections, mats * width * expert_size * experts
     key = "intermediate_size_mlp" if cfg.get("intermediate_size_mlp") else "intermediate_size"
     size = cfg.get(key)
-    if isinstance(size, list):  # gemma-3n: one width per layer
+    if isinstance(size, list) and size:  # gemma-3n: one width per layer
         size = size[index] if index < len(size) else size[-1]
     if not isinstance(size, int) or size <= 0:
         raise StudyError(f"{where}: field '{key}' is {size!r} (expected a positive integer)")
