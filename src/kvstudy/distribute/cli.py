@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.distribute.emit import EMITTERS, FILE_NAMES, emit
+from kvstudy.limits import MAX_GRID_CELLS, MAX_THREADS, int_arg
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -64,13 +65,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--profiles", help="folder of profiles (default: the repository's profiles/)")
     p.add_argument("--emit", nargs="+", choices=EMITTERS, help="also write " + ", ".join(FILE_NAMES.values()))
     p.add_argument("--store", default="store", help="store the emitted jobs write blocks into (default: store)")
-    p.add_argument("--parallel", type=int, default=4, help="blocks at once (Slurm throttle, k8s parallelism)")
+    p.add_argument(
+        "--parallel",
+        type=int_arg(1, MAX_GRID_CELLS),
+        default=4,
+        help="blocks at once (Slurm throttle, k8s parallelism)",
+    )
     p.add_argument("--image", default="kvstudy:latest", help="container image of the k8s Job")
     p.set_defaults(func=_cmd_plan)
 
     r = subparsers.add_parser("run-block", help="run one block of a plan into a store (idempotent)")
     r.add_argument("plan", help="plan folder")
-    r.add_argument("--index", type=int, required=True, help="block index (0-based)")
+    r.add_argument("--index", type=int_arg(0, MAX_GRID_CELLS), required=True, help="block index (0-based)")
     r.add_argument("--store", required=True, help="store folder; the block's capture is STORE/<block-id>/")
     r.add_argument("--retry-failed", action="store_true", help="run a block that failed before again")
     r.set_defaults(func=_cmd_run_block)
@@ -85,8 +91,8 @@ def register(subparsers: Any) -> None:
     y = subparsers.add_parser("run-blocks-ray", help="run a plan's blocks as Ray tasks (where Ray is installed)")
     y.add_argument("plan", help="plan folder")
     y.add_argument("--store", required=True, help="store folder")
-    y.add_argument("--index", type=int, action="append", help="only this block (repeatable)")
+    y.add_argument("--index", type=int_arg(0, MAX_GRID_CELLS), action="append", help="only this block (repeatable)")
     y.add_argument("--address", help="Ray cluster address (default: start a local one)")
-    y.add_argument("--num-cpus", type=int, help="CPUs of a local Ray cluster")
+    y.add_argument("--num-cpus", type=int_arg(1, MAX_THREADS), help="CPUs of a local Ray cluster")
     y.add_argument("--retry-failed", action="store_true", help="run blocks that failed before again")
     y.set_defaults(func=_cmd_ray)
