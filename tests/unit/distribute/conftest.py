@@ -68,7 +68,9 @@ def split_into_stores(capture: Path, plan_dir: Path, root: Path, nodes: list[str
         for path in sorted(p for p in capture.rglob("*") if p.is_file()):
             rel = path.relative_to(capture)
             mine = any(path.name.startswith(f"{rid}__") or path.name.startswith(f"{rid}.") for rid in runs)
-            if mine or rel.as_posix() == "bandwidth.json":
+            # every block keeps the served model's config.json (run-block copies it from the model
+            # folder, which a fresh clone lacks: the bundled capture's copy stands in for it)
+            if mine or rel.as_posix() in ("bandwidth.json", capture_format.MODEL_CONFIG):
                 (folder / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, folder / rel)
         manifest = capture_format.read_manifest(folder)
