@@ -32,7 +32,7 @@ SECRET = "hf_PLANTEDsecret0123456789abcdefXYZ"
 HUGE = "__HUGE_INTEGER__"  # replaced by 5,000 digits after json.dumps (Python cannot print such an int)
 BIG = "__BIG_INTEGER__"  # replaced by 400 digits: a JSON integer that float() cannot hold
 PROPERTY = settings(
-    max_examples=200,
+    max_examples=300,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -233,7 +233,7 @@ def sample_row(doc_id: int, correct: bool) -> dict[str, Any]:
 SAMPLES = [sample_row(i, i % 3 != 0) for i in range(12)]
 
 
-@settings(PROPERTY, max_examples=150)
+@settings(PROPERTY, max_examples=300)
 @given(CHANGES, st.sampled_from(["--json", "--margin-points", "--margin-share"]))
 def test_accuracy_compare_on_any_samples(changes: list[tuple[int, Any]], option: str) -> None:
     with workspace() as work:
@@ -245,7 +245,7 @@ def test_accuracy_compare_on_any_samples(changes: list[tuple[int, Any]], option:
         run(["accuracy", "compare", str(work / "a.jsonl"), str(work / "b.jsonl"), *extra], work, (), (0, 1, 2))
 
 
-@settings(PROPERTY, max_examples=150)
+@settings(PROPERTY, max_examples=300)
 @given(st.lists(st.one_of(st.text(max_size=8), st.integers().map(str), st.just("9" * 5000)), min_size=3, max_size=3))
 def test_accuracy_totals_on_any_counts(counts: list[str]) -> None:
     with workspace() as work:
@@ -260,7 +260,7 @@ BENCH_BASE = sorted(BENCH.glob("auto__s*__u1.json"))[:3]
 BENCH_CAND = sorted(BENCH.glob("fp8__s*__u1.json"))[:3]
 
 
-@settings(PROPERTY, max_examples=150)
+@settings(PROPERTY, max_examples=300)
 @given(CHANGES, st.booleans())
 def test_speed_compare_on_any_bench_result(changes: list[tuple[int, Any]], as_json: bool) -> None:
     with workspace() as work:

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import type_name
-from kvstudy.redact import check_env_mapping
+from kvstudy.vllm.arguments import check_server_env
 from kvstudy.vllm.command import check_extra_args
 from kvstudy.vllm.facts import CACHE_DTYPES
 
@@ -48,7 +48,7 @@ def arm_from_dict(item: Any, where: str) -> Arm:
     args = item.get("extra_args", [])
     if not isinstance(args, (list, tuple)):
         raise StudyError(f"{where}: 'extra_args' must be a list of strings, got {type_name(args)}")
-    check_env_mapping(item.get("env", {}), f"{where}: env")
+    check_server_env(item.get("env", {}), f"{where}: env")
     check_extra_args(list(args), f"{where}: extra_args")
     return Arm(**{**item, "extra_args": [str(a) for a in args], "env": dict(item.get("env") or {})})
 
@@ -68,5 +68,5 @@ def check_arms(arms: Sequence[Arm], where: str, what: str = "configuration") -> 
                 f"{where}: {what} {a.name!r}: unknown kv_cache_dtype {a.kv_cache_dtype!r} "
                 f"(expected one of {', '.join(CACHE_DTYPES)})"
             )
-        check_env_mapping(a.env, f"{where}: {what} {a.name!r}: env")
+        check_server_env(a.env, f"{where}: {what} {a.name!r}: env")
         check_extra_args(a.extra_args, f"{where}: {what} {a.name!r}: extra_args")

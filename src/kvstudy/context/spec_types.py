@@ -25,7 +25,7 @@ from kvstudy.limits import (
     int_list,
     number_field,
 )
-from kvstudy.redact import check_env_mapping
+from kvstudy.vllm.arguments import check_server_env
 
 # Each integer field's least value and bound, and each number field's bound (kvstudy.limits).
 _INT_FIELDS = {
@@ -69,4 +69,4 @@ def check_types(data: dict[str, Any], where: str) -> None:
         if not all(isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) for p in env):
             raise StudyError(f"{where}: 'server_env' must be a mapping of variable names to values")
         env = dict(env)
-    check_env_mapping(env, f"{where}: server_env")
+    check_server_env(env, f"{where}: server_env")

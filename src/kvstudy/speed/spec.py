@@ -27,7 +27,8 @@ from kvstudy.limits import (
     MAX_TOKENS,
     MAX_USERS,
 )
-from kvstudy.redact import check_env_mapping, redact
+from kvstudy.redact import redact
+from kvstudy.vllm.arguments import check_server_env
 from kvstudy.vllm.command import check_extra_args
 
 
@@ -127,7 +128,7 @@ class SweepSpec:
             raise StudyError(f"{where}: 'telemetry_interval_s' must be positive")
         if self.run_order not in RUN_ORDERS:
             raise StudyError(f"{where}: 'run_order' must be one of {list(RUN_ORDERS)}, got {self.run_order!r}")
-        check_env_mapping(self.server_env, f"{where}: server_env")
+        check_server_env(self.server_env, f"{where}: server_env")
         check_extra_args(self.server_extra_args, f"{where}: server_extra_args")
 
     def to_dict(self) -> dict[str, Any]:
@@ -247,7 +248,7 @@ def _check_types(data: dict[str, Any], where: str) -> None:
     if "run_order" in data and data["run_order"] not in RUN_ORDERS:
         raise StudyError(f"{where}: 'run_order' must be one of {list(RUN_ORDERS)}, got {str(data['run_order'])[:40]!r}")
     if "server_env" in data:
-        check_env_mapping(data["server_env"], f"{where}: server_env")
+        check_server_env(data["server_env"], f"{where}: server_env")
     if "server_extra_args" in data:
         check_extra_args(data["server_extra_args"], f"{where}: server_extra_args")
 

@@ -37,7 +37,8 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import REPO_ROOT, read_json_object
-from kvstudy.vllm.facts import NETWORK_OPTIONS, SERVE_OPTIONS_SNAPSHOT
+from kvstudy.redact import check_env_mapping
+from kvstudy.vllm.facts import NETWORK_ENV, NETWORK_OPTIONS, SERVE_OPTIONS_SNAPSHOT
 from kvstudy.vllm.kv_specs import oracle_disabled
 
 MARKER = "KVSTUDY-OPTIONS "
@@ -157,6 +158,19 @@ def check_server_args(args: Any, where: str, table: OptionTable | None = None) -
                 "listen on 127.0.0.1 at a port the project chooses; remove it"
             )
     return list(args)
+
+
+def check_server_env(env: Any, where: str) -> dict[str, Any]:
+    """``env`` checked as ``redact.check_env_mapping`` does, and to set none of the variables through
+    which vLLM binds or connects to an address (:data:`~kvstudy.vllm.facts.NETWORK_ENV`)."""
+    checked = check_env_mapping(env, where)
+    for key in checked:
+        if key.upper() in NETWORK_ENV:
+            raise StudyError(
+                f"{where}: {key} is refused ({NETWORK_ENV[key.upper()]}): servers listen on 127.0.0.1 "
+                "at a port the project chooses; remove it"
+            )
+    return checked
 
 
 # --------------------------------------------------------------------------- where the table comes from

