@@ -19,6 +19,17 @@ from kvstudy.errors import StudyError
 from kvstudy.io import read_json_object, write_json_atomic
 
 GENERATED_MARKER = ".kvstudy-generated.json"
+# The marker of a model folder `kvstudy tiny-model build` made (its recipe and version).
+TINY_MODEL_MARKER = ".kvstudy-tiny-model.json"
+
+
+def generated_by_project(folder: str | Path) -> bool:
+    """Whether ``folder`` is something this project generated: a tiny model it built, or a folder
+    inside (or being) one a generator marked (``checkpoints build`` marks ``data/checkpoints``)."""
+    folder = Path(folder)
+    if (folder / TINY_MODEL_MARKER).is_file():
+        return True
+    return any(_marker_generator(f) is not None for f in (folder, folder.parent))
 
 
 def _marker_generator(folder: Path) -> str | None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from kvstudy.model.scale_records import ScaleReport, declared_kv_dtype
 from kvstudy.model.scale_verdicts import kv_handling_method
+from kvstudy.outputs import generated_by_project
 
 
 def _span(values: Sequence[float]) -> str | None:
@@ -88,6 +89,8 @@ def summarize(reports: Sequence[ScaleReport], dump: Any = None) -> dict[str, Any
     readable = [r for r in reports if r.readable and r.weights == "safetensors"]
     counts = {
         "models": len(reports),
+        # folders this project generated (test checkpoints, tiny models), not published checkpoints
+        "generated": sum(r.folder is not None and generated_by_project(r.folder) for r in reports),
         "inspected": len(readable),
         "with_scales": sum(r.has_scales for r in readable),
         "declare_kv": sum(declared_kv_dtype(r) is not None for r in reports),
@@ -125,6 +128,11 @@ def summarize(reports: Sequence[ScaleReport], dump: Any = None) -> dict[str, Any
         f"{c['declare_kv']} of {c['models']} folders declare their own KV dtype, and "
         f"{c['silent_unit_scale']} would run FP8 at scale 1.0 with no warning"
     )
+    if c["generated"]:
+        finding += (
+            f" ({'all' if c['generated'] == c['models'] else c['generated']} of the {c['models']} folders are test "
+            "checkpoints this project generated, not published models)"
+        )
     if c["checked"]:
         finding += f"; {c['dropped']} of {c['checked']} logs show dropped scales"
     if c["dump_compared"]:

@@ -35,10 +35,11 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
 from kvstudy.limits import output_folder
+from kvstudy.outputs import TINY_MODEL_MARKER
 
 DEFAULT_PATH = Path("data/tiny-models/tiny-qwen3")
 SPEED_PATH = Path("data/tiny-models/speed-qwen3")
-MARKER = ".kvstudy-tiny-model.json"
+MARKER = TINY_MODEL_MARKER
 BUILD_VERSION = 1  # bump when the recipe changes, so stale folders are rebuilt
 
 BOS_TOKEN = "<|startoftext|>"

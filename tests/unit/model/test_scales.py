@@ -766,3 +766,17 @@ def test_captured_config_trap_doubles_the_pool() -> None:
     assert pool_comparisons(dump) == [
         "tiny-ct-kscale: 2,097,152 tokens with auto vs 1,048,576 tokens with bfloat16 (ratio 2.00)"
     ]
+
+
+def test_the_finding_says_which_folders_the_project_generated(tmp_path: Path) -> None:
+    from kvstudy.model.scale_tables import summarize
+
+    published = tmp_path / "published-model"
+    shutil.copytree(BUNDLED / "fp8-kv-scales", published)  # the same files, without the generator's marker
+    generated = summarize([inspect_model(BUNDLED / "fp8-kv-scales"), inspect_model(BUNDLED / "plain-bf16")])
+    assert "(all of the 2 folders are test checkpoints this project generated, not published models)" in (
+        generated["finding"]
+    )
+    mixed = summarize([inspect_model(published), inspect_model(BUNDLED / "plain-bf16")])
+    assert "(1 of the 2 folders are test checkpoints this project generated" in mixed["finding"]
+    assert "generated" not in summarize([inspect_model(published)])["finding"]
