@@ -148,14 +148,27 @@ def test_fp8_start_fails_clearly_without_avx512(
 
 
 def test_invalid_flag(tiny_model: Path, tmp_path: Path) -> None:
+    # an option vLLM does not have is refused by the project's argument guard before anything starts
     log = tmp_path / "bad-flag.log"
     server = VllmServer(
         ServerConfig(model=str(tiny_model), extra_args=["--no-such-flag-kvstudy"]), log, ready_timeout_s=600
     )
+    with pytest.raises(EngineStartError, match="'--no-such-flag-kvstudy': not an option of vLLM") as refused:
+        server.start()
+    assert "\n" not in str(refused.value) and "not started" in log.read_text()
+    assert server.pid is None and not server.is_alive()
+
+
+def test_invalid_flag_value(tiny_model: Path, tmp_path: Path) -> None:
+    # a real option with a value vLLM's parser rejects: the engine's own error, with its log tail
+    log = tmp_path / "bad-value.log"
+    server = VllmServer(
+        ServerConfig(model=str(tiny_model), extra_args=["--seed", "not-a-number"]), log, ready_timeout_s=600
+    )
     with pytest.raises(EngineStartError) as err:
         server.start()
     message = str(err.value)
-    assert "exited with code" in message and "--no-such-flag-kvstudy" in message
+    assert "exited with code" in message and "not-a-number" in message
     assert err.value.info is not None and err.value.info.failed
     assert "--- last lines of" in message and log.is_file()
     assert_gone(server)
