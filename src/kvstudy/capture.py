@@ -38,6 +38,7 @@ from kvstudy.io import (
     write_text_atomic,
 )
 from kvstudy.machine import REPORT_PACKAGES, hardware_info, package_versions
+from kvstudy.outputs import GENERATED_MARKER, links_out
 from kvstudy.redact import redact
 
 MANIFEST = "manifest.json"
@@ -48,6 +49,9 @@ CELLS, REQUESTS = "cells", "requests"
 MODEL_CONFIG = "model/config.json"
 FORMAT_VERSION = 2
 SOURCE = "captured by this project"
+# distribute's record of a block (``kvstudy run-block``), written into the block's capture folder
+# before the runner makes its manifest: the one file the project puts in a capture before it.
+BLOCK_RECORD = "block.json"
 
 
 def now_utc() -> str:
@@ -164,7 +168,7 @@ def create_or_resume(
     holding a secret still resumes. ``canonical(stored_grid, where)`` parses a stored grid back into
     ``to_dict`` form (older spellings included); ``label`` names the experiment in messages.
     """
-    capture = Path(capture)
+    capture = check_new_capture(capture)
     path = capture / MANIFEST
     if not path.is_file():
         manifest = new_manifest(kind, grid, how, inputs)
@@ -187,6 +191,47 @@ def create_or_resume(
     if upgrade_capture(capture):
         manifest = read_manifest(capture, kind)
     return manifest, False
+
+
+def check_new_capture(capture: str | Path, own_item: Callable[[Path], bool] | None = None) -> Path:
+    """``capture`` if a capture may be made (or resumed) there, else one line, nothing written.
+
+    A folder holding a manifest resumes (its grid and inputs are checked by the caller). A new
+    capture goes only into a missing or empty folder, never one holding the user's files: what the
+    project itself writes before the manifest (:data:`BLOCK_RECORD`; a folder a generator claimed
+    through ``outputs.claim_output_folder``, which did its own checks; an entry ``own_item`` says is
+    one of the experiment's items, e.g. an accuracy configuration's folder) is allowed. A symlinked
+    folder, or a symlink planted inside a new one, is refused (a write would follow it out)."""
+    capture = Path(capture)
+    if capture.is_symlink():
+        if (capture / MANIFEST).is_file():
+            return capture
+        raise StudyError(f"{capture}: is a symlink; refusing to make a capture through it (use a new or empty folder)")
+    if capture.exists() and not capture.is_dir():
+        raise StudyError(f"{capture}: exists and is not a folder (expected a capture folder: use a new or empty one)")
+    if not capture.is_dir() or (capture / MANIFEST).is_file():
+        return capture
+    link = links_out(capture)
+    if link is not None:
+        raise StudyError(f"{link}: is a symlink; refusing to write through it (expected plain files in {capture})")
+    claimed = (capture / GENERATED_MARKER).is_file()
+    theirs = sorted(
+        p.name
+        for p in capture.iterdir()
+        if p.name != BLOCK_RECORD and not _atomic_leftover(p.name) and not (own_item is not None and own_item(p))
+    )
+    if theirs and not claimed:
+        raise StudyError(
+            f"{capture}: not empty and holds no {MANIFEST} (found {theirs[0]!r}); refusing to make a capture "
+            "among files this project did not write: use a new or empty folder"
+        )
+    return capture
+
+
+def _atomic_leftover(name: str) -> bool:
+    """Whether ``name`` is the temporary file of an interrupted atomic write of the manifest or
+    the block record (``io.write_text_atomic``'s ``.<name>.<random>.tmp``)."""
+    return name.endswith(".tmp") and any(name.startswith(f".{n}.") for n in (MANIFEST, BLOCK_RECORD))
 
 
 def needs_run(state: str | None, retry_failed: bool = False) -> bool:

@@ -45,7 +45,7 @@ def _marker_generator(folder: Path) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _links_out(folder: Path) -> Path | None:
+def links_out(folder: Path) -> Path | None:
     """The first symlink inside ``folder`` (at any depth, links not followed), or None."""
     for top, dirs, files in os.walk(folder):
         for name in [*dirs, *files]:
@@ -76,7 +76,7 @@ def _check(folder: Path, generator: str, force: bool, recognise: Callable[[Path]
                 f"{folder}: holds the output of `kvstudy {owner}`; refusing to write `kvstudy {generator}` "
                 "files over it (pick another folder)"
             )
-        link = _links_out(folder)
+        link = links_out(folder)
         if link is not None:
             raise StudyError(f"{link}: is a symlink; refusing to write through it (expected plain files in {folder})")
         ours = owner == generator or not any(folder.iterdir()) or (recognise is not None and recognise(folder))

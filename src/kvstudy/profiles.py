@@ -235,6 +235,11 @@ def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[
             if key not in declared[stem]:
                 raise StudyError(_unknown_key_message(where, key, declared[stem]))
             param = declared[stem][key]
+            if not param.types:  # `x = None` with no annotation: any value would pass unchecked
+                raise StudyError(
+                    f"{where}: parameter {key!r} is declared without a type in {stem}.ipynb, so its value "
+                    f"cannot be checked: annotate it there, e.g. `{key}: Optional[float] = None`"
+                )
             if not _type_ok(value, param.types):
                 raise StudyError(
                     f"{where}: parameter {key!r} must be {param.type_label} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -335,3 +336,135 @@ def test_capture_upgrade_command_says_what_it_changed(tmp_path: Path, capsys: py
     )
     assert cli.main(["capture", "upgrade", str(tmp_path)]) == 0
     assert capsys.readouterr().out.strip() == f"{tmp_path}: already current"
+
+
+# --------------------------------------------------------------------------- a new capture's folder (issue 25)
+
+
+def _users_folder(folder: Path) -> dict[str, bytes]:
+    """A folder of the user's own files (what a capture must never be made among); its contents."""
+    (folder / "thesis").mkdir(parents=True)
+    (folder / "notes.txt").write_text("my notes\n")
+    (folder / "thesis" / "draft.md").write_text("# draft\n")
+    return _contents(folder)
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _speed_spec(model: Path) -> Any:
+    from kvstudy.speed import runner as sweep
+
+    return sweep.SweepSpec.from_dict(
+        {
+            "model": str(model),
+            "configurations": [{"name": "auto"}],
+            "seeds": [0],
+            "users": [1],
+            "cpu_kvcache_space_gib": 1.0,
+        }
+    )
+
+
+def _context_spec(model: Path) -> Any:
+    from kvstudy.context.sweep import ContextSweepSpec
+
+    return ContextSweepSpec.from_dict(
+        {
+            "model": str(model),
+            "arms": [{"name": "auto"}],
+            "lengths": [256, 1024],
+            "seeds": [0],
+            "cpu_kvcache_space_gib": 1,
+        }
+    )
+
+
+def test_speed_sweep_refuses_a_folder_of_the_users_files_and_changes_nothing(tmp_path: Path) -> None:
+    from kvstudy.speed import runner as sweep
+
+    folder = tmp_path / "mine"
+    before = _users_folder(folder)
+    with pytest.raises(StudyError, match=r"mine: not empty and holds no manifest.json .*use a new or empty folder"):
+        sweep.prepare_capture(_speed_spec(_model(tmp_path / "m")), folder)
+    assert _contents(folder) == before
+
+
+def test_context_sweep_refuses_a_folder_of_the_users_files_and_changes_nothing(tmp_path: Path) -> None:
+    from kvstudy.context import sweep
+
+    folder = tmp_path / "mine"
+    before = _users_folder(folder)
+    with pytest.raises(StudyError, match=r"mine: not empty and holds no manifest.json .*use a new or empty folder"):
+        sweep.prepare(_context_spec(_model(tmp_path / "m")), folder, "test")
+    assert _contents(folder) == before
+
+
+def test_accuracy_runs_refuse_a_folder_of_the_users_files_and_change_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvstudy.accuracy import runner as ge
+
+    folder = tmp_path / "mine"
+    before = _users_folder(folder)
+    monkeypatch.setattr(ge, "require_live", lambda *a, **k: None)
+    monkeypatch.setattr(ge, "run_group", lambda *a, **k: pytest.fail("started a server"))
+    with pytest.raises(StudyError, match=r"mine: not empty and holds no manifest.json .*use a new or empty folder"):
+        ge.run_missing(["bf16"], _model(tmp_path / "m"), folder, ge.EvalSettings(n=2), progress=lambda line: None)
+    assert _contents(folder) == before
+
+
+def test_an_empty_folder_becomes_a_capture_and_a_capture_resumes(tmp_path: Path) -> None:
+    from kvstudy.accuracy import runner as ge
+    from kvstudy.context import sweep as context
+    from kvstudy.speed import runner as sweep
+    from kvstudy.vllm.command import ServerConfig
+
+    model = _model(tmp_path / "m")
+    for name in ("speed", "context", "accuracy"):
+        (tmp_path / name).mkdir()
+    for _ in range(2):  # made, then resumed
+        sweep.prepare_capture(_speed_spec(model), tmp_path / "speed")
+        context.prepare(_context_spec(model), tmp_path / "context", "test")
+        ge.write_manifest(tmp_path / "accuracy", ["bf16"], model, ge.EvalSettings(n=2), ServerConfig(model=str(model)))
+    assert len(ge.read_manifest(tmp_path / "accuracy")["sessions"]) == 2
+    assert capture.read_manifest(tmp_path / "speed")["inputs"] == capture.model_inputs(model)
+    assert (tmp_path / "context" / capture.MANIFEST).is_file()
+
+
+def test_what_the_project_writes_before_the_manifest_is_not_the_users(tmp_path: Path) -> None:
+    from kvstudy.outputs import GENERATED_MARKER
+
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / capture.BLOCK_RECORD).write_text("{}")  # run-block's record, written before the runner starts
+    (block / ".manifest.json.abc123.tmp").write_text("")  # an interrupted atomic write of the manifest
+    assert capture.check_new_capture(block) == block
+    claimed = tmp_path / "claimed"  # a folder a generator claimed (kv-simulate --force): outputs checked it
+    claimed.mkdir()
+    (claimed / GENERATED_MARKER).write_text(json.dumps({"generator": "kv-simulate"}))
+    (claimed / "old.txt").write_text("kept with --force\n")
+    assert capture.check_new_capture(claimed) == claimed
+    (block / "notes.txt").write_text("mine\n")
+    with pytest.raises(StudyError, match="found 'notes.txt'"):
+        capture.check_new_capture(block)
+
+
+def test_a_symlinked_capture_folder_or_a_planted_link_is_refused(tmp_path: Path) -> None:
+    from kvstudy.speed import runner as sweep
+
+    model, elsewhere = _model(tmp_path / "m"), tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "linked").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(StudyError, match=r"linked: is a symlink; refusing to make a capture through it"):
+        sweep.prepare_capture(_speed_spec(model), tmp_path / "linked")
+    planted = tmp_path / "planted"
+    (planted / "model").mkdir(parents=True)
+    (planted / "model" / "config.json").symlink_to(elsewhere / "target.json")
+    with pytest.raises(StudyError, match=r"config.json: is a symlink; refusing to write through it"):
+        sweep.prepare_capture(_speed_spec(model), planted)
+    assert list(elsewhere.iterdir()) == [] and sorted(p.name for p in planted.rglob("*")) == ["config.json", "model"]
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(StudyError, match="afile: exists and is not a folder"):
+        sweep.prepare_capture(_speed_spec(model), tmp_path / "afile")

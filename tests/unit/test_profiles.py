@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PARAMS = (
     'profile = "x"  # profile\nfigures_dir = "f"  # figures\nmodel = "m"  # a model\n'
     "gib = 22.5  # memory in GiB\nweights: Optional[float] = None  # weights in GiB\n"
-    'flag = False  # a switch\nnames = ["a"]  # a list\n'
+    'flag = False  # a switch\nnames = ["a"]  # a list\nloose = None  # no type given\n'
 )
 
 
@@ -43,7 +43,7 @@ def check(study: Path, text: str, name: str = "p") -> dict:
 
 def test_declared_parameters_carry_types_and_help(study: Path) -> None:
     declared = profiles.declared_parameters(study / "notebooks" / "01_a.ipynb")
-    assert list(declared) == ["profile", "figures_dir", "model", "gib", "weights", "flag", "names"]
+    assert list(declared) == ["profile", "figures_dir", "model", "gib", "weights", "flag", "names", "loose"]
     assert declared["gib"].type_label == "float | int | None" and declared["gib"].help == "memory in GiB"
     assert declared["weights"].type_label == "float | int | None"
     assert declared["flag"].types == (bool,)
@@ -60,6 +60,7 @@ def test_declared_parameters_carry_types_and_help(study: Path) -> None:
         ("notebooks:\n  01_a: {model: 5}\n", "parameter 'model' must be str"),
         ("notebooks:\n  01_a: {weights: true}\n", "parameter 'weights' must be float | int | None"),
         ("notebooks:\n  01_a: {profile: y}\n", "set by the runner"),
+        ("notebooks:\n  01_a: {loose: anything}\n", "parameter 'loose' is declared without a type in 01_a.ipynb"),
         ("defaults: {nope: 1}\nnotebooks:\n  01_a: {}\n", "defaults: no notebook of this profile declares 'nope'"),
         ("notebook:\n  01_a: {}\n", "unknown field 'notebook'"),
         ("extends: p\n", "'extends' must name another profile"),
@@ -94,6 +95,22 @@ def test_profile_names_are_plain(name: str) -> None:
 def test_repository_profiles_are_valid(path: Path) -> None:
     data = profiles.load_profile(path.stem, ROOT / "profiles")
     profiles.validate_profile(data, ROOT / "notebooks")
+
+
+@pytest.mark.parametrize("notebook", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_every_bundled_notebook_parameter_has_a_type_a_profile_is_checked_against(notebook: Path) -> None:
+    untyped = [n for n, p in profiles.declared_parameters(notebook).items() if not p.types]
+    assert untyped == [], f"{notebook.name}: parameters without a type (a profile could set them to anything)"
+
+
+def test_a_bundled_optional_number_refuses_a_string_from_a_profile(tmp_path: Path) -> None:
+    """`gpu_memory_gib: "Optional[float]" = None` (01_capacity-math): a profile's "80" is one line."""
+    (tmp_path / "p.yaml").write_text("notebooks:\n  01_capacity-math: {gpu_memory_gib: '80'}\n")
+    data = profiles.load_profile("p", tmp_path)
+    with pytest.raises(StudyError, match=r"parameter 'gpu_memory_gib' must be float \| int \| None .*not '80'"):
+        profiles.validate_profile(data, ROOT / "notebooks")
+    (tmp_path / "p.yaml").write_text("notebooks:\n  01_capacity-math: {gpu_memory_gib: 80}\n")
+    profiles.validate_profile(profiles.load_profile("p", tmp_path), ROOT / "notebooks")
 
 
 def test_profile_new_writes_a_valid_commented_profile(tmp_path: Path) -> None:

@@ -403,7 +403,9 @@ def write_manifest(
     base: Any,
     inputs: dict[str, Any] | None = None,
 ) -> None:
-    """Write (or extend) the capture's manifest (kvstudy.capture's format): one session per invocation."""
+    """Write (or extend) the capture's manifest (kvstudy.capture's format): one session per invocation.
+    A new capture goes only into a new or empty folder (``capture.check_new_capture``)."""
+    capture = capture_format.check_new_capture(capture, own_item=_is_config_folder)
     capture.mkdir(parents=True, exist_ok=True)
     spec = {"settings": asdict(settings), "base_server_config": base.to_dict()}
     inputs = inputs if inputs is not None else capture_format.model_inputs(model)
@@ -434,10 +436,15 @@ def _record_states(capture: Path, manifest: dict[str, Any]) -> None:
     states = {
         p.name: str((read_status(p) or {}).get("state", "missing"))
         for p in sorted(capture.iterdir())
-        if p.is_dir() and (p / "status.json").is_file()
+        if _is_config_folder(p)
     }
     capture_format.set_items(manifest, states)
     capture_format.write_manifest(capture, manifest)
+
+
+def _is_config_folder(path: Path) -> bool:
+    """Whether ``path`` is a configuration's folder of this runner (it holds a ``status.json``)."""
+    return path.is_dir() and (path / "status.json").is_file()
 
 
 def finish_manifest(capture: Path) -> None:

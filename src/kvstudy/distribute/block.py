@@ -24,7 +24,7 @@ from kvstudy.machine import package_versions
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 
-BLOCK_RECORD = "block.json"
+BLOCK_RECORD = capture_format.BLOCK_RECORD  # the one file a capture may hold before its manifest
 
 
 def read_block_record(folder: Path) -> dict[str, Any] | None:
@@ -147,6 +147,7 @@ def run_block(
     attempts = list((old or {}).get("attempts") or [])
     attempt: dict[str, Any] = {"started_utc": capture_format.now_utc(), "retry_failed": retry_failed}
     state = block_state(plan_id, records, record, node, [*attempts, attempt])
+    capture_format.check_new_capture(folder)  # a folder of the user's files is refused before block.json
     folder.mkdir(parents=True, exist_ok=True)
     write_json_atomic(folder / BLOCK_RECORD, state, indent=1)
     how = how or f"kvstudy run-block {plan_dir} --index {index} --store {store}"

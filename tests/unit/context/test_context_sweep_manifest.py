@@ -196,12 +196,16 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return FakeServer.starts
 
 
-def test_a_run_records_sessions_and_cell_states(tmp_path: Path, own_qwen3_config_model: Path, fakes: list[str]) -> None:
+def test_a_run_records_sessions_and_cell_states(
+    tmp_path: Path, own_qwen3_config_model: Path, fakes: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     result = json.loads((BUNDLED / "bench" / "auto__s0__L256.json").read_text())
     spec = _spec(own_qwen3_config_model)
     cap = tmp_path / "cap"
     cap.mkdir()
-    (cap / "bandwidth.json").write_text(json.dumps({"best_gb_s": 10.0}))  # no probe in a unit test
+    monkeypatch.setattr(  # no probe in a unit test: the record it writes, after the manifest as the sweep does
+        sweep, "record_bandwidth", lambda c: (Path(c) / "bandwidth.json").write_text(json.dumps({"best_gb_s": 10.0}))
+    )
     lines: list[str] = []
     outcomes = run_context_sweep(spec, cap, how="test", max_servers=1, progress=lines.append)
     assert fakes == ["auto:0"] and [o.status for o in outcomes] == ["ok", "ok"]
