@@ -146,8 +146,9 @@ def format_value(value: Any, decimals: int = 2) -> str:
     return str(value)
 
 
-def table(df: Any, decimals: int = 2, note: str | None = None) -> Any:
-    """A DataFrame as a report table: no row numbers, full text, ``–`` for a missing value with a note."""
+def table(df: Any, decimals: int = 2, note: str | None = None, values: Any = None) -> Any:
+    """A DataFrame as a report table: no row numbers, full text, ``–`` for a missing value with a note.
+    ``values``: the frame its CSV holds when ``df`` shows formatted numbers (full precision there)."""
     from IPython.display import HTML
 
     shown = df.reset_index() if _has_named_index(df) else df
@@ -158,7 +159,9 @@ def table(df: Any, decimals: int = 2, note: str | None = None) -> Any:
     notes = [note] if note else []
     if missing:
         notes.append(f"{MISSING}: no value (not measured, not applicable or not stated by the source).")
-    foot = "".join(f'<p class="kvstudy-note">{html.escape(n)}</p>' for n in notes) + table_csv(df)
+    foot = "".join(f'<p class="kvstudy-note">{html.escape(n)}</p>' for n in notes) + table_csv(
+        df if values is None else values
+    )
     return HTML(
         f'<div class="kvstudy-table"><table class="dataframe">'
         f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{foot}</div>"

@@ -59,9 +59,16 @@ window.addEventListener('load', function () {
     var s = getComputedStyle(e);
     if (!(s.overflowX === 'hidden' || s.overflowX === 'clip') || !(e.innerText || '').trim()) return false;
     return e.scrollWidth > e.clientWidth + 1 && e.clientWidth > 0; }).map(function (e) { return (e.innerText || '').slice(0, 80); });
+  var small = [];  // e-notation numbers in the text a reader sees (tables and prose, not code)
+  var walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (var node = walker.nextNode(); node; node = walker.nextNode()) {
+    var host = node.parentElement;
+    if (!host || host.closest('pre, code, script, style, .jp-InputArea') || !host.getClientRects().length) continue;
+    var hit = node.textContent.match(/.{0,40}\\d\\.\\d+e[-+]\\d\\d.{0,20}/);
+    if (hit) small.push(hit[0]); }
   var out = document.createElement('pre'); out.id = 'kvstudy-check';
   out.textContent = JSON.stringify({width: width, page_width: document.documentElement.scrollWidth, broken_images: images, links: links, missing_anchors: anchors,
-                                    wide_tables: wide, scrolled_tables: scrolled, cut_text: cut});
+                                    wide_tables: wide, scrolled_tables: scrolled, cut_text: cut, e_notation: small});
   document.body.appendChild(out);
 });
 </script>"""
@@ -123,6 +130,7 @@ def test_index_and_reports_open_cleanly_in_chromium(rendered: Path, tmp_path: Pa
         assert result["wide_tables"] == [], (page.name, result["wide_tables"])
         assert result["scrolled_tables"] == [], (page.name, "tables the reader must scroll sideways", result["scrolled_tables"])
         assert result["cut_text"] == [], (page.name, "text cut by its box", result["cut_text"])
+        assert result["e_notation"] == [], (page.name, "numbers in e-notation (kvstudy.formats)", result["e_notation"])
         missing = [h for h in result["links"] if (t := local_target(page, h)) is not None and not t.exists()]
         assert missing == [], (page.name, missing)
     index_links = browser_check(pages[0], tmp_path / "chromium-index")["links"]
@@ -143,6 +151,17 @@ def test_every_table_a_report_shows_has_its_csv(rendered: Path) -> None:
             assert note, (page.name, "a table without its CSV", head)
             assert (root / note.group(1)).is_file(), (page.name, note.group(1))
 
+
+
+def test_kv_precision_settings_say_what_came_from_the_capture(rendered: Path) -> None:
+    import csv
+
+    from kvstudy.notebook import DEFAULT, FROM_CAPTURE
+
+    path = rendered.parents[1] / "figures" / "reference" / "07-settings.csv"
+    origins = {row["setting"]: row["origin"] for row in csv.DictReader(path.open(encoding="utf-8"))}
+    assert origins["gsm8k_n"] == origins["retrieval_lengths"] == FROM_CAPTURE, origins
+    assert origins["alpha"] == DEFAULT, origins  # the analysis's own level is the notebook's
 
 
 def test_no_report_draws_a_figure_twice(rendered: Path) -> None:

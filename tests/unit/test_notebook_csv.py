@@ -72,3 +72,10 @@ def test_an_earlier_runs_numbered_tables_do_not_outlive_it(tmp_path: Path) -> No
         assert sorted(p.name for p in tmp_path.iterdir()) == ["09-verdicts.csv"]
     finally:
         notebook._CSV.update(folder=None, prefix="", count=0)
+
+
+def test_a_table_of_formatted_numbers_writes_its_values(csv_folder: Path) -> None:
+    shown = pd.DataFrame({"p": ["< 0.001"]})
+    html = notebook.table(shown, values=pd.DataFrame({"p": [2.31e-05]})).data
+    assert "&lt; 0.001" in html and "09-table-1.csv" in html
+    assert pd.read_csv(csv_folder / "09-table-1.csv")["p"].tolist() == [2.31e-05]  # full precision

@@ -51,6 +51,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats as sps
 
+from kvstudy import formats
 from kvstudy.errors import StudyError
 
 ALPHA = 0.05
@@ -409,8 +410,8 @@ def poisson_binomial_sf(right: int, chances: Sequence[float]) -> float:
 
 
 def p_text(p: float) -> str:
-    """A p value for a sentence: two significant digits, or '< 1e-300' below what a float holds."""
-    return "< 1e-300" if p < 1e-300 else f"{p:.2g}"
+    """A p value for a sentence: ``p = 0.012`` (two significant digits) or ``p < 0.001``."""
+    return formats.p_text(p, 2)
 
 
 def chance_check(label: str, outcomes: Sequence[bool], chances: Sequence[float], alpha: float = ALPHA) -> ChanceCheck:

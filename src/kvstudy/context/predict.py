@@ -16,6 +16,7 @@ from typing import Any
 
 from kvstudy.context.published import derive_all, load_published, slope_figures
 from kvstudy.errors import StudyError
+from kvstudy.formats import per_token_interval, significant
 from kvstudy.gpu_catalog import find_gpu
 from kvstudy.model.capacity import kv_footprint
 from kvstudy.model.layout import ModelLayout, load_layout
@@ -240,12 +241,12 @@ def measured_vs_predicted(
                 "arm": arm,
                 "kv dtype": dtype,
                 "measured slope (ms/token)": fit.slope_ms_per_token,
-                "95 % interval": f"{lo:.3g} .. {hi:.3g}",
+                "95 % interval": per_token_interval(lo, hi),
                 "resolved": fit.resolved,
                 "predicted slope (ms/token)": pred,
                 f"bandwidth ({bandwidth_origin})": bandwidth_gb_s,
                 "measured / predicted": fit.slope_ms_per_token / pred,
-                "measured / predicted, 95 %": f"{lo / pred:.2g} .. {hi / pred:.2g}",
+                "measured / predicted, 95 %": f"{significant(lo / pred, 2)} .. {significant(hi / pred, 2)}",
                 "KV at the longest length (MiB)": None if kv_longest is None else kv_longest / 2**20,
                 "roofline applies": applies,
                 "status": _status(fit) + ("" if applies else f"; no claim against the roofline: {why_not}"),

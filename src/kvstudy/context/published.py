@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.formats import per_token_time
 from kvstudy.io import REPO_ROOT, read_json
 
 DEFAULT_PATH = REPO_ROOT / "data" / "published" / "context-scaling.json"
@@ -122,7 +123,7 @@ def derive_slope(figure: SlopeFigure) -> SlopeDerivation:
     if fixed_ms is not None:
         statement += (
             f"; break-even at {length:,} tokens implies a fixed FP8 cost of {fixed_ms:.3f} ms per step "
-            f"({diff:.2e} ms/token x {length:,})"
+            f"({per_token_time(diff)} x {length:,})"
         )
     elif fixed_tokens is not None:
         statement += (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvstudy.formats import millinats, p_value
 from kvstudy.precision.paired_logp import ALPHA, exact_mcnemar, floor_verdict, pair_rows, verdict
 from kvstudy.precision.prompts import bucket_length
 from kvstudy.precision.records import Capture, Group
@@ -18,12 +19,6 @@ FLOOR_ROLE = "A/A floor"
 def _bucket_order(bucket: str) -> tuple[int, int]:
     length = bucket_length(bucket)
     return (0, 0) if length is None else (1, length)
-
-
-def _fmt(value: float | None, digits: int = 3) -> str:
-    if value is None or value != value:
-        return "–"
-    return f"{value:.{digits}g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
 
 
 def _arm_label(group: Group, arm: str) -> str:
@@ -71,9 +66,13 @@ def comparisons(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any]]:
     return out
 
 
-def comparison_table(records: list[dict[str, Any]]) -> Any:
-    """The report table of :func:`comparisons`."""
+def comparison_table(records: list[dict[str, Any]], shown: bool = True) -> Any:
+    """The report table of :func:`comparisons`: numbers formatted for reading (``shown``: Δ log p in
+    millinats, p as ``< 0.001`` below 0.001), or the full values for its CSV (Δ log p in nats)."""
     import pandas as pd
+
+    def delta(value: float | None) -> Any:
+        return millinats(value, 3, sign=False) if shown else value
 
     rows = [
         {
@@ -83,11 +82,23 @@ def comparison_table(records: list[dict[str, Any]]) -> Any:
             "role": r["role"],
             "prompts": r["prompts"],
             "tokens": r["tokens"],
-            "mean Δ log p (nats/token)": _fmt(r["mean"]),
-            "clustered 95%": f"{_fmt(r['low'])} to {_fmt(r['high'])}",
-            "p": _fmt(r["p"]),
-            "top-1 agreement %": "–" if r["top1"] is None else f"{100 * r['top1']:.2f}",
-            "A/A floor p": _fmt(r["floor_p"]),
+            **(
+                {
+                    "mean Δ log p (millinats/token)": delta(r["mean"]),
+                    "clustered 95% (millinats/token)": f"{delta(r['low'])} to {delta(r['high'])}",
+                }
+                if shown
+                else {
+                    "mean Δ log p (nats/token)": r["mean"],
+                    "low 95% (nats/token)": r["low"],
+                    "high 95% (nats/token)": r["high"],
+                }
+            ),
+            "p": p_value(r["p"]) if shown else r["p"],
+            "top-1 agreement %": ("–" if r["top1"] is None else f"{100 * r['top1']:.2f}")
+            if shown
+            else (None if r["top1"] is None else 100 * r["top1"]),
+            "A/A floor p": p_value(r["floor_p"]) if shown else r["floor_p"],
             "verdict": r["verdict"],
             "storage": r["engine"],
         }
@@ -136,12 +147,14 @@ def greedy_records(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any
     return out
 
 
-def greedy_table(records: list[dict[str, Any]]) -> Any:
+def greedy_table(records: list[dict[str, Any]], shown: bool = True) -> Any:
+    """The greedy accuracy table; ``shown``: p as a reader reads it, else the full values (its CSV)."""
     import pandas as pd
 
     frame = pd.DataFrame(records)
     if len(frame):
-        frame["exact McNemar p"] = [_fmt(p) for p in frame["exact McNemar p"]]
+        if shown:
+            frame["exact McNemar p"] = [p_value(p) for p in frame["exact McNemar p"]]
         frame = frame.rename(columns={"group": "model"})
     return frame
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from kvstudy.errors import StudyError
+from kvstudy.formats import p_text
 
 ALPHA = 0.05
 
@@ -134,18 +135,18 @@ def verdict(candidate_p: float, candidate_mean: float, floor_p: float, alpha: fl
     if not np.isfinite(candidate_p):
         return "no claim: too few clusters for a test"
     if candidate_p >= alpha:
-        return f"no claim: the paired test does not reject (p = {candidate_p:.3g} >= {alpha:g})"
+        return f"no claim: the paired test does not reject ({p_text(candidate_p)} >= {alpha:g})"
     if np.isfinite(floor_p) and floor_p < alpha:
-        return f"no claim: the A/A floor rejects too (p = {floor_p:.3g}), so the method cannot tell"
+        return f"no claim: the A/A floor rejects too ({p_text(floor_p)}), so the method cannot tell"
     if candidate_mean > 0:
-        return f"no claim of a loss: the candidate scores higher (p = {candidate_p:.3g})"
-    return f"loss (p = {candidate_p:.3g}; A/A floor p = {floor_p:.3g})"
+        return f"no claim of a loss: the candidate scores higher ({p_text(candidate_p)})"
+    return f"loss ({p_text(candidate_p)}; A/A floor {p_text(floor_p)})"
 
 
 def floor_verdict(floor_p: float, alpha: float = ALPHA) -> str:
     """What the A/A floor itself says (it should make no claim)."""
     if np.isfinite(floor_p) and floor_p < alpha:
-        return f"the A/A floor rejects (p = {floor_p:.3g}): noise alone 'differs'; no claim is possible"
+        return f"the A/A floor rejects ({p_text(floor_p)}): noise alone 'differs'; no claim is possible"
     return "no claim (A/A floor)"
 
 

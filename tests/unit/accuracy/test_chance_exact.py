@@ -21,5 +21,5 @@ def test_tiny_chance_p_is_exact_not_the_float_floor() -> None:
 def test_chance_sentence_prints_the_exact_value() -> None:
     c = stats.chance_check("BF16", [True] * 30 + [False] * 10, [0.1] * 40)
     text = chance_sentence(c)
-    assert "3.3e-16" not in text and "e-2" in text
-    assert stats.p_text(1e-320) == "< 1e-300"
+    assert "3.3e-16" not in text and "Poisson-binomial p < 0.001" in text  # far below 0.001: said as such
+    assert stats.p_text(1e-320) == "p < 0.001" and stats.p_text(0.0123) == "p = 0.012"

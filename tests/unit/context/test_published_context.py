@@ -39,6 +39,7 @@ def test_h100_ratio_is_a_46_percent_reduction_and_the_fixed_cost() -> None:
     # (4.37e-05 - 2.37e-05) ms/token x 7,000 tokens = 0.14 ms per step
     assert der.slope_difference_ms_per_token == pytest.approx(2.0e-05)
     assert der.fixed_cost_ms == pytest.approx(0.14)
+    assert "(20 ns/token x 7,000)" in der.statement  # not "2.00e-05 ms/token" (kvstudy.formats)
     assert der.fixed_cost_bf16_slope_tokens == pytest.approx((1 - 2.37 / 4.37) * 7000)
 
 
