@@ -122,9 +122,12 @@ NON_GATED_ACTS = frozenset(
 )  # up and down only (vllm ReLUSquaredActivation, is_act_and_mul=False)
 
 
-def _matrices(cfg: dict[str, Any]) -> int:
+def _matrices(cfg: dict[str, Any], where: str) -> int:
     """Weight matrices of one MLP: 3 for a gated MLP (gate, up, down), 2 for relu2's up and down."""
-    act = cfg.get("mlp_hidden_act") or cfg.get("hidden_act")
+    key = "mlp_hidden_act" if cfg.get("mlp_hidden_act") else "hidden_act"
+    act = cfg.get(key)
+    if act is not None and not isinstance(act, str):
+        raise WeightsUnknown(f"{where}: '{key}' must be an activation name, got {type(act).__name__}")
     return 2 if act in NON_GATED_ACTS else 3
 
 
@@ -133,7 +136,7 @@ def _mlp_parameters(cfg: dict[str, Any], index: int, hidden: int, where: str) ->
     experts = _experts(cfg)
     dense_first = cfg.get("first_k_dense_replace") or 0
     step = cfg.get("interleave_moe_layer_step") or 1
-    mats = _matrices(cfg)
+    mats = _matrices(cfg, where)
     if experts and index >= dense_first and (index + 1) % step == 0:
         key = "moe_intermediate_size" if cfg.get("moe_intermediate_size") is not None else "intermediate_size"
         expert_size = positive_int(cfg, key, where)

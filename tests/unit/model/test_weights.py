@@ -152,3 +152,12 @@ def test_expert_routing_reads_each_spelling() -> None:
     assert w.expert_routing({"text_config": {"num_local_experts": 128, "num_experts_per_tok": 1}}) == (128, 1)
     assert w.expert_routing({"num_experts": 0, "moe_topk": True}) == (None, None)
     assert w.expert_routing({"hidden_size": 8}) == (None, None)
+
+
+@pytest.mark.parametrize("act", [[], ["silu"], {"name": "silu"}, 3])
+def test_an_activation_that_is_not_a_name_leaves_the_weights_unknown(act: object) -> None:
+    # found by the property tests: a list here was a TypeError (unhashable) in the set lookup
+    config = json.loads((Path(__file__).parents[3] / "data" / "models" / "Qwen3-8B" / "config.json").read_text())
+    with pytest.raises(w.WeightsUnknown, match="'hidden_act' must be an activation name") as err:
+        w.estimate_weights({**config, "hidden_act": act}, "config.json")
+    assert "\n" not in str(err.value)
