@@ -25,6 +25,7 @@ from typing import Any
 
 from kvstudy.io import REPO_ROOT, file_digest, write_csv
 from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
+from kvstudy.secret_shapes import redact_shapes
 
 FINDING_KEY = "kvstudy_finding"
 VERDICT_KEY = "kvstudy_verdict"
@@ -381,8 +382,21 @@ def save_figure(
     folder = Path(figures_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"
+    _redact_figure_text(fig)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     return path
+
+
+def _redact_figure_text(fig: Any) -> None:
+    """Every text drawn on ``fig`` (titles, labels, legends, notes) with the secrets known by their
+    shape replaced, as report text is (``secret_shapes.redact_shapes``): a PNG cannot be scrubbed
+    after it is drawn, and a title may name a model path that holds a token."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        shown = text.get_text()
+        if shown and redact_shapes(shown) != shown:
+            text.set_text(redact_shapes(shown))
 
 
 def git_commit(root: Path = REPO_ROOT) -> str:

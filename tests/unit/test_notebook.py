@@ -99,3 +99,21 @@ def test_save_figure_needs_a_title_and_writes_the_source(tmp_path: Path) -> None
         warnings.simplefilter("error")
         assert notebook.save_figure(fig, tmp_path, "compat").is_file()
     plt.close(fig)
+
+
+def test_save_figure_draws_no_secret(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    token = "hf_PLANTEDsecret0123456789abcdefXYZ"
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [1, 2], label=f"models/{token}-model")
+    ax.legend()
+    ax.set_xlabel("https://user:pa55word@example.org/models")
+    notebook.save_figure(fig, tmp_path, "leak", title=f"users vs context: /data/{token}", source="given")
+    shown = [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
+    assert not any(token in s or "pa55word" in s for s in shown), shown
+    assert any("[REDACTED]" in s for s in shown) and any(s.startswith("users vs context") for s in shown)
+    plt.close(fig)
