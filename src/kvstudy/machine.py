@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -92,40 +93,56 @@ def package_versions(names: Iterable[str]) -> dict[str, str]:
     return found
 
 
-def _decode(value: Any) -> str:
+def nvml_text(value: Any) -> str:
+    """A string NVML returned (bytes in older nvidia-ml-py releases) as text."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def read_gpus() -> tuple[list[GpuInfo], str | None, str | None, str | None]:
-    """(gpus, driver, CUDA driver version, error) through NVML; an empty list when there is none."""
+class NvmlUnavailable(Exception):
+    """NVML cannot be read here; the message says why (no nvidia-ml-py, no driver, no library)."""
+
+
+@contextmanager
+def nvml_session() -> Iterator[Any]:
+    """``pynvml``, initialised for the ``with`` block and shut down after it; NvmlUnavailable when
+    it cannot be imported or initialised. Errors inside the block are the caller's."""
     try:
         import pynvml
     except ImportError:
-        return [], None, None, "nvidia-ml-py not installed"
+        raise NvmlUnavailable("nvidia-ml-py not installed") from None
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        return [], None, None, f"{type(exc).__name__}: {exc}"
+        raise NvmlUnavailable(f"{type(exc).__name__}: {exc}") from None
     try:
-        driver = _decode(pynvml.nvmlSystemGetDriverVersion())
-        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
-        cuda_text = f"{cuda // 1000}.{(cuda % 1000) // 10}"
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            try:
-                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-                cc: str | None = f"{major}.{minor}"
-            except Exception:
-                cc = None
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-            gpus.append(GpuInfo(i, _decode(pynvml.nvmlDeviceGetName(handle)), round(memory / GIB, 2), cc))
-        return gpus, driver, cuda_text, None
+        yield pynvml
     finally:
         try:
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def read_gpus() -> tuple[list[GpuInfo], str | None, str | None, str | None]:
+    """(gpus, driver, CUDA driver version, error) through NVML; an empty list when there is none."""
+    try:
+        with nvml_session() as pynvml:
+            driver = nvml_text(pynvml.nvmlSystemGetDriverVersion())
+            cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+            cuda_text = f"{cuda // 1000}.{(cuda % 1000) // 10}"
+            gpus = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                try:
+                    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+                    cc: str | None = f"{major}.{minor}"
+                except Exception:
+                    cc = None
+                memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+                gpus.append(GpuInfo(i, nvml_text(pynvml.nvmlDeviceGetName(handle)), round(memory / GIB, 2), cc))
+            return gpus, driver, cuda_text, None
+    except NvmlUnavailable as exc:
+        return [], None, None, str(exc)
 
 
 def hardware_info() -> HardwareInfo:

@@ -6,38 +6,27 @@ from __future__ import annotations
 import platform
 from typing import Any
 
-from kvstudy.machine import hardware_info
+from kvstudy.machine import NvmlUnavailable, hardware_info, nvml_session, nvml_text
 
 
 def _nvml_details() -> tuple[list[dict[str, Any]], str | None]:
     """Per GPU: index, UUID and its clocks now and at most (MHz); the error when NVML cannot be read."""
     try:
-        import pynvml
-    except ImportError:
-        return [], "nvidia-ml-py not installed"
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # no driver, no library: a CPU node
-        return [], f"{type(exc).__name__}: {exc}"
-    try:
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-            row: dict[str, Any] = {"index": i, "uuid": uuid.decode() if isinstance(uuid, bytes) else str(uuid)}
-            for key, clock in (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM)):
-                try:
-                    row[f"{key}_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(handle, clock)
-                    row[f"{key}_clock_max_mhz"] = pynvml.nvmlDeviceGetMaxClockInfo(handle, clock)
-                except Exception:  # a GPU that does not report this clock
-                    continue
-            out.append(row)
-        return out, None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+        with nvml_session() as pynvml:
+            out = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                row: dict[str, Any] = {"index": i, "uuid": nvml_text(pynvml.nvmlDeviceGetUUID(handle))}
+                for key, clock in (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM)):
+                    try:
+                        row[f"{key}_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(handle, clock)
+                        row[f"{key}_clock_max_mhz"] = pynvml.nvmlDeviceGetMaxClockInfo(handle, clock)
+                    except Exception:  # a GPU that does not report this clock
+                        continue
+                out.append(row)
+            return out, None
+    except NvmlUnavailable as exc:  # no nvidia-ml-py, no driver, no library: a CPU node
+        return [], str(exc)
 
 
 def _cpu_clock() -> dict[str, float] | None:
