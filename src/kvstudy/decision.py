@@ -302,7 +302,8 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
         c, lo, hi, det = (
             _num(acc.get(k)) for k in ("change_points", "change_low", "change_high", "detectable_loss_points")
         )
-        label = "Accuracy" + (f", {task}" if isinstance(task, str) else "") + (f", {n:,.0f} items" if n else "")
+        topic = "Long-context accuracy" if "long-context" in acc.source else "Accuracy"
+        label = topic + (f", {task}" if isinstance(task, str) else "") + (f", {n:,.0f} items" if n else "")
         change = (
             MISSING
             if c is None
@@ -310,11 +311,16 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
         )
         rows.append(
             Row(
-                label + " (points)",
+                label,
                 MISSING,
                 MISSING,
                 change,
-                _how(acc, f"could detect a loss of {det:.1f} points" if det is not None else ""),
+                _how(
+                    acc,
+                    f"could detect a loss of {det:.1f} points"
+                    if det is not None
+                    else ("its verdict states no interval" if c is None and acc.values else ""),
+                ),
                 acc.state,
             )
         )
@@ -360,17 +366,14 @@ def _scales_row(scales: rule.Input) -> Row:
 # --------------------------------------------------------------------------- what is missing, what would change it
 
 
-def _missing_step(missing: rule.Missing, profile: str, th: rule.Thresholds, lines: list[CardLine]) -> str:
-    """The command that gets a missing measurement, with its cost."""
+def _missing_step(missing: rule.Missing, profile: str, th: rule.Thresholds) -> str:
+    """The command that gets a missing measurement, with its cost (the reports' own next steps stay in
+    the topic table)."""
     from kvstudy.report_design import accuracy_design, need_sentence, speed_design
 
-    by_topic = {line.topic: line for line in lines}
     if missing.what == "capacity":
         return f"`make all PROFILE={profile} ONLY=01_capacity-math` (seconds, no GPU; give weights_gib if the weights are unknown)"
     if missing.what == "load":
-        line = by_topic.get("load at equal memory")
-        if line is not None and line.next_step:
-            return line.next_step
         need = next((r.runs_per_arm for r in speed_design((th.min_users_gain_pct,)) if r.runs_per_arm), None)
         return (
             f"`make all PROFILE={profile} ONLY=08_load-at-equal-memory` on the target GPU (both arms at equal KV memory"
@@ -381,10 +384,6 @@ def _missing_step(missing: rule.Missing, profile: str, th: rule.Thresholds, line
             )
             + "), or state `kv_bound: true` under `decision:` in the profile"
         )
-    for topic in ("engine screen", "accuracy", "long-context accuracy"):
-        line = by_topic.get(topic)
-        if line is not None and line.next_step:
-            return line.next_step
     sentence = need_sentence(accuracy_design((th.accuracy_margin_points,)))
     return (
         f"`kvstudy kv-screen` against a 16-bit and an FP8 server of the model, or "
@@ -394,7 +393,9 @@ def _missing_step(missing: rule.Missing, profile: str, th: rule.Thresholds, line
 
 def what_would_change(decision: rule.Decision, th: rule.Thresholds, guidance: list[Guidance]) -> list[str]:
     if decision.answer == rule.UNDECIDED:
-        out = ["Each measurement below, once it resolves against its threshold (see the rule in the README)."]
+        out = [
+            "Each measurement above (To decide, measure), once its interval lies past its threshold (the rule in the README)."
+        ]
     elif decision.answer == rule.TURN_ON:
         out = [
             f"Accuracy measured beyond {rule.points(th.accuracy_margin_points)} on the engine's own FP8 arm.",
@@ -410,10 +411,19 @@ def what_would_change(decision: rule.Decision, th: rule.Thresholds, guidance: li
     return out
 
 
-def _headline(decision: rule.Decision) -> str:
+def _headline(decision: rule.Decision, ev: rule.Evidence) -> str:
+    """The answer and its main reason, at most 30 words."""
     if decision.answer == rule.UNDECIDED:
-        names = {"capacity": "users that fit", "load": "users within the latency target", "accuracy": "accuracy"}
-        text = f"{decision.answer}: not measured yet: " + ", ".join(names[m.what] for m in decision.missing) + "."
+        names = {"capacity": "the users that fit", "load": "users within the latency target", "accuracy": "accuracy"}
+        open_ = [names[m.what] for m in decision.missing]
+        listed = open_[0] if len(open_) == 1 else ", ".join(open_[:-1]) + " and " + open_[-1]
+        u16, u8 = _num(ev.capacity.get("users_baseline")), _num(ev.capacity.get("users_fp8"))
+        gain = (
+            f"FP8 fits {u8 / u16:.1f}x the users, but "
+            if u16 and u8 and "capacity" not in [m.what for m in decision.missing]
+            else ""
+        )
+        text = f"{decision.answer}: {gain}{listed} {'is' if len(open_) == 1 else 'are'} not measured yet."
     else:
         text = f"{decision.answer}: {decision.reason}."
     words = text.split()
@@ -452,7 +462,7 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
     )
     decision = rule.decide(ev, th)
     rows = card_rows(ev, scales)
-    missing = tuple({"what": m.step, "run": _missing_step(m, profile, th, lines)} for m in decision.missing)
+    missing = tuple({"what": m.step, "run": _missing_step(m, profile, th)} for m in decision.missing)
     inputs = {
         "capacity": asdict(ev.capacity),
         "load at equal memory": asdict(ev.load),
@@ -469,7 +479,7 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
     return Card(
         profile,
         model if isinstance(model, str) else None,
-        _headline(decision),
+        _headline(decision, ev),
         decision.answer,
         decision.rule,
         decision.reason,
