@@ -357,26 +357,34 @@ def _scales_row(scales: rule.Input) -> Row:
         )
     n = _num(scales.get("checkpoints")) or 0
     dropped, logs = _num(scales.get("dropped")), _num(scales.get("logs_checked"))
-    text = f"{_int(scales.get('with_scales'))} with scales, {_int(scales.get('unit_scale'))} would run at scale 1.0"
+    text = f"{_int(scales.get('with_scales'))} carry scales; {_int(scales.get('unit_scale'))} run at 1.0"
     if logs:
-        text += f", {_int(dropped)} of {logs:,.0f} logs dropped them"
+        text += f"; {_int(dropped)} of {logs:,.0f} logs dropped"
     return Row(f"KV scales ({n:,.0f} checkpoints)", MISSING, text, MISSING, _how(scales), scales.state)
 
 
 # --------------------------------------------------------------------------- what is missing, what would change it
 
 
-def _missing_step(missing: rule.Missing, profile: str, th: rule.Thresholds) -> str:
+def _run(profile: str, stem: str, stems: list[str]) -> str:
+    """The make command that renders ``stem``, adding it to the profile first where it is not there."""
+    add = "" if stem in stems else f"add notebook {stem} to profiles/{profile}.yaml, then "
+    return f"{add}`make all PROFILE={profile} ONLY={stem}`"
+
+
+def _missing_step(missing: rule.Missing, profile: str, th: rule.Thresholds, stems: list[str]) -> str:
     """The command that gets a missing measurement, with its cost (the reports' own next steps stay in
     the topic table)."""
     from kvstudy.report_design import accuracy_design, need_sentence, speed_design
 
     if missing.what == "capacity":
-        return f"`make all PROFILE={profile} ONLY=01_capacity-math` (seconds, no GPU; give weights_gib if the weights are unknown)"
+        return (
+            f"{_run(profile, '01_capacity-math', stems)} (seconds, no GPU; give weights_gib if the weights are unknown)"
+        )
     if missing.what == "load":
         need = next((r.runs_per_arm for r in speed_design((th.min_users_gain_pct,)) if r.runs_per_arm), None)
         return (
-            f"`make all PROFILE={profile} ONLY=08_load-at-equal-memory` on the target GPU (both arms at equal KV memory"
+            f"{_run(profile, '08_load-at-equal-memory', stems)} on the target GPU (both arms at equal KV memory"
             + (
                 f"; about {need} seed blocks per arm for a {th.min_users_gain_pct:g} % change, assumed noise, `kvstudy design speed`"
                 if need
@@ -387,7 +395,7 @@ def _missing_step(missing: rule.Missing, profile: str, th: rule.Thresholds) -> s
     sentence = need_sentence(accuracy_design((th.accuracy_margin_points,)))
     return (
         f"`kvstudy kv-screen` against a 16-bit and an FP8 server of the model, or "
-        f"`make all PROFILE={profile} ONLY=03_gsm8k-accuracy` with both arms on the target GPU: {sentence}"
+        f"{_run(profile, '03_gsm8k-accuracy', stems)} with both arms on the target GPU: {sentence}"
     )
 
 
@@ -462,7 +470,7 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
     )
     decision = rule.decide(ev, th)
     rows = card_rows(ev, scales)
-    missing = tuple({"what": m.step, "run": _missing_step(m, profile, th)} for m in decision.missing)
+    missing = tuple({"what": m.step, "run": _missing_step(m, profile, th, stems)} for m in decision.missing)
     inputs = {
         "capacity": asdict(ev.capacity),
         "load at equal memory": asdict(ev.load),

@@ -168,6 +168,11 @@ def decide(ev: Evidence, th: Thresholds) -> Decision:
             "little to store",
             f"FP8 would store only {share:.0%} of each request's KV bytes (below {th.min_fp8_share:.0%})",
         )
+    users16, users8 = (
+        (_number(cap.get("users_baseline")), _number(cap.get("users_fp8"))) if cap.decisive else (None, None)
+    )
+    if users16 and users8 is not None and users8 <= users16:
+        return Decision(KEEP, "no more users", "FP8 fits no more users at this context on this GPU")
     accuracy = [v for v in (_accuracy_verdict(a, th.accuracy_margin_points) for a in ev.accuracy) if v]
     screen = _screen_verdict(ev.screen)
     if screen == "beyond" or "beyond" in accuracy:
@@ -190,9 +195,6 @@ def decide(ev: Evidence, th: Thresholds) -> Decision:
             + ("the workload is not KV-bound" if th.kv_bound is False else "gains too few users to repay it"),
         )
     missing: list[Missing] = []
-    users16, users8 = (
-        (_number(cap.get("users_baseline")), _number(cap.get("users_fp8"))) if cap.decisive else (None, None)
-    )
     if share is None:
         missing.append(Missing("capacity", "the KV bytes per token and the users that fit"))
     elif users16 is None or users8 is None or users8 <= 0:

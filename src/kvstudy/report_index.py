@@ -28,9 +28,10 @@ table.evidence,table.card{border-collapse:collapse;width:100%;table-layout:fixed
 table.evidence th,table.evidence td,table.card th,table.card td{border-top:1px solid #ddd;padding:.25em .5em;
 text-align:left;vertical-align:top;overflow-wrap:anywhere}
 table.evidence thead th,table.card thead th{border-bottom:2px solid #bbb}
-table.evidence :is(th,td):nth-child(1){width:28%}table.evidence :is(th,td):nth-child(2),
-table.evidence :is(th,td):nth-child(3){width:11%}table.evidence :is(th,td):nth-child(4){width:17%}
-table.evidence .state-not-measured td,table.evidence .state-simulated td{color:#777}
+table.evidence :is(th,td):nth-child(1){width:27%}table.evidence :is(th,td):nth-child(2){width:8%}
+table.evidence :is(th,td):nth-child(3){width:17%}table.evidence :is(th,td):nth-child(4){width:15%}
+table.evidence :is(.known-not-measured,.known-simulated,.known-published,.known-no-claim) td{color:#777}
+table.evidence :is(.known-computed,.known-measured) td.how{color:#060}
 table.card :is(th,td):nth-child(1){width:15%}table.card :is(th,td):nth-child(2){width:10%}
 table.card :is(th,td):nth-child(4){width:25%}
 .state-measured,.state-computed{color:#060}.state-no-claim,.state-not-measured,.state-simulated{color:#a60}"""

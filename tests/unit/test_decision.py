@@ -42,6 +42,12 @@ def ev(**kw: object) -> rule.Evidence:
         # Keep 16-bit: each reason
         (ev(capacity=rule.Input(rule.COMPUTED, "01", {"fp8_share": 0.0})), TH, rule.KEEP, "nothing to store"),
         (ev(capacity=rule.Input(rule.COMPUTED, "01", {"fp8_share": 0.3})), TH, rule.KEEP, "little to store"),
+        (
+            ev(capacity=rule.Input(rule.COMPUTED, "01", {"fp8_share": 1.0, "users_baseline": 1, "users_fp8": 1})),
+            TH,
+            rule.KEEP,
+            "no more users",
+        ),
         (ev(screen=rule.Input(rule.MEASURED, "s", {"equivalence": "beyond"})), TH, rule.KEEP, "accuracy beyond margin"),
         (
             ev(screen=rule.ABSENT, accuracy=(rule.Input(rule.MEASURED, "03", {"change_low": -9, "change_high": -2}),)),
@@ -420,3 +426,14 @@ def test_verdict_command_on_the_repository(capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     data = json.loads(out, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
     assert data["profile"] == "reference" and data["answer"] in rule.ANSWERS and data["rows"]
+
+
+def test_a_profiles_decision_mapping_is_checked_and_inherited(tmp_path: Path) -> None:
+    from kvstudy.profiles import load_profile
+
+    (tmp_path / "base.yaml").write_text("description: b\ndecision: {kv_bound: true, tpot_cost_pct: 3}\nnotebooks: {}\n")
+    (tmp_path / "child.yaml").write_text("extends: base\ndecision: {tpot_cost_pct: 8}\nnotebooks: {}\n")
+    (tmp_path / "bad.yaml").write_text("decision: {margin: 1}\nnotebooks: {}\n")
+    assert load_profile("child", tmp_path)["decision"] == {"kv_bound": True, "tpot_cost_pct": 8}
+    with pytest.raises(StudyError, match=r"bad.yaml: decision: unknown threshold 'margin'"):
+        load_profile("bad", tmp_path)
