@@ -111,14 +111,14 @@ def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:
         found = _verdict_records(entry)
         for v in found:
             facts: dict[str, Any] = dict(v["facts"]) if isinstance(v.get("facts"), dict) else {}
-            step = v.get("next_step")
+            next_step = v.get("next_step")
             lines.append(
                 CardLine(
                     str(v.get("topic") or stem),
                     str(v.get("state") or "measured"),
                     str(v.get("text", "")),
                     stem,
-                    step if isinstance(step, str) else None,
+                    next_step if isinstance(next_step, str) else None,
                     facts,
                     f"{stem}.html",
                 )

@@ -210,7 +210,7 @@ def decide(ev: Evidence, th: Thresholds) -> Decision:
         return Decision(
             UNDECIDED, "evidence missing", "not yet known: " + ", ".join(m.step for m in missing), tuple(missing)
         )
-    gain = f"{users8 / users16:.1f}x the users fit" if users16 else "more users fit"
+    gain = f"{users8 / users16:.1f}x the users fit" if users16 and users8 else "more users fit"
     why = "measured more users within target" if measured_gain else "the profile states a KV-bound workload"
     return Decision(
         TURN_ON, "all conditions met", f"{gain}, {why}, accuracy within {points(th.accuracy_margin_points)}"

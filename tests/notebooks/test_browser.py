@@ -187,9 +187,10 @@ def test_no_report_draws_a_figure_twice(rendered: Path) -> None:
 def test_the_decision_and_its_table_are_above_the_fold(rendered: Path, tmp_path: Path) -> None:
     """At 1,366 x 768, a laptop's browser, the answer and the 16-bit | FP8 table end within the first screen."""
     result = browser_check(rendered / "index.html", tmp_path / "chromium-fold", window="1366,768")
-    assert result["width"] <= 1366 and result["height"] == 768, result
+    # the visible height: 768 less what the browser's own window takes (headless Chromium: about 625)
+    assert result["width"] <= 1366 and 500 < result["height"] <= 768, result
     assert set(result["fold"]) == {"decision", "evidence"}, result["fold"]
-    assert result["fold"]["decision"] < result["fold"]["evidence"] <= 768, result["fold"]
+    assert result["fold"]["decision"] < result["fold"]["evidence"] <= result["height"], result["fold"]
     answer = re.search(
         r'<h1 id="decision"[^>]*>(.*?)</h1>', (rendered / "index.html").read_text(encoding="utf-8"), re.S
     )
