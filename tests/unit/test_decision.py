@@ -437,3 +437,46 @@ def test_a_profiles_decision_mapping_is_checked_and_inherited(tmp_path: Path) ->
     assert load_profile("child", tmp_path)["decision"] == {"kv_bound": True, "tpot_cost_pct": 8}
     with pytest.raises(StudyError, match=r"bad.yaml: decision: unknown threshold 'margin'"):
         load_profile("bad", tmp_path)
+
+
+def test_mistral_with_its_sliding_layers_skipped_keeps_16_bit() -> None:
+    """Every Mistral-7B layer slides: keeping them 16-bit leaves FP8 nothing to store (and the card says so)."""
+    model = "data/models/Mistral-7B-v0.1"
+    layout = plan.resolve_layout(model, None, (1,))
+    weights = cap.weights_size(model, layout)
+    facts = plan.capacity_facts(
+        model,
+        layout,
+        plan.resolve_gpu_memory("L4"),
+        weights.bytes,
+        weights.source,
+        0.0,
+        1,
+        4096,
+        "sliding_window",
+        None,
+        [1],
+    )
+    assert facts["fp8_share"] == 0.0 and facts["users_fp8"] == facts["users_baseline"]
+    facts.update(model=model, context_len=4096, gpu="L4")
+    entry = {"error": None, "verdicts": [{"topic": "capacity", "text": "t", "state": "computed", "facts": facts}]}
+    card = decision.card_from_status("demo", {"01_capacity-math": entry}, STEMS)
+    assert (card.answer, card.rule) == (rule.KEEP, "nothing to store")
+    assert card.headline.startswith("Keep 16-bit: FP8 would store none")
+    shares = {
+        m: plan.capacity_facts(
+            m,
+            plan.resolve_layout(m, None, (1,)),
+            plan.resolve_gpu_memory("H100-SXM"),
+            None,
+            "x",
+            0.0,
+            1,
+            4096,
+            None,
+            None,
+            [1],
+        )["fp8_share"]
+        for m in ("data/models/Qwen3-8B", "data/models/Qwen3-Next-80B-A3B-Instruct")
+    }
+    assert shares["data/models/Qwen3-8B"] == 1.0 and 0.5 < shares["data/models/Qwen3-Next-80B-A3B-Instruct"] < 1.0

@@ -469,16 +469,15 @@ def capacity_facts(
     skip = skip_layers if skip_layers is not None else advised
     base = kv_footprint(layout, baseline_dtype, context_len)
     fp8 = kv_footprint(layout, "fp8", context_len, skip)
-    saved = base.bytes_per_request - fp8.bytes_per_request
-    stored = base.bytes_per_request - kv_footprint(layout, "fp8", context_len).bytes_per_request
+    saved = base.bytes_per_request - fp8.bytes_per_request  # half of what the layers FP8 stores hold in 16-bit
     facts: dict[str, Any] = {
         "baseline_dtype": base.resolved_dtype,
         "skip_layers": skip,
         "skip_layers_advised": advised is not None,
         "tokens_per_gib_baseline": base.tokens_per_gib,
         "tokens_per_gib_fp8": fp8.tokens_per_gib,
-        # share of a request's KV bytes held by the layers FP8 stores (1: all of them, 0: none)
-        "fp8_share": float(saved / stored) if stored > 0 else 0.0,
+        # share of a request's 16-bit KV bytes (state included) held by the layers FP8 stores (1: all, 0: none)
+        "fp8_share": min(1.0, 2 * float(saved) / base.bytes_per_request) if base.bytes_per_request > 0 else 0.0,
         "users_baseline": None,
         "users_fp8": None,
         "tp": tensor_parallel_size,
