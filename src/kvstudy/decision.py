@@ -176,7 +176,7 @@ LOAD_KEYS = (
 )
 SCREEN_KEYS = ("equivalence", "margin_kl", "margin_state", "kl_mean", "kl_upper", "top1_agreement", "simulated")
 ACCURACY_KEYS = ("task", "n", "change_points", "change_low", "change_high", "detectable_loss_points")
-TPOT_KEYS = ("users", "baseline_ms", "fp8_ms", "ratio", "ratio_low", "ratio_high", "machine")
+TPOT_KEYS = ("users", "baseline_ms", "fp8_ms", "ratio", "ratio_low", "ratio_high", "machine", "prompt_tokens")
 SCALES_KEYS = ("checkpoints", "with_scales", "unit_scale", "logs_checked", "dropped")
 
 
@@ -286,10 +286,14 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
     )
     tpot = ev.tpot
     b, f, users = _num(tpot.get("baseline_ms")), _num(tpot.get("fp8_ms")), _num(tpot.get("users"))
+    prompt = _num(tpot.get("prompt_tokens"))
     machine = tpot.get("machine")
     rows.append(
         Row(
-            "Time per output token" + (f" at {users:,.0f} user{'s' if users != 1 else ''}" if users else "") + " (ms)",
+            "Time per output token"
+            + (f" at {users:,.0f} user{'s' if users != 1 else ''}" if users else "")
+            + (f", {prompt:,.0f}-token prompts" if prompt else "")
+            + " (ms)",
             f"{b:.2f}" if b is not None else MISSING,
             f"{f:.2f}" if f is not None else MISSING,
             _ratio_text(tpot.get("ratio"), tpot.get("ratio_low"), tpot.get("ratio_high")),

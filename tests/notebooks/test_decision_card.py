@@ -59,6 +59,7 @@ def test_capacity_only_profiles_are_not_decided_and_agree_with_01(
     if not capacity.facts["skip_layers"]:  # nothing skipped: FP8's users are the table's own column
         assert users.fp8 == f"{int(float(row['users fp8'])):,}"
     scales = next(r for r in card.rows if "scales" in r.quantity.lower())
-    assert scales.state == "not measured" and "0 of 0" not in scales.fp8  # a config-only folder has no weights to read
+    read = next(line for line in card.lines if line.topic == "scales").facts["checkpoints"]
+    assert (scales.state == "not measured") == (read == 0) and "0 of 0" not in scales.fp8  # none read: not measured
     index = (root / "reports" / profile / "index.html").read_text(encoding="utf-8")
     assert card.headline in index.replace("&#39;", "'") and "seed 0" not in index
