@@ -238,6 +238,15 @@ def _ratio_text(ratio: Any, low: Any, high: Any) -> str:
     return f"{r:.2f}x" + (f" ({lo:.2f} to {hi:.2f})" if lo is not None and hi is not None else " (no interval)")
 
 
+def _load_detail(load: rule.Input) -> str:
+    """What the load row held equal: the target, the KV memory and the context, where 08 states them."""
+    target, gib, tokens = load.get("latency_target"), _num(load.get("kv_memory_gib")), _num(load.get("context_tokens"))
+    parts = [f"target {target}" if isinstance(target, str) else f"target {_num(target):g}" if _num(target) else ""]
+    parts += [f"{gib:,.1f} GiB" if gib else "", f"{tokens:,.0f} tokens" if tokens else ""]
+    shown = ", ".join(p for p in parts if p)
+    return f" ({shown})" if shown else ""
+
+
 def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
     """The 16-bit | FP8 | change | how-known table (at most 8 rows)."""
     rows = []
@@ -273,10 +282,9 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
         )
     )
     load = ev.load
-    target = load.get("latency_target")
     rows.append(
         Row(
-            "Users within the latency target at equal memory" + (f" ({target})" if isinstance(target, str) else ""),
+            "Users within the latency target at equal memory" + _load_detail(load),
             _int(load.get("users_baseline")),
             _int(load.get("users_fp8")),
             _ratio_text(load.get("users_ratio"), load.get("users_ratio_low"), load.get("users_ratio_high")),
