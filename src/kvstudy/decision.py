@@ -427,7 +427,11 @@ def what_would_change(decision: rule.Decision, th: rule.Thresholds, guidance: li
             "A profile whose FP8 stores most of the KV bytes, with accuracy within the margin and more users "
             "within the latency target measured."
         ]
-    out += [f"Published guidance applies: {g.scenario}: {g.published}." for g in guidance if g.applies]
+    out += [
+        f"Published guidance for this model, if its scenario is yours: {g.scenario}: {g.published}."
+        for g in guidance
+        if g.applies
+    ]
     return out
 
 
