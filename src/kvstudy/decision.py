@@ -1,10 +1,11 @@
-"""The decision card: should this profile's model store its KV cache in FP8, and how sure is the study?
+"""The decision card: should this profile's model store its KV cache in FP8, and on what evidence?
 
-Each notebook states one structured verdict per topic (``kvstudy.notebook.verdict``: a state, a
-sentence, the facts behind it, the step that would settle it); ``kvstudy render`` keeps them in
-``reports/<profile>/status.json``. This module reads them back into a :class:`Card`, evaluates the
-published usage guidance of vLLM's FP8 KV-cache update (seed 003's table) on this model (its layer
-kinds, head size and the context the profile asks for), and writes one line of decision.
+Each notebook states structured verdicts (``kvstudy.notebook.verdict``: a state, a sentence, plain
+facts, the step that would settle it); ``kvstudy render`` keeps them in ``reports/<profile>/status.json``.
+This module reads them back, defensively (a verdict that is absent or malformed is "not measured"),
+into the inputs of the one rule (:mod:`kvstudy.decision_rule`), and lays out the card: the answer and
+its main reason, a 16-bit | FP8 | change | how-known table, what would change the answer, the
+per-topic verdicts, and the published usage guidance where it holds for this model and GPU.
 
 ``kvstudy verdict PROFILE [--json]`` prints the card the index page shows.
 """
@@ -13,16 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvstudy import decision_rule as rule
+from kvstudy.decision_guidance import Guidance, evaluate_guidance
 from kvstudy.errors import StudyError
 from kvstudy.io import REPO_ROOT, read_json
 
-# Topics in the order the card shows them, with the notebook that states each.
+# Topics in the order the card lists them, with the notebook that states each.
 TOPICS = {
     "capacity": "01_capacity-math",
+    "load at equal memory": "08_load-at-equal-memory",
     "speed": "02_speed-sweep",
     "accuracy": "03_gsm8k-accuracy",
     "long-context accuracy": "06_retrieval-accuracy",
@@ -30,9 +35,7 @@ TOPICS = {
     "context scaling": "05_context-scaling",
     "scales": "04_scale-inspection",
 }
-# Seed 003 ("vLLM FP8 KV-Cache and Attention Quantization Update"), its usage table and the figures behind it.
-PUBLISHED_BREAK_EVEN_TOKENS = {"H100": 7000, "B200": 4000}  # decode break-even, Llama-3.1-8B
-ACCURACY_SHARE_TO_CALIBRATE = 0.95  # "persistent accuracy loss (< 95 %): calibrate"
+MISSING = "–"
 
 
 @dataclass(frozen=True)
@@ -49,27 +52,40 @@ class CardLine:
 
 
 @dataclass(frozen=True)
-class Guidance:
-    """One row of the published usage table, evaluated on this model."""
+class Row:
+    """One row of the card's table."""
 
-    scenario: str
-    published: str  # the table's recommendation, restated
-    applies: bool | None  # None: the study cannot tell
-    why: str
+    quantity: str
+    baseline: str
+    fp8: str
+    change: str
+    how: str  # how it is known, and which report holds it
+    state: str
 
 
 @dataclass(frozen=True)
 class Card:
     profile: str
     model: str | None
-    decision: str
+    headline: str  # the answer and its main reason, at most 30 words
+    answer: str
+    rule: str
+    reason: str
+    rows: tuple[Row, ...]
+    changes: tuple[str, ...]  # what would change this answer
+    missing: tuple[dict[str, str], ...]  # each missing measurement: what, and the command with its cost
+    inputs: dict[str, Any]  # every input of the rule: state, source, values
+    thresholds: dict[str, Any]
     lines: tuple[CardLine, ...]
     guidance: tuple[Guidance, ...]
 
 
-def _verdict_records(status: dict[str, Any], stem: str) -> list[dict[str, Any]]:
-    entry = status.get(stem) or {}
-    return [v for v in entry.get("verdicts") or [] if isinstance(v, dict)]
+# --------------------------------------------------------------------------- reading the verdicts
+
+
+def _verdict_records(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    found = entry.get("verdicts")
+    return [v for v in found if isinstance(v, dict)] if isinstance(found, list) else []
 
 
 def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:
@@ -79,28 +95,30 @@ def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:
     order = [s for s in TOPICS.values() if s in stems] + [s for s in stems if s not in TOPICS.values()]
     lines = []
     for stem in order:
-        entry = status.get(stem) or {}
+        entry = status.get(stem)
+        entry = entry if isinstance(entry, dict) else {}
         if entry.get("error") or not entry:
-            why = entry.get("error") or "not rendered yet for this profile"
+            why = str(entry.get("error") or "not rendered yet for this profile")
+            needs = entry.get("needs")
             step = (
-                f"run `{entry['needs']}`, then `make all`"
-                if entry.get("needs")
+                f"run `{needs}`, then `make all`"
+                if isinstance(needs, str) and needs
                 else ("see where the render stopped" if entry else "make all")
             )
-            link = entry.get("failed_html") if entry else None
+            link = entry.get("failed_html") if isinstance(entry.get("failed_html"), str) else None
             lines.append(CardLine(topic_of.get(stem, stem), "not measured", f"no verdict: {why}", stem, step, {}, link))
             continue
-        found = _verdict_records(status, stem)
+        found = _verdict_records(entry)
         for v in found:
-            state = str(v.get("state") or "measured")
             facts: dict[str, Any] = dict(v["facts"]) if isinstance(v.get("facts"), dict) else {}
+            next_step = v.get("next_step")
             lines.append(
                 CardLine(
                     str(v.get("topic") or stem),
-                    state,
+                    str(v.get("state") or "measured"),
                     str(v.get("text", "")),
                     stem,
-                    v.get("next_step"),
+                    next_step if isinstance(next_step, str) else None,
                     facts,
                     f"{stem}.html",
                 )
@@ -111,95 +129,392 @@ def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:
     return lines
 
 
-def evaluate_guidance(model: str | None, context_len: int | None, accuracy_share: float | None) -> list[Guidance]:
-    """Seed 003's usage table on this model: which rows apply, and why (or why the study cannot tell)."""
-    from kvstudy.model.capacity import load_layout
+def _state(line: CardLine | None) -> str:
+    if line is None:
+        return rule.NOT_MEASURED
+    if line.facts.get("simulated") is True:
+        return rule.SIMULATED
+    return (
+        line.state
+        if line.state in rule.DECISIVE | {rule.PUBLISHED, rule.SIMULATED, rule.NO_CLAIM}
+        else rule.NOT_MEASURED
+    )
 
-    if not model:
-        return [Guidance("model layout", "(needs the model's config)", None, "no model named by the profile")]
-    try:
-        layout = load_layout(model)
-    except StudyError as exc:
-        return [Guidance("model layout", "(needs the model's config)", None, str(exc))]
-    out = []
-    windows = layout.sliding_windows
-    out.append(
-        Guidance(
-            "hybrid attention (sliding-window layers)",
-            "fp8 with --kv-cache-dtype-skip-layers sliding_window",
-            bool(windows),
-            f"{layout.count('sliding')} sliding-window layers (window {', '.join(map(str, windows))} tokens)"
-            if windows
-            else "no sliding-window layers in the config",
+
+def _input(line: CardLine | None, keys: tuple[str, ...]) -> rule.Input:
+    if line is None:
+        return rule.ABSENT
+    return rule.Input(_state(line), f"{line.report} ({line.topic})", {k: line.facts.get(k) for k in keys})
+
+
+CAPACITY_KEYS = (
+    "fp8_share",
+    "users_baseline",
+    "users_fp8",
+    "tp",
+    "tokens_per_gib_baseline",
+    "tokens_per_gib_fp8",
+    "kv_pool_gib",
+    "skip_layers",
+    "skip_layers_advised",
+    "fits",
+    "baseline_dtype",
+    "gpu",
+    "context_len",
+    "model",
+)
+LOAD_KEYS = (
+    "claim",
+    "users_baseline",
+    "users_fp8",
+    "users_ratio",
+    "users_ratio_low",
+    "users_ratio_high",
+    "latency_target",
+    "kv_memory_gib",
+    "context_tokens",
+)
+SCREEN_KEYS = ("equivalence", "margin_kl", "margin_state", "kl_mean", "kl_upper", "top1_agreement", "simulated")
+ACCURACY_KEYS = ("task", "n", "change_points", "change_low", "change_high", "detectable_loss_points")
+TPOT_KEYS = ("users", "baseline_ms", "fp8_ms", "ratio", "ratio_low", "ratio_high", "machine", "prompt_tokens")
+SCALES_KEYS = ("checkpoints", "with_scales", "unit_scale", "logs_checked", "dropped")
+
+
+def evidence(lines: list[CardLine]) -> rule.Evidence:
+    """The rule's inputs from the card's lines (a topic absent or without facts: not measured)."""
+    by_topic = {line.topic: line for line in lines}
+    speed = by_topic.get("speed")
+    tpot = (
+        rule.Input(
+            _state(speed),
+            f"{speed.report} (speed)",
+            {k: speed.facts.get(f"tpot_{k}") for k in TPOT_KEYS},
+        )
+        if speed is not None and speed.facts.get("tpot_ratio") is not None
+        else rule.ABSENT
+    )
+    return rule.Evidence(
+        capacity=_input(by_topic.get("capacity"), CAPACITY_KEYS),
+        load=_input(by_topic.get("load at equal memory"), LOAD_KEYS),
+        screen=_input(by_topic.get("engine screen"), SCREEN_KEYS),
+        accuracy=tuple(
+            _input(by_topic[t], ACCURACY_KEYS) for t in ("accuracy", "long-context accuracy") if t in by_topic
+        ),
+        tpot=tpot,
+    )
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def _int(x: Any) -> str:
+    n = _num(x)
+    return MISSING if n is None else f"{n:,.0f}"
+
+
+def _how(inp: rule.Input, detail: str = "") -> str:
+    if inp.state == rule.NOT_MEASURED and not inp.values:
+        return "not measured"
+    where = {
+        "01": "capacity report",
+        "02": "speed report",
+        "03": "accuracy report",
+        "04": "scales report",
+        "06": "long-context report",
+        "07": "precision report",
+        "08": "load report",
+    }.get(inp.source[:2], inp.source.split(" ")[0])
+    return f"{inp.state}{', ' + detail if detail else ''} ({where})"
+
+
+def _ratio_text(ratio: Any, low: Any, high: Any) -> str:
+    r, lo, hi = _num(ratio), _num(low), _num(high)
+    if r is None:
+        return MISSING
+    return f"{r:.2f}x" + (f" ({lo:.2f} to {hi:.2f})" if lo is not None and hi is not None else " (no interval)")
+
+
+def _load_detail(load: rule.Input) -> str:
+    """What the load row held equal: the target, the KV memory and the context, where 08 states them."""
+    target, gib, tokens = load.get("latency_target"), _num(load.get("kv_memory_gib")), _num(load.get("context_tokens"))
+    parts = [f"target {target}" if isinstance(target, str) else f"target {_num(target):g}" if _num(target) else ""]
+    parts += [f"{gib:,.1f} GiB" if gib else "", f"{tokens:,.0f} tokens" if tokens else ""]
+    shown = ", ".join(p for p in parts if p)
+    return f" ({shown})" if shown else ""
+
+
+def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
+    """The 16-bit | FP8 | change | how-known table (at most 8 rows)."""
+    rows = []
+    cap = ev.capacity
+    tb, tf = _num(cap.get("tokens_per_gib_baseline")), _num(cap.get("tokens_per_gib_fp8"))
+    skip = " (sliding-window layers kept 16-bit, as published advice says)" if cap.get("skip_layers") else ""
+    rows.append(
+        Row(
+            "KV tokens per GiB",
+            _int(tb),
+            _int(tf),
+            f"{tf / tb:.2f}x" if tb and tf else MISSING,
+            _how(cap, "from the model's config" + skip),
+            cap.state,
         )
     )
-    heads = sorted({layer.head_size for layer in layout.layers if layer.head_size})
-    out.append(
-        Guidance(
-            "head_dim 256 with prefill priority",
-            "stay 16-bit (FP8 prefill about 1.6x slower at long contexts on H100), or validate",
-            256 in heads,
-            f"head size {', '.join(map(str, heads)) or 'none'}",
+    ctx, gpu, tp = _num(cap.get("context_len")), cap.get("gpu"), _num(cap.get("tp"))
+    u16, u8 = _num(cap.get("users_baseline")), _num(cap.get("users_fp8"))
+    where = f" on {gpu}" if isinstance(gpu, str) else ""
+    at = f" at {ctx:,.0f} tokens" if ctx else ""
+    if cap.get("fits") is False:
+        change = f"does not fit up to TP {tp:.0f}" if tp else "does not fit"
+    else:
+        change = f"{u8 / u16:.2f}x" if u16 and u8 is not None else MISSING
+    rows.append(
+        Row(
+            f"Users that fit{at}{where}" + (f", TP {tp:.0f}" if tp else ""),
+            _int(u16),
+            _int(u8),
+            change,
+            _how(cap, "overhead assumed" if u16 is not None else "weights unknown"),
+            cap.state,
         )
     )
-    h100 = PUBLISHED_BREAK_EVEN_TOKENS["H100"]
-    out.append(
-        Guidance(
-            f"short contexts (below the published ~{h100:,}-token break-even)",
-            "stay 16-bit: FP8's small fixed cost per step outweighs halved KV reads",
-            None if context_len is None else context_len < h100,
-            "no context length given"
-            if context_len is None
-            else f"the profile's context is {context_len:,} tokens (break-even published for Llama-3.1-8B on H100; "
-            f"~{PUBLISHED_BREAK_EVEN_TOKENS['B200']:,} on B200)",
+    load = ev.load
+    rows.append(
+        Row(
+            "Users within the latency target at equal memory" + _load_detail(load),
+            _int(load.get("users_baseline")),
+            _int(load.get("users_fp8")),
+            _ratio_text(load.get("users_ratio"), load.get("users_ratio_low"), load.get("users_ratio_high")),
+            _how(load),
+            load.state,
         )
     )
-    out.append(
-        Guidance(
-            "decode-heavy, memory-bound serving",
-            "fp8 (--kv-cache-dtype fp8): about twice the KV tokens per GiB",
-            None,
-            "the workload's shape (its decode share, whether the KV pool limits the batch) is not in the data: "
-            "the capacity line gives the users each storage type fits",
+    tpot = ev.tpot
+    b, f, users = _num(tpot.get("baseline_ms")), _num(tpot.get("fp8_ms")), _num(tpot.get("users"))
+    prompt = _num(tpot.get("prompt_tokens"))
+    machine = tpot.get("machine")
+    rows.append(
+        Row(
+            "Time per output token"
+            + (f" at {users:,.0f} user{'s' if users != 1 else ''}" if users else "")
+            + (f", {prompt:,.0f}-token prompts" if prompt else "")
+            + " (ms)",
+            f"{b:.2f}" if b is not None else MISSING,
+            f"{f:.2f}" if f is not None else MISSING,
+            _ratio_text(tpot.get("ratio"), tpot.get("ratio_low"), tpot.get("ratio_high")),
+            _how(tpot, f"on {machine}" if isinstance(machine, str) else ""),
+            tpot.state,
         )
     )
-    out.append(
-        Guidance(
-            f"accuracy below {ACCURACY_SHARE_TO_CALIBRATE:.0%} of 16-bit",
-            "calibrate the KV scales (llm-compressor) or use per-head scales",
-            None if accuracy_share is None else accuracy_share < ACCURACY_SHARE_TO_CALIBRATE,
-            "FP8 accuracy not measured here"
-            if accuracy_share is None
-            else f"FP8 scored {accuracy_share:.1%} of the 16-bit score (measured)",
+    for acc in ev.accuracy or (rule.ABSENT,):
+        task, n = acc.get("task"), _num(acc.get("n"))
+        c, lo, hi, det = (
+            _num(acc.get(k)) for k in ("change_points", "change_low", "change_high", "detectable_loss_points")
+        )
+        topic = "Long-context accuracy" if "long-context" in acc.source else "Accuracy"
+        label = topic + (f", {task}" if isinstance(task, str) else "") + (f", {n:,.0f} items" if n else "")
+        change = (
+            MISSING
+            if c is None
+            else f"{c:+.1f} points" + (f" ({lo:+.1f} to {hi:+.1f})" if lo is not None and hi is not None else "")
+        )
+        rows.append(
+            Row(
+                label,
+                MISSING,
+                MISSING,
+                change,
+                _how(
+                    acc,
+                    f"could detect a loss of {det:.1f} points"
+                    if det is not None
+                    else ("its verdict states no interval" if c is None and acc.values else ""),
+                ),
+                acc.state,
+            )
+        )
+    scr = ev.screen
+    kl, upper, margin = _num(scr.get("kl_mean")), _num(scr.get("kl_upper")), _num(scr.get("margin_kl"))
+    rows.append(
+        Row(
+            "Engine screen: KL divergence, FP8 vs 16-bit (millinats)",
+            MISSING,
+            f"{kl * 1000:.2f}" + (f" (upper {upper * 1000:.2f})" if upper is not None else "")
+            if kl is not None
+            else MISSING,
+            f"{scr.get('equivalence')} the margin {margin * 1000:.2f} ({scr.get('margin_state')})"
+            if margin is not None
+            else MISSING,
+            _how(scr),
+            scr.state,
         )
     )
+    rows.append(_scales_row(scales))
+    return rows[:8]
+
+
+def _scales_row(scales: rule.Input) -> Row:
+    """What the checkpoints' KV scales are; none read is "not measured", not "0 of 0 measured"."""
+    if not _num(scales.get("checkpoints")):
+        return Row(
+            "KV scales in the checkpoints",
+            MISSING,
+            MISSING,
+            MISSING,
+            "not measured (0 checkpoints read)",
+            rule.NOT_MEASURED,
+        )
+    n = _num(scales.get("checkpoints")) or 0
+    dropped, logs = _num(scales.get("dropped")), _num(scales.get("logs_checked"))
+    text = f"{_int(scales.get('with_scales'))} carry scales; {_int(scales.get('unit_scale'))} run at 1.0"
+    if logs:
+        text += f"; {_int(dropped)} of {logs:,.0f} logs dropped"
+    return Row(f"KV scales ({n:,.0f} checkpoints)", MISSING, text, MISSING, _how(scales), scales.state)
+
+
+# --------------------------------------------------------------------------- what is missing, what would change it
+
+
+def _run(profile: str, stem: str, stems: list[str]) -> str:
+    """The make command that renders ``stem``, adding it to the profile first where it is not there."""
+    add = "" if stem in stems else f"add notebook {stem} to profiles/{profile}.yaml, then "
+    return f"{add}`make all PROFILE={profile} ONLY={stem}`"
+
+
+def _missing_step(missing: rule.Missing, profile: str, th: rule.Thresholds, stems: list[str]) -> str:
+    """The command that gets a missing measurement, with its cost (the reports' own next steps stay in
+    the topic table)."""
+    from kvstudy.report_design import accuracy_design, need_sentence, speed_design
+
+    if missing.what == "capacity":
+        return (
+            f"{_run(profile, '01_capacity-math', stems)} (seconds, no GPU; give weights_gib if the weights are unknown)"
+        )
+    if missing.what == "load":
+        need = next((r.runs_per_arm for r in speed_design((th.min_users_gain_pct,)) if r.runs_per_arm), None)
+        return (
+            f"{_run(profile, '08_load-at-equal-memory', stems)} on the target GPU (both arms at equal KV memory"
+            + (
+                f"; about {need} seed blocks per arm for a {th.min_users_gain_pct:g} % change, assumed noise, `kvstudy design speed`"
+                if need
+                else ""
+            )
+            + "), or state `kv_bound: true` under `decision:` in the profile"
+        )
+    sentence = need_sentence(accuracy_design((th.accuracy_margin_points,)))
+    return (
+        f"`kvstudy kv-screen` against a 16-bit and an FP8 server of the model, or "
+        f"{_run(profile, '03_gsm8k-accuracy', stems)} with both arms on the target GPU: {sentence}"
+    )
+
+
+def what_would_change(decision: rule.Decision, th: rule.Thresholds, guidance: list[Guidance]) -> list[str]:
+    if decision.answer == rule.UNDECIDED:
+        out = [
+            "Each measurement above (To decide, measure), once its interval lies past its threshold (the rule in the README)."
+        ]
+    elif decision.answer == rule.TURN_ON:
+        out = [
+            f"Accuracy measured beyond {rule.points(th.accuracy_margin_points)} on the engine's own FP8 arm.",
+            "Fewer users within the latency target at equal memory, measured on the target GPU.",
+            f"A per-token slowdown beyond {th.tpot_cost_pct:g} % that the extra users do not repay.",
+        ]
+    else:
+        out = [
+            "A profile whose FP8 stores most of the KV bytes, with accuracy within the margin and more users "
+            "within the latency target measured."
+        ]
+    out += [
+        f"Published guidance for this model, if its scenario is yours: {g.scenario}: {g.published}."
+        for g in guidance
+        if g.applies
+    ]
     return out
 
 
-def decide(lines: list[CardLine], guidance: list[Guidance]) -> str:
-    """One line: what FP8 buys, whether its costs were measured, and what would settle the rest."""
-    by_topic = {line.topic: line for line in lines}
-    parts = []
-    cap = by_topic.get("capacity")
-    if cap is not None and cap.state == "computed":
-        parts.append(f"FP8 buys memory: {cap.facts.get('headline', cap.text)}")
-    unmeasured = [t for t in ("speed", "accuracy", "long-context accuracy") if t in by_topic]
-    measured = [t for t in unmeasured if by_topic[t].state == "measured"]
-    open_ = [t for t in unmeasured if by_topic[t].state != "measured"]
-    if measured:
-        parts.append(
-            "measured: " + "; ".join(f"{t}: {by_topic[t].facts.get('headline', by_topic[t].state)}" for t in measured)
+def _headline(decision: rule.Decision, ev: rule.Evidence) -> str:
+    """The answer and its main reason, at most 30 words."""
+    if decision.answer == rule.UNDECIDED:
+        names = {"capacity": "the users that fit", "load": "users within the latency target", "accuracy": "accuracy"}
+        open_ = [names[m.what] for m in decision.missing]
+        listed = open_[0] if len(open_) == 1 else ", ".join(open_[:-1]) + " and " + open_[-1]
+        u16, u8 = _num(ev.capacity.get("users_baseline")), _num(ev.capacity.get("users_fp8"))
+        gain = (
+            f"FP8 fits {u8 / u16:.1f}x the users, but "
+            if u16 and u8 and "capacity" not in [m.what for m in decision.missing]
+            else ""
         )
-    if open_:
-        parts.append(
-            "not settled here: "
-            + ", ".join(f"{t} ({by_topic[t].state})" for t in open_)
-            + "; measure FP8 on the target GPU (a GPU profile, e.g. `make all PROFILE=l4-qwen3-8b`) before switching"
-        )
-    applies = [g for g in guidance if g.applies]
-    if applies:
-        parts.append("published guidance for this model: " + "; ".join(f"{g.scenario}: {g.published}" for g in applies))
-    return " ".join(p[0].upper() + p[1:] + "." for p in parts) if parts else "No verdict yet: run `make all`."
+        text = f"{decision.answer}: {gain}{listed} {'is' if len(open_) == 1 else 'are'} not measured yet."
+    else:
+        text = f"{decision.answer}: {decision.reason}."
+    words = text.split()
+    return text if len(words) <= 30 else " ".join(words[:29]) + " …"
+
+
+# --------------------------------------------------------------------------- the card
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe: non-finite numbers become None (JSON has no NaN), containers recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def card_from_status(profile: str, status: dict[str, Any], stems: list[str], decision_settings: Any = None) -> Card:
+    """The card from a render's status entries (the index page builds it the same way);
+    ``decision_settings``: the profile's ``decision:`` mapping (thresholds)."""
+    th = rule.thresholds_from(decision_settings)
+    status = status if isinstance(status, dict) else {}
+    lines = card_lines(status, stems)
+    ev = evidence(lines)
+    scales = _input(next((line for line in lines if line.topic == "scales"), None), SCALES_KEYS)
+    model = ev.capacity.get("model")
+    context = ev.capacity.get("context_len")
+    gpu = ev.capacity.get("gpu")
+    guidance = evaluate_guidance(
+        model if isinstance(model, str) else None,
+        int(context) if isinstance(context, int) else None,
+        gpu if isinstance(gpu, str) else None,
+    )
+    decision = rule.decide(ev, th)
+    rows = card_rows(ev, scales)
+    missing = tuple({"what": m.step, "run": _missing_step(m, profile, th, stems)} for m in decision.missing)
+    inputs = {
+        "capacity": asdict(ev.capacity),
+        "load at equal memory": asdict(ev.load),
+        "engine screen": asdict(ev.screen),
+        "accuracy": [asdict(a) for a in ev.accuracy],
+        "time per output token": asdict(ev.tpot),
+        "scales": asdict(scales),
+        "kv_bound (profile)": {
+            "state": rule.STATED if th.kv_bound is not None else rule.NOT_MEASURED,
+            "source": "profile's decision: mapping",
+            "values": {"kv_bound": th.kv_bound},
+        },
+    }
+    return Card(
+        profile,
+        model if isinstance(model, str) else None,
+        _headline(decision, ev),
+        decision.answer,
+        decision.rule,
+        decision.reason,
+        tuple(rows),
+        tuple(what_would_change(decision, th, guidance)),
+        missing,
+        _plain(inputs),
+        asdict(th),
+        tuple(lines),
+        tuple(guidance),
+    )
 
 
 def read_card(profile: str, root: Path = REPO_ROOT) -> Card:
@@ -214,34 +529,34 @@ def read_card(profile: str, root: Path = REPO_ROOT) -> Card:
     status = read_json(path)
     if not isinstance(status, dict):
         raise StudyError(f"{path}: expected a JSON object (the render's status)")
-    return card_from_status(profile, status, list(data["notebooks"]))
+    return card_from_status(profile, status, list(data["notebooks"]), data.get("decision"))
 
 
-def card_from_status(profile: str, status: dict[str, Any], stems: list[str]) -> Card:
-    """The card from a render's status entries (the index page builds it the same way)."""
-    lines = card_lines(status, stems)
-    facts = {k: v for line in lines for k, v in line.facts.items()}
-    share = facts.get("fp8_accuracy_share")
-    guidance = evaluate_guidance(
-        facts.get("model"), facts.get("context_len"), share if isinstance(share, float) else None
-    )
-    return Card(profile, facts.get("model"), decide(lines, guidance), tuple(lines), tuple(guidance))
+def card_json(card: Card) -> str:
+    """The card as strict JSON (no NaN or Infinity: a missing number is null)."""
+    return json.dumps(_plain(asdict(card)), indent=1, allow_nan=False)
+
+
+def card_text(card: Card) -> str:
+    out = [card.headline, f"(rule: {card.rule}; profile {card.profile}, model {card.model or 'not named'})", ""]
+    head = ("", "16-bit", "FP8", "change (interval)", "how known")
+    table = [head] + [(r.quantity, r.baseline, r.fp8, r.change, r.how) for r in card.rows]
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    for row in table:
+        out.append(" | ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + " | " + row[4])
+    if card.missing:
+        out += ["", "To decide, measure:"] + [f"- {m['what']}: {m['run']}" for m in card.missing]
+    out += ["", "What would change this answer:"] + [f"- {c}" for c in card.changes]
+    out += ["", "Published usage guidance on this model and GPU:"]
+    for g in card.guidance:
+        mark = {True: "applies", False: "does not apply", None: "cannot tell"}[g.applies]
+        out.append(f"- {g.scenario}: {mark} ({g.why}) -> {g.published}")
+    return "\n".join(out)
 
 
 def _cmd(args: argparse.Namespace) -> int:
     card = read_card(args.profile)
-    if args.json:
-        print(json.dumps(asdict(card), indent=1))
-        return 0
-    print(f"profile {card.profile}, model {card.model or 'not named'}")
-    print(f"decision: {card.decision}")
-    for line in card.lines:
-        step = f"  [next: {line.next_step}]" if line.next_step else ""
-        print(f"- {line.topic} ({line.state}): {line.text}{step}")
-    print("published guidance (seed 003's table) on this model:")
-    for g in card.guidance:
-        mark = {True: "applies", False: "does not apply", None: "cannot tell"}[g.applies]
-        print(f"- {g.scenario}: {mark} ({g.why}) -> {g.published}")
+    print(card_json(card) if args.json else card_text(card))
     return 0
 
 
@@ -249,5 +564,7 @@ def register(subparsers: Any) -> None:
     """Add ``kvstudy verdict PROFILE [--json]``."""
     parser = subparsers.add_parser("verdict", help="the decision card of a rendered profile")
     parser.add_argument("profile", help="a profile in profiles/ whose reports were rendered (make all PROFILE=...)")
-    parser.add_argument("--json", action="store_true", help="the card as JSON")
+    parser.add_argument(
+        "--json", action="store_true", help="the card as JSON: the answer, the rule that fired, every input"
+    )
     parser.set_defaults(func=_cmd)

@@ -79,8 +79,10 @@ VERDICT_STATES = {
     "measured": "measured, with the interval or test stated",
     "published": "published figures, restated",
     "no claim": "measured, but the data cannot support a claim",
+    "simulated": "measured on a simulation of FP8 storage, not on the engine's own FP8 (decides nothing)",
     "not measured": "not measured here",
 }
+_SHOWN: dict[str, str] = {"verdict": ""}  # the last verdict's sentence: a finding that repeats it is not shown twice
 
 
 def verdict(topic: str, text: str, state: str = "measured", next_step: str | None = None, **facts: Any) -> None:
@@ -96,7 +98,25 @@ def verdict(topic: str, text: str, state: str = "measured", next_step: str | Non
         raise ValueError(f"verdict state {state!r}: expected one of {tuple(VERDICT_STATES)}")
     record = {"topic": topic, "text": text, "state": state, "next_step": next_step, "facts": facts}
     shown = f"**Verdict ({topic}, {state}):** {text}" + (f" *Next:* {next_step}" if next_step else "")
-    display(Markdown(shown), metadata={VERDICT_KEY: json.loads(json.dumps(record, default=str))})
+    _SHOWN["verdict"] = text
+    display(Markdown(shown), metadata={VERDICT_KEY: _finite(json.loads(json.dumps(record, default=_plain_fact)))})
+
+
+def _plain_fact(value: Any) -> Any:
+    """A fact JSON cannot hold as it is: a numpy number as a Python one, anything else as its text."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) and not isinstance(value, (list, dict)) else str(value)
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities become None (JSON has neither), containers recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def fp8_speed_text(baseline: float, fp8: float, higher_is_better: bool = True, digits: int = 1) -> str:
@@ -345,7 +365,8 @@ def finding(text: str) -> None:
     """Show ``text`` as the notebook's headline result; the index page quotes it."""
     from IPython.display import Markdown, display
 
-    display(Markdown(f"**Finding:** {text}"), metadata={FINDING_KEY: text})
+    repeated = text.strip() == _SHOWN["verdict"].strip()  # the verdict above already says it: record, do not repeat
+    display(Markdown("" if repeated else f"**Finding:** {text}"), metadata={FINDING_KEY: text})
 
 
 def _figure_title(fig: Any) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvstudy.decision_rule import thresholds_from
 from kvstudy.errors import StudyError
 from kvstudy.io import read_yaml
 from kvstudy.limits import (
@@ -37,7 +38,7 @@ from kvstudy.limits import (
 )
 
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-TOP_LEVEL_KEYS = ("description", "extends", "defaults", "notebooks")
+TOP_LEVEL_KEYS = ("description", "extends", "defaults", "notebooks", "decision")
 # Parameters the runner sets itself; a profile may not set them.
 RUNNER_PARAMETERS = ("profile", "figures_dir")
 # The bounds of the notebooks' count and size parameters (a number, or each number of a list), from
@@ -198,11 +199,16 @@ def load_profile(profile: str, profiles_dir: Path, _seen: tuple[str, ...] = ()) 
         for stem, params in notebooks.items():
             merged.setdefault(stem, {}).update(params)
         notebooks, defaults = merged, {**base["defaults"], **defaults}
+    decision = data.get("decision")
+    thresholds_from(decision, f"{path}: decision")  # the decision card's thresholds (kvstudy.decision_rule)
+    if base_name is not None:
+        decision = {**(base.get("decision") or {}), **(decision or {})}
     return {
         "description": data.get("description", ""),
         "extends": base_name,
         "defaults": defaults,
         "notebooks": notebooks,
+        "decision": decision or None,
         "path": str(path),
     }
 

@@ -1,14 +1,19 @@
-"""The index page of a profile's reports: a verdict card, one line per notebook, what is not in it."""
+"""The index page of a profile's reports, from a Jinja2 template (autoescaped): the decision card (the
+answer, its reason and the evidence table above the fold), the topics, the published guidance, one
+line per notebook, what is not in the profile."""
 
 from __future__ import annotations
 
 import datetime as dt
-import html
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jinja2
+from markupsafe import Markup, escape
+
+from kvstudy import decision_rule as rule
 from kvstudy.decision import card_from_status
 from kvstudy.errors import StudyError
 from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
@@ -16,82 +21,60 @@ from kvstudy.notebook import git_commit
 from kvstudy.redact import write_scrubbed
 from kvstudy.report_html import extract_results, name_sources
 
-STYLE = """body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.5}
-li{margin:.6em 0}.meta{color:#555;font-size:.9em}.failed{color:#a00}.absent{color:#777}
-.decision{border:1px solid #ccc;border-radius:6px;padding:.6em 1.2em;background:#f8f8f8;font-size:1.05em}
-table.card{border-collapse:collapse;width:100%;table-layout:fixed;font-size:.92em}
-table.card th,table.card td{border-top:1px solid #ddd;padding:.35em .5em;text-align:left;vertical-align:top;
-overflow-wrap:anywhere}table.card thead th{border-bottom:2px solid #bbb}
+STYLE = """body{font-family:sans-serif;max-width:76em;margin:1em auto;padding:0 1em;line-height:1.4}
+li{margin:.4em 0}.meta,.kicker{color:#555;font-size:.9em}.kicker{margin:0}.failed{color:#a00}.absent{color:#777}
+h1.answer{font-size:1.45em;margin:.3em 0 .5em}.answer-on{color:#060}.answer-keep{color:#733}.answer-open{color:#865}
+table.evidence,table.card{border-collapse:collapse;width:100%;table-layout:fixed;font-size:.9em}
+table.evidence th,table.evidence td,table.card th,table.card td{border-top:1px solid #ddd;padding:.25em .5em;
+text-align:left;vertical-align:top;overflow-wrap:anywhere}
+table.evidence thead th,table.card thead th{border-bottom:2px solid #bbb}
+table.evidence :is(th,td):nth-child(1){width:27%}table.evidence :is(th,td):nth-child(2){width:8%}
+table.evidence :is(th,td):nth-child(3){width:17%}table.evidence :is(th,td):nth-child(4){width:15%}
+table.evidence :is(.known-not-measured,.known-simulated,.known-published,.known-no-claim) td{color:#777}
+table.evidence :is(.known-computed,.known-measured) td.how{color:#060}
 table.card :is(th,td):nth-child(1){width:15%}table.card :is(th,td):nth-child(2){width:10%}
 table.card :is(th,td):nth-child(4){width:25%}
-.state-measured,.state-computed{color:#060}.state-no-claim,.state-not-measured{color:#a60}"""
+.state-measured,.state-computed{color:#060}.state-no-claim,.state-not-measured,.state-simulated{color:#a60}"""
+TEMPLATE = "index.html.j2"
+ANSWER_CLASS = {rule.TURN_ON: "on", rule.KEEP: "keep", rule.UNDECIDED: "open"}
+_EMPHASIS = re.compile(r"(\*\*|__)(.+?)\1|(?<![\w*])\*(?!\s)([^*]+?)(?<!\s)\*(?![\w*])")
 
 
-def _link(href: str, text: str) -> str:
-    return f'<a href="{html.escape(href)}">{html.escape(text)}</a>'
+def prose(text: Any) -> Markup:
+    """Report text for HTML: sources by title, markdown emphasis dropped (never shown as asterisks),
+    escaped, `backquoted` commands as code."""
+    plain = _EMPHASIS.sub(lambda m: m.group(2) or m.group(3), name_sources(str(text)))
+    return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(plain))))
 
 
-def _code(text: str) -> str:
-    """Escaped text with `backquoted` commands shown as code."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
-
-
-def _card(profile: str, stems: Sequence[str], status: dict[str, Any]) -> str:
-    """The decision card (``kvstudy.decision``): one line of decision, then each topic's verdict with how
-    sure the study is and what would settle it, then the published usage guidance on this model."""
-    card = card_from_status(profile, status, list(stems))
-    if not card.lines:
-        return ""
-    rows = []
-    for line in card.lines:
-        step = _code(line.next_step) if line.next_step else ""
-        link = f" ({_link(line.link, 'report')})" if line.link else ""
-        rows.append(
-            f'<tr><th scope="row">{html.escape(line.topic)}</th>'
-            f'<td class="state state-{html.escape(line.state.replace(" ", "-"))}">{html.escape(line.state)}</td>'
-            f"<td>{_code(name_sources(line.text))}{link}</td>"
-            f"<td>{step}</td></tr>"
-        )
-    guidance = []
-    for g in card.guidance:
-        mark = {True: "applies", False: "does not apply", None: "cannot tell"}[g.applies]
-        guidance.append(
-            f'<tr><th scope="row">{html.escape(g.scenario)}</th><td>{mark}</td><td>{html.escape(g.why)}</td>'
-            f"<td>{html.escape(g.published)}</td></tr>"
-        )
-    return (
-        f'<h2>Decision</h2>\n<p class="decision">{_code(name_sources(card.decision))}</p>\n'
-        '<table class="card"><thead><tr><th>topic</th><th>how sure</th><th>what the study found</th>'
-        "<th>what would settle it</th></tr></thead><tbody>\n" + "\n".join(rows) + "\n</tbody></table>\n"
-        "<h3>Published usage guidance, evaluated on this model</h3>\n"
-        '<p class="meta">The usage table of vLLM\'s FP8 KV-cache update (seed 003), row by row, against this '
-        "model's config and the profile's context length.</p>\n"
-        '<table class="card"><thead><tr><th>scenario</th><th>here</th><th>why</th><th>published recommendation</th>'
-        "</tr></thead><tbody>\n" + "\n".join(guidance) + "\n</tbody></table>"
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
     )
+    env.filters["prose"] = prose
+    env.filters["capfirst"] = lambda t: str(t)[:1].upper() + str(t)[1:]
+    return env
 
 
-def _line(stem: str, entry: dict[str, Any], out_dir: Path) -> str:
+def _item(stem: str, entry: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """One notebook's line: its finding, or that it failed (with the last good report if there is one)."""
     if not entry:
-        return f"<li>{html.escape(stem)} &mdash; not rendered yet for this profile</li>"
+        return {"kind": "unrendered", "stem": stem}
     if entry.get("error"):
-        state = "not run" if entry.get("needs") else "failed"
-        parts = [
-            f'<span class="failed"><strong>{state}</strong> ({html.escape(entry["rendered"])}): '
-            f"{html.escape(entry['error'])}</span>",
-            _link(entry["failed_html"], "where it stopped"),
-        ]
-        if entry.get("needs"):
-            parts.insert(1, f"run <code>{html.escape(entry['needs'])}</code> to provide it")
-        if (out_dir / f"{stem}.html").exists():
-            parts.append(_link(f"{stem}.html", "last good report") + " (older run)")
-        return f"<li>{html.escape(stem)} &mdash; " + "; ".join(parts) + "</li>"
-    finding = name_sources(entry.get("finding") or "(the notebook stated no finding)")
-    return (
-        f"<li>{_link(stem + '.html', stem)} ({_link(stem + '.ipynb', 'notebook with code')}) "
-        f"<details><summary>its finding</summary>{html.escape(finding)}</details></li>"
-    )
+        return {
+            "kind": "failed",
+            "stem": stem,
+            "state": "not run" if entry.get("needs") else "failed",
+            "rendered": entry.get("rendered"),
+            "error": entry["error"],
+            "needs": entry.get("needs"),
+            "failed_html": entry.get("failed_html"),
+            "last_good": (out_dir / f"{stem}.html").exists(),
+        }
+    return {"kind": "ok", "stem": stem, "finding": entry.get("finding") or "(the notebook stated no finding)"}
 
 
 INTERRUPTED = "the render was interrupted before it recorded why this notebook failed"
@@ -155,26 +138,28 @@ def write_index(
         if stem not in stems:
             del status[stem]
     _remove_stale(out_dir, absent)
-    items = [_line(stem, status.get(stem) or {}, out_dir) for stem in stems]
-    items += [f'<li class="absent">{html.escape(s)} &mdash; not in this profile</li>' for s in absent]
-    versions = ", ".join(f"{k} {v}" for k, v in package_versions(REPORT_PACKAGES).items())
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    extends = profile_data.get("extends")
-    based = f" (extends <code>{html.escape(extends)}</code>)" if extends else ""
-    page = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>FP8 KV-cache study: {html.escape(profile)}</title>
-<style>{STYLE}</style></head><body>
-<h1>Should the KV cache be FP8? Study reports, profile <code>{html.escape(profile)}</code>{based}</h1>
-<p>{html.escape(name_sources(str(profile_data.get("description") or "")))}</p>
-{_card(profile, stems, status)}
-<h2>Reports</h2>
-<ol>
-{chr(10).join(items)}
-</ol>
-<p class="meta">Index written {stamp} from commit {html.escape(git_commit())} on {html.escape(cpu_model())};
-{html.escape(versions)}. Each report states when it was rendered.</p>
-</body></html>
-"""
+    items = [_item(stem, status.get(stem) or {}, out_dir) for stem in stems]
+    items += [{"kind": "absent", "stem": s} for s in absent]
+    card = card_from_status(profile, status, list(stems), profile_data.get("decision"))
+    thresholds = ", ".join(f"{k} {v}" for k, v in card.thresholds.items() if v is not None)
+    page = (
+        _environment()
+        .get_template(TEMPLATE)
+        .render(
+            style=Markup(STYLE),
+            profile=profile,
+            extends=profile_data.get("extends"),
+            card=card,
+            answer_class=ANSWER_CLASS.get(card.answer, "open"),
+            thresholds=thresholds,
+            items=items,
+            description=name_sources(str(profile_data.get("description") or "")),
+            stamp=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            commit=git_commit(),
+            cpu=cpu_model(),
+            versions=", ".join(f"{k} {v}" for k, v in package_versions(REPORT_PACKAGES).items()),
+        )
+    )
     path = out_dir / "index.html"
     write_scrubbed(path, page, secrets)
     return path

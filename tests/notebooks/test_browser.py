@@ -30,7 +30,6 @@ FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--window-size=1400,1000",  # the width a reader's laptop browser gives a report (issue 21)
     "--virtual-time-budget=10000",
     "--dump-dom",
 ]
@@ -66,9 +65,20 @@ window.addEventListener('load', function () {
     if (!host || host.closest('pre, code, script, style, .jp-InputArea') || !host.getClientRects().length) continue;
     var hit = node.textContent.match(/.{0,40}\\d\\.\\d+e[-+]\\d\\d.{0,20}/);
     if (hit) small.push(hit[0]); }
+  var markdown = [];  // markdown shown as text: **bold**, `code` (outside code, pre and scripts)
+  var walker2 = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (var n2 = walker2.nextNode(); n2; n2 = walker2.nextNode()) {
+    var el = n2.parentElement;
+    if (!el || el.closest('pre, code, script, style, .jp-InputArea, textarea') || !el.getClientRects().length) continue;
+    var lit = n2.textContent.match(/.{0,30}(\\*\\*[^*\\s][^*]*\\*\\*|`[^`\\s][^`]*`).{0,10}/);
+    if (lit) markdown.push(lit[0]); }
+  var fold = {};  // where the decision's answer and its table end, from the top of the page
+  ['decision', 'evidence'].forEach(function (id) { var e = document.getElementById(id);
+    if (e) fold[id] = e.getBoundingClientRect().bottom + window.scrollY; });
   var out = document.createElement('pre'); out.id = 'kvstudy-check';
   out.textContent = JSON.stringify({width: width, page_width: document.documentElement.scrollWidth, broken_images: images, links: links, missing_anchors: anchors,
-                                    wide_tables: wide, scrolled_tables: scrolled, cut_text: cut, e_notation: small});
+                                    wide_tables: wide, scrolled_tables: scrolled, cut_text: cut, e_notation: small,
+                                    markdown: markdown, fold: fold, height: window.innerHeight});
   document.body.appendChild(out);
 });
 </script>"""
@@ -90,13 +100,13 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "reports" / "reference"
 
 
-def browser_check(page: Path, profile_dir: Path) -> dict:
-    """Open ``page`` with the check script added; the script's findings."""
+def browser_check(page: Path, profile_dir: Path, window: str = "1400,1000") -> dict:
+    """Open ``page`` with the check script added, in a window of ``window`` pixels; the script's findings."""
     probe = page.with_name(f".check-{page.name}")
     probe.write_text(page.read_text(encoding="utf-8").replace("</body>", CHECK_SCRIPT + "</body>", 1), encoding="utf-8")
     try:
         out = subprocess.run(
-            [CHROMIUM, *FLAGS, f"--user-data-dir={profile_dir}", probe.as_uri()],
+            [CHROMIUM, *FLAGS, f"--window-size={window}", f"--user-data-dir={profile_dir}", probe.as_uri()],
             capture_output=True,
             text=True,
             timeout=180,
@@ -128,9 +138,14 @@ def test_index_and_reports_open_cleanly_in_chromium(rendered: Path, tmp_path: Pa
         assert result["broken_images"] == [], (page.name, result["broken_images"])
         assert result["missing_anchors"] == [], (page.name, result["missing_anchors"])
         assert result["wide_tables"] == [], (page.name, result["wide_tables"])
-        assert result["scrolled_tables"] == [], (page.name, "tables the reader must scroll sideways", result["scrolled_tables"])
+        assert result["scrolled_tables"] == [], (
+            page.name,
+            "tables the reader must scroll sideways",
+            result["scrolled_tables"],
+        )
         assert result["cut_text"] == [], (page.name, "text cut by its box", result["cut_text"])
         assert result["e_notation"] == [], (page.name, "numbers in e-notation (kvstudy.formats)", result["e_notation"])
+        assert result["markdown"] == [], (page.name, "markdown shown as text", result["markdown"])
         missing = [h for h in result["links"] if (t := local_target(page, h)) is not None and not t.exists()]
         assert missing == [], (page.name, missing)
     index_links = browser_check(pages[0], tmp_path / "chromium-index")["links"]
@@ -152,7 +167,6 @@ def test_every_table_a_report_shows_has_its_csv(rendered: Path) -> None:
             assert (root / note.group(1)).is_file(), (page.name, note.group(1))
 
 
-
 def test_kv_precision_settings_say_what_came_from_the_capture(rendered: Path) -> None:
     import csv
 
@@ -168,3 +182,18 @@ def test_no_report_draws_a_figure_twice(rendered: Path) -> None:
     for page in sorted(p for p in rendered.glob("*.html") if p.name != "index.html"):
         images = re.findall(r'src="data:image/png;base64,([^"]+)"', page.read_text(encoding="utf-8"))
         assert len(images) == len(set(images)), (page.name, "a figure is shown twice")
+
+
+def test_the_decision_and_its_table_are_above_the_fold(rendered: Path, tmp_path: Path) -> None:
+    """At 1,366 x 768, a laptop's browser, the answer and the 16-bit | FP8 table end within the first screen."""
+    result = browser_check(rendered / "index.html", tmp_path / "chromium-fold", window="1366,768")
+    # the visible height: 768 less what the browser's own window takes (headless Chromium: about 625)
+    assert result["width"] <= 1366 and 500 < result["height"] <= 768, result
+    assert set(result["fold"]) == {"decision", "evidence"}, result["fold"]
+    assert result["fold"]["decision"] < result["fold"]["evidence"] <= result["height"], result["fold"]
+    answer = re.search(
+        r'<h1 id="decision"[^>]*>(.*?)</h1>', (rendered / "index.html").read_text(encoding="utf-8"), re.S
+    )
+    assert answer and len(answer.group(1).split()) <= 30, answer
+    assert answer.group(1).split(":")[0] in {"Turn FP8 on", "Keep 16-bit", "Not decided yet"}
+    assert "seed 0" not in (rendered / "index.html").read_text(encoding="utf-8")  # no internal names

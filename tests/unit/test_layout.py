@@ -24,9 +24,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("run_record",),
     ("bench",),
     EXPERIMENTS,
-    ("notebook", "profiles"),
+    ("notebook", "profiles", "decision_rule"),  # decision_rule: the card's one rule (profiles check its thresholds)
     ("distribute",),  # plans a profile's experiments as blocks, runs and collects them
-    ("render", "report_index", "report_html", "report_design", "profile_new", "decision"),
+    ("render", "report_index", "report_html", "report_design", "profile_new", "decision", "decision_guidance"),
     ("cli",),
 )
 

@@ -19,8 +19,11 @@ from kvstudy.gpu_catalog import find_gpu
 from kvstudy.io import write_csv, write_csv_at  # noqa: F401 (notebooks call plan.write_csv)
 from kvstudy.limits import MAX_GIB, MAX_TENSOR_PARALLEL, MAX_TOKENS, float_arg, int_arg, output_file
 from kvstudy.model.capacity import (
+    FULL,
     GIB,
     KV_DTYPES,
+    MLA,
+    SLIDING,
     ModelLayout,
     PoolEstimate,
     capacity_summary,
@@ -430,3 +433,81 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--force", action="store_true", help="replace an existing --csv file")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=_run)
+
+
+# --------------------------------------------------------------------------- the decision card's capacity
+
+
+def advised_skip_layers(layout: ModelLayout) -> str | None:
+    """The published usage advice (vLLM's FP8 KV-cache update) for a hybrid model, one with both
+    sliding-window and full-attention layers: keep the sliding-window layers 16-bit
+    (``--kv-cache-dtype-skip-layers sliding_window``). A model whose layers all slide (Mistral-7B-v0.1)
+    is not hybrid: the advice does not apply, and FP8 stores every layer."""
+    kinds = {layer.kind for layer in layout.layers}
+    return "sliding_window" if SLIDING in kinds and kinds & {FULL, MLA} else None
+
+
+def capacity_facts(
+    model: str | Path,
+    layout: ModelLayout,
+    memory: GpuMemory,
+    weights_bytes: int | None,
+    weights_source: str,
+    overhead_gib: float,
+    tensor_parallel_size: int,
+    context_len: int,
+    skip_layers: str | None,
+    kv_memory_gib: float | None,
+    compare_tp: list[int],
+    baseline_dtype: str = "bfloat16",
+) -> dict[str, Any]:
+    """What the decision card reads from notebook 01: tokens per GiB and users at ``context_len`` for the
+    16-bit baseline and FP8 (with the profile's skip layers, or the advised ones for a hybrid model),
+    at the profile's TP, or at the smallest TP of ``compare_tp`` at which the weights fit on this GPU.
+    The same functions as 01's tables (``kv_footprint``, ``group_pool``, ``users_at``)."""
+    advised = advised_skip_layers(layout) if skip_layers is None else None
+    skip = skip_layers if skip_layers is not None else advised
+    base = kv_footprint(layout, baseline_dtype, context_len)
+    fp8 = kv_footprint(layout, "fp8", context_len, skip)
+    saved = base.bytes_per_request - fp8.bytes_per_request  # half of what the layers FP8 stores hold in 16-bit
+    facts: dict[str, Any] = {
+        "baseline_dtype": base.resolved_dtype,
+        "skip_layers": skip,
+        "skip_layers_advised": advised is not None,
+        "tokens_per_gib_baseline": base.tokens_per_gib,
+        "tokens_per_gib_fp8": fp8.tokens_per_gib,
+        # share of a request's 16-bit KV bytes (state included) held by the layers FP8 stores (1: all, 0: none)
+        "fp8_share": min(1.0, 2 * float(saved) / base.bytes_per_request) if base.bytes_per_request > 0 else 0.0,
+        "users_baseline": None,
+        "users_fp8": None,
+        "tp": tensor_parallel_size,
+        "kv_pool_gib": None,
+        "fits": None,
+    }
+    if kv_memory_gib is not None:
+        pool = int(kv_memory_gib * GIB)
+        tps = [tensor_parallel_size]
+    elif weights_bytes is None:
+        return facts
+    else:
+        pool = 0
+        tps = valid_tensor_parallel_sizes(layout, sorted({tensor_parallel_size, *compare_tp}))
+        tps = [t for t in tps if t >= tensor_parallel_size]
+    for tp in tps:
+        if kv_memory_gib is None:
+            group = group_pool(model, memory, weights_bytes, weights_source, overhead_gib, tp, 1, layout)
+            pool = group.pool.kv_pool_bytes if group.fits else 0
+        users = {
+            d: users_at(layout, d, pool, context_len, tp, 1, s) if pool > 0 else 0
+            for d, s in ((baseline_dtype, None), ("fp8", skip))
+        }
+        if max(users.values()) > 0 or tp == tps[-1]:
+            facts.update(
+                users_baseline=users[baseline_dtype],
+                users_fp8=users["fp8"],
+                tp=tp,
+                kv_pool_gib=pool / GIB,
+                fits=max(users.values()) > 0,
+            )
+            break
+    return facts
