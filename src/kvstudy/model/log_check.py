@@ -37,6 +37,7 @@ from kvstudy.limits import MAX_POOL_CODE_LAYERS
 from kvstudy.model.allocator import predict_logged_pool, vllm_layer_records
 from kvstudy.model.capacity import GIB, LINEAR, MLA, SHARED, ModelLayout, resolve_kv_dtype
 from kvstudy.model.folder import load_config
+from kvstudy.model.layout import layout_from_config
 from kvstudy.model.oracle import resolve_layout
 from kvstudy.vllm.facts import (
     DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING,
@@ -192,6 +193,23 @@ def _per_gpu(layout: ModelLayout, tp: int, where: str) -> ModelLayout:
     return dataclasses.replace(layout, layers=layers)
 
 
+def _layout(model: str | Path) -> ModelLayout:
+    """The model's KV layout (``oracle.resolve_layout``), except that vLLM is not asked to build a model
+    of more than ``limits.MAX_POOL_CODE_LAYERS`` layers (minutes on the meta device): the rules answer."""
+    config, path = load_config(model)
+    try:
+        rules = layout_from_config(config, str(path))
+    except StudyError:
+        rules = None
+    if rules is not None and len(rules.layers) > MAX_POOL_CODE_LAYERS:
+        note = (
+            f"KV figures from the kvstudy rules: vLLM is not asked to build {len(rules.layers):,} layers "
+            "(limits.MAX_POOL_CODE_LAYERS)"
+        )
+        return dataclasses.replace(rules, notes=(*rules.notes, note))
+    return resolve_layout(model)
+
+
 # --------------------------------------------------------------------------- predicting the pool
 
 
@@ -334,7 +352,7 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
     max_len = info.max_concurrency_len or info.max_model_len
     if max_len is None:
         raise StudyError(f"{where}: no max model length ('Maximum concurrency for L tokens' or max_seq_len=)")
-    layout = _check_same_model(info, resolve_layout(model), model, any_name, where)
+    layout = _check_same_model(info, _layout(model), model, any_name, where)
     override = info.block_override["override"] if info.block_override else None
     if override is not None and info.available_kv_memory_gib is None and info.kv_memory_bytes_asked is None:
         low, high, memory_source = 0, 0, ""  # the override fixes the pool; no memory figure is needed

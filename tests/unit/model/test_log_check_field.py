@@ -120,7 +120,8 @@ def test_a_snapshot_of_another_model_is_still_refused(tmp_path: Path, capsys: py
 def test_ten_thousand_layers_and_a_one_token_max_length_are_bounded(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """vLLM's own pool code is not handed 10,000 layers (limits.MAX_POOL_CODE_LAYERS); the rules answer."""
+    """Neither vLLM's model build nor its pool code is handed 10,000 layers (limits.MAX_POOL_CODE_LAYERS):
+    the rules answer; a one-token max length is checked like any other."""
     config = json.loads((QWEN3_14B / "config.json").read_text())
     config["num_hidden_layers"] = 10_000
     folder = tmp_path / "deep"
@@ -134,5 +135,6 @@ def test_ten_thousand_layers_and_a_one_token_max_length_are_bounded(
     log = _log(tmp_path, "one.log", public.splitlines()[1:])
     result = log_check.check_log(log, folder, any_name=True)
     assert "not asked for 10,000 layers" in result["predicted"]["path"]
+    assert any("not asked to build 10,000 layers" in n for n in result["kv_figures_notes"])
     assert result["logged"]["max_model_len"] == 1 and result["agree"] is False
     assert main(["startup-log", str(log), "--model", str(folder), "--any-name"]) == 1
