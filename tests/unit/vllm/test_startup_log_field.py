@@ -99,6 +99,7 @@ def test_a_validation_error_with_a_location_line() -> None:
     assert cause == "invalid engine argument CacheConfig.block_size: Input should be 1, 8, 16, 32, 64 or 128"
 
 
+@pytest.mark.parametrize("line", ["Using Sparse MLA backend.", "Using Sparse MLA backend on V1 engine."])
 @pytest.mark.parametrize(
     "platform, backend",
     [
@@ -106,9 +107,9 @@ def test_a_validation_error_with_a_location_line() -> None:
         ("INFO 01-01 00:00:00 [__init__.py:1] Automatically detected platform cuda.", "FLASHMLA_SPARSE"),
     ],
 )
-def test_sparse_mla_line_is_a_backend(platform: str, backend: str) -> None:
+def test_sparse_mla_line_is_a_backend(platform: str, backend: str, line: str) -> None:
     """vllm/platforms/rocm.py and cuda.py log "Using Sparse MLA backend." and name no backend."""
-    info = parse_startup_text(f"{platform}\n{E}Using Sparse MLA backend.\n")
+    info = parse_startup_text(f"{platform}\n{E}{line}\n")
     assert info.attention_backend == backend and info.attention_backend_source == "log"
 
 
@@ -118,7 +119,10 @@ def test_fp8_chosen_by_the_checkpoint_shows_in_the_backend_line() -> None:
         "config: model='/models/Llama-3.1-70B-Instruct-FP8', dtype=torch.bfloat16, kv_cache_dtype=auto, "
         "device_config=cuda, max_seq_len=8192"
     )
-    backend = E + "Using FlashInfer for attention with kv_cache_dtype=torch.float8_e4m3fn"
+    backend = E + (  # the format of vllm/v1/attention/backends/flashinfer.py (0.32)'s info_once line
+        "FlashInfer resolved query dtypes: prefill=torch.bfloat16, decode=torch.bfloat16, "
+        "decode_backend=flashinfer-native, kv_cache_dtype=torch.float8_e4m3fn, arch=sm90"
+    )
     info = parse_startup_text(f"{config}\n{backend}\n")
     assert info.kv_cache_dtype == "fp8_e4m3" and info.kv_cache_dtype_config == "auto"
     assert "the checkpoint chose fp8_e4m3" in (info.kv_cache_dtype_source or "")
