@@ -8,6 +8,7 @@ chunks; weight files contribute their size and safetensors header, never their t
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import errno
 import hashlib
@@ -303,13 +304,35 @@ def read_bytes_checked(path: str | Path, limit: int = MAX_INPUT_BYTES) -> bytes:
     return data
 
 
-def read_text_checked(path: str | Path, limit: int = MAX_INPUT_BYTES, errors: str = "strict") -> str:
-    """A regular file's text as UTF-8 (``errors='replace'`` for logs); bad UTF-8 is a StudyError."""
-    data = read_bytes_checked(path, limit)
+# Byte-order marks a text file may start with, longest first (UTF-32 LE begins with UTF-16 LE's mark).
+# Windows tools write them: PowerShell's ``>`` and ``Out-File`` save UTF-16 LE with a BOM (5.1).
+TEXT_BOMS: tuple[tuple[bytes, str], ...] = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+
+
+def decode_text(data: bytes, where: str | Path, errors: str = "strict", bom: bool = False) -> str:
+    """``data`` as UTF-8 text, or with ``bom`` in the encoding its byte-order mark names (the mark
+    dropped); text not in that encoding is a StudyError (``errors='replace'`` keeps going, for logs)."""
+    encoding = "utf-8"
+    for mark, name in TEXT_BOMS if bom else ():
+        if data.startswith(mark):
+            data, encoding = data[len(mark) :], name
+            break
     try:
-        return data.decode("utf-8", errors=errors)
+        return data.decode(encoding, errors=errors)
     except UnicodeDecodeError as exc:
-        raise StudyError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        raise StudyError(f"{where}: not {encoding.upper()} text (byte {exc.start})") from None
+
+
+def read_text_checked(path: str | Path, limit: int = MAX_INPUT_BYTES, errors: str = "strict", bom: bool = False) -> str:
+    """A regular file's text as UTF-8 (``errors='replace'`` for logs; ``bom``: a byte-order mark
+    names the encoding, as in a log saved by PowerShell); other bytes are a StudyError."""
+    return decode_text(read_bytes_checked(path, limit), path, errors, bom)
 
 
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)

@@ -11,6 +11,14 @@ one key per metric with its value for this document (e.g. ``"exact_match": 1.0``
 task name; the task comes from the file name. lm-eval opens the file in append mode, so a re-run
 with the same timestamp can leave duplicate rows, which this reader refuses.
 
+Older files (lm-eval 0.4.0 and 0.4.1, before 0.4.2) are read too: ``__main__.py`` wrote each task's
+samples as one JSON array (``json.dumps(samples[task], indent=2)``) into ``<model_args>_<task>.jsonl``,
+and ``evaluator.py``'s rows held ``doc_id``, ``doc``, ``target``, ``arguments``, ``resps``,
+``filtered_resps`` and the metric values, with no ``filter`` key (nor ``metrics`` or hashes). What the
+paired test needs (``doc_id`` and the metric per document) is there, so such a file is read as one
+unnamed filter (:data:`UNNAMED_FILTER`); a file that repeats a ``doc_id`` without naming filters is
+refused, since the rows of its filters cannot be told apart.
+
 Items are paired by ``doc_id`` whatever the order of the lines; the pairing is refused when the
 two files come from different tasks or different document sets (ids differ, or one id has a
 different ``doc_hash``/``doc`` or ``target_hash``).
@@ -31,9 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.io import parse_json_text
 from kvstudy.limits import MAX_FILE_NUMBER
 
 DEFAULT_FILTER = "strict-match"  # GSM8K's primary filter in lm-eval
+UNNAMED_FILTER = "(not recorded: lm-eval before 0.4.2)"  # rows without a ``filter`` key
 DEFAULT_METRIC = "exact_match"
 MAX_BYTES = 256 * 2**20  # a 500-question 8-shot GSM8K file is a few MB
 _NAME = re.compile(
@@ -130,12 +140,12 @@ def parse_row(row: Any) -> SampleRow:
     """One decoded JSON line to a :class:`SampleRow`; ValueError/TypeError says what is wrong."""
     if not isinstance(row, dict):
         raise TypeError(f"expected a JSON object, got {type(row).__name__}")
-    for key in ("doc_id", "filter"):
-        if key not in row:
-            raise ValueError(f"no {key!r} key; expected lm-eval's doc_id, doc, filter, metrics ...")
+    if "doc_id" not in row:
+        raise ValueError("no 'doc_id' key; expected lm-eval's doc_id, doc, filter, metrics ...")
     doc_id = _whole(row["doc_id"], "doc_id")
-    if not isinstance(row["filter"], str) or not row["filter"]:
-        raise ValueError(f"filter: expected a filter name, got {row['filter']!r}")
+    filter_name = row.get("filter", UNNAMED_FILTER)  # lm-eval before 0.4.2 did not log it
+    if not isinstance(filter_name, str) or not filter_name:
+        raise ValueError(f"filter: expected a filter name, got {filter_name!r}")
     names = row.get("metrics", [])
     if not isinstance(names, list) or not all(isinstance(m, str) for m in names):
         raise ValueError(f"metrics: expected a list of metric names, got {names!r}")
@@ -155,7 +165,7 @@ def parse_row(row: Any) -> SampleRow:
     task = row.get("task", row.get("task_name"))
     return SampleRow(
         doc_id=doc_id,
-        filter=row["filter"],
+        filter=filter_name,
         scores=scores,
         metric_names=tuple(names),
         doc_hash=_text_or_none(row, "doc_hash"),
@@ -229,9 +239,43 @@ def _check_file(path: Path, max_bytes: int) -> None:
         raise StudyError(f"{path}: empty; expected one JSON object per document and filter")
 
 
-def _read_rows(path: Path) -> list[SampleRow]:
-    """Parse every line; lines end at "\\n" only (lm-eval writes U+2028 and U+0085 unescaped)."""
+def _read_array(path: Path) -> list[SampleRow]:
+    """lm-eval 0.4.0/0.4.1's samples file: one JSON array of rows."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise StudyError(f"{path}: not UTF-8 text; expected an lm-eval samples file (JSONL)") from None
+    except OSError as exc:
+        raise StudyError(f"{path}: cannot be read ({exc.strerror})") from None
+    data = parse_json_text(text, str(path))
+    if not isinstance(data, list):
+        raise StudyError(f"{path}: a JSON {type(data).__name__}; expected an array of lm-eval sample rows")
     rows = []
+    for number, row in enumerate(data):
+        try:
+            rows.append(parse_row(row))
+        except (ValueError, TypeError) as exc:
+            raise StudyError(f"{path}: row {number}: not an lm-eval sample row ({exc})") from None
+    return rows
+
+
+def _starts_with_array(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4096).lstrip()[:1] == b"["
+    except OSError as exc:
+        raise StudyError(f"{path}: cannot be read ({exc.strerror})") from None
+
+
+def _read_rows(path: Path) -> list[SampleRow]:
+    """Parse every line; lines end at "\\n" only (lm-eval writes U+2028 and U+0085 unescaped). A file
+    that is one JSON array is lm-eval 0.4.0/0.4.1's format (:func:`_read_array`)."""
+    rows = []
+    if _starts_with_array(path):
+        rows = _read_array(path)
+        if not rows:
+            raise StudyError(f"{path}: no rows; expected one JSON object per document and filter")
+        return rows
     try:
         with open(path, encoding="utf-8", newline="\n") as lines:
             for number, line in enumerate(lines, 1):
@@ -283,6 +327,16 @@ def read_samples(
     task = _file_task(path, rows)
     _check_docs_agree(path, rows)
     filters = tuple(sorted({r.filter for r in rows}))
+    if UNNAMED_FILTER in filters and len(filters) > 1:
+        raise StudyError(f"{path}: some rows name a filter and some do not; expected one lm-eval version's rows")
+    if filters == (UNNAMED_FILTER,):
+        filter_name = UNNAMED_FILTER  # lm-eval before 0.4.2: the file's rows are its only filter's
+        repeated = sorted(d for d, k in Counter(r.doc_id for r in rows).items() if k > 1)
+        if repeated:
+            raise StudyError(
+                f"{path}: doc_ids {repeated[:5]} appear more than once and the rows name no filter (lm-eval "
+                "before 0.4.2 logs one row per filter without its name): the filters cannot be told apart"
+            )
     if filter_name not in filters:
         raise StudyError(f"{path}: no rows for filter {filter_name!r}; the file has filters {list(filters)}")
     chosen = [r for r in rows if r.filter == filter_name]

@@ -10,7 +10,10 @@ Without ``--model`` it prints what the log says (``kvstudy.vllm.startup_log``). 
   (``kvstudy.model.allocator``); each figure names the path that produced it;
 * **agree**: whether the logged pool is one the logged memory gives, to the block. A logged GiB figure
   is rounded to 0.01 GiB, so the memory is an interval and so is the block count; the logged tokens
-  must equal the tokens of one block count within it;
+  must equal the tokens of one block count within it, computed as the logging version computes them
+  (before 0.18: ``num_blocks // groups x block_size``; since: concurrency x max length;
+  ``facts.POOL_LOG_PER_GROUP_BEFORE``). With tensor parallelism the pool is the smallest a worker logged
+  (vLLM gives every worker that one, ``facts.MULTI_WORKER_POOL``);
 * **other KV dtypes**: what the same server (same KV memory, same max length) holds with the 16-bit
   cache and with FP8;
 * **overhead**: what took the memory between the GPU's and the KV pool, as the log itemises it.
@@ -25,24 +28,35 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.limits import MAX_POOL_CODE_LAYERS
 from kvstudy.model.allocator import predict_logged_pool, vllm_layer_records
 from kvstudy.model.capacity import GIB, LINEAR, MLA, SHARED, ModelLayout, resolve_kv_dtype
 from kvstudy.model.folder import load_config
+from kvstudy.model.layout import layout_from_config
 from kvstudy.model.oracle import resolve_layout
 from kvstudy.vllm.facts import (
     DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING,
     KV_POOL_OVERHEAD,
     LOGGED_GIB_ROUNDING,
+    POOL_LOG_PER_GROUP_BEFORE,
     device_defaults,
 )
 from kvstudy.vllm.kv_pool import vllm_pools
 from kvstudy.vllm.startup_log import MEMORY_NAMES, StartupInfo, parse_startup_log, summary
 
 VLLM_POOL_PATH = "vLLM 0.32's pool code (vllm/v1/core/kv_cache_utils.py)"
+CONCURRENCY, PER_GROUP = "concurrency", "per_group"
+LOG_FORMULAS = {
+    CONCURRENCY: "int(blocks / blocks per request x max length) (vLLM 0.18+)",
+    PER_GROUP: "blocks // layer groups x block size (vLLM before 0.18)",
+}
+RE_VERSION = re.compile(r"^v?(\d+)\.(\d+)")
+RE_SNAPSHOT = re.compile(r"models--[^/\\]+?--([^/\\]+)[/\\]snapshots[/\\][^/\\]+[/\\]?$")
 RULES_POOL_PATH = "kvstudy rules (kvstudy.model.allocator)"
 OTHER_KV_DTYPES = ("auto", "fp8")  # what the same server would hold: the model's 16-bit cache and FP8
 MAX_CANDIDATE_BLOCKS = 100_000  # block counts a rounded memory figure may span before we stop listing
@@ -59,9 +73,14 @@ class PoolRange:
     num_groups: int | None
     bytes_per_block: int | None
     max_model_len: int
+    block_size: int = 16
+    formula: str = CONCURRENCY  # how the logged tokens follow from the blocks (LOG_FORMULAS)
 
     def tokens(self, num_blocks: int) -> int:
-        """vLLM's ``int(num_blocks / blocks_per_request * max_model_len)``."""
+        """The tokens vLLM logs for ``num_blocks``: ``int(num_blocks / blocks_per_request * max_model_len)``
+        since 0.18, ``num_blocks // groups * block_size`` before."""
+        if self.formula == PER_GROUP:
+            return num_blocks // max(self.num_groups or 1, 1) * self.block_size
         return int(num_blocks / self.blocks_per_request * self.max_model_len)
 
     def concurrency(self, num_blocks: int) -> float:
@@ -102,12 +121,28 @@ def _require_pool(info: StartupInfo, where: str) -> int:
     raise StudyError(f"{where}: no 'KV cache size: N tokens' line (expected a vLLM server's startup log)")
 
 
+def _model_name(text: str) -> str:
+    """The model's name in a path or id: the last part, or ``Name`` of a Hugging Face cache snapshot
+    folder (``.../models--Org--Name/snapshots/<hash>``), which names ``Org/Name``."""
+    text = str(text).strip("'\"[] ")
+    snapshot = RE_SNAPSHOT.search(text)
+    return (snapshot.group(1) if snapshot else Path(text).name).lower()
+
+
 def _names(model: str | Path, config: dict[str, Any], config_path: Path) -> set[str]:
     """Names the model goes by: its folder (or cache id), and the config's ``_name_or_path``."""
-    names = {Path(str(model)).name, config_path.parent.name}
+    names = {_model_name(str(model)), _model_name(str(config_path.parent))}
     if isinstance(config.get("_name_or_path"), str):
-        names.add(Path(config["_name_or_path"]).name)
-    return {n.lower() for n in names if n}
+        names.add(_model_name(config["_name_or_path"]))
+    return {n for n in names if n}
+
+
+def _formulas(version: str | None) -> list[str]:
+    """How the logging version turned blocks into logged tokens; both when the log names no version."""
+    found = RE_VERSION.match(version or "")
+    if not found:
+        return [CONCURRENCY, PER_GROUP]
+    return [PER_GROUP if (int(found.group(1)), int(found.group(2))) < POOL_LOG_PER_GROUP_BEFORE else CONCURRENCY]
 
 
 def _check_same_model(
@@ -117,10 +152,10 @@ def _check_same_model(
     config, config_path = load_config(model)
     logged = info.model or info.served_model_name
     if logged and not any_name:
-        name = Path(logged.strip("'\"[] ")).name.lower()
+        name = _model_name(logged)
         if name and name not in _names(model, config, config_path):
             raise StudyError(
-                f"{where}: the log serves '{Path(logged).name}', not {model} (pass --any-name if it is the "
+                f"{where}: the log serves '{name}', not {model} (pass --any-name if it is the "
                 "same model under another folder name)"
             )
     max_len = info.max_concurrency_len or info.max_model_len
@@ -158,6 +193,23 @@ def _per_gpu(layout: ModelLayout, tp: int, where: str) -> ModelLayout:
     return dataclasses.replace(layout, layers=layers)
 
 
+def _layout(model: str | Path) -> ModelLayout:
+    """The model's KV layout (``oracle.resolve_layout``), except that vLLM is not asked to build a model
+    of more than ``limits.MAX_POOL_CODE_LAYERS`` layers (minutes on the meta device): the rules answer."""
+    config, path = load_config(model)
+    try:
+        rules = layout_from_config(config, str(path))
+    except StudyError:
+        rules = None
+    if rules is not None and len(rules.layers) > MAX_POOL_CODE_LAYERS:
+        note = (
+            f"KV figures from the kvstudy rules: vLLM is not asked to build {len(rules.layers):,} layers "
+            "(limits.MAX_POOL_CODE_LAYERS)"
+        )
+        return dataclasses.replace(rules, notes=(*rules.notes, note))
+    return resolve_layout(model)
+
+
 # --------------------------------------------------------------------------- predicting the pool
 
 
@@ -189,8 +241,12 @@ def predict_ranges(
                 lo.num_groups,
                 lo.bytes_per_block,
                 max_len,
+                block,
             )
         )
+    if len(layout.layers) > MAX_POOL_CODE_LAYERS:
+        why = f"vLLM's pool code is not asked for {len(layout.layers):,} layers (limits.MAX_POOL_CODE_LAYERS)"
+        return [dataclasses.replace(pool, path=f"{RULES_POOL_PATH}; {why}") for pool in rules]
     records = [vllm_layer_records(layout, dtype, block) for dtype in kv_dtypes]
     cases = [(r, [max(low, 1), max(high, 1)]) for r, (low, high) in zip(records, memories) if r is not None]
     answers = iter(vllm_pools(cases, max_len, device_defaults(device)["max_in_flight_tokens"], mode) if cases else [])
@@ -296,7 +352,7 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
     max_len = info.max_concurrency_len or info.max_model_len
     if max_len is None:
         raise StudyError(f"{where}: no max model length ('Maximum concurrency for L tokens' or max_seq_len=)")
-    layout = _check_same_model(info, resolve_layout(model), model, any_name, where)
+    layout = _check_same_model(info, _layout(model), model, any_name, where)
     override = info.block_override["override"] if info.block_override else None
     if override is not None and info.available_kv_memory_gib is None and info.kv_memory_bytes_asked is None:
         low, high, memory_source = 0, 0, ""  # the override fixes the pool; no memory figure is needed
@@ -320,8 +376,15 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
         device,
         mode,
     )
-    pool = pools[0]
-    agree, blocks, why = _agreement(pool, logged_tokens, override, info.pool_blocks)
+    formulas = _formulas(info.version)
+    checks = [
+        (f, _agreement(dataclasses.replace(pools[0], formula=f), logged_tokens, override, info.pool_blocks))
+        for f in formulas
+    ]
+    formula, (agree, blocks, why) = next(((f, c) for f, c in checks if c[0]), checks[0])
+    pool = dataclasses.replace(pools[0], formula=formula)
+    if len(formulas) > 1:
+        why += f" (the log names no vLLM version: logged tokens read as {LOG_FORMULAS[formula]})"
     if override is not None and info.block_override and low:
         profiled = info.block_override["profiled"]
         why += f"; vLLM profiled {profiled:,} blocks, the logged memory gives {pool.blocks_low:,}..{pool.blocks_high:,}"
@@ -348,9 +411,13 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
             "device": info.device,
             "attention_backend": info.attention_backend,
             "kv_cache_dtype": kv_dtype,
+            "kv_cache_dtype_source": info.kv_cache_dtype_source,
             "kv_memory_gib": info.available_kv_memory_gib,
             "kv_memory_source": memory_source or "not needed: the block override fixes the pool",
             "pool_tokens": logged_tokens,
+            "pool_tokens_per_worker": info.pool_tokens_logged,
+            "kv_memory_gib_per_worker": info.available_kv_memory_logged,
+            "pool_tokens_formula": LOG_FORMULAS[formula],
             "pool_blocks": blocks,
             "max_model_len": max_len,
             "max_concurrency": info.max_concurrency,
@@ -392,6 +459,15 @@ def format_check(result: dict[str, Any]) -> str:
         f"per request over {predicted['layer_groups']} layer group(s), {predicted['requests_at_max_len']}x requests; "
         f"from {predicted['path']}; KV layout from {result['kv_figures']}",
         f"{'AGREE' if result['agree'] else 'DISAGREE'}: {result['agreement']}",
+        *(
+            [
+                f"workers:   pools of {', '.join(f'{n:,}' for n in logged['pool_tokens_per_worker'])} tokens logged; "
+                "vLLM gives every worker the smallest (unify_kv_cache_configs), which is checked"
+            ]
+            if len(logged["pool_tokens_per_worker"]) > 1
+            else []
+        ),
+        *([f"KV dtype from {logged['kv_cache_dtype_source']}"] if logged["kv_cache_dtype_source"] else []),
         "same KV memory and max length, per KV dtype:",
     ]
     for name, row in result["other_kv_dtypes"].items():

