@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvstudy.formats import millinats, p_value
+from kvstudy.precision.divergence import equivalence
 from kvstudy.precision.paired_logp import ALPHA, exact_mcnemar, floor_verdict, pair_rows, verdict
 from kvstudy.precision.prompts import bucket_length
 from kvstudy.precision.records import Capture, Group
@@ -26,8 +27,14 @@ def _arm_label(group: Group, arm: str) -> str:
     return str(info.get("label") or arm)
 
 
-def comparisons(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any]]:
-    """One record per group, bucket and arm (the floor first): Δ log p, its test and the verdict."""
+def comparisons(
+    capture: Capture, alpha: float = ALPHA, margin_kl: float | None = None, margin_delta: float | None = None
+) -> list[dict[str, Any]]:
+    """One record per group, bucket and arm (the floor first): Δ log p, its test, the KL from the
+    top-k (where the capture holds it), the equivalence verdicts against the margins (KL in nats;
+    ``margin_delta``: ± nats/token of Δ log p; None: no margin, undecided) and the difference verdict.
+    The candidates' difference tests are one family: their p is Holm-adjusted (``p_holm``,
+    statsmodels' ``multipletests``) before any verdict reads it."""
     out: list[dict[str, Any]] = []
     for group in capture.groups:
         base_rows = capture.logp[(group.name, group.baseline)]
@@ -41,6 +48,8 @@ def comparisons(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any]]:
             for role, arm in [(FLOOR_ROLE, group.floor)] + [("candidate", c) for c in group.candidates]:
                 paired = floor if arm == group.floor else pair_rows(rows(group.baseline), rows(arm), alpha)
                 t = paired.test
+                kl = paired.kl
+                tost = paired.tost
                 out.append(
                     {
                         "group": group.name,
@@ -58,12 +67,41 @@ def comparisons(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any]]:
                         "top1": paired.top1_agreement,
                         "max_abs": paired.max_abs_delta,
                         "floor_p": floor.test.p,
-                        "verdict": floor_verdict(t.p, alpha)
-                        if role == FLOOR_ROLE
-                        else verdict(t.p, t.mean, floor.test.p, alpha),
+                        "kl": None if kl is None else kl.mean,
+                        "kl_low": None if kl is None else kl.low,
+                        "kl_high": None if kl is None else kl.high,
+                        "kl_rest": None if kl is None else kl.rest,
+                        "kl_gap": None if kl is None else kl.gap,
+                        "equivalence_kl": None if kl is None else equivalence(kl.low, kl.high, margin_kl).state,
+                        "equivalence_delta": equivalence(
+                            tost.low if tost else float("nan"),
+                            tost.high if tost else float("nan"),
+                            margin_delta,
+                            two_sided=True,
+                        ).state,
                     }
                 )
+    _holm(out, alpha)
     return out
+
+
+def _holm(records: list[dict[str, Any]], alpha: float) -> None:
+    """Holm-adjust the candidates' p over the whole report (one family), then word each verdict."""
+    from statsmodels.stats.multitest import multipletests
+
+    family = [r for r in records if r["role"] != FLOOR_ROLE and r["p"] == r["p"]]
+    if family:
+        adjusted = multipletests([r["p"] for r in family], alpha=alpha, method="holm")[1]
+        for r, p in zip(family, adjusted):
+            r["p_holm"] = float(p)
+    for r in records:
+        r.setdefault("p_holm", r["p"] if r["role"] == FLOOR_ROLE else float("nan"))
+        r["family"] = len(family)
+        r["verdict"] = (
+            floor_verdict(r["p"], alpha)
+            if r["role"] == FLOOR_ROLE
+            else verdict(r["p_holm"], r["mean"], r["floor_p"], alpha)
+        )
 
 
 def comparison_table(records: list[dict[str, Any]], shown: bool = True) -> Any:
@@ -95,6 +133,8 @@ def comparison_table(records: list[dict[str, Any]], shown: bool = True) -> Any:
                 }
             ),
             "p": p_value(r["p"]) if shown else r["p"],
+            "p, Holm over the report's candidates": p_value(r.get("p_holm")) if shown else r.get("p_holm"),
+            **_kl_columns(r, shown),
             "top-1 agreement %": ("–" if r["top1"] is None else f"{100 * r['top1']:.2f}")
             if shown
             else (None if r["top1"] is None else 100 * r["top1"]),
@@ -105,6 +145,27 @@ def comparison_table(records: list[dict[str, Any]], shown: bool = True) -> Any:
         for r in records
     ]
     return pd.DataFrame(rows)
+
+
+def _kl_columns(r: dict[str, Any], shown: bool) -> dict[str, Any]:
+    """The KL columns (from the top-k; absent in a capture without it)."""
+    if r.get("kl") is None:
+        return {}
+    if not shown:
+        return {
+            "KL lower bound (nats/token)": r["kl"],
+            "KL one-sided 95% low (nats/token)": r["kl_low"],
+            "KL + truncation one-sided 95% high (nats/token)": r["kl_high"],
+            "mass outside the compared top-k": r["kl_rest"],
+            "equivalence (KL)": r["equivalence_kl"],
+        }
+    return {
+        "KL (millinats/token)": millinats(r["kl"], 3, sign=False),
+        "KL one-sided 95% (millinats/token)": f"{millinats(r['kl_low'], 3, sign=False)} to "
+        f"{millinats(r['kl_high'], 3, sign=False)}",
+        "mass outside top-k %": f"{100 * r['kl_rest']:.2f}",
+        "equivalence (KL)": r["equivalence_kl"],
+    }
 
 
 def greedy_records(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any]]:
