@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvstudy.errors import StudyError
 from kvstudy.formats import millinats, p_value
 from kvstudy.precision.divergence import equivalence
 from kvstudy.precision.paired_logp import ALPHA, exact_mcnemar, floor_verdict, pair_rows, verdict
@@ -100,7 +101,7 @@ def _holm(records: list[dict[str, Any]], alpha: float) -> None:
         r["verdict"] = (
             floor_verdict(r["p"], alpha)
             if r["role"] == FLOOR_ROLE
-            else verdict(r["p_holm"], r["mean"], r["floor_p"], alpha)
+            else verdict(r["p_holm"], r["mean"], r["floor_p"], alpha, label=f"Holm p over {len(family)}")
         )
 
 
@@ -236,3 +237,83 @@ def claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def floor_rejections(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The A/A floor records that reject (they forbid every claim in their bucket)."""
     return [r for r in records if r["role"] == FLOOR_ROLE and r["p"] == r["p"] and r["p"] < ALPHA]
+
+
+def screen_facts(
+    capture: Capture,
+    margin_kl: float | None,
+    margin_state: str,
+    candidate: str | None = None,
+    alpha: float = ALPHA,
+) -> dict[str, Any]:
+    """The engine screen's verdict over every bucket of the first group: the candidate's KL (lower
+    bound, and the one-sided upper bound with the truncation bound) against ``margin_kl``, beside the
+    A/A floor's; top-1 agreement; Δ log p. ``margin_state``: calibrated, not calibrated or assumed.
+    The equivalence is *undecided* when there is no margin, or when the floor alone reaches it."""
+    from kvstudy.precision.divergence import MARGIN_STATES
+
+    if margin_state not in MARGIN_STATES:
+        raise StudyError(f"margin_state: {margin_state!r}; expected one of {', '.join(MARGIN_STATES)}")
+    group = capture.groups[0]
+    arm = candidate or group.candidates[0]
+    base = capture.logp[(group.name, group.baseline)]
+    cand = pair_rows(base, capture.logp[(group.name, arm)], alpha)
+    floor = pair_rows(base, capture.logp[(group.name, group.floor)], alpha)
+    if cand.kl is None or floor.kl is None:
+        raise StudyError(f"{capture.folder}: the capture holds no top-k log-probabilities (kv-screen --top-k)")
+    state = equivalence(cand.kl.low, cand.kl.high, margin_kl)
+    reason = state.reason
+    if state.state != "undecided" and margin_kl is not None and floor.kl.high >= margin_kl:
+        state, reason = equivalence(float("nan"), float("nan"), margin_kl), "the A/A floor alone reaches the margin"
+    simulated = group.engine.startswith("simulated")
+    return {
+        "equivalence": state.state,
+        "equivalence_reason": reason,
+        "margin_kl": margin_kl,
+        "margin_state": margin_state,
+        "kl_mean": cand.kl.mean,
+        "kl_low": cand.kl.low,
+        "kl_upper": cand.kl.high,
+        "kl_rest": cand.kl.rest,
+        "floor_kl_mean": floor.kl.mean,
+        "floor_kl_upper": floor.kl.high,
+        "top1_agreement": cand.top1_agreement,
+        "floor_top1_agreement": floor.top1_agreement,
+        "delta_logp_mean": cand.test.mean,
+        "delta_logp_low": cand.test.low,
+        "delta_logp_high": cand.test.high,
+        "tokens": cand.test.tokens,
+        "prompts": cand.prompts,
+        "candidate": _arm_label(group, arm),
+        "engine": group.engine,
+        "simulated": simulated,
+    }
+
+
+def screen_sentence(facts: dict[str, Any]) -> str:
+    """The engine screen's verdict in words (KL in millinats per token)."""
+
+    def mn(value: float | None) -> str:
+        return millinats(value, 3, sign=False)
+
+    head = (
+        f"{facts['candidate']} against 16-bit ({'simulated storage' if facts['simulated'] else 'the engine itself'}; "
+        f"{facts['tokens']:,} reference tokens of {facts['prompts']} prompts): KL(16-bit || {facts['candidate']}) "
+        f"{mn(facts['kl_mean'])} millinats/token (one-sided 95 % bounds {mn(facts['kl_low'])} to "
+        f"{mn(facts['kl_upper'])}, the upper one with the top-k truncation bound), A/A floor {mn(facts['floor_kl_mean'])} "
+        f"(upper {mn(facts['floor_kl_upper'])}); top-1 agreement "
+        + ("–" if facts["top1_agreement"] is None else f"{100 * facts['top1_agreement']:.2f} %")
+        + f"; mean Δ log p {millinats(facts['delta_logp_mean'], 3)} millinats/token."
+    )
+    margin = facts["margin_kl"]
+    if margin is None:
+        tail = (
+            f" No KL margin ({facts['margin_state']}): the equivalence verdict is undecided and the screen rests on "
+            "the KL, the A/A floor and top-1 agreement alone, not on a loss in accuracy points."
+        )
+    else:
+        tail = (
+            f" Against the {facts['margin_state']} margin of {mn(margin)} millinats/token: **{facts['equivalence']}** "
+            f"({facts['equivalence_reason']})."
+        )
+    return head + tail

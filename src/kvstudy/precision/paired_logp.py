@@ -178,17 +178,22 @@ def _top(pairs: Any, where: str) -> dict[int, float]:
         raise StudyError(f"{where}: topk: expected a list of [token id, log p] pairs per position") from None
 
 
-def verdict(candidate_p: float, candidate_mean: float, floor_p: float, alpha: float = ALPHA) -> str:
-    """'loss' only when the candidate's test rejects with Δ < 0 and the A/A floor's does not."""
+def verdict(candidate_p: float, candidate_mean: float, floor_p: float, alpha: float = ALPHA, label: str = "p") -> str:
+    """'loss' only when the candidate's test rejects with Δ < 0 and the A/A floor's does not
+    (``label``: what the candidate's p is, e.g. "Holm p" when adjusted over a family)."""
+
+    def named(p: float) -> str:
+        return label + p_text(p)[1:]
+
     if not np.isfinite(candidate_p):
         return "no claim: too few clusters for a test"
     if candidate_p >= alpha:
-        return f"no claim: the paired test does not reject ({p_text(candidate_p)} >= {alpha:g})"
+        return f"no claim: the paired test does not reject ({named(candidate_p)} >= {alpha:g})"
     if np.isfinite(floor_p) and floor_p < alpha:
         return f"no claim: the A/A floor rejects too ({p_text(floor_p)}), so the method cannot tell"
     if candidate_mean > 0:
-        return f"no claim of a loss: the candidate scores higher ({p_text(candidate_p)})"
-    return f"loss ({p_text(candidate_p)}; A/A floor {p_text(floor_p)})"
+        return f"no claim of a loss: the candidate scores higher ({named(candidate_p)})"
+    return f"loss ({named(candidate_p)}; A/A floor {p_text(floor_p)})"
 
 
 def floor_verdict(floor_p: float, alpha: float = ALPHA) -> str:
