@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     EXPERIMENTS,
     ("notebook", "profiles"),
     ("distribute",),  # plans a profile's experiments as blocks, runs and collects them
-    ("render", "report_index", "report_html", "report_design", "profile_new", "decision"),
+    ("render", "report_index", "report_html", "report_design", "report_calibration", "profile_new", "decision"),
     ("cli",),
 )
 
