@@ -52,7 +52,7 @@ from kvstudy.vllm.facts import DEFAULT_MAX_LOGPROBS, MAX_LOGPROBS_REFUSAL
 
 GROUP = "screen"
 TIMEOUT_S = 600.0  # one completions answer (a long prompt on 2 CPU cores)
-MODELS_TIMEOUT_S = 30.0  # /v1/models, /tokenize and the top-k probe
+MODELS_TIMEOUT_S = 30.0  # /v1/models and /tokenize
 DEFAULT_TOP_K = DEFAULT_MAX_LOGPROBS  # as many as a vLLM server started without --max-logprobs returns
 
 
@@ -148,7 +148,7 @@ def check_same_model(a: Server, b: Server, allow_other_checkpoint: bool = False)
 def _token_count(server: Server, text: str) -> int | None:
     """Tokens of ``text`` by the server's ``/tokenize`` (vLLM), or None where there is none."""
     try:
-        body = _request(server.url, "/tokenize", {"model": server.model, "prompt": text}, timeout=60)
+        body = _request(server.url, "/tokenize", {"model": server.model, "prompt": text})
     except StudyError as exc:
         if "HTTP 404" in str(exc):
             return None
@@ -246,7 +246,7 @@ def check_top_k(server: Server, top_k: int) -> None:
     """Refuse a server whose ``max_logprobs`` is below ``top_k`` (asked with a short probe, since
     vLLM's /v1/models does not say it)."""
     try:
-        _request(server.url, "/v1/completions", _body(server, "The probe.", top_k), timeout=MODELS_TIMEOUT_S)
+        _request(server.url, "/v1/completions", _body(server, "The probe.", top_k))  # a first request may be slow
     except StudyError as exc:
         found = re.search(MAX_LOGPROBS_REFUSAL, str(exc))
         if found:

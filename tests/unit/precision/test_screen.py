@@ -241,3 +241,18 @@ def test_a_trickling_answer_stops_at_the_deadline(serve: Any, monkeypatch: Any) 
 def test_only_http_urls(tmp_path: Path) -> None:
     with pytest.raises(StudyError, match="expected an http:// or https:// URL"):
         screen.describe_server("file:///etc/passwd")
+
+
+def test_engine_screen_facts_and_sentence(serve: Any, tmp_path: Path) -> None:
+    a, b = serve(Fake()), serve(Fake(sure=0.3))
+    capture = records.load(screen.screen(a, b, tmp_path / "cap", PROMPTS, candidate_label="fp8-kv", top_k=20))
+    exact = 0.6 * math.log(0.6 / 0.3) + 0.4 * math.log(0.4 / 0.7)
+    beyond = analysis.screen_facts(capture, 0.01, "assumed")
+    assert beyond["equivalence"] == "beyond" and beyond["kl_mean"] == pytest.approx(exact)
+    assert beyond["top1_agreement"] == 1.0 and beyond["simulated"] is False and beyond["floor_kl_mean"] == 0.0
+    assert "**beyond**" in analysis.screen_sentence(beyond) and "assumed margin" in analysis.screen_sentence(beyond)
+    assert analysis.screen_facts(capture, 1.0, "calibrated")["equivalence"] == "within"
+    none = analysis.screen_facts(capture, None, "not calibrated")
+    assert none["equivalence"] == "undecided" and "No KL margin (not calibrated)" in analysis.screen_sentence(none)
+    with pytest.raises(StudyError, match="margin_state"):
+        analysis.screen_facts(capture, 0.01, "guessed")
