@@ -32,9 +32,11 @@ class Fake:
         sure: float = 0.6,
         models_raw: bytes | None = None,
         tokens_as: Any = None,
+        raw: dict[str, bytes] | None = None,
     ) -> None:
         self.root, self.max_model_len, self.logprobs, self.split = root, max_model_len, logprobs, split
         self.max_logprobs, self.sure, self.models_raw, self.tokens_as = max_logprobs, sure, models_raw, tokens_as
+        self.raw = dict(raw or {})  # path -> the exact bytes answered there
 
     def tokens(self, text: str) -> list[str]:
         return [text[i : i + self.split] for i in range(0, len(text), self.split)]
@@ -80,6 +82,8 @@ def serve() -> Iterator[Any]:
             def _reply(self, body: dict[str, Any]) -> None:
                 if self.path == "/v1/models" and fake.models_raw is not None:
                     return self._raw(fake.models_raw)
+                if self.path in fake.raw and (self.path != "/v1/completions" or "The probe." not in str(body)):
+                    return self._raw(fake.raw[self.path])
                 code, answer = fake.answer(self.path, body)
                 data = json.dumps(answer).encode()
                 self.send_response(code)
@@ -213,6 +217,37 @@ def test_max_logprobs_below_the_top_k_is_refused_before_scoring(serve: Any, tmp_
         (Fake(models_raw=b"{" * 5000), "nested deeper"),
         (Fake(models_raw=b"not json"), "malformed JSON"),
         (Fake(tokens_as=7), "logprobs.tokens: expected a non-empty list of token strings"),
+        (Fake(raw={"/tokenize": b'{"count": "abc"}'}), "/tokenize count: expected an integer"),
+        (Fake(raw={"/tokenize": b'{"count": 1e400}'}), "/tokenize count: expected an integer"),
+        (Fake(raw={"/v1/completions": b'{"choices": []}'}), "choices: expected a list holding a choice object"),
+        (Fake(raw={"/v1/completions": b'{"choices": 3}'}), "choices: expected a list"),
+        (
+            Fake(
+                raw={
+                    "/v1/completions": b'{"choices": [{"logprobs": {"tokens": ["a"], "token_logprobs": [null]}, '
+                    b'"prompt_logprobs": [{"x": {"logprob": -1}}]}]}'
+                }
+            ),
+            r"prompt_logprobs\[0\]: token id 'x': expected a whole number",
+        ),
+        (
+            Fake(
+                raw={
+                    "/v1/completions": b'{"choices": [{"logprobs": {"tokens": ["a", "b"], "token_logprobs": '
+                    b'[null, "x"]}, "prompt_logprobs": [null, {"1": {"logprob": -1}}]}]}'
+                }
+            ),
+            r"token_logprobs\[1\]: expected a log-probability",
+        ),
+        (
+            Fake(
+                raw={
+                    "/v1/completions": b'{"choices": [{"logprobs": {"tokens": ["a", "b"], "token_logprobs": '
+                    b'[null, -1]}, "prompt_logprobs": [null, {"1": {"logprob": NaN}}]}]}'
+                }
+            ),
+            "logprob: expected a log-probability",
+        ),
     ],
 )
 def test_a_misbehaving_server_is_one_line(serve: Any, tmp_path: Path, fake: Fake, message: str) -> None:
