@@ -23,6 +23,7 @@ SUBCOMMAND_MODULES = (
     "kvstudy.render",  # kvstudy render
     "kvstudy.decision",  # kvstudy verdict
     "kvstudy.report_design",  # kvstudy design
+    "kvstudy.report_calibration",  # kvstudy kv-calibrate
     "kvstudy.profile_new",  # kvstudy profile new
     "kvstudy.vllm.install_check",  # kvstudy engine-check
     "kvstudy.tools.tiny_model",  # kvstudy tiny-model

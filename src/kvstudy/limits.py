@@ -39,6 +39,8 @@ MAX_SECONDS = 7 * 24 * 3600.0  # a timeout or interval: one week
 MAX_BANDWIDTH_GB_S = 1e6  # memory bandwidth in GB/s (a GPU's is a few thousand)
 MAX_FACTOR = 1e6  # a scale, a multiplier or a characters-per-token figure
 MAX_THREADS = 4096  # CPU threads of one run
+MAX_TOP_K = 100  # log-probabilities per position asked of a server (vLLM's default max_logprobs is 20)
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # one HTTP answer read from a server (a top-20 of a 32k-token prompt is ~30 MB)
 MAX_FILE_NUMBER = 2**53  # any number read from a config, a result or a sample file: past it a float loses units
 
 

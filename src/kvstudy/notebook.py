@@ -77,6 +77,7 @@ def progress(message: str) -> None:
 VERDICT_STATES = {
     "computed": "computed from the model's config (no run needed)",
     "measured": "measured, with the interval or test stated",
+    "simulated": "simulated (e.g. FP8 storage in PyTorch), not measured on the engine",
     "published": "published figures, restated",
     "no claim": "measured, but the data cannot support a claim",
     "simulated": "measured on a simulation of FP8 storage, not on the engine's own FP8 (decides nothing)",

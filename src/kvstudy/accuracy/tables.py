@@ -31,7 +31,7 @@ from kvstudy.accuracy.stats import (
     p_text,
 )
 from kvstudy.accuracy.totals import TotalsBounds
-from kvstudy.accuracy.verdicts import RetrievalPaired
+from kvstudy.accuracy.verdicts import RetrievalPaired, holm
 from kvstudy.capture import MANIFEST, read_manifest
 
 if TYPE_CHECKING:
@@ -469,7 +469,8 @@ def _non_inferiority_words(ni: NonInferiority) -> str:
 
 def retrieval_sentence(rows: Iterable[RetrievalPaired], alpha: float = 0.05) -> str:
     """Each candidate over all lengths (difference, clustered interval, McNemar p, non-inferiority),
-    then the context lengths at which the paired test shows a difference."""
+    then the context lengths at which the paired test shows a difference after Holm's correction
+    over the report's per-length tests (one family)."""
     cands = [r for r in rows if not r.control]
     text = " ".join(
         f"{r.label}: {100 * r.clustered.mean:+.1f} points over all lengths (clustered 95% "
@@ -478,13 +479,17 @@ def retrieval_sentence(rows: Iterable[RetrievalPaired], alpha: float = 0.05) -> 
         for r in cands
         if r.length is None
     )
+    by_length = [r for r in cands if r.length is not None]
+    adjusted = holm([r.mcnemar.p_value for r in by_length], alpha)
     shown = [
-        f"{r.label} at {r.length} tokens ({100 * r.clustered.mean:+.1f} points, p = {_p(r.mcnemar.p_value)})"
-        for r in cands
-        if r.length is not None and r.mcnemar.p_value < alpha
+        f"{r.label} at {r.length} tokens ({100 * r.clustered.mean:+.1f} points, p = {_p(r.mcnemar.p_value)}, "
+        f"Holm p = {_p(p)})"
+        for r, p in zip(by_length, adjusted)
+        if p < alpha
     ]
+    family = f"Holm over the {len(by_length)} per-length tests"
     return text + (
-        " The paired test shows a difference at the 5% level at: " + "; ".join(shown) + "."
+        f" The paired test shows a difference at the 5% level ({family}) at: " + "; ".join(shown) + "."
         if shown
-        else " At no single context length does the paired test show a difference at the 5% level."
+        else f" At no single context length does the paired test show a difference at the 5% level ({family})."
     )

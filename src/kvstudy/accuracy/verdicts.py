@@ -285,3 +285,54 @@ def chance_check(result: ConfigResult, filter_name: str, alpha: float = stats.AL
     return stats.chance_check(
         result.label, [r.correct(filter_name) for r in records], [1.0 / max(1, r.n_keys) for r in records], alpha
     )
+
+
+# --------------------------------------------------------------------------- what a design can see
+
+
+@dataclass(frozen=True)
+class DetectableLoss:
+    """The smallest accuracy loss (points) a paired design finds with 80 % power, and its basis."""
+
+    points: float | None  # None: no loss of any size at this n
+    basis: str
+
+    def sentence(self, unit: str = "questions") -> str:
+        if self.points is None:
+            return (
+                f"This design ({unit}, exact McNemar) could not detect a loss of any size at 80 % power ({self.basis})."
+            )
+        return (
+            f"The smallest loss this design detects at 80 % power is {self.points:.1f} points ({self.basis}); "
+            "a smaller loss would go unseen."
+        )
+
+
+def detectable_loss(n: int, discordant: int, clustered: bool = False) -> DetectableLoss:
+    """At the observed share of disagreeing items (``totals.smallest_detectable_loss``); where they
+    never disagree, at the best case (every disagreement against the candidate, the smallest rate at
+    which any loss is found). ``clustered``: items share contexts, and the item-level test ignores
+    that, so the value is a lower bound."""
+    if n <= 0:
+        raise StudyError(f"detectable loss: n must be positive, got {n}")
+    extra = "; items share contexts, so this item-level figure is a lower bound" if clustered else ""
+    rate = discordant / n
+    loss = totals.smallest_detectable_loss(n, rate) if discordant else None
+    if loss is not None:
+        return DetectableLoss(100 * loss, f"n = {n}, at the observed disagreement of {100 * rate:.1f} %{extra}")
+    floor = totals._power_floor(n, totals.TARGET_POWER, totals.ALPHA)
+    if floor is None:
+        return DetectableLoss(None, f"n = {n}{extra}")
+    why = (
+        "the runs never disagree" if not discordant else f"the observed disagreement of {100 * rate:.1f} % is too small"
+    )
+    return DetectableLoss(100 * floor, f"n = {n}; {why}, so at best, every disagreement against the candidate{extra}")
+
+
+def holm(p_values: list[float], alpha: float = stats.ALPHA) -> list[float]:
+    """Holm-adjusted p of one report's family of tests (statsmodels' ``multipletests``)."""
+    if not p_values:
+        return []
+    from statsmodels.stats.multitest import multipletests
+
+    return [float(p) for p in multipletests(p_values, alpha=alpha, method="holm")[1]]

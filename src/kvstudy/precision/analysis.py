@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvstudy.errors import StudyError
 from kvstudy.formats import millinats, p_value
+from kvstudy.precision.divergence import equivalence
 from kvstudy.precision.paired_logp import ALPHA, exact_mcnemar, floor_verdict, pair_rows, verdict
 from kvstudy.precision.prompts import bucket_length
 from kvstudy.precision.records import Capture, Group
@@ -26,8 +28,14 @@ def _arm_label(group: Group, arm: str) -> str:
     return str(info.get("label") or arm)
 
 
-def comparisons(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any]]:
-    """One record per group, bucket and arm (the floor first): Δ log p, its test and the verdict."""
+def comparisons(
+    capture: Capture, alpha: float = ALPHA, margin_kl: float | None = None, margin_delta: float | None = None
+) -> list[dict[str, Any]]:
+    """One record per group, bucket and arm (the floor first): Δ log p, its test, the KL from the
+    top-k (where the capture holds it), the equivalence verdicts against the margins (KL in nats;
+    ``margin_delta``: ± nats/token of Δ log p; None: no margin, undecided) and the difference verdict.
+    The candidates' difference tests are one family: their p is Holm-adjusted (``p_holm``,
+    statsmodels' ``multipletests``) before any verdict reads it."""
     out: list[dict[str, Any]] = []
     for group in capture.groups:
         base_rows = capture.logp[(group.name, group.baseline)]
@@ -41,6 +49,8 @@ def comparisons(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any]]:
             for role, arm in [(FLOOR_ROLE, group.floor)] + [("candidate", c) for c in group.candidates]:
                 paired = floor if arm == group.floor else pair_rows(rows(group.baseline), rows(arm), alpha)
                 t = paired.test
+                kl = paired.kl
+                tost = paired.tost
                 out.append(
                     {
                         "group": group.name,
@@ -58,12 +68,41 @@ def comparisons(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any]]:
                         "top1": paired.top1_agreement,
                         "max_abs": paired.max_abs_delta,
                         "floor_p": floor.test.p,
-                        "verdict": floor_verdict(t.p, alpha)
-                        if role == FLOOR_ROLE
-                        else verdict(t.p, t.mean, floor.test.p, alpha),
+                        "kl": None if kl is None else kl.mean,
+                        "kl_low": None if kl is None else kl.low,
+                        "kl_high": None if kl is None else kl.high,
+                        "kl_rest": None if kl is None else kl.rest,
+                        "kl_gap": None if kl is None else kl.gap,
+                        "equivalence_kl": None if kl is None else equivalence(kl.low, kl.high, margin_kl).state,
+                        "equivalence_delta": equivalence(
+                            tost.low if tost else float("nan"),
+                            tost.high if tost else float("nan"),
+                            margin_delta,
+                            two_sided=True,
+                        ).state,
                     }
                 )
+    _holm(out, alpha)
     return out
+
+
+def _holm(records: list[dict[str, Any]], alpha: float) -> None:
+    """Holm-adjust the candidates' p over the whole report (one family), then word each verdict."""
+    from statsmodels.stats.multitest import multipletests
+
+    family = [r for r in records if r["role"] != FLOOR_ROLE and r["p"] == r["p"]]
+    if family:
+        adjusted = multipletests([r["p"] for r in family], alpha=alpha, method="holm")[1]
+        for r, p in zip(family, adjusted):
+            r["p_holm"] = float(p)
+    for r in records:
+        r.setdefault("p_holm", r["p"] if r["role"] == FLOOR_ROLE else float("nan"))
+        r["family"] = len(family)
+        r["verdict"] = (
+            floor_verdict(r["p"], alpha)
+            if r["role"] == FLOOR_ROLE
+            else verdict(r["p_holm"], r["mean"], r["floor_p"], alpha, label=f"Holm p over {len(family)}")
+        )
 
 
 def comparison_table(records: list[dict[str, Any]], shown: bool = True) -> Any:
@@ -95,6 +134,8 @@ def comparison_table(records: list[dict[str, Any]], shown: bool = True) -> Any:
                 }
             ),
             "p": p_value(r["p"]) if shown else r["p"],
+            "p, Holm over the report's candidates": p_value(r.get("p_holm")) if shown else r.get("p_holm"),
+            **_kl_columns(r, shown),
             "top-1 agreement %": ("–" if r["top1"] is None else f"{100 * r['top1']:.2f}")
             if shown
             else (None if r["top1"] is None else 100 * r["top1"]),
@@ -105,6 +146,27 @@ def comparison_table(records: list[dict[str, Any]], shown: bool = True) -> Any:
         for r in records
     ]
     return pd.DataFrame(rows)
+
+
+def _kl_columns(r: dict[str, Any], shown: bool) -> dict[str, Any]:
+    """The KL columns (from the top-k; absent in a capture without it)."""
+    if r.get("kl") is None:
+        return {}
+    if not shown:
+        return {
+            "KL lower bound (nats/token)": r["kl"],
+            "KL one-sided 95% low (nats/token)": r["kl_low"],
+            "KL + truncation one-sided 95% high (nats/token)": r["kl_high"],
+            "mass outside the compared top-k": r["kl_rest"],
+            "equivalence (KL)": r["equivalence_kl"],
+        }
+    return {
+        "KL (millinats/token)": millinats(r["kl"], 3, sign=False),
+        "KL one-sided 95% (millinats/token)": f"{millinats(r['kl_low'], 3, sign=False)} to "
+        f"{millinats(r['kl_high'], 3, sign=False)}",
+        "mass outside top-k %": f"{100 * r['kl_rest']:.2f}",
+        "equivalence (KL)": r["equivalence_kl"],
+    }
 
 
 def greedy_records(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any]]:
@@ -175,3 +237,83 @@ def claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def floor_rejections(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The A/A floor records that reject (they forbid every claim in their bucket)."""
     return [r for r in records if r["role"] == FLOOR_ROLE and r["p"] == r["p"] and r["p"] < ALPHA]
+
+
+def screen_facts(
+    capture: Capture,
+    margin_kl: float | None,
+    margin_state: str,
+    candidate: str | None = None,
+    alpha: float = ALPHA,
+) -> dict[str, Any]:
+    """The engine screen's verdict over every bucket of the first group: the candidate's KL (lower
+    bound, and the one-sided upper bound with the truncation bound) against ``margin_kl``, beside the
+    A/A floor's; top-1 agreement; Δ log p. ``margin_state``: calibrated, not calibrated or assumed.
+    The equivalence is *undecided* when there is no margin, or when the floor alone reaches it."""
+    from kvstudy.precision.divergence import MARGIN_STATES
+
+    if margin_state not in MARGIN_STATES:
+        raise StudyError(f"margin_state: {margin_state!r}; expected one of {', '.join(MARGIN_STATES)}")
+    group = capture.groups[0]
+    arm = candidate or group.candidates[0]
+    base = capture.logp[(group.name, group.baseline)]
+    cand = pair_rows(base, capture.logp[(group.name, arm)], alpha)
+    floor = pair_rows(base, capture.logp[(group.name, group.floor)], alpha)
+    if cand.kl is None or floor.kl is None:
+        raise StudyError(f"{capture.folder}: the capture holds no top-k log-probabilities (kv-screen --top-k)")
+    state = equivalence(cand.kl.low, cand.kl.high, margin_kl)
+    reason = state.reason
+    if state.state != "undecided" and margin_kl is not None and floor.kl.high >= margin_kl:
+        state, reason = equivalence(float("nan"), float("nan"), margin_kl), "the A/A floor alone reaches the margin"
+    simulated = group.engine.startswith("simulated")
+    return {
+        "equivalence": state.state,
+        "equivalence_reason": reason,
+        "margin_kl": margin_kl,
+        "margin_state": margin_state,
+        "kl_mean": cand.kl.mean,
+        "kl_low": cand.kl.low,
+        "kl_upper": cand.kl.high,
+        "kl_rest": cand.kl.rest,
+        "floor_kl_mean": floor.kl.mean,
+        "floor_kl_upper": floor.kl.high,
+        "top1_agreement": cand.top1_agreement,
+        "floor_top1_agreement": floor.top1_agreement,
+        "delta_logp_mean": cand.test.mean,
+        "delta_logp_low": cand.test.low,
+        "delta_logp_high": cand.test.high,
+        "tokens": cand.test.tokens,
+        "prompts": cand.prompts,
+        "candidate": _arm_label(group, arm),
+        "engine": group.engine,
+        "simulated": simulated,
+    }
+
+
+def screen_sentence(facts: dict[str, Any]) -> str:
+    """The engine screen's verdict in words (KL in millinats per token)."""
+
+    def mn(value: float | None) -> str:
+        return millinats(value, 3, sign=False)
+
+    head = (
+        f"{facts['candidate']} against 16-bit ({'simulated storage' if facts['simulated'] else 'the engine itself'}; "
+        f"{facts['tokens']:,} reference tokens of {facts['prompts']} prompts): KL(16-bit || {facts['candidate']}) "
+        f"{mn(facts['kl_mean'])} millinats/token (one-sided 95 % bounds {mn(facts['kl_low'])} to "
+        f"{mn(facts['kl_upper'])}, the upper one with the top-k truncation bound), A/A floor {mn(facts['floor_kl_mean'])} "
+        f"(upper {mn(facts['floor_kl_upper'])}); top-1 agreement "
+        + ("–" if facts["top1_agreement"] is None else f"{100 * facts['top1_agreement']:.2f} %")
+        + f"; mean Δ log p {millinats(facts['delta_logp_mean'], 3)} millinats/token."
+    )
+    margin = facts["margin_kl"]
+    if margin is None:
+        tail = (
+            f" No KL margin ({facts['margin_state']}): the equivalence verdict is undecided and the screen rests on "
+            "the KL, the A/A floor and top-1 agreement alone, not on a loss in accuracy points."
+        )
+    else:
+        tail = (
+            f" Against the {facts['margin_state']} margin of {mn(margin)} millinats/token: **{facts['equivalence']}** "
+            f"({facts['equivalence_reason']})."
+        )
+    return head + tail

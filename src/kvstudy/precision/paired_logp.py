@@ -22,6 +22,7 @@ import numpy as np
 
 from kvstudy.errors import StudyError
 from kvstudy.formats import p_text
+from kvstudy.precision.divergence import TokenKL, token_kl
 
 ALPHA = 0.05
 
@@ -80,6 +81,21 @@ def exact_mcnemar(baseline: Sequence[bool], candidate: Sequence[bool]) -> tuple[
 
 
 @dataclass(frozen=True)
+class PairedKL:
+    """KL(baseline || candidate) per reference token from the top-k (``divergence.token_kl``): the
+    clustered mean of the lumped KL (a lower bound), its one-sided (1 - alpha) lower bound, and the
+    one-sided upper bound of the mean of KL + the truncation bound (the value equivalence uses)."""
+
+    mean: float
+    low: float
+    high: float
+    gap: float  # mean truncation bound (under the tail assumption of kvstudy.precision.divergence)
+    rest: float  # mean baseline mass outside the compared tokens
+    tokens: int
+    clusters: int
+
+
+@dataclass(frozen=True)
 class PairedLogp:
     """One candidate arm against the baseline over a set of prompts."""
 
@@ -87,6 +103,22 @@ class PairedLogp:
     prompts: int
     top1_agreement: float | None  # share of reference positions with the same top-1 token
     max_abs_delta: float
+    tost: MeanTest | None = None  # Δ log p with the 1 - 2 alpha interval (the two one-sided tests)
+    kl: PairedKL | None = None  # None: the rows hold no top-k
+
+
+def _paired_kl(kls: list[TokenKL], groups: list[str], alpha: float) -> PairedKL:
+    lower = clustered_mean([k.kl for k in kls], groups, 2 * alpha)
+    upper = clustered_mean([k.kl + k.gap for k in kls], groups, 2 * alpha)
+    return PairedKL(
+        lower.mean,
+        lower.low,
+        upper.high,
+        float(np.mean([k.gap for k in kls])),
+        float(np.mean([k.rest for k in kls])),
+        lower.tokens,
+        lower.clusters,
+    )
 
 
 def _index(rows: Sequence[Mapping[str, Any]], what: str) -> dict[str, Mapping[str, Any]]:
@@ -108,6 +140,8 @@ def pair_rows(
         raise StudyError(f"paired log p: prompts scored in one arm only: {missing[:5]}")
     deltas: list[float] = []
     groups: list[str] = []
+    kls: list[TokenKL] = []
+    kl_groups: list[str] = []
     agree = compared = 0
     for pid in sorted(base):
         b, c = base[pid], cand[pid]
@@ -121,26 +155,45 @@ def pair_rows(
         if b.get("top1") is not None and c.get("top1") is not None:
             agree += sum(1 for x, y in zip(b["top1"], c["top1"]) if x == y)
             compared += len(b["top1"])
+        if b.get("topk") is not None and c.get("topk") is not None:
+            where = f"paired log p: prompt {pid!r}"
+            kls += [token_kl(_top(x, where), _top(y, where), where) for x, y in zip(b["topk"], c["topk"])]
+            kl_groups += [str(b["cluster"])] * len(b["topk"])
     test = clustered_mean(deltas, groups, alpha)
     return PairedLogp(
         test=test,
         prompts=len(base),
         top1_agreement=agree / compared if compared else None,
         max_abs_delta=float(np.max(np.abs(deltas))) if deltas else 0.0,
+        tost=clustered_mean(deltas, groups, 2 * alpha),
+        kl=_paired_kl(kls, kl_groups, alpha) if kls else None,
     )
 
 
-def verdict(candidate_p: float, candidate_mean: float, floor_p: float, alpha: float = ALPHA) -> str:
-    """'loss' only when the candidate's test rejects with Δ < 0 and the A/A floor's does not."""
+def _top(pairs: Any, where: str) -> dict[int, float]:
+    """A stored top-k position (a list of [token id, log p]) as {id: log p}."""
+    try:
+        return {int(token): float(value) for token, value in pairs}
+    except (TypeError, ValueError):
+        raise StudyError(f"{where}: topk: expected a list of [token id, log p] pairs per position") from None
+
+
+def verdict(candidate_p: float, candidate_mean: float, floor_p: float, alpha: float = ALPHA, label: str = "p") -> str:
+    """'loss' only when the candidate's test rejects with Δ < 0 and the A/A floor's does not
+    (``label``: what the candidate's p is, e.g. "Holm p" when adjusted over a family)."""
+
+    def named(p: float) -> str:
+        return label + p_text(p)[1:]
+
     if not np.isfinite(candidate_p):
         return "no claim: too few clusters for a test"
     if candidate_p >= alpha:
-        return f"no claim: the paired test does not reject ({p_text(candidate_p)} >= {alpha:g})"
+        return f"no claim: the paired test does not reject ({named(candidate_p)} >= {alpha:g})"
     if np.isfinite(floor_p) and floor_p < alpha:
         return f"no claim: the A/A floor rejects too ({p_text(floor_p)}), so the method cannot tell"
     if candidate_mean > 0:
-        return f"no claim of a loss: the candidate scores higher ({p_text(candidate_p)})"
-    return f"loss ({p_text(candidate_p)}; A/A floor {p_text(floor_p)})"
+        return f"no claim of a loss: the candidate scores higher ({named(candidate_p)})"
+    return f"loss ({named(candidate_p)}; A/A floor {p_text(floor_p)})"
 
 
 def floor_verdict(floor_p: float, alpha: float = ALPHA) -> str:

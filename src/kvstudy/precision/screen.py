@@ -1,17 +1,19 @@
 """A paired log-probability screen of two OpenAI-compatible servers (e.g. 16-bit KV against FP8 KV).
 
 Each prompt of ``kvstudy.precision.prompts`` is sent with its reference continuation to the
-completions endpoint with ``echo: true, max_tokens: 0, logprobs: 1``: the server scores the text
-teacher-forced and returns each token's log p and its most likely token (vLLM 0.32:
-``CompletionRequest.to_sampling_params`` turns ``echo`` + ``logprobs`` into ``prompt_logprobs``,
-and ``echo`` with ``max_tokens 0`` returns the prompt only; see
-``vllm/entrypoints/openai/completion/protocol.py`` and ``serving.py``). The reference tokens are
-the last tokens of the echoed text that cover the continuation. The baseline is asked twice (or a
-third server, ``--repeat``, once): the 16-bit against 16-bit floor of the same engine.
+completions endpoint with ``echo: true, max_tokens: 0, logprobs: 1, prompt_logprobs: k``: the
+server scores the text teacher-forced and returns, per position, the log p of the text's token and
+of its k most likely tokens by id (vLLM's ``prompt_logprobs``, facts in ``kvstudy.vllm.facts``).
+The reference tokens are the last tokens of the echoed text that cover the continuation; each gets
+its log p, its top-k (for the KL of ``kvstudy.precision.divergence``) and its most likely token id.
+The baseline is asked twice (or a third server, ``--repeat``, once): the 16-bit against 16-bit
+floor of the same engine.
 
-Refused, with one line naming the server: servers that serve different models (unless
+Every answer is read within a size limit (``limits.MAX_RESPONSE_BYTES``) and a deadline, and every
+field is checked. Refused, with one line naming the server: a server whose ``max_logprobs`` is below
+``--top-k`` (asked with a short probe first), servers that serve different models (unless
 ``--allow-other-checkpoint``) or tokenize a prompt differently, a prompt longer than a server's
-limit, an endpoint that returns no prompt log-probabilities.
+limit, an endpoint that returns no prompt log-probabilities, a field of the wrong kind.
 
     kvstudy kv-screen --baseline http://127.0.0.1:8000 --candidate http://127.0.0.1:8001 --capture DIR
 """
@@ -20,6 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -29,12 +35,25 @@ from typing import Any
 
 from kvstudy.capture import new_manifest, set_items, write_manifest
 from kvstudy.errors import StudyError
-from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_TOKENS, float_arg, int_arg, output_folder
+from kvstudy.io import bounded_int, get_field, parse_json_text, type_name
+from kvstudy.limits import (
+    MAX_FACTOR,
+    MAX_ITEMS,
+    MAX_RESPONSE_BYTES,
+    MAX_TOKENS,
+    MAX_TOP_K,
+    float_arg,
+    int_arg,
+    output_folder,
+)
 from kvstudy.precision import prompts as pr
 from kvstudy.precision.records import KIND, Group, claim_capture, write_group, write_logp
+from kvstudy.vllm.facts import DEFAULT_MAX_LOGPROBS, MAX_LOGPROBS_REFUSAL
 
 GROUP = "screen"
-TIMEOUT_S = 600.0
+TIMEOUT_S = 600.0  # one completions answer (a long prompt on 2 CPU cores)
+MODELS_TIMEOUT_S = 30.0  # /v1/models and /tokenize
+DEFAULT_TOP_K = DEFAULT_MAX_LOGPROBS  # as many as a vLLM server started without --max-logprobs returns
 
 
 @dataclass(frozen=True)
@@ -47,32 +66,74 @@ class Server:
     max_model_len: int | None
 
 
-def _request(url: str, path: str, body: dict[str, Any] | None = None, timeout: float = TIMEOUT_S) -> Any:
+def _answer_bytes(url: str, path: str, body: dict[str, Any] | None, timeout: float) -> bytes:
+    """The body of one answer, read within ``MAX_RESPONSE_BYTES`` and a deadline of ``timeout`` s for
+    the whole exchange (a server that trickles or never ends its answer is given up on)."""
+    if not url.startswith(("http://", "https://")):
+        raise StudyError(f"server {url}: expected an http:// or https:// URL")
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url.rstrip("/") + path, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read().decode("utf-8"))
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode("utf-8", errors="replace")
+    deadline = time.monotonic() + timeout
+    result: dict[str, Any] = {}
+
+    def work() -> None:
         try:
-            message = json.loads(detail).get("error", {}).get("message") or detail
-        except (ValueError, AttributeError):
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                chunks: list[bytes] = []
+                size = 0
+                while time.monotonic() < deadline:
+                    chunk = resp.read(1 << 16)
+                    if not chunk:
+                        result["data"] = b"".join(chunks)
+                        return
+                    size += len(chunk)
+                    if size > MAX_RESPONSE_BYTES:
+                        result["error"] = f"answered more than {MAX_RESPONSE_BYTES:,} bytes"
+                        return
+                    chunks.append(chunk)
+        except urllib.error.HTTPError as exc:
+            result["http"] = (exc.code, exc.read(1 << 16).decode("utf-8", errors="replace"))
+        except Exception as exc:  # noqa: BLE001 (any failure of the exchange is reported in one line below)
+            result["error"] = f"failed ({str(exc)[:200]})"
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    worker.join(max(0.0, deadline - time.monotonic()) + 1.0)
+    if "http" in result:
+        code, detail = result["http"]
+        try:
+            parsed = parse_json_text(detail, "error")
+            message = parsed.get("error", {}).get("message") or detail
+        except (StudyError, AttributeError):
             message = detail
-        raise StudyError(f"server {url}: {path} answered HTTP {exc.code}: {str(message)[:300]}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise StudyError(f"server {url}: {path} failed ({exc}); expected a running OpenAI-compatible server") from None
+        raise StudyError(f"server {url}: {path} answered HTTP {code}: {' '.join(str(message).split())[:300]}")
+    if "data" in result:
+        return bytes(result["data"])
+    why = result.get("error") or f"gave no complete answer within {timeout:g} s"
+    raise StudyError(f"server {url}: {path} {why}; expected a running OpenAI-compatible server")
+
+
+def _request(url: str, path: str, body: dict[str, Any] | None = None, timeout: float = TIMEOUT_S) -> dict[str, Any]:
+    """One JSON object answered by ``url`` + ``path`` (size limit, deadline, nesting checks)."""
+    reply = parse_json_text(_answer_bytes(url, path, body, timeout), f"server {url}: {path}")
+    if not isinstance(reply, dict):
+        raise StudyError(f"server {url}: {path}: expected a JSON object, got {type_name(reply)}")
+    return reply
 
 
 def describe_server(url: str) -> Server:
-    """The first model ``url`` serves, from ``GET /v1/models``."""
-    body = _request(url, "/v1/models", timeout=30)
-    models = body.get("data") if isinstance(body, dict) else None
-    if not models or not isinstance(models[0], dict) or "id" not in models[0]:
-        raise StudyError(f"server {url}: /v1/models lists no model")
+    """The first model ``url`` serves, from ``GET /v1/models``, each field checked."""
+    where = f"server {url}: /v1/models"
+    models = get_field(_request(url, "/v1/models", timeout=MODELS_TIMEOUT_S), "data", list, where)
+    if not models or not isinstance(models[0], dict):
+        raise StudyError(f"{where}: lists no model (expected data: a list of model objects)")
     card = models[0]
+    model = get_field(card, "id", str, where + " data[0]")
+    root = get_field(card, "root", (str, type(None)), where + " data[0]", None) or model
     limit = card.get("max_model_len")
-    return Server(url, str(card["id"]), str(card.get("root") or card["id"]), int(limit) if limit else None)
+    if limit is not None:
+        limit = bounded_int(limit, f"{where} data[0].max_model_len", 1, MAX_TOKENS)
+    return Server(url, model, root, limit)
 
 
 def check_same_model(a: Server, b: Server, allow_other_checkpoint: bool = False) -> None:
@@ -87,12 +148,14 @@ def check_same_model(a: Server, b: Server, allow_other_checkpoint: bool = False)
 def _token_count(server: Server, text: str) -> int | None:
     """Tokens of ``text`` by the server's ``/tokenize`` (vLLM), or None where there is none."""
     try:
-        body = _request(server.url, "/tokenize", {"model": server.model, "prompt": text}, timeout=60)
+        body = _request(server.url, "/tokenize", {"model": server.model, "prompt": text})
     except StudyError as exc:
         if "HTTP 404" in str(exc):
             return None
         raise
-    return int(body["count"]) if isinstance(body, dict) and "count" in body else None
+    if "count" not in body:
+        return None
+    return bounded_int(body["count"], f"server {server.url}: /tokenize count", 0, MAX_TOKENS)
 
 
 def check_length(server: Server, prompt: pr.ScoredPrompt) -> None:
@@ -118,41 +181,106 @@ def reference_span(tokens: Sequence[str], continuation: str) -> int:
     return index
 
 
-def score_prompt(server: Server, prompt: pr.ScoredPrompt) -> tuple[dict[str, Any], list[str]]:
-    """One prompt's row (log p and top-1 token of each reference token) and the echoed tokens."""
-    body = {
+def _number(value: Any, where: str) -> float:
+    """A finite log-probability (vLLM sends -inf as -9999.0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value > 1e-3:
+        raise StudyError(f"{where}: expected a log-probability (a finite number <= 0), got {type_name(value)}")
+    return float(value)
+
+
+def _top_k(entry: Any, where: str) -> dict[int, float]:
+    """One position of vLLM's ``prompt_logprobs``: {token id: {logprob, ...}} as {id: log p}."""
+    if not isinstance(entry, dict) or not entry:
+        raise StudyError(f"{where}: expected an object of token ids to log-probabilities, got {type_name(entry)}")
+    out: dict[int, float] = {}
+    for key, value in entry.items():
+        if not (isinstance(key, str) and key.isdigit() and len(key) <= 12):
+            raise StudyError(f"{where}: token id {str(key)[:20]!r}: expected a whole number")
+        logprob = value.get("logprob") if isinstance(value, dict) else None
+        out[int(key)] = _number(logprob, f"{where} token {key} logprob")
+    return out
+
+
+def parse_scores(
+    reply: dict[str, Any], where: str
+) -> tuple[list[str], list[float | None], list[dict[int, float] | None]]:
+    """The echoed tokens, their log p and each position's top-k from a completions answer, every
+    field checked (one line naming the field otherwise)."""
+    choices = get_field(reply, "choices", list, where)
+    if not choices or not isinstance(choices[0], dict):
+        raise StudyError(f"{where}: choices: expected a list holding a choice object")
+    logprobs = choices[0].get("logprobs")
+    tops = choices[0].get("prompt_logprobs")
+    if not isinstance(logprobs, dict) or not isinstance(tops, list):
+        raise StudyError(
+            f"{where}: returned no prompt log-probabilities (echo with logprobs, and vLLM's prompt_logprobs); "
+            "this screen needs them"
+        )
+    tokens = get_field(logprobs, "tokens", list, where + " logprobs")
+    values = get_field(logprobs, "token_logprobs", list, where + " logprobs")
+    if not tokens or not all(isinstance(t, str) for t in tokens):
+        raise StudyError(f"{where}: logprobs.tokens: expected a non-empty list of token strings")
+    if len(values) != len(tokens) or len(tops) != len(tokens):
+        raise StudyError(
+            f"{where}: {len(tokens)} tokens but {len(values)} token_logprobs and {len(tops)} prompt_logprobs; "
+            "expected one of each per token"
+        )
+    logp = [None if v is None else _number(v, f"{where} token_logprobs[{i}]") for i, v in enumerate(values)]
+    top = [None if t is None else _top_k(t, f"{where} prompt_logprobs[{i}]") for i, t in enumerate(tops)]
+    return list(tokens), logp, top
+
+
+def _body(server: Server, text: str, top_k: int) -> dict[str, Any]:
+    return {
         "model": server.model,
-        "prompt": prompt.prompt + prompt.continuation,
+        "prompt": text,
         "max_tokens": 0,
         "echo": True,
         "logprobs": 1,
+        "prompt_logprobs": top_k,
         "temperature": 0.0,
     }
-    reply = _request(server.url, "/v1/completions", body)
-    choices = reply.get("choices") if isinstance(reply, dict) else None
-    logprobs = choices[0].get("logprobs") if choices and isinstance(choices[0], dict) else None
-    tokens = (logprobs or {}).get("tokens") or []
-    values = (logprobs or {}).get("token_logprobs") or []
-    if not tokens or len(values) != len(tokens) or all(v is None for v in values):
-        raise StudyError(
-            f"server {server.url}: the completions endpoint returned no prompt log-probabilities "
-            "(echo: true with logprobs); this screen needs them"
-        )
+
+
+def check_top_k(server: Server, top_k: int) -> None:
+    """Refuse a server whose ``max_logprobs`` is below ``top_k`` (asked with a short probe, since
+    vLLM's /v1/models does not say it)."""
+    try:
+        _request(server.url, "/v1/completions", _body(server, "The probe.", top_k))  # a first request may be slow
+    except StudyError as exc:
+        found = re.search(MAX_LOGPROBS_REFUSAL, str(exc))
+        if found:
+            allowed = found.group(2)
+            raise StudyError(
+                f"server {server.url}: its max_logprobs is {allowed}, below the top-k of {top_k} asked for; "
+                f"start it with --max-logprobs {top_k} or ask --top-k {allowed}"
+            ) from None
+        raise
+
+
+def score_prompt(server: Server, prompt: pr.ScoredPrompt, top_k: int) -> tuple[dict[str, Any], list[str]]:
+    """One prompt's row (log p of each reference token, the top-k at each of its positions and the
+    most likely token id) and the echoed tokens."""
+    where = f"server {server.url}: prompt {prompt.id}"
+    reply = _request(server.url, "/v1/completions", _body(server, prompt.prompt + prompt.continuation, top_k))
+    tokens, values, tops = parse_scores(reply, where)
     start = max(1, reference_span(tokens, prompt.continuation))
-    tops = (logprobs or {}).get("top_logprobs") or [None] * len(tokens)
-    ref = values[start:]
-    if any(v is None for v in ref):
-        raise StudyError(f"server {server.url}: prompt {prompt.id}: some reference tokens have no log-probability")
-    top1 = [max(t.items(), key=lambda kv: kv[1])[0] if isinstance(t, dict) and t else None for t in tops[start:]]
+    ref, top = values[start:], tops[start:]
+    if any(v is None for v in ref) or any(t is None for t in top):
+        raise StudyError(f"{where}: some reference tokens have no log-probability; expected one per token")
+    topk = [
+        sorted(t.items(), key=lambda kv: -kv[1]) for t in top if t is not None
+    ]  # k, or k + 1 with the reference token
     row = {
         "id": prompt.id,
         "bucket": prompt.bucket,
         "cluster": prompt.cluster,
         "prompt_tokens": start,
-        "logp": [float(v) for v in ref],
-        "top1": top1 if all(t is not None for t in top1) else None,
+        "logp": [float(v) for v in ref if v is not None],
+        "top1": [str(t[0][0]) for t in topk],
+        "topk": [[[token, value] for token, value in t] for t in topk],
     }
-    return row, list(tokens)
+    return row, tokens
 
 
 def screen(
@@ -164,6 +292,7 @@ def screen(
     allow_other_checkpoint: bool = False,
     candidate_label: str = "candidate",
     force: bool = False,
+    top_k: int = DEFAULT_TOP_K,
 ) -> Path:
     """Score ``prompts`` on every server and write a ``kv-precision`` capture of group ``screen`` (a
     folder kv-screen did not write only with ``force``: ``records.claim_capture``)."""
@@ -175,7 +304,10 @@ def screen(
     check_same_model(base, cand, allow_other_checkpoint)
     floor = describe_server(repeat) if repeat else base
     check_same_model(base, floor)
+    if not 1 <= top_k <= MAX_TOP_K:
+        raise StudyError(f"--top-k: expected 1 to {MAX_TOP_K:,}, got {top_k}")
     for server in {s.url: s for s in (base, cand, floor)}.values():
+        check_top_k(server, top_k)
         for prompt in prompts:
             check_length(server, prompt)
     arms = {"baseline": base, "baseline-repeat": floor, candidate_label: cand}
@@ -183,7 +315,7 @@ def screen(
     for prompt in prompts:
         first: list[str] | None = None
         for arm, server in arms.items():
-            row, tokens = score_prompt(server, prompt)
+            row, tokens = score_prompt(server, prompt, top_k)
             if first is not None and tokens != first:
                 raise StudyError(
                     f"server {server.url}: tokenizes prompt {prompt.id} differently from {base.url} "
@@ -199,6 +331,7 @@ def screen(
         "candidate": cand.url,
         "repeat": repeat,
         "prompts": len(prompts),
+        "top_k": top_k,
         "buckets": sorted({p.bucket for p in prompts}),
     }
     manifest = new_manifest(
@@ -230,7 +363,14 @@ def _cmd(args: argparse.Namespace) -> int:
         args.retrieval_lengths, args.retrieval_per_length, chars_per_token=args.chars_per_token
     )
     capture = screen(
-        args.baseline, args.candidate, args.capture, prompts, args.repeat, args.allow_other_checkpoint, force=args.force
+        args.baseline,
+        args.candidate,
+        args.capture,
+        prompts,
+        args.repeat,
+        args.allow_other_checkpoint,
+        force=args.force,
+        top_k=args.top_k,
     )
     table = comparison_table(comparisons(load(capture)))
     print(table.drop(columns=["storage"]).to_string(index=False))
@@ -251,6 +391,12 @@ def register(subparsers: Any) -> None:
         type=float_arg(0.01, MAX_FACTOR),
         default=1.0,
         help="retrieval context characters per token",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int_arg(1, MAX_TOP_K),
+        default=DEFAULT_TOP_K,
+        help="log-probabilities per position for the KL (at most the servers' --max-logprobs)",
     )
     p.add_argument("--allow-other-checkpoint", action="store_true", help="the servers may load different folders")
     p.add_argument("--force", action="store_true", help="write into a folder kv-screen did not create")

@@ -76,9 +76,13 @@ def _written_before(folder: Path) -> bool:
         return False
 
 
-def build_control(source: str | Path, out: str | Path, factor: float = FACTOR, force: bool = False) -> dict[str, Any]:
+def build_control(
+    source: str | Path, out: str | Path, factor: float = FACTOR, force: bool = False, scales: bool = True
+) -> dict[str, Any]:
     """Write the scaled-K checkpoint of ``source`` into ``out`` (new, empty or a control this command
-    wrote: ``outputs.claim_output_folder``; any other folder only with ``force``); returns its record."""
+    wrote: ``outputs.claim_output_folder``; any other folder only with ``force``); returns its record.
+    ``scales`` False: no ``k_scale``/``v_scale`` tensors, so vLLM serves FP8 KV at scale 1.0 (a grade
+    of the calibration ladder, ``kvstudy kv-calibrate``)."""
     source, out = Path(source), Path(out)
     if not (source / WEIGHTS).is_file():
         raise StudyError(f"{source}: no {WEIGHTS} (expected a single-file Qwen3 model folder)")
@@ -104,7 +108,7 @@ def build_control(source: str | Path, out: str | Path, factor: float = FACTOR, f
     layers = int(config["num_hidden_layers"])
     if sorted(k_scales) != list(range(layers)):
         raise StudyError(f"{source}: k_norm weights for layers {sorted(k_scales)}, expected 0..{layers - 1}")
-    for layer in range(layers):
+    for layer in range(layers if scales else 0):
         tensors[f"model.layers.{layer}.self_attn.k_scale"] = ("F32", np.array(k_scales[layer], dtype=np.float32))
         tensors[f"model.layers.{layer}.self_attn.v_scale"] = ("F32", np.array(1.0, dtype=np.float32))
     claim_output_folder(out, "control-checkpoint", force, recognise=_written_before)
@@ -113,14 +117,15 @@ def build_control(source: str | Path, out: str | Path, factor: float = FACTOR, f
         if (source / name).is_file():
             write_text_atomic(out / name, (source / name).read_text(encoding="utf-8"))
     record = {
-        "what": "positive control: k_norm.weight * factor, q_norm.weight / factor, k_scale bounds K",
+        "what": "positive control: k_norm.weight * factor, q_norm.weight / factor"
+        + (", k_scale bounds K" if scales else ", no KV scales (FP8 at scale 1.0)"),
         "generator": GENERATOR,
         "source": str(source),
         "source_weights_sha256": file_digest(source / WEIGHTS, weights_headers_only=False),
         "factor": factor,
         "head_dim": head_dim,
-        "k_scales": [k_scales[i] for i in range(layers)],
-        "v_scales": [1.0] * layers,
+        "k_scales": [k_scales[i] for i in range(layers)] if scales else None,
+        "v_scales": [1.0] * layers if scales else None,
         "weights_sha256": file_digest(out / WEIGHTS, weights_headers_only=False),
     }
     write_json(out / RECORD, record)
@@ -141,8 +146,9 @@ def ensure_control(source: str | Path, out: str | Path, factor: float = FACTOR) 
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    record = build_control(args.source, args.out, args.factor, args.force)
-    print(f"{args.out}: factor {record['factor']:g}, k_scale per layer {[round(s, 4) for s in record['k_scales']]}")
+    record = build_control(args.source, args.out, args.factor, args.force, scales=not args.no_scales)
+    scales = [round(s, 4) for s in record["k_scales"]] if record["k_scales"] else "none (FP8 at scale 1.0)"
+    print(f"{args.out}: factor {record['factor']:g}, k_scale per layer {scales}")
     return 0
 
 
@@ -159,5 +165,6 @@ def register(subparsers: Any) -> None:
         default=FACTOR,
         help="k_norm is multiplied and q_norm divided by it",
     )
+    p.add_argument("--no-scales", action="store_true", help="write no KV scales: vLLM serves FP8 KV at scale 1.0")
     p.add_argument("--force", action="store_true", help="write into a folder this command did not create")
     p.set_defaults(func=_cmd)

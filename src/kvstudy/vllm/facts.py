@@ -206,3 +206,15 @@ TORCH_KV_DTYPES: dict[str, str] = {
 # ROCM_AITER_MLA_SPARSE (DeepSeek-V3.2's sparse attention with an indexer). Read in those releases'
 # source (public vLLM repository), not in the installed 0.32, which names its backends.
 SPARSE_MLA_BACKENDS: dict[str, str] = {"cuda": "FLASHMLA_SPARSE", "rocm": "ROCM_AITER_MLA_SPARSE"}
+# Prompt log-probabilities (kv-screen). A completions request may name ``prompt_logprobs: k``
+# (vllm/entrypoints/openai/completion/protocol.py, CompletionRequest; it overrides ``echo`` +
+# ``logprobs``) and the choice then carries ``prompt_logprobs``: per prompt position null (the first)
+# or {token id: {logprob, rank, decoded_token}} with the k most likely tokens and the prompt's own
+# token (vllm/logprobs.py, Logprob); -inf is sent as -9999.0 (clamp_prompt_logprobs,
+# vllm/entrypoints/generate/base/serving.py). A k above the server's ``--max-logprobs`` (default 20,
+# ModelConfig.max_logprobs in vllm/config/model.py; -1: the vocabulary) is refused with HTTP 400 and
+# the message below (SamplingParams._validate_logprobs, vllm/sampling_params.py). The values are the
+# raw model's log-softmax (``logprobs_mode`` "raw_logprobs", vllm/config/model.py).
+DEFAULT_MAX_LOGPROBS = 20
+MAX_LOGPROBS_REFUSAL = r"Requested (?:prompt|sample) logprobs of (\d+), which is greater than max allowed: (-?\d+)"
+LOGPROB_SENT_FOR_MINUS_INF = -9999.0

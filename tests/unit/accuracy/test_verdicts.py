@@ -164,3 +164,22 @@ def test_no_interval_and_no_verdict_when_every_item_scored_alike():
     rows = vt.retrieval_paired(results, "bf16", "answer-line", 5.0)
     assert all(not r.clustered.varies and r.non_inferiority.non_inferior is None for r in rows)
     assert all(r.control for r in rows)
+
+
+def test_detectable_loss_at_the_observed_disagreement_and_at_best() -> None:
+    from kvstudy.accuracy import totals
+
+    seen = vt.detectable_loss(100, 12)
+    assert seen.points == pytest.approx(100 * (totals.smallest_detectable_loss(100, 0.12) or 0))
+    assert "observed disagreement of 12.0 %" in seen.basis and "80 % power" in seen.sentence()
+    none = vt.detectable_loss(100, 0)  # never disagreeing: at best, every disagreement against the candidate
+    assert none.points is not None and 5 < none.points < 15 and "never disagree" in none.basis
+    assert vt.detectable_loss(3, 1).points is None  # three items: no loss of any size at 80 % power
+    assert "lower bound" in vt.detectable_loss(64, 4, clustered=True).basis
+
+
+def test_holm_of_a_family() -> None:
+    # notebook 07's case: p = 0.017 and 0.040 among 22 tests pass no longer
+    adjusted = vt.holm([0.017, 0.040] + [0.5] * 20)
+    assert adjusted[0] == pytest.approx(0.374) and adjusted[1] == pytest.approx(0.84)
+    assert vt.holm([]) == []

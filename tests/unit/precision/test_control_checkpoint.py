@@ -27,3 +27,12 @@ def test_control_scales_norms_and_writes_scales(tmp_path: Path) -> None:
     assert v_scales == (1.0, 1.0, 1.0, 1.0) and "k_scale" in found
     again = ctl.build_control(SOURCE, tmp_path / "d")
     assert again["weights_sha256"] == record["weights_sha256"]  # deterministic
+
+
+def test_a_ladder_grade_without_scales_is_served_at_scale_one(tmp_path: Path) -> None:
+    record = ctl.build_control(SOURCE, tmp_path / "g8", factor=8.0, scales=False)
+    new = ctl.read_bf16_safetensors(tmp_path / "g8" / ctl.WEIGHTS)
+    assert not any(name.endswith(("k_scale", "v_scale")) for name in new)
+    assert record["k_scales"] is None and "no KV scales" in record["what"]
+    k_scales, v_scales, _ = quantize.checkpoint_scales(str(tmp_path / "g8"), 4)
+    assert k_scales is None and v_scales is None  # vLLM then uses 1.0

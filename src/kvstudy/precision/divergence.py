@@ -1,0 +1,212 @@
+"""KL divergence from top-k log-probabilities, the equivalence (TOST) verdict against a margin, and
+the margin read off a graded positive control.
+
+**KL over a truncated top-k.** A server returns, per position, the log p of its k most likely
+tokens (and of the reference token) for the 16-bit arm P and for the candidate Q. The tokens listed
+by *both* arms are compared one by one; every other token (the mass outside the top-k of either
+arm) is lumped into one "rest" bucket: ``p_rest = 1 - Σ p_i``, ``q_rest = 1 - Σ q_i`` over the
+compared tokens. The KL of these coarse distributions, :attr:`TokenKL.kl`, is a **lower bound** of
+the full KL(P || Q) (merging outcomes never raises a divergence: the log-sum inequality). What it
+leaves out is exactly ``p_rest · KL(P_rest || Q_rest)`` (the tails' own divergence, weighted by the
+mass outside): at most ``p_rest · (L - log(p_rest / q_rest))`` where L is the largest log ratio
+``log(p_i / q_i)`` inside the tail. The tail is not returned, so :attr:`TokenKL.gap` takes L as
+the largest absolute log ratio seen on the compared tokens (an **assumption**, stated in every
+report: the tail does not diverge more than the head); ``kl + gap`` is the upper value the
+equivalence test uses, ``kl`` the lower one. A rest of probability below ``REST_FLOOR`` counts as
+``REST_FLOOR`` (a float32 softmax resolves no less).
+
+**Equivalence.** Against a margin, a mean with a clustered one-sided (1 - alpha) bound (the two
+one-sided tests at alpha are the 1 - 2 alpha interval): *within* when the upper bound is below the
+margin, *beyond* when the lower bound is above it, *undecided* otherwise. Never "differs at all".
+
+**Calibration.** A ladder of grades (a control checkpoint whose keys are ``factor`` times larger,
+served with FP8 KV at scale 1.0) with the accuracy change of each and the screen's KL and Δ log p:
+the grades must rank in order on every instrument, and the first grade whose accuracy change
+reaches ``-loss_points`` gives the margin. Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvstudy.errors import StudyError
+
+ALPHA = 0.05  # each one-sided test of the TOST pair
+REST_FLOOR = 1e-7  # the smallest rest mass counted (float32 resolves no finer near 1)
+LOSS_POINTS = 2.0  # the accuracy loss (points) the margin is calibrated to
+EQUIVALENCE = ("within", "beyond", "undecided")
+MARGIN_STATES = ("calibrated", "not calibrated", "assumed")
+
+
+@dataclass(frozen=True)
+class TokenKL:
+    """KL(P || Q) at one position from two truncated top-k lists."""
+
+    kl: float  # the lumped KL: a lower bound of the full KL
+    gap: float  # the bound on what the lumping leaves out (under the stated tail assumption)
+    rest: float  # P's mass outside the compared tokens
+    top1_same: bool  # the most likely listed token is the same token
+
+
+def _probabilities(logps: Mapping[int, float], where: str) -> dict[int, float]:
+    out = {}
+    for token, value in logps.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value) or value > 1e-3:
+            raise StudyError(f"{where}: token {token}: log p {value!r} is not a log-probability (a number <= 0)")
+        out[token] = math.exp(max(float(value), -1e4))
+    return out
+
+
+def token_kl(p_top: Mapping[int, float], q_top: Mapping[int, float], where: str = "top-k") -> TokenKL:
+    """KL(P || Q) with the mass outside the tokens listed by both arms in one "rest" bucket."""
+    if not p_top or not q_top:
+        raise StudyError(f"{where}: no top-k log-probabilities in one of the arms")
+    p, q = _probabilities(p_top, where + " (baseline)"), _probabilities(q_top, where + " (candidate)")
+    both = sorted(set(p) & set(q))
+    pi = np.array([p[t] for t in both])
+    qi = np.array([q[t] for t in both])
+    p_rest = max(0.0, 1.0 - float(pi.sum()))
+    q_rest = max(0.0, 1.0 - float(qi.sum()))
+    # the coarse distributions, renormalised (float32 rounding can make the listed mass exceed 1)
+    pv = np.append(pi, p_rest)
+    qv = np.append(qi, max(q_rest, REST_FLOOR if p_rest > 0 else 0.0))
+    pv, qv = pv / pv.sum(), qv / qv.sum()
+    keep = pv > 0
+    kl = float(max(0.0, np.sum(pv[keep] * (np.log(pv[keep]) - np.log(qv[keep])))))
+    ratios = np.abs(np.log(pi) - np.log(qi)) if both else np.array([0.0])
+    gap = 0.0
+    if pv[-1] > 0:
+        gap = float(max(0.0, pv[-1] * (float(ratios.max()) - math.log(pv[-1] / qv[-1]))))
+    top1_same = max(p, key=lambda t: p[t]) == max(q, key=lambda t: q[t])
+    return TokenKL(kl, gap, float(pv[-1]), top1_same)
+
+
+# --------------------------------------------------------------------------- equivalence
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """The TOST verdict of one mean against a margin."""
+
+    state: str  # one of EQUIVALENCE
+    low: float  # the lower one-sided (1 - alpha) bound of the mean used for "beyond"
+    high: float  # the upper one-sided (1 - alpha) bound of the mean used for "within"
+    margin: float | None
+    reason: str
+
+
+def equivalence(low: float, high: float, margin: float | None, two_sided: bool = False) -> Equivalence:
+    """*within* / *beyond* / *undecided* for a mean whose one-sided (1 - alpha) bounds are ``low`` and
+    ``high`` (i.e. its 1 - 2 alpha interval). ``two_sided``: the margin is ±margin (a difference such
+    as Δ log p); else a non-negative quantity (a divergence) against ``margin``."""
+    if margin is None or not math.isfinite(margin) or margin <= 0:
+        return Equivalence("undecided", low, high, None, "no margin to test against")
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return Equivalence("undecided", low, high, margin, "no interval (fewer than two clusters)")
+    inside = (-margin < low and high < margin) if two_sided else high < margin
+    if inside:
+        return Equivalence("within", low, high, margin, f"the interval {low:.3g} to {high:.3g} lies inside the margin")
+    outside = (high < -margin or low > margin) if two_sided else low > margin
+    if outside:
+        return Equivalence("beyond", low, high, margin, f"the interval {low:.3g} to {high:.3g} lies past the margin")
+    return Equivalence("undecided", low, high, margin, f"the interval {low:.3g} to {high:.3g} straddles the margin")
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+@dataclass(frozen=True)
+class Grade:
+    """One grade of the control ladder: its accuracy change (candidate minus 16-bit, points, with a
+    95 % interval) and the screen's mean KL and Δ log p on it."""
+
+    factor: float
+    change_points: float
+    change_low: float
+    change_high: float
+    kl: float
+    delta_logp: float
+    bf16_change_points: float = 0.0  # the grade served with 16-bit KV against the original (should be ~0)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The margin read off a ladder, or why there is none."""
+
+    state: str  # "calibrated" or "not calibrated"
+    margin_kl: float | None
+    margin_delta_logp: float | None  # a magnitude, nats/token
+    grade: float | None  # the factor at which accuracy first fell by loss_points
+    change_points: float | None
+    change_low: float | None
+    change_high: float | None
+    ranked: dict[str, bool]  # instrument -> the grades rank in order on it
+    reason: str
+
+
+def _monotone(values: Sequence[float], increasing: bool) -> bool:
+    steps = np.diff(np.asarray(values, dtype=float))
+    return bool(np.all(steps >= 0) if increasing else np.all(steps <= 0))
+
+
+def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Calibration:
+    """The KL and Δ log p margin at the first grade whose accuracy falls by ``loss_points``.
+
+    Refused: fewer than two grades, a factor given twice, or a first grade that already loses
+    ``loss_points`` at 16-bit KV (the checkpoint is broken, not the FP8 storage). "not calibrated":
+    an instrument does not rank the grades in order, or no grade reaches the loss."""
+    if len(grades) < 2:
+        raise StudyError(f"control ladder: {len(grades)} grade(s); expected at least two factors")
+    ladder = sorted(grades, key=lambda g: g.factor)
+    if len({g.factor for g in ladder}) != len(ladder):
+        raise StudyError("control ladder: a factor appears twice; expected one grade per factor")
+    for g in ladder:
+        for name in ("factor", "change_points", "change_low", "change_high", "kl", "delta_logp", "bf16_change_points"):
+            if not math.isfinite(getattr(g, name)):
+                raise StudyError(f"control ladder: grade {g.factor:g}: {name} is not a finite number")
+    if ladder[0].bf16_change_points <= -loss_points:
+        raise StudyError(
+            f"control ladder: grade {ladder[0].factor:g} already loses {-ladder[0].bf16_change_points:.1f} points "
+            "with 16-bit KV: the checkpoint is broken, not the FP8 storage; expected the first grade to match 16-bit"
+        )
+    ranked = {
+        "KL": _monotone([g.kl for g in ladder], increasing=True),
+        "Δ log p": _monotone([g.delta_logp for g in ladder], increasing=False),
+        "accuracy": _monotone([g.change_points for g in ladder], increasing=False),
+    }
+    reached = next((g for g in ladder if g.change_points <= -loss_points), None)
+    if not all(ranked.values()):
+        out = ", ".join(name for name, ok in ranked.items() if not ok)
+        return Calibration(
+            "not calibrated", None, None, None, None, None, None, ranked, f"the grades are out of order on: {out}"
+        )
+    if reached is None:
+        worst = ladder[-1]
+        return Calibration(
+            "not calibrated",
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            ranked,
+            f"no grade reaches a {loss_points:g}-point loss (the largest factor {worst.factor:g} changes accuracy by "
+            f"{worst.change_points:+.1f} points)",
+        )
+    return Calibration(
+        "calibrated",
+        reached.kl,
+        abs(reached.delta_logp),
+        reached.factor,
+        reached.change_points,
+        reached.change_low,
+        reached.change_high,
+        ranked,
+        f"factor {reached.factor:g} is the first grade whose accuracy falls by {loss_points:g} points "
+        f"({reached.change_points:+.1f}, 95 % {reached.change_low:+.1f} to {reached.change_high:+.1f})",
+    )

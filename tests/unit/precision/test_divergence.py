@@ -1,0 +1,149 @@
+"""KL from truncated top-k lists, the equivalence verdict on synthetic pairs, the margin calibration."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kvstudy.errors import StudyError
+from kvstudy.precision import divergence as dv
+from kvstudy.precision import paired_logp
+
+P = [0.5, 0.3, 0.1, 0.05, 0.05]
+Q = [0.4, 0.35, 0.1, 0.1, 0.05]
+
+
+def full_kl(p: list[float], q: list[float]) -> float:
+    return sum(a * math.log(a / b) for a, b in zip(p, q) if a > 0)
+
+
+def top(dist: list[float], k: int, also: int | None = None) -> dict[int, float]:
+    ids = sorted(range(len(dist)), key=lambda i: -dist[i])[:k] + ([also] if also is not None else [])
+    return {i: math.log(dist[i]) for i in ids}
+
+
+def test_lumped_kl_is_exact_on_the_lumped_distributions_and_bounds_the_full_kl() -> None:
+    got = dv.token_kl(top(P, 2), top(Q, 2))
+    lumped = 0.5 * math.log(0.5 / 0.4) + 0.3 * math.log(0.3 / 0.35) + 0.2 * math.log(0.2 / 0.25)
+    assert got.kl == pytest.approx(lumped, abs=1e-12)
+    assert got.rest == pytest.approx(0.2)
+    assert got.kl <= full_kl(P, Q) <= got.kl + got.gap  # the tail diverges no more than the head here
+    assert got.top1_same
+
+
+def test_with_every_token_listed_the_kl_is_the_full_kl_and_the_gap_zero() -> None:
+    got = dv.token_kl(top(P, 5), top(Q, 5))
+    assert got.kl == pytest.approx(full_kl(P, Q), abs=1e-12) and got.gap == pytest.approx(0.0, abs=1e-12)
+
+
+def test_tokens_listed_by_one_arm_only_go_to_the_rest() -> None:
+    # P's top-2 is {0, 1}; Q's is {1, 3}: only token 1 is compared, everything else is "rest"
+    q = [0.1, 0.4, 0.05, 0.4, 0.05]
+    got = dv.token_kl(top(P, 2), top(q, 2))
+    lumped = 0.3 * math.log(0.3 / 0.4) + 0.7 * math.log(0.7 / 0.6)
+    assert got.kl == pytest.approx(lumped, abs=1e-12) and not got.top1_same
+    assert got.kl <= full_kl(P, q)
+
+
+def test_the_gap_rests_on_the_tail_assumption() -> None:
+    # a tail that diverges far more than the head: the lumped KL is still a lower bound, the
+    # assumed upper value is not (what the reports say in words)
+    p = [0.5, 0.3, 0.19, 0.01]
+    q = [0.5, 0.3, 0.01, 0.19]
+    got = dv.token_kl(top(p, 2), top(q, 2))
+    assert got.kl == pytest.approx(0.0, abs=1e-12) and full_kl(p, q) > got.kl + got.gap
+
+
+def test_listed_mass_over_one_and_a_vanishing_rest() -> None:
+    over = {0: math.log(0.7), 1: math.log(0.3000001)}
+    got = dv.token_kl(over, {0: math.log(0.6), 1: math.log(0.4)})
+    assert got.rest == 0.0 and got.kl == pytest.approx(0.7 * math.log(0.7 / 0.6) + 0.3 * math.log(0.3 / 0.4), abs=1e-6)
+    nothing_left = dv.token_kl({0: math.log(0.5)}, {0: 0.0})  # Q lists all its mass on token 0
+    assert math.isfinite(nothing_left.kl) and nothing_left.kl > 0
+
+
+@pytest.mark.parametrize("bad", [{0: float("nan")}, {0: 0.5}, {}])
+def test_bad_top_k_is_one_line(bad: dict[int, float]) -> None:
+    with pytest.raises(StudyError):
+        dv.token_kl(bad, {0: -0.1})
+
+
+# --------------------------------------------------------------------------- equivalence on synthetic pairs
+
+
+def rows(shift: float, noise: float, clusters: int = 40, tokens: int = 10, seed: int = 1) -> tuple[list, list]:
+    """Baseline and candidate rows whose per-token Δ log p is ``shift`` plus cluster and token noise."""
+    rng = np.random.default_rng(seed)
+    base, cand = [], []
+    for c in range(clusters):
+        logp = list(rng.uniform(-3, -0.1, tokens))
+        offset = rng.normal(0, noise)
+        delta = shift + offset + rng.normal(0, noise, tokens)
+        base.append({"id": f"p{c}", "bucket": "b", "cluster": f"c{c}", "logp": logp, "top1": None})
+        cand.append(
+            {"id": f"p{c}", "bucket": "b", "cluster": f"c{c}", "logp": list(np.array(logp) + delta), "top1": None}
+        )
+    return base, cand
+
+
+@pytest.mark.parametrize(
+    ("shift", "noise", "expected"),
+    [(0.0, 0.002, "within"), (-0.05, 0.002, "beyond"), (-0.009, 0.02, "undecided")],
+)
+def test_delta_logp_equivalence_on_synthetic_pairs(shift: float, noise: float, expected: str) -> None:
+    paired = paired_logp.pair_rows(*rows(shift, noise))
+    assert paired.tost is not None
+    assert dv.equivalence(paired.tost.low, paired.tost.high, 0.01, two_sided=True).state == expected
+
+
+@pytest.mark.parametrize(("level", "expected"), [(0.001, "within"), (0.05, "beyond"), (0.01, "undecided")])
+def test_kl_equivalence_on_synthetic_pairs(level: float, expected: str) -> None:
+    rng = np.random.default_rng(3)
+    values = rng.gamma(4.0, 1.0, 400)
+    kls = [dv.TokenKL(float(v), 0.0, 0.0, True) for v in values * level / values.mean()]  # mean exactly ``level``
+    groups = [f"c{i // 10}" for i in range(400)]
+    paired = paired_logp._paired_kl(kls, groups, 0.05)
+    assert dv.equivalence(paired.low, paired.high, 0.01).state == expected
+
+
+def test_equivalence_without_a_margin_or_interval_is_undecided() -> None:
+    assert dv.equivalence(0.0, 0.001, None).state == "undecided"
+    assert dv.equivalence(float("nan"), float("nan"), 0.01).state == "undecided"
+
+
+# --------------------------------------------------------------------------- calibration on a synthetic ladder
+
+
+def ladder(changes: list[float], kls: list[float] | None = None, bf16: float = 0.0) -> list[dv.Grade]:
+    factors = [1, 8, 32, 128, 512, 2048]
+    kls = kls or [0.0005 * 4**i for i in range(len(changes))]
+    return [
+        dv.Grade(f, c, c - 1.5, c + 1.5, k, -k / 2, bf16 if f == 1 else 0.0) for f, c, k in zip(factors, changes, kls)
+    ]
+
+
+def test_the_margin_is_read_at_the_first_grade_that_loses_two_points() -> None:
+    cal = dv.calibrate(ladder([0.0, -0.2, -0.8, -2.4, -9.0, -40.0]))
+    assert cal.state == "calibrated" and cal.grade == 128
+    assert cal.margin_kl == pytest.approx(0.0005 * 4**3) and cal.margin_delta_logp == pytest.approx(0.0005 * 4**3 / 2)
+    assert (cal.change_low, cal.change_high) == pytest.approx((-3.9, -0.9))
+    assert all(cal.ranked.values())
+
+
+def test_no_grade_reaching_the_loss_is_not_calibrated() -> None:
+    cal = dv.calibrate(ladder([0.0, 0.0, -0.1, -0.3, -0.5, -1.0]))
+    assert cal.state == "not calibrated" and cal.margin_kl is None and "no grade reaches a 2-point loss" in cal.reason
+
+
+def test_an_instrument_out_of_order_is_not_calibrated() -> None:
+    cal = dv.calibrate(ladder([0.0, -0.2, -0.8, -2.4, -9.0, -40.0], kls=[0.001, 0.004, 0.002, 0.1, 0.5, 1.0]))
+    assert cal.state == "not calibrated" and not cal.ranked["KL"] and "KL" in cal.reason
+
+
+def test_a_first_grade_broken_at_16_bit_is_refused() -> None:
+    with pytest.raises(StudyError, match="broken, not the FP8 storage"):
+        dv.calibrate(ladder([0.0, -0.2, -0.8, -2.4, -9.0, -40.0], bf16=-5.0))
+    with pytest.raises(StudyError, match="at least two"):
+        dv.calibrate(ladder([0.0]))
