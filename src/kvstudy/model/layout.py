@@ -201,9 +201,7 @@ class ModelLayout:
     model_dtype: str  # bfloat16 / float16, the dtype "auto" resolves to
     layers: tuple[LayerSpec, ...]
     max_position_embeddings: int | None
-    kv_scheme_dtype: str | None = (
-        None  # the KV dtype the checkpoint makes 'auto' store (config_fields.checkpoint_kv_dtype)
-    )
+    kv_scheme_dtype: str | None = None  # what the checkpoint makes 'auto' store (checkpoint_kv_dtype)
     kv_scheme_source: str | None = None  # the file and field that chose it
     warnings: tuple[str, ...] = ()  # e.g. a family assumed for an unknown model_type
     num_hidden_layers: int = 0  # decoder layers (some keep no cache: Nemotron-H MLP layers)

@@ -51,6 +51,7 @@ def vllm_answers() -> dict[str, dict[str, object]]:
         pytest.skip("vLLM is not installed here")
     mp = pytest.MonkeyPatch()
     mp.delenv("KVSTUDY_NO_VLLM", raising=False)
+    mp.setenv("KVSTUDY_VLLM_SPECS_TIMEOUT", "3600")  # one child builds every config at 3 TP sizes
     try:
         return kv_specs.read_specs([(str(p), json.loads((p / "config.json").read_text())) for p in MODELS], TPS)
     finally:
