@@ -31,6 +31,7 @@ MAX_ARMS = 100  # KV configurations (arms) of one grid
 MAX_GRID_CELLS = 100_000  # benchmark cells of one grid (each runs for seconds to minutes)
 MAX_LAYERS = 10_000  # decoder layers: no model has more
 MAX_POOL_CODE_LAYERS = 1_000  # layers handed to vLLM's own pool code in a child (it groups them pairwise)
+MAX_EXPERTS = 1_000_000  # routed experts of one layer (the largest models have a few hundred)
 MAX_GIB = 1_048_576.0  # GiB of memory (a GPU, a KV pool, weights): 1 PiB
 MAX_BYTES = 2**50  # bytes of memory (a KV pool): 1 PiB
 MAX_BLOCKS = 10**9  # KV cache blocks of a pool

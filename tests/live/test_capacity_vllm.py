@@ -189,3 +189,50 @@ def test_sliding_window_pool_logged_by_vllm_cpu_equals_the_prediction(tiny_model
     assert capacity["logged"]["tokens"] is not None, capacity
     assert capacity["predicted"]["tokens"] == capacity["logged"]["tokens"], capacity
     assert capacity["match"] is True
+
+
+def test_killed_capacity_leaves_no_vllm_child(tmp_path: Path) -> None:
+    """Issue 30: ``kill -9`` of a ``kvstudy capacity`` that is asking vLLM (DeepSeek-V4: the rules cannot
+    answer) leaves no model-building child behind (die_with_parent), and the answer is not cached."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    root = Path(__file__).resolve().parents[2]
+    env = os.environ | {
+        "PYTHONPATH": str(root / "src"),
+        "KVSTUDY_CACHE_DIR": str(tmp_path),
+        "KVSTUDY_NO_VLLM": "0",
+    }
+    model = root / "tests" / "fixtures" / "models" / "DeepSeek-V4-Flash"
+    code = "import sys; from kvstudy.cli import main; sys.exit(main())"
+    parent = subprocess.Popen([sys.executable, "-c", code, "capacity", str(model)], env=env)
+    try:
+        child = None
+        end = time.monotonic() + 120
+        while child is None and time.monotonic() < end and parent.poll() is None:
+            kids = [
+                p for p in psutil.Process(parent.pid).children() if "kv_specs import child" in " ".join(p.cmdline())
+            ]
+            child = kids[0] if kids else None
+            time.sleep(0.2)
+        assert child is not None, "the vLLM child never started"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        gone = False
+        end = time.monotonic() + 30
+        while not gone and time.monotonic() < end:
+            try:
+                gone = child.status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                gone = True
+            time.sleep(0.2)
+        assert gone, f"the vLLM child {child.pid} outlived its killed parent"
+        assert not list(tmp_path.glob("vllm-specs/*.json"))
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -35,6 +35,7 @@ from kvstudy.io import is_finite_number
 from kvstudy.model.layout import (  # noqa: F401  (re-exported: the public names callers use)
     CHUNKED,
     FULL,
+    INDEXER,
     LAYER_KINDS,
     LAYER_TYPE_NAMES,
     LINEAR,
@@ -57,7 +58,7 @@ from kvstudy.model.weights import (  # noqa: F401
     estimate_weights,
     weights_size,
 )
-from kvstudy.vllm.facts import DTYPE_BYTES, MLA_SPECIAL_BYTES
+from kvstudy.vllm.facts import DTYPE_BYTES, KV_AUTO_FROM_CHECKPOINT_SOURCE, MLA_SPECIAL_BYTES, SPARSE_MLA_QUANTIZED_AS
 
 GIB = 1024**3
 KIB = 1024
@@ -131,9 +132,12 @@ def resolve_kv_dtype(layout: ModelLayout, kv_dtype: str) -> str:
     if kv_dtype not in KV_DTYPES:
         raise StudyError(f"kv dtype {kv_dtype!r}: unknown (expected one of {', '.join(KV_DTYPES)})")
     if kv_dtype == "auto":
-        return layout.kv_scheme_dtype or layout.model_dtype
+        kv_dtype = layout.kv_scheme_dtype or layout.model_dtype
     if kv_dtype in MLA_SPECIAL_BYTES and not any(l.kind == MLA for l in layout.layers):
         raise StudyError(f"kv dtype {kv_dtype!r}: only for MLA models, and {layout.config_path} has no MLA layers")
+    if any(l.kind == INDEXER for l in layout.layers) and kv_dtype not in MLA_SPECIAL_BYTES:
+        if kv_dtype not in ("bfloat16", "float16", "float32"):  # sparse MLA: quantized as fp8_ds_mla
+            return SPARSE_MLA_QUANTIZED_AS
     return kv_dtype
 
 
@@ -174,6 +178,8 @@ def layer_bytes_per_token(
     """
     if layer.kind in (LINEAR, SHARED):
         return Fraction(0)
+    if layer.stored_bytes:  # the indexer's uint8 keys: their own size, on every GPU
+        return Fraction(layer.head_size * layer.stored_bytes)
     if _skipped(layer, skip_layers):
         dtype = model_dtype
     if layer.kind == MLA:
@@ -251,7 +257,7 @@ def kv_footprint(
         by_kind[layer.kind] = by_kind.get(layer.kind, Fraction(0)) + per_token
         state += state_bytes(layer, layout.model_dtype)
         per_request += per_token * _limit(layer, length)
-        if layer.kind in (FULL, MLA):
+        if layer.kind in (FULL, MLA, INDEXER):
             growing += per_token
     caps = [l.sliding_window for l in layout.layers if l.kind in (SLIDING, CHUNKED) and l.sliding_window]
     cap_tokens = max(caps) if growing == 0 and caps else None
@@ -265,7 +271,7 @@ def kv_footprint(
         if s_request >= gpu_request:
             gpu_request, gpu_state = s_request, s_state
             gpu_short = sum(costs, Fraction(0))
-            gpu_token = sum((c for l, c in zip(layers, costs) if l.kind in (FULL, MLA)), Fraction(0))
+            gpu_token = sum((c for l, c in zip(layers, costs) if l.kind in (FULL, MLA, INDEXER)), Fraction(0))
     return KVFootprint(
         model=layout.name,
         kv_dtype=kv_dtype,
@@ -334,10 +340,22 @@ def users_that_fit(pool_bytes: float, footprint: KVFootprint) -> int:
 
 
 def default_dtypes(layout: ModelLayout) -> list[str]:
-    """The model's own 16-bit dtype, fp8 and nvfp4 (MLA models: their own fp8/nvfp4 formats)."""
+    """The model's own 16-bit dtype, fp8 and nvfp4 (MLA models: their own fp8/nvfp4 formats); first
+    'auto' when the checkpoint makes it store something other than the model dtype."""
+    chosen = ["auto"] if layout.kv_scheme_dtype else []
     if any(l.kind == MLA for l in layout.layers):
-        return [layout.model_dtype, "fp8", "fp8_ds_mla", "nvfp4_ds_mla"]
-    return [layout.model_dtype, "fp8", "nvfp4"]
+        return chosen + [layout.model_dtype, "fp8", "fp8_ds_mla", "nvfp4_ds_mla"]
+    return chosen + [layout.model_dtype, "fp8", "nvfp4"]
+
+
+def auto_note(layout: ModelLayout) -> str | None:
+    """Why 'auto' stores what it does, when the checkpoint chose it (one sentence), else None."""
+    if not layout.kv_scheme_dtype:
+        return None
+    return (
+        f"--kv-cache-dtype auto stores {layout.kv_scheme_dtype} here, not {layout.model_dtype}: the checkpoint "
+        f"chooses it ({layout.kv_scheme_source}; {KV_AUTO_FROM_CHECKPOINT_SOURCE})"
+    )
 
 
 def capacity_summary(
@@ -360,7 +378,8 @@ def capacity_summary(
         "sliding_windows": list(layout.sliding_windows),
         "attention_chunk_sizes": list(layout.chunk_sizes),
         "warnings": list(layout.warnings),
-        "notes": list(layout.notes),
+        "notes": list(layout.notes) + [n for n in (auto_note(layout),) if n],
+        "auto_kv_dtype": {"stores": layout.kv_scheme_dtype or layout.model_dtype, "chosen_by": layout.kv_scheme_source},
         "skip_layers": skip_layers,
         "tensor_parallel_size": tensor_parallel_size,
         "dtypes": {},

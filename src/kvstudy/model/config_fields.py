@@ -1,9 +1,65 @@
-"""Which fields of a config.json the KV rules read, and which they leave unread (for a refusal or an
-``--assume`` warning that names them)."""
+"""The one rule for reading a config.json: validate a field where it is read, and only the fields read.
+
+A Hub config holds fields no figure of this project uses, in forms a strict JSON reader would refuse
+(Nemotron-H's ``"time_step_limit": [0.0, Infinity]``, ``1e308``, ``null`` sizes of layers a family
+leaves out, fields of another transformers version). They are accepted as they are: a config is
+parsed, never checked as a whole, and each reader takes its field through :func:`config_int` (an
+integer within its bound, else one line naming the file and field). Also which fields the KV rules
+read and which they leave unread (for a refusal or an ``--assume`` warning that names them).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal, overload
+
+from kvstudy.errors import StudyError
+from kvstudy.io import read_json, type_name
+from kvstudy.limits import MAX_FILE_NUMBER, MAX_LAYERS
+from kvstudy.vllm.facts import MODELOPT_KV_ALGO
+
+
+@overload
+def config_int(
+    cfg: dict[str, Any], key: str, where: str, required: Literal[True] = True, low: int = 1, high: int = ...
+) -> int: ...
+@overload
+def config_int(
+    cfg: dict[str, Any], key: str, where: str, required: bool, low: int = 1, high: int = ...
+) -> int | None: ...
+def config_int(
+    cfg: dict[str, Any], key: str, where: str, required: bool = True, low: int = 1, high: int = MAX_FILE_NUMBER
+) -> int | None:
+    """The integer field ``key`` within [low, high]; None when absent or null and not ``required``;
+    else one line naming the file and the field (a float, text, a boolean, a 400-digit number)."""
+    value = cfg.get(key)
+    expected = "a positive integer" if low == 1 else f"an integer of at least {low:,}"
+    if value is None:
+        if required:
+            raise StudyError(f"{where}: missing field '{key}' (expected {expected})")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise StudyError(f"{where}: field '{key}' is {type_name(value)} {_short(value)} (expected {expected})")
+    if value > high:
+        raise StudyError(f"{where}: field '{key}' is {_short(value)} (expected at most {high:,})")
+    if value < low:
+        raise StudyError(f"{where}: field '{key}' is {_short(value)} (expected {expected})")
+    return value
+
+
+def config_count(cfg: dict[str, Any], key: str, where: str, default: int = 0, low: int = 0) -> int:
+    """An optional count (experts, dense layers first, an interval): ``default`` when absent or null."""
+    value = config_int(cfg, key, where, required=False, low=low)
+    return default if value is None else value
+
+
+def _short(value: Any) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for text
+        return "a number of more than 4300 digits"
+    return text if len(text) <= 60 else text[:40] + f"... ({len(text):,} characters)"
+
 
 # Fields that do not change the KV layout (checked by name or by these endings), left out of the
 # "fields not understood" list of a refusal or an --assume warning.
@@ -42,3 +98,147 @@ def unread_fields(cfg: dict[str, Any]) -> list[str]:
     """Fields of a config that may shape its KV cache and that no rule here reads (at most 12)."""
     names = [str(k) for k in cfg if str(k) not in NEUTRAL_FIELDS and not any(part in str(k) for part in NEUTRAL_PARTS)]
     return names[:12] + ([f"... {len(names) - 12} more"] if len(names) > 12 else [])
+
+
+HF_QUANT_CONFIG = "hf_quant_config.json"
+
+
+def checkpoint_kv_dtype(config: dict[str, Any], folder: Path | None = None) -> tuple[str | None, str | None]:
+    """The KV dtype the checkpoint makes vLLM's ``--kv-cache-dtype auto`` store, and the file and field
+    that say so; (None, None) when 'auto' stays the model dtype. vLLM's rules (vllm/vllm/facts.py
+    KV_AUTO_FROM_CHECKPOINT): ModelOpt's ``kv_cache_quant_algo`` / ``kv_cache_scheme``, in config.json's
+    ``quantization_config`` or, when config.json has none, in ``hf_quant_config.json``; a compressed-tensors
+    ``kv_cache_scheme`` makes the attention layers store fp8."""
+    quant, where = config.get("quantization_config"), "config.json quantization_config"
+    if quant is None and folder is not None and (folder / HF_QUANT_CONFIG).is_file():
+        quant, where = read_json(folder / HF_QUANT_CONFIG), HF_QUANT_CONFIG
+    if not isinstance(quant, dict):
+        return None, None
+    nested_quant = quant.get("quantization")
+    inner: dict[str, Any] = nested_quant if isinstance(nested_quant, dict) else quant
+    producer = quant.get("producer")
+    method = str(quant.get("quant_method") or "").lower().replace("compressed_tensors", "compressed-tensors")
+    modelopt = method.startswith("modelopt") or (isinstance(producer, dict) and producer.get("name") == "modelopt")
+    if modelopt:
+        nested = "quantization." if inner is not quant else ""
+        for key in ("kv_cache_scheme", "kv_cache_quant_algo"):  # vLLM's order of looking
+            for holder, prefix in ((inner, nested), (quant, "")):
+                value = holder.get(key)
+                if not value:
+                    continue
+                field = f"{where} {prefix}{key}"
+                if isinstance(value, dict):
+                    bits, kind = value.get("num_bits"), value.get("type")
+                    if kind == "float" and bits == 8 and value.get("dynamic") is False:
+                        return "fp8_e4m3", f"{field} (float 8-bit)"
+                    if kind == "float" and bits == 4:
+                        return "nvfp4", f"{field} (float 4-bit)"
+                    return None, None
+                dtype = MODELOPT_KV_ALGO.get(str(value).lower())
+                return (dtype, f"{field} {str(value)[:20]!r}") if dtype else (None, None)
+        return None, None
+    if method == "compressed-tensors" and quant.get("kv_cache_scheme") is not None:
+        return "fp8", f"{where}.kv_cache_scheme (compressed-tensors)"
+    return None, None
+
+
+def max_positions(cfg: dict[str, Any]) -> int | None:
+    """``max_position_embeddings`` when it is a usable integer (the default request length), else None:
+    a config without a usable one gets its length from the caller (--max-model-len)."""
+    value = cfg.get("max_position_embeddings")
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_FILE_NUMBER
+    return value if ok else None
+
+
+# Fields a family's config may leave out, with the default its transformers config class applies.
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {
+        "sliding_window_pattern": 6,
+        "max_position_embeddings": 131072,
+        "vocab_size": 262208,
+        "tie_word_embeddings": True,
+    },
+    "gemma2": {"tie_word_embeddings": True},
+    "llama4_text": {"no_rope_layer_interval": 4},
+}
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config: ``text_config`` when nested, else the config."""
+    text = config.get("text_config")
+    merged = dict(config)
+    if isinstance(text, dict):
+        merged = {k: v for k, v in config.items() if k not in ("text_config", "vision_config", "audio_config")}
+        merged.update(text)
+    for key, value in FAMILY_DEFAULTS.get(str(merged.get("model_type")), {}).items():
+        if merged.get(key) is None:
+            merged[key] = value
+    return merged
+
+
+@overload
+def positive_int(cfg: dict[str, Any], key: str, where: str, required: Literal[True] = True) -> int: ...
+@overload
+def positive_int(cfg: dict[str, Any], key: str, where: str, required: bool) -> int | None: ...
+def positive_int(cfg: dict[str, Any], key: str, where: str, required: bool = True) -> int | None:
+    """A positive integer field, or a one-line StudyError naming the file and field (config_fields.config_int)."""
+    return config_int(cfg, key, where, required)
+
+
+def model_dtype(cfg: dict[str, Any], where: str) -> str:
+    """The dtype vLLM serves the model in with ``--dtype auto`` (and so what KV 'auto' stores)."""
+    value = cfg.get("torch_dtype", cfg.get("dtype"))
+    if value is None:
+        return "bfloat16"  # vLLM reads a missing torch_dtype as float32 and serves it in bfloat16
+    text = str(value).removeprefix("torch.")
+    if text in ("bfloat16", "float16"):
+        return text
+    if text == "float32":
+        return "bfloat16"  # vLLM serves float32 checkpoints in bfloat16 by default
+    raise StudyError(f"{where}: field 'torch_dtype' is {value!r} (expected bfloat16, float16 or float32)")
+
+
+# Nemotron-H's block names (transformers 5.19 NemotronHConfig: ``layers_block_type``, with the legacy
+# names ``mamba`` / ``attention`` remapped by configuration_utils._LEGACY_LAYER_TYPE_REMAP) as the
+# characters of the ``hybrid_override_pattern`` vLLM's nemotron_h.py reads (the config's property).
+NEMOTRON_H_BLOCKS = {
+    "linear_attention": "M",
+    "mamba": "M",
+    "full_attention": "*",
+    "attention": "*",
+    "mlp": "-",
+    "moe": "E",
+}
+
+
+def nemotron_h_pattern(cfg: dict[str, Any], where: str) -> str:
+    """nemotron_h.py's layer pattern: 'M' Mamba-2, '*' attention, '-' MLP, 'E' MoE, one per layer.
+
+    transformers 5 describes the layers with a ``layers_block_type`` list and derives
+    ``num_hidden_layers`` from its length (NemotronHConfig.num_hidden_layers ignores the field);
+    older configs give the ``hybrid_override_pattern`` string."""
+    blocks = cfg.get("layers_block_type")
+    if blocks is not None:
+        if not isinstance(blocks, list) or not 0 < len(blocks) <= MAX_LAYERS:
+            raise StudyError(
+                f"{where}: field 'layers_block_type' must list 1 to {MAX_LAYERS:,} block names "
+                f"({', '.join(NEMOTRON_H_BLOCKS)})"
+            )
+        for i, name in enumerate(blocks):
+            if not isinstance(name, str) or name not in NEMOTRON_H_BLOCKS:
+                raise StudyError(
+                    f"{where}: field 'layers_block_type[{i}]' is {repr(name)[:60]} (expected one of "
+                    f"{', '.join(NEMOTRON_H_BLOCKS)})"
+                )
+        return "".join(NEMOTRON_H_BLOCKS[name] for name in blocks)
+    pattern = cfg.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or not 0 < len(pattern) <= MAX_LAYERS:
+        raise StudyError(
+            f"{where}: field 'hybrid_override_pattern' must be a string of 1 to {MAX_LAYERS:,} characters "
+            "(M, *, -, E), or 'layers_block_type' a list of block names"
+        )
+    if set(pattern) - set("M*-E"):
+        raise StudyError(
+            f"{where}: field 'hybrid_override_pattern' has {sorted(set(pattern) - set('M*-E'))} (expected M, *, - or E)"
+        )
+    return pattern

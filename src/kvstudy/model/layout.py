@@ -24,12 +24,23 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.model.config_fields import unread_fields
+from kvstudy.limits import MAX_LAYERS
+from kvstudy.model.config_fields import (  # noqa: F401  (text_config, positive_int, model_dtype: re-exported)
+    FAMILY_DEFAULTS,
+    checkpoint_kv_dtype,
+    config_int,
+    max_positions,
+    model_dtype,
+    nemotron_h_pattern,
+    positive_int,
+    text_config,
+    unread_fields,
+)
 from kvstudy.model.folder import load_config
-from kvstudy.vllm.facts import KV_RULES_SOURCE, NEMOTRON_H_SSM_STATE_DTYPE
+from kvstudy.vllm.facts import INDEXER_QUANT_BLOCK, INDEXER_SCALE_BYTES, KV_RULES_SOURCE, NEMOTRON_H_SSM_STATE_DTYPE
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -37,9 +48,9 @@ CHUNKED = "chunked_local_attention"
 MLA = "mla"
 LINEAR = "linear_attention"  # any fixed-state layer (gated delta net, Mamba-1/2)
 SHARED = "kv_shared"  # reads another layer's KV, stores nothing
-LAYER_KINDS = (FULL, SLIDING, CHUNKED, MLA, LINEAR, SHARED)
+INDEXER = "indexer"  # sparse MLA's lightning-indexer keys: one fixed-size uint8 vector per token
+LAYER_KINDS = (FULL, SLIDING, CHUNKED, MLA, INDEXER, LINEAR, SHARED)
 
-MAX_LAYERS = 10_000  # no model has more decoder layers; a bound keeps a hostile config from filling memory
 
 # Values of `layer_types` in Hugging Face configs, mapped to the kinds above.
 LAYER_TYPE_NAMES: dict[str, str] = {
@@ -82,6 +93,8 @@ PLAIN_MODEL_TYPES: frozenset[str] = frozenset(
         "qwen3_vl",
         "qwen3_vl_text",
         "kimi_k25",
+        "qwen2_5_vl",  # qwen2_5_vl.py: the Qwen2 language model, plain GQA (text_config or top level)
+        "qwen2_5_vl_text",
     }
 )
 # Families with their own layer rules in this module.
@@ -104,26 +117,18 @@ SPECIAL_MODEL_TYPES: frozenset[str] = frozenset(
         "gemma4_text",
         "mimo_v2_flash",
         "nemotron-nas",
+        "deepseek_v32",
+        "glm_moe_dsa",
     }
 )
+# Sparse MLA with a lightning indexer (vllm/models/deepseek_v32: DeepSeek-V3.2 and GLM-5's glm_moe_dsa;
+# vllm/model_executor/models/deepseek_v2.py is_v32 = hasattr(config, "index_topk")).
+DSA_MODEL_TYPES = frozenset({"deepseek_v32", "glm_moe_dsa", "deepseek_v3"})
 GDN_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
 # Fields of layer kinds the rules do not model: a config with one is refused (vLLM's specs, where vLLM
 # can build the model, are the only source for it).
 UNMODELLED_FIELDS = ("index_topk", "compress_rates", "compress_rate_csa", "compress_ratios", "hc_mult")
 SUPPORTED_MODEL_TYPES: frozenset[str] = PLAIN_MODEL_TYPES | SPECIAL_MODEL_TYPES
-
-# Fields a family's config may leave out, with the default its transformers config class applies.
-FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": {
-        "sliding_window_pattern": 6,
-        "max_position_embeddings": 131072,
-        "vocab_size": 262208,
-        "tie_word_embeddings": True,
-    },
-    "gemma2": {"tie_word_embeddings": True},
-    "llama4_text": {"no_rope_layer_interval": 4},
-}
-
 
 # --------------------------------------------------------------------------- records
 
@@ -170,6 +175,7 @@ class LayerSpec:
     sliding_window: int | None = None  # window (sliding) or attention_chunk_size (chunked), tokens
     state: StateShape | None = None  # fixed-state layers
     state_dtypes: tuple[str | None, ...] = (None, None)  # conv / temporal; None: model dtype
+    stored_bytes: int = 0  # bytes per value whatever --kv-cache-dtype says (the indexer's uint8); 0: the KV dtype
 
     @property
     def values_per_token(self) -> int:
@@ -195,7 +201,8 @@ class ModelLayout:
     model_dtype: str  # bfloat16 / float16, the dtype "auto" resolves to
     layers: tuple[LayerSpec, ...]
     max_position_embeddings: int | None
-    kv_scheme_dtype: str | None = None  # a checkpoint-level KV dtype (compressed-tensors kv_cache_scheme)
+    kv_scheme_dtype: str | None = None  # what the checkpoint makes 'auto' store (checkpoint_kv_dtype)
+    kv_scheme_source: str | None = None  # the file and field that chose it
     warnings: tuple[str, ...] = ()  # e.g. a family assumed for an unknown model_type
     num_hidden_layers: int = 0  # decoder layers (some keep no cache: Nemotron-H MLP layers)
     notes: tuple[str, ...] = ()  # per-family facts worth showing (MTP layers not served, ...)
@@ -226,48 +233,6 @@ class ModelLayout:
 # --------------------------------------------------------------------------- config fields
 
 
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's part of a config: ``text_config`` when nested, else the config."""
-    text = config.get("text_config")
-    merged = dict(config)
-    if isinstance(text, dict):
-        merged = {k: v for k, v in config.items() if k not in ("text_config", "vision_config", "audio_config")}
-        merged.update(text)
-    for key, value in FAMILY_DEFAULTS.get(str(merged.get("model_type")), {}).items():
-        if merged.get(key) is None:
-            merged[key] = value
-    return merged
-
-
-@overload
-def positive_int(cfg: dict[str, Any], key: str, where: str, required: Literal[True] = True) -> int: ...
-@overload
-def positive_int(cfg: dict[str, Any], key: str, where: str, required: bool) -> int | None: ...
-def positive_int(cfg: dict[str, Any], key: str, where: str, required: bool = True) -> int | None:
-    """A positive integer field, or a one-line StudyError naming the file and field."""
-    value = cfg.get(key)
-    if value is None:
-        if required:
-            raise StudyError(f"{where}: missing field '{key}' (expected a positive integer)")
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise StudyError(f"{where}: field '{key}' is {value!r} (expected a positive integer)")
-    return value
-
-
-def model_dtype(cfg: dict[str, Any], where: str) -> str:
-    """The dtype vLLM serves the model in with ``--dtype auto`` (and so what KV 'auto' stores)."""
-    value = cfg.get("torch_dtype", cfg.get("dtype"))
-    if value is None:
-        return "bfloat16"  # vLLM reads a missing torch_dtype as float32 and serves it in bfloat16
-    text = str(value).removeprefix("torch.")
-    if text in ("bfloat16", "float16"):
-        return text
-    if text == "float32":
-        return "bfloat16"  # vLLM serves float32 checkpoints in bfloat16 by default
-    raise StudyError(f"{where}: field 'torch_dtype' is {value!r} (expected bfloat16, float16 or float32)")
-
-
 def _model_type(cfg: dict[str, Any], where: str, assume: str | None) -> tuple[str, str, tuple[str, ...]]:
     """(family whose rules apply, architecture, warnings)."""
     archs = cfg.get("architectures")
@@ -280,6 +245,8 @@ def _model_type(cfg: dict[str, Any], where: str, assume: str | None) -> tuple[st
         raise StudyError(f"assume {assume!r}: not a known family (expected one of {known})")
     if model_type in SUPPORTED_MODEL_TYPES:
         unmodelled = [f for f in UNMODELLED_FIELDS if cfg.get(f) is not None]
+        if model_type in DSA_MODEL_TYPES and cfg.get("kv_lora_rank") is not None:
+            unmodelled = [f for f in unmodelled if f != "index_topk"]
         if unmodelled and assume is None:
             raise StudyError(
                 f"{where}: the KV rules do not model field(s) {', '.join(unmodelled)} "
@@ -337,17 +304,8 @@ def _llama4_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]
 
 def _nemotron_h_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str | None]:
     """nemotron_h.py: 'M' Mamba-2, '*' attention, '-' MLP and 'E' MoE (no cache) per layer."""
-    pattern = cfg.get("hybrid_override_pattern")
-    if not isinstance(pattern, str) or len(pattern) != num_layers:
-        raise StudyError(
-            f"{where}: field 'hybrid_override_pattern' must be a string of {num_layers} characters (M, *, -, E)"
-        )
     table = {"M": LINEAR, "*": FULL, "-": None, "E": None}
-    if set(pattern) - set(table):
-        raise StudyError(
-            f"{where}: field 'hybrid_override_pattern' has {sorted(set(pattern) - set(table))} (expected M, *, - or E)"
-        )
-    return [table[c] for c in pattern]
+    return [table[c] for c in nemotron_h_pattern(cfg, where)]
 
 
 def _jamba_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
@@ -446,6 +404,34 @@ def state_shape(cfg: dict[str, Any], family: str, where: str) -> StateShape:
     return StateShape("mamba2", inner + 2 * groups * state, kernel, heads, head_dim, state, groups, inner)
 
 
+def indexer_layers(cfg: dict[str, Any], num_layers: int, where: str) -> list[LayerSpec]:
+    """Sparse MLA's indexer caches (vllm/models/deepseek_v32/attention.py, DeepseekV32IndexerCache in
+    vllm/model_executor/models/deepseek_v2.py): an MLAAttentionSpec of one uint8 vector per token,
+    ``index_head_dim`` fp8 values plus a 4-byte scale per 128 (quant_block_size), on every layer that
+    builds an indexer: all but those ``index_topk_pattern`` marks 'S', or without a pattern those where
+    ``max(i - index_skip_topk_offset + 1, 0) % index_topk_freq != 0`` (deepseek_v2.py DeepseekV2MLAAttention)."""
+    head = positive_int(cfg, "index_head_dim", where)
+    freq = config_int(cfg, "index_topk_freq", where, required=False) or 1
+    offset = config_int(cfg, "index_skip_topk_offset", where, required=False, low=0)
+    offset = 2 if offset is None else offset
+    pattern = cfg.get("index_topk_pattern")
+    if pattern is not None and not isinstance(pattern, (str, list)):
+        raise StudyError(
+            f"{where}: field 'index_topk_pattern' is {type(pattern).__name__} (expected a string or a list)"
+        )
+    size = head + head // INDEXER_QUANT_BLOCK * INDEXER_SCALE_BYTES
+    out = []
+    for i in range(num_layers):
+        skip = (
+            pattern[i] == "S"
+            if pattern is not None and i < len(pattern)
+            else pattern is None and max(i - offset + 1, 0) % freq != 0
+        )
+        if not skip:
+            out.append(LayerSpec(i, INDEXER, 1, size, 0, stored_bytes=1))
+    return out
+
+
 def _state_dtypes(cfg: dict[str, Any], family: str) -> tuple[str | None, str | None]:
     """(conv, temporal) state dtypes: the model dtype, except Nemotron-H's SSM state in float32
     unless its config says otherwise (vllm/model_executor/models/config.py NemotronHForCausalLMConfig)."""
@@ -484,12 +470,14 @@ def _attention_layer(
 
 
 def layout_from_config(config: dict[str, Any], where: str = "config.json", assume: str | None = None) -> ModelLayout:
-    """Turn a parsed config.json into the per-layer KV layout (no file access)."""
+    """Turn a parsed config.json into the per-layer KV layout (the only file read: ModelOpt's
+    hf_quant_config.json beside ``where``, when ``where`` is a file and config.json has no quantization_config)."""
     cfg = text_config(config)
     family, arch, warnings = _model_type(cfg, where, assume)
-    num_layers = positive_int(cfg, "num_hidden_layers", where)
-    if num_layers is not None and num_layers > MAX_LAYERS:
-        raise StudyError(f"{where}: field 'num_hidden_layers' is {num_layers} (expected at most {MAX_LAYERS:,})")
+    if family == "nemotron_h":  # the pattern's length, as transformers 5 derives num_hidden_layers
+        num_layers = len(nemotron_h_pattern(cfg, where))
+    else:
+        num_layers = config_int(cfg, "num_hidden_layers", where, high=MAX_LAYERS)
     dtype = model_dtype(cfg, where)
     kinds = layer_kinds(cfg, family, num_layers, where)
     flat = {k for ks in kinds for k in ks}
@@ -498,6 +486,9 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
         rank = positive_int(cfg, "kv_lora_rank", where)
         rope = positive_int(cfg, "qk_rope_head_dim", where)
         layers = [LayerSpec(i, MLA, 1, rank + rope, 0) for i in range(num_layers)]
+        if family in DSA_MODEL_TYPES and cfg.get("index_topk") is not None:
+            layers += indexer_layers(cfg, num_layers, where)
+            layers.sort(key=lambda layer: (layer.index, layer.kind == INDEXER))
     else:
         kv_heads, head_dim = attention_shape(cfg, where) if flat - {LINEAR} else (0, 0)
         window_key = "sliding_window_size" if cfg.get("sliding_window_size") else "sliding_window"
@@ -513,8 +504,9 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
                     limit = window if kind == SLIDING else chunk if kind == CHUNKED else None
                     heads_i, k_size, v_size = _attention_layer(cfg, family, i, kind, (kv_heads, head_dim), where)
                     layers.append(LayerSpec(i, kind, heads_i, k_size, v_size, limit))
-    max_pos = cfg.get("max_position_embeddings")
     name = Path(where).parent.name or Path(where).stem
+    # the checkpoint's KV choice: config.json, or the hf_quant_config.json beside a config file read from disk
+    scheme = checkpoint_kv_dtype(config, Path(where).parent if Path(where).is_file() else None)
     return ModelLayout(
         name=name,
         config_path=str(where),
@@ -522,8 +514,9 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
         architecture=arch,
         model_dtype=dtype,
         layers=tuple(layers),
-        max_position_embeddings=max_pos if isinstance(max_pos, int) else None,
-        kv_scheme_dtype=_kv_scheme_dtype(config),
+        max_position_embeddings=max_positions(text_config(config)),
+        kv_scheme_dtype=scheme[0],
+        kv_scheme_source=scheme[1],
         warnings=warnings,
         num_hidden_layers=num_layers,
         notes=_family_notes(cfg, family) + (STATE_RESERVE_NOTE,) * any(l.kind == LINEAR for l in layers),
@@ -546,19 +539,21 @@ def _family_notes(cfg: dict[str, Any], family: str) -> tuple[str, ...]:
             f"{mtp} MTP layer(s) (num_nextn_predict_layers) are not counted: vLLM builds them only "
             "with speculative decoding (--speculative-config)"
         )
+    if family in DSA_MODEL_TYPES and cfg.get("index_topk") is not None:
+        notes.append(
+            "sparse MLA: each indexer layer also keeps its keys, uint8 at any --kv-cache-dtype (kind 'indexer'); "
+            "a quantized --kv-cache-dtype is stored as fp8_ds_mla, 656 B per token per layer, by CUDA's "
+            "FLASHMLA_SPARSE backend (vllm/model_executor/layers/attention/mla_attention.py)"
+            + (
+                "; on Blackwell (SM10x) vLLM makes 'auto' fp8_e4m3 itself (models/config.py)"
+                if family == "glm_moe_dsa"
+                else ""
+            )
+        )
     shared = cfg.get("num_kv_shared_layers")
     if family in ("gemma3n", "gemma3n_text") and shared:
         notes.append(f"the last {shared} layers reuse an earlier layer's KV and store nothing (gemma3n.py)")
     return tuple(notes)
-
-
-def _kv_scheme_dtype(config: dict[str, Any]) -> str | None:
-    """fp8 when the checkpoint's config declares an 8-bit float KV scheme (compressed-tensors)."""
-    quant = config.get("quantization_config")
-    scheme = quant.get("kv_cache_scheme") if isinstance(quant, dict) else None
-    if isinstance(scheme, dict) and scheme.get("num_bits") == 8 and scheme.get("type") == "float":
-        return "fp8"
-    return None
 
 
 def load_layout(model: str | Path | ModelLayout, assume: str | None = None) -> ModelLayout:

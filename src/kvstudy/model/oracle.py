@@ -1,11 +1,12 @@
 """A model's KV layout from vLLM's own specs where vLLM can build it, else from the project's rules.
 
-``resolve_layouts`` asks vLLM first (``kvstudy.vllm.kv_specs``: the model built on the meta device,
-every layer's ``get_kv_cache_spec``), turns the specs into the same :class:`ModelLayout` the rules
-produce, and marks it ``source = "vLLM 0.32 kv cache specs"``. Where vLLM is not installed, is
-turned off (``KVSTUDY_NO_VLLM=1``) or cannot build the model, the rules of ``kvstudy.model.layout``
-answer (``source = "kvstudy rules"``) and a note says why vLLM did not. A model neither can read is
-refused in one line naming both reasons. ``--assume`` bypasses vLLM: the rules of the family named.
+``resolve_layouts`` answers with the rules of ``kvstudy.model.layout`` (``source = "kvstudy rules"``)
+wherever they know the family, and asks vLLM (``kvstudy.vllm.kv_specs``: the model built on the meta
+device, every layer's ``get_kv_cache_spec``; the answer kept on disk per config and vLLM version) only
+where they cannot: the specs become the same :class:`ModelLayout`, marked ``source = "vLLM 0.32 kv
+cache specs"``. ``tests/unit/model/test_oracle.py`` keeps comparing the two on every fixture. A model
+neither can read is refused in one line naming both reasons (the family among them). ``--assume``
+bypasses vLLM: the rules of the family named. ``KVSTUDY_VLLM_SPECS=always`` asks vLLM for every model.
 
 The tensor-parallel sizes vLLM refuses (``ModelConfig.verify_with_parallel_config``: attention heads
 divisible by TP; ``QKVParallelLinear``: TP divides the KV heads or they divide TP) are kept in
@@ -15,14 +16,18 @@ divisible by TP; ``QKVParallelLinear``: TP divides the KV heads or they divide T
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.limits import MAX_LAYERS
+from kvstudy.model.config_fields import checkpoint_kv_dtype, max_positions
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import (
     CHUNKED,
     FULL,
+    INDEXER,
     LINEAR,
     MLA,
     SHARED,
@@ -34,7 +39,7 @@ from kvstudy.model.layout import (
     text_config,
 )
 from kvstudy.vllm.facts import KV_SPECS_SOURCE
-from kvstudy.vllm.kv_specs import read_specs
+from kvstudy.vllm.kv_specs import oracle_disabled, read_specs
 
 SPEC_KINDS = {
     "FullAttentionSpec": FULL,
@@ -44,6 +49,10 @@ SPEC_KINDS = {
     "MambaSpec": LINEAR,
 }
 DEFAULT_TPS = (1, 2, 4, 8)
+RULES_KNOW = (
+    "the rules know this family (vLLM's specs are asked only where they cannot answer, or with "
+    "KVSTUDY_VLLM_SPECS=always; tests/unit/model/test_oracle.py compares both)"
+)
 
 
 def tp_problem(config: dict[str, Any], tp: int) -> str | None:
@@ -71,6 +80,12 @@ def _state(records: dict[int, dict[str, Any]]) -> tuple[StateShape, tuple[str | 
     return StateShape("specs", 0, 0, 0, 0, 0, by_tp=by_tp), tuple(first["dtypes"])
 
 
+def _layer_count(config: dict[str, Any]) -> int:
+    """The config's num_hidden_layers where it is a usable count, else 0 (the specs' last index then counts)."""
+    value = text_config(config).get("num_hidden_layers")
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_LAYERS else 0
+
+
 def layout_from_specs(
     answer: dict[str, Any], rules: ModelLayout | None, where: str, config: dict[str, Any]
 ) -> ModelLayout:
@@ -94,6 +109,9 @@ def layout_from_specs(
             state, dtypes = _state(per_tp)
             layers.append(LayerSpec(index, LINEAR, state=state, state_dtypes=dtypes))
             continue
+        if kind == MLA and record.get("dtype") == "uint8" and "k_cache" in str(record.get("name")):
+            layers.append(LayerSpec(index, INDEXER, 1, record.get("head_size", 0), 0, stored_bytes=1))
+            continue  # the sparse-MLA indexer's keys (DeepseekV32IndexerCache)
         if record.get("dtype") not in ("bfloat16", "float16", "float32"):
             raise StudyError(f"{where}: vLLM's spec of {record['name']} stores {record.get('dtype')} (not modelled)")
         window = record.get("sliding_window") if kind == SLIDING else record.get("attention_chunk_size")
@@ -108,7 +126,7 @@ def layout_from_specs(
         for tp, r in ordered
         if "error" in r and not r.get("refused")
     )
-    max_pos = text_config(config).get("max_position_embeddings")
+    scheme = checkpoint_kv_dtype(config, Path(where).parent if Path(where).is_file() else None)
     base = rules or ModelLayout(
         name=Path(where).parent.name or Path(where).stem,
         config_path=where,
@@ -116,8 +134,10 @@ def layout_from_specs(
         architecture=answer["architecture"],
         model_dtype=first["model_dtype"] if first["model_dtype"] in ("bfloat16", "float16") else "bfloat16",
         layers=(),
-        max_position_embeddings=max_pos if isinstance(max_pos, int) else None,
-        num_hidden_layers=int(text_config(config).get("num_hidden_layers") or 0),
+        max_position_embeddings=max_positions(text_config(config)),
+        num_hidden_layers=max(_layer_count(config), max((layer.index for layer in layers), default=-1) + 1),
+        kv_scheme_dtype=scheme[0],
+        kv_scheme_source=scheme[1],
     )
     notes = tuple(answer.get("notes") or ()) + unbuilt
     return dataclasses.replace(
@@ -141,7 +161,10 @@ def resolve_layouts(
         except StudyError as exc:
             rules, reason = None, str(exc)
         loaded.append((str(path), config, rules, reason))
-    asked = [(where, config) for where, config, rules, _ in loaded if config and assume is None]
+    always = os.environ.get("KVSTUDY_VLLM_SPECS", "") == "always"
+    asked = [
+        (where, config) for where, config, rules, _ in loaded if config and assume is None and (always or not rules)
+    ]
     answers = read_specs(asked, tps) if asked else {}
     out = []
     for where, config, rules, reason in loaded:
@@ -156,7 +179,7 @@ def resolve_layouts(
                 continue
             except StudyError as exc:
                 answer = {"ok": False, "error": str(exc)}
-        why = "--assume given" if assume else (answer or {}).get("error", "vLLM not asked")
+        why = "--assume given" if assume else (answer or {}).get("error") or oracle_disabled() or RULES_KNOW
         if rules is None:
             raise StudyError(f"{reason}; vLLM could not read it either ({why})")
         refused = tuple((tp, p) for tp in tps if (p := tp_problem(config, tp)))

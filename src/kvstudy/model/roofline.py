@@ -30,6 +30,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import GpuSpec, find_gpu
+from kvstudy.limits import MAX_FILE_NUMBER
 from kvstudy.model.capacity import KVFootprint, kv_footprint, layer_bytes_per_token
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import ModelLayout, load_layout
@@ -215,7 +216,7 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
 def _int_field(cfg: dict[str, Any], *keys: str) -> int | None:
     for key in keys:
         value = cfg.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_FILE_NUMBER:
             return value
     return None
 

@@ -88,10 +88,18 @@ def _forcing_verdicts(report: ScaleReport) -> list[str]:
                 "them; a backend that takes one scale per layer uses the largest head's scale."
             )
     if report.kv_cache_quant_algo is not None:
+        sidecar = report.kv_cache_quant_algo_file != "config.json" and report.kv_scheme is None
         out.append(
             f"{report.kv_cache_quant_algo_file} declares kv_cache_quant_algo {report.kv_cache_quant_algo}: "
             f"from vLLM 0.14, --kv-cache-dtype auto resolves to it ({report.kv_cache_quant_algo.lower()}); "
             "0.11 with 'auto' stays BF16."
+            + (
+                " This is the config.json trap in its ModelOpt form: config.json itself declares no KV dtype, "
+                "the hf_quant_config.json beside it does, so a study that reads only config.json would call "
+                "this 'auto' cache 16-bit (kvstudy capacity counts 'auto' as FP8 here)."
+                if sidecar
+                else ""
+            )
         )
     if report.kv_cache_dtype_in_config is not None:
         out.append(

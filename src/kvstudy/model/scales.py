@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from kvstudy.errors import StudyError
-from kvstudy.io import parse_json_text, read_bytes_checked
-from kvstudy.limits import check_numbers
+from kvstudy.io import parse_json_text, read_bytes_checked, read_json_object, type_name
+from kvstudy.limits import MAX_LAYERS
+from kvstudy.model.config_fields import checkpoint_kv_dtype, config_int
 from kvstudy.model.folder import resolve_model_path
 from kvstudy.model.safetensors import SafetensorsHeader, read_header, read_tensor
 from kvstudy.model.scale_records import ScaleReport, ScaleTensor, _json_number, declared_kv_dtype
@@ -84,7 +85,7 @@ def _inside(folder: Path, name: str, index: Path, report: ScaleReport) -> Path |
     return folder / name
 
 
-def _kv_dtype_in_config(config: dict[str, Any]) -> tuple[str | None, str | None]:
+def _kv_dtype_in_config(config: dict[str, Any]) -> tuple[Any, str | None]:
     places: list[tuple[str, Any]] = [("kv_cache_dtype", config.get("kv_cache_dtype"))]
     text_config = config.get("text_config")
     if isinstance(text_config, dict):
@@ -94,7 +95,7 @@ def _kv_dtype_in_config(config: dict[str, Any]) -> tuple[str | None, str | None]
         places.append(("quantization_config.kv_cache_dtype", qc.get("kv_cache_dtype")))
     for where, value in places:
         if value is not None:
-            return str(value), where
+            return value, where
     return None, None
 
 
@@ -120,18 +121,25 @@ def _read_config(folder: Path, report: ScaleReport) -> None:
     if not isinstance(config, dict):
         report.errors.append(f"{path}: expected a JSON object at the top level, got {type(config).__name__}")
         return
-    try:
-        check_numbers(config, str(path))
+    try:  # the fields read here, checked here (the rest of the config is not this command's business)
+        kv_dtype, kv_field = _kv_dtype_in_config(config)
+        dtype = _first(config, "torch_dtype", "dtype")
+        for name, value in (("torch_dtype", dtype), (kv_field, kv_dtype)):
+            if value is not None and not isinstance(value, str):
+                raise StudyError(
+                    f"{path}: field '{name}' is {type_name(value)} {repr(value)[:40]} (expected a dtype name)"
+                )
+        shape = {k: _first(config, k) for k in ("num_hidden_layers", "num_key_value_heads")}
+        layers = config_int(shape, "num_hidden_layers", str(path), required=False, high=MAX_LAYERS)
+        heads = config_int(shape, "num_key_value_heads", str(path), required=False)
     except StudyError as exc:
         report.errors.append(str(exc))
+        report.files_unread.append(str(path))
         return
     report.config_read = True
-    report.kv_cache_dtype_in_config, report.kv_cache_dtype_field = _kv_dtype_in_config(config)
-    dtype = _first(config, "torch_dtype", "dtype")
-    report.torch_dtype = str(dtype) if dtype is not None else None
-    layers, heads = _first(config, "num_hidden_layers"), _first(config, "num_key_value_heads")
-    report.num_hidden_layers = layers if isinstance(layers, int) else None
-    report.num_key_value_heads = heads if isinstance(heads, int) else None
+    report.kv_cache_dtype_in_config, report.kv_cache_dtype_field = kv_dtype, kv_field
+    report.torch_dtype = dtype
+    report.num_hidden_layers, report.num_key_value_heads = layers, heads
     qc = config.get("quantization_config")
     if qc is None:
         return
@@ -184,8 +192,11 @@ def scale_kinds(name: str) -> tuple[tuple[str, ...], str] | None:
 
 
 def layer_of(name: str) -> int | None:
+    """The layer index in a tensor name; None when there is none or it is past any model's layers."""
     match = _LAYER_RE.search("." + name)
-    return int(match.group(1)) if match else None
+    if not match or len(match.group(1)) > len(str(MAX_LAYERS)):
+        return None
+    return int(match.group(1))
 
 
 def _check_values(name: str, file: str, values: np.ndarray, report: ScaleReport) -> None:
@@ -212,6 +223,13 @@ def _collect_scales(header: SafetensorsHeader, names: Iterable[str], folder: Pat
         if matched is None:
             continue
         kinds, style = matched
+        digits = _LAYER_RE.search("." + name)
+        if digits and layer_of(name) is None:
+            report.errors.append(
+                f"{header.path}: tensor {name[:80]}...: a layer number of {len(digits.group(1)):,} digits "
+                f"(expected a layer below {MAX_LAYERS:,}); not read"
+            )
+            continue
         tensor = read_tensor(header, name, report)
         if tensor is None:
             continue
@@ -376,6 +394,10 @@ def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> li
         report = _empty_report(str(folder), folder)
         _read_config(folder, report)
         _read_hf_quant_config(folder, report)
+        try:  # what vLLM's 'auto' stores, from config.json or the hf_quant_config.json beside it
+            chosen = checkpoint_kv_dtype(read_json_object(config), folder)
+        except StudyError:
+            chosen = (None, None)
         row: dict[str, Any] = {
             "config": str(config),
             "kv_cache_dtype": report.kv_cache_dtype_in_config,
@@ -383,6 +405,8 @@ def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> li
             "kv_cache_scheme": json.dumps(report.kv_scheme, sort_keys=True) if report.kv_scheme else None,
             "kv_cache_quant_algo": report.kv_cache_quant_algo,
             "declared": declared_kv_dtype(report),
+            "auto_stores": chosen[0],
+            "auto_chosen_by": chosen[1],
             "log": None,
             "log_kv_dtype": None,
             "log_scale_warning": None,

@@ -24,6 +24,8 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
+from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR, MAX_FILE_NUMBER, MAX_LAYERS
+from kvstudy.model.config_fields import config_count, config_int, nemotron_h_pattern
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import (
     LINEAR,
@@ -106,7 +108,9 @@ def _attention_parameters(cfg: dict[str, Any], layer: LayerSpec, hidden: int, he
 
 def _experts(cfg: dict[str, Any]) -> int:
     value = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_EXPERTS:
+        return value
+    return 0
 
 
 def expert_routing(config: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -134,16 +138,16 @@ def _matrices(cfg: dict[str, Any], where: str) -> int:
 def _mlp_parameters(cfg: dict[str, Any], index: int, hidden: int, where: str) -> tuple[int, int]:
     """(dense or shared MLP parameters, routed-expert parameters) of one layer."""
     experts = _experts(cfg)
-    dense_first = cfg.get("first_k_dense_replace") or 0
-    step = cfg.get("interleave_moe_layer_step") or 1
+    dense_first = config_count(cfg, "first_k_dense_replace", where)
+    step = config_count(cfg, "interleave_moe_layer_step", where, default=1, low=1)
     mats = _matrices(cfg, where)
     if experts and index >= dense_first and (index + 1) % step == 0:
         key = "moe_intermediate_size" if cfg.get("moe_intermediate_size") is not None else "intermediate_size"
         expert_size = positive_int(cfg, key, where)
-        shared = cfg.get("n_shared_experts") or 0
+        shared = config_count(cfg, "n_shared_experts", where)
         shared_size = (
-            cfg.get("shared_expert_intermediate_size")
-            or cfg.get("moe_shared_expert_intermediate_size")
+            config_count(cfg, "shared_expert_intermediate_size", where)
+            or config_count(cfg, "moe_shared_expert_intermediate_size", where)
             or shared * expert_size
         )
         latent = positive_int(cfg, "moe_latent_size", where, required=False)
@@ -154,9 +158,25 @@ def _mlp_parameters(cfg: dict[str, Any], index: int, hidden: int, where: str) ->
     size = cfg.get(key)
     if isinstance(size, list) and size:  # gemma-3n: one width per layer
         size = size[index] if index < len(size) else size[-1]
-    if not isinstance(size, int) or size <= 0:
-        raise StudyError(f"{where}: field '{key}' is {size!r} (expected a positive integer)")
-    return mats * hidden * size, 0
+    return mats * hidden * config_int({key: size}, key, where), 0
+
+
+def _nas_mlp_parameters(cfg: dict[str, Any], index: int, hidden: int, where: str) -> int:
+    """nemotron_nas.py: a block's MLP is absent when ``ffn.no_op``, else gated and of width
+    ``_ffn_mult_to_intermediate_size(ffn_mult, hidden)``: int(2 * ffn_mult * hidden / 3) rounded up to 256."""
+    blocks = cfg.get("block_configs")
+    block = blocks[index] if isinstance(blocks, list) and index < len(blocks) else None
+    ffn = block.get("ffn") if isinstance(block, dict) else None
+    field = f"block_configs[{index}].ffn"
+    if not isinstance(ffn, dict):
+        raise StudyError(f"{where}: field '{field}' is missing (expected an object with ffn_mult or no_op)")
+    if ffn.get("no_op"):
+        return 0
+    mult = ffn.get("ffn_mult")
+    if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not 0 < mult <= MAX_FACTOR:
+        raise StudyError(f"{where}: field '{field}.ffn_mult' is {repr(mult)[:40]} (expected a positive number)")
+    width = -(-int(2 * mult * hidden / 3) // 256) * 256
+    return _matrices(cfg, where) * hidden * width
 
 
 def _tower_parameters(tower: Any) -> int:
@@ -166,7 +186,7 @@ def _tower_parameters(tower: Any) -> int:
     hidden = tower.get("hidden_size") or tower.get("width") or 0
     depth = tower.get("num_hidden_layers") or tower.get("depth") or tower.get("num_layers") or 0
     mlp = tower.get("intermediate_size") or 4 * hidden
-    if not all(isinstance(v, int) and v > 0 for v in (hidden, depth, mlp)):
+    if not all(isinstance(v, int) and 0 < v <= MAX_FILE_NUMBER for v in (hidden, depth, mlp)):
         return 0
     return depth * (4 * hidden * hidden + 2 * hidden * mlp)
 
@@ -193,13 +213,15 @@ def parameter_parts(
         if layer.kind == SHARED:
             continue
         parts["attention"] += _attention_parameters(cfg, layer, hidden, heads, where)
-    num_layers = positive_int(cfg, "num_hidden_layers", where)
+    pattern = nemotron_h_pattern(cfg, where) if layout.model_type == "nemotron_h" else None
+    num_layers = len(pattern) if pattern else config_int(cfg, "num_hidden_layers", where, high=MAX_LAYERS)
     for index in range(num_layers):
-        if layout.model_type == "nemotron_h":
-            pattern = str(cfg.get("hybrid_override_pattern", ""))
-            if index < len(pattern) and pattern[index] not in "-E":
-                continue
-        dense, experts = _mlp_parameters(cfg, index, hidden, where)
+        if pattern and pattern[index] not in "-E":
+            continue
+        if layout.model_type == "nemotron-nas":
+            dense, experts = _nas_mlp_parameters(cfg, index, hidden, where), 0
+        else:
+            dense, experts = _mlp_parameters(cfg, index, hidden, where)
         parts["mlp"] += dense
         parts["experts"] += experts
     for key in ("vision_config", "audio_config"):

@@ -49,11 +49,33 @@ DTYPE_BYTES: dict[str, Fraction] = {
     "nvfp4": Fraction(1, 2) + Fraction(1, 16),
 }
 
+# What ``--kv-cache-dtype auto`` stores when the checkpoint chooses (vLLM 0.32): config.json's
+# ``quantization_config`` or, where config.json has none, ModelOpt's ``hf_quant_config.json`` beside it
+# becomes ``hf_config.quantization_config`` (vllm/transformers_utils/config.py); a ModelOpt producer sets
+# ``quant_method`` modelopt (vllm/transformers_utils/model_arch_config_convertor.py
+# _normalize_quantization_config); for modelopt, ``resolve_kv_cache_dtype_string`` (vllm/utils/torch_utils.py,
+# called by EngineArgs.create_engine_config in vllm/engine/arg_utils.py) turns ``kv_cache_scheme`` (float
+# 8-bit, not dynamic: fp8; float 4-bit: nvfp4) or ``kv_cache_quant_algo`` into the cache dtype through
+# MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP below; for compressed-tensors, any ``kv_cache_scheme`` makes the
+# attention layer store ``fp8`` when the flag is 'auto' (vllm/model_executor/layers/attention/attention.py).
+MODELOPT_KV_ALGO: dict[str, str] = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
+KV_AUTO_FROM_CHECKPOINT_SOURCE = "vllm/utils/torch_utils.py resolve_kv_cache_dtype_string"
+
 # MLA-only cache formats with a fixed size per token per layer, whatever the latent size
-# (vllm/v1/attention/backends/mla/flashmla_sparse.py: 656 bytes for fp8_ds_mla; the 352 bytes of
-# nvfp4_ds_mla are the study's reading of the same layout at 4 bits, not confirmed by a run).
-# vLLM uses them only with sparse MLA attention (DeepSeek-V3.2), not for dense DeepSeek-V3.
+# (vllm/model_executor/layers/attention/mla_attention.py MLAAttention.get_kv_cache_spec:
+# ``state_content_bytes={"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}``; layout in
+# vllm/v1/attention/backends/mla/flashmla_sparse.py). vLLM uses them only with sparse MLA attention
+# (DeepSeek-V3.2, GLM-5), not for dense DeepSeek-V3.
 MLA_SPECIAL_BYTES: dict[str, int] = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
+# On sparse MLA (the FLASHMLA_SPARSE backend of CUDA), any other quantized --kv-cache-dtype (fp8,
+# fp8_e4m3, ...) is stored as fp8_ds_mla (mla_attention.py _canonicalize_sparse_mla_kv_cache_dtype).
+SPARSE_MLA_QUANTIZED_AS = "fp8_ds_mla"
+# The sparse-MLA indexer's key cache (vllm/models/deepseek_v32/attention.py DeepseekV32Indexer,
+# DeepseekV32IndexerCache in vllm/model_executor/models/deepseek_v2.py): per token and indexer layer one
+# uint8 vector of index_head_dim fp8 values plus a 4-byte float32 scale per quant_block_size (128) values,
+# stored so whatever --kv-cache-dtype says and kept whole on every GPU (max_tp_shards=1).
+INDEXER_QUANT_BLOCK = 128
+INDEXER_SCALE_BYTES = 4
 
 # What vLLM uses when the flags are left alone, per device. CUDA: block size 16
 # (vllm/config/cache.py) and, for sliding-window layers, the tokens that can be in flight: the API

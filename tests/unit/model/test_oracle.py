@@ -29,8 +29,9 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "models"
 BUNDLED = Path(__file__).resolve().parents[3] / "data" / "models"
 MODELS = sorted(p for folder in (FIXTURES, BUNDLED) for p in folder.iterdir() if (p / "config.json").is_file())
 TPS = (1, 2, 8)
-# Families the rules do not model (sparse MLA with an indexer, compressed attention): refused in one line.
-RULES_REFUSE = {"DeepSeek-V3.2", "GLM-5", "DeepSeek-V4-Flash"}
+# Families the rules do not model (DeepSeek-V4's compressed attention): refused in one line. Sparse MLA
+# with an indexer (DeepSeek-V3.2, GLM-5) has its own rule since issue 30.
+RULES_REFUSE = {"DeepSeek-V4-Flash"}
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
@@ -50,6 +51,7 @@ def vllm_answers() -> dict[str, dict[str, object]]:
         pytest.skip("vLLM is not installed here")
     mp = pytest.MonkeyPatch()
     mp.delenv("KVSTUDY_NO_VLLM", raising=False)
+    mp.setenv("KVSTUDY_VLLM_SPECS_TIMEOUT", "3600")  # one child builds every config at 3 TP sizes
     try:
         return kv_specs.read_specs([(str(p), json.loads((p / "config.json").read_text())) for p in MODELS], TPS)
     finally:
