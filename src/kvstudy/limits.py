@@ -38,6 +38,7 @@ MAX_SECONDS = 7 * 24 * 3600.0  # a timeout or interval: one week
 MAX_BANDWIDTH_GB_S = 1e6  # memory bandwidth in GB/s (a GPU's is a few thousand)
 MAX_FACTOR = 1e6  # a scale, a multiplier or a characters-per-token figure
 MAX_THREADS = 4096  # CPU threads of one run
+MAX_EXTENDS = 32  # profiles in one `extends` chain
 MAX_FILE_NUMBER = 2**53  # any number read from a config, a result or a sample file: past it a float loses units
 
 
