@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import REPO_ROOT, read_json
+from kvstudy.io import REPO_ROOT, is_finite_number, read_json, type_name
 
 # Topics in the order the card shows them, with the notebook that states each.
 TOPICS = {
@@ -211,10 +211,43 @@ def read_card(profile: str, root: Path = REPO_ROOT) -> Card:
     path = root / "reports" / profile / "status.json"
     if not path.is_file():
         raise StudyError(f"{path}: no rendered reports for profile {profile!r} (run `make all PROFILE={profile}`)")
+    return card_from_status(profile, read_status(path), list(data["notebooks"]))
+
+
+# The fields of a status entry a reader uses, and the JSON types each may have.
+_ENTRY_TEXT = ("rendered", "error", "finding", "needs", "failed_html")
+_VERDICT_TEXT = ("topic", "state", "text", "next_step")
+
+
+def read_status(path: Path) -> dict[str, dict[str, Any]]:
+    """``status.json`` as a render wrote it: an object of notebook -> entry, each entry an object whose
+    texts are strings (or null), ``seconds`` a number and ``verdicts`` a list of objects; else one
+    line naming the file and the field (the card and the index read nothing unchecked)."""
     status = read_json(path)
     if not isinstance(status, dict):
-        raise StudyError(f"{path}: expected a JSON object (the render's status)")
-    return card_from_status(profile, status, list(data["notebooks"]))
+        raise StudyError(f"{path}: expected a JSON object (the render's status), got {type_name(status)}")
+    for stem, entry in status.items():
+        where = f"{path}: {str(stem)[:80]}"
+        if not isinstance(entry, dict):
+            raise StudyError(f"{where}: expected a status entry (a JSON object), got {type_name(entry)}")
+        for key in _ENTRY_TEXT:
+            if entry.get(key) is not None and not isinstance(entry[key], str):
+                raise StudyError(f"{where}.{key}: expected a string or null, got {type_name(entry[key])}")
+        seconds = entry.get("seconds")
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))):
+            raise StudyError(f"{where}.seconds: expected a number or null, got {type_name(seconds)}")
+        verdicts = entry.get("verdicts")
+        if verdicts is not None and not isinstance(verdicts, list):
+            raise StudyError(f"{where}.verdicts: expected a list of verdicts, got {type_name(verdicts)}")
+        for i, v in enumerate(verdicts or []):
+            if not isinstance(v, dict):
+                raise StudyError(f"{where}.verdicts[{i}]: expected a verdict (a JSON object), got {type_name(v)}")
+            for key in _VERDICT_TEXT:
+                if v.get(key) is not None and not isinstance(v[key], str):
+                    raise StudyError(f"{where}.verdicts[{i}].{key}: expected a string, got {type_name(v[key])}")
+            if v.get("facts") is not None and not isinstance(v["facts"], dict):
+                raise StudyError(f"{where}.verdicts[{i}].facts: expected an object, got {type_name(v['facts'])}")
+    return status
 
 
 def card_from_status(profile: str, status: dict[str, Any], stems: list[str]) -> Card:
@@ -228,10 +261,19 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str]) -> 
     return Card(profile, facts.get("model"), decide(lines, guidance), tuple(lines), tuple(guidance))
 
 
+def _finite_or_null(data: Any) -> Any:
+    """``data`` with every NaN or infinity replaced by null (JSON has no word for them)."""
+    if isinstance(data, dict):
+        return {k: _finite_or_null(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite_or_null(v) for v in data]
+    return None if isinstance(data, float) and not is_finite_number(data) else data
+
+
 def _cmd(args: argparse.Namespace) -> int:
     card = read_card(args.profile)
     if args.json:
-        print(json.dumps(asdict(card), indent=1))
+        print(json.dumps(_finite_or_null(asdict(card)), indent=1, allow_nan=False))  # NaN is not JSON
         return 0
     print(f"profile {card.profile}, model {card.model or 'not named'}")
     print(f"decision: {card.decision}")

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from kvstudy.decision import read_status
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import REPO_ROOT, read_json, read_text_checked, without_machine_paths, write_text_atomic
 from kvstudy.notebook import GIVEN_ENV
@@ -246,7 +248,17 @@ def profile_lock(reports_dir: Path, profile: str) -> Iterator[None]:
     """Hold ``reports/.<profile>.lock``; a second run of the same profile is refused with a message."""
     reports_dir.mkdir(parents=True, exist_ok=True)
     path = reports_dir / f".{profile}.lock"
-    with open(path, "a+") as handle:
+    try:  # never through a link: a planted one would have the pid written into the file it names
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise StudyError(
+            f"{path}: cannot be used as the render's lock ({'a symbolic link' if path.is_symlink() else exc.strerror}); "
+            f"expected a plain file: remove it and run again"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StudyError(f"{path}: not a plain file; expected the render's lock file: remove it and run again")
+    with open(fd, "r+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -266,12 +278,19 @@ def profile_lock(reports_dir: Path, profile: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _read_status(out_dir: Path) -> dict[str, Any]:
-    try:
-        data = read_json(out_dir / STATUS_FILE)
-    except StudyError:  # absent or unreadable: the index is rebuilt from what this run renders
+def _read_status(out_dir: Path, profile: str) -> dict[str, Any]:
+    """The last render's status entries; a torn or tampered ``status.json`` is said in one line and
+    rebuilt from the reports on disk (``status_from_reports``), never silently."""
+    path = out_dir / STATUS_FILE
+    if not path.exists() and not path.is_symlink():
         return {}
-    return data if isinstance(data, dict) else {}
+    try:
+        return read_status(path)
+    except StudyError as exc:
+        print(
+            f"[{profile}] {without_machine_paths(str(exc))[:300]}; rebuilding it from the reports on disk", flush=True
+        )
+        return {}
 
 
 def _publish(run: NotebookRun, stage: Path, out_dir: Path) -> dict[str, Any]:
@@ -383,7 +402,7 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
     with profile_lock(reports_dir, profile):
         out_dir.mkdir(parents=True, exist_ok=True)
         clean_staging(reports_dir, profile)
-        status = _read_status(out_dir)
+        status = _read_status(out_dir, profile)
         (reports_dir / STAGING_DIR / profile).mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(dir=reports_dir / STAGING_DIR / profile))
         try:
@@ -431,6 +450,16 @@ def _cmd_render(args: argparse.Namespace) -> int:
     return report_failures(run_profile(args.profile, only=args.only))
 
 
+class _Once(argparse.Action):
+    """An option that may be given once: a second ``--profile`` (smuggled in through ``ONLY=``) is refused."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        if getattr(namespace, f"_{self.dest}_given", False):
+            parser.error(f"{option_string} given twice; expected it once (notebook names go after --only)")
+        setattr(namespace, f"_{self.dest}_given", True)
+        setattr(namespace, self.dest, values)
+
+
 def register(subparsers: Any) -> None:
     """Add ``kvstudy render``."""
     parser = subparsers.add_parser(
@@ -439,7 +468,9 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--profile", default="reference", help="a file in profiles/ without .yaml")
+    parser.add_argument(
+        "--profile", default="reference", action=_Once, help="a file in profiles/ without .yaml (given once)"
+    )
     parser.add_argument(
         "--only",
         nargs="*",

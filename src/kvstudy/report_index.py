@@ -84,7 +84,7 @@ def _line(stem: str, entry: dict[str, Any], out_dir: Path) -> str:
         ]
         if entry.get("needs"):
             parts.insert(1, f"run <code>{html.escape(entry['needs'])}</code> to provide it")
-        if (out_dir / f"{stem}.html").exists():
+        if (out_dir / f"{stem}.html").exists() and entry["failed_html"] != f"{stem}.html":
             parts.append(_link(f"{stem}.html", "last good report") + " (older run)")
         return f"<li>{html.escape(stem)} &mdash; " + "; ".join(parts) + "</li>"
     finding = name_sources(entry.get("finding") or "(the notebook stated no finding)")
@@ -95,6 +95,7 @@ def _line(stem: str, entry: dict[str, Any], out_dir: Path) -> str:
 
 
 INTERRUPTED = "the render was interrupted before it recorded why this notebook failed"
+TORN = "the render was interrupted while it published this report"
 
 
 def _stamp(path: Path) -> str:
@@ -116,10 +117,18 @@ def status_from_reports(out_dir: Path, stems: Sequence[str], status: dict[str, A
             if not entry.get("error"):
                 entry = {"seconds": None, "rendered": _stamp(failed), "error": INTERRUPTED, "needs": None}
             healed[stem] = {**entry, "failed_html": failed.name}
-        elif good_at is not None:
+        elif good.is_file():
             try:
                 found, verdicts = extract_results(executed)
-            except StudyError:  # a torn or foreign file is no report
+            except StudyError:  # the report without its executed notebook, or a torn one: say so
+                why = "missing" if not executed.is_file() else "unreadable"
+                healed[stem] = {
+                    "seconds": None,
+                    "rendered": _stamp(good),
+                    "error": f"{TORN} (its executed notebook {executed.name} is {why}): render it again",
+                    "needs": None,
+                    "failed_html": good.name,
+                }
                 continue
             agrees = bool(entry) and not entry.get("error")
             healed[stem] = {
