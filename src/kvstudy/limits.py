@@ -39,6 +39,11 @@ MAX_BANDWIDTH_GB_S = 1e6  # memory bandwidth in GB/s (a GPU's is a few thousand)
 MAX_FACTOR = 1e6  # a scale, a multiplier or a characters-per-token figure
 MAX_THREADS = 4096  # CPU threads of one run
 MAX_EXTENDS = 32  # profiles in one `extends` chain
+MAX_DESIGN_VALUES = 10  # values of one `kvstudy design` option (--change, --margin-points)
+MAX_DESIGN_ROWS = 24  # rows of one speed design (user counts x changes): each simulates the test
+MAX_LOG_SD = 5.0  # SD of a per-seed log TPOT difference (5: a factor of about 150 between seeds)
+DESIGN_CHANGE_PCT = (0.01, 900.0)  # a TPOT change a speed design plans for, in %
+DESIGN_MARGIN_POINTS = (0.01, 99.0)  # a non-inferiority margin, in points
 MAX_FILE_NUMBER = 2**53  # any number read from a config, a result or a sample file: past it a float loses units
 
 
