@@ -39,6 +39,7 @@ MAX_BANDWIDTH_GB_S = 1e6  # memory bandwidth in GB/s (a GPU's is a few thousand)
 MAX_FACTOR = 1e6  # a scale, a multiplier or a characters-per-token figure
 MAX_THREADS = 4096  # CPU threads of one run
 MAX_EXTENDS = 32  # profiles in one `extends` chain
+MAX_GENERATED_CHARS = 2**27  # characters of one generated data file (items x their text): 128 Mi, seconds to write
 MAX_DESIGN_VALUES = 10  # values of one `kvstudy design` option (--change, --margin-points)
 MAX_DESIGN_ROWS = 24  # rows of one speed design (user counts x changes): each simulates the test
 MAX_LOG_SD = 5.0  # SD of a per-seed log TPOT difference (5: a factor of about 150 between seeds)
