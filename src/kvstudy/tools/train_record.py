@@ -63,7 +63,7 @@ def _check_record(record: dict[str, Any], path: Path, steps: list[int]) -> None:
     """The fields of an earlier ``training.json`` that :func:`save_model` carries on, as it wrote them."""
 
     def entry(key: str, kind: type, length: int | None = None) -> Any:
-        value = record.get(key)
+        value: Any = record.get(key)
         if not isinstance(value, kind) or (length is not None and len(value) != length):
             what = f"a list of {length}" if length is not None else type_name(kind())
             raise StudyError(f"{path}: {key} is {type_name(value)}, expected {what} (the record train-model wrote)")
