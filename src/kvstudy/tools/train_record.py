@@ -62,7 +62,7 @@ def earlier_record(folder: str | Path, settings: TrainSettings, config: dict[str
 def _check_record(record: dict[str, Any], path: Path, steps: list[int]) -> None:
     """The fields of an earlier ``training.json`` that :func:`save_model` carries on, as it wrote them."""
 
-    def entry(key: str, kind: type, length: int | None = None) -> Any:
+    def entry(key: str, kind: type[list[Any]] | type[dict[str, Any]], length: int | None = None) -> Any:
         value: Any = record.get(key)
         if not isinstance(value, kind) or (length is not None and len(value) != length):
             what = f"a list of {length}" if length is not None else type_name(kind())
