@@ -58,8 +58,10 @@ STAGING_DIR = ".staging"
 BINARY_OUTPUTS = frozenset({"image/png", "image/jpeg", "image/gif"})
 PROGRESS_PREFIX = "[progress]"
 PROGRESS_ENGINE = "kvstudy-progress"
-# The kernel's own log: errors only (its TCP-without-encryption warning is noise on a local run).
-KERNEL_QUIET = ["--IPKernelApp.log_level=ERROR"]
+# The kernel's own log, off the terminal: its TCP-without-encryption warning is noise on a local run,
+# and on Ctrl-C the kernel logs a ZMQ traceback when its reply socket closes under a cell's cleanup
+# (the render says "interrupted" in one line; a cell's own errors reach the report, not this log).
+KERNEL_QUIET = ["--IPKernelApp.log_level=CRITICAL"]
 
 
 @dataclass
@@ -167,12 +169,13 @@ def _given_in_environment(given: Sequence[str]) -> Iterator[None]:
             os.environ[GIVEN_ENV] = old
 
 
-def _quiet_kernel_logs() -> None:
-    """Keep jupyter's kernel chatter (the TCP-without-encryption warning and the like) off the terminal."""
+def _quiet_kernel_logs(names: Sequence[str] = ("papermill", "traitlets", "jupyter_client", "nbclient")) -> None:
+    """Keep jupyter's kernel chatter (the TCP-without-encryption warning, a dead kernel's "Kernel died
+    while waiting for execute reply") off the terminal: what a notebook run ends with is its status."""
     import logging
 
-    for name in ("papermill", "traitlets", "jupyter_client", "nbclient"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    for name in names:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def run_notebook(
@@ -219,6 +222,9 @@ def run_notebook(
             needs = found_command.group(1) if found_command else None
         else:
             error = f"cell {exc.exec_count}: {exc.ename}: {evalue}"[:500]
+    except KeyboardInterrupt:  # Ctrl-C: the CLI says it in one line; the kernel task left pending is
+        _quiet_kernel_logs(("asyncio",))  # no "Task exception was never retrieved" at exit
+        raise
     except Exception as exc:  # a kernel that died, a notebook that cannot be read
         error = without_machine_paths(f"{type(exc).__name__}: {' '.join(str(exc).split())}")[:500]
     finally:

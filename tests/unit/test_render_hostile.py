@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +107,42 @@ def test_verdict_json_prints_no_nan(
     text = capsys.readouterr().out
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text)["lines"][0]["facts"] == {"share": None, "x": None}
+
+
+SLOW_CLEANUP = (
+    "import time\nfrom kvstudy.notebook import progress\nprogress('serving')\n"
+    "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    time.sleep(4)  # a server being stopped\n    raise\n"
+)
+
+
+def test_ctrl_c_during_a_render_is_one_line_and_exit_130(study: Path) -> None:
+    """Issue 35 item 6: Ctrl-C while a cell cleans up (a vLLM server being stopped) printed the kernel's
+    ZMQ traceback when its reply socket closed; now one line and exit 130."""
+    make_notebook(study / "notebooks" / "01_ok.ipynb", SLOW_CLEANUP)
+    code = (
+        "import sys; from pathlib import Path; from kvstudy import cli, render\n"
+        "render.run_profile.__defaults__ = (Path(sys.argv[1]), ())  # the test's study, not the repository\n"
+        "sys.exit(cli.main(['render', '--profile', 'demo', '--only', '01_ok']))"
+    )
+    root = Path(report.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(study)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,  # its own group, as a terminal's: Ctrl-C reaches the kernel too
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout is not None
+    seen = ""
+    while "serving" not in seen:
+        line = proc.stdout.readline().decode()
+        assert line, seen
+        seen += line
+    time.sleep(1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out = seen + proc.communicate(timeout=60)[0].decode()  # until the kernel, which shares the pipe, is gone too
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "ZMQError" not in out, out
+    assert out.strip().splitlines()[-1] == "kvstudy: interrupted", out
