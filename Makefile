@@ -13,13 +13,19 @@ space := $(empty) $(empty)
 # $(call leftover,TEXT,CHARS): TEXT without any of CHARS ('' when TEXT is made of them only)
 leftover = $(if $(2),$(call leftover,$(subst $(firstword $(2)),,$(1)),$(wordlist 2,$(words $(2)),$(2))),$(1))
 ifneq (x$(call leftover,$(value PROFILE),$(NAME_CHARS))x,xx)
-$(error PROFILE: expected a profile name (letters, digits, _ . -; a file in profiles/ without .yaml))
+$(error PROFILE: expected a profile name (letters, digits, _ . -; a file in profiles/ without folder or .yaml), found '$(call leftover,$(value PROFILE),$(NAME_CHARS))' in it)
 endif
 ifeq ($(value PROFILE),)
 $(error PROFILE: expected a profile name, got nothing)
 endif
+ifneq ($(filter .% -%,$(value PROFILE)),)
+$(error PROFILE: expected a profile name (a file in profiles/ without .yaml), found one starting with '.' or '-')
+endif
 ifneq (x$(call leftover,$(subst $(space),,$(value ONLY)),$(NAME_CHARS) /)x,xx)
 $(error ONLY: expected notebook names separated by spaces (letters, digits, _ . - /))
+endif
+ifneq ($(filter -%,$(value ONLY)),)
+$(error ONLY: expected notebook names only (set the profile with PROFILE=), found '$(firstword $(filter -%,$(value ONLY)))')
 endif
 export PROFILE ONLY
 # Where pip finds torch's CPU build on machines without a local copy (see README).

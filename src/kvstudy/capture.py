@@ -19,6 +19,7 @@ import datetime as dt
 import json
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -529,8 +530,15 @@ def relativize_folder(folder: str | Path, root: str | Path = REPO_ROOT, moved_fr
     folder = Path(folder)
     if not folder.is_dir():
         raise StudyError(f"{folder}: not a folder")
+
+    def unlistable(exc: OSError) -> None:  # rglob would skip the folder without a word
+        raise StudyError(
+            f"{exc.filename or folder}: cannot be listed ({exc.strerror or exc}); expected a folder it may read"
+        )
+
+    files = [Path(top) / name for top, _, names in os.walk(folder, onerror=unlistable) for name in names]
     changed = []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
+    for path in sorted(p for p in files if p.is_file() and not p.is_symlink()):
         try:
             text = read_text_checked(path, limit=TEXT_LIMIT)
         except (StudyError, UnicodeDecodeError):
@@ -542,7 +550,9 @@ def relativize_folder(folder: str | Path, root: str | Path = REPO_ROOT, moved_fr
             here = os.path.relpath(folder.resolve(), Path(root).resolve())
             new = relocate_text(new, relativize_text(moved_from, root), here)
         if new != text:
+            mode = stat.S_IMODE(path.stat().st_mode)
             write_text_atomic(path, new)
+            os.chmod(path, mode)  # a 0755 script stays 0755 (the temporary file was 0600)
             changed.append(path)
     return changed
 

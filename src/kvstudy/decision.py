@@ -22,7 +22,8 @@ from typing import Any
 from kvstudy import decision_rule as rule
 from kvstudy.decision_guidance import Guidance, evaluate_guidance
 from kvstudy.errors import StudyError
-from kvstudy.io import REPO_ROOT, read_json
+from kvstudy.io import REPO_ROOT
+from kvstudy.report_status import read_status
 
 # Topics in the order the card lists them, with the notebook that states each.
 TOPICS = {
@@ -526,10 +527,7 @@ def read_card(profile: str, root: Path = REPO_ROOT) -> Card:
     path = root / "reports" / profile / "status.json"
     if not path.is_file():
         raise StudyError(f"{path}: no rendered reports for profile {profile!r} (run `make all PROFILE={profile}`)")
-    status = read_json(path)
-    if not isinstance(status, dict):
-        raise StudyError(f"{path}: expected a JSON object (the render's status)")
-    return card_from_status(profile, status, list(data["notebooks"]), data.get("decision"))
+    return card_from_status(profile, read_status(path), list(data["notebooks"]), data.get("decision"))
 
 
 def card_json(card: Card) -> str:

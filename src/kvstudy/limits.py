@@ -38,10 +38,19 @@ MAX_BLOCKS = 10**9  # KV cache blocks of a pool
 MAX_TENSOR_PARALLEL = 4096  # GPUs one model is split over
 MAX_SECONDS = 7 * 24 * 3600.0  # a timeout or interval: one week
 MAX_BANDWIDTH_GB_S = 1e6  # memory bandwidth in GB/s (a GPU's is a few thousand)
+MAX_CLOCK_MHZ = 100_000.0  # a processor clock in MHz (a GPU's is about 2,000)
+MAX_REQUEST_RATE = 1e6  # requests per second a benchmark client sends
 MAX_FACTOR = 1e6  # a scale, a multiplier or a characters-per-token figure
 MAX_THREADS = 4096  # CPU threads of one run
 MAX_TOP_K = 100  # log-probabilities per position asked of a server (vLLM's default max_logprobs is 20)
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # one HTTP answer read from a server (a top-20 of a 32k-token prompt is ~30 MB)
+MAX_EXTENDS = 32  # profiles in one `extends` chain
+MAX_GENERATED_CHARS = 2**27  # characters of one generated data file (items x their text): 128 Mi, seconds to write
+MAX_DESIGN_VALUES = 10  # values of one `kvstudy design` option (--change, --margin-points)
+MAX_DESIGN_ROWS = 24  # rows of one speed design (user counts x changes): each simulates the test
+MAX_LOG_SD = 5.0  # SD of a per-seed log TPOT difference (5: a factor of about 150 between seeds)
+DESIGN_CHANGE_PCT = (0.01, 900.0)  # a TPOT change a speed design plans for, in %
+DESIGN_MARGIN_POINTS = (0.01, 99.0)  # a non-inferiority margin, in points
 MAX_FILE_NUMBER = 2**53  # any number read from a config, a result or a sample file: past it a float loses units
 
 

@@ -12,17 +12,19 @@ from __future__ import annotations
 import ast
 import difflib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvstudy.decision_rule import thresholds_from
 from kvstudy.errors import StudyError
-from kvstudy.io import read_yaml
+from kvstudy.io import read_yaml, type_name
 from kvstudy.limits import (
     MAX_AXIS_VALUES,
     MAX_BLOCKS,
     MAX_BYTES,
+    MAX_EXTENDS,
     MAX_FACTOR,
     MAX_GIB,
     MAX_ITEMS,
@@ -174,42 +176,74 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     for key in ("defaults", "notebooks"):
         if not isinstance(data.get(key) or {}, dict):
             raise StudyError(f"{path}: field '{key}' must be a mapping")
+    for key in data.get("defaults") or {}:
+        _check_key(key, f"{path}: defaults", "a parameter name such as context_len")
     for stem, params in (data.get("notebooks") or {}).items():
+        _check_key(stem, f"{path}: notebooks", "a notebook name such as 01_capacity-math")
         if not isinstance(params or {}, dict):
             raise StudyError(f"{path}: notebook {stem}: expected a mapping of parameters")
+        for key in params or {}:
+            _check_key(key, f"{path}: notebook {stem}", "a parameter name such as context_len")
     return data
 
 
-def load_profile(profile: str, profiles_dir: Path, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+def _check_key(key: Any, where: str, expected: str) -> None:
+    """A mapping key of a profile: a name (YAML turns ``~`` into null and ``4096`` into a number)."""
+    if not isinstance(key, str):
+        raise StudyError(f"{where}: key {_shown(key)} is {type_name(key)}, expected {expected}")
+
+
+def _base_name(data: dict[str, Any], path: Path, chain: Sequence[str]) -> str | None:
+    """The profile that ``data`` extends: a plain profile name, not one of ``chain``, else one line naming 'extends'."""
+    base = data.get("extends")
+    if base is None:
+        return None
+    if not isinstance(base, str) or not PROFILE_NAME.match(base) or base.endswith((".yaml", ".yml")) or ".." in base:
+        raise StudyError(
+            f"{path}: extends: {_shown(base)} is not a profile name; expected the name of a file in "
+            f"profiles/ without folder or .yaml (for example extends: reference)"
+        )
+    if base in chain:
+        raise StudyError(f"{path}: extends: {base!r} makes a cycle ({' -> '.join([*chain, base])})")
+    if len(chain) >= MAX_EXTENDS:
+        raise StudyError(
+            f"{path}: extends: a chain of more than {MAX_EXTENDS} profiles, expected at most {MAX_EXTENDS}"
+        )
+    return base
+
+
+def load_profile(profile: str, profiles_dir: Path) -> dict[str, Any]:
     """``profiles/<profile>.yaml`` with ``extends`` resolved: ``description``, ``defaults``, ``notebooks``."""
     check_profile_name(profile)
-    path = profiles_dir / f"{profile}.yaml"
-    if not path.is_file():
-        names = ", ".join(sorted(p.stem for p in profiles_dir.glob("*.yaml"))) or "none"
-        raise StudyError(f"{path}: no such profile (profiles available: {names})")
-    data = _read_yaml(path)
-    notebooks = {str(k): dict(v or {}) for k, v in (data.get("notebooks") or {}).items()}
-    defaults = dict(data.get("defaults") or {})
-    base_name = data.get("extends")
-    if base_name is not None:
-        if not isinstance(base_name, str) or base_name in _seen + (profile,):
-            raise StudyError(f"{path}: 'extends' must name another profile, without a cycle")
-        base = load_profile(base_name, profiles_dir, _seen + (profile,))
-        merged = {stem: dict(params) for stem, params in base["notebooks"].items()}
-        for stem, params in notebooks.items():
-            merged.setdefault(stem, {}).update(params)
-        notebooks, defaults = merged, {**base["defaults"], **defaults}
-    decision = data.get("decision")
-    thresholds_from(decision, f"{path}: decision")  # the decision card's thresholds (kvstudy.decision_rule)
-    if base_name is not None:
-        decision = {**(base.get("decision") or {}), **(decision or {})}
+    chain: list[str] = []
+    layers: list[dict[str, Any]] = []
+    name: str | None = profile
+    while name is not None:  # follow extends iteratively: a long chain is refused, not a RecursionError
+        path = profiles_dir / f"{name}.yaml"
+        if not path.is_file():
+            names = ", ".join(sorted(p.stem for p in profiles_dir.glob("*.yaml"))) or "none"
+            where = f"{layers[-1]['path']}: extends: " if layers else ""
+            raise StudyError(f"{where}{path}: no such profile (profiles available: {names})")
+        data = _read_yaml(path)
+        chain.append(name)
+        layers.append({**data, "path": str(path)})
+        name = _base_name(data, path, chain)
+    notebooks: dict[str, dict[str, Any]] = {}
+    defaults: dict[str, Any] = {}
+    decision: dict[str, Any] = {}
+    for data in reversed(layers):  # the base first, each profile's own settings over it
+        for stem, params in (data.get("notebooks") or {}).items():
+            notebooks.setdefault(str(stem), {}).update(params or {})
+        defaults.update(data.get("defaults") or {})
+        thresholds_from(data.get("decision"), f"{data['path']}: decision")  # the card's thresholds (kvstudy.decision_rule)
+        decision.update(data.get("decision") or {})
     return {
-        "description": data.get("description", ""),
-        "extends": base_name,
+        "description": layers[0].get("description", ""),
+        "extends": layers[0].get("extends"),
         "defaults": defaults,
         "notebooks": notebooks,
         "decision": decision or None,
-        "path": str(path),
+        "path": layers[0]["path"],
     }
 
 
@@ -249,10 +283,21 @@ def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[
             if not _type_ok(value, param.types):
                 raise StudyError(
                     f"{where}: parameter {key!r} must be {param.type_label} "
-                    f"(like the default {param.default!r}), not {_shown(value)}"
+                    f"(like the default {param.default!r}), not {_shown(value)}{_quoted_hint(value, param)}"
                 )
             _check_bounds(value, f"{where}: parameter {key!r}", key)
     return declared
+
+
+def _quoted_hint(value: Any, param: Parameter) -> str:
+    """A hint when a number was written in quotes (YAML reads ``"8192"`` as text)."""
+    if isinstance(value, str) and (int in param.types or float in param.types):
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        return f" (a quoted number is text: write {value.strip()} without quotes)"
+    return ""
 
 
 def _shown(value: Any) -> str:

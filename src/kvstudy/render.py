@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -47,6 +48,7 @@ from kvstudy.profiles import (
 from kvstudy.redact import REDACTED, redact, scrub_report, scrub_tree, write_json_scrubbed, write_scrubbed
 from kvstudy.report_html import extract_results, render_html
 from kvstudy.report_index import status_from_reports, write_index
+from kvstudy.report_status import read_status
 
 STATUS_FILE = "status.json"
 # Where a render stages a notebook's files before moving them into reports/<profile>/: one folder
@@ -56,8 +58,10 @@ STAGING_DIR = ".staging"
 BINARY_OUTPUTS = frozenset({"image/png", "image/jpeg", "image/gif"})
 PROGRESS_PREFIX = "[progress]"
 PROGRESS_ENGINE = "kvstudy-progress"
-# The kernel's own log: errors only (its TCP-without-encryption warning is noise on a local run).
-KERNEL_QUIET = ["--IPKernelApp.log_level=ERROR"]
+# The kernel's own log, off the terminal: its TCP-without-encryption warning is noise on a local run,
+# and on Ctrl-C the kernel logs a ZMQ traceback when its reply socket closes under a cell's cleanup
+# (the render says "interrupted" in one line; a cell's own errors reach the report, not this log).
+KERNEL_QUIET = ["--IPKernelApp.log_level=CRITICAL"]
 
 
 @dataclass
@@ -165,12 +169,13 @@ def _given_in_environment(given: Sequence[str]) -> Iterator[None]:
             os.environ[GIVEN_ENV] = old
 
 
-def _quiet_kernel_logs() -> None:
-    """Keep jupyter's kernel chatter (the TCP-without-encryption warning and the like) off the terminal."""
+def _quiet_kernel_logs(names: Sequence[str] = ("papermill", "traitlets", "jupyter_client", "nbclient")) -> None:
+    """Keep jupyter's kernel chatter (the TCP-without-encryption warning, a dead kernel's "Kernel died
+    while waiting for execute reply") off the terminal: what a notebook run ends with is its status."""
     import logging
 
-    for name in ("papermill", "traitlets", "jupyter_client", "nbclient"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    for name in names:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def run_notebook(
@@ -217,6 +222,9 @@ def run_notebook(
             needs = found_command.group(1) if found_command else None
         else:
             error = f"cell {exc.exec_count}: {exc.ename}: {evalue}"[:500]
+    except KeyboardInterrupt:  # Ctrl-C: the CLI says it in one line; the kernel task left pending is
+        _quiet_kernel_logs(("asyncio",))  # no "Task exception was never retrieved" at exit
+        raise
     except Exception as exc:  # a kernel that died, a notebook that cannot be read
         error = without_machine_paths(f"{type(exc).__name__}: {' '.join(str(exc).split())}")[:500]
     finally:
@@ -246,7 +254,17 @@ def profile_lock(reports_dir: Path, profile: str) -> Iterator[None]:
     """Hold ``reports/.<profile>.lock``; a second run of the same profile is refused with a message."""
     reports_dir.mkdir(parents=True, exist_ok=True)
     path = reports_dir / f".{profile}.lock"
-    with open(path, "a+") as handle:
+    try:  # never through a link: a planted one would have the pid written into the file it names
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise StudyError(
+            f"{path}: cannot be used as the render's lock ({'a symbolic link' if path.is_symlink() else exc.strerror}); "
+            f"expected a plain file: remove it and run again"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StudyError(f"{path}: not a plain file; expected the render's lock file: remove it and run again")
+    with open(fd, "r+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -266,12 +284,19 @@ def profile_lock(reports_dir: Path, profile: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _read_status(out_dir: Path) -> dict[str, Any]:
-    try:
-        data = read_json(out_dir / STATUS_FILE)
-    except StudyError:  # absent or unreadable: the index is rebuilt from what this run renders
+def _read_status(out_dir: Path, profile: str) -> dict[str, Any]:
+    """The last render's status entries; a torn or tampered ``status.json`` is said in one line and
+    rebuilt from the reports on disk (``status_from_reports``), never silently."""
+    path = out_dir / STATUS_FILE
+    if not path.exists() and not path.is_symlink():
         return {}
-    return data if isinstance(data, dict) else {}
+    try:
+        return read_status(path)
+    except StudyError as exc:
+        print(
+            f"[{profile}] {without_machine_paths(str(exc))[:300]}; rebuilding it from the reports on disk", flush=True
+        )
+        return {}
 
 
 def _publish(run: NotebookRun, stage: Path, out_dir: Path) -> dict[str, Any]:
@@ -383,7 +408,7 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
     with profile_lock(reports_dir, profile):
         out_dir.mkdir(parents=True, exist_ok=True)
         clean_staging(reports_dir, profile)
-        status = _read_status(out_dir)
+        status = _read_status(out_dir, profile)
         (reports_dir / STAGING_DIR / profile).mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(dir=reports_dir / STAGING_DIR / profile))
         try:
@@ -431,6 +456,16 @@ def _cmd_render(args: argparse.Namespace) -> int:
     return report_failures(run_profile(args.profile, only=args.only))
 
 
+class _Once(argparse.Action):
+    """An option that may be given once: a second ``--profile`` (smuggled in through ``ONLY=``) is refused."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        if getattr(namespace, f"_{self.dest}_given", False):
+            parser.error(f"{option_string} given twice; expected it once (notebook names go after --only)")
+        setattr(namespace, f"_{self.dest}_given", True)
+        setattr(namespace, self.dest, values)
+
+
 def register(subparsers: Any) -> None:
     """Add ``kvstudy render``."""
     parser = subparsers.add_parser(
@@ -439,7 +474,9 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--profile", default="reference", help="a file in profiles/ without .yaml")
+    parser.add_argument(
+        "--profile", default="reference", action=_Once, help="a file in profiles/ without .yaml (given once)"
+    )
     parser.add_argument(
         "--only",
         nargs="*",

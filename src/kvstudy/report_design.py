@@ -27,6 +27,13 @@ from typing import Any
 from kvstudy.accuracy.analysis import ASSUMED_DISCORDANCE
 from kvstudy.accuracy.totals import check_totals, non_inferiority_questions
 from kvstudy.errors import StudyError
+from kvstudy.limits import (
+    DESIGN_CHANGE_PCT,
+    DESIGN_MARGIN_POINTS,
+    MAX_DESIGN_ROWS,
+    MAX_DESIGN_VALUES,
+    MAX_LOG_SD,
+)
 from kvstudy.speed.calibration import TARGET_POWER, noise_sd, runs_needed
 
 ASSUMED_NOISE_SD = 0.05  # SD of a per-seed log TPOT difference when no capture or value is given (assumed)
@@ -97,6 +104,11 @@ def speed_design(
         noises = [(None, sd, "given")]
     else:
         noises = [(None, ASSUMED_NOISE_SD, "assumed (no capture or --noise-sd given)")]
+    if len(noises) * len(changes_pct) > MAX_DESIGN_ROWS:
+        raise StudyError(
+            f"design speed: {len(noises)} noise estimate(s) x {len(changes_pct)} change(s) = "
+            f"{len(noises) * len(changes_pct)} designs, expected at most {MAX_DESIGN_ROWS} (give fewer --change values)"
+        )
     rows = []
     for users, sigma, origin in noises:
         for pct in changes_pct:
@@ -123,6 +135,11 @@ def discordances(discordance: float | None = None, totals: Sequence[int] | None 
             raise StudyError(f"--totals N BASE CAND: {exc}") from None
         low = max(abs(base - cand), 1) / n
         high = min(base + cand, 2 * n - base - cand) / n
+        if high <= 0:
+            raise StudyError(
+                f"--totals N BASE CAND: {base}/{n} and {cand}/{n} allow no question on which the two disagree "
+                "(both all wrong or all right), so they say nothing of the discordance; give --discordance"
+            )
         where = f"allowed by the totals {base}/{n} and {cand}/{n}"
         return [(low, f"{where}: fewest disagreements"), (high, f"{where}: most disagreements")]
     return [(d, "assumed (no discordance or totals given)") for d in ASSUMED_DISCORDANCE]
@@ -177,17 +194,25 @@ def need_sentence(rows: Sequence[AccuracyDesign], unit: str = "questions") -> st
     )
 
 
-def _numbers(values: Sequence[str] | None, field: str) -> list[float] | None:
+def _numbers(
+    values: Sequence[str] | None, field: str, low: float = 0.0, high: float = math.inf, most: int = 1
+) -> list[float] | None:
+    """The numbers of option ``field``: at most ``most`` of them, each finite, above ``low`` (or equal
+    to it when it is not 0) and at most ``high``; else one line naming the option and the bound."""
     if values is None:
         return None
+    if len(values) > most:
+        raise StudyError(f"{field}: {len(values):,} values, expected at most {most}")
     out = []
     for text in values:
         try:
             value = float(text)
         except ValueError:
-            raise StudyError(f"{field}: expected a number, got {text!r}") from None
-        if not math.isfinite(value) or value <= 0:
-            raise StudyError(f"{field}: expected a positive number, got {text!r}")
+            raise StudyError(f"{field}: expected a number, got {text[:40]!r}") from None
+        if not math.isfinite(value) or value <= 0 or value < low or value > high:
+            span = f"from {low:g} to {high:g}" if low > 0 else f"above 0, at most {high:g}"
+            span = span if math.isfinite(high) else "above 0"
+            raise StudyError(f"{field}: expected a number {span}, got {text[:40]!r}")
         out.append(value)
     return out
 
@@ -207,22 +232,23 @@ def _emit(rows: Sequence[Any], lines: list[str], as_json: bool) -> None:
 
 
 def _cmd_speed(args: argparse.Namespace) -> int:
-    sd = _numbers([args.noise_sd], "--noise-sd") if args.noise_sd is not None else None
-    changes = _numbers(args.change, "--change") or list(DEFAULT_CHANGES_PCT)
+    sd = _numbers([args.noise_sd], "--noise-sd", high=MAX_LOG_SD) if args.noise_sd is not None else None
+    changes = _numbers(args.change, "--change", *DESIGN_CHANGE_PCT, most=MAX_DESIGN_VALUES) or list(DEFAULT_CHANGES_PCT)
     rows = speed_design(changes, args.capture, sd[0] if sd else None, _power(args.power))
     _emit(rows, speed_lines(rows), args.json)
     return 0
 
 
 def _cmd_accuracy(args: argparse.Namespace) -> int:
-    psi = _numbers([args.discordance], "--discordance") if args.discordance is not None else None
+    psi = _numbers([args.discordance], "--discordance", high=1.0) if args.discordance is not None else None
     totals = None
     if args.totals is not None:
         try:
             totals = [int(t) for t in args.totals]
         except ValueError:
             raise StudyError(f"--totals: expected three whole numbers N BASE CAND, got {args.totals}") from None
-    margins = _numbers(args.margin_points, "--margin-points") or list(DEFAULT_MARGINS_POINTS)
+    margins = _numbers(args.margin_points, "--margin-points", *DESIGN_MARGIN_POINTS, most=MAX_DESIGN_VALUES)
+    margins = margins or list(DEFAULT_MARGINS_POINTS)
     rows = accuracy_design(margins, psi[0] if psi else None, totals, _power(args.power))
     _emit(rows, accuracy_lines(rows), args.json)
     return 0

@@ -72,12 +72,13 @@ def _item(stem: str, entry: dict[str, Any], out_dir: Path) -> dict[str, Any]:
             "error": entry["error"],
             "needs": entry.get("needs"),
             "failed_html": entry.get("failed_html"),
-            "last_good": (out_dir / f"{stem}.html").exists(),
+            "last_good": (out_dir / f"{stem}.html").exists() and entry.get("failed_html") != f"{stem}.html",
         }
     return {"kind": "ok", "stem": stem, "finding": entry.get("finding") or "(the notebook stated no finding)"}
 
 
 INTERRUPTED = "the render was interrupted before it recorded why this notebook failed"
+TORN = "the render was interrupted while it published this report"
 
 
 def _stamp(path: Path) -> str:
@@ -99,10 +100,18 @@ def status_from_reports(out_dir: Path, stems: Sequence[str], status: dict[str, A
             if not entry.get("error"):
                 entry = {"seconds": None, "rendered": _stamp(failed), "error": INTERRUPTED, "needs": None}
             healed[stem] = {**entry, "failed_html": failed.name}
-        elif good_at is not None:
+        elif good.is_file():
             try:
                 found, verdicts = extract_results(executed)
-            except StudyError:  # a torn or foreign file is no report
+            except StudyError:  # the report without its executed notebook, or a torn one: say so
+                why = "missing" if not executed.is_file() else "unreadable"
+                healed[stem] = {
+                    "seconds": None,
+                    "rendered": _stamp(good),
+                    "error": f"{TORN} (its executed notebook {executed.name} is {why}): render it again",
+                    "needs": None,
+                    "failed_html": good.name,
+                }
                 continue
             agrees = bool(entry) and not entry.get("error")
             healed[stem] = {

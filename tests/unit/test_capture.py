@@ -4,6 +4,7 @@ logs, and committed data carries no build-machine absolute path (issue 10)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,33 @@ def test_relativize_folder_rewrites_text_and_keeps_binary(tmp_path: Path, capsys
     assert (tmp_path / "c.bin").read_bytes().endswith(root.encode())
     assert cli.main(["capture", "relativize", str(tmp_path)]) == 0
     assert "0 file(s)" in capsys.readouterr().out
+
+
+def test_relativize_keeps_file_modes_and_refuses_a_folder_it_cannot_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 30's second corpus: a 0755 script stayed 0600, and a folder it cannot list exited 0."""
+    root = "/build/machine/repo"
+    script = tmp_path / "run.sh"
+    script.write_text(f"#!/bin/sh\ncd {root}/data\n")
+    script.chmod(0o755)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "notes.md").write_text(f"{root}/x\n")
+    (tmp_path / "sub" / "notes.md").chmod(0o640)
+    assert len(capture.relativize_folder(tmp_path, root)) == 2
+    assert script.read_text() == "#!/bin/sh\ncd data\n" and (script.stat().st_mode & 0o777) == 0o755
+    assert ((tmp_path / "sub" / "notes.md").stat().st_mode & 0o777) == 0o640
+    real_scandir = os.scandir
+
+    def scandir(path: object) -> object:  # root lists any folder: make one unlistable the way a user meets it
+        if str(path).endswith("sub"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert cli.main(["capture", "relativize", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sub: cannot be listed (Permission denied)" in err[0]
 
 
 def test_no_committed_data_holds_the_repository_path() -> None:

@@ -89,3 +89,30 @@ def test_plain_make_variables_still_reach_the_command(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     called = (tmp_path / "called").read_text().splitlines()
     assert called == ["render", "--profile", "my.profile-2", "--only", "01_a", "notebooks/02_b.ipynb"]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        (
+            "ONLY=01_capacity-math --profile other",
+            "ONLY: expected notebook names only (set the profile with PROFILE=), found '--profile'",
+        ),
+        ("PROFILE=../x", "without folder or .yaml), found '/' in it"),
+        ("PROFILE=..x", "PROFILE: expected a profile name (a file in profiles/ without .yaml), found one starting"),
+        ("PROFILE=-x", "found one starting with '.' or '-'"),
+    ],
+)
+def test_smuggled_options_and_paths_are_refused_naming_what(tmp_path: Path, setting: str, message: str) -> None:
+    """Issue 30's second corpus: ONLY carried a second --profile into the render; PROFILE=../x was
+    refused without saying what was wrong."""
+    venv = _fake_venv(tmp_path)
+    done = subprocess.run(
+        ["make", "-s", "-C", str(ROOT), "all", f"VENV={venv}", setting],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+    assert not (tmp_path / "called").exists()

@@ -63,7 +63,20 @@ def test_declared_parameters_carry_types_and_help(study: Path) -> None:
         ("notebooks:\n  01_a: {loose: anything}\n", "parameter 'loose' is declared without a type in 01_a.ipynb"),
         ("defaults: {nope: 1}\nnotebooks:\n  01_a: {}\n", "defaults: no notebook of this profile declares 'nope'"),
         ("notebook:\n  01_a: {}\n", "unknown field 'notebook'"),
-        ("extends: p\n", "'extends' must name another profile"),
+        ("extends: p\n", "extends: 'p' makes a cycle"),
+        # hand-written profiles (issue 35 item 8, issue 30's second corpus): duplicates, odd keys, paths
+        ("notebooks:\n  01_a:\n    gib: 1\n    gib: 2\n", "key 'gib' is given twice"),
+        ("notebooks:\n  01_a: {}\nnotebooks:\n  02_b: {}\n", "key 'notebooks' is given twice"),
+        ("notebooks:\n  01_a: {}\n  01_a: {gib: 2}\n", "key '01_a' is given twice"),
+        ("notebooks:\n  01_a:\n    ~: 1\n", "notebook 01_a: key None is null, expected a parameter name"),
+        ("notebooks:\n  01_a:\n    4096: gib\n", "notebook 01_a: key 4096 is an integer, expected a parameter name"),
+        ("defaults:\n  ~: 1\n", "defaults: key None is null"),
+        ("notebooks:\n  5: {}\n", "notebooks: key 5 is an integer, expected a notebook name"),
+        ("extends: ../other\n", "extends: '../other' is not a profile name"),
+        ("extends: /etc/passwd\n", "extends: '/etc/passwd' is not a profile name"),
+        ("extends: [a]\n", "extends: ['a'] is not a profile name"),
+        ("extends: nowhere\n", "extends: "),
+        ("notebooks:\n  01_a: {gib: '80'}\n", "a quoted number is text: write 80 without quotes"),
     ],
 )
 def test_bad_profile_is_one_line_naming_profile_notebook_key(study: Path, text: str, message: str) -> None:
@@ -169,3 +182,13 @@ def test_profile_new_refuses_a_planted_symlink_even_with_force(tmp_path: Path) -
     with pytest.raises(StudyError, match="mine.yaml: is a symlink; refusing to write through it"):
         write_profile("mine", "data/models/Mistral-7B-v0.1", None, root=tmp_path, force=True)
     assert outside.read_text() == "keep: me\n" and (tmp_path / "profiles" / "mine.yaml").is_symlink()
+
+
+def test_a_long_extends_chain_is_refused_naming_extends(study: Path) -> None:
+    for i in range(1200):
+        text = f"extends: c{i + 1}\n" if i < 1199 else "notebooks: {}\n"
+        (study / "profiles" / f"c{i}.yaml").write_text(text)
+    with pytest.raises(StudyError, match=r"extends: a chain of more than 32 profiles"):
+        profiles.load_profile("c0", study / "profiles")
+    (study / "profiles" / "c5.yaml").write_text("notebooks:\n  01_a: {gib: 3}\n")  # six deep: fine
+    assert profiles.load_profile("c0", study / "profiles")["notebooks"] == {"01_a": {"gib": 3}}

@@ -78,3 +78,30 @@ def test_bad_totals_name_the_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["design", "accuracy", "--totals", "500", "600", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--totals N BASE CAND: baseline" in err[0]
+
+
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["accuracy", "--margin-points", "1e-300"], "--margin-points: expected a number from 0.01 to 99"),
+        (["accuracy", "--margin-points", *["1"] * 11], "--margin-points: 11 values, expected at most 10"),
+        (["speed", "--noise-sd", "1e308"], "--noise-sd: expected a number above 0, at most 5"),
+        (["speed", "--change", "1e-300"], "--change: expected a number from 0.01 to 900"),
+        (["speed", "--change", *[str(v) for v in range(1, 20_001)]], "--change: 20,000 values, expected at most 10"),
+        (["accuracy", "--totals", "1", "0", "0"], "--totals N BASE CAND: 0/1 and 0/1 allow no question"),
+        (["accuracy", "--totals", "7", "7", "7"], "--totals N BASE CAND: 7/7 and 7/7 allow no question"),
+        (["accuracy", "--totals", "1" * 5000, "1", "1"], "--totals: expected three whole numbers"),
+    ],
+)
+def test_numbers_at_the_edge_are_one_line_naming_the_option(
+    argv: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 35 item 4: overflows, a hang on 20,000 values and totals allowing no disagreement."""
+    assert cli.main(["design", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and option in err[0], err
+
+
+def test_speed_designs_are_bounded_as_a_product() -> None:
+    with pytest.raises(report_design.StudyError, match=r"25 designs, expected at most 24"):
+        report_design.speed_design([1.0] * 25, sd=0.05)

@@ -18,6 +18,7 @@ did not save ``start_times``, and the comparison of result folders never needed 
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import is_finite_number, read_jsonl, write_jsonl_atomic
-from kvstudy.limits import check_numbers
+from kvstudy.limits import MAX_CLOCK_MHZ, MAX_FACTOR, MAX_REQUEST_RATE, MAX_TOKENS, MAX_USERS, check_numbers
 
 # A detailed result of 10,000 prompts x 1,000 output tokens is about 200 MB of JSON; beyond this the
 # file is not one bench run (or would not fit comfortably in memory once parsed).
@@ -100,7 +101,39 @@ def read_result_file(path: str | Path) -> dict[str, Any]:
             f"{path}: a JSON {type(data).__name__}, expected the object vLLM bench serve --save-result writes"
         )
     check_numbers({k: v for k, v in data.items() if k in CHECKED_NUMBERS}, str(path))
+    check_run_settings(data, str(path))
     return data
+
+
+def _setting_number(value: Any, where: str, key: str, high: float, whole: bool = False) -> None:
+    """A run setting (a number, or the text ``--metadata`` stores) within (0, high]; else one line."""
+    try:
+        number = float(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else math.nan
+    except ValueError:
+        number = math.nan
+    what = "a whole number" if whole else "a number"
+    if not (math.isfinite(number) and 0 < number <= high) or (whole and not isinstance(value, int)):
+        shown = repr(value[:40]) if isinstance(value, str) else json.dumps(value)[:40]  # JSON's words: Infinity
+        raise StudyError(f"{where}: {key} is {shown}, expected {what} above 0 and at most {high:,.0f}")
+
+
+def check_run_settings(data: dict[str, Any], where: str) -> None:
+    """The settings of a run the study reads, as vLLM writes them: ``request_rate`` a positive number
+    or ``"inf"``, ``burstiness`` positive, ``max_concurrency`` a whole number of users (or null), and
+    the ``--metadata`` figures (``median_clock_mhz``, output lengths) real sizes; else one line naming
+    the field (an ``Infinity`` or ``1e308`` would otherwise reach a table or a JSON answer)."""
+    rate = data.get("request_rate")
+    if rate is not None and rate != "inf":
+        _setting_number(rate, where, "request_rate", MAX_REQUEST_RATE)
+    if data.get("burstiness") is not None:
+        _setting_number(data["burstiness"], where, "burstiness", MAX_FACTOR)
+    if data.get("max_concurrency") is not None:
+        _setting_number(data["max_concurrency"], where, "max_concurrency", MAX_USERS, whole=True)
+    if data.get("median_clock_mhz") is not None:
+        _setting_number(data["median_clock_mhz"], where, "median_clock_mhz", MAX_CLOCK_MHZ)
+    for key in ("output_len", "random_output_len"):
+        if data.get(key) is not None:
+            _setting_number(data[key], where, key, MAX_TOKENS)
 
 
 def result_files(folder: str | Path) -> list[Path]:

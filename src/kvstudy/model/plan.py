@@ -263,6 +263,17 @@ def plan_summary(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+def default_context_len(layout: ModelLayout) -> int:
+    """The request length when a profile gives none (``context_len: ~``): the config's
+    ``max_position_embeddings``, from which vLLM derives its default ``--max-model-len``."""
+    limit = layout.max_position_embeddings
+    if not limit:
+        raise StudyError(
+            f"context_len: {layout.config_path} has no max_position_embeddings to default to; give one (e.g. 4096)"
+        )
+    return int(limit)
+
+
 def check_plan(
     layout: ModelLayout, tensor_parallel_size: int, context_len: int | None, allow_long: bool = False
 ) -> None:

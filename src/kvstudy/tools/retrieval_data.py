@@ -24,6 +24,7 @@ trained byte-level model (1 character = 1 token for ASCII), an estimate for othe
 from __future__ import annotations
 
 import random
+import re
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -214,9 +215,25 @@ def make_context(
     return needle_context(rng, target_chars, n_needles, depth)
 
 
-def _entry_at_depth(context: str, entries: Sequence[Entry], depth: float) -> Entry:
+# Where a key stands in a context of each kind: one pass over the text (searching the text once per
+# key made a long kv context, with one key per line, quadratic).
+_KEY_PLACES = {"kv": re.compile(r"^([a-z]{5}): ", re.M), "needle": re.compile(r"for ([a-z]{5}) is ")}
+
+
+def _key_places(kind: str, context: str, entries: Sequence[Entry]) -> dict[str, int]:
+    """Each entry's key -> the index of its first appearance in ``context``."""
+    places: dict[str, int] = {}
+    for match in _KEY_PLACES[kind].finditer(context):
+        places.setdefault(match.group(1), match.start(1))
+    for entry in entries:  # never expected: a key the pattern missed is searched for
+        if entry.key not in places:
+            places[entry.key] = context.index(entry.key)
+    return places
+
+
+def _entry_at_depth(context: str, entries: Sequence[Entry], depth: float, places: dict[str, int]) -> Entry:
     """The entry whose place in the context is nearest ``depth`` (a share of its length)."""
-    return min(entries, key=lambda e: abs(context.index(e.key) / len(context) - depth))
+    return min(entries, key=lambda e: abs(places[e.key] / len(context) - depth))
 
 
 def generate_items(
@@ -251,7 +268,8 @@ def generate_items(
                 rng = _rng(seed, kind, length, i // questions_per_context)
                 placed = depth if questions_per_context == 1 else None
                 context, entries = make_context(kind, length, rng, chars_per_token, n_needles, placed)
-            entry = _entry_at_depth(context, entries, depth)
+                places = _key_places(kind, context, entries)
+            entry = _entry_at_depth(context, entries, depth, places)
             items.append(
                 {
                     "id": f"{kind}-{length}-{i}",
@@ -264,7 +282,7 @@ def generate_items(
                     "context_tokens_approx": round(len(context) / chars_per_token),
                     "target_tokens": length,
                     "n_keys": len(entries),
-                    "depth": round(context.index(entry.key) / len(context), 4),
+                    "depth": round(places[entry.key] / len(context), 4),
                     "seed": seed,
                 }
             )

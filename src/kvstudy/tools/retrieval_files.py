@@ -20,7 +20,18 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import file_digest, read_json_object, write_json_atomic, write_text_atomic
-from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_NEEDLES, MAX_SEED, float_arg, int_arg, output_folder
+from kvstudy.limits import (
+    MAX_AXIS_VALUES,
+    MAX_FACTOR,
+    MAX_GENERATED_CHARS,
+    MAX_ITEMS,
+    MAX_NEEDLES,
+    MAX_SEED,
+    MAX_TOKENS,
+    float_arg,
+    int_arg,
+    output_folder,
+)
 from kvstudy.outputs import claim_output_folder
 from kvstudy.tools.retrieval_data import DEFAULT_SEED, KINDS, generate_items
 
@@ -53,20 +64,31 @@ class RetrievalSet:
     chars_per_token: float = 1.0  # exact for the byte-level trained model
 
     def __post_init__(self) -> None:
-        if not self.lengths or any(not isinstance(n, int) or n < 16 for n in self.lengths):
-            raise StudyError(f"lengths: expected whole numbers >= 16, got {list(self.lengths)}")
+        if not self.lengths or any(not isinstance(n, int) or not 16 <= n <= MAX_TOKENS for n in self.lengths):
+            shown = ",".join(map(str, self.lengths[:8])) + (",..." if len(self.lengths) > 8 else "")
+            raise StudyError(f"--lengths: expected whole numbers from 16 to {MAX_TOKENS:,}, got {shown}")
+        if len(self.lengths) > MAX_AXIS_VALUES:
+            raise StudyError(f"--lengths: {len(self.lengths):,} lengths, expected at most {MAX_AXIS_VALUES:,}")
         if self.n_per_length < 1 or self.questions_per_context < 1:
-            raise StudyError("n_per_length / questions_per_context: expected >= 1 each")
+            raise StudyError("--n-per-length / --questions-per-context: expected >= 1 each")
         if self.n_per_length % self.questions_per_context:
             raise StudyError(
-                f"n_per_length ({self.n_per_length}) must be a multiple of "
-                f"questions_per_context ({self.questions_per_context})"
+                f"--n-per-length ({self.n_per_length}) must be a multiple of "
+                f"--questions-per-context ({self.questions_per_context})"
             )
         if not self.chars_per_token > 0:
-            raise StudyError(f"chars_per_token: expected a positive number, got {self.chars_per_token}")
+            raise StudyError(f"--chars-per-token: expected a positive number, got {self.chars_per_token}")
         bad = [k for k in self.kinds if k not in KINDS]
         if bad:
             raise StudyError(f"kinds: unknown {bad}; expected some of {list(KINDS)}")
+        # every item holds its whole context: bound the file, not only each number
+        chars = len(self.kinds) * self.n_per_length * sum(self.lengths) * self.chars_per_token
+        if chars > MAX_GENERATED_CHARS:
+            raise StudyError(
+                f"--lengths x --n-per-length x --chars-per-token: {len(self.kinds)} kinds x {self.n_per_length:,} items "
+                f"x {sum(self.lengths):,} tokens x {self.chars_per_token:g} characters = {chars:,.0f} characters, "
+                f"expected at most {MAX_GENERATED_CHARS:,} in one file"
+            )
 
 
 def items_for(spec: RetrievalSet) -> list[dict[str, Any]]:
@@ -136,7 +158,7 @@ def _cmd(args: argparse.Namespace) -> int:
         chars_per_token=args.chars_per_token,
     )
     path = write_retrieval_data(args.folder, spec, args.force)
-    print(f"wrote {path} ({len(items_for(spec))} items)")
+    print(f"wrote {path} ({len(spec.kinds) * len(spec.lengths) * spec.n_per_length} items)")
     return 0
 
 

@@ -35,14 +35,13 @@ versions, sha256 of every file); ``SOURCE.md`` is written by hand from it.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import platform
 import random
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +50,7 @@ from kvstudy.io import read_json_object, write_json_atomic
 from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, float_arg, int_arg, output_folder
 from kvstudy.machine import cpu_model
 from kvstudy.outputs import check_output_folder, claim_output_folder
+from kvstudy.tools import train_record
 from kvstudy.tools.train_data import (  # noqa: F401
     BOS_ID,
     EOS_ID,
@@ -69,6 +69,7 @@ from kvstudy.tools.train_data import (  # noqa: F401
     test_questions,
 )
 from kvstudy.tools.train_eval import evaluate_gsm8k, evaluate_retrieval, greedy_complete, load_trained, strict_match  # noqa: F401
+from kvstudy.tools.train_record import folder_digests, sha256_file  # noqa: F401
 from kvstudy.tools.train_settings import (  # noqa: F401
     Phase,
     Stage,
@@ -360,30 +361,17 @@ def continue_training(
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(Path(folder), dtype=torch.float32, attn_implementation="sdpa")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(Path(folder), dtype=torch.float32, attn_implementation="sdpa")
+    except Exception as exc:  # transformers and safetensors raise many kinds for a bad folder
+        raise StudyError(
+            f"{folder}: cannot be loaded as the saved model ({type(exc).__name__}: {str(exc)[:160]})"
+        ) from None
     phases = [train_phase(model, settings, index, None, progress) for index in range(first_phase, len(settings.phases))]
     return TrainResult(model, phases)
 
 
 # --------------------------------------------------------------------------- saving
-
-
-def sha256_file(path: Path) -> str:
-    """The sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def folder_digests(folder: Path) -> dict[str, str]:
-    """sha256 of every file the model folder holds, except ``training.json`` and ``SOURCE.md``."""
-    return {
-        p.name: sha256_file(p)
-        for p in sorted(folder.iterdir())
-        if p.is_file() and p.name not in ("training.json", "SOURCE.md")
-    }
 
 
 def _versions() -> dict[str, str]:
@@ -400,23 +388,9 @@ def _versions() -> dict[str, str]:
 
 
 def earlier_record(folder: str | Path, settings: TrainSettings) -> dict[str, Any]:
-    """``training.json`` of a model folder that ``settings``' later phases may continue: its files
-    match their recorded digests and its recipe is ``settings`` with only the first phases."""
-    folder = Path(folder)
-    if not (folder / "training.json").is_file():
-        raise StudyError(f"{folder}: no training.json (expected a model folder saved by train-model, to continue)")
-    record = read_json_object(folder / "training.json")
-    earlier = settings_from_dict(record.get("settings", {}))
-    done = len(earlier.phases)
-    same = earlier.phases == settings.phases[:done] and replace(earlier, phases=settings.phases) == settings
-    if not same or done >= len(settings.phases):
-        raise StudyError(
-            f"{folder / 'training.json'}: its recipe is not this one's first {done} phase(s) "
-            f"(expected a folder trained with the first phases of TrainSettings, to continue it)"
-        )
-    if folder_digests(folder) != record.get("files"):
-        raise StudyError(f"{folder}: its files differ from the digests in training.json (expected the saved model)")
-    return record
+    """``training.json`` of a model folder that ``settings``' later phases may continue
+    (:func:`kvstudy.tools.train_record.earlier_record`, against the recipe's model config)."""
+    return train_record.earlier_record(folder, settings, model_config(settings).to_dict())
 
 
 def save_model(

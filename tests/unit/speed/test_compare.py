@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -349,3 +350,36 @@ def test_compare_never_echoes_a_url_password_or_token(
     assert rc == 0 and "plantedPw-4c1e9a" not in out and "hf_PlantedTok0123456789" not in out
     if as_json:
         assert json.loads(out)["verdict"] == "faster"
+
+
+@pytest.mark.parametrize(
+    "changes, needle",
+    [
+        (
+            {"request_rate": math.inf},
+            "request_rate is Infinity, expected a number above 0",
+        ),  # JSON Infinity, not vLLM's "inf"
+        ({"request_rate": -2.0}, "request_rate is -2.0"),
+        ({"median_clock_mhz": "1e308"}, "median_clock_mhz is '1e308', expected a number above 0 and at most 100,000"),
+        ({"median_clock_mhz": 1e308}, "median_clock_mhz is 1e+308"),
+        ({"max_concurrency": -5}, "max_concurrency is -5, expected a whole number above 0"),
+        ({"burstiness": 0}, "burstiness is 0"),
+        ({"output_len": "1e12"}, "output_len is '1e12'"),
+    ],
+)
+def test_run_settings_at_the_edge_are_one_line(
+    make_arms: Any, capsys: pytest.CaptureFixture[str], changes: dict[str, Any], needle: str
+) -> None:
+    """Issue 30's second corpus: Infinity under --json (a traceback), 1e308 MHz and -5 users (exit 0)."""
+    base, cand = make_arms(n=2)
+    _edit(cand / "c1.json", **changes)
+    _bad(["speed", "compare", str(base), str(cand), "--json"], capsys, "c1.json", needle)
+
+
+def test_vllm_inf_request_rate_is_read(make_arms: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    base, cand = make_arms(n=2)
+    for folder in (base, cand):
+        for path in folder.glob("*.json"):
+            _edit(path, request_rate="inf")
+    rc, out, _ = run_cli(["speed", "compare", str(base), str(cand), "--json"], capsys)
+    assert rc == 0 and json.loads(out)

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import random
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -229,7 +230,7 @@ def test_a_later_phase_continues_a_saved_folder(tmp_path: Path) -> None:
     with pytest.raises(StudyError, match="no training.json"):
         train_model.earlier_record(tmp_path, _small_recipe(2))
     (tmp_path / "a" / "config.json").write_text("{}", encoding="utf-8")
-    with pytest.raises(StudyError, match="differ from the digests"):
+    with pytest.raises(StudyError, match="config.json: its content differs from the digest"):
         train_model.earlier_record(tmp_path / "a", _small_recipe(2))
 
 
@@ -246,3 +247,70 @@ def test_rounding_between_phases_is_what_saving_and_loading_does() -> None:
     for name, p in rounded.named_parameters():
         assert p.dtype == torch.float32
         assert torch.equal(p, params[name].to(torch.bfloat16).to(torch.float32)), name
+
+
+def _tampered(folder: Path, change: str) -> None:
+    """Change a copy of a saved folder the way a hostile or damaged one differs."""
+    record = json.loads((folder / "training.json").read_text())
+    config = json.loads((folder / "config.json").read_text())
+    if change == "no steps":
+        del record["steps"]
+    elif change == "steps a number":
+        record["steps"] = 2
+    elif change == "steps not the recipe's":
+        record["steps"] = [3]
+    elif change == "files a list":
+        record["files"] = ["model.safetensors"]
+    elif change == "config and its digest rewritten":
+        config["num_hidden_layers"] = 7
+        (folder / "config.json").write_text(json.dumps(config))
+        record["files"]["config.json"] = train_model.sha256_file(folder / "config.json")
+    elif change == "a file missing":
+        (folder / "model.safetensors").unlink()
+    elif change == "a file linked":
+        (folder / "model.safetensors").rename(folder.parent / "elsewhere.safetensors")
+        (folder / "model.safetensors").symlink_to(folder.parent / "elsewhere.safetensors")
+    elif change == "an extra file":
+        (folder / "notes.bin").write_bytes(b"x")
+    (folder / "training.json").write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ("no steps", "training.json: steps is null, expected a list of 1"),
+        ("steps a number", "training.json: steps is an integer, expected a list of 1"),
+        ("steps not the recipe's", "training.json: steps is [3], expected [2]"),
+        ("files a list", "training.json: files is a list, expected a mapping"),
+        ("config and its digest rewritten", "config.json: num_hidden_layers is 7, expected 1 (the recipe's model)"),
+        ("a file missing", "model.safetensors: missing (training.json lists it"),
+        ("a file linked", "model.safetensors: a symbolic link"),
+        ("an extra file", "notes.bin: not among the files training.json lists"),
+    ],
+)
+def test_continue_from_a_tampered_folder_names_what(
+    trained_once: Path, tmp_path: Path, change: str, message: str
+) -> None:
+    """Issue 35 item 7 and issue 30's second corpus: one line naming what was tampered or is missing."""
+    folder = tmp_path / "copy"
+    shutil.copytree(trained_once, folder)
+    _tampered(folder, change)
+    with pytest.raises(StudyError, match=re.escape(message)) as info:
+        train_model.earlier_record(folder, _small_recipe(2))
+    assert "\n" not in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def trained_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers")
+    out = tmp_path_factory.mktemp("trained") / "a"
+    train_model.run_training(out, _small_recipe(1), progress=None)
+    return out
+
+
+def test_a_folder_transformers_cannot_load_is_one_line(trained_once: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "copy"
+    shutil.copytree(trained_once, folder)
+    (folder / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(StudyError, match=r"copy: cannot be loaded as the saved model \("):
+        train_model.continue_training(folder, _small_recipe(2), 1)
