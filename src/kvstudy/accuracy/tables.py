@@ -1,6 +1,6 @@
 """The accuracy reports' presentation: one column spec per table, and the verdict sentences.
 
-The statistics (:mod:`kvstudy.accuracy.stats`, :mod:`kvstudy.accuracy.totals`) and the records of
+The statistics (:mod:`kvstudy.stats.binary`, :mod:`kvstudy.stats.binary_power`) and the records of
 notebooks 03 and 06 (:mod:`kvstudy.accuracy.analysis`, :mod:`kvstudy.accuracy.verdicts`) carry
 numbers only; this module is the one place that turns them into text. A table is a :class:`Table`
 of :class:`Column` specs, each naming the record field it shows (``key``), its header, its unit
@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from kvstudy.accuracy.analysis import PowerRow
 from kvstudy.accuracy.runner import ConfigResult
-from kvstudy.accuracy.stats import (
+from kvstudy.accuracy.verdicts import RetrievalPaired
+from kvstudy.capture import MANIFEST, read_manifest
+from kvstudy.stats.binary import (
     ChanceCheck,
     DifferenceInterval,
     Discrimination,
@@ -30,9 +32,7 @@ from kvstudy.accuracy.stats import (
     PairedComparison,
     p_text,
 )
-from kvstudy.accuracy.totals import TotalsBounds
-from kvstudy.accuracy.verdicts import RetrievalPaired
-from kvstudy.capture import MANIFEST, read_manifest
+from kvstudy.stats.binary_power import TotalsBounds
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from kvstudy.formats import millinats, p_value
-from kvstudy.precision.paired_logp import ALPHA, exact_mcnemar, floor_verdict, pair_rows, verdict
+from kvstudy.precision.paired_logp import ALPHA, floor_verdict, pair_rows, verdict
 from kvstudy.precision.prompts import bucket_length
 from kvstudy.precision.records import Capture, Group
+from kvstudy.stats.binary import mcnemar_exact
 
 FLOOR_ROLE = "A/A floor"
 
@@ -50,17 +51,17 @@ def comparisons(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any]]:
                         "arm": arm,
                         "label": _arm_label(group, arm),
                         "prompts": paired.prompts,
-                        "tokens": t.tokens,
+                        "tokens": t.n,
                         "mean": t.mean,
-                        "low": t.low,
-                        "high": t.high,
-                        "p": t.p,
+                        "low": t.ci_low,
+                        "high": t.ci_high,
+                        "p": t.p_value,
                         "top1": paired.top1_agreement,
                         "max_abs": paired.max_abs_delta,
-                        "floor_p": floor.test.p,
-                        "verdict": floor_verdict(t.p, alpha)
+                        "floor_p": floor.test.p_value,
+                        "verdict": floor_verdict(t.p_value, alpha)
                         if role == FLOOR_ROLE
-                        else verdict(t.p, t.mean, floor.test.p, alpha),
+                        else verdict(t.p_value, t.mean, floor.test.p_value, alpha),
                     }
                 )
     return out
@@ -123,7 +124,9 @@ def greedy_records(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any
                 continue
             ids = [r["id"] for r in rows if r["id"] in by_id]
             cand = {r["id"]: bool(r["correct"]) for r in rows}
-            b, c, p = exact_mcnemar([by_id[i] for i in ids], [cand[i] for i in ids])
+            b = sum(by_id[i] and not cand[i] for i in ids)
+            c = sum(cand[i] and not by_id[i] for i in ids)
+            p = mcnemar_exact(b, c).p_value
             tests[arm] = (role, ids, b, c, p, sum(cand[i] for i in ids))
         floor_p = tests[group.floor][4] if group.floor in tests else float("nan")
         for arm, (role, ids, b, c, p, right) in tests.items():

@@ -12,19 +12,14 @@ Three things break it in practice, and this module owns the checks against each:
   raises the false-claim rate (11.4 % for one such schedule). :func:`registration_check` compares
   the runs with the number registered per arm (a profile or notebook parameter) and refuses a
   verdict on fewer ("incomplete design") or more runs.
-* **Many tests in one report.** :func:`holm` adjusts the p values of one report's tests (Holm's
-  step-down method: the family-wise false-claim rate stays <= alpha).
-
-:func:`blocked_min_p` and :func:`blocks_needed` give what a blocked design can reach at all.
+* **Many tests in one report.** :func:`kvstudy.stats.family.holm` adjusts the p values of one
+  report's tests.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-MULTIPLICITY_METHOD = "Holm (step-down), family-wise false-claim rate <= alpha over the tests of one report"
 
 
 @dataclass(frozen=True)
@@ -35,24 +30,6 @@ class OrderCheck:
     overlap: bool | None  # the old, weak check: neither arm ran entirely before the other
     design: str  # "blocked, balanced (ABBA)" / "nearly grouped" / ...
     reason: str  # empty when accepted
-
-
-def blocked_min_p(block_sizes: Sequence[tuple[int, int]]) -> float:
-    """Smallest two-sided p of an exact permutation test within blocks of (baseline, candidate) runs:
-    2 / (product of C(n_b + n_c, n_c) over the blocks)."""
-    splits = 1
-    for nb, nc in block_sizes:
-        if nb >= 1 and nc >= 1:
-            splits *= math.comb(nb + nc, nc)
-    return min(1.0, 2.0 / splits) if splits > 1 else 1.0
-
-
-def blocks_needed(alpha: float) -> int:
-    """Fewest seed blocks of one run per arm with which the blocked test can reach p < ``alpha``."""
-    k = 1
-    while 2.0 / 2**k >= alpha:
-        k += 1
-    return k
 
 
 def registration_check(n_base: int, n_cand: int, registered: int | None) -> str:
@@ -159,16 +136,3 @@ def order_check(
             "(ABBA or balanced randomized blocks expected)",
         )
     return OrderCheck(True, True, "blocked, balanced (ABBA)", "")
-
-
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p values (same order as given): sorted p_(i) x (m - i + 1),
-    made monotone and capped at 1."""
-    m = len(p_values)
-    order = sorted(range(m), key=lambda i: p_values[i])
-    adjusted = [1.0] * m
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * float(p_values[i])))
-        adjusted[i] = running
-    return adjusted

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from kvstudy.accuracy import analysis as ga
-from kvstudy.accuracy import stats
 from kvstudy.accuracy import verdicts as vt
 from kvstudy.accuracy.records import QuestionRecord, RetrievalRecord
 from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.errors import StudyError
+from kvstudy.stats import binary as stats
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 
 from kvstudy.speed import calibration as cal
-from kvstudy.speed.design import blocked_min_p, blocks_needed, holm, order_check, registration_check
-from kvstudy.speed.verdict import RunSummary, adjust_for_multiplicity, arms_interleaved, compare_runs, permutation_test
+from kvstudy.speed.design import order_check, registration_check
+from kvstudy.speed.verdict import RunSummary, adjust_for_multiplicity, arms_interleaved, compare_runs
+from kvstudy.stats.binary import clopper_pearson
+from kvstudy.stats.family import holm
+from kvstudy.stats.permutation import blocked_min_p, blocks_needed, permutation_test
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -156,7 +159,7 @@ def test_power_comes_with_its_uncertainty() -> None:
     sens = cal.noise_sensitivity(runs, change=0.2, n_per_arm=6, simulations=1000)
     assert sens is not None and sens.df == 3 and sens.sigma_low < sens.sigma < sens.sigma_high
     assert sens.power_high_noise <= sens.power <= sens.power_low_noise
-    assert cal.clopper_pearson(20, 100)[0] < 0.2 < cal.clopper_pearson(20, 100)[1]
+    assert clopper_pearson(20, 100)[0] < 0.2 < clopper_pearson(20, 100)[1]
 
 
 # --------------------------------------------------------------------------- the published table

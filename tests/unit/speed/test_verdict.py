@@ -9,15 +9,9 @@ import numpy as np
 import pytest
 
 from kvstudy.errors import StudyError
-from kvstudy.speed.verdict import (
-    arms_interleaved,
-    bootstrap_ratio_interval,
-    compare_runs,
-    minimum_p_value,
-    permutation_test,
-    runs_needed,
-    summarise_run,
-)
+from kvstudy.speed.verdict import arms_interleaved, compare_runs, summarise_run
+from kvstudy.stats.bootstrap import bootstrap_ratio_interval
+from kvstudy.stats.permutation import minimum_p_value, permutation_test, runs_per_arm_needed
 
 
 def test_minimum_p_values_of_small_designs() -> None:
@@ -26,7 +20,7 @@ def test_minimum_p_values_of_small_designs() -> None:
     assert minimum_p_value(2, 2) == pytest.approx(1 / 3)
     assert minimum_p_value(4, 4) == pytest.approx(2 / 70)
     assert minimum_p_value(1, 1) == 1.0
-    assert runs_needed(0.05) == 4
+    assert runs_per_arm_needed(0.05) == 4
 
 
 def test_three_vs_three_fully_separated_gives_p_one_tenth() -> None:
