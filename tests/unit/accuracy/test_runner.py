@@ -195,18 +195,34 @@ def test_cli_bad_input_exits_2_without_traceback(tmp_path, capsys):
     assert code == 2 and err.startswith("kvstudy: error: configurations") and "Traceback" not in err
 
 
-def test_is_done_only_for_the_same_settings(tmp_path):
+def test_result_state_is_ok_only_with_records_and_the_same_settings(tmp_path):
     settings = ge.EvalSettings(n=10)
     folder = tmp_path / "bf16"
-    assert not ge.is_done(folder, settings, 8)
-    rec.write_records(folder / "records.jsonl", [])
+    assert ge.result_state(folder, settings, 8) is None
+    folder.mkdir()
     status = {"state": "ok", "num_fewshot": 8, "settings": {"n": 10, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}}
     (folder / "status.json").write_text(json.dumps(status))
-    assert ge.is_done(folder, settings, 8)
-    assert not ge.is_done(folder, ge.EvalSettings(n=20), 8)  # more questions asked: run again
-    assert not ge.is_done(folder, settings, 0)  # other shots
+    assert ge.result_state(folder, settings, 8) is None  # ok but no records file: runs again
+    rec.write_records(folder / "records.jsonl", [])
+    assert ge.result_state(folder, settings, 8) == "ok"
+    assert ge.result_state(folder, ge.EvalSettings(n=20), 8) is None  # more questions asked: run again
+    assert ge.result_state(folder, settings, 0) is None  # other shots
     (folder / "status.json").write_text(json.dumps({**status, "state": "incomplete"}))
-    assert not ge.is_done(folder, settings, 8)
+    assert ge.result_state(folder, settings, 8) == "incomplete"
+    (folder / "status.json").write_text(json.dumps({**status, "state": "failed"}))
+    assert ge.result_state(folder, settings, 8) == "failed"
+
+
+def test_an_ok_configuration_without_records_is_run_again_not_reported_failed(tmp_path):
+    settings = ge.EvalSettings(n=2)
+    folder = tmp_path / "cap" / "bf16"
+    folder.mkdir(parents=True)
+    status = {"state": "ok", "num_fewshot": 8, "settings": {"n": 2, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}}
+    (folder / "status.json").write_text(json.dumps(status))
+    lines: list[str] = []
+    with pytest.raises(StudyError):  # it is scheduled: the run needs the engine and a model folder
+        ge.run_missing(["bf16"], tmp_path / "model", tmp_path / "cap", settings, progress=lines.append)
+    assert not any("failed before" in line or "kept" in line for line in lines)
 
 
 def test_cached_answers_counts_lm_eval_cache(tmp_path):
