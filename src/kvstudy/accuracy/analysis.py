@@ -8,7 +8,6 @@ read the records' fields, never a table's text).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from kvstudy.accuracy.configurations import CONFIGURATIONS
 from kvstudy.accuracy.records import correctness
 from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.errors import StudyError
+from kvstudy.io import read_json
 from kvstudy.stats import binary, binary_power
 from kvstudy.stats.binary import Discrimination, WilsonInterval
 
@@ -48,12 +48,7 @@ class PublishedSummary:
 def load_published(path: str | Path) -> PublishedSummary:
     """Read a published accuracy summary (counts only), checking each field."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StudyError(f"{path}: no such published summary") from None
-    except json.JSONDecodeError as exc:
-        raise StudyError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    data = read_json(path)
     if not isinstance(data, dict) or data.get("source") != "published":
         raise StudyError(f'{path}: expected a JSON object with "source": "published"')
     n = data.get("n")

@@ -49,6 +49,16 @@ def test_records_from_samples_joins_filters_per_question():
     assert rec.correctness(records, "flexible-extract") == {0: True, 1: True}
 
 
+def test_a_response_holding_line_separators_reads_back(tmp_path):
+    # U+2028, U+2029 and U+0085 are written unescaped (ensure_ascii=False): str.splitlines() cut there
+    odd = "so\u2028the answer\u2029is\x85 #### 10"
+    records = rec.records_from_samples([_sample(0, f, odd, "10", True) for f in GSM8K_FILTERS])
+    path = tmp_path / "records.jsonl"
+    rec.write_records(path, records)
+    assert "\u2028" in path.read_text(encoding="utf-8")
+    assert rec.read_records(path) == records
+
+
 def test_records_need_both_filters():
     with pytest.raises(StudyError, match="lacks filters"):
         rec.records_from_samples([_sample(0, "strict-match", "x", "x", False)])
