@@ -14,11 +14,13 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 import pytest
 
-from kvstudy import render
+if TYPE_CHECKING:
+    from conftest import Rendered  # tests/notebooks/conftest.py: the one render of the reference profile
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -80,14 +82,9 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The reference profile rendered into a copy of the repository; its report folder."""
-    root = tmp_path_factory.mktemp("study")
-    for entry in ROOT.iterdir():
-        if entry.name not in {"reports", "figures", ".git"}:
-            (root / entry.name).symlink_to(entry)
-    render.run_profile("reference", root=root)
-    return root / "reports" / "reference"
+def rendered(reference: Rendered) -> Path:
+    """The report folder of the one render of the reference profile (tests/notebooks/conftest.py)."""
+    return reference.reports
 
 
 def browser_check(page: Path, profile_dir: Path) -> dict:
@@ -128,7 +125,11 @@ def test_index_and_reports_open_cleanly_in_chromium(rendered: Path, tmp_path: Pa
         assert result["broken_images"] == [], (page.name, result["broken_images"])
         assert result["missing_anchors"] == [], (page.name, result["missing_anchors"])
         assert result["wide_tables"] == [], (page.name, result["wide_tables"])
-        assert result["scrolled_tables"] == [], (page.name, "tables the reader must scroll sideways", result["scrolled_tables"])
+        assert result["scrolled_tables"] == [], (
+            page.name,
+            "tables the reader must scroll sideways",
+            result["scrolled_tables"],
+        )
         assert result["cut_text"] == [], (page.name, "text cut by its box", result["cut_text"])
         assert result["e_notation"] == [], (page.name, "numbers in e-notation (kvstudy.formats)", result["e_notation"])
         missing = [h for h in result["links"] if (t := local_target(page, h)) is not None and not t.exists()]
@@ -150,7 +151,6 @@ def test_every_table_a_report_shows_has_its_csv(rendered: Path) -> None:
             head = " ".join(re.sub(r"<[^>]+>", " ", text[start : start + 300]).split())[:60]
             assert note, (page.name, "a table without its CSV", head)
             assert (root / note.group(1)).is_file(), (page.name, note.group(1))
-
 
 
 def test_kv_precision_settings_say_what_came_from_the_capture(rendered: Path) -> None:
