@@ -413,16 +413,6 @@ def read_yaml(path: str | Path, limit: int = MAX_INPUT_BYTES) -> Any:
 
 # --------------------------------------------------------------------------- typed fields
 
-_MISSING: Any = object()
-_TYPE_NAMES = {
-    bool: "true/false",
-    int: "an integer",
-    float: "a number",
-    str: "a string",
-    list: "a list",
-    dict: "a mapping",
-}
-
 
 def type_name(value: Any) -> str:
     """A user-facing name of ``value``'s JSON/YAML type."""
@@ -436,32 +426,6 @@ def type_name(value: Any) -> str:
         list: "a list",
         dict: "a mapping",
     }.get(type(value), type(value).__name__)
-
-
-def get_field(data: Any, field_path: str, kind: type | tuple[type, ...], where: str, default: Any = _MISSING) -> Any:
-    """``data[a][b]...`` for ``field_path`` 'a.b...', checked to be of ``kind``.
-
-    A missing field gives ``default`` (or a StudyError when there is none); a field of another
-    type is a StudyError naming ``where`` and the field path. bool never passes for int/float, and
-    an int passes for float.
-    """
-    value = data
-    for part in field_path.split("."):
-        if not isinstance(value, dict) or part not in value:
-            if default is not _MISSING:
-                return default
-            raise StudyError(f"{where}: {field_path}: missing (required)")
-        value = value[part]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if float in kinds and int not in kinds:
-        kinds = (*kinds, int)
-    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-    if not ok:
-        expected = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise StudyError(f"{where}: {field_path}: expected {expected}, got {type_name(value)} {_short(value)}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise StudyError(f"{where}: {field_path}: expected a finite number, got {value!r}")
-    return value
 
 
 def _short(value: Any, limit: int = 40) -> str:

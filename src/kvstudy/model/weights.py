@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.formats import GIB
 from kvstudy.io import read_json
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import (
@@ -37,7 +38,6 @@ from kvstudy.model.layout import (
 )
 from kvstudy.vllm.facts import DTYPE_BYTES, KV_RULES_SOURCE
 
-GIB = 2**30
 # Bytes per stored value in the safetensors header dtypes (the format's own names).
 SAFETENSORS_DTYPE_BYTES: dict[str, Fraction] = {
     "F64": Fraction(8),

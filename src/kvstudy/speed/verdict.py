@@ -145,11 +145,6 @@ def _geomean(values: Sequence[float]) -> float:
     return float(math.exp(np.mean(np.log(values))))
 
 
-def arms_interleaved(base_starts: Sequence[float], cand_starts: Sequence[float]) -> bool:
-    """False when every run of one arm started before every run of the other."""
-    return not (max(base_starts) < min(cand_starts) or max(cand_starts) < min(base_starts))
-
-
 # --------------------------------------------------------------------------- the verdict
 
 

@@ -49,6 +49,11 @@ DTYPE_BYTES: dict[str, Fraction] = {
     "nvfp4": Fraction(1, 2) + Fraction(1, 16),
 }
 
+# The 16-bit cache dtypes (2 bytes a value above): a comparison's baseline. "auto" stores the KV
+# cache in the model's dtype (``CacheConfig.cache_dtype`` in vllm/config/cache.py), 16-bit for the
+# models the study serves; a resolved dtype is never "auto".
+SIXTEEN_BIT: tuple[str, ...] = ("auto", "bfloat16", "float16", "half")
+
 # MLA-only cache formats with a fixed size per token per layer, whatever the latent size
 # (vllm/v1/attention/backends/mla/flashmla_sparse.py: 656 bytes for fp8_ds_mla; the 352 bytes of
 # nvfp4_ds_mla are the study's reading of the same layout at 4 bits, not confirmed by a run).

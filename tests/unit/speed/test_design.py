@@ -15,7 +15,7 @@ import pytest
 
 from kvstudy.speed import calibration as cal
 from kvstudy.speed.design import order_check, registration_check
-from kvstudy.speed.verdict import RunSummary, adjust_for_multiplicity, arms_interleaved, compare_runs
+from kvstudy.speed.verdict import RunSummary, adjust_for_multiplicity, compare_runs
 from kvstudy.stats.binary import clopper_pearson
 from kvstudy.stats.family import holm
 from kvstudy.stats.permutation import blocked_min_p, blocks_needed, permutation_test
@@ -45,7 +45,7 @@ def _abba(ratio: float, seeds: int, *, clock: float | None = None, spread: float
 
 def test_nearly_grouped_order_passes_the_old_check_but_is_refused() -> None:
     base, cand = [0, 1, 2, 4], [3, 5, 6, 7]  # A A A B A B B B
-    assert arms_interleaved(base, cand)  # the old rule let this through
+    assert order_check(base, cand).overlap  # the old rule let this through
     check = order_check(base, cand)
     assert check.accepted is False and check.design == "nearly grouped"
     assert order_check([0, 3, 4, 7], [1, 2, 5, 6]).accepted  # ABBA
@@ -75,7 +75,7 @@ def test_drift_makes_nearly_grouped_orders_claim_and_abba_blocks_do_not() -> Non
         b = [drift(t) for t in starts_b]
         c = [drift(t) for t in starts_c]
         abba_claims += permutation_test(b, c, base_blocks=range(6), cand_blocks=range(6)).p_value < 0.05
-    assert arms_interleaved(grouped_b, grouped_c) and grouped_claims / trials > 0.2
+    assert order_check(grouped_b, grouped_c).overlap and grouped_claims / trials > 0.2
     assert order_check(grouped_b, grouped_c).accepted is False
     assert abba_claims / trials <= 0.05
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from kvstudy.errors import StudyError
-from kvstudy.speed.verdict import arms_interleaved, compare_runs, summarise_run
+from kvstudy.speed.design import order_check
+from kvstudy.speed.verdict import compare_runs, summarise_run
 from kvstudy.stats.bootstrap import bootstrap_ratio_interval
 from kvstudy.stats.permutation import minimum_p_value, permutation_test, runs_per_arm_needed
 
@@ -65,10 +66,10 @@ def test_permutation_test_refuses_empty_or_infinite() -> None:
 
 
 def test_interleaving_rule() -> None:
-    assert arms_interleaved([0, 2, 4], [1, 3, 5])
-    assert arms_interleaved([0, 3], [1, 2])  # ABBA
-    assert not arms_interleaved([0, 1, 2], [3, 4, 5])  # all baseline first
-    assert not arms_interleaved([3, 4], [0, 1])  # all candidate first
+    assert order_check([0, 2, 4], [1, 3, 5]).overlap
+    assert order_check([0, 3], [1, 2]).overlap  # ABBA
+    assert not order_check([0, 1, 2], [3, 4, 5]).overlap  # all baseline first
+    assert not order_check([3, 4], [0, 1]).overlap  # all candidate first
 
 
 def _arms(
