@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+GIB = 2**30  # bytes in a GiB, the unit vLLM, drivers and the catalog give memory in
 MISSING = "–"  # a value that does not exist
 P_FLOOR = 0.001  # p-values below it are shown as "< 0.001"
 _TIME_UNITS = (("ms", 1.0), ("µs", 1e-3), ("ns", 1e-6))  # name, size in ms

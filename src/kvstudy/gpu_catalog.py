@@ -19,7 +19,6 @@ from kvstudy.io import REPO_ROOT, read_json
 
 DEFAULT_CATALOG = REPO_ROOT / "data" / "gpus" / "catalog.json"
 MIB = 2**20
-GIB = 2**30
 
 _REQUIRED: dict[str, type | tuple[type, ...]] = {
     "name": str,

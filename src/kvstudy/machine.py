@@ -11,7 +11,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-GIB = 1024**3
+from kvstudy.formats import GIB
+
 # Packages whose versions every report and capture lists.
 REPORT_PACKAGES = (
     "kvstudy",

@@ -77,7 +77,6 @@ def progress(message: str) -> None:
 VERDICT_STATES = {
     "computed": "computed from the model's config (no run needed)",
     "measured": "measured, with the interval or test stated",
-    "simulated": "simulated (e.g. FP8 storage in PyTorch), not measured on the engine",
     "published": "published figures, restated",
     "no claim": "measured, but the data cannot support a claim",
     "simulated": "measured on a simulation of FP8 storage, not on the engine's own FP8 (decides nothing)",
@@ -118,24 +117,6 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
-
-
-def fp8_speed_text(baseline: float, fp8: float, higher_is_better: bool = True, digits: int = 1) -> str:
-    """The study's one sign convention: ``FP8 faster by X %`` or ``FP8 slower by X %``.
-
-    X is the change relative to the 16-bit baseline, ``|fp8 − baseline| / baseline``: for a
-    throughput (``higher_is_better``) faster means more, for a latency (TPOT) less, so 10 → 8 ms
-    is "faster by 20 %" (20 % less time per token), as
-    :func:`kvstudy.speed.verdicts_table.change_text` says of the TPOT ratio 0.8.
-    """
-    if not (baseline > 0 and fp8 > 0 and math.isfinite(baseline) and math.isfinite(fp8)):
-        return f"FP8 vs baseline: {MISSING} (no valid measurement)"
-    ratio = fp8 / baseline  # (new - base) / base = ratio - 1
-    change = ((ratio - 1.0) if higher_is_better else (1.0 - ratio)) * 100.0
-    if round(change, digits) == 0:
-        return "FP8 as fast as the baseline (within 0.05 %)" if digits == 1 else "FP8 as fast as the baseline"
-    word = "faster" if change > 0 else "slower"
-    return f"FP8 {word} by {abs(change):.{digits}f} %"
 
 
 def is_missing(value: Any) -> bool:

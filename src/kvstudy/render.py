@@ -233,7 +233,7 @@ def run_notebook(
     found: str | None = None
     verdicts: list[Any] = []
     if executed.exists():
-        scrub_executed(executed, parameters)
+        scrub_executed(executed, parameters, cwd)
         render_html(executed, html_path, redact(parameters), set(given), _settings_csv(parameters, cwd, source.stem))
         found, verdicts = extract_results(executed)
     return NotebookRun(source.stem, html_path, seconds, found, error, verdicts, needs)
@@ -350,14 +350,14 @@ def secret_parameter_values(parameters: Any) -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
-def scrub_executed(executed: Path, parameters: dict[str, Any]) -> None:
+def scrub_executed(executed: Path, parameters: dict[str, Any], root: Path = REPO_ROOT) -> None:
     """Rewrite an executed notebook so no secret survives: every text, sources and outputs, scrubbed
     of the injected parameters' secret values and of every secret shape (``redact.scrub``: a token
     inside a folder name, a URL password), and no folder of the rendering machine either
-    (``io.without_machine_paths``)."""
+    (``io.without_machine_paths``: the repository's, and ``root``, the folder the render ran in)."""
     values = secret_parameter_values(parameters)
     nb = scrub_tree(read_json(executed), values, BINARY_OUTPUTS)
-    text = without_machine_paths(json.dumps(nb, indent=1, ensure_ascii=False))
+    text = without_machine_paths(without_machine_paths(json.dumps(nb, indent=1, ensure_ascii=False), root))
     for value in values:  # as JSON spells it inside a string, and as it is
         text = text.replace(json.dumps(value, ensure_ascii=False)[1:-1], REDACTED).replace(value, REDACTED)
     write_text_atomic(executed, text + "\n")

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.accuracy import runner as ge
-from kvstudy.accuracy import stats as acc_stats
 from kvstudy.accuracy.records import correctness
 from kvstudy.errors import StudyError
 from kvstudy.io import bounded_float
@@ -35,6 +34,7 @@ from kvstudy.limits import MAX_FACTOR
 from kvstudy.precision import divergence as dv
 from kvstudy.precision import records as rc
 from kvstudy.precision.paired_logp import pair_rows
+from kvstudy.stats import binary as acc_stats
 
 BASELINE, CANDIDATE = "bf16", "fp8-kv"
 

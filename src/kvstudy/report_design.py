@@ -6,12 +6,12 @@
 Speed: from the A/A noise of a sweep capture (the baseline and its repeat, seed blocks;
 :func:`kvstudy.speed.calibration.noise_sd`), or a noise SD given, or an assumed default (labelled
 assumed), the seed blocks per arm (one run per arm each) the verdict's blocked sign-flip test needs to
-claim a TPOT change of X % with 80 % power (:func:`kvstudy.speed.calibration.runs_needed`).
+claim a TPOT change of X % with 80 % power (:func:`kvstudy.stats.permutation.runs_needed`).
 
 Accuracy: from the share of questions on which two configurations disagree (given; or the range
 the published totals allow; or assumed values), the questions a paired non-inferiority test at a
 margin of M points needs to pass with 80 % power when the configurations truly score alike
-(:func:`kvstudy.accuracy.totals.non_inferiority_questions`).
+(:func:`kvstudy.stats.binary_power.non_inferiority_questions`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.accuracy.analysis import ASSUMED_DISCORDANCE
-from kvstudy.accuracy.totals import check_totals, non_inferiority_questions
 from kvstudy.errors import StudyError
 from kvstudy.limits import (
     DESIGN_CHANGE_PCT,
@@ -34,7 +33,9 @@ from kvstudy.limits import (
     MAX_DESIGN_VALUES,
     MAX_LOG_SD,
 )
-from kvstudy.speed.calibration import TARGET_POWER, noise_sd, runs_needed
+from kvstudy.speed.calibration import noise_sd
+from kvstudy.stats.binary_power import check_totals, non_inferiority_questions
+from kvstudy.stats.permutation import TARGET_POWER, runs_needed
 
 ASSUMED_NOISE_SD = 0.05  # SD of a per-seed log TPOT difference when no capture or value is given (assumed)
 DEFAULT_CHANGES_PCT = (5.0, 10.0, 20.0)

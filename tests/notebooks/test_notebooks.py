@@ -6,11 +6,14 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from kvstudy import render as report
-from kvstudy.profiles import load_profile, notebook_parameters
+from kvstudy.profiles import load_profile
+
+if TYPE_CHECKING:
+    from conftest import Rendered  # tests/notebooks/conftest.py: the one render of the reference profile
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -79,17 +82,17 @@ def test_help_notebook_gives_every_parameter_a_type(path: Path) -> None:
 
 @pytest.mark.notebooks
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_executes_on_reference_profile(path: Path, tmp_path: Path) -> None:
-    profile = load_profile("reference", ROOT / "profiles")
-    params = notebook_parameters(profile, path.stem, "reference", tmp_path / "figures")
-    run = report.run_notebook(path, tmp_path / "reports", params, ROOT)
+def test_notebook_executes_on_reference_profile(path: Path, reference: Rendered) -> None:
+    run = reference.runs[path.stem]
     assert run.error is None, f"{path.name} failed: {run.error}"
-    assert run.html_path.is_file() and run.html_path.stat().st_size > 10_000
+    html = reference.html(path.stem)
+    assert html.is_file() and html.stat().st_size > 10_000
     assert run.finding, f"{path.name} states no finding for the index page"
-    page = run.html_path.read_text(encoding="utf-8").replace("<wbr>", "")
-    executed = (tmp_path / "reports" / path.name).read_text(encoding="utf-8")
+    page = html.read_text(encoding="utf-8").replace("<wbr>", "")
+    executed = reference.executed(path.stem).read_text(encoding="utf-8")
     for text, what in ((page, "report"), (executed, "executed notebook")):
-        assert str(ROOT) not in text, f"{path.name}: the {what} names the rendering machine's folder {ROOT}"
+        for folder in (ROOT, reference.root):
+            assert str(folder) not in text, f"{path.name}: the {what} names the rendering machine's folder {folder}"
         assert str(Path.home()) + "/" not in text, f"{path.name}: the {what} names the home folder"
     assert not unresolved_capture_paths(page), f"{path.name}: names files that are not in the clone"
 

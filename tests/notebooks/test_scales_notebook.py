@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pytest
 
-from kvstudy import render as report
 from kvstudy.model import scale_tables, scales
 from kvstudy.profiles import load_profile, notebook_parameters
+
+if TYPE_CHECKING:
+    from conftest import Rendered  # tests/notebooks/conftest.py: the one render of the reference profile
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "04_scale-inspection.ipynb"
@@ -27,12 +30,12 @@ def _outputs_text(path: Path) -> str:
 
 
 @pytest.mark.notebooks
-def test_notebook_finding_matches_the_package(tmp_path: Path) -> None:
+def test_notebook_finding_matches_the_package(reference: Rendered) -> None:
     profile = load_profile("reference", ROOT / "profiles")
-    params = notebook_parameters(profile, NOTEBOOK.stem, "reference", tmp_path / "figures")
-    run = report.run_notebook(NOTEBOOK, tmp_path / "reports", params, ROOT)
+    params = notebook_parameters(profile, NOTEBOOK.stem, "reference", reference.figures)
+    run = reference.runs[NOTEBOOK.stem]
     assert run.error is None, run.error
-    assert (tmp_path / "figures" / "04_scale_values.png").is_file()
+    assert (reference.figures / "04_scale_values.png").is_file()
 
     defaults = {"models": None, "logs": {}, "dump_root": None, "dump_logs": {}}
     nb_defaults = {}
@@ -51,7 +54,7 @@ def test_notebook_finding_matches_the_package(tmp_path: Path) -> None:
         dump = pd.DataFrame(scales.dump_kv_settings(values["dump_root"], values["dump_logs"]))
     expected = scale_tables.summarize(reports, dump)
     assert run.finding == expected["finding"]
-    text = _outputs_text(tmp_path / "reports" / NOTEBOOK.name)
+    text = _outputs_text(reference.executed(NOTEBOOK.stem))
     for r in reports:
         assert r.source in text
         for verdict in r.verdicts:

@@ -3,48 +3,47 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from kvstudy import render as report
 from kvstudy.profiles import load_profile, notebook_parameters
 from kvstudy.speed import analysis as speed
+
+if TYPE_CHECKING:
+    from conftest import Rendered  # tests/notebooks/conftest.py: the one render of the reference profile
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "02_speed-sweep.ipynb"
 
 
-def html_text_of(run: object) -> str:
-    return run.html_path.read_text()  # type: ignore[attr-defined]
-
-
 @pytest.mark.notebooks
-def test_reference_render_recomputes_published_ratio_and_reads_capture(tmp_path: Path) -> None:
+def test_reference_render_recomputes_published_ratio_and_reads_capture(reference: Rendered) -> None:
     profile = load_profile("reference", ROOT / "profiles")
-    params = notebook_parameters(profile, NOTEBOOK.stem, "reference", tmp_path / "figures")
+    params = notebook_parameters(profile, NOTEBOOK.stem, "reference", reference.figures)
     assert params["run_missing"] is False  # the reference profile never starts vLLM
-    run = report.run_notebook(NOTEBOOK, tmp_path / "reports", params, ROOT)
+    run = reference.runs[NOTEBOOK.stem]
     assert run.error is None, run.error
+    html_text = reference.html(NOTEBOOK.stem).read_text()
     # the published table under the new rule: 3 vs 2 seeds cannot reach p < 0.05 with an exact test
     assert (
         "L4 published, 1 user(s): FP8 faster by 2.2 % per token, no claim (the design cannot reach significance"
     ) in run.finding
     assert "no claim (no claim" not in run.finding  # the verdict is not repeated as its own reason
     # 32 users x 1,152 tokens against the 1,506-block pool, from Qwen3-8B's config.json and vLLM's block rules
-    assert "2304" in html_text_of(run) and "yes: 12 of 32 requests wait" in html_text_of(run)
+    assert "2304" in html_text and "yes: 12 of 32 requests wait" in html_text
     assert "L4 published, 32 user(s): FP8 faster by 3.3 % per token, no claim" in run.finding
-    html_text = run.html_path.read_text()
     assert "another factor changed" not in html_text and "more by 3.2 %" in html_text
     assert "26.6 streams" in html_text and "calibration not possible with this design" in html_text
     assert "at equal clock" not in html_text and "not varied / not measured" in html_text
     cap = speed.load_capture(ROOT / params["capture"])
-    html = run.html_path.read_text().replace("<wbr/>", "")  # the renderer may break long words
+    html = html_text.replace("<wbr/>", "")  # the renderer may break long words
     for cell in cap.spec.cells():  # every cell of the bundled capture is listed with its state
         assert cell.id in html
     # the bundled capture has per-request records and telemetry, and the views were drawn from them
     assert len(cap.requests) and len(cap.telemetry)
     for name in ("speed-distributions", "speed-clock", "speed-seed-ranges"):
-        assert (tmp_path / "figures" / f"{name}.png").is_file(), name
+        assert (reference.figures / f"{name}.png").is_file(), name
 
 
 def test_sweep_parameters_are_sweepspec_fields_with_no_default_of_their_own() -> None:

@@ -15,7 +15,6 @@ from kvstudy.io import (
     bounded_float,
     bounded_int,
     check_nesting,
-    get_field,
     log_tail,
     parse_json_text,
     read_bytes_checked,
@@ -89,20 +88,6 @@ def test_json_object_helper(tmp_path: Path) -> None:
     (tmp_path / "l.json").write_text("[1]")
     with pytest.raises(StudyError, match="expected a JSON object"):
         read_json_object(tmp_path / "l.json")
-
-
-def test_get_field_names_the_path() -> None:
-    data = {"a": {"b": [1], "n": True, "x": float("nan")}}
-    assert get_field(data, "a.b", list, "cfg") == [1]
-    assert get_field(data, "a.c", int, "cfg", default=3) == 3
-    with pytest.raises(StudyError, match="cfg: a.b: expected an integer, got a list"):
-        get_field(data, "a.b", int, "cfg")
-    with pytest.raises(StudyError, match="a.n: expected an integer, got a boolean"):
-        get_field(data, "a.n", int, "cfg")
-    with pytest.raises(StudyError, match="finite"):
-        get_field(data, "a.x", float, "cfg")
-    with pytest.raises(StudyError, match="a.z: missing"):
-        get_field(data, "a.z", int, "cfg")
 
 
 @pytest.mark.parametrize("text, value", [("1,234", 1234), ("42", 42), (7, 7), (3.0, 3)])

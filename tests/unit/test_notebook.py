@@ -33,29 +33,6 @@ def test_folder_outside_the_repository_is_left_alone(
     assert Path.cwd() == elsewhere.resolve()
 
 
-@pytest.mark.parametrize(
-    "baseline, fp8, higher, text",
-    [
-        (100.0, 102.3, True, "FP8 faster by 2.3 %"),
-        (100.0, 80.0, True, "FP8 slower by 20.0 %"),
-        (10.0, 8.0, False, "FP8 faster by 20.0 %"),  # latency: (new − base) / base = −20 %, 20 % less TPOT
-        (10.0, 12.5, False, "FP8 slower by 25.0 %"),
-        (0.0, 1.0, True, "no valid measurement"),
-        (math.nan, 1.0, True, "no valid measurement"),
-    ],
-)
-def test_one_sign_convention(baseline: float, fp8: float, higher: bool, text: str) -> None:
-    assert text in notebook.fp8_speed_text(baseline, fp8, higher_is_better=higher)
-
-
-@pytest.mark.parametrize("baseline, fp8", [(10.0, 8.0), (10.0, 12.5), (41.3, 39.9), (7.0, 7.7), (100.0, 90.0)])
-def test_tpot_text_agrees_with_the_speed_verdicts(baseline: float, fp8: float) -> None:
-    """One convention for a change between arms: relative to the 16-bit baseline, as change_text."""
-    from kvstudy.speed.verdicts_table import change_text
-
-    assert notebook.fp8_speed_text(baseline, fp8, higher_is_better=False) == "FP8 " + change_text(fp8 / baseline)
-
-
 def test_table_has_no_row_numbers_no_nan_and_integers_as_integers() -> None:
     df = pd.DataFrame(
         {"tokens": [2097152.0, math.nan], "name": ["a long name that stays whole", None], "share": [0.125, 1.5]}

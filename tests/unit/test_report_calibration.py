@@ -63,9 +63,9 @@ def test_a_ladder_read_from_captures(tmp_path: Path) -> None:
     import math
 
     from kvstudy.accuracy import runner as ge
-    from kvstudy.accuracy import stats
     from kvstudy.accuracy.records import correctness
     from kvstudy.report_calibration import calibrate_ladder
+    from kvstudy.stats import binary as stats
 
     acc = CAPTURES / "gsm8k-cpu"
     grades = [(8.0, acc, _screen(tmp_path / "s8", 0.5)), (64.0, acc, _screen(tmp_path / "s64", 0.3))]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from kvstudy import cli, report_design
-from kvstudy.accuracy.totals import non_inferiority_questions
-from kvstudy.speed.calibration import _sign_flip_power, runs_needed
+from kvstudy.stats.binary_power import non_inferiority_questions
+from kvstudy.stats.permutation import runs_needed, sign_flip_power
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURE = ROOT / "data" / "captures" / "speed-cpu"
@@ -21,9 +21,9 @@ def test_runs_needed_is_the_fewest_blocks_with_the_power() -> None:
     need = runs_needed(0.05, 0.10, simulations=1000)
     n = need.runs_per_arm
     assert n is not None and need.method.startswith("exact")
-    assert _sign_flip_power(0.05, 0.10, n, 0.05, 1000, 0) >= 0.8
+    assert sign_flip_power(0.05, 0.10, n, 0.05, 1000, 0) >= 0.8
     if n > 6:  # six blocks is the fewest that can reach p < 0.05 at all
-        assert _sign_flip_power(0.05, 0.10, n - 1, 0.05, 1000, 0) < 0.8
+        assert sign_flip_power(0.05, 0.10, n - 1, 0.05, 1000, 0) < 0.8
     # more noise needs more runs; a larger change fewer
     assert runs_needed(0.2, 0.10, simulations=400).runs_per_arm > n  # type: ignore[operator]
     assert runs_needed(0.05, 0.30, simulations=400).runs_per_arm == 6

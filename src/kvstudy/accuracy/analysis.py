@@ -1,6 +1,6 @@
 """Records for the GSM8K notebook (03), from a published summary or a capture folder.
 
-The statistics live in :mod:`kvstudy.accuracy.stats` and :mod:`kvstudy.accuracy.totals`; reading
+The statistics live in :mod:`kvstudy.stats.binary` and :mod:`kvstudy.stats.binary_power`; reading
 and running captures in :mod:`kvstudy.accuracy.runner`. This module joins them into typed records,
 one per row of what the report shows; :mod:`kvstudy.accuracy.tables` renders them (the notebooks
 read the records' fields, never a table's text).
@@ -8,18 +8,18 @@ read the records' fields, never a table's text).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvstudy.accuracy import stats, totals
 from kvstudy.accuracy.configurations import CONFIGURATIONS
 from kvstudy.accuracy.records import correctness
 from kvstudy.accuracy.runner import ConfigResult
-from kvstudy.accuracy.stats import Discrimination, WilsonInterval
 from kvstudy.errors import StudyError
+from kvstudy.io import read_json
+from kvstudy.stats import binary, binary_power
+from kvstudy.stats.binary import Discrimination, WilsonInterval
 
 ASSUMED_DISCORDANCE = (0.02, 0.05, 0.10)  # fractions of questions on which two runs disagree
 
@@ -48,12 +48,7 @@ class PublishedSummary:
 def load_published(path: str | Path) -> PublishedSummary:
     """Read a published accuracy summary (counts only), checking each field."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StudyError(f"{path}: no such published summary") from None
-    except json.JSONDecodeError as exc:
-        raise StudyError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    data = read_json(path)
     if not isinstance(data, dict) or data.get("source") != "published":
         raise StudyError(f'{path}: expected a JSON object with "source": "published"')
     n = data.get("n")
@@ -103,7 +98,7 @@ def published_checks(summary: PublishedSummary) -> list[PublishedCheck]:
     """Each published row with the Wilson interval recomputed here, and whether it matches."""
     out = []
     for row in summary.rows:
-        ours = stats.wilson_interval(row.correct, summary.n)
+        ours = binary.wilson_interval(row.correct, summary.n)
         low, high = round(100 * ours.low, 1), round(100 * ours.high, 1)
         matches = (
             abs(low - row.published_wilson95_pct[0]) < 0.05 + 1e-9
@@ -144,9 +139,9 @@ def power_rows(
         PowerRow(
             n,
             psi,
-            totals.smallest_detectable_loss(n, psi),
+            binary_power.smallest_detectable_loss(n, psi),
             loss,
-            totals.required_questions(loss, psi) if loss is not None and loss <= psi else None,
+            binary_power.required_questions(loss, psi) if loss is not None and loss <= psi else None,
         )
         for psi in discordances
     ]
@@ -173,7 +168,7 @@ def capture_rows(results: Mapping[str, ConfigResult], filter_name: str) -> list[
     for res in results.values():
         interval = None
         if res.state == "ok" and res.records:
-            interval = stats.wilson_interval(sum(correctness(res.records, filter_name).values()), len(res.records))
+            interval = binary.wilson_interval(sum(correctness(res.records, filter_name).values()), len(res.records))
         rows.append(CaptureRow(res.name, res.label, res.state, res.num_fewshot, interval))
     return rows
 
@@ -185,7 +180,7 @@ def serves_another_model(name: str) -> bool:
 
 def discrimination(results: Mapping[str, ConfigResult], model: str, weak: str, filter_name: str) -> Discrimination:
     a, b = finished(results, model), finished(results, weak)
-    return stats.discrimination_check(
+    return binary.discrimination_check(
         f"{a.label} ({a.num_fewshot}-shot)",
         correctness(a.records, filter_name),
         b.label,

@@ -16,9 +16,10 @@ import math
 import re
 from typing import Any
 
-from kvstudy.accuracy import samples, stats, tables, totals
+from kvstudy.accuracy import samples, tables
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_ITEMS
+from kvstudy.stats import binary, binary_power
 
 
 def _whole(text: str, field: str) -> int:
@@ -51,7 +52,7 @@ def _print(data: dict[str, Any], as_json: bool, lines: list[str]) -> None:
         print("\n".join(lines))
 
 
-def _compare_json(cmp: stats.PairedComparison) -> dict[str, Any]:
+def _compare_json(cmp: binary.PairedComparison) -> dict[str, Any]:
     """The keys of ``kvstudy accuracy compare --json`` (interval and margin in points)."""
     c = cmp.counts
     return {
@@ -67,7 +68,7 @@ def _compare_json(cmp: stats.PairedComparison) -> dict[str, Any]:
     }
 
 
-def _totals_json(t: totals.TotalsBounds) -> dict[str, Any]:
+def _totals_json(t: binary_power.TotalsBounds) -> dict[str, Any]:
     """The keys of ``kvstudy accuracy totals --json`` (rates and losses in percent/points)."""
 
     def pts(x: float | None) -> float | None:
@@ -91,7 +92,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     margin_points = _number(args.margin_points, "--margin-points")
     margin_share = _number(args.margin_share, "--margin-share")
     pair = samples.read_pair(args.baseline, args.candidate, args.filter, args.metric)
-    verdict = stats.compare(
+    verdict = binary.compare(
         pair.baseline_correct(),
         pair.candidate_correct(),
         margin_points=margin_points,
@@ -134,7 +135,7 @@ def _run_totals(args: argparse.Namespace) -> int:
     n = _whole(args.n, "--n")
     a = _whole(args.baseline, "--baseline")
     b = _whole(args.candidate, "--candidate")
-    bounds = totals.totals_bounds(n, a, b)
+    bounds = binary_power.totals_bounds(n, a, b)
     data = _totals_json(bounds)
     low, high = bounds.detectable_loss_low, bounds.detectable_loss_high
     loss = (
@@ -181,7 +182,7 @@ def register(subparsers: Any) -> None:
         "--margin-share",
         default=None,
         metavar="S",
-        help=f"margin as a share of the 16-bit score kept (default {stats.DEFAULT_MARGIN_SHARE}, MLPerf's 99%%)",
+        help=f"margin as a share of the 16-bit score kept (default {binary.DEFAULT_MARGIN_SHARE}, MLPerf's 99%%)",
     )
     cmp.add_argument("--json", action="store_true", help="print one JSON object")
     cmp.set_defaults(func=_run_compare)

@@ -15,7 +15,6 @@ Both have ``doc_id`` (lm-eval's document index, what pairs two runs) and ``corre
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 from kvstudy.accuracy.task_specs import GSM8K_FILTERS, RETRIEVAL_FILTERS, task_spec
 from kvstudy.errors import StudyError
-from kvstudy.io import read_text_checked, write_jsonl_atomic
+from kvstudy.io import read_jsonl_numbered, write_jsonl_atomic
 
 
 @dataclass(frozen=True)
@@ -166,11 +165,7 @@ def read_records(path: str | Path) -> list[Any]:
         raise StudyError(f"{path}: no records file")
     records: list[Any] = []
     first: type[QuestionRecord] | type[RetrievalRecord] | None = None
-    for number, line in enumerate(read_text_checked(path).splitlines(), 1):
-        try:
-            item = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            raise StudyError(f"{path}:{number}: not a JSON object") from None
+    for number, item in read_jsonl_numbered(path):
         kind = _record_type(item) if isinstance(item, dict) else None
         if kind is None or (first is not None and kind is not first):
             expected = sorted((first or QuestionRecord).__dataclass_fields__)

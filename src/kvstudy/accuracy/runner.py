@@ -214,21 +214,22 @@ class ConfigStatus:
     finished_at: str | None = None
 
 
-def is_done(folder: Path, settings: EvalSettings, shots: int) -> bool:
-    status_path = folder / "status.json"
-    if not status_path.is_file() or not (folder / "records.jsonl").is_file():
-        return False
+def result_state(folder: Path, settings: EvalSettings, shots: int) -> str | None:
+    """The state the done rule (``capture.needs_run``) reads for a configuration: its status's, but
+    None (no result) for an "ok" without its records file or run with other settings (questions,
+    task, few-shot seed or shots), which then runs again."""
     status = read_status(folder) or {}
-    if status.get("state") == "ok":
-        read_records(folder / "records.jsonl")  # a corrupt records file is one line, not a "done"
+    state = status.get("state")
+    if state != "ok":
+        return state if isinstance(state, str) else None
+    if not (folder / "records.jsonl").is_file():
+        return None
+    read_records(folder / "records.jsonl")  # a corrupt records file is one line, not a "done"
     found = status.get("settings")
     settings_then: dict[str, Any] = found if isinstance(found, dict) else {}
     same = {k: settings_then.get(k) for k in ("n", "task", "fewshot_seed")}
-    return (
-        status.get("state") == "ok"
-        and status.get("num_fewshot") == shots
-        and same == {"n": settings.n, "task": settings.task, "fewshot_seed": settings.fewshot_seed}
-    )
+    wanted = {"n": settings.n, "task": settings.task, "fewshot_seed": settings.fewshot_seed}
+    return "ok" if status.get("num_fewshot") == shots and same == wanted else None
 
 
 def run_group(
@@ -352,12 +353,14 @@ def run_missing(
     for cfg in configurations(names):
         shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
         folder = capture / cfg.name
-        if is_done(folder, settings, shots):
-            progress(f"{cfg.name}: done already, kept")
-            continue
-        status = read_status(folder)
-        if not capture_format.needs_run((status or {}).get("state"), retry_failed):  # every experiment's rule
-            progress(f"{cfg.name}: failed before ({((status or {}).get('diagnosis') or '')[:120]}), kept")
+        state = result_state(folder, settings, shots)
+        if not capture_format.needs_run(state, retry_failed):  # every experiment's rule
+            diagnosis = (read_status(folder) or {}).get("diagnosis") or ""
+            progress(
+                f"{cfg.name}: done already, kept"
+                if state == "ok"
+                else f"{cfg.name}: failed before ({diagnosis[:120]}), kept"
+            )
             continue
         todo.setdefault(cfg.server_key(), []).append(cfg)
     results: dict[str, ConfigStatus | None] = {}

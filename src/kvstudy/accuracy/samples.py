@@ -272,10 +272,16 @@ def _read_rows(path: Path) -> list[SampleRow]:
     that is one JSON array is lm-eval 0.4.0/0.4.1's format (:func:`_read_array`)."""
     rows = []
     if _starts_with_array(path):
-        rows = _read_array(path)
-        if not rows:
-            raise StudyError(f"{path}: no rows; expected one JSON object per document and filter")
-        return rows
+        try:
+            rows = _read_array(path)
+        except StudyError as exc:
+            if "malformed JSON" not in str(exc):
+                raise
+            rows = []  # not one JSON array: a JSONL file whose first line is junk, read below line by line
+        else:
+            if not rows:
+                raise StudyError(f"{path}: no rows; expected one JSON object per document and filter")
+            return rows
     try:
         with open(path, encoding="utf-8", newline="\n") as lines:
             for number, line in enumerate(lines, 1):

@@ -1,6 +1,6 @@
 """The accuracy reports' presentation: one column spec per table, and the verdict sentences.
 
-The statistics (:mod:`kvstudy.accuracy.stats`, :mod:`kvstudy.accuracy.totals`) and the records of
+The statistics (:mod:`kvstudy.stats.binary`, :mod:`kvstudy.stats.binary_power`) and the records of
 notebooks 03 and 06 (:mod:`kvstudy.accuracy.analysis`, :mod:`kvstudy.accuracy.verdicts`) carry
 numbers only; this module is the one place that turns them into text. A table is a :class:`Table`
 of :class:`Column` specs, each naming the record field it shows (``key``), its header, its unit
@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from kvstudy.accuracy.analysis import PowerRow
 from kvstudy.accuracy.runner import ConfigResult
-from kvstudy.accuracy.stats import (
+from kvstudy.accuracy.verdicts import RetrievalPaired
+from kvstudy.capture import MANIFEST, read_manifest
+from kvstudy.stats.binary import (
     ChanceCheck,
     DifferenceInterval,
     Discrimination,
@@ -30,9 +32,8 @@ from kvstudy.accuracy.stats import (
     PairedComparison,
     p_text,
 )
-from kvstudy.accuracy.totals import TotalsBounds
-from kvstudy.accuracy.verdicts import RetrievalPaired, holm
-from kvstudy.capture import MANIFEST, read_manifest
+from kvstudy.stats.binary_power import TotalsBounds
+from kvstudy.stats.family import holm
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -480,7 +481,7 @@ def retrieval_sentence(rows: Iterable[RetrievalPaired], alpha: float = 0.05) -> 
         if r.length is None
     )
     by_length = [r for r in cands if r.length is not None]
-    adjusted = holm([r.mcnemar.p_value for r in by_length], alpha)
+    adjusted = holm([r.mcnemar.p_value for r in by_length])
     shown = [
         f"{r.label} at {r.length} tokens ({100 * r.clustered.mean:+.1f} points, p = {_p(r.mcnemar.p_value)}, "
         f"Holm p = {_p(p)})"

@@ -1,7 +1,7 @@
 """Records of paired accuracy verdicts, from a capture's per-item records or published totals.
 
-Every number comes from :mod:`kvstudy.accuracy.stats` (exact McNemar, Newcombe's paired interval,
-non-inferiority at a margin, clustered errors, chance) and :mod:`kvstudy.accuracy.totals` (bounds
+Every number comes from :mod:`kvstudy.stats.binary` (exact McNemar, Newcombe's paired interval,
+non-inferiority at a margin, clustered errors, chance) and :mod:`kvstudy.stats.binary_power` (bounds
 from totals); this module only pairs the configurations of a capture and returns one typed record
 per row, for notebooks 03 (GSM8K-format) and 06 (long-context retrieval).
 :mod:`kvstudy.accuracy.tables` renders the records and words their verdicts.
@@ -14,25 +14,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvstudy.accuracy import stats, totals
 from kvstudy.accuracy.analysis import PublishedSummary, finished, serves_another_model
 from kvstudy.accuracy.records import correctness
 from kvstudy.accuracy.runner import ConfigResult
-from kvstudy.accuracy.stats import (
+from kvstudy.errors import StudyError
+from kvstudy.stats import binary, binary_power
+from kvstudy.stats.binary import (
     ChanceCheck,
-    ClusteredMean,
     McNemarTest,
     NonInferiority,
     PairedComparison,
     PairedCounts,
     WilsonInterval,
 )
-from kvstudy.accuracy.totals import TotalsBounds
-from kvstudy.errors import StudyError
+from kvstudy.stats.binary_power import TotalsBounds
+from kvstudy.stats.clustered import ClusteredMean, clustered_difference, clustered_mean
 
 
 def _by_item(results: ConfigResult, filter_name: str, ids: set[int] | None = None) -> dict[Hashable, bool]:
-    """Item id -> correct, the input of kvstudy.accuracy.stats (``ids``: only these items)."""
+    """Item id -> correct, the input of kvstudy.stats.binary (``ids``: only these items)."""
     return {k: v for k, v in correctness(results.records, filter_name).items() if ids is None or k in ids}
 
 
@@ -73,14 +73,14 @@ class PairedRow:
 def paired_rows(
     results: Mapping[str, ConfigResult], baseline: str, filter_name: str, margin_points: float, margin_share: float
 ) -> list[PairedRow]:
-    """Each finished configuration against the baseline on the same items (stats.compare),
+    """Each finished configuration against the baseline on the same items (binary.compare),
     non-inferiority judged at a margin in points and at a share of the baseline's score."""
     base = finished(results, baseline)
     base_correct = _by_item(base, filter_name)
     base_resp = {r.doc_id: r.response for r in base.records}
     rows = []
     for res in _candidates(results, baseline):
-        cmp = stats.compare(
+        cmp = binary.compare(
             base_correct,
             _by_item(res, filter_name),
             margin_points=margin_points,
@@ -88,9 +88,9 @@ def paired_rows(
             candidate_label=res.label,
         )
         c = cmp.counts
-        share_margin = stats.resolve_margin(c.baseline_correct / c.n, margin_share=margin_share)
+        share_margin = binary.resolve_margin(c.baseline_correct / c.n, margin_share=margin_share)
         # a share of a 16-bit score of 0 is a margin of 0: no interval can lie above it (not judged)
-        by_share = stats.non_inferiority(cmp.interval.low, share_margin, share=margin_share)
+        by_share = binary.non_inferiority(cmp.interval.low, share_margin, share=margin_share)
         same = sum(base_resp.get(r.doc_id) == r.response for r in res.records)
         rows.append(PairedRow(res.name, is_control(res.name), cmp, by_share, same))
     return rows
@@ -109,7 +109,7 @@ def totals_rows(summary: PublishedSummary) -> list[TotalsRow]:
     """For each published row against the baseline: what the totals allow over every pairing."""
     base = next(r for r in summary.rows if r.name == summary.baseline)
     return [
-        TotalsRow(row.name, row.label, totals.totals_bounds(summary.n, base.correct, row.correct))
+        TotalsRow(row.name, row.label, binary_power.totals_bounds(summary.n, base.correct, row.correct))
         for row in summary.rows
         if row.name != summary.baseline
     ]
@@ -208,10 +208,8 @@ def retrieval_accuracy(
         for kind, length in groups:
             items = [r for r in res.records if r.target_tokens == length and kind in ("all", r.kind)]
             right = [float(r.correct(filter_name)) for r in items]
-            try:
-                clustered: ClusteredMean | None = stats.clustered_mean(right, [r.context_id for r in items])
-            except StudyError:  # fewer than two contexts at this length
-                clustered = None
+            m = clustered_mean(right, [r.context_id for r in items])
+            clustered = m if m.clusters >= 2 else None  # None: fewer than two contexts at this length
             correct = int(sum(right))
             rows.append(
                 RetrievalAccuracy(
@@ -222,7 +220,7 @@ def retrieval_accuracy(
                     len({r.context_id for r in items}),
                     correct,
                     clustered,
-                    stats.wilson_interval(correct, len(items)),
+                    binary.wilson_interval(correct, len(items)),
                 )
             )
     return rows
@@ -257,8 +255,8 @@ def retrieval_paired(
             keep = [r for r in base.records if length is None or r.target_tokens == length]
             ids = {r.doc_id for r in keep}
             b, c = _by_item(base, filter_name, ids), _by_item(res, filter_name, ids)
-            counts = stats.paired_counts(b, c, f"{res.label} vs {base.label}")
-            cl = stats.clustered_difference(b, c, {r.doc_id: r.context_id for r in keep})
+            counts = binary.paired_counts(b, c, f"{res.label} vs {base.label}")
+            cl = clustered_difference(b, c, {r.doc_id: r.context_id for r in keep})
             rows.append(
                 RetrievalPaired(
                     res.name,
@@ -267,22 +265,22 @@ def retrieval_paired(
                     is_control(res.name),
                     length,
                     counts,
-                    stats.mcnemar_exact(counts.baseline_only, counts.candidate_only),
+                    binary.mcnemar_exact(counts.baseline_only, counts.candidate_only),
                     cl,
-                    stats.non_inferiority(cl.ci_low if cl.varies else None, margin_points / 100),
+                    binary.non_inferiority(cl.ci_low if cl.varies else None, margin_points / 100),
                 )
             )
     return rows
 
 
-def chance_check(result: ConfigResult, filter_name: str, alpha: float = stats.ALPHA) -> ChanceCheck:
+def chance_check(result: ConfigResult, filter_name: str, alpha: float = binary.ALPHA) -> ChanceCheck:
     """Does the model retrieve better than picking one of the context's values at random?
 
     Item ``i`` is right by such a pick with chance ``1 / n_keys_i`` (the keys in its context), each
-    pick independent, so the number right by chance is Poisson-binomial (stats.chance_check).
+    pick independent, so the number right by chance is Poisson-binomial (binary.chance_check).
     """
     records = result.records
-    return stats.chance_check(
+    return binary.chance_check(
         result.label, [r.correct(filter_name) for r in records], [1.0 / max(1, r.n_keys) for r in records], alpha
     )
 
@@ -309,7 +307,7 @@ class DetectableLoss:
 
 
 def detectable_loss(n: int, discordant: int, clustered: bool = False) -> DetectableLoss:
-    """At the observed share of disagreeing items (``totals.smallest_detectable_loss``); where they
+    """At the observed share of disagreeing items (``binary_power.smallest_detectable_loss``); where they
     never disagree, at the best case (every disagreement against the candidate, the smallest rate at
     which any loss is found). ``clustered``: items share contexts, and the item-level test ignores
     that, so the value is a lower bound."""
@@ -317,22 +315,13 @@ def detectable_loss(n: int, discordant: int, clustered: bool = False) -> Detecta
         raise StudyError(f"detectable loss: n must be positive, got {n}")
     extra = "; items share contexts, so this item-level figure is a lower bound" if clustered else ""
     rate = discordant / n
-    loss = totals.smallest_detectable_loss(n, rate) if discordant else None
+    loss = binary_power.smallest_detectable_loss(n, rate) if discordant else None
     if loss is not None:
         return DetectableLoss(100 * loss, f"n = {n}, at the observed disagreement of {100 * rate:.1f} %{extra}")
-    floor = totals._power_floor(n, totals.TARGET_POWER, totals.ALPHA)
+    floor = binary_power._power_floor(n, binary_power.TARGET_POWER, binary_power.ALPHA)
     if floor is None:
         return DetectableLoss(None, f"n = {n}{extra}")
     why = (
         "the runs never disagree" if not discordant else f"the observed disagreement of {100 * rate:.1f} % is too small"
     )
     return DetectableLoss(100 * floor, f"n = {n}; {why}, so at best, every disagreement against the candidate{extra}")
-
-
-def holm(p_values: list[float], alpha: float = stats.ALPHA) -> list[float]:
-    """Holm-adjusted p of one report's family of tests (statsmodels' ``multipletests``)."""
-    if not p_values:
-        return []
-    from statsmodels.stats.multitest import multipletests
-
-    return [float(p) for p in multipletests(p_values, alpha=alpha, method="holm")[1]]

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.formats import GIB
 from kvstudy.limits import (
     MAX_BANDWIDTH_GB_S,
     MAX_FACTOR,
@@ -19,8 +20,6 @@ from kvstudy.limits import (
     output_folder,
 )
 from kvstudy.model.roofline import DEFAULT_BANDWIDTH_FACTOR, RooflineResult, roofline
-
-GIB = 2**30
 
 
 def _format(result: RooflineResult) -> str:

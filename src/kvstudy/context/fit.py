@@ -24,6 +24,7 @@ import numpy as np
 
 from kvstudy.bench.measurability import assess_run, run_from_request_rows
 from kvstudy.errors import StudyError
+from kvstudy.stats.bootstrap import bootstrap_line, ols, percentile_interval
 
 DEFAULT_BOOT = 2000
 
@@ -89,22 +90,6 @@ class ArmComparison:
     statement: str
 
 
-def ols(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Intercept and slope of the least-squares line through (x, y)."""
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    if x.size < 2 or np.ptp(x) == 0:
-        raise StudyError(f"fit: need at least two distinct lengths, got {sorted(set(x.tolist()))}")
-    xm, ym = x.mean(), y.mean()
-    slope = float(((x - xm) * (y - ym)).sum() / ((x - xm) ** 2).sum())
-    return float(ym - slope * xm), slope
-
-
-def _interval(values: np.ndarray) -> tuple[float, float]:
-    lo, hi = np.percentile(values, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
 def _group(cells: Sequence[Cell]) -> dict[str, dict[int, np.ndarray]]:
     runs: dict[str, dict[int, np.ndarray]] = {}
     for c in cells:
@@ -125,21 +110,7 @@ def fit_arm(cells: Sequence[Cell], n_boot: int = DEFAULT_BOOT, seed: int = 0) ->
     xs = np.asarray([L for r in runs.values() for L in r], dtype=float)
     ys = np.asarray([v.mean() for r in runs.values() for v in r.values()], dtype=float)
     a, b = ols(xs, ys)
-    rng = np.random.default_rng(seed)
-    names = list(runs)
-    boot_a = np.empty(n_boot)
-    boot_b = np.empty(n_boot)
-    for i in range(n_boot):
-        bx: list[float] = []
-        by: list[float] = []
-        for pick in rng.integers(0, len(names), len(names)):
-            for L, values in runs[names[pick]].items():
-                bx.append(L)
-                by.append(float(rng.choice(values, values.size).mean()))
-        try:
-            boot_a[i], boot_b[i] = ols(np.asarray(bx), np.asarray(by))
-        except StudyError:  # a draw of runs covering one length only
-            boot_a[i], boot_b[i] = np.nan, np.nan
+    boot_a, boot_b = bootstrap_line(runs, n_boot, seed)
     ok = np.isfinite(boot_b)
     if ok.sum() < max(10, n_boot // 2):
         raise StudyError(
@@ -147,13 +118,13 @@ def fit_arm(cells: Sequence[Cell], n_boot: int = DEFAULT_BOOT, seed: int = 0) ->
         )
     return LineFit(
         next(iter(arms)),
-        len(names),
+        len(runs),
         tuple(sorted(set(int(x) for x in xs))),
         int(xs.size),
         a,
         b,
-        _interval(boot_a[ok]),
-        _interval(boot_b[ok]),
+        percentile_interval(boot_a[ok]),
+        percentile_interval(boot_b[ok]),
         tuple(boot_a),
         tuple(boot_b),
     )
@@ -167,12 +138,12 @@ def compare_arms(base: LineFit, cand: LineFit) -> ArmComparison:
     ba, bb, ca, cb = ba[:n], bb[:n], ca[:n], cb[:n]
     ok = np.isfinite(bb) & np.isfinite(cb)
     diff = bb[ok] - cb[ok]
-    diff_ci = _interval(diff) if diff.size else None
+    diff_ci = percentile_interval(diff) if diff.size else None
     ratio = cand.slope_ms_per_token / base.slope_ms_per_token if base.resolved and base.slope_ms_per_token > 0 else None
     ratio_ci = None
     if ratio is not None:
         pos = ok & (bb > 0)
-        ratio_ci = _interval(cb[pos] / bb[pos]) if pos.sum() >= n // 2 else None
+        ratio_ci = percentile_interval(cb[pos] / bb[pos]) if pos.sum() >= n // 2 else None
     lo, hi = min(base.lengths + cand.lengths), max(base.lengths + cand.lengths)
     names = f"{cand.arm} vs {base.arm}"
 
@@ -193,7 +164,7 @@ def compare_arms(base: LineFit, cand: LineFit) -> ArmComparison:
         return no_break_even(f"{cand.arm}'s latency grows faster with context: no break-even")
     length = (cand.intercept_ms - base.intercept_ms) / d
     boot = (ca[ok] - ba[ok]) / diff
-    be_ci = _interval(boot[np.isfinite(boot)])
+    be_ci = percentile_interval(boot[np.isfinite(boot)])
     if length <= lo:
         text = (
             f"{names}: {cand.arm} is at least as fast from the shortest measured length ({lo:,} tokens); "

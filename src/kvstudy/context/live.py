@@ -27,8 +27,8 @@ from kvstudy.context.sweep import (
 )
 from kvstudy.errors import StudyError
 from kvstudy.io import shorten_words
+from kvstudy.vllm.facts import SIXTEEN_BIT
 
-SIXTEEN_BIT = ("auto", "bfloat16", "float16", "half")
 # The 05 notebook's parameters that make its live grid (named as ContextSweepSpec's fields).
 SPEC_PARAMETERS = (
     "model",

@@ -18,6 +18,7 @@ from kvstudy.context.published import derive_all, load_published, slope_figures
 from kvstudy.errors import StudyError
 from kvstudy.formats import per_token_interval, significant
 from kvstudy.gpu_catalog import find_gpu
+from kvstudy.io import read_json
 from kvstudy.model.capacity import kv_footprint
 from kvstudy.model.layout import ModelLayout, load_layout
 from kvstudy.model.roofline import max_fp8_gain_pct, predicted_slope_ms_per_token
@@ -294,11 +295,9 @@ def docs_table_vs_roofline(path: str | Path, models_root: str | Path, users: int
     """The vLLM documentation's L4 table (FP8 KV cache's throughput change per context length) beside
     the roofline's predicted speedup for the table's model at ``users`` (not published: assumed),
     both as "% more output tok/s" (a throughput gain is a TPOT speedup at equal concurrency)."""
-    import json
-
     import pandas as pd
 
-    data = json.loads(Path(path).read_text())
+    data = read_json(path)
     if data.get("source") != "published" or not data.get("rows"):
         raise StudyError(f"{path}: expected 'source': 'published' and 'rows'")
     folder = _model_dir(Path(models_root), str(data["model"]))

@@ -137,7 +137,7 @@ def run_block(
                 f"block {record['block_id']}: started on node {ran_on!r}, this is {node['node_id']!r}: a block "
                 f"runs on one node (delete {folder} to run it here from the start)"
             )
-        if old.get("status") == "failed" and not retry_failed:
+        if not capture_format.needs_run(old.get("status"), retry_failed):  # failed: kept (ok returned above)
             progress(f"block {record['block_id']}: failed before, kept; run again with --retry-failed")
             return "failed"
     _check_engine(record)

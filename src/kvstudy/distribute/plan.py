@@ -30,7 +30,7 @@ from kvstudy import capture as capture_format
 from kvstudy.context import live as context_live
 from kvstudy.context import sweep as context_sweep
 from kvstudy.errors import StudyError
-from kvstudy.io import REPO_ROOT, read_json, read_text_checked, write_json_atomic, write_text_atomic
+from kvstudy.io import REPO_ROOT, parse_jsonl_text, read_json, read_text_checked, write_json_atomic, write_text_atomic
 from kvstudy.machine import package_versions
 from kvstudy.profiles import declared_parameters, load_profile, validate_profile
 from kvstudy.redact import redact
@@ -296,11 +296,7 @@ def read_plan(plan_dir: str | Path) -> tuple[str, list[dict[str, Any]]]:
         raise StudyError(f"{path}: missing (expected a plan folder written by `kvstudy plan`)")
     text = read_text_checked(path)
     records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise StudyError(f"{path}: line {number}: malformed JSON ({exc.msg})") from None
+    for number, record in parse_jsonl_text(text, path, "a block record"):
         if not isinstance(record, dict) or "record_hash" not in record:
             raise StudyError(f"{path}: line {number}: expected a block record with 'record_hash'")
         body = {k: v for k, v in record.items() if k not in ("record_hash", "block_id", "index")}

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.formats import GIB
 from kvstudy.io import is_finite_number
 from kvstudy.model.layout import (  # noqa: F401  (re-exported: the public names callers use)
     CHUNKED,
@@ -60,7 +61,6 @@ from kvstudy.model.weights import (  # noqa: F401
 )
 from kvstudy.vllm.facts import DTYPE_BYTES, KV_AUTO_FROM_CHECKPOINT_SOURCE, MLA_SPECIAL_BYTES, SPARSE_MLA_QUANTIZED_AS
 
-GIB = 1024**3
 KIB = 1024
 
 KV_DTYPES: tuple[str, ...] = ("auto", *DTYPE_BYTES, *MLA_SPECIAL_BYTES)

@@ -225,28 +225,42 @@ def gpu_tp_table(
 # --------------------------------------------------------------------------- the command
 
 
-def plan_summary(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``capacity`` command's object: the footprint summary plus, when a GPU is named, the pool."""
-    layout = resolve_layout(args.path, args.assume, tuple(sorted({1, 2, 4, 8, args.tensor_parallel_size})))
-    tp = args.tensor_parallel_size
-    check_plan(layout, tp, args.max_model_len, getattr(args, "allow_long_context", False))
-    summary = capacity_summary(layout, args.kv_dtype, args.max_model_len, args.skip_layers, tp)
+def plan_summary(
+    path: str,
+    *,
+    assume: str | None = None,
+    tensor_parallel_size: int = 1,
+    kv_dtype: list[str] | None = None,
+    max_model_len: int | None = None,
+    skip_layers: str | None = None,
+    weights_gib: float | None = None,
+    gpu: str | None = None,
+    gpu_memory_gib: float | None = None,
+    gpu_memory_utilization: float | None = None,
+    allow_long_context: bool = False,
+) -> dict[str, Any]:
+    """The ``capacity`` command's object (its options, by name): the footprint summary plus, when a
+    GPU is named, the pool."""
+    tp = tensor_parallel_size
+    layout = resolve_layout(path, assume, tuple(sorted({1, 2, 4, 8, tp})))
+    check_plan(layout, tp, max_model_len, allow_long_context)
+    summary = capacity_summary(layout, kv_dtype, max_model_len, skip_layers, tp)
     summary["source"] = layout.source
     summary["tensor_parallel_refused"] = {str(t): why for t, why in layout.tp_refused}
     weights_bytes: int | None
-    if args.weights_gib is not None:
-        weights_bytes, weights_source = int(args.weights_gib * GIB), "given"
+    if weights_gib is not None:
+        weights_bytes, weights_source = int(weights_gib * GIB), "given"
     else:
         try:
-            size = weights_size(args.path, layout)
+            size = weights_size(path, layout)
             weights_bytes, weights_source = size.bytes, size.source
         except WeightsUnknown as exc:  # the KV figures stand without the weights
             weights_bytes, weights_source = None, f"unknown: {exc}"
     summary.update(weights_bytes=weights_bytes, weights_source=weights_source)
-    if (args.gpu is None and args.gpu_memory_gib is None) or weights_bytes is None:
+    if (gpu is None and gpu_memory_gib is None) or weights_bytes is None:
         return summary
-    memory = resolve_gpu_memory(args.gpu, args.gpu_memory_gib, args.gpu_memory_utilization)
-    plan = group_pool(args.path, memory, weights_bytes, weights_source, 0.0, tp, 1, layout)
+    memory = resolve_gpu_memory(gpu, gpu_memory_gib, gpu_memory_utilization)
+    plan = group_pool(path, memory, weights_bytes, weights_source, 0.0, tp, 1, layout)
     summary["gpu"] = {
         "name": memory.gpu_name,
         "memory_gib": memory.memory_gib,
@@ -374,7 +388,9 @@ def _csv(summary: dict[str, Any], path: str, force: bool = False) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    summary = plan_summary(args)
+    options = "assume tensor_parallel_size kv_dtype max_model_len skip_layers weights_gib gpu gpu_memory_gib"
+    options += " gpu_memory_utilization allow_long_context"
+    summary = plan_summary(args.path, **{name: getattr(args, name) for name in options.split()})
     if args.csv:
         _csv(summary, args.csv, args.force)
     print(json.dumps(summary, indent=2) if args.json else _format(summary))

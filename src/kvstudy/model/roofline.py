@@ -35,8 +35,8 @@ from kvstudy.model.capacity import KVFootprint, kv_footprint, layer_bytes_per_to
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import ModelLayout, load_layout
 from kvstudy.model.weights import expert_routing, parameter_parts, weights_size
+from kvstudy.vllm.facts import SIXTEEN_BIT
 
-GIB = 2**30
 # Achievable / peak DRAM bandwidth for decode-time streaming reads. Assumed: the published
 # Llama-3.1-8B BF16 ITL slope on an H100 (seed 003, 4.37e-05 ms/token for 131,072 B/token)
 # implies 3.0 TB/s for the KV reads, 0.90 of the 3.35 TB/s datasheet figure. A device-to-device
@@ -46,7 +46,6 @@ ACTIVATION_VALUE_BYTES = 2  # 16-bit activations
 ACTIVATION_HIDDEN_VECTORS = 8  # norms, attention in/out, residual adds, per layer (estimate)
 ACTIVATION_MLP_VECTORS = 3  # gate, up, activated product, per layer (estimate)
 LOGIT_BYTES = 4  # FP32 logits over the vocabulary
-SIXTEEN_BIT = ("bfloat16", "float16", "half")
 MAX_SEARCH_TOKENS = 10**8  # upper end of the "KV dominates from" search when a model has no limit
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
+from kvstudy.formats import GIB
 from kvstudy.io import read_json
 from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR, MAX_FILE_NUMBER, MAX_LAYERS
 from kvstudy.model.config_fields import config_count, config_int, nemotron_h_pattern
@@ -39,7 +40,6 @@ from kvstudy.model.layout import (
 )
 from kvstudy.vllm.facts import DTYPE_BYTES, KV_RULES_SOURCE
 
-GIB = 2**30
 # Bytes per stored value in the safetensors header dtypes (the format's own names).
 SAFETENSORS_DTYPE_BYTES: dict[str, Fraction] = {
     "F64": Fraction(8),

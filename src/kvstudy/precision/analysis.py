@@ -11,9 +11,11 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.formats import millinats, p_value
 from kvstudy.precision.divergence import equivalence
-from kvstudy.precision.paired_logp import ALPHA, exact_mcnemar, floor_verdict, pair_rows, verdict
+from kvstudy.precision.paired_logp import ALPHA, floor_verdict, pair_rows, verdict
 from kvstudy.precision.prompts import bucket_length
 from kvstudy.precision.records import Capture, Group
+from kvstudy.stats.binary import mcnemar_exact
+from kvstudy.stats.family import holm
 
 FLOOR_ROLE = "A/A floor"
 
@@ -60,14 +62,14 @@ def comparisons(
                         "arm": arm,
                         "label": _arm_label(group, arm),
                         "prompts": paired.prompts,
-                        "tokens": t.tokens,
+                        "tokens": t.n,
                         "mean": t.mean,
-                        "low": t.low,
-                        "high": t.high,
-                        "p": t.p,
+                        "low": t.ci_low,
+                        "high": t.ci_high,
+                        "p": t.p_value,
                         "top1": paired.top1_agreement,
                         "max_abs": paired.max_abs_delta,
-                        "floor_p": floor.test.p,
+                        "floor_p": floor.test.p_value,
                         "kl": None if kl is None else kl.mean,
                         "kl_low": None if kl is None else kl.low,
                         "kl_high": None if kl is None else kl.high,
@@ -75,8 +77,8 @@ def comparisons(
                         "kl_gap": None if kl is None else kl.gap,
                         "equivalence_kl": None if kl is None else equivalence(kl.low, kl.high, margin_kl).state,
                         "equivalence_delta": equivalence(
-                            tost.low if tost else float("nan"),
-                            tost.high if tost else float("nan"),
+                            tost.ci_low if tost else float("nan"),
+                            tost.ci_high if tost else float("nan"),
                             margin_delta,
                             two_sided=True,
                         ).state,
@@ -88,13 +90,9 @@ def comparisons(
 
 def _holm(records: list[dict[str, Any]], alpha: float) -> None:
     """Holm-adjust the candidates' p over the whole report (one family), then word each verdict."""
-    from statsmodels.stats.multitest import multipletests
-
     family = [r for r in records if r["role"] != FLOOR_ROLE and r["p"] == r["p"]]
-    if family:
-        adjusted = multipletests([r["p"] for r in family], alpha=alpha, method="holm")[1]
-        for r, p in zip(family, adjusted):
-            r["p_holm"] = float(p)
+    for r, p in zip(family, holm([r["p"] for r in family])):
+        r["p_holm"] = p
     for r in records:
         r.setdefault("p_holm", r["p"] if r["role"] == FLOOR_ROLE else float("nan"))
         r["family"] = len(family)
@@ -185,7 +183,9 @@ def greedy_records(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any
                 continue
             ids = [r["id"] for r in rows if r["id"] in by_id]
             cand = {r["id"]: bool(r["correct"]) for r in rows}
-            b, c, p = exact_mcnemar([by_id[i] for i in ids], [cand[i] for i in ids])
+            b = sum(by_id[i] and not cand[i] for i in ids)
+            c = sum(cand[i] and not by_id[i] for i in ids)
+            p = mcnemar_exact(b, c).p_value
             tests[arm] = (role, ids, b, c, p, sum(cand[i] for i in ids))
         floor_p = tests[group.floor][4] if group.floor in tests else float("nan")
         for arm, (role, ids, b, c, p, right) in tests.items():
@@ -280,9 +280,9 @@ def screen_facts(
         "top1_agreement": cand.top1_agreement,
         "floor_top1_agreement": floor.top1_agreement,
         "delta_logp_mean": cand.test.mean,
-        "delta_logp_low": cand.test.low,
-        "delta_logp_high": cand.test.high,
-        "tokens": cand.test.tokens,
+        "delta_logp_low": cand.test.ci_low,
+        "delta_logp_high": cand.test.ci_high,
+        "tokens": cand.test.n,
         "prompts": cand.prompts,
         "candidate": _arm_label(group, arm),
         "engine": group.engine,

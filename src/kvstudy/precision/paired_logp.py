@@ -2,10 +2,9 @@
 
 Each arm scores the same prompts' reference tokens. Per token, ``Δ = log p(candidate) - log
 p(baseline)``; tokens of one prompt (or one shared context) are a cluster, so the mean Δ gets a
-cluster-robust standard error (statsmodels OLS on a constant, ``cov_type="cluster"``, t with
-clusters - 1 degrees of freedom). Top-1 agreement is the share of reference positions where both
-arms' most likely next token is the same. Greedy answers are compared by exact McNemar (a
-binomial test on the discordant pairs).
+cluster-robust standard error (:func:`kvstudy.stats.clustered.clustered_mean`). Top-1 agreement is
+the share of reference positions where both arms' most likely next token is the same. Greedy
+answers are compared by exact McNemar (:func:`kvstudy.stats.binary.mcnemar_exact`).
 
 A loss is claimed only when the candidate's test rejects at ``alpha`` with a negative Δ **and**
 the A/A floor (16-bit against 16-bit of the same engine) does not reject; otherwise "no claim"
@@ -15,7 +14,7 @@ with the reason. Torch-free: the analysis environment imports it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,61 +22,8 @@ import numpy as np
 from kvstudy.errors import StudyError
 from kvstudy.formats import p_text
 from kvstudy.precision.divergence import TokenKL, token_kl
-
-ALPHA = 0.05
-
-
-@dataclass(frozen=True)
-class MeanTest:
-    """A clustered mean of per-token differences and its two-sided test of zero."""
-
-    mean: float
-    low: float
-    high: float
-    p: float
-    tokens: int
-    clusters: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def clustered_mean(
-    values: Sequence[float] | np.ndarray, clusters: Sequence[str] | np.ndarray, alpha: float = ALPHA
-) -> MeanTest:
-    """The mean of ``values`` with a cluster-robust (1 - alpha) interval and p of mean = 0."""
-    y = np.asarray(values, dtype=float)
-    groups = np.asarray(clusters)
-    if y.size != groups.size:
-        raise StudyError(f"clustered mean: {y.size} values but {groups.size} cluster labels")
-    if y.size == 0:
-        raise StudyError("clustered mean: no values (no paired tokens)")
-    if not np.all(np.isfinite(y)):
-        raise StudyError("clustered mean: values are not all finite")
-    _, codes = np.unique(groups, return_inverse=True)
-    n_clusters = int(codes.max()) + 1
-    mean = float(y.mean())
-    if np.allclose(y, y[0], rtol=0.0, atol=0.0):  # no variation at all: identical arms, or a constant shift
-        return MeanTest(mean, mean, mean, 1.0 if mean == 0.0 else 0.0, int(y.size), n_clusters)
-    if n_clusters < 2:
-        return MeanTest(mean, float("nan"), float("nan"), float("nan"), int(y.size), n_clusters)
-    import statsmodels.api as sm
-
-    fit = sm.OLS(y, np.ones_like(y)).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
-    low, high = (float(v) for v in np.asarray(fit.conf_int(alpha=alpha))[0])
-    return MeanTest(mean, low, high, float(np.asarray(fit.pvalues)[0]), int(y.size), n_clusters)
-
-
-def exact_mcnemar(baseline: Sequence[bool], candidate: Sequence[bool]) -> tuple[int, int, float]:
-    """(only baseline right, only candidate right, exact two-sided McNemar p)."""
-    from scipy.stats import binomtest
-
-    if len(baseline) != len(candidate):
-        raise StudyError(f"McNemar: {len(baseline)} baseline items but {len(candidate)} candidate items")
-    b = sum(1 for x, y in zip(baseline, candidate) if x and not y)
-    c = sum(1 for x, y in zip(baseline, candidate) if y and not x)
-    p = float(binomtest(b, b + c, 0.5).pvalue) if b + c else 1.0
-    return b, c, p
+from kvstudy.stats.binary import ALPHA
+from kvstudy.stats.clustered import ClusteredMean, clustered_mean
 
 
 @dataclass(frozen=True)
@@ -99,11 +45,11 @@ class PairedKL:
 class PairedLogp:
     """One candidate arm against the baseline over a set of prompts."""
 
-    test: MeanTest
+    test: ClusteredMean
     prompts: int
     top1_agreement: float | None  # share of reference positions with the same top-1 token
     max_abs_delta: float
-    tost: MeanTest | None = None  # Δ log p with the 1 - 2 alpha interval (the two one-sided tests)
+    tost: ClusteredMean | None = None  # Δ log p with the 1 - 2 alpha interval (the two one-sided tests)
     kl: PairedKL | None = None  # None: the rows hold no top-k
 
 
@@ -112,11 +58,11 @@ def _paired_kl(kls: list[TokenKL], groups: list[str], alpha: float) -> PairedKL:
     upper = clustered_mean([k.kl + k.gap for k in kls], groups, 2 * alpha)
     return PairedKL(
         lower.mean,
-        lower.low,
-        upper.high,
+        lower.ci_low,
+        upper.ci_high,
         float(np.mean([k.gap for k in kls])),
         float(np.mean([k.rest for k in kls])),
-        lower.tokens,
+        lower.n,
         lower.clusters,
     )
 
@@ -219,6 +165,6 @@ def false_claim_rate(
         for _arm in range(2):  # the candidate and the A/A floor
             shift = np.repeat(rng.normal(0, 0.05, n_clusters), tokens)
             tests.append(clustered_mean(shift + rng.standard_t(4, labels.size) * 0.02, labels, alpha))
-        rejects += tests[0].p < alpha
-        claims += verdict(tests[0].p, tests[0].mean, tests[1].p, alpha).startswith("loss")
+        rejects += tests[0].p_value < alpha
+        claims += verdict(tests[0].p_value, tests[0].mean, tests[1].p_value, alpha).startswith("loss")
     return rejects / n_sim, claims / n_sim

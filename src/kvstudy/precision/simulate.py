@@ -27,7 +27,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvstudy.capture import create_or_resume, finish_session, model_inputs, set_items, start_session, write_manifest
+from kvstudy.capture import (
+    create_or_resume,
+    finish_session,
+    model_inputs,
+    needs_run,
+    set_items,
+    start_session,
+    write_manifest,
+)
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import write_json_atomic
 from kvstudy.limits import MAX_ITEMS, MAX_THREADS, MAX_TOKENS, int_arg, output_folder
@@ -212,6 +220,13 @@ LABELS = {
 GREEDY_ARMS = ("bf16", "bf16-repeat", "fp8-e4m3-scale1", "fp8-e4m3-calibrated", "fp8-e4m3-checkpoint")
 
 
+def arm_state(capture: Path, group: str, arm: str, states: dict[str, str]) -> str | None:
+    """What the done rule (``capture.needs_run``) reads for one arm: its recorded state, but no
+    result (None) for an "ok" whose log-p file is missing."""
+    state = states.get(f"{group}/{arm}")
+    return None if state == "ok" and not logp_path(capture, group, arm).is_file() else state
+
+
 def _run_group(
     capture: Path,
     name: str,
@@ -222,6 +237,7 @@ def _run_group(
     spec: SimSpec,
     notes: list[str],
     states: dict[str, str],
+    retry_failed: bool = False,
 ) -> None:
     group = Group(
         name=name,
@@ -237,19 +253,27 @@ def _run_group(
     gsm = [p for p in prompts if p.bucket == "gsm8k"][: spec.greedy_n]
     for storage in storages:
         key = f"{name}/{storage.name}"
-        if states.get(key) == "ok" and logp_path(capture, name, storage.name).is_file():
+        state = arm_state(capture, name, storage.name, states)
+        if not needs_run(state, retry_failed):
+            if state == "failed":
+                print(f"kv-simulate: {key} failed before, kept; run again with --retry-failed", flush=True)
             continue
         began = time.monotonic()
-        write_logp(capture, name, storage.name, score(loaded, prompts, storage))
-        if gsm and storage.name in GREEDY_ARMS and not greedy_path(capture, name, storage.name).is_file():
-            write_greedy(capture, name, storage.name, greedy(loaded, gsm, storage, spec.greedy_max_tokens))
+        try:
+            write_logp(capture, name, storage.name, score(loaded, prompts, storage))
+            if gsm and storage.name in GREEDY_ARMS and not greedy_path(capture, name, storage.name).is_file():
+                write_greedy(capture, name, storage.name, greedy(loaded, gsm, storage, spec.greedy_max_tokens))
+        except Exception:
+            states[key] = "failed"  # recorded by run's finally; the error still stops the run
+            raise
         states[key] = "ok"
         print(f"kv-simulate: {key} done in {time.monotonic() - began:.0f} s", flush=True)
 
 
-def run(spec: SimSpec, capture: str | Path, force: bool = False) -> Path:
+def run(spec: SimSpec, capture: str | Path, force: bool = False, retry_failed: bool = False) -> Path:
     """Make (or resume) a simulated-storage capture in ``capture`` (a folder kv-simulate did not
-    write only with ``force``: ``records.claim_capture``)."""
+    write only with ``force``: ``records.claim_capture``). An arm done (``ok``) is kept; one that
+    failed runs again only with ``retry_failed`` (``capture.needs_run``, every experiment's rule)."""
     capture = claim_capture(capture, "kv-simulate", [MAIN, CONTROL], force)
     record = ctl.ensure_control(spec.model, spec.control_dir, spec.control_factor)
     inputs = {**model_inputs(spec.model), "control_weights_sha256": record["weights_sha256"]}
@@ -291,6 +315,7 @@ def run(spec: SimSpec, capture: str | Path, force: bool = False) -> Path:
                 f"retrieval seed {spec.calibration_seed})"
             ],
             states,
+            retry_failed,
         )
         control = load(spec.control_dir, spec.threads)
         k, v, found = qz.checkpoint_scales(spec.control_dir, control.layers)
@@ -312,6 +337,7 @@ def run(spec: SimSpec, capture: str | Path, force: bool = False) -> Path:
             spec,
             [f"k_norm x {spec.control_factor:g}, q_norm / {spec.control_factor:g}; checkpoint: {found}"],
             states,
+            retry_failed,
         )
     finally:
         set_items(manifest, states)
@@ -331,7 +357,7 @@ def _cmd(args: argparse.Namespace) -> int:
         greedy_n=args.greedy_n,
         threads=args.threads,
     )
-    run(spec, args.capture, args.force)
+    run(spec, args.capture, args.force, args.retry_failed)
     print(f"{args.capture}: done ({qz.LABEL})")
     return 0
 
@@ -359,4 +385,5 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--threads", type=int_arg(1, MAX_THREADS), default=d.threads)
     p.add_argument("--force", action="store_true", help="write into a folder kv-simulate did not create")
+    p.add_argument("--retry-failed", action="store_true", help="run arms that failed before again")
     p.set_defaults(func=_cmd)

@@ -156,13 +156,6 @@ def seed_table(capture: Capture) -> pd.DataFrame:
     )
 
 
-def failed_cells(capture: Capture) -> pd.DataFrame:
-    if not len(capture.cells):
-        return pd.DataFrame(columns=["cell_id", "reason"])
-    bad = capture.cells[capture.cells["status"] != "ok"]
-    return bad[["cell_id", "reason"]].reset_index(drop=True)
-
-
 def summary_table(seeds: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
     """The study's table from per-seed rows: medians over seeds, seed ranges, seed counts."""
     if not len(seeds):

@@ -16,7 +16,7 @@ From A/A data (runs of one configuration; the noise of the machine and the metho
   (normal model, exact sign-flip test) at both ends of that spread's 95 % interval;
 * :func:`minimum_detectable_change` searches the smallest change detected with 80 % power.
 
-The test is the verdict's (:func:`kvstudy.speed.verdict.permutation_test`, within seed blocks when
+The test is the verdict's (:func:`kvstudy.stats.permutation.permutation_test`, within seed blocks when
 the runs name their seeds). The rule counted is the test's part of
 :func:`kvstudy.speed.verdict.compare_runs` (p < alpha and the interval excluding 1): the other
 conditions can only turn a claim into "no claim", so the rates here are upper bounds for the full
@@ -35,19 +35,13 @@ import numpy as np
 from scipy import stats
 
 from kvstudy.errors import StudyError
-from kvstudy.speed.design import blocked_min_p, blocks_needed
-from kvstudy.speed.verdict import (
-    ALPHA,
-    RunSummary,
-    bootstrap_ratio_interval,
-    minimum_p_value,
-    permutation_test,
-    statistical_claim,
-)
+from kvstudy.speed.verdict import ALPHA, RunSummary, statistical_claim
+from kvstudy.stats.binary import clopper_pearson
+from kvstudy.stats.bootstrap import bootstrap_ratio_interval
+from kvstudy.stats.permutation import TARGET_POWER, blocked_min_p, minimum_p_value, permutation_test, sign_flip_power
 
 SPLITS = 1_000  # pseudo-arm splits / simulated designs (>= 1,000: the rate's own SE <= 0.7 points at 5 %)
 CALIBRATION_RESAMPLES = 400  # bootstrap draws per simulated verdict (the interval only matters once p < alpha)
-TARGET_POWER = 0.8
 
 
 @dataclass(frozen=True)
@@ -78,21 +72,6 @@ class ClaimRate:
         )
 
 
-def _upper_bound(claims: int, trials: int, level: float = 0.95) -> float:
-    """One-sided Clopper-Pearson upper bound of a binomial rate."""
-    if claims >= trials:
-        return 1.0
-    return float(stats.beta.ppf(level, claims + 1, trials - claims))
-
-
-def clopper_pearson(claims: int, trials: int, level: float = 0.95) -> tuple[float, float]:
-    """Two-sided Clopper-Pearson interval of a binomial rate."""
-    tail = (1.0 - level) / 2.0
-    low = 0.0 if claims <= 0 else float(stats.beta.ppf(tail, claims, trials - claims + 1))
-    high = 1.0 if claims >= trials else float(stats.beta.ppf(1.0 - tail, claims + 1, trials - claims))
-    return low, high
-
-
 def _rate(
     what: str,
     claims: int,
@@ -109,7 +88,7 @@ def _rate(
         claims=claims,
         trials=trials,
         rate=claims / trials,
-        upper_95=_upper_bound(claims, trials),
+        upper_95=clopper_pearson(claims, trials, 0.90)[1],
         n_base=n_base,
         n_cand=n_cand,
         change=change,
@@ -342,24 +321,6 @@ class NoiseSensitivity:
         )
 
 
-def _sign_flip_power(sigma: float, change: float, n: int, alpha: float, simulations: int, seed: int) -> float:
-    """Share of normal designs (n per-seed differences) whose exact sign-flip test claims the change."""
-    rng = np.random.default_rng(seed)
-    signs = np.array(np.meshgrid(*[[-1.0, 1.0]] * n, indexing="ij")).reshape(n, -1)  # (n, 2^n)
-    right = 0
-    step = max(1, 400_000 // signs.shape[1])
-    for start in range(0, simulations, step):
-        size = min(step, simulations - start)
-        d = rng.normal(math.log1p(change), sigma, size=(size, n))
-        observed = d.mean(axis=1)
-        flipped = d @ signs / n
-        upper = (flipped >= observed[:, None] - 1e-12).mean(axis=1)
-        lower = (flipped <= observed[:, None] + 1e-12).mean(axis=1)
-        p = np.minimum(1.0, 2.0 * np.minimum(upper, lower))
-        right += int(np.count_nonzero((p < alpha) & (np.sign(observed) == np.sign(change))))
-    return right / simulations
-
-
 def noise_sd(runs: Sequence[RunSummary]) -> tuple[float, int] | None:
     """The A/A noise: SD of one seed's log(candidate / baseline) median-TPOT difference when nothing
     changed, with its degrees of freedom; without seed blocks sqrt(2) x the runs' log-median SD.
@@ -373,47 +334,6 @@ def noise_sd(runs: Sequence[RunSummary]) -> tuple[float, int] | None:
         df = len(logs) - 1
         var = 2.0 * float(np.var(logs, ddof=1)) if df >= 1 else math.nan
     return (math.sqrt(var), df) if df >= 1 and var > 0 else None
-
-
-@dataclass(frozen=True)
-class RunsNeeded:
-    """Seed blocks per arm (one run per arm each) a change needs at a power, under a noise."""
-
-    change: float  # fraction: 0.1 = a 10 % change of TPOT
-    sigma: float  # SD of a per-seed log difference
-    runs_per_arm: int | None  # None: not reached within max_runs
-    method: str  # "exact sign-flip test, simulated" or "normal approximation"
-    power: float = TARGET_POWER
-
-
-def runs_needed(
-    sigma: float,
-    change: float,
-    *,
-    power: float = TARGET_POWER,
-    alpha: float = ALPHA,
-    simulations: int = 1_000,
-    seed: int = 0,
-    max_exact: int = 14,
-    max_runs: int = 10_000,
-) -> RunsNeeded:
-    """The fewest seed blocks per arm with which the blocked sign-flip test (the verdict's test)
-    claims a TPOT change of ``change`` with ``power``, when a seed's log difference is normal with SD
-    ``sigma``: simulated up to ``max_exact`` blocks (never fewer than the design needs to reach
-    p < alpha, :func:`kvstudy.speed.design.blocks_needed`), beyond that the normal approximation
-    ((z_(1-alpha/2) + z_power) x sigma / log(1 + change))^2."""
-    if not (sigma > 0 and math.isfinite(sigma)):
-        raise StudyError(f"noise SD: expected a positive number, got {sigma!r}")
-    if not (0 < abs(change) < 10):
-        raise StudyError(f"change: expected a fraction such as 0.1 (10 %), got {change!r}")
-    n = blocks_needed(alpha)
-    while n <= max_exact:
-        if _sign_flip_power(sigma, change, n, alpha, simulations, seed) >= power:
-            return RunsNeeded(change, sigma, n, "exact sign-flip test, simulated", power)
-        n += 1
-    z = float(stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power))
-    approx = max(n, math.ceil((z * sigma / math.log1p(abs(change))) ** 2))
-    return RunsNeeded(change, sigma, approx if approx <= max_runs else None, "normal approximation", power)
 
 
 def noise_sensitivity(
@@ -436,7 +356,7 @@ def noise_sensitivity(
     var = sigma**2
     low = math.sqrt(df * var / float(stats.chi2.ppf(0.975, df)))
     high = math.sqrt(df * var / float(stats.chi2.ppf(0.025, df)))
-    at = [_sign_flip_power(s, change, n_per_arm, alpha, simulations, seed) for s in (sigma, low, high)]
+    at = [sign_flip_power(s, change, n_per_arm, alpha, simulations, seed) for s in (sigma, low, high)]
     return NoiseSensitivity(sigma, low, high, df, at[0], at[1], at[2])
 
 

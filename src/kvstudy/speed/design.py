@@ -9,7 +9,7 @@ Three things break it in practice, and this module owns the checks against each:
   arm, a block's runs are adjacent in time, and the blocks start with either arm equally often
   (ABBA; randomized blocks pass when they happen to balance). Blocks that all start with the same arm
   (A B A B ..., the order people run by hand) let a drift within each block add to the effect, but at
-  most the arms' mean distance in run steps times the drift per step: :func:`drift_check` estimates
+  most the arms' mean distance in run steps times the drift per step: :func:`kvstudy.stats.drift.drift_check` estimates
   that drift from the runs themselves (log TPOT regressed on arm and run position) and the verdict
   claims only when the effect, the drift removed, is significant and larger than that bound. Anything
   else is refused.
@@ -17,22 +17,15 @@ Three things break it in practice, and this module owns the checks against each:
   raises the false-claim rate (11.4 % for one such schedule). :func:`registration_check` compares
   the runs with the number registered per arm (a profile or notebook parameter) and refuses a
   verdict on fewer ("incomplete design") or more runs.
-* **Many tests in one report.** :func:`holm` adjusts the p values of one report's tests (Holm's
-  step-down method: the family-wise false-claim rate stays <= alpha).
-
-:func:`blocked_min_p` and :func:`blocks_needed` give what a blocked design can reach at all.
+* **Many tests in one report.** :func:`kvstudy.stats.family.holm` adjusts the p values of one
+  report's tests.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-from scipy import stats
-
-MULTIPLICITY_METHOD = "Holm (step-down), family-wise false-claim rate <= alpha over the tests of one report"
 UNBALANCED = "blocks unbalanced"  # adjacent one-per-arm blocks, most starting with the same arm
 DRIFT_BOUNDED = "alternating, drift estimated and bounded"
 
@@ -45,24 +38,6 @@ class OrderCheck:
     overlap: bool | None  # the old, weak check: neither arm ran entirely before the other
     design: str  # "blocked, balanced (ABBA)" / "nearly grouped" / ...
     reason: str  # empty when accepted
-
-
-def blocked_min_p(block_sizes: Sequence[tuple[int, int]]) -> float:
-    """Smallest two-sided p of an exact permutation test within blocks of (baseline, candidate) runs:
-    2 / (product of C(n_b + n_c, n_c) over the blocks)."""
-    splits = 1
-    for nb, nc in block_sizes:
-        if nb >= 1 and nc >= 1:
-            splits *= math.comb(nb + nc, nc)
-    return min(1.0, 2.0 / splits) if splits > 1 else 1.0
-
-
-def blocks_needed(alpha: float) -> int:
-    """Fewest seed blocks of one run per arm with which the blocked test can reach p < ``alpha``."""
-    k = 1
-    while 2.0 / 2**k >= alpha:
-        k += 1
-    return k
 
 
 def registration_check(n_base: int, n_cand: int, registered: int | None) -> str:
@@ -169,77 +144,3 @@ def order_check(
             "(ABBA or balanced randomized blocks expected)",
         )
     return OrderCheck(True, True, "blocked, balanced (ABBA)", "")
-
-
-@dataclass(frozen=True)
-class DriftCheck:
-    """A linear drift over the run order estimated from the runs, and whether the effect clears it.
-
-    ``slope`` is the drift per run step (in the units of the values: log TPOT), ``offset`` how many steps
-    the candidate's runs sat after the baseline's on average, ``bound`` the most the drift can add to the
-    effect (``|offset| x (|slope| + t x its SE)``), ``adjusted`` the effect with the drift removed (the
-    arm's coefficient when the values are regressed on arm and position) and ``p_value`` its t test."""
-
-    cleared: bool
-    slope: float
-    offset: float
-    bound: float
-    effect: float
-    adjusted: float
-    p_value: float
-    reason: str
-
-
-def drift_check(
-    base_values: Sequence[float],
-    cand_values: Sequence[float],
-    base_starts: Sequence[float],
-    cand_starts: Sequence[float],
-    alpha: float = 0.05,
-) -> DriftCheck:
-    """Whether the arm difference (candidate mean minus baseline mean) clears a linear drift over the
-    run order: ordinary least squares of the values on (1, arm, run position); claim only when the arm's
-    coefficient has p < ``alpha`` and the observed difference, in the same direction, exceeds the bound
-    on what the drift could have added to it."""
-    runs = sorted([(float(t), 0, float(v)) for t, v in zip(base_starts, base_values)])
-    runs = sorted(runs + [(float(t), 1, float(v)) for t, v in zip(cand_starts, cand_values)])
-    y = np.array([v for _, _, v in runs])
-    arm = np.array([a for _, a, _ in runs], dtype=float)
-    pos = np.arange(len(runs), dtype=float)
-    effect = float(y[arm == 1].mean() - y[arm == 0].mean())
-    offset = float(pos[arm == 1].mean() - pos[arm == 0].mean())
-    design = np.column_stack([np.ones_like(y), arm, pos])
-    df = len(y) - 3
-    if df < 1 or np.linalg.matrix_rank(design) < 3:
-        return DriftCheck(False, math.nan, offset, math.inf, effect, math.nan, 1.0, "too few runs to estimate a drift")
-    beta, *_ = np.linalg.lstsq(design, y, rcond=None)
-    resid = y - design @ beta
-    cov = float(resid @ resid) / df * np.linalg.inv(design.T @ design)
-    se_arm, se_slope = math.sqrt(max(cov[1, 1], 0.0)), math.sqrt(max(cov[2, 2], 0.0))
-    adjusted, slope = float(beta[1]), float(beta[2])
-    if se_arm > 0:
-        p = float(2 * stats.t.sf(abs(adjusted) / se_arm, df))
-    else:  # the runs lie exactly on a line: any arm difference is exact
-        p = 0.0 if adjusted != 0 else 1.0
-    bound = abs(offset) * (abs(slope) + float(stats.t.ppf(1 - alpha / 2, df)) * se_slope)
-    cleared = p < alpha and abs(effect) > bound and adjusted * effect > 0
-    reason = (
-        f"run order: the candidate ran {offset:+.2g} run steps after the baseline on average; a linear drift "
-        f"estimated from the runs ({slope:+.3g} log TPOT per run, SE {se_slope:.2g}) adds at most {bound:.3g} "
-        f"to the log ratio {effect:+.3g}; with the drift removed it is {adjusted:+.3g} (p = {p:.3g}): "
-        + ("the effect clears the drift" if cleared else "the effect does not clear the drift, no claim")
-    )
-    return DriftCheck(cleared, slope, offset, bound, effect, adjusted, p, reason)
-
-
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p values (same order as given): sorted p_(i) x (m - i + 1),
-    made monotone and capped at 1."""
-    m = len(p_values)
-    order = sorted(range(m), key=lambda i: p_values[i])
-    adjusted = [1.0] * m
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * float(p_values[i])))
-        adjusted[i] = running
-    return adjusted

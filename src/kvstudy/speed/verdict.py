@@ -11,7 +11,7 @@ independent replicates. Per run the summary is the log of its median per-request
   block: the sweep runs both arms of a seed next to each other, with the same prompts), labels are
   permuted only within seed blocks (one run per arm per seed: 2^k sign flips of the k per-seed
   differences); otherwise over all C(n1+n2, n1) splits. A seeded Monte-Carlo of
-  :data:`MONTE_CARLO_DRAWS` splits is used when there are more than :data:`MAX_EXACT_SPLITS`.
+  :data:`kvstudy.stats.permutation.MONTE_CARLO_DRAWS` splits is used beyond its exact limit.
   Two-sided p = min(1, 2 x the smaller one-sided p), so the smallest reachable p is 2 / (number of
   splits): blocked, 0.25 at 3 seeds, 0.031 at 6; unblocked, 0.2 at 3 vs 2 runs, 0.1 at 3 vs 3.
   Under "no difference" (runs exchangeable within blocks) P(p < alpha) <= alpha for a design fixed
@@ -24,7 +24,7 @@ A claim ("faster" or "slower") needs: every run measurable; p < alpha; the inter
 clocks comparable when known (arm medians within ``clock_tolerance``; a clock that reads the same in
 every run is "not varied / not measured", not an equal clock); a block design in time
 (:func:`kvstudy.speed.design.order_check`), or adjacent blocks that all start with one arm (A B A B)
-where the effect clears the drift estimated from the runs (:func:`kvstudy.speed.design.drift_check`);
+where the effect clears the drift estimated from the runs (:func:`kvstudy.stats.drift.drift_check`);
 the registered number of runs per arm when one was
 registered; and no outside refusal (e.g. queueing). :func:`adjust_for_multiplicity` then applies
 Holm's correction across the tests of one report. Otherwise the verdict is "no claim", with the
@@ -33,8 +33,6 @@ reasons.
 
 from __future__ import annotations
 
-import functools
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -50,25 +48,20 @@ from kvstudy.bench.measurability import (
     per_request_tpot_s,
 )
 from kvstudy.errors import StudyError
-from kvstudy.speed.design import (
-    DRIFT_BOUNDED,
-    MULTIPLICITY_METHOD,
-    UNBALANCED,
-    blocked_min_p,
+from kvstudy.speed.design import DRIFT_BOUNDED, UNBALANCED, order_check, registration_check
+from kvstudy.stats.bootstrap import BOOTSTRAP_RESAMPLES, CONFIDENCE, bootstrap_ratio_interval
+from kvstudy.stats.drift import drift_check
+from kvstudy.stats.family import MULTIPLICITY_METHOD, holm
+from kvstudy.stats.permutation import (
+    PermutationTest,
     blocks_needed,
-    drift_check,
-    holm,
-    order_check,
-    registration_check,
+    minimum_p_value,
+    permutation_test,
+    runs_per_arm_needed,
 )
 
 ALPHA = 0.05  # false-claim rate the test is built for
-CONFIDENCE = 0.95  # level of the reported interval
 CLOCK_TOLERANCE = 0.05  # arm median clocks may differ by this fraction before a claim is refused
-MAX_EXACT_SPLITS = 20_000  # enumerate all splits up to this many (C(16, 8) = 12,870)
-MONTE_CARLO_DRAWS = 20_000  # random splits otherwise (>= 10,000 keeps the p-value's own error < 0.005)
-BOOTSTRAP_RESAMPLES = 2_000  # hierarchical bootstrap draws for the interval
-_TIE_TOL = 1e-12  # statistics this close to the observed one count as ties (float sums)
 
 VERDICTS = ("faster", "slower", "no claim")
 
@@ -91,18 +84,6 @@ class RunSummary:
     def median_tpot_s(self) -> float:
         """Median per-request TPOT (NaN when the run has none)."""
         return float(np.median(self.tpots_s)) if self.tpots_s else math.nan
-
-
-@dataclass(frozen=True)
-class PermutationTest:
-    """Result of the permutation test on per-run values (candidate minus baseline means)."""
-
-    statistic: float
-    p_value: float
-    exact: bool
-    splits: int  # splits evaluated (all of them when exact)
-    min_p_value: float  # smallest two-sided p the design can reach
-    blocks: int = 0  # seed blocks permuted within (0: unblocked)
 
 
 @dataclass(frozen=True)
@@ -131,7 +112,7 @@ class Verdict:
     blocks: int = 0  # seed blocks the test permuted within (0: unblocked)
     order_design: str = "unknown"  # what order_check found
     drift_bound: float | None = None  # alternating order: the most a linear drift adds to the log ratio
-    drift_adjusted_p: float | None = None  # its t test with the drift removed (design.drift_check)
+    drift_adjusted_p: float | None = None  # its t test with the drift removed (stats.drift.drift_check)
     registered_runs_per_arm: int | None = None
     p_adjusted: float | None = None  # after the multiplicity correction (None: not adjusted)
     family_size: int = 1  # tests in the family the correction ran over
@@ -146,177 +127,6 @@ class Verdict:
         if self.tpot_ratio_ci is not None:
             out["tpot_ratio_ci"] = list(self.tpot_ratio_ci)
         return out
-
-
-# --------------------------------------------------------------------------- the test
-
-
-def minimum_p_value(n_base: int, n_cand: int) -> float:
-    """Smallest two-sided p the exact permutation test can give with these arm sizes: 2 / C(n1+n2, n1)."""
-    if n_base < 1 or n_cand < 1:
-        return 1.0
-    return min(1.0, 2.0 / math.comb(n_base + n_cand, n_base))
-
-
-def runs_needed(alpha: float = ALPHA) -> int:
-    """Fewest runs per arm (equal arms) with which an exact test can reach p < ``alpha``."""
-    n = 1
-    while minimum_p_value(n, n) >= alpha:
-        n += 1
-    return n
-
-
-@functools.lru_cache(maxsize=32)
-def _split_matrix(total: int, n_cand: int) -> np.ndarray:
-    """All ways to choose the candidate arm's positions: a (C(total, n_cand), total) 0/1 matrix."""
-    combos = np.array(list(itertools.combinations(range(total), n_cand)), dtype=np.intp)
-    mat = np.zeros((len(combos), total), dtype=np.float64)
-    mat[np.repeat(np.arange(len(combos)), n_cand), combos.ravel()] = 1.0
-    mat.setflags(write=False)
-    return mat
-
-
-def permutation_test(
-    base: Sequence[float],
-    cand: Sequence[float],
-    *,
-    base_blocks: Sequence[int] | None = None,
-    cand_blocks: Sequence[int] | None = None,
-    seed: int = 0,
-    max_exact: int = MAX_EXACT_SPLITS,
-    draws: int = MONTE_CARLO_DRAWS,
-) -> PermutationTest:
-    """Permutation test of mean(cand) - mean(base) on per-run values (e.g. log median TPOT).
-
-    With ``base_blocks``/``cand_blocks`` (a block, the seed, per run) labels are permuted within
-    blocks only and the statistic is the mean over blocks of the within-block difference; blocks
-    lacking an arm are left out. Exact over all splits when there are at most ``max_exact``;
-    otherwise ``draws`` random splits (seeded), each one-sided p as (1 + hits) / (1 + draws).
-    Two-sided p = min(1, 2 x smaller side).
-    """
-    b = np.asarray(base, dtype=float)
-    c = np.asarray(cand, dtype=float)
-    if b.size < 1 or c.size < 1:
-        raise StudyError(f"permutation test: {b.size} baseline and {c.size} candidate runs, expected at least 1 each")
-    if not (np.all(np.isfinite(b)) and np.all(np.isfinite(c))):
-        raise StudyError("permutation test: per-run values must be finite (a run with zero TPOT?)")
-    if base_blocks is not None and cand_blocks is not None:
-        return _blocked_test(b, c, list(base_blocks), list(cand_blocks), seed, max_exact, draws)
-    values = np.concatenate([b, c])
-    n1, n2, total = b.size, c.size, b.size + c.size
-    observed = c.mean() - b.mean()
-    splits = math.comb(total, n2)
-    tol = _TIE_TOL * max(1.0, float(np.abs(values).max()))
-    if splits <= max_exact:
-        cand_sum = _split_matrix(total, n2) @ values
-        stats = cand_sum / n2 - (values.sum() - cand_sum) / n1
-        upper = np.count_nonzero(stats >= observed - tol) / splits
-        lower = np.count_nonzero(stats <= observed + tol) / splits
-        exact, evaluated = True, splits
-    else:
-        rng = np.random.default_rng(seed)
-        keys = rng.random((draws, total))
-        picks = np.argsort(keys, axis=1)[:, :n2]
-        cand_sum = values[picks].sum(axis=1)
-        stats = cand_sum / n2 - (values.sum() - cand_sum) / n1
-        upper = (1 + np.count_nonzero(stats >= observed - tol)) / (1 + draws)
-        lower = (1 + np.count_nonzero(stats <= observed + tol)) / (1 + draws)
-        exact, evaluated = False, draws
-    p = min(1.0, 2.0 * min(upper, lower))
-    return PermutationTest(
-        statistic=float(observed), p_value=float(p), exact=exact, splits=evaluated, min_p_value=minimum_p_value(n1, n2)
-    )
-
-
-def _block_stats(values: np.ndarray, n_cand: int) -> np.ndarray:
-    """Every within-block difference (mean of the chosen candidate runs minus the rest's mean)."""
-    n = values.size
-    cand_sum = _split_matrix(n, n_cand) @ values
-    return cand_sum / n_cand - (values.sum() - cand_sum) / (n - n_cand)
-
-
-def _blocked_test(
-    b: np.ndarray, c: np.ndarray, bb: list[int], cb: list[int], seed: int, max_exact: int, draws: int
-) -> PermutationTest:
-    if len(bb) != b.size or len(cb) != c.size:
-        raise StudyError("permutation test: expected one block per run")
-    blocks = [k for k in dict.fromkeys([*bb, *cb]) if k in bb and k in cb]
-    if not blocks:
-        raise StudyError("permutation test: no block holds runs of both arms")
-    options, observed_parts, sizes = [], [], []
-    for k in blocks:
-        vb = b[[i for i, x in enumerate(bb) if x == k]]
-        vc = c[[i for i, x in enumerate(cb) if x == k]]
-        options.append(_block_stats(np.concatenate([vb, vc]), vc.size))
-        observed_parts.append(vc.mean() - vb.mean())
-        sizes.append((vb.size, vc.size))
-    observed = float(np.mean(observed_parts))
-    splits = math.prod(o.size for o in options)
-    scale = max(1.0, float(np.abs(np.concatenate([b, c])).max()))
-    tol = _TIE_TOL * scale * len(blocks)
-    if splits <= max_exact:
-        total = options[0]
-        for o in options[1:]:
-            total = (total[:, None] + o[None, :]).ravel()
-        stats = total / len(blocks)
-        upper = np.count_nonzero(stats >= observed - tol) / splits
-        lower = np.count_nonzero(stats <= observed + tol) / splits
-        exact, evaluated = True, splits
-    else:
-        rng = np.random.default_rng(seed)
-        stats = np.sum([o[rng.integers(0, o.size, size=draws)] for o in options], axis=0) / len(blocks)
-        upper = (1 + np.count_nonzero(stats >= observed - tol)) / (1 + draws)
-        lower = (1 + np.count_nonzero(stats <= observed + tol)) / (1 + draws)
-        exact, evaluated = False, draws
-    p = min(1.0, 2.0 * min(upper, lower))
-    return PermutationTest(
-        statistic=observed,
-        p_value=float(p),
-        exact=exact,
-        splits=evaluated,
-        min_p_value=blocked_min_p(sizes),
-        blocks=len(blocks),
-    )
-
-
-def _arm_log_stat_draws(
-    arm: Sequence[np.ndarray], resamples: int, rng: np.random.Generator, max_cells: int = 4_000_000
-) -> np.ndarray:
-    """Hierarchical bootstrap of one arm's mean log median: (resamples,) draws."""
-    n = len(arm)
-    picks = rng.integers(0, n, size=(resamples, n))
-    out = np.empty((resamples, n))
-    flat = out.reshape(-1)  # a view: writing it fills ``out``
-    for r, values in enumerate(arm):
-        slots = np.flatnonzero(picks.reshape(-1) == r)
-        m = values.size
-        step = max(1, max_cells // max(m, 1))
-        for start in range(0, slots.size, step):
-            chunk = slots[start : start + step]
-            idx = rng.integers(0, m, size=(chunk.size, m))
-            flat[chunk] = np.log(np.maximum(np.median(values[idx], axis=1), np.finfo(float).tiny))
-    return out.mean(axis=1)
-
-
-def bootstrap_ratio_interval(
-    base: Sequence[Sequence[float]],
-    cand: Sequence[Sequence[float]],
-    *,
-    confidence: float = CONFIDENCE,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """Percentile interval of candidate/baseline (geometric means of run medians) from a hierarchical
-    bootstrap: runs resampled within each arm, then requests within each drawn run. Seeded."""
-    arms = [[np.asarray(v, dtype=float) for v in arm] for arm in (base, cand)]
-    for label, arm in zip(("baseline", "candidate"), arms):
-        if not arm or any(v.size == 0 for v in arm):
-            raise StudyError(f"bootstrap: every {label} run needs at least one per-request TPOT")
-    rng = np.random.default_rng(seed)
-    diff = _arm_log_stat_draws(arms[1], resamples, rng) - _arm_log_stat_draws(arms[0], resamples, rng)
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(diff, [tail, 1.0 - tail])
-    return float(math.exp(low)), float(math.exp(high))
 
 
 # --------------------------------------------------------------------------- inputs
@@ -338,11 +148,6 @@ def summarise_run(run: RunRequests, measurability: Measurability | None = None) 
 
 def _geomean(values: Sequence[float]) -> float:
     return float(math.exp(np.mean(np.log(values))))
-
-
-def arms_interleaved(base_starts: Sequence[float], cand_starts: Sequence[float]) -> bool:
-    """False when every run of one arm started before every run of the other."""
-    return not (max(base_starts) < min(cand_starts) or max(cand_starts) < min(base_starts))
 
 
 # --------------------------------------------------------------------------- the verdict
@@ -489,7 +294,7 @@ def compare_runs(
         need = (
             f"{blocks_needed_text(alpha)}"
             if blocked
-            else f"an exact test needs at least {runs_needed(alpha)} runs per arm"
+            else f"an exact test needs at least {runs_per_arm_needed(alpha)} runs per arm"
         )
         reasons.append(
             f"the design cannot reach significance: with {len(base)} vs {len(cand)} runs"

@@ -13,7 +13,6 @@ multi-step grade-school arithmetic from a fixed set of templates; every number i
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import write_text_atomic
+from kvstudy.io import read_jsonl_numbered, write_jsonl_atomic
 from kvstudy.limits import MAX_ITEMS, MAX_SEED, int_arg, output_folder
 from kvstudy.outputs import claim_output_folder
 
@@ -286,8 +285,7 @@ def write_splits(
     paths = {}
     for split, problems in splits.items():
         path = folder / f"{split}.jsonl"
-        text = "".join(json.dumps(p.to_dict(), ensure_ascii=False) + "\n" for p in problems)
-        write_text_atomic(path, text)
+        write_jsonl_atomic(path, [p.to_dict() for p in problems])
         paths[split] = path
     return paths
 
@@ -298,11 +296,7 @@ def read_split(path: str | Path) -> list[Problem]:
     if not path.is_file():
         raise StudyError(f"{path}: no such file (generate it with kvstudy gsm8k-data)")
     problems = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            raise StudyError(f"{path}:{number}: not a JSON object") from None
+    for number, item in read_jsonl_numbered(path):
         if (
             not isinstance(item, dict)
             or not isinstance(item.get("question"), str)

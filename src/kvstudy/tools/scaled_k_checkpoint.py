@@ -88,7 +88,7 @@ def build_control(
         raise StudyError(f"{source}: no {WEIGHTS} (expected a single-file Qwen3 model folder)")
     if not factor > 1:
         raise StudyError(f"control factor: got {factor}, expected > 1")
-    config = json.loads(read_bytes_checked(source / "config.json"))
+    config = read_json_object(source / "config.json")
     if config.get("model_type") != "qwen3":
         raise StudyError(
             f"{source}/config.json: model_type {config.get('model_type')!r}, expected 'qwen3' (q_norm/k_norm)"
@@ -136,7 +136,7 @@ def ensure_control(source: str | Path, out: str | Path, factor: float = FACTOR) 
     """The control folder's record, building it when missing or made from other settings."""
     record_path = Path(out) / RECORD
     if record_path.is_file() and (Path(out) / WEIGHTS).is_file():
-        record = json.loads(record_path.read_text(encoding="utf-8"))
+        record = read_json_object(record_path)
         same_source = record.get("source_weights_sha256") == file_digest(
             Path(source) / WEIGHTS, weights_headers_only=False
         )

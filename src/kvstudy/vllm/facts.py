@@ -60,6 +60,10 @@ DTYPE_BYTES: dict[str, Fraction] = {
 # attention layer store ``fp8`` when the flag is 'auto' (vllm/model_executor/layers/attention/attention.py).
 MODELOPT_KV_ALGO: dict[str, str] = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
 KV_AUTO_FROM_CHECKPOINT_SOURCE = "vllm/utils/torch_utils.py resolve_kv_cache_dtype_string"
+# The 16-bit cache dtypes (2 bytes a value above): a comparison's baseline. "auto" stores the KV
+# cache in the model's dtype (``CacheConfig.cache_dtype`` in vllm/config/cache.py), 16-bit for the
+# models the study serves; a resolved dtype is never "auto".
+SIXTEEN_BIT: tuple[str, ...] = ("auto", "bfloat16", "float16", "half")
 
 # MLA-only cache formats with a fixed size per token per layer, whatever the latent size
 # (vllm/model_executor/layers/attention/mla_attention.py MLAAttention.get_kv_cache_spec:

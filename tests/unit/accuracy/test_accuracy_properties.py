@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st
 
 from kvstudy.accuracy import samples as smp  # noqa: E402
-from kvstudy.accuracy import stats, totals  # noqa: E402
 from kvstudy.errors import StudyError  # noqa: E402
+from kvstudy.stats import binary as stats  # noqa: E402
+from kvstudy.stats import binary_power as totals  # noqa: E402
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -49,6 +49,16 @@ def test_records_from_samples_joins_filters_per_question():
     assert rec.correctness(records, "flexible-extract") == {0: True, 1: True}
 
 
+def test_a_response_holding_line_separators_reads_back(tmp_path):
+    # U+2028, U+2029 and U+0085 are written unescaped (ensure_ascii=False): str.splitlines() cut there
+    odd = "so\u2028the answer\u2029is\x85 #### 10"
+    records = rec.records_from_samples([_sample(0, f, odd, "10", True) for f in GSM8K_FILTERS])
+    path = tmp_path / "records.jsonl"
+    rec.write_records(path, records)
+    assert "\u2028" in path.read_text(encoding="utf-8")
+    assert rec.read_records(path) == records
+
+
 def test_records_need_both_filters():
     with pytest.raises(StudyError, match="lacks filters"):
         rec.records_from_samples([_sample(0, "strict-match", "x", "x", False)])
@@ -195,18 +205,34 @@ def test_cli_bad_input_exits_2_without_traceback(tmp_path, capsys):
     assert code == 2 and err.startswith("kvstudy: error: configurations") and "Traceback" not in err
 
 
-def test_is_done_only_for_the_same_settings(tmp_path):
+def test_result_state_is_ok_only_with_records_and_the_same_settings(tmp_path):
     settings = ge.EvalSettings(n=10)
     folder = tmp_path / "bf16"
-    assert not ge.is_done(folder, settings, 8)
-    rec.write_records(folder / "records.jsonl", [])
+    assert ge.result_state(folder, settings, 8) is None
+    folder.mkdir()
     status = {"state": "ok", "num_fewshot": 8, "settings": {"n": 10, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}}
     (folder / "status.json").write_text(json.dumps(status))
-    assert ge.is_done(folder, settings, 8)
-    assert not ge.is_done(folder, ge.EvalSettings(n=20), 8)  # more questions asked: run again
-    assert not ge.is_done(folder, settings, 0)  # other shots
+    assert ge.result_state(folder, settings, 8) is None  # ok but no records file: runs again
+    rec.write_records(folder / "records.jsonl", [])
+    assert ge.result_state(folder, settings, 8) == "ok"
+    assert ge.result_state(folder, ge.EvalSettings(n=20), 8) is None  # more questions asked: run again
+    assert ge.result_state(folder, settings, 0) is None  # other shots
     (folder / "status.json").write_text(json.dumps({**status, "state": "incomplete"}))
-    assert not ge.is_done(folder, settings, 8)
+    assert ge.result_state(folder, settings, 8) == "incomplete"
+    (folder / "status.json").write_text(json.dumps({**status, "state": "failed"}))
+    assert ge.result_state(folder, settings, 8) == "failed"
+
+
+def test_an_ok_configuration_without_records_is_run_again_not_reported_failed(tmp_path):
+    settings = ge.EvalSettings(n=2)
+    folder = tmp_path / "cap" / "bf16"
+    folder.mkdir(parents=True)
+    status = {"state": "ok", "num_fewshot": 8, "settings": {"n": 2, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}}
+    (folder / "status.json").write_text(json.dumps(status))
+    lines: list[str] = []
+    with pytest.raises(StudyError):  # it is scheduled: the run needs the engine and a model folder
+        ge.run_missing(["bf16"], tmp_path / "model", tmp_path / "cap", settings, progress=lines.append)
+    assert not any("failed before" in line or "kept" in line for line in lines)
 
 
 def test_cached_answers_counts_lm_eval_cache(tmp_path):

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from kvstudy.accuracy import samples as smp
-from kvstudy.accuracy import stats
 from kvstudy.errors import StudyError
+from kvstudy.stats import binary as stats
 
 BASE = {i: i % 7 != 0 for i in range(40)}  # 34 right
 CAND = {i: (i % 7 != 0) != (i in (3, 8, 21)) or i == 14 for i in range(40)}

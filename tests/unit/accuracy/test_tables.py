@@ -9,11 +9,12 @@ import pandas as pd
 import pytest
 
 from kvstudy.accuracy import analysis as ga
-from kvstudy.accuracy import stats, totals
 from kvstudy.accuracy import tables as rt
 from kvstudy.accuracy import verdicts as vt
 from kvstudy.accuracy.records import QuestionRecord, RetrievalRecord
 from kvstudy.accuracy.runner import ConfigResult
+from kvstudy.stats import binary as stats
+from kvstudy.stats import binary_power as totals
 
 ROOT = Path(__file__).resolve().parents[3]
 PUBLISHED = ROOT / "data" / "published" / "gsm8k-l4-qwen3-8b.json"
@@ -209,7 +210,9 @@ def test_retrieval_tables_and_sentence() -> None:
         "Wilson 95% % (ignores clusters)",
     ]
     fp8 = acc[acc["configuration"] == "FP8-KV"].set_index("context length (tokens)")
-    assert fp8.loc[1024, "clustered 95% %"].startswith("0 to 100: uninformative (") and fp8.loc[1024, "accuracy %"] == 50.0
+    assert (
+        fp8.loc[1024, "clustered 95% %"].startswith("0 to 100: uninformative (") and fp8.loc[1024, "accuracy %"] == 50.0
+    )
     assert fp8.loc[2048, "clustered 95% %"] == rt.NO_VARIATION_ACCURACY and pd.isna(fp8.loc[2048, "design effect"])
     by_kind = rt.render(vt.retrieval_accuracy(results, "answer-line", by_kind=True), rt.RETRIEVAL_ACCURACY_BY_KIND)
     assert list(by_kind.columns)[:3] == ["configuration", "kind", "context length (tokens)"]

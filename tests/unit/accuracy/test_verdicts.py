@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from kvstudy.accuracy import analysis as ga
-from kvstudy.accuracy import stats
 from kvstudy.accuracy import verdicts as vt
 from kvstudy.accuracy.records import QuestionRecord, RetrievalRecord
 from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.errors import StudyError
+from kvstudy.stats import binary as stats
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -167,7 +167,7 @@ def test_no_interval_and_no_verdict_when_every_item_scored_alike():
 
 
 def test_detectable_loss_at_the_observed_disagreement_and_at_best() -> None:
-    from kvstudy.accuracy import totals
+    from kvstudy.stats import binary_power as totals
 
     seen = vt.detectable_loss(100, 12)
     assert seen.points == pytest.approx(100 * (totals.smallest_detectable_loss(100, 0.12) or 0))
@@ -179,7 +179,9 @@ def test_detectable_loss_at_the_observed_disagreement_and_at_best() -> None:
 
 
 def test_holm_of_a_family() -> None:
+    from kvstudy.stats.family import holm
+
     # notebook 07's case: p = 0.017 and 0.040 among 22 tests pass no longer
-    adjusted = vt.holm([0.017, 0.040] + [0.5] * 20)
+    adjusted = holm([0.017, 0.040] + [0.5] * 20)
     assert adjusted[0] == pytest.approx(0.374) and adjusted[1] == pytest.approx(0.84)
-    assert vt.holm([]) == []
+    assert holm([]) == []

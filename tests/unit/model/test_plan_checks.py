@@ -3,7 +3,6 @@ KV table, and weight estimates that read relu2 MLPs, latent MoE and nested / sid
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -17,22 +16,8 @@ from kvstudy.model.weights import estimate_weights, parameter_parts, quantizatio
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "models"
 
 
-def _args(path: Path, **kw: object) -> argparse.Namespace:
-    base = dict(
-        path=str(path),
-        assume=None,
-        tensor_parallel_size=1,
-        kv_dtype=None,
-        max_model_len=4096,
-        skip_layers=None,
-        weights_gib=None,
-        gpu=None,
-        gpu_memory_gib=None,
-        gpu_memory_utilization=None,
-        allow_long_context=False,
-    )
-    base.update(kw)
-    return argparse.Namespace(**base)
+def _summary(path: Path, **kw: object) -> dict:
+    return plan.plan_summary(str(path), **{"max_model_len": 4096, **kw})  # type: ignore[arg-type]
 
 
 def _config(tmp_path: Path, **changes: object) -> Path:
@@ -45,21 +30,21 @@ def _config(tmp_path: Path, **changes: object) -> Path:
 def test_tp_size_vllm_refuses_is_refused(tmp_path: Path) -> None:
     folder = _config(tmp_path, num_attention_heads=28, num_key_value_heads=4, head_dim=128)
     with pytest.raises(StudyError, match="28 attention heads are not divisible by 8"):
-        plan.plan_summary(_args(folder, tensor_parallel_size=8))
-    summary = plan.plan_summary(_args(folder, tensor_parallel_size=4))
+        _summary(folder, tensor_parallel_size=8)
+    summary = _summary(folder, tensor_parallel_size=4)
     assert summary["source"] == "kvstudy rules" and "8" in summary["tensor_parallel_refused"]
 
 
 def test_context_beyond_the_config_needs_asking(tmp_path: Path) -> None:
     folder = _config(tmp_path)
     with pytest.raises(StudyError, match="max_position_embeddings 32,768"):
-        plan.plan_summary(_args(folder, max_model_len=65536))
-    assert plan.plan_summary(_args(folder, max_model_len=65536, allow_long_context=True))["context_len"] == 65536
+        _summary(folder, max_model_len=65536)
+    assert _summary(folder, max_model_len=65536, allow_long_context=True)["context_len"] == 65536
 
 
 def test_failed_weight_estimate_keeps_the_kv_table(tmp_path: Path) -> None:
     folder = _config(tmp_path, quantization_config={"quant_method": "hqq"})
-    summary = plan.plan_summary(_args(folder, gpu="H100-SXM"))
+    summary = _summary(folder, gpu="H100-SXM")
     assert summary["weights_bytes"] is None and "hqq" in summary["weights_source"]
     assert summary["dtypes"]["fp8"]["bytes_per_token"] == 65536
     assert "weights unknown" in plan._format(summary)

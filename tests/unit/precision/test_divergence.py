@@ -95,7 +95,7 @@ def rows(shift: float, noise: float, clusters: int = 40, tokens: int = 10, seed:
 def test_delta_logp_equivalence_on_synthetic_pairs(shift: float, noise: float, expected: str) -> None:
     paired = paired_logp.pair_rows(*rows(shift, noise))
     assert paired.tost is not None
-    assert dv.equivalence(paired.tost.low, paired.tost.high, 0.01, two_sided=True).state == expected
+    assert dv.equivalence(paired.tost.ci_low, paired.tost.ci_high, 0.01, two_sided=True).state == expected
 
 
 @pytest.mark.parametrize(("level", "expected"), [(0.001, "within"), (0.05, "beyond"), (0.01, "undecided")])

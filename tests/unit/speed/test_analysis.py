@@ -231,7 +231,7 @@ def test_load_capture_tables_and_missing(tmp_path: Path) -> None:
     make_capture(tmp_path)
     cap = speed.load_capture(tmp_path)
     assert not cap.complete and cap.missing == ["fp8__s1__u2"]
-    assert list(speed.failed_cells(cap)["cell_id"]) == ["fp8__s1__u2"]
+    assert list(cap.cells.loc[cap.cells["status"] != "ok", "cell_id"]) == ["fp8__s1__u2"]
     seeds = speed.seed_table(cap)
     assert len(seeds) == 7 and list(seeds["configuration"][:2]) == ["auto", "auto"]
     summary = speed.summary_table(seeds, ["auto", "fp8"]).set_index(["users", "configuration"])

@@ -10,7 +10,6 @@ import pytest
 
 from kvstudy.errors import StudyError
 from kvstudy.speed.calibration import (
-    _upper_bound,
     centred,
     claim_by_test,
     false_claim_rate,
@@ -19,6 +18,7 @@ from kvstudy.speed.calibration import (
     simulated_false_claim_rate,
 )
 from kvstudy.speed.verdict import RunSummary
+from kvstudy.stats.binary import clopper_pearson
 
 # Known noise model: each run's level is log-normal around 20 ms (sigma 0.10 between runs), its
 # requests log-normal around that level (sigma 0.15 within a run), 16 requests per run.
@@ -108,8 +108,8 @@ def test_centred_removes_each_arms_level(helpers: Any) -> None:
 
 
 def test_upper_bound_and_bad_input() -> None:
-    assert _upper_bound(0, 1000) == pytest.approx(1 - 0.05 ** (1 / 1000))
-    assert _upper_bound(5, 5) == 1.0
+    assert clopper_pearson(0, 1000, 0.90)[1] == pytest.approx(1 - 0.05 ** (1 / 1000))
+    assert clopper_pearson(5, 5, 0.90)[1] == 1.0
     with pytest.raises(StudyError, match="cannot split 4"):
         false_claim_rate(aa_runs(4, seed=0), n_base=3, n_cand=3)
     with pytest.raises(StudyError, match="no positive per-request TPOT"):

@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 
 from kvstudy.speed import calibration as cal
-from kvstudy.speed.design import blocked_min_p, blocks_needed, holm, order_check, registration_check
-from kvstudy.speed.verdict import RunSummary, adjust_for_multiplicity, arms_interleaved, compare_runs, permutation_test
+from kvstudy.speed.design import order_check, registration_check
+from kvstudy.speed.verdict import RunSummary, adjust_for_multiplicity, compare_runs
+from kvstudy.stats.binary import clopper_pearson
+from kvstudy.stats.family import holm
+from kvstudy.stats.permutation import blocked_min_p, blocks_needed, permutation_test
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -42,7 +45,7 @@ def _abba(ratio: float, seeds: int, *, clock: float | None = None, spread: float
 
 def test_nearly_grouped_order_passes_the_old_check_but_is_refused() -> None:
     base, cand = [0, 1, 2, 4], [3, 5, 6, 7]  # A A A B A B B B
-    assert arms_interleaved(base, cand)  # the old rule let this through
+    assert order_check(base, cand).overlap  # the old rule let this through
     check = order_check(base, cand)
     assert check.accepted is False and check.design == "nearly grouped"
     assert order_check([0, 3, 4, 7], [1, 2, 5, 6]).accepted  # ABBA
@@ -72,7 +75,7 @@ def test_drift_makes_nearly_grouped_orders_claim_and_abba_blocks_do_not() -> Non
         b = [drift(t) for t in starts_b]
         c = [drift(t) for t in starts_c]
         abba_claims += permutation_test(b, c, base_blocks=range(6), cand_blocks=range(6)).p_value < 0.05
-    assert arms_interleaved(grouped_b, grouped_c) and grouped_claims / trials > 0.2
+    assert order_check(grouped_b, grouped_c).overlap and grouped_claims / trials > 0.2
     assert order_check(grouped_b, grouped_c).accepted is False
     assert abba_claims / trials <= 0.05
 
@@ -156,7 +159,7 @@ def test_power_comes_with_its_uncertainty() -> None:
     sens = cal.noise_sensitivity(runs, change=0.2, n_per_arm=6, simulations=1000)
     assert sens is not None and sens.df == 3 and sens.sigma_low < sens.sigma < sens.sigma_high
     assert sens.power_high_noise <= sens.power <= sens.power_low_noise
-    assert cal.clopper_pearson(20, 100)[0] < 0.2 < cal.clopper_pearson(20, 100)[1]
+    assert clopper_pearson(20, 100)[0] < 0.2 < clopper_pearson(20, 100)[1]
 
 
 # --------------------------------------------------------------------------- the published table

@@ -9,15 +9,10 @@ import numpy as np
 import pytest
 
 from kvstudy.errors import StudyError
-from kvstudy.speed.verdict import (
-    arms_interleaved,
-    bootstrap_ratio_interval,
-    compare_runs,
-    minimum_p_value,
-    permutation_test,
-    runs_needed,
-    summarise_run,
-)
+from kvstudy.speed.design import order_check
+from kvstudy.speed.verdict import compare_runs, summarise_run
+from kvstudy.stats.bootstrap import bootstrap_ratio_interval
+from kvstudy.stats.permutation import minimum_p_value, permutation_test, runs_per_arm_needed
 
 
 def test_minimum_p_values_of_small_designs() -> None:
@@ -26,7 +21,7 @@ def test_minimum_p_values_of_small_designs() -> None:
     assert minimum_p_value(2, 2) == pytest.approx(1 / 3)
     assert minimum_p_value(4, 4) == pytest.approx(2 / 70)
     assert minimum_p_value(1, 1) == 1.0
-    assert runs_needed(0.05) == 4
+    assert runs_per_arm_needed(0.05) == 4
 
 
 def test_three_vs_three_fully_separated_gives_p_one_tenth() -> None:
@@ -71,10 +66,10 @@ def test_permutation_test_refuses_empty_or_infinite() -> None:
 
 
 def test_interleaving_rule() -> None:
-    assert arms_interleaved([0, 2, 4], [1, 3, 5])
-    assert arms_interleaved([0, 3], [1, 2])  # ABBA
-    assert not arms_interleaved([0, 1, 2], [3, 4, 5])  # all baseline first
-    assert not arms_interleaved([3, 4], [0, 1])  # all candidate first
+    assert order_check([0, 2, 4], [1, 3, 5]).overlap
+    assert order_check([0, 3], [1, 2]).overlap  # ABBA
+    assert not order_check([0, 1, 2], [3, 4, 5]).overlap  # all baseline first
+    assert not order_check([3, 4], [0, 1]).overlap  # all candidate first
 
 
 def _arms(

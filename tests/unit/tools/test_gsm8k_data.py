@@ -52,6 +52,13 @@ def test_different_seed_gives_different_problems():
     assert a == gsm8k_data.generate(20, 8, seed=1)["test"]
 
 
+def test_a_problem_holding_line_separators_reads_back(tmp_path):
+    problem = gsm8k_data.Problem("How many\u2028apples?\x85", "Two and two.\u2029\n#### 4")
+    path = tmp_path / "test.jsonl"
+    path.write_text(json.dumps(problem.to_dict(), ensure_ascii=False) + "\n", encoding="utf-8")
+    assert gsm8k_data.read_split(path) == [problem]
+
+
 def test_bad_input_is_one_line_error(tmp_path):
     bad = tmp_path / "test.jsonl"
     bad.write_text('{"question": "q", "answer": "no final answer"}\n')

@@ -1,4 +1,4 @@
-"""kvstudy.accuracy.stats against published values, hand computation and reference libraries."""
+"""kvstudy.stats.binary and kvstudy.stats.clustered against published values, hand computation and reference libraries."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 from scipy import stats as sps
 from statsmodels.stats.contingency_tables import mcnemar
 
-from kvstudy.accuracy import stats
 from kvstudy.errors import StudyError
+from kvstudy.stats import binary as stats
+from kvstudy.stats import clustered
 
 
 def outcomes(
@@ -248,7 +249,7 @@ def test_chance_check_counts_and_refuses_mismatched_chances() -> None:
 def test_clustered_error_with_singleton_clusters_equals_the_independent_one() -> None:
     rng = np.random.default_rng(0)
     values = rng.integers(-1, 2, size=60).astype(float)
-    m = stats.clustered_mean(values.tolist(), list(range(60)))
+    m = clustered.clustered_mean(values.tolist(), list(range(60)))
     assert m.se_clustered == pytest.approx(m.se_independent, rel=1e-12)
     assert m.se_independent == pytest.approx(values.std(ddof=1) / math.sqrt(60))
     assert m.design_effect == pytest.approx(1.0) and m.varies
@@ -262,7 +263,7 @@ def test_clustered_error_matches_statsmodels_cluster_robust_ols() -> None:
     shared = rng.normal(size=12)[groups]
     values = (shared + rng.normal(size=60) > 0).astype(float)
     fit = sm.OLS(values, np.ones(60)).fit(cov_type="cluster", cov_kwds={"groups": groups})
-    m = stats.clustered_mean(values.tolist(), groups.tolist())
+    m = clustered.clustered_mean(values.tolist(), groups.tolist())
     assert m.mean == pytest.approx(float(fit.params[0]))
     assert m.se_clustered == pytest.approx(float(fit.bse[0]), rel=1e-10)
     assert m.clusters == 12 and m.design_effect > 1
@@ -272,9 +273,9 @@ def test_clustered_error_matches_statsmodels_cluster_robust_ols() -> None:
 
 def test_clustered_error_is_exactly_zero_when_clusters_agree() -> None:
     # two contexts, one of four right in each: the per-cluster sums of residuals are exactly 0
-    m = stats.clustered_mean([1.0, 0, 0, 0, 0, 1.0, 0, 0], ["a"] * 4 + ["b"] * 4)
+    m = clustered.clustered_mean([1.0, 0, 0, 0, 0, 1.0, 0, 0], ["a"] * 4 + ["b"] * 4)
     assert m.se_clustered == 0.0 and not m.varies and m.se_independent > 0 and m.design_effect == 0.0
-    alike = stats.clustered_mean([0.0] * 6, [0, 0, 0, 1, 1, 1])
+    alike = clustered.clustered_mean([0.0] * 6, [0, 0, 0, 1, 1, 1])
     assert alike.se_independent == alike.se_clustered == 0.0 and alike.design_effect == 1.0
 
 
@@ -284,13 +285,18 @@ def test_clustered_difference_of_needles_in_shared_haystacks() -> None:
     cluster_of = {i: f"haystack-{i // 5}" for i in ids}
     base = {i: True for i in ids}
     cand = {i: i // 5 not in (1, 3) for i in ids}
-    m = stats.clustered_difference(base, cand, cluster_of)
+    m = clustered.clustered_difference(base, cand, cluster_of)
     assert m.mean == pytest.approx(-0.5)
     assert m.clusters == 4
     assert m.se_clustered > m.se_independent
     with pytest.raises(StudyError, match="no cluster id"):
-        stats.clustered_difference(base, cand, {i: 0 for i in range(19)})
+        clustered.clustered_difference(base, cand, {i: 0 for i in range(19)})
     with pytest.raises(StudyError, match="one cluster"):
-        stats.clustered_difference(base, cand, {i: "same" for i in ids})
+        clustered.clustered_difference(base, cand, {i: "same" for i in ids})
     with pytest.raises(StudyError, match="one cluster id per item"):
-        stats.clustered_mean([1.0, 0.0], ["a"])
+        clustered.clustered_mean([1.0, 0.0], ["a"])
+
+
+def test_exact_mcnemar_of_ten_one_sided_discordant_items() -> None:
+    assert stats.mcnemar_exact(10, 0).p_value == pytest.approx(2 * 0.5**10)
+    assert stats.mcnemar_exact(0, 0).p_value == 1.0

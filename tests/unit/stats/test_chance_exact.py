@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from kvstudy.accuracy import stats
 from kvstudy.accuracy.tables import chance_sentence
+from kvstudy.stats import binary as stats
 
 
 def test_tiny_chance_p_is_exact_not_the_float_floor() -> None:

@@ -1,13 +1,13 @@
-"""Accuracy statistics on per-item records: one function and one typed result per test.
+"""Tests and intervals of right/wrong outcomes: one function and one typed result per test.
 
 Two runs asked the same items are compared item by item; everything here is a pure function of
-per-item correctness (or of counts) and is tested without a server. Results are frozen dataclasses
-of fractions (not percent) and p-values; no result carries a sentence or a display string (the
-tables and sentences are :mod:`kvstudy.accuracy.tables`). What counts alone allow (power of the
-paired test, the bounds published totals put on every pairing) is :mod:`kvstudy.accuracy.totals`.
+per-item correctness (or of counts). Results are frozen dataclasses of fractions (not percent) and
+p-values; no result carries a sentence or a display string. What counts alone allow (power of the
+paired test, the bounds published totals put on every pairing) is :mod:`kvstudy.stats.binary_power`.
 
-* **Wilson 95 % interval** of one run's accuracy (:class:`WilsonInterval`):
-  ``statsmodels.stats.proportion.proportion_confint(method="wilson")``.
+* **Wilson 95 % interval** of one run's accuracy (:class:`WilsonInterval`), and the
+  **Clopper-Pearson** interval of a rate (:func:`clopper_pearson`): statsmodels'
+  ``proportion_confint`` (``method="wilson"``, ``"beta"``).
 * **Exact McNemar test**, two-sided (:class:`McNemarTest`): given ``d`` discordant items (one run
   right, the other wrong), the items only the baseline got right are ``Binomial(d, 1/2)`` under
   "no difference"; ``p = min(1, 2 * P(X <= min(b, c)))`` (scipy's binomial distribution, vectorised
@@ -28,13 +28,7 @@ paired test, the bounds published totals put on every pairing) is :mod:`kvstudy.
   a weak baseline (zero-shot, random weights) on the same items.
 * **Better than chance** (:class:`ChanceCheck`): item ``i`` is right by a random pick with its own
   chance, so the count right by chance is Poisson-binomial (computed exactly by convolution).
-* **Clustered standard errors** (:class:`ClusteredMean`): items that share a context (several
-  needles in one haystack) are not independent; the per-item values are summed per cluster and
-  the sandwich (cluster-robust) variance ``G/(G-1) * sum_g S_g^2 / n^2`` is used, with a t interval
-  on G - 1 degrees of freedom. It is the standard error of statsmodels' ``OLS(...).fit(
-  cov_type="cluster")`` on a constant (the tests check that), written out so that items all
-  scored alike give an error of exactly 0 (a least-squares fit leaves rounding residue there).
-  With one item per cluster it equals the ordinary standard error.
+* **Clustered means** are :mod:`kvstudy.stats.clustered`.
 
 Overlapping Wilson intervals are never used as a test: two 95 % intervals can overlap while the
 paired test finds a clear difference.
@@ -43,13 +37,14 @@ paired test finds a clear difference.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats as sps
+from statsmodels.stats.proportion import proportion_confint
 
 from kvstudy import formats
 from kvstudy.errors import StudyError
@@ -86,13 +81,18 @@ class WilsonInterval:
 
 def wilson_interval(correct: int, n: int, alpha: float = ALPHA) -> WilsonInterval:
     """Wilson score interval for ``correct`` successes out of ``n``."""
-    from statsmodels.stats.proportion import proportion_confint
-
     k, total = whole_count(correct, "correct"), whole_count(n, "n")
     if total == 0 or k > total:
         raise StudyError(f"wilson_interval: expected 0 <= correct <= n and n > 0, got {correct}/{n}")
     low, high = proportion_confint(k, total, alpha=alpha, method="wilson")
     return WilsonInterval(k, total, float(low), float(high), alpha)
+
+
+def clopper_pearson(successes: int, trials: int, level: float = 0.95) -> tuple[float, float]:
+    """Two-sided Clopper-Pearson (exact binomial) interval of a rate; its upper end at ``level``
+    0.90 is the one-sided 95 % upper bound."""
+    low, high = proportion_confint(successes, trials, alpha=1.0 - level, method="beta")
+    return float(low), float(high)
 
 
 # --------------------------------------------------------------------------- the paired table
@@ -424,69 +424,3 @@ def chance_check(label: str, outcomes: Sequence[bool], chances: Sequence[float],
         return ChanceCheck(label, 0, 0, 0.0, 0.0, 0.0, 1.0, alpha)
     p = poisson_binomial_sf(right, chances)
     return ChanceCheck(label, right, len(outcomes), sum(chances), min(chances), max(chances), p, alpha)
-
-
-# --------------------------------------------------------------------------- clustered errors
-
-
-@dataclass(frozen=True)
-class ClusteredMean:
-    """A mean over items with an independent and a cluster-robust standard error."""
-
-    n: int
-    clusters: int
-    mean: float
-    se_independent: float
-    se_clustered: float
-    ci_low: float  # t interval on clusters - 1 degrees of freedom, clustered error
-    ci_high: float
-
-    @property
-    def varies(self) -> bool:
-        """False when the clustered error is 0 (e.g. every item scored alike): no interval then."""
-        return self.se_clustered > 0
-
-    @property
-    def design_effect(self) -> float:
-        """Variance inflation from clustering (1 when the items behave as independent)."""
-        if self.se_independent == 0:
-            return 1.0 if self.se_clustered == 0 else math.inf
-        return (self.se_clustered / self.se_independent) ** 2
-
-
-def clustered_mean(values: Sequence[float], clusters: Sequence[Hashable], alpha: float = ALPHA) -> ClusteredMean:
-    """Mean of per-item values with the cluster-robust (sandwich) standard error."""
-    x = np.asarray(values, dtype=float)
-    if x.ndim != 1 or len(x) != len(clusters):
-        raise StudyError(f"clusters: expected one cluster id per item, got {len(clusters)} ids for {x.size} items")
-    if len(x) < 2:
-        raise StudyError(f"clustered mean: expected at least 2 items, got {len(x)}")
-    _, index = np.unique(np.asarray([repr(c) for c in clusters]), return_inverse=True)
-    groups = int(index.max()) + 1
-    if groups < 2:
-        raise StudyError("clusters: all items share one cluster; a clustered error needs at least 2")
-    n, mean = len(x), float(x.mean())
-    resid = x - mean
-    se_ind = math.sqrt(float(resid @ resid) / (n * (n - 1)))
-    sums = np.bincount(index, weights=resid, minlength=groups)
-    se_cl = math.sqrt(groups / (groups - 1) * float(sums @ sums)) / n
-    t = float(sps.t.ppf(1 - alpha / 2, groups - 1))
-    return ClusteredMean(n, groups, mean, se_ind, se_cl, mean - t * se_cl, mean + t * se_cl)
-
-
-def clustered_difference(
-    baseline: Mapping[Any, bool],
-    candidate: Mapping[Any, bool],
-    cluster_of: Mapping[Hashable, Hashable],
-    alpha: float = ALPHA,
-) -> ClusteredMean:
-    """Candidate minus baseline accuracy over paired items, clustered by shared context."""
-    paired_counts(baseline, candidate, "clustered difference")  # same ids, not empty
-    missing = [k for k in baseline if k not in cluster_of]
-    if missing:
-        raise StudyError(
-            f"clusters: no cluster id for items {sorted(map(str, missing))[:5]} (first 5 shown); expected one per item"
-        )
-    ids = list(baseline)
-    diffs = [float(bool(candidate[k])) - float(bool(baseline[k])) for k in ids]
-    return clustered_mean(diffs, [cluster_of[k] for k in ids], alpha)

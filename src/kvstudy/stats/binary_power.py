@@ -1,6 +1,6 @@
 """What counts alone allow: power of the paired exact test, and bounds from published totals.
 
-The per-item tests are :mod:`kvstudy.accuracy.stats`; this module needs no per-item records.
+The per-item tests are :mod:`kvstudy.stats.binary`; this module needs no per-item records.
 
 * **Power of the paired design**, computed **exactly**, not by the normal approximation (no
   statsmodels function does it): the exact McNemar test conditions on the number of discordant
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
-from kvstudy.accuracy.stats import ALPHA, TARGET_POWER, DifferenceInterval, mcnemar_p_values
 from kvstudy.errors import StudyError
+from kvstudy.stats.binary import ALPHA, TARGET_POWER, DifferenceInterval, mcnemar_p_values
 
 # --------------------------------------------------------------------------- power (paired)
 

@@ -1,4 +1,4 @@
-"""kvstudy.accuracy.totals: exact power of the paired test, and what published totals allow."""
+"""kvstudy.stats.binary_power: exact power of the paired test, and what published totals allow."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from statsmodels.stats.contingency_tables import mcnemar
 
-from kvstudy.accuracy import stats, totals
 from kvstudy.errors import StudyError
+from kvstudy.stats import binary as stats
+from kvstudy.stats import binary_power as totals
 
 # --------------------------------------------------------------------------- power
 

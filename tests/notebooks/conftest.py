@@ -1,0 +1,50 @@
+"""The reference profile rendered once per test run, shared by every notebook test.
+
+`kvstudy render --profile reference` runs in a temporary copy of the repository (its entries
+symlinked, except ``reports``, ``figures`` and ``.git``), so a colleague's `make all` is not
+disturbed; the tests read its reports, executed notebooks, figures and CSVs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kvstudy import render
+from kvstudy.render import NotebookRun
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """One render of the reference profile."""
+
+    root: Path  # the copy of the repository it ran in
+    runs: dict[str, NotebookRun]  # by notebook stem
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports" / "reference"
+
+    @property
+    def figures(self) -> Path:
+        return self.root / "figures" / "reference"
+
+    def html(self, stem: str) -> Path:
+        return self.reports / f"{stem}.html"
+
+    def executed(self, stem: str) -> Path:
+        return self.reports / f"{stem}.ipynb"
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    root = tmp_path_factory.mktemp("study")
+    for entry in ROOT.iterdir():
+        if entry.name not in {"reports", "figures", ".git"}:
+            (root / entry.name).symlink_to(entry)
+    runs = render.run_profile("reference", root=root)
+    return Rendered(root, {run.name: run for run in runs})
