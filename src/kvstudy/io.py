@@ -346,30 +346,77 @@ def check_tree(data: Any, where: str, limit: int = MAX_NESTING, max_nodes: int =
             stack.extend((v, depth + 1) for v in item)
 
 
-def parse_json_text(text: str | bytes, where: str) -> Any:
-    """Parse JSON ``text`` with the nesting check; every failure is a StudyError naming ``where``."""
+@dataclasses.dataclass(frozen=True)
+class _BadNumber:
+    """A number a ``finite`` read refuses, kept in place so the error can name its field."""
+
+    text: str
+
+
+MAX_FLOAT_TEXT = 40  # a float Python writes is at most ~24 characters (17 digits, sign, exponent)
+
+
+def _strict_int(text: str) -> Any:
+    return int(text) if len(text.lstrip("-")) <= MAX_NUMBER_DIGITS else _BadNumber(text)
+
+
+def _strict_float(text: str) -> Any:
+    value = float(text)
+    return value if len(text) <= MAX_FLOAT_TEXT and math.isfinite(value) else _BadNumber(text)
+
+
+def _check_numbers(data: Any, where: str) -> None:
+    """A StudyError naming the first field (``a.b[2]``) holding a number a ``finite`` read refuses."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, _BadNumber):
+            text = item.text if len(item.text) <= 20 else f"a number of {len(item.text)} characters"
+            raise StudyError(
+                f"{where}: field {at or '(top level)'}: {text} is not a number this file holds "
+                f"(expected a finite number of at most {MAX_NUMBER_DIGITS} digits)"
+            )
+        if isinstance(item, dict):
+            stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(item))
+
+
+def parse_json_text(text: str | bytes, where: str, *, finite: bool = False) -> Any:
+    """Parse JSON ``text`` with the nesting check; every failure is a StudyError naming ``where``.
+
+    ``finite``: for files the project writes itself (plans, block records), where NaN, Infinity, a
+    float that overflows or a number of more than ``MAX_NUMBER_DIGITS`` digits can only be
+    tampering; the error names the field. (Off by default: real Hub configs hold ``Infinity``.)"""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise StudyError(f"{where}: not UTF-8 text (byte {exc.start})") from None
     check_nesting(text, where)
+    hooks: dict[str, Any] = (
+        {"parse_int": _strict_int, "parse_float": _strict_float, "parse_constant": _BadNumber} if finite else {}
+    )
     try:
-        return json.loads(text)
+        data = json.loads(text, **hooks)
     except json.JSONDecodeError as exc:
         raise StudyError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
         raise StudyError(f"{where}: malformed JSON ({str(exc)[:120]})") from None
+    if finite:
+        _check_numbers(data, where)
+    return data
 
 
-def read_json(path: str | Path, limit: int = MAX_INPUT_BYTES) -> Any:
-    """Parse a regular JSON file within the size and nesting limits; failures are one-line StudyErrors."""
-    return parse_json_text(read_text_checked(path, limit), str(path))
+def read_json(path: str | Path, limit: int = MAX_INPUT_BYTES, *, finite: bool = False) -> Any:
+    """Parse a regular JSON file within the size and nesting limits; failures are one-line StudyErrors
+    (``finite``: see :func:`parse_json_text`)."""
+    return parse_json_text(read_text_checked(path, limit), str(path), finite=finite)
 
 
-def read_json_object(path: str | Path, limit: int = MAX_INPUT_BYTES) -> dict[str, Any]:
+def read_json_object(path: str | Path, limit: int = MAX_INPUT_BYTES, *, finite: bool = False) -> dict[str, Any]:
     """``read_json`` that also insists on a JSON object at the top level."""
-    data = read_json(path, limit)
+    data = read_json(path, limit, finite=finite)
     if not isinstance(data, dict):
         raise StudyError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
     return data
