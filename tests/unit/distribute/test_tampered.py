@@ -189,3 +189,21 @@ def test_a_plan_whose_kv_memory_vllm_cpu_refuses_is_not_written(
     grid["cpu_kvcache_space_gib"] = 2.0
     profile_writer(tmp_path / "profiles", "two", {"02_speed-sweep": {"run_missing": False, **grid}})
     assert cli.main(["plan", "two", "--profiles", str(profiles), "--out", str(tmp_path / "plan")]) == 0
+
+
+def test_run_blocks_ray_address_where_nothing_listens_is_one_line_at_once(
+    bundled_plan: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+    import time
+
+    with socket.socket() as sock:  # a loopback port the OS just gave out, closed again: nothing listens
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    began = time.monotonic()
+    argv = ["run-blocks-ray", str(bundled_plan), "--store", str(tmp_path / "s"), "--address", f"127.0.0.1:{port}"]
+    err = _one_line_error(capsys, argv)
+    assert time.monotonic() - began < 20
+    assert f"--address 127.0.0.1:{port}: nothing answers there" in err and not (tmp_path / "s").exists()
+    err = _one_line_error(capsys, [*argv[:-1], "127.0.0.1"])
+    assert "expected HOST:PORT" in err
