@@ -62,6 +62,19 @@ def _profile(folder: Path, model: Path, configurations: list[dict[str, Any]]) ->
     return folder
 
 
+def _listening_addresses() -> set[str]:
+    """The addresses this process's descendants (here: the local Ray cluster's processes) listen on."""
+    import psutil
+
+    found = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            found.update(c.laddr.ip for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN)
+        except psutil.Error:
+            continue
+    return found
+
+
 def _env() -> dict[str, str]:
     src = str(ROOT / "src")
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
@@ -137,9 +150,49 @@ def test_two_blocks_as_ray_tasks_on_a_local_cluster(
     store = tmp_path / "store"
     monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])  # the tasks' run-block runs this checkout
     lines: list[str] = []
-    codes = run_blocks_ray(plan, store, num_cpus=2, progress=lines.append)
+    bound: set[str] = set()
+
+    def progress(line: str) -> None:  # while the cluster is up: every address its processes listen on
+        lines.append(line)
+        if "scheduled on Ray" in line:
+            bound.update(_listening_addresses())
+
+    codes = run_blocks_ray(plan, store, num_cpus=2, progress=progress)
     logs = {p.name: p.read_text()[-1500:] for p in (store / "ray-logs").glob("*.log")}
     assert codes == {0: 0, 1: 0}, logs
     assert any("with 0 GPU(s)" in line for line in lines)
+    # the local cluster (GCS, raylet, object manager, agents, workers) listens on loopback only
+    assert bound and bound <= {"127.0.0.1", "::1"}, bound
     manifest = collect([store], tmp_path / "out")
     assert manifest["complete"] and [b["block_id"] for b in manifest["blocks"]] == [r["block_id"] for r in records]
+
+
+def test_run_block_with_vllm_api_key_exported(tmp_path: Path, tiny_model: Path) -> None:
+    """A VLLM_API_KEY exported in the user's shell (vLLM would then answer the readiness probe with
+    401 until the start timeout): the block runs, the key is named in one line on stderr, and it
+    reaches no file of the store."""
+    import time
+
+    key = "kvstudy-live-test-key-31415"
+    profiles = _profile(tmp_path / "profiles", tiny_model, [{"name": "auto", "kv_cache_dtype": "auto"}])
+    plan = tmp_path / "plan"
+    _, records, _ = make_plan("two", plan, root=ROOT, profiles_dir=profiles)
+    store = tmp_path / "store"
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "kvstudy.cli", "run-block", str(plan), "--index", "0", "--store", str(store)],
+        cwd=ROOT,
+        env={**_env(), "VLLM_API_KEY": key},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    took = time.monotonic() - began
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    notes = [line for line in done.stderr.splitlines() if "VLLM_API_KEY" in line]
+    assert len(notes) == 1 and "start without it" in notes[0] and key not in done.stderr + done.stdout
+    assert read_json(store / records[0]["block_id"] / "block.json")["status"] == "ok"
+    for path in store.rglob("*"):
+        if path.is_file():
+            assert key not in path.read_text(errors="replace"), path
+    print(f"run-block with VLLM_API_KEY exported: {took:.0f} s")
