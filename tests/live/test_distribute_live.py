@@ -196,3 +196,19 @@ def test_run_block_with_vllm_api_key_exported(tmp_path: Path, tiny_model: Path) 
         if path.is_file():
             assert key not in path.read_text(errors="replace"), path
     print(f"run-block with VLLM_API_KEY exported: {took:.0f} s")
+
+
+def test_local_ray_cluster_listens_on_loopback_only() -> None:
+    """The local cluster run-blocks-ray starts (no vLLM here): a task runs, and every address its
+    processes (GCS, raylet, object manager, agents, workers) listen on is loopback."""
+    ray = pytest.importorskip("ray", reason="ray is pinned in requirements/engine-cpu.txt (make engine installs it)")
+    from kvstudy.distribute.ray_runner import _init_local
+
+    assert not ray.is_initialized()
+    _init_local(ray, 1)
+    try:
+        assert ray.get(ray.remote(lambda: 41 + 1).remote()) == 42
+        bound = _listening_addresses()
+    finally:
+        ray.shutdown()
+    assert bound and bound <= {"127.0.0.1", "::1"}, bound

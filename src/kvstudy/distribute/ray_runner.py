@@ -7,7 +7,7 @@ writes into the store (read back by ``kvstudy collect``, never through Ray's obj
 itself ships the small task function to its workers as Ray always does. On a multi-node cluster
 every node needs the project and its environment at the driver's paths (a shared file system).
 
-A local cluster (no ``--address``) is started on loopback only (``LOCAL_NODE_IP``: its GCS, raylet,
+A local cluster (no ``--address``) is started on loopback only (``LOCAL_ENV``: its GCS, raylet,
 object manager and agents bind 127.0.0.1), without the dashboard and without usage statistics. An
 ``--address`` is first tried with a plain TCP connection (``ADDRESS_PROBE_S``): where nothing
 answers, one line at once instead of Ray's minutes of retries.
@@ -30,9 +30,9 @@ from kvstudy.progress import Progress
 
 PASSED_ENV = ("PYTHONPATH", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "VLLM_CPU_KVCACHE_SPACE")
 LOG_DIR = "ray-logs"
-LOCAL_NODE_IP = "127.0.0.1"
 ADDRESS_PROBE_S = 5.0
-LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}  # a local cluster reports nothing anywhere
+# a local cluster: on loopback only (Ray's single-machine mode), reporting nothing anywhere
+LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 _ADDRESS = re.compile(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253}):([0-9]{1,5})", re.ASCII)
 
 
@@ -64,11 +64,23 @@ def _run_block_process(argv: list[str], cwd: str, env: dict[str, str], log: str)
 
 
 def _init_local(ray: Any, num_cpus: int | None) -> None:
-    """A local Ray cluster bound to loopback only, no dashboard, no usage statistics."""
+    """A local Ray cluster bound to loopback only, no dashboard, no usage statistics.
+
+    Ray turns a ``_node_ip_address`` of 127.0.0.1 into the machine's reachable address
+    (``ray._private.services.resolve_ip_for_localhost``); only with its single-machine switch off
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, what Ray does on macOS and Windows) is the node's
+    address loopback, and its processes bind there. The switch is read when ``ray`` is imported: in a
+    process that imported it earlier, the same module constant is set here."""
     saved = {k: os.environ.get(k) for k in LOCAL_ENV}
-    os.environ.update(LOCAL_ENV)
+    os.environ.update(LOCAL_ENV)  # the raylet, its agents and workers inherit it
     try:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _node_ip_address=LOCAL_NODE_IP)
+        constants = ray._private.ray_constants
+        enabled = constants.ENABLE_RAY_CLUSTER
+        constants.ENABLE_RAY_CLUSTER = False
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        finally:
+            constants.ENABLE_RAY_CLUSTER = enabled
     finally:
         for key, value in saved.items():
             if value is None:
@@ -111,6 +123,7 @@ def run_blocks_ray(
             else:
                 _init_local(ray, num_cpus)
         except Exception as exc:  # Ray's own start or connect failure: one line, its logs named
+            ray.shutdown()  # what it started before failing (GCS, agents) is stopped
             what = f"the cluster at --address {address}" if address else "a local Ray cluster"
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             raise StudyError(
