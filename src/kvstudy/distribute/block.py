@@ -55,8 +55,14 @@ def read_block_record(folder: Path) -> dict[str, Any] | None:
         at = f"{path}: plan_blocks[{i}]"
         if not isinstance(entry, dict):
             raise StudyError(f"{at}: expected an object with index, block_id, experiment and seed")
-        for key, kind in (("index", int), ("block_id", str), ("experiment", str), ("seed", int)):
-            get_field(entry, key, kind, at)
+        entry_fields: tuple[tuple[str, type], ...] = (
+            ("index", int),
+            ("block_id", str),
+            ("experiment", str),
+            ("seed", int),
+        )
+        for name, expected in entry_fields:
+            get_field(entry, name, expected, at)
         check_block_id(entry["block_id"], at)
     return data
 

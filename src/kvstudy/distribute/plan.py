@@ -379,7 +379,7 @@ def read_plan(plan_dir: str | Path) -> tuple[str, list[dict[str, Any]]]:
     if not path.is_file():
         raise StudyError(f"{path}: missing (expected a plan folder written by `kvstudy plan`)")
     text = read_text_checked(path)
-    records = []
+    records: list[dict[str, Any]] = []
     for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
