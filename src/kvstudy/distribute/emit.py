@@ -36,6 +36,11 @@ def check_values(**values: str) -> None:
     """Refuse a value a scheduler file cannot carry safely: one holding a control character
     (newline, carriage return, tab, NUL, ...). ``values``: option name (``store``) -> its value."""
     for name, value in values.items():
+        if name in ("store", "out") and str(value).startswith("-"):
+            raise StudyError(
+                f"--{name} {str(value)[:80]!r}: begins with '-', which a command would read as an option; "
+                "expected a path (write ./ before it)"
+            )
         found = _CONTROL.search(str(value))
         if found:
             raise StudyError(

@@ -162,3 +162,11 @@ def test_sbatch_output_directive_only_for_a_plain_store_path(tmp_path: Path, bun
     assert "#SBATCH --output=runs/store-1/slurm-%A_%a.log" in plain.read_text()
     (spaced,) = emit(["slurm"], bundled_plan, plan_id, records, "my store", parallel=1)
     assert "#SBATCH --output" not in spaced.read_text() and "mkdir -p 'my store'" in spaced.read_text()
+
+
+def test_a_store_that_reads_as_an_option_is_refused(tmp_path: Path, bundled_plan: Path) -> None:
+    plan_id, records = read_plan(bundled_plan)
+    with pytest.raises(StudyError, match="--store '-rf': begins with '-'"):
+        emit(["slurm"], bundled_plan, plan_id, records, "-rf", parallel=1)
+    (path,) = emit(["slurm"], bundled_plan, plan_id, records, "./-rf", parallel=1)
+    subprocess.run(["bash", "-n", str(path)], check=True)
