@@ -452,6 +452,7 @@ _TYPE_NAMES = {
     str: "a string",
     list: "a list",
     dict: "a mapping",
+    type(None): "null",
 }
 
 

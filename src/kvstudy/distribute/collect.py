@@ -29,7 +29,7 @@ from kvstudy import capture as capture_format
 from kvstudy.distribute.block import BLOCK_RECORD, manifest_items, store_blocks
 from kvstudy.distribute.plan import experiment
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json
+from kvstudy.io import get_field, is_finite_number, read_json
 
 NODE_FILES = ("bandwidth.json",)  # facts of the node a block ran on, not of the experiment
 NODES_DIR = "nodes"
@@ -148,10 +148,11 @@ def _block_span(folder: Path) -> tuple[float, float] | None:
     """First start and last end of a block's cells on its node's monotonic clock (None if not recorded)."""
     starts, ends = [], []
     for path in (folder / "cells").glob("*.json"):
-        data = read_json(path)
-        if isinstance(data, dict) and isinstance(data.get("started_mono_s"), (int, float)):
+        data = read_json(path)  # a cell may hold NaN metrics (bench/grid.py writes them)
+        if isinstance(data, dict) and is_finite_number(data.get("started_mono_s")):
             starts.append(float(data["started_mono_s"]))
-            ends.append(float(data.get("ended_mono_s") or data["started_mono_s"]))
+            end = data.get("ended_mono_s")
+            ends.append(float(end) if is_finite_number(end) else starts[-1])
     return (min(starts), max(ends)) if starts else None
 
 
@@ -188,6 +189,11 @@ def collect(
         folder, record = found[b["block_id"]]
         manifest = capture_format.read_manifest(folder, exp.kind)
         _check_status(folder, record, manifest_items(folder, manifest))
+        where = str(folder / capture_format.MANIFEST)
+        get_field(manifest, "inputs", (dict, type(None)), where, None)
+        get_field(manifest, "inputs.model_digest", (str, type(None)), where, None)
+        for i, session in enumerate(get_field(manifest, "sessions", list, where, [])):
+            get_field({"s": session}, "s", dict, f"{where}: sessions[{i}]")
         if record["record"]["experiment_spec"] != found[present[0]["block_id"]][1]["record"]["experiment_spec"]:
             raise StudyError(f"block {b['block_id']}: its record holds another experiment spec than the plan's")
         first = manifests[present[0]["block_id"]] if manifests else manifest

@@ -207,3 +207,28 @@ def test_run_blocks_ray_address_where_nothing_listens_is_one_line_at_once(
     assert f"--address 127.0.0.1:{port}: nothing answers there" in err and not (tmp_path / "s").exists()
     err = _one_line_error(capsys, [*argv[:-1], "127.0.0.1"])
     assert "expected HOST:PORT" in err
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("inputs", "[1]", "inputs: expected a mapping or null, got a list"),
+        ("sessions", '"x"', "sessions: expected a list"),
+        ("sessions", "[3]", "sessions[0]: s: expected a mapping"),
+        ("items", "[]", "items: expected a mapping"),
+    ],
+)
+def test_a_tampered_block_manifest_is_one_line_in_collect(
+    bundled_plan: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    split: Any,
+    field: str,
+    value: str,
+    words: str,
+) -> None:
+    stores = split(Path(__file__).resolve().parents[3] / "data/captures/speed-cpu", bundled_plan, tmp_path, list("abc"))
+    path = next(stores[1].glob("*/manifest.json"))
+    path.write_text(json.dumps({**json.loads(path.read_text()), field: "@@"}).replace('"@@"', value))
+    err = _one_line_error(capsys, ["collect", *map(str, stores), "--out", str(tmp_path / "out")])
+    assert str(path) in err and words in err, err
