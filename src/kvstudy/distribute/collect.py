@@ -151,7 +151,7 @@ def _block_span(folder: Path) -> tuple[float, float] | None:
         data = read_json(path)  # a cell may hold NaN metrics (bench/grid.py writes them)
         if isinstance(data, dict) and is_finite_number(data.get("started_mono_s")):
             starts.append(float(data["started_mono_s"]))
-            end = data.get("ended_mono_s")
+            end: Any = data.get("ended_mono_s")
             ends.append(float(end) if is_finite_number(end) else starts[-1])
     return (min(starts), max(ends)) if starts else None
 
