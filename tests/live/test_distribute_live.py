@@ -75,6 +75,19 @@ def _listening_addresses() -> set[str]:
     return found
 
 
+def _all_loopback(addresses: set[str]) -> bool:
+    """Whether every address is loopback (127.0.0.0/8, ::1, or IPv4 loopback mapped into IPv6, as
+    Ray's gRPC servers bind it: ``::ffff:127.0.0.1``); ``0.0.0.0`` and ``::`` are not."""
+    import ipaddress
+
+    def loopback(text: str) -> bool:
+        ip = ipaddress.ip_address(text)
+        mapped = getattr(ip, "ipv4_mapped", None)
+        return (mapped or ip).is_loopback
+
+    return all(loopback(a) for a in addresses)
+
+
 def _env() -> dict[str, str]:
     src = str(ROOT / "src")
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
@@ -162,7 +175,7 @@ def test_two_blocks_as_ray_tasks_on_a_local_cluster(
     assert codes == {0: 0, 1: 0}, logs
     assert any("with 0 GPU(s)" in line for line in lines)
     # the local cluster (GCS, raylet, object manager, agents, workers) listens on loopback only
-    assert bound and bound <= {"127.0.0.1", "::1"}, bound
+    assert bound and _all_loopback(bound), bound
     manifest = collect([store], tmp_path / "out")
     assert manifest["complete"] and [b["block_id"] for b in manifest["blocks"]] == [r["block_id"] for r in records]
 
@@ -198,6 +211,11 @@ def test_run_block_with_vllm_api_key_exported(tmp_path: Path, tiny_model: Path) 
     print(f"run-block with VLLM_API_KEY exported: {took:.0f} s")
 
 
+def test_loopback_check_refuses_every_interface() -> None:
+    assert _all_loopback({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
+    assert not _all_loopback({"127.0.0.1", "0.0.0.0"}) and not _all_loopback({"::"})
+
+
 def test_local_ray_cluster_listens_on_loopback_only() -> None:
     """The local cluster run-blocks-ray starts (no vLLM here): a task runs, and every address its
     processes (GCS, raylet, object manager, agents, workers) listen on is loopback."""
@@ -211,4 +229,4 @@ def test_local_ray_cluster_listens_on_loopback_only() -> None:
         bound = _listening_addresses()
     finally:
         ray.shutdown()
-    assert bound and bound <= {"127.0.0.1", "::1"}, bound
+    assert bound and _all_loopback(bound), bound
