@@ -7,6 +7,10 @@ renders notebook 02 once; the Ray test starts 2 (a one-arm plan, so its blocks a
 local Ray cluster. Measured on 2026-12-01 on the 2-core build machine shared with other engineers'
 jobs: 350 s and 108 s at a load average of 3 to 6 (686 s and 221 s at 7 to 15). On an idle machine,
 at about 45 s a server start, an estimate (not measured idle) of 3.5 and 1.7 minutes.
+Measured again on 2026-12-01 (branch distrib): the Ray test 252 s at a load of about 8; the
+loopback check of a bare local Ray cluster 45 s at about 7 (at 10 and above Ray's raylet aborted
+here: its dashboard agent missed the raylet's 15 s wait for its port file); run-block with
+VLLM_API_KEY exported (1 server start) 303 s at about 17.
 """
 
 from __future__ import annotations
