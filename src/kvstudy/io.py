@@ -1,9 +1,8 @@
-"""Files in and out: atomic writes, checked JSON and JSON-lines reads, digests, log tails.
+"""Files in and out: atomic writes, checked JSON and JSON-lines reads, log tails (digests: ``kvstudy.digests``).
 
 Writes go through a temporary file beside the target, then ``os.replace``: a reader (or a resumed
 run) sees either the old file or the complete new one, never a torn write. Every read failure is a
-one-line ``StudyError`` naming the file (and the line, for JSON lines). Digests read files in
-chunks; weight files contribute their size and safetensors header, never their tensors.
+one-line ``StudyError`` naming the file (and the line, for JSON lines).
 """
 
 from __future__ import annotations
@@ -11,13 +10,11 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import errno
-import hashlib
 import json
 import math
 import os
 import re
 import stat
-import struct
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -198,69 +195,6 @@ def text_tail(text: str, lines: int = 30) -> str:
     return "\n".join(strip_ansi(text).splitlines()[-lines:])
 
 
-# --------------------------------------------------------------------------- digests
-
-CHUNK_BYTES = 1024 * 1024
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-
-
-def _update_with_file(digest: Any, path: Path) -> None:
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(CHUNK_BYTES), b""):
-            digest.update(chunk)
-
-
-def _update_with_weights(digest: Any, path: Path) -> None:
-    """A weight file's size and, for safetensors, its header: enough to tell checkpoints apart."""
-    size = path.stat().st_size
-    digest.update(f"{path.name}:{size}".encode())
-    if path.suffix != ".safetensors" or size < 8:
-        return
-    with open(path, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        digest.update(fh.read(min(n, 64 * 1024 * 1024, size - 8)))
-
-
-def file_digest(path: str | Path, weights_headers_only: bool = True) -> str:
-    """Short sha256 of a file, or of a folder's regular files in name order, read in chunks.
-
-    Weight files (``WEIGHT_SUFFIXES``) contribute their name, size and safetensors header unless
-    ``weights_headers_only`` is False, so digesting a model folder never reads its tensors.
-    """
-    path = Path(path)
-    digest = hashlib.sha256()
-    if path.is_dir():
-        files = sorted(
-            (p for p in path.rglob("*") if p.is_file() and not p.is_symlink()), key=lambda p: str(p.relative_to(path))
-        )
-    else:
-        files = [check_regular_file(path)]
-    try:
-        for file in files:
-            digest.update(file.name.encode())
-            if weights_headers_only and file.suffix in WEIGHT_SUFFIXES:
-                _update_with_weights(digest, file)
-            else:
-                _update_with_file(digest, file)
-    except (OSError, struct.error) as exc:
-        raise StudyError(f"{path}: cannot digest ({exc})") from None
-    return digest.hexdigest()[:12]
-
-
-def weights_digest(files: Iterable[Path]) -> str | None:
-    """A cheap identity of a set of weight files: names, sizes and safetensors headers (None if none)."""
-    files = sorted(files)
-    if not files:
-        return None
-    digest = hashlib.sha256()
-    for file in files:
-        try:
-            _update_with_weights(digest, file)
-        except (OSError, struct.error):
-            continue
-    return digest.hexdigest()[:12]
-
-
 # --------------------------------------------------------------------------- checked reading layer
 #
 # Every input the project reads from a user (configs, indexes, specs, profiles, logs, headers)
@@ -385,30 +319,77 @@ def check_tree(data: Any, where: str, limit: int = MAX_NESTING, max_nodes: int =
             stack.extend((v, depth + 1) for v in item)
 
 
-def parse_json_text(text: str | bytes, where: str) -> Any:
-    """Parse JSON ``text`` with the nesting check; every failure is a StudyError naming ``where``."""
+@dataclasses.dataclass(frozen=True)
+class _BadNumber:
+    """A number a ``finite`` read refuses, kept in place so the error can name its field."""
+
+    text: str
+
+
+MAX_FLOAT_TEXT = 40  # a float Python writes is at most ~24 characters (17 digits, sign, exponent)
+
+
+def _strict_int(text: str) -> Any:
+    return int(text) if len(text.lstrip("-")) <= MAX_NUMBER_DIGITS else _BadNumber(text)
+
+
+def _strict_float(text: str) -> Any:
+    value = float(text)
+    return value if len(text) <= MAX_FLOAT_TEXT and math.isfinite(value) else _BadNumber(text)
+
+
+def _check_numbers(data: Any, where: str) -> None:
+    """A StudyError naming the first field (``a.b[2]``) holding a number a ``finite`` read refuses."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, _BadNumber):
+            text = item.text if len(item.text) <= 20 else f"a number of {len(item.text)} characters"
+            raise StudyError(
+                f"{where}: field {at or '(top level)'}: {text} is not a number this file holds "
+                f"(expected a finite number of at most {MAX_NUMBER_DIGITS} digits)"
+            )
+        if isinstance(item, dict):
+            stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(item))
+
+
+def parse_json_text(text: str | bytes, where: str, *, finite: bool = False) -> Any:
+    """Parse JSON ``text`` with the nesting check; every failure is a StudyError naming ``where``.
+
+    ``finite``: for files the project writes itself (plans, block records), where NaN, Infinity, a
+    float that overflows or a number of more than ``MAX_NUMBER_DIGITS`` digits can only be
+    tampering; the error names the field. (Off by default: real Hub configs hold ``Infinity``.)"""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise StudyError(f"{where}: not UTF-8 text (byte {exc.start})") from None
     check_nesting(text, where)
+    hooks: dict[str, Any] = (
+        {"parse_int": _strict_int, "parse_float": _strict_float, "parse_constant": _BadNumber} if finite else {}
+    )
     try:
-        return json.loads(text)
+        data = json.loads(text, **hooks)
     except json.JSONDecodeError as exc:
         raise StudyError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
         raise StudyError(f"{where}: malformed JSON ({str(exc)[:120]})") from None
+    if finite:
+        _check_numbers(data, where)
+    return data
 
 
-def read_json(path: str | Path, limit: int = MAX_INPUT_BYTES) -> Any:
-    """Parse a regular JSON file within the size and nesting limits; failures are one-line StudyErrors."""
-    return parse_json_text(read_text_checked(path, limit), str(path))
+def read_json(path: str | Path, limit: int = MAX_INPUT_BYTES, *, finite: bool = False) -> Any:
+    """Parse a regular JSON file within the size and nesting limits; failures are one-line StudyErrors
+    (``finite``: see :func:`parse_json_text`)."""
+    return parse_json_text(read_text_checked(path, limit), str(path), finite=finite)
 
 
-def read_json_object(path: str | Path, limit: int = MAX_INPUT_BYTES) -> dict[str, Any]:
+def read_json_object(path: str | Path, limit: int = MAX_INPUT_BYTES, *, finite: bool = False) -> dict[str, Any]:
     """``read_json`` that also insists on a JSON object at the top level."""
-    data = read_json(path, limit)
+    data = read_json(path, limit, finite=finite)
     if not isinstance(data, dict):
         raise StudyError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
     return data
@@ -471,6 +452,7 @@ _TYPE_NAMES = {
     str: "a string",
     list: "a list",
     dict: "a mapping",
+    type(None): "null",
 }
 
 

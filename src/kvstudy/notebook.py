@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstudy.io import REPO_ROOT, file_digest, write_csv
+from kvstudy.digests import file_digest
+from kvstudy.io import REPO_ROOT, write_csv
 from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
 from kvstudy.secret_shapes import redact_shapes
 

@@ -26,9 +26,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvstudy.digests import file_digest, weights_digest
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
-from kvstudy.io import file_digest, read_json, weights_digest
+from kvstudy.io import read_json
 from kvstudy.model.allocator import mamba_cache_mode_for, predict_logged_pool
 from kvstudy.redact import redact
 from kvstudy.vllm.facts import device_defaults

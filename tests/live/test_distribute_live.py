@@ -7,6 +7,10 @@ renders notebook 02 once; the Ray test starts 2 (a one-arm plan, so its blocks a
 local Ray cluster. Measured on 2026-12-01 on the 2-core build machine shared with other engineers'
 jobs: 350 s and 108 s at a load average of 3 to 6 (686 s and 221 s at 7 to 15). On an idle machine,
 at about 45 s a server start, an estimate (not measured idle) of 3.5 and 1.7 minutes.
+Measured again on 2026-12-01 (branch distrib): the Ray test 252 s at a load of about 8; the
+loopback check of a bare local Ray cluster 45 s at about 7 (at 10 and above Ray's raylet aborted
+here: its dashboard agent missed the raylet's 15 s wait for its port file); run-block with
+VLLM_API_KEY exported (1 server start) 303 s at about 17.
 """
 
 from __future__ import annotations
@@ -60,6 +64,32 @@ def _profile(folder: Path, model: Path, configurations: list[dict[str, Any]]) ->
     text = yaml.safe_dump({"description": "two blocks", "defaults": {}, "notebooks": {"02_speed-sweep": section}})
     (folder / "two.yaml").write_text(text, encoding="utf-8")
     return folder
+
+
+def _listening_addresses() -> set[str]:
+    """The addresses this process's descendants (here: the local Ray cluster's processes) listen on."""
+    import psutil
+
+    found = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            found.update(c.laddr.ip for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _all_loopback(addresses: set[str]) -> bool:
+    """Whether every address is loopback (127.0.0.0/8, ::1, or IPv4 loopback mapped into IPv6, as
+    Ray's gRPC servers bind it: ``::ffff:127.0.0.1``); ``0.0.0.0`` and ``::`` are not."""
+    import ipaddress
+
+    def loopback(text: str) -> bool:
+        ip = ipaddress.ip_address(text)
+        mapped = getattr(ip, "ipv4_mapped", None)
+        return (mapped or ip).is_loopback
+
+    return all(loopback(a) for a in addresses)
 
 
 def _env() -> dict[str, str]:
@@ -137,9 +167,70 @@ def test_two_blocks_as_ray_tasks_on_a_local_cluster(
     store = tmp_path / "store"
     monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])  # the tasks' run-block runs this checkout
     lines: list[str] = []
-    codes = run_blocks_ray(plan, store, num_cpus=2, progress=lines.append)
+    bound: set[str] = set()
+
+    def progress(line: str) -> None:  # while the cluster is up: every address its processes listen on
+        lines.append(line)
+        if "scheduled on Ray" in line:
+            bound.update(_listening_addresses())
+
+    codes = run_blocks_ray(plan, store, num_cpus=2, progress=progress)
     logs = {p.name: p.read_text()[-1500:] for p in (store / "ray-logs").glob("*.log")}
     assert codes == {0: 0, 1: 0}, logs
     assert any("with 0 GPU(s)" in line for line in lines)
+    # the local cluster (GCS, raylet, object manager, agents, workers) listens on loopback only
+    assert bound and _all_loopback(bound), bound
     manifest = collect([store], tmp_path / "out")
     assert manifest["complete"] and [b["block_id"] for b in manifest["blocks"]] == [r["block_id"] for r in records]
+
+
+def test_run_block_with_vllm_api_key_exported(tmp_path: Path, tiny_model: Path) -> None:
+    """A VLLM_API_KEY exported in the user's shell (vLLM would then answer the readiness probe with
+    401 until the start timeout): the block runs, the key is named in one line on stderr, and it
+    reaches no file of the store."""
+    import time
+
+    key = "kvstudy-live-test-key-31415"
+    profiles = _profile(tmp_path / "profiles", tiny_model, [{"name": "auto", "kv_cache_dtype": "auto"}])
+    plan = tmp_path / "plan"
+    _, records, _ = make_plan("two", plan, root=ROOT, profiles_dir=profiles)
+    store = tmp_path / "store"
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "kvstudy.cli", "run-block", str(plan), "--index", "0", "--store", str(store)],
+        cwd=ROOT,
+        env={**_env(), "VLLM_API_KEY": key},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    took = time.monotonic() - began
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    notes = [line for line in done.stderr.splitlines() if "VLLM_API_KEY" in line]
+    assert len(notes) == 1 and "start without it" in notes[0] and key not in done.stderr + done.stdout
+    assert read_json(store / records[0]["block_id"] / "block.json")["status"] == "ok"
+    for path in store.rglob("*"):
+        if path.is_file():
+            assert key not in path.read_text(errors="replace"), path
+    print(f"run-block with VLLM_API_KEY exported: {took:.0f} s")
+
+
+def test_loopback_check_refuses_every_interface() -> None:
+    assert _all_loopback({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
+    assert not _all_loopback({"127.0.0.1", "0.0.0.0"}) and not _all_loopback({"::"})
+
+
+def test_local_ray_cluster_listens_on_loopback_only() -> None:
+    """The local cluster run-blocks-ray starts (no vLLM here): a task runs, and every address its
+    processes (GCS, raylet, object manager, agents, workers) listen on is loopback."""
+    ray = pytest.importorskip("ray", reason="ray is pinned in requirements/engine-cpu.txt (make engine installs it)")
+    from kvstudy.distribute.ray_runner import _init_local
+
+    assert not ray.is_initialized()
+    _init_local(ray, 1)
+    try:
+        assert ray.get(ray.remote(lambda: 41 + 1).remote()) == 42
+        bound = _listening_addresses()
+    finally:
+        ray.shutdown()
+    assert bound and _all_loopback(bound), bound

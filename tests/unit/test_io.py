@@ -162,3 +162,34 @@ def test_shorten_words_never_cuts_a_word() -> None:
     assert set(short.removesuffix(" …").split()) <= set(text.split())
     assert shorten_words("  two\nlines ", 40) == "two lines"
     assert shorten_words("x" * 50, 10) == "x" * 8 + " …"  # one long word: cut, said so
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('{"a": {"b": [1, NaN]}}', "field a.b[1]: NaN is not a number"),
+        ('{"a": Infinity}', "field a: Infinity"),
+        ('{"a": [-Infinity]}', "field a[0]: -Infinity"),
+        ('{"a": 1e400}', "field a: 1e400"),
+        ('{"n": ' + "7" * 5000 + "}", "field n: a number of 5000 characters"),
+        ('{"n": ' + "7" * 31 + "}", "field n: a number of 31 characters"),
+    ],
+)
+def test_finite_json_names_the_field_of_a_number_it_refuses(tmp_path: Path, text: str, words: str) -> None:
+    from kvstudy.io import read_json
+
+    path = tmp_path / "x.json"
+    path.write_text(text)
+    with pytest.raises(StudyError, match=r"x\.json: " + words.replace("[", r"\[").replace("]", r"\]")):
+        read_json(path, finite=True)
+    if "5000" not in text and "7" * 31 not in text:
+        read_json(path)  # without finite (real Hub configs hold Infinity), the same file reads
+
+
+def test_finite_json_keeps_ordinary_numbers(tmp_path: Path) -> None:
+    from kvstudy.io import read_json
+
+    path = tmp_path / "ok.json"
+    data = {"a": 0.1 + 0.2, "b": -(10**29), "c": 1.2345678901234567e-308, "d": [1e300, -0.0, 3]}
+    path.write_text(json.dumps(data))
+    assert read_json(path, finite=True) == data

@@ -10,8 +10,8 @@ import nbformat
 import pytest
 
 from kvstudy import render as report
+from kvstudy.digests import file_digest
 from kvstudy.errors import StudyError
-from kvstudy.io import file_digest
 
 
 def make_notebook(path: Path, body: str) -> None:
@@ -184,4 +184,6 @@ def test_progress_stream_names_a_long_running_cell() -> None:
     while "notebook cell 3/7 running for" not in out.getvalue() and time.monotonic() < deadline:
         time.sleep(0.05)
     stream.close()
-    assert "[p]   nb: notebook cell 3/7 running for" in out.getvalue() and out.getvalue().rstrip().endswith("run_sweep(spec)")
+    assert "[p]   nb: notebook cell 3/7 running for" in out.getvalue() and out.getvalue().rstrip().endswith(
+        "run_sweep(spec)"
+    )

@@ -17,9 +17,9 @@ from typing import Any
 
 from kvstudy import capture as capture_format
 from kvstudy.distribute.node import node_identity
-from kvstudy.distribute.plan import ENGINE_PACKAGES, block_at, experiment
+from kvstudy.distribute.plan import ENGINE_PACKAGES, block_at, check_block_id, experiment
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json, write_json_atomic
+from kvstudy.io import get_field, read_json, write_json_atomic
 from kvstudy.machine import package_versions
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
@@ -27,21 +27,43 @@ from kvstudy.progress import Progress
 BLOCK_RECORD = capture_format.BLOCK_RECORD  # the one file a capture may hold before its manifest
 
 
+BLOCK_STATES = ("running", "ok", "failed")
+
+
 def read_block_record(folder: Path) -> dict[str, Any] | None:
+    """A block folder's ``block.json``, typed (None when there is none): one line naming the file
+    and the field for anything a command would trip on (a list for an object, NaN, a huge number,
+    deep nesting, a number for a name, a block id that is no folder name)."""
     path = folder / BLOCK_RECORD
     if not path.is_file():
         return None
-    data = read_json(path)
+    data = read_json(path, finite=True)
+    where = str(path)
     if not isinstance(data, dict):
-        raise StudyError(f"{path}: expected a block record (a JSON object), got {type(data).__name__}")
+        raise StudyError(f"{path}: expected a block record (a JSON object), got a {type(data).__name__}")
     for key, kind in (("plan_id", str), ("block_id", str), ("plan_blocks", list), ("record", dict), ("node", dict)):
-        if not isinstance(data.get(key), kind):
-            raise StudyError(f"{path}: field '{key}' missing or not a {kind.__name__} (a block record of run-block)")
-    if not isinstance(data["record"].get("experiment_spec"), dict):
-        raise StudyError(f"{path}: field 'record.experiment_spec' missing (a block record of run-block)")
+        get_field(data, key, kind, where)
+    check_block_id(data["block_id"], where)
+    get_field(data, "record.experiment_spec", dict, where)
+    get_field(data, "record.same_order_as_one_machine", bool, where, None)
+    status = get_field(data, "status", str, where)
+    if status not in BLOCK_STATES:
+        raise StudyError(f"{path}: status {status[:40]!r}: expected one of {', '.join(BLOCK_STATES)}")
+    get_field(data, "node.node_id", (str, type(None)), where, None)
+    get_field(data, "attempts", list, where, [])
     for i, entry in enumerate(data["plan_blocks"]):
-        if not isinstance(entry, dict) or not {"index", "block_id", "experiment", "seed"} <= set(entry):
-            raise StudyError(f"{path}: plan_blocks[{i}]: expected index, block_id, experiment and seed")
+        at = f"{path}: plan_blocks[{i}]"
+        if not isinstance(entry, dict):
+            raise StudyError(f"{at}: expected an object with index, block_id, experiment and seed")
+        entry_fields: tuple[tuple[str, type], ...] = (
+            ("index", int),
+            ("block_id", str),
+            ("experiment", str),
+            ("seed", int),
+        )
+        for name, expected in entry_fields:
+            get_field(entry, name, expected, at)
+        check_block_id(entry["block_id"], at)
     return data
 
 
@@ -85,9 +107,17 @@ def _has_results(folder: Path) -> bool:
 
 
 def _items_state(folder: Path) -> dict[str, str]:
-    manifest = capture_format.read_manifest(folder)
-    items = manifest.get("items") or {}
-    return {str(k): str(v) for k, v in items.items()}
+    return manifest_items(folder, capture_format.read_manifest(folder))
+
+
+def manifest_items(folder: Path, manifest: dict[str, Any]) -> dict[str, str]:
+    """A block capture's item states (cell id -> ok, failed, running, missing), typed."""
+    where = str(folder / capture_format.MANIFEST)
+    items = get_field(manifest, "items", dict, where, {})
+    for key, value in items.items():
+        if not isinstance(value, str):
+            raise StudyError(f"{where}: items.{key}: expected a state (a string), got {type(value).__name__}")
+    return dict(items)
 
 
 def block_state(
@@ -124,7 +154,12 @@ def run_block(
     plan_id, records, record = block_at(plan_dir, index)
     store = Path(store)
     _check_store(store, plan_id)
-    folder = store / record["block_id"]
+    folder = store / check_block_id(record["block_id"], f"{plan_dir}: block {index}")
+    if folder.is_symlink():
+        raise StudyError(
+            f"{folder}: the block's folder is a symlink; refusing to run a block through it "
+            "(a block's capture is a plain folder in its store)"
+        )
     node = node_identity()
     old = read_block_record(folder)
     if old is not None:

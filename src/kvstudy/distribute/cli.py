@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvstudy.distribute.emit import EMITTERS, FILE_NAMES, emit
+from kvstudy.distribute.emit import EMITTERS, FILE_NAMES, check_values, emit
 from kvstudy.limits import MAX_GRID_CELLS, MAX_THREADS, int_arg
 
 
@@ -14,6 +14,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from kvstudy.distribute.plan import make_plan
 
     out = Path(args.out)
+    if args.emit:  # before the plan is written: a value no scheduler file can carry writes nothing
+        check_values(store=args.store, out=str(out), image=args.image)
     plan_id, records, written = make_plan(
         args.profile, out, profiles_dir=Path(args.profiles) if args.profiles else None
     )

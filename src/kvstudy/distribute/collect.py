@@ -17,27 +17,43 @@ collected capture of this plan.
 
 from __future__ import annotations
 
+import fcntl
 import filecmp
-import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from kvstudy import capture as capture_format
-from kvstudy.distribute.block import BLOCK_RECORD, store_blocks
+from kvstudy.distribute.block import BLOCK_RECORD, manifest_items, store_blocks
 from kvstudy.distribute.plan import experiment
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json
+from kvstudy.io import get_field, is_finite_number, read_json
 
 NODE_FILES = ("bandwidth.json",)  # facts of the node a block ran on, not of the experiment
 NODES_DIR = "nodes"
 SKIPPED = (capture_format.MANIFEST, BLOCK_RECORD)
 
 
+def _distinct_stores(stores: list[Path]) -> list[Path]:
+    """The stores, each named once: one folder named twice (``store store/``, a link to it) is refused
+    as named twice, before its blocks could look like a block run twice."""
+    seen: dict[Path, Path] = {}
+    for store in stores:
+        real = store.resolve()
+        if real in seen:
+            raise StudyError(
+                f"{store}: named twice among the stores (as {str(seen[real])!r} and {str(store)!r}): name each store once"
+            )
+        seen[real] = store
+    return stores
+
+
 def _found_blocks(stores: list[Path]) -> dict[str, tuple[Path, dict[str, Any]]]:
     found: dict[str, tuple[Path, dict[str, Any]]] = {}
     plan_of: tuple[str, str] | None = None
-    for store in stores:
+    for store in _distinct_stores(stores):
         blocks = store_blocks(store)
         if not blocks:
             raise StudyError(f"{store}: no block folders (a folder with {BLOCK_RECORD}) in this store")
@@ -60,6 +76,20 @@ def _found_blocks(stores: list[Path]) -> dict[str, tuple[Path, dict[str, Any]]]:
                 )
             found[bid] = (folder, record)
     return found
+
+
+def _check_status(folder: Path, record: dict[str, Any], items: dict[str, str]) -> None:
+    """A block's ``block.json`` status agrees with its capture's manifest: ``ok`` only when every cell
+    is ok, ``failed`` only when every cell has a result (a block killed mid-run says running)."""
+    status = record["status"]
+    allowed = ("ok",) if status == "ok" else ("ok", "failed")
+    pending = sorted((k, v) for k, v in items.items() if v not in allowed)
+    if pending or not items:
+        cell, state = pending[0] if pending else ("(none)", "no cells")
+        raise StudyError(
+            f"{folder / BLOCK_RECORD}: status {status!r}, but its {capture_format.MANIFEST} says cell {cell} is "
+            f"{state!r}: the block did not finish (run `kvstudy run-block` for it again)"
+        )
 
 
 def _choose_experiment(plan_blocks: list[dict[str, Any]], name: str | None, plan_id: str) -> str:
@@ -118,10 +148,11 @@ def _block_span(folder: Path) -> tuple[float, float] | None:
     """First start and last end of a block's cells on its node's monotonic clock (None if not recorded)."""
     starts, ends = [], []
     for path in (folder / "cells").glob("*.json"):
-        data = read_json(path)
-        if isinstance(data, dict) and isinstance(data.get("started_mono_s"), (int, float)):
+        data = read_json(path)  # a cell may hold NaN metrics (bench/grid.py writes them)
+        if isinstance(data, dict) and is_finite_number(data.get("started_mono_s")):
             starts.append(float(data["started_mono_s"]))
-            ends.append(float(data.get("ended_mono_s") or data["started_mono_s"]))
+            end: Any = data.get("ended_mono_s")
+            ends.append(float(end) if is_finite_number(end) else starts[-1])
     return (min(starts), max(ends)) if starts else None
 
 
@@ -151,11 +182,18 @@ def collect(
     if not present:
         raise StudyError(f"plan {plan_id}: no finished {name} block in the stores")
     exp = experiment(name, f"plan {plan_id}")
+    _restore_replaced(out)
     replace = _check_out(out, plan_id, name)
     manifests: dict[str, dict[str, Any]] = {}
     for b in present:
         folder, record = found[b["block_id"]]
         manifest = capture_format.read_manifest(folder, exp.kind)
+        _check_status(folder, record, manifest_items(folder, manifest))
+        where = str(folder / capture_format.MANIFEST)
+        get_field(manifest, "inputs", (dict, type(None)), where, None)
+        get_field(manifest, "inputs.model_digest", (str, type(None)), where, None)
+        for i, session in enumerate(get_field(manifest, "sessions", list, where, [])):
+            get_field({"s": session}, "s", dict, f"{where}: sessions[{i}]")
         if record["record"]["experiment_spec"] != found[present[0]["block_id"]][1]["record"]["experiment_spec"]:
             raise StudyError(f"block {b['block_id']}: its record holds another experiment spec than the plan's")
         first = manifests[present[0]["block_id"]] if manifests else manifest
@@ -164,27 +202,52 @@ def collect(
         manifests[b["block_id"]] = manifest
     full_dict = found[present[0]["block_id"]][1]["record"]["experiment_spec"]
     full = exp.spec_from_dict(full_dict, f"plan {plan_id}: experiment spec")
-    stage = out.parent / f".{out.name}.collect-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
-    try:
+    with _staging(out) as (stage, old):
         first_of: dict[str, str] = {}
         for b in present:
             _copy_block(b["block_id"], found[b["block_id"]][0], stage, first_of)
         manifest = _manifest(exp, full, full_dict, present, found, manifests, plan_id, missing, how)
         capture_format.write_manifest(stage, manifest)
         if replace:
-            old = out.parent / f".{out.name}.replaced-{os.getpid()}"
             out.rename(old)
-            stage.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            if out.exists():
-                out.rmdir()
-            stage.rename(out)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        elif out.exists():
+            out.rmdir()
+        stage.rename(out)
     return manifest
+
+
+@contextmanager
+def _staging(out: Path) -> Iterator[tuple[Path, Path]]:
+    """(staging folder, where the replaced capture goes) beside ``out``, under a lock. Their names
+    are fixed, so what a collect killed with SIGKILL left there is removed by the next one (a
+    running collect into the same folder holds the lock: the second is refused)."""
+    stage, old = out.parent / f".{out.name}.collect", out.parent / f".{out.name}.replaced"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.collect.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise StudyError(f"{out}: another kvstudy collect is writing it now (wait for it)") from None
+        for leftover in (stage, old):
+            if leftover.is_symlink() or leftover.is_file():
+                leftover.unlink()
+            shutil.rmtree(leftover, ignore_errors=True)
+        stage.mkdir()
+        try:
+            yield stage, old
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+            if out.is_dir():  # else ``old`` is the only copy (a failure between the two renames)
+                shutil.rmtree(old, ignore_errors=True)
+            Path(lock.name).unlink(missing_ok=True)
+
+
+def _restore_replaced(out: Path) -> None:
+    """A collect killed between moving the earlier capture aside and putting the new one in place
+    left only ``.OUT.replaced``: put it back, so the next collect sees (and replaces) it."""
+    old = out.parent / f".{out.name}.replaced"
+    if not out.exists() and not out.is_symlink() and old.is_dir() and not old.is_symlink():
+        old.rename(out)
 
 
 def _manifest(
@@ -208,7 +271,7 @@ def _manifest(
     for b in present:
         folder, record = found[b["block_id"]]
         node = record.get("node") or {}
-        items = manifests[b["block_id"]].get("items") or {}
+        items = manifest_items(folder, manifests[b["block_id"]])
         merged.update(items)
         for s in manifests[b["block_id"]].get("sessions") or []:
             sessions.append({**s, "block_id": b["block_id"], "node_id": node.get("node_id")})

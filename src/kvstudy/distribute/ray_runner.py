@@ -6,11 +6,18 @@ a block index, paths and that integer pass through Ray; every result is a file t
 writes into the store (read back by ``kvstudy collect``, never through Ray's object store). Ray
 itself ships the small task function to its workers as Ray always does. On a multi-node cluster
 every node needs the project and its environment at the driver's paths (a shared file system).
+
+A local cluster (no ``--address``) is started on loopback only (``LOCAL_ENV``: its GCS, raylet,
+object manager and agents bind 127.0.0.1), without the dashboard and without usage statistics. An
+``--address`` is first tried with a plain TCP connection (``ADDRESS_PROBE_S``): where nothing
+answers, one line at once instead of Ray's minutes of retries.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -23,6 +30,30 @@ from kvstudy.progress import Progress
 
 PASSED_ENV = ("PYTHONPATH", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "VLLM_CPU_KVCACHE_SPACE")
 LOG_DIR = "ray-logs"
+ADDRESS_PROBE_S = 5.0
+# a local cluster: on loopback only (Ray's single-machine mode), reporting nothing anywhere
+LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+_ADDRESS = re.compile(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253}):([0-9]{1,5})", re.ASCII)
+
+
+def check_address(address: str) -> None:
+    """A one-line StudyError unless something accepts a TCP connection at ``address``
+    (``HOST:PORT`` or ``ray://HOST:PORT``; ``auto`` is left to Ray)."""
+    if address == "auto":
+        return
+    match = _ADDRESS.fullmatch(address)
+    if not match or not 0 < int(match.group(2)) < 65536:
+        raise StudyError(f"--address {address[:80]!r}: expected HOST:PORT or ray://HOST:PORT of a Ray cluster's head")
+    host, port = match.group(1).strip("[]"), int(match.group(2))
+    try:
+        with socket.create_connection((host, port), timeout=ADDRESS_PROBE_S):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise StudyError(
+            f"--address {address}: nothing answers there ({reason}); expected a running Ray cluster's head "
+            "(`ray start --head` prints its address), or leave --address out to start a local cluster"
+        ) from None
 
 
 def _run_block_process(argv: list[str], cwd: str, env: dict[str, str], log: str) -> int:
@@ -30,6 +61,32 @@ def _run_block_process(argv: list[str], cwd: str, env: dict[str, str], log: str)
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         return subprocess.run(argv, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT).returncode
+
+
+def _init_local(ray: Any, num_cpus: int | None) -> None:
+    """A local Ray cluster bound to loopback only, no dashboard, no usage statistics.
+
+    Ray turns a ``_node_ip_address`` of 127.0.0.1 into the machine's reachable address
+    (``ray._private.services.resolve_ip_for_localhost``); only with its single-machine switch off
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, what Ray does on macOS and Windows) is the node's
+    address loopback, and its processes bind there. The switch is read when ``ray`` is imported: in a
+    process that imported it earlier, the same module constant is set here."""
+    saved = {k: os.environ.get(k) for k in LOCAL_ENV}
+    os.environ.update(LOCAL_ENV)  # the raylet, its agents and workers inherit it
+    try:
+        constants = ray._private.ray_constants
+        enabled = constants.ENABLE_RAY_CLUSTER
+        constants.ENABLE_RAY_CLUSTER = False
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        finally:
+            constants.ENABLE_RAY_CLUSTER = enabled
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def run_blocks_ray(
@@ -42,6 +99,15 @@ def run_blocks_ray(
     progress: Progress = print,
 ) -> dict[int, int]:
     """Schedule the blocks (all, or ``indices``) as Ray tasks; block index -> run-block's exit code."""
+    _, records = read_plan(plan_dir)
+    chosen = list(range(len(records))) if indices is None else list(indices)
+    for i in chosen:
+        if not 0 <= i < len(records):
+            raise StudyError(f"{plan_dir}/plan.jsonl: block index {i}: the plan has {len(records)} blocks")
+    if address and num_cpus:
+        raise StudyError(f"--num-cpus {num_cpus}: only for a local cluster (the cluster at --address has its own)")
+    if address:
+        check_address(address)
     try:
         import ray
     except ImportError:
@@ -49,14 +115,20 @@ def run_blocks_ray(
             "ray is not installed here (requirements/engine-cpu.txt pins it)",
             "make engine",
         ) from None
-    _, records = read_plan(plan_dir)
-    chosen = list(range(len(records))) if indices is None else list(indices)
-    for i in chosen:
-        if not 0 <= i < len(records):
-            raise StudyError(f"{plan_dir}/plan.jsonl: block index {i}: the plan has {len(records)} blocks")
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        try:
+            if address:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            else:
+                _init_local(ray, num_cpus)
+        except Exception as exc:  # Ray's own start or connect failure: one line, its logs named
+            ray.shutdown()  # what it started before failing (GCS, agents) is stopped
+            what = f"the cluster at --address {address}" if address else "a local Ray cluster"
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise StudyError(
+                f"{what} did not start or answer ({first}); Ray's logs: /tmp/ray/session_latest/logs"
+            ) from None
     try:
         task = ray.remote(_run_block_process)
         env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}

@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kvstudy.digests import file_digest
 from kvstudy.errors import StudyError
-from kvstudy.io import file_digest, read_json_object, write_json_atomic, write_text_atomic
+from kvstudy.io import read_json_object, write_json_atomic, write_text_atomic
 from kvstudy.limits import (
     MAX_AXIS_VALUES,
     MAX_FACTOR,
@@ -137,7 +138,7 @@ def write_retrieval_data(folder: str | Path, spec: RetrievalSet = RetrievalSet()
             "contexts": len({item["context_id"] for item in items}),
             "test_jsonl_digest": file_digest(path),
         },
-    )  # kvstudy.io.file_digest
+    )  # kvstudy.digests.file_digest
     return path
 
 

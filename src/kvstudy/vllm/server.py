@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -40,6 +41,7 @@ from kvstudy.vllm.command import (
     server_environment,
     vllm_distribution,
 )
+from kvstudy.vllm.facts import API_KEY_ENV
 from kvstudy.vllm.process import (
     PID_FILE_SUFFIX,
     STOP_GRACE_S,
@@ -53,6 +55,7 @@ from kvstudy.vllm.startup_log import RE_ENGINE_FAILED, StartupInfo, parse_startu
 FAILED_EXIT_GRACE_S = 90.0  # after vLLM logs a fatal start error, how long it may take to exit
 POLL_INTERVAL_S = 0.25
 LOG_TAIL_LINES = 25
+MAX_MODELS_BYTES = 1024 * 1024  # /v1/models of one served model is a few hundred bytes
 LOG_COPY_JOIN_S = 10.0  # after the process group is stopped, how long the log copy may take to finish
 
 
@@ -93,6 +96,22 @@ def free_port(host: str = HOST) -> int:
 
 def _looks_like_hub_id(spec: str) -> bool:
     return spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not Path(spec).exists()
+
+
+_KEY_NOTICE_GIVEN = False
+
+
+def _say_api_key_kept_out() -> None:
+    """One line on stderr, once per process, when the user's shell exports ``VLLM_API_KEY``."""
+    global _KEY_NOTICE_GIVEN
+    if API_KEY_ENV in os.environ and not _KEY_NOTICE_GIVEN:
+        _KEY_NOTICE_GIVEN = True
+        print(
+            f"kvstudy: {API_KEY_ENV} is set in this shell; the study's vLLM servers start without it "
+            f"(they listen on {HOST} only for one run, and the study's clients send no key)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 # ---- every live server, so atexit and signals can stop them ---------------------------------
@@ -150,6 +169,7 @@ class VllmServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_copy: threading.Thread | None = None
         self._stopped = False
+        self._probe_headers: dict[str, str] = {}
         self._version = (vllm_distribution() or ("", None))[1]
 
     @property
@@ -203,7 +223,10 @@ class VllmServer:
             raise self._fail_early(str(exc)) from None
         self.port = self.requested_port or free_port()
         self.command = build_command(self.config, self.port, vllm_version=self._version)
+        _say_api_key_kept_out()
         full_env = server_environment(self.config, vllm_version=self._version)
+        if full_env.get(API_KEY_ENV):  # a key the spec's env sets on purpose: the probe sends it
+            self._probe_headers = {"Authorization": f"Bearer {full_env[API_KEY_ENV]}"}
         self.environment = recorded_environment(full_env, self.config)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         reap_pid_file(self.pid_path)
@@ -278,12 +301,23 @@ class VllmServer:
         return bool(RE_ENGINE_FAILED.search(text))
 
     def _models_answer(self) -> bool:
+        request = urllib.request.Request(f"{self.base_url}/v1/models", headers=self._probe_headers)
         try:
-            with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=2.0) as resp:
+            with urllib.request.urlopen(request, timeout=2.0) as resp:
                 if resp.status != 200:
                     return False
-                body = json.loads(resp.read().decode("utf-8"))
+                body = json.loads(resp.read(MAX_MODELS_BYTES).decode("utf-8"))
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):  # up, but asks for a key the probe lacks: waiting cannot help
+                raise self._start_error(
+                    f"vLLM server answered /v1/models with {exc.code}: it requires an API key ({API_KEY_ENV} "
+                    "in the spec's env, or --api-key in its server arguments), which the study's clients "
+                    "do not send; remove it"
+                ) from None
+            return False
         except (urllib.error.URLError, OSError, ValueError):
+            return False
+        if not isinstance(body, dict) or not isinstance(body.get("data", []), list):
             return False
         models = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)]
         if models:

@@ -246,3 +246,57 @@ def test_a_block_claimed_without_results_may_move(
     with pytest.raises(StudyError, match="engine check reached"):
         run_block(bundled_plan, 0, stores[0])
     assert read_json(folder / BLOCK_RECORD)["node"]["node_id"] == "node-a"  # not claimed before the check
+
+
+def test_a_store_named_twice_is_refused_as_named_twice(bundled_plan: Path, tmp_path: Path, capsys, split: Any) -> None:
+    stores = split(BUNDLED, bundled_plan, tmp_path, NODES)
+    again = str(stores[1]) + "/"
+    err = _one_line_error(capsys, ["collect", *map(str, stores), again, "--out", str(tmp_path / "out")])
+    assert "named twice among the stores" in err and "ran" not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("status", ["ok", "failed"])
+def test_a_block_that_says_done_while_its_manifest_says_running_is_refused(
+    bundled_plan: Path, tmp_path: Path, capsys, split: Any, status: str
+) -> None:
+    stores = split(BUNDLED, bundled_plan, tmp_path, NODES)
+    folder = next(p for p in stores[2].iterdir() if p.is_dir())
+    record = read_json(folder / BLOCK_RECORD)
+    record["status"] = status
+    write_json_atomic(folder / BLOCK_RECORD, record, indent=1)
+    manifest = read_json(folder / "manifest.json")
+    cell = sorted(manifest["items"])[0]
+    manifest["items"][cell] = "running"
+    write_json_atomic(folder / "manifest.json", manifest, indent=1)
+    err = _one_line_error(capsys, ["collect", *map(str, stores), "--out", str(tmp_path / "out")])
+    assert f"{folder / BLOCK_RECORD}: status {status!r}" in err and f"cell {cell} is 'running'" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_collect_killed_mid_write_does_not_block_the_rerun(bundled_plan: Path, tmp_path: Path, split: Any) -> None:
+    """A collect SIGKILLed while writing (here: as it writes the manifest, once into a new folder and
+    once replacing an earlier collect) leaves its staging folder; the next collect removes it and
+    finishes, and no hidden leftover stays beside the capture."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    stores = split(BUNDLED, bundled_plan, tmp_path, NODES)
+    out = tmp_path / "outs" / "collected"
+    script = (
+        "import os, signal, sys\n"
+        "from kvstudy import capture\n"
+        "from kvstudy.distribute.collect import collect\n"
+        "capture.write_manifest = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "collect(sys.argv[2:], sys.argv[1])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    for round_ in range(2):
+        done = subprocess.run([sys.executable, "-c", script, str(out), *map(str, stores)], env=env, timeout=300)
+        assert done.returncode == -signal.SIGKILL
+        assert (out.parent / ".collected.collect").is_dir()  # what the killed collect left
+        manifest = collect(stores, out)
+        assert manifest["complete"] and read_json(out / "manifest.json")["collected"]["plan_id"]
+        leftovers = sorted(p.name for p in out.parent.iterdir() if p.name != "collected")
+        assert leftovers == [], (round_, leftovers)

@@ -73,3 +73,100 @@ def test_skypilot_task_and_cpu_plans_ask_for_no_gpu(tmp_path: Path, bundled_plan
     assert "resources" not in yaml.safe_load(k8s.read_text())["spec"]["template"]["spec"]["containers"][0]
     with pytest.raises(StudyError, match="--parallel 0"):
         emit(["slurm"], bundled_plan, cpu_id, cpu_records, "store", parallel=0)
+
+
+# --------------------------------------------------------------------------- shell text in values (issue 35)
+
+
+def _fake_kvstudy(tmp_path: Path) -> dict[str, str]:
+    """An environment whose PATH starts with a ``kvstudy`` that writes its arguments (one per line,
+    NUL-separated) to ``argv.txt``: the emitted command lines are executed, not only parsed."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "kvstudy"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > {tmp_path / "argv.txt"}\n')
+    fake.chmod(0o755)
+    return {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "SLURM_ARRAY_TASK_ID": "0",
+        "JOB_COMPLETION_INDEX": "0",
+        "KVSTUDY_BLOCK": "0",
+    }
+
+
+def _planted(marker: Path) -> list[str]:
+    return [
+        f"s`touch {marker}`",
+        f"s$(touch {marker})",
+        f"s'; touch {marker}; '",
+        f's"; touch {marker}; "',
+        f"s $(touch {marker}) *",
+    ]
+
+
+def _argv(tmp_path: Path) -> list[str]:
+    return (tmp_path / "argv.txt").read_text().split("\0")[:-1]
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_planted_commands_in_store_do_not_run(tmp_path: Path, bundled_plan: Path, case: int) -> None:
+    """Each emitted file's command line, executed by its shell with a fake kvstudy: the planted
+    command does not run and run-block receives the store exactly as given."""
+    marker = tmp_path / "pwned"
+    store = _planted(marker)[case]
+    plan_id, records = read_plan(bundled_plan)
+    slurm, k8s, sky = emit(["slurm", "k8s", "skypilot"], bundled_plan, plan_id, records, store, parallel=1)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = _fake_kvstudy(tmp_path)
+    subprocess.run(["bash", "-n", str(slurm)], check=True)
+    subprocess.run(["bash", str(slurm)], check=True, cwd=run_dir, env=env)
+    assert not marker.exists() and _argv(tmp_path)[-2:] == ["--store", store]
+    assert (run_dir / store).is_dir()  # the script's mkdir -p made the store as named
+    command = yaml.safe_load(k8s.read_text())["spec"]["template"]["spec"]["containers"][0]["command"]
+    subprocess.run(["sh", "-n", "-c", command[-1]], check=True)
+    subprocess.run(command, check=True, cwd=run_dir, env=env)
+    assert not marker.exists() and _argv(tmp_path)[-2:] == ["--store", store]
+    run = yaml.safe_load(sky.read_text())["run"]
+    subprocess.run(["bash", "-n", "-c", run], check=True)
+    subprocess.run(["bash", "-c", run], check=True, cwd=run_dir, env=env)
+    assert not marker.exists() and _argv(tmp_path)[-2:] == ["--store", store + "/block-0"]
+    assert _argv(tmp_path)[:2] == ["run-block", str(bundled_plan)]
+
+
+@pytest.mark.parametrize("kind", ["slurm", "k8s", "skypilot"])
+def test_a_newline_in_store_or_out_is_refused_before_anything_is_written(
+    tmp_path: Path, bundled_plan: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvstudy import cli
+
+    marker = tmp_path / "pwned"
+    plan_id, records = read_plan(bundled_plan)
+    with pytest.raises(StudyError, match=r"--store .*control character '\\n'"):
+        emit([kind], bundled_plan, plan_id, records, f"store\ntouch {marker}", parallel=1)
+    assert not list(bundled_plan.glob("*.sbatch")) and not list(bundled_plan.glob("*.yaml"))
+    profiles = tmp_path / "profiles"  # the bundled_plan fixture's profile "split"
+    for option, value in (("--store", f"s\ntouch {marker}"), ("--out", str(tmp_path / f"p\rtouch {marker}"))):
+        out = str(tmp_path / "p2") if option == "--store" else value
+        argv = ["plan", "split", "--profiles", str(profiles), "--out", out, "--emit", kind]
+        assert cli.main([*argv, "--store", value if option == "--store" else "s"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"kvstudy: error: {option} ") and "\n" not in err and "control character" in err
+    assert not marker.exists() and not (tmp_path / "p2").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("p")) == ["plan", "profiles"]
+
+
+def test_sbatch_output_directive_only_for_a_plain_store_path(tmp_path: Path, bundled_plan: Path) -> None:
+    plan_id, records = read_plan(bundled_plan)
+    (plain,) = emit(["slurm"], bundled_plan, plan_id, records, "runs/store-1", parallel=1)
+    assert "#SBATCH --output=runs/store-1/slurm-%A_%a.log" in plain.read_text()
+    (spaced,) = emit(["slurm"], bundled_plan, plan_id, records, "my store", parallel=1)
+    assert "#SBATCH --output" not in spaced.read_text() and "mkdir -p 'my store'" in spaced.read_text()
+
+
+def test_a_store_that_reads_as_an_option_is_refused(tmp_path: Path, bundled_plan: Path) -> None:
+    plan_id, records = read_plan(bundled_plan)
+    with pytest.raises(StudyError, match="--store '-rf': begins with '-'"):
+        emit(["slurm"], bundled_plan, plan_id, records, "-rf", parallel=1)
+    (path,) = emit(["slurm"], bundled_plan, plan_id, records, "./-rf", parallel=1)
+    subprocess.run(["bash", "-n", str(path)], check=True)

@@ -52,3 +52,80 @@ def test_taken_port_fails_before_any_process(tmp_path: Path) -> None:
 def test_engine_start_error_keeps_the_tail_readable() -> None:
     err = EngineStartError("server exited", Path("x.log"), None, "line one\nline two")
     assert "line one\nline two" in str(err) and err.args[0] == "server exited"
+
+
+# --------------------------------------------------------------------------- an API key (issue 36)
+
+# A stand-in for vLLM's API server as its AuthenticationMiddleware behaves: with VLLM_API_KEY in its
+# environment (or --api-key KEY) every /v1 path needs "Authorization: Bearer KEY", else 401.
+FAKE_SERVER = r"""
+import http.server, json, os, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+key = sys.argv[sys.argv.index("--api-key") + 1] if "--api-key" in sys.argv else os.environ.get("VLLM_API_KEY")
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if key and self.headers.get("Authorization") != f"Bearer {key}":
+            self.send_response(401); self.end_headers(); return
+        body = json.dumps({"data": [{"id": "fake"}]}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def _fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    import sys
+
+    from kvstudy.vllm import server as server_module
+
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(FAKE_SERVER)
+    monkeypatch.setattr(server_module, "vllm_distribution", lambda: ("vllm", "0.32.0"))
+    monkeypatch.setattr(
+        server_module,
+        "build_command",
+        lambda config, port, vllm_version=None: [sys.executable, str(script), *config.extra_args, "--port", str(port)],
+    )
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    return model
+
+
+def test_an_api_key_exported_in_the_shell_does_not_stall_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import time
+
+    from kvstudy.vllm import server as server_module
+
+    model = _fake_vllm(tmp_path, monkeypatch)
+    monkeypatch.setenv("VLLM_API_KEY", "user-shell-key-123")
+    monkeypatch.setattr(server_module, "_KEY_NOTICE_GIVEN", False)
+    began = time.monotonic()
+    with VllmServer(ServerConfig(model=str(model)), tmp_path / "a.log", ready_timeout_s=60) as srv:
+        assert srv.model_name == "fake" and "VLLM_API_KEY" not in srv.environment
+    assert time.monotonic() - began < 30
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "VLLM_API_KEY is set in this shell" in err[0] and "user-shell-key-123" not in err[0]
+
+
+def test_a_key_the_spec_sets_is_sent_with_the_probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _fake_vllm(tmp_path, monkeypatch)
+    monkeypatch.setenv("KVSTUDY_TEST_KEY_SOURCE", "spec-key-456")
+    config = ServerConfig(model=str(model), env={"VLLM_API_KEY": {"from_env": "KVSTUDY_TEST_KEY_SOURCE"}})
+    with VllmServer(config, tmp_path / "b.log", ready_timeout_s=60) as srv:
+        assert srv.model_name == "fake"
+
+
+def test_a_server_that_answers_401_fails_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    model = _fake_vllm(tmp_path, monkeypatch)
+    monkeypatch.setattr("kvstudy.vllm.server.check_extra_args", lambda args: args)  # the fake's own option table
+    began = time.monotonic()
+    server = VllmServer(ServerConfig(model=str(model), extra_args=["--api-key", "k-789"]), tmp_path / "c.log", 600)
+    with pytest.raises(EngineStartError, match="answered /v1/models with 401: it requires an API key"):
+        server.start()
+    assert time.monotonic() - began < 60 and not server.is_alive()
