@@ -33,6 +33,8 @@ import numpy as np
 from kvstudy.speed.design import blocks_needed, holm
 from kvstudy.speed.verdict import permutation_test
 
+__all__ = ["holm", "permutation_test"]  # re-exported for the load analysis
+
 ALPHA = 0.05
 CONFIDENCE = 0.95
 CLAIMS = ("more users", "fewer users", "no claim")
@@ -165,10 +167,11 @@ def compare_users(
     return out
 
 
-def decide(comparisons: Sequence[UsersComparison], other_p: Sequence[float] = (), alpha: float = ALPHA) -> None:
-    """Holm over the users tests and ``other_p`` (the report's other tests), then each claim, in place."""
+def decide(comparisons: Sequence[UsersComparison], other_p: Sequence[float] = (), alpha: float = ALPHA) -> list[float]:
+    """Holm over the users tests and ``other_p`` (the report's other tests), then each claim, in place;
+    returns the Holm p of ``other_p``."""
     tested = [c for c in comparisons if c.p_value is not None]
-    adjusted = holm([c.p_value for c in tested] + list(other_p))  # type: ignore[misc]
+    adjusted = holm([float(c.p_value) for c in tested if c.p_value is not None] + list(other_p))
     for c, p in zip(tested, adjusted):
         c.p_holm = p
     for c in comparisons:
@@ -192,6 +195,7 @@ def decide(comparisons: Sequence[UsersComparison], other_p: Sequence[float] = ()
             c.reasons.append(f"p after Holm {c.p_holm:.3g} ≥ {alpha:g}")
         elif not excludes_one:
             c.reasons.append("the interval of the ratio holds 1")
+    return adjusted[len(tested) :]
 
 
 # --------------------------------------------------------------------------- simulation

