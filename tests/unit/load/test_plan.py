@@ -21,7 +21,7 @@ SECTION = {
         {"name": "auto-repeat", "kv_cache_dtype": "auto"},
     ],
     "seeds": [0, 1, 2],
-    "kv_memory_bytes": 12 * 786_432,
+    "kv_memory_bytes": 13 * 786_432,
     "load_factors": [0.5, 1.0, 2.0, 3.0],
     "input_len": 192,
     "output_len": 128,
@@ -47,7 +47,7 @@ def test_plan_splits_the_load_experiment_into_pair_blocks(tmp_path: Path) -> Non
     ]
     assert all(r["same_order_as_one_machine"] for r in records)
     assert records[0]["aa_controls"] == ["auto-repeat"] and records[0]["baseline"] == "auto"
-    assert records[0]["kv_memory"]["kv_memory_bytes"] == 12 * 786_432 and records[0]["device"] == "cpu"
+    assert records[0]["kv_memory"]["kv_memory_bytes"] == 13 * 786_432 and records[0]["device"] == "cpu"
     assert records[0]["gpus_per_block"] == 0
     # a block's spec is the experiment's at one seed: the same ladder, the same equal-memory pools
     block = LoadSpec.from_dict(records[1]["spec"])

@@ -15,7 +15,7 @@ def spec() -> LoadSpec:
             "model": MODEL,
             "arms": [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}],
             "seeds": [0],
-            "kv_memory_bytes": 12 * BF16_BLOCK,
+            "kv_memory_bytes": 13 * BF16_BLOCK,
             "ttft_ms": 1000,
         }
     )
@@ -25,15 +25,15 @@ LINE = "(EngineCore pid=1) INFO 12-01 09:11:15 [kv_cache_utils.py:2327] CPU KV c
 
 
 def test_the_logged_pool_matches_the_prediction_per_dtype() -> None:
-    assert pool_check(spec(), "auto", LINE.format("1,536"))["ok"]
-    assert pool_check(spec(), "fp8", LINE.format("3,072"))["ok"]
+    assert pool_check(spec(), "auto", LINE.format("1,664"))["ok"]
+    assert pool_check(spec(), "fp8", LINE.format("3,328"))["ok"]
 
 
 def test_a_disagreeing_pool_fails_with_both_numbers() -> None:
-    out = pool_check(spec(), "fp8", LINE.format("1,536"))  # FP8 given only the 16-bit pool
+    out = pool_check(spec(), "fp8", LINE.format("1,664"))  # FP8 given only the 16-bit pool
     assert not out["ok"]
-    assert "logged pool (1,536 tokens) disagrees" in out["reason"] and "(3,072 tokens)" in out["reason"]
-    assert (out["logged_tokens"], out["predicted_tokens"]) == (1536, 3072)
+    assert "logged pool (1,664 tokens) disagrees" in out["reason"] and "(3,328 tokens)" in out["reason"]
+    assert (out["logged_tokens"], out["predicted_tokens"]) == (1664, 3328)
 
 
 def test_a_log_without_a_pool_line_fails() -> None:

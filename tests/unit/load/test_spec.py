@@ -22,7 +22,7 @@ def spec(**over):
             {"name": "auto-repeat", "kv_cache_dtype": "auto"},
         ],
         "seeds": [0, 1],
-        "kv_memory_bytes": 12 * BF16_BLOCK,
+        "kv_memory_bytes": 13 * BF16_BLOCK,
         "input_len": 256,
         "output_len": 128,
         "ttft_ms": 2000,
@@ -36,16 +36,18 @@ def test_equal_bytes_give_fp8_twice_the_blocks_hand_values() -> None:
     pools = arm_pools(spec())
     assert BF16_BLOCK == 786_432
     assert pools["auto"].bytes_per_block == BF16_BLOCK and pools["fp8"].bytes_per_block == FP8_BLOCK
-    assert (pools["auto"].num_blocks, pools["fp8"].num_blocks) == (12, 24)
-    assert (pools["auto"].tokens, pools["fp8"].tokens) == (1536, 3072)
-    # 384 tokens a request = 3 blocks of 128: the 16-bit pool holds 4 requests, FP8 8
+    assert (pools["auto"].num_blocks, pools["fp8"].num_blocks) == (13, 26)
+    assert (pools["auto"].tokens, pools["fp8"].tokens) == (1664, 3328)
+    # 384 tokens a request = 3 blocks of 128, in 12 and 25 blocks (one is vLLM's null block): 4 and 8 requests
     assert (pools["auto"].blocks_per_request, pools["auto"].requests, pools["fp8"].requests) == (3, 4, 8)
     assert pools["auto-repeat"] == pools["auto"].__class__(**{**pools["auto"].__dict__, "arm": "auto-repeat"})
 
 
 def test_bytes_between_blocks_round_down() -> None:
-    pools = arm_pools(spec(kv_memory_bytes=12 * BF16_BLOCK + FP8_BLOCK - 1))
-    assert (pools["auto"].num_blocks, pools["fp8"].num_blocks) == (12, 24)
+    pools = arm_pools(spec(kv_memory_bytes=13 * BF16_BLOCK + FP8_BLOCK - 1))
+    assert (pools["auto"].num_blocks, pools["fp8"].num_blocks) == (13, 26)
+    # the null block: 12 blocks hold 3 requests of 3 blocks, not 4
+    assert arm_pools(spec(kv_memory_bytes=12 * BF16_BLOCK))["auto"].requests == 3
 
 
 def test_ladder_hand_values() -> None:
@@ -78,13 +80,13 @@ def test_server_config_carries_the_equal_bytes_per_device() -> None:
     s = spec()
     cpu_auto = s.server_config(s.runs()[0])
     cpu_fp8 = s.server_config(s.runs()[1])
-    # the same bytes for both arms; vLLM makes them 12 and 24 blocks (the pool check reads that back)
-    assert cpu_auto.kv_cache_memory_bytes == cpu_fp8.kv_cache_memory_bytes == 12 * BF16_BLOCK
+    # the same bytes for both arms; vLLM makes them 13 and 26 blocks (the pool check reads that back)
+    assert cpu_auto.kv_cache_memory_bytes == cpu_fp8.kv_cache_memory_bytes == 13 * BF16_BLOCK
     assert cpu_auto.cpu_kvcache_space_gib is None and cpu_auto.num_gpu_blocks_override is None
     assert cpu_fp8.kv_cache_dtype == "fp8" and cpu_auto.max_model_len == 384
     assert cpu_auto.extra_args[-2:] == ["--max-num-seqs", "64"]
     gpu = spec(device="cuda").server_config(s.runs()[1])
-    assert gpu.kv_cache_memory_bytes == 12 * BF16_BLOCK and gpu.num_gpu_blocks_override is None
+    assert gpu.kv_cache_memory_bytes == 13 * BF16_BLOCK and gpu.num_gpu_blocks_override is None
     assert gpu.cpu_kvcache_space_gib is None
 
 
@@ -96,7 +98,7 @@ def test_design_checks_pass_for_a_good_grid() -> None:
     ("over", "words"),
     [
         ({"load_factors": [0.5, 1.0]}, "load_factors: the highest load (4 users) never passes the 4 requests"),
-        ({"kv_memory_bytes": 2 * BF16_BLOCK}, "kv_memory_bytes: 1,572,864 bytes give arm 'auto' 2 block(s)"),
+        ({"kv_memory_bytes": 3 * BF16_BLOCK}, "kv_memory_bytes: 2,359,296 bytes give arm 'auto' 3 block"),
         ({"max_num_seqs": 8}, "passes max_num_seqs 8"),
         ({"server_env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}, "server_env: sets VLLM_CPU_KVCACHE_SPACE"),
     ],
