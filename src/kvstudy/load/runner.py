@@ -205,7 +205,7 @@ def load_plan(spec: LoadSpec, capture: Path) -> GridPlan[Cell, CellResult]:
     runs = [ServeRun(r.id, r.arm, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()]
     return GridPlan(
         runs=runs,
-        server_config=lambda run: spec.server_config(run),
+        server_config=lambda run: spec.server_config(Run(run.arm, run.seed)),
         ready_timeout_s=spec.ready_timeout_s,
         run_cell=lambda cell, server: run_cell(spec, capture, cell, server, tokenizer),
         failed_cell=lambda cell, reason, tail, _start_failed: _failed(spec, cell, reason, tail),
