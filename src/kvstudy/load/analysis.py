@@ -308,13 +308,33 @@ def verdict_facts(cap: LoadCapture | None, comps: list[UsersComparison]) -> dict
         "kv_memory_gib": spec.kv_memory_bytes / GIB if spec else 0.0,
         "context_tokens": spec.context_tokens if spec else 0,
     }
-    if main is None:
-        state = "not measured"
-    elif main.users_candidate and main.users_baseline is not None:
-        state = "measured" if main.claim != "no claim" else "no claim"
+    if main is None or not main.candidate_users:
+        state = "not measured"  # no FP8 arm, or none of its cells finished (e.g. an AVX2 CPU refused it)
     else:
-        state = "no claim"
+        state = "measured" if main.claim != "no claim" else "no claim"
     return {"state": state, **facts}
+
+
+def memory_text(n_bytes: int) -> str:
+    return f"{n_bytes / GIB:.3g} GiB" if n_bytes >= GIB else f"{n_bytes / 1024**2:.3g} MiB"
+
+
+def family_size(cap: LoadCapture) -> int:
+    """Tests in this report's Holm family: a users test per comparison and a test per comparison and load."""
+    return (len(cap.spec.arms) - 1) * (1 + len(cap.spec.loads()))
+
+
+def capture_settings(params: dict[str, Any], capture: str | Path) -> tuple[dict[str, Any], set[str]]:
+    """The parameters as the report ran them: a grid field left None is the capture's own value."""
+    shown = dict(params)
+    path = Path(capture)
+    if not (path / MANIFEST).is_file():
+        return shown, set()
+    spec = load_spec(path).to_dict()
+    spec["arms"] = [a["name"] for a in spec["arms"]]
+    read = {k for k in LoadSpec.__dataclass_fields__ if k in shown and shown[k] is None and k in spec}
+    shown.update({k: spec[k] for k in read})
+    return shown, read
 
 
 def verdict_text(cap: LoadCapture | None, comps: list[UsersComparison]) -> str:

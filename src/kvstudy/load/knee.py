@@ -30,7 +30,7 @@ import numpy as np
 
 # The seed-blocked permutation test and Holm's correction, from where they live today (issue 31 moves
 # them into kvstudy.stats; the layout test lists these two imports as the only allowed crossing).
-from kvstudy.speed.design import blocks_needed, holm
+from kvstudy.speed.design import holm
 from kvstudy.speed.verdict import permutation_test
 
 __all__ = ["holm", "permutation_test"]  # re-exported for the load analysis
@@ -167,6 +167,12 @@ def compare_users(
     return out
 
 
+def blocks_for_family(tests: int, alpha: float = ALPHA) -> int:
+    """Seed blocks (one run per arm each) with which the smallest p of the blocked test, 2 / 2^n,
+    passes Holm's first step over ``tests`` tests: tests x 2 / 2^n < alpha."""
+    return max(1, math.ceil(math.log2(2 * max(1, tests) / alpha) + 1e-12))
+
+
 def decide(comparisons: Sequence[UsersComparison], other_p: Sequence[float] = (), alpha: float = ALPHA) -> list[float]:
     """Holm over the users tests and ``other_p`` (the report's other tests), then each claim, in place;
     returns the Holm p of ``other_p``."""
@@ -178,10 +184,11 @@ def decide(comparisons: Sequence[UsersComparison], other_p: Sequence[float] = ()
         c.claim = "no claim"
         if c.p_value is None:
             continue
-        if c.min_p_value is not None and c.min_p_value >= alpha:
+        family = len(tested) + len(other_p)
+        if c.min_p_value is not None and c.min_p_value * family >= alpha:
             c.reasons.append(
-                f"{c.blocks} seed block(s) cannot reach p < {alpha:g} (smallest p {c.min_p_value:.3g}; "
-                f"{blocks_needed(alpha)} blocks can)"
+                f"{c.blocks} seed block(s) cannot reach p < {alpha:g} after Holm over {family} test(s) (smallest p "
+                f"{c.min_p_value:.3g}; {blocks_for_family(family, alpha)} blocks can)"
             )
         censored = [s for s in (*c.baseline_states, *c.candidate_states) if s != MEASURED]
         if censored:

@@ -119,3 +119,11 @@ def test_the_aa_check_can_fail() -> None:
         decide([c])
         claims += c.claim != "no claim"
     assert claims / 40 > 0.5
+
+
+def test_blocks_for_family_hand_values() -> None:
+    from kvstudy.load.knee import blocks_for_family
+
+    assert blocks_for_family(1) == 6  # 2/64 < 0.05 <= 2/32
+    assert blocks_for_family(10) == 9  # 10 x 2/512 = 0.039; 10 x 2/256 = 0.078
+    assert blocks_for_family(12) == 9  # the L4 profile's family: 12 x 2/512 = 0.047
