@@ -193,7 +193,8 @@ def users_table(cap: LoadCapture) -> pd.DataFrame:
                 "per seed block": ", ".join(f"s{s}: {per[s].users}" for s in sorted(per)) or "–",
                 "states": ", ".join(sorted({per[s].state for s in per})) or "no finished cell",
                 "predicted capacity (requests)": predicted,
-                "knee vs capacity": _against(median, predicted, loads, [per[s].state for s in per]),
+                "knee vs capacity": _against(median, predicted, loads, [per[s].state for s in per])
+                + _why_below(cap, arm, per, predicted),
             }
         )
     return pd.DataFrame(rows)
@@ -209,6 +210,23 @@ def _against(median: int | None, predicted: int, loads: list[int], states: list[
     if median in (below, above) or median == predicted:
         return "within one load step"
     return f"{'below' if median < predicted else 'above'} it by more than one load step"
+
+
+def _why_below(cap: LoadCapture, arm: str, per: dict[int, Knee], predicted: int) -> str:
+    """Where a knee sits below the capacity: whether requests queued at the first missed load (the pool
+    binds) or none waited there (the latency target binds first: per-token speed, not capacity)."""
+    misses = [(s, k.first_miss) for s, k in per.items() if k.first_miss is not None and k.first_miss <= predicted]
+    if not misses or not len(cap.cells):
+        return ""
+    c = cap.cells
+    waited = []
+    for seed, load in misses:
+        row = c[(c["arm"] == arm) & (c["seed"] == seed) & (c["concurrency"] == load)]
+        if len(row) and row["status"].iloc[0] == "ok":
+            waited.append(float(row["peak_waiting"].iloc[0] or 0.0))
+    if waited and max(waited) == 0:
+        return "; no request waited at the first missed load: the latency target binds before the pool does"
+    return ""
 
 
 def comparison_frame(comps: list[UsersComparison], spec: LoadSpec) -> pd.DataFrame:
@@ -343,7 +361,7 @@ def verdict_text(cap: LoadCapture | None, comps: list[UsersComparison]) -> str:
     spec = cap.spec
     aa = set(aa_arms(spec))
     parts = [
-        f"At {spec.kv_memory_bytes / GIB:.4g} GiB of KV memory for every arm, {spec.context_tokens} tokens a request, target {spec.target_text()}:"
+        f"At {memory_text(spec.kv_memory_bytes)} of KV memory for every arm, {spec.context_tokens} tokens a request, target {spec.target_text()}:"
     ]
     for c in comps:
         label = "A/A control" if c.candidate in aa else c.candidate
