@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES = (
     "kvstudy.model.scales",  # kvstudy scales
     "kvstudy.speed.runner",  # kvstudy sweep
     "kvstudy.speed.compare",  # kvstudy speed compare
+    "kvstudy.load.runner",  # kvstudy load
     "kvstudy.accuracy.gsm8k_command",  # kvstudy gsm8k
     "kvstudy.accuracy.cli",  # kvstudy accuracy
     "kvstudy.capture",  # kvstudy capture upgrade

@@ -2,11 +2,17 @@
 
     kvstudy design speed [--capture DIR | --noise-sd SD] [--change PCT ...] [--power P] [--json]
     kvstudy design accuracy [--margin-points M ...] [--discordance D | --totals N BASE CAND] [--json]
+    kvstudy design load [--capture DIR | --noise-sd SD] [--change PCT ...] [--power P] [--json]
 
 Speed: from the A/A noise of a sweep capture (the baseline and its repeat, seed blocks;
 :func:`kvstudy.speed.calibration.noise_sd`), or a noise SD given, or an assumed default (labelled
 assumed), the seed blocks per arm (one run per arm each) the verdict's blocked sign-flip test needs to
 claim a TPOT change of X % with 80 % power (:func:`kvstudy.stats.permutation.runs_needed`).
+
+Load: the same blocked sign-flip test on per-block log users within the latency target (notebook 08):
+the noise is the SD over seed blocks of log(A/A users / baseline users) in a load capture; where the
+A/A knees never differ (the ladder's steps are coarser than the noise), the SD of rounding to those
+steps (the log step ratio / sqrt(12), labelled so); the seed blocks a change of X % in users needs.
 
 Accuracy: from the share of questions on which two configurations disagree (given; or the range
 the published totals allow; or assumed values), the questions a paired non-inferiority test at a
@@ -119,6 +125,77 @@ def speed_design(
             need = runs_needed(sigma, pct / 100.0, power=power)
             rows.append(SpeedDesign(users, sigma, origin, pct, need.runs_per_arm, need.method, power))
     return rows
+
+
+@dataclass(frozen=True)
+class LoadDesign:
+    """The seed blocks per arm one change in users within the target needs, and the noise's origin."""
+
+    noise_sd: float
+    noise_origin: str
+    change_pct: float
+    blocks_per_arm: int | None
+    method: str
+    power: float
+
+
+def load_noise(capture_dir: str | Path) -> tuple[float, str]:
+    """SD over seed blocks of log(A/A users / baseline users) in a load capture, and where it came from."""
+    import numpy as np
+
+    from kvstudy.load import analysis as load
+
+    cap = load.load_capture(capture_dir)
+    aa = load.aa_arms(cap.spec)
+    if not aa:
+        raise StudyError(f"{capture_dir}: no A/A arm (the baseline repeated under another name): no noise to measure")
+    knees = load.knees(cap)
+    base, rep = knees[cap.spec.arms[0].name], knees[aa[0]]
+    logs = [math.log(rep[s].users / base[s].users) for s in base if s in rep and base[s].users and rep[s].users]
+    if len(logs) < 2:
+        raise StudyError(f"{capture_dir}: {len(logs)} seed block(s) with both A/A knees, expected at least 2")
+    sd = float(np.std(logs, ddof=1))
+    if sd > 0:
+        return sd, f"measured: A/A users over {len(logs)} seed blocks"
+    loads = cap.spec.loads()
+    step = max(b / a for a, b in zip(loads, loads[1:]))
+    return math.log(step) / math.sqrt(12), (
+        f"ladder resolution: the A/A knees agreed in all {len(logs)} blocks, so the SD of rounding to the "
+        f"largest load step (x{step:.2f}) is used"
+    )
+
+
+def load_design(
+    changes_pct: Sequence[float],
+    capture_dir: str | Path | None = None,
+    sd: float | None = None,
+    power: float = TARGET_POWER,
+) -> list[LoadDesign]:
+    if capture_dir is not None:
+        sd, origin = load_noise(capture_dir)
+    elif sd is not None:
+        origin = "given"
+    else:
+        sd, origin = ASSUMED_NOISE_SD * 4, "assumed: 0.2 (no capture or value given)"
+    rows = []
+    for change in changes_pct:
+        need = runs_needed(sd, change / 100.0, power=power)
+        rows.append(LoadDesign(sd, origin, change, need.runs_per_arm, need.method, power))
+    return rows
+
+
+def load_lines(rows: Sequence[LoadDesign]) -> list[str]:
+    if not rows:
+        return []
+    head = (
+        f"noise SD of log users per seed block {rows[0].noise_sd:.3f} ({rows[0].noise_origin}); power {rows[0].power:g}"
+    )
+    return [head] + [
+        f"users within the target changed by {r.change_pct:g} %: "
+        + (f"{r.blocks_per_arm} seed blocks per arm" if r.blocks_per_arm else "more blocks than searched")
+        + f" ({r.method})"
+        for r in rows
+    ]
 
 
 def discordances(discordance: float | None = None, totals: Sequence[int] | None = None) -> list[tuple[float, str]]:
@@ -240,6 +317,14 @@ def _cmd_speed(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_load(args: argparse.Namespace) -> int:
+    sd = _numbers([args.noise_sd], "--noise-sd", high=MAX_LOG_SD) if args.noise_sd is not None else None
+    changes = _numbers(args.change, "--change", *DESIGN_CHANGE_PCT, most=MAX_DESIGN_VALUES) or [50.0, 100.0]
+    rows = load_design(changes, args.capture, sd[0] if sd else None, _power(args.power))
+    _emit(rows, load_lines(rows), args.json)
+    return 0
+
+
 def _cmd_accuracy(args: argparse.Namespace) -> int:
     psi = _numbers([args.discordance], "--discordance", high=1.0) if args.discordance is not None else None
     totals = None
@@ -278,3 +363,10 @@ def register(subparsers: Any) -> None:
     acc.add_argument("--power", default=str(TARGET_POWER), help="power (default 0.8)")
     acc.add_argument("--json", action="store_true")
     acc.set_defaults(func=_cmd_accuracy)
+    ld = sub.add_parser("load", help="seed blocks per arm a change in users within the target needs at 80 % power")
+    ld.add_argument("--capture", help="a load capture folder with an A/A repeat of the baseline")
+    ld.add_argument("--noise-sd", help="SD of a per-block log users difference (instead of a capture)")
+    ld.add_argument("--change", nargs="+", help="changes in users within the target, in %% (default 50 100)")
+    ld.add_argument("--power", default=str(TARGET_POWER), help="power (default 0.8)")
+    ld.add_argument("--json", action="store_true")
+    ld.set_defaults(func=_cmd_load)

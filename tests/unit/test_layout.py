@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "kvstudy"
 MAX_LINES = 600
 
 # The experiments: one layer, and none of them imports another (what they share lives below them).
-EXPERIMENTS = ("speed", "accuracy", "context", "precision")
+EXPERIMENTS = ("speed", "accuracy", "context", "precision", "load")
 
 # Layers from the bottom up: a module may import only from its own layer or those below it.
 LAYERS: tuple[tuple[str, ...], ...] = (

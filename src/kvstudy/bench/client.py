@@ -65,6 +65,7 @@ class BenchSettings:
     ignore_eos: bool = True
     endpoint: str = "/v1/completions"
     backend: str = "openai"
+    goodput: tuple[str, ...] = ()  # --goodput KEY:VALUE in ms (ttft, tpot, e2el), vLLM's SLO definition
 
     def validate(self, where: str = "bench settings") -> None:
         for name in ("input_len", "output_len", "num_prompts", "max_concurrency"):
@@ -121,6 +122,8 @@ class BenchSettings:
         ]
         if self.ignore_eos:
             args.append("--ignore-eos")
+        if self.goodput:
+            args += ["--goodput", *self.goodput]
         if tokenizer:
             args += ["--tokenizer", tokenizer]
         return args

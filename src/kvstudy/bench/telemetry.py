@@ -345,3 +345,39 @@ def metrics_delta(before: dict[str, float] | None, after: dict[str, float] | Non
         out["mean_queue_time_s"] = (after.get("queue_time_s_sum", 0.0) - before.get("queue_time_s_sum", 0.0)) / n
         out["requests_seen"] = n
     return out
+
+
+class ServerMetricsSampler:
+    """vLLM's /metrics read every ``interval_s`` seconds in the background while a cell runs: running
+    and waiting requests, KV cache usage, preemptions (:data:`SERVER_METRICS`), each row stamped with
+    ``time.perf_counter()`` (the client's clock). ``with ServerMetricsSampler(url) as s: ...`` then ``s.rows``."""
+
+    def __init__(self, base_url: str, interval_s: float = 0.5, timeout_s: float = 2.0) -> None:
+        if interval_s <= 0:
+            raise StudyError(f"metrics interval_s: must be positive, got {interval_s}")
+        self.base_url, self.interval_s, self.timeout_s = base_url, interval_s, timeout_s
+        self.rows: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            values = scrape_server_metrics(self.base_url, self.timeout_s)
+            if values:
+                self.rows.append({"t_mono_s": t0, "t_wall_s": time.time(), **values})
+            self._stop.wait(max(0.0, self.interval_s - (time.perf_counter() - t0)))
+
+    def __enter__(self) -> "ServerMetricsSampler":
+        self._thread = threading.Thread(target=self._loop, name="kvstudy-server-metrics", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval_s + self.timeout_s + 1)
+
+    def peak(self, key: str) -> float | None:
+        values = [r[key] for r in self.rows if key in r]
+        return max(values) if values else None

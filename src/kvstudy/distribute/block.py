@@ -149,6 +149,7 @@ def run_block(
 ) -> str:
     """Run block ``index`` of the plan into ``store``; returns its status (``ok`` or ``failed``)."""
     from kvstudy.context.sweep import run_context_sweep
+    from kvstudy.load.runner import run_load
     from kvstudy.speed.runner import run_sweep
 
     plan_id, records, record = block_at(plan_dir, index)
@@ -190,6 +191,8 @@ def run_block(
     try:
         if record["experiment"] == "speed":
             run_sweep(spec, folder, how=how, progress=progress, retry_failed=retry_failed)
+        elif record["experiment"] == "load":
+            run_load(spec, folder, how=how, progress=progress, retry_failed=retry_failed)
         else:
             run_context_sweep(spec, folder, how=how, retry_failed=retry_failed, progress=progress)
     finally:

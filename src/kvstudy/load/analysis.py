@@ -1,0 +1,401 @@
+"""Analyse a load capture: per-cell table, each arm's users within the target, the ratio to the
+16-bit baseline with its interval and test, per-load tests, figures and the verdict's facts.
+
+Every figure is computed from the capture's files (``cells/``, ``requests/``, ``telemetry/``); the
+definitions are :mod:`kvstudy.load.knee`'s. The comparisons: each arm against the first (the
+16-bit baseline); an arm identical to the baseline but for its name is the A/A control, whose
+comparison measures the method's noise and must make no claim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvstudy.errors import StudyError
+from kvstudy.formats import GIB
+from kvstudy.io import read_json, read_jsonl
+from kvstudy.load.knee import MEASURED, Knee, UsersComparison, compare_users, decide, permutation_test, users_within
+from kvstudy.load.runner import MANIFEST, load_spec
+from kvstudy.load.spec import LoadSpec, arm_pools
+from kvstudy.progress import Progress
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class LoadCapture:
+    path: Path
+    manifest: dict[str, Any]
+    spec: LoadSpec
+    cells: pd.DataFrame  # one row per cell result
+    requests: pd.DataFrame  # one row per measured request of ok cells
+
+
+def load_capture(path: str | Path) -> LoadCapture:
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        raise StudyError(f"{path}: no {MANIFEST} (expected a load capture folder)")
+    spec = load_spec(path)
+    manifest = read_json(path / MANIFEST)
+    cells = [read_json(p) for p in sorted((path / "cells").glob("*.json"))]
+    frames = []
+    for c in cells:
+        req = path / "requests" / f"{c['cell_id']}.jsonl"
+        if c.get("status") == "ok" and req.is_file():
+            df = pd.DataFrame(read_jsonl(req, what="a request record"))
+            frames.append(df.assign(arm=c["arm"], seed=c["seed"], concurrency=c["concurrency"]))
+    return LoadCapture(
+        path,
+        manifest,
+        spec,
+        pd.DataFrame(cells),
+        pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(),
+    )
+
+
+def arm_order(cap: LoadCapture) -> list[str]:
+    return [a.name for a in cap.spec.arms]
+
+
+def aa_arms(spec: LoadSpec) -> list[str]:
+    """Arms identical to the baseline but for their name: the A/A controls."""
+    base = {k: v for k, v in asdict(spec.arms[0]).items() if k != "name"}
+    return [a.name for a in spec.arms[1:] if {k: v for k, v in asdict(a).items() if k != "name"} == base]
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def cell_table(cap: LoadCapture) -> pd.DataFrame:
+    """One row per cell: status, share within the target, goodput, throughput, latency percentiles, queueing."""
+    rows = []
+    for _, c in cap.cells.iterrows():
+        row: dict[str, Any] = {
+            "arm": c["arm"],
+            "seed": int(c["seed"]),
+            "users": int(c["concurrency"]),
+            "status": c["status"],
+            "within target": c.get("share_within_target"),
+            "goodput (req/s)": c.get("goodput_req_s"),
+        }
+        m = c.get("metrics") if isinstance(c.get("metrics"), dict) else {}
+        row["output tok/s"] = m.get("output_throughput_tok_s")
+        row["req/s"] = m.get("request_throughput_req_s")
+        req = cap.requests
+        if len(req):
+            mine = req[(req["arm"] == c["arm"]) & (req["seed"] == c["seed"]) & (req["concurrency"] == c["concurrency"])]
+            ok = mine[mine["success"]]
+            for metric in ("ttft", "tpot", "e2el"):
+                values = ok[f"{metric}_ms"].dropna().to_numpy(float)
+                for q in PERCENTILES:
+                    row[f"{metric.upper()} p{q} (ms)"] = float(np.percentile(values, q)) if values.size else None
+            itls = np.concatenate([np.asarray(x, float) for x in ok["itls_ms"]]) if len(ok) else np.array([])
+            row["ITL p99 (ms)"] = float(np.percentile(itls, 99)) if itls.size else None
+        before = c.get("server_metrics_before") if isinstance(c.get("server_metrics_before"), dict) else {}
+        after = c.get("server_metrics_after") if isinstance(c.get("server_metrics_after"), dict) else {}
+        if before and after and "preemptions_total" in after:
+            row["preemptions"] = after["preemptions_total"] - before.get("preemptions_total", 0.0)
+        n = after.get("queue_time_count", 0.0) - before.get("queue_time_count", 0.0) if before and after else 0.0
+        row["mean queue (s)"] = (after["queue_time_s_sum"] - before.get("queue_time_s_sum", 0.0)) / n if n > 0 else None
+        row["peak running"] = c.get("peak_running")
+        row["peak waiting"] = c.get("peak_waiting")
+        row["peak KV usage"] = c.get("peak_kv_usage")
+        row["reason"] = c.get("reason") or ""
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    if len(out):
+        order = {n: i for i, n in enumerate(arm_order(cap))}
+        out = out.assign(_o=out["arm"].map(order)).sort_values(["_o", "seed", "users"]).drop(columns="_o")
+    return out.reset_index(drop=True)
+
+
+def knees(cap: LoadCapture) -> dict[str, dict[int, Knee]]:
+    """Each arm's knee per seed block (cells that failed count as misses; a block with no finished cell is left out)."""
+    loads = cap.spec.loads()
+    out: dict[str, dict[int, Knee]] = {}
+    for arm in arm_order(cap):
+        out[arm] = {}
+        for seed in cap.spec.seeds:
+            shares: dict[int, float | None] = {}
+            for load in loads:
+                row = (
+                    cap.cells[
+                        (cap.cells["arm"] == arm) & (cap.cells["seed"] == seed) & (cap.cells["concurrency"] == load)
+                    ]
+                    if len(cap.cells)
+                    else pd.DataFrame()
+                )
+                ok = len(row) and row["status"].iloc[0] == "ok"
+                shares[load] = float(row["share_within_target"].iloc[0]) if ok else None
+            knee = users_within(shares, cap.spec.target_share)
+            if knee.state != "no finished cell":
+                out[arm][seed] = knee
+    return out
+
+
+def comparisons(cap: LoadCapture) -> tuple[list[UsersComparison], pd.DataFrame]:
+    """Baseline vs each other arm on users within the target, and per-load tests of the share within
+    the target (seed-blocked permutation), Holm over all of them; claims decided."""
+    order = arm_order(cap)
+    k = knees(cap)
+    comps = [compare_users(order[0], arm, k[order[0]], k[arm]) for arm in order[1:]]
+    rows, p_values = [], []
+    for arm in order[1:]:
+        for load in cap.spec.loads():
+            base, cand = _shares(cap, order[0], load), _shares(cap, arm, load)
+            seeds = [s for s in base if s in cand]
+            row: dict[str, Any] = {"comparison": f"{order[0]} → {arm}", "users": load, "seed blocks": len(seeds)}
+            if seeds:
+                test = permutation_test(
+                    [base[s] for s in seeds], [cand[s] for s in seeds], base_blocks=seeds, cand_blocks=seeds
+                )
+                row.update(
+                    {"share within target, change": test.statistic, "p": test.p_value, "smallest p": test.min_p_value}
+                )
+                p_values.append(test.p_value)
+            rows.append(row)
+    adjusted = decide(comps, other_p=p_values)
+    per_load = pd.DataFrame(rows)
+    if p_values:
+        per_load.loc[per_load["p"].notna(), "p, Holm"] = adjusted
+    return comps, per_load
+
+
+def _shares(cap: LoadCapture, arm: str, load: int) -> dict[int, float]:
+    c = cap.cells
+    if not len(c):
+        return {}
+    ok = c[(c["arm"] == arm) & (c["concurrency"] == load) & (c["status"] == "ok")]
+    return {int(r["seed"]): float(r["share_within_target"]) for _, r in ok.iterrows()}
+
+
+def users_table(cap: LoadCapture) -> pd.DataFrame:
+    """Per arm: users within the target per seed block, the median, the predicted capacity (requests its
+    pool holds at input + output) and whether the knee sits within one load step of it."""
+    pools = arm_pools(cap.spec)
+    loads = cap.spec.loads()
+    k = knees(cap)
+    rows = []
+    for arm in arm_order(cap):
+        per = k.get(arm, {})
+        values = [per[s].users for s in sorted(per)]
+        predicted = pools[arm].requests
+        median = int(np.median(values)) if values else None
+        rows.append(
+            {
+                "arm": arm,
+                "kv dtype": cap.spec.arm(arm).kv_cache_dtype,
+                "users within target (median)": median,
+                "per seed block": ", ".join(f"s{s}: {per[s].users}" for s in sorted(per)) or "–",
+                "states": ", ".join(sorted({per[s].state for s in per})) or "no finished cell",
+                "predicted capacity (requests)": predicted,
+                "knee vs capacity": _against(median, predicted, loads, [per[s].state for s in per])
+                + _why_below(cap, arm, per, predicted),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _against(median: int | None, predicted: int, loads: list[int], states: list[str]) -> str:
+    if median is None:
+        return "no finished cell"
+    if any(s != MEASURED for s in states):
+        return "not a measured knee in every block (" + ", ".join(sorted(set(states) - {MEASURED})) + ")"
+    below = max([x for x in loads if x <= predicted], default=None)
+    above = min([x for x in loads if x > predicted], default=None)
+    if median in (below, above) or median == predicted:
+        return "within one load step"
+    return f"{'below' if median < predicted else 'above'} it by more than one load step"
+
+
+def _why_below(cap: LoadCapture, arm: str, per: dict[int, Knee], predicted: int) -> str:
+    """Where a knee sits below the capacity: whether requests queued at the first missed load (the pool
+    binds) or none waited there (the latency target binds first: per-token speed, not capacity)."""
+    misses = [(s, k.first_miss) for s, k in per.items() if k.first_miss is not None and k.first_miss <= predicted]
+    if not misses or not len(cap.cells):
+        return ""
+    c = cap.cells
+    waited = []
+    for seed, load in misses:
+        row = c[(c["arm"] == arm) & (c["seed"] == seed) & (c["concurrency"] == load)]
+        if len(row) and row["status"].iloc[0] == "ok":
+            waited.append(float(row["peak_waiting"].iloc[0] or 0.0))
+    if waited and max(waited) == 0:
+        return "; no request waited at the first missed load: the latency target binds before the pool does"
+    return ""
+
+
+def comparison_frame(comps: list[UsersComparison], spec: LoadSpec) -> pd.DataFrame:
+    aa = set(aa_arms(spec))
+    return pd.DataFrame(
+        [
+            {
+                "comparison": f"{c.baseline} → {c.candidate}" + (" (A/A)" if c.candidate in aa else ""),
+                "seed blocks": c.blocks,
+                f"users {c.baseline}": c.users_baseline,
+                "users candidate": c.users_candidate,
+                "ratio": c.ratio,
+                "95 % interval": "–" if c.ratio_low is None else f"{c.ratio_low:.2f} to {c.ratio_high:.2f}",
+                "p": c.p_value,
+                "smallest p": c.min_p_value,
+                "p, Holm": c.p_holm,
+                "claim": c.claim,
+                "why": "; ".join(c.reasons),
+            }
+            for c in comps
+        ]
+    )
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def plot_load(cap: LoadCapture, cells: pd.DataFrame) -> Any:
+    """Output throughput, goodput and TTFT p99 against the offered load, per arm (seed medians, seeds as
+    dots), each arm's predicted capacity as a vertical line; an arm without a finished cell at a load
+    is an × at the axis with its cause under the figure."""
+    import matplotlib.pyplot as plt
+
+    order = arm_order(cap)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    pools = arm_pools(cap.spec)
+    panels = (
+        ("output tok/s", "output tokens/s"),
+        ("goodput (req/s)", "goodput (requests/s within target)"),
+        ("TTFT p99 (ms)", "TTFT p99 (ms)"),
+    )
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    notes: list[str] = []
+    for i, arm in enumerate(order):
+        color = colors[i % len(colors)]
+        mine = cells[cells["arm"] == arm] if len(cells) else cells
+        ok = mine[mine["status"] == "ok"] if len(mine) else mine
+        for ax, (column, label) in zip(axes, panels):
+            if len(ok) and column in ok:
+                med = ok.groupby("users")[column].median()
+                ax.plot(med.index, med.values, marker="o", color=color, label=arm)
+                ax.scatter(ok["users"], ok[column], color=color, s=10, alpha=0.5)
+            ax.axvline(pools[arm].requests, color=color, ls=":", lw=1)
+            ax.set_xlabel("offered load (concurrent users)")
+            ax.set_ylabel(label)
+        failed = mine[mine["status"] != "ok"] if len(mine) else mine
+        for users in sorted(set(failed["users"]) - set(ok["users"])) if len(failed) else []:
+            cause = str(failed[failed["users"] == users]["reason"].iloc[0])
+            notes.append(f"[{len(notes) + 1}] {arm} at {users} users: {cause[:140]}")
+            for ax in axes:
+                ax.plot(
+                    [users],
+                    [0],
+                    marker="x",
+                    ms=9,
+                    mew=2,
+                    color=color,
+                    transform=ax.get_xaxis_transform(),
+                    clip_on=False,
+                )
+    axes[0].legend(fontsize=8, title="dotted: predicted capacity", title_fontsize=7)
+    if notes:
+        fig.text(0.01, 0.0, "\n".join(notes), ha="left", va="top", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- verdict
+
+
+def verdict_facts(cap: LoadCapture | None, comps: list[UsersComparison]) -> dict[str, Any]:
+    """The structured verdict the decision card reads (``kvstudy.notebook.verdict`` keyword facts)."""
+    spec = cap.spec if cap is not None else None
+    aa = set(aa_arms(spec)) if spec else set()
+    fp8 = [
+        c for c in comps if c.candidate not in aa and spec and spec.arm(c.candidate).kv_cache_dtype.startswith("fp8")
+    ]
+    main = fp8[0] if fp8 else None
+    facts: dict[str, Any] = {
+        "users_baseline": main.users_baseline if main else None,
+        "users_fp8": main.users_candidate if main else None,
+        "users_ratio": main.ratio if main else None,
+        "users_ratio_low": main.ratio_low if main else None,
+        "users_ratio_high": main.ratio_high if main else None,
+        "claim": main.claim if main else "no claim",
+        "latency_target": spec.target_text() if spec else "",
+        "kv_memory_gib": spec.kv_memory_bytes / GIB if spec else 0.0,
+        "context_tokens": spec.context_tokens if spec else 0,
+    }
+    if main is None or not main.candidate_users:
+        state = "not measured"  # no FP8 arm, or none of its cells finished (e.g. an AVX2 CPU refused it)
+    else:
+        state = "measured" if main.claim != "no claim" else "no claim"
+    return {"state": state, **facts}
+
+
+def memory_text(n_bytes: int) -> str:
+    return f"{n_bytes / GIB:.3g} GiB" if n_bytes >= GIB else f"{n_bytes / 1024**2:.3g} MiB"
+
+
+def family_size(cap: LoadCapture) -> int:
+    """Tests in this report's Holm family: a users test per comparison and a test per comparison and load."""
+    return (len(cap.spec.arms) - 1) * (1 + len(cap.spec.loads()))
+
+
+def capture_settings(params: dict[str, Any], capture: str | Path) -> tuple[dict[str, Any], set[str]]:
+    """The parameters as the report ran them: a grid field left None is the capture's own value."""
+    shown = dict(params)
+    path = Path(capture)
+    if not (path / MANIFEST).is_file():
+        return shown, set()
+    spec = load_spec(path).to_dict()
+    spec["arms"] = [a["name"] for a in spec["arms"]]
+    read = {k for k in LoadSpec.__dataclass_fields__ if k in shown and shown[k] is None and k in spec}
+    shown.update({k: spec[k] for k in read})
+    return shown, read
+
+
+def verdict_text(cap: LoadCapture | None, comps: list[UsersComparison]) -> str:
+    if cap is None:
+        return "No load capture: what FP8 buys at equal memory was not measured."
+    spec = cap.spec
+    aa = set(aa_arms(spec))
+    parts = [
+        f"At {memory_text(spec.kv_memory_bytes)} of KV memory for every arm, {spec.context_tokens} tokens a request, target {spec.target_text()}:"
+    ]
+    for c in comps:
+        label = "A/A control" if c.candidate in aa else c.candidate
+        if c.ratio is None:
+            parts.append(f"{label}: no ratio ({'; '.join(c.reasons) or 'no finished cells'}).")
+            continue
+        parts.append(
+            f"{label}: {c.users_candidate} vs {c.users_baseline} users within the target (ratio {c.ratio:.2f}"
+            + (f", 95 % interval {c.ratio_low:.2f} to {c.ratio_high:.2f}" if c.ratio_low is not None else "")
+            + f"), {c.claim}"
+            + (f" ({c.reasons[0]})" if c.claim == "no claim" and c.reasons else "")
+            + "."
+        )
+    return " ".join(parts)
+
+
+def open_or_complete(
+    spec_data: dict[str, Any], capture: str | Path, run_missing: bool, how: str, progress: Progress
+) -> tuple[LoadCapture | None, str]:
+    """The capture to analyse, after running its missing cells when ``run_missing``; and what was done."""
+    from kvstudy.load.runner import missing_cells, run_load
+
+    path = Path(capture)
+    if run_missing:
+        spec = LoadSpec.from_params(**spec_data)
+        todo = missing_cells(spec, path) if (path / MANIFEST).is_file() else spec.cells()
+        if todo:
+            results = run_load(spec, path, how=how, progress=progress)
+            said = f"ran {len(results)} missing cell(s) into {path} ({sum(r.status != 'ok' for r in results)} failed)"
+        else:
+            said = f"the capture {path} was complete: analysis only, nothing run"
+    elif not (path / MANIFEST).is_file():
+        return None, f"no capture at {path} and run_missing is False: nothing to analyse"
+    else:
+        said = f"analysing the capture {path} as it is (run_missing is False)"
+    return load_capture(path), said

@@ -1,0 +1,247 @@
+"""Users within a latency target: the knee of each arm's load ladder, and the FP8 / 16-bit ratio.
+
+Definitions (notebook 08 states them too):
+
+* a request is **within the target** when it succeeded and meets every limit given, as vLLM's
+  ``bench serve --goodput`` counts it (``vllm/benchmarks/serve.py``: TTFT, TPOT = (E2E − TTFT) /
+  (output tokens − 1), 0 for one token, and E2E each at most their limit in ms); a failed request
+  is not within it;
+* a cell meets the target when at least ``target_share`` of its requests are within it;
+* an arm's **users within the target** in one seed block is the largest load L of the ladder such
+  that every cell at loads up to L meets the target (the first miss ends the count); when the
+  lowest load already misses it is 0 (state "missed at the lowest load": no knee), when every load
+  meets it the top load is a lower bound (state "held at every load");
+* across seed blocks: the ratio candidate / baseline is the geometric mean of the per-block ratios,
+  its interval the t interval of the mean log ratio over blocks (``confidence``), and its test the
+  seed-blocked permutation test the speed analysis uses (labels permuted within each seed block);
+  Holm's step-down correction runs over every test of the report; a claim ("more users", "fewer
+  users") needs the Holm p below alpha, the interval excluding 1, and every block of both arms
+  measured (neither "missed at the lowest load" nor "held at every load").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# The seed-blocked permutation test and Holm's correction, from where they live today (issue 31 moves
+# them into kvstudy.stats; the layout test lists these two imports as the only allowed crossing).
+from kvstudy.stats.family import holm
+from kvstudy.stats.permutation import permutation_test
+
+__all__ = ["holm", "permutation_test"]  # re-exported for the load analysis
+
+ALPHA = 0.05
+CONFIDENCE = 0.95
+CLAIMS = ("more users", "fewer users", "no claim")
+MEASURED, MISSED, HELD, NO_CELLS = "measured", "missed at the lowest load", "held at every load", "no finished cell"
+
+
+def request_within(
+    success: bool, ttft_ms: float, tpot_ms: float | None, e2el_ms: float, target: Mapping[str, float]
+) -> bool:
+    """vLLM's goodput rule for one request: succeeded, and each limit in ``target`` (ms) met."""
+    if not success:
+        return False
+    values = {"ttft": ttft_ms, "tpot": 0.0 if tpot_ms is None else tpot_ms, "e2el": e2el_ms}
+    return all(values[k] <= limit for k, limit in target.items())
+
+
+def share_within(records: Iterable[Any], target: Mapping[str, float]) -> tuple[int, int]:
+    """(requests within the target, requests) of a cell's per-request records."""
+    n = ok = 0
+    for r in records:
+        n += 1
+        ok += request_within(r.success, r.ttft_ms, r.tpot_ms, r.e2el_ms, target)
+    return ok, n
+
+
+@dataclass(frozen=True)
+class Knee:
+    """One arm's users within the target in one seed block."""
+
+    users: int
+    state: str  # MEASURED, MISSED, HELD or NO_CELLS
+    last_met: int | None = None  # the largest load that met the target before the first miss
+    first_miss: int | None = None  # the load at which the target was first missed
+
+
+def users_within(shares: Mapping[int, float | None], target_share: float) -> Knee:
+    """The knee of one ladder: ``shares`` maps each load to its share within the target (None: the
+    cell did not run, counted as a miss)."""
+    loads = sorted(shares)
+    if not loads or all(shares[load] is None for load in loads):
+        return Knee(0, NO_CELLS)
+    last = None
+    for load in loads:
+        share = shares[load]
+        if share is None or share < target_share:
+            return Knee(0, MISSED, None, load) if last is None else Knee(last, MEASURED, last, load)
+        last = load
+    return Knee(loads[-1], HELD, loads[-1], None)
+
+
+@dataclass
+class UsersComparison:
+    """Candidate vs baseline users within the target over seed blocks."""
+
+    baseline: str
+    candidate: str
+    blocks: int
+    baseline_users: list[int]
+    candidate_users: list[int]
+    baseline_states: list[str]
+    candidate_states: list[str]
+    ratio: float | None = None  # geometric mean of per-block candidate / baseline
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    p_value: float | None = None
+    min_p_value: float | None = None
+    p_holm: float | None = None
+    claim: str = "no claim"
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def users_baseline(self) -> int | None:
+        return int(np.median(self.baseline_users)) if self.baseline_users else None
+
+    @property
+    def users_candidate(self) -> int | None:
+        return int(np.median(self.candidate_users)) if self.candidate_users else None
+
+
+def _t_interval(logs: np.ndarray, confidence: float) -> tuple[float, float] | None:
+    from scipy import stats
+
+    if logs.size < 2:
+        return None
+    mean, sd = float(logs.mean()), float(logs.std(ddof=1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, logs.size - 1)) * sd / math.sqrt(logs.size)
+    return math.exp(mean - half), math.exp(mean + half)
+
+
+def compare_users(
+    baseline: str,
+    candidate: str,
+    base: Mapping[int, Knee],
+    cand: Mapping[int, Knee],
+    confidence: float = CONFIDENCE,
+) -> UsersComparison:
+    """Users within the target of two arms over the seed blocks both have (keys: seeds). No Holm here."""
+    seeds = [s for s in base if s in cand]
+    out = UsersComparison(
+        baseline,
+        candidate,
+        len(seeds),
+        [base[s].users for s in seeds],
+        [cand[s].users for s in seeds],
+        [base[s].state for s in seeds],
+        [cand[s].state for s in seeds],
+    )
+    if not seeds:
+        out.reasons.append("no seed block holds both arms")
+        return out
+    usable = [s for s in seeds if base[s].users > 0 and cand[s].users > 0]
+    if len(usable) < len(seeds):
+        out.reasons.append(
+            f"{len(seeds) - len(usable)} seed block(s) with no load within the target for an arm: no ratio there"
+        )
+    if not usable:
+        return out
+    logs = np.log([cand[s].users / base[s].users for s in usable])
+    out.ratio = float(math.exp(logs.mean()))
+    interval = _t_interval(logs, confidence)
+    if interval is not None:
+        out.ratio_low, out.ratio_high = interval
+    test = permutation_test(
+        [math.log(base[s].users) for s in usable],
+        [math.log(cand[s].users) for s in usable],
+        base_blocks=usable,
+        cand_blocks=usable,
+    )
+    out.p_value, out.min_p_value = test.p_value, test.min_p_value
+    return out
+
+
+def blocks_for_family(tests: int, alpha: float = ALPHA) -> int:
+    """Seed blocks (one run per arm each) with which the smallest p of the blocked test, 2 / 2^n,
+    passes Holm's first step over ``tests`` tests: tests x 2 / 2^n < alpha."""
+    return max(1, math.ceil(math.log2(2 * max(1, tests) / alpha) + 1e-12))
+
+
+def decide(comparisons: Sequence[UsersComparison], other_p: Sequence[float] = (), alpha: float = ALPHA) -> list[float]:
+    """Holm over the users tests and ``other_p`` (the report's other tests), then each claim, in place;
+    returns the Holm p of ``other_p``."""
+    tested = [c for c in comparisons if c.p_value is not None]
+    adjusted = holm([float(c.p_value) for c in tested if c.p_value is not None] + list(other_p))
+    for c, p in zip(tested, adjusted):
+        c.p_holm = p
+    for c in comparisons:
+        c.claim = "no claim"
+        if c.p_value is None:
+            continue
+        family = len(tested) + len(other_p)
+        if c.min_p_value is not None and c.min_p_value * family >= alpha:
+            c.reasons.append(
+                f"{c.blocks} seed block(s) cannot reach p < {alpha:g} after Holm over {family} test(s) (smallest p "
+                f"{c.min_p_value:.3g}; {blocks_for_family(family, alpha)} blocks can)"
+            )
+        censored = [s for s in (*c.baseline_states, *c.candidate_states) if s != MEASURED]
+        if censored:
+            c.reasons.append(
+                "not every block has a measured knee (" + ", ".join(sorted(set(censored))) + "): the count is a bound"
+            )
+        excludes_one = c.ratio_low is not None and c.ratio_high is not None and (c.ratio_low > 1 or c.ratio_high < 1)
+        if c.p_holm is not None and c.p_holm < alpha and excludes_one and not censored:
+            c.claim = "more users" if (c.ratio or 1) > 1 else "fewer users"
+        elif c.p_holm is not None and c.p_holm >= alpha:
+            c.reasons.append(f"p after Holm {c.p_holm:.3g} ≥ {alpha:g}")
+        elif not excludes_one:
+            c.reasons.append("the interval of the ratio holds 1")
+    return adjusted[len(tested) :]
+
+
+# --------------------------------------------------------------------------- simulation
+
+
+def simulate_cells(
+    loads: Sequence[int],
+    capacity: float,
+    rng: np.random.Generator,
+    noise: float = 0.05,
+    requests: int = 30,
+) -> dict[int, float]:
+    """Synthetic shares within the target along a ladder: near 1 up to ``capacity`` users, falling
+    past it, with binomial request noise and a per-cell jitter of ``noise`` (for tests and the A/A check)."""
+    out = {}
+    for load in loads:
+        base = 0.97 if load <= capacity else max(0.0, 0.97 - 0.6 * (load - capacity) / capacity)
+        p = float(np.clip(base + rng.normal(0, noise), 0, 1))
+        out[load] = rng.binomial(requests, p) / requests
+    return out
+
+
+def aa_false_claim_rate(
+    loads: Sequence[int],
+    capacity: float,
+    blocks: int,
+    trials: int = 400,
+    target_share: float = 0.9,
+    noise: float = 0.05,
+    seed: int = 0,
+) -> tuple[int, int]:
+    """(claims, trials) over simulated A/A designs: two arms with the same capacity, ``blocks`` seed
+    blocks each, the knee rule and the claim rule as the report runs them."""
+    rng = np.random.default_rng(seed)
+    claims = 0
+    for _ in range(trials):
+        base = {s: users_within(simulate_cells(loads, capacity, rng, noise), target_share) for s in range(blocks)}
+        cand = {s: users_within(simulate_cells(loads, capacity, rng, noise), target_share) for s in range(blocks)}
+        c = compare_users("a", "a-repeat", base, cand)
+        decide([c])
+        claims += c.claim != "no claim"
+    return claims, trials

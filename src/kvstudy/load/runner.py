@@ -1,0 +1,279 @@
+"""The load experiment on the one grid engine: arms x seeds (server starts, ABBA), each running the
+offered-load ladder (cells), every arm given the same KV bytes.
+
+One folder per capture, the sweep format (``kvstudy.bench.grid``)::
+
+    manifest.json                 the grid, the arms' predicted pools, how/when/where, cell states
+    runs/<run>.json               resolved-run record of each server start (or why it failed)
+    logs/<run>.server.log         the server's log;  logs/<cell>.bench.log  the client's output
+    cells/<cell>.json             per-cell result: requests within the target, goodput, pool check, peaks
+    bench/<cell>.json             vLLM's saved result JSON (its --goodput figure included)
+    requests/<cell>.jsonl         per-request records
+    telemetry/<cell>.metrics.jsonl  vLLM's /metrics sampled during the cell (running, waiting, KV usage)
+
+Before anything starts (:func:`check_before_start`): the design checks of ``kvstudy.load.spec``
+(a ladder that passes the 16-bit capacity, a pool that holds a request, no load past
+``max_num_seqs``) and the installed engine's option table holding the equal-memory knob. Each
+start's logged pool is checked against the prediction for its dtype (:func:`pool_check`); a pool
+that disagrees fails every cell of that start, with both numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from kvstudy import capture as capture_format
+from kvstudy.bench.client import BenchError, run_bench
+from kvstudy.bench.grid import GridPlan, ServeRun, cells_to_run, run_grid, scrubber, write_record, write_requests
+from kvstudy.bench.metrics import calculate_metrics, metrics_reported_by_vllm
+from kvstudy.bench.result import requests_from_result
+from kvstudy.bench.telemetry import ServerMetricsSampler, scrape_server_metrics
+from kvstudy.capture import now_utc
+from kvstudy.io import log_tail, read_json, read_text_checked, write_jsonl_atomic
+from kvstudy.limits import output_folder
+from kvstudy.load.knee import share_within
+from kvstudy.load.spec import ArmPool, Cell, CellResult, LoadSpec, Run, arm_pools, check_design, check_knobs, pool_table
+from kvstudy.model.folder import require_live
+from kvstudy.progress import Progress
+from kvstudy.vllm.facts import EQUAL_MEMORY_KNOB
+
+KIND = "kvstudy load sweep"
+MANIFEST = capture_format.MANIFEST
+
+
+def load_spec(capture: Path) -> LoadSpec:
+    manifest = capture_format.read_manifest(capture, KIND)
+    return LoadSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
+
+
+def check_before_start(spec: LoadSpec, knobs: bool = True) -> dict[str, ArmPool]:
+    """Every refusal made before a server starts; the arms' pools."""
+    pools = check_design(spec)
+    if knobs:
+        check_knobs(spec)
+    return pools
+
+
+def prepare_capture(spec: LoadSpec, capture: Path, how: str = "") -> dict[str, Any]:
+    manifest, created = capture_format.create_or_resume(
+        capture,
+        KIND,
+        spec.to_dict(),
+        how or "kvstudy.load.runner.run_load",
+        capture_format.model_inputs(spec.model),
+        lambda stored, where: LoadSpec.from_dict(stored, where=where).to_dict(),
+        "load sweep",
+    )
+    if created:
+        manifest["run_order"] = {"rule": spec.run_order, "server_starts": [r.id for r in spec.runs()]}
+        manifest["equal_memory"] = {
+            "knob": EQUAL_MEMORY_KNOB[spec.device],
+            "pools": pool_table(spec),
+            "ladder": spec.loads(),
+            "requests_per_cell": "concurrency x rounds_per_cell",
+        }
+        capture_format.write_manifest(capture, manifest)
+    return manifest
+
+
+# --------------------------------------------------------------------------- the pool check
+
+
+def pool_check(spec: LoadSpec, arm: str, log_text: str) -> dict[str, Any]:
+    """The pool a start logged against the prediction for its arm's dtype and knob (vLLM's block rules):
+    ``ok`` only when the logged ``KV cache size`` tokens equal the predicted ones."""
+    from kvstudy.model.allocator import predict_logged_pool
+    from kvstudy.vllm.startup_log import parse_startup_text
+
+    pool = arm_pools(spec)[arm]
+    config = spec.server_config(Run(arm, spec.seeds[0]))
+    predicted = predict_logged_pool(
+        spec.model,
+        spec.arm(arm).kv_cache_dtype,
+        spec.kv_memory_bytes,
+        spec.model_len,
+        pool.block_size,
+        num_blocks_override=config.num_gpu_blocks_override,
+        device=spec.device,
+    )
+    logged = parse_startup_text(log_text).pool_tokens
+    out = {"predicted_tokens": predicted.tokens, "logged_tokens": logged, "predicted_blocks": predicted.num_blocks}
+    if logged is None:
+        return {**out, "ok": False, "reason": "the server log holds no 'KV cache size' line"}
+    if logged != predicted.tokens:
+        return {
+            **out,
+            "ok": False,
+            "reason": f"the logged pool ({logged:,} tokens) disagrees with the prediction for "
+            f"{spec.arm(arm).kv_cache_dtype} at {spec.kv_memory_bytes:,} bytes ({predicted.tokens:,} tokens)",
+        }
+    return {**out, "ok": True, "reason": ""}
+
+
+# --------------------------------------------------------------------------- one cell
+
+
+def _failed(spec: LoadSpec, cell: Cell, reason: str, tail: str, pool: dict[str, Any] | None = None) -> CellResult:
+    scrub = scrubber([spec.server_env, *(a.env for a in spec.arms)])
+    return CellResult(
+        cell.id,
+        cell.arm,
+        spec.arm(cell.arm).kv_cache_dtype,
+        cell.seed,
+        cell.concurrency,
+        "failed",
+        reason=scrub(reason),
+        log_tail=scrub(tail),
+        pool=pool,
+        settings=asdict(spec.bench_settings(cell)),
+        started_utc=now_utc(),
+    )
+
+
+def run_cell(spec: LoadSpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None) -> CellResult:
+    """One load step against a ready server: the pool check, vLLM's client with --goodput, /metrics
+    sampled meanwhile; never raises for a bench failure."""
+    pool = pool_check(spec, cell.arm, read_text_checked(server.log_path))
+    if not pool["ok"]:
+        return _failed(spec, cell, f"failed start: {pool['reason']}", log_tail(server.log_path), pool)
+    settings = spec.bench_settings(cell)
+    started, t0 = now_utc(), time.perf_counter()
+    before = scrape_server_metrics(server.base_url)
+    sampler = ServerMetricsSampler(server.base_url, spec.telemetry_interval_s)
+    try:
+        with sampler:
+            result = run_bench(
+                settings,
+                server.base_url,
+                server.model_name,
+                tokenizer,
+                capture / "logs" / f"{cell.id}.bench.log",
+                timeout_s=spec.bench_timeout_s,
+            )
+    except BenchError as exc:
+        res = _failed(spec, cell, str(exc), exc.log_tail, pool)
+        res.seconds = time.perf_counter() - t0
+        return res
+    finally:
+        write_jsonl_atomic(capture / "telemetry" / f"{cell.id}.metrics.jsonl", sampler.rows)
+    write_record(capture / "bench" / f"{cell.id}.json", result)
+    records = requests_from_result(result, where=f"bench/{cell.id}.json")
+    write_requests(capture, cell.id, records)
+    duration = float(result.get("duration") or 0) or 1e-9
+    within, n = share_within(records, spec.target)
+    res = CellResult(
+        cell.id,
+        cell.arm,
+        spec.arm(cell.arm).kv_cache_dtype,
+        cell.seed,
+        cell.concurrency,
+        "ok",
+        metrics=asdict(calculate_metrics(records, duration)),
+        vllm_metrics={**metrics_reported_by_vllm(result), "request_goodput": result.get("request_goodput")},
+        within_target=within,
+        requests=n,
+        share_within_target=within / n if n else None,
+        goodput_req_s=within / duration,
+        pool=pool,
+        server_metrics_before=before,
+        server_metrics_after=scrape_server_metrics(server.base_url),
+        server_samples=len(sampler.rows),
+        peak_running=sampler.peak("requests_running"),
+        peak_waiting=sampler.peak("requests_waiting"),
+        peak_kv_usage=sampler.peak("kv_cache_usage"),
+        settings=asdict(settings),
+        started_utc=started,
+        seconds=time.perf_counter() - t0,
+    )
+    failed = [r for r in records if not r.success]
+    if failed and not server.is_alive():
+        res.status, res.reason = "failed", f"{len(failed)} of {n} requests failed (the server is no longer running)"
+    return res
+
+
+# --------------------------------------------------------------------------- the grid
+
+
+def load_plan(spec: LoadSpec, capture: Path) -> GridPlan[Cell, CellResult]:
+    tokenizer = spec.model if Path(spec.model).is_dir() else None
+    cells = spec.cells()
+    runs = [ServeRun(r.id, r.arm, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()]
+    return GridPlan(
+        runs=runs,
+        server_config=lambda run: spec.server_config(Run(run.arm, run.seed)),
+        ready_timeout_s=spec.ready_timeout_s,
+        run_cell=lambda cell, server: run_cell(spec, capture, cell, server, tokenizer),
+        failed_cell=lambda cell, reason, tail, _start_failed: _failed(spec, cell, reason, tail),
+        record=asdict,
+        outcome=lambda res: (res.status, res.reason),
+        run_fields=lambda run, _cells: {"arm": run.arm},
+        scrub=scrubber([spec.server_env, *(a.env for a in spec.arms)]),
+    )
+
+
+def missing_cells(spec: LoadSpec, capture: Path, retry_failed: bool = False) -> list[Cell]:
+    return cells_to_run(capture, spec.cells(), retry_failed)
+
+
+def run_load(
+    spec: LoadSpec,
+    capture: str | Path,
+    how: str = "",
+    progress: Progress = print,
+    retry_failed: bool = False,
+    on_cell_start: Any = None,
+) -> list[CellResult]:
+    """Run every cell ``capture`` lacks (failed ones only with ``retry_failed``); refusals come first."""
+    spec.validate()
+    capture = Path(capture)
+    todo = missing_cells(spec, capture, retry_failed) if (capture / MANIFEST).is_file() else spec.cells()
+    if todo:
+        check_before_start(spec)
+    manifest = prepare_capture(spec, capture, how)
+    return run_grid(
+        load_plan(spec, capture),
+        capture,
+        manifest,
+        retry_failed=retry_failed,
+        progress=progress,
+        on_cell_start=on_cell_start,
+        before_first_start=lambda: require_live(spec.model),
+    )
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("load", help="run (or resume) a load-at-equal-memory sweep described by a JSON grid")
+    p.add_argument("spec", help="JSON file with the grid (LoadSpec fields)")
+    p.add_argument("capture", type=output_folder, help="capture folder (created, or resumed if it holds the same grid)")
+    p.add_argument("--dry-run", action="store_true", help="check the design and list the cells, start nothing")
+    p.add_argument("--retry-failed", action="store_true", help="also re-run cells that failed before")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    spec = LoadSpec.from_dict(read_json(Path(args.spec)), where=args.spec)
+    if args.dry_run:
+        pools = check_design(spec, where=args.spec)
+        for p in pools.values():
+            print(
+                f"{p.arm}: {p.kv_cache_dtype}, {p.num_blocks:,} blocks, {p.tokens:,} tokens, {p.requests} requests fit"
+            )
+        todo = missing_cells(spec, Path(args.capture)) if (Path(args.capture) / MANIFEST).is_file() else spec.cells()
+        print(f"ladder {spec.loads()}; {len(todo)} of {len(spec.cells())} cells to run")
+        return 0
+    results = run_load(
+        spec, args.capture, how=f"kvstudy load {args.spec} {args.capture}", retry_failed=args.retry_failed
+    )
+    failed = [r for r in results if r.status != "ok"]
+    for r in failed:
+        print(f"failed: {r.cell_id}: {r.reason}", file=sys.stderr)
+    print(f"{len(results) - len(failed)} cells ok, {len(failed)} failed; capture in {args.capture}")
+    return 1 if failed else 0
