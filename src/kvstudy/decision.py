@@ -243,7 +243,8 @@ def _load_detail(load: rule.Input) -> str:
     """What the load row held equal: the target, the KV memory and the context, where 08 states them."""
     target, gib, tokens = load.get("latency_target"), _num(load.get("kv_memory_gib")), _num(load.get("context_tokens"))
     parts = [f"target {target}" if isinstance(target, str) else f"target {_num(target):g}" if _num(target) else ""]
-    parts += [f"{gib:,.1f} GiB" if gib else "", f"{tokens:,.0f} tokens" if tokens else ""]
+    memory = "" if not gib else f"{gib:,.1f} GiB KV" if gib >= 1 else f"{gib * 1024:,.2f} MiB KV"
+    parts += [memory, f"{tokens:,.0f} tokens" if tokens else ""]
     shown = ", ".join(p for p in parts if p)
     return f" ({shown})" if shown else ""
 
@@ -448,7 +449,7 @@ def _headline(decision: rule.Decision, ev: rule.Evidence) -> str:
             if u16 and u8 and "capacity" not in [m.what for m in decision.missing]
             else ""
         )
-        text = f"{decision.answer}: {gain}{listed} {'is' if len(open_) == 1 else 'are'} not measured yet."
+        text = f"{decision.answer}: {gain}{listed} {'is' if len(open_) == 1 else 'are'} not settled yet (not measured, or no claim)."
     else:
         text = f"{decision.answer}: {decision.reason}."
     words = text.split()
