@@ -4,40 +4,44 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
 from kvstudy.errors import StudyError
 
-# module name -> registers one sub-command with argparse; each sets ``func`` on its parser.
-SUBCOMMAND_MODULES = (
-    "kvstudy.model.plan",  # kvstudy capacity
-    "kvstudy.model.log_check",  # kvstudy startup-log
-    "kvstudy.model.scales",  # kvstudy scales
-    "kvstudy.speed.runner",  # kvstudy sweep
-    "kvstudy.speed.compare",  # kvstudy speed compare
-    "kvstudy.load.runner",  # kvstudy load
-    "kvstudy.accuracy.gsm8k_command",  # kvstudy gsm8k
-    "kvstudy.accuracy.cli",  # kvstudy accuracy
-    "kvstudy.capture",  # kvstudy capture upgrade
-    "kvstudy.render",  # kvstudy render
-    "kvstudy.decision",  # kvstudy verdict
-    "kvstudy.report_design",  # kvstudy design
-    "kvstudy.report_calibration",  # kvstudy kv-calibrate
-    "kvstudy.profile_new",  # kvstudy profile new
-    "kvstudy.vllm.install_check",  # kvstudy engine-check
-    "kvstudy.tools.tiny_model",  # kvstudy tiny-model
-    "kvstudy.tools.checkpoints",  # kvstudy checkpoints
-    "kvstudy.tools.gsm8k_data",  # kvstudy gsm8k-data
-    "kvstudy.tools.train_model",  # kvstudy train-model
-    "kvstudy.tools.retrieval_files",  # kvstudy retrieval-data
-    "kvstudy.context.cli",  # kvstudy roofline
-    "kvstudy.tools.scaled_k_checkpoint",  # kvstudy control-checkpoint
-    "kvstudy.precision.simulate",  # kvstudy kv-simulate
-    "kvstudy.precision.screen",  # kvstudy kv-screen
-    "kvstudy.distribute.cli",  # kvstudy plan, run-block, collect, run-blocks-ray
-)
+# module name -> the sub-commands its ``register`` adds to argparse (each sets ``func`` on its parser).
+# ``kvstudy COMMAND`` imports only COMMAND's module, so a command does not pay for the others' imports
+# (scipy, statsmodels, pandas); ``kvstudy --help`` imports them all. tests/unit/test_cli.py checks the
+# table against what each module registers.
+SUBCOMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "kvstudy.model.plan": ("capacity",),
+    "kvstudy.model.log_check": ("startup-log",),
+    "kvstudy.model.scales": ("scales",),
+    "kvstudy.speed.runner": ("sweep",),
+    "kvstudy.speed.compare": ("speed",),
+    "kvstudy.load.runner": ("load",),
+    "kvstudy.accuracy.gsm8k_command": ("gsm8k",),
+    "kvstudy.accuracy.cli": ("accuracy",),
+    "kvstudy.capture": ("capture",),
+    "kvstudy.render": ("render",),
+    "kvstudy.decision": ("verdict",),
+    "kvstudy.report_design": ("design",),
+    "kvstudy.report_calibration": ("kv-calibrate",),
+    "kvstudy.profile_new": ("profile",),
+    "kvstudy.vllm.install_check": ("engine-check",),
+    "kvstudy.tools.tiny_model": ("tiny-model",),
+    "kvstudy.tools.checkpoints": ("checkpoints",),
+    "kvstudy.tools.gsm8k_data": ("gsm8k-data",),
+    "kvstudy.tools.train_model": ("train-model",),
+    "kvstudy.tools.retrieval_files": ("retrieval-data",),
+    "kvstudy.context.cli": ("context-sweep", "roofline"),
+    "kvstudy.tools.scaled_k_checkpoint": ("control-checkpoint",),
+    "kvstudy.precision.simulate": ("kv-simulate",),
+    "kvstudy.precision.screen": ("kv-screen",),
+    "kvstudy.distribute.cli": ("collect", "plan", "run-block", "run-blocks-ray"),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,22 +53,29 @@ class _Parser(argparse.ArgumentParser):
         raise StudyError(f"{where}{' '.join(message.split())} (see {self.prog} --help)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every sub-command, or, when ``argv`` starts with a known command, of that one only."""
     parser = _Parser(prog="kvstudy", description="FP8 KV-cache study helpers.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in SUBCOMMAND_MODULES:
+    first = argv[0] if argv else None
+    only = [m for m, commands in SUBCOMMAND_MODULES.items() if first in commands]
+    for name in only or SUBCOMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except StudyError as exc:
         print(f"kvstudy: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and the like
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush writes nowhere
+        return 0
     except OSError as exc:  # the filesystem refused a path a command was given (a last resort: one line)
         where = f"{str(exc.filename)[:200]}: " if exc.filename else ""
         print(f"kvstudy: error: {where}{exc.strerror or exc}", file=sys.stderr)
@@ -72,9 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kvstudy: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # output piped into `head` and the like
-        sys.stderr.close()
-        return 0
 
 
 if __name__ == "__main__":
