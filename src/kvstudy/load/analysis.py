@@ -9,6 +9,7 @@ comparison measures the method's noise and must make no claim.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvstudy.capture import model_config
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
 from kvstudy.io import read_json, read_jsonl
@@ -41,6 +43,9 @@ def load_capture(path: str | Path) -> LoadCapture:
     if not (path / MANIFEST).is_file():
         raise StudyError(f"{path}: no {MANIFEST} (expected a load capture folder)")
     spec = load_spec(path)
+    # The pools are computed from the config.json the capture keeps (the served folder may not be here:
+    # a fresh clone renders the bundled capture without the project-built model).
+    spec = dataclasses.replace(spec, model=str(model_config(path, spec.model).parent))
     manifest = read_json(path / MANIFEST)
     cells = [read_json(p) for p in sorted((path / "cells").glob("*.json"))]
     frames = []
