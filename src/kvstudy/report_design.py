@@ -256,7 +256,7 @@ def speed_lines(rows: Sequence[SpeedDesign]) -> list[str]:
 
 def accuracy_lines(rows: Sequence[AccuracyDesign]) -> list[str]:
     return [
-        f"accuracy: non-inferiority at a margin of {r.margin_points:g} points, {r.power * 100:.0f} % power: "
+        f"accuracy: non-inferiority at a margin of {r.margin_points:g} point{'' if r.margin_points == 1 else 's'}, {r.power * 100:.0f} % power: "
         f"{r.questions:,} questions (discordance {r.discordance:.1%}, {r.discordance_origin}; normal approximation)"
         for r in rows
     ]
@@ -266,7 +266,7 @@ def need_sentence(rows: Sequence[AccuracyDesign], unit: str = "questions") -> st
     """The most questions (``unit``) any planned discordance needs, as the card's next step says it."""
     worst = max(rows, key=lambda r: r.questions)
     return (
-        f"a non-inferiority verdict at {worst.margin_points:g} points needs about {worst.questions:,} {unit} at "
+        f"a non-inferiority verdict at {worst.margin_points:g} point{'' if worst.margin_points == 1 else 's'} needs about {worst.questions:,} {unit} at "
         f"{worst.power * 100:.0f} % power (discordance {worst.discordance:.1%}, {worst.discordance_origin}; "
         "kvstudy design accuracy)"
     )
