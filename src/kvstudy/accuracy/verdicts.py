@@ -318,7 +318,7 @@ def detectable_loss(n: int, discordant: int, clustered: bool = False) -> Detecta
     loss = binary_power.smallest_detectable_loss(n, rate) if discordant else None
     if loss is not None:
         return DetectableLoss(100 * loss, f"n = {n}, at the observed disagreement of {100 * rate:.1f} %{extra}")
-    floor = binary_power._power_floor(n, binary.TARGET_POWER, binary.ALPHA)
+    floor = binary_power.power_floor(n, binary.TARGET_POWER, binary.ALPHA)
     if floor is None:
         return DetectableLoss(None, f"n = {n}{extra}")
     why = (

@@ -183,7 +183,7 @@ def possible_pairings(n: int, baseline: int, candidate: int) -> tuple[np.ndarray
     return baseline_only, baseline_only - gap
 
 
-def _power_floor(n: int, power: float, alpha: float) -> float | None:
+def power_floor(n: int, power: float, alpha: float) -> float | None:
     """Smallest disagreement rate at which any loss is found with ``power`` (None: not at this n)."""
     if paired_power(n, 1.0, 1.0, alpha) < power:
         return None
@@ -238,7 +238,7 @@ def totals_bounds(
     p = mcnemar_p_values(only_a, only_b)
     d = only_a + only_b
     d_min, d_max = int(d.min()), int(d.max())
-    floor = _power_floor(n, power, alpha)
+    floor = power_floor(n, power, alpha)
     low = high = None
     if floor is not None and d_max > 0 and d_max / n >= floor:
         # the exact test is discrete, so the loss need not grow with the rate: take the range's extremes
