@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kvstudy.bench.measurability import RunRequests, assess_run, run_from_request_rows
-from kvstudy.io import read_jsonl
+from kvstudy.bench.measurability import RunRequests, assess_run, run_from_records
+from kvstudy.bench.result import read_requests_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED_BENCH = ROOT / "data" / "captures" / "speed-cpu" / "bench"
@@ -45,8 +45,8 @@ def bundled_cell(cell_id: str) -> dict[str, Any]:
 
 def bundled_run(cell: dict[str, Any]) -> RunRequests:
     """The per-request rows of a bundled cell as a run (times in seconds)."""
-    rows = read_jsonl(BUNDLED_REQUESTS / f"{cell['cell_id']}.jsonl")
-    return run_from_request_rows(
+    rows = read_requests_jsonl(BUNDLED_REQUESTS / f"{cell['cell_id']}.jsonl")
+    return run_from_records(
         rows, cell["cell_id"], median_clock_mhz=cell["median_clock_mhz"], duration_s=cell["metrics"]["duration_s"]
     )
 

@@ -17,20 +17,25 @@ engine owns everything else, the same for every sweep:
   start and per finished cell (``kvstudy.progress.Tracker``);
 - ``on_cell_start(cell, server)`` before each cell (tests inject faults with it) and
   ``max_servers`` (at most that many starts in one invocation).
+
+:func:`read_capture` is the one reader of what the engine wrote, for every analysis: each cell's
+record with its per-request records and clock samples, and each server start's record, read once
+(:class:`GridCapture`, with ``to_frames()`` for pandas).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from kvstudy import capture as capture_format
 from kvstudy import io as atomic
 from kvstudy.bench.result import RequestRecord, read_requests_jsonl, write_requests_jsonl
+from kvstudy.bench.telemetry import ClockSample, read_telemetry_jsonl
 from kvstudy.errors import StudyError
-from kvstudy.io import log_tail, read_json
+from kvstudy.io import log_tail, read_json, read_json_object
 from kvstudy.progress import Progress, Tracker
 from kvstudy.redact import resolve_env, scrub, secret_values
 
@@ -160,6 +165,99 @@ def scrubber(envs: Iterable[Mapping[str, Any]]) -> Callable[[str], str]:
             continue
     ordered = sorted(values, key=len, reverse=True)
     return lambda text: scrub(text, ordered)
+
+
+# --------------------------------------------------------------------------- reading a capture
+
+
+@dataclass(frozen=True)
+class Captured:
+    """One record file of a capture (``runs/<run>.json``, ``cells/<cell>.json``): its id and contents."""
+
+    id: str
+    data: Mapping[str, Any]
+
+    @property
+    def status(self) -> str:
+        return str(self.data.get("status", "missing"))
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def reason(self) -> str:
+        return str(self.data.get("reason") or "")
+
+
+@dataclass(frozen=True)
+class CapturedCell(Captured):
+    """A cell's record with its per-request records (``requests/<cell>.jsonl``) and clock samples."""
+
+    requests: tuple[RequestRecord, ...] = ()
+    telemetry: tuple[ClockSample, ...] = ()
+
+
+@dataclass(frozen=True)
+class GridCapture:
+    """A grid capture read once: its manifest, cells (by id, in file order) and server starts."""
+
+    path: Path
+    manifest: Mapping[str, Any]
+    cells: Mapping[str, CapturedCell]
+    runs: Mapping[str, Captured]
+
+    def to_frames(self, keys: Sequence[str]) -> tuple[Any, Any, Any]:
+        """(cells, requests, telemetry) as DataFrames: one row per cell (its ``metrics`` spread into
+        columns), per request and per clock sample of the ok cells, each with its cell's ``keys``
+        and ``t_rel_s``, the time from the cell's first measured request (``bench_window_s``, else
+        its earliest time)."""
+        import pandas as pd
+
+        records = [dict(c.data) for c in self.cells.values()]
+        cells = pd.DataFrame(records)
+        if len(cells) and "metrics" in cells:
+            metrics = pd.json_normalize([r.get("metrics") or {} for r in records])
+            cells = pd.concat([cells.drop(columns=["metrics"]), metrics], axis=1)
+        frames: dict[str, list[Any]] = {"start_time_s": [], "t_mono_s": []}
+        for cell in (c for c in self.cells.values() if c.ok):
+            t0 = (cell.data.get("bench_window_s") or [None])[0]
+            for clock, rows in (("start_time_s", cell.requests), ("t_mono_s", cell.telemetry)):
+                if rows:
+                    frame = pd.DataFrame([asdict(r) for r in rows]).assign(**{k: cell.data[k] for k in keys})
+                    times = pd.to_numeric(frame[clock], errors="coerce")
+                    frames[clock].append(frame.assign(t_rel_s=times - (times.min() if t0 is None else t0)))
+        requests, telemetry = (pd.concat(f, ignore_index=True) if f else pd.DataFrame() for f in frames.values())
+        return cells, requests, telemetry
+
+
+def read_capture(path: str | Path, kind: str | None = None) -> GridCapture:
+    """Every cell and server start of a grid capture, each file read once through ``kvstudy.io``.
+
+    A torn ``cells/<cell>.json`` is a cell not run (it runs again, :func:`cell_record`); a cell that
+    keeps its per-request rows inline (before ``requests/<cell>.jsonl``) is refused with the command
+    that upgrades it, and an ok cell without per-request records is refused; anything else that is
+    not what the engine writes is one line naming the file and the field; ``kind``: the manifest's."""
+    path = Path(path)
+    manifest = capture_format.read_manifest(path, kind)
+    cells: dict[str, CapturedCell] = {}
+    for file in sorted((path / CELLS).glob("*.json")):
+        data = cell_record(path, file.stem)
+        if data is None:
+            continue
+        if isinstance(data.get("requests"), list):
+            raise StudyError(
+                f"{file}: per-request rows inline (the layout before requests/<cell>.jsonl); "
+                f"run `kvstudy capture upgrade {path}`"
+            )
+        requests = read_requests(path, file.stem)
+        if requests is None and data.get("status") == "ok":
+            raise StudyError(f"{requests_path(path, file.stem)}: missing (an ok cell keeps its per-request rows there)")
+        samples = path / "telemetry" / f"{file.stem}.jsonl"
+        telemetry = tuple(read_telemetry_jsonl(samples)) if samples.is_file() else ()
+        cells[file.stem] = CapturedCell(file.stem, data, tuple(requests or ()), telemetry)
+    runs = {p.stem: Captured(p.stem, read_json_object(p)) for p in sorted((path / RUNS).glob("*.json"))}
+    return GridCapture(path, manifest, cells, runs)
 
 
 # --------------------------------------------------------------------------- running

@@ -1,8 +1,7 @@
 """Was per-token latency measured in a run? A check per run, before any TPOT enters a verdict.
 
-A run is one ``vllm bench serve --save-result --save-detailed`` result (its per-request records,
-:func:`run_from_records`) or one cell of this project's sweeps (its per-request rows,
-:func:`run_from_request_rows`). Its TPOT is only a decode time when the client
+A run is the per-request records of one ``vllm bench serve --save-result --save-detailed`` result
+or of one cell of this project's sweeps (:func:`run_from_records`). Its TPOT is only a decode time when the client
 saw the tokens one decode step at a time. It is not when:
 
 * the tokens arrived in bursts: many inter-token gaps at network speed (under
@@ -22,7 +21,7 @@ tokens - 1), over successful requests with more than one output token.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,8 +227,8 @@ def run_from_records(
     median_clock_mhz: float | None = None,
     expected_output_len: int | None = None,
 ) -> RunRequests:
-    """A run from the per-request records of one result (:func:`kvstudy.bench.result.requests_from_result`);
-    times are converted to seconds as :func:`run_from_request_rows` converts them."""
+    """A run from per-request records (:func:`kvstudy.bench.result.requests_from_result`, or a
+    captured cell's ``requests``); times converted to seconds."""
     return RunRequests(
         name=name,
         ttfts_s=tuple(r.ttft_ms / 1e3 for r in records),
@@ -237,54 +236,6 @@ def run_from_records(
         itls_s=tuple(tuple(g / 1e3 for g in r.itls_ms) for r in records),
         output_lens=tuple(r.output_len for r in records),
         success=tuple(r.success for r in records),
-        start_time_s=start_time_s,
-        duration_s=duration_s,
-        median_clock_mhz=median_clock_mhz,
-        expected_output_len=expected_output_len,
-    )
-
-
-def _number(row: Mapping[str, Any], key: str, where: str) -> float:
-    value = row.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
-        raise StudyError(f"{where}: {key} is {value!r}, expected a finite number")
-    return float(value)
-
-
-def run_from_request_rows(
-    rows: Iterable[Mapping[str, Any]],
-    name: str,
-    *,
-    start_time_s: float | None = None,
-    duration_s: float | None = None,
-    median_clock_mhz: float | None = None,
-    expected_output_len: int | None = None,
-) -> RunRequests:
-    """A run from this project's per-request rows (``requests/<cell>.jsonl``: ``ttft_ms``,
-    ``e2el_ms``, ``itls_ms``, ``output_len``, ``success``); times are converted to seconds."""
-    ttfts: list[float] = []
-    lats: list[float] = []
-    itls: list[tuple[float, ...]] = []
-    outs: list[int] = []
-    oks: list[bool] = []
-    for i, row in enumerate(rows):
-        where = f"{name}: request {i}"
-        ok = bool(row.get("success", True))
-        oks.append(ok)
-        ttfts.append(_number(row, "ttft_ms", where) / 1e3 if ok else 0.0)
-        lats.append(_number(row, "e2el_ms", where) / 1e3 if ok else 0.0)
-        gaps = row.get("itls_ms") or []
-        if not isinstance(gaps, Sequence) or isinstance(gaps, (str, bytes)):
-            raise StudyError(f"{where}: itls_ms is {type(gaps).__name__}, expected a list of numbers")
-        itls.append(tuple(float(g) / 1e3 for g in gaps))
-        outs.append(int(_number(row, "output_len", where)) if ok else 0)
-    return RunRequests(
-        name=name,
-        ttfts_s=tuple(ttfts),
-        latencies_s=tuple(lats),
-        itls_s=tuple(itls),
-        output_lens=tuple(outs),
-        success=tuple(oks),
         start_time_s=start_time_s,
         duration_s=duration_s,
         median_clock_mhz=median_clock_mhz,

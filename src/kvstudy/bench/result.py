@@ -241,5 +241,23 @@ def write_requests_jsonl(path: Path, records: Sequence[RequestRecord]) -> None:
     write_jsonl_atomic(path, records)
 
 
+def request_from_row(row: Any) -> RequestRecord:
+    """One line of ``requests/<cell>.jsonl`` as :func:`requests_from_result` made it: RequestRecord's
+    fields, the times finite numbers, the gaps a list of them; else ValueError naming the field."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a JSON {type(row).__name__}, expected an object")
+    record = RequestRecord(**row)  # TypeError names an unknown or missing field
+    for name in ("ttft_ms", "e2el_ms", "tpot_ms", "start_time_s"):
+        value = getattr(record, name)
+        if not (is_finite_number(value) or (value is None and name in ("tpot_ms", "start_time_s"))):
+            raise ValueError(f"{name} is {value!r:.40}, expected a finite number")
+    if not isinstance(record.itls_ms, list) or not all(is_finite_number(g) for g in record.itls_ms):
+        raise ValueError("itls_ms is not a list of finite numbers")
+    if isinstance(record.output_len, bool) or not isinstance(record.output_len, int):
+        raise ValueError(f"output_len is {record.output_len!r:.40}, expected a whole number of tokens")
+    return record
+
+
 def read_requests_jsonl(path: Path) -> list[RequestRecord]:
-    return read_jsonl(path, lambda row: RequestRecord(**row), "a request record")
+    """A cell's per-request records, each line checked (one line naming the file, line and field)."""
+    return read_jsonl(path, request_from_row, "a request record")

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from kvstudy.bench.measurability import assess_run, run_from_request_rows
+from kvstudy.bench.grid import CapturedCell
+from kvstudy.bench.measurability import assess_run, run_from_records
 from kvstudy.errors import StudyError
 from kvstudy.stats.bootstrap import bootstrap_line, ols, percentile_interval
 
@@ -193,32 +194,32 @@ class CellCheck:
     near_zero_gap_share: float | None
 
 
-def check_cell(record: dict[str, Any]) -> CellCheck:
+def check_cell(cell: CapturedCell) -> CellCheck:
     """A cell is measurable when it ran and its requests pass the bench layer's measurability check
     (nothing failed, every output had the asked length, the tokens were not delivered in bursts)."""
-    cid = str(record.get("cell_id", "?"))
-    if record.get("status") != "ok":
-        return CellCheck(cid, False, str(record.get("reason") or "failed"), None)
-    asked = record.get("output_len")
-    run = run_from_request_rows(
-        record.get("requests") or [],
-        cid,
+    if not cell.ok:
+        return CellCheck(cell.id, False, cell.reason or "failed", None)
+    asked = cell.data.get("output_len")
+    run = run_from_records(
+        cell.requests,
+        cell.id,
         expected_output_len=asked if isinstance(asked, int) and not isinstance(asked, bool) else None,
     )
     m = assess_run(run)
-    return CellCheck(cid, m.measurable, "; ".join(m.reasons), m.near_zero_gap_share)
+    return CellCheck(cell.id, m.measurable, "; ".join(m.reasons), m.near_zero_gap_share)
 
 
-def cells_from_records(records: Iterable[dict[str, Any]]) -> tuple[list[Cell], list[CellCheck]]:
-    """Fit cells from measurable capture records, and the check of every record."""
+def cells_from_records(records: Iterable[CapturedCell]) -> tuple[list[Cell], list[CellCheck]]:
+    """Fit cells from the measurable captured cells, and the check of every cell."""
     cells: list[Cell] = []
     checks: list[CellCheck] = []
     for rec in records:
         chk = check_cell(rec)
         checks.append(chk)
         if chk.measurable:
-            tpots = tuple(float(r["tpot_ms"]) for r in rec["requests"] if r.get("tpot_ms") is not None)
-            cells.append(Cell(str(rec["arm"]), f"{rec['arm']}__s{rec['seed']}", int(rec["input_len"]), tpots))
+            tpots = tuple(float(r.tpot_ms) for r in rec.requests if r.tpot_ms is not None)
+            arm, seed = rec.data["arm"], rec.data["seed"]
+            cells.append(Cell(str(arm), f"{arm}__s{seed}", int(rec.data["input_len"]), tpots))
     return cells, checks
 
 

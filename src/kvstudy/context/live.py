@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy import capture as capture_format
+from kvstudy.bench.grid import CapturedCell, read_capture
 from kvstudy.context.fit import (
     DEFAULT_BOOT,
     ArmComparison,
@@ -17,14 +18,7 @@ from kvstudy.context.fit import (
     fit_all,
 )
 from kvstudy.context.predict import measured_vs_predicted
-from kvstudy.context.sweep import (
-    ContextSweepSpec,
-    default_arms,
-    load_context_spec,
-    read_bandwidth,
-    read_cells,
-    run_failures,
-)
+from kvstudy.context.sweep import KIND, ContextSweepSpec, default_arms, load_context_spec, read_bandwidth
 from kvstudy.errors import StudyError
 from kvstudy.io import shorten_words
 from kvstudy.vllm.facts import SIXTEEN_BIT
@@ -63,7 +57,7 @@ class ContextAnalysis:
 
     capture: str
     spec: ContextSweepSpec
-    records: tuple[dict[str, Any], ...]
+    records: tuple[CapturedCell, ...]  # the spec's cells that ran, in its order
     checks: tuple[CellCheck, ...]
     fits: dict[str, LineFit]
     comparisons: tuple[ArmComparison, ...]
@@ -81,18 +75,19 @@ def analyse_capture(capture: str | Path, n_boot: int = DEFAULT_BOOT, seed: int =
     capture = Path(capture)
     if not (capture / "manifest.json").is_file():
         raise StudyError(f"{capture}/manifest.json: not found (expected a context-sweep capture folder)")
-    spec = load_context_spec(capture)
-    records = tuple(read_cells(capture))
+    grid = read_capture(capture, KIND)
+    spec = load_context_spec(capture, grid.manifest)
+    records = tuple(grid.cells[c] for c in spec.cells() if c in grid.cells)
     cells, checks = cells_from_records(records)
     fits = fit_all(cells, n_boot, seed)
-    failures = run_failures(capture)
     not_measured = {}
     for a in spec.arms:
         if a.name in fits:
             continue
-        if a.name in failures:
-            not_measured[a.name] = f"every server start failed: {shorten_words(failures[a.name], 240)}"
-        elif not any(r.get("arm") == a.name for r in records):
+        starts = [r for r in grid.runs.values() if r.id.startswith(f"{a.name}__s")]
+        if starts and all(r.status == "failed" for r in starts):
+            not_measured[a.name] = f"every server start failed: {shorten_words(starts[0].reason, 240)}"
+        elif not any(r.data.get("arm") == a.name for r in records):
             not_measured[a.name] = "no cells captured yet (the capture is incomplete: resume it)"
         else:
             reasons = sorted({c.reason for c in checks if c.cell_id.startswith(f"{a.name}__") and c.reason})
@@ -155,13 +150,13 @@ def points_frame(analysis: ContextAnalysis) -> Any:
     checks = {c.cell_id: c for c in analysis.checks}
     rows = []
     for rec in analysis.records:
-        tpots = [r["tpot_ms"] for r in rec.get("requests") or [] if r.get("tpot_ms") is not None]
-        chk = checks[rec["cell_id"]]
+        tpots = [r.tpot_ms for r in rec.requests if r.tpot_ms is not None]
+        chk = checks[rec.id]
         rows.append(
             {
-                "arm": rec["arm"],
-                "seed": rec["seed"],
-                "input_len": rec["input_len"],
+                "arm": rec.data["arm"],
+                "seed": rec.data["seed"],
+                "input_len": rec.data["input_len"],
                 "mean_tpot_ms": float(np.mean(tpots)) if tpots else None,
                 "requests": len(tpots),
                 "measurable": chk.measurable,

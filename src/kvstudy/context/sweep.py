@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -36,17 +37,7 @@ from typing import Any
 from kvstudy import capture as capture_format
 from kvstudy.bench.arm import Arm, arm_from_dict, check_arms
 from kvstudy.bench.client import BenchError, BenchSettings, run_bench
-from kvstudy.bench.grid import (
-    GridPlan,
-    ServeRun,
-    cell_record,
-    read_requests,
-    requests_path,
-    run_grid,
-    scrubber,
-    write_record,
-    write_requests,
-)
+from kvstudy.bench.grid import GridPlan, ServeRun, run_grid, scrubber, write_record, write_requests
 from kvstudy.bench.grid import cells_to_run as grid_cells_to_run
 from kvstudy.bench.grid import item_states as grid_item_states
 from kvstudy.bench.result import requests_from_result
@@ -256,19 +247,14 @@ def run_id(arm: str, seed: int) -> str:
 # --------------------------------------------------------------------------- capture files
 
 
-def cell_state(capture: Path, cid: str) -> dict[str, Any] | None:
-    """What ``cells/<cell>.json`` holds (None when absent or torn: the cell runs again)."""
-    return cell_record(capture, cid)
-
-
 def cells_to_run(spec: ContextSweepSpec, capture: Path, retry_failed: bool = False) -> list[str]:
     """Missing cells, and failed ones only with ``retry_failed`` (``capture.needs_run``, every experiment's rule)."""
     return [c.id for c in grid_cells_to_run(capture, length_cells(spec), retry_failed)]
 
 
-def load_context_spec(capture: str | Path) -> ContextSweepSpec:
-    """The grid a capture holds (its manifest's ``spec``; older manifests included)."""
-    manifest = capture_format.read_manifest(capture, KIND)
+def load_context_spec(capture: str | Path, manifest: Mapping[str, Any] | None = None) -> ContextSweepSpec:
+    """The grid a capture holds (its manifest's ``spec``, older manifests included; ``manifest``: already read)."""
+    manifest = manifest if manifest is not None else capture_format.read_manifest(capture, KIND)
     return ContextSweepSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
 
 
@@ -458,39 +444,3 @@ def record_bandwidth(capture: Path) -> dict[str, Any]:
 def read_bandwidth(capture: str | Path) -> dict[str, Any] | None:
     path = Path(capture) / BANDWIDTH
     return read_json(path) if path.is_file() else None
-
-
-def read_cells(capture: str | Path) -> list[dict[str, Any]]:
-    """Every cell record of a capture, in the spec's order (missing cells left out), each with its
-    per-request rows from ``requests/<cell>.jsonl`` under ``requests`` (an empty list for a cell
-    that has none). A capture that keeps them inline (made before the grid engine) is refused with
-    the command that upgrades it."""
-    capture = Path(capture)
-    spec = load_context_spec(capture)
-    out = []
-    for cid in spec.cells():
-        record = cell_state(capture, cid)
-        if record is None:
-            continue
-        if "requests" in record:
-            raise StudyError(
-                f"{capture}/cells/{cid}.json: per-request rows inline (the layout before requests/<cell>.jsonl); "
-                f"run `kvstudy capture upgrade {capture}`"
-            )
-        rows = read_requests(capture, cid)
-        if rows is None and record.get("status") == "ok":
-            raise StudyError(f"{requests_path(capture, cid)}: missing (an ok cell keeps its per-request rows there)")
-        out.append({**record, "requests": [asdict(r) for r in rows or []]})
-    return out
-
-
-def run_failures(capture: str | Path) -> dict[str, str]:
-    """Arm name -> the reason its servers did not start, for arms none of whose servers started."""
-    capture = Path(capture)
-    spec = load_context_spec(capture)
-    out: dict[str, str] = {}
-    for arm in spec.arms:
-        records = [read_json(p) for p in sorted((capture / "runs").glob(f"{arm.name}__s*.json"))]
-        if records and all(r.get("status") == "failed" for r in records):
-            out[arm.name] = str(records[0].get("reason", ""))
-    return out

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvstudy.bench.grid import read_capture
 from kvstudy.capture import model_config
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
-from kvstudy.io import read_json, read_jsonl
 from kvstudy.load.knee import MEASURED, Knee, UsersComparison, compare_users, decide, permutation_test, users_within
-from kvstudy.load.runner import MANIFEST, load_spec
+from kvstudy.load.runner import KIND, MANIFEST, load_spec
 from kvstudy.load.spec import LoadSpec, arm_pools
 from kvstudy.progress import Progress
 
@@ -34,7 +34,7 @@ class LoadCapture:
     path: Path
     manifest: dict[str, Any]
     spec: LoadSpec
-    cells: pd.DataFrame  # one row per cell result
+    cells: pd.DataFrame  # one row per cell result (its metrics spread into columns)
     requests: pd.DataFrame  # one row per measured request of ok cells
 
 
@@ -42,25 +42,13 @@ def load_capture(path: str | Path) -> LoadCapture:
     path = Path(path)
     if not (path / MANIFEST).is_file():
         raise StudyError(f"{path}: no {MANIFEST} (expected a load capture folder)")
-    spec = load_spec(path)
+    grid = read_capture(path, KIND)
+    spec = load_spec(path, grid.manifest)
     # The pools are computed from the config.json the capture keeps (the served folder may not be here:
     # a fresh clone renders the bundled capture without the project-built model).
     spec = dataclasses.replace(spec, model=str(model_config(path, spec.model).parent))
-    manifest = read_json(path / MANIFEST)
-    cells = [read_json(p) for p in sorted((path / "cells").glob("*.json"))]
-    frames = []
-    for c in cells:
-        req = path / "requests" / f"{c['cell_id']}.jsonl"
-        if c.get("status") == "ok" and req.is_file():
-            df = pd.DataFrame(read_jsonl(req, what="a request record"))
-            frames.append(df.assign(arm=c["arm"], seed=c["seed"], concurrency=c["concurrency"]))
-    return LoadCapture(
-        path,
-        manifest,
-        spec,
-        pd.DataFrame(cells),
-        pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(),
-    )
+    cells, requests, _ = grid.to_frames(("arm", "seed", "concurrency"))
+    return LoadCapture(path, dict(grid.manifest), spec, cells, requests)
 
 
 def arm_order(cap: LoadCapture) -> list[str]:
@@ -88,9 +76,8 @@ def cell_table(cap: LoadCapture) -> pd.DataFrame:
             "within target": c.get("share_within_target"),
             "goodput (req/s)": c.get("goodput_req_s"),
         }
-        m = c.get("metrics") if isinstance(c.get("metrics"), dict) else {}
-        row["output tok/s"] = m.get("output_throughput_tok_s")
-        row["req/s"] = m.get("request_throughput_req_s")
+        row["output tok/s"] = c.get("output_throughput_tok_s")
+        row["req/s"] = c.get("request_throughput_req_s")
         req = cap.requests
         if len(req):
             mine = req[(req["arm"] == c["arm"]) & (req["seed"] == c["seed"]) & (req["concurrency"] == c["concurrency"])]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,9 @@ KIND = "kvstudy load sweep"
 MANIFEST = capture_format.MANIFEST
 
 
-def load_spec(capture: Path) -> LoadSpec:
-    manifest = capture_format.read_manifest(capture, KIND)
+def load_spec(capture: Path, manifest: Mapping[str, Any] | None = None) -> LoadSpec:
+    """The grid a capture holds (its manifest's ``spec``; ``manifest``: already read)."""
+    manifest = manifest if manifest is not None else capture_format.read_manifest(capture, KIND)
     return LoadSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvstudy.bench.grid import Captured, GridCapture, read_capture
 from kvstudy.errors import StudyError
-from kvstudy.io import read_jsonl, shorten_words
+from kvstudy.io import read_json, shorten_words
 from kvstudy.progress import Progress
-from kvstudy.speed.runner import MANIFEST, SweepSpec, load_spec, read_json
+from kvstudy.speed.runner import KIND, MANIFEST, SweepSpec, load_spec
 
 SUMMARY_COLUMNS = [
     "users",
@@ -50,7 +52,7 @@ SUMMARY_COLUMNS = [
 
 @dataclass
 class Capture:
-    """A sweep capture read from disk."""
+    """A sweep capture read from disk (:func:`kvstudy.bench.grid.read_capture`) and its frames."""
 
     path: Path
     manifest: dict[str, Any]
@@ -58,7 +60,7 @@ class Capture:
     cells: pd.DataFrame  # one row per cell result (ok and failed)
     requests: pd.DataFrame  # one row per measured request of ok cells
     telemetry: pd.DataFrame  # one row per clock sample
-    runs: dict[str, dict[str, Any]]
+    grid: GridCapture  # the typed cells (per-request records) and server starts
 
     @property
     def complete(self) -> bool:
@@ -70,55 +72,19 @@ class Capture:
         return [c.id for c in self.spec.cells() if c.id not in ok]
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return read_jsonl(path, what="valid JSON")
-
-
 def load_capture(path: str | Path) -> Capture:
     """Read a capture folder; StudyError if it is not one."""
     path = Path(path)
     if not (path / MANIFEST).is_file():
         raise StudyError(f"{path}: no {MANIFEST} (expected a speed-sweep capture folder)")
-    spec = load_spec(path)
-    manifest = read_json(path / MANIFEST)
-    cells = [read_json(p) for p in sorted((path / "cells").glob("*.json"))]
-    cell_df = pd.DataFrame(cells)
-    if len(cell_df):
-        metrics = pd.json_normalize([c.get("metrics") or {} for c in cells])
-        cell_df = pd.concat([cell_df.drop(columns=["metrics"]), metrics], axis=1)
-        _on_one_timeline(cell_df, manifest)
-    req_frames, tel_frames = [], []
-    for cell in cells:
-        if cell.get("status") != "ok":
-            continue
-        keys = {k: cell[k] for k in ("cell_id", "configuration", "kv_cache_dtype", "seed", "users")}
-        t0 = (cell.get("bench_window_s") or [None])[0]
-        req_file, tel_file = (
-            path / "requests" / f"{cell['cell_id']}.jsonl",
-            path / "telemetry" / f"{cell['cell_id']}.jsonl",
-        )
-        if req_file.is_file():
-            df = pd.DataFrame(_read_jsonl(req_file)).assign(**keys)
-            df["t_rel_s"] = df["start_time_s"] - (t0 if t0 is not None else df["start_time_s"].min())
-            req_frames.append(df)
-        if tel_file.is_file():
-            df = pd.DataFrame(_read_jsonl(tel_file)).assign(**keys)
-            if len(df):
-                df["t_rel_s"] = df["t_mono_s"] - (t0 if t0 is not None else df["t_mono_s"].min())
-                tel_frames.append(df)
-    runs = {p.stem: read_json(p) for p in sorted((path / "runs").glob("*.json"))}
-    return Capture(
-        path,
-        manifest,
-        spec,
-        cell_df,
-        pd.concat(req_frames, ignore_index=True) if req_frames else pd.DataFrame(),
-        pd.concat(tel_frames, ignore_index=True) if tel_frames else pd.DataFrame(),
-        runs,
-    )
+    grid = read_capture(path, KIND)
+    cells, requests, telemetry = grid.to_frames(("cell_id", "configuration", "kv_cache_dtype", "seed", "users"))
+    if len(cells):
+        _on_one_timeline(cells, grid.manifest)
+    return Capture(path, dict(grid.manifest), load_spec(path, grid.manifest), cells, requests, telemetry, grid)
 
 
-def _on_one_timeline(cells: pd.DataFrame, manifest: dict[str, Any]) -> None:
+def _on_one_timeline(cells: pd.DataFrame, manifest: Mapping[str, Any]) -> None:
     """A collected capture (``kvstudy collect``): each block's cells are on its own node's monotonic
     clock; the manifest's ``timeline_offset_s`` per block lays the blocks end to end in plan order."""
     for block in manifest.get("blocks") or []:
@@ -316,8 +282,9 @@ def ab_differences(capture: Capture, baseline: str, candidate: str) -> pd.DataFr
 
     rows = []
     for seed in capture.spec.seeds:
-        a = capture.runs.get(f"{baseline}__s{seed}", {})
-        b = capture.runs.get(f"{candidate}__s{seed}", {})
+        missing = Captured("", {})
+        a = capture.grid.runs.get(f"{baseline}__s{seed}", missing).data
+        b = capture.grid.runs.get(f"{candidate}__s{seed}", missing).data
         if a.get("status") != "ok" or b.get("status") != "ok":
             rows.append(
                 {

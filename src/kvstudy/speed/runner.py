@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -75,8 +75,9 @@ def missing_cells(spec: SweepSpec, capture: Path, retry_failed: bool = False) ->
     return cells_to_run(capture, spec.cells(), retry_failed)
 
 
-def load_spec(capture: Path) -> SweepSpec:
-    manifest = capture_format.read_manifest(capture, KIND)
+def load_spec(capture: Path, manifest: Mapping[str, Any] | None = None) -> SweepSpec:
+    """The grid a capture holds (its manifest's ``spec``; ``manifest``: already read)."""
+    manifest = manifest if manifest is not None else capture_format.read_manifest(capture, KIND)
     return SweepSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
 
 

@@ -17,10 +17,9 @@ from typing import Any
 
 import pandas as pd
 
-from kvstudy.bench.measurability import assess_run, run_from_request_rows
+from kvstudy.bench.measurability import assess_run, run_from_records
 from kvstudy.bench.telemetry import metrics_delta
 from kvstudy.errors import StudyError
-from kvstudy.io import read_jsonl
 from kvstudy.model.roofline import max_fp8_gain_pct
 from kvstudy.speed.verdict import (
     CLOCK_TOLERANCE,
@@ -96,22 +95,19 @@ def _clock_interval(cell: pd.Series, capture: Any) -> float | None:
 
 
 def capture_runs(capture: Any, configuration: str, users: int) -> list[RunSummary]:
-    """Per finished cell of ``configuration`` at ``users``: a RunSummary from ``requests/<cell>.jsonl``
-    (per-request timings), the cell's median clock and its start time; measurability assessed."""
+    """Per finished cell of ``configuration`` at ``users``: a RunSummary from its per-request records
+    (``capture.grid``), the cell's median clock and its start time; measurability assessed."""
     cells = capture.cells
     if not len(cells):
         return []
     sel = cells[(cells["status"] == "ok") & (cells["configuration"] == configuration) & (cells["users"] == users)]
     out = []
     for _, cell in sel.sort_values("seed").iterrows():
-        path = Path(capture.path) / "requests" / f"{cell['cell_id']}.jsonl"
-        if not path.is_file():
-            raise StudyError(f"{path}: missing (the cell is marked ok but has no per-request records)")
         window = cell.get("bench_window_s")
         duration = float(window[1] - window[0]) if isinstance(window, (list, tuple)) and len(window) == 2 else None
         clock = cell.get("median_clock_mhz")
-        run = run_from_request_rows(
-            read_jsonl(path, what="valid JSON"),
+        run = run_from_records(
+            capture.grid.cells[cell["cell_id"]].requests,
             str(cell["cell_id"]),
             start_time_s=_cell_start(cell),
             duration_s=duration,

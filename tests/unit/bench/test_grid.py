@@ -224,3 +224,77 @@ def test_a_torn_cell_file_runs_again_and_a_non_object_is_one_line(tmp_path: Path
     with pytest.raises(StudyError, match=r"a.json: expected a JSON object \(a cell result\), got list"):
         grid.cell_status(tmp_path, "a")
     assert grid.read_requests(tmp_path, "a") is None
+
+
+# --------------------------------------------------------------------------- reading a capture
+
+
+def _request(i: int, **change: Any) -> dict[str, Any]:
+    row = {"index": i, "start_time_s": 10.0 + i, "ttft_ms": 5.0, "e2el_ms": 35.0, "tpot_ms": 10.0}
+    return {**row, "itls_ms": [10.0, 10.0, 10.0], "input_len": 8, "output_len": 4, **change}
+
+
+def _capture(tmp: Path) -> Path:
+    """Two cells as the engine writes them: one ok (requests, clock samples), one failed; one start."""
+    capture_format.write_manifest(tmp, {"kind": "toy", "spec": {}})
+    grid.write_record(tmp / "cells" / "a__s0__n1.json", {"cell_id": "a__s0__n1", "arm": "a", "status": "ok"})
+    grid.write_record(tmp / "cells" / "a__s0__n2.json", {"cell_id": "a__s0__n2", "arm": "a", "status": "failed"})
+    (tmp / "requests" / "a__s0__n1.jsonl").parent.mkdir()
+    (tmp / "requests" / "a__s0__n1.jsonl").write_text("".join(json.dumps(_request(i)) + "\n" for i in range(3)))
+    (tmp / "telemetry").mkdir()
+    sample = {"t_mono_s": 9.5, "t_wall_s": 1.0, "device": "cpu", "clock_mhz": 2000.0}
+    (tmp / "telemetry" / "a__s0__n1.jsonl").write_text(json.dumps(sample) + "\n")
+    grid.write_record(tmp / "runs" / "a__s0.json", {"status": "ok", "run_id": "a__s0"})
+    return tmp
+
+
+def test_read_capture_types_every_file_once_and_frames_the_ok_cells(tmp_path: Path) -> None:
+    cap = grid.read_capture(_capture(tmp_path), "toy")
+    ok, failed = cap.cells["a__s0__n1"], cap.cells["a__s0__n2"]
+    assert ok.ok and [r.index for r in ok.requests] == [0, 1, 2]
+    assert isinstance(ok.requests[0], RequestRecord) and ok.telemetry[0].clock_mhz == 2000.0
+    assert failed.status == "failed" and failed.requests == ()
+    assert cap.runs["a__s0"].status == "ok"
+    cells, requests, telemetry = cap.to_frames(("cell_id", "arm"))
+    assert list(cells["cell_id"]) == ["a__s0__n1", "a__s0__n2"]
+    assert list(requests["t_rel_s"]) == [0.0, 1.0, 2.0] and set(requests["arm"]) == {"a"}
+    assert list(telemetry["t_rel_s"]) == [0.0]  # no bench window: from the cell's earliest sample
+    with pytest.raises(StudyError, match="field 'kind' is 'toy', expected 'other'"):
+        grid.read_capture(tmp_path, "other")
+
+
+@pytest.mark.parametrize(
+    ("row", "needle"),
+    [
+        (_request(1, e2el_ms="35"), r"a__s0__n1.jsonl:2: not a request record \(e2el_ms is '35', expected a finite"),
+        (_request(1, itls_ms=[1.0, None]), r"a__s0__n1.jsonl:2: not a request record \(itls_ms is not a list"),
+        (_request(1, output_len=4.5), r"a__s0__n1.jsonl:2: not a request record \(output_len is 4.5"),
+        (_request(1, tokens=3), r"a__s0__n1.jsonl:2: not a request record \(.*'tokens'"),
+    ],
+)
+def test_a_bad_request_line_is_one_line_naming_the_file_line_and_field(
+    tmp_path: Path, row: dict[str, Any], needle: str
+) -> None:
+    cap = _capture(tmp_path)
+    (cap / "requests" / "a__s0__n1.jsonl").write_text(json.dumps(_request(0)) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(StudyError, match=needle):
+        grid.read_capture(cap)
+
+
+def test_torn_inline_and_missing_files(tmp_path: Path) -> None:
+    cap = _capture(tmp_path)
+    (cap / "cells" / "a__s0__n2.json").write_text('{"status": "ok"')  # torn: not run (the done rule's view)
+    assert list(grid.read_capture(cap).cells) == ["a__s0__n1"]
+    (cap / "requests" / "a__s0__n1.jsonl").write_text('{"index": 0, "ttft_ms": 5.0\n')
+    with pytest.raises(StudyError, match=r"a__s0__n1.jsonl:1: not a request record \(Expecting"):
+        grid.read_capture(cap)
+    (cap / "requests" / "a__s0__n1.jsonl").unlink()
+    with pytest.raises(StudyError, match=r"requests/a__s0__n1.jsonl: missing \(an ok cell keeps"):
+        grid.read_capture(cap)
+    grid.write_record(cap / "cells" / "a__s0__n1.json", {"status": "ok", "requests": [_request(0)]})
+    with pytest.raises(StudyError, match=r"a__s0__n1.json: per-request rows inline.*kvstudy capture upgrade"):
+        grid.read_capture(cap)
+    (cap / "runs" / "a__s0.json").write_text("[]")
+    (cap / "cells" / "a__s0__n1.json").unlink()
+    with pytest.raises(StudyError, match=r"runs/a__s0.json: expected a JSON object"):
+        grid.read_capture(cap)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 from typing import Any
 
@@ -18,7 +17,6 @@ from kvstudy.bench.measurability import (
     per_request_e2e_per_token_s,
     per_request_tpot_s,
     run_from_records,
-    run_from_request_rows,
 )
 from kvstudy.bench.result import requests_from_result
 from kvstudy.errors import StudyError
@@ -143,14 +141,3 @@ def test_project_request_rows_match_the_cell(helpers: Any) -> None:
     cell = h.bundled_cell(measurable[0])
     m = assess_run(h.bundled_run(cell), expected_output_len=cell["settings"]["output_len"], clock_interval_s=0.25)
     assert m.measurable, m.reasons
-
-
-def test_bad_request_row_names_the_request() -> None:
-    with pytest.raises(StudyError, match="request 1: e2el_ms"):
-        run_from_request_rows(
-            [
-                {"ttft_ms": 1, "e2el_ms": 2, "itls_ms": [1], "output_len": 2},
-                {"ttft_ms": 1, "e2el_ms": math.nan, "itls_ms": [], "output_len": 2},
-            ],
-            "cell",
-        )

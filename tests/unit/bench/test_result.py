@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from kvstudy.bench import result as br
-from kvstudy.bench.measurability import run_from_records
 from kvstudy.errors import StudyError
 
 
@@ -89,21 +88,13 @@ def test_records_round_trip_jsonl(tmp_path: Path, vllm_result: dict[str, Any]) -
 
 def test_bundled_results_give_the_captured_request_rows(helpers: Any) -> None:
     """Every bundled cell's saved vLLM result, read by this reader, gives exactly the per-request rows
-    the sweep wrote for it (``requests/<cell>.jsonl``), and the same run whichever of the two is read."""
+    the sweep wrote for it (``requests/<cell>.jsonl``)."""
     ok = [p for p in sorted(helpers.BUNDLED_CELLS.glob("*.json")) if json.loads(p.read_text())["status"] == "ok"]
     assert ok
     for path in ok:
         cell = json.loads(path.read_text())
         records = br.requests_from_result(helpers.bundled(cell["cell_id"]), where=cell["cell_id"])
         assert records == br.read_requests_jsonl(helpers.BUNDLED_REQUESTS / f"{cell['cell_id']}.jsonl"), path.name
-        from_rows = helpers.bundled_run(cell)
-        from_result = run_from_records(
-            records,
-            cell["cell_id"],
-            median_clock_mhz=cell["median_clock_mhz"],
-            duration_s=cell["metrics"]["duration_s"],
-        )
-        assert from_result == from_rows, path.name
 
 
 def test_result_files_skip_hidden_and_side_files(tmp_path: Path) -> None:

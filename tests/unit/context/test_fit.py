@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvstudy.bench.grid import CapturedCell
+from kvstudy.bench.result import RequestRecord
 from kvstudy.context.fit import Cell, cells_from_records, check_cell, compare_arms, fit_all, fit_arm, ols
 from kvstudy.errors import StudyError
 
@@ -75,7 +77,7 @@ def test_fit_rejects_mixed_arms_and_empty() -> None:
         fit_arm([])
 
 
-def _record(status: str = "ok", gaps: list[float] | None = None, out: int = 8) -> dict:
+def _record(status: str = "ok", gaps: list[float] | None = None, out: int = 8) -> CapturedCell:
     gaps = [2.0] * 7 if gaps is None else gaps
     req = {
         "ttft_ms": 10.0,
@@ -85,7 +87,7 @@ def _record(status: str = "ok", gaps: list[float] | None = None, out: int = 8) -
         "output_len": out,
         "success": True,
     }
-    return {
+    data = {
         "cell_id": "auto__s0__L256",
         "arm": "auto",
         "seed": 0,
@@ -93,8 +95,8 @@ def _record(status: str = "ok", gaps: list[float] | None = None, out: int = 8) -
         "output_len": 8,
         "status": status,
         "reason": "server did not start" if status != "ok" else "",
-        "requests": [req, req],
     }
+    return CapturedCell("auto__s0__L256", data, tuple(RequestRecord(i, None, **req) for i in range(2)))
 
 
 def test_check_cell_rules() -> None:

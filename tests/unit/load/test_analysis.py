@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy.bench.grid import write_record
+from kvstudy.bench.grid import write_record, write_requests
 from kvstudy.load import analysis as load
 from kvstudy.load.runner import prepare_capture
 from kvstudy.load.spec import CellResult, LoadSpec
@@ -49,6 +49,8 @@ def synthetic(tmp_path: Path, seeds: int, fp8_fails: bool = False) -> Path:
             within_target=int(share * 20),
         )
         write_record(tmp_path / "cells" / f"{cell.id}.json", asdict(res))
+        if status == "ok":
+            write_requests(tmp_path, cell.id, [])  # the knees come from the shares; no request rows needed
     return tmp_path
 
 
