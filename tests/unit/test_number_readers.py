@@ -99,7 +99,7 @@ def bench_folders(tmp_path: Path, key: str, literal: str) -> tuple[str, str]:
 @pytest.mark.parametrize(
     "key, literal, words",
     [
-        ("num_prompts", HUGER, "not JSON"),
+        ("num_prompts", HUGER, "malformed JSON"),
         ("num_prompts", HUGE, "num_prompts is beyond"),
         ("latencies", "1e308", "latencies[0] is beyond"),
         ("ttfts", "1e999", "ttfts[0] is inf"),

@@ -13,7 +13,6 @@ summarised by :mod:`kvstudy.bench.metrics` (vLLM's metric definitions).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from kvstudy.bench.result import read_result_file
 from kvstudy.errors import StudyError
 from kvstudy.io import check_write_target, log_tail, text_tail
 from kvstudy.redact import scrub, secret_values
@@ -203,7 +203,7 @@ def run_bench(
         if returncode != 0 or not result_file.is_file():
             last = next((ln for ln in reversed(output.splitlines()) if ln.strip()), "no output")
             raise BenchError(f"vllm bench serve exited with status {returncode}: {last}", text_tail(output))
-        return json.loads(result_file.read_text())
+        return read_result_file(result_file)
 
 
 def _run_streaming(

@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import is_finite_number, read_jsonl, write_jsonl_atomic
+from kvstudy.io import is_finite_number, read_json, read_jsonl, write_jsonl_atomic
 from kvstudy.limits import MAX_CLOCK_MHZ, MAX_FACTOR, MAX_REQUEST_RATE, MAX_TOKENS, MAX_USERS, check_numbers
 
 # A detailed result of 10,000 prompts x 1,000 output tokens is about 200 MB of JSON; beyond this the
@@ -66,36 +64,17 @@ class RequestRecord:
 
 
 def read_result_file(path: str | Path) -> dict[str, Any]:
-    """The JSON object in one result file, after checking it is a regular, readable, not huge file."""
+    """The JSON object in one result file (``io.read_json``: a regular file of at most
+    ``MAX_RESULT_BYTES``), its numbers and the run settings the study reads checked."""
     path = Path(path)
     try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise StudyError(f"{path}: cannot be read ({exc.strerror or exc}); expected a vLLM bench result file") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise StudyError(f"{path}: not a regular file; expected a vLLM bench result file")
-    if info.st_size > MAX_RESULT_BYTES:
+        data = read_json(path, MAX_RESULT_BYTES)
+    except StudyError as exc:
+        if "(Extra data)" not in str(exc):
+            raise
         raise StudyError(
-            f"{path}: {info.st_size} bytes, more than the {MAX_RESULT_BYTES} a bench result of one run should need"
-        )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise StudyError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise StudyError(f"{path}: not UTF-8 text; expected a vLLM bench result (JSON)") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        if exc.msg == "Extra data":
-            raise StudyError(
-                f"{path}: holds more than one JSON document (written with --append-result?); expected one run per file"
-            ) from None
-        raise StudyError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); expected a vLLM bench result") from None
-    except RecursionError:
-        raise StudyError(f"{path}: JSON nested too deeply; expected a vLLM bench result") from None
-    except ValueError as exc:  # an integer of more than 4300 digits
-        raise StudyError(f"{path}: not JSON ({str(exc)[:100]}); expected a vLLM bench result") from None
+            f"{path}: holds more than one JSON document (written with --append-result?); expected one run per file"
+        ) from None
     if not isinstance(data, dict):
         raise StudyError(
             f"{path}: a JSON {type(data).__name__}, expected the object vLLM bench serve --save-result writes"

@@ -198,7 +198,7 @@ def test_not_a_folder_and_same_folder(make_arms: Any, capsys: pytest.CaptureFixt
 def test_unparsable_files(make_arms: Any, capsys: pytest.CaptureFixture[str]) -> None:
     base, cand = make_arms(n=2)
     (cand / "c1.json").write_text("{not json")
-    _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "not JSON")
+    _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "malformed JSON")
     one = (cand / "c0.json").read_text()
     (cand / "c1.json").write_text(one + "\n" + one)  # --append-result
     _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "more than one JSON document")
@@ -211,21 +211,21 @@ def test_unparsable_files(make_arms: Any, capsys: pytest.CaptureFixture[str]) ->
 def test_huge_file(make_arms: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     base, cand = make_arms(n=2)
     monkeypatch.setattr(bench_result, "MAX_RESULT_BYTES", 1000)
-    _bad(["speed", "compare", str(base), str(cand)], capsys, "b0.json", "bytes, more than the 1000")
+    _bad(["speed", "compare", str(base), str(cand)], capsys, "b0.json", "bytes is larger than the 1000-byte limit")
 
 
 def test_non_regular_files(make_arms: Any, capsys: pytest.CaptureFixture[str]) -> None:
     base, cand = make_arms(n=2)
     (cand / "c1.json").unlink()
     (cand / "c1.json").mkdir()
-    _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "not a regular file")
+    _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "is a directory")
     if hasattr(os, "mkfifo"):
         shutil.rmtree(cand / "c1.json")
         os.mkfifo(cand / "c1.json")
         _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "not a regular file")
     (cand / "c1.json").unlink()
     (cand / "c1.json").symlink_to(cand / "missing.json")
-    _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "cannot be read")
+    _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "file not found")
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads any file")
@@ -233,7 +233,7 @@ def test_unreadable_file(make_arms: Any, capsys: pytest.CaptureFixture[str]) -> 
     base, cand = make_arms(n=2)
     (cand / "c1.json").chmod(0)
     try:
-        _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "cannot be read")
+        _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "cannot open")
     finally:
         (cand / "c1.json").chmod(0o644)
 
