@@ -200,14 +200,16 @@ class CapturedCell(Captured):
 
 @dataclass(frozen=True)
 class GridCapture:
-    """A grid capture read once: its manifest, cells (by id, in file order) and server starts."""
+    """A grid capture read once: its manifest, cells (by id, in file order), server starts, and the
+    fields every cell record holds (``keys``: what names a cell in the experiment's grid)."""
 
     path: Path
     manifest: Mapping[str, Any]
     cells: Mapping[str, CapturedCell]
     runs: Mapping[str, Captured]
+    keys: tuple[str, ...] = ()
 
-    def to_frames(self, keys: Sequence[str]) -> tuple[Any, Any, Any]:
+    def to_frames(self) -> tuple[Any, Any, Any]:
         """(cells, requests, telemetry) as DataFrames: one row per cell (its ``metrics`` spread into
         columns), per request and per clock sample of the ok cells, each with its cell's ``keys``
         and ``t_rel_s``, the time from the cell's first measured request (``bench_window_s``, else
@@ -224,20 +226,21 @@ class GridCapture:
             t0 = (cell.data.get("bench_window_s") or [None])[0]
             for clock, rows in (("start_time_s", cell.requests), ("t_mono_s", cell.telemetry)):
                 if rows:
-                    frame = pd.DataFrame([asdict(r) for r in rows]).assign(**{k: cell.data[k] for k in keys})
+                    frame = pd.DataFrame([asdict(r) for r in rows]).assign(**{k: cell.data[k] for k in self.keys})
                     times = pd.to_numeric(frame[clock], errors="coerce")
                     frames[clock].append(frame.assign(t_rel_s=times - (times.min() if t0 is None else t0)))
         requests, telemetry = (pd.concat(f, ignore_index=True) if f else pd.DataFrame() for f in frames.values())
         return cells, requests, telemetry
 
 
-def read_capture(path: str | Path, kind: str | None = None) -> GridCapture:
+def read_capture(path: str | Path, kind: str | None = None, keys: Sequence[str] = ()) -> GridCapture:
     """Every cell and server start of a grid capture, each file read once through ``kvstudy.io``.
 
     A torn ``cells/<cell>.json`` is a cell not run (it runs again, :func:`cell_record`); a cell that
     keeps its per-request rows inline (before ``requests/<cell>.jsonl``) is refused with the command
     that upgrades it, and an ok cell without per-request records is refused; anything else that is
-    not what the engine writes is one line naming the file and the field; ``kind``: the manifest's."""
+    not what the engine writes is one line naming the file and the field (``kind``: the manifest's;
+    ``keys``: fields every cell record must hold)."""
     path = Path(path)
     manifest = capture_format.read_manifest(path, kind)
     cells: dict[str, CapturedCell] = {}
@@ -245,6 +248,9 @@ def read_capture(path: str | Path, kind: str | None = None) -> GridCapture:
         data = cell_record(path, file.stem)
         if data is None:
             continue
+        absent = [k for k in keys if k not in data]
+        if absent:
+            raise StudyError(f"{file}: no field {absent[0]!r}; expected a cell record with {', '.join(keys)}")
         if isinstance(data.get("requests"), list):
             raise StudyError(
                 f"{file}: per-request rows inline (the layout before requests/<cell>.jsonl); "
@@ -257,7 +263,7 @@ def read_capture(path: str | Path, kind: str | None = None) -> GridCapture:
         telemetry = tuple(read_telemetry_jsonl(samples)) if samples.is_file() else ()
         cells[file.stem] = CapturedCell(file.stem, data, tuple(requests or ()), telemetry)
     runs = {p.stem: Captured(p.stem, read_json_object(p)) for p in sorted((path / RUNS).glob("*.json"))}
-    return GridCapture(path, manifest, cells, runs)
+    return GridCapture(path, manifest, cells, runs, tuple(keys))
 
 
 # --------------------------------------------------------------------------- running

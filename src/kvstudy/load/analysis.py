@@ -42,12 +42,12 @@ def load_capture(path: str | Path) -> LoadCapture:
     path = Path(path)
     if not (path / MANIFEST).is_file():
         raise StudyError(f"{path}: no {MANIFEST} (expected a load capture folder)")
-    grid = read_capture(path, KIND)
+    grid = read_capture(path, KIND, ("arm", "seed", "concurrency"))
     spec = load_spec(path, grid.manifest)
     # The pools are computed from the config.json the capture keeps (the served folder may not be here:
     # a fresh clone renders the bundled capture without the project-built model).
     spec = dataclasses.replace(spec, model=str(model_config(path, spec.model).parent))
-    cells, requests, _ = grid.to_frames(("arm", "seed", "concurrency"))
+    cells, requests, _ = grid.to_frames()
     return LoadCapture(path, dict(grid.manifest), spec, cells, requests)
 
 

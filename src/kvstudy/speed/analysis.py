@@ -77,8 +77,8 @@ def load_capture(path: str | Path) -> Capture:
     path = Path(path)
     if not (path / MANIFEST).is_file():
         raise StudyError(f"{path}: no {MANIFEST} (expected a speed-sweep capture folder)")
-    grid = read_capture(path, KIND)
-    cells, requests, telemetry = grid.to_frames(("cell_id", "configuration", "kv_cache_dtype", "seed", "users"))
+    grid = read_capture(path, KIND, ("cell_id", "configuration", "kv_cache_dtype", "seed", "users"))
+    cells, requests, telemetry = grid.to_frames()
     if len(cells):
         _on_one_timeline(cells, grid.manifest)
     return Capture(path, dict(grid.manifest), load_spec(path, grid.manifest), cells, requests, telemetry, grid)

@@ -249,18 +249,22 @@ def _capture(tmp: Path) -> Path:
 
 
 def test_read_capture_types_every_file_once_and_frames_the_ok_cells(tmp_path: Path) -> None:
-    cap = grid.read_capture(_capture(tmp_path), "toy")
+    cap = grid.read_capture(_capture(tmp_path), "toy", ("cell_id", "arm"))
     ok, failed = cap.cells["a__s0__n1"], cap.cells["a__s0__n2"]
     assert ok.ok and [r.index for r in ok.requests] == [0, 1, 2]
     assert isinstance(ok.requests[0], RequestRecord) and ok.telemetry[0].clock_mhz == 2000.0
     assert failed.status == "failed" and failed.requests == ()
     assert cap.runs["a__s0"].status == "ok"
-    cells, requests, telemetry = cap.to_frames(("cell_id", "arm"))
+    cells, requests, telemetry = cap.to_frames()
     assert list(cells["cell_id"]) == ["a__s0__n1", "a__s0__n2"]
     assert list(requests["t_rel_s"]) == [0.0, 1.0, 2.0] and set(requests["arm"]) == {"a"}
     assert list(telemetry["t_rel_s"]) == [0.0]  # no bench window: from the cell's earliest sample
     with pytest.raises(StudyError, match="field 'kind' is 'toy', expected 'other'"):
         grid.read_capture(tmp_path, "other")
+    with pytest.raises(
+        StudyError, match=r"cells/a__s0__n1.json: no field 'seed'; expected a cell record with arm, seed"
+    ):
+        grid.read_capture(tmp_path, "toy", ("arm", "seed"))
 
 
 @pytest.mark.parametrize(
