@@ -60,9 +60,6 @@ class LineFit:
         """The slope's interval excludes 0."""
         return self.slope_ci[0] > 0 or self.slope_ci[1] < 0
 
-    def itl_at(self, length: float) -> float:
-        return self.intercept_ms + self.slope_ms_per_token * length
-
     def summary(self) -> dict[str, Any]:
         return {
             "arm": self.arm,
