@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 from kvstudy.digests import file_digest, weights_digest
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
-from kvstudy.io import read_json
 from kvstudy.model.allocator import mamba_cache_mode_for, predict_logged_pool
 from kvstudy.redact import redact
 from kvstudy.vllm.facts import device_defaults
@@ -99,7 +98,6 @@ MODEL_FIELDS = (
     "torch_dtype",
 )
 HARDWARE_FIELDS = ("device", "cpu_model", "gpus", "gpu_driver")
-ENV_ASKED_IGNORED = ("HF_HOME",)
 
 
 @dataclass(frozen=True)
@@ -343,10 +341,3 @@ def ab_guard(a: dict[str, Any], b: dict[str, Any], intended: Sequence[str] = ("k
         if key != "kvstudy" and va.get(key) != vb.get(key) and not _intended(f"versions.{key}", intended):
             diffs.append(Difference(f"versions.{key}", va.get(key), vb.get(key)))
     return diffs
-
-
-def load_record(path: str | Path) -> dict[str, Any]:
-    data = read_json(Path(path))
-    if not isinstance(data, dict) or "resolved" not in data or "asked" not in data:
-        raise StudyError(f"{path}: expected a resolved-run record (a JSON object with 'asked' and 'resolved')")
-    return data

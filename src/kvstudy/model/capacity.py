@@ -33,31 +33,17 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
 from kvstudy.io import is_finite_number
-from kvstudy.model.layout import (  # noqa: F401  (re-exported: the public names callers use)
+from kvstudy.model.layout import (
     CHUNKED,
     FULL,
     INDEXER,
-    LAYER_KINDS,
-    LAYER_TYPE_NAMES,
     LINEAR,
     MLA,
     SHARED,
     SLIDING,
-    SUPPORTED_MODEL_TYPES,
     LayerSpec,
     ModelLayout,
-    StateShape,
-    layout_from_config,
     load_layout,
-    positive_int,
-    text_config,
-)
-from kvstudy.model.weights import (  # noqa: F401
-    WeightsSize,
-    WeightsUnknown,
-    estimate_parameters,
-    estimate_weights,
-    weights_size,
 )
 from kvstudy.vllm.facts import DTYPE_BYTES, KV_AUTO_FROM_CHECKPOINT_SOURCE, MLA_SPECIAL_BYTES, SPARSE_MLA_QUANTIZED_AS
 
@@ -327,13 +313,6 @@ def kv_pool_after_weights(
     overhead = int(overhead_gib * GIB)
     pool = max(requested - int(weights_bytes) - overhead, 0)
     return PoolEstimate(total, gpu_memory_utilization, requested, int(weights_bytes), overhead, pool, fixed_pool_tokens)
-
-
-def users_that_fit(pool_bytes: float, footprint: KVFootprint) -> int:
-    """Whole requests of ``footprint.context_len`` tokens a pool holds at once."""
-    if footprint.bytes_per_request <= 0:
-        return 0
-    return int(pool_bytes // footprint.bytes_per_request)
 
 
 # --------------------------------------------------------------------------- tables and CLI

@@ -28,8 +28,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_LAYERS
-from kvstudy.model.config_fields import (  # noqa: F401  (text_config, positive_int, model_dtype: re-exported)
-    FAMILY_DEFAULTS,
+from kvstudy.model.config_fields import (
     checkpoint_kv_dtype,
     config_int,
     max_positions,
