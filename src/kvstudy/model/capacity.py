@@ -419,9 +419,9 @@ def compare_models(
         row: dict[str, Any] = {"model": layout.name, "layers": kinds + (f" (window {windows})" if windows else "")}
         for dtype in dtypes:
             fp = kv_footprint(layout, dtype, context_len)
-            label = fp.resolved_dtype if dtype == "auto" else dtype
-            row[f"KiB/token {label if dtype != 'auto' else '16-bit'}"] = fp.kib_per_token
-            row[f"tokens/GiB {label if dtype != 'auto' else '16-bit'}"] = fp.tokens_per_gib
-            row[f"MiB/request {label if dtype != 'auto' else '16-bit'}"] = fp.bytes_per_request / 2**20
+            label = "16-bit" if dtype == "auto" else dtype
+            row[f"KiB/token {label}"] = fp.kib_per_token
+            row[f"tokens/GiB {label}"] = fp.tokens_per_gib
+            row[f"MiB/request {label}"] = fp.bytes_per_request / 2**20
         rows.append(row)
     return pd.DataFrame(rows).set_index("model")
