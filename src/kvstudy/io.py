@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 from kvstudy.errors import StudyError
 from kvstudy.secret_shapes import redact_shapes
 
@@ -398,7 +400,6 @@ def read_json_object(path: str | Path, limit: int = MAX_INPUT_BYTES, *, finite: 
 def _unique_key_loader() -> Any:
     """``yaml.SafeLoader`` that refuses a mapping giving one key twice (safe_load keeps the last and
     drops the first without a word), naming the key and its line."""
-    import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
@@ -425,8 +426,6 @@ def _unique_key_loader() -> Any:
 def read_yaml(path: str | Path, limit: int = MAX_INPUT_BYTES) -> Any:
     """Parse a regular YAML file with ``yaml.safe_load``'s rules within the size, nesting and
     size-of-tree limits, refusing a key given twice in one mapping; failures are one-line StudyErrors."""
-    import yaml
-
     text = read_text_checked(path, limit)
     check_nesting(text, str(path))
     try:

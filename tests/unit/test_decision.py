@@ -15,6 +15,7 @@ from kvstudy.decision_guidance import docs_l4_crossing, evaluate_guidance
 from kvstudy.errors import StudyError
 from kvstudy.model import capacity as cap
 from kvstudy.model import plan
+from kvstudy.model import weights as model_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 STEMS = ["01_capacity-math", "02_speed-sweep", "03_gsm8k-accuracy", "04_scale-inspection"]
@@ -214,7 +215,7 @@ def capacity_verdict(model: str, gpu: str, context: int, tp: int = 1) -> dict:
     """Notebook 01's capacity verdict facts, computed as 01 computes them (``plan.capacity_facts``)."""
     layout = plan.resolve_layout(model, None, (1, 2, 4, 8))
     memory = plan.resolve_gpu_memory(gpu)
-    weights = cap.weights_size(model, layout)
+    weights = model_weights.weights_size(model, layout)
     facts = plan.capacity_facts(
         model, layout, memory, weights.bytes, weights.source, 0.0, tp, context, None, None, [1, 2, 4, 8]
     )
@@ -278,7 +279,7 @@ def test_the_card_agrees_with_01s_tables(model: str, gpu: str, context: int, tp:
     # the same figures 01's GPUs x TP table gives (without skip layers, they agree where nothing is skipped)
     layout = plan.resolve_layout(model, None, (1, 2, 4, 8))
     table = plan.gpu_tp_table(
-        model, layout, ["bfloat16"], [gpu], [1, 2, 4, 8], context, cap.weights_size(model, layout).bytes
+        model, layout, ["bfloat16"], [gpu], [1, 2, 4, 8], context, model_weights.weights_size(model, layout).bytes
     )
     assert table.loc[(plan.resolve_gpu_memory(gpu).gpu_name, tp), "users bfloat16"] == base
     assert card.answer == rule.UNDECIDED  # capacity alone never turns FP8 on
@@ -443,7 +444,7 @@ def test_mistral_with_its_sliding_layers_skipped_keeps_16_bit() -> None:
     """Every Mistral-7B layer slides: keeping them 16-bit leaves FP8 nothing to store (and the card says so)."""
     model = "data/models/Mistral-7B-v0.1"
     layout = plan.resolve_layout(model, None, (1,))
-    weights = cap.weights_size(model, layout)
+    weights = model_weights.weights_size(model, layout)
     facts = plan.capacity_facts(
         model,
         layout,

@@ -8,7 +8,7 @@ read the records' fields, never a table's text).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from kvstudy.accuracy.records import correctness
 from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
-from kvstudy.stats import binary, binary_power
+from kvstudy.stats import binary
 from kvstudy.stats.binary import Discrimination, WilsonInterval
 
 ASSUMED_DISCORDANCE = (0.02, 0.05, 0.10)  # fractions of questions on which two runs disagree
@@ -109,42 +109,6 @@ def published_checks(summary: PublishedSummary) -> list[PublishedCheck]:
             PublishedCheck(row.name, row.label, ours, row.published_accuracy_pct, row.published_wilson95_pct, matches)
         )
     return out
-
-
-# --------------------------------------------------------------------------- power
-
-
-@dataclass(frozen=True)
-class PowerRow:
-    """At an assumed discordance: the smallest loss n items find with 80 % power (exact McNemar),
-    and the items a given loss would need."""
-
-    n: int
-    discordance: float  # fraction of items on which the two runs disagree
-    detectable_loss: float | None  # None: no loss up to the discordance is found with the power
-    loss: float | None = None  # the loss asked about (fraction), if one was
-    questions_needed: int | None = None  # None: no loss asked, or the loss exceeds the discordance
-
-    @property
-    def loss_points(self) -> float | None:
-        return None if self.loss is None else 100 * self.loss
-
-
-def power_rows(
-    n: int, discordances: Sequence[float] = ASSUMED_DISCORDANCE, loss: float | None = None
-) -> list[PowerRow]:
-    """Per assumed discordance: the smallest loss n items find with 80 % power, and, if ``loss``
-    is given, the items that loss would need."""
-    return [
-        PowerRow(
-            n,
-            psi,
-            binary_power.smallest_detectable_loss(n, psi),
-            loss,
-            binary_power.required_questions(loss, psi) if loss is not None and loss <= psi else None,
-        )
-        for psi in discordances
-    ]
 
 
 # --------------------------------------------------------------------------- a capture

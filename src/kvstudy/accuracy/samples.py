@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import parse_json_text
+from kvstudy.io import parse_json_text, parse_jsonl_text, read_text_checked
 from kvstudy.limits import MAX_FILE_NUMBER
 
 DEFAULT_FILTER = "strict-match"  # GSM8K's primary filter in lm-eval
@@ -53,23 +53,8 @@ _NAME = re.compile(
 _LENGTH_REASONS = ("length", "max_tokens", "max_length")
 # keys of a row that are not per-document metric values
 _KNOWN_KEYS = frozenset(
-    {
-        "doc_id",
-        "doc",
-        "target",
-        "arguments",
-        "resps",
-        "filtered_resps",
-        "filter",
-        "metrics",
-        "doc_hash",
-        "prompt_hash",
-        "target_hash",
-        "task",
-        "task_name",
-        "truncated",
-        "finish_reason",
-    }
+    "doc_id doc target arguments resps filtered_resps filter metrics doc_hash prompt_hash target_hash task "
+    "task_name truncated finish_reason".split()
 )
 
 
@@ -239,65 +224,31 @@ def _check_file(path: Path, max_bytes: int) -> None:
         raise StudyError(f"{path}: empty; expected one JSON object per document and filter")
 
 
-def _read_array(path: Path) -> list[SampleRow]:
-    """lm-eval 0.4.0/0.4.1's samples file: one JSON array of rows."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise StudyError(f"{path}: not UTF-8 text; expected an lm-eval samples file (JSONL)") from None
-    except OSError as exc:
-        raise StudyError(f"{path}: cannot be read ({exc.strerror})") from None
-    data = parse_json_text(text, str(path))
-    if not isinstance(data, list):
-        raise StudyError(f"{path}: a JSON {type(data).__name__}; expected an array of lm-eval sample rows")
+def _parse_rows(path: Path, numbered: Sequence[tuple[int, Any]], where: Callable[[int], str]) -> list[SampleRow]:
     rows = []
-    for number, row in enumerate(data):
+    for number, row in numbered:
         try:
             rows.append(parse_row(row))
         except (ValueError, TypeError) as exc:
-            raise StudyError(f"{path}: row {number}: not an lm-eval sample row ({exc})") from None
-    return rows
-
-
-def _starts_with_array(path: Path) -> bool:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(4096).lstrip()[:1] == b"["
-    except OSError as exc:
-        raise StudyError(f"{path}: cannot be read ({exc.strerror})") from None
-
-
-def _read_rows(path: Path) -> list[SampleRow]:
-    """Parse every line; lines end at "\\n" only (lm-eval writes U+2028 and U+0085 unescaped). A file
-    that is one JSON array is lm-eval 0.4.0/0.4.1's format (:func:`_read_array`)."""
-    rows = []
-    if _starts_with_array(path):
-        try:
-            rows = _read_array(path)
-        except StudyError as exc:
-            if "malformed JSON" not in str(exc):
-                raise
-            rows = []  # not one JSON array: a JSONL file whose first line is junk, read below line by line
-        else:
-            if not rows:
-                raise StudyError(f"{path}: no rows; expected one JSON object per document and filter")
-            return rows
-    try:
-        with open(path, encoding="utf-8", newline="\n") as lines:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(parse_row(json.loads(line)))
-                except (ValueError, TypeError, RecursionError) as exc:
-                    raise StudyError(f"{path}:{number}: not an lm-eval sample row ({exc})") from None
-    except UnicodeDecodeError:
-        raise StudyError(f"{path}: not UTF-8 text; expected an lm-eval samples file (JSONL)") from None
-    except OSError as exc:
-        raise StudyError(f"{path}: cannot be read ({exc.strerror})") from None
+            raise StudyError(f"{path}{where(number)}: not an lm-eval sample row ({exc})") from None
     if not rows:
         raise StudyError(f"{path}: no rows; expected one JSON object per document and filter")
     return rows
+
+
+def _read_rows(path: Path, max_bytes: int) -> list[SampleRow]:
+    """Parse every line; lines end at "\\n" only (lm-eval writes U+2028 and U+0085 unescaped). A file
+    that is one JSON array is lm-eval 0.4.0/0.4.1's format."""
+    text = read_text_checked(path, max_bytes)
+    if text.lstrip()[:1] == "[":
+        try:
+            data = parse_json_text(text, str(path))
+        except StudyError as exc:
+            if "malformed JSON" not in str(exc):
+                raise  # else not one JSON array: a JSONL file whose first line is junk, read below line by line
+        else:
+            return _parse_rows(path, list(enumerate(data)), lambda number: f": row {number}")
+    return _parse_rows(path, parse_jsonl_text(text, path, "an lm-eval sample row"), lambda number: f":{number}")
 
 
 def _file_task(path: Path, rows: Sequence[SampleRow]) -> str | None:
@@ -329,7 +280,7 @@ def read_samples(
     """Read one lm-eval samples file and keep the rows of ``filter_name`` (checked, by doc_id)."""
     path = Path(path)
     _check_file(path, max_bytes)
-    rows = _read_rows(path)
+    rows = _read_rows(path, max_bytes)
     task = _file_task(path, rows)
     _check_docs_agree(path, rows)
     filters = tuple(sorted({r.filter for r in rows}))

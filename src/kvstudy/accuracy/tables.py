@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvstudy.accuracy.analysis import PowerRow
 from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.accuracy.verdicts import RetrievalPaired
 from kvstudy.capture import MANIFEST, read_manifest
@@ -232,29 +231,6 @@ CUT_OFF = Table(
     )
 )
 
-POWER = Table(
-    (
-        Column("discordance", "runs disagree on", "%", lambda psi: f"{100 * psi:.0f}% of questions"),
-        Column(
-            "detectable_loss",
-            "smallest loss found at N={row.n} (80% power)",
-            "points",
-            lambda m: "none up to the discordance" if m is None else f"{100 * m:.1f} points",
-        ),
-    )
-)
-POWER_FOR_A_LOSS = Table(
-    (
-        *POWER.columns,
-        Column(
-            "questions_needed",
-            "questions needed for a {row.loss_points:.1f}-point loss",
-            "items",
-            lambda n: "impossible (loss > discordance)" if n is None else f"{n:,}",
-        ),
-    )
-)
-
 # --------------------------------------------------------------------------- notebook 06
 
 
@@ -414,23 +390,6 @@ def totals_sentence(t: TotalsBounds) -> str:
         f"{_points(t.unpaired.low)} to {_points(t.unpaired.high)} points."
     )
     return head + test + power + ci
-
-
-def power_sentence(rows: Sequence[PowerRow]) -> str:
-    """The smallest loss n paired items find with 80 % power at each assumed discordance."""
-    parts = [
-        f"{100 * r.detectable_loss:.1f} points if the runs disagree on {100 * r.discordance:.0f}% of questions"
-        for r in rows
-        if r.detectable_loss is not None
-    ]
-    n = rows[0].n if rows else 0
-    if not parts:
-        return f"With {n} questions no loss is found with 80% power at these discordance rates."
-    return (
-        f"With {n} paired questions, the smallest loss found with 80% power is about "
-        + "; ".join(parts)
-        + ". Smaller losses can go unseen."
-    )
 
 
 def discrimination_sentence(d: Discrimination) -> str:

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from kvstudy.errors import StudyError
 
 TASK_DIR = Path(__file__).resolve().parent / "tasks"
@@ -92,8 +94,6 @@ def task_spec(name: str) -> TaskSpec:
 
 def write_task_folder(task: str, data_dir: str | Path, dest: Path) -> Path:
     """Copy the packaged task YAML into ``dest`` with absolute data paths; returns ``dest``."""
-    import yaml
-
     spec = task_spec(task)
     if spec.yaml_file is None:
         raise StudyError(f"task {task!r}: lm-eval's own task, there is no offline copy to write")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import platform
 from typing import Any
 
+import psutil
+
 from kvstudy.machine import NvmlUnavailable, hardware_info, nvml_session, nvml_text
 
 
@@ -30,8 +32,6 @@ def _nvml_details() -> tuple[list[dict[str, Any]], str | None]:
 
 
 def _cpu_clock() -> dict[str, float] | None:
-    import psutil
-
     try:
         freq = psutil.cpu_freq()
     except (OSError, NotImplementedError):

@@ -33,31 +33,17 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
 from kvstudy.io import is_finite_number
-from kvstudy.model.layout import (  # noqa: F401  (re-exported: the public names callers use)
+from kvstudy.model.layout import (
     CHUNKED,
     FULL,
     INDEXER,
-    LAYER_KINDS,
-    LAYER_TYPE_NAMES,
     LINEAR,
     MLA,
     SHARED,
     SLIDING,
-    SUPPORTED_MODEL_TYPES,
     LayerSpec,
     ModelLayout,
-    StateShape,
-    layout_from_config,
     load_layout,
-    positive_int,
-    text_config,
-)
-from kvstudy.model.weights import (  # noqa: F401
-    WeightsSize,
-    WeightsUnknown,
-    estimate_parameters,
-    estimate_weights,
-    weights_size,
 )
 from kvstudy.vllm.facts import DTYPE_BYTES, KV_AUTO_FROM_CHECKPOINT_SOURCE, MLA_SPECIAL_BYTES, SPARSE_MLA_QUANTIZED_AS
 
@@ -329,13 +315,6 @@ def kv_pool_after_weights(
     return PoolEstimate(total, gpu_memory_utilization, requested, int(weights_bytes), overhead, pool, fixed_pool_tokens)
 
 
-def users_that_fit(pool_bytes: float, footprint: KVFootprint) -> int:
-    """Whole requests of ``footprint.context_len`` tokens a pool holds at once."""
-    if footprint.bytes_per_request <= 0:
-        return 0
-    return int(pool_bytes // footprint.bytes_per_request)
-
-
 # --------------------------------------------------------------------------- tables and CLI
 
 
@@ -440,9 +419,9 @@ def compare_models(
         row: dict[str, Any] = {"model": layout.name, "layers": kinds + (f" (window {windows})" if windows else "")}
         for dtype in dtypes:
             fp = kv_footprint(layout, dtype, context_len)
-            label = fp.resolved_dtype if dtype == "auto" else dtype
-            row[f"KiB/token {label if dtype != 'auto' else '16-bit'}"] = fp.kib_per_token
-            row[f"tokens/GiB {label if dtype != 'auto' else '16-bit'}"] = fp.tokens_per_gib
-            row[f"MiB/request {label if dtype != 'auto' else '16-bit'}"] = fp.bytes_per_request / 2**20
+            label = "16-bit" if dtype == "auto" else dtype
+            row[f"KiB/token {label}"] = fp.kib_per_token
+            row[f"tokens/GiB {label}"] = fp.tokens_per_gib
+            row[f"MiB/request {label}"] = fp.bytes_per_request / 2**20
         rows.append(row)
     return pd.DataFrame(rows).set_index("model")

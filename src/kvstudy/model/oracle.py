@@ -16,6 +16,7 @@ divisible by TP; ``QKVParallelLinear``: TP divides the KV heads or they divide T
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,6 @@ def tp_problem(config: dict[str, Any], tp: int) -> str | None:
 
 def _state(records: dict[int, dict[str, Any]]) -> tuple[StateShape, tuple[str | None, ...]]:
     """A state layer's element counts per TP and dtypes, from its MambaSpec at each size."""
-    import math
-
     by_tp = tuple(sorted((tp, tuple(int(math.prod(s)) for s in r["shapes"])) for tp, r in records.items()))
     first = records[1]
     return StateShape("specs", 0, 0, 0, 0, 0, by_tp=by_tp), tuple(first["dtypes"])

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
-from kvstudy.io import write_csv, write_csv_at  # noqa: F401 (notebooks call plan.write_csv)
+from kvstudy.io import write_csv_at
 from kvstudy.limits import MAX_GIB, MAX_TENSOR_PARALLEL, MAX_TOKENS, float_arg, int_arg, output_file
 from kvstudy.model.capacity import (
     FULL,

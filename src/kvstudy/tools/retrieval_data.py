@@ -49,19 +49,8 @@ FILLER_SUBJECTS = (
     "The school bus",
     "My aunt",
 )
-FILLER_VERBS = (
-    "watched",
-    "found",
-    "carried",
-    "painted",
-    "visited",
-    "followed",
-    "heard",
-    "cleaned",
-    "opened",
-    "passed",
-    "counted",
-    "remembered",
+FILLER_VERBS = tuple(
+    "watched found carried painted visited followed heard cleaned opened passed counted remembered".split()
 )
 FILLER_OBJECTS = (
     "the bright window",

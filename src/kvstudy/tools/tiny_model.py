@@ -21,6 +21,7 @@ last, so a folder left half-built by an interrupted build is rebuilt on the next
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -292,8 +293,6 @@ def ensure_tiny_model(path: str | Path = DEFAULT_PATH, spec: TinyModelSpec = Tin
 
     A lock file next to the folder serialises concurrent callers (parallel test sessions).
     """
-    import fcntl
-
     folder = Path(path)
     if _marker_matches(folder, spec):
         return folder

@@ -51,32 +51,23 @@ from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, float_arg, int_arg, output_fol
 from kvstudy.machine import cpu_model
 from kvstudy.outputs import check_output_folder, claim_output_folder
 from kvstudy.tools import train_record
-from kvstudy.tools.train_data import (  # noqa: F401
+from kvstudy.tools.train_data import (
     BOS_ID,
     EOS_ID,
     IGNORE,
-    STEP_RE,
     arith_sequence,
-    copy_sequence,
-    drill_lines,
     drill_sequence,
     echo_sequence,
-    encode,
-    fresh_problem,
     gsm_sequence,
-    problem_text,
     retrieval_sequence,
     test_questions,
 )
-from kvstudy.tools.train_eval import evaluate_gsm8k, evaluate_retrieval, greedy_complete, load_trained, strict_match  # noqa: F401
-from kvstudy.tools.train_record import folder_digests, sha256_file  # noqa: F401
-from kvstudy.tools.train_settings import (  # noqa: F401
-    Phase,
-    Stage,
+from kvstudy.tools.train_eval import evaluate_gsm8k, evaluate_retrieval
+from kvstudy.tools.train_record import folder_digests
+from kvstudy.tools.train_settings import (
     TrainSettings,
     data_seed,
     learning_rate,
-    settings_from_dict,
     stage_at,
 )
 
@@ -87,14 +78,6 @@ VOCAB_SIZE = 258
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
-)
-MODEL_FILES = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
 )
 
 

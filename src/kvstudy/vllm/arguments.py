@@ -32,6 +32,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -221,8 +222,6 @@ def _read_child() -> OptionTable | None:
 
 def child() -> None:
     """In the child: build vLLM's serve parser and print its option table as one JSON line."""
-    from importlib import metadata
-
     try:
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
     except ImportError:  # vLLM before the launchers package

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 from kvstudy.vllm.kv_specs import MARKER, _one_line, _run_child, oracle_disabled
@@ -83,8 +84,6 @@ def _spec(layer: dict[str, Any], torch: Any, interface: Any) -> Any:
 
 
 def _pools(request: dict[str, Any], case: dict[str, Any]) -> dict[str, Any]:
-    from types import SimpleNamespace
-
     import torch
     from vllm.v1 import kv_cache_interface as interface
     from vllm.v1.core import kv_cache_utils

@@ -9,6 +9,7 @@ and stop it later, leaving a reused pid alone.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -16,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, write_text_atomic
@@ -31,8 +34,6 @@ def die_with_parent() -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() == 1:  # the parent died before prctl took effect
@@ -43,8 +44,6 @@ def die_with_parent() -> None:
 
 def write_pid_file(path: Path, pid: int) -> None:
     """Record a started process group (pid = pgid) and its start time, for ``reap_pid_file``."""
-    import psutil
-
     try:
         created = psutil.Process(pid).create_time()
     except psutil.Error:
@@ -55,8 +54,6 @@ def write_pid_file(path: Path, pid: int) -> None:
 def reap_pid_file(path: Path) -> bool:
     """Stop a process group a killed earlier run left behind (from its pid file), then remove the
     file; True if something was stopped. A pid reused by another process is left alone."""
-    import psutil
-
     if not path.is_file():
         return False
     try:
@@ -83,8 +80,6 @@ def reap_pid_file(path: Path) -> bool:
 
 
 def _group_members(pgid: int) -> list[Any]:
-    import psutil
-
     members = []
     for proc in psutil.process_iter(["pid"]):
         try:
@@ -97,8 +92,6 @@ def _group_members(pgid: int) -> list[Any]:
 
 def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
     """Stop ``proc`` (a session leader) and every process of its group and its descendants."""
-    import psutil
-
     pgid = proc.pid
     try:
         descendants = psutil.Process(proc.pid).children(recursive=True)

@@ -193,12 +193,6 @@ def test_published_bad_fields(tmp_path, change, message):
         ga.load_published(path)
 
 
-def test_power_rows_consistent_with_statistics():
-    (row,) = ga.power_rows(500, (0.05,), loss=0.012)
-    assert row.detectable_loss is not None and round(100 * row.detectable_loss, 1) == 2.9
-    assert row.questions_needed == 2850 and row.loss_points == pytest.approx(1.2)
-
-
 def test_cli_bad_input_exits_2_without_traceback(tmp_path, capsys):
     code = cli.main(["gsm8k", "--model", str(tmp_path), "--capture", str(tmp_path / "c"), "--configs", "bf16,nope"])
     err = capsys.readouterr().err

@@ -232,26 +232,6 @@ def test_retrieval_tables_and_sentence() -> None:
     )
 
 
-def test_power_tables() -> None:
-    table = rt.render(ga.power_rows(500, (0.05,), loss=0.012), rt.POWER_FOR_A_LOSS)
-    assert list(table.columns) == [
-        "runs disagree on",
-        "smallest loss found at N=500 (80% power)",
-        "questions needed for a 1.2-point loss",
-    ]
-    assert list(table.iloc[0]) == ["5% of questions", "2.9 points", "2,850"]
-    few = rt.render(ga.power_rows(20, (0.05, 0.02), loss=0.03), rt.POWER_FOR_A_LOSS)
-    assert list(few.iloc[:, 1]) == ["none up to the discordance"] * 2
-    assert few.iloc[1, 2] == "impossible (loss > discordance)"
-    text = rt.power_sentence(ga.power_rows(500, (0.02, 0.05)))
-    assert text.startswith("With 500 paired questions, the smallest loss found with 80% power is about 1.8 points")
-    assert "no loss is found" in rt.power_sentence(ga.power_rows(20, (0.05,)))
-    assert list(rt.render(ga.power_rows(500), rt.POWER).columns) == [
-        "runs disagree on",
-        "smallest loss found at N=500 (80% power)",
-    ]
-
-
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: str(len(s.columns)))
 def test_headers_are_unique(spec: rt.Table) -> None:
     headers = [c.header for c in spec.columns]

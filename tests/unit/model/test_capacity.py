@@ -10,6 +10,8 @@ import pytest
 from kvstudy.errors import StudyError
 from kvstudy.model import allocator as alloc
 from kvstudy.model import capacity as cap
+from kvstudy.model import layout as model_layout
+from kvstudy.model import weights as model_weights
 
 ROOT = Path(__file__).resolve().parents[3]
 MODELS = ROOT / "data" / "models"
@@ -56,7 +58,7 @@ def tiny_gemma3() -> dict:
 
 
 def layout(config: dict, name: str = "cfg") -> cap.ModelLayout:
-    return cap.layout_from_config(config, f"{name}/config.json")
+    return model_layout.layout_from_config(config, f"{name}/config.json")
 
 
 # ----------------------------------------------------------------------------- bytes per token
@@ -194,7 +196,6 @@ def test_pool_after_weights_and_users() -> None:
     assert pool.kv_pool_bytes == pool.requested_bytes - int(15.27 * GIB) - GIB
     fp = cap.kv_footprint(MODELS / "Qwen3-8B", "bfloat16", 4096)  # 576 MiB per request
     assert fp.bytes_per_request == 147456 * 4096
-    assert cap.users_that_fit(pool.kv_pool_bytes, fp) == pool.kv_pool_bytes // (147456 * 4096) == 9
 
 
 def test_pool_never_negative() -> None:
@@ -202,15 +203,15 @@ def test_pool_never_negative() -> None:
 
 
 def test_weights_from_index_and_estimate() -> None:
-    from_index = cap.weights_size(MODELS / "Qwen3-8B")
+    from_index = model_weights.weights_size(MODELS / "Qwen3-8B")
     assert from_index.source == "safetensors index total_size"
     assert from_index.bytes == 16381470720
     # The estimate counts the same Qwen3-8B weights from its config (norms left out):
     # embeddings 2 x 151936 x 4096 + 36 x (attention 41,943,040 + MLP 150,994,944)
-    params = cap.estimate_parameters(json.loads((MODELS / "Qwen3-8B" / "config.json").read_text()))
+    params = model_weights.estimate_parameters(json.loads((MODELS / "Qwen3-8B" / "config.json").read_text()))
     assert params == 2 * 151936 * 4096 + 36 * (4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 12288)
     assert abs(params * 2 - from_index.bytes) / from_index.bytes < 0.001
-    estimate = cap.weights_size(MODELS / "Llama-3.1-8B")
+    estimate = model_weights.weights_size(MODELS / "Llama-3.1-8B")
     assert estimate.source.startswith("estimated from config (bfloat16")
     assert 7.9e9 < estimate.parameters < 8.1e9  # Llama-3.1-8B has 8.03 B parameters
 
@@ -294,7 +295,7 @@ def test_bad_config_names_file_and_field(mutate, message: str) -> None:
     cfg = tiny_qwen3()
     mutate(cfg)
     with pytest.raises(StudyError, match=message) as err:
-        cap.layout_from_config(cfg, "some/config.json")
+        model_layout.layout_from_config(cfg, "some/config.json")
     assert str(err.value).startswith("some/config.json: ")
     assert "\n" not in str(err.value)
 
@@ -325,18 +326,18 @@ def test_bad_files(tmp_path: Path) -> None:
     (index / "config.json").write_text(json.dumps(tiny_qwen3()))
     (index / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}}))
     with pytest.raises(StudyError, match="field 'metadata.total_size' is None"):
-        cap.weights_size(index)
+        model_weights.weights_size(index)
 
 
 def test_parameter_estimate_for_mla_moe_and_hybrid() -> None:
     # DeepSeek-V3's weight README gives 671 B parameters for the main model (61 layers, MTP excluded);
     # its checkpoint stores the decoder's linear layers in FP8, one byte each, and the embedding
     # table and output head (129,280 x 7,168 each) in BF16, two bytes each.
-    deepseek = cap.weights_size(MODELS / "DeepSeek-V3")
+    deepseek = model_weights.weights_size(MODELS / "DeepSeek-V3")
     assert abs(deepseek.parameters - 671e9) / 671e9 < 0.005
     assert deepseek.bytes == deepseek.parameters + 2 * 129280 * 7168 and "FP8" in deepseek.source
     # Qwen3-Next-80B-A3B: about 80 B parameters (gated-delta-net and attention layers, 512 experts)
-    nxt = cap.weights_size(MODELS / "Qwen3-Next-80B-A3B-Instruct")
+    nxt = model_weights.weights_size(MODELS / "Qwen3-Next-80B-A3B-Instruct")
     assert 79e9 < nxt.parameters < 81e9
 
 

@@ -11,12 +11,13 @@ import pytest
 from kvstudy.errors import StudyError
 from kvstudy.model import allocator as alloc
 from kvstudy.model import capacity as cap
+from kvstudy.model import layout as model_layout
 
 GIB = 1024**3
 
 
 def layout(config: dict, name: str = "cfg") -> cap.ModelLayout:
-    return cap.layout_from_config(config, f"{name}/config.json")
+    return model_layout.layout_from_config(config, f"{name}/config.json")
 
 
 def glm45_air() -> dict:
@@ -336,11 +337,11 @@ def test_unknown_model_type_says_what_to_do_and_assume_warns() -> None:
     }
     with pytest.raises(StudyError, match="--assume FAMILY"):
         layout(cfg)
-    assumed = cap.layout_from_config(cfg, "x/config.json", assume="llama")
+    assumed = model_layout.layout_from_config(cfg, "x/config.json", assume="llama")
     assert assumed.warnings and "'llama'" in assumed.warnings[0]
     assert cap.kv_footprint(assumed, "bfloat16", 4).bytes_per_token == 2 * 2 * 32 * 2
     with pytest.raises(StudyError, match="assume 'nope'"):
-        cap.layout_from_config(cfg, "x/config.json", assume="nope")
+        model_layout.layout_from_config(cfg, "x/config.json", assume="nope")
 
 
 def test_users_count_a_hybrid_models_state_twice_as_align_mode_reserves_it() -> None:

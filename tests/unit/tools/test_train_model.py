@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvstudy.errors import StudyError
-from kvstudy.tools import retrieval_data, train_data, train_model
+from kvstudy.tools import retrieval_data, train_data, train_model, train_record, train_settings
 
 ROOT = Path(__file__).resolve().parents[3]
 FOLDER = ROOT / "data" / "trained-model" / "qwen3-mini"
@@ -30,7 +30,7 @@ def _training() -> dict:
 def test_first_steps_reproduce_the_committed_loss_curve() -> None:
     pytest.importorskip("torch")
     record = _training()
-    settings = train_model.settings_from_dict(record["settings"])
+    settings = train_settings.settings_from_dict(record["settings"])
     committed = record["first_losses"][:3]
     result = train_model.train(settings, max_steps=3)
     assert len(result.losses) == 3
@@ -46,7 +46,7 @@ def test_folder_matches_the_recorded_digests() -> None:
     on_disk = {p.name for p in FOLDER.iterdir() if p.is_file()} - {"training.json", "SOURCE.md"}
     assert on_disk == set(files)
     for name, digest in files.items():
-        assert train_model.sha256_file(FOLDER / name) == digest, name
+        assert train_record.sha256_file(FOLDER / name) == digest, name
     source = (FOLDER / "SOURCE.md").read_text(encoding="utf-8")
     assert files["model.safetensors"] in source
 
@@ -58,13 +58,13 @@ def test_committed_tokenizer_is_bos_then_bytes() -> None:
     tok = AutoTokenizer.from_pretrained(FOLDER)
     text = "Question: Ava has 25 cards.\nAnswer: 25 * 3 = <<25*3=75>>75\n#### 75"
     ids = tok(text)["input_ids"]
-    assert ids == [train_model.BOS_ID] + train_model.encode(text)
+    assert ids == [train_model.BOS_ID] + train_data.encode(text)
     assert tok.decode(ids, skip_special_tokens=True) == text
     assert tok.eos_token_id == train_model.EOS_ID
 
 
 def test_training_batches_never_hold_a_test_question() -> None:
-    settings = train_model.settings_from_dict(_training()["settings"])
+    settings = train_settings.settings_from_dict(_training()["settings"])
     excluded = train_model.test_questions()
     parts = train_model.batch_for_step(settings, 0, excluded)
     gsm = next(inputs for part, inputs, _ in parts if part == "gsm")
@@ -146,10 +146,10 @@ def test_echo_sequences_count_only_the_repeat() -> None:
 def test_an_earlier_recipes_data_version_is_refused() -> None:
     settings = train_model.TrainSettings().to_dict()
     with pytest.raises(StudyError, match="data_version 2"):
-        train_model.settings_from_dict({**settings, "data_version": 2})
+        train_settings.settings_from_dict({**settings, "data_version": 2})
     old = {k: v for k, v in settings.items() if k != "data_version"}
     with pytest.raises(StudyError, match="data_version 1"):
-        train_model.settings_from_dict(old)
+        train_settings.settings_from_dict(old)
 
 
 def test_retrieval_rejects_bad_input() -> None:
@@ -164,7 +164,7 @@ def test_arith_lines_are_right_and_count_only_the_result() -> None:
     ops = set()
     for _ in range(400):
         text, mask = train_data.arith_line(rng)
-        match = train_model.STEP_RE.fullmatch(text.rstrip("\n"))
+        match = train_data.STEP_RE.fullmatch(text.rstrip("\n"))
         assert match, text
         expr, calc, value, shown = match.groups()
         assert calc == expr.replace(" ", "") and value == shown
@@ -179,7 +179,7 @@ def test_arith_lines_are_right_and_count_only_the_result() -> None:
 
 def test_settings_round_trip_and_read_the_two_phase_record() -> None:
     settings = train_model.TrainSettings()
-    assert train_model.settings_from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
+    assert train_settings.settings_from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
     two_phase = {k: v for k, v in settings.to_dict().items() if k != "phases"}
     a, b = settings.phases[0], settings.phases[1]
     two_phase |= {
@@ -192,14 +192,14 @@ def test_settings_round_trip_and_read_the_two_phase_record() -> None:
         "finetune_needle_share": b.needle_share,
         "finetune_stages": [dataclasses.asdict(s) for s in b.stages],
     }
-    assert train_model.settings_from_dict(two_phase).phases == settings.phases[:2]
+    assert train_settings.settings_from_dict(two_phase).phases == settings.phases[:2]
     with pytest.raises(StudyError, match="training.json settings"):
-        train_model.settings_from_dict({**settings.to_dict(), "phases": [{"name": "A"}]})
+        train_settings.settings_from_dict({**settings.to_dict(), "phases": [{"name": "A"}]})
 
 
 def _small_recipe(phases: int) -> train_model.TrainSettings:
-    stage = train_model.Stage(2, 1, 64, 1, 32, 1, 96, 1, echo_seqs=1, echo_len=64, arith_seqs=1, arith_len=32)
-    recipe = tuple(train_model.Phase(name, tag, 1e-3, 1, 0.5, (stage,)) for name, tag in (("A", ""), ("B", "b")))
+    stage = train_settings.Stage(2, 1, 64, 1, 32, 1, 96, 1, echo_seqs=1, echo_len=64, arith_seqs=1, arith_len=32)
+    recipe = tuple(train_settings.Phase(name, tag, 1e-3, 1, 0.5, (stage,)) for name, tag in (("A", ""), ("B", "b")))
     return dataclasses.replace(
         train_model.TrainSettings(),
         hidden_size=32,
@@ -223,7 +223,7 @@ def test_a_later_phase_continues_a_saved_folder(tmp_path: Path) -> None:
     assert record["first_losses"] == first["first_losses"]
     assert record["continued_from"]["files"] == first["files"] and record["continued_from"]["phases"] == 1
     assert record["files"]["model.safetensors"] != first["files"]["model.safetensors"]
-    assert train_model.settings_from_dict(record["settings"]) == _small_recipe(2)
+    assert train_settings.settings_from_dict(record["settings"]) == _small_recipe(2)
     # another recipe's first phase, or a folder whose files changed, is not continued
     with pytest.raises(StudyError, match="not this one's first 1 phase"):
         train_model.earlier_record(tmp_path / "a", _small_recipe(2).scaled(2))
@@ -264,7 +264,7 @@ def _tampered(folder: Path, change: str) -> None:
     elif change == "config and its digest rewritten":
         config["num_hidden_layers"] = 7
         (folder / "config.json").write_text(json.dumps(config))
-        record["files"]["config.json"] = train_model.sha256_file(folder / "config.json")
+        record["files"]["config.json"] = train_record.sha256_file(folder / "config.json")
     elif change == "a file missing":
         (folder / "model.safetensors").unlink()
     elif change == "a file linked":
