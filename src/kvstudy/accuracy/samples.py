@@ -53,8 +53,23 @@ _NAME = re.compile(
 _LENGTH_REASONS = ("length", "max_tokens", "max_length")
 # keys of a row that are not per-document metric values
 _KNOWN_KEYS = frozenset(
-    "doc_id doc target arguments resps filtered_resps filter metrics doc_hash prompt_hash target_hash task "
-    "task_name truncated finish_reason".split()
+    {
+        "doc_id",
+        "doc",
+        "target",
+        "arguments",
+        "resps",
+        "filtered_resps",
+        "filter",
+        "metrics",
+        "doc_hash",
+        "prompt_hash",
+        "target_hash",
+        "task",
+        "task_name",
+        "truncated",
+        "finish_reason",
+    }
 )
 
 

@@ -70,9 +70,27 @@ NEUTRAL_FIELDS = frozenset(
     "text_config vision_config audio_config bias attention_bias mlp_bias tokenizer_class pretraining_tp "
     "kv_lora_rank q_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim".split()
 )
-NEUTRAL_PARTS = tuple(
-    "token_id rope dropout eps expert moe router routed topk _group scaling softcap logit norm init output_ "
-    "aux_loss _act mlp ffn".split()
+NEUTRAL_PARTS = (
+    "token_id",
+    "rope",
+    "dropout",
+    "eps",
+    "expert",
+    "moe",
+    "router",
+    "routed",
+    "topk",
+    "_group",
+    "scaling",
+    "softcap",
+    "logit",
+    "norm",
+    "init",
+    "output_",
+    "aux_loss",
+    "_act",
+    "mlp",
+    "ffn",
 )
 
 
@@ -156,6 +174,15 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
         if merged.get(key) is None:
             merged[key] = value
     return merged
+
+
+@overload
+def positive_int(cfg: dict[str, Any], key: str, where: str, required: Literal[True] = True) -> int: ...
+@overload
+def positive_int(cfg: dict[str, Any], key: str, where: str, required: bool) -> int | None: ...
+def positive_int(cfg: dict[str, Any], key: str, where: str, required: bool = True) -> int | None:
+    """A positive integer field, or a one-line StudyError naming the file and field (config_fields.config_int)."""
+    return config_int(cfg, key, where, required)
 
 
 def model_dtype(cfg: dict[str, Any], where: str) -> str:

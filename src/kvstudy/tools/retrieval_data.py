@@ -49,8 +49,19 @@ FILLER_SUBJECTS = (
     "The school bus",
     "My aunt",
 )
-FILLER_VERBS = tuple(
-    "watched found carried painted visited followed heard cleaned opened passed counted remembered".split()
+FILLER_VERBS = (
+    "watched",
+    "found",
+    "carried",
+    "painted",
+    "visited",
+    "followed",
+    "heard",
+    "cleaned",
+    "opened",
+    "passed",
+    "counted",
+    "remembered",
 )
 FILLER_OBJECTS = (
     "the bright window",

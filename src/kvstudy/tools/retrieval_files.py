@@ -36,9 +36,19 @@ from kvstudy.limits import (
 from kvstudy.outputs import claim_output_folder
 from kvstudy.tools.retrieval_data import DEFAULT_SEED, KINDS, generate_items
 
-ITEM_FIELDS = tuple(
-    "id kind context_id context question answer_prefix answer context_tokens_approx target_tokens n_keys "
-    "depth seed".split()
+ITEM_FIELDS = (
+    "id",
+    "kind",
+    "context_id",
+    "context",
+    "question",
+    "answer_prefix",
+    "answer",
+    "context_tokens_approx",
+    "target_tokens",
+    "n_keys",
+    "depth",
+    "seed",
 )
 
 

@@ -11,10 +11,26 @@ from fractions import Fraction
 
 # --kv-cache-dtype values vLLM 0.32 accepts (``CacheDType`` in vllm/config/cache.py). The study
 # checks a configuration against this list before any server starts.
-CACHE_DTYPES: tuple[str, ...] = tuple(
-    "auto float16 bfloat16 fp8 fp8_e4m3 fp8_e5m2 fp8_inc fp8_ds_mla nvfp4_ds_mla turboquant_k8v4 "
-    "turboquant_4bit_nc turboquant_k3v4_nc turboquant_3bit_nc ultraquant_4bit int4_per_token_head "
-    "int8_per_token_head fp8_per_token_head nvfp4 nvfp4_4over6".split()
+CACHE_DTYPES: tuple[str, ...] = (
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+    "fp8_ds_mla",
+    "nvfp4_ds_mla",
+    "turboquant_k8v4",
+    "turboquant_4bit_nc",
+    "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+    "ultraquant_4bit",
+    "int4_per_token_head",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "nvfp4",
+    "nvfp4_4over6",
 )
 
 # Bytes per stored value for the dtypes whose size the capacity math knows (``STR_DTYPE_TO_TORCH_DTYPE``
