@@ -20,10 +20,10 @@ from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import configurations as cf
 from kvstudy.accuracy import records as rec
 from kvstudy.accuracy import runner as ge
-from kvstudy.accuracy import tables as rt
 from kvstudy.accuracy import verdicts as vt
 from kvstudy.accuracy.task_specs import GSM8K_FILTERS
 from kvstudy.io import write_json_atomic
+from kvstudy.report import accuracy as rt
 from kvstudy.run_record import server_record
 from kvstudy.stats import binary as acc
 

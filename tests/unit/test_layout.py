@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     EXPERIMENTS,
     ("notebook", "profiles", "decision_rule", "report_status"),  # decision_rule: the card's one rule (profiles check its thresholds)
     ("distribute",),  # plans a profile's experiments as blocks, runs and collects them
-    ("render", "report_index", "report_html", "report_design", "report_calibration", "profile_new", "decision", "decision_guidance"),
+    ("render", "report", "report_index", "report_html", "report_design", "report_calibration", "profile_new", "decision", "decision_guidance"),
     ("cli",),
 )
 

@@ -1,12 +1,10 @@
-"""The accuracy reports' presentation: one column spec per table, and the verdict sentences.
+"""The accuracy reports' presentation: the column specs of notebooks 03 and 06, and their verdict sentences.
 
 The statistics (:mod:`kvstudy.stats.binary`, :mod:`kvstudy.stats.binary_power`) and the records of
 notebooks 03 and 06 (:mod:`kvstudy.accuracy.analysis`, :mod:`kvstudy.accuracy.verdicts`) carry
-numbers only; this module is the one place that turns them into text. A table is a :class:`Table`
-of :class:`Column` specs, each naming the record field it shows (``key``), its header, its unit
-and how its cells are formatted; :func:`render` makes the DataFrame that
-:func:`kvstudy.notebook.table` displays. Notebooks read the records' fields for their own
-conclusions, never a rendered cell.
+numbers only; this module is the one place that turns them into text. Each table is a
+:class:`kvstudy.report.tables.Table` (:func:`kvstudy.report.tables.render` makes its DataFrame).
+Notebooks read the records' fields for their own conclusions, never a rendered cell.
 
 Signs: a difference is candidate minus baseline, in points (hundredths), shown with its sign.
 Overlapping Wilson intervals are never used as a test, and no sentence here says they are.
@@ -14,16 +12,15 @@ Overlapping Wilson intervals are never used as a test, and no sentence here says
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvstudy.accuracy.analysis import PowerRow
 from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.accuracy.verdicts import RetrievalPaired
 from kvstudy.capture import MANIFEST, read_manifest
+from kvstudy.report.tables import Column, Table, or_text
 from kvstudy.stats.binary import (
     ChanceCheck,
     DifferenceInterval,
@@ -34,9 +31,6 @@ from kvstudy.stats.binary import (
 )
 from kvstudy.stats.binary_power import TotalsBounds
 from kvstudy.stats.family import holm
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 CONTROL_PREFIX = "A/A control"
 # The clustered error is 0 and an interval of width 0 would claim a certainty the data do not have,
@@ -53,47 +47,6 @@ def captured_settings(capture_dir: str | Path, run_missing: bool) -> dict[str, A
         return {}
     settings = (read_manifest(capture_dir).get("spec") or {}).get("settings")
     return dict(settings) if isinstance(settings, dict) else {}
-
-
-def _as_is(value: Any) -> Any:
-    return value
-
-
-@dataclass(frozen=True)
-class Column:
-    """One column of a table: which field of the record it shows, under which header, how."""
-
-    key: str  # attribute path on the record, e.g. "comparison.counts.baseline_only"; "" = the record
-    header: str  # "{unit}" and "{row.<path>}" (a field of the first record) are filled in
-    unit: str = ""  # "%", "points", "items", "tokens"; "" for labels, counts and p-values
-    format: Callable[[Any], Any] = _as_is  # the field's value -> the cell (number, text, bool or None)
-
-    def title(self, first: Any) -> str:
-        return self.header.format(unit=self.unit, row=first)
-
-    def cell(self, record: Any) -> Any:
-        return self.format(operator.attrgetter(self.key)(record) if self.key else record)
-
-
-@dataclass(frozen=True)
-class Table:
-    """The column specs of one table, in order."""
-
-    columns: tuple[Column, ...]
-
-    def without(self, *headers: str) -> Table:
-        """The same table without the columns with these headers (as written in the spec)."""
-        return replace(self, columns=tuple(c for c in self.columns if c.header not in headers))
-
-
-def render(records: Sequence[Any], table: Table) -> pd.DataFrame:
-    """The records as a DataFrame for :func:`kvstudy.notebook.table` (empty without records)."""
-    import pandas as pd
-
-    if not records:
-        return pd.DataFrame()
-    titles = [c.title(records[0]) for c in table.columns]
-    return pd.DataFrame([{t: c.cell(r) for t, c in zip(titles, table.columns)} for r in records])
 
 
 # --------------------------------------------------------------------------- cell formats
@@ -126,11 +79,6 @@ def _interval(iv: DifferenceInterval) -> str:
 def _points(x: float) -> str:
     """A difference as signed points with a true minus sign, for sentences."""
     return f"{100 * x:+.1f}".replace("-", "\u2212")
-
-
-def _or(text: str) -> Callable[[Any], Any]:
-    """The value itself, or ``text`` where it is None (not judged, not defined)."""
-    return lambda value: text if value is None else value
 
 
 LABEL = Column("label", "configuration")
@@ -217,7 +165,7 @@ PAIRED = Table(
             "by_share.non_inferior",
             "non-inferior at {row.by_share.share_pct:g}% of {row.comparison.baseline} "
             "({row.by_share.margin_points:.2f} points)",
-            format=_or("not defined (16-bit score 0)"),
+            format=or_text("not defined (16-bit score 0)"),
         ),
         Column("", "identical responses", format=lambda r: f"{r.identical_responses}/{r.comparison.counts.n}"),
     )
@@ -303,7 +251,7 @@ RETRIEVAL_PAIRED = Table(
     (
         LABEL,
         Column("control", "role", format=lambda c: CONTROL_PREFIX if c else "candidate"),
-        Column("length", "context length ({unit})", "tokens", _or("all")),
+        Column("length", "context length ({unit})", "tokens", or_text("all")),
         Column("counts.n", "items"),
         Column("clustered.clusters", "contexts"),
         Column("counts.baseline_only", "only {row.baseline} right"),
@@ -314,7 +262,7 @@ RETRIEVAL_PAIRED = Table(
         Column(
             "non_inferiority.non_inferior",
             "non-inferior at {row.non_inferiority.margin_points:g} points",
-            format=_or("not judged (no variation)"),
+            format=or_text("not judged (no variation)"),
         ),
         Column(
             "clustered",
