@@ -207,13 +207,18 @@ ACRONYMS = {
 def csv_tables(figures_dir: str | Path, prefix: str) -> None:
     """From here on, write every table this kernel shows as ``<figures_dir>/<prefix>-table-<n>.csv``.
 
-    Covers ``display(df)`` of a DataFrame or Styler (their HTML is shown as before, with
-    snake_case headers in words and yes/no for booleans), :func:`table`, :func:`settings_table`
-    and :func:`provenance`; each table gets a line naming its CSV. The CSV holds the values, not
-    the display strings. Call it once, after the imports (every notebook does)."""
+    Covers ``display(df)`` of a DataFrame or Styler (shown as :func:`styled` makes them),
+    :func:`table`, :func:`settings_table` and :func:`provenance`; each table gets a line naming its
+    CSV. The CSV holds the values, not the display strings. Call it once, after the imports (every
+    notebook does)."""
     _CSV.update(folder=Path(figures_dir), prefix=prefix, count=0)
     for stale in Path(figures_dir).glob(f"{prefix}-table-*.csv"):  # numbered by an earlier run: would outlive it
         stale.unlink()
+
+
+def _show_frames_as_reports() -> None:
+    """Make this kernel show every DataFrame and Styler as a report table (:func:`styled`), with its CSV
+    once :func:`csv_tables` names a folder; nothing outside a kernel."""
     try:
         from IPython import get_ipython
     except ImportError:  # pragma: no cover - IPython comes with the notebook tools
@@ -271,13 +276,50 @@ def table_csv(df: Any, name: str | None = None) -> str:
     return f'<p class="kvstudy-note {CSV_NOTE}">As CSV: <code>{shown}</code></p>'
 
 
+def _cell(value: Any) -> str:
+    """A DataFrame cell as the report shows it (HTML): ``display.float_format`` where a notebook set
+    one, integers without ``.0``, no e-notation, long text breakable after path separators."""
+    if isinstance(value, float) or type(value).__name__.startswith("float"):
+        number = float(value)
+        import pandas as pd
+
+        shown = pd.get_option("display.float_format")
+        if shown is not None:
+            return html.escape(str(shown(number)))
+        if number.is_integer():
+            return str(int(number))
+        return f"{number:.6f}".rstrip("0") if math.isfinite(number) else str(number)
+    return _breakable(str(value))
+
+
+def _no_row_numbers(styler: Any) -> Any:
+    """The Styler without the index where it only numbers the rows."""
+    import pandas as pd
+
+    index = styler.data.index
+    plain = not _has_named_index(styler.data) and pd.api.types.is_integer_dtype(index)
+    return styler.hide(axis="index") if plain else styler
+
+
+def styled(df: Any) -> str:
+    """A DataFrame as a report table (pandas' Styler): headers in words, no row numbers, ``–`` for a
+    missing value (with a note saying so), integers as integers, yes/no for booleans."""
+    shown = _readable(df)
+    styler = _no_row_numbers(shown.style.format(_cell, na_rep=MISSING).format_index(escape="html", axis=1))
+    body = styler.to_html(exclude_styles=True)
+    note = ""
+    if bool(shown.isna().to_numpy().any()):
+        note = f'<p class="kvstudy-note">{MISSING}: no value (not measured, not applicable or not stated by the source).</p>'
+    return f'<div class="kvstudy-table">{body}{note}</div>'
+
+
 def _frame_html(df: Any) -> str:
-    return str(_readable(df)._repr_html_()) + table_csv(df)
+    return styled(df) + table_csv(df)
 
 
 def _styler_html(styler: Any) -> str:
     styler.relabel_index([human_header(c) for c in styler.data.columns], axis=1)
-    return str(styler._repr_html_()) + table_csv(styler.data)
+    return str(_no_row_numbers(styler)._repr_html_()) + table_csv(styler.data)
 
 
 def _breakable(text: str) -> str:
@@ -293,6 +335,9 @@ def _breakable(text: str) -> str:
 def _has_named_index(df: Any) -> bool:
     names = [n for n in getattr(df.index, "names", []) if n is not None]
     return bool(names)
+
+
+_show_frames_as_reports()
 
 
 def given_parameters() -> set[str]:
