@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvstudy import notebook
+from kvstudy.report import notebook
 
 
 @pytest.fixture()

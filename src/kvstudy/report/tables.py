@@ -64,7 +64,7 @@ class Table:
 
 
 def render(records: Sequence[Any], table: Table) -> pd.DataFrame:
-    """The records as a DataFrame for :func:`kvstudy.notebook.table` (empty without records)."""
+    """The records as a DataFrame for :func:`kvstudy.report.notebook.table` (empty without records)."""
     import pandas as pd
 
     if not records:

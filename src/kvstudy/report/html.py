@@ -5,7 +5,7 @@
 - source documents are named by title instead of "seed 000";
 - the page is nbconvert's lab template extended by ``templates/report.html.j2`` (its style sheet wraps
   long text in cells and keeps tables and figures inside the page); the tables themselves come
-  shaped from the kernel (:func:`kvstudy.notebook.styled`: no row numbers, a dash for a missing value).
+  shaped from the kernel (:func:`kvstudy.report.notebook.styled`: no row numbers, a dash for a missing value).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.io import read_json, write_csv
-from kvstudy.notebook import CSV_NOTE, DEFAULT, FINDING_KEY, GIVEN, SETTINGS_KEY, SOURCE_TITLES, VERDICT_KEY
 from kvstudy.redact import write_scrubbed
+from kvstudy.report.notebook import CSV_NOTE, DEFAULT, FINDING_KEY, GIVEN, SETTINGS_KEY, SOURCE_TITLES, VERDICT_KEY
 
 HIDDEN_TAGS = {"parameters", "injected-parameters"}
 RUNNER_SET = "set by the runner"
 SEED = re.compile(r"\b[Ss]eed (00\d)\b")
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"  # package data (pyproject)
 
 
 def name_sources(text: str) -> str:

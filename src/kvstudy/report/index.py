@@ -17,9 +17,9 @@ from kvstudy import decision_rule as rule
 from kvstudy.decision import card_from_status
 from kvstudy.errors import StudyError
 from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
-from kvstudy.notebook import git_commit
 from kvstudy.redact import write_scrubbed
-from kvstudy.report_html import extract_results, name_sources
+from kvstudy.report.html import TEMPLATES, extract_results, name_sources
+from kvstudy.report.notebook import git_commit
 
 STYLE = """body{font-family:sans-serif;max-width:76em;margin:1em auto;padding:0 1em;line-height:1.4}
 li{margin:.4em 0}.meta,.kicker{color:#555;font-size:.9em}.kicker{margin:0}.failed{color:#a00}.absent{color:#777}
@@ -49,7 +49,7 @@ def prose(text: Any) -> Markup:
 
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
+        loader=jinja2.FileSystemLoader(TEMPLATES),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
