@@ -69,7 +69,7 @@ def test_a_styled_table_is_written_from_its_data(csv_folder: Path) -> None:
 
 def test_report_table_headers_in_words() -> None:
     shown = notebook.table(pd.DataFrame({"log_kv_dtype": ["fp8"], "agree": [True]})).data
-    assert "<th>log KV dtype</th>" in shown and "<td>yes</td>" in shown
+    assert re.search("<th ?>log KV dtype</th>", shown) and re.search("<td ?>yes</td>", shown)
 
 
 def test_an_earlier_runs_numbered_tables_do_not_outlive_it(tmp_path: Path) -> None:

@@ -12,11 +12,10 @@ Overlapping Wilson intervals are never used as a test, and no sentence here says
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kvstudy.accuracy.analysis import PowerRow
 from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.accuracy.verdicts import RetrievalPaired
 from kvstudy.capture import MANIFEST, read_manifest
@@ -362,23 +361,6 @@ def totals_sentence(t: TotalsBounds) -> str:
         f"{_points(t.unpaired.low)} to {_points(t.unpaired.high)} points."
     )
     return head + test + power + ci
-
-
-def power_sentence(rows: Sequence[PowerRow]) -> str:
-    """The smallest loss n paired items find with 80 % power at each assumed discordance."""
-    parts = [
-        f"{100 * r.detectable_loss:.1f} points if the runs disagree on {100 * r.discordance:.0f}% of questions"
-        for r in rows
-        if r.detectable_loss is not None
-    ]
-    n = rows[0].n if rows else 0
-    if not parts:
-        return f"With {n} questions no loss is found with 80% power at these discordance rates."
-    return (
-        f"With {n} paired questions, the smallest loss found with 80% power is about "
-        + "; ".join(parts)
-        + ". Smaller losses can go unseen."
-    )
 
 
 def discrimination_sentence(d: Discrimination) -> str:

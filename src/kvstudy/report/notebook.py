@@ -151,25 +151,13 @@ def format_value(value: Any, decimals: int = 2) -> str:
 
 
 def table(df: Any, decimals: int = 2, note: str | None = None, values: Any = None) -> Any:
-    """A DataFrame as a report table: no row numbers, full text, ``–`` for a missing value with a note.
-    ``values``: the frame its CSV holds when ``df`` shows formatted numbers (full precision there)."""
+    """A DataFrame as a report table (:func:`styled`, cells by :func:`format_value`), with ``note``
+    under it. ``values``: the frame its CSV holds when ``df`` shows formatted numbers (full precision there)."""
     from IPython.display import HTML
 
-    shown = df.reset_index() if _has_named_index(df) else df
-    cells = [[format_value(v, decimals) for v in row] for row in shown.itertuples(index=False)]
-    head = "".join(f"<th>{html.escape(str(human_header(c)))}</th>" for c in shown.columns)
-    body = "".join("<tr>" + "".join(f"<td>{_breakable(c)}</td>" for c in row) + "</tr>" for row in cells)
-    missing = any(c == MISSING for row in cells for c in row)
-    notes = [note] if note else []
-    if missing:
-        notes.append(f"{MISSING}: no value (not measured, not applicable or not stated by the source).")
-    foot = "".join(f'<p class="kvstudy-note">{html.escape(n)}</p>' for n in notes) + table_csv(
-        df if values is None else values
-    )
-    return HTML(
-        f'<div class="kvstudy-table"><table class="dataframe">'
-        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{foot}</div>"
-    )
+    shown = df.reset_index() if _has_named_index(df) else df.reset_index(drop=True)
+    cell = lambda value: _breakable(format_value(value, decimals))  # noqa: E731
+    return HTML(styled(shown, cell, note) + table_csv(df if values is None else values))
 
 
 # --------------------------------------------------------------------------- every table as CSV
@@ -301,16 +289,16 @@ def _no_row_numbers(styler: Any) -> Any:
     return styler.hide(axis="index") if plain else styler
 
 
-def styled(df: Any) -> str:
+def styled(df: Any, cell: Any = _cell, note: str | None = None) -> str:
     """A DataFrame as a report table (pandas' Styler): headers in words, no row numbers, ``–`` for a
-    missing value (with a note saying so), integers as integers, yes/no for booleans."""
+    missing value (with a note saying so), integers as integers, yes/no for booleans; ``note`` under it."""
     shown = _readable(df)
-    styler = _no_row_numbers(shown.style.format(_cell, na_rep=MISSING).format_index(escape="html", axis=1))
-    body = styler.to_html(exclude_styles=True)
-    note = ""
+    styler = _no_row_numbers(shown.style.format(cell, na_rep=MISSING).format_index(escape="html", axis=1))
+    notes = [note] if note else []
     if bool(shown.isna().to_numpy().any()):
-        note = f'<p class="kvstudy-note">{MISSING}: no value (not measured, not applicable or not stated by the source).</p>'
-    return f'<div class="kvstudy-table">{body}{note}</div>'
+        notes.append(f"{MISSING}: no value (not measured, not applicable or not stated by the source).")
+    foot = "".join(f'<p class="kvstudy-note">{html.escape(n)}</p>' for n in notes)
+    return f'<div class="kvstudy-table">{styler.to_html(exclude_styles=True)}{foot}</div>'
 
 
 def _frame_html(df: Any) -> str:

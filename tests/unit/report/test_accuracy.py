@@ -244,9 +244,6 @@ def test_power_tables() -> None:
     few = render(ga.power_rows(20, (0.05, 0.02), loss=0.03), rt.POWER_FOR_A_LOSS)
     assert list(few.iloc[:, 1]) == ["none up to the discordance"] * 2
     assert few.iloc[1, 2] == "impossible (loss > discordance)"
-    text = rt.power_sentence(ga.power_rows(500, (0.02, 0.05)))
-    assert text.startswith("With 500 paired questions, the smallest loss found with 80% power is about 1.8 points")
-    assert "no loss is found" in rt.power_sentence(ga.power_rows(20, (0.05,)))
     assert list(render(ga.power_rows(500), rt.POWER).columns) == [
         "runs disagree on",
         "smallest loss found at N=500 (80% power)",
