@@ -140,7 +140,7 @@ def test_capture_tables_paired_and_discrimination(tmp_path):
     counts = pairs[0].comparison.counts
     assert counts.baseline_only == 2 and counts.candidate_only == 0
     assert pairs[0].comparison.mcnemar.p_value == pytest.approx(0.5)
-    assert "The paired test shows no difference" in rt.paired_sentence(pairs[0].comparison)
+    assert "The paired test shows no difference" in vt.paired_sentence(pairs[0].comparison)
     disc = ga.discrimination(results, "bf16", "bf16-zero-shot", "strict-match")
     assert disc.discriminates and disc.p_value == pytest.approx(0.5**8)
     with pytest.raises(StudyError, match="no finished records"):

@@ -102,10 +102,10 @@ def test_totals_table_and_sentences() -> None:
     assert kv["runs disagree on (items)"] == "5 to 87" and kv["disagreement rate %"] == "1.0 to 17.4"
     assert kv["loss found with 80% power (points)"] == "1.6 to 5.4"
     assert kv["unpaired 95% interval (Newcombe, points)"] == "-4.5 to +2.5"
-    by_name = {r.name: rt.totals_sentence(r.bounds) for r in rows}
+    by_name = {r.name: vt.totals_sentence(r.bounds) for r in rows}
     assert "cannot show a difference" in by_name["fp8-kv"] and "\u22121.0 points" in by_name["fp8-kv"]
     assert "between 0.0312 and" in by_name["fp8-weights"]
-    assert "at none of these rates" in rt.totals_sentence(totals.totals_bounds(5, 3, 2))
+    assert "at none of these rates" in vt.totals_sentence(totals.totals_bounds(5, 3, 2))
     assert render([vt.TotalsRow("x", "small", totals.totals_bounds(5, 3, 2))], rt.TOTALS).iloc[0, 6] == "none"
 
 
@@ -165,17 +165,17 @@ def test_paired_table_headers_follow_the_records() -> None:
 
 def test_paired_sentences_follow_the_numbers() -> None:
     ok = stats.compare(*outcomes((450, 4, 3, 43)), margin_points=2.0)
-    text = rt.paired_sentence(ok)
+    text = vt.paired_sentence(ok)
     assert "Non-inferior at a margin of 2.00 points" in text
     assert "no difference" in text and "not proof" in text
     loss = stats.compare(
         *outcomes((400, 30, 5, 65)), margin_points=1.0, candidate_label="FP8 KV", baseline_label="BF16"
     )
-    text = rt.paired_sentence(loss)
+    text = vt.paired_sentence(loss)
     assert "FP8 KV scoring lower than BF16" in text and "is not shown" in text
-    assert "exactly the same" in rt.paired_sentence(stats.compare(*outcomes((450, 0, 0, 50)), margin_points=1.0))
+    assert "exactly the same" in vt.paired_sentence(stats.compare(*outcomes((450, 0, 0, 50)), margin_points=1.0))
     for cells in [(450, 4, 3, 43), (400, 30, 5, 65), (450, 0, 0, 50), (300, 2, 20, 178)]:
-        words = rt.paired_sentence(stats.compare(*outcomes(cells), margin_points=1.0)).lower()
+        words = vt.paired_sentence(stats.compare(*outcomes(cells), margin_points=1.0)).lower()
         assert "overlap" not in words and "wilson" not in words  # overlap is never used as a test
 
 
