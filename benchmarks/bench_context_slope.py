@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kvstudy.context.live import analyse_capture, slope_table
 from kvstudy.errors import StudyError
+from kvstudy.report.tables import slope_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,25 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     except StudyError as exc:
         print(f"bench_context_slope: error: {exc}", file=sys.stderr)
         return 2
-    bw_col = next(c for c in table.columns if c.startswith("bandwidth"))
     print(
         f"capture {args.capture}: model {analysis.spec.model}, lengths {list(analysis.spec.lengths)}, "
-        f"seeds {list(analysis.spec.seeds)}, {bw_col} = {table[bw_col].iloc[0]:.2f} GB/s"
+        f"seeds {list(analysis.spec.seeds)}, bandwidth ({origin}) = {table[0].bandwidth_gb_s:.2f} GB/s"
     )
     print(
         f"{'arm':<14}{'measured ms/token':>20}{'95 % interval':>26}{'predicted ms/token':>20}{'measured/predicted':>20}"
     )
-    for _, row in table.iterrows():
-        measured = row["measured slope (ms/token)"]
-        if measured is None or measured != measured:  # None or NaN: the arm was not measured
-            print(
-                f"{row['arm']:<14}{'-':>20}{'':>26}{row['predicted slope (ms/token)']:>20.3e}{'-':>20}  {row['status']}"
-            )
+    for row in table:
+        if row.slope_ms is None:  # the arm was not measured
+            print(f"{row.arm:<14}{'-':>20}{'':>26}{row.predicted_ms:>20.3e}{'-':>20}  {row.status}")
             continue
-        ratio = row["measured / predicted"]
         print(
-            f"{row['arm']:<14}{row['measured slope (ms/token)']:>20.3e}{row['95 % interval']:>26}"
-            f"{row['predicted slope (ms/token)']:>20.3e}{ratio:>20.2f}  {row['status']}"
+            f"{row.arm:<14}{row.slope_ms:>20.3e}{slope_interval(row.slope_ci):>26}"
+            f"{row.predicted_ms:>20.3e}{row.ratio:>20.2f}  {row.status}"
         )
     for c in analysis.comparisons:
         print(c.statement)

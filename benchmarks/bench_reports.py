@@ -9,7 +9,7 @@ import argparse
 import sys
 import time
 
-from kvstudy.render import run_profile
+from kvstudy.report.render import run_profile
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """The decision card: should this profile's model store its KV cache in FP8, and on what evidence?
 
-Each notebook states structured verdicts (``kvstudy.notebook.verdict``: a state, a sentence, plain
+Each notebook states structured verdicts (``kvstudy.report.notebook.verdict``: a state, a sentence, plain
 facts, the step that would settle it); ``kvstudy render`` keeps them in ``reports/<profile>/status.json``.
 This module reads them back, defensively (a verdict that is absent or malformed is "not measured"),
 into the inputs of the one rule (:mod:`kvstudy.decision_rule`), and lays out the card: the answer and
@@ -23,7 +23,7 @@ from kvstudy import decision_rule as rule
 from kvstudy.decision_guidance import Guidance, evaluate_guidance
 from kvstudy.errors import StudyError
 from kvstudy.io import REPO_ROOT
-from kvstudy.report_status import read_status
+from kvstudy.report.status import read_status
 
 # Topics in the order the card lists them, with the notebook that states each.
 TOPICS = {
@@ -44,7 +44,7 @@ class CardLine:
     """One topic of the card: its state, the sentence, and what would settle it."""
 
     topic: str
-    state: str  # one of kvstudy.notebook.VERDICT_STATES, or "reported": a finding without a structured verdict
+    state: str  # one of kvstudy.report.notebook.VERDICT_STATES, or "reported": a finding without a structured verdict
     text: str
     report: str  # the notebook stem whose report holds the detail
     next_step: str | None = None
@@ -389,7 +389,7 @@ def _run(profile: str, stem: str, stems: list[str]) -> str:
 def _missing_step(missing: rule.Missing, profile: str, th: rule.Thresholds, stems: list[str]) -> str:
     """The command that gets a missing measurement, with its cost (the reports' own next steps stay in
     the topic table)."""
-    from kvstudy.report_design import accuracy_design, need_sentence, speed_design
+    from kvstudy.report.design import accuracy_design, need_sentence, speed_design
 
     if missing.what == "capacity":
         return (

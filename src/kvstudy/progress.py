@@ -1,6 +1,6 @@
 """One progress channel for every runner: a callable that takes one line of text.
 
-In a notebook kernel the runners are handed :func:`kvstudy.notebook.progress`, whose lines
+In a notebook kernel the runners are handed :func:`kvstudy.report.notebook.progress`, whose lines
 ``make all`` forwards to the terminal; on the command line they get ``print``; tests pass
 :func:`silent`. :class:`Tracker` counts a run's finished items and says, with each, how many are
 done, the time so far and, from the mean so far, about how long the rest will take.

@@ -20,10 +20,10 @@ from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import configurations as cf
 from kvstudy.accuracy import records as rec
 from kvstudy.accuracy import runner as ge
-from kvstudy.accuracy import tables as rt
 from kvstudy.accuracy import verdicts as vt
 from kvstudy.accuracy.task_specs import GSM8K_FILTERS
 from kvstudy.io import write_json_atomic
+from kvstudy.report import accuracy as rt
 from kvstudy.run_record import server_record
 from kvstudy.stats import binary as acc
 
@@ -148,7 +148,7 @@ def test_fp8_kv_against_bf16_kv(request, tiny_model, tmp_path, live_server_confi
     results = ge.load_capture(live_capture, ["bf16", "fp8-kv"])
     assert [r.prompt_hash for r in results["bf16"].records] == [r.prompt_hash for r in records]
     pairs = vt.paired_rows(results, "bf16", SETTINGS.primary_filter, 2.0, 0.99)
-    assert len(pairs) == 1 and "exact McNemar p" in rt.paired_sentence(pairs[0].comparison)
+    assert len(pairs) == 1 and "exact McNemar p" in vt.paired_sentence(pairs[0].comparison)
     same = sum(a.response == b.response for a, b in zip(results["bf16"].records, records))
     assert pairs[0].identical_responses == same
     (guard,) = ga.guard_rows(results, "bf16")

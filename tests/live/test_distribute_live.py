@@ -141,11 +141,10 @@ def test_two_blocks_as_separate_processes_collected_and_rendered(tmp_path: Path,
         assert manifest["complete"]
         (verdict,) = vt.capture_verdicts(cap)
         assert verdict.verdict.verdict  # computed from the collected per-request records
-        frame = vt.capture_verdict_frame([verdict])
-        assert frame["run order"].tolist() == ["blocked, balanced (ABBA)"]
+        assert verdict.verdict.order_design == "blocked, balanced (ABBA)"
     else:
         assert manifest["items"]["fp8__s0__u1"] == "failed" and manifest["items"]["auto__s0__u1"] == "ok"
-    from kvstudy import render as report
+    from kvstudy.report import render as report
 
     params = {"profile": "two", "figures_dir": str(tmp_path / "figures"), "capture": str(out), "run_missing": False}
     run = report.run_notebook(ROOT / "notebooks" / "02_speed-sweep.ipynb", tmp_path / "reports", params, ROOT)

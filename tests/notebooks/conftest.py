@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy import render
-from kvstudy.render import NotebookRun
+from kvstudy.report import render
+from kvstudy.report.render import NotebookRun
 
 ROOT = Path(__file__).resolve().parents[2]
 

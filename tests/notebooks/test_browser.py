@@ -167,7 +167,7 @@ def test_every_table_a_report_shows_has_its_csv(rendered: Path) -> None:
 def test_kv_precision_settings_say_what_came_from_the_capture(rendered: Path) -> None:
     import csv
 
-    from kvstudy.notebook import DEFAULT, FROM_CAPTURE
+    from kvstudy.report.notebook import DEFAULT, FROM_CAPTURE
 
     path = rendered.parents[1] / "figures" / "reference" / "07-settings.csv"
     origins = {row["setting"]: row["origin"] for row in csv.DictReader(path.open(encoding="utf-8"))}

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy import decision, render
+from kvstudy import decision
+from kvstudy.report import render
 from kvstudy import decision_rule as rule
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy import render
 from kvstudy.errors import StudyError
+from kvstudy.report import render
 
 ROOT = Path(__file__).resolve().parents[2]
 STEM = "01_capacity-math"

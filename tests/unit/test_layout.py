@@ -25,9 +25,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("run_record",),
     ("bench",),
     EXPERIMENTS,
-    ("notebook", "profiles", "decision_rule", "report_status"),  # decision_rule: the card's one rule (profiles check its thresholds)
+    ("profiles", "decision_rule"),  # decision_rule: the card's one rule (profiles check its thresholds)
     ("distribute",),  # plans a profile's experiments as blocks, runs and collects them
-    ("render", "report_index", "report_html", "report_design", "report_calibration", "profile_new", "decision", "decision_guidance"),
+    (
+        "report",
+        "report_calibration",
+        "profile_new",
+        "decision",
+        "decision_guidance",
+    ),  # report/: tables, notebook, html, index, render, design, status
     ("cli",),
 )
 

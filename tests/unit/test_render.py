@@ -9,9 +9,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kvstudy import render as report
 from kvstudy.digests import file_digest
 from kvstudy.errors import StudyError
+from kvstudy.report import render as report
 
 
 def make_notebook(path: Path, body: str) -> None:
@@ -28,7 +28,7 @@ def make_notebook(path: Path, body: str) -> None:
 
 
 OK_BODY = (
-    "from kvstudy.notebook import finding, verdict, progress\nimport pandas as pd\n"
+    "from kvstudy.report.notebook import finding, verdict, progress\nimport pandas as pd\n"
     "progress('cell 1 of 1')\nverdict('capacity', f'twice the tokens at {value}')\n"
     "finding(f'value is {value * 2} on {profile}')\n"
     "pd.DataFrame({'tokens': [2097152.0, float('nan')], 'name': ['a', None]})"

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from tests.unit.test_render import OK_BODY, make_notebook
 
-from kvstudy import render as report
-from kvstudy.report_index import INTERRUPTED, status_from_reports
+from kvstudy.report import render as report
+from kvstudy.report.index import INTERRUPTED, status_from_reports
 
-OTHER_BODY = "from kvstudy.notebook import finding\nfinding(f'other notebook saw {value}')"
+OTHER_BODY = "from kvstudy.report.notebook import finding\nfinding(f'other notebook saw {value}')"
 
 
 @pytest.fixture()

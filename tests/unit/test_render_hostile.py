@@ -16,8 +16,8 @@ import pytest
 from tests.unit.test_render import OK_BODY, make_notebook
 
 from kvstudy import cli, decision
-from kvstudy import render as report
 from kvstudy.errors import StudyError
+from kvstudy.report import render as report
 
 
 @pytest.fixture()
@@ -25,7 +25,7 @@ def study(tmp_path: Path) -> Path:
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "profiles").mkdir()
     make_notebook(tmp_path / "notebooks" / "01_ok.ipynb", OK_BODY)
-    make_notebook(tmp_path / "notebooks" / "03_other.ipynb", "from kvstudy.notebook import finding\nfinding('other')")
+    make_notebook(tmp_path / "notebooks" / "03_other.ipynb", "from kvstudy.report.notebook import finding\nfinding('other')")
     (tmp_path / "profiles" / "demo.yaml").write_text("description: d\nnotebooks:\n  01_ok: {value: 21}\n  03_other:\n")
     return tmp_path
 
@@ -110,7 +110,7 @@ def test_verdict_json_prints_no_nan(
 
 
 SLOW_CLEANUP = (
-    "import time\nfrom kvstudy.notebook import progress\nprogress('serving')\n"
+    "import time\nfrom kvstudy.report.notebook import progress\nprogress('serving')\n"
     "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    time.sleep(4)  # a server being stopped\n    raise\n"
 )
 
@@ -120,11 +120,11 @@ def test_ctrl_c_during_a_render_is_one_line_and_exit_130(study: Path) -> None:
     ZMQ traceback when its reply socket closed; now one line and exit 130."""
     make_notebook(study / "notebooks" / "01_ok.ipynb", SLOW_CLEANUP)
     code = (
-        "import sys; from pathlib import Path; from kvstudy import cli, render\n"
+        "import sys; from pathlib import Path; from kvstudy import cli\nfrom kvstudy.report import render\n"
         "render.run_profile.__defaults__ = (Path(sys.argv[1]), ())  # the test's study, not the repository\n"
         "sys.exit(cli.main(['render', '--profile', 'demo', '--only', '01_ok']))"
     )
-    root = Path(report.__file__).resolve().parents[1]
+    root = Path(report.__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     proc = subprocess.Popen(
         [sys.executable, "-c", code, str(study)],

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import nbformat
 
-from kvstudy import render as report
+from kvstudy.report import render as report
 
 TOKEN = "hf_PlantedTok0a1b2c3d4e5f6"  # shaped like a Hugging Face token
 PASSWORD = "plantedUrlPw-5d7e"
@@ -19,7 +19,7 @@ PLANTED = (TOKEN, PASSWORD, ERROR_TOKEN, DESCRIPTION_TOKEN)
 
 OK_BODY = (
     "from pathlib import Path\nimport pandas as pd\nfrom kvstudy.model.plan import write_csv\n"
-    "from kvstudy.notebook import finding\n"
+    "from kvstudy.report.notebook import finding\n"
     "name = Path(model).name\nprint('serving', name)\n"  # part of the value: the folder's own name
     "print('mirror', endpoint.replace('hub.example', 'mirror.example/v2'))\n"  # a longer URL
     "write_csv(pd.DataFrame({'model': [name]}), figures_dir, 'models')\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kvstudy import render as report
+from kvstudy.report import render as report
 
 PLANTED = {
     "by_name": "plantedProfTok-3b9e71",
@@ -18,7 +18,7 @@ PLANTED = {
 }
 BODY = (
     "print(server_env)\nprint(extra_args)\nprint(endpoint)\n"
-    "from kvstudy.notebook import finding\nfinding(f'{len(server_env)} variables')"
+    "from kvstudy.report.notebook import finding\nfinding(f'{len(server_env)} variables')"
 )
 
 

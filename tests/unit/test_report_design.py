@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstudy import cli, report_design
+from kvstudy import cli
+from kvstudy.report import design as report_design
 from kvstudy.stats.binary_power import non_inferiority_questions
 from kvstudy.stats.permutation import runs_needed, sign_flip_power
 

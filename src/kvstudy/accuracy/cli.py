@@ -16,7 +16,8 @@ import math
 import re
 from typing import Any
 
-from kvstudy.accuracy import samples, tables
+from kvstudy.accuracy import samples
+from kvstudy.accuracy.verdicts import paired_sentence, totals_sentence
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_ITEMS
 from kvstudy.stats import binary, binary_power
@@ -64,7 +65,7 @@ def _compare_json(cmp: binary.PairedComparison) -> dict[str, Any]:
         "difference_ci": [100 * cmp.interval.low, 100 * cmp.interval.high],
         "margin_points": cmp.non_inferiority.margin_points,
         "non_inferior": cmp.non_inferiority.non_inferior,
-        "verdict": tables.paired_sentence(cmp),
+        "verdict": paired_sentence(cmp),
     }
 
 
@@ -84,7 +85,7 @@ def _totals_json(t: binary_power.TotalsBounds) -> dict[str, Any]:
         "detectable_loss_points": [pts(t.detectable_loss_low), pts(t.detectable_loss_high)],
         "power_floor_disagreement_pct": pts(t.power_floor),
         "unpaired_difference_ci": [pts(t.unpaired.low), pts(t.unpaired.high)],
-        "verdict": tables.totals_sentence(t),
+        "verdict": totals_sentence(t),
     }
 
 

@@ -4,7 +4,7 @@ Every number comes from :mod:`kvstudy.stats.binary` (exact McNemar, Newcombe's p
 non-inferiority at a margin, clustered errors, chance) and :mod:`kvstudy.stats.binary_power` (bounds
 from totals); this module only pairs the configurations of a capture and returns one typed record
 per row, for notebooks 03 (GSM8K-format) and 06 (long-context retrieval).
-:mod:`kvstudy.accuracy.tables` renders the records and words their verdicts.
+:mod:`kvstudy.report.accuracy` renders the records and words their verdicts.
 """
 
 from __future__ import annotations
@@ -325,3 +325,89 @@ def detectable_loss(n: int, discordant: int, clustered: bool = False) -> Detecta
         "the runs never disagree" if not discordant else f"the observed disagreement of {100 * rate:.1f} % is too small"
     )
     return DetectableLoss(100 * floor, f"n = {n}; {why}, so at best, every disagreement against the candidate{extra}")
+
+
+# --------------------------------------------------------------------------- verdicts in words (notebook 03, kvstudy accuracy-compare)
+
+
+def _points(x: float) -> str:
+    """A difference as signed points with a true minus sign, for sentences."""
+    return f"{100 * x:+.1f}".replace("-", "\u2212")
+
+
+def paired_sentence(cmp: PairedComparison) -> str:
+    """The verdict of one paired comparison: the counts, the test, the interval and the margin."""
+    c, base, cand, alpha = cmp.counts, cmp.baseline, cmp.candidate, cmp.alpha
+    p, low, high = cmp.mcnemar.p_value, cmp.interval.low, cmp.interval.high
+    level = round(100 * (1 - alpha))
+    head = (
+        f"{cand}: {c.candidate_correct}/{c.n} against {c.baseline_correct}/{c.n} for {base} "
+        f"({_points(c.difference)} points); the runs disagree on {c.discordant} items "
+        f"({c.baseline_only} only {base} right, {c.candidate_only} only {cand} right); "
+        f"exact McNemar p = {p:.3g}; {level}% interval of the difference (Newcombe, paired) "
+        f"{_points(low)} to {_points(high)} points."
+    )
+    if c.discordant == 0:
+        test = " Both runs got exactly the same items right."
+    elif p < alpha:
+        word = "lower" if c.difference < 0 else "higher"
+        test = f" The paired test shows {cand} scoring {word} than {base} at the {100 * alpha:g}% level."
+    else:
+        test = (
+            f" The paired test shows no difference at the {100 * alpha:g}% level, which is not "
+            f"proof that there is none."
+        )
+    margin = cmp.non_inferiority.margin
+    if cmp.non_inferiority.non_inferior:
+        ni = (
+            f" Non-inferior at a margin of {100 * margin:.2f} points: the interval's lower "
+            f"limit ({_points(low)}) is above {_points(-margin)}."
+        )
+    else:
+        ni = (
+            f" Non-inferiority at a margin of {100 * margin:.2f} points is not shown: the "
+            f"interval reaches down to {_points(low)} points."
+        )
+    return head + test + ni
+
+
+def totals_sentence(t: TotalsBounds) -> str:
+    """What published totals allow, in words."""
+    level = round(100 * (1 - t.alpha))
+    head = (
+        f"From totals alone ({t.candidate}/{t.n} against {t.baseline}/{t.n}, "
+        f"{_points(t.difference)} points) the pairing of items is unknown. "
+    )
+    if t.mcnemar_p_min >= t.alpha:
+        test = (
+            f"No pairing gives an exact McNemar p below {t.mcnemar_p_min:.3g}, so these totals "
+            f"cannot show a difference at the {100 * t.alpha:g}% level whatever the per-item "
+            f"records are. "
+        )
+    else:
+        test = (
+            f"The exact McNemar p lies between {t.mcnemar_p_min:.3g} and "
+            f"{t.mcnemar_p_max:.3g} depending on the pairing; only per-item records can tell "
+            f"whether the difference is significant. "
+        )
+    rates = f"The runs disagree on {100 * t.disagreement_min:.1f}% to {100 * t.disagreement_max:.1f}% of the items"
+    pw = f"{100 * t.power:g}%"
+    if t.detectable_loss_high is None:
+        power = f"{rates}; at none of these rates does the paired exact test find a loss with {pw} power. "
+    elif t.power_floor is not None and t.power_floor > t.disagreement_min:
+        power = (
+            f"{rates}; below {100 * t.power_floor:.1f}% disagreement no loss is found with "
+            f"{pw} power, and above it the paired exact test finds only a loss of at least "
+            f"{100 * (t.detectable_loss_low or 0):.1f} to {100 * (t.detectable_loss_high or 0):.1f} points. "
+        )
+    else:
+        power = (
+            f"{rates}; over that range the paired exact test finds with {pw} power only a "
+            f"loss of at least {100 * (t.detectable_loss_low or 0):.1f} to "
+            f"{100 * (t.detectable_loss_high or 0):.1f} points. "
+        )
+    ci = (
+        f"The unpaired {level}% interval of the difference (Newcombe hybrid score) is "
+        f"{_points(t.unpaired.low)} to {_points(t.unpaired.high)} points."
+    )
+    return head + test + power + ci

@@ -17,7 +17,7 @@ from kvstudy.context.fit import (
     compare_arms,
     fit_all,
 )
-from kvstudy.context.predict import measured_vs_predicted
+from kvstudy.context.predict import SlopeRow, measured_vs_predicted
 from kvstudy.context.sweep import KIND, ContextSweepSpec, default_arms, load_context_spec, read_bandwidth
 from kvstudy.errors import StudyError
 from kvstudy.io import shorten_words
@@ -109,7 +109,9 @@ def analyse_capture(capture: str | Path, n_boot: int = DEFAULT_BOOT, seed: int =
     )
 
 
-def slope_table(analysis: ContextAnalysis, bandwidth_gb_s: float | None = None, origin: str = "measured") -> Any:
+def slope_table(
+    analysis: ContextAnalysis, bandwidth_gb_s: float | None = None, origin: str = "measured"
+) -> list[SlopeRow]:
     """Measured vs predicted slope per arm, the roofline fed the capture's bandwidth (or ``bandwidth_gb_s``)."""
     if bandwidth_gb_s is None:
         if not analysis.bandwidth:
@@ -164,25 +166,6 @@ def points_frame(analysis: ContextAnalysis) -> Any:
             }
         )
     return pd.DataFrame(rows)
-
-
-def comparison_frame(analysis: ContextAnalysis) -> Any:
-    import pandas as pd
-
-    return pd.DataFrame(
-        [
-            {
-                "baseline": c.baseline,
-                "candidate": c.candidate,
-                "slope ratio": c.slope_ratio,
-                "ratio 95 % interval": c.slope_ratio_ci,
-                "break-even (tokens)": c.break_even_tokens,
-                "break-even 95 % interval": c.break_even_ci,
-                "statement": c.statement,
-            }
-            for c in analysis.comparisons
-        ]
-    )
 
 
 def plot_fits(analysis: ContextAnalysis, predicted: dict[str, float] | None = None) -> Any:

@@ -16,7 +16,6 @@ from typing import Any
 
 from kvstudy.context.published import derive_all, load_published, slope_figures
 from kvstudy.errors import StudyError
-from kvstudy.formats import per_token_interval, significant
 from kvstudy.gpu_catalog import find_gpu
 from kvstudy.io import read_json
 from kvstudy.model.capacity import kv_footprint
@@ -27,6 +26,33 @@ PUBLISHED = "published (seed 003)"
 PREDICTED = "predicted (roofline)"
 DERIVED = "derived from published figures"
 MEASURED = "measured (live capture)"
+
+# What each row of published_vs_roofline states (its quantity).
+BF16_SLOPE = "BF16 ITL slope (ms/token)"
+FP8_SLOPE = "FP8 ITL slope (ms/token)"
+SLOPE_RATIO = "slope ratio FP8/BF16"
+BREAK_EVEN = "break-even context (tokens)"
+FIXED_COST_MS = "implied fixed FP8 cost per step (ms)"
+FIXED_COST_TOKENS = "implied fixed FP8 cost (tokens of BF16 slope)"
+THROUGHPUT_GAIN = "output throughput gain (%)"
+
+
+@dataclass(frozen=True)
+class RooflineRow:
+    """One published figure beside the roofline's value for it."""
+
+    figure: str
+    quantity: str  # one of the quantities above
+    published: float | None
+    roofline: float
+    assumed: str  # what the text does not give and the prediction had to assume
+    basis: str  # what the roofline's value rests on
+    published_origin: str = PUBLISHED
+
+    @property
+    def gap(self) -> float | None:
+        """published / roofline (None when either is missing or the roofline is 0)."""
+        return self.published / self.roofline if self.published is not None and self.roofline else None
 
 
 @dataclass(frozen=True)
@@ -60,16 +86,14 @@ def published_vs_roofline(
     bandwidth_factor: float = 1.0,
     assumed_gpu: str = "H100-SXM",
     path: str | Path | None = None,
-) -> Any:
+) -> list[RooflineRow]:
     """One row per published context-scaling figure: the value as printed, the roofline's, and the gap.
 
     ``bandwidth_factor`` 1.0 (peak) by default: the roofline's default 0.9 was itself read off the
     H100 slope, so using it here would predict that slope from itself.
     """
-    import pandas as pd
-
     root = Path(models_root)
-    rows: list[dict[str, Any]] = []
+    rows: list[RooflineRow] = []
     for fig, der in zip(slope_figures(path), derive_all(path)):
         where = _settings(root, fig.model, fig.gpu and _gpu_name(fig.gpu), assumed_gpu)
         skip = "sliding_window" if "skip-layers sliding_window" in fig.candidate else None
@@ -79,9 +103,9 @@ def published_vs_roofline(
         note = where.assumed
         if fig.slope_baseline_ms_per_token is not None:
             rows.append(
-                _row(
+                RooflineRow(
                     fig.id,
-                    "BF16 ITL slope (ms/token)",
+                    BF16_SLOPE,
                     fig.slope_baseline_ms_per_token,
                     pb,
                     note,
@@ -89,9 +113,9 @@ def published_vs_roofline(
                 )
             )
             rows.append(
-                _row(
+                RooflineRow(
                     fig.id,
-                    "FP8 ITL slope (ms/token)",
+                    FP8_SLOPE,
                     fig.slope_candidate_ms_per_token,
                     pc,
                     note,
@@ -99,9 +123,9 @@ def published_vs_roofline(
                 )
             )
         rows.append(
-            _row(
+            RooflineRow(
                 fig.id,
-                "slope ratio FP8/BF16",
+                SLOPE_RATIO,
                 der.slope_ratio,
                 pc / pb,
                 note,
@@ -111,9 +135,9 @@ def published_vs_roofline(
         )
         if fig.break_even_tokens is not None:
             rows.append(
-                _row(
+                RooflineRow(
                     fig.id,
-                    "break-even context (tokens)",
+                    BREAK_EVEN,
                     float(fig.break_even_tokens),
                     0.0,
                     note,
@@ -122,9 +146,9 @@ def published_vs_roofline(
             )
         if der.fixed_cost_ms is not None:
             rows.append(
-                _row(
+                RooflineRow(
                     fig.id,
-                    "implied fixed FP8 cost per step (ms)",
+                    FIXED_COST_MS,
                     der.fixed_cost_ms,
                     0.0,
                     note,
@@ -134,9 +158,9 @@ def published_vs_roofline(
             )
         elif der.fixed_cost_bf16_slope_tokens is not None:
             rows.append(
-                _row(
+                RooflineRow(
                     fig.id,
-                    "implied fixed FP8 cost (tokens of BF16 slope)",
+                    FIXED_COST_TOKENS,
                     der.fixed_cost_bf16_slope_tokens,
                     0.0,
                     note,
@@ -150,38 +174,49 @@ def published_vs_roofline(
         where = _settings(root, item["model"], None, assumed_gpu)
         gain = max_fp8_gain_pct(where.model_dir, item["input_tokens_approx"], item["concurrency"], skip_layers=skip)
         rows.append(
-            _row(
+            RooflineRow(
                 f"{item['model'].split('/')[-1]} c={item['concurrency']} ~{item['input_tokens_approx']:,} in",
-                "output throughput gain (%)",
+                THROUGHPUT_GAIN,
                 item["output_throughput_gain_pct"],
                 gain,
                 "output length not given; decode steps at the input length assumed",
                 "largest decode-step gain from halved KV reads (bandwidth cancels)",
             )
         )
-    return pd.DataFrame(rows)
+    return rows
 
 
-def _row(
-    figure: str,
-    quantity: str,
-    published: float | None,
-    predicted: float,
-    assumed: str,
-    basis: str,
-    published_origin: str = PUBLISHED,
-) -> dict[str, Any]:
-    gap = published / predicted if published is not None and predicted else None
-    return {
-        "figure": figure,
-        "quantity": quantity,
-        "published": published,
-        "published origin": published_origin,
-        "roofline": predicted,
-        "roofline basis": basis,
-        "published / roofline": gap,
-        "assumed": assumed,
-    }
+@dataclass(frozen=True)
+class SlopeRow:
+    """One arm: its fitted slope (measured, with an interval) beside the roofline's."""
+
+    arm: str
+    kv_dtype: str
+    slope_ms: float | None  # None: not measured (``not_measured`` says why)
+    slope_ci: tuple[float, float] | None
+    resolved: bool
+    one_start: bool  # one server start only: the interval covers request-to-request noise, not start-to-start
+    predicted_ms: float
+    bandwidth_gb_s: float
+    bandwidth_origin: str
+    kv_longest_mib: float | None
+    roofline_applies: bool
+    no_claim: str  # why the roofline cannot describe the measured slope ("" when it can)
+    not_measured: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        """measured / predicted slope."""
+        return None if self.slope_ms is None else self.slope_ms / self.predicted_ms
+
+    @property
+    def status(self) -> str:
+        if self.slope_ms is None:
+            return f"not measured on this machine: {self.not_measured}"
+        text = "measured" if self.resolved else "not resolved: the slope's interval includes 0"
+        if self.one_start:
+            text += " (one server start only: the interval covers request-to-request noise, not start-to-start)"
+        return text + (f"; no claim against the roofline: {self.no_claim}" if not self.roofline_applies else "")
 
 
 def measured_vs_predicted(
@@ -195,7 +230,7 @@ def measured_vs_predicted(
     longest: int | None = None,
     cache_bytes: int | None = None,
     cache_origin: str = "",
-) -> Any:
+) -> list[SlopeRow]:
     """Per arm: the fitted slope with its interval (measured) beside the roofline's from ``bandwidth_gb_s``.
 
     ``arms`` maps arm name -> KV dtype; ``fits`` arm -> LineFit (kvstudy.context.fit); an arm without a
@@ -206,54 +241,32 @@ def measured_vs_predicted(
     least :data:`CACHE_MARGIN` times it) the comparison is marked as not applicable and makes no claim;
     where the cache size is unknown, the comparison says so.
     """
-    import pandas as pd
-
     layout = load_layout(model)  # read once: every arm's prediction and KV size come from it
     rows = []
     for arm, dtype in arms.items():
-        pred = predicted_slope_ms_per_token(
-            layout, dtype, bandwidth_gb_s, 1.0, skip_layers=(skip_layers or {}).get(arm)
-        )
-        kv_longest = kv_bytes_at(layout, dtype, longest, (skip_layers or {}).get(arm)) if longest else None
+        skip = (skip_layers or {}).get(arm)
+        pred = predicted_slope_ms_per_token(layout, dtype, bandwidth_gb_s, 1.0, skip_layers=skip)
+        kv_longest = kv_bytes_at(layout, dtype, longest, skip) if longest else None
         applies, why_not = roofline_applies(kv_longest, cache_bytes, cache_origin, longest)
         fit = fits.get(arm)
-        if fit is None:
-            why = (not_measured or {}).get(arm, "no measurable cells")
-            rows.append(
-                {
-                    "arm": arm,
-                    "kv dtype": dtype,
-                    "measured slope (ms/token)": None,
-                    "95 % interval": "",
-                    "resolved": False,
-                    "predicted slope (ms/token)": pred,
-                    f"bandwidth ({bandwidth_origin})": bandwidth_gb_s,
-                    "measured / predicted": None,
-                    "measured / predicted, 95 %": "",
-                    "KV at the longest length (MiB)": None if kv_longest is None else kv_longest / 2**20,
-                    "roofline applies": applies,
-                    "status": f"not measured on this machine: {why}",
-                }
-            )
-            continue
-        lo, hi = fit.slope_ci
         rows.append(
-            {
-                "arm": arm,
-                "kv dtype": dtype,
-                "measured slope (ms/token)": fit.slope_ms_per_token,
-                "95 % interval": per_token_interval(lo, hi),
-                "resolved": fit.resolved,
-                "predicted slope (ms/token)": pred,
-                f"bandwidth ({bandwidth_origin})": bandwidth_gb_s,
-                "measured / predicted": fit.slope_ms_per_token / pred,
-                "measured / predicted, 95 %": f"{significant(lo / pred, 2)} .. {significant(hi / pred, 2)}",
-                "KV at the longest length (MiB)": None if kv_longest is None else kv_longest / 2**20,
-                "roofline applies": applies,
-                "status": _status(fit) + ("" if applies else f"; no claim against the roofline: {why_not}"),
-            }
+            SlopeRow(
+                arm,
+                dtype,
+                None if fit is None else fit.slope_ms_per_token,
+                None if fit is None else fit.slope_ci,
+                fit is not None and fit.resolved,
+                fit is not None and fit.runs < 2,
+                pred,
+                bandwidth_gb_s,
+                bandwidth_origin,
+                None if kv_longest is None else kv_longest / 2**20,
+                applies,
+                why_not,
+                (not_measured or {}).get(arm, "no measurable cells") if fit is None else "",
+            )
         )
-    return pd.DataFrame(rows)
+    return rows
 
 
 CACHE_MARGIN = 4  # KV this many times the last-level cache: reads come mostly from memory
@@ -283,37 +296,39 @@ def roofline_applies(
     return True, ""
 
 
-def _status(fit: Any) -> str:
-    """ "measured" or "not resolved", and a warning when one server start is all the interval covers."""
-    text = "measured" if fit.resolved else "not resolved: the slope's interval includes 0"
-    if fit.runs < 2:
-        text += " (one server start only: the interval covers request-to-request noise, not start-to-start)"
-    return text
+@dataclass(frozen=True)
+class DocsRow:
+    """One context length of the vLLM documentation's table beside the roofline's one-user gain."""
+
+    context: str  # the table's label
+    tokens: int
+    published_pct: float  # FP8 KV cache's output tok/s change, published
+    roofline_pct: float
+    users: int  # assumed (not published)
+    origin: str
+
+    @property
+    def gap(self) -> float | None:
+        """published / roofline, rounded to 2 decimals (None when the roofline predicts no gain)."""
+        return round(self.published_pct / self.roofline_pct, 2) if self.roofline_pct > 0 else None
 
 
-def docs_table_vs_roofline(path: str | Path, models_root: str | Path, users: int = 1) -> Any:
+def docs_table_vs_roofline(path: str | Path, models_root: str | Path, users: int = 1) -> list[DocsRow]:
     """The vLLM documentation's L4 table (FP8 KV cache's throughput change per context length) beside
     the roofline's predicted speedup for the table's model at ``users`` (not published: assumed),
     both as "% more output tok/s" (a throughput gain is a TPOT speedup at equal concurrency)."""
-    import pandas as pd
-
     data = read_json(path)
     if data.get("source") != "published" or not data.get("rows"):
         raise StudyError(f"{path}: expected 'source': 'published' and 'rows'")
     folder = _model_dir(Path(models_root), str(data["model"]))
+    origin = f"published: vLLM docs (L4, {data['model']}); predicted: roofline from {folder}/config.json"
     rows = []
     for r in data["rows"]:
         tokens = int(r["context_tokens"])
         predicted = max_fp8_gain_pct(folder, tokens, users)
-        published = float(r["fp8_throughput_change_pct"])
         rows.append(
-            {
-                "context": r.get("label", str(tokens)),
-                "tokens": tokens,
-                "FP8 tok/s change (%), published": published,
-                f"roofline gain (%), {users} user(s) assumed": round(predicted, 2),
-                "published / roofline": round(published / predicted, 2) if predicted > 0 else None,
-                "origin": f"published: vLLM docs (L4, {data['model']}); predicted: roofline from {folder}/config.json",
-            }
+            DocsRow(
+                r.get("label", str(tokens)), tokens, float(r["fp8_throughput_change_pct"]), predicted, users, origin
+            )
         )
-    return pd.DataFrame(rows)
+    return rows

@@ -301,7 +301,7 @@ def plot_load(cap: LoadCapture, cells: pd.DataFrame) -> Any:
 
 
 def verdict_facts(cap: LoadCapture | None, comps: list[UsersComparison]) -> dict[str, Any]:
-    """The structured verdict the decision card reads (``kvstudy.notebook.verdict`` keyword facts)."""
+    """The structured verdict the decision card reads (``kvstudy.report.notebook.verdict`` keyword facts)."""
     spec = cap.spec if cap is not None else None
     aa = set(aa_arms(spec)) if spec else set()
     fp8 = [

@@ -189,7 +189,7 @@ def _dtype(capture: Any, name: str) -> str:
 
 def capture_queueing(capture: Any) -> dict[int, str]:
     """Per user count whose users need more KV blocks than the held pool: the refusal reason
-    (from :func:`admission_frame` on the capture's model config); empty when nothing queues or the
+    (from :func:`admission_rows` on the capture's model config); empty when nothing queues or the
     pool is not held in blocks."""
     blocks = capture.spec.num_gpu_blocks_override
     if not blocks:
@@ -198,16 +198,16 @@ def capture_queueing(capture: Any) -> dict[int, str]:
     model = kept if (kept / "config.json").is_file() else Path(capture.spec.model)
     device = "cpu" if capture.spec.cpu_kvcache_space_gib is not None else "cuda"
     try:
-        frame = admission_frame(
+        rows = admission_rows(
             model, int(capture.spec.input_len) + int(capture.spec.output_len), list(capture.spec.users), blocks, device
         )
     except (StudyError, OSError):
         return {}
     return {
-        int(r["users"]): f"queueing: TPOT includes waiting ({r['queueing'][5:]}: {r['users']} users need "
-        f"{r['blocks needed by all users']:,} blocks, the pool holds {r['pool blocks']:,})"
-        for _, r in frame.iterrows()
-        if r["queueing"] != "no"
+        r.users: f"queueing: TPOT includes waiting ({r.waiting} of {r.users} requests wait: {r.users} users need "
+        f"{r.blocks_needed:,} blocks, the pool holds {r.pool_blocks:,})"
+        for r in rows
+        if r.waiting
     }
 
 
@@ -249,59 +249,9 @@ def capture_verdicts(
     return [replace(cv, verdict=v) for cv, v in zip(out, adjusted)]
 
 
-def _fmt(x: float | None, spec: str) -> str:
+def fmt(x: float | None, spec: str) -> str:
+    """``x`` formatted, or "" where it is missing or not finite."""
     return "" if x is None or not math.isfinite(x) else format(x, spec)
-
-
-def capture_verdict_frame(verdicts: list[CaptureVerdict]) -> pd.DataFrame:
-    """One row per pair and user count: ratio, interval, p, min p, measurability, clocks, cycles, bound."""
-    rows = []
-    for cv in verdicts:
-        v = cv.verdict
-        unmeasured = [r for r in v.reasons if "not measured" in r]
-        cycles = v.cycles_per_token or {}
-        rows.append(
-            {
-                "users": cv.users,
-                "baseline → candidate": f"{cv.baseline} → {cv.candidate}",
-                "effect": cv.effect,
-                "runs": f"{v.runs['baseline']} / {v.runs['candidate']}",
-                "TPOT ratio (cand/base)": _fmt(v.tpot_ratio, ".3f"),
-                "change": change_text(v.tpot_ratio),
-                "95 % interval": ""
-                if v.tpot_ratio_ci is None
-                else f"{v.tpot_ratio_ci[0]:.3f} to {v.tpot_ratio_ci[1]:.3f}",
-                "p": _fmt(v.p_value, ".3g"),
-                "min reachable p": _fmt(v.min_p_value, ".3g"),
-                f"p, Holm over {v.family_size} tests": _fmt(v.p_adjusted, ".3g"),
-                "seed blocks": v.blocks or "none (unblocked)",
-                "registered runs per arm": "" if v.registered_runs_per_arm is None else v.registered_runs_per_arm,
-                "measurable": "yes" if v.measurable else "no: " + "; ".join(unmeasured),
-                "clock ratio (cand/base)": _fmt(v.clock_ratio, ".3f")
-                if v.clock_status == "compared"
-                else v.clock_status,
-                "cycles/token base, cand (M)": (
-                    f"{cycles['baseline'] / 1e6:.3g}, {cycles['candidate'] / 1e6:.3g}" if cycles else ""
-                ),
-                "cycles ratio (cand/base)": _fmt(v.clock_adjusted_ratio, ".3f"),
-                "run order": v.order_design,
-                "roofline bound (% less time)": (
-                    f"{cv.bound_pct:.2f}"
-                    if cv.bound_pct is not None
-                    else "n/a (same dtype)"
-                    if cv.bound_note.startswith("same")
-                    else "not computed"
-                ),
-                "against the bound": ""
-                if cv.bound_pct is None
-                else NO_CLAIM_AGAINST_BOUND
-                if v.verdict == "no claim"
-                else beyond_bound(v.tpot_ratio, v.tpot_ratio_ci, cv.bound_pct),
-                "verdict": v.verdict,
-                "why": "; ".join(r for r in v.reasons if not r.startswith(("TPOT ratio", "cycles per token"))),
-            }
-        )
-    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- the published table
@@ -312,7 +262,25 @@ def published_model_dir(pub: Any) -> Path:
     return Path(pub.path).parents[1] / "models" / str(pub.meta["model"]).split("/")[-1]
 
 
-def published_consistency_frame(pub: Any, context_len: int) -> pd.DataFrame:
+@dataclass(frozen=True)
+class Consistency:
+    """One published row: the decode streams its own figures imply (output tok/s x median TPOT)."""
+
+    users: int
+    configuration: str
+    output_tok_s: float
+    median_tpot_ms: float
+    implied_streams: float  # rounded to 2 decimals
+    context_len: int
+    requests_that_fit: int
+    check: str  # "consistent", or "contradiction: ..." with the figures that contradict
+
+    @property
+    def contradicted(self) -> bool:
+        return self.check != "consistent"
+
+
+def published_consistency(pub: Any, context_len: int) -> list[Consistency]:
     """Per published row: the decode streams its own figures imply (output tok/s x median TPOT: the
     requests decoding at once, on average) against the users and against the requests of
     ``context_len`` tokens that fit in the published pool at once. Implied streams above either mean
@@ -337,33 +305,51 @@ def published_consistency_frame(pub: Any, context_len: int) -> pd.DataFrame:
         else:
             check = "consistent"
         rows.append(
-            {
-                "users": users,
-                "configuration": r["configuration"],
-                "output tok/s (published)": float(r["output_throughput_tok_s"]),
-                "median TPOT ms (published)": float(r["median_tpot_ms"]),
-                "streams implied (tok/s x TPOT)": round(implied, 2),
-                f"requests of {context_len:,} tokens that fit": fit,
-                "check": check,
-            }
+            Consistency(
+                users,
+                r["configuration"],
+                float(r["output_throughput_tok_s"]),
+                float(r["median_tpot_ms"]),
+                round(implied, 2),
+                int(context_len),
+                fit,
+                check,
+            )
         )
-    return pd.DataFrame(rows)
+    return rows
 
 
 def _length_contradicted(pub: Any, context_len: int) -> str:
-    bad = published_consistency_frame(pub, context_len)
-    bad = bad[bad["check"].str.startswith("contradiction") & (bad["users"] > 1)]
-    if not len(bad):
+    bad = [r for r in published_consistency(pub, context_len) if r.contradicted and r.users > 1]
+    if not bad:
         return ""
-    r = bad.iloc[0]
+    r = bad[0]
     return (
         f"the request length was not published, and the {context_len:,} tokens assumed are contradicted by "
-        f"the published throughput ({r['streams implied (tok/s x TPOT)']:.1f} streams implied at {r['users']} "
-        f"users, only {r[f'requests of {context_len:,} tokens that fit']} such requests fit)"
+        f"the published throughput ({r.implied_streams:.1f} streams implied at {r.users} "
+        f"users, only {r.requests_that_fit} such requests fit)"
     )
 
 
-def published_verdict_frame(pub: Any, context_len: int, clock_tolerance: float = CLOCK_TOLERANCE) -> pd.DataFrame:
+@dataclass(frozen=True)
+class PublishedVerdict:
+    """One user count of the published table restated under the new rule (no test: no per-run values)."""
+
+    users: int
+    tpot_ms: tuple[float, float]  # baseline, candidate (published medians)
+    seeds: tuple[int, int]  # baseline, candidate
+    tpot_ratio: float  # candidate / baseline
+    min_p_value: float  # the design's smallest reachable p
+    clock_ratio: float
+    cycles_per_token: tuple[float, float]  # baseline, candidate
+    context_len: int  # tokens per request assumed for the bound
+    bound_pct: float | None  # None: no config.json to compute it from
+    contradicted: str  # why the assumed request length is contradicted ("" when it is not)
+    reasons: tuple[str, ...]
+    verdict: str = "no claim"
+
+
+def published_verdicts(pub: Any, context_len: int, clock_tolerance: float = CLOCK_TOLERANCE) -> list[PublishedVerdict]:
     """The published per-configuration medians restated under the new rule (no per-run values exist,
     so no test can be run: the design's smallest reachable p decides), clocks, cycles and the bound
     at the assumed request length, which makes no claim when the published figures contradict it."""
@@ -399,44 +385,53 @@ def published_verdict_frame(pub: Any, context_len: int, clock_tolerance: float =
         if (model_dir / "config.json").is_file():
             bound = bound_less_time_pct(max_fp8_gain_pct(model_dir, context_len, int(users)))
         rows.append(
-            {
-                "users": int(users),
-                "TPOT base / cand (ms, published)": f"{b['median_tpot_ms']:g} / {c['median_tpot_ms']:g}",
-                "seeds": f"{n_b} / {n_c}",
-                "TPOT ratio (cand/base)": f"{ratio:.3f}",
-                "change": change_text(ratio),
-                "min reachable p": f"{min_p:.2g}",
-                "clock ratio (cand/base)": f"{clock_ratio:.3f}",
-                "cycles/token base, cand (M)": f"{cyc_b / 1e6:.1f}, {cyc_c / 1e6:.1f}",
-                "cycles per token (cand/base)": change_text(cyc_c / cyc_b)
-                .replace("faster by", "fewer by")
-                .replace("slower by", "more by"),
-                f"roofline bound (% less time, {context_len} tokens assumed)": "not computed (no config.json)"
-                if bound is None
-                else f"{bound:.2f}",
-                "against the bound": ""
-                if bound is None
-                else f"no claim: {contradicted}; and the smallest reachable p is {min_p:.2g}"
-                if contradicted
-                else f"{NO_CLAIM_AGAINST_BOUND} (smallest reachable p {min_p:.2g})",
-                "verdict (new rule)": "no claim",
-                "why": "; ".join(reasons),
-            }
+            PublishedVerdict(
+                int(users),
+                (float(b["median_tpot_ms"]), float(c["median_tpot_ms"])),
+                (n_b, n_c),
+                ratio,
+                min_p,
+                clock_ratio,
+                (cyc_b, cyc_c),
+                int(context_len),
+                bound,
+                contradicted,
+                tuple(reasons),
+            )
         )
-    return pd.DataFrame(rows)
+    return rows
 
 
 # --------------------------------------------------------------------------- pool admission
 
 
-def admission_frame(
+@dataclass(frozen=True)
+class Admission:
+    """One user count: the KV blocks its requests need at once against the pool's blocks."""
+
+    users: int
+    context_len: int
+    blocks_per_request: int
+    block_size: int
+    blocks_needed: int
+    pool_blocks: int
+    requests_that_fit: int
+    origin: str
+
+    @property
+    def waiting(self) -> int:
+        """Requests that wait in vLLM's queue (0 when every user's request fits)."""
+        return self.users - self.requests_that_fit if self.blocks_needed > self.pool_blocks else 0
+
+
+def admission_rows(
     model: str | Path,
     context_len: int,
     users: list[int],
     num_blocks: int,
     device: str = "cuda",
     kv_cache_dtype: str = "auto",
-) -> pd.DataFrame:
+) -> list[Admission]:
     """Per user count: the KV blocks the users' requests need at once against the pool's blocks
     (vLLM 0.32's allocator, :func:`kvstudy.model.allocator.predict_logged_pool`): when they need
     more, vLLM admits fewer requests and the rest wait in its queue, so TPOT then also measures
@@ -446,25 +441,21 @@ def admission_frame(
     pool = predict_logged_pool(
         model, kv_cache_dtype, 1, int(context_len), num_blocks_override=int(num_blocks), device=device
     )
-    rows = []
-    for u in users:
-        need = int(u) * pool.blocks_per_request
-        fit = num_blocks // pool.blocks_per_request
-        rows.append(
-            {
-                "users": int(u),
-                "tokens per request": int(context_len),
-                "blocks per request": pool.blocks_per_request,
-                "block size": pool.block_size,
-                "blocks needed by all users": need,
-                "pool blocks": int(num_blocks),
-                "requests that fit at once": fit,
-                "queueing": (f"yes: {int(u) - fit} of {int(u)} requests wait" if need > num_blocks else "no"),
-                "origin": f"computed from {model}/config.json with vLLM 0.32's block rules (model/allocator.py), "
-                f"{device} block size",
-            }
+    origin = f"computed from {model}/config.json with vLLM 0.32's block rules (model/allocator.py), {device} block size"
+    fit = num_blocks // pool.blocks_per_request
+    return [
+        Admission(
+            int(u),
+            int(context_len),
+            pool.blocks_per_request,
+            pool.block_size,
+            int(u) * pool.blocks_per_request,
+            int(num_blocks),
+            fit,
+            origin,
         )
-    return pd.DataFrame(rows)
+        for u in users
+    ]
 
 
 def server_metrics_frame(capture: Any) -> pd.DataFrame:
@@ -570,12 +561,12 @@ def _first_reason(why: str, verdict: str) -> str:
     return head[len(verdict) :].lstrip(" ,") if head.lower().startswith(verdict.lower()) else head
 
 
-def finding_text(published: pd.DataFrame, measured: list[CaptureVerdict], machine: str) -> str:
+def finding_text(published: list[PublishedVerdict], measured: list[CaptureVerdict], machine: str) -> str:
     """One line from the verdicts: the published table under the new rule, then this capture."""
     parts = [
-        f"L4 published, {r['users']} user(s): FP8 {r['change']} per token, {r['verdict (new rule)']}"
-        + (f" ({_first_reason(r['why'], r['verdict (new rule)'])})" if r["why"] else "")
-        for _, r in published.iterrows()
+        f"L4 published, {r.users} user(s): FP8 {change_text(r.tpot_ratio)} per token, {r.verdict}"
+        + (f" ({_first_reason(r.reasons[0], r.verdict)})" if r.reasons else "")
+        for r in published
     ]
     for cv in measured:
         v = cv.verdict
@@ -583,7 +574,7 @@ def finding_text(published: pd.DataFrame, measured: list[CaptureVerdict], machin
             f"{cv.candidate} {change_text(v.tpot_ratio)} per token than {cv.baseline}"
             if v.verdict != "no claim"
             else f"{cv.candidate} vs {cv.baseline}: no claim ({change_text(v.tpot_ratio)}, p = "
-            f"{_fmt(v.p_value, '.2g') or 'n/a'}, min reachable p {v.min_p_value:.2g})"
+            f"{fmt(v.p_value, '.2g') or 'n/a'}, min reachable p {v.min_p_value:.2g})"
         )
         parts.append(f"{machine}, {cv.users} user(s): {what}")
     return "; ".join(parts) if parts else "no comparable cells"

@@ -12,10 +12,10 @@ from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import configurations as cf
 from kvstudy.accuracy import records as rec
 from kvstudy.accuracy import runner as ge
-from kvstudy.accuracy import tables as rt
 from kvstudy.accuracy import verdicts as vt
 from kvstudy.accuracy.task_specs import GSM8K_FILTERS
 from kvstudy.errors import StudyError
+from kvstudy.report import accuracy as rt
 
 ROOT = Path(__file__).resolve().parents[3]
 PUBLISHED = ROOT / "data" / "published" / "gsm8k-l4-qwen3-8b.json"
@@ -140,7 +140,7 @@ def test_capture_tables_paired_and_discrimination(tmp_path):
     counts = pairs[0].comparison.counts
     assert counts.baseline_only == 2 and counts.candidate_only == 0
     assert pairs[0].comparison.mcnemar.p_value == pytest.approx(0.5)
-    assert "The paired test shows no difference" in rt.paired_sentence(pairs[0].comparison)
+    assert "The paired test shows no difference" in vt.paired_sentence(pairs[0].comparison)
     disc = ga.discrimination(results, "bf16", "bf16-zero-shot", "strict-match")
     assert disc.discriminates and disc.p_value == pytest.approx(0.5**8)
     with pytest.raises(StudyError, match="no finished records"):

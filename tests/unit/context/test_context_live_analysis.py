@@ -11,10 +11,11 @@ import pytest
 from kvstudy import capture
 from kvstudy.bench.grid import write_requests
 from kvstudy.bench.result import RequestRecord
-from kvstudy.context.live import analyse_capture, comparison_frame, plot_fits, points_frame, slope_table
+from kvstudy.context.live import analyse_capture, plot_fits, points_frame, slope_table
 from kvstudy.context.predict import published_vs_roofline
 from kvstudy.context.sweep import KIND, ContextSweepSpec, cell_id
 from kvstudy.errors import StudyError
+from kvstudy.report.tables import ARM_COMPARISONS, ROOFLINE_VS_PUBLISHED, SLOPES, render
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -88,21 +89,23 @@ def test_both_arms_measured(tmp_path: Path, qwen3_config_model: Path) -> None:
     cmp = a.comparisons[0]
     assert cmp.slope_ratio == pytest.approx(0.5, abs=0.05)
     assert cmp.break_even_tokens == pytest.approx(1000, rel=0.2)
-    table = slope_table(a)
-    pred = table.set_index("arm")["predicted slope (ms/token)"]
+    pred = {r.arm: r.predicted_ms for r in slope_table(a)}
     # tiny model: 4 layers x 2 KV heads x 64 x (K+V) x 2 bytes = 2,048 B/token at 10 GB/s
     assert pred["auto"] == pytest.approx(2048 / 10e9 * 1e3)
     assert pred["fp8"] == pytest.approx(pred["auto"] / 2)
-    assert len(points_frame(a)) == 18 and len(comparison_frame(a)) == 1
-    plot_fits(a, dict(pred))
+    assert len(points_frame(a)) == 18 and len(render(a.comparisons, ARM_COMPARISONS)) == 1
+    plot_fits(a, pred)
 
 
 def test_fp8_failed_start_is_not_measured(tmp_path: Path, qwen3_config_model: Path) -> None:
     a = analyse_capture(_capture(tmp_path, qwen3_config_model, fp8_fails=True), n_boot=300)
     assert set(a.fits) == {"auto"} and a.comparisons == ()
     assert "AVX-512" in a.not_measured["fp8"]
-    row = slope_table(a).set_index("arm").loc["fp8"]
-    assert row["status"].startswith("not measured on this machine")
+    row = {r.arm: r for r in slope_table(a)}["fp8"]
+    assert row.slope_ms is None and "AVX-512" in row.not_measured
+    assert row.status.startswith("not measured on this machine")
+    shown = render(slope_table(a), SLOPES).set_index("arm")
+    assert shown.loc["fp8", "95 % interval"] == "" and shown.loc["auto", "measured / predicted, 95 %"] != ""
 
 
 def test_inline_rows_are_refused_until_upgraded_and_then_read_the_same(
@@ -136,7 +139,8 @@ def test_missing_capture_is_one_line(tmp_path: Path) -> None:
 
 
 def test_published_vs_roofline_rows() -> None:
-    t = published_vs_roofline(ROOT / "data" / "models")
+    rows = published_vs_roofline(ROOT / "data" / "models")
+    t = render(rows, ROOFLINE_VS_PUBLISHED)
     key = t.set_index(["figure", "quantity"])
     assert key.loc[("llama-3.1-8b-h100", "slope ratio FP8/BF16"), "published"] == pytest.approx(2.37 / 4.37)
     assert key.loc[("llama-3.1-8b-h100", "slope ratio FP8/BF16"), "roofline"] == pytest.approx(0.5)
@@ -164,13 +168,11 @@ def test_the_roofline_is_compared_only_where_the_kv_outgrows_the_cache() -> None
 def test_bundled_context_capture_makes_no_roofline_claim() -> None:
     from kvstudy.context.live import analyse_capture
 
-    row = (
-        slope_table(analyse_capture(ROOT / "data" / "captures" / "context-cpu", n_boot=100))
-        .set_index("arm")
-        .loc["auto"]
-    )
-    assert bool(row["resolved"]) and not bool(row["roofline applies"])
-    assert "no claim against the roofline" in row["status"] and 18 < row["KV at the longest length (MiB)"] < 19
+    row = {r.arm: r for r in slope_table(analyse_capture(ROOT / "data" / "captures" / "context-cpu", n_boot=100))}[
+        "auto"
+    ]
+    assert row.resolved and not row.roofline_applies and "last-level cache" in row.no_claim
+    assert "no claim against the roofline" in row.status and 18 < (row.kv_longest_mib or 0) < 19
 
 
 def test_last_level_cache_from_sysfs(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from kvstudy.distribute.collect import blocks_frame, collect
 from kvstudy.distribute.plan import make_plan, read_plan
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, write_json_atomic
+from kvstudy.report.tables import SPEED_VERDICTS, render
 from kvstudy.speed import analysis as speed
 from kvstudy.speed import verdicts_table as vt
 
@@ -35,7 +36,7 @@ def _analysis(capture: Path) -> dict[str, pd.DataFrame]:
     return {
         "seeds": seeds,
         "summary": speed.summary_table(seeds, order),
-        "verdicts": vt.capture_verdict_frame(vt.capture_verdicts(cap, 0.05, None)),
+        "verdicts": render(vt.capture_verdicts(cap, 0.05, None), SPEED_VERDICTS),
         "server metrics": vt.server_metrics_frame(cap),
         "A/B guard": speed.ab_differences(cap, order[0], order[1]),
         "clock-adjusted": speed.adjusted_frame([speed.clock_adjusted(seeds, order[0], order[1], 1)]),
@@ -67,8 +68,7 @@ def test_split_by_seed_block_and_collected_gives_the_bundled_analysis(
 
 
 def _designs(capture: Path) -> set[str]:
-    frame = vt.capture_verdict_frame(vt.capture_verdicts(speed.load_capture(capture)))
-    return set(frame["run order"])
+    return {cv.verdict.order_design for cv in vt.capture_verdicts(speed.load_capture(capture))}
 
 
 def test_blocks_on_one_timeline_keep_each_block_adjacent(bundled_plan: Path, tmp_path: Path, split: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvstudy.cli import main
-from kvstudy.report_design import load_design
+from kvstudy.report.design import load_design
 
 
 def test_more_noise_needs_more_blocks() -> None:

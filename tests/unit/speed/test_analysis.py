@@ -16,6 +16,14 @@ from kvstudy.bench.grid import write_record
 from kvstudy.bench.result import RequestRecord, write_requests_jsonl
 from kvstudy.bench.telemetry import ClockSample, write_telemetry_jsonl
 from kvstudy.errors import StudyError
+from kvstudy.report.tables import (
+    ADMISSION,
+    PUBLISHED_VERDICTS,
+    SPEED_VERDICT_DESIGN,
+    SPEED_VERDICT_MAIN,
+    SPEED_VERDICTS,
+    render,
+)
 from kvstudy.speed import analysis as speed
 from kvstudy.speed import runner as sweep
 from kvstudy.speed import verdicts_table as vt
@@ -57,7 +65,9 @@ def test_published_table_is_read_as_printed() -> None:
 
 def test_published_table_restated_under_the_new_rule() -> None:
     pub = speed.load_published(PUBLISHED)
-    t = vt.published_verdict_frame(pub, 1152).set_index("users")
+    rows = vt.published_verdicts(pub, 1152)
+    assert [r.users for r in rows] == [1, 32] and rows[0].min_p_value == pytest.approx(0.2)
+    t = render(rows, PUBLISHED_VERDICTS).set_index("users")
     assert t.loc[1, "change"] == "faster by 2.2 %"  # 101.8 / 104.1 = 0.978
     assert t.loc[1, "min reachable p"] == "0.2"  # 2 / C(5, 2): 3 vs 2 seeds
     assert "cannot reach significance" in t.loc[1, "why"]
@@ -279,10 +289,13 @@ def test_capture_verdicts_use_per_run_requests(tmp_path: Path) -> None:
     assert one.verdict == "no claim" and one.min_p_value == pytest.approx(0.5)  # 2 seed blocks: 2 / 2^2
     assert one.blocks == 2 and one.interleaved is True  # seed 0 of both arms before seed 1 of both
     assert verdicts[0].bound_pct is None and "not computed" in verdicts[0].bound_note  # model "m" has no config
-    frame = vt.capture_verdict_frame(verdicts)
+    frame = render(verdicts, SPEED_VERDICTS)
     assert frame.loc[0, "roofline bound (% less time)"] == "not computed"
     assert frame.loc[0, "change"].startswith("faster by")
-    text = vt.finding_text(pd.DataFrame(), verdicts, "vllm-cpu")
+    assert list(render(verdicts, SPEED_VERDICT_DESIGN).columns[:2]) == ["users", "baseline → candidate"]
+    assert "why" not in render(verdicts, SPEED_VERDICT_DESIGN).columns
+    assert "p, Holm over 2 tests" in render(verdicts, SPEED_VERDICT_MAIN).columns
+    text = vt.finding_text([], verdicts, "vllm-cpu")
     assert "vllm-cpu, 1 user(s): fp8 vs auto: no claim (faster by" in text
 
 
@@ -324,7 +337,7 @@ def test_first_reason_does_not_repeat_the_verdict() -> None:
     assert vt._first_reason("clocks differ by +6 %", "no claim") == "clocks differ by +6 %"
 
 
-def test_admission_frame_counts_blocks_with_the_allocator(tmp_path: Path) -> None:
+def test_admission_rows_count_blocks_with_the_allocator(tmp_path: Path) -> None:
     # 2 layers, 2 KV heads of 64: the block count per request depends only on tokens and block size
     (tmp_path / "config.json").write_text(
         json.dumps(
@@ -342,7 +355,9 @@ def test_admission_frame_counts_blocks_with_the_allocator(tmp_path: Path) -> Non
             }
         )
     )
-    frame = vt.admission_frame(tmp_path, 1152, [1, 32], 1506, device="cuda")
+    rows = vt.admission_rows(tmp_path, 1152, [1, 32], 1506, device="cuda")
+    assert rows[1].blocks_per_request == 72 and rows[1].waiting == 32 - 1506 // 72 and rows[0].waiting == 0
+    frame = render(rows, ADMISSION)
     row = frame.set_index("users").loc[32]
     assert row["blocks per request"] == 72 and row["blocks needed by all users"] == 32 * 72
     assert row["requests that fit at once"] == 1506 // 72 and row["queueing"].startswith("yes")

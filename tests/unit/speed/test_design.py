@@ -174,18 +174,18 @@ def _published() -> Any:
 def test_published_throughput_contradicts_the_assumed_request_length() -> None:
     from kvstudy.speed import verdicts_table as vt
 
-    frame = vt.published_consistency_frame(_published(), 1152)
-    at32 = frame[(frame["users"] == 32) & (frame["configuration"] == "bf16")].iloc[0]
-    assert at32["streams implied (tok/s x TPOT)"] == pytest.approx(26.64, abs=0.01)
-    assert at32["requests of 1,152 tokens that fit"] == 20 and at32["check"].startswith("contradiction")
-    at1 = frame[(frame["users"] == 1) & (frame["configuration"] == "bf16")].iloc[0]
-    assert at1["streams implied (tok/s x TPOT)"] == pytest.approx(1.10, abs=0.01)
+    rows = {(r.users, r.configuration): r for r in vt.published_consistency(_published(), 1152)}
+    at32 = rows[(32, "bf16")]
+    assert at32.implied_streams == pytest.approx(26.64, abs=0.01)
+    assert at32.requests_that_fit == 20 and at32.contradicted and at32.check.startswith("contradiction")
+    assert rows[(1, "bf16")].implied_streams == pytest.approx(1.10, abs=0.01)
 
 
 def test_published_one_user_row_makes_no_bound_claim() -> None:
+    from kvstudy.report.tables import PUBLISHED_VERDICTS, render
     from kvstudy.speed import verdicts_table as vt
 
-    table = vt.published_verdict_frame(_published(), 1152)
+    table = render(vt.published_verdicts(_published(), 1152), PUBLISHED_VERDICTS)
     for text in table["against the bound"]:
         assert "another factor changed" not in text
         assert text.startswith("no claim: the request length was not published")

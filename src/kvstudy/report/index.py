@@ -17,24 +17,10 @@ from kvstudy import decision_rule as rule
 from kvstudy.decision import card_from_status
 from kvstudy.errors import StudyError
 from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
-from kvstudy.notebook import git_commit
 from kvstudy.redact import write_scrubbed
-from kvstudy.report_html import extract_results, name_sources
+from kvstudy.report.html import TEMPLATES, extract_results, name_sources
+from kvstudy.report.notebook import git_commit
 
-STYLE = """body{font-family:sans-serif;max-width:76em;margin:1em auto;padding:0 1em;line-height:1.4}
-li{margin:.4em 0}.meta,.kicker{color:#555;font-size:.9em}.kicker{margin:0}.failed{color:#a00}.absent{color:#777}
-h1.answer{font-size:1.45em;margin:.3em 0 .5em}.answer-on{color:#060}.answer-keep{color:#733}.answer-open{color:#865}
-table.evidence,table.card{border-collapse:collapse;width:100%;table-layout:fixed;font-size:.9em}
-table.evidence th,table.evidence td,table.card th,table.card td{border-top:1px solid #ddd;padding:.25em .5em;
-text-align:left;vertical-align:top;overflow-wrap:anywhere}
-table.evidence thead th,table.card thead th{border-bottom:2px solid #bbb}
-table.evidence :is(th,td):nth-child(1){width:27%}table.evidence :is(th,td):nth-child(2){width:8%}
-table.evidence :is(th,td):nth-child(3){width:17%}table.evidence :is(th,td):nth-child(4){width:15%}
-table.evidence :is(.known-not-measured,.known-simulated,.known-published,.known-no-claim) td{color:#777}
-table.evidence :is(.known-computed,.known-measured) td.how{color:#060}
-table.card :is(th,td):nth-child(1){width:15%}table.card :is(th,td):nth-child(2){width:10%}
-table.card :is(th,td):nth-child(4){width:25%}
-.state-measured,.state-computed{color:#060}.state-no-claim,.state-not-measured,.state-simulated{color:#a60}"""
 TEMPLATE = "index.html.j2"
 ANSWER_CLASS = {rule.TURN_ON: "on", rule.KEEP: "keep", rule.UNDECIDED: "open"}
 _EMPHASIS = re.compile(r"(\*\*|__)(.+?)\1|(?<![\w*])\*(?!\s)([^*]+?)(?<!\s)\*(?![\w*])")
@@ -49,7 +35,7 @@ def prose(text: Any) -> Markup:
 
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
+        loader=jinja2.FileSystemLoader(TEMPLATES),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
@@ -155,7 +141,6 @@ def write_index(
         _environment()
         .get_template(TEMPLATE)
         .render(
-            style=Markup(STYLE),
             profile=profile,
             extends=profile_data.get("extends"),
             card=card,

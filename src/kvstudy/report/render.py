@@ -10,7 +10,7 @@ the index says it failed. One run per profile at a time. Lines a notebook prints
 
 A render killed part way heals on the next one: that one removes the staging folders left behind
 and rebuilds ``status.json`` and the index from the reports on disk
-(``report_index.status_from_reports``). Every file it writes is scrubbed of secrets by shape and of
+(``report.index.status_from_reports``). Every file it writes is scrubbed of secrets by shape and of
 the profile's secret values (``redact.scrub_report``).
 """
 
@@ -37,7 +37,6 @@ from typing import Any, TextIO
 
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import REPO_ROOT, read_json, read_text_checked, without_machine_paths, write_text_atomic
-from kvstudy.notebook import GIVEN_ENV
 from kvstudy.profiles import (
     Parameter,
     check_profile_name,
@@ -46,9 +45,10 @@ from kvstudy.profiles import (
     validate_profile,
 )
 from kvstudy.redact import REDACTED, redact, scrub_report, scrub_tree, write_json_scrubbed, write_scrubbed
-from kvstudy.report_html import extract_results, render_html
-from kvstudy.report_index import status_from_reports, write_index
-from kvstudy.report_status import read_status
+from kvstudy.report.html import extract_results, render_html
+from kvstudy.report.index import status_from_reports, write_index
+from kvstudy.report.notebook import GIVEN_ENV
+from kvstudy.report.status import read_status
 
 STATUS_FILE = "status.json"
 # Where a render stages a notebook's files before moving them into reports/<profile>/: one folder

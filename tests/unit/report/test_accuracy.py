@@ -1,4 +1,4 @@
-"""kvstudy.accuracy.tables: the column specs render records as the reports show them, and the
+"""kvstudy.report.accuracy: the column specs render records as the reports show them, and the
 verdict sentences follow the numbers."""
 
 from __future__ import annotations
@@ -9,16 +9,17 @@ import pandas as pd
 import pytest
 
 from kvstudy.accuracy import analysis as ga
-from kvstudy.accuracy import tables as rt
 from kvstudy.accuracy import verdicts as vt
 from kvstudy.accuracy.records import QuestionRecord, RetrievalRecord
 from kvstudy.accuracy.runner import ConfigResult
+from kvstudy.report import accuracy as rt
+from kvstudy.report.tables import Table, render
 from kvstudy.stats import binary as stats
 from kvstudy.stats import binary_power as totals
 
 ROOT = Path(__file__).resolve().parents[3]
 PUBLISHED = ROOT / "data" / "published" / "gsm8k-l4-qwen3-8b.json"
-SPECS = [value for value in vars(rt).values() if isinstance(value, rt.Table)]
+SPECS = [value for value in vars(rt).values() if isinstance(value, Table)]
 
 
 def _questions(pattern: str, response: str = "#### 1") -> list[QuestionRecord]:
@@ -73,11 +74,11 @@ def test_every_column_names_key_header_unit_and_format() -> None:
 
 
 def test_render_without_records_is_an_empty_frame() -> None:
-    assert rt.render([], rt.PAIRED).empty
+    assert render([], rt.PAIRED).empty
 
 
 def test_published_table_reproduces_the_intervals() -> None:
-    table = rt.render(ga.published_checks(ga.load_published(PUBLISHED)), rt.PUBLISHED)
+    table = render(ga.published_checks(ga.load_published(PUBLISHED)), rt.PUBLISHED)
     assert list(table.columns) == [
         "configuration",
         "correct",
@@ -94,18 +95,18 @@ def test_published_table_reproduces_the_intervals() -> None:
 
 def test_totals_table_and_sentences() -> None:
     rows = vt.totals_rows(ga.load_published(PUBLISHED))
-    table = rt.render(rows, rt.TOTALS).set_index("configuration")
+    table = render(rows, rt.TOTALS).set_index("configuration")
     kv = table.loc["FP8 KV cache"]
     assert kv["correct"] == "454 vs 459 of 500"
     assert (kv["exact McNemar p, smallest possible"], kv["exact McNemar p, largest possible"]) == ("0.0625", "0.668")
     assert kv["runs disagree on (items)"] == "5 to 87" and kv["disagreement rate %"] == "1.0 to 17.4"
     assert kv["loss found with 80% power (points)"] == "1.6 to 5.4"
     assert kv["unpaired 95% interval (Newcombe, points)"] == "-4.5 to +2.5"
-    by_name = {r.name: rt.totals_sentence(r.bounds) for r in rows}
+    by_name = {r.name: vt.totals_sentence(r.bounds) for r in rows}
     assert "cannot show a difference" in by_name["fp8-kv"] and "\u22121.0 points" in by_name["fp8-kv"]
     assert "between 0.0312 and" in by_name["fp8-weights"]
-    assert "at none of these rates" in rt.totals_sentence(totals.totals_bounds(5, 3, 2))
-    assert rt.render([vt.TotalsRow("x", "small", totals.totals_bounds(5, 3, 2))], rt.TOTALS).iloc[0, 6] == "none"
+    assert "at none of these rates" in vt.totals_sentence(totals.totals_bounds(5, 3, 2))
+    assert render([vt.TotalsRow("x", "small", totals.totals_bounds(5, 3, 2))], rt.TOTALS).iloc[0, 6] == "none"
 
 
 def test_capture_and_guard_tables() -> None:
@@ -114,18 +115,18 @@ def test_capture_and_guard_tables() -> None:
         "fp8-kv": ConfigResult("fp8-kv", "FP8 KV cache", "failed", "fp8 not supported", None, [], None),
         "random-weights": _config("random-weights", _questions("0000000000")),
     }
-    capture = rt.render(ga.capture_rows(results, "strict-match"), rt.CAPTURE)
+    capture = render(ga.capture_rows(results, "strict-match"), rt.CAPTURE)
     assert list(capture.columns) == ["configuration", "state", "shots", "correct", "accuracy %", "Wilson 95%"]
     assert list(capture["correct"]) == ["8/10", "", "0/10"] and capture.loc[0, "accuracy %"] == "80.0"
-    assert "shots" not in rt.render(ga.capture_rows(results, "strict-match"), rt.RETRIEVAL_CAPTURE)
+    assert "shots" not in render(ga.capture_rows(results, "strict-match"), rt.RETRIEVAL_CAPTURE)
     assert rt.failure_lines(results) == ["FP8 KV cache (failed): fp8 not supported"]
-    guard = rt.render(ga.guard_rows(results, "bf16"), rt.GUARD).set_index("configuration")
+    guard = render(ga.guard_rows(results, "bf16"), rt.GUARD).set_index("configuration")
     assert guard.loc["FP8 KV cache", "intended change"] == "kv_cache_dtype"
     assert guard.loc["FP8 KV cache", "A/B guard"].startswith("no resolved record")
     assert guard.loc["RANDOM-WEIGHTS", "A/B guard"].startswith("not compared: another model")
     flagged = ga.GuardRow("x", ("kv_cache_dtype",), "yes", ("seed: 0 -> 1",))
     clean = ga.GuardRow("y", ("kv_cache_dtype",), "yes")
-    assert list(rt.render([flagged, clean], rt.GUARD)["A/B guard"]) == [
+    assert list(render([flagged, clean], rt.GUARD)["A/B guard"]) == [
         "FLAGGED: also seed: 0 -> 1",
         "clean: only the intended change",
     ]
@@ -138,7 +139,7 @@ def test_paired_table_headers_follow_the_records() -> None:
         "bf16-repeat": _config("bf16-repeat", _questions(base)),
         "fp8-kv": _config("fp8-kv", _questions("1111100010")),
     }
-    table = rt.render(vt.paired_rows(results, "bf16", "strict-match", 2.0, 0.99), rt.PAIRED)
+    table = render(vt.paired_rows(results, "bf16", "strict-match", 2.0, 0.99), rt.PAIRED)
     assert list(table.columns) == [
         "configuration",
         "role",
@@ -158,23 +159,23 @@ def test_paired_table_headers_follow_the_records() -> None:
     assert table.loc[1, "difference (points)"] == -20.0 and table.loc[1, "exact McNemar p"] == "0.625"
     assert table.loc[0, "identical responses"] == "10/10" and not table.loc[1, "non-inferior at 2 points"]
     zero = {"bf16": _config("bf16", _questions("0000")), "bf16-repeat": _config("bf16-repeat", _questions("0000"))}
-    shown = rt.render(vt.paired_rows(zero, "bf16", "strict-match", 2.0, 0.99), rt.PAIRED)
+    shown = render(vt.paired_rows(zero, "bf16", "strict-match", 2.0, 0.99), rt.PAIRED)
     assert shown.loc[0, "non-inferior at 99% of BF16 (0.00 points)"] == "not defined (16-bit score 0)"
 
 
 def test_paired_sentences_follow_the_numbers() -> None:
     ok = stats.compare(*outcomes((450, 4, 3, 43)), margin_points=2.0)
-    text = rt.paired_sentence(ok)
+    text = vt.paired_sentence(ok)
     assert "Non-inferior at a margin of 2.00 points" in text
     assert "no difference" in text and "not proof" in text
     loss = stats.compare(
         *outcomes((400, 30, 5, 65)), margin_points=1.0, candidate_label="FP8 KV", baseline_label="BF16"
     )
-    text = rt.paired_sentence(loss)
+    text = vt.paired_sentence(loss)
     assert "FP8 KV scoring lower than BF16" in text and "is not shown" in text
-    assert "exactly the same" in rt.paired_sentence(stats.compare(*outcomes((450, 0, 0, 50)), margin_points=1.0))
+    assert "exactly the same" in vt.paired_sentence(stats.compare(*outcomes((450, 0, 0, 50)), margin_points=1.0))
     for cells in [(450, 4, 3, 43), (400, 30, 5, 65), (450, 0, 0, 50), (300, 2, 20, 178)]:
-        words = rt.paired_sentence(stats.compare(*outcomes(cells), margin_points=1.0)).lower()
+        words = vt.paired_sentence(stats.compare(*outcomes(cells), margin_points=1.0)).lower()
         assert "overlap" not in words and "wilson" not in words  # overlap is never used as a test
 
 
@@ -197,7 +198,7 @@ def test_retrieval_tables_and_sentence() -> None:
         "bf16": _config("bf16", _items({512: "111111", 1024: "111111", 2048: "000000"}), shots=0),
         "fp8-kv": _config("fp8-kv", _items({512: "111111", 1024: "111000", 2048: "000000"}), shots=0),
     }
-    acc = rt.render(vt.retrieval_accuracy(results, "answer-line"), rt.RETRIEVAL_ACCURACY)
+    acc = render(vt.retrieval_accuracy(results, "answer-line"), rt.RETRIEVAL_ACCURACY)
     assert list(acc.columns) == [
         "configuration",
         "context length (tokens)",
@@ -214,11 +215,11 @@ def test_retrieval_tables_and_sentence() -> None:
         fp8.loc[1024, "clustered 95% %"].startswith("0 to 100: uninformative (") and fp8.loc[1024, "accuracy %"] == 50.0
     )
     assert fp8.loc[2048, "clustered 95% %"] == rt.NO_VARIATION_ACCURACY and pd.isna(fp8.loc[2048, "design effect"])
-    by_kind = rt.render(vt.retrieval_accuracy(results, "answer-line", by_kind=True), rt.RETRIEVAL_ACCURACY_BY_KIND)
+    by_kind = render(vt.retrieval_accuracy(results, "answer-line", by_kind=True), rt.RETRIEVAL_ACCURACY_BY_KIND)
     assert list(by_kind.columns)[:3] == ["configuration", "kind", "context length (tokens)"]
     assert "Wilson 95% % (ignores clusters)" not in by_kind
     rows = vt.retrieval_paired(results, "bf16", "answer-line", 5.0)
-    paired = rt.render(rows, rt.RETRIEVAL_PAIRED).set_index("context length (tokens)")
+    paired = render(rows, rt.RETRIEVAL_PAIRED).set_index("context length (tokens)")
     assert paired.loc[1024, "only BF16 right"] == 3 and paired.loc[1024, "difference (points)"] == -50.0
     assert paired.loc[2048, "clustered 95% (points)"] == rt.NO_VARIATION
     assert paired.loc[2048, "non-inferior at 5 points"] == "not judged (no variation)"
@@ -233,6 +234,6 @@ def test_retrieval_tables_and_sentence() -> None:
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: str(len(s.columns)))
-def test_headers_are_unique(spec: rt.Table) -> None:
+def test_headers_are_unique(spec: Table) -> None:
     headers = [c.header for c in spec.columns]
     assert len(headers) == len(set(headers))

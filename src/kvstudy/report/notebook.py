@@ -151,25 +151,13 @@ def format_value(value: Any, decimals: int = 2) -> str:
 
 
 def table(df: Any, decimals: int = 2, note: str | None = None, values: Any = None) -> Any:
-    """A DataFrame as a report table: no row numbers, full text, ``–`` for a missing value with a note.
-    ``values``: the frame its CSV holds when ``df`` shows formatted numbers (full precision there)."""
+    """A DataFrame as a report table (:func:`styled`, cells by :func:`format_value`), with ``note``
+    under it. ``values``: the frame its CSV holds when ``df`` shows formatted numbers (full precision there)."""
     from IPython.display import HTML
 
-    shown = df.reset_index() if _has_named_index(df) else df
-    cells = [[format_value(v, decimals) for v in row] for row in shown.itertuples(index=False)]
-    head = "".join(f"<th>{html.escape(str(human_header(c)))}</th>" for c in shown.columns)
-    body = "".join("<tr>" + "".join(f"<td>{_breakable(c)}</td>" for c in row) + "</tr>" for row in cells)
-    missing = any(c == MISSING for row in cells for c in row)
-    notes = [note] if note else []
-    if missing:
-        notes.append(f"{MISSING}: no value (not measured, not applicable or not stated by the source).")
-    foot = "".join(f'<p class="kvstudy-note">{html.escape(n)}</p>' for n in notes) + table_csv(
-        df if values is None else values
-    )
-    return HTML(
-        f'<div class="kvstudy-table"><table class="dataframe">'
-        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{foot}</div>"
-    )
+    shown = df.reset_index() if _has_named_index(df) else df.reset_index(drop=True)
+    cell = lambda value: _breakable(format_value(value, decimals))  # noqa: E731
+    return HTML(styled(shown, cell, note) + table_csv(df if values is None else values))
 
 
 # --------------------------------------------------------------------------- every table as CSV
@@ -207,13 +195,18 @@ ACRONYMS = {
 def csv_tables(figures_dir: str | Path, prefix: str) -> None:
     """From here on, write every table this kernel shows as ``<figures_dir>/<prefix>-table-<n>.csv``.
 
-    Covers ``display(df)`` of a DataFrame or Styler (their HTML is shown as before, with
-    snake_case headers in words and yes/no for booleans), :func:`table`, :func:`settings_table`
-    and :func:`provenance`; each table gets a line naming its CSV. The CSV holds the values, not
-    the display strings. Call it once, after the imports (every notebook does)."""
+    Covers ``display(df)`` of a DataFrame or Styler (shown as :func:`styled` makes them),
+    :func:`table`, :func:`settings_table` and :func:`provenance`; each table gets a line naming its
+    CSV. The CSV holds the values, not the display strings. Call it once, after the imports (every
+    notebook does)."""
     _CSV.update(folder=Path(figures_dir), prefix=prefix, count=0)
     for stale in Path(figures_dir).glob(f"{prefix}-table-*.csv"):  # numbered by an earlier run: would outlive it
         stale.unlink()
+
+
+def _show_frames_as_reports() -> None:
+    """Make this kernel show every DataFrame and Styler as a report table (:func:`styled`), with its CSV
+    once :func:`csv_tables` names a folder; nothing outside a kernel."""
     try:
         from IPython import get_ipython
     except ImportError:  # pragma: no cover - IPython comes with the notebook tools
@@ -271,13 +264,50 @@ def table_csv(df: Any, name: str | None = None) -> str:
     return f'<p class="kvstudy-note {CSV_NOTE}">As CSV: <code>{shown}</code></p>'
 
 
+def _cell(value: Any) -> str:
+    """A DataFrame cell as the report shows it (HTML): ``display.float_format`` where a notebook set
+    one, integers without ``.0``, no e-notation, long text breakable after path separators."""
+    if isinstance(value, float) or type(value).__name__.startswith("float"):
+        number = float(value)
+        import pandas as pd
+
+        shown = pd.get_option("display.float_format")
+        if shown is not None:
+            return html.escape(str(shown(number)))
+        if number.is_integer():
+            return str(int(number))
+        return f"{number:.6f}".rstrip("0") if math.isfinite(number) else str(number)
+    return _breakable(str(value))
+
+
+def _no_row_numbers(styler: Any) -> Any:
+    """The Styler without the index where it only numbers the rows."""
+    import pandas as pd
+
+    index = styler.data.index
+    plain = not _has_named_index(styler.data) and pd.api.types.is_integer_dtype(index)
+    return styler.hide(axis="index") if plain else styler
+
+
+def styled(df: Any, cell: Any = _cell, note: str | None = None) -> str:
+    """A DataFrame as a report table (pandas' Styler): headers in words, no row numbers, ``–`` for a
+    missing value (with a note saying so), integers as integers, yes/no for booleans; ``note`` under it."""
+    shown = _readable(df)
+    styler = _no_row_numbers(shown.style.format(cell, na_rep=MISSING).format_index(escape="html", axis=1))
+    notes = [note] if note else []
+    if bool(shown.isna().to_numpy().any()):
+        notes.append(f"{MISSING}: no value (not measured, not applicable or not stated by the source).")
+    foot = "".join(f'<p class="kvstudy-note">{html.escape(n)}</p>' for n in notes)
+    return f'<div class="kvstudy-table">{styler.to_html(exclude_styles=True)}{foot}</div>'
+
+
 def _frame_html(df: Any) -> str:
-    return str(_readable(df)._repr_html_()) + table_csv(df)
+    return styled(df) + table_csv(df)
 
 
 def _styler_html(styler: Any) -> str:
     styler.relabel_index([human_header(c) for c in styler.data.columns], axis=1)
-    return str(styler._repr_html_()) + table_csv(styler.data)
+    return str(_no_row_numbers(styler)._repr_html_()) + table_csv(styler.data)
 
 
 def _breakable(text: str) -> str:
@@ -293,6 +323,9 @@ def _breakable(text: str) -> str:
 def _has_named_index(df: Any) -> bool:
     names = [n for n in getattr(df.index, "names", []) if n is not None]
     return bool(names)
+
+
+_show_frames_as_reports()
 
 
 def given_parameters() -> set[str]:

@@ -2,10 +2,10 @@
 
 - the ``parameters`` and ``injected-parameters`` cells are removed and, unless the notebook showed its
   own ``settings_table``, a settings table (name, value, origin) takes their place;
-- pandas tables lose their row numbers, ``NaN``/``<NA>``/``None`` become a dash with a note, and
-  ``2097152.0`` becomes ``2097152``;
 - source documents are named by title instead of "seed 000";
-- a style sheet wraps long text in cells and keeps tables and figures inside the page.
+- the page is nbconvert's lab template extended by ``templates/report.html.j2`` (its style sheet wraps
+  long text in cells and keeps tables and figures inside the page); the tables themselves come
+  shaped from the kernel (:func:`kvstudy.report.notebook.styled`: no row numbers, a dash for a missing value).
 """
 
 from __future__ import annotations
@@ -17,29 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.io import read_json, write_csv
-from kvstudy.notebook import CSV_NOTE, DEFAULT, FINDING_KEY, GIVEN, MISSING, SETTINGS_KEY, SOURCE_TITLES, VERDICT_KEY
 from kvstudy.redact import write_scrubbed
+from kvstudy.report.notebook import CSV_NOTE, DEFAULT, FINDING_KEY, GIVEN, SETTINGS_KEY, SOURCE_TITLES, VERDICT_KEY
 
 HIDDEN_TAGS = {"parameters", "injected-parameters"}
 RUNNER_SET = "set by the runner"
 SEED = re.compile(r"\b[Ss]eed (00\d)\b")
-TABLE = re.compile(r"<table\b[^>]*dataframe[^>]*>.*?</table>", re.S)
-MISSING_CELL = re.compile(r"<td>(?:NaN|nan|&lt;NA&gt;|<NA>|None|NaT)</td>")
-INTEGRAL_CELL = re.compile(r"<td>(-?\d+)\.0</td>")
-ROW_NUMBER = re.compile(r"(<tr[^>]*>\s*)<th>\d+</th>")
-LONG_CELL = re.compile(r"<td>([^<]{17,})</td>")
-STYLE = """<style>
-body { max-width: 80em; margin: 1em auto; }
-.jp-RenderedHTMLCommon table { font-size: 12px; }
-.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th { padding: 0.3em 0.4em; }
-.jp-RenderedHTMLCommon table, .kvstudy-table table { table-layout: auto; max-width: 100%; border-collapse: collapse; }
-.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th { white-space: normal !important; overflow-wrap: break-word;
-  text-overflow: clip; max-width: 36em; vertical-align: top; }
-.jp-OutputArea-output, .jp-RenderedHTMLCommon { max-width: 100%; }
-.jp-RenderedImage img, img { max-width: 100%; height: auto; }
-.kvstudy-note { color: #555; font-size: .85em; margin: .3em 0 1em; }
-</style>
-"""
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"  # package data (pyproject)
 
 
 def name_sources(text: str) -> str:
@@ -47,44 +31,12 @@ def name_sources(text: str) -> str:
     return SEED.sub(lambda m: SOURCE_TITLES.get(f"seed {m.group(1)}", m.group(0)), text)
 
 
-def _breakable(text: str) -> str:
-    """Cell text (already escaped) with break opportunities after ``/`` and ``_``, so identifiers wrap."""
-    return text.replace("/", "/<wbr>").replace("_", "_<wbr>")
-
-
-def clean_dataframe_html(text: str) -> str:
-    """Pandas HTML tables without row numbers, with a dash (and a note) for missing values."""
-
-    def one(match: re.Match[str]) -> str:
-        table = match.group(0)
-        head, sep, body = table.partition("<tbody>")
-        header_rows = re.findall(r"<tr[^>]*>", head)
-        if (
-            sep
-            and len(header_rows) == 1
-            and re.search(r"<tr[^>]*>\s*<th></th>", head)
-            and ROW_NUMBER.search(body)
-            and not re.search(r"<tr[^>]*>\s*<td", body)
-        ):
-            head = re.sub(r"(<tr[^>]*>\s*)<th></th>", r"\1", head, count=1)
-            body = ROW_NUMBER.sub(r"\1", body)
-            table = head + sep + body
-        table = INTEGRAL_CELL.sub(r"<td>\1</td>", table)
-        table = LONG_CELL.sub(lambda m: "<td>" + _breakable(m.group(1)) + "</td>", table)
-        table, count = MISSING_CELL.subn(f"<td>{MISSING}</td>", table)
-        if count:
-            table += f'<p class="kvstudy-note">{MISSING}: no value (not measured, not applicable or not stated by the source).</p>'
-        return table
-
-    return TABLE.sub(one, text)
-
-
 def _clean_output(output: dict[str, Any]) -> None:
     data = output.get("data") or {}
     for mime in ("text/html", "text/markdown"):
         if mime in data:
             text = "".join(data[mime]) if isinstance(data[mime], list) else str(data[mime])
-            data[mime] = name_sources(clean_dataframe_html(text) if mime == "text/html" else text)
+            data[mime] = name_sources(text)
     if output.get("output_type") == "stream":
         text = output.get("text", "")
         output["text"] = name_sources("".join(text) if isinstance(text, list) else text)
@@ -169,10 +121,14 @@ def render_html(
     from nbconvert import HTMLExporter
 
     nb = prepare(nbformat.read(notebook_path, as_version=4), values, set(given), csv)
-    body, _ = HTMLExporter(
-        template_name="lab", exclude_input_prompt=True, exclude_output_prompt=True
-    ).from_notebook_node(nb)
-    body = body.replace("</head>", STYLE + "</head>", 1)
+    exporter = HTMLExporter(
+        template_name="lab",
+        template_file="report.html.j2",
+        extra_template_paths=[str(TEMPLATES)],
+        exclude_input_prompt=True,
+        exclude_output_prompt=True,
+    )
+    body, _ = exporter.from_notebook_node(nb)
     write_scrubbed(html_path, body)
 
 

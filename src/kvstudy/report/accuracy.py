@@ -1,12 +1,10 @@
-"""The accuracy reports' presentation: one column spec per table, and the verdict sentences.
+"""The accuracy reports' presentation: the column specs of notebooks 03 and 06, and their verdict sentences.
 
 The statistics (:mod:`kvstudy.stats.binary`, :mod:`kvstudy.stats.binary_power`) and the records of
 notebooks 03 and 06 (:mod:`kvstudy.accuracy.analysis`, :mod:`kvstudy.accuracy.verdicts`) carry
-numbers only; this module is the one place that turns them into text. A table is a :class:`Table`
-of :class:`Column` specs, each naming the record field it shows (``key``), its header, its unit
-and how its cells are formatted; :func:`render` makes the DataFrame that
-:func:`kvstudy.notebook.table` displays. Notebooks read the records' fields for their own
-conclusions, never a rendered cell.
+numbers only; this module is the one place that turns them into text. Each table is a
+:class:`kvstudy.report.tables.Table` (:func:`kvstudy.report.tables.render` makes its DataFrame).
+Notebooks read the records' fields for their own conclusions, never a rendered cell.
 
 Signs: a difference is candidate minus baseline, in points (hundredths), shown with its sign.
 Overlapping Wilson intervals are never used as a test, and no sentence here says they are.
@@ -14,28 +12,23 @@ Overlapping Wilson intervals are never used as a test, and no sentence here says
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.accuracy.verdicts import RetrievalPaired
 from kvstudy.capture import MANIFEST, read_manifest
+from kvstudy.report.tables import Column, Table, or_text
 from kvstudy.stats.binary import (
     ChanceCheck,
     DifferenceInterval,
     Discrimination,
     NonInferiority,
-    PairedComparison,
     p_text,
 )
 from kvstudy.stats.binary_power import TotalsBounds
 from kvstudy.stats.family import holm
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 CONTROL_PREFIX = "A/A control"
 # The clustered error is 0 and an interval of width 0 would claim a certainty the data do not have,
@@ -52,47 +45,6 @@ def captured_settings(capture_dir: str | Path, run_missing: bool) -> dict[str, A
         return {}
     settings = (read_manifest(capture_dir).get("spec") or {}).get("settings")
     return dict(settings) if isinstance(settings, dict) else {}
-
-
-def _as_is(value: Any) -> Any:
-    return value
-
-
-@dataclass(frozen=True)
-class Column:
-    """One column of a table: which field of the record it shows, under which header, how."""
-
-    key: str  # attribute path on the record, e.g. "comparison.counts.baseline_only"; "" = the record
-    header: str  # "{unit}" and "{row.<path>}" (a field of the first record) are filled in
-    unit: str = ""  # "%", "points", "items", "tokens"; "" for labels, counts and p-values
-    format: Callable[[Any], Any] = _as_is  # the field's value -> the cell (number, text, bool or None)
-
-    def title(self, first: Any) -> str:
-        return self.header.format(unit=self.unit, row=first)
-
-    def cell(self, record: Any) -> Any:
-        return self.format(operator.attrgetter(self.key)(record) if self.key else record)
-
-
-@dataclass(frozen=True)
-class Table:
-    """The column specs of one table, in order."""
-
-    columns: tuple[Column, ...]
-
-    def without(self, *headers: str) -> Table:
-        """The same table without the columns with these headers (as written in the spec)."""
-        return replace(self, columns=tuple(c for c in self.columns if c.header not in headers))
-
-
-def render(records: Sequence[Any], table: Table) -> pd.DataFrame:
-    """The records as a DataFrame for :func:`kvstudy.notebook.table` (empty without records)."""
-    import pandas as pd
-
-    if not records:
-        return pd.DataFrame()
-    titles = [c.title(records[0]) for c in table.columns]
-    return pd.DataFrame([{t: c.cell(r) for t, c in zip(titles, table.columns)} for r in records])
 
 
 # --------------------------------------------------------------------------- cell formats
@@ -120,16 +72,6 @@ def _signed_range(low: float, high: float) -> str:
 
 def _interval(iv: DifferenceInterval) -> str:
     return _signed_range(iv.low, iv.high)
-
-
-def _points(x: float) -> str:
-    """A difference as signed points with a true minus sign, for sentences."""
-    return f"{100 * x:+.1f}".replace("-", "\u2212")
-
-
-def _or(text: str) -> Callable[[Any], Any]:
-    """The value itself, or ``text`` where it is None (not judged, not defined)."""
-    return lambda value: text if value is None else value
 
 
 LABEL = Column("label", "configuration")
@@ -216,7 +158,7 @@ PAIRED = Table(
             "by_share.non_inferior",
             "non-inferior at {row.by_share.share_pct:g}% of {row.comparison.baseline} "
             "({row.by_share.margin_points:.2f} points)",
-            format=_or("not defined (16-bit score 0)"),
+            format=or_text("not defined (16-bit score 0)"),
         ),
         Column("", "identical responses", format=lambda r: f"{r.identical_responses}/{r.comparison.counts.n}"),
     )
@@ -279,7 +221,7 @@ RETRIEVAL_PAIRED = Table(
     (
         LABEL,
         Column("control", "role", format=lambda c: CONTROL_PREFIX if c else "candidate"),
-        Column("length", "context length ({unit})", "tokens", _or("all")),
+        Column("length", "context length ({unit})", "tokens", or_text("all")),
         Column("counts.n", "items"),
         Column("clustered.clusters", "contexts"),
         Column("counts.baseline_only", "only {row.baseline} right"),
@@ -290,7 +232,7 @@ RETRIEVAL_PAIRED = Table(
         Column(
             "non_inferiority.non_inferior",
             "non-inferior at {row.non_inferiority.margin_points:g} points",
-            format=_or("not judged (no variation)"),
+            format=or_text("not judged (no variation)"),
         ),
         Column(
             "clustered",
@@ -312,84 +254,6 @@ def failure_lines(results: Mapping[str, ConfigResult]) -> list[str]:
         for res in results.values()
         if res.state != "ok"
     ]
-
-
-def paired_sentence(cmp: PairedComparison) -> str:
-    """The verdict of one paired comparison: the counts, the test, the interval and the margin."""
-    c, base, cand, alpha = cmp.counts, cmp.baseline, cmp.candidate, cmp.alpha
-    p, low, high = cmp.mcnemar.p_value, cmp.interval.low, cmp.interval.high
-    level = round(100 * (1 - alpha))
-    head = (
-        f"{cand}: {c.candidate_correct}/{c.n} against {c.baseline_correct}/{c.n} for {base} "
-        f"({_points(c.difference)} points); the runs disagree on {c.discordant} items "
-        f"({c.baseline_only} only {base} right, {c.candidate_only} only {cand} right); "
-        f"exact McNemar p = {p:.3g}; {level}% interval of the difference (Newcombe, paired) "
-        f"{_points(low)} to {_points(high)} points."
-    )
-    if c.discordant == 0:
-        test = " Both runs got exactly the same items right."
-    elif p < alpha:
-        word = "lower" if c.difference < 0 else "higher"
-        test = f" The paired test shows {cand} scoring {word} than {base} at the {100 * alpha:g}% level."
-    else:
-        test = (
-            f" The paired test shows no difference at the {100 * alpha:g}% level, which is not "
-            f"proof that there is none."
-        )
-    margin = cmp.non_inferiority.margin
-    if cmp.non_inferiority.non_inferior:
-        ni = (
-            f" Non-inferior at a margin of {100 * margin:.2f} points: the interval's lower "
-            f"limit ({_points(low)}) is above {_points(-margin)}."
-        )
-    else:
-        ni = (
-            f" Non-inferiority at a margin of {100 * margin:.2f} points is not shown: the "
-            f"interval reaches down to {_points(low)} points."
-        )
-    return head + test + ni
-
-
-def totals_sentence(t: TotalsBounds) -> str:
-    """What published totals allow, in words."""
-    level = round(100 * (1 - t.alpha))
-    head = (
-        f"From totals alone ({t.candidate}/{t.n} against {t.baseline}/{t.n}, "
-        f"{_points(t.difference)} points) the pairing of items is unknown. "
-    )
-    if t.mcnemar_p_min >= t.alpha:
-        test = (
-            f"No pairing gives an exact McNemar p below {t.mcnemar_p_min:.3g}, so these totals "
-            f"cannot show a difference at the {100 * t.alpha:g}% level whatever the per-item "
-            f"records are. "
-        )
-    else:
-        test = (
-            f"The exact McNemar p lies between {t.mcnemar_p_min:.3g} and "
-            f"{t.mcnemar_p_max:.3g} depending on the pairing; only per-item records can tell "
-            f"whether the difference is significant. "
-        )
-    rates = f"The runs disagree on {100 * t.disagreement_min:.1f}% to {100 * t.disagreement_max:.1f}% of the items"
-    pw = f"{100 * t.power:g}%"
-    if t.detectable_loss_high is None:
-        power = f"{rates}; at none of these rates does the paired exact test find a loss with {pw} power. "
-    elif t.power_floor is not None and t.power_floor > t.disagreement_min:
-        power = (
-            f"{rates}; below {100 * t.power_floor:.1f}% disagreement no loss is found with "
-            f"{pw} power, and above it the paired exact test finds only a loss of at least "
-            f"{100 * (t.detectable_loss_low or 0):.1f} to {100 * (t.detectable_loss_high or 0):.1f} points. "
-        )
-    else:
-        power = (
-            f"{rates}; over that range the paired exact test finds with {pw} power only a "
-            f"loss of at least {100 * (t.detectable_loss_low or 0):.1f} to "
-            f"{100 * (t.detectable_loss_high or 0):.1f} points. "
-        )
-    ci = (
-        f"The unpaired {level}% interval of the difference (Newcombe hybrid score) is "
-        f"{_points(t.unpaired.low)} to {_points(t.unpaired.high)} points."
-    )
-    return head + test + power + ci
 
 
 def discrimination_sentence(d: Discrimination) -> str:

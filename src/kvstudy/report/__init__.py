@@ -1,0 +1,1 @@
+"""The reports layer: tables, HTML, the index and the notebooks' helpers."""
