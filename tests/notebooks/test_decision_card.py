@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvstudy import decision
-from kvstudy.report import render
 from kvstudy import decision_rule as rule
+from kvstudy.report import render
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "profiles"
