@@ -17,9 +17,8 @@ from kvstudy.context.fit import (
     fit_all,
 )
 from kvstudy.context.predict import measured_vs_predicted
+from kvstudy.context.spec import ContextSweepSpec, default_arms
 from kvstudy.context.sweep import (
-    ContextSweepSpec,
-    default_arms,
     load_context_spec,
     read_bandwidth,
     read_cells,
