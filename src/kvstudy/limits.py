@@ -3,8 +3,8 @@
 They are generous for real use (a 10-million-token context, a hundred thousand users, a week-long
 timeout) and exist so that a mistyped or hostile value is refused before any work starts, in one
 line that names the bound, instead of running for hours or filling memory. Specs check their
-fields with :func:`kvstudy.io.bounded_int` / :func:`kvstudy.io.bounded_float` against these;
-commands take :func:`int_arg` / :func:`float_arg` as argparse types.
+fields through the bounded types below (pydantic constraints, ``kvstudy.bench.spec``), and so does a
+profile's check of a notebook parameter; commands take :func:`int_arg` / :func:`float_arg` as argparse types.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from kvstudy.errors import StudyError
-from kvstudy.io import bounded_float, bounded_int, type_name
+from kvstudy.io import bounded_float, bounded_int
 
 MAX_TOKENS = 10_000_000  # a length in tokens (context, input, output, max_model_len): above any model's
 MAX_USERS = 100_000  # concurrent requests of one benchmark cell
@@ -54,6 +56,28 @@ DESIGN_MARGIN_POINTS = (0.01, 99.0)  # a non-inferiority margin, in points
 MAX_FILE_NUMBER = 2**53  # any number read from a config, a result or a sample file: past it a float loses units
 
 
+# The bounds as types: a spec field or a notebook parameter declared with one is checked against it.
+# A number is a float or an int, kept as given (a manifest's 1500 reads back as 1500, not 1500.0).
+Number = float | int
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+Users = Annotated[int, Field(ge=1, le=MAX_USERS)]
+Requests = Annotated[int, Field(ge=1, le=MAX_REQUESTS)]
+Warmups = Annotated[int, Field(ge=0, le=MAX_REQUESTS)]
+Items = Annotated[int, Field(ge=0, le=MAX_ITEMS)]
+Shots = Annotated[int, Field(ge=0, le=MAX_SHOTS)]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+AxisCount = Annotated[int, Field(ge=0, le=MAX_AXIS_VALUES)]
+Blocks = Annotated[int, Field(ge=1, le=MAX_BLOCKS)]
+Bytes = Annotated[int, Field(ge=1, le=MAX_BYTES)]
+TensorParallel = Annotated[int, Field(ge=1, le=MAX_TENSOR_PARALLEL)]
+Threads = Annotated[int, Field(ge=1, le=MAX_THREADS)]
+Gib = Annotated[Number, Field(gt=0, le=MAX_GIB)]  # a pool a server is given
+MemoryGib = Annotated[Number, Field(ge=0, le=MAX_GIB)]  # a memory figure that may be zero
+Seconds = Annotated[Number, Field(gt=0, le=MAX_SECONDS)]
+Milliseconds = Annotated[Number, Field(gt=0, le=1e9)]
+Factor = Annotated[Number, Field(ge=0, le=MAX_FACTOR)]
+
+
 def check_numbers(data: Any, where: str, largest: float = MAX_FILE_NUMBER) -> None:
     """Every number in a parsed JSON tree finite and within +-``largest``; else one line naming the
     first offending key's path (a 400-digit ``head_dim`` or ``1e999`` is refused here, before any
@@ -71,32 +95,6 @@ def check_numbers(data: Any, where: str, largest: float = MAX_FILE_NUMBER) -> No
             raise StudyError(f"{where}: {path[:120] or 'the value'} is {value!r}, expected a finite number")
         elif abs(value) > largest:
             raise StudyError(f"{where}: {path[:120] or 'the value'} is beyond +-{largest:.0f}, expected a real figure")
-
-
-def int_field(value: Any, where: str, low: int, high: int) -> int:
-    """A spec's integer field: an int (not a boolean, not a float, not text) within [low, high]."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise StudyError(f"{where} must be an integer, got {type_name(value)}")
-    return bounded_int(value, where, low, high)
-
-
-def number_field(value: Any, where: str, high: float) -> float:
-    """A spec's positive number field: an int or float (not a boolean, not text), finite, in (0, high]."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise StudyError(f"{where} must be a number, got {type_name(value)}")
-    number = bounded_float(value, where, 0.0, high)
-    if number <= 0:
-        raise StudyError(f"{where} must be positive, got {number!r}")
-    return number
-
-
-def int_list(value: Any, where: str, low: int, high: int, most: int = MAX_AXIS_VALUES) -> list[int]:
-    """A spec's list of integers: a list (or tuple) of at most ``most`` ints, each within [low, high]."""
-    if not isinstance(value, (list, tuple)):
-        raise StudyError(f"{where} must be a list of integers, got {type_name(value)}")
-    if len(value) > most:
-        raise StudyError(f"{where} holds {len(value):,} values, expected at most {most:,}")
-    return [int_field(v, f"{where}[{i}]", low, high) for i, v in enumerate(value)]
 
 
 def int_arg(low: int, high: int) -> Callable[[str], int]:

@@ -17,54 +17,58 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
+from kvstudy.bench.spec import Spec, one_line
+from kvstudy.context.spec import ContextSweepSpec
 from kvstudy.decision_rule import thresholds_from
 from kvstudy.errors import StudyError
 from kvstudy.io import read_yaml, type_name
 from kvstudy.limits import (
     MAX_AXIS_VALUES,
-    MAX_BLOCKS,
-    MAX_BYTES,
     MAX_EXTENDS,
-    MAX_FACTOR,
-    MAX_GIB,
-    MAX_ITEMS,
-    MAX_REQUESTS,
-    MAX_SECONDS,
-    MAX_SEED,
-    MAX_SHOTS,
-    MAX_TENSOR_PARALLEL,
-    MAX_THREADS,
-    MAX_TOKENS,
-    MAX_USERS,
+    AxisCount,
+    Blocks,
+    Factor,
+    Gib,
+    Items,
+    MemoryGib,
+    Shots,
+    TensorParallel,
+    Threads,
+    Tokens,
     check_numbers,
 )
+from kvstudy.load.spec import LoadSpec
+from kvstudy.speed.spec import SweepSpec
 
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TOP_LEVEL_KEYS = ("description", "extends", "defaults", "notebooks", "decision")
 # Parameters the runner sets itself; a profile may not set them.
 RUNNER_PARAMETERS = ("profile", "figures_dir")
-# The bounds of the notebooks' count and size parameters (a number, or each number of a list), from
-# kvstudy.limits; checked with the profile, before any notebook runs.
-PARAMETER_BOUNDS: dict[str, tuple[float, float]] = {
+# Notebooks whose parameters fill a declared spec: a parameter named as one of its fields is checked
+# by that field's declaration (type, bound), before any notebook runs.
+SPECS: dict[str, type[Spec]] = {
+    "02_speed-sweep": SweepSpec,
+    "05_context-scaling": ContextSweepSpec,
+    "08_load-at-equal-memory": LoadSpec,
+}
+# The bounds of the other notebooks' count and size parameters (a number, or each number of a list),
+# the bounded types of kvstudy.limits.
+PARAMETER_BOUNDS: dict[str, Any] = {
     **dict.fromkeys(
-        ("context_len", "contexts", "lengths", "retrieval_lengths", "input_len", "output_len", "max_model_len"),
-        (1, MAX_TOKENS),
+        ("context_len", "contexts", "retrieval_lengths", "max_model_len", "max_length", "max_gen_toks"), Tokens
     ),
-    **dict.fromkeys(("max_length", "max_gen_toks", "published_context_len"), (1, MAX_TOKENS)),
-    "fixed_pool_tokens": (1, MAX_BLOCKS),
-    **dict.fromkeys(("n", "gsm8k_n", "control_gsm8k_n", "greedy_n", "retrieval_per_length", "n_boot"), (0, MAX_ITEMS)),
-    "num_fewshot": (0, MAX_SHOTS),
-    "seeds": (0, MAX_SEED),
-    "users": (1, MAX_USERS),
-    **dict.fromkeys(("prompts", "prompts_per_user", "warmups_per_user"), (0, MAX_REQUESTS)),
-    "calibration_runs_per_arm": (0, MAX_AXIS_VALUES),
-    **dict.fromkeys(("tensor_parallel_size", "compare_tp"), (1, MAX_TENSOR_PARALLEL)),
-    **dict.fromkeys(("cpu_kvcache_space_gib", "overhead_gib", "gpu_memory_gib", "weights_gib"), (0, MAX_GIB)),
-    "kv_cache_memory_bytes": (1, MAX_BYTES),
-    "num_gpu_blocks_override": (1, MAX_BLOCKS),
-    **dict.fromkeys(("ready_timeout_s", "bench_timeout_s", "telemetry_interval_s"), (0, MAX_SECONDS)),
-    "threads": (1, MAX_THREADS),
-    **dict.fromkeys(("bandwidth_factor", "control_factor"), (0, MAX_FACTOR)),
+    "published_context_len": Tokens,
+    "fixed_pool_tokens": Blocks,
+    **dict.fromkeys(("n", "gsm8k_n", "control_gsm8k_n", "greedy_n", "retrieval_per_length", "n_boot"), Items),
+    "num_fewshot": Shots,
+    "calibration_runs_per_arm": AxisCount,
+    **dict.fromkeys(("tensor_parallel_size", "compare_tp"), TensorParallel),
+    "cpu_kvcache_space_gib": Gib,
+    **dict.fromkeys(("overhead_gib", "gpu_memory_gib", "weights_gib"), MemoryGib),
+    "threads": Threads,
+    **dict.fromkeys(("bandwidth_factor", "control_factor"), Factor),
 }
 _UNPARSED = object()
 _TYPE_WORDS = {
@@ -288,6 +292,8 @@ def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[
                     f"(like the default {param.default!r}), not {_shown(value)}{_quoted_hint(value, param)}"
                 )
             _check_bounds(value, f"{where}: parameter {key!r}", key)
+        if stem in SPECS:
+            SPECS[stem].check_given(params, f"{path}: notebook {stem}")
     return declared
 
 
@@ -315,10 +321,13 @@ def _check_bounds(value: Any, where: str, key: str) -> None:
         raise StudyError(f"{where}: {len(value):,} items, expected at most {MAX_AXIS_VALUES:,}")
     if key not in PARAMETER_BOUNDS:
         return
-    low, high = PARAMETER_BOUNDS[key]
+    bound = TypeAdapter(PARAMETER_BOUNDS[key])
     for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, (int, float)) and not isinstance(item, bool) and not low <= item <= high:
-            raise StudyError(f"{where}: {item!r} is outside {low:,} .. {high:,}")
+        if isinstance(item, (int, float)) and not isinstance(item, bool):
+            try:
+                bound.validate_python(item)
+            except ValidationError as exc:
+                raise StudyError(f"{where}: {one_line(exc)}") from None
 
 
 def given_parameters(profile_data: dict[str, Any], stem: str, declared: dict[str, Parameter]) -> dict[str, Any]:

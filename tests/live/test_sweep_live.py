@@ -41,7 +41,7 @@ def fp8_kv_possible_here() -> bool:
     return bool(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
 
 
-def check_ok_cell(capture: Path, r: sweep.CellResult) -> None:
+def check_ok_cell(capture: Path, r: sweep.SpeedCellResult) -> None:
     reqs = read_requests_jsonl(capture / "requests" / f"{r.cell_id}.jsonl")
     assert len(reqs) == r.users * 2 and all(q.success and q.output_len == 16 for q in reqs)
     assert all(q.input_len >= 30 for q in reqs)

@@ -53,7 +53,7 @@ def test_sweep_parameters_are_sweepspec_fields_with_no_default_of_their_own() ->
     from kvstudy.speed.spec import SweepSpec
 
     declared = declared_parameters(NOTEBOOK)
-    fields = set(SweepSpec.__dataclass_fields__)
+    fields = set(SweepSpec.model_fields)
     assert fields <= set(declared), sorted(fields - set(declared))
     assert {name: declared[name].default for name in fields} == dict.fromkeys(fields)
 
@@ -64,7 +64,7 @@ def test_profile_sweep_section_builds_a_spec_by_field_name(profile: str) -> None
     from kvstudy.speed.spec import SweepSpec
 
     section = load_profile(profile, ROOT / "profiles")["notebooks"]["02_speed-sweep"]
-    params = {k: v for k, v in section.items() if k in SweepSpec.__dataclass_fields__}
+    params = {k: v for k, v in section.items() if k in SweepSpec.model_fields}
     spec = SweepSpec.from_params(**params)
     assert spec.input_len == section["input_len"] and spec.run_order == "abba"
     assert len(spec.seeds) >= 3
@@ -77,6 +77,6 @@ def test_cpu_profile_runs_the_workload_of_the_bundled_capture() -> None:
     from kvstudy.speed.spec import SweepSpec
 
     section = load_profile("cpu", ROOT / "profiles")["notebooks"]["02_speed-sweep"]
-    profile_spec = SweepSpec.from_params(**{k: v for k, v in section.items() if k in SweepSpec.__dataclass_fields__})
+    profile_spec = SweepSpec.from_params(**{k: v for k, v in section.items() if k in SweepSpec.model_fields})
     bundled = SweepSpec.from_dict(read_manifest(ROOT / "data" / "captures" / "speed-cpu")["spec"])
     assert profile_spec.to_dict() == bundled.to_dict()

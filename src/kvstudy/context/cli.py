@@ -150,7 +150,8 @@ def register(subparsers: Any) -> None:
 def _sweep(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kvstudy.context.sweep import ContextSweepSpec, cells_to_run, run_context_sweep
+    from kvstudy.context.spec import ContextSweepSpec
+    from kvstudy.context.sweep import cells_to_run, run_context_sweep
     from kvstudy.io import read_json
 
     spec = ContextSweepSpec.from_dict(read_json(Path(args.spec)), where=args.spec)

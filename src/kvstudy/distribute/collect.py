@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy import capture as capture_format
+from kvstudy.bench.spec import RUN_ORDERS
 from kvstudy.distribute.block import BLOCK_RECORD, manifest_items, store_blocks
 from kvstudy.distribute.plan import experiment
 from kvstudy.errors import StudyError
@@ -299,8 +300,6 @@ def _manifest(
     ids = [c if isinstance(c, str) else c.id for c in full.cells()]
     capture_format.set_items(manifest, {i: str(merged.get(i, "missing")) for i in ids})
     if exp.name == "speed":
-        from kvstudy.speed.spec import RUN_ORDERS
-
         manifest["run_order"] = {
             "rule": full.run_order,
             "meaning": RUN_ORDERS[full.run_order],

@@ -23,7 +23,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,7 @@ class Experiment:
 
 
 def _speed_from_params(params: dict[str, Any]) -> SweepSpec:
-    fields = {name: params.get(name) for name in SweepSpec.__dataclass_fields__}
+    fields = {name: params.get(name) for name in SweepSpec.model_fields}
     return SweepSpec.from_params(where="02_speed-sweep parameters", **fields)
 
 
@@ -84,8 +84,8 @@ def _speed_blocks(spec: SweepSpec) -> list[tuple[int, SweepSpec]]:
     """The spec restricted to each seed, its configurations in the order the whole spec runs them there."""
     out = []
     for seed in spec.seeds:
-        order = [r.configuration for r in spec.runs() if r.seed == seed]
-        data = {**spec.to_dict(), "seeds": [seed], "configurations": [asdict(spec.config(n)) for n in order]}
+        order = [r.arm for r in spec.runs() if r.seed == seed]
+        data = {**spec.to_dict(), "seeds": [seed], "configurations": [spec.config(n).model_dump() for n in order]}
         out.append((seed, SweepSpec.from_dict(data, where=f"block of seed {seed}")))
     return out
 
@@ -102,7 +102,7 @@ def _context_blocks(spec: context_sweep.ContextSweepSpec) -> list[tuple[int, con
 
 
 def _load_from_params(params: dict[str, Any]) -> LoadSpec:
-    fields = {name: params.get(name) for name in LoadSpec.__dataclass_fields__}
+    fields = {name: params.get(name) for name in LoadSpec.model_fields}
     return LoadSpec.from_params(where="08_load-at-equal-memory parameters", **fields)
 
 
@@ -111,7 +111,7 @@ def _load_blocks(spec: LoadSpec) -> list[tuple[int, LoadSpec]]:
     out = []
     for seed in spec.seeds:
         order = [r.arm for r in spec.runs() if r.seed == seed]
-        data = {**spec.to_dict(), "seeds": [seed], "arms": [asdict(spec.arm(n)) for n in order]}
+        data = {**spec.to_dict(), "seeds": [seed], "arms": [spec.arm(n).model_dump() for n in order]}
         out.append((seed, LoadSpec.from_dict(data, where=f"block of seed {seed}")))
     return out
 
@@ -206,8 +206,8 @@ def _aa_controls(arms: Sequence[Any]) -> list[str]:
     """Arms identical to the first (baseline) but for their name: the A/A controls."""
     if not arms:
         return []
-    base = {k: v for k, v in asdict(arms[0]).items() if k != "name"}
-    return [a.name for a in arms[1:] if {k: v for k, v in asdict(a).items() if k != "name"} == base]
+    base = arms[0].model_dump(exclude={"name"})
+    return [a.name for a in arms[1:] if a.model_dump(exclude={"name"}) == base]
 
 
 def block_id_of(record: dict[str, Any]) -> str:

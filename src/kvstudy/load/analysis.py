@@ -9,8 +9,7 @@ comparison measures the method's noise and must make no claim.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ def load_capture(path: str | Path) -> LoadCapture:
     spec = load_spec(path, grid.manifest)
     # The pools are computed from the config.json the capture keeps (the served folder may not be here:
     # a fresh clone renders the bundled capture without the project-built model).
-    spec = dataclasses.replace(spec, model=str(model_config(path, spec.model).parent))
+    spec = spec.model_copy(update={"model": str(model_config(path, spec.model).parent)})
     cells, requests, _ = grid.to_frames()
     return LoadCapture(path, dict(grid.manifest), spec, cells, requests)
 
@@ -57,8 +56,8 @@ def arm_order(cap: LoadCapture) -> list[str]:
 
 def aa_arms(spec: LoadSpec) -> list[str]:
     """Arms identical to the baseline but for their name: the A/A controls."""
-    base = {k: v for k, v in asdict(spec.arms[0]).items() if k != "name"}
-    return [a.name for a in spec.arms[1:] if {k: v for k, v in asdict(a).items() if k != "name"} == base]
+    base = spec.arms[0].model_dump(exclude={"name"})
+    return [a.name for a in spec.arms[1:] if a.model_dump(exclude={"name"}) == base]
 
 
 # --------------------------------------------------------------------------- tables
@@ -343,7 +342,7 @@ def capture_settings(params: dict[str, Any], capture: str | Path) -> tuple[dict[
         return shown, set()
     spec = load_spec(path).to_dict()
     spec["arms"] = [a["name"] for a in spec["arms"]]
-    read = {k for k in LoadSpec.__dataclass_fields__ if k in shown and shown[k] is None and k in spec}
+    read = {k for k in LoadSpec.model_fields if k in shown and shown[k] is None and k in spec}
     shown.update({k: spec[k] for k in read})
     return shown, read
 

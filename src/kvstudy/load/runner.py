@@ -33,12 +33,13 @@ from kvstudy.bench.client import BenchError, run_bench
 from kvstudy.bench.grid import GridPlan, ServeRun, cells_to_run, run_grid, scrubber, write_record, write_requests
 from kvstudy.bench.metrics import calculate_metrics, metrics_reported_by_vllm
 from kvstudy.bench.result import requests_from_result
+from kvstudy.bench.spec import Cell, Run
 from kvstudy.bench.telemetry import ServerMetricsSampler, scrape_server_metrics
 from kvstudy.capture import now_utc
 from kvstudy.io import log_tail, read_json, read_text_checked, write_jsonl_atomic
 from kvstudy.limits import output_folder
 from kvstudy.load.knee import share_within
-from kvstudy.load.spec import ArmPool, Cell, CellResult, LoadSpec, Run, arm_pools, check_design, check_knobs, pool_table
+from kvstudy.load.spec import ArmPool, LoadCellResult, LoadSpec, arm_pools, check_design, check_knobs, pool_table
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 from kvstudy.vllm.facts import EQUAL_MEMORY_KNOB
@@ -120,15 +121,22 @@ def pool_check(spec: LoadSpec, arm: str, log_text: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- one cell
 
 
-def _failed(spec: LoadSpec, cell: Cell, reason: str, tail: str, pool: dict[str, Any] | None = None) -> CellResult:
+def _identity(spec: LoadSpec, cell: Cell) -> dict[str, Any]:
+    kv_cache_dtype = spec.arm(cell.arm).kv_cache_dtype
+    return {
+        "cell_id": cell.id,
+        "arm": cell.arm,
+        "kv_cache_dtype": kv_cache_dtype,
+        "seed": cell.seed,
+        "concurrency": cell.users,
+    }
+
+
+def _failed(spec: LoadSpec, cell: Cell, reason: str, tail: str, pool: dict[str, Any] | None = None) -> LoadCellResult:
     scrub = scrubber([spec.server_env, *(a.env for a in spec.arms)])
-    return CellResult(
-        cell.id,
-        cell.arm,
-        spec.arm(cell.arm).kv_cache_dtype,
-        cell.seed,
-        cell.concurrency,
-        "failed",
+    return LoadCellResult(
+        **_identity(spec, cell),
+        status="failed",
         reason=scrub(reason),
         log_tail=scrub(tail),
         pool=pool,
@@ -137,7 +145,7 @@ def _failed(spec: LoadSpec, cell: Cell, reason: str, tail: str, pool: dict[str, 
     )
 
 
-def run_cell(spec: LoadSpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None) -> CellResult:
+def run_cell(spec: LoadSpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None) -> LoadCellResult:
     """One load step against a ready server: the pool check, vLLM's client with --goodput, /metrics
     sampled meanwhile; never raises for a bench failure."""
     pool = pool_check(spec, cell.arm, read_text_checked(server.log_path))
@@ -168,13 +176,9 @@ def run_cell(spec: LoadSpec, capture: Path, cell: Cell, server: Any, tokenizer: 
     write_requests(capture, cell.id, records)
     duration = float(result.get("duration") or 0) or 1e-9
     within, n = share_within(records, spec.target)
-    res = CellResult(
-        cell.id,
-        cell.arm,
-        spec.arm(cell.arm).kv_cache_dtype,
-        cell.seed,
-        cell.concurrency,
-        "ok",
+    res = LoadCellResult(
+        **_identity(spec, cell),
+        status="ok",
         metrics=asdict(calculate_metrics(records, duration)),
         vllm_metrics={**metrics_reported_by_vllm(result), "request_goodput": result.get("request_goodput")},
         within_target=within,
@@ -201,7 +205,7 @@ def run_cell(spec: LoadSpec, capture: Path, cell: Cell, server: Any, tokenizer: 
 # --------------------------------------------------------------------------- the grid
 
 
-def load_plan(spec: LoadSpec, capture: Path) -> GridPlan[Cell, CellResult]:
+def load_plan(spec: LoadSpec, capture: Path) -> GridPlan[Cell, LoadCellResult]:
     tokenizer = spec.model if Path(spec.model).is_dir() else None
     cells = spec.cells()
     runs = [ServeRun(r.id, r.arm, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()]
@@ -229,9 +233,8 @@ def run_load(
     progress: Progress = print,
     retry_failed: bool = False,
     on_cell_start: Any = None,
-) -> list[CellResult]:
+) -> list[LoadCellResult]:
     """Run every cell ``capture`` lacks (failed ones only with ``retry_failed``); refusals come first."""
-    spec.validate()
     capture = Path(capture)
     todo = missing_cells(spec, capture, retry_failed) if (capture / MANIFEST).is_file() else spec.cells()
     if todo:

