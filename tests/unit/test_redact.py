@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from kvstudy.errors import StudyError
 from kvstudy.redact import (
     REDACTED,
-    _cut_point,
     check_env_mapping,
     copy_scrubbed,
     is_secret_name,
@@ -237,20 +236,28 @@ def test_copy_scrubs_lines_split_across_reads(tmp_path: Path) -> None:
     assert target.read_bytes() == expected
 
 
-def test_long_lines_are_cut_between_words_and_keep_option_and_value_together(tmp_path: Path) -> None:
-    line = b"x " * 30 + b"--api-key sk-" + b"A" * 40 + b" more"
-    cut = _cut_point(line, 80)
-    assert 40 <= cut <= 80 and line[cut:].startswith(b"--api-key sk-")
-    assert _cut_point(b"A" * 100, 80) == 80  # no place between words: cut at the limit
-    assert _cut_point(b"A" * 60 + b"/" + b"A" * 60, 80) == 61  # else after a byte outside a token
+def _copied_in_pieces(data: bytes, path: Path) -> bytes:
+    """``data`` (no line end) through ``copy_scrubbed`` in pieces of at most 80 bytes."""
     read_end, write_end = os.pipe()
-    with open(tmp_path / "long.log", "wb") as target:
-        os.write(write_end, line * 3)  # no line end: written in pieces of at most 80 bytes
+    with open(path, "wb") as target:
+        os.write(write_end, data)
         os.close(write_end)
         copy_scrubbed(os.fdopen(read_end, "rb"), target, [], piece_bytes=80)
-    text = (tmp_path / "long.log").read_bytes()
+    return path.read_bytes()
+
+
+def test_long_lines_are_cut_between_words_and_keep_option_and_value_together(tmp_path: Path) -> None:
+    line = b"x " * 30 + b"--api-key sk-" + b"A" * 40 + b" more"
+    text = _copied_in_pieces(line * 3, tmp_path / "long.log")
     assert b"sk-AAAA" not in text and text.count(REDACTED.encode()) == 3
     assert text == (line * 3).replace(b"sk-" + b"A" * 40, REDACTED.encode())
+    # no place between words: cut at the limit, nothing lost
+    assert _copied_in_pieces(b"A" * 300, tmp_path / "plain.log") == b"A" * 300
+    # else after a byte outside a token's alphabet: a token across the limit is cut nowhere, so it is redacted whole
+    token = b"hf_" + b"B" * 30  # bytes 61 to 94 of the line
+    line = b"A" * 60 + b"/" + token + b" end"
+    text = _copied_in_pieces(line * 2, tmp_path / "token.log")
+    assert text == (line * 2).replace(token, REDACTED.encode())
 
 
 class BrokenTarget:

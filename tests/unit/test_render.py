@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 from pathlib import Path
@@ -37,6 +38,10 @@ OK_BODY = (
 
 @pytest.fixture()
 def study(tmp_path: Path) -> Path:
+    return make_study(tmp_path)
+
+
+def make_study(tmp_path: Path) -> Path:
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "profiles").mkdir()
     make_notebook(tmp_path / "notebooks" / "01_ok.ipynb", OK_BODY)
@@ -48,8 +53,18 @@ def study(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_profile_parameters_reach_notebook_and_index(study: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ok, broken = report.run_profile("demo", root=study)
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[report.NotebookRun], str]:
+    """The demo profile rendered once (with what it printed), for the tests that only read what it wrote."""
+    study = make_study(tmp_path_factory.mktemp("demo"))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        runs = report.run_profile("demo", root=study)
+    return study, runs, printed.getvalue()
+
+
+def test_profile_parameters_reach_notebook_and_index(demo: tuple[Path, list[report.NotebookRun], str]) -> None:
+    study, (ok, broken), printed = demo
     assert ok.error is None and ok.finding == "value is 42 on demo"
     assert ok.verdicts == [
         {"topic": "capacity", "text": "twice the tokens at 21", "state": "measured", "next_step": None, "facts": {}}
@@ -62,11 +77,11 @@ def test_profile_parameters_reach_notebook_and_index(study: Path, capsys: pytest
     # the failed notebook is rendered beside, so the reader sees where it stopped
     assert "failed" in index and "02_broken.failed.html" in index and (out_dir / "02_broken.failed.html").is_file()
     assert "03_other" in index and "not in this profile" in index and not (out_dir / "03_other.html").exists()
-    assert "[demo]   01_ok: cell 1 of 1" in capsys.readouterr().out  # the progress line, streamed
+    assert "[demo]   01_ok: cell 1 of 1" in printed  # the progress line, streamed
 
 
-def test_report_html_hides_parameters_and_cleans_tables(study: Path) -> None:
-    report.run_profile("demo", root=study)
+def test_report_html_hides_parameters_and_cleans_tables(demo: tuple[Path, list[report.NotebookRun], str]) -> None:
+    study = demo[0]
     page = (study / "reports" / "demo" / "01_ok.html").read_text()
     assert "injected-parameters" not in page and "value = 21" not in page
     assert "given by the profile" in page and "notebook default" not in page.split("| value |")[0]
@@ -139,8 +154,8 @@ def test_file_digest_changes_with_content(tmp_path: Path) -> None:
     assert file_digest(f) != first and len(first) == 12
 
 
-def test_status_file_records_each_notebook(study: Path) -> None:
-    report.run_profile("demo", root=study)
+def test_status_file_records_each_notebook(demo: tuple[Path, list[report.NotebookRun], str]) -> None:
+    study = demo[0]
     status = json.loads((study / "reports" / "demo" / "status.json").read_text())
     assert set(status) == {"01_ok", "02_broken"} and status["02_broken"]["error"]
 

@@ -88,8 +88,9 @@ MEMORY_LINES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
     ("non_torch", re.compile(r"non_torch_memory takes " + NUM + r" ?GiB")),
     ("activation_peak", re.compile(r"PyTorch activation peak memory takes " + NUM + r" ?GiB")),
-    ("activation_peak", re.compile(NUM + r" GiB for peak activation")),
-    ("cuda_graphs", re.compile(NUM + r" GiB for CUDAGraph memory")),
+    # (?<![\d,]): a match starts where a number does (the same matches, in linear time on a long digit run)
+    ("activation_peak", re.compile(r"(?<![\d,])" + NUM + r" GiB for peak activation")),
+    ("cuda_graphs", re.compile(r"(?<![\d,])" + NUM + r" GiB for CUDAGraph memory")),
     ("cuda_graphs_estimated", re.compile(r"Estimated CUDA graph memory: " + NUM + r" GiB")),
     ("cuda_graphs", re.compile(r"Graph capturing finished in \d+ secs?, took " + NUM + r" GiB")),
     ("requested", re.compile(r"Desired GPU memory utilization is \([\d.]+, " + NUM + r" GiB\)")),

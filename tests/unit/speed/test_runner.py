@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from kvstudy import capture as capture_format
 from kvstudy.bench.grid import write_record
+from kvstudy.cli import main as cli_main
 from kvstudy.errors import StudyError
 from kvstudy.progress import silent
 from kvstudy.speed import runner as sweep
@@ -221,8 +222,7 @@ def test_crash_mid_sweep_fails_rest_of_run_and_resume_runs_only_those(tmp_path: 
     assert sweep.run_sweep(spec, tmp_path, progress=silent) == [] and FakeServer.starts == []
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(grid()))
-    cli_args = argparse.Namespace(spec=str(spec_file), capture=str(tmp_path), dry_run=False, retry_failed=False)
-    assert sweep._cli(cli_args) == 1  # failed cells kept: the exit code says so
+    assert cli_main(["sweep", str(spec_file), str(tmp_path)]) == 1  # failed cells kept: the exit code says so
     old_log = tmp_path / "logs" / "fp8__s0__u1.bench.log"
     old_log.parent.mkdir(parents=True, exist_ok=True)
     old_log.write_text("attempt one")
@@ -304,8 +304,6 @@ def test_spec_round_trips_through_manifest(tmp_path: Path) -> None:
 
 
 def test_cli_dry_run_lists_cells_and_rejects_bad_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import argparse
-
     parser = argparse.ArgumentParser()
     sweep.register(parser.add_subparsers(dest="command"))
     good = tmp_path / "grid.json"
