@@ -35,10 +35,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvstudy.accuracy.configurations import EvalConfig
+from kvstudy.accuracy.configurations import EvalConfig, configurations
 from kvstudy.accuracy.task_specs import task_spec
 from kvstudy.bench.logprobs import ScoredPrompt, Server, check_length, check_top_k, describe_server, score_prompt
 from kvstudy.errors import StudyError
@@ -76,6 +77,7 @@ def prompts_for(task: str, data_dir: str | Path, n: int) -> list[ScoredPrompt]:
             for i, p in enumerate(problems)
         ]
     out = []
+    item: Any
     for item in read_jsonl(path)[:n]:
         where = f"{path}: item {str(item.get('id') if isinstance(item, dict) else item)[:40]}"
         for name in ("id", "context_id", "context", "question", "answer_prefix", "answer"):
@@ -150,26 +152,45 @@ def _partial(path: Path) -> list[Any]:
     return [row for _, row in parse_jsonl_text(text[: text.rfind("\n") + 1], path)]
 
 
-def load(capture: str | Path, names: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-    """The finished screens of the named configurations ({} when none has one), each arm's rows.
-    Refused: arms of two models, screened at two top-k or on other prompts, or whose servers
+@dataclass(frozen=True)
+class Screened:
+    """The screened arms of an accuracy capture, as ``kvstudy.precision.records.from_arms`` pairs
+    them: the 16-bit baseline, its repeat (the A/A floor) and the candidates, each arm's rows."""
+
+    baseline: str
+    floor: str
+    candidates: tuple[str, ...]
+    rows: dict[str, list[dict[str, Any]]]
+    labels: dict[str, str]
+    model: str
+    top_k: int
+
+
+def load(capture: str | Path, names: Sequence[str]) -> Screened | None:
+    """The finished screens of the named configurations (the first is the baseline, the one with
+    ``repeat`` the floor), or None when the baseline, the floor or every candidate lacks one.
+    Refused: arms of two models, screened at two top-k or on other items, or whose servers
     tokenized an item differently."""
     found: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
-    for name in names:
-        folder = Path(capture) / name
+    for cfg in configurations(names):
+        folder = Path(capture) / cfg.name
         status = read_json(folder / STATUS) if (folder / STATUS).is_file() else None
         if isinstance(status, dict) and status.get("state") == "ok" and (folder / ROWS).is_file():
-            found[name] = (status, read_jsonl(folder / ROWS))
-    if not found:
-        return {}
-    first, (ref, ref_rows) = next(iter(found.items()))
+            found[cfg.name] = (status, read_jsonl(folder / ROWS))
+    floor = next((c.name for c in configurations(names) if c.repeat and c.name in found), None)
+    candidates = tuple(n for n in found if n not in (names[0], floor))
+    if names[0] not in found or floor is None or not candidates:
+        return None
+    ref, ref_rows = found[names[0]]
     echo = {r.get("id"): r.get("echo_sha256") for r in ref_rows}
     for name, (status, rows) in found.items():
         where = f"{Path(capture) / name / STATUS}"
         for key, what in (("root", "another model"), ("top_k", "another top-k"), ("prompts_sha256", "other items")):
             if status.get(key) != ref.get(key):
-                raise StudyError(f"{where}: screened with {what} ({key} {status.get(key)!r}) than {first}'s")
+                raise StudyError(f"{where}: screened with {what} ({key} {status.get(key)!r}) than {names[0]}")
         other = [r.get("id") for r in rows if echo.get(r.get("id")) != r.get("echo_sha256")]
         if other:
-            raise StudyError(f"{where}: item {other[0]!r} tokenized differently from {first}: different tokenizers")
-    return {name: rows for name, (_, rows) in found.items()}
+            raise StudyError(f"{where}: item {other[0]!r} tokenized differently from {names[0]}: different tokenizers")
+    labels = {c.name: c.label for c in configurations(names)}
+    arms = {name: r for name, (_, r) in found.items()}
+    return Screened(names[0], floor, candidates, arms, labels, str(ref.get("root")), int(ref.get("top_k") or 0))

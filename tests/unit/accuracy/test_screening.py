@@ -1,0 +1,195 @@
+"""The accuracy runs' screen of their own servers (kvstudy.accuracy.screening): its prompts, resume,
+the done rule with the screen on, and the pairing of its arms by notebook 07's analysis."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvstudy import cli
+from kvstudy.accuracy import runner as ge
+from kvstudy.accuracy import screening as sc
+from kvstudy.bench.logprobs import Server
+from kvstudy.errors import StudyError
+from kvstudy.precision import analysis, prompts, records
+
+SERVER = Server("http://127.0.0.1:9", "m", "models/m", 8192)
+
+
+def test_gsm8k_prompts_are_the_questions_asked_with_the_reference_solutions():
+    found = sc.prompts_for("gsm8k_offline", "data/gsm8k", 5)
+    assert [(p.prompt, p.continuation) for p in found] == [(p.prompt, p.continuation) for p in prompts.gsm8k_prompts(5)]
+    assert len({p.cluster for p in found}) == 5  # each question its own cluster
+
+
+def test_retrieval_prompts_are_the_task_items_clustered_on_their_context():
+    items = [json.loads(line) for line in Path("data/retrieval/test.jsonl").read_text().splitlines()[:12]]
+    found = sc.prompts_for("retrieval_offline", "data/retrieval", 12)
+    assert [p.id for p in found] == [i["id"] for i in items]
+    assert [p.cluster for p in found] == [i["context_id"] for i in items]
+    assert [p.bucket for p in found] == [f"retrieval {i['target_tokens']}" for i in items]
+    assert all(
+        p.prompt.endswith(i["answer_prefix"]) and p.continuation == " " + i["answer"] for p, i in zip(found, items)
+    )
+
+
+def test_a_hub_task_is_refused():
+    with pytest.raises(StudyError, match="screen_top_k: task gsm8k reads its questions from the hub"):
+        sc.prompts_for("gsm8k", "data/gsm8k", 3)
+
+
+def _row(prompt: Any, shift: float = 0.0, echo: str = "e") -> dict[str, Any]:
+    """A screen row of three reference tokens whose top-3 moves by ``shift`` (0: identical arms)."""
+    probs = [0.6 - shift, 0.3 + shift, 0.05]
+    top = [[7, math.log(probs[0])], [8, math.log(probs[1])], [9, math.log(probs[2])]]
+    return {
+        "id": prompt.id,
+        "bucket": prompt.bucket,
+        "cluster": prompt.cluster,
+        "prompt_tokens": 5,
+        "logp": [math.log(probs[0])] * 3,
+        "top1": ["7"] * 3,
+        "topk": [top] * 3,
+        "echo_sha256": echo,
+    }
+
+
+def _scorer(calls: list[str], fail_after: int | None = None, shift: float = 0.0) -> Any:
+    def score(server: Server, prompt: Any, top_k: int) -> tuple[dict[str, Any], list[str]]:
+        if fail_after is not None and len(calls) >= fail_after:
+            raise StudyError("server gone")
+        calls.append(prompt.id)
+        return _row(prompt, shift), ["a", "b"]
+
+    return score
+
+
+def test_an_interrupted_screen_resumes_and_keeps_what_it_scored(tmp_path, monkeypatch):
+    items = sc.prompts_for("gsm8k_offline", "data/gsm8k", 6)
+    calls: list[str] = []
+    monkeypatch.setattr(sc, "score_prompt", _scorer(calls, fail_after=4))
+    with pytest.raises(StudyError, match="server gone"):
+        sc.run(SERVER, tmp_path, items, 20, progress=lambda line: None)
+    assert sc.state(tmp_path, 20, items) is None and len(calls) == 4
+    (tmp_path / sc.PARTIAL).write_text((tmp_path / sc.PARTIAL).read_text() + '{"id": "cut off mid-wr')
+    monkeypatch.setattr(sc, "score_prompt", _scorer(calls))
+    sc.run(SERVER, tmp_path, items, 20, progress=lambda line: None)
+    assert calls == [p.id for p in items]  # the first four were not scored again
+    assert sc.state(tmp_path, 20, items) == "ok" and not (tmp_path / sc.PARTIAL).exists()
+    assert [r["id"] for r in map(json.loads, (tmp_path / sc.ROWS).read_text().splitlines())] == calls
+    assert sc.state(tmp_path, 10, items) is None  # another top-k: not this screen
+    assert sc.state(tmp_path, 20, items[:5]) is None  # other items: not this screen
+
+
+def _screened_capture(tmp_path: Path, arms: dict[str, float], **status: Any) -> Path:
+    items = sc.prompts_for("gsm8k_offline", "data/gsm8k", 6)
+    for name, shift in arms.items():
+        folder = tmp_path / name
+        folder.mkdir(parents=True)
+        rows = [_row(p, shift * (1 + i / 10)) for i, p in enumerate(items)]  # the candidate varies by prompt
+        (folder / sc.ROWS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        info = {"state": "ok", "top_k": 20, "prompts_sha256": "x", "root": "models/m", **status.get(name, {})}
+        (folder / sc.STATUS).write_text(json.dumps(info))
+    return tmp_path
+
+
+def test_the_arms_pair_into_kl_delta_logp_and_top1_against_the_floor(tmp_path):
+    cap = _screened_capture(tmp_path, {"bf16": 0.0, "bf16-repeat": 0.0, "fp8-kv": 0.1})
+    found = sc.load(cap, ["bf16", "bf16-repeat", "fp8-kv"])
+    assert found is not None and (found.baseline, found.floor, found.candidates) == ("bf16", "bf16-repeat", ("fp8-kv",))
+    capture = records.from_arms(
+        cap, found.baseline, found.floor, found.candidates, found.rows, found.labels, "m", "vLLM"
+    )
+    table = {r["arm"]: r for r in analysis.comparisons(capture, margin_kl=1.0)}
+    assert table["bf16-repeat"]["kl"] == pytest.approx(0.0, abs=1e-12) and table["bf16-repeat"]["top1"] == 1.0
+    shifts = [0.1 * (1 + i / 10) for i in range(6)]
+    p = [0.6, 0.3, 0.05, 0.05]  # the lumped KL by hand: the top-3 and the rest
+    by_hand = [sum(a * math.log(a / b) for a, b in zip(p, [0.6 - s, 0.3 + s, 0.05, 0.05])) for s in shifts]
+    assert table["fp8-kv"]["kl"] == pytest.approx(sum(by_hand) / 6)
+    assert table["fp8-kv"]["mean"] == pytest.approx(sum(math.log((0.6 - s) / 0.6) for s in shifts) / 6)
+    assert table["fp8-kv"]["top1"] == 1.0 and table["fp8-kv"]["equivalence_kl"] == "within"
+    beyond = {r["arm"]: r for r in analysis.comparisons(capture, margin_kl=1e-4)}
+    assert beyond["fp8-kv"]["equivalence_kl"] == "beyond" and beyond["bf16-repeat"]["equivalence_kl"] == "within"
+    facts = analysis.screen_facts(capture, None, "not calibrated")
+    assert facts["equivalence"] == "undecided" and facts["candidate"] == "FP8 KV cache"
+
+
+def test_no_screen_without_the_floor_or_a_candidate(tmp_path):
+    assert (
+        sc.load(_screened_capture(tmp_path / "a", {"bf16": 0.0, "fp8-kv": 0.1}), ["bf16", "bf16-repeat", "fp8-kv"])
+        is None
+    )
+    assert (
+        sc.load(_screened_capture(tmp_path / "b", {"bf16": 0.0, "bf16-repeat": 0.0}), ["bf16", "bf16-repeat", "fp8-kv"])
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        ({"fp8-kv": {"root": "models/other"}}, "screened with another model"),
+        ({"fp8-kv": {"top_k": 5}}, "screened with another top-k"),
+    ],
+)
+def test_arms_of_two_models_or_top_k_are_refused(tmp_path, status, message):
+    cap = _screened_capture(tmp_path, {"bf16": 0.0, "bf16-repeat": 0.0, "fp8-kv": 0.1}, **status)
+    with pytest.raises(StudyError, match=message):
+        sc.load(cap, ["bf16", "bf16-repeat", "fp8-kv"])
+
+
+def test_arms_of_two_tokenizers_are_refused(tmp_path):
+    cap = _screened_capture(tmp_path, {"bf16": 0.0, "bf16-repeat": 0.0, "fp8-kv": 0.1})
+    path = cap / "fp8-kv" / sc.ROWS
+    path.write_text(path.read_text().replace('"echo_sha256": "e"', '"echo_sha256": "f"', 1))
+    with pytest.raises(StudyError, match="item 'gsm8k-0' tokenized differently from bf16: different tokenizers"):
+        sc.load(cap, ["bf16", "bf16-repeat", "fp8-kv"])
+
+
+def _answered(cap: Path, name: str) -> None:
+    folder = cap / name
+    folder.mkdir(parents=True)
+    status = {"state": "ok", "num_fewshot": 8, "settings": {"n": 2, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}}
+    (folder / "status.json").write_text(json.dumps(status))
+    (folder / "records.jsonl").write_text("")
+
+
+def test_an_answered_configuration_without_its_screen_runs_again(tmp_path):
+    settings = ge.EvalSettings(n=2)
+    _answered(tmp_path / "cap", "bf16")
+    lines: list[str] = []
+    assert ge.run_missing(["bf16"], tmp_path / "model", tmp_path / "cap", settings, progress=lines.append) == {}
+    assert lines == ["bf16: done already, kept"]  # screen off: done
+    lines.clear()
+    with pytest.raises(StudyError):  # scheduled: the run needs the engine and a model folder
+        ge.run_missing(["bf16"], tmp_path / "model", tmp_path / "cap", settings, progress=lines.append, screen_top_k=20)
+    assert not any("kept" in line for line in lines)
+    items = sc.prompts_for(settings.task, settings.data_dir, settings.n)
+    (tmp_path / "cap" / "bf16" / sc.ROWS).write_text("")
+    (tmp_path / "cap" / "bf16" / sc.STATUS).write_text(
+        json.dumps({"state": "ok", "top_k": 20, "prompts_sha256": sc._digest(items)})
+    )
+    lines.clear()
+    assert (
+        ge.run_missing(["bf16"], tmp_path / "model", tmp_path / "cap", settings, progress=lines.append, screen_top_k=20)
+        == {}
+    )
+    assert lines == ["bf16: done already, kept"]
+
+
+def test_a_top_k_beyond_the_bound_is_one_line(tmp_path, capsys):
+    code = cli.main(["gsm8k", "--model", str(tmp_path), "--capture", str(tmp_path / "c"), "--screen-top-k", "101"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--screen-top-k" in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_the_cli_option_reaches_the_runner(tmp_path, monkeypatch):
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(ge, "run_missing", lambda *args, **kw: seen.update(kw) or {})
+    (tmp_path / "model").mkdir()
+    argv = ["gsm8k", "--model", str(tmp_path / "model"), "--capture", str(tmp_path / "c"), "--screen-top-k", "8"]
+    assert cli.main(argv) == 1 and seen["screen_top_k"] == 8  # 1: nothing ran (the fake runner)
