@@ -279,6 +279,10 @@ def run_group(
         if root and root not in diagnosis:
             diagnosis = f"{root} (root error in the engine log); {diagnosis}"
         for cfg in configs[len(statuses) :]:
+            shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
+            if result_state(capture / cfg.name, settings, shots) == "ok":  # started only for its screen: kept
+                progress(f"  {cfg.name}: answers kept, not screened: failed to start: {diagnosis[:300]}")
+                continue
             status = ConfigStatus(
                 cfg.name, cfg.label, "failed", diagnosis, server_cfg.to_dict(), asdict(settings), None, 0, now_utc()
             )

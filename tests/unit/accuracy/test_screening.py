@@ -193,3 +193,30 @@ def test_the_cli_option_reaches_the_runner(tmp_path, monkeypatch):
     (tmp_path / "model").mkdir()
     argv = ["gsm8k", "--model", str(tmp_path / "model"), "--capture", str(tmp_path / "c"), "--screen-top-k", "8"]
     assert cli.main(argv) == 1 and seen["screen_top_k"] == 8  # 1: nothing ran (the fake runner)
+
+
+def test_a_failed_start_for_the_screen_alone_keeps_the_answers(tmp_path, monkeypatch):
+    from kvstudy.accuracy import configurations as cf
+    from kvstudy.vllm import server
+    from kvstudy.vllm.command import ServerConfig
+
+    class NoStart:
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            pass
+
+        def __enter__(self) -> Any:
+            raise server.EngineStartError("vLLM server exited with code 1")
+
+        def __exit__(self, *args: Any) -> None:
+            pass
+
+    monkeypatch.setattr(server, "VllmServer", NoStart)
+    settings = ge.EvalSettings(n=2)
+    _answered(tmp_path, "bf16")
+    before = (tmp_path / "bf16" / "status.json").read_text()
+    lines: list[str] = []
+    group = [cf.CONFIGURATIONS["bf16"], cf.CONFIGURATIONS["bf16-zero-shot"]]
+    out = ge.run_group(group, ServerConfig(model="m"), tmp_path, settings, progress=lines.append, screen_top_k=20)
+    assert (tmp_path / "bf16" / "status.json").read_text() == before  # its answers stay ok
+    assert [s.name for s in out] == ["bf16-zero-shot"] and out[0].state == "failed"
+    assert any(line.startswith("  bf16: answers kept, not screened") for line in lines)
