@@ -18,6 +18,8 @@ Layout of a capture folder (one sub-folder per configuration)::
     <config>/records.jsonl         one line per item (kvstudy.accuracy.records, by task)
     <config>/results.json          lm-eval's aggregate scores and run config
     <config>/lm_eval_cache_rank0.db  lm-eval's request cache while a run is incomplete
+    <config>/screen.logp.jsonl     with screen_top_k: the server's teacher-forced top-k log p per item
+    <config>/screen.json           the screen's state, top-k and items (kvstudy.accuracy.screening)
 
 Resume: lm-eval runs with ``use_cache`` pointing into the configuration's folder, so every
 answered request is committed to SQLite as it arrives. If the server or lm-eval dies, the
