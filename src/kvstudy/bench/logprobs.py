@@ -249,7 +249,7 @@ def check_top_k(server: Server, top_k: int) -> None:
             allowed = found.group(2)
             raise StudyError(
                 f"server {server.url}: its max_logprobs is {allowed}, below the top-k of {top_k} asked for; "
-                f"start it with --max-logprobs {top_k} or ask --top-k {allowed}"
+                f"start it with --max-logprobs {top_k} or ask a top-k of at most {allowed}"
             ) from None
         raise
 
