@@ -220,3 +220,117 @@ def test_a_failed_start_for_the_screen_alone_keeps_the_answers(tmp_path, monkeyp
     assert (tmp_path / "bf16" / "status.json").read_text() == before  # its answers stay ok
     assert [s.name for s in out] == ["bf16-zero-shot"] and out[0].state == "failed"
     assert any(line.startswith("  bf16: answers kept, not screened") for line in lines)
+
+
+# --------------------------------------------------------------------------- the runner end to end, no vLLM
+
+
+class _Served:
+    """A stand-in for VllmServer: a character-level OpenAI-compatible server (/v1/models, /tokenize and
+    teacher-forced /v1/completions with ``prompt_logprobs``) that refuses more than ``max_logprobs``
+    as vLLM words it. Only the runner's plumbing is under test here; tests/live runs vLLM itself."""
+
+    max_logprobs = 20
+    started: list[str] = []
+
+    def __init__(self, config: Any, log_path: Path, ready_timeout_s: float = 0.0) -> None:
+        self.config, self.model_name = config, "m"
+        self.started.append(config.kv_cache_dtype)
+
+    def __enter__(self) -> Any:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        limit, sure = self.max_logprobs, 0.7 if self.config.kv_cache_dtype == "auto" else 0.6
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, code: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._send(200, {"data": [{"id": "m", "root": "models/m", "max_model_len": 4096}]})
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                text = body["prompt"]
+                if self.path == "/tokenize":
+                    return self._send(200, {"count": len(text)})
+                k = body["prompt_logprobs"]
+                if k > limit:
+                    message = f"Requested prompt logprobs of {k}, which is greater than max allowed: {limit}"
+                    return self._send(400, {"error": {"message": message}})
+                tops = [None] + [
+                    {str(ord(c)): {"logprob": math.log(sure)}, "1": {"logprob": math.log(1 - sure)}} for c in text[1:]
+                ]
+                logprobs = {"tokens": list(text), "token_logprobs": [None] + [math.log(sure)] * (len(text) - 1)}
+                self._send(200, {"choices": [{"logprobs": logprobs, "prompt_logprobs": tops}]})
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def _no_engine(monkeypatch: Any, evaluated: list[str]) -> None:
+    from kvstudy import run_record
+    from kvstudy.accuracy import records as rec
+    from kvstudy.vllm import server
+
+    def evaluate(url: str, name: str, tokenizer: Any, out_dir: Path, settings: Any, num_fewshot: int = 0) -> list:
+        evaluated.append(out_dir.name)
+        rec.write_records(out_dir / "records.jsonl", [])
+        return []
+
+    monkeypatch.setattr(server, "VllmServer", _Served)
+    monkeypatch.setattr(run_record, "server_record", lambda srv: {"kv_cache_dtype": srv.config.kv_cache_dtype})
+    monkeypatch.setattr(ge, "require_live", lambda *args, **kw: None)
+    monkeypatch.setattr(ge, "evaluate_server", evaluate)
+
+
+def test_the_runner_screens_each_server_and_resumes(tmp_path, monkeypatch):
+    evaluated: list[str] = []
+    _no_engine(monkeypatch, evaluated)
+    _Served.started = []
+    settings = ge.EvalSettings.for_task("gsm8k_offline", n=3, num_fewshot=0)
+    names = ["bf16", "bf16-repeat", "fp8-kv", "random-weights"]
+    run = lambda: ge.run_missing(names, tmp_path / "m", tmp_path / "cap", settings, progress=print, screen_top_k=20)  # noqa: E731
+    assert {k: s.state for k, s in run().items() if s} == dict.fromkeys(names, "ok")
+    assert evaluated == names and _Served.started == ["auto", "auto", "fp8", "auto"]
+    assert not (tmp_path / "cap" / "random-weights" / sc.ROWS).exists()  # a weak baseline is not screened
+    found = sc.load(tmp_path / "cap", names[:3])
+    assert found is not None and found.top_k == 20 and found.floor == "bf16-repeat"
+    capture = records.from_arms(
+        tmp_path / "cap", found.baseline, found.floor, found.candidates, found.rows, found.labels, "m", "x"
+    )
+    table = {r["arm"]: r for r in analysis.comparisons(capture)}
+    assert table["bf16-repeat"]["kl"] == 0.0 and table["fp8-kv"]["mean"] == pytest.approx(math.log(0.6 / 0.7))
+    # the screen of one configuration lost: its server starts again for the screen alone, lm-eval is not asked
+    (tmp_path / "cap" / "fp8-kv" / sc.STATUS).unlink()
+    evaluated.clear()
+    _Served.started = []
+    assert list(run()) == ["fp8-kv"] and evaluated == [] and _Served.started == ["fp8"]
+    assert sc.state(tmp_path / "cap" / "fp8-kv", 20, sc.prompts_for("gsm8k_offline", "data/gsm8k", 3)) == "ok"
+
+
+def test_a_server_below_the_top_k_is_refused_before_lm_eval(tmp_path, monkeypatch, capsys):
+    evaluated: list[str] = []
+    _no_engine(monkeypatch, evaluated)
+    monkeypatch.setattr(_Served, "max_logprobs", 5)
+    (tmp_path / "m").mkdir()
+    argv = ["gsm8k", "--model", str(tmp_path / "m"), "--capture", str(tmp_path / "cap"), "--configs", "bf16,fp8-kv"]
+    code = cli.main(argv + ["--n", "3", "--shots", "0", "--screen-top-k", "8"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("kvstudy: error: server http://127.0.0.1:") and err.count("\n") == 1
+    assert "its max_logprobs is 5, below the top-k of 8 asked for" in err
+    assert evaluated == [] and not (tmp_path / "cap" / "bf16" / "status.json").exists()  # nothing spent
