@@ -277,4 +277,3 @@ def score_prompt(server: Server, prompt: ScoredPrompt, top_k: int) -> tuple[dict
         "topk": [[[token, value] for token, value in t] for t in topk],
     }
     return row, tokens
-
