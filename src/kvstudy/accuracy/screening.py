@@ -98,13 +98,18 @@ def screened(cfg: EvalConfig) -> bool:
     return cfg.model is None and cfg.num_fewshot is None
 
 
+def _status(folder: Path, top_k: int, prompts: Sequence[ScoredPrompt]) -> str | None:
+    """The state ``screen.json`` records for a screen of these prompts at this top-k (None: none)."""
+    status = read_json(folder / STATUS) if (folder / STATUS).is_file() else None
+    same = (
+        isinstance(status, dict) and status.get("top_k") == top_k and status.get("prompts_sha256") == _digest(prompts)
+    )
+    return str(status.get("state")) if same and isinstance(status, dict) else None
+
+
 def state(folder: Path, top_k: int, prompts: Sequence[ScoredPrompt]) -> str | None:
     """ "ok" when the folder holds a finished screen of these prompts at this top-k, else None."""
-    status = read_json(folder / STATUS) if (folder / STATUS).is_file() else None
-    if not isinstance(status, dict) or not (folder / ROWS).is_file():
-        return None
-    same = status.get("top_k") == top_k and status.get("prompts_sha256") == _digest(prompts)
-    return "ok" if status.get("state") == "ok" and same else None
+    return "ok" if _status(folder, top_k, prompts) == "ok" and (folder / ROWS).is_file() else None
 
 
 def check_server(url: str, top_k: int, prompts: Sequence[ScoredPrompt]) -> Server:
@@ -121,13 +126,10 @@ def check_server(url: str, top_k: int, prompts: Sequence[ScoredPrompt]) -> Serve
 
 def run(server: Server, folder: Path, prompts: Sequence[ScoredPrompt], top_k: int, progress: Progress) -> None:
     """Score every prompt not scored yet on ``server`` and write the configuration's screen."""
-    digest = _digest(prompts)
-    kept = _partial(folder / PARTIAL)
-    status = read_json(folder / STATUS) if (folder / STATUS).is_file() else {}
-    if not (isinstance(status, dict) and status.get("top_k") == top_k and status.get("prompts_sha256") == digest):
-        kept = []  # scored at another top-k or on other prompts: not this screen's rows
-    rows = {str(r.get("id")): r for r in kept if isinstance(r, dict)}
-    info = {"state": "incomplete", "top_k": top_k, "prompts": len(prompts), "prompts_sha256": digest}
+    if _status(folder, top_k, prompts) is None and (folder / PARTIAL).is_file():
+        (folder / PARTIAL).unlink()  # scored at another top-k or on other prompts: not this screen's rows
+    rows = {str(r.get("id")): r for r in _partial(folder / PARTIAL) if isinstance(r, dict)}
+    info = {"state": "incomplete", "top_k": top_k, "prompts": len(prompts), "prompts_sha256": _digest(prompts)}
     info |= {"model": server.model, "root": server.root}
     write_json_atomic(folder / STATUS, info)
     todo = [p for p in prompts if p.id not in rows]

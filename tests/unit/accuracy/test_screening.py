@@ -334,3 +334,15 @@ def test_a_server_below_the_top_k_is_refused_before_lm_eval(tmp_path, monkeypatc
     assert code == 2 and err.startswith("kvstudy: error: server http://127.0.0.1:") and err.count("\n") == 1
     assert "its max_logprobs is 5, below the top-k of 8 asked for" in err
     assert evaluated == [] and not (tmp_path / "cap" / "bf16" / "status.json").exists()  # nothing spent
+
+
+def test_rows_of_another_top_k_are_not_resumed(tmp_path, monkeypatch):
+    items = sc.prompts_for("gsm8k_offline", "data/gsm8k", 4)
+    calls: list[str] = []
+    monkeypatch.setattr(sc, "score_prompt", _scorer(calls, fail_after=2))
+    with pytest.raises(StudyError):
+        sc.run(SERVER, tmp_path, items, 20, progress=lambda line: None)
+    calls.clear()
+    monkeypatch.setattr(sc, "score_prompt", _scorer(calls))
+    sc.run(SERVER, tmp_path, items, 10, progress=lambda line: None)
+    assert calls == [p.id for p in items] and sc.state(tmp_path, 10, items) == "ok"
