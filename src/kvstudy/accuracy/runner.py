@@ -18,6 +18,8 @@ Layout of a capture folder (one sub-folder per configuration)::
     <config>/records.jsonl         one line per item (kvstudy.accuracy.records, by task)
     <config>/results.json          lm-eval's aggregate scores and run config
     <config>/lm_eval_cache_rank0.db  lm-eval's request cache while a run is incomplete
+    <config>/screen.logp.jsonl     with screen_top_k: the server's teacher-forced top-k log p per item
+    <config>/screen.json           the screen's state, top-k and items (kvstudy.accuracy.screening)
 
 Resume: lm-eval runs with ``use_cache`` pointing into the configuration's folder, so every
 answered request is committed to SQLite as it arrives. If the server or lm-eval dies, the
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy import capture as capture_format
+from kvstudy.accuracy import screening as sc
 from kvstudy.accuracy.configurations import EvalConfig, configurations, server_config_for
 from kvstudy.accuracy.records import AnyRecord, read_records, records_from_samples, write_records
 from kvstudy.accuracy.task_specs import task_spec, write_task_folder
@@ -240,12 +243,15 @@ def run_group(
     ready_timeout_s: float = 900.0,
     progress: Progress = print,
     fp8_kv_backend: str | None = None,
+    screen_top_k: int = 0,
 ) -> list[ConfigStatus]:
-    """Start one server for configurations that share it and evaluate each; never raises for
-    an engine failure (the status records the engine's diagnosis)."""
+    """Start one server for configurations that share it and evaluate each (a result already
+    done kept), then, with ``screen_top_k`` > 0, screen it (``kvstudy.accuracy.screening``); never
+    raises for an engine failure (the status records the engine's diagnosis)."""
     from kvstudy.run_record import server_record
     from kvstudy.vllm.server import EngineStartError, VllmServer
 
+    prompts = sc.prompts_for(settings.task, settings.data_dir, settings.n) if screen_top_k else []
     server_cfg = server_config_for(configs[0], base, fp8_kv_backend)
     first = capture / configs[0].name
     first.mkdir(parents=True, exist_ok=True)
@@ -262,35 +268,11 @@ def run_group(
                 folder = capture / cfg.name
                 write_json_atomic(folder / "resolved_record.json", record)
                 shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
-                progress(f"  {cfg.name}: lm-eval, {settings.n} questions, {shots}-shot")
-                try:
-                    records = evaluate_server(
-                        srv.base_url, srv.model_name, server_cfg.model, folder, settings, num_fewshot=shots
-                    )
-                    status = ConfigStatus(
-                        cfg.name,
-                        cfg.label,
-                        "ok",
-                        None,
-                        server_cfg.to_dict(),
-                        asdict(settings),
-                        shots,
-                        len(records),
-                        now_utc(),
-                    )
-                except EvalIncomplete as exc:
-                    status = ConfigStatus(
-                        cfg.name,
-                        cfg.label,
-                        "incomplete",
-                        str(exc),
-                        server_cfg.to_dict(),
-                        asdict(settings),
-                        shots,
-                        cached_answers(folder),
-                        now_utc(),
-                    )
-                write_json_atomic(folder / "status.json", asdict(status))
+                screen = screen_top_k > 0 and sc.screened(cfg) and sc.state(folder, screen_top_k, prompts) != "ok"
+                scorer = sc.check_server(srv.base_url, screen_top_k, prompts) if screen else None
+                status = _evaluate(cfg, srv, server_cfg, folder, settings, shots, progress)
+                if scorer is not None and status.state == "ok":
+                    sc.run(scorer, folder, prompts, screen_top_k, progress)
                 progress(f"  {cfg.name}: {status.state} ({status.n_records} answers)")
                 statuses.append(status)
     except EngineStartError as exc:
@@ -299,6 +281,10 @@ def run_group(
         if root and root not in diagnosis:
             diagnosis = f"{root} (root error in the engine log); {diagnosis}"
         for cfg in configs[len(statuses) :]:
+            shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
+            if result_state(capture / cfg.name, settings, shots) == "ok":  # started only for its screen: kept
+                progress(f"  {cfg.name}: answers kept, not screened: failed to start: {diagnosis[:300]}")
+                continue
             status = ConfigStatus(
                 cfg.name, cfg.label, "failed", diagnosis, server_cfg.to_dict(), asdict(settings), None, 0, now_utc()
             )
@@ -306,6 +292,32 @@ def run_group(
             statuses.append(status)
             progress(f"  {cfg.name}: failed to start: {diagnosis[:300]}")
     return statuses
+
+
+def _evaluate(
+    cfg: EvalConfig, srv: Any, server_cfg: Any, folder: Path, settings: EvalSettings, shots: int, progress: Progress
+) -> ConfigStatus:
+    """lm-eval on one configuration (its status written), or its finished result as it was."""
+    if result_state(folder, settings, shots) == "ok":
+        progress(f"  {cfg.name}: lm-eval done already, kept")
+        found = read_status(folder) or {}
+        kept = ConfigStatus(cfg.name, cfg.label, "ok", None, found.get("server_config") or {}, asdict(settings), shots)
+        return replace(
+            kept, n_records=len(read_records(folder / "records.jsonl")), finished_at=found.get("finished_at")
+        )
+    progress(f"  {cfg.name}: lm-eval, {settings.n} questions, {shots}-shot")
+    state, diagnosis = "ok", None
+    try:
+        count = len(
+            evaluate_server(srv.base_url, srv.model_name, server_cfg.model, folder, settings, num_fewshot=shots)
+        )
+    except EvalIncomplete as exc:
+        state, diagnosis, count = "incomplete", str(exc), cached_answers(folder)
+    status = ConfigStatus(
+        cfg.name, cfg.label, state, diagnosis, server_cfg.to_dict(), asdict(settings), shots, count, now_utc()
+    )
+    write_json_atomic(folder / "status.json", asdict(status))
+    return status
 
 
 _ERROR_LINE = re.compile(r"\b((?:[A-Z]\w*)?(?:Error|Exception)): (.+)$")
@@ -337,14 +349,17 @@ def run_missing(
     retry_failed: bool = False,
     progress: Progress = print,
     fp8_kv_backend: str | None = None,
+    screen_top_k: int = 0,
 ) -> dict[str, ConfigStatus | None]:
-    """Run every named configuration that has no finished records under these settings."""
+    """Run every named configuration that has no finished records under these settings (nor, with
+    ``screen_top_k`` > 0, a finished screen of its server: ``kvstudy.accuracy.screening``)."""
     from kvstudy.vllm.command import ServerConfig
 
     capture = Path(capture)
     base = base or ServerConfig(model=str(model))
     base = replace(base, model=str(model))
     inputs = capture_format.model_inputs(model)
+    prompts = sc.prompts_for(settings.task, settings.data_dir, settings.n) if screen_top_k else []
     if (capture / capture_format.MANIFEST).is_file():  # never mix two models (or settings) in one capture
         manifest = capture_format.read_manifest(capture)
         if manifest.get("kind") == KIND:  # an older manifest is checked when it is next written
@@ -354,6 +369,8 @@ def run_missing(
         shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
         folder = capture / cfg.name
         state = result_state(folder, settings, shots)
+        if state == "ok" and screen_top_k and sc.screened(cfg) and sc.state(folder, screen_top_k, prompts) != "ok":
+            state = None  # answered, not screened yet: its server starts again for the screen alone
         if not capture_format.needs_run(state, retry_failed):  # every experiment's rule
             diagnosis = (read_status(folder) or {}).get("diagnosis") or ""
             progress(
@@ -369,7 +386,9 @@ def run_missing(
         write_manifest(capture, names, model, settings, base, inputs)
     try:
         for group in todo.values():
-            for result in run_group(group, base, capture, settings, ready_timeout_s, progress, fp8_kv_backend):
+            for result in run_group(
+                group, base, capture, settings, ready_timeout_s, progress, fp8_kv_backend, screen_top_k
+            ):
                 results[result.name] = result
     finally:
         if todo:

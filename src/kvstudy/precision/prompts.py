@@ -13,30 +13,14 @@ split and retrieval contexts of another seed, never the scored ones.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
+from kvstudy.bench.logprobs import ScoredPrompt
 from kvstudy.errors import StudyError
 from kvstudy.tools import gsm8k_data, retrieval_data
 
 GSM8K_TEST = "data/gsm8k/test.jsonl"
 GSM8K_TRAIN = "data/gsm8k/train.jsonl"
-
-
-@dataclass(frozen=True)
-class ScoredPrompt:
-    """One prompt whose reference continuation is scored teacher-forced."""
-
-    id: str
-    bucket: str  # "gsm8k" or "retrieval <length>"
-    cluster: str  # items sharing a cluster rise and fall together (a context, a question)
-    prompt: str
-    continuation: str
-    gold: str = ""  # the final answer (GSM8K) or value (retrieval), for greedy scoring
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def bucket_length(bucket: str) -> int | None:

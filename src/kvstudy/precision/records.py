@@ -156,3 +156,21 @@ def load(capture: str | Path) -> Capture:
             if path.is_file():
                 greedy[(group.name, arm)] = list(read_jsonl(path))
     return Capture(folder, manifest, groups, logp, greedy)
+
+
+def from_arms(
+    folder: str | Path,
+    baseline: str,
+    floor: str,
+    candidates: Sequence[str],
+    rows: Mapping[str, list[dict[str, Any]]],
+    labels: Mapping[str, str],
+    model: str,
+    engine: str,
+    manifest: dict[str, Any] | None = None,
+) -> Capture:
+    """One group of arms scored elsewhere (an accuracy run's screen of its own servers) as a capture
+    the analysis reads: ``rows`` per arm, in this module's row format."""
+    arms = {arm: {"label": labels.get(arm, arm)} for arm in (baseline, floor, *candidates)}
+    group = Group("screen", engine, model, baseline, floor, tuple(candidates), arms)
+    return Capture(Path(folder), manifest or {}, [group], {("screen", a): list(rows[a]) for a in arms}, {})

@@ -1,19 +1,14 @@
 """A paired log-probability screen of two OpenAI-compatible servers (e.g. 16-bit KV against FP8 KV).
 
-Each prompt of ``kvstudy.precision.prompts`` is sent with its reference continuation to the
-completions endpoint with ``echo: true, max_tokens: 0, logprobs: 1, prompt_logprobs: k``: the
-server scores the text teacher-forced and returns, per position, the log p of the text's token and
-of its k most likely tokens by id (vLLM's ``prompt_logprobs``, facts in ``kvstudy.vllm.facts``).
-The reference tokens are the last tokens of the echoed text that cover the continuation; each gets
-its log p, its top-k (for the KL of ``kvstudy.precision.divergence``) and its most likely token id.
+Each prompt of ``kvstudy.precision.prompts`` is scored teacher-forced with its reference
+continuation on every server through the one client, ``kvstudy.bench.logprobs`` (log p of each
+reference token, its top-k for the KL of ``kvstudy.precision.divergence``, its most likely token).
 The baseline is asked twice (or a third server, ``--repeat``, once): the 16-bit against 16-bit
 floor of the same engine.
 
-Every answer is read within a size limit (``limits.MAX_RESPONSE_BYTES``) and a deadline, and every
-field is checked. Refused, with one line naming the server: a server whose ``max_logprobs`` is below
-``--top-k`` (asked with a short probe first), servers that serve different models (unless
-``--allow-other-checkpoint``) or tokenize a prompt differently, a prompt longer than a server's
-limit, an endpoint that returns no prompt log-probabilities, a field of the wrong kind.
+Refused, with one line naming the server: a server whose ``max_logprobs`` is below ``--top-k``,
+servers that serve different models (unless ``--allow-other-checkpoint``) or tokenize a prompt
+differently, a prompt longer than a server's limit, and what the client refuses.
 
     kvstudy kv-screen --baseline http://127.0.0.1:8000 --candidate http://127.0.0.1:8001 --capture DIR
 """
@@ -21,266 +16,25 @@ limit, an endpoint that returns no prompt log-probabilities, a field of the wron
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import re
-import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvstudy.bench.logprobs import (
+    DEFAULT_TOP_K,
+    check_length,
+    check_same_model,
+    check_top_k,
+    describe_server,
+    score_prompt,
+)
 from kvstudy.capture import new_manifest, set_items, write_manifest
 from kvstudy.errors import StudyError
-from kvstudy.io import bounded_int, get_field, parse_json_text, type_name
-from kvstudy.limits import (
-    MAX_FACTOR,
-    MAX_ITEMS,
-    MAX_RESPONSE_BYTES,
-    MAX_TOKENS,
-    MAX_TOP_K,
-    float_arg,
-    int_arg,
-    output_folder,
-)
+from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_TOKENS, MAX_TOP_K, float_arg, int_arg, output_folder
 from kvstudy.precision import prompts as pr
 from kvstudy.precision.records import KIND, Group, claim_capture, write_group, write_logp
-from kvstudy.vllm.facts import DEFAULT_MAX_LOGPROBS, MAX_LOGPROBS_REFUSAL
 
 GROUP = "screen"
-TIMEOUT_S = 600.0  # one completions answer (a long prompt on 2 CPU cores)
-MODELS_TIMEOUT_S = 30.0  # /v1/models and /tokenize
-DEFAULT_TOP_K = DEFAULT_MAX_LOGPROBS  # as many as a vLLM server started without --max-logprobs returns
-
-
-@dataclass(frozen=True)
-class Server:
-    """One OpenAI-compatible server as its ``/v1/models`` describes it."""
-
-    url: str
-    model: str
-    root: str
-    max_model_len: int | None
-
-
-def _answer_bytes(url: str, path: str, body: dict[str, Any] | None, timeout: float) -> bytes:
-    """The body of one answer, read within ``MAX_RESPONSE_BYTES`` and a deadline of ``timeout`` s for
-    the whole exchange (a server that trickles or never ends its answer is given up on)."""
-    if not url.startswith(("http://", "https://")):
-        raise StudyError(f"server {url}: expected an http:// or https:// URL")
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url.rstrip("/") + path, data=data, headers={"Content-Type": "application/json"})
-    deadline = time.monotonic() + timeout
-    result: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                chunks: list[bytes] = []
-                size = 0
-                while time.monotonic() < deadline:
-                    chunk = resp.read(1 << 16)
-                    if not chunk:
-                        result["data"] = b"".join(chunks)
-                        return
-                    size += len(chunk)
-                    if size > MAX_RESPONSE_BYTES:
-                        result["error"] = f"answered more than {MAX_RESPONSE_BYTES:,} bytes"
-                        return
-                    chunks.append(chunk)
-        except urllib.error.HTTPError as exc:
-            result["http"] = (exc.code, exc.read(1 << 16).decode("utf-8", errors="replace"))
-        except Exception as exc:  # noqa: BLE001 (any failure of the exchange is reported in one line below)
-            result["error"] = f"failed ({str(exc)[:200]})"
-
-    worker = threading.Thread(target=work, daemon=True)
-    worker.start()
-    worker.join(max(0.0, deadline - time.monotonic()) + 1.0)
-    if "http" in result:
-        code, detail = result["http"]
-        try:
-            parsed = parse_json_text(detail, "error")
-            message = parsed.get("error", {}).get("message") or detail
-        except (StudyError, AttributeError):
-            message = detail
-        raise StudyError(f"server {url}: {path} answered HTTP {code}: {' '.join(str(message).split())[:300]}")
-    if "data" in result:
-        return bytes(result["data"])
-    why = result.get("error") or f"gave no complete answer within {timeout:g} s"
-    raise StudyError(f"server {url}: {path} {why}; expected a running OpenAI-compatible server")
-
-
-def _request(url: str, path: str, body: dict[str, Any] | None = None, timeout: float = TIMEOUT_S) -> dict[str, Any]:
-    """One JSON object answered by ``url`` + ``path`` (size limit, deadline, nesting checks)."""
-    reply = parse_json_text(_answer_bytes(url, path, body, timeout), f"server {url}: {path}")
-    if not isinstance(reply, dict):
-        raise StudyError(f"server {url}: {path}: expected a JSON object, got {type_name(reply)}")
-    return reply
-
-
-def describe_server(url: str) -> Server:
-    """The first model ``url`` serves, from ``GET /v1/models``, each field checked."""
-    where = f"server {url}: /v1/models"
-    models = get_field(_request(url, "/v1/models", timeout=MODELS_TIMEOUT_S), "data", list, where)
-    if not models or not isinstance(models[0], dict):
-        raise StudyError(f"{where}: lists no model (expected data: a list of model objects)")
-    card = models[0]
-    model = get_field(card, "id", str, where + " data[0]")
-    root = get_field(card, "root", (str, type(None)), where + " data[0]", None) or model
-    limit = card.get("max_model_len")
-    if limit is not None:
-        limit = bounded_int(limit, f"{where} data[0].max_model_len", 1, MAX_TOKENS)
-    return Server(url, model, root, limit)
-
-
-def check_same_model(a: Server, b: Server, allow_other_checkpoint: bool = False) -> None:
-    """Refuse two servers that serve different models (by the folder or id they loaded)."""
-    if a.root != b.root and not allow_other_checkpoint:
-        raise StudyError(
-            f"server {b.url}: serves {b.root!r}, but server {a.url} serves {a.root!r}: different models "
-            "(pass --allow-other-checkpoint to compare two checkpoints of one model)"
-        )
-
-
-def _token_count(server: Server, text: str) -> int | None:
-    """Tokens of ``text`` by the server's ``/tokenize`` (vLLM), or None where there is none."""
-    try:
-        body = _request(server.url, "/tokenize", {"model": server.model, "prompt": text})
-    except StudyError as exc:
-        if "HTTP 404" in str(exc):
-            return None
-        raise
-    if "count" not in body:
-        return None
-    return bounded_int(body["count"], f"server {server.url}: /tokenize count", 0, MAX_TOKENS)
-
-
-def check_length(server: Server, prompt: pr.ScoredPrompt) -> None:
-    """Refuse a prompt + continuation the server cannot hold (its max_model_len, one token to spare)."""
-    if server.max_model_len is None:
-        return
-    count = _token_count(server, prompt.prompt + prompt.continuation)
-    if count is not None and count + 1 > server.max_model_len:
-        raise StudyError(
-            f"server {server.url}: prompt {prompt.id} has {count} tokens, longer than the model's limit "
-            f"(max_model_len {server.max_model_len}, one token to spare); use shorter retrieval lengths"
-        )
-
-
-def reference_span(tokens: Sequence[str], continuation: str) -> int:
-    """Index of the first token of the continuation: the last tokens whose text covers it."""
-    covered, index = 0, len(tokens)
-    while index > 0 and covered < len(continuation):
-        index -= 1
-        covered += len(tokens[index])
-    if covered < len(continuation):
-        raise StudyError(f"echoed text is shorter than the continuation {continuation[:40]!r}")
-    return index
-
-
-def _number(value: Any, where: str) -> float:
-    """A finite log-probability (vLLM sends -inf as -9999.0)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value > 1e-3:
-        raise StudyError(f"{where}: expected a log-probability (a finite number <= 0), got {type_name(value)}")
-    return float(value)
-
-
-def _top_k(entry: Any, where: str) -> dict[int, float]:
-    """One position of vLLM's ``prompt_logprobs``: {token id: {logprob, ...}} as {id: log p}."""
-    if not isinstance(entry, dict) or not entry:
-        raise StudyError(f"{where}: expected an object of token ids to log-probabilities, got {type_name(entry)}")
-    out: dict[int, float] = {}
-    for key, value in entry.items():
-        if not (isinstance(key, str) and key.isdigit() and len(key) <= 12):
-            raise StudyError(f"{where}: token id {str(key)[:20]!r}: expected a whole number")
-        logprob = value.get("logprob") if isinstance(value, dict) else None
-        out[int(key)] = _number(logprob, f"{where} token {key} logprob")
-    return out
-
-
-def parse_scores(
-    reply: dict[str, Any], where: str
-) -> tuple[list[str], list[float | None], list[dict[int, float] | None]]:
-    """The echoed tokens, their log p and each position's top-k from a completions answer, every
-    field checked (one line naming the field otherwise)."""
-    choices = get_field(reply, "choices", list, where)
-    if not choices or not isinstance(choices[0], dict):
-        raise StudyError(f"{where}: choices: expected a list holding a choice object")
-    logprobs = choices[0].get("logprobs")
-    tops = choices[0].get("prompt_logprobs")
-    if not isinstance(logprobs, dict) or not isinstance(tops, list):
-        raise StudyError(
-            f"{where}: returned no prompt log-probabilities (echo with logprobs, and vLLM's prompt_logprobs); "
-            "this screen needs them"
-        )
-    tokens = get_field(logprobs, "tokens", list, where + " logprobs")
-    values = get_field(logprobs, "token_logprobs", list, where + " logprobs")
-    if not tokens or not all(isinstance(t, str) for t in tokens):
-        raise StudyError(f"{where}: logprobs.tokens: expected a non-empty list of token strings")
-    if len(values) != len(tokens) or len(tops) != len(tokens):
-        raise StudyError(
-            f"{where}: {len(tokens)} tokens but {len(values)} token_logprobs and {len(tops)} prompt_logprobs; "
-            "expected one of each per token"
-        )
-    logp = [None if v is None else _number(v, f"{where} token_logprobs[{i}]") for i, v in enumerate(values)]
-    top = [None if t is None else _top_k(t, f"{where} prompt_logprobs[{i}]") for i, t in enumerate(tops)]
-    return list(tokens), logp, top
-
-
-def _body(server: Server, text: str, top_k: int) -> dict[str, Any]:
-    return {
-        "model": server.model,
-        "prompt": text,
-        "max_tokens": 0,
-        "echo": True,
-        "logprobs": 1,
-        "prompt_logprobs": top_k,
-        "temperature": 0.0,
-    }
-
-
-def check_top_k(server: Server, top_k: int) -> None:
-    """Refuse a server whose ``max_logprobs`` is below ``top_k`` (asked with a short probe, since
-    vLLM's /v1/models does not say it)."""
-    try:
-        _request(server.url, "/v1/completions", _body(server, "The probe.", top_k))  # a first request may be slow
-    except StudyError as exc:
-        found = re.search(MAX_LOGPROBS_REFUSAL, str(exc))
-        if found:
-            allowed = found.group(2)
-            raise StudyError(
-                f"server {server.url}: its max_logprobs is {allowed}, below the top-k of {top_k} asked for; "
-                f"start it with --max-logprobs {top_k} or ask --top-k {allowed}"
-            ) from None
-        raise
-
-
-def score_prompt(server: Server, prompt: pr.ScoredPrompt, top_k: int) -> tuple[dict[str, Any], list[str]]:
-    """One prompt's row (log p of each reference token, the top-k at each of its positions and the
-    most likely token id) and the echoed tokens."""
-    where = f"server {server.url}: prompt {prompt.id}"
-    reply = _request(server.url, "/v1/completions", _body(server, prompt.prompt + prompt.continuation, top_k))
-    tokens, values, tops = parse_scores(reply, where)
-    start = max(1, reference_span(tokens, prompt.continuation))
-    ref, top = values[start:], tops[start:]
-    if any(v is None for v in ref) or any(t is None for t in top):
-        raise StudyError(f"{where}: some reference tokens have no log-probability; expected one per token")
-    topk = [
-        sorted(t.items(), key=lambda kv: -kv[1]) for t in top if t is not None
-    ]  # k, or k + 1 with the reference token
-    row = {
-        "id": prompt.id,
-        "bucket": prompt.bucket,
-        "cluster": prompt.cluster,
-        "prompt_tokens": start,
-        "logp": [float(v) for v in ref if v is not None],
-        "top1": [str(t[0][0]) for t in topk],
-        "topk": [[[token, value] for token, value in t] for t in topk],
-    }
-    return row, tokens
 
 
 def screen(

@@ -186,8 +186,8 @@ def test_cli_runs_the_selected_task(monkeypatch, tmp_path):
 
     seen = {}
 
-    def fake_run(names, model, capture, settings, base, retry_failed=False):
-        seen.update(names=names, settings=settings)
+    def fake_run(names, model, capture, settings, base, retry_failed=False, screen_top_k=0):
+        seen.update(names=names, settings=settings, screen_top_k=screen_top_k)
         return {}
 
     monkeypatch.setattr(ge, "run_missing", fake_run)
@@ -210,7 +210,7 @@ def test_cli_runs_the_selected_task(monkeypatch, tmp_path):
     )
     assert code == 1  # nothing ran (the fake), so every configuration is missing
     assert seen["settings"] == ge.EvalSettings.for_task("retrieval_offline", n=7)
-    assert seen["names"] == ["bf16", "bf16-repeat"]
+    assert seen["names"] == ["bf16", "bf16-repeat"] and seen["screen_top_k"] == 0  # off unless asked
 
 
 # --------------------------------------------------------------------------- end to end, no vLLM

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from kvstudy import cli
+from kvstudy.bench import logprobs
 from kvstudy.errors import StudyError
 from kvstudy.precision import analysis, prompts, records, screen
 
@@ -171,9 +172,9 @@ def test_unreachable_server(tmp_path: Path) -> None:
 
 
 def test_reference_span() -> None:
-    assert screen.reference_span(["<s>", "ab", " c", "d"], " cd") == 2
+    assert logprobs.reference_span(["<s>", "ab", " c", "d"], " cd") == 2
     with pytest.raises(StudyError):
-        screen.reference_span(["a"], "abc")
+        logprobs.reference_span(["a"], "abc")
 
 
 def test_top_k_kl_of_proportional_tails_is_the_exact_kl(serve: Any, tmp_path: Path) -> None:
@@ -258,24 +259,24 @@ def test_a_misbehaving_server_is_one_line(serve: Any, tmp_path: Path, fake: Fake
 
 
 def test_an_endless_answer_stops_at_the_size_limit(serve: Any, tmp_path: Path, monkeypatch: Any) -> None:
-    monkeypatch.setattr(screen, "MAX_RESPONSE_BYTES", 1 << 20)
+    monkeypatch.setattr(logprobs, "MAX_RESPONSE_BYTES", 1 << 20)
     b = serve(Fake(models_raw=b"ENDLESS"))
     with pytest.raises(StudyError, match="answered more than 1,048,576 bytes"):
-        screen.describe_server(b)
+        logprobs.describe_server(b)
 
 
 def test_a_trickling_answer_stops_at_the_deadline(serve: Any, monkeypatch: Any) -> None:
-    monkeypatch.setattr(screen, "MODELS_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(logprobs, "MODELS_TIMEOUT_S", 1.0)
     b = serve(Fake(models_raw=b"TRICKLE"))
     started = time.monotonic()
     with pytest.raises(StudyError, match="gave no complete answer within 1 s"):
-        screen.describe_server(b)
+        logprobs.describe_server(b)
     assert time.monotonic() - started < 5
 
 
 def test_only_http_urls(tmp_path: Path) -> None:
     with pytest.raises(StudyError, match="expected an http:// or https:// URL"):
-        screen.describe_server("file:///etc/passwd")
+        logprobs.describe_server("file:///etc/passwd")
 
 
 def test_engine_screen_facts_and_sentence(serve: Any, tmp_path: Path) -> None:

@@ -1,0 +1,198 @@
+"""The accuracy runs' screen of their own servers: teacher-forced top-k log-probabilities.
+
+While a configuration's server is up for lm-eval, the runner (``screen_top_k`` > 0) also scores the
+run's questions teacher-forced through :mod:`kvstudy.bench.logprobs` (the client of ``kvstudy
+kv-screen``): per reference token its log p, the server's top-k next-token log-probabilities and
+the most likely token. Notebook 07's analysis (``kvstudy.precision.analysis``) pairs the 16-bit arm
+with the FP8 arm and with the 16-bit repeat (the A/A floor): KL, Δ log p, top-1 agreement.
+
+**The prompts.** The questions the accuracy run asks, the first ``n`` items of the offline task's
+``test.jsonl`` (lm-eval's ``--limit``), each in the task's own zero-shot prompt (``Question:
+...\\nAnswer:``; the retrieval context, question and answer prefix), continued by the **reference
+continuation** (the worked solution; the five-digit value), not by the 16-bit arm's own answer:
+the reference is fixed before any arm runs, so each configuration is screened on its own server as
+soon as it is up, in any order, and resumes on its own; every arm scores the same tokens, so every
+item pairs; and a 16-bit answer is, by construction, the 16-bit arm's most likely path, which would
+tilt Δ log p against every other arm. A few-shot run's examples are not prepended (the screen asks
+the question zero-shot; the cpu profile's runs are zero-shot, so there it is the prompt asked).
+GSM8K-format items are each their own cluster; retrieval items cluster on their shared context.
+
+**Files** in the configuration's folder: ``screen.logp.jsonl`` (one row per item, the rows of
+``kvstudy.precision.records`` plus ``echo_sha256``, a digest of the echoed tokens that shows two
+tokenizers apart), ``screen.json`` (state, top-k, the prompts' digest, the server's model). A
+configuration's result is done (``capture.needs_run``) only when its screen is too, under the same
+top-k and prompts; rows scored before an interruption are kept in ``screen.partial.jsonl`` and not
+scored again. Only configurations of the run's own model asked with the run's shots are screened
+(not the weak baselines).
+
+**Refused**, one line: a server whose ``max_logprobs`` is below the top-k (asked before lm-eval
+starts, so nothing is spent), a prompt longer than the server's limit, arms of two models or two
+tokenizers, a task whose questions are not local (lm-eval's hub ``gsm8k``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvstudy.accuracy.configurations import EvalConfig, configurations
+from kvstudy.accuracy.task_specs import task_spec
+from kvstudy.bench.logprobs import ScoredPrompt, Server, check_length, check_top_k, describe_server, score_prompt
+from kvstudy.errors import StudyError
+from kvstudy.io import (
+    get_field,
+    parse_jsonl_text,
+    read_json,
+    read_jsonl,
+    read_text_checked,
+    write_json_atomic,
+    write_jsonl_atomic,
+)
+from kvstudy.limits import MAX_TOP_K
+from kvstudy.progress import Progress
+from kvstudy.tools import gsm8k_data, retrieval_data
+
+ROWS = "screen.logp.jsonl"
+PARTIAL = "screen.partial.jsonl"
+STATUS = "screen.json"
+
+
+def prompts_for(task: str, data_dir: str | Path, n: int) -> list[ScoredPrompt]:
+    """The first ``n`` items of the offline task's test split, as the screen scores them."""
+    spec = task_spec(task)
+    if not spec.offline:
+        raise StudyError(
+            f"screen_top_k: task {task} reads its questions from the hub; the screen needs a local task "
+            "(gsm8k_offline, retrieval_offline), or screen_top_k 0"
+        )
+    path = Path(data_dir) / "test.jsonl"
+    if spec.kind == "gsm8k":
+        problems = gsm8k_data.read_split(path)[:n]
+        return [
+            ScoredPrompt(f"gsm8k-{i}", "gsm8k", f"gsm8k-{i}", f"Question: {p.question}\nAnswer:", " " + p.answer)
+            for i, p in enumerate(problems)
+        ]
+    out = []
+    item: Any
+    for item in read_jsonl(path)[:n]:
+        where = f"{path}: item {str(item.get('id') if isinstance(item, dict) else item)[:40]}"
+        for name in ("id", "context_id", "context", "question", "answer_prefix", "answer"):
+            get_field(item, name, str, where)
+        length = get_field(item, "target_tokens", int, where)
+        text = retrieval_data.prompt_text(item)
+        out.append(ScoredPrompt(item["id"], f"retrieval {length}", item["context_id"], text, " " + item["answer"]))
+    return out
+
+
+def _digest(prompts: Sequence[ScoredPrompt]) -> str:
+    text = json.dumps([[p.id, p.prompt, p.continuation] for p in prompts])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def screened(cfg: EvalConfig) -> bool:
+    """Whether the runner screens this configuration (the run's model at the run's shots)."""
+    return cfg.model is None and cfg.num_fewshot is None
+
+
+def _status(folder: Path, top_k: int, prompts: Sequence[ScoredPrompt]) -> str | None:
+    """The state ``screen.json`` records for a screen of these prompts at this top-k (None: none)."""
+    status = read_json(folder / STATUS) if (folder / STATUS).is_file() else None
+    same = (
+        isinstance(status, dict) and status.get("top_k") == top_k and status.get("prompts_sha256") == _digest(prompts)
+    )
+    return str(status.get("state")) if same and isinstance(status, dict) else None
+
+
+def state(folder: Path, top_k: int, prompts: Sequence[ScoredPrompt]) -> str | None:
+    """ "ok" when the folder holds a finished screen of these prompts at this top-k, else None."""
+    return "ok" if _status(folder, top_k, prompts) == "ok" and (folder / ROWS).is_file() else None
+
+
+def check_server(url: str, top_k: int, prompts: Sequence[ScoredPrompt]) -> Server:
+    """The server, refused (one line) when it cannot return ``top_k`` log-probabilities or hold a
+    prompt (asked before lm-eval, so a refusal spends nothing)."""
+    if not 1 <= top_k <= MAX_TOP_K:
+        raise StudyError(f"screen_top_k: expected 0 (off) or 1 to {MAX_TOP_K}, got {top_k}")
+    server = describe_server(url)
+    check_top_k(server, top_k)
+    for prompt in prompts:
+        check_length(server, prompt)
+    return server
+
+
+def run(server: Server, folder: Path, prompts: Sequence[ScoredPrompt], top_k: int, progress: Progress) -> None:
+    """Score every prompt not scored yet on ``server`` and write the configuration's screen."""
+    if _status(folder, top_k, prompts) is None and (folder / PARTIAL).is_file():
+        (folder / PARTIAL).unlink()  # scored at another top-k or on other prompts: not this screen's rows
+    rows = {str(r.get("id")): r for r in _partial(folder / PARTIAL) if isinstance(r, dict)}
+    info = {"state": "incomplete", "top_k": top_k, "prompts": len(prompts), "prompts_sha256": _digest(prompts)}
+    info |= {"model": server.model, "root": server.root}
+    write_json_atomic(folder / STATUS, info)
+    todo = [p for p in prompts if p.id not in rows]
+    progress(f"  screen: {len(todo)} of {len(prompts)} items to score, top-{top_k}")
+    with (folder / PARTIAL).open("a", encoding="utf-8") as partial:
+        for prompt in todo:
+            row, tokens = score_prompt(server, prompt, top_k)
+            row["echo_sha256"] = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
+            rows[prompt.id] = row
+            partial.write(json.dumps(row) + "\n")
+            partial.flush()
+    write_jsonl_atomic(folder / ROWS, [rows[p.id] for p in prompts])
+    write_json_atomic(folder / STATUS, {**info, "state": "ok"})
+    (folder / PARTIAL).unlink()
+
+
+def _partial(path: Path) -> list[Any]:
+    """The rows an interrupted screen wrote (a last line cut off mid-write is dropped)."""
+    if not path.is_file():
+        return []
+    text = read_text_checked(path)
+    return [row for _, row in parse_jsonl_text(text[: text.rfind("\n") + 1], path)]
+
+
+@dataclass(frozen=True)
+class Screened:
+    """The screened arms of an accuracy capture, as ``kvstudy.precision.records.from_arms`` pairs
+    them: the 16-bit baseline, its repeat (the A/A floor) and the candidates, each arm's rows."""
+
+    baseline: str
+    floor: str
+    candidates: tuple[str, ...]
+    rows: dict[str, list[dict[str, Any]]]
+    labels: dict[str, str]
+    model: str
+    top_k: int
+
+
+def load(capture: str | Path, names: Sequence[str]) -> Screened | None:
+    """The finished screens of the named configurations (the first is the baseline, the one with
+    ``repeat`` the floor), or None when the baseline, the floor or every candidate lacks one.
+    Refused: arms of two models, screened at two top-k or on other items, or whose servers
+    tokenized an item differently."""
+    found: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+    for cfg in configurations(names):
+        folder = Path(capture) / cfg.name
+        status = read_json(folder / STATUS) if (folder / STATUS).is_file() else None
+        if isinstance(status, dict) and status.get("state") == "ok" and (folder / ROWS).is_file():
+            found[cfg.name] = (status, read_jsonl(folder / ROWS))
+    floor = next((c.name for c in configurations(names) if c.repeat and c.name in found), None)
+    candidates = tuple(n for n in found if n not in (names[0], floor))
+    if names[0] not in found or floor is None or not candidates:
+        return None
+    ref, ref_rows = found[names[0]]
+    echo = {r.get("id"): r.get("echo_sha256") for r in ref_rows}
+    for name, (status, rows) in found.items():
+        where = f"{Path(capture) / name / STATUS}"
+        for key, what in (("root", "another model"), ("top_k", "another top-k"), ("prompts_sha256", "other items")):
+            if status.get(key) != ref.get(key):
+                raise StudyError(f"{where}: screened with {what} ({key} {status.get(key)!r}) than {names[0]}")
+        other = [r.get("id") for r in rows if echo.get(r.get("id")) != r.get("echo_sha256")]
+        if other:
+            raise StudyError(f"{where}: item {other[0]!r} tokenized differently from {names[0]}: different tokenizers")
+    labels = {c.name: c.label for c in configurations(names)}
+    arms = {name: r for name, (_, r) in found.items()}
+    return Screened(names[0], floor, candidates, arms, labels, str(ref.get("root")), int(ref.get("top_k") or 0))
