@@ -18,7 +18,7 @@ DESCRIPTION_TOKEN = "sk-PlantedDesc4q3r2s1t"
 PLANTED = (TOKEN, PASSWORD, ERROR_TOKEN, DESCRIPTION_TOKEN)
 
 OK_BODY = (
-    "from pathlib import Path\nimport pandas as pd\nfrom kvstudy.model.plan import write_csv\n"
+    "from pathlib import Path\nimport pandas as pd\nfrom kvstudy.io import write_csv\n"
     "from kvstudy.report.notebook import finding\n"
     "name = Path(model).name\nprint('serving', name)\n"  # part of the value: the folder's own name
     "print('mirror', endpoint.replace('hub.example', 'mirror.example/v2'))\n"  # a longer URL
