@@ -80,3 +80,89 @@ def test_a_ladder_read_from_captures(tmp_path: Path) -> None:
     # both grades share the bundled capture, whose FP8 arm does not lose 2 points: no margin
     assert expected.difference > -0.02
     assert cal.state == "not calibrated" and cal.margin_kl is None and "no grade reaches" in cal.reason
+
+
+def _fp8_only(folder: Path, change: dict[str, Any] | None = None) -> Path:
+    """The bundled GSM8K-format capture's FP8 arm alone (a grade run without its 16-bit arm);
+    ``change``: settings written differently into its manifest."""
+    import json
+    import shutil
+
+    shutil.copytree(CAPTURES / "gsm8k-cpu" / "fp8-kv", folder / "fp8-kv")
+    manifest = json.loads((CAPTURES / "gsm8k-cpu" / "manifest.json").read_text())
+    manifest["spec"]["settings"].update(change or {})
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_a_grade_without_its_16_bit_arm_pairs_with_the_reference(tmp_path: Path) -> None:
+    from kvstudy.errors import StudyError
+    from kvstudy.report_calibration import grade_from_captures
+
+    ref = CAPTURES / "gsm8k-cpu"
+    screen = _screen(tmp_path / "s", 0.5)
+    alone = grade_from_captures(8.0, _fp8_only(tmp_path / "a"), screen, ref)
+    both = grade_from_captures(8.0, ref, screen, ref)
+    assert (alone.change_points, alone.change_low, alone.change_high) == (
+        both.change_points,
+        both.change_low,
+        both.change_high,
+    )
+    assert alone.top1 == 1.0 and alone.kl_low <= alone.kl <= alone.kl_high
+    with pytest.raises(StudyError, match="settings n differ from the reference"):
+        grade_from_captures(8.0, _fp8_only(tmp_path / "b", {"n": 50}), screen, ref)
+    with pytest.raises(StudyError, match="no bf16 arm; expected one, or a reference"):
+        grade_from_captures(8.0, tmp_path / "a", screen, None)
+
+
+def _ladder(folder: Path, sure: dict[float, float]) -> Path:
+    import json
+
+    grades = []
+    for factor, p in sure.items():
+        acc = CAPTURES / "gsm8k-cpu" if factor == 1 else _fp8_only(folder / f"acc{factor:g}")
+        grades.append(
+            {"factor": factor, "scales": False, "screen": str(_screen(folder / f"s{factor:g}", p)), "gsm8k": str(acc)}
+        )
+    data = {
+        "engine": "vllm-cpu (test)",
+        "how": "test ladder",
+        "reference": {"gsm8k": str(CAPTURES / "gsm8k-cpu")},
+        "grades": grades,
+    }
+    (folder / "ladder.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_a_ladder_folder_without_a_two_point_loss_is_not_calibrated(tmp_path: Path, capsys: Any) -> None:
+    from kvstudy import report_calibration as calib
+
+    folder = _ladder(tmp_path, {1.0: 0.6, 8.0: 0.5, 64.0: 0.3})
+    ladder = calib.read_ladder(folder)
+    assert [g.factor for g in ladder.grades["gsm8k"]] == [1.0, 8.0, 64.0] and not ladder.grades["retrieval"]
+    assert ladder.margin.state == "not calibrated" and ladder.margin_task is None
+    assert "no grade reaches a 2-point loss" in ladder.margin.reason and "not calibrated" in calib.margin_source(ladder)
+    assert "Margin not calibrated" in calib.ladder_sentence(ladder)
+    table = calib.ladder_table(ladder, shown=False)
+    assert list(table["factor"]) == [1.0, 8.0, 64.0] and table["KL (mnats/token)"].is_monotonic_increasing
+    code = cli.main(["kv-calibrate", "--ladder", str(folder)])
+    out, err = capsys.readouterr()
+    assert code == 2 and "gsm8k factor 64" in out  # the grades are printed, then one line
+    assert err.strip().startswith("kvstudy: error: control ladder: margin not calibrated: ") and "\n" not in err.strip()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["--ladder", "x", "--grade", "8", "a", "b"]],
+)
+def test_grades_or_a_ladder_but_not_both(args: list[str], capsys: Any) -> None:
+    code = cli.main(["kv-calibrate", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "expected either --grade (at least two) or --ladder" in err and "\n" not in err
+
+
+def test_a_ladder_json_without_grades_is_one_line(tmp_path: Path, capsys: Any) -> None:
+    (tmp_path / "ladder.json").write_text('{"engine": "x", "reference": {}, "grades": "none"}')
+    code = cli.main(["kv-calibrate", "--ladder", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "ladder.json" in err and "grades" in err and "\n" not in err

@@ -147,3 +147,25 @@ def test_a_first_grade_broken_at_16_bit_is_refused() -> None:
         dv.calibrate(ladder([0.0, -0.2, -0.8, -2.4, -9.0, -40.0], bf16=-5.0))
     with pytest.raises(StudyError, match="at least two"):
         dv.calibrate(ladder([0.0]))
+
+
+def test_a_reversal_inside_the_noise_keeps_the_order() -> None:
+    """Grades whose K stays inside FP8's range differ by noise: a reversal counts only when the two
+    grades' intervals do not overlap."""
+    base = ladder([0.0, 1.0, -0.8, -2.4, -9.0, -40.0])  # factor 8 +1.0 above factor 1's 0.0: intervals overlap
+    cal = dv.calibrate(base)
+    assert cal.ranked["accuracy"] and cal.state == "calibrated" and cal.grade == 128
+    assert cal.below == 32 and cal.below_kl == pytest.approx(0.0005 * 4**2)
+    apart = ladder([0.0, 4.0, -0.8, -2.4, -9.0, -40.0])  # +4.0 ± 1.5 against 0.0 ± 1.5: a real reversal
+    assert not dv.calibrate(apart).ranked["accuracy"]
+    kl = [
+        dv.Grade(f, c, c - 1, c + 1, k, -k, 0.0, lo, hi)
+        for f, c, k, lo, hi in [
+            (1, 0.0, 0.0010, 0.0008, 0.0012),
+            (8, -0.5, 0.0009, 0.0007, 0.0011),
+            (64, -5.0, 0.05, 0.04, 0.06),
+        ]
+    ]
+    assert dv.calibrate(kl).ranked["KL"]  # 0.9 below 1.0 millinats, inside each other's bounds
+    kl[1] = dv.Grade(8, -0.5, -1.5, 0.5, 0.0002, -0.0002, 0.0, 0.0001, 0.0003)
+    assert not dv.calibrate(kl).ranked["KL"]
