@@ -92,11 +92,10 @@ def grade_from_captures(
     has none, the reference's: the same settings required) and the screen's mean KL, Δ log p and
     top-1 agreement; the grade's own 16-bit arm against ``reference``."""
     cand, contexts = _accuracy(accuracy_capture, CANDIDATE)
-    bf16_change = 0.0
+    bf16_change = float("nan")  # the grade's own 16-bit arm not run
     if _has_arm(accuracy_capture, BASELINE):
         base, _ = _accuracy(accuracy_capture, BASELINE)
-        if reference is not None:
-            bf16_change = _change(_accuracy(reference, BASELINE)[0], base, contexts)[0]
+        bf16_change = 0.0 if reference is None else _change(_accuracy(reference, BASELINE)[0], base, contexts)[0]
     elif reference is None:
         raise StudyError(f"{accuracy_capture}: no {BASELINE} arm; expected one, or a reference capture to pair with")
     else:

@@ -96,6 +96,8 @@ def _fp8_only(folder: Path, change: dict[str, Any] | None = None) -> Path:
 
 
 def test_a_grade_without_its_16_bit_arm_pairs_with_the_reference(tmp_path: Path) -> None:
+    import math
+
     from kvstudy.errors import StudyError
     from kvstudy.report_calibration import grade_from_captures
 
@@ -109,6 +111,7 @@ def test_a_grade_without_its_16_bit_arm_pairs_with_the_reference(tmp_path: Path)
         both.change_high,
     )
     assert alone.top1 == 1.0 and alone.kl_low <= alone.kl <= alone.kl_high
+    assert math.isnan(alone.bf16_change_points) and both.bf16_change_points == 0.0  # not run; the same run
     with pytest.raises(StudyError, match="settings n differ from the reference"):
         grade_from_captures(8.0, _fp8_only(tmp_path / "b", {"n": 50}), screen, ref)
     with pytest.raises(StudyError, match="no bf16 arm; expected one, or a reference"):

@@ -132,7 +132,7 @@ class Grade:
     change_high: float
     kl: float
     delta_logp: float
-    bf16_change_points: float = 0.0  # the grade served with 16-bit KV against the original (should be ~0)
+    bf16_change_points: float = 0.0  # the grade served with 16-bit KV against the original (~0; nan: not run)
     kl_low: float = math.nan  # the one-sided (1 - alpha) bounds of the mean KL and Δ log p (nan: none)
     kl_high: float = math.nan
     delta_logp_low: float = math.nan
@@ -175,7 +175,7 @@ def _in_order(values: Sequence[float], lows: Sequence[float], highs: Sequence[fl
 def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Calibration:
     """The KL and Δ log p margin at the first grade whose accuracy falls by ``loss_points``.
 
-    Refused: fewer than two grades, a factor given twice, or a first grade that already loses
+    Refused: fewer than two grades, a factor given twice, or a grade that already loses
     ``loss_points`` at 16-bit KV (the checkpoint is broken, not the FP8 storage). "not calibrated":
     an instrument does not rank the grades in order, or no grade reaches the loss."""
     if len(grades) < 2:
@@ -184,13 +184,14 @@ def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Cali
     if len({g.factor for g in ladder}) != len(ladder):
         raise StudyError("control ladder: a factor appears twice; expected one grade per factor")
     for g in ladder:
-        for name in ("factor", "change_points", "change_low", "change_high", "kl", "delta_logp", "bf16_change_points"):
+        for name in ("factor", "change_points", "change_low", "change_high", "kl", "delta_logp"):
             if not math.isfinite(getattr(g, name)):
                 raise StudyError(f"control ladder: grade {g.factor:g}: {name} is not a finite number")
-    if ladder[0].bf16_change_points <= -loss_points:
+    broken = next((g for g in ladder if g.bf16_change_points <= -loss_points), None)  # nan: not run
+    if broken is not None:
         raise StudyError(
-            f"control ladder: grade {ladder[0].factor:g} already loses {-ladder[0].bf16_change_points:.1f} points "
-            "with 16-bit KV: the checkpoint is broken, not the FP8 storage; expected the first grade to match 16-bit"
+            f"control ladder: grade {broken.factor:g} already loses {-broken.bf16_change_points:.1f} points "
+            "with 16-bit KV: the checkpoint is broken, not the FP8 storage; expected every grade to match 16-bit"
         )
 
     def order(value: str, low: str, high: str, increasing: bool) -> bool:

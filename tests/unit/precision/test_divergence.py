@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -169,3 +170,12 @@ def test_a_reversal_inside_the_noise_keeps_the_order() -> None:
     assert dv.calibrate(kl).ranked["KL"]  # 0.9 below 1.0 millinats, inside each other's bounds
     kl[1] = dv.Grade(8, -0.5, -1.5, 0.5, 0.0002, -0.0002, 0.0, 0.0001, 0.0003)
     assert not dv.calibrate(kl).ranked["KL"]
+
+
+def test_any_grade_broken_at_16_bit_is_refused_and_a_16_bit_arm_not_run_is_not() -> None:
+    grades = ladder([0.0, -0.2, -0.8, -2.4, -9.0, -40.0])
+    top = dataclasses.replace(grades[-1], bf16_change_points=-3.0)
+    with pytest.raises(StudyError, match="grade 2048 already loses 3.0 points with 16-bit KV"):
+        dv.calibrate([*grades[:-1], top])
+    not_run = [dataclasses.replace(g, bf16_change_points=math.nan) for g in grades]
+    assert dv.calibrate(not_run).state == "calibrated"
