@@ -13,8 +13,8 @@ project's runners:
 - a screen capture (``kvstudy kv-screen --top-k K --allow-other-checkpoint``, baseline a 16-bit
   server of the unmodified model, candidate the grade's FP8 server): mean KL, Δ log p and top-1.
 
-The grades must rank in order on every instrument; the first grade whose accuracy falls by 2 points
-gives the KL and Δ log p margin (:func:`kvstudy.precision.divergence.calibrate`), else "not
+The grades must rank in order on every instrument; the first grade shown to lose 2 points or more
+(its 95 % interval wholly below -2) gives the KL and Δ log p margin (:func:`kvstudy.precision.divergence.calibrate`), else "not
 calibrated" (one line, exit 2, after the grades are printed). A grade's 16-bit arm is checked
 against ``--reference``: a first grade that already loses 2 points there is a broken checkpoint.
 A bundled ladder (``data/captures/kv-calibrate-cpu``) lists its grades in ``ladder.json``
@@ -27,6 +27,7 @@ A bundled ladder (``data/captures/kv-calibrate-cpu``) lists its grades in ``ladd
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -173,9 +174,11 @@ def read_ladder(folder: str | Path) -> Ladder:
             ref = folder / get_field(reference, task, str, f"{where}: reference")
             row = grade_from_captures(factor, folder / get_field(g, task, str, at), screen, ref)
             (scaled if get_field(g, "scales", bool, at) else grades)[task].append(row)
-    calibrations = {t: dv.calibrate(rows) for t, rows in grades.items() if rows}
+    calibrations = {t: dv.calibrate(rows) for t, rows in grades.items() if len(rows) > 1}
     if not calibrations:
-        raise StudyError(f"{where}: no grade without KV scales; expected a ladder of at least two factors")
+        raise StudyError(
+            f"{where}: no task with two grades without KV scales; expected a ladder of at least two factors"
+        )
     reached = sorted((c.grade, t) for t, c in calibrations.items() if c.state == "calibrated")
     if reached:
         task = reached[0][1]
@@ -196,7 +199,7 @@ def margin_source(ladder: Ladder) -> str:
         return f"not calibrated ({m.reason})"
     return (
         f"calibrated on this model's graded control through {ladder.engine}: {TASKS[ladder.margin_task]} "
-        f"accuracy first falls by {dv.LOSS_POINTS:g} points at factor {m.grade:g} ({ladder.folder})"
+        f"accuracy is first shown to lose {dv.LOSS_POINTS:g} points or more at factor {m.grade:g} ({ladder.folder})"
     )
 
 
@@ -235,7 +238,10 @@ def ladder_table(ladder: Ladder, shown: bool = True) -> Any:
                             f"{label} high": g.change_high,
                         }
                     )
-                row[f"{label} 16-bit vs original (points)"] = g.bf16_change_points
+                bf16 = g.bf16_change_points
+                row[f"{label} 16-bit vs original (points)"] = (
+                    ("not run" if math.isnan(bf16) else f"{bf16:+.1f}") if shown else bf16
+                )
     frame = pd.DataFrame([rows[k] for k in sorted(rows, key=lambda k: (k[1], k[0]))])
     if shown:
         for col in ("KL (mnats/token)", "KL upper (mnats)", "Δ log p (mnats/token)"):
@@ -254,7 +260,7 @@ def ladder_sentence(ladder: Ladder) -> str:
     if m.state == "calibrated" and m.margin_kl is not None and m.margin_delta_logp is not None:
         high = f" (one-sided 95 % upper bound {m.margin_kl_high * 1000:.3g})" if m.margin_kl_high else ""
         below = (
-            f"; the grade below, factor {m.below:g}, has KL {m.below_kl * 1000:.3g} millinats/token, so the 2-point loss "
+            f"; the grade below, factor {m.below:g}, has KL {m.below_kl * 1000:.3g} millinats/token, so a 2-point loss "
             f"begins between {m.below_kl * 1000:.3g} and {m.margin_kl * 1000:.3g}"
             if m.below is not None and m.below_kl is not None
             else ""
@@ -262,7 +268,9 @@ def ladder_sentence(ladder: Ladder) -> str:
         parts.append(
             f"**Margin calibrated** on {TASKS[str(ladder.margin_task)]}: {m.reason}; there the screen reads KL "
             f"{m.margin_kl * 1000:.3g} millinats/token{high} and |Δ log p| {m.margin_delta_logp * 1000:.3g} "
-            f"millinats/token{below}."
+            f"millinats/token{below}. *Within the margin* then reads: a divergence below the one at which this "
+            "control was first shown to lose 2 points or more, on this model, these tasks and this engine (the grades rank in order, so "
+            "a smaller divergence came with a smaller loss here)."
         )
     else:
         parts.append(f"**Margin not calibrated**: {m.reason}.")

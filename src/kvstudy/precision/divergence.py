@@ -23,8 +23,8 @@ margin, *beyond* when the lower bound is above it, *undecided* otherwise. Never 
 served with FP8 KV at scale 1.0) with the accuracy change of each and the screen's KL and Δ log p:
 the grades must rank in order on every instrument (a reversal counts when the two grades' intervals
 do not overlap: grades whose K stays inside FP8's range differ by noise only), and the first grade
-whose accuracy change reaches ``-loss_points`` gives the margin; the grade below it brackets where
-the loss begins. Torch-free.
+whose accuracy is shown to fall by ``loss_points`` or more (its interval wholly below) gives the
+margin; the grade below it brackets where the loss begins. Torch-free.
 """
 
 from __future__ import annotations
@@ -173,11 +173,13 @@ def _in_order(values: Sequence[float], lows: Sequence[float], highs: Sequence[fl
 
 
 def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Calibration:
-    """The KL and Δ log p margin at the first grade whose accuracy falls by ``loss_points``.
+    """The KL and Δ log p margin at the first grade whose accuracy is shown to fall by ``loss_points``
+    or more (its 95 % interval wholly below ``-loss_points``: a point estimate alone would let the
+    noise of a few hundred questions set the margin; the grade below brackets where the loss begins).
 
     Refused: fewer than two grades, a factor given twice, or a grade that already loses
     ``loss_points`` at 16-bit KV (the checkpoint is broken, not the FP8 storage). "not calibrated":
-    an instrument does not rank the grades in order, or no grade reaches the loss."""
+    an instrument does not rank the grades in order, or no grade is shown to reach the loss."""
     if len(grades) < 2:
         raise StudyError(f"control ladder: {len(grades)} grade(s); expected at least two factors")
     ladder = sorted(grades, key=lambda g: g.factor)
@@ -203,7 +205,7 @@ def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Cali
         "Δ log p": order("delta_logp", "delta_logp_low", "delta_logp_high", False),
         "accuracy": order("change_points", "change_low", "change_high", False),
     }
-    reached = next((g for g in ladder if g.change_points <= -loss_points), None)
+    reached = next((g for g in ladder if g.change_high < -loss_points), None)
     if not all(ranked.values()):
         out = ", ".join(name for name, ok in ranked.items() if not ok)
         return Calibration(
@@ -220,7 +222,7 @@ def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Cali
             None,
             None,
             ranked,
-            f"no grade reaches a {loss_points:g}-point loss (the largest factor {worst.factor:g} changes accuracy by "
+            f"no grade is shown to lose {loss_points:g} points (the largest factor {worst.factor:g} changes accuracy by "
             f"{worst.change_points:+.1f} points)",
         )
     below = ladder[ladder.index(reached) - 1] if ladder.index(reached) > 0 else None
@@ -233,7 +235,7 @@ def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Cali
         reached.change_low,
         reached.change_high,
         ranked,
-        f"factor {reached.factor:g} is the first grade whose accuracy falls by {loss_points:g} points "
+        f"factor {reached.factor:g} is the first grade shown to lose {loss_points:g} points or more "
         f"({reached.change_points:+.1f}, 95 % {reached.change_low:+.1f} to {reached.change_high:+.1f})",
         reached.kl_high if math.isfinite(reached.kl_high) else None,
         below.factor if below else None,

@@ -125,17 +125,21 @@ def ladder(changes: list[float], kls: list[float] | None = None, bf16: float = 0
     ]
 
 
-def test_the_margin_is_read_at_the_first_grade_that_loses_two_points() -> None:
-    cal = dv.calibrate(ladder([0.0, -0.2, -0.8, -2.4, -9.0, -40.0]))
-    assert cal.state == "calibrated" and cal.grade == 128
-    assert cal.margin_kl == pytest.approx(0.0005 * 4**3) and cal.margin_delta_logp == pytest.approx(0.0005 * 4**3 / 2)
-    assert (cal.change_low, cal.change_high) == pytest.approx((-3.9, -0.9))
+def test_the_margin_is_read_at_the_first_grade_shown_to_lose_two_points() -> None:
+    cal = dv.calibrate(ladder([0.0, -0.2, -0.8, -2.4, -9.0, -40.0]))  # -2.4 ± 1.5 does not show it; -9.0 does
+    assert cal.state == "calibrated" and cal.grade == 512 and cal.below == 128
+    assert cal.margin_kl == pytest.approx(0.0005 * 4**4) and cal.margin_delta_logp == pytest.approx(0.0005 * 4**4 / 2)
+    assert (cal.change_low, cal.change_high) == pytest.approx((-10.5, -7.5))
     assert all(cal.ranked.values())
+    noisy = dv.calibrate(ladder([-3.0, -0.2, -0.8, -2.4, -9.0, -40.0]))  # a first grade at -3 ± 1.5 by chance
+    assert noisy.grade == 512
 
 
 def test_no_grade_reaching_the_loss_is_not_calibrated() -> None:
     cal = dv.calibrate(ladder([0.0, 0.0, -0.1, -0.3, -0.5, -1.0]))
-    assert cal.state == "not calibrated" and cal.margin_kl is None and "no grade reaches a 2-point loss" in cal.reason
+    assert (
+        cal.state == "not calibrated" and cal.margin_kl is None and "no grade is shown to lose 2 points" in cal.reason
+    )
 
 
 def test_an_instrument_out_of_order_is_not_calibrated() -> None:
@@ -155,8 +159,8 @@ def test_a_reversal_inside_the_noise_keeps_the_order() -> None:
     grades' intervals do not overlap."""
     base = ladder([0.0, 1.0, -0.8, -2.4, -9.0, -40.0])  # factor 8 +1.0 above factor 1's 0.0: intervals overlap
     cal = dv.calibrate(base)
-    assert cal.ranked["accuracy"] and cal.state == "calibrated" and cal.grade == 128
-    assert cal.below == 32 and cal.below_kl == pytest.approx(0.0005 * 4**2)
+    assert cal.ranked["accuracy"] and cal.state == "calibrated" and cal.grade == 512
+    assert cal.below == 128 and cal.below_kl == pytest.approx(0.0005 * 4**3)
     apart = ladder([0.0, 4.0, -0.8, -2.4, -9.0, -40.0])  # +4.0 ± 1.5 against 0.0 ± 1.5: a real reversal
     assert not dv.calibrate(apart).ranked["accuracy"]
     kl = [
