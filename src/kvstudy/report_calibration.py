@@ -177,8 +177,8 @@ def read_ladder(folder: str | Path) -> Ladder:
     where = str(folder / LADDER_FILE)
     data = read_json_object(folder / LADDER_FILE)
     reference = get_field(data, "reference", dict, where)
-    grades: dict[str, list[dv.Grade]] = {t: [] for t in TASKS}
-    grades[ONLY], scaled = [], {t: [] for t in (*TASKS, ONLY)}
+    grades: dict[str, list[dv.Grade]] = {t: [] for t in (*TASKS, ONLY)}
+    scaled: dict[str, list[dv.Grade]] = {t: [] for t in (*TASKS, ONLY)}
     for i, g in enumerate(_entries(data, where)):
         at = f"{where}: grades[{i}]"
         factor = bounded_float(get_field(g, "factor", (int, float), at), at + ".factor", 1.0, MAX_FACTOR)
