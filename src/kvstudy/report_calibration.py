@@ -171,6 +171,17 @@ def _entries(data: dict[str, Any], where: str) -> list[dict[str, Any]]:
     return grades
 
 
+def _check_baseline_model(screen: Path, references: list[Path]) -> None:
+    """The screen's 16-bit server and the references' 16-bit arms serve one model (the unmodified one)."""
+    model = rc.load(screen).manifest.get("inputs", {}).get("model")
+    for ref in references:
+        theirs = ge.read_manifest(ref).get("inputs", {}).get("model")
+        if model != theirs:
+            raise StudyError(
+                f"{screen}: its 16-bit server serves {model!r}, the reference {ref} {theirs!r}; expected one model"
+            )
+
+
 def read_ladder(folder: str | Path) -> Ladder:
     """The ladder ``folder/ladder.json`` lists (capture paths relative to ``folder``), calibrated per task."""
     folder = Path(folder)
@@ -183,6 +194,9 @@ def read_ladder(folder: str | Path) -> Ladder:
         at = f"{where}: grades[{i}]"
         factor = bounded_float(get_field(g, "factor", (int, float), at), at + ".factor", 1.0, MAX_FACTOR)
         screen = folder / get_field(g, "screen", str, at)
+        _check_baseline_model(
+            screen, [folder / get_field(reference, t, str, f"{where}: reference") for t in TASKS if t in g]
+        )
         if not set(TASKS) & set(g):
             (scaled if get_field(g, "scales", bool, at) else grades)[ONLY].append(screen_grade(factor, screen))
         for task in TASKS:

@@ -53,7 +53,7 @@ def _screen(folder: Path, sure: float) -> Path:
     rc.write_group(folder, group)
     for arm, p in (("baseline", 0.6), ("baseline-repeat", 0.6), ("candidate", sure)):
         rc.write_logp(folder, "screen", arm, rows(p))
-    manifest = new_manifest(rc.KIND, {"groups": ["screen"]}, "test", {"model": "m"})
+    manifest = new_manifest(rc.KIND, {"groups": ["screen"]}, "test", {"model": "data/trained-model/qwen3-mini"})
     set_items(manifest, {"screen/candidate": "ok"})
     write_manifest(folder, manifest)
     return folder
@@ -178,3 +178,16 @@ def test_a_ladder_json_without_grades_is_one_line(tmp_path: Path, capsys: Any) -
     code = cli.main(["kv-calibrate", "--ladder", str(tmp_path)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "ladder.json" in err and "grades" in err and "\n" not in err
+
+
+def test_a_ladder_screened_against_another_model_is_one_line(tmp_path: Path, capsys: Any) -> None:
+    import json
+
+    folder = _ladder(tmp_path, {1.0: 0.6, 8.0: 0.5})
+    manifest = json.loads((folder / "s8" / "manifest.json").read_text())
+    manifest["inputs"]["model"] = "models/other"
+    (folder / "s8" / "manifest.json").write_text(json.dumps(manifest))
+    code = cli.main(["kv-calibrate", "--ladder", str(folder)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "its 16-bit server serves 'models/other'" in err and "expected one model" in err
+    assert "\n" not in err
