@@ -180,6 +180,7 @@ SCREEN_KEYS = (
     "margin_kl",
     "margin_state",
     "margin_source",
+    "margin_points",
     "kl_mean",
     "kl_upper",
     "top1_agreement",

@@ -231,6 +231,11 @@ def margin_source(ladder: Ladder) -> str:
     return (
         f"calibrated on this model's graded control through {ladder.engine}: {TASKS[ladder.margin_task]} "
         f"accuracy is first shown to lose {dv.LOSS_POINTS:g} points or more at factor {m.grade:g} ({ladder.folder})"
+        + (
+            f"; the loss begins between factor {m.below:g} (KL {m.below_kl * 1000:.3g} millinats) and there"
+            if m.below is not None and m.below_kl is not None
+            else ""
+        )
     )
 
 

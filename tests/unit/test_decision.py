@@ -95,6 +95,16 @@ def ev(**kw: object) -> rule.Evidence:
             rule.UNDECIDED,
             "evidence missing",
         ),
+        (  # a margin calibrated at a 2-point loss cannot show accuracy within 1 point
+            ev(
+                screen=rule.Input(
+                    rule.MEASURED, "s", {"equivalence": "within", "margin_state": "calibrated", "margin_points": 2.0}
+                )
+            ),
+            TH,
+            rule.UNDECIDED,
+            "evidence missing",
+        ),
         (
             ev(screen=rule.Input(rule.NO_CLAIM, "s", {"equivalence": "undecided"})),
             TH,
