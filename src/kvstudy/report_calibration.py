@@ -290,7 +290,22 @@ def ladder_table(ladder: Ladder, shown: bool = True) -> Any:
 
 def ladder_sentence(ladder: Ladder) -> str:
     """The ranking of each instrument and the margin, in words."""
-    parts = []
+    screened = {g.factor: g for rows in ladder.grades.values() for g in rows}  # every grade's screen, by factor
+    rows = [screened[f] for f in sorted(screened)]
+
+    def ranked(value: str, low: str, high: str, up: bool) -> bool:
+        column = {f: [float(getattr(g, f)) for g in rows] for f in (value, low, high)}
+        return dv.in_order(column[value], column[low], column[high], increasing=up)
+
+    screen_order = {
+        "KL": ranked("kl", "kl_low", "kl_high", True),
+        "Δ log p": ranked("delta_logp", "delta_logp_low", "delta_logp_high", False),
+    }
+    parts = [
+        f"The screen over every grade screened without scales (factors {', '.join(f'{f:g}' for f in sorted(screened))}): "
+        + ", ".join(f"{name} {'in order' if ok else 'OUT OF ORDER'}" for name, ok in screen_order.items())
+        + "."
+    ]
     for task, cal in ladder.calibrations.items():
         order = ", ".join(f"{name} {'in order' if ok else 'OUT OF ORDER'}" for name, ok in cal.ranked.items())
         parts.append(f"{TASKS[task]} ladder ({len(ladder.grades[task])} grades): {order}.")

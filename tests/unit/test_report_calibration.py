@@ -150,7 +150,8 @@ def test_a_ladder_folder_without_a_two_point_loss_is_not_calibrated(tmp_path: Pa
     assert "no grade is shown to lose 2 points" in ladder.margin.reason and "not calibrated" in calib.margin_source(
         ladder
     )
-    assert "Margin not calibrated" in calib.ladder_sentence(ladder)
+    sentence = calib.ladder_sentence(ladder)
+    assert "Margin not calibrated" in sentence and "(factors 1, 8, 64): KL in order, Δ log p in order" in sentence
     table = calib.ladder_table(ladder, shown=False)
     assert list(table["factor"]) == [1.0, 8.0, 64.0, 64.0] and list(table["KV scales"])[-1] == "checkpoint"
     assert table["KL (mnats/token)"][:3].is_monotonic_increasing and table["KL (mnats/token)"][3] == 0.0

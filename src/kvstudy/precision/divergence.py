@@ -158,7 +158,7 @@ class Calibration:
     below_kl: float | None = None  # that grade's KL: the 2-point loss lies between below_kl and margin_kl
 
 
-def _in_order(values: Sequence[float], lows: Sequence[float], highs: Sequence[float], increasing: bool) -> bool:
+def in_order(values: Sequence[float], lows: Sequence[float], highs: Sequence[float], increasing: bool) -> bool:
     """No larger grade is better than a smaller one beyond the noise: a reversal counts when the two
     grades' intervals do not overlap (without intervals, nan: any reversal counts)."""
     for i in range(len(values) - 1):
@@ -198,7 +198,7 @@ def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Cali
 
     def order(value: str, low: str, high: str, increasing: bool) -> bool:
         column = {f: [float(getattr(g, f)) for g in ladder] for f in (value, low, high)}
-        return _in_order(column[value], column[low], column[high], increasing=increasing)
+        return in_order(column[value], column[low], column[high], increasing=increasing)
 
     ranked = {
         "KL": order("kl", "kl_low", "kl_high", True),
