@@ -241,7 +241,8 @@ def margin_source(ladder: Ladder) -> str:
 
 def ladder_table(ladder: Ladder, shown: bool = True) -> Any:
     """One row per grade (and with-scales checkpoint): the screen's KL, Δ log p and top-1, and each
-    task's accuracy change with its 95 % interval and the grade's 16-bit check."""
+    task's accuracy change with its 95 % interval and the grade's own 16-bit arm against the model's
+    (nan: not run). ``shown``: formatted and narrow (the report); else every value (the CSV)."""
     import pandas as pd
 
     from kvstudy import formats as fmt
@@ -261,31 +262,46 @@ def ladder_table(ladder: Ladder, shown: bool = True) -> Any:
                         "top-1 agreement": g.top1,
                     }
                 )
-                if task not in TASKS:
-                    continue
-                label = TASKS[task]
-                if shown:
-                    row[f"{label} change (points, 95 %)"] = (
-                        f"{g.change_points:+.1f} ({g.change_low:+.1f} to {g.change_high:+.1f})"
-                    )
-                else:
+                if task in TASKS:
+                    label = TASKS[task]
                     row.update(
                         {
                             f"{label} change (points)": g.change_points,
                             f"{label} low": g.change_low,
                             f"{label} high": g.change_high,
+                            f"{label} 16-bit vs original": g.bf16_change_points,
                         }
                     )
-                bf16 = g.bf16_change_points
-                row[f"{label} 16-bit vs original (points)"] = (
-                    ("not run" if math.isnan(bf16) else f"{bf16:+.1f}") if shown else bf16
-                )
     frame = pd.DataFrame([rows[k] for k in sorted(rows, key=lambda k: (k[1], k[0]))])
-    if shown:
-        for col in ("KL (mnats/token)", "KL upper (mnats)", "Δ log p (mnats/token)"):
-            frame[col] = [fmt.significant(v, 3) for v in frame[col]]
-        frame["top-1 agreement"] = [f"{100 * v:.1f} %" for v in frame["top-1 agreement"]]
-    return frame
+    if not shown:
+        return frame
+
+    def change(r: Any, label: str) -> str:
+        value = r.get(f"{label} change (points)")
+        if value is None or math.isnan(value):
+            return "not run"
+        return f"{value:+.1f} ({r[f'{label} low']:+.1f} to {r[f'{label} high']:+.1f})"
+
+    def bf16(r: Any) -> str:
+        runs = [
+            f"{TASKS[t]} {r[c]:+.1f}"
+            for t in TASKS
+            if (c := f"{TASKS[t]} 16-bit vs original") in r and not math.isnan(r[c])
+        ]
+        return "; ".join(runs) or "not run"
+
+    out = pd.DataFrame({"factor": frame["factor"], "KV scales": frame["KV scales"]})
+    out["KL, mnats/token (upper)"] = [
+        f"{fmt.significant(a, 3)} ({fmt.significant(b, 3)})"
+        for a, b in zip(frame["KL (mnats/token)"], frame["KL upper (mnats)"])
+    ]
+    out["Δ log p, mnats/token"] = [fmt.significant(v, 3) for v in frame["Δ log p (mnats/token)"]]
+    out["top-1 agreement"] = [f"{100 * v:.1f} %" for v in frame["top-1 agreement"]]
+    records = frame.to_dict("records")
+    for label in TASKS.values():
+        out[f"{label}, points (95 %)"] = [change(r, label) for r in records]
+    out["16-bit arm vs the model, points"] = [bf16(r) for r in records]
+    return out
 
 
 def ladder_sentence(ladder: Ladder) -> str:
