@@ -175,7 +175,17 @@ LOAD_KEYS = (
     "kv_memory_gib",
     "context_tokens",
 )
-SCREEN_KEYS = ("equivalence", "margin_kl", "margin_state", "kl_mean", "kl_upper", "top1_agreement", "simulated")
+SCREEN_KEYS = (
+    "equivalence",
+    "margin_kl",
+    "margin_state",
+    "margin_source",
+    "margin_points",
+    "kl_mean",
+    "kl_upper",
+    "top1_agreement",
+    "simulated",
+)
 ACCURACY_KEYS = ("task", "n", "change_points", "change_low", "change_high", "detectable_loss_points")
 TPOT_KEYS = ("users", "baseline_ms", "fp8_ms", "ratio", "ratio_low", "ratio_high", "machine", "prompt_tokens")
 SCALES_KEYS = ("checkpoints", "with_scales", "unit_scale", "logs_checked", "dropped")
@@ -349,8 +359,8 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
             else MISSING,
             f"{scr.get('equivalence')} the margin {margin * 1000:.2f} ({scr.get('margin_state')})"
             if margin is not None
-            else MISSING,
-            _how(scr),
+            else (f"{scr.get('equivalence')}: no margin ({scr.get('margin_state')})" if scr.values else MISSING),
+            _how(scr, f"margin {scr.get('margin_source')}" if scr.get("margin_source") else ""),
             scr.state,
         )
     )

@@ -144,13 +144,16 @@ def _accuracy_verdict(acc: Input, margin: float) -> str | None:
     return None
 
 
-def _screen_verdict(screen: Input) -> str | None:
+def _screen_verdict(screen: Input, margin_points: float) -> str | None:
+    """The screen's equivalence as an accuracy verdict at ``margin_points``: a margin calibrated at a
+    larger loss (``margin_points`` fact) cannot show "within", one at a smaller loss cannot show "beyond"."""
     if not screen.decisive or screen.get("simulated") is True:
         return None
-    if screen.get("equivalence") == "beyond":
+    points = _number(screen.get("margin_points"))
+    if screen.get("equivalence") == "beyond" and (points is None or points >= margin_points):
         return "beyond"
     if screen.get("equivalence") == "within" and screen.get("margin_state") in ("calibrated", "assumed"):
-        return "within"
+        return "within" if points is None or points <= margin_points else None
     return None
 
 
@@ -174,7 +177,7 @@ def decide(ev: Evidence, th: Thresholds) -> Decision:
     if users16 and users8 is not None and users8 <= users16:
         return Decision(KEEP, "no more users", "FP8 fits no more users at this context on this GPU")
     accuracy = [v for v in (_accuracy_verdict(a, th.accuracy_margin_points) for a in ev.accuracy) if v]
-    screen = _screen_verdict(ev.screen)
+    screen = _screen_verdict(ev.screen, th.accuracy_margin_points)
     if screen == "beyond" or "beyond" in accuracy:
         return Decision(
             KEEP, "accuracy beyond margin", f"FP8 loses more than {points(th.accuracy_margin_points)} of accuracy"

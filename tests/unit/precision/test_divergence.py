@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -124,17 +125,21 @@ def ladder(changes: list[float], kls: list[float] | None = None, bf16: float = 0
     ]
 
 
-def test_the_margin_is_read_at_the_first_grade_that_loses_two_points() -> None:
-    cal = dv.calibrate(ladder([0.0, -0.2, -0.8, -2.4, -9.0, -40.0]))
-    assert cal.state == "calibrated" and cal.grade == 128
-    assert cal.margin_kl == pytest.approx(0.0005 * 4**3) and cal.margin_delta_logp == pytest.approx(0.0005 * 4**3 / 2)
-    assert (cal.change_low, cal.change_high) == pytest.approx((-3.9, -0.9))
+def test_the_margin_is_read_at_the_first_grade_shown_to_lose_two_points() -> None:
+    cal = dv.calibrate(ladder([0.0, -0.2, -0.8, -2.4, -9.0, -40.0]))  # -2.4 ± 1.5 does not show it; -9.0 does
+    assert cal.state == "calibrated" and cal.grade == 512 and cal.below == 128
+    assert cal.margin_kl == pytest.approx(0.0005 * 4**4) and cal.margin_delta_logp == pytest.approx(0.0005 * 4**4 / 2)
+    assert (cal.change_low, cal.change_high) == pytest.approx((-10.5, -7.5))
     assert all(cal.ranked.values())
+    noisy = dv.calibrate(ladder([-3.0, -0.2, -0.8, -2.4, -9.0, -40.0]))  # a first grade at -3 ± 1.5 by chance
+    assert noisy.grade == 512
 
 
 def test_no_grade_reaching_the_loss_is_not_calibrated() -> None:
     cal = dv.calibrate(ladder([0.0, 0.0, -0.1, -0.3, -0.5, -1.0]))
-    assert cal.state == "not calibrated" and cal.margin_kl is None and "no grade reaches a 2-point loss" in cal.reason
+    assert (
+        cal.state == "not calibrated" and cal.margin_kl is None and "no grade is shown to lose 2 points" in cal.reason
+    )
 
 
 def test_an_instrument_out_of_order_is_not_calibrated() -> None:
@@ -147,3 +152,34 @@ def test_a_first_grade_broken_at_16_bit_is_refused() -> None:
         dv.calibrate(ladder([0.0, -0.2, -0.8, -2.4, -9.0, -40.0], bf16=-5.0))
     with pytest.raises(StudyError, match="at least two"):
         dv.calibrate(ladder([0.0]))
+
+
+def test_a_reversal_inside_the_noise_keeps_the_order() -> None:
+    """Grades whose K stays inside FP8's range differ by noise: a reversal counts only when the two
+    grades' intervals do not overlap."""
+    base = ladder([0.0, 1.0, -0.8, -2.4, -9.0, -40.0])  # factor 8 +1.0 above factor 1's 0.0: intervals overlap
+    cal = dv.calibrate(base)
+    assert cal.ranked["accuracy"] and cal.state == "calibrated" and cal.grade == 512
+    assert cal.below == 128 and cal.below_kl == pytest.approx(0.0005 * 4**3)
+    apart = ladder([0.0, 4.0, -0.8, -2.4, -9.0, -40.0])  # +4.0 ± 1.5 against 0.0 ± 1.5: a real reversal
+    assert not dv.calibrate(apart).ranked["accuracy"]
+    kl = [
+        dv.Grade(f, c, c - 1, c + 1, k, -k, 0.0, lo, hi)
+        for f, c, k, lo, hi in [
+            (1, 0.0, 0.0010, 0.0008, 0.0012),
+            (8, -0.5, 0.0009, 0.0007, 0.0011),
+            (64, -5.0, 0.05, 0.04, 0.06),
+        ]
+    ]
+    assert dv.calibrate(kl).ranked["KL"]  # 0.9 below 1.0 millinats, inside each other's bounds
+    kl[1] = dv.Grade(8, -0.5, -1.5, 0.5, 0.0002, -0.0002, 0.0, 0.0001, 0.0003)
+    assert not dv.calibrate(kl).ranked["KL"]
+
+
+def test_any_grade_broken_at_16_bit_is_refused_and_a_16_bit_arm_not_run_is_not() -> None:
+    grades = ladder([0.0, -0.2, -0.8, -2.4, -9.0, -40.0])
+    top = dataclasses.replace(grades[-1], bf16_change_points=-3.0)
+    with pytest.raises(StudyError, match="grade 2048 already loses 3.0 points with 16-bit KV"):
+        dv.calibrate([*grades[:-1], top])
+    not_run = [dataclasses.replace(g, bf16_change_points=math.nan) for g in grades]
+    assert dv.calibrate(not_run).state == "calibrated"
