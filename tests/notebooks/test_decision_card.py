@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy import decision
 from kvstudy import decision_rule as rule
-from kvstudy.report import render
+from kvstudy.report import decision, render
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "profiles"

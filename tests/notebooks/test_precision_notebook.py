@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import pytest
 
-from kvstudy import report_calibration as calib
-from kvstudy.notebook import VERDICT_KEY
 from kvstudy.precision import analysis as an
 from kvstudy.precision import records as rc
 from kvstudy.profiles import load_profile, notebook_parameters
+from kvstudy.report import calibration as calib
+from kvstudy.report.notebook import VERDICT_KEY
 
 if TYPE_CHECKING:
     from conftest import Rendered  # tests/notebooks/conftest.py: the one render of the reference profile

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy import cli, decision
+from kvstudy import cli
 from kvstudy import decision_rule as rule
-from kvstudy.decision_guidance import docs_l4_crossing, evaluate_guidance
 from kvstudy.errors import StudyError
 from kvstudy.model import capacity as cap
 from kvstudy.model import plan
 from kvstudy.model import weights as model_weights
+from kvstudy.report import decision
+from kvstudy.report.decision_guidance import docs_l4_crossing, evaluate_guidance
 
 ROOT = Path(__file__).resolve().parents[2]
 STEMS = ["01_capacity-math", "02_speed-sweep", "03_gsm8k-accuracy", "04_scale-inspection"]

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from tests.unit.test_render import OK_BODY, make_notebook
 
-from kvstudy import cli, decision
+from kvstudy import cli
 from kvstudy.errors import StudyError
+from kvstudy.report import decision
 from kvstudy.report import render as report
 
 

@@ -64,7 +64,7 @@ def test_a_ladder_read_from_captures(tmp_path: Path) -> None:
 
     from kvstudy.accuracy import runner as ge
     from kvstudy.accuracy.records import correctness
-    from kvstudy.report_calibration import calibrate_ladder
+    from kvstudy.report.calibration import calibrate_ladder
     from kvstudy.stats import binary as stats
 
     acc = CAPTURES / "gsm8k-cpu"
@@ -99,7 +99,7 @@ def test_a_grade_without_its_16_bit_arm_pairs_with_the_reference(tmp_path: Path)
     import math
 
     from kvstudy.errors import StudyError
-    from kvstudy.report_calibration import grade_from_captures
+    from kvstudy.report.calibration import grade_from_captures
 
     ref = CAPTURES / "gsm8k-cpu"
     screen = _screen(tmp_path / "s", 0.5)
@@ -141,7 +141,7 @@ def _ladder(folder: Path, sure: dict[float, float]) -> Path:
 def test_a_ladder_folder_without_a_two_point_loss_is_not_calibrated(tmp_path: Path, capsys: Any) -> None:
     import math
 
-    from kvstudy import report_calibration as calib
+    from kvstudy.report import calibration as calib
 
     folder = _ladder(tmp_path, {1.0: 0.6, 8.0: 0.5, 64.0: 0.3})
     ladder = calib.read_ladder(folder)

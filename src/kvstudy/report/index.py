@@ -14,10 +14,10 @@ import jinja2
 from markupsafe import Markup, escape
 
 from kvstudy import decision_rule as rule
-from kvstudy.decision import card_from_status
 from kvstudy.errors import StudyError
 from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
 from kvstudy.redact import write_scrubbed
+from kvstudy.report.decision import card_from_status
 from kvstudy.report.html import TEMPLATES, extract_results, name_sources
 from kvstudy.report.notebook import git_commit
 

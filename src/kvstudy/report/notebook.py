@@ -87,7 +87,7 @@ _SHOWN: dict[str, str] = {"verdict": ""}  # the last verdict's sentence: a findi
 
 
 def verdict(topic: str, text: str, state: str = "measured", next_step: str | None = None, **facts: Any) -> None:
-    """Show a structured verdict; the index's decision card (``kvstudy.decision``) reads it back.
+    """Show a structured verdict; the index's decision card (``kvstudy.report.decision``) reads it back.
 
     ``topic``: capacity, speed, accuracy, long-context accuracy, context scaling or scales;
     ``state``: one of :data:`VERDICT_STATES` (how sure the study is); ``next_step``: what would

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy import decision_rule as rule
-from kvstudy.decision_guidance import Guidance, evaluate_guidance
 from kvstudy.errors import StudyError
 from kvstudy.io import REPO_ROOT
+from kvstudy.report.decision_guidance import Guidance, evaluate_guidance
 from kvstudy.report.status import read_status
 
 # Topics in the order the card lists them, with the notebook that states each.
