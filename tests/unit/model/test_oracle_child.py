@@ -153,7 +153,14 @@ def test_the_child_dies_with_a_killed_parent(monkeypatch: pytest.MonkeyPatch, tm
     pid_file = _stand_in(tmp_path, monkeypatch)
     src = str(ROOT / "src")
     parent = subprocess.Popen(
-        [sys.executable, "-c", "from kvstudy.vllm.kv_specs import _run_child; _run_child({}, module='stand_in_child')"],
+        [
+            sys.executable,
+            "-c",
+            # Ctrl-C as a terminal delivers it: a test run started in the background inherits SIGINT
+            # ignored, and Python then installs no KeyboardInterrupt handler in its children.
+            "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from kvstudy.vllm.kv_specs import _run_child; _run_child({}, module='stand_in_child')",
+        ],
         env=os.environ | {"PYTHONPATH": src + os.pathsep + os.environ["PYTHONPATH"]},
     )
     try:
@@ -171,7 +178,14 @@ def test_ctrl_c_stops_the_child(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     pid_file = _stand_in(tmp_path, monkeypatch)
     src = str(ROOT / "src")
     parent = subprocess.Popen(
-        [sys.executable, "-c", "from kvstudy.vllm.kv_specs import _run_child; _run_child({}, module='stand_in_child')"],
+        [
+            sys.executable,
+            "-c",
+            # Ctrl-C as a terminal delivers it: a test run started in the background inherits SIGINT
+            # ignored, and Python then installs no KeyboardInterrupt handler in its children.
+            "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from kvstudy.vllm.kv_specs import _run_child; _run_child({}, module='stand_in_child')",
+        ],
         env=os.environ | {"PYTHONPATH": src + os.pathsep + os.environ["PYTHONPATH"]},
         stderr=subprocess.PIPE,
     )
