@@ -149,20 +149,22 @@ def test_a_timed_out_child_is_stopped(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert _gone(_wait_for(pid_file, 1))
 
 
+def _parent(**popen: Any) -> subprocess.Popen[bytes]:
+    """A ``kvstudy`` process that runs the stand-in child through ``_run_child``, with Python's own
+    Ctrl-C handler: a test run started in the background inherits SIGINT ignored, and Python then
+    installs no KeyboardInterrupt handler in its children (a terminal's Ctrl-C always reaches it)."""
+    code = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from kvstudy.vllm.kv_specs import _run_child; _run_child({}, module='stand_in_child')"
+    )
+    src = str(ROOT / "src")
+    env = os.environ | {"PYTHONPATH": src + os.pathsep + os.environ["PYTHONPATH"]}
+    return subprocess.Popen([sys.executable, "-c", code], env=env, **popen)
+
+
 def test_the_child_dies_with_a_killed_parent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pid_file = _stand_in(tmp_path, monkeypatch)
-    src = str(ROOT / "src")
-    parent = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            # Ctrl-C as a terminal delivers it: a test run started in the background inherits SIGINT
-            # ignored, and Python then installs no KeyboardInterrupt handler in its children.
-            "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "from kvstudy.vllm.kv_specs import _run_child; _run_child({}, module='stand_in_child')",
-        ],
-        env=os.environ | {"PYTHONPATH": src + os.pathsep + os.environ["PYTHONPATH"]},
-    )
+    parent = _parent()
     try:
         child = _wait_for(pid_file)
         assert psutil.pid_exists(child)
@@ -176,19 +178,7 @@ def test_the_child_dies_with_a_killed_parent(monkeypatch: pytest.MonkeyPatch, tm
 
 def test_ctrl_c_stops_the_child(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pid_file = _stand_in(tmp_path, monkeypatch)
-    src = str(ROOT / "src")
-    parent = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            # Ctrl-C as a terminal delivers it: a test run started in the background inherits SIGINT
-            # ignored, and Python then installs no KeyboardInterrupt handler in its children.
-            "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "from kvstudy.vllm.kv_specs import _run_child; _run_child({}, module='stand_in_child')",
-        ],
-        env=os.environ | {"PYTHONPATH": src + os.pathsep + os.environ["PYTHONPATH"]},
-        stderr=subprocess.PIPE,
-    )
+    parent = _parent(stderr=subprocess.PIPE)
     try:
         child = _wait_for(pid_file)
         parent.send_signal(signal.SIGINT)
