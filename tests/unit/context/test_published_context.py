@@ -6,13 +6,9 @@ import pytest
 
 from kvstudy.context.published import (
     derive_all,
-    implied_kv_bandwidth_gb_s,
     load_published,
-    runtime_reduction_pct,
     slope_figures,
-    throughput_checks,
 )
-from kvstudy.errors import StudyError
 
 
 def test_file_is_labelled_published_and_names_the_text() -> None:
@@ -50,21 +46,3 @@ def test_ratio_only_figures_give_the_cost_in_tokens_of_slope() -> None:
     assert b200.fixed_cost_bf16_slope_tokens == pytest.approx(0.46 * 4000)  # 1,840 tokens
     oss = der["gpt-oss-20b-skip-sw"]
     assert oss.slope_reduction_pct == pytest.approx(29) and oss.fixed_cost_bf16_slope_tokens is None
-
-
-def test_throughput_and_runtime_agree() -> None:
-    checks = {c.model: c for c in throughput_checks()}
-    llama = checks["meta-llama/Llama-3.1-8B"]
-    assert llama.implied_runtime_reduction_pct == pytest.approx(12.97, abs=0.01)
-    assert llama.consistent is True
-    oss = checks["openai/gpt-oss-20b"]
-    assert oss.implied_runtime_reduction_pct == pytest.approx(4.58, abs=0.01) and oss.consistent is None
-    with pytest.raises(StudyError):
-        runtime_reduction_pct(-100)
-
-
-def test_implied_bandwidth_of_the_h100_slope() -> None:
-    # 131,072 B/token (Llama-3.1-8B BF16) / 4.37e-08 s per token = 2,999 GB/s
-    assert implied_kv_bandwidth_gb_s(4.37e-05, 131072) == pytest.approx(2999.4, abs=0.1)
-    with pytest.raises(StudyError):
-        implied_kv_bandwidth_gb_s(0, 131072)

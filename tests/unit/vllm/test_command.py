@@ -11,11 +11,11 @@ import pytest
 from kvstudy.errors import StudyError
 from kvstudy.redact import scrub_file
 from kvstudy.run_record import build_record
+from kvstudy.vllm.arguments import check_server_args
 from kvstudy.vllm.command import (
     ServerConfig,
     backend_uses_env_var,
     build_command,
-    check_extra_args,
     log_secrets,
     server_environment,
 )
@@ -111,7 +111,7 @@ def test_host_and_port_are_refused_in_any_spelling(args: list[str]) -> None:
 
 def test_other_arguments_pass() -> None:
     args = ["--block-size", "16", "--enforce-eager", "--max_model_len=64", "--seed", "-1"]
-    assert check_extra_args(args) == args
+    assert check_server_args(args, "extra_args") == args
 
 
 def test_record_holds_no_planted_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

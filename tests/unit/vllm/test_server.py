@@ -123,7 +123,9 @@ def test_a_server_that_answers_401_fails_at_once(tmp_path: Path, monkeypatch: py
     import time
 
     model = _fake_vllm(tmp_path, monkeypatch)
-    monkeypatch.setattr("kvstudy.vllm.server.check_extra_args", lambda args: args)  # the fake's own option table
+    monkeypatch.setattr(
+        "kvstudy.vllm.server.check_server_args", lambda args, where: args
+    )  # the fake's own option table
     began = time.monotonic()
     server = VllmServer(ServerConfig(model=str(model), extra_args=["--api-key", "k-789"]), tmp_path / "c.log", 600)
     with pytest.raises(EngineStartError, match="answered /v1/models with 401: it requires an API key"):
