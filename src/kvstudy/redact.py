@@ -30,17 +30,7 @@ from typing import IO, Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import MAX_LOG_BYTES, write_json_atomic, write_text_atomic
-from kvstudy.secret_shapes import (  # noqa: F401 (the patterns are part of this module's interface)
-    AUTH_HEADER,
-    QUERY_SECRET,
-    REDACTED,
-    SECRET_NAME,
-    SECRET_VALUE,
-    TOKEN_VALUE,
-    URL_PASSWORD,
-    is_secret_name,
-    redact_shapes,
-)
+from kvstudy.secret_shapes import REDACTED, SECRET_VALUE, is_secret_name, redact_shapes
 
 # NAME=value, NAME: value, --name value, --name=value, where NAME names a secret.
 _ASSIGN = re.compile(
@@ -169,10 +159,7 @@ def secret_values(env: Mapping[str, Any] | None = None) -> list[str]:
 def scrub(text: str, values: list[str] | None = None) -> str:
     """``redact_text(text)`` and then every literal secret value of ``values`` (default: the secret
     environment of this process) replaced."""
-    text = redact_text(text)
-    for value in secret_values() if values is None else values:
-        text = text.replace(value, REDACTED)
-    return text
+    return scrub_report(redact_text(text), values)
 
 
 def scrub_file(path: Path, values: list[str] | None = None, limit: int = MAX_LOG_BYTES) -> None:

@@ -21,7 +21,7 @@ even when the dtype explains it.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,7 +52,7 @@ VERSION_PACKAGES = (
     "kvstudy",
 )
 
-# Fields the guard compares: (section, key, relative tolerance or None for exact).
+# Fields the guard compares, by section.
 ASKED_FIELDS = (
     "model",
     "kv_cache_dtype",
@@ -69,23 +69,24 @@ ASKED_FIELDS = (
     "env",
     "extra_args",
 )
-RESOLVED_FIELDS: tuple[tuple[str, float | None], ...] = (
-    ("version", None),
-    ("device", None),
-    ("attention_backend", None),
-    ("attention_candidates", None),
-    ("attention_backend_forced", None),
-    ("kv_cache_dtype", None),
-    ("kv_cache_dtype_config", None),
-    ("kv_scale_warning", None),
-    ("max_model_len", None),
-    ("quantization", None),
-    ("block_size", None),
-    ("kv_memory_bytes", None),
-    ("available_kv_memory_gib", 0.01),
-    ("model_load_gib", 0.02),
-    ("failed", None),
+RESOLVED_FIELDS = (
+    "version",
+    "device",
+    "attention_backend",
+    "attention_candidates",
+    "attention_backend_forced",
+    "kv_cache_dtype",
+    "kv_cache_dtype_config",
+    "kv_scale_warning",
+    "max_model_len",
+    "quantization",
+    "block_size",
+    "kv_memory_bytes",
+    "available_kv_memory_gib",
+    "model_load_gib",
+    "failed",
 )
+TOLERANCES = {"available_kv_memory_gib": 0.01, "model_load_gib": 0.02}  # relative; every other field exact
 DERIVED_FIELDS = ("pool_tokens", "max_concurrency", "max_concurrency_len", "block_override")
 MODEL_FIELDS = (
     "config_sha256",
@@ -309,35 +310,20 @@ def ab_guard(a: dict[str, Any], b: dict[str, Any], intended: Sequence[str] = ("k
     matches a full name or its last part. See the module text for how derived pool figures count.
     """
     diffs: list[Difference] = []
-    asked_a, asked_b = _section(a, "asked").get("config", {}), _section(b, "asked").get("config", {})
-    for key in ASKED_FIELDS:
-        if _differs(asked_a.get(key), asked_b.get(key), None) and not _intended(f"asked.{key}", intended):
-            diffs.append(Difference(f"asked.{key}", asked_a.get(key), asked_b.get(key)))
+
+    def compare(section: str, x: dict[str, Any], y: dict[str, Any], keys: Iterable[str], note: str = "") -> None:
+        for key in keys:
+            if _differs(x.get(key), y.get(key), TOLERANCES.get(key)) and not _intended(f"{section}.{key}", intended):
+                diffs.append(Difference(f"{section}.{key}", x.get(key), y.get(key), note))
+
+    compare("asked", _section(a, "asked").get("config", {}), _section(b, "asked").get("config", {}), ASKED_FIELDS)
     ra, rb = _section(a, "resolved"), _section(b, "resolved")
-    for key, tolerance in RESOLVED_FIELDS:
-        if _differs(ra.get(key), rb.get(key), tolerance) and not _intended(f"resolved.{key}", intended):
-            diffs.append(Difference(f"resolved.{key}", ra.get(key), rb.get(key)))
-    explained = _derived_explained(a, b) and any(_intended(f"resolved.{k}", intended) for k in ("kv_cache_dtype",))
-    for key in DERIVED_FIELDS:
-        if _differs(ra.get(key), rb.get(key), None) and not _intended(f"resolved.{key}", intended) and not explained:
-            diffs.append(
-                Difference(
-                    f"resolved.{key}",
-                    ra.get(key),
-                    rb.get(key),
-                    "not explained by the KV dtype alone: KV memory differs or a pool is off its prediction",
-                )
-            )
-    ma, mb = a.get("model") or {}, b.get("model") or {}
-    for key in MODEL_FIELDS:
-        if _differs(ma.get(key), mb.get(key), None) and not _intended(f"model.{key}", intended):
-            diffs.append(Difference(f"model.{key}", ma.get(key), mb.get(key)))
-    ha, hb = a.get("hardware") or {}, b.get("hardware") or {}
-    for key in HARDWARE_FIELDS:
-        if _differs(ha.get(key), hb.get(key), None) and not _intended(f"hardware.{key}", intended):
-            diffs.append(Difference(f"hardware.{key}", ha.get(key), hb.get(key)))
+    compare("resolved", ra, rb, RESOLVED_FIELDS)
+    if not (_derived_explained(a, b) and _intended("resolved.kv_cache_dtype", intended)):
+        note = "not explained by the KV dtype alone: KV memory differs or a pool is off its prediction"
+        compare("resolved", ra, rb, DERIVED_FIELDS, note)
+    for name, fields in (("model", MODEL_FIELDS), ("hardware", HARDWARE_FIELDS)):
+        compare(name, a.get(name) or {}, b.get(name) or {}, fields)
     va, vb = a.get("versions") or {}, b.get("versions") or {}
-    for key in sorted(set(va) | set(vb)):
-        if key != "kvstudy" and va.get(key) != vb.get(key) and not _intended(f"versions.{key}", intended):
-            diffs.append(Difference(f"versions.{key}", va.get(key), vb.get(key)))
+    compare("versions", va, vb, (k for k in sorted(set(va) | set(vb)) if k != "kvstudy"))
     return diffs

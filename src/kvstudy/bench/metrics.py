@@ -44,6 +44,9 @@ class CellMetrics:
     p99_e2el_ms: float
 
 
+STATS = ("mean", "median", "p99")
+
+
 def _stats(values: Sequence[float]) -> tuple[float, float, float]:
     arr = np.asarray(values if len(values) else [0.0], dtype=float)
     return float(np.mean(arr)), float(np.median(arr)), float(np.percentile(arr, 99))
@@ -54,10 +57,12 @@ def calculate_metrics(records: Sequence[RequestRecord], duration_s: float) -> Ce
     if duration_s <= 0:
         raise StudyError(f"duration_s: must be positive, got {duration_s}")
     ok = [r for r in records if r.success]
-    ttft = _stats([r.ttft_ms for r in ok])
-    tpot = _stats([r.tpot_ms for r in ok if r.tpot_ms is not None])
-    itl = _stats([x for r in ok for x in r.itls_ms])
-    e2el = _stats([r.e2el_ms for r in ok])
+    samples = {
+        "ttft": [r.ttft_ms for r in ok],
+        "tpot": [r.tpot_ms for r in ok if r.tpot_ms is not None],
+        "itl": [x for r in ok for x in r.itls_ms],
+        "e2el": [r.e2el_ms for r in ok],
+    }
     out_tokens = sum(r.output_len for r in ok)
     return CellMetrics(
         completed=len(ok),
@@ -67,18 +72,9 @@ def calculate_metrics(records: Sequence[RequestRecord], duration_s: float) -> Ce
         total_output_tokens=out_tokens,
         request_throughput_req_s=len(ok) / duration_s,
         output_throughput_tok_s=out_tokens / duration_s,
-        mean_ttft_ms=ttft[0],
-        median_ttft_ms=ttft[1],
-        p99_ttft_ms=ttft[2],
-        mean_tpot_ms=tpot[0],
-        median_tpot_ms=tpot[1],
-        p99_tpot_ms=tpot[2],
-        mean_itl_ms=itl[0],
-        median_itl_ms=itl[1],
-        p99_itl_ms=itl[2],
-        mean_e2el_ms=e2el[0],
-        median_e2el_ms=e2el[1],
-        p99_e2el_ms=e2el[2],
+        **{
+            f"{stat}_{name}_ms": value for name, values in samples.items() for stat, value in zip(STATS, _stats(values))
+        },
     )
 
 
@@ -95,6 +91,6 @@ def metrics_reported_by_vllm(result: dict[str, Any]) -> dict[str, float | None]:
     }
     out: dict[str, float | None] = {ours: result.get(theirs) for theirs, ours in names.items()}
     for metric in PERCENTILE_METRICS.split(","):
-        for stat in ("mean", "median", "p99"):
+        for stat in STATS:
             out[f"{stat}_{metric}_ms"] = result.get(f"{stat}_{metric}_ms")
     return out

@@ -23,7 +23,6 @@ from kvstudy.model.layout import ModelLayout, load_layout
 from kvstudy.model.roofline import max_fp8_gain_pct, predicted_slope_ms_per_token
 
 PUBLISHED = "published (seed 003)"
-PREDICTED = "predicted (roofline)"
 DERIVED = "derived from published figures"
 MEASURED = "measured (live capture)"
 
@@ -100,74 +99,23 @@ def published_vs_roofline(
         bw = find_gpu(where.gpu or assumed_gpu).bandwidth_gb_s
         pb = predicted_slope_ms_per_token(where.model_dir, "bfloat16", bw, bandwidth_factor)
         pc = predicted_slope_ms_per_token(where.model_dir, "fp8", bw, bandwidth_factor, skip_layers=skip)
-        note = where.assumed
+        peak = f"at {where.gpu} peak x {bandwidth_factor:g}"
+
+        def add(quantity: str, published: float | None, roofline: float, basis: str, origin: str = PUBLISHED) -> None:
+            rows.append(RooflineRow(fig.id, quantity, published, roofline, where.assumed, basis, origin))  # noqa: B023
+
         if fig.slope_baseline_ms_per_token is not None:
-            rows.append(
-                RooflineRow(
-                    fig.id,
-                    BF16_SLOPE,
-                    fig.slope_baseline_ms_per_token,
-                    pb,
-                    note,
-                    f"at {where.gpu} peak x {bandwidth_factor:g}",
-                )
-            )
-            rows.append(
-                RooflineRow(
-                    fig.id,
-                    FP8_SLOPE,
-                    fig.slope_candidate_ms_per_token,
-                    pc,
-                    note,
-                    f"at {where.gpu} peak x {bandwidth_factor:g}",
-                )
-            )
-        rows.append(
-            RooflineRow(
-                fig.id,
-                SLOPE_RATIO,
-                der.slope_ratio,
-                pc / pb,
-                note,
-                "KV bytes per token halved" + (" in full-attention layers" if skip else ""),
-                published_origin=PUBLISHED if der.ratio_source == "printed ratio" else f"{DERIVED} (absolute slopes)",
-            )
-        )
+            add(BF16_SLOPE, fig.slope_baseline_ms_per_token, pb, peak)
+            add(FP8_SLOPE, fig.slope_candidate_ms_per_token, pc, peak)
+        basis = "KV bytes per token halved" + (" in full-attention layers" if skip else "")
+        absolute = der.ratio_source != "printed ratio"
+        add(SLOPE_RATIO, der.slope_ratio, pc / pb, basis, f"{DERIVED} (absolute slopes)" if absolute else PUBLISHED)
         if fig.break_even_tokens is not None:
-            rows.append(
-                RooflineRow(
-                    fig.id,
-                    BREAK_EVEN,
-                    float(fig.break_even_tokens),
-                    0.0,
-                    note,
-                    "no fixed FP8 cost in the roofline: FP8 is never slower",
-                )
-            )
+            add(BREAK_EVEN, float(fig.break_even_tokens), 0.0, "no fixed FP8 cost in the roofline: FP8 is never slower")
         if der.fixed_cost_ms is not None:
-            rows.append(
-                RooflineRow(
-                    fig.id,
-                    FIXED_COST_MS,
-                    der.fixed_cost_ms,
-                    0.0,
-                    note,
-                    "slope difference x break-even length",
-                    published_origin=DERIVED,
-                )
-            )
+            add(FIXED_COST_MS, der.fixed_cost_ms, 0.0, "slope difference x break-even length", DERIVED)
         elif der.fixed_cost_bf16_slope_tokens is not None:
-            rows.append(
-                RooflineRow(
-                    fig.id,
-                    FIXED_COST_TOKENS,
-                    der.fixed_cost_bf16_slope_tokens,
-                    0.0,
-                    note,
-                    "(1 - ratio) x break-even length",
-                    published_origin=DERIVED,
-                )
-            )
+            add(FIXED_COST_TOKENS, der.fixed_cost_bf16_slope_tokens, 0.0, "(1 - ratio) x break-even length", DERIVED)
     data = load_published(path)
     for item in data["throughput_under_load"]:
         skip = "sliding_window" if "sliding_window" in item["candidate"] else None

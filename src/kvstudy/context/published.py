@@ -65,8 +65,9 @@ def load_published(path: str | Path | None = None) -> dict[str, Any]:
     data = read_json(where)
     if not isinstance(data, dict) or data.get("source") != "published":
         raise StudyError(f'{where}: expected an object with "source": "published"')
-    if not isinstance(data.get("itl_slopes"), list):
-        raise StudyError(f"{where}: field 'itl_slopes' must be a list")
+    for key in ("itl_slopes", "throughput_under_load"):
+        if not isinstance(data.get(key), list):
+            raise StudyError(f"{where}: field '{key}' must be a list")
     return data
 
 

@@ -349,7 +349,3 @@ class VllmServer:
             self._log_copy.join(timeout=LOG_COPY_JOIN_S)
         self.pid_path.unlink(missing_ok=True)
         scrub_file(self.log_path, log_secrets(self.config))
-
-    # ---- records --------------------------------------------------------------------------
-    def startup_info(self) -> StartupInfo:
-        return parse_startup_log(self.log_path)
