@@ -18,7 +18,6 @@ from kvstudy.errors import StudyError
 from kvstudy.io import REPO_ROOT, read_json
 
 DEFAULT_CATALOG = REPO_ROOT / "data" / "gpus" / "catalog.json"
-MIB = 2**20
 
 _REQUIRED: dict[str, type | tuple[type, ...]] = {
     "name": str,
@@ -61,16 +60,6 @@ class GpuSpec:
     fp8_kv_note: str  # what vLLM does with --kv-cache-dtype fp8 on this GPU
     source: str
 
-    @property
-    def memory_bytes(self) -> int:
-        """The driver's total in bytes."""
-        return self.memory_mib_driver * MIB
-
-    @property
-    def bandwidth_bytes_s(self) -> float:
-        """Peak bandwidth in bytes per second."""
-        return self.bandwidth_gb_s * 1e9
-
     def to_dict(self) -> dict[str, Any]:
         """Fields as a JSON-ready dict (aliases as a list)."""
         out = asdict(self)
@@ -97,25 +86,15 @@ def _spec_from_entry(entry: Any, where: str) -> GpuSpec:
     cuda_total = entry.get("cuda_total_bytes")
     if cuda_total is not None and (not isinstance(cuda_total, int) or cuda_total <= 0):
         raise StudyError(f"{label}: field 'cuda_total_bytes' is {cuda_total!r} (expected a positive integer or null)")
-    return GpuSpec(
-        name=entry["name"],
-        vendor=entry["vendor"],
-        architecture=entry["architecture"],
-        compute_capability=entry["compute_capability"],
+    fields = {key: entry[key] for key in _REQUIRED}
+    fields.update(
         aliases=tuple(str(a) for a in entry["aliases"]),
-        memory_type=entry["memory_type"],
         memory_marketing_gb=float(entry["memory_marketing_gb"]),
-        memory_mib_driver=entry["memory_mib_driver"],
-        memory_gib=entry["memory_mib_driver"] / 1024,
-        memory_confirmed=entry["memory_confirmed"],
-        cuda_total_bytes=cuda_total,
         bandwidth_gb_s=float(entry["bandwidth_gb_s"]),
-        bandwidth_confirmed=entry["bandwidth_confirmed"],
-        fp8_hardware=entry["fp8_hardware"],
-        fp4_hardware=entry["fp4_hardware"],
-        fp8_kv_note=entry["fp8_kv_note"],
-        source=entry["source"],
+        memory_gib=entry["memory_mib_driver"] / 1024,
+        cuda_total_bytes=cuda_total,
     )
+    return GpuSpec(**fields)
 
 
 def load_catalog(path: str | Path | None = None) -> dict[str, GpuSpec]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -59,19 +58,6 @@ class LineFit:
     def resolved(self) -> bool:
         """The slope's interval excludes 0."""
         return self.slope_ci[0] > 0 or self.slope_ci[1] < 0
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "arm": self.arm,
-            "runs": self.runs,
-            "points": self.points,
-            "lengths": f"{min(self.lengths)}..{max(self.lengths)}",
-            "intercept_ms": self.intercept_ms,
-            "intercept_ci": self.intercept_ci,
-            "slope_ms_per_token": self.slope_ms_per_token,
-            "slope_ci": self.slope_ci,
-            "slope_resolved": self.resolved,
-        }
 
 
 @dataclass(frozen=True)
