@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -40,10 +37,8 @@ from kvstudy.io import REPO_ROOT, read_json_object
 from kvstudy.machine import vllm_distribution
 from kvstudy.redact import check_env_mapping
 from kvstudy.vllm.facts import NETWORK_ENV, NETWORK_OPTIONS, SERVE_OPTIONS_SNAPSHOT
-from kvstudy.vllm.kv_specs import oracle_disabled
+from kvstudy.vllm.kv_specs import MARKER, _run_child, oracle_disabled
 
-MARKER = "KVSTUDY-OPTIONS "
-CHILD_TIMEOUT_S = 300.0
 MAX_SERVER_ARGS = 512  # arguments one spec may add to a server's command line
 MAX_ARG_CHARS = 65_536  # characters of one argument (JSON configs included)
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's rule: such a token is a value
@@ -202,22 +197,10 @@ def option_table() -> OptionTable:
 
 
 def _read_child() -> OptionTable | None:
-    src = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_LOGGING_LEVEL="ERROR", VLLM_CONFIGURE_LOGGING="0")
-    code = "from kvstudy.vllm.arguments import child; child()"
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env
-        )
-    except subprocess.TimeoutExpired:
+    data = _run_child({}, module="kvstudy.vllm.arguments")
+    if "__error__" in data:
         return None
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(MARKER):
-            data = json.loads(line[len(MARKER) :])
-            return table_from_dict(data, "vLLM's serve parser", f"{data.get('vllm')}'s options, read from vLLM")
-    return None
+    return table_from_dict(data, "vLLM's serve parser", f"{data.get('vllm')}'s options, read from vLLM")
 
 
 def child() -> None:
