@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -342,19 +342,26 @@ def _strict_float(text: str) -> Any:
 
 def _check_numbers(data: Any, where: str) -> None:
     """A StudyError naming the first field (``a.b[2]``) holding a number a ``finite`` read refuses."""
-    stack: list[tuple[Any, str]] = [(data, "")]
-    while stack:
-        item, at = stack.pop()
+    for item, at in leaves(data):
         if isinstance(item, _BadNumber):
             text = item.text if len(item.text) <= 20 else f"a number of {len(item.text)} characters"
             raise StudyError(
                 f"{where}: field {at or '(top level)'}: {text} is not a number this file holds "
                 f"(expected a finite number of at most {MAX_NUMBER_DIGITS} digits)"
             )
+
+
+def leaves(data: Any) -> Iterator[tuple[Any, str]]:
+    """Every value of a parsed JSON tree that is not a mapping or a list, with its path (``a.b[2]``)."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        item, at = stack.pop()
         if isinstance(item, dict):
             stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in item.items())
         elif isinstance(item, list):
             stack.extend((v, f"{at}[{i}]") for i, v in enumerate(item))
+        else:
+            yield item, at
 
 
 def parse_json_text(text: str | bytes, where: str, *, finite: bool = False) -> Any:
@@ -364,10 +371,7 @@ def parse_json_text(text: str | bytes, where: str, *, finite: bool = False) -> A
     float that overflows or a number of more than ``MAX_NUMBER_DIGITS`` digits can only be
     tampering; the error names the field. (Off by default: real Hub configs hold ``Infinity``.)"""
     if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise StudyError(f"{where}: not UTF-8 text (byte {exc.start})") from None
+        text = decode_text(text, where)
     check_nesting(text, where)
     hooks: dict[str, Any] = (
         {"parse_int": _strict_int, "parse_float": _strict_float, "parse_constant": _BadNumber} if finite else {}
@@ -445,7 +449,6 @@ def read_yaml(path: str | Path, limit: int = MAX_INPUT_BYTES) -> Any:
 
 _MISSING: Any = object()
 _TYPE_NAMES = {
-    bool: "true/false",
     int: "an integer",
     float: "a number",
     str: "a string",
@@ -457,16 +460,7 @@ _TYPE_NAMES = {
 
 def type_name(value: Any) -> str:
     """A user-facing name of ``value``'s JSON/YAML type."""
-    if value is None:
-        return "null"
-    return {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "a mapping",
-    }.get(type(value), type(value).__name__)
+    return {**_TYPE_NAMES, bool: "a boolean"}.get(type(value), type(value).__name__)
 
 
 def get_field(data: Any, field_path: str, kind: type | tuple[type, ...], where: str, default: Any = _MISSING) -> Any:
@@ -488,7 +482,8 @@ def get_field(data: Any, field_path: str, kind: type | tuple[type, ...], where: 
         kinds = (*kinds, int)
     ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
     if not ok:
-        expected = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in (kind if isinstance(kind, tuple) else (kind,)))
+        names = {**_TYPE_NAMES, bool: "true/false"}
+        expected = " or ".join(names.get(k, k.__name__) for k in (kind if isinstance(kind, tuple) else (kind,)))
         raise StudyError(f"{where}: {field_path}: expected {expected}, got {type_name(value)} {_short(value)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise StudyError(f"{where}: {field_path}: expected a finite number, got {value!r}")

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from kvstudy.errors import StudyError
-from kvstudy.io import bounded_float, bounded_int
+from kvstudy.io import bounded_float, bounded_int, leaves
 
 MAX_TOKENS = 10_000_000  # a length in tokens (context, input, output, max_model_len): above any model's
 MAX_USERS = 100_000  # concurrent requests of one benchmark cell
@@ -82,14 +82,8 @@ def check_numbers(data: Any, where: str, largest: float = MAX_FILE_NUMBER) -> No
     """Every number in a parsed JSON tree finite and within +-``largest``; else one line naming the
     first offending key's path (a 400-digit ``head_dim`` or ``1e999`` is refused here, before any
     arithmetic turns it into an OverflowError)."""
-    stack: list[tuple[Any, str]] = [(data, "")]
-    while stack:
-        value, path = stack.pop()
-        if isinstance(value, dict):
-            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in value.items())
-        elif isinstance(value, list):
-            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+    for value, path in leaves(data):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         elif isinstance(value, float) and not math.isfinite(value):
             raise StudyError(f"{where}: {path[:120] or 'the value'} is {value!r}, expected a finite number")
