@@ -67,10 +67,6 @@ class ContextAnalysis:
     baseline: str | None
 
 
-def _dtype(spec: ContextSweepSpec, arm: str) -> str:
-    return spec.arm(arm).kv_cache_dtype
-
-
 def analyse_capture(capture: str | Path, n_boot: int = DEFAULT_BOOT, seed: int = 0) -> ContextAnalysis:
     """Read, check and fit a capture made by ``kvstudy.context.sweep`` (complete or not)."""
     capture = Path(capture)

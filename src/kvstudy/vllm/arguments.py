@@ -37,7 +37,7 @@ from kvstudy.io import REPO_ROOT, read_json_object
 from kvstudy.machine import vllm_distribution
 from kvstudy.redact import check_env_mapping
 from kvstudy.vllm.facts import NETWORK_ENV, NETWORK_OPTIONS, SERVE_OPTIONS_SNAPSHOT
-from kvstudy.vllm.kv_specs import MARKER, _run_child, oracle_disabled
+from kvstudy.vllm.kv_specs import MARKER, oracle_disabled, run_child
 
 MAX_SERVER_ARGS = 512  # arguments one spec may add to a server's command line
 MAX_ARG_CHARS = 65_536  # characters of one argument (JSON configs included)
@@ -197,7 +197,7 @@ def option_table() -> OptionTable:
 
 
 def _read_child() -> OptionTable | None:
-    data = _run_child({}, module="kvstudy.vllm.arguments")
+    data = run_child({}, module="kvstudy.vllm.arguments")
     if "__error__" in data:
         return None
     return table_from_dict(data, "vLLM's serve parser", f"{data.get('vllm')}'s options, read from vLLM")

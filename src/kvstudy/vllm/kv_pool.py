@@ -18,7 +18,7 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
-from kvstudy.vllm.kv_specs import MARKER, _one_line, _run_child, oracle_disabled
+from kvstudy.vllm.kv_specs import MARKER, _one_line, oracle_disabled, run_child
 
 SPEC_NAMES = ("full_attention", "sliding_attention", "chunked_local_attention", "mla", "linear_attention")
 STORED_DTYPES = ("bfloat16", "float16", "float32", "fp8")
@@ -45,7 +45,7 @@ def vllm_pools(
         "max_in_flight_tokens": int(max_in_flight_tokens),
         "mamba_cache_mode": mamba_cache_mode,
     }
-    answer = _run_child({"key": request}, module="kvstudy.vllm.kv_pool")
+    answer = run_child({"key": request}, module="kvstudy.vllm.kv_pool")
     if "__error__" in answer:
         return [{"ok": False, "error": answer["__error__"]} for _ in cases]
     answers: list[dict[str, Any]] = answer.get("key") or []

@@ -175,7 +175,7 @@ def read_specs(configs: list[tuple[str, dict[str, Any]]], tps: tuple[int, ...] =
                 clean["text_config"] = {k: v for k, v in clean["text_config"].items() if k != "quantization_config"}
             (folder / "config.json").write_text(json.dumps(clean))
             request.append({"key": key, "folder": str(folder)})
-        answers = _run_child({"models": request, "tps": list(tps)})
+        answers = run_child({"models": request, "tps": list(tps)})
     for key, _config, digest in todo:
         answer = answers.get(key) or {"ok": False, "error": answers.get("__error__", "no answer from the vLLM child")}
         if digest and "__error__" not in answers:  # a timeout or a crashed child is asked again next time
@@ -184,7 +184,7 @@ def read_specs(configs: list[tuple[str, dict[str, Any]]], tps: tuple[int, ...] =
     return out
 
 
-def _run_child(request: dict[str, Any], module: str = "kvstudy.vllm.kv_specs") -> dict[str, Any]:
+def run_child(request: dict[str, Any], module: str = "kvstudy.vllm.kv_specs") -> dict[str, Any]:
     """Run ``module.child`` in a fresh interpreter; {key: answer}, or {"__error__": one line}.
 
     The child is the leader of its own process group and asks the kernel to end it when its parent

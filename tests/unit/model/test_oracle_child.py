@@ -64,14 +64,14 @@ def test_answers_are_kept_on_disk_by_digest_and_version(monkeypatch: pytest.Monk
     monkeypatch.setenv("KVSTUDY_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(kv_specs, "oracle_disabled", lambda: None)
     monkeypatch.setattr(kv_specs, "_CACHE", {})
-    monkeypatch.setattr(kv_specs, "package_versions", lambda names: {"vllm": "9.9.9"})
+    monkeypatch.setattr(kv_specs, "vllm_distribution", lambda: ("vllm", "9.9.9"))
     calls: list[int] = []
 
     def child(request: dict[str, Any], module: str = "") -> dict[str, Any]:
         calls.append(len(request["models"]))
         return {m["key"]: {"ok": False, "error": "built"} for m in request["models"]}
 
-    monkeypatch.setattr(kv_specs, "_run_child", child)
+    monkeypatch.setattr(kv_specs, "run_child", child)
     config = json.loads((MODELS / "Qwen3-8B" / "config.json").read_text())
     first = kv_specs.read_specs([("a", config)], (1, 2))
     assert first["a"]["error"] == "built" and calls == [1]
@@ -81,12 +81,12 @@ def test_answers_are_kept_on_disk_by_digest_and_version(monkeypatch: pytest.Monk
     assert kv_specs.read_specs([("b", config)], (2, 1)) == {"b": first["a"]} and calls == [1]
     assert kv_specs.read_specs([("c", config | {"vocab_size": 1})], (1, 2))["c"]["error"] == "built"
     assert calls == [1, 1]
-    monkeypatch.setattr(kv_specs, "package_versions", lambda names: {"vllm": "9.9.10"})
+    monkeypatch.setattr(kv_specs, "vllm_distribution", lambda: ("vllm", "9.9.10"))
     kv_specs.read_specs([("d", config)], (1, 2))  # another vLLM version: asked again
     assert calls == [1, 1, 1]
     files[0].write_text("{torn")  # a torn file is asked again, not trusted
     monkeypatch.setattr(kv_specs, "_CACHE", {})
-    monkeypatch.setattr(kv_specs, "package_versions", lambda names: {"vllm": "9.9.9"})
+    monkeypatch.setattr(kv_specs, "vllm_distribution", lambda: ("vllm", "9.9.9"))
     kv_specs.read_specs([("e", config)], (1, 2))
     assert calls == [1, 1, 1, 1]
 
@@ -110,7 +110,7 @@ def test_vllm_is_never_asked_past_the_bounds(
     def child(request: dict[str, Any], module: str = "") -> dict[str, Any]:
         raise AssertionError("the child must not start")
 
-    monkeypatch.setattr(kv_specs, "_run_child", child)
+    monkeypatch.setattr(kv_specs, "run_child", child)
     config = json.loads((MODELS / "Qwen3-8B" / "config.json").read_text()) | change
     answer = kv_specs.read_specs([("m", config)], (1,))["m"]
     assert not answer["ok"] and said in answer["error"] and "\n" not in answer["error"]
@@ -144,18 +144,18 @@ def _wait_for(path: Path, within: float = 60.0) -> int:
 def test_a_timed_out_child_is_stopped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pid_file = _stand_in(tmp_path, monkeypatch)
     monkeypatch.setenv("KVSTUDY_VLLM_SPECS_TIMEOUT", "5")
-    answer = kv_specs._run_child({"models": []}, module="stand_in_child")
+    answer = kv_specs.run_child({"models": []}, module="stand_in_child")
     assert "timed out after 5 s" in answer["__error__"]
     assert _gone(_wait_for(pid_file, 1))
 
 
 def _parent(**popen: Any) -> subprocess.Popen[bytes]:
-    """A ``kvstudy`` process that runs the stand-in child through ``_run_child``, with Python's own
+    """A ``kvstudy`` process that runs the stand-in child through ``run_child``, with Python's own
     Ctrl-C handler: a test run started in the background inherits SIGINT ignored, and Python then
     installs no KeyboardInterrupt handler in its children (a terminal's Ctrl-C always reaches it)."""
     code = (
         "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "from kvstudy.vllm.kv_specs import _run_child; _run_child({}, module='stand_in_child')"
+        "from kvstudy.vllm.kv_specs import run_child; run_child({}, module='stand_in_child')"
     )
     src = str(ROOT / "src")
     env = os.environ | {"PYTHONPATH": src + os.pathsep + os.environ["PYTHONPATH"]}
