@@ -209,25 +209,27 @@ class TelemetrySampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def _read(self) -> ClockSample | None:
+        try:
+            return self.reader.read()
+        except Exception as exc:  # keep sampling; say what failed
+            if len(self.errors) < 10:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            return None
+
     def _loop(self) -> None:
         next_t = time.perf_counter()
         while not self._stop.is_set():
-            try:
-                self.samples.append(self.reader.read())
-            except Exception as exc:  # keep sampling; say what failed
-                if len(self.errors) < 10:
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
+            if (sample := self._read()) is not None:
+                self.samples.append(sample)
             next_t += self.interval_s
             self._stop.wait(max(0.0, next_t - time.perf_counter()))
 
     def mark(self, label: str) -> ClockSample | None:
         """Take one sample now, outside the timer, labelled ``label`` (the runner marks each bench
         window's start and end this way, so a window shorter than the interval still holds samples)."""
-        try:
-            sample = self.reader.read()
-        except Exception as exc:
-            if len(self.errors) < 10:
-                self.errors.append(f"{type(exc).__name__}: {exc}")
+        sample = self._read()
+        if sample is None:
             return None
         sample.mark = label
         self.samples.append(sample)

@@ -15,8 +15,6 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvstudy.errors import StudyError
-
 DEFAULT_ARRAY_MIB = 128  # per array; three arrays (384 MiB) are well above common last-level caches
 DEFAULT_REPEATS = 4
 
@@ -56,10 +54,6 @@ def measure_bandwidth(array_mib: int = DEFAULT_ARRAY_MIB, repeats: int = DEFAULT
     """Copy and triad bandwidth in GB/s over float64 arrays of ``array_mib`` MiB each (best of ``repeats``)."""
     import numpy as np
 
-    if isinstance(array_mib, bool) or not isinstance(array_mib, int) or array_mib < 1:
-        raise StudyError(f"array_mib {array_mib!r}: expected a positive integer of MiB")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise StudyError(f"repeats {repeats!r}: expected a positive integer")
     n = array_mib * 2**20 // 8
     a = np.full(n, 1.0)
     b = np.full(n, 2.0)
