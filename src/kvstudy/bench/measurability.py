@@ -1,22 +1,10 @@
 """Was per-token latency measured in a run? A check per run, before any TPOT enters a verdict.
 
-A run is the per-request records of one ``vllm bench serve --save-result --save-detailed`` result
-or of one cell of this project's sweeps (:func:`run_from_records`). Its TPOT is only a decode time when the client
-saw the tokens one decode step at a time. It is not when:
-
-* the tokens arrived in bursts: many inter-token gaps at network speed (under
-  :data:`NEAR_ZERO_GAP_S`), or far fewer streamed chunks than output tokens; then TPOT measures
-  how the stream was delivered (an issue of this project saw every gap at 0.00 ms: all 32 tokens
-  in one chunk after the first);
-* outputs were shorter than asked (the two arms no longer decode the same number of tokens);
-* requests failed (TPOT of the survivors is a biased sample);
-* no request produced two tokens (there is no TPOT at all);
-* the bench window was shorter than the clock sampling interval, or held no clock sample (the
-  clock beside the TPOT was not measured during the run).
-
-:func:`assess_run` returns a :class:`Measurability` record with the verdict, the reasons in words
-and the figures behind each. Per-request TPOT follows vLLM's definition: (latency - TTFT) / (output
-tokens - 1), over successful requests with more than one output token.
+A run's TPOT is a decode time only when the client saw the tokens one decode step at a time: not
+when they arrived in bursts (an issue of this project saw all 32 tokens in one chunk after the
+first), outputs were shorter than asked, requests failed, no request produced two tokens, or the
+clock beside it was not sampled during the bench window. :func:`assess_run` says which, with the
+figures behind each reason.
 """
 
 from __future__ import annotations
@@ -58,13 +46,8 @@ MIN_CLOCK_SAMPLES_IN_WINDOW = 1
 
 @dataclass(frozen=True)
 class RunRequests:
-    """The per-request timings of one run, in seconds, in the order the client sent them.
-
-    ``start_time_s`` is when the run started on a clock shared by the runs being compared (wall-clock
-    epoch seconds for vLLM result files); ``duration_s`` is the bench window; ``median_clock_mhz``
-    the median clock over that window, when recorded; ``expected_output_len`` the output length
-    asked for, when known.
-    """
+    """The per-request timings of one run, in seconds, in the order the client sent them
+    (``start_time_s`` on a clock the compared runs share; ``duration_s`` the bench window)."""
 
     name: str
     ttfts_s: tuple[float, ...]
@@ -154,11 +137,7 @@ def assess_run(
     clock_interval_s: float | None = None,
     clock_samples_in_window: int | None = None,
 ) -> Measurability:
-    """Decide whether ``run`` measured per-token latency.
-
-    ``expected_output_len`` overrides the run's own; ``clock_interval_s`` (the telemetry sampling
-    interval) and ``clock_samples_in_window`` are checked only when given.
-    """
+    """Decide whether ``run`` measured per-token latency (the clock figures are checked only when given)."""
     expected = expected_output_len if expected_output_len is not None else run.expected_output_len
     reasons: list[str] = []
     n = len(run.latencies_s)

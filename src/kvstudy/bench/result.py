@@ -8,11 +8,8 @@ metrics, and with ``--save-detailed`` per request ``input_lens``, ``output_lens`
 request), ``ttfts``, ``itls`` (gaps between streamed chunks, in s), ``latencies``, ``start_times``
 (``time.perf_counter()`` in the client) and ``errors`` ("" when the request succeeded).
 
-:func:`requests_from_result` is the one reader of those arrays: it checks every entry (a list of
-one per request, finite numbers >= 0, whole token counts, texts for the errors) and returns one
-:class:`RequestRecord` per request, in the order the client sent them. ``start_times`` and
-``input_lens`` are read when present: clients older than January 2026 (vLLM pull request 32667)
-did not save ``start_times``, and the comparison of result folders never needed either.
+:func:`requests_from_result` is the one reader of those arrays. ``start_times`` and ``input_lens``
+are optional: clients older than January 2026 (vLLM pull request 32667) did not save ``start_times``.
 """
 
 from __future__ import annotations
@@ -150,13 +147,8 @@ def _numbers(data: dict[str, Any], key: str, where: str, n: int, whole: bool = F
 def requests_from_result(
     data: dict[str, Any], where: str = "bench result", *, min_requests: int = 0
 ) -> list[RequestRecord]:
-    """Per-request records from vLLM's ``--save-detailed`` result object, every entry checked.
-
-    A request succeeded when it has no error text and at least one output token (vLLM's rule);
-    its TPOT is vLLM's (latency - TTFT) / (output tokens - 1), None with one token or a failure.
-    Raises StudyError naming ``where`` and the field for anything else than what vLLM writes, and
-    when fewer than ``min_requests`` requests were saved.
-    """
+    """Per-request records from vLLM's ``--save-detailed`` result object, every entry checked; a
+    request succeeded when it has no error text and at least one output token (vLLM's rule)."""
     absent = [k for k in DETAILED_ARRAYS if k not in data]
     if absent:
         raise StudyError(

@@ -16,13 +16,8 @@ One folder per sweep::
     requests/<cell>.jsonl              per-request records (TTFT, TPOT, ITLs, lengths, errors)
     bench/<cell>.json                  vLLM's saved result (per-request arrays)
 
-The loop is the one grid engine's (``kvstudy.bench.grid.run_grid``, the speed sweep's too); this
-module supplies the grid, the server config of a start and how one length runs. Files are written
-atomically; a re-run on the same folder runs only missing cells, and failed ones only with
-``retry_failed`` (the rule of every experiment, ``kvstudy.capture.needs_run``; earlier logs are kept
-as ``*.attemptN.log``). With ``max_servers`` one invocation starts at most that many servers, so a
-capture can be made in several short runs under the machine-wide lock. A capture made before
-the per-request rows moved out of ``cells/`` is upgraded by ``kvstudy capture upgrade``.
+The loop, the done rule and resuming are the grid engine's (``kvstudy.bench.grid.run_grid``); this
+module supplies the grid, a start's server config and how one length runs.
 """
 
 from __future__ import annotations
