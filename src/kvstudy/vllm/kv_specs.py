@@ -235,8 +235,7 @@ def _layer_record(name: str, spec: Any, module: Any) -> dict[str, Any]:
     """One layer's spec as plain JSON (the fields the capacity math reads)."""
     from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
 
-    found = re.search(r"layers\.(\d+)\.", name)
-    record: dict[str, Any] = {"name": name, "index": int(found.group(1)) if found else -1, "spec": type(spec).__name__}
+    record: dict[str, Any] = {"name": name, "index": _index(name), "spec": type(spec).__name__}
     if spec is None:
         record["spec"] = None
         return record
@@ -345,7 +344,7 @@ def _keep_model_state_dtypes() -> None:
 
 def _text_only(folder: str) -> str | None:
     """A multimodal config rewritten as its text model (``...ForCausalLM``), when vLLM has one."""
-    config = json.loads(Path(folder, "config.json").read_text())
+    config = read_json(Path(folder, "config.json"))
     text = config.get("text_config")
     archs = config.get("architectures") or []
     if not isinstance(text, dict) or not archs:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -118,13 +119,14 @@ def test_log_holds_only_scrubbed_lines_while_the_server_runs(fake_vllm: Path, tm
         assert leaks(on_disk) == [] and on_disk.count(REDACTED.encode()) >= 5
         assert b"raw \xff\xfe end\n" in on_disk  # bytes that are not UTF-8 pass unchanged
         assert b"partial" not in on_disk  # a line without its end waits (it may go on with a secret)
-        assert server._log_copy is not None and server._log_copy.daemon  # never keeps the interpreter alive
+        copy = next(t for t in threading.enumerate() if t.name == f"kvstudy-log-{server.pid}")
+        assert copy.daemon  # never keeps the interpreter alive
     finally:
         server.stop()
     after = log.read_bytes()
     assert leaks(after) == [] and after.startswith(on_disk)
     assert after.endswith(f"partial ['--api-key', '{REDACTED}']".encode())  # the last line, at end of file
-    assert not server._log_copy.is_alive()
+    assert not copy.is_alive()
 
 
 def test_sigkill_of_the_parent_leaves_no_secret_on_disk(fake_vllm: Path, tmp_path: Path) -> None:
