@@ -130,13 +130,9 @@ def _block_size(config: "ServerConfig", device: str | None) -> int:
 
 def kv_memory(config: "ServerConfig", info: StartupInfo) -> tuple[int | None, str]:
     """The KV memory the pool was built from, in bytes, and where that figure comes from."""
-    if info.device == "cpu":
-        if config.cpu_kvcache_space_gib is not None:
-            return int(config.cpu_kvcache_space_gib * GIB), "VLLM_CPU_KVCACHE_SPACE (asked)"
-        if info.available_kv_memory_gib is not None:
-            return int(info.available_kv_memory_gib * GIB), "log (rounded to 0.01 GiB)"
-        return None, "unknown"
-    if config.kv_cache_memory_bytes is not None:
+    if info.device == "cpu" and config.cpu_kvcache_space_gib is not None:
+        return int(config.cpu_kvcache_space_gib * GIB), "VLLM_CPU_KVCACHE_SPACE (asked)"
+    if info.device != "cpu" and config.kv_cache_memory_bytes is not None:
         return int(config.kv_cache_memory_bytes), "--kv-cache-memory-bytes (asked)"
     if info.available_kv_memory_gib is not None:
         return int(info.available_kv_memory_gib * GIB), "log (rounded to 0.01 GiB)"
@@ -303,12 +299,8 @@ def _derived_explained(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def ab_guard(a: dict[str, Any], b: dict[str, Any], intended: Sequence[str] = ("kv_cache_dtype",)) -> list[Difference]:
-    """Every resolved difference between records ``a`` and ``b`` besides the ``intended`` ones.
-
-    An empty list means the two runs differ only in what was meant to change. Field names are
-    dotted (``asked.attention_backend``, ``resolved.version``, ``model.has_scales``); ``intended``
-    matches a full name or its last part. See the module text for how derived pool figures count.
-    """
+    """Every resolved difference between records ``a`` and ``b`` besides the ``intended`` ones (a full
+    dotted name such as ``resolved.version``, or its last part); empty when only those differ."""
     diffs: list[Difference] = []
 
     def compare(section: str, x: dict[str, Any], y: dict[str, Any], keys: Iterable[str], note: str = "") -> None:

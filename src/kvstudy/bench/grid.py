@@ -218,13 +218,8 @@ class GridCapture:
 
 
 def read_capture(path: str | Path, kind: str | None = None, keys: Sequence[str] = ()) -> GridCapture:
-    """Every cell and server start of a grid capture, each file read once through ``kvstudy.io``.
-
-    A torn ``cells/<cell>.json`` is a cell not run (it runs again, :func:`cell_record`); a cell that
-    keeps its per-request rows inline (before ``requests/<cell>.jsonl``) is refused with the command
-    that upgrades it, and an ok cell without per-request records is refused; anything else that is
-    not what the engine writes is one line naming the file and the field (``kind``: the manifest's;
-    ``keys``: fields every cell record must hold)."""
+    """Every cell and server start of a grid capture, each file read once through ``kvstudy.io``; a torn
+    cell record is a cell not run, anything else the engine does not write is one line naming it."""
     path = Path(path)
     manifest = capture_format.read_manifest(path, kind)
     cells: dict[str, CapturedCell] = {}

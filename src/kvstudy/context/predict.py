@@ -179,16 +179,9 @@ def measured_vs_predicted(
     cache_bytes: int | None = None,
     cache_origin: str = "",
 ) -> list[SlopeRow]:
-    """Per arm: the fitted slope with its interval (measured) beside the roofline's from ``bandwidth_gb_s``.
-
-    ``arms`` maps arm name -> KV dtype; ``fits`` arm -> LineFit (kvstudy.context.fit); an arm without a
-    fit says why (``not_measured``). The bandwidth factor is 1: a measured bandwidth is already achievable.
-
-    A memory-bandwidth roofline describes KV reads only when they come from memory: where the arm's KV
-    at the ``longest`` length is not well beyond the device's last-level cache (``cache_bytes``, at
-    least :data:`CACHE_MARGIN` times it) the comparison is marked as not applicable and makes no claim;
-    where the cache size is unknown, the comparison says so.
-    """
+    """Per arm (name -> KV dtype): the fitted slope beside the roofline's from ``bandwidth_gb_s`` (factor 1:
+    a measured bandwidth is already achievable). A DRAM roofline describes KV reads only when they come
+    from memory, so where the KV at ``longest`` is not well beyond the last-level cache it makes no claim."""
     layout = load_layout(model)  # read once: every arm's prediction and KV size come from it
     rows = []
     for arm, dtype in arms.items():

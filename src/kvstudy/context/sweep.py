@@ -142,6 +142,10 @@ def _run_cell(spec: ContextSweepSpec, capture: Path, cell: LengthCell, server: A
     cid = cell.id
     started, t0 = now_utc(), time.monotonic()
     tokenizer = spec.model if Path(spec.model).is_dir() else None
+
+    def record(status: str, **extra: Any) -> dict[str, Any]:
+        return _cell_record(spec, cell, status, **extra, started_utc=started, seconds=time.monotonic() - t0)
+
     try:
         result = run_bench(
             spec.bench_settings(cell.input_len, cell.seed),
@@ -152,30 +156,14 @@ def _run_cell(spec: ContextSweepSpec, capture: Path, cell: LengthCell, server: A
             timeout_s=spec.bench_timeout_s,
         )
     except BenchError as exc:
-        return _cell_record(
-            spec,
-            cell,
-            "failed",
-            reason=str(exc),
-            log_tail=exc.log_tail,
-            started_utc=started,
-            seconds=time.monotonic() - t0,
-        )
+        return record("failed", reason=str(exc), log_tail=exc.log_tail)
     write_record(capture / "bench" / f"{cid}.json", result)
     records = requests_from_result(result, where=f"bench/{cid}.json")
     write_requests(capture, cid, records)
     failed = sum(1 for r in records if not r.success)
     status = "ok" if records and not failed else "failed"
     reason = f"{failed} of {len(records)} requests failed" if failed else ("" if records else "no requests")
-    return _cell_record(
-        spec,
-        cell,
-        status,
-        reason=reason,
-        duration_s=result.get("duration"),
-        started_utc=started,
-        seconds=time.monotonic() - t0,
-    )
+    return record(status, reason=reason, duration_s=result.get("duration"))
 
 
 def context_plan(spec: ContextSweepSpec, capture: Path) -> GridPlan[LengthCell, dict[str, Any]]:
