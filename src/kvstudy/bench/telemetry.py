@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kvstudy.errors import StudyError
 from kvstudy.io import read_jsonl, write_jsonl_atomic
 
 # NVML clock-event ("throttle") reason bits, nvml.h (nvmlClocksEventReason*).
@@ -200,8 +199,6 @@ class TelemetrySampler:
     """
 
     def __init__(self, reader: Reader | None = None, interval_s: float = 0.25) -> None:
-        if interval_s <= 0:
-            raise StudyError(f"telemetry interval_s: must be positive, got {interval_s}")
         self.reader = reader or default_reader()
         self.interval_s = interval_s
         self.samples: list[ClockSample] = []
@@ -355,8 +352,6 @@ class ServerMetricsSampler:
     ``time.perf_counter()`` (the client's clock). ``with ServerMetricsSampler(url) as s: ...`` then ``s.rows``."""
 
     def __init__(self, base_url: str, interval_s: float = 0.5, timeout_s: float = 2.0) -> None:
-        if interval_s <= 0:
-            raise StudyError(f"metrics interval_s: must be positive, got {interval_s}")
         self.base_url, self.interval_s, self.timeout_s = base_url, interval_s, timeout_s
         self.rows: list[dict[str, float]] = []
         self._stop = threading.Event()
