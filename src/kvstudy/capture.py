@@ -30,6 +30,7 @@ from kvstudy.errors import StudyError
 from kvstudy.io import (
     REPO_ROOT,
     read_json,
+    read_json_object,
     read_jsonl,
     read_text_checked,
     relativize_text,
@@ -86,9 +87,7 @@ def read_manifest(capture: str | Path, kind: str | None = None) -> dict[str, Any
     path = Path(capture) / MANIFEST
     if not path.is_file():
         raise StudyError(f"{path}: missing (a capture folder needs a manifest)")
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise StudyError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    data = read_json_object(path)
     if kind is not None and data.get("kind") != kind:
         raise StudyError(f"{path}: field 'kind' is {data.get('kind')!r}, expected {kind!r}")
     return data

@@ -100,8 +100,6 @@ def _spec_from_entry(entry: Any, where: str) -> GpuSpec:
 def load_catalog(path: str | Path | None = None) -> dict[str, GpuSpec]:
     """Every GPU of the catalog file (default ``data/gpus/catalog.json``), keyed by canonical name."""
     where = Path(path) if path is not None else DEFAULT_CATALOG
-    if not where.exists():
-        raise StudyError(f"{where}: GPU catalog not found")
     data = read_json(where)
     entries = data.get("gpus") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:

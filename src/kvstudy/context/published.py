@@ -60,8 +60,6 @@ class SlopeDerivation:
 def load_published(path: str | Path | None = None) -> dict[str, Any]:
     """The published context-scaling file, checked to be labelled ``published``."""
     where = Path(path) if path is not None else DEFAULT_PATH
-    if not where.exists():
-        raise StudyError(f"{where}: file not found")
     data = read_json(where)
     if not isinstance(data, dict) or data.get("source") != "published":
         raise StudyError(f'{where}: expected an object with "source": "published"')
