@@ -160,14 +160,9 @@ def create_or_resume(
     canonical: Callable[[dict[str, Any], str], dict[str, Any]],
     label: str,
 ) -> tuple[dict[str, Any], bool]:
-    """A capture's manifest, and whether it was just created: a new folder gets a fresh one; an
-    existing one must hold the same grid and inputs, and an older format is upgraded in place
-    (:func:`upgrade_capture`).
-
-    Grids are compared as written, redacted (``write_manifest`` never stores a secret), so a grid
-    holding a secret still resumes. ``canonical(stored_grid, where)`` parses a stored grid back into
-    ``to_dict`` form (older spellings included); ``label`` names the experiment in messages.
-    """
+    """A capture's manifest, and whether it was just created; an existing one must hold the same grid
+    and inputs (grids compared redacted, as ``write_manifest`` stores them, so a grid holding a secret
+    still resumes; ``canonical`` parses a stored grid back) and an older format is upgraded in place."""
     capture = check_new_capture(capture)
     path = capture / MANIFEST
     if not path.is_file():
@@ -194,14 +189,9 @@ def create_or_resume(
 
 
 def check_new_capture(capture: str | Path, own_item: Callable[[Path], bool] | None = None) -> Path:
-    """``capture`` if a capture may be made (or resumed) there, else one line, nothing written.
-
-    A folder holding a manifest resumes (its grid and inputs are checked by the caller). A new
-    capture goes only into a missing or empty folder, never one holding the user's files: what the
-    project itself writes before the manifest (:data:`BLOCK_RECORD`; a folder a generator claimed
-    through ``outputs.claim_output_folder``, which did its own checks; an entry ``own_item`` says is
-    one of the experiment's items, e.g. an accuracy configuration's folder) is allowed. A symlinked
-    folder, or a symlink planted inside a new one, is refused (a write would follow it out)."""
+    """``capture`` if a capture may be made (or resumed) there, else one line, nothing written: a new
+    capture goes only into a missing or empty folder (what the project writes before a manifest, a
+    claimed folder and ``own_item`` entries aside), never through a symlink."""
     capture = Path(capture)
     if capture.is_symlink():
         if (capture / MANIFEST).is_file():
