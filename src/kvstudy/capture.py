@@ -355,6 +355,7 @@ def _upgrade_sweep(old: dict[str, Any], kind: str) -> dict[str, Any]:
     machine = dict(old.get("machine") or {})
     versions = machine.pop("versions", {})
     machine.pop("hostname_hidden", None)
+    items = old.get("cells") or {}
     sessions = [
         {
             **_unknown(s, _SWEEP_SESSION_FIELDS),
@@ -376,21 +377,14 @@ def _upgrade_sweep(old: dict[str, Any], kind: str) -> dict[str, Any]:
         "machine": machine,
         "versions": versions,
         "sessions": sessions,
-        "items": old.get("cells") or {},
-        "complete": bool(old.get("complete")),
+        "items": items,
+        # an older context manifest's "complete" meant "nothing left to run" (failed starts counted);
+        # format 2's means every item is ok, so it is recomputed
+        "complete": bool(items) and all(v == "ok" for v in items.values())
+        if kind == CONTEXT_KIND
+        else bool(old.get("complete")),
         "updated_utc": old.get("updated_utc"),
     }
-
-
-def _upgrade_context(old: dict[str, Any]) -> dict[str, Any]:
-    """An older context-sweep manifest. Its ``complete`` meant "nothing left to run" (a diagnosed
-    failed server start is not retried, so its failed cells counted); format 2's means every item is
-    ``ok``, so it is recomputed from the items (``kvstudy.context.sweep.cells_to_run`` still says
-    what a resume would run)."""
-    new = _upgrade_sweep(old, CONTEXT_KIND)
-    items = new["items"]
-    new["complete"] = bool(items) and all(v == "ok" for v in items.values())
-    return new
 
 
 def _upgrade_accuracy(old: dict[str, Any], capture: Path) -> dict[str, Any]:
@@ -437,10 +431,8 @@ def upgrade_manifest(capture: str | Path) -> bool:
         _check_old(old.get("machine") or {}, f"{where}: machine", ("versions",), ())
     elif "runs" in old and "settings" in old:
         _check_old(old, where, ("machine", "versions"), ("runs",))
-    if old.get("kind") == SPEED_KIND:
-        new = _upgrade_sweep(old, SPEED_KIND)
-    elif old.get("kind") == CONTEXT_KIND:
-        new = _upgrade_context(old)
+    if old.get("kind") in (SPEED_KIND, CONTEXT_KIND):
+        new = _upgrade_sweep(old, old["kind"])
     elif "runs" in old and "settings" in old:
         new = _upgrade_accuracy(old, capture)
     else:
