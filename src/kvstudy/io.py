@@ -72,13 +72,9 @@ def write_csv_at(frame: Any, path: str | Path) -> Path:
     inside a folder name, a URL password); the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, redact_shapes(frame.to_csv(index=_named_index(frame))))
+    named_index = any(n is not None for n in getattr(getattr(frame, "index", None), "names", []) or [])
+    write_text_atomic(path, redact_shapes(frame.to_csv(index=named_index)))  # an index with a name is data
     return path
-
-
-def _named_index(frame: Any) -> bool:
-    """True when the frame's index carries data (it has a name), so the CSV keeps it."""
-    return any(n is not None for n in getattr(getattr(frame, "index", None), "names", []) or [])
 
 
 def shorten_words(text: str, width: int) -> str:

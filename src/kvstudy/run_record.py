@@ -110,9 +110,6 @@ class Difference:
     b: Any
     note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     def __str__(self) -> str:
         extra = f" ({self.note})" if self.note else ""
         return f"{self.field}: {self.a!r} vs {self.b!r}{extra}"

@@ -24,7 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from kvstudy.errors import StudyError
@@ -47,9 +47,6 @@ class ScoredPrompt:
     prompt: str
     continuation: str
     gold: str = ""  # the final answer (GSM8K) or value (retrieval), for greedy scoring
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -264,9 +261,7 @@ def score_prompt(server: Server, prompt: ScoredPrompt, top_k: int) -> tuple[dict
     ref, top = values[start:], tops[start:]
     if any(v is None for v in ref) or any(t is None for t in top):
         raise StudyError(f"{where}: some reference tokens have no log-probability; expected one per token")
-    topk = [
-        sorted(t.items(), key=lambda kv: -kv[1]) for t in top if t is not None
-    ]  # k, or k + 1 with the reference token
+    topk = [sorted(t.items(), key=lambda kv: -kv[1]) for t in top if t is not None]  # k, or k + 1 with the reference
     row = {
         "id": prompt.id,
         "bucket": prompt.bucket,

@@ -11,7 +11,7 @@ derives what follows from them, as data a notebook can show:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +51,6 @@ class SlopeDerivation:
     fixed_cost_ms: float | None  # slope difference x break-even length
     fixed_cost_bf16_slope_tokens: float | None  # (1 - ratio) x break-even: the fixed cost in tokens of baseline slope
     statement: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """Fields as a dict."""
-        return asdict(self)
 
 
 def load_published(path: str | Path | None = None) -> dict[str, Any]:
