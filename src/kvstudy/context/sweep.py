@@ -32,7 +32,6 @@ from kvstudy import capture as capture_format
 from kvstudy.bench.client import BenchError, run_bench
 from kvstudy.bench.grid import GridPlan, ServeRun, run_grid, scrubber, write_record, write_requests
 from kvstudy.bench.grid import cells_to_run as grid_cells_to_run
-from kvstudy.bench.grid import item_states as grid_item_states
 from kvstudy.bench.result import requests_from_result
 from kvstudy.capture import now_utc
 from kvstudy.context.spec import ContextSweepSpec, cell_id, run_id
@@ -72,11 +71,6 @@ def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
         "context-sweep",
     )
     return manifest
-
-
-def item_states(spec: ContextSweepSpec, capture: Path) -> dict[str, str]:
-    """Each cell's status (``ok``, ``failed``; ``missing`` for a cell not run), in the spec's order."""
-    return grid_item_states(capture, spec.cells())
 
 
 # --------------------------------------------------------------------------- running

