@@ -117,11 +117,6 @@ def load_catalog(path: str | Path | None = None) -> dict[str, GpuSpec]:
     return catalog
 
 
-def gpu_names(path: str | Path | None = None) -> list[str]:
-    """The canonical names in catalog order."""
-    return list(load_catalog(path))
-
-
 def find_gpu(name: str, path: str | Path | None = None) -> GpuSpec:
     """The GPU called ``name`` or one of its aliases (case, spaces, hyphens and underscores ignored)."""
     catalog = load_catalog(path)
