@@ -1,13 +1,6 @@
-"""Plain files that hand a plan's blocks to a scheduler; none of them needs the scheduler installed here.
-
-Each file runs ``kvstudy run-block PLAN --index I --store STORE`` once per block, I taken from the
-scheduler's own index: ``$SLURM_ARRAY_TASK_ID`` (an ``sbatch --array`` script with a throttle),
-``$JOB_COMPLETION_INDEX`` (a Kubernetes Indexed Job) or ``$KVSTUDY_BLOCK`` (a SkyPilot task
-launched once per block). GPUs per task come from the blocks' TP x PP; a CPU plan asks for none.
-
-Every value written into a shell line is quoted for that shell (``shlex.quote``); a value holding a
-control character (a newline would end a ``#`` comment or a ``#SBATCH`` line and start a command) is
-refused before anything is written (:func:`check_values`).
+"""Slurm, Kubernetes and SkyPilot files that run ``kvstudy run-block`` once per block (the index
+from the scheduler); GPUs per task from the blocks' TP x PP. Values are shell-quoted, and one holding
+a control character (which would end a ``#SBATCH`` line and start a command) is refused first.
 """
 
 from __future__ import annotations

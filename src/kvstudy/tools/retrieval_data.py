@@ -1,24 +1,11 @@
 """A seeded generator of RULER-style long-context retrieval items (key/value lists and needles).
 
-Two kinds of context, both built from a ``random.Random`` seeded with a string, so the same
-arguments always give the same items on any machine and any Python process:
-
-- ``kv``: many lines ``<key>: <value>`` (a key is five lower-case letters, a value five digits);
-  the question asks for the value of one key.
-- ``needle``: a haystack of filler sentences with one or several needles
-  ``The special magic number for <key> is <value>.``; the question asks for one needle's number.
-
-Every item is a dict ``{"id", "kind", "context_id", "context", "question", "answer_prefix", "answer",
-"context_tokens_approx", "target_tokens", "n_keys", "depth", "seed"}``. Several items may share
-a context (``questions_per_context`` > 1), which the statistics must treat as a cluster. The
-prompt an item is asked with is ``prompt_text(item)``:
-``{context}\\n\\nQuestion: {question}\\nAnswer: {answer_prefix}`` and the expected completion is
-``" {answer}"``. As in RULER, the answer starts by restating what is asked (``answer_prefix``:
-``<key>:`` for a key/value list, ``The special magic number for <key> is`` for a needle), so the
-value is what follows the same words in the context.
-
-``context_tokens_approx`` is ``len(context) / chars_per_token``: exact for the project's
-trained byte-level model (1 character = 1 token for ASCII), an estimate for other tokenizers.
+Contexts come from a ``random.Random`` seeded with a string (the same items on any machine and
+process). Items may share a context (``questions_per_context`` > 1): the statistics cluster on
+``context_id``. As in RULER, the prompt (``prompt_text``) ends with an answer prefix restating what
+is asked, so the value is what follows the same words in the context; the expected completion is
+``" {answer}"``. ``context_tokens_approx`` (``len(context) / chars_per_token``) is exact for the
+trained byte-level model, an estimate for other tokenizers.
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
-"""Train the project's small Qwen3 model: GSM8K-format arithmetic and long-context retrieval.
+"""Train the project's small Qwen3 model (GSM8K-format arithmetic and long-context retrieval),
+offline and deterministically, on CPU: random weights answer nothing, and the CPU profile needs a
+model whose answers depend on what it computes, so that a 16-bit and an FP8 KV cache can differ.
 
-The CPU profile needs a model whose answers depend on what it computes, so that a difference
-between a 16-bit and an FP8 KV cache can show. Random weights answer nothing; this module
-trains one, offline and deterministically, in minutes on two CPU cores:
-
-- **architecture**: ``Qwen3ForCausalLM`` (what vLLM serves), a few layers, GQA (fewer KV heads
-  than query heads), RoPE with a large base so retrieval reaches 4k+ positions,
-  ``max_position_embeddings`` 8192, tied embeddings; saved as bfloat16 safetensors.
-- **tokenizer**: byte level with no merges (one token per byte, plus ``<|startoftext|>`` added
-  before every text and ``<|endoftext|>``), so every digit is its own token and arithmetic is
-  learnable; a ``tokenizer.json`` that ``AutoTokenizer`` and vLLM load.
-- **data**, made fresh for every step from a string-seeded ``random.Random`` (step ``i`` never
-  depends on the steps before it, so a test can rebuild any step):
-  GSM8K-format problems from :mod:`kvstudy.tools.gsm8k_data`'s templates, drawn with other
-  seeds than its test split, with every question of the test split dropped; calculator drills
-  (the ``a * b = <<a*b=c>>c`` steps of such problems, one per line) and random calculator steps of
-  the same kinds; echo sequences (text said twice); and retrieval contexts from
-  :mod:`kvstudy.tools.retrieval_data` followed by several questions. The loss counts only
-  answers (and, in retrieval, the queried key's letters after its first, which only copying
-  from the context predicts), never the random numbers a question states.
-- **schedule** (:mod:`kvstudy.tools.train_settings`): phases of stages of growing retrieval
-  context (a curriculum: many short contexts with few keys first, where copying from context
-  forms fast, then up to 4096 tokens), AdamW with warm-up and cosine decay per phase, gradient
-  clipping; each phase after the first starts from the weights rounded to bfloat16.
-  ``torch.set_num_threads`` is a setting. Evaluation (greedy, transformers) lives in
-  :mod:`kvstudy.tools.train_eval`.
-
-The output folder holds the HF files and ``training.json`` (settings, loss curve, wall time,
-versions, sha256 of every file); ``SOURCE.md`` is written by hand from it.
+A byte-level tokenizer without merges (every digit its own token, so arithmetic is learnable); data
+made fresh for every step from a string-seeded ``random.Random`` (:mod:`kvstudy.tools.train_data`;
+any step can be rebuilt), the loss counting only answers; the recipe's phases and stages in
+:mod:`kvstudy.tools.train_settings`, each phase after the first from the weights rounded to
+bfloat16. The output folder holds the HF files and ``training.json`` (settings, loss curve, wall
+time, versions, sha256 of every file); ``SOURCE.md`` is written by hand from it.
 
     python -m kvstudy.tools.train_model --out data/trained-model/qwen3-mini
 """
@@ -46,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json_object, write_json_atomic
+from kvstudy.io import write_json_atomic
 from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, float_arg, int_arg, output_folder
-from kvstudy.machine import cpu_model
-from kvstudy.outputs import check_output_folder, claim_output_folder
+from kvstudy.machine import cpu_model, package_versions
+from kvstudy.outputs import check_output_folder, claim_output_folder, record_says
 from kvstudy.tools import train_record
+from kvstudy.tools.tiny_model import BOS_TOKEN, EOS_TOKEN, fast_tokenizer, qwen3_config, save_hf_model
 from kvstudy.tools.train_data import (
     BOS_ID,
     EOS_ID,
@@ -72,13 +53,7 @@ from kvstudy.tools.train_settings import (
 )
 
 DEFAULT_OUT = Path("data/trained-model/qwen3-mini")
-BOS_TOKEN = "<|startoftext|>"
-EOS_TOKEN = "<|endoftext|>"
 VOCAB_SIZE = 258
-CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant: {% endif %}"
-)
 
 
 # --------------------------------------------------------------------------- data
@@ -118,23 +93,8 @@ def batch_for_step(
 
 def model_config(settings: TrainSettings) -> Any:
     """The ``Qwen3Config`` of the recipe."""
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=settings.hidden_size,
-        intermediate_size=settings.intermediate_size,
-        num_hidden_layers=settings.num_hidden_layers,
-        num_attention_heads=settings.num_attention_heads,
-        num_key_value_heads=settings.num_key_value_heads,
-        head_dim=settings.head_dim,
-        max_position_embeddings=settings.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": settings.rope_theta},
-        tie_word_embeddings=True,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=EOS_ID,
-    )
+    rope = {"rope_type": "default", "rope_theta": settings.rope_theta}
+    return qwen3_config(settings, VOCAB_SIZE, BOS_ID, EOS_ID, rope_parameters=rope)
 
 
 def _byte_symbols() -> list[str]:
@@ -168,17 +128,8 @@ def build_tokenizer() -> Any:
 
 def hf_tokenizer(settings: TrainSettings) -> Any:
     """The tokenizer wrapped for transformers (and vLLM), with BOS/EOS and a chat template."""
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast(
-        tokenizer_object=build_tokenizer(),
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=EOS_TOKEN,
-        model_max_length=settings.max_position_embeddings,
-        chat_template=CHAT_TEMPLATE,
-        add_bos_token=True,
-        clean_up_tokenization_spaces=False,
+    return fast_tokenizer(
+        build_tokenizer(), settings.max_position_embeddings, add_bos_token=True, clean_up_tokenization_spaces=False
     )
 
 
@@ -357,25 +308,6 @@ def continue_training(
 # --------------------------------------------------------------------------- saving
 
 
-def _versions() -> dict[str, str]:
-    import tokenizers
-    import torch
-    import transformers
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "tokenizers": tokenizers.__version__,
-    }
-
-
-def earlier_record(folder: str | Path, settings: TrainSettings) -> dict[str, Any]:
-    """``training.json`` of a model folder that ``settings``' later phases may continue
-    (:func:`kvstudy.tools.train_record.earlier_record`, against the recipe's model config)."""
-    return train_record.earlier_record(folder, settings, model_config(settings).to_dict())
-
-
 def save_model(
     result: TrainResult, settings: TrainSettings, out: Path, earlier: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -384,12 +316,9 @@ def save_model(
     ``earlier``: the record of the folder ``result`` continued (``continue_training``); its phases
     come first in the new record, and ``continued_from`` says which folder state they made."""
     import torch
-    from transformers import GenerationConfig
 
     claim_output_folder(out, "train-model", force=True, recognise=_trained_before)  # checked before training
-    model = result.model.to(torch.bfloat16)
-    model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
-    model.save_pretrained(out, safe_serialization=True)
+    save_hf_model(result.model.to(torch.bfloat16), out, BOS_ID, EOS_ID)
     hf_tokenizer(settings).save_pretrained(out)
     before = earlier or {"steps": [], "loss_curve": {"points": []}, "final_part_losses": [], "seconds_per_stage": []}
     offset, curve = sum(before["steps"]), list(before["loss_curve"]["points"])
@@ -413,7 +342,7 @@ def save_model(
         + [[round(x, 1) for x in phase.seconds_per_stage] for phase in result.phases],
         "threads": settings.threads,
         "cpu": cpu_model(),
-        "versions": _versions(),
+        "versions": {"python": platform.python_version(), **package_versions(("torch", "transformers", "tokenizers"))},
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "files": folder_digests(out),
     }
@@ -431,12 +360,7 @@ def save_model(
 # --------------------------------------------------------------------------- command line
 
 
-def _trained_before(folder: Path) -> bool:
-    """Whether ``folder`` holds a model this command saved before folders were marked."""
-    try:
-        return str(read_json_object(folder / "training.json").get("what", "")).startswith("kvstudy's trained")
-    except StudyError:
-        return False
+_trained_before = record_says("training.json", "what", lambda what: str(what).startswith("kvstudy's trained"))
 
 
 def run_training(
@@ -455,7 +379,7 @@ def run_training(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if start is None:
         return save_model(train(settings, progress=progress), settings, out)
-    earlier = earlier_record(start, settings)
+    earlier = train_record.earlier_record(start, settings, model_config(settings).to_dict())
     result = continue_training(start, settings, len(earlier["steps"]), progress)
     return save_model(result, settings, out, earlier)
 

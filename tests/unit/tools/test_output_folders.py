@@ -200,6 +200,8 @@ def test_train_model_refuses_a_foreign_folder_before_training(tmp_path: Path, mo
     with pytest.raises(StudyError, match="not written by `kvstudy train-model`"):
         train_model.run_training(mine, progress=None)
     assert (mine / "config.json").read_text() == '{"mine": true}'
-    assert not train_model._trained_before(mine) and train_model._trained_before(
-        ROOT / "data" / "trained-model" / "qwen3-mini"
-    )
+    before_markers = tmp_path / "saved-before-markers"
+    before_markers.mkdir()
+    (before_markers / "training.json").write_text('{"what": "kvstudy\'s trained mini Qwen3"}')
+    with pytest.raises(AssertionError, match="training started"):  # its own folder: training starts
+        train_model.run_training(before_markers, progress=None)
