@@ -18,9 +18,7 @@ from kvstudy.machine import package_versions
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 
-BLOCK_RECORD = capture_format.BLOCK_RECORD  # the one file a capture may hold before its manifest
-
-
+BLOCK_RECORD = capture_format.BLOCK_RECORD
 BLOCK_STATES = ("running", "ok", "failed")
 
 
@@ -59,12 +57,8 @@ def store_blocks(store: Path) -> list[tuple[Path, dict[str, Any]]]:
     """Every block folder of a store (a folder with ``block.json``), with its record."""
     if not store.is_dir():
         return []
-    out = []
-    for folder in sorted(p for p in store.iterdir() if p.is_dir()):
-        record = read_block_record(folder)
-        if record is not None:
-            out.append((folder, record))
-    return out
+    folders = sorted(p for p in store.iterdir() if p.is_dir())
+    return [(folder, record) for folder in folders if (record := read_block_record(folder)) is not None]
 
 
 def _check_store(store: Path, plan_id: str) -> None:

@@ -167,17 +167,11 @@ def emit(
         raise StudyError(f"--parallel {parallel}: expected a positive number of blocks at once")
     plan_dir = str(out)
     check_values(store=store, out=plan_dir, image=image, claim=claim, kvstudy=kvstudy)
-    written = []
+    texts = {  # the kinds are argparse's choices (EMITTERS)
+        "slurm": lambda: slurm_script(plan_id, records, plan_dir, store, parallel, kvstudy),
+        "k8s": lambda: k8s_job(plan_id, records, plan_dir, store, parallel, kvstudy, image, claim),
+        "skypilot": lambda: skypilot_task(plan_id, records, plan_dir, store, kvstudy),
+    }
     for kind in kinds:
-        if kind == "slurm":
-            text = slurm_script(plan_id, records, plan_dir, store, parallel, kvstudy)
-        elif kind == "k8s":
-            text = k8s_job(plan_id, records, plan_dir, store, parallel, kvstudy, image, claim)
-        elif kind == "skypilot":
-            text = skypilot_task(plan_id, records, plan_dir, store, kvstudy)
-        else:
-            raise StudyError(f"--emit {kind!r}: expected one of {', '.join(EMITTERS)}")
-        path = out / FILE_NAMES[kind]
-        write_text_atomic(path, text)
-        written.append(path)
-    return written
+        write_text_atomic(out / FILE_NAMES[kind], texts[kind]())
+    return [out / FILE_NAMES[kind] for kind in kinds]

@@ -34,7 +34,7 @@ from kvstudy.io import (
 from kvstudy.load import runner as load_runner
 from kvstudy.load.spec import LoadSpec
 from kvstudy.machine import package_versions
-from kvstudy.profiles import declared_parameters, load_profile, validate_profile
+from kvstudy.profiles import given_parameters, load_profile, validate_profile
 from kvstudy.redact import redact
 from kvstudy.speed import runner as speed_runner
 from kvstudy.speed.spec import SweepSpec
@@ -286,15 +286,15 @@ def profile_parameters(profile: str, profiles_dir: Path, notebooks_dir: Path) ->
     """The profile (checked like ``kvstudy render`` checks it) and each notebook's full parameters
     (the notebook's declared defaults, then the profile's values)."""
     data = load_profile(profile, profiles_dir)
-    validate_profile(data, notebooks_dir)
-    params_of = {}
-    for exp in EXPERIMENTS.values():
-        if exp.notebook in data["notebooks"]:
-            declared = declared_parameters(notebooks_dir / f"{exp.notebook}.ipynb")
-            params = {name: p.default for name, p in declared.items()}
-            params.update({k: v for k, v in data["defaults"].items() if k in declared})
-            params.update(data["notebooks"][exp.notebook])
-            params_of[exp.notebook] = params
+    declared = validate_profile(data, notebooks_dir)
+    params_of = {
+        stem: {
+            **{name: p.default for name, p in declared[stem].items()},
+            **given_parameters(data, stem, declared[stem]),
+        }
+        for stem in (exp.notebook for exp in EXPERIMENTS.values())
+        if stem in declared
+    }
     if "01_capacity-math" in data["notebooks"]:
         params_of["01_capacity-math"] = dict(data["notebooks"]["01_capacity-math"])
     return data, params_of

@@ -56,13 +56,10 @@ def _run_block_process(argv: list[str], cwd: str, env: dict[str, str], log: str)
 
 
 def _init_local(ray: Any, num_cpus: int | None) -> None:
-    """A local Ray cluster bound to loopback only, no dashboard, no usage statistics.
-
-    Ray turns a ``_node_ip_address`` of 127.0.0.1 into the machine's reachable address
-    (``ray._private.services.resolve_ip_for_localhost``); only with its single-machine switch off
-    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, what Ray does on macOS and Windows) is the node's
-    address loopback, and its processes bind there. The switch is read when ``ray`` is imported: in a
-    process that imported it earlier, the same module constant is set here."""
+    """A local Ray cluster bound to loopback only, no dashboard, no usage statistics. Only with Ray's
+    single-machine switch off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) is a node's address loopback
+    (else Ray resolves 127.0.0.1 to a reachable address); ``ray`` reads it on import, so the module
+    constant is set too."""
     saved = {k: os.environ.get(k) for k in LOCAL_ENV}
     os.environ.update(LOCAL_ENV)  # the raylet, its agents and workers inherit it
     try:

@@ -85,11 +85,6 @@ class Entry:
     value: str
 
 
-def _rng(*parts: object) -> random.Random:
-    """A generator seeded from a string, so it does not depend on PYTHONHASHSEED."""
-    return random.Random(":".join(str(p) for p in parts))
-
-
 def _key(rng: random.Random, used: set[str]) -> str:
     """A new five-letter key that is no other key and no part of the filler text."""
     while True:
@@ -207,20 +202,12 @@ def make_context(
 _KEY_PLACES = {"kv": re.compile(r"^([a-z]{5}): ", re.M), "needle": re.compile(r"for ([a-z]{5}) is ")}
 
 
-def _key_places(kind: str, context: str, entries: Sequence[Entry]) -> dict[str, int]:
-    """Each entry's key -> the index of its first appearance in ``context``."""
+def _key_places(kind: str, context: str) -> dict[str, int]:
+    """Each key -> the index of its first appearance in ``context``."""
     places: dict[str, int] = {}
     for match in _KEY_PLACES[kind].finditer(context):
         places.setdefault(match.group(1), match.start(1))
-    for entry in entries:  # never expected: a key the pattern missed is searched for
-        if entry.key not in places:
-            places[entry.key] = context.index(entry.key)
     return places
-
-
-def _entry_at_depth(context: str, entries: Sequence[Entry], depth: float, places: dict[str, int]) -> Entry:
-    """The entry whose place in the context is nearest ``depth`` (a share of its length)."""
-    return min(entries, key=lambda e: abs(places[e.key] / len(context) - depth))
 
 
 def generate_items(
@@ -252,11 +239,11 @@ def generate_items(
             depth = (i + 0.5) / n_per_length
             if i % questions_per_context == 0:
                 context_id = f"{kind}-{length}-{i // questions_per_context}"
-                rng = _rng(seed, kind, length, i // questions_per_context)
+                rng = random.Random(f"{seed}:{kind}:{length}:{i // questions_per_context}")  # no PYTHONHASHSEED
                 placed = depth if questions_per_context == 1 else None
                 context, entries = make_context(kind, length, rng, chars_per_token, n_needles, placed)
-                places = _key_places(kind, context, entries)
-            entry = _entry_at_depth(context, entries, depth, places)
+                places = _key_places(kind, context)
+            entry = min(entries, key=lambda e: abs(places[e.key] / len(context) - depth))  # nearest ``depth``
             items.append(
                 {
                     "id": f"{kind}-{length}-{i}",

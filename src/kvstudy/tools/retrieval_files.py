@@ -43,7 +43,7 @@ class RetrievalSet:
     chars_per_token: float = 1.0  # exact for the byte-level trained model
 
     def __post_init__(self) -> None:
-        if not self.lengths or any(not isinstance(n, int) or not 16 <= n <= MAX_TOKENS for n in self.lengths):
+        if not self.lengths or any(not 16 <= n <= MAX_TOKENS for n in self.lengths):
             shown = ",".join(map(str, self.lengths[:8])) + (",..." if len(self.lengths) > 8 else "")
             raise StudyError(f"--lengths: expected whole numbers from 16 to {MAX_TOKENS:,}, got {shown}")
         if len(self.lengths) > MAX_AXIS_VALUES:

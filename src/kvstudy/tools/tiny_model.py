@@ -212,10 +212,6 @@ def _write_model(spec: TinyModelSpec, tokenizer: Any, out: Path) -> None:
     fast_tokenizer(tokenizer, spec.max_position_embeddings).save_pretrained(out)
 
 
-def _marker_matches(folder: Path, spec: TinyModelSpec) -> bool:
-    return (folder / MARKER).is_file() and record_says(MARKER, "spec", spec.to_dict().__eq__)(folder)
-
-
 def _check_replaceable(folder: Path) -> None:
     """Refuse to replace anything but an empty folder or one carrying the tiny model's own marker
     (a real model folder holds the same standard file names: only the marker proves it is ours)."""
@@ -278,13 +274,13 @@ def ensure_tiny_model(path: str | Path = DEFAULT_PATH, spec: TinyModelSpec = Tin
 
     A lock file next to the folder serialises concurrent callers (parallel test sessions).
     """
-    folder = Path(path)
-    if _marker_matches(folder, spec):
+    folder, built = Path(path), record_says(MARKER, "spec", spec.to_dict().__eq__)
+    if built(folder):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f".{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _marker_matches(folder, spec):  # another process built it while we waited
+        if built(folder):  # another process built it while we waited
             return folder
         return build_tiny_model(folder, spec)
 

@@ -21,7 +21,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -156,14 +156,12 @@ def new_model(settings: TrainSettings) -> Any:
 class PhaseResult:
     """What one phase of training produced."""
 
-    phase: int
     steps: int
-    first_losses: list[float]  # mean loss over answer tokens, the first steps
+    losses: list[float]  # every step's mean loss over answer tokens
     curve: list[list[float]]  # [step within the phase, mean loss of the last steps]
     final_part_losses: dict[str, float]  # the last step's loss per part (gsm, drill, retrieval)
     wall_s: float
-    seconds_per_stage: list[float] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)  # every step's loss
+    seconds_per_stage: list[float]
 
 
 @dataclass
@@ -172,10 +170,6 @@ class TrainResult:
 
     model: Any
     phases: list[PhaseResult]
-
-    @property
-    def losses(self) -> list[float]:
-        return [loss for phase in self.phases for loss in phase.losses]
 
 
 def train_phase(
@@ -246,14 +240,7 @@ def train_phase(
         [i + 1, round(sum(losses[i + 1 - every : i + 1]) / every, 5)] for i in range(every - 1, len(losses), every)
     ]
     return PhaseResult(
-        phase,
-        steps,
-        losses[: settings.first_steps_logged],
-        curve,
-        part_losses[-1] if part_losses else {},
-        time.perf_counter() - start,
-        stage_seconds,
-        losses,
+        steps, losses, curve, part_losses[-1] if part_losses else {}, time.perf_counter() - start, stage_seconds
     )
 
 
@@ -329,7 +316,7 @@ def save_model(
         "what": "kvstudy's trained mini Qwen3 (GSM8K-format arithmetic + long-context retrieval)",
         "settings": settings.to_dict(),
         "steps": before["steps"] + [phase.steps for phase in result.phases],
-        "first_losses": before.get("first_losses") or result.phases[0].first_losses,
+        "first_losses": before.get("first_losses") or result.phases[0].losses[: settings.first_steps_logged],
         "loss_curve": {
             "every": settings.log_every,
             "points": curve,

@@ -15,8 +15,6 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 
-PART_NAMES = ("gsm", "drill", "arith", "retrieval", "echo")
-
 
 @dataclass(frozen=True)
 class Stage:
@@ -36,7 +34,7 @@ class Stage:
     arith_len: int = 0
 
     def part_shapes(self) -> tuple[tuple[str, int, int], ...]:
-        """``(part, sequences, length)`` of each part of a step's batch, in ``PART_NAMES`` order."""
+        """``(part, sequences, length)`` of each part of a step's batch, in batch order."""
         return (
             ("gsm", self.gsm_seqs, self.gsm_len),
             ("drill", self.drill_seqs, self.drill_len),

@@ -32,7 +32,7 @@ def test_first_steps_reproduce_the_committed_loss_curve() -> None:
     record = _training()
     settings = train_settings.settings_from_dict(record["settings"])
     committed = record["first_losses"][:3]
-    result = train_model.train(settings, max_steps=3)
+    result = train_model.train(settings, max_steps=3).phases[0]
     assert len(result.losses) == 3
     # Same seeds, same data, same thread count: only float summation order may differ by CPU.
     assert result.losses == pytest.approx(committed, rel=2e-3, abs=2e-3)
