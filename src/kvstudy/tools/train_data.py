@@ -68,7 +68,7 @@ def _labelled(text: str, mask: list[int], length: int) -> tuple[list[int], list[
 
 def _fill(pieces: Callable[[], tuple[str, list[int]]], length: int) -> tuple[list[int], list[int]]:
     """Pieces until ``length`` tokens follow BOS."""
-    text, mask = "", []
+    text, mask = "", list[int]()
     while len(mask) < length:
         piece, piece_mask = pieces()
         text, mask = text + piece, mask + piece_mask

@@ -197,7 +197,7 @@ def train_phase(
     total_steps = settings.phase(phase).steps
     steps = total_steps if max_steps is None else min(max_steps, total_steps)
     losses: list[float] = []
-    part_losses: list[dict[str, float]] = []
+    per_part: dict[str, float] = {}  # the last step's loss per part
     stage_seconds: list[float] = []
     start = stage_start = time.perf_counter()
     current_stage = stage_at(settings, 0, phase)
@@ -226,7 +226,6 @@ def train_phase(
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(step_loss / total)
-        part_losses.append(per_part)
         if progress and (step % settings.log_every == 0 or step == steps - 1):
             elapsed = time.perf_counter() - start
             parts_text = " ".join(f"{k} {v:.3f}" for k, v in per_part.items())
@@ -239,9 +238,7 @@ def train_phase(
     curve = [
         [i + 1, round(sum(losses[i + 1 - every : i + 1]) / every, 5)] for i in range(every - 1, len(losses), every)
     ]
-    return PhaseResult(
-        steps, losses, curve, part_losses[-1] if part_losses else {}, time.perf_counter() - start, stage_seconds
-    )
+    return PhaseResult(steps, losses, curve, per_part, time.perf_counter() - start, stage_seconds)
 
 
 def round_to_bfloat16(model: Any) -> Any:
