@@ -54,7 +54,7 @@ def read_bf16_safetensors(path: Path) -> Tensors:
 GENERATOR = "kvstudy.tools.scaled_k_checkpoint.build_control"
 
 
-_written_before = record_says(RECORD, "generator", GENERATOR.__eq__)
+_written_before = record_says(RECORD, "generator", lambda name: name == GENERATOR)
 
 
 def build_control(

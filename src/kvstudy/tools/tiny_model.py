@@ -274,7 +274,7 @@ def ensure_tiny_model(path: str | Path = DEFAULT_PATH, spec: TinyModelSpec = Tin
 
     A lock file next to the folder serialises concurrent callers (parallel test sessions).
     """
-    folder, built = Path(path), record_says(MARKER, "spec", spec.to_dict().__eq__)
+    folder, built = Path(path), record_says(MARKER, "spec", lambda made: made == spec.to_dict())
     if built(folder):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)

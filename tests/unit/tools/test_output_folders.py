@@ -205,3 +205,15 @@ def test_train_model_refuses_a_foreign_folder_before_training(tmp_path: Path, mo
     (before_markers / "training.json").write_text('{"what": "kvstudy\'s trained mini Qwen3"}')
     with pytest.raises(AssertionError, match="training started"):  # its own folder: training starts
         train_model.run_training(before_markers, progress=None)
+
+
+@pytest.mark.parametrize("record", ["{}", '{"source": 5}', '{"generator": null}'])
+def test_a_record_without_the_generators_own_value_is_not_recognised(tmp_path: Path, record: str) -> None:
+    """Only the value a generator wrote before markers existed makes an unmarked folder its own."""
+    for name in ("spec.json", "control.json"):
+        (tmp_path / name).write_text(record)
+    with pytest.raises(StudyError, match="not written by `kvstudy retrieval-data`"):
+        retrieval_files.write_retrieval_data(tmp_path, SMALL)
+    with pytest.raises(StudyError, match="not written by `kvstudy control-checkpoint`"):
+        ctl.build_control(ROOT / "data" / "trained-model" / "qwen3-mini", tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["control.json", "spec.json"]
