@@ -72,18 +72,8 @@ class RetrievalSet:
 
 def items_for(spec: RetrievalSet) -> list[dict[str, Any]]:
     """Every item of the set, kind by kind, length by length."""
-    items: list[dict[str, Any]] = []
-    for kind in spec.kinds:
-        items += generate_items(
-            kind,
-            spec.lengths,
-            spec.n_per_length,
-            spec.seed,
-            spec.chars_per_token,
-            spec.questions_per_context,
-            spec.n_needles,
-        )
-    return items
+    settings = (spec.lengths, spec.n_per_length, spec.seed, spec.chars_per_token, spec.questions_per_context)
+    return [item for kind in spec.kinds for item in generate_items(kind, *settings, spec.n_needles)]
 
 
 GENERATOR = "retrieval-data"

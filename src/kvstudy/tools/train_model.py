@@ -65,7 +65,7 @@ def batch_for_step(
     """The micro-batches of one step: ``(part, inputs, labels)``; a pure function of the step."""
     stage = stage_at(settings, step, phase)
     prefix = data_seed(settings, phase)
-    needle_share = settings.phase(phase).needle_share
+    needle_share = settings.phases[phase].needle_share
     parts = []
     for part, count, length in stage.part_shapes():
         inputs, labels = [], []
@@ -190,11 +190,11 @@ def train_phase(
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=settings.phase(phase).lr,
+        lr=settings.phases[phase].lr,
         betas=(0.9, settings.beta2),
         eps=1e-8,
     )
-    total_steps = settings.phase(phase).steps
+    total_steps = settings.phases[phase].steps
     steps = total_steps if max_steps is None else min(max_steps, total_steps)
     losses: list[float] = []
     per_part: dict[str, float] = {}  # the last step's loss per part
@@ -230,7 +230,7 @@ def train_phase(
             elapsed = time.perf_counter() - start
             parts_text = " ".join(f"{k} {v:.3f}" for k, v in per_part.items())
             progress(
-                f"phase {settings.phase(phase).name} step {step + 1}/{steps} loss {losses[-1]:.4f} "
+                f"phase {settings.phases[phase].name} step {step + 1}/{steps} loss {losses[-1]:.4f} "
                 f"({parts_text}) lr {learning_rate(settings, step, phase):.2e} {elapsed:.0f}s"
             )
     stage_seconds.append(time.perf_counter() - stage_start)

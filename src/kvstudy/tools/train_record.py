@@ -45,7 +45,7 @@ def earlier_record(folder: str | Path, settings: TrainSettings, config: dict[str
             f"{path}: its recipe is not this one's first {done} phase(s) "
             f"(expected a folder trained with the first phases of TrainSettings, to continue it)"
         )
-    _check_record(record, path, [earlier.phase(i).steps for i in range(done)])
+    _check_record(record, path, [p.steps for p in earlier.phases])
     _check_files(folder, record["files"], path)
     _check_config(folder / "config.json", config)
     return record
