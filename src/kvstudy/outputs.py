@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json_object, write_json_atomic
@@ -43,6 +44,19 @@ def _marker_generator(folder: Path) -> str | None:
         return None
     name = data.get("generator")
     return name if isinstance(name, str) else None
+
+
+def record_says(file: str, key: str, accept: Callable[[Any], bool]) -> Callable[[Path], bool]:
+    """Whether a folder's JSON object ``file`` has a ``key`` that ``accept``s (False when unreadable):
+    the ``recognise`` of a generator that wrote its folders before they were marked."""
+
+    def recognise(folder: Path) -> bool:
+        try:
+            return accept(read_json_object(folder / file).get(key))
+        except StudyError:
+            return False
+
+    return recognise
 
 
 def links_out(folder: Path) -> Path | None:

@@ -1,13 +1,7 @@
-"""``kvstudy run-block``: one pair-block of a plan, run with the experiment's own runner.
-
-The block's capture is ``STORE/<block-id>/``, written by ``speed.runner.run_sweep`` or
-``context.sweep.run_context_sweep`` exactly as a one-machine run writes its capture, restricted
-to the block's seed. Beside its manifest, ``block.json`` records the plan, the block's record,
-the node that ran it (``node.node_identity``) and each attempt. Done means ``block.json`` says
-``ok`` (every cell ok); a failed block is kept, and runs again only with ``--retry-failed``
-(the runner keeps earlier logs as ``*.attemptN.log``). A block belongs to one node: a block
-started on another node is refused once any of its cells has a result, so a comparison is never
-split across machines (a block claimed by a node that measured nothing may move).
+"""``kvstudy run-block``: one pair-block of a plan into ``STORE/<block-id>/``, run with the
+experiment's own runner restricted to the block's seed, beside ``block.json`` (plan, record, node,
+attempts). A block belongs to one node: once any cell has a result, another node is refused, so a
+comparison is never split across machines.
 """
 
 from __future__ import annotations
@@ -17,16 +11,14 @@ from typing import Any
 
 from kvstudy import capture as capture_format
 from kvstudy.distribute.node import node_identity
-from kvstudy.distribute.plan import ENGINE_PACKAGES, block_at, check_block_id, experiment
+from kvstudy.distribute.plan import ENGINE_PACKAGES, block_at, check_block_id, experiment, plan_index
 from kvstudy.errors import StudyError
 from kvstudy.io import get_field, read_json, write_json_atomic
 from kvstudy.machine import package_versions
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 
-BLOCK_RECORD = capture_format.BLOCK_RECORD  # the one file a capture may hold before its manifest
-
-
+BLOCK_RECORD = capture_format.BLOCK_RECORD
 BLOCK_STATES = ("running", "ok", "failed")
 
 
@@ -55,13 +47,7 @@ def read_block_record(folder: Path) -> dict[str, Any] | None:
         at = f"{path}: plan_blocks[{i}]"
         if not isinstance(entry, dict):
             raise StudyError(f"{at}: expected an object with index, block_id, experiment and seed")
-        entry_fields: tuple[tuple[str, type], ...] = (
-            ("index", int),
-            ("block_id", str),
-            ("experiment", str),
-            ("seed", int),
-        )
-        for name, expected in entry_fields:
+        for name, expected in (("index", int), ("block_id", str), ("experiment", str), ("seed", int)):
             get_field(entry, name, expected, at)
         check_block_id(entry["block_id"], at)
     return data
@@ -71,12 +57,8 @@ def store_blocks(store: Path) -> list[tuple[Path, dict[str, Any]]]:
     """Every block folder of a store (a folder with ``block.json``), with its record."""
     if not store.is_dir():
         return []
-    out = []
-    for folder in sorted(p for p in store.iterdir() if p.is_dir()):
-        record = read_block_record(folder)
-        if record is not None:
-            out.append((folder, record))
-    return out
+    folders = sorted(p for p in store.iterdir() if p.is_dir())
+    return [(folder, record) for folder in folders if (record := read_block_record(folder)) is not None]
 
 
 def _check_store(store: Path, plan_id: str) -> None:
@@ -99,14 +81,10 @@ def _check_engine(record: dict[str, Any]) -> None:
             )
 
 
-def _has_results(folder: Path) -> bool:
-    """Whether any cell of the block has a result (ok or failed): a block with none may move to another node."""
-    if not (folder / capture_format.MANIFEST).is_file():
-        return False
-    return any(v in ("ok", "failed") for v in _items_state(folder).values())
-
-
 def _items_state(folder: Path) -> dict[str, str]:
+    """The block's item states; none before its manifest."""
+    if not (folder / capture_format.MANIFEST).is_file():
+        return {}
     return manifest_items(folder, capture_format.read_manifest(folder))
 
 
@@ -126,10 +104,7 @@ def block_state(
     """What ``block.json`` holds: the plan (its id and blocks), this block's record, its node, attempts."""
     return {
         "plan_id": plan_id,
-        "plan_blocks": [
-            {"index": r["index"], "block_id": r["block_id"], "experiment": r["experiment"], "seed": r["seed"]}
-            for r in records
-        ],
+        "plan_blocks": plan_index(records),
         "block_id": record["block_id"],
         "index": record["index"],
         "record": record,
@@ -168,7 +143,8 @@ def run_block(
         if old.get("status") == "ok":
             progress(f"block {record['block_id']}: done on {ran_on} already; nothing run")
             return "ok"
-        if ran_on != node["node_id"] and _has_results(folder):
+        # a block whose cells have no result (ok or failed) yet may move to another node
+        if ran_on != node["node_id"] and {"ok", "failed"} & set(_items_state(folder).values()):
             raise StudyError(
                 f"block {record['block_id']}: started on node {ran_on!r}, this is {node['node_id']!r}: a block "
                 f"runs on one node (delete {folder} to run it here from the start)"
@@ -196,7 +172,7 @@ def run_block(
         else:
             run_context_sweep(spec, folder, how=how, retry_failed=retry_failed, progress=progress)
     finally:
-        items = _items_state(folder) if (folder / capture_format.MANIFEST).is_file() else {}
+        items = _items_state(folder)
         done = bool(items) and all(v == "ok" for v in items.values())
         complete = bool(items) and all(v in ("ok", "failed") for v in items.values())
         state["status"] = "ok" if done else "failed" if complete else "running"

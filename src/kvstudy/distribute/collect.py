@@ -1,18 +1,11 @@
 """``kvstudy collect``: the blocks of one plan merged into the one capture format the notebooks read.
 
-Every file of each block capture is copied (layout-agnostic) except its manifest and
-``block.json``; a file two blocks both hold must be byte-identical (the served model's
-``config.json``), except the node facts of ``NODE_FILES`` (a machine's measured bandwidth), which
-are kept per block under ``nodes/<block-id>/`` beside the first block's copy. The manifest has the
-kind and spec of a one-machine run of the whole experiment, each block's sessions, and per block
-its node (``blocks``) and a ``timeline_offset_s``: each node's monotonic clock has its own origin,
-so the blocks are laid end to end in plan order (within a block, its node's own times), which is
-what the seed-blocked design check needs (a seed's runs adjacent, either arm first equally often).
-
-Refused, with one line naming the block, and nothing written: blocks of two plans, a block found
-twice (run on two nodes), a missing or unfinished block (unless ``partial``, stated in the
-manifest), blocks made from different inputs, and an output folder that exists and is not a
-collected capture of this plan.
+Every file of each block is copied but its manifest and ``block.json``; a file two blocks hold must
+be byte-identical, except the node facts of ``NODE_FILES``, kept per block under ``nodes/<block-id>/``.
+Each node's monotonic clock has its own origin, so the blocks are laid end to end in plan order
+(``timeline_offset_s``) for the seed-blocked design check. Blocks of two plans, a block run twice, a
+missing or unfinished one (unless ``partial``), blocks of other inputs, and an output folder that is
+not a collect of this plan are refused in one line, nothing written.
 """
 
 from __future__ import annotations

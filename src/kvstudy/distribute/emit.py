@@ -1,13 +1,6 @@
-"""Plain files that hand a plan's blocks to a scheduler; none of them needs the scheduler installed here.
-
-Each file runs ``kvstudy run-block PLAN --index I --store STORE`` once per block, I taken from the
-scheduler's own index: ``$SLURM_ARRAY_TASK_ID`` (an ``sbatch --array`` script with a throttle),
-``$JOB_COMPLETION_INDEX`` (a Kubernetes Indexed Job) or ``$KVSTUDY_BLOCK`` (a SkyPilot task
-launched once per block). GPUs per task come from the blocks' TP x PP; a CPU plan asks for none.
-
-Every value written into a shell line is quoted for that shell (``shlex.quote``); a value holding a
-control character (a newline would end a ``#`` comment or a ``#SBATCH`` line and start a command) is
-refused before anything is written (:func:`check_values`).
+"""Slurm, Kubernetes and SkyPilot files that run ``kvstudy run-block`` once per block (the index
+from the scheduler); GPUs per task from the blocks' TP x PP. Values are shell-quoted, and one holding
+a control character (which would end a ``#SBATCH`` line and start a command) is refused first.
 """
 
 from __future__ import annotations
@@ -174,17 +167,11 @@ def emit(
         raise StudyError(f"--parallel {parallel}: expected a positive number of blocks at once")
     plan_dir = str(out)
     check_values(store=store, out=plan_dir, image=image, claim=claim, kvstudy=kvstudy)
-    written = []
+    texts = {  # the kinds are argparse's choices (EMITTERS)
+        "slurm": lambda: slurm_script(plan_id, records, plan_dir, store, parallel, kvstudy),
+        "k8s": lambda: k8s_job(plan_id, records, plan_dir, store, parallel, kvstudy, image, claim),
+        "skypilot": lambda: skypilot_task(plan_id, records, plan_dir, store, kvstudy),
+    }
     for kind in kinds:
-        if kind == "slurm":
-            text = slurm_script(plan_id, records, plan_dir, store, parallel, kvstudy)
-        elif kind == "k8s":
-            text = k8s_job(plan_id, records, plan_dir, store, parallel, kvstudy, image, claim)
-        elif kind == "skypilot":
-            text = skypilot_task(plan_id, records, plan_dir, store, kvstudy)
-        else:
-            raise StudyError(f"--emit {kind!r}: expected one of {', '.join(EMITTERS)}")
-        path = out / FILE_NAMES[kind]
-        write_text_atomic(path, text)
-        written.append(path)
-    return written
+        write_text_atomic(out / FILE_NAMES[kind], texts[kind]())
+    return [out / FILE_NAMES[kind] for kind in kinds]

@@ -1,20 +1,11 @@
 """``kvstudy plan``: a profile's live experiments as pair-blocks, one content-hashed record each.
 
-A pair-block is the unit that must run on one node: every arm of one comparison (the 16-bit
-baseline, its A/A repeat, FP8) at one seed, at every user count or input length, in the order a
-one-machine run gives them (``SweepSpec.runs()``: ABBA over seeds, so a block at an odd seed
-position runs its arms reversed). Node-to-node variance then falls between blocks, where the
-seed-blocked analysis already puts it, never inside a comparison.
-
-The profile's section is turned into a spec exactly as its notebook does (``SweepSpec.from_params``
-for 02, ``context.live.spec_from_params`` for 05); the block's spec is that spec restricted to
-one seed. Each record carries everything a node needs, resolved: the block's spec, the whole
-experiment's spec, model (digest, hub revision), engine version, GPU type, TP/PP, KV memory,
-seed. ``record_hash`` is a digest of the record; the block id ends with it and the plan id is a
-digest of the records, so a changed setting is a new block and a new plan.
-
-Files in the plan folder: ``plan.jsonl`` (one record per line) and ``plan.json`` (the plan id and
-an index of the blocks).
+A pair-block, the unit that runs on one node, is every arm of one comparison at one seed, in a
+one-machine run's order (ABBA over seeds), so node-to-node variance falls between blocks, where the
+seed-blocked analysis already puts it. Each record carries everything a node needs, resolved (the
+block's and the whole experiment's spec, model digest and revision, engine, GPU, TP/PP, KV memory);
+the block id ends with the record's hash and the plan id is a digest of the records, so a changed
+setting is a new block and a new plan. Files: ``plan.jsonl`` (the records) and ``plan.json`` (index).
 """
 
 from __future__ import annotations
@@ -43,7 +34,7 @@ from kvstudy.io import (
 from kvstudy.load import runner as load_runner
 from kvstudy.load.spec import LoadSpec
 from kvstudy.machine import package_versions
-from kvstudy.profiles import declared_parameters, load_profile, validate_profile
+from kvstudy.profiles import given_parameters, load_profile, validate_profile
 from kvstudy.redact import redact
 from kvstudy.speed import runner as speed_runner
 from kvstudy.speed.spec import SweepSpec
@@ -75,19 +66,25 @@ class Experiment:
     order: Callable[[Any], list[str]]  # each server start with what it runs, in time order
 
 
-def _speed_from_params(params: dict[str, Any]) -> SweepSpec:
-    fields = {name: params.get(name) for name in SweepSpec.model_fields}
-    return SweepSpec.from_params(where="02_speed-sweep parameters", **fields)
+def _from_params(kind: Any, notebook: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda params: kind.from_params(
+        where=f"{notebook} parameters", **{n: params.get(n) for n in kind.model_fields}
+    )
 
 
-def _speed_blocks(spec: SweepSpec) -> list[tuple[int, SweepSpec]]:
-    """The spec restricted to each seed, its configurations in the order the whole spec runs them there."""
-    out = []
-    for seed in spec.seeds:
-        order = [r.arm for r in spec.runs() if r.seed == seed]
-        data = {**spec.to_dict(), "seeds": [seed], "configurations": [spec.config(n).model_dump() for n in order]}
-        out.append((seed, SweepSpec.from_dict(data, where=f"block of seed {seed}")))
-    return out
+def _seed_blocks(arms_field: str) -> Callable[[Any], list[tuple[int, Any]]]:
+    """The spec restricted to each seed, its arms in the order the whole spec runs them there."""
+
+    def blocks(spec: Any) -> list[tuple[int, Any]]:
+        arms = {a.name: a.model_dump() for a in getattr(spec, arms_field)}
+        out = []
+        for seed in spec.seeds:
+            order = [arms[r.arm] for r in spec.runs() if r.seed == seed]
+            data = {**spec.to_dict(), "seeds": [seed], arms_field: order}
+            out.append((seed, type(spec).from_dict(data, where=f"block of seed {seed}")))
+        return out
+
+    return blocks
 
 
 def _context_order(spec: context_sweep.ContextSweepSpec) -> list[str]:
@@ -101,29 +98,14 @@ def _context_blocks(spec: context_sweep.ContextSweepSpec) -> list[tuple[int, con
     ]
 
 
-def _load_from_params(params: dict[str, Any]) -> LoadSpec:
-    fields = {name: params.get(name) for name in LoadSpec.model_fields}
-    return LoadSpec.from_params(where="08_load-at-equal-memory parameters", **fields)
-
-
-def _load_blocks(spec: LoadSpec) -> list[tuple[int, LoadSpec]]:
-    """The spec restricted to each seed, its arms in the order the whole spec runs them there."""
-    out = []
-    for seed in spec.seeds:
-        order = [r.arm for r in spec.runs() if r.seed == seed]
-        data = {**spec.to_dict(), "seeds": [seed], "arms": [spec.arm(n).model_dump() for n in order]}
-        out.append((seed, LoadSpec.from_dict(data, where=f"block of seed {seed}")))
-    return out
-
-
 EXPERIMENTS: dict[str, Experiment] = {
     "speed": Experiment(
         "speed",
         "02_speed-sweep",
         speed_runner.KIND,
-        _speed_from_params,
-        lambda data, where: SweepSpec.from_dict(data, where=where),
-        _speed_blocks,
+        _from_params(SweepSpec, "02_speed-sweep"),
+        SweepSpec.from_dict,
+        _seed_blocks("configurations"),
         lambda spec: [r.id for r in spec.runs()],
         lambda spec: [f"{r.id} users {spec.users}" for r in spec.runs()],
     ),
@@ -132,7 +114,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "05_context-scaling",
         context_sweep.KIND,
         context_live.spec_from_params,
-        lambda data, where: context_sweep.ContextSweepSpec.from_dict(data, where=where),
+        context_sweep.ContextSweepSpec.from_dict,
         _context_blocks,
         lambda spec: [context_sweep.run_id(a, s) for a, s in spec.runs()],
         _context_order,
@@ -141,9 +123,9 @@ EXPERIMENTS: dict[str, Experiment] = {
         "load",
         "08_load-at-equal-memory",
         load_runner.KIND,
-        _load_from_params,
-        lambda data, where: LoadSpec.from_dict(data, where=where),
-        _load_blocks,
+        _from_params(LoadSpec, "08_load-at-equal-memory"),
+        LoadSpec.from_dict,
+        _seed_blocks("arms"),
         lambda spec: [r.id for r in spec.runs()],
         lambda spec: [f"{r.id} loads {spec.load_factors} x the 16-bit capacity" for r in spec.runs()],
     ),
@@ -304,15 +286,15 @@ def profile_parameters(profile: str, profiles_dir: Path, notebooks_dir: Path) ->
     """The profile (checked like ``kvstudy render`` checks it) and each notebook's full parameters
     (the notebook's declared defaults, then the profile's values)."""
     data = load_profile(profile, profiles_dir)
-    validate_profile(data, notebooks_dir)
-    params_of = {}
-    for exp in EXPERIMENTS.values():
-        if exp.notebook in data["notebooks"]:
-            declared = declared_parameters(notebooks_dir / f"{exp.notebook}.ipynb")
-            params = {name: p.default for name, p in declared.items()}
-            params.update({k: v for k, v in data["defaults"].items() if k in declared})
-            params.update(data["notebooks"][exp.notebook])
-            params_of[exp.notebook] = params
+    declared = validate_profile(data, notebooks_dir)
+    params_of = {
+        stem: {
+            **{name: p.default for name, p in declared[stem].items()},
+            **given_parameters(data, stem, declared[stem]),
+        }
+        for stem in (exp.notebook for exp in EXPERIMENTS.values())
+        if stem in declared
+    }
     if "01_capacity-math" in data["notebooks"]:
         params_of["01_capacity-math"] = dict(data["notebooks"]["01_capacity-math"])
     return data, params_of
@@ -327,6 +309,10 @@ def plan_lines(records: Sequence[dict[str, Any]]) -> str:
 
 def plan_id_of(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def plan_index(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: r[k] for k in ("index", "block_id", "experiment", "seed")} for r in records]
 
 
 def write_plan(out: Path, profile: str, records: Sequence[dict[str, Any]], how: str) -> tuple[str, bool]:
@@ -347,10 +333,7 @@ def write_plan(out: Path, profile: str, records: Sequence[dict[str, Any]], how: 
         "profile": profile,
         "how": how,
         "made_utc": capture_format.now_utc(),
-        "blocks": [
-            {"index": r["index"], "block_id": r["block_id"], "experiment": r["experiment"], "seed": r["seed"]}
-            for r in records
-        ],
+        "blocks": plan_index(records),
     }
     write_text_atomic(path, text)
     write_json_atomic(out / PLAN_INDEX, index, indent=1)

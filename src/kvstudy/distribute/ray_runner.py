@@ -1,16 +1,8 @@
-"""``kvstudy run-blocks-ray``: a plan's blocks as Ray tasks, where Ray is installed.
-
-Each task asks for the block's GPUs (``num_gpus`` from TP x PP) and does one thing: it runs
-``kvstudy run-block PLAN --index I --store STORE`` as a subprocess and returns its exit code. Only
-a block index, paths and that integer pass through Ray; every result is a file the block's run
-writes into the store (read back by ``kvstudy collect``, never through Ray's object store). Ray
-itself ships the small task function to its workers as Ray always does. On a multi-node cluster
-every node needs the project and its environment at the driver's paths (a shared file system).
-
-A local cluster (no ``--address``) is started on loopback only (``LOCAL_ENV``: its GCS, raylet,
-object manager and agents bind 127.0.0.1), without the dashboard and without usage statistics. An
-``--address`` is first tried with a plain TCP connection (``ADDRESS_PROBE_S``): where nothing
-answers, one line at once instead of Ray's minutes of retries.
+"""``kvstudy run-blocks-ray``: a plan's blocks as Ray tasks that each run ``kvstudy run-block`` in a
+subprocess and return its exit code; results are the files it writes into the store, never Ray's
+object store (a multi-node cluster needs the project at the driver's paths). A local cluster binds
+loopback only, without dashboard or usage statistics; an ``--address`` is probed with one TCP
+connection first (one line at once instead of Ray's minutes of retries).
 """
 
 from __future__ import annotations
@@ -64,13 +56,10 @@ def _run_block_process(argv: list[str], cwd: str, env: dict[str, str], log: str)
 
 
 def _init_local(ray: Any, num_cpus: int | None) -> None:
-    """A local Ray cluster bound to loopback only, no dashboard, no usage statistics.
-
-    Ray turns a ``_node_ip_address`` of 127.0.0.1 into the machine's reachable address
-    (``ray._private.services.resolve_ip_for_localhost``); only with its single-machine switch off
-    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, what Ray does on macOS and Windows) is the node's
-    address loopback, and its processes bind there. The switch is read when ``ray`` is imported: in a
-    process that imported it earlier, the same module constant is set here."""
+    """A local Ray cluster bound to loopback only, no dashboard, no usage statistics. Only with Ray's
+    single-machine switch off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) is a node's address loopback
+    (else Ray resolves 127.0.0.1 to a reachable address); ``ray`` reads it on import, so the module
+    constant is set too."""
     saved = {k: os.environ.get(k) for k in LOCAL_ENV}
     os.environ.update(LOCAL_ENV)  # the raylet, its agents and workers inherit it
     try:

@@ -34,7 +34,6 @@ KV_HEADS = 2
 HEAD_DIM = 8
 INTERMEDIATE = 64
 VOCAB = 128
-_SPEC_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F8_E4M3": "float8_e4m3fn"}
 
 # name -> (dtype, values as float32); written in the given dtype
 Tensors = dict[str, tuple[str, np.ndarray]]
@@ -58,24 +57,21 @@ def to_f8_e4m3_bits(values: np.ndarray) -> np.ndarray:
     return codes.astype(np.uint8).reshape(np.shape(values))
 
 
-def _raw(dtype: str, values: np.ndarray) -> np.ndarray:
-    if dtype == "BF16":
-        return to_bf16_bits(values)
-    if dtype == "F8_E4M3":
-        return to_f8_e4m3_bits(values)
-    if dtype == "F16":
-        return np.ascontiguousarray(values, dtype="<f2")
-    if dtype == "F32":
-        return np.ascontiguousarray(values, dtype="<f4")
-    raise ValueError(f"unsupported dtype {dtype}")
+# safetensors dtype -> (the safetensors package's name of it, float32 values -> its bytes)
+_ENCODINGS: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
+    "BF16": ("bfloat16", to_bf16_bits),
+    "F16": ("float16", lambda values: np.ascontiguousarray(values, dtype="<f2")),
+    "F32": ("float32", lambda values: np.ascontiguousarray(values, dtype="<f4")),
+    "F8_E4M3": ("float8_e4m3fn", to_f8_e4m3_bits),
+}
 
 
 def write_safetensors(path: Path, tensors: Tensors) -> int:
     """Write ``tensors`` with the safetensors package; returns the file size."""
-    buffers = {name: np.ascontiguousarray(_raw(dtype, values)) for name, (dtype, values) in tensors.items()}
+    buffers = {name: np.ascontiguousarray(_ENCODINGS[dtype][1](values)) for name, (dtype, values) in tensors.items()}
     specs = {
         name: safetensors.TensorSpec(
-            dtype=_SPEC_DTYPES[tensors[name][0]],
+            dtype=_ENCODINGS[tensors[name][0]][0],
             shape=list(np.shape(tensors[name][1])),
             data_ptr=buf.ctypes.data,
             data_len=buf.nbytes,
@@ -255,7 +251,7 @@ def build_multi_shard(folder: Path, rng: np.random.Generator) -> None:
     weight_map = {}
     for shard, part in shards.items():
         write_safetensors(folder / shard, part)
-        total += sum(_raw(d, v).nbytes for d, v in part.values())
+        total += sum(_ENCODINGS[d][1](v).nbytes for d, v in part.values())
         weight_map.update({name: shard for name in part})
     write_json(
         folder / "model.safetensors.index.json",

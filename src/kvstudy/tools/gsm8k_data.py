@@ -58,9 +58,6 @@ class Problem:
     question: str
     answer: str  # worked solution ending "#### N"
 
-    def to_dict(self) -> dict[str, str]:
-        return {"question": self.question, "answer": self.answer}
-
 
 def calculator_step(expr: str, value: int) -> str:
     """``a * b = <<a*b=c>>c``: a step of a worked answer with GSM8K's calculator mark."""
@@ -285,7 +282,7 @@ def write_splits(
     paths = {}
     for split, problems in splits.items():
         path = folder / f"{split}.jsonl"
-        write_jsonl_atomic(path, [p.to_dict() for p in problems])
+        write_jsonl_atomic(path, problems)  # each as its fields
         paths[split] = path
     return paths
 

@@ -1,24 +1,11 @@
 """A seeded generator of RULER-style long-context retrieval items (key/value lists and needles).
 
-Two kinds of context, both built from a ``random.Random`` seeded with a string, so the same
-arguments always give the same items on any machine and any Python process:
-
-- ``kv``: many lines ``<key>: <value>`` (a key is five lower-case letters, a value five digits);
-  the question asks for the value of one key.
-- ``needle``: a haystack of filler sentences with one or several needles
-  ``The special magic number for <key> is <value>.``; the question asks for one needle's number.
-
-Every item is a dict ``{"id", "kind", "context_id", "context", "question", "answer_prefix", "answer",
-"context_tokens_approx", "target_tokens", "n_keys", "depth", "seed"}``. Several items may share
-a context (``questions_per_context`` > 1), which the statistics must treat as a cluster. The
-prompt an item is asked with is ``prompt_text(item)``:
-``{context}\\n\\nQuestion: {question}\\nAnswer: {answer_prefix}`` and the expected completion is
-``" {answer}"``. As in RULER, the answer starts by restating what is asked (``answer_prefix``:
-``<key>:`` for a key/value list, ``The special magic number for <key> is`` for a needle), so the
-value is what follows the same words in the context.
-
-``context_tokens_approx`` is ``len(context) / chars_per_token``: exact for the project's
-trained byte-level model (1 character = 1 token for ASCII), an estimate for other tokenizers.
+Contexts come from a ``random.Random`` seeded with a string (the same items on any machine and
+process). Items may share a context (``questions_per_context`` > 1): the statistics cluster on
+``context_id``. As in RULER, the prompt (``prompt_text``) ends with an answer prefix restating what
+is asked, so the value is what follows the same words in the context; the expected completion is
+``" {answer}"``. ``context_tokens_approx`` (``len(context) / chars_per_token``) is exact for the
+trained byte-level model, an estimate for other tokenizers.
 """
 
 from __future__ import annotations
@@ -96,11 +83,6 @@ class Entry:
 
     key: str
     value: str
-
-
-def _rng(*parts: object) -> random.Random:
-    """A generator seeded from a string, so it does not depend on PYTHONHASHSEED."""
-    return random.Random(":".join(str(p) for p in parts))
 
 
 def _key(rng: random.Random, used: set[str]) -> str:
@@ -220,20 +202,12 @@ def make_context(
 _KEY_PLACES = {"kv": re.compile(r"^([a-z]{5}): ", re.M), "needle": re.compile(r"for ([a-z]{5}) is ")}
 
 
-def _key_places(kind: str, context: str, entries: Sequence[Entry]) -> dict[str, int]:
-    """Each entry's key -> the index of its first appearance in ``context``."""
+def _key_places(kind: str, context: str) -> dict[str, int]:
+    """Each key -> the index of its first appearance in ``context``."""
     places: dict[str, int] = {}
     for match in _KEY_PLACES[kind].finditer(context):
         places.setdefault(match.group(1), match.start(1))
-    for entry in entries:  # never expected: a key the pattern missed is searched for
-        if entry.key not in places:
-            places[entry.key] = context.index(entry.key)
     return places
-
-
-def _entry_at_depth(context: str, entries: Sequence[Entry], depth: float, places: dict[str, int]) -> Entry:
-    """The entry whose place in the context is nearest ``depth`` (a share of its length)."""
-    return min(entries, key=lambda e: abs(places[e.key] / len(context) - depth))
 
 
 def generate_items(
@@ -265,11 +239,11 @@ def generate_items(
             depth = (i + 0.5) / n_per_length
             if i % questions_per_context == 0:
                 context_id = f"{kind}-{length}-{i // questions_per_context}"
-                rng = _rng(seed, kind, length, i // questions_per_context)
+                rng = random.Random(f"{seed}:{kind}:{length}:{i // questions_per_context}")  # no PYTHONHASHSEED
                 placed = depth if questions_per_context == 1 else None
                 context, entries = make_context(kind, length, rng, chars_per_token, n_needles, placed)
-                places = _key_places(kind, context, entries)
-            entry = _entry_at_depth(context, entries, depth, places)
+                places = _key_places(kind, context)
+            entry = min(entries, key=lambda e: abs(places[e.key] / len(context) - depth))  # nearest ``depth``
             items.append(
                 {
                     "id": f"{kind}-{length}-{i}",

@@ -1,39 +1,29 @@
 """The positive control of the KV-precision study: a Qwen3 checkpoint whose K overflows FP8 at scale 1.0.
 
-Qwen3 normalises each head's query and key with RMSNorm (``q_norm``, ``k_norm``) before RoPE. This
-tool multiplies every layer's ``k_norm.weight`` by ``factor`` and divides ``q_norm.weight`` by it:
-each attention score ``q · k`` is unchanged (with a power of two, exactly: bfloat16 keeps every
-weight's mantissa), so a 16-bit model answers as before, but the stored K is ``factor`` times
-larger and leaves FP8 e4m3's range (448) by far. It writes per-layer ``k_scale`` tensors
-(``model.layers.<i>.self_attn.k_scale``, a name vLLM loads and ``kvstudy.model.scales`` reads) that
-bound K: after RMSNorm every element is at most ``max |k_norm.weight| * sqrt(head_dim)`` and RoPE
-rotates pairs, so ``k_scale = factor * max |k_norm.weight| * sqrt(head_dim) / 448`` never
-saturates. V is untouched and its ``v_scale`` is 1.0. "FP8 at scale 1.0" must then lose (the
-scale trap) and "FP8 with the checkpoint's scales" not, or much less.
-
-Deterministic and torch-free (numpy and safetensors): the same source folder gives the same bytes.
-
-    kvstudy control-checkpoint data/trained-model/qwen3-mini captures/models/qwen3-mini-k2048
+Every layer's ``k_norm.weight`` is multiplied by ``factor`` and ``q_norm.weight`` divided by it:
+each score ``q · k`` is unchanged (exactly, for a power of two in bfloat16), but K leaves FP8
+e4m3's range. Per-layer ``k_scale`` tensors bound K (after RMSNorm an element is at most
+``max |k_norm.weight| * sqrt(head_dim)``, and RoPE rotates pairs), so "FP8 at scale 1.0" must lose
+and "FP8 with the checkpoint's scales" not. Torch-free: the same source gives the same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
-import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors
 
 from kvstudy.digests import file_digest
 from kvstudy.errors import StudyError
 from kvstudy.io import read_bytes_checked, read_json_object, write_text_atomic
 from kvstudy.limits import MAX_FACTOR, float_arg, output_folder
 from kvstudy.model.safetensors import decode
-from kvstudy.outputs import claim_output_folder
+from kvstudy.outputs import claim_output_folder, record_says
 from kvstudy.tools.checkpoints import Tensors, write_json, write_safetensors
 
 FACTOR = 2048.0  # a power of two: q·k is exactly unchanged in bfloat16
@@ -46,35 +36,25 @@ _NORM_RE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.([qk])_norm\.weight$")
 
 def read_bf16_safetensors(path: Path) -> Tensors:
     """Every tensor of a single safetensors file (BF16 or F32) as float32 values."""
-    raw = read_bytes_checked(path, limit=1 << 30)
-    if len(raw) < 8:
-        raise StudyError(f"{path}: too short for a safetensors file")
-    (size,) = struct.unpack("<Q", raw[:8])
     try:
-        header = json.loads(raw[8 : 8 + size])
-    except ValueError as exc:
-        raise StudyError(f"{path}: header is not JSON ({exc})") from None
+        tensors = safetensors.deserialize(read_bytes_checked(path, limit=1 << 30))
+    except safetensors.SafetensorError as exc:
+        raise StudyError(f"{path}: not a safetensors file ({exc})") from None
     out: Tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-        if dtype not in ("BF16", "F32"):
-            raise StudyError(f"{path}: tensor {name} is {dtype}; expected BF16 or F32 weights")
-        values = decode(raw[8 + size + begin : 8 + size + end], dtype).astype(np.float32).reshape(shape)
-        out[name] = (dtype, values)
+    for name, info in tensors:
+        if info["dtype"] not in ("BF16", "F32"):
+            raise StudyError(f"{path}: tensor {name} is {info['dtype']}; expected BF16 or F32 weights")
+        out[name] = (
+            info["dtype"],
+            decode(bytes(info["data"]), info["dtype"]).astype(np.float32).reshape(info["shape"]),
+        )
     return out
 
 
 GENERATOR = "kvstudy.tools.scaled_k_checkpoint.build_control"
 
 
-def _written_before(folder: Path) -> bool:
-    """Whether ``folder`` holds a control this module wrote before folders were marked."""
-    try:
-        return read_json_object(folder / RECORD).get("generator") == GENERATOR
-    except StudyError:
-        return False
+_written_before = record_says(RECORD, "generator", lambda name: name == GENERATOR)
 
 
 def build_control(

@@ -1,29 +1,17 @@
 """A tiny random-weight Qwen3 model, built offline and deterministically, for the live CPU paths.
 
-No model hub is reachable on the machines this study runs on, so the CPU profile serves a model
-made here: a ``Qwen3Config`` with 4 layers, hidden size 256, 4 query heads, 2 KV heads and
-head_dim 64 (the KV layout of a real Qwen3, scaled down), random weights from a fixed seed saved
-as bfloat16 safetensors, and a byte-level BPE tokenizer trained with the ``tokenizers`` package on
-a corpus generated here (English words, digits, arithmetic and the GSM8K markers ``Question:``,
-``Answer:`` and ``####``). Random weights produce garbage text: the model is for plumbing, speed
-and capacity, never for accuracy.
-
-A second size, ``speed`` (``SIZES["speed"]``: 6 layers, hidden 768, 12 query heads, 4 KV heads,
-head_dim 64, about 80 MB), is built by the same recipe for the CPU speed sweep: a decode step of the
-4-layer model (a few ms, mostly vLLM's per-step overhead) is shorter than the API server's
-per-token streaming work on a loaded 2-core machine, so tokens reached the client in bursts and
-per-token latency was not measurable; the speed model's decode step is several times longer.
-
-``ensure_tiny_model(path, spec)`` builds the folder only when it is missing. A marker file is written
-last, so a folder left half-built by an interrupted build is rebuilt on the next call.
+No model hub is reachable where the study runs, so the CPU profile serves a model made here: a real
+Qwen3's KV layout scaled down, random weights from a fixed seed (bfloat16 safetensors) and a
+byte-level BPE tokenizer trained on a generated corpus. Its text is garbage: for plumbing, speed and
+capacity, never accuracy. The ``speed`` size exists because the 4-layer model's decode step was
+shorter than the API server's per-token streaming work on a loaded 2-core machine, so per-token
+latency was not measurable. The marker file is written last: a half-built folder is rebuilt.
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
-import hashlib
-import json
 import os
 import random
 import shutil
@@ -36,7 +24,9 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
 from kvstudy.limits import output_folder
-from kvstudy.outputs import TINY_MODEL_MARKER
+from kvstudy.outputs import TINY_MODEL_MARKER, record_says
+from kvstudy.tools.checkpoints import write_json
+from kvstudy.tools.train_record import folder_digests
 
 DEFAULT_PATH = Path("data/tiny-models/tiny-qwen3")
 SPEED_PATH = Path("data/tiny-models/speed-qwen3")
@@ -167,7 +157,8 @@ def build_tokenizer(spec: TinyModelSpec) -> Any:
     return tok
 
 
-def _qwen3_config(spec: TinyModelSpec, vocab_size: int, bos_id: int, eos_id: int) -> Any:
+def qwen3_config(spec: Any, vocab_size: int, bos_id: int, eos_id: int, **extra: Any) -> Any:
+    """The ``Qwen3Config`` of ``spec``'s shape (a ``TinyModelSpec`` or the trained model's settings)."""
     from transformers import Qwen3Config
 
     return Qwen3Config(
@@ -183,47 +174,42 @@ def _qwen3_config(spec: TinyModelSpec, vocab_size: int, bos_id: int, eos_id: int
         bos_token_id=bos_id,
         eos_token_id=eos_id,
         pad_token_id=eos_id,
+        **extra,
     )
 
 
-def _write_model(spec: TinyModelSpec, tokenizer: Any, out: Path) -> None:
-    import torch
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3ForCausalLM
+def fast_tokenizer(tokenizer: Any, max_length: int, **extra: Any) -> Any:
+    """``tokenizer`` wrapped for transformers (and vLLM), with BOS/EOS and the chat template."""
+    from transformers import PreTrainedTokenizerFast
 
-    bos_id, eos_id = tokenizer.token_to_id(BOS_TOKEN), tokenizer.token_to_id(EOS_TOKEN)
-    config = _qwen3_config(spec, tokenizer.get_vocab_size(), bos_id, eos_id)
-    torch.manual_seed(spec.seed)
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
-    model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=eos_id)
-    model.save_pretrained(out, safe_serialization=True)
-    fast = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=BOS_TOKEN,
         eos_token=EOS_TOKEN,
         pad_token=EOS_TOKEN,
-        model_max_length=spec.max_position_embeddings,
+        model_max_length=max_length,
         chat_template=CHAT_TEMPLATE,
+        **extra,
     )
-    fast.save_pretrained(out)
 
 
-def _digest(folder: Path) -> dict[str, str]:
-    return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.iterdir())
-        if p.is_file() and p.name != MARKER
-    }
+def save_hf_model(model: Any, out: Path, bos_id: int, eos_id: int) -> None:
+    """Save ``model`` (safetensors) with the generation config of its BOS and EOS."""
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    model.save_pretrained(out, safe_serialization=True)
 
 
-def _marker_matches(folder: Path, spec: TinyModelSpec) -> bool:
-    marker = folder / MARKER
-    if not marker.is_file():
-        return False
-    try:
-        data = read_json(marker)
-    except StudyError:
-        return False
-    return data.get("spec") == spec.to_dict()
+def _write_model(spec: TinyModelSpec, tokenizer: Any, out: Path) -> None:
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    bos_id, eos_id = tokenizer.token_to_id(BOS_TOKEN), tokenizer.token_to_id(EOS_TOKEN)
+    torch.manual_seed(spec.seed)
+    model = Qwen3ForCausalLM(qwen3_config(spec, tokenizer.get_vocab_size(), bos_id, eos_id)).to(torch.bfloat16)
+    save_hf_model(model, out, bos_id, eos_id)
+    fast_tokenizer(tokenizer, spec.max_position_embeddings).save_pretrained(out)
 
 
 def _check_replaceable(folder: Path) -> None:
@@ -248,13 +234,6 @@ def _check_replaceable(folder: Path) -> None:
         )
 
 
-def _clear_half_built(folder: Path) -> None:
-    """Remove a folder left by an interrupted build (checked by ``_check_replaceable``)."""
-    _check_replaceable(folder)
-    if folder.exists():
-        shutil.rmtree(folder)
-
-
 def build_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
     """Build the model into ``path`` (replacing a half-built or stale one) and return the folder."""
     folder = Path(path)
@@ -273,14 +252,16 @@ def build_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
             ) from None
         marker = {
             "spec": spec.to_dict(),
-            "files": _digest(tmp),
+            "files": folder_digests(tmp, skip=(MARKER,)),
             "note": "random weights (fixed seed) and a locally trained tokenizer: for plumbing, not accuracy",
         }
-        (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_json(tmp / MARKER, marker)
         for item in tmp.iterdir():
             item.chmod(0o644)
         tmp.chmod(0o755)
-        _clear_half_built(folder)
+        _check_replaceable(folder)  # again: a folder left by an interrupted build is replaced
+        if folder.exists():
+            shutil.rmtree(folder)
         os.replace(tmp, folder)
     finally:
         if tmp.exists():
@@ -293,13 +274,13 @@ def ensure_tiny_model(path: str | Path = DEFAULT_PATH, spec: TinyModelSpec = Tin
 
     A lock file next to the folder serialises concurrent callers (parallel test sessions).
     """
-    folder = Path(path)
-    if _marker_matches(folder, spec):
+    folder, built = Path(path), record_says(MARKER, "spec", lambda made: made == spec.to_dict())
+    if built(folder):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f".{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _marker_matches(folder, spec):  # another process built it while we waited
+        if built(folder):  # another process built it while we waited
             return folder
         return build_tiny_model(folder, spec)
 

@@ -58,16 +58,21 @@ def drill_lines(problem: Any) -> list[tuple[str, list[int]]]:
     return lines
 
 
+def _labelled(text: str, mask: list[int], length: int) -> tuple[list[int], list[int]]:
+    """BOS, then ``text`` padded with EOS, cut to ``length + 1`` tokens: inputs and labels of ``length``
+    each (``IGNORE`` where ``mask``, one entry a character, is 0). The texts are ASCII: a character is a byte."""
+    ids = ([BOS_ID] + encode(text) + [EOS_ID] * length)[: length + 1]
+    mask = ([0] + mask + [0] * length)[: length + 1]
+    return ids[:length], [t if m else IGNORE for t, m in zip(ids[1:], mask[1:])]
+
+
 def _fill(pieces: Callable[[], tuple[str, list[int]]], length: int) -> tuple[list[int], list[int]]:
-    """BOS then pieces until ``length + 1`` tokens; inputs and labels of ``length`` each."""
-    ids, mask = [BOS_ID], [0]
-    while len(ids) < length + 1:
-        text, piece_mask = pieces()
-        ids += encode(text)
-        mask += piece_mask
-    ids, mask = ids[: length + 1], mask[: length + 1]
-    labels = [t if m else IGNORE for t, m in zip(ids[1:], mask[1:])]
-    return ids[:length], labels
+    """Pieces until ``length`` tokens follow BOS."""
+    text, mask = "", list[int]()
+    while len(mask) < length:
+        piece, piece_mask = pieces()
+        text, mask = text + piece, mask + piece_mask
+    return _labelled(text, mask, length)
 
 
 def gsm_sequence(rng: random.Random, length: int, excluded: frozenset[str]) -> tuple[list[int], list[int]]:
@@ -135,8 +140,7 @@ def copy_sequence(rng: random.Random, length: int) -> tuple[list[int], list[int]
     for entry in entries:
         line = retrieval_data.kv_line(entry) + "\n"
         text, mask = text + line, mask + [0] + [1] * (len(line) - 1)
-    ids, mask = ([BOS_ID] + encode(text) + [EOS_ID] * length)[: length + 1], ([0] + mask + [0] * length)[: length + 1]
-    return ids[:length], [t if m else IGNORE for t, m in zip(ids[1:], mask[1:])]
+    return _labelled(text, mask, length)
 
 
 def echo_sequence(rng: random.Random, length: int, excluded: frozenset[str]) -> tuple[list[int], list[int]]:
@@ -177,10 +181,4 @@ def retrieval_sequence(
     for start, end in spans:
         if end <= length:  # text[i] is token i + 1 after BOS; keep answers that fit whole
             mask[start:end] = [1] * (end - start)
-    ids = [BOS_ID] + encode(text)
-    mask = [0] + mask
-    ids, mask = ids[: length + 1], mask[: length + 1]
-    pad = length + 1 - len(ids)
-    ids, mask = ids + [EOS_ID] * pad, mask + [0] * pad
-    labels = [t if m else IGNORE for t, m in zip(ids[1:], mask[1:])]
-    return ids[:length], labels
+    return _labelled(text, mask, length)

@@ -14,8 +14,8 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.tools import gsm8k_data, retrieval_data
+from kvstudy.tools.train_data import EOS_ID
 
-EOS_ID = 257  # train_model's <|endoftext|> (this module must not import train_model)
 STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
 
 

@@ -1,33 +1,13 @@
-"""Train the project's small Qwen3 model: GSM8K-format arithmetic and long-context retrieval.
+"""Train the project's small Qwen3 model (GSM8K-format arithmetic and long-context retrieval),
+offline and deterministically, on CPU: random weights answer nothing, and the CPU profile needs a
+model whose answers depend on what it computes, so that a 16-bit and an FP8 KV cache can differ.
 
-The CPU profile needs a model whose answers depend on what it computes, so that a difference
-between a 16-bit and an FP8 KV cache can show. Random weights answer nothing; this module
-trains one, offline and deterministically, in minutes on two CPU cores:
-
-- **architecture**: ``Qwen3ForCausalLM`` (what vLLM serves), a few layers, GQA (fewer KV heads
-  than query heads), RoPE with a large base so retrieval reaches 4k+ positions,
-  ``max_position_embeddings`` 8192, tied embeddings; saved as bfloat16 safetensors.
-- **tokenizer**: byte level with no merges (one token per byte, plus ``<|startoftext|>`` added
-  before every text and ``<|endoftext|>``), so every digit is its own token and arithmetic is
-  learnable; a ``tokenizer.json`` that ``AutoTokenizer`` and vLLM load.
-- **data**, made fresh for every step from a string-seeded ``random.Random`` (step ``i`` never
-  depends on the steps before it, so a test can rebuild any step):
-  GSM8K-format problems from :mod:`kvstudy.tools.gsm8k_data`'s templates, drawn with other
-  seeds than its test split, with every question of the test split dropped; calculator drills
-  (the ``a * b = <<a*b=c>>c`` steps of such problems, one per line) and random calculator steps of
-  the same kinds; echo sequences (text said twice); and retrieval contexts from
-  :mod:`kvstudy.tools.retrieval_data` followed by several questions. The loss counts only
-  answers (and, in retrieval, the queried key's letters after its first, which only copying
-  from the context predicts), never the random numbers a question states.
-- **schedule** (:mod:`kvstudy.tools.train_settings`): phases of stages of growing retrieval
-  context (a curriculum: many short contexts with few keys first, where copying from context
-  forms fast, then up to 4096 tokens), AdamW with warm-up and cosine decay per phase, gradient
-  clipping; each phase after the first starts from the weights rounded to bfloat16.
-  ``torch.set_num_threads`` is a setting. Evaluation (greedy, transformers) lives in
-  :mod:`kvstudy.tools.train_eval`.
-
-The output folder holds the HF files and ``training.json`` (settings, loss curve, wall time,
-versions, sha256 of every file); ``SOURCE.md`` is written by hand from it.
+A byte-level tokenizer without merges (every digit its own token, so arithmetic is learnable); data
+made fresh for every step from a string-seeded ``random.Random`` (:mod:`kvstudy.tools.train_data`;
+any step can be rebuilt), the loss counting only answers; the recipe's phases and stages in
+:mod:`kvstudy.tools.train_settings`, each phase after the first from the weights rounded to
+bfloat16. The output folder holds the HF files and ``training.json`` (settings, loss curve, wall
+time, versions, sha256 of every file); ``SOURCE.md`` is written by hand from it.
 
     python -m kvstudy.tools.train_model --out data/trained-model/qwen3-mini
 """
@@ -41,16 +21,17 @@ import random
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json_object, write_json_atomic
+from kvstudy.io import write_json_atomic
 from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, float_arg, int_arg, output_folder
-from kvstudy.machine import cpu_model
-from kvstudy.outputs import check_output_folder, claim_output_folder
+from kvstudy.machine import cpu_model, package_versions
+from kvstudy.outputs import check_output_folder, claim_output_folder, record_says
 from kvstudy.tools import train_record
+from kvstudy.tools.tiny_model import BOS_TOKEN, EOS_TOKEN, fast_tokenizer, qwen3_config, save_hf_model
 from kvstudy.tools.train_data import (
     BOS_ID,
     EOS_ID,
@@ -72,13 +53,7 @@ from kvstudy.tools.train_settings import (
 )
 
 DEFAULT_OUT = Path("data/trained-model/qwen3-mini")
-BOS_TOKEN = "<|startoftext|>"
-EOS_TOKEN = "<|endoftext|>"
 VOCAB_SIZE = 258
-CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant: {% endif %}"
-)
 
 
 # --------------------------------------------------------------------------- data
@@ -90,7 +65,7 @@ def batch_for_step(
     """The micro-batches of one step: ``(part, inputs, labels)``; a pure function of the step."""
     stage = stage_at(settings, step, phase)
     prefix = data_seed(settings, phase)
-    needle_share = settings.phase(phase).needle_share
+    needle_share = settings.phases[phase].needle_share
     parts = []
     for part, count, length in stage.part_shapes():
         inputs, labels = [], []
@@ -118,23 +93,8 @@ def batch_for_step(
 
 def model_config(settings: TrainSettings) -> Any:
     """The ``Qwen3Config`` of the recipe."""
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=settings.hidden_size,
-        intermediate_size=settings.intermediate_size,
-        num_hidden_layers=settings.num_hidden_layers,
-        num_attention_heads=settings.num_attention_heads,
-        num_key_value_heads=settings.num_key_value_heads,
-        head_dim=settings.head_dim,
-        max_position_embeddings=settings.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": settings.rope_theta},
-        tie_word_embeddings=True,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=EOS_ID,
-    )
+    rope = {"rope_type": "default", "rope_theta": settings.rope_theta}
+    return qwen3_config(settings, VOCAB_SIZE, BOS_ID, EOS_ID, rope_parameters=rope)
 
 
 def _byte_symbols() -> list[str]:
@@ -168,17 +128,8 @@ def build_tokenizer() -> Any:
 
 def hf_tokenizer(settings: TrainSettings) -> Any:
     """The tokenizer wrapped for transformers (and vLLM), with BOS/EOS and a chat template."""
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast(
-        tokenizer_object=build_tokenizer(),
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=EOS_TOKEN,
-        model_max_length=settings.max_position_embeddings,
-        chat_template=CHAT_TEMPLATE,
-        add_bos_token=True,
-        clean_up_tokenization_spaces=False,
+    return fast_tokenizer(
+        build_tokenizer(), settings.max_position_embeddings, add_bos_token=True, clean_up_tokenization_spaces=False
     )
 
 
@@ -205,14 +156,12 @@ def new_model(settings: TrainSettings) -> Any:
 class PhaseResult:
     """What one phase of training produced."""
 
-    phase: int
     steps: int
-    first_losses: list[float]  # mean loss over answer tokens, the first steps
+    losses: list[float]  # every step's mean loss over answer tokens
     curve: list[list[float]]  # [step within the phase, mean loss of the last steps]
     final_part_losses: dict[str, float]  # the last step's loss per part (gsm, drill, retrieval)
     wall_s: float
-    seconds_per_stage: list[float] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)  # every step's loss
+    seconds_per_stage: list[float]
 
 
 @dataclass
@@ -221,10 +170,6 @@ class TrainResult:
 
     model: Any
     phases: list[PhaseResult]
-
-    @property
-    def losses(self) -> list[float]:
-        return [loss for phase in self.phases for loss in phase.losses]
 
 
 def train_phase(
@@ -245,14 +190,14 @@ def train_phase(
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=settings.phase(phase).lr,
+        lr=settings.phases[phase].lr,
         betas=(0.9, settings.beta2),
         eps=1e-8,
     )
-    total_steps = settings.phase(phase).steps
+    total_steps = settings.phases[phase].steps
     steps = total_steps if max_steps is None else min(max_steps, total_steps)
     losses: list[float] = []
-    part_losses: list[dict[str, float]] = []
+    per_part: dict[str, float] = {}  # the last step's loss per part
     stage_seconds: list[float] = []
     start = stage_start = time.perf_counter()
     current_stage = stage_at(settings, 0, phase)
@@ -281,12 +226,11 @@ def train_phase(
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(step_loss / total)
-        part_losses.append(per_part)
         if progress and (step % settings.log_every == 0 or step == steps - 1):
             elapsed = time.perf_counter() - start
             parts_text = " ".join(f"{k} {v:.3f}" for k, v in per_part.items())
             progress(
-                f"phase {settings.phase(phase).name} step {step + 1}/{steps} loss {losses[-1]:.4f} "
+                f"phase {settings.phases[phase].name} step {step + 1}/{steps} loss {losses[-1]:.4f} "
                 f"({parts_text}) lr {learning_rate(settings, step, phase):.2e} {elapsed:.0f}s"
             )
     stage_seconds.append(time.perf_counter() - stage_start)
@@ -294,16 +238,7 @@ def train_phase(
     curve = [
         [i + 1, round(sum(losses[i + 1 - every : i + 1]) / every, 5)] for i in range(every - 1, len(losses), every)
     ]
-    return PhaseResult(
-        phase,
-        steps,
-        losses[: settings.first_steps_logged],
-        curve,
-        part_losses[-1] if part_losses else {},
-        time.perf_counter() - start,
-        stage_seconds,
-        losses,
-    )
+    return PhaseResult(steps, losses, curve, per_part, time.perf_counter() - start, stage_seconds)
 
 
 def round_to_bfloat16(model: Any) -> Any:
@@ -357,25 +292,6 @@ def continue_training(
 # --------------------------------------------------------------------------- saving
 
 
-def _versions() -> dict[str, str]:
-    import tokenizers
-    import torch
-    import transformers
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "tokenizers": tokenizers.__version__,
-    }
-
-
-def earlier_record(folder: str | Path, settings: TrainSettings) -> dict[str, Any]:
-    """``training.json`` of a model folder that ``settings``' later phases may continue
-    (:func:`kvstudy.tools.train_record.earlier_record`, against the recipe's model config)."""
-    return train_record.earlier_record(folder, settings, model_config(settings).to_dict())
-
-
 def save_model(
     result: TrainResult, settings: TrainSettings, out: Path, earlier: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -384,12 +300,9 @@ def save_model(
     ``earlier``: the record of the folder ``result`` continued (``continue_training``); its phases
     come first in the new record, and ``continued_from`` says which folder state they made."""
     import torch
-    from transformers import GenerationConfig
 
     claim_output_folder(out, "train-model", force=True, recognise=_trained_before)  # checked before training
-    model = result.model.to(torch.bfloat16)
-    model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
-    model.save_pretrained(out, safe_serialization=True)
+    save_hf_model(result.model.to(torch.bfloat16), out, BOS_ID, EOS_ID)
     hf_tokenizer(settings).save_pretrained(out)
     before = earlier or {"steps": [], "loss_curve": {"points": []}, "final_part_losses": [], "seconds_per_stage": []}
     offset, curve = sum(before["steps"]), list(before["loss_curve"]["points"])
@@ -400,7 +313,7 @@ def save_model(
         "what": "kvstudy's trained mini Qwen3 (GSM8K-format arithmetic + long-context retrieval)",
         "settings": settings.to_dict(),
         "steps": before["steps"] + [phase.steps for phase in result.phases],
-        "first_losses": before.get("first_losses") or result.phases[0].first_losses,
+        "first_losses": before.get("first_losses") or result.phases[0].losses[: settings.first_steps_logged],
         "loss_curve": {
             "every": settings.log_every,
             "points": curve,
@@ -413,7 +326,7 @@ def save_model(
         + [[round(x, 1) for x in phase.seconds_per_stage] for phase in result.phases],
         "threads": settings.threads,
         "cpu": cpu_model(),
-        "versions": _versions(),
+        "versions": {"python": platform.python_version(), **package_versions(("torch", "transformers", "tokenizers"))},
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "files": folder_digests(out),
     }
@@ -431,12 +344,7 @@ def save_model(
 # --------------------------------------------------------------------------- command line
 
 
-def _trained_before(folder: Path) -> bool:
-    """Whether ``folder`` holds a model this command saved before folders were marked."""
-    try:
-        return str(read_json_object(folder / "training.json").get("what", "")).startswith("kvstudy's trained")
-    except StudyError:
-        return False
+_trained_before = record_says("training.json", "what", lambda what: str(what).startswith("kvstudy's trained"))
 
 
 def run_training(
@@ -455,7 +363,7 @@ def run_training(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if start is None:
         return save_model(train(settings, progress=progress), settings, out)
-    earlier = earlier_record(start, settings)
+    earlier = train_record.earlier_record(start, settings, model_config(settings).to_dict())
     result = continue_training(start, settings, len(earlier["steps"]), progress)
     return save_model(result, settings, out, earlier)
 

@@ -15,21 +15,13 @@ from kvstudy.tools.train_settings import TrainSettings, settings_from_dict
 
 
 def sha256_file(path: Path) -> str:
-    """The sha256 of a file's bytes."""
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def folder_digests(folder: Path) -> dict[str, str]:
-    """sha256 of every file the model folder holds, except ``training.json`` and ``SOURCE.md``."""
-    return {
-        p.name: sha256_file(p)
-        for p in sorted(folder.iterdir())
-        if p.is_file() and p.name not in ("training.json", "SOURCE.md")
-    }
+def folder_digests(folder: Path, skip: tuple[str, ...] = ("training.json", "SOURCE.md")) -> dict[str, str]:
+    """sha256 of every file a model folder holds, but ``skip``."""
+    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name not in skip}
 
 
 def earlier_record(folder: str | Path, settings: TrainSettings, config: dict[str, Any]) -> dict[str, Any]:
@@ -53,7 +45,7 @@ def earlier_record(folder: str | Path, settings: TrainSettings, config: dict[str
             f"{path}: its recipe is not this one's first {done} phase(s) "
             f"(expected a folder trained with the first phases of TrainSettings, to continue it)"
         )
-    _check_record(record, path, [earlier.phase(i).steps for i in range(done)])
+    _check_record(record, path, [p.steps for p in earlier.phases])
     _check_files(folder, record["files"], path)
     _check_config(folder / "config.json", config)
     return record

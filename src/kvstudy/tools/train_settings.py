@@ -15,8 +15,6 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 
-PART_NAMES = ("gsm", "drill", "arith", "retrieval", "echo")
-
 
 @dataclass(frozen=True)
 class Stage:
@@ -36,7 +34,7 @@ class Stage:
     arith_len: int = 0
 
     def part_shapes(self) -> tuple[tuple[str, int, int], ...]:
-        """``(part, sequences, length)`` of each part of a step's batch, in ``PART_NAMES`` order."""
+        """``(part, sequences, length)`` of each part of a step's batch, in batch order."""
         return (
             ("gsm", self.gsm_seqs, self.gsm_len),
             ("drill", self.drill_seqs, self.drill_len),
@@ -132,11 +130,6 @@ class TrainSettings:
         ),
     )
 
-    def phase(self, index: int) -> Phase:
-        if not 0 <= index < len(self.phases):
-            raise StudyError(f"phase: {index} is not one of the recipe's {len(self.phases)} phases")
-        return self.phases[index]
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -190,16 +183,16 @@ def _two_phase_record(data: dict[str, Any]) -> dict[str, Any]:
 def stage_at(settings: TrainSettings, step: int, phase: int = 0) -> Stage:
     """The stage a (0-based) step of a phase belongs to."""
     end = 0
-    for stage in settings.phase(phase).stages:
+    for stage in settings.phases[phase].stages:
         end += stage.steps
         if step < end:
             return stage
-    raise StudyError(f"step: {step} is past the last stage of phase {phase} ({settings.phase(phase).steps} steps)")
+    raise StudyError(f"step: {step} is past the last stage of phase {phase} ({settings.phases[phase].steps} steps)")
 
 
 def learning_rate(settings: TrainSettings, step: int, phase: int = 0) -> float:
     """Linear warm-up, then cosine decay to ``min_lr_ratio`` of the phase's peak."""
-    current = settings.phase(phase)
+    current = settings.phases[phase]
     if step < current.warmup_steps:
         return current.lr * (step + 1) / current.warmup_steps
     span = max(1, current.steps - current.warmup_steps)
@@ -210,5 +203,5 @@ def learning_rate(settings: TrainSettings, step: int, phase: int = 0) -> float:
 
 def data_seed(settings: TrainSettings, phase: int) -> str:
     """The prefix of every data seed in a phase (phase A's is the bare seed)."""
-    tag = settings.phase(phase).seed_tag
+    tag = settings.phases[phase].seed_tag
     return f"{settings.seed}:{tag}" if tag else f"{settings.seed}"

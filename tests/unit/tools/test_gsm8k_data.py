@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -55,7 +56,7 @@ def test_different_seed_gives_different_problems():
 def test_a_problem_holding_line_separators_reads_back(tmp_path):
     problem = gsm8k_data.Problem("How many\u2028apples?\x85", "Two and two.\u2029\n#### 4")
     path = tmp_path / "test.jsonl"
-    path.write_text(json.dumps(problem.to_dict(), ensure_ascii=False) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(dataclasses.asdict(problem), ensure_ascii=False) + "\n", encoding="utf-8")
     assert gsm8k_data.read_split(path) == [problem]
 
 

@@ -200,6 +200,20 @@ def test_train_model_refuses_a_foreign_folder_before_training(tmp_path: Path, mo
     with pytest.raises(StudyError, match="not written by `kvstudy train-model`"):
         train_model.run_training(mine, progress=None)
     assert (mine / "config.json").read_text() == '{"mine": true}'
-    assert not train_model._trained_before(mine) and train_model._trained_before(
-        ROOT / "data" / "trained-model" / "qwen3-mini"
-    )
+    before_markers = tmp_path / "saved-before-markers"
+    before_markers.mkdir()
+    (before_markers / "training.json").write_text('{"what": "kvstudy\'s trained mini Qwen3"}')
+    with pytest.raises(AssertionError, match="training started"):  # its own folder: training starts
+        train_model.run_training(before_markers, progress=None)
+
+
+@pytest.mark.parametrize("record", ["{}", '{"source": 5}', '{"generator": null}'])
+def test_a_record_without_the_generators_own_value_is_not_recognised(tmp_path: Path, record: str) -> None:
+    """Only the value a generator wrote before markers existed makes an unmarked folder its own."""
+    for name in ("spec.json", "control.json"):
+        (tmp_path / name).write_text(record)
+    with pytest.raises(StudyError, match="not written by `kvstudy retrieval-data`"):
+        retrieval_files.write_retrieval_data(tmp_path, SMALL)
+    with pytest.raises(StudyError, match="not written by `kvstudy control-checkpoint`"):
+        ctl.build_control(ROOT / "data" / "trained-model" / "qwen3-mini", tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["control.json", "spec.json"]

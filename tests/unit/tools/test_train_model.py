@@ -32,7 +32,7 @@ def test_first_steps_reproduce_the_committed_loss_curve() -> None:
     record = _training()
     settings = train_settings.settings_from_dict(record["settings"])
     committed = record["first_losses"][:3]
-    result = train_model.train(settings, max_steps=3)
+    result = train_model.train(settings, max_steps=3).phases[0]
     assert len(result.losses) == 3
     # Same seeds, same data, same thread count: only float summation order may differ by CPU.
     assert result.losses == pytest.approx(committed, rel=2e-3, abs=2e-3)
@@ -226,12 +226,12 @@ def test_a_later_phase_continues_a_saved_folder(tmp_path: Path) -> None:
     assert train_settings.settings_from_dict(record["settings"]) == _small_recipe(2)
     # another recipe's first phase, or a folder whose files changed, is not continued
     with pytest.raises(StudyError, match="not this one's first 1 phase"):
-        train_model.earlier_record(tmp_path / "a", _small_recipe(2).scaled(2))
+        train_model.run_training(tmp_path / "out", _small_recipe(2).scaled(2), progress=None, start=tmp_path / "a")
     with pytest.raises(StudyError, match="no training.json"):
-        train_model.earlier_record(tmp_path, _small_recipe(2))
+        train_model.run_training(tmp_path / "out", _small_recipe(2), progress=None, start=tmp_path)
     (tmp_path / "a" / "config.json").write_text("{}", encoding="utf-8")
     with pytest.raises(StudyError, match="config.json: its content differs from the digest"):
-        train_model.earlier_record(tmp_path / "a", _small_recipe(2))
+        train_model.run_training(tmp_path / "out", _small_recipe(2), progress=None, start=tmp_path / "a")
 
 
 def test_rounding_between_phases_is_what_saving_and_loading_does() -> None:
@@ -296,7 +296,7 @@ def test_continue_from_a_tampered_folder_names_what(
     shutil.copytree(trained_once, folder)
     _tampered(folder, change)
     with pytest.raises(StudyError, match=re.escape(message)) as info:
-        train_model.earlier_record(folder, _small_recipe(2))
+        train_model.run_training(tmp_path / "out", _small_recipe(2), progress=None, start=folder)
     assert "\n" not in str(info.value)
 
 
