@@ -46,20 +46,34 @@ CALIBRATION_RESAMPLES = 400  # bootstrap draws per simulated verdict (the interv
 
 @dataclass(frozen=True)
 class ClaimRate:
-    """How many of ``trials`` simulated comparisons made a claim, with its uncertainty."""
+    """How many of ``trials`` simulated comparisons made a claim; no trials: the design cannot reach p < alpha."""
 
     what: str
     claims: int
     trials: int
-    rate: float
-    upper_95: float  # Clopper-Pearson one-sided 95 % upper bound of the rate
     n_base: int
     n_cand: int
     change: float | None = None  # true candidate/baseline TPOT ratio minus 1 (power only)
-    ci_95: tuple[float, float] = (0.0, 1.0)  # two-sided Clopper-Pearson 95 % interval of the rate
     min_p: float = 0.0  # smallest two-sided p the design can reach
     blocked: bool = False  # seed blocks (one run per arm each) rather than free splits
-    possible: bool = True  # False: the design cannot reach p < alpha, so nothing was counted
+
+    @property
+    def possible(self) -> bool:
+        return self.trials > 0
+
+    @property
+    def rate(self) -> float:
+        return self.claims / self.trials if self.trials else math.nan
+
+    @property
+    def ci_95(self) -> tuple[float, float]:
+        """Two-sided Clopper-Pearson 95 % interval of the rate."""
+        return clopper_pearson(self.claims, self.trials) if self.trials else (math.nan, math.nan)
+
+    @property
+    def upper_95(self) -> float:
+        """One-sided 95 % Clopper-Pearson upper bound of the rate."""
+        return clopper_pearson(self.claims, self.trials, 0.90)[1] if self.trials else math.nan
 
     @property
     def text(self) -> str:
@@ -70,39 +84,6 @@ class ClaimRate:
             f"{self.claims} of {self.trials} ({self.rate:.1%}, 95 % interval {self.ci_95[0]:.1%} to "
             f"{self.ci_95[1]:.1%})"
         )
-
-
-def _rate(
-    what: str,
-    claims: int,
-    trials: int,
-    n_base: int,
-    n_cand: int,
-    change: float | None = None,
-    *,
-    min_p: float = 0.0,
-    blocked: bool = False,
-) -> ClaimRate:
-    return ClaimRate(
-        what=what,
-        claims=claims,
-        trials=trials,
-        rate=claims / trials,
-        upper_95=clopper_pearson(claims, trials, 0.90)[1],
-        n_base=n_base,
-        n_cand=n_cand,
-        change=change,
-        ci_95=clopper_pearson(claims, trials),
-        min_p=min_p,
-        blocked=blocked,
-    )
-
-
-def _impossible(
-    what: str, n_base: int, n_cand: int, min_p: float, blocked: bool, change: float | None = None
-) -> ClaimRate:
-    nan = math.nan
-    return ClaimRate(what, 0, 0, nan, nan, n_base, n_cand, change, (nan, nan), min_p, blocked, possible=False)
 
 
 def _usable(runs: Sequence[RunSummary]) -> list[RunSummary]:
@@ -177,7 +158,7 @@ def false_claim_rate(
         min_p = design_min_p(k, True)
         what = f"A/A runs, one per pseudo-arm in each of {k} seed blocks"
         if min_p >= alpha:
-            return _impossible(what, k, k, min_p, True)
+            return ClaimRate(what, 0, 0, k, k, None, min_p, True)
         claims = 0
         for i in range(splits):
             picks = [rng.choice(len(b), size=2, replace=False) for b in blocks]
@@ -185,7 +166,7 @@ def false_claim_rate(
             cand = [b[j[1]] for b, j in zip(blocks, picks)]
             claim = claim_by_test(base, cand, alpha=alpha, resamples=resamples, seed=seed + i, blocked=True)
             claims += claim != "no claim"
-        return _rate(what, claims, splits, k, k, min_p=min_p, blocked=True)
+        return ClaimRate(what, claims, splits, k, k, None, min_p, True)
     n1 = n_base if n_base is not None else len(pool) // 2
     n2 = n_cand if n_cand is not None else len(pool) - n1
     if n1 < 1 or n2 < 1 or n1 + n2 > len(pool):
@@ -193,7 +174,7 @@ def false_claim_rate(
     min_p = minimum_p_value(n1, n2)
     what = "A/A runs split into pseudo-arms"
     if min_p >= alpha:
-        return _impossible(what, n1, n2, min_p, False)
+        return ClaimRate(what, 0, 0, n1, n2, None, min_p)
     tpots = [np.asarray(r.tpots_s, dtype=float) for r in pool]
     claims = 0
     for i in range(splits):
@@ -201,7 +182,7 @@ def false_claim_rate(
         base = [tpots[j] for j in order[:n1]]
         cand = [tpots[j] for j in order[n1 : n1 + n2]]
         claims += claim_by_test(base, cand, alpha=alpha, resamples=resamples, seed=seed + i) != "no claim"
-    return _rate(what, claims, splits, n1, n2, min_p=min_p)
+    return ClaimRate(what, claims, splits, n1, n2, None, min_p)
 
 
 def _simulate(
@@ -253,6 +234,23 @@ def _noise(runs: Sequence[RunSummary]) -> tuple[list[RunSummary], list[list[np.n
     return usable, seed_blocks(usable), [np.asarray(r.tpots_s, dtype=float) for r in usable]
 
 
+def _designs(
+    runs: Sequence[RunSummary], change: float, n: int, simulations: int, alpha: float, resamples: int, seed: int
+) -> ClaimRate:
+    """Designs of ``n`` seed blocks (runs per arm) resampled from the A/A runs, candidate TPOTs times
+    ``1 + change``: with no change the share with any claim, else the share claiming its direction."""
+    _, blocks, pool = _noise(runs)
+    blocked = blocks is not None
+    min_p = design_min_p(n, blocked)
+    what = f"designs resampled from A/A {'seed blocks' if blocked else 'runs'}, " + (
+        f"candidate TPOT x {1 + change:g}" if change else "no change"
+    )
+    if min_p >= alpha:
+        return ClaimRate(what, 0, 0, n, n, change or None, min_p, blocked)
+    claims, right = _simulate(pool, n, n, 1.0 + change, simulations, alpha, resamples, seed, blocks=blocks)
+    return ClaimRate(what, right if change else claims, simulations, n, n, change or None, min_p, blocked)
+
+
 def simulated_false_claim_rate(
     runs: Sequence[RunSummary],
     *,
@@ -262,15 +260,8 @@ def simulated_false_claim_rate(
     resamples: int = CALIBRATION_RESAMPLES,
     seed: int = 0,
 ) -> ClaimRate:
-    """Designs of ``n_per_arm`` seed blocks (runs per arm) resampled from the A/A runs, no change
-    added; the share with a claim (``possible`` False when the design cannot reach p < alpha)."""
-    _, blocks, pool = _noise(runs)
-    min_p = design_min_p(n_per_arm, blocks is not None)
-    what = f"designs resampled from A/A {'seed blocks' if blocks is not None else 'runs'}, no change"
-    if min_p >= alpha:
-        return _impossible(what, n_per_arm, n_per_arm, min_p, blocks is not None)
-    claims, _ = _simulate(pool, n_per_arm, n_per_arm, 1.0, simulations, alpha, resamples, seed, blocks=blocks)
-    return _rate(what, claims, simulations, n_per_arm, n_per_arm, min_p=min_p, blocked=blocks is not None)
+    """The share of A/A designs (no change added) with a claim."""
+    return _designs(runs, 0.0, n_per_arm, simulations, alpha, resamples, seed)
 
 
 def power(
@@ -283,20 +274,10 @@ def power(
     resamples: int = CALIBRATION_RESAMPLES,
     seed: int = 0,
 ) -> ClaimRate:
-    """Share of designs (``n_per_arm`` seed blocks resampled from the A/A runs, candidate TPOTs
-    multiplied by ``1 + change``) in which the verdict claims the true direction, with its
-    Clopper-Pearson interval over the simulated designs (``ci_95``)."""
+    """The share of designs with the candidate's TPOTs times ``1 + change`` that claim its direction."""
     if not change > -1.0 or change == 0.0:
         raise StudyError(f"power: change is {change!r}, expected a non-zero fraction above -1 (0.2 = 20 % slower)")
-    _, blocks, pool = _noise(runs)
-    min_p = design_min_p(n_per_arm, blocks is not None)
-    what = (
-        f"designs resampled from A/A {'seed blocks' if blocks is not None else 'runs'}, candidate TPOT x {1 + change:g}"
-    )
-    if min_p >= alpha:
-        return _impossible(what, n_per_arm, n_per_arm, min_p, blocks is not None, change)
-    _, right = _simulate(pool, n_per_arm, n_per_arm, 1.0 + change, simulations, alpha, resamples, seed, blocks=blocks)
-    return _rate(what, right, simulations, n_per_arm, n_per_arm, change, min_p=min_p, blocked=blocks is not None)
+    return _designs(runs, change, n_per_arm, simulations, alpha, resamples, seed)
 
 
 @dataclass(frozen=True)
