@@ -127,14 +127,7 @@ def _failed(spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: st
 
 
 def _identity(spec: SweepSpec, cell: Cell) -> dict[str, Any]:
-    kv_cache_dtype = spec.config(cell.arm).kv_cache_dtype
-    return {
-        "cell_id": cell.id,
-        "configuration": cell.arm,
-        "kv_cache_dtype": kv_cache_dtype,
-        "seed": cell.seed,
-        "users": cell.users,
-    }
+    return cell.identity(spec.config(cell.arm).kv_cache_dtype, "configuration", "users")
 
 
 def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None) -> SpeedCellResult:
