@@ -216,18 +216,13 @@ def compare_runs(
     confidence: float = CONFIDENCE,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
-    check_interleaving: bool = True,
-    check_measurable: bool = True,
     registered_runs_per_arm: int | None = None,
     refusals: Sequence[str] = (),
 ) -> Verdict:
     """The verdict on candidate vs baseline TPOT from per-run summaries (see the module text).
 
     ``registered_runs_per_arm``: the runs per arm fixed before the runs (a verdict on another number
-    is "no claim"); ``refusals``: reasons from outside the runs (e.g. queueing) that refuse a claim.
-    ``check_interleaving=False`` and ``check_measurable=False`` leave those guards out (calibration
-    measures the test alone; the guards only ever turn a claim into "no claim").
-    """
+    is "no claim"); ``refusals``: reasons from outside the runs (e.g. queueing) that refuse a claim."""
     if not base or not cand:
         raise StudyError(f"verdict: {len(base)} baseline and {len(cand)} candidate runs, expected at least 1 each")
     reasons: list[str] = list(refusals)
@@ -246,7 +241,7 @@ def compare_runs(
     for r in (*base, *cand):
         if not r.measurable:
             reasons.append(f"run {r.name}: per-token latency not measured ({'; '.join(r.unmeasurable_reasons)})")
-    if not measurable and check_measurable:
+    if not measurable:
         allowed = False
 
     e2e_ratio = None
@@ -292,7 +287,7 @@ def compare_runs(
     if min_p >= alpha:
         allowed = False
         need = (
-            f"{blocks_needed_text(alpha)}"
+            f"a blocked exact test needs at least {blocks_needed(alpha)} seeds (one run per arm each)"
             if blocked
             else f"an exact test needs at least {runs_per_arm_needed(alpha)} runs per arm"
         )
@@ -309,7 +304,7 @@ def compare_runs(
         drift = drift_check(lb, lc, *starts, alpha=alpha)  # type: ignore[arg-type]
         if drift.cleared:
             order = replace(order, accepted=True, design=DRIFT_BOUNDED, reason="")
-    if not order.accepted and check_interleaving:
+    if not order.accepted:
         allowed = False
         reasons.append(order.reason)
     if drift is not None:
@@ -349,11 +344,6 @@ def compare_runs(
         drift_adjusted_p=drift.p_value if drift else None,
         registered_runs_per_arm=registered_runs_per_arm,
     )
-
-
-def blocks_needed_text(alpha: float) -> str:
-    """What a blocked design needs to reach p < ``alpha``, in words."""
-    return f"a blocked exact test needs at least {blocks_needed(alpha)} seeds (one run per arm each)"
 
 
 def adjust_for_multiplicity(verdicts: Sequence[Verdict], alpha: float = ALPHA) -> list[Verdict]:

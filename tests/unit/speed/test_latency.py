@@ -62,7 +62,16 @@ def test_per_token_latency_of_a_bursty_arm_is_marked_not_measurable(cap: speed.C
     assert not fp8["TPOT"].measurable and not fp8["ITL"].measurable and "bursts" in fp8["TPOT"].cause
     assert fp8["TTFT"].measurable and fp8["E2E"].measurable
     frame = latency.percentile_frame(records)
-    assert list(frame.columns) == ["users", "configuration", "latency", "p50 (ms)", "p90 (ms)", "p99 (ms)", "samples", "measurable"]
+    assert list(frame.columns) == [
+        "users",
+        "configuration",
+        "latency",
+        "p50 (ms)",
+        "p90 (ms)",
+        "p99 (ms)",
+        "samples",
+        "measurable",
+    ]
     assert frame["measurable"].str.startswith(("yes", "no: ")).all()
 
 
