@@ -20,7 +20,7 @@ from pydantic_core import ErrorDetails
 
 from kvstudy.errors import StudyError
 from kvstudy.io import type_name
-from kvstudy.limits import MAX_AXIS_VALUES, Seed
+from kvstudy.limits import MAX_AXIS_VALUES, Seconds, Seed
 from kvstudy.redact import redact
 from kvstudy.vllm.arguments import check_server_env
 from kvstudy.vllm.command import check_extra_args
@@ -114,6 +114,18 @@ RUN_ORDERS = {
     "abba": "seeds in turn; arms in order at even seed positions, reversed at odd ones",
     "grouped": "seeds in turn; arms always in the listed order",
 }
+
+
+class ServerSpec(Spec):
+    """The server and client settings of every users grid (pydantic lists these fields first)."""
+
+    enforce_eager: bool = Field(False, description="True: no CUDA graphs")
+    server_env: Env = Field(default_factory=dict, description="extra server environment")
+    server_extra_args: ExtraArgs = Field(default_factory=list, description="extra server arguments")
+    telemetry_interval_s: Seconds = Field(0.5, description="/metrics sampling interval during each cell")
+    ready_timeout_s: Seconds = Field(900.0, description="seconds a server may take to become ready")
+    bench_timeout_s: Seconds = Field(1800.0, description="seconds one cell's benchmark client may take")
+    run_order: RunOrder = Field("abba", description="server starts: arms alternate over seeds, or grouped")
 
 
 # --------------------------------------------------------------------------- the users grids' cells

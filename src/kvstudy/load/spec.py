@@ -32,10 +32,10 @@ from pydantic import Field, model_validator
 
 from kvstudy.bench.arm import Arm, Arms
 from kvstudy.bench.client import BenchSettings
-from kvstudy.bench.spec import Axis, Cell, CellResult, Env, ExtraArgs, Run, RunOrder, Seeds, Spec, ordered_runs
+from kvstudy.bench.spec import Axis, Cell, CellResult, Run, Seeds, ServerSpec, ordered_runs
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
-from kvstudy.limits import MAX_GRID_CELLS, Bytes, Milliseconds, Number, Requests, Seconds, Tokens, Users, Warmups
+from kvstudy.limits import MAX_GRID_CELLS, Bytes, Milliseconds, Number, Requests, Tokens, Users, Warmups
 from kvstudy.model.allocator import predict_logged_pool
 from kvstudy.vllm.command import ServerConfig
 from kvstudy.vllm.facts import CPU_KV_SPACE_ENV, DEVICE_DEFAULTS, EQUAL_MEMORY_KNOB, NULL_BLOCKS
@@ -48,7 +48,7 @@ LoadFactor = Field(gt=0, le=1e4)
 OWN_FLAGS = ("--max-num-seqs", "--num-gpu-blocks-override", "--kv-cache-memory-bytes", "--max-model-len")
 
 
-class LoadSpec(Spec):
+class LoadSpec(ServerSpec):
     """The whole grid and everything held fixed across it."""
 
     model: str = Field(min_length=1, description="model folder or id the servers serve")
@@ -74,13 +74,6 @@ class LoadSpec(Spec):
     target_share: Annotated[Number, Field(gt=0, le=1)] = Field(
         0.9, description="share of a cell's requests that must meet every limit"
     )
-    enforce_eager: bool = Field(False, description="True: no CUDA graphs")
-    server_env: Env = Field(default_factory=dict, description="extra server environment")
-    server_extra_args: ExtraArgs = Field(default_factory=list, description="extra server arguments")
-    telemetry_interval_s: Seconds = Field(0.5, description="/metrics sampling interval during each cell")
-    ready_timeout_s: Seconds = Field(900.0, description="seconds a server may take to become ready")
-    bench_timeout_s: Seconds = Field(1800.0, description="seconds one cell's benchmark client may take")
-    run_order: RunOrder = Field("abba", description="server starts: arms alternate over seeds, or grouped")
 
     @model_validator(mode="after")
     def _relations(self) -> Self:

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.bench.grid import Captured, GridCapture, read_capture
+from kvstudy.bench.spec import ServerSpec
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, shorten_words
 from kvstudy.progress import Progress
@@ -441,8 +442,11 @@ def plot_clock(telemetry: pd.DataFrame, order: list[str], lead_s: float = 3.0) -
 
 
 def describe_spec(spec: SweepSpec) -> pd.DataFrame:
-    """The grid and what was held fixed, as a two-column table."""
+    """The grid and what was held fixed, as a two-column table: the grid's own fields, then the
+    server's (``bench.spec.ServerSpec``, which pydantic lists first), then ``scrape_metrics``."""
     d = spec.to_dict()
+    own = [k for k in d if k not in ServerSpec.model_fields]
+    d = {k: d[k] for k in [*own[:-1], *ServerSpec.model_fields, own[-1]]}
     d["configurations"] = "; ".join(
         f"{c.name}: kv {c.kv_cache_dtype}"
         + (f", backend {c.attention_backend}" if c.attention_backend else "")
