@@ -22,7 +22,7 @@ from kvstudy.capture import model_config
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
 from kvstudy.load.knee import MEASURED, NO_CELLS, Knee, UsersComparison, compare_users, decide, users_within
-from kvstudy.load.runner import KIND, MANIFEST, load_spec
+from kvstudy.load.runner import KIND, MANIFEST, load_spec, missing_cells, run_load
 from kvstudy.load.spec import LoadSpec, arm_pools
 from kvstudy.progress import Progress
 from kvstudy.stats.permutation import permutation_test
@@ -364,8 +364,6 @@ def open_or_complete(
     spec_data: dict[str, Any], capture: str | Path, run_missing: bool, how: str, progress: Progress
 ) -> tuple[LoadCapture | None, str]:
     """The capture to analyse, after running its missing cells when ``run_missing``; and what was done."""
-    from kvstudy.load.runner import missing_cells, run_load
-
     path = Path(capture)
     if run_missing:
         spec = LoadSpec.from_params(**spec_data)

@@ -40,9 +40,11 @@ from kvstudy.io import log_tail, read_json, read_text_checked, write_jsonl_atomi
 from kvstudy.limits import output_folder
 from kvstudy.load.knee import share_within
 from kvstudy.load.spec import LoadCellResult, LoadSpec, arm_pools, check_design, check_knobs, pool_table
+from kvstudy.model.allocator import predict_logged_pool
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 from kvstudy.vllm.facts import EQUAL_MEMORY_KNOB
+from kvstudy.vllm.startup_log import parse_startup_text
 
 KIND = "kvstudy load sweep"
 MANIFEST = capture_format.MANIFEST
@@ -82,9 +84,6 @@ def prepare_capture(spec: LoadSpec, capture: Path, how: str = "") -> dict[str, A
 def pool_check(spec: LoadSpec, arm: str, log_text: str) -> dict[str, Any]:
     """The pool a start logged against the prediction for its arm's dtype and knob (vLLM's block rules):
     ``ok`` only when the logged ``KV cache size`` tokens equal the predicted ones."""
-    from kvstudy.model.allocator import predict_logged_pool
-    from kvstudy.vllm.startup_log import parse_startup_text
-
     pool = arm_pools(spec)[arm]
     config = spec.server_config(Run(arm, spec.seeds[0]))
     predicted = predict_logged_pool(

@@ -33,7 +33,8 @@ from kvstudy.bench.spec import ServerSpec
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, shorten_words
 from kvstudy.progress import Progress
-from kvstudy.speed.runner import KIND, MANIFEST, SweepSpec, load_spec
+from kvstudy.run_record import ab_guard
+from kvstudy.speed.runner import KIND, MANIFEST, SweepSpec, load_spec, missing_cells, run_sweep
 
 SUMMARY_COLUMNS = [
     "users",
@@ -279,8 +280,6 @@ def adjusted_frame(estimates: list[ClockAdjusted]) -> pd.DataFrame:
 
 def ab_differences(capture: Capture, baseline: str, candidate: str) -> pd.DataFrame:
     """Per seed, what the resolved-run records of the two arms differ in besides the KV dtype."""
-    from kvstudy.run_record import ab_guard
-
     rows = []
     for seed in capture.spec.seeds:
         missing = Captured("", {})
@@ -471,8 +470,6 @@ def open_or_complete(
 
     Returns the capture (None when there is none) and a sentence saying what was done.
     """
-    from kvstudy.speed.runner import missing_cells, run_sweep
-
     path = Path(capture)
     if run_missing:
         spec = SweepSpec.from_params(**spec_data)  # None: SweepSpec's default

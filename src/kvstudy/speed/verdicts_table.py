@@ -20,7 +20,9 @@ import pandas as pd
 from kvstudy.bench.measurability import assess_run, run_from_records
 from kvstudy.bench.telemetry import metrics_delta
 from kvstudy.errors import StudyError
+from kvstudy.model.allocator import predict_logged_pool
 from kvstudy.model.roofline import max_fp8_gain_pct
+from kvstudy.speed import calibration as cal
 from kvstudy.speed.verdict import (
     CLOCK_TOLERANCE,
     RunSummary,
@@ -436,8 +438,6 @@ def admission_rows(
     (vLLM 0.32's allocator, :func:`kvstudy.model.allocator.predict_logged_pool`): when they need
     more, vLLM admits fewer requests and the rest wait in its queue, so TPOT then also measures
     queueing, not only decoding. The pool is held in blocks, so the dtype changes bytes, not blocks."""
-    from kvstudy.model.allocator import predict_logged_pool
-
     pool = predict_logged_pool(
         model, kv_cache_dtype, 1, int(context_len), num_blocks_override=int(num_blocks), device=device
     )
@@ -505,8 +505,6 @@ def calibration_frame(capture: Any, n_per_arm: int = 6, change: float = 0.2, see
     ``n_per_arm`` seed blocks resampled from them, the power for ``change`` with its interval over
     simulated designs and its range over the noise estimate's own 95 % interval, and the change
     detected with 80 % power."""
-    from kvstudy.speed import calibration as cal
-
     base = capture.spec.configurations[0].name
     rows = []
     origin = "computed here from the capture's A/A cells (calibration.py), seed as a block"
