@@ -270,10 +270,7 @@ def check_knobs(spec: LoadSpec, where: str = "load spec") -> None:
 
 def pool_table(spec: LoadSpec) -> list[dict[str, Any]]:
     """One row per arm: the equal bytes, the blocks and tokens they give, the requests that fit."""
-    rows = []
-    for p in arm_pools(spec).values():
-        rows.append({**asdict(p), "kv_memory_gib": p.kv_memory_bytes / GIB})
-    return rows
+    return [{**asdict(p), "kv_memory_gib": p.kv_memory_bytes / GIB} for p in arm_pools(spec).values()]
 
 
 # --------------------------------------------------------------------------- records

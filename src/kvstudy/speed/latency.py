@@ -42,11 +42,6 @@ def min_samples(q: float) -> int:
     return math.ceil(100.0 / (100.0 - q) - 1e-9)
 
 
-def short_cause(text: str, width: int = CAUSE_WIDTH) -> str:
-    """``text`` on one line, shortened at a word boundary (never mid-word), with "…" when cut."""
-    return shorten_words(text, width)
-
-
 @dataclass(frozen=True)
 class LatencyPercentiles:
     """One latency's percentiles for one arm at one user count, seeds pooled."""
@@ -113,7 +108,7 @@ def latency_percentiles(capture: Any, order: list[str] | None = None) -> list[La
                 else requests
             )
             if (name, users) in failed or not len(rows):
-                cause = short_cause(failed.get((name, users), "no per-request rows"))
+                cause = shorten_words(failed.get((name, users), "no per-request rows"), CAUSE_WIDTH)
                 out += [LatencyPercentiles(users, name, label, 0, 0, (), False, cause) for label, _, _ in LATENCIES]
                 continue
             ok_rows = rows[rows["success"].astype(bool)] if "success" in rows.columns else rows
@@ -126,7 +121,7 @@ def latency_percentiles(capture: Any, order: list[str] | None = None) -> list[La
                     (q, float(np.percentile(values, q)) if len(values) >= min_samples(q) else None) for q in PERCENTILES
                 )
                 if label in PER_TOKEN and not token_ok:
-                    measurable, cause = False, short_cause(token_cause)
+                    measurable, cause = False, shorten_words(token_cause, CAUSE_WIDTH)
                 elif failed_requests:
                     measurable, cause = False, f"{failed_requests} of {len(rows)} requests failed (survivors biased)"
                 else:
@@ -187,7 +182,7 @@ def concurrency_points(capture: Any, seeds: pd.DataFrame, order: list[str]) -> l
             rows = seeds[(seeds["users"] == users) & (seeds["configuration"] == name)] if len(seeds) else seeds
             if not len(rows):
                 cause = failed.get((name, users), "no finished cell")
-                out.append(ConcurrencyPoint(name, users, "failed", cause=short_cause(cause)))
+                out.append(ConcurrencyPoint(name, users, "failed", cause=shorten_words(cause, CAUSE_WIDTH)))
                 continue
             token_ok, cause = _per_token_state(capture, name, users)
             tpot = pd.to_numeric(rows["median_tpot_ms"], errors="coerce")
@@ -200,7 +195,7 @@ def concurrency_points(capture: Any, seeds: pd.DataFrame, order: list[str]) -> l
                     float(tpot.min()),
                     float(tpot.max()),
                     float(pd.to_numeric(rows["output_throughput_tok_s"], errors="coerce").median()),
-                    short_cause(cause),
+                    shorten_words(cause, CAUSE_WIDTH),
                 )
             )
     return out

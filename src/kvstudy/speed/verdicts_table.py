@@ -71,16 +71,11 @@ def beyond_bound(ratio: float | None, ci: tuple[float, float] | None, bound_pct:
 
 
 def _cell_start(cell: pd.Series) -> float | None:
-    """The cell's start on a clock shared by the cells of one capture: the runner's recorded
-    ``started_mono_s``, else the bench window's start (monotonic clock of the capture machine)."""
-    for key in ("started_mono_s",):
-        value = cell.get(key)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            return float(value)
-    window = cell.get("bench_window_s")
-    if isinstance(window, (list, tuple)) and window and isinstance(window[0], (int, float)):
-        return float(window[0])
-    return None
+    """The cell's start on the capture's one monotonic clock: ``started_mono_s``, else the bench window's."""
+    start, window = cell.get("started_mono_s"), cell.get("bench_window_s")
+    if _present(start):
+        return float(start)
+    return float(window[0]) if isinstance(window, (list, tuple)) and window else None
 
 
 def _present(value: Any) -> bool:
@@ -185,10 +180,6 @@ def comparison_pairs(configurations: list[Any]) -> list[tuple[str, str, str]]:
     return pairs
 
 
-def _dtype(capture: Any, name: str) -> str:
-    return next(c.kv_cache_dtype for c in capture.spec.configurations if c.name == name)
-
-
 def capture_queueing(capture: Any) -> dict[int, str]:
     """Per user count whose users need more KV blocks than the held pool: the refusal reason
     (from :func:`admission_rows` on the capture's model config); empty when nothing queues or the
@@ -237,7 +228,7 @@ def capture_verdicts(
                 refusals=refusals,
             )
             bound, note = None, "same KV dtype in both arms: halving KV bytes plays no part"
-            if _dtype(capture, cand) != _dtype(capture, base):
+            if capture.spec.config(cand).kv_cache_dtype != capture.spec.config(base).kv_cache_dtype:
                 try:
                     bound = bound_less_time_pct(max_fp8_gain_pct(capture.spec.model, context, int(users)))
                     note = (

@@ -90,14 +90,6 @@ def test_failed_arm_has_rows_with_its_cause(cap: speed.Capture) -> None:
     assert len(crosses) == 2  # one per panel
 
 
-def test_short_cause_never_cuts_a_word() -> None:
-    text = "the server log says: " + "unsupported-configuration " * 12
-    short = latency.short_cause(text, 60)
-    assert len(short) <= 60 and short.endswith(" …")
-    assert all(word in text.split() or word == "…" for word in short.split())
-    assert latency.short_cause("short cause") == "short cause"
-
-
 def test_min_samples_per_percentile() -> None:
     assert [latency.min_samples(q) for q in (50, 90, 99)] == [2, 10, 100]
 
