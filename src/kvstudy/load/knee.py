@@ -34,7 +34,6 @@ from kvstudy.stats.permutation import permutation_test
 
 ALPHA = 0.05
 CONFIDENCE = 0.95
-CLAIMS = ("more users", "fewer users", "no claim")
 MEASURED, MISSED, HELD, NO_CELLS = "measured", "missed at the lowest load", "held at every load", "no finished cell"
 
 

@@ -19,7 +19,6 @@ Definitions used throughout (stated in the notebook too):
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -454,10 +453,6 @@ def describe_spec(spec: SweepSpec) -> pd.DataFrame:
     )
     shown = ["yes" if v is True else "no" if v is False else str(v) for v in d.values()]
     return pd.DataFrame({"setting": list(d), "value": shown})
-
-
-def finite(x: float | None) -> bool:
-    return x is not None and not (isinstance(x, float) and math.isnan(x))
 
 
 # --------------------------------------------------------------------------- notebook helpers

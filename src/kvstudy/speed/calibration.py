@@ -71,11 +71,6 @@ class ClaimRate:
         return clopper_pearson(self.claims, self.trials) if self.trials else (math.nan, math.nan)
 
     @property
-    def upper_95(self) -> float:
-        """One-sided 95 % Clopper-Pearson upper bound of the rate."""
-        return clopper_pearson(self.claims, self.trials, 0.90)[1] if self.trials else math.nan
-
-    @property
     def text(self) -> str:
         """The rate with its interval, or why there is none."""
         if not self.possible:

@@ -63,8 +63,6 @@ from kvstudy.stats.permutation import (
 ALPHA = 0.05  # false-claim rate the test is built for
 CLOCK_TOLERANCE = 0.05  # arm median clocks may differ by this fraction before a claim is refused
 
-VERDICTS = ("faster", "slower", "no claim")
-
 
 @dataclass(frozen=True)
 class RunSummary:

@@ -61,7 +61,7 @@ def test_false_claim_rate_of_split_aa_runs() -> None:
     rate = false_claim_rate(aa_runs(12, seed=7), splits=1000, resamples=200, seed=1)
     assert rate.trials == 1000 and (rate.n_base, rate.n_cand) == (6, 6)
     assert rate.rate <= 0.05 + margin(1000)
-    assert rate.upper_95 >= rate.rate
+    assert rate.ci_95[0] <= rate.rate <= rate.ci_95[1]
 
 
 def test_simulated_false_claim_rate_from_aa_noise() -> None:
