@@ -1,10 +1,6 @@
 """Analyse a load capture: per-cell table, each arm's users within the target, the ratio to the
-16-bit baseline with its interval and test, per-load tests, figures and the verdict's facts.
-
-Every figure is computed from the capture's files (``cells/``, ``requests/``, ``telemetry/``); the
-definitions are :mod:`kvstudy.load.knee`'s. The comparisons: each arm against the first (the
-16-bit baseline); an arm identical to the baseline but for its name is the A/A control, whose
-comparison measures the method's noise and must make no claim.
+16-bit baseline with its test, per-load tests, figures and the verdict's facts (definitions in
+:mod:`kvstudy.load.knee`). An arm identical to the baseline but for its name is the A/A control.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Users within a latency target: the knee of each arm's load ladder, and the FP8 / 16-bit ratio.
 
-Definitions (notebook 08 states them too):
-
-* a request is **within the target** when it succeeded and meets every limit given, as vLLM's
-  ``bench serve --goodput`` counts it (``vllm/benchmarks/serve.py``: TTFT, TPOT = (E2E − TTFT) /
-  (output tokens − 1), 0 for one token, and E2E each at most their limit in ms); a failed request
-  is not within it;
-* a cell meets the target when at least ``target_share`` of its requests are within it;
-* an arm's **users within the target** in one seed block is the largest load L of the ladder such
-  that every cell at loads up to L meets the target (the first miss ends the count); when the
-  lowest load already misses it is 0 (state "missed at the lowest load": no knee), when every load
-  meets it the top load is a lower bound (state "held at every load");
-* across seed blocks: the ratio candidate / baseline is the geometric mean of the per-block ratios,
-  its interval the t interval of the mean log ratio over blocks (``confidence``), and its test the
-  seed-blocked permutation test the speed analysis uses (labels permuted within each seed block);
-  Holm's step-down correction runs over every test of the report; a claim ("more users", "fewer
-  users") needs the Holm p below alpha, the interval excluding 1, and every block of both arms
-  measured (neither "missed at the lowest load" nor "held at every load").
+A request is within the target as vLLM's ``bench serve --goodput`` counts it; a cell meets the
+target when ``target_share`` of its requests are within it; an arm's users within the target in one
+seed block is the largest load up to which every cell met it. Across seed blocks the ratio is the
+geometric mean of per-block ratios with a t interval, tested by the seed-blocked permutation test;
+a claim needs the Holm p below alpha, the interval excluding 1 and a measured knee in every block.
 """
 
 from __future__ import annotations

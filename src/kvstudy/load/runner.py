@@ -1,21 +1,9 @@
-"""The load experiment on the one grid engine: arms x seeds (server starts, ABBA), each running the
-offered-load ladder (cells), every arm given the same KV bytes.
+"""The load experiment on the grid engine: arms x seeds (server starts, ABBA), each running the
+offered-load ladder, every arm given the same KV bytes.
 
-One folder per capture, the sweep format (``kvstudy.bench.grid``)::
-
-    manifest.json                 the grid, the arms' predicted pools, how/when/where, cell states
-    runs/<run>.json               resolved-run record of each server start (or why it failed)
-    logs/<run>.server.log         the server's log;  logs/<cell>.bench.log  the client's output
-    cells/<cell>.json             per-cell result: requests within the target, goodput, pool check, peaks
-    bench/<cell>.json             vLLM's saved result JSON (its --goodput figure included)
-    requests/<cell>.jsonl         per-request records
-    telemetry/<cell>.metrics.jsonl  vLLM's /metrics sampled during the cell (running, waiting, KV usage)
-
-Before anything starts: the design checks of ``kvstudy.load.spec``
-(a ladder that passes the 16-bit capacity, a pool that holds a request, no load past
-``max_num_seqs``) and the installed engine's option table holding the equal-memory knob. Each
-start's logged pool is checked against the prediction for its dtype (:func:`pool_check`); a pool
-that disagrees fails every cell of that start, with both numbers.
+Beyond the sweep format (``kvstudy.bench.grid``) a capture holds ``telemetry/<cell>.metrics.jsonl``
+(vLLM's /metrics during the cell). Each start's logged pool is checked against the prediction for
+its dtype (:func:`pool_check`); a pool that disagrees fails every cell of that start.
 """
 
 from __future__ import annotations

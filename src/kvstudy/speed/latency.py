@@ -1,15 +1,8 @@
 """Latency percentiles and speed over concurrency for notebook 02, from a capture's per-request rows.
 
-* :func:`latency_percentiles`: p50/p90/p99 of TTFT, TPOT, ITL and end-to-end latency per arm and
-  user count, seeds pooled, computed here from the measured per-request rows the capture's reader
-  returns (``Capture.requests``), not from the percentile fields vLLM's saved result also holds
-  (those are per run and cannot be pooled over seeds). A percentile q needs at least
-  ``100 / (100 - q)`` samples (p99: 100) to be more than the largest value seen: with fewer it is
-  reported as not resolved. TPOT and ITL are per-token latencies: an arm's are marked not
-  measurable when a run's per-token latency was not (:mod:`kvstudy.bench.measurability`).
-* :func:`concurrency_points` and :func:`plot_concurrency`: median TPOT and output throughput over
-  user counts per arm; an arm whose cells failed, or whose per-token latency was not measurable,
-  is marked in the figure with its cause instead of leaving a gap.
+Percentiles are computed from the pooled per-request rows (vLLM's per-run percentiles cannot be
+pooled over seeds); a percentile q needs ``100 / (100 - q)`` samples to be resolved. An arm whose
+cells failed, or whose per-token latency was not measurable, is marked with its cause, not a gap.
 """
 
 from __future__ import annotations

@@ -1,34 +1,16 @@
 """A speed verdict with a known false-claim rate: baseline vs candidate TPOT over whole runs.
 
-The unit of replication is the run (one server start and bench, or one sweep cell): requests in
-one run share the run's state (load on the machine, clock, memory layout), so they are not
-independent replicates. Per run the summary is the log of its median per-request TPOT.
+The unit of replication is the run (requests of one run share its state), summarised by the log of
+its median per-request TPOT. Effect: ``tpot_ratio``, candidate / baseline geometric means of the run
+medians. Test: the exact permutation test of ``kvstudy.stats.permutation``, within seed blocks when
+every run names its seed. Interval: a hierarchical bootstrap (``kvstudy.stats.bootstrap``), which
+with few runs is too narrow: the permutation p guards against false claims.
 
-* **Effect:** ``tpot_ratio`` = candidate / baseline, the ratio of the geometric means of the
-  per-run median TPOTs (exp of the difference of mean log medians). Below 1: the candidate spends
-  less time per output token ("faster").
-* **Test:** an exact permutation test of that difference. When every run names its seed (its
-  block: the sweep runs both arms of a seed next to each other, with the same prompts), labels are
-  permuted only within seed blocks (one run per arm per seed: 2^k sign flips of the k per-seed
-  differences); otherwise over all C(n1+n2, n1) splits. A seeded Monte-Carlo of
-  :data:`kvstudy.stats.permutation.MONTE_CARLO_DRAWS` splits is used beyond its exact limit.
-  Two-sided p = min(1, 2 x the smaller one-sided p), so the smallest reachable p is 2 / (number of
-  splits): blocked, 0.25 at 3 seeds, 0.031 at 6; unblocked, 0.2 at 3 vs 2 runs, 0.1 at 3 vs 3.
-  Under "no difference" (runs exchangeable within blocks) P(p < alpha) <= alpha for a design fixed
-  in advance and tested once (:mod:`kvstudy.speed.design` checks that).
-* **Interval:** a 95 % percentile interval of the ratio from a hierarchical bootstrap (resample runs
-  within each arm, then requests within each drawn run). With few runs it is too narrow (it sees
-  only the runs it has); the permutation p is the guard on false claims, the interval says how large.
-
-A claim ("faster" or "slower") needs: every run measurable; p < alpha; the interval excluding 1;
-clocks comparable when known (arm medians within ``clock_tolerance``; a clock that reads the same in
-every run is "not varied / not measured", not an equal clock); a block design in time
-(:func:`kvstudy.speed.design.order_check`), or adjacent blocks that all start with one arm (A B A B)
-where the effect clears the drift estimated from the runs (:func:`kvstudy.stats.drift.drift_check`);
-the registered number of runs per arm when one was
-registered; and no outside refusal (e.g. queueing). :func:`adjust_for_multiplicity` then applies
-Holm's correction across the tests of one report. Otherwise the verdict is "no claim", with the
-reasons.
+A claim needs every run measurable, p < alpha, the interval excluding 1, comparable clocks, a block
+design in time (:func:`kvstudy.speed.design.order_check`, or a drift bounded by
+:func:`kvstudy.stats.drift.drift_check`), the registered runs per arm and no outside refusal;
+:func:`adjust_for_multiplicity` then applies Holm over one report's tests. Otherwise "no claim", with
+the reasons.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """Speed verdicts for notebook 02: :func:`kvstudy.speed.verdict.compare_runs` on a capture's cells,
 the published table restated under the same rule, the roofline bound beside each change, and the
-A/A calibration.
-
-One sign convention everywhere: the candidate/baseline TPOT ratio ``r``; "faster by X %" means the
-candidate spends X = (1 - r) x 100 % less time per output token, "slower by X %" X = (r - 1) x 100 %
-more. The roofline bound (:func:`kvstudy.model.roofline.max_fp8_gain_pct`, a speed-up
-``base/cand - 1``) is converted to the same "less time per token" scale.
+A/A calibration. The candidate/baseline TPOT ratio ``r``: "faster by X %" is X = (1 - r) x 100.
 """
 
 from __future__ import annotations
