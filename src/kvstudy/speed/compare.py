@@ -23,7 +23,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,7 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         """One JSON-ready object: the verdict's fields first, then the details."""
-        out = self.verdict.to_dict()
+        out = asdict(self.verdict)
         out.update(
             {
                 "baseline": str(self.baseline),

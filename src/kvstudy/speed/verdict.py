@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
@@ -100,13 +99,6 @@ class Verdict:
     ratio_method: str = "ratio of geometric means of per-run median TPOT (candidate / baseline)"
     test_method: str = "permutation test on log median TPOT per run (within seed blocks when known), two-sided"
     interval_method: str = "hierarchical bootstrap (runs within arm, then requests within run), percentile"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (tuples as lists)."""
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        if self.tpot_ratio_ci is not None:
-            out["tpot_ratio_ci"] = list(self.tpot_ratio_ci)
-        return out
 
 
 # --------------------------------------------------------------------------- inputs

@@ -192,9 +192,10 @@ def test_bootstrap_interval_is_seeded_and_brackets_the_ratio() -> None:
 
 def test_verdict_record_is_json_ready(helpers: Any) -> None:
     import json
+    from dataclasses import asdict
 
     v = compare_runs(*_arms(helpers, 0.8))
-    d = v.to_dict()
+    d = asdict(v)
     json.dumps(d, allow_nan=False)
     assert set(d) >= {"verdict", "measurable", "tpot_ratio", "tpot_ratio_ci", "p_value", "runs", "reasons"}
     assert d["runs"] == {"baseline": 4, "candidate": 4}
