@@ -289,10 +289,10 @@ def verdict_facts(cap: LoadCapture | None, comps: list[UsersComparison]) -> dict
     """The structured verdict the decision card reads (``kvstudy.report.notebook.verdict`` keyword facts)."""
     spec = cap.spec if cap is not None else None
     aa = set(aa_arms(spec)) if spec else set()
-    fp8 = [
+    fp8 = (
         c for c in comps if c.candidate not in aa and spec and spec.arm(c.candidate).kv_cache_dtype.startswith("fp8")
-    ]
-    main = fp8[0] if fp8 else None
+    )
+    main = next(fp8, None)
     facts: dict[str, Any] = {
         "users_baseline": main.users_baseline if main else None,
         "users_fp8": main.users_candidate if main else None,

@@ -271,27 +271,15 @@ def ab_differences(capture: Capture, baseline: str, candidate: str) -> pd.DataFr
         missing = Captured("", {})
         a = capture.grid.runs.get(f"{baseline}__s{seed}", missing).data
         b = capture.grid.runs.get(f"{candidate}__s{seed}", missing).data
+        whole = {"seed": seed, "field": "(run record)"}
         if a.get("status") != "ok" or b.get("status") != "ok":
-            rows.append(
-                {
-                    "seed": seed,
-                    "field": "(run record)",
-                    baseline: a.get("status", "missing"),
-                    candidate: b.get("status", "missing"),
-                }
-            )
+            rows.append({**whole, baseline: a.get("status", "missing"), candidate: b.get("status", "missing")})
             continue
         try:
             diffs = ab_guard(a.get("record") or {}, b.get("record") or {})
         except StudyError as exc:
             rows.append(
-                {
-                    "seed": seed,
-                    "field": "(run record)",
-                    baseline: a.get("record_error", ""),
-                    candidate: b.get("record_error", ""),
-                    "note": str(exc),
-                }
+                {**whole, baseline: a.get("record_error", ""), candidate: b.get("record_error", ""), "note": str(exc)}
             )
             continue
         for d in diffs:
@@ -491,12 +479,7 @@ def cell_status_frame(capture: Capture) -> pd.DataFrame:
     status = capture.manifest.get("items") or capture.manifest.get("cells") or {}
     rows = []
     for c in capture.spec.cells():
-        row = capture.cells[capture.cells["cell_id"] == c.id] if len(capture.cells) else pd.DataFrame()
-        rows.append(
-            {
-                "cell": c.id,
-                "status": row["status"].iloc[0] if len(row) else status.get(c.id, "missing"),
-                "reason": row["reason"].iloc[0] if len(row) and row["reason"].iloc[0] else "",
-            }
-        )
+        got = capture.grid.cells.get(c.id)
+        status_now = got.status if got else status.get(c.id, "missing")
+        rows.append({"cell": c.id, "status": status_now, "reason": got.reason if got else ""})
     return pd.DataFrame(rows)

@@ -45,15 +45,6 @@ def registration_check(n_base: int, n_cand: int, registered: int | None) -> str:
     return ""
 
 
-def _sorted_arms(base_starts: Sequence[float], cand_starts: Sequence[float]) -> list[str]:
-    runs = sorted([(t, "b") for t in base_starts] + [(t, "c") for t in cand_starts])
-    return [arm for _, arm in runs]
-
-
-def _balanced(firsts: Sequence[str]) -> bool:
-    return abs(sum(f == "b" for f in firsts) - sum(f == "c" for f in firsts)) <= 1
-
-
 def order_check(
     base_starts: Sequence[float | None],
     cand_starts: Sequence[float | None],
@@ -108,7 +99,7 @@ def order_check(
                 )
             firsts.append(runs[where[0]][1])
     else:
-        seq_arms = _sorted_arms(bs, cs)
+        seq_arms = [arm for _, arm in sorted([(t, "b") for t in bs] + [(t, "c") for t in cs])]
         if len(bs) != len(cs):
             return OrderCheck(False, True, "unbalanced", f"{len(bs)} vs {len(cs)} runs: not a block design")
         pairs = [seq_arms[i : i + 2] for i in range(0, len(seq_arms), 2)]
@@ -122,8 +113,8 @@ def order_check(
                 "this close to grouped confounds drift with the arm",
             )
         firsts = [p[0] for p in pairs]
-    if not _balanced(firsts):
-        n_b = sum(f == "b" for f in firsts)
+    n_b = sum(f == "b" for f in firsts)
+    if abs(n_b - (len(firsts) - n_b)) > 1:
         return OrderCheck(
             False,
             True,
