@@ -322,15 +322,8 @@ def family_size(cap: LoadCapture) -> int:
 
 def capture_settings(params: dict[str, Any], capture: str | Path) -> tuple[dict[str, Any], set[str]]:
     """The parameters as the report ran them: a grid field left None is the capture's own value."""
-    shown = dict(params)
     path = Path(capture)
-    if not (path / MANIFEST).is_file():
-        return shown, set()
-    spec = load_spec(path).to_dict()
-    spec["arms"] = [a["name"] for a in spec["arms"]]
-    read = {k for k in LoadSpec.model_fields if k in shown and shown[k] is None and k in spec}
-    shown.update({k: spec[k] for k in read})
-    return shown, read
+    return load_spec(path).fill_parameters(params) if (path / MANIFEST).is_file() else (dict(params), set())
 
 
 def verdict_text(cap: LoadCapture | None, comps: list[UsersComparison]) -> str:

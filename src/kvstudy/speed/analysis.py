@@ -461,16 +461,13 @@ def capture_settings(params: dict[str, Any], capture: str | Path) -> tuple[dict[
     """The notebook's parameters as the report ran them: a sweep field left None (SweepSpec's default)
     is the capture's own value when a capture exists, and ``registered_runs_per_arm`` None its seed
     count; with the names so read from the capture."""
-    shown = dict(params)
     path = Path(capture)
     if not (path / MANIFEST).is_file():
-        return shown, set()
-    spec = load_spec(path).to_dict()
-    spec["configurations"] = [c["name"] for c in spec["configurations"]]
-    read = {name for name in SweepSpec.model_fields if name in shown and shown[name] is None and name in spec}
-    shown.update({name: spec[name] for name in read})
+        return dict(params), set()
+    spec = load_spec(path)
+    shown, read = spec.fill_parameters(params)
     if "registered_runs_per_arm" in shown and shown["registered_runs_per_arm"] is None:
-        shown["registered_runs_per_arm"] = len(spec["seeds"])
+        shown["registered_runs_per_arm"] = len(spec.seeds)
         read.add("registered_runs_per_arm")
     return shown, read
 
