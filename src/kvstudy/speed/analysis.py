@@ -189,11 +189,8 @@ class ClockAdjusted:
 def clock_adjusted(
     seeds: pd.DataFrame, baseline: str, candidate: str, users: int, alpha: float = 0.05
 ) -> ClockAdjusted:
-    """Fit ``median_tpot_ms ~ candidate + median_clock_mhz`` over the cells at ``users``.
-
-    The clock term is dropped (and the note says so) when the clock is missing or does not vary,
-    since it cannot then be told apart from the intercept.
-    """
+    """OLS of ``median_tpot_ms ~ candidate + median_clock_mhz`` over the cells at ``users``; the clock
+    term only where the clock was read and varies (else it cannot be told from the intercept)."""
     import statsmodels.formula.api as smf
 
     d = seeds[(seeds["users"] == users) & seeds["configuration"].isin([baseline, candidate])].copy()
@@ -381,11 +378,7 @@ def plot_distributions(requests: pd.DataFrame, order: list[str]) -> Any:
 
 
 def plot_clock(telemetry: pd.DataFrame, order: list[str], lead_s: float = 3.0) -> Any:
-    """Clock (and utilisation, where recorded) over time per cell, 0 = first measured request.
-
-    Samples taken more than ``lead_s`` seconds before the first measured request (the client
-    starting up, the warm-up requests) are left out of the picture.
-    """
+    """Clock (and utilisation) over time per cell, 0 = first measured request, from ``lead_s`` before it."""
     import matplotlib.pyplot as plt
 
     telemetry = telemetry[telemetry["t_rel_s"] >= -lead_s]
@@ -436,10 +429,8 @@ def describe_spec(spec: SweepSpec) -> pd.DataFrame:
 def open_or_complete(
     spec_data: dict[str, Any], capture: str | Path, run_missing: bool, how: str = "", progress: Progress = print
 ) -> tuple[Capture | None, str]:
-    """The capture to analyse, after running its missing cells when ``run_missing`` is true.
-
-    Returns the capture (None when there is none) and a sentence saying what was done.
-    """
+    """The capture to analyse (None: none), after running its missing cells when ``run_missing``; and
+    a sentence saying what was done."""
     path = Path(capture)
     if run_missing:
         spec = SweepSpec.from_params(**spec_data)  # None: SweepSpec's default
@@ -458,9 +449,8 @@ def open_or_complete(
 
 
 def capture_settings(params: dict[str, Any], capture: str | Path) -> tuple[dict[str, Any], set[str]]:
-    """The notebook's parameters as the report ran them: a sweep field left None (SweepSpec's default)
-    is the capture's own value when a capture exists, and ``registered_runs_per_arm`` None its seed
-    count; with the names so read from the capture."""
+    """The parameters as the report ran them (:meth:`kvstudy.bench.spec.Spec.fill_parameters`), and
+    ``registered_runs_per_arm`` left None the capture's seed count."""
     path = Path(capture)
     if not (path / MANIFEST).is_file():
         return dict(params), set()

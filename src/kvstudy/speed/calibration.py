@@ -306,10 +306,8 @@ def noise_sensitivity(
     simulations: int = 4_000,
     seed: int = 0,
 ) -> NoiseSensitivity | None:
-    """Power of ``n_per_arm`` seed blocks to detect ``change`` when a seed's log difference is normal
-    with the A/A blocks' spread, and at both ends of that spread's 95 % interval (the noise estimate's
-    own uncertainty). Without seed blocks a difference's spread is sqrt(2) x the runs' log-median SD.
-    None when the noise cannot be estimated or the design cannot reach p < alpha."""
+    """Power of ``n_per_arm`` seed blocks for ``change`` under a normal model of the per-seed log
+    differences, at the A/A noise and at both ends of its 95 % interval; None when not estimable."""
     noise = noise_sd(runs)
     if noise is None or design_min_p(n_per_arm, True) >= alpha or n_per_arm > 16:
         return None
@@ -335,11 +333,8 @@ def minimum_detectable_change(
     precision: float = 0.005,
     use_interval: bool = True,
 ) -> float | None:
-    """Smallest TPOT increase (fraction: 0.2 = candidate 20 % slower) that a design of ``n_per_arm``
-    baseline and ``n_cand`` (default the same) candidate runs (seed blocks when the runs name seeds
-    and the arms are equal) detects with ``target_power``, by bisection with common random numbers;
-    None when no change up to ``max_change`` is (the design cannot reach p < alpha, or the noise is
-    too large). ``use_interval=False``: p < alpha alone."""
+    """Smallest TPOT increase (0.2: 20 % slower) a design of ``n_per_arm`` vs ``n_cand`` runs detects
+    with ``target_power``, by bisection with common random numbers; None when none up to ``max_change`` is."""
     n2 = n_cand if n_cand is not None else n_per_arm
     _, blocks, pool = _noise(runs)
     if n2 != n_per_arm:

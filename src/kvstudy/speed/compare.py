@@ -238,11 +238,8 @@ def compare_folders(
     seed: int = 0,
     detectable_change: bool = True,
 ) -> Comparison:
-    """Read both folders, check the runs share their settings, assess each run and give the verdict.
-
-    With ``detectable_change`` the TPOT change this design would detect with 80 % power is estimated
-    from the runs' own spread (each arm centred) when the verdict is "no claim".
-    """
+    """Read both folders, check the runs share their settings, assess each run and give the verdict;
+    on "no claim", the change this design would detect with 80 % power (``detectable_change``)."""
     base_path, cand_path = Path(baseline), Path(candidate)
     if base_path.resolve() == cand_path.resolve():
         raise StudyError(f"{cand_path}: the same folder as the baseline; expected two folders of runs")

@@ -195,11 +195,8 @@ def concurrency_points(capture: Any, seeds: pd.DataFrame, order: list[str]) -> l
 
 
 def plot_concurrency(points: list[ConcurrencyPoint], order: list[str]) -> Any:
-    """Median TPOT (seed range as bars) and output throughput over user counts, one line per arm.
-
-    A failed arm is drawn as an ``×`` on the axis at its user count (both panels), one whose per-token
-    latency was not measurable with an open marker (TPOT panel); both are numbered and their causes
-    written under the axes."""
+    """Median TPOT (seed range as bars) and output throughput over user counts, one line per arm; a
+    failed or unmeasurable arm is marked, numbered, with its cause under the axes."""
     import matplotlib.pyplot as plt
 
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -269,10 +269,8 @@ class Consistency:
 
 
 def published_consistency(pub: Any, context_len: int) -> list[Consistency]:
-    """Per published row: the decode streams its own figures imply (output tok/s x median TPOT: the
-    requests decoding at once, on average) against the users and against the requests of
-    ``context_len`` tokens that fit in the published pool at once. Implied streams above either mean
-    the figures contradict that request length (or were not computed over the same requests)."""
+    """Per published row: the decode streams its figures imply (output tok/s x median TPOT) against the
+    users and the requests of ``context_len`` tokens the pool holds; more contradicts that length."""
     block = int(pub.meta.get("block_size") or 16)
     blocks = int(pub.meta["pool_blocks"])
     fit = blocks // -(-int(context_len) // block)
@@ -420,10 +418,8 @@ def admission_rows(
     device: str = "cuda",
     kv_cache_dtype: str = "auto",
 ) -> list[Admission]:
-    """Per user count: the KV blocks the users' requests need at once against the pool's blocks
-    (vLLM 0.32's allocator, :func:`kvstudy.model.allocator.predict_logged_pool`): when they need
-    more, vLLM admits fewer requests and the rest wait in its queue, so TPOT then also measures
-    queueing, not only decoding. The pool is held in blocks, so the dtype changes bytes, not blocks."""
+    """Per user count: the KV blocks the users' requests need at once against the pool's (vLLM's block
+    rules): beyond it the rest wait in vLLM's queue, and TPOT measures queueing too."""
     pool = predict_logged_pool(
         model, kv_cache_dtype, 1, int(context_len), num_blocks_override=int(num_blocks), device=device
     )
@@ -486,11 +482,8 @@ def aa_pairs(capture: Any) -> list[str]:
 
 
 def calibration_frame(capture: Any, n_per_arm: int = 6, change: float = 0.2, seed: int = 0) -> pd.DataFrame:
-    """Per user count, from the capture's A/A runs (baseline + its repeats, seed blocks): the
-    false-claim rate over the real splits (or why this design cannot be calibrated), over designs of
-    ``n_per_arm`` seed blocks resampled from them, the power for ``change`` with its interval over
-    simulated designs and its range over the noise estimate's own 95 % interval, and the change
-    detected with 80 % power."""
+    """Per user count, from the capture's A/A runs (seed blocks): false-claim rates over real splits
+    and resampled designs, power for ``change`` and its range over the noise, the 80 % power change."""
     base = capture.spec.configurations[0].name
     rows = []
     origin = "computed here from the capture's A/A cells (calibration.py), seed as a block"
