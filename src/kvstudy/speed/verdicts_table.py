@@ -443,19 +443,15 @@ def admission_rows(
 def server_metrics_frame(capture: Any) -> pd.DataFrame:
     """Per finished cell: preemptions and mean queue time during the cell, from vLLM's /metrics read
     before and after it (empty when the capture predates this or the server exposed none)."""
-    cells = capture.cells
-    if not len(cells) or "server_metrics_before" not in cells.columns:
-        return pd.DataFrame()
     rows = []
-    for _, cell in cells[cells["status"] == "ok"].iterrows():
-        before, after = cell.get("server_metrics_before"), cell.get("server_metrics_after")
-        delta = metrics_delta(before if isinstance(before, dict) else None, after if isinstance(after, dict) else None)
-        if not delta:
+    for cell in capture.grid.cells.values():
+        delta = metrics_delta(cell.data.get("server_metrics_before"), cell.data.get("server_metrics_after"))
+        if not cell.ok or not delta:
             continue
         rows.append(
             {
-                "cell": cell["cell_id"],
-                "users": int(cell["users"]),
+                "cell": cell.id,
+                "users": int(cell.data["users"]),
                 "preemptions": delta.get("preemptions"),
                 "mean queue time (ms)": (
                     None if "mean_queue_time_s" not in delta else delta["mean_queue_time_s"] * 1e3
