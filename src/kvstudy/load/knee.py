@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
+from kvstudy.stats.clustered import clustered_mean
 from kvstudy.stats.family import holm
 from kvstudy.stats.permutation import permutation_test
 
@@ -128,10 +128,9 @@ def compare_users(
         return out
     logs = np.log([cand[s].users / base[s].users for s in usable])
     out.ratio = float(math.exp(logs.mean()))
-    if logs.size >= 2:
-        mean, sd = float(logs.mean()), float(logs.std(ddof=1))
-        half = float(stats.t.ppf(0.5 + confidence / 2, logs.size - 1)) * sd / math.sqrt(logs.size)
-        out.ratio_low, out.ratio_high = math.exp(mean - half), math.exp(mean + half)
+    if logs.size >= 2:  # the t interval of the mean log ratio: each block its own cluster
+        mean = clustered_mean(logs, range(logs.size), alpha=1 - confidence)
+        out.ratio_low, out.ratio_high = math.exp(mean.ci_low), math.exp(mean.ci_high)
     test = permutation_test(
         [math.log(base[s].users) for s in usable],
         [math.log(cand[s].users) for s in usable],
