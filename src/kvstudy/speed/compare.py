@@ -96,10 +96,6 @@ class Comparison:
 # --------------------------------------------------------------------------- reading
 
 
-def _label(path: Path) -> str:
-    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
-
-
 def _metadata_number(data: dict[str, Any], keys: Sequence[str], path: Path) -> float | None:
     """A number given with --metadata KEY=VALUE (stored as text by vLLM), or None."""
     for key in keys:
@@ -158,7 +154,7 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
         settings["burstiness"] = data.get("burstiness")
     run = run_from_records(
         records,
-        _label(path),
+        f"{path.parent.name}/{path.name}" if path.parent.name else path.name,
         start_time_s=_start_time(data, float(duration)),
         duration_s=float(duration),
         median_clock_mhz=_metadata_number(data, ("median_clock_mhz",), path),
@@ -193,16 +189,7 @@ def check_same_settings(runs: Sequence[BenchRun]) -> dict[str, Any]:
     """The settings all ``runs`` share (those of the first); a StudyError naming the first file that differs."""
     first = runs[0]
     for other in runs[1:]:
-        for key in (
-            "model_id",
-            "num_prompts",
-            "max_concurrency",
-            "request_rate",
-            "burstiness",
-            "backend",
-            "input_len",
-            "output_len",
-        ):
+        for key in [k for k in {**first.settings, **other.settings} if k != "output_len_asked"]:
             a, b = first.settings.get(key), other.settings.get(key)
             if _differs(key, a, b):
                 raise StudyError(
