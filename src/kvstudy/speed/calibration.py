@@ -119,21 +119,18 @@ def claim_by_test(
 def false_claim_rate(
     runs: Sequence[RunSummary],
     *,
-    n_base: int | None = None,
-    n_cand: int | None = None,
     splits: int = SPLITS,
     alpha: float = ALPHA,
     resamples: int = CALIBRATION_RESAMPLES,
     seed: int = 0,
 ) -> ClaimRate:
     """Split the A/A ``runs`` at random into pseudo-arms ``splits`` times; the share of splits with
-    a claim. With seeds known (and no sizes given), each seed block's runs go one to each pseudo-arm
-    (the blocked design the verdict tests); otherwise ``n_base`` and ``n_cand`` runs (default half
-    each). When that design cannot reach p < alpha, nothing is counted (``possible`` False)."""
+    a claim: with seeds known each seed block's runs go one to each pseudo-arm (the blocked design
+    the verdict tests), otherwise half the runs to each. A design that cannot reach p < alpha counts nothing."""
     pool = _usable(runs)
     blocks = seed_blocks(pool)
     rng = np.random.default_rng(seed)
-    if blocks is not None and n_base is None and n_cand is None:
+    if blocks is not None:
         k = len(blocks)
         min_p = design_min_p(k, True)
         what = f"A/A runs, one per pseudo-arm in each of {k} seed blocks"
@@ -147,9 +144,8 @@ def false_claim_rate(
             claim = claim_by_test(base, cand, alpha=alpha, resamples=resamples, seed=seed + i, blocked=True)
             claims += claim != "no claim"
         return ClaimRate(what, claims, splits, k, k, None, min_p, True)
-    n1 = n_base if n_base is not None else len(pool) // 2
-    n2 = n_cand if n_cand is not None else len(pool) - n1
-    if n1 < 1 or n2 < 1 or n1 + n2 > len(pool):
+    n1, n2 = len(pool) // 2, len(pool) - len(pool) // 2
+    if n1 < 1:
         raise StudyError(f"calibration: cannot split {len(pool)} A/A runs into {n1} + {n2}")
     min_p = minimum_p_value(n1, n2)
     what = "A/A runs split into pseudo-arms"
@@ -160,7 +156,7 @@ def false_claim_rate(
     for i in range(splits):
         order = rng.permutation(len(pool))
         base = [tpots[j] for j in order[:n1]]
-        cand = [tpots[j] for j in order[n1 : n1 + n2]]
+        cand = [tpots[j] for j in order[n1:]]
         claims += claim_by_test(base, cand, alpha=alpha, resamples=resamples, seed=seed + i) != "no claim"
     return ClaimRate(what, claims, splits, n1, n2, None, min_p)
 

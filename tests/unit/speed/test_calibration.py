@@ -110,7 +110,7 @@ def test_centred_removes_each_arms_level(helpers: Any) -> None:
 def test_upper_bound_and_bad_input() -> None:
     assert clopper_pearson(0, 1000, 0.90)[1] == pytest.approx(1 - 0.05 ** (1 / 1000))
     assert clopper_pearson(5, 5, 0.90)[1] == 1.0
-    with pytest.raises(StudyError, match="cannot split 4"):
-        false_claim_rate(aa_runs(4, seed=0), n_base=3, n_cand=3)
+    with pytest.raises(StudyError, match="cannot split 1 A/A runs"):
+        false_claim_rate(aa_runs(1, seed=0))
     with pytest.raises(StudyError, match="no positive per-request TPOT"):
         false_claim_rate([RunSummary(name="empty", tpots_s=()), *aa_runs(3, seed=0)])
