@@ -83,7 +83,6 @@ class LoadSpec(ServerSpec):
 
     @property
     def context_tokens(self) -> int:
-        """Tokens one request holds at its end: input + output."""
         return self.input_len + self.output_len
 
     @property
@@ -106,11 +105,9 @@ class LoadSpec(ServerSpec):
         raise StudyError(f"arm {name!r}: not in this grid ({[a.name for a in self.arms]})")
 
     def runs(self) -> list[Run]:
-        """Server starts in execution order (``bench.spec.ordered_runs``)."""
         return ordered_runs([a.name for a in self.arms], self.seeds, self.run_order)
 
     def loads(self) -> list[int]:
-        """The concurrency ladder (see :func:`ladder`)."""
         return ladder(self.load_factors, arm_pools(self)[self.arms[0].name].requests)
 
     def cells(self) -> list[Cell]:

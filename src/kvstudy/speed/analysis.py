@@ -155,8 +155,7 @@ def load_published(path: str | Path) -> Published:
     dtypes = {c["name"]: c.get("kv_cache_dtype", "") for c in data.get("configurations", [])}
     table = pd.DataFrame(rows)
     table["kv_cache_dtype"] = table["configuration"].map(dtypes)
-    table["tpot_min_ms"] = np.nan  # per-seed values were not published
-    table["tpot_max_ms"] = np.nan
+    table[["tpot_min_ms", "tpot_max_ms"]] = np.nan  # per-seed values were not published
     meta = {k: v for k, v in data.items() if k not in ("rows", "published_verdicts", "not_published")}
     return Published(
         path,

@@ -62,7 +62,6 @@ class SweepSpec(ServerSpec):
         raise StudyError(f"configuration {name!r}: not in this sweep ({[c.name for c in self.configurations]})")
 
     def runs(self) -> list[Run]:
-        """Server starts in execution order (``bench.spec.ordered_runs``)."""
         return ordered_runs([c.name for c in self.configurations], self.seeds, self.run_order)
 
     def cells(self) -> list[Cell]:

@@ -199,7 +199,6 @@ def compare_runs(
         raise StudyError(f"verdict: {len(base)} baseline and {len(cand)} candidate runs, expected at least 1 each")
     reasons: list[str] = list(refusals)
     allowed = not refusals
-    runs = {"baseline": len(base), "candidate": len(cand)}
     registration = registration_check(len(base), len(cand), registered_runs_per_arm)
     if registration:
         reasons.append(registration)
@@ -298,7 +297,7 @@ def compare_runs(
         p_value=p,
         min_p_value=min_p,
         alpha=alpha,
-        runs=runs,
+        runs={"baseline": len(base), "candidate": len(cand)},
         reasons=reasons,
         exact=test.exact if test else True,
         splits=test.splits if test else 0,
