@@ -356,7 +356,7 @@ def open_or_complete(
     path = Path(capture)
     if run_missing:
         spec = LoadSpec.from_params(**spec_data)
-        todo = missing_cells(spec, path) if (path / MANIFEST).is_file() else spec.cells()
+        todo = missing_cells(spec, path)
         if todo:
             results = run_load(spec, path, how=how, progress=progress)
             said = f"ran {len(results)} missing cell(s) into {path} ({sum(r.status != 'ok' for r in results)} failed)"

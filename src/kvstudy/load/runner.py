@@ -208,7 +208,7 @@ def run_load(
 ) -> list[LoadCellResult]:
     """Run every cell ``capture`` lacks (failed ones only with ``retry_failed``); refusals come first."""
     capture = Path(capture)
-    todo = missing_cells(spec, capture, retry_failed) if (capture / MANIFEST).is_file() else spec.cells()
+    todo = missing_cells(spec, capture, retry_failed)
     if todo:
         check_design(spec)
         check_knobs(spec)
