@@ -20,7 +20,7 @@ from pydantic_core import ErrorDetails
 
 from kvstudy.errors import StudyError
 from kvstudy.io import type_name
-from kvstudy.limits import MAX_AXIS_VALUES, Seed
+from kvstudy.limits import MAX_AXIS_VALUES, Seconds, Seed
 from kvstudy.redact import redact
 from kvstudy.vllm.arguments import check_server_args, check_server_env
 
@@ -97,6 +97,14 @@ class Spec(BaseModel):
             if errors:
                 raise StudyError(f"{where}: {error_line(errors[0])}") from None
 
+    def fill_parameters(self, params: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
+        """Notebook parameters as a report ran them: a field left None is this (a capture's) spec's
+        value, arms by name; with the names so filled."""
+        stored = self.to_dict()
+        read = {k for k in type(self).model_fields if k in params and params[k] is None}
+        named = {k: [a["name"] for a in stored[k]] if k in ("arms", "configurations") else stored[k] for k in read}
+        return {**params, **named}, read
+
     def to_dict(self) -> dict[str, Any]:
         """The spec as stored in a manifest: secrets redacted (``{from_env: NAME}`` kept as is)."""
         out: dict[str, Any] = redact(self.model_dump())
@@ -113,6 +121,18 @@ RUN_ORDERS = {
     "abba": "seeds in turn; arms in order at even seed positions, reversed at odd ones",
     "grouped": "seeds in turn; arms always in the listed order",
 }
+
+
+class ServerSpec(Spec):
+    """The server and client settings of every users grid (pydantic lists these fields first)."""
+
+    enforce_eager: bool = Field(False, description="True: no CUDA graphs")
+    server_env: Env = Field(default_factory=dict, description="extra server environment")
+    server_extra_args: ExtraArgs = Field(default_factory=list, description="extra server arguments")
+    telemetry_interval_s: Seconds = Field(0.5, description="/metrics sampling interval during each cell")
+    ready_timeout_s: Seconds = Field(900.0, description="seconds a server may take to become ready")
+    bench_timeout_s: Seconds = Field(1800.0, description="seconds one cell's benchmark client may take")
+    run_order: RunOrder = Field("abba", description="server starts: arms alternate over seeds, or grouped")
 
 
 # --------------------------------------------------------------------------- the users grids' cells
@@ -157,6 +177,16 @@ class Cell:
     @property
     def run(self) -> Run:
         return Run(self.arm, self.seed)
+
+    def identity(self, kv_cache_dtype: str, arm_key: str, users_key: str) -> dict[str, Any]:
+        """The fields naming this cell in its result record, under the experiment's own keys."""
+        return {
+            "cell_id": self.id,
+            arm_key: self.arm,
+            "kv_cache_dtype": kv_cache_dtype,
+            "seed": self.seed,
+            users_key: self.users,
+        }
 
 
 @dataclass(kw_only=True)

@@ -1,10 +1,6 @@
 """Analyse a load capture: per-cell table, each arm's users within the target, the ratio to the
-16-bit baseline with its interval and test, per-load tests, figures and the verdict's facts.
-
-Every figure is computed from the capture's files (``cells/``, ``requests/``, ``telemetry/``); the
-definitions are :mod:`kvstudy.load.knee`'s. The comparisons: each arm against the first (the
-16-bit baseline); an arm identical to the baseline but for its name is the A/A control, whose
-comparison measures the method's noise and must make no claim.
+16-bit baseline with its test, per-load tests, figures and the verdict's facts (definitions in
+:mod:`kvstudy.load.knee`). An arm identical to the baseline but for its name is the A/A control.
 """
 
 from __future__ import annotations
@@ -17,13 +13,15 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.bench.grid import read_capture
+from kvstudy.bench.telemetry import metrics_delta
 from kvstudy.capture import model_config
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
-from kvstudy.load.knee import MEASURED, Knee, UsersComparison, compare_users, decide, permutation_test, users_within
-from kvstudy.load.runner import KIND, MANIFEST, load_spec
+from kvstudy.load.knee import MEASURED, NO_CELLS, Knee, UsersComparison, compare_users, decide, users_within
+from kvstudy.load.runner import KIND, MANIFEST, load_spec, missing_cells, run_load
 from kvstudy.load.spec import LoadSpec, arm_pools
 from kvstudy.progress import Progress
+from kvstudy.stats.permutation import permutation_test
 
 PERCENTILES = (50, 90, 99)
 
@@ -87,12 +85,11 @@ def cell_table(cap: LoadCapture) -> pd.DataFrame:
                     row[f"{metric.upper()} p{q} (ms)"] = float(np.percentile(values, q)) if values.size else None
             itls = np.concatenate([np.asarray(x, float) for x in ok["itls_ms"]]) if len(ok) else np.array([])
             row["ITL p99 (ms)"] = float(np.percentile(itls, 99)) if itls.size else None
-        before = c.get("server_metrics_before") if isinstance(c.get("server_metrics_before"), dict) else {}
-        after = c.get("server_metrics_after") if isinstance(c.get("server_metrics_after"), dict) else {}
-        if before and after and "preemptions_total" in after:
-            row["preemptions"] = after["preemptions_total"] - before.get("preemptions_total", 0.0)
-        n = after.get("queue_time_count", 0.0) - before.get("queue_time_count", 0.0) if before and after else 0.0
-        row["mean queue (s)"] = (after["queue_time_s_sum"] - before.get("queue_time_s_sum", 0.0)) / n if n > 0 else None
+        before, after = c.get("server_metrics_before"), c.get("server_metrics_after")
+        delta = metrics_delta(before if isinstance(before, dict) else None, after if isinstance(after, dict) else None)
+        if "preemptions" in delta:
+            row["preemptions"] = delta["preemptions"]
+        row["mean queue (s)"] = delta.get("mean_queue_time_s")
         row["peak running"] = c.get("peak_running")
         row["peak waiting"] = c.get("peak_waiting")
         row["peak KV usage"] = c.get("peak_kv_usage")
@@ -105,27 +102,25 @@ def cell_table(cap: LoadCapture) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def _ok_cells(cap: LoadCapture) -> pd.DataFrame:
+    """The finished cells, indexed by (arm, seed, concurrency)."""
+    c = cap.cells
+    if not len(c):
+        return pd.DataFrame(columns=["share_within_target", "peak_waiting"])
+    return c[c["status"] == "ok"].set_index(["arm", "seed", "concurrency"])
+
+
 def knees(cap: LoadCapture) -> dict[str, dict[int, Knee]]:
     """Each arm's knee per seed block (cells that failed count as misses; a block with no finished cell is left out)."""
-    loads = cap.spec.loads()
+    share = _ok_cells(cap)["share_within_target"]
     out: dict[str, dict[int, Knee]] = {}
     for arm in arm_order(cap):
-        out[arm] = {}
-        for seed in cap.spec.seeds:
-            shares: dict[int, float | None] = {}
-            for load in loads:
-                row = (
-                    cap.cells[
-                        (cap.cells["arm"] == arm) & (cap.cells["seed"] == seed) & (cap.cells["concurrency"] == load)
-                    ]
-                    if len(cap.cells)
-                    else pd.DataFrame()
-                )
-                ok = len(row) and row["status"].iloc[0] == "ok"
-                shares[load] = float(row["share_within_target"].iloc[0]) if ok else None
-            knee = users_within(shares, cap.spec.target_share)
-            if knee.state != "no finished cell":
-                out[arm][seed] = knee
+        shares = {s: {n: share.get((arm, s, n)) for n in cap.spec.loads()} for s in cap.spec.seeds}
+        per = {
+            s: users_within({n: None if v is None else float(v) for n, v in sh.items()}, cap.spec.target_share)
+            for s, sh in shares.items()
+        }
+        out[arm] = {s: k for s, k in per.items() if k.state != NO_CELLS}
     return out
 
 
@@ -158,11 +153,8 @@ def comparisons(cap: LoadCapture) -> tuple[list[UsersComparison], pd.DataFrame]:
 
 
 def _shares(cap: LoadCapture, arm: str, load: int) -> dict[int, float]:
-    c = cap.cells
-    if not len(c):
-        return {}
-    ok = c[(c["arm"] == arm) & (c["concurrency"] == load) & (c["status"] == "ok")]
-    return {int(r["seed"]): float(r["share_within_target"]) for _, r in ok.iterrows()}
+    share = _ok_cells(cap)["share_within_target"]
+    return {int(s): float(share[(arm, s, load)]) for s in cap.spec.seeds if (arm, s, load) in share.index}
 
 
 def users_table(cap: LoadCapture) -> pd.DataFrame:
@@ -208,14 +200,8 @@ def _why_below(cap: LoadCapture, arm: str, per: dict[int, Knee], predicted: int)
     """Where a knee sits below the capacity: whether requests queued at the first missed load (the pool
     binds) or none waited there (the latency target binds first: per-token speed, not capacity)."""
     misses = [(s, k.first_miss) for s, k in per.items() if k.first_miss is not None and k.first_miss <= predicted]
-    if not misses or not len(cap.cells):
-        return ""
-    c = cap.cells
-    waited = []
-    for seed, load in misses:
-        row = c[(c["arm"] == arm) & (c["seed"] == seed) & (c["concurrency"] == load)]
-        if len(row) and row["status"].iloc[0] == "ok":
-            waited.append(float(row["peak_waiting"].iloc[0] or 0.0))
+    peak = _ok_cells(cap)["peak_waiting"]
+    waited = [float(peak[(arm, s, n)] or 0.0) for s, n in misses if (arm, s, n) in peak.index]
     if waited and max(waited) == 0:
         return "; no request waited at the first missed load: the latency target binds before the pool does"
     return ""
@@ -303,10 +289,10 @@ def verdict_facts(cap: LoadCapture | None, comps: list[UsersComparison]) -> dict
     """The structured verdict the decision card reads (``kvstudy.report.notebook.verdict`` keyword facts)."""
     spec = cap.spec if cap is not None else None
     aa = set(aa_arms(spec)) if spec else set()
-    fp8 = [
+    fp8 = (
         c for c in comps if c.candidate not in aa and spec and spec.arm(c.candidate).kv_cache_dtype.startswith("fp8")
-    ]
-    main = fp8[0] if fp8 else None
+    )
+    main = next(fp8, None)
     facts: dict[str, Any] = {
         "users_baseline": main.users_baseline if main else None,
         "users_fp8": main.users_candidate if main else None,
@@ -336,15 +322,8 @@ def family_size(cap: LoadCapture) -> int:
 
 def capture_settings(params: dict[str, Any], capture: str | Path) -> tuple[dict[str, Any], set[str]]:
     """The parameters as the report ran them: a grid field left None is the capture's own value."""
-    shown = dict(params)
     path = Path(capture)
-    if not (path / MANIFEST).is_file():
-        return shown, set()
-    spec = load_spec(path).to_dict()
-    spec["arms"] = [a["name"] for a in spec["arms"]]
-    read = {k for k in LoadSpec.model_fields if k in shown and shown[k] is None and k in spec}
-    shown.update({k: spec[k] for k in read})
-    return shown, read
+    return load_spec(path).fill_parameters(params) if (path / MANIFEST).is_file() else (dict(params), set())
 
 
 def verdict_text(cap: LoadCapture | None, comps: list[UsersComparison]) -> str:
@@ -374,12 +353,10 @@ def open_or_complete(
     spec_data: dict[str, Any], capture: str | Path, run_missing: bool, how: str, progress: Progress
 ) -> tuple[LoadCapture | None, str]:
     """The capture to analyse, after running its missing cells when ``run_missing``; and what was done."""
-    from kvstudy.load.runner import missing_cells, run_load
-
     path = Path(capture)
     if run_missing:
         spec = LoadSpec.from_params(**spec_data)
-        todo = missing_cells(spec, path) if (path / MANIFEST).is_file() else spec.cells()
+        todo = missing_cells(spec, path)
         if todo:
             results = run_load(spec, path, how=how, progress=progress)
             said = f"ran {len(results)} missing cell(s) into {path} ({sum(r.status != 'ok' for r in results)} failed)"

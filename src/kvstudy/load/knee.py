@@ -1,22 +1,10 @@
 """Users within a latency target: the knee of each arm's load ladder, and the FP8 / 16-bit ratio.
 
-Definitions (notebook 08 states them too):
-
-* a request is **within the target** when it succeeded and meets every limit given, as vLLM's
-  ``bench serve --goodput`` counts it (``vllm/benchmarks/serve.py``: TTFT, TPOT = (E2E − TTFT) /
-  (output tokens − 1), 0 for one token, and E2E each at most their limit in ms); a failed request
-  is not within it;
-* a cell meets the target when at least ``target_share`` of its requests are within it;
-* an arm's **users within the target** in one seed block is the largest load L of the ladder such
-  that every cell at loads up to L meets the target (the first miss ends the count); when the
-  lowest load already misses it is 0 (state "missed at the lowest load": no knee), when every load
-  meets it the top load is a lower bound (state "held at every load");
-* across seed blocks: the ratio candidate / baseline is the geometric mean of the per-block ratios,
-  its interval the t interval of the mean log ratio over blocks (``confidence``), and its test the
-  seed-blocked permutation test the speed analysis uses (labels permuted within each seed block);
-  Holm's step-down correction runs over every test of the report; a claim ("more users", "fewer
-  users") needs the Holm p below alpha, the interval excluding 1, and every block of both arms
-  measured (neither "missed at the lowest load" nor "held at every load").
+A request is within the target as vLLM's ``bench serve --goodput`` counts it; a cell meets the
+target when ``target_share`` of its requests are within it; an arm's users within the target in one
+seed block is the largest load up to which every cell met it. Across seed blocks the ratio is the
+geometric mean of per-block ratios with a t interval, tested by the seed-blocked permutation test;
+a claim needs the Holm p below alpha, the interval excluding 1 and a measured knee in every block.
 """
 
 from __future__ import annotations
@@ -28,16 +16,12 @@ from typing import Any
 
 import numpy as np
 
-# The seed-blocked permutation test and Holm's correction, from where they live today (issue 31 moves
-# them into kvstudy.stats; the layout test lists these two imports as the only allowed crossing).
+from kvstudy.stats.clustered import clustered_mean
 from kvstudy.stats.family import holm
 from kvstudy.stats.permutation import permutation_test
 
-__all__ = ["holm", "permutation_test"]  # re-exported for the load analysis
-
 ALPHA = 0.05
 CONFIDENCE = 0.95
-CLAIMS = ("more users", "fewer users", "no claim")
 MEASURED, MISSED, HELD, NO_CELLS = "measured", "missed at the lowest load", "held at every load", "no finished cell"
 
 
@@ -114,16 +98,6 @@ class UsersComparison:
         return int(np.median(self.candidate_users)) if self.candidate_users else None
 
 
-def _t_interval(logs: np.ndarray, confidence: float) -> tuple[float, float] | None:
-    from scipy import stats
-
-    if logs.size < 2:
-        return None
-    mean, sd = float(logs.mean()), float(logs.std(ddof=1))
-    half = float(stats.t.ppf(0.5 + confidence / 2, logs.size - 1)) * sd / math.sqrt(logs.size)
-    return math.exp(mean - half), math.exp(mean + half)
-
-
 def compare_users(
     baseline: str,
     candidate: str,
@@ -154,9 +128,9 @@ def compare_users(
         return out
     logs = np.log([cand[s].users / base[s].users for s in usable])
     out.ratio = float(math.exp(logs.mean()))
-    interval = _t_interval(logs, confidence)
-    if interval is not None:
-        out.ratio_low, out.ratio_high = interval
+    if logs.size >= 2:  # the t interval of the mean log ratio: each block its own cluster
+        mean = clustered_mean(logs, range(logs.size), alpha=1 - confidence)
+        out.ratio_low, out.ratio_high = math.exp(mean.ci_low), math.exp(mean.ci_high)
     test = permutation_test(
         [math.log(base[s].users) for s in usable],
         [math.log(cand[s].users) for s in usable],
@@ -203,45 +177,3 @@ def decide(comparisons: Sequence[UsersComparison], other_p: Sequence[float] = ()
         elif not excludes_one:
             c.reasons.append("the interval of the ratio holds 1")
     return adjusted[len(tested) :]
-
-
-# --------------------------------------------------------------------------- simulation
-
-
-def simulate_cells(
-    loads: Sequence[int],
-    capacity: float,
-    rng: np.random.Generator,
-    noise: float = 0.05,
-    requests: int = 30,
-) -> dict[int, float]:
-    """Synthetic shares within the target along a ladder: near 1 up to ``capacity`` users, falling
-    past it, with binomial request noise and a per-cell jitter of ``noise`` (for tests and the A/A check)."""
-    out = {}
-    for load in loads:
-        base = 0.97 if load <= capacity else max(0.0, 0.97 - 0.6 * (load - capacity) / capacity)
-        p = float(np.clip(base + rng.normal(0, noise), 0, 1))
-        out[load] = rng.binomial(requests, p) / requests
-    return out
-
-
-def aa_false_claim_rate(
-    loads: Sequence[int],
-    capacity: float,
-    blocks: int,
-    trials: int = 400,
-    target_share: float = 0.9,
-    noise: float = 0.05,
-    seed: int = 0,
-) -> tuple[int, int]:
-    """(claims, trials) over simulated A/A designs: two arms with the same capacity, ``blocks`` seed
-    blocks each, the knee rule and the claim rule as the report runs them."""
-    rng = np.random.default_rng(seed)
-    claims = 0
-    for _ in range(trials):
-        base = {s: users_within(simulate_cells(loads, capacity, rng, noise), target_share) for s in range(blocks)}
-        cand = {s: users_within(simulate_cells(loads, capacity, rng, noise), target_share) for s in range(blocks)}
-        c = compare_users("a", "a-repeat", base, cand)
-        decide([c])
-        claims += c.claim != "no claim"
-    return claims, trials

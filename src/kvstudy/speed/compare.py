@@ -23,7 +23,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,7 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         """One JSON-ready object: the verdict's fields first, then the details."""
-        out = self.verdict.to_dict()
+        out = asdict(self.verdict)
         out.update(
             {
                 "baseline": str(self.baseline),
@@ -94,10 +94,6 @@ class Comparison:
 
 
 # --------------------------------------------------------------------------- reading
-
-
-def _label(path: Path) -> str:
-    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
 
 
 def _metadata_number(data: dict[str, Any], keys: Sequence[str], path: Path) -> float | None:
@@ -158,7 +154,7 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
         settings["burstiness"] = data.get("burstiness")
     run = run_from_records(
         records,
-        _label(path),
+        f"{path.parent.name}/{path.name}" if path.parent.name else path.name,
         start_time_s=_start_time(data, float(duration)),
         duration_s=float(duration),
         median_clock_mhz=_metadata_number(data, ("median_clock_mhz",), path),
@@ -193,16 +189,7 @@ def check_same_settings(runs: Sequence[BenchRun]) -> dict[str, Any]:
     """The settings all ``runs`` share (those of the first); a StudyError naming the first file that differs."""
     first = runs[0]
     for other in runs[1:]:
-        for key in (
-            "model_id",
-            "num_prompts",
-            "max_concurrency",
-            "request_rate",
-            "burstiness",
-            "backend",
-            "input_len",
-            "output_len",
-        ):
+        for key in [k for k in {**first.settings, **other.settings} if k != "output_len_asked"]:
             a, b = first.settings.get(key), other.settings.get(key)
             if _differs(key, a, b):
                 raise StudyError(
@@ -238,11 +225,8 @@ def compare_folders(
     seed: int = 0,
     detectable_change: bool = True,
 ) -> Comparison:
-    """Read both folders, check the runs share their settings, assess each run and give the verdict.
-
-    With ``detectable_change`` the TPOT change this design would detect with 80 % power is estimated
-    from the runs' own spread (each arm centred) when the verdict is "no claim".
-    """
+    """Read both folders, check the runs share their settings, assess each run and give the verdict;
+    on "no claim", the change this design would detect with 80 % power (``detectable_change``)."""
     base_path, cand_path = Path(baseline), Path(candidate)
     if base_path.resolve() == cand_path.resolve():
         raise StudyError(f"{cand_path}: the same folder as the baseline; expected two folders of runs")

@@ -1,24 +1,12 @@
 """What a speed comparison's design must be for its <= 5 % false-claim guarantee to hold.
 
-The permutation test's guarantee is for a design fixed before the data were seen and tested once.
-Three things break it in practice, and this module owns the checks against each:
+The permutation test's guarantee is for a design fixed in advance and tested once:
 
-* **The run order.** Under drift (the machine warming, other jobs starting), a run order that is
-  nearly grouped (A A A B A B B B) passes "the arms overlap in time" yet confounds the drift with
-  the arm. :func:`order_check` accepts only block designs: every seed (block) holds one run of each
-  arm, a block's runs are adjacent in time, and the blocks start with either arm equally often
-  (ABBA; randomized blocks pass when they happen to balance). Blocks that all start with the same arm
-  (A B A B ..., the order people run by hand) let a drift within each block add to the effect, but at
-  most the arms' mean distance in run steps times the drift per step: :func:`kvstudy.stats.drift.drift_check` estimates
-  that drift from the runs themselves (log TPOT regressed on arm and run position) and the verdict
-  claims only when the effect, the drift removed, is significant and larger than that bound. Anything
-  else is refused.
-* **The number of runs.** Re-testing after each added seed and stopping at the first p < 0.05
-  raises the false-claim rate (11.4 % for one such schedule). :func:`registration_check` compares
-  the runs with the number registered per arm (a profile or notebook parameter) and refuses a
-  verdict on fewer ("incomplete design") or more runs.
-* **Many tests in one report.** :func:`kvstudy.stats.family.holm` adjusts the p values of one
-  report's tests.
+* :func:`order_check` accepts only block designs (one run per arm per seed, a block's runs adjacent
+  in time, blocks balanced in which arm runs first), since a nearly grouped order confounds drift
+  with the arm; blocks all starting with the same arm pass only where the verdict bounds the drift;
+* :func:`registration_check` refuses a verdict on fewer or more runs than registered per arm
+  (testing after each added seed raises the false-claim rate).
 """
 
 from __future__ import annotations
@@ -55,15 +43,6 @@ def registration_check(n_base: int, n_cand: int, registered: int | None) -> str:
             "until it reaches p < alpha does not keep the 5 % guarantee, no claim"
         )
     return ""
-
-
-def _sorted_arms(base_starts: Sequence[float], cand_starts: Sequence[float]) -> list[str]:
-    runs = sorted([(t, "b") for t in base_starts] + [(t, "c") for t in cand_starts])
-    return [arm for _, arm in runs]
-
-
-def _balanced(firsts: Sequence[str]) -> bool:
-    return abs(sum(f == "b" for f in firsts) - sum(f == "c" for f in firsts)) <= 1
 
 
 def order_check(
@@ -120,7 +99,7 @@ def order_check(
                 )
             firsts.append(runs[where[0]][1])
     else:
-        seq_arms = _sorted_arms(bs, cs)
+        seq_arms = [arm for _, arm in sorted([(t, "b") for t in bs] + [(t, "c") for t in cs])]
         if len(bs) != len(cs):
             return OrderCheck(False, True, "unbalanced", f"{len(bs)} vs {len(cs)} runs: not a block design")
         pairs = [seq_arms[i : i + 2] for i in range(0, len(seq_arms), 2)]
@@ -134,8 +113,8 @@ def order_check(
                 "this close to grouped confounds drift with the arm",
             )
         firsts = [p[0] for p in pairs]
-    if not _balanced(firsts):
-        n_b = sum(f == "b" for f in firsts)
+    n_b = sum(f == "b" for f in firsts)
+    if abs(n_b - (len(firsts) - n_b)) > 1:
         return OrderCheck(
             False,
             True,

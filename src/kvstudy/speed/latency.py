@@ -1,15 +1,8 @@
 """Latency percentiles and speed over concurrency for notebook 02, from a capture's per-request rows.
 
-* :func:`latency_percentiles`: p50/p90/p99 of TTFT, TPOT, ITL and end-to-end latency per arm and
-  user count, seeds pooled, computed here from the measured per-request rows the capture's reader
-  returns (``Capture.requests``), not from the percentile fields vLLM's saved result also holds
-  (those are per run and cannot be pooled over seeds). A percentile q needs at least
-  ``100 / (100 - q)`` samples (p99: 100) to be more than the largest value seen: with fewer it is
-  reported as not resolved. TPOT and ITL are per-token latencies: an arm's are marked not
-  measurable when a run's per-token latency was not (:mod:`kvstudy.bench.measurability`).
-* :func:`concurrency_points` and :func:`plot_concurrency`: median TPOT and output throughput over
-  user counts per arm; an arm whose cells failed, or whose per-token latency was not measurable,
-  is marked in the figure with its cause instead of leaving a gap.
+Percentiles are computed from the pooled per-request rows (vLLM's per-run percentiles cannot be
+pooled over seeds); a percentile q needs ``100 / (100 - q)`` samples to be resolved. An arm whose
+cells failed, or whose per-token latency was not measurable, is marked with its cause, not a gap.
 """
 
 from __future__ import annotations
@@ -40,11 +33,6 @@ CAUSE_WIDTH = 140  # characters of a cause shown in a table cell or a figure not
 def min_samples(q: float) -> int:
     """Samples a q-th percentile needs to lie inside the data rather than at its largest value."""
     return math.ceil(100.0 / (100.0 - q) - 1e-9)
-
-
-def short_cause(text: str, width: int = CAUSE_WIDTH) -> str:
-    """``text`` on one line, shortened at a word boundary (never mid-word), with "…" when cut."""
-    return shorten_words(text, width)
 
 
 @dataclass(frozen=True)
@@ -113,7 +101,7 @@ def latency_percentiles(capture: Any, order: list[str] | None = None) -> list[La
                 else requests
             )
             if (name, users) in failed or not len(rows):
-                cause = short_cause(failed.get((name, users), "no per-request rows"))
+                cause = shorten_words(failed.get((name, users), "no per-request rows"), CAUSE_WIDTH)
                 out += [LatencyPercentiles(users, name, label, 0, 0, (), False, cause) for label, _, _ in LATENCIES]
                 continue
             ok_rows = rows[rows["success"].astype(bool)] if "success" in rows.columns else rows
@@ -126,7 +114,7 @@ def latency_percentiles(capture: Any, order: list[str] | None = None) -> list[La
                     (q, float(np.percentile(values, q)) if len(values) >= min_samples(q) else None) for q in PERCENTILES
                 )
                 if label in PER_TOKEN and not token_ok:
-                    measurable, cause = False, short_cause(token_cause)
+                    measurable, cause = False, shorten_words(token_cause, CAUSE_WIDTH)
                 elif failed_requests:
                     measurable, cause = False, f"{failed_requests} of {len(rows)} requests failed (survivors biased)"
                 else:
@@ -187,7 +175,7 @@ def concurrency_points(capture: Any, seeds: pd.DataFrame, order: list[str]) -> l
             rows = seeds[(seeds["users"] == users) & (seeds["configuration"] == name)] if len(seeds) else seeds
             if not len(rows):
                 cause = failed.get((name, users), "no finished cell")
-                out.append(ConcurrencyPoint(name, users, "failed", cause=short_cause(cause)))
+                out.append(ConcurrencyPoint(name, users, "failed", cause=shorten_words(cause, CAUSE_WIDTH)))
                 continue
             token_ok, cause = _per_token_state(capture, name, users)
             tpot = pd.to_numeric(rows["median_tpot_ms"], errors="coerce")
@@ -200,18 +188,15 @@ def concurrency_points(capture: Any, seeds: pd.DataFrame, order: list[str]) -> l
                     float(tpot.min()),
                     float(tpot.max()),
                     float(pd.to_numeric(rows["output_throughput_tok_s"], errors="coerce").median()),
-                    short_cause(cause),
+                    shorten_words(cause, CAUSE_WIDTH),
                 )
             )
     return out
 
 
 def plot_concurrency(points: list[ConcurrencyPoint], order: list[str]) -> Any:
-    """Median TPOT (seed range as bars) and output throughput over user counts, one line per arm.
-
-    A failed arm is drawn as an ``×`` on the axis at its user count (both panels), one whose per-token
-    latency was not measurable with an open marker (TPOT panel); both are numbered and their causes
-    written under the axes."""
+    """Median TPOT (seed range as bars) and output throughput over user counts, one line per arm; a
+    failed or unmeasurable arm is marked, numbered, with its cause under the axes."""
     import matplotlib.pyplot as plt
 
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]

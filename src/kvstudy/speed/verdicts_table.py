@@ -1,11 +1,6 @@
 """Speed verdicts for notebook 02: :func:`kvstudy.speed.verdict.compare_runs` on a capture's cells,
 the published table restated under the same rule, the roofline bound beside each change, and the
-A/A calibration.
-
-One sign convention everywhere: the candidate/baseline TPOT ratio ``r``; "faster by X %" means the
-candidate spends X = (1 - r) x 100 % less time per output token, "slower by X %" X = (r - 1) x 100 %
-more. The roofline bound (:func:`kvstudy.model.roofline.max_fp8_gain_pct`, a speed-up
-``base/cand - 1``) is converted to the same "less time per token" scale.
+A/A calibration. The candidate/baseline TPOT ratio ``r``: "faster by X %" is X = (1 - r) x 100.
 """
 
 from __future__ import annotations
@@ -20,7 +15,9 @@ import pandas as pd
 from kvstudy.bench.measurability import assess_run, run_from_records
 from kvstudy.bench.telemetry import metrics_delta
 from kvstudy.errors import StudyError
+from kvstudy.model.allocator import predict_logged_pool
 from kvstudy.model.roofline import max_fp8_gain_pct
+from kvstudy.speed import calibration as cal
 from kvstudy.speed.verdict import (
     CLOCK_TOLERANCE,
     RunSummary,
@@ -69,16 +66,11 @@ def beyond_bound(ratio: float | None, ci: tuple[float, float] | None, bound_pct:
 
 
 def _cell_start(cell: pd.Series) -> float | None:
-    """The cell's start on a clock shared by the cells of one capture: the runner's recorded
-    ``started_mono_s``, else the bench window's start (monotonic clock of the capture machine)."""
-    for key in ("started_mono_s",):
-        value = cell.get(key)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            return float(value)
-    window = cell.get("bench_window_s")
-    if isinstance(window, (list, tuple)) and window and isinstance(window[0], (int, float)):
-        return float(window[0])
-    return None
+    """The cell's start on the capture's one monotonic clock: ``started_mono_s``, else the bench window's."""
+    start, window = cell.get("started_mono_s"), cell.get("bench_window_s")
+    if _present(start):
+        return float(start)
+    return float(window[0]) if isinstance(window, (list, tuple)) and window else None
 
 
 def _present(value: Any) -> bool:
@@ -183,10 +175,6 @@ def comparison_pairs(configurations: list[Any]) -> list[tuple[str, str, str]]:
     return pairs
 
 
-def _dtype(capture: Any, name: str) -> str:
-    return next(c.kv_cache_dtype for c in capture.spec.configurations if c.name == name)
-
-
 def capture_queueing(capture: Any) -> dict[int, str]:
     """Per user count whose users need more KV blocks than the held pool: the refusal reason
     (from :func:`admission_rows` on the capture's model config); empty when nothing queues or the
@@ -235,7 +223,7 @@ def capture_verdicts(
                 refusals=refusals,
             )
             bound, note = None, "same KV dtype in both arms: halving KV bytes plays no part"
-            if _dtype(capture, cand) != _dtype(capture, base):
+            if capture.spec.config(cand).kv_cache_dtype != capture.spec.config(base).kv_cache_dtype:
                 try:
                     bound = bound_less_time_pct(max_fp8_gain_pct(capture.spec.model, context, int(users)))
                     note = (
@@ -281,10 +269,8 @@ class Consistency:
 
 
 def published_consistency(pub: Any, context_len: int) -> list[Consistency]:
-    """Per published row: the decode streams its own figures imply (output tok/s x median TPOT: the
-    requests decoding at once, on average) against the users and against the requests of
-    ``context_len`` tokens that fit in the published pool at once. Implied streams above either mean
-    the figures contradict that request length (or were not computed over the same requests)."""
+    """Per published row: the decode streams its figures imply (output tok/s x median TPOT) against the
+    users and the requests of ``context_len`` tokens the pool holds; more contradicts that length."""
     block = int(pub.meta.get("block_size") or 16)
     blocks = int(pub.meta["pool_blocks"])
     fit = blocks // -(-int(context_len) // block)
@@ -432,12 +418,8 @@ def admission_rows(
     device: str = "cuda",
     kv_cache_dtype: str = "auto",
 ) -> list[Admission]:
-    """Per user count: the KV blocks the users' requests need at once against the pool's blocks
-    (vLLM 0.32's allocator, :func:`kvstudy.model.allocator.predict_logged_pool`): when they need
-    more, vLLM admits fewer requests and the rest wait in its queue, so TPOT then also measures
-    queueing, not only decoding. The pool is held in blocks, so the dtype changes bytes, not blocks."""
-    from kvstudy.model.allocator import predict_logged_pool
-
+    """Per user count: the KV blocks the users' requests need at once against the pool's (vLLM's block
+    rules): beyond it the rest wait in vLLM's queue, and TPOT measures queueing too."""
     pool = predict_logged_pool(
         model, kv_cache_dtype, 1, int(context_len), num_blocks_override=int(num_blocks), device=device
     )
@@ -461,19 +443,15 @@ def admission_rows(
 def server_metrics_frame(capture: Any) -> pd.DataFrame:
     """Per finished cell: preemptions and mean queue time during the cell, from vLLM's /metrics read
     before and after it (empty when the capture predates this or the server exposed none)."""
-    cells = capture.cells
-    if not len(cells) or "server_metrics_before" not in cells.columns:
-        return pd.DataFrame()
     rows = []
-    for _, cell in cells[cells["status"] == "ok"].iterrows():
-        before, after = cell.get("server_metrics_before"), cell.get("server_metrics_after")
-        delta = metrics_delta(before if isinstance(before, dict) else None, after if isinstance(after, dict) else None)
-        if not delta:
+    for cell in capture.grid.cells.values():
+        delta = metrics_delta(cell.data.get("server_metrics_before"), cell.data.get("server_metrics_after"))
+        if not cell.ok or not delta:
             continue
         rows.append(
             {
-                "cell": cell["cell_id"],
-                "users": int(cell["users"]),
+                "cell": cell.id,
+                "users": int(cell.data["users"]),
                 "preemptions": delta.get("preemptions"),
                 "mean queue time (ms)": (
                     None if "mean_queue_time_s" not in delta else delta["mean_queue_time_s"] * 1e3
@@ -500,13 +478,8 @@ def aa_pairs(capture: Any) -> list[str]:
 
 
 def calibration_frame(capture: Any, n_per_arm: int = 6, change: float = 0.2, seed: int = 0) -> pd.DataFrame:
-    """Per user count, from the capture's A/A runs (baseline + its repeats, seed blocks): the
-    false-claim rate over the real splits (or why this design cannot be calibrated), over designs of
-    ``n_per_arm`` seed blocks resampled from them, the power for ``change`` with its interval over
-    simulated designs and its range over the noise estimate's own 95 % interval, and the change
-    detected with 80 % power."""
-    from kvstudy.speed import calibration as cal
-
+    """Per user count, from the capture's A/A runs (seed blocks): false-claim rates over real splits
+    and resampled designs, power for ``change`` and its range over the noise, the 80 % power change."""
     base = capture.spec.configurations[0].name
     rows = []
     origin = "computed here from the capture's A/A cells (calibration.py), seed as a block"

@@ -12,16 +12,43 @@ from kvstudy.load.knee import (
     MISSED,
     NO_CELLS,
     Knee,
-    aa_false_claim_rate,
     compare_users,
     decide,
     request_within,
-    simulate_cells,
     users_within,
 )
 from kvstudy.stats.binary import clopper_pearson
 
 LOADS = [2, 4, 6, 8, 12]
+
+
+def simulate_cells(
+    loads: list[int], capacity: float, rng: np.random.Generator, noise: float = 0.05, requests: int = 30
+) -> dict[int, float]:
+    """Synthetic shares within the target along a ladder: near 1 up to ``capacity`` users, falling
+    past it, with binomial request noise and a per-cell jitter of ``noise``."""
+    out = {}
+    for load in loads:
+        base = 0.97 if load <= capacity else max(0.0, 0.97 - 0.6 * (load - capacity) / capacity)
+        p = float(np.clip(base + rng.normal(0, noise), 0, 1))
+        out[load] = rng.binomial(requests, p) / requests
+    return out
+
+
+def aa_false_claim_rate(
+    loads: list[int], capacity: float, blocks: int, trials: int, noise: float, seed: int
+) -> tuple[int, int]:
+    """(claims, trials) over simulated A/A designs: two arms with the same capacity, ``blocks`` seed
+    blocks each, the knee rule and the claim rule as the report runs them."""
+    rng = np.random.default_rng(seed)
+    claims = 0
+    for _ in range(trials):
+        base = {s: users_within(simulate_cells(loads, capacity, rng, noise), 0.9) for s in range(blocks)}
+        cand = {s: users_within(simulate_cells(loads, capacity, rng, noise), 0.9) for s in range(blocks)}
+        c = compare_users("a", "a-repeat", base, cand)
+        decide([c])
+        claims += c.claim != "no claim"
+    return claims, trials
 
 
 @pytest.fixture

@@ -331,10 +331,16 @@ def test_plain_design_compares_each_with_the_baseline() -> None:
     assert pairs[0][2] == "KV dtype"
 
 
-def test_first_reason_does_not_repeat_the_verdict() -> None:
+def test_finding_gives_the_first_reason_without_repeating_the_verdict() -> None:
+    def published(why: str) -> vt.PublishedVerdict:
+        return vt.PublishedVerdict(1, (10.0, 9.0), (3, 2), 0.9, 0.2, 1.0, (1.0, 1.0), 1024, None, "", (why,))
+
     why = "no claim, the design cannot reach significance: 3 vs 2 seeds; per-seed values were not published"
-    assert vt._first_reason(why, "no claim") == "the design cannot reach significance"
-    assert vt._first_reason("clocks differ by +6 %", "no claim") == "clocks differ by +6 %"
+    text = vt.finding_text([published(why), published("clocks differ by +6 %")], [], "L4")
+    assert text == (
+        "L4 published, 1 user(s): FP8 faster by 10.0 % per token, no claim (the design cannot reach significance); "
+        "L4 published, 1 user(s): FP8 faster by 10.0 % per token, no claim (clocks differ by +6 %)"
+    )
 
 
 def test_admission_rows_count_blocks_with_the_allocator(tmp_path: Path) -> None:

@@ -62,7 +62,16 @@ def test_per_token_latency_of_a_bursty_arm_is_marked_not_measurable(cap: speed.C
     assert not fp8["TPOT"].measurable and not fp8["ITL"].measurable and "bursts" in fp8["TPOT"].cause
     assert fp8["TTFT"].measurable and fp8["E2E"].measurable
     frame = latency.percentile_frame(records)
-    assert list(frame.columns) == ["users", "configuration", "latency", "p50 (ms)", "p90 (ms)", "p99 (ms)", "samples", "measurable"]
+    assert list(frame.columns) == [
+        "users",
+        "configuration",
+        "latency",
+        "p50 (ms)",
+        "p90 (ms)",
+        "p99 (ms)",
+        "samples",
+        "measurable",
+    ]
     assert frame["measurable"].str.startswith(("yes", "no: ")).all()
 
 
@@ -79,14 +88,6 @@ def test_failed_arm_has_rows_with_its_cause(cap: speed.Capture) -> None:
     assert "fp8, 4 users: failed" in texts and "AVX-512" in texts  # marked with its cause, not a gap
     crosses = [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_marker() == "x"]
     assert len(crosses) == 2  # one per panel
-
-
-def test_short_cause_never_cuts_a_word() -> None:
-    text = "the server log says: " + "unsupported-configuration " * 12
-    short = latency.short_cause(text, 60)
-    assert len(short) <= 60 and short.endswith(" …")
-    assert all(word in text.split() or word == "…" for word in short.split())
-    assert latency.short_cause("short cause") == "short cause"
 
 
 def test_min_samples_per_percentile() -> None:

@@ -165,17 +165,16 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         if cell.id == state["interrupt_at"]:
             raise KeyboardInterrupt
         state["ran"].append(cell.id)
+        identity = cell.identity(spec.config(cell.arm).kv_cache_dtype, "configuration", "users")
         if cell.id == state["crash_at"]:
             server.alive = False
-            return sweep._failed(
-                spec,
-                cell,
-                "vllm bench serve exited with status 1 (the server is no longer running)",
-                "tail",
-                "now",
-                0.1,
+            return sweep.SpeedCellResult(
+                **identity,
+                status="failed",
+                reason="vllm bench serve exited with status 1 (the server is no longer running)",
+                log_tail="tail",
             )
-        return sweep.SpeedCellResult(**sweep._identity(spec, cell), status="ok", metrics={"median_tpot_ms": 10.0})
+        return sweep.SpeedCellResult(**identity, status="ok", metrics={"median_tpot_ms": 10.0})
 
     monkeypatch.setattr(engine, "VllmServer", FakeServer)
     monkeypatch.setattr(sweep, "run_cell", fake_run_cell)

@@ -120,12 +120,15 @@ def test_arms_not_interleaved_make_no_claim(helpers: Any) -> None:
     assert v.p_value == pytest.approx(2 / 70)  # the figures are still reported
 
 
-def test_unknown_start_times_make_no_claim_unless_unchecked(helpers: Any) -> None:
+def test_unknown_start_times_make_no_claim(helpers: Any) -> None:
     base = [helpers.summary(f"b{i}", 0.02 * (1 + 0.01 * i), seed=i) for i in range(4)]
     cand = [helpers.summary(f"c{i}", 0.016 * (1 + 0.01 * i), seed=9 + i) for i in range(4)]
     v = compare_runs(base, cand)
     assert v.verdict == "no claim" and any("start times not known" in r for r in v.reasons)
-    assert compare_runs(base, cand, check_interleaving=False).verdict == "faster"
+    # the same runs in balanced AB/BA pairs (b c c b b c c b) are claimed
+    base = [helpers.summary(f"b{i}", 0.02 * (1 + 0.01 * i), start=t, seed=i) for i, t in enumerate((0, 3, 4, 7))]
+    cand = [helpers.summary(f"c{i}", 0.016 * (1 + 0.01 * i), start=t, seed=9 + i) for i, t in enumerate((1, 2, 5, 6))]
+    assert compare_runs(base, cand).verdict == "faster"
 
 
 def test_design_that_cannot_reach_significance_says_so(helpers: Any) -> None:
@@ -189,9 +192,10 @@ def test_bootstrap_interval_is_seeded_and_brackets_the_ratio() -> None:
 
 def test_verdict_record_is_json_ready(helpers: Any) -> None:
     import json
+    from dataclasses import asdict
 
     v = compare_runs(*_arms(helpers, 0.8))
-    d = v.to_dict()
+    d = asdict(v)
     json.dumps(d, allow_nan=False)
     assert set(d) >= {"verdict", "measurable", "tpot_ratio", "tpot_ratio_ci", "p_value", "runs", "reasons"}
     assert d["runs"] == {"baseline": 4, "candidate": 4}
@@ -200,6 +204,6 @@ def test_verdict_record_is_json_ready(helpers: Any) -> None:
 def test_summarise_run_of_a_bursty_run(helpers: Any) -> None:
     s = summarise_run(helpers.steady_run(gap_s=0.0, ttft_s=0.06))
     assert not s.measurable and s.unmeasurable_reasons
-    v = compare_runs([s, s], [s, s], check_interleaving=False)
+    v = compare_runs([s, s], [s, s])
     assert v.verdict == "no claim" and v.tpot_ratio is None
     assert any("no positive median TPOT" in r for r in v.reasons)
