@@ -134,10 +134,6 @@ class PairedCounts:
         """Candidate minus baseline accuracy (a fraction; negative = a loss)."""
         return (self.candidate_only - self.baseline_only) / self.n
 
-    @property
-    def discordance_rate(self) -> float:
-        return self.discordant / self.n
-
     def table(self) -> list[list[int]]:
         """McNemar's layout: rows baseline right / wrong, columns candidate right / wrong."""
         return [[self.both_right, self.baseline_only], [self.candidate_only, self.both_wrong]]
@@ -307,23 +303,6 @@ class PairedComparison:
         return self.counts.difference
 
 
-def compare_counts(
-    counts: PairedCounts,
-    margin: float,
-    baseline_label: str = "16-bit",
-    candidate_label: str = "candidate",
-    alpha: float = ALPHA,
-) -> PairedComparison:
-    """The paired comparison from a 2x2 table and a margin (fraction)."""
-    if not (0 < margin < 1):
-        raise StudyError(f"margin: expected a fraction in (0, 1), got {margin!r}")
-    test = mcnemar_exact(counts.baseline_only, counts.candidate_only)
-    interval = newcombe_paired_interval(counts, alpha)
-    return PairedComparison(
-        baseline_label, candidate_label, counts, test, interval, non_inferiority(interval.low, margin), alpha
-    )
-
-
 def compare(
     baseline: Mapping[Any, bool],
     candidate: Mapping[Any, bool],
@@ -337,7 +316,11 @@ def compare(
     """The paired comparison from per-item correctness keyed by item id (e.g. lm-eval doc_id)."""
     counts = paired_counts(baseline, candidate, f"{candidate_label} vs {baseline_label}")
     margin = resolve_margin(counts.baseline_correct / counts.n, margin_points, margin_share)
-    return compare_counts(counts, margin, baseline_label, candidate_label, alpha)
+    interval = newcombe_paired_interval(counts, alpha)
+    test = mcnemar_exact(counts.baseline_only, counts.candidate_only)
+    return PairedComparison(
+        baseline_label, candidate_label, counts, test, interval, non_inferiority(interval.low, margin), alpha
+    )
 
 
 # --------------------------------------------------------------------------- discrimination

@@ -8,10 +8,7 @@ The per-item tests are :mod:`kvstudy.stats.binary`; this module needs no per-ite
   ``d ~ Binomial(N, psi)`` and, given ``d``, the items only the baseline got right follow
   ``Binomial(d, (1 + delta/psi) / 2)``. Summing the probability of the test's rejection region
   over every ``d`` gives the power of exactly the test the report runs (same alpha, same two-sided
-  exact p-value). The normal-approximation sample size of Connor (1987) is kept as a cross-check
-  (:func:`connor_sample_size`); the tests also check the exact power against a Monte Carlo
-  simulation that calls statsmodels' ``mcnemar`` itself. Two independent samples:
-  statsmodels' ``NormalIndPower`` (:func:`independent_sample_size`).
+  exact p-value); the tests check it against a simulation that calls statsmodels' ``mcnemar``.
 * **Totals only** (:class:`TotalsBounds`; n, baseline correct A, candidate correct B, no pairing
   known): every 2x2 table with those margins is a possible pairing; its baseline-only count ``b``
   runs over ``max(0, A - B) .. min(A, n - B)`` with ``c = b - (A - B)``. Over those tables: the
@@ -34,9 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as sps
+from statsmodels.stats.proportion import confint_proportions_2indep
 
 from kvstudy.errors import StudyError
-from kvstudy.stats.binary import ALPHA, TARGET_POWER, DifferenceInterval, mcnemar_p_values
+from kvstudy.stats.binary import ALPHA, TARGET_POWER, DifferenceInterval, mcnemar_p_values, whole_count
 
 # --------------------------------------------------------------------------- power (paired)
 
@@ -99,75 +97,11 @@ def smallest_detectable_loss(
     return hi
 
 
-def connor_sample_size(loss: float, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA) -> int:
-    """Normal-approximation N for the paired design (Connor 1987), a cross-check on the exact one."""
-    loss = abs(loss)
-    za, zb = sps.norm.ppf(1 - alpha / 2), sps.norm.ppf(power)
-    n = (za * math.sqrt(discordance) + zb * math.sqrt(discordance - loss**2)) ** 2 / loss**2
-    return int(math.ceil(n))
-
-
-def required_questions(
-    loss: float, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA, n_max: int = 2_000_000
-) -> int:
-    """The number of items the paired exact test needs to find ``loss`` with ``power``.
-
-    Exact power is a slightly saw-toothed function of N, so this bisects on it between bounds
-    around Connor's approximation and returns the first N found with power >= ``power``.
-    """
-    loss = abs(loss)
-    if loss <= 0:
-        raise StudyError(f"required_questions: the loss must be positive, got {loss}")
-    paired_power(1, loss, discordance, alpha)  # validates the arguments
-    guess = connor_sample_size(loss, discordance, power, alpha)
-    lo, hi = max(1, guess // 2), min(n_max, max(guess * 2, 10))
-    while paired_power(hi, loss, discordance, alpha) < power:
-        if hi >= n_max:
-            raise StudyError(f"required_questions: more than {n_max} questions needed")
-        lo, hi = hi, min(n_max, hi * 2)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if paired_power(mid, loss, discordance, alpha) >= power:
-            hi = mid
-        else:
-            lo = mid + 1
-    return hi
-
-
-def independent_sample_size(
-    p_baseline: float, p_other: float, power: float = TARGET_POWER, alpha: float = ALPHA
-) -> int:
-    """Items per arm for two independent samples (statsmodels), the unpaired upper bound."""
-    from statsmodels.stats.power import NormalIndPower
-    from statsmodels.stats.proportion import proportion_effectsize
-
-    effect = proportion_effectsize(p_baseline, p_other)
-    n = NormalIndPower().solve_power(effect_size=abs(effect), alpha=alpha, power=power, ratio=1.0)
-    return int(math.ceil(n))
-
-
 # --------------------------------------------------------------------------- totals only
-
-
-def check_totals(n: object, baseline: object, candidate: object) -> tuple[int, int, int]:
-    """Whole numbers with 0 <= baseline, candidate <= n and n > 0, or a StudyError naming the field."""
-    for name, value in (("n", n), ("baseline", baseline), ("candidate", candidate)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise StudyError(f"{name}: expected a whole number, got {value!r}")
-    n_i, a_i, b_i = int(n), int(baseline), int(candidate)  # type: ignore[call-overload]
-    if n_i <= 0:
-        raise StudyError(f"n: expected a positive number of items, got {n}")
-    for name, value in (("baseline", a_i), ("candidate", b_i)):
-        if not 0 <= value <= n_i:
-            raise StudyError(f"{name}: expected a count of correct items between 0 and n = {n_i}, got {value}")
-    return n_i, a_i, b_i
 
 
 def newcombe_unpaired_interval(n: int, baseline: int, candidate: int, alpha: float = ALPHA) -> DifferenceInterval:
     """Newcombe's hybrid score interval for candidate minus baseline, as if the runs were independent."""
-    from statsmodels.stats.proportion import confint_proportions_2indep
-
-    n, baseline, candidate = check_totals(n, baseline, candidate)
     low, high = confint_proportions_2indep(candidate, n, baseline, n, method="newcomb", compare="diff", alpha=alpha)
     return DifferenceInterval(
         (candidate - baseline) / n, float(low), float(high), alpha, "Newcombe hybrid score, unpaired"
@@ -176,9 +110,8 @@ def newcombe_unpaired_interval(n: int, baseline: int, candidate: int, alpha: flo
 
 def possible_pairings(n: int, baseline: int, candidate: int) -> tuple[np.ndarray, np.ndarray]:
     """Every (baseline_only, candidate_only) a pairing of the items allows, given the totals."""
-    n, a, b = check_totals(n, baseline, candidate)
-    gap = a - b
-    lo, hi = max(0, gap), min(a, n - b)
+    gap = baseline - candidate
+    lo, hi = max(0, gap), min(baseline, n - candidate)
     baseline_only = np.arange(lo, hi + 1, dtype=np.int64)
     return baseline_only, baseline_only - gap
 
@@ -233,7 +166,12 @@ def totals_bounds(
     n: int, baseline: int, candidate: int, power: float = TARGET_POWER, alpha: float = ALPHA
 ) -> TotalsBounds:
     """The range of exact McNemar p, disagreement and detectable loss over all pairings."""
-    n, a, b = check_totals(n, baseline, candidate)
+    n, a, b = (whole_count(v, k) for k, v in (("n", n), ("baseline", baseline), ("candidate", candidate)))
+    if n == 0:
+        raise StudyError("n: expected a positive number of items, got 0")
+    for name, value in (("baseline", a), ("candidate", b)):
+        if value > n:
+            raise StudyError(f"{name}: expected a count of correct items between 0 and n = {n}, got {value}")
     only_a, only_b = possible_pairings(n, a, b)
     p = mcnemar_p_values(only_a, only_b)
     d = only_a + only_b

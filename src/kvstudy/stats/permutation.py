@@ -104,25 +104,24 @@ def permutation_test(
     observed = c.mean() - b.mean()
     splits = math.comb(total, n2)
     tol = _TIE_TOL * max(1.0, float(np.abs(values).max()))
-    if splits <= max_exact:
+    exact = splits <= max_exact
+    if exact:
         cand_sum = _split_matrix(total, n2) @ values
-        stats = cand_sum / n2 - (values.sum() - cand_sum) / n1
-        upper = np.count_nonzero(stats >= observed - tol) / splits
-        lower = np.count_nonzero(stats <= observed + tol) / splits
-        exact, evaluated = True, splits
     else:
-        rng = np.random.default_rng(seed)
-        keys = rng.random((draws, total))
-        picks = np.argsort(keys, axis=1)[:, :n2]
-        cand_sum = values[picks].sum(axis=1)
-        stats = cand_sum / n2 - (values.sum() - cand_sum) / n1
-        upper = (1 + np.count_nonzero(stats >= observed - tol)) / (1 + draws)
-        lower = (1 + np.count_nonzero(stats <= observed + tol)) / (1 + draws)
-        exact, evaluated = False, draws
-    p = min(1.0, 2.0 * min(upper, lower))
+        keys = np.random.default_rng(seed).random((draws, total))
+        cand_sum = values[np.argsort(keys, axis=1)[:, :n2]].sum(axis=1)
+    stats = cand_sum / n2 - (values.sum() - cand_sum) / n1
     return PermutationTest(
-        statistic=float(observed), p_value=float(p), exact=exact, splits=evaluated, min_p_value=minimum_p_value(n1, n2)
+        float(observed), _two_sided(stats, observed, tol, exact), exact, stats.size, minimum_p_value(n1, n2)
     )
+
+
+def _two_sided(stats: Floats, observed: float, tol: float, exact: bool) -> float:
+    """min(1, 2 x the smaller one-sided p): the share of splits at least as far out on each side,
+    or (1 + hits) / (1 + draws) for random splits."""
+    hits = np.array([np.count_nonzero(stats >= observed - tol), np.count_nonzero(stats <= observed + tol)])
+    sides = hits / stats.size if exact else (1 + hits) / (1 + stats.size)
+    return float(min(1.0, 2.0 * sides.min()))
 
 
 def _block_stats(values: Floats, n_cand: int) -> Floats:
@@ -152,29 +151,17 @@ def _blocked_test(
     splits = math.prod(o.size for o in options)
     scale = max(1.0, float(np.abs(np.concatenate([b, c])).max()))
     tol = _TIE_TOL * scale * len(blocks)
-    if splits <= max_exact:
+    exact = splits <= max_exact
+    if exact:
         total = options[0]
         for o in options[1:]:
             total = (total[:, None] + o[None, :]).ravel()
         stats = total / len(blocks)
-        upper = np.count_nonzero(stats >= observed - tol) / splits
-        lower = np.count_nonzero(stats <= observed + tol) / splits
-        exact, evaluated = True, splits
     else:
         rng = np.random.default_rng(seed)
         stats = np.sum([o[rng.integers(0, o.size, size=draws)] for o in options], axis=0) / len(blocks)
-        upper = (1 + np.count_nonzero(stats >= observed - tol)) / (1 + draws)
-        lower = (1 + np.count_nonzero(stats <= observed + tol)) / (1 + draws)
-        exact, evaluated = False, draws
-    p = min(1.0, 2.0 * min(upper, lower))
-    return PermutationTest(
-        statistic=observed,
-        p_value=float(p),
-        exact=exact,
-        splits=evaluated,
-        min_p_value=blocked_min_p(sizes),
-        blocks=len(blocks),
-    )
+    p = _two_sided(stats, observed, tol, exact)
+    return PermutationTest(observed, p, exact, stats.size, blocked_min_p(sizes), len(blocks))
 
 
 def blocked_min_p(block_sizes: Sequence[tuple[int, int]]) -> float:
