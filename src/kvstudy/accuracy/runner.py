@@ -35,13 +35,16 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
+
+from pydantic import Field, model_validator
 
 from kvstudy import capture as capture_format
 from kvstudy.accuracy import screening as sc
 from kvstudy.accuracy.configurations import EvalConfig, configurations, server_config_for
 from kvstudy.accuracy.records import AnyRecord, read_records, records_from_samples, write_records
 from kvstudy.accuracy.task_specs import task_spec, write_task_folder
+from kvstudy.bench.spec import Spec
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, strip_ansi, write_json_atomic
@@ -57,12 +60,11 @@ CACHE_PREFIX = "lm_eval_cache"
 # --------------------------------------------------------------------------- eval settings
 
 
-@dataclass(frozen=True)
-class EvalSettings:
+class EvalSettings(Spec):
     """The eval as asked; fixed before any result is seen (the primary filter too)."""
 
-    n: int = 500  # the first n test questions (lm-eval --limit)
-    num_fewshot: int = 8
+    n: int = Field(500, gt=0, description="the first n test questions (lm-eval --limit)")
+    num_fewshot: int = Field(8, ge=0)
     fewshot_seed: int = 1234  # lm-eval's fewshot_random_seed
     task: str = OFFLINE_TASK  # a name in kvstudy.accuracy.task_specs.TASKS; see for_task
     data_dir: str = "data/gsm8k"  # train.jsonl / test.jsonl for the offline task
@@ -72,36 +74,24 @@ class EvalSettings:
     max_retries: int = 3
     primary_filter: str = "strict-match"
 
-    def __post_init__(self) -> None:
-        if self.n <= 0:
-            raise StudyError(f"n: expected a positive number of questions, got {self.n}")
-        if self.num_fewshot < 0:
-            raise StudyError(f"shots: expected 0 or more, got {self.num_fewshot}")
+    @model_validator(mode="after")
+    def _task_filter(self) -> Self:
         filters = task_spec(self.task).filters
         if self.primary_filter not in filters:
             raise StudyError(
                 f"primary_filter: task {self.task} has filters {filters}, got "
                 f"{self.primary_filter!r} (EvalSettings.for_task fills a task's defaults)"
             )
+        return self
 
     @classmethod
-    def for_task(cls, task: str = OFFLINE_TASK, **given: Any) -> "EvalSettings":
+    def for_task(cls, task: str = OFFLINE_TASK, **given: Any) -> EvalSettings:
         """Settings for ``task``: its own defaults (task_specs.TASKS), then ``given`` (None = default)."""
-        unknown = sorted(set(given) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise StudyError(
-                f"eval settings: unknown fields {unknown}; expected some of {sorted(cls.__dataclass_fields__)}"
-            )
         chosen = {k: v for k, v in given.items() if v is not None}
-        return cls(**{**task_spec(task).defaults, **chosen, "task": task})
+        return cls.from_dict({**task_spec(task).defaults, **chosen, "task": task}, "eval settings")
 
 
 # --------------------------------------------------------------------------- one lm-eval run
-
-
-def write_offline_task(data_dir: str | Path, dest: Path, task: str = OFFLINE_TASK) -> Path:
-    """Copy the packaged task with absolute data paths into ``dest``; returns the folder."""
-    return write_task_folder(task, data_dir, dest)
 
 
 def lm_eval_model_args(base_url: str, model_name: str, tokenizer: str | Path, settings: EvalSettings) -> dict[str, Any]:
@@ -143,7 +133,7 @@ def evaluate_server(
     if offline:  # nothing on this path needs the hub
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    include = write_offline_task(settings.data_dir, out_dir / "task", settings.task) if offline else None
+    include = write_task_folder(settings.task, settings.data_dir, out_dir / "task") if offline else None
     # the offline task alone: indexing lm-eval's thousands of built-in tasks costs a minute here
     manager = TaskManager(include_path=str(include), include_defaults=False) if include else TaskManager()
     shots = settings.num_fewshot if num_fewshot is None else num_fewshot
@@ -286,7 +276,15 @@ def run_group(
                 progress(f"  {cfg.name}: answers kept, not screened: failed to start: {diagnosis[:300]}")
                 continue
             status = ConfigStatus(
-                cfg.name, cfg.label, "failed", diagnosis, server_cfg.to_dict(), asdict(settings), None, 0, now_utc()
+                cfg.name,
+                cfg.label,
+                "failed",
+                diagnosis,
+                server_cfg.to_dict(),
+                settings.model_dump(),
+                None,
+                0,
+                now_utc(),
             )
             write_json_atomic(capture / cfg.name / "status.json", asdict(status))
             statuses.append(status)
@@ -301,7 +299,9 @@ def _evaluate(
     if result_state(folder, settings, shots) == "ok":
         progress(f"  {cfg.name}: lm-eval done already, kept")
         found = read_status(folder) or {}
-        kept = ConfigStatus(cfg.name, cfg.label, "ok", None, found.get("server_config") or {}, asdict(settings), shots)
+        kept = ConfigStatus(
+            cfg.name, cfg.label, "ok", None, found.get("server_config") or {}, settings.model_dump(), shots
+        )
         return replace(
             kept, n_records=len(read_records(folder / "records.jsonl")), finished_at=found.get("finished_at")
         )
@@ -314,7 +314,7 @@ def _evaluate(
     except EvalIncomplete as exc:
         state, diagnosis, count = "incomplete", str(exc), cached_answers(folder)
     status = ConfigStatus(
-        cfg.name, cfg.label, state, diagnosis, server_cfg.to_dict(), asdict(settings), shots, count, now_utc()
+        cfg.name, cfg.label, state, diagnosis, server_cfg.to_dict(), settings.model_dump(), shots, count, now_utc()
     )
     write_json_atomic(folder / "status.json", asdict(status))
     return status
@@ -429,7 +429,7 @@ def write_manifest(
     A new capture goes only into a new or empty folder (``capture.check_new_capture``)."""
     capture = capture_format.check_new_capture(capture, own_item=_is_config_folder)
     capture.mkdir(parents=True, exist_ok=True)
-    spec = {"settings": asdict(settings), "base_server_config": base.to_dict()}
+    spec = {"settings": settings.model_dump(), "base_server_config": base.to_dict()}
     inputs = inputs if inputs is not None else capture_format.model_inputs(model)
     if (capture / capture_format.MANIFEST).is_file():
         manifest = capture_format.read_manifest(capture, KIND)
@@ -445,8 +445,8 @@ def _check_same(capture: Path, manifest: dict[str, Any], settings: EvalSettings,
     capture_format.check_inputs(capture, manifest, inputs)
     found = manifest.get("spec")
     then = found.get("settings") if isinstance(found, dict) else None
-    if then != asdict(settings):
-        differ = sorted(k for k, v in asdict(settings).items() if not isinstance(then, dict) or then.get(k) != v)
+    if then != settings.model_dump():
+        differ = sorted(k for k, v in settings.model_dump().items() if not isinstance(then, dict) or then.get(k) != v)
         raise StudyError(
             f"{capture / capture_format.MANIFEST}: this capture was made with other settings "
             f"({', '.join(differ)} differ); use a new capture folder"

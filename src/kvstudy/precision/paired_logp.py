@@ -147,24 +147,3 @@ def floor_verdict(floor_p: float, alpha: float = ALPHA) -> str:
     if np.isfinite(floor_p) and floor_p < alpha:
         return f"the A/A floor rejects ({p_text(floor_p)}): noise alone 'differs'; no claim is possible"
     return "no claim (A/A floor)"
-
-
-def false_claim_rate(
-    n_sim: int = 400, n_clusters: int = 40, tokens: int = 20, seed: int = 0, alpha: float = ALPHA
-) -> tuple[float, float]:
-    """(rate of rejections, rate of claimed losses) when both arms differ by noise only.
-
-    Each simulated pair of arms has per-cluster offsets and per-token noise of mean zero, and an
-    A/A floor of the same kind; the rule claims a loss only as :func:`verdict` does.
-    """
-    rng = np.random.default_rng(seed)
-    rejects = claims = 0
-    labels = np.repeat(np.arange(n_clusters).astype(str), tokens)
-    for _ in range(n_sim):
-        tests = []
-        for _arm in range(2):  # the candidate and the A/A floor
-            shift = np.repeat(rng.normal(0, 0.05, n_clusters), tokens)
-            tests.append(clustered_mean(shift + rng.standard_t(4, labels.size) * 0.02, labels, alpha))
-        rejects += tests[0].p_value < alpha
-        claims += verdict(tests[0].p_value, tests[0].mean, tests[1].p_value, alpha).startswith("loss")
-    return rejects / n_sim, claims / n_sim

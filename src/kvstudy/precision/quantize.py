@@ -15,7 +15,6 @@ constants only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,8 +211,3 @@ def checkpoint_scales(folder: str, layers: int) -> tuple[tuple[float, ...] | Non
         style = next(t.style for t in report.scales if t.kind == kind)
         notes.append(f"{kind} scales ({style}) {[round(v, 4) for v in values]}")
     return found[0], found[1], "; ".join(notes)
-
-
-def describe(storages: Sequence[Storage]) -> list[str]:
-    """One line per storage, for logs and progress."""
-    return [f"{s.name}: {s.fmt}, scales {s.scales_from}, kernel {s.kernel}" for s in storages]

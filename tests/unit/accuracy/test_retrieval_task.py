@@ -67,7 +67,7 @@ def test_task_loads_in_lm_eval_with_the_generators_prompt(tmp_path, monkeypatch)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     write_retrieval_data(tmp_path / "data", SMALL)
-    folder = ge.write_offline_task(tmp_path / "data", tmp_path / "task", "retrieval_offline")
+    folder = task_specs.write_task_folder("retrieval_offline", tmp_path / "data", tmp_path / "task")
     manager = TaskManager(include_path=str(folder), include_defaults=False)
     task = manager.load(["retrieval_offline"])["tasks"]["retrieval_offline"]
     docs = list(task.test_docs())
@@ -87,7 +87,7 @@ def test_task_loads_in_lm_eval_with_the_generators_prompt(tmp_path, monkeypatch)
 
 def test_missing_retrieval_data_names_the_command(tmp_path):
     with pytest.raises(StudyError, match="retrieval-data"):
-        ge.write_offline_task(tmp_path / "none", tmp_path / "task", "retrieval_offline")
+        task_specs.write_task_folder("retrieval_offline", tmp_path / "none", tmp_path / "task")
 
 
 def _sample(doc_id: int, item: dict, response: str, right: bool) -> dict:
@@ -164,7 +164,7 @@ def test_settings_refuse_unknown_tasks_and_foreign_filters():
         ge.EvalSettings(task="ruler")
     with pytest.raises(StudyError, match="primary_filter: task retrieval_offline"):
         ge.EvalSettings(task="retrieval_offline")  # GSM8K's strict-match is not its filter
-    with pytest.raises(StudyError, match="unknown fields"):
+    with pytest.raises(StudyError, match="n_questions: unknown field"):
         ge.EvalSettings.for_task("gsm8k_offline", n_questions=3)
 
 

@@ -77,8 +77,10 @@ def test_records_round_trip_and_bad_lines(tmp_path):
 def test_settings_reject_bad_values():
     with pytest.raises(StudyError, match="primary_filter"):
         ge.EvalSettings(primary_filter="best-of-both")
-    with pytest.raises(StudyError, match="n:"):
-        ge.EvalSettings(n=0)
+    with pytest.raises(StudyError, match="^eval settings: n: expected greater than 0"):
+        ge.EvalSettings.for_task(n=0)
+    with pytest.raises(StudyError, match="^eval settings: num_fewshot: "):
+        ge.EvalSettings.for_task(num_fewshot=True)
     with pytest.raises(StudyError, match="unknown"):
         cf.configurations(["bf16", "int4-kv"])
 
