@@ -100,6 +100,17 @@ def smallest_detectable_loss(
 # --------------------------------------------------------------------------- totals only
 
 
+def check_totals(n: object, baseline: object, candidate: object) -> tuple[int, int, int]:
+    """Whole numbers with 0 <= baseline, candidate <= n and n > 0, or a StudyError naming the field."""
+    n_i, a, b = (whole_count(v, k) for k, v in (("n", n), ("baseline", baseline), ("candidate", candidate)))
+    if n_i == 0:
+        raise StudyError("n: expected a positive number of items, got 0")
+    for name, value in (("baseline", a), ("candidate", b)):
+        if value > n_i:
+            raise StudyError(f"{name}: expected a count of correct items between 0 and n = {n_i}, got {value}")
+    return n_i, a, b
+
+
 def newcombe_unpaired_interval(n: int, baseline: int, candidate: int, alpha: float = ALPHA) -> DifferenceInterval:
     """Newcombe's hybrid score interval for candidate minus baseline, as if the runs were independent."""
     low, high = confint_proportions_2indep(candidate, n, baseline, n, method="newcomb", compare="diff", alpha=alpha)
@@ -166,12 +177,7 @@ def totals_bounds(
     n: int, baseline: int, candidate: int, power: float = TARGET_POWER, alpha: float = ALPHA
 ) -> TotalsBounds:
     """The range of exact McNemar p, disagreement and detectable loss over all pairings."""
-    n, a, b = (whole_count(v, k) for k, v in (("n", n), ("baseline", baseline), ("candidate", candidate)))
-    if n == 0:
-        raise StudyError("n: expected a positive number of items, got 0")
-    for name, value in (("baseline", a), ("candidate", b)):
-        if value > n:
-            raise StudyError(f"{name}: expected a count of correct items between 0 and n = {n}, got {value}")
+    n, a, b = check_totals(n, baseline, candidate)
     only_a, only_b = possible_pairings(n, a, b)
     p = mcnemar_p_values(only_a, only_b)
     d = only_a + only_b
