@@ -29,9 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
-import stat
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -221,24 +219,6 @@ def task_from_name(path: str | Path) -> str | None:
     return match.group("task") if match else None
 
 
-def _check_file(path: Path, max_bytes: int) -> None:
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        raise StudyError(f"{path}: no such file; expected an lm-eval samples file (JSONL)") from None
-    except OSError as exc:
-        raise StudyError(f"{path}: cannot be read ({exc.strerror})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise StudyError(f"{path}: not a regular file; expected an lm-eval samples file (JSONL)")
-    if info.st_size > max_bytes:
-        raise StudyError(
-            f"{path}: {info.st_size} bytes, larger than the {max_bytes}-byte limit "
-            f"for a samples file; expected one task's --log_samples output"
-        )
-    if info.st_size == 0:
-        raise StudyError(f"{path}: empty; expected one JSON object per document and filter")
-
-
 def _parse_rows(path: Path, numbered: Sequence[tuple[int, Any]], where: Callable[[int], str]) -> list[SampleRow]:
     rows = []
     for number, row in numbered:
@@ -294,7 +274,6 @@ def read_samples(
 ) -> SampleFile:
     """Read one lm-eval samples file and keep the rows of ``filter_name`` (checked, by doc_id)."""
     path = Path(path)
-    _check_file(path, max_bytes)
     rows = _read_rows(path, max_bytes)
     task = _file_task(path, rows)
     _check_docs_agree(path, rows)

@@ -167,9 +167,9 @@ def test_non_binary_metric_cannot_be_paired_as_right_or_wrong(tmp_path: Path, lm
 
 
 def test_missing_file_directory_and_fifo_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(StudyError, match="no such file"):
+    with pytest.raises(StudyError, match="absent.jsonl: file not found"):
         smp.read_samples(tmp_path / "absent.jsonl")
-    with pytest.raises(StudyError, match="not a regular file"):
+    with pytest.raises(StudyError, match="is a directory"):
         smp.read_samples(tmp_path)
     fifo = tmp_path / "pipe.jsonl"
     os.mkfifo(fifo)
@@ -183,7 +183,7 @@ def test_huge_and_empty_files_are_refused(tmp_path: Path, lmeval: SimpleNamespac
         smp.read_samples(path, max_bytes=1000)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    with pytest.raises(StudyError, match="empty"):
+    with pytest.raises(StudyError, match="empty.jsonl: no rows"):
         smp.read_samples(empty)
     blank = tmp_path / "blank.jsonl"
     blank.write_text("\n\n")
