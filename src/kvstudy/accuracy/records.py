@@ -22,7 +22,7 @@ from typing import Any
 
 from kvstudy.accuracy.task_specs import GSM8K_FILTERS, RETRIEVAL_FILTERS, task_spec
 from kvstudy.errors import StudyError
-from kvstudy.io import read_jsonl_numbered, write_jsonl_atomic
+from kvstudy.io import read_jsonl_numbered
 
 
 @dataclass(frozen=True)
@@ -142,10 +142,6 @@ def records_from_samples(samples: Iterable[Mapping[str, Any]], task: str = "gsm8
     if task_spec(task).kind == "retrieval":
         return retrieval_records(samples)
     return question_records(samples)
-
-
-def write_records(path: Path, records: Sequence[AnyRecord]) -> None:
-    write_jsonl_atomic(path, records)
 
 
 _TYPES: tuple[type[QuestionRecord] | type[RetrievalRecord], ...] = (QuestionRecord, RetrievalRecord)

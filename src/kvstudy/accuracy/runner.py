@@ -42,12 +42,12 @@ from pydantic import Field, model_validator
 from kvstudy import capture as capture_format
 from kvstudy.accuracy import screening as sc
 from kvstudy.accuracy.configurations import EvalConfig, configurations, server_config_for
-from kvstudy.accuracy.records import AnyRecord, read_records, records_from_samples, write_records
+from kvstudy.accuracy.records import AnyRecord, read_records, records_from_samples
 from kvstudy.accuracy.task_specs import task_spec, write_task_folder
 from kvstudy.bench.spec import Spec
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json, strip_ansi, write_json_atomic
+from kvstudy.io import read_json, strip_ansi, write_json_atomic, write_jsonl_atomic
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 
@@ -159,7 +159,7 @@ def evaluate_server(
             f"re-run to resume"
         ) from exc
     records = records_from_samples(result["samples"][settings.task], settings.task)
-    write_records(out_dir / "records.jsonl", records)
+    write_jsonl_atomic(out_dir / "records.jsonl", records)
     summary = {
         "task": settings.task,
         "num_fewshot": shots,

@@ -13,13 +13,13 @@ Torch-free.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvstudy.capture import MANIFEST, read_manifest
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json_object, read_jsonl, write_json_atomic, write_jsonl_atomic
+from kvstudy.io import read_json_object, read_jsonl
 from kvstudy.outputs import check_output_folder, claim_output_folder
 
 KIND = "kv-precision"
@@ -59,12 +59,6 @@ class Group:
     arms: dict[str, dict[str, Any]] = field(default_factory=dict)  # arm -> how it stores K and V
     notes: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["candidates"] = list(self.candidates)
-        data["notes"] = list(self.notes)
-        return data
-
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> Group:
         try:
@@ -90,18 +84,6 @@ def logp_path(capture: str | Path, group: str, arm: str) -> Path:
 
 def greedy_path(capture: str | Path, group: str, arm: str) -> Path:
     return Path(capture) / group / f"{arm}.greedy.jsonl"
-
-
-def write_group(capture: str | Path, group: Group) -> None:
-    write_json_atomic(Path(capture) / group.name / GROUP_FILE, group.to_dict())
-
-
-def write_logp(capture: str | Path, group: str, arm: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    write_jsonl_atomic(logp_path(capture, group, arm), rows)
-
-
-def write_greedy(capture: str | Path, group: str, arm: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    write_jsonl_atomic(greedy_path(capture, group, arm), rows)
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,10 @@ from kvstudy.bench.logprobs import (
 )
 from kvstudy.capture import new_manifest, set_items, write_manifest
 from kvstudy.errors import StudyError
+from kvstudy.io import write_json_atomic, write_jsonl_atomic
 from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_TOKENS, MAX_TOP_K, float_arg, int_arg, output_folder
 from kvstudy.precision import prompts as pr
-from kvstudy.precision.records import KIND, Group, claim_capture, write_group, write_logp
+from kvstudy.precision.records import GROUP_FILE, KIND, Group, claim_capture, logp_path
 
 GROUP = "screen"
 
@@ -101,9 +103,9 @@ def screen(
         arms={arm: {"url": s.url, "model": s.model, "root": s.root, "label": arm} for arm, s in arms.items()},
         notes=("A/A floor: " + (f"a third server {floor.url}" if repeat else "the baseline server asked again"),),
     )
-    write_group(capture, group)
+    write_json_atomic(capture / GROUP / GROUP_FILE, asdict(group))
     for arm, arm_rows in rows.items():
-        write_logp(capture, GROUP, arm, arm_rows)
+        write_jsonl_atomic(logp_path(capture, GROUP, arm), arm_rows)
     set_items(manifest, {f"{GROUP}/{arm}": "ok" for arm in arms})
     write_manifest(capture, manifest)
     return capture

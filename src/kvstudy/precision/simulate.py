@@ -37,20 +37,11 @@ from kvstudy.capture import (
     write_manifest,
 )
 from kvstudy.errors import MissingPrerequisite, StudyError
-from kvstudy.io import write_json_atomic
+from kvstudy.io import write_json_atomic, write_jsonl_atomic
 from kvstudy.limits import MAX_ITEMS, MAX_THREADS, MAX_TOKENS, int_arg, output_folder
 from kvstudy.precision import prompts as pr
 from kvstudy.precision import quantize as qz
-from kvstudy.precision.records import (
-    KIND,
-    Group,
-    claim_capture,
-    greedy_path,
-    logp_path,
-    write_greedy,
-    write_group,
-    write_logp,
-)
+from kvstudy.precision.records import GROUP_FILE, KIND, Group, claim_capture, greedy_path, logp_path
 from kvstudy.tools import scaled_k_checkpoint as ctl
 
 MAIN, CONTROL = "qwen3-mini", "positive-control"
@@ -249,7 +240,7 @@ def _run_group(
         arms={s.name: {**s.to_dict(), "label": LABELS.get(s.name, s.name)} for s in storages},
         notes=tuple(notes),
     )
-    write_group(capture, group)
+    write_json_atomic(capture / name / GROUP_FILE, asdict(group))
     gsm = [p for p in prompts if p.bucket == "gsm8k"][: spec.greedy_n]
     for storage in storages:
         key = f"{name}/{storage.name}"
@@ -260,9 +251,11 @@ def _run_group(
             continue
         began = time.monotonic()
         try:
-            write_logp(capture, name, storage.name, score(loaded, prompts, storage))
+            write_jsonl_atomic(logp_path(capture, name, storage.name), score(loaded, prompts, storage))
             if gsm and storage.name in GREEDY_ARMS and not greedy_path(capture, name, storage.name).is_file():
-                write_greedy(capture, name, storage.name, greedy(loaded, gsm, storage, spec.greedy_max_tokens))
+                write_jsonl_atomic(
+                    greedy_path(capture, name, storage.name), greedy(loaded, gsm, storage, spec.greedy_max_tokens)
+                )
         except Exception:
             states[key] = "failed"  # recorded by run's finally; the error still stops the run
             raise

@@ -11,6 +11,7 @@ from kvstudy.accuracy import records as rec
 from kvstudy.accuracy import runner as ge
 from kvstudy.accuracy import task_specs
 from kvstudy.errors import StudyError
+from kvstudy.io import write_jsonl_atomic
 from kvstudy.tools import retrieval_data
 from kvstudy.tools.retrieval_files import RetrievalSet, items_for, write_retrieval_data
 
@@ -116,7 +117,7 @@ def test_retrieval_records_keep_length_and_context(tmp_path):
             item["kind"],
         )
         assert r.context_tokens == item["context_tokens_approx"] and r.target == item["answer"]
-    rec.write_records(tmp_path / "records.jsonl", records)
+    write_jsonl_atomic(tmp_path / "records.jsonl", records)
     back = rec.read_records(tmp_path / "records.jsonl")
     assert back == records
     assert rec.correctness(back, "answer-line") == {i: bool(i % 3) for i in range(len(items))}
@@ -128,7 +129,7 @@ def test_a_records_file_mixing_types_is_refused(tmp_path):
     item = items_for(SMALL)[0]
     retrieval = rec.retrieval_records([_sample(0, item, " 1", False)])[0]
     question = rec.QuestionRecord(1, "h", "3", "#### 3", "3", True, "3", True)
-    rec.write_records(tmp_path / "records.jsonl", [retrieval, question])
+    write_jsonl_atomic(tmp_path / "records.jsonl", [retrieval, question])
     with pytest.raises(StudyError, match=r"records.jsonl:2: expected the fields"):
         rec.read_records(tmp_path / "records.jsonl")
 
