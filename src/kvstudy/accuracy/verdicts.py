@@ -144,10 +144,8 @@ class CutOffRow:
 def cut_off_rows(
     results: Mapping[str, ConfigResult], max_gen_toks: int, count_tokens: Callable[[str], int] | None
 ) -> list[CutOffRow]:
-    """Per finished configuration: answers whose length reached the generation limit.
-
-    lm-eval does not log why generation stopped, so the response is measured: in tokens with the
-    model's tokenizer, else in words (a lower bound on tokens: some cut-off answers may be missed).
+    """Per finished configuration: answers whose length reached the generation limit, in tokens with
+    ``count_tokens``, else in words (a lower bound: lm-eval does not log why generation stopped).
     """
     measure = count_tokens or (lambda text: len(text.split()))
     how = "tokens (model tokenizer)" if count_tokens else "words (a lower bound)"
@@ -274,11 +272,7 @@ def retrieval_paired(
 
 
 def chance_check(result: ConfigResult, filter_name: str, alpha: float = binary.ALPHA) -> ChanceCheck:
-    """Does the model retrieve better than picking one of the context's values at random?
-
-    Item ``i`` is right by such a pick with chance ``1 / n_keys_i`` (the keys in its context), each
-    pick independent, so the number right by chance is Poisson-binomial (binary.chance_check).
-    """
+    """Does the model retrieve better than a random pick of one of the context's ``n_keys`` values?"""
     records = result.records
     return binary.chance_check(
         result.label, [r.correct(filter_name) for r in records], [1.0 / max(1, r.n_keys) for r in records], alpha

@@ -33,11 +33,10 @@ def _arm_label(group: Group, arm: str) -> str:
 def comparisons(
     capture: Capture, alpha: float = ALPHA, margin_kl: float | None = None, margin_delta: float | None = None
 ) -> list[dict[str, Any]]:
-    """One record per group, bucket and arm (the floor first): Δ log p, its test, the KL from the
-    top-k (where the capture holds it), the equivalence verdicts against the margins (KL in nats;
-    ``margin_delta``: ± nats/token of Δ log p; None: no margin, undecided) and the difference verdict.
-    The candidates' difference tests are one family: their p is Holm-adjusted (``p_holm``,
-    statsmodels' ``multipletests``) before any verdict reads it."""
+    """One record per group, bucket and arm (the floor first): Δ log p and its test, the KL from the
+    top-k, equivalence against the margins (None: undecided) and the verdict; the candidates' p are
+    one Holm family (``p_holm``) before any verdict reads them.
+    """
     out: list[dict[str, Any]] = []
     for group in capture.groups:
         base_rows = capture.logp[(group.name, group.baseline)]

@@ -1,30 +1,20 @@
 """KL divergence from top-k log-probabilities, the equivalence (TOST) verdict against a margin, and
 the margin read off a graded positive control.
 
-**KL over a truncated top-k.** A server returns, per position, the log p of its k most likely
-tokens (and of the reference token) for the 16-bit arm P and for the candidate Q. The tokens listed
-by *both* arms are compared one by one; every other token (the mass outside the top-k of either
-arm) is lumped into one "rest" bucket: ``p_rest = 1 - Σ p_i``, ``q_rest = 1 - Σ q_i`` over the
-compared tokens. The KL of these coarse distributions, :attr:`TokenKL.kl`, is a **lower bound** of
-the full KL(P || Q) (merging outcomes never raises a divergence: the log-sum inequality). What it
-leaves out is exactly ``p_rest · KL(P_rest || Q_rest)`` (the tails' own divergence, weighted by the
-mass outside): at most ``p_rest · (L - log(p_rest / q_rest))`` where L is the largest log ratio
-``log(p_i / q_i)`` inside the tail. The tail is not returned, so :attr:`TokenKL.gap` takes L as
-the largest absolute log ratio seen on the compared tokens (an **assumption**, stated in every
-report: the tail does not diverge more than the head); ``kl + gap`` is the upper value the
-equivalence test uses, ``kl`` the lower one. A rest of probability below ``REST_FLOOR`` counts as
-``REST_FLOOR`` (a float32 softmax resolves no less).
+**KL over a truncated top-k.** Tokens listed by both arms (16-bit P, candidate Q) are compared one
+by one; the rest is lumped into one bucket. The KL of these coarse distributions
+(:attr:`TokenKL.kl`) is a **lower bound** of KL(P || Q) (the log-sum inequality); what it leaves out,
+``p_rest · KL(P_rest || Q_rest)``, is at most ``p_rest · (L - log(p_rest / q_rest))`` with L the
+largest log ratio inside the tail. The tail is not returned, so :attr:`TokenKL.gap` takes L as the
+largest absolute log ratio on the compared tokens (an **assumption**, stated in every report);
+``kl + gap`` is the upper value equivalence uses. A rest below ``REST_FLOOR`` counts as it.
 
-**Equivalence.** Against a margin, a mean with a clustered one-sided (1 - alpha) bound (the two
-one-sided tests at alpha are the 1 - 2 alpha interval): *within* when the upper bound is below the
-margin, *beyond* when the lower bound is above it, *undecided* otherwise. Never "differs at all".
+**Equivalence.** A mean's one-sided (1 - alpha) bounds against a margin: *within* (upper below),
+*beyond* (lower above), *undecided* otherwise.
 
-**Calibration.** A ladder of grades (a control checkpoint whose keys are ``factor`` times larger,
-served with FP8 KV at scale 1.0) with the accuracy change of each and the screen's KL and Δ log p:
-the grades must rank in order on every instrument (a reversal counts when the two grades' intervals
-do not overlap: grades whose K stays inside FP8's range differ by noise only), and the first grade
-whose accuracy is shown to fall by ``loss_points`` or more (its interval wholly below) gives the
-margin; the grade below it brackets where the loss begins. Torch-free.
+**Calibration.** A ladder of control grades (keys ``factor`` times larger, FP8 KV at scale 1.0):
+the grades must rank in order on every instrument (beyond the noise), and the first grade whose
+accuracy is shown to fall by ``loss_points`` gives the margin. Torch-free.
 """
 
 from __future__ import annotations

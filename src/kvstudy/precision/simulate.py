@@ -1,19 +1,11 @@
 """Simulated FP8 KV storage where the engine refuses it: the model in PyTorch, K and V rounded as vLLM stores them.
 
-Two groups, each a baseline (16-bit storage), an A/A floor (16-bit storage again through another
-attention kernel: the written-out matmul/softmax instead of SDPA, so only the order of floating-
-point sums differs) and candidates:
-
-- the model itself (``model``): FP8 e4m3 at scale 1.0 (what vLLM uses for a checkpoint without
-  scales), e4m3 with scales from calibration data (max |K| / 448 and max |V| / 448 per layer, on
-  prompts that are not scored), e5m2 at scale 1.0, int8 with one scale per token and head;
-- the positive control (``kvstudy.tools.scaled_k_checkpoint``: K ``control_factor`` times larger,
-  attention scores unchanged): e4m3 at scale 1.0 (the scale trap: K saturates at 448), e4m3 with
-  the checkpoint's ``k_scale``/``v_scale`` tensors (read by ``kvstudy.model.scales``).
-
-Every arm scores the same prompts teacher-forced (``kvstudy.precision.prompts``) and, with
-``greedy_n``, answers the first GSM8K-format items greedily. Everything it writes says **simulated
-storage (PyTorch), not vLLM's kernels**.
+Two groups (the model itself, and the positive control of ``kvstudy.tools.scaled_k_checkpoint``
+whose K is ``control_factor`` times larger), each with a 16-bit baseline, an A/A floor (16-bit
+again through the written-out attention, so only the order of sums differs) and candidates (FP8
+e4m3 at scale 1.0, with calibrated or the checkpoint's scales, e5m2, int8 per token and head). Every
+arm scores the same prompts teacher-forced and, with ``greedy_n``, answers GSM8K-format items
+greedily. Everything it writes says **simulated storage (PyTorch), not vLLM's kernels**.
 
     kvstudy kv-simulate CAPTURE [--model DIR] [--gsm8k-n 100] [--retrieval-lengths 512 1024 2048 4096]
 """

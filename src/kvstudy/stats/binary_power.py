@@ -1,27 +1,14 @@
-"""What counts alone allow: power of the paired exact test, and bounds from published totals.
+"""What counts alone allow: exact power of the paired test, and bounds from published totals.
 
-The per-item tests are :mod:`kvstudy.stats.binary`; this module needs no per-item records.
+**Power**, exact (no library has it): the exact McNemar test conditions on the discordant count
+``d ~ Binomial(N, psi)``; given ``d``, the baseline-only items are ``Binomial(d, (1 + delta/psi) / 2)``
+for a loss ``delta``; summing the rejection region's probability over every ``d`` gives the power of
+exactly the test the report runs (checked against a simulation of statsmodels' ``mcnemar``).
 
-* **Power of the paired design**, computed **exactly**, not by the normal approximation (no
-  statsmodels function does it): the exact McNemar test conditions on the number of discordant
-  items ``d``. With a discordance rate ``psi`` and an accuracy loss ``delta``,
-  ``d ~ Binomial(N, psi)`` and, given ``d``, the items only the baseline got right follow
-  ``Binomial(d, (1 + delta/psi) / 2)``. Summing the probability of the test's rejection region
-  over every ``d`` gives the power of exactly the test the report runs (same alpha, same two-sided
-  exact p-value); the tests check it against a simulation that calls statsmodels' ``mcnemar``.
-* **Totals only** (:class:`TotalsBounds`; n, baseline correct A, candidate correct B, no pairing
-  known): every 2x2 table with those margins is a possible pairing; its baseline-only count ``b``
-  runs over ``max(0, A - B) .. min(A, n - B)`` with ``c = b - (A - B)``. Over those tables: the
-  range of the exact McNemar p, the range of disagreement rates ``(b + c) / n``, the smallest loss
-  the paired exact test finds with 80 % power at those rates, and the unpaired interval of the
-  difference (Newcombe's hybrid score interval for independent proportions, statsmodels
-  ``confint_proportions_2indep(method="newcomb")``; paper: R. G. Newcombe, "Interval estimation
-  for the difference between independent proportions: comparison of eleven methods", Statistics
-  in Medicine 17 (1998) 873-890).
-
-The discordance rate is the unknown that a paired design depends on: per-item records give an
-estimate; published totals only bound it, so power is then shown over that range or for assumed
-rates.
+**Totals only** (:class:`TotalsBounds`): every 2x2 table with the published margins is a possible
+pairing (baseline-only ``b`` from ``max(0, A - B)`` to ``min(A, n - B)``, ``c = b - (A - B)``); over
+them, the range of exact McNemar p, of disagreement, the loss found with 80 % power, and the unpaired
+Newcombe hybrid score interval (statsmodels' ``confint_proportions_2indep(method="newcomb")``).
 """
 
 from __future__ import annotations

@@ -83,13 +83,9 @@ def permutation_test(
     max_exact: int = MAX_EXACT_SPLITS,
     draws: int = MONTE_CARLO_DRAWS,
 ) -> PermutationTest:
-    """Permutation test of mean(cand) - mean(base) on per-run values (e.g. log median TPOT).
-
-    With ``base_blocks``/``cand_blocks`` (a block, the seed, per run) labels are permuted within
-    blocks only and the statistic is the mean over blocks of the within-block difference; blocks
-    lacking an arm are left out. Exact over all splits when there are at most ``max_exact``;
-    otherwise ``draws`` random splits (seeded), each one-sided p as (1 + hits) / (1 + draws).
-    Two-sided p = min(1, 2 x smaller side).
+    """Permutation test of mean(cand) - mean(base) on per-run values (e.g. log median TPOT), within
+    blocks when ``base_blocks``/``cand_blocks`` are given (blocks lacking an arm left out); exact up
+    to ``max_exact`` splits, else ``draws`` seeded random splits.
     """
     b = np.asarray(base, dtype=float)
     c = np.asarray(cand, dtype=float)
