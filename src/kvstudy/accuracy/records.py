@@ -144,16 +144,6 @@ def records_from_samples(samples: Iterable[Mapping[str, Any]], task: str = "gsm8
     return question_records(samples)
 
 
-_TYPES: tuple[type[QuestionRecord] | type[RetrievalRecord], ...] = (QuestionRecord, RetrievalRecord)
-
-
-def _record_type(item: dict[str, Any]) -> type[QuestionRecord] | type[RetrievalRecord] | None:
-    for kind in _TYPES:
-        if set(item) == set(kind.__dataclass_fields__):
-            return kind
-    return None
-
-
 def read_records(path: str | Path) -> list[Any]:
     """A ``records.jsonl`` back as records (every line of one type), or a StudyError naming the line."""
     path = Path(path)
@@ -162,7 +152,8 @@ def read_records(path: str | Path) -> list[Any]:
     records: list[Any] = []
     first: type[QuestionRecord] | type[RetrievalRecord] | None = None
     for number, item in read_jsonl_numbered(path):
-        kind = _record_type(item) if isinstance(item, dict) else None
+        types = (QuestionRecord, RetrievalRecord)
+        kind = next((t for t in types if isinstance(item, dict) and set(item) == set(t.__dataclass_fields__)), None)
         if kind is None or (first is not None and kind is not first):
             expected = sorted((first or QuestionRecord).__dataclass_fields__)
             raise StudyError(f"{path}:{number}: expected the fields {expected}")

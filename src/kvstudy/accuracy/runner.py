@@ -286,11 +286,9 @@ def _evaluate(
     if result_state(folder, settings, shots) == "ok":
         progress(f"  {cfg.name}: lm-eval done already, kept")
         found = read_status(folder) or {}
-        kept = ConfigStatus(
-            cfg.name, cfg.label, "ok", None, found.get("server_config") or {}, settings.model_dump(), shots
-        )
-        return replace(
-            kept, n_records=len(read_records(folder / "records.jsonl")), finished_at=found.get("finished_at")
+        count, config = len(read_records(folder / "records.jsonl")), found.get("server_config") or {}
+        return ConfigStatus(
+            cfg.name, cfg.label, "ok", None, config, settings.model_dump(), shots, count, found.get("finished_at")
         )
     progress(f"  {cfg.name}: lm-eval, {settings.n} questions, {shots}-shot")
     state, diagnosis = "ok", None

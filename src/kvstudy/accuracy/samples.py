@@ -183,10 +183,6 @@ class SampleFile:
     def doc_ids(self) -> tuple[int, ...]:
         return tuple(r.doc_id for r in self.rows)
 
-    def scores(self) -> dict[int, float]:
-        """doc_id -> the metric's value."""
-        return {r.doc_id: r.scores[self.metric] for r in self.rows}
-
     def correctness(self) -> dict[int, bool]:
         """doc_id -> right or wrong; the metric must be 0 or 1 per item for a paired test."""
         out = {}
@@ -383,10 +379,6 @@ class Truncation:
     cut_off: tuple[int, ...]  # doc_ids
     limit: int | None  # max_gen_toks used for the check
     method: str  # "rows", "tokens", "words (a lower bound)" or "not checked"
-
-    @property
-    def share(self) -> float:
-        return len(self.cut_off) / self.checked if self.checked else 0.0
 
     def sentence(self) -> str:
         if self.method == "not checked":
