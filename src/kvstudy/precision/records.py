@@ -62,16 +62,7 @@ class Group:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> Group:
         try:
-            return cls(
-                name=str(data["name"]),
-                engine=str(data["engine"]),
-                model=str(data["model"]),
-                baseline=str(data["baseline"]),
-                floor=str(data["floor"]),
-                candidates=tuple(str(c) for c in data["candidates"]),
-                arms=dict(data.get("arms") or {}),
-                notes=tuple(str(n) for n in data.get("notes") or ()),
-            )
+            return cls(**{**data, "candidates": tuple(data["candidates"]), "notes": tuple(data.get("notes") or ())})
         except (KeyError, TypeError) as exc:
             raise StudyError(
                 f"{where}: not a group record ({exc}); expected name, engine, model, baseline, floor, candidates"
