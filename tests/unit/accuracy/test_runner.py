@@ -181,7 +181,7 @@ def test_published_mismatch_is_detected(tmp_path):
     "change, message",
     [
         (lambda d: d.update(source="captured"), "source"),
-        (lambda d: d.update(n=0), "'n'"),
+        (lambda d: d.update(n=0), "p.json: n: expected greater than 0"),
         (lambda d: d["rows"][0].pop("correct"), r"rows\[0\]"),
         (lambda d: d["rows"][1].update(correct=501), r"rows\[1\].correct"),
         (lambda d: d.update(baseline="int8"), "baseline"),
