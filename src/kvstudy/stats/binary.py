@@ -114,10 +114,6 @@ class PairedCounts:
         """Candidate minus baseline accuracy (a fraction; negative = a loss)."""
         return (self.candidate_only - self.baseline_only) / self.n
 
-    def table(self) -> list[list[int]]:
-        """McNemar's layout: rows baseline right / wrong, columns candidate right / wrong."""
-        return [[self.both_right, self.baseline_only], [self.candidate_only, self.both_wrong]]
-
 
 def paired_counts(
     baseline: Mapping[Any, bool], candidate: Mapping[Any, bool], where: str = "paired items"

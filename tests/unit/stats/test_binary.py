@@ -80,7 +80,7 @@ def test_bad_counts_raise(correct: object, n: int) -> None:
 def test_paired_table_layout_and_hand_mcnemar() -> None:
     counts = stats.paired_counts(_records("111110000011"), _records("110001100010"))
     # both right: 0,1,10 -> 3; only base: 2,3,4,11 -> 4; only other: 5,6 -> 2; both wrong: 7,8,9 -> 3
-    assert counts.table() == [[3, 4], [2, 3]]
+    assert (counts.both_right, counts.baseline_only, counts.candidate_only, counts.both_wrong) == (3, 4, 2, 3)
     assert counts.baseline_correct == 7 and counts.candidate_correct == 5 and counts.n == 12
     assert counts.difference == pytest.approx(-2 / 12) and counts.discordant == 6
     # hand: two-sided exact = 2 * P(Bin(6, 1/2) <= 2) = 2 * (1 + 6 + 15) / 64 = 44/64
