@@ -1,15 +1,6 @@
-"""Per-item records of one configuration's lm-eval run: one JSON line per document.
-
-Two record types, one per kind of task (:mod:`kvstudy.accuracy.task_specs`):
-
-- :class:`QuestionRecord` (GSM8K-format): the response and, per filter (strict-match,
-  flexible-extract), the extracted answer and whether it was right.
-- :class:`RetrievalRecord` (long-context retrieval): the response, the answer line, whether it
-  was right, and where the item came from: its kind (``kv`` or ``needle``), its context id (items
-  that share a context form a cluster), the context length in tokens (exact for the byte-level
-  trained model, an estimate otherwise) and the depth of the queried key.
-
-Both have ``doc_id`` (lm-eval's document index, what pairs two runs) and ``correct(filter)``.
+"""Per-item records of one configuration's lm-eval run, one JSON line per document: a
+:class:`QuestionRecord` per GSM8K-format question, a :class:`RetrievalRecord` per retrieval item
+(with its context id, the cluster of items sharing a context). Both pair two runs by ``doc_id``;
 ``records.jsonl`` is read back into the type whose fields it holds.
 """
 

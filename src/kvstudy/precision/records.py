@@ -1,13 +1,10 @@
 """The capture of a KV-precision run (simulated storage or a screen of two servers), on disk.
 
-A capture folder (``kvstudy.capture`` manifest, kind ``kv-precision``) holds one sub-folder per
-**group**: a model (or a pair of servers) with a baseline arm, an A/A floor arm and candidate
-arms. ``<group>/group.json`` says which is which and how each arm stores K and V;
-``<group>/<arm>.logp.jsonl`` holds one row per prompt: ``id``, ``bucket``, ``cluster``,
-``prompt_tokens``, ``logp`` (the reference tokens' log p), ``top1`` (each position's most likely
-token, or null); ``<group>/<arm>.greedy.jsonl`` (optional) one row per GSM8K-format item: ``id``,
-``gold``, ``answer``, ``correct``. The manifest's ``items`` map ``<group>/<arm>`` to ``ok``.
-Torch-free.
+A ``kv-precision`` capture (``kvstudy.capture`` manifest) holds one folder per **group** (a baseline
+arm, an A/A floor arm, candidates): ``group.json`` (:class:`Group`), ``<arm>.logp.jsonl`` (per
+prompt: ``id``, ``bucket``, ``cluster``, ``prompt_tokens``, ``logp`` of the reference tokens,
+``top1``, optionally ``topk``) and optionally ``<arm>.greedy.jsonl`` (``id``, ``gold``, ``answer``,
+``correct``). Torch-free.
 """
 
 from __future__ import annotations

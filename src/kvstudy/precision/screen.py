@@ -1,14 +1,9 @@
 """A paired log-probability screen of two OpenAI-compatible servers (e.g. 16-bit KV against FP8 KV).
 
-Each prompt of ``kvstudy.precision.prompts`` is scored teacher-forced with its reference
-continuation on every server through the one client, ``kvstudy.bench.logprobs`` (log p of each
-reference token, its top-k for the KL of ``kvstudy.precision.divergence``, its most likely token).
-The baseline is asked twice (or a third server, ``--repeat``, once): the 16-bit against 16-bit
-floor of the same engine.
-
-Refused, with one line naming the server: a server whose ``max_logprobs`` is below ``--top-k``,
-servers that serve different models (unless ``--allow-other-checkpoint``) or tokenize a prompt
-differently, a prompt longer than a server's limit, and what the client refuses.
+Each prompt of :mod:`kvstudy.precision.prompts` is scored teacher-forced on every server through
+:mod:`kvstudy.bench.logprobs`; the baseline is asked twice (or a third server, ``--repeat``, once)
+for the 16-bit A/A floor of the same engine. Servers that cannot return the top-k, serve other
+models or tokenize a prompt differently are refused before anything is written.
 
     kvstudy kv-screen --baseline http://127.0.0.1:8000 --candidate http://127.0.0.1:8001 --capture DIR
 """

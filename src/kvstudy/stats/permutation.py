@@ -1,16 +1,9 @@
 """Exact permutation tests on per-run values, within blocks or free, and what a design can reach.
 
-* :func:`permutation_test`: mean(candidate) - mean(baseline) over all C(n1+n2, n1) splits, or,
-  when every run names its block (the seed), labels permuted within blocks only (the statistic
-  is the mean over blocks of the within-block difference). Exact up to :data:`MAX_EXACT_SPLITS`
-  splits, a seeded Monte-Carlo of :data:`MONTE_CARLO_DRAWS` beyond; two-sided p = min(1, 2 x the
-  smaller one-sided p). scipy's ``permutation_test`` has no blocked (stratified) form and draws
-  splits without the exact enumeration of block products, so this one is written here.
-* :func:`minimum_p_value`, :func:`blocked_min_p`: the smallest two-sided p a design can reach;
-  :func:`runs_per_arm_needed`, :func:`blocks_needed`: the fewest runs (blocks) that reach p < alpha.
-* :func:`sign_flip_power`, :func:`runs_needed`: power of the blocked test (one run per arm per
-  block: 2^k sign flips of the per-block differences) when a block's log difference is normal,
-  simulated; no library computes the power of an exact sign-flip test.
+scipy's ``permutation_test`` has no blocked (stratified) form and does not enumerate the products
+of block splits exactly, so :func:`permutation_test` is written here: exact up to
+:data:`MAX_EXACT_SPLITS` splits, seeded Monte Carlo beyond. No library computes the power of an
+exact sign-flip test either (:func:`sign_flip_power`, simulated; :func:`runs_needed`).
 """
 
 from __future__ import annotations
