@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,6 @@ class Loaded:
     model: Any
     tok: Any
     layers: int
-    notes: list[str] = field(default_factory=list)
 
 
 def load(folder: str | Path, threads: int) -> Loaded:
