@@ -17,7 +17,6 @@ from typing import Any
 from kvstudy.accuracy.analysis import PublishedSummary, finished, serves_another_model
 from kvstudy.accuracy.records import correctness
 from kvstudy.accuracy.runner import ConfigResult
-from kvstudy.errors import StudyError
 from kvstudy.stats import binary, binary_power
 from kvstudy.stats.binary import (
     ChanceCheck,
@@ -305,8 +304,6 @@ def detectable_loss(n: int, discordant: int, clustered: bool = False) -> Detecta
     never disagree, at the best case (every disagreement against the candidate, the smallest rate at
     which any loss is found). ``clustered``: items share contexts, and the item-level test ignores
     that, so the value is a lower bound."""
-    if n <= 0:
-        raise StudyError(f"detectable loss: n must be positive, got {n}")
     extra = "; items share contexts, so this item-level figure is a lower bound" if clustered else ""
     rate = discordant / n
     loss = binary_power.smallest_detectable_loss(n, rate) if discordant else None
