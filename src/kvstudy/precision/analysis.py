@@ -14,7 +14,7 @@ from kvstudy.precision.divergence import equivalence
 from kvstudy.precision.paired_logp import ALPHA, floor_verdict, pair_rows, verdict
 from kvstudy.precision.prompts import bucket_length
 from kvstudy.precision.records import Capture, Group
-from kvstudy.stats.binary import mcnemar_exact
+from kvstudy.stats.binary import mcnemar_exact, paired_counts
 from kvstudy.stats.family import holm
 
 FLOOR_ROLE = "A/A floor"
@@ -180,22 +180,20 @@ def greedy_records(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any
             rows = capture.greedy.get((group.name, arm))
             if not rows:
                 continue
-            ids = [r["id"] for r in rows if r["id"] in by_id]
-            cand = {r["id"]: bool(r["correct"]) for r in rows}
-            b = sum(by_id[i] and not cand[i] for i in ids)
-            c = sum(cand[i] and not by_id[i] for i in ids)
-            p = mcnemar_exact(b, c).p_value
-            tests[arm] = (role, ids, b, c, p, sum(cand[i] for i in ids))
-        floor_p = tests[group.floor][4] if group.floor in tests else float("nan")
-        for arm, (role, ids, b, c, p, right) in tests.items():
+            cand = {r["id"]: bool(r["correct"]) for r in rows if r["id"] in by_id}
+            counts = paired_counts({i: by_id[i] for i in cand}, cand, f"{group.name}/{arm} greedy")
+            tests[arm] = (role, counts, mcnemar_exact(counts.baseline_only, counts.candidate_only).p_value)
+        floor_p = tests[group.floor][2] if group.floor in tests else float("nan")
+        for arm, (role, counts, p) in tests.items():
+            b, c = counts.baseline_only, counts.candidate_only
             out.append(
                 {
                     "group": group.name,
                     "arm": _arm_label(group, arm),
                     "role": role,
-                    "items": len(ids),
-                    "baseline right": sum(by_id[i] for i in ids),
-                    "this right": right,
+                    "items": counts.n,
+                    "baseline right": counts.baseline_correct,
+                    "this right": counts.candidate_correct,
                     "only baseline right": b,
                     "only this right": c,
                     "exact McNemar p": p,
