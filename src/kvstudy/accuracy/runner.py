@@ -34,7 +34,7 @@ from kvstudy.accuracy.task_specs import task_spec, write_task_folder
 from kvstudy.bench.spec import Spec
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json, strip_ansi, write_json_atomic, write_jsonl_atomic
+from kvstudy.io import read_json, read_json_object, strip_ansi, write_json_atomic, write_jsonl_atomic
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 
@@ -81,19 +81,6 @@ class EvalSettings(Spec):
 # --------------------------------------------------------------------------- one lm-eval run
 
 
-def lm_eval_model_args(base_url: str, model_name: str, tokenizer: str | Path, settings: EvalSettings) -> dict[str, Any]:
-    return {
-        "base_url": f"{base_url.rstrip('/')}/v1/completions",
-        "model": model_name,
-        "tokenizer_backend": "huggingface",
-        "tokenizer": str(tokenizer),
-        "max_length": settings.max_length,
-        "max_gen_toks": settings.max_gen_toks,
-        "num_concurrent": settings.num_concurrent,
-        "max_retries": settings.max_retries,
-    }
-
-
 class EvalIncomplete(StudyError):
     """lm-eval stopped before every question was answered; the answers so far are cached."""
 
@@ -128,7 +115,13 @@ def evaluate_server(
     try:
         result = lm_eval.simple_evaluate(
             model="local-completions",
-            model_args=lm_eval_model_args(base_url, model_name, tokenizer, settings),
+            model_args={
+                "base_url": f"{base_url.rstrip('/')}/v1/completions",
+                "model": model_name,
+                "tokenizer_backend": "huggingface",
+                "tokenizer": str(tokenizer),
+                **settings.model_dump(include={"max_length", "max_gen_toks", "num_concurrent", "max_retries"}),
+            },
             tasks=[settings.task],
             num_fewshot=shots,
             limit=settings.n,
@@ -382,17 +375,9 @@ def run_missing(
 
 
 def read_status(folder: Path) -> dict[str, Any] | None:
-    """A configuration's status.json (None when absent); anything but a JSON object is one line."""
+    """A configuration's status.json (None when absent)."""
     path = folder / "status.json"
-    if not path.is_file():
-        return None
-    status = read_json(path)
-    if not isinstance(status, dict):
-        raise StudyError(
-            f"{path}: expected a JSON object (a configuration's status), got "
-            f"{type(status).__name__}; delete it to re-run the configuration"
-        )
-    return status
+    return read_json_object(path) if path.is_file() else None
 
 
 KIND = "kvstudy accuracy runs"
