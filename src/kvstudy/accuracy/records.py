@@ -137,9 +137,6 @@ def records_from_samples(samples: Iterable[Mapping[str, Any]], task: str = "gsm8
 
 def read_records(path: str | Path) -> list[Any]:
     """A ``records.jsonl`` back as records (every line of one type), or a StudyError naming the line."""
-    path = Path(path)
-    if not path.is_file():
-        raise StudyError(f"{path}: no records file")
     records: list[Any] = []
     first: type[QuestionRecord] | type[RetrievalRecord] | None = None
     for number, item in read_jsonl_numbered(path):

@@ -74,14 +74,10 @@ def greedy_path(capture: str | Path, group: str, arm: str) -> Path:
     return Path(capture) / group / f"{arm}.greedy.jsonl"
 
 
-def _rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise StudyError(f"{path}: missing (the capture lacks this arm's records)")
-    rows: list[dict[str, Any]] = list(read_jsonl(path))
-    for number, row in enumerate(rows, 1):
-        if not isinstance(row, dict) or not {"id", "bucket", "cluster"} <= set(row):
-            raise StudyError(f"{path}: line {number}: expected an object with id, bucket, cluster")
-    return rows
+def _row(row: Any) -> dict[str, Any]:
+    if not isinstance(row, dict) or not {"id", "bucket", "cluster"} <= set(row):
+        raise ValueError("expected an object with id, bucket, cluster")
+    return row
 
 
 @dataclass
@@ -116,12 +112,10 @@ def load(capture: str | Path) -> Capture:
     greedy: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for name in names:
         where = folder / str(name) / GROUP_FILE
-        if not where.is_file():
-            raise StudyError(f"{where}: missing (the capture names group {name!r} but has no record of it)")
         group = Group.from_dict(read_json_object(where), str(where))
         groups.append(group)
         for arm in (group.baseline, group.floor, *group.candidates):
-            logp[(group.name, arm)] = _rows(logp_path(folder, group.name, arm))
+            logp[(group.name, arm)] = read_jsonl(logp_path(folder, group.name, arm), _row, "a log-p row")
             path = greedy_path(folder, group.name, arm)
             if path.is_file():
                 greedy[(group.name, arm)] = list(read_jsonl(path))
