@@ -152,19 +152,11 @@ def greedy(
         texts = greedy_complete(loaded.model, loaded.tok, [p.prompt for p in prompts], max_tokens, ["Question:"], 8)
     finally:
         qz.STATE.storage = None
-    out = []
-    for prompt, text in zip(prompts, texts):
-        answer = strict_match(text)
-        out.append(
-            {
-                "id": prompt.id,
-                "gold": prompt.gold,
-                "answer": answer,
-                "correct": answer == prompt.gold,
-                "completion": text,
-            }
-        )
-    return out
+    answers = [strict_match(text) for text in texts]
+    return [
+        {"id": p.id, "gold": p.gold, "answer": a, "correct": a == p.gold, "completion": text}
+        for p, a, text in zip(prompts, answers, texts)
+    ]
 
 
 def calibrate(loaded: Loaded, prompts: Sequence[pr.ScoredPrompt]) -> tuple[tuple[float, ...], tuple[float, ...]]:
