@@ -17,6 +17,7 @@ Overlapping Wilson intervals are never used as a test.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,10 +130,8 @@ def paired_counts(
         )
     if not baseline:
         raise StudyError(f"{where}: no questions to compare")
-    cells = [[0, 0], [0, 0]]  # [baseline right?][candidate right?], 0 = right
-    for item, base_right in baseline.items():
-        cells[0 if bool(base_right) else 1][0 if bool(candidate[item]) else 1] += 1
-    return PairedCounts(cells[0][0], cells[0][1], cells[1][0], cells[1][1])
+    cells = Counter((bool(right), bool(candidate[item])) for item, right in baseline.items())
+    return PairedCounts(cells[True, True], cells[True, False], cells[False, True], cells[False, False])
 
 
 # --------------------------------------------------------------------------- exact McNemar

@@ -98,22 +98,6 @@ def check_totals(n: object, baseline: object, candidate: object) -> tuple[int, i
     return n_i, a, b
 
 
-def newcombe_unpaired_interval(n: int, baseline: int, candidate: int, alpha: float = ALPHA) -> DifferenceInterval:
-    """Newcombe's hybrid score interval for candidate minus baseline, as if the runs were independent."""
-    low, high = confint_proportions_2indep(candidate, n, baseline, n, method="newcomb", compare="diff", alpha=alpha)
-    return DifferenceInterval(
-        (candidate - baseline) / n, float(low), float(high), alpha, "Newcombe hybrid score, unpaired"
-    )
-
-
-def possible_pairings(n: int, baseline: int, candidate: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every (baseline_only, candidate_only) a pairing of the items allows, given the totals."""
-    gap = baseline - candidate
-    lo, hi = max(0, gap), min(baseline, n - candidate)
-    baseline_only = np.arange(lo, hi + 1, dtype=np.int64)
-    return baseline_only, baseline_only - gap
-
-
 def power_floor(n: int, power: float, alpha: float) -> float | None:
     """Smallest disagreement rate at which any loss is found with ``power`` (None: not at this n)."""
     if paired_power(n, 1.0, 1.0, alpha) < power:
@@ -165,7 +149,8 @@ def totals_bounds(
 ) -> TotalsBounds:
     """The range of exact McNemar p, disagreement and detectable loss over all pairings."""
     n, a, b = check_totals(n, baseline, candidate)
-    only_a, only_b = possible_pairings(n, a, b)
+    only_a = np.arange(max(0, a - b), min(a, n - b) + 1)  # every pairing the totals allow
+    only_b = only_a - (a - b)
     p = mcnemar_p_values(only_a, only_b)
     d = only_a + only_b
     d_min, d_max = int(d.min()), int(d.max())
@@ -177,7 +162,8 @@ def totals_bounds(
         found = [x for x in ends if x is not None]
         if found:
             low, high = min(found), max(found)
-    unpaired = newcombe_unpaired_interval(n, a, b, alpha)
+    low_u, high_u = confint_proportions_2indep(b, n, a, n, method="newcomb", compare="diff", alpha=alpha)
+    unpaired = DifferenceInterval((b - a) / n, float(low_u), float(high_u), alpha, "Newcombe hybrid score, unpaired")
     return TotalsBounds(n, a, b, d_min, d_max, float(p.min()), float(p.max()), low, high, floor, unpaired, power, alpha)
 
 

@@ -91,15 +91,14 @@ def permutation_test(
     values = np.concatenate([b, c])
     n1, n2, total = b.size, c.size, b.size + c.size
     observed = c.mean() - b.mean()
-    splits = math.comb(total, n2)
     tol = _TIE_TOL * max(1.0, float(np.abs(values).max()))
-    exact = splits <= max_exact
+    exact = math.comb(total, n2) <= max_exact
     if exact:
-        cand_sum = _split_matrix(total, n2) @ values
+        stats = _block_stats(values, n2)
     else:
         keys = np.random.default_rng(seed).random((draws, total))
         cand_sum = values[np.argsort(keys, axis=1)[:, :n2]].sum(axis=1)
-    stats = cand_sum / n2 - (values.sum() - cand_sum) / n1
+        stats = cand_sum / n2 - (values.sum() - cand_sum) / n1
     return PermutationTest(
         float(observed), _two_sided(stats, observed, tol, exact), exact, stats.size, minimum_p_value(n1, n2)
     )
