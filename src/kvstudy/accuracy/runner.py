@@ -369,8 +369,10 @@ def run_missing(
             ):
                 results[result.name] = result
     finally:
-        if todo:
-            finish_manifest(capture)
+        if todo:  # close this session and record the states the runs left
+            manifest = capture_format.read_manifest(capture, KIND)
+            capture_format.finish_session(manifest["sessions"][-1])
+            _record_states(capture, manifest)
     return results
 
 
@@ -437,14 +439,6 @@ def _record_states(capture: Path, manifest: dict[str, Any]) -> None:
 def _is_config_folder(path: Path) -> bool:
     """Whether ``path`` is a configuration's folder of this runner (it holds a ``status.json``)."""
     return path.is_dir() and (path / "status.json").is_file()
-
-
-def finish_manifest(capture: Path) -> None:
-    """Close the latest session and record the states the runs left."""
-    manifest = capture_format.read_manifest(capture, KIND)
-    if manifest.get("sessions"):
-        capture_format.finish_session(manifest["sessions"][-1])
-    _record_states(capture, manifest)
 
 
 # --------------------------------------------------------------------------- reading a capture
