@@ -10,7 +10,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.formats import millinats, p_value
-from kvstudy.precision.divergence import equivalence
+from kvstudy.precision.divergence import MARGIN_STATES, equivalence
 from kvstudy.precision.paired_logp import ALPHA, floor_verdict, pair_rows, verdict
 from kvstudy.precision.prompts import bucket_length
 from kvstudy.precision.records import Capture, Group
@@ -247,8 +247,6 @@ def screen_facts(
     bound, and the one-sided upper bound with the truncation bound) against ``margin_kl``, beside the
     A/A floor's; top-1 agreement; Δ log p. ``margin_state``: calibrated, not calibrated or assumed.
     The equivalence is *undecided* when there is no margin, or when the floor alone reaches it."""
-    from kvstudy.precision.divergence import MARGIN_STATES
-
     if margin_state not in MARGIN_STATES:
         raise StudyError(f"margin_state: {margin_state!r}; expected one of {', '.join(MARGIN_STATES)}")
     group = capture.groups[0]

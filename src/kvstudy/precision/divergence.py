@@ -196,25 +196,15 @@ def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Cali
         "accuracy": order("change_points", "change_low", "change_high", False),
     }
     reached = next((g for g in ladder if g.change_high < -loss_points), None)
-    if not all(ranked.values()):
-        out = ", ".join(name for name, ok in ranked.items() if not ok)
-        return Calibration(
-            "not calibrated", None, None, None, None, None, None, ranked, f"the grades are out of order on: {out}"
+    unranked = ", ".join(name for name, ok in ranked.items() if not ok)
+    if unranked or reached is None:
+        why = (
+            f"the grades are out of order on: {unranked}"
+            if unranked
+            else f"no grade is shown to lose {loss_points:g} points (the largest factor {ladder[-1].factor:g} "
+            f"changes accuracy by {ladder[-1].change_points:+.1f} points)"
         )
-    if reached is None:
-        worst = ladder[-1]
-        return Calibration(
-            "not calibrated",
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            ranked,
-            f"no grade is shown to lose {loss_points:g} points (the largest factor {worst.factor:g} changes accuracy by "
-            f"{worst.change_points:+.1f} points)",
-        )
+        return Calibration("not calibrated", None, None, None, None, None, None, ranked, why)
     below = ladder[ladder.index(reached) - 1] if ladder.index(reached) > 0 else None
     return Calibration(
         "calibrated",
