@@ -266,16 +266,15 @@ def read_samples(
         raise StudyError(f"{path}: some rows name a filter and some do not; expected one lm-eval version's rows")
     if filters == (UNNAMED_FILTER,):
         filter_name = UNNAMED_FILTER  # lm-eval before 0.4.2: the file's rows are its only filter's
-        repeated = sorted(d for d, k in Counter(r.doc_id for r in rows).items() if k > 1)
-        if repeated:
-            raise StudyError(
-                f"{path}: doc_ids {repeated[:5]} appear more than once and the rows name no filter (lm-eval "
-                "before 0.4.2 logs one row per filter without its name): the filters cannot be told apart"
-            )
     if filter_name not in filters:
         raise StudyError(f"{path}: no rows for filter {filter_name!r}; the file has filters {list(filters)}")
     chosen = [r for r in rows if r.filter == filter_name]
     dupes = sorted(d for d, k in Counter(r.doc_id for r in chosen).items() if k > 1)
+    if dupes and filter_name == UNNAMED_FILTER:
+        raise StudyError(
+            f"{path}: doc_ids {dupes[:5]} appear more than once and the rows name no filter (lm-eval "
+            "before 0.4.2 logs one row per filter without its name): the filters cannot be told apart"
+        )
     if dupes:
         raise StudyError(
             f"{path}: doc_ids {dupes[:5]} appear more than once for filter "
