@@ -94,12 +94,9 @@ def published_checks(summary: PublishedSummary) -> list[PublishedCheck]:
     out = []
     for row in summary.rows:
         ours = binary.wilson_interval(row.correct, summary.n)
-        low, high = round(100 * ours.low, 1), round(100 * ours.high, 1)
-        matches = (
-            abs(low - row.published_wilson95_pct[0]) < 0.05 + 1e-9
-            and abs(high - row.published_wilson95_pct[1]) < 0.05 + 1e-9
-            and abs(round(100 * ours.accuracy, 1) - row.published_accuracy_pct) < 0.05 + 1e-9
-        )
+        recomputed = (round(100 * x, 1) for x in (ours.accuracy, ours.low, ours.high))
+        published = (row.published_accuracy_pct, *row.published_wilson95_pct)
+        matches = all(abs(a - b) < 0.05 + 1e-9 for a, b in zip(recomputed, published))
         out.append(
             PublishedCheck(row.name, row.label, ours, row.published_accuracy_pct, row.published_wilson95_pct, matches)
         )
