@@ -174,18 +174,16 @@ def greedy_records(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any
         if not base:
             continue
         by_id = {r["id"]: bool(r["correct"]) for r in base}
-        arms = [(FLOOR_ROLE, group.floor)] + [("candidate", c) for c in group.candidates]
-        tests = {}
-        for role, arm in arms:
+        floor_p = float("nan")  # the floor comes first: its p is known before any candidate's verdict
+        for role, arm in [(FLOOR_ROLE, group.floor)] + [("candidate", c) for c in group.candidates]:
             rows = capture.greedy.get((group.name, arm))
             if not rows:
                 continue
             cand = {r["id"]: bool(r["correct"]) for r in rows if r["id"] in by_id}
             counts = paired_counts({i: by_id[i] for i in cand}, cand, f"{group.name}/{arm} greedy")
-            tests[arm] = (role, counts, mcnemar_exact(counts.baseline_only, counts.candidate_only).p_value)
-        floor_p = tests[group.floor][2] if group.floor in tests else float("nan")
-        for arm, (role, counts, p) in tests.items():
             b, c = counts.baseline_only, counts.candidate_only
+            p = mcnemar_exact(b, c).p_value
+            floor_p = p if role == FLOOR_ROLE else floor_p
             out.append(
                 {
                     "group": group.name,
