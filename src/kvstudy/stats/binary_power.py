@@ -14,6 +14,7 @@ Newcombe hybrid score interval (statsmodels' ``confint_proportions_2indep(method
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,24 +65,29 @@ def paired_power(n: int, loss: float, discordance: float, alpha: float = ALPHA) 
     return float(np.sum(weights * (low + high)))
 
 
-def smallest_detectable_loss(
-    n: int, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA
-) -> float | None:
-    """The smallest loss (fraction) the paired exact test finds with ``power`` on n items.
-
-    ``None`` when even the largest loss this discordance allows (loss == discordance, every
-    disagreement against the candidate) is found with less than ``power``.
-    """
-    if paired_power(n, discordance, discordance, alpha) < power:
+def _smallest(passes: Callable[[float], bool], hi: float, tol: float) -> float | None:
+    """The smallest x in (0, hi] at which ``passes`` holds (it holds from some x on), by bisection to
+    ``tol``; None when it fails even at ``hi``."""
+    if not passes(hi):
         return None
-    lo, hi = 0.0, discordance
-    while hi - lo > 1e-5:  # power rises with the loss at a fixed discordance: bisect to 0.001 point
+    lo = 0.0
+    while hi - lo > tol:
         mid = (lo + hi) / 2
-        if paired_power(n, mid, discordance, alpha) >= power:
+        if passes(mid):
             hi = mid
         else:
             lo = mid
     return hi
+
+
+def smallest_detectable_loss(
+    n: int, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA
+) -> float | None:
+    """The smallest loss (fraction) the paired exact test finds with ``power`` on n items, to 0.001
+    point (power rises with the loss at a fixed discordance). ``None`` when even the largest loss this
+    discordance allows (every disagreement against the candidate) is found with less than ``power``.
+    """
+    return _smallest(lambda loss: paired_power(n, loss, discordance, alpha) >= power, discordance, 1e-5)
 
 
 # --------------------------------------------------------------------------- totals only
@@ -99,17 +105,9 @@ def check_totals(n: object, baseline: object, candidate: object) -> tuple[int, i
 
 
 def power_floor(n: int, power: float, alpha: float) -> float | None:
-    """Smallest disagreement rate at which any loss is found with ``power`` (None: not at this n)."""
-    if paired_power(n, 1.0, 1.0, alpha) < power:
-        return None
-    lo, hi = 0.0, 1.0
-    while hi - lo > 1e-6:  # power with every disagreement one way rises with the rate
-        mid = (lo + hi) / 2
-        if mid > 0 and paired_power(n, mid, mid, alpha) >= power:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    """Smallest disagreement rate at which any loss is found with ``power`` (None: not at this n);
+    power with every disagreement one way rises with the rate."""
+    return _smallest(lambda rate: rate > 0 and paired_power(n, rate, rate, alpha) >= power, 1.0, 1e-6)
 
 
 @dataclass(frozen=True)
