@@ -39,8 +39,6 @@ from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 
 OFFLINE_TASK = "gsm8k_offline"
-HUB_TASK = "gsm8k"
-RETRIEVAL_TASK = "retrieval_offline"
 CACHE_PREFIX = "lm_eval_cache"
 
 
