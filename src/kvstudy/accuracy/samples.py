@@ -376,18 +376,17 @@ class Truncation:
     path: Path
     checked: int
     cut_off: tuple[int, ...]  # doc_ids
-    limit: int | None  # max_gen_toks used for the check
-    method: str  # "rows", "tokens", "words (a lower bound)" or "not checked"
+    limit: int | None  # the logged max_gen_toks used for the check
+    method: str  # "rows", "words (a lower bound)" or "not checked"
 
     def sentence(self) -> str:
         if self.method == "not checked":
             return (
                 f"{self.path.name}: cut-off answers not checked (the rows record neither a "
-                f"finish reason nor the generation limit, and none was given)."
+                f"finish reason nor the generation limit)."
             )
         how = {
             "rows": "as the rows record",
-            "tokens": f"at {self.limit} tokens",
             "words (a lower bound)": f"at {self.limit} tokens, counted as words (a lower "
             f"bound: some cut-off answers may be missed)",
         }[self.method]
@@ -396,28 +395,18 @@ class Truncation:
         )
 
 
-def cut_off_answers(
-    samples: SampleFile, max_gen_toks: int | None = None, count_tokens: Callable[[str], int] | None = None
-) -> Truncation:
+def cut_off_answers(samples: SampleFile) -> Truncation:
     """Which answers were cut off by the generation limit: as the rows say (``finish_reason`` or
-    ``truncated``), else each response's length against the limit (``max_gen_toks``, or the one
-    logged), in tokens with ``count_tokens``, else in words (a lower bound on tokens).
-    """
+    ``truncated``), else each response's length in words against the logged ``max_gen_toks`` (a lower
+    bound on tokens)."""
     rows = samples.rows
-    if max_gen_toks is not None and (
-        isinstance(max_gen_toks, bool) or not isinstance(max_gen_toks, int) or max_gen_toks <= 0
-    ):
-        raise StudyError(f"max_gen_toks: expected a positive whole number, got {max_gen_toks!r}")
     if rows and all(r.stopped_by_limit is not None for r in rows):
-        cut = tuple(r.doc_id for r in rows if r.stopped_by_limit)
-        return Truncation(samples.path, len(rows), cut, max_gen_toks, "rows")
+        return Truncation(samples.path, len(rows), tuple(r.doc_id for r in rows if r.stopped_by_limit), None, "rows")
     logged = {r.gen_limit for r in rows if r.gen_limit is not None}
-    limit = max_gen_toks if max_gen_toks is not None else (min(logged) if logged else None)
-    if limit is None:
+    if not logged:
         return Truncation(samples.path, len(rows), (), None, "not checked")
-    measure = count_tokens if count_tokens is not None else (lambda text: len(text.split()))
-    method = "tokens" if count_tokens is not None else "words (a lower bound)"
+    limit = min(logged)
     cut = tuple(
-        r.doc_id for r in rows if r.stopped_by_limit or (r.response is not None and measure(r.response) >= limit)
+        r.doc_id for r in rows if r.stopped_by_limit or (r.response is not None and len(r.response.split()) >= limit)
     )
-    return Truncation(samples.path, len(rows), cut, limit, method)
+    return Truncation(samples.path, len(rows), cut, limit, "words (a lower bound)")
