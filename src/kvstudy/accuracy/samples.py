@@ -313,7 +313,6 @@ class SamplePair:
     baseline: SampleFile
     candidate: SampleFile
     doc_ids: tuple[int, ...]
-    docs_checked: bool  # every pair was compared by doc_hash/doc (False: no hashes to compare)
     same_prompts: bool | None  # every prompt_hash equal (None: not logged); FP8 vs 16-bit should be
 
     def baseline_correct(self) -> dict[int, bool]:
@@ -343,20 +342,18 @@ def pair_samples(baseline: SampleFile, candidate: SampleFile) -> SamplePair:
             f"expected the same documents (same --limit and task)"
         )
     rows_c = {r.doc_id: r for r in c.rows}
-    checked, prompts = True, []
+    prompts = []
     for rb in b.rows:
         rc = rows_c[rb.doc_id]
-        same = _same_doc(rb, rc)
-        if same is False:
+        if _same_doc(rb, rc) is False:
             raise StudyError(
                 f"{c.path}: doc_id {rb.doc_id} is a different document from the one "
                 f"in {b.path} (doc_hash/target differ); expected the same document set"
             )
-        checked = checked and same is not None
         if rb.prompt_hash is not None and rc.prompt_hash is not None:
             prompts.append(rb.prompt_hash == rc.prompt_hash)
     same_prompts = all(prompts) if len(prompts) == len(b.rows) else None
-    return SamplePair(b, c, b.doc_ids, checked, same_prompts)
+    return SamplePair(b, c, b.doc_ids, same_prompts)
 
 
 def read_pair(

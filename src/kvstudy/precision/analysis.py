@@ -67,7 +67,6 @@ def comparisons(
                         "high": t.ci_high,
                         "p": t.p_value,
                         "top1": paired.top1_agreement,
-                        "max_abs": paired.max_abs_delta,
                         "floor_p": floor.test.p_value,
                         "kl": None if kl is None else kl.mean,
                         "kl_low": None if kl is None else kl.low,

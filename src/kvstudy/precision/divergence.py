@@ -41,7 +41,6 @@ class TokenKL:
     kl: float  # the lumped KL: a lower bound of the full KL
     gap: float  # the bound on what the lumping leaves out (under the stated tail assumption)
     rest: float  # P's mass outside the compared tokens
-    top1_same: bool  # the most likely listed token is the same token
 
 
 def _probabilities(logps: Mapping[int, float], where: str) -> dict[int, float]:
@@ -73,8 +72,7 @@ def token_kl(p_top: Mapping[int, float], q_top: Mapping[int, float], where: str 
     gap = 0.0
     if pv[-1] > 0:
         gap = float(max(0.0, pv[-1] * (float(ratios.max()) - math.log(pv[-1] / qv[-1]))))
-    top1_same = max(p, key=lambda t: p[t]) == max(q, key=lambda t: q[t])
-    return TokenKL(kl, gap, float(pv[-1]), top1_same)
+    return TokenKL(kl, gap, float(pv[-1]))
 
 
 # --------------------------------------------------------------------------- equivalence

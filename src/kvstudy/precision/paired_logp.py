@@ -48,7 +48,6 @@ class PairedLogp:
     test: ClusteredMean
     prompts: int
     top1_agreement: float | None  # share of reference positions with the same top-1 token
-    max_abs_delta: float
     tost: ClusteredMean | None = None  # Δ log p with the 1 - 2 alpha interval (the two one-sided tests)
     kl: PairedKL | None = None  # None: the rows hold no top-k
 
@@ -110,7 +109,6 @@ def pair_rows(
         test=test,
         prompts=len(base),
         top1_agreement=agree / compared if compared else None,
-        max_abs_delta=float(np.max(np.abs(deltas))) if deltas else 0.0,
         tost=clustered_mean(deltas, groups, 2 * alpha),
         kl=_paired_kl(kls, kl_groups, alpha) if kls else None,
     )

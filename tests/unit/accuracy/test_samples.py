@@ -36,7 +36,7 @@ def test_pairs_files_written_in_different_orders(tmp_path: Path, lmeval: SimpleN
     lines = [json.loads(x)["doc_id"] for x in cand.read_text().splitlines()]
     assert lines[:40] != list(range(40))  # really another order
     pair = smp.read_pair(base, cand)
-    assert pair.doc_ids == tuple(range(40)) and pair.docs_checked and pair.same_prompts
+    assert pair.doc_ids == tuple(range(40)) and pair.same_prompts
     v = stats.compare(pair.baseline_correct(), pair.candidate_correct(), margin_points=1)
     expected = stats.paired_counts(BASE, CAND)
     assert v.counts == expected
@@ -117,7 +117,7 @@ def test_documents_compared_by_doc_when_no_hash_is_logged(tmp_path: Path, lmeval
     )
     with pytest.raises(StudyError, match="doc_id 1 is a different document"):
         smp.read_pair(base, cand)
-    assert smp.read_pair(base, base).docs_checked
+    assert smp.read_pair(base, base).doc_ids  # the same documents pair
 
 
 def test_one_doc_id_must_be_one_document_within_a_file(tmp_path: Path, lmeval: SimpleNamespace) -> None:
