@@ -39,16 +39,12 @@ def comparisons(
     """
     out: list[dict[str, Any]] = []
     for group in capture.groups:
-        base_rows = capture.logp[(group.name, group.baseline)]
-        buckets = sorted({str(r["bucket"]) for r in base_rows}, key=_bucket_order)
-        for bucket in buckets:
-
-            def rows(arm: str, bucket: str = bucket, name: str = group.name) -> list[dict[str, Any]]:
-                return [r for r in capture.logp[(name, arm)] if r["bucket"] == bucket]
-
-            floor = pair_rows(rows(group.baseline), rows(group.floor), alpha)
+        for bucket in sorted({str(r["bucket"]) for r in capture.logp[(group.name, group.baseline)]}, key=_bucket_order):
+            arms = (group.baseline, group.floor, *group.candidates)
+            rows = {arm: [r for r in capture.logp[(group.name, arm)] if r["bucket"] == bucket] for arm in arms}
+            floor = pair_rows(rows[group.baseline], rows[group.floor], alpha)
             for role, arm in [(FLOOR_ROLE, group.floor)] + [("candidate", c) for c in group.candidates]:
-                paired = floor if arm == group.floor else pair_rows(rows(group.baseline), rows(arm), alpha)
+                paired = floor if arm == group.floor else pair_rows(rows[group.baseline], rows[arm], alpha)
                 t = paired.test
                 kl = paired.kl
                 tost = paired.tost
