@@ -85,3 +85,39 @@ def helpers() -> Any:
         BUNDLED_REQUESTS=BUNDLED_REQUESTS,
         BUNDLED_CELLS=BUNDLED_CELLS,
     )
+
+
+def retrieval_items(outcomes: dict[int, str], n_keys: int = 10) -> list[Any]:
+    """Retrieval records, three items per context; outcomes: length -> '1'/'0' (right/wrong) per item."""
+    from kvstudy.accuracy.records import RetrievalRecord
+
+    records = []
+    for length, pattern in outcomes.items():
+        for i, ch in enumerate(pattern):
+            answer = "12345" if ch == "1" else "1"
+            context = f"kv-{length}-{i // 3}"
+            item = (f"kv-{length}-{i}", "h", "kv", context, length, length, 0.5, n_keys, "12345", " " + answer, answer)
+            records.append(RetrievalRecord(len(records), *item, ch == "1"))
+    return records
+
+
+def question_items(pattern: str, response: str = "#### 1") -> list[Any]:
+    """GSM8K-format records; pattern: '1'/'0' (right/wrong) per question."""
+    from kvstudy.accuracy.records import QuestionRecord
+
+    return [QuestionRecord(i, f"h{i}", "1", response, "1", ch == "1", "1", ch == "1") for i, ch in enumerate(pattern)]
+
+
+def config_result(name: str, records: list[Any], shots: int | None = 8, state: str = "ok") -> Any:
+    """A configuration as read from a capture, labelled with its name in capitals."""
+    from kvstudy.accuracy.runner import ConfigResult
+
+    return ConfigResult(name, name.upper(), state, None, shots, records, None)
+
+
+@pytest.fixture
+def acc() -> Any:
+    """The accuracy record builders above."""
+    import types
+
+    return types.SimpleNamespace(items=retrieval_items, questions=question_items, config=config_result)

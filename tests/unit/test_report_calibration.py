@@ -30,8 +30,10 @@ def test_bad_grades_are_one_line(grade: list[str], message: str, capsys: Any) ->
 def _screen(folder: Path, sure: float) -> Path:
     """A kv-screen capture whose candidate puts ``sure`` (the baseline 0.6) on each reference token."""
     import math
+    from dataclasses import asdict
 
     from kvstudy.capture import new_manifest, set_items, write_manifest
+    from kvstudy.io import write_json_atomic, write_jsonl_atomic
     from kvstudy.precision import records as rc
 
     def rows(p: float) -> list[dict[str, Any]]:
@@ -50,9 +52,9 @@ def _screen(folder: Path, sure: float) -> Path:
         ]
 
     group = rc.Group("screen", "servers", "m", "baseline", "baseline-repeat", ("candidate",))
-    rc.write_group(folder, group)
+    write_json_atomic(folder / "screen" / rc.GROUP_FILE, asdict(group))
     for arm, p in (("baseline", 0.6), ("baseline-repeat", 0.6), ("candidate", sure)):
-        rc.write_logp(folder, "screen", arm, rows(p))
+        write_jsonl_atomic(rc.logp_path(folder, "screen", arm), rows(p))
     manifest = new_manifest(rc.KIND, {"groups": ["screen"]}, "test", {"model": "data/trained-model/qwen3-mini"})
     set_items(manifest, {"screen/candidate": "ok"})
     write_manifest(folder, manifest)

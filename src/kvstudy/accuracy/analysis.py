@@ -11,11 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvstudy.accuracy.configurations import CONFIGURATIONS
 from kvstudy.accuracy.records import correctness
 from kvstudy.accuracy.runner import ConfigResult
+from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
 from kvstudy.stats import binary
@@ -27,13 +30,25 @@ ASSUMED_DISCORDANCE = (0.02, 0.05, 0.10)  # fractions of questions on which two 
 # --------------------------------------------------------------------------- published summary
 
 
-@dataclass(frozen=True)
-class PublishedRow:
+class PublishedRow(BaseModel):
+    model_config = ConfigDict(strict=True, frozen=True)
+
     name: str
     label: str
-    correct: int
+    correct: int = Field(ge=0)
     published_accuracy_pct: float
-    published_wilson95_pct: tuple[float, float]
+    published_wilson95_pct: tuple[float, float] = Field(strict=False)  # [low, high] in the file
+
+
+class _PublishedFile(BaseModel):
+    """A published accuracy summary as its file holds it (other keys kept as the summary's meta)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    source: Literal["published"]
+    n: int = Field(gt=0)
+    rows: list[PublishedRow] = Field(min_length=1)
+    baseline: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,37 +64,17 @@ def load_published(path: str | Path) -> PublishedSummary:
     """Read a published accuracy summary (counts only), checking each field."""
     path = Path(path)
     data = read_json(path)
-    if not isinstance(data, dict) or data.get("source") != "published":
-        raise StudyError(f'{path}: expected a JSON object with "source": "published"')
-    n = data.get("n")
-    if not isinstance(n, int) or n <= 0:
-        raise StudyError(f"{path}: field 'n' must be a positive integer, got {n!r}")
-    rows = []
-    for i, row in enumerate(data.get("rows") or []):
-        try:
-            low, high = row["published_wilson95_pct"]
-            rows.append(
-                PublishedRow(
-                    str(row["name"]),
-                    str(row["label"]),
-                    int(row["correct"]),
-                    float(row["published_accuracy_pct"]),
-                    (float(low), float(high)),
-                )
-            )
-        except (KeyError, TypeError, ValueError):
-            raise StudyError(
-                f"{path}: rows[{i}] needs name, label, correct, "
-                f"published_accuracy_pct and published_wilson95_pct [low, high]"
-            ) from None
-        if not 0 <= rows[-1].correct <= n:
-            raise StudyError(f"{path}: rows[{i}].correct must be between 0 and n={n}")
-    if not rows:
-        raise StudyError(f"{path}: field 'rows' is empty")
-    baseline = str(data.get("baseline", rows[0].name))
-    if baseline not in {r.name for r in rows}:
+    try:
+        found = _PublishedFile.model_validate(data)
+    except ValidationError as exc:
+        raise StudyError(f"{path}: {one_line(exc)}") from None
+    for i, row in enumerate(found.rows):
+        if row.correct > found.n:
+            raise StudyError(f"{path}: rows[{i}].correct must be between 0 and n={found.n}")
+    baseline = found.baseline or found.rows[0].name
+    if baseline not in {r.name for r in found.rows}:
         raise StudyError(f"{path}: baseline {baseline!r} is not one of the rows")
-    return PublishedSummary(path, {k: v for k, v in data.items() if k != "rows"}, n, baseline, rows)
+    return PublishedSummary(path, {k: v for k, v in data.items() if k != "rows"}, found.n, baseline, found.rows)
 
 
 @dataclass(frozen=True)
@@ -99,12 +94,9 @@ def published_checks(summary: PublishedSummary) -> list[PublishedCheck]:
     out = []
     for row in summary.rows:
         ours = binary.wilson_interval(row.correct, summary.n)
-        low, high = round(100 * ours.low, 1), round(100 * ours.high, 1)
-        matches = (
-            abs(low - row.published_wilson95_pct[0]) < 0.05 + 1e-9
-            and abs(high - row.published_wilson95_pct[1]) < 0.05 + 1e-9
-            and abs(round(100 * ours.accuracy, 1) - row.published_accuracy_pct) < 0.05 + 1e-9
-        )
+        recomputed = (round(100 * x, 1) for x in (ours.accuracy, ours.low, ours.high))
+        published = (row.published_accuracy_pct, *row.published_wilson95_pct)
+        matches = all(abs(a - b) < 0.05 + 1e-9 for a, b in zip(recomputed, published))
         out.append(
             PublishedCheck(row.name, row.label, ours, row.published_accuracy_pct, row.published_wilson95_pct, matches)
         )

@@ -63,10 +63,8 @@ def configurations(names: Sequence[str]) -> list[EvalConfig]:
 
 
 def server_config_for(cfg: EvalConfig, base: Any, fp8_kv_backend: str | None = None) -> Any:
-    """The baseline ServerConfig with only this configuration's intended changes.
-
-    ``fp8_kv_backend`` sets the attention backend of the FP8-KV configurations only (the study ran
-    them with TRITON_ATTN on its L4); the A/B guard then reports the backend as a second change.
+    """The baseline ServerConfig with only this configuration's intended changes; ``fp8_kv_backend``
+    sets the attention backend of the FP8-KV configurations only (the A/B guard reports it).
     """
     backend = fp8_kv_backend if fp8_kv_backend and cfg.kv_cache_dtype != "auto" else base.attention_backend
     model = cfg.model if cfg.model is not None else base.model

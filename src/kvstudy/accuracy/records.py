@@ -1,15 +1,6 @@
-"""Per-item records of one configuration's lm-eval run: one JSON line per document.
-
-Two record types, one per kind of task (:mod:`kvstudy.accuracy.task_specs`):
-
-- :class:`QuestionRecord` (GSM8K-format): the response and, per filter (strict-match,
-  flexible-extract), the extracted answer and whether it was right.
-- :class:`RetrievalRecord` (long-context retrieval): the response, the answer line, whether it
-  was right, and where the item came from: its kind (``kv`` or ``needle``), its context id (items
-  that share a context form a cluster), the context length in tokens (exact for the byte-level
-  trained model, an estimate otherwise) and the depth of the queried key.
-
-Both have ``doc_id`` (lm-eval's document index, what pairs two runs) and ``correct(filter)``.
+"""Per-item records of one configuration's lm-eval run, one JSON line per document: a
+:class:`QuestionRecord` per GSM8K-format question, a :class:`RetrievalRecord` per retrieval item
+(with its context id, the cluster of items sharing a context). Both pair two runs by ``doc_id``;
 ``records.jsonl`` is read back into the type whose fields it holds.
 """
 
@@ -22,7 +13,7 @@ from typing import Any
 
 from kvstudy.accuracy.task_specs import GSM8K_FILTERS, RETRIEVAL_FILTERS, task_spec
 from kvstudy.errors import StudyError
-from kvstudy.io import read_jsonl_numbered, write_jsonl_atomic
+from kvstudy.io import read_jsonl_numbered
 
 
 @dataclass(frozen=True)
@@ -144,29 +135,13 @@ def records_from_samples(samples: Iterable[Mapping[str, Any]], task: str = "gsm8
     return question_records(samples)
 
 
-def write_records(path: Path, records: Sequence[AnyRecord]) -> None:
-    write_jsonl_atomic(path, records)
-
-
-_TYPES: tuple[type[QuestionRecord] | type[RetrievalRecord], ...] = (QuestionRecord, RetrievalRecord)
-
-
-def _record_type(item: dict[str, Any]) -> type[QuestionRecord] | type[RetrievalRecord] | None:
-    for kind in _TYPES:
-        if set(item) == set(kind.__dataclass_fields__):
-            return kind
-    return None
-
-
 def read_records(path: str | Path) -> list[Any]:
     """A ``records.jsonl`` back as records (every line of one type), or a StudyError naming the line."""
-    path = Path(path)
-    if not path.is_file():
-        raise StudyError(f"{path}: no records file")
     records: list[Any] = []
     first: type[QuestionRecord] | type[RetrievalRecord] | None = None
     for number, item in read_jsonl_numbered(path):
-        kind = _record_type(item) if isinstance(item, dict) else None
+        types = (QuestionRecord, RetrievalRecord)
+        kind = next((t for t in types if isinstance(item, dict) and set(item) == set(t.__dataclass_fields__)), None)
         if kind is None or (first is not None and kind is not first):
             expected = sorted((first or QuestionRecord).__dataclass_fields__)
             raise StudyError(f"{path}:{number}: expected the fields {expected}")

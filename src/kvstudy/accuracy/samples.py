@@ -1,27 +1,15 @@
 """Read lm-eval ``--log_samples`` files and pair two runs item by item.
 
-The format (lm-eval 0.4.x, checked against 0.4.13's ``evaluator.py`` and
-``loggers/evaluation_tracker.py``): the file ``samples_<task>_<date>.jsonl`` (date like
-``2026-08-21T19-56-54.123456``) holds one JSON object per document **per filter**, with the keys
-``doc_id`` (index in the evaluated split), ``doc`` (the dataset row), ``target`` (text),
-``arguments`` (``{"gen_args_0": {"arg_0": prompt, "arg_1": generation kwargs}}``), ``resps``
-(per request, per repeat, the raw text), ``filtered_resps``, ``filter`` (e.g. ``strict-match``),
-``metrics`` (the metric names), ``doc_hash`` / ``prompt_hash`` / ``target_hash`` (sha256 hex) and
-one key per metric with its value for this document (e.g. ``"exact_match": 1.0``). Rows carry no
-task name; the task comes from the file name. lm-eval opens the file in append mode, so a re-run
-with the same timestamp can leave duplicate rows, which this reader refuses.
+lm-eval 0.4.2 and later (checked against 0.4.13) write ``samples_<task>_<date>.jsonl``: one JSON
+object per document **per filter** (``doc_id``, ``doc``, ``target``, ``arguments``, ``resps``,
+``filtered_resps``, ``filter``, ``metrics``, the ``*_hash`` digests and one key per metric). Rows
+carry no task name (it comes from the file name), and lm-eval appends, so duplicate rows are
+refused. lm-eval 0.4.0/0.4.1 wrote one JSON array with no ``filter`` key: read as one unnamed
+filter (:data:`UNNAMED_FILTER`); such a file that repeats a ``doc_id`` is refused (its filters
+cannot be told apart).
 
-Older files (lm-eval 0.4.0 and 0.4.1, before 0.4.2) are read too: ``__main__.py`` wrote each task's
-samples as one JSON array (``json.dumps(samples[task], indent=2)``) into ``<model_args>_<task>.jsonl``,
-and ``evaluator.py``'s rows held ``doc_id``, ``doc``, ``target``, ``arguments``, ``resps``,
-``filtered_resps`` and the metric values, with no ``filter`` key (nor ``metrics`` or hashes). What the
-paired test needs (``doc_id`` and the metric per document) is there, so such a file is read as one
-unnamed filter (:data:`UNNAMED_FILTER`); a file that repeats a ``doc_id`` without naming filters is
-refused, since the rows of its filters cannot be told apart.
-
-Items are paired by ``doc_id`` whatever the order of the lines; the pairing is refused when the
-two files come from different tasks or different document sets (ids differ, or one id has a
-different ``doc_hash``/``doc`` or ``target_hash``).
+Items pair by ``doc_id``; two files of different tasks or documents (ids, ``doc_hash``/``doc`` or
+``target_hash`` differ) are refused.
 """
 
 from __future__ import annotations
@@ -29,9 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
-import stat
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -197,10 +183,6 @@ class SampleFile:
     def doc_ids(self) -> tuple[int, ...]:
         return tuple(r.doc_id for r in self.rows)
 
-    def scores(self) -> dict[int, float]:
-        """doc_id -> the metric's value."""
-        return {r.doc_id: r.scores[self.metric] for r in self.rows}
-
     def correctness(self) -> dict[int, bool]:
         """doc_id -> right or wrong; the metric must be 0 or 1 per item for a paired test."""
         out = {}
@@ -219,24 +201,6 @@ def task_from_name(path: str | Path) -> str | None:
     """The task in lm-eval's ``samples_<task>_<date>.jsonl`` file name, or None for other names."""
     match = _NAME.match(Path(path).name)
     return match.group("task") if match else None
-
-
-def _check_file(path: Path, max_bytes: int) -> None:
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        raise StudyError(f"{path}: no such file; expected an lm-eval samples file (JSONL)") from None
-    except OSError as exc:
-        raise StudyError(f"{path}: cannot be read ({exc.strerror})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise StudyError(f"{path}: not a regular file; expected an lm-eval samples file (JSONL)")
-    if info.st_size > max_bytes:
-        raise StudyError(
-            f"{path}: {info.st_size} bytes, larger than the {max_bytes}-byte limit "
-            f"for a samples file; expected one task's --log_samples output"
-        )
-    if info.st_size == 0:
-        raise StudyError(f"{path}: empty; expected one JSON object per document and filter")
 
 
 def _parse_rows(path: Path, numbered: Sequence[tuple[int, Any]], where: Callable[[int], str]) -> list[SampleRow]:
@@ -294,7 +258,6 @@ def read_samples(
 ) -> SampleFile:
     """Read one lm-eval samples file and keep the rows of ``filter_name`` (checked, by doc_id)."""
     path = Path(path)
-    _check_file(path, max_bytes)
     rows = _read_rows(path, max_bytes)
     task = _file_task(path, rows)
     _check_docs_agree(path, rows)
@@ -303,16 +266,15 @@ def read_samples(
         raise StudyError(f"{path}: some rows name a filter and some do not; expected one lm-eval version's rows")
     if filters == (UNNAMED_FILTER,):
         filter_name = UNNAMED_FILTER  # lm-eval before 0.4.2: the file's rows are its only filter's
-        repeated = sorted(d for d, k in Counter(r.doc_id for r in rows).items() if k > 1)
-        if repeated:
-            raise StudyError(
-                f"{path}: doc_ids {repeated[:5]} appear more than once and the rows name no filter (lm-eval "
-                "before 0.4.2 logs one row per filter without its name): the filters cannot be told apart"
-            )
     if filter_name not in filters:
         raise StudyError(f"{path}: no rows for filter {filter_name!r}; the file has filters {list(filters)}")
     chosen = [r for r in rows if r.filter == filter_name]
     dupes = sorted(d for d, k in Counter(r.doc_id for r in chosen).items() if k > 1)
+    if dupes and filter_name == UNNAMED_FILTER:
+        raise StudyError(
+            f"{path}: doc_ids {dupes[:5]} appear more than once and the rows name no filter (lm-eval "
+            "before 0.4.2 logs one row per filter without its name): the filters cannot be told apart"
+        )
     if dupes:
         raise StudyError(
             f"{path}: doc_ids {dupes[:5]} appear more than once for filter "
@@ -351,7 +313,6 @@ class SamplePair:
     baseline: SampleFile
     candidate: SampleFile
     doc_ids: tuple[int, ...]
-    docs_checked: bool  # every pair was compared by doc_hash/doc (False: no hashes to compare)
     same_prompts: bool | None  # every prompt_hash equal (None: not logged); FP8 vs 16-bit should be
 
     def baseline_correct(self) -> dict[int, bool]:
@@ -381,20 +342,18 @@ def pair_samples(baseline: SampleFile, candidate: SampleFile) -> SamplePair:
             f"expected the same documents (same --limit and task)"
         )
     rows_c = {r.doc_id: r for r in c.rows}
-    checked, prompts = True, []
+    prompts = []
     for rb in b.rows:
         rc = rows_c[rb.doc_id]
-        same = _same_doc(rb, rc)
-        if same is False:
+        if _same_doc(rb, rc) is False:
             raise StudyError(
                 f"{c.path}: doc_id {rb.doc_id} is a different document from the one "
                 f"in {b.path} (doc_hash/target differ); expected the same document set"
             )
-        checked = checked and same is not None
         if rb.prompt_hash is not None and rc.prompt_hash is not None:
             prompts.append(rb.prompt_hash == rc.prompt_hash)
     same_prompts = all(prompts) if len(prompts) == len(b.rows) else None
-    return SamplePair(b, c, b.doc_ids, checked, same_prompts)
+    return SamplePair(b, c, b.doc_ids, same_prompts)
 
 
 def read_pair(
@@ -414,22 +373,17 @@ class Truncation:
     path: Path
     checked: int
     cut_off: tuple[int, ...]  # doc_ids
-    limit: int | None  # max_gen_toks used for the check
-    method: str  # "rows", "tokens", "words (a lower bound)" or "not checked"
-
-    @property
-    def share(self) -> float:
-        return len(self.cut_off) / self.checked if self.checked else 0.0
+    limit: int | None  # the logged max_gen_toks used for the check
+    method: str  # "rows", "words (a lower bound)" or "not checked"
 
     def sentence(self) -> str:
         if self.method == "not checked":
             return (
                 f"{self.path.name}: cut-off answers not checked (the rows record neither a "
-                f"finish reason nor the generation limit, and none was given)."
+                f"finish reason nor the generation limit)."
             )
         how = {
             "rows": "as the rows record",
-            "tokens": f"at {self.limit} tokens",
             "words (a lower bound)": f"at {self.limit} tokens, counted as words (a lower "
             f"bound: some cut-off answers may be missed)",
         }[self.method]
@@ -438,31 +392,18 @@ class Truncation:
         )
 
 
-def cut_off_answers(
-    samples: SampleFile, max_gen_toks: int | None = None, count_tokens: Callable[[str], int] | None = None
-) -> Truncation:
-    """Which answers were cut off by the generation limit.
-
-    The rows decide when they say so (``finish_reason == "length"`` or ``truncated``). Otherwise
-    the limit (``max_gen_toks``, or the one logged in the rows' generation kwargs) is compared
-    with each response's length: in tokens with ``count_tokens`` (e.g. the model tokenizer's
-    ``encode`` wrapped in ``len``), else in whitespace-separated words, a lower bound on tokens.
-    """
+def cut_off_answers(samples: SampleFile) -> Truncation:
+    """Which answers were cut off by the generation limit: as the rows say (``finish_reason`` or
+    ``truncated``), else each response's length in words against the logged ``max_gen_toks`` (a lower
+    bound on tokens)."""
     rows = samples.rows
-    if max_gen_toks is not None and (
-        isinstance(max_gen_toks, bool) or not isinstance(max_gen_toks, int) or max_gen_toks <= 0
-    ):
-        raise StudyError(f"max_gen_toks: expected a positive whole number, got {max_gen_toks!r}")
     if rows and all(r.stopped_by_limit is not None for r in rows):
-        cut = tuple(r.doc_id for r in rows if r.stopped_by_limit)
-        return Truncation(samples.path, len(rows), cut, max_gen_toks, "rows")
+        return Truncation(samples.path, len(rows), tuple(r.doc_id for r in rows if r.stopped_by_limit), None, "rows")
     logged = {r.gen_limit for r in rows if r.gen_limit is not None}
-    limit = max_gen_toks if max_gen_toks is not None else (min(logged) if logged else None)
-    if limit is None:
+    if not logged:
         return Truncation(samples.path, len(rows), (), None, "not checked")
-    measure = count_tokens if count_tokens is not None else (lambda text: len(text.split()))
-    method = "tokens" if count_tokens is not None else "words (a lower bound)"
+    limit = min(logged)
     cut = tuple(
-        r.doc_id for r in rows if r.stopped_by_limit or (r.response is not None and measure(r.response) >= limit)
+        r.doc_id for r in rows if r.stopped_by_limit or (r.response is not None and len(r.response.split()) >= limit)
     )
-    return Truncation(samples.path, len(rows), cut, limit, method)
+    return Truncation(samples.path, len(rows), cut, limit, "words (a lower bound)")

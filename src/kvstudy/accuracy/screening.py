@@ -1,33 +1,17 @@
 """The accuracy runs' screen of their own servers: teacher-forced top-k log-probabilities.
 
-While a configuration's server is up for lm-eval, the runner (``screen_top_k`` > 0) also scores the
-run's questions teacher-forced through :mod:`kvstudy.bench.logprobs` (the client of ``kvstudy
-kv-screen``): per reference token its log p, the server's top-k next-token log-probabilities and
-the most likely token. Notebook 07's analysis (``kvstudy.precision.analysis``) pairs the 16-bit arm
-with the FP8 arm and with the 16-bit repeat (the A/A floor): KL, Δ log p, top-1 agreement.
+While a configuration's server is up for lm-eval, the runner (``screen_top_k`` > 0) scores the
+first ``n`` items of the offline task's ``test.jsonl`` zero-shot in the task's own prompt, through
+:mod:`kvstudy.bench.logprobs`, continued by the **reference continuation**, not the 16-bit arm's
+answer: it is fixed before any arm runs (each arm is screened on its own server, in any order, and
+resumes alone), every arm scores the same tokens, and a 16-bit answer would tilt Δ log p against
+every other arm. Notebook 07's analysis (:mod:`kvstudy.precision.analysis`) pairs the arms.
 
-**The prompts.** The questions the accuracy run asks, the first ``n`` items of the offline task's
-``test.jsonl`` (lm-eval's ``--limit``), each in the task's own zero-shot prompt (``Question:
-...\\nAnswer:``; the retrieval context, question and answer prefix), continued by the **reference
-continuation** (the worked solution; the five-digit value), not by the 16-bit arm's own answer:
-the reference is fixed before any arm runs, so each configuration is screened on its own server as
-soon as it is up, in any order, and resumes on its own; every arm scores the same tokens, so every
-item pairs; and a 16-bit answer is, by construction, the 16-bit arm's most likely path, which would
-tilt Δ log p against every other arm. A few-shot run's examples are not prepended (the screen asks
-the question zero-shot; the cpu profile's runs are zero-shot, so there it is the prompt asked).
-GSM8K-format items are each their own cluster; retrieval items cluster on their shared context.
-
-**Files** in the configuration's folder: ``screen.logp.jsonl`` (one row per item, the rows of
-``kvstudy.precision.records`` plus ``echo_sha256``, a digest of the echoed tokens that shows two
-tokenizers apart), ``screen.json`` (state, top-k, the prompts' digest, the server's model). A
-configuration's result is done (``capture.needs_run``) only when its screen is too, under the same
-top-k and prompts; rows scored before an interruption are kept in ``screen.partial.jsonl`` and not
-scored again. Only configurations of the run's own model asked with the run's shots are screened
-(not the weak baselines).
-
-**Refused**, one line: a server whose ``max_logprobs`` is below the top-k (asked before lm-eval
-starts, so nothing is spent), a prompt longer than the server's limit, arms of two models or two
-tokenizers, a task whose questions are not local (lm-eval's hub ``gsm8k``).
+Files per configuration: ``screen.logp.jsonl`` (the rows of :mod:`kvstudy.precision.records` plus
+``echo_sha256`` of the echoed tokens, which shows two tokenizers apart), ``screen.json`` (state,
+top-k, the prompts' digest, the model) and, while interrupted, ``screen.partial.jsonl``. A result is
+done (``capture.needs_run``) only when its screen is too. Only the run's own model at the run's
+shots is screened.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
-"""The lm-eval tasks the accuracy runner can ask, and how each one reads its data.
-
-One entry per task in :data:`TASKS`; the runner's ``task`` setting picks one:
-
-- ``gsm8k_offline``: the project's GSM8K-format problems from local JSONL (``data/gsm8k``), the
-  same prompt, filters and metric as lm-eval's ``gsm8k`` (``tasks/gsm8k_offline.yaml``).
-- ``gsm8k``: lm-eval's own task; needs the Hugging Face hub (or its cache) for ``openai/gsm8k``.
-- ``retrieval_offline``: RULER-style long-context retrieval (key/value lists and needles at
-  several context lengths) from local JSONL (``data/retrieval``, written by
-  ``kvstudy retrieval-data``), zero-shot, greedy, exact match on the answer line
-  (``tasks/retrieval_offline.yaml``).
+"""The lm-eval tasks the accuracy runner can ask (:data:`TASKS`), and how each one reads its data.
 
 lm-eval's own long-context tasks (``ruler``, ``niah_single_1`` ...) are not wired in: they build
-their haystacks at load time with the served model's tokenizer, download NLTK's ``punkt_tab`` and,
-for the essay haystacks, ``baber/paul_graham_essays`` from the hub, and their samples carry no
-context id to cluster on. A GPU profile points ``retrieval_offline`` at a longer data folder
-instead (``kvstudy retrieval-data --lengths ...``).
-
-``defaults`` holds only the settings in which a task differs from
-:class:`kvstudy.accuracy.runner.EvalSettings`' own defaults (which are GSM8K's), so each default
-is written once.
+their haystacks at load time with the served model's tokenizer, download NLTK data and essays from
+the hub, and their samples carry no context id to cluster on; ``retrieval_offline`` reads local
+JSONL written by ``kvstudy retrieval-data`` instead. A task's ``defaults`` hold only the settings in
+which it differs from :class:`kvstudy.accuracy.runner.EvalSettings`' own (GSM8K's).
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from typing import Any
 from kvstudy.accuracy.analysis import PublishedSummary, finished, serves_another_model
 from kvstudy.accuracy.records import correctness
 from kvstudy.accuracy.runner import ConfigResult
-from kvstudy.errors import StudyError
 from kvstudy.stats import binary, binary_power
 from kvstudy.stats.binary import (
     ChanceCheck,
@@ -144,10 +143,8 @@ class CutOffRow:
 def cut_off_rows(
     results: Mapping[str, ConfigResult], max_gen_toks: int, count_tokens: Callable[[str], int] | None
 ) -> list[CutOffRow]:
-    """Per finished configuration: answers whose length reached the generation limit.
-
-    lm-eval does not log why generation stopped, so the response is measured: in tokens with the
-    model's tokenizer, else in words (a lower bound on tokens: some cut-off answers may be missed).
+    """Per finished configuration: answers whose length reached the generation limit, in tokens with
+    ``count_tokens``, else in words (a lower bound: lm-eval does not log why generation stopped).
     """
     measure = count_tokens or (lambda text: len(text.split()))
     how = "tokens (model tokenizer)" if count_tokens else "words (a lower bound)"
@@ -274,11 +271,7 @@ def retrieval_paired(
 
 
 def chance_check(result: ConfigResult, filter_name: str, alpha: float = binary.ALPHA) -> ChanceCheck:
-    """Does the model retrieve better than picking one of the context's values at random?
-
-    Item ``i`` is right by such a pick with chance ``1 / n_keys_i`` (the keys in its context), each
-    pick independent, so the number right by chance is Poisson-binomial (binary.chance_check).
-    """
+    """Does the model retrieve better than a random pick of one of the context's ``n_keys`` values?"""
     records = result.records
     return binary.chance_check(
         result.label, [r.correct(filter_name) for r in records], [1.0 / max(1, r.n_keys) for r in records], alpha
@@ -311,8 +304,6 @@ def detectable_loss(n: int, discordant: int, clustered: bool = False) -> Detecta
     never disagree, at the best case (every disagreement against the candidate, the smallest rate at
     which any loss is found). ``clustered``: items share contexts, and the item-level test ignores
     that, so the value is a lower bound."""
-    if n <= 0:
-        raise StudyError(f"detectable loss: n must be positive, got {n}")
     extra = "; items share contexts, so this item-level figure is a lower bound" if clustered else ""
     rate = discordant / n
     loss = binary_power.smallest_detectable_loss(n, rate) if discordant else None

@@ -10,11 +10,11 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.formats import millinats, p_value
-from kvstudy.precision.divergence import equivalence
+from kvstudy.precision.divergence import MARGIN_STATES, equivalence
 from kvstudy.precision.paired_logp import ALPHA, floor_verdict, pair_rows, verdict
 from kvstudy.precision.prompts import bucket_length
 from kvstudy.precision.records import Capture, Group
-from kvstudy.stats.binary import mcnemar_exact
+from kvstudy.stats.binary import mcnemar_exact, paired_counts
 from kvstudy.stats.family import holm
 
 FLOOR_ROLE = "A/A floor"
@@ -33,23 +33,18 @@ def _arm_label(group: Group, arm: str) -> str:
 def comparisons(
     capture: Capture, alpha: float = ALPHA, margin_kl: float | None = None, margin_delta: float | None = None
 ) -> list[dict[str, Any]]:
-    """One record per group, bucket and arm (the floor first): Δ log p, its test, the KL from the
-    top-k (where the capture holds it), the equivalence verdicts against the margins (KL in nats;
-    ``margin_delta``: ± nats/token of Δ log p; None: no margin, undecided) and the difference verdict.
-    The candidates' difference tests are one family: their p is Holm-adjusted (``p_holm``,
-    statsmodels' ``multipletests``) before any verdict reads it."""
+    """One record per group, bucket and arm (the floor first): Δ log p and its test, the KL from the
+    top-k, equivalence against the margins (None: undecided) and the verdict; the candidates' p are
+    one Holm family (``p_holm``) before any verdict reads them.
+    """
     out: list[dict[str, Any]] = []
     for group in capture.groups:
-        base_rows = capture.logp[(group.name, group.baseline)]
-        buckets = sorted({str(r["bucket"]) for r in base_rows}, key=_bucket_order)
-        for bucket in buckets:
-
-            def rows(arm: str, bucket: str = bucket, name: str = group.name) -> list[dict[str, Any]]:
-                return [r for r in capture.logp[(name, arm)] if r["bucket"] == bucket]
-
-            floor = pair_rows(rows(group.baseline), rows(group.floor), alpha)
+        for bucket in sorted({str(r["bucket"]) for r in capture.logp[(group.name, group.baseline)]}, key=_bucket_order):
+            arms = (group.baseline, group.floor, *group.candidates)
+            rows = {arm: [r for r in capture.logp[(group.name, arm)] if r["bucket"] == bucket] for arm in arms}
+            floor = pair_rows(rows[group.baseline], rows[group.floor], alpha)
             for role, arm in [(FLOOR_ROLE, group.floor)] + [("candidate", c) for c in group.candidates]:
-                paired = floor if arm == group.floor else pair_rows(rows(group.baseline), rows(arm), alpha)
+                paired = floor if arm == group.floor else pair_rows(rows[group.baseline], rows[arm], alpha)
                 t = paired.test
                 kl = paired.kl
                 tost = paired.tost
@@ -68,7 +63,6 @@ def comparisons(
                         "high": t.ci_high,
                         "p": t.p_value,
                         "top1": paired.top1_agreement,
-                        "max_abs": paired.max_abs_delta,
                         "floor_p": floor.test.p_value,
                         "kl": None if kl is None else kl.mean,
                         "kl_low": None if kl is None else kl.low,
@@ -175,28 +169,24 @@ def greedy_records(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any
         if not base:
             continue
         by_id = {r["id"]: bool(r["correct"]) for r in base}
-        arms = [(FLOOR_ROLE, group.floor)] + [("candidate", c) for c in group.candidates]
-        tests = {}
-        for role, arm in arms:
+        floor_p = float("nan")  # the floor comes first: its p is known before any candidate's verdict
+        for role, arm in [(FLOOR_ROLE, group.floor)] + [("candidate", c) for c in group.candidates]:
             rows = capture.greedy.get((group.name, arm))
             if not rows:
                 continue
-            ids = [r["id"] for r in rows if r["id"] in by_id]
-            cand = {r["id"]: bool(r["correct"]) for r in rows}
-            b = sum(by_id[i] and not cand[i] for i in ids)
-            c = sum(cand[i] and not by_id[i] for i in ids)
+            cand = {r["id"]: bool(r["correct"]) for r in rows if r["id"] in by_id}
+            counts = paired_counts({i: by_id[i] for i in cand}, cand, f"{group.name}/{arm} greedy")
+            b, c = counts.baseline_only, counts.candidate_only
             p = mcnemar_exact(b, c).p_value
-            tests[arm] = (role, ids, b, c, p, sum(cand[i] for i in ids))
-        floor_p = tests[group.floor][4] if group.floor in tests else float("nan")
-        for arm, (role, ids, b, c, p, right) in tests.items():
+            floor_p = p if role == FLOOR_ROLE else floor_p
             out.append(
                 {
                     "group": group.name,
                     "arm": _arm_label(group, arm),
                     "role": role,
-                    "items": len(ids),
-                    "baseline right": sum(by_id[i] for i in ids),
-                    "this right": right,
+                    "items": counts.n,
+                    "baseline right": counts.baseline_correct,
+                    "this right": counts.candidate_correct,
                     "only baseline right": b,
                     "only this right": c,
                     "exact McNemar p": p,
@@ -250,8 +240,6 @@ def screen_facts(
     bound, and the one-sided upper bound with the truncation bound) against ``margin_kl``, beside the
     A/A floor's; top-1 agreement; Δ log p. ``margin_state``: calibrated, not calibrated or assumed.
     The equivalence is *undecided* when there is no margin, or when the floor alone reaches it."""
-    from kvstudy.precision.divergence import MARGIN_STATES
-
     if margin_state not in MARGIN_STATES:
         raise StudyError(f"margin_state: {margin_state!r}; expected one of {', '.join(MARGIN_STATES)}")
     group = capture.groups[0]

@@ -1,30 +1,20 @@
 """KL divergence from top-k log-probabilities, the equivalence (TOST) verdict against a margin, and
 the margin read off a graded positive control.
 
-**KL over a truncated top-k.** A server returns, per position, the log p of its k most likely
-tokens (and of the reference token) for the 16-bit arm P and for the candidate Q. The tokens listed
-by *both* arms are compared one by one; every other token (the mass outside the top-k of either
-arm) is lumped into one "rest" bucket: ``p_rest = 1 - Σ p_i``, ``q_rest = 1 - Σ q_i`` over the
-compared tokens. The KL of these coarse distributions, :attr:`TokenKL.kl`, is a **lower bound** of
-the full KL(P || Q) (merging outcomes never raises a divergence: the log-sum inequality). What it
-leaves out is exactly ``p_rest · KL(P_rest || Q_rest)`` (the tails' own divergence, weighted by the
-mass outside): at most ``p_rest · (L - log(p_rest / q_rest))`` where L is the largest log ratio
-``log(p_i / q_i)`` inside the tail. The tail is not returned, so :attr:`TokenKL.gap` takes L as
-the largest absolute log ratio seen on the compared tokens (an **assumption**, stated in every
-report: the tail does not diverge more than the head); ``kl + gap`` is the upper value the
-equivalence test uses, ``kl`` the lower one. A rest of probability below ``REST_FLOOR`` counts as
-``REST_FLOOR`` (a float32 softmax resolves no less).
+**KL over a truncated top-k.** Tokens listed by both arms (16-bit P, candidate Q) are compared one
+by one; the rest is lumped into one bucket. The KL of these coarse distributions
+(:attr:`TokenKL.kl`) is a **lower bound** of KL(P || Q) (the log-sum inequality); what it leaves out,
+``p_rest · KL(P_rest || Q_rest)``, is at most ``p_rest · (L - log(p_rest / q_rest))`` with L the
+largest log ratio inside the tail. The tail is not returned, so :attr:`TokenKL.gap` takes L as the
+largest absolute log ratio on the compared tokens (an **assumption**, stated in every report);
+``kl + gap`` is the upper value equivalence uses. A rest below ``REST_FLOOR`` counts as it.
 
-**Equivalence.** Against a margin, a mean with a clustered one-sided (1 - alpha) bound (the two
-one-sided tests at alpha are the 1 - 2 alpha interval): *within* when the upper bound is below the
-margin, *beyond* when the lower bound is above it, *undecided* otherwise. Never "differs at all".
+**Equivalence.** A mean's one-sided (1 - alpha) bounds against a margin: *within* (upper below),
+*beyond* (lower above), *undecided* otherwise.
 
-**Calibration.** A ladder of grades (a control checkpoint whose keys are ``factor`` times larger,
-served with FP8 KV at scale 1.0) with the accuracy change of each and the screen's KL and Δ log p:
-the grades must rank in order on every instrument (a reversal counts when the two grades' intervals
-do not overlap: grades whose K stays inside FP8's range differ by noise only), and the first grade
-whose accuracy is shown to fall by ``loss_points`` or more (its interval wholly below) gives the
-margin; the grade below it brackets where the loss begins. Torch-free.
+**Calibration.** A ladder of control grades (keys ``factor`` times larger, FP8 KV at scale 1.0):
+the grades must rank in order on every instrument (beyond the noise), and the first grade whose
+accuracy is shown to fall by ``loss_points`` gives the margin. Torch-free.
 """
 
 from __future__ import annotations
@@ -51,7 +41,6 @@ class TokenKL:
     kl: float  # the lumped KL: a lower bound of the full KL
     gap: float  # the bound on what the lumping leaves out (under the stated tail assumption)
     rest: float  # P's mass outside the compared tokens
-    top1_same: bool  # the most likely listed token is the same token
 
 
 def _probabilities(logps: Mapping[int, float], where: str) -> dict[int, float]:
@@ -83,8 +72,7 @@ def token_kl(p_top: Mapping[int, float], q_top: Mapping[int, float], where: str 
     gap = 0.0
     if pv[-1] > 0:
         gap = float(max(0.0, pv[-1] * (float(ratios.max()) - math.log(pv[-1] / qv[-1]))))
-    top1_same = max(p, key=lambda t: p[t]) == max(q, key=lambda t: q[t])
-    return TokenKL(kl, gap, float(pv[-1]), top1_same)
+    return TokenKL(kl, gap, float(pv[-1]))
 
 
 # --------------------------------------------------------------------------- equivalence
@@ -206,25 +194,15 @@ def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Cali
         "accuracy": order("change_points", "change_low", "change_high", False),
     }
     reached = next((g for g in ladder if g.change_high < -loss_points), None)
-    if not all(ranked.values()):
-        out = ", ".join(name for name, ok in ranked.items() if not ok)
-        return Calibration(
-            "not calibrated", None, None, None, None, None, None, ranked, f"the grades are out of order on: {out}"
+    unranked = ", ".join(name for name, ok in ranked.items() if not ok)
+    if unranked or reached is None:
+        why = (
+            f"the grades are out of order on: {unranked}"
+            if unranked
+            else f"no grade is shown to lose {loss_points:g} points (the largest factor {ladder[-1].factor:g} "
+            f"changes accuracy by {ladder[-1].change_points:+.1f} points)"
         )
-    if reached is None:
-        worst = ladder[-1]
-        return Calibration(
-            "not calibrated",
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            ranked,
-            f"no grade is shown to lose {loss_points:g} points (the largest factor {worst.factor:g} changes accuracy by "
-            f"{worst.change_points:+.1f} points)",
-        )
+        return Calibration("not calibrated", None, None, None, None, None, None, ranked, why)
     below = ladder[ladder.index(reached) - 1] if ladder.index(reached) > 0 else None
     return Calibration(
         "calibrated",

@@ -48,7 +48,6 @@ class PairedLogp:
     test: ClusteredMean
     prompts: int
     top1_agreement: float | None  # share of reference positions with the same top-1 token
-    max_abs_delta: float
     tost: ClusteredMean | None = None  # Δ log p with the 1 - 2 alpha interval (the two one-sided tests)
     kl: PairedKL | None = None  # None: the rows hold no top-k
 
@@ -110,7 +109,6 @@ def pair_rows(
         test=test,
         prompts=len(base),
         top1_agreement=agree / compared if compared else None,
-        max_abs_delta=float(np.max(np.abs(deltas))) if deltas else 0.0,
         tost=clustered_mean(deltas, groups, 2 * alpha),
         kl=_paired_kl(kls, kl_groups, alpha) if kls else None,
     )
@@ -147,24 +145,3 @@ def floor_verdict(floor_p: float, alpha: float = ALPHA) -> str:
     if np.isfinite(floor_p) and floor_p < alpha:
         return f"the A/A floor rejects ({p_text(floor_p)}): noise alone 'differs'; no claim is possible"
     return "no claim (A/A floor)"
-
-
-def false_claim_rate(
-    n_sim: int = 400, n_clusters: int = 40, tokens: int = 20, seed: int = 0, alpha: float = ALPHA
-) -> tuple[float, float]:
-    """(rate of rejections, rate of claimed losses) when both arms differ by noise only.
-
-    Each simulated pair of arms has per-cluster offsets and per-token noise of mean zero, and an
-    A/A floor of the same kind; the rule claims a loss only as :func:`verdict` does.
-    """
-    rng = np.random.default_rng(seed)
-    rejects = claims = 0
-    labels = np.repeat(np.arange(n_clusters).astype(str), tokens)
-    for _ in range(n_sim):
-        tests = []
-        for _arm in range(2):  # the candidate and the A/A floor
-            shift = np.repeat(rng.normal(0, 0.05, n_clusters), tokens)
-            tests.append(clustered_mean(shift + rng.standard_t(4, labels.size) * 0.02, labels, alpha))
-        rejects += tests[0].p_value < alpha
-        claims += verdict(tests[0].p_value, tests[0].mean, tests[1].p_value, alpha).startswith("loss")
-    return rejects / n_sim, claims / n_sim

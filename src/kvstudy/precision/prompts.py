@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvstudy.bench.logprobs import ScoredPrompt
-from kvstudy.errors import StudyError
 from kvstudy.tools import gsm8k_data, retrieval_data
 
 GSM8K_TEST = "data/gsm8k/test.jsonl"
@@ -31,8 +30,6 @@ def bucket_length(bucket: str) -> int | None:
 
 def gsm8k_prompts(n: int, path: str | Path = GSM8K_TEST, prefix: str = "gsm8k") -> list[ScoredPrompt]:
     """The first ``n`` GSM8K-format problems with their worked solutions as continuations."""
-    if n < 0:
-        raise StudyError(f"gsm8k_n: got {n}, expected >= 0")
     problems = gsm8k_data.read_split(path)[:n] if n else []
     return [
         ScoredPrompt(
@@ -51,8 +48,6 @@ def retrieval_prompts(
     lengths: Sequence[int], n_per_length: int, seed: int = retrieval_data.DEFAULT_SEED, chars_per_token: float = 1.0
 ) -> list[ScoredPrompt]:
     """``n_per_length`` items per length, half key/value and half needle (one question per context)."""
-    if n_per_length < 0:
-        raise StudyError(f"retrieval_per_length: got {n_per_length}, expected >= 0")
     out: list[ScoredPrompt] = []
     if not n_per_length:
         return out

@@ -15,7 +15,6 @@ constants only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,21 +66,14 @@ class Storage:
         }
 
 
-def _torch_dtype(fmt: str) -> Any:
+def fp8_round_trip(x: Any, fmt: str = "float8_e4m3fn", scale: float = 1.0) -> Any:
+    """``x`` stored as FP8 with ``scale`` and read back: divide, saturate, round, multiply (the format
+    and scale as :class:`Storage` checked them)."""
     import torch
 
-    return {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}[fmt]
-
-
-def fp8_round_trip(x: Any, fmt: str = "float8_e4m3fn", scale: float = 1.0) -> Any:
-    """``x`` stored as FP8 with ``scale`` and read back: divide, saturate, round, multiply."""
-    if fmt not in ("float8_e4m3fn", "float8_e5m2"):
-        raise StudyError(f"fp8 format {fmt!r}: expected float8_e4m3fn or float8_e5m2")
-    if not scale > 0:
-        raise StudyError(f"fp8 scale {scale!r}: expected > 0")
     limit = FORMAT_MAX[fmt]
     scaled = (x.float() / scale).clamp(-limit, limit)
-    return (scaled.to(_torch_dtype(fmt)).float() * scale).to(x.dtype)
+    return (scaled.to(getattr(torch, fmt)).float() * scale).to(x.dtype)
 
 
 def bf16_round_trip(x: Any) -> Any:
@@ -212,8 +204,3 @@ def checkpoint_scales(folder: str, layers: int) -> tuple[tuple[float, ...] | Non
         style = next(t.style for t in report.scales if t.kind == kind)
         notes.append(f"{kind} scales ({style}) {[round(v, 4) for v in values]}")
     return found[0], found[1], "; ".join(notes)
-
-
-def describe(storages: Sequence[Storage]) -> list[str]:
-    """One line per storage, for logs and progress."""
-    return [f"{s.name}: {s.fmt}, scales {s.scales_from}, kernel {s.kernel}" for s in storages]

@@ -1,25 +1,22 @@
 """The capture of a KV-precision run (simulated storage or a screen of two servers), on disk.
 
-A capture folder (``kvstudy.capture`` manifest, kind ``kv-precision``) holds one sub-folder per
-**group**: a model (or a pair of servers) with a baseline arm, an A/A floor arm and candidate
-arms. ``<group>/group.json`` says which is which and how each arm stores K and V;
-``<group>/<arm>.logp.jsonl`` holds one row per prompt: ``id``, ``bucket``, ``cluster``,
-``prompt_tokens``, ``logp`` (the reference tokens' log p), ``top1`` (each position's most likely
-token, or null); ``<group>/<arm>.greedy.jsonl`` (optional) one row per GSM8K-format item: ``id``,
-``gold``, ``answer``, ``correct``. The manifest's ``items`` map ``<group>/<arm>`` to ``ok``.
-Torch-free.
+A ``kv-precision`` capture (``kvstudy.capture`` manifest) holds one folder per **group** (a baseline
+arm, an A/A floor arm, candidates): ``group.json`` (:class:`Group`), ``<arm>.logp.jsonl`` (per
+prompt: ``id``, ``bucket``, ``cluster``, ``prompt_tokens``, ``logp`` of the reference tokens,
+``top1``, optionally ``topk``) and optionally ``<arm>.greedy.jsonl`` (``id``, ``gold``, ``answer``,
+``correct``). Torch-free.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvstudy.capture import MANIFEST, read_manifest
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json_object, read_jsonl, write_json_atomic, write_jsonl_atomic
+from kvstudy.io import read_json_object, read_jsonl
 from kvstudy.outputs import check_output_folder, claim_output_folder
 
 KIND = "kv-precision"
@@ -59,25 +56,10 @@ class Group:
     arms: dict[str, dict[str, Any]] = field(default_factory=dict)  # arm -> how it stores K and V
     notes: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["candidates"] = list(self.candidates)
-        data["notes"] = list(self.notes)
-        return data
-
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> Group:
         try:
-            return cls(
-                name=str(data["name"]),
-                engine=str(data["engine"]),
-                model=str(data["model"]),
-                baseline=str(data["baseline"]),
-                floor=str(data["floor"]),
-                candidates=tuple(str(c) for c in data["candidates"]),
-                arms=dict(data.get("arms") or {}),
-                notes=tuple(str(n) for n in data.get("notes") or ()),
-            )
+            return cls(**{**data, "candidates": tuple(data["candidates"]), "notes": tuple(data.get("notes") or ())})
         except (KeyError, TypeError) as exc:
             raise StudyError(
                 f"{where}: not a group record ({exc}); expected name, engine, model, baseline, floor, candidates"
@@ -92,26 +74,10 @@ def greedy_path(capture: str | Path, group: str, arm: str) -> Path:
     return Path(capture) / group / f"{arm}.greedy.jsonl"
 
 
-def write_group(capture: str | Path, group: Group) -> None:
-    write_json_atomic(Path(capture) / group.name / GROUP_FILE, group.to_dict())
-
-
-def write_logp(capture: str | Path, group: str, arm: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    write_jsonl_atomic(logp_path(capture, group, arm), rows)
-
-
-def write_greedy(capture: str | Path, group: str, arm: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    write_jsonl_atomic(greedy_path(capture, group, arm), rows)
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise StudyError(f"{path}: missing (the capture lacks this arm's records)")
-    rows: list[dict[str, Any]] = list(read_jsonl(path))
-    for number, row in enumerate(rows, 1):
-        if not isinstance(row, dict) or not {"id", "bucket", "cluster"} <= set(row):
-            raise StudyError(f"{path}: line {number}: expected an object with id, bucket, cluster")
-    return rows
+def _row(row: Any) -> dict[str, Any]:
+    if not isinstance(row, dict) or not {"id", "bucket", "cluster"} <= set(row):
+        raise ValueError("expected an object with id, bucket, cluster")
+    return row
 
 
 @dataclass
@@ -146,12 +112,10 @@ def load(capture: str | Path) -> Capture:
     greedy: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for name in names:
         where = folder / str(name) / GROUP_FILE
-        if not where.is_file():
-            raise StudyError(f"{where}: missing (the capture names group {name!r} but has no record of it)")
         group = Group.from_dict(read_json_object(where), str(where))
         groups.append(group)
         for arm in (group.baseline, group.floor, *group.candidates):
-            logp[(group.name, arm)] = _rows(logp_path(folder, group.name, arm))
+            logp[(group.name, arm)] = read_jsonl(logp_path(folder, group.name, arm), _row, "a log-p row")
             path = greedy_path(folder, group.name, arm)
             if path.is_file():
                 greedy[(group.name, arm)] = list(read_jsonl(path))

@@ -1,14 +1,9 @@
 """A paired log-probability screen of two OpenAI-compatible servers (e.g. 16-bit KV against FP8 KV).
 
-Each prompt of ``kvstudy.precision.prompts`` is scored teacher-forced with its reference
-continuation on every server through the one client, ``kvstudy.bench.logprobs`` (log p of each
-reference token, its top-k for the KL of ``kvstudy.precision.divergence``, its most likely token).
-The baseline is asked twice (or a third server, ``--repeat``, once): the 16-bit against 16-bit
-floor of the same engine.
-
-Refused, with one line naming the server: a server whose ``max_logprobs`` is below ``--top-k``,
-servers that serve different models (unless ``--allow-other-checkpoint``) or tokenize a prompt
-differently, a prompt longer than a server's limit, and what the client refuses.
+Each prompt of :mod:`kvstudy.precision.prompts` is scored teacher-forced on every server through
+:mod:`kvstudy.bench.logprobs`; the baseline is asked twice (or a third server, ``--repeat``, once)
+for the 16-bit A/A floor of the same engine. Servers that cannot return the top-k, serve other
+models or tokenize a prompt differently are refused before anything is written.
 
     kvstudy kv-screen --baseline http://127.0.0.1:8000 --candidate http://127.0.0.1:8001 --capture DIR
 """
@@ -17,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +26,10 @@ from kvstudy.bench.logprobs import (
 )
 from kvstudy.capture import new_manifest, set_items, write_manifest
 from kvstudy.errors import StudyError
+from kvstudy.io import write_json_atomic, write_jsonl_atomic
 from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_TOKENS, MAX_TOP_K, float_arg, int_arg, output_folder
 from kvstudy.precision import prompts as pr
-from kvstudy.precision.records import KIND, Group, claim_capture, write_group, write_logp
+from kvstudy.precision.records import GROUP_FILE, KIND, Group, claim_capture, logp_path
 
 GROUP = "screen"
 
@@ -101,9 +98,9 @@ def screen(
         arms={arm: {"url": s.url, "model": s.model, "root": s.root, "label": arm} for arm, s in arms.items()},
         notes=("A/A floor: " + (f"a third server {floor.url}" if repeat else "the baseline server asked again"),),
     )
-    write_group(capture, group)
+    write_json_atomic(capture / GROUP / GROUP_FILE, asdict(group))
     for arm, arm_rows in rows.items():
-        write_logp(capture, GROUP, arm, arm_rows)
+        write_jsonl_atomic(logp_path(capture, GROUP, arm), arm_rows)
     set_items(manifest, {f"{GROUP}/{arm}": "ok" for arm in arms})
     write_manifest(capture, manifest)
     return capture

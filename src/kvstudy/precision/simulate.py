@@ -1,19 +1,11 @@
 """Simulated FP8 KV storage where the engine refuses it: the model in PyTorch, K and V rounded as vLLM stores them.
 
-Two groups, each a baseline (16-bit storage), an A/A floor (16-bit storage again through another
-attention kernel: the written-out matmul/softmax instead of SDPA, so only the order of floating-
-point sums differs) and candidates:
-
-- the model itself (``model``): FP8 e4m3 at scale 1.0 (what vLLM uses for a checkpoint without
-  scales), e4m3 with scales from calibration data (max |K| / 448 and max |V| / 448 per layer, on
-  prompts that are not scored), e5m2 at scale 1.0, int8 with one scale per token and head;
-- the positive control (``kvstudy.tools.scaled_k_checkpoint``: K ``control_factor`` times larger,
-  attention scores unchanged): e4m3 at scale 1.0 (the scale trap: K saturates at 448), e4m3 with
-  the checkpoint's ``k_scale``/``v_scale`` tensors (read by ``kvstudy.model.scales``).
-
-Every arm scores the same prompts teacher-forced (``kvstudy.precision.prompts``) and, with
-``greedy_n``, answers the first GSM8K-format items greedily. Everything it writes says **simulated
-storage (PyTorch), not vLLM's kernels**.
+Two groups (the model itself, and the positive control of ``kvstudy.tools.scaled_k_checkpoint``
+whose K is ``control_factor`` times larger), each with a 16-bit baseline, an A/A floor (16-bit
+again through the written-out attention, so only the order of sums differs) and candidates (FP8
+e4m3 at scale 1.0, with calibrated or the checkpoint's scales, e5m2, int8 per token and head). Every
+arm scores the same prompts teacher-forced and, with ``greedy_n``, answers GSM8K-format items
+greedily. Everything it writes says **simulated storage (PyTorch), not vLLM's kernels**.
 
     kvstudy kv-simulate CAPTURE [--model DIR] [--gsm8k-n 100] [--retrieval-lengths 512 1024 2048 4096]
 """
@@ -23,7 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +29,11 @@ from kvstudy.capture import (
     write_manifest,
 )
 from kvstudy.errors import MissingPrerequisite, StudyError
-from kvstudy.io import write_json_atomic
+from kvstudy.io import write_json_atomic, write_jsonl_atomic
 from kvstudy.limits import MAX_ITEMS, MAX_THREADS, MAX_TOKENS, int_arg, output_folder
 from kvstudy.precision import prompts as pr
 from kvstudy.precision import quantize as qz
-from kvstudy.precision.records import (
-    KIND,
-    Group,
-    claim_capture,
-    greedy_path,
-    logp_path,
-    write_greedy,
-    write_group,
-    write_logp,
-)
+from kvstudy.precision.records import GROUP_FILE, KIND, Group, claim_capture, greedy_path, logp_path
 from kvstudy.tools import scaled_k_checkpoint as ctl
 
 MAIN, CONTROL = "qwen3-mini", "positive-control"
@@ -96,7 +79,6 @@ class Loaded:
     model: Any
     tok: Any
     layers: int
-    notes: list[str] = field(default_factory=list)
 
 
 def load(folder: str | Path, threads: int) -> Loaded:
@@ -170,19 +152,11 @@ def greedy(
         texts = greedy_complete(loaded.model, loaded.tok, [p.prompt for p in prompts], max_tokens, ["Question:"], 8)
     finally:
         qz.STATE.storage = None
-    out = []
-    for prompt, text in zip(prompts, texts):
-        answer = strict_match(text)
-        out.append(
-            {
-                "id": prompt.id,
-                "gold": prompt.gold,
-                "answer": answer,
-                "correct": answer == prompt.gold,
-                "completion": text,
-            }
-        )
-    return out
+    answers = [strict_match(text) for text in texts]
+    return [
+        {"id": p.id, "gold": p.gold, "answer": a, "correct": a == p.gold, "completion": text}
+        for p, a, text in zip(prompts, answers, texts)
+    ]
 
 
 def calibrate(loaded: Loaded, prompts: Sequence[pr.ScoredPrompt]) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -249,7 +223,7 @@ def _run_group(
         arms={s.name: {**s.to_dict(), "label": LABELS.get(s.name, s.name)} for s in storages},
         notes=tuple(notes),
     )
-    write_group(capture, group)
+    write_json_atomic(capture / name / GROUP_FILE, asdict(group))
     gsm = [p for p in prompts if p.bucket == "gsm8k"][: spec.greedy_n]
     for storage in storages:
         key = f"{name}/{storage.name}"
@@ -260,9 +234,11 @@ def _run_group(
             continue
         began = time.monotonic()
         try:
-            write_logp(capture, name, storage.name, score(loaded, prompts, storage))
+            write_jsonl_atomic(logp_path(capture, name, storage.name), score(loaded, prompts, storage))
             if gsm and storage.name in GREEDY_ARMS and not greedy_path(capture, name, storage.name).is_file():
-                write_greedy(capture, name, storage.name, greedy(loaded, gsm, storage, spec.greedy_max_tokens))
+                write_jsonl_atomic(
+                    greedy_path(capture, name, storage.name), greedy(loaded, gsm, storage, spec.greedy_max_tokens)
+                )
         except Exception:
             states[key] = "failed"  # recorded by run's finally; the error still stops the run
             raise

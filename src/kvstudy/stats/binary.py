@@ -1,42 +1,23 @@
 """Tests and intervals of right/wrong outcomes: one function and one typed result per test.
 
-Two runs asked the same items are compared item by item; everything here is a pure function of
-per-item correctness (or of counts). Results are frozen dataclasses of fractions (not percent) and
-p-values; no result carries a sentence or a display string. What counts alone allow (power of the
-paired test, the bounds published totals put on every pairing) is :mod:`kvstudy.stats.binary_power`.
+Two runs asked the same items are compared item by item; results are frozen dataclasses of
+fractions (not percent) and p-values, never sentences. Wilson and Clopper-Pearson intervals are
+statsmodels' ``proportion_confint``; the exact McNemar p is scipy's binomial distribution
+(vectorised for the totals bounds; the number ``mcnemar(exact=True)`` and ``binomtest`` give).
 
-* **Wilson 95 % interval** of one run's accuracy (:class:`WilsonInterval`), and the
-  **Clopper-Pearson** interval of a rate (:func:`clopper_pearson`): statsmodels'
-  ``proportion_confint`` (``method="wilson"``, ``"beta"``).
-* **Exact McNemar test**, two-sided (:class:`McNemarTest`): given ``d`` discordant items (one run
-  right, the other wrong), the items only the baseline got right are ``Binomial(d, 1/2)`` under
-  "no difference"; ``p = min(1, 2 * P(X <= min(b, c)))`` (scipy's binomial distribution, vectorised
-  for the totals bounds), the number ``statsmodels``' ``mcnemar(exact=True)`` and
-  ``scipy.stats.binomtest`` give.
-* **Interval of the paired difference** (:class:`DifferenceInterval`): Newcombe's method 10 for
-  paired data, the Wilson score interval of each marginal proportion combined by "square and add"
-  with the phi correlation of the pair (phi with Newcombe's adjustment: ``ad - bc`` above ``n/2``
-  is reduced by ``n/2``, between 0 and ``n/2`` counts as 0, negative is kept). Paper: R. G.
-  Newcombe, "Improved confidence intervals for the difference between binomial proportions based
-  on paired data", Statistics in Medicine 17 (1998) 2635-2650. Neither statsmodels nor scipy has
-  it. Not an exact interval.
-* **Non-inferiority** at a margin ``m`` (:class:`NonInferiority`; a fraction: points / 100): the
-  candidate is non-inferior when the lower limit of the two-sided 95 % interval is above ``-m``, a
-  one-sided test at 2.5 % (confidence-interval inversion). A margin can be given in points or as a
-  share of the 16-bit score (MLPerf's "99 % of the reference": ``m = (1 - 0.99) * baseline``).
-* **Discrimination** (:class:`Discrimination`): a one-sided exact paired test that the model beats
-  a weak baseline (zero-shot, random weights) on the same items.
-* **Better than chance** (:class:`ChanceCheck`): item ``i`` is right by a random pick with its own
-  chance, so the count right by chance is Poisson-binomial (computed exactly by convolution).
-* **Clustered means** are :mod:`kvstudy.stats.clustered`.
-
-Overlapping Wilson intervals are never used as a test: two 95 % intervals can overlap while the
-paired test finds a clear difference.
+Written here because no library has them: **Newcombe's paired interval** of the difference
+(method 10: the Wilson intervals of the two marginals combined by "square and add" with the phi
+correlation of the pair, phi adjusted toward 0 by n/2; R. G. Newcombe, Statistics in Medicine 17
+(1998) 2635-2650; not exact), and the **Poisson-binomial** tail of the chance check, exact far below
+1e-16. Non-inferiority at a margin ``m`` is the interval's lower limit above ``-m`` (a one-sided
+test at 2.5 %); a margin can be a share of the 16-bit score (MLPerf's "99 % of the reference").
+Overlapping Wilson intervals are never used as a test.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -134,14 +115,6 @@ class PairedCounts:
         """Candidate minus baseline accuracy (a fraction; negative = a loss)."""
         return (self.candidate_only - self.baseline_only) / self.n
 
-    @property
-    def discordance_rate(self) -> float:
-        return self.discordant / self.n
-
-    def table(self) -> list[list[int]]:
-        """McNemar's layout: rows baseline right / wrong, columns candidate right / wrong."""
-        return [[self.both_right, self.baseline_only], [self.candidate_only, self.both_wrong]]
-
 
 def paired_counts(
     baseline: Mapping[Any, bool], candidate: Mapping[Any, bool], where: str = "paired items"
@@ -157,10 +130,8 @@ def paired_counts(
         )
     if not baseline:
         raise StudyError(f"{where}: no questions to compare")
-    cells = [[0, 0], [0, 0]]  # [baseline right?][candidate right?], 0 = right
-    for item, base_right in baseline.items():
-        cells[0 if bool(base_right) else 1][0 if bool(candidate[item]) else 1] += 1
-    return PairedCounts(cells[0][0], cells[0][1], cells[1][0], cells[1][1])
+    cells = Counter((bool(right), bool(candidate[item])) for item, right in baseline.items())
+    return PairedCounts(cells[True, True], cells[True, False], cells[False, True], cells[False, False])
 
 
 # --------------------------------------------------------------------------- exact McNemar
@@ -277,10 +248,8 @@ def resolve_margin(
 
 
 def non_inferiority(ci_low: float | None, margin: float, share: float | None = None) -> NonInferiority:
-    """One-sided test at alpha/2: the interval's lower limit lies above minus the margin.
-
-    Not judged (``non_inferior`` None) without an interval or at a margin of 0, which no interval
-    can lie above.
+    """One-sided test at alpha/2: the interval's lower limit lies above minus the margin; not judged
+    (None) without an interval or at a margin of 0.
     """
     judged = ci_low is not None and margin > 0
     return NonInferiority(margin, ci_low, (ci_low > -margin) if judged and ci_low is not None else None, share)
@@ -307,23 +276,6 @@ class PairedComparison:
         return self.counts.difference
 
 
-def compare_counts(
-    counts: PairedCounts,
-    margin: float,
-    baseline_label: str = "16-bit",
-    candidate_label: str = "candidate",
-    alpha: float = ALPHA,
-) -> PairedComparison:
-    """The paired comparison from a 2x2 table and a margin (fraction)."""
-    if not (0 < margin < 1):
-        raise StudyError(f"margin: expected a fraction in (0, 1), got {margin!r}")
-    test = mcnemar_exact(counts.baseline_only, counts.candidate_only)
-    interval = newcombe_paired_interval(counts, alpha)
-    return PairedComparison(
-        baseline_label, candidate_label, counts, test, interval, non_inferiority(interval.low, margin), alpha
-    )
-
-
 def compare(
     baseline: Mapping[Any, bool],
     candidate: Mapping[Any, bool],
@@ -337,7 +289,11 @@ def compare(
     """The paired comparison from per-item correctness keyed by item id (e.g. lm-eval doc_id)."""
     counts = paired_counts(baseline, candidate, f"{candidate_label} vs {baseline_label}")
     margin = resolve_margin(counts.baseline_correct / counts.n, margin_points, margin_share)
-    return compare_counts(counts, margin, baseline_label, candidate_label, alpha)
+    interval = newcombe_paired_interval(counts, alpha)
+    test = mcnemar_exact(counts.baseline_only, counts.candidate_only)
+    return PairedComparison(
+        baseline_label, candidate_label, counts, test, interval, non_inferiority(interval.low, margin), alpha
+    )
 
 
 # --------------------------------------------------------------------------- discrimination

@@ -1,42 +1,28 @@
-"""What counts alone allow: power of the paired exact test, and bounds from published totals.
+"""What counts alone allow: exact power of the paired test, and bounds from published totals.
 
-The per-item tests are :mod:`kvstudy.stats.binary`; this module needs no per-item records.
+**Power**, exact (no library has it): the exact McNemar test conditions on the discordant count
+``d ~ Binomial(N, psi)``; given ``d``, the baseline-only items are ``Binomial(d, (1 + delta/psi) / 2)``
+for a loss ``delta``; summing the rejection region's probability over every ``d`` gives the power of
+exactly the test the report runs (checked against a simulation of statsmodels' ``mcnemar``).
 
-* **Power of the paired design**, computed **exactly**, not by the normal approximation (no
-  statsmodels function does it): the exact McNemar test conditions on the number of discordant
-  items ``d``. With a discordance rate ``psi`` and an accuracy loss ``delta``,
-  ``d ~ Binomial(N, psi)`` and, given ``d``, the items only the baseline got right follow
-  ``Binomial(d, (1 + delta/psi) / 2)``. Summing the probability of the test's rejection region
-  over every ``d`` gives the power of exactly the test the report runs (same alpha, same two-sided
-  exact p-value). The normal-approximation sample size of Connor (1987) is kept as a cross-check
-  (:func:`connor_sample_size`); the tests also check the exact power against a Monte Carlo
-  simulation that calls statsmodels' ``mcnemar`` itself. Two independent samples:
-  statsmodels' ``NormalIndPower`` (:func:`independent_sample_size`).
-* **Totals only** (:class:`TotalsBounds`; n, baseline correct A, candidate correct B, no pairing
-  known): every 2x2 table with those margins is a possible pairing; its baseline-only count ``b``
-  runs over ``max(0, A - B) .. min(A, n - B)`` with ``c = b - (A - B)``. Over those tables: the
-  range of the exact McNemar p, the range of disagreement rates ``(b + c) / n``, the smallest loss
-  the paired exact test finds with 80 % power at those rates, and the unpaired interval of the
-  difference (Newcombe's hybrid score interval for independent proportions, statsmodels
-  ``confint_proportions_2indep(method="newcomb")``; paper: R. G. Newcombe, "Interval estimation
-  for the difference between independent proportions: comparison of eleven methods", Statistics
-  in Medicine 17 (1998) 873-890).
-
-The discordance rate is the unknown that a paired design depends on: per-item records give an
-estimate; published totals only bound it, so power is then shown over that range or for assumed
-rates.
+**Totals only** (:class:`TotalsBounds`): every 2x2 table with the published margins is a possible
+pairing (baseline-only ``b`` from ``max(0, A - B)`` to ``min(A, n - B)``, ``c = b - (A - B)``); over
+them, the range of exact McNemar p, of disagreement, the loss found with 80 % power, and the unpaired
+Newcombe hybrid score interval (statsmodels' ``confint_proportions_2indep(method="newcomb")``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as sps
+from statsmodels.stats.proportion import confint_proportions_2indep
 
 from kvstudy.errors import StudyError
-from kvstudy.stats.binary import ALPHA, TARGET_POWER, DifferenceInterval, mcnemar_p_values
+from kvstudy.stats.binary import ALPHA, TARGET_POWER, DifferenceInterval, mcnemar_p_values, whole_count
 
 # --------------------------------------------------------------------------- power (paired)
 
@@ -79,71 +65,29 @@ def paired_power(n: int, loss: float, discordance: float, alpha: float = ALPHA) 
     return float(np.sum(weights * (low + high)))
 
 
-def smallest_detectable_loss(
-    n: int, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA
-) -> float | None:
-    """The smallest loss (fraction) the paired exact test finds with ``power`` on n items.
-
-    ``None`` when even the largest loss this discordance allows (loss == discordance, every
-    disagreement against the candidate) is found with less than ``power``.
-    """
-    if paired_power(n, discordance, discordance, alpha) < power:
+def _smallest(passes: Callable[[float], bool], hi: float, tol: float) -> float | None:
+    """The smallest x in (0, hi] at which ``passes`` holds (it holds from some x on), by bisection to
+    ``tol``; None when it fails even at ``hi``."""
+    if not passes(hi):
         return None
-    lo, hi = 0.0, discordance
-    while hi - lo > 1e-5:  # power rises with the loss at a fixed discordance: bisect to 0.001 point
+    lo = 0.0
+    while hi - lo > tol:
         mid = (lo + hi) / 2
-        if paired_power(n, mid, discordance, alpha) >= power:
+        if passes(mid):
             hi = mid
         else:
             lo = mid
     return hi
 
 
-def connor_sample_size(loss: float, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA) -> int:
-    """Normal-approximation N for the paired design (Connor 1987), a cross-check on the exact one."""
-    loss = abs(loss)
-    za, zb = sps.norm.ppf(1 - alpha / 2), sps.norm.ppf(power)
-    n = (za * math.sqrt(discordance) + zb * math.sqrt(discordance - loss**2)) ** 2 / loss**2
-    return int(math.ceil(n))
-
-
-def required_questions(
-    loss: float, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA, n_max: int = 2_000_000
-) -> int:
-    """The number of items the paired exact test needs to find ``loss`` with ``power``.
-
-    Exact power is a slightly saw-toothed function of N, so this bisects on it between bounds
-    around Connor's approximation and returns the first N found with power >= ``power``.
+def smallest_detectable_loss(
+    n: int, discordance: float, power: float = TARGET_POWER, alpha: float = ALPHA
+) -> float | None:
+    """The smallest loss (fraction) the paired exact test finds with ``power`` on n items, to 0.001
+    point (power rises with the loss at a fixed discordance). ``None`` when even the largest loss this
+    discordance allows (every disagreement against the candidate) is found with less than ``power``.
     """
-    loss = abs(loss)
-    if loss <= 0:
-        raise StudyError(f"required_questions: the loss must be positive, got {loss}")
-    paired_power(1, loss, discordance, alpha)  # validates the arguments
-    guess = connor_sample_size(loss, discordance, power, alpha)
-    lo, hi = max(1, guess // 2), min(n_max, max(guess * 2, 10))
-    while paired_power(hi, loss, discordance, alpha) < power:
-        if hi >= n_max:
-            raise StudyError(f"required_questions: more than {n_max} questions needed")
-        lo, hi = hi, min(n_max, hi * 2)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if paired_power(mid, loss, discordance, alpha) >= power:
-            hi = mid
-        else:
-            lo = mid + 1
-    return hi
-
-
-def independent_sample_size(
-    p_baseline: float, p_other: float, power: float = TARGET_POWER, alpha: float = ALPHA
-) -> int:
-    """Items per arm for two independent samples (statsmodels), the unpaired upper bound."""
-    from statsmodels.stats.power import NormalIndPower
-    from statsmodels.stats.proportion import proportion_effectsize
-
-    effect = proportion_effectsize(p_baseline, p_other)
-    n = NormalIndPower().solve_power(effect_size=abs(effect), alpha=alpha, power=power, ratio=1.0)
-    return int(math.ceil(n))
+    return _smallest(lambda loss: paired_power(n, loss, discordance, alpha) >= power, discordance, 1e-5)
 
 
 # --------------------------------------------------------------------------- totals only
@@ -151,50 +95,19 @@ def independent_sample_size(
 
 def check_totals(n: object, baseline: object, candidate: object) -> tuple[int, int, int]:
     """Whole numbers with 0 <= baseline, candidate <= n and n > 0, or a StudyError naming the field."""
-    for name, value in (("n", n), ("baseline", baseline), ("candidate", candidate)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise StudyError(f"{name}: expected a whole number, got {value!r}")
-    n_i, a_i, b_i = int(n), int(baseline), int(candidate)  # type: ignore[call-overload]
-    if n_i <= 0:
-        raise StudyError(f"n: expected a positive number of items, got {n}")
-    for name, value in (("baseline", a_i), ("candidate", b_i)):
-        if not 0 <= value <= n_i:
+    n_i, a, b = (whole_count(v, k) for k, v in (("n", n), ("baseline", baseline), ("candidate", candidate)))
+    if n_i == 0:
+        raise StudyError("n: expected a positive number of items, got 0")
+    for name, value in (("baseline", a), ("candidate", b)):
+        if value > n_i:
             raise StudyError(f"{name}: expected a count of correct items between 0 and n = {n_i}, got {value}")
-    return n_i, a_i, b_i
-
-
-def newcombe_unpaired_interval(n: int, baseline: int, candidate: int, alpha: float = ALPHA) -> DifferenceInterval:
-    """Newcombe's hybrid score interval for candidate minus baseline, as if the runs were independent."""
-    from statsmodels.stats.proportion import confint_proportions_2indep
-
-    n, baseline, candidate = check_totals(n, baseline, candidate)
-    low, high = confint_proportions_2indep(candidate, n, baseline, n, method="newcomb", compare="diff", alpha=alpha)
-    return DifferenceInterval(
-        (candidate - baseline) / n, float(low), float(high), alpha, "Newcombe hybrid score, unpaired"
-    )
-
-
-def possible_pairings(n: int, baseline: int, candidate: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every (baseline_only, candidate_only) a pairing of the items allows, given the totals."""
-    n, a, b = check_totals(n, baseline, candidate)
-    gap = a - b
-    lo, hi = max(0, gap), min(a, n - b)
-    baseline_only = np.arange(lo, hi + 1, dtype=np.int64)
-    return baseline_only, baseline_only - gap
+    return n_i, a, b
 
 
 def power_floor(n: int, power: float, alpha: float) -> float | None:
-    """Smallest disagreement rate at which any loss is found with ``power`` (None: not at this n)."""
-    if paired_power(n, 1.0, 1.0, alpha) < power:
-        return None
-    lo, hi = 0.0, 1.0
-    while hi - lo > 1e-6:  # power with every disagreement one way rises with the rate
-        mid = (lo + hi) / 2
-        if mid > 0 and paired_power(n, mid, mid, alpha) >= power:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    """Smallest disagreement rate at which any loss is found with ``power`` (None: not at this n);
+    power with every disagreement one way rises with the rate."""
+    return _smallest(lambda rate: rate > 0 and paired_power(n, rate, rate, alpha) >= power, 1.0, 1e-6)
 
 
 @dataclass(frozen=True)
@@ -234,7 +147,8 @@ def totals_bounds(
 ) -> TotalsBounds:
     """The range of exact McNemar p, disagreement and detectable loss over all pairings."""
     n, a, b = check_totals(n, baseline, candidate)
-    only_a, only_b = possible_pairings(n, a, b)
+    only_a = np.arange(max(0, a - b), min(a, n - b) + 1)  # every pairing the totals allow
+    only_b = only_a - (a - b)
     p = mcnemar_p_values(only_a, only_b)
     d = only_a + only_b
     d_min, d_max = int(d.min()), int(d.max())
@@ -246,7 +160,8 @@ def totals_bounds(
         found = [x for x in ends if x is not None]
         if found:
             low, high = min(found), max(found)
-    unpaired = newcombe_unpaired_interval(n, a, b, alpha)
+    low_u, high_u = confint_proportions_2indep(b, n, a, n, method="newcomb", compare="diff", alpha=alpha)
+    unpaired = DifferenceInterval((b - a) / n, float(low_u), float(high_u), alpha, "Newcombe hybrid score, unpaired")
     return TotalsBounds(n, a, b, d_min, d_max, float(p.min()), float(p.max()), low, high, floor, unpaired, power, alpha)
 
 

@@ -15,12 +15,10 @@ from scipy import stats
 
 @dataclass(frozen=True)
 class DriftCheck:
-    """A linear drift over the run order estimated from the runs, and whether the effect clears it.
-
-    ``slope`` is the drift per run step (in the units of the values: log TPOT), ``offset`` how many steps
-    the candidate's runs sat after the baseline's on average, ``bound`` the most the drift can add to the
-    effect (``|offset| x (|slope| + t x its SE)``), ``adjusted`` the effect with the drift removed (the
-    arm's coefficient when the values are regressed on arm and position) and ``p_value`` its t test."""
+    """A linear drift over the run order and whether the effect clears it: ``slope`` per run step,
+    ``offset`` steps the candidate ran after the baseline, ``bound`` the most the drift adds to the
+    effect, ``adjusted`` the effect with the drift removed, ``p_value`` its t test.
+    """
 
     cleared: bool
     slope: float

@@ -1,16 +1,9 @@
 """Exact permutation tests on per-run values, within blocks or free, and what a design can reach.
 
-* :func:`permutation_test`: mean(candidate) - mean(baseline) over all C(n1+n2, n1) splits, or,
-  when every run names its block (the seed), labels permuted within blocks only (the statistic
-  is the mean over blocks of the within-block difference). Exact up to :data:`MAX_EXACT_SPLITS`
-  splits, a seeded Monte-Carlo of :data:`MONTE_CARLO_DRAWS` beyond; two-sided p = min(1, 2 x the
-  smaller one-sided p). scipy's ``permutation_test`` has no blocked (stratified) form and draws
-  splits without the exact enumeration of block products, so this one is written here.
-* :func:`minimum_p_value`, :func:`blocked_min_p`: the smallest two-sided p a design can reach;
-  :func:`runs_per_arm_needed`, :func:`blocks_needed`: the fewest runs (blocks) that reach p < alpha.
-* :func:`sign_flip_power`, :func:`runs_needed`: power of the blocked test (one run per arm per
-  block: 2^k sign flips of the per-block differences) when a block's log difference is normal,
-  simulated; no library computes the power of an exact sign-flip test.
+scipy's ``permutation_test`` has no blocked (stratified) form and does not enumerate the products
+of block splits exactly, so :func:`permutation_test` is written here: exact up to
+:data:`MAX_EXACT_SPLITS` splits, seeded Monte Carlo beyond. No library computes the power of an
+exact sign-flip test either (:func:`sign_flip_power`, simulated; :func:`runs_needed`).
 """
 
 from __future__ import annotations
@@ -83,13 +76,9 @@ def permutation_test(
     max_exact: int = MAX_EXACT_SPLITS,
     draws: int = MONTE_CARLO_DRAWS,
 ) -> PermutationTest:
-    """Permutation test of mean(cand) - mean(base) on per-run values (e.g. log median TPOT).
-
-    With ``base_blocks``/``cand_blocks`` (a block, the seed, per run) labels are permuted within
-    blocks only and the statistic is the mean over blocks of the within-block difference; blocks
-    lacking an arm are left out. Exact over all splits when there are at most ``max_exact``;
-    otherwise ``draws`` random splits (seeded), each one-sided p as (1 + hits) / (1 + draws).
-    Two-sided p = min(1, 2 x smaller side).
+    """Permutation test of mean(cand) - mean(base) on per-run values (e.g. log median TPOT), within
+    blocks when ``base_blocks``/``cand_blocks`` are given (blocks lacking an arm left out); exact up
+    to ``max_exact`` splits, else ``draws`` seeded random splits.
     """
     b = np.asarray(base, dtype=float)
     c = np.asarray(cand, dtype=float)
@@ -102,27 +91,25 @@ def permutation_test(
     values = np.concatenate([b, c])
     n1, n2, total = b.size, c.size, b.size + c.size
     observed = c.mean() - b.mean()
-    splits = math.comb(total, n2)
     tol = _TIE_TOL * max(1.0, float(np.abs(values).max()))
-    if splits <= max_exact:
-        cand_sum = _split_matrix(total, n2) @ values
-        stats = cand_sum / n2 - (values.sum() - cand_sum) / n1
-        upper = np.count_nonzero(stats >= observed - tol) / splits
-        lower = np.count_nonzero(stats <= observed + tol) / splits
-        exact, evaluated = True, splits
+    exact = math.comb(total, n2) <= max_exact
+    if exact:
+        stats = _block_stats(values, n2)
     else:
-        rng = np.random.default_rng(seed)
-        keys = rng.random((draws, total))
-        picks = np.argsort(keys, axis=1)[:, :n2]
-        cand_sum = values[picks].sum(axis=1)
+        keys = np.random.default_rng(seed).random((draws, total))
+        cand_sum = values[np.argsort(keys, axis=1)[:, :n2]].sum(axis=1)
         stats = cand_sum / n2 - (values.sum() - cand_sum) / n1
-        upper = (1 + np.count_nonzero(stats >= observed - tol)) / (1 + draws)
-        lower = (1 + np.count_nonzero(stats <= observed + tol)) / (1 + draws)
-        exact, evaluated = False, draws
-    p = min(1.0, 2.0 * min(upper, lower))
     return PermutationTest(
-        statistic=float(observed), p_value=float(p), exact=exact, splits=evaluated, min_p_value=minimum_p_value(n1, n2)
+        float(observed), _two_sided(stats, observed, tol, exact), exact, stats.size, minimum_p_value(n1, n2)
     )
+
+
+def _two_sided(stats: Floats, observed: float, tol: float, exact: bool) -> float:
+    """min(1, 2 x the smaller one-sided p): the share of splits at least as far out on each side,
+    or (1 + hits) / (1 + draws) for random splits."""
+    hits = np.array([np.count_nonzero(stats >= observed - tol), np.count_nonzero(stats <= observed + tol)])
+    sides = hits / stats.size if exact else (1 + hits) / (1 + stats.size)
+    return float(min(1.0, 2.0 * sides.min()))
 
 
 def _block_stats(values: Floats, n_cand: int) -> Floats:
@@ -152,29 +139,17 @@ def _blocked_test(
     splits = math.prod(o.size for o in options)
     scale = max(1.0, float(np.abs(np.concatenate([b, c])).max()))
     tol = _TIE_TOL * scale * len(blocks)
-    if splits <= max_exact:
+    exact = splits <= max_exact
+    if exact:
         total = options[0]
         for o in options[1:]:
             total = (total[:, None] + o[None, :]).ravel()
         stats = total / len(blocks)
-        upper = np.count_nonzero(stats >= observed - tol) / splits
-        lower = np.count_nonzero(stats <= observed + tol) / splits
-        exact, evaluated = True, splits
     else:
         rng = np.random.default_rng(seed)
         stats = np.sum([o[rng.integers(0, o.size, size=draws)] for o in options], axis=0) / len(blocks)
-        upper = (1 + np.count_nonzero(stats >= observed - tol)) / (1 + draws)
-        lower = (1 + np.count_nonzero(stats <= observed + tol)) / (1 + draws)
-        exact, evaluated = False, draws
-    p = min(1.0, 2.0 * min(upper, lower))
-    return PermutationTest(
-        statistic=observed,
-        p_value=float(p),
-        exact=exact,
-        splits=evaluated,
-        min_p_value=blocked_min_p(sizes),
-        blocks=len(blocks),
-    )
+    p = _two_sided(stats, observed, tol, exact)
+    return PermutationTest(observed, p, exact, stats.size, blocked_min_p(sizes), len(blocks))
 
 
 def blocked_min_p(block_sizes: Sequence[tuple[int, int]]) -> float:

@@ -11,6 +11,7 @@ from kvstudy.accuracy import records as rec
 from kvstudy.accuracy import runner as ge
 from kvstudy.accuracy import task_specs
 from kvstudy.errors import StudyError
+from kvstudy.io import write_jsonl_atomic
 from kvstudy.tools import retrieval_data
 from kvstudy.tools.retrieval_files import RetrievalSet, items_for, write_retrieval_data
 
@@ -67,7 +68,7 @@ def test_task_loads_in_lm_eval_with_the_generators_prompt(tmp_path, monkeypatch)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     write_retrieval_data(tmp_path / "data", SMALL)
-    folder = ge.write_offline_task(tmp_path / "data", tmp_path / "task", "retrieval_offline")
+    folder = task_specs.write_task_folder("retrieval_offline", tmp_path / "data", tmp_path / "task")
     manager = TaskManager(include_path=str(folder), include_defaults=False)
     task = manager.load(["retrieval_offline"])["tasks"]["retrieval_offline"]
     docs = list(task.test_docs())
@@ -87,7 +88,7 @@ def test_task_loads_in_lm_eval_with_the_generators_prompt(tmp_path, monkeypatch)
 
 def test_missing_retrieval_data_names_the_command(tmp_path):
     with pytest.raises(StudyError, match="retrieval-data"):
-        ge.write_offline_task(tmp_path / "none", tmp_path / "task", "retrieval_offline")
+        task_specs.write_task_folder("retrieval_offline", tmp_path / "none", tmp_path / "task")
 
 
 def _sample(doc_id: int, item: dict, response: str, right: bool) -> dict:
@@ -116,7 +117,7 @@ def test_retrieval_records_keep_length_and_context(tmp_path):
             item["kind"],
         )
         assert r.context_tokens == item["context_tokens_approx"] and r.target == item["answer"]
-    rec.write_records(tmp_path / "records.jsonl", records)
+    write_jsonl_atomic(tmp_path / "records.jsonl", records)
     back = rec.read_records(tmp_path / "records.jsonl")
     assert back == records
     assert rec.correctness(back, "answer-line") == {i: bool(i % 3) for i in range(len(items))}
@@ -128,7 +129,7 @@ def test_a_records_file_mixing_types_is_refused(tmp_path):
     item = items_for(SMALL)[0]
     retrieval = rec.retrieval_records([_sample(0, item, " 1", False)])[0]
     question = rec.QuestionRecord(1, "h", "3", "#### 3", "3", True, "3", True)
-    rec.write_records(tmp_path / "records.jsonl", [retrieval, question])
+    write_jsonl_atomic(tmp_path / "records.jsonl", [retrieval, question])
     with pytest.raises(StudyError, match=r"records.jsonl:2: expected the fields"):
         rec.read_records(tmp_path / "records.jsonl")
 
@@ -164,7 +165,7 @@ def test_settings_refuse_unknown_tasks_and_foreign_filters():
         ge.EvalSettings(task="ruler")
     with pytest.raises(StudyError, match="primary_filter: task retrieval_offline"):
         ge.EvalSettings(task="retrieval_offline")  # GSM8K's strict-match is not its filter
-    with pytest.raises(StudyError, match="unknown fields"):
+    with pytest.raises(StudyError, match="n_questions: unknown field"):
         ge.EvalSettings.for_task("gsm8k_offline", n_questions=3)
 
 

@@ -15,6 +15,7 @@ from kvstudy.accuracy import runner as ge
 from kvstudy.accuracy import verdicts as vt
 from kvstudy.accuracy.task_specs import GSM8K_FILTERS
 from kvstudy.errors import StudyError
+from kvstudy.io import write_jsonl_atomic
 from kvstudy.report import accuracy as rt
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -54,7 +55,7 @@ def test_a_response_holding_line_separators_reads_back(tmp_path):
     odd = "so\u2028the answer\u2029is\x85 #### 10"
     records = rec.records_from_samples([_sample(0, f, odd, "10", True) for f in GSM8K_FILTERS])
     path = tmp_path / "records.jsonl"
-    rec.write_records(path, records)
+    write_jsonl_atomic(path, records)
     assert "\u2028" in path.read_text(encoding="utf-8")
     assert rec.read_records(path) == records
 
@@ -67,7 +68,7 @@ def test_records_need_both_filters():
 def test_records_round_trip_and_bad_lines(tmp_path):
     records = rec.records_from_samples([_sample(0, f, "#### 10", "10", True) for f in GSM8K_FILTERS])
     path = tmp_path / "records.jsonl"
-    rec.write_records(path, records)
+    write_jsonl_atomic(path, records)
     assert rec.read_records(path) == records
     path.write_text('{"doc_id": 0}\n')
     with pytest.raises(StudyError, match=r"records.jsonl:1: expected the fields"):
@@ -77,8 +78,10 @@ def test_records_round_trip_and_bad_lines(tmp_path):
 def test_settings_reject_bad_values():
     with pytest.raises(StudyError, match="primary_filter"):
         ge.EvalSettings(primary_filter="best-of-both")
-    with pytest.raises(StudyError, match="n:"):
-        ge.EvalSettings(n=0)
+    with pytest.raises(StudyError, match="^eval settings: n: expected greater than 0"):
+        ge.EvalSettings.for_task(n=0)
+    with pytest.raises(StudyError, match="^eval settings: num_fewshot: "):
+        ge.EvalSettings.for_task(num_fewshot=True)
     with pytest.raises(StudyError, match="unknown"):
         cf.configurations(["bf16", "int4-kv"])
 
@@ -110,7 +113,7 @@ def _fake_capture(root: Path, patterns: dict[str, str], failed: dict[str, str] |
             for i, ch in enumerate(pattern)
             for f in GSM8K_FILTERS
         ]
-        rec.write_records(folder / "records.jsonl", rec.records_from_samples(samples))
+        write_jsonl_atomic(folder / "records.jsonl", rec.records_from_samples(samples))
         (folder / "status.json").write_text(
             json.dumps({"state": "ok", "num_fewshot": 8 if shots is None else shots, "settings": {"n": len(pattern)}})
         )
@@ -178,7 +181,7 @@ def test_published_mismatch_is_detected(tmp_path):
     "change, message",
     [
         (lambda d: d.update(source="captured"), "source"),
-        (lambda d: d.update(n=0), "'n'"),
+        (lambda d: d.update(n=0), "p.json: n: expected greater than 0"),
         (lambda d: d["rows"][0].pop("correct"), r"rows\[0\]"),
         (lambda d: d["rows"][1].update(correct=501), r"rows\[1\].correct"),
         (lambda d: d.update(baseline="int8"), "baseline"),
@@ -207,7 +210,7 @@ def test_result_state_is_ok_only_with_records_and_the_same_settings(tmp_path):
     status = {"state": "ok", "num_fewshot": 8, "settings": {"n": 10, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}}
     (folder / "status.json").write_text(json.dumps(status))
     assert ge.result_state(folder, settings, 8) is None  # ok but no records file: runs again
-    rec.write_records(folder / "records.jsonl", [])
+    write_jsonl_atomic(folder / "records.jsonl", [])
     assert ge.result_state(folder, settings, 8) == "ok"
     assert ge.result_state(folder, ge.EvalSettings(n=20), 8) is None  # more questions asked: run again
     assert ge.result_state(folder, settings, 0) is None  # other shots

@@ -36,7 +36,7 @@ def test_pairs_files_written_in_different_orders(tmp_path: Path, lmeval: SimpleN
     lines = [json.loads(x)["doc_id"] for x in cand.read_text().splitlines()]
     assert lines[:40] != list(range(40))  # really another order
     pair = smp.read_pair(base, cand)
-    assert pair.doc_ids == tuple(range(40)) and pair.docs_checked and pair.same_prompts
+    assert pair.doc_ids == tuple(range(40)) and pair.same_prompts
     v = stats.compare(pair.baseline_correct(), pair.candidate_correct(), margin_points=1)
     expected = stats.paired_counts(BASE, CAND)
     assert v.counts == expected
@@ -117,7 +117,7 @@ def test_documents_compared_by_doc_when_no_hash_is_logged(tmp_path: Path, lmeval
     )
     with pytest.raises(StudyError, match="doc_id 1 is a different document"):
         smp.read_pair(base, cand)
-    assert smp.read_pair(base, base).docs_checked
+    assert smp.read_pair(base, base).doc_ids  # the same documents pair
 
 
 def test_one_doc_id_must_be_one_document_within_a_file(tmp_path: Path, lmeval: SimpleNamespace) -> None:
@@ -161,15 +161,14 @@ def test_non_binary_metric_cannot_be_paired_as_right_or_wrong(tmp_path: Path, lm
     rows[0]["exact_match"] = 0.5
     path = lmeval.write_rows(tmp_path / f"samples_gsm8k_{lmeval.DATE}.jsonl", rows)
     s = smp.read_samples(path)
-    assert s.scores() == {0: 0.5}
-    with pytest.raises(StudyError, match="expected 0 or 1"):
+    with pytest.raises(StudyError, match="exact_match is 0.5, expected 0 or 1"):
         s.correctness()
 
 
 def test_missing_file_directory_and_fifo_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(StudyError, match="no such file"):
+    with pytest.raises(StudyError, match="absent.jsonl: file not found"):
         smp.read_samples(tmp_path / "absent.jsonl")
-    with pytest.raises(StudyError, match="not a regular file"):
+    with pytest.raises(StudyError, match="is a directory"):
         smp.read_samples(tmp_path)
     fifo = tmp_path / "pipe.jsonl"
     os.mkfifo(fifo)
@@ -183,7 +182,7 @@ def test_huge_and_empty_files_are_refused(tmp_path: Path, lmeval: SimpleNamespac
         smp.read_samples(path, max_bytes=1000)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    with pytest.raises(StudyError, match="empty"):
+    with pytest.raises(StudyError, match="empty.jsonl: no rows"):
         smp.read_samples(empty)
     blank = tmp_path / "blank.jsonl"
     blank.write_text("\n\n")
@@ -238,16 +237,13 @@ def test_cut_off_when_the_rows_say_so(tmp_path: Path, lmeval: SimpleNamespace) -
     assert "2 of 3 answers" in t.sentence()
 
 
-def test_cut_off_by_the_logged_limit_in_words_or_tokens(tmp_path: Path, lmeval: SimpleNamespace) -> None:
+def test_cut_off_by_the_logged_limit_in_words(tmp_path: Path, lmeval: SimpleNamespace) -> None:
     long = " step" * 20
     rows = [lmeval.gsm8k_row(0, True, max_gen_toks=16), lmeval.gsm8k_row(1, False, response=long, max_gen_toks=16)]
     s = smp.read_samples(lmeval.write_rows(tmp_path / f"samples_gsm8k_{lmeval.DATE}.jsonl", rows))
     words = smp.cut_off_answers(s)
     assert words.limit == 16 and words.cut_off == (1,) and "lower bound" in words.method
-    by_chars = smp.cut_off_answers(s, max_gen_toks=30, count_tokens=len)  # characters as tokens
-    assert by_chars.method == "tokens" and by_chars.cut_off == (0, 1)
-    with pytest.raises(StudyError, match="max_gen_toks"):
-        smp.cut_off_answers(s, max_gen_toks=0)
+    assert "1 of 2 answers stopped at the generation limit (at 16 tokens, counted as words" in words.sentence()
 
 
 def test_cut_off_not_checked_without_a_limit(tmp_path: Path, lmeval: SimpleNamespace) -> None:
@@ -256,5 +252,4 @@ def test_cut_off_not_checked_without_a_limit(tmp_path: Path, lmeval: SimpleNames
         del r["arguments"]["gen_args_0"]["arg_1"]["max_gen_toks"]
     s = smp.read_samples(lmeval.write_rows(tmp_path / f"samples_gsm8k_{lmeval.DATE}.jsonl", rows))
     t = smp.cut_off_answers(s)
-    assert t.method == "not checked" and t.cut_off == ()
-    assert smp.cut_off_answers(s, max_gen_toks=1).cut_off == (0,)
+    assert t.method == "not checked" and t.cut_off == () and "not checked" in t.sentence()

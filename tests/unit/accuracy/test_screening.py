@@ -15,6 +15,7 @@ from kvstudy.accuracy import runner as ge
 from kvstudy.accuracy import screening as sc
 from kvstudy.bench.logprobs import Server
 from kvstudy.errors import StudyError
+from kvstudy.io import write_jsonl_atomic
 from kvstudy.precision import analysis, prompts, records
 
 SERVER = Server("http://127.0.0.1:9", "m", "models/m", 8192)
@@ -284,12 +285,11 @@ class _Served:
 
 def _no_engine(monkeypatch: Any, evaluated: list[str]) -> None:
     from kvstudy import run_record
-    from kvstudy.accuracy import records as rec
     from kvstudy.vllm import server
 
     def evaluate(url: str, name: str, tokenizer: Any, out_dir: Path, settings: Any, num_fewshot: int = 0) -> list:
         evaluated.append(out_dir.name)
-        rec.write_records(out_dir / "records.jsonl", [])
+        write_jsonl_atomic(out_dir / "records.jsonl", [])
         return []
 
     monkeypatch.setattr(server, "VllmServer", _Served)

@@ -8,29 +8,19 @@ import pytest
 
 from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import verdicts as vt
-from kvstudy.accuracy.records import QuestionRecord, RetrievalRecord
-from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.errors import StudyError
 from kvstudy.stats import binary as stats
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _questions(pattern: str, response: str = "#### 1") -> list[QuestionRecord]:
-    return [QuestionRecord(i, f"h{i}", "1", response, "1", ch == "1", "1", ch == "1") for i, ch in enumerate(pattern)]
-
-
-def _config(name: str, records: list, shots: int | None = 8, state: str = "ok") -> ConfigResult:
-    return ConfigResult(name, name.upper(), state, None, shots, records, None)
-
-
-def test_paired_rows_count_the_table_and_mark_the_control():
+def test_paired_rows_count_the_table_and_mark_the_control(acc):
     base = "1111111100"
     results = {
-        "bf16": _config("bf16", _questions(base)),
-        "bf16-repeat": _config("bf16-repeat", _questions(base)),
-        "fp8-kv": _config("fp8-kv", _questions("1111100010")),
-        "bf16-zero-shot": _config("bf16-zero-shot", _questions("0000000000"), shots=0),
+        "bf16": acc.config("bf16", acc.questions(base)),
+        "bf16-repeat": acc.config("bf16-repeat", acc.questions(base)),
+        "fp8-kv": acc.config("fp8-kv", acc.questions("1111100010")),
+        "bf16-zero-shot": acc.config("bf16-zero-shot", acc.questions("0000000000"), shots=0),
     }
     rows = vt.paired_rows(results, "bf16", "strict-match", 2.0, 0.99)
     assert [r.label for r in rows] == ["BF16-REPEAT", "FP8-KV"]  # zero-shot is not paired
@@ -45,8 +35,8 @@ def test_paired_rows_count_the_table_and_mark_the_control():
     assert rows[1].by_share.margin == pytest.approx(0.01 * 0.8) and rows[1].by_share.share == 0.99
 
 
-def test_paired_rows_need_a_finished_baseline():
-    results = {"bf16": _config("bf16", [], state="failed"), "fp8-kv": _config("fp8-kv", _questions("1"))}
+def test_paired_rows_need_a_finished_baseline(acc):
+    results = {"bf16": acc.config("bf16", [], state="failed"), "fp8-kv": acc.config("fp8-kv", acc.questions("1"))}
     with pytest.raises(StudyError, match="no finished records"):
         vt.paired_rows(results, "bf16", "strict-match", 2.0, 0.99)
 
@@ -62,9 +52,9 @@ def test_totals_rows_give_the_published_bounds():
     assert (weights.discordant_min, weights.discordant_max) == (6, 88)
 
 
-def test_cut_off_counts_answers_at_the_limit():
+def test_cut_off_counts_answers_at_the_limit(acc):
     long, short = "x " * 300, "#### 1"
-    results = {"a": _config("a", [*_questions("1", short), *_questions("0", long)])}
+    results = {"a": acc.config("a", [*acc.questions("1", short), *acc.questions("0", long)])}
     (words,) = vt.cut_off_rows(results, 256, None)
     assert (words.answers, words.reached, words.wrong) == (2, 1, 1)
     assert words.measure == "words (a lower bound)" and words.limit == 256
@@ -72,34 +62,8 @@ def test_cut_off_counts_answers_at_the_limit():
     assert chars.reached == 2 and chars.measure == "tokens (model tokenizer)"
 
 
-def _items(outcomes: dict[int, str], n_keys: int = 10) -> list[RetrievalRecord]:
-    """Three items per context, two contexts per length; outcomes: length -> '1'/'0' per item."""
-    records, doc = [], 0
-    for length, pattern in outcomes.items():
-        for i, ch in enumerate(pattern):
-            records.append(
-                RetrievalRecord(
-                    doc,
-                    f"kv-{length}-{i}",
-                    "h",
-                    "kv",
-                    f"kv-{length}-{i // 3}",
-                    length,
-                    length,
-                    0.5,
-                    n_keys,
-                    "12345",
-                    " 12345" if ch == "1" else " 1",
-                    "12345" if ch == "1" else "1",
-                    ch == "1",
-                )
-            )
-            doc += 1
-    return records
-
-
-def test_retrieval_accuracy_per_length_with_clusters():
-    results = {"bf16": _config("bf16", _items({512: "111111", 1024: "111000"}), shots=0)}
+def test_retrieval_accuracy_per_length_with_clusters(acc):
+    results = {"bf16": acc.config("bf16", acc.items({512: "111111", 1024: "111000"}), shots=0)}
     rows = vt.retrieval_accuracy(results, "answer-line")
     assert [r.length for r in rows] == [512, 1024] and {r.kind for r in rows} == {"all"}
     assert [r.correct for r in rows] == [6, 3] and [r.contexts for r in rows] == [2, 2]
@@ -113,10 +77,10 @@ def test_retrieval_accuracy_per_length_with_clusters():
     assert {r.kind for r in by_kind} == {"kv"}
 
 
-def test_retrieval_paired_per_length_and_overall():
+def test_retrieval_paired_per_length_and_overall(acc):
     results = {
-        "bf16": _config("bf16", _items({512: "111111", 1024: "111111"}), shots=0),
-        "fp8-kv": _config("fp8-kv", _items({512: "111111", 1024: "111000"}), shots=0),
+        "bf16": acc.config("bf16", acc.items({512: "111111", 1024: "111111"}), shots=0),
+        "fp8-kv": acc.config("fp8-kv", acc.items({512: "111111", 1024: "111000"}), shots=0),
     }
     by_len = {r.length: r for r in vt.retrieval_paired(results, "bf16", "answer-line", 5.0)}
     assert by_len[512].counts.candidate_only == 0 and by_len[512].clustered.mean == 0
@@ -127,38 +91,44 @@ def test_retrieval_paired_per_length_and_overall():
     assert overall.non_inferiority.non_inferior is False and overall.non_inferiority.margin == pytest.approx(0.05)
 
 
-def test_chance_check_against_random_picks():
-    good = _config("bf16", _items({512: "111111111111"}, n_keys=10), shots=0)
-    bad = _config("bf16", _items({512: "100000000000"}, n_keys=10), shots=0)
+def test_chance_check_against_random_picks(acc):
+    good = acc.config("bf16", acc.items({512: "111111111111"}, n_keys=10), shots=0)
+    bad = acc.config("bf16", acc.items({512: "100000000000"}, n_keys=10), shots=0)
     assert vt.chance_check(good, "answer-line").better_than_chance
     low = vt.chance_check(bad, "answer-line")
     assert not low.better_than_chance and (low.right, low.n, low.label) == (1, 12, "BF16")
     assert low.expected == pytest.approx(1.2)
 
 
-def test_chance_check_uses_each_items_own_chance():
+def test_chance_check_uses_each_items_own_chance(acc):
     """Items with many keys are nearly never right by chance: 8 of 24 right, 1.5 expected, passes,
     where one chance of 25 % for every item (the largest) would not (p about 0.3)."""
-    mixed = _items({512: "1100"}, n_keys=4) + _items({1024: "11111100000000000000"}, n_keys=40)
-    c = vt.chance_check(_config("bf16", mixed, shots=0), "answer-line")
+    mixed = acc.items({512: "1100"}, n_keys=4) + acc.items({1024: "11111100000000000000"}, n_keys=40)
+    c = vt.chance_check(acc.config("bf16", mixed, shots=0), "answer-line")
     assert c.better_than_chance and c.expected == pytest.approx(1.5)
     assert (c.chance_min, c.chance_max) == (1 / 40, 1 / 4)
 
 
-def test_share_margin_of_a_zero_baseline_is_not_judged():
-    results = {"bf16": _config("bf16", _questions("0000")), "bf16-repeat": _config("bf16-repeat", _questions("0000"))}
+def test_share_margin_of_a_zero_baseline_is_not_judged(acc):
+    results = {
+        "bf16": acc.config("bf16", acc.questions("0000")),
+        "bf16-repeat": acc.config("bf16-repeat", acc.questions("0000")),
+    }
     (row,) = vt.paired_rows(results, "bf16", "strict-match", 2.0, 0.99)
     assert row.by_share.margin == 0 and row.by_share.non_inferior is None
     # with a non-zero baseline the share margin is 1 % of its score and gives a yes/no verdict
-    results = {"bf16": _config("bf16", _questions("1111")), "bf16-repeat": _config("bf16-repeat", _questions("1111"))}
+    results = {
+        "bf16": acc.config("bf16", acc.questions("1111")),
+        "bf16-repeat": acc.config("bf16-repeat", acc.questions("1111")),
+    }
     (row,) = vt.paired_rows(results, "bf16", "strict-match", 2.0, 0.99)
     assert row.by_share.margin_points == pytest.approx(1.0) and row.by_share.non_inferior in (True, False)
 
 
-def test_no_interval_and_no_verdict_when_every_item_scored_alike():
+def test_no_interval_and_no_verdict_when_every_item_scored_alike(acc):
     results = {
-        "bf16": _config("bf16", _items({512: "000000"}), shots=0),
-        "bf16-repeat": _config("bf16-repeat", _items({512: "000000"}), shots=0),
+        "bf16": acc.config("bf16", acc.items({512: "000000"}), shots=0),
+        "bf16-repeat": acc.config("bf16-repeat", acc.items({512: "000000"}), shots=0),
     }
     assert [r.interval for r in vt.retrieval_accuracy(results, "answer-line")] == [None, None]
     rows = vt.retrieval_paired(results, "bf16", "answer-line", 5.0)

@@ -31,7 +31,6 @@ def test_lumped_kl_is_exact_on_the_lumped_distributions_and_bounds_the_full_kl()
     assert got.kl == pytest.approx(lumped, abs=1e-12)
     assert got.rest == pytest.approx(0.2)
     assert got.kl <= full_kl(P, Q) <= got.kl + got.gap  # the tail diverges no more than the head here
-    assert got.top1_same
 
 
 def test_with_every_token_listed_the_kl_is_the_full_kl_and_the_gap_zero() -> None:
@@ -44,7 +43,7 @@ def test_tokens_listed_by_one_arm_only_go_to_the_rest() -> None:
     q = [0.1, 0.4, 0.05, 0.4, 0.05]
     got = dv.token_kl(top(P, 2), top(q, 2))
     lumped = 0.3 * math.log(0.3 / 0.4) + 0.7 * math.log(0.7 / 0.6)
-    assert got.kl == pytest.approx(lumped, abs=1e-12) and not got.top1_same
+    assert got.kl == pytest.approx(lumped, abs=1e-12)
     assert got.kl <= full_kl(P, q)
 
 
@@ -101,12 +100,21 @@ def test_delta_logp_equivalence_on_synthetic_pairs(shift: float, noise: float, e
 
 @pytest.mark.parametrize(("level", "expected"), [(0.001, "within"), (0.05, "beyond"), (0.01, "undecided")])
 def test_kl_equivalence_on_synthetic_pairs(level: float, expected: str) -> None:
+    """Per-token KLs of mean ``level`` built from two-token top-k lists (P = (1/2, 1/2), Q = (q, 1 - q),
+    so KL = -log(4 q (1 - q)) / 2 and nothing lies outside the lists), paired through ``pair_rows``."""
     rng = np.random.default_rng(3)
     values = rng.gamma(4.0, 1.0, 400)
-    kls = [dv.TokenKL(float(v), 0.0, 0.0, True) for v in values * level / values.mean()]  # mean exactly ``level``
-    groups = [f"c{i // 10}" for i in range(400)]
-    paired = paired_logp._paired_kl(kls, groups, 0.05)
-    assert dv.equivalence(paired.low, paired.high, 0.01).state == expected
+    values = values * level / values.mean()  # mean exactly ``level``
+    qs = (1 - np.sqrt(1 - np.exp(-2 * values))) / 2
+    half = [[0, math.log(0.5)], [1, math.log(0.5)]]
+    base, cand = [], []
+    for c in range(40):
+        row = {"id": f"p{c}", "bucket": "b", "cluster": f"c{c}", "logp": [-1.0] * 10}
+        base.append({**row, "topk": [half] * 10})
+        cand.append({**row, "topk": [[[0, math.log(q)], [1, math.log1p(-q)]] for q in qs[10 * c : 10 * c + 10]]})
+    paired = paired_logp.pair_rows(base, cand)
+    assert paired.kl is not None and paired.kl.mean == pytest.approx(level) and paired.kl.gap == 0.0
+    assert dv.equivalence(paired.kl.low, paired.kl.high, 0.01).state == expected
 
 
 def test_equivalence_without_a_margin_or_interval_is_undecided() -> None:

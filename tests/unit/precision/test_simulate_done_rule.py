@@ -7,15 +7,18 @@ from pathlib import Path
 
 from kvstudy import cli
 from kvstudy.capture import needs_run
+from kvstudy.io import write_jsonl_atomic
 from kvstudy.precision import simulate
-from kvstudy.precision.records import logp_path, write_logp
+from kvstudy.precision.records import logp_path
 
 
 def test_an_arm_is_done_when_ok_with_its_file_and_failed_ones_wait_for_retry(tmp_path: Path) -> None:
     states = {"model/bf16": "ok", "model/fp8": "failed"}
     assert simulate.arm_state(tmp_path, "model", "bf16", states) is None  # ok, but no log-p file
     assert needs_run(simulate.arm_state(tmp_path, "model", "bf16", states))
-    write_logp(tmp_path, "model", "bf16", [{"id": "p0", "bucket": "gsm8k", "cluster": "c0", "logp": [-1.0]}])
+    write_jsonl_atomic(
+        logp_path(tmp_path, "model", "bf16"), [{"id": "p0", "bucket": "gsm8k", "cluster": "c0", "logp": [-1.0]}]
+    )
     assert logp_path(tmp_path, "model", "bf16").is_file()
     assert not needs_run(simulate.arm_state(tmp_path, "model", "bf16", states))
     assert not needs_run(simulate.arm_state(tmp_path, "model", "fp8", states))

@@ -10,7 +10,6 @@ import pytest
 
 from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import verdicts as vt
-from kvstudy.accuracy.records import QuestionRecord, RetrievalRecord
 from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.report import accuracy as rt
 from kvstudy.report.tables import Table, render
@@ -20,41 +19,6 @@ from kvstudy.stats import binary_power as totals
 ROOT = Path(__file__).resolve().parents[3]
 PUBLISHED = ROOT / "data" / "published" / "gsm8k-l4-qwen3-8b.json"
 SPECS = [value for value in vars(rt).values() if isinstance(value, Table)]
-
-
-def _questions(pattern: str, response: str = "#### 1") -> list[QuestionRecord]:
-    return [QuestionRecord(i, f"h{i}", "1", response, "1", ch == "1", "1", ch == "1") for i, ch in enumerate(pattern)]
-
-
-def _config(name: str, records: list, shots: int | None = 8, state: str = "ok") -> ConfigResult:
-    return ConfigResult(name, name.upper(), state, None, shots, records, None)
-
-
-def _items(outcomes: dict[int, str]) -> list[RetrievalRecord]:
-    """Three items per context; outcomes: length -> '1'/'0' per item."""
-    records = []
-    for length, pattern in outcomes.items():
-        for i, ch in enumerate(pattern):
-            doc = len(records)
-            answer = "12345" if ch == "1" else "1"
-            records.append(
-                RetrievalRecord(
-                    doc,
-                    f"kv-{length}-{i}",
-                    "h",
-                    "kv",
-                    f"kv-{length}-{i // 3}",
-                    length,
-                    length,
-                    0.5,
-                    10,
-                    "12345",
-                    " " + answer,
-                    answer,
-                    ch == "1",
-                )  # fmt: skip
-            )
-    return records
 
 
 def outcomes(cells: tuple[int, int, int, int]) -> tuple[dict[int, bool], dict[int, bool]]:
@@ -109,11 +73,11 @@ def test_totals_table_and_sentences() -> None:
     assert render([vt.TotalsRow("x", "small", totals.totals_bounds(5, 3, 2))], rt.TOTALS).iloc[0, 6] == "none"
 
 
-def test_capture_and_guard_tables() -> None:
+def test_capture_and_guard_tables(acc) -> None:
     results = {
-        "bf16": _config("bf16", _questions("1111111100")),
+        "bf16": acc.config("bf16", acc.questions("1111111100")),
         "fp8-kv": ConfigResult("fp8-kv", "FP8 KV cache", "failed", "fp8 not supported", None, [], None),
-        "random-weights": _config("random-weights", _questions("0000000000")),
+        "random-weights": acc.config("random-weights", acc.questions("0000000000")),
     }
     capture = render(ga.capture_rows(results, "strict-match"), rt.CAPTURE)
     assert list(capture.columns) == ["configuration", "state", "shots", "correct", "accuracy %", "Wilson 95%"]
@@ -132,12 +96,12 @@ def test_capture_and_guard_tables() -> None:
     ]
 
 
-def test_paired_table_headers_follow_the_records() -> None:
+def test_paired_table_headers_follow_the_records(acc) -> None:
     base = "1111111100"
     results = {
-        "bf16": _config("bf16", _questions(base)),
-        "bf16-repeat": _config("bf16-repeat", _questions(base)),
-        "fp8-kv": _config("fp8-kv", _questions("1111100010")),
+        "bf16": acc.config("bf16", acc.questions(base)),
+        "bf16-repeat": acc.config("bf16-repeat", acc.questions(base)),
+        "fp8-kv": acc.config("fp8-kv", acc.questions("1111100010")),
     }
     table = render(vt.paired_rows(results, "bf16", "strict-match", 2.0, 0.99), rt.PAIRED)
     assert list(table.columns) == [
@@ -158,7 +122,10 @@ def test_paired_table_headers_follow_the_records() -> None:
     assert list(table["role"]) == [rt.CONTROL_PREFIX + " (16-bit again)", "candidate"]
     assert table.loc[1, "difference (points)"] == -20.0 and table.loc[1, "exact McNemar p"] == "0.625"
     assert table.loc[0, "identical responses"] == "10/10" and not table.loc[1, "non-inferior at 2 points"]
-    zero = {"bf16": _config("bf16", _questions("0000")), "bf16-repeat": _config("bf16-repeat", _questions("0000"))}
+    zero = {
+        "bf16": acc.config("bf16", acc.questions("0000")),
+        "bf16-repeat": acc.config("bf16-repeat", acc.questions("0000")),
+    }
     shown = render(vt.paired_rows(zero, "bf16", "strict-match", 2.0, 0.99), rt.PAIRED)
     assert shown.loc[0, "non-inferior at 99% of BF16 (0.00 points)"] == "not defined (16-bit score 0)"
 
@@ -193,10 +160,10 @@ def test_discrimination_and_chance_sentences() -> None:
     assert rt.chance_sentence(stats.chance_check("BF16", [], [])) == "BF16: no retrieval records."
 
 
-def test_retrieval_tables_and_sentence() -> None:
+def test_retrieval_tables_and_sentence(acc) -> None:
     results = {
-        "bf16": _config("bf16", _items({512: "111111", 1024: "111111", 2048: "000000"}), shots=0),
-        "fp8-kv": _config("fp8-kv", _items({512: "111111", 1024: "111000", 2048: "000000"}), shots=0),
+        "bf16": acc.config("bf16", acc.items({512: "111111", 1024: "111111", 2048: "000000"}), shots=0),
+        "fp8-kv": acc.config("fp8-kv", acc.items({512: "111111", 1024: "111000", 2048: "000000"}), shots=0),
     }
     acc = render(vt.retrieval_accuracy(results, "answer-line"), rt.RETRIEVAL_ACCURACY)
     assert list(acc.columns) == [

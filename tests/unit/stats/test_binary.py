@@ -80,9 +80,9 @@ def test_bad_counts_raise(correct: object, n: int) -> None:
 def test_paired_table_layout_and_hand_mcnemar() -> None:
     counts = stats.paired_counts(_records("111110000011"), _records("110001100010"))
     # both right: 0,1,10 -> 3; only base: 2,3,4,11 -> 4; only other: 5,6 -> 2; both wrong: 7,8,9 -> 3
-    assert counts.table() == [[3, 4], [2, 3]]
+    assert (counts.both_right, counts.baseline_only, counts.candidate_only, counts.both_wrong) == (3, 4, 2, 3)
     assert counts.baseline_correct == 7 and counts.candidate_correct == 5 and counts.n == 12
-    assert counts.difference == pytest.approx(-2 / 12) and counts.discordance_rate == pytest.approx(6 / 12)
+    assert counts.difference == pytest.approx(-2 / 12) and counts.discordant == 6
     # hand: two-sided exact = 2 * P(Bin(6, 1/2) <= 2) = 2 * (1 + 6 + 15) / 64 = 44/64
     assert stats.mcnemar_exact(counts.baseline_only, counts.candidate_only).p_value == pytest.approx(44 / 64)
 
@@ -203,7 +203,7 @@ def test_compare_refuses_different_item_sets_and_bad_margins() -> None:
     with pytest.raises(StudyError, match="same questions"):
         stats.compare({1: True, 2: False}, {1: True, 3: False})
     with pytest.raises(StudyError, match="margin"):
-        stats.compare_counts(stats.PairedCounts(1, 0, 0, 1), 0.0)
+        stats.compare({1: True, 2: False}, {1: True, 2: False}, margin_points=0.0)
 
 
 # --------------------------------------------------------------------------- discrimination and chance

@@ -102,11 +102,11 @@ def test_offline_task_loads_in_lm_eval(tmp_path, monkeypatch):
     pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager
 
-    from kvstudy.accuracy.runner import write_offline_task
+    from kvstudy.accuracy.task_specs import write_task_folder
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    folder = write_offline_task(DATA, tmp_path / "task")
+    folder = write_task_folder("gsm8k_offline", DATA, tmp_path / "task")
     manager = TaskManager(include_path=str(folder), include_defaults=False)
     task = manager.load(["gsm8k_offline"])["tasks"]["gsm8k_offline"]
     docs = list(task.test_docs())
@@ -117,7 +117,7 @@ def test_offline_task_loads_in_lm_eval(tmp_path, monkeypatch):
 
 
 def test_missing_data_folder_is_a_study_error(tmp_path):
-    from kvstudy.accuracy.runner import write_offline_task
+    from kvstudy.accuracy.task_specs import write_task_folder
 
     with pytest.raises(StudyError, match="train split is missing"):
-        write_offline_task(tmp_path / "nowhere", tmp_path / "task")
+        write_task_folder("gsm8k_offline", tmp_path / "nowhere", tmp_path / "task")
