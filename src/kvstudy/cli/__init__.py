@@ -12,12 +12,10 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from kvstudy.errors import StudyError
-from kvstudy.limits import output_folder
 
-# module of kvstudy.cli -> its sub-commands, each added (parser and ``func``) by its ``add_<command>``, in
-# ``kvstudy --help``'s order. ``kvstudy COMMAND`` imports only its noun's module and builds only its
-# parser; a module imports scipy, statsmodels or pandas inside the command that needs them, so the
-# other commands do not pay for them. tests/unit/test_cli.py checks the table against the modules.
+# module of kvstudy.cli -> its sub-commands (``kvstudy --help``'s order), each added by its ``add_<command>``.
+# ``kvstudy COMMAND`` imports only its module and builds only its parser (scipy, statsmodels, pandas are
+# imported inside the commands that need them). tests/unit/test_cli.py checks the table.
 COMMANDS: dict[str, tuple[str, ...]] = {
     "model": ("capacity", "startup-log", "scales"),
     "speed": ("sweep", "speed"),
@@ -32,22 +30,19 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "distribute": ("plan", "run-block", "collect", "run-blocks-ray"),
 }
 MODEL_HELP = "model folder, its config.json, or a cached Hugging Face id"
+FORCE_HELP = "write into a folder this command did not create"
+RETRY_HELP = "also re-run cells that failed before (their old logs are kept as *.attemptN.log)"
 
 
 def json_option(parser: argparse.ArgumentParser, help: str | None = "print one JSON object") -> None:
     parser.add_argument("--json", action="store_true", help=help)
 
 
-def force_option(
-    parser: argparse.ArgumentParser, help: str = "write into a folder this command did not create"
-) -> None:
+def force_option(parser: argparse.ArgumentParser, help: str = FORCE_HELP) -> None:
     parser.add_argument("--force", action="store_true", help=help)
 
 
-def retry_option(
-    parser: argparse.ArgumentParser,
-    help: str | None = "also re-run cells that failed before (their old logs are kept as *.attemptN.log)",
-) -> None:
+def retry_option(parser: argparse.ArgumentParser, help: str | None = RETRY_HELP) -> None:
     parser.add_argument("--retry-failed", action="store_true", help=help)
 
 
@@ -58,6 +53,8 @@ def show(data: Any, lines: list[str], as_json: bool, **dumps: Any) -> None:
 
 def grid_arguments(parser: argparse.ArgumentParser, spec_help: str) -> None:
     """The spec file and capture folder of ``sweep``, ``load`` and ``context-sweep``."""
+    from kvstudy.limits import output_folder  # not at the top: ``kvstudy engine-check`` needs no pydantic
+
     parser.add_argument("spec", help=spec_help)
     parser.add_argument(
         "capture", type=output_folder, help="capture folder (created, or resumed if it holds the same grid)"

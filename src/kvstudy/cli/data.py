@@ -10,7 +10,7 @@ from kvstudy.cli import force_option
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
 from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_NEEDLES, MAX_SEED, float_arg, int_arg, output_folder
-from kvstudy.tools import checkpoints, gsm8k_data
+from kvstudy.tools import gsm8k_data
 from kvstudy.tools import tiny_model as tm
 from kvstudy.tools.retrieval_files import RetrievalSet, write_retrieval_data
 from kvstudy.tools.train_eval import evaluate_gsm8k, evaluate_retrieval
@@ -53,6 +53,8 @@ def add_tiny_model(subparsers: Any) -> None:
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
+    from kvstudy.tools import checkpoints  # numpy: only here
+
     if args.checkpoints_command == "list":
         for case in checkpoints.CASES:
             print(f"{case.name:24s} {case.what}")
@@ -67,6 +69,8 @@ def _checkpoints(args: argparse.Namespace) -> int:
 
 
 def add_checkpoints(subparsers: Any) -> None:
+    from kvstudy.tools import checkpoints
+
     parser = subparsers.add_parser(
         "checkpoints",
         help="generate the small KV-scale test checkpoints",

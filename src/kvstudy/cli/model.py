@@ -12,7 +12,7 @@ from typing import Any
 from kvstudy.cli import MODEL_HELP, force_option, json_option
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_GIB, MAX_TENSOR_PARALLEL, MAX_TOKENS, float_arg, int_arg, output_file
-from kvstudy.model import plan, scales
+from kvstudy.model import plan
 from kvstudy.model.capacity import KV_DTYPES
 from kvstudy.model.log_check import check_log, format_check
 from kvstudy.vllm.facts import DEFAULT_GPU_MEMORY_UTILIZATION
@@ -110,6 +110,8 @@ def add_startup_log(subparsers: Any) -> None:
 
 
 def _scales(args: argparse.Namespace) -> int:
+    from kvstudy.model import scales  # numpy: only here
+
     if not args.models and not args.all_cache:
         raise StudyError("scales: give a model folder, a config.json or a cached id (or --all-cache)")
     reports = [scales.inspect_model(spec, log=args.log, cache_dir=args.cache_dir) for spec in args.models]

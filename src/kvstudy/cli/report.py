@@ -12,9 +12,7 @@ from typing import Any
 
 from kvstudy.cli import force_option, json_option, show
 from kvstudy.errors import StudyError
-from kvstudy.io import bounded_float
-from kvstudy.limits import DESIGN_CHANGE_PCT, DESIGN_MARGIN_POINTS, MAX_DESIGN_VALUES, MAX_FACTOR, MAX_LOG_SD
-from kvstudy.report.decision import card_json, card_text, read_card
+from kvstudy.report import decision
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -55,8 +53,8 @@ def add_render(subparsers: Any) -> None:
 
 
 def _verdict(args: argparse.Namespace) -> int:
-    card = read_card(args.profile)
-    print(card_json(card) if args.json else card_text(card))
+    card = decision.read_card(args.profile)
+    print(decision.card_json(card) if args.json else decision.card_text(card))
     return 0
 
 
@@ -101,6 +99,7 @@ def _power(text: str) -> float:
 
 def _design_runs(args: argparse.Namespace) -> int:
     """``design speed`` and ``design load``: the seed blocks per arm a change needs."""
+    from kvstudy.limits import DESIGN_CHANGE_PCT, MAX_DESIGN_VALUES, MAX_LOG_SD
     from kvstudy.report import design
 
     sd = _numbers([args.noise_sd], "--noise-sd", high=MAX_LOG_SD) if args.noise_sd is not None else None
@@ -116,6 +115,7 @@ def _design_runs(args: argparse.Namespace) -> int:
 
 
 def _design_accuracy(args: argparse.Namespace) -> int:
+    from kvstudy.limits import DESIGN_MARGIN_POINTS, MAX_DESIGN_VALUES
     from kvstudy.report.design import DEFAULT_MARGINS_POINTS, accuracy_design, accuracy_lines
 
     psi = _numbers([args.discordance], "--discordance", high=1.0) if args.discordance is not None else None
@@ -162,6 +162,8 @@ def add_design(subparsers: Any) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    from kvstudy.io import bounded_float
+    from kvstudy.limits import MAX_FACTOR
     from kvstudy.report.calibration import calibrate_ladder, read_ladder
 
     if bool(args.ladder) == bool(args.grade):
