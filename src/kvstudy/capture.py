@@ -536,38 +536,3 @@ def relativize_folder(folder: str | Path, root: str | Path = REPO_ROOT, moved_fr
             os.chmod(path, mode)  # a 0755 script stays 0755 (the temporary file was 0600)
             changed.append(path)
     return changed
-
-
-def _cmd_relativize(args: Any) -> int:
-    for folder in args.folders:
-        changed = relativize_folder(folder, moved_from=args.moved_from)
-        moved = f" and {args.moved_from} renamed to {folder}" if args.moved_from else ""
-        print(f"{folder}: {len(changed)} file(s) rewritten without {REPO_ROOT}{moved}")
-    return 0
-
-
-def _cmd_upgrade(args: Any) -> int:
-    for folder in args.captures:
-        changes = upgrade_capture(folder)
-        print(f"{folder}: {'; '.join(changes) if changes else 'already current'}")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy capture upgrade FOLDER...`` and ``kvstudy capture relativize FOLDER...``."""
-    parser = subparsers.add_parser("capture", help="maintain capture folders")
-    sub = parser.add_subparsers(dest="capture_command", required=True)
-    upgrade = sub.add_parser(
-        "upgrade",
-        help="rewrite an older capture in the current format (its manifest; per-request rows into requests/<cell>.jsonl)",
-    )
-    upgrade.add_argument("captures", nargs="+", help="capture folders")
-    upgrade.set_defaults(func=_cmd_upgrade)
-    relativize = sub.add_parser("relativize", help="make absolute paths under the repository relative in text files")
-    relativize.add_argument("folders", nargs="+", help="folders whose text files to rewrite")
-    relativize.add_argument(
-        "--moved-from",
-        metavar="OLD",
-        help="the folder's earlier path (e.g. data/captures/speed-cpu.new): paths under it are rewritten to the folder's",
-    )
-    relativize.set_defaults(func=_cmd_relativize)

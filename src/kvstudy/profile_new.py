@@ -8,7 +8,6 @@ Only parameters the notebooks declare are written, and the result is checked lik
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import re
@@ -105,29 +104,3 @@ def write_profile(name: str, model: str, gpu: str | None, root: Path = REPO_ROOT
         validate_profile(load_profile(name, Path(scratch)), root / "notebooks")
     write_text_atomic(path, text)
     return path
-
-
-def _cmd_new(args: argparse.Namespace) -> int:
-    path = write_profile(args.name, args.model, args.gpu, force=args.force)
-    print(
-        f"wrote {path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path}; "
-        f"render it with: make all PROFILE={args.name}"
-    )
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy profile new``."""
-    parser = subparsers.add_parser(
-        "profile",
-        help="write a profile for your model",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="profile_command", required=True)
-    new = sub.add_parser("new", help="write profiles/NAME.yaml for a model (and a GPU from the catalog)")
-    new.add_argument("name", help="profile name (a file name without .yaml)")
-    new.add_argument("--model", required=True, help="model folder, its config.json or a cached Hugging Face id")
-    new.add_argument("--gpu", help="a GPU from data/gpus/catalog.json, e.g. H100-SXM or L4")
-    new.add_argument("--force", action="store_true", help="replace an existing profile")
-    new.set_defaults(func=_cmd_new)

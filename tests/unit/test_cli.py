@@ -1,5 +1,5 @@
-"""The command table: each module registers exactly the sub-commands cli.SUBCOMMAND_MODULES names,
-and a command builds only its own module's parser."""
+"""The command table: each module of kvstudy.cli has an ``add_<command>`` for exactly the sub-commands
+cli.COMMANDS gives it, and a command builds only its own parser."""
 
 from __future__ import annotations
 
@@ -8,20 +8,22 @@ import importlib
 from kvstudy import cli
 
 
-def test_the_table_names_what_each_module_registers() -> None:
-    parser = cli._Parser(prog="kvstudy")
-    sub = parser.add_subparsers(dest="command")
-    for name, commands in cli.SUBCOMMAND_MODULES.items():
-        before = set(sub.choices)
-        importlib.import_module(name).register(sub)
-        assert sorted(set(sub.choices) - before) == sorted(commands), name
+def test_the_table_names_what_each_module_adds() -> None:
+    for noun, commands in cli.COMMANDS.items():
+        module = importlib.import_module(f"kvstudy.cli.{noun}")
+        adders = sorted(name for name in vars(module) if name.startswith("add_"))
+        assert adders == sorted("add_" + c.replace("-", "_") for c in commands), noun
+        for command in commands:
+            sub = cli._Parser(prog="kvstudy").add_subparsers(dest="command")
+            getattr(module, "add_" + command.replace("-", "_"))(sub)
+            assert list(sub.choices) == [command]
 
 
 def test_a_command_builds_its_own_parser_only() -> None:
     sub = cli.build_parser(["capacity", "x"])._subparsers._group_actions[0]  # type: ignore[union-attr]
     assert set(sub.choices) == {"capacity"}
     every = cli.build_parser([])._subparsers._group_actions[0]  # type: ignore[union-attr]
-    assert {c for commands in cli.SUBCOMMAND_MODULES.values() for c in commands} == set(every.choices)
+    assert [c for commands in cli.COMMANDS.values() for c in commands] == list(every.choices)
 
 
 def test_an_unknown_command_is_one_line(capsys) -> None:

@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("profiles", "decision_rule"),  # decision_rule: the card's one rule (profiles check its thresholds)
     ("distribute",),  # plans a profile's experiments as blocks, runs and collects them
     ("report", "profile_new"),  # report/: tables, notebook, html, index, render, design, status, calibration, decision
-    ("cli",),
+    ("cli",),  # entry: the kvstudy command, one module per noun
 )
 
 

@@ -8,8 +8,6 @@ its dtype (:func:`pool_check`); a pool that disagrees fails every cell of that s
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -24,8 +22,7 @@ from kvstudy.bench.result import requests_from_result
 from kvstudy.bench.spec import Cell, Run
 from kvstudy.bench.telemetry import ServerMetricsSampler, scrape_server_metrics
 from kvstudy.capture import now_utc
-from kvstudy.io import log_tail, read_json, read_text_checked, write_jsonl_atomic
-from kvstudy.limits import output_folder
+from kvstudy.io import log_tail, read_text_checked, write_jsonl_atomic
 from kvstudy.load.knee import share_within
 from kvstudy.load.spec import LoadCellResult, LoadSpec, arm_pools, check_design, check_knobs, pool_table
 from kvstudy.model.allocator import predict_logged_pool
@@ -222,36 +219,3 @@ def run_load(
         on_cell_start=on_cell_start,
         before_first_start=lambda: require_live(spec.model),
     )
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("load", help="run (or resume) a load-at-equal-memory sweep described by a JSON grid")
-    p.add_argument("spec", help="JSON file with the grid (LoadSpec fields)")
-    p.add_argument("capture", type=output_folder, help="capture folder (created, or resumed if it holds the same grid)")
-    p.add_argument("--dry-run", action="store_true", help="check the design and list the cells, start nothing")
-    p.add_argument("--retry-failed", action="store_true", help="also re-run cells that failed before")
-    p.set_defaults(func=_cli)
-
-
-def _cli(args: argparse.Namespace) -> int:
-    spec = LoadSpec.from_dict(read_json(Path(args.spec)), where=args.spec)
-    if args.dry_run:
-        pools = check_design(spec, where=args.spec)
-        for p in pools.values():
-            print(
-                f"{p.arm}: {p.kv_cache_dtype}, {p.num_blocks:,} blocks, {p.tokens:,} tokens, {p.requests} requests fit"
-            )
-        todo = missing_cells(spec, Path(args.capture)) if (Path(args.capture) / MANIFEST).is_file() else spec.cells()
-        print(f"ladder {spec.loads()}; {len(todo)} of {len(spec.cells())} cells to run")
-        return 0
-    results = run_load(
-        spec, args.capture, how=f"kvstudy load {args.spec} {args.capture}", retry_failed=args.retry_failed
-    )
-    failed = [r for r in results if r.status != "ok"]
-    for r in failed:
-        print(f"failed: {r.cell_id}: {r.reason}", file=sys.stderr)
-    print(f"{len(results) - len(failed)} cells ok, {len(failed)} failed; capture in {args.capture}")
-    return 1 if failed else 0

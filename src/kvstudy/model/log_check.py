@@ -25,9 +25,7 @@ not, 2 on bad input.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -47,7 +45,7 @@ from kvstudy.vllm.facts import (
     device_defaults,
 )
 from kvstudy.vllm.kv_pool import vllm_pools
-from kvstudy.vllm.startup_log import MEMORY_NAMES, StartupInfo, parse_startup_log, summary
+from kvstudy.vllm.startup_log import MEMORY_NAMES, StartupInfo, parse_startup_log
 
 VLLM_POOL_PATH = "vLLM 0.32's pool code (vllm/v1/core/kv_cache_utils.py)"
 CONCURRENCY, PER_GROUP = "concurrency", "per_group"
@@ -479,30 +477,3 @@ def format_check(result: dict[str, Any]) -> str:
     overhead = result["overhead"]
     lines.append(f"overhead: {overhead['statement']}" + (f" ({overhead['rule']})" if logged["device"] != "cpu" else ""))
     return "\n".join(lines)
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    if args.model is None:
-        info = parse_startup_log(Path(args.file))
-        print(json.dumps(info.to_dict(), indent=2) if args.json else summary(info))
-        return 0
-    result = check_log(args.file, args.model, args.any_name)
-    print(json.dumps(result, indent=2) if args.json else format_check(result))
-    return 0 if result["agree"] else 1
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy startup-log FILE [--model PATH [--any-name]] [--json]``."""
-    parser = subparsers.add_parser(
-        "startup-log",
-        help="parse a vLLM startup log; with --model, check its pool against the model",
-        description="What a vLLM startup log says; with --model, whether the logged pool is the one the model "
-        "and the logged KV memory give (exit 1 when not), and what each KV dtype would hold",
-    )
-    parser.add_argument("file", help="the server's log file")
-    parser.add_argument("--model", default=None, help="the served model: a folder, its config.json, or a cache id")
-    parser.add_argument(
-        "--any-name", action="store_true", help="accept a log whose served model has another folder name"
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(func=_cmd)

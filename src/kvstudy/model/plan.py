@@ -3,13 +3,10 @@ parallelism, and what it holds: KV pool per GPU, users per context length, GPUs 
 
 Every figure keeps a label saying where it came from: "from the GPU catalog (NAME)", "given",
 "vLLM 0.32 default" (``kvstudy.vllm.facts``), or the weights' own source (checkpoint or estimate).
-This module also holds the ``kvstudy capacity`` command.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,11 +14,9 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
 from kvstudy.io import write_csv_at
-from kvstudy.limits import MAX_GIB, MAX_TENSOR_PARALLEL, MAX_TOKENS, float_arg, int_arg, output_file
 from kvstudy.model.capacity import (
     FULL,
     GIB,
-    KV_DTYPES,
     MLA,
     SLIDING,
     ModelLayout,
@@ -385,81 +380,6 @@ def _csv(summary: dict[str, Any], path: str, force: bool = False) -> None:
         write_csv_at(frame, target)
     except OSError as exc:  # a parent that is a file, a folder that cannot be made
         raise StudyError(f"--csv {path}: cannot be written ({exc.strerror or exc})") from None
-
-
-def _run(args: argparse.Namespace) -> int:
-    options = "assume tensor_parallel_size kv_dtype max_model_len skip_layers weights_gib gpu gpu_memory_gib"
-    options += " gpu_memory_utilization allow_long_context"
-    summary = plan_summary(args.path, **{name: getattr(args, name) for name in options.split()})
-    if args.csv:
-        _csv(summary, args.csv, args.force)
-    print(json.dumps(summary, indent=2) if args.json else _format(summary))
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy capacity PATH [--kv-dtype D ...] [--gpu NAME] [--tensor-parallel-size N] ... [--json]``."""
-    parser = subparsers.add_parser(
-        "capacity",
-        help="KV bytes per token and per request from a config.json",
-        description="KV-cache capacity of a model (and, with --gpu, on a GPU)",
-    )
-    parser.add_argument("path", help="model folder, its config.json, or a cached Hugging Face id")
-    parser.add_argument(
-        "--kv-dtype",
-        nargs="+",
-        metavar="D",
-        help=f"KV dtypes (default: the model's dtype, fp8, nvfp4); one of {', '.join(KV_DTYPES)}",
-    )
-    parser.add_argument(
-        "--max-model-len",
-        type=int_arg(1, MAX_TOKENS),
-        default=None,
-        help="tokens in one request (default: the config's max_position_embeddings)",
-    )
-    parser.add_argument(
-        "--skip-layers", default=None, help="'sliding_window' (or layer indices): layers kept in the model dtype"
-    )
-    parser.add_argument(
-        "--assume",
-        metavar="FAMILY",
-        default=None,
-        help="override: read the config with a known family's rules, not vLLM's specs (the fields it ignores are printed)",
-    )
-    parser.add_argument("--gpu", metavar="NAME", default=None, help="a GPU from data/gpus/catalog.json (e.g. H100-SXM)")
-    parser.add_argument(
-        "--gpu-memory-gib", type=float_arg(0.0, MAX_GIB), default=None, help="GPU memory in GiB (overrides --gpu's)"
-    )
-    parser.add_argument(
-        "--gpu-memory-utilization",
-        type=float_arg(0.0, 1.0),
-        default=None,
-        help=f"vLLM --gpu-memory-utilization (default: vLLM's, {DEFAULT_GPU_MEMORY_UTILIZATION})",
-    )
-    parser.add_argument(
-        "--weights-gib",
-        type=float_arg(0.0, MAX_GIB),
-        default=None,
-        help="weights in GiB (default: the checkpoint's, else an estimate from the config)",
-    )
-    parser.add_argument(
-        "--tensor-parallel-size",
-        type=int_arg(1, MAX_TENSOR_PARALLEL),
-        default=1,
-        metavar="N",
-        help="GPUs in tensor parallelism",
-    )
-    parser.add_argument(
-        "--allow-long-context",
-        action="store_true",
-        help="count a --max-model-len beyond the config's max_position_embeddings (vLLM needs VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)",
-    )
-    parser.add_argument(
-        "--csv", metavar="PATH", type=output_file, default=None, help="also write the per-dtype table as CSV at PATH"
-    )
-    parser.add_argument("--force", action="store_true", help="replace an existing --csv file")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(func=_run)
 
 
 # --------------------------------------------------------------------------- the decision card's capacity

@@ -13,10 +13,8 @@ or a resolved-run record.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -479,41 +477,3 @@ def summary(report: ScaleReport) -> str:
     lines += [f"  verdict: {v}" for v in report.verdicts]
     lines += [f"  error: {e}" for e in report.errors]
     return "\n".join(lines)
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    if not args.models and not args.all_cache:
-        raise StudyError("scales: give a model folder, a config.json or a cached id (or --all-cache)")
-    reports = [inspect_model(spec, log=args.log, cache_dir=args.cache_dir) for spec in args.models]
-    if args.all_cache:
-        reports += inspect_cache(args.cache_dir)
-        if not reports:
-            raise StudyError(f"{args.cache_dir or 'the Hugging Face cache'}: no model repositories cached")
-    for report in reports:
-        for error in report.errors:
-            print(f"kvstudy: {error}", file=sys.stderr)
-    if args.json:
-        payload: Any = [r.to_dict() for r in reports] if len(reports) != 1 else reports[0].to_dict()
-        print(json.dumps(payload, indent=2))
-    else:
-        print("\n\n".join(summary(r) for r in reports))
-    return 2 if any(not r.readable or r.files_unread for r in reports) else 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy scales PATH_OR_ID... [--log FILE] [--all-cache] [--json]``."""
-    parser = subparsers.add_parser(
-        "scales", help="find a checkpoint's KV settings and KV scale tensors (reads only their bytes)"
-    )
-    parser.add_argument(
-        "models", nargs="*", metavar="PATH_OR_ID", help="model folder, its config.json, or a cached Hugging Face id"
-    )
-    parser.add_argument("--log", help="a vLLM startup log or resolved-run record (JSON) to check the scales against")
-    parser.add_argument(
-        "--all-cache", action="store_true", help="also scan every model in the local Hugging Face cache"
-    )
-    parser.add_argument(
-        "--cache-dir", help="the Hugging Face hub cache for ids and --all-cache (default: HF_HUB_CACHE)"
-    )
-    parser.add_argument("--json", action="store_true", help="print the reports as JSON")
-    parser.set_defaults(func=_cmd)

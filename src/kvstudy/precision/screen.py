@@ -10,7 +10,6 @@ models or tokenize a prompt differently are refused before anything is written.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -27,7 +26,7 @@ from kvstudy.bench.logprobs import (
 from kvstudy.capture import new_manifest, set_items, write_manifest
 from kvstudy.errors import StudyError
 from kvstudy.io import write_json_atomic, write_jsonl_atomic
-from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_TOKENS, MAX_TOP_K, float_arg, int_arg, output_folder
+from kvstudy.limits import MAX_TOP_K
 from kvstudy.precision import prompts as pr
 from kvstudy.precision.records import GROUP_FILE, KIND, Group, claim_capture, logp_path
 
@@ -104,51 +103,3 @@ def screen(
     set_items(manifest, {f"{GROUP}/{arm}": "ok" for arm in arms})
     write_manifest(capture, manifest)
     return capture
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    from kvstudy.precision.analysis import comparison_table, comparisons
-    from kvstudy.precision.records import load
-
-    prompts = pr.gsm8k_prompts(args.gsm8k_n) + pr.retrieval_prompts(
-        args.retrieval_lengths, args.retrieval_per_length, chars_per_token=args.chars_per_token
-    )
-    capture = screen(
-        args.baseline,
-        args.candidate,
-        args.capture,
-        prompts,
-        args.repeat,
-        args.allow_other_checkpoint,
-        force=args.force,
-        top_k=args.top_k,
-    )
-    table = comparison_table(comparisons(load(capture)))
-    print(table.drop(columns=["storage"]).to_string(index=False))
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("kv-screen", help="paired teacher-forced log p of two OpenAI-compatible servers")
-    p.add_argument("--baseline", required=True, help="URL of the 16-bit server, e.g. http://127.0.0.1:8000")
-    p.add_argument("--candidate", required=True, help="URL of the server under test (e.g. FP8 KV)")
-    p.add_argument("--repeat", help="URL of a second 16-bit server for the A/A floor (default: the baseline again)")
-    p.add_argument("--capture", required=True, type=output_folder, help="capture folder to write")
-    p.add_argument("--gsm8k-n", type=int_arg(0, MAX_ITEMS), default=20)
-    p.add_argument("--retrieval-lengths", type=int_arg(1, MAX_TOKENS), nargs="*", default=[512, 1024, 2048])
-    p.add_argument("--retrieval-per-length", type=int_arg(0, MAX_ITEMS), default=4)
-    p.add_argument(
-        "--chars-per-token",
-        type=float_arg(0.01, MAX_FACTOR),
-        default=1.0,
-        help="retrieval context characters per token",
-    )
-    p.add_argument(
-        "--top-k",
-        type=int_arg(1, MAX_TOP_K),
-        default=DEFAULT_TOP_K,
-        help="log-probabilities per position for the KL (at most the servers' --max-logprobs)",
-    )
-    p.add_argument("--allow-other-checkpoint", action="store_true", help="the servers may load different folders")
-    p.add_argument("--force", action="store_true", help="write into a folder kv-screen did not create")
-    p.set_defaults(func=_cmd)

@@ -12,7 +12,6 @@ greedily. Everything it writes says **simulated storage (PyTorch), not vLLM's ke
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -30,7 +29,6 @@ from kvstudy.capture import (
 )
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import write_json_atomic, write_jsonl_atomic
-from kvstudy.limits import MAX_ITEMS, MAX_THREADS, MAX_TOKENS, int_arg, output_folder
 from kvstudy.precision import prompts as pr
 from kvstudy.precision import quantize as qz
 from kvstudy.precision.records import GROUP_FILE, KIND, Group, claim_capture, greedy_path, logp_path
@@ -320,46 +318,3 @@ def run(spec: SimSpec, capture: str | Path, force: bool = False, retry_failed: b
         finish_session(session)
         write_manifest(capture, manifest)
     return capture
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    spec = SimSpec(
-        model=args.model,
-        control_dir=args.control_dir,
-        gsm8k_n=args.gsm8k_n,
-        control_gsm8k_n=args.control_gsm8k_n,
-        retrieval_lengths=tuple(args.retrieval_lengths),
-        retrieval_per_length=args.retrieval_per_length,
-        greedy_n=args.greedy_n,
-        threads=args.threads,
-    )
-    run(spec, args.capture, args.force, args.retry_failed)
-    print(f"{args.capture}: done ({qz.LABEL})")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    d = SimSpec()
-    p = subparsers.add_parser("kv-simulate", help=f"score FP8/int8 KV storage in PyTorch ({qz.LABEL})")
-    p.add_argument("capture", type=output_folder, help="capture folder to write or resume")
-    p.add_argument("--model", default=d.model)
-    p.add_argument(
-        "--control-dir",
-        type=output_folder,
-        default=d.control_dir,
-        help="where the positive-control checkpoint is written",
-    )
-    p.add_argument("--gsm8k-n", type=int_arg(0, MAX_ITEMS), default=d.gsm8k_n)
-    p.add_argument("--control-gsm8k-n", type=int_arg(0, MAX_ITEMS), default=d.control_gsm8k_n)
-    p.add_argument("--retrieval-lengths", type=int_arg(1, MAX_TOKENS), nargs="+", default=list(d.retrieval_lengths))
-    p.add_argument("--retrieval-per-length", type=int_arg(0, MAX_ITEMS), default=d.retrieval_per_length)
-    p.add_argument(
-        "--greedy-n",
-        type=int_arg(0, MAX_ITEMS),
-        default=d.greedy_n,
-        help="GSM8K-format items answered greedily per arm",
-    )
-    p.add_argument("--threads", type=int_arg(1, MAX_THREADS), default=d.threads)
-    p.add_argument("--force", action="store_true", help="write into a folder kv-simulate did not create")
-    p.add_argument("--retry-failed", action="store_true", help="run arms that failed before again")
-    p.set_defaults(func=_cmd)

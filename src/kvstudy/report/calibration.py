@@ -26,10 +26,9 @@ A bundled ladder (``data/captures/kv-calibrate-cpu``) lists its grades in ``ladd
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -344,51 +343,3 @@ def ladder_sentence(ladder: Ladder) -> str:
     else:
         parts.append(f"**Margin not calibrated**: {m.reason}.")
     return " ".join(parts)
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    if bool(args.ladder) == bool(args.grade):
-        raise StudyError("kv-calibrate: expected either --grade (at least two) or --ladder, not both or neither")
-    if args.ladder:
-        bundle = read_ladder(args.ladder)
-        calibrations = bundle.calibrations
-        ladders = bundle.grades
-        cal = bundle.margin
-    else:
-        grades = [(bounded_float(f, "--grade FACTOR", 1.0, MAX_FACTOR), acc, scr) for f, acc, scr in args.grade]
-        ladder, cal = calibrate_ladder(grades, args.reference)
-        ladders, calibrations = {"accuracy": ladder}, {"accuracy": cal}
-    for task, ladder in ladders.items():
-        for g in ladder:
-            print(
-                f"{task} factor {g.factor:g}: accuracy {g.change_points:+.1f} points (95 % {g.change_low:+.1f} to "
-                f"{g.change_high:+.1f}), KL {g.kl:.4g} nats/token, Δ log p {g.delta_logp:+.4g} nats/token"
-            )
-    if args.json:
-        import json
-
-        out = {
-            t: {"grades": [asdict(g) for g in ladders[t]], "calibration": asdict(c)} for t, c in calibrations.items()
-        }
-        print(json.dumps(out, default=str))
-    if cal.state != "calibrated":
-        raise StudyError(f"control ladder: margin not calibrated: {cal.reason}")
-    print(f"margin: {cal.state}; {cal.reason}; KL {cal.margin_kl:.4g} nats/token")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("kv-calibrate", help="the KL / Δ log p margin from a graded control through vLLM")
-    p.add_argument(
-        "--grade",
-        nargs=3,
-        action="append",
-        metavar=("FACTOR", "ACCURACY_CAPTURE", "SCREEN_CAPTURE"),
-        help="one grade: its factor, its accuracy capture (fp8-kv, and bf16 or --reference) and its kv-screen capture",
-    )
-    p.add_argument("--reference", help="accuracy capture of the unmodified model (its bf16 arm)")
-    p.add_argument(
-        "--ladder", help=f"a folder whose {LADDER_FILE} lists the grades (e.g. data/captures/kv-calibrate-cpu)"
-    )
-    p.add_argument("--json", action="store_true", help="also print the grades and the calibration as JSON")
-    p.set_defaults(func=_cmd)

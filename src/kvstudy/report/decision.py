@@ -12,7 +12,6 @@ per-topic verdicts, and the published usage guidance where it holds for this mod
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -561,19 +560,3 @@ def card_text(card: Card) -> str:
         mark = {True: "applies", False: "does not apply", None: "cannot tell"}[g.applies]
         out.append(f"- {g.scenario}: {mark} ({g.why}) -> {g.published}")
     return "\n".join(out)
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    card = read_card(args.profile)
-    print(card_json(card) if args.json else card_text(card))
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy verdict PROFILE [--json]``."""
-    parser = subparsers.add_parser("verdict", help="the decision card of a rendered profile")
-    parser.add_argument("profile", help="a profile in profiles/ whose reports were rendered (make all PROFILE=...)")
-    parser.add_argument(
-        "--json", action="store_true", help="the card as JSON: the answer, the rule that fired, every input"
-    )
-    parser.set_defaults(func=_cmd)

@@ -22,23 +22,14 @@ margin of M points needs to pass with 80 % power when the configurations truly s
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvstudy.accuracy.analysis import ASSUMED_DISCORDANCE
 from kvstudy.errors import StudyError
-from kvstudy.limits import (
-    DESIGN_CHANGE_PCT,
-    DESIGN_MARGIN_POINTS,
-    MAX_DESIGN_ROWS,
-    MAX_DESIGN_VALUES,
-    MAX_LOG_SD,
-)
+from kvstudy.limits import MAX_DESIGN_ROWS
 from kvstudy.speed.calibration import noise_sd
 from kvstudy.stats.binary_power import check_totals, non_inferiority_questions
 from kvstudy.stats.permutation import TARGET_POWER, runs_needed
@@ -270,103 +261,3 @@ def need_sentence(rows: Sequence[AccuracyDesign], unit: str = "questions") -> st
         f"{worst.power * 100:.0f} % power (discordance {worst.discordance:.1%}, {worst.discordance_origin}; "
         "kvstudy design accuracy)"
     )
-
-
-def _numbers(
-    values: Sequence[str] | None, field: str, low: float = 0.0, high: float = math.inf, most: int = 1
-) -> list[float] | None:
-    """The numbers of option ``field``: at most ``most`` of them, each finite, above ``low`` (or equal
-    to it when it is not 0) and at most ``high``; else one line naming the option and the bound."""
-    if values is None:
-        return None
-    if len(values) > most:
-        raise StudyError(f"{field}: {len(values):,} values, expected at most {most}")
-    out = []
-    for text in values:
-        try:
-            value = float(text)
-        except ValueError:
-            raise StudyError(f"{field}: expected a number, got {text[:40]!r}") from None
-        if not math.isfinite(value) or value <= 0 or value < low or value > high:
-            span = f"from {low:g} to {high:g}" if low > 0 else f"above 0, at most {high:g}"
-            span = span if math.isfinite(high) else "above 0"
-            raise StudyError(f"{field}: expected a number {span}, got {text[:40]!r}")
-        out.append(value)
-    return out
-
-
-def _power(text: str) -> float:
-    value = (_numbers([text], "--power") or [TARGET_POWER])[0]
-    if not 0 < value < 1:
-        raise StudyError(f"--power: expected a share in (0, 1), e.g. 0.8, got {text!r}")
-    return value
-
-
-def _emit(rows: Sequence[Any], lines: list[str], as_json: bool) -> None:
-    if as_json:
-        print(json.dumps([asdict(r) for r in rows], indent=2, default=lambda v: None))
-    else:
-        print("\n".join(lines))
-
-
-def _cmd_speed(args: argparse.Namespace) -> int:
-    sd = _numbers([args.noise_sd], "--noise-sd", high=MAX_LOG_SD) if args.noise_sd is not None else None
-    changes = _numbers(args.change, "--change", *DESIGN_CHANGE_PCT, most=MAX_DESIGN_VALUES) or list(DEFAULT_CHANGES_PCT)
-    rows = speed_design(changes, args.capture, sd[0] if sd else None, _power(args.power))
-    _emit(rows, speed_lines(rows), args.json)
-    return 0
-
-
-def _cmd_load(args: argparse.Namespace) -> int:
-    sd = _numbers([args.noise_sd], "--noise-sd", high=MAX_LOG_SD) if args.noise_sd is not None else None
-    changes = _numbers(args.change, "--change", *DESIGN_CHANGE_PCT, most=MAX_DESIGN_VALUES) or [50.0, 100.0]
-    rows = load_design(changes, args.capture, sd[0] if sd else None, _power(args.power))
-    _emit(rows, load_lines(rows), args.json)
-    return 0
-
-
-def _cmd_accuracy(args: argparse.Namespace) -> int:
-    psi = _numbers([args.discordance], "--discordance", high=1.0) if args.discordance is not None else None
-    totals = None
-    if args.totals is not None:
-        try:
-            totals = [int(t) for t in args.totals]
-        except ValueError:
-            raise StudyError(f"--totals: expected three whole numbers N BASE CAND, got {args.totals}") from None
-    margins = _numbers(args.margin_points, "--margin-points", *DESIGN_MARGIN_POINTS, most=MAX_DESIGN_VALUES)
-    margins = margins or list(DEFAULT_MARGINS_POINTS)
-    rows = accuracy_design(margins, psi[0] if psi else None, totals, _power(args.power))
-    _emit(rows, accuracy_lines(rows), args.json)
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy design speed`` and ``kvstudy design accuracy``."""
-    parser = subparsers.add_parser(
-        "design",
-        help="the runs or questions a decision needs (speed: runs per arm; accuracy: questions)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="what", required=True)
-    speed = sub.add_parser("speed", help="seed blocks per arm a TPOT change needs at 80 %% power")
-    speed.add_argument("--capture", help="a speed-sweep capture folder with an A/A repeat of the baseline")
-    speed.add_argument("--noise-sd", help="SD of a per-seed log TPOT difference (instead of a capture)")
-    speed.add_argument("--change", nargs="+", help="TPOT changes in %% (default 5 10 20)")
-    speed.add_argument("--power", default=str(TARGET_POWER), help="power (default 0.8)")
-    speed.add_argument("--json", action="store_true")
-    speed.set_defaults(func=_cmd_speed)
-    acc = sub.add_parser("accuracy", help="questions a non-inferiority margin needs at 80 %% power")
-    acc.add_argument("--margin-points", nargs="+", help="margins in points (default 1 2 5)")
-    acc.add_argument("--discordance", help="share of questions the two configurations disagree on, e.g. 0.05")
-    acc.add_argument("--totals", nargs=3, metavar=("N", "BASE", "CAND"), help="published totals: questions, correct")
-    acc.add_argument("--power", default=str(TARGET_POWER), help="power (default 0.8)")
-    acc.add_argument("--json", action="store_true")
-    acc.set_defaults(func=_cmd_accuracy)
-    ld = sub.add_parser("load", help="seed blocks per arm a change in users within the target needs at 80 %% power")
-    ld.add_argument("--capture", help="a load capture folder with an A/A repeat of the baseline")
-    ld.add_argument("--noise-sd", help="SD of a per-block log users difference (instead of a capture)")
-    ld.add_argument("--change", nargs="+", help="changes in users within the target, in %% (default 50 100)")
-    ld.add_argument("--power", default=str(TARGET_POWER), help="power (default 0.8)")
-    ld.add_argument("--json", action="store_true")
-    ld.set_defaults(func=_cmd_load)

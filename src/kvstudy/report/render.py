@@ -16,7 +16,6 @@ the profile's secret values (``redact.scrub_report``).
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import fcntl
 import functools
@@ -450,37 +449,3 @@ def report_failures(runs: Sequence[NotebookRun]) -> int:
         what = run.error if run.needs else f"failed: {run.error}"
         print(f"kvstudy: error: notebooks/{run.name}.ipynb {what}", file=sys.stderr)
     return 1 if failed else 0
-
-
-def _cmd_render(args: argparse.Namespace) -> int:
-    return report_failures(run_profile(args.profile, only=args.only))
-
-
-class _Once(argparse.Action):
-    """An option that may be given once: a second ``--profile`` (smuggled in through ``ONLY=``) is refused."""
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
-        if getattr(namespace, f"_{self.dest}_given", False):
-            parser.error(f"{option_string} given twice; expected it once (notebook names go after --only)")
-        setattr(namespace, f"_{self.dest}_given", True)
-        setattr(namespace, self.dest, values)
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy render``."""
-    parser = subparsers.add_parser(
-        "render",
-        help="run a profile's notebooks and render the HTML reports",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--profile", default="reference", action=_Once, help="a file in profiles/ without .yaml (given once)"
-    )
-    parser.add_argument(
-        "--only",
-        nargs="*",
-        default=(),
-        help="run only these notebooks of the profile (the index keeps the others' last reports)",
-    )
-    parser.set_defaults(func=_cmd_render)

@@ -17,10 +17,7 @@ and what was wrong.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
-import json
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -33,8 +30,6 @@ from kvstudy.bench.measurability import Measurability, RunRequests, assess_run, 
 from kvstudy.bench.result import read_result_file, requests_from_result, result_files
 from kvstudy.errors import StudyError
 from kvstudy.io import is_finite_number
-from kvstudy.limits import float_arg
-from kvstudy.redact import redact, redact_text
 from kvstudy.speed.calibration import centred, minimum_detectable_change
 from kvstudy.speed.verdict import ALPHA, CLOCK_TOLERANCE, Verdict, compare_runs, minimum_p_value, summarise_run
 
@@ -300,43 +295,3 @@ def format_text(result: Comparison) -> str:
     )
     lines.extend(f"- {reason}" for reason in v.reasons)
     return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy speed compare BASE CAND [--json] [--clock-tolerance-pct X]``."""
-    parser = subparsers.add_parser("speed", help="speed verdicts on vLLM bench results")
-    sub = parser.add_subparsers(dest="speed_command", required=True)
-    cmp_parser = sub.add_parser(
-        "compare",
-        help="candidate vs baseline TPOT from two folders of vllm bench serve "
-        "--save-result --save-detailed files (one run per file)",
-        description=__doc__.split("\n\n")[0],
-    )
-    cmp_parser.add_argument("base", metavar="BASE", help="folder of the baseline's result files")
-    cmp_parser.add_argument("cand", metavar="CAND", help="folder of the candidate's result files")
-    cmp_parser.add_argument("--json", action="store_true", help="print one JSON object")
-    cmp_parser.add_argument(
-        "--clock-tolerance-pct",
-        type=float_arg(0.0, 100.0),
-        default=CLOCK_TOLERANCE * 100,
-        metavar="X",
-        help="largest difference of the arms' median clocks that still allows a claim "
-        f"(default {CLOCK_TOLERANCE * 100:g})",
-    )
-    cmp_parser.set_defaults(func=_cli_compare)
-
-
-def _cli_compare(args: argparse.Namespace) -> int:
-    if not args.clock_tolerance_pct >= 0 or not np.isfinite(args.clock_tolerance_pct):
-        raise StudyError(f"--clock-tolerance-pct: {args.clock_tolerance_pct!r}, expected a percentage >= 0")
-    result = compare_folders(args.base, args.cand, clock_tolerance=args.clock_tolerance_pct / 100.0)
-    # a bench result's model_id or a folder name may carry a URL password or a token: never echoed
-    if args.json:
-        print(json.dumps(redact(result.to_dict()), default=str, allow_nan=False))
-    else:
-        print(redact_text(format_text(result)))
-    sys.stdout.flush()
-    return 0

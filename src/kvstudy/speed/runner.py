@@ -20,8 +20,6 @@ module supplies how one cell runs and its result record.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
@@ -46,8 +44,7 @@ from kvstudy.bench.telemetry import (
     write_telemetry_jsonl,
 )
 from kvstudy.capture import now_utc
-from kvstudy.io import log_tail, read_json
-from kvstudy.limits import output_folder
+from kvstudy.io import log_tail
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 from kvstudy.speed.spec import SpeedCellResult, SweepSpec
@@ -250,44 +247,3 @@ def speed_plan(spec: SweepSpec, capture: Path) -> GridPlan[Cell, SpeedCellResult
         run_fields=lambda run, _cells: {"configuration": run.arm},
         scrub=lambda text: _scrubbed(spec, text),
     )
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("sweep", help="run (or resume) a speed sweep described by a JSON grid")
-    p.add_argument("spec", help="JSON file with the grid (SweepSpec fields)")
-    p.add_argument("capture", type=output_folder, help="capture folder (created, or resumed if it holds the same grid)")
-    p.add_argument("--dry-run", action="store_true", help="list the cells that would run, start nothing")
-    p.add_argument(
-        "--retry-failed",
-        action="store_true",
-        help="also re-run cells that failed before (their old logs are kept as *.attemptN.log)",
-    )
-    p.set_defaults(func=_cli)
-
-
-def _cli(args: argparse.Namespace) -> int:
-    spec = SweepSpec.from_dict(read_json(Path(args.spec)), where=args.spec)
-    todo = missing_cells(spec, Path(args.capture), args.retry_failed)
-    if args.dry_run:
-        for cell in todo:
-            print(cell.id)
-        print(f"{len(todo)} of {len(spec.cells())} cells to run")
-        return 0
-    results = run_sweep(
-        spec, args.capture, how=f"kvstudy sweep {args.spec} {args.capture}", retry_failed=args.retry_failed
-    )
-    failed = [r for r in results if r.status != "ok"]
-    for r in failed:
-        print(f"failed: {r.cell_id}: {r.reason}", file=sys.stderr)
-    ran = {r.cell_id for r in results}
-    kept = [c.id for c in spec.cells() if c.id not in ran and cell_status(Path(args.capture), c) == "failed"]
-    if kept:
-        print(
-            f"kept {len(kept)} cell(s) that failed before ({', '.join(kept[:5])}); re-run with --retry-failed",
-            file=sys.stderr,
-        )
-    print(f"{len(results) - len(failed)} cells ok, {len(failed)} failed; capture in {args.capture}")
-    return 1 if failed or kept else 0

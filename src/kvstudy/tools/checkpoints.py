@@ -10,19 +10,15 @@ they exercise the scale inspector (``kvstudy.model.scales``). The output is byte
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import safetensors
 
-from kvstudy.errors import StudyError
 from kvstudy.io import check_write_target, write_text_atomic
-from kvstudy.limits import output_folder
 from kvstudy.model.safetensors import F8_E4M3_VALUES
 from kvstudy.outputs import claim_output_folder
 
@@ -338,34 +334,3 @@ def build_all(out_dir: str | Path, names: Sequence[str] = (), force: bool = Fals
         case.build(folder, np.random.default_rng(SEED + number))
         built.append(folder)
     return built
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    if args.checkpoints_command == "list":
-        for case in CASES:
-            print(f"{case.name:24s} {case.what}")
-        return 0
-    unknown = set(args.names) - {c.name for c in CASES}
-    if unknown:
-        raise StudyError(f"checkpoint names {sorted(unknown)}: unknown (see `kvstudy checkpoints list`)")
-    for folder in build_all(args.out_dir, args.names, args.force):
-        size = sum(p.stat().st_size for p in folder.iterdir())
-        print(f"{folder}: {size} bytes")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy checkpoints build OUT_DIR [NAMES]`` and ``kvstudy checkpoints list``."""
-    parser = subparsers.add_parser(
-        "checkpoints",
-        help="generate the small KV-scale test checkpoints",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="checkpoints_command", required=True)
-    build = sub.add_parser("build", help="write the checkpoints into a folder")
-    build.add_argument("out_dir", type=output_folder, help="e.g. data/checkpoints")
-    build.add_argument("names", nargs="*", help="only these checkpoints (default: all)")
-    build.add_argument("--force", action="store_true", help="write into a folder this command did not create")
-    build.set_defaults(func=_cmd)
-    sub.add_parser("list", help="list the checkpoints and what each contains").set_defaults(func=_cmd)

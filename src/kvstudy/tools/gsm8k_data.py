@@ -12,16 +12,13 @@ multi-step grade-school arithmetic from a fixed set of templates; every number i
 
 from __future__ import annotations
 
-import argparse
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_jsonl_numbered, write_jsonl_atomic
-from kvstudy.limits import MAX_ITEMS, MAX_SEED, int_arg, output_folder
 from kvstudy.outputs import claim_output_folder
 
 SEED = 20261023
@@ -303,25 +300,3 @@ def read_split(path: str | Path) -> list[Problem]:
         final_answer(item["answer"])
         problems.append(Problem(item["question"], item["answer"]))
     return problems
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    for split, path in write_splits(args.folder, args.seed, args.n_test, args.n_train, args.force).items():
-        print(f"{split}: {path}")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy gsm8k-data FOLDER``."""
-    parser = subparsers.add_parser(
-        "gsm8k-data",
-        help="write the offline GSM8K-format train/test files",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("folder", type=output_folder, help="where to write train.jsonl and test.jsonl")
-    parser.add_argument("--seed", type=int_arg(0, MAX_SEED), default=SEED)
-    parser.add_argument("--n-test", type=int_arg(1, MAX_ITEMS), default=N_TEST)
-    parser.add_argument("--n-train", type=int_arg(1, MAX_ITEMS), default=N_TRAIN)
-    parser.add_argument("--force", action="store_true", help="write into a folder this command did not create")
-    parser.set_defaults(func=_cmd)

@@ -5,7 +5,6 @@ counts, the file's digest); the same command always writes the same bytes.
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,15 +15,8 @@ from kvstudy.errors import StudyError
 from kvstudy.io import write_json_atomic, write_text_atomic
 from kvstudy.limits import (
     MAX_AXIS_VALUES,
-    MAX_FACTOR,
     MAX_GENERATED_CHARS,
-    MAX_ITEMS,
-    MAX_NEEDLES,
-    MAX_SEED,
     MAX_TOKENS,
-    float_arg,
-    int_arg,
-    output_folder,
 )
 from kvstudy.outputs import claim_output_folder, record_says
 from kvstudy.tools.retrieval_data import DEFAULT_SEED, KINDS, generate_items
@@ -103,48 +95,3 @@ def write_retrieval_data(folder: str | Path, spec: RetrievalSet = RetrievalSet()
         },
     )  # kvstudy.digests.file_digest
     return path
-
-
-def _ints(text: str, option: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise StudyError(f"{option}: expected comma-separated whole numbers, got {text!r}") from None
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    spec = RetrievalSet(
-        lengths=_ints(args.lengths, "--lengths"),
-        n_per_length=args.n_per_length,
-        questions_per_context=args.questions_per_context,
-        n_needles=args.n_needles,
-        seed=args.seed,
-        chars_per_token=args.chars_per_token,
-    )
-    path = write_retrieval_data(args.folder, spec, args.force)
-    print(f"wrote {path} ({len(spec.kinds) * len(spec.lengths) * spec.n_per_length} items)")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy retrieval-data FOLDER``."""
-    default = RetrievalSet()
-    parser = subparsers.add_parser(
-        "retrieval-data", help="write the long-context retrieval set (lm-eval retrieval_offline)"
-    )
-    parser.add_argument("folder", type=output_folder, help="where test.jsonl and spec.json go, e.g. data/retrieval")
-    parser.add_argument(
-        "--lengths", default=",".join(map(str, default.lengths)), help="context lengths in tokens, comma-separated"
-    )
-    parser.add_argument("--n-per-length", type=int_arg(1, MAX_ITEMS), default=default.n_per_length)
-    parser.add_argument("--questions-per-context", type=int_arg(1, MAX_NEEDLES), default=default.questions_per_context)
-    parser.add_argument("--n-needles", type=int_arg(1, MAX_NEEDLES), default=default.n_needles)
-    parser.add_argument("--seed", type=int_arg(0, MAX_SEED), default=default.seed)
-    parser.add_argument(
-        "--chars-per-token",
-        type=float_arg(0.01, MAX_FACTOR),
-        default=default.chars_per_token,
-        help="characters per token of the served model's tokenizer (1 for a byte-level one)",
-    )
-    parser.add_argument("--force", action="store_true", help="write into a folder this command did not create")
-    parser.set_defaults(func=_cmd)

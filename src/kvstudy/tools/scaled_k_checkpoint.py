@@ -9,7 +9,6 @@ and "FP8 with the checkpoint's scales" not. Torch-free: the same source gives th
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 from pathlib import Path
@@ -21,7 +20,6 @@ import safetensors
 from kvstudy.digests import file_digest
 from kvstudy.errors import StudyError
 from kvstudy.io import read_bytes_checked, read_json_object, write_text_atomic
-from kvstudy.limits import MAX_FACTOR, float_arg, output_folder
 from kvstudy.model.safetensors import decode
 from kvstudy.outputs import claim_output_folder, record_says
 from kvstudy.tools.checkpoints import Tensors, write_json, write_safetensors
@@ -124,28 +122,3 @@ def ensure_control(source: str | Path, out: str | Path, factor: float = FACTOR) 
         if same_source and record.get("factor") == factor:
             return dict(record)
     return build_control(source, out, factor)
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    record = build_control(args.source, args.out, args.factor, args.force, scales=not args.no_scales)
-    scales = [round(s, 4) for s in record["k_scales"]] if record["k_scales"] else "none (FP8 at scale 1.0)"
-    print(f"{args.out}: factor {record['factor']:g}, k_scale per layer {scales}")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "control-checkpoint",
-        help="write the KV-precision positive control: a Qwen3 checkpoint whose K overflows FP8 at scale 1.0",
-    )
-    p.add_argument("source", help="a single-file Qwen3 model folder (e.g. data/trained-model/qwen3-mini)")
-    p.add_argument("out", type=output_folder, help="the folder to write")
-    p.add_argument(
-        "--factor",
-        type=float_arg(1e-6, MAX_FACTOR),
-        default=FACTOR,
-        help="k_norm is multiplied and q_norm divided by it",
-    )
-    p.add_argument("--no-scales", action="store_true", help="write no KV scales: vLLM serves FP8 KV at scale 1.0")
-    p.add_argument("--force", action="store_true", help="write into a folder this command did not create")
-    p.set_defaults(func=_cmd)

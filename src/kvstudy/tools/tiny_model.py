@@ -10,7 +10,6 @@ latency was not measurable. The marker file is written last: a half-built folder
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import os
 import random
@@ -22,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json
-from kvstudy.limits import output_folder
 from kvstudy.outputs import TINY_MODEL_MARKER, record_says
 from kvstudy.tools.checkpoints import write_json
 from kvstudy.tools.train_record import folder_digests
@@ -283,39 +280,3 @@ def ensure_tiny_model(path: str | Path = DEFAULT_PATH, spec: TinyModelSpec = Tin
         if built(folder):  # another process built it while we waited
             return folder
         return build_tiny_model(folder, spec)
-
-
-def _cmd_build(args: argparse.Namespace) -> int:
-    spec = spec_for_size(args.size)
-    path = args.path if args.path is not None else DEFAULT_PATHS[args.size]
-    folder = build_tiny_model(path, spec) if args.force else ensure_tiny_model(path, spec)
-    marker = read_json(folder / MARKER)
-    size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
-    print(
-        f"{folder}: {args.size} Qwen3 ready ({spec.num_hidden_layers} layers, hidden {spec.hidden_size}, "
-        f"{size / 1e6:.1f} MB, "
-        f"model.safetensors sha256 {marker['files']['model.safetensors'][:12]})"
-    )
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy tiny-model build [PATH] [--size tiny|speed]``."""
-    parser = subparsers.add_parser("tiny-model", help="build the tiny random-weight Qwen3 model (offline)")
-    sub = parser.add_subparsers(dest="tiny_command", required=True)
-    build = sub.add_parser("build", help="build the model folder if it is missing")
-    build.add_argument(
-        "path",
-        nargs="?",
-        type=output_folder,
-        default=None,
-        help=f"model folder (default {DEFAULT_PATH} for tiny, {SPEED_PATH} for speed)",
-    )
-    build.add_argument(
-        "--size",
-        choices=sorted(SIZES),
-        default="tiny",
-        help="tiny: 4 layers, hidden 256 (plumbing); speed: 6 layers, hidden 768 (CPU speed sweep)",
-    )
-    build.add_argument("--force", action="store_true", help="rebuild even if the folder is complete")
-    build.set_defaults(func=_cmd_build)

@@ -9,25 +9,22 @@ any step can be rebuilt), the loss counting only answers; the recipe's phases an
 bfloat16. The output folder holds the HF files and ``training.json`` (settings, loss curve, wall
 time, versions, sha256 of every file); ``SOURCE.md`` is written by hand from it.
 
-    python -m kvstudy.tools.train_model --out data/trained-model/qwen3-mini
+    kvstudy train-model --out data/trained-model/qwen3-mini
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import random
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import write_json_atomic
-from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, float_arg, int_arg, output_folder
 from kvstudy.machine import cpu_model, package_versions
 from kvstudy.outputs import check_output_folder, claim_output_folder, record_says
 from kvstudy.tools import train_record
@@ -43,7 +40,6 @@ from kvstudy.tools.train_data import (
     retrieval_sequence,
     test_questions,
 )
-from kvstudy.tools.train_eval import evaluate_gsm8k, evaluate_retrieval
 from kvstudy.tools.train_record import folder_digests
 from kvstudy.tools.train_settings import (
     TrainSettings,
@@ -366,63 +362,3 @@ def run_training(
     earlier = train_record.earlier_record(start, settings, model_config(settings).to_dict())
     result = continue_training(start, settings, len(earlier["steps"]), progress)
     return save_model(result, settings, out, earlier)
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    settings = TrainSettings()
-    if args.steps_scale != 1.0:
-        settings = settings.scaled(args.steps_scale)
-    record = run_training(args.out, settings, start=args.continue_from, force=args.force)
-    print(f"{args.out}: trained in {record['wall_s']:.0f} s, final loss {record['loss_curve']['points'][-1][1]:.4f}")
-    if args.eval:
-        gsm = evaluate_gsm8k(args.out, args.eval)
-        print(f"gsm8k zero-shot strict-match: {gsm['correct']}/{gsm['n']} = {gsm['accuracy']:.3f}")
-        ret = evaluate_retrieval(args.out, (512, 1024, 2048, 4096), 20)
-        for key, value in ret.items():
-            print(f"retrieval {key}: {value['correct']}/{value['n']}")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy train-model --out DIR``."""
-    parser = subparsers.add_parser("train-model", help="train the small Qwen3 model (GSM8K-format + retrieval)")
-    parser.add_argument(
-        "--out", type=output_folder, default=str(DEFAULT_OUT), help=f"model folder (default {DEFAULT_OUT})"
-    )
-    parser.add_argument(
-        "--eval",
-        type=int_arg(0, MAX_ITEMS),
-        default=0,
-        metavar="N",
-        help="then evaluate on N test questions and 20 retrieval items per length",
-    )
-    parser.add_argument(
-        "--continue-from",
-        metavar="DIR",
-        help="a model folder saved after the recipe's first phases: run only the phases after them",
-    )
-    parser.add_argument(
-        "--steps-scale",
-        type=float_arg(1e-6, MAX_FACTOR),
-        default=1.0,
-        help="multiply every stage's steps (1.0 = the committed recipe)",
-    )
-    parser.add_argument("--force", action="store_true", help="write into a folder this command did not create")
-    parser.set_defaults(func=_cmd_train)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m kvstudy.tools.train_model --out DIR`` (same as ``kvstudy train-model``)."""
-    parser = argparse.ArgumentParser(prog="python -m kvstudy.tools.train_model")
-    sub = parser.add_subparsers(dest="command", required=True)
-    register(sub)
-    args = parser.parse_args(["train-model", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except StudyError as exc:
-        print(f"kvstudy: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

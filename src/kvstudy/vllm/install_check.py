@@ -6,12 +6,10 @@ version and the platform vLLM detected; exits 1 with one clear line when somethi
 
 from __future__ import annotations
 
-import argparse
 import os
 from importlib import metadata
-from typing import Any
 
-from kvstudy.errors import MissingPrerequisite, StudyError
+from kvstudy.errors import MissingPrerequisite
 
 
 def check() -> str:
@@ -58,18 +56,3 @@ def require_engine(lm_eval: bool = False) -> None:
             f"{' and '.join(missing)} not installed in this environment (make setup installs the analysis only)",
             "make engine",
         )
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    try:
-        line = check()
-    except RuntimeError as exc:
-        raise StudyError(f"vllm: {exc}") from None
-    print(line)
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy engine-check`` (``make engine`` runs it)."""
-    parser = subparsers.add_parser("engine-check", help="is vLLM installed and importable here?")
-    parser.set_defaults(func=_cmd)

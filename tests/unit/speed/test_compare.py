@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -15,20 +14,14 @@ import pytest
 
 from kvstudy.bench import result as bench_result
 from kvstudy.bench.result import read_result_file
+from kvstudy.cli import main
 from kvstudy.errors import StudyError
-from kvstudy.speed.compare import register, run_from_result
+from kvstudy.speed.compare import run_from_result
 
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """The sub-command through its own ``register`` (as kvstudy.cli does), with the CLI's error handling."""
-    parser = argparse.ArgumentParser(prog="kvstudy")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        rc = int(args.func(args) or 0)
-    except StudyError as exc:
-        print(f"kvstudy: error: {exc}", file=__import__("sys").stderr)
-        rc = 2
+    """The sub-command through ``kvstudy``'s own entry point (its error handling included)."""
+    rc = main(argv)
     out = capsys.readouterr()
     return rc, out.out, out.err
 
@@ -115,12 +108,6 @@ def test_clock_metadata_is_used(make_arms: Any, capsys: pytest.CaptureFixture[st
     assert d["clock_adjusted_ratio"] == pytest.approx(0.77, rel=1e-6)
     d = json.loads(run_cli(argv + ["--clock-tolerance-pct", "12"], capsys)[1])
     assert d["verdict"] == "faster"
-
-
-def test_registered_in_the_kvstudy_command() -> None:
-    from kvstudy import cli
-
-    assert "kvstudy.speed.compare" in cli.SUBCOMMAND_MODULES
 
 
 # --------------------------------------------------------------------------- bad input

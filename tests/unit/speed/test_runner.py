@@ -6,8 +6,8 @@ can be injected; the live tests in test_sweep_live.py run the same code against 
 
 from __future__ import annotations
 
-import argparse
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -303,18 +303,15 @@ def test_spec_round_trips_through_manifest(tmp_path: Path) -> None:
 
 
 def test_cli_dry_run_lists_cells_and_rejects_bad_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    parser = argparse.ArgumentParser()
-    sweep.register(parser.add_subparsers(dest="command"))
     good = tmp_path / "grid.json"
     good.write_text(json.dumps(grid(seeds=[0])))
-    args = parser.parse_args(["sweep", str(good), str(tmp_path / "cap"), "--dry-run"])
-    assert args.func(args) == 0
+    assert cli_main(["sweep", str(good), str(tmp_path / "cap"), "--dry-run"]) == 0
     assert "4 of 4 cells to run" in capsys.readouterr().out
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(grid(users=[0])))
-    args = parser.parse_args(["sweep", str(bad), str(tmp_path / "cap"), "--dry-run"])
-    with pytest.raises(StudyError, match=r"bad.json: users\[0\]: expected greater than or equal to 1, got 0$"):
-        args.func(args)
+    assert cli_main(["sweep", str(bad), str(tmp_path / "cap"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"bad.json: users\[0\]: expected greater than or equal to 1, got 0$", err.strip()), err
 
 
 # --------------------------------------------------------------------------- one cell, client faked

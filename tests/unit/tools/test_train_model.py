@@ -23,7 +23,7 @@ TRAINING = FOLDER / "training.json"
 
 def _training() -> dict:
     if not TRAINING.is_file():
-        pytest.fail(f"{TRAINING}: missing (python -m kvstudy.tools.train_model --out {FOLDER})")
+        pytest.fail(f"{TRAINING}: missing (kvstudy train-model --out {FOLDER})")
     return json.loads(TRAINING.read_text(encoding="utf-8"))
 
 

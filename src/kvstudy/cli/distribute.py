@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from kvstudy.cli import retry_option
 from kvstudy.distribute.emit import EMITTERS, FILE_NAMES, check_values, emit
 from kvstudy.limits import MAX_GRID_CELLS, MAX_THREADS, int_arg
 
@@ -60,7 +61,7 @@ def _cmd_ray(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def register(subparsers: Any) -> None:
+def add_plan(subparsers: Any) -> None:
     p = subparsers.add_parser("plan", help="write a profile's live experiments as content-hashed pair-blocks")
     p.add_argument("profile", help="profile name (profiles/NAME.yaml)")
     p.add_argument("--out", required=True, help="plan folder (plan.jsonl, plan.json and emitted files)")
@@ -76,13 +77,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--image", default="kvstudy:latest", help="container image of the k8s Job")
     p.set_defaults(func=_cmd_plan)
 
+
+def add_run_block(subparsers: Any) -> None:
     r = subparsers.add_parser("run-block", help="run one block of a plan into a store (idempotent)")
     r.add_argument("plan", help="plan folder")
     r.add_argument("--index", type=int_arg(0, MAX_GRID_CELLS), required=True, help="block index (0-based)")
     r.add_argument("--store", required=True, help="store folder; the block's capture is STORE/<block-id>/")
-    r.add_argument("--retry-failed", action="store_true", help="run a block that failed before again")
+    retry_option(r, "run a block that failed before again")
     r.set_defaults(func=_cmd_run_block)
 
+
+def add_collect(subparsers: Any) -> None:
     c = subparsers.add_parser("collect", help="merge a plan's blocks into one capture the notebooks read")
     c.add_argument("stores", nargs="+", help="store folders")
     c.add_argument("--out", required=True, help="capture folder to write")
@@ -90,11 +95,13 @@ def register(subparsers: Any) -> None:
     c.add_argument("--partial", action="store_true", help="collect without missing blocks (stated in the manifest)")
     c.set_defaults(func=_cmd_collect)
 
+
+def add_run_blocks_ray(subparsers: Any) -> None:
     y = subparsers.add_parser("run-blocks-ray", help="run a plan's blocks as Ray tasks (where Ray is installed)")
     y.add_argument("plan", help="plan folder")
     y.add_argument("--store", required=True, help="store folder")
     y.add_argument("--index", type=int_arg(0, MAX_GRID_CELLS), action="append", help="only this block (repeatable)")
     y.add_argument("--address", help="Ray cluster address (default: start a local one)")
     y.add_argument("--num-cpus", type=int_arg(1, MAX_THREADS), help="CPUs of a local Ray cluster")
-    y.add_argument("--retry-failed", action="store_true", help="run blocks that failed before again")
+    retry_option(y, "run blocks that failed before again")
     y.set_defaults(func=_cmd_ray)

@@ -1,0 +1,23 @@
+"""``kvstudy engine-check``: is vLLM installed and importable here? (``make engine`` runs it)"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvstudy.errors import StudyError
+from kvstudy.vllm.install_check import check
+
+
+def _engine_check(args: argparse.Namespace) -> int:
+    try:
+        line = check()
+    except RuntimeError as exc:
+        raise StudyError(f"vllm: {exc}") from None
+    print(line)
+    return 0
+
+
+def add_engine_check(subparsers: Any) -> None:
+    parser = subparsers.add_parser("engine-check", help="is vLLM installed and importable here?")
+    parser.set_defaults(func=_engine_check)

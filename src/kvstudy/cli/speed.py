@@ -1,0 +1,89 @@
+"""``kvstudy sweep`` (run or resume a speed sweep) and ``kvstudy speed compare`` (the verdict on two
+folders of vLLM bench results)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvstudy.cli import grid_arguments, json_option, retry_option
+from kvstudy.io import read_json
+from kvstudy.limits import float_arg
+from kvstudy.redact import redact, redact_text
+from kvstudy.speed.runner import cell_status, missing_cells, run_sweep
+from kvstudy.speed.spec import SweepSpec
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    spec = SweepSpec.from_dict(read_json(Path(args.spec)), where=args.spec)
+    todo = missing_cells(spec, Path(args.capture), args.retry_failed)
+    if args.dry_run:
+        for cell in todo:
+            print(cell.id)
+        print(f"{len(todo)} of {len(spec.cells())} cells to run")
+        return 0
+    results = run_sweep(
+        spec, args.capture, how=f"kvstudy sweep {args.spec} {args.capture}", retry_failed=args.retry_failed
+    )
+    failed = [r for r in results if r.status != "ok"]
+    for r in failed:
+        print(f"failed: {r.cell_id}: {r.reason}", file=sys.stderr)
+    ran = {r.cell_id for r in results}
+    kept = [c.id for c in spec.cells() if c.id not in ran and cell_status(Path(args.capture), c) == "failed"]
+    if kept:
+        print(
+            f"kept {len(kept)} cell(s) that failed before ({', '.join(kept[:5])}); re-run with --retry-failed",
+            file=sys.stderr,
+        )
+    print(f"{len(results) - len(failed)} cells ok, {len(failed)} failed; capture in {args.capture}")
+    return 1 if failed or kept else 0
+
+
+def add_sweep(subparsers: Any) -> None:
+    p = subparsers.add_parser("sweep", help="run (or resume) a speed sweep described by a JSON grid")
+    grid_arguments(p, "JSON file with the grid (SweepSpec fields)")
+    p.add_argument("--dry-run", action="store_true", help="list the cells that would run, start nothing")
+    retry_option(p)
+    p.set_defaults(func=_sweep)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from kvstudy.speed.compare import compare_folders, format_text
+
+    result = compare_folders(args.base, args.cand, clock_tolerance=args.clock_tolerance_pct / 100.0)
+    # a bench result's model_id or a folder name may carry a URL password or a token: never echoed
+    if args.json:
+        print(json.dumps(redact(result.to_dict()), default=str, allow_nan=False))
+    else:
+        print(redact_text(format_text(result)))
+    sys.stdout.flush()
+    return 0
+
+
+def add_speed(subparsers: Any) -> None:
+    from kvstudy.speed import compare
+    from kvstudy.speed.verdict import CLOCK_TOLERANCE
+
+    parser = subparsers.add_parser("speed", help="speed verdicts on vLLM bench results")
+    sub = parser.add_subparsers(dest="speed_command", required=True)
+    cmp_parser = sub.add_parser(
+        "compare",
+        help="candidate vs baseline TPOT from two folders of vllm bench serve "
+        "--save-result --save-detailed files (one run per file)",
+        description=(compare.__doc__ or "").split("\n\n")[0],
+    )
+    cmp_parser.add_argument("base", metavar="BASE", help="folder of the baseline's result files")
+    cmp_parser.add_argument("cand", metavar="CAND", help="folder of the candidate's result files")
+    json_option(cmp_parser)
+    cmp_parser.add_argument(
+        "--clock-tolerance-pct",
+        type=float_arg(0.0, 100.0),
+        default=CLOCK_TOLERANCE * 100,
+        metavar="X",
+        help="largest difference of the arms' median clocks that still allows a claim "
+        f"(default {CLOCK_TOLERANCE * 100:g})",
+    )
+    cmp_parser.set_defaults(func=_compare)
