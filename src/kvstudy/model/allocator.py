@@ -25,6 +25,7 @@ from kvstudy.model.capacity import (
     ModelLayout,
     _check_skip_layers,
     _skipped,
+    check_positive_int,
     layer_bytes_per_token,
     load_layout,
     resolve_kv_dtype,
@@ -182,8 +183,7 @@ def predict_logged_pool(
         ("block_size", block_size),
         ("max_in_flight_tokens", max_in_flight_tokens),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise StudyError(f"{name} {value!r}: expected a positive integer")
+        check_positive_int(value, name)
     if not any(l.kind not in (LINEAR, SHARED) for l in layout.layers):
         raise StudyError(f"{layout.config_path}: no attention layers, so no KV pool to predict")
     specs = _layer_specs(layout, dtype, block_size, skip_layers)

@@ -199,9 +199,10 @@ def pipeline_stages(num_layers: int, pipeline_parallel_size: int) -> list[range]
     return [range(start, start + size) for start, size in zip(starts, sizes)]
 
 
-def _check_parallel(value: int, name: str) -> None:
+def check_positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise StudyError(f"{name} {value!r}: expected a positive integer")
+    return value
 
 
 def _limit(layer: LayerSpec, length: int) -> int:
@@ -223,8 +224,8 @@ def kv_footprint(
     for the whole model and for one GPU of a ``tensor_parallel_size x pipeline_parallel_size`` group."""
     layout = load_layout(model)
     _check_skip_layers(skip_layers)
-    _check_parallel(tensor_parallel_size, "tensor_parallel_size")
-    _check_parallel(pipeline_parallel_size, "pipeline_parallel_size")
+    check_positive_int(tensor_parallel_size, "tensor_parallel_size")
+    check_positive_int(pipeline_parallel_size, "pipeline_parallel_size")
     dtype = resolve_kv_dtype(layout, kv_dtype)
     length = context_len if context_len is not None else (layout.max_position_embeddings or 0)
     if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
