@@ -27,7 +27,7 @@ from kvstudy.errors import StudyError
 from kvstudy.io import parse_json_text, read_bytes_checked, read_json_object, type_name
 from kvstudy.limits import MAX_LAYERS
 from kvstudy.model.config_fields import checkpoint_kv_dtype, config_int
-from kvstudy.model.folder import resolve_model_path
+from kvstudy.model.folder import cached_snapshots, resolve_model_path
 from kvstudy.model.safetensors import SafetensorsHeader, read_header, read_tensor
 from kvstudy.model.scale_records import ScaleReport, ScaleTensor, _json_number, declared_kv_dtype
 from kvstudy.model.scale_verdicts import read_evidence, verdicts
@@ -307,24 +307,6 @@ def _scan_weights(folder: Path, report: ScaleReport) -> None:
 # --------------------------------------------------------------------------- public entry points
 
 
-def _empty_report(source: str, folder: Path | None) -> ScaleReport:
-    return ScaleReport(
-        source=source,
-        folder=str(folder) if folder else None,
-        kv_cache_dtype_in_config=None,
-        kv_cache_dtype_field=None,
-        torch_dtype=None,
-        quant_method=None,
-        kv_scheme=None,
-        kv_scheme_strategy=None,
-        kv_cache_quant_algo=None,
-        kv_cache_quant_algo_file=None,
-        num_hidden_layers=None,
-        num_key_value_heads=None,
-        weights="none",
-    )
-
-
 def inspect_model(
     path_or_id: str | Path, log: str | Path | None = None, cache_dir: str | Path | None = None
 ) -> ScaleReport:
@@ -339,10 +321,8 @@ def inspect_model(
     try:
         folder = resolve_model_path(path_or_id, cache_dir)
     except StudyError as exc:
-        report = _empty_report(source, None)
-        report.errors.append(str(exc))
-        return report
-    report = _empty_report(source, folder)
+        return ScaleReport(source, None, errors=[str(exc)])
+    report = ScaleReport(source, str(folder))
     _read_config(folder, report)
     _read_hf_quant_config(folder, report)
     _scan_weights(folder, report)
@@ -354,20 +334,10 @@ def inspect_model(
 
 def inspect_cache(cache_dir: str | Path | None = None) -> list[ScaleReport]:
     """One report per model repository in the local Hugging Face cache (newest snapshot each)."""
-    from huggingface_hub import scan_cache_dir
-    from huggingface_hub.errors import CacheNotFound
-
-    try:
-        info = scan_cache_dir(cache_dir)
-    except CacheNotFound as exc:
-        raise StudyError(f"{exc.cache_dir}: no Hugging Face cache here (expected a hub cache folder)") from None
     reports = []
-    for repo in sorted(info.repos, key=lambda r: r.repo_id):
-        if repo.repo_type != "model" or not repo.revisions:
-            continue
-        newest = max(repo.revisions, key=lambda r: r.last_modified)
-        report = inspect_model(newest.snapshot_path)
-        report.source = repo.repo_id
+    for repo_id, snapshot in sorted(cached_snapshots(cache_dir).items()):
+        report = inspect_model(snapshot)
+        report.source = repo_id
         reports.append(report)
     return reports
 
@@ -391,7 +361,7 @@ def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> li
     rows = []
     for config in sorted(root.rglob("config.json")):
         folder = config.parent
-        report = _empty_report(str(folder), folder)
+        report = ScaleReport(str(folder), str(folder))
         _read_config(folder, report)
         _read_hf_quant_config(folder, report)
         try:  # what vLLM's 'auto' stores, from config.json or the hf_quant_config.json beside it
