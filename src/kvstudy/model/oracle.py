@@ -23,7 +23,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_LAYERS
-from kvstudy.model.config_fields import checkpoint_kv_dtype, max_positions
+from kvstudy.model.config_fields import checkpoint_kv_dtype, max_positions, usable_int
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import (
     CHUNKED,
@@ -79,12 +79,6 @@ def _state(records: dict[int, dict[str, Any]]) -> tuple[StateShape, tuple[str | 
     return StateShape("specs", 0, 0, 0, 0, 0, by_tp=by_tp), tuple(first["dtypes"])
 
 
-def _layer_count(config: dict[str, Any]) -> int:
-    """The config's num_hidden_layers where it is a usable count, else 0 (the specs' last index then counts)."""
-    value = text_config(config).get("num_hidden_layers")
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_LAYERS else 0
-
-
 def layout_from_specs(
     answer: dict[str, Any], rules: ModelLayout | None, where: str, config: dict[str, Any]
 ) -> ModelLayout:
@@ -134,7 +128,10 @@ def layout_from_specs(
         model_dtype=first["model_dtype"] if first["model_dtype"] in ("bfloat16", "float16") else "bfloat16",
         layers=(),
         max_position_embeddings=max_positions(text_config(config)),
-        num_hidden_layers=max(_layer_count(config), max((layer.index for layer in layers), default=-1) + 1),
+        num_hidden_layers=max(
+            usable_int(text_config(config).get("num_hidden_layers"), MAX_LAYERS) or 0,
+            max((layer.index for layer in layers), default=-1) + 1,
+        ),
         kv_scheme_dtype=scheme[0],
         kv_scheme_source=scheme[1],
     )

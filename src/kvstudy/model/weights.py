@@ -16,6 +16,7 @@ In order of preference, with the source of the figure kept next to it:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -26,7 +27,7 @@ from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
 from kvstudy.io import read_json
 from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR, MAX_FILE_NUMBER, MAX_LAYERS
-from kvstudy.model.config_fields import config_count, config_int, nemotron_h_pattern
+from kvstudy.model.config_fields import config_count, config_int, nemotron_h_pattern, usable_int
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import (
     LINEAR,
@@ -108,9 +109,7 @@ def _attention_parameters(cfg: dict[str, Any], layer: LayerSpec, hidden: int, he
 
 def _experts(cfg: dict[str, Any]) -> int:
     value = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
-    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_EXPERTS:
-        return value
-    return 0
+    return usable_int(value, MAX_EXPERTS) or 0
 
 
 def expert_routing(config: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -208,11 +207,9 @@ def parameter_parts(
         "experts": 0,
         "towers": 0,
     }
-    layer_specs = [l for l in layout.layers]
-    for layer in layer_specs:
-        if layer.kind == SHARED:
-            continue
-        parts["attention"] += _attention_parameters(cfg, layer, hidden, heads, where)
+    for layer in layout.layers:
+        if layer.kind != SHARED:
+            parts["attention"] += _attention_parameters(cfg, layer, hidden, heads, where)
     pattern = nemotron_h_pattern(cfg, where) if layout.model_type == "nemotron_h" else None
     num_layers = len(pattern) if pattern else config_int(cfg, "num_hidden_layers", where, high=MAX_LAYERS)
     for index in range(num_layers):
@@ -227,11 +224,6 @@ def parameter_parts(
     for key in ("vision_config", "audio_config"):
         parts["towers"] += _tower_parameters(config.get(key))
     return parts
-
-
-def estimate_parameters(config: dict[str, Any], where: str = "config.json") -> int:
-    """Parameter count of a decoder (dense or MoE, GQA, MLA or hybrid) and its towers, from its config."""
-    return sum(parameter_parts(config, where).values())
 
 
 # --------------------------------------------------------------------------- bytes per parameter
@@ -401,8 +393,8 @@ def weights_size(model: str | Path, layout: ModelLayout | None = None) -> Weight
     folder = cfg_path.parent
     try:
         estimate: WeightsSize | None = estimate_weights(config, str(cfg_path), layout)
-    except StudyError:
-        estimate = None
+    except StudyError as exc:
+        estimate, unknown = None, str(exc)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         data = read_json(index)
@@ -413,26 +405,11 @@ def weights_size(model: str | Path, layout: ModelLayout | None = None) -> Weight
     files = sorted(folder.glob("*.safetensors"))
     if files:
         return _with_source(_header_bytes(files), f"safetensors headers ({len(files)} file(s))", estimate)
-    if estimate is None:
-        try:
-            estimate_weights(config, str(cfg_path), layout)
-        except StudyError as exc:  # the estimate's own one-line error, marked as "weights unknown"
-            raise WeightsUnknown(str(exc)) from None
-    assert estimate is not None
+    if estimate is None:  # the estimate's own one-line error, marked as "weights unknown"
+        raise WeightsUnknown(unknown)
     return estimate
 
 
 def _with_source(total: int, source: str, estimate: WeightsSize | None) -> WeightsSize:
     """The checkpoint's figure, with the estimate's per-part breakdown (labelled estimated) kept."""
-    if estimate is None:
-        return WeightsSize(total, source)
-    return WeightsSize(
-        total,
-        source,
-        estimate.parameters,
-        estimate.embedding_bytes,
-        estimate.expert_bytes,
-        estimate.experts,
-        estimate.experts_per_token,
-        estimate.parts_bytes,
-    )
+    return dataclasses.replace(estimate, bytes=total, source=source) if estimate else WeightsSize(total, source)

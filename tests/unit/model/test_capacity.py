@@ -208,7 +208,7 @@ def test_weights_from_index_and_estimate() -> None:
     assert from_index.bytes == 16381470720
     # The estimate counts the same Qwen3-8B weights from its config (norms left out):
     # embeddings 2 x 151936 x 4096 + 36 x (attention 41,943,040 + MLP 150,994,944)
-    params = model_weights.estimate_parameters(json.loads((MODELS / "Qwen3-8B" / "config.json").read_text()))
+    params = sum(model_weights.parameter_parts(json.loads((MODELS / "Qwen3-8B" / "config.json").read_text())).values())
     assert params == 2 * 151936 * 4096 + 36 * (4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 12288)
     assert abs(params * 2 - from_index.bytes) / from_index.bytes < 0.001
     estimate = model_weights.weights_size(MODELS / "Llama-3.1-8B")
