@@ -235,30 +235,21 @@ def kv_footprint(
                 "give one (e.g. --max-model-len 4096)"
             )
         raise StudyError(f"context length {repr(context_len)[:40]}: expected a positive integer number of tokens")
-    growing = short = per_request = Fraction(0)
-    state = 0
+    growing, short, per_request, state = _totals(layout.layers, dtype, layout.model_dtype, skip_layers, length, 1)
     by_kind: dict[str, Fraction] = {}
     for layer in layout.layers:
-        per_token = layer_bytes_per_token(layer, dtype, layout.model_dtype, skip_layers)
-        short += per_token
-        by_kind[layer.kind] = by_kind.get(layer.kind, Fraction(0)) + per_token
-        state += state_bytes(layer, layout.model_dtype)
-        per_request += per_token * _limit(layer, length)
-        if layer.kind in (FULL, MLA, INDEXER):
-            growing += per_token
+        by_kind[layer.kind] = by_kind.get(layer.kind, Fraction(0)) + layer_bytes_per_token(
+            layer, dtype, layout.model_dtype, skip_layers
+        )
     caps = [l.sliding_window for l in layout.layers if l.kind in (SLIDING, CHUNKED) and l.sliding_window]
     cap_tokens = max(caps) if growing == 0 and caps else None
     num_layers = layout.num_hidden_layers or (max((l.index for l in layout.layers), default=-1) + 1)
     gpu_token, gpu_short, gpu_request, gpu_state = Fraction(0), Fraction(0), Fraction(0), 0
     for stage in pipeline_stages(num_layers, pipeline_parallel_size):
         layers = [l for l in layout.layers if l.index in stage]
-        costs = [layer_bytes_per_token(l, dtype, layout.model_dtype, skip_layers, tensor_parallel_size) for l in layers]
-        s_state = sum(state_bytes(l, layout.model_dtype, tensor_parallel_size) for l in layers)
-        s_request = sum((c * _limit(l, length) for l, c in zip(layers, costs)), Fraction(0)) + s_state
-        if s_request >= gpu_request:
-            gpu_request, gpu_state = s_request, s_state
-            gpu_short = sum(costs, Fraction(0))
-            gpu_token = sum((c for l, c in zip(layers, costs) if l.kind in (FULL, MLA, INDEXER)), Fraction(0))
+        totals = _totals(layers, dtype, layout.model_dtype, skip_layers, length, tensor_parallel_size)
+        if totals[2] >= gpu_request:  # the GPU of the stage that holds the most
+            gpu_token, gpu_short, gpu_request, gpu_state = totals
     return KVFootprint(
         model=layout.name,
         kv_dtype=kv_dtype,
@@ -267,7 +258,7 @@ def kv_footprint(
         bytes_per_token_short=_plain(short),
         state_bytes_per_request=state,
         context_len=length,
-        bytes_per_request=_plain(per_request + state),
+        bytes_per_request=_plain(per_request),
         layer_kinds=layout.layer_kinds,
         skip_layers=skip_layers,
         cap_tokens=cap_tokens,
@@ -278,6 +269,22 @@ def kv_footprint(
         state_bytes_per_request_per_gpu=gpu_state,
         bytes_per_request_per_gpu=_plain(gpu_request),
     )
+
+
+def _totals(
+    layers: list[LayerSpec] | tuple[LayerSpec, ...],
+    dtype: str,
+    model_dtype: str,
+    skip: str | None,
+    length: int,
+    tp: int,
+) -> tuple[Fraction, Fraction, Fraction, int]:
+    """(bytes per token of the growing layers, of all layers, bytes per request with the state, state bytes)."""
+    costs = [layer_bytes_per_token(l, dtype, model_dtype, skip, tp) for l in layers]
+    state = sum(state_bytes(l, model_dtype, tp) for l in layers)
+    request = sum((c * _limit(l, length) for l, c in zip(layers, costs)), Fraction(0)) + state
+    growing = sum((c for l, c in zip(layers, costs) if l.kind in (FULL, MLA, INDEXER)), Fraction(0))
+    return growing, sum(costs, Fraction(0)), request, state
 
 
 def _plain(value: Fraction) -> int | float:

@@ -179,15 +179,6 @@ def text_config(config: dict[str, Any], defaults: dict[str, dict[str, Any]] = FA
     return merged
 
 
-@overload
-def positive_int(cfg: dict[str, Any], key: str, where: str, required: Literal[True] = True) -> int: ...
-@overload
-def positive_int(cfg: dict[str, Any], key: str, where: str, required: bool) -> int | None: ...
-def positive_int(cfg: dict[str, Any], key: str, where: str, required: bool = True) -> int | None:
-    """A positive integer field, or a one-line StudyError naming the file and field (config_fields.config_int)."""
-    return config_int(cfg, key, where, required)
-
-
 def model_dtype(cfg: dict[str, Any], where: str) -> str:
     """The dtype vLLM serves the model in with ``--dtype auto`` (and so what KV 'auto' stores)."""
     value = cfg.get("torch_dtype", cfg.get("dtype"))

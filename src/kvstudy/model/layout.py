@@ -34,7 +34,6 @@ from kvstudy.model.config_fields import (
     max_positions,
     model_dtype,
     nemotron_h_pattern,
-    positive_int,
     text_config,
     unread_fields,
 )
@@ -293,7 +292,7 @@ def _llama4_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]
     """vLLM llama4.py: RoPE layers use chunked local attention, NoPE layers (no_rope_layers 0) are global."""
     no_rope = cfg.get("no_rope_layers")
     if not no_rope:  # transformers Llama4TextConfig default: every no_rope_layer_interval-th layer is NoPE
-        interval = positive_int(cfg, "no_rope_layer_interval", where)
+        interval = config_int(cfg, "no_rope_layer_interval", where)
         no_rope = [int((i + 1) % interval != 0) for i in range(num_layers)]
     if not isinstance(no_rope, list) or len(no_rope) != num_layers:
         raise StudyError(f"{where}: field 'no_rope_layers' must list {num_layers} values of 0 or 1")
@@ -309,7 +308,7 @@ def _nemotron_h_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[
 
 def _jamba_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
     """jamba.py: layer i is attention when i % attn_layer_period == attn_layer_offset, else Mamba-1."""
-    period = positive_int(cfg, "attn_layer_period", where)
+    period = config_int(cfg, "attn_layer_period", where)
     offset = cfg.get("attn_layer_offset")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise StudyError(f"{where}: field 'attn_layer_offset' is {offset!r} (expected an integer >= 0)")
@@ -339,10 +338,10 @@ def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -
     if cfg.get("layer_types") is not None:
         kinds = _kinds_from_layer_types(cfg, num_layers, where)
     elif family in GDN_MODEL_TYPES:
-        interval = positive_int(cfg, "full_attention_interval", where)
+        interval = config_int(cfg, "full_attention_interval", where)
         kinds = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
     elif family in ("gemma3", "gemma3_text"):
-        pattern = positive_int(cfg, "sliding_window_pattern", where)
+        pattern = config_int(cfg, "sliding_window_pattern", where)
         kinds = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
     elif family in ("gemma2", "gpt_oss"):
         kinds = [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)]
@@ -361,11 +360,11 @@ def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -
 
 def attention_shape(cfg: dict[str, Any], where: str) -> tuple[int, int]:
     """(num_kv_heads, head_dim) of a standard attention layer."""
-    heads = positive_int(cfg, "num_attention_heads", where)
-    kv_heads = positive_int(cfg, "num_key_value_heads", where, required=False) or heads
-    head_dim = positive_int(cfg, "head_dim", where, required=False)
+    heads = config_int(cfg, "num_attention_heads", where)
+    kv_heads = config_int(cfg, "num_key_value_heads", where, required=False) or heads
+    head_dim = config_int(cfg, "head_dim", where, required=False)
     if head_dim is None:
-        hidden = positive_int(cfg, "hidden_size", where)
+        hidden = config_int(cfg, "hidden_size", where)
         if hidden % heads:
             raise StudyError(
                 f"{where}: field 'hidden_size' {hidden} is not a multiple of "
@@ -377,7 +376,7 @@ def attention_shape(cfg: dict[str, Any], where: str) -> tuple[int, int]:
 
 def state_shape(cfg: dict[str, Any], family: str, where: str) -> StateShape:
     """A fixed-state layer's shape, from the fields vLLM reads for the family."""
-    need = lambda key: positive_int(cfg, key, where)  # noqa: E731 - a required positive field
+    need = lambda key: config_int(cfg, key, where)  # noqa: E731 - a required positive field
     if family in GDN_MODEL_TYPES:  # qwen3_next.py, qwen3_5.py / mamba_utils.gated_delta_net_state_shape
         k_heads, v_heads = need("linear_num_key_heads"), need("linear_num_value_heads")
         k_dim, v_dim = need("linear_key_head_dim"), need("linear_value_head_dim")
@@ -395,7 +394,7 @@ def state_shape(cfg: dict[str, Any], family: str, where: str) -> StateShape:
     if family == "nemotron_h":
         inner = heads * head_dim
     else:
-        inner = positive_int(cfg, "mamba_d_ssm", where, required=False) or int(cfg.get("mamba_expand") or 0) * need(
+        inner = config_int(cfg, "mamba_d_ssm", where, required=False) or int(cfg.get("mamba_expand") or 0) * need(
             "hidden_size"
         )
         if inner <= 0:
@@ -409,7 +408,7 @@ def indexer_layers(cfg: dict[str, Any], num_layers: int, where: str) -> list[Lay
     ``index_head_dim`` fp8 values plus a 4-byte scale per 128 (quant_block_size), on every layer that
     builds an indexer: all but those ``index_topk_pattern`` marks 'S', or without a pattern those where
     ``max(i - index_skip_topk_offset + 1, 0) % index_topk_freq != 0`` (deepseek_v2.py DeepseekV2MLAAttention)."""
-    head = positive_int(cfg, "index_head_dim", where)
+    head = config_int(cfg, "index_head_dim", where)
     freq = config_int(cfg, "index_topk_freq", where, required=False) or 1
     offset = config_int(cfg, "index_skip_topk_offset", where, required=False, low=0)
     offset = 2 if offset is None else offset
@@ -453,18 +452,18 @@ def _attention_layer(
     kv_heads, head_dim = default
     if family in ("gemma4", "gemma4_text") and kind == FULL:  # gemma4.py: global layers' own heads
         heads = cfg.get("num_global_key_value_heads") if cfg.get("attention_k_eq_v") else None
-        size = positive_int(cfg, "global_head_dim", where, required=False) or head_dim
+        size = config_int(cfg, "global_head_dim", where, required=False) or head_dim
         return int(heads or kv_heads), size, size
     if family == "mimo_v2_flash":
         prefix = "swa_" if kind == SLIDING else ""
-        heads = positive_int(cfg, f"{prefix}num_key_value_heads", where)
-        size = positive_int(cfg, f"{prefix}head_dim", where)
-        return heads, size, positive_int(cfg, f"{prefix}v_head_dim", where, required=False) or size
+        heads = config_int(cfg, f"{prefix}num_key_value_heads", where)
+        size = config_int(cfg, f"{prefix}head_dim", where)
+        return heads, size, config_int(cfg, f"{prefix}v_head_dim", where, required=False) or size
     if family == "nemotron-nas":
         group = _nas_attention(cfg["block_configs"][index]).get("n_heads_in_group")
         if not isinstance(group, int) or group <= 0:
             raise StudyError(f"{where}: field 'block_configs[{index}].attention.n_heads_in_group' is {group!r}")
-        return positive_int(cfg, "num_attention_heads", where) // group, head_dim, head_dim
+        return config_int(cfg, "num_attention_heads", where) // group, head_dim, head_dim
     return kv_heads, head_dim, head_dim
 
 
@@ -482,8 +481,8 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
     flat = {k for ks in kinds for k in ks}
     layers: list[LayerSpec] = []
     if cfg.get("kv_lora_rank") is not None:
-        rank = positive_int(cfg, "kv_lora_rank", where)
-        rope = positive_int(cfg, "qk_rope_head_dim", where)
+        rank = config_int(cfg, "kv_lora_rank", where)
+        rope = config_int(cfg, "qk_rope_head_dim", where)
         layers = [LayerSpec(i, MLA, 1, rank + rope, 0) for i in range(num_layers)]
         if family in DSA_MODEL_TYPES and cfg.get("index_topk") is not None:
             layers += indexer_layers(cfg, num_layers, where)
@@ -491,8 +490,8 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
     else:
         kv_heads, head_dim = attention_shape(cfg, where) if flat - {LINEAR} else (0, 0)
         window_key = "sliding_window_size" if cfg.get("sliding_window_size") else "sliding_window"
-        window = positive_int(cfg, window_key, where) if SLIDING in flat else None
-        chunk = positive_int(cfg, "attention_chunk_size", where) if CHUNKED in flat else None
+        window = config_int(cfg, window_key, where) if SLIDING in flat else None
+        chunk = config_int(cfg, "attention_chunk_size", where) if CHUNKED in flat else None
         state = state_shape(cfg, family, where) if LINEAR in flat else None
         state_dtypes = _state_dtypes(cfg, family)
         for i, layer_kinds_i in enumerate(kinds):

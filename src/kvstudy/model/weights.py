@@ -36,7 +36,6 @@ from kvstudy.model.layout import (
     LayerSpec,
     ModelLayout,
     layout_from_config,
-    positive_int,
     text_config,
 )
 from kvstudy.vllm.facts import DTYPE_BYTES, KV_RULES_SOURCE
@@ -87,7 +86,7 @@ class WeightsSize:
 
 
 def _attention_parameters(cfg: dict[str, Any], layer: LayerSpec, hidden: int, heads: int, where: str) -> int:
-    need = lambda key: positive_int(cfg, key, where)  # noqa: E731 - a required positive field
+    need = lambda key: config_int(cfg, key, where)  # noqa: E731 - a required positive field
     if layer.kind == LINEAR:
         if layer.state is not None and layer.state.kind in ("mamba2", "mamba1"):
             inner = layer.state.intermediate or layer.state.conv_dim
@@ -97,7 +96,7 @@ def _attention_parameters(cfg: dict[str, Any], layer: LayerSpec, hidden: int, he
         value = need("linear_num_value_heads") * need("linear_value_head_dim")
         return hidden * (2 * key + 2 * value) + hidden * 2 * need("linear_num_value_heads") + value * hidden
     if layer.kind == MLA:
-        q_rank = positive_int(cfg, "q_lora_rank", where, required=False)
+        q_rank = config_int(cfg, "q_lora_rank", where, required=False)
         qk_dim = need("qk_nope_head_dim") + need("qk_rope_head_dim")
         q = hidden * heads * qk_dim if not q_rank else hidden * q_rank + q_rank * heads * qk_dim
         kv = hidden * (need("kv_lora_rank") + need("qk_rope_head_dim"))
@@ -142,14 +141,14 @@ def _mlp_parameters(cfg: dict[str, Any], index: int, hidden: int, where: str) ->
     mats = _matrices(cfg, where)
     if experts and index >= dense_first and (index + 1) % step == 0:
         key = "moe_intermediate_size" if cfg.get("moe_intermediate_size") is not None else "intermediate_size"
-        expert_size = positive_int(cfg, key, where)
+        expert_size = config_int(cfg, key, where)
         shared = config_count(cfg, "n_shared_experts", where)
         shared_size = (
             config_count(cfg, "shared_expert_intermediate_size", where)
             or config_count(cfg, "moe_shared_expert_intermediate_size", where)
             or shared * expert_size
         )
-        latent = positive_int(cfg, "moe_latent_size", where, required=False)
+        latent = config_int(cfg, "moe_latent_size", where, required=False)
         width = latent or hidden  # latent MoE (Nemotron-3): experts work in a smaller latent space
         projections = 2 * hidden * latent if latent else 0  # into and out of the latent space
         return mats * hidden * shared_size + hidden * experts + projections, mats * width * expert_size * experts
@@ -196,9 +195,9 @@ def parameter_parts(
     """Parameters per part: embedding, output_head, attention, mlp, experts, towers (biases and norms left out)."""
     cfg = text_config(config)
     layout = _rules_layout(config, where, layout)
-    hidden = positive_int(cfg, "hidden_size", where)
-    vocab = positive_int(cfg, "vocab_size", where)
-    heads = positive_int(cfg, "num_attention_heads", where)
+    hidden = config_int(cfg, "hidden_size", where)
+    vocab = config_int(cfg, "vocab_size", where)
+    heads = config_int(cfg, "num_attention_heads", where)
     parts = {
         "embedding": vocab * hidden,
         "output_head": 0 if cfg.get("tie_word_embeddings") else vocab * hidden,
