@@ -16,15 +16,13 @@ In order of preference, with the source of the figure kept next to it:
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.formats import GIB
 from kvstudy.io import read_json
 from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR, MAX_FILE_NUMBER, MAX_LAYERS
 from kvstudy.model.config_fields import config_count, config_int, nemotron_h_pattern, usable_int
@@ -69,17 +67,6 @@ class WeightsSize:
 
     bytes: int
     source: str  # "safetensors index total_size", "safetensors headers", "estimated ..."
-    parameters: int | None = None
-    embedding_bytes: int | None = None  # input embedding table (not streamed per decode step)
-    expert_bytes: int | None = None  # all routed experts
-    experts: int | None = None  # routed experts per MoE layer
-    experts_per_token: int | None = None
-    parts_bytes: dict[str, int] = field(default_factory=dict)  # the estimate per part
-
-    @property
-    def gib(self) -> float:
-        """The figure in GiB."""
-        return self.bytes / GIB
 
 
 # --------------------------------------------------------------------------- parameter counts
@@ -335,18 +322,8 @@ def estimate_weights(
         label += "; embeddings, output head and towers 16-bit" + (
             f"; {', '.join(sorted(kept))} 16-bit (modules_to_not_convert)" if kept else ""
         )
-    sizes = {name: int(math.ceil(count * per_part[name])) for name, count in parts.items()}
-    experts, k = expert_routing(config)
-    return WeightsSize(
-        sum(sizes.values()),
-        f"estimated from config ({label})",
-        sum(parts.values()),
-        embedding_bytes=sizes["embedding"],
-        expert_bytes=sizes["experts"],
-        experts=experts,
-        experts_per_token=k,
-        parts_bytes=sizes,
-    )
+    total = sum(int(math.ceil(count * per_part[name])) for name, count in parts.items())
+    return WeightsSize(total, f"estimated from config ({label})")
 
 
 # --------------------------------------------------------------------------- from the checkpoint
@@ -390,25 +367,17 @@ def weights_size(model: str | Path, layout: ModelLayout | None = None) -> Weight
     """Weight bytes: the index's total_size, else the safetensors headers, else an estimate from the config."""
     config, cfg_path = load_config(model)
     folder = cfg_path.parent
-    try:
-        estimate: WeightsSize | None = estimate_weights(config, str(cfg_path), layout)
-    except StudyError as exc:
-        estimate, unknown = None, str(exc)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         data = read_json(index)
         total = (data.get("metadata") or {}).get("total_size") if isinstance(data, dict) else None
         if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
             raise StudyError(f"{index}: field 'metadata.total_size' is {total!r} (expected a positive integer)")
-        return _with_source(total, "safetensors index total_size", estimate)
+        return WeightsSize(total, "safetensors index total_size")
     files = sorted(folder.glob("*.safetensors"))
     if files:
-        return _with_source(_header_bytes(files), f"safetensors headers ({len(files)} file(s))", estimate)
-    if estimate is None:  # the estimate's own one-line error, marked as "weights unknown"
-        raise WeightsUnknown(unknown)
-    return estimate
-
-
-def _with_source(total: int, source: str, estimate: WeightsSize | None) -> WeightsSize:
-    """The checkpoint's figure, with the estimate's per-part breakdown (labelled estimated) kept."""
-    return dataclasses.replace(estimate, bytes=total, source=source) if estimate else WeightsSize(total, source)
+        return WeightsSize(_header_bytes(files), f"safetensors headers ({len(files)} file(s))")
+    try:
+        return estimate_weights(config, str(cfg_path), layout)
+    except StudyError as exc:  # the estimate's own one-line error, marked as "weights unknown"
+        raise WeightsUnknown(str(exc)) from None
