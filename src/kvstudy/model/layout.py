@@ -309,9 +309,7 @@ def _nemotron_h_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[
 def _jamba_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
     """jamba.py: layer i is attention when i % attn_layer_period == attn_layer_offset, else Mamba-1."""
     period = config_int(cfg, "attn_layer_period", where)
-    offset = cfg.get("attn_layer_offset")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise StudyError(f"{where}: field 'attn_layer_offset' is {offset!r} (expected an integer >= 0)")
+    offset = config_int(cfg, "attn_layer_offset", where, low=0)
     return [FULL if i % period == offset else LINEAR for i in range(num_layers)]
 
 

@@ -73,10 +73,10 @@ def resolve_gpu_memory(
     gpu: str | None = None, gpu_memory_gib: float | None = None, gpu_memory_utilization: float | None = None
 ) -> GpuMemory:
     """GPU memory from the catalog (``gpu``) unless given; utilization given or vLLM's default."""
+    spec = find_gpu(gpu) if gpu is not None else None
     if gpu_memory_gib is not None:
         memory, source = float(gpu_memory_gib), "given"
-    elif gpu is not None:
-        spec = find_gpu(gpu)
+    elif spec is not None:
         if spec.cuda_total_bytes is not None:  # what vLLM multiplies by the utilization
             memory = spec.cuda_total_bytes / GIB
             source = (
@@ -94,7 +94,7 @@ def resolve_gpu_memory(
             "gpu memory: give a GPU name from the catalog (--gpu, parameter gpu) "
             "or its memory in GiB (--gpu-memory-gib, parameter gpu_memory_gib)"
         )
-    name = find_gpu(gpu).name if gpu is not None else None
+    name = spec.name if spec is not None else None
     if gpu_memory_utilization is None:
         return GpuMemory(
             name, memory, source, DEFAULT_GPU_MEMORY_UTILIZATION, "vLLM 0.32 default (vllm/config/cache.py)"

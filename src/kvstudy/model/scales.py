@@ -285,15 +285,11 @@ def _scan_files(files: Sequence[Path], folder: Path, report: ScaleReport) -> Non
 
 def _scan_weights(folder: Path, report: ScaleReport) -> None:
     files = sorted(folder.glob("*.safetensors"))
-    if (folder / INDEX_NAME).is_file():
+    indexed = (folder / INDEX_NAME).is_file()
+    if indexed or files:
         report.weights = "safetensors"
-        if _scan_index(folder, report):
-            return
-        _scan_files(files, folder, report)
-        return
-    if files:
-        report.weights = "safetensors"
-        _scan_files(files, folder, report)
+        if not (indexed and _scan_index(folder, report)):  # an unusable index: each file's header
+            _scan_files(files, folder, report)
         return
     pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
     if pickles:
