@@ -154,16 +154,8 @@ def predict_logged_pool(
     device: str = "cuda",
     mamba_cache_mode: str = DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING,
 ) -> LoggedPool:
-    """The pool vLLM 0.32 logs for ``kv_memory_bytes`` of KV memory.
+    """The pool vLLM 0.32 logs for ``kv_memory_bytes`` of KV memory (defaults: vLLM's for ``device``).
 
-    ``num_blocks = kv_memory_bytes // bytes_per_block``; ``concurrency = num_blocks /
-    blocks one max_model_len request needs (summed over layer groups)``; ``tokens =
-    int(concurrency * max_model_len)``. ``block_size`` and ``max_in_flight_tokens`` default to
-    vLLM's for ``device`` ("cuda" or "cpu", see DEVICE_DEFAULTS); the in-flight tokens
-    (max_num_batched_tokens times the batches in flight) only matter for sliding-window layers.
-    ``mamba_cache_mode`` "align" (what vLLM picks for hybrid models when prefix caching is on, as it
-    is by default: vllm/model_executor/models/config.py MambaModelConfig) reserves two state blocks
-    per request; "none" (``--no-enable-prefix-caching``, see ``mamba_cache_mode_for``) one.
     Not mirrored: the packed layout some backends use for mixed page sizes, tensor/context
     parallelism, speculative-decoding layers, and the block-size alignment of the align mode.
     """

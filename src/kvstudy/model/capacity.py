@@ -1,25 +1,11 @@
 """KV-cache capacity math: bytes per token and per request, tokens per GiB, the pool a GPU leaves.
 
-Everything here is computed from a model's layout (``kvstudy.model.layout``, which reads the
-``config.json`` with each family's rules) with the per-layer rules of vLLM 0.32
-(``vllm/v1/kv_cache_interface.py`` and ``vllm/v1/core/kv_cache_utils.py``):
-
-* full attention (MHA/GQA): ``num_kv_heads * (head_size + head_size_v) * dtype_bytes`` per token
-  per layer; the cost grows with every token;
-* MLA (DeepSeek-V2/V3, Kimi-K2): one latent of ``kv_lora_rank + qk_rope_head_dim`` values per
-  token per layer and no V; the special dtypes ``fp8_ds_mla`` and ``nvfp4_ds_mla`` cost a fixed
-  656 and 352 bytes per token per layer (vLLM uses them only with sparse MLA);
-* sliding-window and chunked local layers: the same per-token cost, but a request holds at most
-  the window / chunk; when every layer is so limited, ``bytes_per_token`` is the cost per token
-  within the window and ``cap_tokens`` says where a request stops growing;
-* KV-shared layers (gemma-3n) store nothing; state layers (gated delta net, Mamba-1/2) keep a
-  fixed state per request, whatever its length;
-* tensor parallelism: ``max(1, kv_heads // tp)`` KV heads per GPU, MLA's latent on every GPU, state
-  channels and heads split; pipeline parallelism: the layers split into stages as vLLM splits them.
-
-Weights are in ``kvstudy.model.weights``; the GPU / calculator side and the ``kvstudy capacity``
-command in ``kvstudy.model.plan``; how vLLM's block allocator turns KV memory into the logged pool
-in ``kvstudy.model.allocator``.
+From a model's layout (``kvstudy.model.layout``) with vLLM 0.32's per-layer rules
+(``vllm/v1/kv_cache_interface.py``, ``vllm/v1/core/kv_cache_utils.py``): full attention grows with
+every token, MLA stores one latent per token (``fp8_ds_mla`` / ``nvfp4_ds_mla``: a fixed 656 / 352
+bytes), sliding-window and chunked layers stop at their window, KV-shared layers store nothing and
+state layers keep a fixed state per request; under tensor parallelism each GPU holds
+``max(1, kv_heads // tp)`` KV heads and MLA's whole latent, and pipeline stages split as vLLM splits them.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """A model's KV layout from its ``config.json``: one record per cache a layer keeps.
 
 The per-family rules follow vLLM 0.32's model files (named at each rule) and
-``vllm/v1/kv_cache_interface.py``:
-
-* full attention (MHA/GQA), sliding-window attention, MLA (one latent per token);
-* Llama-4 chunked local attention (``vllm/model_executor/models/llama4.py``: a layer with RoPE
-  uses ``ChunkedLocalAttentionSpec`` of ``attention_chunk_size``; the NoPE layers, every fourth by
-  default, are global);
-* gemma-3n (``gemma3n.py``): the last ``num_kv_shared_layers`` layers read an earlier layer's KV
-  and store nothing;
-* state layers with a fixed state per request: Qwen3-Next's gated delta net, Mamba-2
-  (granite-4.0-h, Nemotron-H, Falcon-H1) and Mamba-1 (Jamba), shapes from
-  ``vllm/model_executor/layers/mamba/mamba_utils.py``;
-* GLM-4.5 (``glm4_moe.py``): ``num_hidden_layers`` excludes the MTP layers
-  (``num_nextn_predict_layers``), which vLLM builds only for speculative decoding.
-
-An unknown ``model_type`` is refused with a message naming ``assume``: the caller may then
-read the config with a known family's rules, and the layout carries a warning saying so.
+``vllm/v1/kv_cache_interface.py``. An unknown ``model_type`` is refused with a message naming
+``assume``: the caller may then read the config with a known family's rules, and the layout carries
+a warning saying so.
 """
 
 from __future__ import annotations

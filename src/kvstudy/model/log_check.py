@@ -1,26 +1,12 @@
 """``kvstudy startup-log LOG [--model PATH] [--json]``: a user's own vLLM startup log against the model.
 
-Without ``--model`` it prints what the log says (``kvstudy.vllm.startup_log``). With it:
-
-* **logged**: vLLM's version, attention backend, KV dtype, the KV memory it logged, the pool (tokens
-  and, inferred from them, blocks), the concurrency at the logged max length and the weights' memory;
-* **predicted**: the pool the same KV memory gives (blocks, tokens, requests of the logged max length,
-  layer groups), from vLLM's own pool code when vLLM is installed (``kvstudy.vllm.kv_pool``, on the
-  layer specs vLLM builds on the meta device, ``kvstudy.model.oracle``), else the project's rules
-  (``kvstudy.model.allocator``); each figure names the path that produced it;
-* **agree**: whether the logged pool is one the logged memory gives, to the block. A logged GiB figure
-  is rounded to 0.01 GiB, so the memory is an interval and so is the block count; the logged tokens
-  must equal the tokens of one block count within it, computed as the logging version computes them
-  (before 0.18: ``num_blocks // groups x block_size``; since: concurrency x max length;
-  ``facts.POOL_LOG_PER_GROUP_BEFORE``). With tensor parallelism the pool is the smallest a worker logged
-  (vLLM gives every worker that one, ``facts.MULTI_WORKER_POOL``);
-* **other KV dtypes**: what the same server (same KV memory, same max length) holds with the 16-bit
-  cache and with FP8;
-* **overhead**: what took the memory between the GPU's and the KV pool, as the log itemises it.
-
-A log of another model, with no pool line, cut short, or of a failed start is refused in one line
-naming the file. Exit status: 0 when the prediction agrees (or without ``--model``), 1 when it does
-not, 2 on bad input.
+With ``--model``: what the log says (version, backend, KV dtype, KV memory, pool), the pool the same
+KV memory gives (vLLM's own pool code when installed, ``kvstudy.vllm.kv_pool``, else the rules of
+``kvstudy.model.allocator``; each figure names its path), whether they agree to the block (a logged
+GiB is rounded to 0.01, so the memory and the block count are intervals; the logged tokens follow from
+the blocks as the logging version computes them, ``facts.POOL_LOG_PER_GROUP_BEFORE``), what the 16-bit
+and FP8 caches would hold, and the overhead the log itemises. A log of another model, with no pool
+line, cut short or of a failed start is refused in one line. Exit 0 on agreement, 1 when not, 2 on bad input.
 """
 
 from __future__ import annotations

@@ -268,11 +268,7 @@ def activation_bytes_per_request(model: str | Path | ModelLayout) -> float:
 def kind_reads(
     model: str | Path | ModelLayout, kv_dtype: str, context_len: int, skip_layers: str | None = None
 ) -> tuple[KindRead, ...]:
-    """KV bytes per request by layer kind at ``context_len``: windows cap, state layers are constant.
-
-    Computed per layer from ``capacity.layer_bytes_per_token`` (``kv_footprint`` gives only the
-    totals); state layers take ``kv_footprint``'s ``state_bytes_per_request``.
-    """
+    """KV bytes per request by layer kind at ``context_len``: windows cap, state layers are constant."""
     layout = load_layout(model)
     fp = kv_footprint(layout, kv_dtype, context_len, skip_layers)
     groups: dict[str, list[float]] = {}
@@ -418,12 +414,8 @@ def roofline(
     skip_layers: str | None = None,
     catalog_path: str | Path | None = None,
 ) -> RooflineResult:
-    """Predicted bytes per step, TPOT, ITL slope and FP8 speedup for a model on a GPU.
-
-    The bandwidth is the GPU's datasheet figure unless ``bandwidth_gb_s`` is given (then its
-    origin is ``bandwidth_origin``, e.g. "measured" for the CPU probe). ``kv_dtypes`` defaults to the
-    model's 16-bit dtype and fp8.
-    """
+    """Predicted bytes per step, TPOT, ITL slope and FP8 speedup for a model on a GPU (the datasheet
+    bandwidth unless ``bandwidth_gb_s`` is given, from ``bandwidth_origin``)."""
     layout = load_layout(model)
     length = check_context(layout, context_len)
     users = check_positive_int(users, "users")

@@ -1,14 +1,9 @@
 """What a model folder says about its KV cache: the config fields and the KV scale tensors.
 
-``inspect_model`` reads ``config.json`` (``kv_cache_dtype``, ``torch_dtype``/``dtype``,
-``quantization_config`` with its ``kv_cache_scheme``), ``hf_quant_config.json``
-(``quantization.kv_cache_quant_algo``) and, from the safetensors files, only the tensors whose
-names vLLM loads as KV scales. It reads the index or each file's header (8-byte little-endian
-length, then JSON) and then seeks to the scale tensors' bytes: never the whole weights, and it
-never unpickles a ``.bin`` file. Problems with the input are collected in ``errors`` and the scan
-of the other files goes on. ``verdicts`` say what vLLM will do with what was found (facts from
-vLLM's source as summarised in the project's notes), optionally checked against a startup log
-or a resolved-run record.
+Only the config files, the safetensors index or headers and the scale tensors' own bytes are read
+(never the whole weights, never a pickle); problems are collected in the report's ``errors`` and the
+scan of the other files goes on. Verdicts say what vLLM will do with what was found, optionally
+checked against a startup log or a resolved-run record.
 """
 
 from __future__ import annotations
@@ -306,12 +301,8 @@ def _scan_weights(folder: Path, report: ScaleReport) -> None:
 def inspect_model(
     path_or_id: str | Path, log: str | Path | None = None, cache_dir: str | Path | None = None
 ) -> ScaleReport:
-    """Read a model folder's KV settings and KV scale tensors; never raises for bad files.
-
-    ``path_or_id`` is a folder, its config.json, or a cached Hugging Face id. ``log`` is an optional
-    startup log or resolved-run record (JSON) to check the scales against. Problems found in the
-    files end up in ``errors``; a log that cannot be read raises StudyError.
-    """
+    """Read a model folder's KV settings and KV scale tensors, checked against ``log`` when given;
+    problems in the folder's files go to ``errors``, a log that cannot be read raises StudyError."""
     source = str(path_or_id)
     evidence = read_evidence(log) if log is not None else None
     try:
@@ -342,12 +333,8 @@ def inspect_cache(cache_dir: str | Path | None = None) -> list[ScaleReport]:
 
 
 def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """For every config.json under ``root``: its KV fields, and what a paired startup log says.
-
-    ``logs`` maps a model folder (as found under ``root``, or its path relative to ``root``) to a
-    startup log or a list of them (one row each). ``agree`` is None when there is nothing to compare, else whether the KV dtype
-    declared in the folder matches the one the engine logged.
-    """
+    """For every config.json under ``root``: its KV fields, and what each paired startup log says
+    (``logs``: model folder, absolute or relative to ``root`` -> a log or a list of them)."""
     from kvstudy.vllm.startup_log import parse_startup_log
 
     root = Path(root)

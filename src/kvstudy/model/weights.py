@@ -1,17 +1,7 @@
-"""Weight memory of a model, from its checkpoint when present, else estimated from its config.
-
-In order of preference, with the source of the figure kept next to it:
-
-1. ``model.safetensors.index.json`` ``metadata.total_size`` (what the checkpoint holds);
-2. the headers of the folder's ``*.safetensors`` files (tensor shapes x dtypes, no tensor read);
-3. an estimate from ``config.json``: parameters counted per part (embeddings, attention, MLP or
-   experts, Mamba mixers, vision and audio towers) and stored at the size the checkpoint's
-   ``quantization_config`` implies: FP8 (1 byte), MXFP4 (4 bits + one 1-byte scale per 32),
-   NVFP4 (4 bits + one 1-byte scale per 16), AWQ/GPTQ (``bits`` + a 16-bit scale and a packed
-   zero point per ``group_size``), bitsandbytes (4-bit with a 4-byte absmax per 64, or 8-bit).
-   Quantization applies to the decoder's linear layers; embeddings, the output head, norms and
-   towers stay 16-bit; ``modules_to_not_convert`` naming attention or the router keeps those 16-bit
-   (gpt-oss quantizes only its experts).
+"""Weight memory of a model: the checkpoint's own figure (the safetensors index's ``total_size``, else
+the files' headers), else an estimate from ``config.json``: parameters per part, stored at the size the
+checkpoint's ``quantization_config`` implies for the decoder's linear layers (embeddings, output head,
+norms and towers stay 16-bit, as do the parts ``modules_to_not_convert`` names).
 """
 
 from __future__ import annotations
