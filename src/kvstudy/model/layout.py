@@ -169,11 +169,6 @@ class LayerSpec:
             return 0
         return self.num_kv_heads * (self.head_size + self.head_size_v)
 
-    @property
-    def state_values(self) -> tuple[int, ...]:
-        """Element counts of the conv and temporal states at TP 1 (empty for attention layers)."""
-        return self.state.values(1) if self.state else ()
-
 
 @dataclass(frozen=True)
 class ModelLayout:
@@ -257,15 +252,18 @@ def _model_type(cfg: dict[str, Any], where: str, assume: str | None) -> tuple[st
 # --------------------------------------------------------------------------- layer kinds per family
 
 
+def _listed(cfg: dict[str, Any], key: str, count: int, what: str, where: str) -> list[Any]:
+    """The list field ``key`` of exactly ``count`` items, else one line naming it and what it holds."""
+    value = cfg.get(key)
+    if not isinstance(value, list) or len(value) != count:
+        got = len(value) if isinstance(value, list) else value
+        raise StudyError(f"{where}: field '{key}' must list {count} {what}, got {repr(got)[:60]}")
+    return value
+
+
 def _kinds_from_layer_types(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
-    layer_types = cfg["layer_types"]
-    if not isinstance(layer_types, list) or len(layer_types) != num_layers:
-        got = len(layer_types) if isinstance(layer_types, list) else layer_types
-        raise StudyError(
-            f"{where}: field 'layer_types' must list {num_layers} layer kinds (num_hidden_layers), got {got!r}"
-        )
     kinds = []
-    for i, name in enumerate(layer_types):
+    for i, name in enumerate(_listed(cfg, "layer_types", num_layers, "layer kinds (num_hidden_layers)", where)):
         if not isinstance(name, str) or name not in LAYER_TYPE_NAMES:
             raise StudyError(
                 f"{where}: field 'layer_types[{i}]' is {repr(name)[:60]} "
@@ -281,8 +279,7 @@ def _llama4_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]
     if not no_rope:  # transformers Llama4TextConfig default: every no_rope_layer_interval-th layer is NoPE
         interval = config_int(cfg, "no_rope_layer_interval", where)
         no_rope = [int((i + 1) % interval != 0) for i in range(num_layers)]
-    if not isinstance(no_rope, list) or len(no_rope) != num_layers:
-        raise StudyError(f"{where}: field 'no_rope_layers' must list {num_layers} values of 0 or 1")
+    no_rope = _listed({"no_rope_layers": no_rope}, "no_rope_layers", num_layers, "values of 0 or 1", where)
     chunked = cfg.get("attention_chunk_size") is not None
     return [CHUNKED if flag and chunked else FULL for flag in no_rope]
 
@@ -303,14 +300,10 @@ def _jamba_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
 def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -> list[list[str]]:
     """The cache kinds of each layer (a Falcon-H1 layer has two: attention and Mamba-2)."""
     if family == "mimo_v2_flash":  # mimo_v2.py: hybrid_layer_pattern[i] == 1 is a sliding-window layer
-        pattern = cfg.get("hybrid_layer_pattern")
-        if not isinstance(pattern, list) or len(pattern) != num_layers:
-            raise StudyError(f"{where}: field 'hybrid_layer_pattern' must list {num_layers} values of 0 or 1")
+        pattern = _listed(cfg, "hybrid_layer_pattern", num_layers, "values of 0 or 1", where)
         return [[SLIDING if flag == 1 else FULL] for flag in pattern]
     if family == "nemotron-nas":  # nemotron_nas.py: a block whose attention is no_op keeps no cache
-        blocks = cfg.get("block_configs")
-        if not isinstance(blocks, list) or len(blocks) != num_layers:
-            raise StudyError(f"{where}: field 'block_configs' must list {num_layers} blocks")
+        blocks = _listed(cfg, "block_configs", num_layers, "blocks", where)
         return [[] if _nas_attention(b).get("no_op") else [FULL] for b in blocks]
     if family in ("llama4", "llama4_text"):
         return [[k] for k in _llama4_kinds(cfg, num_layers, where)]

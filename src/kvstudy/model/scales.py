@@ -21,14 +21,13 @@ import numpy as np
 from kvstudy.errors import StudyError
 from kvstudy.io import parse_json_text, read_bytes_checked, read_json_object, type_name
 from kvstudy.limits import MAX_LAYERS
-from kvstudy.model.config_fields import checkpoint_kv_dtype, config_int
+from kvstudy.model.config_fields import HF_QUANT_CONFIG, checkpoint_kv_dtype, config_int
 from kvstudy.model.folder import cached_snapshots, resolve_model_path
 from kvstudy.model.safetensors import SafetensorsHeader, read_header, read_tensor
 from kvstudy.model.scale_records import ScaleReport, ScaleTensor, _json_number, declared_kv_dtype
 from kvstudy.model.scale_verdicts import read_evidence, verdicts
 
 INDEX_NAME = "model.safetensors.index.json"
-HF_QUANT_CONFIG = "hf_quant_config.json"
 # (name ending, kinds, naming style). Order matters: longer endings first.
 _SCALE_ENDINGS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     (".k_proj.output_scale", ("k",), "compressed-tensors/Quark output_scale"),

@@ -15,7 +15,7 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
 from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR, MAX_FILE_NUMBER, MAX_LAYERS
-from kvstudy.model.config_fields import config_count, config_int, nemotron_h_pattern, usable_int
+from kvstudy.model.config_fields import HF_QUANT_CONFIG, config_count, config_int, nemotron_h_pattern, usable_int
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import (
     LINEAR,
@@ -254,7 +254,7 @@ def quantization_config(config: dict[str, Any], folder: Path | None = None) -> d
         quant = where.get("quantization_config") if isinstance(where, dict) else None
         if isinstance(quant, dict) and quant.get("quant_method"):
             return quant
-    sidecar = folder / "hf_quant_config.json" if folder is not None else None
+    sidecar = folder / HF_QUANT_CONFIG if folder is not None else None
     if sidecar is not None and sidecar.is_file():
         data = read_json(sidecar)
         inner = data.get("quantization") if isinstance(data, dict) else None
