@@ -319,8 +319,8 @@ def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -
         interval = config_int(cfg, "full_attention_interval", where)
         kinds = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
     elif family in ("gemma3", "gemma3_text"):
-        pattern = config_int(cfg, "sliding_window_pattern", where)
-        kinds = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
+        period = config_int(cfg, "sliding_window_pattern", where)
+        kinds = [FULL if (i + 1) % period == 0 else SLIDING for i in range(num_layers)]
     elif family in ("gemma2", "gpt_oss"):
         kinds = [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)]
     elif cfg.get("sliding_window") and cfg.get("use_sliding_window", True) is not False:
