@@ -11,7 +11,7 @@ state layers keep a fixed state per request; under tensor parallelism each GPU h
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,6 @@ from kvstudy.model.layout import (
     load_layout,
 )
 from kvstudy.vllm.facts import DTYPE_BYTES, KV_AUTO_FROM_CHECKPOINT_SOURCE, MLA_SPECIAL_BYTES, SPARSE_MLA_QUANTIZED_AS
-
-KIB = 1024
 
 KV_DTYPES: tuple[str, ...] = ("auto", *DTYPE_BYTES, *MLA_SPECIAL_BYTES)
 
@@ -66,17 +64,11 @@ class KVFootprint:
 
     @property
     def kib_per_token(self) -> float:
-        return self.bytes_per_token / KIB
+        return self.bytes_per_token / 1024
 
     @property
     def tokens_per_gib(self) -> float:
         return tokens_per_gib(self.bytes_per_token)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["kib_per_token"] = self.kib_per_token
-        out["tokens_per_gib"] = self.tokens_per_gib
-        return out
 
 
 @dataclass(frozen=True)
