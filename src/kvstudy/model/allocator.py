@@ -23,9 +23,9 @@ from kvstudy.model.capacity import (
     SHARED,
     SLIDING,
     ModelLayout,
-    _check_skip_layers,
     _skipped,
     check_positive_int,
+    check_skip_layers,
     layer_bytes_per_token,
     load_layout,
     resolve_kv_dtype,
@@ -167,7 +167,7 @@ def predict_logged_pool(
     if max_in_flight_tokens is None:
         max_in_flight_tokens = DEVICE_DEFAULTS[device]["max_in_flight_tokens"]
     layout = load_layout(config)
-    _check_skip_layers(skip_layers)
+    check_skip_layers(skip_layers)
     dtype = resolve_kv_dtype(layout, kv_cache_dtype)
     for name, value in (
         ("kv_memory_bytes", kv_memory_bytes),

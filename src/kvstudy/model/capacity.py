@@ -105,30 +105,19 @@ def resolve_kv_dtype(layout: ModelLayout, kv_dtype: str) -> str:
     return kv_dtype
 
 
+def check_skip_layers(skip_layers: str | None) -> set[str]:
+    """The items of --kv-cache-dtype-skip-layers: 'sliding_window' and layer indices in ASCII digits
+    (``str.isdigit`` also takes '²'), as text without leading zeros."""
+    items = [item.strip() for item in str(skip_layers).split(",")] if skip_layers else []
+    if any(item != "sliding_window" and not re.fullmatch(r"[0-9]{1,6}", item, re.ASCII) for item in items):
+        raise StudyError(f"skip layers {skip_layers!r}: expected 'sliding_window' or comma-separated layer indices")
+    return {item if item == "sliding_window" else str(int(item)) for item in items}
+
+
 def _skipped(layer: LayerSpec, skip_layers: str | None) -> bool:
     """Whether --kv-cache-dtype-skip-layers keeps this layer in the model dtype."""
-    if not skip_layers:
-        return False
-    for item in str(skip_layers).split(","):
-        item = item.strip()
-        if item == "sliding_window" and layer.kind == SLIDING:
-            return True
-        if _is_index(item) and int(item) == layer.index:
-            return True
-    return False
-
-
-def _is_index(item: str) -> bool:
-    """Whether ``item`` is a layer index in ASCII digits (``str.isdigit`` also takes '²')."""
-    return re.fullmatch(r"[0-9]{1,6}", item.strip(), re.ASCII) is not None
-
-
-def _check_skip_layers(skip_layers: str | None) -> None:
-    if not skip_layers:
-        return
-    for item in str(skip_layers).split(","):
-        if item.strip() != "sliding_window" and not _is_index(item):
-            raise StudyError(f"skip layers {skip_layers!r}: expected 'sliding_window' or comma-separated layer indices")
+    items = check_skip_layers(skip_layers)
+    return str(layer.index) in items or (layer.kind == SLIDING and "sliding_window" in items)
 
 
 def layer_bytes_per_token(
@@ -201,7 +190,7 @@ def kv_footprint(
     """Bytes per token (long context), per token (short context) and per request of ``context_len``,
     for the whole model and for one GPU of a ``tensor_parallel_size x pipeline_parallel_size`` group."""
     layout = load_layout(model)
-    _check_skip_layers(skip_layers)
+    check_skip_layers(skip_layers)
     check_positive_int(tensor_parallel_size, "tensor_parallel_size")
     check_positive_int(pipeline_parallel_size, "pipeline_parallel_size")
     dtype = resolve_kv_dtype(layout, kv_dtype)

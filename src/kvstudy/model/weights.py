@@ -238,8 +238,6 @@ def _quantized_bytes(quant: dict[str, Any], where: str) -> tuple[Fraction, str]:
                 if isinstance(size, int) and size > 0:  # one 16-bit scale per group
                     return Fraction(bits, 8) + Fraction(2, size), f"compressed-tensors {bits}-bit, a scale per {size}"
                 return Fraction(bits, 8), f"compressed-tensors {bits}-bit weights"
-    if method == "modelopt" and "FP4" in algo:
-        return Fraction(1, 2) + Fraction(1, 16), "NVFP4 (ModelOpt), 4 bits + a 1-byte scale per 16 weights"
     raise StudyError(
         f"{where}: quantization_config quant_method {method!r} is not known to the weights "
         "estimate (expected fp8, mxfp4, nvfp4/modelopt_fp4, awq, gptq, bitsandbytes, "
