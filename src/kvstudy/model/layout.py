@@ -480,22 +480,30 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
                     limit = window if kind == SLIDING else chunk if kind == CHUNKED else None
                     heads_i, k_size, v_size = _attention_layer(cfg, family, i, kind, (kv_heads, head_dim), where)
                     layers.append(LayerSpec(i, kind, heads_i, k_size, v_size, limit))
-    name = Path(where).parent.name or Path(where).stem
-    # the checkpoint's KV choice: config.json, or the hf_quant_config.json beside a config file read from disk
-    scheme = checkpoint_kv_dtype(config, Path(where).parent if Path(where).is_file() else None)
-    return ModelLayout(
-        name=name,
-        config_path=str(where),
-        model_type=str(cfg.get("model_type")),
+    return new_layout(
+        config,
+        where,
         architecture=arch,
         model_dtype=dtype,
         layers=tuple(layers),
-        max_position_embeddings=max_positions(text_config(config)),
-        kv_scheme_dtype=scheme[0],
-        kv_scheme_source=scheme[1],
         warnings=warnings,
         num_hidden_layers=num_layers,
         notes=_family_notes(cfg, family) + (STATE_RESERVE_NOTE,) * any(l.kind == LINEAR for l in layers),
+    )
+
+
+def new_layout(config: dict[str, Any], where: str, **fields: Any) -> ModelLayout:
+    """A layout of the config at ``where`` with ``fields``: its name, model type and length limit, and the
+    KV dtype the checkpoint chooses (config.json, or the hf_quant_config.json beside a config file)."""
+    scheme, source = checkpoint_kv_dtype(config, Path(where).parent if Path(where).is_file() else None)
+    return ModelLayout(
+        name=Path(where).parent.name or Path(where).stem,
+        config_path=str(where),
+        model_type=str(text_config(config).get("model_type")),
+        max_position_embeddings=max_positions(text_config(config)),
+        kv_scheme_dtype=scheme,
+        kv_scheme_source=source,
+        **fields,
     )
 
 
