@@ -215,9 +215,7 @@ def gpu_tp_table(
                 "KV pool per GPU (GiB)": plan.pool.kv_pool_bytes / GIB,
             }
             for dtype in kv_dtypes:
-                row[f"users {dtype}"] = (
-                    users_at(layout, dtype, plan.pool.kv_pool_bytes, context_len, tp) if plan.fits else 0
-                )
+                row[f"users {dtype}"] = users_at(layout, dtype, plan.pool.kv_pool_bytes, context_len, tp)
             rows.append(row)
     return pd.DataFrame(rows).set_index(["GPU", "TP"])
 
@@ -273,7 +271,7 @@ def plan_summary(
         "overhead": GPU_ONLY_OVERHEAD_NOTE,
     }
     for dtype, row in summary["dtypes"].items():
-        row["users"] = users_at(layout, dtype, plan.pool.kv_pool_bytes, summary["context_len"], tp) if plan.fits else 0
+        row["users"] = users_at(layout, dtype, plan.pool.kv_pool_bytes, summary["context_len"], tp)
     return summary
 
 
@@ -523,10 +521,9 @@ def capacity_facts(
     for tp in tps:
         if kv_memory_gib is None:
             group = group_pool(model, memory, weights_bytes, weights_source, overhead_gib, tp, 1, layout)
-            pool = group.pool.kv_pool_bytes if group.fits else 0
+            pool = group.pool.kv_pool_bytes  # 0 when the weights do not fit
         users = {
-            d: users_at(layout, d, pool, context_len, tp, 1, s) if pool > 0 else 0
-            for d, s in ((baseline_dtype, None), ("fp8", skip))
+            d: users_at(layout, d, pool, context_len, tp, 1, s) for d, s in ((baseline_dtype, None), ("fp8", skip))
         }
         if max(users.values()) > 0 or tp == tps[-1]:
             facts.update(
