@@ -14,7 +14,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
-from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR, MAX_FILE_NUMBER, MAX_LAYERS
+from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR, MAX_LAYERS
 from kvstudy.model.config_fields import HF_QUANT_CONFIG, config_count, config_int, nemotron_h_pattern, usable_int
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import (
@@ -92,7 +92,7 @@ def expert_routing(config: dict[str, Any]) -> tuple[int | None, int | None]:
     """(routed experts per MoE layer, experts each token is routed to); None where the config has none."""
     cfg = text_config(config)
     picks = [cfg.get(key) for key in ("num_experts_per_tok", "experts_per_token", "moe_topk", "num_experts_per_token")]
-    k = next((v for v in picks if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
+    k = next((v for v in picks if usable_int(v)), None)
     return _experts(cfg) or None, k
 
 
@@ -161,7 +161,7 @@ def _tower_parameters(tower: Any) -> int:
     hidden = tower.get("hidden_size") or tower.get("width") or 0
     depth = tower.get("num_hidden_layers") or tower.get("depth") or tower.get("num_layers") or 0
     mlp = tower.get("intermediate_size") or 4 * hidden
-    if not all(isinstance(v, int) and 0 < v <= MAX_FILE_NUMBER for v in (hidden, depth, mlp)):
+    if not all(usable_int(v) for v in (hidden, depth, mlp)):
         return 0
     return depth * (4 * hidden * hidden + 2 * hidden * mlp)
 
