@@ -58,10 +58,6 @@ class GpuMemory:
 class GroupPool:
     """The KV pool of each GPU in a tensor x pipeline group, or why there is none."""
 
-    memory: GpuMemory
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    weights_bytes: int  # the whole model
     weights_source: str
     weights_bytes_per_gpu: int
     pool: PoolEstimate  # one GPU's
@@ -134,17 +130,7 @@ def group_pool(
             "use a larger GPU, more GPUs (tensor parallelism), or a smaller checkpoint"
         )
     )
-    return GroupPool(
-        memory,
-        tensor_parallel_size,
-        pipeline_parallel_size,
-        int(weights_bytes),
-        weights_source or "given",
-        per_gpu,
-        pool,
-        fits,
-        message,
-    )
+    return GroupPool(weights_source or "given", per_gpu, pool, fits, message)
 
 
 def users_at(
