@@ -75,17 +75,9 @@ class KVFootprint:
 class PoolEstimate:
     """The KV pool a GPU leaves at a memory utilization, after weights and overhead."""
 
-    gpu_memory_bytes: int
-    gpu_memory_utilization: float
-    requested_bytes: int  # gpu_memory_bytes * utilization
-    weights_bytes: int
+    requested_bytes: int  # GPU memory x utilization
     overhead_bytes: int  # activations, non-torch memory, CUDA graphs (an assumption)
     kv_pool_bytes: int  # what is left for the KV cache (0 if nothing)
-    fixed_pool_tokens: int | None = None
-
-    @property
-    def kv_pool_gib(self) -> float:
-        return self.kv_pool_bytes / GIB
 
 
 # --------------------------------------------------------------------------- bytes per token
@@ -274,7 +266,6 @@ def kv_pool_after_weights(
     gpu_memory_utilization: float,
     weights_bytes: int,
     overhead_gib: float = 0.0,
-    fixed_pool_tokens: int | None = None,
 ) -> PoolEstimate:
     """KV pool = GPU memory x utilization - weights - overhead (the overhead is an assumption)."""
     if not is_finite_number(gpu_memory_gib) or gpu_memory_gib <= 0:
@@ -283,11 +274,9 @@ def kv_pool_after_weights(
         raise StudyError(f"gpu_memory_utilization {gpu_memory_utilization!r}: expected a number in (0, 1]")
     if not is_finite_number(overhead_gib) or overhead_gib < 0:
         raise StudyError(f"overhead_gib {overhead_gib!r}: expected a number of GiB >= 0")
-    total = int(gpu_memory_gib * GIB)
-    requested = int(total * gpu_memory_utilization)
+    requested = int(int(gpu_memory_gib * GIB) * gpu_memory_utilization)
     overhead = int(overhead_gib * GIB)
-    pool = max(requested - int(weights_bytes) - overhead, 0)
-    return PoolEstimate(total, gpu_memory_utilization, requested, int(weights_bytes), overhead, pool, fixed_pool_tokens)
+    return PoolEstimate(requested, overhead, max(requested - int(weights_bytes) - overhead, 0))
 
 
 # --------------------------------------------------------------------------- tables and CLI
