@@ -130,7 +130,7 @@ def layer_bytes_per_token(
     if layer.kind == MLA:
         if dtype in MLA_SPECIAL_BYTES:
             return Fraction(MLA_SPECIAL_BYTES[dtype])
-        return layer.values_per_token * DTYPE_BYTES[dtype]
+        return layer.num_kv_heads * (layer.head_size + layer.head_size_v) * DTYPE_BYTES[dtype]
     heads = max(1, layer.num_kv_heads // tensor_parallel_size)
     return heads * (layer.head_size + layer.head_size_v) * DTYPE_BYTES[dtype]
 

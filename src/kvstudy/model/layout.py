@@ -162,13 +162,6 @@ class LayerSpec:
     state_dtypes: tuple[str | None, ...] = (None, None)  # conv / temporal; None: model dtype
     stored_bytes: int = 0  # bytes per value whatever --kv-cache-dtype says (the indexer's uint8); 0: the KV dtype
 
-    @property
-    def values_per_token(self) -> int:
-        """K and V values one token adds to this layer (0 for a state or shared layer)."""
-        if self.kind in (LINEAR, SHARED):
-            return 0
-        return self.num_kv_heads * (self.head_size + self.head_size_v)
-
 
 @dataclass(frozen=True)
 class ModelLayout:

@@ -147,10 +147,6 @@ class RooflineResult:
     weights: WeightsRead
     assumptions: tuple[Assumption, ...]
 
-    @property
-    def effective_bandwidth_gb_s(self) -> float:
-        return self.bandwidth_gb_s * self.bandwidth_factor
-
     def to_dict(self) -> dict[str, Any]:
         """The CLI's JSON object."""
         return {
@@ -161,7 +157,7 @@ class RooflineResult:
             "users": self.users,
             "bandwidth_gb_s": self.bandwidth_gb_s,
             "bandwidth_factor": self.bandwidth_factor,
-            "effective_bandwidth_gb_s": self.effective_bandwidth_gb_s,
+            "effective_bandwidth_gb_s": self.bandwidth_gb_s * self.bandwidth_factor,
             "kv_dtypes": list(self.steps),
             "bytes_per_step": {k: s.total_bytes for k, s in self.steps.items()},
             "kv_bytes_per_step": {k: s.kv_bytes for k, s in self.steps.items()},
