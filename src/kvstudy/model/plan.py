@@ -58,7 +58,6 @@ class GpuMemory:
 class GroupPool:
     """The KV pool of each GPU in a tensor x pipeline group, or why there is none."""
 
-    weights_source: str
     weights_bytes_per_gpu: int
     pool: PoolEstimate  # one GPU's
     fits: bool
@@ -99,28 +98,17 @@ def resolve_gpu_memory(
 
 
 def group_pool(
-    model: str | Path,
-    memory: GpuMemory,
-    weights_bytes: int | None = None,
-    weights_source: str | None = None,
-    overhead_gib: float = 0.0,
-    tensor_parallel_size: int = 1,
-    pipeline_parallel_size: int = 1,
-    layout: ModelLayout | None = None,
+    memory: GpuMemory, weights_bytes: int, overhead_gib: float = 0.0, tensor_parallel_size: int = 1
 ) -> GroupPool:
     """Each GPU's KV pool: its memory x utilization - its share of the weights - overhead.
 
     The weights are split evenly over the group (an approximation: vLLM replicates norms and, when
     tp > kv heads, the K/V projections). A model that does not fit gets ``fits=False`` and a message.
     """
-    if weights_bytes is None:
-        size = weights_size(model, layout)
-        weights_bytes, weights_source = size.bytes, size.source
-    group = tensor_parallel_size * pipeline_parallel_size
-    per_gpu = -(-int(weights_bytes) // group)
+    per_gpu = -(-int(weights_bytes) // tensor_parallel_size)
     pool = kv_pool_after_weights(memory.memory_gib, memory.utilization, per_gpu, overhead_gib)
     fits = pool.kv_pool_bytes > 0
-    where = "per GPU " if group > 1 else ""
+    where = "per GPU " if tensor_parallel_size > 1 else ""
     message = (
         ""
         if fits
@@ -130,7 +118,7 @@ def group_pool(
             "use a larger GPU, more GPUs (tensor parallelism), or a smaller checkpoint"
         )
     )
-    return GroupPool(weights_source or "given", per_gpu, pool, fits, message)
+    return GroupPool(per_gpu, pool, fits, message)
 
 
 def users_at(
@@ -176,7 +164,6 @@ def users_vs_context(
 
 
 def gpu_tp_table(
-    model: str | Path,
     layout: ModelLayout,
     kv_dtypes: list[str],
     gpus: list[str],
@@ -193,7 +180,7 @@ def gpu_tp_table(
     for name in gpus:
         memory = resolve_gpu_memory(name, None, gpu_memory_utilization)
         for tp in valid_tensor_parallel_sizes(layout, tensor_parallel_sizes):
-            plan = group_pool(model, memory, weights_bytes, None, overhead_gib, tp, 1, layout)
+            plan = group_pool(memory, weights_bytes, overhead_gib, tp)
             row: dict[str, Any] = {
                 "GPU": memory.gpu_name,
                 "TP": tp,
@@ -244,7 +231,7 @@ def plan_summary(
     if (gpu is None and gpu_memory_gib is None) or weights_bytes is None:
         return summary
     memory = resolve_gpu_memory(gpu, gpu_memory_gib, gpu_memory_utilization)
-    plan = group_pool(path, memory, weights_bytes, weights_source, 0.0, tp, 1, layout)
+    plan = group_pool(memory, weights_bytes, 0.0, tp)
     summary["gpu"] = {
         "name": memory.gpu_name,
         "memory_gib": memory.memory_gib,
@@ -459,11 +446,9 @@ def advised_skip_layers(layout: ModelLayout) -> str | None:
 
 
 def capacity_facts(
-    model: str | Path,
     layout: ModelLayout,
     memory: GpuMemory,
     weights_bytes: int | None,
-    weights_source: str,
     overhead_gib: float,
     tensor_parallel_size: int,
     context_len: int,
@@ -506,7 +491,7 @@ def capacity_facts(
         tps = [t for t in tps if t >= tensor_parallel_size]
     for tp in tps:
         if kv_memory_gib is None:
-            group = group_pool(model, memory, weights_bytes, weights_source, overhead_gib, tp, 1, layout)
+            group = group_pool(memory, weights_bytes, overhead_gib, tp)
             pool = group.pool.kv_pool_bytes  # 0 when the weights do not fit
         users = {
             d: users_at(layout, d, pool, context_len, tp, 1, s) for d, s in ((baseline_dtype, None), ("fp8", skip))

@@ -78,5 +78,5 @@ def test_nested_and_sidecar_quantization() -> None:
 def test_gpu_table_keeps_only_valid_tp(tmp_path: Path) -> None:
     folder = _config(tmp_path, num_attention_heads=28, num_key_value_heads=4, head_dim=128)
     layout = plan.resolve_layout(folder)
-    table = plan.gpu_tp_table(folder, layout, ["fp8"], ["H100-SXM"], [1, 2, 4, 8], 4096, 10 * 2**30)
+    table = plan.gpu_tp_table(layout, ["fp8"], ["H100-SXM"], [1, 2, 4, 8], 4096, 10 * 2**30)
     assert sorted({tp for _, tp in table.index}) == [1, 2, 4]
