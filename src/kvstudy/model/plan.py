@@ -491,7 +491,7 @@ def capacity_facts(
         tps = [t for t in tps if t >= tensor_parallel_size]
     for tp in tps:
         if kv_memory_gib is None:
-            group = group_pool(memory, weights_bytes, overhead_gib, tp)
+            group = group_pool(memory, weights_bytes or 0, overhead_gib, tp)  # not None here
             pool = group.pool.kv_pool_bytes  # 0 when the weights do not fit
         users = {
             d: users_at(layout, d, pool, context_len, tp, 1, s) for d, s in ((baseline_dtype, None), ("fp8", skip))
