@@ -277,19 +277,6 @@ def _llama4_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]
     return [CHUNKED if flag and chunked else FULL for flag in no_rope]
 
 
-def _nemotron_h_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str | None]:
-    """nemotron_h.py: 'M' Mamba-2, '*' attention, '-' MLP and 'E' MoE (no cache) per layer."""
-    table = {"M": LINEAR, "*": FULL, "-": None, "E": None}
-    return [table[c] for c in nemotron_h_pattern(cfg, where)]
-
-
-def _jamba_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
-    """jamba.py: layer i is attention when i % attn_layer_period == attn_layer_offset, else Mamba-1."""
-    period = config_int(cfg, "attn_layer_period", where)
-    offset = config_int(cfg, "attn_layer_offset", where, low=0)
-    return [FULL if i % period == offset else LINEAR for i in range(num_layers)]
-
-
 def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -> list[list[str]]:
     """The cache kinds of each layer (a Falcon-H1 layer has two: attention and Mamba-2)."""
     if family == "mimo_v2_flash":  # mimo_v2.py: hybrid_layer_pattern[i] == 1 is a sliding-window layer
@@ -300,10 +287,12 @@ def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -
         return [[] if _nas_attention(b).get("no_op") else [FULL] for b in blocks]
     if family in ("llama4", "llama4_text"):
         return [[k] for k in _llama4_kinds(cfg, num_layers, where)]
-    if family == "nemotron_h":
-        return [[k] if k else [] for k in _nemotron_h_kinds(cfg, num_layers, where)]
-    if family == "jamba":
-        return [[k] for k in _jamba_kinds(cfg, num_layers, where)]
+    if family == "nemotron_h":  # nemotron_h.py: 'M' Mamba-2, '*' attention, '-' MLP and 'E' MoE (no cache)
+        return [{"M": [LINEAR], "*": [FULL]}.get(c, []) for c in nemotron_h_pattern(cfg, where)]
+    if family == "jamba":  # jamba.py: layer i is attention when i % attn_layer_period == attn_layer_offset
+        period = config_int(cfg, "attn_layer_period", where)
+        offset = config_int(cfg, "attn_layer_offset", where, low=0)
+        return [[FULL if i % period == offset else LINEAR] for i in range(num_layers)]
     if family == "falcon_h1":
         return [[FULL, LINEAR] for _ in range(num_layers)]
     if cfg.get("layer_types") is not None:
