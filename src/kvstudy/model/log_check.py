@@ -265,17 +265,11 @@ def _agreement(
     pool: PoolRange, logged_tokens: int, override: int | None, logged_blocks: int | None = None
 ) -> tuple[bool, int | None, str]:
     """Whether the logged tokens are the tokens of a block count the memory allows; that count."""
+    allowed = f"{pool.blocks_low:,}..{pool.blocks_high:,} blocks the logged memory allows"
     if logged_blocks is not None:  # the V0 engine logs the blocks themselves
         ok = pool.blocks_low <= logged_blocks <= pool.blocks_high
         where = "within" if ok else "outside"
-        return (
-            ok,
-            logged_blocks,
-            (
-                f"the logged {logged_blocks:,} blocks are {where} the {pool.blocks_low:,}..{pool.blocks_high:,} "
-                "blocks the logged memory allows"
-            ),
-        )
+        return ok, logged_blocks, f"the logged {logged_blocks:,} blocks are {where} the {allowed}"
     if override is not None:
         ok = pool.tokens(override) == logged_tokens
         return ok, override, f"num_gpu_blocks_override={override:,} fixes the pool"
@@ -283,20 +277,10 @@ def _agreement(
         return False, None, "the logged memory is too coarse for this model's blocks to check to the block"
     hits = [n for n in range(pool.blocks_low, pool.blocks_high + 1) if pool.tokens(n) == logged_tokens]
     if hits:
-        span = (
-            f"{pool.blocks_low:,}"
-            if pool.blocks_low == pool.blocks_high
-            else f"{pool.blocks_low:,}..{pool.blocks_high:,}"
-        )
-        return True, hits[0], f"{hits[0]:,} blocks: within the {span} blocks the logged memory allows"
-    return (
-        False,
-        None,
-        (
-            f"the logged {logged_tokens:,} tokens are not the pool of any of the {pool.blocks_low:,}..{pool.blocks_high:,} "
-            "blocks the logged memory allows"
-        ),
-    )
+        one = f"{pool.blocks_low:,} blocks the logged memory allows"
+        span = allowed if pool.blocks_low != pool.blocks_high else one
+        return True, hits[0], f"{hits[0]:,} blocks: within the {span}"
+    return False, None, f"the logged {logged_tokens:,} tokens are not the pool of any of the {allowed}"
 
 
 def _overhead(info: StartupInfo) -> dict[str, Any]:
