@@ -301,10 +301,6 @@ def step_bytes(
     fp: KVFootprint = kv_footprint(layout, kv_dtype, length, skip_layers)
     state = float(fp.state_bytes_per_request)
     kv_per_request = float(fp.bytes_per_request) - state
-    per_kind = kind_reads(layout, kv_dtype, length, skip_layers)
-    split = sum(k.bytes_per_request for k in per_kind if k.kind != "linear_attention")
-    if not math.isclose(split, kv_per_request, rel_tol=1e-9, abs_tol=1e-6):
-        raise StudyError(f"{layout.config_path}: per-kind KV bytes {split} differ from kv_footprint's {kv_per_request}")
     acts = activation_bytes_per_request(layout) if activation_bytes_per_user is None else activation_bytes_per_user
     weights = weights_read(layout, users, weights_bytes).read_bytes
     return StepBytes(
@@ -316,7 +312,7 @@ def step_bytes(
         kv_per_request * users,
         2 * state * users,
         float(acts) * users,
-        per_kind,
+        kind_reads(layout, kv_dtype, length, skip_layers),
     )
 
 

@@ -12,7 +12,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -256,25 +256,19 @@ def _scan_index(folder: Path, report: ScaleReport) -> bool:
             report.files_unread.append(shard)
     for shard, names in sorted(by_shard.items()):
         where = shards[shard]
-        if where is None or not where.exists():
-            continue
-        header = read_header(where, report)
-        if header is None:
-            report.files_unread.append(shard)
-            continue
-        report.files_read.append(shard)
-        _collect_scales(header, names, folder, report)
+        if where is not None and where.exists():
+            _scan_file(where, names, folder, report)
     return True
 
 
-def _scan_files(files: Sequence[Path], folder: Path, report: ScaleReport) -> None:
-    for path in files:
-        header = read_header(path, report)
-        if header is None:
-            report.files_unread.append(path.name)
-            continue
-        report.files_read.append(str(path.relative_to(folder)))
-        _collect_scales(header, header.tensors.keys(), folder, report)
+def _scan_file(path: Path, names: Iterable[str] | None, folder: Path, report: ScaleReport) -> None:
+    """The scale tensors ``names`` (None: every tensor the header lists) of one safetensors file."""
+    header, name = read_header(path, report), str(path.relative_to(folder))
+    if header is None:
+        report.files_unread.append(name)
+        return
+    report.files_read.append(name)
+    _collect_scales(header, header.tensors.keys() if names is None else names, folder, report)
 
 
 def _scan_weights(folder: Path, report: ScaleReport) -> None:
@@ -283,7 +277,8 @@ def _scan_weights(folder: Path, report: ScaleReport) -> None:
     if indexed or files:
         report.weights = "safetensors"
         if not (indexed and _scan_index(folder, report)):  # an unusable index: each file's header
-            _scan_files(files, folder, report)
+            for path in files:
+                _scan_file(path, None, folder, report)
         return
     pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
     if pickles:
@@ -405,8 +400,6 @@ def _compare_kv_dtypes(declared: str | None, logged: str | None) -> tuple[bool |
         return True, None
     return False, "the engine stored the KV cache in another dtype than the folder declares"
 
-
-# --------------------------------------------------------------------------- notebook helpers
 
 # --------------------------------------------------------------------------- command line
 

@@ -93,7 +93,7 @@ def test_sliding_window_caps_growth_gemma3() -> None:
     assert reads["full_attention"].bytes_per_request == 10 * 8192 * 32768
     at_32k = step_bytes(GEMMA, "bfloat16", 32768).kv_bytes
     at_64k = step_bytes(GEMMA, "bfloat16", 65536).kv_bytes
-    assert at_32k == 3_120_562_176
+    assert at_32k == 3_120_562_176 == sum(k.bytes_per_request for k in reads.values())  # the kinds add up
     assert at_64k - at_32k == 10 * 8192 * 32768
     # short contexts: every layer grows until the window fills
     assert step_bytes(GEMMA, "bfloat16", 512).kv_bytes == 62 * 8192 * 512
