@@ -105,16 +105,8 @@ def _layer_specs(layout: ModelLayout, dtype: str, block_size: int, skip_layers: 
 def _unify_page_sizes(specs: list[_Spec]) -> list[_Spec]:
     """vLLM ``unify_kv_cache_spec_page_size``: smaller pages get a larger block size (or padding)."""
     largest = max(s.page_bytes for s in specs)
-    out = []
-    for spec in specs:
-        if spec.page_bytes == largest:
-            out.append(spec)
-        elif largest % spec.page_bytes == 0:
-            ratio = largest // spec.page_bytes
-            out.append(_Spec(spec.kind, spec.block_size * ratio, largest, spec.sliding_window))
-        else:
-            out.append(_Spec(spec.kind, spec.block_size, largest, spec.sliding_window))
-    return out
+    ratios = [largest // s.page_bytes if largest % s.page_bytes == 0 else 1 for s in specs]
+    return [_Spec(s.kind, s.block_size * r, largest, s.sliding_window) for s, r in zip(specs, ratios)]
 
 
 def _group(
