@@ -31,7 +31,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import GpuSpec, find_gpu
-from kvstudy.model.capacity import KVFootprint, check_positive_int, kv_footprint, layer_bytes_per_token
+from kvstudy.model.capacity import LINEAR, KVFootprint, _limit, check_positive_int, kv_footprint, layer_bytes_per_token
 from kvstudy.model.config_fields import text_config, usable_int
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import ModelLayout, load_layout
@@ -267,21 +267,14 @@ def kind_reads(
     """KV bytes per request by layer kind at ``context_len``: windows cap, state layers are constant."""
     layout = load_layout(model)
     fp = kv_footprint(layout, kv_dtype, context_len, skip_layers)
-    groups: dict[str, list[float]] = {}
-    for layer in layout.layers:
-        per_token = float(layer_bytes_per_token(layer, fp.resolved_dtype, layout.model_dtype, skip_layers))
-        tokens = context_len if not layer.sliding_window else min(context_len, layer.sliding_window)
-        if layer.kind == "linear_attention":
-            tokens = 0
-        row = groups.setdefault(layer.kind, [0, 0.0, 0, 0.0])
-        row[0] += 1
-        row[1] += per_token
-        row[2] = max(row[2], tokens)
-        row[3] += per_token * tokens
     reads = []
-    for kind, (count, kind_per_token, kind_tokens, kind_bytes) in groups.items():
-        per_request = float(fp.state_bytes_per_request) if kind == "linear_attention" else float(kind_bytes)
-        reads.append(KindRead(kind, int(count), float(kind_per_token), int(kind_tokens), per_request))
+    for kind in dict.fromkeys(layer.kind for layer in layout.layers):
+        layers = [layer for layer in layout.layers if layer.kind == kind]
+        costs = [float(layer_bytes_per_token(l, fp.resolved_dtype, layout.model_dtype, skip_layers)) for l in layers]
+        tokens = [0 if kind == LINEAR else _limit(l, context_len) for l in layers]
+        kv = sum(c * t for c, t in zip(costs, tokens))
+        per_request = float(fp.state_bytes_per_request) if kind == LINEAR else float(kv)
+        reads.append(KindRead(kind, len(layers), float(sum(costs)), max(tokens), per_request))
     return tuple(reads)
 
 
@@ -360,7 +353,7 @@ def kv_dominates_from(
 
     def kv_at(length: int) -> float:
         reads = kind_reads(layout, kv_dtype, length, skip_layers)
-        return sum(k.bytes_per_request for k in reads if k.kind != "linear_attention") * users
+        return sum(k.bytes_per_request for k in reads if k.kind != LINEAR) * users
 
     if kv_at(limit) < weights:
         return None
