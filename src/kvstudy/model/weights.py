@@ -269,15 +269,7 @@ def _rules_layout(config: dict[str, Any], where: str, layout: ModelLayout | None
     """The rules' layout (parameter counts read the config's own fields, not vLLM's cache specs)."""
     if layout is not None and layout.source == KV_RULES_SOURCE:
         return layout
-    return layout_from_config(config, where, assume_from(layout))
-
-
-def assume_from(layout: ModelLayout | None) -> str | None:
-    """The family an --assume'd layout was read with (its warnings say so), else None."""
-    for text in layout.warnings if layout else ():
-        if "(--assume)" in text:
-            return text.split("the rules of '", 1)[1].split("'", 1)[0]
-    return None
+    return layout_from_config(config, where)  # vLLM's specs: never an --assume'd layout (oracle asks none)
 
 
 def _unconverted(quant: dict[str, Any]) -> set[str]:
