@@ -43,21 +43,15 @@ KV_DTYPES: tuple[str, ...] = ("auto", *DTYPE_BYTES, *MLA_SPECIAL_BYTES)
 class KVFootprint:
     """KV bytes for one model and one KV dtype."""
 
-    model: str
-    kv_dtype: str  # as asked (may be "auto")
     resolved_dtype: str  # what the attention layers store
     bytes_per_token: float  # what one more token adds in a long context (growing layers only)
     bytes_per_token_short: float  # what one token adds while every sliding window is still open
     state_bytes_per_request: int  # fixed state of linear-attention layers, per request
     context_len: int
     bytes_per_request: float  # a request of context_len tokens, all layer kinds
-    layer_kinds: dict[str, int]
-    skip_layers: str | None = None
     cap_tokens: int | None = None  # every layer windowed or chunked: a request stops growing here,
     #                                and bytes_per_token is the cost per token within the window
     bytes_per_token_by_kind: dict[str, float] = field(default_factory=dict)  # one token, per layer kind
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
     bytes_per_token_per_gpu: float = 0.0  # on the GPU of the group that holds the most
     state_bytes_per_request_per_gpu: int = 0
     bytes_per_request_per_gpu: float = 0.0
@@ -210,20 +204,14 @@ def kv_footprint(
         if totals[2] >= gpu_request:  # the GPU of the stage that holds the most
             gpu_token, gpu_short, gpu_request, gpu_state = totals
     return KVFootprint(
-        model=layout.name,
-        kv_dtype=kv_dtype,
         resolved_dtype=dtype,
         bytes_per_token=_plain(growing if growing else short),
         bytes_per_token_short=_plain(short),
         state_bytes_per_request=state,
         context_len=length,
         bytes_per_request=_plain(per_request),
-        layer_kinds=layout.layer_kinds,
-        skip_layers=skip_layers,
         cap_tokens=cap_tokens,
         bytes_per_token_by_kind={k: _plain(v) for k, v in by_kind.items()},
-        tensor_parallel_size=tensor_parallel_size,
-        pipeline_parallel_size=pipeline_parallel_size,
         bytes_per_token_per_gpu=_plain(gpu_token if growing else gpu_short),
         state_bytes_per_request_per_gpu=gpu_state,
         bytes_per_request_per_gpu=_plain(gpu_request),

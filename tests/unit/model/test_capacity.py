@@ -130,7 +130,10 @@ def test_gpt_oss_alternating_sliding_layers() -> None:
     # 24 layers, layer_types alternate sliding/full, window 128, 8 KV heads x head_dim 64
     fp = cap.kv_footprint(MODELS / "gpt-oss-20b", "bfloat16", 10_000)
     per_layer = 8 * 64 * 2 * 2  # 2,048 B per token per layer
-    assert fp.layer_kinds == {"full_attention": 12, "sliding_attention": 12}
+    assert model_layout.load_layout(MODELS / "gpt-oss-20b").layer_kinds == {
+        "full_attention": 12,
+        "sliding_attention": 12,
+    }
     assert fp.bytes_per_token == 12 * per_layer  # only full layers grow in a long context
     assert fp.bytes_per_token_short == 24 * per_layer
     assert fp.bytes_per_request == 12 * per_layer * 10_000 + 12 * per_layer * 128
@@ -147,7 +150,10 @@ def test_gemma3_pattern_and_nested_text_config() -> None:
     # the transformers default the config leaves out): 10 full, 52 sliding with window 1024
     fp = cap.kv_footprint(MODELS / "gemma-3-27b-it", "bfloat16", 8192)
     per_layer = 16 * 128 * 2 * 2
-    assert fp.layer_kinds == {"full_attention": 10, "sliding_attention": 52}
+    assert model_layout.load_layout(MODELS / "gemma-3-27b-it").layer_kinds == {
+        "full_attention": 10,
+        "sliding_attention": 52,
+    }
     assert fp.bytes_per_token == 10 * per_layer
     assert fp.bytes_per_request == 10 * per_layer * 8192 + 52 * per_layer * 1024
 
@@ -167,7 +173,10 @@ def test_hybrid_linear_attention_holds_fixed_state() -> None:
     # Linear state per layer: conv (4-1) x (128*16*2 + 128*32) + recurrent 32 x 128 x 128, in bf16.
     fp = cap.kv_footprint(MODELS / "Qwen3-Next-80B-A3B-Instruct", "bfloat16", 4096)
     state = 36 * (3 * (128 * 16 * 2 + 128 * 32) + 32 * 128 * 128) * 2
-    assert fp.layer_kinds == {"full_attention": 12, "linear_attention": 36}
+    assert model_layout.load_layout(MODELS / "Qwen3-Next-80B-A3B-Instruct").layer_kinds == {
+        "full_attention": 12,
+        "linear_attention": 36,
+    }
     assert fp.bytes_per_token == 12 * 2048
     assert fp.state_bytes_per_request == state == 39_518_208
     assert fp.bytes_per_request == 12 * 2048 * 4096 + state
@@ -179,7 +188,7 @@ def test_mistral_style_all_layers_sliding() -> None:
     cfg = tiny_qwen3() | {"model_type": "mistral", "sliding_window": 64}
     del cfg["use_sliding_window"]
     fp = cap.kv_footprint(layout(cfg), "bfloat16", 1000)
-    assert fp.layer_kinds == {"sliding_attention": 4}
+    assert layout(cfg).layer_kinds == {"sliding_attention": 4}
     assert fp.bytes_per_request == 4 * 2 * 128 * 2 * 64
 
 
@@ -320,12 +329,12 @@ def test_bad_dtype_and_lengths() -> None:
 
 def test_bad_files(tmp_path: Path) -> None:
     with pytest.raises(StudyError, match="no config.json in this folder"):
-        cap.load_layout(tmp_path)
+        model_layout.load_layout(tmp_path)
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(StudyError, match="malformed JSON at line 1"):
-        cap.load_layout(tmp_path)
+        model_layout.load_layout(tmp_path)
     with pytest.raises(StudyError, match="no such model folder or file"):
-        cap.load_layout(tmp_path / "absent")
+        model_layout.load_layout(tmp_path / "absent")
     index = tmp_path / "m"
     index.mkdir()
     (index / "config.json").write_text(json.dumps(tiny_qwen3()))
