@@ -26,23 +26,19 @@ from kvstudy.model.layout import (
     layout_from_config,
     text_config,
 )
+from kvstudy.model.safetensors import DTYPE_BYTES as FLOAT_DTYPE_BYTES
 from kvstudy.vllm.facts import DTYPE_BYTES, KV_RULES_SOURCE
 
-# Bytes per stored value in the safetensors header dtypes (the format's own names).
-SAFETENSORS_DTYPE_BYTES: dict[str, Fraction] = {
-    "F64": Fraction(8),
-    "F32": Fraction(4),
-    "F16": Fraction(2),
-    "BF16": Fraction(2),
-    "I64": Fraction(8),
-    "I32": Fraction(4),
-    "I16": Fraction(2),
-    "I8": Fraction(1),
-    "U8": Fraction(1),
-    "BOOL": Fraction(1),
-    "F8_E4M3": Fraction(1),
-    "F8_E5M2": Fraction(1),
-    "F8_E8M0": Fraction(1),
+# Bytes per stored value of every safetensors header dtype (the format's own names).
+SAFETENSORS_DTYPE_BYTES: dict[str, int | Fraction] = {
+    **FLOAT_DTYPE_BYTES,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E8M0": 1,
     "F4": Fraction(1, 2),
 }
 
