@@ -80,16 +80,11 @@ def _inside(folder: Path, name: str, index: Path, report: ScaleReport) -> Path |
 
 
 def _kv_dtype_in_config(config: dict[str, Any]) -> tuple[Any, str | None]:
-    places: list[tuple[str, Any]] = [("kv_cache_dtype", config.get("kv_cache_dtype"))]
-    text_config = config.get("text_config")
-    if isinstance(text_config, dict):
-        places.append(("text_config.kv_cache_dtype", text_config.get("kv_cache_dtype")))
-    qc = config.get("quantization_config")
-    if isinstance(qc, dict):
-        places.append(("quantization_config.kv_cache_dtype", qc.get("kv_cache_dtype")))
-    for where, value in places:
+    for prefix in ("", "text_config.", "quantization_config."):
+        holder = config.get(prefix.rstrip(".")) if prefix else config
+        value = holder.get("kv_cache_dtype") if isinstance(holder, dict) else None
         if value is not None:
-            return value, where
+            return value, f"{prefix}kv_cache_dtype"
     return None, None
 
 
