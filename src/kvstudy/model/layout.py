@@ -17,6 +17,7 @@ from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_LAYERS
 from kvstudy.model.config_fields import (
     checkpoint_kv_dtype,
+    config_count,
     config_int,
     max_positions,
     model_dtype,
@@ -348,12 +349,10 @@ def state_shape(cfg: dict[str, Any], family: str, where: str) -> StateShape:
     if family == "nemotron_h":  # nemotron_h.py: intermediate = mamba_num_heads * mamba_head_dim
         heads, head_dim = need("mamba_num_heads"), need("mamba_head_dim")
         groups, state, kernel = need("n_groups"), need("ssm_state_size"), need("conv_kernel")
+        inner = heads * head_dim
     else:  # granitemoehybrid.py, falcon_h1.py: intermediate = mamba_expand * hidden (or mamba_d_ssm)
         heads, head_dim = need("mamba_n_heads"), need("mamba_d_head")
         groups, state, kernel = need("mamba_n_groups"), need("mamba_d_state"), need("mamba_d_conv")
-    if family == "nemotron_h":
-        inner = heads * head_dim
-    else:
         inner = config_int(cfg, "mamba_d_ssm", where, required=False) or int(cfg.get("mamba_expand") or 0) * need(
             "hidden_size"
         )
@@ -370,8 +369,7 @@ def indexer_layers(cfg: dict[str, Any], num_layers: int, where: str) -> list[Lay
     ``max(i - index_skip_topk_offset + 1, 0) % index_topk_freq != 0`` (deepseek_v2.py DeepseekV2MLAAttention)."""
     head = config_int(cfg, "index_head_dim", where)
     freq = config_int(cfg, "index_topk_freq", where, required=False) or 1
-    offset = config_int(cfg, "index_skip_topk_offset", where, required=False, low=0)
-    offset = 2 if offset is None else offset
+    offset = config_count(cfg, "index_skip_topk_offset", where, default=2)
     pattern = cfg.get("index_topk_pattern")
     if pattern is not None and not isinstance(pattern, (str, list)):
         raise StudyError(
