@@ -279,16 +279,6 @@ def default_dtypes(layout: ModelLayout) -> list[str]:
     return chosen + [layout.model_dtype, "fp8", "nvfp4"]
 
 
-def auto_note(layout: ModelLayout) -> str | None:
-    """Why 'auto' stores what it does, when the checkpoint chose it (one sentence), else None."""
-    if not layout.kv_scheme_dtype:
-        return None
-    return (
-        f"--kv-cache-dtype auto stores {layout.kv_scheme_dtype} here, not {layout.model_dtype}: the checkpoint "
-        f"chooses it ({layout.kv_scheme_source}; {KV_AUTO_FROM_CHECKPOINT_SOURCE})"
-    )
-
-
 def capacity_summary(
     model: str | Path | ModelLayout,
     kv_dtypes: list[str] | None = None,
@@ -299,6 +289,12 @@ def capacity_summary(
     """The CLI's JSON object: the model's layer kinds and, per dtype, the footprint figures."""
     layout = load_layout(model)
     dtypes = kv_dtypes or default_dtypes(layout)
+    notes = list(layout.notes)
+    if layout.kv_scheme_dtype:  # why 'auto' stores what it does
+        notes.append(
+            f"--kv-cache-dtype auto stores {layout.kv_scheme_dtype} here, not {layout.model_dtype}: the checkpoint "
+            f"chooses it ({layout.kv_scheme_source}; {KV_AUTO_FROM_CHECKPOINT_SOURCE})"
+        )
     result: dict[str, Any] = {
         "model": layout.name,
         "config": layout.config_path,
@@ -309,7 +305,7 @@ def capacity_summary(
         "sliding_windows": list(layout.sliding_windows),
         "attention_chunk_sizes": list(layout.chunk_sizes),
         "warnings": list(layout.warnings),
-        "notes": list(layout.notes) + [n for n in (auto_note(layout),) if n],
+        "notes": notes,
         "auto_kv_dtype": {"stores": layout.kv_scheme_dtype or layout.model_dtype, "chosen_by": layout.kv_scheme_source},
         "skip_layers": skip_layers,
         "tensor_parallel_size": tensor_parallel_size,
