@@ -3,11 +3,10 @@ log or resolved-run record, what the engine did (loaded, dropped or never had th
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
@@ -47,9 +46,8 @@ def kv_handling_method(report: ScaleReport) -> bool:
 def _scale_summary(report: ScaleReport) -> str:
     k_layers, v_layers = report.scale_layers("k"), report.scale_layers("v")
     per_head = any(len(s.values) > 1 for s in report.scales)
-    values = np.array([v for s in report.scales for v in s.values], dtype=float)
-    finite = values[np.isfinite(values)]
-    span = f"values {finite.min():.4g} to {finite.max():.4g}" if finite.size else "no finite values"
+    finite = [v for s in report.scales for v in s.values if math.isfinite(v)]
+    span = f"values {min(finite):.4g} to {max(finite):.4g}" if finite else "no finite values"
     styles = sorted({s.style for s in report.scales})
     total = f" of {report.num_hidden_layers}" if report.num_hidden_layers else ""
     return (
