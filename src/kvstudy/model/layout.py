@@ -83,10 +83,10 @@ PLAIN_MODEL_TYPES: frozenset[str] = frozenset(
         "qwen2_5_vl_text",
     }
 )
+GDN_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
 # Families with their own layer rules in this module.
-SPECIAL_MODEL_TYPES: frozenset[str] = frozenset(
+SPECIAL_MODEL_TYPES: frozenset[str] = GDN_MODEL_TYPES | frozenset(
     {
-        "qwen3_next",
         "llama4",
         "llama4_text",
         "gemma3n",
@@ -95,10 +95,6 @@ SPECIAL_MODEL_TYPES: frozenset[str] = frozenset(
         "nemotron_h",
         "falcon_h1",
         "jamba",
-        "qwen3_5",
-        "qwen3_5_text",
-        "qwen3_5_moe",
-        "qwen3_5_moe_text",
         "gemma4",
         "gemma4_text",
         "mimo_v2_flash",
@@ -110,7 +106,6 @@ SPECIAL_MODEL_TYPES: frozenset[str] = frozenset(
 # Sparse MLA with a lightning indexer (vllm/models/deepseek_v32: DeepSeek-V3.2 and GLM-5's glm_moe_dsa;
 # vllm/model_executor/models/deepseek_v2.py is_v32 = hasattr(config, "index_topk")).
 DSA_MODEL_TYPES = frozenset({"deepseek_v32", "glm_moe_dsa", "deepseek_v3"})
-GDN_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
 # Fields of layer kinds the rules do not model: a config with one is refused (vLLM's specs, where vLLM
 # can build the model, are the only source for it).
 UNMODELLED_FIELDS = ("index_topk", "compress_rates", "compress_rate_csa", "compress_ratios", "hc_mult")
