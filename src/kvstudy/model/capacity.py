@@ -83,9 +83,9 @@ def resolve_kv_dtype(layout: ModelLayout, kv_dtype: str) -> str:
         raise StudyError(f"kv dtype {kv_dtype!r}: unknown (expected one of {', '.join(KV_DTYPES)})")
     if kv_dtype == "auto":
         kv_dtype = layout.kv_scheme_dtype or layout.model_dtype
-    if kv_dtype in MLA_SPECIAL_BYTES and not any(l.kind == MLA for l in layout.layers):
+    if kv_dtype in MLA_SPECIAL_BYTES and not layout.count(MLA):
         raise StudyError(f"kv dtype {kv_dtype!r}: only for MLA models, and {layout.config_path} has no MLA layers")
-    if any(l.kind == INDEXER for l in layout.layers) and kv_dtype not in MLA_SPECIAL_BYTES:
+    if layout.count(INDEXER) and kv_dtype not in MLA_SPECIAL_BYTES:
         if kv_dtype not in ("bfloat16", "float16", "float32"):  # sparse MLA: quantized as fp8_ds_mla
             return SPARSE_MLA_QUANTIZED_AS
     return kv_dtype
@@ -274,7 +274,7 @@ def default_dtypes(layout: ModelLayout) -> list[str]:
     """The model's own 16-bit dtype, fp8 and nvfp4 (MLA models: their own fp8/nvfp4 formats); first
     'auto' when the checkpoint makes it store something other than the model dtype."""
     chosen = ["auto"] if layout.kv_scheme_dtype else []
-    if any(l.kind == MLA for l in layout.layers):
+    if layout.count(MLA):
         return chosen + [layout.model_dtype, "fp8", "fp8_ds_mla", "nvfp4_ds_mla"]
     return chosen + [layout.model_dtype, "fp8", "nvfp4"]
 

@@ -170,7 +170,7 @@ def _per_gpu(layout: ModelLayout, tp: int, where: str) -> ModelLayout:
     refused = dict(layout.tp_refused).get(tp)
     if refused:
         raise StudyError(f"{where}: the log runs TP {tp}, which the model does not allow ({refused})")
-    if any(l.kind == LINEAR for l in layout.layers):
+    if layout.count(LINEAR):
         raise StudyError(f"{where}: a TP {tp} log of a model with state layers is not modelled here (TP 1 only)")
     layers = tuple(
         l if l.kind in (MLA, SHARED) else dataclasses.replace(l, num_kv_heads=max(1, l.num_kv_heads // tp))

@@ -212,8 +212,8 @@ def _collect_scales(header: SafetensorsHeader, names: Iterable[str], folder: Pat
         if matched is None:
             continue
         kinds, style = matched
-        digits = _LAYER_RE.search("." + name)
-        if digits and layer_of(name) is None:
+        layer, digits = layer_of(name), _LAYER_RE.search("." + name)
+        if digits and layer is None:
             report.errors.append(
                 f"{header.path}: tensor {name[:80]}...: a layer number of {len(digits.group(1)):,} digits "
                 f"(expected a layer below {MAX_LAYERS:,}); not read"
@@ -225,7 +225,7 @@ def _collect_scales(header: SafetensorsHeader, names: Iterable[str], folder: Pat
         dtype, shape, values = tensor
         _check_values(name, str(header.path), values, report)
         for kind in kinds:
-            record = ScaleTensor(layer_of(name), kind, name, rel, dtype, shape, [float(v) for v in values], style)
+            record = ScaleTensor(layer, kind, name, rel, dtype, shape, [float(v) for v in values], style)
             (report.q_scales if kind == "q" else report.scales).append(record)
 
 
