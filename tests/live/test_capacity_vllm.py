@@ -59,7 +59,7 @@ def vllm_pool() -> Any:
             else:
                 out[name] = MambaSpec(
                     block_size=block_size,
-                    shapes=((sum(layer.state_values),),),
+                    shapes=((sum(layer.state.values(1) if layer.state else ()),),),
                     dtypes=(torch_dtype[layout.model_dtype],),
                     page_size_padded=int(block_size * max(per_token)),
                 )

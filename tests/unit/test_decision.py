@@ -227,9 +227,7 @@ def capacity_verdict(model: str, gpu: str, context: int, tp: int = 1) -> dict:
     layout = plan.resolve_layout(model, None, (1, 2, 4, 8))
     memory = plan.resolve_gpu_memory(gpu)
     weights = model_weights.weights_size(model, layout)
-    facts = plan.capacity_facts(
-        model, layout, memory, weights.bytes, weights.source, 0.0, tp, context, None, None, [1, 2, 4, 8]
-    )
+    facts = plan.capacity_facts(layout, memory, weights.bytes, 0.0, tp, context, None, None, [1, 2, 4, 8])
     facts.update(model=model, context_len=context, gpu=memory.gpu_name)
     return {"error": None, "verdicts": [{"topic": "capacity", "text": "t", "state": "computed", "facts": facts}]}
 
@@ -290,7 +288,7 @@ def test_the_card_agrees_with_01s_tables(model: str, gpu: str, context: int, tp:
     # the same figures 01's GPUs x TP table gives (without skip layers, they agree where nothing is skipped)
     layout = plan.resolve_layout(model, None, (1, 2, 4, 8))
     table = plan.gpu_tp_table(
-        model, layout, ["bfloat16"], [gpu], [1, 2, 4, 8], context, model_weights.weights_size(model, layout).bytes
+        layout, ["bfloat16"], [gpu], [1, 2, 4, 8], context, model_weights.weights_size(model, layout).bytes
     )
     assert table.loc[(plan.resolve_gpu_memory(gpu).gpu_name, tp), "users bfloat16"] == base
     assert card.answer == rule.UNDECIDED  # capacity alone never turns FP8 on
@@ -461,11 +459,9 @@ def test_mistral_with_its_sliding_layers_skipped_keeps_16_bit() -> None:
     layout = plan.resolve_layout(model, None, (1,))
     weights = model_weights.weights_size(model, layout)
     facts = plan.capacity_facts(
-        model,
         layout,
         plan.resolve_gpu_memory("L4"),
         weights.bytes,
-        weights.source,
         0.0,
         1,
         4096,
@@ -481,11 +477,9 @@ def test_mistral_with_its_sliding_layers_skipped_keeps_16_bit() -> None:
     assert card.headline.startswith("Keep 16-bit: FP8 would store none")
     shares = {
         m: plan.capacity_facts(
-            m,
             plan.resolve_layout(m, None, (1,)),
             plan.resolve_gpu_memory("H100-SXM"),
             None,
-            "x",
             0.0,
             1,
             4096,

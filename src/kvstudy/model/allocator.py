@@ -23,8 +23,9 @@ from kvstudy.model.capacity import (
     SHARED,
     SLIDING,
     ModelLayout,
-    _check_skip_layers,
     _skipped,
+    check_positive_int,
+    check_skip_layers,
     layer_bytes_per_token,
     load_layout,
     resolve_kv_dtype,
@@ -104,16 +105,8 @@ def _layer_specs(layout: ModelLayout, dtype: str, block_size: int, skip_layers: 
 def _unify_page_sizes(specs: list[_Spec]) -> list[_Spec]:
     """vLLM ``unify_kv_cache_spec_page_size``: smaller pages get a larger block size (or padding)."""
     largest = max(s.page_bytes for s in specs)
-    out = []
-    for spec in specs:
-        if spec.page_bytes == largest:
-            out.append(spec)
-        elif largest % spec.page_bytes == 0:
-            ratio = largest // spec.page_bytes
-            out.append(_Spec(spec.kind, spec.block_size * ratio, largest, spec.sliding_window))
-        else:
-            out.append(_Spec(spec.kind, spec.block_size, largest, spec.sliding_window))
-    return out
+    ratios = [largest // s.page_bytes if largest % s.page_bytes == 0 else 1 for s in specs]
+    return [_Spec(s.kind, s.block_size * r, largest, s.sliding_window) for s, r in zip(specs, ratios)]
 
 
 def _group(
@@ -153,16 +146,8 @@ def predict_logged_pool(
     device: str = "cuda",
     mamba_cache_mode: str = DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING,
 ) -> LoggedPool:
-    """The pool vLLM 0.32 logs for ``kv_memory_bytes`` of KV memory.
+    """The pool vLLM 0.32 logs for ``kv_memory_bytes`` of KV memory (defaults: vLLM's for ``device``).
 
-    ``num_blocks = kv_memory_bytes // bytes_per_block``; ``concurrency = num_blocks /
-    blocks one max_model_len request needs (summed over layer groups)``; ``tokens =
-    int(concurrency * max_model_len)``. ``block_size`` and ``max_in_flight_tokens`` default to
-    vLLM's for ``device`` ("cuda" or "cpu", see DEVICE_DEFAULTS); the in-flight tokens
-    (max_num_batched_tokens times the batches in flight) only matter for sliding-window layers.
-    ``mamba_cache_mode`` "align" (what vLLM picks for hybrid models when prefix caching is on, as it
-    is by default: vllm/model_executor/models/config.py MambaModelConfig) reserves two state blocks
-    per request; "none" (``--no-enable-prefix-caching``, see ``mamba_cache_mode_for``) one.
     Not mirrored: the packed layout some backends use for mixed page sizes, tensor/context
     parallelism, speculative-decoding layers, and the block-size alignment of the align mode.
     """
@@ -174,7 +159,7 @@ def predict_logged_pool(
     if max_in_flight_tokens is None:
         max_in_flight_tokens = DEVICE_DEFAULTS[device]["max_in_flight_tokens"]
     layout = load_layout(config)
-    _check_skip_layers(skip_layers)
+    check_skip_layers(skip_layers)
     dtype = resolve_kv_dtype(layout, kv_cache_dtype)
     for name, value in (
         ("kv_memory_bytes", kv_memory_bytes),
@@ -182,8 +167,7 @@ def predict_logged_pool(
         ("block_size", block_size),
         ("max_in_flight_tokens", max_in_flight_tokens),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise StudyError(f"{name} {value!r}: expected a positive integer")
+        check_positive_int(value, name)
     if not any(l.kind not in (LINEAR, SHARED) for l in layout.layers):
         raise StudyError(f"{layout.config_path}: no attention layers, so no KV pool to predict")
     specs = _layer_specs(layout, dtype, block_size, skip_layers)

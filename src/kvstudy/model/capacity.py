@@ -1,31 +1,17 @@
 """KV-cache capacity math: bytes per token and per request, tokens per GiB, the pool a GPU leaves.
 
-Everything here is computed from a model's layout (``kvstudy.model.layout``, which reads the
-``config.json`` with each family's rules) with the per-layer rules of vLLM 0.32
-(``vllm/v1/kv_cache_interface.py`` and ``vllm/v1/core/kv_cache_utils.py``):
-
-* full attention (MHA/GQA): ``num_kv_heads * (head_size + head_size_v) * dtype_bytes`` per token
-  per layer; the cost grows with every token;
-* MLA (DeepSeek-V2/V3, Kimi-K2): one latent of ``kv_lora_rank + qk_rope_head_dim`` values per
-  token per layer and no V; the special dtypes ``fp8_ds_mla`` and ``nvfp4_ds_mla`` cost a fixed
-  656 and 352 bytes per token per layer (vLLM uses them only with sparse MLA);
-* sliding-window and chunked local layers: the same per-token cost, but a request holds at most
-  the window / chunk; when every layer is so limited, ``bytes_per_token`` is the cost per token
-  within the window and ``cap_tokens`` says where a request stops growing;
-* KV-shared layers (gemma-3n) store nothing; state layers (gated delta net, Mamba-1/2) keep a
-  fixed state per request, whatever its length;
-* tensor parallelism: ``max(1, kv_heads // tp)`` KV heads per GPU, MLA's latent on every GPU, state
-  channels and heads split; pipeline parallelism: the layers split into stages as vLLM splits them.
-
-Weights are in ``kvstudy.model.weights``; the GPU / calculator side and the ``kvstudy capacity``
-command in ``kvstudy.model.plan``; how vLLM's block allocator turns KV memory into the logged pool
-in ``kvstudy.model.allocator``.
+From a model's layout (``kvstudy.model.layout``) with vLLM 0.32's per-layer rules
+(``vllm/v1/kv_cache_interface.py``, ``vllm/v1/core/kv_cache_utils.py``): full attention grows with
+every token, MLA stores one latent per token (``fp8_ds_mla`` / ``nvfp4_ds_mla``: a fixed 656 / 352
+bytes), sliding-window and chunked layers stop at their window, KV-shared layers store nothing and
+state layers keep a fixed state per request; under tensor parallelism each GPU holds
+``max(1, kv_heads // tp)`` KV heads and MLA's whole latent, and pipeline stages split as vLLM splits them.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -47,8 +33,6 @@ from kvstudy.model.layout import (
 )
 from kvstudy.vllm.facts import DTYPE_BYTES, KV_AUTO_FROM_CHECKPOINT_SOURCE, MLA_SPECIAL_BYTES, SPARSE_MLA_QUANTIZED_AS
 
-KIB = 1024
-
 KV_DTYPES: tuple[str, ...] = ("auto", *DTYPE_BYTES, *MLA_SPECIAL_BYTES)
 
 
@@ -59,55 +43,35 @@ KV_DTYPES: tuple[str, ...] = ("auto", *DTYPE_BYTES, *MLA_SPECIAL_BYTES)
 class KVFootprint:
     """KV bytes for one model and one KV dtype."""
 
-    model: str
-    kv_dtype: str  # as asked (may be "auto")
     resolved_dtype: str  # what the attention layers store
     bytes_per_token: float  # what one more token adds in a long context (growing layers only)
     bytes_per_token_short: float  # what one token adds while every sliding window is still open
     state_bytes_per_request: int  # fixed state of linear-attention layers, per request
     context_len: int
     bytes_per_request: float  # a request of context_len tokens, all layer kinds
-    layer_kinds: dict[str, int]
-    skip_layers: str | None = None
     cap_tokens: int | None = None  # every layer windowed or chunked: a request stops growing here,
     #                                and bytes_per_token is the cost per token within the window
     bytes_per_token_by_kind: dict[str, float] = field(default_factory=dict)  # one token, per layer kind
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
     bytes_per_token_per_gpu: float = 0.0  # on the GPU of the group that holds the most
     state_bytes_per_request_per_gpu: int = 0
     bytes_per_request_per_gpu: float = 0.0
 
     @property
     def kib_per_token(self) -> float:
-        return self.bytes_per_token / KIB
+        return self.bytes_per_token / 1024
 
     @property
     def tokens_per_gib(self) -> float:
         return tokens_per_gib(self.bytes_per_token)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["kib_per_token"] = self.kib_per_token
-        out["tokens_per_gib"] = self.tokens_per_gib
-        return out
 
 
 @dataclass(frozen=True)
 class PoolEstimate:
     """The KV pool a GPU leaves at a memory utilization, after weights and overhead."""
 
-    gpu_memory_bytes: int
-    gpu_memory_utilization: float
-    requested_bytes: int  # gpu_memory_bytes * utilization
-    weights_bytes: int
+    requested_bytes: int  # GPU memory x utilization
     overhead_bytes: int  # activations, non-torch memory, CUDA graphs (an assumption)
     kv_pool_bytes: int  # what is left for the KV cache (0 if nothing)
-    fixed_pool_tokens: int | None = None
-
-    @property
-    def kv_pool_gib(self) -> float:
-        return self.kv_pool_bytes / GIB
 
 
 # --------------------------------------------------------------------------- bytes per token
@@ -119,38 +83,27 @@ def resolve_kv_dtype(layout: ModelLayout, kv_dtype: str) -> str:
         raise StudyError(f"kv dtype {kv_dtype!r}: unknown (expected one of {', '.join(KV_DTYPES)})")
     if kv_dtype == "auto":
         kv_dtype = layout.kv_scheme_dtype or layout.model_dtype
-    if kv_dtype in MLA_SPECIAL_BYTES and not any(l.kind == MLA for l in layout.layers):
+    if kv_dtype in MLA_SPECIAL_BYTES and not layout.count(MLA):
         raise StudyError(f"kv dtype {kv_dtype!r}: only for MLA models, and {layout.config_path} has no MLA layers")
-    if any(l.kind == INDEXER for l in layout.layers) and kv_dtype not in MLA_SPECIAL_BYTES:
+    if layout.count(INDEXER) and kv_dtype not in MLA_SPECIAL_BYTES:
         if kv_dtype not in ("bfloat16", "float16", "float32"):  # sparse MLA: quantized as fp8_ds_mla
             return SPARSE_MLA_QUANTIZED_AS
     return kv_dtype
 
 
+def check_skip_layers(skip_layers: str | None) -> set[str]:
+    """The items of --kv-cache-dtype-skip-layers: 'sliding_window' and layer indices in ASCII digits
+    (``str.isdigit`` also takes '²'), as text without leading zeros."""
+    items = [item.strip() for item in str(skip_layers).split(",")] if skip_layers else []
+    if any(item != "sliding_window" and not re.fullmatch(r"[0-9]{1,6}", item, re.ASCII) for item in items):
+        raise StudyError(f"skip layers {skip_layers!r}: expected 'sliding_window' or comma-separated layer indices")
+    return {item if item == "sliding_window" else str(int(item)) for item in items}
+
+
 def _skipped(layer: LayerSpec, skip_layers: str | None) -> bool:
     """Whether --kv-cache-dtype-skip-layers keeps this layer in the model dtype."""
-    if not skip_layers:
-        return False
-    for item in str(skip_layers).split(","):
-        item = item.strip()
-        if item == "sliding_window" and layer.kind == SLIDING:
-            return True
-        if _is_index(item) and int(item) == layer.index:
-            return True
-    return False
-
-
-def _is_index(item: str) -> bool:
-    """Whether ``item`` is a layer index in ASCII digits (``str.isdigit`` also takes '²')."""
-    return re.fullmatch(r"[0-9]{1,6}", item.strip(), re.ASCII) is not None
-
-
-def _check_skip_layers(skip_layers: str | None) -> None:
-    if not skip_layers:
-        return
-    for item in str(skip_layers).split(","):
-        if item.strip() != "sliding_window" and not _is_index(item):
-            raise StudyError(f"skip layers {skip_layers!r}: expected 'sliding_window' or comma-separated layer indices")
+    items = check_skip_layers(skip_layers)
+    return str(layer.index) in items or (layer.kind == SLIDING and "sliding_window" in items)
 
 
 def layer_bytes_per_token(
@@ -171,7 +124,7 @@ def layer_bytes_per_token(
     if layer.kind == MLA:
         if dtype in MLA_SPECIAL_BYTES:
             return Fraction(MLA_SPECIAL_BYTES[dtype])
-        return layer.values_per_token * DTYPE_BYTES[dtype]
+        return layer.num_kv_heads * (layer.head_size + layer.head_size_v) * DTYPE_BYTES[dtype]
     heads = max(1, layer.num_kv_heads // tensor_parallel_size)
     return heads * (layer.head_size + layer.head_size_v) * DTYPE_BYTES[dtype]
 
@@ -199,9 +152,10 @@ def pipeline_stages(num_layers: int, pipeline_parallel_size: int) -> list[range]
     return [range(start, start + size) for start, size in zip(starts, sizes)]
 
 
-def _check_parallel(value: int, name: str) -> None:
+def check_positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise StudyError(f"{name} {value!r}: expected a positive integer")
+    return value
 
 
 def _limit(layer: LayerSpec, length: int) -> int:
@@ -222,9 +176,9 @@ def kv_footprint(
     """Bytes per token (long context), per token (short context) and per request of ``context_len``,
     for the whole model and for one GPU of a ``tensor_parallel_size x pipeline_parallel_size`` group."""
     layout = load_layout(model)
-    _check_skip_layers(skip_layers)
-    _check_parallel(tensor_parallel_size, "tensor_parallel_size")
-    _check_parallel(pipeline_parallel_size, "pipeline_parallel_size")
+    check_skip_layers(skip_layers)
+    check_positive_int(tensor_parallel_size, "tensor_parallel_size")
+    check_positive_int(pipeline_parallel_size, "pipeline_parallel_size")
     dtype = resolve_kv_dtype(layout, kv_dtype)
     length = context_len if context_len is not None else (layout.max_position_embeddings or 0)
     if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
@@ -234,49 +188,50 @@ def kv_footprint(
                 "give one (e.g. --max-model-len 4096)"
             )
         raise StudyError(f"context length {repr(context_len)[:40]}: expected a positive integer number of tokens")
-    growing = short = per_request = Fraction(0)
-    state = 0
+    growing, short, per_request, state = _totals(layout.layers, dtype, layout.model_dtype, skip_layers, length, 1)
     by_kind: dict[str, Fraction] = {}
     for layer in layout.layers:
-        per_token = layer_bytes_per_token(layer, dtype, layout.model_dtype, skip_layers)
-        short += per_token
-        by_kind[layer.kind] = by_kind.get(layer.kind, Fraction(0)) + per_token
-        state += state_bytes(layer, layout.model_dtype)
-        per_request += per_token * _limit(layer, length)
-        if layer.kind in (FULL, MLA, INDEXER):
-            growing += per_token
+        by_kind[layer.kind] = by_kind.get(layer.kind, Fraction(0)) + layer_bytes_per_token(
+            layer, dtype, layout.model_dtype, skip_layers
+        )
     caps = [l.sliding_window for l in layout.layers if l.kind in (SLIDING, CHUNKED) and l.sliding_window]
     cap_tokens = max(caps) if growing == 0 and caps else None
     num_layers = layout.num_hidden_layers or (max((l.index for l in layout.layers), default=-1) + 1)
     gpu_token, gpu_short, gpu_request, gpu_state = Fraction(0), Fraction(0), Fraction(0), 0
     for stage in pipeline_stages(num_layers, pipeline_parallel_size):
         layers = [l for l in layout.layers if l.index in stage]
-        costs = [layer_bytes_per_token(l, dtype, layout.model_dtype, skip_layers, tensor_parallel_size) for l in layers]
-        s_state = sum(state_bytes(l, layout.model_dtype, tensor_parallel_size) for l in layers)
-        s_request = sum((c * _limit(l, length) for l, c in zip(layers, costs)), Fraction(0)) + s_state
-        if s_request >= gpu_request:
-            gpu_request, gpu_state = s_request, s_state
-            gpu_short = sum(costs, Fraction(0))
-            gpu_token = sum((c for l, c in zip(layers, costs) if l.kind in (FULL, MLA, INDEXER)), Fraction(0))
+        totals = _totals(layers, dtype, layout.model_dtype, skip_layers, length, tensor_parallel_size)
+        if totals[2] >= gpu_request:  # the GPU of the stage that holds the most
+            gpu_token, gpu_short, gpu_request, gpu_state = totals
     return KVFootprint(
-        model=layout.name,
-        kv_dtype=kv_dtype,
         resolved_dtype=dtype,
         bytes_per_token=_plain(growing if growing else short),
         bytes_per_token_short=_plain(short),
         state_bytes_per_request=state,
         context_len=length,
-        bytes_per_request=_plain(per_request + state),
-        layer_kinds=layout.layer_kinds,
-        skip_layers=skip_layers,
+        bytes_per_request=_plain(per_request),
         cap_tokens=cap_tokens,
         bytes_per_token_by_kind={k: _plain(v) for k, v in by_kind.items()},
-        tensor_parallel_size=tensor_parallel_size,
-        pipeline_parallel_size=pipeline_parallel_size,
         bytes_per_token_per_gpu=_plain(gpu_token if growing else gpu_short),
         state_bytes_per_request_per_gpu=gpu_state,
         bytes_per_request_per_gpu=_plain(gpu_request),
     )
+
+
+def _totals(
+    layers: list[LayerSpec] | tuple[LayerSpec, ...],
+    dtype: str,
+    model_dtype: str,
+    skip: str | None,
+    length: int,
+    tp: int,
+) -> tuple[Fraction, Fraction, Fraction, int]:
+    """(bytes per token of the growing layers, of all layers, bytes per request with the state, state bytes)."""
+    costs = [layer_bytes_per_token(l, dtype, model_dtype, skip, tp) for l in layers]
+    state = sum(state_bytes(l, model_dtype, tp) for l in layers)
+    request = sum((c * _limit(l, length) for l, c in zip(layers, costs)), Fraction(0)) + state
+    growing = sum((c for l, c in zip(layers, costs) if l.kind in (FULL, MLA, INDEXER)), Fraction(0))
+    return growing, sum(costs, Fraction(0)), request, state
 
 
 def _plain(value: Fraction) -> int | float:
@@ -299,7 +254,6 @@ def kv_pool_after_weights(
     gpu_memory_utilization: float,
     weights_bytes: int,
     overhead_gib: float = 0.0,
-    fixed_pool_tokens: int | None = None,
 ) -> PoolEstimate:
     """KV pool = GPU memory x utilization - weights - overhead (the overhead is an assumption)."""
     if not is_finite_number(gpu_memory_gib) or gpu_memory_gib <= 0:
@@ -308,11 +262,9 @@ def kv_pool_after_weights(
         raise StudyError(f"gpu_memory_utilization {gpu_memory_utilization!r}: expected a number in (0, 1]")
     if not is_finite_number(overhead_gib) or overhead_gib < 0:
         raise StudyError(f"overhead_gib {overhead_gib!r}: expected a number of GiB >= 0")
-    total = int(gpu_memory_gib * GIB)
-    requested = int(total * gpu_memory_utilization)
+    requested = int(int(gpu_memory_gib * GIB) * gpu_memory_utilization)
     overhead = int(overhead_gib * GIB)
-    pool = max(requested - int(weights_bytes) - overhead, 0)
-    return PoolEstimate(total, gpu_memory_utilization, requested, int(weights_bytes), overhead, pool, fixed_pool_tokens)
+    return PoolEstimate(requested, overhead, max(requested - int(weights_bytes) - overhead, 0))
 
 
 # --------------------------------------------------------------------------- tables and CLI
@@ -322,19 +274,9 @@ def default_dtypes(layout: ModelLayout) -> list[str]:
     """The model's own 16-bit dtype, fp8 and nvfp4 (MLA models: their own fp8/nvfp4 formats); first
     'auto' when the checkpoint makes it store something other than the model dtype."""
     chosen = ["auto"] if layout.kv_scheme_dtype else []
-    if any(l.kind == MLA for l in layout.layers):
+    if layout.count(MLA):
         return chosen + [layout.model_dtype, "fp8", "fp8_ds_mla", "nvfp4_ds_mla"]
     return chosen + [layout.model_dtype, "fp8", "nvfp4"]
-
-
-def auto_note(layout: ModelLayout) -> str | None:
-    """Why 'auto' stores what it does, when the checkpoint chose it (one sentence), else None."""
-    if not layout.kv_scheme_dtype:
-        return None
-    return (
-        f"--kv-cache-dtype auto stores {layout.kv_scheme_dtype} here, not {layout.model_dtype}: the checkpoint "
-        f"chooses it ({layout.kv_scheme_source}; {KV_AUTO_FROM_CHECKPOINT_SOURCE})"
-    )
 
 
 def capacity_summary(
@@ -347,6 +289,12 @@ def capacity_summary(
     """The CLI's JSON object: the model's layer kinds and, per dtype, the footprint figures."""
     layout = load_layout(model)
     dtypes = kv_dtypes or default_dtypes(layout)
+    notes = list(layout.notes)
+    if layout.kv_scheme_dtype:  # why 'auto' stores what it does
+        notes.append(
+            f"--kv-cache-dtype auto stores {layout.kv_scheme_dtype} here, not {layout.model_dtype}: the checkpoint "
+            f"chooses it ({layout.kv_scheme_source}; {KV_AUTO_FROM_CHECKPOINT_SOURCE})"
+        )
     result: dict[str, Any] = {
         "model": layout.name,
         "config": layout.config_path,
@@ -357,7 +305,7 @@ def capacity_summary(
         "sliding_windows": list(layout.sliding_windows),
         "attention_chunk_sizes": list(layout.chunk_sizes),
         "warnings": list(layout.warnings),
-        "notes": list(layout.notes) + [n for n in (auto_note(layout),) if n],
+        "notes": notes,
         "auto_kv_dtype": {"stores": layout.kv_scheme_dtype or layout.model_dtype, "chosen_by": layout.kv_scheme_source},
         "skip_layers": skip_layers,
         "tensor_parallel_size": tensor_parallel_size,

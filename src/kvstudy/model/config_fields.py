@@ -142,12 +142,14 @@ def checkpoint_kv_dtype(config: dict[str, Any], folder: Path | None = None) -> t
     return None, None
 
 
+def usable_int(value: Any, high: int = MAX_FILE_NUMBER) -> int | None:
+    """``value`` when it is an integer in [1, high], else None (for fields read without refusing)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= high else None
+
+
 def max_positions(cfg: dict[str, Any]) -> int | None:
-    """``max_position_embeddings`` when it is a usable integer (the default request length), else None:
-    a config without a usable one gets its length from the caller (--max-model-len)."""
-    value = cfg.get("max_position_embeddings")
-    ok = isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_FILE_NUMBER
-    return value if ok else None
+    """``max_position_embeddings`` when usable, else None (the caller's --max-model-len then decides)."""
+    return usable_int(cfg.get("max_position_embeddings"))
 
 
 # Fields a family's config may leave out, with the default its transformers config class applies.
@@ -163,26 +165,18 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's part of a config: ``text_config`` when nested, else the config."""
+def text_config(config: dict[str, Any], defaults: dict[str, dict[str, Any]] = FAMILY_DEFAULTS) -> dict[str, Any]:
+    """The language model's part of a config (``text_config`` over the top level), with ``defaults``
+    per family filled in where absent (the roofline's estimates pass none)."""
     text = config.get("text_config")
     merged = dict(config)
     if isinstance(text, dict):
         merged = {k: v for k, v in config.items() if k not in ("text_config", "vision_config", "audio_config")}
         merged.update(text)
-    for key, value in FAMILY_DEFAULTS.get(str(merged.get("model_type")), {}).items():
+    for key, value in defaults.get(str(merged.get("model_type")), {}).items():
         if merged.get(key) is None:
             merged[key] = value
     return merged
-
-
-@overload
-def positive_int(cfg: dict[str, Any], key: str, where: str, required: Literal[True] = True) -> int: ...
-@overload
-def positive_int(cfg: dict[str, Any], key: str, where: str, required: bool) -> int | None: ...
-def positive_int(cfg: dict[str, Any], key: str, where: str, required: bool = True) -> int | None:
-    """A positive integer field, or a one-line StudyError naming the file and field (config_fields.config_int)."""
-    return config_int(cfg, key, where, required)
 
 
 def model_dtype(cfg: dict[str, Any], where: str) -> str:

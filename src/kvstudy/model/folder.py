@@ -22,22 +22,23 @@ def _built_by(path: Path) -> str | None:
     return next((cmd for root, cmd in BUILT_MODELS.items() if rel.parts[: len(root.parts)] == root.parts), None)
 
 
-def _cached_snapshot(repo_id: str, cache_dir: str | Path | None = None) -> Path:
-    """The newest cached snapshot of ``repo_id`` in the local Hugging Face cache (no network)."""
+def cached_snapshots(cache_dir: str | Path | None = None, asked: str | None = None) -> dict[str, Path]:
+    """The newest snapshot of each model repository in the local Hugging Face cache (no network);
+    ``asked``: the id being looked up, named when there is no cache."""
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
     try:
         info = scan_cache_dir(cache_dir)
     except CacheNotFound as exc:
-        raise StudyError(f"{repo_id}: not a folder, and there is no Hugging Face cache at {exc.cache_dir}") from None
-    for repo in info.repos:
-        if repo.repo_id == repo_id and repo.repo_type == "model" and repo.revisions:
-            newest = max(repo.revisions, key=lambda r: r.last_modified)
-            return Path(newest.snapshot_path)
-    raise StudyError(
-        f"{repo_id}: not a folder and not in the local Hugging Face cache (expected a model folder, a config.json or a cached repo id)"
-    )
+        if asked:
+            raise StudyError(f"{asked}: not a folder, and there is no Hugging Face cache at {exc.cache_dir}") from None
+        raise StudyError(f"{exc.cache_dir}: no Hugging Face cache here (expected a hub cache folder)") from None
+    return {
+        repo.repo_id: Path(max(repo.revisions, key=lambda r: r.last_modified).snapshot_path)
+        for repo in info.repos
+        if repo.repo_type == "model" and repo.revisions
+    }
 
 
 def resolve_model_path(spec: str | Path, cache_dir: str | Path | None = None) -> Path:
@@ -49,7 +50,12 @@ def resolve_model_path(spec: str | Path, cache_dir: str | Path | None = None) ->
         return path.parent
     text = str(spec)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
-        return _cached_snapshot(text, cache_dir)
+        found = cached_snapshots(cache_dir, text).get(text)
+        if found is None:
+            raise StudyError(
+                f"{text}: not a folder and not in the local Hugging Face cache (expected a model folder, a config.json or a cached repo id)"
+            )
+        return found
     command = _built_by(path)
     if command:
         raise MissingPrerequisite(f"{spec}: this model folder is built by the project and is not built here", command)

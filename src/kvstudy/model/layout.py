@@ -1,22 +1,9 @@
 """A model's KV layout from its ``config.json``: one record per cache a layer keeps.
 
 The per-family rules follow vLLM 0.32's model files (named at each rule) and
-``vllm/v1/kv_cache_interface.py``:
-
-* full attention (MHA/GQA), sliding-window attention, MLA (one latent per token);
-* Llama-4 chunked local attention (``vllm/model_executor/models/llama4.py``: a layer with RoPE
-  uses ``ChunkedLocalAttentionSpec`` of ``attention_chunk_size``; the NoPE layers, every fourth by
-  default, are global);
-* gemma-3n (``gemma3n.py``): the last ``num_kv_shared_layers`` layers read an earlier layer's KV
-  and store nothing;
-* state layers with a fixed state per request: Qwen3-Next's gated delta net, Mamba-2
-  (granite-4.0-h, Nemotron-H, Falcon-H1) and Mamba-1 (Jamba), shapes from
-  ``vllm/model_executor/layers/mamba/mamba_utils.py``;
-* GLM-4.5 (``glm4_moe.py``): ``num_hidden_layers`` excludes the MTP layers
-  (``num_nextn_predict_layers``), which vLLM builds only for speculative decoding.
-
-An unknown ``model_type`` is refused with a message naming ``assume``: the caller may then
-read the config with a known family's rules, and the layout carries a warning saying so.
+``vllm/v1/kv_cache_interface.py``. An unknown ``model_type`` is refused with a message naming
+``assume``: the caller may then read the config with a known family's rules, and the layout carries
+a warning saying so.
 """
 
 from __future__ import annotations
@@ -30,11 +17,11 @@ from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_LAYERS
 from kvstudy.model.config_fields import (
     checkpoint_kv_dtype,
+    config_count,
     config_int,
     max_positions,
     model_dtype,
     nemotron_h_pattern,
-    positive_int,
     text_config,
     unread_fields,
 )
@@ -96,10 +83,10 @@ PLAIN_MODEL_TYPES: frozenset[str] = frozenset(
         "qwen2_5_vl_text",
     }
 )
+GDN_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
 # Families with their own layer rules in this module.
-SPECIAL_MODEL_TYPES: frozenset[str] = frozenset(
+SPECIAL_MODEL_TYPES: frozenset[str] = GDN_MODEL_TYPES | frozenset(
     {
-        "qwen3_next",
         "llama4",
         "llama4_text",
         "gemma3n",
@@ -108,10 +95,6 @@ SPECIAL_MODEL_TYPES: frozenset[str] = frozenset(
         "nemotron_h",
         "falcon_h1",
         "jamba",
-        "qwen3_5",
-        "qwen3_5_text",
-        "qwen3_5_moe",
-        "qwen3_5_moe_text",
         "gemma4",
         "gemma4_text",
         "mimo_v2_flash",
@@ -123,7 +106,6 @@ SPECIAL_MODEL_TYPES: frozenset[str] = frozenset(
 # Sparse MLA with a lightning indexer (vllm/models/deepseek_v32: DeepSeek-V3.2 and GLM-5's glm_moe_dsa;
 # vllm/model_executor/models/deepseek_v2.py is_v32 = hasattr(config, "index_topk")).
 DSA_MODEL_TYPES = frozenset({"deepseek_v32", "glm_moe_dsa", "deepseek_v3"})
-GDN_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
 # Fields of layer kinds the rules do not model: a config with one is refused (vLLM's specs, where vLLM
 # can build the model, are the only source for it).
 UNMODELLED_FIELDS = ("index_topk", "compress_rates", "compress_rate_csa", "compress_ratios", "hc_mult")
@@ -175,18 +157,6 @@ class LayerSpec:
     state: StateShape | None = None  # fixed-state layers
     state_dtypes: tuple[str | None, ...] = (None, None)  # conv / temporal; None: model dtype
     stored_bytes: int = 0  # bytes per value whatever --kv-cache-dtype says (the indexer's uint8); 0: the KV dtype
-
-    @property
-    def values_per_token(self) -> int:
-        """K and V values one token adds to this layer (0 for a state or shared layer)."""
-        if self.kind in (LINEAR, SHARED):
-            return 0
-        return self.num_kv_heads * (self.head_size + self.head_size_v)
-
-    @property
-    def state_values(self) -> tuple[int, ...]:
-        """Element counts of the conv and temporal states at TP 1 (empty for attention layers)."""
-        return self.state.values(1) if self.state else ()
 
 
 @dataclass(frozen=True)
@@ -271,15 +241,18 @@ def _model_type(cfg: dict[str, Any], where: str, assume: str | None) -> tuple[st
 # --------------------------------------------------------------------------- layer kinds per family
 
 
+def _listed(cfg: dict[str, Any], key: str, count: int, what: str, where: str) -> list[Any]:
+    """The list field ``key`` of exactly ``count`` items, else one line naming it and what it holds."""
+    value = cfg.get(key)
+    if not isinstance(value, list) or len(value) != count:
+        got = len(value) if isinstance(value, list) else value
+        raise StudyError(f"{where}: field '{key}' must list {count} {what}, got {repr(got)[:60]}")
+    return value
+
+
 def _kinds_from_layer_types(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
-    layer_types = cfg["layer_types"]
-    if not isinstance(layer_types, list) or len(layer_types) != num_layers:
-        got = len(layer_types) if isinstance(layer_types, list) else layer_types
-        raise StudyError(
-            f"{where}: field 'layer_types' must list {num_layers} layer kinds (num_hidden_layers), got {got!r}"
-        )
     kinds = []
-    for i, name in enumerate(layer_types):
+    for i, name in enumerate(_listed(cfg, "layer_types", num_layers, "layer kinds (num_hidden_layers)", where)):
         if not isinstance(name, str) or name not in LAYER_TYPE_NAMES:
             raise StudyError(
                 f"{where}: field 'layer_types[{i}]' is {repr(name)[:60]} "
@@ -293,57 +266,39 @@ def _llama4_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]
     """vLLM llama4.py: RoPE layers use chunked local attention, NoPE layers (no_rope_layers 0) are global."""
     no_rope = cfg.get("no_rope_layers")
     if not no_rope:  # transformers Llama4TextConfig default: every no_rope_layer_interval-th layer is NoPE
-        interval = positive_int(cfg, "no_rope_layer_interval", where)
+        interval = config_int(cfg, "no_rope_layer_interval", where)
         no_rope = [int((i + 1) % interval != 0) for i in range(num_layers)]
-    if not isinstance(no_rope, list) or len(no_rope) != num_layers:
-        raise StudyError(f"{where}: field 'no_rope_layers' must list {num_layers} values of 0 or 1")
+    no_rope = _listed({"no_rope_layers": no_rope}, "no_rope_layers", num_layers, "values of 0 or 1", where)
     chunked = cfg.get("attention_chunk_size") is not None
     return [CHUNKED if flag and chunked else FULL for flag in no_rope]
-
-
-def _nemotron_h_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str | None]:
-    """nemotron_h.py: 'M' Mamba-2, '*' attention, '-' MLP and 'E' MoE (no cache) per layer."""
-    table = {"M": LINEAR, "*": FULL, "-": None, "E": None}
-    return [table[c] for c in nemotron_h_pattern(cfg, where)]
-
-
-def _jamba_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
-    """jamba.py: layer i is attention when i % attn_layer_period == attn_layer_offset, else Mamba-1."""
-    period = positive_int(cfg, "attn_layer_period", where)
-    offset = cfg.get("attn_layer_offset")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise StudyError(f"{where}: field 'attn_layer_offset' is {offset!r} (expected an integer >= 0)")
-    return [FULL if i % period == offset else LINEAR for i in range(num_layers)]
 
 
 def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -> list[list[str]]:
     """The cache kinds of each layer (a Falcon-H1 layer has two: attention and Mamba-2)."""
     if family == "mimo_v2_flash":  # mimo_v2.py: hybrid_layer_pattern[i] == 1 is a sliding-window layer
-        pattern = cfg.get("hybrid_layer_pattern")
-        if not isinstance(pattern, list) or len(pattern) != num_layers:
-            raise StudyError(f"{where}: field 'hybrid_layer_pattern' must list {num_layers} values of 0 or 1")
+        pattern = _listed(cfg, "hybrid_layer_pattern", num_layers, "values of 0 or 1", where)
         return [[SLIDING if flag == 1 else FULL] for flag in pattern]
     if family == "nemotron-nas":  # nemotron_nas.py: a block whose attention is no_op keeps no cache
-        blocks = cfg.get("block_configs")
-        if not isinstance(blocks, list) or len(blocks) != num_layers:
-            raise StudyError(f"{where}: field 'block_configs' must list {num_layers} blocks")
+        blocks = _listed(cfg, "block_configs", num_layers, "blocks", where)
         return [[] if _nas_attention(b).get("no_op") else [FULL] for b in blocks]
     if family in ("llama4", "llama4_text"):
         return [[k] for k in _llama4_kinds(cfg, num_layers, where)]
-    if family == "nemotron_h":
-        return [[k] if k else [] for k in _nemotron_h_kinds(cfg, num_layers, where)]
-    if family == "jamba":
-        return [[k] for k in _jamba_kinds(cfg, num_layers, where)]
+    if family == "nemotron_h":  # nemotron_h.py: 'M' Mamba-2, '*' attention, '-' MLP and 'E' MoE (no cache)
+        return [{"M": [LINEAR], "*": [FULL]}.get(c, []) for c in nemotron_h_pattern(cfg, where)]
+    if family == "jamba":  # jamba.py: layer i is attention when i % attn_layer_period == attn_layer_offset
+        period = config_int(cfg, "attn_layer_period", where)
+        offset = config_int(cfg, "attn_layer_offset", where, low=0)
+        return [[FULL if i % period == offset else LINEAR] for i in range(num_layers)]
     if family == "falcon_h1":
         return [[FULL, LINEAR] for _ in range(num_layers)]
     if cfg.get("layer_types") is not None:
         kinds = _kinds_from_layer_types(cfg, num_layers, where)
     elif family in GDN_MODEL_TYPES:
-        interval = positive_int(cfg, "full_attention_interval", where)
+        interval = config_int(cfg, "full_attention_interval", where)
         kinds = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
     elif family in ("gemma3", "gemma3_text"):
-        pattern = positive_int(cfg, "sliding_window_pattern", where)
-        kinds = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
+        period = config_int(cfg, "sliding_window_pattern", where)
+        kinds = [FULL if (i + 1) % period == 0 else SLIDING for i in range(num_layers)]
     elif family in ("gemma2", "gpt_oss"):
         kinds = [SLIDING if i % 2 == 0 else FULL for i in range(num_layers)]
     elif cfg.get("sliding_window") and cfg.get("use_sliding_window", True) is not False:
@@ -361,11 +316,11 @@ def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -
 
 def attention_shape(cfg: dict[str, Any], where: str) -> tuple[int, int]:
     """(num_kv_heads, head_dim) of a standard attention layer."""
-    heads = positive_int(cfg, "num_attention_heads", where)
-    kv_heads = positive_int(cfg, "num_key_value_heads", where, required=False) or heads
-    head_dim = positive_int(cfg, "head_dim", where, required=False)
+    heads = config_int(cfg, "num_attention_heads", where)
+    kv_heads = config_int(cfg, "num_key_value_heads", where, required=False) or heads
+    head_dim = config_int(cfg, "head_dim", where, required=False)
     if head_dim is None:
-        hidden = positive_int(cfg, "hidden_size", where)
+        hidden = config_int(cfg, "hidden_size", where)
         if hidden % heads:
             raise StudyError(
                 f"{where}: field 'hidden_size' {hidden} is not a multiple of "
@@ -377,7 +332,7 @@ def attention_shape(cfg: dict[str, Any], where: str) -> tuple[int, int]:
 
 def state_shape(cfg: dict[str, Any], family: str, where: str) -> StateShape:
     """A fixed-state layer's shape, from the fields vLLM reads for the family."""
-    need = lambda key: positive_int(cfg, key, where)  # noqa: E731 - a required positive field
+    need = lambda key: config_int(cfg, key, where)  # noqa: E731 - a required positive field
     if family in GDN_MODEL_TYPES:  # qwen3_next.py, qwen3_5.py / mamba_utils.gated_delta_net_state_shape
         k_heads, v_heads = need("linear_num_key_heads"), need("linear_num_value_heads")
         k_dim, v_dim = need("linear_key_head_dim"), need("linear_value_head_dim")
@@ -389,13 +344,11 @@ def state_shape(cfg: dict[str, Any], family: str, where: str) -> StateShape:
     if family == "nemotron_h":  # nemotron_h.py: intermediate = mamba_num_heads * mamba_head_dim
         heads, head_dim = need("mamba_num_heads"), need("mamba_head_dim")
         groups, state, kernel = need("n_groups"), need("ssm_state_size"), need("conv_kernel")
+        inner = heads * head_dim
     else:  # granitemoehybrid.py, falcon_h1.py: intermediate = mamba_expand * hidden (or mamba_d_ssm)
         heads, head_dim = need("mamba_n_heads"), need("mamba_d_head")
         groups, state, kernel = need("mamba_n_groups"), need("mamba_d_state"), need("mamba_d_conv")
-    if family == "nemotron_h":
-        inner = heads * head_dim
-    else:
-        inner = positive_int(cfg, "mamba_d_ssm", where, required=False) or int(cfg.get("mamba_expand") or 0) * need(
+        inner = config_int(cfg, "mamba_d_ssm", where, required=False) or int(cfg.get("mamba_expand") or 0) * need(
             "hidden_size"
         )
         if inner <= 0:
@@ -409,10 +362,9 @@ def indexer_layers(cfg: dict[str, Any], num_layers: int, where: str) -> list[Lay
     ``index_head_dim`` fp8 values plus a 4-byte scale per 128 (quant_block_size), on every layer that
     builds an indexer: all but those ``index_topk_pattern`` marks 'S', or without a pattern those where
     ``max(i - index_skip_topk_offset + 1, 0) % index_topk_freq != 0`` (deepseek_v2.py DeepseekV2MLAAttention)."""
-    head = positive_int(cfg, "index_head_dim", where)
+    head = config_int(cfg, "index_head_dim", where)
     freq = config_int(cfg, "index_topk_freq", where, required=False) or 1
-    offset = config_int(cfg, "index_skip_topk_offset", where, required=False, low=0)
-    offset = 2 if offset is None else offset
+    offset = config_count(cfg, "index_skip_topk_offset", where, default=2)
     pattern = cfg.get("index_topk_pattern")
     if pattern is not None and not isinstance(pattern, (str, list)):
         raise StudyError(
@@ -453,18 +405,18 @@ def _attention_layer(
     kv_heads, head_dim = default
     if family in ("gemma4", "gemma4_text") and kind == FULL:  # gemma4.py: global layers' own heads
         heads = cfg.get("num_global_key_value_heads") if cfg.get("attention_k_eq_v") else None
-        size = positive_int(cfg, "global_head_dim", where, required=False) or head_dim
+        size = config_int(cfg, "global_head_dim", where, required=False) or head_dim
         return int(heads or kv_heads), size, size
     if family == "mimo_v2_flash":
         prefix = "swa_" if kind == SLIDING else ""
-        heads = positive_int(cfg, f"{prefix}num_key_value_heads", where)
-        size = positive_int(cfg, f"{prefix}head_dim", where)
-        return heads, size, positive_int(cfg, f"{prefix}v_head_dim", where, required=False) or size
+        heads = config_int(cfg, f"{prefix}num_key_value_heads", where)
+        size = config_int(cfg, f"{prefix}head_dim", where)
+        return heads, size, config_int(cfg, f"{prefix}v_head_dim", where, required=False) or size
     if family == "nemotron-nas":
         group = _nas_attention(cfg["block_configs"][index]).get("n_heads_in_group")
         if not isinstance(group, int) or group <= 0:
             raise StudyError(f"{where}: field 'block_configs[{index}].attention.n_heads_in_group' is {group!r}")
-        return positive_int(cfg, "num_attention_heads", where) // group, head_dim, head_dim
+        return config_int(cfg, "num_attention_heads", where) // group, head_dim, head_dim
     return kv_heads, head_dim, head_dim
 
 
@@ -482,8 +434,8 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
     flat = {k for ks in kinds for k in ks}
     layers: list[LayerSpec] = []
     if cfg.get("kv_lora_rank") is not None:
-        rank = positive_int(cfg, "kv_lora_rank", where)
-        rope = positive_int(cfg, "qk_rope_head_dim", where)
+        rank = config_int(cfg, "kv_lora_rank", where)
+        rope = config_int(cfg, "qk_rope_head_dim", where)
         layers = [LayerSpec(i, MLA, 1, rank + rope, 0) for i in range(num_layers)]
         if family in DSA_MODEL_TYPES and cfg.get("index_topk") is not None:
             layers += indexer_layers(cfg, num_layers, where)
@@ -491,8 +443,8 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
     else:
         kv_heads, head_dim = attention_shape(cfg, where) if flat - {LINEAR} else (0, 0)
         window_key = "sliding_window_size" if cfg.get("sliding_window_size") else "sliding_window"
-        window = positive_int(cfg, window_key, where) if SLIDING in flat else None
-        chunk = positive_int(cfg, "attention_chunk_size", where) if CHUNKED in flat else None
+        window = config_int(cfg, window_key, where) if SLIDING in flat else None
+        chunk = config_int(cfg, "attention_chunk_size", where) if CHUNKED in flat else None
         state = state_shape(cfg, family, where) if LINEAR in flat else None
         state_dtypes = _state_dtypes(cfg, family)
         for i, layer_kinds_i in enumerate(kinds):
@@ -503,22 +455,30 @@ def layout_from_config(config: dict[str, Any], where: str = "config.json", assum
                     limit = window if kind == SLIDING else chunk if kind == CHUNKED else None
                     heads_i, k_size, v_size = _attention_layer(cfg, family, i, kind, (kv_heads, head_dim), where)
                     layers.append(LayerSpec(i, kind, heads_i, k_size, v_size, limit))
-    name = Path(where).parent.name or Path(where).stem
-    # the checkpoint's KV choice: config.json, or the hf_quant_config.json beside a config file read from disk
-    scheme = checkpoint_kv_dtype(config, Path(where).parent if Path(where).is_file() else None)
-    return ModelLayout(
-        name=name,
-        config_path=str(where),
-        model_type=str(cfg.get("model_type")),
+    return new_layout(
+        config,
+        where,
         architecture=arch,
         model_dtype=dtype,
         layers=tuple(layers),
-        max_position_embeddings=max_positions(text_config(config)),
-        kv_scheme_dtype=scheme[0],
-        kv_scheme_source=scheme[1],
         warnings=warnings,
         num_hidden_layers=num_layers,
         notes=_family_notes(cfg, family) + (STATE_RESERVE_NOTE,) * any(l.kind == LINEAR for l in layers),
+    )
+
+
+def new_layout(config: dict[str, Any], where: str, **fields: Any) -> ModelLayout:
+    """A layout of the config at ``where`` with ``fields``: its name, model type and length limit, and the
+    KV dtype the checkpoint chooses (config.json, or the hf_quant_config.json beside a config file)."""
+    scheme, source = checkpoint_kv_dtype(config, Path(where).parent if Path(where).is_file() else None)
+    return ModelLayout(
+        name=Path(where).parent.name or Path(where).stem,
+        config_path=str(where),
+        model_type=str(text_config(config).get("model_type")),
+        max_position_embeddings=max_positions(text_config(config)),
+        kv_scheme_dtype=scheme,
+        kv_scheme_source=source,
+        **fields,
     )
 
 

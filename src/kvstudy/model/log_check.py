@@ -1,26 +1,12 @@
 """``kvstudy startup-log LOG [--model PATH] [--json]``: a user's own vLLM startup log against the model.
 
-Without ``--model`` it prints what the log says (``kvstudy.vllm.startup_log``). With it:
-
-* **logged**: vLLM's version, attention backend, KV dtype, the KV memory it logged, the pool (tokens
-  and, inferred from them, blocks), the concurrency at the logged max length and the weights' memory;
-* **predicted**: the pool the same KV memory gives (blocks, tokens, requests of the logged max length,
-  layer groups), from vLLM's own pool code when vLLM is installed (``kvstudy.vllm.kv_pool``, on the
-  layer specs vLLM builds on the meta device, ``kvstudy.model.oracle``), else the project's rules
-  (``kvstudy.model.allocator``); each figure names the path that produced it;
-* **agree**: whether the logged pool is one the logged memory gives, to the block. A logged GiB figure
-  is rounded to 0.01 GiB, so the memory is an interval and so is the block count; the logged tokens
-  must equal the tokens of one block count within it, computed as the logging version computes them
-  (before 0.18: ``num_blocks // groups x block_size``; since: concurrency x max length;
-  ``facts.POOL_LOG_PER_GROUP_BEFORE``). With tensor parallelism the pool is the smallest a worker logged
-  (vLLM gives every worker that one, ``facts.MULTI_WORKER_POOL``);
-* **other KV dtypes**: what the same server (same KV memory, same max length) holds with the 16-bit
-  cache and with FP8;
-* **overhead**: what took the memory between the GPU's and the KV pool, as the log itemises it.
-
-A log of another model, with no pool line, cut short, or of a failed start is refused in one line
-naming the file. Exit status: 0 when the prediction agrees (or without ``--model``), 1 when it does
-not, 2 on bad input.
+With ``--model``: what the log says (version, backend, KV dtype, KV memory, pool), the pool the same
+KV memory gives (vLLM's own pool code when installed, ``kvstudy.vllm.kv_pool``, else the rules of
+``kvstudy.model.allocator``; each figure names its path), whether they agree to the block (a logged
+GiB is rounded to 0.01, so the memory and the block count are intervals; the logged tokens follow from
+the blocks as the logging version computes them, ``facts.POOL_LOG_PER_GROUP_BEFORE``), what the 16-bit
+and FP8 caches would hold, and the overhead the log itemises. A log of another model, with no pool
+line, cut short or of a failed start is refused in one line. Exit 0 on agreement, 1 when not, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -182,7 +168,7 @@ def _per_gpu(layout: ModelLayout, tp: int, where: str) -> ModelLayout:
     refused = dict(layout.tp_refused).get(tp)
     if refused:
         raise StudyError(f"{where}: the log runs TP {tp}, which the model does not allow ({refused})")
-    if any(l.kind == LINEAR for l in layout.layers):
+    if layout.count(LINEAR):
         raise StudyError(f"{where}: a TP {tp} log of a model with state layers is not modelled here (TP 1 only)")
     layers = tuple(
         l if l.kind in (MLA, SHARED) else dataclasses.replace(l, num_kv_heads=max(1, l.num_kv_heads // tp))
@@ -277,17 +263,11 @@ def _agreement(
     pool: PoolRange, logged_tokens: int, override: int | None, logged_blocks: int | None = None
 ) -> tuple[bool, int | None, str]:
     """Whether the logged tokens are the tokens of a block count the memory allows; that count."""
+    allowed = f"{pool.blocks_low:,}..{pool.blocks_high:,} blocks the logged memory allows"
     if logged_blocks is not None:  # the V0 engine logs the blocks themselves
         ok = pool.blocks_low <= logged_blocks <= pool.blocks_high
         where = "within" if ok else "outside"
-        return (
-            ok,
-            logged_blocks,
-            (
-                f"the logged {logged_blocks:,} blocks are {where} the {pool.blocks_low:,}..{pool.blocks_high:,} "
-                "blocks the logged memory allows"
-            ),
-        )
+        return ok, logged_blocks, f"the logged {logged_blocks:,} blocks are {where} the {allowed}"
     if override is not None:
         ok = pool.tokens(override) == logged_tokens
         return ok, override, f"num_gpu_blocks_override={override:,} fixes the pool"
@@ -295,20 +275,10 @@ def _agreement(
         return False, None, "the logged memory is too coarse for this model's blocks to check to the block"
     hits = [n for n in range(pool.blocks_low, pool.blocks_high + 1) if pool.tokens(n) == logged_tokens]
     if hits:
-        span = (
-            f"{pool.blocks_low:,}"
-            if pool.blocks_low == pool.blocks_high
-            else f"{pool.blocks_low:,}..{pool.blocks_high:,}"
-        )
-        return True, hits[0], f"{hits[0]:,} blocks: within the {span} blocks the logged memory allows"
-    return (
-        False,
-        None,
-        (
-            f"the logged {logged_tokens:,} tokens are not the pool of any of the {pool.blocks_low:,}..{pool.blocks_high:,} "
-            "blocks the logged memory allows"
-        ),
-    )
+        one = f"{pool.blocks_low:,} blocks the logged memory allows"
+        span = allowed if pool.blocks_low != pool.blocks_high else one
+        return True, hits[0], f"{hits[0]:,} blocks: within the {span}"
+    return False, None, f"the logged {logged_tokens:,} tokens are not the pool of any of the {allowed}"
 
 
 def _overhead(info: StartupInfo) -> dict[str, Any]:

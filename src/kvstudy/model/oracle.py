@@ -23,7 +23,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_LAYERS
-from kvstudy.model.config_fields import checkpoint_kv_dtype, max_positions
+from kvstudy.model.config_fields import usable_int
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import (
     CHUNKED,
@@ -37,6 +37,7 @@ from kvstudy.model.layout import (
     ModelLayout,
     StateShape,
     layout_from_config,
+    new_layout,
     text_config,
 )
 from kvstudy.vllm.facts import KV_SPECS_SOURCE
@@ -79,12 +80,6 @@ def _state(records: dict[int, dict[str, Any]]) -> tuple[StateShape, tuple[str | 
     return StateShape("specs", 0, 0, 0, 0, 0, by_tp=by_tp), tuple(first["dtypes"])
 
 
-def _layer_count(config: dict[str, Any]) -> int:
-    """The config's num_hidden_layers where it is a usable count, else 0 (the specs' last index then counts)."""
-    value = text_config(config).get("num_hidden_layers")
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_LAYERS else 0
-
-
 def layout_from_specs(
     answer: dict[str, Any], rules: ModelLayout | None, where: str, config: dict[str, Any]
 ) -> ModelLayout:
@@ -125,18 +120,16 @@ def layout_from_specs(
         for tp, r in ordered
         if "error" in r and not r.get("refused")
     )
-    scheme = checkpoint_kv_dtype(config, Path(where).parent if Path(where).is_file() else None)
-    base = rules or ModelLayout(
-        name=Path(where).parent.name or Path(where).stem,
-        config_path=where,
-        model_type=str(text_config(config).get("model_type")),
+    base = rules or new_layout(
+        config,
+        where,
         architecture=answer["architecture"],
         model_dtype=first["model_dtype"] if first["model_dtype"] in ("bfloat16", "float16") else "bfloat16",
         layers=(),
-        max_position_embeddings=max_positions(text_config(config)),
-        num_hidden_layers=max(_layer_count(config), max((layer.index for layer in layers), default=-1) + 1),
-        kv_scheme_dtype=scheme[0],
-        kv_scheme_source=scheme[1],
+        num_hidden_layers=max(
+            usable_int(text_config(config).get("num_hidden_layers"), MAX_LAYERS) or 0,
+            max((layer.index for layer in layers), default=-1) + 1,
+        ),
     )
     notes = tuple(answer.get("notes") or ()) + unbuilt
     return dataclasses.replace(

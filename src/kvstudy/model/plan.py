@@ -53,11 +53,6 @@ class GpuMemory:
 class GroupPool:
     """The KV pool of each GPU in a tensor x pipeline group, or why there is none."""
 
-    memory: GpuMemory
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    weights_bytes: int  # the whole model
-    weights_source: str
     weights_bytes_per_gpu: int
     pool: PoolEstimate  # one GPU's
     fits: bool
@@ -68,10 +63,10 @@ def resolve_gpu_memory(
     gpu: str | None = None, gpu_memory_gib: float | None = None, gpu_memory_utilization: float | None = None
 ) -> GpuMemory:
     """GPU memory from the catalog (``gpu``) unless given; utilization given or vLLM's default."""
+    spec = find_gpu(gpu) if gpu is not None else None
     if gpu_memory_gib is not None:
         memory, source = float(gpu_memory_gib), "given"
-    elif gpu is not None:
-        spec = find_gpu(gpu)
+    elif spec is not None:
         if spec.cuda_total_bytes is not None:  # what vLLM multiplies by the utilization
             memory = spec.cuda_total_bytes / GIB
             source = (
@@ -89,7 +84,7 @@ def resolve_gpu_memory(
             "gpu memory: give a GPU name from the catalog (--gpu, parameter gpu) "
             "or its memory in GiB (--gpu-memory-gib, parameter gpu_memory_gib)"
         )
-    name = find_gpu(gpu).name if gpu is not None else None
+    name = spec.name if spec is not None else None
     if gpu_memory_utilization is None:
         return GpuMemory(
             name, memory, source, DEFAULT_GPU_MEMORY_UTILIZATION, "vLLM 0.32 default (vllm/config/cache.py)"
@@ -98,28 +93,17 @@ def resolve_gpu_memory(
 
 
 def group_pool(
-    model: str | Path,
-    memory: GpuMemory,
-    weights_bytes: int | None = None,
-    weights_source: str | None = None,
-    overhead_gib: float = 0.0,
-    tensor_parallel_size: int = 1,
-    pipeline_parallel_size: int = 1,
-    layout: ModelLayout | None = None,
+    memory: GpuMemory, weights_bytes: int, overhead_gib: float = 0.0, tensor_parallel_size: int = 1
 ) -> GroupPool:
     """Each GPU's KV pool: its memory x utilization - its share of the weights - overhead.
 
     The weights are split evenly over the group (an approximation: vLLM replicates norms and, when
     tp > kv heads, the K/V projections). A model that does not fit gets ``fits=False`` and a message.
     """
-    if weights_bytes is None:
-        size = weights_size(model, layout)
-        weights_bytes, weights_source = size.bytes, size.source
-    group = tensor_parallel_size * pipeline_parallel_size
-    per_gpu = -(-int(weights_bytes) // group)
+    per_gpu = -(-int(weights_bytes) // tensor_parallel_size)
     pool = kv_pool_after_weights(memory.memory_gib, memory.utilization, per_gpu, overhead_gib)
     fits = pool.kv_pool_bytes > 0
-    where = "per GPU " if group > 1 else ""
+    where = "per GPU " if tensor_parallel_size > 1 else ""
     message = (
         ""
         if fits
@@ -129,17 +113,7 @@ def group_pool(
             "use a larger GPU, more GPUs (tensor parallelism), or a smaller checkpoint"
         )
     )
-    return GroupPool(
-        memory,
-        tensor_parallel_size,
-        pipeline_parallel_size,
-        int(weights_bytes),
-        weights_source or "given",
-        per_gpu,
-        pool,
-        fits,
-        message,
-    )
+    return GroupPool(per_gpu, pool, fits, message)
 
 
 def users_at(
@@ -185,7 +159,6 @@ def users_vs_context(
 
 
 def gpu_tp_table(
-    model: str | Path,
     layout: ModelLayout,
     kv_dtypes: list[str],
     gpus: list[str],
@@ -202,7 +175,7 @@ def gpu_tp_table(
     for name in gpus:
         memory = resolve_gpu_memory(name, None, gpu_memory_utilization)
         for tp in valid_tensor_parallel_sizes(layout, tensor_parallel_sizes):
-            plan = group_pool(model, memory, weights_bytes, None, overhead_gib, tp, 1, layout)
+            plan = group_pool(memory, weights_bytes, overhead_gib, tp)
             row: dict[str, Any] = {
                 "GPU": memory.gpu_name,
                 "TP": tp,
@@ -210,9 +183,7 @@ def gpu_tp_table(
                 "KV pool per GPU (GiB)": plan.pool.kv_pool_bytes / GIB,
             }
             for dtype in kv_dtypes:
-                row[f"users {dtype}"] = (
-                    users_at(layout, dtype, plan.pool.kv_pool_bytes, context_len, tp) if plan.fits else 0
-                )
+                row[f"users {dtype}"] = users_at(layout, dtype, plan.pool.kv_pool_bytes, context_len, tp)
             rows.append(row)
     return pd.DataFrame(rows).set_index(["GPU", "TP"])
 
@@ -255,7 +226,7 @@ def plan_summary(
     if (gpu is None and gpu_memory_gib is None) or weights_bytes is None:
         return summary
     memory = resolve_gpu_memory(gpu, gpu_memory_gib, gpu_memory_utilization)
-    plan = group_pool(path, memory, weights_bytes, weights_source, 0.0, tp, 1, layout)
+    plan = group_pool(memory, weights_bytes, 0.0, tp)
     summary["gpu"] = {
         "name": memory.gpu_name,
         "memory_gib": memory.memory_gib,
@@ -268,7 +239,7 @@ def plan_summary(
         "overhead": GPU_ONLY_OVERHEAD_NOTE,
     }
     for dtype, row in summary["dtypes"].items():
-        row["users"] = users_at(layout, dtype, plan.pool.kv_pool_bytes, summary["context_len"], tp) if plan.fits else 0
+        row["users"] = users_at(layout, dtype, plan.pool.kv_pool_bytes, summary["context_len"], tp)
     return summary
 
 
@@ -395,11 +366,9 @@ def advised_skip_layers(layout: ModelLayout) -> str | None:
 
 
 def capacity_facts(
-    model: str | Path,
     layout: ModelLayout,
     memory: GpuMemory,
     weights_bytes: int | None,
-    weights_source: str,
     overhead_gib: float,
     tensor_parallel_size: int,
     context_len: int,
@@ -442,11 +411,10 @@ def capacity_facts(
         tps = [t for t in tps if t >= tensor_parallel_size]
     for tp in tps:
         if kv_memory_gib is None:
-            group = group_pool(model, memory, weights_bytes, weights_source, overhead_gib, tp, 1, layout)
-            pool = group.pool.kv_pool_bytes if group.fits else 0
+            group = group_pool(memory, weights_bytes or 0, overhead_gib, tp)  # not None here
+            pool = group.pool.kv_pool_bytes  # 0 when the weights do not fit
         users = {
-            d: users_at(layout, d, pool, context_len, tp, 1, s) if pool > 0 else 0
-            for d, s in ((baseline_dtype, None), ("fp8", skip))
+            d: users_at(layout, d, pool, context_len, tp, 1, s) for d, s in ((baseline_dtype, None), ("fp8", skip))
         }
         if max(users.values()) > 0 or tp == tps[-1]:
             facts.update(

@@ -23,6 +23,7 @@ also the largest gain the smaller KV reads can explain when a step is all memory
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,8 +31,8 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import GpuSpec, find_gpu
-from kvstudy.limits import MAX_FILE_NUMBER
-from kvstudy.model.capacity import KVFootprint, kv_footprint, layer_bytes_per_token
+from kvstudy.model.capacity import LINEAR, KVFootprint, _limit, check_positive_int, kv_footprint, layer_bytes_per_token
+from kvstudy.model.config_fields import text_config, usable_int
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import ModelLayout, load_layout
 from kvstudy.model.weights import expert_routing, parameter_parts, weights_size
@@ -47,6 +48,17 @@ ACTIVATION_HIDDEN_VECTORS = 8  # norms, attention in/out, residual adds, per lay
 ACTIVATION_MLP_VECTORS = 3  # gate, up, activated product, per layer (estimate)
 LOGIT_BYTES = 4  # FP32 logits over the vocabulary
 MAX_SEARCH_TOKENS = 10**8  # upper end of the "KV dominates from" search when a model has no limit
+FACTOR_NOTE = (
+    "achievable/peak DRAM bandwidth; the published H100 BF16 ITL slope of Llama-3.1-8B (seed 003) implies 0.90 "
+    "for KV reads"
+)
+ACTIVATION_NOTE = (
+    f"{ACTIVATION_HIDDEN_VECTORS} x hidden + {ACTIVATION_MLP_VECTORS} x MLP width 16-bit values per layer, "
+    "written and read back, plus FP32 logits"
+)
+STATE_NOTE = "linear-attention state read and written back once per step"
+KV_READ_NOTE = "attention reads every cached token of its layer once per step; the new token's KV write is not counted"
+UNKNOWN_PARAMETERS = "parameter count unknown: every weight byte is counted as read each step"
 
 
 @dataclass(frozen=True)
@@ -135,10 +147,6 @@ class RooflineResult:
     weights: WeightsRead
     assumptions: tuple[Assumption, ...]
 
-    @property
-    def effective_bandwidth_gb_s(self) -> float:
-        return self.bandwidth_gb_s * self.bandwidth_factor
-
     def to_dict(self) -> dict[str, Any]:
         """The CLI's JSON object."""
         return {
@@ -149,7 +157,7 @@ class RooflineResult:
             "users": self.users,
             "bandwidth_gb_s": self.bandwidth_gb_s,
             "bandwidth_factor": self.bandwidth_factor,
-            "effective_bandwidth_gb_s": self.effective_bandwidth_gb_s,
+            "effective_bandwidth_gb_s": self.bandwidth_gb_s * self.bandwidth_factor,
             "kv_dtypes": list(self.steps),
             "bytes_per_step": {k: s.total_bytes for k, s in self.steps.items()},
             "kv_bytes_per_step": {k: s.kv_bytes for k, s in self.steps.items()},
@@ -171,12 +179,6 @@ class RooflineResult:
 # --------------------------------------------------------------------------- checks
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise StudyError(f"{name} {value!r}: expected a positive integer")
-    return value
-
-
 def _positive_number(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise StudyError(f"{name} {value!r}: expected a positive number")
@@ -185,7 +187,7 @@ def _positive_number(value: Any, name: str) -> float:
 
 def check_context(layout: ModelLayout, context_len: Any) -> int:
     """A positive context length no longer than the model's ``max_position_embeddings``."""
-    length = _positive_int(context_len, "context")
+    length = check_positive_int(context_len, "context")
     limit = layout.max_position_embeddings
     if limit is not None and length > limit:
         raise StudyError(
@@ -203,99 +205,35 @@ def check_bandwidth_factor(factor: Any) -> float:
     return value
 
 
-# --------------------------------------------------------------------------- config facts
-
-
-def _text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's fields (``text_config`` merged over the top level when nested)."""
-    text = config.get("text_config")
-    return {**config, **text} if isinstance(text, dict) else dict(config)
-
-
-def _int_field(cfg: dict[str, Any], *keys: str) -> int | None:
-    for key in keys:
-        value = cfg.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_FILE_NUMBER:
-            return value
-    return None
-
-
-@dataclass(frozen=True)
-class _ConfigFacts:
-    hidden: int | None
-    layers: int | None
-    vocab: int | None
-    mlp_width_per_token: int | None  # MLP values one token computes per layer (active experts for MoE)
-    experts: int | None  # routed experts per MoE layer (weights.expert_routing)
-    experts_per_token: int | None
-    parameters: int | None  # all parameters (weights.parameter_parts), when they can be counted
-    expert_parameters: int  # all routed-expert parameters (0 for dense models)
-    embedding_parameters: int  # the input embedding when untied from the output head, else 0
-    config_path: str
-
-
-def _config_facts(layout: ModelLayout) -> _ConfigFacts:
-    """The parameter counts of :mod:`kvstudy.model.weights` and the few config fields the activation term needs."""
-    config, path = load_config(layout.config_path)
-    cfg = _text_config(config)
-    hidden = _int_field(cfg, "hidden_size")
-    layers = _int_field(cfg, "num_hidden_layers")
-    experts, k = expert_routing(config)
-    dense_width = _int_field(cfg, "intermediate_size")
-    expert_width = _int_field(cfg, "moe_intermediate_size") or dense_width
-    mlp_width = dense_width
-    if experts and k and expert_width and hidden and layers:
-        shared = (
-            _int_field(cfg, "shared_expert_intermediate_size")
-            or (_int_field(cfg, "n_shared_experts") or 0) * expert_width
-        )
-        mlp_width = k * expert_width + shared
-    try:
-        parts: dict[str, int] | None = parameter_parts(config, str(path))
-    except StudyError:
-        parts = None
-    return _ConfigFacts(
-        hidden,
-        layers,
-        _int_field(cfg, "vocab_size"),
-        mlp_width,
-        experts,
-        k,
-        sum(parts.values()) if parts else None,
-        parts["experts"] if parts else 0,
-        parts["embedding"] if parts and parts["output_head"] else 0,
-        str(path),
-    )
-
-
 # --------------------------------------------------------------------------- weights
 
 
 def weights_read(model: str | Path | ModelLayout, users: int = 1, weights_bytes: int | None = None) -> WeightsRead:
     """Weight bytes one decode step streams (see the module docstring for what is left out)."""
     layout = load_layout(model)
-    users = _positive_int(users, "users")
+    users = check_positive_int(users, "users")
     if weights_bytes is not None:
         total, source = int(_positive_number(weights_bytes, "weights bytes")), "given"
     else:
         size = weights_size(layout.config_path, layout)
         total, source = size.bytes, size.source
-    facts = _config_facts(layout)
+    config, path = load_config(layout.config_path)
+    try:
+        parts = parameter_parts(config, str(path))
+    except StudyError:
+        return WeightsRead(total, source, float(total), 0.0, 0.0, (UNKNOWN_PARAMETERS,))
+    per_param = total / sum(parts.values())
     notes: list[str] = []
-    if not facts.parameters:
-        notes.append("parameter count unknown: every weight byte is counted as read each step")
-        return WeightsRead(total, source, float(total), 0.0, 0.0, tuple(notes))
-    per_param = total / facts.parameters
-    embedding = 0.0
-    if facts.embedding_parameters:
-        embedding = facts.embedding_parameters * per_param
+    embedding = parts["embedding"] * per_param if parts["output_head"] else 0.0
+    if embedding:
         notes.append("untied input embedding (vocab x hidden) not streamed: one row per request is read")
     experts = 0.0
-    if facts.expert_parameters and facts.experts and facts.experts_per_token:
-        touched = 1 - (1 - facts.experts_per_token / facts.experts) ** users
-        experts = facts.expert_parameters * per_param * (1 - touched)
+    count, k = expert_routing(config)
+    if parts["experts"] and count and k:
+        touched = 1 - (1 - k / count) ** users
+        experts = parts["experts"] * per_param * (1 - touched)
         notes.append(
-            f"MoE: {facts.experts_per_token} of {facts.experts} experts per token, uniform routing "
+            f"MoE: {k} of {count} experts per token, uniform routing "
             f"assumed; {touched:.1%} of expert weights touched at {users} user(s)"
         )
     notes.append(f"{per_param:.3f} bytes per parameter (weights / estimated parameters), used for both parts")
@@ -305,15 +243,19 @@ def weights_read(model: str | Path | ModelLayout, users: int = 1, weights_bytes:
 
 def activation_bytes_per_request(model: str | Path | ModelLayout) -> float:
     """Estimated activation traffic of one request in one decode step (see ``ACTIVATION_*``)."""
-    facts = _config_facts(load_layout(model))
-    if not (facts.hidden and facts.layers and facts.mlp_width_per_token):
+    config, _ = load_config(load_layout(model).config_path)
+    cfg = text_config(config, {})
+    hidden, layers = usable_int(cfg.get("hidden_size")), usable_int(cfg.get("num_hidden_layers"))
+    width = usable_int(cfg.get("intermediate_size"))
+    expert_width = usable_int(cfg.get("moe_intermediate_size")) or width
+    experts, k = expert_routing(config)
+    if experts and k and expert_width and hidden and layers:  # MoE: the active experts' width
+        shared = usable_int(cfg.get("shared_expert_intermediate_size"))
+        width = k * expert_width + (shared or (usable_int(cfg.get("n_shared_experts")) or 0) * expert_width)
+    if not (hidden and layers and width):
         return 0.0
-    per_layer = (
-        2
-        * ACTIVATION_VALUE_BYTES
-        * (ACTIVATION_HIDDEN_VECTORS * facts.hidden + ACTIVATION_MLP_VECTORS * facts.mlp_width_per_token)
-    )
-    return float(facts.layers * per_layer + (facts.vocab or 0) * LOGIT_BYTES)
+    per_layer = 2 * ACTIVATION_VALUE_BYTES * (ACTIVATION_HIDDEN_VECTORS * hidden + ACTIVATION_MLP_VECTORS * width)
+    return float(layers * per_layer + (usable_int(cfg.get("vocab_size")) or 0) * LOGIT_BYTES)
 
 
 # --------------------------------------------------------------------------- KV per step
@@ -322,28 +264,17 @@ def activation_bytes_per_request(model: str | Path | ModelLayout) -> float:
 def kind_reads(
     model: str | Path | ModelLayout, kv_dtype: str, context_len: int, skip_layers: str | None = None
 ) -> tuple[KindRead, ...]:
-    """KV bytes per request by layer kind at ``context_len``: windows cap, state layers are constant.
-
-    Computed per layer from ``capacity.layer_bytes_per_token`` (``kv_footprint`` gives only the
-    totals); state layers take ``kv_footprint``'s ``state_bytes_per_request``.
-    """
+    """KV bytes per request by layer kind at ``context_len``: windows cap, state layers are constant."""
     layout = load_layout(model)
     fp = kv_footprint(layout, kv_dtype, context_len, skip_layers)
-    groups: dict[str, list[float]] = {}
-    for layer in layout.layers:
-        per_token = float(layer_bytes_per_token(layer, fp.resolved_dtype, layout.model_dtype, skip_layers))
-        tokens = context_len if not layer.sliding_window else min(context_len, layer.sliding_window)
-        if layer.kind == "linear_attention":
-            tokens = 0
-        row = groups.setdefault(layer.kind, [0, 0.0, 0, 0.0])
-        row[0] += 1
-        row[1] += per_token
-        row[2] = max(row[2], tokens)
-        row[3] += per_token * tokens
     reads = []
-    for kind, (count, kind_per_token, kind_tokens, kind_bytes) in groups.items():
-        per_request = float(fp.state_bytes_per_request) if kind == "linear_attention" else float(kind_bytes)
-        reads.append(KindRead(kind, int(count), float(kind_per_token), int(kind_tokens), per_request))
+    for kind in dict.fromkeys(layer.kind for layer in layout.layers):
+        layers = [layer for layer in layout.layers if layer.kind == kind]
+        costs = [float(layer_bytes_per_token(l, fp.resolved_dtype, layout.model_dtype, skip_layers)) for l in layers]
+        tokens = [0 if kind == LINEAR else _limit(l, context_len) for l in layers]
+        kv = sum(c * t for c, t in zip(costs, tokens))
+        per_request = float(fp.state_bytes_per_request) if kind == LINEAR else float(kv)
+        reads.append(KindRead(kind, len(layers), float(sum(costs)), max(tokens), per_request))
     return tuple(reads)
 
 
@@ -359,14 +290,10 @@ def step_bytes(
     """Bytes one decode step reads: weights + KV x requests + state + activations."""
     layout = load_layout(model)
     length = check_context(layout, context_len)
-    users = _positive_int(users, "users")
+    users = check_positive_int(users, "users")
     fp: KVFootprint = kv_footprint(layout, kv_dtype, length, skip_layers)
     state = float(fp.state_bytes_per_request)
     kv_per_request = float(fp.bytes_per_request) - state
-    per_kind = kind_reads(layout, kv_dtype, length, skip_layers)
-    split = sum(k.bytes_per_request for k in per_kind if k.kind != "linear_attention")
-    if not math.isclose(split, kv_per_request, rel_tol=1e-9, abs_tol=1e-6):
-        raise StudyError(f"{layout.config_path}: per-kind KV bytes {split} differ from kv_footprint's {kv_per_request}")
     acts = activation_bytes_per_request(layout) if activation_bytes_per_user is None else activation_bytes_per_user
     weights = weights_read(layout, users, weights_bytes).read_bytes
     return StepBytes(
@@ -378,7 +305,7 @@ def step_bytes(
         kv_per_request * users,
         2 * state * users,
         float(acts) * users,
-        per_kind,
+        kind_reads(layout, kv_dtype, length, skip_layers),
     )
 
 
@@ -404,7 +331,7 @@ def predicted_slope_ms_per_token(
     """ITL growth per token of context beyond every window: growing KV bytes / effective bandwidth."""
     layout = load_layout(model)
     growing = float(kv_footprint(layout, kv_dtype, 1, skip_layers).bytes_per_token)
-    return tpot_ms(growing * _positive_int(users, "users"), bandwidth_gb_s, bandwidth_factor)
+    return tpot_ms(growing * check_positive_int(users, "users"), bandwidth_gb_s, bandwidth_factor)
 
 
 def kv_dominates_from(
@@ -420,30 +347,17 @@ def kv_dominates_from(
     whose every layer is windowed or a state can have no such length.
     """
     layout = load_layout(model)
-    users = _positive_int(users, "users")
+    users = check_positive_int(users, "users")
     weights = weights_read(layout, users, weights_bytes).read_bytes
     limit = layout.max_position_embeddings or MAX_SEARCH_TOKENS
 
     def kv_at(length: int) -> float:
-        return (
-            sum(
-                k.bytes_per_request
-                for k in kind_reads(layout, kv_dtype, length, skip_layers)
-                if k.kind != "linear_attention"
-            )
-            * users
-        )
+        reads = kind_reads(layout, kv_dtype, length, skip_layers)
+        return sum(k.bytes_per_request for k in reads if k.kind != LINEAR) * users
 
     if kv_at(limit) < weights:
         return None
-    low, high = 1, limit
-    while low < high:
-        mid = (low + high) // 2
-        if kv_at(mid) >= weights:
-            high = mid
-        else:
-            low = mid + 1
-    return low
+    return 1 + bisect.bisect_left(range(1, limit + 1), True, key=lambda length: kv_at(length) >= weights)
 
 
 def max_fp8_gain_pct(
@@ -485,86 +399,35 @@ def roofline(
     skip_layers: str | None = None,
     catalog_path: str | Path | None = None,
 ) -> RooflineResult:
-    """Predicted bytes per step, TPOT, ITL slope and FP8 speedup for a model on a GPU.
-
-    The bandwidth is the GPU's datasheet figure unless ``bandwidth_gb_s`` is given (then its
-    origin is ``bandwidth_origin``, e.g. "measured" for the CPU probe). ``kv_dtypes`` defaults to the
-    model's 16-bit dtype and fp8.
-    """
+    """Predicted bytes per step, TPOT, ITL slope and FP8 speedup for a model on a GPU (the datasheet
+    bandwidth unless ``bandwidth_gb_s`` is given, from ``bandwidth_origin``)."""
     layout = load_layout(model)
     length = check_context(layout, context_len)
-    users = _positive_int(users, "users")
+    users = check_positive_int(users, "users")
     spec = find_gpu(gpu, catalog_path) if isinstance(gpu, str) else gpu
-    assumptions: list[Assumption] = []
     if bandwidth_gb_s is not None:
         bandwidth = _positive_number(bandwidth_gb_s, "bandwidth GB/s")
-        assumptions.append(
-            Assumption(
-                "bandwidth_gb_s", bandwidth, "GB/s", bandwidth_origin, "peak figure given instead of the catalog's"
-            )
-        )
+        origin, note = bandwidth_origin, "peak figure given instead of the catalog's"
     elif spec is not None:
-        bandwidth = spec.bandwidth_gb_s
-        assumptions.append(Assumption("bandwidth_gb_s", bandwidth, "GB/s", "datasheet", spec.source))
+        bandwidth, origin, note = spec.bandwidth_gb_s, "datasheet", spec.source
     else:
         raise StudyError("gpu: none given (expected --gpu NAME from the catalog, or a bandwidth in GB/s)")
     if bandwidth_factor is None:
-        factor = DEFAULT_BANDWIDTH_FACTOR
-        assumptions.append(
-            Assumption(
-                "bandwidth_factor",
-                factor,
-                "fraction of peak",
-                "assumed",
-                "achievable/peak DRAM bandwidth; the published H100 BF16 ITL slope of "
-                "Llama-3.1-8B (seed 003) implies 0.90 for KV reads",
-            )
-        )
+        factor, factor_origin, factor_note = DEFAULT_BANDWIDTH_FACTOR, "assumed", FACTOR_NOTE
     else:
-        factor = check_bandwidth_factor(bandwidth_factor)
-        assumptions.append(Assumption("bandwidth_factor", factor, "fraction of peak", "given"))
+        factor, factor_origin, factor_note = check_bandwidth_factor(bandwidth_factor), "given", ""
     dtypes = list(kv_dtypes) if kv_dtypes else [layout.model_dtype, "fp8"]
     weights = weights_read(layout, users, weights_bytes)
-    assumptions.append(
-        Assumption(
-            "weights_bytes",
-            weights.total_bytes,
-            "bytes",
-            "given" if weights_bytes is not None else "model folder",
-            weights.total_source,
-        )
-    )
-    assumptions.append(
-        Assumption("weights_read_bytes", weights.read_bytes, "bytes per step", "estimated", "; ".join(weights.notes))
-    )
+    weights_origin = "given" if weights_bytes is not None else "model folder"
     acts = activation_bytes_per_request(layout)
-    assumptions.append(
-        Assumption(
-            "activation_bytes_per_user",
-            acts,
-            "bytes per step",
-            "estimated",
-            f"{ACTIVATION_HIDDEN_VECTORS} x hidden + {ACTIVATION_MLP_VECTORS} x MLP width "
-            f"16-bit values per layer, written and read back, plus FP32 logits",
-        )
-    )
-    assumptions.append(
-        Assumption(
-            "state_traffic",
-            2,
-            "x state bytes per request",
-            "assumed",
-            "linear-attention state read and written back once per step",
-        )
-    )
-    assumptions.append(
-        Assumption(
-            "kv_read_per_step",
-            "context (window-capped)",
-            "tokens per request",
-            "assumed",
-            "attention reads every cached token of its layer once per step; the new token's KV write is not counted",
-        )
+    assumptions = (
+        Assumption("bandwidth_gb_s", bandwidth, "GB/s", origin, note),
+        Assumption("bandwidth_factor", factor, "fraction of peak", factor_origin, factor_note),
+        Assumption("weights_bytes", weights.total_bytes, "bytes", weights_origin, weights.total_source),
+        Assumption("weights_read_bytes", weights.read_bytes, "bytes per step", "estimated", "; ".join(weights.notes)),
+        Assumption("activation_bytes_per_user", acts, "bytes per step", "estimated", ACTIVATION_NOTE),
+        Assumption("state_traffic", 2, "x state bytes per request", "assumed", STATE_NOTE),
+        Assumption("kv_read_per_step", "context (window-capped)", "tokens per request", "assumed", KV_READ_NOTE),
     )
     steps = {d: step_bytes(layout, d, length, users, weights_bytes, skip_layers, acts) for d in dtypes}
     tpot = {d: tpot_ms(s.total_bytes, bandwidth, factor) for d, s in steps.items()}
@@ -591,5 +454,5 @@ def roofline(
         gain,
         reduction,
         weights,
-        tuple(assumptions),
+        assumptions,
     )

@@ -56,12 +56,8 @@ F8_E5M2_VALUES = _fp8_table(5, 2, 15, fn=False)
 
 def decode(raw: bytes, dtype: str) -> np.ndarray:
     """Little-endian safetensors bytes of one dtype as float64 values."""
-    if dtype == "F64":
-        return np.frombuffer(raw, dtype="<f8").astype(np.float64)
-    if dtype == "F32":
-        return np.frombuffer(raw, dtype="<f4").astype(np.float64)
-    if dtype == "F16":
-        return np.frombuffer(raw, dtype="<f2").astype(np.float64)
+    if dtype in ("F64", "F32", "F16"):
+        return np.frombuffer(raw, dtype=f"<f{DTYPE_BYTES[dtype]}").astype(np.float64)
     if dtype == "BF16":
         halves = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
         return halves.view(np.float32).astype(np.float64)

@@ -33,17 +33,17 @@ class ScaleReport:
 
     source: str  # what was asked for: a folder, a config.json or a cache id
     folder: str | None  # the resolved model folder, None if it could not be resolved
-    kv_cache_dtype_in_config: str | None  # config.json's KV dtype, wherever it is declared
-    kv_cache_dtype_field: str | None  # where: "kv_cache_dtype", "quantization_config.kv_cache_dtype", ...
-    torch_dtype: str | None  # config.json torch_dtype (or dtype, transformers 5)
-    quant_method: str | None  # quantization_config.quant_method
-    kv_scheme: dict[str, Any] | None  # quantization_config.kv_cache_scheme as written
-    kv_scheme_strategy: str | None  # its strategy: "tensor", "attn_head", ...
-    kv_cache_quant_algo: str | None  # ModelOpt's, from hf_quant_config.json or quantization_config
-    kv_cache_quant_algo_file: str | None  # which file declared it
-    num_hidden_layers: int | None
-    num_key_value_heads: int | None
-    weights: str  # "safetensors", "bin-only" (not inspectable) or "none"
+    kv_cache_dtype_in_config: str | None = None  # config.json's KV dtype, wherever it is declared
+    kv_cache_dtype_field: str | None = None  # where: "kv_cache_dtype", "quantization_config.kv_cache_dtype", ...
+    torch_dtype: str | None = None  # config.json torch_dtype (or dtype, transformers 5)
+    quant_method: str | None = None  # quantization_config.quant_method
+    kv_scheme: dict[str, Any] | None = None  # quantization_config.kv_cache_scheme as written
+    kv_scheme_strategy: str | None = None  # its strategy: "tensor", "attn_head", ...
+    kv_cache_quant_algo: str | None = None  # ModelOpt's, from hf_quant_config.json or quantization_config
+    kv_cache_quant_algo_file: str | None = None  # which file declared it
+    num_hidden_layers: int | None = None
+    num_key_value_heads: int | None = None
+    weights: str = "none"  # "safetensors", "bin-only" (not inspectable) or "none"
     files_read: list[str] = field(default_factory=list)
     scales: list[ScaleTensor] = field(default_factory=list)
     q_scales: list[ScaleTensor] = field(default_factory=list)
@@ -53,7 +53,7 @@ class ScaleReport:
     errors: list[str] = field(default_factory=list)
     files_unread: list[str] = field(default_factory=list)  # inputs that could not be read (exit non-zero)
     checked_against: str | None = None  # the startup log or run record the verdicts used
-    engine_outcome: str | None = None  # against that log: see ENGINE_OUTCOMES
+    engine_outcome: str | None = None  # against that log: a key of scale_verdicts.OUTCOME_TEXT
 
     @property
     def has_scales(self) -> bool:

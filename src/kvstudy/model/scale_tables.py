@@ -87,6 +87,7 @@ def pool_comparisons(dump: Any) -> list[str]:
 def summarize(reports: Sequence[ScaleReport], dump: Any = None) -> dict[str, Any]:
     """Counts behind the notebook's conclusion, a paragraph and a one-line finding."""
     readable = [r for r in reports if r.readable and r.weights == "safetensors"]
+    dumped = dump is not None and len(dump) > 0
     counts = {
         "models": len(reports),
         # folders this project generated (test checkpoints, tiny models), not published checkpoints
@@ -98,8 +99,8 @@ def summarize(reports: Sequence[ScaleReport], dump: Any = None) -> dict[str, Any
         "with_errors": sum(bool(r.errors) for r in reports),
         "checked": sum(r.engine_outcome is not None for r in reports),
         "dropped": sum(r.engine_outcome == "dropped" for r in reports),
-        "disagree": 0 if dump is None or len(dump) == 0 else int((dump["agree"] == False).sum()),  # noqa: E712
-        "dump_compared": 0 if dump is None or len(dump) == 0 else int(dump["agree"].notna().sum()),
+        "disagree": int((dump["agree"] == False).sum()) if dumped else 0,  # noqa: E712
+        "dump_compared": int(dump["agree"].notna().sum()) if dumped else 0,
     }
     pool_lines = pool_comparisons(dump)
     counts["pool_comparisons"] = len(pool_lines)

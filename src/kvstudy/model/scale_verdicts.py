@@ -3,11 +3,10 @@ log or resolved-run record, what the engine did (loaded, dropped or never had th
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
@@ -16,17 +15,27 @@ from kvstudy.vllm.startup_log import parse_startup_log
 
 # quant_method values whose vLLM loader handles KV scales and warns when both end up 1.0.
 WARNING_METHODS = {"fp8", "modelopt", "modelopt_fp4", "quark"}
-ISSUE_54623 = "vLLM issue 54623"
-# What a startup log or run record shows about the scales (ScaleReport.engine_outcome).
-ENGINE_OUTCOMES = {
-    "not-fp8": "the KV cache was not FP8: scales unused",
-    "unit-scales": "scale-1.0 warning, and the checkpoint's scales are all 1.0",
-    "dropped": "checkpoint has scales, log shows the scale-1.0 warning: the loader dropped them",
-    "consistent": "checkpoint has scales, FP8, no warning: consistent with scales loaded",
-    "warning-expected": "no scales, and the log warns about scale 1.0",
-    "silent-unit-scale": "no scales, FP8, no warning: scale 1.0 used silently",
-    "unknown": "the log does not say which KV dtype was used",
-    "too-early": "the start failed before the weights were loaded: the log cannot say",
+# What a startup log or run record shows about the scales (ScaleReport.engine_outcome), and its verdict.
+OUTCOME_TEXT = {
+    "not-fp8": "the KV cache was stored as {dtype}, so KV scales were not used.",
+    "unit-scales": "the scale-1.0 warning is expected: every KV scale in the checkpoint is 1.0.",
+    "dropped": (
+        "the checkpoint has KV scales but the log shows the 'scaling factor 1.0' warning: "
+        "the loader dropped them and FP8 ran with scale 1.0 (as in vLLM issue 54623)."
+    ),
+    "consistent": (
+        "FP8 KV cache and no scale-1.0 warning: consistent with the checkpoint's scales "
+        "being loaded (the log alone cannot prove it)."
+    ),
+    "warning-expected": "the scale-1.0 warning matches the checkpoint, which has no KV scales.",
+    "silent-unit-scale": (
+        "FP8 KV cache, no scale-1.0 warning and no scales in the checkpoint: scale 1.0 was used silently."
+    ),
+    "unknown": "the log does not say which KV dtype was used; nothing to compare.",
+    "too-early": (
+        "the start failed before the weights were loaded (or while loading them), so the log "
+        "cannot say whether scales loaded."
+    ),
 }
 
 
@@ -37,9 +46,8 @@ def kv_handling_method(report: ScaleReport) -> bool:
 def _scale_summary(report: ScaleReport) -> str:
     k_layers, v_layers = report.scale_layers("k"), report.scale_layers("v")
     per_head = any(len(s.values) > 1 for s in report.scales)
-    values = np.array([v for s in report.scales for v in s.values], dtype=float)
-    finite = values[np.isfinite(values)]
-    span = f"values {finite.min():.4g} to {finite.max():.4g}" if finite.size else "no finite values"
+    finite = [v for s in report.scales for v in s.values if math.isfinite(v)]
+    span = f"values {min(finite):.4g} to {max(finite):.4g}" if finite else "no finite values"
     styles = sorted({s.style for s in report.scales})
     total = f" of {report.num_hidden_layers}" if report.num_hidden_layers else ""
     return (
@@ -132,7 +140,7 @@ def effective_kv_dtype(report: ScaleReport, ev: EngineEvidence) -> str | None:
 
 
 def engine_outcome(report: ScaleReport, ev: EngineEvidence) -> str:
-    """One of ENGINE_OUTCOMES: what the log says happened to this checkpoint's scales."""
+    """A key of OUTCOME_TEXT: what the log says happened to this checkpoint's scales."""
     fp8 = (effective_kv_dtype(report, ev) or "").lower().startswith("fp8")
     if not ev.kv_scale_warning and not ev.weights_processed:
         return "too-early"
@@ -151,27 +159,7 @@ def _evidence_verdicts(report: ScaleReport, ev: EngineEvidence) -> list[str]:
     on = f"{ev.source}" + (f" (vLLM {ev.version})" if ev.version else "")
     outcome = engine_outcome(report, ev)
     report.engine_outcome = outcome
-    text = {
-        "not-fp8": f"the KV cache was stored as {ev.kv_cache_dtype}, so KV scales were not used.",
-        "unit-scales": "the scale-1.0 warning is expected: every KV scale in the checkpoint is 1.0.",
-        "dropped": (
-            "the checkpoint has KV scales but the log shows the 'scaling factor 1.0' warning: "
-            f"the loader dropped them and FP8 ran with scale 1.0 (as in {ISSUE_54623})."
-        ),
-        "consistent": (
-            "FP8 KV cache and no scale-1.0 warning: consistent with the checkpoint's scales "
-            "being loaded (the log alone cannot prove it)."
-        ),
-        "warning-expected": "the scale-1.0 warning matches the checkpoint, which has no KV scales.",
-        "silent-unit-scale": (
-            "FP8 KV cache, no scale-1.0 warning and no scales in the checkpoint: scale 1.0 was used silently."
-        ),
-        "unknown": "the log does not say which KV dtype was used; nothing to compare.",
-        "too-early": (
-            "the start failed before the weights were loaded (or while loading them), so the log "
-            "cannot say whether scales loaded."
-        ),
-    }[outcome]
+    text = OUTCOME_TEXT[outcome].format(dtype=ev.kv_cache_dtype)
     if (ev.kv_cache_dtype or "").lower() == "auto" and effective_kv_dtype(report, ev) != ev.kv_cache_dtype:
         text += (
             f" The flag was 'auto': the folder's declaration made the KV cache "

@@ -1,21 +1,16 @@
 """What a model folder says about its KV cache: the config fields and the KV scale tensors.
 
-``inspect_model`` reads ``config.json`` (``kv_cache_dtype``, ``torch_dtype``/``dtype``,
-``quantization_config`` with its ``kv_cache_scheme``), ``hf_quant_config.json``
-(``quantization.kv_cache_quant_algo``) and, from the safetensors files, only the tensors whose
-names vLLM loads as KV scales. It reads the index or each file's header (8-byte little-endian
-length, then JSON) and then seeks to the scale tensors' bytes: never the whole weights, and it
-never unpickles a ``.bin`` file. Problems with the input are collected in ``errors`` and the scan
-of the other files goes on. ``verdicts`` say what vLLM will do with what was found (facts from
-vLLM's source as summarised in the project's notes), optionally checked against a startup log
-or a resolved-run record.
+Only the config files, the safetensors index or headers and the scale tensors' own bytes are read
+(never the whole weights, never a pickle); problems are collected in the report's ``errors`` and the
+scan of the other files goes on. Verdicts say what vLLM will do with what was found, optionally
+checked against a startup log or a resolved-run record.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +19,13 @@ import numpy as np
 from kvstudy.errors import StudyError
 from kvstudy.io import parse_json_text, read_bytes_checked, read_json_object, type_name
 from kvstudy.limits import MAX_LAYERS
-from kvstudy.model.config_fields import checkpoint_kv_dtype, config_int
-from kvstudy.model.folder import resolve_model_path
+from kvstudy.model.config_fields import HF_QUANT_CONFIG, checkpoint_kv_dtype, config_int
+from kvstudy.model.folder import cached_snapshots, resolve_model_path
 from kvstudy.model.safetensors import SafetensorsHeader, read_header, read_tensor
 from kvstudy.model.scale_records import ScaleReport, ScaleTensor, _json_number, declared_kv_dtype
 from kvstudy.model.scale_verdicts import read_evidence, verdicts
 
 INDEX_NAME = "model.safetensors.index.json"
-HF_QUANT_CONFIG = "hf_quant_config.json"
 # (name ending, kinds, naming style). Order matters: longer endings first.
 _SCALE_ENDINGS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     (".k_proj.output_scale", ("k",), "compressed-tensors/Quark output_scale"),
@@ -84,16 +78,11 @@ def _inside(folder: Path, name: str, index: Path, report: ScaleReport) -> Path |
 
 
 def _kv_dtype_in_config(config: dict[str, Any]) -> tuple[Any, str | None]:
-    places: list[tuple[str, Any]] = [("kv_cache_dtype", config.get("kv_cache_dtype"))]
-    text_config = config.get("text_config")
-    if isinstance(text_config, dict):
-        places.append(("text_config.kv_cache_dtype", text_config.get("kv_cache_dtype")))
-    qc = config.get("quantization_config")
-    if isinstance(qc, dict):
-        places.append(("quantization_config.kv_cache_dtype", qc.get("kv_cache_dtype")))
-    for where, value in places:
+    for prefix in ("", "text_config.", "quantization_config."):
+        holder = config.get(prefix.rstrip(".")) if prefix else config
+        value = holder.get("kv_cache_dtype") if isinstance(holder, dict) else None
         if value is not None:
-            return value, where
+            return value, f"{prefix}kv_cache_dtype"
     return None, None
 
 
@@ -221,8 +210,8 @@ def _collect_scales(header: SafetensorsHeader, names: Iterable[str], folder: Pat
         if matched is None:
             continue
         kinds, style = matched
-        digits = _LAYER_RE.search("." + name)
-        if digits and layer_of(name) is None:
+        layer, digits = layer_of(name), _LAYER_RE.search("." + name)
+        if digits and layer is None:
             report.errors.append(
                 f"{header.path}: tensor {name[:80]}...: a layer number of {len(digits.group(1)):,} digits "
                 f"(expected a layer below {MAX_LAYERS:,}); not read"
@@ -234,7 +223,7 @@ def _collect_scales(header: SafetensorsHeader, names: Iterable[str], folder: Pat
         dtype, shape, values = tensor
         _check_values(name, str(header.path), values, report)
         for kind in kinds:
-            record = ScaleTensor(layer_of(name), kind, name, rel, dtype, shape, [float(v) for v in values], style)
+            record = ScaleTensor(layer, kind, name, rel, dtype, shape, [float(v) for v in values], style)
             (report.q_scales if kind == "q" else report.scales).append(record)
 
 
@@ -260,38 +249,29 @@ def _scan_index(folder: Path, report: ScaleReport) -> bool:
             report.files_unread.append(shard)
     for shard, names in sorted(by_shard.items()):
         where = shards[shard]
-        if where is None or not where.exists():
-            continue
-        header = read_header(where, report)
-        if header is None:
-            report.files_unread.append(shard)
-            continue
-        report.files_read.append(shard)
-        _collect_scales(header, names, folder, report)
+        if where is not None and where.exists():
+            _scan_file(where, names, folder, report)
     return True
 
 
-def _scan_files(files: Sequence[Path], folder: Path, report: ScaleReport) -> None:
-    for path in files:
-        header = read_header(path, report)
-        if header is None:
-            report.files_unread.append(path.name)
-            continue
-        report.files_read.append(str(path.relative_to(folder)))
-        _collect_scales(header, header.tensors.keys(), folder, report)
+def _scan_file(path: Path, names: Iterable[str] | None, folder: Path, report: ScaleReport) -> None:
+    """The scale tensors ``names`` (None: every tensor the header lists) of one safetensors file."""
+    header, name = read_header(path, report), str(path.relative_to(folder))
+    if header is None:
+        report.files_unread.append(name)
+        return
+    report.files_read.append(name)
+    _collect_scales(header, header.tensors.keys() if names is None else names, folder, report)
 
 
 def _scan_weights(folder: Path, report: ScaleReport) -> None:
     files = sorted(folder.glob("*.safetensors"))
-    if (folder / INDEX_NAME).is_file():
+    indexed = (folder / INDEX_NAME).is_file()
+    if indexed or files:
         report.weights = "safetensors"
-        if _scan_index(folder, report):
-            return
-        _scan_files(files, folder, report)
-        return
-    if files:
-        report.weights = "safetensors"
-        _scan_files(files, folder, report)
+        if not (indexed and _scan_index(folder, report)):  # an unusable index: each file's header
+            for path in files:
+                _scan_file(path, None, folder, report)
         return
     pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
     if pickles:
@@ -305,42 +285,18 @@ def _scan_weights(folder: Path, report: ScaleReport) -> None:
 # --------------------------------------------------------------------------- public entry points
 
 
-def _empty_report(source: str, folder: Path | None) -> ScaleReport:
-    return ScaleReport(
-        source=source,
-        folder=str(folder) if folder else None,
-        kv_cache_dtype_in_config=None,
-        kv_cache_dtype_field=None,
-        torch_dtype=None,
-        quant_method=None,
-        kv_scheme=None,
-        kv_scheme_strategy=None,
-        kv_cache_quant_algo=None,
-        kv_cache_quant_algo_file=None,
-        num_hidden_layers=None,
-        num_key_value_heads=None,
-        weights="none",
-    )
-
-
 def inspect_model(
     path_or_id: str | Path, log: str | Path | None = None, cache_dir: str | Path | None = None
 ) -> ScaleReport:
-    """Read a model folder's KV settings and KV scale tensors; never raises for bad files.
-
-    ``path_or_id`` is a folder, its config.json, or a cached Hugging Face id. ``log`` is an optional
-    startup log or resolved-run record (JSON) to check the scales against. Problems found in the
-    files end up in ``errors``; a log that cannot be read raises StudyError.
-    """
+    """Read a model folder's KV settings and KV scale tensors, checked against ``log`` when given;
+    problems in the folder's files go to ``errors``, a log that cannot be read raises StudyError."""
     source = str(path_or_id)
     evidence = read_evidence(log) if log is not None else None
     try:
         folder = resolve_model_path(path_or_id, cache_dir)
     except StudyError as exc:
-        report = _empty_report(source, None)
-        report.errors.append(str(exc))
-        return report
-    report = _empty_report(source, folder)
+        return ScaleReport(source, None, errors=[str(exc)])
+    report = ScaleReport(source, str(folder))
     _read_config(folder, report)
     _read_hf_quant_config(folder, report)
     _scan_weights(folder, report)
@@ -352,20 +308,10 @@ def inspect_model(
 
 def inspect_cache(cache_dir: str | Path | None = None) -> list[ScaleReport]:
     """One report per model repository in the local Hugging Face cache (newest snapshot each)."""
-    from huggingface_hub import scan_cache_dir
-    from huggingface_hub.errors import CacheNotFound
-
-    try:
-        info = scan_cache_dir(cache_dir)
-    except CacheNotFound as exc:
-        raise StudyError(f"{exc.cache_dir}: no Hugging Face cache here (expected a hub cache folder)") from None
     reports = []
-    for repo in sorted(info.repos, key=lambda r: r.repo_id):
-        if repo.repo_type != "model" or not repo.revisions:
-            continue
-        newest = max(repo.revisions, key=lambda r: r.last_modified)
-        report = inspect_model(newest.snapshot_path)
-        report.source = repo.repo_id
+    for repo_id, snapshot in sorted(cached_snapshots(cache_dir).items()):
+        report = inspect_model(snapshot)
+        report.source = repo_id
         reports.append(report)
     return reports
 
@@ -374,12 +320,8 @@ def inspect_cache(cache_dir: str | Path | None = None) -> list[ScaleReport]:
 
 
 def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """For every config.json under ``root``: its KV fields, and what a paired startup log says.
-
-    ``logs`` maps a model folder (as found under ``root``, or its path relative to ``root``) to a
-    startup log or a list of them (one row each). ``agree`` is None when there is nothing to compare, else whether the KV dtype
-    declared in the folder matches the one the engine logged.
-    """
+    """For every config.json under ``root``: its KV fields, and what each paired startup log says
+    (``logs``: model folder, absolute or relative to ``root`` -> a log or a list of them)."""
     from kvstudy.vllm.startup_log import parse_startup_log
 
     root = Path(root)
@@ -389,7 +331,7 @@ def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> li
     rows = []
     for config in sorted(root.rglob("config.json")):
         folder = config.parent
-        report = _empty_report(str(folder), folder)
+        report = ScaleReport(str(folder), str(folder))
         _read_config(folder, report)
         _read_hf_quant_config(folder, report)
         try:  # what vLLM's 'auto' stores, from config.json or the hf_quant_config.json beside it
@@ -451,8 +393,6 @@ def _compare_kv_dtypes(declared: str | None, logged: str | None) -> tuple[bool |
         return True, None
     return False, "the engine stored the KV cache in another dtype than the folder declares"
 
-
-# --------------------------------------------------------------------------- notebook helpers
 
 # --------------------------------------------------------------------------- command line
 

@@ -1,32 +1,21 @@
-"""Weight memory of a model, from its checkpoint when present, else estimated from its config.
-
-In order of preference, with the source of the figure kept next to it:
-
-1. ``model.safetensors.index.json`` ``metadata.total_size`` (what the checkpoint holds);
-2. the headers of the folder's ``*.safetensors`` files (tensor shapes x dtypes, no tensor read);
-3. an estimate from ``config.json``: parameters counted per part (embeddings, attention, MLP or
-   experts, Mamba mixers, vision and audio towers) and stored at the size the checkpoint's
-   ``quantization_config`` implies: FP8 (1 byte), MXFP4 (4 bits + one 1-byte scale per 32),
-   NVFP4 (4 bits + one 1-byte scale per 16), AWQ/GPTQ (``bits`` + a 16-bit scale and a packed
-   zero point per ``group_size``), bitsandbytes (4-bit with a 4-byte absmax per 64, or 8-bit).
-   Quantization applies to the decoder's linear layers; embeddings, the output head, norms and
-   towers stay 16-bit; ``modules_to_not_convert`` naming attention or the router keeps those 16-bit
-   (gpt-oss quantizes only its experts).
+"""Weight memory of a model: the checkpoint's own figure (the safetensors index's ``total_size``, else
+the files' headers), else an estimate from ``config.json``: parameters per part, stored at the size the
+checkpoint's ``quantization_config`` implies for the decoder's linear layers (embeddings, output head,
+norms and towers stay 16-bit, as do the parts ``modules_to_not_convert`` names).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.formats import GIB
 from kvstudy.io import read_json
-from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR, MAX_FILE_NUMBER, MAX_LAYERS
-from kvstudy.model.config_fields import config_count, config_int, nemotron_h_pattern
+from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR, MAX_LAYERS
+from kvstudy.model.config_fields import HF_QUANT_CONFIG, config_count, config_int, nemotron_h_pattern, usable_int
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import (
     LINEAR,
@@ -35,26 +24,21 @@ from kvstudy.model.layout import (
     LayerSpec,
     ModelLayout,
     layout_from_config,
-    positive_int,
     text_config,
 )
+from kvstudy.model.safetensors import DTYPE_BYTES as FLOAT_DTYPE_BYTES
 from kvstudy.vllm.facts import DTYPE_BYTES, KV_RULES_SOURCE
 
-# Bytes per stored value in the safetensors header dtypes (the format's own names).
-SAFETENSORS_DTYPE_BYTES: dict[str, Fraction] = {
-    "F64": Fraction(8),
-    "F32": Fraction(4),
-    "F16": Fraction(2),
-    "BF16": Fraction(2),
-    "I64": Fraction(8),
-    "I32": Fraction(4),
-    "I16": Fraction(2),
-    "I8": Fraction(1),
-    "U8": Fraction(1),
-    "BOOL": Fraction(1),
-    "F8_E4M3": Fraction(1),
-    "F8_E5M2": Fraction(1),
-    "F8_E8M0": Fraction(1),
+# Bytes per stored value of every safetensors header dtype (the format's own names).
+SAFETENSORS_DTYPE_BYTES: dict[str, int | Fraction] = {
+    **FLOAT_DTYPE_BYTES,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E8M0": 1,
     "F4": Fraction(1, 2),
 }
 
@@ -69,24 +53,13 @@ class WeightsSize:
 
     bytes: int
     source: str  # "safetensors index total_size", "safetensors headers", "estimated ..."
-    parameters: int | None = None
-    embedding_bytes: int | None = None  # input embedding table (not streamed per decode step)
-    expert_bytes: int | None = None  # all routed experts
-    experts: int | None = None  # routed experts per MoE layer
-    experts_per_token: int | None = None
-    parts_bytes: dict[str, int] = field(default_factory=dict)  # the estimate per part
-
-    @property
-    def gib(self) -> float:
-        """The figure in GiB."""
-        return self.bytes / GIB
 
 
 # --------------------------------------------------------------------------- parameter counts
 
 
 def _attention_parameters(cfg: dict[str, Any], layer: LayerSpec, hidden: int, heads: int, where: str) -> int:
-    need = lambda key: positive_int(cfg, key, where)  # noqa: E731 - a required positive field
+    need = lambda key: config_int(cfg, key, where)  # noqa: E731 - a required positive field
     if layer.kind == LINEAR:
         if layer.state is not None and layer.state.kind in ("mamba2", "mamba1"):
             inner = layer.state.intermediate or layer.state.conv_dim
@@ -96,7 +69,7 @@ def _attention_parameters(cfg: dict[str, Any], layer: LayerSpec, hidden: int, he
         value = need("linear_num_value_heads") * need("linear_value_head_dim")
         return hidden * (2 * key + 2 * value) + hidden * 2 * need("linear_num_value_heads") + value * hidden
     if layer.kind == MLA:
-        q_rank = positive_int(cfg, "q_lora_rank", where, required=False)
+        q_rank = config_int(cfg, "q_lora_rank", where, required=False)
         qk_dim = need("qk_nope_head_dim") + need("qk_rope_head_dim")
         q = hidden * heads * qk_dim if not q_rank else hidden * q_rank + q_rank * heads * qk_dim
         kv = hidden * (need("kv_lora_rank") + need("qk_rope_head_dim"))
@@ -108,16 +81,14 @@ def _attention_parameters(cfg: dict[str, Any], layer: LayerSpec, hidden: int, he
 
 def _experts(cfg: dict[str, Any]) -> int:
     value = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
-    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_EXPERTS:
-        return value
-    return 0
+    return usable_int(value, MAX_EXPERTS) or 0
 
 
 def expert_routing(config: dict[str, Any]) -> tuple[int | None, int | None]:
     """(routed experts per MoE layer, experts each token is routed to); None where the config has none."""
     cfg = text_config(config)
     picks = [cfg.get(key) for key in ("num_experts_per_tok", "experts_per_token", "moe_topk", "num_experts_per_token")]
-    k = next((v for v in picks if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
+    k = next((v for v in picks if usable_int(v)), None)
     return _experts(cfg) or None, k
 
 
@@ -143,14 +114,14 @@ def _mlp_parameters(cfg: dict[str, Any], index: int, hidden: int, where: str) ->
     mats = _matrices(cfg, where)
     if experts and index >= dense_first and (index + 1) % step == 0:
         key = "moe_intermediate_size" if cfg.get("moe_intermediate_size") is not None else "intermediate_size"
-        expert_size = positive_int(cfg, key, where)
+        expert_size = config_int(cfg, key, where)
         shared = config_count(cfg, "n_shared_experts", where)
         shared_size = (
             config_count(cfg, "shared_expert_intermediate_size", where)
             or config_count(cfg, "moe_shared_expert_intermediate_size", where)
             or shared * expert_size
         )
-        latent = positive_int(cfg, "moe_latent_size", where, required=False)
+        latent = config_int(cfg, "moe_latent_size", where, required=False)
         width = latent or hidden  # latent MoE (Nemotron-3): experts work in a smaller latent space
         projections = 2 * hidden * latent if latent else 0  # into and out of the latent space
         return mats * hidden * shared_size + hidden * experts + projections, mats * width * expert_size * experts
@@ -186,7 +157,7 @@ def _tower_parameters(tower: Any) -> int:
     hidden = tower.get("hidden_size") or tower.get("width") or 0
     depth = tower.get("num_hidden_layers") or tower.get("depth") or tower.get("num_layers") or 0
     mlp = tower.get("intermediate_size") or 4 * hidden
-    if not all(isinstance(v, int) and 0 < v <= MAX_FILE_NUMBER for v in (hidden, depth, mlp)):
+    if not all(usable_int(v) for v in (hidden, depth, mlp)):
         return 0
     return depth * (4 * hidden * hidden + 2 * hidden * mlp)
 
@@ -197,9 +168,9 @@ def parameter_parts(
     """Parameters per part: embedding, output_head, attention, mlp, experts, towers (biases and norms left out)."""
     cfg = text_config(config)
     layout = _rules_layout(config, where, layout)
-    hidden = positive_int(cfg, "hidden_size", where)
-    vocab = positive_int(cfg, "vocab_size", where)
-    heads = positive_int(cfg, "num_attention_heads", where)
+    hidden = config_int(cfg, "hidden_size", where)
+    vocab = config_int(cfg, "vocab_size", where)
+    heads = config_int(cfg, "num_attention_heads", where)
     parts = {
         "embedding": vocab * hidden,
         "output_head": 0 if cfg.get("tie_word_embeddings") else vocab * hidden,
@@ -208,11 +179,9 @@ def parameter_parts(
         "experts": 0,
         "towers": 0,
     }
-    layer_specs = [l for l in layout.layers]
-    for layer in layer_specs:
-        if layer.kind == SHARED:
-            continue
-        parts["attention"] += _attention_parameters(cfg, layer, hidden, heads, where)
+    for layer in layout.layers:
+        if layer.kind != SHARED:
+            parts["attention"] += _attention_parameters(cfg, layer, hidden, heads, where)
     pattern = nemotron_h_pattern(cfg, where) if layout.model_type == "nemotron_h" else None
     num_layers = len(pattern) if pattern else config_int(cfg, "num_hidden_layers", where, high=MAX_LAYERS)
     for index in range(num_layers):
@@ -227,11 +196,6 @@ def parameter_parts(
     for key in ("vision_config", "audio_config"):
         parts["towers"] += _tower_parameters(config.get(key))
     return parts
-
-
-def estimate_parameters(config: dict[str, Any], where: str = "config.json") -> int:
-    """Parameter count of a decoder (dense or MoE, GQA, MLA or hybrid) and its towers, from its config."""
-    return sum(parameter_parts(config, where).values())
 
 
 # --------------------------------------------------------------------------- bytes per parameter
@@ -270,8 +234,6 @@ def _quantized_bytes(quant: dict[str, Any], where: str) -> tuple[Fraction, str]:
                 if isinstance(size, int) and size > 0:  # one 16-bit scale per group
                     return Fraction(bits, 8) + Fraction(2, size), f"compressed-tensors {bits}-bit, a scale per {size}"
                 return Fraction(bits, 8), f"compressed-tensors {bits}-bit weights"
-    if method == "modelopt" and "FP4" in algo:
-        return Fraction(1, 2) + Fraction(1, 16), "NVFP4 (ModelOpt), 4 bits + a 1-byte scale per 16 weights"
     raise StudyError(
         f"{where}: quantization_config quant_method {method!r} is not known to the weights "
         "estimate (expected fp8, mxfp4, nvfp4/modelopt_fp4, awq, gptq, bitsandbytes, "
@@ -286,7 +248,7 @@ def quantization_config(config: dict[str, Any], folder: Path | None = None) -> d
         quant = where.get("quantization_config") if isinstance(where, dict) else None
         if isinstance(quant, dict) and quant.get("quant_method"):
             return quant
-    sidecar = folder / "hf_quant_config.json" if folder is not None else None
+    sidecar = folder / HF_QUANT_CONFIG if folder is not None else None
     if sidecar is not None and sidecar.is_file():
         data = read_json(sidecar)
         inner = data.get("quantization") if isinstance(data, dict) else None
@@ -303,15 +265,7 @@ def _rules_layout(config: dict[str, Any], where: str, layout: ModelLayout | None
     """The rules' layout (parameter counts read the config's own fields, not vLLM's cache specs)."""
     if layout is not None and layout.source == KV_RULES_SOURCE:
         return layout
-    return layout_from_config(config, where, assume_from(layout))
-
-
-def assume_from(layout: ModelLayout | None) -> str | None:
-    """The family an --assume'd layout was read with (its warnings say so), else None."""
-    for text in layout.warnings if layout else ():
-        if "(--assume)" in text:
-            return text.split("the rules of '", 1)[1].split("'", 1)[0]
-    return None
+    return layout_from_config(config, where)  # vLLM's specs: never an --assume'd layout (oracle asks none)
 
 
 def _unconverted(quant: dict[str, Any]) -> set[str]:
@@ -344,54 +298,26 @@ def estimate_weights(
         label += "; embeddings, output head and towers 16-bit" + (
             f"; {', '.join(sorted(kept))} 16-bit (modules_to_not_convert)" if kept else ""
         )
-    sizes = {name: int(math.ceil(count * per_part[name])) for name, count in parts.items()}
-    experts, k = expert_routing(config)
-    return WeightsSize(
-        sum(sizes.values()),
-        f"estimated from config ({label})",
-        sum(parts.values()),
-        embedding_bytes=sizes["embedding"],
-        expert_bytes=sizes["experts"],
-        experts=experts,
-        experts_per_token=k,
-        parts_bytes=sizes,
-    )
+    total = sum(int(math.ceil(count * per_part[name])) for name, count in parts.items())
+    return WeightsSize(total, f"estimated from config ({label})")
 
 
 # --------------------------------------------------------------------------- from the checkpoint
 
 
-class _Sink:
-    """Collects safetensors read problems."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.bytes_read = 0
-
-
 def _header_bytes(files: list[Path]) -> int:
     """Tensor bytes declared by the safetensors headers (shape x dtype), no tensor read."""
-    from kvstudy.model.safetensors import read_header
+    from safetensors import SafetensorError, safe_open
 
-    sink, total = _Sink(), Fraction(0)
+    total = Fraction(0)
     for path in files:
-        header = read_header(path, sink)
-        if header is None:
-            raise StudyError(sink.errors[-1])
-        for name, info in header.tensors.items():
-            dtype, shape = (info.get("dtype"), info.get("shape")) if isinstance(info, dict) else (None, None)
-            if (
-                not isinstance(dtype, str)
-                or dtype not in SAFETENSORS_DTYPE_BYTES
-                or not isinstance(shape, list)
-                or len(shape) > 8
-                or not all(type(x) is int and 0 <= x < 2**48 for x in shape)
-            ):
-                raise StudyError(
-                    f"{path}: tensor {str(name)[:80]!r} has dtype {repr(dtype)[:40]} (expected one of "
-                    f"{', '.join(SAFETENSORS_DTYPE_BYTES)}) or no shape of at most 8 sizes"
-                )
-            total += math.prod(shape) * SAFETENSORS_DTYPE_BYTES[dtype]
+        try:
+            with safe_open(path, "numpy") as fh:
+                for name in fh.keys():
+                    entry = fh.get_slice(name)
+                    total += math.prod(entry.get_shape()) * SAFETENSORS_DTYPE_BYTES[entry.get_dtype()]
+        except (SafetensorError, OSError, KeyError) as exc:
+            raise StudyError(f"{path}: not a readable safetensors file ({exc})") from None
     return int(total)
 
 
@@ -399,40 +325,17 @@ def weights_size(model: str | Path, layout: ModelLayout | None = None) -> Weight
     """Weight bytes: the index's total_size, else the safetensors headers, else an estimate from the config."""
     config, cfg_path = load_config(model)
     folder = cfg_path.parent
-    try:
-        estimate: WeightsSize | None = estimate_weights(config, str(cfg_path), layout)
-    except StudyError:
-        estimate = None
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         data = read_json(index)
         total = (data.get("metadata") or {}).get("total_size") if isinstance(data, dict) else None
         if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
             raise StudyError(f"{index}: field 'metadata.total_size' is {total!r} (expected a positive integer)")
-        return _with_source(total, "safetensors index total_size", estimate)
+        return WeightsSize(total, "safetensors index total_size")
     files = sorted(folder.glob("*.safetensors"))
     if files:
-        return _with_source(_header_bytes(files), f"safetensors headers ({len(files)} file(s))", estimate)
-    if estimate is None:
-        try:
-            estimate_weights(config, str(cfg_path), layout)
-        except StudyError as exc:  # the estimate's own one-line error, marked as "weights unknown"
-            raise WeightsUnknown(str(exc)) from None
-    assert estimate is not None
-    return estimate
-
-
-def _with_source(total: int, source: str, estimate: WeightsSize | None) -> WeightsSize:
-    """The checkpoint's figure, with the estimate's per-part breakdown (labelled estimated) kept."""
-    if estimate is None:
-        return WeightsSize(total, source)
-    return WeightsSize(
-        total,
-        source,
-        estimate.parameters,
-        estimate.embedding_bytes,
-        estimate.expert_bytes,
-        estimate.experts,
-        estimate.experts_per_token,
-        estimate.parts_bytes,
-    )
+        return WeightsSize(_header_bytes(files), f"safetensors headers ({len(files)} file(s))")
+    try:
+        return estimate_weights(config, str(cfg_path), layout)
+    except StudyError as exc:  # the estimate's own one-line error, marked as "weights unknown"
+        raise WeightsUnknown(str(exc)) from None

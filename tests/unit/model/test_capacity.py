@@ -18,6 +18,11 @@ MODELS = ROOT / "data" / "models"
 GIB = 1024**3
 
 
+def _parameters(folder: Path) -> int:
+    """The parameters the weights estimate counts from a folder's config.json."""
+    return sum(model_weights.parameter_parts(json.loads((folder / "config.json").read_text())).values())
+
+
 def tiny_qwen3() -> dict:
     """The CPU profile's tiny model (vllm-facts.md): Qwen3, 4 layers, 2 KV heads, head_dim 64."""
     return {
@@ -125,7 +130,10 @@ def test_gpt_oss_alternating_sliding_layers() -> None:
     # 24 layers, layer_types alternate sliding/full, window 128, 8 KV heads x head_dim 64
     fp = cap.kv_footprint(MODELS / "gpt-oss-20b", "bfloat16", 10_000)
     per_layer = 8 * 64 * 2 * 2  # 2,048 B per token per layer
-    assert fp.layer_kinds == {"full_attention": 12, "sliding_attention": 12}
+    assert model_layout.load_layout(MODELS / "gpt-oss-20b").layer_kinds == {
+        "full_attention": 12,
+        "sliding_attention": 12,
+    }
     assert fp.bytes_per_token == 12 * per_layer  # only full layers grow in a long context
     assert fp.bytes_per_token_short == 24 * per_layer
     assert fp.bytes_per_request == 12 * per_layer * 10_000 + 12 * per_layer * 128
@@ -142,7 +150,10 @@ def test_gemma3_pattern_and_nested_text_config() -> None:
     # the transformers default the config leaves out): 10 full, 52 sliding with window 1024
     fp = cap.kv_footprint(MODELS / "gemma-3-27b-it", "bfloat16", 8192)
     per_layer = 16 * 128 * 2 * 2
-    assert fp.layer_kinds == {"full_attention": 10, "sliding_attention": 52}
+    assert model_layout.load_layout(MODELS / "gemma-3-27b-it").layer_kinds == {
+        "full_attention": 10,
+        "sliding_attention": 52,
+    }
     assert fp.bytes_per_token == 10 * per_layer
     assert fp.bytes_per_request == 10 * per_layer * 8192 + 52 * per_layer * 1024
 
@@ -162,7 +173,10 @@ def test_hybrid_linear_attention_holds_fixed_state() -> None:
     # Linear state per layer: conv (4-1) x (128*16*2 + 128*32) + recurrent 32 x 128 x 128, in bf16.
     fp = cap.kv_footprint(MODELS / "Qwen3-Next-80B-A3B-Instruct", "bfloat16", 4096)
     state = 36 * (3 * (128 * 16 * 2 + 128 * 32) + 32 * 128 * 128) * 2
-    assert fp.layer_kinds == {"full_attention": 12, "linear_attention": 36}
+    assert model_layout.load_layout(MODELS / "Qwen3-Next-80B-A3B-Instruct").layer_kinds == {
+        "full_attention": 12,
+        "linear_attention": 36,
+    }
     assert fp.bytes_per_token == 12 * 2048
     assert fp.state_bytes_per_request == state == 39_518_208
     assert fp.bytes_per_request == 12 * 2048 * 4096 + state
@@ -174,7 +188,7 @@ def test_mistral_style_all_layers_sliding() -> None:
     cfg = tiny_qwen3() | {"model_type": "mistral", "sliding_window": 64}
     del cfg["use_sliding_window"]
     fp = cap.kv_footprint(layout(cfg), "bfloat16", 1000)
-    assert fp.layer_kinds == {"sliding_attention": 4}
+    assert layout(cfg).layer_kinds == {"sliding_attention": 4}
     assert fp.bytes_per_request == 4 * 2 * 128 * 2 * 64
 
 
@@ -208,12 +222,12 @@ def test_weights_from_index_and_estimate() -> None:
     assert from_index.bytes == 16381470720
     # The estimate counts the same Qwen3-8B weights from its config (norms left out):
     # embeddings 2 x 151936 x 4096 + 36 x (attention 41,943,040 + MLP 150,994,944)
-    params = model_weights.estimate_parameters(json.loads((MODELS / "Qwen3-8B" / "config.json").read_text()))
+    params = sum(model_weights.parameter_parts(json.loads((MODELS / "Qwen3-8B" / "config.json").read_text())).values())
     assert params == 2 * 151936 * 4096 + 36 * (4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 12288)
     assert abs(params * 2 - from_index.bytes) / from_index.bytes < 0.001
     estimate = model_weights.weights_size(MODELS / "Llama-3.1-8B")
     assert estimate.source.startswith("estimated from config (bfloat16")
-    assert 7.9e9 < estimate.parameters < 8.1e9  # Llama-3.1-8B has 8.03 B parameters
+    assert 7.9e9 < _parameters(MODELS / "Llama-3.1-8B") < 8.1e9  # Llama-3.1-8B has 8.03 B parameters
 
 
 # ----------------------------------------------------------------------------- the logged pool
@@ -315,12 +329,12 @@ def test_bad_dtype_and_lengths() -> None:
 
 def test_bad_files(tmp_path: Path) -> None:
     with pytest.raises(StudyError, match="no config.json in this folder"):
-        cap.load_layout(tmp_path)
+        model_layout.load_layout(tmp_path)
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(StudyError, match="malformed JSON at line 1"):
-        cap.load_layout(tmp_path)
+        model_layout.load_layout(tmp_path)
     with pytest.raises(StudyError, match="no such model folder or file"):
-        cap.load_layout(tmp_path / "absent")
+        model_layout.load_layout(tmp_path / "absent")
     index = tmp_path / "m"
     index.mkdir()
     (index / "config.json").write_text(json.dumps(tiny_qwen3()))
@@ -333,12 +347,11 @@ def test_parameter_estimate_for_mla_moe_and_hybrid() -> None:
     # DeepSeek-V3's weight README gives 671 B parameters for the main model (61 layers, MTP excluded);
     # its checkpoint stores the decoder's linear layers in FP8, one byte each, and the embedding
     # table and output head (129,280 x 7,168 each) in BF16, two bytes each.
-    deepseek = model_weights.weights_size(MODELS / "DeepSeek-V3")
-    assert abs(deepseek.parameters - 671e9) / 671e9 < 0.005
-    assert deepseek.bytes == deepseek.parameters + 2 * 129280 * 7168 and "FP8" in deepseek.source
+    deepseek, parameters = model_weights.weights_size(MODELS / "DeepSeek-V3"), _parameters(MODELS / "DeepSeek-V3")
+    assert abs(parameters - 671e9) / 671e9 < 0.005
+    assert deepseek.bytes == parameters + 2 * 129280 * 7168 and "FP8" in deepseek.source
     # Qwen3-Next-80B-A3B: about 80 B parameters (gated-delta-net and attention layers, 512 experts)
-    nxt = model_weights.weights_size(MODELS / "Qwen3-Next-80B-A3B-Instruct")
-    assert 79e9 < nxt.parameters < 81e9
+    assert 79e9 < _parameters(MODELS / "Qwen3-Next-80B-A3B-Instruct") < 81e9
 
 
 def test_logged_pool_device_defaults_match_a_vllm_cpu_run() -> None:

@@ -259,7 +259,7 @@ def test_falcon_h1_has_attention_and_mamba_in_every_layer() -> None:
         "vocab_size": 100,
     }
     fp = cap.kv_footprint(layout(cfg), "bfloat16", 10)
-    assert fp.layer_kinds == {cap.FULL: 2, cap.LINEAR: 2}
+    assert layout(cfg).layer_kinds == {cap.FULL: 2, cap.LINEAR: 2}
     assert fp.bytes_per_token == 2 * 2 * 32 * 2
     assert fp.state_bytes_per_request == 2 * ((128 + 2 * 8) * 3 + 8 * 16 * 8) * 2
 
@@ -280,7 +280,7 @@ def test_jamba_mamba1_state() -> None:
         "vocab_size": 100,
     }
     fp = cap.kv_footprint(layout(cfg), "bfloat16", 10)
-    assert fp.layer_kinds == {cap.FULL: 1, cap.LINEAR: 7}
+    assert layout(cfg).layer_kinds == {cap.FULL: 1, cap.LINEAR: 7}
     assert fp.bytes_per_token == 1 * 1 * 32 * 2
     assert fp.state_bytes_per_request == 7 * (128 * 3 + 128 * 16) * 2
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kvstudy.cli import main
 from kvstudy.errors import StudyError
 from kvstudy.model import plan
 from kvstudy.model.layout import layout_from_config
@@ -42,12 +43,13 @@ def test_context_beyond_the_config_needs_asking(tmp_path: Path) -> None:
     assert _summary(folder, max_model_len=65536, allow_long_context=True)["context_len"] == 65536
 
 
-def test_failed_weight_estimate_keeps_the_kv_table(tmp_path: Path) -> None:
+def test_failed_weight_estimate_keeps_the_kv_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = _config(tmp_path, quantization_config={"quant_method": "hqq"})
     summary = _summary(folder, gpu="H100-SXM")
     assert summary["weights_bytes"] is None and "hqq" in summary["weights_source"]
     assert summary["dtypes"]["fp8"]["bytes_per_token"] == 65536
-    assert "weights unknown" in plan._format(summary)
+    assert main(["capacity", str(folder), "--max-model-len", "4096", "--gpu", "H100-SXM"]) == 0
+    assert "weights unknown" in capsys.readouterr().out
 
 
 def test_relu2_mlp_is_two_matrices_and_latent_moe_is_counted() -> None:
@@ -76,5 +78,5 @@ def test_nested_and_sidecar_quantization() -> None:
 def test_gpu_table_keeps_only_valid_tp(tmp_path: Path) -> None:
     folder = _config(tmp_path, num_attention_heads=28, num_key_value_heads=4, head_dim=128)
     layout = plan.resolve_layout(folder)
-    table = plan.gpu_tp_table(folder, layout, ["fp8"], ["H100-SXM"], [1, 2, 4, 8], 4096, 10 * 2**30)
+    table = plan.gpu_tp_table(layout, ["fp8"], ["H100-SXM"], [1, 2, 4, 8], 4096, 10 * 2**30)
     assert sorted({tp for _, tp in table.index}) == [1, 2, 4]

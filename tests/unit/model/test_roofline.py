@@ -20,7 +20,7 @@ from kvstudy.model.roofline import (
     tpot_ms,
     weights_read,
 )
-from kvstudy.model.weights import parameter_parts, weights_size
+from kvstudy.model.weights import expert_routing, parameter_parts, weights_size
 
 QWEN = "data/models/Qwen3-8B"
 LLAMA = "data/models/Llama-3.1-8B"
@@ -93,7 +93,7 @@ def test_sliding_window_caps_growth_gemma3() -> None:
     assert reads["full_attention"].bytes_per_request == 10 * 8192 * 32768
     at_32k = step_bytes(GEMMA, "bfloat16", 32768).kv_bytes
     at_64k = step_bytes(GEMMA, "bfloat16", 65536).kv_bytes
-    assert at_32k == 3_120_562_176
+    assert at_32k == 3_120_562_176 == sum(k.bytes_per_request for k in reads.values())  # the kinds add up
     assert at_64k - at_32k == 10 * 8192 * 32768
     # short contexts: every layer grows until the window fills
     assert step_bytes(GEMMA, "bfloat16", 512).kv_bytes == 62 * 8192 * 512
@@ -130,17 +130,17 @@ def test_interleaved_moe_counts_the_experts_as_the_weights_do() -> None:
     parts = parameter_parts(json.loads((MAVERICK / "config.json").read_text()))
     assert parts["experts"] == 24 * 3 * 5120 * 8192 * 128 == 386_547_056_640
     size = weights_size(MAVERICK)
-    per_param = size.bytes / size.parameters
-    assert size.experts == 128 and size.experts_per_token == 1 and per_param == pytest.approx(2.0)
+    parameters = sum(parts.values())
+    per_param = size.bytes / parameters
+    assert expert_routing(json.loads((MAVERICK / "config.json").read_text())) == (128, 1)
+    assert per_param == pytest.approx(2.0)
     read = weights_read(MAVERICK, 1)
     assert read.expert_bytes_skipped == pytest.approx(parts["experts"] * per_param * 127 / 128)
     assert read.embedding_bytes_skipped == pytest.approx(parts["embedding"] * per_param)
     assert read.read_bytes == pytest.approx(size.bytes - read.expert_bytes_skipped - read.embedding_bytes_skipped)
     assert any("1 of 128 experts per token" in n for n in read.notes)
     # counted over all 48 layers the skipped experts (1.53e12 B) exceeded the whole checkpoint: a step read 0 B
-    assert read.read_bytes / per_param == pytest.approx(
-        size.parameters - parts["embedding"] - parts["experts"] * 127 / 128
-    )
+    assert read.read_bytes / per_param == pytest.approx(parameters - parts["embedding"] - parts["experts"] * 127 / 128)
     assert roofline(MAVERICK, 8192, 1, gpu="H200").steps["bfloat16"].weights_bytes == pytest.approx(read.read_bytes)
 
 

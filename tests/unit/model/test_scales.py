@@ -774,8 +774,9 @@ def test_the_finding_says_which_folders_the_project_generated(tmp_path: Path) ->
     published = tmp_path / "published-model"
     shutil.copytree(BUNDLED / "fp8-kv-scales", published)  # the same files, without the generator's marker
     generated = summarize([inspect_model(BUNDLED / "fp8-kv-scales"), inspect_model(BUNDLED / "plain-bf16")])
-    assert "(all of the 2 folders are test checkpoints this project generated, not published models)" in (
-        generated["finding"]
+    assert (
+        "(all of the 2 folders are test checkpoints this project generated, not published models)"
+        in (generated["finding"])
     )
     mixed = summarize([inspect_model(published), inspect_model(BUNDLED / "plain-bf16")])
     assert "(1 of the 2 folders are test checkpoints this project generated" in mixed["finding"]

@@ -59,9 +59,9 @@ def test_gpt_oss_120b_mxfp4_is_about_61_gib(tmp_path: Path) -> None:
     embeddings = 2 * 201088 * 2880  # 16-bit, untied
     expected = experts * 17 // 32 + 2 * (attention + router + embeddings)
     assert size.bytes == expected
-    assert 60 < size.gib < 62  # the "about 61 GiB" (not 217.5 at 16 bits)
+    assert 60 < size.bytes / GIB < 62  # the "about 61 GiB" (not 217.5 at 16 bits)
     assert "MXFP4" in size.source and "attention" in size.source
-    assert size.expert_bytes == experts * 17 // 32 and size.experts == 128 and size.experts_per_token == 4
+    assert w.expert_routing(gpt_oss_120b()) == (128, 4)
 
 
 def test_towers_are_counted(tmp_path: Path) -> None:
@@ -142,7 +142,7 @@ def test_safetensors_headers_when_there_is_no_index(tmp_path: Path) -> None:
     size = w.weights_size(folder)
     assert size.bytes == 10 * 64 * 2 + 64 and size.source.startswith("safetensors headers")
     (folder / "model.safetensors").write_bytes(b"\x01")
-    with pytest.raises(StudyError, match="truncated"):
+    with pytest.raises(StudyError, match="model.safetensors: not a readable safetensors file"):
         w.weights_size(folder)
 
 
