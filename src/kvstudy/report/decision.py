@@ -2,8 +2,7 @@
 
 Each notebook states structured verdicts (``kvstudy.report.notebook.verdict``: a state, a sentence, plain
 facts, the step that would settle it); ``kvstudy render`` keeps them in ``reports/<profile>/status.json``.
-This module reads them back, defensively (a verdict that is absent or malformed is "not measured"),
-into the inputs of the one rule (:mod:`kvstudy.decision_rule`), and lays out the card: the answer and
+This module reads them back (a verdict that is absent is "not measured") into the inputs of the one rule (:mod:`kvstudy.decision_rule`), and lays out the card: the answer and
 its main reason, a 16-bit | FP8 | change | how-known table, what would change the answer, the
 per-topic verdicts, and the published usage guidance where it holds for this model and GPU.
 
@@ -14,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvstudy import decision_rule as rule
 from kvstudy.errors import StudyError
+from kvstudy.formats import finite
 from kvstudy.io import REPO_ROOT
 from kvstudy.report.decision_guidance import Guidance, evaluate_guidance
 from kvstudy.report.status import read_status
@@ -84,48 +83,31 @@ class Card:
 # --------------------------------------------------------------------------- reading the verdicts
 
 
-def _verdict_records(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    found = entry.get("verdicts")
-    return [v for v in found if isinstance(v, dict)] if isinstance(found, list) else []
-
-
 def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:
-    """The verdicts of the profile's notebooks, topic by topic (:data:`TOPICS` first, then the rest in
-    the profile's order); a notebook that did not render gives one line saying why and what to run."""
+    """The verdicts of the profile's notebooks (status entries as :func:`read_status` checks them), topic
+    by topic (:data:`TOPICS` first, then the rest in the profile's order); a notebook that did not
+    render gives one line saying why and what to run."""
     topic_of = {stem: topic for topic, stem in TOPICS.items()}
     order = [s for s in TOPICS.values() if s in stems] + [s for s in stems if s not in TOPICS.values()]
     lines = []
     for stem in order:
-        entry = status.get(stem)
-        entry = entry if isinstance(entry, dict) else {}
+        entry = status.get(stem) or {}
         if entry.get("error") or not entry:
-            why = str(entry.get("error") or "not rendered yet for this profile")
+            why = entry.get("error") or "not rendered yet for this profile"
             needs = entry.get("needs")
             step = (
-                f"run `{needs}`, then `make all`"
-                if isinstance(needs, str) and needs
-                else ("see where the render stopped" if entry else "make all")
+                f"run `{needs}`, then `make all`" if needs else "see where the render stopped" if entry else "make all"
             )
-            link = entry.get("failed_html") if isinstance(entry.get("failed_html"), str) else None
-            lines.append(CardLine(topic_of.get(stem, stem), "not measured", f"no verdict: {why}", stem, step, {}, link))
-            continue
-        found = _verdict_records(entry)
-        for v in found:
-            facts: dict[str, Any] = dict(v["facts"]) if isinstance(v.get("facts"), dict) else {}
-            next_step = v.get("next_step")
+            topic = topic_of.get(stem, stem)
             lines.append(
-                CardLine(
-                    str(v.get("topic") or stem),
-                    str(v.get("state") or "measured"),
-                    str(v.get("text", "")),
-                    stem,
-                    next_step if isinstance(next_step, str) else None,
-                    facts,
-                    f"{stem}.html",
-                )
+                CardLine(topic, "not measured", f"no verdict: {why}", stem, step, {}, entry.get("failed_html"))
             )
-        if not found:
-            text = str(entry.get("finding") or "the notebook stated no finding")
+            continue
+        for v in entry.get("verdicts") or []:
+            topic, state, text = v.get("topic") or stem, v.get("state") or "measured", v.get("text") or ""
+            lines.append(CardLine(topic, state, text, stem, v.get("next_step"), v.get("facts") or {}, f"{stem}.html"))
+        if not entry.get("verdicts"):
+            text = entry.get("finding") or "the notebook stated no finding"
             lines.append(CardLine(topic_of.get(stem, stem), "reported", text, stem, None, {}, f"{stem}.html"))
     return lines
 
@@ -218,12 +200,8 @@ def evidence(lines: list[CardLine]) -> rule.Evidence:
 # --------------------------------------------------------------------------- the table
 
 
-def _num(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
-
-
 def _int(x: Any) -> str:
-    n = _num(x)
+    n = rule.number(x)
     return MISSING if n is None else f"{n:,.0f}"
 
 
@@ -243,7 +221,7 @@ def _how(inp: rule.Input, detail: str = "") -> str:
 
 
 def _ratio_text(ratio: Any, low: Any, high: Any) -> str:
-    r, lo, hi = _num(ratio), _num(low), _num(high)
+    r, lo, hi = rule.number(ratio), rule.number(low), rule.number(high)
     if r is None:
         return MISSING
     return f"{r:.2f}x" + (f" ({lo:.2f} to {hi:.2f})" if lo is not None and hi is not None else " (no interval)")
@@ -251,8 +229,18 @@ def _ratio_text(ratio: Any, low: Any, high: Any) -> str:
 
 def _load_detail(load: rule.Input) -> str:
     """What the load row held equal: the target, the KV memory and the context, where 08 states them."""
-    target, gib, tokens = load.get("latency_target"), _num(load.get("kv_memory_gib")), _num(load.get("context_tokens"))
-    parts = [f"target {target}" if isinstance(target, str) else f"target {_num(target):g}" if _num(target) else ""]
+    target, gib, tokens = (
+        load.get("latency_target"),
+        rule.number(load.get("kv_memory_gib")),
+        rule.number(load.get("context_tokens")),
+    )
+    parts = [
+        f"target {target}"
+        if isinstance(target, str)
+        else f"target {rule.number(target):g}"
+        if rule.number(target)
+        else ""
+    ]
     memory = "" if not gib else f"{gib:,.1f} GiB KV" if gib >= 1 else f"{gib * 1024:,.2f} MiB KV"
     parts += [memory, f"{tokens:,.0f} tokens" if tokens else ""]
     shown = ", ".join(p for p in parts if p)
@@ -263,7 +251,7 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
     """The 16-bit | FP8 | change | how-known table (at most 8 rows)."""
     rows = []
     cap = ev.capacity
-    tb, tf = _num(cap.get("tokens_per_gib_baseline")), _num(cap.get("tokens_per_gib_fp8"))
+    tb, tf = rule.number(cap.get("tokens_per_gib_baseline")), rule.number(cap.get("tokens_per_gib_fp8"))
     skip = " (sliding-window layers kept 16-bit, as published advice says)" if cap.get("skip_layers") else ""
     rows.append(
         Row(
@@ -275,8 +263,8 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
             cap.state,
         )
     )
-    ctx, gpu, tp = _num(cap.get("context_len")), cap.get("gpu"), _num(cap.get("tp"))
-    u16, u8 = _num(cap.get("users_baseline")), _num(cap.get("users_fp8"))
+    ctx, gpu, tp = rule.number(cap.get("context_len")), cap.get("gpu"), rule.number(cap.get("tp"))
+    u16, u8 = rule.number(cap.get("users_baseline")), rule.number(cap.get("users_fp8"))
     where = f" on {gpu}" if isinstance(gpu, str) else ""
     at = f" at {ctx:,.0f} tokens" if ctx else ""
     if cap.get("fits") is False:
@@ -305,8 +293,8 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
         )
     )
     tpot = ev.tpot
-    b, f, users = _num(tpot.get("baseline_ms")), _num(tpot.get("fp8_ms")), _num(tpot.get("users"))
-    prompt = _num(tpot.get("prompt_tokens"))
+    b, f, users = rule.number(tpot.get("baseline_ms")), rule.number(tpot.get("fp8_ms")), rule.number(tpot.get("users"))
+    prompt = rule.number(tpot.get("prompt_tokens"))
     machine = tpot.get("machine")
     rows.append(
         Row(
@@ -322,9 +310,9 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
         )
     )
     for acc in ev.accuracy or (rule.ABSENT,):
-        task, n = acc.get("task"), _num(acc.get("n"))
+        task, n = acc.get("task"), rule.number(acc.get("n"))
         c, lo, hi, det = (
-            _num(acc.get(k)) for k in ("change_points", "change_low", "change_high", "detectable_loss_points")
+            rule.number(acc.get(k)) for k in ("change_points", "change_low", "change_high", "detectable_loss_points")
         )
         topic = "Long-context accuracy" if "long-context" in acc.source else "Accuracy"
         label = topic + (f", {task}" if isinstance(task, str) else "") + (f", {n:,.0f} items" if n else "")
@@ -349,7 +337,11 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
             )
         )
     scr = ev.screen
-    kl, upper, margin = _num(scr.get("kl_mean")), _num(scr.get("kl_upper")), _num(scr.get("margin_kl"))
+    kl, upper, margin = (
+        rule.number(scr.get("kl_mean")),
+        rule.number(scr.get("kl_upper")),
+        rule.number(scr.get("margin_kl")),
+    )
     rows.append(
         Row(
             "Engine screen: KL divergence, FP8 vs 16-bit (millinats)",
@@ -370,7 +362,7 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
 
 def _scales_row(scales: rule.Input) -> Row:
     """What the checkpoints' KV scales are; none read is "not measured", not "0 of 0 measured"."""
-    if not _num(scales.get("checkpoints")):
+    if not rule.number(scales.get("checkpoints")):
         return Row(
             "KV scales in the checkpoints",
             MISSING,
@@ -379,8 +371,8 @@ def _scales_row(scales: rule.Input) -> Row:
             "not measured (0 checkpoints read)",
             rule.NOT_MEASURED,
         )
-    n = _num(scales.get("checkpoints")) or 0
-    dropped, logs = _num(scales.get("dropped")), _num(scales.get("logs_checked"))
+    n = rule.number(scales.get("checkpoints")) or 0
+    dropped, logs = rule.number(scales.get("dropped")), rule.number(scales.get("logs_checked"))
     text = f"{_int(scales.get('with_scales'))} carry scales; {_int(scales.get('unit_scale'))} run at 1.0"
     if logs:
         text += f"; {_int(dropped)} of {logs:,.0f} logs dropped"
@@ -453,7 +445,7 @@ def _headline(decision: rule.Decision, ev: rule.Evidence) -> str:
         names = {"capacity": "the users that fit", "load": "users within the latency target", "accuracy": "accuracy"}
         open_ = [names[m.what] for m in decision.missing]
         listed = open_[0] if len(open_) == 1 else ", ".join(open_[:-1]) + " and " + open_[-1]
-        u16, u8 = _num(ev.capacity.get("users_baseline")), _num(ev.capacity.get("users_fp8"))
+        u16, u8 = rule.number(ev.capacity.get("users_baseline")), rule.number(ev.capacity.get("users_fp8"))
         gain = (
             f"FP8 fits {u8 / u16:.1f}x the users, but "
             if u16 and u8 and "capacity" not in [m.what for m in decision.missing]
@@ -469,22 +461,10 @@ def _headline(decision: rule.Decision, ev: rule.Evidence) -> str:
 # --------------------------------------------------------------------------- the card
 
 
-def _plain(value: Any) -> Any:
-    """JSON-safe: non-finite numbers become None (JSON has no NaN), containers recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
 def card_from_status(profile: str, status: dict[str, Any], stems: list[str], decision_settings: Any = None) -> Card:
     """The card from a render's status entries (the index page builds it the same way);
     ``decision_settings``: the profile's ``decision:`` mapping (thresholds)."""
     th = rule.thresholds_from(decision_settings)
-    status = status if isinstance(status, dict) else {}
     lines = card_lines(status, stems)
     ev = evidence(lines)
     scales = _input(next((line for line in lines if line.topic == "scales"), None), SCALES_KEYS)
@@ -522,8 +502,8 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
         tuple(rows),
         tuple(what_would_change(decision, th, guidance)),
         missing,
-        _plain(inputs),
-        asdict(th),
+        finite(inputs),
+        th.model_dump(),
         tuple(lines),
         tuple(guidance),
     )
@@ -543,7 +523,7 @@ def read_card(profile: str, root: Path = REPO_ROOT) -> Card:
 
 def card_json(card: Card) -> str:
     """The card as strict JSON (no NaN or Infinity: a missing number is null)."""
-    return json.dumps(_plain(asdict(card)), indent=1, allow_nan=False)
+    return json.dumps(finite(asdict(card)), indent=1, allow_nan=False)
 
 
 def card_text(card: Card) -> str:

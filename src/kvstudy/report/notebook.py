@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.digests import file_digest
+from kvstudy.formats import finite
 from kvstudy.io import REPO_ROOT, write_csv
 from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
 from kvstudy.secret_shapes import redact_shapes
@@ -100,24 +101,13 @@ def verdict(topic: str, text: str, state: str = "measured", next_step: str | Non
     record = {"topic": topic, "text": text, "state": state, "next_step": next_step, "facts": facts}
     shown = f"**Verdict ({topic}, {state}):** {text}" + (f" *Next:* {next_step}" if next_step else "")
     _SHOWN["verdict"] = text
-    display(Markdown(shown), metadata={VERDICT_KEY: _finite(json.loads(json.dumps(record, default=_plain_fact)))})
+    display(Markdown(shown), metadata={VERDICT_KEY: finite(json.loads(json.dumps(record, default=_plain_fact)))})
 
 
 def _plain_fact(value: Any) -> Any:
     """A fact JSON cannot hold as it is: a numpy number as a Python one, anything else as its text."""
     item = getattr(value, "item", None)
     return item() if callable(item) and not isinstance(value, (list, dict)) else str(value)
-
-
-def _finite(value: Any) -> Any:
-    """NaN and infinities become None (JSON has neither), containers recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def is_missing(value: Any) -> bool:
