@@ -511,9 +511,8 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
 
 def read_card(profile: str, root: Path = REPO_ROOT) -> Card:
     """The card of a rendered profile (``reports/<profile>/status.json``)."""
-    from kvstudy.profiles import check_profile_name, load_profile
+    from kvstudy.profiles import load_profile
 
-    check_profile_name(profile)
     data = load_profile(profile, root / "profiles")
     path = root / "reports" / profile / "status.json"
     if not path.is_file():

@@ -32,14 +32,12 @@ def name_sources(text: str) -> str:
 
 
 def _clean_output(output: dict[str, Any]) -> None:
-    data = output.get("data") or {}
+    data = output.get("data") or {}  # nbformat.read joins multi-line texts into one string
     for mime in ("text/html", "text/markdown"):
         if mime in data:
-            text = "".join(data[mime]) if isinstance(data[mime], list) else str(data[mime])
-            data[mime] = name_sources(text)
+            data[mime] = name_sources(data[mime])
     if output.get("output_type") == "stream":
-        text = output.get("text", "")
-        output["text"] = name_sources("".join(text) if isinstance(text, list) else text)
+        output["text"] = name_sources(output.get("text", ""))
 
 
 def shows_own_settings(nb: Any) -> bool:
@@ -80,9 +78,7 @@ def settings_markdown(values: Mapping[str, Any], given: set[str]) -> str:
     return "\n".join(rows)
 
 
-def prepare(
-    nb: Any, values: Mapping[str, Any] | None, given: set[str], csv: tuple[Path, str, str] | None = None
-) -> Any:
+def prepare(nb: Any, values: Mapping[str, Any], given: set[str], csv: tuple[Path, str, str]) -> Any:
     """The notebook as the HTML shows it (see the module docstring); ``nb`` is changed in place.
     ``csv``: (folder, name, folder as shown) where the settings table the renderer adds is also written as CSV."""
     import nbformat
@@ -92,10 +88,8 @@ def prepare(
     for cell in nb.cells:
         tags = set(cell.get("metadata", {}).get("tags", []))
         if cell.cell_type == "code" and tags & HIDDEN_TAGS:
-            if "parameters" in tags and values is not None and not own_settings:
-                text = settings_markdown(values, given)
-                if csv is not None:
-                    text += "\n\n" + write_settings_csv(values, given, *csv)
+            if "parameters" in tags and not own_settings:
+                text = settings_markdown(values, given) + "\n\n" + write_settings_csv(values, given, *csv)
                 cells.append(nbformat.v4.new_markdown_cell(text))
             continue
         if cell.cell_type == "markdown":
@@ -110,17 +104,13 @@ def prepare(
 
 
 def render_html(
-    notebook_path: Path,
-    html_path: Path,
-    values: Mapping[str, Any] | None = None,
-    given: set[str] | frozenset[str] = frozenset(),
-    csv: tuple[Path, str, str] | None = None,
+    notebook_path: Path, html_path: Path, values: Mapping[str, Any], given: set[str], csv: tuple[Path, str, str]
 ) -> None:
     """Render an executed notebook as the report HTML (prose, tables, figures; no code)."""
     import nbformat
     from nbconvert import HTMLExporter
 
-    nb = prepare(nbformat.read(notebook_path, as_version=4), values, set(given), csv)
+    nb = prepare(nbformat.read(notebook_path, as_version=4), values, given, csv)
     exporter = HTMLExporter(
         template_name="lab",
         template_file="report.html.j2",

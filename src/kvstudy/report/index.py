@@ -126,12 +126,9 @@ def write_index(
     secrets: list[str] | None = None,
 ) -> Path:
     """Write ``index.html`` (atomically, scrubbed of every secret shape and of the literal ``secrets``)
-    for the profile's notebooks; drop entries of other notebooks."""
+    for the profile's notebooks (``status``: their entries, from :func:`status_from_reports`)."""
     stems = [s for s in all_stems if s in profile_data["notebooks"]]
     absent = [s for s in all_stems if s not in profile_data["notebooks"]]
-    for stem in list(status):
-        if stem not in stems:
-            del status[stem]
     _remove_stale(out_dir, absent)
     items = [_item(stem, status.get(stem) or {}, out_dir) for stem in stems]
     items += [{"kind": "absent", "stem": s} for s in absent]

@@ -16,6 +16,7 @@ import datetime as dt
 import html
 import json
 import math
+import numbers
 import os
 import platform
 import subprocess
@@ -128,11 +129,9 @@ def format_value(value: Any, decimals: int = 2) -> str:
         return MISSING
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, int) or (
-        hasattr(value, "is_integer") and not isinstance(value, float) and type(value).__name__.startswith("int")
-    ):
+    if isinstance(value, numbers.Integral):  # numpy's integers too
         return f"{int(value):,}"
-    if isinstance(value, float) or type(value).__name__.startswith("float"):
+    if isinstance(value, numbers.Real):
         number = float(value)
         if not math.isfinite(number):
             return str(number)
@@ -197,10 +196,8 @@ def csv_tables(figures_dir: str | Path, prefix: str) -> None:
 def _show_frames_as_reports() -> None:
     """Make this kernel show every DataFrame and Styler as a report table (:func:`styled`), with its CSV
     once :func:`csv_tables` names a folder; nothing outside a kernel."""
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover - IPython comes with the notebook tools
-        return
+    from IPython import get_ipython
+
     shell = get_ipython()
     if shell is None:
         return

@@ -39,7 +39,6 @@ from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import REPO_ROOT, read_json, read_text_checked, without_machine_paths, write_text_atomic
 from kvstudy.profiles import (
     Parameter,
-    check_profile_name,
     given_parameters,
     load_profile,
     validate_profile,
@@ -234,19 +233,11 @@ def run_notebook(
     verdicts: list[Any] = []
     if executed.exists():
         scrub_executed(executed, parameters, cwd)
-        render_html(executed, html_path, redact(parameters), set(given), _settings_csv(parameters, cwd, source.stem))
+        figures = parameters["figures_dir"]  # relative to cwd: the settings table's CSV goes beside the figures
+        csv = (cwd / figures, f"{source.stem[:2]}-settings", f"{figures}/")
+        render_html(executed, html_path, redact(parameters), set(given), csv)
         found, verdicts = extract_results(executed)
     return NotebookRun(source.stem, html_path, seconds, found, error, verdicts, needs)
-
-
-def _settings_csv(parameters: dict[str, Any], cwd: Path, stem: str) -> tuple[Path, str, str] | None:
-    """Where the settings table the renderer adds is also written as CSV: (folder, name, folder as shown)."""
-    figures = parameters.get("figures_dir")
-    if not isinstance(figures, str) or not figures:
-        return None
-    if Path(figures).is_absolute():
-        return Path(figures), f"{stem[:2]}-settings", ""
-    return cwd / figures, f"{stem[:2]}-settings", f"{figures}/"
 
 
 @contextmanager
@@ -386,7 +377,6 @@ def scrub_figure_tables(figures_dir: Path, values: list[str]) -> None:
 
 def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) -> list[NotebookRun]:
     """Check the profile, run its notebooks (or ``only`` these), publish them and rewrite the index."""
-    check_profile_name(profile)
     profile_data = load_profile(profile, root / "profiles")
     declared: dict[str, dict[str, Parameter]] = validate_profile(profile_data, root / "notebooks")
     selected = check_only(only, profile_data, profile) if only else list(profile_data["notebooks"])
