@@ -194,17 +194,13 @@ def read_ladder(folder: str | Path) -> Ladder:
         at = f"{where}: grades[{i}]"
         factor = bounded_float(get_field(g, "factor", (int, float), at), at + ".factor", 1.0, MAX_FACTOR)
         screen = folder / get_field(g, "screen", str, at)
-        _check_baseline_model(
-            screen, [folder / get_field(reference, t, str, f"{where}: reference") for t in TASKS if t in g]
-        )
-        if not set(TASKS) & set(g):
-            (scaled if get_field(g, "scales", bool, at) else grades)[ONLY].append(screen_grade(factor, screen))
-        for task in TASKS:
-            if task not in g:
-                continue
-            ref = folder / get_field(reference, task, str, f"{where}: reference")
-            row = grade_from_captures(factor, folder / get_field(g, task, str, at), screen, ref)
-            (scaled if get_field(g, "scales", bool, at) else grades)[task].append(row)
+        refs = {t: folder / get_field(reference, t, str, f"{where}: reference") for t in TASKS if t in g}
+        _check_baseline_model(screen, list(refs.values()))
+        into = scaled if get_field(g, "scales", bool, at) else grades
+        if not refs:
+            into[ONLY].append(screen_grade(factor, screen))
+        for task, ref in refs.items():
+            into[task].append(grade_from_captures(factor, folder / get_field(g, task, str, at), screen, ref))
     calibrations = {t: dv.calibrate(rows) for t, rows in grades.items() if t in TASKS and len(rows) > 1}
     if not calibrations:
         raise StudyError(
