@@ -67,6 +67,10 @@ class Input:
         value = self.values.get(key)
         return value if isinstance(value, (bool, str)) or is_finite_number(value) else None
 
+    def num(self, key: str) -> float | None:
+        """A finite number (not a bool), else None."""
+        return number(self.values.get(key))
+
     @property
     def decisive(self) -> bool:
         return self.state in DECISIVE
@@ -117,7 +121,7 @@ def _accuracy_verdict(acc: Input, margin: float) -> str | None:
     """'within' (the interval's low end above -margin), 'beyond' (its high end below -margin), else None."""
     if not acc.decisive:
         return None
-    low, high = number(acc.get("change_low")), number(acc.get("change_high"))
+    low, high = acc.num("change_low"), acc.num("change_high")
     if low is not None and low > -margin:
         return "within"
     if high is not None and high < -margin:
@@ -130,7 +134,7 @@ def _screen_verdict(screen: Input, margin_points: float) -> str | None:
     larger loss (``margin_points`` fact) cannot show "within", one at a smaller loss cannot show "beyond"."""
     if not screen.decisive or screen.get("simulated") is True:
         return None
-    points = number(screen.get("margin_points"))
+    points = screen.num("margin_points")
     if screen.get("equivalence") == "beyond" and (points is None or points >= margin_points):
         return "beyond"
     if screen.get("equivalence") == "within" and screen.get("margin_state") in ("calibrated", "assumed"):
@@ -141,7 +145,7 @@ def _screen_verdict(screen: Input, margin_points: float) -> str | None:
 def decide(ev: Evidence, th: Thresholds) -> Decision:
     """The answer, the rule that fired and its reason; for Not decided yet, each missing input."""
     cap = ev.capacity
-    share = number(cap.get("fp8_share")) if cap.decisive else None
+    share = cap.num("fp8_share") if cap.decisive else None
     if share is not None and share < th.min_fp8_share:
         if share <= 0:
             return Decision(
@@ -152,9 +156,7 @@ def decide(ev: Evidence, th: Thresholds) -> Decision:
             "little to store",
             f"FP8 would store only {share:.0%} of each request's KV bytes (below {th.min_fp8_share:.0%})",
         )
-    users16, users8 = (
-        (number(cap.get("users_baseline")), number(cap.get("users_fp8"))) if cap.decisive else (None, None)
-    )
+    users16, users8 = (cap.num("users_baseline"), cap.num("users_fp8")) if cap.decisive else (None, None)
     if users16 and users8 is not None and users8 <= users16:
         return Decision(KEEP, "no more users", "FP8 fits no more users at this context on this GPU")
     accuracy = [v for v in (_accuracy_verdict(a, th.accuracy_margin_points) for a in ev.accuracy) if v]
@@ -164,11 +166,11 @@ def decide(ev: Evidence, th: Thresholds) -> Decision:
             KEEP, "accuracy beyond margin", f"FP8 loses more than {points(th.accuracy_margin_points)} of accuracy"
         )
     load = ev.load if ev.load.decisive else None
-    load_low = number(load.get("users_ratio_low")) if load else None
-    load_high = number(load.get("users_ratio_high")) if load else None
+    load_low = load.num("users_ratio_low") if load else None
+    load_high = load.num("users_ratio_high") if load else None
     if load and load.get("claim") == "fewer users" and load_high is not None and load_high < 1:
         return Decision(KEEP, "fewer users", "FP8 serves fewer users within the latency target at equal memory")
-    tpot_low = number(ev.tpot.get("ratio_low")) if ev.tpot.decisive else None
+    tpot_low = ev.tpot.num("ratio_low") if ev.tpot.decisive else None
     costly = tpot_low is not None and tpot_low > 1 + th.tpot_cost_pct / 100
     small_gain = load_high is not None and load_high < 1 + th.min_users_gain_pct / 100
     if costly and (th.kv_bound is False or small_gain):

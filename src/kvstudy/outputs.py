@@ -91,13 +91,9 @@ def _check(folder: Path, generator: str, force: bool, recognise: Callable[[Path]
 def claim_output_folder(
     folder: str | Path, generator: str, force: bool = False, recognise: Callable[[Path], bool] | None = None
 ) -> Path:
-    """Make ``folder`` the output of ``generator`` (a command name, e.g. ``retrieval-data``) and
-    return it, or refuse in one line before anything is written. Accepted: a missing or empty folder,
-    one holding ``generator``'s own marker (:data:`GENERATED_MARKER`), one ``recognise`` says it
-    wrote before markers existed, and, with ``force``, any other folder. Refused always: a folder
-    another generator marked (its data is not this one's to replace), a path that is not a folder,
-    and a folder holding a symlink (a write would follow it out). The marker is written on success.
-    """
+    """Make ``folder`` the output of ``generator`` (a command name, e.g. ``retrieval-data``), or refuse
+    in one line before anything is written (see the module docstring; ``recognise``: a folder it wrote
+    before markers existed); the marker is written on success."""
     folder = check_output_folder(folder, generator, force, recognise)
     try:
         folder.mkdir(parents=True, exist_ok=True)

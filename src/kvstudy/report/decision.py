@@ -112,9 +112,7 @@ def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:
     return lines
 
 
-def _state(line: CardLine | None) -> str:
-    if line is None:
-        return rule.NOT_MEASURED
+def _state(line: CardLine) -> str:
     if line.facts.get("simulated") is True:
         return rule.SIMULATED
     return (
@@ -229,18 +227,9 @@ def _ratio_text(ratio: Any, low: Any, high: Any) -> str:
 
 def _load_detail(load: rule.Input) -> str:
     """What the load row held equal: the target, the KV memory and the context, where 08 states them."""
-    target, gib, tokens = (
-        load.get("latency_target"),
-        rule.number(load.get("kv_memory_gib")),
-        rule.number(load.get("context_tokens")),
-    )
-    parts = [
-        f"target {target}"
-        if isinstance(target, str)
-        else f"target {rule.number(target):g}"
-        if rule.number(target)
-        else ""
-    ]
+    target, gib, tokens = load.get("latency_target"), load.num("kv_memory_gib"), load.num("context_tokens")
+    number = load.num("latency_target")
+    parts = [f"target {target}" if isinstance(target, str) else f"target {number:g}" if number else ""]
     memory = "" if not gib else f"{gib:,.1f} GiB KV" if gib >= 1 else f"{gib * 1024:,.2f} MiB KV"
     parts += [memory, f"{tokens:,.0f} tokens" if tokens else ""]
     shown = ", ".join(p for p in parts if p)
@@ -251,7 +240,7 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
     """The 16-bit | FP8 | change | how-known table (at most 8 rows)."""
     rows = []
     cap = ev.capacity
-    tb, tf = rule.number(cap.get("tokens_per_gib_baseline")), rule.number(cap.get("tokens_per_gib_fp8"))
+    tb, tf = cap.num("tokens_per_gib_baseline"), cap.num("tokens_per_gib_fp8")
     skip = " (sliding-window layers kept 16-bit, as published advice says)" if cap.get("skip_layers") else ""
     rows.append(
         Row(
@@ -263,8 +252,8 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
             cap.state,
         )
     )
-    ctx, gpu, tp = rule.number(cap.get("context_len")), cap.get("gpu"), rule.number(cap.get("tp"))
-    u16, u8 = rule.number(cap.get("users_baseline")), rule.number(cap.get("users_fp8"))
+    ctx, gpu, tp = cap.num("context_len"), cap.get("gpu"), cap.num("tp")
+    u16, u8 = cap.num("users_baseline"), cap.num("users_fp8")
     where = f" on {gpu}" if isinstance(gpu, str) else ""
     at = f" at {ctx:,.0f} tokens" if ctx else ""
     if cap.get("fits") is False:
@@ -293,8 +282,8 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
         )
     )
     tpot = ev.tpot
-    b, f, users = rule.number(tpot.get("baseline_ms")), rule.number(tpot.get("fp8_ms")), rule.number(tpot.get("users"))
-    prompt = rule.number(tpot.get("prompt_tokens"))
+    b, f, users = tpot.num("baseline_ms"), tpot.num("fp8_ms"), tpot.num("users")
+    prompt = tpot.num("prompt_tokens")
     machine = tpot.get("machine")
     rows.append(
         Row(
@@ -310,10 +299,8 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
         )
     )
     for acc in ev.accuracy or (rule.ABSENT,):
-        task, n = acc.get("task"), rule.number(acc.get("n"))
-        c, lo, hi, det = (
-            rule.number(acc.get(k)) for k in ("change_points", "change_low", "change_high", "detectable_loss_points")
-        )
+        task, n = acc.get("task"), acc.num("n")
+        c, lo, hi, det = (acc.num(k) for k in ("change_points", "change_low", "change_high", "detectable_loss_points"))
         topic = "Long-context accuracy" if "long-context" in acc.source else "Accuracy"
         label = topic + (f", {task}" if isinstance(task, str) else "") + (f", {n:,.0f} items" if n else "")
         change = (
@@ -337,11 +324,7 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
             )
         )
     scr = ev.screen
-    kl, upper, margin = (
-        rule.number(scr.get("kl_mean")),
-        rule.number(scr.get("kl_upper")),
-        rule.number(scr.get("margin_kl")),
-    )
+    kl, upper, margin = scr.num("kl_mean"), scr.num("kl_upper"), scr.num("margin_kl")
     rows.append(
         Row(
             "Engine screen: KL divergence, FP8 vs 16-bit (millinats)",
@@ -362,7 +345,7 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
 
 def _scales_row(scales: rule.Input) -> Row:
     """What the checkpoints' KV scales are; none read is "not measured", not "0 of 0 measured"."""
-    if not rule.number(scales.get("checkpoints")):
+    if not scales.num("checkpoints"):
         return Row(
             "KV scales in the checkpoints",
             MISSING,
@@ -371,8 +354,8 @@ def _scales_row(scales: rule.Input) -> Row:
             "not measured (0 checkpoints read)",
             rule.NOT_MEASURED,
         )
-    n = rule.number(scales.get("checkpoints")) or 0
-    dropped, logs = rule.number(scales.get("dropped")), rule.number(scales.get("logs_checked"))
+    n = scales.num("checkpoints") or 0
+    dropped, logs = scales.num("dropped"), scales.num("logs_checked")
     text = f"{_int(scales.get('with_scales'))} carry scales; {_int(scales.get('unit_scale'))} run at 1.0"
     if logs:
         text += f"; {_int(dropped)} of {logs:,.0f} logs dropped"
@@ -445,7 +428,7 @@ def _headline(decision: rule.Decision, ev: rule.Evidence) -> str:
         names = {"capacity": "the users that fit", "load": "users within the latency target", "accuracy": "accuracy"}
         open_ = [names[m.what] for m in decision.missing]
         listed = open_[0] if len(open_) == 1 else ", ".join(open_[:-1]) + " and " + open_[-1]
-        u16, u8 = rule.number(ev.capacity.get("users_baseline")), rule.number(ev.capacity.get("users_fp8"))
+        u16, u8 = ev.capacity.num("users_baseline"), ev.capacity.num("users_fp8")
         gain = (
             f"FP8 fits {u8 / u16:.1f}x the users, but "
             if u16 and u8 and "capacity" not in [m.what for m in decision.missing]

@@ -341,24 +341,19 @@ def settings_table(
     parameters whose default is an assumption (``ASSUMED`` unless the profile gave them); others are
     ``GIVEN`` by the profile or the ``DEFAULT`` of the notebook. The runner shows this table instead of
     the raw parameter cells."""
+    import pandas as pd
     from IPython.display import Markdown, display
 
     given = given_parameters()
     origins = {**{name: ASSUMED for name in assumed if name not in given}, **dict(origins or {})}
-    rows = ["| setting | value | origin |", "|---|---|---|"]
     records = []
     for name, value in values.items():
-        origin = origins.get(name) or (GIVEN if name in given else DEFAULT)
-        records.append((name, value, origin))
-        shown = format_value(value) if not isinstance(value, (list, dict, tuple)) else json.dumps(value)
-        rows.append(f"| {name} | `{shown}` | {origin} |".replace("\n", " "))
-    import pandas as pd
-
-    frame = pd.DataFrame(
-        [(n, json.dumps(v) if isinstance(v, (list, dict, tuple)) else v, r) for n, v, r in records],
-        columns=["setting", "value", "origin"],
-    )
-    note = table_csv(frame, f"{_CSV['prefix']}-settings") if _CSV["folder"] is not None else ""
+        plain = json.dumps(value) if isinstance(value, (list, dict, tuple)) else value  # as the CSV holds it
+        records.append((name, plain, origins.get(name) or (GIVEN if name in given else DEFAULT)))
+    rows = ["| setting | value | origin |", "|---|---|---|"]
+    rows += [f"| {name} | `{format_value(plain)}` | {origin} |".replace("\n", " ") for name, plain, origin in records]
+    frame = pd.DataFrame(records, columns=["setting", "value", "origin"])
+    note = table_csv(frame, f"{_CSV['prefix']}-settings")
     display(
         Markdown("**Settings**\n\n" + "\n".join(rows) + ("\n\n" + note if note else "")), metadata={SETTINGS_KEY: True}
     )
@@ -443,6 +438,7 @@ def git_commit(root: Path = REPO_ROOT) -> str:
 
 def provenance(data: Sequence[str | Path] = (), **settings: Any) -> Any:
     """A markdown block: when, on what machine, with which versions, settings and data files."""
+    import pandas as pd
     from IPython.display import Markdown
 
     rows = [
@@ -457,10 +453,6 @@ def provenance(data: Sequence[str | Path] = (), **settings: Any) -> Any:
         p = Path(item)
         rows.append(("data", f"`{item}` (sha256 {file_digest(p)})" if p.exists() else f"`{item}` (missing)"))
     lines = ["| what | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
-    note = ""
-    if _CSV["folder"] is not None:
-        import pandas as pd
-
-        frame = pd.DataFrame([(k, str(v).strip("`")) for k, v in rows], columns=["what", "value"])
-        note = "\n\n" + table_csv(frame, f"{_CSV['prefix']}-provenance")
-    return Markdown("**Provenance**\n\n" + "\n".join(lines) + note)
+    frame = pd.DataFrame([(k, str(v).strip("`")) for k, v in rows], columns=["what", "value"])
+    note = table_csv(frame, f"{_CSV['prefix']}-provenance")
+    return Markdown("**Provenance**\n\n" + "\n".join(lines) + ("\n\n" + note if note else ""))
