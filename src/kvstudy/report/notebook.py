@@ -113,13 +113,11 @@ def _plain_fact(value: Any) -> Any:
 
 def is_missing(value: Any) -> bool:
     """True for None, NaN and pandas' NA."""
-    if value is None:
-        return True
-    try:
-        import pandas as pd
+    import pandas as pd
 
-        return bool(pd.isna(value)) if not isinstance(value, (list, tuple, dict)) else False
-    except (TypeError, ValueError):
+    try:
+        return not isinstance(value, (list, tuple, dict)) and bool(pd.isna(value))
+    except (TypeError, ValueError):  # an array
         return False
 
 
