@@ -245,9 +245,7 @@ def load_profile(profile: str, profiles_dir: Path) -> dict[str, Any]:
         for stem, params in (data.get("notebooks") or {}).items():
             notebooks.setdefault(str(stem), {}).update(params or {})
         defaults.update(data.get("defaults") or {})
-        thresholds_from(
-            data.get("decision"), f"{data['path']}: decision"
-        )  # the card's thresholds (kvstudy.decision_rule)
+        thresholds_from(data.get("decision"), f"{data['path']}: decision")  # the card's thresholds, checked
         decision.update(data.get("decision") or {})
     return {
         "description": layers[0].get("description", ""),

@@ -345,7 +345,8 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
 
 def _scales_row(scales: rule.Input) -> Row:
     """What the checkpoints' KV scales are; none read is "not measured", not "0 of 0 measured"."""
-    if not scales.num("checkpoints"):
+    n = scales.num("checkpoints")
+    if not n:
         return Row(
             "KV scales in the checkpoints",
             MISSING,
@@ -354,7 +355,6 @@ def _scales_row(scales: rule.Input) -> Row:
             "not measured (0 checkpoints read)",
             rule.NOT_MEASURED,
         )
-    n = scales.num("checkpoints") or 0
     dropped, logs = scales.num("dropped"), scales.num("logs_checked")
     text = f"{_int(scales.get('with_scales'))} carry scales; {_int(scales.get('unit_scale'))} run at 1.0"
     if logs:

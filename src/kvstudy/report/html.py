@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.io import read_json, write_csv
+from kvstudy.profiles import RUNNER_PARAMETERS
 from kvstudy.redact import write_scrubbed
 from kvstudy.report.notebook import CSV_NOTE, DEFAULT, FINDING_KEY, GIVEN, SETTINGS_KEY, SOURCE_TITLES, VERDICT_KEY
 
@@ -47,35 +48,34 @@ def shows_own_settings(nb: Any) -> bool:
     )
 
 
-def settings_origin(name: str, given: set[str]) -> str:
-    return RUNNER_SET if name in ("profile", "figures_dir") else GIVEN if name in given else DEFAULT
-
-
-def write_settings_csv(values: Mapping[str, Any], given: set[str], folder: Path, name: str, shown_folder: str) -> str:
-    """The settings table as ``<folder>/<name>.csv``; the markdown line naming it (in ``shown_folder``)."""
+def settings_markdown(values: Mapping[str, Any], given: set[str], folder: Path, name: str, shown_folder: str) -> str:
+    """A settings table (name, value, origin) for the parameters a notebook ran with, also written as
+    ``<folder>/<name>.csv`` (named under the table, in ``shown_folder``)."""
     import pandas as pd
 
-    rows = [(k, v if isinstance(v, str) else json.dumps(v), settings_origin(k, given)) for k, v in values.items()]
-    path = write_csv(pd.DataFrame(rows, columns=["setting", "value", "origin"]), folder, name)
-    return f'<p class="kvstudy-note {CSV_NOTE}">As CSV: <code>{shown_folder}{path.name}</code></p>'
-
-
-def settings_markdown(values: Mapping[str, Any], given: set[str]) -> str:
-    """A settings table (name, value, origin) for the parameters a notebook ran with."""
+    records = [
+        (
+            k,
+            v if isinstance(v, str) else json.dumps(v),
+            RUNNER_SET if k in RUNNER_PARAMETERS else GIVEN if k in given else DEFAULT,
+        )
+        for k, v in values.items()
+    ]
+    path = write_csv(pd.DataFrame(records, columns=["setting", "value", "origin"]), folder, name)
     rows = [
         "**Settings** (origin: given by the profile, or the notebook's default)",
         "",
         "| setting | value | origin |",
         "|---|---|---|",
     ]
-    for name, value in values.items():
-        origin = settings_origin(name, given)
-        shown = json.dumps(value) if not isinstance(value, str) else value
+    for key, shown, origin in records:
         if len(shown) > 300:
             shown = shown[:300] + " … (full list in the executed notebook)"
         shown = shown.replace("|", "\\|").replace("`", "'")
-        rows.append(f"| {name} | `{shown}` | {origin} |")
-    return "\n".join(rows)
+        rows.append(f"| {key} | `{shown}` | {origin} |")
+    return (
+        "\n".join(rows) + f'\n\n<p class="kvstudy-note {CSV_NOTE}">As CSV: <code>{shown_folder}{path.name}</code></p>'
+    )
 
 
 def prepare(nb: Any, values: Mapping[str, Any], given: set[str], csv: tuple[Path, str, str]) -> Any:
@@ -89,8 +89,7 @@ def prepare(nb: Any, values: Mapping[str, Any], given: set[str], csv: tuple[Path
         tags = set(cell.get("metadata", {}).get("tags", []))
         if cell.cell_type == "code" and tags & HIDDEN_TAGS:
             if "parameters" in tags and not own_settings:
-                text = settings_markdown(values, given) + "\n\n" + write_settings_csv(values, given, *csv)
-                cells.append(nbformat.v4.new_markdown_cell(text))
+                cells.append(nbformat.v4.new_markdown_cell(settings_markdown(values, given, *csv)))
             continue
         if cell.cell_type == "markdown":
             cell.source = name_sources(cell.source)

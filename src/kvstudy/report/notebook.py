@@ -306,8 +306,7 @@ def _breakable(text: str) -> str:
 
 
 def _has_named_index(df: Any) -> bool:
-    names = [n for n in getattr(df.index, "names", []) if n is not None]
-    return bool(names)
+    return any(n is not None for n in df.index.names)
 
 
 _show_frames_as_reports()
