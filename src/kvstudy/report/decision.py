@@ -175,15 +175,10 @@ def evidence(lines: list[CardLine]) -> rule.Evidence:
     """The rule's inputs from the card's lines (a topic absent or without facts: not measured)."""
     by_topic = {line.topic: line for line in lines}
     speed = by_topic.get("speed")
-    tpot = (
-        rule.Input(
-            _state(speed),
-            f"{speed.report} (speed)",
-            {k: speed.facts.get(f"tpot_{k}") for k in TPOT_KEYS},
-        )
-        if speed is not None and speed.facts.get("tpot_ratio") is not None
-        else rule.ABSENT
-    )
+    tpot = rule.ABSENT
+    if speed is not None and speed.facts.get("tpot_ratio") is not None:
+        facts = {k: speed.facts.get(f"tpot_{k}") for k in TPOT_KEYS}
+        tpot = rule.Input(_state(speed), f"{speed.report} (speed)", facts)
     return rule.Evidence(
         capacity=_input(by_topic.get("capacity"), CAPACITY_KEYS),
         load=_input(by_topic.get("load at equal memory"), LOAD_KEYS),
