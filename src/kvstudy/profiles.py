@@ -169,8 +169,6 @@ def declared_parameters(notebook: Path) -> dict[str, Parameter]:
 
 
 def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
-    if not types:
-        return True
     if isinstance(value, bool) and bool not in types:
         return False
     return isinstance(value, types)

@@ -66,10 +66,10 @@ def _has_arm(capture: str | Path, name: str) -> bool:
 
 def _check_same_design(capture: str | Path, reference: str | Path) -> None:
     """A grade paired against the reference's 16-bit arm must share every setting but the model."""
-    mine, ref = ge.read_manifest(capture)["spec"], ge.read_manifest(reference)["spec"]
-    strip = {"model"}
-    ours = {**mine["settings"], **{k: v for k, v in mine["base_server_config"].items() if k not in strip}}
-    theirs = {**ref["settings"], **{k: v for k, v in ref["base_server_config"].items() if k not in strip}}
+    def design(spec: dict[str, Any]) -> dict[str, Any]:
+        return {**spec["settings"], **{k: v for k, v in spec["base_server_config"].items() if k != "model"}}
+
+    ours, theirs = design(ge.read_manifest(capture)["spec"]), design(ge.read_manifest(reference)["spec"])
     differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
     if differ:
         raise StudyError(

@@ -213,8 +213,8 @@ def _how(inp: rule.Input, detail: str = "") -> str:
     return f"{inp.state}{', ' + detail if detail else ''} ({where})"
 
 
-def _ratio_text(ratio: Any, low: Any, high: Any) -> str:
-    r, lo, hi = rule.number(ratio), rule.number(low), rule.number(high)
+def _ratio_text(inp: rule.Input, key: str) -> str:
+    r, lo, hi = inp.num(key), inp.num(f"{key}_low"), inp.num(f"{key}_high")
     if r is None:
         return MISSING
     return f"{r:.2f}x" + (f" ({lo:.2f} to {hi:.2f})" if lo is not None and hi is not None else " (no interval)")
@@ -231,22 +231,17 @@ def _load_detail(load: rule.Input) -> str:
     return f" ({shown})" if shown else ""
 
 
+def _row(quantity: str, baseline: str, fp8: str, change: str, inp: rule.Input, detail: str = "") -> Row:
+    return Row(quantity, baseline, fp8, change, _how(inp, detail), inp.state)
+
+
 def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
     """The 16-bit | FP8 | change | how-known table (at most 8 rows)."""
-    rows = []
     cap = ev.capacity
     tb, tf = cap.num("tokens_per_gib_baseline"), cap.num("tokens_per_gib_fp8")
     skip = " (sliding-window layers kept 16-bit, as published advice says)" if cap.get("skip_layers") else ""
-    rows.append(
-        Row(
-            "KV tokens per GiB",
-            _int(tb),
-            _int(tf),
-            f"{tf / tb:.2f}x" if tb and tf else MISSING,
-            _how(cap, "from the model's config" + skip),
-            cap.state,
-        )
-    )
+    ratio = f"{tf / tb:.2f}x" if tb and tf else MISSING
+    rows = [_row("KV tokens per GiB", _int(tb), _int(tf), ratio, cap, "from the model's config" + skip)]
     ctx, gpu, tp = cap.num("context_len"), cap.get("gpu"), cap.num("tp")
     u16, u8 = cap.num("users_baseline"), cap.num("users_fp8")
     where = f" on {gpu}" if isinstance(gpu, str) else ""
@@ -255,85 +250,49 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
         change = f"does not fit up to TP {tp:.0f}" if tp else "does not fit"
     else:
         change = f"{u8 / u16:.2f}x" if u16 and u8 is not None else MISSING
+    users = f"Users that fit{at}{where}" + (f", TP {tp:.0f}" if tp else "")
     rows.append(
-        Row(
-            f"Users that fit{at}{where}" + (f", TP {tp:.0f}" if tp else ""),
-            _int(u16),
-            _int(u8),
-            change,
-            _how(cap, "overhead assumed" if u16 is not None else "weights unknown"),
-            cap.state,
-        )
+        _row(users, _int(u16), _int(u8), change, cap, "overhead assumed" if u16 is not None else "weights unknown")
     )
     load = ev.load
-    rows.append(
-        Row(
-            "Users within the latency target at equal memory" + _load_detail(load),
-            _int(load.get("users_baseline")),
-            _int(load.get("users_fp8")),
-            _ratio_text(load.get("users_ratio"), load.get("users_ratio_low"), load.get("users_ratio_high")),
-            _how(load),
-            load.state,
-        )
-    )
+    quantity = "Users within the latency target at equal memory" + _load_detail(load)
+    u16, u8 = load.num("users_baseline"), load.num("users_fp8")
+    rows.append(_row(quantity, _int(u16), _int(u8), _ratio_text(load, "users_ratio"), load))
     tpot = ev.tpot
-    b, f, users = tpot.num("baseline_ms"), tpot.num("fp8_ms"), tpot.num("users")
-    prompt = tpot.num("prompt_tokens")
+    b, f, users_n, prompt = (tpot.num(k) for k in ("baseline_ms", "fp8_ms", "users", "prompt_tokens"))
     machine = tpot.get("machine")
+    quantity = (
+        "Time per output token"
+        + (f" at {users_n:,.0f} user{'s' if users_n != 1 else ''}" if users_n else "")
+        + (f", {prompt:,.0f}-token prompts" if prompt else "")
+        + " (ms)"
+    )
+    base, fp8 = (MISSING if v is None else f"{v:.2f}" for v in (b, f))
     rows.append(
-        Row(
-            "Time per output token"
-            + (f" at {users:,.0f} user{'s' if users != 1 else ''}" if users else "")
-            + (f", {prompt:,.0f}-token prompts" if prompt else "")
-            + " (ms)",
-            f"{b:.2f}" if b is not None else MISSING,
-            f"{f:.2f}" if f is not None else MISSING,
-            _ratio_text(tpot.get("ratio"), tpot.get("ratio_low"), tpot.get("ratio_high")),
-            _how(tpot, f"on {machine}" if isinstance(machine, str) else ""),
-            tpot.state,
-        )
+        _row(quantity, base, fp8, _ratio_text(tpot, "ratio"), tpot, f"on {machine}" if isinstance(machine, str) else "")
     )
     for acc in ev.accuracy or (rule.ABSENT,):
         task, n = acc.get("task"), acc.num("n")
         c, lo, hi, det = (acc.num(k) for k in ("change_points", "change_low", "change_high", "detectable_loss_points"))
         topic = "Long-context accuracy" if "long-context" in acc.source else "Accuracy"
         label = topic + (f", {task}" if isinstance(task, str) else "") + (f", {n:,.0f} items" if n else "")
-        change = (
-            MISSING
-            if c is None
-            else f"{c:+.1f} points" + (f" ({lo:+.1f} to {hi:+.1f})" if lo is not None and hi is not None else "")
-        )
-        rows.append(
-            Row(
-                label,
-                MISSING,
-                MISSING,
-                change,
-                _how(
-                    acc,
-                    f"could detect a loss of {det:.1f} points"
-                    if det is not None
-                    else ("its verdict states no interval" if c is None and acc.values else ""),
-                ),
-                acc.state,
-            )
-        )
+        interval = f" ({lo:+.1f} to {hi:+.1f})" if lo is not None and hi is not None else ""
+        change = MISSING if c is None else f"{c:+.1f} points{interval}"
+        if det is not None:
+            detail = f"could detect a loss of {det:.1f} points"
+        else:
+            detail = "its verdict states no interval" if c is None and acc.values else ""
+        rows.append(_row(label, MISSING, MISSING, change, acc, detail))
     scr = ev.screen
     kl, upper, margin = scr.num("kl_mean"), scr.num("kl_upper"), scr.num("margin_kl")
-    rows.append(
-        Row(
-            "Engine screen: KL divergence, FP8 vs 16-bit (millinats)",
-            MISSING,
-            f"{kl * 1000:.2f}" + (f" (upper {upper * 1000:.2f})" if upper is not None else "")
-            if kl is not None
-            else MISSING,
-            f"{scr.get('equivalence')} the margin {margin * 1000:.2f} ({scr.get('margin_state')})"
-            if margin is not None
-            else (f"{scr.get('equivalence')}: no margin ({scr.get('margin_state')})" if scr.values else MISSING),
-            _how(scr, f"margin {scr.get('margin_source')}" if scr.get("margin_source") else ""),
-            scr.state,
-        )
-    )
+    upper_text = f" (upper {upper * 1000:.2f})" if upper is not None else ""
+    if margin is not None:
+        change = f"{scr.get('equivalence')} the margin {margin * 1000:.2f} ({scr.get('margin_state')})"
+    else:
+        change = f"{scr.get('equivalence')}: no margin ({scr.get('margin_state')})" if scr.values else MISSING
+    quantity = "Engine screen: KL divergence, FP8 vs 16-bit (millinats)"
+    source = f"margin {scr.get('margin_source')}" if scr.get("margin_source") else ""
+    rows.append(_row(quantity, MISSING, MISSING if kl is None else f"{kl * 1000:.2f}{upper_text}", change, scr, source))
     rows.append(_scales_row(scales))
     return rows[:8]
 
@@ -354,7 +313,7 @@ def _scales_row(scales: rule.Input) -> Row:
     text = f"{_int(scales.get('with_scales'))} carry scales; {_int(scales.get('unit_scale'))} run at 1.0"
     if logs:
         text += f"; {_int(dropped)} of {logs:,.0f} logs dropped"
-    return Row(f"KV scales ({n:,.0f} checkpoints)", MISSING, text, MISSING, _how(scales), scales.state)
+    return _row(f"KV scales ({n:,.0f} checkpoints)", MISSING, text, MISSING, scales)
 
 
 # --------------------------------------------------------------------------- what is missing, what would change it

@@ -70,9 +70,9 @@ def evaluate_guidance(model: str | None, context_len: int | None, gpu: str | Non
     from kvstudy.model.capacity import SLIDING, load_layout
     from kvstudy.model.plan import advised_skip_layers
 
-    if not model:
-        return [Guidance("model layout", "(needs the model's config)", None, "no model named by the profile")]
     try:
+        if not model:
+            raise StudyError("no model named by the profile")
         layout = load_layout(model)
     except StudyError as exc:
         return [Guidance("model layout", "(needs the model's config)", None, str(exc))]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
-import math
 import numbers
 import os
 import platform
@@ -131,8 +130,6 @@ def format_value(value: Any, decimals: int = 2) -> str:
         return f"{int(value):,}"
     if isinstance(value, numbers.Real):
         number = float(value)
-        if not math.isfinite(number):
-            return str(number)
         return f"{int(number):,}" if number.is_integer() else f"{number:,.{decimals}f}"
     return str(value)
 
@@ -261,7 +258,7 @@ def _cell(value: Any) -> str:
             return html.escape(str(shown(number)))
         if number.is_integer():
             return str(int(number))
-        return f"{number:.6f}".rstrip("0") if math.isfinite(number) else str(number)
+        return f"{number:.6f}".rstrip("0")
     return _breakable(str(value))
 
 
@@ -314,11 +311,7 @@ _show_frames_as_reports()
 
 def given_parameters() -> set[str]:
     """Names of the parameters the profile gave this run (empty outside ``make all``)."""
-    try:
-        names = json.loads(os.environ.get(GIVEN_ENV, "[]"))
-    except ValueError:
-        return set()
-    return {str(n) for n in names} if isinstance(names, list) else set()
+    return set(json.loads(os.environ.get(GIVEN_ENV, "[]")))  # the runner's JSON list of names
 
 
 def parameter_values(stem: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
@@ -410,9 +403,7 @@ def _redact_figure_text(fig: Any) -> None:
     from matplotlib.text import Text
 
     for text in fig.findobj(Text):
-        shown = text.get_text()
-        if shown and redact_shapes(shown) != shown:
-            text.set_text(redact_shapes(shown))
+        text.set_text(redact_shapes(text.get_text()))
 
 
 def git_commit(root: Path = REPO_ROOT) -> str:

@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+from unittest import mock
 
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import REPO_ROOT, read_json, read_text_checked, without_machine_paths, write_text_atomic
@@ -154,20 +155,6 @@ def _progress_engine() -> str:
     return PROGRESS_ENGINE
 
 
-@contextmanager
-def _given_in_environment(given: Sequence[str]) -> Iterator[None]:
-    """Tell the kernel (through its environment) which parameters the profile gave."""
-    old = os.environ.get(GIVEN_ENV)
-    os.environ[GIVEN_ENV] = json.dumps(sorted(given))
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(GIVEN_ENV, None)
-        else:
-            os.environ[GIVEN_ENV] = old
-
-
 def _quiet_kernel_logs(names: Sequence[str] = ("papermill", "traitlets", "jupyter_client", "nbclient")) -> None:
     """Keep jupyter's kernel chatter (the TCP-without-encryption warning, a dead kernel's "Kernel died
     while waiting for execute reply") off the terminal: what a notebook run ends with is its status."""
@@ -199,7 +186,8 @@ def run_notebook(
     needs: str | None = None
     stream = ProgressStream(label or f"  {source.stem}:")
     try:
-        with _given_in_environment(given), warnings.catch_warnings():
+        # the kernel learns from its environment which parameters the profile gave
+        with mock.patch.dict(os.environ, {GIVEN_ENV: json.dumps(sorted(given))}), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             pm.execute_notebook(
                 str(source),
