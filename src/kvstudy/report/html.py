@@ -32,22 +32,6 @@ def name_sources(text: str) -> str:
     return SEED.sub(lambda m: SOURCE_TITLES.get(f"seed {m.group(1)}", m.group(0)), text)
 
 
-def _clean_output(output: dict[str, Any]) -> None:
-    data = output.get("data") or {}  # nbformat.read joins multi-line texts into one string
-    for mime in ("text/html", "text/markdown"):
-        if mime in data:
-            data[mime] = name_sources(data[mime])
-    if output.get("output_type") == "stream":
-        output["text"] = name_sources(output.get("text", ""))
-
-
-def shows_own_settings(nb: Any) -> bool:
-    """True when a cell of the executed notebook displayed ``notebook.settings_table``."""
-    return any(
-        (out.get("metadata") or {}).get(SETTINGS_KEY) for cell in nb.cells for out in cell.get("outputs", []) or []
-    )
-
-
 def settings_markdown(values: Mapping[str, Any], given: set[str], folder: Path, name: str, shown_folder: str) -> str:
     """A settings table (name, value, origin) for the parameters a notebook ran with, also written as
     ``<folder>/<name>.csv`` (named under the table, in ``shown_folder``)."""
@@ -83,7 +67,8 @@ def prepare(nb: Any, values: Mapping[str, Any], given: set[str], csv: tuple[Path
     ``csv``: (folder, name, folder as shown) where the settings table the renderer adds is also written as CSV."""
     import nbformat
 
-    own_settings = shows_own_settings(nb)
+    outputs = [out for cell in nb.cells for out in cell.get("outputs", []) or []]
+    own_settings = any((out.get("metadata") or {}).get(SETTINGS_KEY) for out in outputs)  # notebook.settings_table
     cells = []
     for cell in nb.cells:
         tags = set(cell.get("metadata", {}).get("tags", []))
@@ -95,10 +80,15 @@ def prepare(nb: Any, values: Mapping[str, Any], given: set[str], csv: tuple[Path
             cell.source = name_sources(cell.source)
         if cell.cell_type == "code":
             cell.metadata.setdefault("transient", {})["remove_source"] = True
-            for output in cell.get("outputs", []) or []:
-                _clean_output(output)
         cells.append(cell)
     nb.cells = cells
+    for output in outputs:
+        data = output.get("data") or {}  # nbformat.read joins multi-line texts into one string
+        for mime in ("text/html", "text/markdown"):
+            if mime in data:
+                data[mime] = name_sources(data[mime])
+        if output.get("output_type") == "stream":
+            output["text"] = name_sources(output.get("text", ""))
     return nb
 
 

@@ -110,19 +110,11 @@ def _plain_fact(value: Any) -> Any:
     return item() if callable(item) and not isinstance(value, (list, dict)) else str(value)
 
 
-def is_missing(value: Any) -> bool:
-    """True for None, NaN and pandas' NA."""
-    import pandas as pd
-
-    try:
-        return not isinstance(value, (list, tuple, dict)) and bool(pd.isna(value))
-    except (TypeError, ValueError):  # an array
-        return False
-
-
 def format_value(value: Any, decimals: int = 2) -> str:
     """A cell as a reader wants it: a dash if missing, integers without ``.0``, thousands separated."""
-    if is_missing(value):
+    import pandas as pd
+
+    if pd.api.types.is_scalar(value) and pd.isna(value):  # None, NaN, pandas' NA
         return MISSING
     if isinstance(value, bool):
         return "yes" if value else "no"
