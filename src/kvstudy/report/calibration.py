@@ -199,8 +199,8 @@ def read_ladder(folder: str | Path) -> Ladder:
         )
     reached = sorted((c.grade, t) for t, c in calibrations.items() if c.state == "calibrated")
     if reached:
-        task = reached[0][1]
-        margin, margin_task = calibrations[task], task
+        margin_task = reached[0][1]
+        margin = calibrations[margin_task]
     else:
         why = "; ".join(f"{TASKS[t]}: {c.reason}" for t, c in calibrations.items())
         first = next(iter(calibrations.values()))
@@ -296,22 +296,18 @@ def ladder_sentence(ladder: Ladder) -> str:
     screened = {g.factor: g for rows in ladder.grades.values() for g in rows}  # every grade's screen, by factor
     rows = [screened[f] for f in sorted(screened)]
 
-    def ranked(value: str, low: str, high: str, up: bool) -> bool:
-        column = {f: [float(getattr(g, f)) for g in rows] for f in (value, low, high)}
-        return dv.in_order(column[value], column[low], column[high], increasing=up)
+    def ranked(field: str, up: bool) -> bool:
+        value, low, high = ([float(getattr(g, f)) for g in rows] for f in (field, f"{field}_low", f"{field}_high"))
+        return dv.in_order(value, low, high, increasing=up)
 
-    screen_order = {
-        "KL": ranked("kl", "kl_low", "kl_high", True),
-        "Δ log p": ranked("delta_logp", "delta_logp_low", "delta_logp_high", False),
-    }
-    parts = [
-        f"The screen over every grade screened without scales (factors {', '.join(f'{f:g}' for f in sorted(screened))}): "
-        + ", ".join(f"{name} {'in order' if ok else 'OUT OF ORDER'}" for name, ok in screen_order.items())
-        + "."
-    ]
+    def order(ranks: dict[str, bool]) -> str:
+        return ", ".join(f"{name} {'in order' if ok else 'OUT OF ORDER'}" for name, ok in ranks.items())
+
+    factors = ", ".join(f"{f:g}" for f in sorted(screened))
+    screen = order({"KL": ranked("kl", True), "Δ log p": ranked("delta_logp", False)})
+    parts = [f"The screen over every grade screened without scales (factors {factors}): {screen}."]
     for task, cal in ladder.calibrations.items():
-        order = ", ".join(f"{name} {'in order' if ok else 'OUT OF ORDER'}" for name, ok in cal.ranked.items())
-        parts.append(f"{TASKS[task]} ladder ({len(ladder.grades[task])} grades): {order}.")
+        parts.append(f"{TASKS[task]} ladder ({len(ladder.grades[task])} grades): {order(cal.ranked)}.")
     m = ladder.margin
     if m.state == "calibrated" and m.margin_kl is not None and m.margin_delta_logp is not None:
         high = f" (one-sided 95 % upper bound {m.margin_kl_high * 1000:.3g})" if m.margin_kl_high else ""

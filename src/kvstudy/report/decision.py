@@ -405,16 +405,10 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
     lines = card_lines(status, stems)
     ev = evidence(lines)
     scales = _input(next((line for line in lines if line.topic == "scales"), None), SCALES_KEYS)
-    model = ev.capacity.get("model")
-    context = ev.capacity.get("context_len")
-    gpu = ev.capacity.get("gpu")
-    guidance = evaluate_guidance(
-        model if isinstance(model, str) else None,
-        int(context) if isinstance(context, int) else None,
-        gpu if isinstance(gpu, str) else None,
-    )
+    model, gpu, context = (ev.capacity.get(k) for k in ("model", "gpu", "context_len"))
+    model, gpu = (v if isinstance(v, str) else None for v in (model, gpu))
+    guidance = evaluate_guidance(model, int(context) if isinstance(context, int) else None, gpu)
     decision = rule.decide(ev, th)
-    rows = card_rows(ev, scales)
     missing = tuple({"what": m.step, "run": _missing_step(m, profile, th, stems)} for m in decision.missing)
     inputs = {
         "capacity": asdict(ev.capacity),
@@ -431,12 +425,12 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
     }
     return Card(
         profile,
-        model if isinstance(model, str) else None,
+        model,
         _headline(decision, ev),
         decision.answer,
         decision.rule,
         decision.reason,
-        tuple(rows),
+        tuple(card_rows(ev, scales)),
         tuple(what_would_change(decision, th, guidance)),
         missing,
         finite(inputs),
