@@ -128,8 +128,7 @@ def _types_from_annotation(text: str) -> tuple[type, ...]:
         found.insert(found.index(float) + 1, int)  # an int is a fine float
     if optional and type(None) not in found:
         found.append(type(None))
-    none_last = [t for t in found if t is not type(None)] + [t for t in found if t is type(None)]
-    return tuple(none_last)
+    return tuple(sorted(found, key=lambda t: t is type(None)))  # None last
 
 
 def _types_from_default(default: Any, help_text: str) -> tuple[type, ...]:

@@ -374,14 +374,8 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
     runs = []
     began = time.perf_counter()
     # every secret value any notebook of the profile is given: none reaches the index or status
-    secrets = sorted(
-        {
-            v
-            for stem in profile_data["notebooks"]
-            for v in secret_parameter_values(given_parameters(profile_data, stem, declared[stem]))
-        },
-        key=len,
-        reverse=True,
+    secrets = secret_parameter_values(
+        [given_parameters(profile_data, s, declared[s]) for s in profile_data["notebooks"]]
     )
     with profile_lock(reports_dir, profile):
         out_dir.mkdir(parents=True, exist_ok=True)
