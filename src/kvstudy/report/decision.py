@@ -91,14 +91,13 @@ def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:
     order = [s for s in TOPICS.values() if s in stems] + [s for s in stems if s not in TOPICS.values()]
     lines = []
     for stem in order:
-        entry = status.get(stem) or {}
+        entry, topic = status.get(stem) or {}, topic_of.get(stem, stem)
         if entry.get("error") or not entry:
             why = entry.get("error") or "not rendered yet for this profile"
             needs = entry.get("needs")
             step = (
                 f"run `{needs}`, then `make all`" if needs else "see where the render stopped" if entry else "make all"
             )
-            topic = topic_of.get(stem, stem)
             lines.append(
                 CardLine(topic, "not measured", f"no verdict: {why}", stem, step, {}, entry.get("failed_html"))
             )
@@ -108,7 +107,7 @@ def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:
             lines.append(CardLine(topic, state, text, stem, v.get("next_step"), v.get("facts") or {}, f"{stem}.html"))
         if not entry.get("verdicts"):
             text = entry.get("finding") or "the notebook stated no finding"
-            lines.append(CardLine(topic_of.get(stem, stem), "reported", text, stem, None, {}, f"{stem}.html"))
+            lines.append(CardLine(topic, "reported", text, stem, None, {}, f"{stem}.html"))
     return lines
 
 
