@@ -10,11 +10,16 @@ Thresholds are named parameters a profile may set (its ``decision:`` mapping, :f
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from kvstudy.errors import StudyError
+from pydantic import Field
+
+from kvstudy.bench.spec import Spec
+from kvstudy.io import is_finite_number
+from kvstudy.limits import Number
+
+Percent = Annotated[Number, Field(ge=0, lt=100)]
 
 TURN_ON = "Turn FP8 on"
 KEEP = "Keep 16-bit"
@@ -34,39 +39,19 @@ COMPUTED, MEASURED, PUBLISHED, SIMULATED, NOT_MEASURED, NO_CLAIM, STATED = (
 DECISIVE = frozenset({COMPUTED, MEASURED, STATED})
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(Spec):
     """What the rule compares against; a profile's ``decision:`` mapping may set each."""
 
-    min_fp8_share: float = 0.5  # share of a request's KV bytes the layers FP8 stores must hold
-    accuracy_margin_points: float = 1.0  # largest accuracy loss (points) still "within the margin"
-    tpot_cost_pct: float = 5.0  # a per-token slowdown beyond this is a cost the benefit must repay
-    min_users_gain_pct: float = 10.0  # fewer extra users within target than this does not repay that cost
+    min_fp8_share: Annotated[Number, Field(gt=0, le=1)] = 0.5  # share of a request's KV bytes FP8 must store
+    accuracy_margin_points: Percent = 1.0  # largest accuracy loss (points) still "within the margin"
+    tpot_cost_pct: Percent = 5.0  # a per-token slowdown beyond this is a cost the benefit must repay
+    min_users_gain_pct: Percent = 10.0  # fewer extra users within target than this does not repay that cost
     kv_bound: bool | None = None  # the profile states whether its workload is KV-bound (None: not stated)
 
 
 def thresholds_from(values: Any, where: str = "decision") -> Thresholds:
     """A profile's ``decision:`` mapping as :class:`Thresholds` (a missing mapping: the defaults)."""
-    if values is None:
-        return Thresholds()
-    if not isinstance(values, dict):
-        raise StudyError(f"{where}: expected a mapping of threshold names to values")
-    known = {f.name: f for f in fields(Thresholds)}
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if key not in known:
-            raise StudyError(f"{where}: unknown threshold {key!r} (thresholds: {', '.join(known)})")
-        if key == "kv_bound":
-            if value is not None and not isinstance(value, bool):
-                raise StudyError(f"{where}.kv_bound: expected true, false or null, got {value!r}")
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise StudyError(f"{where}.{key}: expected a finite number, got {value!r}")
-        elif key == "min_fp8_share" and not 0 < value <= 1:
-            raise StudyError(f"{where}.min_fp8_share: expected a share in (0, 1], got {value}")
-        elif value < 0 or value >= 100:
-            raise StudyError(f"{where}.{key}: expected a number in [0, 100), got {value}")
-        out[str(key)] = value
-    return Thresholds(**out)
+    return Thresholds.from_dict({} if values is None else values, where)
 
 
 @dataclass(frozen=True)
@@ -80,11 +65,11 @@ class Input:
     def get(self, key: str) -> Any:
         """A finite number or a plain value; None for a missing, non-finite or odd one."""
         value = self.values.get(key)
-        if isinstance(value, bool) or value is None or isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)):
-            return value if math.isfinite(value) else None
-        return None
+        return value if isinstance(value, (bool, str)) or is_finite_number(value) else None
+
+    def num(self, key: str) -> float | None:
+        """A finite number (not a bool), else None."""
+        return number(self.values.get(key))
 
     @property
     def decisive(self) -> bool:
@@ -128,15 +113,15 @@ def points(value: float) -> str:
     return f"{value:g} point" + ("" if value == 1 else "s")
 
 
-def _number(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+def number(x: Any) -> float | None:
+    return float(x) if is_finite_number(x) else None
 
 
 def _accuracy_verdict(acc: Input, margin: float) -> str | None:
     """'within' (the interval's low end above -margin), 'beyond' (its high end below -margin), else None."""
     if not acc.decisive:
         return None
-    low, high = _number(acc.get("change_low")), _number(acc.get("change_high"))
+    low, high = acc.num("change_low"), acc.num("change_high")
     if low is not None and low > -margin:
         return "within"
     if high is not None and high < -margin:
@@ -149,7 +134,7 @@ def _screen_verdict(screen: Input, margin_points: float) -> str | None:
     larger loss (``margin_points`` fact) cannot show "within", one at a smaller loss cannot show "beyond"."""
     if not screen.decisive or screen.get("simulated") is True:
         return None
-    points = _number(screen.get("margin_points"))
+    points = screen.num("margin_points")
     if screen.get("equivalence") == "beyond" and (points is None or points >= margin_points):
         return "beyond"
     if screen.get("equivalence") == "within" and screen.get("margin_state") in ("calibrated", "assumed"):
@@ -160,7 +145,7 @@ def _screen_verdict(screen: Input, margin_points: float) -> str | None:
 def decide(ev: Evidence, th: Thresholds) -> Decision:
     """The answer, the rule that fired and its reason; for Not decided yet, each missing input."""
     cap = ev.capacity
-    share = _number(cap.get("fp8_share")) if cap.decisive else None
+    share = cap.num("fp8_share") if cap.decisive else None
     if share is not None and share < th.min_fp8_share:
         if share <= 0:
             return Decision(
@@ -171,9 +156,7 @@ def decide(ev: Evidence, th: Thresholds) -> Decision:
             "little to store",
             f"FP8 would store only {share:.0%} of each request's KV bytes (below {th.min_fp8_share:.0%})",
         )
-    users16, users8 = (
-        (_number(cap.get("users_baseline")), _number(cap.get("users_fp8"))) if cap.decisive else (None, None)
-    )
+    users16, users8 = (cap.num("users_baseline"), cap.num("users_fp8")) if cap.decisive else (None, None)
     if users16 and users8 is not None and users8 <= users16:
         return Decision(KEEP, "no more users", "FP8 fits no more users at this context on this GPU")
     accuracy = [v for v in (_accuracy_verdict(a, th.accuracy_margin_points) for a in ev.accuracy) if v]
@@ -183,11 +166,11 @@ def decide(ev: Evidence, th: Thresholds) -> Decision:
             KEEP, "accuracy beyond margin", f"FP8 loses more than {points(th.accuracy_margin_points)} of accuracy"
         )
     load = ev.load if ev.load.decisive else None
-    load_low = _number(load.get("users_ratio_low")) if load else None
-    load_high = _number(load.get("users_ratio_high")) if load else None
+    load_low = load.num("users_ratio_low") if load else None
+    load_high = load.num("users_ratio_high") if load else None
     if load and load.get("claim") == "fewer users" and load_high is not None and load_high < 1:
         return Decision(KEEP, "fewer users", "FP8 serves fewer users within the latency target at equal memory")
-    tpot_low = _number(ev.tpot.get("ratio_low")) if ev.tpot.decisive else None
+    tpot_low = ev.tpot.num("ratio_low") if ev.tpot.decisive else None
     costly = tpot_low is not None and tpot_low > 1 + th.tpot_cost_pct / 100
     small_gain = load_high is not None and load_high < 1 + th.min_users_gain_pct / 100
     if costly and (th.kv_bound is False or small_gain):

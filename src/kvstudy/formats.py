@@ -6,6 +6,7 @@ the full values."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 GIB = 2**30  # bytes in a GiB, the unit vLLM, drivers and the catalog give memory in
 MISSING = "–"  # a value that does not exist
@@ -31,6 +32,17 @@ def significant(value: float | None, digits: int = 3, sign: bool = False) -> str
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return plus + ("0" if text in ("-0", "") else text)
+
+
+def finite(value: Any) -> Any:
+    """``value`` as strict JSON holds it: NaN and infinities become None (JSON has neither), containers recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def p_value(p: float | None, digits: int = 3) -> str:

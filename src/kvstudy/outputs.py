@@ -75,15 +75,10 @@ def check_output_folder(
     folder first and claims it only once its other input is checked."""
     folder = Path(folder)
     try:
-        return _check(folder, generator, force, recognise)
-    except OSError as exc:  # a name longer than the file system allows, a parent that is a file
-        raise StudyError(f"{folder}: cannot be the output folder of {generator} ({exc.strerror or exc})") from None
-
-
-def _check(folder: Path, generator: str, force: bool, recognise: Callable[[Path], bool] | None) -> Path:
-    if folder.exists() and not folder.is_dir():
-        raise StudyError(f"{folder}: exists and is not a folder (expected the output folder of {generator})")
-    if folder.is_dir():
+        if folder.exists() and not folder.is_dir():
+            raise StudyError(f"{folder}: exists and is not a folder (expected the output folder of {generator})")
+        if not folder.is_dir():
+            return folder
         owner = _marker_generator(folder)
         if owner is not None and owner != generator:
             raise StudyError(
@@ -94,24 +89,22 @@ def _check(folder: Path, generator: str, force: bool, recognise: Callable[[Path]
         if link is not None:
             raise StudyError(f"{link}: is a symlink; refusing to write through it (expected plain files in {folder})")
         ours = owner == generator or not any(folder.iterdir()) or (recognise is not None and recognise(folder))
-        if not ours and not force:
-            raise StudyError(
-                f"{folder}: not empty and not written by `kvstudy {generator}` (no {GENERATED_MARKER}); "
-                "refusing to replace its files: pick another folder, or pass --force"
-            )
+    except OSError as exc:  # a name longer than the file system allows, a parent that is a file
+        raise StudyError(f"{folder}: cannot be the output folder of {generator} ({exc.strerror or exc})") from None
+    if not ours and not force:
+        raise StudyError(
+            f"{folder}: not empty and not written by `kvstudy {generator}` (no {GENERATED_MARKER}); "
+            "refusing to replace its files: pick another folder, or pass --force"
+        )
     return folder
 
 
 def claim_output_folder(
     folder: str | Path, generator: str, force: bool = False, recognise: Callable[[Path], bool] | None = None
 ) -> Path:
-    """Make ``folder`` the output of ``generator`` (a command name, e.g. ``retrieval-data``) and
-    return it, or refuse in one line before anything is written. Accepted: a missing or empty folder,
-    one holding ``generator``'s own marker (:data:`GENERATED_MARKER`), one ``recognise`` says it
-    wrote before markers existed, and, with ``force``, any other folder. Refused always: a folder
-    another generator marked (its data is not this one's to replace), a path that is not a folder,
-    and a folder holding a symlink (a write would follow it out). The marker is written on success.
-    """
+    """Make ``folder`` the output of ``generator`` (a command name, e.g. ``retrieval-data``), or refuse
+    in one line before anything is written (see the module docstring; ``recognise``: a folder it wrote
+    before markers existed); the marker is written on success."""
     folder = check_output_folder(folder, generator, force, recognise)
     try:
         folder.mkdir(parents=True, exist_ok=True)

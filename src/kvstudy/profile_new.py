@@ -26,20 +26,16 @@ SCALES = "04_scale-inspection"
 MODEL_SPECIFIC = {"weights_gib": "read or estimated from the model folder", "fixed_pool_tokens": "no pool held fixed"}
 
 
-def _yaml_value(value: Any) -> str:
-    """A scalar or list in flow style that YAML reads back as the same value."""
-    return json.dumps(value)
-
-
+# json.dumps writes a scalar or list in flow style, which YAML reads back as the same value.
 def _capacity_lines(model: str, gpu: str | None, declared: dict[str, Any]) -> list[str]:
     lines = [
         f"  {CAPACITY}:",
-        f"    model: {_yaml_value(model)}  # a model folder, its config.json or a cached Hugging Face id",
+        f"    model: {json.dumps(model)}  # a model folder, its config.json or a cached Hugging Face id",
     ]
     if gpu:
         spec = find_gpu(gpu)
         if "gpu" in declared:
-            lines.append(f"    gpu: {_yaml_value(spec.name)}  # from data/gpus/catalog.json")
+            lines.append(f"    gpu: {json.dumps(spec.name)}  # from data/gpus/catalog.json")
         else:
             lines.append(
                 f"    gpu_memory_gib: {spec.memory_gib:.2f}  # {spec.name}, driver total, from data/gpus/catalog.json"
@@ -71,15 +67,15 @@ def profile_text(name: str, model: str, gpu: str | None, notebooks_dir: Path) ->
     if (notebooks_dir / f"{SCALES}.ipynb").exists():
         lines += [
             f"  {SCALES}:",
-            f"    models: [{_yaml_value(model)}]",
-            f"    dump_root: {_yaml_value(model)}  # every config.json under it is listed",
+            f"    models: [{json.dumps(model)}]",
+            f"    dump_root: {json.dumps(model)}  # every config.json under it is listed",
         ]
     lines += [
         "  # The live notebooks run vLLM (`make engine` first) and take long; uncomment to run them.",
-        f"  # 02_speed-sweep: {{capture: captures/{name}/speed-sweep, run_missing: true, model: {_yaml_value(model)}}}",
-        f"  # 03_gsm8k-accuracy: {{capture_dir: captures/{name}/gsm8k, run_missing: true, model: {_yaml_value(model)}}}",
+        f"  # 02_speed-sweep: {{capture: captures/{name}/speed-sweep, run_missing: true, model: {json.dumps(model)}}}",
+        f"  # 03_gsm8k-accuracy: {{capture_dir: captures/{name}/gsm8k, run_missing: true, model: {json.dumps(model)}}}",
         f"  # 06_retrieval-accuracy: {{capture_dir: captures/{name}/retrieval, run_missing: true, "
-        f"model: {_yaml_value(model)}}}",
+        f"model: {json.dumps(model)}}}",
     ]
     return "\n".join(lines) + "\n"
 

@@ -99,9 +99,15 @@ class Parameter:
         return " | ".join("None" if t is type(None) else t.__name__ for t in self.types) or "any"
 
 
+def _is_name(name: Any) -> bool:
+    """A plain profile name: no folder, no suffix."""
+    plain = isinstance(name, str) and PROFILE_NAME.match(name) and ".." not in name
+    return bool(plain) and not name.endswith((".yaml", ".yml"))
+
+
 def check_profile_name(profile: str) -> str:
     """``profile`` if it is a plain profile name (no path, no suffix), else a StudyError."""
-    if not PROFILE_NAME.match(profile) or profile.endswith((".yaml", ".yml")) or ".." in profile:
+    if not _is_name(profile):
         raise StudyError(
             f"profile {profile!r}: give the name of a file in profiles/ without "
             f"folder or .yaml (for example PROFILE=reference)"
@@ -122,8 +128,7 @@ def _types_from_annotation(text: str) -> tuple[type, ...]:
         found.insert(found.index(float) + 1, int)  # an int is a fine float
     if optional and type(None) not in found:
         found.append(type(None))
-    none_last = [t for t in found if t is not type(None)] + [t for t in found if t is type(None)]
-    return tuple(none_last)
+    return tuple(sorted(found, key=lambda t: t is type(None)))  # None last
 
 
 def _types_from_default(default: Any, help_text: str) -> tuple[type, ...]:
@@ -163,8 +168,6 @@ def declared_parameters(notebook: Path) -> dict[str, Parameter]:
 
 
 def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
-    if not types:
-        return True
     if isinstance(value, bool) and bool not in types:
         return False
     return isinstance(value, types)
@@ -202,7 +205,7 @@ def _base_name(data: dict[str, Any], path: Path, chain: Sequence[str]) -> str | 
     base = data.get("extends")
     if base is None:
         return None
-    if not isinstance(base, str) or not PROFILE_NAME.match(base) or base.endswith((".yaml", ".yml")) or ".." in base:
+    if not _is_name(base):
         raise StudyError(
             f"{path}: extends: {_shown(base)} is not a profile name; expected the name of a file in "
             f"profiles/ without folder or .yaml (for example extends: reference)"
@@ -239,9 +242,7 @@ def load_profile(profile: str, profiles_dir: Path) -> dict[str, Any]:
         for stem, params in (data.get("notebooks") or {}).items():
             notebooks.setdefault(str(stem), {}).update(params or {})
         defaults.update(data.get("defaults") or {})
-        thresholds_from(
-            data.get("decision"), f"{data['path']}: decision"
-        )  # the card's thresholds (kvstudy.decision_rule)
+        thresholds_from(data.get("decision"), f"{data['path']}: decision")  # the card's thresholds, checked
         decision.update(data.get("decision") or {})
     return {
         "description": layers[0].get("description", ""),
@@ -334,13 +335,4 @@ def given_parameters(profile_data: dict[str, Any], stem: str, declared: dict[str
     """The values the profile gives ``stem``: its defaults the notebook declares, then its own keys."""
     params = {k: v for k, v in profile_data["defaults"].items() if k in declared}
     params.update(profile_data["notebooks"].get(stem) or {})
-    return params
-
-
-def notebook_parameters(profile_data: dict[str, Any], stem: str, profile: str, figures_dir: Path) -> dict[str, Any]:
-    """What papermill injects: the profile's defaults, the notebook's own keys, profile and figures_dir."""
-    params = dict(profile_data.get("defaults") or {})
-    params.update((profile_data.get("notebooks") or {}).get(stem) or {})
-    params.setdefault("profile", profile)
-    params.setdefault("figures_dir", str(figures_dir))
     return params

@@ -12,7 +12,7 @@ import pytest
 
 from kvstudy.precision import analysis as an
 from kvstudy.precision import records as rc
-from kvstudy.profiles import load_profile, notebook_parameters
+from kvstudy.profiles import declared_parameters, given_parameters, load_profile
 from kvstudy.report import calibration as calib
 from kvstudy.report.notebook import VERDICT_KEY
 
@@ -35,7 +35,9 @@ def _verdicts(path: Path) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.notebooks
 def test_the_ladder_calibrates_the_margin_of_the_engine_screen(reference: Rendered) -> None:
-    params = notebook_parameters(load_profile("reference", ROOT / "profiles"), STEM, "reference", reference.figures)
+    params = given_parameters(
+        load_profile("reference", ROOT / "profiles"), STEM, declared_parameters(ROOT / "notebooks" / f"{STEM}.ipynb")
+    )
     assert params["ladder_dir"] == "data/captures/kv-calibrate-cpu"
     run = reference.runs[STEM]
     assert run.error is None, run.error

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from kvstudy.model import scale_tables, scales
-from kvstudy.profiles import load_profile, notebook_parameters
+from kvstudy.profiles import declared_parameters, given_parameters, load_profile
 
 if TYPE_CHECKING:
     from conftest import Rendered  # tests/notebooks/conftest.py: the one render of the reference profile
@@ -32,7 +32,9 @@ def _outputs_text(path: Path) -> str:
 @pytest.mark.notebooks
 def test_notebook_finding_matches_the_package(reference: Rendered) -> None:
     profile = load_profile("reference", ROOT / "profiles")
-    params = notebook_parameters(profile, NOTEBOOK.stem, "reference", reference.figures)
+    params = given_parameters(
+        profile, NOTEBOOK.stem, declared_parameters(ROOT / "notebooks" / f"{NOTEBOOK.stem}.ipynb")
+    )
     run = reference.runs[NOTEBOOK.stem]
     assert run.error is None, run.error
     assert (reference.figures / "04_scale_values.png").is_file()

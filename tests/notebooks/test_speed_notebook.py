@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from kvstudy.profiles import load_profile, notebook_parameters
+from kvstudy.profiles import declared_parameters, given_parameters, load_profile
 from kvstudy.speed import analysis as speed
 
 if TYPE_CHECKING:
@@ -20,7 +20,9 @@ NOTEBOOK = ROOT / "notebooks" / "02_speed-sweep.ipynb"
 @pytest.mark.notebooks
 def test_reference_render_recomputes_published_ratio_and_reads_capture(reference: Rendered) -> None:
     profile = load_profile("reference", ROOT / "profiles")
-    params = notebook_parameters(profile, NOTEBOOK.stem, "reference", reference.figures)
+    params = given_parameters(
+        profile, NOTEBOOK.stem, declared_parameters(ROOT / "notebooks" / f"{NOTEBOOK.stem}.ipynb")
+    )
     assert params["run_missing"] is False  # the reference profile never starts vLLM
     run = reference.runs[NOTEBOOK.stem]
     assert run.error is None, run.error

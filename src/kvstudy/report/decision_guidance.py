@@ -36,13 +36,6 @@ class Guidance:
 # --------------------------------------------------------------------------- published guidance
 
 
-def _gpu_family(gpu: str | None) -> str | None:
-    if not gpu:
-        return None
-    key = gpu.upper().replace(" ", "").replace("-", "")
-    return next((name for name in PUBLISHED_BREAK_EVEN_TOKENS if key.startswith(name)), None)
-
-
 def docs_l4_crossing(layout: Any, root: Path = REPO_ROOT) -> float | None:
     """The context from which the vLLM documentation's L4 table (Qwen3-4B, FP8 vs BF16 throughput)
     suggests FP8 is faster, for a model of ``layout``'s KV bytes per token: the line through the table's
@@ -70,9 +63,9 @@ def evaluate_guidance(model: str | None, context_len: int | None, gpu: str | Non
     from kvstudy.model.capacity import SLIDING, load_layout
     from kvstudy.model.plan import advised_skip_layers
 
-    if not model:
-        return [Guidance("model layout", "(needs the model's config)", None, "no model named by the profile")]
     try:
+        if not model:
+            raise StudyError("no model named by the profile")
         layout = load_layout(model)
     except StudyError as exc:
         return [Guidance("model layout", "(needs the model's config)", None, str(exc))]
@@ -101,7 +94,8 @@ def evaluate_guidance(model: str | None, context_len: int | None, gpu: str | Non
             f"head size {', '.join(map(str, heads)) or 'none'}",
         )
     )
-    family = _gpu_family(gpu)
+    key = (gpu or "").upper().replace(" ", "").replace("-", "")
+    family = next((name for name in PUBLISHED_BREAK_EVEN_TOKENS if key.startswith(name)), None)
     if family is not None:
         even = PUBLISHED_BREAK_EVEN_TOKENS[family]
         out.append(

@@ -193,9 +193,7 @@ def discordances(discordance: float | None = None, totals: Sequence[int] | None 
     """The discordances to plan with and where each came from."""
     if discordance is not None and totals is not None:
         raise StudyError("design accuracy: give --discordance or --totals, not both")
-    if discordance is not None:
-        if not 0 < discordance <= 1:
-            raise StudyError(f"--discordance: expected a share of the questions in (0, 1], got {discordance}")
+    if discordance is not None:  # a share in (0, 1]: the command's --discordance bound
         return [(discordance, "given")]
     if totals is not None:
         try:

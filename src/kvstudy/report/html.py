@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.io import read_json, write_csv
+from kvstudy.profiles import RUNNER_PARAMETERS
 from kvstudy.redact import write_scrubbed
 from kvstudy.report.notebook import CSV_NOTE, DEFAULT, FINDING_KEY, GIVEN, SETTINGS_KEY, SOURCE_TITLES, VERDICT_KEY
 
@@ -31,96 +32,74 @@ def name_sources(text: str) -> str:
     return SEED.sub(lambda m: SOURCE_TITLES.get(f"seed {m.group(1)}", m.group(0)), text)
 
 
-def _clean_output(output: dict[str, Any]) -> None:
-    data = output.get("data") or {}
-    for mime in ("text/html", "text/markdown"):
-        if mime in data:
-            text = "".join(data[mime]) if isinstance(data[mime], list) else str(data[mime])
-            data[mime] = name_sources(text)
-    if output.get("output_type") == "stream":
-        text = output.get("text", "")
-        output["text"] = name_sources("".join(text) if isinstance(text, list) else text)
-
-
-def shows_own_settings(nb: Any) -> bool:
-    """True when a cell of the executed notebook displayed ``notebook.settings_table``."""
-    return any(
-        (out.get("metadata") or {}).get(SETTINGS_KEY) for cell in nb.cells for out in cell.get("outputs", []) or []
-    )
-
-
-def settings_origin(name: str, given: set[str]) -> str:
-    return RUNNER_SET if name in ("profile", "figures_dir") else GIVEN if name in given else DEFAULT
-
-
-def write_settings_csv(values: Mapping[str, Any], given: set[str], folder: Path, name: str, shown_folder: str) -> str:
-    """The settings table as ``<folder>/<name>.csv``; the markdown line naming it (in ``shown_folder``)."""
+def settings_markdown(values: Mapping[str, Any], given: set[str], folder: Path, name: str, shown_folder: str) -> str:
+    """A settings table (name, value, origin) for the parameters a notebook ran with, also written as
+    ``<folder>/<name>.csv`` (named under the table, in ``shown_folder``)."""
     import pandas as pd
 
-    rows = [(k, v if isinstance(v, str) else json.dumps(v), settings_origin(k, given)) for k, v in values.items()]
-    path = write_csv(pd.DataFrame(rows, columns=["setting", "value", "origin"]), folder, name)
-    return f'<p class="kvstudy-note {CSV_NOTE}">As CSV: <code>{shown_folder}{path.name}</code></p>'
-
-
-def settings_markdown(values: Mapping[str, Any], given: set[str]) -> str:
-    """A settings table (name, value, origin) for the parameters a notebook ran with."""
+    records = [
+        (
+            k,
+            v if isinstance(v, str) else json.dumps(v),
+            RUNNER_SET if k in RUNNER_PARAMETERS else GIVEN if k in given else DEFAULT,
+        )
+        for k, v in values.items()
+    ]
+    path = write_csv(pd.DataFrame(records, columns=["setting", "value", "origin"]), folder, name)
     rows = [
         "**Settings** (origin: given by the profile, or the notebook's default)",
         "",
         "| setting | value | origin |",
         "|---|---|---|",
     ]
-    for name, value in values.items():
-        origin = settings_origin(name, given)
-        shown = json.dumps(value) if not isinstance(value, str) else value
+    for key, shown, origin in records:
         if len(shown) > 300:
             shown = shown[:300] + " … (full list in the executed notebook)"
         shown = shown.replace("|", "\\|").replace("`", "'")
-        rows.append(f"| {name} | `{shown}` | {origin} |")
-    return "\n".join(rows)
+        rows.append(f"| {key} | `{shown}` | {origin} |")
+    return (
+        "\n".join(rows) + f'\n\n<p class="kvstudy-note {CSV_NOTE}">As CSV: <code>{shown_folder}{path.name}</code></p>'
+    )
 
 
-def prepare(
-    nb: Any, values: Mapping[str, Any] | None, given: set[str], csv: tuple[Path, str, str] | None = None
-) -> Any:
+def prepare(nb: Any, values: Mapping[str, Any], given: set[str], csv: tuple[Path, str, str]) -> Any:
     """The notebook as the HTML shows it (see the module docstring); ``nb`` is changed in place.
     ``csv``: (folder, name, folder as shown) where the settings table the renderer adds is also written as CSV."""
     import nbformat
 
-    own_settings = shows_own_settings(nb)
+    outputs = [out for cell in nb.cells for out in cell.get("outputs", []) or []]
+    own_settings = any((out.get("metadata") or {}).get(SETTINGS_KEY) for out in outputs)  # notebook.settings_table
     cells = []
     for cell in nb.cells:
         tags = set(cell.get("metadata", {}).get("tags", []))
         if cell.cell_type == "code" and tags & HIDDEN_TAGS:
-            if "parameters" in tags and values is not None and not own_settings:
-                text = settings_markdown(values, given)
-                if csv is not None:
-                    text += "\n\n" + write_settings_csv(values, given, *csv)
-                cells.append(nbformat.v4.new_markdown_cell(text))
+            if "parameters" in tags and not own_settings:
+                cells.append(nbformat.v4.new_markdown_cell(settings_markdown(values, given, *csv)))
             continue
         if cell.cell_type == "markdown":
             cell.source = name_sources(cell.source)
         if cell.cell_type == "code":
             cell.metadata.setdefault("transient", {})["remove_source"] = True
-            for output in cell.get("outputs", []) or []:
-                _clean_output(output)
         cells.append(cell)
     nb.cells = cells
+    for output in outputs:
+        data = output.get("data") or {}  # nbformat.read joins multi-line texts into one string
+        for mime in ("text/html", "text/markdown"):
+            if mime in data:
+                data[mime] = name_sources(data[mime])
+        if output.get("output_type") == "stream":
+            output["text"] = name_sources(output.get("text", ""))
     return nb
 
 
 def render_html(
-    notebook_path: Path,
-    html_path: Path,
-    values: Mapping[str, Any] | None = None,
-    given: set[str] | frozenset[str] = frozenset(),
-    csv: tuple[Path, str, str] | None = None,
+    notebook_path: Path, html_path: Path, values: Mapping[str, Any], given: set[str], csv: tuple[Path, str, str]
 ) -> None:
     """Render an executed notebook as the report HTML (prose, tables, figures; no code)."""
     import nbformat
     from nbconvert import HTMLExporter
 
-    nb = prepare(nbformat.read(notebook_path, as_version=4), values, set(given), csv)
+    nb = prepare(nbformat.read(notebook_path, as_version=4), values, given, csv)
     exporter = HTMLExporter(
         template_name="lab",
         template_file="report.html.j2",

@@ -33,18 +33,6 @@ def prose(text: Any) -> Markup:
     return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(plain))))
 
 
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-    )
-    env.filters["prose"] = prose
-    env.filters["capfirst"] = lambda t: str(t)[:1].upper() + str(t)[1:]
-    return env
-
-
 def _item(stem: str, entry: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """One notebook's line: its finding, or that it failed (with the last good report if there is one)."""
     if not entry:
@@ -110,13 +98,6 @@ def status_from_reports(out_dir: Path, stems: Sequence[str], status: dict[str, A
     return healed
 
 
-def _remove_stale(out_dir: Path, stems: Sequence[str]) -> None:
-    """Remove reports of notebooks that are not in the profile, so none is taken for its results."""
-    for stem in stems:
-        for suffix in (".html", ".ipynb", ".failed.html", ".failed.ipynb"):
-            (out_dir / f"{stem}{suffix}").unlink(missing_ok=True)
-
-
 def write_index(
     out_dir: Path,
     profile: str,
@@ -126,33 +107,35 @@ def write_index(
     secrets: list[str] | None = None,
 ) -> Path:
     """Write ``index.html`` (atomically, scrubbed of every secret shape and of the literal ``secrets``)
-    for the profile's notebooks; drop entries of other notebooks."""
+    for the profile's notebooks (``status``: their entries, from :func:`status_from_reports`)."""
     stems = [s for s in all_stems if s in profile_data["notebooks"]]
     absent = [s for s in all_stems if s not in profile_data["notebooks"]]
-    for stem in list(status):
-        if stem not in stems:
-            del status[stem]
-    _remove_stale(out_dir, absent)
+    for stem in absent:  # reports of notebooks not in the profile: none is taken for its results
+        for suffix in (".html", ".ipynb", ".failed.html", ".failed.ipynb"):
+            (out_dir / f"{stem}{suffix}").unlink(missing_ok=True)
     items = [_item(stem, status.get(stem) or {}, out_dir) for stem in stems]
     items += [{"kind": "absent", "stem": s} for s in absent]
     card = card_from_status(profile, status, list(stems), profile_data.get("decision"))
     thresholds = ", ".join(f"{k} {v}" for k, v in card.thresholds.items() if v is not None)
-    page = (
-        _environment()
-        .get_template(TEMPLATE)
-        .render(
-            profile=profile,
-            extends=profile_data.get("extends"),
-            card=card,
-            answer_class=ANSWER_CLASS.get(card.answer, "open"),
-            thresholds=thresholds,
-            items=items,
-            description=name_sources(str(profile_data.get("description") or "")),
-            stamp=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            commit=git_commit(),
-            cpu=cpu_model(),
-            versions=", ".join(f"{k} {v}" for k, v in package_versions(REPORT_PACKAGES).items()),
-        )
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(prose=prose, capfirst=lambda t: str(t)[:1].upper() + str(t)[1:])
+    page = env.get_template(TEMPLATE).render(
+        profile=profile,
+        extends=profile_data.get("extends"),
+        card=card,
+        answer_class=ANSWER_CLASS.get(card.answer, "open"),
+        thresholds=thresholds,
+        items=items,
+        description=name_sources(str(profile_data.get("description") or "")),
+        stamp=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        commit=git_commit(),
+        cpu=cpu_model(),
+        versions=", ".join(f"{k} {v}" for k, v in package_versions(REPORT_PACKAGES).items()),
     )
     path = out_dir / "index.html"
     write_scrubbed(path, page, secrets)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
-import math
+import numbers
 import os
 import platform
 import subprocess
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.digests import file_digest
+from kvstudy.formats import finite
 from kvstudy.io import REPO_ROOT, write_csv
 from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
 from kvstudy.secret_shapes import redact_shapes
@@ -100,7 +101,7 @@ def verdict(topic: str, text: str, state: str = "measured", next_step: str | Non
     record = {"topic": topic, "text": text, "state": state, "next_step": next_step, "facts": facts}
     shown = f"**Verdict ({topic}, {state}):** {text}" + (f" *Next:* {next_step}" if next_step else "")
     _SHOWN["verdict"] = text
-    display(Markdown(shown), metadata={VERDICT_KEY: _finite(json.loads(json.dumps(record, default=_plain_fact)))})
+    display(Markdown(shown), metadata={VERDICT_KEY: finite(json.loads(json.dumps(record, default=_plain_fact)))})
 
 
 def _plain_fact(value: Any) -> Any:
@@ -109,43 +110,18 @@ def _plain_fact(value: Any) -> Any:
     return item() if callable(item) and not isinstance(value, (list, dict)) else str(value)
 
 
-def _finite(value: Any) -> Any:
-    """NaN and infinities become None (JSON has neither), containers recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def is_missing(value: Any) -> bool:
-    """True for None, NaN and pandas' NA."""
-    if value is None:
-        return True
-    try:
-        import pandas as pd
-
-        return bool(pd.isna(value)) if not isinstance(value, (list, tuple, dict)) else False
-    except (TypeError, ValueError):
-        return False
-
-
 def format_value(value: Any, decimals: int = 2) -> str:
     """A cell as a reader wants it: a dash if missing, integers without ``.0``, thousands separated."""
-    if is_missing(value):
+    import pandas as pd
+
+    if pd.api.types.is_scalar(value) and pd.isna(value):  # None, NaN, pandas' NA
         return MISSING
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, int) or (
-        hasattr(value, "is_integer") and not isinstance(value, float) and type(value).__name__.startswith("int")
-    ):
+    if isinstance(value, numbers.Integral):  # numpy's integers too
         return f"{int(value):,}"
-    if isinstance(value, float) or type(value).__name__.startswith("float"):
+    if isinstance(value, numbers.Real):
         number = float(value)
-        if not math.isfinite(number):
-            return str(number)
         return f"{int(number):,}" if number.is_integer() else f"{number:,.{decimals}f}"
     return str(value)
 
@@ -207,10 +183,8 @@ def csv_tables(figures_dir: str | Path, prefix: str) -> None:
 def _show_frames_as_reports() -> None:
     """Make this kernel show every DataFrame and Styler as a report table (:func:`styled`), with its CSV
     once :func:`csv_tables` names a folder; nothing outside a kernel."""
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover - IPython comes with the notebook tools
-        return
+    from IPython import get_ipython
+
     shell = get_ipython()
     if shell is None:
         return
@@ -276,7 +250,7 @@ def _cell(value: Any) -> str:
             return html.escape(str(shown(number)))
         if number.is_integer():
             return str(int(number))
-        return f"{number:.6f}".rstrip("0") if math.isfinite(number) else str(number)
+        return f"{number:.6f}".rstrip("0")
     return _breakable(str(value))
 
 
@@ -321,8 +295,7 @@ def _breakable(text: str) -> str:
 
 
 def _has_named_index(df: Any) -> bool:
-    names = [n for n in getattr(df.index, "names", []) if n is not None]
-    return bool(names)
+    return any(n is not None for n in df.index.names)
 
 
 _show_frames_as_reports()
@@ -330,11 +303,7 @@ _show_frames_as_reports()
 
 def given_parameters() -> set[str]:
     """Names of the parameters the profile gave this run (empty outside ``make all``)."""
-    try:
-        names = json.loads(os.environ.get(GIVEN_ENV, "[]"))
-    except ValueError:
-        return set()
-    return {str(n) for n in names} if isinstance(names, list) else set()
+    return set(json.loads(os.environ.get(GIVEN_ENV, "[]")))  # the runner's JSON list of names
 
 
 def parameter_values(stem: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
@@ -354,24 +323,19 @@ def settings_table(
     parameters whose default is an assumption (``ASSUMED`` unless the profile gave them); others are
     ``GIVEN`` by the profile or the ``DEFAULT`` of the notebook. The runner shows this table instead of
     the raw parameter cells."""
+    import pandas as pd
     from IPython.display import Markdown, display
 
     given = given_parameters()
     origins = {**{name: ASSUMED for name in assumed if name not in given}, **dict(origins or {})}
-    rows = ["| setting | value | origin |", "|---|---|---|"]
     records = []
     for name, value in values.items():
-        origin = origins.get(name) or (GIVEN if name in given else DEFAULT)
-        records.append((name, value, origin))
-        shown = format_value(value) if not isinstance(value, (list, dict, tuple)) else json.dumps(value)
-        rows.append(f"| {name} | `{shown}` | {origin} |".replace("\n", " "))
-    import pandas as pd
-
-    frame = pd.DataFrame(
-        [(n, json.dumps(v) if isinstance(v, (list, dict, tuple)) else v, r) for n, v, r in records],
-        columns=["setting", "value", "origin"],
-    )
-    note = table_csv(frame, f"{_CSV['prefix']}-settings") if _CSV["folder"] is not None else ""
+        plain = json.dumps(value) if isinstance(value, (list, dict, tuple)) else value  # as the CSV holds it
+        records.append((name, plain, origins.get(name) or (GIVEN if name in given else DEFAULT)))
+    rows = ["| setting | value | origin |", "|---|---|---|"]
+    rows += [f"| {name} | `{format_value(plain)}` | {origin} |".replace("\n", " ") for name, plain, origin in records]
+    frame = pd.DataFrame(records, columns=["setting", "value", "origin"])
+    note = table_csv(frame, f"{_CSV['prefix']}-settings")
     display(
         Markdown("**Settings**\n\n" + "\n".join(rows) + ("\n\n" + note if note else "")), metadata={SETTINGS_KEY: True}
     )
@@ -431,9 +395,7 @@ def _redact_figure_text(fig: Any) -> None:
     from matplotlib.text import Text
 
     for text in fig.findobj(Text):
-        shown = text.get_text()
-        if shown and redact_shapes(shown) != shown:
-            text.set_text(redact_shapes(shown))
+        text.set_text(redact_shapes(text.get_text()))
 
 
 def git_commit(root: Path = REPO_ROOT) -> str:
@@ -456,6 +418,7 @@ def git_commit(root: Path = REPO_ROOT) -> str:
 
 def provenance(data: Sequence[str | Path] = (), **settings: Any) -> Any:
     """A markdown block: when, on what machine, with which versions, settings and data files."""
+    import pandas as pd
     from IPython.display import Markdown
 
     rows = [
@@ -470,10 +433,6 @@ def provenance(data: Sequence[str | Path] = (), **settings: Any) -> Any:
         p = Path(item)
         rows.append(("data", f"`{item}` (sha256 {file_digest(p)})" if p.exists() else f"`{item}` (missing)"))
     lines = ["| what | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
-    note = ""
-    if _CSV["folder"] is not None:
-        import pandas as pd
-
-        frame = pd.DataFrame([(k, str(v).strip("`")) for k, v in rows], columns=["what", "value"])
-        note = "\n\n" + table_csv(frame, f"{_CSV['prefix']}-provenance")
-    return Markdown("**Provenance**\n\n" + "\n".join(lines) + note)
+    frame = pd.DataFrame([(k, str(v).strip("`")) for k, v in rows], columns=["what", "value"])
+    note = table_csv(frame, f"{_CSV['prefix']}-provenance")
+    return Markdown("**Provenance**\n\n" + "\n".join(lines) + ("\n\n" + note if note else ""))

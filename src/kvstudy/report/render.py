@@ -33,12 +33,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+from unittest import mock
 
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import REPO_ROOT, read_json, read_text_checked, without_machine_paths, write_text_atomic
 from kvstudy.profiles import (
     Parameter,
-    check_profile_name,
     given_parameters,
     load_profile,
     validate_profile,
@@ -154,20 +154,6 @@ def _progress_engine() -> str:
     return PROGRESS_ENGINE
 
 
-@contextmanager
-def _given_in_environment(given: Sequence[str]) -> Iterator[None]:
-    """Tell the kernel (through its environment) which parameters the profile gave."""
-    old = os.environ.get(GIVEN_ENV)
-    os.environ[GIVEN_ENV] = json.dumps(sorted(given))
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(GIVEN_ENV, None)
-        else:
-            os.environ[GIVEN_ENV] = old
-
-
 def _quiet_kernel_logs(names: Sequence[str] = ("papermill", "traitlets", "jupyter_client", "nbclient")) -> None:
     """Keep jupyter's kernel chatter (the TCP-without-encryption warning, a dead kernel's "Kernel died
     while waiting for execute reply") off the terminal: what a notebook run ends with is its status."""
@@ -199,7 +185,8 @@ def run_notebook(
     needs: str | None = None
     stream = ProgressStream(label or f"  {source.stem}:")
     try:
-        with _given_in_environment(given), warnings.catch_warnings():
+        # the kernel learns from its environment which parameters the profile gave
+        with mock.patch.dict(os.environ, {GIVEN_ENV: json.dumps(sorted(given))}), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             pm.execute_notebook(
                 str(source),
@@ -233,19 +220,11 @@ def run_notebook(
     verdicts: list[Any] = []
     if executed.exists():
         scrub_executed(executed, parameters, cwd)
-        render_html(executed, html_path, redact(parameters), set(given), _settings_csv(parameters, cwd, source.stem))
+        figures = parameters["figures_dir"]  # relative to cwd: the settings table's CSV goes beside the figures
+        csv = (cwd / figures, f"{source.stem[:2]}-settings", f"{figures}/")
+        render_html(executed, html_path, redact(parameters), set(given), csv)
         found, verdicts = extract_results(executed)
     return NotebookRun(source.stem, html_path, seconds, found, error, verdicts, needs)
-
-
-def _settings_csv(parameters: dict[str, Any], cwd: Path, stem: str) -> tuple[Path, str, str] | None:
-    """Where the settings table the renderer adds is also written as CSV: (folder, name, folder as shown)."""
-    figures = parameters.get("figures_dir")
-    if not isinstance(figures, str) or not figures:
-        return None
-    if Path(figures).is_absolute():
-        return Path(figures), f"{stem[:2]}-settings", ""
-    return cwd / figures, f"{stem[:2]}-settings", f"{figures}/"
 
 
 @contextmanager
@@ -385,7 +364,6 @@ def scrub_figure_tables(figures_dir: Path, values: list[str]) -> None:
 
 def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) -> list[NotebookRun]:
     """Check the profile, run its notebooks (or ``only`` these), publish them and rewrite the index."""
-    check_profile_name(profile)
     profile_data = load_profile(profile, root / "profiles")
     declared: dict[str, dict[str, Parameter]] = validate_profile(profile_data, root / "notebooks")
     selected = check_only(only, profile_data, profile) if only else list(profile_data["notebooks"])
@@ -395,14 +373,8 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
     runs = []
     began = time.perf_counter()
     # every secret value any notebook of the profile is given: none reaches the index or status
-    secrets = sorted(
-        {
-            v
-            for stem in profile_data["notebooks"]
-            for v in secret_parameter_values(given_parameters(profile_data, stem, declared[stem]))
-        },
-        key=len,
-        reverse=True,
+    secrets = secret_parameter_values(
+        [given_parameters(profile_data, s, declared[s]) for s in profile_data["notebooks"]]
     )
     with profile_lock(reports_dir, profile):
         out_dir.mkdir(parents=True, exist_ok=True)

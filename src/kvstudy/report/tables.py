@@ -28,10 +28,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-def _as_is(value: Any) -> Any:
-    return value
-
-
 @dataclass(frozen=True)
 class Column:
     """One column of a table: which field of the record it shows, under which header, how."""
@@ -39,7 +35,7 @@ class Column:
     key: str  # attribute path on the record, e.g. "comparison.counts.baseline_only"; "" = the record
     header: str  # "{unit}" and "{row.<path>}" (a field of the first record) are filled in
     unit: str = ""  # "%", "points", "items", "tokens"; "" for labels, counts and p-values
-    format: Callable[[Any], Any] = _as_is  # the field's value -> the cell (number, text, bool or None)
+    format: Callable[[Any], Any] = lambda value: value  # the field's value -> the cell (number, text, bool or None)
 
     def title(self, first: Any) -> str:
         return self.header.format(unit=self.unit, row=first)
