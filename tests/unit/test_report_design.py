@@ -39,9 +39,11 @@ def test_normal_approximation_beyond_the_exact_search() -> None:
 def test_speed_design_reads_the_capture_aa_noise() -> None:
     rows = report_design.speed_design([20.0], capture_dir=CAPTURE)
     assert [r.users for r in rows] == [1, 4]
-    assert all(r.noise_origin.startswith("measured: A/A noise of") and r.runs_per_arm for r in rows)
+    assert all(r.noise_state == "measured" and r.noise_origin.startswith("measured: A/A noise of") for r in rows)
+    assert all(r.runs_per_arm for r in rows)
     assumed = report_design.speed_design([20.0])
-    assert assumed[0].noise_origin.startswith("assumed") and assumed[0].noise_sd == report_design.ASSUMED_NOISE_SD
+    assert assumed[0].noise_state == "assumed" and assumed[0].noise_origin.startswith("assumed")
+    assert assumed[0].noise_sd == report_design.ASSUMED_NOISE_SD
 
 
 def test_non_inferiority_questions_against_a_simulation() -> None:
@@ -65,7 +67,7 @@ def test_accuracy_design_from_totals_spans_the_pairings() -> None:
 def test_cli_prints_both_and_refuses_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["design", "speed", "--noise-sd", "0.05", "--change", "10", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data[0]["noise_origin"] == "given" and data[0]["runs_per_arm"] >= 6
+    assert data[0]["noise_state"] == data[0]["noise_origin"] == "given" and data[0]["runs_per_arm"] >= 6
     assert cli.main(["design", "accuracy", "--discordance", "0.05", "--margin-points", "2"]) == 0
     assert "questions (discordance 5.0%, given" in capsys.readouterr().out
     assert cli.main(["design", "accuracy", "--discordance", "2"]) == 2

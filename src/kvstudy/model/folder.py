@@ -14,12 +14,10 @@ BUILT_MODELS = {Path("data/tiny-models"): "make engine tiny-model"}
 
 
 def _built_by(path: Path) -> str | None:
-    """The command that builds ``path`` when it is one of the project's built model folders."""
-    try:
-        rel = path.resolve().relative_to(REPO_ROOT) if path.is_absolute() else path
-    except ValueError:
-        return None
-    return next((cmd for root, cmd in BUILT_MODELS.items() if rel.parts[: len(root.parts)] == root.parts), None)
+    """The command that builds ``path`` when it is one of the project's built model folders (both
+    sides resolved: the folder may be a symlink out of the repository)."""
+    full = (REPO_ROOT / path).resolve()
+    return next((cmd for root, cmd in BUILT_MODELS.items() if full.is_relative_to((REPO_ROOT / root).resolve())), None)
 
 
 def cached_snapshots(cache_dir: str | Path | None = None, asked: str | None = None) -> dict[str, Path]:

@@ -26,6 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from kvstudy.accuracy.analysis import ASSUMED_DISCORDANCE
 from kvstudy.errors import StudyError
@@ -37,6 +38,7 @@ from kvstudy.stats.permutation import TARGET_POWER, runs_needed
 ASSUMED_NOISE_SD = 0.05  # SD of a per-seed log TPOT difference when no capture or value is given (assumed)
 DEFAULT_CHANGES_PCT = (5.0, 10.0, 20.0)
 DEFAULT_MARGINS_POINTS = (1.0, 2.0, 5.0)
+NoiseState = Literal["measured", "not estimable", "given", "assumed"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,8 @@ class SpeedDesign:
 
     users: int | None  # the capture's user count the noise was measured at; None: no capture
     noise_sd: float
-    noise_origin: str  # "measured: ...", "given", "assumed: ..."
+    noise_state: NoiseState
+    noise_origin: str  # the state and what it was measured on or why not
     change_pct: float
     runs_per_arm: int | None  # None: more than the method searches
     method: str
@@ -63,25 +66,32 @@ class AccuracyDesign:
     power: float
 
 
-def capture_noise(capture_dir: str | Path) -> list[tuple[int | None, float | None, str]]:
-    """Per user count of a sweep capture: (users, noise SD or None, origin or why not)."""
+def capture_noise(capture_dir: str | Path) -> list[tuple[int | None, float | None, NoiseState, str]]:
+    """Per user count of a sweep capture: (users, noise SD or None, state, origin or why not)."""
     from kvstudy.speed import analysis, verdicts_table
 
     cap = analysis.load_capture(capture_dir)
     base = cap.spec.configurations[0].name
     repeats = verdicts_table.aa_pairs(cap)
     if not repeats:
-        return [(None, None, f"{capture_dir}: no A/A repeat of the baseline in this capture")]
-    out: list[tuple[int | None, float | None, str]] = []
+        return [(None, None, "not estimable", f"{capture_dir}: no A/A repeat of the baseline in this capture")]
+    out: list[tuple[int | None, float | None, NoiseState, str]] = []
     for users in cap.spec.users:
         runs = [r for name in [base, *repeats] for r in verdicts_table.capture_runs(cap, name, int(users))]
         usable = [r for r in runs if r.measurable and r.tpots_s]
         found = noise_sd(usable)
         if found is None:
-            out.append((int(users), None, f"not estimable: {len(usable)} measurable of {len(runs)} A/A runs"))
+            out.append(
+                (int(users), None, "not estimable", f"not estimable: {len(usable)} measurable of {len(runs)} A/A runs")
+            )
         else:
             out.append(
-                (int(users), found[0], f"measured: A/A noise of {capture_dir} at {users} user(s), {found[1]} df")
+                (
+                    int(users),
+                    found[0],
+                    "measured",
+                    f"measured: A/A noise of {capture_dir} at {users} user(s), {found[1]} df",
+                )
             )
     return out
 
@@ -95,26 +105,26 @@ def speed_design(
     """One row per (noise source, change): the seed blocks per arm the change needs."""
     if capture_dir is not None and sd is not None:
         raise StudyError("design speed: give --capture or --noise-sd, not both")
-    noises: list[tuple[int | None, float | None, str]]
+    noises: list[tuple[int | None, float | None, NoiseState, str]]
     if capture_dir is not None:
         noises = capture_noise(capture_dir)
     elif sd is not None:
-        noises = [(None, sd, "given")]
+        noises = [(None, sd, "given", "given")]
     else:
-        noises = [(None, ASSUMED_NOISE_SD, "assumed (no capture or --noise-sd given)")]
+        noises = [(None, ASSUMED_NOISE_SD, "assumed", "assumed (no capture or --noise-sd given)")]
     if len(noises) * len(changes_pct) > MAX_DESIGN_ROWS:
         raise StudyError(
             f"design speed: {len(noises)} noise estimate(s) x {len(changes_pct)} change(s) = "
             f"{len(noises) * len(changes_pct)} designs, expected at most {MAX_DESIGN_ROWS} (give fewer --change values)"
         )
     rows = []
-    for users, sigma, origin in noises:
+    for users, sigma, state, origin in noises:
         for pct in changes_pct:
             if sigma is None:
-                rows.append(SpeedDesign(users, math.nan, origin, pct, None, "no noise estimate", power))
+                rows.append(SpeedDesign(users, math.nan, state, origin, pct, None, "no noise estimate", power))
                 continue
             need = runs_needed(sigma, pct / 100.0, power=power)
-            rows.append(SpeedDesign(users, sigma, origin, pct, need.runs_per_arm, need.method, power))
+            rows.append(SpeedDesign(users, sigma, state, origin, pct, need.runs_per_arm, need.method, power))
     return rows
 
 

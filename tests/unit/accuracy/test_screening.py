@@ -159,7 +159,7 @@ def _answered(cap: Path, name: str) -> None:
     (folder / "records.jsonl").write_text("")
 
 
-def test_an_answered_configuration_without_its_screen_runs_again(tmp_path):
+def test_an_answered_configuration_without_its_screen_runs_again(tmp_path, monkeypatch):
     settings = ge.EvalSettings(n=2)
     _answered(tmp_path / "cap", "bf16")
     lines: list[str] = []
@@ -170,10 +170,8 @@ def test_an_answered_configuration_without_its_screen_runs_again(tmp_path):
         ge.run_missing(["bf16"], tmp_path / "model", tmp_path / "cap", settings, progress=lines.append, screen_top_k=20)
     assert not any("kept" in line for line in lines)
     items = sc.prompts_for(settings.task, settings.data_dir, settings.n)
-    (tmp_path / "cap" / "bf16" / sc.ROWS).write_text("")
-    (tmp_path / "cap" / "bf16" / sc.STATUS).write_text(
-        json.dumps({"state": "ok", "top_k": 20, "prompts_sha256": sc._digest(items)})
-    )
+    monkeypatch.setattr(sc, "score_prompt", _scorer([]))
+    sc.run(SERVER, tmp_path / "cap" / "bf16", items, 20, progress=lambda line: None)  # the screen, finished
     lines.clear()
     assert (
         ge.run_missing(["bf16"], tmp_path / "model", tmp_path / "cap", settings, progress=lines.append, screen_top_k=20)
