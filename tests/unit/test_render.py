@@ -195,7 +195,7 @@ def test_progress_stream_names_a_long_running_cell() -> None:
     out = io.StringIO()
     stream = report.ProgressStream("[p]   nb:", out, every_s=0.05)
     stream.cell_started(3, 7, "# a comment\nrun_sweep(spec)\n")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # a generous bound: it only catches a ticker that never ticks
     while "notebook cell 3/7 running for" not in out.getvalue() and time.monotonic() < deadline:
         time.sleep(0.05)
     stream.close()

@@ -29,7 +29,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "models"
 MODELS = ROOT / "data" / "models"
 
 
-def _gone(pid: int, within: float = 15.0) -> bool:
+def _gone(pid: int, within: float = 60.0) -> bool:  # a generous bound: it only catches a survivor
     end = time.monotonic() + within
     while time.monotonic() < end:
         try:

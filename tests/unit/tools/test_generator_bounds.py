@@ -3,12 +3,13 @@ item 4, issue 30's second corpus): each number and their product bounded (kvstud
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvstudy import cli
+from kvstudy.tools import retrieval_data, retrieval_files
 from kvstudy.tools.retrieval_files import RetrievalSet, items_for
 
 
@@ -23,13 +24,14 @@ from kvstudy.tools.retrieval_files import RetrievalSet, items_for
     ],
 )
 def test_retrieval_data_bounds_each_number_and_the_product(
-    tmp_path: Path, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    started = time.monotonic()
+    generated: list[Any] = []  # the refusal comes before any item is generated, so it takes no time
+    monkeypatch.setattr(retrieval_files, "generate_items", lambda *a: generated.append(a) or [])
     assert cli.main(["retrieval-data", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
-    assert time.monotonic() - started < 10 and not (tmp_path / "out").exists()
+    assert generated == [] and not (tmp_path / "out").exists()
 
 
 def test_gsm8k_data_names_the_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -37,12 +39,34 @@ def test_gsm8k_data_names_the_option(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "argument --n-test: expected an integer from 1 to 1,000,000" in capsys.readouterr().err
 
 
-def test_a_long_kv_context_is_placed_in_one_pass() -> None:
-    """Key places are found in one pass (a search per key made a 2 M-character kv context take minutes);
-    each item's depth is still where its key first stands."""
-    started = time.monotonic()
-    items = items_for(RetrievalSet(lengths=(2_000_000,), n_per_length=4, questions_per_context=4, kinds=("kv",)))
-    assert time.monotonic() - started < 20
+class _CountedSearches(str):
+    """A context that counts the searches made in it (a search per key is what made it quadratic)."""
+
+    searches = 0
+
+    def index(self, *args: Any) -> int:  # type: ignore[override]
+        _CountedSearches.searches += 1
+        return super().index(*args)
+
+    def find(self, *args: Any) -> int:  # type: ignore[override]
+        _CountedSearches.searches += 1
+        return super().find(*args)
+
+    def __contains__(self, key: Any) -> bool:
+        _CountedSearches.searches += 1
+        return super().__contains__(key)
+
+
+def test_a_long_kv_context_is_placed_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Key places are found in one pass (a search per key made a 2 M-character kv context take minutes):
+    the context is never searched key by key; each item's depth is still where its key first stands."""
+    make_context, _CountedSearches.searches = retrieval_data.make_context, 0
+    monkeypatch.setattr(
+        retrieval_data, "make_context", lambda *a: (lambda c, e: (_CountedSearches(c), e))(*make_context(*a))
+    )
+    items = items_for(RetrievalSet(lengths=(20_000,), n_per_length=4, questions_per_context=4, kinds=("kv",)))
+    assert items[0]["n_keys"] > 100 and _CountedSearches.searches == 0, _CountedSearches.searches
+    monkeypatch.undo()
     for item in items + items_for(RetrievalSet(lengths=(300, 900), n_per_length=4, questions_per_context=1)):
         key = item["answer_prefix"].split()[-2 if item["kind"] == "needle" else 0].rstrip(":")
         assert item["depth"] == round(item["context"].index(key) / len(item["context"]), 4)
