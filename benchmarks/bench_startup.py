@@ -26,13 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from kvstudy.machine import vllm_distribution  # noqa: E402
 from kvstudy.tools.tiny_model import ensure_tiny_model  # noqa: E402
-from kvstudy.vllm.command import (  # noqa: E402
-    ServerConfig,
-    build_command,
-    server_environment,
-    vllm_distribution,
-)
+from kvstudy.vllm.command import ServerConfig, build_command, server_environment  # noqa: E402
 from kvstudy.vllm.process import stop_process_group  # noqa: E402
 from kvstudy.vllm.server import VllmServer, free_port  # noqa: E402
 
