@@ -51,6 +51,14 @@ def show(data: Any, lines: list[str], as_json: bool, **dumps: Any) -> None:
     print(json.dumps(data, indent=2, **dumps) if as_json else "\n".join(lines))
 
 
+def print_failed(results: Sequence[Any]) -> list[Any]:
+    """Print each failed cell of a grid run on stderr; the failed results."""
+    failed = [r for r in results if r.status != "ok"]
+    for r in failed:
+        print(f"failed: {r.cell_id}: {r.reason}", file=sys.stderr)
+    return failed
+
+
 def grid_arguments(parser: argparse.ArgumentParser, spec_help: str) -> None:
     """The spec file and capture folder of ``sweep``, ``load`` and ``context-sweep``."""
     from kvstudy.limits import output_folder  # not at the top: ``kvstudy engine-check`` needs no pydantic

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 from kvstudy.capture import MANIFEST
-from kvstudy.cli import grid_arguments, retry_option
+from kvstudy.cli import grid_arguments, print_failed, retry_option
 from kvstudy.io import read_json
 from kvstudy.load.runner import missing_cells, run_load
 from kvstudy.load.spec import LoadSpec, check_design
@@ -28,9 +27,7 @@ def _load(args: argparse.Namespace) -> int:
     results = run_load(
         spec, args.capture, how=f"kvstudy load {args.spec} {args.capture}", retry_failed=args.retry_failed
     )
-    failed = [r for r in results if r.status != "ok"]
-    for r in failed:
-        print(f"failed: {r.cell_id}: {r.reason}", file=sys.stderr)
+    failed = print_failed(results)
     print(f"{len(results) - len(failed)} cells ok, {len(failed)} failed; capture in {args.capture}")
     return 1 if failed else 0
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvstudy.cli import grid_arguments, json_option, retry_option
+from kvstudy.cli import grid_arguments, json_option, print_failed, retry_option
 from kvstudy.io import read_json
 from kvstudy.limits import float_arg
 from kvstudy.redact import redact, redact_text
@@ -28,9 +28,7 @@ def _sweep(args: argparse.Namespace) -> int:
     results = run_sweep(
         spec, args.capture, how=f"kvstudy sweep {args.spec} {args.capture}", retry_failed=args.retry_failed
     )
-    failed = [r for r in results if r.status != "ok"]
-    for r in failed:
-        print(f"failed: {r.cell_id}: {r.reason}", file=sys.stderr)
+    failed = print_failed(results)
     ran = {r.cell_id for r in results}
     kept = [c.id for c in spec.cells() if c.id not in ran and cell_status(Path(args.capture), c) == "failed"]
     if kept:
