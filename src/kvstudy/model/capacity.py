@@ -1,4 +1,4 @@
-"""KV-cache capacity math: bytes per token and per request, tokens per GiB, the pool a GPU leaves.
+"""KV-cache capacity math: bytes per token and per request, tokens per GiB.
 
 From a model's layout (``kvstudy.model.layout``) with vLLM 0.32's per-layer rules
 (``vllm/v1/kv_cache_interface.py``, ``vllm/v1/core/kv_cache_utils.py``): full attention grows with
@@ -18,7 +18,6 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
-from kvstudy.io import is_finite_number
 from kvstudy.model.layout import (
     CHUNKED,
     FULL,
@@ -63,15 +62,6 @@ class KVFootprint:
     @property
     def tokens_per_gib(self) -> float:
         return tokens_per_gib(self.bytes_per_token)
-
-
-@dataclass(frozen=True)
-class PoolEstimate:
-    """The KV pool a GPU leaves at a memory utilization, after weights and overhead."""
-
-    requested_bytes: int  # GPU memory x utilization
-    overhead_bytes: int  # activations, non-torch memory, CUDA graphs (an assumption)
-    kv_pool_bytes: int  # what is left for the KV cache (0 if nothing)
 
 
 # --------------------------------------------------------------------------- bytes per token
@@ -244,27 +234,6 @@ def tokens_per_gib(bytes_per_token: float) -> float:
     if bytes_per_token <= 0:
         raise StudyError(f"bytes per token {bytes_per_token!r}: expected a positive number")
     return GIB / bytes_per_token
-
-
-# --------------------------------------------------------------------------- weights and pool
-
-
-def kv_pool_after_weights(
-    gpu_memory_gib: float,
-    gpu_memory_utilization: float,
-    weights_bytes: int,
-    overhead_gib: float = 0.0,
-) -> PoolEstimate:
-    """KV pool = GPU memory x utilization - weights - overhead (the overhead is an assumption)."""
-    if not is_finite_number(gpu_memory_gib) or gpu_memory_gib <= 0:
-        raise StudyError(f"gpu_memory_gib {gpu_memory_gib!r}: expected a positive number of GiB")
-    if not is_finite_number(gpu_memory_utilization) or not 0 < gpu_memory_utilization <= 1:
-        raise StudyError(f"gpu_memory_utilization {gpu_memory_utilization!r}: expected a number in (0, 1]")
-    if not is_finite_number(overhead_gib) or overhead_gib < 0:
-        raise StudyError(f"overhead_gib {overhead_gib!r}: expected a number of GiB >= 0")
-    requested = int(int(gpu_memory_gib * GIB) * gpu_memory_utilization)
-    overhead = int(overhead_gib * GIB)
-    return PoolEstimate(requested, overhead, max(requested - int(weights_bytes) - overhead, 0))
 
 
 # --------------------------------------------------------------------------- tables and CLI

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import MissingPrerequisite, StudyError
-from kvstudy.io import REPO_ROOT, read_json
+from kvstudy.io import REPO_ROOT, read_json_object
 from kvstudy.vllm.install_check import require_engine
 
 # Model folders the project builds instead of bundling (not in git), and the command that builds them.
@@ -92,7 +92,4 @@ def config_path(spec: str | Path) -> Path:
 def load_config(spec: str | Path) -> tuple[dict[str, Any], Path]:
     """The parsed config.json for a folder, file or cache id, and the path it came from."""
     cfg = config_path(spec)
-    data = read_json(cfg)
-    if not isinstance(data, dict):
-        raise StudyError(f"{cfg}: expected a JSON object at the top level, got {type(data).__name__}")
-    return data, cfg  # its fields are checked where they are read (kvstudy.model.config_fields)
+    return read_json_object(cfg), cfg  # its fields are checked where they are read (kvstudy.model.config_fields)

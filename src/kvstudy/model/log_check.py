@@ -23,6 +23,7 @@ from kvstudy.model.capacity import GIB, LINEAR, MLA, SHARED, ModelLayout, resolv
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import layout_from_config
 from kvstudy.model.oracle import resolve_layout
+from kvstudy.vllm.command import version_release
 from kvstudy.vllm.facts import (
     DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING,
     KV_POOL_OVERHEAD,
@@ -39,7 +40,6 @@ LOG_FORMULAS = {
     CONCURRENCY: "int(blocks / blocks per request x max length) (vLLM 0.18+)",
     PER_GROUP: "blocks // layer groups x block size (vLLM before 0.18)",
 }
-RE_VERSION = re.compile(r"^v?(\d+)\.(\d+)")
 RE_SNAPSHOT = re.compile(r"models--[^/\\]+?--([^/\\]+)[/\\]snapshots[/\\][^/\\]+[/\\]?$")
 RULES_POOL_PATH = "kvstudy rules (kvstudy.model.allocator)"
 OTHER_KV_DTYPES = ("auto", "fp8")  # what the same server would hold: the model's 16-bit cache and FP8
@@ -123,10 +123,10 @@ def _names(model: str | Path, config: dict[str, Any], config_path: Path) -> set[
 
 def _formulas(version: str | None) -> list[str]:
     """How the logging version turned blocks into logged tokens; both when the log names no version."""
-    found = RE_VERSION.match(version or "")
-    if not found:
+    release = version_release(version)
+    if release is None:
         return [CONCURRENCY, PER_GROUP]
-    return [PER_GROUP if (int(found.group(1)), int(found.group(2))) < POOL_LOG_PER_GROUP_BEFORE else CONCURRENCY]
+    return [PER_GROUP if release < POOL_LOG_PER_GROUP_BEFORE else CONCURRENCY]
 
 
 def _check_same_model(

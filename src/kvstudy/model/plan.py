@@ -13,17 +13,15 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
-from kvstudy.io import write_csv_at
+from kvstudy.io import is_finite_number, write_csv_at
 from kvstudy.model.capacity import (
     FULL,
     GIB,
     MLA,
     SLIDING,
     ModelLayout,
-    PoolEstimate,
     capacity_summary,
     kv_footprint,
-    kv_pool_after_weights,
 )
 from kvstudy.model.oracle import resolve_layout
 from kvstudy.model.weights import WeightsUnknown, weights_size
@@ -54,9 +52,14 @@ class GroupPool:
     """The KV pool of each GPU in a tensor x pipeline group, or why there is none."""
 
     weights_bytes_per_gpu: int
-    pool: PoolEstimate  # one GPU's
-    fits: bool
-    message: str  # "" when it fits
+    requested_bytes: int  # GPU memory x utilization
+    overhead_bytes: int  # activations, non-torch memory, CUDA graphs (an assumption)
+    kv_pool_bytes: int  # what is left for the KV cache (0 if nothing)
+    message: str  # why the weights do not fit; "" when they do
+
+    @property
+    def fits(self) -> bool:
+        return self.kv_pool_bytes > 0
 
 
 def resolve_gpu_memory(
@@ -95,25 +98,32 @@ def resolve_gpu_memory(
 def group_pool(
     memory: GpuMemory, weights_bytes: int, overhead_gib: float = 0.0, tensor_parallel_size: int = 1
 ) -> GroupPool:
-    """Each GPU's KV pool: its memory x utilization - its share of the weights - overhead.
+    """Each GPU's KV pool: its memory x utilization - its share of the weights - overhead (an assumption).
 
     The weights are split evenly over the group (an approximation: vLLM replicates norms and, when
     tp > kv heads, the K/V projections). A model that does not fit gets ``fits=False`` and a message.
     """
+    if not is_finite_number(memory.memory_gib) or memory.memory_gib <= 0:
+        raise StudyError(f"gpu_memory_gib {memory.memory_gib!r}: expected a positive number of GiB")
+    if not is_finite_number(memory.utilization) or not 0 < memory.utilization <= 1:
+        raise StudyError(f"gpu_memory_utilization {memory.utilization!r}: expected a number in (0, 1]")
+    if not is_finite_number(overhead_gib) or overhead_gib < 0:
+        raise StudyError(f"overhead_gib {overhead_gib!r}: expected a number of GiB >= 0")
     per_gpu = -(-int(weights_bytes) // tensor_parallel_size)
-    pool = kv_pool_after_weights(memory.memory_gib, memory.utilization, per_gpu, overhead_gib)
-    fits = pool.kv_pool_bytes > 0
+    requested = int(int(memory.memory_gib * GIB) * memory.utilization)
+    overhead = int(overhead_gib * GIB)
+    pool = max(requested - per_gpu - overhead, 0)
     where = "per GPU " if tensor_parallel_size > 1 else ""
     message = (
         ""
-        if fits
+        if pool
         else (
             f"the weights {where}({per_gpu / GIB:.2f} GiB) exceed the memory vLLM may use "
-            f"({pool.requested_bytes / GIB:.2f} GiB{' less ' + format(overhead_gib, '.2f') + ' GiB overhead' if overhead_gib else ''}): "
+            f"({requested / GIB:.2f} GiB{' less ' + format(overhead_gib, '.2f') + ' GiB overhead' if overhead_gib else ''}): "
             "use a larger GPU, more GPUs (tensor parallelism), or a smaller checkpoint"
         )
     )
-    return GroupPool(per_gpu, pool, fits, message)
+    return GroupPool(per_gpu, requested, overhead, pool, message)
 
 
 def users_at(
@@ -180,10 +190,10 @@ def gpu_tp_table(
                 "GPU": memory.gpu_name,
                 "TP": tp,
                 "weights per GPU (GiB)": plan.weights_bytes_per_gpu / GIB,
-                "KV pool per GPU (GiB)": plan.pool.kv_pool_bytes / GIB,
+                "KV pool per GPU (GiB)": plan.kv_pool_bytes / GIB,
             }
             for dtype in kv_dtypes:
-                row[f"users {dtype}"] = users_at(layout, dtype, plan.pool.kv_pool_bytes, context_len, tp)
+                row[f"users {dtype}"] = users_at(layout, dtype, plan.kv_pool_bytes, context_len, tp)
             rows.append(row)
     return pd.DataFrame(rows).set_index(["GPU", "TP"])
 
@@ -233,13 +243,13 @@ def plan_summary(
         "memory_source": memory.memory_source,
         "gpu_memory_utilization": memory.utilization,
         "utilization_source": memory.utilization_source,
-        "kv_pool_bytes_per_gpu": plan.pool.kv_pool_bytes,
+        "kv_pool_bytes_per_gpu": plan.kv_pool_bytes,
         "fits": plan.fits,
         "message": plan.message,
         "overhead": GPU_ONLY_OVERHEAD_NOTE,
     }
     for dtype, row in summary["dtypes"].items():
-        row["users"] = users_at(layout, dtype, plan.pool.kv_pool_bytes, summary["context_len"], tp)
+        row["users"] = users_at(layout, dtype, plan.kv_pool_bytes, summary["context_len"], tp)
     return summary
 
 
@@ -412,7 +422,7 @@ def capacity_facts(
     for tp in tps:
         if kv_memory_gib is None:
             group = group_pool(memory, weights_bytes or 0, overhead_gib, tp)  # not None here
-            pool = group.pool.kv_pool_bytes  # 0 when the weights do not fit
+            pool = group.kv_pool_bytes  # 0 when the weights do not fit
         users = {
             d: users_at(layout, d, pool, context_len, tp, 1, s) for d, s in ((baseline_dtype, None), ("fp8", skip))
         }

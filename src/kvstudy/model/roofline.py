@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import GpuSpec, find_gpu
-from kvstudy.model.capacity import LINEAR, KVFootprint, _limit, check_positive_int, kv_footprint, layer_bytes_per_token
+from kvstudy.model.capacity import KVFootprint, check_positive_int, kv_footprint
 from kvstudy.model.config_fields import text_config, usable_int
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import ModelLayout, load_layout
@@ -73,17 +73,6 @@ class Assumption:
 
 
 @dataclass(frozen=True)
-class KindRead:
-    """KV bytes one layer kind reads per request in one step."""
-
-    kind: str
-    layers: int
-    bytes_per_token: float  # summed over the kind's layers
-    tokens_read_per_request: int  # context, or the window when it caps (0 for state layers)
-    bytes_per_request: float
-
-
-@dataclass(frozen=True)
 class StepBytes:
     """Bytes one decode step reads for one KV dtype."""
 
@@ -95,7 +84,6 @@ class StepBytes:
     kv_bytes: float  # attention KV, all requests
     state_bytes: float  # linear-attention state read + written, all requests
     activation_bytes: float  # all requests
-    per_kind: tuple[KindRead, ...] = field(default_factory=tuple)
 
     @property
     def total_bytes(self) -> float:
@@ -148,32 +136,8 @@ class RooflineResult:
     assumptions: tuple[Assumption, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        """The CLI's JSON object."""
-        return {
-            "model": self.model,
-            "config": self.config,
-            "gpu": self.gpu,
-            "context_len": self.context_len,
-            "users": self.users,
-            "bandwidth_gb_s": self.bandwidth_gb_s,
-            "bandwidth_factor": self.bandwidth_factor,
-            "effective_bandwidth_gb_s": self.bandwidth_gb_s * self.bandwidth_factor,
-            "kv_dtypes": list(self.steps),
-            "bytes_per_step": {k: s.total_bytes for k, s in self.steps.items()},
-            "kv_bytes_per_step": {k: s.kv_bytes for k, s in self.steps.items()},
-            "kv_share_of_step": {k: s.kv_share for k, s in self.steps.items()},
-            "predicted_tpot_ms": dict(self.predicted_tpot_ms),
-            "predicted_itl_slope_ms_per_token": dict(self.predicted_itl_slope_ms_per_token),
-            "kv_dominates_from_tokens": dict(self.kv_dominates_from_tokens),
-            "baseline_dtype": self.baseline_dtype,
-            "fp8_dtype": self.fp8_dtype,
-            "fp8_speedup_pct": self.fp8_speedup_pct,
-            "fp8_tpot_reduction_pct": self.fp8_tpot_reduction_pct,
-            "max_fp8_gain_pct": self.fp8_speedup_pct,
-            "weights": asdict(self.weights),
-            "breakdown": {k: s.to_dict() for k, s in self.steps.items()},
-            "assumptions": [asdict(a) for a in self.assumptions],
-        }
+        """The CLI's JSON object: every field, each step with its total and KV share."""
+        return asdict(self) | {"steps": {k: s.to_dict() for k, s in self.steps.items()}}
 
 
 # --------------------------------------------------------------------------- checks
@@ -261,23 +225,6 @@ def activation_bytes_per_request(model: str | Path | ModelLayout) -> float:
 # --------------------------------------------------------------------------- KV per step
 
 
-def kind_reads(
-    model: str | Path | ModelLayout, kv_dtype: str, context_len: int, skip_layers: str | None = None
-) -> tuple[KindRead, ...]:
-    """KV bytes per request by layer kind at ``context_len``: windows cap, state layers are constant."""
-    layout = load_layout(model)
-    fp = kv_footprint(layout, kv_dtype, context_len, skip_layers)
-    reads = []
-    for kind in dict.fromkeys(layer.kind for layer in layout.layers):
-        layers = [layer for layer in layout.layers if layer.kind == kind]
-        costs = [float(layer_bytes_per_token(l, fp.resolved_dtype, layout.model_dtype, skip_layers)) for l in layers]
-        tokens = [0 if kind == LINEAR else _limit(l, context_len) for l in layers]
-        kv = sum(c * t for c, t in zip(costs, tokens))
-        per_request = float(fp.state_bytes_per_request) if kind == LINEAR else float(kv)
-        reads.append(KindRead(kind, len(layers), float(sum(costs)), max(tokens), per_request))
-    return tuple(reads)
-
-
 def step_bytes(
     model: str | Path | ModelLayout,
     kv_dtype: str,
@@ -305,7 +252,6 @@ def step_bytes(
         kv_per_request * users,
         2 * state * users,
         float(acts) * users,
-        kind_reads(layout, kv_dtype, length, skip_layers),
     )
 
 
@@ -352,8 +298,8 @@ def kv_dominates_from(
     limit = layout.max_position_embeddings or MAX_SEARCH_TOKENS
 
     def kv_at(length: int) -> float:
-        reads = kind_reads(layout, kv_dtype, length, skip_layers)
-        return sum(k.bytes_per_request for k in reads if k.kind != LINEAR) * users
+        fp = kv_footprint(layout, kv_dtype, length, skip_layers)
+        return (fp.bytes_per_request - fp.state_bytes_per_request) * users
 
     if kv_at(limit) < weights:
         return None

@@ -21,11 +21,6 @@ class ScaleTensor:
     values: list[float]
     style: str  # which of vLLM's naming conventions it follows
 
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["values"] = [_json_number(v) for v in self.values]
-        return data
-
 
 @dataclass
 class ScaleReport:
@@ -67,13 +62,22 @@ class ScaleReport:
     def scale_layers(self, kind: str) -> list[int]:
         return sorted({s.layer for s in self.scales if s.kind == kind and s.layer is not None})
 
+    def span(self, kind: str | None = None) -> tuple[float, float] | None:
+        """The smallest and largest finite scale value (of one kind), None when there is none."""
+        finite = [v for s in self.scales if kind in (None, s.kind) for v in s.values if math.isfinite(v)]
+        return (min(finite), max(finite)) if finite else None
+
+    def per_head(self) -> bool:
+        return any(len(s.values) > 1 for s in self.scales)
+
+    def styles(self) -> str:
+        return "; ".join(sorted({s.style for s in self.scales}))
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["scales"] = [s.to_dict() for s in self.scales]
-        data["q_scales"] = [s.to_dict() for s in self.q_scales]
-        data["has_scales"] = self.has_scales
-        data["readable"] = self.readable
-        return data
+        for scale in data["scales"] + data["q_scales"]:
+            scale["values"] = [_json_number(v) for v in scale["values"]]
+        return data | {"has_scales": self.has_scales, "readable": self.readable}
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,11 +11,11 @@ from kvstudy.model.scale_verdicts import kv_handling_method
 from kvstudy.outputs import generated_by_project
 
 
-def _span(values: Sequence[float]) -> str | None:
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
+def _span(report: ScaleReport, kind: str) -> str | None:
+    span = report.span(kind)
+    if span is None:
         return None
-    low, high = min(finite), max(finite)
+    low, high = span
     return f"{low:.4g}" if low == high else f"{low:.4g} to {high:.4g}"
 
 
@@ -26,8 +25,6 @@ def findings_table(reports: Sequence[ScaleReport]) -> Any:
 
     rows = []
     for r in reports:
-        k = [v for s in r.scales if s.kind == "k" for v in s.values]
-        v = [v for s in r.scales if s.kind == "v" for v in s.values]
         rows.append(
             {
                 "model": r.source,
@@ -37,10 +34,10 @@ def findings_table(reports: Sequence[ScaleReport]) -> Any:
                 "scheme strategy": r.kv_scheme_strategy,
                 "layers with k / v scales": f"{len(r.scale_layers('k'))} / {len(r.scale_layers('v'))}"
                 + (f" of {r.num_hidden_layers}" if r.num_hidden_layers else ""),
-                "naming": "; ".join(sorted({s.style for s in r.scales})) or None,
-                "per head": any(len(s.values) > 1 for s in r.scales) if r.scales else None,
-                "k scales": _span(k),
-                "v scales": _span(v),
+                "naming": r.styles() or None,
+                "per head": r.per_head() if r.scales else None,
+                "k scales": _span(r, "k"),
+                "v scales": _span(r, "v"),
                 "log check": r.engine_outcome,
                 "bytes read": r.bytes_read,
                 "errors": len(r.errors),

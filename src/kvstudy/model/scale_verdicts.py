@@ -3,14 +3,13 @@ log or resolved-run record, what the engine did (loaded, dropped or never had th
 
 from __future__ import annotations
 
-import math
-import re
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
 from kvstudy.model.scale_records import EngineEvidence, ScaleReport, declared_kv_dtype
+from kvstudy.vllm.command import version_release
 from kvstudy.vllm.startup_log import parse_startup_log
 
 # quant_method values whose vLLM loader handles KV scales and warns when both end up 1.0.
@@ -45,14 +44,12 @@ def kv_handling_method(report: ScaleReport) -> bool:
 
 def _scale_summary(report: ScaleReport) -> str:
     k_layers, v_layers = report.scale_layers("k"), report.scale_layers("v")
-    per_head = any(len(s.values) > 1 for s in report.scales)
-    finite = [v for s in report.scales for v in s.values if math.isfinite(v)]
-    span = f"values {min(finite):.4g} to {max(finite):.4g}" if finite else "no finite values"
-    styles = sorted({s.style for s in report.scales})
+    span = report.span()
+    values = f"values {span[0]:.4g} to {span[1]:.4g}" if span else "no finite values"
     total = f" of {report.num_hidden_layers}" if report.num_hidden_layers else ""
     return (
         f"KV scales present: k for {len(k_layers)}{total} layers, v for {len(v_layers)}{total} layers, "
-        f"{'per head' if per_head else 'one per tensor'}, {span} ({'; '.join(styles)})."
+        f"{'per head' if report.per_head() else 'one per tensor'}, {values} ({report.styles()})."
     )
 
 
@@ -123,8 +120,8 @@ def _all_ones(report: ScaleReport) -> bool:
 
 
 def _version_at_least(version: str | None, wanted: tuple[int, int]) -> bool:
-    match = re.match(r"(\d+)\.(\d+)", version or "")
-    return match is None or (int(match.group(1)), int(match.group(2))) >= wanted  # unknown: assume recent
+    release = version_release(version)
+    return release is None or release >= wanted  # unknown: assume recent
 
 
 def effective_kv_dtype(report: ScaleReport, ev: EngineEvidence) -> str | None:

@@ -24,6 +24,7 @@ from kvstudy.model.folder import cached_snapshots, resolve_model_path
 from kvstudy.model.safetensors import SafetensorsHeader, read_header, read_tensor
 from kvstudy.model.scale_records import ScaleReport, ScaleTensor, _json_number, declared_kv_dtype
 from kvstudy.model.scale_verdicts import read_evidence, verdicts
+from kvstudy.vllm.startup_log import parse_startup_log
 
 INDEX_NAME = "model.safetensors.index.json"
 # (name ending, kinds, naming style). Order matters: longer endings first.
@@ -322,8 +323,6 @@ def inspect_cache(cache_dir: str | Path | None = None) -> list[ScaleReport]:
 def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """For every config.json under ``root``: its KV fields, and what each paired startup log says
     (``logs``: model folder, absolute or relative to ``root`` -> a log or a list of them)."""
-    from kvstudy.vllm.startup_log import parse_startup_log
-
     root = Path(root)
     if not root.is_dir():
         raise StudyError(f"{root}: not a folder (expected a folder holding model folders)")

@@ -62,13 +62,17 @@ class ServerConfig:
         return redact(data)
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+def version_release(version: str | None) -> tuple[int, int] | None:
+    """The (major, minor) a vLLM version starts with ('v0.11.0+cpu' -> (0, 11)); None when it names none.
+    Not packaging's Version: logs and builds print versions it refuses ('0.7.3-rocm')."""
+    found = re.match(r"v?(\d+)\.(\d+)", version or "")
+    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 def backend_uses_env_var(version: str | None) -> bool:
     """vLLM before 0.14 picks the attention backend with VLLM_ATTENTION_BACKEND, later with a flag."""
-    return version is not None and _version_tuple(version) < BACKEND_FLAG_SINCE
+    release = version_release(version)
+    return release is not None and release < BACKEND_FLAG_SINCE
 
 
 def build_command(

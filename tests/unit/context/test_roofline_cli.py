@@ -30,7 +30,7 @@ def _json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
 def test_json_keys_and_qwen_l4(capsys: pytest.CaptureFixture[str]) -> None:
     data = _json(capsys, "data/models/Qwen3-8B", "--gpu", "L4", "--context", "1100", "--users", "1")
     for key in (
-        "bytes_per_step",
+        "steps",
         "predicted_tpot_ms",
         "fp8_speedup_pct",
         "assumptions",
@@ -38,7 +38,7 @@ def test_json_keys_and_qwen_l4(capsys: pytest.CaptureFixture[str]) -> None:
         "predicted_itl_slope_ms_per_token",
     ):
         assert key in data
-    assert set(data["bytes_per_step"]) == {"bfloat16", "fp8"} == set(data["predicted_tpot_ms"])
+    assert set(data["steps"]) == {"bfloat16", "fp8"} == set(data["predicted_tpot_ms"])
     assert data["fp8_speedup_pct"] == pytest.approx(0.53, abs=0.02)
     assert {a["name"]: a["origin"] for a in data["assumptions"]}["bandwidth_factor"] == "assumed"
 
@@ -67,7 +67,7 @@ def test_options(capsys: pytest.CaptureFixture[str]) -> None:
         "--weights-gib",
         "15.26",
     )
-    assert list(data["bytes_per_step"]) == ["auto", "fp8", "nvfp4"]
+    assert list(data["steps"]) == ["auto", "fp8", "nvfp4"]
     assert data["bandwidth_factor"] == 0.7 and data["weights"]["total_source"] == "given"
     assert data["baseline_dtype"] == "auto" and data["fp8_dtype"] == "fp8"
 

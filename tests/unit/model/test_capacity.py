@@ -11,6 +11,7 @@ from kvstudy.errors import StudyError
 from kvstudy.model import allocator as alloc
 from kvstudy.model import capacity as cap
 from kvstudy.model import layout as model_layout
+from kvstudy.model import plan
 from kvstudy.model import weights as model_weights
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -203,9 +204,13 @@ def test_every_bundled_model_loads() -> None:
 # ----------------------------------------------------------------------------- pool and users
 
 
+def _gpu(memory_gib: float, utilization: float) -> plan.GpuMemory:
+    return plan.GpuMemory(None, memory_gib, "given", utilization, "given")
+
+
 def test_pool_after_weights_and_users() -> None:
     # 24 GiB x 0.9 = 21.6 GiB; minus 15.27 GiB weights and 1 GiB overhead = 5.33 GiB of KV
-    pool = cap.kv_pool_after_weights(24, 0.9, int(15.27 * GIB), overhead_gib=1.0)
+    pool = plan.group_pool(_gpu(24, 0.9), int(15.27 * GIB), overhead_gib=1.0)
     assert pool.requested_bytes == int(int(24 * GIB) * 0.9)
     assert pool.kv_pool_bytes == pool.requested_bytes - int(15.27 * GIB) - GIB
     fp = cap.kv_footprint(MODELS / "Qwen3-8B", "bfloat16", 4096)  # 576 MiB per request
@@ -213,7 +218,7 @@ def test_pool_after_weights_and_users() -> None:
 
 
 def test_pool_never_negative() -> None:
-    assert cap.kv_pool_after_weights(8, 0.9, 20 * GIB).kv_pool_bytes == 0
+    assert plan.group_pool(_gpu(8, 0.9), 20 * GIB).kv_pool_bytes == 0
 
 
 def test_weights_from_index_and_estimate() -> None:
@@ -324,7 +329,7 @@ def test_bad_dtype_and_lengths() -> None:
     with pytest.raises(StudyError, match="max_model_len -1"):
         alloc.predict_logged_pool(MODELS / "Qwen3-8B", "fp8", GIB, -1)
     with pytest.raises(StudyError, match="gpu_memory_utilization 1.5"):
-        cap.kv_pool_after_weights(24, 1.5, 0)
+        plan.group_pool(_gpu(24, 1.5), 0)
 
 
 def test_bad_files(tmp_path: Path) -> None:

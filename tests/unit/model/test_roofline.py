@@ -10,7 +10,6 @@ import pytest
 from kvstudy.errors import StudyError
 from kvstudy.model.roofline import (
     DEFAULT_BANDWIDTH_FACTOR,
-    kind_reads,
     kv_dominates_from,
     max_fp8_gain_pct,
     predicted_slope_ms_per_token,
@@ -87,13 +86,9 @@ def test_sliding_window_caps_growth_gemma3() -> None:
     10 x 8,192 x 32,768 + 52 x 8,192 x 1,024 = 2,684,354,560 + 436,207,616 = 3,120,562,176 B;
     doubling the context adds only the full layers' 10 x 8,192 x 32,768 B.
     """
-    reads = {k.kind: k for k in kind_reads(GEMMA, "bfloat16", 32768)}
-    assert reads["sliding_attention"].layers == 52 and reads["sliding_attention"].tokens_read_per_request == 1024
-    assert reads["sliding_attention"].bytes_per_request == 52 * 8192 * 1024
-    assert reads["full_attention"].bytes_per_request == 10 * 8192 * 32768
     at_32k = step_bytes(GEMMA, "bfloat16", 32768).kv_bytes
     at_64k = step_bytes(GEMMA, "bfloat16", 65536).kv_bytes
-    assert at_32k == 3_120_562_176 == sum(k.bytes_per_request for k in reads.values())  # the kinds add up
+    assert at_32k == 3_120_562_176 == 10 * 8192 * 32768 + 52 * 8192 * 1024
     assert at_64k - at_32k == 10 * 8192 * 32768
     # short contexts: every layer grows until the window fills
     assert step_bytes(GEMMA, "bfloat16", 512).kv_bytes == 62 * 8192 * 512
@@ -110,8 +105,8 @@ def test_gpt_oss_skip_sliding_predicts_half_the_slope() -> None:
     fp8 = predicted_slope_ms_per_token(GPT_OSS, "fp8", 3350, 0.9, skip_layers="sliding_window")
     assert fp8 / bf16 == pytest.approx(0.5)
     assert bf16 == pytest.approx(24_576 / (3350e9 * 0.9) * 1e3)
-    reads = {k.kind: k for k in kind_reads(GPT_OSS, "fp8", 20000, "sliding_window")}
-    assert reads["sliding_attention"].bytes_per_request == 12 * 2048 * 128  # kept in BF16, capped
+    kv = step_bytes(GPT_OSS, "fp8", 20000, skip_layers="sliding_window").kv_bytes
+    assert kv == 12 * 1024 * 20000 + 12 * 2048 * 128  # the sliding layers kept in BF16, capped
 
 
 def test_moe_weights_read_grow_with_users() -> None:
