@@ -23,7 +23,6 @@ from kvstudy.model.capacity import (
     SHARED,
     SLIDING,
     ModelLayout,
-    _skipped,
     check_positive_int,
     check_skip_layers,
     layer_bytes_per_token,
@@ -191,7 +190,7 @@ VLLM_STORED |= {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}  # one byte each: vLLM sto
 
 
 def vllm_layer_records(
-    config: str | Path | ModelLayout, kv_cache_dtype: str, block_size: int, skip_layers: str | None = None
+    config: str | Path | ModelLayout, kv_cache_dtype: str, block_size: int
 ) -> list[dict[str, object]] | None:
     """The per-layer specs :func:`predict_logged_pool` works from, as the records
     ``kvstudy.vllm.kv_pool.vllm_pools`` hands to vLLM's own pool code (the heads and sizes kept, so
@@ -199,10 +198,10 @@ def vllm_layer_records(
     MLA-only formats)."""
     layout = load_layout(config)
     dtype = resolve_kv_dtype(layout, kv_cache_dtype)
-    if dtype not in VLLM_STORED or layout.model_dtype not in VLLM_STORED:
+    if dtype not in VLLM_STORED:
         return None
     layers = [l for l in layout.layers if l.kind != SHARED]
-    specs = _layer_specs(layout, dtype, block_size, skip_layers)
+    specs = _layer_specs(layout, dtype, block_size, None)
     records: list[dict[str, object]] = []
     for layer, spec in zip(layers, specs):
         if layer.kind == LINEAR:
@@ -211,12 +210,11 @@ def vllm_layer_records(
                 {"kind": LINEAR, "block_size": spec.block_size, "state_bytes": state, "page_bytes": spec.page_bytes}
             )
             continue
-        stored = layout.model_dtype if _skipped(layer, skip_layers) else dtype
         records.append(
             {
                 "kind": layer.kind,
                 "block_size": spec.block_size,
-                "dtype": VLLM_STORED[stored],
+                "dtype": VLLM_STORED[dtype],
                 "num_kv_heads": 1 if layer.kind == MLA else layer.num_kv_heads,
                 "head_size": layer.head_size,
                 "head_size_v": layer.head_size_v,

@@ -5,7 +5,7 @@ From a model's layout (``kvstudy.model.layout``) with vLLM 0.32's per-layer rule
 every token, MLA stores one latent per token (``fp8_ds_mla`` / ``nvfp4_ds_mla``: a fixed 656 / 352
 bytes), sliding-window and chunked layers stop at their window, KV-shared layers store nothing and
 state layers keep a fixed state per request; under tensor parallelism each GPU holds
-``max(1, kv_heads // tp)`` KV heads and MLA's whole latent, and pipeline stages split as vLLM splits them.
+``max(1, kv_heads // tp)`` KV heads and MLA's whole latent.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class KVFootprint:
     cap_tokens: int | None = None  # every layer windowed or chunked: a request stops growing here,
     #                                and bytes_per_token is the cost per token within the window
     bytes_per_token_by_kind: dict[str, float] = field(default_factory=dict)  # one token, per layer kind
-    bytes_per_token_per_gpu: float = 0.0  # on the GPU of the group that holds the most
+    bytes_per_token_per_gpu: float = 0.0  # on one GPU of the tensor-parallel group
     state_bytes_per_request_per_gpu: int = 0
     bytes_per_request_per_gpu: float = 0.0
 
@@ -130,18 +130,6 @@ def state_bytes(layer: LayerSpec, model_dtype: str, tensor_parallel_size: int = 
     return int(total)
 
 
-def pipeline_stages(num_layers: int, pipeline_parallel_size: int) -> list[range]:
-    """Decoder layers per pipeline stage as vLLM splits them (vllm/distributed/utils.py get_pp_indices:
-    equal parts, the remainder added one each to the stages before the last)."""
-    if pipeline_parallel_size > num_layers:
-        raise StudyError(f"pipeline_parallel_size {pipeline_parallel_size}: more stages than the {num_layers} layers")
-    sizes = [num_layers // pipeline_parallel_size] * pipeline_parallel_size
-    for i in range(2, num_layers % pipeline_parallel_size + 2):
-        sizes[-i] += 1
-    starts = [sum(sizes[:i]) for i in range(pipeline_parallel_size)]
-    return [range(start, start + size) for start, size in zip(starts, sizes)]
-
-
 def check_positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise StudyError(f"{name} {value!r}: expected a positive integer")
@@ -161,14 +149,12 @@ def kv_footprint(
     context_len: int | None = None,
     skip_layers: str | None = None,
     tensor_parallel_size: int = 1,
-    pipeline_parallel_size: int = 1,
 ) -> KVFootprint:
     """Bytes per token (long context), per token (short context) and per request of ``context_len``,
-    for the whole model and for one GPU of a ``tensor_parallel_size x pipeline_parallel_size`` group."""
+    for the whole model and for one GPU of a ``tensor_parallel_size`` group."""
     layout = load_layout(model)
     check_skip_layers(skip_layers)
     check_positive_int(tensor_parallel_size, "tensor_parallel_size")
-    check_positive_int(pipeline_parallel_size, "pipeline_parallel_size")
     dtype = resolve_kv_dtype(layout, kv_dtype)
     length = context_len if context_len is not None else (layout.max_position_embeddings or 0)
     if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
@@ -178,7 +164,16 @@ def kv_footprint(
                 "give one (e.g. --max-model-len 4096)"
             )
         raise StudyError(f"context length {repr(context_len)[:40]}: expected a positive integer number of tokens")
-    growing, short, per_request, state = _totals(layout.layers, dtype, layout.model_dtype, skip_layers, length, 1)
+
+    def totals(tp: int) -> tuple[Fraction, Fraction, Fraction, int]:
+        """(bytes per token of the growing layers, of all layers, per request with the state, state bytes)."""
+        costs = [layer_bytes_per_token(l, dtype, layout.model_dtype, skip_layers, tp) for l in layout.layers]
+        state = sum(state_bytes(l, layout.model_dtype, tp) for l in layout.layers)
+        request = sum((c * _limit(l, length) for l, c in zip(layout.layers, costs)), Fraction(0)) + state
+        growing = sum((c for l, c in zip(layout.layers, costs) if l.kind in (FULL, MLA, INDEXER)), Fraction(0))
+        return growing, sum(costs, Fraction(0)), request, state
+
+    growing, short, per_request, state = totals(1)
     by_kind: dict[str, Fraction] = {}
     for layer in layout.layers:
         by_kind[layer.kind] = by_kind.get(layer.kind, Fraction(0)) + layer_bytes_per_token(
@@ -186,13 +181,7 @@ def kv_footprint(
         )
     caps = [l.sliding_window for l in layout.layers if l.kind in (SLIDING, CHUNKED) and l.sliding_window]
     cap_tokens = max(caps) if growing == 0 and caps else None
-    num_layers = layout.num_hidden_layers or (max((l.index for l in layout.layers), default=-1) + 1)
-    gpu_token, gpu_short, gpu_request, gpu_state = Fraction(0), Fraction(0), Fraction(0), 0
-    for stage in pipeline_stages(num_layers, pipeline_parallel_size):
-        layers = [l for l in layout.layers if l.index in stage]
-        totals = _totals(layers, dtype, layout.model_dtype, skip_layers, length, tensor_parallel_size)
-        if totals[2] >= gpu_request:  # the GPU of the stage that holds the most
-            gpu_token, gpu_short, gpu_request, gpu_state = totals
+    gpu_token, gpu_short, gpu_request, gpu_state = totals(tensor_parallel_size)
     return KVFootprint(
         resolved_dtype=dtype,
         bytes_per_token=_plain(growing if growing else short),
@@ -206,22 +195,6 @@ def kv_footprint(
         state_bytes_per_request_per_gpu=gpu_state,
         bytes_per_request_per_gpu=_plain(gpu_request),
     )
-
-
-def _totals(
-    layers: list[LayerSpec] | tuple[LayerSpec, ...],
-    dtype: str,
-    model_dtype: str,
-    skip: str | None,
-    length: int,
-    tp: int,
-) -> tuple[Fraction, Fraction, Fraction, int]:
-    """(bytes per token of the growing layers, of all layers, bytes per request with the state, state bytes)."""
-    costs = [layer_bytes_per_token(l, dtype, model_dtype, skip, tp) for l in layers]
-    state = sum(state_bytes(l, model_dtype, tp) for l in layers)
-    request = sum((c * _limit(l, length) for l, c in zip(layers, costs)), Fraction(0)) + state
-    growing = sum((c for l, c in zip(layers, costs) if l.kind in (FULL, MLA, INDEXER)), Fraction(0))
-    return growing, sum(costs, Fraction(0)), request, state
 
 
 def _plain(value: Fraction) -> int | float:

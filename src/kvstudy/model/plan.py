@@ -1,4 +1,4 @@
-"""The calculator: a model on a GPU (from the catalog or given figures), with tensor/pipeline
+"""The calculator: a model on a GPU (from the catalog or given figures), with tensor
 parallelism, and what it holds: KV pool per GPU, users per context length, GPUs x TP tables.
 
 Every figure keeps a label saying where it came from: "from the GPU catalog (NAME)", "given",
@@ -49,7 +49,7 @@ class GpuMemory:
 
 @dataclass(frozen=True)
 class GroupPool:
-    """The KV pool of each GPU in a tensor x pipeline group, or why there is none."""
+    """The KV pool of each GPU in a tensor-parallel group, or why there is none."""
 
     weights_bytes_per_gpu: int
     requested_bytes: int  # GPU memory x utilization
@@ -132,14 +132,13 @@ def users_at(
     pool_bytes_per_gpu: int,
     context_len: int,
     tensor_parallel_size: int = 1,
-    pipeline_parallel_size: int = 1,
     skip_layers: str | None = None,
 ) -> int:
     """Whole requests of ``context_len`` tokens the group holds at once (each GPU holds its share of every one).
 
     A hybrid model's state counts twice: vLLM 0.32's default mamba cache mode ('align', with prefix
     caching on) reserves two state blocks per request (``allocator.mamba_cache_mode_for``)."""
-    fp = kv_footprint(layout, kv_dtype, context_len, skip_layers, tensor_parallel_size, pipeline_parallel_size)
+    fp = kv_footprint(layout, kv_dtype, context_len, skip_layers, tensor_parallel_size)
     per_request = fp.bytes_per_request_per_gpu + fp.state_bytes_per_request_per_gpu
     if fp.bytes_per_request_per_gpu <= 0:
         return 0
@@ -159,7 +158,7 @@ def users_vs_context(
 
     rows = {
         length: {
-            d: users_at(layout, d, pool_bytes_per_gpu, length, tensor_parallel_size, 1, skip_layers) for d in kv_dtypes
+            d: users_at(layout, d, pool_bytes_per_gpu, length, tensor_parallel_size, skip_layers) for d in kv_dtypes
         }
         for length in contexts
     }
@@ -348,12 +347,8 @@ def _csv(summary: dict[str, Any], path: str, force: bool = False) -> None:
     """The per-dtype table at exactly ``path``; an existing file there is kept unless ``force``."""
     import pandas as pd
 
-    target = Path(path)
-    try:
-        taken = target.exists() or target.is_symlink()
-    except OSError as exc:  # a name longer than the file system allows
-        raise StudyError(f"--csv {path}: cannot be written ({exc.strerror or exc})") from None
-    if taken and not force:
+    target = Path(path)  # a name too long or under a file: refused by its argparse type (limits.output_file)
+    if (target.exists() or target.is_symlink()) and not force:
         raise StudyError(f"--csv {path}: exists; refusing to replace it (pick another path, or pass --force)")
     frame = pd.DataFrame.from_dict(summary["dtypes"], orient="index")
     frame.index.name = "kv dtype"
@@ -423,9 +418,7 @@ def capacity_facts(
         if kv_memory_gib is None:
             group = group_pool(memory, weights_bytes or 0, overhead_gib, tp)  # not None here
             pool = group.kv_pool_bytes  # 0 when the weights do not fit
-        users = {
-            d: users_at(layout, d, pool, context_len, tp, 1, s) for d, s in ((baseline_dtype, None), ("fp8", skip))
-        }
+        users = {d: users_at(layout, d, pool, context_len, tp, s) for d, s in ((baseline_dtype, None), ("fp8", skip))}
         if max(users.values()) > 0 or tp == tps[-1]:
             facts.update(
                 users_baseline=users[baseline_dtype],

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.gpu_catalog import GpuSpec, find_gpu
+from kvstudy.gpu_catalog import find_gpu
 from kvstudy.model.capacity import KVFootprint, check_positive_int, kv_footprint
 from kvstudy.model.config_fields import text_config, usable_int
 from kvstudy.model.folder import load_config
@@ -310,9 +310,6 @@ def max_fp8_gain_pct(
     model: str | Path | ModelLayout,
     context_len: int,
     users: int = 1,
-    baseline_dtype: str = "auto",
-    fp8_dtype: str = "fp8",
-    weights_bytes: int | None = None,
     skip_layers: str | None = None,
 ) -> float:
     """The largest speedup the smaller FP8 KV reads can explain at this context and user count.
@@ -320,9 +317,9 @@ def max_fp8_gain_pct(
     Equal to the roofline's predicted speedup: a step that is all memory traffic at one
     bandwidth, so the bandwidth and its factor cancel. Measured changes above it need another cause.
     """
-    base = step_bytes(model, baseline_dtype, context_len, users, weights_bytes, skip_layers)
-    cand = step_bytes(model, fp8_dtype, context_len, users, weights_bytes, skip_layers)
-    return (base.total_bytes / cand.total_bytes - 1) * 100
+    base = step_bytes(model, "auto", context_len, users, skip_layers=skip_layers)
+    cand = step_bytes(model, "fp8", context_len, users, skip_layers=skip_layers)
+    return speedup_pct(base.total_bytes, cand.total_bytes)
 
 
 # --------------------------------------------------------------------------- the whole prediction
@@ -336,21 +333,20 @@ def roofline(
     model: str | Path | ModelLayout,
     context_len: int,
     users: int = 1,
-    gpu: str | GpuSpec | None = None,
+    gpu: str | None = None,
     kv_dtypes: list[str] | tuple[str, ...] | None = None,
     bandwidth_factor: float | None = None,
     bandwidth_gb_s: float | None = None,
     bandwidth_origin: str = "given",
     weights_bytes: int | None = None,
     skip_layers: str | None = None,
-    catalog_path: str | Path | None = None,
 ) -> RooflineResult:
     """Predicted bytes per step, TPOT, ITL slope and FP8 speedup for a model on a GPU (the datasheet
     bandwidth unless ``bandwidth_gb_s`` is given, from ``bandwidth_origin``)."""
     layout = load_layout(model)
     length = check_context(layout, context_len)
     users = check_positive_int(users, "users")
-    spec = find_gpu(gpu, catalog_path) if isinstance(gpu, str) else gpu
+    spec = find_gpu(gpu) if gpu is not None else None
     if bandwidth_gb_s is not None:
         bandwidth = _positive_number(bandwidth_gb_s, "bandwidth GB/s")
         origin, note = bandwidth_origin, "peak figure given instead of the catalog's"

@@ -4,7 +4,6 @@ log or resolved-run record, what the engine did (loaded, dropped or never had th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
@@ -199,53 +198,24 @@ def read_evidence(path: str | Path) -> EngineEvidence:
     if not path.is_file():
         raise StudyError(f"{path}: no such startup log or run record")
     if path.suffix == ".json":
-        return _evidence_from_record(path)
-    info = parse_startup_log(path)
-    return EngineEvidence(
-        str(path),
-        info.kv_cache_dtype,
-        bool(info.kv_scale_warning),
-        info.version,
-        failed=bool(info.failed),
-        weights_processed=_weights_processed(vars(info)),
-        failure_cause=info.failure_cause,
-    )
-
-
-def _weights_processed(fields: dict[str, Any]) -> bool:
-    """Whether a start got past weight loading, where vLLM prints the scale-1.0 warning."""
-    if fields.get("failed") is not True:
-        return True
-    return any(fields.get(k) is not None for k in ("pool_tokens", "model_load_gib")) or fields.get("ready") is True
-
-
-def _find_key(data: Any, key: str) -> Any:
-    if isinstance(data, dict):
-        if key in data:
-            return data[key]
-        for value in data.values():
-            found = _find_key(value, key)
-            if found is not None:
-                return found
-    return None
-
-
-def _evidence_from_record(path: Path) -> EngineEvidence:
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise StudyError(f"{path}: expected a JSON object (a resolved-run record or a parsed startup log)")
-    resolved = data.get("resolved", data)
-    warning = _find_key(resolved, "kv_scale_warning")
-    if not isinstance(warning, bool):
-        raise StudyError(f"{path}: expected a resolved-run record with a boolean 'kv_scale_warning'")
-    dtype, version = _find_key(resolved, "kv_cache_dtype"), _find_key(resolved, "version")
-    fields = {k: _find_key(resolved, k) for k in ("failed", "pool_tokens", "model_load_gib", "ready")}
+        data = read_json(path)
+        fields = data.get("resolved", data) if isinstance(data, dict) else None
+        if not isinstance(fields, dict) or not isinstance(fields.get("kv_scale_warning"), bool):
+            raise StudyError(
+                f"{path}: expected a JSON object (a resolved-run record or a parsed startup log) "
+                "with a boolean 'kv_scale_warning'"
+            )
+    else:
+        fields = vars(parse_startup_log(path))
+    dtype, version, failed = fields.get("kv_cache_dtype"), fields.get("version"), fields.get("failed") is True
+    # a start gets past weight loading (where vLLM prints the scale-1.0 warning) when it sized a pool or got ready
+    loaded = any(fields.get(k) is not None for k in ("pool_tokens", "model_load_gib")) or fields.get("ready") is True
     return EngineEvidence(
         str(path),
         str(dtype) if dtype is not None else None,
-        warning,
+        fields["kv_scale_warning"],
         str(version) if version is not None else None,
-        failed=fields["failed"] is True,
-        weights_processed=_weights_processed(fields),
-        failure_cause=_find_key(resolved, "failure_cause") if fields["failed"] is True else None,
+        failed=failed,
+        weights_processed=not failed or loaded,
+        failure_cause=fields.get("failure_cause") if failed else None,
     )

@@ -153,15 +153,6 @@ def test_tp_beyond_kv_heads_replicates_and_mla_keeps_its_latent() -> None:
     assert cap.kv_footprint(layout(mla), "bfloat16", 16, tensor_parallel_size=8).bytes_per_token_per_gpu == 2 * 576 * 2
 
 
-def test_pipeline_stages_split_layers_like_vllm() -> None:
-    # 46 layers on 4 stages: 11 each, the remainder (2) added to the stages before the last
-    assert [len(r) for r in cap.pipeline_stages(46, 4)] == [11, 12, 12, 11]
-    fp = cap.kv_footprint(layout(glm45_air()), "bfloat16", 16, pipeline_parallel_size=4)
-    assert fp.bytes_per_token_per_gpu == 12 * 8 * 256 * 2
-    with pytest.raises(StudyError, match="pipeline_parallel_size"):
-        cap.kv_footprint(layout(glm45_air()), "bfloat16", 16, pipeline_parallel_size=0)
-
-
 def test_llama4_scout_chunked_local_attention() -> None:
     lay = layout(llama4_scout())
     assert lay.layer_kinds == {cap.FULL: 12, cap.CHUNKED: 36}
