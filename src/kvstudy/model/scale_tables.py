@@ -6,8 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstudy.model.scale_records import ScaleReport, declared_kv_dtype
-from kvstudy.model.scale_verdicts import kv_handling_method
+from kvstudy.model.scale_verdicts import ScaleReport, declared_kv_dtype, kv_handling_method
 from kvstudy.outputs import generated_by_project
 
 

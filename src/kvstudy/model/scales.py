@@ -22,8 +22,14 @@ from kvstudy.limits import MAX_LAYERS
 from kvstudy.model.config_fields import HF_QUANT_CONFIG, checkpoint_kv_dtype, config_int
 from kvstudy.model.folder import cached_snapshots, resolve_model_path
 from kvstudy.model.safetensors import SafetensorsHeader, read_header, read_tensor
-from kvstudy.model.scale_records import ScaleReport, ScaleTensor, _json_number, declared_kv_dtype
-from kvstudy.model.scale_verdicts import read_evidence, verdicts
+from kvstudy.model.scale_verdicts import (
+    ScaleReport,
+    ScaleTensor,
+    _json_number,
+    declared_kv_dtype,
+    read_evidence,
+    verdicts,
+)
 from kvstudy.vllm.startup_log import parse_startup_log
 
 INDEX_NAME = "model.safetensors.index.json"
