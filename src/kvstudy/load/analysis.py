@@ -293,12 +293,10 @@ def verdict_facts(cap: LoadCapture | None, comps: list[UsersComparison]) -> dict
         c for c in comps if c.candidate not in aa and spec and spec.arm(c.candidate).kv_cache_dtype.startswith("fp8")
     )
     main = next(fp8, None)
+    of_main = {"users_baseline": "users_baseline", "users_fp8": "users_candidate", "users_ratio": "ratio"}
+    of_main |= {"users_ratio_low": "ratio_low", "users_ratio_high": "ratio_high"}
     facts: dict[str, Any] = {
-        "users_baseline": main.users_baseline if main else None,
-        "users_fp8": main.users_candidate if main else None,
-        "users_ratio": main.ratio if main else None,
-        "users_ratio_low": main.ratio_low if main else None,
-        "users_ratio_high": main.ratio_high if main else None,
+        **{key: getattr(main, name, None) for key, name in of_main.items()},
         "claim": main.claim if main else "no claim",
         "latency_target": spec.target_text() if spec else "",
         "kv_memory_gib": spec.kv_memory_bytes / GIB if spec else 0.0,

@@ -169,47 +169,34 @@ def load_published(path: str | Path) -> Published:
 # --------------------------------------------------------------------------- clock-adjusted estimate
 
 
-@dataclass
-class ClockAdjusted:
-    """OLS of a cell's median TPOT on the KV configuration (and the clock, where it varies)."""
-
-    users: int
-    n_cells: int
-    effect_ms: float | None  # candidate minus baseline TPOT (with the clock in the model where it varied)
-    ci_low_ms: float | None
-    ci_high_ms: float | None
-    effect_pct: float | None  # effect relative to the baseline's mean TPOT
-    clock_coef_ms_per_100mhz: float | None
-    formula: str
-    note: str
-    candidate: str = ""
+def clock_adjusted(seeds: pd.DataFrame, order: list[str], alpha: float = 0.05) -> pd.DataFrame:
+    """Per candidate (``order[1:]``) and user count, OLS of ``median_tpot_ms ~ candidate + median_clock_mhz``
+    over the cells against the baseline ``order[0]``; the clock term only where the clock was read and
+    varies (else it cannot be told from the intercept)."""
+    users = sorted(seeds["users"].unique())
+    return pd.DataFrame([_clock_adjusted(seeds, order[0], cand, int(u), alpha) for cand in order[1:] for u in users])
 
 
-def clock_adjusted(
-    seeds: pd.DataFrame, baseline: str, candidate: str, users: int, alpha: float = 0.05
-) -> ClockAdjusted:
-    """OLS of ``median_tpot_ms ~ candidate + median_clock_mhz`` over the cells at ``users``; the clock
-    term only where the clock was read and varies (else it cannot be told from the intercept)."""
+def _clock_adjusted(seeds: pd.DataFrame, baseline: str, candidate: str, users: int, alpha: float) -> dict[str, Any]:
     import statsmodels.formula.api as smf
 
     d = seeds[(seeds["users"] == users) & seeds["configuration"].isin([baseline, candidate])].copy()
     d["candidate"] = (d["configuration"] == candidate).astype(int)
     n = len(d)
-    empty = ClockAdjusted(users, n, None, None, None, None, None, "", "", candidate)
+    row: dict[str, Any] = {"candidate": candidate, "users": users, "cells": n, "model": ""}
+    empty = {"TPOT change (ms)": None, "95 % interval (ms)": None, "change (%)": None}
     if d["candidate"].nunique() < 2:
-        empty.note = "one arm has no successful cells"
-        return empty
+        return {**row, **empty, "note": "one arm has no successful cells"}
     clock = pd.to_numeric(d["median_clock_mhz"], errors="coerce")
     use_clock = bool(clock.notna().all() and clock.nunique() > 1)
-    formula = "median_tpot_ms ~ candidate" + (" + clock_100mhz" if use_clock else "")
+    row["model"] = "median_tpot_ms ~ candidate" + (" + clock_100mhz" if use_clock else "")
     if use_clock:
         d["clock_100mhz"] = clock / 100.0
         corr = np.corrcoef(d["candidate"], d["clock_100mhz"])[0, 1]
     n_params = 3 if use_clock else 2
     if n <= n_params:
-        empty.formula, empty.note = formula, f"{n} cells for {n_params} coefficients: no residual degrees of freedom"
-        return empty
-    fit = smf.ols(formula, data=d).fit()
+        return {**row, **empty, "note": f"{n} cells for {n_params} coefficients: no residual degrees of freedom"}
+    fit = smf.ols(row["model"], data=d).fit()
     lo, hi = fit.conf_int(alpha).loc["candidate"]
     base_mean = float(d.loc[d["candidate"] == 0, "median_tpot_ms"].mean())
     effect = float(fit.params["candidate"])
@@ -225,36 +212,13 @@ def clock_adjusted(
     else:
         note = "no clock readings: plain difference"
     note += f"; {n} cells, {int(fit.df_resid)} residual degrees of freedom, {int((1 - alpha) * 100)} % interval"
-    return ClockAdjusted(
-        users,
-        n,
-        effect,
-        float(lo),
-        float(hi),
-        effect / base_mean * 100.0,
-        float(fit.params["clock_100mhz"]) if use_clock else None,
-        formula,
-        note,
-        candidate,
-    )
-
-
-def adjusted_frame(estimates: list[ClockAdjusted]) -> pd.DataFrame:
-    return pd.DataFrame(
-        [
-            {
-                "candidate": e.candidate,
-                "users": e.users,
-                "cells": e.n_cells,
-                "model": e.formula,
-                "TPOT change (ms)": None if e.effect_ms is None else round(e.effect_ms, 3),
-                "95 % interval (ms)": None if e.ci_low_ms is None else f"{e.ci_low_ms:.3f} to {e.ci_high_ms:.3f}",
-                "change (%)": None if e.effect_pct is None else round(e.effect_pct, 2),
-                "note": e.note,
-            }
-            for e in estimates
-        ]
-    )
+    return {
+        **row,
+        "TPOT change (ms)": round(effect, 3),
+        "95 % interval (ms)": f"{lo:.3f} to {hi:.3f}",
+        "change (%)": round(effect / base_mean * 100.0, 2),
+        "note": note,
+    }
 
 
 # --------------------------------------------------------------------------- A/B guard

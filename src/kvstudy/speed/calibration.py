@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -130,35 +131,34 @@ def false_claim_rate(
     pool = _usable(runs)
     blocks = seed_blocks(pool)
     rng = np.random.default_rng(seed)
-    if blocks is not None:
-        k = len(blocks)
-        min_p = design_min_p(k, True)
-        what = f"A/A runs, one per pseudo-arm in each of {k} seed blocks"
-        if min_p >= alpha:
-            return ClaimRate(what, 0, 0, k, k, None, min_p, True)
-        claims = 0
-        for i in range(splits):
-            picks = [rng.choice(len(b), size=2, replace=False) for b in blocks]
-            base = [b[j[0]] for b, j in zip(blocks, picks)]
-            cand = [b[j[1]] for b, j in zip(blocks, picks)]
-            claim = claim_by_test(base, cand, alpha=alpha, resamples=resamples, seed=seed + i, blocked=True)
-            claims += claim != "no claim"
-        return ClaimRate(what, claims, splits, k, k, None, min_p, True)
-    n1, n2 = len(pool) // 2, len(pool) - len(pool) // 2
-    if n1 < 1:
-        raise StudyError(f"calibration: cannot split {len(pool)} A/A runs into {n1} + {n2}")
-    min_p = minimum_p_value(n1, n2)
-    what = "A/A runs split into pseudo-arms"
-    if min_p >= alpha:
-        return ClaimRate(what, 0, 0, n1, n2, None, min_p)
     tpots = [np.asarray(r.tpots_s, dtype=float) for r in pool]
-    claims = 0
-    for i in range(splits):
-        order = rng.permutation(len(pool))
-        base = [tpots[j] for j in order[:n1]]
-        cand = [tpots[j] for j in order[n1:]]
-        claims += claim_by_test(base, cand, alpha=alpha, resamples=resamples, seed=seed + i) != "no claim"
-    return ClaimRate(what, claims, splits, n1, n2, None, min_p)
+    if blocks is not None:
+        n1 = n2 = len(blocks)
+        what = f"A/A runs, one per pseudo-arm in each of {n1} seed blocks"
+
+        def split() -> tuple[list[Any], list[Any]]:
+            picks = [rng.choice(len(b), size=2, replace=False) for b in blocks]
+            return [b[j[0]] for b, j in zip(blocks, picks)], [b[j[1]] for b, j in zip(blocks, picks)]
+
+    else:
+        n1, n2 = len(pool) // 2, len(pool) - len(pool) // 2
+        if n1 < 1:
+            raise StudyError(f"calibration: cannot split {len(pool)} A/A runs into {n1} + {n2}")
+        what = "A/A runs split into pseudo-arms"
+
+        def split() -> tuple[list[Any], list[Any]]:
+            order = rng.permutation(len(pool))
+            return [tpots[j] for j in order[:n1]], [tpots[j] for j in order[n1:]]
+
+    blocked = blocks is not None
+    min_p = design_min_p(n1, True) if blocked else minimum_p_value(n1, n2)
+    if min_p >= alpha:
+        return ClaimRate(what, 0, 0, n1, n2, None, min_p, blocked)
+    claims = sum(
+        claim_by_test(*split(), alpha=alpha, resamples=resamples, seed=seed + i, blocked=blocked) != "no claim"
+        for i in range(splits)
+    )
+    return ClaimRate(what, claims, splits, n1, n2, None, min_p, blocked)
 
 
 def _simulate(
@@ -210,36 +210,6 @@ def _noise(runs: Sequence[RunSummary]) -> tuple[list[RunSummary], list[list[np.n
     return usable, seed_blocks(usable), [np.asarray(r.tpots_s, dtype=float) for r in usable]
 
 
-def _designs(
-    runs: Sequence[RunSummary], change: float, n: int, simulations: int, alpha: float, resamples: int, seed: int
-) -> ClaimRate:
-    """Designs of ``n`` seed blocks (runs per arm) resampled from the A/A runs, candidate TPOTs times
-    ``1 + change``: with no change the share with any claim, else the share claiming its direction."""
-    _, blocks, pool = _noise(runs)
-    blocked = blocks is not None
-    min_p = design_min_p(n, blocked)
-    what = f"designs resampled from A/A {'seed blocks' if blocked else 'runs'}, " + (
-        f"candidate TPOT x {1 + change:g}" if change else "no change"
-    )
-    if min_p >= alpha:
-        return ClaimRate(what, 0, 0, n, n, change or None, min_p, blocked)
-    claims, right = _simulate(pool, n, n, 1.0 + change, simulations, alpha, resamples, seed, blocks=blocks)
-    return ClaimRate(what, right if change else claims, simulations, n, n, change or None, min_p, blocked)
-
-
-def simulated_false_claim_rate(
-    runs: Sequence[RunSummary],
-    *,
-    n_per_arm: int = 6,
-    simulations: int = SPLITS,
-    alpha: float = ALPHA,
-    resamples: int = CALIBRATION_RESAMPLES,
-    seed: int = 0,
-) -> ClaimRate:
-    """The share of A/A designs (no change added) with a claim."""
-    return _designs(runs, 0.0, n_per_arm, simulations, alpha, resamples, seed)
-
-
 def power(
     runs: Sequence[RunSummary],
     *,
@@ -250,10 +220,25 @@ def power(
     resamples: int = CALIBRATION_RESAMPLES,
     seed: int = 0,
 ) -> ClaimRate:
-    """The share of designs with the candidate's TPOTs times ``1 + change`` that claim its direction."""
-    if not change > -1.0 or change == 0.0:
-        raise StudyError(f"power: change is {change!r}, expected a non-zero fraction above -1 (0.2 = 20 % slower)")
-    return _designs(runs, change, n_per_arm, simulations, alpha, resamples, seed)
+    """Designs of ``n_per_arm`` seed blocks (runs per arm) resampled from the A/A runs, candidate TPOTs
+    times ``1 + change``: the share claiming its direction; with ``change`` 0, the share with any
+    claim (the false-claim rate)."""
+    if not change > -1.0:
+        raise StudyError(f"power: change is {change!r}, expected a fraction above -1 (0.2 = 20 % slower)")
+    _, blocks, pool = _noise(runs)
+    blocked = blocks is not None
+    min_p = design_min_p(n_per_arm, blocked)
+    what = f"designs resampled from A/A {'seed blocks' if blocked else 'runs'}, " + (
+        f"candidate TPOT x {1 + change:g}" if change else "no change"
+    )
+    if min_p >= alpha:
+        return ClaimRate(what, 0, 0, n_per_arm, n_per_arm, change or None, min_p, blocked)
+    claims, right = _simulate(
+        pool, n_per_arm, n_per_arm, 1.0 + change, simulations, alpha, resamples, seed, blocks=blocks
+    )
+    return ClaimRate(
+        what, right if change else claims, simulations, n_per_arm, n_per_arm, change or None, min_p, blocked
+    )
 
 
 @dataclass(frozen=True)

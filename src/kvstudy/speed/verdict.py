@@ -24,7 +24,6 @@ import numpy as np
 from kvstudy.bench.measurability import (
     Measurability,
     RunRequests,
-    assess_run,
     per_request_e2e_per_token_s,
     per_request_tpot_s,
 )
@@ -96,17 +95,14 @@ class Verdict:
     p_adjusted: float | None = None  # after the multiplicity correction (None: not adjusted)
     family_size: int = 1  # tests in the family the correction ran over
     multiplicity: str = ""  # the correction's method
-    ratio_method: str = "ratio of geometric means of per-run median TPOT (candidate / baseline)"
-    test_method: str = "permutation test on log median TPOT per run (within seed blocks when known), two-sided"
-    interval_method: str = "hierarchical bootstrap (runs within arm, then requests within run), percentile"
 
 
 # --------------------------------------------------------------------------- inputs
 
 
-def summarise_run(run: RunRequests, measurability: Measurability | None = None) -> RunSummary:
-    """A :class:`RunSummary` from a run's per-request timings (assessed here unless given)."""
-    m = measurability if measurability is not None else assess_run(run)
+def summarise_run(run: RunRequests, m: Measurability, **known: float | None) -> RunSummary:
+    """A :class:`RunSummary` from a run's per-request timings, its measurability and what else is ``known``
+    (its ``block``, ``clock_range_mhz``)."""
     return RunSummary(
         name=run.name,
         tpots_s=tuple(float(x) for x in per_request_tpot_s(run)),
@@ -115,6 +111,7 @@ def summarise_run(run: RunRequests, measurability: Measurability | None = None) 
         start_time_s=run.start_time_s,
         median_clock_mhz=run.median_clock_mhz,
         e2e_per_token_s=tuple(float(x) for x in per_request_e2e_per_token_s(run)),
+        **known,  # type: ignore[arg-type]
     )
 
 

@@ -112,8 +112,9 @@ def capture_runs(capture: Any, configuration: str, users: int) -> list[RunSummar
             clock_interval_s=_clock_interval(cell, capture),
             clock_samples_in_window=int(samples) if _present(samples) else None,
         )
-        summary = summarise_run(run, m)
-        out.append(replace(summary, block=int(cell["seed"]), clock_range_mhz=_clock_range(capture, cell, duration)))
+        out.append(
+            summarise_run(run, m, block=int(cell["seed"]), clock_range_mhz=_clock_range(capture, cell, duration))
+        )
     return out
 
 
@@ -499,7 +500,7 @@ def calibration_frame(capture: Any, n_per_arm: int = 6, change: float = 0.2, see
             )
             continue
         replay = cal.false_claim_rate(usable, seed=seed)
-        sim = cal.simulated_false_claim_rate(usable, n_per_arm=n_per_arm, seed=seed)
+        sim = cal.power(usable, change=0.0, n_per_arm=n_per_arm, seed=seed)
         pw = cal.power(usable, change=change, n_per_arm=n_per_arm, seed=seed)
         sens = cal.noise_sensitivity(usable, change=change, n_per_arm=n_per_arm, seed=seed)
         mdc = cal.minimum_detectable_change(usable, n_per_arm=n_per_arm, seed=seed, simulations=200)
