@@ -110,7 +110,7 @@ def seed_table(capture: Capture) -> pd.DataFrame:
     )
 
 
-def summary_table(seeds: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
+def summary_table(seeds: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     """The study's table from per-seed rows: medians over seeds, seed ranges, seed counts."""
     if not len(seeds):
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
@@ -123,9 +123,8 @@ def summary_table(seeds: pd.DataFrame, order: list[str] | None = None) -> pd.Dat
         median_clock_mhz=("median_clock_mhz", "median"),
         seeds=("seed", "nunique"),
     ).reset_index()
-    if order:
-        out["_o"] = out["configuration"].map({n: i for i, n in enumerate(order)})
-        out = out.sort_values(["users", "_o"]).drop(columns="_o")
+    out["_o"] = out["configuration"].map({n: i for i, n in enumerate(order)})
+    out = out.sort_values(["users", "_o"]).drop(columns="_o")
     return out[SUMMARY_COLUMNS].reset_index(drop=True)
 
 
@@ -169,15 +168,15 @@ def load_published(path: str | Path) -> Published:
 # --------------------------------------------------------------------------- clock-adjusted estimate
 
 
-def clock_adjusted(seeds: pd.DataFrame, order: list[str], alpha: float = 0.05) -> pd.DataFrame:
+def clock_adjusted(seeds: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     """Per candidate (``order[1:]``) and user count, OLS of ``median_tpot_ms ~ candidate + median_clock_mhz``
     over the cells against the baseline ``order[0]``; the clock term only where the clock was read and
     varies (else it cannot be told from the intercept)."""
     users = sorted(seeds["users"].unique())
-    return pd.DataFrame([_clock_adjusted(seeds, order[0], cand, int(u), alpha) for cand in order[1:] for u in users])
+    return pd.DataFrame([_clock_adjusted(seeds, order[0], cand, int(u)) for cand in order[1:] for u in users])
 
 
-def _clock_adjusted(seeds: pd.DataFrame, baseline: str, candidate: str, users: int, alpha: float) -> dict[str, Any]:
+def _clock_adjusted(seeds: pd.DataFrame, baseline: str, candidate: str, users: int) -> dict[str, Any]:
     import statsmodels.formula.api as smf
 
     d = seeds[(seeds["users"] == users) & seeds["configuration"].isin([baseline, candidate])].copy()
@@ -197,7 +196,7 @@ def _clock_adjusted(seeds: pd.DataFrame, baseline: str, candidate: str, users: i
     if n <= n_params:
         return {**row, **empty, "note": f"{n} cells for {n_params} coefficients: no residual degrees of freedom"}
     fit = smf.ols(row["model"], data=d).fit()
-    lo, hi = fit.conf_int(alpha).loc["candidate"]
+    lo, hi = fit.conf_int(0.05).loc["candidate"]
     base_mean = float(d.loc[d["candidate"] == 0, "median_tpot_ms"].mean())
     effect = float(fit.params["candidate"])
     if use_clock:
@@ -211,7 +210,7 @@ def _clock_adjusted(seeds: pd.DataFrame, baseline: str, candidate: str, users: i
         )
     else:
         note = "no clock readings: plain difference"
-    note += f"; {n} cells, {int(fit.df_resid)} residual degrees of freedom, {int((1 - alpha) * 100)} % interval"
+    note += f"; {n} cells, {int(fit.df_resid)} residual degrees of freedom, 95 % interval"
     return {
         **row,
         "TPOT change (ms)": round(effect, 3),
@@ -340,11 +339,11 @@ def plot_distributions(requests: pd.DataFrame, order: list[str]) -> Any:
     return fig
 
 
-def plot_clock(telemetry: pd.DataFrame, order: list[str], lead_s: float = 3.0) -> Any:
-    """Clock (and utilisation) over time per cell, 0 = first measured request, from ``lead_s`` before it."""
+def plot_clock(telemetry: pd.DataFrame, order: list[str]) -> Any:
+    """Clock (and utilisation) over time per cell, 0 = first measured request, from 3 s before it."""
     import matplotlib.pyplot as plt
 
-    telemetry = telemetry[telemetry["t_rel_s"] >= -lead_s]
+    telemetry = telemetry[telemetry["t_rel_s"] >= -3.0]
     users = sorted(telemetry["users"].unique())
     has_util = "util_pct" in telemetry and telemetry["util_pct"].notna().any()
     nrows = 2 if has_util else 1
@@ -390,7 +389,7 @@ def describe_spec(spec: SweepSpec) -> pd.DataFrame:
 
 
 def open_or_complete(
-    spec_data: dict[str, Any], capture: str | Path, run_missing: bool, how: str = "", progress: Progress = print
+    spec_data: dict[str, Any], capture: str | Path, run_missing: bool, how: str, progress: Progress
 ) -> tuple[Capture | None, str]:
     """The capture to analyse (None: none), after running its missing cells when ``run_missing``; and
     a sentence saying what was done."""
@@ -399,7 +398,7 @@ def open_or_complete(
         spec = SweepSpec.from_params(**spec_data)  # None: SweepSpec's default
         todo = missing_cells(spec, path)
         if todo:
-            results = run_sweep(spec, path, how=how or "notebooks/02_speed-sweep.ipynb", progress=progress)
+            results = run_sweep(spec, path, how=how, progress=progress)
             bad = sum(r.status != "ok" for r in results)
             said = f"ran {len(results)} missing cell(s) into {path} ({bad} failed)"
         else:

@@ -69,10 +69,9 @@ def _per_token_state(capture: Any, configuration: str, users: int) -> tuple[bool
     return False, f"{len(bad)} of {len(runs)} runs: " + "; ".join(reasons)
 
 
-def percentile_frame(capture: Any, order: list[str] | None = None) -> pd.DataFrame:
+def percentile_frame(capture: Any, order: list[str]) -> pd.DataFrame:
     """Percentiles per user count, arm and latency (see the module docstring), in arm order: one row
     each, a percentile too few samples resolve left empty, ``measurable`` "yes" or "no: <cause>"."""
-    order = order or [c.name for c in capture.spec.configurations]
     requests = capture.requests
     users_seen = sorted({int(u) for u in capture.cells["users"]}) if len(capture.cells) else []
     failed = failed_causes(capture)
