@@ -425,7 +425,7 @@ def capture_settings(params: dict[str, Any], capture: str | Path) -> tuple[dict[
 
 
 def cell_status_frame(capture: Capture) -> pd.DataFrame:
-    status = capture.manifest.get("items") or {}
+    status = capture.manifest.get("items") or capture.manifest.get("cells") or {}
     rows = []
     for c in capture.spec.cells():
         got = capture.grid.cells.get(c.id)
