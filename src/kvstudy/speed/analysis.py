@@ -80,7 +80,7 @@ def _on_one_timeline(cells: pd.DataFrame, manifest: Mapping[str, Any]) -> None:
         mine = cells["cell_id"].isin(block.get("items") or [])
         for column in ("started_mono_s", "ended_mono_s"):
             if isinstance(offset, (int, float)) and column in cells:
-                cells.loc[mine, column] = cells.loc[mine, column] + float(offset)
+                cells.loc[mine, column] = cells.loc[mine, column] + offset
 
 
 def seed_table(capture: Capture) -> pd.DataFrame:
@@ -160,8 +160,8 @@ def load_published(path: str | Path) -> Published:
         path,
         meta,
         table[SUMMARY_COLUMNS],
-        list(data.get("published_verdicts", [])),
-        list(data.get("not_published", [])),
+        data.get("published_verdicts", []),
+        data.get("not_published", []),
     )
 
 

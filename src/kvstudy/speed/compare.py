@@ -150,7 +150,7 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
     run = run_from_records(
         records,
         f"{path.parent.name}/{path.name}" if path.parent.name else path.name,
-        start_time_s=_start_time(data, float(duration)),
+        start_time_s=_start_time(data, duration),
         duration_s=float(duration),
         median_clock_mhz=_metadata_number(data, ("median_clock_mhz",), path),
         expected_output_len=int(asked) if asked is not None else None,

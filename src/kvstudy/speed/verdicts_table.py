@@ -100,7 +100,7 @@ def capture_runs(capture: Any, configuration: str, users: int) -> list[RunSummar
         clock = cell.get("median_clock_mhz")
         run = run_from_records(
             capture.grid.cells[cell["cell_id"]].requests,
-            str(cell["cell_id"]),
+            cell["cell_id"],
             start_time_s=_cell_start(cell),
             duration_s=duration,
             median_clock_mhz=float(clock) if pd.notna(clock) else None,
