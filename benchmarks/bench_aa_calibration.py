@@ -31,7 +31,6 @@ import argparse
 import re
 import time
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 from kvstudy.bench.measurability import assess_run
@@ -41,7 +40,6 @@ from kvstudy.speed.calibration import (
     minimum_detectable_change,
     noise_sensitivity,
     power,
-    simulated_false_claim_rate,
 )
 from kvstudy.speed.compare import BenchRun, expected_output_len, run_from_result
 from kvstudy.speed.verdict import summarise_run
@@ -109,7 +107,7 @@ def main() -> None:
         for r in group:
             m = assess_run(r.run, expected_output_len=expected)
             seed = re.search(r"__s(\d+)", r.path.name)
-            s = replace(summarise_run(r.run, m), block=int(seed.group(1)) if seed else None)
+            s = summarise_run(r.run, m, block=int(seed.group(1)) if seed else None)
             summaries.append(s)
             status = "measurable" if m.measurable else "NOT measurable: " + "; ".join(m.reasons)
             print(f"   {r.path.name:<28} seed {s.block}  median TPOT {s.median_tpot_s * 1e3:7.2f} ms  {status}")
@@ -119,7 +117,7 @@ def main() -> None:
         replay = false_claim_rate(summaries, splits=args.splits, seed=args.seed)
         kind = "seed blocks" if replay.blocked else "runs"
         print(f"   replay, real splits ({replay.n_base} vs {replay.n_cand} {kind}): {replay.text}")
-        sim = simulated_false_claim_rate(summaries, n_per_arm=n, simulations=args.splits, seed=args.seed)
+        sim = power(summaries, change=0.0, n_per_arm=n, simulations=args.splits, seed=args.seed)
         print(
             f"   resampled, {n} vs {n} {'seed blocks' if sim.blocked else 'runs'}: false claims {sim.text} (target <= 5 %)"
         )

@@ -24,6 +24,7 @@ from kvstudy.progress import Progress
 from kvstudy.stats.permutation import permutation_test
 
 PERCENTILES = (50, 90, 99)
+PEAKS = (("running", "running"), ("waiting", "waiting"), ("KV usage", "kv_usage"))  # cell_table columns
 
 
 @dataclass
@@ -72,9 +73,9 @@ def cell_table(cap: LoadCapture) -> pd.DataFrame:
             "status": c["status"],
             "within target": c.get("share_within_target"),
             "goodput (req/s)": c.get("goodput_req_s"),
+            "output tok/s": c.get("output_throughput_tok_s"),
+            "req/s": c.get("request_throughput_req_s"),
         }
-        row["output tok/s"] = c.get("output_throughput_tok_s")
-        row["req/s"] = c.get("request_throughput_req_s")
         req = cap.requests
         if len(req):
             mine = req[(req["arm"] == c["arm"]) & (req["seed"] == c["seed"]) & (req["concurrency"] == c["concurrency"])]
@@ -90,11 +91,8 @@ def cell_table(cap: LoadCapture) -> pd.DataFrame:
         if "preemptions" in delta:
             row["preemptions"] = delta["preemptions"]
         row["mean queue (s)"] = delta.get("mean_queue_time_s")
-        row["peak running"] = c.get("peak_running")
-        row["peak waiting"] = c.get("peak_waiting")
-        row["peak KV usage"] = c.get("peak_kv_usage")
-        row["reason"] = c.get("reason") or ""
-        rows.append(row)
+        row |= {f"peak {what}": c.get(f"peak_{column}") for what, column in PEAKS}
+        rows.append({**row, "reason": c.get("reason") or ""})
     out = pd.DataFrame(rows)
     if len(out):
         order = {n: i for i, n in enumerate(arm_order(cap))}
@@ -115,10 +113,9 @@ def knees(cap: LoadCapture) -> dict[str, dict[int, Knee]]:
     share = _ok_cells(cap)["share_within_target"]
     out: dict[str, dict[int, Knee]] = {}
     for arm in arm_order(cap):
-        shares = {s: {n: share.get((arm, s, n)) for n in cap.spec.loads()} for s in cap.spec.seeds}
+        loads = cap.spec.loads()
         per = {
-            s: users_within({n: None if v is None else float(v) for n, v in sh.items()}, cap.spec.target_share)
-            for s, sh in shares.items()
+            s: users_within({n: share.get((arm, s, n)) for n in loads}, cap.spec.target_share) for s in cap.spec.seeds
         }
         out[arm] = {s: k for s, k in per.items() if k.state != NO_CELLS}
     return out
@@ -154,7 +151,7 @@ def comparisons(cap: LoadCapture) -> tuple[list[UsersComparison], pd.DataFrame]:
 
 def _shares(cap: LoadCapture, arm: str, load: int) -> dict[int, float]:
     share = _ok_cells(cap)["share_within_target"]
-    return {int(s): float(share[(arm, s, load)]) for s in cap.spec.seeds if (arm, s, load) in share.index}
+    return {s: float(share[(arm, s, load)]) for s in cap.spec.seeds if (arm, s, load) in share.index}
 
 
 def users_table(cap: LoadCapture) -> pd.DataFrame:
@@ -293,12 +290,10 @@ def verdict_facts(cap: LoadCapture | None, comps: list[UsersComparison]) -> dict
         c for c in comps if c.candidate not in aa and spec and spec.arm(c.candidate).kv_cache_dtype.startswith("fp8")
     )
     main = next(fp8, None)
+    of_main = {"users_baseline": "users_baseline", "users_fp8": "users_candidate", "users_ratio": "ratio"}
+    of_main |= {"users_ratio_low": "ratio_low", "users_ratio_high": "ratio_high"}
     facts: dict[str, Any] = {
-        "users_baseline": main.users_baseline if main else None,
-        "users_fp8": main.users_candidate if main else None,
-        "users_ratio": main.ratio if main else None,
-        "users_ratio_low": main.ratio_low if main else None,
-        "users_ratio_high": main.ratio_high if main else None,
+        **{key: getattr(main, name, None) for key, name in of_main.items()},
         "claim": main.claim if main else "no claim",
         "latency_target": spec.target_text() if spec else "",
         "kv_memory_gib": spec.kv_memory_bytes / GIB if spec else 0.0,

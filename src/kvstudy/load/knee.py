@@ -103,7 +103,6 @@ def compare_users(
     candidate: str,
     base: Mapping[int, Knee],
     cand: Mapping[int, Knee],
-    confidence: float = CONFIDENCE,
 ) -> UsersComparison:
     """Users within the target of two arms over the seed blocks both have (keys: seeds). No Holm here."""
     seeds = [s for s in base if s in cand]
@@ -129,7 +128,7 @@ def compare_users(
     logs = np.log([cand[s].users / base[s].users for s in usable])
     out.ratio = float(math.exp(logs.mean()))
     if logs.size >= 2:  # the t interval of the mean log ratio: each block its own cluster
-        mean = clustered_mean(logs, range(logs.size), alpha=1 - confidence)
+        mean = clustered_mean(logs, range(logs.size), alpha=1 - CONFIDENCE)
         out.ratio_low, out.ratio_high = math.exp(mean.ci_low), math.exp(mean.ci_high)
     test = permutation_test(
         [math.log(base[s].users) for s in usable],
@@ -141,13 +140,13 @@ def compare_users(
     return out
 
 
-def blocks_for_family(tests: int, alpha: float = ALPHA) -> int:
+def blocks_for_family(tests: int) -> int:
     """Seed blocks (one run per arm each) with which the smallest p of the blocked test, 2 / 2^n,
-    passes Holm's first step over ``tests`` tests: tests x 2 / 2^n < alpha."""
-    return max(1, math.ceil(math.log2(2 * max(1, tests) / alpha) + 1e-12))
+    passes Holm's first step over ``tests`` tests: tests x 2 / 2^n < ALPHA."""
+    return max(1, math.ceil(math.log2(2 * max(1, tests) / ALPHA) + 1e-12))
 
 
-def decide(comparisons: Sequence[UsersComparison], other_p: Sequence[float] = (), alpha: float = ALPHA) -> list[float]:
+def decide(comparisons: Sequence[UsersComparison], other_p: Sequence[float] = ()) -> list[float]:
     """Holm over the users tests and ``other_p`` (the report's other tests), then each claim, in place;
     returns the Holm p of ``other_p``."""
     tested = [c for c in comparisons if c.p_value is not None]
@@ -159,10 +158,10 @@ def decide(comparisons: Sequence[UsersComparison], other_p: Sequence[float] = ()
         if c.p_value is None:
             continue
         family = len(tested) + len(other_p)
-        if c.min_p_value is not None and c.min_p_value * family >= alpha:
+        if c.min_p_value is not None and c.min_p_value * family >= ALPHA:
             c.reasons.append(
-                f"{c.blocks} seed block(s) cannot reach p < {alpha:g} after Holm over {family} test(s) (smallest p "
-                f"{c.min_p_value:.3g}; {blocks_for_family(family, alpha)} blocks can)"
+                f"{c.blocks} seed block(s) cannot reach p < {ALPHA:g} after Holm over {family} test(s) (smallest p "
+                f"{c.min_p_value:.3g}; {blocks_for_family(family)} blocks can)"
             )
         censored = [s for s in (*c.baseline_states, *c.candidate_states) if s != MEASURED]
         if censored:
@@ -170,10 +169,10 @@ def decide(comparisons: Sequence[UsersComparison], other_p: Sequence[float] = ()
                 "not every block has a measured knee (" + ", ".join(sorted(set(censored))) + "): the count is a bound"
             )
         excludes_one = c.ratio_low is not None and c.ratio_high is not None and (c.ratio_low > 1 or c.ratio_high < 1)
-        if c.p_holm is not None and c.p_holm < alpha and excludes_one and not censored:
+        if c.p_holm is not None and c.p_holm < ALPHA and excludes_one and not censored:
             c.claim = "more users" if (c.ratio or 1) > 1 else "fewer users"
-        elif c.p_holm is not None and c.p_holm >= alpha:
-            c.reasons.append(f"p after Holm {c.p_holm:.3g} ≥ {alpha:g}")
+        elif c.p_holm is not None and c.p_holm >= ALPHA:
+            c.reasons.append(f"p after Holm {c.p_holm:.3g} ≥ {ALPHA:g}")
         elif not excludes_one:
             c.reasons.append("the interval of the ratio holds 1")
     return adjusted[len(tested) :]

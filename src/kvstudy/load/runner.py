@@ -81,17 +81,21 @@ def pool_check(spec: LoadSpec, arm: str, log_text: str) -> dict[str, Any]:
         device=spec.device,
     )
     logged = parse_startup_text(log_text).pool_tokens
-    out = {"predicted_tokens": predicted.tokens, "logged_tokens": logged, "predicted_blocks": predicted.num_blocks}
+    reason = ""
     if logged is None:
-        return {**out, "ok": False, "reason": "the server log holds no 'KV cache size' line"}
-    if logged != predicted.tokens:
-        return {
-            **out,
-            "ok": False,
-            "reason": f"the logged pool ({logged:,} tokens) disagrees with the prediction for "
-            f"{spec.arm(arm).kv_cache_dtype} at {spec.kv_memory_bytes:,} bytes ({predicted.tokens:,} tokens)",
-        }
-    return {**out, "ok": True, "reason": ""}
+        reason = "the server log holds no 'KV cache size' line"
+    elif logged != predicted.tokens:
+        reason = (
+            f"the logged pool ({logged:,} tokens) disagrees with the prediction for "
+            f"{spec.arm(arm).kv_cache_dtype} at {spec.kv_memory_bytes:,} bytes ({predicted.tokens:,} tokens)"
+        )
+    return {
+        "predicted_tokens": predicted.tokens,
+        "logged_tokens": logged,
+        "predicted_blocks": predicted.num_blocks,
+        "ok": not reason,
+        "reason": reason,
+    }
 
 
 # --------------------------------------------------------------------------- one cell

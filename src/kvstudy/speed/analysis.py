@@ -80,7 +80,7 @@ def _on_one_timeline(cells: pd.DataFrame, manifest: Mapping[str, Any]) -> None:
         mine = cells["cell_id"].isin(block.get("items") or [])
         for column in ("started_mono_s", "ended_mono_s"):
             if isinstance(offset, (int, float)) and column in cells:
-                cells.loc[mine, column] = cells.loc[mine, column] + float(offset)
+                cells.loc[mine, column] = cells.loc[mine, column] + offset
 
 
 def seed_table(capture: Capture) -> pd.DataFrame:
@@ -110,7 +110,7 @@ def seed_table(capture: Capture) -> pd.DataFrame:
     )
 
 
-def summary_table(seeds: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
+def summary_table(seeds: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     """The study's table from per-seed rows: medians over seeds, seed ranges, seed counts."""
     if not len(seeds):
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
@@ -123,9 +123,8 @@ def summary_table(seeds: pd.DataFrame, order: list[str] | None = None) -> pd.Dat
         median_clock_mhz=("median_clock_mhz", "median"),
         seeds=("seed", "nunique"),
     ).reset_index()
-    if order:
-        out["_o"] = out["configuration"].map({n: i for i, n in enumerate(order)})
-        out = out.sort_values(["users", "_o"]).drop(columns="_o")
+    out["_o"] = out["configuration"].map({n: i for i, n in enumerate(order)})
+    out = out.sort_values(["users", "_o"]).drop(columns="_o")
     return out[SUMMARY_COLUMNS].reset_index(drop=True)
 
 
@@ -161,56 +160,43 @@ def load_published(path: str | Path) -> Published:
         path,
         meta,
         table[SUMMARY_COLUMNS],
-        list(data.get("published_verdicts", [])),
-        list(data.get("not_published", [])),
+        data.get("published_verdicts", []),
+        data.get("not_published", []),
     )
 
 
 # --------------------------------------------------------------------------- clock-adjusted estimate
 
 
-@dataclass
-class ClockAdjusted:
-    """OLS of a cell's median TPOT on the KV configuration (and the clock, where it varies)."""
-
-    users: int
-    n_cells: int
-    effect_ms: float | None  # candidate minus baseline TPOT (with the clock in the model where it varied)
-    ci_low_ms: float | None
-    ci_high_ms: float | None
-    effect_pct: float | None  # effect relative to the baseline's mean TPOT
-    clock_coef_ms_per_100mhz: float | None
-    formula: str
-    note: str
-    candidate: str = ""
+def clock_adjusted(seeds: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """Per candidate (``order[1:]``) and user count, OLS of ``median_tpot_ms ~ candidate + median_clock_mhz``
+    over the cells against the baseline ``order[0]``; the clock term only where the clock was read and
+    varies (else it cannot be told from the intercept)."""
+    users = sorted(seeds["users"].unique())
+    return pd.DataFrame([_clock_adjusted(seeds, order[0], cand, int(u)) for cand in order[1:] for u in users])
 
 
-def clock_adjusted(
-    seeds: pd.DataFrame, baseline: str, candidate: str, users: int, alpha: float = 0.05
-) -> ClockAdjusted:
-    """OLS of ``median_tpot_ms ~ candidate + median_clock_mhz`` over the cells at ``users``; the clock
-    term only where the clock was read and varies (else it cannot be told from the intercept)."""
+def _clock_adjusted(seeds: pd.DataFrame, baseline: str, candidate: str, users: int) -> dict[str, Any]:
     import statsmodels.formula.api as smf
 
     d = seeds[(seeds["users"] == users) & seeds["configuration"].isin([baseline, candidate])].copy()
     d["candidate"] = (d["configuration"] == candidate).astype(int)
     n = len(d)
-    empty = ClockAdjusted(users, n, None, None, None, None, None, "", "", candidate)
+    row: dict[str, Any] = {"candidate": candidate, "users": users, "cells": n, "model": ""}
+    empty = {"TPOT change (ms)": None, "95 % interval (ms)": None, "change (%)": None}
     if d["candidate"].nunique() < 2:
-        empty.note = "one arm has no successful cells"
-        return empty
+        return {**row, **empty, "note": "one arm has no successful cells"}
     clock = pd.to_numeric(d["median_clock_mhz"], errors="coerce")
     use_clock = bool(clock.notna().all() and clock.nunique() > 1)
-    formula = "median_tpot_ms ~ candidate" + (" + clock_100mhz" if use_clock else "")
+    row["model"] = "median_tpot_ms ~ candidate" + (" + clock_100mhz" if use_clock else "")
     if use_clock:
         d["clock_100mhz"] = clock / 100.0
         corr = np.corrcoef(d["candidate"], d["clock_100mhz"])[0, 1]
     n_params = 3 if use_clock else 2
     if n <= n_params:
-        empty.formula, empty.note = formula, f"{n} cells for {n_params} coefficients: no residual degrees of freedom"
-        return empty
-    fit = smf.ols(formula, data=d).fit()
-    lo, hi = fit.conf_int(alpha).loc["candidate"]
+        return {**row, **empty, "note": f"{n} cells for {n_params} coefficients: no residual degrees of freedom"}
+    fit = smf.ols(row["model"], data=d).fit()
+    lo, hi = fit.conf_int(0.05).loc["candidate"]
     base_mean = float(d.loc[d["candidate"] == 0, "median_tpot_ms"].mean())
     effect = float(fit.params["candidate"])
     if use_clock:
@@ -224,37 +210,14 @@ def clock_adjusted(
         )
     else:
         note = "no clock readings: plain difference"
-    note += f"; {n} cells, {int(fit.df_resid)} residual degrees of freedom, {int((1 - alpha) * 100)} % interval"
-    return ClockAdjusted(
-        users,
-        n,
-        effect,
-        float(lo),
-        float(hi),
-        effect / base_mean * 100.0,
-        float(fit.params["clock_100mhz"]) if use_clock else None,
-        formula,
-        note,
-        candidate,
-    )
-
-
-def adjusted_frame(estimates: list[ClockAdjusted]) -> pd.DataFrame:
-    return pd.DataFrame(
-        [
-            {
-                "candidate": e.candidate,
-                "users": e.users,
-                "cells": e.n_cells,
-                "model": e.formula,
-                "TPOT change (ms)": None if e.effect_ms is None else round(e.effect_ms, 3),
-                "95 % interval (ms)": None if e.ci_low_ms is None else f"{e.ci_low_ms:.3f} to {e.ci_high_ms:.3f}",
-                "change (%)": None if e.effect_pct is None else round(e.effect_pct, 2),
-                "note": e.note,
-            }
-            for e in estimates
-        ]
-    )
+    note += f"; {n} cells, {int(fit.df_resid)} residual degrees of freedom, 95 % interval"
+    return {
+        **row,
+        "TPOT change (ms)": round(effect, 3),
+        "95 % interval (ms)": f"{lo:.3f} to {hi:.3f}",
+        "change (%)": round(effect / base_mean * 100.0, 2),
+        "note": note,
+    }
 
 
 # --------------------------------------------------------------------------- A/B guard
@@ -376,11 +339,11 @@ def plot_distributions(requests: pd.DataFrame, order: list[str]) -> Any:
     return fig
 
 
-def plot_clock(telemetry: pd.DataFrame, order: list[str], lead_s: float = 3.0) -> Any:
-    """Clock (and utilisation) over time per cell, 0 = first measured request, from ``lead_s`` before it."""
+def plot_clock(telemetry: pd.DataFrame, order: list[str]) -> Any:
+    """Clock (and utilisation) over time per cell, 0 = first measured request, from 3 s before it."""
     import matplotlib.pyplot as plt
 
-    telemetry = telemetry[telemetry["t_rel_s"] >= -lead_s]
+    telemetry = telemetry[telemetry["t_rel_s"] >= -3.0]
     users = sorted(telemetry["users"].unique())
     has_util = "util_pct" in telemetry and telemetry["util_pct"].notna().any()
     nrows = 2 if has_util else 1
@@ -426,7 +389,7 @@ def describe_spec(spec: SweepSpec) -> pd.DataFrame:
 
 
 def open_or_complete(
-    spec_data: dict[str, Any], capture: str | Path, run_missing: bool, how: str = "", progress: Progress = print
+    spec_data: dict[str, Any], capture: str | Path, run_missing: bool, how: str, progress: Progress
 ) -> tuple[Capture | None, str]:
     """The capture to analyse (None: none), after running its missing cells when ``run_missing``; and
     a sentence saying what was done."""
@@ -435,7 +398,7 @@ def open_or_complete(
         spec = SweepSpec.from_params(**spec_data)  # None: SweepSpec's default
         todo = missing_cells(spec, path)
         if todo:
-            results = run_sweep(spec, path, how=how or "notebooks/02_speed-sweep.ipynb", progress=progress)
+            results = run_sweep(spec, path, how=how, progress=progress)
             bad = sum(r.status != "ok" for r in results)
             said = f"ran {len(results)} missing cell(s) into {path} ({bad} failed)"
         else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -94,7 +95,6 @@ def claim_by_test(
     base: Sequence[Sequence[float]],
     cand: Sequence[Sequence[float]],
     *,
-    alpha: float = ALPHA,
     resamples: int = CALIBRATION_RESAMPLES,
     seed: int = 0,
     use_interval: bool = True,
@@ -104,23 +104,22 @@ def claim_by_test(
 
     ``blocked``: run i of each arm forms block i (labels permuted within blocks).
     ``use_interval=False`` counts p < alpha alone (the interval rarely decides once p < alpha)."""
-    lb = [math.log(float(np.median(v))) for v in base]
-    lc = [math.log(float(np.median(v))) for v in cand]
+    lb = [math.log(np.median(v)) for v in base]
+    lc = [math.log(np.median(v)) for v in cand]
     blocks = list(range(len(lb))) if blocked else None
     test = permutation_test(lb, lc, base_blocks=blocks, cand_blocks=blocks, seed=seed)
-    if not test.p_value < alpha:
+    if not test.p_value < ALPHA:
         return "no claim"
     if not use_interval:
         return "faster" if test.statistic < 0 else "slower"
     ci = bootstrap_ratio_interval(base, cand, resamples=resamples, seed=seed)
-    return statistical_claim(test.p_value, ci, math.exp(test.statistic), alpha)
+    return statistical_claim(test.p_value, ci, math.exp(test.statistic))
 
 
 def false_claim_rate(
     runs: Sequence[RunSummary],
     *,
     splits: int = SPLITS,
-    alpha: float = ALPHA,
     resamples: int = CALIBRATION_RESAMPLES,
     seed: int = 0,
 ) -> ClaimRate:
@@ -130,35 +129,34 @@ def false_claim_rate(
     pool = _usable(runs)
     blocks = seed_blocks(pool)
     rng = np.random.default_rng(seed)
-    if blocks is not None:
-        k = len(blocks)
-        min_p = design_min_p(k, True)
-        what = f"A/A runs, one per pseudo-arm in each of {k} seed blocks"
-        if min_p >= alpha:
-            return ClaimRate(what, 0, 0, k, k, None, min_p, True)
-        claims = 0
-        for i in range(splits):
-            picks = [rng.choice(len(b), size=2, replace=False) for b in blocks]
-            base = [b[j[0]] for b, j in zip(blocks, picks)]
-            cand = [b[j[1]] for b, j in zip(blocks, picks)]
-            claim = claim_by_test(base, cand, alpha=alpha, resamples=resamples, seed=seed + i, blocked=True)
-            claims += claim != "no claim"
-        return ClaimRate(what, claims, splits, k, k, None, min_p, True)
-    n1, n2 = len(pool) // 2, len(pool) - len(pool) // 2
-    if n1 < 1:
-        raise StudyError(f"calibration: cannot split {len(pool)} A/A runs into {n1} + {n2}")
-    min_p = minimum_p_value(n1, n2)
-    what = "A/A runs split into pseudo-arms"
-    if min_p >= alpha:
-        return ClaimRate(what, 0, 0, n1, n2, None, min_p)
     tpots = [np.asarray(r.tpots_s, dtype=float) for r in pool]
-    claims = 0
-    for i in range(splits):
-        order = rng.permutation(len(pool))
-        base = [tpots[j] for j in order[:n1]]
-        cand = [tpots[j] for j in order[n1:]]
-        claims += claim_by_test(base, cand, alpha=alpha, resamples=resamples, seed=seed + i) != "no claim"
-    return ClaimRate(what, claims, splits, n1, n2, None, min_p)
+    if blocks is not None:
+        n1 = n2 = len(blocks)
+        what = f"A/A runs, one per pseudo-arm in each of {n1} seed blocks"
+
+        def split() -> tuple[list[Any], list[Any]]:
+            picks = [rng.choice(len(b), size=2, replace=False) for b in blocks]
+            return [b[j[0]] for b, j in zip(blocks, picks)], [b[j[1]] for b, j in zip(blocks, picks)]
+
+    else:
+        n1, n2 = len(pool) // 2, len(pool) - len(pool) // 2
+        if n1 < 1:
+            raise StudyError(f"calibration: cannot split {len(pool)} A/A runs into {n1} + {n2}")
+        what = "A/A runs split into pseudo-arms"
+
+        def split() -> tuple[list[Any], list[Any]]:
+            order = rng.permutation(len(pool))
+            return [tpots[j] for j in order[:n1]], [tpots[j] for j in order[n1:]]
+
+    blocked = blocks is not None
+    min_p = design_min_p(n1, True) if blocked else minimum_p_value(n1, n2)
+    if min_p >= ALPHA:
+        return ClaimRate(what, 0, 0, n1, n2, None, min_p, blocked)
+    claims = sum(
+        claim_by_test(*split(), resamples=resamples, seed=seed + i, blocked=blocked) != "no claim"
+        for i in range(splits)
+    )
+    return ClaimRate(what, claims, splits, n1, n2, None, min_p, blocked)
 
 
 def _simulate(
@@ -167,7 +165,6 @@ def _simulate(
     n_cand: int,
     ratio: float,
     simulations: int,
-    alpha: float,
     resamples: int,
     seed: int,
     use_interval: bool = True,
@@ -194,7 +191,6 @@ def _simulate(
         claim = claim_by_test(
             base,
             cand,
-            alpha=alpha,
             resamples=resamples,
             seed=seed + i,
             use_interval=use_interval,
@@ -210,50 +206,32 @@ def _noise(runs: Sequence[RunSummary]) -> tuple[list[RunSummary], list[list[np.n
     return usable, seed_blocks(usable), [np.asarray(r.tpots_s, dtype=float) for r in usable]
 
 
-def _designs(
-    runs: Sequence[RunSummary], change: float, n: int, simulations: int, alpha: float, resamples: int, seed: int
-) -> ClaimRate:
-    """Designs of ``n`` seed blocks (runs per arm) resampled from the A/A runs, candidate TPOTs times
-    ``1 + change``: with no change the share with any claim, else the share claiming its direction."""
-    _, blocks, pool = _noise(runs)
-    blocked = blocks is not None
-    min_p = design_min_p(n, blocked)
-    what = f"designs resampled from A/A {'seed blocks' if blocked else 'runs'}, " + (
-        f"candidate TPOT x {1 + change:g}" if change else "no change"
-    )
-    if min_p >= alpha:
-        return ClaimRate(what, 0, 0, n, n, change or None, min_p, blocked)
-    claims, right = _simulate(pool, n, n, 1.0 + change, simulations, alpha, resamples, seed, blocks=blocks)
-    return ClaimRate(what, right if change else claims, simulations, n, n, change or None, min_p, blocked)
-
-
-def simulated_false_claim_rate(
-    runs: Sequence[RunSummary],
-    *,
-    n_per_arm: int = 6,
-    simulations: int = SPLITS,
-    alpha: float = ALPHA,
-    resamples: int = CALIBRATION_RESAMPLES,
-    seed: int = 0,
-) -> ClaimRate:
-    """The share of A/A designs (no change added) with a claim."""
-    return _designs(runs, 0.0, n_per_arm, simulations, alpha, resamples, seed)
-
-
 def power(
     runs: Sequence[RunSummary],
     *,
     change: float = 0.2,
     n_per_arm: int = 6,
     simulations: int = SPLITS,
-    alpha: float = ALPHA,
     resamples: int = CALIBRATION_RESAMPLES,
     seed: int = 0,
 ) -> ClaimRate:
-    """The share of designs with the candidate's TPOTs times ``1 + change`` that claim its direction."""
-    if not change > -1.0 or change == 0.0:
-        raise StudyError(f"power: change is {change!r}, expected a non-zero fraction above -1 (0.2 = 20 % slower)")
-    return _designs(runs, change, n_per_arm, simulations, alpha, resamples, seed)
+    """Designs of ``n_per_arm`` seed blocks (runs per arm) resampled from the A/A runs, candidate TPOTs
+    times ``1 + change``: the share claiming its direction; with ``change`` 0, the share with any
+    claim (the false-claim rate)."""
+    if not change > -1.0:
+        raise StudyError(f"power: change is {change!r}, expected a fraction above -1 (0.2 = 20 % slower)")
+    _, blocks, pool = _noise(runs)
+    blocked = blocks is not None
+    min_p = design_min_p(n_per_arm, blocked)
+    what = f"designs resampled from A/A {'seed blocks' if blocked else 'runs'}, " + (
+        f"candidate TPOT x {1 + change:g}" if change else "no change"
+    )
+    if min_p >= ALPHA:
+        return ClaimRate(what, 0, 0, n_per_arm, n_per_arm, change or None, min_p, blocked)
+    claims, right = _simulate(pool, n_per_arm, n_per_arm, 1.0 + change, simulations, resamples, seed, blocks=blocks)
+    return ClaimRate(
+        what, right if change else claims, simulations, n_per_arm, n_per_arm, change or None, min_p, blocked
+    )
 
 
 @dataclass(frozen=True)
@@ -284,7 +262,7 @@ def noise_sd(runs: Sequence[RunSummary]) -> tuple[float, int] | None:
     None when the runs cannot estimate it."""
     usable, blocks, _ = _noise(runs)
     if blocks is not None:
-        d = [math.log(float(np.median(b[1]))) - math.log(float(np.median(b[0]))) for b in blocks]
+        d = [math.log(np.median(b[1])) - math.log(np.median(b[0])) for b in blocks]
         df, var = len(d), float(np.mean(np.square(d)))  # the mean difference is 0 under A/A
     else:
         logs = [math.log(r.median_tpot_s) for r in usable]
@@ -298,20 +276,19 @@ def noise_sensitivity(
     *,
     change: float = 0.2,
     n_per_arm: int = 6,
-    alpha: float = ALPHA,
     simulations: int = 4_000,
     seed: int = 0,
 ) -> NoiseSensitivity | None:
     """Power of ``n_per_arm`` seed blocks for ``change`` under a normal model of the per-seed log
     differences, at the A/A noise and at both ends of its 95 % interval; None when not estimable."""
     noise = noise_sd(runs)
-    if noise is None or design_min_p(n_per_arm, True) >= alpha or n_per_arm > 16:
+    if noise is None or design_min_p(n_per_arm, True) >= ALPHA or n_per_arm > 16:
         return None
     sigma, df = noise
     var = sigma**2
     low = math.sqrt(df * var / float(stats.chi2.ppf(0.975, df)))
     high = math.sqrt(df * var / float(stats.chi2.ppf(0.025, df)))
-    at = [sign_flip_power(s, change, n_per_arm, alpha, simulations, seed) for s in (sigma, low, high)]
+    at = [sign_flip_power(s, change, n_per_arm, ALPHA, simulations, seed) for s in (sigma, low, high)]
     return NoiseSensitivity(sigma, low, high, df, at[0], at[1], at[2])
 
 
@@ -320,8 +297,6 @@ def minimum_detectable_change(
     *,
     n_per_arm: int = 6,
     n_cand: int | None = None,
-    target_power: float = TARGET_POWER,
-    alpha: float = ALPHA,
     simulations: int = 400,
     resamples: int = 200,
     seed: int = 0,
@@ -330,19 +305,19 @@ def minimum_detectable_change(
     use_interval: bool = True,
 ) -> float | None:
     """Smallest TPOT increase (0.2: 20 % slower) a design of ``n_per_arm`` vs ``n_cand`` runs detects
-    with ``target_power``, by bisection with common random numbers; None when none up to ``max_change`` is."""
+    with :data:`TARGET_POWER`, by bisection with common random numbers; None when none up to ``max_change`` is."""
     n2 = n_cand if n_cand is not None else n_per_arm
     _, blocks, pool = _noise(runs)
     if n2 != n_per_arm:
         blocks = None
-    if design_min_p(n_per_arm, blocks is not None) >= alpha or minimum_p_value(n_per_arm, n2) >= alpha:
+    if design_min_p(n_per_arm, blocks is not None) >= ALPHA or minimum_p_value(n_per_arm, n2) >= ALPHA:
         return None
 
     def detected(change: float) -> bool:
         _, right = _simulate(
-            pool, n_per_arm, n2, 1.0 + change, simulations, alpha, resamples, seed, use_interval, blocks=blocks
+            pool, n_per_arm, n2, 1.0 + change, simulations, resamples, seed, use_interval, blocks=blocks
         )
-        return right / simulations >= target_power
+        return right / simulations >= TARGET_POWER
 
     if not detected(max_change):
         return None
@@ -362,6 +337,6 @@ def centred(arms: Sequence[Sequence[RunSummary]]) -> list[RunSummary]:
     pooled: list[RunSummary] = []
     for arm in arms:
         usable = _usable(arm)
-        scale = math.exp(float(np.mean([math.log(r.median_tpot_s) for r in usable])))
+        scale = math.exp(np.mean([math.log(r.median_tpot_s) for r in usable]))
         pooled.extend(replace(r, tpots_s=tuple(t / scale for t in r.tpots_s)) for r in usable)
     return pooled

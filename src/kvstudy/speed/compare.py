@@ -150,7 +150,7 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
     run = run_from_records(
         records,
         f"{path.parent.name}/{path.name}" if path.parent.name else path.name,
-        start_time_s=_start_time(data, float(duration)),
+        start_time_s=_start_time(data, duration),
         duration_s=float(duration),
         median_clock_mhz=_metadata_number(data, ("median_clock_mhz",), path),
         expected_output_len=int(asked) if asked is not None else None,
@@ -158,14 +158,14 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
     return BenchRun(path=path, run=run, settings=settings)
 
 
-def read_bench_folder(folder: str | Path, *, min_runs: int = MIN_RUNS_PER_ARM) -> list[BenchRun]:
-    """Every run in ``folder`` (see :func:`result_files`), at least ``min_runs`` of them."""
+def read_bench_folder(folder: str | Path) -> list[BenchRun]:
+    """Every run in ``folder`` (see :func:`result_files`), at least :data:`MIN_RUNS_PER_ARM` of them."""
     files = result_files(folder)
-    if len(files) < min_runs:
+    if len(files) < MIN_RUNS_PER_ARM:
         names = ", ".join(p.name for p in files) or "none"
         raise StudyError(
             f"{folder}: holds {len(files)} vLLM bench result file(s) ({names}); a comparison needs at "
-            f"least {min_runs} runs per arm"
+            f"least {MIN_RUNS_PER_ARM} runs per arm"
         )
     return [run_from_result(read_result_file(p), p) for p in files]
 
@@ -212,16 +212,10 @@ def expected_output_len(runs: Sequence[BenchRun]) -> int | None:
 
 
 def compare_folders(
-    baseline: str | Path,
-    candidate: str | Path,
-    *,
-    clock_tolerance: float = CLOCK_TOLERANCE,
-    alpha: float = ALPHA,
-    seed: int = 0,
-    detectable_change: bool = True,
+    baseline: str | Path, candidate: str | Path, clock_tolerance: float = CLOCK_TOLERANCE
 ) -> Comparison:
     """Read both folders, check the runs share their settings, assess each run and give the verdict;
-    on "no claim", the change this design would detect with 80 % power (``detectable_change``)."""
+    on "no claim", the change this design would detect with 80 % power."""
     base_path, cand_path = Path(baseline), Path(candidate)
     if base_path.resolve() == cand_path.resolve():
         raise StudyError(f"{cand_path}: the same folder as the baseline; expected two folders of runs")
@@ -237,23 +231,18 @@ def compare_folders(
         label: [summarise_run(r.run, m) for r, m in zip(arm, assessed[label])]
         for label, arm in (("baseline", base), ("candidate", cand))
     }
-    verdict = compare_runs(
-        summaries["baseline"], summaries["candidate"], alpha=alpha, clock_tolerance=clock_tolerance, seed=seed
-    )
+    verdict = compare_runs(summaries["baseline"], summaries["candidate"], clock_tolerance=clock_tolerance)
     mdc = None
     if (
-        detectable_change
-        and verdict.verdict == "no claim"
+        verdict.verdict == "no claim"
         and verdict.tpot_ratio is not None
-        and minimum_p_value(len(base), len(cand)) < alpha
+        and minimum_p_value(len(base), len(cand)) < ALPHA
     ):
         mdc = minimum_detectable_change(
             centred([summaries["baseline"], summaries["candidate"]]),
             n_per_arm=len(base),
             n_cand=len(cand),
-            alpha=alpha,
             simulations=MDC_SIMULATIONS,
-            seed=seed,
             precision=0.01,
             use_interval=False,
         )

@@ -35,23 +35,6 @@ def min_samples(q: float) -> int:
     return math.ceil(100.0 / (100.0 - q) - 1e-9)
 
 
-@dataclass(frozen=True)
-class LatencyPercentiles:
-    """One latency's percentiles for one arm at one user count, seeds pooled."""
-
-    users: int
-    configuration: str
-    latency: str  # TTFT, TPOT, ITL or E2E
-    samples: int  # requests (token gaps for ITL) the percentiles are taken over
-    runs: int  # finished cells pooled
-    values_ms: tuple[tuple[int, float | None], ...]  # (q, value); None: too few samples to resolve it
-    measurable: bool
-    cause: str = ""  # why not measurable, or why the arm has no rows
-
-    def value(self, q: int) -> float | None:
-        return dict(self.values_ms).get(q)
-
-
 def _samples(rows: pd.DataFrame, column: str) -> np.ndarray:
     if not len(rows) or column not in rows.columns:
         return np.array([], dtype=float)
@@ -86,15 +69,16 @@ def _per_token_state(capture: Any, configuration: str, users: int) -> tuple[bool
     return False, f"{len(bad)} of {len(runs)} runs: " + "; ".join(reasons)
 
 
-def latency_percentiles(capture: Any, order: list[str] | None = None) -> list[LatencyPercentiles]:
-    """Percentiles per arm, user count and latency (see the module docstring), in arm order."""
-    order = order or [c.name for c in capture.spec.configurations]
+def percentile_frame(capture: Any, order: list[str]) -> pd.DataFrame:
+    """Percentiles per user count, arm and latency (see the module docstring), in arm order: one row
+    each, a percentile too few samples resolve left empty, ``measurable`` "yes" or "no: <cause>"."""
     requests = capture.requests
     users_seen = sorted({int(u) for u in capture.cells["users"]}) if len(capture.cells) else []
     failed = failed_causes(capture)
-    out: list[LatencyPercentiles] = []
+    out: list[dict[str, Any]] = []
     for users in users_seen:
         for name in order:
+            key = {"users": users, "configuration": name}
             rows = (
                 requests[(requests["users"] == users) & (requests["configuration"] == name)]
                 if len(requests)
@@ -102,39 +86,30 @@ def latency_percentiles(capture: Any, order: list[str] | None = None) -> list[La
             )
             if (name, users) in failed or not len(rows):
                 cause = shorten_words(failed.get((name, users), "no per-request rows"), CAUSE_WIDTH)
-                out += [LatencyPercentiles(users, name, label, 0, 0, (), False, cause) for label, _, _ in LATENCIES]
+                empty = {f"p{q} (ms)": None for q in PERCENTILES}
+                out += [
+                    {**key, "latency": label, **empty, "samples": 0, "measurable": f"no: {cause}"}
+                    for label, _, _ in LATENCIES
+                ]
                 continue
             ok_rows = rows[rows["success"].astype(bool)] if "success" in rows.columns else rows
             failed_requests = len(rows) - len(ok_rows)
             token_ok, token_cause = _per_token_state(capture, name, users)
-            n_runs = int(rows["cell_id"].nunique()) if "cell_id" in rows.columns else 0
             for label, column, _ in LATENCIES:
                 values = _samples(ok_rows, column)
-                per_q = tuple(
-                    (q, float(np.percentile(values, q)) if len(values) >= min_samples(q) else None) for q in PERCENTILES
-                )
+                per_q = {
+                    f"p{q} (ms)": float(np.percentile(values, q)) if len(values) >= min_samples(q) else None
+                    for q in PERCENTILES
+                }
                 if label in PER_TOKEN and not token_ok:
-                    measurable, cause = False, shorten_words(token_cause, CAUSE_WIDTH)
+                    measurable = f"no: {shorten_words(token_cause, CAUSE_WIDTH)}"
                 elif failed_requests:
-                    measurable, cause = False, f"{failed_requests} of {len(rows)} requests failed (survivors biased)"
+                    measurable = f"no: {failed_requests} of {len(rows)} requests failed (survivors biased)"
                 else:
-                    measurable, cause = len(values) > 0, "" if len(values) else "no samples"
-                out.append(LatencyPercentiles(users, name, label, len(values), n_runs, per_q, measurable, cause))
-    return out
-
-
-def percentile_frame(records: list[LatencyPercentiles]) -> pd.DataFrame:
-    """The records as the report's table: one row per user count, arm and latency."""
-    rows = []
-    for r in records:
-        row: dict[str, Any] = {"users": r.users, "configuration": r.configuration, "latency": r.latency}
-        for q in PERCENTILES:
-            row[f"p{q} (ms)"] = r.value(q)
-        row["samples"] = r.samples
-        row["measurable"] = "yes" if r.measurable else f"no: {r.cause}" if r.cause else "no"
-        rows.append(row)
+                    measurable = "yes" if len(values) else "no: no samples"
+                out.append({**key, "latency": label, **per_q, "samples": len(values), "measurable": measurable})
     columns = ["users", "configuration", "latency", *(f"p{q} (ms)" for q in PERCENTILES), "samples", "measurable"]
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(out, columns=columns)
 
 
 def percentile_note() -> str:

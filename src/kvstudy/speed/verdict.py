@@ -24,13 +24,12 @@ import numpy as np
 from kvstudy.bench.measurability import (
     Measurability,
     RunRequests,
-    assess_run,
     per_request_e2e_per_token_s,
     per_request_tpot_s,
 )
 from kvstudy.errors import StudyError
 from kvstudy.speed.design import DRIFT_BOUNDED, UNBALANCED, order_check, registration_check
-from kvstudy.stats.bootstrap import BOOTSTRAP_RESAMPLES, CONFIDENCE, bootstrap_ratio_interval
+from kvstudy.stats.bootstrap import CONFIDENCE, bootstrap_ratio_interval
 from kvstudy.stats.drift import drift_check
 from kvstudy.stats.family import MULTIPLICITY_METHOD, holm
 from kvstudy.stats.permutation import (
@@ -75,14 +74,10 @@ class Verdict:
     tpot_ratio_ci: tuple[float, float] | None
     p_value: float | None
     min_p_value: float
-    alpha: float
     runs: dict[str, int]
     reasons: list[str] = field(default_factory=list)
-    exact: bool = True
-    splits: int = 0
     baseline_tpot_ms: float | None = None  # geometric mean of per-run median TPOTs
     candidate_tpot_ms: float | None = None
-    interleaved: bool | None = None
     clock_ratio: float | None = None  # candidate / baseline median clock
     cycles_per_token: dict[str, float] | None = None  # TPOT x median clock, per arm (cycles)
     clock_adjusted_ratio: float | None = None  # the TPOT ratio had the clocks been equal
@@ -90,23 +85,18 @@ class Verdict:
     clock_status: str = "not recorded"  # "compared" | "not recorded" | "not varied / not measured" | "missing"
     blocks: int = 0  # seed blocks the test permuted within (0: unblocked)
     order_design: str = "unknown"  # what order_check found
-    drift_bound: float | None = None  # alternating order: the most a linear drift adds to the log ratio
-    drift_adjusted_p: float | None = None  # its t test with the drift removed (stats.drift.drift_check)
     registered_runs_per_arm: int | None = None
     p_adjusted: float | None = None  # after the multiplicity correction (None: not adjusted)
     family_size: int = 1  # tests in the family the correction ran over
     multiplicity: str = ""  # the correction's method
-    ratio_method: str = "ratio of geometric means of per-run median TPOT (candidate / baseline)"
-    test_method: str = "permutation test on log median TPOT per run (within seed blocks when known), two-sided"
-    interval_method: str = "hierarchical bootstrap (runs within arm, then requests within run), percentile"
 
 
 # --------------------------------------------------------------------------- inputs
 
 
-def summarise_run(run: RunRequests, measurability: Measurability | None = None) -> RunSummary:
-    """A :class:`RunSummary` from a run's per-request timings (assessed here unless given)."""
-    m = measurability if measurability is not None else assess_run(run)
+def summarise_run(run: RunRequests, m: Measurability, **known: float | None) -> RunSummary:
+    """A :class:`RunSummary` from a run's per-request timings, its measurability and what else is ``known``
+    (its ``block``, ``clock_range_mhz``)."""
     return RunSummary(
         name=run.name,
         tpots_s=tuple(float(x) for x in per_request_tpot_s(run)),
@@ -115,19 +105,20 @@ def summarise_run(run: RunRequests, measurability: Measurability | None = None) 
         start_time_s=run.start_time_s,
         median_clock_mhz=run.median_clock_mhz,
         e2e_per_token_s=tuple(float(x) for x in per_request_e2e_per_token_s(run)),
+        **known,  # type: ignore[arg-type]
     )
 
 
 def _geomean(values: Sequence[float]) -> float:
-    return float(math.exp(np.mean(np.log(values))))
+    return math.exp(np.mean(np.log(values)))
 
 
 # --------------------------------------------------------------------------- the verdict
 
 
-def statistical_claim(p_value: float, interval: tuple[float, float] | None, ratio: float, alpha: float = ALPHA) -> str:
-    """The test's part of the rule alone: a direction when p < alpha and the interval excludes 1."""
-    if interval is None or not p_value < alpha or interval[0] <= 1.0 <= interval[1]:
+def statistical_claim(p_value: float, interval: tuple[float, float] | None, ratio: float) -> str:
+    """The test's part of the rule alone: a direction when p < ALPHA and the interval excludes 1."""
+    if interval is None or not p_value < ALPHA or interval[0] <= 1.0 <= interval[1]:
         return "no claim"
     return "faster" if ratio < 1.0 else "slower"
 
@@ -183,11 +174,7 @@ def compare_runs(
     base: Sequence[RunSummary],
     cand: Sequence[RunSummary],
     *,
-    alpha: float = ALPHA,
     clock_tolerance: float = CLOCK_TOLERANCE,
-    confidence: float = CONFIDENCE,
-    resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = 0,
     registered_runs_per_arm: int | None = None,
     refusals: Sequence[str] = (),
 ) -> Verdict:
@@ -229,24 +216,22 @@ def compare_runs(
     if medians_ok:
         lb = [math.log(r.median_tpot_s) for r in base]
         lc = [math.log(r.median_tpot_s) for r in cand]
-        test = permutation_test(lb, lc, base_blocks=bb, cand_blocks=cb, seed=seed)
+        test = permutation_test(lb, lc, base_blocks=bb, cand_blocks=cb)
         min_p = test.min_p_value
-        ratio, p = math.exp(float(np.mean(lc) - np.mean(lb))), test.p_value
+        ratio, p = math.exp(np.mean(lc) - np.mean(lb)), test.p_value
         base_ms, cand_ms = math.exp(np.mean(lb)) * 1e3, math.exp(np.mean(lc)) * 1e3
-        ci = bootstrap_ratio_interval(
-            [r.tpots_s for r in base], [r.tpots_s for r in cand], confidence=confidence, resamples=resamples, seed=seed
-        )
+        ci = bootstrap_ratio_interval([r.tpots_s for r in base], [r.tpots_s for r in cand])
         kind = f"exact over all {test.splits} splits" if test.exact else f"Monte-Carlo, {test.splits} random splits"
         where = f"within {test.blocks} seed blocks" if test.blocks else "unblocked: seeds not known"
         reasons.append(
             f"TPOT ratio {ratio:.3f} (candidate {cand_ms:.3g} ms / baseline {base_ms:.3g} ms), "
-            f"{confidence:.0%} interval [{ci[0]:.3f}, {ci[1]:.3f}], p = {p:.3g} "
+            f"{CONFIDENCE:.0%} interval [{ci[0]:.3f}, {ci[1]:.3f}], p = {p:.3g} "
             f"(permutation test {where}, {kind})"
         )
-        if not p < alpha:
-            reasons.append(f"p = {p:.3g} is not below alpha = {alpha:g}")
+        if not p < ALPHA:
+            reasons.append(f"p = {p:.3g} is not below alpha = {ALPHA:g}")
         if ci[0] <= 1.0 <= ci[1]:
-            reasons.append(f"the {confidence:.0%} interval includes 1 (no change)")
+            reasons.append(f"the {CONFIDENCE:.0%} interval includes 1 (no change)")
     else:
         allowed = False
         reasons.append("a run has no positive median TPOT: no TPOT ratio can be computed")
@@ -255,24 +240,24 @@ def compare_runs(
                 f"end-to-end latency per output token (first token included, not a TPOT), "
                 f"candidate / baseline: {e2e_ratio:.3f}"
             )
-    if min_p >= alpha:
+    if min_p >= ALPHA:
         allowed = False
         need = (
-            f"a blocked exact test needs at least {blocks_needed(alpha)} seeds (one run per arm each)"
+            f"a blocked exact test needs at least {blocks_needed(ALPHA)} seeds (one run per arm each)"
             if blocked
-            else f"an exact test needs at least {runs_per_arm_needed(alpha)} runs per arm"
+            else f"an exact test needs at least {runs_per_arm_needed(ALPHA)} runs per arm"
         )
         reasons.append(
             f"the design cannot reach significance: with {len(base)} vs {len(cand)} runs"
             f"{' in seed blocks' if blocked else ''} the smallest possible two-sided p is {min_p:.3g}, "
-            f"not below alpha = {alpha:g}; {need}"
+            f"not below alpha = {ALPHA:g}; {need}"
         )
 
     order = order_check([r.start_time_s for r in base], [r.start_time_s for r in cand], bb, cb)
     drift = None
     if order.design == UNBALANCED and medians_ok:  # adjacent blocks, same arm first: bound the drift
         starts = ([r.start_time_s for r in base], [r.start_time_s for r in cand])
-        drift = drift_check(lb, lc, *starts, alpha=alpha)  # type: ignore[arg-type]
+        drift = drift_check(lb, lc, *starts, alpha=ALPHA)  # type: ignore[arg-type]
         if drift.cleared:
             order = replace(order, accepted=True, design=DRIFT_BOUNDED, reason="")
     if not order.accepted:
@@ -284,7 +269,7 @@ def compare_runs(
     clocks_ok, clock_status, clock_ratio, cycles, adjusted = _clock_part(base, cand, ratio, clock_tolerance, reasons)
     allowed = allowed and clocks_ok
 
-    claim = statistical_claim(p, ci, ratio, alpha) if (ratio is not None and p is not None) else "no claim"
+    claim = statistical_claim(p, ci, ratio) if (ratio is not None and p is not None) else "no claim"
     verdict = claim if allowed else "no claim"
     if verdict != "no claim":
         word = "less" if verdict == "faster" else "more"
@@ -296,14 +281,10 @@ def compare_runs(
         tpot_ratio_ci=ci,
         p_value=p,
         min_p_value=min_p,
-        alpha=alpha,
         runs={"baseline": len(base), "candidate": len(cand)},
         reasons=reasons,
-        exact=test.exact if test else True,
-        splits=test.splits if test else 0,
         baseline_tpot_ms=base_ms,
         candidate_tpot_ms=cand_ms,
-        interleaved=order.overlap,
         clock_ratio=clock_ratio,
         cycles_per_token=cycles,
         clock_adjusted_ratio=adjusted,
@@ -311,15 +292,13 @@ def compare_runs(
         clock_status=clock_status,
         blocks=test.blocks if test else 0,
         order_design=order.design,
-        drift_bound=drift.bound if drift else None,
-        drift_adjusted_p=drift.p_value if drift else None,
         registered_runs_per_arm=registered_runs_per_arm,
     )
 
 
-def adjust_for_multiplicity(verdicts: Sequence[Verdict], alpha: float = ALPHA) -> list[Verdict]:
+def adjust_for_multiplicity(verdicts: Sequence[Verdict]) -> list[Verdict]:
     """Holm's correction over the tests of one report (those with a p value): each verdict gets its
-    adjusted p; a claim whose adjusted p is not below ``alpha`` becomes "no claim"."""
+    adjusted p; a claim whose adjusted p is not below :data:`ALPHA` becomes "no claim"."""
     tested = [i for i, v in enumerate(verdicts) if v.p_value is not None]
     adjusted = holm([verdicts[i].p_value for i in tested])  # type: ignore[misc]
     m = len(tested)
@@ -329,16 +308,16 @@ def adjust_for_multiplicity(verdicts: Sequence[Verdict], alpha: float = ALPHA) -
         reasons = list(v.reasons)
         verdict = v.verdict
         best = min(1.0, m * v.min_p_value)
-        if m > 1 and best >= alpha:
+        if m > 1 and best >= ALPHA:
             reasons.append(
                 f"after Holm's correction over the {m} tests of this report the smallest reachable "
-                f"adjusted p is {best:.3g} ({m} x {v.min_p_value:.3g}), not below alpha = {alpha:g}"
+                f"adjusted p is {best:.3g} ({m} x {v.min_p_value:.3g}), not below alpha = {ALPHA:g}"
             )
-        if verdict != "no claim" and not q < alpha:
+        if verdict != "no claim" and not q < ALPHA:
             verdict = "no claim"
             reasons = [r for r in reasons if not r.startswith("the candidate spends")]
             reasons.append(
-                f"Holm-adjusted p = {q:.3g} over the {m} tests of this report is not below alpha = {alpha:g}"
+                f"Holm-adjusted p = {q:.3g} over the {m} tests of this report is not below alpha = {ALPHA:g}"
             )
         out[i] = replace(
             v, verdict=verdict, reasons=reasons, p_adjusted=q, family_size=m, multiplicity=MULTIPLICITY_METHOD

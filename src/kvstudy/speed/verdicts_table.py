@@ -100,11 +100,11 @@ def capture_runs(capture: Any, configuration: str, users: int) -> list[RunSummar
         clock = cell.get("median_clock_mhz")
         run = run_from_records(
             capture.grid.cells[cell["cell_id"]].requests,
-            str(cell["cell_id"]),
+            cell["cell_id"],
             start_time_s=_cell_start(cell),
             duration_s=duration,
             median_clock_mhz=float(clock) if pd.notna(clock) else None,
-            expected_output_len=int(capture.spec.output_len),
+            expected_output_len=capture.spec.output_len,
         )
         samples = cell.get("clock_samples_in_window")
         m = assess_run(
@@ -112,8 +112,9 @@ def capture_runs(capture: Any, configuration: str, users: int) -> list[RunSummar
             clock_interval_s=_clock_interval(cell, capture),
             clock_samples_in_window=int(samples) if _present(samples) else None,
         )
-        summary = summarise_run(run, m)
-        out.append(replace(summary, block=int(cell["seed"]), clock_range_mhz=_clock_range(capture, cell, duration)))
+        out.append(
+            summarise_run(run, m, block=int(cell["seed"]), clock_range_mhz=_clock_range(capture, cell, duration))
+        )
     return out
 
 
@@ -187,7 +188,7 @@ def capture_queueing(capture: Any) -> dict[int, str]:
     device = "cpu" if capture.spec.cpu_kvcache_space_gib is not None else "cuda"
     try:
         rows = admission_rows(
-            model, int(capture.spec.input_len) + int(capture.spec.output_len), list(capture.spec.users), blocks, device
+            model, capture.spec.input_len + capture.spec.output_len, list(capture.spec.users), blocks, device
         )
     except (StudyError, OSError):
         return {}
@@ -205,7 +206,7 @@ def capture_verdicts(
     """compare_runs for every pair (:func:`comparison_pairs`) per user count (both arms finished),
     within seed blocks, against the registered runs per arm (default: the capture's seed count, fixed
     in its spec before the runs), refused where the users queue; then Holm over all of them."""
-    context = int(capture.spec.input_len) + int(capture.spec.output_len)
+    context = capture.spec.input_len + capture.spec.output_len
     registered = registered_runs_per_arm if registered_runs_per_arm is not None else len(capture.spec.seeds)
     queueing = capture_queueing(capture)
     out = []
@@ -214,7 +215,7 @@ def capture_verdicts(
             base_runs, cand_runs = capture_runs(capture, base, users), capture_runs(capture, cand, users)
             if not base_runs or not cand_runs:
                 continue
-            refusals = [queueing[int(users)]] if int(users) in queueing else []
+            refusals = [queueing[users]] if users in queueing else []
             v = compare_runs(
                 base_runs,
                 cand_runs,
@@ -225,14 +226,14 @@ def capture_verdicts(
             bound, note = None, "same KV dtype in both arms: halving KV bytes plays no part"
             if capture.spec.config(cand).kv_cache_dtype != capture.spec.config(base).kv_cache_dtype:
                 try:
-                    bound = bound_less_time_pct(max_fp8_gain_pct(capture.spec.model, context, int(users)))
+                    bound = bound_less_time_pct(max_fp8_gain_pct(capture.spec.model, context, users))
                     note = (
                         f"roofline, computed from {capture.spec.model}/config.json at {context} tokens x "
                         f"{users} user(s); bandwidth cancels, so no bandwidth figure is needed"
                     )
                 except (StudyError, OSError) as exc:
                     note = f"not computed: the model's config.json could not be read here ({exc})"
-            out.append(CaptureVerdict(int(users), base, cand, v, bound, note, effect))
+            out.append(CaptureVerdict(users, base, cand, v, bound, note, effect))
     adjusted = adjust_for_multiplicity([cv.verdict for cv in out])
     return [replace(cv, verdict=v) for cv, v in zip(out, adjusted)]
 
@@ -416,23 +417,20 @@ def admission_rows(
     users: list[int],
     num_blocks: int,
     device: str = "cuda",
-    kv_cache_dtype: str = "auto",
 ) -> list[Admission]:
     """Per user count: the KV blocks the users' requests need at once against the pool's (vLLM's block
     rules): beyond it the rest wait in vLLM's queue, and TPOT measures queueing too."""
-    pool = predict_logged_pool(
-        model, kv_cache_dtype, 1, int(context_len), num_blocks_override=int(num_blocks), device=device
-    )
+    pool = predict_logged_pool(model, "auto", 1, int(context_len), num_blocks_override=num_blocks, device=device)
     origin = f"computed from {model}/config.json with vLLM 0.32's block rules (model/allocator.py), {device} block size"
     fit = num_blocks // pool.blocks_per_request
     return [
         Admission(
-            int(u),
+            u,
             int(context_len),
             pool.blocks_per_request,
             pool.block_size,
-            int(u) * pool.blocks_per_request,
-            int(num_blocks),
+            u * pool.blocks_per_request,
+            num_blocks,
             fit,
             origin,
         )
@@ -477,7 +475,7 @@ def aa_pairs(capture: Any) -> list[str]:
     ]
 
 
-def calibration_frame(capture: Any, n_per_arm: int = 6, change: float = 0.2, seed: int = 0) -> pd.DataFrame:
+def calibration_frame(capture: Any, n_per_arm: int = 6, change: float = 0.2) -> pd.DataFrame:
     """Per user count, from the capture's A/A runs (seed blocks): false-claim rates over real splits
     and resampled designs, power for ``change`` and its range over the noise, the 80 % power change."""
     base = capture.spec.configurations[0].name
@@ -490,7 +488,7 @@ def calibration_frame(capture: Any, n_per_arm: int = 6, change: float = 0.2, see
             why = sorted({reason.split(":")[0] for r in runs if not r.measurable for reason in r.unmeasurable_reasons})
             rows.append(
                 {
-                    "users": int(users),
+                    "users": users,
                     "A/A runs": f"{len(usable)} measurable of {len(runs)}",
                     "false claims, real splits": "not computed: fewer than 2 measurable A/A runs"
                     + (f" (not measured: {'; '.join(why)})" if why else ""),
@@ -498,15 +496,15 @@ def calibration_frame(capture: Any, n_per_arm: int = 6, change: float = 0.2, see
                 }
             )
             continue
-        replay = cal.false_claim_rate(usable, seed=seed)
-        sim = cal.simulated_false_claim_rate(usable, n_per_arm=n_per_arm, seed=seed)
-        pw = cal.power(usable, change=change, n_per_arm=n_per_arm, seed=seed)
-        sens = cal.noise_sensitivity(usable, change=change, n_per_arm=n_per_arm, seed=seed)
-        mdc = cal.minimum_detectable_change(usable, n_per_arm=n_per_arm, seed=seed, simulations=200)
+        replay = cal.false_claim_rate(usable)
+        sim = cal.power(usable, change=0.0, n_per_arm=n_per_arm)
+        pw = cal.power(usable, change=change, n_per_arm=n_per_arm)
+        sens = cal.noise_sensitivity(usable, change=change, n_per_arm=n_per_arm)
+        mdc = cal.minimum_detectable_change(usable, n_per_arm=n_per_arm, simulations=200)
         blocks = cal.seed_blocks(usable)
         rows.append(
             {
-                "users": int(users),
+                "users": users,
                 "A/A runs": f"{len(usable)} in {len(blocks)} seed blocks" if blocks else len(usable),
                 "false claims, real splits": (
                     f"calibration not possible with this design: {replay.n_base} vs {replay.n_cand}"

