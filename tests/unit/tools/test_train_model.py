@@ -177,24 +177,18 @@ def test_arith_lines_are_right_and_count_only_the_result() -> None:
     assert ops == set("+-*/")
 
 
-def test_settings_round_trip_and_read_the_two_phase_record() -> None:
+def test_settings_round_trip_and_refuse_the_two_phase_record() -> None:
     settings = train_model.TrainSettings()
     assert train_settings.settings_from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
+    # the recipe before phases were a list (phase A's schedule at the top) is an older format, refused
     two_phase = {k: v for k, v in settings.to_dict().items() if k != "phases"}
-    a, b = settings.phases[0], settings.phases[1]
-    two_phase |= {
-        "lr": a.lr,
-        "warmup_steps": a.warmup_steps,
-        "needle_share": a.needle_share,
-        "stages": [dataclasses.asdict(s) for s in a.stages],
-        "finetune_lr": b.lr,
-        "finetune_warmup_steps": b.warmup_steps,
-        "finetune_needle_share": b.needle_share,
-        "finetune_stages": [dataclasses.asdict(s) for s in b.stages],
-    }
-    assert train_settings.settings_from_dict(two_phase).phases == settings.phases[:2]
-    with pytest.raises(StudyError, match="training.json settings"):
+    two_phase |= {"lr": 8e-4, "warmup_steps": 50, "needle_share": 0.3, "stages": []}
+    with pytest.raises(StudyError, match=r"^training.json settings: lr: .*expected the fields of TrainSettings"):
+        train_settings.settings_from_dict(two_phase)
+    with pytest.raises(StudyError, match="training.json settings: phases.0.seed_tag"):
         train_settings.settings_from_dict({**settings.to_dict(), "phases": [{"name": "A"}]})
+    with pytest.raises(StudyError, match="training.json settings: seed: Input should be a valid integer"):
+        train_settings.settings_from_dict({**settings.to_dict(), "seed": True})
 
 
 def _small_recipe(phases: int) -> train_model.TrainSettings:
