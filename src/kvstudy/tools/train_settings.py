@@ -166,11 +166,13 @@ def settings_from_dict(data: dict[str, Any]) -> TrainSettings:
     try:
         return _SETTINGS.validate_json(json.dumps(data))  # JSON mode: a list is read as a tuple
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        where = ".".join(map(str, err["loc"]))
-        raise StudyError(
-            f"training.json settings: {where}: {err['msg']}; expected the fields of TrainSettings"
-        ) from None
+        raise StudyError(f"training.json settings: {first_error(exc)}; expected the fields of TrainSettings") from None
+
+
+def first_error(exc: ValidationError) -> str:
+    """pydantic's first error as ``field.path: message``."""
+    err = exc.errors(include_url=False)[0]
+    return f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
 
 
 _SETTINGS = TypeAdapter(TrainSettings)
