@@ -64,8 +64,10 @@ class Experiment:
     spec_from_params: Callable[[dict[str, Any]], Any]
     spec_from_dict: Callable[[dict[str, Any], str], Any]
     blocks: Callable[[Any], list[tuple[int, Any]]]
-    server_starts: Callable[[Any], list[str]]
-    order: Callable[[Any], list[str]]  # each server start with what it runs, in time order
+    order: Callable[[Any], list[str]]  # each server start's id, then what it runs; in time order
+
+    def server_starts(self, spec: Any) -> list[str]:
+        return [entry.split(" ")[0] for entry in self.order(spec)]  # ids hold no space (arm names are file-safe)
 
 
 def _from_params(kind: Any, notebook: str) -> Callable[[dict[str, Any]], Any]:
@@ -108,7 +110,6 @@ EXPERIMENTS: dict[str, Experiment] = {
         _from_params(SweepSpec, "02_speed-sweep"),
         SweepSpec.from_dict,
         _seed_blocks("configurations"),
-        lambda spec: [r.id for r in spec.runs()],
         lambda spec: [f"{r.id} users {spec.users}" for r in spec.runs()],
     ),
     "context": Experiment(
@@ -118,7 +119,6 @@ EXPERIMENTS: dict[str, Experiment] = {
         context_live.spec_from_params,
         context_sweep.ContextSweepSpec.from_dict,
         _context_blocks,
-        lambda spec: [context_sweep.run_id(a, s) for a, s in spec.runs()],
         _context_order,
     ),
     "load": Experiment(
@@ -128,7 +128,6 @@ EXPERIMENTS: dict[str, Experiment] = {
         _from_params(LoadSpec, "08_load-at-equal-memory"),
         LoadSpec.from_dict,
         _seed_blocks("arms"),
-        lambda spec: [r.id for r in spec.runs()],
         lambda spec: [f"{r.id} loads {spec.load_factors} x the 16-bit capacity" for r in spec.runs()],
     ),
 }
