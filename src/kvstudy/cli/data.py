@@ -19,7 +19,7 @@ from kvstudy.tools.train_settings import TrainSettings
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
-    spec = tm.spec_for_size(args.size)
+    spec = tm.SIZES[args.size]  # argparse's choices
     path = args.path if args.path is not None else tm.DEFAULT_PATHS[args.size]
     folder = tm.build_tiny_model(path, spec) if args.force else tm.ensure_tiny_model(path, spec)
     marker = read_json(folder / tm.MARKER)

@@ -107,13 +107,6 @@ SIZES: dict[str, TinyModelSpec] = {
 DEFAULT_PATHS: dict[str, Path] = {"tiny": DEFAULT_PATH, "speed": SPEED_PATH}
 
 
-def spec_for_size(size: str) -> TinyModelSpec:
-    """The recipe of a named size (``tiny`` or ``speed``)."""
-    if size not in SIZES:
-        raise StudyError(f"tiny-model --size: {size!r} is not a size (expected one of {', '.join(SIZES)})")
-    return SIZES[size]
-
-
 def corpus_lines(seed: int, count: int) -> Iterator[str]:
     """Deterministic training text: word sentences, arithmetic and GSM8K-style Q/A lines."""
     rng = random.Random(seed)
