@@ -19,7 +19,7 @@ import platform
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -290,7 +290,7 @@ def save_model(
         offset += phase.steps
     record = {
         "what": "kvstudy's trained mini Qwen3 (GSM8K-format arithmetic + long-context retrieval)",
-        "settings": settings.to_dict(),
+        "settings": asdict(settings),
         "steps": before["steps"] + [phase.steps for phase in result.phases],
         "first_losses": before.get("first_losses") or result.phases[0].losses[: settings.first_steps_logged],
         "loss_curve": {

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
@@ -140,9 +140,6 @@ class TrainSettings:
             ),
         ),
     )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def scaled(self, factor: float) -> TrainSettings:
         """The same recipe with every stage's steps multiplied by ``factor`` (at least 1 each)."""

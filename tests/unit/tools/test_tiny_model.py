@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -111,4 +112,4 @@ def test_folder_of_another_size_is_rebuilt_to_the_asked_spec(tmp_path: Path) -> 
     assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 1
     ensure_tiny_model(folder, other)
     assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 2
-    assert json.loads((folder / MARKER).read_text())["spec"] == other.to_dict()
+    assert json.loads((folder / MARKER).read_text())["spec"] == dataclasses.asdict(other)

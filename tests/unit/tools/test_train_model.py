@@ -144,7 +144,7 @@ def test_echo_sequences_count_only_the_repeat() -> None:
 
 
 def test_an_earlier_recipes_data_version_is_refused() -> None:
-    settings = train_model.TrainSettings().to_dict()
+    settings = dataclasses.asdict(train_model.TrainSettings())
     with pytest.raises(StudyError, match="data_version 2"):
         train_settings.settings_from_dict({**settings, "data_version": 2})
     old = {k: v for k, v in settings.items() if k != "data_version"}
@@ -179,16 +179,16 @@ def test_arith_lines_are_right_and_count_only_the_result() -> None:
 
 def test_settings_round_trip_and_refuse_the_two_phase_record() -> None:
     settings = train_model.TrainSettings()
-    assert train_settings.settings_from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
+    assert train_settings.settings_from_dict(json.loads(json.dumps(dataclasses.asdict(settings)))) == settings
     # the recipe before phases were a list (phase A's schedule at the top) is an older format, refused
-    two_phase = {k: v for k, v in settings.to_dict().items() if k != "phases"}
+    two_phase = {k: v for k, v in dataclasses.asdict(settings).items() if k != "phases"}
     two_phase |= {"lr": 8e-4, "warmup_steps": 50, "needle_share": 0.3, "stages": []}
     with pytest.raises(StudyError, match=r"^training.json settings: lr: .*expected the fields of TrainSettings"):
         train_settings.settings_from_dict(two_phase)
     with pytest.raises(StudyError, match="training.json settings: phases.0.seed_tag"):
-        train_settings.settings_from_dict({**settings.to_dict(), "phases": [{"name": "A"}]})
+        train_settings.settings_from_dict({**dataclasses.asdict(settings), "phases": [{"name": "A"}]})
     with pytest.raises(StudyError, match="training.json settings: seed: Input should be a valid integer"):
-        train_settings.settings_from_dict({**settings.to_dict(), "seed": True})
+        train_settings.settings_from_dict({**dataclasses.asdict(settings), "seed": True})
 
 
 def _small_recipe(phases: int) -> train_model.TrainSettings:
