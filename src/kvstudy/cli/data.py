@@ -19,7 +19,7 @@ from kvstudy.tools.train_settings import TrainSettings
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
-    spec = tm.spec_for_size(args.size)
+    spec = tm.SIZES[args.size]  # argparse's choices
     path = args.path if args.path is not None else tm.DEFAULT_PATHS[args.size]
     folder = tm.build_tiny_model(path, spec) if args.force else tm.ensure_tiny_model(path, spec)
     marker = read_json(folder / tm.MARKER)
@@ -108,9 +108,7 @@ def add_gsm8k_data(subparsers: Any) -> None:
 
 
 def _train_model(args: argparse.Namespace) -> int:
-    settings = TrainSettings()
-    if args.steps_scale != 1.0:
-        settings = settings.scaled(args.steps_scale)
+    settings = TrainSettings().scaled(args.steps_scale)  # 1.0: the recipe as it is
     record = run_training(args.out, settings, start=args.continue_from, force=args.force)
     print(f"{args.out}: trained in {record['wall_s']:.0f} s, final loss {record['loss_curve']['points'][-1][1]:.4f}")
     if args.eval:

@@ -7,49 +7,75 @@ comparison is never split across machines.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kvstudy import capture as capture_format
+from kvstudy.bench.spec import checked, one_line
 from kvstudy.distribute.node import node_identity
 from kvstudy.distribute.plan import ENGINE_PACKAGES, block_at, check_block_id, experiment, plan_index
 from kvstudy.errors import StudyError
-from kvstudy.io import get_field, read_json, write_json_atomic
+from kvstudy.io import read_json, write_json_atomic
 from kvstudy.machine import package_versions
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 
 BLOCK_RECORD = capture_format.BLOCK_RECORD
-BLOCK_STATES = ("running", "ok", "failed")
+
+
+BlockId = Annotated[str, checked(check_block_id)]
+
+
+class _PlanBlock(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    index: int
+    block_id: BlockId
+    experiment: str
+    seed: int
+
+
+class _HeldRecord(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    experiment_spec: dict[str, Any]
+    same_order_as_one_machine: bool | None = None
+
+
+class _Node(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    node_id: str | None = None
+
+
+class _BlockRecord(BaseModel):
+    """The fields of ``block.json`` the commands read, each of its type."""
+
+    model_config = ConfigDict(strict=True)
+
+    plan_id: str
+    block_id: BlockId
+    plan_blocks: list[_PlanBlock]
+    record: _HeldRecord
+    node: _Node
+    status: Literal["running", "ok", "failed"]
+    attempts: list[Any] = []
 
 
 def read_block_record(folder: Path) -> dict[str, Any] | None:
     """A block folder's ``block.json``, typed (None when there is none): one line naming the file
-    and the field for anything a command would trip on (a list for an object, NaN, a huge number,
-    deep nesting, a number for a name, a block id that is no folder name)."""
+    and the field for anything a command would trip on."""
     path = folder / BLOCK_RECORD
     if not path.is_file():
         return None
     data = read_json(path, finite=True)
-    where = str(path)
     if not isinstance(data, dict):
         raise StudyError(f"{path}: expected a block record (a JSON object), got a {type(data).__name__}")
-    for key, kind in (("plan_id", str), ("block_id", str), ("plan_blocks", list), ("record", dict), ("node", dict)):
-        get_field(data, key, kind, where)
-    check_block_id(data["block_id"], where)
-    get_field(data, "record.experiment_spec", dict, where)
-    get_field(data, "record.same_order_as_one_machine", bool, where, None)
-    status = get_field(data, "status", str, where)
-    if status not in BLOCK_STATES:
-        raise StudyError(f"{path}: status {status[:40]!r}: expected one of {', '.join(BLOCK_STATES)}")
-    get_field(data, "node.node_id", (str, type(None)), where, None)
-    get_field(data, "attempts", list, where, [])
-    for i, entry in enumerate(data["plan_blocks"]):
-        at = f"{path}: plan_blocks[{i}]"
-        if not isinstance(entry, dict):
-            raise StudyError(f"{at}: expected an object with index, block_id, experiment and seed")
-        for name, expected in (("index", int), ("block_id", str), ("experiment", str), ("seed", int)):
-            get_field(entry, name, expected, at)
-        check_block_id(entry["block_id"], at)
+    try:
+        _BlockRecord.model_validate(data)
+    except ValidationError as exc:
+        raise StudyError(f"{path}: {one_line(exc)}") from None
     return data
 
 
@@ -88,14 +114,28 @@ def _items_state(folder: Path) -> dict[str, str]:
     return manifest_items(folder, capture_format.read_manifest(folder))
 
 
+class _Inputs(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    model_digest: str | None = None
+
+
+class _Manifest(BaseModel):
+    """The fields of a block capture's manifest that run-block and collect read."""
+
+    model_config = ConfigDict(strict=True)
+
+    items: dict[str, str] = {}
+    inputs: _Inputs | None = None
+    sessions: list[dict[str, Any]] = []
+
+
 def manifest_items(folder: Path, manifest: dict[str, Any]) -> dict[str, str]:
-    """A block capture's item states (cell id -> ok, failed, running, missing), typed."""
-    where = str(folder / capture_format.MANIFEST)
-    items = get_field(manifest, "items", dict, where, {})
-    for key, value in items.items():
-        if not isinstance(value, str):
-            raise StudyError(f"{where}: items.{key}: expected a state (a string), got {type(value).__name__}")
-    return dict(items)
+    """A block capture's item states (cell id -> ok, failed, running, missing), its manifest typed."""
+    try:
+        return _Manifest.model_validate(manifest).items
+    except ValidationError as exc:
+        raise StudyError(f"{folder / capture_format.MANIFEST}: {one_line(exc)}") from None
 
 
 def block_state(

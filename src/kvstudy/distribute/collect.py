@@ -23,7 +23,7 @@ from kvstudy.bench.spec import RUN_ORDERS
 from kvstudy.distribute.block import BLOCK_RECORD, manifest_items, store_blocks
 from kvstudy.distribute.plan import experiment
 from kvstudy.errors import StudyError
-from kvstudy.io import get_field, is_finite_number, read_json
+from kvstudy.io import is_finite_number, read_json
 
 NODE_FILES = ("bandwidth.json",)  # facts of the node a block ran on, not of the experiment
 NODES_DIR = "nodes"
@@ -183,11 +183,6 @@ def collect(
         folder, record = found[b["block_id"]]
         manifest = capture_format.read_manifest(folder, exp.kind)
         _check_status(folder, record, manifest_items(folder, manifest))
-        where = str(folder / capture_format.MANIFEST)
-        get_field(manifest, "inputs", (dict, type(None)), where, None)
-        get_field(manifest, "inputs.model_digest", (str, type(None)), where, None)
-        for i, session in enumerate(get_field(manifest, "sessions", list, where, [])):
-            get_field({"s": session}, "s", dict, f"{where}: sessions[{i}]")
         if record["record"]["experiment_spec"] != found[present[0]["block_id"]][1]["record"]["experiment_spec"]:
             raise StudyError(f"block {b['block_id']}: its record holds another experiment spec than the plan's")
         first = manifests[present[0]["block_id"]] if manifests else manifest

@@ -16,9 +16,12 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
 
 from kvstudy import capture as capture_format
+from kvstudy.bench.spec import one_line
 from kvstudy.context import live as context_live
 from kvstudy.context import sweep as context_sweep
 from kvstudy.errors import StudyError
@@ -49,7 +52,6 @@ PP_FLAGS = ("--pipeline-parallel-size", "-pp")
 # a block id: its experiment, its seed and the first 12 hex digits of its record's hash; it names
 # the block's folder in a store, so nothing else (no "/", no "..") may pass
 BLOCK_ID = re.compile(r"[a-z]{1,20}-s-?[0-9]{1,30}-[0-9a-f]{12}", re.ASCII)
-RECORD_HASH = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,10 @@ class Experiment:
     spec_from_params: Callable[[dict[str, Any]], Any]
     spec_from_dict: Callable[[dict[str, Any], str], Any]
     blocks: Callable[[Any], list[tuple[int, Any]]]
-    server_starts: Callable[[Any], list[str]]
-    order: Callable[[Any], list[str]]  # each server start with what it runs, in time order
+    order: Callable[[Any], list[str]]  # each server start's id, then what it runs; in time order
+
+    def server_starts(self, spec: Any) -> list[str]:
+        return [entry.split(" ")[0] for entry in self.order(spec)]  # ids hold no space (arm names are file-safe)
 
 
 def _from_params(kind: Any, notebook: str) -> Callable[[dict[str, Any]], Any]:
@@ -106,7 +110,6 @@ EXPERIMENTS: dict[str, Experiment] = {
         _from_params(SweepSpec, "02_speed-sweep"),
         SweepSpec.from_dict,
         _seed_blocks("configurations"),
-        lambda spec: [r.id for r in spec.runs()],
         lambda spec: [f"{r.id} users {spec.users}" for r in spec.runs()],
     ),
     "context": Experiment(
@@ -116,7 +119,6 @@ EXPERIMENTS: dict[str, Experiment] = {
         context_live.spec_from_params,
         context_sweep.ContextSweepSpec.from_dict,
         _context_blocks,
-        lambda spec: [context_sweep.run_id(a, s) for a, s in spec.runs()],
         _context_order,
     ),
     "load": Experiment(
@@ -126,7 +128,6 @@ EXPERIMENTS: dict[str, Experiment] = {
         _from_params(LoadSpec, "08_load-at-equal-memory"),
         LoadSpec.from_dict,
         _seed_blocks("arms"),
-        lambda spec: [r.id for r in spec.runs()],
         lambda spec: [f"{r.id} loads {spec.load_factors} x the 16-bit capacity" for r in spec.runs()],
     ),
 }
@@ -340,22 +341,24 @@ def write_plan(out: Path, profile: str, records: Sequence[dict[str, Any]], how: 
     return plan_id, True
 
 
-# fields of a plan record the commands read, with their types (None: may be null)
-RECORD_FIELDS: tuple[tuple[str, Any], ...] = (
-    ("format", int),
-    ("record_hash", str),
-    ("experiment", str),
-    ("seed", int),
-    ("index", int),
-    ("spec", dict),
-    ("experiment_spec", dict),
-    ("server_starts", list),
-    ("model", str),
-    ("gpus_per_block", int),
-    ("same_order_as_one_machine", bool),
-    ("engine", (dict, type(None))),
-    ("gpu_type", (str, type(None))),
-)
+class _Record(BaseModel):
+    """The fields of a plan record the commands read, each of its type (the others are hashed, not read)."""
+
+    model_config = ConfigDict(strict=True)
+
+    format: int
+    record_hash: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    experiment: str
+    seed: int
+    index: int
+    spec: dict[str, Any]
+    experiment_spec: dict[str, Any]
+    server_starts: list[str]
+    model: str
+    gpus_per_block: NonNegativeInt
+    same_order_as_one_machine: bool
+    engine: dict[str, str] | None
+    gpu_type: str | None
 
 
 def check_record(record: Any, where: str, number: int) -> dict[str, Any]:
@@ -363,21 +366,15 @@ def check_record(record: Any, where: str, number: int) -> dict[str, Any]:
     fields, its block id the one its hashed fields give; a one-line StudyError naming the field."""
     if not isinstance(record, dict):
         raise StudyError(f"{where}: expected a block record (a JSON object), got a {type(record).__name__}")
-    for name, kind in RECORD_FIELDS:
-        get_field(record, name, kind, where)
+    try:
+        _Record.model_validate(record)
+    except ValidationError as exc:
+        raise StudyError(f"{where}: {one_line(exc)}") from None
     if record["format"] != PLAN_FORMAT:
         raise StudyError(f"{where}: format {record['format']}: expected {PLAN_FORMAT} (plan again with this kvstudy)")
     experiment(record["experiment"], where)
     if record["index"] != number - 1:
         raise StudyError(f"{where}: index {record['index']}: expected {number - 1} (the record's line, from 0)")
-    for i, start in enumerate(record["server_starts"]):
-        get_field({"s": start}, "s", str, f"{where}: server_starts[{i}]")
-    for name, version in (record["engine"] or {}).items():
-        get_field({"v": version}, "v", str, f"{where}: engine.{name}")
-    if record["gpus_per_block"] < 0:
-        raise StudyError(f"{where}: gpus_per_block {record['gpus_per_block']}: expected 0 or more")
-    if not RECORD_HASH.fullmatch(record["record_hash"]):
-        raise StudyError(f"{where}: record_hash: expected 64 hex digits (a sha256)")
     body = {k: v for k, v in record.items() if k not in ("record_hash", "block_id", "index")}
     if digest(body) != record["record_hash"]:
         raise StudyError(f"{where}: block {record.get('block_id')!r} does not match its record_hash")

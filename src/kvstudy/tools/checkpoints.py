@@ -185,39 +185,36 @@ def _ct_qc(strategy: str) -> dict[str, object]:
 # --------------------------------------------------------------------------- the checkpoints
 
 
+K_SCALE = "model.layers.{layer}.self_attn.{kind}_scale"
+OUTPUT_SCALE = "model.layers.{layer}.self_attn.{kind}_proj.output_scale"
+
+
 def _single(folder: Path, config: dict[str, object], tensors: Tensors) -> None:
     write_json(folder / "config.json", config)
     write_safetensors(folder / "model.safetensors", tensors)
 
 
-def build_plain_bf16(folder: Path, rng: np.random.Generator) -> None:
-    _single(folder, base_config(), base_weights(rng))
+def _case(
+    scales: str = "",
+    fp8: bool = False,
+    shape: tuple[int, ...] = (),
+    files: dict[str, object] | None = None,
+    **config: object,
+) -> Callable[[Path, np.random.Generator], None]:
+    """A single-file checkpoint: the weights (FP8 projections with ``fp8``), then KV scales named by
+    the pattern ``scales`` (none when empty; ``shape`` (1,) or, per head, (KV_HEADS, 1, 1)), the
+    config's extra fields, and other JSON ``files``."""
 
+    def build(folder: Path, rng: np.random.Generator) -> None:
+        tensors = base_weights(rng, "F8_E4M3" if fp8 else "BF16")
+        if scales:
+            drawn = layer_scales(rng, per_head=shape == (KV_HEADS, 1, 1))
+            tensors.update(named_scales({k: v.reshape(shape or v.shape) for k, v in drawn.items()}, scales))
+        _single(folder, base_config(**config), tensors)
+        for name, data in (files or {}).items():
+            write_json(folder / name, data)
 
-def build_fp8_kv_scales(folder: Path, rng: np.random.Generator) -> None:
-    tensors = base_weights(rng, "F8_E4M3")
-    tensors.update(named_scales(layer_scales(rng), "model.layers.{layer}.self_attn.{kind}_scale"))
-    _single(folder, base_config(quantization_config=FP8_QC), tensors)
-
-
-def build_compressed_tensors_kv(folder: Path, rng: np.random.Generator) -> None:
-    tensors = base_weights(rng)
-    scales = {k: v.reshape(1) for k, v in layer_scales(rng).items()}
-    tensors.update(named_scales(scales, "model.layers.{layer}.self_attn.{kind}_proj.output_scale"))
-    _single(folder, base_config(quantization_config=_ct_qc("tensor")), tensors)
-
-
-def build_modelopt_kv(folder: Path, rng: np.random.Generator) -> None:
-    tensors = base_weights(rng, "F8_E4M3")
-    tensors.update(named_scales(layer_scales(rng), "model.layers.{layer}.self_attn.{kind}_proj.{kind}_scale"))
-    _single(folder, base_config(), tensors)
-    write_json(
-        folder / "hf_quant_config.json",
-        {
-            "producer": {"name": "modelopt", "version": "0.0.0-kvstudy-generated"},
-            "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]},
-        },
-    )
+    return build
 
 
 def build_deprecated_kv_scale(folder: Path, rng: np.random.Generator) -> None:
@@ -227,17 +224,9 @@ def build_deprecated_kv_scale(folder: Path, rng: np.random.Generator) -> None:
     _single(folder, base_config(quantization_config=FP8_QC), tensors)
 
 
-def build_per_head_scales(folder: Path, rng: np.random.Generator) -> None:
-    tensors = base_weights(rng)
-    tensors.update(
-        named_scales(layer_scales(rng, per_head=True), "model.layers.{layer}.self_attn.{kind}_proj.output_scale")
-    )
-    _single(folder, base_config(quantization_config=_ct_qc("attn_head")), tensors)
-
-
 def build_multi_shard(folder: Path, rng: np.random.Generator) -> None:
     tensors = base_weights(rng, "F8_E4M3")
-    tensors.update(named_scales(layer_scales(rng), "model.layers.{layer}.self_attn.{kind}_scale"))
+    tensors.update(named_scales(layer_scales(rng), K_SCALE))
     write_json(folder / "config.json", base_config(quantization_config=FP8_QC))
     shards: dict[str, Tensors] = {"model-00001-of-00002.safetensors": {}, "model-00002-of-00002.safetensors": {}}
     for name, tensor in tensors.items():
@@ -255,23 +244,13 @@ def build_multi_shard(folder: Path, rng: np.random.Generator) -> None:
     )
 
 
-def build_config_trap(folder: Path, rng: np.random.Generator) -> None:
-    """A KV-only compressed-tensors scheme and no scale tensors: FP8 forced, scale 1.0, no warning."""
-    _single(folder, base_config(quantization_config=_ct_qc("tensor")), base_weights(rng))
-
-
-def build_kv_dtype_field(folder: Path, rng: np.random.Generator) -> None:
-    """A top-level config.json kv_cache_dtype, the field seed 002's one-line check prints."""
-    _single(folder, base_config(kv_cache_dtype="fp8_e4m3"), base_weights(rng))
-
-
 def build_bad_scales(folder: Path, rng: np.random.Generator) -> None:
     """fp8 scales with a zero v scale in layer 1 and a NaN k scale in layer 3."""
     scales = layer_scales(rng)
     scales["v1"] = np.array(0.0, np.float32)
     scales["k3"] = np.array(np.nan, np.float32)
     tensors = base_weights(rng, "F8_E4M3")
-    tensors.update(named_scales(scales, "model.layers.{layer}.self_attn.{kind}_scale"))
+    tensors.update(named_scales(scales, K_SCALE))
     _single(folder, base_config(quantization_config=FP8_QC), tensors)
 
 
@@ -282,20 +261,30 @@ class CheckpointCase:
     build: Callable[[Path, np.random.Generator], None]
 
 
+MODELOPT = {
+    "producer": {"name": "modelopt", "version": "0.0.0-kvstudy-generated"},
+    "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]},
+}
 CASES: tuple[CheckpointCase, ...] = (
-    CheckpointCase("plain-bf16", "BF16 weights, no quantization config, no scales", build_plain_bf16),
+    CheckpointCase("plain-bf16", "BF16 weights, no quantization config, no scales", _case()),
     CheckpointCase(
-        "fp8-kv-scales", "quant_method fp8, FP8 weights, per-tensor self_attn.k_scale/v_scale", build_fp8_kv_scales
+        "fp8-kv-scales",
+        "quant_method fp8, FP8 weights, per-tensor self_attn.k_scale/v_scale",
+        _case(K_SCALE, fp8=True, quantization_config=FP8_QC),
     ),
     CheckpointCase(
         "compressed-tensors-kv",
         "compressed-tensors kv_cache_scheme (tensor), k_proj/v_proj.output_scale",
-        build_compressed_tensors_kv,
+        _case(OUTPUT_SCALE, shape=(1,), quantization_config=_ct_qc("tensor")),
     ),
     CheckpointCase(
         "modelopt-kv",
         "ModelOpt hf_quant_config.json kv_cache_quant_algo FP8, self_attn.k_proj.k_scale/v_proj.v_scale",
-        build_modelopt_kv,
+        _case(
+            "model.layers.{layer}.self_attn.{kind}_proj.{kind}_scale",
+            fp8=True,
+            files={"hf_quant_config.json": MODELOPT},
+        ),
     ),
     CheckpointCase(
         "deprecated-kv-scale",
@@ -305,13 +294,21 @@ CASES: tuple[CheckpointCase, ...] = (
     CheckpointCase(
         "per-head-scales",
         "compressed-tensors kv_cache_scheme (attn_head), output_scale of shape [kv_heads, 1, 1]",
-        build_per_head_scales,
+        _case(OUTPUT_SCALE, shape=(KV_HEADS, 1, 1), quantization_config=_ct_qc("attn_head")),
     ),
     CheckpointCase(
         "multi-shard", "quant_method fp8, two shards and an index, k/v scales in both shards", build_multi_shard
     ),
-    CheckpointCase("config-trap", "compressed-tensors kv_cache_scheme with no scale tensors", build_config_trap),
-    CheckpointCase("kv-dtype-field", "top-level config.json kv_cache_dtype fp8_e4m3, no scales", build_kv_dtype_field),
+    # KV-only compressed-tensors scheme and no scale tensors: FP8 forced, scale 1.0, no warning
+    CheckpointCase(
+        "config-trap",
+        "compressed-tensors kv_cache_scheme with no scale tensors",
+        _case(quantization_config=_ct_qc("tensor")),
+    ),
+    # the field seed 002's one-line check prints
+    CheckpointCase(
+        "kv-dtype-field", "top-level config.json kv_cache_dtype fp8_e4m3, no scales", _case(kv_cache_dtype="fp8_e4m3")
+    ),
     CheckpointCase(
         "bad-scales", "quant_method fp8 with a zero v scale (layer 1) and a NaN k scale (layer 3)", build_bad_scales
     ),

@@ -187,8 +187,6 @@ def make_context(
         raise StudyError(f"retrieval kind: got {kind!r}, expected one of {', '.join(KINDS)}")
     if target_tokens < 16:
         raise StudyError(f"retrieval target_tokens: got {target_tokens}, expected >= 16")
-    if chars_per_token <= 0:
-        raise StudyError(f"retrieval chars_per_token: got {chars_per_token}, expected > 0")
     target_chars = int(target_tokens * chars_per_token)
     if kind == "kv":
         return kv_context(rng, target_chars)
@@ -226,11 +224,6 @@ def generate_items(
     before it), so every length covers the context from start to end. With one question per
     needle context, the queried needle is placed at that depth.
     """
-    if n_per_length < 1 or questions_per_context < 1:
-        raise StudyError(
-            f"retrieval n_per_length / questions_per_context: got {n_per_length} / "
-            f"{questions_per_context}, expected >= 1 each"
-        )
     items: list[dict[str, Any]] = []
     for length in lengths:
         context, context_id = "", ""

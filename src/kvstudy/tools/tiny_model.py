@@ -87,9 +87,6 @@ class TinyModelSpec:
     corpus_lines: int = 4000
     build_version: int = BUILD_VERSION
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 # Named sizes for `kvstudy tiny-model build --size`: ``tiny`` for plumbing and capacity, ``speed``
 # for the CPU speed sweep (decode steps long enough to be measured one token at a time).
@@ -105,13 +102,6 @@ SIZES: dict[str, TinyModelSpec] = {
     ),
 }
 DEFAULT_PATHS: dict[str, Path] = {"tiny": DEFAULT_PATH, "speed": SPEED_PATH}
-
-
-def spec_for_size(size: str) -> TinyModelSpec:
-    """The recipe of a named size (``tiny`` or ``speed``)."""
-    if size not in SIZES:
-        raise StudyError(f"tiny-model --size: {size!r} is not a size (expected one of {', '.join(SIZES)})")
-    return SIZES[size]
 
 
 def corpus_lines(seed: int, count: int) -> Iterator[str]:
@@ -248,7 +238,7 @@ def build_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
                 "transformers and tokenizers: run `make engine`)"
             ) from None
         marker = {
-            "spec": spec.to_dict(),
+            "spec": asdict(spec),
             "files": folder_digests(tmp, skip=(MARKER,)),
             "note": "random weights (fixed seed) and a locally trained tokenizer: for plumbing, not accuracy",
         }
@@ -271,7 +261,7 @@ def ensure_tiny_model(path: str | Path = DEFAULT_PATH, spec: TinyModelSpec = Tin
 
     A lock file next to the folder serialises concurrent callers (parallel test sessions).
     """
-    folder, built = Path(path), record_says(MARKER, "spec", lambda made: made == spec.to_dict())
+    folder, built = Path(path), record_says(MARKER, "spec", lambda made: made == asdict(spec))
     if built(folder):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ import platform
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,25 +62,20 @@ def batch_for_step(
     stage = stage_at(settings, step, phase)
     prefix = data_seed(settings, phase)
     needle_share = settings.phases[phase].needle_share
+    makers = {
+        "gsm": lambda rng, n: gsm_sequence(rng, n, excluded),
+        "drill": lambda rng, n: drill_sequence(rng, n, excluded),
+        "arith": arith_sequence,
+        "echo": lambda rng, n: echo_sequence(rng, n, excluded),
+        "retrieval": lambda rng, n: retrieval_sequence(
+            rng, n, stage.retrieval_questions, needle_share, settings.copy_share
+        ),
+    }
     parts = []
     for part, count, length in stage.part_shapes():
-        inputs, labels = [], []
-        for index in range(count):
-            rng = random.Random(f"{prefix}:{part}:{step}:{index}")
-            if part == "gsm":
-                seq = gsm_sequence(rng, length, excluded)
-            elif part == "drill":
-                seq = drill_sequence(rng, length, excluded)
-            elif part == "arith":
-                seq = arith_sequence(rng, length)
-            elif part == "echo":
-                seq = echo_sequence(rng, length, excluded)
-            else:
-                seq = retrieval_sequence(rng, length, stage.retrieval_questions, needle_share, settings.copy_share)
-            inputs.append(seq[0])
-            labels.append(seq[1])
-        if inputs:
-            parts.append((part, inputs, labels))
+        seqs = [makers[part](random.Random(f"{prefix}:{part}:{step}:{index}"), length) for index in range(count)]
+        if seqs:
+            parts.append((part, [seq[0] for seq in seqs], [seq[1] for seq in seqs]))
     return parts
 
 
@@ -93,24 +88,12 @@ def model_config(settings: TrainSettings) -> Any:
     return qwen3_config(settings, VOCAB_SIZE, BOS_ID, EOS_ID, rope_parameters=rope)
 
 
-def _byte_symbols() -> list[str]:
-    """The printable character that stands for each byte in a byte-level vocabulary, by byte."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    symbols, extra = {}, 0
-    for byte in range(256):
-        if byte in kept:
-            symbols[byte] = chr(byte)
-        else:
-            symbols[byte] = chr(256 + extra)
-            extra += 1
-    return [symbols[b] for b in range(256)]
-
-
 def build_tokenizer() -> Any:
     """A byte-level tokenizer without merges: id = byte value, then BOS 256 and EOS 257."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # the byte-level alphabet, by byte
 
-    vocab = {symbol: byte for byte, symbol in enumerate(_byte_symbols())}
+    vocab = {symbol: byte for byte, symbol in bytes_to_unicode().items()}
     vocab[BOS_TOKEN], vocab[EOS_TOKEN] = BOS_ID, EOS_ID
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.add_special_tokens([BOS_TOKEN, EOS_TOKEN])
@@ -307,7 +290,7 @@ def save_model(
         offset += phase.steps
     record = {
         "what": "kvstudy's trained mini Qwen3 (GSM8K-format arithmetic + long-context retrieval)",
-        "settings": settings.to_dict(),
+        "settings": asdict(settings),
         "steps": before["steps"] + [phase.steps for phase in result.phases],
         "first_losses": before.get("first_losses") or result.phases[0].losses[: settings.first_steps_logged],
         "loss_curve": {

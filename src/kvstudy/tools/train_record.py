@@ -7,11 +7,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
 
 from kvstudy.errors import StudyError
-from kvstudy.io import is_finite_number, read_json_object, type_name
-from kvstudy.tools.train_settings import TrainSettings, settings_from_dict
+from kvstudy.io import read_json_object
+from kvstudy.tools.train_settings import TrainSettings, first_error, settings_from_dict
 
 
 def sha256_file(path: Path) -> str:
@@ -51,33 +53,39 @@ def earlier_record(folder: str | Path, settings: TrainSettings, config: dict[str
     return record
 
 
-def _check_record(record: dict[str, Any], path: Path, steps: list[int]) -> None:
+Pair = Annotated[list[FiniteFloat], Field(min_length=2, max_length=2)]  # [step, loss]
+
+
+class _Curve(BaseModel):
+    points: list[Pair]
+
+
+class _Record(BaseModel):
     """The fields of an earlier ``training.json`` that :func:`save_model` carries on, as it wrote them."""
 
-    def entry(key: str, kind: type[list[Any]] | type[dict[str, Any]], length: int | None = None) -> Any:
-        value: Any = record.get(key)
-        if not isinstance(value, kind) or (length is not None and len(value) != length):
-            what = f"a list of {length}" if length is not None else type_name(kind())
-            raise StudyError(f"{path}: {key} is {type_name(value)}, expected {what} (the record train-model wrote)")
-        return value
+    model_config = ConfigDict(strict=True)  # other fields are kept, not read
 
-    if entry("steps", list, len(steps)) != steps:
-        raise StudyError(f"{path}: steps is {record['steps']!r:.80}, expected {steps} (the recipe's phases)")
-    points = entry("loss_curve", dict).get("points")
-    if not isinstance(points, list) or not all(
-        isinstance(p, list) and len(p) == 2 and all(is_finite_number(x) for x in p) for p in points
-    ):
-        raise StudyError(
-            f"{path}: loss_curve.points is not a list of [step, loss] pairs (the record train-model wrote)"
-        )
-    entry("final_part_losses", list, len(steps))
-    entry("seconds_per_stage", list, len(steps))
-    entry("first_losses", list)
-    if not is_finite_number(record.get("wall_s", 0)):
-        raise StudyError(f"{path}: wall_s is {type_name(record.get('wall_s'))}, expected seconds")
-    files = entry("files", dict)
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
-        raise StudyError(f"{path}: files is not a mapping of file name to sha256 (the record train-model wrote)")
+    steps: list[int]
+    loss_curve: _Curve
+    final_part_losses: list[dict[str, FiniteFloat]]
+    seconds_per_stage: list[list[FiniteFloat]]
+    first_losses: list[FiniteFloat]
+    wall_s: FiniteFloat = 0.0
+    files: dict[str, str]
+
+
+def _check_record(record: dict[str, Any], path: Path, steps: list[int]) -> None:
+    try:
+        checked = _Record.model_validate(record)
+    except ValidationError as exc:
+        raise StudyError(f"{path}: {first_error(exc)} (the record train-model wrote)") from None
+    if checked.steps != steps:
+        raise StudyError(f"{path}: steps is {checked.steps!r:.80}, expected {steps} (the recipe's phases)")
+    for key in ("final_part_losses", "seconds_per_stage"):
+        if len(getattr(checked, key)) != len(steps):
+            raise StudyError(
+                f"{path}: {key} has {len(getattr(checked, key))} entries, expected {len(steps)} (one a phase)"
+            )
 
 
 def _check_files(folder: Path, recorded: dict[str, str], path: Path) -> None:

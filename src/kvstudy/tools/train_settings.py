@@ -9,16 +9,23 @@ cosine decay. :mod:`kvstudy.tools.train_model` runs them.
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
 from kvstudy.errors import StudyError
+
+STRICT = ConfigDict(strict=True, extra="forbid")
 
 
 @dataclass(frozen=True)
 class Stage:
     """One stage of a phase: how many steps and what each step's batch holds."""
+
+    __pydantic_config__ = STRICT
 
     steps: int
     gsm_seqs: int  # sequences of packed GSM8K-format problems
@@ -48,6 +55,8 @@ class Stage:
 class Phase:
     """One phase: its optimiser schedule, its data mix and its stages."""
 
+    __pydantic_config__ = STRICT
+
     name: str
     seed_tag: str  # the data's seed is ``f"{seed}:{seed_tag}"`` (``f"{seed}"`` when empty)
     lr: float
@@ -63,6 +72,8 @@ class Phase:
 @dataclass(frozen=True)
 class TrainSettings:
     """The whole recipe; ``training.json`` stores it, and the same settings give the same model."""
+
+    __pydantic_config__ = STRICT
 
     seed: int = 20261130
     hidden_size: int = 256
@@ -130,9 +141,6 @@ class TrainSettings:
         ),
     )
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     def scaled(self, factor: float) -> TrainSettings:
         """The same recipe with every stage's steps multiplied by ``factor`` (at least 1 each)."""
         return replace(
@@ -145,39 +153,26 @@ class TrainSettings:
 
 
 def settings_from_dict(data: dict[str, Any]) -> TrainSettings:
-    """The settings ``training.json`` stores, back as a ``TrainSettings``."""
-    if not isinstance(data, dict):
-        raise StudyError("training.json settings: expected an object with the fields of TrainSettings")
-    version = data.get("data_version", 1)  # a record older than the field was made with version 1
+    """The settings ``training.json`` stores, back as a ``TrainSettings`` (strict: every field of its type)."""
+    version = data.get("data_version", 1) if isinstance(data, dict) else None  # a record older than the field: 1
     if version != TrainSettings.data_version:
         raise StudyError(
             f"training.json settings: data_version {version} is an earlier recipe's data "
             f"(retrieval questions without RULER's answer prefix); this code builds version {TrainSettings.data_version} only"
         )
     try:
-        if "phases" not in data:
-            data = _two_phase_record(data)
-        phases = tuple(
-            Phase(**{**phase, "stages": tuple(Stage(**stage) for stage in phase["stages"])}) for phase in data["phases"]
-        )
-        return TrainSettings(**{**data, "phases": phases})
-    except (KeyError, TypeError) as exc:
-        raise StudyError(f"training.json settings: {exc}; expected the fields of TrainSettings") from None
+        return _SETTINGS.validate_json(json.dumps(data))  # JSON mode: a list is read as a tuple
+    except ValidationError as exc:
+        raise StudyError(f"training.json settings: {first_error(exc)}; expected the fields of TrainSettings") from None
 
 
-def _two_phase_record(data: dict[str, Any]) -> dict[str, Any]:
-    """A record of the recipe before phases were a list (phase A's schedule in ``lr``,
-    ``warmup_steps``, ``needle_share``, ``stages``; phase B's in ``finetune_*``), as phases."""
-    legacy = ("lr", "warmup_steps", "needle_share", "stages", "finetune_lr", "finetune_warmup_steps")
-    rest = {k: v for k, v in data.items() if k not in (*legacy, "finetune_needle_share", "finetune_stages")}
-    phases = [asdict(Phase("A", "", data["lr"], data["warmup_steps"], data["needle_share"], ()))]
-    phases[0]["stages"] = data["stages"]
-    if data.get("finetune_stages"):
-        b = Phase(
-            "B", "finetune", data["finetune_lr"], data["finetune_warmup_steps"], data["finetune_needle_share"], ()
-        )
-        phases.append({**asdict(b), "stages": data["finetune_stages"]})
-    return {**rest, "phases": phases}
+def first_error(exc: ValidationError) -> str:
+    """pydantic's first error as ``field.path: message``."""
+    err = exc.errors(include_url=False)[0]
+    return f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
+
+
+_SETTINGS = TypeAdapter(TrainSettings)
 
 
 def stage_at(settings: TrainSettings, step: int, phase: int = 0) -> Stage:

@@ -90,9 +90,9 @@ PLAN_CASES = {
     "NaN": (None, "field seed_position: NaN is not a number"),
     "a 5000-digit number": (None, "field seed: a number of 5000 characters"),
     "nesting 5000 deep": (DEEP, "line 1: nested deeper than"),
-    "a number for a string": (None, "line 1: experiment: expected a string, got an integer"),
-    "a list for a name": (None, "line 1: model: expected a string, got a list"),
-    "a string for a count": (None, "line 1: gpus_per_block: expected an integer, got a string"),
+    "a number for a string": (None, "line 1: experiment: expected a valid string, got 5"),
+    "a list for a name": (None, "line 1: model: expected a valid string, got a list"),
+    "a string for a count": (None, "line 1: gpus_per_block: expected a valid integer, got '2'"),
     "not JSON": ("{", "line 1: malformed JSON"),
 }
 RECORD_EDITS = {
@@ -141,12 +141,20 @@ BLOCK_CASES = {
     "NaN": ("node.cpu_model", "NaN", "field node.cpu_model: NaN"),
     "a 5000-digit number": ("index", HUGE, "field index: a number of 5000 characters"),
     "nesting 5000 deep": ("node.machine", DEEP, "nested deeper than"),
-    "a number for a string": ("plan_id", "7", "plan_id: expected a string"),
-    "a list for a name": ("block_id", '["x"]', "block_id: expected a string, got a list"),
-    "a list for a name in plan_blocks": ("plan_blocks.0.block_id", '["x"]', "plan_blocks[0]: block_id: expected"),
-    "a path for a block id": ("plan_blocks.1.block_id", '"../../escape"', "plan_blocks[1]: block_id '../../escape'"),
-    "a status that is no state": ("status", '"done"', "status 'done': expected one of running, ok, failed"),
-    "a number for the node": ("node", "3", "node: expected a mapping"),
+    "a number for a string": ("plan_id", "7", "plan_id: expected a valid string"),
+    "a list for a name": ("block_id", '["x"]', "block_id: expected a valid string, got a list"),
+    "a list for a name in plan_blocks": (
+        "plan_blocks.0.block_id",
+        '["x"]',
+        "plan_blocks[0].block_id: expected a valid string",
+    ),
+    "a path for a block id": (
+        "plan_blocks.1.block_id",
+        '"../../escape"',
+        "plan_blocks[1].block_id: block_id '../../escape' is not a block id",
+    ),
+    "a status that is no state": ("status", '"done"', "status: expected 'running', 'ok' or 'failed', got 'done'"),
+    "a number for the node": ("node", "3", "node: expected a valid dictionary"),
 }
 
 
@@ -220,10 +228,10 @@ def test_run_blocks_ray_address_where_nothing_listens_is_one_line_at_once(
 @pytest.mark.parametrize(
     ("field", "value", "words"),
     [
-        ("inputs", "[1]", "inputs: expected a mapping or null, got a list"),
-        ("sessions", '"x"', "sessions: expected a list"),
-        ("sessions", "[3]", "sessions[0]: s: expected a mapping"),
-        ("items", "[]", "items: expected a mapping"),
+        ("inputs", "[1]", "inputs: expected a valid dictionary or instance of _Inputs, got a list"),
+        ("sessions", '"x"', "sessions: expected a valid list"),
+        ("sessions", "[3]", "sessions[0]: expected a valid dictionary"),
+        ("items", "[]", "items: expected a valid dictionary"),
     ],
 )
 def test_a_tampered_block_manifest_is_one_line_in_collect(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -67,20 +68,21 @@ def test_foreign_files_are_never_deleted(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if ".building" in p.name]  # no temporary build left
 
 
-def test_sizes_are_named_recipes() -> None:
+def test_sizes_are_named_recipes(capsys: pytest.CaptureFixture[str]) -> None:
     """`--size speed` is the same recipe, larger (longer decode steps for the CPU speed sweep)."""
-    from kvstudy.tools.tiny_model import SIZES, TinyModelSpec, spec_for_size
+    from kvstudy import cli
+    from kvstudy.tools.tiny_model import SIZES, TinyModelSpec
 
-    assert spec_for_size("tiny") == TinyModelSpec()
-    speed = spec_for_size("speed")
+    assert SIZES["tiny"] == TinyModelSpec()
+    speed = SIZES["speed"]
     assert speed.num_hidden_layers > 4 and speed.hidden_size > 256
     assert speed.hidden_size == speed.num_attention_heads * speed.head_dim
     assert speed.num_attention_heads % speed.num_key_value_heads == 0
     tiny = TinyModelSpec()
     assert (speed.seed, speed.vocab_size, speed.build_version) == (tiny.seed, tiny.vocab_size, tiny.build_version)
     assert sorted(SIZES) == ["speed", "tiny"]
-    with pytest.raises(StudyError, match="'huge' is not a size"):
-        spec_for_size("huge")
+    assert cli.main(["tiny-model", "build", "--size", "huge"]) == 2
+    assert "invalid choice: 'huge'" in capsys.readouterr().err
 
 
 def test_folder_of_another_size_is_rebuilt_to_the_asked_spec(tmp_path: Path) -> None:
@@ -110,4 +112,4 @@ def test_folder_of_another_size_is_rebuilt_to_the_asked_spec(tmp_path: Path) -> 
     assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 1
     ensure_tiny_model(folder, other)
     assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 2
-    assert json.loads((folder / MARKER).read_text())["spec"] == other.to_dict()
+    assert json.loads((folder / MARKER).read_text())["spec"] == dataclasses.asdict(other)
