@@ -16,7 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from kvstudy import capture as capture_format
 from kvstudy import io as atomic
-from kvstudy.bench.result import RequestRecord, read_requests_jsonl, write_requests_jsonl
+from kvstudy.bench.result import RequestRecord, read_requests_jsonl
 from kvstudy.bench.telemetry import ClockSample, read_telemetry_jsonl
 from kvstudy.errors import StudyError
 from kvstudy.io import log_tail, read_json, read_json_object
@@ -125,7 +125,7 @@ def requests_path(capture: str | Path, cell_id: str) -> Path:
 
 def write_requests(capture: str | Path, cell_id: str, records: Sequence[RequestRecord]) -> None:
     """A cell's per-request records, one JSON line each, in ``requests/<cell>.jsonl``."""
-    write_requests_jsonl(requests_path(capture, cell_id), records)
+    atomic.write_jsonl_atomic(requests_path(capture, cell_id), records)
 
 
 def read_requests(capture: str | Path, cell_id: str) -> list[RequestRecord] | None:

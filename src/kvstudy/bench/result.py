@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ConfigDict, ValidationError
+from pydantic.dataclasses import dataclass
+
+from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
-from kvstudy.io import is_finite_number, read_json, read_jsonl, write_jsonl_atomic
+from kvstudy.io import is_finite_number, read_json, read_jsonl
 from kvstudy.limits import MAX_CLOCK_MHZ, MAX_FACTOR, MAX_REQUEST_RATE, MAX_TOKENS, MAX_USERS, check_numbers
 
 # A detailed result of 10,000 prompts x 1,000 output tokens is about 200 MB of JSON; beyond this the
@@ -37,9 +40,10 @@ OPTIONAL_ARRAYS = ("start_times", "input_lens")
 CHECKED_NUMBERS = (*DETAILED_ARRAYS, *OPTIONAL_ARRAYS, "num_prompts", "completed", "duration", "max_concurrency")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=ConfigDict(strict=True, extra="forbid", allow_inf_nan=False))
 class RequestRecord:
-    """One measured request (warm-ups are not among them). Times from vLLM's client."""
+    """One measured request (warm-ups are not among them). Times from vLLM's client; a field of the
+    wrong kind (a bool for a count, NaN for a time, an unknown name) is refused when it is built."""
 
     index: int
     start_time_s: float | None  # time.perf_counter() in the client (CLOCK_MONOTONIC on Linux); None: not saved
@@ -207,28 +211,13 @@ def requests_from_result(
     return records
 
 
-def write_requests_jsonl(path: Path, records: Sequence[RequestRecord]) -> None:
-    """Write records as JSON lines through a temporary file and an atomic rename."""
-    write_jsonl_atomic(path, records)
-
-
-def request_from_row(row: Any) -> RequestRecord:
-    """One line of ``requests/<cell>.jsonl`` as :func:`requests_from_result` made it: RequestRecord's
-    fields, the times finite numbers, the gaps a list of them; else ValueError naming the field."""
-    if not isinstance(row, dict):
-        raise ValueError(f"a JSON {type(row).__name__}, expected an object")
-    record = RequestRecord(**row)  # TypeError names an unknown or missing field
-    for name in ("ttft_ms", "e2el_ms", "tpot_ms", "start_time_s"):
-        value = getattr(record, name)
-        if not (is_finite_number(value) or (value is None and name in ("tpot_ms", "start_time_s"))):
-            raise ValueError(f"{name} is {value!r:.40}, expected a finite number")
-    if not isinstance(record.itls_ms, list) or not all(is_finite_number(g) for g in record.itls_ms):
-        raise ValueError("itls_ms is not a list of finite numbers")
-    if isinstance(record.output_len, bool) or not isinstance(record.output_len, int):
-        raise ValueError(f"output_len is {record.output_len!r:.40}, expected a whole number of tokens")
-    return record
-
-
 def read_requests_jsonl(path: Path) -> list[RequestRecord]:
     """A cell's per-request records, each line checked (one line naming the file, line and field)."""
-    return read_jsonl(path, request_from_row, "a request record")
+    return read_jsonl(path, _request, "a request record")
+
+
+def _request(row: Any) -> RequestRecord:
+    try:
+        return RequestRecord(**row)
+    except ValidationError as exc:  # one line naming the field (read_jsonl adds the file and line)
+        raise ValueError(one_line(exc)) from None

@@ -270,10 +270,19 @@ def test_read_capture_types_every_file_once_and_frames_the_ok_cells(tmp_path: Pa
 @pytest.mark.parametrize(
     ("row", "needle"),
     [
-        (_request(1, e2el_ms="35"), r"a__s0__n1.jsonl:2: not a request record \(e2el_ms is '35', expected a finite"),
-        (_request(1, itls_ms=[1.0, None]), r"a__s0__n1.jsonl:2: not a request record \(itls_ms is not a list"),
-        (_request(1, output_len=4.5), r"a__s0__n1.jsonl:2: not a request record \(output_len is 4.5"),
-        (_request(1, tokens=3), r"a__s0__n1.jsonl:2: not a request record \(.*'tokens'"),
+        (
+            _request(1, e2el_ms="35"),
+            r"a__s0__n1.jsonl:2: not a request record \(e2el_ms: expected a valid number, got '35'",
+        ),
+        (
+            _request(1, itls_ms=[1.0, None]),
+            r"a__s0__n1.jsonl:2: not a request record \(itls_ms\[1\]: expected a valid number, got None",
+        ),
+        (
+            _request(1, output_len=4.5),
+            r"a__s0__n1.jsonl:2: not a request record \(output_len: expected a valid integer, got 4.5",
+        ),
+        (_request(1, tokens=3), r"a__s0__n1.jsonl:2: not a request record \(tokens: "),
     ],
 )
 def test_a_bad_request_line_is_one_line_naming_the_file_line_and_field(

@@ -11,6 +11,7 @@ import pytest
 
 from kvstudy.bench import result as br
 from kvstudy.errors import StudyError
+from kvstudy.io import write_jsonl_atomic
 
 
 def test_records_from_result_compute_tpot_and_failures(vllm_result: dict[str, Any]) -> None:
@@ -79,7 +80,7 @@ def test_a_minimum_number_of_requests() -> None:
 
 def test_records_round_trip_jsonl(tmp_path: Path, vllm_result: dict[str, Any]) -> None:
     recs = br.requests_from_result(vllm_result)
-    br.write_requests_jsonl(tmp_path / "r.jsonl", recs)
+    write_jsonl_atomic(tmp_path / "r.jsonl", recs)
     assert br.read_requests_jsonl(tmp_path / "r.jsonl") == recs
     (tmp_path / "bad.jsonl").write_text('{"index": 1}\n')
     with pytest.raises(StudyError, match="bad.jsonl:1"):
