@@ -102,18 +102,17 @@ def check_run_settings(data: dict[str, Any], where: str) -> None:
     or ``"inf"``, ``burstiness`` positive, ``max_concurrency`` a whole number of users (or null), and
     the ``--metadata`` figures (``median_clock_mhz``, output lengths) real sizes; else one line naming
     the field (an ``Infinity`` or ``1e308`` would otherwise reach a table or a JSON answer)."""
-    rate = data.get("request_rate")
-    if rate is not None and rate != "inf":
-        _setting_number(rate, where, "request_rate", MAX_REQUEST_RATE)
-    if data.get("burstiness") is not None:
-        _setting_number(data["burstiness"], where, "burstiness", MAX_FACTOR)
-    if data.get("max_concurrency") is not None:
-        _setting_number(data["max_concurrency"], where, "max_concurrency", MAX_USERS, whole=True)
-    if data.get("median_clock_mhz") is not None:
-        _setting_number(data["median_clock_mhz"], where, "median_clock_mhz", MAX_CLOCK_MHZ)
-    for key in ("output_len", "random_output_len"):
-        if data.get(key) is not None:
-            _setting_number(data[key], where, key, MAX_TOKENS)
+    for key, high in (
+        ("request_rate", MAX_REQUEST_RATE),
+        ("burstiness", MAX_FACTOR),
+        ("max_concurrency", MAX_USERS),
+        ("median_clock_mhz", MAX_CLOCK_MHZ),
+        ("output_len", MAX_TOKENS),
+        ("random_output_len", MAX_TOKENS),
+    ):
+        value = data.get(key)
+        if value is not None and (value != "inf" or key != "request_rate"):  # vLLM writes an unbounded rate "inf"
+            _setting_number(value, where, key, high, whole=key == "max_concurrency")
 
 
 def result_files(folder: str | Path) -> list[Path]:

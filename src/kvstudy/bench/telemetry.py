@@ -15,9 +15,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Generic, Protocol, Self, TypeVar
+
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass
 
 from kvstudy.io import read_jsonl
 
@@ -37,9 +40,10 @@ CLOCK_EVENT_REASONS: dict[int, str] = {
 }
 
 
-@dataclass
+@dataclass(config=ConfigDict(extra="forbid"))
 class ClockSample:
-    """One telemetry sample. ``clock_mhz`` is the SM clock on a GPU, the mean core clock on a CPU."""
+    """One telemetry sample (numbers read as floats). ``clock_mhz`` is the SM clock on a GPU, the
+    mean core clock on a CPU."""
 
     t_mono_s: float  # time.perf_counter() at the sample
     t_wall_s: float  # time.time() at the sample
@@ -79,13 +83,13 @@ def nvml_sample(
         t_mono_s=t_mono_s,
         t_wall_s=t_wall_s,
         device=f"gpu{index}",
-        clock_mhz=None if sm_clock_mhz is None else float(sm_clock_mhz),
-        mem_clock_mhz=None if mem_clock_mhz is None else float(mem_clock_mhz),
+        clock_mhz=sm_clock_mhz,
+        mem_clock_mhz=mem_clock_mhz,
         power_w=None if power_mw is None else power_mw / 1000.0,
-        temperature_c=None if temperature_c is None else float(temperature_c),
+        temperature_c=temperature_c,
         clock_event_mask=reasons_mask,
         clock_event_reasons=[] if reasons_mask is None else decode_clock_event_reasons(reasons_mask),
-        util_pct=None if util_pct is None else float(util_pct),
+        util_pct=util_pct,
     )
 
 
@@ -99,7 +103,7 @@ def cpu_sample(
         t_wall_s=t_wall_s,
         device="cpu",
         clock_mhz=sum(clocks) / len(clocks) if clocks else None,
-        util_pct=None if util_pct is None else float(util_pct),
+        util_pct=util_pct,
     )
 
 
