@@ -69,13 +69,10 @@ class EngineStartError(StudyError):
         self.log_path = log_path
         self.info = info
         self.log_tail = log_tail
-        # StudyError folds the message onto one line; keep the tail readable in str().
-        self.full_message = (
-            f"{self.args[0]}\n--- last lines of {log_path} ---\n{log_tail}" if log_tail else self.args[0]
-        )
 
-    def __str__(self) -> str:
-        return self.full_message
+    def __str__(self) -> str:  # StudyError folds the message onto one line; the tail stays readable
+        tail = f"\n--- last lines of {self.log_path} ---\n{self.log_tail}" if self.log_tail else ""
+        return f"{self.args[0]}{tail}"
 
 
 def port_is_free(port: int, host: str = HOST) -> bool:

@@ -507,14 +507,10 @@ def parse_startup_text(text: str) -> StartupInfo:
     return info
 
 
-def parse_startup_log(source: str | Path) -> StartupInfo:
-    """Parse a log file (a ``Path``, or a ``str`` naming an existing file) or a log's text."""
-    if isinstance(source, Path) or ("\n" not in source and len(source) < 4096 and Path(source).is_file()):
-        path = Path(source)
-        if not path.exists() and not path.is_symlink():
-            raise StudyError(f"{path}: log file not found")
-        return parse_startup_text(read_text_checked(path, MAX_LOG_BYTES, errors="replace", bom=True))
-    return parse_startup_text(source)
+def parse_startup_log(path: Path) -> StartupInfo:
+    if not path.exists() and not path.is_symlink():
+        raise StudyError(f"{path}: log file not found")
+    return parse_startup_text(read_text_checked(path, MAX_LOG_BYTES, errors="replace", bom=True))
 
 
 def summary(info: StartupInfo) -> str:
