@@ -25,7 +25,7 @@ from pydantic.dataclasses import dataclass
 
 from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json, read_jsonl
+from kvstudy.io import read_json_object, read_jsonl
 from kvstudy.limits import MAX_CLOCK_MHZ, MAX_FACTOR, MAX_REQUEST_RATE, MAX_TOKENS, MAX_USERS, check_numbers
 
 # A detailed result of 10,000 prompts x 1,000 output tokens is about 200 MB of JSON; beyond this the
@@ -69,17 +69,13 @@ def read_result_file(path: str | Path) -> dict[str, Any]:
     ``MAX_RESULT_BYTES``), its numbers and the run settings the study reads checked."""
     path = Path(path)
     try:
-        data = read_json(path, MAX_RESULT_BYTES)
+        data = read_json_object(path, MAX_RESULT_BYTES)
     except StudyError as exc:
         if "(Extra data)" not in str(exc):
             raise
         raise StudyError(
             f"{path}: holds more than one JSON document (written with --append-result?); expected one run per file"
         ) from None
-    if not isinstance(data, dict):
-        raise StudyError(
-            f"{path}: a JSON {type(data).__name__}, expected the object vLLM bench serve --save-result writes"
-        )
     check_numbers({k: v for k, v in data.items() if k in CHECKED_NUMBERS}, str(path))
     check_run_settings(data, str(path))
     return data

@@ -221,7 +221,7 @@ def test_a_torn_cell_file_runs_again_and_a_non_object_is_one_line(tmp_path: Path
     (tmp_path / "cells" / "a.json").write_text('{"status": "ok"')
     assert grid.cell_status(tmp_path, "a") == "missing" and grid.cell_record(tmp_path, "a") is None
     (tmp_path / "cells" / "a.json").write_text("[1]")
-    with pytest.raises(StudyError, match=r"a.json: expected a JSON object \(a cell result\), got list"):
+    with pytest.raises(StudyError, match=r"a.json: expected a JSON object at the top level, got list"):
         grid.cell_status(tmp_path, "a")
     assert grid.read_requests(tmp_path, "a") is None
 

@@ -192,7 +192,12 @@ def test_unparsable_files(make_arms: Any, capsys: pytest.CaptureFixture[str]) ->
     (cand / "c1.json").write_bytes(b"\xff\xfe\x00binary")
     _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "not UTF-8")
     (cand / "c1.json").write_text("[1, 2, 3]")
-    _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "a JSON list")
+    _bad(
+        ["speed", "compare", str(base), str(cand)],
+        capsys,
+        "c1.json",
+        "expected a JSON object at the top level, got list",
+    )
 
 
 def test_huge_file(make_arms: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
