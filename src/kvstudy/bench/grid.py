@@ -16,10 +16,10 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from kvstudy import capture as capture_format
 from kvstudy import io as atomic
-from kvstudy.bench.result import RequestRecord, read_requests_jsonl, write_requests_jsonl
+from kvstudy.bench.result import RequestRecord, read_requests_jsonl
 from kvstudy.bench.telemetry import ClockSample, read_telemetry_jsonl
 from kvstudy.errors import StudyError
-from kvstudy.io import log_tail, read_json, read_json_object
+from kvstudy.io import log_tail, read_json_object
 from kvstudy.progress import Progress, Tracker
 from kvstudy.redact import resolve_env, scrub, secret_values
 
@@ -90,17 +90,11 @@ def cell_record(capture: str | Path, cell_id: str) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        data = read_json(path)
+        return read_json_object(path)
     except StudyError as exc:
         if "malformed JSON" not in str(exc):
             raise
         return None  # a torn or hand-broken result: the cell runs again
-    if not isinstance(data, dict):
-        raise StudyError(
-            f"{path}: expected a JSON object (a cell result), got {type(data).__name__}; "
-            "delete the file to re-run the cell"
-        )
-    return data
 
 
 def cell_status(capture: str | Path, cell_id: str) -> str:
@@ -125,7 +119,7 @@ def requests_path(capture: str | Path, cell_id: str) -> Path:
 
 def write_requests(capture: str | Path, cell_id: str, records: Sequence[RequestRecord]) -> None:
     """A cell's per-request records, one JSON line each, in ``requests/<cell>.jsonl``."""
-    write_requests_jsonl(requests_path(capture, cell_id), records)
+    atomic.write_jsonl_atomic(requests_path(capture, cell_id), records)
 
 
 def read_requests(capture: str | Path, cell_id: str) -> list[RequestRecord] | None:

@@ -10,13 +10,12 @@ figures behind each reason.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from kvstudy.bench.result import RequestRecord
-from kvstudy.errors import StudyError
 
 # A gap below 0.1 ms is network or serialisation time, not a decode step: the fastest decode steps
 # vLLM takes (small models on big GPUs) last about a millisecond, CPU steps tens of milliseconds.
@@ -60,17 +59,6 @@ class RunRequests:
     median_clock_mhz: float | None = None
     expected_output_len: int | None = None
 
-    def __post_init__(self) -> None:
-        n = len(self.latencies_s)
-        for label, values in (
-            ("ttfts", self.ttfts_s),
-            ("itls", self.itls_s),
-            ("output_lens", self.output_lens),
-            ("success", self.success),
-        ):
-            if len(values) != n:
-                raise StudyError(f"{self.name}: {label} has {len(values)} entries, expected {n} (one per request)")
-
 
 @dataclass(frozen=True)
 class Measurability:
@@ -91,8 +79,7 @@ class Measurability:
     clock_samples_in_window: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready fields."""
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return asdict(self)
 
 
 def per_request_tpot_s(run: RunRequests) -> np.ndarray:

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from kvstudy.bench.client import PERCENTILE_METRICS
 from kvstudy.bench.result import RequestRecord
 from kvstudy.errors import StudyError
 
@@ -78,19 +77,14 @@ def calculate_metrics(records: Sequence[RequestRecord], duration_s: float) -> Ce
     )
 
 
+# CellMetrics' names that vLLM's result spells without the unit (the rest are spelled alike).
+VLLM_NAMES = {
+    "duration_s": "duration",
+    "request_throughput_req_s": "request_throughput",
+    "output_throughput_tok_s": "output_throughput",
+}
+
+
 def metrics_reported_by_vllm(result: dict[str, Any]) -> dict[str, float | None]:
     """The summary numbers vLLM's client printed and saved, under :class:`CellMetrics` names."""
-    names = {
-        "completed": "completed",
-        "failed": "failed",
-        "duration": "duration_s",
-        "total_input_tokens": "total_input_tokens",
-        "total_output_tokens": "total_output_tokens",
-        "request_throughput": "request_throughput_req_s",
-        "output_throughput": "output_throughput_tok_s",
-    }
-    out: dict[str, float | None] = {ours: result.get(theirs) for theirs, ours in names.items()}
-    for metric in PERCENTILE_METRICS.split(","):
-        for stat in STATS:
-            out[f"{stat}_{metric}_ms"] = result.get(f"{stat}_{metric}_ms")
-    return out
+    return {name: result.get(VLLM_NAMES.get(name, name)) for name in CellMetrics.__dataclass_fields__}

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Self
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.dataclasses import dataclass
+
+from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
-from kvstudy.io import is_finite_number, read_json, read_jsonl, write_jsonl_atomic
+from kvstudy.io import read_json_object, read_jsonl
 from kvstudy.limits import MAX_CLOCK_MHZ, MAX_FACTOR, MAX_REQUEST_RATE, MAX_TOKENS, MAX_USERS, check_numbers
 
 # A detailed result of 10,000 prompts x 1,000 output tokens is about 200 MB of JSON; beyond this the
@@ -37,9 +40,10 @@ OPTIONAL_ARRAYS = ("start_times", "input_lens")
 CHECKED_NUMBERS = (*DETAILED_ARRAYS, *OPTIONAL_ARRAYS, "num_prompts", "completed", "duration", "max_concurrency")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=ConfigDict(strict=True, extra="forbid", allow_inf_nan=False))
 class RequestRecord:
-    """One measured request (warm-ups are not among them). Times from vLLM's client."""
+    """One measured request (warm-ups are not among them). Times from vLLM's client; a field of the
+    wrong kind (a bool for a count, NaN for a time, an unknown name) is refused when it is built."""
 
     index: int
     start_time_s: float | None  # time.perf_counter() in the client (CLOCK_MONOTONIC on Linux); None: not saved
@@ -65,17 +69,13 @@ def read_result_file(path: str | Path) -> dict[str, Any]:
     ``MAX_RESULT_BYTES``), its numbers and the run settings the study reads checked."""
     path = Path(path)
     try:
-        data = read_json(path, MAX_RESULT_BYTES)
+        data = read_json_object(path, MAX_RESULT_BYTES)
     except StudyError as exc:
         if "(Extra data)" not in str(exc):
             raise
         raise StudyError(
             f"{path}: holds more than one JSON document (written with --append-result?); expected one run per file"
         ) from None
-    if not isinstance(data, dict):
-        raise StudyError(
-            f"{path}: a JSON {type(data).__name__}, expected the object vLLM bench serve --save-result writes"
-        )
     check_numbers({k: v for k, v in data.items() if k in CHECKED_NUMBERS}, str(path))
     check_run_settings(data, str(path))
     return data
@@ -98,18 +98,17 @@ def check_run_settings(data: dict[str, Any], where: str) -> None:
     or ``"inf"``, ``burstiness`` positive, ``max_concurrency`` a whole number of users (or null), and
     the ``--metadata`` figures (``median_clock_mhz``, output lengths) real sizes; else one line naming
     the field (an ``Infinity`` or ``1e308`` would otherwise reach a table or a JSON answer)."""
-    rate = data.get("request_rate")
-    if rate is not None and rate != "inf":
-        _setting_number(rate, where, "request_rate", MAX_REQUEST_RATE)
-    if data.get("burstiness") is not None:
-        _setting_number(data["burstiness"], where, "burstiness", MAX_FACTOR)
-    if data.get("max_concurrency") is not None:
-        _setting_number(data["max_concurrency"], where, "max_concurrency", MAX_USERS, whole=True)
-    if data.get("median_clock_mhz") is not None:
-        _setting_number(data["median_clock_mhz"], where, "median_clock_mhz", MAX_CLOCK_MHZ)
-    for key in ("output_len", "random_output_len"):
-        if data.get(key) is not None:
-            _setting_number(data[key], where, key, MAX_TOKENS)
+    for key, high in (
+        ("request_rate", MAX_REQUEST_RATE),
+        ("burstiness", MAX_FACTOR),
+        ("max_concurrency", MAX_USERS),
+        ("median_clock_mhz", MAX_CLOCK_MHZ),
+        ("output_len", MAX_TOKENS),
+        ("random_output_len", MAX_TOKENS),
+    ):
+        value = data.get(key)
+        if value is not None and (value != "inf" or key != "request_rate"):  # vLLM writes an unbounded rate "inf"
+            _setting_number(value, where, key, high, whole=key == "max_concurrency")
 
 
 def result_files(folder: str | Path) -> list[Path]:
@@ -131,17 +130,31 @@ def result_files(folder: str | Path) -> list[Path]:
 # --------------------------------------------------------------------------- per-request records
 
 
-def _numbers(data: dict[str, Any], key: str, where: str, n: int, whole: bool = False) -> list[float]:
-    values = data[key]
-    if not isinstance(values, list) or len(values) != n:
-        size = len(values) if isinstance(values, list) else type(values).__name__
-        raise StudyError(f"{where}: {key} has {size} entries, expected a list of {n} (one per request)")
-    for i, v in enumerate(values):
-        if not is_finite_number(v) or v < 0:
-            raise StudyError(f"{where}: {key}[{i}] is {v!r}, expected a finite number >= 0")
-    if whole and any(v != int(v) for v in values):
-        raise StudyError(f"{where}: {key} holds fractions, expected token counts")
-    return [float(v) for v in values]
+Time = Annotated[float, Field(ge=0)]
+Count = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
+
+
+class DetailedArrays(BaseModel):
+    """The per-request arrays of a ``--save-detailed`` result (times in s), one entry per request."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+
+    latencies: list[Time]
+    ttfts: list[Time]
+    itls: list[list[Time]]
+    output_lens: list[Count]
+    errors: list[str | None]
+    start_times: list[Time] | None = None
+    input_lens: list[Count] | None = None
+
+    @model_validator(mode="after")
+    def _one_per_request(self) -> Self:
+        n = len(self.latencies)
+        for key in ("ttfts", "itls", "output_lens", "errors", "start_times", "input_lens"):
+            values = getattr(self, key)
+            if values is not None and len(values) != n:
+                raise ValueError(f"{key} has {len(values)} entries, expected a list of {n} (one per request)")
+        return self
 
 
 def requests_from_result(
@@ -155,80 +168,42 @@ def requests_from_result(
             f"{where}: no per-request data ({', '.join(absent)} missing); rerun vllm bench serve with "
             "--save-result --save-detailed"
         )
-    latencies = data["latencies"]
-    if not isinstance(latencies, list) or len(latencies) < min_requests:
-        wanted = (
-            "a list"
-            if min_requests <= 0
-            else "a non-empty list"
-            if min_requests == 1
-            else f"a list of at least {min_requests}"
-        )
-        raise StudyError(f"{where}: latencies is {latencies!r:.80}, expected {wanted} (one entry per request)")
-    n = len(latencies)
-    lat = _numbers(data, "latencies", where, n)
-    ttft = _numbers(data, "ttfts", where, n)
-    outs = _numbers(data, "output_lens", where, n, whole=True)
-    itls_raw = data["itls"]
-    if not isinstance(itls_raw, list) or len(itls_raw) != n:
-        raise StudyError(
-            f"{where}: itls has {len(itls_raw) if isinstance(itls_raw, list) else 'no'} entries, "
-            f"expected a list of {n} lists (one per request)"
-        )
-    for i, gaps in enumerate(itls_raw):
-        if not isinstance(gaps, list) or not all(is_finite_number(g) and g >= 0 for g in gaps):
-            raise StudyError(f"{where}: itls[{i}] is not a list of finite numbers >= 0")
-    errors = data["errors"]
-    if not isinstance(errors, list) or len(errors) != n or not all(e is None or isinstance(e, str) for e in errors):
-        raise StudyError(f"{where}: errors is not a list of {n} texts (one per request)")
-    present = {k for k in OPTIONAL_ARRAYS if data.get(k) is not None}
-    starts = _numbers(data, "start_times", where, n) if "start_times" in present else None
-    inputs = _numbers(data, "input_lens", where, n, whole=True) if "input_lens" in present else None
+    try:
+        arrays = DetailedArrays.model_validate({k: data[k] for k in (*DETAILED_ARRAYS, *OPTIONAL_ARRAYS) if k in data})
+    except ValidationError as exc:
+        raise StudyError(f"{where}: {one_line(exc)}") from None
+    n = len(arrays.latencies)
+    if n < min_requests:
+        raise StudyError(f"{where}: {n} requests, expected at least {min_requests}")
     records = []
-    for i in range(n):
-        out_len = int(outs[i])
-        error = errors[i] or ""
+    for i, (lat, ttft, out_len, error) in enumerate(
+        zip(arrays.latencies, arrays.ttfts, arrays.output_lens, arrays.errors)
+    ):
         success = not error and out_len > 0
-        tpot = (lat[i] - ttft[i]) / (out_len - 1) * 1000.0 if success and out_len > 1 else None
         records.append(
             RequestRecord(
                 index=i,
-                start_time_s=None if starts is None else starts[i],
-                ttft_ms=ttft[i] * 1000.0,
-                e2el_ms=lat[i] * 1000.0,
-                tpot_ms=tpot,
-                itls_ms=[float(g) * 1000.0 for g in itls_raw[i]],
-                input_len=None if inputs is None else int(inputs[i]),
+                start_time_s=None if arrays.start_times is None else arrays.start_times[i],
+                ttft_ms=ttft * 1000.0,
+                e2el_ms=lat * 1000.0,
+                tpot_ms=(lat - ttft) / (out_len - 1) * 1000.0 if success and out_len > 1 else None,
+                itls_ms=[g * 1000.0 for g in arrays.itls[i]],
+                input_len=None if arrays.input_lens is None else arrays.input_lens[i],
                 output_len=out_len,
                 success=success,
-                error=error,
+                error=error or "",
             )
         )
     return records
 
 
-def write_requests_jsonl(path: Path, records: Sequence[RequestRecord]) -> None:
-    """Write records as JSON lines through a temporary file and an atomic rename."""
-    write_jsonl_atomic(path, records)
-
-
-def request_from_row(row: Any) -> RequestRecord:
-    """One line of ``requests/<cell>.jsonl`` as :func:`requests_from_result` made it: RequestRecord's
-    fields, the times finite numbers, the gaps a list of them; else ValueError naming the field."""
-    if not isinstance(row, dict):
-        raise ValueError(f"a JSON {type(row).__name__}, expected an object")
-    record = RequestRecord(**row)  # TypeError names an unknown or missing field
-    for name in ("ttft_ms", "e2el_ms", "tpot_ms", "start_time_s"):
-        value = getattr(record, name)
-        if not (is_finite_number(value) or (value is None and name in ("tpot_ms", "start_time_s"))):
-            raise ValueError(f"{name} is {value!r:.40}, expected a finite number")
-    if not isinstance(record.itls_ms, list) or not all(is_finite_number(g) for g in record.itls_ms):
-        raise ValueError("itls_ms is not a list of finite numbers")
-    if isinstance(record.output_len, bool) or not isinstance(record.output_len, int):
-        raise ValueError(f"output_len is {record.output_len!r:.40}, expected a whole number of tokens")
-    return record
-
-
 def read_requests_jsonl(path: Path) -> list[RequestRecord]:
     """A cell's per-request records, each line checked (one line naming the file, line and field)."""
-    return read_jsonl(path, request_from_row, "a request record")
+    return read_jsonl(path, _request, "a request record")
+
+
+def _request(row: Any) -> RequestRecord:
+    try:
+        return RequestRecord(**row)
+    except ValidationError as exc:  # one line naming the field (read_jsonl adds the file and line)
+        raise ValueError(one_line(exc)) from None

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import field
 from pathlib import Path
-from typing import Protocol
+from typing import Generic, Protocol, Self, TypeVar
 
-from kvstudy.io import read_jsonl, write_jsonl_atomic
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass
+
+from kvstudy.io import read_jsonl
+
+S = TypeVar("S")
 
 # NVML clock-event ("throttle") reason bits, nvml.h (nvmlClocksEventReason*).
 CLOCK_EVENT_REASONS: dict[int, str] = {
@@ -35,9 +40,10 @@ CLOCK_EVENT_REASONS: dict[int, str] = {
 }
 
 
-@dataclass
+@dataclass(config=ConfigDict(extra="forbid"))
 class ClockSample:
-    """One telemetry sample. ``clock_mhz`` is the SM clock on a GPU, the mean core clock on a CPU."""
+    """One telemetry sample (numbers read as floats). ``clock_mhz`` is the SM clock on a GPU, the
+    mean core clock on a CPU."""
 
     t_mono_s: float  # time.perf_counter() at the sample
     t_wall_s: float  # time.time() at the sample
@@ -77,13 +83,13 @@ def nvml_sample(
         t_mono_s=t_mono_s,
         t_wall_s=t_wall_s,
         device=f"gpu{index}",
-        clock_mhz=None if sm_clock_mhz is None else float(sm_clock_mhz),
-        mem_clock_mhz=None if mem_clock_mhz is None else float(mem_clock_mhz),
+        clock_mhz=sm_clock_mhz,
+        mem_clock_mhz=mem_clock_mhz,
         power_w=None if power_mw is None else power_mw / 1000.0,
-        temperature_c=None if temperature_c is None else float(temperature_c),
+        temperature_c=temperature_c,
         clock_event_mask=reasons_mask,
         clock_event_reasons=[] if reasons_mask is None else decode_clock_event_reasons(reasons_mask),
-        util_pct=None if util_pct is None else float(util_pct),
+        util_pct=util_pct,
     )
 
 
@@ -97,7 +103,7 @@ def cpu_sample(
         t_wall_s=t_wall_s,
         device="cpu",
         clock_mhz=sum(clocks) / len(clocks) if clocks else None,
-        util_pct=None if util_pct is None else float(util_pct),
+        util_pct=util_pct,
     )
 
 
@@ -192,23 +198,21 @@ WINDOW_START = "window_start"
 WINDOW_END = "window_end"
 
 
-class TelemetrySampler:
-    """Background thread that reads ``reader`` every ``interval_s`` seconds.
+class Sampler(Generic[S]):
+    """A background thread that calls ``read()`` every ``interval_s`` seconds and keeps what it
+    answers (None: nothing to keep). ``with Sampler(read) as sampler: ...`` then ``sampler.samples``."""
 
-    ``with TelemetrySampler(reader) as sampler: ...`` then ``sampler.samples``.
-    """
-
-    def __init__(self, reader: Reader | None = None, interval_s: float = 0.25) -> None:
-        self.reader = reader or default_reader()
+    def __init__(self, read: Callable[[], S | None], interval_s: float) -> None:
+        self.read = read
         self.interval_s = interval_s
-        self.samples: list[ClockSample] = []
+        self.samples: list[S] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _read(self) -> ClockSample | None:
+    def _read(self) -> S | None:
         try:
-            return self.reader.read()
+            return self.read()
         except Exception as exc:  # keep sampling; say what failed
             if len(self.errors) < 10:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
@@ -219,8 +223,33 @@ class TelemetrySampler:
         while not self._stop.is_set():
             if (sample := self._read()) is not None:
                 self.samples.append(sample)
-            next_t += self.interval_s
-            self._stop.wait(max(0.0, next_t - time.perf_counter()))
+            next_t = max(next_t + self.interval_s, time.perf_counter())
+            self._stop.wait(next_t - time.perf_counter())
+
+    def start(self) -> Self:
+        self._thread = threading.Thread(target=self._loop, name="kvstudy-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[S]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5 * self.interval_s + 5)
+        return self.samples
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class TelemetrySampler(Sampler[ClockSample]):
+    """The clock of ``reader`` (default: :func:`default_reader`) sampled in the background."""
+
+    def __init__(self, reader: Reader | None = None, interval_s: float = 0.25) -> None:
+        self.reader = reader or default_reader()
+        super().__init__(self.reader.read, interval_s)
 
     def mark(self, label: str) -> ClockSample | None:
         """Take one sample now, outside the timer, labelled ``label`` (the runner marks each bench
@@ -237,28 +266,6 @@ class TelemetrySampler:
         starts = [s.t_mono_s for s in self.samples if s.mark == start_label]
         ends = [s.t_mono_s for s in self.samples if s.mark == end_label]
         return (starts[-1], ends[-1]) if starts and ends and ends[-1] >= starts[-1] else None
-
-    def start(self) -> "TelemetrySampler":
-        self._thread = threading.Thread(target=self._loop, name="kvstudy-telemetry", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> list[ClockSample]:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5 * self.interval_s + 1)
-        return self.samples
-
-    def __enter__(self) -> "TelemetrySampler":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def write_telemetry_jsonl(path: Path, samples: Sequence[ClockSample]) -> None:
-    """JSON lines, written to a temporary file and renamed into place."""
-    write_jsonl_atomic(path, samples)
 
 
 def read_telemetry_jsonl(path: Path) -> list[ClockSample]:
@@ -346,35 +353,19 @@ def metrics_delta(before: dict[str, float] | None, after: dict[str, float] | Non
     return out
 
 
-class ServerMetricsSampler:
-    """vLLM's /metrics read every ``interval_s`` seconds in the background while a cell runs: running
-    and waiting requests, KV cache usage, preemptions (:data:`SERVER_METRICS`), each row stamped with
-    ``time.perf_counter()`` (the client's clock). ``with ServerMetricsSampler(url) as s: ...`` then ``s.rows``."""
+class ServerMetricsSampler(Sampler[dict[str, float]]):
+    """vLLM's /metrics read in the background while a cell runs: running and waiting requests, KV
+    cache usage, preemptions (:data:`SERVER_METRICS`), each row stamped with ``time.perf_counter()``
+    (the client's clock)."""
 
     def __init__(self, base_url: str, interval_s: float = 0.5, timeout_s: float = 2.0) -> None:
-        self.base_url, self.interval_s, self.timeout_s = base_url, interval_s, timeout_s
-        self.rows: list[dict[str, float]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
+        def read() -> dict[str, float] | None:
             t0 = time.perf_counter()
-            values = scrape_server_metrics(self.base_url, self.timeout_s)
-            if values:
-                self.rows.append({"t_mono_s": t0, "t_wall_s": time.time(), **values})
-            self._stop.wait(max(0.0, self.interval_s - (time.perf_counter() - t0)))
+            values = scrape_server_metrics(base_url, timeout_s)
+            return {"t_mono_s": t0, "t_wall_s": time.time(), **values} if values else None
 
-    def __enter__(self) -> "ServerMetricsSampler":
-        self._thread = threading.Thread(target=self._loop, name="kvstudy-server-metrics", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.interval_s + self.timeout_s + 1)
+        super().__init__(read, interval_s)
 
     def peak(self, key: str) -> float | None:
-        values = [r[key] for r in self.rows if key in r]
+        values = [r[key] for r in self.samples if key in r]
         return max(values) if values else None

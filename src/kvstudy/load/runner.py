@@ -143,7 +143,7 @@ def run_cell(spec: LoadSpec, capture: Path, cell: Cell, server: Any, tokenizer: 
         res.seconds = time.perf_counter() - t0
         return res
     finally:
-        write_jsonl_atomic(capture / "telemetry" / f"{cell.id}.metrics.jsonl", sampler.rows)
+        write_jsonl_atomic(capture / "telemetry" / f"{cell.id}.metrics.jsonl", sampler.samples)
     write_record(capture / "bench" / f"{cell.id}.json", result)
     records = requests_from_result(result, where=f"bench/{cell.id}.json")
     write_requests(capture, cell.id, records)
@@ -161,7 +161,7 @@ def run_cell(spec: LoadSpec, capture: Path, cell: Cell, server: Any, tokenizer: 
         pool=pool,
         server_metrics_before=before,
         server_metrics_after=scrape_server_metrics(server.base_url),
-        server_samples=len(sampler.rows),
+        server_samples=len(sampler.samples),
         peak_running=sampler.peak("requests_running"),
         peak_waiting=sampler.peak("requests_waiting"),
         peak_kv_usage=sampler.peak("kv_cache_usage"),

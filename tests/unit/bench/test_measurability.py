@@ -19,7 +19,6 @@ from kvstudy.bench.measurability import (
     run_from_records,
 )
 from kvstudy.bench.result import requests_from_result
-from kvstudy.errors import StudyError
 
 
 def test_steady_stream_is_measurable(helpers: Any) -> None:
@@ -102,13 +101,6 @@ def test_window_shorter_than_clock_sampling(helpers: Any) -> None:
     assert not m.measurable and any("clock sampling interval" in r for r in m.reasons)
     assert assess_run(h.steady_run(duration_s=1.0), clock_interval_s=0.25).measurable
     assert not assess_run(h.steady_run(duration_s=1.0), clock_samples_in_window=0).measurable
-
-
-def test_mismatched_request_lists_are_refused() -> None:
-    with pytest.raises(StudyError, match="ttfts has 1 entries, expected 2"):
-        RunRequests(
-            name="x", ttfts_s=(0.1,), latencies_s=(0.2, 0.2), itls_s=((), ()), output_lens=(2, 2), success=(True, True)
-        )
 
 
 def test_tpot_follows_vllm_on_a_bundled_result(helpers: Any) -> None:

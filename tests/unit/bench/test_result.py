@@ -11,6 +11,7 @@ import pytest
 
 from kvstudy.bench import result as br
 from kvstudy.errors import StudyError
+from kvstudy.io import write_jsonl_atomic
 
 
 def test_records_from_result_compute_tpot_and_failures(vllm_result: dict[str, Any]) -> None:
@@ -44,15 +45,15 @@ def test_result_without_detail_is_refused(vllm_result: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     "key,value,needle",
     [
-        ("latencies", "x", "latencies is 'x', expected a list"),
-        ("ttfts", [0.1, None, 0.0], r"ttfts\[1\] is None, expected a finite number >= 0"),
-        ("latencies", [0.5, -0.8, 0.0], r"latencies\[1\] is -0.8"),
-        ("output_lens", [5, 4.5, 0], "output_lens holds fractions"),
+        ("latencies", "x", "latencies: expected a valid list, got 'x'"),
+        ("ttfts", [0.1, None, 0.0], r"ttfts\[1\]: expected a valid number, got None"),
+        ("latencies", [0.5, -0.8, 0.0], r"latencies\[1\]: expected greater than or equal to 0, got -0.8"),
+        ("output_lens", [5, 4.5, 0], r"output_lens\[1\]: expected a valid integer, got 4.5"),
         ("output_lens", [5, 10**400, 0], r"output_lens\[1\]"),
-        ("itls", [[0.1], [float("nan")], []], r"itls\[1\] is not a list of finite numbers"),
-        ("errors", ["", 3, ""], "errors is not a list of 3 texts"),
+        ("itls", [[0.1], [float("nan")], []], r"itls\[1\]\[0\]: expected a finite number"),
+        ("errors", ["", 3, ""], r"errors\[1\]: expected a valid string, got 3"),
         ("start_times", [10.0, 10.5], "start_times has 2 entries"),
-        ("input_lens", [32, "32", 32], r"input_lens\[1\] is '32'"),
+        ("input_lens", [32, "32", 32], r"input_lens\[1\]: expected a valid integer, got '32'"),
     ],
 )
 def test_malformed_entries_are_refused(key: str, value: Any, needle: str, vllm_result: dict[str, Any]) -> None:
@@ -73,13 +74,13 @@ def test_arrays_older_clients_did_not_save_are_optional(vllm_result: dict[str, A
 def test_a_minimum_number_of_requests() -> None:
     r = {k: [] for k in br.DETAILED_ARRAYS}
     assert br.requests_from_result(r) == []
-    with pytest.raises(StudyError, match="latencies is \\[\\], expected a non-empty list"):
+    with pytest.raises(StudyError, match="0 requests, expected at least 1"):
         br.requests_from_result(r, min_requests=1)
 
 
 def test_records_round_trip_jsonl(tmp_path: Path, vllm_result: dict[str, Any]) -> None:
     recs = br.requests_from_result(vllm_result)
-    br.write_requests_jsonl(tmp_path / "r.jsonl", recs)
+    write_jsonl_atomic(tmp_path / "r.jsonl", recs)
     assert br.read_requests_jsonl(tmp_path / "r.jsonl") == recs
     (tmp_path / "bad.jsonl").write_text('{"index": 1}\n')
     with pytest.raises(StudyError, match="bad.jsonl:1"):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvstudy.bench import telemetry as tm
+from kvstudy.io import write_jsonl_atomic
 
 
 def test_clock_event_reasons_decode() -> None:
@@ -69,7 +70,7 @@ def test_cpu_reader_uses_the_request_clock() -> None:
 
 def test_jsonl_round_trip_and_windowed_median(tmp_path: Path) -> None:
     samples = [tm.ClockSample(float(t), 0.0, "cpu", c) for t, c in [(0, 100.0), (1, 200.0), (2, 300.0), (3, 900.0)]]
-    tm.write_telemetry_jsonl(tmp_path / "t.jsonl", samples)
+    write_jsonl_atomic(tmp_path / "t.jsonl", samples)
     assert tm.read_telemetry_jsonl(tmp_path / "t.jsonl") == samples
     assert tm.median_clock(samples) == 250.0
     assert tm.median_clock(samples, 0.5, 2.5) == 250.0 and tm.median_clock(samples, 1, 2) == 250.0

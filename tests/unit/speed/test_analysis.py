@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 
 from kvstudy.bench.grid import write_record
-from kvstudy.bench.result import RequestRecord, write_requests_jsonl
-from kvstudy.bench.telemetry import ClockSample, write_telemetry_jsonl
+from kvstudy.bench.result import RequestRecord
+from kvstudy.bench.telemetry import ClockSample
 from kvstudy.errors import StudyError
+from kvstudy.io import write_jsonl_atomic
 from kvstudy.report.tables import (
     ADMISSION,
     PUBLISHED_VERDICTS,
@@ -207,8 +208,8 @@ def make_capture(root: Path) -> sweep.SweepSpec:
             )
             for i in range(cell.users * 2)
         ]
-        write_requests_jsonl(root / "requests" / f"{cell.id}.jsonl", recs)
-        write_telemetry_jsonl(
+        write_jsonl_atomic(root / "requests" / f"{cell.id}.jsonl", recs)
+        write_jsonl_atomic(
             root / "telemetry" / f"{cell.id}.jsonl",
             [ClockSample(t0 - 1 + k * 0.5, 0.0, "cpu", 2000.0 + k, util_pct=50.0) for k in range(6)],
         )

@@ -192,7 +192,12 @@ def test_unparsable_files(make_arms: Any, capsys: pytest.CaptureFixture[str]) ->
     (cand / "c1.json").write_bytes(b"\xff\xfe\x00binary")
     _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "not UTF-8")
     (cand / "c1.json").write_text("[1, 2, 3]")
-    _bad(["speed", "compare", str(base), str(cand)], capsys, "c1.json", "a JSON list")
+    _bad(
+        ["speed", "compare", str(base), str(cand)],
+        capsys,
+        "c1.json",
+        "expected a JSON object at the top level, got list",
+    )
 
 
 def test_huge_file(make_arms: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,10 +233,10 @@ def test_unreadable_file(make_arms: Any, capsys: pytest.CaptureFixture[str]) -> 
 @pytest.mark.parametrize(
     "key,value,needle",
     [
-        ("latencies", [], "non-empty list"),
+        ("latencies", [], "ttfts has 24 entries, expected a list of 0"),
         ("ttfts", [0.1], "ttfts has 1 entries"),
-        ("itls", "x", "itls has no entries"),
-        ("errors", [1] * 32, "errors is not a list"),
+        ("itls", "x", "itls: expected a valid list"),
+        ("errors", [1] * 32, "errors[0]: expected a valid string"),
         ("duration", -1, "duration is -1"),
         ("num_prompts", "8", "num_prompts is '8'"),
         ("median_clock_mhz", "fast", "median_clock_mhz is 'fast'"),

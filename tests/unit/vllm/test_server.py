@@ -103,7 +103,7 @@ def test_an_api_key_exported_in_the_shell_does_not_stall_the_start(
 
     model = _fake_vllm(tmp_path, monkeypatch)
     monkeypatch.setenv("VLLM_API_KEY", "user-shell-key-123")
-    monkeypatch.setattr(server_module, "_KEY_NOTICE_GIVEN", False)
+    server_module._say_api_key_kept_out.cache_clear()
     # the fake asks for the key it inherits: a key passed on would refuse the study's clients (401)
     with VllmServer(ServerConfig(model=str(model)), tmp_path / "a.log", ready_timeout_s=60) as srv:
         assert srv.model_name == "fake" and "VLLM_API_KEY" not in srv.environment

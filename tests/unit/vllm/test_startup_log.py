@@ -75,7 +75,7 @@ def test_v014_tuple_candidates_and_api_server_version() -> None:
 )
 def test_old_backend_messages(line: str, backend: str) -> None:
     text = f"{ESC}[1;36m(EngineCore_DP0 pid=7){ESC}[0;0m INFO 01-01 00:00:00 [cuda.py:1] {line}\n"
-    assert parse_startup_log(text).attention_backend == backend
+    assert parse_startup_text(text).attention_backend == backend
 
 
 def test_kv_dtype_line_with_and_without_final_period_and_last_value_wins() -> None:
@@ -87,7 +87,7 @@ def test_kv_dtype_line_with_and_without_final_period_and_last_value_wins() -> No
         "the GPU memory footprint and boosts the performance. Meanwhile, it may cause accuracy drop without a "
         "proper scaling factor\n"
     )
-    assert parse_startup_log(text).kv_cache_dtype == "fp8"
+    assert parse_startup_text(text).kv_cache_dtype == "fp8"
 
 
 def test_one_line_cpu_pool_sets_device_cpu() -> None:
@@ -95,7 +95,7 @@ def test_one_line_cpu_pool_sets_device_cpu() -> None:
         "(EngineCore pid=8) INFO 11-29 07:11:20 [kv_cache_utils.py:2327] CPU KV cache size: 1,048,576 tokens, "
         "Maximum concurrency for 2,048 tokens per request: 512.00x\n"
     )
-    info = parse_startup_log(text)
+    info = parse_startup_text(text)
     assert (info.device, info.pool_tokens, info.max_concurrency, info.max_concurrency_len) == (
         "cpu",
         1_048_576,
@@ -106,7 +106,7 @@ def test_one_line_cpu_pool_sets_device_cpu() -> None:
 
 def test_invalid_flag_is_a_failure_with_its_cause() -> None:
     text = "usage: api_server.py [-h] [--host HOST]\napi_server.py: error: unrecognized arguments: --no-such-flag\n"
-    info = parse_startup_log(text)
+    info = parse_startup_text(text)
     assert info.failed is True
     assert "rejected its command line" in info.failure_cause and "--no-such-flag" in info.failure_cause
 
@@ -117,7 +117,7 @@ def test_unknown_exception_is_reported_verbatim() -> None:
         "ValueError: frobnication level 11 is not supported\n"
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
     )
-    info = parse_startup_log(text)
+    info = parse_startup_text(text)
     assert info.failed is True
     assert info.failure_cause == "ValueError: frobnication level 11 is not supported"
 
@@ -127,7 +127,7 @@ def test_a_clean_log_is_not_a_failure_even_with_warnings() -> None:
         "(APIServer pid=3) WARNING 01-01 00:00:00 [x.py:1] flashinfer is not installed\n"
         "INFO:     Application startup complete.\n"
     )
-    info = parse_startup_log(text)
+    info = parse_startup_text(text)
     assert info.failed is False and info.ready is True
 
 
