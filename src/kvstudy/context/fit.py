@@ -84,12 +84,9 @@ def _group(cells: Sequence[Cell]) -> dict[str, dict[int, np.ndarray]]:
 
 
 def fit_arm(cells: Sequence[Cell], n_boot: int = DEFAULT_BOOT, seed: int = 0) -> LineFit:
-    """Fit one arm's cells (all with the same ``arm``); raises StudyError when they cannot be fitted."""
-    if not cells:
-        raise StudyError("fit: no cells")
-    arms = {c.arm for c in cells}
-    if len(arms) != 1:
-        raise StudyError(f"fit: cells of several arms {sorted(arms)}; fit one arm at a time")
+    """Fit one arm's cells (``fit_all`` hands it one arm's, over two lengths at least); raises
+    StudyError when they cannot be fitted."""
+    arm = cells[0].arm
     runs = _group(cells)
     xs = np.asarray([L for r in runs.values() for L in r], dtype=float)
     ys = np.asarray([v.mean() for r in runs.values() for v in r.values()], dtype=float)
@@ -97,11 +94,9 @@ def fit_arm(cells: Sequence[Cell], n_boot: int = DEFAULT_BOOT, seed: int = 0) ->
     boot_a, boot_b = bootstrap_line(runs, n_boot, seed)
     ok = np.isfinite(boot_b)
     if ok.sum() < max(10, n_boot // 2):
-        raise StudyError(
-            f"fit {next(iter(arms))}: too few bootstrap draws span two lengths ({int(ok.sum())} of {n_boot})"
-        )
+        raise StudyError(f"fit {arm}: too few bootstrap draws span two lengths ({int(ok.sum())} of {n_boot})")
     return LineFit(
-        next(iter(arms)),
+        arm,
         len(runs),
         tuple(sorted(set(int(x) for x in xs))),
         int(xs.size),

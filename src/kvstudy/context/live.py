@@ -45,10 +45,7 @@ def spec_from_params(params: dict[str, Any], where: str = "notebook parameters")
     the one way a profile's 05 section becomes a ContextSweepSpec (the notebook's, ``kvstudy plan``'s)."""
     data = {name: params.get(name) for name in SPEC_PARAMETERS}
     if not data["arms"]:
-        data["arms"] = [
-            {"name": a.name, "kv_cache_dtype": a.kv_cache_dtype, "extra_args": list(a.extra_args)}
-            for a in default_arms(str(data["model"]))
-        ]
+        data["arms"] = default_arms(str(data["model"]))
     return ContextSweepSpec.from_dict(data, where=where)
 
 

@@ -19,7 +19,7 @@ from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
 from kvstudy.io import read_json
 from kvstudy.model.capacity import kv_footprint
-from kvstudy.model.layout import ModelLayout, load_layout
+from kvstudy.model.layout import load_layout
 from kvstudy.model.roofline import max_fp8_gain_pct, predicted_slope_ms_per_token
 
 PUBLISHED = "published (seed 003)"
@@ -54,30 +54,14 @@ class RooflineRow:
         return self.published / self.roofline if self.published is not None and self.roofline else None
 
 
-@dataclass(frozen=True)
-class Setting:
-    """Where the roofline evaluates a published figure: a model folder, a GPU, and what is assumed."""
-
-    model_dir: str
-    gpu: str | None
-    assumed: str  # what the text does not give and the prediction had to assume
-
-
-def _model_dir(models_root: Path, hub_id: str) -> str:
+def _setting(models_root: Path, hub_id: str, gpu: str | None, assumed_gpu: str) -> tuple[str, str, str]:
+    """(model folder, GPU, what is assumed) where the roofline evaluates a published figure."""
     folder = models_root / hub_id.split("/")[-1]
     if not (folder / "config.json").is_file():
         raise StudyError(f"{folder}/config.json: not found (the roofline needs the config of {hub_id})")
-    return str(folder)
-
-
-def _settings(models_root: Path, model: str, gpu: str | None, assumed_gpu: str) -> Setting:
     if gpu:
-        return Setting(_model_dir(models_root, model), gpu, "")
-    return Setting(_model_dir(models_root, model), assumed_gpu, f"GPU not given by the text; {assumed_gpu} assumed")
-
-
-def _gpu_name(gpu: str) -> str:
-    return {"H100": "H100-SXM"}.get(gpu, gpu)
+        return str(folder), {"H100": "H100-SXM"}.get(gpu, gpu), ""
+    return str(folder), assumed_gpu, f"GPU not given by the text; {assumed_gpu} assumed"
 
 
 def published_vs_roofline(
@@ -94,15 +78,15 @@ def published_vs_roofline(
     root = Path(models_root)
     rows: list[RooflineRow] = []
     for fig, der in zip(slope_figures(path), derive_all(path)):
-        where = _settings(root, fig.model, fig.gpu and _gpu_name(fig.gpu), assumed_gpu)
+        folder, gpu, assumed = _setting(root, fig.model, fig.gpu, assumed_gpu)
         skip = "sliding_window" if "skip-layers sliding_window" in fig.candidate else None
-        bw = find_gpu(where.gpu or assumed_gpu).bandwidth_gb_s
-        pb = predicted_slope_ms_per_token(where.model_dir, "bfloat16", bw, bandwidth_factor)
-        pc = predicted_slope_ms_per_token(where.model_dir, "fp8", bw, bandwidth_factor, skip_layers=skip)
-        peak = f"at {where.gpu} peak x {bandwidth_factor:g}"
+        bw = find_gpu(gpu).bandwidth_gb_s
+        pb = predicted_slope_ms_per_token(folder, "bfloat16", bw, bandwidth_factor)
+        pc = predicted_slope_ms_per_token(folder, "fp8", bw, bandwidth_factor, skip_layers=skip)
+        peak = f"at {gpu} peak x {bandwidth_factor:g}"
 
         def add(quantity: str, published: float | None, roofline: float, basis: str, origin: str = PUBLISHED) -> None:
-            rows.append(RooflineRow(fig.id, quantity, published, roofline, where.assumed, basis, origin))  # noqa: B023
+            rows.append(RooflineRow(fig.id, quantity, published, roofline, assumed, basis, origin))  # noqa: B023
 
         if fig.slope_baseline_ms_per_token is not None:
             add(BF16_SLOPE, fig.slope_baseline_ms_per_token, pb, peak)
@@ -119,8 +103,8 @@ def published_vs_roofline(
     data = load_published(path)
     for item in data["throughput_under_load"]:
         skip = "sliding_window" if "sliding_window" in item["candidate"] else None
-        where = _settings(root, item["model"], None, assumed_gpu)
-        gain = max_fp8_gain_pct(where.model_dir, item["input_tokens_approx"], item["concurrency"], skip_layers=skip)
+        folder = _setting(root, item["model"], None, assumed_gpu)[0]
+        gain = max_fp8_gain_pct(folder, item["input_tokens_approx"], item["concurrency"], skip_layers=skip)
         rows.append(
             RooflineRow(
                 f"{item['model'].split('/')[-1]} c={item['concurrency']} ~{item['input_tokens_approx']:,} in",
@@ -187,7 +171,7 @@ def measured_vs_predicted(
     for arm, dtype in arms.items():
         skip = (skip_layers or {}).get(arm)
         pred = predicted_slope_ms_per_token(layout, dtype, bandwidth_gb_s, 1.0, skip_layers=skip)
-        kv_longest = kv_bytes_at(layout, dtype, longest, skip) if longest else None
+        kv_longest = kv_footprint(layout, dtype, longest, skip).bytes_per_request if longest else None
         applies, why_not = roofline_applies(kv_longest, cache_bytes, cache_origin, longest)
         fit = fits.get(arm)
         rows.append(
@@ -211,11 +195,6 @@ def measured_vs_predicted(
 
 
 CACHE_MARGIN = 4  # KV this many times the last-level cache: reads come mostly from memory
-
-
-def kv_bytes_at(model: str | ModelLayout, dtype: str, tokens: int, skip_layers: str | None = None) -> float:
-    """Bytes of KV one request of ``tokens`` tokens holds (the growing layers; windows capped)."""
-    return float(kv_footprint(load_layout(model), dtype, tokens, skip_layers).bytes_per_request)
 
 
 def roofline_applies(
@@ -261,7 +240,7 @@ def docs_table_vs_roofline(path: str | Path, models_root: str | Path, users: int
     data = read_json(path)
     if data.get("source") != "published" or not data.get("rows"):
         raise StudyError(f"{path}: expected 'source': 'published' and 'rows'")
-    folder = _model_dir(Path(models_root), str(data["model"]))
+    folder = _setting(Path(models_root), str(data["model"]), None, "")[0]
     origin = f"published: vLLM docs (L4, {data['model']}); predicted: roofline from {folder}/config.json"
     rows = []
     for r in data["rows"]:

@@ -70,13 +70,6 @@ def test_unresolved_difference_claims_no_break_even() -> None:
     assert "not resolved" in cmp.statement
 
 
-def test_fit_rejects_mixed_arms_and_empty() -> None:
-    with pytest.raises(StudyError):
-        fit_arm(synthetic("a", 1, 0, 0.1) + synthetic("b", 1, 0, 0.1))
-    with pytest.raises(StudyError):
-        fit_arm([])
-
-
 def _record(status: str = "ok", gaps: list[float] | None = None, out: int = 8) -> CapturedCell:
     gaps = [2.0] * 7 if gaps is None else gaps
     req = {
