@@ -265,7 +265,7 @@ def set_items(manifest: dict[str, Any], states: dict[str, str]) -> None:
 def describe(manifest: dict[str, Any]) -> str:
     """One line for a report: where a capture came from, when, on what, with which versions."""
     machine = manifest.get("machine") or {}
-    gpu_names = [g.get("name", str(g)) if isinstance(g, dict) else str(g) for g in machine.get("gpus") or []]
+    gpu_names = [g["name"] for g in machine.get("gpus") or []]
     cores = machine.get("cpu_logical_cores")
     cpu = machine.get("cpu_model") or "unknown CPU"
     where = ", ".join(gpu_names) if gpu_names else f"{cpu}{f' ({cores} cores)' if cores else ''}"

@@ -397,30 +397,24 @@ def read_json_object(path: str | Path, limit: int = MAX_INPUT_BYTES, *, finite: 
     return data
 
 
-def _unique_key_loader() -> Any:
+class _UniqueKeyLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses a mapping giving one key twice (safe_load keeps the last and
     drops the first without a word), naming the key and its line."""
 
-    class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    repeated = key in seen
-                    seen.add(key)
-                except TypeError:  # an unhashable key: construct_mapping names it
-                    continue
-                if repeated:
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"key {str(key)[:60]!r} is given twice (expected each key once)",
-                        key_node.start_mark,
-                    )
-            return super().construct_mapping(node, deep)
-
-    return UniqueKeyLoader
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                repeated = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: construct_mapping names it
+                continue
+            if repeated:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {str(key)[:60]!r} is given twice (expected each key once)", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep)
 
 
 def read_yaml(path: str | Path, limit: int = MAX_INPUT_BYTES) -> Any:
@@ -429,7 +423,7 @@ def read_yaml(path: str | Path, limit: int = MAX_INPUT_BYTES) -> Any:
     text = read_text_checked(path, limit)
     check_nesting(text, str(path))
     try:
-        data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""

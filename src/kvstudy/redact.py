@@ -53,7 +53,6 @@ def redact_args(args: list[Any]) -> list[Any]:
             out.append(REDACTED)
             hide_next = False
             continue
-        hide_next = False
         if isinstance(arg, str) and arg.startswith("-") and "=" not in arg and is_secret_name(arg):
             hide_next = True
             out.append(arg)
@@ -232,11 +231,6 @@ _AFTER_LAST_SPACE = re.compile(rb"(?s).*[ \t\x0b\x0c]")  # greedy: match.end() i
 _AFTER_LAST_NON_TOKEN = re.compile(rb"(?s).*[^A-Za-z0-9_\-.]")
 
 
-def scrub_bytes(data: bytes, values: list[str] | None = None) -> bytes:
-    """``scrub`` of raw output: bytes that are not UTF-8 pass through unchanged (surrogateescape)."""
-    return scrub(data.decode("utf-8", "surrogateescape"), values).encode("utf-8", "surrogateescape")
-
-
 def _cut_point(data: bytes, limit: int) -> int:
     """Where to cut a line longer than ``limit`` bytes: before the last two words of its first
     ``limit`` bytes (so ``--api-key VALUE`` stays in one piece), else after its last byte outside a
@@ -267,8 +261,8 @@ def _ready_part(pending: bytes, limit: int) -> tuple[bytes, bytes]:
 
 def _write_scrubbed(target: IO[bytes], data: bytes, values: list[str]) -> bool:
     """Write ``data`` scrubbed and flush; False when ``target`` cannot be written any more."""
-    try:
-        clean = scrub_bytes(data, values)
+    try:  # bytes that are not UTF-8 pass through unchanged (surrogateescape)
+        clean = scrub(data.decode("utf-8", "surrogateescape"), values).encode("utf-8", "surrogateescape")
     except Exception:  # never let one odd line stop the copy: the child would block on a full pipe
         clean = f"{REDACTED} ({len(data)} bytes of output that could not be scrubbed left out)\n".encode()
     try:

@@ -177,13 +177,7 @@ def check_cell(cell: CapturedCell) -> CellCheck:
     (nothing failed, every output had the asked length, the tokens were not delivered in bursts)."""
     if not cell.ok:
         return CellCheck(cell.id, False, cell.reason or "failed", None)
-    asked = cell.data.get("output_len")
-    run = run_from_records(
-        cell.requests,
-        cell.id,
-        expected_output_len=asked if isinstance(asked, int) and not isinstance(asked, bool) else None,
-    )
-    m = assess_run(run)
+    m = assess_run(run_from_records(cell.requests, cell.id, expected_output_len=cell.data.get("output_len")))
     return CellCheck(cell.id, m.measurable, "; ".join(m.reasons), m.near_zero_gap_share)
 
 
