@@ -29,9 +29,11 @@ from typing import TYPE_CHECKING, Any
 from kvstudy.digests import file_digest, weights_digest
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
+from kvstudy.machine import hardware_info, package_versions, vllm_distribution
 from kvstudy.model.allocator import mamba_cache_mode_for, predict_logged_pool
+from kvstudy.model.scales import inspect_model
 from kvstudy.redact import redact
-from kvstudy.vllm.command import ServerConfig
+from kvstudy.vllm.command import ServerConfig, build_command, recorded_environment, server_environment
 from kvstudy.vllm.facts import device_defaults
 from kvstudy.vllm.startup_log import StartupInfo, parse_startup_log
 
@@ -179,24 +181,16 @@ def _model_section(model_folder: Path, log_path: Path) -> dict[str, Any]:
     config, weights = model_folder / "config.json", sorted(model_folder.glob("*.safetensors"))
     section["config_sha256"] = file_digest(config) if config.is_file() else None
     section["weights_sha256"] = weights_digest(weights)
-    try:
-        from kvstudy.model.scales import inspect_model
-
-        try:  # with the log, its verdicts say whether the engine used the folder's scales
-            report = inspect_model(model_folder, log=log_path)
-        except StudyError:
-            report = inspect_model(model_folder)
-        section.update(report.to_dict())
-    except ImportError as exc:
-        section["error"] = f"kvstudy.model.scales unavailable ({exc})"
+    try:  # with the log, its verdicts say whether the engine used the folder's scales
+        report = inspect_model(model_folder, log=log_path)
+    except StudyError:
+        report = inspect_model(model_folder)
+    section.update(report.to_dict())
     return section
 
 
 def build_record(config: ServerConfig, log_path: Path, port: int | None = None) -> dict[str, Any]:
     """The resolved-run record of one server start, from its config and its log (JSON-ready)."""
-    from kvstudy.machine import hardware_info, package_versions, vllm_distribution
-    from kvstudy.vllm.command import build_command, recorded_environment, server_environment
-
     log_path = Path(log_path)
     if not log_path.is_file():
         raise StudyError(f"{log_path}: startup log not found (expected the log of a started server)")
