@@ -60,10 +60,6 @@ def _roofline(args: argparse.Namespace) -> int:
         from kvstudy.context.bandwidth import measure_bandwidth
 
         bandwidth, origin = measure_bandwidth().best_gb_s, "measured"
-    if args.gpu is None and bandwidth is None:
-        raise StudyError(
-            "--gpu: none given (expected a GPU name from the catalog, or --bandwidth-gb-s / --measure-bandwidth)"
-        )
     weights = None
     if args.weights_gib is not None:
         if not args.weights_gib > 0:
