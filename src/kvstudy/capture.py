@@ -126,10 +126,8 @@ def model_config(capture: str | Path, model: str | Path) -> Path:
 
 def check_inputs(capture: str | Path, manifest: dict[str, Any], inputs: dict[str, Any]) -> None:
     """Refuse (one line naming what differs) to reuse a capture made from other inputs. The digest
-    decides when both sides have one; otherwise the model path does. Older manifests without
-    ``inputs`` are accepted."""
-    found = manifest.get("inputs")
-    old: dict[str, Any] = found if isinstance(found, dict) else {}
+    decides when both sides have one; otherwise the model path does."""
+    old: dict[str, Any] = manifest.get("inputs") or {}
     differ: list[str] = []
     if old.get("model_digest") and inputs.get("model_digest"):
         if old["model_digest"] != inputs["model_digest"]:
@@ -160,30 +158,30 @@ def create_or_resume(
     still resumes; ``canonical`` parses a stored grid back) and be of this format."""
     capture = check_new_capture(capture)
     path = capture / MANIFEST
-    if not path.is_file():
+    created = not path.is_file()
+    if created:
         manifest = new_manifest(kind, grid, how, inputs)
         write_manifest(capture, manifest)
-        keep_model_config(capture, inputs.get("model") or "")
-        return manifest, True
-    manifest = read_manifest(capture)
-    if manifest.get("kind") != kind:
-        raise StudyError(f"{path}: not a {label} manifest (kind {manifest.get('kind')!r})")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise StudyError(
-            f"{path}: format_version {manifest.get('format_version')!r} is an older capture format; "
-            f"expected {FORMAT_VERSION} (re-run into a new capture folder)"
-        )
-    old = redact(json.loads(json.dumps(canonical(manifest.get("spec") or {}, f"{path}: spec"))))
-    new = redact(json.loads(json.dumps(grid)))
-    if old != new:
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        raise StudyError(
-            f"{path}: this capture holds a different sweep (fields {diff} differ); "
-            "use a new capture folder or the same parameters"
-        )
-    check_inputs(capture, manifest, inputs)
+    else:
+        manifest = read_manifest(capture)
+        if manifest.get("kind") != kind:
+            raise StudyError(f"{path}: not a {label} manifest (kind {manifest.get('kind')!r})")
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise StudyError(
+                f"{path}: format_version {manifest.get('format_version')!r} is an older capture format; "
+                f"expected {FORMAT_VERSION} (re-run into a new capture folder)"
+            )
+        old = redact(json.loads(json.dumps(canonical(manifest.get("spec") or {}, f"{path}: spec"))))
+        new = redact(json.loads(json.dumps(grid)))
+        if old != new:
+            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+            raise StudyError(
+                f"{path}: this capture holds a different sweep (fields {diff} differ); "
+                "use a new capture folder or the same parameters"
+            )
+        check_inputs(capture, manifest, inputs)
     keep_model_config(capture, inputs.get("model") or "")
-    return manifest, False
+    return manifest, created
 
 
 def check_new_capture(capture: str | Path, own_item: Callable[[Path], bool] | None = None) -> Path:
