@@ -467,13 +467,11 @@ def get_field(data: Any, field_path: str, kind: type | tuple[type, ...], where: 
                 return default
             raise StudyError(f"{where}: {field_path}: missing (required)")
         value = value[part]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if float in kinds and int not in kinds:
-        kinds = (*kinds, int)
-    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-    if not ok:
+    asked = kind if isinstance(kind, tuple) else (kind,)
+    kinds = (*asked, int) if float in asked else asked
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         names = {**_TYPE_NAMES, bool: "true/false"}
-        expected = " or ".join(names.get(k, k.__name__) for k in (kind if isinstance(kind, tuple) else (kind,)))
+        expected = " or ".join(names.get(k, k.__name__) for k in asked)
         raise StudyError(f"{where}: {field_path}: expected {expected}, got {type_name(value)} {_short(value)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise StudyError(f"{where}: {field_path}: expected a finite number, got {value!r}")
@@ -494,7 +492,7 @@ def bounded_int(value: Any, where: str, low: int | None = None, high: int | None
     [low, high]; anything else, or more than ``MAX_NUMBER_DIGITS`` digits, is a StudyError."""
     if isinstance(value, bool):
         raise StudyError(f"{where}: expected an integer, got a boolean")
-    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+    if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, str):
         text = value.strip().replace(",", "").replace("_", "")
