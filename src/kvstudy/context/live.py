@@ -67,8 +67,6 @@ class ContextAnalysis:
 def analyse_capture(capture: str | Path, n_boot: int = DEFAULT_BOOT, seed: int = 0) -> ContextAnalysis:
     """Read, check and fit a capture made by ``kvstudy.context.sweep`` (complete or not)."""
     capture = Path(capture)
-    if not (capture / "manifest.json").is_file():
-        raise StudyError(f"{capture}/manifest.json: not found (expected a context-sweep capture folder)")
     grid = read_capture(capture, KIND, ("arm", "seed", "input_len"))
     spec = load_context_spec(capture, grid.manifest)
     records = tuple(grid.cells[c] for c in spec.cells() if c in grid.cells)

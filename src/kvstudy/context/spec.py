@@ -95,10 +95,7 @@ class ContextSweepSpec(Spec):
         return min(need, limit) if limit else need
 
     def arm(self, name: str) -> Arm:
-        for a in self.arms:
-            if a.name == name:
-                return a
-        raise StudyError(f"arm {name!r}: not in this sweep ({[a.name for a in self.arms]})")
+        return next(a for a in self.arms if a.name == name)  # names come from this spec's own runs
 
     def runs(self) -> list[tuple[str, int]]:
         """Server starts in order: seeds outer, arms inner (interleaved in time)."""

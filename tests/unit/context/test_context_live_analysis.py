@@ -124,8 +124,9 @@ def test_an_ok_cell_without_its_rows_is_one_line(tmp_path: Path, qwen3_config_mo
 
 
 def test_missing_capture_is_one_line(tmp_path: Path) -> None:
-    with pytest.raises(StudyError, match="manifest.json: not found"):
+    with pytest.raises(StudyError, match="manifest.json: missing") as err:
         analyse_capture(tmp_path)
+    assert "\n" not in str(err.value)
 
 
 def test_published_vs_roofline_rows() -> None:
