@@ -36,7 +36,7 @@ def redact_text(text: str) -> str:
         if REDACTED[1:] in match.group(0):  # already redacted by value
             return match.group(0)
         flag_or_assign = name.startswith("-") or not match.group("head")[len(name) :].isspace()
-        if flag_or_assign and is_secret_name(name) and REDACTED not in match.group(0):
+        if flag_or_assign and is_secret_name(name):
             return match.group("head") + match.group("q") + REDACTED
         return match.group(0)
 

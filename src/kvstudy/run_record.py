@@ -131,16 +131,15 @@ def _capacity(
     memory_source: str,
 ) -> dict[str, Any]:
     """Predicted vs logged pool; ``match`` is None when either side is missing."""
-    logged = {
-        "tokens": info.pool_tokens,
-        "max_concurrency": info.max_concurrency,
-        "max_model_len": info.max_concurrency_len,
-    }
     out: dict[str, Any] = {
         "kv_memory_bytes": memory,
         "kv_memory_source": memory_source,
         "block_size": block_size,
-        "logged": logged,
+        "logged": {
+            "tokens": info.pool_tokens,
+            "max_concurrency": info.max_concurrency,
+            "max_model_len": info.max_concurrency_len,
+        },
         "predicted": None,
         "match": None,
         "error": None,

@@ -77,7 +77,7 @@ class ArmComparison:
 def _group(cells: Sequence[Cell]) -> dict[str, dict[int, np.ndarray]]:
     runs: dict[str, dict[int, np.ndarray]] = {}
     for c in cells:
-        values = np.asarray([v for v in c.tpots_ms if v is not None and math.isfinite(v)], dtype=float)
+        values = np.asarray([v for v in c.tpots_ms if math.isfinite(v)], dtype=float)
         if values.size:
             runs.setdefault(c.run, {})[c.length] = values
     return runs
@@ -189,7 +189,7 @@ def cells_from_records(records: Iterable[CapturedCell]) -> tuple[list[Cell], lis
         chk = check_cell(rec)
         checks.append(chk)
         if chk.measurable:
-            tpots = tuple(float(r.tpot_ms) for r in rec.requests if r.tpot_ms is not None)
+            tpots = tuple(r.tpot_ms for r in rec.requests if r.tpot_ms is not None)
             arm, seed = rec.data["arm"], rec.data["seed"]
             cells.append(Cell(str(arm), f"{arm}__s{seed}", int(rec.data["input_len"]), tpots))
     return cells, checks
