@@ -35,7 +35,7 @@ class GpuSpec(BaseModel):
     memory_marketing_gb: float  # what the vendor markets (decimal GB)
     memory_mib_driver: int = Field(gt=0)  # nvidia-smi memory.total / rocm-smi VRAM total, in MiB
     memory_confirmed: bool  # the driver figure was seen in a public listing
-    cuda_total_bytes: int | None = Field(None, gt=0)  # CUDA's own total where a listing was found (can be below the driver's)
+    cuda_total_bytes: int | None = Field(None, gt=0)  # CUDA's own total where listed (can be below the driver's)
     bandwidth_gb_s: float = Field(gt=0)  # peak DRAM bandwidth from the vendor datasheet
     bandwidth_confirmed: bool
     fp8_hardware: bool  # FP8 tensor/matrix cores
