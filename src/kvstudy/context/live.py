@@ -69,7 +69,7 @@ def analyse_capture(capture: str | Path, n_boot: int = DEFAULT_BOOT, seed: int =
     capture = Path(capture)
     grid = read_capture(capture, KIND, ("arm", "seed", "input_len"))
     spec = load_context_spec(capture, grid.manifest)
-    records = tuple(grid.cells[c] for c in spec.cells() if c in grid.cells)
+    records = tuple(grid.cells[c.id] for c in spec.cells() if c.id in grid.cells)
     cells, checks = cells_from_records(records)
     fits = fit_all(cells, n_boot, seed)
     not_measured = {}

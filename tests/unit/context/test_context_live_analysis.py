@@ -12,7 +12,7 @@ from kvstudy.bench.grid import write_requests
 from kvstudy.bench.result import RequestRecord
 from kvstudy.context.live import analyse_capture, plot_fits, points_frame, slope_table
 from kvstudy.context.predict import published_vs_roofline
-from kvstudy.context.sweep import KIND, ContextSweepSpec, cell_id
+from kvstudy.context.sweep import KIND, ContextSweepSpec
 from kvstudy.errors import StudyError
 from kvstudy.report.tables import ARM_COMPARISONS, ROOFLINE_VS_PUBLISHED, SLOPES, render
 
@@ -40,7 +40,7 @@ def _capture(tmp: Path, model: Path, fp8_fails: bool, inline_requests: bool = Fa
         json.dumps({"best_gb_s": 10.0, "copy_gb_s": 9.0, "triad_gb_s": 10.0, "threads_note": "one thread"})
     )
     rng = np.random.default_rng(0)
-    for arm, seed in spec.runs():
+    for arm, seed in ((r.arm, r.seed) for r in spec.runs()):
         failed = arm == "fp8" and fp8_fails
         (tmp / "runs" / f"{arm}__s{seed}.json").write_text(
             json.dumps(
@@ -51,7 +51,7 @@ def _capture(tmp: Path, model: Path, fp8_fails: bool, inline_requests: bool = Fa
             )
         )
         for L in spec.lengths:
-            rec = {"cell_id": cell_id(arm, seed, L), "arm": arm, "seed": seed, "input_len": L, "output_len": 8}
+            rec = {"cell_id": f"{arm}__s{seed}__L{L}", "arm": arm, "seed": seed, "input_len": L, "output_len": 8}
             if failed:
                 rec.update(status="failed", start_failed=True, reason="server did not start")
             else:

