@@ -151,7 +151,6 @@ def create_or_resume(
     how: str,
     inputs: dict[str, Any],
     canonical: Callable[[dict[str, Any], str], dict[str, Any]],
-    label: str,
 ) -> tuple[dict[str, Any], bool]:
     """A capture's manifest, and whether it was just created; an existing one must hold the same grid
     and inputs (grids compared redacted, as ``write_manifest`` stores them, so a grid holding a secret
@@ -163,9 +162,7 @@ def create_or_resume(
         manifest = new_manifest(kind, grid, how, inputs)
         write_manifest(capture, manifest)
     else:
-        manifest = read_manifest(capture)
-        if manifest.get("kind") != kind:
-            raise StudyError(f"{path}: not a {label} manifest (kind {manifest.get('kind')!r})")
+        manifest = read_manifest(capture, kind)
         if manifest.get("format_version") != FORMAT_VERSION:
             raise StudyError(
                 f"{path}: format_version {manifest.get('format_version')!r} is an older capture format; "

@@ -144,7 +144,7 @@ def test_resuming_an_older_capture_format_is_refused_in_one_line(
     old = {"kind": "kvstudy context sweep", "spec": {"lengths": [64]}, "cells": {"a": "ok"}}
     (tmp_path / capture.MANIFEST).write_text(json.dumps(old))
     with pytest.raises(StudyError, match=r"manifest.json: format_version None is an older capture format; expected 2"):
-        capture.create_or_resume(tmp_path, old["kind"], old["spec"], "test", {}, lambda g, w: g, "context-sweep")
+        capture.create_or_resume(tmp_path, old["kind"], old["spec"], "test", {}, lambda g, w: g)
     assert json.loads((tmp_path / capture.MANIFEST).read_text()) == old
 
 

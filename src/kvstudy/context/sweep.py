@@ -69,7 +69,6 @@ def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
         how or "kvstudy.context.sweep",
         capture_format.model_inputs(spec.model),
         lambda stored, where: ContextSweepSpec.from_dict(stored, where=where).to_dict(),
-        "context-sweep",
     )
     return manifest
 

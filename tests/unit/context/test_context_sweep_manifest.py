@@ -80,7 +80,7 @@ def test_capture_of_another_model_is_refused(tmp_path: Path, own_qwen3_config_mo
 
 def test_another_kind_of_capture_is_refused(tmp_path: Path, own_qwen3_config_model: Path) -> None:
     capture.write_manifest(tmp_path, capture.new_manifest("kvstudy speed sweep", {}, "test"))
-    with pytest.raises(StudyError, match="not a context-sweep manifest"):
+    with pytest.raises(StudyError, match="field 'kind' is 'kvstudy speed sweep', expected 'kvstudy context sweep'"):
         prepare(_spec(own_qwen3_config_model), tmp_path, "test")
     with pytest.raises(StudyError, match="field 'kind'"):
         sweep.load_context_spec(tmp_path)
