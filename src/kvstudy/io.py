@@ -58,19 +58,12 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         raise
 
 
-def write_csv(frame: Any, directory: str | Path, name: str) -> Path:
-    """Write a table (a pandas DataFrame) as ``<directory>/<name>.csv`` atomically; the path.
-
-    The one writer of every CSV the study leaves beside its figures (``notebook.csv_tables`` calls it
-    for each table a report shows; ``kvstudy capacity --csv`` for its table)."""
-    return write_csv_at(frame, Path(directory) / f"{name}.csv")
-
-
-def write_csv_at(frame: Any, path: str | Path) -> Path:
-    """:func:`write_csv` at exactly ``path`` (``kvstudy capacity --csv PATH`` writes PATH, no suffix
-    added or changed), every secret shape in it redacted (``secret_shapes.redact_shapes``: a token
-    inside a folder name, a URL password); the path."""
-    path = Path(path)
+def write_csv(frame: Any, directory: str | Path, name: str | None = None) -> Path:
+    """Write a table (a pandas DataFrame) as ``<directory>/<name>.csv``, or at exactly ``directory``
+    when no ``name`` (``kvstudy capacity --csv PATH``), atomically, every secret shape in it redacted
+    (``secret_shapes.redact_shapes``: a token inside a folder name, a URL password); the path. The one
+    writer of every CSV the study leaves beside its figures."""
+    path = Path(directory) / f"{name}.csv" if name else Path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     named_index = any(n is not None for n in getattr(getattr(frame, "index", None), "names", []) or [])
     write_text_atomic(path, redact_shapes(frame.to_csv(index=named_index)))  # an index with a name is data
@@ -389,9 +382,9 @@ def read_json(path: str | Path, limit: int = MAX_INPUT_BYTES, *, finite: bool = 
     return parse_json_text(read_text_checked(path, limit), str(path), finite=finite)
 
 
-def read_json_object(path: str | Path, limit: int = MAX_INPUT_BYTES, *, finite: bool = False) -> dict[str, Any]:
+def read_json_object(path: str | Path, *, finite: bool = False) -> dict[str, Any]:
     """``read_json`` that also insists on a JSON object at the top level."""
-    data = read_json(path, limit, finite=finite)
+    data = read_json(path, finite=finite)
     if not isinstance(data, dict):
         raise StudyError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
     return data
@@ -417,10 +410,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def read_yaml(path: str | Path, limit: int = MAX_INPUT_BYTES) -> Any:
+def read_yaml(path: str | Path) -> Any:
     """Parse a regular YAML file with ``yaml.safe_load``'s rules within the size, nesting and
     size-of-tree limits, refusing a key given twice in one mapping; failures are one-line StudyErrors."""
-    text = read_text_checked(path, limit)
+    text = read_text_checked(path)
     check_nesting(text, str(path))
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
