@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvstudy.context.published import derive_all, load_published, slope_figures
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
 from kvstudy.io import read_json
-from kvstudy.model.capacity import kv_footprint
-from kvstudy.model.layout import load_layout
 from kvstudy.model.roofline import max_fp8_gain_pct, predicted_slope_ms_per_token
 
 PUBLISHED = "published (seed 003)"
@@ -131,7 +128,7 @@ class SlopeRow:
     predicted_ms: float
     bandwidth_gb_s: float
     bandwidth_origin: str
-    kv_longest_mib: float | None
+    kv_longest_mib: float
     roofline_applies: bool
     no_claim: str  # why the roofline cannot describe the measured slope ("" when it can)
     not_measured: str = ""
@@ -151,58 +148,11 @@ class SlopeRow:
         return text + (f"; no claim against the roofline: {self.no_claim}" if not self.roofline_applies else "")
 
 
-def measured_vs_predicted(
-    fits: dict[str, Any],
-    arms: dict[str, str],
-    model: str,
-    bandwidth_gb_s: float,
-    bandwidth_origin: str,
-    not_measured: dict[str, str] | None = None,
-    skip_layers: dict[str, str | None] | None = None,
-    longest: int | None = None,
-    cache_bytes: int | None = None,
-    cache_origin: str = "",
-) -> list[SlopeRow]:
-    """Per arm (name -> KV dtype): the fitted slope beside the roofline's from ``bandwidth_gb_s`` (factor 1:
-    a measured bandwidth is already achievable). A DRAM roofline describes KV reads only when they come
-    from memory, so where the KV at ``longest`` is not well beyond the last-level cache it makes no claim."""
-    layout = load_layout(model)  # read once: every arm's prediction and KV size come from it
-    rows = []
-    for arm, dtype in arms.items():
-        skip = (skip_layers or {}).get(arm)
-        pred = predicted_slope_ms_per_token(layout, dtype, bandwidth_gb_s, 1.0, skip_layers=skip)
-        kv_longest = kv_footprint(layout, dtype, longest, skip).bytes_per_request if longest else None
-        applies, why_not = roofline_applies(kv_longest, cache_bytes, cache_origin, longest)
-        fit = fits.get(arm)
-        rows.append(
-            SlopeRow(
-                arm,
-                dtype,
-                None if fit is None else fit.slope_ms_per_token,
-                None if fit is None else fit.slope_ci,
-                fit is not None and fit.resolved,
-                fit is not None and fit.runs < 2,
-                pred,
-                bandwidth_gb_s,
-                bandwidth_origin,
-                None if kv_longest is None else kv_longest / 2**20,
-                applies,
-                why_not,
-                (not_measured or {}).get(arm, "no measurable cells") if fit is None else "",
-            )
-        )
-    return rows
-
-
 CACHE_MARGIN = 4  # KV this many times the last-level cache: reads come mostly from memory
 
 
-def roofline_applies(
-    kv_bytes: float | None, cache_bytes: int | None, cache_origin: str, tokens: int | None
-) -> tuple[bool, str]:
+def roofline_applies(kv_bytes: float, cache_bytes: int | None, cache_origin: str, tokens: int) -> tuple[bool, str]:
     """Whether a DRAM-bandwidth roofline can describe KV reads of ``kv_bytes``, and why not."""
-    if kv_bytes is None:
-        return False, "the longest length is not known"
     if cache_bytes is None:
         return False, (
             f"the KV at {tokens:,} tokens is {kv_bytes / 2**20:.1f} MiB and the capture does not say how large "
