@@ -172,10 +172,9 @@ def scrub_report(text: str, values: list[str] | None = None) -> str:
     return text
 
 
-def scrub_tree(value: Any, values: list[str] | None = None, skip_keys: frozenset[str] = frozenset()) -> Any:
+def scrub_tree(value: Any, values: list[str], skip_keys: frozenset[str] = frozenset()) -> Any:
     """A copy of parsed JSON ``value`` with every string ``scrub_report``-ed (each string on its own,
     so no JSON escape is cut); the values of ``skip_keys`` (image data) are kept as they are."""
-    values = secret_values() if values is None else values
     if isinstance(value, str):
         return scrub_report(value, values)
     if isinstance(value, dict):
@@ -191,10 +190,10 @@ def write_scrubbed(path: str | Path, text: str, values: list[str] | None = None)
     write_text_atomic(path, scrub_report(text, [*(values or []), *secret_values()]))
 
 
-def write_json_scrubbed(path: str | Path, data: Any, values: list[str] | None = None, indent: int = 1) -> None:
+def write_json_scrubbed(path: str | Path, data: Any, values: list[str] | None = None) -> None:
     """The one writer of report JSON (``status.json``): every string scrubbed on its own
     (``scrub_tree``, so no JSON escape is cut), then written atomically."""
-    write_json_atomic(path, scrub_tree(data, [*(values or []), *secret_values()]), indent=indent)
+    write_json_atomic(path, scrub_tree(data, [*(values or []), *secret_values()]), indent=1)
 
 
 def safe_environment(env: Mapping[str, str]) -> dict[str, str]:
