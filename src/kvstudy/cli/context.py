@@ -145,7 +145,7 @@ def _context_sweep(args: argparse.Namespace) -> int:
     )
     left = cells_to_run(spec, Path(args.capture), args.retry_failed)
     print(
-        f"{sum(o.status == 'ok' for o in outcomes)} cells ok, {sum(o.status != 'ok' for o in outcomes)} failed "
+        f"{sum(o['status'] == 'ok' for o in outcomes)} cells ok, {sum(o['status'] != 'ok' for o in outcomes)} failed "
         f"now; {len(left)} still to run; capture in {args.capture}"
     )
     return 0

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -74,19 +74,6 @@ def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- running
-
-
-@dataclass(frozen=True)
-class CellOutcome:
-    cell_id: str
-    status: str
-    reason: str = ""
-
-
-def context_runs(spec: ContextSweepSpec) -> list[ServeRun[Cell]]:
-    """The server starts of ``spec.runs()``, each with its cells in ``spec.cells()`` order."""
-    cells = spec.cells()
-    return [ServeRun(r.id, r.arm, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()]
 
 
 def _cell_record(spec: ContextSweepSpec, cell: Cell, status: str, **extra: Any) -> dict[str, Any]:
@@ -140,8 +127,9 @@ def _run_cell(spec: ContextSweepSpec, capture: Path, cell: Cell, server: Any) ->
 
 def context_plan(spec: ContextSweepSpec, capture: Path) -> GridPlan[Cell, dict[str, Any]]:
     """The context sweep as a grid: arms x seeds in ``spec.runs()`` order, the input lengths per start."""
+    cells = spec.cells()
     return GridPlan(
-        runs=context_runs(spec),
+        runs=[ServeRun(r.id, r.arm, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()],
         server_config=lambda run: spec.server_config(run.arm, run.seed),
         ready_timeout_s=spec.ready_timeout_s,
         run_cell=lambda cell, server: _run_cell(spec, capture, cell, server),
@@ -160,8 +148,9 @@ def run_context_sweep(
     max_servers: int | None = None,
     retry_failed: bool = False,
     progress: Progress = print,
-) -> list[CellOutcome]:
-    """Run the cells ``capture`` lacks, at most ``max_servers`` server starts; return what ran now.
+) -> list[dict[str, Any]]:
+    """Run the cells ``capture`` lacks, at most ``max_servers`` server starts; return the records
+    (``cells/<cell>.json``) of what ran now.
 
     The context grid on the one engine (``kvstudy.bench.grid.run_grid``); before the first start the
     machine's memory bandwidth is measured once into ``bandwidth.json``.
@@ -174,7 +163,7 @@ def run_context_sweep(
         if not (capture / BANDWIDTH).is_file():
             record_bandwidth(capture)
 
-    records = run_grid(
+    return run_grid(
         context_plan(spec, capture),
         capture,
         manifest,
@@ -183,7 +172,6 @@ def run_context_sweep(
         max_servers=max_servers,
         before_first_start=before_first_start,
     )
-    return [CellOutcome(str(r["cell_id"]), str(r["status"]), str(r.get("reason", ""))) for r in records]
 
 
 def record_bandwidth(capture: Path) -> dict[str, Any]:
