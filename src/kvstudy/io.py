@@ -58,19 +58,12 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         raise
 
 
-def write_csv(frame: Any, directory: str | Path, name: str) -> Path:
-    """Write a table (a pandas DataFrame) as ``<directory>/<name>.csv`` atomically; the path.
-
-    The one writer of every CSV the study leaves beside its figures (``notebook.csv_tables`` calls it
-    for each table a report shows; ``kvstudy capacity --csv`` for its table)."""
-    return write_csv_at(frame, Path(directory) / f"{name}.csv")
-
-
-def write_csv_at(frame: Any, path: str | Path) -> Path:
-    """:func:`write_csv` at exactly ``path`` (``kvstudy capacity --csv PATH`` writes PATH, no suffix
-    added or changed), every secret shape in it redacted (``secret_shapes.redact_shapes``: a token
-    inside a folder name, a URL password); the path."""
-    path = Path(path)
+def write_csv(frame: Any, directory: str | Path, name: str | None = None) -> Path:
+    """Write a table (a pandas DataFrame) as ``<directory>/<name>.csv``, or at exactly ``directory``
+    when no ``name`` (``kvstudy capacity --csv PATH``), atomically, every secret shape in it redacted
+    (``secret_shapes.redact_shapes``: a token inside a folder name, a URL password); the path. The one
+    writer of every CSV the study leaves beside its figures."""
+    path = Path(directory) / f"{name}.csv" if name else Path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     named_index = any(n is not None for n in getattr(getattr(frame, "index", None), "names", []) or [])
     write_text_atomic(path, redact_shapes(frame.to_csv(index=named_index)))  # an index with a name is data
@@ -389,47 +382,41 @@ def read_json(path: str | Path, limit: int = MAX_INPUT_BYTES, *, finite: bool = 
     return parse_json_text(read_text_checked(path, limit), str(path), finite=finite)
 
 
-def read_json_object(path: str | Path, limit: int = MAX_INPUT_BYTES, *, finite: bool = False) -> dict[str, Any]:
+def read_json_object(path: str | Path, *, finite: bool = False) -> dict[str, Any]:
     """``read_json`` that also insists on a JSON object at the top level."""
-    data = read_json(path, limit, finite=finite)
+    data = read_json(path, finite=finite)
     if not isinstance(data, dict):
         raise StudyError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
     return data
 
 
-def _unique_key_loader() -> Any:
+class _UniqueKeyLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses a mapping giving one key twice (safe_load keeps the last and
     drops the first without a word), naming the key and its line."""
 
-    class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    repeated = key in seen
-                    seen.add(key)
-                except TypeError:  # an unhashable key: construct_mapping names it
-                    continue
-                if repeated:
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"key {str(key)[:60]!r} is given twice (expected each key once)",
-                        key_node.start_mark,
-                    )
-            return super().construct_mapping(node, deep)
-
-    return UniqueKeyLoader
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                repeated = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: construct_mapping names it
+                continue
+            if repeated:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {str(key)[:60]!r} is given twice (expected each key once)", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep)
 
 
-def read_yaml(path: str | Path, limit: int = MAX_INPUT_BYTES) -> Any:
+def read_yaml(path: str | Path) -> Any:
     """Parse a regular YAML file with ``yaml.safe_load``'s rules within the size, nesting and
     size-of-tree limits, refusing a key given twice in one mapping; failures are one-line StudyErrors."""
-    text = read_text_checked(path, limit)
+    text = read_text_checked(path)
     check_nesting(text, str(path))
     try:
-        data = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
@@ -473,13 +460,11 @@ def get_field(data: Any, field_path: str, kind: type | tuple[type, ...], where: 
                 return default
             raise StudyError(f"{where}: {field_path}: missing (required)")
         value = value[part]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if float in kinds and int not in kinds:
-        kinds = (*kinds, int)
-    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-    if not ok:
+    asked = kind if isinstance(kind, tuple) else (kind,)
+    kinds = (*asked, int) if float in asked else asked
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         names = {**_TYPE_NAMES, bool: "true/false"}
-        expected = " or ".join(names.get(k, k.__name__) for k in (kind if isinstance(kind, tuple) else (kind,)))
+        expected = " or ".join(names.get(k, k.__name__) for k in asked)
         raise StudyError(f"{where}: {field_path}: expected {expected}, got {type_name(value)} {_short(value)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise StudyError(f"{where}: {field_path}: expected a finite number, got {value!r}")
@@ -500,7 +485,7 @@ def bounded_int(value: Any, where: str, low: int | None = None, high: int | None
     [low, high]; anything else, or more than ``MAX_NUMBER_DIGITS`` digits, is a StudyError."""
     if isinstance(value, bool):
         raise StudyError(f"{where}: expected an integer, got a boolean")
-    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+    if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, str):
         text = value.strip().replace(",", "").replace("_", "")

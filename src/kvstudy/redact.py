@@ -36,7 +36,7 @@ def redact_text(text: str) -> str:
         if REDACTED[1:] in match.group(0):  # already redacted by value
             return match.group(0)
         flag_or_assign = name.startswith("-") or not match.group("head")[len(name) :].isspace()
-        if flag_or_assign and is_secret_name(name) and REDACTED not in match.group(0):
+        if flag_or_assign and is_secret_name(name):
             return match.group("head") + match.group("q") + REDACTED
         return match.group(0)
 
@@ -53,7 +53,6 @@ def redact_args(args: list[Any]) -> list[Any]:
             out.append(REDACTED)
             hide_next = False
             continue
-        hide_next = False
         if isinstance(arg, str) and arg.startswith("-") and "=" not in arg and is_secret_name(arg):
             hide_next = True
             out.append(arg)
@@ -173,10 +172,9 @@ def scrub_report(text: str, values: list[str] | None = None) -> str:
     return text
 
 
-def scrub_tree(value: Any, values: list[str] | None = None, skip_keys: frozenset[str] = frozenset()) -> Any:
+def scrub_tree(value: Any, values: list[str], skip_keys: frozenset[str] = frozenset()) -> Any:
     """A copy of parsed JSON ``value`` with every string ``scrub_report``-ed (each string on its own,
     so no JSON escape is cut); the values of ``skip_keys`` (image data) are kept as they are."""
-    values = secret_values() if values is None else values
     if isinstance(value, str):
         return scrub_report(value, values)
     if isinstance(value, dict):
@@ -192,10 +190,10 @@ def write_scrubbed(path: str | Path, text: str, values: list[str] | None = None)
     write_text_atomic(path, scrub_report(text, [*(values or []), *secret_values()]))
 
 
-def write_json_scrubbed(path: str | Path, data: Any, values: list[str] | None = None, indent: int = 1) -> None:
+def write_json_scrubbed(path: str | Path, data: Any, values: list[str] | None = None) -> None:
     """The one writer of report JSON (``status.json``): every string scrubbed on its own
     (``scrub_tree``, so no JSON escape is cut), then written atomically."""
-    write_json_atomic(path, scrub_tree(data, [*(values or []), *secret_values()]), indent=indent)
+    write_json_atomic(path, scrub_tree(data, [*(values or []), *secret_values()]), indent=1)
 
 
 def safe_environment(env: Mapping[str, str]) -> dict[str, str]:
@@ -232,11 +230,6 @@ _AFTER_LAST_SPACE = re.compile(rb"(?s).*[ \t\x0b\x0c]")  # greedy: match.end() i
 _AFTER_LAST_NON_TOKEN = re.compile(rb"(?s).*[^A-Za-z0-9_\-.]")
 
 
-def scrub_bytes(data: bytes, values: list[str] | None = None) -> bytes:
-    """``scrub`` of raw output: bytes that are not UTF-8 pass through unchanged (surrogateescape)."""
-    return scrub(data.decode("utf-8", "surrogateescape"), values).encode("utf-8", "surrogateescape")
-
-
 def _cut_point(data: bytes, limit: int) -> int:
     """Where to cut a line longer than ``limit`` bytes: before the last two words of its first
     ``limit`` bytes (so ``--api-key VALUE`` stays in one piece), else after its last byte outside a
@@ -267,8 +260,8 @@ def _ready_part(pending: bytes, limit: int) -> tuple[bytes, bytes]:
 
 def _write_scrubbed(target: IO[bytes], data: bytes, values: list[str]) -> bool:
     """Write ``data`` scrubbed and flush; False when ``target`` cannot be written any more."""
-    try:
-        clean = scrub_bytes(data, values)
+    try:  # bytes that are not UTF-8 pass through unchanged (surrogateescape)
+        clean = scrub(data.decode("utf-8", "surrogateescape"), values).encode("utf-8", "surrogateescape")
     except Exception:  # never let one odd line stop the copy: the child would block on a full pipe
         clean = f"{REDACTED} ({len(data)} bytes of output that could not be scrubbed left out)\n".encode()
     try:

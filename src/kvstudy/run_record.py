@@ -22,20 +22,22 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvstudy.digests import file_digest, weights_digest
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
+from kvstudy.machine import hardware_info, package_versions, vllm_distribution
 from kvstudy.model.allocator import mamba_cache_mode_for, predict_logged_pool
+from kvstudy.model.scales import inspect_model
 from kvstudy.redact import redact
+from kvstudy.vllm.command import ServerConfig, build_command, recorded_environment, server_environment
 from kvstudy.vllm.facts import device_defaults
 from kvstudy.vllm.startup_log import StartupInfo, parse_startup_log
 
 if TYPE_CHECKING:
-    from kvstudy.vllm.command import ServerConfig
     from kvstudy.vllm.server import VllmServer
 
 RECORD_VERSION = 1
@@ -53,22 +55,6 @@ VERSION_PACKAGES = (
 )
 
 # Fields the guard compares, by section.
-ASKED_FIELDS = (
-    "model",
-    "kv_cache_dtype",
-    "attention_backend",
-    "num_gpu_blocks_override",
-    "kv_cache_memory_bytes",
-    "cpu_kvcache_space_gib",
-    "max_model_len",
-    "gpu_memory_utilization",
-    "seed",
-    "enforce_eager",
-    "quantization",
-    "served_model_name",
-    "env",
-    "extra_args",
-)
 RESOLVED_FIELDS = (
     "version",
     "device",
@@ -115,7 +101,7 @@ class Difference:
         return f"{self.field}: {self.a!r} vs {self.b!r}{extra}"
 
 
-def _block_size(config: "ServerConfig", device: str | None) -> int:
+def _block_size(config: ServerConfig, device: str | None) -> int:
     args = [str(a) for a in config.extra_args]
     for i, arg in enumerate(args):
         if arg == "--block-size" and i + 1 < len(args):
@@ -125,7 +111,7 @@ def _block_size(config: "ServerConfig", device: str | None) -> int:
     return device_defaults(device)["block_size"]
 
 
-def kv_memory(config: "ServerConfig", info: StartupInfo) -> tuple[int | None, str]:
+def kv_memory(config: ServerConfig, info: StartupInfo) -> tuple[int | None, str]:
     """The KV memory the pool was built from, in bytes, and where that figure comes from."""
     if info.device == "cpu" and config.cpu_kvcache_space_gib is not None:
         return int(config.cpu_kvcache_space_gib * GIB), "VLLM_CPU_KVCACHE_SPACE (asked)"
@@ -137,7 +123,7 @@ def kv_memory(config: "ServerConfig", info: StartupInfo) -> tuple[int | None, st
 
 
 def _capacity(
-    config: "ServerConfig",
+    config: ServerConfig,
     info: StartupInfo,
     model_folder: Path,
     block_size: int,
@@ -145,16 +131,15 @@ def _capacity(
     memory_source: str,
 ) -> dict[str, Any]:
     """Predicted vs logged pool; ``match`` is None when either side is missing."""
-    logged = {
-        "tokens": info.pool_tokens,
-        "max_concurrency": info.max_concurrency,
-        "max_model_len": info.max_concurrency_len,
-    }
     out: dict[str, Any] = {
         "kv_memory_bytes": memory,
         "kv_memory_source": memory_source,
         "block_size": block_size,
-        "logged": logged,
+        "logged": {
+            "tokens": info.pool_tokens,
+            "max_concurrency": info.max_concurrency,
+            "max_model_len": info.max_concurrency_len,
+        },
         "predicted": None,
         "match": None,
         "error": None,
@@ -195,24 +180,16 @@ def _model_section(model_folder: Path, log_path: Path) -> dict[str, Any]:
     config, weights = model_folder / "config.json", sorted(model_folder.glob("*.safetensors"))
     section["config_sha256"] = file_digest(config) if config.is_file() else None
     section["weights_sha256"] = weights_digest(weights)
-    try:
-        from kvstudy.model.scales import inspect_model
-
-        try:  # with the log, its verdicts say whether the engine used the folder's scales
-            report = inspect_model(model_folder, log=log_path)
-        except StudyError:
-            report = inspect_model(model_folder)
-        section.update(report.to_dict())
-    except ImportError as exc:
-        section["error"] = f"kvstudy.model.scales unavailable ({exc})"
+    try:  # with the log, its verdicts say whether the engine used the folder's scales
+        report = inspect_model(model_folder, log=log_path)
+    except StudyError:
+        report = inspect_model(model_folder)
+    section.update(report.to_dict())
     return section
 
 
-def build_record(config: "ServerConfig", log_path: Path, port: int | None = None) -> dict[str, Any]:
+def build_record(config: ServerConfig, log_path: Path, port: int | None = None) -> dict[str, Any]:
     """The resolved-run record of one server start, from its config and its log (JSON-ready)."""
-    from kvstudy.machine import hardware_info, package_versions, vllm_distribution
-    from kvstudy.vllm.command import build_command, recorded_environment, server_environment
-
     log_path = Path(log_path)
     if not log_path.is_file():
         raise StudyError(f"{log_path}: startup log not found (expected the log of a started server)")
@@ -305,14 +282,15 @@ def ab_guard(a: dict[str, Any], b: dict[str, Any], intended: Sequence[str] = ("k
             if _differs(x.get(key), y.get(key), TOLERANCES.get(key)) and not _intended(f"{section}.{key}", intended):
                 diffs.append(Difference(f"{section}.{key}", x.get(key), y.get(key), note))
 
-    compare("asked", _section(a, "asked").get("config", {}), _section(b, "asked").get("config", {}), ASKED_FIELDS)
+    asked = [f.name for f in fields(ServerConfig)]
+    compare("asked", _section(a, "asked").get("config", {}), _section(b, "asked").get("config", {}), asked)
     ra, rb = _section(a, "resolved"), _section(b, "resolved")
     compare("resolved", ra, rb, RESOLVED_FIELDS)
     if not (_derived_explained(a, b) and _intended("resolved.kv_cache_dtype", intended)):
         note = "not explained by the KV dtype alone: KV memory differs or a pool is off its prediction"
         compare("resolved", ra, rb, DERIVED_FIELDS, note)
-    for name, fields in (("model", MODEL_FIELDS), ("hardware", HARDWARE_FIELDS)):
-        compare(name, a.get(name) or {}, b.get(name) or {}, fields)
+    for name, keys in (("model", MODEL_FIELDS), ("hardware", HARDWARE_FIELDS)):
+        compare(name, a.get(name) or {}, b.get(name) or {}, keys)
     va, vb = a.get("versions") or {}, b.get("versions") or {}
     compare("versions", va, vb, (k for k in sorted(set(va) | set(vb)) if k != "kvstudy"))
     return diffs

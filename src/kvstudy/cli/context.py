@@ -10,7 +10,6 @@ from typing import Any
 from kvstudy.cli import MODEL_HELP, grid_arguments, json_option, retry_option
 from kvstudy.context.spec import ContextSweepSpec
 from kvstudy.context.sweep import cells_to_run, run_context_sweep
-from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
 from kvstudy.io import read_json
 from kvstudy.limits import (
@@ -60,15 +59,6 @@ def _roofline(args: argparse.Namespace) -> int:
         from kvstudy.context.bandwidth import measure_bandwidth
 
         bandwidth, origin = measure_bandwidth().best_gb_s, "measured"
-    if args.gpu is None and bandwidth is None:
-        raise StudyError(
-            "--gpu: none given (expected a GPU name from the catalog, or --bandwidth-gb-s / --measure-bandwidth)"
-        )
-    weights = None
-    if args.weights_gib is not None:
-        if not args.weights_gib > 0:
-            raise StudyError(f"--weights-gib {args.weights_gib!r}: expected a positive number of GiB")
-        weights = int(args.weights_gib * GIB)
     result = roofline(
         args.model,
         args.context,
@@ -78,7 +68,7 @@ def _roofline(args: argparse.Namespace) -> int:
         bandwidth_factor=args.bandwidth_factor,
         bandwidth_gb_s=bandwidth,
         bandwidth_origin=origin,
-        weights_bytes=weights,
+        weights_bytes=None if args.weights_gib is None else int(args.weights_gib * GIB),
         skip_layers=args.skip_layers,
     )
     print(json.dumps(result.to_dict(), indent=2) if args.json else _format(result))
@@ -155,7 +145,7 @@ def _context_sweep(args: argparse.Namespace) -> int:
     )
     left = cells_to_run(spec, Path(args.capture), args.retry_failed)
     print(
-        f"{sum(o.status == 'ok' for o in outcomes)} cells ok, {sum(o.status != 'ok' for o in outcomes)} failed "
+        f"{sum(o['status'] == 'ok' for o in outcomes)} cells ok, {sum(o['status'] != 'ok' for o in outcomes)} failed "
         f"now; {len(left)} still to run; capture in {args.capture}"
     )
     return 0

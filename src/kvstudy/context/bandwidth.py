@@ -10,8 +10,7 @@ figure is a lower bound). Write-allocate traffic is not counted, as in STREAM.
 
 from __future__ import annotations
 
-import math
-import time
+import timeit
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -35,19 +34,7 @@ class BandwidthProbe:
         return max(self.copy_gb_s, self.triad_gb_s)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["best_gb_s"] = self.best_gb_s
-        return out
-
-
-def _best_seconds(kernel: Any, repeats: int) -> float:
-    """The shortest wall time of ``repeats`` calls of ``kernel``."""
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        kernel()
-        best = min(best, time.perf_counter() - start)
-    return best
+        return {**asdict(self), "best_gb_s": self.best_gb_s}
 
 
 def measure_bandwidth(array_mib: int = DEFAULT_ARRAY_MIB, repeats: int = DEFAULT_REPEATS) -> BandwidthProbe:
@@ -68,8 +55,8 @@ def measure_bandwidth(array_mib: int = DEFAULT_ARRAY_MIB, repeats: int = DEFAULT
         np.multiply(c, scalar, out=a)
         np.add(a, b, out=a)
 
-    copy_s = _best_seconds(copy, repeats)
-    triad_s = _best_seconds(triad, repeats)
+    copy_s = min(timeit.repeat(copy, number=1, repeat=repeats))
+    triad_s = min(timeit.repeat(triad, number=1, repeat=repeats))
     size = n * 8
     return BandwidthProbe(
         copy_gb_s=2 * size / copy_s / 1e9,

@@ -15,8 +15,7 @@ falls outside the measured lengths.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,14 +28,7 @@ from kvstudy.stats.bootstrap import bootstrap_line, ols, percentile_interval
 DEFAULT_BOOT = 2000
 
 
-@dataclass(frozen=True)
-class Cell:
-    """Per-request TPOTs (ms) of one run at one input length."""
-
-    arm: str
-    run: str
-    length: int
-    tpots_ms: tuple[float, ...]
+Runs = dict[str, dict[int, np.ndarray]]  # one arm's runs: run -> input length -> finite TPOTs (ms)
 
 
 @dataclass(frozen=True)
@@ -74,34 +66,18 @@ class ArmComparison:
     statement: str
 
 
-def _group(cells: Sequence[Cell]) -> dict[str, dict[int, np.ndarray]]:
-    runs: dict[str, dict[int, np.ndarray]] = {}
-    for c in cells:
-        values = np.asarray([v for v in c.tpots_ms if v is not None and math.isfinite(v)], dtype=float)
-        if values.size:
-            runs.setdefault(c.run, {})[c.length] = values
-    return runs
-
-
-def fit_arm(cells: Sequence[Cell], n_boot: int = DEFAULT_BOOT, seed: int = 0) -> LineFit:
-    """Fit one arm's cells (all with the same ``arm``); raises StudyError when they cannot be fitted."""
-    if not cells:
-        raise StudyError("fit: no cells")
-    arms = {c.arm for c in cells}
-    if len(arms) != 1:
-        raise StudyError(f"fit: cells of several arms {sorted(arms)}; fit one arm at a time")
-    runs = _group(cells)
+def fit_arm(arm: str, runs: Runs, n_boot: int = DEFAULT_BOOT, seed: int = 0) -> LineFit:
+    """Fit one arm's runs (``fit_all`` hands it those over two lengths at least); raises StudyError
+    when they cannot be fitted."""
     xs = np.asarray([L for r in runs.values() for L in r], dtype=float)
     ys = np.asarray([v.mean() for r in runs.values() for v in r.values()], dtype=float)
     a, b = ols(xs, ys)
     boot_a, boot_b = bootstrap_line(runs, n_boot, seed)
     ok = np.isfinite(boot_b)
     if ok.sum() < max(10, n_boot // 2):
-        raise StudyError(
-            f"fit {next(iter(arms))}: too few bootstrap draws span two lengths ({int(ok.sum())} of {n_boot})"
-        )
+        raise StudyError(f"fit {arm}: too few bootstrap draws span two lengths ({int(ok.sum())} of {n_boot})")
     return LineFit(
-        next(iter(arms)),
+        arm,
         len(runs),
         tuple(sorted(set(int(x) for x in xs))),
         int(xs.size),
@@ -182,35 +158,29 @@ def check_cell(cell: CapturedCell) -> CellCheck:
     (nothing failed, every output had the asked length, the tokens were not delivered in bursts)."""
     if not cell.ok:
         return CellCheck(cell.id, False, cell.reason or "failed", None)
-    asked = cell.data.get("output_len")
-    run = run_from_records(
-        cell.requests,
-        cell.id,
-        expected_output_len=asked if isinstance(asked, int) and not isinstance(asked, bool) else None,
-    )
-    m = assess_run(run)
+    m = assess_run(run_from_records(cell.requests, cell.id, expected_output_len=cell.data.get("output_len")))
     return CellCheck(cell.id, m.measurable, "; ".join(m.reasons), m.near_zero_gap_share)
 
 
-def cells_from_records(records: Iterable[CapturedCell]) -> tuple[list[Cell], list[CellCheck]]:
-    """Fit cells from the measurable captured cells, and the check of every cell."""
-    cells: list[Cell] = []
+def cells_from_records(records: Iterable[CapturedCell]) -> tuple[dict[str, Runs], list[CellCheck]]:
+    """The finite TPOTs of the measurable captured cells by arm and run, and the check of every cell."""
+    arms: dict[str, Runs] = {}
     checks: list[CellCheck] = []
     for rec in records:
         chk = check_cell(rec)
         checks.append(chk)
-        if chk.measurable:
-            tpots = tuple(float(r.tpot_ms) for r in rec.requests if r.tpot_ms is not None)
-            arm, seed = rec.data["arm"], rec.data["seed"]
-            cells.append(Cell(str(arm), f"{arm}__s{seed}", int(rec.data["input_len"]), tpots))
-    return cells, checks
+        tpots = np.asarray([r.tpot_ms for r in rec.requests if r.tpot_ms is not None], dtype=float)
+        tpots = tpots[np.isfinite(tpots)]
+        if chk.measurable and tpots.size:
+            arm = str(rec.data["arm"])
+            arms.setdefault(arm, {}).setdefault(f"{arm}__s{rec.data['seed']}", {})[int(rec.data["input_len"])] = tpots
+    return arms, checks
 
 
-def fit_all(cells: Sequence[Cell], n_boot: int = DEFAULT_BOOT, seed: int = 0) -> dict[str, LineFit]:
+def fit_all(arms: dict[str, Runs], n_boot: int = DEFAULT_BOOT, seed: int = 0) -> dict[str, LineFit]:
     """One fit per arm that has at least two distinct lengths."""
-    out = {}
-    for arm in dict.fromkeys(c.arm for c in cells):
-        mine = [c for c in cells if c.arm == arm]
-        if len({c.length for c in mine}) >= 2:
-            out[arm] = fit_arm(mine, n_boot, seed)
-    return out
+    return {
+        arm: fit_arm(arm, runs, n_boot, seed)
+        for arm, runs in arms.items()
+        if len({L for r in runs.values() for L in r}) >= 2
+    }

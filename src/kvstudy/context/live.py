@@ -17,11 +17,14 @@ from kvstudy.context.fit import (
     compare_arms,
     fit_all,
 )
-from kvstudy.context.predict import SlopeRow, measured_vs_predicted
+from kvstudy.context.predict import SlopeRow, roofline_applies
 from kvstudy.context.spec import ContextSweepSpec, default_arms
 from kvstudy.context.sweep import KIND, load_context_spec, read_bandwidth
 from kvstudy.errors import StudyError
 from kvstudy.io import shorten_words
+from kvstudy.model.capacity import kv_footprint
+from kvstudy.model.layout import load_layout
+from kvstudy.model.roofline import predicted_slope_ms_per_token
 from kvstudy.vllm.facts import SIXTEEN_BIT
 
 # The 05 notebook's parameters that make its live grid (named as ContextSweepSpec's fields).
@@ -45,10 +48,7 @@ def spec_from_params(params: dict[str, Any], where: str = "notebook parameters")
     the one way a profile's 05 section becomes a ContextSweepSpec (the notebook's, ``kvstudy plan``'s)."""
     data = {name: params.get(name) for name in SPEC_PARAMETERS}
     if not data["arms"]:
-        data["arms"] = [
-            {"name": a.name, "kv_cache_dtype": a.kv_cache_dtype, "extra_args": list(a.extra_args)}
-            for a in default_arms(str(data["model"]))
-        ]
+        data["arms"] = default_arms(str(data["model"]))
     return ContextSweepSpec.from_dict(data, where=where)
 
 
@@ -70,11 +70,9 @@ class ContextAnalysis:
 def analyse_capture(capture: str | Path, n_boot: int = DEFAULT_BOOT, seed: int = 0) -> ContextAnalysis:
     """Read, check and fit a capture made by ``kvstudy.context.sweep`` (complete or not)."""
     capture = Path(capture)
-    if not (capture / "manifest.json").is_file():
-        raise StudyError(f"{capture}/manifest.json: not found (expected a context-sweep capture folder)")
     grid = read_capture(capture, KIND, ("arm", "seed", "input_len"))
     spec = load_context_spec(capture, grid.manifest)
-    records = tuple(grid.cells[c] for c in spec.cells() if c in grid.cells)
+    records = tuple(grid.cells[c.id] for c in spec.cells() if c.id in grid.cells)
     cells, checks = cells_from_records(records)
     fits = fit_all(cells, n_boot, seed)
     not_measured = {}
@@ -109,36 +107,45 @@ def analyse_capture(capture: str | Path, n_boot: int = DEFAULT_BOOT, seed: int =
 def slope_table(
     analysis: ContextAnalysis, bandwidth_gb_s: float | None = None, origin: str = "measured"
 ) -> list[SlopeRow]:
-    """Measured vs predicted slope per arm, the roofline fed the capture's bandwidth (or ``bandwidth_gb_s``)."""
+    """Per arm, the fitted slope beside the roofline's from the capture's bandwidth (or ``bandwidth_gb_s``;
+    factor 1: a measured bandwidth is already achievable). A DRAM roofline describes KV reads only when
+    they come from memory, so where the KV at the longest length is not well beyond the last-level CPU
+    cache the capture recorded (``machine.hardware_info``; none on a GPU) it makes no claim."""
     if bandwidth_gb_s is None:
         if not analysis.bandwidth:
             raise StudyError(f"{analysis.capture}/bandwidth.json: not found; pass a bandwidth in GB/s")
         bandwidth_gb_s = float(analysis.bandwidth["best_gb_s"])
     spec = analysis.spec
-    arms = {a.name: a.kv_cache_dtype for a in spec.arms}
-    skip = {a.name: "sliding_window" if "sliding_window" in a.extra_args else None for a in spec.arms}
-    config = capture_format.model_config(analysis.capture, spec.model)
-    cache_bytes, cache_origin = capture_cache_bytes(analysis.capture)
-    return measured_vs_predicted(
-        analysis.fits,
-        arms,
-        str(config),
-        bandwidth_gb_s,
-        origin,
-        analysis.not_measured,
-        skip,
-        longest=max(spec.lengths) + spec.output_len,
-        cache_bytes=cache_bytes,
-        cache_origin=cache_origin,
-    )
-
-
-def capture_cache_bytes(capture: str | Path) -> tuple[int | None, str]:
-    """The capture machine's last-level CPU cache (recorded by ``machine.hardware_info``), or None
-    (a GPU capture, or one made before the project recorded it)."""
-    machine = capture_format.read_manifest(capture).get("machine") or {}
-    size = machine.get("cpu_last_level_cache_bytes") if machine.get("device") == "cpu" else None
-    return (int(size), "recorded at capture time") if isinstance(size, int) and size > 0 else (None, "")
+    layout = load_layout(str(capture_format.model_config(analysis.capture, spec.model)))
+    machine = capture_format.read_manifest(analysis.capture).get("machine") or {}
+    cache = machine.get("cpu_last_level_cache_bytes") if machine.get("device") == "cpu" else None
+    longest = max(spec.lengths) + spec.output_len
+    rows = []
+    for arm in spec.arms:
+        skip = "sliding_window" if "sliding_window" in arm.extra_args else None
+        kv_longest = kv_footprint(layout, arm.kv_cache_dtype, longest, skip).bytes_per_request
+        applies, why_not = roofline_applies(
+            kv_longest, cache if isinstance(cache, int) and cache > 0 else None, "recorded at capture time", longest
+        )
+        fit = analysis.fits.get(arm.name)
+        rows.append(
+            SlopeRow(
+                arm.name,
+                arm.kv_cache_dtype,
+                None if fit is None else fit.slope_ms_per_token,
+                None if fit is None else fit.slope_ci,
+                fit is not None and fit.resolved,
+                fit is not None and fit.runs < 2,
+                predicted_slope_ms_per_token(layout, arm.kv_cache_dtype, bandwidth_gb_s, 1.0, skip_layers=skip),
+                bandwidth_gb_s,
+                origin,
+                kv_longest / 2**20,
+                applies,
+                why_not,
+                analysis.not_measured.get(arm.name, "no measurable cells") if fit is None else "",
+            )
+        )
+    return rows
 
 
 def points_frame(analysis: ContextAnalysis) -> Any:

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvstudy.context.published import derive_all, load_published, slope_figures
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
 from kvstudy.io import read_json
-from kvstudy.model.capacity import kv_footprint
-from kvstudy.model.layout import ModelLayout, load_layout
 from kvstudy.model.roofline import max_fp8_gain_pct, predicted_slope_ms_per_token
 
 PUBLISHED = "published (seed 003)"
@@ -54,30 +51,14 @@ class RooflineRow:
         return self.published / self.roofline if self.published is not None and self.roofline else None
 
 
-@dataclass(frozen=True)
-class Setting:
-    """Where the roofline evaluates a published figure: a model folder, a GPU, and what is assumed."""
-
-    model_dir: str
-    gpu: str | None
-    assumed: str  # what the text does not give and the prediction had to assume
-
-
-def _model_dir(models_root: Path, hub_id: str) -> str:
+def _setting(models_root: Path, hub_id: str, gpu: str | None, assumed_gpu: str) -> tuple[str, str, str]:
+    """(model folder, GPU, what is assumed) where the roofline evaluates a published figure."""
     folder = models_root / hub_id.split("/")[-1]
     if not (folder / "config.json").is_file():
         raise StudyError(f"{folder}/config.json: not found (the roofline needs the config of {hub_id})")
-    return str(folder)
-
-
-def _settings(models_root: Path, model: str, gpu: str | None, assumed_gpu: str) -> Setting:
     if gpu:
-        return Setting(_model_dir(models_root, model), gpu, "")
-    return Setting(_model_dir(models_root, model), assumed_gpu, f"GPU not given by the text; {assumed_gpu} assumed")
-
-
-def _gpu_name(gpu: str) -> str:
-    return {"H100": "H100-SXM"}.get(gpu, gpu)
+        return str(folder), {"H100": "H100-SXM"}.get(gpu, gpu), ""
+    return str(folder), assumed_gpu, f"GPU not given by the text; {assumed_gpu} assumed"
 
 
 def published_vs_roofline(
@@ -94,15 +75,15 @@ def published_vs_roofline(
     root = Path(models_root)
     rows: list[RooflineRow] = []
     for fig, der in zip(slope_figures(path), derive_all(path)):
-        where = _settings(root, fig.model, fig.gpu and _gpu_name(fig.gpu), assumed_gpu)
+        folder, gpu, assumed = _setting(root, fig.model, fig.gpu, assumed_gpu)
         skip = "sliding_window" if "skip-layers sliding_window" in fig.candidate else None
-        bw = find_gpu(where.gpu or assumed_gpu).bandwidth_gb_s
-        pb = predicted_slope_ms_per_token(where.model_dir, "bfloat16", bw, bandwidth_factor)
-        pc = predicted_slope_ms_per_token(where.model_dir, "fp8", bw, bandwidth_factor, skip_layers=skip)
-        peak = f"at {where.gpu} peak x {bandwidth_factor:g}"
+        bw = find_gpu(gpu).bandwidth_gb_s
+        pb = predicted_slope_ms_per_token(folder, "bfloat16", bw, bandwidth_factor)
+        pc = predicted_slope_ms_per_token(folder, "fp8", bw, bandwidth_factor, skip_layers=skip)
+        peak = f"at {gpu} peak x {bandwidth_factor:g}"
 
         def add(quantity: str, published: float | None, roofline: float, basis: str, origin: str = PUBLISHED) -> None:
-            rows.append(RooflineRow(fig.id, quantity, published, roofline, where.assumed, basis, origin))  # noqa: B023
+            rows.append(RooflineRow(fig.id, quantity, published, roofline, assumed, basis, origin))  # noqa: B023
 
         if fig.slope_baseline_ms_per_token is not None:
             add(BF16_SLOPE, fig.slope_baseline_ms_per_token, pb, peak)
@@ -119,8 +100,8 @@ def published_vs_roofline(
     data = load_published(path)
     for item in data["throughput_under_load"]:
         skip = "sliding_window" if "sliding_window" in item["candidate"] else None
-        where = _settings(root, item["model"], None, assumed_gpu)
-        gain = max_fp8_gain_pct(where.model_dir, item["input_tokens_approx"], item["concurrency"], skip_layers=skip)
+        folder = _setting(root, item["model"], None, assumed_gpu)[0]
+        gain = max_fp8_gain_pct(folder, item["input_tokens_approx"], item["concurrency"], skip_layers=skip)
         rows.append(
             RooflineRow(
                 f"{item['model'].split('/')[-1]} c={item['concurrency']} ~{item['input_tokens_approx']:,} in",
@@ -147,7 +128,7 @@ class SlopeRow:
     predicted_ms: float
     bandwidth_gb_s: float
     bandwidth_origin: str
-    kv_longest_mib: float | None
+    kv_longest_mib: float
     roofline_applies: bool
     no_claim: str  # why the roofline cannot describe the measured slope ("" when it can)
     not_measured: str = ""
@@ -167,63 +148,11 @@ class SlopeRow:
         return text + (f"; no claim against the roofline: {self.no_claim}" if not self.roofline_applies else "")
 
 
-def measured_vs_predicted(
-    fits: dict[str, Any],
-    arms: dict[str, str],
-    model: str,
-    bandwidth_gb_s: float,
-    bandwidth_origin: str,
-    not_measured: dict[str, str] | None = None,
-    skip_layers: dict[str, str | None] | None = None,
-    longest: int | None = None,
-    cache_bytes: int | None = None,
-    cache_origin: str = "",
-) -> list[SlopeRow]:
-    """Per arm (name -> KV dtype): the fitted slope beside the roofline's from ``bandwidth_gb_s`` (factor 1:
-    a measured bandwidth is already achievable). A DRAM roofline describes KV reads only when they come
-    from memory, so where the KV at ``longest`` is not well beyond the last-level cache it makes no claim."""
-    layout = load_layout(model)  # read once: every arm's prediction and KV size come from it
-    rows = []
-    for arm, dtype in arms.items():
-        skip = (skip_layers or {}).get(arm)
-        pred = predicted_slope_ms_per_token(layout, dtype, bandwidth_gb_s, 1.0, skip_layers=skip)
-        kv_longest = kv_bytes_at(layout, dtype, longest, skip) if longest else None
-        applies, why_not = roofline_applies(kv_longest, cache_bytes, cache_origin, longest)
-        fit = fits.get(arm)
-        rows.append(
-            SlopeRow(
-                arm,
-                dtype,
-                None if fit is None else fit.slope_ms_per_token,
-                None if fit is None else fit.slope_ci,
-                fit is not None and fit.resolved,
-                fit is not None and fit.runs < 2,
-                pred,
-                bandwidth_gb_s,
-                bandwidth_origin,
-                None if kv_longest is None else kv_longest / 2**20,
-                applies,
-                why_not,
-                (not_measured or {}).get(arm, "no measurable cells") if fit is None else "",
-            )
-        )
-    return rows
-
-
 CACHE_MARGIN = 4  # KV this many times the last-level cache: reads come mostly from memory
 
 
-def kv_bytes_at(model: str | ModelLayout, dtype: str, tokens: int, skip_layers: str | None = None) -> float:
-    """Bytes of KV one request of ``tokens`` tokens holds (the growing layers; windows capped)."""
-    return float(kv_footprint(load_layout(model), dtype, tokens, skip_layers).bytes_per_request)
-
-
-def roofline_applies(
-    kv_bytes: float | None, cache_bytes: int | None, cache_origin: str, tokens: int | None
-) -> tuple[bool, str]:
+def roofline_applies(kv_bytes: float, cache_bytes: int | None, cache_origin: str, tokens: int) -> tuple[bool, str]:
     """Whether a DRAM-bandwidth roofline can describe KV reads of ``kv_bytes``, and why not."""
-    if kv_bytes is None:
-        return False, "the longest length is not known"
     if cache_bytes is None:
         return False, (
             f"the KV at {tokens:,} tokens is {kv_bytes / 2**20:.1f} MiB and the capture does not say how large "
@@ -261,7 +190,7 @@ def docs_table_vs_roofline(path: str | Path, models_root: str | Path, users: int
     data = read_json(path)
     if data.get("source") != "published" or not data.get("rows"):
         raise StudyError(f"{path}: expected 'source': 'published' and 'rows'")
-    folder = _model_dir(Path(models_root), str(data["model"]))
+    folder = _setting(Path(models_root), str(data["model"]), None, "")[0]
     origin = f"published: vLLM docs (L4, {data['model']}); predicted: roofline from {folder}/config.json"
     rows = []
     for r in data["rows"]:

@@ -77,14 +77,6 @@ def slope_figures(path: str | Path | None = None) -> list[SlopeFigure]:
     return out
 
 
-def reduction_statement(ratio: float, printed_wording: str) -> str:
-    """A sentence saying what a slope ratio is as a reduction, next to the text's own wording."""
-    return (
-        f"FP8's slope is {ratio * 100:.0f} % of the baseline's, a {(1 - ratio) * 100:.0f} % reduction "
-        f"(the text says: {printed_wording!r})"
-    )
-
-
 def derive_slope(figure: SlopeFigure) -> SlopeDerivation:
     """Ratio, reduction and the fixed per-step FP8 cost implied by one slope figure."""
     base, cand = figure.slope_baseline_ms_per_token, figure.slope_candidate_ms_per_token
@@ -97,7 +89,10 @@ def derive_slope(figure: SlopeFigure) -> SlopeDerivation:
     length = figure.break_even_tokens
     fixed_ms = diff * length if diff is not None and length else None
     fixed_tokens = (1 - ratio) * length if length else None
-    statement = reduction_statement(ratio, figure.printed_wording)
+    statement = (
+        f"FP8's slope is {ratio * 100:.0f} % of the baseline's, a {(1 - ratio) * 100:.0f} % reduction "
+        f"(the text says: {figure.printed_wording!r})"
+    )
     if fixed_ms is not None:
         statement += (
             f"; break-even at {length:,} tokens implies a fixed FP8 cost of {fixed_ms:.3f} ms per step "

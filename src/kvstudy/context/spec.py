@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from kvstudy.bench.arm import Arm, Arms
 from kvstudy.bench.client import BenchSettings
-from kvstudy.bench.spec import Axis, Env, Seeds, Spec
+from kvstudy.bench.spec import Axis, Cell, Env, Run, Seeds, Spec, ordered_runs
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_GRID_CELLS, Blocks, Bytes, Gib, Requests, Seconds, Tokens, Warmups
 from kvstudy.model.capacity import load_layout
@@ -95,22 +95,20 @@ class ContextSweepSpec(Spec):
         return min(need, limit) if limit else need
 
     def arm(self, name: str) -> Arm:
-        for a in self.arms:
-            if a.name == name:
-                return a
-        raise StudyError(f"arm {name!r}: not in this sweep ({[a.name for a in self.arms]})")
+        return next(a for a in self.arms if a.name == name)  # names come from this spec's own runs
 
-    def runs(self) -> list[tuple[str, int]]:
+    def runs(self) -> list[Run]:
         """Server starts in order: seeds outer, arms inner (interleaved in time)."""
-        return [(a.name, s) for s in self.seeds for a in self.arms]
+        return ordered_runs([a.name for a in self.arms], self.seeds, "grouped")
 
     def lengths_for(self, index: int) -> list[int]:
         """Lengths in the order the ``index``-th server start runs them (ascending, then descending)."""
         ordered = sorted(self.lengths)
         return ordered if index % 2 == 0 else ordered[::-1]
 
-    def cells(self) -> list[str]:
-        return [cell_id(a, s, L) for i, (a, s) in enumerate(self.runs()) for L in self.lengths_for(i)]
+    def cells(self) -> list[Cell]:
+        """Every cell in run order; ``tag`` "L": the cell's axis is the input length."""
+        return [Cell(r.arm, r.seed, L, "L") for i, r in enumerate(self.runs()) for L in self.lengths_for(i)]
 
     def server_config(self, arm: str, seed: int) -> ServerConfig:
         a = self.arm(arm)
@@ -154,11 +152,3 @@ def default_arms(model: str) -> list[Arm]:
     if any(layer.sliding_window for layer in load_layout(model).layers):
         arms.append(Arm(name="fp8-skip-sw", kv_cache_dtype="fp8", extra_args=list(SKIP_SW)))
     return arms
-
-
-def cell_id(arm: str, seed: int, length: int) -> str:
-    return f"{arm}__s{seed}__L{length}"
-
-
-def run_id(arm: str, seed: int) -> str:
-    return f"{arm}__s{seed}"

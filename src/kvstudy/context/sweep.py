@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,9 @@ from kvstudy.bench.client import BenchError, run_bench
 from kvstudy.bench.grid import GridPlan, ServeRun, run_grid, scrubber, write_record, write_requests
 from kvstudy.bench.grid import cells_to_run as grid_cells_to_run
 from kvstudy.bench.result import requests_from_result
+from kvstudy.bench.spec import Cell
 from kvstudy.capture import now_utc
-from kvstudy.context.spec import ContextSweepSpec, cell_id, run_id
+from kvstudy.context.spec import ContextSweepSpec
 from kvstudy.io import read_json
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
@@ -49,7 +50,7 @@ MANIFEST = capture_format.MANIFEST
 
 def cells_to_run(spec: ContextSweepSpec, capture: Path, retry_failed: bool = False) -> list[str]:
     """Missing cells, and failed ones only with ``retry_failed`` (``capture.needs_run``, every experiment's rule)."""
-    return [c.id for c in grid_cells_to_run(capture, length_cells(spec), retry_failed)]
+    return [c.id for c in grid_cells_to_run(capture, spec.cells(), retry_failed)]
 
 
 def load_context_spec(capture: str | Path, manifest: Mapping[str, Any] | None = None) -> ContextSweepSpec:
@@ -60,7 +61,7 @@ def load_context_spec(capture: str | Path, manifest: Mapping[str, Any] | None = 
 
 def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
     """Create the folder and manifest (``kvstudy.capture``'s format), or check that an existing one
-    holds the same grid and was made from the same model; an older manifest is upgraded in place."""
+    holds the same grid and was made from the same model."""
     manifest, _ = capture_format.create_or_resume(
         capture,
         KIND,
@@ -68,7 +69,6 @@ def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
         how or "kvstudy.context.sweep",
         capture_format.model_inputs(spec.model),
         lambda stored, where: ContextSweepSpec.from_dict(stored, where=where).to_dict(),
-        "context-sweep",
     )
     return manifest
 
@@ -76,61 +76,26 @@ def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- running
 
 
-@dataclass(frozen=True)
-class LengthCell:
-    """One cell of the context grid: an arm at a seed at one input length."""
-
-    arm: str
-    seed: int
-    input_len: int
-
-    @property
-    def id(self) -> str:
-        return cell_id(self.arm, self.seed, self.input_len)
-
-
-@dataclass(frozen=True)
-class CellOutcome:
-    cell_id: str
-    status: str
-    reason: str = ""
-
-
-def length_cells(spec: ContextSweepSpec) -> list[LengthCell]:
-    """Every cell in the order the server starts run them (``spec.cells()``'s order)."""
-    return [c for run in context_runs(spec) for c in run.cells]
-
-
-def context_runs(spec: ContextSweepSpec) -> list[ServeRun[LengthCell]]:
-    """The server starts of ``spec.runs()``, each with its lengths in ``spec.lengths_for`` order."""
-    return [
-        ServeRun(run_id(arm, seed), arm, seed, tuple(LengthCell(arm, seed, L) for L in spec.lengths_for(i)))
-        for i, (arm, seed) in enumerate(spec.runs())
-    ]
-
-
-def _cell_record(spec: ContextSweepSpec, cell: LengthCell, status: str, **extra: Any) -> dict[str, Any]:
+def _cell_record(spec: ContextSweepSpec, cell: Cell, status: str, **extra: Any) -> dict[str, Any]:
     return {
         "cell_id": cell.id,
         "arm": cell.arm,
         "kv_cache_dtype": spec.arm(cell.arm).kv_cache_dtype,
         "seed": cell.seed,
-        "input_len": cell.input_len,
+        "input_len": cell.users,
         "output_len": spec.output_len,
         "status": status,
-        "settings": asdict(spec.bench_settings(cell.input_len, cell.seed)),
+        "settings": asdict(spec.bench_settings(cell.users, cell.seed)),
         **extra,
     }
 
 
-def _failed_cell(
-    spec: ContextSweepSpec, cell: LengthCell, reason: str, tail: str, start_failed: bool
-) -> dict[str, Any]:
+def _failed_cell(spec: ContextSweepSpec, cell: Cell, reason: str, tail: str, start_failed: bool) -> dict[str, Any]:
     extra: dict[str, Any] = {"start_failed": True} if start_failed else {}
     return _cell_record(spec, cell, "failed", reason=reason, **extra, log_tail=tail, started_utc=now_utc(), seconds=0.0)
 
 
-def _run_cell(spec: ContextSweepSpec, capture: Path, cell: LengthCell, server: Any) -> dict[str, Any]:
+def _run_cell(spec: ContextSweepSpec, capture: Path, cell: Cell, server: Any) -> dict[str, Any]:
     """One length against a ready server: vLLM's saved result in ``bench/<cell>.json``, its
     per-request rows in ``requests/<cell>.jsonl``; the returned record is ``cells/<cell>.json``."""
     cid = cell.id
@@ -142,7 +107,7 @@ def _run_cell(spec: ContextSweepSpec, capture: Path, cell: LengthCell, server: A
 
     try:
         result = run_bench(
-            spec.bench_settings(cell.input_len, cell.seed),
+            spec.bench_settings(cell.users, cell.seed),
             server.base_url,
             server.model_name,
             tokenizer,
@@ -160,17 +125,18 @@ def _run_cell(spec: ContextSweepSpec, capture: Path, cell: LengthCell, server: A
     return record(status, reason=reason, duration_s=result.get("duration"))
 
 
-def context_plan(spec: ContextSweepSpec, capture: Path) -> GridPlan[LengthCell, dict[str, Any]]:
+def context_plan(spec: ContextSweepSpec, capture: Path) -> GridPlan[Cell, dict[str, Any]]:
     """The context sweep as a grid: arms x seeds in ``spec.runs()`` order, the input lengths per start."""
+    cells = spec.cells()
     return GridPlan(
-        runs=context_runs(spec),
+        runs=[ServeRun(r.id, r.arm, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()],
         server_config=lambda run: spec.server_config(run.arm, run.seed),
         ready_timeout_s=spec.ready_timeout_s,
         run_cell=lambda cell, server: _run_cell(spec, capture, cell, server),
         failed_cell=lambda cell, reason, tail, start_failed: _failed_cell(spec, cell, reason, tail, start_failed),
         record=lambda rec: rec,
         outcome=lambda rec: (str(rec["status"]), str(rec.get("reason", ""))),
-        run_fields=lambda run, cells: {"arm": run.arm, "order": [c.input_len for c in cells]},
+        run_fields=lambda run, cells: {"arm": run.arm, "order": [c.users for c in cells]},
         scrub=scrubber([spec.server_env, *(a.env for a in spec.arms)]),
     )
 
@@ -182,8 +148,9 @@ def run_context_sweep(
     max_servers: int | None = None,
     retry_failed: bool = False,
     progress: Progress = print,
-) -> list[CellOutcome]:
-    """Run the cells ``capture`` lacks, at most ``max_servers`` server starts; return what ran now.
+) -> list[dict[str, Any]]:
+    """Run the cells ``capture`` lacks, at most ``max_servers`` server starts; return the records
+    (``cells/<cell>.json``) of what ran now.
 
     The context grid on the one engine (``kvstudy.bench.grid.run_grid``); before the first start the
     machine's memory bandwidth is measured once into ``bandwidth.json``.
@@ -196,7 +163,7 @@ def run_context_sweep(
         if not (capture / BANDWIDTH).is_file():
             record_bandwidth(capture)
 
-    records = run_grid(
+    return run_grid(
         context_plan(spec, capture),
         capture,
         manifest,
@@ -205,7 +172,6 @@ def run_context_sweep(
         max_servers=max_servers,
         before_first_start=before_first_start,
     )
-    return [CellOutcome(str(r["cell_id"]), str(r["status"]), str(r.get("reason", ""))) for r in records]
 
 
 def record_bandwidth(capture: Path) -> dict[str, Any]:

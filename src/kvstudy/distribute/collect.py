@@ -285,7 +285,7 @@ def _manifest(
             }
         )
     manifest["sessions"] = sessions
-    ids = [c if isinstance(c, str) else c.id for c in full.cells()]
+    ids = [c.id for c in full.cells()]
     capture_format.set_items(manifest, {i: str(merged.get(i, "missing")) for i in ids})
     if exp.name == "speed":
         manifest["run_order"] = {

@@ -91,17 +91,6 @@ def _seed_blocks(arms_field: str) -> Callable[[Any], list[tuple[int, Any]]]:
     return blocks
 
 
-def _context_order(spec: context_sweep.ContextSweepSpec) -> list[str]:
-    return [f"{context_sweep.run_id(a, s)} lengths {spec.lengths_for(i)}" for i, (a, s) in enumerate(spec.runs())]
-
-
-def _context_blocks(spec: context_sweep.ContextSweepSpec) -> list[tuple[int, context_sweep.ContextSweepSpec]]:
-    return [
-        (seed, context_sweep.ContextSweepSpec.from_dict({**spec.to_dict(), "seeds": [seed]}, f"block of seed {seed}"))
-        for seed in spec.seeds
-    ]
-
-
 EXPERIMENTS: dict[str, Experiment] = {
     "speed": Experiment(
         "speed",
@@ -118,8 +107,8 @@ EXPERIMENTS: dict[str, Experiment] = {
         context_sweep.KIND,
         context_live.spec_from_params,
         context_sweep.ContextSweepSpec.from_dict,
-        _context_blocks,
-        _context_order,
+        _seed_blocks("arms"),
+        lambda spec: [f"{r.id} lengths {spec.lengths_for(i)}" for i, r in enumerate(spec.runs())],
     ),
     "load": Experiment(
         "load",

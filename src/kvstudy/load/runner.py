@@ -49,7 +49,6 @@ def prepare_capture(spec: LoadSpec, capture: Path, how: str = "") -> dict[str, A
         how or "kvstudy.load.runner.run_load",
         capture_format.model_inputs(spec.model),
         lambda stored, where: LoadSpec.from_dict(stored, where=where).to_dict(),
-        "load sweep",
     )
     if created:
         manifest["run_order"] = {"rule": spec.run_order, "server_starts": [r.id for r in spec.runs()]}

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
-from kvstudy.io import is_finite_number, write_csv_at
+from kvstudy.io import is_finite_number, write_csv
 from kvstudy.model.capacity import (
     FULL,
     GIB,
@@ -353,7 +353,7 @@ def _csv(summary: dict[str, Any], path: str, force: bool = False) -> None:
     frame = pd.DataFrame.from_dict(summary["dtypes"], orient="index")
     frame.index.name = "kv dtype"
     try:
-        write_csv_at(frame, target)
+        write_csv(frame, target)
     except OSError as exc:  # a parent that is a file, a folder that cannot be made
         raise StudyError(f"--csv {path}: cannot be written ({exc.strerror or exc})") from None
 

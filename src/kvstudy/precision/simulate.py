@@ -260,7 +260,6 @@ def run(spec: SimSpec, capture: str | Path, force: bool = False, retry_failed: b
         "kvstudy kv-simulate (transformers, simulated KV storage)",
         inputs,
         lambda g, w: g,
-        "kv-precision",
     )
     states: dict[str, str] = dict(manifest.get("items") or {})
     session = start_session(manifest, [MAIN, CONTROL])

@@ -77,7 +77,6 @@ def prepare_capture(spec: SweepSpec, capture: Path, how: str = "") -> dict[str, 
         how or "kvstudy.speed.runner.run_sweep",
         capture_format.model_inputs(spec.model),
         lambda stored, where: SweepSpec.from_dict(stored, where=where).to_dict(),
-        "speed-sweep",
     )
     if created:
         manifest["run_order"] = {

@@ -8,12 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstudy import capture
 from kvstudy.bench.grid import write_requests
 from kvstudy.bench.result import RequestRecord
 from kvstudy.context.live import analyse_capture, plot_fits, points_frame, slope_table
 from kvstudy.context.predict import published_vs_roofline
-from kvstudy.context.sweep import KIND, ContextSweepSpec, cell_id
+from kvstudy.context.sweep import KIND, ContextSweepSpec
 from kvstudy.errors import StudyError
 from kvstudy.report.tables import ARM_COMPARISONS, ROOFLINE_VS_PUBLISHED, SLOPES, render
 
@@ -41,7 +40,7 @@ def _capture(tmp: Path, model: Path, fp8_fails: bool, inline_requests: bool = Fa
         json.dumps({"best_gb_s": 10.0, "copy_gb_s": 9.0, "triad_gb_s": 10.0, "threads_note": "one thread"})
     )
     rng = np.random.default_rng(0)
-    for arm, seed in spec.runs():
+    for arm, seed in ((r.arm, r.seed) for r in spec.runs()):
         failed = arm == "fp8" and fp8_fails
         (tmp / "runs" / f"{arm}__s{seed}.json").write_text(
             json.dumps(
@@ -52,7 +51,7 @@ def _capture(tmp: Path, model: Path, fp8_fails: bool, inline_requests: bool = Fa
             )
         )
         for L in spec.lengths:
-            rec = {"cell_id": cell_id(arm, seed, L), "arm": arm, "seed": seed, "input_len": L, "output_len": 8}
+            rec = {"cell_id": f"{arm}__s{seed}__L{L}", "arm": arm, "seed": seed, "input_len": L, "output_len": 8}
             if failed:
                 rec.update(status="failed", start_failed=True, reason="server did not start")
             else:
@@ -108,22 +107,13 @@ def test_fp8_failed_start_is_not_measured(tmp_path: Path, qwen3_config_model: Pa
     assert shown.loc["fp8", "95 % interval"] == "" and shown.loc["auto", "measured / predicted, 95 %"] != ""
 
 
-def test_inline_rows_are_refused_until_upgraded_and_then_read_the_same(
-    tmp_path: Path, qwen3_config_model: Path
-) -> None:
-    new = analyse_capture(_capture(tmp_path / "new", qwen3_config_model, fp8_fails=False), n_boot=300)
-    old = _capture(tmp_path / "old", qwen3_config_model, fp8_fails=False, inline_requests=True)
+def test_inline_rows_are_refused_in_one_line(tmp_path: Path, qwen3_config_model: Path) -> None:
+    old = _capture(tmp_path, qwen3_config_model, fp8_fails=False, inline_requests=True)
     with pytest.raises(
-        StudyError, match=r"auto__s0__L\d+.json: per-request rows inline.*kvstudy capture upgrade"
+        StudyError, match=r"auto__s0__L\d+.json: per-request rows inline, an older capture format; expected them in"
     ) as err:
         analyse_capture(old)
     assert "\n" not in str(err.value)
-    assert capture.upgrade_capture(old)[-1:] == ["per-request rows of 18 cell(s) moved to requests/<cell>.jsonl"]
-    assert capture.upgrade_capture(old) == []  # already current
-    assert not any("requests" in json.loads(p.read_text()) for p in (old / "cells").glob("*.json"))
-    upgraded = analyse_capture(old, n_boot=300)
-    assert upgraded.records == new.records and upgraded.fits == new.fits
-    assert points_frame(upgraded).equals(points_frame(new))
 
 
 def test_an_ok_cell_without_its_rows_is_one_line(tmp_path: Path, qwen3_config_model: Path) -> None:
@@ -134,8 +124,9 @@ def test_an_ok_cell_without_its_rows_is_one_line(tmp_path: Path, qwen3_config_mo
 
 
 def test_missing_capture_is_one_line(tmp_path: Path) -> None:
-    with pytest.raises(StudyError, match="manifest.json: not found"):
+    with pytest.raises(StudyError, match="manifest.json: missing") as err:
         analyse_capture(tmp_path)
+    assert "\n" not in str(err.value)
 
 
 def test_published_vs_roofline_rows() -> None:

