@@ -382,9 +382,9 @@ def read_json(path: str | Path, limit: int = MAX_INPUT_BYTES, *, finite: bool = 
     return parse_json_text(read_text_checked(path, limit), str(path), finite=finite)
 
 
-def read_json_object(path: str | Path, *, finite: bool = False) -> dict[str, Any]:
+def read_json_object(path: str | Path, limit: int = MAX_INPUT_BYTES, *, finite: bool = False) -> dict[str, Any]:
     """``read_json`` that also insists on a JSON object at the top level."""
-    data = read_json(path, finite=finite)
+    data = read_json(path, limit, finite=finite)
     if not isinstance(data, dict):
         raise StudyError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
     return data
