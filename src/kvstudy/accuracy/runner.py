@@ -478,8 +478,3 @@ def load_capture(capture: str | Path, names: Sequence[str]) -> dict[str, ConfigR
             resolved,
         )
     return found
-
-
-def read_manifest(capture: str | Path) -> dict[str, Any]:
-    """The capture's manifest (kvstudy.capture format)."""
-    return capture_format.read_manifest(capture)

@@ -99,8 +99,8 @@ def _run_compare(args: argparse.Namespace) -> int:
     margin_share = _number(args.margin_share, "--margin-share")
     pair = samples.read_pair(args.baseline, args.candidate, args.filter, args.metric)
     verdict = binary.compare(
-        pair.baseline_correct(),
-        pair.candidate_correct(),
+        pair.baseline.correctness(),
+        pair.candidate.correctness(),
         margin_points=margin_points,
         margin_share=margin_share,
         baseline_label="baseline",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy import cli
+from kvstudy import capture, cli
 from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import configurations as cf
 from kvstudy.accuracy import records as rec
@@ -285,7 +285,7 @@ def test_manifest_refuses_other_settings(tmp_path):
     base = ServerConfig(model="m")
     ge.write_manifest(tmp_path, ["bf16"], "m", ge.EvalSettings(n=2), base)
     ge.write_manifest(tmp_path, ["fp8-kv"], "m", ge.EvalSettings(n=2), base)
-    manifest = ge.read_manifest(tmp_path)
+    manifest = capture.read_manifest(tmp_path)
     assert [s["items_to_run"] for s in manifest["sessions"]] == [["bf16"], ["fp8-kv"]]
     with pytest.raises(StudyError, match="other settings"):
         ge.write_manifest(tmp_path, ["bf16"], "m", ge.EvalSettings(n=3), base)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kvstudy import cli
+from kvstudy import capture, cli
 from kvstudy.accuracy import runner as ge
 from kvstudy.errors import StudyError
 
@@ -63,7 +63,7 @@ def test_another_model_is_refused_before_anything_runs(tmp_path: Path, monkeypat
     monkeypatch.setattr(ge, "run_group", lambda *a, **k: pytest.fail("started a server"))
     with pytest.raises(StudyError, match="other inputs.*model_digest"):
         ge.run_missing(["bf16"], two, tmp_path / "cap", settings, progress=lambda line: None)
-    assert ge.read_manifest(tmp_path / "cap")["inputs"]["model"] == str(one)
+    assert capture.read_manifest(tmp_path / "cap")["inputs"]["model"] == str(one)
 
 
 class _NeverStarts:
