@@ -217,7 +217,7 @@ def _run_group(
         baseline=storages[0].name,
         floor=storages[1].name,
         candidates=tuple(s.name for s in storages[2:]),
-        arms={s.name: {**s.to_dict(), "label": LABELS.get(s.name, s.name)} for s in storages},
+        arms={s.name: {**asdict(s), "label": LABELS.get(s.name, s.name)} for s in storages},
         notes=tuple(notes),
     )
     write_json_atomic(capture / name / GROUP_FILE, asdict(group))
