@@ -90,7 +90,6 @@ def evaluate_server(
     out_dir: str | Path,
     settings: EvalSettings,
     num_fewshot: int | None = None,
-    keep_cache: bool = False,
 ) -> list[AnyRecord]:
     """Run lm-eval against one server and write ``records.jsonl`` and ``results.json``.
 
@@ -149,9 +148,8 @@ def evaluate_server(
         "n_samples": result.get("n-samples"),
     }
     write_json_atomic(out_dir / "results.json", summary)
-    if not keep_cache:
-        for path in out_dir.glob(f"{CACHE_PREFIX}*.db"):
-            path.unlink()
+    for path in out_dir.glob(f"{CACHE_PREFIX}*.db"):
+        path.unlink()
     return records
 
 
@@ -253,16 +251,9 @@ def run_group(
             if result_state(capture / cfg.name, settings, shots) == "ok":  # started only for its screen: kept
                 progress(f"  {cfg.name}: answers kept, not screened: failed to start: {diagnosis[:300]}")
                 continue
+            config = server_cfg.to_dict()
             status = ConfigStatus(
-                cfg.name,
-                cfg.label,
-                "failed",
-                diagnosis,
-                server_cfg.to_dict(),
-                settings.model_dump(),
-                None,
-                0,
-                now_utc(),
+                cfg.name, cfg.label, "failed", diagnosis, config, settings.model_dump(), finished_at=now_utc()
             )
             write_json_atomic(capture / cfg.name / "status.json", asdict(status))
             statuses.append(status)

@@ -68,7 +68,6 @@ def comparisons(
                         "kl_low": None if kl is None else kl.low,
                         "kl_high": None if kl is None else kl.high,
                         "kl_rest": None if kl is None else kl.rest,
-                        "kl_gap": None if kl is None else kl.gap,
                         "equivalence_kl": None if kl is None else equivalence(kl.low, kl.high, margin_kl).state,
                         "equivalence_delta": equivalence(
                             tost.ci_low if tost else float("nan"),

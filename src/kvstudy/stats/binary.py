@@ -88,12 +88,6 @@ class PairedCounts:
     candidate_only: int
     both_wrong: int
 
-    def __post_init__(self) -> None:
-        for name in ("both_right", "baseline_only", "candidate_only", "both_wrong"):
-            whole_count(getattr(self, name), name)
-        if self.n == 0:
-            raise StudyError("paired counts: no items to compare")
-
     @property
     def n(self) -> int:
         return self.both_right + self.baseline_only + self.candidate_only + self.both_wrong
