@@ -194,11 +194,10 @@ def result_state(folder: Path, settings: EvalSettings, shots: int) -> str | None
     if not (folder / "records.jsonl").is_file():
         return None
     read_records(folder / "records.jsonl")  # a corrupt records file is one line, not a "done"
-    found = status.get("settings")
-    settings_then: dict[str, Any] = found if isinstance(found, dict) else {}
-    same = {k: settings_then.get(k) for k in ("n", "task", "fewshot_seed")}
-    wanted = {"n": settings.n, "task": settings.task, "fewshot_seed": settings.fewshot_seed}
-    return "ok" if status.get("num_fewshot") == shots and same == wanted else None
+    then = status.get("settings")
+    wanted = settings.model_dump(include={"n", "task", "fewshot_seed"})
+    same = isinstance(then, dict) and all(then.get(k) == v for k, v in wanted.items())
+    return "ok" if status.get("num_fewshot") == shots and same else None
 
 
 def run_group(
