@@ -312,9 +312,11 @@ class SamplePair:
     same_prompts: bool | None  # every prompt_hash equal (None: not logged); FP8 vs 16-bit should be
 
 
-def pair_samples(baseline: SampleFile, candidate: SampleFile) -> SamplePair:
-    """Pair two sample files by doc_id; refuse different tasks, filters or document sets."""
-    b, c = baseline, candidate
+def read_pair(
+    baseline: str | Path, candidate: str | Path, filter_name: str = DEFAULT_FILTER, metric: str = DEFAULT_METRIC
+) -> SamplePair:
+    """Read two sample files and pair them by doc_id; refuse different tasks, filters or document sets."""
+    b, c = read_samples(baseline, filter_name, metric), read_samples(candidate, filter_name, metric)
     if b.task and c.task and b.task != c.task:
         raise StudyError(
             f"{c.path}: task {c.task!r}, but {b.path} is task {b.task!r}; expected two runs of the same task"
@@ -344,13 +346,6 @@ def pair_samples(baseline: SampleFile, candidate: SampleFile) -> SamplePair:
             prompts.append(rb.prompt_hash == rc.prompt_hash)
     same_prompts = all(prompts) if len(prompts) == len(b.rows) else None
     return SamplePair(b, c, b.doc_ids, same_prompts)
-
-
-def read_pair(
-    baseline: str | Path, candidate: str | Path, filter_name: str = DEFAULT_FILTER, metric: str = DEFAULT_METRIC
-) -> SamplePair:
-    """Read and pair two sample files in one call."""
-    return pair_samples(read_samples(baseline, filter_name, metric), read_samples(candidate, filter_name, metric))
 
 
 # --------------------------------------------------------------------------- cut-off answers
