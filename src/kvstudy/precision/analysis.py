@@ -180,7 +180,7 @@ def greedy_records(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any
             floor_p = p if role == FLOOR_ROLE else floor_p
             out.append(
                 {
-                    "group": group.name,
+                    "model": group.name,
                     "arm": _arm_label(group, arm),
                     "role": role,
                     "items": counts.n,
@@ -203,10 +203,8 @@ def greedy_table(records: list[dict[str, Any]], shown: bool = True) -> Any:
     import pandas as pd
 
     frame = pd.DataFrame(records)
-    if len(frame):
-        if shown:
-            frame["exact McNemar p"] = [p_value(p) for p in frame["exact McNemar p"]]
-        frame = frame.rename(columns={"group": "model"})
+    if shown and len(frame):
+        frame["exact McNemar p"] = [p_value(p) for p in frame["exact McNemar p"]]
     return frame
 
 
