@@ -114,7 +114,7 @@ def _gen_limit(arguments: Any) -> int | None:
 
 def _stopped_by_limit(row: Mapping[str, Any]) -> bool | None:
     if isinstance(row.get("truncated"), bool):
-        return bool(row["truncated"])
+        return row["truncated"]
     reason = row.get("finish_reason")
     if isinstance(reason, list) and reason:
         reason = _first_text(reason)
@@ -172,7 +172,6 @@ class SampleFile:
     task: str | None  # from the file name (or the rows), None if unknown
     filter: str
     metric: str
-    filters: tuple[str, ...]  # every filter the file holds
     rows: tuple[SampleRow, ...]
 
     @property
@@ -284,7 +283,7 @@ def read_samples(
                 f"{path}: doc_id {r.doc_id} (filter {filter_name!r}) has no numeric metric {metric!r}; it has {have}"
             )
     chosen.sort(key=lambda r: r.doc_id)
-    return SampleFile(path, task, filter_name, metric, filters, tuple(chosen))
+    return SampleFile(path, task, filter_name, metric, tuple(chosen))
 
 
 # --------------------------------------------------------------------------- two files
