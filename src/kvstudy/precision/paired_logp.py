@@ -48,7 +48,7 @@ class PairedLogp:
     test: ClusteredMean
     prompts: int
     top1_agreement: float | None  # share of reference positions with the same top-1 token
-    tost: ClusteredMean | None = None  # Δ log p with the 1 - 2 alpha interval (the two one-sided tests)
+    tost: ClusteredMean  # Δ log p with the 1 - 2 alpha interval (the two one-sided tests)
     kl: PairedKL | None = None  # None: the rows hold no top-k
 
 
