@@ -104,23 +104,18 @@ def _first_text(value: Any) -> str | None:
 
 
 def _gen_limit(arguments: Any) -> int | None:
-    if not isinstance(arguments, Mapping):
+    try:
+        limit = arguments["gen_args_0"]["arg_1"]["max_gen_toks"]
+    except (KeyError, TypeError, IndexError):
         return None
-    first = arguments.get("gen_args_0")
-    kwargs = first.get("arg_1") if isinstance(first, Mapping) else None
-    limit = kwargs.get("max_gen_toks") if isinstance(kwargs, Mapping) else None
-    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+    return limit if type(limit) is int and limit > 0 else None
 
 
 def _stopped_by_limit(row: Mapping[str, Any]) -> bool | None:
     if isinstance(row.get("truncated"), bool):
         return row["truncated"]
-    reason = row.get("finish_reason")
-    if isinstance(reason, list) and reason:
-        reason = _first_text(reason)
-    if isinstance(reason, str):
-        return reason in _LENGTH_REASONS
-    return None
+    reason = _first_text(row.get("finish_reason"))
+    return None if reason is None else reason in _LENGTH_REASONS
 
 
 def parse_row(row: Any) -> SampleRow:
