@@ -322,8 +322,7 @@ def run_missing(
     from kvstudy.vllm.command import ServerConfig
 
     capture = Path(capture)
-    base = base or ServerConfig(model=str(model))
-    base = replace(base, model=str(model))
+    base = replace(base, model=str(model)) if base else ServerConfig(model=str(model))
     inputs = capture_format.model_inputs(model)
     prompts = sc.prompts_for(settings.task, settings.data_dir, settings.n) if screen_top_k else []
     if (capture / capture_format.MANIFEST).is_file():  # never mix two models (or settings) in one capture
@@ -390,7 +389,7 @@ def write_manifest(
     capture = capture_format.check_new_capture(capture, own_item=_is_config_folder)
     capture.mkdir(parents=True, exist_ok=True)
     spec = {"settings": settings.model_dump(), "base_server_config": base.to_dict()}
-    inputs = inputs if inputs is not None else capture_format.model_inputs(model)
+    inputs = inputs or capture_format.model_inputs(model)
     if (capture / capture_format.MANIFEST).is_file():
         manifest = capture_format.read_manifest(capture, KIND)
         _check_same(capture, manifest, settings, inputs)

@@ -209,10 +209,7 @@ def greedy_table(records: list[dict[str, Any]], shown: bool = True) -> Any:
 
 def find(records: list[dict[str, Any]], group: str, arm: str, bucket: str | None = None) -> dict[str, Any] | None:
     """The record of ``arm`` in ``group`` (and ``bucket``), or None."""
-    for r in records:
-        if r["group"] == group and r["arm"] == arm and (bucket is None or r["bucket"] == bucket):
-            return r
-    return None
+    return next((r for r in records if r["group"] == group and r["arm"] == arm and bucket in (None, r["bucket"])), None)
 
 
 def claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -222,7 +219,7 @@ def claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def floor_rejections(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The A/A floor records that reject (they forbid every claim in their bucket)."""
-    return [r for r in records if r["role"] == FLOOR_ROLE and r["p"] == r["p"] and r["p"] < ALPHA]
+    return [r for r in records if r["role"] == FLOOR_ROLE and r["p"] < ALPHA]
 
 
 def screen_facts(

@@ -168,15 +168,12 @@ def calibrate(loaded: Loaded, prompts: Sequence[pr.ScoredPrompt]) -> tuple[tuple
     return k, v
 
 
-def _storages_main(calib: tuple[tuple[float, ...], tuple[float, ...]]) -> list[qz.Storage]:
-    return [
-        qz.Storage("bf16", "bfloat16"),
-        qz.Storage("bf16-repeat", "bfloat16", kernel="eager"),
-        qz.Storage("fp8-e4m3-scale1", "float8_e4m3fn"),
-        qz.Storage("fp8-e4m3-calibrated", "float8_e4m3fn", calib[0], calib[1], scales_from="calibration"),
-        qz.Storage("fp8-e5m2-scale1", "float8_e5m2"),
-        qz.Storage("int8-token-head", "int8_per_token_head", scales_from="per token and head"),
-    ]
+# every group's first arms: the baseline, its A/A floor, FP8 at scale 1.0
+FIRST_ARMS = [
+    qz.Storage("bf16", "bfloat16"),
+    qz.Storage("bf16-repeat", "bfloat16", kernel="eager"),
+    qz.Storage("fp8-e4m3-scale1", "float8_e4m3fn"),
+]
 
 
 LABELS = {
@@ -279,7 +276,12 @@ def run(spec: SimSpec, capture: str | Path, force: bool = False, retry_failed: b
             MAIN,
             spec.model,
             loaded,
-            _storages_main(calib),
+            [
+                *FIRST_ARMS,
+                qz.Storage("fp8-e4m3-calibrated", "float8_e4m3fn", *calib, scales_from="calibration"),
+                qz.Storage("fp8-e5m2-scale1", "float8_e5m2"),
+                qz.Storage("int8-token-head", "int8_per_token_head", scales_from="per token and head"),
+            ],
             scored,
             spec,
             [
@@ -293,9 +295,7 @@ def run(spec: SimSpec, capture: str | Path, force: bool = False, retry_failed: b
         k, v, found = qz.checkpoint_scales(spec.control_dir, control.layers)
         write_json_atomic(capture / CONTROL / "control.json", {**record, "source": spec.model, "scales_found": found})
         control_storages = [
-            qz.Storage("bf16", "bfloat16"),
-            qz.Storage("bf16-repeat", "bfloat16", kernel="eager"),
-            qz.Storage("fp8-e4m3-scale1", "float8_e4m3fn"),
+            *FIRST_ARMS,
             qz.Storage("fp8-e4m3-checkpoint", "float8_e4m3fn", k, v, scales_from="checkpoint"),
         ]
         control_prompts = pr.gsm8k_prompts(spec.control_gsm8k_n)

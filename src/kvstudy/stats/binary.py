@@ -232,7 +232,7 @@ def resolve_margin(
     if margin_points is not None and margin_share is not None:
         raise StudyError("margin: give it in points or as a share of the 16-bit score, not both")
     if margin_points is not None:
-        if not (isinstance(margin_points, (int, float)) and 0 < margin_points < 100 and math.isfinite(margin_points)):
+        if not (isinstance(margin_points, (int, float)) and 0 < margin_points < 100):  # NaN fails the bounds
             raise StudyError(f"margin_points: expected a number of points in (0, 100), got {margin_points!r}")
         return float(margin_points) / 100
     share = DEFAULT_MARGIN_SHARE if margin_share is None else margin_share
