@@ -51,7 +51,7 @@ class SimSpec(Spec):
     control_factor: Factor = Field(ctl.FACTOR, description="k_norm is multiplied and q_norm divided by this")
     gsm8k_n: Items = Field(100, description="GSM8K-format problems scored teacher-forced")
     control_gsm8k_n: Items = Field(50, description="problems the positive control scores")
-    retrieval_lengths: Axis[Tokens] = Field(default_factory=lambda: [512, 1024, 2048, 4096])
+    retrieval_lengths: Axis[Tokens] = [512, 1024, 2048, 4096]
     retrieval_per_length: Items = 8
     retrieval_seed: Seed = 20261130
     calibration_gsm8k_n: Items = 16
