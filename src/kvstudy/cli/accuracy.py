@@ -198,10 +198,13 @@ def _gsm8k(args: argparse.Namespace) -> int:
     runner.run_missing(
         names, args.model, args.capture, settings, base, retry_failed=args.retry_failed, screen_top_k=args.screen_top_k
     )
-    states = {cfg.name: (runner.read_status(Path(args.capture) / cfg.name) or {}) for cfg in configurations(names)}
-    bad = {name: s for name, s in states.items() if s.get("state") != "ok"}
+    states = {cfg.name: runner.read_status(Path(args.capture) / cfg.name) for cfg in configurations(names)}
+    bad = {name: s for name, s in states.items() if s is None or s.state != "ok"}
     for name, status in bad.items():
-        print(f"{name}: {status.get('state', 'missing')}: {str(status.get('diagnosis') or '')[:300]}", file=sys.stderr)
+        print(
+            f"{name}: {getattr(status, 'state', 'missing')}: {(status and status.diagnosis or '')[:300]}",
+            file=sys.stderr,
+        )
     return 1 if bad else 0
 
 
