@@ -54,7 +54,8 @@ def live_capture(tmp_path_factory, live_server_auto, tiny_model) -> Path:
         )
         write_json_atomic(root / name / "resolved_record.json", server_record(live_server_auto))
         write_json_atomic(
-            root / name / "status.json", {"state": "ok", "num_fewshot": shots, "settings": {"n": N}, "name": name}
+            root / name / "status.json",
+            {"state": "ok", "num_fewshot": shots, "settings": {"n": N}, "name": name, "label": name},
         )
     return root
 
@@ -142,7 +143,7 @@ def test_fp8_kv_against_bf16_kv(request, tiny_model, tmp_path, live_server_confi
     write_json_atomic(folder / "resolved_record.json", server_record(fp8))
     write_json_atomic(
         folder / "status.json",
-        {"state": "ok", "num_fewshot": SETTINGS.num_fewshot, "settings": {"n": N}, "name": "fp8-kv"},
+        {"state": "ok", "num_fewshot": SETTINGS.num_fewshot, "settings": {"n": N}, "name": "fp8-kv", "label": "fp8-kv"},
     )
     _check_records(folder, records)
     results = ge.load_capture(live_capture, ["bf16", "fp8-kv"])

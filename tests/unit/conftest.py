@@ -112,7 +112,7 @@ def config_result(name: str, records: list[Any], shots: int | None = 8, state: s
     """A configuration as read from a capture, labelled with its name in capitals."""
     from kvstudy.accuracy.runner import ConfigResult
 
-    return ConfigResult(name, name.upper(), state, None, shots, records, None)
+    return ConfigResult(name=name, label=name.upper(), state=state, num_fewshot=shots, records=records)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kvstudy import cli
+from kvstudy import capture, cli
 
 CAPTURES = Path(__file__).resolve().parents[2] / "data" / "captures"
 
@@ -73,7 +73,7 @@ def test_a_ladder_read_from_captures(tmp_path: Path) -> None:
     grades = [(8.0, acc, _screen(tmp_path / "s8", 0.5)), (64.0, acc, _screen(tmp_path / "s64", 0.3))]
     ladder, cal = calibrate_ladder(grades, reference=acc)
     res = ge.load_capture(acc, ["bf16", "fp8-kv"])
-    flt = ge.read_manifest(acc)["spec"]["settings"]["primary_filter"]
+    flt = capture.read_manifest(acc)["spec"]["settings"]["primary_filter"]
     expected = stats.compare(correctness(res["bf16"].records, flt), correctness(res["fp8-kv"].records, flt))
     assert ladder[0].change_points == pytest.approx(100 * expected.difference)
     assert ladder[0].bf16_change_points == 0.0  # the grade's 16-bit arm against the reference: the same run

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kvstudy.accuracy.configurations import CONFIGURATIONS
 from kvstudy.accuracy.records import correctness
@@ -40,41 +40,37 @@ class PublishedRow(BaseModel):
     published_wilson95_pct: tuple[float, float] = Field(strict=False)  # [low, high] in the file
 
 
-class _PublishedFile(BaseModel):
-    """A published accuracy summary as its file holds it (other keys kept as the summary's meta)."""
+class PublishedSummary(BaseModel):
+    """A published accuracy summary (counts only) as its file holds it; its other keys are its meta."""
 
     model_config = ConfigDict(strict=True, extra="allow")
 
     source: Literal["published"]
     n: int = Field(gt=0)
     rows: list[PublishedRow] = Field(min_length=1)
-    baseline: str | None = None
+    baseline: str = ""  # the file's, else the first row's
 
+    @model_validator(mode="after")
+    def _counts(self) -> Self:
+        for i, row in enumerate(self.rows):
+            if row.correct > self.n:
+                raise ValueError(f"rows[{i}].correct must be between 0 and n={self.n}")
+        self.baseline = self.baseline or self.rows[0].name
+        if self.baseline not in {r.name for r in self.rows}:
+            raise ValueError(f"baseline {self.baseline!r} is not one of the rows")
+        return self
 
-@dataclass(frozen=True)
-class PublishedSummary:
-    path: Path
-    meta: dict[str, Any]
-    n: int
-    baseline: str
-    rows: list[PublishedRow]
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"rows"})
 
 
 def load_published(path: str | Path) -> PublishedSummary:
-    """Read a published accuracy summary (counts only), checking each field."""
-    path = Path(path)
-    data = read_json(path)
+    """Read a published accuracy summary, checking each field."""
     try:
-        found = _PublishedFile.model_validate(data)
+        return PublishedSummary.model_validate(read_json(path))
     except ValidationError as exc:
         raise StudyError(f"{path}: {one_line(exc)}") from None
-    for i, row in enumerate(found.rows):
-        if row.correct > found.n:
-            raise StudyError(f"{path}: rows[{i}].correct must be between 0 and n={found.n}")
-    baseline = found.baseline or found.rows[0].name
-    if baseline not in {r.name for r in found.rows}:
-        raise StudyError(f"{path}: baseline {baseline!r} is not one of the rows")
-    return PublishedSummary(path, {k: v for k, v in data.items() if k != "rows"}, found.n, baseline, found.rows)
 
 
 @dataclass(frozen=True)

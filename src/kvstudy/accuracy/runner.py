@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -34,7 +34,7 @@ from kvstudy.accuracy.task_specs import task_spec, write_task_folder
 from kvstudy.bench.spec import Spec
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json, read_json_object, strip_ansi, write_json_atomic, write_jsonl_atomic
+from kvstudy.io import read_json, strip_ansi, write_json_atomic, write_jsonl_atomic
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 
@@ -90,7 +90,6 @@ def evaluate_server(
     out_dir: str | Path,
     settings: EvalSettings,
     num_fewshot: int | None = None,
-    keep_cache: bool = False,
 ) -> list[AnyRecord]:
     """Run lm-eval against one server and write ``records.jsonl`` and ``results.json``.
 
@@ -149,9 +148,8 @@ def evaluate_server(
         "n_samples": result.get("n-samples"),
     }
     write_json_atomic(out_dir / "results.json", summary)
-    if not keep_cache:
-        for path in out_dir.glob(f"{CACHE_PREFIX}*.db"):
-            path.unlink()
+    for path in out_dir.glob(f"{CACHE_PREFIX}*.db"):
+        path.unlink()
     return records
 
 
@@ -172,35 +170,34 @@ def cached_answers(out_dir: str | Path) -> int:
 # --------------------------------------------------------------------------- configurations live
 
 
-@dataclass
-class ConfigStatus:
+class ConfigResult(Spec):
+    """A configuration's ``status.json``; as read from a capture, with its records and resolved record."""
+
     name: str
     label: str
-    state: str  # ok | failed | incomplete
+    state: Literal["ok", "failed", "incomplete", "missing"]
     diagnosis: str | None = None
-    server_config: dict[str, Any] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)
+    server_config: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
     num_fewshot: int | None = None
     n_records: int = 0
     finished_at: str | None = None
+    records: list[Any] = Field([], exclude=True)  # QuestionRecord or RetrievalRecord, by task
+    resolved_record: dict[str, Any] | None = Field(None, exclude=True)
 
 
 def result_state(folder: Path, settings: EvalSettings, shots: int) -> str | None:
     """The state the done rule (``capture.needs_run``) reads for a configuration: its status's, but
     None (no result) for an "ok" without its records file or run with other settings (questions,
     task, few-shot seed or shots), which then runs again."""
-    status = read_status(folder) or {}
-    state = status.get("state")
-    if state != "ok":
-        return state if isinstance(state, str) else None
+    status = read_status(folder)
+    if status is None or status.state != "ok":
+        return None if status is None else status.state
     if not (folder / "records.jsonl").is_file():
         return None
     read_records(folder / "records.jsonl")  # a corrupt records file is one line, not a "done"
-    found = status.get("settings")
-    settings_then: dict[str, Any] = found if isinstance(found, dict) else {}
-    same = {k: settings_then.get(k) for k in ("n", "task", "fewshot_seed")}
-    wanted = {"n": settings.n, "task": settings.task, "fewshot_seed": settings.fewshot_seed}
-    return "ok" if status.get("num_fewshot") == shots and same == wanted else None
+    wanted = settings.model_dump(include={"n", "task", "fewshot_seed"})
+    return "ok" if status.num_fewshot == shots and wanted.items() <= status.settings.items() else None
 
 
 def run_group(
@@ -212,7 +209,7 @@ def run_group(
     progress: Progress = print,
     fp8_kv_backend: str | None = None,
     screen_top_k: int = 0,
-) -> list[ConfigStatus]:
+) -> list[ConfigResult]:
     """Start one server for configurations that share it and evaluate each (a result already
     done kept), then, with ``screen_top_k`` > 0, screen it (``kvstudy.accuracy.screening``); never
     raises for an engine failure (the status records the engine's diagnosis)."""
@@ -253,34 +250,19 @@ def run_group(
             if result_state(capture / cfg.name, settings, shots) == "ok":  # started only for its screen: kept
                 progress(f"  {cfg.name}: answers kept, not screened: failed to start: {diagnosis[:300]}")
                 continue
-            status = ConfigStatus(
-                cfg.name,
-                cfg.label,
-                "failed",
-                diagnosis,
-                server_cfg.to_dict(),
-                settings.model_dump(),
-                None,
-                0,
-                now_utc(),
-            )
-            write_json_atomic(capture / cfg.name / "status.json", asdict(status))
-            statuses.append(status)
+            statuses.append(_write_status(capture / cfg.name, cfg, server_cfg, settings, "failed", diagnosis))
             progress(f"  {cfg.name}: failed to start: {diagnosis[:300]}")
     return statuses
 
 
 def _evaluate(
     cfg: EvalConfig, srv: Any, server_cfg: Any, folder: Path, settings: EvalSettings, shots: int, progress: Progress
-) -> ConfigStatus:
+) -> ConfigResult:
     """lm-eval on one configuration (its status written), or its finished result as it was."""
-    if result_state(folder, settings, shots) == "ok":
+    found = read_status(folder)
+    if found and result_state(folder, settings, shots) == "ok":
         progress(f"  {cfg.name}: lm-eval done already, kept")
-        found = read_status(folder) or {}
-        count, config = len(read_records(folder / "records.jsonl")), found.get("server_config") or {}
-        return ConfigStatus(
-            cfg.name, cfg.label, "ok", None, config, settings.model_dump(), shots, count, found.get("finished_at")
-        )
+        return found
     progress(f"  {cfg.name}: lm-eval, {settings.n} questions, {shots}-shot")
     state, diagnosis = "ok", None
     try:
@@ -289,10 +271,32 @@ def _evaluate(
         )
     except EvalIncomplete as exc:
         state, diagnosis, count = "incomplete", str(exc), cached_answers(folder)
-    status = ConfigStatus(
-        cfg.name, cfg.label, state, diagnosis, server_cfg.to_dict(), settings.model_dump(), shots, count, now_utc()
+    return _write_status(folder, cfg, server_cfg, settings, state, diagnosis, num_fewshot=shots, n_records=count)
+
+
+def _write_status(
+    folder: Path,
+    cfg: EvalConfig,
+    server_cfg: Any,
+    settings: EvalSettings,
+    state: str,
+    diagnosis: str | None,
+    **more: Any,
+) -> ConfigResult:
+    """A configuration's status, finished now, written to ``status.json``."""
+    status = ConfigResult.model_validate(
+        {
+            "name": cfg.name,
+            "label": cfg.label,
+            "state": state,
+            "diagnosis": diagnosis,
+            "server_config": server_cfg.to_dict(),
+            "settings": settings.model_dump(),
+            "finished_at": now_utc(),
+            **more,
+        }
     )
-    write_json_atomic(folder / "status.json", asdict(status))
+    write_json_atomic(folder / "status.json", status.model_dump())
     return status
 
 
@@ -326,14 +330,13 @@ def run_missing(
     progress: Progress = print,
     fp8_kv_backend: str | None = None,
     screen_top_k: int = 0,
-) -> dict[str, ConfigStatus | None]:
+) -> dict[str, ConfigResult]:
     """Run every named configuration that has no finished records under these settings (nor, with
     ``screen_top_k`` > 0, a finished screen of its server: ``kvstudy.accuracy.screening``)."""
     from kvstudy.vllm.command import ServerConfig
 
     capture = Path(capture)
-    base = base or ServerConfig(model=str(model))
-    base = replace(base, model=str(model))
+    base = replace(base, model=str(model)) if base else ServerConfig(model=str(model))
     inputs = capture_format.model_inputs(model)
     prompts = sc.prompts_for(settings.task, settings.data_dir, settings.n) if screen_top_k else []
     if (capture / capture_format.MANIFEST).is_file():  # never mix two models (or settings) in one capture
@@ -348,7 +351,7 @@ def run_missing(
         if state == "ok" and screen_top_k and sc.screened(cfg) and sc.state(folder, screen_top_k, prompts) != "ok":
             state = None  # answered, not screened yet: its server starts again for the screen alone
         if not capture_format.needs_run(state, retry_failed):  # every experiment's rule
-            diagnosis = (read_status(folder) or {}).get("diagnosis") or ""
+            diagnosis = getattr(read_status(folder), "diagnosis", None) or ""
             progress(
                 f"{cfg.name}: done already, kept"
                 if state == "ok"
@@ -356,7 +359,7 @@ def run_missing(
             )
             continue
         todo.setdefault(cfg.server_key(), []).append(cfg)
-    results: dict[str, ConfigStatus | None] = {}
+    results: dict[str, ConfigResult] = {}
     if todo:
         require_live(model, lm_eval=True)
         write_manifest(capture, names, model, settings, base, inputs)
@@ -374,10 +377,10 @@ def run_missing(
     return results
 
 
-def read_status(folder: Path) -> dict[str, Any] | None:
+def read_status(folder: Path) -> ConfigResult | None:
     """A configuration's status.json (None when absent)."""
     path = folder / "status.json"
-    return read_json_object(path) if path.is_file() else None
+    return ConfigResult.from_dict(read_json(path), str(path)) if path.is_file() else None
 
 
 KIND = "kvstudy accuracy runs"
@@ -400,7 +403,7 @@ def write_manifest(
     capture = capture_format.check_new_capture(capture, own_item=_is_config_folder)
     capture.mkdir(parents=True, exist_ok=True)
     spec = {"settings": settings.model_dump(), "base_server_config": base.to_dict()}
-    inputs = inputs if inputs is not None else capture_format.model_inputs(model)
+    inputs = inputs or capture_format.model_inputs(model)
     if (capture / capture_format.MANIFEST).is_file():
         manifest = capture_format.read_manifest(capture, KIND)
         _check_same(capture, manifest, settings, inputs)
@@ -426,9 +429,7 @@ def _check_same(capture: Path, manifest: dict[str, Any], settings: EvalSettings,
 def _record_states(capture: Path, manifest: dict[str, Any]) -> None:
     """Each configuration's state (from its status.json) into the manifest, written atomically."""
     states = {
-        p.name: str((read_status(p) or {}).get("state", "missing"))
-        for p in sorted(capture.iterdir())
-        if _is_config_folder(p)
+        p.name: getattr(read_status(p), "state", "missing") for p in sorted(capture.iterdir()) if _is_config_folder(p)
     }
     capture_format.set_items(manifest, states)
     capture_format.write_manifest(capture, manifest)
@@ -442,19 +443,6 @@ def _is_config_folder(path: Path) -> bool:
 # --------------------------------------------------------------------------- reading a capture
 
 
-@dataclass
-class ConfigResult:
-    """A configuration as found in a capture folder."""
-
-    name: str
-    label: str
-    state: str
-    diagnosis: str | None
-    num_fewshot: int | None
-    records: list[Any]  # QuestionRecord or RetrievalRecord, by task
-    resolved_record: dict[str, Any] | None
-
-
 def load_capture(capture: str | Path, names: Sequence[str]) -> dict[str, ConfigResult]:
     """Read each named configuration's status, records and resolved record (missing -> state
     'missing')."""
@@ -464,22 +452,15 @@ def load_capture(capture: str | Path, names: Sequence[str]) -> dict[str, ConfigR
     found = {}
     for cfg in configurations(names):
         folder = capture / cfg.name
-        status = read_status(folder) or {"state": "missing", "diagnosis": "not run"}
-        records = read_records(folder / "records.jsonl") if status.get("state") == "ok" else []
+        status = read_status(folder) or ConfigResult(
+            name=cfg.name, label=cfg.label, state="missing", diagnosis="not run"
+        )
         rr_path = folder / "resolved_record.json"
-        resolved = read_json(rr_path) if rr_path.is_file() else None
-        found[cfg.name] = ConfigResult(
-            cfg.name,
-            cfg.label,
-            str(status.get("state")),
-            status.get("diagnosis"),
-            status.get("num_fewshot"),
-            records,
-            resolved,
+        found[cfg.name] = status.model_copy(
+            update={
+                "label": cfg.label,
+                "records": read_records(folder / "records.jsonl") if status.state == "ok" else [],
+                "resolved_record": read_json(rr_path) if rr_path.is_file() else None,
+            }
         )
     return found
-
-
-def read_manifest(capture: str | Path) -> dict[str, Any]:
-    """The capture's manifest (kvstudy.capture format)."""
-    return capture_format.read_manifest(capture)

@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
 from kvstudy.io import parse_json_text, parse_jsonl_text, read_text_checked
 from kvstudy.limits import MAX_FILE_NUMBER
@@ -80,19 +83,17 @@ class SampleRow:
     task: str | None  # only if a row carries one (lm-eval's rows do not)
 
 
-def _whole(value: Any, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{field}: expected a whole number >= 0, got {value!r}")
-    return value
+class _Logged(BaseModel):
+    """The keys of a row the study reads, checked (the others are lm-eval's, metric values among them)."""
 
+    model_config = ConfigDict(strict=True, extra="allow")
 
-def _text_or_none(row: Mapping[str, Any], key: str) -> str | None:
-    value = row.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ValueError(f"{key}: expected text, got {type(value).__name__}")
-    return value
+    doc_id: int = Field(ge=0)
+    filter: str = Field(UNNAMED_FILTER, min_length=1)  # lm-eval before 0.4.2 did not log it
+    metrics: list[str] = []
+    doc_hash: str | None = None
+    target_hash: str | None = None
+    prompt_hash: str | None = None
 
 
 def _first_text(value: Any) -> str | None:
@@ -103,38 +104,28 @@ def _first_text(value: Any) -> str | None:
 
 
 def _gen_limit(arguments: Any) -> int | None:
-    if not isinstance(arguments, Mapping):
+    try:
+        limit = arguments["gen_args_0"]["arg_1"]["max_gen_toks"]
+    except (KeyError, TypeError, IndexError):
         return None
-    first = arguments.get("gen_args_0")
-    kwargs = first.get("arg_1") if isinstance(first, Mapping) else None
-    limit = kwargs.get("max_gen_toks") if isinstance(kwargs, Mapping) else None
-    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+    return limit if type(limit) is int and limit > 0 else None
 
 
 def _stopped_by_limit(row: Mapping[str, Any]) -> bool | None:
     if isinstance(row.get("truncated"), bool):
-        return bool(row["truncated"])
-    reason = row.get("finish_reason")
-    if isinstance(reason, list) and reason:
-        reason = _first_text(reason)
-    if isinstance(reason, str):
-        return reason in _LENGTH_REASONS
-    return None
+        return row["truncated"]
+    reason = _first_text(row.get("finish_reason"))
+    return None if reason is None else reason in _LENGTH_REASONS
 
 
 def parse_row(row: Any) -> SampleRow:
     """One decoded JSON line to a :class:`SampleRow`; ValueError/TypeError says what is wrong."""
     if not isinstance(row, dict):
         raise TypeError(f"expected a JSON object, got {type(row).__name__}")
-    if "doc_id" not in row:
-        raise ValueError("no 'doc_id' key; expected lm-eval's doc_id, doc, filter, metrics ...")
-    doc_id = _whole(row["doc_id"], "doc_id")
-    filter_name = row.get("filter", UNNAMED_FILTER)  # lm-eval before 0.4.2 did not log it
-    if not isinstance(filter_name, str) or not filter_name:
-        raise ValueError(f"filter: expected a filter name, got {filter_name!r}")
-    names = row.get("metrics", [])
-    if not isinstance(names, list) or not all(isinstance(m, str) for m in names):
-        raise ValueError(f"metrics: expected a list of metric names, got {names!r}")
+    try:
+        found = _Logged.model_validate(row)
+    except ValidationError as exc:
+        raise ValueError(one_line(exc)) from None
     scores = {
         k: float(v)
         for k, v in row.items()
@@ -150,14 +141,14 @@ def parse_row(row: Any) -> SampleRow:
         digest = hashlib.sha256(json.dumps(doc, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
     task = row.get("task", row.get("task_name"))
     return SampleRow(
-        doc_id=doc_id,
-        filter=filter_name,
+        doc_id=found.doc_id,
+        filter=found.filter,
         scores=scores,
-        metric_names=tuple(names),
-        doc_hash=_text_or_none(row, "doc_hash"),
+        metric_names=tuple(found.metrics),
+        doc_hash=found.doc_hash,
         doc_digest=digest,
-        target_hash=_text_or_none(row, "target_hash"),
-        prompt_hash=_text_or_none(row, "prompt_hash"),
+        target_hash=found.target_hash,
+        prompt_hash=found.prompt_hash,
         response=_first_text(row.get("resps")),
         gen_limit=_gen_limit(row.get("arguments")),
         stopped_by_limit=_stopped_by_limit(row),
@@ -176,7 +167,6 @@ class SampleFile:
     task: str | None  # from the file name (or the rows), None if unknown
     filter: str
     metric: str
-    filters: tuple[str, ...]  # every filter the file holds
     rows: tuple[SampleRow, ...]
 
     @property
@@ -288,7 +278,7 @@ def read_samples(
                 f"{path}: doc_id {r.doc_id} (filter {filter_name!r}) has no numeric metric {metric!r}; it has {have}"
             )
     chosen.sort(key=lambda r: r.doc_id)
-    return SampleFile(path, task, filter_name, metric, filters, tuple(chosen))
+    return SampleFile(path, task, filter_name, metric, tuple(chosen))
 
 
 # --------------------------------------------------------------------------- two files
@@ -315,16 +305,12 @@ class SamplePair:
     doc_ids: tuple[int, ...]
     same_prompts: bool | None  # every prompt_hash equal (None: not logged); FP8 vs 16-bit should be
 
-    def baseline_correct(self) -> dict[int, bool]:
-        return self.baseline.correctness()
 
-    def candidate_correct(self) -> dict[int, bool]:
-        return self.candidate.correctness()
-
-
-def pair_samples(baseline: SampleFile, candidate: SampleFile) -> SamplePair:
-    """Pair two sample files by doc_id; refuse different tasks, filters or document sets."""
-    b, c = baseline, candidate
+def read_pair(
+    baseline: str | Path, candidate: str | Path, filter_name: str = DEFAULT_FILTER, metric: str = DEFAULT_METRIC
+) -> SamplePair:
+    """Read two sample files and pair them by doc_id; refuse different tasks, filters or document sets."""
+    b, c = read_samples(baseline, filter_name, metric), read_samples(candidate, filter_name, metric)
     if b.task and c.task and b.task != c.task:
         raise StudyError(
             f"{c.path}: task {c.task!r}, but {b.path} is task {b.task!r}; expected two runs of the same task"
@@ -354,13 +340,6 @@ def pair_samples(baseline: SampleFile, candidate: SampleFile) -> SamplePair:
             prompts.append(rb.prompt_hash == rc.prompt_hash)
     same_prompts = all(prompts) if len(prompts) == len(b.rows) else None
     return SamplePair(b, c, b.doc_ids, same_prompts)
-
-
-def read_pair(
-    baseline: str | Path, candidate: str | Path, filter_name: str = DEFAULT_FILTER, metric: str = DEFAULT_METRIC
-) -> SamplePair:
-    """Read and pair two sample files in one call."""
-    return pair_samples(read_samples(baseline, filter_name, metric), read_samples(candidate, filter_name, metric))
 
 
 # --------------------------------------------------------------------------- cut-off answers

@@ -30,7 +30,7 @@ from kvstudy.errors import StudyError
 from kvstudy.io import (
     get_field,
     parse_jsonl_text,
-    read_json,
+    read_json_object,
     read_jsonl,
     read_text_checked,
     write_json_atomic,
@@ -84,11 +84,13 @@ def screened(cfg: EvalConfig) -> bool:
 
 def _status(folder: Path, top_k: int, prompts: Sequence[ScoredPrompt]) -> str | None:
     """The state ``screen.json`` records for a screen of these prompts at this top-k (None: none)."""
-    status = read_json(folder / STATUS) if (folder / STATUS).is_file() else None
-    same = (
-        isinstance(status, dict) and status.get("top_k") == top_k and status.get("prompts_sha256") == _digest(prompts)
-    )
-    return str(status.get("state")) if same and isinstance(status, dict) else None
+    status = _read_status(folder)
+    same = status.get("top_k") == top_k and status.get("prompts_sha256") == _digest(prompts)
+    return str(status.get("state")) if same else None
+
+
+def _read_status(folder: Path) -> dict[str, Any]:
+    return read_json_object(folder / STATUS) if (folder / STATUS).is_file() else {}
 
 
 def state(folder: Path, top_k: int, prompts: Sequence[ScoredPrompt]) -> str | None:
@@ -160,8 +162,8 @@ def load(capture: str | Path, names: Sequence[str]) -> Screened | None:
     found: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
     for cfg in configurations(names):
         folder = Path(capture) / cfg.name
-        status = read_json(folder / STATUS) if (folder / STATUS).is_file() else None
-        if isinstance(status, dict) and status.get("state") == "ok" and (folder / ROWS).is_file():
+        status = _read_status(folder)
+        if status.get("state") == "ok" and (folder / ROWS).is_file():
             found[cfg.name] = (status, read_jsonl(folder / ROWS))
     floor = next((c.name for c in configurations(names) if c.repeat and c.name in found), None)
     candidates = tuple(n for n in found if n not in (names[0], floor))

@@ -4,16 +4,13 @@
                                        [--margin-points X | --margin-share S] [--json]
     kvstudy accuracy totals --n N --baseline A --candidate B [--json]
 
-Numbers are parsed here rather than by argparse so that a bad one is a single line
-(``kvstudy: error: ...``) with exit status 2, like every other bad input. And ``kvstudy gsm8k``: lm-eval
+A count may be negative here: the totals' own check names it. And ``kvstudy gsm8k``: lm-eval
 on served configurations (:mod:`kvstudy.accuracy.runner`), exit 1 when any is not ok.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,34 +20,12 @@ from kvstudy.accuracy.configurations import CONFIGURATIONS, configurations
 from kvstudy.accuracy.task_specs import TASKS
 from kvstudy.cli import json_option, retry_option, show
 from kvstudy.errors import StudyError
+from kvstudy.io import bounded_float, bounded_int
 from kvstudy.limits import MAX_GIB, MAX_ITEMS, MAX_SHOTS, MAX_TOKENS, MAX_TOP_K, float_arg, int_arg, output_folder
 from kvstudy.vllm.command import ServerConfig
 
 if TYPE_CHECKING:
     from kvstudy.stats import binary, binary_power
-
-
-def _whole(text: str, field: str) -> int:
-    """A whole number from the command line, at most ``MAX_ITEMS``, or a StudyError naming the option
-    (a negative count is left to the totals' own check, which names the count)."""
-    if not re.fullmatch(r"\s*[+-]?[0-9]{1,30}\s*", text):
-        raise StudyError(f"{field}: expected a whole number, got {text[:40]!r}")
-    value = int(text)
-    if value > MAX_ITEMS:
-        raise StudyError(f"{field}: {value} is above the maximum {MAX_ITEMS:,} items")
-    return value
-
-
-def _number(text: str | None, field: str) -> float | None:
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise StudyError(f"{field}: expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise StudyError(f"{field}: expected a finite number, got {text!r}")
-    return value
 
 
 def _compare_json(cmp: binary.PairedComparison) -> dict[str, Any]:
@@ -95,12 +70,14 @@ def _totals_json(t: binary_power.TotalsBounds) -> dict[str, Any]:
 def _run_compare(args: argparse.Namespace) -> int:
     from kvstudy.stats import binary
 
-    margin_points = _number(args.margin_points, "--margin-points")
-    margin_share = _number(args.margin_share, "--margin-share")
+    margin_points, margin_share = (
+        None if text is None else bounded_float(text, option)
+        for text, option in ((args.margin_points, "--margin-points"), (args.margin_share, "--margin-share"))
+    )
     pair = samples.read_pair(args.baseline, args.candidate, args.filter, args.metric)
     verdict = binary.compare(
-        pair.baseline_correct(),
-        pair.candidate_correct(),
+        pair.baseline.correctness(),
+        pair.candidate.correctness(),
         margin_points=margin_points,
         margin_share=margin_share,
         baseline_label="baseline",
@@ -140,9 +117,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 def _run_totals(args: argparse.Namespace) -> int:
     from kvstudy.stats import binary_power
 
-    n = _whole(args.n, "--n")
-    a = _whole(args.baseline, "--baseline")
-    b = _whole(args.candidate, "--candidate")
+    n, a, b = (bounded_int(getattr(args, k), f"--{k}", high=MAX_ITEMS) for k in ("n", "baseline", "candidate"))
     bounds = binary_power.totals_bounds(n, a, b)
     data = _totals_json(bounds)
     low, high = bounds.detectable_loss_low, bounds.detectable_loss_high
@@ -223,10 +198,13 @@ def _gsm8k(args: argparse.Namespace) -> int:
     runner.run_missing(
         names, args.model, args.capture, settings, base, retry_failed=args.retry_failed, screen_top_k=args.screen_top_k
     )
-    states = {cfg.name: (runner.read_status(Path(args.capture) / cfg.name) or {}) for cfg in configurations(names)}
-    bad = {name: s for name, s in states.items() if s.get("state") != "ok"}
+    states = {cfg.name: runner.read_status(Path(args.capture) / cfg.name) for cfg in configurations(names)}
+    bad = {name: s for name, s in states.items() if s is None or s.state != "ok"}
     for name, status in bad.items():
-        print(f"{name}: {status.get('state', 'missing')}: {str(status.get('diagnosis') or '')[:300]}", file=sys.stderr)
+        print(
+            f"{name}: {getattr(status, 'state', 'missing')}: {(status and status.diagnosis or '')[:300]}",
+            file=sys.stderr,
+        )
     return 1 if bad else 0
 
 

@@ -43,16 +43,7 @@ def add_control_checkpoint(subparsers: Any) -> None:
 
 
 def _kv_simulate(args: argparse.Namespace) -> int:
-    spec = SimSpec(
-        model=args.model,
-        control_dir=args.control_dir,
-        gsm8k_n=args.gsm8k_n,
-        control_gsm8k_n=args.control_gsm8k_n,
-        retrieval_lengths=tuple(args.retrieval_lengths),
-        retrieval_per_length=args.retrieval_per_length,
-        greedy_n=args.greedy_n,
-        threads=args.threads,
-    )
+    spec = SimSpec.from_dict({k: v for k, v in vars(args).items() if k in SimSpec.model_fields}, "kv-simulate")
     run(spec, args.capture, args.force, args.retry_failed)
     print(f"{args.capture}: done ({qz.LABEL})")
     return 0

@@ -34,7 +34,7 @@ def comparisons(
     capture: Capture, alpha: float = ALPHA, margin_kl: float | None = None, margin_delta: float | None = None
 ) -> list[dict[str, Any]]:
     """One record per group, bucket and arm (the floor first): Δ log p and its test, the KL from the
-    top-k, equivalence against the margins (None: undecided) and the verdict; the candidates' p are
+    top-k (its keys absent without one), equivalence against the margins (None: undecided) and the verdict; the candidates' p are
     one Holm family (``p_holm``) before any verdict reads them.
     """
     out: list[dict[str, Any]] = []
@@ -45,9 +45,7 @@ def comparisons(
             floor = pair_rows(rows[group.baseline], rows[group.floor], alpha)
             for role, arm in [(FLOOR_ROLE, group.floor)] + [("candidate", c) for c in group.candidates]:
                 paired = floor if arm == group.floor else pair_rows(rows[group.baseline], rows[arm], alpha)
-                t = paired.test
-                kl = paired.kl
-                tost = paired.tost
+                t, kl, tost = paired.test, paired.kl, paired.tost
                 out.append(
                     {
                         "group": group.name,
@@ -64,18 +62,18 @@ def comparisons(
                         "p": t.p_value,
                         "top1": paired.top1_agreement,
                         "floor_p": floor.test.p_value,
-                        "kl": None if kl is None else kl.mean,
-                        "kl_low": None if kl is None else kl.low,
-                        "kl_high": None if kl is None else kl.high,
-                        "kl_rest": None if kl is None else kl.rest,
-                        "kl_gap": None if kl is None else kl.gap,
-                        "equivalence_kl": None if kl is None else equivalence(kl.low, kl.high, margin_kl).state,
-                        "equivalence_delta": equivalence(
-                            tost.ci_low if tost else float("nan"),
-                            tost.ci_high if tost else float("nan"),
-                            margin_delta,
-                            two_sided=True,
-                        ).state,
+                        "equivalence_delta": equivalence(tost.ci_low, tost.ci_high, margin_delta, two_sided=True).state,
+                        **(
+                            {}  # no top-k in the rows: no KL keys
+                            if kl is None
+                            else {
+                                "kl": kl.mean,
+                                "kl_low": kl.low,
+                                "kl_high": kl.high,
+                                "kl_rest": kl.rest,
+                                "equivalence_kl": equivalence(kl.low, kl.high, margin_kl).state,
+                            }
+                        ),
                     }
                 )
     _holm(out, alpha)
@@ -181,7 +179,7 @@ def greedy_records(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any
             floor_p = p if role == FLOOR_ROLE else floor_p
             out.append(
                 {
-                    "group": group.name,
+                    "model": group.name,
                     "arm": _arm_label(group, arm),
                     "role": role,
                     "items": counts.n,
@@ -204,19 +202,14 @@ def greedy_table(records: list[dict[str, Any]], shown: bool = True) -> Any:
     import pandas as pd
 
     frame = pd.DataFrame(records)
-    if len(frame):
-        if shown:
-            frame["exact McNemar p"] = [p_value(p) for p in frame["exact McNemar p"]]
-        frame = frame.rename(columns={"group": "model"})
+    if shown and len(frame):
+        frame["exact McNemar p"] = [p_value(p) for p in frame["exact McNemar p"]]
     return frame
 
 
 def find(records: list[dict[str, Any]], group: str, arm: str, bucket: str | None = None) -> dict[str, Any] | None:
     """The record of ``arm`` in ``group`` (and ``bucket``), or None."""
-    for r in records:
-        if r["group"] == group and r["arm"] == arm and (bucket is None or r["bucket"] == bucket):
-            return r
-    return None
+    return next((r for r in records if r["group"] == group and r["arm"] == arm and bucket in (None, r["bucket"])), None)
 
 
 def claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -226,7 +219,7 @@ def claims(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def floor_rejections(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The A/A floor records that reject (they forbid every claim in their bucket)."""
-    return [r for r in records if r["role"] == FLOOR_ROLE and r["p"] == r["p"] and r["p"] < ALPHA]
+    return [r for r in records if r["role"] == FLOOR_ROLE and r["p"] < ALPHA]
 
 
 def screen_facts(

@@ -48,7 +48,7 @@ class PairedLogp:
     test: ClusteredMean
     prompts: int
     top1_agreement: float | None  # share of reference positions with the same top-1 token
-    tost: ClusteredMean | None = None  # Δ log p with the 1 - 2 alpha interval (the two one-sided tests)
+    tost: ClusteredMean  # Δ log p with the 1 - 2 alpha interval (the two one-sided tests)
     kl: PairedKL | None = None  # None: the rows hold no top-k
 
 
@@ -133,7 +133,7 @@ def verdict(candidate_p: float, candidate_mean: float, floor_p: float, alpha: fl
         return "no claim: too few clusters for a test"
     if candidate_p >= alpha:
         return f"no claim: the paired test does not reject ({named(candidate_p)} >= {alpha:g})"
-    if np.isfinite(floor_p) and floor_p < alpha:
+    if floor_p < alpha:  # NaN: no test, no rejection
         return f"no claim: the A/A floor rejects too ({p_text(floor_p)}), so the method cannot tell"
     if candidate_mean > 0:
         return f"no claim of a loss: the candidate scores higher ({named(candidate_p)})"
@@ -142,6 +142,6 @@ def verdict(candidate_p: float, candidate_mean: float, floor_p: float, alpha: fl
 
 def floor_verdict(floor_p: float, alpha: float = ALPHA) -> str:
     """What the A/A floor itself says (it should make no claim)."""
-    if np.isfinite(floor_p) and floor_p < alpha:
+    if floor_p < alpha:
         return f"the A/A floor rejects ({p_text(floor_p)}): noise alone 'differs'; no claim is possible"
     return "no claim (A/A floor)"

@@ -32,15 +32,15 @@ class Storage:
     """How one arm stores K and V: a format and, for FP8, one scale per layer (None: 1.0)."""
 
     name: str
-    fmt: str  # one of FORMATS
+    format: str  # one of FORMATS
     k_scales: tuple[float, ...] | None = None  # per layer; None: scale 1.0 everywhere
     v_scales: tuple[float, ...] | None = None
     kernel: str = "sdpa"  # "sdpa", or "eager" (the A/A arm: the same storage through another kernel)
     scales_from: str = "1.0"  # where the scales came from: "1.0", "checkpoint", "calibration"
 
     def __post_init__(self) -> None:
-        if self.fmt not in FORMATS:
-            raise StudyError(f"storage {self.name}: format {self.fmt!r}, expected one of {', '.join(FORMATS)}")
+        if self.format not in FORMATS:
+            raise StudyError(f"storage {self.name}: format {self.format!r}, expected one of {', '.join(FORMATS)}")
         if self.kernel not in ("sdpa", "eager"):
             raise StudyError(f"storage {self.name}: kernel {self.kernel!r}, expected sdpa or eager")
         for scales in (self.k_scales, self.v_scales):
@@ -54,16 +54,6 @@ class Storage:
         if layer >= len(scales):
             raise StudyError(f"storage {self.name}: no {kind} scale for layer {layer} ({len(scales)} given)")
         return float(scales[layer])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "format": self.fmt,
-            "k_scales": list(self.k_scales) if self.k_scales is not None else None,
-            "v_scales": list(self.v_scales) if self.v_scales is not None else None,
-            "kernel": self.kernel,
-            "scales_from": self.scales_from,
-        }
 
 
 def fp8_round_trip(x: Any, fmt: str = "float8_e4m3fn", scale: float = 1.0) -> Any:
@@ -95,11 +85,11 @@ def int8_round_trip(x: Any) -> Any:
 
 def store(x: Any, storage: Storage, kind: str, layer: int) -> Any:
     """One layer's K (``kind`` "k") or V ("v") as ``storage`` keeps it."""
-    if storage.fmt == "bfloat16":
+    if storage.format == "bfloat16":
         return bf16_round_trip(x)
-    if storage.fmt == "int8_per_token_head":
+    if storage.format == "int8_per_token_head":
         return int8_round_trip(x)
-    return fp8_round_trip(x, storage.fmt, storage.scale(kind, layer))
+    return fp8_round_trip(x, storage.format, storage.scale(kind, layer))
 
 
 @dataclass

@@ -26,7 +26,6 @@ from kvstudy.bench.logprobs import (
 from kvstudy.capture import new_manifest, set_items, write_manifest
 from kvstudy.errors import StudyError
 from kvstudy.io import write_json_atomic, write_jsonl_atomic
-from kvstudy.limits import MAX_TOP_K
 from kvstudy.precision import prompts as pr
 from kvstudy.precision.records import GROUP_FILE, KIND, Group, claim_capture, logp_path
 
@@ -54,8 +53,6 @@ def screen(
     check_same_model(base, cand, allow_other_checkpoint)
     floor = describe_server(repeat) if repeat else base
     check_same_model(base, floor)
-    if not 1 <= top_k <= MAX_TOP_K:
-        raise StudyError(f"--top-k: expected 1 to {MAX_TOP_K:,}, got {top_k}")
     for server in {s.url: s for s in (base, cand, floor)}.values():
         check_top_k(server, top_k)
         for prompt in prompts:

@@ -16,8 +16,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+from pydantic import Field, model_validator
+
+from kvstudy.bench.spec import Axis, Spec
 from kvstudy.capture import (
     create_or_resume,
     finish_session,
@@ -29,6 +32,7 @@ from kvstudy.capture import (
 )
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import write_json_atomic, write_jsonl_atomic
+from kvstudy.limits import Factor, Items, Seed, Threads, Tokens
 from kvstudy.precision import prompts as pr
 from kvstudy.precision import quantize as qz
 from kvstudy.precision.records import GROUP_FILE, KIND, Group, claim_capture, greedy_path, logp_path
@@ -37,39 +41,34 @@ from kvstudy.tools import scaled_k_checkpoint as ctl
 MAIN, CONTROL = "qwen3-mini", "positive-control"
 
 
-@dataclass(frozen=True)
-class SimSpec:
+class SimSpec(Spec):
     """What a simulated-storage capture runs (the notebook's parameters have these names)."""
 
-    model: str = "data/trained-model/qwen3-mini"
-    control_dir: str = "captures/models/qwen3-mini-k2048"  # where the positive control is written
-    control_factor: float = ctl.FACTOR
-    gsm8k_n: int = 100
-    control_gsm8k_n: int = 50
-    retrieval_lengths: tuple[int, ...] = (512, 1024, 2048, 4096)
-    retrieval_per_length: int = 8
-    retrieval_seed: int = 20261130
-    calibration_gsm8k_n: int = 16
-    calibration_seed: int = 20261201
-    greedy_n: int = 0
-    greedy_max_tokens: int = 320
-    threads: int = 2
+    model: str = Field("data/trained-model/qwen3-mini", description="the model folder run in PyTorch")
+    control_dir: str = Field(
+        "captures/models/qwen3-mini-k2048", description="where the positive-control checkpoint is written"
+    )
+    control_factor: Factor = Field(ctl.FACTOR, description="k_norm is multiplied and q_norm divided by this")
+    gsm8k_n: Items = Field(100, description="GSM8K-format problems scored teacher-forced")
+    control_gsm8k_n: Items = Field(50, description="problems the positive control scores")
+    retrieval_lengths: Axis[Tokens] = [512, 1024, 2048, 4096]
+    retrieval_per_length: Items = 8
+    retrieval_seed: Seed = 20261130
+    calibration_gsm8k_n: Items = 16
+    calibration_seed: Seed = 20261201
+    greedy_n: Items = Field(0, description="GSM8K-format items answered greedily per arm")
+    greedy_max_tokens: Tokens = 320
+    threads: Threads = 2
 
-    def __post_init__(self) -> None:
-        for name in ("gsm8k_n", "control_gsm8k_n", "retrieval_per_length", "calibration_gsm8k_n", "greedy_n"):
-            if int(getattr(self, name)) < 0:
-                raise StudyError(f"{name}: got {getattr(self, name)}, expected >= 0")
+    @model_validator(mode="after")
+    def _scored(self) -> Self:
         if not self.gsm8k_n and not self.retrieval_per_length:
-            raise StudyError("gsm8k_n and retrieval_per_length are both 0: nothing to score")
+            raise ValueError("gsm8k_n and retrieval_per_length are both 0: nothing to score")
         if self.greedy_n > self.gsm8k_n:
-            raise StudyError(
+            raise ValueError(
                 f"greedy_n {self.greedy_n}: expected <= gsm8k_n {self.gsm8k_n} (a subset of the scored items)"
             )
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["retrieval_lengths"] = list(self.retrieval_lengths)
-        return data
+        return self
 
 
 @dataclass
@@ -169,15 +168,12 @@ def calibrate(loaded: Loaded, prompts: Sequence[pr.ScoredPrompt]) -> tuple[tuple
     return k, v
 
 
-def _storages_main(calib: tuple[tuple[float, ...], tuple[float, ...]]) -> list[qz.Storage]:
-    return [
-        qz.Storage("bf16", "bfloat16"),
-        qz.Storage("bf16-repeat", "bfloat16", kernel="eager"),
-        qz.Storage("fp8-e4m3-scale1", "float8_e4m3fn"),
-        qz.Storage("fp8-e4m3-calibrated", "float8_e4m3fn", calib[0], calib[1], scales_from="calibration"),
-        qz.Storage("fp8-e5m2-scale1", "float8_e5m2"),
-        qz.Storage("int8-token-head", "int8_per_token_head", scales_from="per token and head"),
-    ]
+# every group's first arms: the baseline, its A/A floor, FP8 at scale 1.0
+FIRST_ARMS = [
+    qz.Storage("bf16", "bfloat16"),
+    qz.Storage("bf16-repeat", "bfloat16", kernel="eager"),
+    qz.Storage("fp8-e4m3-scale1", "float8_e4m3fn"),
+]
 
 
 LABELS = {
@@ -218,7 +214,7 @@ def _run_group(
         baseline=storages[0].name,
         floor=storages[1].name,
         candidates=tuple(s.name for s in storages[2:]),
-        arms={s.name: {**s.to_dict(), "label": LABELS.get(s.name, s.name)} for s in storages},
+        arms={s.name: {**asdict(s), "label": LABELS.get(s.name, s.name)} for s in storages},
         notes=tuple(notes),
     )
     write_json_atomic(capture / name / GROUP_FILE, asdict(group))
@@ -251,8 +247,7 @@ def run(spec: SimSpec, capture: str | Path, force: bool = False, retry_failed: b
     capture = claim_capture(capture, "kv-simulate", [MAIN, CONTROL], force)
     record = ctl.ensure_control(spec.model, spec.control_dir, spec.control_factor)
     inputs = {**model_inputs(spec.model), "control_weights_sha256": record["weights_sha256"]}
-    grid = {**spec.to_dict(), "groups": [MAIN, CONTROL], "storage": qz.LABEL}
-    grid.pop("threads")
+    grid = {**spec.model_dump(exclude={"threads"}), "groups": [MAIN, CONTROL], "storage": qz.LABEL}
     manifest, _ = create_or_resume(
         capture,
         KIND,
@@ -280,7 +275,12 @@ def run(spec: SimSpec, capture: str | Path, force: bool = False, retry_failed: b
             MAIN,
             spec.model,
             loaded,
-            _storages_main(calib),
+            [
+                *FIRST_ARMS,
+                qz.Storage("fp8-e4m3-calibrated", "float8_e4m3fn", *calib, scales_from="calibration"),
+                qz.Storage("fp8-e5m2-scale1", "float8_e5m2"),
+                qz.Storage("int8-token-head", "int8_per_token_head", scales_from="per token and head"),
+            ],
             scored,
             spec,
             [
@@ -294,9 +294,7 @@ def run(spec: SimSpec, capture: str | Path, force: bool = False, retry_failed: b
         k, v, found = qz.checkpoint_scales(spec.control_dir, control.layers)
         write_json_atomic(capture / CONTROL / "control.json", {**record, "source": spec.model, "scales_found": found})
         control_storages = [
-            qz.Storage("bf16", "bfloat16"),
-            qz.Storage("bf16-repeat", "bfloat16", kernel="eager"),
-            qz.Storage("fp8-e4m3-scale1", "float8_e4m3fn"),
+            *FIRST_ARMS,
             qz.Storage("fp8-e4m3-checkpoint", "float8_e4m3fn", k, v, scales_from="checkpoint"),
         ]
         control_prompts = pr.gsm8k_prompts(spec.control_gsm8k_n)

@@ -19,13 +19,13 @@ from typing import Any
 from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.accuracy.verdicts import RetrievalPaired
 from kvstudy.capture import MANIFEST, read_manifest
+from kvstudy.formats import p_text
 from kvstudy.report.tables import Column, Table, or_text
 from kvstudy.stats.binary import (
     ChanceCheck,
     DifferenceInterval,
     Discrimination,
     NonInferiority,
-    p_text,
 )
 from kvstudy.stats.binary_power import TotalsBounds
 from kvstudy.stats.family import holm
@@ -263,12 +263,12 @@ def discrimination_sentence(d: Discrimination) -> str:
         return (
             f"The eval discriminates: {d.model} scores {a:.1f}% against {b:.1f}% for "
             f"the weak baseline ({d.weak}) on the same {d.n} questions "
-            f"(one-sided exact {p_text(d.p_value)})."
+            f"(one-sided exact {p_text(d.p_value, 2)})."
         )
     return (
         f"The eval cannot discriminate here: {d.model} scores {a:.1f}% and the weak "
         f"baseline ({d.weak}) {b:.1f}% on the same {d.n} questions (one-sided exact "
-        f"{p_text(d.p_value)}), so no accuracy difference between configurations can "
+        f"{p_text(d.p_value, 2)}), so no accuracy difference between configurations can "
         f"be read from it."
     )
 
@@ -281,7 +281,7 @@ def chance_sentence(c: ChanceCheck) -> str:
     return (
         f"{c.label} {verb}: {c.right}/{c.n} right against {c.expected:.1f} expected by picking one of "
         f"each context's values at random ({100 * c.chance_min:.1f}% to {100 * c.chance_max:.1f}% an item; "
-        f"one-sided exact Poisson-binomial {p_text(c.p_value)})."
+        f"one-sided exact Poisson-binomial {p_text(c.p_value, 2)})."
     )
 
 

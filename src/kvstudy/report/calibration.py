@@ -34,6 +34,7 @@ from typing import Any
 
 from kvstudy.accuracy import runner as ge
 from kvstudy.accuracy.records import correctness
+from kvstudy.capture import read_manifest
 from kvstudy.errors import StudyError
 from kvstudy.io import bounded_float, get_field, read_json_object
 from kvstudy.limits import MAX_FACTOR
@@ -54,7 +55,7 @@ def _accuracy(capture: str | Path, name: str) -> tuple[dict[Any, bool], dict[Any
     res = ge.load_capture(capture, [name])[name]
     if res.state != "ok":
         raise StudyError(f"{capture}: configuration {name} did not finish ({res.state}); expected a finished run")
-    flt = ge.read_manifest(capture)["spec"]["settings"]["primary_filter"]
+    flt = read_manifest(capture)["spec"]["settings"]["primary_filter"]
     contexts = {r.doc_id: r.context_id for r in res.records if getattr(r, "context_id", None) is not None}
     return correctness(res.records, flt), (contexts if len(contexts) == len(res.records) else None)
 
@@ -65,7 +66,7 @@ def _check_same_design(capture: str | Path, reference: str | Path) -> None:
     def design(spec: dict[str, Any]) -> dict[str, Any]:
         return {**spec["settings"], **{k: v for k, v in spec["base_server_config"].items() if k != "model"}}
 
-    ours, theirs = design(ge.read_manifest(capture)["spec"]), design(ge.read_manifest(reference)["spec"])
+    ours, theirs = design(read_manifest(capture)["spec"]), design(read_manifest(reference)["spec"])
     differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
     if differ:
         raise StudyError(
@@ -163,7 +164,7 @@ def _check_baseline_model(screen: Path, references: list[Path]) -> None:
     """The screen's 16-bit server and the references' 16-bit arms serve one model (the unmodified one)."""
     model = rc.load(screen).manifest.get("inputs", {}).get("model")
     for ref in references:
-        theirs = ge.read_manifest(ref).get("inputs", {}).get("model")
+        theirs = read_manifest(ref).get("inputs", {}).get("model")
         if model != theirs:
             raise StudyError(
                 f"{screen}: its 16-bit server serves {model!r}, the reference {ref} {theirs!r}; expected one model"

@@ -22,7 +22,7 @@ from scipy import stats as sps
 from statsmodels.stats.proportion import confint_proportions_2indep
 
 from kvstudy.errors import StudyError
-from kvstudy.stats.binary import ALPHA, TARGET_POWER, DifferenceInterval, mcnemar_p_values, whole_count
+from kvstudy.stats.binary import ALPHA, TARGET_POWER, DifferenceInterval, mcnemar_p_values
 
 # --------------------------------------------------------------------------- power (paired)
 
@@ -91,6 +91,13 @@ def smallest_detectable_loss(
 
 
 # --------------------------------------------------------------------------- totals only
+
+
+def whole_count(value: object, where: str) -> int:
+    """A whole number >= 0 (a bool is not one), or a StudyError naming ``where``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise StudyError(f"{where}: expected a whole number >= 0, got {value!r}")
+    return int(value)
 
 
 def check_totals(n: object, baseline: object, candidate: object) -> tuple[int, int, int]:

@@ -73,12 +73,10 @@ def permutation_test(
     base_blocks: Sequence[int] | None = None,
     cand_blocks: Sequence[int] | None = None,
     seed: int = 0,
-    max_exact: int = MAX_EXACT_SPLITS,
-    draws: int = MONTE_CARLO_DRAWS,
 ) -> PermutationTest:
     """Permutation test of mean(cand) - mean(base) on per-run values (e.g. log median TPOT), within
     blocks when ``base_blocks``/``cand_blocks`` are given (blocks lacking an arm left out); exact up
-    to ``max_exact`` splits, else ``draws`` seeded random splits.
+    to ``MAX_EXACT_SPLITS`` splits, else ``MONTE_CARLO_DRAWS`` seeded random splits.
     """
     b = np.asarray(base, dtype=float)
     c = np.asarray(cand, dtype=float)
@@ -87,16 +85,16 @@ def permutation_test(
     if not (np.all(np.isfinite(b)) and np.all(np.isfinite(c))):
         raise StudyError("permutation test: per-run values must be finite (a run with zero TPOT?)")
     if base_blocks is not None and cand_blocks is not None:
-        return _blocked_test(b, c, list(base_blocks), list(cand_blocks), seed, max_exact, draws)
+        return _blocked_test(b, c, list(base_blocks), list(cand_blocks), seed)
     values = np.concatenate([b, c])
     n1, n2, total = b.size, c.size, b.size + c.size
     observed = c.mean() - b.mean()
     tol = _TIE_TOL * max(1.0, float(np.abs(values).max()))
-    exact = math.comb(total, n2) <= max_exact
+    exact = math.comb(total, n2) <= MAX_EXACT_SPLITS
     if exact:
         stats = _block_stats(values, n2)
     else:
-        keys = np.random.default_rng(seed).random((draws, total))
+        keys = np.random.default_rng(seed).random((MONTE_CARLO_DRAWS, total))
         cand_sum = values[np.argsort(keys, axis=1)[:, :n2]].sum(axis=1)
         stats = cand_sum / n2 - (values.sum() - cand_sum) / n1
     return PermutationTest(
@@ -120,14 +118,8 @@ def _block_stats(values: Floats, n_cand: int) -> Floats:
     return diffs
 
 
-def _blocked_test(
-    b: Floats, c: Floats, bb: list[int], cb: list[int], seed: int, max_exact: int, draws: int
-) -> PermutationTest:
-    if len(bb) != b.size or len(cb) != c.size:
-        raise StudyError("permutation test: expected one block per run")
+def _blocked_test(b: Floats, c: Floats, bb: list[int], cb: list[int], seed: int) -> PermutationTest:
     blocks = [k for k in dict.fromkeys([*bb, *cb]) if k in bb and k in cb]
-    if not blocks:
-        raise StudyError("permutation test: no block holds runs of both arms")
     options, observed_parts, sizes = [], [], []
     for k in blocks:
         vb = b[[i for i, x in enumerate(bb) if x == k]]
@@ -139,7 +131,7 @@ def _blocked_test(
     splits = math.prod(o.size for o in options)
     scale = max(1.0, float(np.abs(np.concatenate([b, c])).max()))
     tol = _TIE_TOL * scale * len(blocks)
-    exact = splits <= max_exact
+    exact = splits <= MAX_EXACT_SPLITS
     if exact:
         total = options[0]
         for o in options[1:]:
@@ -147,7 +139,7 @@ def _blocked_test(
         stats = total / len(blocks)
     else:
         rng = np.random.default_rng(seed)
-        stats = np.sum([o[rng.integers(0, o.size, size=draws)] for o in options], axis=0) / len(blocks)
+        stats = np.sum([o[rng.integers(0, o.size, size=MONTE_CARLO_DRAWS)] for o in options], axis=0) / len(blocks)
     p = _two_sided(stats, observed, tol, exact)
     return PermutationTest(observed, p, exact, stats.size, blocked_min_p(sizes), len(blocks))
 
@@ -194,7 +186,7 @@ class RunsNeeded:
 
     change: float  # fraction: 0.1 = a 10 % change of TPOT
     sigma: float  # SD of a per-seed log difference
-    runs_per_arm: int | None  # None: not reached within max_runs
+    runs_per_arm: int | None  # None: more than 10,000
     method: str  # "exact sign-flip test, simulated" or "normal approximation"
     power: float = TARGET_POWER
 
@@ -204,26 +196,23 @@ def runs_needed(
     change: float,
     *,
     power: float = TARGET_POWER,
-    alpha: float = ALPHA,
     simulations: int = 1_000,
-    seed: int = 0,
     max_exact: int = 14,
-    max_runs: int = 10_000,
 ) -> RunsNeeded:
     """The fewest seed blocks per arm with which the blocked sign-flip test (the verdict's test)
     claims a TPOT change of ``change`` with ``power``, when a seed's log difference is normal with SD
-    ``sigma``: simulated up to ``max_exact`` blocks (never fewer than the design needs to reach
+    ``sigma`` (alpha ``ALPHA``): simulated up to ``max_exact`` blocks (never fewer than the design needs to reach
     p < alpha, :func:`blocks_needed`), beyond that the normal approximation
     ((z_(1-alpha/2) + z_power) x sigma / log(1 + change))^2."""
     if not (sigma > 0 and math.isfinite(sigma)):
         raise StudyError(f"noise SD: expected a positive number, got {sigma!r}")
     if not (0 < abs(change) < 10):
         raise StudyError(f"change: expected a fraction such as 0.1 (10 %), got {change!r}")
-    n = blocks_needed(alpha)
+    n = blocks_needed(ALPHA)
     while n <= max_exact:
-        if sign_flip_power(sigma, change, n, alpha, simulations, seed) >= power:
+        if sign_flip_power(sigma, change, n, ALPHA, simulations, 0) >= power:
             return RunsNeeded(change, sigma, n, "exact sign-flip test, simulated", power)
         n += 1
-    z = float(sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power))
+    z = float(sps.norm.ppf(1 - ALPHA / 2) + sps.norm.ppf(power))
     approx = max(n, math.ceil((z * sigma / math.log1p(abs(change))) ** 2))
-    return RunsNeeded(change, sigma, approx if approx <= max_runs else None, "normal approximation", power)
+    return RunsNeeded(change, sigma, approx if approx <= 10_000 else None, "normal approximation", power)

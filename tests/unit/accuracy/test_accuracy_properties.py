@@ -91,11 +91,11 @@ def test_reader_pairs_any_order_and_any_document_text(
         path_c = lmeval.write_rows(Path(folder) / "b" / f"samples_gsm8k_{lmeval.DATE}.jsonl", rows_c)
         for name in lmeval.FILTERS:
             pair = smp.read_pair(path_b, path_c, filter_name=name)
-            assert pair.baseline_correct() == base and pair.candidate_correct() == cand
+            assert pair.baseline.correctness() == base and pair.candidate.correctness() == cand
             assert pair.doc_ids == tuple(sorted(base))
-            assert stats.paired_counts(pair.baseline_correct(), pair.candidate_correct()) == stats.paired_counts(
-                base, cand
-            )
+            assert stats.paired_counts(
+                pair.baseline.correctness(), pair.candidate.correctness()
+            ) == stats.paired_counts(base, cand)
 
 
 @FAST

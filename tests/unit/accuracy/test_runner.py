@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy import cli
+from kvstudy import capture, cli
 from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import configurations as cf
 from kvstudy.accuracy import records as rec
@@ -115,11 +115,21 @@ def _fake_capture(root: Path, patterns: dict[str, str], failed: dict[str, str] |
         ]
         write_jsonl_atomic(folder / "records.jsonl", rec.records_from_samples(samples))
         (folder / "status.json").write_text(
-            json.dumps({"state": "ok", "num_fewshot": 8 if shots is None else shots, "settings": {"n": len(pattern)}})
+            json.dumps(
+                {
+                    "name": name,
+                    "label": name,
+                    "state": "ok",
+                    "num_fewshot": 8 if shots is None else shots,
+                    "settings": {"n": len(pattern)},
+                }
+            )
         )
     for name, diagnosis in (failed or {}).items():
         (root / name).mkdir(parents=True)
-        (root / name / "status.json").write_text(json.dumps({"state": "failed", "diagnosis": diagnosis}))
+        (root / name / "status.json").write_text(
+            json.dumps({"name": name, "label": name, "state": "failed", "diagnosis": diagnosis})
+        )
     return root
 
 
@@ -207,7 +217,8 @@ def test_result_state_is_ok_only_with_records_and_the_same_settings(tmp_path):
     folder = tmp_path / "bf16"
     assert ge.result_state(folder, settings, 8) is None
     folder.mkdir()
-    status = {"state": "ok", "num_fewshot": 8, "settings": {"n": 10, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}}
+    settings_then = {"n": 10, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}
+    status = {"name": "bf16", "label": "BF16", "state": "ok", "num_fewshot": 8, "settings": settings_then}
     (folder / "status.json").write_text(json.dumps(status))
     assert ge.result_state(folder, settings, 8) is None  # ok but no records file: runs again
     write_jsonl_atomic(folder / "records.jsonl", [])
@@ -224,7 +235,8 @@ def test_an_ok_configuration_without_records_is_run_again_not_reported_failed(tm
     settings = ge.EvalSettings(n=2)
     folder = tmp_path / "cap" / "bf16"
     folder.mkdir(parents=True)
-    status = {"state": "ok", "num_fewshot": 8, "settings": {"n": 2, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}}
+    settings_then = {"n": 2, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}
+    status = {"name": "bf16", "label": "BF16", "state": "ok", "num_fewshot": 8, "settings": settings_then}
     (folder / "status.json").write_text(json.dumps(status))
     lines: list[str] = []
     with pytest.raises(StudyError):  # it is scheduled: the run needs the engine and a model folder
@@ -271,7 +283,9 @@ def test_run_missing_starts_nothing_when_all_is_there(tmp_path):
         status["settings"] = {"n": 2, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}
         (cap / name / "status.json").write_text(json.dumps(status))
     (cap / "fp8-kv" / "status.json").write_text(
-        json.dumps({"state": "failed", "diagnosis": "no AVX-512", "settings": {"n": 2}})
+        json.dumps(
+            {"name": "fp8-kv", "label": "FP8 KV", "state": "failed", "diagnosis": "no AVX-512", "settings": {"n": 2}}
+        )
     )
     lines: list[str] = []
     out = ge.run_missing(["bf16", "fp8-kv", "bf16-zero-shot"], tmp_path / "model", cap, settings, progress=lines.append)
@@ -285,7 +299,7 @@ def test_manifest_refuses_other_settings(tmp_path):
     base = ServerConfig(model="m")
     ge.write_manifest(tmp_path, ["bf16"], "m", ge.EvalSettings(n=2), base)
     ge.write_manifest(tmp_path, ["fp8-kv"], "m", ge.EvalSettings(n=2), base)
-    manifest = ge.read_manifest(tmp_path)
+    manifest = capture.read_manifest(tmp_path)
     assert [s["items_to_run"] for s in manifest["sessions"]] == [["bf16"], ["fp8-kv"]]
     with pytest.raises(StudyError, match="other settings"):
         ge.write_manifest(tmp_path, ["bf16"], "m", ge.EvalSettings(n=3), base)

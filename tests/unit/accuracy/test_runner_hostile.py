@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kvstudy import cli
+from kvstudy import capture, cli
 from kvstudy.accuracy import runner as ge
 from kvstudy.errors import StudyError
 
@@ -48,7 +48,9 @@ def test_corrupt_resume_files_are_one_line(
     cap = tmp_path / "cap"
     (cap / "bf16").mkdir(parents=True)
     if name.endswith("records.jsonl"):
-        (cap / "bf16" / "status.json").write_text(json.dumps({"state": "ok", "num_fewshot": 8, "settings": {}}))
+        (cap / "bf16" / "status.json").write_text(
+            json.dumps({"name": "bf16", "label": "BF16", "state": "ok", "num_fewshot": 8})
+        )
     (cap / name).write_text(content)
     code, err = _gsm8k(capsys, "--model", str(_model(tmp_path / "m")), "--capture", str(cap), "--configs", "bf16")
     assert code == 2 and len(err.strip().splitlines()) == 1 and Path(name).name in err, err
@@ -63,7 +65,7 @@ def test_another_model_is_refused_before_anything_runs(tmp_path: Path, monkeypat
     monkeypatch.setattr(ge, "run_group", lambda *a, **k: pytest.fail("started a server"))
     with pytest.raises(StudyError, match="other inputs.*model_digest"):
         ge.run_missing(["bf16"], two, tmp_path / "cap", settings, progress=lambda line: None)
-    assert ge.read_manifest(tmp_path / "cap")["inputs"]["model"] == str(one)
+    assert capture.read_manifest(tmp_path / "cap")["inputs"]["model"] == str(one)
 
 
 class _NeverStarts:
@@ -88,7 +90,9 @@ def test_failed_is_kept_unless_asked_and_retry_keeps_the_old_engine_log(
     model, cap = _model(tmp_path / "m"), tmp_path / "cap"
     (cap / "bf16").mkdir(parents=True)
     (cap / "bf16" / "engine.log").write_text("attempt one\n")
-    (cap / "bf16" / "status.json").write_text(json.dumps({"state": "failed", "diagnosis": "no AVX-512"}))
+    (cap / "bf16" / "status.json").write_text(
+        json.dumps({"name": "bf16", "label": "BF16", "state": "failed", "diagnosis": "no AVX-512"})
+    )
     monkeypatch.setattr(server, "VllmServer", _NeverStarts)
     argv = ["--model", str(model), "--capture", str(cap), "--configs", "bf16", "--n", "2"]
     code, err = _gsm8k(capsys, *argv)

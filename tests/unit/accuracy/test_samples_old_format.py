@@ -20,7 +20,7 @@ NAME = "pretrained__Qwen__Qwen3-8B_gsm8k.jsonl"
 
 def test_an_old_array_file_is_read() -> None:
     f = read_samples(OLD / "baseline" / NAME)
-    assert f.filter == UNNAMED_FILTER and f.filters == (UNNAMED_FILTER,)
+    assert f.filter == UNNAMED_FILTER
     assert f.doc_ids == tuple(range(8)) and sum(f.correctness().values()) == 6
     assert f.rows[0].doc_digest is not None and f.rows[0].doc_hash is None
 
@@ -28,7 +28,7 @@ def test_an_old_array_file_is_read() -> None:
 def test_two_old_files_pair_and_compare(capsys: pytest.CaptureFixture[str]) -> None:
     pair = read_pair(OLD / "baseline" / NAME, OLD / "candidate" / NAME)
     assert pair.same_prompts is None
-    lost = [d for d in pair.doc_ids if pair.baseline_correct()[d] and not pair.candidate_correct()[d]]
+    lost = [d for d in pair.doc_ids if pair.baseline.correctness()[d] and not pair.candidate.correctness()[d]]
     assert lost == [1, 5]
     assert cli.main(["accuracy", "compare", str(OLD / "baseline" / NAME), str(OLD / "candidate" / NAME), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

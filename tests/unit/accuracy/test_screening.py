@@ -154,7 +154,8 @@ def test_arms_of_two_tokenizers_are_refused(tmp_path):
 def _answered(cap: Path, name: str) -> None:
     folder = cap / name
     folder.mkdir(parents=True)
-    status = {"state": "ok", "num_fewshot": 8, "settings": {"n": 2, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}}
+    settings = {"n": 2, "task": ge.OFFLINE_TASK, "fewshot_seed": 1234}
+    status = {"name": name, "label": name, "state": "ok", "num_fewshot": 8, "settings": settings}
     (folder / "status.json").write_text(json.dumps(status))
     (folder / "records.jsonl").write_text("")
 

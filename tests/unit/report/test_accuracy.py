@@ -76,7 +76,7 @@ def test_totals_table_and_sentences() -> None:
 def test_capture_and_guard_tables(acc) -> None:
     results = {
         "bf16": acc.config("bf16", acc.questions("1111111100")),
-        "fp8-kv": ConfigResult("fp8-kv", "FP8 KV cache", "failed", "fp8 not supported", None, [], None),
+        "fp8-kv": ConfigResult(name="fp8-kv", label="FP8 KV cache", state="failed", diagnosis="fp8 not supported"),
         "random-weights": acc.config("random-weights", acc.questions("0000000000")),
     }
     capture = render(ga.capture_rows(results, "strict-match"), rt.CAPTURE)

@@ -51,12 +51,15 @@ def test_identical_arms_give_p_one() -> None:
     assert permutation_test([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]).p_value == 1.0
 
 
-def test_monte_carlo_agrees_with_exact_and_is_seeded() -> None:
+def test_monte_carlo_agrees_with_exact_and_is_seeded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstudy.stats import permutation
+
+    monkeypatch.setattr(permutation, "MAX_EXACT_SPLITS", 5)
     base, cand = [1.0, 2.0, 3.0], [4.0, 5.0, 6.0]
-    mc = permutation_test(base, cand, max_exact=5, draws=10_000, seed=3)
-    assert not mc.exact and mc.splits == 10_000
-    assert mc.p_value == pytest.approx(0.1, abs=0.015)  # SE of 2 x a 5 % rate over 10,000 draws is 0.004
-    assert permutation_test(base, cand, max_exact=5, draws=10_000, seed=3).p_value == mc.p_value
+    mc = permutation_test(base, cand, seed=3)
+    assert not mc.exact and mc.splits == permutation.MONTE_CARLO_DRAWS
+    assert mc.p_value == pytest.approx(0.1, abs=0.015)  # SE of 2 x a 5 % rate over 20,000 draws is 0.003
+    assert permutation_test(base, cand, seed=3).p_value == mc.p_value
 
 
 def test_permutation_test_refuses_empty_or_infinite() -> None:

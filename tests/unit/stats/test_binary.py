@@ -68,12 +68,6 @@ def test_wilson_hand_formula() -> None:
     assert w.high == pytest.approx((centre + half) / (1 + z * z / n), abs=1e-12)
 
 
-@pytest.mark.parametrize("correct, n", [(-1, 10), (11, 10), (0, 0), (1.5, 10), (True, 10)])
-def test_bad_counts_raise(correct: object, n: int) -> None:
-    with pytest.raises(StudyError):
-        stats.wilson_interval(correct, n)  # type: ignore[arg-type]
-
-
 # --------------------------------------------------------------------------- paired table and McNemar
 
 
@@ -115,12 +109,6 @@ def test_mcnemar_exact_is_the_reference_libraries_test() -> None:
             assert ours == pytest.approx(sps.binomtest(b, b + c, 0.5).pvalue, abs=1e-12)
     b, c = np.array([0, 5, 10, 4]), np.array([0, 0, 2, 4])
     assert stats.mcnemar_p_values(b, c).tolist() == [stats.mcnemar_exact(x, y).p_value for x, y in zip(b, c)]
-
-
-@pytest.mark.parametrize("bad", [-1, 2.0, True, "3"])
-def test_mcnemar_exact_refuses_non_counts(bad: object) -> None:
-    with pytest.raises(StudyError, match="baseline_only"):
-        stats.mcnemar_exact(bad, 1)  # type: ignore[arg-type]
 
 
 def test_paired_counts_refuse_different_items() -> None:
@@ -227,20 +215,22 @@ def test_poisson_binomial_tail_is_exact() -> None:
             for hits in itertools.product([0, 1], repeat=len(chances))
             if sum(hits) >= right
         )
-        assert stats.poisson_binomial_sf(right, chances) == pytest.approx(brute, abs=1e-12)
+        outcomes = [True] * right + [False] * (len(chances) - right)
+        assert stats.chance_check("x", outcomes, chances).p_value == pytest.approx(brute, abs=1e-12)
     # equal chances: the binomial tail
-    assert stats.poisson_binomial_sf(22, [0.25] * 64) == pytest.approx(float(sps.binom.sf(21, 64, 0.25)), rel=1e-9)
+    tail = stats.chance_check("x", [True] * 22 + [False] * 42, [0.25] * 64).p_value
+    assert tail == pytest.approx(float(sps.binom.sf(21, 64, 0.25)), rel=1e-9)
 
 
-def test_chance_check_counts_and_refuses_mismatched_chances() -> None:
+def test_chance_check_counts() -> None:
     chances = [0.5, 0.25, 0.25, 0.1]
     c = stats.chance_check("BF16", [True, True, False, False], chances)
     assert (c.right, c.n, c.chance_min, c.chance_max) == (2, 4, 0.1, 0.5)
-    assert c.expected == pytest.approx(1.1) and c.p_value == pytest.approx(stats.poisson_binomial_sf(2, chances))
+    none = math.prod(1 - q for q in chances)
+    one = sum(q * math.prod(1 - r for j, r in enumerate(chances) if j != i) for i, q in enumerate(chances))
+    assert c.expected == pytest.approx(1.1) and c.p_value == pytest.approx(1 - none - one)  # at least 2 right
     assert not c.better_than_chance
     assert not stats.chance_check("BF16", [], []).better_than_chance
-    with pytest.raises(StudyError, match="one chance per item"):
-        stats.chance_check("BF16", [True], [0.5, 0.5])
 
 
 # --------------------------------------------------------------------------- clustered errors
