@@ -21,9 +21,9 @@ from pydantic import TypeAdapter, ValidationError
 
 from kvstudy.bench.spec import Spec, one_line
 from kvstudy.context.spec import ContextSweepSpec
-from kvstudy.decision_rule import thresholds_from
+from kvstudy.decision_rule import Thresholds
 from kvstudy.errors import StudyError
-from kvstudy.io import read_yaml, type_name
+from kvstudy.io import read_yaml
 from kvstudy.limits import (
     MAX_AXIS_VALUES,
     MAX_EXTENDS,
@@ -43,7 +43,6 @@ from kvstudy.load.spec import LoadSpec
 from kvstudy.speed.spec import SweepSpec
 
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-TOP_LEVEL_KEYS = ("description", "extends", "defaults", "notebooks", "decision")
 # Parameters the runner sets itself; a profile may not set them.
 RUNNER_PARAMETERS = ("profile", "figures_dir")
 # Notebooks whose parameters fill a declared spec: a parameter named as one of its fields is checked
@@ -173,31 +172,22 @@ def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
     return isinstance(value, types)
 
 
+class _ProfileFile(Spec):
+    """The keys a profile file may hold, each of its type (its parameters are checked against the notebooks)."""
+
+    description: str = ""
+    extends: Any = None  # a profile name: checked by _base_name, with the chain
+    defaults: dict[str, Any] | None = None
+    notebooks: dict[str, dict[str, Any] | None] | None = None
+    decision: Thresholds | None = None
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     data = read_yaml(path) or {}  # io's checked reader: size, nesting and alias limits
     if not isinstance(data, dict):
         raise StudyError(f"{path}: expected a mapping with 'description', 'defaults' and 'notebooks'")
-    unknown = sorted(set(data) - set(TOP_LEVEL_KEYS), key=str)
-    if unknown:
-        raise StudyError(f"{path}: unknown field {unknown[0]!r} (fields: {', '.join(TOP_LEVEL_KEYS)})")
-    for key in ("defaults", "notebooks"):
-        if not isinstance(data.get(key) or {}, dict):
-            raise StudyError(f"{path}: field '{key}' must be a mapping")
-    for key in data.get("defaults") or {}:
-        _check_key(key, f"{path}: defaults", "a parameter name such as context_len")
-    for stem, params in (data.get("notebooks") or {}).items():
-        _check_key(stem, f"{path}: notebooks", "a notebook name such as 01_capacity-math")
-        if not isinstance(params or {}, dict):
-            raise StudyError(f"{path}: notebook {stem}: expected a mapping of parameters")
-        for key in params or {}:
-            _check_key(key, f"{path}: notebook {stem}", "a parameter name such as context_len")
+    _ProfileFile.from_dict(data, str(path))
     return data
-
-
-def _check_key(key: Any, where: str, expected: str) -> None:
-    """A mapping key of a profile: a name (YAML turns ``~`` into null and ``4096`` into a number)."""
-    if not isinstance(key, str):
-        raise StudyError(f"{where}: key {_shown(key)} is {type_name(key)}, expected {expected}")
 
 
 def _base_name(data: dict[str, Any], path: Path, chain: Sequence[str]) -> str | None:
@@ -242,7 +232,6 @@ def load_profile(profile: str, profiles_dir: Path) -> dict[str, Any]:
         for stem, params in (data.get("notebooks") or {}).items():
             notebooks.setdefault(str(stem), {}).update(params or {})
         defaults.update(data.get("defaults") or {})
-        thresholds_from(data.get("decision"), f"{data['path']}: decision")  # the card's thresholds, checked
         decision.update(data.get("decision") or {})
     return {
         "description": layers[0].get("description", ""),

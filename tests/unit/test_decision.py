@@ -438,7 +438,7 @@ def test_a_profiles_decision_mapping_is_checked_and_inherited(tmp_path: Path) ->
     (tmp_path / "child.yaml").write_text("extends: base\ndecision: {tpot_cost_pct: 8}\nnotebooks: {}\n")
     (tmp_path / "bad.yaml").write_text("decision: {margin: 1}\nnotebooks: {}\n")
     assert load_profile("child", tmp_path)["decision"] == {"kv_bound": True, "tpot_cost_pct": 8}
-    with pytest.raises(StudyError, match=r"bad.yaml: decision: margin: unknown field"):
+    with pytest.raises(StudyError, match=r"bad.yaml: decision.margin: unknown field"):
         load_profile("bad", tmp_path)
 
 

@@ -170,9 +170,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise StudyError("kv-calibrate: expected either --grade (at least two) or --ladder, not both or neither")
     if args.ladder:
         bundle = read_ladder(args.ladder)
-        calibrations = bundle.calibrations
-        ladders = bundle.grades
-        cal = bundle.margin
+        ladders, calibrations, cal = bundle.grades, bundle.calibrations, bundle.margin
     else:
         grades = [(bounded_float(f, "--grade FACTOR", 1.0, MAX_FACTOR), acc, scr) for f, acc, scr in args.grade]
         ladder, cal = calibrate_ladder(grades, args.reference)

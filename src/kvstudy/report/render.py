@@ -341,16 +341,6 @@ def scrub_executed(executed: Path, parameters: dict[str, Any], root: Path = REPO
     write_text_atomic(executed, text + "\n")
 
 
-def clean_staging(reports_dir: Path, profile: str) -> None:
-    """Remove the staging folders a killed render of ``profile`` left behind (call under its lock):
-    ``reports/.staging/<profile>/*`` and the ``reports/.<profile>-XXXXXXXX`` of earlier versions."""
-    shutil.rmtree(reports_dir / STAGING_DIR / profile, ignore_errors=True)
-    legacy = re.compile(re.escape(f".{profile}-") + r"[a-z0-9_]{8}")
-    for path in reports_dir.glob(f".{profile}-*"):
-        if legacy.fullmatch(path.name) and path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-
-
 def scrub_figure_tables(figures_dir: Path, values: list[str]) -> None:
     """Rewrite the CSV files a notebook left in ``figures_dir`` scrubbed of the profile's secret
     values (``io.write_csv`` already hid every secret shape as the kernel wrote them)."""
@@ -378,7 +368,7 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
     )
     with profile_lock(reports_dir, profile):
         out_dir.mkdir(parents=True, exist_ok=True)
-        clean_staging(reports_dir, profile)
+        shutil.rmtree(reports_dir / STAGING_DIR / profile, ignore_errors=True)  # what a killed render left
         status = _read_status(out_dir, profile)
         (reports_dir / STAGING_DIR / profile).mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(dir=reports_dir / STAGING_DIR / profile))
