@@ -107,10 +107,10 @@ def _design_runs(args: argparse.Namespace) -> int:
     noise, power = sd[0] if sd else None, _power(args.power)
     if args.what == "speed":
         rows = design.speed_design(changes or list(design.DEFAULT_CHANGES_PCT), args.capture, noise, power)
-        show([asdict(r) for r in rows], design.speed_lines(rows), args.json, default=lambda v: None)
     else:
-        loads = design.load_design(changes or [50.0, 100.0], args.capture, noise, power)
-        show([asdict(r) for r in loads], design.load_lines(loads), args.json, default=lambda v: None)
+        rows = design.load_design(changes or [50.0, 100.0], args.capture, noise, power)
+    lines = design.speed_lines(rows) if args.what == "speed" else design.load_lines(rows)
+    show([asdict(r) for r in rows], lines, args.json, default=lambda v: None)
     return 0
 
 
@@ -164,7 +164,8 @@ def add_design(subparsers: Any) -> None:
 def _calibrate(args: argparse.Namespace) -> int:
     from kvstudy.io import bounded_float
     from kvstudy.limits import MAX_FACTOR
-    from kvstudy.report.calibration import calibrate_ladder, read_ladder
+    from kvstudy.precision.divergence import calibrate
+    from kvstudy.report.calibration import grade_from_captures, read_ladder
 
     if bool(args.ladder) == bool(args.grade):
         raise StudyError("kv-calibrate: expected either --grade (at least two) or --ladder, not both or neither")
@@ -172,8 +173,9 @@ def _calibrate(args: argparse.Namespace) -> int:
         bundle = read_ladder(args.ladder)
         ladders, calibrations, cal = bundle.grades, bundle.calibrations, bundle.margin
     else:
-        grades = [(bounded_float(f, "--grade FACTOR", 1.0, MAX_FACTOR), acc, scr) for f, acc, scr in args.grade]
-        ladder, cal = calibrate_ladder(grades, args.reference)
+        factors = [bounded_float(f, "--grade FACTOR", 1.0, MAX_FACTOR) for f, _, _ in args.grade]
+        ladder = [grade_from_captures(f, acc, scr, args.reference) for f, (_, acc, scr) in zip(factors, args.grade)]
+        cal = calibrate(ladder)
         ladders, calibrations = {"accuracy": ladder}, {"accuracy": cal}
     for task, ladder in ladders.items():
         for g in ladder:
