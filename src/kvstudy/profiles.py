@@ -243,12 +243,6 @@ def load_profile(profile: str, profiles_dir: Path) -> dict[str, Any]:
     }
 
 
-def _unknown_key_message(where: str, key: str, declared: dict[str, Parameter]) -> str:
-    close = difflib.get_close_matches(key, list(declared), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{where}: unknown parameter {key!r}{hint} (declared: {', '.join(declared)})"
-
-
 def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[str, dict[str, Parameter]]:
     """Check every notebook name and parameter of a loaded profile; the declared parameters per notebook."""
     path = profile_data.get("path", "profile")
@@ -269,7 +263,10 @@ def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[
             if key in RUNNER_PARAMETERS:
                 raise StudyError(f"{where}: parameter {key!r} is set by the runner, not by a profile")
             if key not in declared[stem]:
-                raise StudyError(_unknown_key_message(where, key, declared[stem]))
+                close = [f"; did you mean {c!r}?" for c in difflib.get_close_matches(key, list(declared[stem]), n=1)]
+                raise StudyError(
+                    f"{where}: unknown parameter {key!r}{''.join(close)} (declared: {', '.join(declared[stem])})"
+                )
             param = declared[stem][key]
             if not param.types:  # `x = None` with no annotation: any value would pass unchecked
                 raise StudyError(
