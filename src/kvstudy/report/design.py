@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from kvstudy.accuracy.analysis import ASSUMED_DISCORDANCE
+from kvstudy.decision_rule import points
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_DESIGN_ROWS
 from kvstudy.speed.calibration import noise_sd
@@ -247,7 +248,7 @@ def speed_lines(rows: Sequence[RunsDesign]) -> list[str]:
 
 def accuracy_lines(rows: Sequence[AccuracyDesign]) -> list[str]:
     return [
-        f"accuracy: non-inferiority at a margin of {r.margin_points:g} point{'' if r.margin_points == 1 else 's'}, {r.power * 100:.0f} % power: "
+        f"accuracy: non-inferiority at a margin of {points(r.margin_points)}, {r.power * 100:.0f} % power: "
         f"{r.questions:,} questions (discordance {r.discordance:.1%}, {r.discordance_origin}; normal approximation)"
         for r in rows
     ]
@@ -257,7 +258,7 @@ def need_sentence(rows: Sequence[AccuracyDesign], unit: str = "questions") -> st
     """The most questions (``unit``) any planned discordance needs, as the card's next step says it."""
     worst = max(rows, key=lambda r: r.questions)
     return (
-        f"a non-inferiority verdict at {worst.margin_points:g} point{'' if worst.margin_points == 1 else 's'} needs about {worst.questions:,} {unit} at "
+        f"a non-inferiority verdict at {points(worst.margin_points)} needs about {worst.questions:,} {unit} at "
         f"{worst.power * 100:.0f} % power (discordance {worst.discordance:.1%}, {worst.discordance_origin}; "
         "kvstudy design accuracy)"
     )
