@@ -37,12 +37,7 @@ from unittest import mock
 
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import REPO_ROOT, read_json, read_text_checked, without_machine_paths, write_text_atomic
-from kvstudy.profiles import (
-    Parameter,
-    given_parameters,
-    load_profile,
-    validate_profile,
-)
+from kvstudy.profiles import given_parameters, load_profile, validate_profile
 from kvstudy.redact import REDACTED, redact, scrub_report, scrub_tree, write_json_scrubbed, write_scrubbed
 from kvstudy.report.html import extract_results, render_html
 from kvstudy.report.index import status_from_reports, write_index
@@ -355,17 +350,15 @@ def scrub_figure_tables(figures_dir: Path, values: list[str]) -> None:
 def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) -> list[NotebookRun]:
     """Check the profile, run its notebooks (or ``only`` these), publish them and rewrite the index."""
     profile_data = load_profile(profile, root / "profiles")
-    declared: dict[str, dict[str, Parameter]] = validate_profile(profile_data, root / "notebooks")
+    declared = validate_profile(profile_data, root / "notebooks")
     selected = check_only(only, profile_data, profile) if only else list(profile_data["notebooks"])
     reports_dir = root / "reports"
     out_dir = reports_dir / profile
     figures_dir = Path("figures") / profile
     runs = []
     began = time.perf_counter()
-    # every secret value any notebook of the profile is given: none reaches the index or status
-    secrets = secret_parameter_values(
-        [given_parameters(profile_data, s, declared[s]) for s in profile_data["notebooks"]]
-    )
+    given_by = {stem: given_parameters(profile_data, stem, declared[stem]) for stem in profile_data["notebooks"]}
+    secrets = secret_parameter_values(list(given_by.values()))  # none reaches the index or status
     with profile_lock(reports_dir, profile):
         out_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(reports_dir / STAGING_DIR / profile, ignore_errors=True)  # what a killed render left
@@ -374,7 +367,7 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
         stage = Path(tempfile.mkdtemp(dir=reports_dir / STAGING_DIR / profile))
         try:
             for number, stem in enumerate(sorted(selected), 1):
-                given = given_parameters(profile_data, stem, declared[stem])
+                given = given_by[stem]
                 params = {**given, "profile": profile, "figures_dir": str(figures_dir)}
                 so_far = f", {time.perf_counter() - began:.0f} s so far" if number > 1 else ""
                 print(f"[{profile}] ({number}/{len(selected)}) running {stem}{so_far} ...", flush=True)
