@@ -273,21 +273,17 @@ def _read_status(out_dir: Path, profile: str) -> dict[str, Any]:
 
 
 def _publish(run: NotebookRun, stage: Path, out_dir: Path) -> dict[str, Any]:
-    """Move one notebook's files from the staging folder into the report folder; its status entry."""
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    entry: dict[str, Any] = {"seconds": round(run.seconds, 1), "rendered": stamp}
+    """Move one notebook's files from the staging folder into the report folder; what its status entry
+    keeps of the run (``status_from_reports`` adds what the published files say)."""
     suffix = ".failed" if run.error else ""
     for ext in (".html", ".ipynb"):
         staged = stage / f"{run.name}{ext}"
         if staged.exists():
             os.replace(staged, out_dir / f"{run.name}{suffix}{ext}")
-    if run.error:
-        entry.update(error=run.error, failed_html=f"{run.name}.failed.html", needs=run.needs)
-    else:
-        for ext in (".html", ".ipynb"):
+        if not run.error:
             (out_dir / f"{run.name}.failed{ext}").unlink(missing_ok=True)
-        entry.update(error=None, finding=run.finding, verdicts=run.verdicts)
-    return entry
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return {"seconds": round(run.seconds, 1), "rendered": stamp, "error": run.error, "needs": run.needs}
 
 
 def check_only(only: Sequence[str], profile_data: dict[str, Any], profile: str) -> list[str]:
