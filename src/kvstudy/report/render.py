@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 from unittest import mock
@@ -39,7 +39,7 @@ from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import REPO_ROOT, read_json, read_text_checked, without_machine_paths, write_text_atomic
 from kvstudy.profiles import given_parameters, load_profile, validate_profile
 from kvstudy.redact import REDACTED, redact, scrub_report, scrub_tree, write_json_scrubbed, write_scrubbed
-from kvstudy.report.html import extract_results, render_html
+from kvstudy.report.html import render_html
 from kvstudy.report.index import status_from_reports, write_index
 from kvstudy.report.notebook import GIVEN_ENV
 from kvstudy.report.status import read_status
@@ -60,14 +60,11 @@ KERNEL_QUIET = ["--IPKernelApp.log_level=CRITICAL"]
 
 @dataclass
 class NotebookRun:
-    """One executed notebook of a profile run."""
+    """One executed notebook of a profile run (its finding and verdicts: ``status.json``)."""
 
     name: str
-    html_path: Path
     seconds: float
-    finding: str | None
     error: str | None
-    verdicts: list[dict[str, Any]] = field(default_factory=list)
     needs: str | None = None  # the command that provides what a live step lacked (MissingPrerequisite)
 
 
@@ -174,7 +171,6 @@ def run_notebook(
     _quiet_kernel_logs()
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = out_dir / source.name
-    html_path = out_dir / f"{source.stem}.html"
     start = time.perf_counter()
     error: str | None = None
     needs: str | None = None
@@ -211,15 +207,12 @@ def run_notebook(
     finally:
         stream.close()
     seconds = time.perf_counter() - start
-    found: str | None = None
-    verdicts: list[Any] = []
     if executed.exists():
         scrub_executed(executed, parameters, cwd)
         figures = parameters["figures_dir"]  # relative to cwd: the settings table's CSV goes beside the figures
         csv = (cwd / figures, f"{source.stem[:2]}-settings", f"{figures}/")
-        render_html(executed, html_path, redact(parameters), set(given), csv)
-        found, verdicts = extract_results(executed)
-    return NotebookRun(source.stem, html_path, seconds, found, error, verdicts, needs)
+        render_html(executed, out_dir / f"{source.stem}.html", redact(parameters), set(given), csv)
+    return NotebookRun(source.stem, seconds, error, needs)
 
 
 @contextmanager
