@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Union
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -70,32 +70,25 @@ PARAMETER_BOUNDS: dict[str, Any] = {
     **dict.fromkeys(("bandwidth_factor", "control_factor"), Factor),
 }
 _UNPARSED = object()
-_TYPE_WORDS = {
-    "int": int,
-    "float": float,
-    "str": str,
-    "bool": bool,
-    "list": list,
-    "dict": dict,
+# The names a notebook's annotation may use (a profile's YAML list stands for a tuple); ``Any`` is
+# not one: a parameter annotated so is untyped.
+_ANNOTATION_NAMES: dict[str, Any] = {
+    "__builtins__": {},
+    "Optional": Optional,
+    "Union": Union,
+    **{t.__name__: t for t in (int, float, str, bool, list, dict)},
     "tuple": list,
-    "none": type(None),
-    "nonetype": type(None),
 }
 
 
 @dataclass(frozen=True)
 class Parameter:
-    """One parameter a notebook declares: its default, the types it accepts and its help text."""
+    """One parameter a notebook declares: its default, its type (None: not declared) and its help text."""
 
     name: str
     default: Any
-    types: tuple[type, ...]
+    annotation: Any
     help: str
-
-    @property
-    def type_label(self) -> str:
-        """The accepted types as a reader writes them, e.g. ``float | None``."""
-        return " | ".join("None" if t is type(None) else t.__name__ for t in self.types) or "any"
 
 
 def _is_name(name: Any) -> bool:
@@ -114,35 +107,19 @@ def check_profile_name(profile: str) -> str:
     return profile
 
 
-def _types_from_annotation(text: str) -> tuple[type, ...]:
-    """Types named by an annotation such as ``float | None`` or ``Optional[list[str]]``."""
-    optional = "Optional" in text
-    words = re.findall(r"[A-Za-z_]+", re.sub(r"\[[^\[\]]*\]", "", text.replace("Optional[", "").rstrip("]")))
-    found: list[type] = []
-    for word in words:
-        kind = _TYPE_WORDS.get(word.lower())
-        if kind is not None and kind not in found:
-            found.append(kind)
-    if float in found and int not in found:
-        found.insert(found.index(float) + 1, int)  # an int is a fine float
-    if optional and type(None) not in found:
-        found.append(type(None))
-    return tuple(sorted(found, key=lambda t: t is type(None)))  # None last
-
-
-def _types_from_default(default: Any, help_text: str) -> tuple[type, ...]:
-    """Types a value may have when the notebook gives only a default: its type, ints for floats,
-    and None where the default is None, the default is a number or the help text mentions None."""
+def _annotation(text: str, default: Any, help_text: str) -> Any:
+    """The type a notebook annotates (``Optional[float]``, ``list``), else the type of its default (a
+    number, or where the help text mentions None, also None); None where neither says a type."""
+    if text != "None":
+        try:
+            return eval(text, _ANNOTATION_NAMES)  # noqa: S307 (names from _ANNOTATION_NAMES only)
+        except Exception:
+            return None
     if default is _UNPARSED or default is None:
-        return ()
-    kind: tuple[type, ...] = (type(default),)
-    if isinstance(default, float):
-        kind = (float, int)
-    elif isinstance(default, tuple):
-        kind = (list,)
-    if isinstance(default, (int, float)) and not isinstance(default, bool) or "None" in help_text:
-        kind += (type(None),)
-    return kind
+        return None
+    kind = list if isinstance(default, tuple) else type(default)
+    number = isinstance(default, (int, float)) and not isinstance(default, bool)
+    return kind | None if number or "None" in help_text else kind
 
 
 def declared_parameters(notebook: Path) -> dict[str, Parameter]:
@@ -160,16 +137,9 @@ def declared_parameters(notebook: Path) -> dict[str, Parameter]:
         except (ValueError, SyntaxError):
             default = _UNPARSED
         help_text = info.get("help") or ""
-        annotation = info.get("inferred_type_name") or "None"
-        types = _types_from_annotation(annotation) if annotation != "None" else _types_from_default(default, help_text)
-        out[name] = Parameter(name, default, types, help_text)
+        annotation = _annotation(info.get("inferred_type_name") or "None", default, help_text)
+        out[name] = Parameter(name, default, annotation, help_text)
     return out
-
-
-def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
-    if isinstance(value, bool) and bool not in types:
-        return False
-    return isinstance(value, types)
 
 
 class _ProfileFile(Spec):
@@ -267,32 +237,20 @@ def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[
                 raise StudyError(
                     f"{where}: unknown parameter {key!r}{''.join(close)} (declared: {', '.join(declared[stem])})"
                 )
-            param = declared[stem][key]
-            if not param.types:  # `x = None` with no annotation: any value would pass unchecked
+            annotation = declared[stem][key].annotation
+            if annotation is None:  # `x = None` with no annotation: any value would pass unchecked
                 raise StudyError(
                     f"{where}: parameter {key!r} is declared without a type in {stem}.ipynb, so its value "
                     f"cannot be checked: annotate it there, e.g. `{key}: Optional[float] = None`"
                 )
-            if not _type_ok(value, param.types):
-                raise StudyError(
-                    f"{where}: parameter {key!r} must be {param.type_label} "
-                    f"(like the default {param.default!r}), not {_shown(value)}{_quoted_hint(value, param)}"
-                )
             _check_bounds(value, f"{where}: parameter {key!r}", key)
+            try:
+                TypeAdapter(annotation).validate_python(value, strict=True)
+            except ValidationError as exc:
+                raise StudyError(f"{where}: parameter {key!r}: {one_line(exc)}") from None
         if stem in SPECS:
             SPECS[stem].check_given(params, f"{path}: notebook {stem}")
     return declared
-
-
-def _quoted_hint(value: Any, param: Parameter) -> str:
-    """A hint when a number was written in quotes (YAML reads ``"8192"`` as text)."""
-    if isinstance(value, str) and (int in param.types or float in param.types):
-        try:
-            float(value)
-        except ValueError:
-            return ""
-        return f" (a quoted number is text: write {value.strip()} without quotes)"
-    return ""
 
 
 def _shown(value: Any) -> str:

@@ -77,7 +77,7 @@ def test_help_notebook_gives_every_parameter_a_type(path: Path) -> None:
 
     untyped = [n for n, info in pm.inspect_notebook(str(path)).items() if info["inferred_type_name"] in (None, "None")]
     assert untyped == [], f"{path.name}: parameters without a type for --help-notebook: {untyped}"
-    assert all(p.type_label != "any" for p in declared_parameters(path).values())
+    assert all(p.annotation is not None for p in declared_parameters(path).values())
 
 
 @pytest.mark.notebooks
