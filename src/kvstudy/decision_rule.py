@@ -5,7 +5,7 @@ never fires on a point estimate whose interval crosses a threshold. Only compute
 profile-stated inputs decide; published, simulated and "no claim" inputs are shown but decide
 nothing. The README's table "The decision rule" restates :func:`decide` row by row.
 
-Thresholds are named parameters a profile may set (its ``decision:`` mapping, :func:`thresholds_from`).
+Thresholds are named parameters a profile may set (its ``decision:`` mapping).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ Percent = Annotated[Number, Field(ge=0, lt=100)]
 TURN_ON = "Turn FP8 on"
 KEEP = "Keep 16-bit"
 UNDECIDED = "Not decided yet"
-ANSWERS = (TURN_ON, KEEP, UNDECIDED)
 
 # How an input is known. Only DECISIVE states can make the rule fire.
 COMPUTED, MEASURED, PUBLISHED, SIMULATED, NOT_MEASURED, NO_CLAIM, STATED = (
@@ -47,11 +46,6 @@ class Thresholds(Spec):
     tpot_cost_pct: Percent = 5.0  # a per-token slowdown beyond this is a cost the benefit must repay
     min_users_gain_pct: Percent = 10.0  # fewer extra users within target than this does not repay that cost
     kv_bound: bool | None = None  # the profile states whether its workload is KV-bound (None: not stated)
-
-
-def thresholds_from(values: Any, where: str = "decision") -> Thresholds:
-    """A profile's ``decision:`` mapping as :class:`Thresholds` (a missing mapping: the defaults)."""
-    return Thresholds.from_dict({} if values is None else values, where)
 
 
 @dataclass(frozen=True)

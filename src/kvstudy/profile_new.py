@@ -33,18 +33,11 @@ def _capacity_lines(model: str, gpu: str | None, declared: dict[str, Any]) -> li
         f"    model: {json.dumps(model)}  # a model folder, its config.json or a cached Hugging Face id",
     ]
     if gpu:
-        spec = find_gpu(gpu)
-        if "gpu" in declared:
-            lines.append(f"    gpu: {json.dumps(spec.name)}  # from data/gpus/catalog.json")
-        else:
-            lines.append(
-                f"    gpu_memory_gib: {spec.memory_gib:.2f}  # {spec.name}, driver total, from data/gpus/catalog.json"
-            )
-    for key, meaning in MODEL_SPECIFIC.items():
-        if key in declared and declared[key].default is not None:
-            lines.append(f"    {key}: null  # {meaning}")
-    if "context_len" in declared:
-        lines.append(f"    # context_len: {declared['context_len'].default}  # tokens per request; uncomment to change")
+        lines.append(f"    gpu: {json.dumps(find_gpu(gpu).name)}  # from data/gpus/catalog.json")
+    lines += [
+        f"    {key}: null  # {meaning}" for key, meaning in MODEL_SPECIFIC.items() if declared[key].default is not None
+    ]
+    lines.append(f"    # context_len: {declared['context_len'].default}  # tokens per request; uncomment to change")
     return lines
 
 
@@ -63,14 +56,9 @@ def profile_text(name: str, model: str, gpu: str | None, notebooks_dir: Path) ->
         "  and the KV scales its checkpoint carries.",
         "notebooks:",
         *_capacity_lines(model, gpu, capacity),
-    ]
-    if (notebooks_dir / f"{SCALES}.ipynb").exists():
-        lines += [
-            f"  {SCALES}:",
-            f"    models: [{json.dumps(model)}]",
-            f"    dump_root: {json.dumps(model)}  # every config.json under it is listed",
-        ]
-    lines += [
+        f"  {SCALES}:",
+        f"    models: [{json.dumps(model)}]",
+        f"    dump_root: {json.dumps(model)}  # every config.json under it is listed",
         "  # The live notebooks run vLLM (`make engine` first) and take long; uncomment to run them.",
         f"  # 02_speed-sweep: {{capture: captures/{name}/speed-sweep, run_missing: true, model: {json.dumps(model)}}}",
         f"  # 03_gsm8k-accuracy: {{capture_dir: captures/{name}/gsm8k, run_missing: true, model: {json.dumps(model)}}}",

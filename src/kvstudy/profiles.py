@@ -15,15 +15,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Union
 
 from pydantic import TypeAdapter, ValidationError
 
 from kvstudy.bench.spec import Spec, one_line
 from kvstudy.context.spec import ContextSweepSpec
-from kvstudy.decision_rule import thresholds_from
+from kvstudy.decision_rule import Thresholds
 from kvstudy.errors import StudyError
-from kvstudy.io import read_yaml, type_name
+from kvstudy.io import read_yaml
 from kvstudy.limits import (
     MAX_AXIS_VALUES,
     MAX_EXTENDS,
@@ -43,7 +43,6 @@ from kvstudy.load.spec import LoadSpec
 from kvstudy.speed.spec import SweepSpec
 
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-TOP_LEVEL_KEYS = ("description", "extends", "defaults", "notebooks", "decision")
 # Parameters the runner sets itself; a profile may not set them.
 RUNNER_PARAMETERS = ("profile", "figures_dir")
 # Notebooks whose parameters fill a declared spec: a parameter named as one of its fields is checked
@@ -71,32 +70,25 @@ PARAMETER_BOUNDS: dict[str, Any] = {
     **dict.fromkeys(("bandwidth_factor", "control_factor"), Factor),
 }
 _UNPARSED = object()
-_TYPE_WORDS = {
-    "int": int,
-    "float": float,
-    "str": str,
-    "bool": bool,
-    "list": list,
-    "dict": dict,
+# The names a notebook's annotation may use (a profile's YAML list stands for a tuple); ``Any`` is
+# not one: a parameter annotated so is untyped.
+_ANNOTATION_NAMES: dict[str, Any] = {
+    "__builtins__": {},
+    "Optional": Optional,
+    "Union": Union,
+    **{t.__name__: t for t in (int, float, str, bool, list, dict)},
     "tuple": list,
-    "none": type(None),
-    "nonetype": type(None),
 }
 
 
 @dataclass(frozen=True)
 class Parameter:
-    """One parameter a notebook declares: its default, the types it accepts and its help text."""
+    """One parameter a notebook declares: its default, its type (None: not declared) and its help text."""
 
     name: str
     default: Any
-    types: tuple[type, ...]
+    annotation: Any
     help: str
-
-    @property
-    def type_label(self) -> str:
-        """The accepted types as a reader writes them, e.g. ``float | None``."""
-        return " | ".join("None" if t is type(None) else t.__name__ for t in self.types) or "any"
 
 
 def _is_name(name: Any) -> bool:
@@ -115,35 +107,19 @@ def check_profile_name(profile: str) -> str:
     return profile
 
 
-def _types_from_annotation(text: str) -> tuple[type, ...]:
-    """Types named by an annotation such as ``float | None`` or ``Optional[list[str]]``."""
-    optional = "Optional" in text
-    words = re.findall(r"[A-Za-z_]+", re.sub(r"\[[^\[\]]*\]", "", text.replace("Optional[", "").rstrip("]")))
-    found: list[type] = []
-    for word in words:
-        kind = _TYPE_WORDS.get(word.lower())
-        if kind is not None and kind not in found:
-            found.append(kind)
-    if float in found and int not in found:
-        found.insert(found.index(float) + 1, int)  # an int is a fine float
-    if optional and type(None) not in found:
-        found.append(type(None))
-    return tuple(sorted(found, key=lambda t: t is type(None)))  # None last
-
-
-def _types_from_default(default: Any, help_text: str) -> tuple[type, ...]:
-    """Types a value may have when the notebook gives only a default: its type, ints for floats,
-    and None where the default is None, the default is a number or the help text mentions None."""
+def _annotation(text: str, default: Any, help_text: str) -> Any:
+    """The type a notebook annotates (``Optional[float]``, ``list``), else the type of its default (a
+    number, or where the help text mentions None, also None); None where neither says a type."""
+    if text != "None":
+        try:
+            return eval(text, _ANNOTATION_NAMES)  # noqa: S307 (names from _ANNOTATION_NAMES only)
+        except Exception:
+            return None
     if default is _UNPARSED or default is None:
-        return ()
-    kind: tuple[type, ...] = (type(default),)
-    if isinstance(default, float):
-        kind = (float, int)
-    elif isinstance(default, tuple):
-        kind = (list,)
-    if isinstance(default, (int, float)) and not isinstance(default, bool) or "None" in help_text:
-        kind += (type(None),)
-    return kind
+        return None
+    kind = list if isinstance(default, tuple) else type(default)
+    number = isinstance(default, (int, float)) and not isinstance(default, bool)
+    return kind | None if number or "None" in help_text else kind
 
 
 def declared_parameters(notebook: Path) -> dict[str, Parameter]:
@@ -161,43 +137,27 @@ def declared_parameters(notebook: Path) -> dict[str, Parameter]:
         except (ValueError, SyntaxError):
             default = _UNPARSED
         help_text = info.get("help") or ""
-        annotation = info.get("inferred_type_name") or "None"
-        types = _types_from_annotation(annotation) if annotation != "None" else _types_from_default(default, help_text)
-        out[name] = Parameter(name, default, types, help_text)
+        annotation = _annotation(info.get("inferred_type_name") or "None", default, help_text)
+        out[name] = Parameter(name, default, annotation, help_text)
     return out
 
 
-def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
-    if isinstance(value, bool) and bool not in types:
-        return False
-    return isinstance(value, types)
+class _ProfileFile(Spec):
+    """The keys a profile file may hold, each of its type (its parameters are checked against the notebooks)."""
+
+    description: str = ""
+    extends: Any = None  # a profile name: checked by _base_name, with the chain
+    defaults: dict[str, Any] | None = None
+    notebooks: dict[str, dict[str, Any] | None] | None = None
+    decision: Thresholds | None = None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     data = read_yaml(path) or {}  # io's checked reader: size, nesting and alias limits
     if not isinstance(data, dict):
         raise StudyError(f"{path}: expected a mapping with 'description', 'defaults' and 'notebooks'")
-    unknown = sorted(set(data) - set(TOP_LEVEL_KEYS), key=str)
-    if unknown:
-        raise StudyError(f"{path}: unknown field {unknown[0]!r} (fields: {', '.join(TOP_LEVEL_KEYS)})")
-    for key in ("defaults", "notebooks"):
-        if not isinstance(data.get(key) or {}, dict):
-            raise StudyError(f"{path}: field '{key}' must be a mapping")
-    for key in data.get("defaults") or {}:
-        _check_key(key, f"{path}: defaults", "a parameter name such as context_len")
-    for stem, params in (data.get("notebooks") or {}).items():
-        _check_key(stem, f"{path}: notebooks", "a notebook name such as 01_capacity-math")
-        if not isinstance(params or {}, dict):
-            raise StudyError(f"{path}: notebook {stem}: expected a mapping of parameters")
-        for key in params or {}:
-            _check_key(key, f"{path}: notebook {stem}", "a parameter name such as context_len")
+    _ProfileFile.from_dict(data, str(path))
     return data
-
-
-def _check_key(key: Any, where: str, expected: str) -> None:
-    """A mapping key of a profile: a name (YAML turns ``~`` into null and ``4096`` into a number)."""
-    if not isinstance(key, str):
-        raise StudyError(f"{where}: key {_shown(key)} is {type_name(key)}, expected {expected}")
 
 
 def _base_name(data: dict[str, Any], path: Path, chain: Sequence[str]) -> str | None:
@@ -242,7 +202,6 @@ def load_profile(profile: str, profiles_dir: Path) -> dict[str, Any]:
         for stem, params in (data.get("notebooks") or {}).items():
             notebooks.setdefault(str(stem), {}).update(params or {})
         defaults.update(data.get("defaults") or {})
-        thresholds_from(data.get("decision"), f"{data['path']}: decision")  # the card's thresholds, checked
         decision.update(data.get("decision") or {})
     return {
         "description": layers[0].get("description", ""),
@@ -252,12 +211,6 @@ def load_profile(profile: str, profiles_dir: Path) -> dict[str, Any]:
         "decision": decision or None,
         "path": layers[0]["path"],
     }
-
-
-def _unknown_key_message(where: str, key: str, declared: dict[str, Parameter]) -> str:
-    close = difflib.get_close_matches(key, list(declared), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{where}: unknown parameter {key!r}{hint} (declared: {', '.join(declared)})"
 
 
 def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[str, dict[str, Parameter]]:
@@ -280,33 +233,24 @@ def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[
             if key in RUNNER_PARAMETERS:
                 raise StudyError(f"{where}: parameter {key!r} is set by the runner, not by a profile")
             if key not in declared[stem]:
-                raise StudyError(_unknown_key_message(where, key, declared[stem]))
-            param = declared[stem][key]
-            if not param.types:  # `x = None` with no annotation: any value would pass unchecked
+                close = [f"; did you mean {c!r}?" for c in difflib.get_close_matches(key, list(declared[stem]), n=1)]
+                raise StudyError(
+                    f"{where}: unknown parameter {key!r}{''.join(close)} (declared: {', '.join(declared[stem])})"
+                )
+            annotation = declared[stem][key].annotation
+            if annotation is None:  # `x = None` with no annotation: any value would pass unchecked
                 raise StudyError(
                     f"{where}: parameter {key!r} is declared without a type in {stem}.ipynb, so its value "
                     f"cannot be checked: annotate it there, e.g. `{key}: Optional[float] = None`"
                 )
-            if not _type_ok(value, param.types):
-                raise StudyError(
-                    f"{where}: parameter {key!r} must be {param.type_label} "
-                    f"(like the default {param.default!r}), not {_shown(value)}{_quoted_hint(value, param)}"
-                )
             _check_bounds(value, f"{where}: parameter {key!r}", key)
+            try:
+                TypeAdapter(annotation).validate_python(value, strict=True)
+            except ValidationError as exc:
+                raise StudyError(f"{where}: parameter {key!r}: {one_line(exc)}") from None
         if stem in SPECS:
             SPECS[stem].check_given(params, f"{path}: notebook {stem}")
     return declared
-
-
-def _quoted_hint(value: Any, param: Parameter) -> str:
-    """A hint when a number was written in quotes (YAML reads ``"8192"`` as text)."""
-    if isinstance(value, str) and (int in param.types or float in param.types):
-        try:
-            float(value)
-        except ValueError:
-            return ""
-        return f" (a quoted number is text: write {value.strip()} without quotes)"
-    return ""
 
 
 def _shown(value: Any) -> str:

@@ -7,6 +7,7 @@ disturbed; the tests read its reports, executed notebooks, figures and CSVs.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,11 @@ class Rendered:
 
     def executed(self, stem: str) -> Path:
         return self.reports / f"{stem}.ipynb"
+
+    def finding(self, stem: str) -> str | None:
+        """The notebook's finding as the render recorded it in ``status.json``."""
+        finding: str | None = json.loads((self.reports / "status.json").read_text())[stem].get("finding")
+        return finding
 
 
 @pytest.fixture(scope="session")

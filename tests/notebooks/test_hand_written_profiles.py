@@ -45,5 +45,5 @@ def test_a_quoted_number_is_one_clear_line(study: Path) -> None:
     with pytest.raises(StudyError) as info:
         render.run_profile("quoted", root=study)
     text = str(info.value)
-    assert "\n" not in text and "parameter 'context_len' must be int | None" in text
-    assert "a quoted number is text: write 8192 without quotes" in text
+    assert "\n" not in text and "quoted.yaml" in text
+    assert "parameter 'context_len': expected a valid integer, got '8192'" in text

@@ -215,8 +215,8 @@ def test_not_decided_names_each_missing_input() -> None:
 )
 def test_thresholds_a_profile_sets_are_checked(values: object, message: str) -> None:
     with pytest.raises(StudyError, match=message):
-        rule.thresholds_from(values, "decision")
-    assert rule.thresholds_from({"accuracy_margin_points": 2, "kv_bound": True}).accuracy_margin_points == 2
+        rule.Thresholds.from_dict(values, "decision")
+    assert rule.Thresholds.from_dict({"accuracy_margin_points": 2, "kv_bound": True}).accuracy_margin_points == 2
 
 
 # --------------------------------------------------------------------------- the card from verdict facts
@@ -428,7 +428,9 @@ def test_verdict_command_on_the_repository(capsys: pytest.CaptureFixture[str]) -
     assert cli.main(["verdict", "reference", "--json"]) == 0
     out = capsys.readouterr().out
     data = json.loads(out, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
-    assert data["profile"] == "reference" and data["answer"] in rule.ANSWERS and data["rows"]
+    assert (
+        data["profile"] == "reference" and data["answer"] in (rule.TURN_ON, rule.KEEP, rule.UNDECIDED) and data["rows"]
+    )
 
 
 def test_a_profiles_decision_mapping_is_checked_and_inherited(tmp_path: Path) -> None:
@@ -438,7 +440,7 @@ def test_a_profiles_decision_mapping_is_checked_and_inherited(tmp_path: Path) ->
     (tmp_path / "child.yaml").write_text("extends: base\ndecision: {tpot_cost_pct: 8}\nnotebooks: {}\n")
     (tmp_path / "bad.yaml").write_text("decision: {margin: 1}\nnotebooks: {}\n")
     assert load_profile("child", tmp_path)["decision"] == {"kv_bound": True, "tpot_cost_pct": 8}
-    with pytest.raises(StudyError, match=r"bad.yaml: decision: margin: unknown field"):
+    with pytest.raises(StudyError, match=r"bad.yaml: decision.margin: unknown field"):
         load_profile("bad", tmp_path)
 
 

@@ -65,12 +65,13 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[report.No
 
 def test_profile_parameters_reach_notebook_and_index(demo: tuple[Path, list[report.NotebookRun], str]) -> None:
     study, (ok, broken), printed = demo
-    assert ok.error is None and ok.finding == "value is 42 on demo"
-    assert ok.verdicts == [
+    out_dir = study / "reports" / "demo"
+    entry = json.loads((out_dir / "status.json").read_text())["01_ok"]
+    assert ok.error is None and entry["finding"] == "value is 42 on demo"
+    assert entry["verdicts"] == [
         {"topic": "capacity", "text": "twice the tokens at 21", "state": "measured", "next_step": None, "facts": {}}
     ]
     assert broken.error and "bad data file" in broken.error
-    out_dir = study / "reports" / "demo"
     index = (out_dir / "index.html").read_text()
     assert "value is 42 on demo" in index and "01_ok.html" in index
     assert "Decision" in index and "twice the tokens at 21" in index

@@ -38,9 +38,6 @@ def test_a_killed_render_heals_on_the_next_one(study: Path) -> None:
     left = reports / ".staging" / "demo" / "tmpk1ll3d0"
     left.mkdir(parents=True)
     (left / "01_ok.html").write_text("half")
-    legacy = reports / ".demo-ab12cd34"  # the staging folder of earlier versions
-    legacy.mkdir()
-    (legacy / "03_other.ipynb").write_text("{")
     other_profile = reports / ".demo-x-ab12cd34"  # another profile's: never touched
     other_profile.mkdir()
     status = json.loads((out / "status.json").read_text())
@@ -55,7 +52,7 @@ def test_a_killed_render_heals_on_the_next_one(study: Path) -> None:
 
     report.run_profile("demo", root=study, only=["01_ok"])
 
-    assert not left.exists() and not legacy.exists() and other_profile.is_dir()
+    assert not left.exists() and other_profile.is_dir()
     assert list((reports / ".staging" / "demo").iterdir()) == []
     healed = json.loads((out / "status.json").read_text())
     assert healed["01_ok"]["finding"] == "value is 42 on demo"

@@ -3,6 +3,7 @@ executed notebook or the HTML, and a ``{from_env: NAME}`` value is never resolve
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -47,7 +48,8 @@ def _study(root: Path) -> Path:
 def test_profile_secrets_reach_neither_notebook_nor_html(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVSTUDY_PLANTED_SOURCE", PLANTED["from_env"])
     (run,) = report.run_profile("planted", root=_study(tmp_path))
-    assert run.error is None and run.finding == "2 variables"
+    status = json.loads((tmp_path / "reports" / "planted" / "status.json").read_text())
+    assert run.error is None and status["01_secrets"]["finding"] == "2 variables"
     written = [p for p in (tmp_path / "reports").rglob("*") if p.is_file()]
     assert any(p.suffix == ".ipynb" for p in written) and any(p.suffix == ".html" for p in written)
     leaks = [(p.name, channel) for p in written for channel, value in PLANTED.items() if value in p.read_text()]

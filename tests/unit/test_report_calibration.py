@@ -66,12 +66,14 @@ def test_a_ladder_read_from_captures(tmp_path: Path) -> None:
 
     from kvstudy.accuracy import runner as ge
     from kvstudy.accuracy.records import correctness
-    from kvstudy.report.calibration import calibrate_ladder
+    from kvstudy.precision.divergence import calibrate
+    from kvstudy.report.calibration import grade_from_captures
     from kvstudy.stats import binary as stats
 
     acc = CAPTURES / "gsm8k-cpu"
     grades = [(8.0, acc, _screen(tmp_path / "s8", 0.5)), (64.0, acc, _screen(tmp_path / "s64", 0.3))]
-    ladder, cal = calibrate_ladder(grades, reference=acc)
+    ladder = [grade_from_captures(f, a, scr, reference=acc) for f, a, scr in grades]
+    cal = calibrate(ladder)
     res = ge.load_capture(acc, ["bf16", "fp8-kv"])
     flt = capture.read_manifest(acc)["spec"]["settings"]["primary_filter"]
     expected = stats.compare(correctness(res["bf16"].records, flt), correctness(res["fp8-kv"].records, flt))

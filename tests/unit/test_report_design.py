@@ -72,7 +72,7 @@ def test_cli_prints_both_and_refuses_bad_input(capsys: pytest.CaptureFixture[str
     assert "questions (discordance 5.0%, given" in capsys.readouterr().out
     assert cli.main(["design", "accuracy", "--discordance", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("kvstudy: error: --discordance")
+    assert len(err) == 1 and err[0].startswith("kvstudy: error: design accuracy: argument --discordance")
     assert cli.main(["design", "speed", "--noise-sd", "x"]) == 2
     assert "--noise-sd" in capsys.readouterr().err
 
@@ -90,7 +90,10 @@ def test_bad_totals_name_the_option(capsys: pytest.CaptureFixture[str]) -> None:
         (["accuracy", "--margin-points", *["1"] * 11], "--margin-points: 11 values, expected at most 10"),
         (["speed", "--noise-sd", "1e308"], "--noise-sd: expected a number above 0, at most 5"),
         (["speed", "--change", "1e-300"], "--change: expected a number from 0.01 to 900"),
-        (["speed", "--change", *[str(v) for v in range(1, 20_001)]], "--change: 20,000 values, expected at most 10"),
+        (
+            ["speed", "--change", *[str(v % 900 + 1) for v in range(20_000)]],
+            "--change: 20,000 values, expected at most 10",
+        ),
         (["accuracy", "--totals", "1", "0", "0"], "--totals N BASE CAND: 0/1 and 0/1 allow no question"),
         (["accuracy", "--totals", "7", "7", "7"], "--totals N BASE CAND: 7/7 and 7/7 allow no question"),
         (["accuracy", "--totals", "1" * 5000, "1", "1"], "--totals: expected three whole numbers"),

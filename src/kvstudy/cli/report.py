@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -65,74 +65,61 @@ def add_verdict(subparsers: Any) -> None:
     parser.set_defaults(func=_verdict)
 
 
-def _numbers(
-    values: Sequence[str] | None, field: str, low: float = 0.0, high: float = math.inf, most: int = 1
-) -> list[float] | None:
-    """The numbers of option ``field``: at most ``most`` of them, each finite, above ``low`` (or equal
-    to it when it is not 0) and at most ``high``; else one line naming the option and the bound."""
-    if values is None:
-        return None
-    if len(values) > most:
-        raise StudyError(f"{field}: {len(values):,} values, expected at most {most}")
-    out = []
-    for text in values:
+def _share(high: float, below: bool = False) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number above 0 and at most ``high`` (``below`` it)."""
+
+    def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise StudyError(f"{field}: expected a number, got {text[:40]!r}") from None
-        if not math.isfinite(value) or value <= 0 or value < low or value > high:
-            span = f"from {low:g} to {high:g}" if low > 0 else f"above 0, at most {high:g}"
-            span = span if math.isfinite(high) else "above 0"
-            raise StudyError(f"{field}: expected a number {span}, got {text[:40]!r}")
-        out.append(value)
-    return out
+            raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
+        if not (0 < value <= high and math.isfinite(value)) or (below and value == high):
+            span = f"below {high:g}" if below else f"at most {high:g}"
+            raise argparse.ArgumentTypeError(f"expected a number above 0, {span}, got {text[:40]!r}")
+        return value
+
+    return parse
 
 
-def _power(text: str) -> float:
-    from kvstudy.stats.permutation import TARGET_POWER
+def _at_most(values: Sequence[float] | None, option: str) -> list[float] | None:
+    from kvstudy.limits import MAX_DESIGN_VALUES
 
-    value = (_numbers([text], "--power") or [TARGET_POWER])[0]
-    if not 0 < value < 1:
-        raise StudyError(f"--power: expected a share in (0, 1), e.g. 0.8, got {text!r}")
-    return value
+    if values is not None and len(values) > MAX_DESIGN_VALUES:
+        raise StudyError(f"{option}: {len(values):,} values, expected at most {MAX_DESIGN_VALUES}")
+    return None if values is None else list(values)
 
 
 def _design_runs(args: argparse.Namespace) -> int:
     """``design speed`` and ``design load``: the seed blocks per arm a change needs."""
-    from kvstudy.limits import DESIGN_CHANGE_PCT, MAX_DESIGN_VALUES, MAX_LOG_SD
     from kvstudy.report import design
 
-    sd = _numbers([args.noise_sd], "--noise-sd", high=MAX_LOG_SD) if args.noise_sd is not None else None
-    changes = _numbers(args.change, "--change", *DESIGN_CHANGE_PCT, most=MAX_DESIGN_VALUES)
-    noise, power = sd[0] if sd else None, _power(args.power)
+    changes = _at_most(args.change, "--change")
     if args.what == "speed":
-        rows = design.speed_design(changes or list(design.DEFAULT_CHANGES_PCT), args.capture, noise, power)
-        show([asdict(r) for r in rows], design.speed_lines(rows), args.json, default=lambda v: None)
+        rows = design.speed_design(changes or list(design.DEFAULT_CHANGES_PCT), args.capture, args.noise_sd, args.power)
     else:
-        loads = design.load_design(changes or [50.0, 100.0], args.capture, noise, power)
-        show([asdict(r) for r in loads], design.load_lines(loads), args.json, default=lambda v: None)
+        rows = design.load_design(changes or [50.0, 100.0], args.capture, args.noise_sd, args.power)
+    lines = design.speed_lines(rows) if args.what == "speed" else design.load_lines(rows)
+    show([asdict(r) for r in rows], lines, args.json, default=lambda v: None)
     return 0
 
 
 def _design_accuracy(args: argparse.Namespace) -> int:
-    from kvstudy.limits import DESIGN_MARGIN_POINTS, MAX_DESIGN_VALUES
     from kvstudy.report.design import DEFAULT_MARGINS_POINTS, accuracy_design, accuracy_lines
 
-    psi = _numbers([args.discordance], "--discordance", high=1.0) if args.discordance is not None else None
     totals = None
     if args.totals is not None:
         try:
             totals = [int(t) for t in args.totals]
         except ValueError:
             raise StudyError(f"--totals: expected three whole numbers N BASE CAND, got {args.totals}") from None
-    margins = _numbers(args.margin_points, "--margin-points", *DESIGN_MARGIN_POINTS, most=MAX_DESIGN_VALUES)
-    margins = margins or list(DEFAULT_MARGINS_POINTS)
-    rows = accuracy_design(margins, psi[0] if psi else None, totals, _power(args.power))
+    margins = _at_most(args.margin_points, "--margin-points") or list(DEFAULT_MARGINS_POINTS)
+    rows = accuracy_design(margins, args.discordance, totals, args.power)
     show([asdict(r) for r in rows], accuracy_lines(rows), args.json, default=lambda v: None)
     return 0
 
 
 def add_design(subparsers: Any) -> None:
+    from kvstudy.limits import DESIGN_CHANGE_PCT, DESIGN_MARGIN_POINTS, MAX_LOG_SD, float_arg
     from kvstudy.report import design
     from kvstudy.stats.permutation import TARGET_POWER
 
@@ -143,20 +130,27 @@ def add_design(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="what", required=True)
+    change, noise = float_arg(*DESIGN_CHANGE_PCT), _share(MAX_LOG_SD)
     speed = sub.add_parser("speed", help="seed blocks per arm a TPOT change needs at 80 %% power")
     speed.add_argument("--capture", help="a speed-sweep capture folder with an A/A repeat of the baseline")
-    speed.add_argument("--noise-sd", help="SD of a per-seed log TPOT difference (instead of a capture)")
-    speed.add_argument("--change", nargs="+", help="TPOT changes in %% (default 5 10 20)")
+    speed.add_argument("--noise-sd", type=noise, help="SD of a per-seed log TPOT difference (instead of a capture)")
+    speed.add_argument("--change", nargs="+", type=change, help="TPOT changes in %% (default 5 10 20)")
     acc = sub.add_parser("accuracy", help="questions a non-inferiority margin needs at 80 %% power")
-    acc.add_argument("--margin-points", nargs="+", help="margins in points (default 1 2 5)")
-    acc.add_argument("--discordance", help="share of questions the two configurations disagree on, e.g. 0.05")
+    acc.add_argument(
+        "--margin-points", nargs="+", type=float_arg(*DESIGN_MARGIN_POINTS), help="margins in points (default 1 2 5)"
+    )
+    acc.add_argument(
+        "--discordance", type=_share(1.0), help="share of questions the two configurations disagree on, e.g. 0.05"
+    )
     acc.add_argument("--totals", nargs=3, metavar=("N", "BASE", "CAND"), help="published totals: questions, correct")
     ld = sub.add_parser("load", help="seed blocks per arm a change in users within the target needs at 80 %% power")
     ld.add_argument("--capture", help="a load capture folder with an A/A repeat of the baseline")
-    ld.add_argument("--noise-sd", help="SD of a per-block log users difference (instead of a capture)")
-    ld.add_argument("--change", nargs="+", help="changes in users within the target, in %% (default 50 100)")
+    ld.add_argument("--noise-sd", type=noise, help="SD of a per-block log users difference (instead of a capture)")
+    ld.add_argument(
+        "--change", nargs="+", type=change, help="changes in users within the target, in %% (default 50 100)"
+    )
     for what, func in ((speed, _design_runs), (acc, _design_accuracy), (ld, _design_runs)):
-        what.add_argument("--power", default=str(TARGET_POWER), help="power (default 0.8)")
+        what.add_argument("--power", type=_share(1.0, below=True), default=TARGET_POWER, help="power (default 0.8)")
         json_option(what, None)
         what.set_defaults(func=func)
 
@@ -164,18 +158,18 @@ def add_design(subparsers: Any) -> None:
 def _calibrate(args: argparse.Namespace) -> int:
     from kvstudy.io import bounded_float
     from kvstudy.limits import MAX_FACTOR
-    from kvstudy.report.calibration import calibrate_ladder, read_ladder
+    from kvstudy.precision.divergence import calibrate
+    from kvstudy.report.calibration import grade_from_captures, read_ladder
 
     if bool(args.ladder) == bool(args.grade):
         raise StudyError("kv-calibrate: expected either --grade (at least two) or --ladder, not both or neither")
     if args.ladder:
         bundle = read_ladder(args.ladder)
-        calibrations = bundle.calibrations
-        ladders = bundle.grades
-        cal = bundle.margin
+        ladders, calibrations, cal = bundle.grades, bundle.calibrations, bundle.margin
     else:
-        grades = [(bounded_float(f, "--grade FACTOR", 1.0, MAX_FACTOR), acc, scr) for f, acc, scr in args.grade]
-        ladder, cal = calibrate_ladder(grades, args.reference)
+        factors = [bounded_float(f, "--grade FACTOR", 1.0, MAX_FACTOR) for f, _, _ in args.grade]
+        ladder = [grade_from_captures(f, acc, scr, args.reference) for f, (_, acc, scr) in zip(factors, args.grade)]
+        cal = calibrate(ladder)
         ladders, calibrations = {"accuracy": ladder}, {"accuracy": cal}
     for task, ladder in ladders.items():
         for g in ladder:

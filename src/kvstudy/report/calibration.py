@@ -27,7 +27,6 @@ A bundled ladder (``data/captures/kv-calibrate-cpu``) lists its grades in ``ladd
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,14 +134,6 @@ def screen_grade(
         tost.ci_high,
         top1,
     )
-
-
-def calibrate_ladder(
-    grades: Sequence[tuple[float, str | Path, str | Path]], reference: str | Path | None = None
-) -> tuple[list[dv.Grade], dv.Calibration]:
-    """Every grade read, then :func:`kvstudy.precision.divergence.calibrate`."""
-    ladder = [grade_from_captures(f, acc, scr, reference) for f, acc, scr in grades]
-    return ladder, dv.calibrate(ladder)
 
 
 @dataclass(frozen=True)

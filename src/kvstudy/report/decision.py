@@ -399,7 +399,7 @@ def _headline(decision: rule.Decision, ev: rule.Evidence) -> str:
 def card_from_status(profile: str, status: dict[str, Any], stems: list[str], decision_settings: Any = None) -> Card:
     """The card from a render's status entries (the index page builds it the same way);
     ``decision_settings``: the profile's ``decision:`` mapping (thresholds)."""
-    th = rule.thresholds_from(decision_settings)
+    th = rule.Thresholds.from_dict(decision_settings or {}, "decision")
     lines = card_lines(status, stems)
     ev = evidence(lines)
     scales = _input(next((line for line in lines if line.topic == "scales"), None), SCALES_KEYS)

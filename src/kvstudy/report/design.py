@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from kvstudy.accuracy.analysis import ASSUMED_DISCORDANCE
+from kvstudy.decision_rule import points
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_DESIGN_ROWS
 from kvstudy.speed.calibration import noise_sd
@@ -42,8 +43,9 @@ NoiseState = Literal["measured", "not estimable", "given", "assumed"]
 
 
 @dataclass(frozen=True)
-class SpeedDesign:
-    """The seed blocks per arm one TPOT change needs, and where the noise came from."""
+class RunsDesign:
+    """The seed blocks per arm one change (in TPOT, or in users within the target) needs, and where the
+    noise came from."""
 
     users: int | None  # the capture's user count the noise was measured at; None: no capture
     noise_sd: float
@@ -66,8 +68,11 @@ class AccuracyDesign:
     power: float
 
 
-def capture_noise(capture_dir: str | Path) -> list[tuple[int | None, float | None, NoiseState, str]]:
-    """Per user count of a sweep capture: (users, noise SD or None, state, origin or why not)."""
+Noise = tuple[int | None, float | None, NoiseState, str]  # users, SD (None: not estimable), state, origin
+
+
+def capture_noise(capture_dir: str | Path) -> list[Noise]:
+    """Per user count of a sweep capture: its A/A noise SD (or why none)."""
     from kvstudy.speed import analysis, verdicts_table
 
     cap = analysis.load_capture(capture_dir)
@@ -75,43 +80,22 @@ def capture_noise(capture_dir: str | Path) -> list[tuple[int | None, float | Non
     repeats = verdicts_table.aa_pairs(cap)
     if not repeats:
         return [(None, None, "not estimable", f"{capture_dir}: no A/A repeat of the baseline in this capture")]
-    out: list[tuple[int | None, float | None, NoiseState, str]] = []
+    out: list[Noise] = []
     for users in cap.spec.users:
         runs = [r for name in [base, *repeats] for r in verdicts_table.capture_runs(cap, name, int(users))]
         usable = [r for r in runs if r.measurable and r.tpots_s]
         found = noise_sd(usable)
         if found is None:
-            out.append(
-                (int(users), None, "not estimable", f"not estimable: {len(usable)} measurable of {len(runs)} A/A runs")
-            )
+            why = f"not estimable: {len(usable)} measurable of {len(runs)} A/A runs"
+            out.append((int(users), None, "not estimable", why))
         else:
-            out.append(
-                (
-                    int(users),
-                    found[0],
-                    "measured",
-                    f"measured: A/A noise of {capture_dir} at {users} user(s), {found[1]} df",
-                )
-            )
+            why = f"measured: A/A noise of {capture_dir} at {users} user(s), {found[1]} df"
+            out.append((int(users), found[0], "measured", why))
     return out
 
 
-def speed_design(
-    changes_pct: Sequence[float] = DEFAULT_CHANGES_PCT,
-    capture_dir: str | Path | None = None,
-    sd: float | None = None,
-    power: float = TARGET_POWER,
-) -> list[SpeedDesign]:
-    """One row per (noise source, change): the seed blocks per arm the change needs."""
-    if capture_dir is not None and sd is not None:
-        raise StudyError("design speed: give --capture or --noise-sd, not both")
-    noises: list[tuple[int | None, float | None, NoiseState, str]]
-    if capture_dir is not None:
-        noises = capture_noise(capture_dir)
-    elif sd is not None:
-        noises = [(None, sd, "given", "given")]
-    else:
-        noises = [(None, ASSUMED_NOISE_SD, "assumed", "assumed (no capture or --noise-sd given)")]
+def _designs(noises: Sequence[Noise], changes_pct: Sequence[float], power: float) -> list[RunsDesign]:
+    """One row per (noise, change): the seed blocks per arm the blocked sign-flip test needs."""
     if len(noises) * len(changes_pct) > MAX_DESIGN_ROWS:
         raise StudyError(
             f"design speed: {len(noises)} noise estimate(s) x {len(changes_pct)} change(s) = "
@@ -121,26 +105,33 @@ def speed_design(
     for users, sigma, state, origin in noises:
         for pct in changes_pct:
             if sigma is None:
-                rows.append(SpeedDesign(users, math.nan, state, origin, pct, None, "no noise estimate", power))
+                rows.append(RunsDesign(users, math.nan, state, origin, pct, None, "no noise estimate", power))
                 continue
             need = runs_needed(sigma, pct / 100.0, power=power)
-            rows.append(SpeedDesign(users, sigma, state, origin, pct, need.runs_per_arm, need.method, power))
+            rows.append(RunsDesign(users, sigma, state, origin, pct, need.runs_per_arm, need.method, power))
     return rows
 
 
-@dataclass(frozen=True)
-class LoadDesign:
-    """The seed blocks per arm one change in users within the target needs, and the noise's origin."""
+def speed_design(
+    changes_pct: Sequence[float] = DEFAULT_CHANGES_PCT,
+    capture_dir: str | Path | None = None,
+    sd: float | None = None,
+    power: float = TARGET_POWER,
+) -> list[RunsDesign]:
+    """One row per (noise source, change): the seed blocks per arm a TPOT change needs."""
+    if capture_dir is not None and sd is not None:
+        raise StudyError("design speed: give --capture or --noise-sd, not both")
+    noises: list[Noise]
+    if capture_dir is not None:
+        noises = capture_noise(capture_dir)
+    elif sd is not None:
+        noises = [(None, sd, "given", "given")]
+    else:
+        noises = [(None, ASSUMED_NOISE_SD, "assumed", "assumed (no capture or --noise-sd given)")]
+    return _designs(noises, changes_pct, power)
 
-    noise_sd: float
-    noise_origin: str
-    change_pct: float
-    blocks_per_arm: int | None
-    method: str
-    power: float
 
-
-def load_noise(capture_dir: str | Path) -> tuple[float, str]:
+def load_noise(capture_dir: str | Path) -> Noise:
     """SD over seed blocks of log(A/A users / baseline users) in a load capture, and where it came from."""
     import numpy as np
 
@@ -157,12 +148,17 @@ def load_noise(capture_dir: str | Path) -> tuple[float, str]:
         raise StudyError(f"{capture_dir}: {len(logs)} seed block(s) with both A/A knees, expected at least 2")
     sd = float(np.std(logs, ddof=1))
     if sd > 0:
-        return sd, f"measured: A/A users over {len(logs)} seed blocks"
+        return None, sd, "measured", f"measured: A/A users over {len(logs)} seed blocks"
     loads = cap.spec.loads()
     step = max(b / a for a, b in zip(loads, loads[1:]))
-    return math.log(step) / math.sqrt(12), (
-        f"ladder resolution: the A/A knees agreed in all {len(logs)} blocks, so the SD of rounding to the "
-        f"largest load step (x{step:.2f}) is used"
+    return (
+        None,
+        math.log(step) / math.sqrt(12),
+        "measured",
+        (
+            f"ladder resolution: the A/A knees agreed in all {len(logs)} blocks, so the SD of rounding to the "
+            f"largest load step (x{step:.2f}) is used"
+        ),
     )
 
 
@@ -171,21 +167,18 @@ def load_design(
     capture_dir: str | Path | None = None,
     sd: float | None = None,
     power: float = TARGET_POWER,
-) -> list[LoadDesign]:
+) -> list[RunsDesign]:
+    """One row per change in users within the target: the seed blocks per arm it needs."""
     if capture_dir is not None:
-        sd, origin = load_noise(capture_dir)
+        noise = load_noise(capture_dir)
     elif sd is not None:
-        origin = "given"
+        noise = (None, sd, "given", "given")
     else:
-        sd, origin = ASSUMED_NOISE_SD * 4, "assumed: 0.2 (no capture or value given)"
-    rows = []
-    for change in changes_pct:
-        need = runs_needed(sd, change / 100.0, power=power)
-        rows.append(LoadDesign(sd, origin, change, need.runs_per_arm, need.method, power))
-    return rows
+        noise = (None, ASSUMED_NOISE_SD * 4, "assumed", "assumed: 0.2 (no capture or value given)")
+    return _designs([noise], changes_pct, power)
 
 
-def load_lines(rows: Sequence[LoadDesign]) -> list[str]:
+def load_lines(rows: Sequence[RunsDesign]) -> list[str]:
     if not rows:
         return []
     head = (
@@ -193,7 +186,7 @@ def load_lines(rows: Sequence[LoadDesign]) -> list[str]:
     )
     return [head] + [
         f"users within the target changed by {r.change_pct:g} %: "
-        + (f"{r.blocks_per_arm} seed blocks per arm" if r.blocks_per_arm else "more blocks than searched")
+        + (f"{r.runs_per_arm} seed blocks per arm" if r.runs_per_arm else "more blocks than searched")
         + f" ({r.method})"
         for r in rows
     ]
@@ -240,7 +233,7 @@ def accuracy_design(
     return rows
 
 
-def speed_lines(rows: Sequence[SpeedDesign]) -> list[str]:
+def speed_lines(rows: Sequence[RunsDesign]) -> list[str]:
     out = []
     for r in rows:
         at = f"at {r.users} user(s), " if r.users is not None else ""
@@ -255,7 +248,7 @@ def speed_lines(rows: Sequence[SpeedDesign]) -> list[str]:
 
 def accuracy_lines(rows: Sequence[AccuracyDesign]) -> list[str]:
     return [
-        f"accuracy: non-inferiority at a margin of {r.margin_points:g} point{'' if r.margin_points == 1 else 's'}, {r.power * 100:.0f} % power: "
+        f"accuracy: non-inferiority at a margin of {points(r.margin_points)}, {r.power * 100:.0f} % power: "
         f"{r.questions:,} questions (discordance {r.discordance:.1%}, {r.discordance_origin}; normal approximation)"
         for r in rows
     ]
@@ -265,7 +258,7 @@ def need_sentence(rows: Sequence[AccuracyDesign], unit: str = "questions") -> st
     """The most questions (``unit``) any planned discordance needs, as the card's next step says it."""
     worst = max(rows, key=lambda r: r.questions)
     return (
-        f"a non-inferiority verdict at {worst.margin_points:g} point{'' if worst.margin_points == 1 else 's'} needs about {worst.questions:,} {unit} at "
+        f"a non-inferiority verdict at {points(worst.margin_points)} needs about {worst.questions:,} {unit} at "
         f"{worst.power * 100:.0f} % power (discordance {worst.discordance:.1%}, {worst.discordance_origin}; "
         "kvstudy design accuracy)"
     )

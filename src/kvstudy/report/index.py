@@ -33,24 +33,6 @@ def prose(text: Any) -> Markup:
     return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(plain))))
 
 
-def _item(stem: str, entry: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    """One notebook's line: its finding, or that it failed (with the last good report if there is one)."""
-    if not entry:
-        return {"kind": "unrendered", "stem": stem}
-    if entry.get("error"):
-        return {
-            "kind": "failed",
-            "stem": stem,
-            "state": "not run" if entry.get("needs") else "failed",
-            "rendered": entry.get("rendered"),
-            "error": entry["error"],
-            "needs": entry.get("needs"),
-            "failed_html": entry.get("failed_html"),
-            "last_good": (out_dir / f"{stem}.html").exists() and entry.get("failed_html") != f"{stem}.html",
-        }
-    return {"kind": "ok", "stem": stem, "finding": entry.get("finding") or "(the notebook stated no finding)"}
-
-
 INTERRUPTED = "the render was interrupted before it recorded why this notebook failed"
 TORN = "the render was interrupted while it published this report"
 
@@ -113,8 +95,7 @@ def write_index(
     for stem in absent:  # reports of notebooks not in the profile: none is taken for its results
         for suffix in (".html", ".ipynb", ".failed.html", ".failed.ipynb"):
             (out_dir / f"{stem}{suffix}").unlink(missing_ok=True)
-    items = [_item(stem, status.get(stem) or {}, out_dir) for stem in stems]
-    items += [{"kind": "absent", "stem": s} for s in absent]
+    items = [(stem, status.get(stem) or {}) for stem in stems]
     card = card_from_status(profile, status, list(stems), profile_data.get("decision"))
     thresholds = ", ".join(f"{k} {v}" for k, v in card.thresholds.items() if v is not None)
     env = jinja2.Environment(
@@ -131,6 +112,8 @@ def write_index(
         answer_class=ANSWER_CLASS.get(card.answer, "open"),
         thresholds=thresholds,
         items=items,
+        absent=absent,
+        reports={p.name for p in out_dir.glob("*.html")},
         description=name_sources(str(profile_data.get("description") or "")),
         stamp=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         commit=git_commit(),

@@ -301,11 +301,6 @@ def _has_named_index(df: Any) -> bool:
 _show_frames_as_reports()
 
 
-def given_parameters() -> set[str]:
-    """Names of the parameters the profile gave this run (empty outside ``make all``)."""
-    return set(json.loads(os.environ.get(GIVEN_ENV, "[]")))  # the runner's JSON list of names
-
-
 def parameter_values(stem: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
     """The values a notebook's parameters have in ``namespace`` (its ``globals()``), in the order the
     parameters cell declares them; ``profile`` and ``figures_dir`` (the runner's) left out."""
@@ -326,7 +321,7 @@ def settings_table(
     import pandas as pd
     from IPython.display import Markdown, display
 
-    given = given_parameters()
+    given = set(json.loads(os.environ.get(GIVEN_ENV, "[]")))  # the runner's names of the parameters the profile gave
     origins = {**{name: ASSUMED for name in assumed if name not in given}, **dict(origins or {})}
     records = []
     for name, value in values.items():

@@ -30,21 +30,16 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 from unittest import mock
 
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import REPO_ROOT, read_json, read_text_checked, without_machine_paths, write_text_atomic
-from kvstudy.profiles import (
-    Parameter,
-    given_parameters,
-    load_profile,
-    validate_profile,
-)
+from kvstudy.profiles import given_parameters, load_profile, validate_profile
 from kvstudy.redact import REDACTED, redact, scrub_report, scrub_tree, write_json_scrubbed, write_scrubbed
-from kvstudy.report.html import extract_results, render_html
+from kvstudy.report.html import render_html
 from kvstudy.report.index import status_from_reports, write_index
 from kvstudy.report.notebook import GIVEN_ENV
 from kvstudy.report.status import read_status
@@ -65,14 +60,11 @@ KERNEL_QUIET = ["--IPKernelApp.log_level=CRITICAL"]
 
 @dataclass
 class NotebookRun:
-    """One executed notebook of a profile run."""
+    """One executed notebook of a profile run (its finding and verdicts: ``status.json``)."""
 
     name: str
-    html_path: Path
     seconds: float
-    finding: str | None
     error: str | None
-    verdicts: list[dict[str, Any]] = field(default_factory=list)
     needs: str | None = None  # the command that provides what a live step lacked (MissingPrerequisite)
 
 
@@ -179,7 +171,6 @@ def run_notebook(
     _quiet_kernel_logs()
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = out_dir / source.name
-    html_path = out_dir / f"{source.stem}.html"
     start = time.perf_counter()
     error: str | None = None
     needs: str | None = None
@@ -216,15 +207,12 @@ def run_notebook(
     finally:
         stream.close()
     seconds = time.perf_counter() - start
-    found: str | None = None
-    verdicts: list[Any] = []
     if executed.exists():
         scrub_executed(executed, parameters, cwd)
         figures = parameters["figures_dir"]  # relative to cwd: the settings table's CSV goes beside the figures
         csv = (cwd / figures, f"{source.stem[:2]}-settings", f"{figures}/")
-        render_html(executed, html_path, redact(parameters), set(given), csv)
-        found, verdicts = extract_results(executed)
-    return NotebookRun(source.stem, html_path, seconds, found, error, verdicts, needs)
+        render_html(executed, out_dir / f"{source.stem}.html", redact(parameters), set(given), csv)
+    return NotebookRun(source.stem, seconds, error, needs)
 
 
 @contextmanager
@@ -278,21 +266,17 @@ def _read_status(out_dir: Path, profile: str) -> dict[str, Any]:
 
 
 def _publish(run: NotebookRun, stage: Path, out_dir: Path) -> dict[str, Any]:
-    """Move one notebook's files from the staging folder into the report folder; its status entry."""
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    entry: dict[str, Any] = {"seconds": round(run.seconds, 1), "rendered": stamp}
+    """Move one notebook's files from the staging folder into the report folder; what its status entry
+    keeps of the run (``status_from_reports`` adds what the published files say)."""
     suffix = ".failed" if run.error else ""
     for ext in (".html", ".ipynb"):
         staged = stage / f"{run.name}{ext}"
         if staged.exists():
             os.replace(staged, out_dir / f"{run.name}{suffix}{ext}")
-    if run.error:
-        entry.update(error=run.error, failed_html=f"{run.name}.failed.html", needs=run.needs)
-    else:
-        for ext in (".html", ".ipynb"):
+        if not run.error:
             (out_dir / f"{run.name}.failed{ext}").unlink(missing_ok=True)
-        entry.update(error=None, finding=run.finding, verdicts=run.verdicts)
-    return entry
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return {"seconds": round(run.seconds, 1), "rendered": stamp, "error": run.error, "needs": run.needs}
 
 
 def check_only(only: Sequence[str], profile_data: dict[str, Any], profile: str) -> list[str]:
@@ -341,16 +325,6 @@ def scrub_executed(executed: Path, parameters: dict[str, Any], root: Path = REPO
     write_text_atomic(executed, text + "\n")
 
 
-def clean_staging(reports_dir: Path, profile: str) -> None:
-    """Remove the staging folders a killed render of ``profile`` left behind (call under its lock):
-    ``reports/.staging/<profile>/*`` and the ``reports/.<profile>-XXXXXXXX`` of earlier versions."""
-    shutil.rmtree(reports_dir / STAGING_DIR / profile, ignore_errors=True)
-    legacy = re.compile(re.escape(f".{profile}-") + r"[a-z0-9_]{8}")
-    for path in reports_dir.glob(f".{profile}-*"):
-        if legacy.fullmatch(path.name) and path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-
-
 def scrub_figure_tables(figures_dir: Path, values: list[str]) -> None:
     """Rewrite the CSV files a notebook left in ``figures_dir`` scrubbed of the profile's secret
     values (``io.write_csv`` already hid every secret shape as the kernel wrote them)."""
@@ -365,26 +339,24 @@ def scrub_figure_tables(figures_dir: Path, values: list[str]) -> None:
 def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) -> list[NotebookRun]:
     """Check the profile, run its notebooks (or ``only`` these), publish them and rewrite the index."""
     profile_data = load_profile(profile, root / "profiles")
-    declared: dict[str, dict[str, Parameter]] = validate_profile(profile_data, root / "notebooks")
+    declared = validate_profile(profile_data, root / "notebooks")
     selected = check_only(only, profile_data, profile) if only else list(profile_data["notebooks"])
     reports_dir = root / "reports"
     out_dir = reports_dir / profile
     figures_dir = Path("figures") / profile
     runs = []
     began = time.perf_counter()
-    # every secret value any notebook of the profile is given: none reaches the index or status
-    secrets = secret_parameter_values(
-        [given_parameters(profile_data, s, declared[s]) for s in profile_data["notebooks"]]
-    )
+    given_by = {stem: given_parameters(profile_data, stem, declared[stem]) for stem in profile_data["notebooks"]}
+    secrets = secret_parameter_values(list(given_by.values()))  # none reaches the index or status
     with profile_lock(reports_dir, profile):
         out_dir.mkdir(parents=True, exist_ok=True)
-        clean_staging(reports_dir, profile)
+        shutil.rmtree(reports_dir / STAGING_DIR / profile, ignore_errors=True)  # what a killed render left
         status = _read_status(out_dir, profile)
         (reports_dir / STAGING_DIR / profile).mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(dir=reports_dir / STAGING_DIR / profile))
         try:
             for number, stem in enumerate(sorted(selected), 1):
-                given = given_parameters(profile_data, stem, declared[stem])
+                given = given_by[stem]
                 params = {**given, "profile": profile, "figures_dir": str(figures_dir)}
                 so_far = f", {time.perf_counter() - began:.0f} s so far" if number > 1 else ""
                 print(f"[{profile}] ({number}/{len(selected)}) running {stem}{so_far} ...", flush=True)

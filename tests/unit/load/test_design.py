@@ -12,9 +12,9 @@ def test_more_noise_needs_more_blocks() -> None:
     quiet = load_design([50.0], sd=0.05)[0]
     loud = load_design([50.0], sd=0.5)[0]
     assert quiet.noise_origin == "given"
-    assert quiet.blocks_per_arm is not None and loud.blocks_per_arm is not None
-    assert quiet.blocks_per_arm >= 6  # never fewer than the blocked test needs to reach p < 0.05
-    assert loud.blocks_per_arm > quiet.blocks_per_arm
+    assert quiet.runs_per_arm is not None and loud.runs_per_arm is not None
+    assert quiet.runs_per_arm >= 6  # never fewer than the blocked test needs to reach p < 0.05
+    assert loud.runs_per_arm > quiet.runs_per_arm
 
 
 def test_cli_prints_one_line_per_change(capsys) -> None:
