@@ -179,13 +179,4 @@ def run_load(
         check_design(spec)
         check_knobs(spec)
     manifest = prepare_capture(spec, capture, how)
-    return experiment.run_cells(
-        spec,
-        capture,
-        manifest,
-        run_cell,
-        lambda cell, reason, tail: _failed(spec, cell, reason, tail),
-        retry_failed,
-        progress,
-        on_cell_start,
-    )
+    return experiment.run_cells(spec, capture, manifest, run_cell, _failed, retry_failed, progress, on_cell_start)

@@ -67,14 +67,16 @@ def prepare_capture(spec: SweepSpec, capture: Path, how: str = "") -> dict[str, 
 # --------------------------------------------------------------------------- running
 
 
-def _failed(spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: str, seconds: float) -> SpeedCellResult:
+def _failed(
+    spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: str = "", seconds: float = 0.0
+) -> SpeedCellResult:
     return SpeedCellResult(
         **_identity(spec, cell),
         status="failed",
         reason=spec.scrub()(reason),
         log_tail=spec.scrub()(log_tail),
         settings=asdict(spec.bench_settings(cell)),
-        started_utc=started,
+        started_utc=started or now_utc(),
         seconds=seconds,
     )
 
@@ -191,13 +193,4 @@ def run_sweep(
     cells run now. ``on_cell_start(cell, server)`` is called before each cell (tests inject faults)."""
     capture = Path(capture)
     manifest = prepare_capture(spec, capture, how)
-    return experiment.run_cells(
-        spec,
-        capture,
-        manifest,
-        run_cell,
-        lambda cell, reason, tail: _failed(spec, cell, reason, tail, now_utc(), 0.0),
-        retry_failed,
-        progress,
-        on_cell_start,
-    )
+    return experiment.run_cells(spec, capture, manifest, run_cell, _failed, retry_failed, progress, on_cell_start)
