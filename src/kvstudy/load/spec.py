@@ -108,15 +108,11 @@ class LoadSpec(UsersSpec):
         loads = self.loads()
         return [Cell(r.arm, r.seed, c, "c") for r in self.runs() for c in loads]
 
-    def requests_for(self, concurrency: int) -> int:
-        """Measured requests of a cell: concurrency x rounds_per_cell (each user slot refilled that often)."""
-        return concurrency * self.rounds_per_cell
-
     def bench_settings(self, cell: Cell) -> BenchSettings:
         return BenchSettings(
             input_len=self.input_len,
             output_len=self.output_len,
-            num_prompts=self.requests_for(cell.users),
+            num_prompts=cell.users * self.rounds_per_cell,  # each user slot refilled that often
             max_concurrency=cell.users,
             num_warmups=self.warmups_per_cell,
             seed=cell.seed,
