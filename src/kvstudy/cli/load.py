@@ -6,10 +6,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from kvstudy.bench.experiment import missing_cells
 from kvstudy.capture import MANIFEST
 from kvstudy.cli import grid_arguments, print_failed, retry_option
 from kvstudy.io import read_json
-from kvstudy.load.runner import missing_cells, run_load
+from kvstudy.load.runner import run_load
 from kvstudy.load.spec import LoadSpec, check_design
 
 

@@ -6,21 +6,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from kvstudy.bench import experiment
+from kvstudy.bench.experiment import MANIFEST
 from kvstudy.bench.grid import read_capture
 from kvstudy.bench.telemetry import metrics_delta
 from kvstudy.capture import model_config
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
 from kvstudy.load.knee import MEASURED, NO_CELLS, Knee, UsersComparison, compare_users, decide, users_within
-from kvstudy.load.runner import KIND, MANIFEST, load_spec, missing_cells, run_load
+from kvstudy.load.runner import KIND, load_spec, run_load
 from kvstudy.load.spec import LoadSpec, arm_pools
-from kvstudy.progress import Progress
 from kvstudy.stats.permutation import permutation_test
 
 PERCENTILES = (50, 90, 99)
@@ -315,10 +317,7 @@ def family_size(cap: LoadCapture) -> int:
     return (len(cap.spec.arms) - 1) * (1 + len(cap.spec.loads()))
 
 
-def capture_settings(params: dict[str, Any], capture: str | Path) -> tuple[dict[str, Any], set[str]]:
-    """The parameters as the report ran them: a grid field left None is the capture's own value."""
-    path = Path(capture)
-    return load_spec(path).fill_parameters(params) if (path / MANIFEST).is_file() else (dict(params), set())
+capture_settings = partial(experiment.capture_settings, load_spec)
 
 
 def verdict_text(cap: LoadCapture | None, comps: list[UsersComparison]) -> str:
@@ -344,21 +343,4 @@ def verdict_text(cap: LoadCapture | None, comps: list[UsersComparison]) -> str:
     return " ".join(parts)
 
 
-def open_or_complete(
-    spec_data: dict[str, Any], capture: str | Path, run_missing: bool, how: str, progress: Progress
-) -> tuple[LoadCapture | None, str]:
-    """The capture to analyse, after running its missing cells when ``run_missing``; and what was done."""
-    path = Path(capture)
-    if run_missing:
-        spec = LoadSpec.from_params(**spec_data)
-        todo = missing_cells(spec, path)
-        if todo:
-            results = run_load(spec, path, how=how, progress=progress)
-            said = f"ran {len(results)} missing cell(s) into {path} ({sum(r.status != 'ok' for r in results)} failed)"
-        else:
-            said = f"the capture {path} was complete: analysis only, nothing run"
-    elif not (path / MANIFEST).is_file():
-        return None, f"no capture at {path} and run_missing is False: nothing to analyse"
-    else:
-        said = f"analysing the capture {path} as it is (run_missing is False)"
-    return load_capture(path), said
+open_or_complete = partial(experiment.open_or_complete, LoadSpec, run_load, load_capture, "nothing to analyse")

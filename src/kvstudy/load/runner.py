@@ -9,14 +9,14 @@ its dtype (:func:`pool_check`); a pool that disagrees fails every cell of that s
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kvstudy import capture as capture_format
+from kvstudy.bench import experiment
 from kvstudy.bench.client import BenchError, run_bench
-from kvstudy.bench.grid import GridPlan, ServeRun, cells_to_run, run_grid, scrubber, write_record, write_requests
+from kvstudy.bench.grid import write_record, write_requests
 from kvstudy.bench.metrics import calculate_metrics, metrics_reported_by_vllm
 from kvstudy.bench.result import requests_from_result
 from kvstudy.bench.spec import Cell, Run
@@ -26,40 +26,30 @@ from kvstudy.io import log_tail, read_text_checked, write_jsonl_atomic
 from kvstudy.load.knee import share_within
 from kvstudy.load.spec import LoadCellResult, LoadSpec, arm_pools, check_design, check_knobs, pool_table
 from kvstudy.model.allocator import predict_logged_pool
-from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 from kvstudy.vllm.facts import EQUAL_MEMORY_KNOB
 from kvstudy.vllm.startup_log import parse_startup_text
 
 KIND = "kvstudy load sweep"
-MANIFEST = capture_format.MANIFEST
-
-
-def load_spec(capture: Path, manifest: Mapping[str, Any] | None = None) -> LoadSpec:
-    """The grid a capture holds (its manifest's ``spec``; ``manifest``: already read)."""
-    manifest = manifest if manifest is not None else capture_format.read_manifest(capture, KIND)
-    return LoadSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
+load_spec = partial(experiment.load_spec, LoadSpec, KIND)
 
 
 def prepare_capture(spec: LoadSpec, capture: Path, how: str = "") -> dict[str, Any]:
-    manifest, created = capture_format.create_or_resume(
+    return experiment.prepare_capture(
+        spec,
         capture,
         KIND,
-        spec.to_dict(),
         how or "kvstudy.load.runner.run_load",
-        capture_format.model_inputs(spec.model),
-        lambda stored, where: LoadSpec.from_dict(stored, where=where).to_dict(),
+        lambda: {
+            "run_order": {"rule": spec.run_order, "server_starts": [r.id for r in spec.runs()]},
+            "equal_memory": {
+                "knob": EQUAL_MEMORY_KNOB[spec.device],
+                "pools": pool_table(spec),
+                "ladder": spec.loads(),
+                "requests_per_cell": "concurrency x rounds_per_cell",
+            },
+        },
     )
-    if created:
-        manifest["run_order"] = {"rule": spec.run_order, "server_starts": [r.id for r in spec.runs()]}
-        manifest["equal_memory"] = {
-            "knob": EQUAL_MEMORY_KNOB[spec.device],
-            "pools": pool_table(spec),
-            "ladder": spec.loads(),
-            "requests_per_cell": "concurrency x rounds_per_cell",
-        }
-        capture_format.write_manifest(capture, manifest)
-    return manifest
 
 
 # --------------------------------------------------------------------------- the pool check
@@ -105,7 +95,7 @@ def _identity(spec: LoadSpec, cell: Cell) -> dict[str, Any]:
 
 
 def _failed(spec: LoadSpec, cell: Cell, reason: str, tail: str, pool: dict[str, Any] | None = None) -> LoadCellResult:
-    scrub = scrubber([spec.server_env, *(a.env for a in spec.arms)])
+    scrub = spec.scrub()
     return LoadCellResult(
         **_identity(spec, cell),
         status="failed",
@@ -174,30 +164,6 @@ def run_cell(spec: LoadSpec, capture: Path, cell: Cell, server: Any, tokenizer: 
     return res
 
 
-# --------------------------------------------------------------------------- the grid
-
-
-def load_plan(spec: LoadSpec, capture: Path) -> GridPlan[Cell, LoadCellResult]:
-    tokenizer = spec.model if Path(spec.model).is_dir() else None
-    cells = spec.cells()
-    runs = [ServeRun(r.id, r.arm, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()]
-    return GridPlan(
-        runs=runs,
-        server_config=lambda run: spec.server_config(Run(run.arm, run.seed)),
-        ready_timeout_s=spec.ready_timeout_s,
-        run_cell=lambda cell, server: run_cell(spec, capture, cell, server, tokenizer),
-        failed_cell=lambda cell, reason, tail, _start_failed: _failed(spec, cell, reason, tail),
-        record=asdict,
-        outcome=lambda res: (res.status, res.reason),
-        run_fields=lambda run, _cells: {"arm": run.arm},
-        scrub=scrubber([spec.server_env, *(a.env for a in spec.arms)]),
-    )
-
-
-def missing_cells(spec: LoadSpec, capture: Path, retry_failed: bool = False) -> list[Cell]:
-    return cells_to_run(capture, spec.cells(), retry_failed)
-
-
 def run_load(
     spec: LoadSpec,
     capture: str | Path,
@@ -208,17 +174,8 @@ def run_load(
 ) -> list[LoadCellResult]:
     """Run every cell ``capture`` lacks (failed ones only with ``retry_failed``); refusals come first."""
     capture = Path(capture)
-    todo = missing_cells(spec, capture, retry_failed)
-    if todo:
+    if experiment.missing_cells(spec, capture, retry_failed):
         check_design(spec)
         check_knobs(spec)
     manifest = prepare_capture(spec, capture, how)
-    return run_grid(
-        load_plan(spec, capture),
-        capture,
-        manifest,
-        retry_failed=retry_failed,
-        progress=progress,
-        on_cell_start=on_cell_start,
-        before_first_start=lambda: require_live(spec.model),
-    )
+    return experiment.run_cells(spec, capture, manifest, run_cell, _failed, retry_failed, progress, on_cell_start)

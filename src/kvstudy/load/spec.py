@@ -17,12 +17,13 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
-from kvstudy.bench.arm import Arm, Arms
+from kvstudy.bench.arm import Arms
 from kvstudy.bench.client import BenchSettings
-from kvstudy.bench.spec import Axis, Cell, CellResult, Run, Seeds, ServerSpec, ordered_runs
+from kvstudy.bench.experiment import UsersSpec
+from kvstudy.bench.spec import Axis, Cell, CellResult, Run, Seeds
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
-from kvstudy.limits import MAX_GRID_CELLS, Bytes, Milliseconds, Number, Requests, Tokens, Users, Warmups
+from kvstudy.limits import Bytes, Milliseconds, Number, Requests, Tokens, Users, Warmups
 from kvstudy.model.allocator import predict_logged_pool
 from kvstudy.vllm.command import ServerConfig
 from kvstudy.vllm.facts import CPU_KVCACHE_SPACE_ENV, DEVICE_DEFAULTS, EQUAL_MEMORY_KNOB, NULL_BLOCKS
@@ -35,8 +36,10 @@ LoadFactor = Field(gt=0, le=1e4)
 OWN_FLAGS = ("--max-num-seqs", "--num-gpu-blocks-override", "--kv-cache-memory-bytes", "--max-model-len")
 
 
-class LoadSpec(ServerSpec):
+class LoadSpec(UsersSpec):
     """The whole grid and everything held fixed across it."""
+
+    ARMS, AXIS = "arms", "load_factors"
 
     model: str = Field(min_length=1, description="model folder or id the servers serve (required to run cells)")
     arms: Annotated[Arms, Field(min_length=2)] = Field(
@@ -74,14 +77,6 @@ class LoadSpec(ServerSpec):
     def _relations(self) -> Self:
         if all(getattr(self, f"{k}_ms") is None for k in TARGET_KEYS):
             raise ValueError("no latency target: set at least one of ttft_ms, tpot_ms, e2el_ms (milliseconds)")
-        if self.max_model_len is not None and self.max_model_len < self.input_len + self.output_len:
-            raise ValueError(
-                f"max_model_len {self.max_model_len} is shorter than input_len + output_len = "
-                f"{self.input_len + self.output_len}"
-            )
-        cells = len(self.arms) * len(self.seeds) * len(self.load_factors)
-        if cells > MAX_GRID_CELLS:
-            raise ValueError(f"{cells:,} cells (arms x seeds x loads), expected at most {MAX_GRID_CELLS:,}")
         for flag in OWN_FLAGS:
             if any(a == flag or a.startswith(flag + "=") for a in self.server_extra_args):
                 raise ValueError(f"server_extra_args sets {flag}, which this experiment sets itself")
@@ -106,15 +101,6 @@ class LoadSpec(ServerSpec):
         limits = ", ".join(f"{k.upper()} ≤ {v:g} ms" for k, v in self.target.items())
         return f"{limits} for {self.target_share:.0%} of requests"
 
-    def arm(self, name: str) -> Arm:
-        for a in self.arms:
-            if a.name == name:
-                return a
-        raise StudyError(f"arm {name!r}: not in this grid ({[a.name for a in self.arms]})")
-
-    def runs(self) -> list[Run]:
-        return ordered_runs([a.name for a in self.arms], self.seeds, self.run_order)
-
     def loads(self) -> list[int]:
         return ladder(self.load_factors, arm_pools(self)[self.arms[0].name].requests)
 
@@ -122,15 +108,11 @@ class LoadSpec(ServerSpec):
         loads = self.loads()
         return [Cell(r.arm, r.seed, c, "c") for r in self.runs() for c in loads]
 
-    def requests_for(self, concurrency: int) -> int:
-        """Measured requests of a cell: concurrency x rounds_per_cell (each user slot refilled that often)."""
-        return concurrency * self.rounds_per_cell
-
     def bench_settings(self, cell: Cell) -> BenchSettings:
         return BenchSettings(
             input_len=self.input_len,
             output_len=self.output_len,
-            num_prompts=self.requests_for(cell.users),
+            num_prompts=cell.users * self.rounds_per_cell,  # each user slot refilled that often
             max_concurrency=cell.users,
             num_warmups=self.warmups_per_cell,
             seed=cell.seed,

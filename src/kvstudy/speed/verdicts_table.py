@@ -224,7 +224,7 @@ def capture_verdicts(
                 refusals=refusals,
             )
             bound, note = None, "same KV dtype in both arms: halving KV bytes plays no part"
-            if capture.spec.config(cand).kv_cache_dtype != capture.spec.config(base).kv_cache_dtype:
+            if capture.spec.arm(cand).kv_cache_dtype != capture.spec.arm(base).kv_cache_dtype:
                 try:
                     bound = bound_less_time_pct(max_fp8_gain_pct(capture.spec.model, context, users))
                     note = (

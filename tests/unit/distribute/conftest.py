@@ -11,14 +11,14 @@ import pytest
 import yaml
 
 from kvstudy import capture as capture_format
-from kvstudy.bench.grid import item_states
+from kvstudy.bench.grid import cell_status, item_states
 from kvstudy.context.live import SPEC_PARAMETERS
 from kvstudy.context.sweep import ContextSweepSpec
 from kvstudy.context.sweep import prepare as prepare_context
 from kvstudy.distribute.block import BLOCK_RECORD, block_state
 from kvstudy.distribute.plan import make_plan, read_plan
 from kvstudy.io import read_json, write_json_atomic
-from kvstudy.speed.runner import cell_status, prepare_capture
+from kvstudy.speed.runner import prepare_capture
 from kvstudy.speed.spec import SweepSpec
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -51,7 +51,7 @@ def _block_manifest(record: dict[str, Any], folder: Path) -> tuple[Any, list[str
 
 def _item_states(record: dict[str, Any], spec: Any, folder: Path) -> dict[str, str]:
     if record["experiment"] == "speed":
-        return {c.id: cell_status(folder, c) for c in spec.cells()}
+        return {c.id: cell_status(folder, c.id) for c in spec.cells()}
     return item_states(folder, [c.id for c in spec.cells()])
 
 

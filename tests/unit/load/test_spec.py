@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvstudy.bench.spec import Cell
 from kvstudy.errors import StudyError
 from kvstudy.load.spec import LoadSpec, arm_pools, check_design, check_knobs, ladder
 
@@ -59,7 +60,7 @@ def test_ladder_hand_values() -> None:
 
 def test_requests_per_cell_rule_and_cells() -> None:
     s = spec(rounds_per_cell=3)
-    assert s.requests_for(6) == 18
+    assert s.bench_settings(Cell("auto", 0, 6, "c")).num_prompts == 18
     cells = s.cells()
     assert len(cells) == 3 * 2 * 5
     assert [c.id for c in cells[:2]] == ["auto__s0__c2", "auto__s0__c4"]

@@ -218,7 +218,7 @@ def make_capture(root: Path) -> sweep.SweepSpec:
             {
                 "cell_id": cell.id,
                 "configuration": cell.arm,
-                "kv_cache_dtype": spec.config(cell.arm).kv_cache_dtype,
+                "kv_cache_dtype": spec.arm(cell.arm).kv_cache_dtype,
                 "seed": cell.seed,
                 "users": cell.users,
                 "status": "ok",

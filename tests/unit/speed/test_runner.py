@@ -16,7 +16,8 @@ import pytest
 from pydantic import ValidationError
 
 from kvstudy import capture as capture_format
-from kvstudy.bench.grid import write_record
+from kvstudy.bench.experiment import missing_cells
+from kvstudy.bench.grid import cell_status, write_record
 from kvstudy.cli import main as cli_main
 from kvstudy.errors import StudyError
 from kvstudy.progress import silent
@@ -165,7 +166,7 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         if cell.id == state["interrupt_at"]:
             raise KeyboardInterrupt
         state["ran"].append(cell.id)
-        identity = cell.identity(spec.config(cell.arm).kv_cache_dtype, "configuration", "users")
+        identity = cell.identity(spec.arm(cell.arm).kv_cache_dtype, "configuration", "users")
         if cell.id == state["crash_at"]:
             server.alive = False
             return sweep.SpeedCellResult(
@@ -213,8 +214,8 @@ def test_crash_mid_sweep_fails_rest_of_run_and_resume_runs_only_those(tmp_path: 
     failed = json.loads((tmp_path / "cells" / "fp8__s0__u4.json").read_text())
     assert "stopped before this cell" in failed["reason"] and "fake server fp8" in failed["log_tail"]
     assert all(s == "ok" for k, s in status.items() if not k.startswith("fp8__s0"))
-    assert sweep.missing_cells(spec, tmp_path) == []  # failed cells are retried only when asked
-    assert [c.id for c in sweep.missing_cells(spec, tmp_path, retry_failed=True)] == ["fp8__s0__u1", "fp8__s0__u4"]
+    assert missing_cells(spec, tmp_path) == []  # failed cells are retried only when asked
+    assert [c.id for c in missing_cells(spec, tmp_path, retry_failed=True)] == ["fp8__s0__u1", "fp8__s0__u4"]
     ok_before = (tmp_path / "cells" / "auto__s1__u4.json").read_bytes()
     fakes["crash_at"], fakes["ran"] = None, []
     FakeServer.starts = []
@@ -231,7 +232,7 @@ def test_crash_mid_sweep_fails_rest_of_run_and_resume_runs_only_those(tmp_path: 
     assert (tmp_path / "logs" / "fp8__s0__u1.bench.attempt1.log").read_text() == "attempt one"
     assert (tmp_path / "logs" / "fp8__s0.server.attempt1.log").read_text().startswith("fake server fp8")
     assert (tmp_path / "cells" / "auto__s1__u4.json").read_bytes() == ok_before
-    assert sweep.missing_cells(spec, tmp_path, retry_failed=True) == []
+    assert missing_cells(spec, tmp_path, retry_failed=True) == []
 
 
 def test_server_that_fails_to_start_is_recorded_and_others_go_on(tmp_path: Path, fakes: dict[str, Any]) -> None:
@@ -286,11 +287,11 @@ def test_an_invalid_spec_cannot_be_made(tmp_path: Path, fakes: dict[str, Any]) -
 
 def test_cell_status_reads_files(tmp_path: Path) -> None:
     cell = sweep.Cell("auto", 0, 1)
-    assert sweep.cell_status(tmp_path, cell) == "missing"
+    assert cell_status(tmp_path, cell.id) == "missing"
     write_record(tmp_path / "cells" / f"{cell.id}.json", {"status": "failed"})
-    assert sweep.cell_status(tmp_path, cell) == "failed"
+    assert cell_status(tmp_path, cell.id) == "failed"
     (tmp_path / "cells" / f"{cell.id}.json").write_text("{half")
-    assert sweep.cell_status(tmp_path, cell) == "missing"
+    assert cell_status(tmp_path, cell.id) == "missing"
 
 
 def test_spec_round_trips_through_manifest(tmp_path: Path) -> None:

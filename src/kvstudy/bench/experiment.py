@@ -1,0 +1,188 @@
+"""What the speed sweep and the load experiment share on the grid engine (:mod:`kvstudy.bench.grid`):
+the users grid's spec base, a capture's spec and missing cells, the plan and run, and the notebook
+helpers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
+
+from pydantic import model_validator
+
+from kvstudy import capture as capture_format
+from kvstudy.bench.arm import Arm
+from kvstudy.bench.grid import GridPlan, ServeRun, cells_to_run, run_grid, scrubber
+from kvstudy.bench.spec import Cell, CellResult, Run, ServerSpec, ordered_runs
+from kvstudy.errors import StudyError
+from kvstudy.limits import MAX_GRID_CELLS
+from kvstudy.model.folder import require_live
+from kvstudy.progress import Progress
+from kvstudy.vllm.command import ServerConfig
+
+MANIFEST = capture_format.MANIFEST
+R = TypeVar("R", bound=CellResult)
+C = TypeVar("C")
+
+
+class UsersSpec(ServerSpec):
+    """A grid of arms x seeds x a users axis, one fresh server per arm and seed."""
+
+    ARMS: ClassVar[str]  # the field listing the arms
+    AXIS: ClassVar[str]  # the field listing the third axis
+
+    if TYPE_CHECKING:  # declared by each experiment (pydantic orders the fields as declared there)
+        model: str
+        seeds: list[int]
+        input_len: int
+        output_len: int
+        max_model_len: int | None
+
+        def cells(self) -> list[Cell]: ...
+
+        def server_config(self, run: Run) -> ServerConfig: ...
+
+    @model_validator(mode="after")
+    def _grid(self) -> Self:
+        cells = len(self.arm_list()) * len(self.seeds) * len(getattr(self, self.AXIS))
+        if cells > MAX_GRID_CELLS:
+            raise ValueError(
+                f"{cells:,} cells ({self.ARMS} x seeds x {self.AXIS}), expected at most {MAX_GRID_CELLS:,}"
+            )
+        if self.max_model_len is not None and self.max_model_len < self.input_len + self.output_len:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} is shorter than input_len + output_len = "
+                f"{self.input_len + self.output_len}"
+            )
+        return self
+
+    def arm_list(self) -> list[Arm]:
+        arms: list[Arm] = getattr(self, self.ARMS)
+        return arms
+
+    def arm(self, name: str) -> Arm:
+        for a in self.arm_list():
+            if a.name == name:
+                return a
+        raise StudyError(f"{self.ARMS}: {name!r} is not one of {[a.name for a in self.arm_list()]}")
+
+    def runs(self) -> list[Run]:
+        return ordered_runs([a.name for a in self.arm_list()], self.seeds, self.run_order)
+
+    def scrub(self) -> Callable[[str], str]:
+        return scrubber([self.server_env, *(a.env for a in self.arm_list())])
+
+
+S = TypeVar("S", bound=UsersSpec)
+
+
+def load_spec(cls: type[S], kind: str, capture: Path, manifest: Mapping[str, Any] | None = None) -> S:
+    """The grid a capture's manifest holds (``manifest``: already read)."""
+    manifest = manifest if manifest is not None else capture_format.read_manifest(capture, kind)
+    return cls.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
+
+
+def missing_cells(spec: UsersSpec, capture: Path, retry_failed: bool = False) -> list[Cell]:
+    return cells_to_run(capture, spec.cells(), retry_failed)
+
+
+def prepare_capture(
+    spec: UsersSpec, capture: Path, kind: str, how: str, first: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """Create the folder and manifest (with ``first()``'s keys), or check an existing one holds the same grid and model."""
+    manifest, created = capture_format.create_or_resume(
+        capture,
+        kind,
+        spec.to_dict(),
+        how,
+        capture_format.model_inputs(spec.model),
+        lambda stored, where: type(spec).from_dict(stored, where=where).to_dict(),
+    )
+    if created:
+        manifest.update(first())
+        capture_format.write_manifest(capture, manifest)
+    return manifest
+
+
+def run_cells(
+    spec: S,
+    capture: Path,
+    manifest: dict[str, Any],
+    run_cell: Callable[[S, Path, Cell, Any, str | None], R],
+    failed_cell: Callable[[S, Cell, str, str], R],
+    retry_failed: bool,
+    progress: Progress,
+    on_cell_start: Callable[[Cell, Any], None] | None,
+) -> list[R]:
+    """Run the cells ``capture`` lacks on the grid engine; the results of the cells run now."""
+    tokenizer = spec.model if Path(spec.model).is_dir() else None
+    cells = spec.cells()
+    plan = GridPlan(
+        runs=[ServeRun(r.id, r.arm, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()],
+        server_config=lambda run: spec.server_config(Run(run.arm, run.seed)),
+        ready_timeout_s=spec.ready_timeout_s,
+        run_cell=lambda cell, server: run_cell(spec, capture, cell, server, tokenizer),
+        failed_cell=lambda cell, reason, tail, _start_failed: failed_cell(spec, cell, reason, tail),
+        record=asdict,
+        outcome=lambda res: (res.status, res.reason),
+        run_fields=lambda run, _cells: {spec.ARMS.removesuffix("s"): run.arm},
+        scrub=spec.scrub(),
+    )
+    return run_grid(
+        plan,
+        capture,
+        manifest,
+        retry_failed=retry_failed,
+        progress=progress,
+        on_cell_start=on_cell_start,
+        before_first_start=lambda: require_live(spec.model),
+    )
+
+
+# --------------------------------------------------------------------------- notebook helpers
+
+
+def open_or_complete(
+    cls: type[S],
+    run: Callable[..., list[R]],
+    read: Callable[[Path], C],
+    absent: str,
+    spec_data: dict[str, Any],
+    capture: str | Path,
+    run_missing: bool,
+    how: str,
+    progress: Progress,
+) -> tuple[C | None, str]:
+    """The capture to analyse (None: none), after running its missing cells when ``run_missing``; and
+    a sentence saying what was done (``absent``: what is shown without a capture)."""
+    path = Path(capture)
+    if run_missing:
+        spec = cls.from_params(**spec_data)  # None: the spec's default
+        if missing_cells(spec, path):
+            results = run(spec, path, how=how, progress=progress)
+            said = f"ran {len(results)} missing cell(s) into {path} ({sum(r.status != 'ok' for r in results)} failed)"
+        else:
+            said = f"the capture {path} was complete: analysis only, nothing run"
+    elif not (path / MANIFEST).is_file():
+        return None, f"no capture at {path} and run_missing is False: {absent}"
+    else:
+        said = f"analysing the capture {path} as it is (run_missing is False)"
+    return read(path), said
+
+
+def capture_settings(
+    read_spec: Callable[[Path], UsersSpec], params: dict[str, Any], capture: str | Path
+) -> tuple[dict[str, Any], set[str]]:
+    """The parameters as the report ran them (:meth:`kvstudy.bench.spec.Spec.fill_parameters`), and
+    ``registered_runs_per_arm``, where given and left None, the capture's seed count."""
+    path = Path(capture)
+    if not (path / MANIFEST).is_file():
+        return dict(params), set()
+    spec = read_spec(path)
+    shown, read = spec.fill_parameters(params)
+    if "registered_runs_per_arm" in shown and shown["registered_runs_per_arm"] is None:
+        shown["registered_runs_per_arm"] = len(spec.seeds)
+        read.add("registered_runs_per_arm")
+    return shown, read
