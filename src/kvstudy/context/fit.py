@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvstudy.bench.grid import CapturedCell
-from kvstudy.bench.measurability import assess_run, run_from_records
+from kvstudy.bench.measurability import assess_run
 from kvstudy.errors import StudyError
 from kvstudy.stats.bootstrap import bootstrap_line, ols, percentile_interval
 
@@ -183,12 +183,11 @@ def check_cell(cell: CapturedCell) -> CellCheck:
     if not cell.ok:
         return CellCheck(cell.id, False, cell.reason or "failed", None)
     asked = cell.data.get("output_len")
-    run = run_from_records(
+    m = assess_run(
         cell.requests,
         cell.id,
         expected_output_len=asked if isinstance(asked, int) and not isinstance(asked, bool) else None,
     )
-    m = assess_run(run)
     return CellCheck(cell.id, m.measurable, "; ".join(m.reasons), m.near_zero_gap_share)
 
 

@@ -23,11 +23,10 @@ import numpy as np
 
 from kvstudy.bench.measurability import (
     Measurability,
-    RunRequests,
-    assess_run,
     per_request_e2e_per_token_s,
     per_request_tpot_s,
 )
+from kvstudy.bench.result import RequestRecord
 from kvstudy.errors import StudyError
 from kvstudy.speed.design import DRIFT_BOUNDED, UNBALANCED, order_check, registration_check
 from kvstudy.stats.bootstrap import BOOTSTRAP_RESAMPLES, CONFIDENCE, bootstrap_ratio_interval
@@ -104,17 +103,22 @@ class Verdict:
 # --------------------------------------------------------------------------- inputs
 
 
-def summarise_run(run: RunRequests, measurability: Measurability | None = None) -> RunSummary:
-    """A :class:`RunSummary` from a run's per-request timings (assessed here unless given)."""
-    m = measurability if measurability is not None else assess_run(run)
+def summarise_run(
+    records: Sequence[RequestRecord],
+    m: Measurability,
+    *,
+    start_time_s: float | None,
+    median_clock_mhz: float | None,
+) -> RunSummary:
+    """A :class:`RunSummary` from a run's per-request records and their :func:`assess_run`."""
     return RunSummary(
-        name=run.name,
-        tpots_s=tuple(float(x) for x in per_request_tpot_s(run)),
+        name=m.run,
+        tpots_s=tuple(float(x) for x in per_request_tpot_s(records)),
         measurable=m.measurable,
         unmeasurable_reasons=tuple(m.reasons),
-        start_time_s=run.start_time_s,
-        median_clock_mhz=run.median_clock_mhz,
-        e2e_per_token_s=tuple(float(x) for x in per_request_e2e_per_token_s(run)),
+        start_time_s=start_time_s,
+        median_clock_mhz=median_clock_mhz,
+        e2e_per_token_s=tuple(float(x) for x in per_request_e2e_per_token_s(records)),
     )
 
 

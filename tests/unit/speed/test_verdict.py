@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvstudy.bench.measurability import assess_run
 from kvstudy.errors import StudyError
 from kvstudy.speed.design import order_check
 from kvstudy.speed.verdict import compare_runs, summarise_run
@@ -202,7 +203,8 @@ def test_verdict_record_is_json_ready(helpers: Any) -> None:
 
 
 def test_summarise_run_of_a_bursty_run(helpers: Any) -> None:
-    s = summarise_run(helpers.steady_run(gap_s=0.0, ttft_s=0.06))
+    run = helpers.steady_run(gap_s=0.0, ttft_s=0.06)
+    s = summarise_run(run, assess_run(run, "run"), start_time_s=None, median_clock_mhz=None)
     assert not s.measurable and s.unmeasurable_reasons
     v = compare_runs([s, s], [s, s])
     assert v.verdict == "no claim" and v.tpot_ratio is None
