@@ -105,9 +105,15 @@ def main() -> None:
         summaries = []
         print(f"\n== {concurrency} user(s), {prompts} prompts, ~{input_len} in / {output_len} out: {len(group)} runs")
         for r in group:
-            m = assess_run(r.run, expected_output_len=expected)
+            m = assess_run(r.requests, r.name, expected_output_len=expected, duration_s=r.duration_s)
             seed = re.search(r"__s(\d+)", r.path.name)
-            s = summarise_run(r.run, m, block=int(seed.group(1)) if seed else None)
+            s = summarise_run(
+                r.requests,
+                m,
+                start_time_s=r.start_time_s,
+                median_clock_mhz=r.median_clock_mhz,
+                block=int(seed.group(1)) if seed else None,
+            )
             summaries.append(s)
             status = "measurable" if m.measurable else "NOT measurable: " + "; ".join(m.reasons)
             print(f"   {r.path.name:<28} seed {s.block}  median TPOT {s.median_tpot_s * 1e3:7.2f} ms  {status}")

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kvstudy.bench.measurability import RunRequests, assess_run, run_from_records
-from kvstudy.bench.result import read_requests_jsonl
+from kvstudy.bench.measurability import assess_run
+from kvstudy.bench.result import RequestRecord, read_requests_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED_BENCH = ROOT / "data" / "captures" / "speed-cpu" / "bench"
@@ -17,20 +17,20 @@ BUNDLED_REQUESTS = ROOT / "data" / "captures" / "speed-cpu" / "requests"
 BUNDLED_CELLS = ROOT / "data" / "captures" / "speed-cpu" / "cells"
 
 
-def steady_run(
-    name: str = "run", n: int = 8, out: int = 32, gap_s: float = 0.02, ttft_s: float = 0.1, **kw: Any
-) -> RunRequests:
-    """A run whose tokens arrive one decode step (``gap_s``) apart."""
-    itl = tuple([gap_s] * (out - 1))
-    return RunRequests(
-        name=name,
-        ttfts_s=(ttft_s,) * n,
-        latencies_s=(ttft_s + gap_s * (out - 1),) * n,
-        itls_s=(itl,) * n,
-        output_lens=(out,) * n,
-        success=(True,) * n,
-        **kw,
-    )
+def steady_run(n: int = 8, out: int = 32, gap_s: float = 0.02, ttft_s: float = 0.1) -> list[RequestRecord]:
+    """The requests of a run whose tokens arrive one decode step (``gap_s``) apart."""
+    return [
+        RequestRecord(
+            index=i,
+            start_time_s=None,
+            ttft_ms=ttft_s * 1e3,
+            e2el_ms=(ttft_s + gap_s * (out - 1)) * 1e3,
+            tpot_ms=None,
+            itls_ms=[gap_s * 1e3] * (out - 1),
+            output_len=out,
+        )
+        for i in range(n)
+    ]
 
 
 def bundled(name: str) -> dict[str, Any]:
@@ -43,12 +43,9 @@ def bundled_cell(cell_id: str) -> dict[str, Any]:
     return json.loads((BUNDLED_CELLS / f"{cell_id}.json").read_text(encoding="utf-8"))
 
 
-def bundled_run(cell: dict[str, Any]) -> RunRequests:
-    """The per-request rows of a bundled cell as a run (times in seconds)."""
-    rows = read_requests_jsonl(BUNDLED_REQUESTS / f"{cell['cell_id']}.jsonl")
-    return run_from_records(
-        rows, cell["cell_id"], median_clock_mhz=cell["median_clock_mhz"], duration_s=cell["metrics"]["duration_s"]
-    )
+def bundled_run(cell: dict[str, Any]) -> list[RequestRecord]:
+    """The per-request rows of a bundled cell."""
+    return read_requests_jsonl(BUNDLED_REQUESTS / f"{cell['cell_id']}.jsonl")
 
 
 def measurable_cells(configuration: str, users: int) -> list[str]:
@@ -61,6 +58,8 @@ def measurable_cells(configuration: str, users: int) -> list[str]:
             continue
         m = assess_run(
             bundled_run(cell),
+            cell["cell_id"],
+            duration_s=cell["metrics"]["duration_s"],
             expected_output_len=cell["settings"]["output_len"],
             clock_interval_s=cell["clock_interval_s"],
             clock_samples_in_window=cell["clock_samples_in_window"],

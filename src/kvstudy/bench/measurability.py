@@ -44,23 +44,6 @@ MIN_CLOCK_SAMPLES_IN_WINDOW = 1
 
 
 @dataclass(frozen=True)
-class RunRequests:
-    """The per-request timings of one run, in seconds, in the order the client sent them
-    (``start_time_s`` on a clock the compared runs share; ``duration_s`` the bench window)."""
-
-    name: str
-    ttfts_s: tuple[float, ...]
-    latencies_s: tuple[float, ...]
-    itls_s: tuple[tuple[float, ...], ...]
-    output_lens: tuple[int, ...]
-    success: tuple[bool, ...]
-    start_time_s: float | None = None
-    duration_s: float | None = None
-    median_clock_mhz: float | None = None
-    expected_output_len: int | None = None
-
-
-@dataclass(frozen=True)
 class Measurability:
     """Whether one run measured per-token latency, why not, and the figures behind each reason."""
 
@@ -82,58 +65,59 @@ class Measurability:
         return asdict(self)
 
 
-def per_request_tpot_s(run: RunRequests) -> np.ndarray:
+def per_request_tpot_s(records: Sequence[RequestRecord]) -> np.ndarray:
     """vLLM's per-request TPOT in seconds: (latency - TTFT) / (output tokens - 1), successful
     requests with more than one output token only."""
-    lat = np.asarray(run.latencies_s, dtype=float)
-    ttft = np.asarray(run.ttfts_s, dtype=float)
-    out = np.asarray(run.output_lens, dtype=float)
-    ok = np.asarray(run.success, dtype=bool) & (out > 1)
-    return (lat[ok] - ttft[ok]) / (out[ok] - 1.0)
+    decode = np.asarray([r.e2el_ms / 1e3 - r.ttft_ms / 1e3 for r in records])
+    out = np.asarray([r.output_len for r in records])
+    ok = np.asarray([r.success for r in records], dtype=bool) & (out > 1)
+    return decode[ok] / (out[ok] - 1.0)
 
 
-def per_request_e2e_per_token_s(run: RunRequests) -> np.ndarray:
+def per_request_e2e_per_token_s(records: Sequence[RequestRecord]) -> np.ndarray:
     """End-to-end latency per output token (first token included), successful requests only.
 
     Shown, labelled, when TPOT was not measurable; never used for a TPOT verdict."""
-    lat = np.asarray(run.latencies_s, dtype=float)
-    out = np.asarray(run.output_lens, dtype=float)
-    ok = np.asarray(run.success, dtype=bool) & (out > 0)
+    lat = np.asarray([r.e2el_ms / 1e3 for r in records])
+    out = np.asarray([r.output_len for r in records])
+    ok = np.asarray([r.success for r in records], dtype=bool) & (out > 0)
     return lat[ok] / out[ok]
 
 
-def _gap_figures(run: RunRequests) -> tuple[float | None, float | None]:
+def _gap_figures(records: Sequence[RequestRecord]) -> tuple[float | None, float | None]:
     """(share of near-zero gaps, chunks per output token) over successful requests."""
     gaps: list[float] = []
     chunks = 0
     tokens = 0
-    for ok, itl, n in zip(run.success, run.itls_s, run.output_lens):
-        if not ok or n <= 0:
+    for r in records:
+        if not r.success or r.output_len <= 0:
             continue
-        gaps.extend(itl)
-        chunks += len(itl) + 1
-        tokens += n
+        gaps.extend(g / 1e3 for g in r.itls_ms)
+        chunks += len(r.itls_ms) + 1
+        tokens += r.output_len
     share = (sum(1 for g in gaps if g < NEAR_ZERO_GAP_S) / len(gaps)) if gaps else None
     return share, (chunks / tokens if tokens else None)
 
 
 def assess_run(
-    run: RunRequests,
+    records: Sequence[RequestRecord],
+    name: str,
     *,
     expected_output_len: int | None = None,
+    duration_s: float | None = None,
     clock_interval_s: float | None = None,
     clock_samples_in_window: int | None = None,
 ) -> Measurability:
-    """Decide whether ``run`` measured per-token latency (the clock figures are checked only when given)."""
-    expected = expected_output_len if expected_output_len is not None else run.expected_output_len
+    """Decide whether the run ``name`` (its requests in the order sent; ``duration_s`` its bench
+    window) measured per-token latency (the clock figures are checked only when given)."""
     reasons: list[str] = []
-    n = len(run.latencies_s)
-    failed = sum(1 for ok in run.success if not ok)
-    tpot_requests = int(per_request_tpot_s(run).size)
-    share, chunks_per_token = _gap_figures(run)
+    n = len(records)
+    failed = sum(not r.success for r in records)
+    tpot_requests = int(per_request_tpot_s(records).size)
+    share, chunks_per_token = _gap_figures(records)
     short = 0
-    if expected is not None:
-        short = sum(1 for ok, out in zip(run.success, run.output_lens) if ok and out < expected)
+    if expected_output_len is not None:
+        short = sum(r.success and r.output_len < expected_output_len for r in records)
 
     if n == 0:
         reasons.append("no requests")
@@ -152,14 +136,13 @@ def assess_run(
             f"(at least {MIN_CHUNKS_PER_TOKEN:g} expected, 1 when each decode step is streamed)"
         )
     ok_count = n - failed
-    if expected is not None and ok_count and short / ok_count > MAX_SHORT_OUTPUT_SHARE:
+    if expected_output_len is not None and ok_count and short / ok_count > MAX_SHORT_OUTPUT_SHARE:
         reasons.append(
-            f"{short} of {ok_count} successful requests returned fewer than the {expected} output tokens asked for"
+            f"{short} of {ok_count} successful requests returned fewer than the {expected_output_len} output tokens asked for"
         )
-    window = run.duration_s
-    if clock_interval_s is not None and window is not None and window < clock_interval_s:
+    if clock_interval_s is not None and duration_s is not None and duration_s < clock_interval_s:
         reasons.append(
-            f"the bench window ({window:.3f} s) was shorter than the clock sampling interval "
+            f"the bench window ({duration_s:.3f} s) was shorter than the clock sampling interval "
             f"({clock_interval_s:g} s): the clock was not measured during the run"
         )
     if clock_samples_in_window is not None and clock_samples_in_window < MIN_CLOCK_SAMPLES_IN_WINDOW:
@@ -168,7 +151,7 @@ def assess_run(
             f"(at least {MIN_CLOCK_SAMPLES_IN_WINDOW} needed)"
         )
     return Measurability(
-        run=run.name,
+        run=name,
         measurable=not reasons,
         reasons=reasons,
         requests=n,
@@ -177,33 +160,8 @@ def assess_run(
         near_zero_gap_share=share,
         chunks_per_token=chunks_per_token,
         short_outputs=short,
-        expected_output_len=expected,
-        window_s=window,
+        expected_output_len=expected_output_len,
+        window_s=duration_s,
         clock_interval_s=clock_interval_s,
         clock_samples_in_window=clock_samples_in_window,
-    )
-
-
-def run_from_records(
-    records: Sequence[RequestRecord],
-    name: str,
-    *,
-    start_time_s: float | None = None,
-    duration_s: float | None = None,
-    median_clock_mhz: float | None = None,
-    expected_output_len: int | None = None,
-) -> RunRequests:
-    """A run from per-request records (:func:`kvstudy.bench.result.requests_from_result`, or a
-    captured cell's ``requests``); times converted to seconds."""
-    return RunRequests(
-        name=name,
-        ttfts_s=tuple(r.ttft_ms / 1e3 for r in records),
-        latencies_s=tuple(r.e2el_ms / 1e3 for r in records),
-        itls_s=tuple(tuple(g / 1e3 for g in r.itls_ms) for r in records),
-        output_lens=tuple(r.output_len for r in records),
-        success=tuple(r.success for r in records),
-        start_time_s=start_time_s,
-        duration_s=duration_s,
-        median_clock_mhz=median_clock_mhz,
-        expected_output_len=expected_output_len,
     )

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvstudy.bench.grid import CapturedCell
-from kvstudy.bench.measurability import assess_run, run_from_records
+from kvstudy.bench.measurability import assess_run
 from kvstudy.errors import StudyError
 from kvstudy.stats.bootstrap import bootstrap_line, ols, percentile_interval
 
@@ -158,7 +158,7 @@ def check_cell(cell: CapturedCell) -> CellCheck:
     (nothing failed, every output had the asked length, the tokens were not delivered in bursts)."""
     if not cell.ok:
         return CellCheck(cell.id, False, cell.reason or "failed", None)
-    m = assess_run(run_from_records(cell.requests, cell.id, expected_output_len=cell.data.get("output_len")))
+    m = assess_run(cell.requests, cell.id, expected_output_len=cell.data.get("output_len"))
     return CellCheck(cell.id, m.measurable, "; ".join(m.reasons), m.near_zero_gap_share)
 
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from kvstudy.bench.measurability import Measurability, RunRequests, assess_run, run_from_records
-from kvstudy.bench.result import read_result_file, requests_from_result, result_files
+from kvstudy.bench.measurability import Measurability, assess_run
+from kvstudy.bench.result import RequestRecord, read_result_file, requests_from_result, result_files
 from kvstudy.errors import StudyError
 from kvstudy.io import is_finite_number
 from kvstudy.speed.calibration import centred, minimum_detectable_change
@@ -53,10 +53,15 @@ DATE_FORMAT = "%Y%m%d-%H%M%S"
 
 @dataclass(frozen=True)
 class BenchRun:
-    """One vLLM bench result file: its path, its per-request timings and the settings it ran with."""
+    """One vLLM bench result file: its path, its run's name, requests, start, window and clock, and
+    the settings it ran with."""
 
     path: Path
-    run: RunRequests
+    name: str
+    requests: list[RequestRecord]
+    start_time_s: float | None
+    duration_s: float
+    median_clock_mhz: float | None
     settings: dict[str, Any]
 
 
@@ -147,15 +152,15 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
     }
     if settings["request_rate"] not in (None, "inf"):
         settings["burstiness"] = data.get("burstiness")
-    run = run_from_records(
-        records,
-        f"{path.parent.name}/{path.name}" if path.parent.name else path.name,
-        start_time_s=_start_time(data, duration),
+    return BenchRun(
+        path=path,
+        name=f"{path.parent.name}/{path.name}" if path.parent.name else path.name,
+        requests=records,
+        start_time_s=_start_time(data, float(duration)),
         duration_s=float(duration),
         median_clock_mhz=_metadata_number(data, ("median_clock_mhz",), path),
-        expected_output_len=int(asked) if asked is not None else None,
+        settings=settings,
     )
-    return BenchRun(path=path, run=run, settings=settings)
 
 
 def read_bench_folder(folder: str | Path) -> list[BenchRun]:
@@ -198,10 +203,10 @@ def check_same_settings(runs: Sequence[BenchRun]) -> dict[str, Any]:
 def expected_output_len(runs: Sequence[BenchRun]) -> int | None:
     """The output length asked for: given with --metadata, else the longest output when at least half
     of all successful requests have it (a fixed length, as with --ignore-eos); else None (unknown)."""
-    asked = {r.run.expected_output_len for r in runs if r.run.expected_output_len is not None}
+    asked = {r.settings["output_len"] for r in runs if r.settings["output_len_asked"]}
     if asked:
         return max(asked)
-    lens = [o for r in runs for o, ok in zip(r.run.output_lens, r.run.success) if ok]
+    lens = [q.output_len for r in runs for q in r.requests if q.success]
     if not lens:
         return None
     longest = max(lens)
@@ -224,11 +229,14 @@ def compare_folders(
     settings = check_same_settings([*base, *cand])
     expected = expected_output_len([*base, *cand])
     assessed = {
-        label: [assess_run(r.run, expected_output_len=expected) for r in arm]
+        label: [assess_run(r.requests, r.name, expected_output_len=expected, duration_s=r.duration_s) for r in arm]
         for label, arm in (("baseline", base), ("candidate", cand))
     }
     summaries = {
-        label: [summarise_run(r.run, m) for r, m in zip(arm, assessed[label])]
+        label: [
+            summarise_run(r.requests, m, start_time_s=r.start_time_s, median_clock_mhz=r.median_clock_mhz)
+            for r, m in zip(arm, assessed[label])
+        ]
         for label, arm in (("baseline", base), ("candidate", cand))
     }
     verdict = compare_runs(summaries["baseline"], summaries["candidate"], clock_tolerance=clock_tolerance)

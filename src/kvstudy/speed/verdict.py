@@ -21,12 +21,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvstudy.bench.measurability import (
-    Measurability,
-    RunRequests,
-    per_request_e2e_per_token_s,
-    per_request_tpot_s,
-)
+from kvstudy.bench.measurability import Measurability, per_request_e2e_per_token_s, per_request_tpot_s
+from kvstudy.bench.result import RequestRecord
 from kvstudy.errors import StudyError
 from kvstudy.speed.design import DRIFT_BOUNDED, UNBALANCED, order_check, registration_check
 from kvstudy.stats.bootstrap import CONFIDENCE, bootstrap_ratio_interval
@@ -90,21 +86,27 @@ class Verdict:
     family_size: int = 1  # tests in the family the correction ran over
     multiplicity: str = ""  # the correction's method
 
+    # --------------------------------------------------------------------------- inputs
 
-# --------------------------------------------------------------------------- inputs
 
-
-def summarise_run(run: RunRequests, m: Measurability, **known: float | None) -> RunSummary:
-    """A :class:`RunSummary` from a run's per-request timings, its measurability and what else is ``known``
-    (its ``block``, ``clock_range_mhz``)."""
+def summarise_run(
+    records: Sequence[RequestRecord],
+    m: Measurability,
+    *,
+    start_time_s: float | None,
+    median_clock_mhz: float | None,
+    **known: float | None,
+) -> RunSummary:
+    """A :class:`RunSummary` from a run's per-request records, their :func:`assess_run` and what else is
+    ``known`` (its ``block``, ``clock_range_mhz``)."""
     return RunSummary(
-        name=run.name,
-        tpots_s=tuple(float(x) for x in per_request_tpot_s(run)),
+        name=m.run,
+        tpots_s=tuple(float(x) for x in per_request_tpot_s(records)),
         measurable=m.measurable,
         unmeasurable_reasons=tuple(m.reasons),
-        start_time_s=run.start_time_s,
-        median_clock_mhz=run.median_clock_mhz,
-        e2e_per_token_s=tuple(float(x) for x in per_request_e2e_per_token_s(run)),
+        start_time_s=start_time_s,
+        median_clock_mhz=median_clock_mhz,
+        e2e_per_token_s=tuple(float(x) for x in per_request_e2e_per_token_s(records)),
         **known,  # type: ignore[arg-type]
     )
 

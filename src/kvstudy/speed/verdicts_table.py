@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvstudy.bench.measurability import assess_run, run_from_records
+from kvstudy.bench.measurability import assess_run
 from kvstudy.bench.telemetry import metrics_delta
 from kvstudy.errors import StudyError
 from kvstudy.model.allocator import predict_logged_pool
@@ -98,22 +98,25 @@ def capture_runs(capture: Any, configuration: str, users: int) -> list[RunSummar
         window = cell.get("bench_window_s")
         duration = float(window[1] - window[0]) if isinstance(window, (list, tuple)) and len(window) == 2 else None
         clock = cell.get("median_clock_mhz")
-        run = run_from_records(
-            capture.grid.cells[cell["cell_id"]].requests,
-            cell["cell_id"],
-            start_time_s=_cell_start(cell),
-            duration_s=duration,
-            median_clock_mhz=float(clock) if pd.notna(clock) else None,
-            expected_output_len=capture.spec.output_len,
-        )
+        records = capture.grid.cells[cell["cell_id"]].requests
         samples = cell.get("clock_samples_in_window")
         m = assess_run(
-            run,
+            records,
+            str(cell["cell_id"]),
+            expected_output_len=int(capture.spec.output_len),
+            duration_s=duration,
             clock_interval_s=_clock_interval(cell, capture),
             clock_samples_in_window=int(samples) if _present(samples) else None,
         )
         out.append(
-            summarise_run(run, m, block=int(cell["seed"]), clock_range_mhz=_clock_range(capture, cell, duration))
+            summarise_run(
+                records,
+                m,
+                start_time_s=_cell_start(cell),
+                median_clock_mhz=float(clock) if pd.notna(clock) else None,
+                block=int(cell["seed"]),
+                clock_range_mhz=_clock_range(capture, cell, duration),
+            )
         )
     return out
 

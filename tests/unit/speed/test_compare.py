@@ -254,8 +254,8 @@ def test_failed_requests_are_read_as_failed(helpers: Any, tmp_path: Path) -> Non
     data = helpers.bundled("auto-repeat__s1__u4")
     data["errors"][3] = "Internal Server Error"
     data["output_lens"][3] = 0
-    run = run_from_result(data, tmp_path / "x.json").run
-    assert run.success.count(False) == 1 and run.start_time_s is not None
+    run = run_from_result(data, tmp_path / "x.json")
+    assert [r.success for r in run.requests].count(False) == 1 and run.start_time_s is not None
 
 
 # --------------------------------------------------------------------------- property: the reader never crashes

@@ -207,7 +207,7 @@ def test_verdict_record_is_json_ready(helpers: Any) -> None:
 
 def test_summarise_run_of_a_bursty_run(helpers: Any) -> None:
     run = helpers.steady_run(gap_s=0.0, ttft_s=0.06)
-    s = summarise_run(run, assess_run(run))
+    s = summarise_run(run, assess_run(run, "run"), start_time_s=None, median_clock_mhz=None)
     assert not s.measurable and s.unmeasurable_reasons
     v = compare_runs([s, s], [s, s])
     assert v.verdict == "no claim" and v.tpot_ratio is None
