@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from kvstudy.bench.experiment import missing_cells
 from kvstudy.bench.result import read_requests_jsonl
 from kvstudy.bench.telemetry import read_telemetry_jsonl
 from kvstudy.progress import silent
@@ -140,7 +141,7 @@ def test_killed_server_is_resumed_with_only_missing_cells(tmp_path: Path, tiny_m
     assert u2["reason"] and u2["log_tail"]
     ok_cell = (tmp_path / "cells" / "auto__s0__u1.json").read_bytes()
     ok_requests = (tmp_path / "requests" / "auto__s0__u1.jsonl").read_bytes()
-    assert [c.id for c in sweep.missing_cells(spec, tmp_path, retry_failed=True)] == ["auto__s0__u2", "auto__s0__u3"]
+    assert [c.id for c in missing_cells(spec, tmp_path, retry_failed=True)] == ["auto__s0__u2", "auto__s0__u3"]
 
     second = sweep.run_sweep(spec, tmp_path, progress=silent, retry_failed=True)
     assert [(r.cell_id, r.status) for r in second] == [("auto__s0__u2", "ok"), ("auto__s0__u3", "ok")], [
