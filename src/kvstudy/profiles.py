@@ -111,7 +111,7 @@ def _annotation(text: str, default: Any, help_text: str) -> Any:
     """The type a notebook annotates (``Optional[float]``, ``list``), else the type of its default (a
     number, or where the help text mentions None, also None); None where neither says a type."""
     if text != "None":
-        try:
+        try:  # papermill reads an annotation only of names, [ ], commas and spaces (no call, no attribute)
             return eval(text, _ANNOTATION_NAMES)  # noqa: S307 (names from _ANNOTATION_NAMES only)
         except Exception:
             return None
