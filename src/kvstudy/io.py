@@ -110,39 +110,27 @@ def write_jsonl_atomic(path: str | Path, rows: Iterable[Any]) -> None:
     write_text_atomic(path, "".join(json.dumps(row, default=json_default, ensure_ascii=False) + "\n" for row in rows))
 
 
-def parse_jsonl_text(text: str, where: str | Path, what: str = "a JSON object") -> list[tuple[int, Any]]:
-    """(line number, value) of each non-blank line of JSON-lines text; a line that does not parse is
-    a StudyError naming ``where`` and the line. Lines end at "\n" only: U+2028 and the like may sit
-    unescaped inside a JSON string (``str.splitlines`` would cut the record there)."""
+def parse_jsonl_text(
+    text: str, where: str | Path, make: Callable[[Any], T] = lambda row: row, what: str = "a JSON object"
+) -> list[T]:
+    """Each non-blank line of JSON-lines text through ``make``; a line that does not parse, or that
+    ``make`` rejects (TypeError, ValueError, StudyError), is one StudyError ``where:N: ...``. Lines end
+    at "\n" only: U+2028 and the like may sit unescaped inside a JSON string."""
     rows = []
     for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
+        check_nesting(line, f"{where}:{number}")
         try:
-            check_nesting(line, f"{where}:{number}")
-            rows.append((number, json.loads(line)))
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError, or an integer of > 4300 digits
+            rows.append(make(json.loads(line)))
+        except (ValueError, TypeError, RecursionError, StudyError) as exc:  # RecursionError: a > 4300-digit int
             raise StudyError(f"{where}:{number}: not {what} ({exc})") from None
     return rows
 
 
-def read_jsonl_numbered(path: str | Path, what: str = "a JSON object") -> list[tuple[int, Any]]:
-    """(line number, value) of each line of a JSON-lines file (:func:`parse_jsonl_text`), for a
-    reader that checks each value and names its line."""
-    return parse_jsonl_text(read_text_checked(path, MAX_LOG_BYTES), path, what)
-
-
 def read_jsonl(path: str | Path, make: Callable[[Any], T] = lambda row: row, what: str = "a JSON object") -> list[T]:
-    """Each line of a JSON-lines file through ``make``; a line that does not parse, or that ``make``
-    rejects with TypeError/ValueError, is a StudyError naming the file and line (``make`` may raise
-    its own StudyError)."""
-    rows = []
-    for number, value in read_jsonl_numbered(path, what):
-        try:
-            rows.append(make(value))
-        except (TypeError, ValueError) as exc:
-            raise StudyError(f"{path}:{number}: not {what} ({exc})") from None
-    return rows
+    """:func:`parse_jsonl_text` of a file."""
+    return parse_jsonl_text(read_text_checked(path, MAX_LOG_BYTES), path, make, what)
 
 
 # --------------------------------------------------------------------------- JSON files

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvstudy.accuracy.task_specs import GSM8K_FILTERS, RETRIEVAL_FILTERS, task_spec
 from kvstudy.errors import StudyError
-from kvstudy.io import read_jsonl_numbered
+from kvstudy.io import read_jsonl
 
 
 @dataclass(frozen=True)
@@ -137,17 +137,16 @@ def records_from_samples(samples: Iterable[Mapping[str, Any]], task: str = "gsm8
 
 def read_records(path: str | Path) -> list[Any]:
     """A ``records.jsonl`` back as records (every line of one type), or a StudyError naming the line."""
-    records: list[Any] = []
-    first: type[QuestionRecord] | type[RetrievalRecord] | None = None
-    for number, item in read_jsonl_numbered(path):
-        types = (QuestionRecord, RetrievalRecord)
-        kind = next((t for t in types if isinstance(item, dict) and set(item) == set(t.__dataclass_fields__)), None)
-        if kind is None or (first is not None and kind is not first):
-            expected = sorted((first or QuestionRecord).__dataclass_fields__)
-            raise StudyError(f"{path}:{number}: expected the fields {expected}")
-        first = kind
-        records.append(kind(**item))
-    return records
+    kinds: list[type[QuestionRecord] | type[RetrievalRecord]] = [QuestionRecord, RetrievalRecord]
+
+    def make(item: Any) -> Any:
+        kind = next((t for t in kinds if isinstance(item, dict) and set(item) == set(t.__dataclass_fields__)), None)
+        if kind is None:
+            raise ValueError(f"expected the fields {sorted(kinds[0].__dataclass_fields__)}")
+        kinds[:] = [kind]  # every later line must be of the first line's type
+        return kind(**item)
+
+    return read_jsonl(path, make, "an accuracy record")
 
 
 def correctness(records: Sequence[AnyRecord], filter_name: str) -> dict[int, bool]:

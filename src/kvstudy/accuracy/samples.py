@@ -19,7 +19,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -193,13 +193,17 @@ def task_from_name(path: str | Path) -> str | None:
     return match.group("task") if match else None
 
 
-def _parse_rows(path: Path, numbered: Sequence[tuple[int, Any]], where: Callable[[int], str]) -> list[SampleRow]:
+def _parse_rows(path: Path, numbered: Sequence[tuple[int, Any]]) -> list[SampleRow]:
     rows = []
     for number, row in numbered:
         try:
             rows.append(parse_row(row))
         except (ValueError, TypeError) as exc:
-            raise StudyError(f"{path}{where(number)}: not an lm-eval sample row ({exc})") from None
+            raise StudyError(f"{path}: row {number}: not an lm-eval sample row ({exc})") from None
+    return _nonempty(path, rows)
+
+
+def _nonempty(path: Path, rows: list[SampleRow]) -> list[SampleRow]:
     if not rows:
         raise StudyError(f"{path}: no rows; expected one JSON object per document and filter")
     return rows
@@ -216,8 +220,8 @@ def _read_rows(path: Path, max_bytes: int) -> list[SampleRow]:
             if "malformed JSON" not in str(exc):
                 raise  # else not one JSON array: a JSONL file whose first line is junk, read below line by line
         else:
-            return _parse_rows(path, list(enumerate(data)), lambda number: f": row {number}")
-    return _parse_rows(path, parse_jsonl_text(text, path, "an lm-eval sample row"), lambda number: f":{number}")
+            return _parse_rows(path, list(enumerate(data)))
+    return _nonempty(path, parse_jsonl_text(text, path, parse_row, "an lm-eval sample row"))
 
 
 def _file_task(path: Path, rows: Sequence[SampleRow]) -> str | None:

@@ -137,7 +137,7 @@ def _partial(path: Path) -> list[Any]:
     if not path.is_file():
         return []
     text = read_text_checked(path)
-    return [row for _, row in parse_jsonl_text(text[: text.rfind("\n") + 1], path)]
+    return parse_jsonl_text(text[: text.rfind("\n") + 1], path)
 
 
 @dataclass(frozen=True)

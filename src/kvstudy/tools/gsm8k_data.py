@@ -16,9 +16,10 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import read_jsonl_numbered, write_jsonl_atomic
+from kvstudy.io import read_jsonl, write_jsonl_atomic
 from kvstudy.outputs import claim_output_folder
 
 SEED = 20261023
@@ -289,14 +290,11 @@ def read_split(path: str | Path) -> list[Problem]:
     path = Path(path)
     if not path.is_file():
         raise StudyError(f"{path}: no such file (generate it with kvstudy gsm8k-data)")
-    problems = []
-    for number, item in read_jsonl_numbered(path):
-        if (
-            not isinstance(item, dict)
-            or not isinstance(item.get("question"), str)
-            or not isinstance(item.get("answer"), str)
-        ):
-            raise StudyError(f"{path}:{number}: expected {{'question': str, 'answer': str}}")
+
+    def make(item: Any) -> Problem:
+        if not isinstance(item, dict) or not all(isinstance(item.get(k), str) for k in ("question", "answer")):
+            raise ValueError("expected {'question': str, 'answer': str}")
         final_answer(item["answer"])
-        problems.append(Problem(item["question"], item["answer"]))
-    return problems
+        return Problem(item["question"], item["answer"])
+
+    return read_jsonl(path, make, "a GSM8K problem")

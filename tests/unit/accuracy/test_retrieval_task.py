@@ -130,7 +130,7 @@ def test_a_records_file_mixing_types_is_refused(tmp_path):
     retrieval = rec.retrieval_records([_sample(0, item, " 1", False)])[0]
     question = rec.QuestionRecord(1, "h", "3", "#### 3", "3", True, "3", True)
     write_jsonl_atomic(tmp_path / "records.jsonl", [retrieval, question])
-    with pytest.raises(StudyError, match=r"records.jsonl:2: expected the fields"):
+    with pytest.raises(StudyError, match=r"records.jsonl:2: not an accuracy record \(expected the fields"):
         rec.read_records(tmp_path / "records.jsonl")
 
 

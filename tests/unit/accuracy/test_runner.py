@@ -71,7 +71,7 @@ def test_records_round_trip_and_bad_lines(tmp_path):
     write_jsonl_atomic(path, records)
     assert rec.read_records(path) == records
     path.write_text('{"doc_id": 0}\n')
-    with pytest.raises(StudyError, match=r"records.jsonl:1: expected the fields"):
+    with pytest.raises(StudyError, match=r"records.jsonl:1: not an accuracy record \(expected the fields"):
         rec.read_records(path)
 
 
