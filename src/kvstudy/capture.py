@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +29,7 @@ from kvstudy.io import (
     REPO_ROOT,
     read_json_object,
     read_text_checked,
-    relativize_text,
+    relocate_text,
     write_json_atomic,
     write_text_atomic,
 )
@@ -279,16 +278,6 @@ def describe(manifest: dict[str, Any]) -> str:
 TEXT_LIMIT = 64 * 1024 * 1024
 
 
-def relocate_text(text: str, old: str, new: str) -> str:
-    """``text`` with the folder name ``old`` (a whole path component sequence) replaced by ``new``:
-    ``old/x`` and a bare ``old`` change, ``old2`` and ``a/old`` do not."""
-    old = old.rstrip("/")
-    if not old:
-        return text
-    pattern = re.compile(r"(?<![A-Za-z0-9_.\-/])" + re.escape(old) + r"(?=/|(?![A-Za-z0-9_\-]|\.[A-Za-z0-9_\-]))")
-    return pattern.sub(new.rstrip("/"), text)
-
-
 def relativize_folder(folder: str | Path, root: str | Path = REPO_ROOT, moved_from: str | None = None) -> list[Path]:
     """Rewrite every UTF-8 text file under ``folder`` (JSON, logs, Markdown, ...) whose text holds
     the absolute repository root with the paths made relative to it; binary files are skipped.
@@ -313,10 +302,10 @@ def relativize_folder(folder: str | Path, root: str | Path = REPO_ROOT, moved_fr
             continue  # binary, or too large to be a record this project wrote
         if "\x00" in text:
             continue
-        new = relativize_text(text, root)
+        new = relocate_text(text, root, ".")
         if moved_from and path.name != MANIFEST and path.suffix != ".md":
             here = os.path.relpath(folder.resolve(), Path(root).resolve())
-            new = relocate_text(new, relativize_text(moved_from, root), here)
+            new = relocate_text(new, relocate_text(moved_from, root, "."), here)
         if new != text:
             mode = stat.S_IMODE(path.stat().st_mode)
             write_text_atomic(path, new)

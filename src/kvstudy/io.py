@@ -517,23 +517,19 @@ def _check_range(value: float, where: str, low: float | None, high: float | None
         raise StudyError(f"{where}: {value!r} is above the maximum {high!r}")
 
 
-def relativize_text(text: str, root: str | Path = REPO_ROOT) -> str:
-    """``text`` with the absolute repository root removed: ``<root>/data/x`` becomes ``data/x`` and
-    the bare root ``.``; a longer name that merely starts with it (``<root>2``) is left alone."""
-    root_text = str(root).rstrip("/")
-    if not root_text:
+def relocate_text(text: str, old: str | Path, new: str) -> str:
+    """``text`` with the folder ``old`` written ``new``: ``old/x`` becomes ``new/x`` (``x`` where
+    ``new`` is ``.``) and a bare ``old`` ``new``; ``old2``, ``a/old`` and ``old.x`` are left alone."""
+    old = str(old).rstrip("/")
+    if not old:
         return text
     pattern = re.compile(
-        r"(?<![A-Za-z0-9_.\-/])" + re.escape(root_text) + r"(?:/(?=[^/\s])|(?![A-Za-z0-9_\-]|\.[A-Za-z0-9_\-]))"
+        r"(?<![A-Za-z0-9_.\-/])" + re.escape(old) + r"(?:/(?=[^/\s])|(?![A-Za-z0-9_\-]|\.[A-Za-z0-9_\-]))"
     )
-    return pattern.sub(lambda m: "" if m.group(0).endswith("/") else ".", text)
+    return pattern.sub(lambda m: f"{new}/".removeprefix("./") if m.group(0).endswith("/") else new, text)
 
 
 def without_machine_paths(text: str, root: str | Path = REPO_ROOT) -> str:
-    """``text`` without the rendering machine's own folders: the repository root made relative
-    (:func:`relativize_text`) and the home folder written ``~``."""
-    text = relativize_text(text, root)
-    home = str(Path.home()).rstrip("/")
-    if len(home) > 1:
-        text = re.sub(r"(?<![A-Za-z0-9_.\-/])" + re.escape(home) + r"(?=/|(?![A-Za-z0-9_\-]))", "~", text)
-    return text
+    """``text`` without the rendering machine's own folders: the repository root made relative and
+    the home folder written ``~``."""
+    return relocate_text(relocate_text(text, root, "."), Path.home(), "~")
