@@ -137,7 +137,7 @@ def records_from_samples(samples: Iterable[Mapping[str, Any]], task: str = "gsm8
 
 def read_records(path: str | Path) -> list[Any]:
     """A ``records.jsonl`` back as records (every line of one type), or a StudyError naming the line."""
-    kinds: list[type[QuestionRecord] | type[RetrievalRecord]] = [QuestionRecord, RetrievalRecord]
+    kinds: list[Any] = [QuestionRecord, RetrievalRecord]
 
     def make(item: Any) -> Any:
         kind = next((t for t in kinds if isinstance(item, dict) and set(item) == set(t.__dataclass_fields__)), None)

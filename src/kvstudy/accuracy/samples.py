@@ -193,19 +193,13 @@ def task_from_name(path: str | Path) -> str | None:
     return match.group("task") if match else None
 
 
-def _parse_rows(path: Path, numbered: Sequence[tuple[int, Any]]) -> list[SampleRow]:
+def _parse_rows(path: Path, data: list[Any]) -> list[SampleRow]:
     rows = []
-    for number, row in numbered:
+    for number, row in enumerate(data):
         try:
             rows.append(parse_row(row))
         except (ValueError, TypeError) as exc:
             raise StudyError(f"{path}: row {number}: not an lm-eval sample row ({exc})") from None
-    return _nonempty(path, rows)
-
-
-def _nonempty(path: Path, rows: list[SampleRow]) -> list[SampleRow]:
-    if not rows:
-        raise StudyError(f"{path}: no rows; expected one JSON object per document and filter")
     return rows
 
 
@@ -220,8 +214,8 @@ def _read_rows(path: Path, max_bytes: int) -> list[SampleRow]:
             if "malformed JSON" not in str(exc):
                 raise  # else not one JSON array: a JSONL file whose first line is junk, read below line by line
         else:
-            return _parse_rows(path, list(enumerate(data)))
-    return _nonempty(path, parse_jsonl_text(text, path, parse_row, "an lm-eval sample row"))
+            return _parse_rows(path, data)
+    return parse_jsonl_text(text, path, parse_row, "an lm-eval sample row")
 
 
 def _file_task(path: Path, rows: Sequence[SampleRow]) -> str | None:
@@ -253,6 +247,8 @@ def read_samples(
     """Read one lm-eval samples file and keep the rows of ``filter_name`` (checked, by doc_id)."""
     path = Path(path)
     rows = _read_rows(path, max_bytes)
+    if not rows:
+        raise StudyError(f"{path}: no rows; expected one JSON object per document and filter")
     task = _file_task(path, rows)
     _check_docs_agree(path, rows)
     filters = tuple(sorted({r.filter for r in rows}))

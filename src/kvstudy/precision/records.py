@@ -118,7 +118,7 @@ def load(capture: str | Path) -> Capture:
             logp[(group.name, arm)] = read_jsonl(logp_path(folder, group.name, arm), _row, "a log-p row")
             path = greedy_path(folder, group.name, arm)
             if path.is_file():
-                greedy[(group.name, arm)] = list(read_jsonl(path))
+                greedy[(group.name, arm)] = read_jsonl(path)
     return Capture(folder, manifest, groups, logp, greedy)
 
 
