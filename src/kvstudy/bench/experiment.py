@@ -15,7 +15,7 @@ from pydantic import model_validator
 from kvstudy import capture as capture_format
 from kvstudy.bench.arm import Arm
 from kvstudy.bench.grid import GridPlan, ServeRun, cells_to_run, run_grid, scrubber
-from kvstudy.bench.spec import Cell, CellResult, Run, ServerSpec, ordered_runs
+from kvstudy.bench.spec import Cell, CellResult, Run, ServerSpec, Spec, ordered_runs
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_GRID_CELLS
 from kvstudy.model.folder import require_live
@@ -27,20 +27,29 @@ R = TypeVar("R", bound=CellResult)
 C = TypeVar("C")
 
 
-class UsersSpec(ServerSpec):
+class GridSpec(Spec):
+    """A grid of cells served from one model (every experiment's capture: its spec, missing cells)."""
+
+    if TYPE_CHECKING:  # declared by each experiment (pydantic orders the fields as declared there)
+        model: str
+
+        def cells(self) -> list[Cell]: ...
+
+
+G = TypeVar("G", bound=GridSpec)
+
+
+class UsersSpec(ServerSpec, GridSpec):
     """A grid of arms x seeds x a users axis, one fresh server per arm and seed."""
 
     ARMS: ClassVar[str]  # the field listing the arms
     AXIS: ClassVar[str]  # the field listing the third axis
 
-    if TYPE_CHECKING:  # declared by each experiment (pydantic orders the fields as declared there)
-        model: str
+    if TYPE_CHECKING:
         seeds: list[int]
         input_len: int
         output_len: int
         max_model_len: int | None
-
-        def cells(self) -> list[Cell]: ...
 
         def server_config(self, run: Run) -> ServerConfig: ...
 
@@ -78,18 +87,18 @@ class UsersSpec(ServerSpec):
 S = TypeVar("S", bound=UsersSpec)
 
 
-def load_spec(cls: type[S], kind: str, capture: Path, manifest: Mapping[str, Any] | None = None) -> S:
+def load_spec(cls: type[G], kind: str, capture: Path, manifest: Mapping[str, Any] | None = None) -> G:
     """The grid a capture's manifest holds (``manifest``: already read)."""
     manifest = manifest if manifest is not None else capture_format.read_manifest(capture, kind)
     return cls.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
 
 
-def missing_cells(spec: UsersSpec, capture: Path, retry_failed: bool = False) -> list[Cell]:
+def missing_cells(spec: GridSpec, capture: Path, retry_failed: bool = False) -> list[Cell]:
     return cells_to_run(capture, spec.cells(), retry_failed)
 
 
 def prepare_capture(
-    spec: UsersSpec, capture: Path, kind: str, how: str, first: Callable[[], dict[str, Any]]
+    spec: GridSpec, capture: Path, kind: str, how: str, first: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
     """Create the folder and manifest (with ``first()``'s keys), or check an existing one holds the same grid and model."""
     manifest, created = capture_format.create_or_resume(

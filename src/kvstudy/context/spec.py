@@ -12,7 +12,8 @@ from pydantic import Field, model_validator
 
 from kvstudy.bench.arm import Arm, Arms
 from kvstudy.bench.client import BenchSettings
-from kvstudy.bench.spec import Axis, Cell, Env, Run, Seeds, Spec, ordered_runs
+from kvstudy.bench.experiment import GridSpec
+from kvstudy.bench.spec import Axis, Cell, Env, Run, Seeds, ordered_runs
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_GRID_CELLS, Blocks, Bytes, Gib, Requests, Seconds, Tokens, Warmups
 from kvstudy.model.capacity import load_layout
@@ -22,7 +23,7 @@ PROMPT_MARGIN_TOKENS = 64  # seen: a 3,072-token random prompt arrived as 3,074 
 SKIP_SW = ("--kv-cache-dtype-skip-layers", "sliding_window")
 
 
-class ContextSweepSpec(Spec):
+class ContextSweepSpec(GridSpec):
     """The grid (arms x seeds x input lengths, one user) and what is held fixed."""
 
     model: str = Field(min_length=1, max_length=4096, description="model folder or id the sweep serves")

@@ -23,15 +23,14 @@ module supplies the grid, a start's server config and how one length runs.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kvstudy import capture as capture_format
+from kvstudy.bench import experiment
 from kvstudy.bench.client import BenchError, run_bench
 from kvstudy.bench.grid import GridPlan, ServeRun, run_grid, scrubber, write_record, write_requests
-from kvstudy.bench.grid import cells_to_run as grid_cells_to_run
 from kvstudy.bench.result import requests_from_result
 from kvstudy.bench.spec import Cell
 from kvstudy.capture import now_utc
@@ -42,7 +41,6 @@ from kvstudy.progress import Progress
 
 KIND = "kvstudy context sweep"
 BANDWIDTH = "bandwidth.json"
-MANIFEST = capture_format.MANIFEST
 
 
 # --------------------------------------------------------------------------- capture files
@@ -50,27 +48,14 @@ MANIFEST = capture_format.MANIFEST
 
 def cells_to_run(spec: ContextSweepSpec, capture: Path, retry_failed: bool = False) -> list[str]:
     """Missing cells, and failed ones only with ``retry_failed`` (``capture.needs_run``, every experiment's rule)."""
-    return [c.id for c in grid_cells_to_run(capture, spec.cells(), retry_failed)]
+    return [c.id for c in experiment.missing_cells(spec, capture, retry_failed)]
 
 
-def load_context_spec(capture: str | Path, manifest: Mapping[str, Any] | None = None) -> ContextSweepSpec:
-    """The grid a capture holds (its manifest's ``spec``, older manifests included; ``manifest``: already read)."""
-    manifest = manifest if manifest is not None else capture_format.read_manifest(capture, KIND)
-    return ContextSweepSpec.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
+load_context_spec = partial(experiment.load_spec, ContextSweepSpec, KIND)
 
 
 def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
-    """Create the folder and manifest (``kvstudy.capture``'s format), or check that an existing one
-    holds the same grid and was made from the same model."""
-    manifest, _ = capture_format.create_or_resume(
-        capture,
-        KIND,
-        spec.to_dict(),
-        how or "kvstudy.context.sweep",
-        capture_format.model_inputs(spec.model),
-        lambda stored, where: ContextSweepSpec.from_dict(stored, where=where).to_dict(),
-    )
-    return manifest
+    return experiment.prepare_capture(spec, capture, KIND, how or "kvstudy.context.sweep", dict)
 
 
 # --------------------------------------------------------------------------- running
