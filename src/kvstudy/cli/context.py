@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from kvstudy.cli import MODEL_HELP, grid_arguments, json_option, retry_option
+from kvstudy.cli import MODEL_HELP, grid_arguments, json_option, retry_option, show
 from kvstudy.context.spec import ContextSweepSpec
 from kvstudy.context.sweep import cells_to_run, run_context_sweep
 from kvstudy.formats import GIB
@@ -71,7 +70,7 @@ def _roofline(args: argparse.Namespace) -> int:
         weights_bytes=None if args.weights_gib is None else int(args.weights_gib * GIB),
         skip_layers=args.skip_layers,
     )
-    print(json.dumps(result.to_dict(), indent=2) if args.json else _format(result))
+    show(result.to_dict(), [_format(result)], args.json)
     return 0
 
 

@@ -4,12 +4,11 @@ startup log and its checkpoint's KV scales say."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from kvstudy.cli import MODEL_HELP, force_option, json_option
+from kvstudy.cli import MODEL_HELP, force_option, json_option, show
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_GIB, MAX_TENSOR_PARALLEL, MAX_TOKENS, float_arg, int_arg, output_file
 from kvstudy.model import plan
@@ -25,7 +24,7 @@ def _capacity(args: argparse.Namespace) -> int:
     summary = plan.plan_summary(args.path, **{name: getattr(args, name) for name in options.split()})
     if args.csv:
         plan._csv(summary, args.csv, args.force)
-    print(json.dumps(summary, indent=2) if args.json else plan._format(summary))
+    show(summary, [plan._format(summary)], args.json)
     return 0
 
 
@@ -86,10 +85,10 @@ def add_capacity(subparsers: Any) -> None:
 def _startup_log(args: argparse.Namespace) -> int:
     if args.model is None:
         info = parse_startup_log(Path(args.file))
-        print(json.dumps(info.to_dict(), indent=2) if args.json else summary(info))
+        show(info.to_dict(), [summary(info)], args.json)
         return 0
     result = check_log(args.file, args.model, args.any_name)
-    print(json.dumps(result, indent=2) if args.json else format_check(result))
+    show(result, [format_check(result)], args.json)
     return 0 if result["agree"] else 1
 
 
@@ -122,11 +121,8 @@ def _scales(args: argparse.Namespace) -> int:
     for report in reports:
         for error in report.errors:
             print(f"kvstudy: {error}", file=sys.stderr)
-    if args.json:
-        payload: Any = [r.to_dict() for r in reports] if len(reports) != 1 else reports[0].to_dict()
-        print(json.dumps(payload, indent=2))
-    else:
-        print("\n\n".join(scales.summary(r) for r in reports))
+    payload = [r.to_dict() for r in reports] if len(reports) != 1 else reports[0].to_dict()
+    show(payload, ["\n\n".join(scales.summary(r) for r in reports)], args.json)
     return 2 if any(not r.readable or r.files_unread for r in reports) else 0
 
 
