@@ -98,7 +98,7 @@ def missing_cells(spec: GridSpec, capture: Path, retry_failed: bool = False) -> 
 
 
 def prepare_capture(
-    spec: GridSpec, capture: Path, kind: str, how: str, first: Callable[[], dict[str, Any]]
+    spec: GridSpec, capture: Path, kind: str, how: str, first: Callable[[], dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """Create the folder and manifest (with ``first()``'s keys), or check an existing one holds the same grid and model."""
     manifest, created = capture_format.create_or_resume(
@@ -109,7 +109,7 @@ def prepare_capture(
         capture_format.model_inputs(spec.model),
         lambda stored, where: type(spec).from_dict(stored, where=where).to_dict(),
     )
-    if created:
+    if created and first is not None:  # a new manifest is rewritten only when it gains keys
         manifest.update(first())
         capture_format.write_manifest(capture, manifest)
     return manifest

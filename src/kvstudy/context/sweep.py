@@ -55,7 +55,7 @@ load_context_spec = partial(experiment.load_spec, ContextSweepSpec, KIND)
 
 
 def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
-    return experiment.prepare_capture(spec, capture, KIND, how or "kvstudy.context.sweep", dict)
+    return experiment.prepare_capture(spec, capture, KIND, how or "kvstudy.context.sweep")
 
 
 # --------------------------------------------------------------------------- running
