@@ -12,7 +12,7 @@ from kvstudy.io import read_json
 from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_NEEDLES, MAX_SEED, float_arg, int_arg, output_folder
 from kvstudy.tools import gsm8k_data
 from kvstudy.tools import tiny_model as tm
-from kvstudy.tools.retrieval_files import RetrievalSet, write_retrieval_data
+from kvstudy.tools.retrieval_data import RetrievalSet, write_retrieval_data
 from kvstudy.tools.train_eval import evaluate_gsm8k, evaluate_retrieval
 from kvstudy.tools.train_model import DEFAULT_OUT, run_training
 from kvstudy.tools.train_settings import TrainSettings

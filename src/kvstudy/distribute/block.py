@@ -163,10 +163,6 @@ def run_block(
     how: str = "",
 ) -> str:
     """Run block ``index`` of the plan into ``store``; returns its status (``ok`` or ``failed``)."""
-    from kvstudy.context.sweep import run_context_sweep
-    from kvstudy.load.runner import run_load
-    from kvstudy.speed.runner import run_sweep
-
     plan_id, records, record = block_at(plan_dir, index)
     store = Path(store)
     _check_store(store, plan_id)
@@ -194,7 +190,7 @@ def run_block(
             return "failed"
     _check_engine(record)
     exp = experiment(record["experiment"], f"block {record['block_id']}")
-    spec = exp.spec_from_dict(record["spec"], f"block {record['block_id']}: spec")
+    spec = exp.spec_type.from_dict(record["spec"], f"block {record['block_id']}: spec")
     require_live(spec.model)  # before the block is claimed for this node: a node without the engine claims nothing
     attempts = list((old or {}).get("attempts") or [])
     attempt: dict[str, Any] = {"started_utc": capture_format.now_utc(), "retry_failed": retry_failed}
@@ -205,12 +201,7 @@ def run_block(
     how = how or f"kvstudy run-block {plan_dir} --index {index} --store {store}"
     progress(f"block {record['block_id']} ({record['experiment']}, seed {record['seed']}) on {node['node_id']}")
     try:
-        if record["experiment"] == "speed":
-            run_sweep(spec, folder, how=how, progress=progress, retry_failed=retry_failed)
-        elif record["experiment"] == "load":
-            run_load(spec, folder, how=how, progress=progress, retry_failed=retry_failed)
-        else:
-            run_context_sweep(spec, folder, how=how, retry_failed=retry_failed, progress=progress)
+        exp.run(spec, folder, how=how, progress=progress, retry_failed=retry_failed)
     finally:
         items = _items_state(folder)
         done = bool(items) and all(v == "ok" for v in items.values())

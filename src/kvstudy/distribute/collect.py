@@ -30,24 +30,19 @@ NODES_DIR = "nodes"
 SKIPPED = (capture_format.MANIFEST, BLOCK_RECORD)
 
 
-def _distinct_stores(stores: list[Path]) -> list[Path]:
-    """The stores, each named once: one folder named twice (``store store/``, a link to it) is refused
-    as named twice, before its blocks could look like a block run twice."""
-    seen: dict[Path, Path] = {}
-    for store in stores:
-        real = store.resolve()
-        if real in seen:
-            raise StudyError(
-                f"{store}: named twice among the stores (as {str(seen[real])!r} and {str(store)!r}): name each store once"
-            )
-        seen[real] = store
-    return stores
-
-
 def _found_blocks(stores: list[Path]) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """Each block id -> (its folder, its record). A store named twice (``store store/``, a link to it)
+    is refused as that, before its blocks could look like a block run twice."""
     found: dict[str, tuple[Path, dict[str, Any]]] = {}
     plan_of: tuple[str, str] | None = None
-    for store in _distinct_stores(stores):
+    named: dict[Path, Path] = {}
+    for store in stores:
+        if store.resolve() in named:
+            raise StudyError(
+                f"{store}: named twice among the stores (as {str(named[store.resolve()])!r} and {str(store)!r}): "
+                "name each store once"
+            )
+        named[store.resolve()] = store
         blocks = store_blocks(store)
         if not blocks:
             raise StudyError(f"{store}: no block folders (a folder with {BLOCK_RECORD}) in this store")
@@ -190,7 +185,7 @@ def collect(
             raise StudyError(f"block {b['block_id']}: made from another model than block {present[0]['block_id']}")
         manifests[b["block_id"]] = manifest
     full_dict = found[present[0]["block_id"]][1]["record"]["experiment_spec"]
-    full = exp.spec_from_dict(full_dict, f"plan {plan_id}: experiment spec")
+    full = exp.spec_type.from_dict(full_dict, f"plan {plan_id}: experiment spec")
     with _staging(out) as (stage, old):
         first_of: dict[str, str] = {}
         for b in present:

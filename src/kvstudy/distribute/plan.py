@@ -56,18 +56,33 @@ BLOCK_ID = re.compile(r"[a-z]{1,20}-s-?[0-9]{1,30}-[0-9a-f]{12}", re.ASCII)
 
 @dataclass(frozen=True)
 class Experiment:
-    """One live experiment of the study as the planner sees it: its notebook, capture kind and spec."""
+    """One live experiment of the study as the planner sees it: its notebook, capture kind, spec class
+    (its arms in the field ``arms_field``) and runner."""
 
     name: str
     notebook: str
     kind: str
     spec_from_params: Callable[[dict[str, Any]], Any]
-    spec_from_dict: Callable[[dict[str, Any], str], Any]
-    blocks: Callable[[Any], list[tuple[int, Any]]]
+    spec_type: Any
+    arms_field: str
     order: Callable[[Any], list[str]]  # each server start's id, then what it runs; in time order
+    run: Callable[..., object]  # the runner: (spec, capture, how=, progress=, retry_failed=)
 
     def server_starts(self, spec: Any) -> list[str]:
         return [entry.split(" ")[0] for entry in self.order(spec)]  # ids hold no space (arm names are file-safe)
+
+    def arms(self, spec: Any) -> list[Any]:
+        return list(getattr(spec, self.arms_field))
+
+    def blocks(self, spec: Any) -> list[tuple[int, Any]]:
+        """The spec restricted to each seed, its arms in the order the whole spec runs them there."""
+        arms = {a.name: a.model_dump() for a in self.arms(spec)}
+        out = []
+        for seed in spec.seeds:
+            order = [arms[r.arm] for r in spec.runs() if r.seed == seed]
+            data = {**spec.to_dict(), "seeds": [seed], self.arms_field: order}
+            out.append((seed, self.spec_type.from_dict(data, where=f"block of seed {seed}")))
+        return out
 
 
 def _from_params(kind: Any, notebook: str) -> Callable[[dict[str, Any]], Any]:
@@ -76,48 +91,36 @@ def _from_params(kind: Any, notebook: str) -> Callable[[dict[str, Any]], Any]:
     )
 
 
-def _seed_blocks(arms_field: str) -> Callable[[Any], list[tuple[int, Any]]]:
-    """The spec restricted to each seed, its arms in the order the whole spec runs them there."""
-
-    def blocks(spec: Any) -> list[tuple[int, Any]]:
-        arms = {a.name: a.model_dump() for a in getattr(spec, arms_field)}
-        out = []
-        for seed in spec.seeds:
-            order = [arms[r.arm] for r in spec.runs() if r.seed == seed]
-            data = {**spec.to_dict(), "seeds": [seed], arms_field: order}
-            out.append((seed, type(spec).from_dict(data, where=f"block of seed {seed}")))
-        return out
-
-    return blocks
-
-
 EXPERIMENTS: dict[str, Experiment] = {
     "speed": Experiment(
         "speed",
         "02_speed-sweep",
         speed_runner.KIND,
         _from_params(SweepSpec, "02_speed-sweep"),
-        SweepSpec.from_dict,
-        _seed_blocks("configurations"),
+        SweepSpec,
+        "configurations",
         lambda spec: [f"{r.id} users {spec.users}" for r in spec.runs()],
+        speed_runner.run_sweep,
     ),
     "context": Experiment(
         "context",
         "05_context-scaling",
         context_sweep.KIND,
         context_live.spec_from_params,
-        context_sweep.ContextSweepSpec.from_dict,
-        _seed_blocks("arms"),
+        context_sweep.ContextSweepSpec,
+        "arms",
         lambda spec: [f"{r.id} lengths {spec.lengths_for(i)}" for i, r in enumerate(spec.runs())],
+        context_sweep.run_context_sweep,
     ),
     "load": Experiment(
         "load",
         "08_load-at-equal-memory",
         load_runner.KIND,
         _from_params(LoadSpec, "08_load-at-equal-memory"),
-        LoadSpec.from_dict,
-        _seed_blocks("arms"),
+        LoadSpec,
+        "arms",
         lambda spec: [f"{r.id} loads {spec.load_factors} x the 16-bit capacity" for r in spec.runs()],
+        load_runner.run_load,
     ),
 }
 
@@ -152,9 +155,8 @@ def _flag_value(args: Sequence[str], flags: Sequence[str]) -> int | None:
     return None
 
 
-def parallel_sizes(spec: Any) -> tuple[int, int]:
+def parallel_sizes(spec: Any, arms: Sequence[Any]) -> tuple[int, int]:
     """(tensor, pipeline) parallel size the block's servers are started with (1 when not set)."""
-    arms: Sequence[Any] = getattr(spec, "configurations", None) or getattr(spec, "arms", None) or ()
     arg_lists = [list(getattr(spec, "server_extra_args", []) or [])] + [list(a.extra_args) for a in arms]
     tp = max((_flag_value(a, TP_FLAGS) or 1) for a in arg_lists)
     pp = max((_flag_value(a, PP_FLAGS) or 1) for a in arg_lists)
@@ -217,13 +219,13 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
         full = exp.spec_from_params(params)
         inputs = capture_format.model_inputs(full.model)
         full_dict = redact(full.to_dict())
-        arms: Sequence[Any] = getattr(full, "configurations", None) or full.arms
+        arms = exp.arms(full)
         one_machine = exp.order(full)
         cpu_kv = getattr(full, "cpu_kvcache_space_gib", None)
         if cpu_kv is not None:  # what every run-block's server start would refuse, refused now
             cpu_kvcache_space_text(cpu_kv, f"{profile['path']}: notebooks.{exp.notebook}.cpu_kvcache_space_gib")
         for position, (seed, block) in enumerate(exp.blocks(full)):
-            tp, pp = parallel_sizes(block)
+            tp, pp = parallel_sizes(block, exp.arms(block))
             starts = exp.server_starts(block)
             order = exp.order(block)
             record: dict[str, Any] = {

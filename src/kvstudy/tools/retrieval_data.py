@@ -5,7 +5,8 @@ process). Items may share a context (``questions_per_context`` > 1): the statist
 ``context_id``. As in RULER, the prompt (``prompt_text``) ends with an answer prefix restating what
 is asked, so the value is what follows the same words in the context; the expected completion is
 ``" {answer}"``. ``context_tokens_approx`` (``len(context) / chars_per_token``) is exact for the
-trained byte-level model, an estimate for other tokenizers.
+trained byte-level model, an estimate for other tokenizers. ``kvstudy retrieval-data FOLDER``
+writes a ``RetrievalSet`` (``write_retrieval_data``); the same command always writes the same bytes.
 """
 
 from __future__ import annotations
@@ -14,65 +15,33 @@ import random
 import re
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+from kvstudy.digests import file_digest
 from kvstudy.errors import StudyError
+from kvstudy.io import write_json_atomic, write_jsonl_atomic
+from kvstudy.limits import MAX_AXIS_VALUES, MAX_GENERATED_CHARS, MAX_TOKENS
+from kvstudy.outputs import claim_output_folder, record_says
 
 KINDS = ("kv", "needle")
 DEFAULT_SEED = 20261130
 
-FILLER_SUBJECTS = (
-    "The river",
-    "A small dog",
-    "The old house",
-    "Every morning the baker",
-    "The green hill",
-    "A quiet student",
-    "The market",
-    "Our neighbour",
-    "The night train",
-    "A tall tree",
-    "The school bus",
-    "My aunt",
+FILLER_SUBJECTS = tuple(
+    "The river, A small dog, The old house, Every morning the baker, The green hill, A quiet student, "
+    "The market, Our neighbour, The night train, A tall tree, The school bus, My aunt".split(", ")
 )
-FILLER_VERBS = (
-    "watched",
-    "found",
-    "carried",
-    "painted",
-    "visited",
-    "followed",
-    "heard",
-    "cleaned",
-    "opened",
-    "passed",
-    "counted",
-    "remembered",
+FILLER_VERBS = tuple(
+    "watched found carried painted visited followed heard cleaned opened passed counted remembered".split()
 )
-FILLER_OBJECTS = (
-    "the bright window",
-    "a wooden box",
-    "the empty road",
-    "some warm bread",
-    "a blue kite",
-    "the long bridge",
-    "the garden gate",
-    "a paper map",
-    "the tiny boat",
-    "an old song",
-    "the red door",
-    "a stack of letters",
+FILLER_OBJECTS = tuple(
+    "the bright window, a wooden box, the empty road, some warm bread, a blue kite, the long bridge, "
+    "the garden gate, a paper map, the tiny boat, an old song, the red door, a stack of letters".split(", ")
 )
-FILLER_ENDS = (
-    "before noon",
-    "after the rain",
-    "in the evening",
-    "near the station",
-    "with great care",
-    "for a while",
-    "on Sunday",
-    "without a word",
+FILLER_ENDS = tuple(
+    "before noon, after the rain, in the evening, near the station, with great care, for a while, on Sunday, "
+    "without a word".split(", ")
 )
 _FILLER_TEXT = " ".join(FILLER_SUBJECTS + FILLER_VERBS + FILLER_OBJECTS + FILLER_ENDS).lower()
 
@@ -284,3 +253,78 @@ def training_text(
         text += f" {entry.value}"
         spans.append((start, len(text) + 2))
     return text + "\n\n", spans
+
+
+@dataclass(frozen=True)
+class RetrievalSet:
+    """What the retrieval file holds: every kind at every length."""
+
+    lengths: tuple[int, ...] = (512, 1024, 2048, 4096)  # context lengths, tokens (bytes for the trained model)
+    n_per_length: int = 8  # items per kind and length
+    questions_per_context: int = 4  # items sharing one context (a cluster)
+    n_needles: int = 4  # needles per haystack (the kv kind holds every line as a key)
+    seed: int = DEFAULT_SEED
+    kinds: tuple[str, ...] = KINDS
+    chars_per_token: float = 1.0  # exact for the byte-level trained model
+
+    def __post_init__(self) -> None:
+        if not self.lengths or any(not 16 <= n <= MAX_TOKENS for n in self.lengths):
+            shown = ",".join(map(str, self.lengths[:8])) + (",..." if len(self.lengths) > 8 else "")
+            raise StudyError(f"--lengths: expected whole numbers from 16 to {MAX_TOKENS:,}, got {shown}")
+        if len(self.lengths) > MAX_AXIS_VALUES:
+            raise StudyError(f"--lengths: {len(self.lengths):,} lengths, expected at most {MAX_AXIS_VALUES:,}")
+        if self.n_per_length < 1 or self.questions_per_context < 1:
+            raise StudyError("--n-per-length / --questions-per-context: expected >= 1 each")
+        if self.n_per_length % self.questions_per_context:
+            raise StudyError(
+                f"--n-per-length ({self.n_per_length}) must be a multiple of "
+                f"--questions-per-context ({self.questions_per_context})"
+            )
+        if not self.chars_per_token > 0:
+            raise StudyError(f"--chars-per-token: expected a positive number, got {self.chars_per_token}")
+        bad = [k for k in self.kinds if k not in KINDS]
+        if bad:
+            raise StudyError(f"kinds: unknown {bad}; expected some of {list(KINDS)}")
+        # every item holds its whole context: bound the file, not only each number
+        chars = len(self.kinds) * self.n_per_length * sum(self.lengths) * self.chars_per_token
+        if chars > MAX_GENERATED_CHARS:
+            raise StudyError(
+                f"--lengths x --n-per-length x --chars-per-token: {len(self.kinds)} kinds x {self.n_per_length:,} items "
+                f"x {sum(self.lengths):,} tokens x {self.chars_per_token:g} characters = {chars:,.0f} characters, "
+                f"expected at most {MAX_GENERATED_CHARS:,} in one file"
+            )
+
+
+def items_for(spec: RetrievalSet) -> list[dict[str, Any]]:
+    """Every item of the set, kind by kind, length by length."""
+    settings = (spec.lengths, spec.n_per_length, spec.seed, spec.chars_per_token, spec.questions_per_context)
+    return [item for kind in spec.kinds for item in generate_items(kind, *settings, spec.n_needles)]
+
+
+GENERATOR = "retrieval-data"
+SPEC_SOURCE = "generated by this project (kvstudy retrieval-data)"
+
+
+_written_before = record_says("spec.json", "source", lambda source: source == SPEC_SOURCE)
+
+
+def write_retrieval_data(folder: str | Path, spec: RetrievalSet = RetrievalSet(), force: bool = False) -> Path:
+    """Write ``test.jsonl`` (what lm-eval's ``retrieval_offline`` reads: both kinds, every length) and
+    ``spec.json`` (settings, counts, the file's digest) into ``folder`` (new, empty, or this command's own:
+    ``outputs.claim_output_folder``; any other only with ``force``); returns the data file."""
+    items = items_for(spec)  # settings checked before the folder is touched
+    folder = claim_output_folder(folder, GENERATOR, force, recognise=_written_before)
+    path = folder / "test.jsonl"
+    write_jsonl_atomic(path, items)  # ASCII text: the same bytes as json.dumps' default
+    write_json_atomic(
+        folder / "spec.json",
+        {
+            "source": SPEC_SOURCE,
+            "generator": "kvstudy.tools.retrieval_data.generate_items",
+            "settings": asdict(spec),
+            "items": len(items),
+            "contexts": len({item["context_id"] for item in items}),
+            "test_jsonl_digest": file_digest(path),
+        },
+    )  # kvstudy.digests.file_digest
+    return path

@@ -13,7 +13,7 @@ from kvstudy.accuracy import task_specs
 from kvstudy.errors import StudyError
 from kvstudy.io import write_jsonl_atomic
 from kvstudy.tools import retrieval_data
-from kvstudy.tools.retrieval_files import RetrievalSet, items_for, write_retrieval_data
+from kvstudy.tools.retrieval_data import RetrievalSet, items_for, write_retrieval_data
 
 SMALL = RetrievalSet(lengths=(64, 256), n_per_length=4, questions_per_context=2, n_needles=3)
 

@@ -4,6 +4,7 @@ the manifest (only ``block.json`` there) still runs (issue 25)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from kvstudy import capture as capture_format
 from kvstudy.distribute.block import BLOCK_RECORD, run_block
-from kvstudy.distribute.plan import read_plan
+from kvstudy.distribute.plan import EXPERIMENTS, read_plan
 from kvstudy.errors import StudyError
 from kvstudy.speed import runner as speed_runner
 from kvstudy.speed.spec import SweepSpec
@@ -26,7 +27,7 @@ def test_run_block_refuses_a_block_folder_of_the_users_files(
     bundled_plan: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("kvstudy.distribute.block.require_live", lambda model: None)
-    monkeypatch.setattr(speed_runner, "run_sweep", lambda *a, **k: pytest.fail("ran the sweep"))
+    monkeypatch.setitem(EXPERIMENTS, "speed", replace(EXPERIMENTS["speed"], run=lambda *a, **k: pytest.fail("ran")))
     folder = _block_folder(bundled_plan, tmp_path / "store")
     folder.mkdir(parents=True)
     (folder / "notes.txt").write_text("mine\n")
@@ -48,7 +49,7 @@ def test_a_block_claimed_before_its_manifest_still_runs(
         return []
 
     monkeypatch.setattr("kvstudy.distribute.block.require_live", lambda model: None)
-    monkeypatch.setattr(speed_runner, "run_sweep", prepare_only)
+    monkeypatch.setitem(EXPERIMENTS, "speed", replace(EXPERIMENTS["speed"], run=prepare_only))
     for _ in range(2):  # a new block, then the same block again (block.json and its manifest there)
         assert run_block(bundled_plan, 0, tmp_path / "store", progress=lambda line: None) == "running"
     assert len(made) == 2 and (made[0] / capture_format.MANIFEST).is_file()

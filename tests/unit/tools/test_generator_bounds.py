@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from kvstudy import cli
-from kvstudy.tools import retrieval_data, retrieval_files
-from kvstudy.tools.retrieval_files import RetrievalSet, items_for
+from kvstudy.tools import retrieval_data
+from kvstudy.tools.retrieval_data import RetrievalSet, items_for
 
 
 @pytest.mark.parametrize(
@@ -27,7 +27,7 @@ def test_retrieval_data_bounds_each_number_and_the_product(
     tmp_path: Path, argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     generated: list[Any] = []  # the refusal comes before any item is generated, so it takes no time
-    monkeypatch.setattr(retrieval_files, "generate_items", lambda *a: generated.append(a) or [])
+    monkeypatch.setattr(retrieval_data, "generate_items", lambda *a: generated.append(a) or [])
     assert cli.main(["retrieval-data", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err

@@ -13,9 +13,9 @@ from kvstudy import cli
 from kvstudy.errors import StudyError
 from kvstudy.io import write_json_atomic, write_text_atomic
 from kvstudy.precision import prompts, screen, simulate
-from kvstudy.tools import checkpoints, gsm8k_data, retrieval_files
+from kvstudy.tools import checkpoints, gsm8k_data, retrieval_data
 from kvstudy.tools import scaled_k_checkpoint as ctl
-from kvstudy.tools.retrieval_files import RetrievalSet
+from kvstudy.tools.retrieval_data import RetrievalSet
 
 ROOT = Path(__file__).resolve().parents[3]
 GENERATED_MARKER = ".kvstudy-generated.json"  # kvstudy.outputs.GENERATED_MARKER
@@ -63,17 +63,17 @@ def test_retrieval_and_gsm8k_data_never_overwrite_each_others_test_file(tmp_path
     gsm8k_data.write_splits(gsm, n_test=3, n_train=8)
     before = (gsm / "test.jsonl").read_bytes()
     with pytest.raises(StudyError, match="holds the output of `kvstudy gsm8k-data`"):
-        retrieval_files.write_retrieval_data(gsm, SMALL)
+        retrieval_data.write_retrieval_data(gsm, SMALL)
     with pytest.raises(StudyError, match="holds the output of `kvstudy gsm8k-data`"):
-        retrieval_files.write_retrieval_data(gsm, SMALL, force=True)  # another set's data: never
+        retrieval_data.write_retrieval_data(gsm, SMALL, force=True)  # another set's data: never
     assert (gsm / "test.jsonl").read_bytes() == before
     retrieval = tmp_path / "retrieval"
-    retrieval_files.write_retrieval_data(retrieval, SMALL)
+    retrieval_data.write_retrieval_data(retrieval, SMALL)
     kept = (retrieval / "test.jsonl").read_bytes()
     with pytest.raises(StudyError, match="holds the output of `kvstudy retrieval-data`"):
         gsm8k_data.write_splits(retrieval, n_test=3, n_train=8, force=True)
     assert (retrieval / "test.jsonl").read_bytes() == kept
-    retrieval_files.write_retrieval_data(retrieval, SMALL)  # its own folder: rewritten
+    retrieval_data.write_retrieval_data(retrieval, SMALL)  # its own folder: rewritten
 
 
 def test_data_generators_refuse_an_unmarked_folder_unless_forced(
@@ -100,11 +100,11 @@ def test_a_planted_symlink_at_a_written_file_is_refused(tmp_path: Path) -> None:
     outside = tmp_path / "outside.jsonl"
     outside.write_text("keep me\n")
     folder = tmp_path / "retrieval"
-    retrieval_files.write_retrieval_data(folder, SMALL)
+    retrieval_data.write_retrieval_data(folder, SMALL)
     (folder / "test.jsonl").unlink()
     (folder / "test.jsonl").symlink_to(outside)
     with pytest.raises(StudyError, match="test.jsonl: is a symlink"):
-        retrieval_files.write_retrieval_data(folder, SMALL)
+        retrieval_data.write_retrieval_data(folder, SMALL)
     assert outside.read_text() == "keep me\n" and (folder / "test.jsonl").is_symlink()
     link = tmp_path / "link.json"
     link.symlink_to(outside)
@@ -213,7 +213,7 @@ def test_a_record_without_the_generators_own_value_is_not_recognised(tmp_path: P
     for name in ("spec.json", "control.json"):
         (tmp_path / name).write_text(record)
     with pytest.raises(StudyError, match="not written by `kvstudy retrieval-data`"):
-        retrieval_files.write_retrieval_data(tmp_path, SMALL)
+        retrieval_data.write_retrieval_data(tmp_path, SMALL)
     with pytest.raises(StudyError, match="not written by `kvstudy control-checkpoint`"):
         ctl.build_control(ROOT / "data" / "trained-model" / "qwen3-mini", tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["control.json", "spec.json"]
