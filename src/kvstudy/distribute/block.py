@@ -1,23 +1,26 @@
 """``kvstudy run-block``: one pair-block of a plan into ``STORE/<block-id>/``, run with the
 experiment's own runner restricted to the block's seed, beside ``block.json`` (plan, record, node,
 attempts). A block belongs to one node: once any cell has a result, another node is refused, so a
-comparison is never split across machines.
+comparison is never split across machines. The node is its host, GPUs (UUID, driver, clocks through
+nvidia-ml-py when present), CPU model, flags and clocks; ``node_id`` is what two runs compare to tell
+one node from another.
 """
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import psutil
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kvstudy import capture as capture_format
 from kvstudy.bench.spec import checked, one_line
-from kvstudy.distribute.node import node_identity
 from kvstudy.distribute.plan import ENGINE_PACKAGES, block_at, check_block_id, experiment, plan_index
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, write_json_atomic
-from kvstudy.machine import package_versions
+from kvstudy.machine import NvmlUnavailable, hardware_info, nvml_session, nvml_text, package_versions
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 
@@ -27,32 +30,78 @@ BLOCK_RECORD = capture_format.BLOCK_RECORD
 BlockId = Annotated[str, checked(check_block_id)]
 
 
-class _PlanBlock(BaseModel):
+class _Strict(BaseModel):
+    """Fields a command reads, each of its type (a file's other fields are kept, not read)."""
+
     model_config = ConfigDict(strict=True)
 
+
+def _nvml_details() -> tuple[list[dict[str, Any]], str | None]:
+    """Per GPU: index, UUID and its clocks now and at most (MHz); the error when NVML cannot be read."""
+    try:
+        with nvml_session() as pynvml:
+            out = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                row: dict[str, Any] = {"index": i, "uuid": nvml_text(pynvml.nvmlDeviceGetUUID(handle))}
+                for key, clock in (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM)):
+                    try:
+                        row[f"{key}_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(handle, clock)
+                        row[f"{key}_clock_max_mhz"] = pynvml.nvmlDeviceGetMaxClockInfo(handle, clock)
+                    except Exception:  # a GPU that does not report this clock
+                        continue
+                out.append(row)
+            return out, None
+    except NvmlUnavailable as exc:  # no nvidia-ml-py, no driver, no library: a CPU node
+        return [], str(exc)
+
+
+def _cpu_clock() -> dict[str, float] | None:
+    try:
+        freq = psutil.cpu_freq()
+    except (OSError, NotImplementedError):
+        return None
+    return None if freq is None else {"current_mhz": freq.current, "min_mhz": freq.min, "max_mhz": freq.max}
+
+
+def node_identity() -> dict[str, Any]:
+    """This node as a block's record keeps it."""
+    machine = hardware_info().to_dict()
+    gpus, nvml_error = _nvml_details()
+    host = platform.node() or "unknown-host"
+    uuids = [g["uuid"] for g in gpus]
+    return {
+        "node_id": host + (f" [{', '.join(uuids)}]" if uuids else ""),
+        "host": host,
+        "gpu_uuids": uuids,
+        "gpu_driver": machine.get("gpu_driver"),
+        "gpu_clocks": gpus,
+        "nvml_error": nvml_error if not gpus else None,
+        "cpu_model": machine.get("cpu_model"),
+        "cpu_flags": machine.get("cpu_flags"),
+        "cpu_clock": _cpu_clock(),
+        "machine": machine,
+    }
+
+
+class _PlanBlock(_Strict):
     index: int
     block_id: BlockId
     experiment: str
     seed: int
 
 
-class _HeldRecord(BaseModel):
-    model_config = ConfigDict(strict=True)
-
+class _HeldRecord(_Strict):
     experiment_spec: dict[str, Any]
     same_order_as_one_machine: bool | None = None
 
 
-class _Node(BaseModel):
-    model_config = ConfigDict(strict=True)
-
+class _Node(_Strict):
     node_id: str | None = None
 
 
-class _BlockRecord(BaseModel):
+class _BlockRecord(_Strict):
     """The fields of ``block.json`` the commands read, each of its type."""
-
-    model_config = ConfigDict(strict=True)
 
     plan_id: str
     block_id: BlockId
@@ -114,16 +163,12 @@ def _items_state(folder: Path) -> dict[str, str]:
     return manifest_items(folder, capture_format.read_manifest(folder))
 
 
-class _Inputs(BaseModel):
-    model_config = ConfigDict(strict=True)
-
+class _Inputs(_Strict):
     model_digest: str | None = None
 
 
-class _Manifest(BaseModel):
+class _Manifest(_Strict):
     """The fields of a block capture's manifest that run-block and collect read."""
-
-    model_config = ConfigDict(strict=True)
 
     items: dict[str, str] = {}
     inputs: _Inputs | None = None

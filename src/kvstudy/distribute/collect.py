@@ -173,18 +173,17 @@ def collect(
     exp = experiment(name, f"plan {plan_id}")
     _restore_replaced(out)
     replace = _check_out(out, plan_id, name)
-    manifests: dict[str, dict[str, Any]] = {}
-    for b in present:
-        folder, record = found[b["block_id"]]
-        manifest = capture_format.read_manifest(folder, exp.kind)
+    manifests = {b["block_id"]: capture_format.read_manifest(found[b["block_id"]][0], exp.kind) for b in present}
+    first = present[0]["block_id"]
+    full_dict = found[first][1]["record"]["experiment_spec"]
+    for bid, manifest in manifests.items():
+        folder, record = found[bid]
         _check_status(folder, record, manifest_items(folder, manifest))
-        if record["record"]["experiment_spec"] != found[present[0]["block_id"]][1]["record"]["experiment_spec"]:
-            raise StudyError(f"block {b['block_id']}: its record holds another experiment spec than the plan's")
-        first = manifests[present[0]["block_id"]] if manifests else manifest
-        if (manifest.get("inputs") or {}).get("model_digest") != (first.get("inputs") or {}).get("model_digest"):
-            raise StudyError(f"block {b['block_id']}: made from another model than block {present[0]['block_id']}")
-        manifests[b["block_id"]] = manifest
-    full_dict = found[present[0]["block_id"]][1]["record"]["experiment_spec"]
+        if record["record"]["experiment_spec"] != full_dict:
+            raise StudyError(f"block {bid}: its record holds another experiment spec than the plan's")
+        digest = (manifest.get("inputs") or {}).get("model_digest")
+        if digest != (manifests[first].get("inputs") or {}).get("model_digest"):
+            raise StudyError(f"block {bid}: made from another model than block {first}")
     full = exp.spec_type.from_dict(full_dict, f"plan {plan_id}: experiment spec")
     with _staging(out) as (stage, old):
         first_of: dict[str, str] = {}

@@ -62,11 +62,18 @@ class Experiment:
     name: str
     notebook: str
     kind: str
-    spec_from_params: Callable[[dict[str, Any]], Any]
     spec_type: Any
     arms_field: str
     order: Callable[[Any], list[str]]  # each server start's id, then what it runs; in time order
     run: Callable[..., object]  # the runner: (spec, capture, how=, progress=, retry_failed=)
+
+    def spec_from_params(self, params: dict[str, Any]) -> Any:
+        """The spec of the notebook's parameters (the context sweep's through ``context.live``, which
+        fills in default arms)."""
+        if self.name == "context":
+            return context_live.spec_from_params(params)
+        fields = {n: params.get(n) for n in self.spec_type.model_fields}
+        return self.spec_type.from_params(where=f"{self.notebook} parameters", **fields)
 
     def server_starts(self, spec: Any) -> list[str]:
         return [entry.split(" ")[0] for entry in self.order(spec)]  # ids hold no space (arm names are file-safe)
@@ -85,18 +92,11 @@ class Experiment:
         return out
 
 
-def _from_params(kind: Any, notebook: str) -> Callable[[dict[str, Any]], Any]:
-    return lambda params: kind.from_params(
-        where=f"{notebook} parameters", **{n: params.get(n) for n in kind.model_fields}
-    )
-
-
 EXPERIMENTS: dict[str, Experiment] = {
     "speed": Experiment(
         "speed",
         "02_speed-sweep",
         speed_runner.KIND,
-        _from_params(SweepSpec, "02_speed-sweep"),
         SweepSpec,
         "configurations",
         lambda spec: [f"{r.id} users {spec.users}" for r in spec.runs()],
@@ -106,7 +106,6 @@ EXPERIMENTS: dict[str, Experiment] = {
         "context",
         "05_context-scaling",
         context_sweep.KIND,
-        context_live.spec_from_params,
         context_sweep.ContextSweepSpec,
         "arms",
         lambda spec: [f"{r.id} lengths {spec.lengths_for(i)}" for i, r in enumerate(spec.runs())],
@@ -116,7 +115,6 @@ EXPERIMENTS: dict[str, Experiment] = {
         "load",
         "08_load-at-equal-memory",
         load_runner.KIND,
-        _from_params(LoadSpec, "08_load-at-equal-memory"),
         LoadSpec,
         "arms",
         lambda spec: [f"{r.id} loads {spec.load_factors} x the 16-bit capacity" for r in spec.runs()],
@@ -295,10 +293,6 @@ def profile_parameters(profile: str, profiles_dir: Path, notebooks_dir: Path) ->
 # --------------------------------------------------------------------------- files
 
 
-def plan_lines(records: Sequence[dict[str, Any]]) -> str:
-    return "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records)
-
-
 def plan_id_of(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -310,7 +304,7 @@ def plan_index(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def write_plan(out: Path, profile: str, records: Sequence[dict[str, Any]], how: str) -> tuple[str, bool]:
     """Write ``plan.jsonl`` and ``plan.json``; (plan id, whether anything was written). A folder
     holding another plan is refused, never overwritten."""
-    text = plan_lines(records)
+    text = "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records)
     plan_id = plan_id_of(text)
     path = out / PLAN_FILE
     if path.exists():

@@ -13,7 +13,7 @@ multi-step grade-school arithmetic from a fixed set of templates; every number i
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ def calculator_step(expr: str, value: int) -> str:
     return f"{expr} = <<{expr.replace(' ', '')}={value}>>{value}"
 
 
-def _finish(question: str, steps: Sequence[str], result: int) -> Problem:
+def _finish(question: str, result: int, *steps: str) -> Problem:
     return Problem(question, "\n".join(steps) + f"\n#### {result}")
 
 
@@ -53,17 +53,12 @@ def _buy_and_change(r: random.Random) -> Problem:
     cost = count * price
     paid = (cost // 10 + r.randint(1, 5)) * 10
     change = paid - cost
-    q = (
-        f"{name} buys {count} {item} at ${price} each and pays with ${paid}. "
-        f"How many dollars of change does {name} get back?"
-    )
     return _finish(
-        q,
-        [
-            f"The {item} cost {calculator_step(f'{count} * {price}', cost)} dollars.",
-            f"{name} gets back {calculator_step(f'{paid} - {cost}', change)} dollars.",
-        ],
+        f"{name} buys {count} {item} at ${price} each and pays with ${paid}. "
+        f"How many dollars of change does {name} get back?",
         change,
+        f"The {item} cost {calculator_step(f'{count} * {price}', cost)} dollars.",
+        f"{name} gets back {calculator_step(f'{paid} - {cost}', change)} dollars.",
     )
 
 
@@ -71,18 +66,13 @@ def _share_equally(r: random.Random) -> Problem:
     name, item = r.choice(NAMES), r.choice(ITEMS)
     friends, each, kept = r.randint(2, 8), r.randint(3, 15), r.randint(1, 20)
     total = friends * each + kept
-    q = (
-        f"{name} has {total} {item}. {name} keeps {kept} and shares the rest equally among "
-        f"{friends} friends. How many {item} does each friend get?"
-    )
     shared = total - kept
     return _finish(
-        q,
-        [
-            f"{name} shares {calculator_step(f'{total} - {kept}', shared)} {item}.",
-            f"Each friend gets {calculator_step(f'{shared} / {friends}', each)} {item}.",
-        ],
+        f"{name} has {total} {item}. {name} keeps {kept} and shares the rest equally among "
+        f"{friends} friends. How many {item} does each friend get?",
         each,
+        f"{name} shares {calculator_step(f'{total} - {kept}', shared)} {item}.",
+        f"Each friend gets {calculator_step(f'{shared} / {friends}', each)} {item}.",
     )
 
 
@@ -93,18 +83,13 @@ def _weekly_savings(r: random.Random) -> Problem:
     total = week * weeks
     spent = r.randint(1, min(30, total - 1))
     left = total - spent
-    q = (
-        f"{name} saves ${per_day} a day for {days} days each week. After {weeks} weeks, "
-        f"{name} spends ${spent} on a gift. How many dollars does {name} have left?"
-    )
     return _finish(
-        q,
-        [
-            f"Each week {name} saves {calculator_step(f'{per_day} * {days}', week)} dollars.",
-            f"In {weeks} weeks that is {calculator_step(f'{week} * {weeks}', total)} dollars.",
-            f"After the gift {name} has {calculator_step(f'{total} - {spent}', left)} dollars.",
-        ],
+        f"{name} saves ${per_day} a day for {days} days each week. After {weeks} weeks, "
+        f"{name} spends ${spent} on a gift. How many dollars does {name} have left?",
         left,
+        f"Each week {name} saves {calculator_step(f'{per_day} * {days}', week)} dollars.",
+        f"In {weeks} weeks that is {calculator_step(f'{week} * {weeks}', total)} dollars.",
+        f"After the gift {name} has {calculator_step(f'{total} - {spent}', left)} dollars.",
     )
 
 
@@ -115,18 +100,13 @@ def _boxes_and_extras(r: random.Random) -> Problem:
     in_boxes = boxes * per_box
     total = in_boxes + loose
     left = total - lost
-    q = (
-        f"{name} has {boxes} boxes with {per_box} {item} in each box and {loose} loose {item}. "
-        f"{name} loses {lost} of them. How many {item} does {name} have now?"
-    )
     return _finish(
-        q,
-        [
-            f"The boxes hold {calculator_step(f'{boxes} * {per_box}', in_boxes)} {item}.",
-            f"With the loose ones that is {calculator_step(f'{in_boxes} + {loose}', total)}.",
-            f"After losing some, {name} has {calculator_step(f'{total} - {lost}', left)}.",
-        ],
+        f"{name} has {boxes} boxes with {per_box} {item} in each box and {loose} loose {item}. "
+        f"{name} loses {lost} of them. How many {item} does {name} have now?",
         left,
+        f"The boxes hold {calculator_step(f'{boxes} * {per_box}', in_boxes)} {item}.",
+        f"With the loose ones that is {calculator_step(f'{in_boxes} + {loose}', total)}.",
+        f"After losing some, {name} has {calculator_step(f'{total} - {lost}', left)}.",
     )
 
 
@@ -136,19 +116,14 @@ def _twice_as_many(r: random.Random) -> Problem:
     first, factor, extra = r.randint(3, 40), r.randint(2, 5), r.randint(1, 12)
     second = first * factor + extra
     total = first + second
-    q = (
-        f"{a} has {first} {item}. {b} has {extra} more than {factor} times as many as {a}. "
-        f"How many {item} do they have together?"
-    )
     times = first * factor
     return _finish(
-        q,
-        [
-            f"{factor} times {a}'s {item} is {calculator_step(f'{first} * {factor}', times)}.",
-            f"{b} has {calculator_step(f'{times} + {extra}', second)} {item}.",
-            f"Together they have {calculator_step(f'{first} + {second}', total)} {item}.",
-        ],
+        f"{a} has {first} {item}. {b} has {extra} more than {factor} times as many as {a}. "
+        f"How many {item} do they have together?",
         total,
+        f"{factor} times {a}'s {item} is {calculator_step(f'{first} * {factor}', times)}.",
+        f"{b} has {calculator_step(f'{times} + {extra}', second)} {item}.",
+        f"Together they have {calculator_step(f'{first} + {second}', total)} {item}.",
     )
 
 
@@ -158,18 +133,13 @@ def _speed_distance(r: random.Random) -> Problem:
     out = speed * hours
     back_km = speed * back
     total = out + back_km
-    q = (
-        f"{name} drives at {speed} km per hour for {hours} hours, then drives back at the same "
-        f"speed for {back} hours. How many kilometers does {name} drive in all?"
-    )
     return _finish(
-        q,
-        [
-            f"First {name} drives {calculator_step(f'{speed} * {hours}', out)} km.",
-            f"Then {name} drives {calculator_step(f'{speed} * {back}', back_km)} km.",
-            f"In all that is {calculator_step(f'{out} + {back_km}', total)} km.",
-        ],
+        f"{name} drives at {speed} km per hour for {hours} hours, then drives back at the same "
+        f"speed for {back} hours. How many kilometers does {name} drive in all?",
         total,
+        f"First {name} drives {calculator_step(f'{speed} * {hours}', out)} km.",
+        f"Then {name} drives {calculator_step(f'{speed} * {back}', back_km)} km.",
+        f"In all that is {calculator_step(f'{out} + {back_km}', total)} km.",
     )
 
 
@@ -179,40 +149,28 @@ def _percent_discount(r: random.Random) -> Problem:
     pct = r.choice((10, 20, 25, 50))
     off = price * pct // 100
     final = price - off
-    q = f"A set of {item} costs ${price}. {name} gets a {pct}% discount. How many dollars does {name} pay?"
     return _finish(
-        q,
-        [
-            f"The discount is {calculator_step(f'{price} * {pct} / 100', off)} dollars.",
-            f"{name} pays {calculator_step(f'{price} - {off}', final)} dollars.",
-        ],
+        f"A set of {item} costs ${price}. {name} gets a {pct}% discount. How many dollars does {name} pay?",
         final,
+        f"The discount is {calculator_step(f'{price} * {pct} / 100', off)} dollars.",
+        f"{name} pays {calculator_step(f'{price} - {off}', final)} dollars.",
     )
 
 
 def _pages_per_day(r: random.Random) -> Problem:
     name = r.choice(NAMES)
-    first_days, first_rate, rest_rate, rest_days = (
-        r.randint(2, 6),
-        r.randint(5, 20),
-        r.randint(10, 30),
-        r.randint(1, 5),
-    )
+    first_days, first_rate = r.randint(2, 6), r.randint(5, 20)
+    rest_rate, rest_days = r.randint(10, 30), r.randint(1, 5)
     first = first_days * first_rate
     rest = rest_days * rest_rate
     total = first + rest
-    q = (
-        f"{name} reads {first_rate} pages a day for {first_days} days, then {rest_rate} pages a "
-        f"day for {rest_days} days and finishes the book. How many pages does the book have?"
-    )
     return _finish(
-        q,
-        [
-            f"First {name} reads {calculator_step(f'{first_days} * {first_rate}', first)} pages.",
-            f"Then {name} reads {calculator_step(f'{rest_days} * {rest_rate}', rest)} pages.",
-            f"The book has {calculator_step(f'{first} + {rest}', total)} pages.",
-        ],
+        f"{name} reads {first_rate} pages a day for {first_days} days, then {rest_rate} pages a "
+        f"day for {rest_days} days and finishes the book. How many pages does the book have?",
         total,
+        f"First {name} reads {calculator_step(f'{first_days} * {first_rate}', first)} pages.",
+        f"Then {name} reads {calculator_step(f'{rest_days} * {rest_rate}', rest)} pages.",
+        f"The book has {calculator_step(f'{first} + {rest}', total)} pages.",
     )
 
 

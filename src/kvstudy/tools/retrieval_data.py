@@ -169,14 +169,6 @@ def make_context(
 _KEY_PLACES = {"kv": re.compile(r"^([a-z]{5}): ", re.M), "needle": re.compile(r"for ([a-z]{5}) is ")}
 
 
-def _key_places(kind: str, context: str) -> dict[str, int]:
-    """Each key -> the index of its first appearance in ``context``."""
-    places: dict[str, int] = {}
-    for match in _KEY_PLACES[kind].finditer(context):
-        places.setdefault(match.group(1), match.start(1))
-    return places
-
-
 def generate_items(
     kind: str,
     lengths: Sequence[int],
@@ -204,7 +196,9 @@ def generate_items(
                 rng = random.Random(f"{seed}:{kind}:{length}:{i // questions_per_context}")  # no PYTHONHASHSEED
                 placed = depth if questions_per_context == 1 else None
                 context, entries = make_context(kind, length, rng, chars_per_token, n_needles, placed)
-                places = _key_places(kind, context)
+                places: dict[str, int] = {}  # each key -> where it first stands
+                for match in _KEY_PLACES[kind].finditer(context):
+                    places.setdefault(match.group(1), match.start(1))
             entry = min(entries, key=lambda e: abs(places[e.key] / len(context) - depth))  # nearest ``depth``
             items.append(
                 {

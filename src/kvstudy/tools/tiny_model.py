@@ -11,6 +11,7 @@ latency was not measurable. The marker file is written last: a half-built folder
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import random
 import shutil
@@ -23,7 +24,6 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.outputs import TINY_MODEL_MARKER, record_says
 from kvstudy.tools.checkpoints import write_json
-from kvstudy.tools.train_record import folder_digests
 
 DEFAULT_PATH = Path("data/tiny-models/tiny-qwen3")
 SPEED_PATH = Path("data/tiny-models/speed-qwen3")
@@ -36,14 +36,9 @@ SPECIAL_TOKENS = (EOS_TOKEN, BOS_TOKEN)
 
 # Files a build writes; a folder holding only these (and no marker) is a half-built one.
 KNOWN_FILES = {
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
     MARKER,
+    *"config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json".split(),
+    *"special_tokens_map.json chat_template.jinja".split(),
 }
 
 # A minimal chat template so /v1/chat/completions works too (the study uses completions).
@@ -104,6 +99,17 @@ SIZES: dict[str, TinyModelSpec] = {
 DEFAULT_PATHS: dict[str, Path] = {"tiny": DEFAULT_PATH, "speed": SPEED_PATH}
 
 
+def sha256_file(path: Path) -> str:
+    """The full sha256 of a file (a model folder's record lists each)."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def folder_digests(folder: Path, skip: tuple[str, ...] = ("training.json", "SOURCE.md")) -> dict[str, str]:
+    """sha256 of every file a model folder holds, but ``skip``."""
+    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name not in skip}
+
+
 def corpus_lines(seed: int, count: int) -> Iterator[str]:
     """Deterministic training text: word sentences, arithmetic and GSM8K-style Q/A lines."""
     rng = random.Random(seed)
@@ -144,25 +150,20 @@ def build_tokenizer(spec: TinyModelSpec) -> Any:
     return tok
 
 
+# the shape of a Qwen3 model, as a TinyModelSpec and the trained model's settings both name it
+SHAPE_FIELDS = (
+    "hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads head_dim "
+    "max_position_embeddings"
+).split()
+
+
 def qwen3_config(spec: Any, vocab_size: int, bos_id: int, eos_id: int, **extra: Any) -> Any:
     """The ``Qwen3Config`` of ``spec``'s shape (a ``TinyModelSpec`` or the trained model's settings)."""
     from transformers import Qwen3Config
 
-    return Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        head_dim=spec.head_dim,
-        max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=True,
-        bos_token_id=bos_id,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
-        **extra,
-    )
+    shape = {name: getattr(spec, name) for name in SHAPE_FIELDS}
+    ids = {"bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": eos_id}
+    return Qwen3Config(vocab_size=vocab_size, **shape, tie_word_embeddings=True, **ids, **extra)
 
 
 def fast_tokenizer(tokenizer: Any, max_length: int, **extra: Any) -> Any:

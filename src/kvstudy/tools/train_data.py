@@ -40,24 +40,6 @@ def fresh_problem(rng: random.Random, excluded: frozenset[str]) -> Any:
             return problem
 
 
-def problem_text(question: str, answer: str) -> tuple[str, list[int]]:
-    """``Question: q\\nAnswer: a\\n\\n`` and its loss mask (``Question:`` and the answer count)."""
-    head = "Question:"
-    body = f" {question}\nAnswer:"
-    tail = f" {answer}\n\n"
-    return head + body + tail, [1] * len(head) + [0] * len(body) + [1] * len(tail)
-
-
-def drill_lines(problem: Any) -> list[tuple[str, list[int]]]:
-    """The calculator steps of a worked answer, one line each, loss on all after the operands."""
-    lines = []
-    for match in STEP_RE.finditer(problem.answer):
-        text = match.group(0) + "\n"
-        operands = len(match.group(1))
-        lines.append((text, [0] * operands + [1] * (len(text) - operands)))
-    return lines
-
-
 def _labelled(text: str, mask: list[int], length: int) -> tuple[list[int], list[int]]:
     """BOS, then ``text`` padded with EOS, cut to ``length + 1`` tokens: inputs and labels of ``length``
     each (``IGNORE`` where ``mask``, one entry a character, is 0). The texts are ASCII: a character is a byte."""
@@ -76,22 +58,26 @@ def _fill(pieces: Callable[[], tuple[str, list[int]]], length: int) -> tuple[lis
 
 
 def gsm_sequence(rng: random.Random, length: int, excluded: frozenset[str]) -> tuple[list[int], list[int]]:
-    """Problems packed one after another, as a few-shot prompt lays them out."""
+    """Problems packed one after another, as a few-shot prompt lays them out (``Question: q\\nAnswer:
+    a\\n\\n``), the loss on ``Question:`` and the answer."""
 
     def piece() -> tuple[str, list[int]]:
         problem = fresh_problem(rng, excluded)
-        return problem_text(problem.question, problem.answer)
+        head, body, tail = "Question:", f" {problem.question}\nAnswer:", f" {problem.answer}\n\n"
+        return head + body + tail, [1] * len(head) + [0] * len(body) + [1] * len(tail)
 
     return _fill(piece, length)
 
 
 def drill_sequence(rng: random.Random, length: int, excluded: frozenset[str]) -> tuple[list[int], list[int]]:
-    """Calculator steps of fresh problems, one per line."""
+    """The calculator steps of fresh problems' worked answers, one per line, the loss on all after the operands."""
     queue: list[tuple[str, list[int]]] = []
 
     def piece() -> tuple[str, list[int]]:
         while not queue:
-            queue.extend(drill_lines(fresh_problem(rng, excluded)))
+            for match in STEP_RE.finditer(fresh_problem(rng, excluded).answer):
+                text, operands = match.group(0) + "\n", len(match.group(1))
+                queue.append((text, [0] * operands + [1] * (len(text) - operands)))
         return queue.pop(0)
 
     return _fill(piece, length)

@@ -19,16 +19,25 @@ import platform
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
 
 from kvstudy.errors import StudyError
-from kvstudy.io import write_json_atomic
+from kvstudy.io import read_json_object, write_json_atomic
 from kvstudy.machine import cpu_model, package_versions
 from kvstudy.outputs import check_output_folder, claim_output_folder, record_says
-from kvstudy.tools import train_record
-from kvstudy.tools.tiny_model import BOS_TOKEN, EOS_TOKEN, fast_tokenizer, qwen3_config, save_hf_model
+from kvstudy.tools.tiny_model import (
+    BOS_TOKEN,
+    EOS_TOKEN,
+    SHAPE_FIELDS,
+    fast_tokenizer,
+    folder_digests,
+    qwen3_config,
+    save_hf_model,
+)
 from kvstudy.tools.train_data import (
     BOS_ID,
     EOS_ID,
@@ -40,11 +49,12 @@ from kvstudy.tools.train_data import (
     retrieval_sequence,
     test_questions,
 )
-from kvstudy.tools.train_record import folder_digests
 from kvstudy.tools.train_settings import (
     TrainSettings,
     data_seed,
+    first_error,
     learning_rate,
+    settings_from_dict,
     stage_at,
 )
 
@@ -105,13 +115,6 @@ def build_tokenizer() -> Any:
     return tok
 
 
-def hf_tokenizer(settings: TrainSettings) -> Any:
-    """The tokenizer wrapped for transformers (and vLLM), with BOS/EOS and a chat template."""
-    return fast_tokenizer(
-        build_tokenizer(), settings.max_position_embeddings, add_bos_token=True, clean_up_tokenization_spaces=False
-    )
-
-
 def new_model(settings: TrainSettings) -> Any:
     """The untrained model, float32, initialised from ``settings.seed``."""
     import torch
@@ -141,14 +144,6 @@ class PhaseResult:
     final_part_losses: dict[str, float]  # the last step's loss per part (gsm, drill, retrieval)
     wall_s: float
     seconds_per_stage: list[float]
-
-
-@dataclass
-class TrainResult:
-    """A trained model and its phases."""
-
-    model: Any
-    phases: list[PhaseResult]
 
 
 def train_phase(
@@ -235,24 +230,20 @@ def round_to_bfloat16(model: Any) -> Any:
 
 def train(
     settings: TrainSettings, max_steps: int | None = None, progress: Callable[[str], None] | None = None
-) -> TrainResult:
-    """Train from scratch: the first phase, then each later one from the weights rounded to bfloat16.
-
-    ``max_steps`` runs only the first steps of the first phase (the tests use it).
-    """
+) -> tuple[Any, list[PhaseResult]]:
+    """Train from scratch: the first phase, then each later one from the weights rounded to bfloat16;
+    the model and its phases. ``max_steps`` runs only the first steps of the first phase (the tests use it)."""
     model = new_model(settings)
     phases = [train_phase(model, settings, 0, max_steps, progress)]
-    if max_steps is not None:
-        return TrainResult(model, phases)
-    for index in range(1, len(settings.phases)):
+    for index in range(1, len(settings.phases) if max_steps is None else 1):
         model = round_to_bfloat16(model)
         phases.append(train_phase(model, settings, index, None, progress))
-    return TrainResult(model, phases)
+    return model, phases
 
 
 def continue_training(
     folder: str | Path, settings: TrainSettings, first_phase: int, progress: Callable[[str], None] | None = None
-) -> TrainResult:
+) -> tuple[Any, list[PhaseResult]]:
     """Run the phases from ``first_phase`` on on a saved model folder (loaded in float32: exactly
     the bfloat16 rounding ``train`` does between phases). The result holds only those phases."""
     import torch
@@ -265,44 +256,46 @@ def continue_training(
             f"{folder}: cannot be loaded as the saved model ({type(exc).__name__}: {str(exc)[:160]})"
         ) from None
     phases = [train_phase(model, settings, index, None, progress) for index in range(first_phase, len(settings.phases))]
-    return TrainResult(model, phases)
+    return model, phases
 
 
 # --------------------------------------------------------------------------- saving
 
 
 def save_model(
-    result: TrainResult, settings: TrainSettings, out: Path, earlier: dict[str, Any] | None = None
+    model: Any, phases: list[PhaseResult], settings: TrainSettings, out: Path, earlier: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Write the HF folder (bfloat16 weights) and ``training.json``; return the latter's data.
 
-    ``earlier``: the record of the folder ``result`` continued (``continue_training``); its phases
+    ``earlier``: the record of the folder the ``phases`` continued (``continue_training``); its phases
     come first in the new record, and ``continued_from`` says which folder state they made."""
     import torch
 
     claim_output_folder(out, "train-model", force=True, recognise=_trained_before)  # checked before training
-    save_hf_model(result.model.to(torch.bfloat16), out, BOS_ID, EOS_ID)
-    hf_tokenizer(settings).save_pretrained(out)
+    save_hf_model(model.to(torch.bfloat16), out, BOS_ID, EOS_ID)
+    fast_tokenizer(
+        build_tokenizer(), settings.max_position_embeddings, add_bos_token=True, clean_up_tokenization_spaces=False
+    ).save_pretrained(out)  # with BOS/EOS and the chat template
     before = earlier or {"steps": [], "loss_curve": {"points": []}, "final_part_losses": [], "seconds_per_stage": []}
     offset, curve = sum(before["steps"]), list(before["loss_curve"]["points"])
-    for phase in result.phases:
+    for phase in phases:
         curve += [[offset + step, loss] for step, loss in phase.curve]
         offset += phase.steps
     record = {
         "what": "kvstudy's trained mini Qwen3 (GSM8K-format arithmetic + long-context retrieval)",
         "settings": asdict(settings),
-        "steps": before["steps"] + [phase.steps for phase in result.phases],
-        "first_losses": before.get("first_losses") or result.phases[0].losses[: settings.first_steps_logged],
+        "steps": before["steps"] + [phase.steps for phase in phases],
+        "first_losses": before.get("first_losses") or phases[0].losses[: settings.first_steps_logged],
         "loss_curve": {
             "every": settings.log_every,
             "points": curve,
             "note": "[step counted over all phases, mean loss of the last `every` "
             "steps]; each phase starts after the steps of the phases before it",
         },
-        "final_part_losses": before["final_part_losses"] + [phase.final_part_losses for phase in result.phases],
-        "wall_s": round(before.get("wall_s", 0) + sum(phase.wall_s for phase in result.phases), 1),
+        "final_part_losses": before["final_part_losses"] + [phase.final_part_losses for phase in phases],
+        "wall_s": round(before.get("wall_s", 0) + sum(phase.wall_s for phase in phases), 1),
         "seconds_per_stage": before["seconds_per_stage"]
-        + [[round(x, 1) for x in phase.seconds_per_stage] for phase in result.phases],
+        + [[round(x, 1) for x in phase.seconds_per_stage] for phase in phases],
         "threads": settings.threads,
         "cpu": cpu_model(),
         "versions": {"python": platform.python_version(), **package_versions(("torch", "transformers", "tokenizers"))},
@@ -318,6 +311,100 @@ def save_model(
         }
     write_json_atomic(out / "training.json", record)
     return record
+
+
+# --------------------------------------------------------------------------- continuing an earlier folder
+
+
+def earlier_record(folder: str | Path, settings: TrainSettings, config: dict[str, Any]) -> dict[str, Any]:
+    """``training.json`` of a model folder that ``settings``' later phases may continue: its recipe is
+    ``settings`` with only the first phases, its record holds what the new one carries on, its files
+    are plain files matching their recorded digests, and its ``config.json`` is the recipe's model;
+    else one line naming what was tampered with or is missing."""
+    folder = Path(folder)
+    path = folder / "training.json"
+    if not path.is_file():
+        raise StudyError(f"{folder}: no training.json (expected a model folder saved by train-model, to continue)")
+    links = sorted(p.name for p in folder.iterdir() if p.is_symlink())
+    if links:
+        raise StudyError(f"{folder / links[0]}: a symbolic link; expected the file train-model saved, to continue")
+    record = read_json_object(path)
+    earlier = settings_from_dict(record.get("settings", {}))
+    done = len(earlier.phases)
+    same = earlier.phases == settings.phases[:done] and replace(earlier, phases=settings.phases) == settings
+    if not same or done >= len(settings.phases):
+        raise StudyError(
+            f"{path}: its recipe is not this one's first {done} phase(s) "
+            f"(expected a folder trained with the first phases of TrainSettings, to continue it)"
+        )
+    _check_record(record, path, [p.steps for p in earlier.phases])
+    _check_files(folder, record["files"], path)
+    _check_config(folder / "config.json", config)
+    return record
+
+
+Pair = Annotated[list[FiniteFloat], Field(min_length=2, max_length=2)]  # [step, loss]
+
+
+class _Curve(BaseModel):
+    points: list[Pair]
+
+
+class _Record(BaseModel):
+    """The fields of an earlier ``training.json`` that :func:`save_model` carries on, as it wrote them."""
+
+    model_config = ConfigDict(strict=True)  # other fields are kept, not read
+
+    steps: list[int]
+    loss_curve: _Curve
+    final_part_losses: list[dict[str, FiniteFloat]]
+    seconds_per_stage: list[list[FiniteFloat]]
+    first_losses: list[FiniteFloat]
+    wall_s: FiniteFloat = 0.0
+    files: dict[str, str]
+
+
+def _check_record(record: dict[str, Any], path: Path, steps: list[int]) -> None:
+    try:
+        checked = _Record.model_validate(record)
+    except ValidationError as exc:
+        raise StudyError(f"{path}: {first_error(exc)} (the record train-model wrote)") from None
+    if checked.steps != steps:
+        raise StudyError(f"{path}: steps is {checked.steps!r:.80}, expected {steps} (the recipe's phases)")
+    for key in ("final_part_losses", "seconds_per_stage"):
+        if len(getattr(checked, key)) != len(steps):
+            raise StudyError(
+                f"{path}: {key} has {len(getattr(checked, key))} entries, expected {len(steps)} (one a phase)"
+            )
+
+
+def _check_files(folder: Path, recorded: dict[str, str], path: Path) -> None:
+    """The folder's files are the ones ``training.json`` lists, with the same digests; else name one."""
+    found = folder_digests(folder)
+    for name in sorted(set(recorded) | set(found)):
+        if name not in found:
+            why = f"missing ({path.name} lists it)"
+        elif name not in recorded:
+            why = f"not among the files {path.name} lists"
+        elif found[name] != recorded[name]:
+            why = f"its content differs from the digest in {path.name} (changed since it was saved)"
+        else:
+            continue
+        raise StudyError(f"{folder / name}: {why}; expected the saved model, to continue")
+
+
+# what a model's config.json must say for it to be the recipe's model
+CONFIG_KEYS = ("model_type", "vocab_size", *SHAPE_FIELDS, "tie_word_embeddings")
+
+
+def _check_config(path: Path, expected: dict[str, Any]) -> None:
+    """``config.json`` describes the recipe's model ``expected`` (a folder whose digests were rewritten with it)."""
+    saved = read_json_object(path)
+    for key in CONFIG_KEYS:
+        if saved.get(key) != expected.get(key):
+            raise StudyError(
+                f"{path}: {key} is {str(saved.get(key))[:40]}, expected {expected.get(key)} (the recipe's model)"
+            )
 
 
 # --------------------------------------------------------------------------- command line
@@ -341,7 +428,6 @@ def run_training(
     out = check_output_folder(out, "train-model", force, recognise=_trained_before)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if start is None:
-        return save_model(train(settings, progress=progress), settings, out)
-    earlier = train_record.earlier_record(start, settings, model_config(settings).to_dict())
-    result = continue_training(start, settings, len(earlier["steps"]), progress)
-    return save_model(result, settings, out, earlier)
+        return save_model(*train(settings, progress=progress), settings, out)
+    earlier = earlier_record(start, settings, model_config(settings).to_dict())
+    return save_model(*continue_training(start, settings, len(earlier["steps"]), progress), settings, out, earlier)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kvstudy.distribute.node import node_identity
+from kvstudy.distribute.block import node_identity
 
 
 def _fake_nvml() -> types.ModuleType:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvstudy.errors import StudyError
-from kvstudy.tools import retrieval_data, train_data, train_model, train_record, train_settings
+from kvstudy.tools import retrieval_data, tiny_model, train_data, train_model, train_settings
 
 ROOT = Path(__file__).resolve().parents[3]
 FOLDER = ROOT / "data" / "trained-model" / "qwen3-mini"
@@ -32,7 +32,7 @@ def test_first_steps_reproduce_the_committed_loss_curve() -> None:
     record = _training()
     settings = train_settings.settings_from_dict(record["settings"])
     committed = record["first_losses"][:3]
-    result = train_model.train(settings, max_steps=3).phases[0]
+    result = train_model.train(settings, max_steps=3)[1][0]
     assert len(result.losses) == 3
     # Same seeds, same data, same thread count: only float summation order may differ by CPU.
     assert result.losses == pytest.approx(committed, rel=2e-3, abs=2e-3)
@@ -46,7 +46,7 @@ def test_folder_matches_the_recorded_digests() -> None:
     on_disk = {p.name for p in FOLDER.iterdir() if p.is_file()} - {"training.json", "SOURCE.md"}
     assert on_disk == set(files)
     for name, digest in files.items():
-        assert train_record.sha256_file(FOLDER / name) == digest, name
+        assert tiny_model.sha256_file(FOLDER / name) == digest, name
     source = (FOLDER / "SOURCE.md").read_text(encoding="utf-8")
     assert files["model.safetensors"] in source
 
@@ -258,7 +258,7 @@ def _tampered(folder: Path, change: str) -> None:
     elif change == "config and its digest rewritten":
         config["num_hidden_layers"] = 7
         (folder / "config.json").write_text(json.dumps(config))
-        record["files"]["config.json"] = train_record.sha256_file(folder / "config.json")
+        record["files"]["config.json"] = tiny_model.sha256_file(folder / "config.json")
     elif change == "a file missing":
         (folder / "model.safetensors").unlink()
     elif change == "a file linked":
