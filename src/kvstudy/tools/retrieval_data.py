@@ -26,6 +26,10 @@ from kvstudy.limits import MAX_AXIS_VALUES, MAX_GENERATED_CHARS, MAX_TOKENS
 from kvstudy.outputs import claim_output_folder, record_says
 
 KINDS = ("kv", "needle")
+# per kind: the question asked about a key, and the words the answer starts with (RULER's answer
+# prefix: the context's words before the value)
+QUESTIONS = {"kv": "What is the value of {}?", "needle": "What is the special magic number for {}?"}
+ANSWER_PREFIXES = {"kv": "{}:", "needle": "The special magic number for {} is"}
 DEFAULT_SEED = 20261130
 
 FILLER_SUBJECTS = tuple(
@@ -77,20 +81,6 @@ def needle_sentence(entry: Entry) -> str:
     return f"The special magic number for {entry.key} is {entry.value}."
 
 
-def question_for(kind: str, key: str) -> str:
-    """The question asked about ``key`` in a context of ``kind``."""
-    if kind == "kv":
-        return f"What is the value of {key}?"
-    return f"What is the special magic number for {key}?"
-
-
-def answer_prefix(kind: str, key: str) -> str:
-    """The words the answer starts with (RULER's answer prefix): the context's words before the value."""
-    if kind == "kv":
-        return f"{key}:"
-    return f"The special magic number for {key} is"
-
-
 def filler_sentence(rng: random.Random) -> str:
     """One sentence of haystack text (no digits, so it never looks like an answer)."""
     return (
@@ -114,11 +104,9 @@ def kv_context(rng: random.Random, target_chars: int) -> tuple[str, list[Entry]]
 def needle_context(
     rng: random.Random, target_chars: int, n_needles: int, depth: float | None = None
 ) -> tuple[str, list[Entry]]:
-    """Filler sentences with ``n_needles`` needles, about ``target_chars`` long.
-
-    With ``depth`` (0 to 1) the first entry's needle sits at that share of the sentences and the
-    others at random places; without it every needle is at a random place.
-    """
+    """Filler sentences with ``n_needles`` needles, about ``target_chars`` long. With ``depth`` (0 to 1) the first
+    entry's needle sits at that share of the sentences and the others at random places; without it every needle is
+    at a random place."""
     used: set[str] = set()
     entries = [Entry(_key(rng, used), _value(rng)) for _ in range(n_needles)]
     needle_chars = sum(len(needle_sentence(e)) + 1 for e in entries)
@@ -148,10 +136,8 @@ def make_context(
     n_needles: int = 1,
     depth: float | None = None,
 ) -> tuple[str, list[Entry]]:
-    """A context of ``kind`` about ``target_tokens`` tokens long, and the entries it holds.
-
-    ``depth`` places the first needle of a ``needle`` context (see ``needle_context``).
-    """
+    """A context of ``kind`` about ``target_tokens`` tokens long, and the entries it holds. ``depth`` places the
+    first needle of a ``needle`` context (see ``needle_context``)."""
     if kind not in KINDS:
         raise StudyError(f"retrieval kind: got {kind!r}, expected one of {', '.join(KINDS)}")
     if target_tokens < 16:
@@ -178,13 +164,10 @@ def generate_items(
     questions_per_context: int = 1,
     n_needles: int = 4,
 ) -> list[dict[str, Any]]:
-    """``n_per_length`` items for each context length, their queried keys spread over depths.
-
-    For each length, ``n_per_length / questions_per_context`` contexts are drawn; item ``i``
-    asks about the entry nearest depth ``(i + 0.5) / n_per_length`` (the share of the context
-    before it), so every length covers the context from start to end. With one question per
-    needle context, the queried needle is placed at that depth.
-    """
+    """``n_per_length`` items for each context length, their queried keys spread over depths. For each length,
+    ``n_per_length / questions_per_context`` contexts are drawn; item ``i`` asks about the entry nearest depth ``(i
+    + 0.5) / n_per_length`` (the share of the context before it), so every length covers the context from start to
+    end. With one question per needle context, the queried needle is placed at that depth."""
     items: list[dict[str, Any]] = []
     for length in lengths:
         context, context_id = "", ""
@@ -206,8 +189,8 @@ def generate_items(
                     "kind": kind,
                     "context_id": context_id,
                     "context": context,
-                    "question": question_for(kind, entry.key),
-                    "answer_prefix": answer_prefix(kind, entry.key),
+                    "question": QUESTIONS[kind].format(entry.key),
+                    "answer_prefix": ANSWER_PREFIXES[kind].format(entry.key),
                     "answer": entry.value,
                     "context_tokens_approx": round(len(context) / chars_per_token),
                     "target_tokens": length,
@@ -232,17 +215,14 @@ def answer_of(completion: str) -> str:
 def training_text(
     kind: str, target_tokens: int, rng: random.Random, n_questions: int, n_needles: int = 4
 ) -> tuple[str, list[tuple[int, int]]]:
-    """A context followed by ``n_questions`` question/answer pairs, for training.
-
-    Returns the text and the character spans ``(start, end)`` of each answer (``" value\\n\\n"``),
-    the only places a retrieval loss should count.
-    """
+    """A context followed by ``n_questions`` question/answer pairs, for training. Returns the text and the character
+    spans ``(start, end)`` of each answer (``" value\\n\\n"``), the only places a retrieval loss should count."""
     context, entries = make_context(kind, target_tokens, rng, 1.0, n_needles)
     text = context
     spans: list[tuple[int, int]] = []
     for _ in range(n_questions):
         entry = rng.choice(entries)
-        text += f"\n\nQuestion: {question_for(kind, entry.key)}\nAnswer: {answer_prefix(kind, entry.key)}"
+        text += f"\n\nQuestion: {QUESTIONS[kind].format(entry.key)}\nAnswer: {ANSWER_PREFIXES[kind].format(entry.key)}"
         start = len(text)
         text += f" {entry.value}"
         spans.append((start, len(text) + 2))

@@ -258,10 +258,8 @@ def build_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
 
 
 def ensure_tiny_model(path: str | Path = DEFAULT_PATH, spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """The model's folder for ``spec``, built only when missing, half-built or made by another recipe.
-
-    A lock file next to the folder serialises concurrent callers (parallel test sessions).
-    """
+    """The model's folder for ``spec``, built only when missing, half-built or made by another recipe. A lock file
+    next to the folder serialises concurrent callers (parallel test sessions)."""
     folder, built = Path(path), record_says(MARKER, "spec", lambda made: made == asdict(spec))
     if built(folder):
         return folder

@@ -150,15 +150,15 @@ def retrieval_sequence(
     """A retrieval context sized so that it and its questions fill ``length`` tokens (or, a
     ``copy_share`` of the time, a ``copy_sequence``); the loss counts whole answers only (one the
     cut at ``length`` would split is masked). Each question is followed by RULER's answer prefix
-    (``retrieval_data.answer_prefix``), as the evaluation asks it.
+    (``retrieval_data.ANSWER_PREFIXES``), as the evaluation asks it.
     """
     if copy_share and rng.random() < copy_share:
         return copy_sequence(rng, length)
     kind = "needle" if rng.random() < needle_share else "kv"
     key = "abcde"
     question = (
-        f"\n\nQuestion: {retrieval_data.question_for(kind, key)}\nAnswer: "
-        f"{retrieval_data.answer_prefix(kind, key)} 12345\n\n"
+        f"\n\nQuestion: {retrieval_data.QUESTIONS[kind].format(key)}\nAnswer: "
+        f"{retrieval_data.ANSWER_PREFIXES[kind].format(key)} 12345\n\n"
     )
     target = max(32, length - 1 - questions * len(question))
     needles = rng.randint(1, max(1, min(6, target // 64)))

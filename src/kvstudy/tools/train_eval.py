@@ -36,11 +36,9 @@ def load_trained(folder: str | Path) -> tuple[Any, Any]:
 def greedy_complete(
     model: Any, tok: Any, prompts: Sequence[str], max_new_tokens: int, stop: Sequence[str], batch_size: int = 16
 ) -> list[str]:
-    """Greedy continuations of ``prompts``, each cut at the first stop string (or EOS).
-
-    A plain loop over the KV cache with left padding: one forward pass per new token for the
-    whole batch, stopping as soon as every row has hit a stop string.
-    """
+    """Greedy continuations of ``prompts``, each cut at the first stop string (or EOS). A plain loop over the KV
+    cache with left padding: one forward pass per new token for the whole batch, stopping as soon as every row has
+    hit a stop string."""
     import torch
 
     tok.padding_side = "left"
@@ -105,10 +103,8 @@ def evaluate_gsm8k(
     train_file: str | Path = "data/gsm8k/train.jsonl",
     batch_size: int = 16,
 ) -> dict[str, Any]:
-    """Greedy strict-match accuracy on the first ``n`` test questions, ``shots``-shot.
-
-    Shots come from the train file, drawn per question with ``random.Random(1234 + index)``.
-    """
+    """Greedy strict-match accuracy on the first ``n`` test questions, ``shots``-shot. Shots come from the train
+    file, drawn per question with ``random.Random(1234 + index)``."""
     test = gsm8k_data.read_split(test_file)[:n]
     pool = gsm8k_data.read_split(train_file) if shots else []
     model, tok = load_trained(folder)

@@ -62,9 +62,6 @@ DEFAULT_OUT = Path("data/trained-model/qwen3-mini")
 VOCAB_SIZE = 258
 
 
-# --------------------------------------------------------------------------- data
-
-
 def batch_for_step(
     settings: TrainSettings, step: int, excluded: frozenset[str], phase: int = 0
 ) -> list[tuple[str, list[list[int]], list[list[int]]]]:
@@ -216,10 +213,9 @@ def train_phase(
 
 
 def round_to_bfloat16(model: Any) -> Any:
-    """The model's weights rounded to bfloat16 and back to float32: what saving then loading does.
-
-    Parameters only: casting the whole module would also round RoPE's ``inv_freq`` buffers, which a
-    saved model does not store and recomputes in float32 when it is loaded (vLLM too)."""
+    """The model's weights rounded to bfloat16 and back to float32: what saving then loading does. Parameters only:
+    casting the whole module would also round RoPE's ``inv_freq`` buffers, which a saved model does not store and
+    recomputes in float32 when it is loaded (vLLM too)."""
     import torch
 
     with torch.no_grad():
@@ -259,16 +255,12 @@ def continue_training(
     return model, phases
 
 
-# --------------------------------------------------------------------------- saving
-
-
 def save_model(
     model: Any, phases: list[PhaseResult], settings: TrainSettings, out: Path, earlier: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Write the HF folder (bfloat16 weights) and ``training.json``; return the latter's data.
-
-    ``earlier``: the record of the folder the ``phases`` continued (``continue_training``); its phases
-    come first in the new record, and ``continued_from`` says which folder state they made."""
+    """Write the HF folder (bfloat16 weights) and ``training.json``; return the latter's data. ``earlier``: the
+    record of the folder the ``phases`` continued (``continue_training``); its phases come first in the new record,
+    and ``continued_from`` says which folder state they made."""
     import torch
 
     claim_output_folder(out, "train-model", force=True, recognise=_trained_before)  # checked before training
@@ -407,9 +399,6 @@ def _check_config(path: Path, expected: dict[str, Any]) -> None:
             )
 
 
-# --------------------------------------------------------------------------- command line
-
-
 _trained_before = record_says("training.json", "what", lambda what: str(what).startswith("kvstudy's trained"))
 
 
@@ -420,11 +409,9 @@ def run_training(
     start: str | Path | None = None,
     force: bool = False,
 ) -> dict[str, Any]:
-    """Train with ``settings`` and save the folder at ``out``; return ``training.json``'s data.
-    ``out`` must be new, empty or a model this command saved (``outputs.check_output_folder``,
-    checked before any training) unless ``force``.
-
-    ``start``: a folder saved after the recipe's first phases; only the later phases run."""
+    """Train with ``settings`` and save the folder at ``out``; return ``training.json``'s data. ``out`` must be new,
+    empty or a model this command saved (``outputs.check_output_folder``, checked before any training) unless
+    ``force``. ``start``: a folder saved after the recipe's first phases; only the later phases run."""
     out = check_output_folder(out, "train-model", force, recognise=_trained_before)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if start is None:
