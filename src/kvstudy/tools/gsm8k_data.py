@@ -216,11 +216,9 @@ def write_splits(
     must be new, empty or this command's own (``outputs.claim_output_folder``) unless ``force``."""
     splits = generate(n_test, n_train, seed)  # settings checked before the folder is touched
     folder = claim_output_folder(folder, "gsm8k-data", force)
-    paths = {}
+    paths = {split: folder / f"{split}.jsonl" for split in splits}
     for split, problems in splits.items():
-        path = folder / f"{split}.jsonl"
-        write_jsonl_atomic(path, problems)  # each as its fields
-        paths[split] = path
+        write_jsonl_atomic(paths[split], problems)  # each as its fields
     return paths
 
 

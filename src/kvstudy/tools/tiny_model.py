@@ -189,17 +189,6 @@ def save_hf_model(model: Any, out: Path, bos_id: int, eos_id: int) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
-def _write_model(spec: TinyModelSpec, tokenizer: Any, out: Path) -> None:
-    import torch
-    from transformers import Qwen3ForCausalLM
-
-    bos_id, eos_id = tokenizer.token_to_id(BOS_TOKEN), tokenizer.token_to_id(EOS_TOKEN)
-    torch.manual_seed(spec.seed)
-    model = Qwen3ForCausalLM(qwen3_config(spec, tokenizer.get_vocab_size(), bos_id, eos_id)).to(torch.bfloat16)
-    save_hf_model(model, out, bos_id, eos_id)
-    fast_tokenizer(tokenizer, spec.max_position_embeddings).save_pretrained(out)
-
-
 def _check_replaceable(folder: Path) -> None:
     """Refuse to replace anything but an empty folder or one carrying the tiny model's own marker
     (a real model folder holds the same standard file names: only the marker proves it is ours)."""
@@ -232,7 +221,14 @@ def build_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
     try:
         try:
             tokenizer = build_tokenizer(spec)
-            _write_model(spec, tokenizer, tmp)
+            import torch
+            from transformers import Qwen3ForCausalLM
+
+            bos_id, eos_id = tokenizer.token_to_id(BOS_TOKEN), tokenizer.token_to_id(EOS_TOKEN)
+            torch.manual_seed(spec.seed)
+            config = qwen3_config(spec, tokenizer.get_vocab_size(), bos_id, eos_id)
+            save_hf_model(Qwen3ForCausalLM(config).to(torch.bfloat16), tmp, bos_id, eos_id)
+            fast_tokenizer(tokenizer, spec.max_position_embeddings).save_pretrained(tmp)
         except ModuleNotFoundError as exc:
             raise StudyError(
                 f"tiny-model: the package {exc.name!r} is not installed (the build needs torch, "

@@ -89,12 +89,6 @@ def strict_match(completion: str) -> str | None:
     return match.group(1).replace(",", "").replace("$", "").rstrip(".")
 
 
-def gsm8k_prompt(question: str, shots: Sequence[Any]) -> str:
-    """lm-eval's gsm8k layout: shots as ``Question: q\\nAnswer: a`` joined by blank lines."""
-    head = "".join(f"Question: {s.question}\nAnswer: {s.answer}\n\n" for s in shots)
-    return f"{head}Question: {question}\nAnswer:"
-
-
 def evaluate_gsm8k(
     folder: str | Path,
     n: int,
@@ -108,10 +102,12 @@ def evaluate_gsm8k(
     test = gsm8k_data.read_split(test_file)[:n]
     pool = gsm8k_data.read_split(train_file) if shots else []
     model, tok = load_trained(folder)
-    prompts = [
-        gsm8k_prompt(p.question, random.Random(1234 + i).sample(pool, shots) if shots else [])
-        for i, p in enumerate(test)
-    ]
+    prompts = []  # lm-eval's gsm8k layout: shots as ``Question: q\nAnswer: a`` joined by blank lines
+    for i, p in enumerate(test):
+        head = "".join(
+            f"Question: {s.question}\nAnswer: {s.answer}\n\n" for s in random.Random(1234 + i).sample(pool, shots)
+        )
+        prompts.append(f"{head}Question: {p.question}\nAnswer:")
     completions = greedy_complete(model, tok, prompts, 320, ["Question:"], batch_size)
     answers = [strict_match(c) for c in completions]
     gold = [gsm8k_data.final_answer(p.answer) for p in test]
