@@ -13,9 +13,9 @@ from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_NEEDLES, MAX_SEED, float_a
 from kvstudy.tools import gsm8k_data
 from kvstudy.tools import tiny_model as tm
 from kvstudy.tools.retrieval_data import RetrievalSet, write_retrieval_data
+from kvstudy.tools.train_data import TrainSettings
 from kvstudy.tools.train_eval import evaluate_gsm8k, evaluate_retrieval
 from kvstudy.tools.train_model import DEFAULT_OUT, run_training
-from kvstudy.tools.train_settings import TrainSettings
 
 
 def _tiny_model(args: argparse.Namespace) -> int:

@@ -1,19 +1,31 @@
-"""The training data of the project's small model: token ids and loss masks, made from seeds.
+"""The trained model's recipe and the training data it makes: token ids and loss masks, from seeds.
 
-Byte-level ids (id = byte value, ``BOS_ID`` before every text): GSM8K-format problems packed
-as a few-shot prompt lays them out, calculator-step drills, retrieval contexts followed by
+A recipe (architecture, optimiser and the phases of its curriculum) is a frozen ``TrainSettings``;
+``training.json`` stores it (``dataclasses.asdict``) and ``settings_from_dict`` reads it back, so the
+same record always rebuilds the same batches. Training runs the phases in order: the first from a
+seeded initialisation, each later one from the weights before it rounded to bfloat16 (as saved), with
+a fresh AdamW and its own warm-up and cosine decay.
+
+The data: byte-level ids (id = byte value, ``BOS_ID`` before every text): GSM8K-format problems
+packed as a few-shot prompt lays them out, calculator-step drills, retrieval contexts followed by
 questions, and echo sequences (questions or key/value lines said twice). Every builder takes a seeded
-``random.Random`` and returns ``(inputs, labels)`` of one length, ``IGNORE`` where no loss
-counts. :mod:`kvstudy.tools.train_model` puts them into batches.
+``random.Random`` and returns ``(inputs, labels)`` of one length, ``IGNORE`` where no loss counts.
+:mod:`kvstudy.tools.train_model` puts them into batches and runs the phases.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import random
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+from kvstudy.errors import StudyError
 from kvstudy.tools import gsm8k_data, retrieval_data
 
 BOS_ID = 256
@@ -168,3 +180,187 @@ def retrieval_sequence(
         if end <= length:  # text[i] is token i + 1 after BOS; keep answers that fit whole
             mask[start:end] = [1] * (end - start)
     return _labelled(text, mask, length)
+
+
+STRICT = ConfigDict(strict=True, extra="forbid")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a phase: how many steps and what each step's batch holds."""
+
+    __pydantic_config__ = STRICT
+
+    steps: int
+    gsm_seqs: int  # sequences of packed GSM8K-format problems
+    gsm_len: int  # their length in tokens
+    drill_seqs: int  # sequences of calculator steps taken from fresh problems
+    drill_len: int
+    retrieval_seqs: int  # retrieval sequences (context + questions)
+    retrieval_len: int
+    retrieval_questions: int  # questions after each retrieval context
+    echo_seqs: int = 0  # sequences of text said twice (train_data.echo_sequence)
+    echo_len: int = 0
+    arith_seqs: int = 0  # sequences of random calculator steps (train_data.arith_sequence)
+    arith_len: int = 0
+
+    def part_shapes(self) -> tuple[tuple[str, int, int], ...]:
+        """``(part, sequences, length)`` of each part of a step's batch, in batch order."""
+        return (
+            ("gsm", self.gsm_seqs, self.gsm_len),
+            ("drill", self.drill_seqs, self.drill_len),
+            ("arith", self.arith_seqs, self.arith_len),
+            ("retrieval", self.retrieval_seqs, self.retrieval_len),
+            ("echo", self.echo_seqs, self.echo_len),
+        )
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase: its optimiser schedule, its data mix and its stages."""
+
+    __pydantic_config__ = STRICT
+
+    name: str
+    seed_tag: str  # the data's seed is ``f"{seed}:{seed_tag}"`` (``f"{seed}"`` when empty)
+    lr: float
+    warmup_steps: int
+    needle_share: float  # share of retrieval sequences that are needle haystacks
+    stages: tuple[Stage, ...]
+
+    @property
+    def steps(self) -> int:
+        return sum(s.steps for s in self.stages)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The whole recipe; ``training.json`` stores it, and the same settings give the same model."""
+
+    __pydantic_config__ = STRICT
+
+    seed: int = 20261130
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    rope_theta: float = 200000.0
+    max_position_embeddings: int = 8192
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    beta2: float = 0.98
+    grad_clip: float = 1.0
+    threads: int = 2  # the two cores of the build machine, nothing else running
+    log_every: int = 10
+    first_steps_logged: int = 8
+    copy_share: float = 0.0  # share of retrieval sequences that are key/value lines said twice
+    # Qwen3 normalises queries and keys (RMSNorm, weight 1 at init), which caps attention logits
+    # at sqrt(head_dim); a larger initial norm weight may let sharp (copying) attention form early.
+    qk_norm_init: float = 1.0
+    # the data's format: 3 = retrieval questions followed by RULER's answer prefix (the only one
+    # this code builds; 1 and 2 were earlier recipes' data, without it)
+    data_version: int = 3
+    phases: tuple[Phase, ...] = (
+        # A: from scratch. 3e-3 (the first recipes) never formed copying from context in a 2-layer
+        # probe on text said twice; 1e-3 did within 1,000 steps and 5e-4 within 500 (SOURCE.md).
+        Phase(
+            "A",
+            "",
+            8e-4,
+            50,
+            0.3,
+            (
+                Stage(400, 4, 384, 4, 128, 4, 256, 4, echo_seqs=6, echo_len=256),
+                Stage(500, 4, 512, 2, 128, 2, 512, 8, echo_seqs=2, echo_len=512),
+                Stage(200, 2, 512, 2, 128, 1, 1536, 12, echo_seqs=1, echo_len=1024),
+            ),
+        ),
+        # B: retrieval over longer contexts, GSM8K-format problems packed as long as an 8-shot prompt
+        Phase(
+            "B",
+            "finetune",
+            4e-4,
+            20,
+            0.5,
+            (
+                Stage(300, 2, 512, 1, 128, 2, 1024, 8, echo_seqs=2, echo_len=512),
+                Stage(150, 1, 2048, 1, 128, 1, 2048, 12, echo_seqs=1, echo_len=1024),
+                Stage(50, 1, 2560, 1, 128, 1, 4096, 16),
+            ),
+        ),
+        # C: column arithmetic (after B, additions and subtractions were wrong in most failed
+        # problems while products were mostly right), and more retrieval at 4k tokens
+        Phase(
+            "C",
+            "arith",
+            4e-4,
+            20,
+            0.5,
+            (
+                Stage(400, 2, 512, 1, 128, 1, 1024, 8, echo_seqs=1, echo_len=512, arith_seqs=12, arith_len=128),
+                Stage(150, 1, 1024, 1, 128, 1, 4096, 16, arith_seqs=8, arith_len=128),
+            ),
+        ),
+    )
+
+    def scaled(self, factor: float) -> TrainSettings:
+        """The same recipe with every stage's steps multiplied by ``factor`` (at least 1 each)."""
+        return replace(
+            self,
+            phases=tuple(
+                replace(p, stages=tuple(replace(s, steps=max(1, round(s.steps * factor))) for s in p.stages))
+                for p in self.phases
+            ),
+        )
+
+
+def settings_from_dict(data: dict[str, Any]) -> TrainSettings:
+    """The settings ``training.json`` stores, back as a ``TrainSettings`` (strict: every field of its type)."""
+    version = data.get("data_version", 1) if isinstance(data, dict) else None  # a record older than the field: 1
+    if version != TrainSettings.data_version:
+        raise StudyError(
+            f"training.json settings: data_version {version} is an earlier recipe's data "
+            f"(retrieval questions without RULER's answer prefix); this code builds version {TrainSettings.data_version} only"
+        )
+    try:
+        return _SETTINGS.validate_json(json.dumps(data))  # JSON mode: a list is read as a tuple
+    except ValidationError as exc:
+        raise StudyError(f"training.json settings: {first_error(exc)}; expected the fields of TrainSettings") from None
+
+
+def first_error(exc: ValidationError) -> str:
+    """pydantic's first error as ``field.path: message``."""
+    err = exc.errors(include_url=False)[0]
+    return f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
+
+
+_SETTINGS = TypeAdapter(TrainSettings)
+
+
+def stage_at(settings: TrainSettings, step: int, phase: int = 0) -> Stage:
+    """The stage a (0-based) step of a phase belongs to."""
+    end = 0
+    for stage in settings.phases[phase].stages:
+        end += stage.steps
+        if step < end:
+            return stage
+    raise StudyError(f"step: {step} is past the last stage of phase {phase} ({settings.phases[phase].steps} steps)")
+
+
+def learning_rate(settings: TrainSettings, step: int, phase: int = 0) -> float:
+    """Linear warm-up, then cosine decay to ``min_lr_ratio`` of the phase's peak."""
+    current = settings.phases[phase]
+    if step < current.warmup_steps:
+        return current.lr * (step + 1) / current.warmup_steps
+    span = max(1, current.steps - current.warmup_steps)
+    progress = min(1.0, (step - current.warmup_steps) / span)
+    floor = settings.min_lr_ratio
+    return current.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def data_seed(settings: TrainSettings, phase: int) -> str:
+    """The prefix of every data seed in a phase (phase A's is the bare seed)."""
+    tag = settings.phases[phase].seed_tag
+    return f"{settings.seed}:{tag}" if tag else f"{settings.seed}"

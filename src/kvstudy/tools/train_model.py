@@ -3,10 +3,9 @@ offline and deterministically, on CPU: random weights answer nothing, and the CP
 model whose answers depend on what it computes, so that a 16-bit and an FP8 KV cache can differ.
 
 A byte-level tokenizer without merges (every digit its own token, so arithmetic is learnable); data
-made fresh for every step from a string-seeded ``random.Random`` (:mod:`kvstudy.tools.train_data`;
-any step can be rebuilt), the loss counting only answers; the recipe's phases and stages in
-:mod:`kvstudy.tools.train_settings`, each phase after the first from the weights rounded to
-bfloat16. The output folder holds the HF files and ``training.json`` (settings, loss curve, wall
+made fresh for every step from a string-seeded ``random.Random`` (any step can be rebuilt), the loss
+counting only answers; the recipe's phases and stages (both :mod:`kvstudy.tools.train_data`), each
+phase after the first from the weights rounded to bfloat16. The output folder holds the HF files and ``training.json`` (settings, loss curve, wall
 time, versions, sha256 of every file); ``SOURCE.md`` is written by hand from it.
 
     kvstudy train-model --out data/trained-model/qwen3-mini
@@ -42,20 +41,18 @@ from kvstudy.tools.train_data import (
     BOS_ID,
     EOS_ID,
     IGNORE,
+    TrainSettings,
     arith_sequence,
+    data_seed,
     drill_sequence,
     echo_sequence,
-    gsm_sequence,
-    retrieval_sequence,
-    test_questions,
-)
-from kvstudy.tools.train_settings import (
-    TrainSettings,
-    data_seed,
     first_error,
+    gsm_sequence,
     learning_rate,
+    retrieval_sequence,
     settings_from_dict,
     stage_at,
+    test_questions,
 )
 
 DEFAULT_OUT = Path("data/trained-model/qwen3-mini")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvstudy.errors import StudyError
-from kvstudy.tools import retrieval_data, tiny_model, train_data, train_model, train_settings
+from kvstudy.tools import retrieval_data, tiny_model, train_data, train_model
 
 ROOT = Path(__file__).resolve().parents[3]
 FOLDER = ROOT / "data" / "trained-model" / "qwen3-mini"
@@ -30,7 +30,7 @@ def _training() -> dict:
 def test_first_steps_reproduce_the_committed_loss_curve() -> None:
     pytest.importorskip("torch")
     record = _training()
-    settings = train_settings.settings_from_dict(record["settings"])
+    settings = train_data.settings_from_dict(record["settings"])
     committed = record["first_losses"][:3]
     result = train_model.train(settings, max_steps=3)[1][0]
     assert len(result.losses) == 3
@@ -64,7 +64,7 @@ def test_committed_tokenizer_is_bos_then_bytes() -> None:
 
 
 def test_training_batches_never_hold_a_test_question() -> None:
-    settings = train_settings.settings_from_dict(_training()["settings"])
+    settings = train_data.settings_from_dict(_training()["settings"])
     excluded = train_model.test_questions()
     parts = train_model.batch_for_step(settings, 0, excluded)
     gsm = next(inputs for part, inputs, _ in parts if part == "gsm")
@@ -146,10 +146,10 @@ def test_echo_sequences_count_only_the_repeat() -> None:
 def test_an_earlier_recipes_data_version_is_refused() -> None:
     settings = dataclasses.asdict(train_model.TrainSettings())
     with pytest.raises(StudyError, match="data_version 2"):
-        train_settings.settings_from_dict({**settings, "data_version": 2})
+        train_data.settings_from_dict({**settings, "data_version": 2})
     old = {k: v for k, v in settings.items() if k != "data_version"}
     with pytest.raises(StudyError, match="data_version 1"):
-        train_settings.settings_from_dict(old)
+        train_data.settings_from_dict(old)
 
 
 def test_retrieval_rejects_bad_input() -> None:
@@ -179,21 +179,21 @@ def test_arith_lines_are_right_and_count_only_the_result() -> None:
 
 def test_settings_round_trip_and_refuse_the_two_phase_record() -> None:
     settings = train_model.TrainSettings()
-    assert train_settings.settings_from_dict(json.loads(json.dumps(dataclasses.asdict(settings)))) == settings
+    assert train_data.settings_from_dict(json.loads(json.dumps(dataclasses.asdict(settings)))) == settings
     # the recipe before phases were a list (phase A's schedule at the top) is an older format, refused
     two_phase = {k: v for k, v in dataclasses.asdict(settings).items() if k != "phases"}
     two_phase |= {"lr": 8e-4, "warmup_steps": 50, "needle_share": 0.3, "stages": []}
     with pytest.raises(StudyError, match=r"^training.json settings: lr: .*expected the fields of TrainSettings"):
-        train_settings.settings_from_dict(two_phase)
+        train_data.settings_from_dict(two_phase)
     with pytest.raises(StudyError, match="training.json settings: phases.0.seed_tag"):
-        train_settings.settings_from_dict({**dataclasses.asdict(settings), "phases": [{"name": "A"}]})
+        train_data.settings_from_dict({**dataclasses.asdict(settings), "phases": [{"name": "A"}]})
     with pytest.raises(StudyError, match="training.json settings: seed: Input should be a valid integer"):
-        train_settings.settings_from_dict({**dataclasses.asdict(settings), "seed": True})
+        train_data.settings_from_dict({**dataclasses.asdict(settings), "seed": True})
 
 
 def _small_recipe(phases: int) -> train_model.TrainSettings:
-    stage = train_settings.Stage(2, 1, 64, 1, 32, 1, 96, 1, echo_seqs=1, echo_len=64, arith_seqs=1, arith_len=32)
-    recipe = tuple(train_settings.Phase(name, tag, 1e-3, 1, 0.5, (stage,)) for name, tag in (("A", ""), ("B", "b")))
+    stage = train_data.Stage(2, 1, 64, 1, 32, 1, 96, 1, echo_seqs=1, echo_len=64, arith_seqs=1, arith_len=32)
+    recipe = tuple(train_data.Phase(name, tag, 1e-3, 1, 0.5, (stage,)) for name, tag in (("A", ""), ("B", "b")))
     return dataclasses.replace(
         train_model.TrainSettings(),
         hidden_size=32,
@@ -217,7 +217,7 @@ def test_a_later_phase_continues_a_saved_folder(tmp_path: Path) -> None:
     assert record["first_losses"] == first["first_losses"]
     assert record["continued_from"]["files"] == first["files"] and record["continued_from"]["phases"] == 1
     assert record["files"]["model.safetensors"] != first["files"]["model.safetensors"]
-    assert train_settings.settings_from_dict(record["settings"]) == _small_recipe(2)
+    assert train_data.settings_from_dict(record["settings"]) == _small_recipe(2)
     # another recipe's first phase, or a folder whose files changed, is not continued
     with pytest.raises(StudyError, match="not this one's first 1 phase"):
         train_model.run_training(tmp_path / "out", _small_recipe(2).scaled(2), progress=None, start=tmp_path / "a")
