@@ -155,14 +155,8 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 
 
 def _retrieval_data(args: argparse.Namespace) -> int:
-    spec = RetrievalSet(
-        lengths=_ints(args.lengths, "--lengths"),
-        n_per_length=args.n_per_length,
-        questions_per_context=args.questions_per_context,
-        n_needles=args.n_needles,
-        seed=args.seed,
-        chars_per_token=args.chars_per_token,
-    )
+    options = ("n_per_length", "questions_per_context", "n_needles", "seed", "chars_per_token")
+    spec = RetrievalSet(lengths=_ints(args.lengths, "--lengths"), **{name: getattr(args, name) for name in options})
     path = write_retrieval_data(args.folder, spec, args.force)
     print(f"wrote {path} ({len(spec.kinds) * len(spec.lengths) * spec.n_per_length} items)")
     return 0
