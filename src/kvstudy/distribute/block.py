@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kvstudy import capture as capture_format
 from kvstudy.bench.spec import checked, one_line
-from kvstudy.distribute.plan import ENGINE_PACKAGES, block_at, check_block_id, experiment, plan_index
+from kvstudy.distribute.plan import ENGINE_PACKAGES, check_block_id, experiment, plan_blocks, plan_index
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, write_json_atomic
 from kvstudy.machine import NvmlUnavailable, hardware_info, nvml_session, nvml_text, package_versions
@@ -208,7 +208,8 @@ def run_block(
     how: str = "",
 ) -> str:
     """Run block ``index`` of the plan into ``store``; returns its status (``ok`` or ``failed``)."""
-    plan_id, records, record = block_at(plan_dir, index)
+    plan_id, records, _ = plan_blocks(plan_dir, [index])
+    record = records[index]
     store = Path(store)
     _check_store(store, plan_id)
     folder = store / check_block_id(record["block_id"], f"{plan_dir}: block {index}")

@@ -25,7 +25,7 @@ SLURM = """\
 #!/bin/bash
 # kvstudy plan {plan_id}: {n} pair-blocks, one array task each (kvstudy plan --emit slurm).
 # Submit with: mkdir -p {store} && sbatch slurm.sbatch   (extra arguments, e.g. --retry-failed, reach run-block)
-#SBATCH --job-name=kvstudy-{short}
+#SBATCH --job-name=kvstudy-{plan_id:.8}
 #SBATCH --array=0-{last}%{parallel}
 {output}
 #SBATCH --nodes=1
@@ -41,7 +41,7 @@ K8S = """\
 # Kubernetes sets JOB_COMPLETION_INDEX in every pod of an Indexed Job.
 apiVersion: batch/v1
 kind: Job
-metadata: {{name: kvstudy-{short}, labels: {{kvstudy/plan: "{plan_id}"}}}}
+metadata: {{name: kvstudy-{plan_id:.8}, labels: {{kvstudy/plan: "{plan_id}"}}}}
 spec:
   completionMode: Indexed
   completions: {n}
@@ -64,7 +64,7 @@ SKYPILOT = """\
 # kvstudy plan {plan_id}: one SkyPilot task per pair-block (kvstudy plan --emit skypilot).
 # Launch block I with: sky jobs launch skypilot-task.yaml --env KVSTUDY_BLOCK=I  (I = 0..{last});
 # each writes its own store; `kvstudy collect STORE...` takes them all.
-name: kvstudy-{short}
+name: kvstudy-{plan_id:.8}
 resources: {sky_resources}
 num_nodes: 1
 workdir: .
@@ -121,7 +121,6 @@ def emit(
     run = f"{q(kvstudy)} run-block {q(str(out))} --index"
     values = {
         "plan_id": plan_id,
-        "short": plan_id[:8],
         "n": len(records),
         "last": len(records) - 1,
         "parallel": parallel,

@@ -397,15 +397,19 @@ def read_plan(plan_dir: str | Path) -> tuple[str, list[dict[str, Any]]]:
     return plan_id, records
 
 
-def block_at(plan_dir: str | Path, index: int) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
-    """(plan id, every record, the record at ``index``); an index past the plan is refused."""
+def plan_blocks(
+    plan_dir: str | Path, indices: Sequence[int] | None = None
+) -> tuple[str, list[dict[str, Any]], list[int]]:
+    """(plan id, every record, the block indices asked for: all when None); an index past the plan is refused."""
     plan_id, records = read_plan(plan_dir)
-    if not 0 <= index < len(records):
-        raise StudyError(
-            f"{Path(plan_dir) / PLAN_FILE}: block index {index}: the plan has {len(records)} blocks "
-            f"(0..{len(records) - 1})"
-        )
-    return plan_id, records, records[index]
+    chosen = list(range(len(records))) if indices is None else list(indices)
+    for index in chosen:
+        if not 0 <= index < len(records):
+            raise StudyError(
+                f"{Path(plan_dir) / PLAN_FILE}: block index {index}: the plan has {len(records)} blocks "
+                f"(0..{len(records) - 1})"
+            )
+    return plan_id, records, chosen
 
 
 def make_plan(profile: str, out: str | Path, root: Path = REPO_ROOT, profiles_dir: Path | None = None) -> tuple:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstudy.distribute.plan import read_plan
+from kvstudy.distribute.plan import plan_blocks
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.progress import Progress
 
@@ -88,11 +88,7 @@ def run_blocks_ray(
     progress: Progress = print,
 ) -> dict[int, int]:
     """Schedule the blocks (all, or ``indices``) as Ray tasks; block index -> run-block's exit code."""
-    _, records = read_plan(plan_dir)
-    chosen = list(range(len(records))) if indices is None else list(indices)
-    for i in chosen:
-        if not 0 <= i < len(records):
-            raise StudyError(f"{plan_dir}/plan.jsonl: block index {i}: the plan has {len(records)} blocks")
+    _, records, chosen = plan_blocks(plan_dir, indices)
     if address and num_cpus:
         raise StudyError(f"--num-cpus {num_cpus}: only for a local cluster (the cluster at --address has its own)")
     if address:
