@@ -194,15 +194,8 @@ def layer_of(name: str) -> int | None:
 
 
 def _check_values(name: str, file: str, values: np.ndarray, report: ScaleReport) -> None:
-    bad = []
-    if np.isnan(values).any():
-        bad.append("NaN")
-    if np.isinf(values).any():
-        bad.append("infinite")
-    if (values == 0).any():
-        bad.append("zero")
-    if (values < 0).any():
-        bad.append("negative")
+    checks = {"NaN": np.isnan(values), "infinite": np.isinf(values), "zero": values == 0, "negative": values < 0}
+    bad = [word for word, hit in checks.items() if hit.any()]
     if bad:
         report.errors.append(
             f"{file}: tensor {name}: {', '.join(bad)} scale value(s) "
@@ -352,14 +345,9 @@ def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> li
             "declared": declared_kv_dtype(report),
             "auto_stores": chosen[0],
             "auto_chosen_by": chosen[1],
-            "log": None,
-            "log_kv_dtype": None,
-            "log_scale_warning": None,
-            "log_pool_tokens": None,
-            "log_version": None,
-            "log_failure": None,
-            "agree": None,
-            "note": None,
+            **dict.fromkeys(
+                "log log_kv_dtype log_scale_warning log_pool_tokens log_version log_failure agree note".split()
+            ),
             "errors": "; ".join(report.errors) or None,
         }
         paired = pairs.get(str(folder)) or pairs.get(str(folder.relative_to(root)))
