@@ -189,23 +189,18 @@ def vllm_layer_records(
     specs = _layer_specs(layout, dtype, block_size, None)
     records: list[dict[str, object]] = []
     for layer, spec in zip(layers, specs):
+        record: dict[str, object] = {"kind": layer.kind, "block_size": spec.block_size}
         if layer.kind == LINEAR:
-            state = state_bytes(layer, layout.model_dtype)
-            records.append(
-                {"kind": LINEAR, "block_size": spec.block_size, "state_bytes": state, "page_bytes": spec.page_bytes}
+            record.update(state_bytes=state_bytes(layer, layout.model_dtype), page_bytes=spec.page_bytes)
+        else:
+            record.update(
+                dtype=VLLM_STORED[dtype],
+                num_kv_heads=1 if layer.kind == MLA else layer.num_kv_heads,
+                head_size=layer.head_size,
+                head_size_v=layer.head_size_v,
+                window=layer.sliding_window,
             )
-            continue
-        records.append(
-            {
-                "kind": layer.kind,
-                "block_size": spec.block_size,
-                "dtype": VLLM_STORED[dtype],
-                "num_kv_heads": 1 if layer.kind == MLA else layer.num_kv_heads,
-                "head_size": layer.head_size,
-                "head_size_v": layer.head_size_v,
-                "window": layer.sliding_window,
-            }
-        )
+        records.append(record)
     return records
 
 

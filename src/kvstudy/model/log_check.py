@@ -67,9 +67,6 @@ class PoolRange:
             return num_blocks // max(self.num_groups or 1, 1) * self.block_size
         return int(num_blocks / self.blocks_per_request * self.max_model_len)
 
-    def concurrency(self, num_blocks: int) -> float:
-        return num_blocks / self.blocks_per_request
-
 
 # --------------------------------------------------------------------------- reading the log
 
@@ -344,7 +341,7 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
             "kv_memory_gib": round(mid / GIB, 3) if mid else None,
             "num_blocks": n,
             "tokens": other.tokens(n),
-            "requests_at_max_len": round(other.concurrency(n), 2),
+            "requests_at_max_len": round(n / other.blocks_per_request, 2),
             "logged_dtype": resolve_kv_dtype(layout, dtype) == resolve_kv_dtype(layout, kv_dtype),
         }
     return {
@@ -375,7 +372,7 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
         | {
             "tokens_low": pool.tokens(pool.blocks_low),
             "tokens_high": pool.tokens(pool.blocks_high),
-            "requests_at_max_len": round(pool.concurrency(blocks if blocks is not None else pool.blocks_low), 2),
+            "requests_at_max_len": round((pool.blocks_low if blocks is None else blocks) / pool.blocks_per_request, 2),
         },
         "agree": agree,
         "agreement": why,
