@@ -356,15 +356,14 @@ def capacity_facts(
     16-bit baseline and FP8 (with the profile's skip layers, or the advised ones for a hybrid model),
     at the profile's TP, or at the smallest TP of ``compare_tp`` at which the weights fit on this GPU.
     The same functions as 01's tables (``kv_footprint``, ``group_pool``, ``users_at``)."""
-    advised = advised_skip_layers(layout) if skip_layers is None else None
-    skip = skip_layers if skip_layers is not None else advised
+    skip = advised_skip_layers(layout) if skip_layers is None else skip_layers
     base = kv_footprint(layout, baseline_dtype, context_len)
     fp8 = kv_footprint(layout, "fp8", context_len, skip)
     saved = base.bytes_per_request - fp8.bytes_per_request  # half of what the layers FP8 stores hold in 16-bit
     facts: dict[str, Any] = {
         "baseline_dtype": base.resolved_dtype,
         "skip_layers": skip,
-        "skip_layers_advised": advised is not None,
+        "skip_layers_advised": skip_layers is None and skip is not None,
         "tokens_per_gib_baseline": base.tokens_per_gib,
         "tokens_per_gib_fp8": fp8.tokens_per_gib,
         # share of a request's 16-bit KV bytes (state included) held by the layers FP8 stores (1: all, 0: none)

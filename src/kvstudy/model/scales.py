@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -308,12 +309,9 @@ def inspect_model(
 
 def inspect_cache(cache_dir: str | Path | None = None) -> list[ScaleReport]:
     """One report per model repository in the local Hugging Face cache (newest snapshot each)."""
-    reports = []
-    for repo_id, snapshot in sorted(cached_snapshots(cache_dir).items()):
-        report = inspect_model(snapshot)
-        report.source = repo_id
-        reports.append(report)
-    return reports
+    return [
+        replace(inspect_model(path), source=repo_id) for repo_id, path in sorted(cached_snapshots(cache_dir).items())
+    ]
 
 
 # --------------------------------------------------------------------------- seed 002's dump check
