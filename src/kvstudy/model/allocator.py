@@ -87,14 +87,10 @@ def _layer_specs(layout: ModelLayout, dtype: str, block_size: int, skip_layers: 
     if states:  # vLLM Platform._align_hybrid_block_size: attention page >= state, state padded to it
         one_token = max(p for p in per_token if p)
         block_size = block_size * _cdiv(max(states), int(block_size * one_token))
-    specs: list[_Spec] = []
-    for layer, cost in zip(layers, per_token):
-        if layer.kind == LINEAR:
-            specs.append(_Spec(LINEAR, block_size, 0))
-        else:
-            specs.append(
-                _Spec(layer.kind, block_size, _page(cost, block_size, layout.config_path), layer.sliding_window)
-            )
+    specs = [
+        _Spec(l.kind, block_size, _page(cost, block_size, layout.config_path), l.sliding_window)  # a state: 0 for now
+        for l, cost in zip(layers, per_token)
+    ]
     if states:
         attn_page = max(s.page_bytes for s in specs)
         specs = [_Spec(LINEAR, s.block_size, attn_page) if s.kind == LINEAR else s for s in specs]
@@ -154,18 +150,14 @@ def predict_logged_pool(
         raise StudyError(f"mamba_cache_mode {mamba_cache_mode!r}: expected 'none' or 'align'")
     if device not in DEVICE_DEFAULTS:
         raise StudyError(f"device {device!r}: expected one of {', '.join(DEVICE_DEFAULTS)}")
-    block_size = DEVICE_DEFAULTS[device]["block_size"] if block_size is None else block_size
-    if max_in_flight_tokens is None:
-        max_in_flight_tokens = DEVICE_DEFAULTS[device]["max_in_flight_tokens"]
+    defaults = DEVICE_DEFAULTS[device]
+    block_size = defaults["block_size"] if block_size is None else block_size
+    max_in_flight_tokens = defaults["max_in_flight_tokens"] if max_in_flight_tokens is None else max_in_flight_tokens
     layout = load_layout(config)
     check_skip_layers(skip_layers)
     dtype = resolve_kv_dtype(layout, kv_cache_dtype)
-    for name, value in (
-        ("kv_memory_bytes", kv_memory_bytes),
-        ("max_model_len", max_model_len),
-        ("block_size", block_size),
-        ("max_in_flight_tokens", max_in_flight_tokens),
-    ):
+    names = ("kv_memory_bytes", "max_model_len", "block_size", "max_in_flight_tokens")
+    for name, value in zip(names, (kv_memory_bytes, max_model_len, block_size, max_in_flight_tokens)):
         check_positive_int(value, name)
     if not any(l.kind not in (LINEAR, SHARED) for l in layout.layers):
         raise StudyError(f"{layout.config_path}: no attention layers, so no KV pool to predict")
@@ -174,15 +166,8 @@ def predict_logged_pool(
     num_blocks = num_blocks_override if num_blocks_override is not None else kv_memory_bytes // bytes_per_block
     concurrency = num_blocks / blocks_per_request
     used_block = min(s.block_size for s in specs if s.kind != LINEAR)
-    return LoggedPool(
-        num_blocks=num_blocks,
-        tokens=int(concurrency * max_model_len),
-        max_concurrency=concurrency,
-        block_size=used_block,
-        bytes_per_block=bytes_per_block,
-        blocks_per_request=blocks_per_request,
-        num_groups=groups,
-    )
+    tokens = int(concurrency * max_model_len)
+    return LoggedPool(num_blocks, tokens, concurrency, used_block, bytes_per_block, blocks_per_request, groups)
 
 
 VLLM_STORED = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "fp8": "fp8"}
@@ -204,23 +189,18 @@ def vllm_layer_records(
     specs = _layer_specs(layout, dtype, block_size, None)
     records: list[dict[str, object]] = []
     for layer, spec in zip(layers, specs):
+        record: dict[str, object] = {"kind": layer.kind, "block_size": spec.block_size}
         if layer.kind == LINEAR:
-            state = state_bytes(layer, layout.model_dtype)
-            records.append(
-                {"kind": LINEAR, "block_size": spec.block_size, "state_bytes": state, "page_bytes": spec.page_bytes}
+            record.update(state_bytes=state_bytes(layer, layout.model_dtype), page_bytes=spec.page_bytes)
+        else:
+            record.update(
+                dtype=VLLM_STORED[dtype],
+                num_kv_heads=1 if layer.kind == MLA else layer.num_kv_heads,
+                head_size=layer.head_size,
+                head_size_v=layer.head_size_v,
+                window=layer.sliding_window,
             )
-            continue
-        records.append(
-            {
-                "kind": layer.kind,
-                "block_size": spec.block_size,
-                "dtype": VLLM_STORED[dtype],
-                "num_kv_heads": 1 if layer.kind == MLA else layer.num_kv_heads,
-                "head_size": layer.head_size,
-                "head_size_v": layer.head_size_v,
-                "window": layer.sliding_window,
-            }
-        )
+        records.append(record)
     return records
 
 

@@ -11,7 +11,7 @@ state layers keep a fixed state per request; under tensor parallelism each GPU h
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -96,26 +96,28 @@ def _skipped(layer: LayerSpec, skip_layers: str | None) -> bool:
     return str(layer.index) in items or (layer.kind == SLIDING and "sliding_window" in items)
 
 
+def kv_heads_per_gpu(layer: LayerSpec, tensor_parallel_size: int) -> int:
+    """The KV heads one GPU of a TP group holds: ``max(1, kv_heads // tp)`` of an attention layer
+    (replicated when tp > kv_heads, vllm/model_executor/layers/linear.py QKVParallelLinear); MLA's
+    single latent and the indexer's keys whole on every GPU."""
+    if layer.kind in (FULL, SLIDING, CHUNKED):
+        return max(1, layer.num_kv_heads // tensor_parallel_size)
+    return layer.num_kv_heads
+
+
 def layer_bytes_per_token(
     layer: LayerSpec, dtype: str, model_dtype: str, skip_layers: str | None = None, tensor_parallel_size: int = 1
 ) -> Fraction:
-    """KV bytes one token costs in one layer on one GPU (0 for a state or KV-shared layer).
-
-    With tensor parallelism each GPU holds ``max(1, kv_heads // tp)`` KV heads (heads are
-    replicated when tp > kv_heads, vllm/model_executor/layers/linear.py QKVParallelLinear);
-    MLA's single latent is kept whole on every GPU.
-    """
+    """KV bytes one token costs in one layer on one GPU (0 for a state or KV-shared layer)."""
     if layer.kind in (LINEAR, SHARED):
         return Fraction(0)
-    if layer.stored_bytes:  # the indexer's uint8 keys: their own size, on every GPU
+    if layer.stored_bytes:  # the indexer's uint8 keys: their own size
         return Fraction(layer.head_size * layer.stored_bytes)
     if _skipped(layer, skip_layers):
         dtype = model_dtype
-    if layer.kind == MLA:
-        if dtype in MLA_SPECIAL_BYTES:
-            return Fraction(MLA_SPECIAL_BYTES[dtype])
-        return layer.num_kv_heads * (layer.head_size + layer.head_size_v) * DTYPE_BYTES[dtype]
-    heads = max(1, layer.num_kv_heads // tensor_parallel_size)
+    if layer.kind == MLA and dtype in MLA_SPECIAL_BYTES:
+        return Fraction(MLA_SPECIAL_BYTES[dtype])
+    heads = kv_heads_per_gpu(layer, tensor_parallel_size)
     return heads * (layer.head_size + layer.head_size_v) * DTYPE_BYTES[dtype]
 
 
@@ -124,16 +126,25 @@ def state_bytes(layer: LayerSpec, model_dtype: str, tensor_parallel_size: int = 
     the model dtype unless the family says otherwise, vllm/model_executor/layers/mamba/mamba_utils.py)."""
     if layer.state is None:
         return 0
-    total = Fraction(0)
-    for values, dtype in zip(layer.state.values(tensor_parallel_size), layer.state_dtypes):
-        total += values * DTYPE_BYTES[dtype or model_dtype]
-    return int(total)
+    values = zip(layer.state.values(tensor_parallel_size), layer.state_dtypes)
+    return int(sum((n * DTYPE_BYTES[dtype or model_dtype] for n, dtype in values), Fraction(0)))
 
 
 def check_positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise StudyError(f"{name} {value!r}: expected a positive integer")
+        raise StudyError(f"{name} {repr(value)[:40]}: expected a positive integer")
     return value
+
+
+def default_context_len(layout: ModelLayout) -> int:
+    """The request length when none is given: the config's ``max_position_embeddings``, from which
+    vLLM derives its default ``--max-model-len``."""
+    if not layout.max_position_embeddings:
+        raise StudyError(
+            f"context length: {layout.config_path} has no max_position_embeddings to default to; "
+            "give one (e.g. --max-model-len 4096)"
+        )
+    return layout.max_position_embeddings
 
 
 def _limit(layer: LayerSpec, length: int) -> int:
@@ -156,32 +167,24 @@ def kv_footprint(
     check_skip_layers(skip_layers)
     check_positive_int(tensor_parallel_size, "tensor_parallel_size")
     dtype = resolve_kv_dtype(layout, kv_dtype)
-    length = context_len if context_len is not None else (layout.max_position_embeddings or 0)
-    if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
-        if context_len is None:
-            raise StudyError(
-                f"context length: {layout.config_path} has no max_position_embeddings to default to; "
-                "give one (e.g. --max-model-len 4096)"
-            )
-        raise StudyError(f"context length {repr(context_len)[:40]}: expected a positive integer number of tokens")
+    length = default_context_len(layout) if context_len is None else check_positive_int(context_len, "context length")
 
-    def totals(tp: int) -> tuple[Fraction, Fraction, Fraction, int]:
-        """(bytes per token of the growing layers, of all layers, per request with the state, state bytes)."""
+    def totals(tp: int) -> tuple[Fraction, Fraction, Fraction, int, list[Fraction]]:
+        """(bytes per token of the growing layers, of all layers, per request with the state, state bytes,
+        bytes per token of each layer)."""
         costs = [layer_bytes_per_token(l, dtype, layout.model_dtype, skip_layers, tp) for l in layout.layers]
         state = sum(state_bytes(l, layout.model_dtype, tp) for l in layout.layers)
         request = sum((c * _limit(l, length) for l, c in zip(layout.layers, costs)), Fraction(0)) + state
         growing = sum((c for l, c in zip(layout.layers, costs) if l.kind in (FULL, MLA, INDEXER)), Fraction(0))
-        return growing, sum(costs, Fraction(0)), request, state
+        return growing, sum(costs, Fraction(0)), request, state, costs
 
-    growing, short, per_request, state = totals(1)
+    growing, short, per_request, state, costs = totals(1)
     by_kind: dict[str, Fraction] = {}
-    for layer in layout.layers:
-        by_kind[layer.kind] = by_kind.get(layer.kind, Fraction(0)) + layer_bytes_per_token(
-            layer, dtype, layout.model_dtype, skip_layers
-        )
+    for layer, cost in zip(layout.layers, costs):
+        by_kind[layer.kind] = by_kind.get(layer.kind, Fraction(0)) + cost
     caps = [l.sliding_window for l in layout.layers if l.kind in (SLIDING, CHUNKED) and l.sliding_window]
     cap_tokens = max(caps) if growing == 0 and caps else None
-    gpu_token, gpu_short, gpu_request, gpu_state = totals(tensor_parallel_size)
+    gpu_token, gpu_short, gpu_request, gpu_state, _ = totals(tensor_parallel_size)
     return KVFootprint(
         resolved_dtype=dtype,
         bytes_per_token=_plain(growing if growing else short),
@@ -215,10 +218,8 @@ def tokens_per_gib(bytes_per_token: float) -> float:
 def default_dtypes(layout: ModelLayout) -> list[str]:
     """The model's own 16-bit dtype, fp8 and nvfp4 (MLA models: their own fp8/nvfp4 formats); first
     'auto' when the checkpoint makes it store something other than the model dtype."""
-    chosen = ["auto"] if layout.kv_scheme_dtype else []
-    if layout.count(MLA):
-        return chosen + [layout.model_dtype, "fp8", "fp8_ds_mla", "nvfp4_ds_mla"]
-    return chosen + [layout.model_dtype, "fp8", "nvfp4"]
+    quantized = ["fp8_ds_mla", "nvfp4_ds_mla"] if layout.count(MLA) else ["nvfp4"]
+    return ["auto"] * bool(layout.kv_scheme_dtype) + [layout.model_dtype, "fp8", *quantized]
 
 
 def capacity_summary(
@@ -257,18 +258,8 @@ def capacity_summary(
         fp = kv_footprint(layout, dtype, context_len, skip_layers, tensor_parallel_size)
         result["context_len"] = fp.context_len
         result["cap_tokens"] = fp.cap_tokens
-        result["dtypes"][dtype] = {
-            "resolved_dtype": fp.resolved_dtype,
-            "bytes_per_token": fp.bytes_per_token,
-            "bytes_per_token_per_gpu": fp.bytes_per_token_per_gpu,
-            "kib_per_token": fp.kib_per_token,
-            "tokens_per_gib": fp.tokens_per_gib if fp.bytes_per_token else None,
-            "bytes_per_token_short_context": fp.bytes_per_token_short,
-            "bytes_per_token_by_kind": fp.bytes_per_token_by_kind,
-            "state_bytes_per_request": fp.state_bytes_per_request,
-            "bytes_per_request": fp.bytes_per_request,
-            "bytes_per_request_per_gpu": fp.bytes_per_request_per_gpu,
-        }
+        tokens_per_gib = fp.tokens_per_gib if fp.bytes_per_token else None
+        result["dtypes"][dtype] = asdict(fp) | {"kib_per_token": fp.kib_per_token, "tokens_per_gib": tokens_per_gib}
     return result
 
 

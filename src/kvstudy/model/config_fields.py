@@ -70,27 +70,9 @@ NEUTRAL_FIELDS = frozenset(
     "text_config vision_config audio_config bias attention_bias mlp_bias tokenizer_class pretraining_tp "
     "kv_lora_rank q_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim".split()
 )
-NEUTRAL_PARTS = (
-    "token_id",
-    "rope",
-    "dropout",
-    "eps",
-    "expert",
-    "moe",
-    "router",
-    "routed",
-    "topk",
-    "_group",
-    "scaling",
-    "softcap",
-    "logit",
-    "norm",
-    "init",
-    "output_",
-    "aux_loss",
-    "_act",
-    "mlp",
-    "ffn",
+NEUTRAL_PARTS = tuple(
+    "token_id rope dropout eps expert moe router routed topk _group scaling softcap logit norm init output_ aux_loss "
+    "_act mlp ffn".split()
 )
 
 
@@ -145,11 +127,6 @@ def checkpoint_kv_dtype(config: dict[str, Any], folder: Path | None = None) -> t
 def usable_int(value: Any, high: int = MAX_FILE_NUMBER) -> int | None:
     """``value`` when it is an integer in [1, high], else None (for fields read without refusing)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= high else None
-
-
-def max_positions(cfg: dict[str, Any]) -> int | None:
-    """``max_position_embeddings`` when usable, else None (the caller's --max-model-len then decides)."""
-    return usable_int(cfg.get("max_position_embeddings"))
 
 
 # Fields a family's config may leave out, with the default its transformers config class applies.

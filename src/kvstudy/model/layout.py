@@ -19,11 +19,11 @@ from kvstudy.model.config_fields import (
     checkpoint_kv_dtype,
     config_count,
     config_int,
-    max_positions,
     model_dtype,
     nemotron_h_pattern,
     text_config,
     unread_fields,
+    usable_int,
 )
 from kvstudy.model.folder import load_config
 from kvstudy.vllm.facts import INDEXER_QUANT_BLOCK, INDEXER_SCALE_BYTES, KV_RULES_SOURCE, NEMOTRON_H_SSM_STATE_DTYPE
@@ -52,56 +52,18 @@ LAYER_TYPE_NAMES: dict[str, str] = {
     "mamba2": LINEAR,
 }
 
-# Families read with the plain GQA / MLA / window rules (checked against each family's config).
-PLAIN_MODEL_TYPES: frozenset[str] = frozenset(
-    {
-        "llama",
-        "mistral",
-        "mixtral",
-        "qwen2",
-        "qwen2_moe",
-        "qwen3",
-        "qwen3_moe",
-        "gemma",
-        "gemma2",
-        "gemma3",
-        "gemma3_text",
-        "gpt_oss",
-        "deepseek_v2",
-        "deepseek_v3",
-        "kimi_k2",
-        "phi3",
-        "granite",
-        "olmo2",
-        "starcoder2",
-        "glm4_moe",
-        "minimax_m2",
-        "qwen3_vl",
-        "qwen3_vl_text",
-        "kimi_k25",
-        "qwen2_5_vl",  # qwen2_5_vl.py: the Qwen2 language model, plain GQA (text_config or top level)
-        "qwen2_5_vl_text",
-    }
+# Families read with the plain GQA / MLA / window rules (checked against each family's config); qwen2_5_vl
+# (qwen2_5_vl.py) is the Qwen2 language model, plain GQA (text_config or top level).
+PLAIN_MODEL_TYPES = frozenset(
+    "llama mistral mixtral qwen2 qwen2_moe qwen3 qwen3_moe gemma gemma2 gemma3 gemma3_text gpt_oss deepseek_v2 "
+    "deepseek_v3 kimi_k2 phi3 granite olmo2 starcoder2 glm4_moe minimax_m2 qwen3_vl qwen3_vl_text kimi_k25 "
+    "qwen2_5_vl qwen2_5_vl_text".split()
 )
 GDN_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
 # Families with their own layer rules in this module.
-SPECIAL_MODEL_TYPES: frozenset[str] = GDN_MODEL_TYPES | frozenset(
-    {
-        "llama4",
-        "llama4_text",
-        "gemma3n",
-        "gemma3n_text",
-        "granitemoehybrid",
-        "nemotron_h",
-        "falcon_h1",
-        "jamba",
-        "gemma4",
-        "gemma4_text",
-        "mimo_v2_flash",
-        "nemotron-nas",
-        "deepseek_v32",
-        "glm_moe_dsa",
-    }
+SPECIAL_MODEL_TYPES = GDN_MODEL_TYPES | frozenset(
+    "llama4 llama4_text gemma3n gemma3n_text granitemoehybrid nemotron_h falcon_h1 jamba gemma4 gemma4_text "
+    "mimo_v2_flash nemotron-nas deepseek_v32 glm_moe_dsa".split()
 )
 # Sparse MLA with a lightning indexer (vllm/models/deepseek_v32: DeepSeek-V3.2 and GLM-5's glm_moe_dsa;
 # vllm/model_executor/models/deepseek_v2.py is_v32 = hasattr(config, "index_topk")).
@@ -122,7 +84,7 @@ class StateShape:
     conv_dim: int  # channels of the conv state at TP 1
     conv_kernel: int
     heads: int  # SSM / value heads (mamba1: the intermediate size)
-    head_dim: int
+    head_dim: int  # mamba1: 1
     state_size: int
     n_groups: int = 0  # mamba2: B/C groups (part of conv_dim)
     intermediate: int = 0  # mamba2: the x part of conv_dim
@@ -139,8 +101,6 @@ class StateShape:
             groups = self.n_groups if self.n_groups % tp == 0 else tp  # extra_groups_for_head_shards
             conv = (self.intermediate + 2 * groups * self.state_size) // tp
             return conv * (self.conv_kernel - 1), (self.heads // tp) * self.head_dim * self.state_size
-        if self.kind == "mamba1":
-            return (self.conv_dim // tp) * (self.conv_kernel - 1), (self.heads // tp) * self.state_size
         return (self.conv_dim // tp) * (self.conv_kernel - 1), (self.heads // tp) * self.head_dim * self.state_size
 
 
@@ -471,11 +431,12 @@ def new_layout(config: dict[str, Any], where: str, **fields: Any) -> ModelLayout
     """A layout of the config at ``where`` with ``fields``: its name, model type and length limit, and the
     KV dtype the checkpoint chooses (config.json, or the hf_quant_config.json beside a config file)."""
     scheme, source = checkpoint_kv_dtype(config, Path(where).parent if Path(where).is_file() else None)
+    cfg = text_config(config)
     return ModelLayout(
         name=Path(where).parent.name or Path(where).stem,
         config_path=str(where),
-        model_type=str(text_config(config).get("model_type")),
-        max_position_embeddings=max_positions(text_config(config)),
+        model_type=str(cfg.get("model_type")),
+        max_position_embeddings=usable_int(cfg.get("max_position_embeddings")),  # else --max-model-len decides
         kv_scheme_dtype=scheme,
         kv_scheme_source=source,
         **fields,

@@ -19,7 +19,7 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_POOL_CODE_LAYERS
 from kvstudy.model.allocator import predict_logged_pool, vllm_layer_records
-from kvstudy.model.capacity import GIB, LINEAR, MLA, SHARED, ModelLayout, resolve_kv_dtype
+from kvstudy.model.capacity import GIB, LINEAR, ModelLayout, kv_heads_per_gpu, resolve_kv_dtype
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import layout_from_config
 from kvstudy.model.oracle import resolve_layout
@@ -66,9 +66,6 @@ class PoolRange:
         if self.formula == PER_GROUP:
             return num_blocks // max(self.num_groups or 1, 1) * self.block_size
         return int(num_blocks / self.blocks_per_request * self.max_model_len)
-
-    def concurrency(self, num_blocks: int) -> float:
-        return num_blocks / self.blocks_per_request
 
 
 # --------------------------------------------------------------------------- reading the log
@@ -161,19 +158,14 @@ def _check_same_model(
 
 
 def _per_gpu(layout: ModelLayout, tp: int, where: str) -> ModelLayout:
-    """The layers one GPU of a TP group holds (``max(1, kv_heads // tp)`` KV heads; MLA's latent whole):
-    the logged KV memory and pool are one GPU's."""
-    if tp == 1:
-        return layout
+    """The layers one GPU of a TP group holds (``capacity.kv_heads_per_gpu``): the logged KV memory
+    and pool are one GPU's."""
     refused = dict(layout.tp_refused).get(tp)
     if refused:
         raise StudyError(f"{where}: the log runs TP {tp}, which the model does not allow ({refused})")
-    if layout.count(LINEAR):
+    if tp > 1 and layout.count(LINEAR):
         raise StudyError(f"{where}: a TP {tp} log of a model with state layers is not modelled here (TP 1 only)")
-    layers = tuple(
-        l if l.kind in (MLA, SHARED) else dataclasses.replace(l, num_kv_heads=max(1, l.num_kv_heads // tp))
-        for l in layout.layers
-    )
+    layers = tuple(dataclasses.replace(l, num_kv_heads=kv_heads_per_gpu(l, tp)) for l in layout.layers)
     return dataclasses.replace(layout, layers=layers)
 
 
@@ -208,52 +200,36 @@ def predict_ranges(
 ) -> list[PoolRange]:
     """The pool of each (KV dtype, memory interval): vLLM's pool code when it runs here (one child
     process for all), else the project's rules; each :class:`PoolRange` names its path."""
-    rules: list[PoolRange] = []
+    rules = []
     for dtype, (low, high) in zip(kv_dtypes, memories):
         lo, hi = (
-            predict_logged_pool(
-                layout, dtype, max(m, 1), max_len, block_size=block, device=device, mamba_cache_mode=mode
-            )
+            predict_logged_pool(layout, dtype, m, max_len, block_size=block, device=device, mamba_cache_mode=mode)
             for m in (low, high)
         )
-        rules.append(
-            PoolRange(
-                RULES_POOL_PATH,
-                lo.num_blocks,
-                hi.num_blocks,
-                lo.blocks_per_request,
-                lo.num_groups,
-                lo.bytes_per_block,
-                max_len,
-                block,
-            )
-        )
+        fields = (lo.blocks_per_request, lo.num_groups, lo.bytes_per_block, max_len, block)
+        rules.append(PoolRange(RULES_POOL_PATH, lo.num_blocks, hi.num_blocks, *fields))
     if len(layout.layers) > MAX_POOL_CODE_LAYERS:
         why = f"vLLM's pool code is not asked for {len(layout.layers):,} layers (limits.MAX_POOL_CODE_LAYERS)"
         return [dataclasses.replace(pool, path=f"{RULES_POOL_PATH}; {why}") for pool in rules]
     records = [vllm_layer_records(layout, dtype, block) for dtype in kv_dtypes]
-    cases = [(r, [max(low, 1), max(high, 1)]) for r, (low, high) in zip(records, memories) if r is not None]
+    cases = [(r, list(memory)) for r, memory in zip(records, memories) if r is not None]
     answers = iter(vllm_pools(cases, max_len, device_defaults(device)["max_in_flight_tokens"], mode) if cases else [])
     out = []
     for dtype, record, pool in zip(kv_dtypes, records, rules):
-        if record is None:
-            out.append(dataclasses.replace(pool, path=f"{RULES_POOL_PATH}; vLLM's path does not build {dtype}"))
-            continue
-        answer = next(answers)
+        answer: dict[str, Any] = next(answers) if record is not None else {"why": f"vLLM's path does not build {dtype}"}
         if not answer.get("ok"):
-            out.append(dataclasses.replace(pool, path=f"{RULES_POOL_PATH}; not vLLM's: {answer.get('error')}"))
+            why = answer.get("why") or f"not vLLM's: {answer.get('error')}"
+            out.append(dataclasses.replace(pool, path=f"{RULES_POOL_PATH}; {why}"))
             continue
-        lo, hi = answer["pools"]
-        per_request = (
-            round(lo["num_blocks"] / lo["max_concurrency"]) if lo["max_concurrency"] else pool.blocks_per_request
-        )
+        first, last = answer["pools"]
+        per_request = round(first["num_blocks"] / first["max_concurrency"]) if first["max_concurrency"] else None
         out.append(
             dataclasses.replace(
                 pool,
                 path=VLLM_POOL_PATH,
-                blocks_low=lo["num_blocks"],
-                blocks_high=hi["num_blocks"],
-                blocks_per_request=per_request,
+                blocks_low=first["num_blocks"],
+                blocks_high=last["num_blocks"],
+                blocks_per_request=per_request or pool.blocks_per_request,
             )
         )
     return out
@@ -365,7 +341,7 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
             "kv_memory_gib": round(mid / GIB, 3) if mid else None,
             "num_blocks": n,
             "tokens": other.tokens(n),
-            "requests_at_max_len": round(other.concurrency(n), 2),
+            "requests_at_max_len": round(n / other.blocks_per_request, 2),
             "logged_dtype": resolve_kv_dtype(layout, dtype) == resolve_kv_dtype(layout, kv_dtype),
         }
     return {
@@ -392,17 +368,11 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
             "model_loading_gib": info.model_load_gib if info.model_load_gib is not None else info.memory.get("weights"),
             "block_override": info.block_override,
         },
-        "predicted": {
-            "path": pool.path,
-            "block_size": block,
-            "num_blocks_low": pool.blocks_low,
-            "num_blocks_high": pool.blocks_high,
+        "predicted": dataclasses.asdict(pool)
+        | {
             "tokens_low": pool.tokens(pool.blocks_low),
             "tokens_high": pool.tokens(pool.blocks_high),
-            "blocks_per_request": pool.blocks_per_request,
-            "layer_groups": pool.num_groups,
-            "bytes_per_block": pool.bytes_per_block,
-            "requests_at_max_len": round(pool.concurrency(blocks if blocks is not None else pool.blocks_low), 2),
+            "requests_at_max_len": round((pool.blocks_low if blocks is None else blocks) / pool.blocks_per_request, 2),
         },
         "agree": agree,
         "agreement": why,
@@ -422,9 +392,9 @@ def format_check(result: dict[str, Any]) -> str:
         f"logged:    KV memory {logged['kv_memory_gib']} GiB ({logged['kv_memory_source']}); pool {logged['pool_tokens']:,} "
         f"tokens; {logged['max_concurrency']}x requests of {logged['max_model_len']:,} tokens; model loading "
         + (f"{logged['model_loading_gib']} GiB" if logged["model_loading_gib"] is not None else "not logged"),
-        f"predicted: {predicted['num_blocks_low']:,}..{predicted['num_blocks_high']:,} blocks of {predicted['block_size']} tokens "
+        f"predicted: {predicted['blocks_low']:,}..{predicted['blocks_high']:,} blocks of {predicted['block_size']} tokens "
         f"({predicted['tokens_low']:,}..{predicted['tokens_high']:,} tokens), {predicted['blocks_per_request']:,} blocks "
-        f"per request over {predicted['layer_groups']} layer group(s), {predicted['requests_at_max_len']}x requests; "
+        f"per request over {predicted['num_groups']} layer group(s), {predicted['requests_at_max_len']}x requests; "
         f"from {predicted['path']}; KV layout from {result['kv_figures']}",
         f"{'AGREE' if result['agree'] else 'DISAGREE'}: {result['agreement']}",
         *(

@@ -76,8 +76,7 @@ def tp_problem(config: dict[str, Any], tp: int) -> str | None:
 def _state(records: dict[int, dict[str, Any]]) -> tuple[StateShape, tuple[str | None, ...]]:
     """A state layer's element counts per TP and dtypes, from its MambaSpec at each size."""
     by_tp = tuple(sorted((tp, tuple(int(math.prod(s)) for s in r["shapes"])) for tp, r in records.items()))
-    first = records[1]
-    return StateShape("specs", 0, 0, 0, 0, 0, by_tp=by_tp), tuple(first["dtypes"])
+    return StateShape("specs", 0, 0, 0, 0, 0, by_tp=by_tp), tuple(records[1]["dtypes"])
 
 
 def layout_from_specs(

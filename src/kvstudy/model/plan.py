@@ -7,22 +7,14 @@ Every figure keeps a label saying where it came from: "from the GPU catalog (NAM
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
 from kvstudy.io import is_finite_number, write_csv
-from kvstudy.model.capacity import (
-    FULL,
-    GIB,
-    MLA,
-    SLIDING,
-    ModelLayout,
-    capacity_summary,
-    kv_footprint,
-)
+from kvstudy.model.capacity import FULL, GIB, MLA, SLIDING, ModelLayout, capacity_summary, kv_footprint
 from kvstudy.model.oracle import resolve_layout
 from kvstudy.model.weights import WeightsUnknown, weights_size
 from kvstudy.vllm.facts import DEFAULT_GPU_MEMORY_UTILIZATION, KV_POOL_OVERHEAD
@@ -87,12 +79,11 @@ def resolve_gpu_memory(
             "gpu memory: give a GPU name from the catalog (--gpu, parameter gpu) "
             "or its memory in GiB (--gpu-memory-gib, parameter gpu_memory_gib)"
         )
-    name = spec.name if spec is not None else None
     if gpu_memory_utilization is None:
-        return GpuMemory(
-            name, memory, source, DEFAULT_GPU_MEMORY_UTILIZATION, "vLLM 0.32 default (vllm/config/cache.py)"
-        )
-    return GpuMemory(name, memory, source, float(gpu_memory_utilization), "given")
+        utilization = (DEFAULT_GPU_MEMORY_UTILIZATION, "vLLM 0.32 default (vllm/config/cache.py)")
+    else:
+        utilization = (float(gpu_memory_utilization), "given")
+    return GpuMemory(spec.name if spec is not None else None, memory, source, *utilization)
 
 
 def group_pool(
@@ -236,31 +227,10 @@ def plan_summary(
         return summary
     memory = resolve_gpu_memory(gpu, gpu_memory_gib, gpu_memory_utilization)
     plan = group_pool(memory, weights_bytes, 0.0, tp)
-    summary["gpu"] = {
-        "name": memory.gpu_name,
-        "memory_gib": memory.memory_gib,
-        "memory_source": memory.memory_source,
-        "gpu_memory_utilization": memory.utilization,
-        "utilization_source": memory.utilization_source,
-        "kv_pool_bytes_per_gpu": plan.kv_pool_bytes,
-        "fits": plan.fits,
-        "message": plan.message,
-        "overhead": GPU_ONLY_OVERHEAD_NOTE,
-    }
+    summary["gpu"] = asdict(memory) | asdict(plan) | {"fits": plan.fits, "overhead": GPU_ONLY_OVERHEAD_NOTE}
     for dtype, row in summary["dtypes"].items():
         row["users"] = users_at(layout, dtype, plan.kv_pool_bytes, summary["context_len"], tp)
     return summary
-
-
-def default_context_len(layout: ModelLayout) -> int:
-    """The request length when a profile gives none (``context_len: ~``): the config's
-    ``max_position_embeddings``, from which vLLM derives its default ``--max-model-len``."""
-    limit = layout.max_position_embeddings
-    if not limit:
-        raise StudyError(
-            f"context_len: {layout.config_path} has no max_position_embeddings to default to; give one (e.g. 4096)"
-        )
-    return int(limit)
 
 
 def check_plan(
@@ -321,9 +291,9 @@ def _format(summary: dict[str, Any]) -> str:
     gpu = summary.get("gpu")
     if gpu:
         lines.append(
-            f"GPU {gpu['name'] or ''} {gpu['memory_gib']:.2f} GiB ({gpu['memory_source']}) x utilization "
-            f"{gpu['gpu_memory_utilization']} ({gpu['utilization_source']}): KV pool per GPU "
-            f"{gpu['kv_pool_bytes_per_gpu'] / GIB:,.2f} GiB" + (f"; {gpu['message']}" if gpu["message"] else "")
+            f"GPU {gpu['gpu_name'] or ''} {gpu['memory_gib']:.2f} GiB ({gpu['memory_source']}) x utilization "
+            f"{gpu['utilization']} ({gpu['utilization_source']}): KV pool per GPU "
+            f"{gpu['kv_pool_bytes'] / GIB:,.2f} GiB" + (f"; {gpu['message']}" if gpu["message"] else "")
         )
         lines.append(f"overhead {gpu['overhead']}")
     header = f"{'kv dtype':<14}{'bytes/token':>14}{'per GPU':>12}{'KiB/token':>11}{'tokens/GiB':>12}{'MiB/request':>13}"
@@ -386,15 +356,14 @@ def capacity_facts(
     16-bit baseline and FP8 (with the profile's skip layers, or the advised ones for a hybrid model),
     at the profile's TP, or at the smallest TP of ``compare_tp`` at which the weights fit on this GPU.
     The same functions as 01's tables (``kv_footprint``, ``group_pool``, ``users_at``)."""
-    advised = advised_skip_layers(layout) if skip_layers is None else None
-    skip = skip_layers if skip_layers is not None else advised
+    skip = advised_skip_layers(layout) if skip_layers is None else skip_layers
     base = kv_footprint(layout, baseline_dtype, context_len)
     fp8 = kv_footprint(layout, "fp8", context_len, skip)
     saved = base.bytes_per_request - fp8.bytes_per_request  # half of what the layers FP8 stores hold in 16-bit
     facts: dict[str, Any] = {
         "baseline_dtype": base.resolved_dtype,
         "skip_layers": skip,
-        "skip_layers_advised": advised is not None,
+        "skip_layers_advised": skip_layers is None and skip is not None,
         "tokens_per_gib_baseline": base.tokens_per_gib,
         "tokens_per_gib_fp8": fp8.tokens_per_gib,
         # share of a request's 16-bit KV bytes (state included) held by the layers FP8 stores (1: all, 0: none)

@@ -95,10 +95,7 @@ class StepBytes:
         return self.kv_bytes / self.total_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["total_bytes"] = self.total_bytes
-        out["kv_share"] = self.kv_share
-        return out
+        return asdict(self) | {"total_bytes": self.total_bytes, "kv_share": self.kv_share}
 
 
 @dataclass(frozen=True)
@@ -307,10 +304,7 @@ def kv_dominates_from(
 
 
 def max_fp8_gain_pct(
-    model: str | Path | ModelLayout,
-    context_len: int,
-    users: int = 1,
-    skip_layers: str | None = None,
+    model: str | Path | ModelLayout, context_len: int, users: int = 1, skip_layers: str | None = None
 ) -> float:
     """The largest speedup the smaller FP8 KV reads can explain at this context and user count.
 
@@ -323,10 +317,6 @@ def max_fp8_gain_pct(
 
 
 # --------------------------------------------------------------------------- the whole prediction
-
-
-def _pick(steps: dict[str, StepBytes], test: Any) -> str | None:
-    return next((name for name, s in steps.items() if test(s.resolved_dtype)), None)
 
 
 def roofline(
@@ -375,8 +365,8 @@ def roofline(
     tpot = {d: tpot_ms(s.total_bytes, bandwidth, factor) for d, s in steps.items()}
     slopes = {d: predicted_slope_ms_per_token(layout, d, bandwidth, factor, users, skip_layers) for d in dtypes}
     dominates = {d: kv_dominates_from(layout, d, users, weights_bytes, skip_layers) for d in dtypes}
-    base = _pick(steps, lambda r: r in SIXTEEN_BIT)
-    fp8 = _pick(steps, lambda r: r.startswith("fp8"))
+    base = next((d for d, s in steps.items() if s.resolved_dtype in SIXTEEN_BIT), None)
+    fp8 = next((d for d, s in steps.items() if s.resolved_dtype.startswith("fp8")), None)
     gain = speedup_pct(tpot[base], tpot[fp8]) if base and fp8 else None
     reduction = (1 - tpot[fp8] / tpot[base]) * 100 if base and fp8 else None
     return RooflineResult(

@@ -22,26 +22,25 @@ def findings_table(reports: Sequence[ScaleReport]) -> Any:
     """One row per report: what the folder declares, which scales it holds, what went wrong."""
     import pandas as pd
 
-    rows = []
-    for r in reports:
-        rows.append(
-            {
-                "model": r.source,
-                "weights": r.weights,
-                "quant method": r.quant_method,
-                "declares KV": declared_kv_dtype(r),
-                "scheme strategy": r.kv_scheme_strategy,
-                "layers with k / v scales": f"{len(r.scale_layers('k'))} / {len(r.scale_layers('v'))}"
-                + (f" of {r.num_hidden_layers}" if r.num_hidden_layers else ""),
-                "naming": r.styles() or None,
-                "per head": r.per_head() if r.scales else None,
-                "k scales": _span(r, "k"),
-                "v scales": _span(r, "v"),
-                "log check": r.engine_outcome,
-                "bytes read": r.bytes_read,
-                "errors": len(r.errors),
-            }
-        )
+    rows = [
+        {
+            "model": r.source,
+            "weights": r.weights,
+            "quant method": r.quant_method,
+            "declares KV": declared_kv_dtype(r),
+            "scheme strategy": r.kv_scheme_strategy,
+            "layers with k / v scales": f"{len(r.scale_layers('k'))} / {len(r.scale_layers('v'))}"
+            + (f" of {r.num_hidden_layers}" if r.num_hidden_layers else ""),
+            "naming": r.styles() or None,
+            "per head": r.per_head() if r.scales else None,
+            "k scales": _span(r, "k"),
+            "v scales": _span(r, "v"),
+            "log check": r.engine_outcome,
+            "bytes read": r.bytes_read,
+            "errors": len(r.errors),
+        }
+        for r in reports
+    ]
     return pd.DataFrame(rows).astype(object).fillna("–")
 
 
@@ -59,11 +58,8 @@ def scale_values_frame(reports: Sequence[ScaleReport]) -> Any:
 
 
 def verdicts_markdown(reports: Sequence[ScaleReport]) -> str:
-    parts = []
-    for r in reports:
-        lines = [f"**{r.source}**"] + [f"- {v}" for v in r.verdicts or ["(nothing could be read)"]]
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
+    parts = ([f"**{r.source}**"] + [f"- {v}" for v in r.verdicts or ["(nothing could be read)"]] for r in reports)
+    return "\n\n".join("\n".join(lines) for lines in parts)
 
 
 def pool_comparisons(dump: Any) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -194,15 +195,8 @@ def layer_of(name: str) -> int | None:
 
 
 def _check_values(name: str, file: str, values: np.ndarray, report: ScaleReport) -> None:
-    bad = []
-    if np.isnan(values).any():
-        bad.append("NaN")
-    if np.isinf(values).any():
-        bad.append("infinite")
-    if (values == 0).any():
-        bad.append("zero")
-    if (values < 0).any():
-        bad.append("negative")
+    checks = {"NaN": np.isnan(values), "infinite": np.isinf(values), "zero": values == 0, "negative": values < 0}
+    bad = [word for word, hit in checks.items() if hit.any()]
     if bad:
         report.errors.append(
             f"{file}: tensor {name}: {', '.join(bad)} scale value(s) "
@@ -315,12 +309,9 @@ def inspect_model(
 
 def inspect_cache(cache_dir: str | Path | None = None) -> list[ScaleReport]:
     """One report per model repository in the local Hugging Face cache (newest snapshot each)."""
-    reports = []
-    for repo_id, snapshot in sorted(cached_snapshots(cache_dir).items()):
-        report = inspect_model(snapshot)
-        report.source = repo_id
-        reports.append(report)
-    return reports
+    return [
+        replace(inspect_model(path), source=repo_id) for repo_id, path in sorted(cached_snapshots(cache_dir).items())
+    ]
 
 
 # --------------------------------------------------------------------------- seed 002's dump check
@@ -352,14 +343,9 @@ def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> li
             "declared": declared_kv_dtype(report),
             "auto_stores": chosen[0],
             "auto_chosen_by": chosen[1],
-            "log": None,
-            "log_kv_dtype": None,
-            "log_scale_warning": None,
-            "log_pool_tokens": None,
-            "log_version": None,
-            "log_failure": None,
-            "agree": None,
-            "note": None,
+            **dict.fromkeys(
+                "log log_kv_dtype log_scale_warning log_pool_tokens log_version log_failure agree note".split()
+            ),
             "errors": "; ".join(report.errors) or None,
         }
         paired = pairs.get(str(folder)) or pairs.get(str(folder.relative_to(root)))

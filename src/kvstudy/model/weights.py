@@ -14,18 +14,10 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
-from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR, MAX_LAYERS
+from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR
 from kvstudy.model.config_fields import HF_QUANT_CONFIG, config_count, config_int, nemotron_h_pattern, usable_int
 from kvstudy.model.folder import load_config
-from kvstudy.model.layout import (
-    LINEAR,
-    MLA,
-    SHARED,
-    LayerSpec,
-    ModelLayout,
-    layout_from_config,
-    text_config,
-)
+from kvstudy.model.layout import LINEAR, MLA, SHARED, LayerSpec, ModelLayout, layout_from_config, text_config
 from kvstudy.model.safetensors import DTYPE_BYTES as FLOAT_DTYPE_BYTES
 from kvstudy.vllm.facts import DTYPE_BYTES, KV_RULES_SOURCE
 
@@ -183,8 +175,7 @@ def parameter_parts(
         if layer.kind != SHARED:
             parts["attention"] += _attention_parameters(cfg, layer, hidden, heads, where)
     pattern = nemotron_h_pattern(cfg, where) if layout.model_type == "nemotron_h" else None
-    num_layers = len(pattern) if pattern else config_int(cfg, "num_hidden_layers", where, high=MAX_LAYERS)
-    for index in range(num_layers):
+    for index in range(layout.num_hidden_layers):
         if pattern and pattern[index] not in "-E":
             continue
         if layout.model_type == "nemotron-nas":

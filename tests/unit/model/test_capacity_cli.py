@@ -133,10 +133,10 @@ def test_gpu_from_the_catalog_tp_and_csv(tmp_path: Path) -> None:
     # 8 KV heads over 2 GPUs: 4 per GPU, 36 layers x 4 x 256 x 2 bytes
     assert data["dtypes"]["bfloat16"]["bytes_per_token_per_gpu"] == 36 * 4 * 256 * 2
     gpu = data["gpu"]
-    assert gpu["name"] == "L4" and gpu["memory_source"].startswith("from the GPU catalog")
-    assert gpu["gpu_memory_utilization"] == 0.92 and "default" in gpu["utilization_source"]
+    assert gpu["gpu_name"] == "L4" and gpu["memory_source"].startswith("from the GPU catalog")
+    assert gpu["utilization"] == 0.92 and "default" in gpu["utilization_source"]
     pool = int(int(23034 * 2**20) * 0.92) - 16381470720 // 2
-    assert gpu["kv_pool_bytes_per_gpu"] == pool
+    assert gpu["kv_pool_bytes"] == pool
     assert data["dtypes"]["fp8"]["users"] == pool // (36 * 4 * 256 * 4096)
     assert csv.read_text().splitlines()[0].startswith("kv dtype,")
 

@@ -36,7 +36,7 @@ def test_real_cpu_logs_reproduced_to_the_block(arm: str, blocks: int, seed: int)
     assert result["logged"]["pool_blocks"] == blocks
     assert result["logged"]["pool_tokens"] == blocks * 128
     predicted = result["predicted"]
-    assert predicted["num_blocks_low"] <= blocks <= predicted["num_blocks_high"]
+    assert predicted["blocks_low"] <= blocks <= predicted["blocks_high"]
     assert predicted["requests_at_max_len"] == result["logged"]["max_concurrency"]
     other = "fp8 (fp8)" if arm == "auto" else "auto (bfloat16)"
     ratio = result["other_kv_dtypes"][other]["tokens"] / result["logged"]["pool_tokens"]

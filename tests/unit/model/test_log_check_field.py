@@ -69,7 +69,7 @@ def test_a_hybrid_pool_logged_per_group_before_0_18_agrees(tmp_path: Path) -> No
     result = log_check.check_log(_gpt_oss_log(tmp_path, "0.11.0"), GPT_OSS)
     assert result["agree"] is True, result["agreement"]
     assert result["logged"]["pool_blocks"] in (35_328, 35_329)
-    assert result["predicted"]["layer_groups"] == 2
+    assert result["predicted"]["num_groups"] == 2
     assert result["logged"]["pool_tokens_formula"].startswith("blocks // layer groups")
 
 
