@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvstudy.accuracy import runner, samples
 from kvstudy.accuracy.configurations import CONFIGURATIONS, configurations
@@ -24,50 +25,8 @@ from kvstudy.io import bounded_float, bounded_int
 from kvstudy.limits import MAX_GIB, MAX_ITEMS, MAX_SHOTS, MAX_TOKENS, MAX_TOP_K, float_arg, int_arg, output_folder
 from kvstudy.vllm.command import ServerConfig
 
-if TYPE_CHECKING:
-    from kvstudy.stats import binary, binary_power
-
-
-def _compare_json(cmp: binary.PairedComparison) -> dict[str, Any]:
-    """The keys of ``kvstudy accuracy compare --json`` (interval and margin in points)."""
-    from kvstudy.accuracy.verdicts import paired_sentence
-
-    c = cmp.counts
-    return {
-        "n": c.n,
-        "correct": {"baseline": c.baseline_correct, "candidate": c.candidate_correct},
-        "discordant": {"baseline_only": c.baseline_only, "candidate_only": c.candidate_only},
-        "mcnemar_p": cmp.mcnemar.p_value,
-        "difference_points": 100 * cmp.difference,
-        "difference_ci": [100 * cmp.interval.low, 100 * cmp.interval.high],
-        "margin_points": cmp.non_inferiority.margin_points,
-        "non_inferior": cmp.non_inferiority.non_inferior,
-        "verdict": paired_sentence(cmp),
-    }
-
-
-def _totals_json(t: binary_power.TotalsBounds) -> dict[str, Any]:
-    """The keys of ``kvstudy accuracy totals --json`` (rates and losses in percent/points)."""
-    from kvstudy.accuracy.verdicts import totals_sentence
-
-    def pts(x: float | None) -> float | None:
-        return None if x is None else 100 * x
-
-    return {
-        "n": t.n,
-        "correct": {"baseline": t.baseline, "candidate": t.candidate},
-        "mcnemar_p_min": t.mcnemar_p_min,
-        "mcnemar_p_max": t.mcnemar_p_max,
-        "discordant_range": [t.discordant_min, t.discordant_max],
-        "disagreement_rate_pct": [100 * t.discordant_min / t.n, 100 * t.discordant_max / t.n],
-        "detectable_loss_points": [pts(t.detectable_loss_low), pts(t.detectable_loss_high)],
-        "power_floor_disagreement_pct": pts(t.power_floor),
-        "unpaired_difference_ci": [pts(t.unpaired.low), pts(t.unpaired.high)],
-        "verdict": totals_sentence(t),
-    }
-
-
 def _run_compare(args: argparse.Namespace) -> int:
+    from kvstudy.accuracy.verdicts import paired_sentence
     from kvstudy.stats import binary
 
     margin_points, margin_share = (
@@ -85,7 +44,8 @@ def _run_compare(args: argparse.Namespace) -> int:
     )
     cuts = [samples.cut_off_answers(s) for s in (pair.baseline, pair.candidate)]
     data = {
-        **_compare_json(verdict),
+        **asdict(verdict),
+        "verdict": paired_sentence(verdict),
         "task": pair.baseline.task or pair.candidate.task,
         "filter": args.filter,
         "metric": args.metric,
@@ -115,11 +75,12 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def _run_totals(args: argparse.Namespace) -> int:
+    from kvstudy.accuracy.verdicts import totals_sentence
     from kvstudy.stats import binary_power
 
     n, a, b = (bounded_int(getattr(args, k), f"--{k}", high=MAX_ITEMS) for k in ("n", "baseline", "candidate"))
     bounds = binary_power.totals_bounds(n, a, b)
-    data = _totals_json(bounds)
+    data = {**asdict(bounds), "verdict": totals_sentence(bounds)}
     low, high = bounds.detectable_loss_low, bounds.detectable_loss_high
     loss = (
         "none at 80% power"
