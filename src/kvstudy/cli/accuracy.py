@@ -25,6 +25,7 @@ from kvstudy.io import bounded_float, bounded_int
 from kvstudy.limits import MAX_GIB, MAX_ITEMS, MAX_SHOTS, MAX_TOKENS, MAX_TOP_K, float_arg, int_arg, output_folder
 from kvstudy.vllm.command import ServerConfig
 
+
 def _run_compare(args: argparse.Namespace) -> int:
     from kvstudy.accuracy.verdicts import paired_sentence
     from kvstudy.stats import binary

@@ -103,7 +103,9 @@ def test_totals_json_published_figures(
     assert round(100 * low, 1) == 1.6 and round(100 * high, 1) == 5.4
     ci_low, ci_high = data["unpaired"]["low"], data["unpaired"]["high"]
     assert ci_low < -0.01 < ci_high
-    assert {"mcnemar_p_min", "mcnemar_p_max", "discordant_min", "detectable_loss_low", "unpaired", "verdict"} <= set(data)
+    assert {"mcnemar_p_min", "mcnemar_p_max", "discordant_min", "detectable_loss_low", "unpaired", "verdict"} <= set(
+        data
+    )
 
 
 def test_totals_text_output(capsys: pytest.CaptureFixture[str]) -> None:
