@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvstudy.capture import read_manifest
+from kvstudy.capture import MANIFEST, read_manifest
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json_object, read_jsonl
 from kvstudy.outputs import check_output_folder, claim_output_folder
@@ -89,6 +89,15 @@ class Capture:
     groups: list[Group]
     logp: dict[tuple[str, str], list[dict[str, Any]]]
     greedy: dict[tuple[str, str], list[dict[str, Any]]]
+
+
+def captured_settings(capture: str | Path, run_missing: bool, names: Sequence[str]) -> dict[str, Any]:
+    """The values of ``names`` the capture's spec was made with (its manifest's ``spec``); empty when
+    the folder holds no capture yet or a live run may add to it (``run_missing``)."""
+    if run_missing or not (Path(capture) / MANIFEST).is_file():
+        return {}
+    spec = read_manifest(capture, KIND).get("spec") or {}
+    return {name: spec[name] for name in names if name in spec}
 
 
 def load(capture: str | Path) -> Capture:
