@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.accuracy import runner, samples
-from kvstudy.accuracy.configurations import CONFIGURATIONS
+from kvstudy.accuracy.configurations import CONFIGURATIONS, configurations
 from kvstudy.accuracy.task_specs import TASKS
 from kvstudy.cli import json_option, retry_option, show
 from kvstudy.errors import StudyError
@@ -160,9 +160,13 @@ def _gsm8k(args: argparse.Namespace) -> int:
     runner.run_missing(
         names, args.model, args.capture, settings, base, retry_failed=args.retry_failed, screen_top_k=args.screen_top_k
     )
-    bad = [r for r in runner.load_capture(args.capture, names).values() if r.state != "ok"]
-    for result in bad:
-        print(f"{result.name}: {result.state}: {(result.diagnosis or '')[:300]}", file=sys.stderr)
+    states = {cfg.name: runner.read_status(Path(args.capture) / cfg.name) for cfg in configurations(names)}
+    bad = {name: s for name, s in states.items() if s is None or s.state != "ok"}
+    for name, status in bad.items():
+        print(
+            f"{name}: {getattr(status, 'state', 'missing')}: {(status and status.diagnosis or '')[:300]}",
+            file=sys.stderr,
+        )
     return 1 if bad else 0
 
 
