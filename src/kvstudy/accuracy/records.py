@@ -29,7 +29,7 @@ class QuestionRecord:
     flexible_answer: str  # extracted by flexible-extract
     flexible_correct: bool
 
-    def correct(self, filter_name: str) -> bool:
+    def correct(self, filter_name: str = GSM8K_FILTERS[0]) -> bool:
         return self.strict_correct if filter_name == "strict-match" else self.flexible_correct
 
 
@@ -51,7 +51,7 @@ class RetrievalRecord:
     answer: str  # the answer line (filter "answer-line")
     is_correct: bool
 
-    def correct(self, filter_name: str) -> bool:
+    def correct(self, filter_name: str = RETRIEVAL_FILTERS[0]) -> bool:
         if filter_name not in RETRIEVAL_FILTERS:
             raise StudyError(f"filter: expected one of {RETRIEVAL_FILTERS}, got {filter_name!r}")
         return self.is_correct
