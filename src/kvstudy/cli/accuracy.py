@@ -21,7 +21,7 @@ from kvstudy.accuracy.configurations import CONFIGURATIONS, configurations
 from kvstudy.accuracy.task_specs import TASKS
 from kvstudy.cli import json_option, retry_option, show
 from kvstudy.errors import StudyError
-from kvstudy.io import bounded_float, bounded_int
+from kvstudy.io import bounded_int
 from kvstudy.limits import MAX_GIB, MAX_ITEMS, MAX_SHOTS, MAX_TOKENS, MAX_TOP_K, float_arg, int_arg, output_folder
 from kvstudy.vllm.command import ServerConfig
 
@@ -30,16 +30,12 @@ def _run_compare(args: argparse.Namespace) -> int:
     from kvstudy.accuracy.verdicts import paired_sentence
     from kvstudy.stats import binary
 
-    margin_points, margin_share = (
-        None if text is None else bounded_float(text, option)
-        for text, option in ((args.margin_points, "--margin-points"), (args.margin_share, "--margin-share"))
-    )
     pair = samples.read_pair(args.baseline, args.candidate, args.filter, args.metric)
     verdict = binary.compare(
         pair.baseline.correctness(),
         pair.candidate.correctness(),
-        margin_points=margin_points,
-        margin_share=margin_share,
+        margin_points=args.margin_points,
+        margin_share=args.margin_share,
         baseline_label="baseline",
         candidate_label="candidate",
     )
@@ -121,10 +117,13 @@ def add_accuracy(subparsers: Any) -> None:
         "--metric", default=samples.DEFAULT_METRIC, help=f"per-item metric, 0 or 1 (default {samples.DEFAULT_METRIC})"
     )
     margin = cmp.add_mutually_exclusive_group()
-    margin.add_argument("--margin-points", metavar="X", help="non-inferiority margin in percentage points")
+    margin.add_argument(
+        "--margin-points", metavar="X", type=float_arg(0, 100), help="non-inferiority margin in percentage points"
+    )
     margin.add_argument(
         "--margin-share",
         metavar="S",
+        type=float_arg(0, 1),
         help=f"margin as a share of the 16-bit score kept (default {binary.DEFAULT_MARGIN_SHARE}, MLPerf's 99%%)",
     )
     json_option(cmp)
