@@ -15,7 +15,7 @@ from kvstudy import cli
 from kvstudy.accuracy import runner as ge
 from kvstudy.accuracy import screening as sc
 from kvstudy.io import read_jsonl
-from kvstudy.precision.paired_logp import pair_rows
+from kvstudy.precision.analysis import pair_rows
 from kvstudy.vllm.facts import DEFAULT_MAX_LOGPROBS
 
 pytestmark = pytest.mark.live

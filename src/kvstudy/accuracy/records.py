@@ -29,7 +29,7 @@ class QuestionRecord:
     flexible_answer: str  # extracted by flexible-extract
     flexible_correct: bool
 
-    def correct(self, filter_name: str) -> bool:
+    def correct(self, filter_name: str = GSM8K_FILTERS[0]) -> bool:
         return self.strict_correct if filter_name == "strict-match" else self.flexible_correct
 
 
@@ -51,7 +51,7 @@ class RetrievalRecord:
     answer: str  # the answer line (filter "answer-line")
     is_correct: bool
 
-    def correct(self, filter_name: str) -> bool:
+    def correct(self, filter_name: str = RETRIEVAL_FILTERS[0]) -> bool:
         if filter_name not in RETRIEVAL_FILTERS:
             raise StudyError(f"filter: expected one of {RETRIEVAL_FILTERS}, got {filter_name!r}")
         return self.is_correct
@@ -76,32 +76,28 @@ def _right(sample: Mapping[str, Any]) -> bool:
     return bool(float(sample["exact_match"]) == 1.0)
 
 
-def question_records(samples: Iterable[Mapping[str, Any]]) -> list[QuestionRecord]:
-    """GSM8K samples (one per question and filter) to one record per question."""
-    by_doc = _by_doc(samples, GSM8K_FILTERS)
-    records = []
+def records_from_samples(samples: Iterable[Mapping[str, Any]], task: str = "gsm8k_offline") -> list[Any]:
+    """lm-eval's logged samples of ``task`` (one per document and filter) to one record per document:
+    a GSM8K question with both filters' answers, or a retrieval item with its context id and length."""
+    retrieval = task_spec(task).kind == "retrieval"
+    by_doc = _by_doc(samples, RETRIEVAL_FILTERS if retrieval else GSM8K_FILTERS)
+    records: list[Any] = []
     for doc_id in sorted(by_doc):
-        strict, flexible = by_doc[doc_id]["strict-match"], by_doc[doc_id]["flexible-extract"]
-        records.append(
-            QuestionRecord(
-                doc_id=doc_id,
-                prompt_hash=str(strict.get("prompt_hash", "")),
-                target=str(strict["target"]).rsplit("#### ", 1)[-1].strip(),
-                response=str(strict["resps"][0][0]),
-                strict_answer=str(strict["filtered_resps"][0]),
-                strict_correct=_right(strict),
-                flexible_answer=str(flexible["filtered_resps"][0]),
-                flexible_correct=_right(flexible),
+        if not retrieval:
+            strict, flexible = by_doc[doc_id]["strict-match"], by_doc[doc_id]["flexible-extract"]
+            records.append(
+                QuestionRecord(
+                    doc_id=doc_id,
+                    prompt_hash=str(strict.get("prompt_hash", "")),
+                    target=str(strict["target"]).rsplit("#### ", 1)[-1].strip(),
+                    response=str(strict["resps"][0][0]),
+                    strict_answer=str(strict["filtered_resps"][0]),
+                    strict_correct=_right(strict),
+                    flexible_answer=str(flexible["filtered_resps"][0]),
+                    flexible_correct=_right(flexible),
+                )
             )
-        )
-    return records
-
-
-def retrieval_records(samples: Iterable[Mapping[str, Any]]) -> list[RetrievalRecord]:
-    """Retrieval samples to one record per item, with the item's context id and length."""
-    by_doc = _by_doc(samples, RETRIEVAL_FILTERS)
-    records = []
-    for doc_id in sorted(by_doc):
+            continue
         sample = by_doc[doc_id][RETRIEVAL_FILTERS[0]]
         doc = sample.get("doc")
         if not isinstance(doc, Mapping) or not {"id", "kind", "context_id", "n_keys"} <= set(doc):
@@ -126,13 +122,6 @@ def retrieval_records(samples: Iterable[Mapping[str, Any]]) -> list[RetrievalRec
             )
         )
     return records
-
-
-def records_from_samples(samples: Iterable[Mapping[str, Any]], task: str = "gsm8k_offline") -> list[Any]:
-    """lm-eval's logged samples of ``task`` to one record per document."""
-    if task_spec(task).kind == "retrieval":
-        return retrieval_records(samples)
-    return question_records(samples)
 
 
 def read_records(path: str | Path) -> list[Any]:

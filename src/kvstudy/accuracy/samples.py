@@ -19,12 +19,12 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
@@ -65,35 +65,56 @@ _KNOWN_KEYS = frozenset(
 # --------------------------------------------------------------------------- one row
 
 
-@dataclass(frozen=True)
-class SampleRow:
-    """One document under one filter, as lm-eval logged it (only what the study uses)."""
+class SampleRow(BaseModel):
+    """One document under one filter, as lm-eval logged it (only what the study uses): the keys read
+    as logged (checked, strict), the others derived from the row by ``_derive``."""
 
-    doc_id: int
-    filter: str
-    scores: Mapping[str, float]  # metric name -> value for this document
-    metric_names: tuple[str, ...]  # lm-eval's ``metrics`` list (empty if absent)
-    doc_hash: str | None  # lm-eval's, or None when absent
+    model_config = ConfigDict(strict=True, frozen=True)
+
+    doc_id: int = Field(ge=0)
+    filter: str = Field(UNNAMED_FILTER, min_length=1)  # lm-eval before 0.4.2 did not log it
+    metrics: list[str] = []  # lm-eval's ``metrics`` list (empty if absent)
+    doc_hash: str | None = None  # lm-eval's, or None when absent
+    target_hash: str | None = None
+    prompt_hash: str | None = None
+    scores: dict[str, float]  # metric name -> value for this document
     doc_digest: str | None  # sha256 of the ``doc`` object (keys sorted), None if absent
-    target_hash: str | None
-    prompt_hash: str | None
     response: str | None  # the first raw generation (generate_until tasks)
     gen_limit: int | None  # ``max_gen_toks`` in the logged generation kwargs
     stopped_by_limit: bool | None  # what the row says (``finish_reason``/``truncated``), if anything
     task: str | None  # only if a row carries one (lm-eval's rows do not)
 
-
-class _Logged(BaseModel):
-    """The keys of a row the study reads, checked (the others are lm-eval's, metric values among them)."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
-
-    doc_id: int = Field(ge=0)
-    filter: str = Field(UNNAMED_FILTER, min_length=1)  # lm-eval before 0.4.2 did not log it
-    metrics: list[str] = []
-    doc_hash: str | None = None
-    target_hash: str | None = None
-    prompt_hash: str | None = None
+    @model_validator(mode="before")
+    @classmethod
+    def _derive(cls, row: Any) -> Any:
+        if not isinstance(row, dict):
+            return row
+        doc, task, reason = row.get("doc"), row.get("task", row.get("task_name")), _first_text(row.get("finish_reason"))
+        try:
+            limit = row["arguments"]["gen_args_0"]["arg_1"]["max_gen_toks"]
+        except (KeyError, TypeError, IndexError):
+            limit = None
+        return {
+            **row,
+            "scores": {
+                k: float(v)
+                for k, v in row.items()
+                if k not in _KNOWN_KEYS
+                and isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and abs(v) <= MAX_FILE_NUMBER  # first: a 400-digit score is not a score (float() of it overflows)
+                and math.isfinite(v)
+            },
+            "doc_digest": None
+            if doc is None
+            else hashlib.sha256(json.dumps(doc, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest(),
+            "response": _first_text(row.get("resps")),
+            "gen_limit": limit if type(limit) is int and limit > 0 else None,
+            "stopped_by_limit": row["truncated"]
+            if isinstance(row.get("truncated"), bool)
+            else (None if reason is None else reason in _LENGTH_REASONS),
+            "task": task if isinstance(task, str) else None,
+        }
 
 
 def _first_text(value: Any) -> str | None:
@@ -103,57 +124,12 @@ def _first_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _gen_limit(arguments: Any) -> int | None:
-    try:
-        limit = arguments["gen_args_0"]["arg_1"]["max_gen_toks"]
-    except (KeyError, TypeError, IndexError):
-        return None
-    return limit if type(limit) is int and limit > 0 else None
-
-
-def _stopped_by_limit(row: Mapping[str, Any]) -> bool | None:
-    if isinstance(row.get("truncated"), bool):
-        return row["truncated"]
-    reason = _first_text(row.get("finish_reason"))
-    return None if reason is None else reason in _LENGTH_REASONS
-
-
 def parse_row(row: Any) -> SampleRow:
-    """One decoded JSON line to a :class:`SampleRow`; ValueError/TypeError says what is wrong."""
-    if not isinstance(row, dict):
-        raise TypeError(f"expected a JSON object, got {type(row).__name__}")
+    """One decoded JSON line to a :class:`SampleRow`; ValueError says what is wrong."""
     try:
-        found = _Logged.model_validate(row)
+        return SampleRow.model_validate(row)
     except ValidationError as exc:
         raise ValueError(one_line(exc)) from None
-    scores = {
-        k: float(v)
-        for k, v in row.items()
-        if k not in _KNOWN_KEYS
-        and isinstance(v, (int, float))
-        and not isinstance(v, bool)
-        and abs(v) <= MAX_FILE_NUMBER  # first: a 400-digit score is not a score (float() of it overflows)
-        and math.isfinite(v)
-    }
-    doc = row.get("doc")
-    digest = None
-    if doc is not None:
-        digest = hashlib.sha256(json.dumps(doc, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
-    task = row.get("task", row.get("task_name"))
-    return SampleRow(
-        doc_id=found.doc_id,
-        filter=found.filter,
-        scores=scores,
-        metric_names=tuple(found.metrics),
-        doc_hash=found.doc_hash,
-        doc_digest=digest,
-        target_hash=found.target_hash,
-        prompt_hash=found.prompt_hash,
-        response=_first_text(row.get("resps")),
-        gen_limit=_gen_limit(row.get("arguments")),
-        stopped_by_limit=_stopped_by_limit(row),
-        task=task if isinstance(task, str) else None,
-    )
 
 
 # --------------------------------------------------------------------------- one file
@@ -198,7 +174,7 @@ def _parse_rows(path: Path, data: list[Any]) -> list[SampleRow]:
     for number, row in enumerate(data):
         try:
             rows.append(parse_row(row))
-        except (ValueError, TypeError) as exc:
+        except ValueError as exc:
             raise StudyError(f"{path}: row {number}: not an lm-eval sample row ({exc})") from None
     return rows
 
@@ -273,7 +249,7 @@ def read_samples(
         )
     for r in chosen:
         if metric not in r.scores:
-            have = sorted(set(r.metric_names) | set(r.scores))
+            have = sorted(set(r.metrics) | set(r.scores))
             raise StudyError(
                 f"{path}: doc_id {r.doc_id} (filter {filter_name!r}) has no numeric metric {metric!r}; it has {have}"
             )

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvstudy.accuracy.analysis import PublishedSummary, finished, serves_another_model
 from kvstudy.accuracy.records import correctness
@@ -153,13 +152,9 @@ def cut_off_rows(
         if res.state != "ok":
             continue
         cut = [r for r in res.records if measure(r.response) >= max_gen_toks]
-        wrong = sum(not r.correct(_first_filter(r)) for r in cut)
+        wrong = sum(not r.correct() for r in cut)  # under the task's first filter
         rows.append(CutOffRow(res.label, len(res.records), len(cut), wrong, max_gen_toks, how))
     return rows
-
-
-def _first_filter(record: Any) -> str:
-    return "strict-match" if hasattr(record, "strict_correct") else "answer-line"
 
 
 # --------------------------------------------------------------------------- retrieval

@@ -12,80 +12,37 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvstudy.accuracy import runner, samples
 from kvstudy.accuracy.configurations import CONFIGURATIONS, configurations
 from kvstudy.accuracy.task_specs import TASKS
 from kvstudy.cli import json_option, retry_option, show
 from kvstudy.errors import StudyError
-from kvstudy.io import bounded_float, bounded_int
+from kvstudy.io import bounded_int
 from kvstudy.limits import MAX_GIB, MAX_ITEMS, MAX_SHOTS, MAX_TOKENS, MAX_TOP_K, float_arg, int_arg, output_folder
 from kvstudy.vllm.command import ServerConfig
 
-if TYPE_CHECKING:
-    from kvstudy.stats import binary, binary_power
-
-
-def _compare_json(cmp: binary.PairedComparison) -> dict[str, Any]:
-    """The keys of ``kvstudy accuracy compare --json`` (interval and margin in points)."""
-    from kvstudy.accuracy.verdicts import paired_sentence
-
-    c = cmp.counts
-    return {
-        "n": c.n,
-        "correct": {"baseline": c.baseline_correct, "candidate": c.candidate_correct},
-        "discordant": {"baseline_only": c.baseline_only, "candidate_only": c.candidate_only},
-        "mcnemar_p": cmp.mcnemar.p_value,
-        "difference_points": 100 * cmp.difference,
-        "difference_ci": [100 * cmp.interval.low, 100 * cmp.interval.high],
-        "margin_points": cmp.non_inferiority.margin_points,
-        "non_inferior": cmp.non_inferiority.non_inferior,
-        "verdict": paired_sentence(cmp),
-    }
-
-
-def _totals_json(t: binary_power.TotalsBounds) -> dict[str, Any]:
-    """The keys of ``kvstudy accuracy totals --json`` (rates and losses in percent/points)."""
-    from kvstudy.accuracy.verdicts import totals_sentence
-
-    def pts(x: float | None) -> float | None:
-        return None if x is None else 100 * x
-
-    return {
-        "n": t.n,
-        "correct": {"baseline": t.baseline, "candidate": t.candidate},
-        "mcnemar_p_min": t.mcnemar_p_min,
-        "mcnemar_p_max": t.mcnemar_p_max,
-        "discordant_range": [t.discordant_min, t.discordant_max],
-        "disagreement_rate_pct": [100 * t.discordant_min / t.n, 100 * t.discordant_max / t.n],
-        "detectable_loss_points": [pts(t.detectable_loss_low), pts(t.detectable_loss_high)],
-        "power_floor_disagreement_pct": pts(t.power_floor),
-        "unpaired_difference_ci": [pts(t.unpaired.low), pts(t.unpaired.high)],
-        "verdict": totals_sentence(t),
-    }
-
 
 def _run_compare(args: argparse.Namespace) -> int:
+    from kvstudy.accuracy.verdicts import paired_sentence
     from kvstudy.stats import binary
 
-    margin_points, margin_share = (
-        None if text is None else bounded_float(text, option)
-        for text, option in ((args.margin_points, "--margin-points"), (args.margin_share, "--margin-share"))
-    )
     pair = samples.read_pair(args.baseline, args.candidate, args.filter, args.metric)
     verdict = binary.compare(
         pair.baseline.correctness(),
         pair.candidate.correctness(),
-        margin_points=margin_points,
-        margin_share=margin_share,
+        margin_points=args.margin_points,
+        margin_share=args.margin_share,
         baseline_label="baseline",
         candidate_label="candidate",
     )
     cuts = [samples.cut_off_answers(s) for s in (pair.baseline, pair.candidate)]
     data = {
-        **_compare_json(verdict),
+        **asdict(verdict),
+        "verdict": paired_sentence(verdict),
         "task": pair.baseline.task or pair.candidate.task,
         "filter": args.filter,
         "metric": args.metric,
@@ -115,11 +72,12 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def _run_totals(args: argparse.Namespace) -> int:
+    from kvstudy.accuracy.verdicts import totals_sentence
     from kvstudy.stats import binary_power
 
     n, a, b = (bounded_int(getattr(args, k), f"--{k}", high=MAX_ITEMS) for k in ("n", "baseline", "candidate"))
     bounds = binary_power.totals_bounds(n, a, b)
-    data = _totals_json(bounds)
+    data = {**asdict(bounds), "verdict": totals_sentence(bounds)}
     low, high = bounds.detectable_loss_low, bounds.detectable_loss_high
     loss = (
         "none at 80% power"
@@ -159,10 +117,13 @@ def add_accuracy(subparsers: Any) -> None:
         "--metric", default=samples.DEFAULT_METRIC, help=f"per-item metric, 0 or 1 (default {samples.DEFAULT_METRIC})"
     )
     margin = cmp.add_mutually_exclusive_group()
-    margin.add_argument("--margin-points", metavar="X", help="non-inferiority margin in percentage points")
+    margin.add_argument(
+        "--margin-points", metavar="X", type=float_arg(0, 100), help="non-inferiority margin in percentage points"
+    )
     margin.add_argument(
         "--margin-share",
         metavar="S",
+        type=float_arg(0, 1),
         help=f"margin as a share of the 16-bit score kept (default {binary.DEFAULT_MARGIN_SHARE}, MLPerf's 99%%)",
     )
     json_option(cmp)

@@ -195,51 +195,6 @@ def arm_state(capture: Path, group: str, arm: str, states: dict[str, str]) -> st
     return None if state == "ok" and not logp_path(capture, group, arm).is_file() else state
 
 
-def _run_group(
-    capture: Path,
-    name: str,
-    model_dir: str,
-    loaded: Loaded,
-    storages: list[qz.Storage],
-    prompts: list[pr.ScoredPrompt],
-    spec: SimSpec,
-    notes: list[str],
-    states: dict[str, str],
-    retry_failed: bool = False,
-) -> None:
-    group = Group(
-        name=name,
-        engine=qz.LABEL,
-        model=model_dir,
-        baseline=storages[0].name,
-        floor=storages[1].name,
-        candidates=tuple(s.name for s in storages[2:]),
-        arms={s.name: {**asdict(s), "label": LABELS.get(s.name, s.name)} for s in storages},
-        notes=tuple(notes),
-    )
-    write_json_atomic(capture / name / GROUP_FILE, asdict(group))
-    gsm = [p for p in prompts if p.bucket == "gsm8k"][: spec.greedy_n]
-    for storage in storages:
-        key = f"{name}/{storage.name}"
-        state = arm_state(capture, name, storage.name, states)
-        if not needs_run(state, retry_failed):
-            if state == "failed":
-                print(f"kv-simulate: {key} failed before, kept; run again with --retry-failed", flush=True)
-            continue
-        began = time.monotonic()
-        try:
-            write_jsonl_atomic(logp_path(capture, name, storage.name), score(loaded, prompts, storage))
-            if gsm and storage.name in GREEDY_ARMS and not greedy_path(capture, name, storage.name).is_file():
-                write_jsonl_atomic(
-                    greedy_path(capture, name, storage.name), greedy(loaded, gsm, storage, spec.greedy_max_tokens)
-                )
-        except Exception:
-            states[key] = "failed"  # recorded by run's finally; the error still stops the run
-            raise
-        states[key] = "ok"
-        print(f"kv-simulate: {key} done in {time.monotonic() - began:.0f} s", flush=True)
-
-
 def run(spec: SimSpec, capture: str | Path, force: bool = False, retry_failed: bool = False) -> Path:
     """Make (or resume) a simulated-storage capture in ``capture`` (a folder kv-simulate did not
     write only with ``force``: ``records.claim_capture``). An arm done (``ok``) is kept; one that
@@ -263,6 +218,34 @@ def run(spec: SimSpec, capture: str | Path, force: bool = False, retry_failed: b
         spec.retrieval_lengths, spec.retrieval_per_length, spec.retrieval_seed
     )
     calib_prompts = pr.calibration_prompts(spec.calibration_gsm8k_n, spec.retrieval_lengths[:2], spec.calibration_seed)
+
+    def run_group(
+        name: str, model_dir: str, loaded: Loaded, storages: list[qz.Storage], prompts: list[pr.ScoredPrompt], note: str
+    ) -> None:
+        arms = {s.name: {**asdict(s), "label": LABELS.get(s.name, s.name)} for s in storages}
+        candidates = tuple(s.name for s in storages[2:])
+        group = Group(name, qz.LABEL, model_dir, storages[0].name, storages[1].name, candidates, arms, (note,))
+        write_json_atomic(capture / name / GROUP_FILE, asdict(group))
+        gsm = [p for p in prompts if p.bucket == "gsm8k"][: spec.greedy_n]
+        for storage in storages:
+            key = f"{name}/{storage.name}"
+            state = arm_state(capture, name, storage.name, states)
+            if not needs_run(state, retry_failed):
+                if state == "failed":
+                    print(f"kv-simulate: {key} failed before, kept; run again with --retry-failed", flush=True)
+                continue
+            began = time.monotonic()
+            try:
+                write_jsonl_atomic(logp_path(capture, name, storage.name), score(loaded, prompts, storage))
+                greedy_file = greedy_path(capture, name, storage.name)
+                if gsm and storage.name in GREEDY_ARMS and not greedy_file.is_file():
+                    write_jsonl_atomic(greedy_file, greedy(loaded, gsm, storage, spec.greedy_max_tokens))
+            except Exception:
+                states[key] = "failed"  # recorded by the finally below; the error still stops the run
+                raise
+            states[key] = "ok"
+            print(f"kv-simulate: {key} done in {time.monotonic() - began:.0f} s", flush=True)
+
     try:
         loaded = load(spec.model, spec.threads)
         calib = calibrate(loaded, calib_prompts)
@@ -270,45 +253,32 @@ def run(spec: SimSpec, capture: str | Path, force: bool = False, retry_failed: b
             capture / MAIN / "calibration.json",
             {"k_scales": calib[0], "v_scales": calib[1], "prompts": [p.id for p in calib_prompts]},
         )
-        _run_group(
-            capture,
+        main_arms = [
+            *FIRST_ARMS,
+            qz.Storage("fp8-e4m3-calibrated", "float8_e4m3fn", *calib, scales_from="calibration"),
+            qz.Storage("fp8-e5m2-scale1", "float8_e5m2"),
+            qz.Storage("int8-token-head", "int8_per_token_head", scales_from="per token and head"),
+        ]
+        run_group(
             MAIN,
             spec.model,
             loaded,
-            [
-                *FIRST_ARMS,
-                qz.Storage("fp8-e4m3-calibrated", "float8_e4m3fn", *calib, scales_from="calibration"),
-                qz.Storage("fp8-e5m2-scale1", "float8_e5m2"),
-                qz.Storage("int8-token-head", "int8_per_token_head", scales_from="per token and head"),
-            ],
+            main_arms,
             scored,
-            spec,
-            [
-                f"calibration on {len(calib_prompts)} prompts that are not scored (GSM8K train split, "
-                f"retrieval seed {spec.calibration_seed})"
-            ],
-            states,
-            retry_failed,
+            f"calibration on {len(calib_prompts)} prompts that are not scored (GSM8K train split, "
+            f"retrieval seed {spec.calibration_seed})",
         )
         control = load(spec.control_dir, spec.threads)
         k, v, found = qz.checkpoint_scales(spec.control_dir, control.layers)
         write_json_atomic(capture / CONTROL / "control.json", {**record, "source": spec.model, "scales_found": found})
-        control_storages = [
-            *FIRST_ARMS,
-            qz.Storage("fp8-e4m3-checkpoint", "float8_e4m3fn", k, v, scales_from="checkpoint"),
-        ]
-        control_prompts = pr.gsm8k_prompts(spec.control_gsm8k_n)
-        _run_group(
-            capture,
+        checkpoint = qz.Storage("fp8-e4m3-checkpoint", "float8_e4m3fn", k, v, scales_from="checkpoint")
+        run_group(
             CONTROL,
             spec.control_dir,
             control,
-            control_storages,
-            control_prompts,
-            spec,
-            [f"k_norm x {spec.control_factor:g}, q_norm / {spec.control_factor:g}; checkpoint: {found}"],
-            states,
-            retry_failed,
+            [*FIRST_ARMS, checkpoint],
+            pr.gsm8k_prompts(spec.control_gsm8k_n),
+            f"k_norm x {spec.control_factor:g}, q_norm / {spec.control_factor:g}; checkpoint: {found}",
         )
     finally:
         set_items(manifest, states)

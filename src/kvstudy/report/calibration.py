@@ -39,7 +39,7 @@ from kvstudy.io import bounded_float, get_field, read_json_object
 from kvstudy.limits import MAX_FACTOR
 from kvstudy.precision import divergence as dv
 from kvstudy.precision import records as rc
-from kvstudy.precision.paired_logp import pair_rows
+from kvstudy.precision.analysis import pair_rows
 from kvstudy.stats import binary as acc_stats
 from kvstudy.stats.clustered import clustered_difference
 

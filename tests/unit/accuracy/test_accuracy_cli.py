@@ -30,15 +30,17 @@ def test_compare_json_pairs_files_in_different_orders(
     code, out, err = run(["accuracy", "compare", str(base), str(cand), "--json", "--margin-points", "5"], capsys)
     assert code == 0 and err == ""
     data = json.loads(out)
-    assert {"n", "correct", "discordant", "mcnemar_p", "difference_ci", "non_inferior", "verdict"} <= set(data)
-    assert data["n"] == 60
-    assert data["correct"] == {"baseline": sum(BASE.values()), "candidate": sum(CAND.values())}
-    assert data["discordant"] == {"baseline_only": 4, "candidate_only": 1}
-    assert data["mcnemar_p"] == pytest.approx(0.375)  # 2 * P(Bin(5, 1/2) <= 1) = 2 * 6/32
-    low, high = data["difference_ci"]
-    assert low < 100 * (1 - 4) / 60 < high and high > 0
-    assert isinstance(data["non_inferior"], bool)
-    assert data["margin_points"] == 5.0
+    assert {"counts", "mcnemar", "interval", "non_inferiority", "verdict"} <= set(data)  # dataclasses.asdict
+    counts = data["counts"]
+    assert sum(counts.values()) == 60
+    assert counts["both_right"] + counts["baseline_only"] == sum(BASE.values())
+    assert counts["both_right"] + counts["candidate_only"] == sum(CAND.values())
+    assert (counts["baseline_only"], counts["candidate_only"]) == (4, 1)
+    assert data["mcnemar"]["p_value"] == pytest.approx(0.375)  # 2 * P(Bin(5, 1/2) <= 1) = 2 * 6/32
+    low, high = data["interval"]["low"], data["interval"]["high"]
+    assert low < (1 - 4) / 60 < high and high > 0
+    assert isinstance(data["non_inferiority"]["non_inferior"], bool)
+    assert data["non_inferiority"]["margin"] == pytest.approx(0.05)
     assert data["task"] == "gsm8k" and data["same_prompts"] is True
     assert "overlap" not in data["verdict"].lower()
 
@@ -96,19 +98,14 @@ def test_totals_json_published_figures(
     data = json.loads(out)
     assert data["mcnemar_p_min"] == pytest.approx(p_min, rel=1e-12)
     assert data["mcnemar_p_max"] > 0.5
-    assert data["disagreement_rate_pct"] == pytest.approx(rates)
-    low, high = data["detectable_loss_points"]
-    assert round(low, 1) == 1.6 and round(high, 1) == 5.4
-    ci_low, ci_high = data["unpaired_difference_ci"]
-    assert ci_low < -1 < ci_high
-    assert {
-        "mcnemar_p_min",
-        "mcnemar_p_max",
-        "disagreement_rate_pct",
-        "detectable_loss_points",
-        "unpaired_difference_ci",
-        "verdict",
-    } <= set(data)
+    assert [100 * data[k] / data["n"] for k in ("discordant_min", "discordant_max")] == pytest.approx(rates)
+    low, high = data["detectable_loss_low"], data["detectable_loss_high"]
+    assert round(100 * low, 1) == 1.6 and round(100 * high, 1) == 5.4
+    ci_low, ci_high = data["unpaired"]["low"], data["unpaired"]["high"]
+    assert ci_low < -0.01 < ci_high
+    assert {"mcnemar_p_min", "mcnemar_p_max", "discordant_min", "detectable_loss_low", "unpaired", "verdict"} <= set(
+        data
+    )
 
 
 def test_totals_text_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -139,7 +136,8 @@ def test_totals_bad_counts_are_one_line_and_exit_2(
 def test_bad_margin_is_one_line(tmp_path: Path, lmeval: SimpleNamespace, capsys: pytest.CaptureFixture[str]) -> None:
     base = lmeval.write_samples(tmp_path, BASE)
     code, _, err = run(["accuracy", "compare", str(base), str(base), "--margin-points", "abc"], capsys)
-    assert code == 2 and err == "kvstudy: error: --margin-points: expected a number, got 'abc'\n"
+    assert code == 2 and err.startswith("kvstudy: error: ") and err.count("\n") == 1
+    assert "--margin-points: expected a number from 0 to 100, got 'abc'" in err
 
 
 def test_installed_command_prints_one_line_on_error() -> None:

@@ -127,7 +127,7 @@ def test_retrieval_records_keep_length_and_context(tmp_path):
 
 def test_a_records_file_mixing_types_is_refused(tmp_path):
     item = items_for(SMALL)[0]
-    retrieval = rec.retrieval_records([_sample(0, item, " 1", False)])[0]
+    retrieval = rec.records_from_samples([_sample(0, item, " 1", False)], "retrieval_offline")[0]
     question = rec.QuestionRecord(1, "h", "3", "#### 3", "3", True, "3", True)
     write_jsonl_atomic(tmp_path / "records.jsonl", [retrieval, question])
     with pytest.raises(StudyError, match=r"records.jsonl:2: not an accuracy record \(expected the fields"):

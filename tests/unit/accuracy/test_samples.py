@@ -194,7 +194,7 @@ def test_huge_and_empty_files_are_refused(tmp_path: Path, lmeval: SimpleNamespac
     "line, problem",
     [
         ('{"doc_id": 0, "filter": "strict-match"', "not an lm-eval sample row"),
-        ("[1, 2, 3]", "expected a JSON object"),
+        ("[1, 2, 3]", "expected a valid dictionary"),
         ('{"filter": "strict-match", "exact_match": 1.0}', "doc_id: a required field is missing"),
         ('{"doc_id": -3, "filter": "strict-match", "exact_match": 1.0}', "doc_id: expected greater than or equal to 0"),
         ('{"doc_id": "7", "filter": "strict-match", "exact_match": 1.0}', "doc_id: expected a valid integer"),

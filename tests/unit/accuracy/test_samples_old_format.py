@@ -32,7 +32,8 @@ def test_two_old_files_pair_and_compare(capsys: pytest.CaptureFixture[str]) -> N
     assert lost == [1, 5]
     assert cli.main(["accuracy", "compare", str(OLD / "baseline" / NAME), str(OLD / "candidate" / NAME), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["n"] == 8 and data["discordant"] == {"baseline_only": 2, "candidate_only": 0}
+    counts = data["counts"]
+    assert sum(counts.values()) == 8 and (counts["baseline_only"], counts["candidate_only"]) == (2, 0)
 
 
 def _strip(rows: list[dict], *keys: str) -> list[dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from kvstudy.precision import analysis, paired_logp, records
+from kvstudy.precision import analysis, records
 
 E_NOTATION = re.compile(r"\d(?:\.\d+)?e[-+]?\d")
 RECORD = {
@@ -37,9 +37,9 @@ def test_comparison_table_shows_millinats_and_p_below_a_thousandth() -> None:
 
 
 def test_verdicts_say_p_below_a_thousandth() -> None:
-    text = paired_logp.verdict(2.31e-05, -0.0015, 0.419)
+    text = analysis.verdict(2.31e-05, -0.0015, 0.419)
     assert text == "loss (p < 0.001; A/A floor p = 0.419)"
-    assert "p = 0.0676 >= 0.05" in paired_logp.verdict(0.0676, -0.0002, 0.419)
+    assert "p = 0.0676 >= 0.05" in analysis.verdict(0.0676, -0.0002, 0.419)
 
 
 def test_captured_settings_read_the_capture_spec(tmp_path) -> None:

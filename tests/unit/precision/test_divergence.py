@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from kvstudy.errors import StudyError
+from kvstudy.precision import analysis
 from kvstudy.precision import divergence as dv
-from kvstudy.precision import paired_logp
 
 P = [0.5, 0.3, 0.1, 0.05, 0.05]
 Q = [0.4, 0.35, 0.1, 0.1, 0.05]
@@ -93,7 +93,7 @@ def rows(shift: float, noise: float, clusters: int = 40, tokens: int = 10, seed:
     [(0.0, 0.002, "within"), (-0.05, 0.002, "beyond"), (-0.009, 0.02, "undecided")],
 )
 def test_delta_logp_equivalence_on_synthetic_pairs(shift: float, noise: float, expected: str) -> None:
-    paired = paired_logp.pair_rows(*rows(shift, noise))
+    paired = analysis.pair_rows(*rows(shift, noise))
     assert paired.tost is not None
     assert dv.equivalence(paired.tost.ci_low, paired.tost.ci_high, 0.01, two_sided=True).state == expected
 
@@ -112,7 +112,7 @@ def test_kl_equivalence_on_synthetic_pairs(level: float, expected: str) -> None:
         row = {"id": f"p{c}", "bucket": "b", "cluster": f"c{c}", "logp": [-1.0] * 10}
         base.append({**row, "topk": [half] * 10})
         cand.append({**row, "topk": [[[0, math.log(q)], [1, math.log1p(-q)]] for q in qs[10 * c : 10 * c + 10]]})
-    paired = paired_logp.pair_rows(base, cand)
+    paired = analysis.pair_rows(base, cand)
     assert paired.kl is not None and paired.kl.mean == pytest.approx(level) and paired.kl.gap == 0.0
     assert dv.equivalence(paired.kl.low, paired.kl.high, 0.01).state == expected
 

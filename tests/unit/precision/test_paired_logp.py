@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kvstudy.errors import StudyError
-from kvstudy.precision import paired_logp as pl
+from kvstudy.precision import analysis as pl
 from kvstudy.stats.clustered import clustered_mean
 
 
