@@ -284,9 +284,15 @@ def run_grid(
             tracker.note(f"starting the server of {run.id} for {len(cells)} cell(s)")
             capture_format.keep_old_attempt(log_path)
             ran: set[str] = set()
+            fields = {"run_id": run.id, "seed": run.seed, **plan.run_fields(run, cells)}
             try:
                 with VllmServer(plan.server_config(run), log_path, ready_timeout_s=plan.ready_timeout_s) as server:
-                    write_record(capture / RUNS / f"{run.id}.json", _run_ok(plan, run, cells, server, server_record))
+                    ok = {"status": "ok", **fields}
+                    try:
+                        ok["record"] = server_record(server)
+                    except Exception as exc:  # a record that cannot be built must not lose the measurements
+                        ok.update(record={}, record_error=f"{type(exc).__name__}: {exc}")
+                    write_record(capture / RUNS / f"{run.id}.json", ok)
                     for cell in cells:
                         if on_cell_start is not None:
                             on_cell_start(cell, server)
@@ -296,15 +302,14 @@ def run_grid(
                         results.append(result)
                         ran.add(cell.id)
                         update_manifest(capture, manifest, every)
-                        tracker.finished(cell.id, _state_text(*plan.outcome(result)))
+                        status, why = plan.outcome(result)
+                        tracker.finished(cell.id, "ok" if status == "ok" else f"{status}: {(why or '')[:160]}")
             except EngineStartError as exc:
                 reason = " ".join(str(exc.args[0]).split())
                 tail = plan.scrub(getattr(exc, "log_tail", "") or "")
                 tracker.note(f"{run.id}: the server did not start: {reason[:200]}")
-                failed_run = {"status": "failed", "run_id": run.id, "seed": run.seed, **plan.run_fields(run, cells)}
-                write_record(
-                    capture / RUNS / f"{run.id}.json", {**failed_run, "reason": plan.scrub(reason), "log_tail": tail}
-                )
+                failed_run = {"status": "failed", **fields, "reason": plan.scrub(reason), "log_tail": tail}
+                write_record(capture / RUNS / f"{run.id}.json", failed_run)
                 for cell in cells:
                     if cell.id in ran:
                         continue
@@ -326,19 +331,3 @@ def _run_one(plan: GridPlan[C, R], cell: C, server: Any, log_path: Path) -> R:
         return plan.run_cell(cell, server)
     except StudyError as exc:  # e.g. an unreadable client result
         return plan.failed_cell(cell, str(exc), log_tail(log_path), False)
-
-
-def _run_ok(
-    plan: GridPlan[C, R], run: ServeRun[C], cells: Sequence[C], server: Any, server_record: Callable[[Any], Any]
-) -> dict[str, Any]:
-    record: dict[str, Any] = {"status": "ok", "run_id": run.id, "seed": run.seed, **plan.run_fields(run, cells)}
-    try:
-        record["record"] = server_record(server)
-    except Exception as exc:  # a record that cannot be built must not lose the measurements
-        record["record"] = {}
-        record["record_error"] = f"{type(exc).__name__}: {exc}"
-    return record
-
-
-def _state_text(status: str, reason: str) -> str:
-    return "ok" if status == "ok" else f"{status}: {(reason or '')[:160]}"
