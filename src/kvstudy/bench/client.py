@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -175,12 +176,9 @@ def _run_streaming(
         for line in proc.stdout:
             log.write(scrub(line, values))
             log.flush()
-            if on_line is None:
-                continue
-            try:
-                on_line(line)
-            except Exception:  # a failing observer must not lose the client's output
-                pass
+            if on_line is not None:
+                with suppress(Exception):  # a failing observer must not lose the client's output
+                    on_line(line)
 
     reader = threading.Thread(target=pump, name="kvstudy-bench-output", daemon=True)
     reader.start()

@@ -10,6 +10,7 @@ the log tail, and the other starts go on. Per-request rows live in ``requests/<c
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -137,10 +138,8 @@ def scrubber(envs: Iterable[Mapping[str, Any]]) -> Callable[[str], str]:
     """Text with secrets removed: by shape, and every secret value this process or ``envs`` holds."""
     values: set[str] = set(secret_values())
     for env in envs:
-        try:
+        with suppress(StudyError):  # a from_env variable that is not set holds no value to scrub
             values |= set(secret_values(resolve_env(dict(env))))
-        except StudyError:  # a from_env variable that is not set holds no value to scrub
-            continue
     ordered = sorted(values, key=len, reverse=True)
     return lambda text: scrub(text, ordered)
 

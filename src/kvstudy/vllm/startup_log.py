@@ -52,8 +52,8 @@ RE_BACKEND_AUTO = re.compile(
     r"Using " + ENUM + r"(\w+) (?:attention )?backend out of potential backends: (\[.*?\]|\(.*?\))"
 )
 RE_BACKEND_FORCED = re.compile(r"Using " + ENUM + r"(\w+) backend(?: \(selected via --attention-backend\))?\.?\s*$")
-RE_BACKEND_OLD = re.compile(r"Using ([A-Za-z ]+?) backend on V1 engine")
-RE_BACKEND_PROSE = re.compile(r"Using ([A-Za-z ]+?) backend\.?\s*$")  # ROCm's "Using Triton Attention backend."
+# 0.11's "Using X backend on V1 engine", ROCm's "Using Triton Attention backend."
+RE_BACKEND_PROSE = re.compile(r"Using ([A-Za-z ]+?) backend(?:( on V1 engine)|\.?\s*$)")
 RE_KV_TORCH = re.compile(r"\bkv_cache_dtype=torch\.(\w+)")  # an attention backend's line (FlashInfer)
 RE_ROCM = re.compile(r"Automatically detected platform rocm|\brocm\.py\b|ROCM_", re.I)
 RE_SCALE_WARNING = re.compile(r"Using KV cache scaling factor 1\.0 for (\w+)")
@@ -306,12 +306,12 @@ def _read_line(info: StartupInfo, line: str) -> None:
     elif m := RE_BACKEND_FORCED.search(line):
         if m.group(1).upper() == m.group(1):  # backend names are upper case; skips "Using cpu backend"
             info.attention_backend, info.attention_backend_forced = m.group(1), True
-    elif m := RE_BACKEND_OLD.search(line):
-        name = m.group(1).strip()
-        info.attention_backend = OLD_BACKEND_NAMES.get(name.lower(), name.upper().replace(" ", "_"))
-    elif (m := RE_BACKEND_PROSE.search(line)) and m.group(1).strip().lower() in OLD_BACKEND_NAMES:
-        if m.group(1).strip().lower() != "cpu":  # "Using cpu backend" names no attention backend
-            info.attention_backend = OLD_BACKEND_NAMES[m.group(1).strip().lower()]
+    elif m := RE_BACKEND_PROSE.search(line):
+        name = m.group(1).strip().lower()
+        if m.group(2):
+            info.attention_backend = OLD_BACKEND_NAMES.get(name, name.upper().replace(" ", "_"))
+        elif name in OLD_BACKEND_NAMES and name != "cpu":  # "Using cpu backend" names no attention backend
+            info.attention_backend = OLD_BACKEND_NAMES[name]
     _read_fields(info, line, LINE_FIELDS)
     if (m := RE_KV_TORCH.search(line)) and m.group(1) in TORCH_KV_DTYPES:
         info.kv_cache_dtype_backend = TORCH_KV_DTYPES[m.group(1)]
