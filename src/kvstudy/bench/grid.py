@@ -18,6 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from kvstudy import capture as capture_format
 from kvstudy import io as atomic
 from kvstudy.bench.result import RequestRecord, read_requests_jsonl
+from kvstudy.bench.spec import Run
 from kvstudy.bench.telemetry import ClockSample, read_telemetry_jsonl
 from kvstudy.errors import StudyError
 from kvstudy.io import log_tail, read_json_object
@@ -26,10 +27,13 @@ from kvstudy.redact import resolve_env, scrub, secret_values
 
 
 class GridCell(Protocol):
-    """A cell of a grid: anything with a file-safe ``id``."""
+    """A cell of a grid: anything with a file-safe ``id`` and the server start (``run``) it runs in."""
 
     @property
     def id(self) -> str: ...
+
+    @property
+    def run(self) -> Run: ...
 
 
 C = TypeVar("C", bound=GridCell)
@@ -37,20 +41,11 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class ServeRun(Generic[C]):
-    """One server start: an arm at a seed, and the cells it runs, in the order it runs them."""
-
-    id: str
-    arm: str
-    seed: int
-    cells: tuple[C, ...]
-
-
-@dataclass(frozen=True)
 class GridPlan(Generic[C, R]):
     """What an experiment supplies; everything else is the engine's.
 
-    ``run_cell(cell, server)`` runs one cell against a ready server, writes its own files (bench
+    ``runs`` are the server starts in order and ``cells`` every cell, in the order the starts run
+    them; ``run_cell(cell, server)`` runs one cell against a ready server, writes its own files (bench
     output, ``write_requests``) and returns its result without raising for a bench failure (a
     StudyError it raises fails the cell); ``failed_cell(cell, reason, log_tail, start_failed)`` is
     the result of a cell that could not run; ``record(result)`` is what ``cells/<cell>.json``
@@ -58,19 +53,16 @@ class GridPlan(Generic[C, R]):
     experiment's own fields to ``runs/<run>.json``; ``scrub`` removes secrets from log text.
     """
 
-    runs: Sequence[ServeRun[C]]
-    server_config: Callable[[ServeRun[C]], Any]
+    runs: Sequence[Run]
+    cells: Sequence[C]
+    server_config: Callable[[Run], Any]
     ready_timeout_s: float
     run_cell: Callable[[C, Any], R]
     failed_cell: Callable[[C, str, str, bool], R]
     record: Callable[[R], dict[str, Any]]
     outcome: Callable[[R], tuple[str, str]]
-    run_fields: Callable[[ServeRun[C], Sequence[C]], dict[str, Any]] = lambda run, cells: {}
+    run_fields: Callable[[Run, Sequence[C]], dict[str, Any]] = lambda run, cells: {}
     scrub: Callable[[str], str] = field(default=lambda text: text)
-
-    def cells(self) -> list[C]:
-        """Every cell of the grid, in the order the server starts run them."""
-        return [c for run in self.runs for c in run.cells]
 
 
 # --------------------------------------------------------------------------- files
@@ -262,8 +254,8 @@ def run_grid(
     from kvstudy.vllm.server import EngineStartError, VllmServer
 
     capture = Path(capture)
-    every = [c.id for c in plan.cells()]
-    todo = {c.id for c in cells_to_run(capture, plan.cells(), retry_failed)}
+    every = [c.id for c in plan.cells]
+    todo = {c.id for c in cells_to_run(capture, plan.cells, retry_failed)}
     if todo and before_first_start is not None:
         before_first_start()
     session = capture_format.start_session(manifest, [c for c in every if c in todo])
@@ -273,7 +265,7 @@ def run_grid(
     starts = 0
     try:
         for run in plan.runs:
-            cells = [c for c in run.cells if c.id in todo]
+            cells = [c for c in plan.cells if c.run == run and c.id in todo]
             if not cells:
                 continue
             if max_servers is not None and starts >= max_servers:

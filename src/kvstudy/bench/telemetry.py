@@ -23,6 +23,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Generic, Protocol, Self, TypeVar
 
+import psutil
 from pydantic import ConfigDict
 from pydantic.dataclasses import dataclass
 
@@ -112,36 +113,22 @@ def cpu_sample(
 
 
 class Reader(Protocol):
-    kind: str
-
     def read(self) -> ClockSample: ...
-
-    def close(self) -> None: ...
 
 
 class CpuReader:
     """Core frequency (psutil: sysfs cpufreq, else /proc/cpuinfo) and CPU utilisation."""
 
-    kind = "cpu"
-
     def __init__(self) -> None:
-        import psutil
-
-        self._psutil = psutil
         psutil.cpu_percent(None)  # primes the utilisation counter
 
     def read(self) -> ClockSample:
-        freqs = self._psutil.cpu_freq(percpu=True) or []
-        return cpu_sample(time.perf_counter(), time.time(), [f.current for f in freqs], self._psutil.cpu_percent(None))
-
-    def close(self) -> None:
-        return None
+        freqs = psutil.cpu_freq(percpu=True) or []
+        return cpu_sample(time.perf_counter(), time.time(), [f.current for f in freqs], psutil.cpu_percent(None))
 
 
 class NvmlReader:
     """One NVIDIA GPU through NVML. Not exercised on machines without a GPU."""
-
-    kind = "nvml"
 
     def __init__(self, index: int = 0) -> None:
         import pynvml
@@ -175,10 +162,6 @@ class NvmlReader:
             self._try(self._reasons),
             None if util is None else util.gpu,
         )
-
-    def close(self) -> None:
-        with suppress(self._nv.NVMLError):
-            self._nv.nvmlShutdown()
 
 
 def default_reader(gpu_index: int = 0) -> Reader:
