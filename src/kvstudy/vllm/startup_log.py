@@ -488,8 +488,6 @@ def parse_startup_text(text: str) -> StartupInfo:
 
 
 def parse_startup_log(path: Path) -> StartupInfo:
-    if not path.exists() and not path.is_symlink():
-        raise StudyError(f"{path}: log file not found")
     return parse_startup_text(read_text_checked(path, MAX_LOG_BYTES, errors="replace", bom=True))
 
 
