@@ -354,11 +354,11 @@ def _diagnose(info: StartupInfo, text: str) -> None:
     if not info.failed:
         return
     for regex, cause, advice in FAILURE_RULES:
-        hit = regex.search(text)
-        if hit:
+        if hit := regex.search(text):
             evidence = [m.group(0).strip() for m in exc_lines if regex.search(m.group(0))]
-            detail = evidence[-1][:300] if evidence else _first_detail(hit, lines)
-            info.failure_cause = f"{cause}: {detail}" if detail else cause
+            row = text.count("\n", 0, hit.start())  # else the log line holding the match is the evidence
+            detail = evidence[-1] if evidence else _message(lines[row]).strip() if row < len(lines) else ""
+            info.failure_cause = f"{cause}: {detail[:300]}" if detail else cause
             info.advice = list(advice)
             return
     real = [m for m in exc_lines if not RE_WRAPPER.search(m.group(2))]
@@ -403,13 +403,6 @@ def _validation_error(exc: re.Match[str], lines: list[str]) -> str | None:
         field = named.group(0) if named else None
     where = f"{found.group(1)}.{field}" if field else found.group(1)
     return f"invalid engine argument {where}: {message or exc.group(2)}"[:400]
-
-
-def _first_detail(hit: re.Match[str], lines: list[str]) -> str:
-    """The log line holding the match, trimmed, as evidence for the cause."""
-    start = hit.string.count("\n", 0, hit.start())
-    line = _message(lines[start]).strip() if start < len(lines) else ""
-    return line[:300]
 
 
 RE_API_START = re.compile(r"vLLM API server version|█\s+version\s+v?\d")
