@@ -199,7 +199,7 @@ def build_record(config: ServerConfig, log_path: Path, port: int | None = None) 
     model_folder = Path(config.model)
     block = _block_size(config, info.device)
     memory, memory_source = kv_memory(config, info)
-    resolved = info.to_dict()
+    resolved = asdict(info)
     resolved.update(block_size=block, kv_memory_bytes=memory)
     record: dict[str, Any] = {
         "record_version": RECORD_VERSION,

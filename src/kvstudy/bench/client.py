@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -72,47 +73,28 @@ class BenchSettings:
         self, base_url: str, model: str, tokenizer: str | None, result_dir: Path, result_filename: str
     ) -> list[str]:
         """The ``vllm bench serve`` arguments for these settings."""
-        args = [
-            "--backend",
-            self.backend,
-            "--base-url",
-            base_url,
-            "--endpoint",
-            self.endpoint,
-            "--model",
-            model,
-            "--dataset-name",
-            "random",
-            "--random-input-len",
-            str(self.input_len),
-            "--random-output-len",
-            str(self.output_len),
-            "--random-range-ratio",
-            "0.0",
-            "--num-prompts",
-            str(self.num_prompts),
-            "--max-concurrency",
-            str(self.max_concurrency),
-            "--request-rate",
-            "inf",
-            "--num-warmups",
-            str(self.num_warmups),
-            "--seed",
-            str(self.seed),
-            "--temperature",
-            repr(float(self.temperature)),
-            "--percentile-metrics",
-            PERCENTILE_METRICS,
-            "--metric-percentiles",
-            "50,90,99",
-            "--save-result",
-            "--save-detailed",
-            "--result-dir",
-            str(result_dir),
-            "--result-filename",
-            result_filename,
-            "--disable-tqdm",
-        ]
+        options = {
+            "--backend": self.backend,
+            "--base-url": base_url,
+            "--endpoint": self.endpoint,
+            "--model": model,
+            "--dataset-name": "random",
+            "--random-input-len": self.input_len,
+            "--random-output-len": self.output_len,
+            "--random-range-ratio": "0.0",
+            "--num-prompts": self.num_prompts,
+            "--max-concurrency": self.max_concurrency,
+            "--request-rate": "inf",
+            "--num-warmups": self.num_warmups,
+            "--seed": self.seed,
+            "--temperature": repr(float(self.temperature)),
+            "--percentile-metrics": PERCENTILE_METRICS,
+            "--metric-percentiles": "50,90,99",
+            "--result-dir": result_dir,
+            "--result-filename": result_filename,
+        }
+        args = [str(item) for pair in options.items() for item in pair]
+        args += ["--save-result", "--save-detailed", "--disable-tqdm"]
         if self.ignore_eos:
             args.append("--ignore-eos")
         if self.goodput:
@@ -194,12 +176,9 @@ def _run_streaming(
         for line in proc.stdout:
             log.write(scrub(line, values))
             log.flush()
-            if on_line is None:
-                continue
-            try:
-                on_line(line)
-            except Exception:  # a failing observer must not lose the client's output
-                pass
+            if on_line is not None:
+                with suppress(Exception):  # a failing observer must not lose the client's output
+                    on_line(line)
 
     reader = threading.Thread(target=pump, name="kvstudy-bench-output", daemon=True)
     reader.start()

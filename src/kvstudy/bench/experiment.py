@@ -14,7 +14,7 @@ from pydantic import model_validator
 
 from kvstudy import capture as capture_format
 from kvstudy.bench.arm import Arm
-from kvstudy.bench.grid import GridPlan, ServeRun, cells_to_run, run_grid, scrubber
+from kvstudy.bench.grid import GridPlan, cells_to_run, run_grid, scrubber
 from kvstudy.bench.spec import Cell, CellResult, Run, ServerSpec, Spec, ordered_runs
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_GRID_CELLS
@@ -127,10 +127,10 @@ def run_cells(
 ) -> list[R]:
     """Run the cells ``capture`` lacks on the grid engine; the results of the cells run now."""
     tokenizer = spec.model if Path(spec.model).is_dir() else None
-    cells = spec.cells()
     plan = GridPlan(
-        runs=[ServeRun(r.id, r.arm, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()],
-        server_config=lambda run: spec.server_config(Run(run.arm, run.seed)),
+        runs=spec.runs(),
+        cells=spec.cells(),
+        server_config=spec.server_config,
         ready_timeout_s=spec.ready_timeout_s,
         run_cell=lambda cell, server: run_cell(spec, capture, cell, server, tokenizer),
         failed_cell=lambda cell, reason, tail, _start_failed: failed_cell(spec, cell, reason, tail),

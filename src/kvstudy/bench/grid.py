@@ -10,6 +10,7 @@ the log tail, and the other starts go on. Per-request rows live in ``requests/<c
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -17,6 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from kvstudy import capture as capture_format
 from kvstudy import io as atomic
 from kvstudy.bench.result import RequestRecord, read_requests_jsonl
+from kvstudy.bench.spec import Run
 from kvstudy.bench.telemetry import ClockSample, read_telemetry_jsonl
 from kvstudy.errors import StudyError
 from kvstudy.io import log_tail, read_json_object
@@ -25,10 +27,13 @@ from kvstudy.redact import resolve_env, scrub, secret_values
 
 
 class GridCell(Protocol):
-    """A cell of a grid: anything with a file-safe ``id``."""
+    """A cell of a grid: anything with a file-safe ``id`` and the server start (``run``) it runs in."""
 
     @property
     def id(self) -> str: ...
+
+    @property
+    def run(self) -> Run: ...
 
 
 C = TypeVar("C", bound=GridCell)
@@ -36,20 +41,11 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class ServeRun(Generic[C]):
-    """One server start: an arm at a seed, and the cells it runs, in the order it runs them."""
-
-    id: str
-    arm: str
-    seed: int
-    cells: tuple[C, ...]
-
-
-@dataclass(frozen=True)
 class GridPlan(Generic[C, R]):
     """What an experiment supplies; everything else is the engine's.
 
-    ``run_cell(cell, server)`` runs one cell against a ready server, writes its own files (bench
+    ``runs`` are the server starts in order and ``cells`` every cell, in the order the starts run
+    them; ``run_cell(cell, server)`` runs one cell against a ready server, writes its own files (bench
     output, ``write_requests``) and returns its result without raising for a bench failure (a
     StudyError it raises fails the cell); ``failed_cell(cell, reason, log_tail, start_failed)`` is
     the result of a cell that could not run; ``record(result)`` is what ``cells/<cell>.json``
@@ -57,19 +53,16 @@ class GridPlan(Generic[C, R]):
     experiment's own fields to ``runs/<run>.json``; ``scrub`` removes secrets from log text.
     """
 
-    runs: Sequence[ServeRun[C]]
-    server_config: Callable[[ServeRun[C]], Any]
+    runs: Sequence[Run]
+    cells: Sequence[C]
+    server_config: Callable[[Run], Any]
     ready_timeout_s: float
     run_cell: Callable[[C, Any], R]
     failed_cell: Callable[[C, str, str, bool], R]
     record: Callable[[R], dict[str, Any]]
     outcome: Callable[[R], tuple[str, str]]
-    run_fields: Callable[[ServeRun[C], Sequence[C]], dict[str, Any]] = lambda run, cells: {}
+    run_fields: Callable[[Run, Sequence[C]], dict[str, Any]] = lambda run, cells: {}
     scrub: Callable[[str], str] = field(default=lambda text: text)
-
-    def cells(self) -> list[C]:
-        """Every cell of the grid, in the order the server starts run them."""
-        return [c for run in self.runs for c in run.cells]
 
 
 # --------------------------------------------------------------------------- files
@@ -137,10 +130,8 @@ def scrubber(envs: Iterable[Mapping[str, Any]]) -> Callable[[str], str]:
     """Text with secrets removed: by shape, and every secret value this process or ``envs`` holds."""
     values: set[str] = set(secret_values())
     for env in envs:
-        try:
+        with suppress(StudyError):  # a from_env variable that is not set holds no value to scrub
             values |= set(secret_values(resolve_env(dict(env))))
-        except StudyError:  # a from_env variable that is not set holds no value to scrub
-            continue
     ordered = sorted(values, key=len, reverse=True)
     return lambda text: scrub(text, ordered)
 
@@ -263,8 +254,8 @@ def run_grid(
     from kvstudy.vllm.server import EngineStartError, VllmServer
 
     capture = Path(capture)
-    every = [c.id for c in plan.cells()]
-    todo = {c.id for c in cells_to_run(capture, plan.cells(), retry_failed)}
+    every = [c.id for c in plan.cells]
+    todo = {c.id for c in cells_to_run(capture, plan.cells, retry_failed)}
     if todo and before_first_start is not None:
         before_first_start()
     session = capture_format.start_session(manifest, [c for c in every if c in todo])
@@ -274,7 +265,7 @@ def run_grid(
     starts = 0
     try:
         for run in plan.runs:
-            cells = [c for c in run.cells if c.id in todo]
+            cells = [c for c in plan.cells if c.run == run and c.id in todo]
             if not cells:
                 continue
             if max_servers is not None and starts >= max_servers:
@@ -284,9 +275,15 @@ def run_grid(
             tracker.note(f"starting the server of {run.id} for {len(cells)} cell(s)")
             capture_format.keep_old_attempt(log_path)
             ran: set[str] = set()
+            fields = {"run_id": run.id, "seed": run.seed, **plan.run_fields(run, cells)}
             try:
                 with VllmServer(plan.server_config(run), log_path, ready_timeout_s=plan.ready_timeout_s) as server:
-                    write_record(capture / RUNS / f"{run.id}.json", _run_ok(plan, run, cells, server, server_record))
+                    ok = {"status": "ok", **fields}
+                    try:
+                        ok["record"] = server_record(server)
+                    except Exception as exc:  # a record that cannot be built must not lose the measurements
+                        ok.update(record={}, record_error=f"{type(exc).__name__}: {exc}")
+                    write_record(capture / RUNS / f"{run.id}.json", ok)
                     for cell in cells:
                         if on_cell_start is not None:
                             on_cell_start(cell, server)
@@ -296,15 +293,14 @@ def run_grid(
                         results.append(result)
                         ran.add(cell.id)
                         update_manifest(capture, manifest, every)
-                        tracker.finished(cell.id, _state_text(*plan.outcome(result)))
+                        status, why = plan.outcome(result)
+                        tracker.finished(cell.id, "ok" if status == "ok" else f"{status}: {(why or '')[:160]}")
             except EngineStartError as exc:
                 reason = " ".join(str(exc.args[0]).split())
                 tail = plan.scrub(getattr(exc, "log_tail", "") or "")
                 tracker.note(f"{run.id}: the server did not start: {reason[:200]}")
-                failed_run = {"status": "failed", "run_id": run.id, "seed": run.seed, **plan.run_fields(run, cells)}
-                write_record(
-                    capture / RUNS / f"{run.id}.json", {**failed_run, "reason": plan.scrub(reason), "log_tail": tail}
-                )
+                failed_run = {"status": "failed", **fields, "reason": plan.scrub(reason), "log_tail": tail}
+                write_record(capture / RUNS / f"{run.id}.json", failed_run)
                 for cell in cells:
                     if cell.id in ran:
                         continue
@@ -326,19 +322,3 @@ def _run_one(plan: GridPlan[C, R], cell: C, server: Any, log_path: Path) -> R:
         return plan.run_cell(cell, server)
     except StudyError as exc:  # e.g. an unreadable client result
         return plan.failed_cell(cell, str(exc), log_tail(log_path), False)
-
-
-def _run_ok(
-    plan: GridPlan[C, R], run: ServeRun[C], cells: Sequence[C], server: Any, server_record: Callable[[Any], Any]
-) -> dict[str, Any]:
-    record: dict[str, Any] = {"status": "ok", "run_id": run.id, "seed": run.seed, **plan.run_fields(run, cells)}
-    try:
-        record["record"] = server_record(server)
-    except Exception as exc:  # a record that cannot be built must not lose the measurements
-        record["record"] = {}
-        record["record_error"] = f"{type(exc).__name__}: {exc}"
-    return record
-
-
-def _state_text(status: str, reason: str) -> str:
-    return "ok" if status == "ok" else f"{status}: {(reason or '')[:160]}"

@@ -138,25 +138,21 @@ def check_same_model(a: Server, b: Server, allow_other_checkpoint: bool = False)
         )
 
 
-def _token_count(server: Server, text: str) -> int | None:
-    """Tokens of ``text`` by the server's ``/tokenize`` (vLLM), or None where there is none."""
-    try:
-        body = _request(server.url, "/tokenize", {"model": server.model, "prompt": text})
-    except StudyError as exc:
-        if "HTTP 404" in str(exc):
-            return None
-        raise
-    if "count" not in body:
-        return None
-    return bounded_int(body["count"], f"server {server.url}: /tokenize count", 0, MAX_TOKENS)
-
-
 def check_length(server: Server, prompt: ScoredPrompt) -> None:
-    """Refuse a prompt + continuation the server cannot hold (its max_model_len, one token to spare)."""
+    """Refuse a prompt + continuation the server cannot hold (its max_model_len, one token to spare),
+    counted by the server's ``/tokenize`` (vLLM; no check where there is none)."""
     if server.max_model_len is None:
         return
-    count = _token_count(server, prompt.prompt + prompt.continuation)
-    if count is not None and count + 1 > server.max_model_len:
+    try:
+        body = _request(server.url, "/tokenize", {"model": server.model, "prompt": prompt.prompt + prompt.continuation})
+    except StudyError as exc:
+        if "HTTP 404" in str(exc):
+            return
+        raise
+    if "count" not in body:
+        return
+    count = bounded_int(body["count"], f"server {server.url}: /tokenize count", 0, MAX_TOKENS)
+    if count + 1 > server.max_model_len:
         raise StudyError(
             f"server {server.url}: prompt {prompt.id} has {count} tokens, longer than the model's limit "
             f"(max_model_len {server.max_model_len}, one token to spare); use shorter retrieval lengths"

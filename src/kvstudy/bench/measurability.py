@@ -10,8 +10,7 @@ figures behind each reason.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -60,9 +59,6 @@ class Measurability:
     window_s: float | None = None
     clock_interval_s: float | None = None
     clock_samples_in_window: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def per_request_tpot_s(records: Sequence[RequestRecord]) -> np.ndarray:

@@ -81,18 +81,6 @@ def read_result_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _setting_number(value: Any, where: str, key: str, high: float, whole: bool = False) -> None:
-    """A run setting (a number, or the text ``--metadata`` stores) within (0, high]; else one line."""
-    try:
-        number = float(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else math.nan
-    except ValueError:
-        number = math.nan
-    what = "a whole number" if whole else "a number"
-    if not (math.isfinite(number) and 0 < number <= high) or (whole and not isinstance(value, int)):
-        shown = repr(value[:40]) if isinstance(value, str) else json.dumps(value)[:40]  # JSON's words: Infinity
-        raise StudyError(f"{where}: {key} is {shown}, expected {what} above 0 and at most {high:,.0f}")
-
-
 def check_run_settings(data: dict[str, Any], where: str) -> None:
     """The settings of a run the study reads, as vLLM writes them: ``request_rate`` a positive number
     or ``"inf"``, ``burstiness`` positive, ``max_concurrency`` a whole number of users (or null), and
@@ -106,9 +94,17 @@ def check_run_settings(data: dict[str, Any], where: str) -> None:
         ("output_len", MAX_TOKENS),
         ("random_output_len", MAX_TOKENS),
     ):
-        value = data.get(key)
-        if value is not None and (value != "inf" or key != "request_rate"):  # vLLM writes an unbounded rate "inf"
-            _setting_number(value, where, key, high, whole=key == "max_concurrency")
+        value, whole = data.get(key), key == "max_concurrency"
+        if value is None or (value == "inf" and key == "request_rate"):  # vLLM writes an unbounded rate "inf"
+            continue
+        try:  # a number, or the text --metadata stores
+            number = float(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else math.nan
+        except ValueError:
+            number = math.nan
+        if not (math.isfinite(number) and 0 < number <= high) or (whole and not isinstance(value, int)):
+            shown = repr(value[:40]) if isinstance(value, str) else json.dumps(value)[:40]  # JSON's words: Infinity
+            what = "a whole number" if whole else "a number"
+            raise StudyError(f"{where}: {key} is {shown}, expected {what} above 0 and at most {high:,.0f}")
 
 
 def result_files(folder: str | Path) -> list[Path]:

@@ -12,13 +12,18 @@ and utilisation with psutil. The NVML reader is thin: the conversion of its raw 
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import field
 from pathlib import Path
 from typing import Generic, Protocol, Self, TypeVar
 
+import psutil
 from pydantic import ConfigDict
 from pydantic.dataclasses import dataclass
 
@@ -108,36 +113,22 @@ def cpu_sample(
 
 
 class Reader(Protocol):
-    kind: str
-
     def read(self) -> ClockSample: ...
-
-    def close(self) -> None: ...
 
 
 class CpuReader:
     """Core frequency (psutil: sysfs cpufreq, else /proc/cpuinfo) and CPU utilisation."""
 
-    kind = "cpu"
-
     def __init__(self) -> None:
-        import psutil
-
-        self._psutil = psutil
         psutil.cpu_percent(None)  # primes the utilisation counter
 
     def read(self) -> ClockSample:
-        freqs = self._psutil.cpu_freq(percpu=True) or []
-        return cpu_sample(time.perf_counter(), time.time(), [f.current for f in freqs], self._psutil.cpu_percent(None))
-
-    def close(self) -> None:
-        return None
+        freqs = psutil.cpu_freq(percpu=True) or []
+        return cpu_sample(time.perf_counter(), time.time(), [f.current for f in freqs], psutil.cpu_percent(None))
 
 
 class NvmlReader:
     """One NVIDIA GPU through NVML. Not exercised on machines without a GPU."""
-
-    kind = "nvml"
 
     def __init__(self, index: int = 0) -> None:
         import pynvml
@@ -172,16 +163,10 @@ class NvmlReader:
             None if util is None else util.gpu,
         )
 
-    def close(self) -> None:
-        try:
-            self._nv.nvmlShutdown()
-        except self._nv.NVMLError:
-            pass
-
 
 def default_reader(gpu_index: int = 0) -> Reader:
     """NVML when an NVIDIA GPU answers, the CPU otherwise."""
-    try:
+    with suppress(Exception):  # no driver, no library, no device: fall back to the CPU
         import pynvml
 
         pynvml.nvmlInit()
@@ -189,8 +174,6 @@ def default_reader(gpu_index: int = 0) -> Reader:
         pynvml.nvmlShutdown()
         if count > gpu_index:
             return NvmlReader(gpu_index)
-    except Exception:  # no driver, no library, no device: fall back to the CPU
-        pass
     return CpuReader()
 
 
@@ -251,20 +234,17 @@ class TelemetrySampler(Sampler[ClockSample]):
         self.reader = reader or default_reader()
         super().__init__(self.reader.read, interval_s)
 
-    def mark(self, label: str) -> ClockSample | None:
+    def mark(self, label: str) -> None:
         """Take one sample now, outside the timer, labelled ``label`` (the runner marks each bench
         window's start and end this way, so a window shorter than the interval still holds samples)."""
-        sample = self._read()
-        if sample is None:
-            return None
-        sample.mark = label
-        self.samples.append(sample)
-        return sample
+        if (sample := self._read()) is not None:
+            sample.mark = label
+            self.samples.append(sample)
 
-    def window(self, start_label: str = WINDOW_START, end_label: str = WINDOW_END) -> tuple[float, float] | None:
+    def window(self) -> tuple[float, float] | None:
         """(start, end) monotonic seconds of the last pair of edge samples, None when not both taken."""
-        starts = [s.t_mono_s for s in self.samples if s.mark == start_label]
-        ends = [s.t_mono_s for s in self.samples if s.mark == end_label]
+        starts = [s.t_mono_s for s in self.samples if s.mark == WINDOW_START]
+        ends = [s.t_mono_s for s in self.samples if s.mark == WINDOW_END]
         return (starts[-1], ends[-1]) if starts and ends and ends[-1] >= starts[-1] else None
 
 
@@ -276,8 +256,6 @@ def median_clock(
     samples: Sequence[ClockSample], start_s: float | None = None, end_s: float | None = None
 ) -> float | None:
     """Median ``clock_mhz`` of the samples inside [start_s, end_s] (monotonic seconds)."""
-    import statistics
-
     values = [
         s.clock_mhz
         for s in samples
@@ -328,9 +306,6 @@ def parse_server_metrics(text: str) -> dict[str, float]:
 
 def scrape_server_metrics(base_url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
     """vLLM's /metrics read once; None when the server does not answer or exposes none of them."""
-    import urllib.error
-    import urllib.request
-
     try:
         with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as resp:
             text = resp.read().decode("utf-8", "replace")

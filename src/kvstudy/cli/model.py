@@ -85,7 +85,7 @@ def add_capacity(subparsers: Any) -> None:
 def _startup_log(args: argparse.Namespace) -> int:
     if args.model is None:
         info = parse_startup_log(Path(args.file))
-        show(info.to_dict(), [summary(info)], args.json)
+        show(vars(info), [summary(info)], args.json)
         return 0
     result = check_log(args.file, args.model, args.any_name)
     show(result, [format_check(result)], args.json)

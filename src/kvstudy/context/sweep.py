@@ -30,7 +30,7 @@ from typing import Any
 
 from kvstudy.bench import experiment
 from kvstudy.bench.client import BenchError, run_bench
-from kvstudy.bench.grid import GridPlan, ServeRun, run_grid, scrubber, write_record, write_requests
+from kvstudy.bench.grid import GridPlan, run_grid, scrubber, write_record, write_requests
 from kvstudy.bench.result import requests_from_result
 from kvstudy.bench.spec import Cell
 from kvstudy.capture import now_utc
@@ -112,9 +112,9 @@ def _run_cell(spec: ContextSweepSpec, capture: Path, cell: Cell, server: Any) ->
 
 def context_plan(spec: ContextSweepSpec, capture: Path) -> GridPlan[Cell, dict[str, Any]]:
     """The context sweep as a grid: arms x seeds in ``spec.runs()`` order, the input lengths per start."""
-    cells = spec.cells()
     return GridPlan(
-        runs=[ServeRun(r.id, r.arm, r.seed, tuple(c for c in cells if c.run == r)) for r in spec.runs()],
+        runs=spec.runs(),
+        cells=spec.cells(),
         server_config=lambda run: spec.server_config(run.arm, run.seed),
         ready_timeout_s=spec.ready_timeout_s,
         run_cell=lambda cell, server: _run_cell(spec, capture, cell, server),

@@ -87,7 +87,7 @@ class Comparison:
                 "settings": self.settings,
                 "detectable_change_80": self.detectable_change,
                 "files": self.files,
-                "measurability": {arm: [m.to_dict() for m in ms] for arm, ms in self.measurability.items()},
+                "measurability": {arm: [asdict(m) for m in ms] for arm, ms in self.measurability.items()},
             }
         )
         return out

@@ -28,7 +28,7 @@ import argparse
 import json
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -176,16 +176,9 @@ def snapshot_table(path: Path | None = None) -> OptionTable:
     return table_from_dict(data, str(path), f"{str(data.get('vllm', 'vLLM'))[:40]}'s options, the project's snapshot")
 
 
-_LIVE: dict[str, OptionTable | None] = {}
-
-
 def live_table() -> OptionTable | None:
     """vLLM's own serve option table, read in a child process; None where vLLM is off or fails."""
-    if oracle_disabled():
-        return None
-    if "table" not in _LIVE:
-        _LIVE["table"] = _read_child()
-    return _LIVE["table"]
+    return None if oracle_disabled() else _read_child()
 
 
 def option_table() -> OptionTable:
@@ -193,6 +186,7 @@ def option_table() -> OptionTable:
     return live_table() or snapshot_table()
 
 
+@cache
 def _read_child() -> OptionTable | None:
     data = run_child({}, module="kvstudy.vllm.arguments")
     if "__error__" in data:

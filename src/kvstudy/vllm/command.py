@@ -80,18 +80,11 @@ def build_command(
 ) -> list[str]:
     """The server's command line for ``config``."""
     model = str(Path(config.model).resolve()) if Path(config.model).exists() else config.model
-    cmd = [
-        python,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model,
-        "--kv-cache-dtype",
-        config.kv_cache_dtype,
-    ]
-    if config.attention_backend and not backend_uses_env_var(vllm_version):
-        cmd += ["--attention-backend", config.attention_backend]
+    backend = None if backend_uses_env_var(vllm_version) else config.attention_backend or None
     options: list[tuple[str, Any]] = [
+        ("--model", model),
+        ("--kv-cache-dtype", config.kv_cache_dtype),
+        ("--attention-backend", backend),
         ("--num-gpu-blocks-override", config.num_gpu_blocks_override),
         ("--kv-cache-memory-bytes", config.kv_cache_memory_bytes),
         ("--max-model-len", config.max_model_len),
@@ -100,6 +93,7 @@ def build_command(
         ("--quantization", config.quantization),
         ("--served-model-name", config.served_model_name),
     ]
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server"]
     cmd += [item for flag, value in options if value is not None for item in (flag, str(value))]
     if config.enforce_eager:
         cmd.append("--enforce-eager")

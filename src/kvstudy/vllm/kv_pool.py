@@ -20,9 +20,6 @@ from typing import Any
 
 from kvstudy.vllm.kv_specs import MARKER, _one_line, oracle_disabled, run_child
 
-SPEC_NAMES = ("full_attention", "sliding_attention", "chunked_local_attention", "mla", "linear_attention")
-STORED_DTYPES = ("bfloat16", "float16", "float32", "fp8")
-
 
 def vllm_pools(
     cases: list[tuple[list[dict[str, Any]], list[int]]],
@@ -32,10 +29,10 @@ def vllm_pools(
 ) -> list[dict[str, Any]]:
     """vLLM's pool for each ``(layers, KV memory figures in bytes)`` case, in one child process.
 
-    A layer record is ``{"kind" (one of SPEC_NAMES), "block_size", "dtype" (one of STORED_DTYPES),
-    "num_kv_heads", "head_size", "head_size_v", "window"}``, or for a state layer ``{"kind",
-    "block_size", "state_bytes", "page_bytes"}``. Each answer: ``{"ok": True, "pools": [...]}`` or
-    ``{"ok": False, "error": one line}``."""
+    A layer record is ``{"kind" (full_attention, sliding_attention, chunked_local_attention, mla),
+    "block_size", "dtype" (bfloat16, float16, float32, fp8), "num_kv_heads", "head_size", "head_size_v",
+    "window"}``, or for a state layer (linear_attention) ``{"kind", "block_size", "state_bytes",
+    "page_bytes"}``. Each answer: ``{"ok": True, "pools": [...]}`` or ``{"ok": False, "error": one line}``."""
     reason = oracle_disabled()
     if reason:
         return [{"ok": False, "error": reason} for _ in cases]

@@ -30,11 +30,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -107,11 +109,9 @@ def _cached(key: str) -> dict[str, Any] | None:
 
 def _keep(key: str, answer: dict[str, Any]) -> None:
     _CACHE[key] = answer
-    try:
+    with suppress(OSError, StudyError):  # a read-only home: the answer is kept for this process only
         cache_dir().mkdir(parents=True, exist_ok=True)
         write_json_atomic(cache_dir() / f"{key}.json", {"key": key, "answer": answer})
-    except (OSError, StudyError):  # a read-only home: the answer is kept for this process only
-        pass
 
 
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
@@ -231,7 +231,7 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:400]}"
 
 
-def _layer_record(name: str, spec: Any, module: Any) -> dict[str, Any]:
+def _layer_record(name: str, spec: Any) -> dict[str, Any]:
     """One layer's spec as plain JSON (the fields the capacity math reads)."""
     from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
 
@@ -252,9 +252,7 @@ def _layer_record(name: str, spec: Any, module: Any) -> dict[str, Any]:
         record["family"] = "state"
         record["shapes"] = [list(s) for s in spec.shapes]
         record["dtypes"] = [str(d).removeprefix("torch.") for d in spec.dtypes]
-        record["state_bytes"] = sum(
-            int(__import__("math").prod(s)) * d.itemsize for s, d in zip(spec.shapes, spec.dtypes)
-        )
+        record["state_bytes"] = sum(math.prod(s) * d.itemsize for s, d in zip(spec.shapes, spec.dtypes))
         record["mamba_type"] = str(getattr(spec, "mamba_type", ""))
     elif isinstance(spec, AttentionSpec):
         record["family"] = "attention"
@@ -306,7 +304,7 @@ def _build(folder: str, tp: int, dist: dict[str, bool]) -> dict[str, Any]:
                 if shared:
                     records.append({"name": name, "index": _index(name), "spec": None, "family": "shared"})
                     continue
-                records.append(_layer_record(name, module.get_kv_cache_spec(vllm_config), module))
+                records.append(_layer_record(name, module.get_kv_cache_spec(vllm_config)))
         except Exception as exc:
             return {"error": _one_line(exc)}
         finally:
@@ -373,7 +371,6 @@ def child() -> None:
     dist: dict[str, bool] = {}
     for model in request["models"]:
         folder, notes = model["folder"], []
-        by_tp: dict[str, Any] = {}
         first = _build(folder, 1, dist)
         if "error" in first:
             text = _text_only(folder)
@@ -387,10 +384,7 @@ def child() -> None:
         if "error" in first:
             answers[model["key"]] = {"ok": False, "error": first["error"]}
             continue
-        by_tp["1"] = first
-        for tp in request["tps"]:
-            if tp != 1:
-                by_tp[str(tp)] = _build(folder, tp, dist)
+        by_tp = {"1": first} | {str(tp): _build(folder, tp, dist) for tp in request["tps"] if tp != 1}
         answers[model["key"]] = {
             "ok": True,
             "architecture": first["architecture"],

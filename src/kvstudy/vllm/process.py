@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +34,11 @@ def die_with_parent() -> None:
     SIGKILL of the parent); elsewhere nothing (the pid file lets the next run reap it)."""
     if not sys.platform.startswith("linux"):
         return
-    try:
+    with suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() == 1:  # the parent died before prctl took effect
             os._exit(1)
-    except (OSError, AttributeError):
-        pass
 
 
 def write_pid_file(path: Path, pid: int) -> None:
@@ -80,11 +79,9 @@ def reap_pid_file(path: Path) -> bool:
 def _group_members(pgid: int) -> list[Any]:
     members = []
     for proc in psutil.process_iter(["pid"]):
-        try:
+        with suppress(ProcessLookupError, PermissionError, psutil.Error):
             if os.getpgid(proc.pid) == pgid:
                 members.append(proc)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
     return members
 
 
@@ -95,25 +92,17 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRAC
         descendants = psutil.Process(proc.pid).children(recursive=True)
     except psutil.Error:
         descendants = []
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
+    with suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
     _, alive = psutil.wait_procs(descendants, timeout=max(1.0, grace_s / 4))
     leftovers = {p.pid: p for p in alive + _group_members(pgid)}
-    try:
+    with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     for p in leftovers.values():
-        try:
+        with suppress(psutil.Error):
             p.kill()
-        except psutil.Error:
-            pass
     if proc.poll() is None:
         proc.kill()
     proc.wait()

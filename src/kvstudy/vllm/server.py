@@ -92,10 +92,6 @@ def free_port(host: str = HOST) -> int:
         return int(sock.getsockname()[1])
 
 
-def _looks_like_hub_id(spec: str) -> bool:
-    return spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not Path(spec).exists()
-
-
 @functools.cache
 def _say_api_key_kept_out() -> None:
     """One line on stderr, once per process, when the user's shell exports ``VLLM_API_KEY``."""
@@ -188,7 +184,7 @@ class VllmServer:
 
     def _check_inputs(self) -> None:
         model = self.config.model
-        if not Path(model).exists() and not _looks_like_hub_id(model):
+        if not Path(model).exists() and (model.count("/") != 1 or model.startswith((".", "/", "~"))):  # nor a Hub id
             raise self._fail_early(f"{model}: model folder not found (expected a folder with config.json and weights)")
         if Path(model).is_dir() and not (Path(model) / "config.json").is_file():
             raise self._fail_early(

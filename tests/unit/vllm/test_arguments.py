@@ -184,10 +184,10 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 def live() -> Any:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KVSTUDY_NO_VLLM", "0")
-        arguments._LIVE.clear()
+        arguments._read_child.cache_clear()
         table = arguments.live_table()
         yield table
-    arguments._LIVE.clear()
+    arguments._read_child.cache_clear()
 
 
 @needs_vllm

@@ -132,7 +132,7 @@ def test_a_clean_log_is_not_a_failure_even_with_warnings() -> None:
 
 
 def test_missing_file_is_a_study_error(tmp_path: Path) -> None:
-    with pytest.raises(StudyError, match="log file not found"):
+    with pytest.raises(StudyError, match="nope.log: file not found"):
         parse_startup_log(tmp_path / "nope.log")
 
 
