@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -14,11 +14,8 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.bench import experiment
-from kvstudy.bench.experiment import MANIFEST
-from kvstudy.bench.grid import read_capture
 from kvstudy.bench.telemetry import metrics_delta
 from kvstudy.capture import model_config
-from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
 from kvstudy.load.knee import MEASURED, NO_CELLS, Knee, UsersComparison, compare_users, decide, users_within
 from kvstudy.load.runner import KIND, load_spec, run_load
@@ -29,36 +26,21 @@ PERCENTILES = (50, 90, 99)
 PEAKS = (("running", "running"), ("waiting", "waiting"), ("KV usage", "kv_usage"))  # cell_table columns
 
 
-@dataclass
-class LoadCapture:
-    path: Path
-    manifest: dict[str, Any]
-    spec: LoadSpec
-    cells: pd.DataFrame  # one row per cell result (its metrics spread into columns)
-    requests: pd.DataFrame  # one row per measured request of ok cells
+LoadCapture = experiment.UsersCapture[LoadSpec]
 
 
-def load_capture(path: str | Path) -> LoadCapture:
-    path = Path(path)
-    if not (path / MANIFEST).is_file():
-        raise StudyError(f"{path}: no {MANIFEST} (expected a load capture folder)")
-    grid = read_capture(path, KIND, ("arm", "seed", "concurrency"))
-    spec = load_spec(path, grid.manifest)
+def _capture_spec(path: Path, manifest: Mapping[str, Any]) -> LoadSpec:
     # The pools are computed from the config.json the capture keeps (the served folder may not be here:
     # a fresh clone renders the bundled capture without the project-built model).
-    spec = spec.model_copy(update={"model": str(model_config(path, spec.model).parent)})
-    cells, requests, _ = grid.to_frames()
-    return LoadCapture(path, dict(grid.manifest), spec, cells, requests)
+    spec = load_spec(path, manifest)
+    return spec.model_copy(update={"model": str(model_config(path, spec.model).parent)})
+
+
+load_capture = partial(experiment.read_users_capture, _capture_spec, KIND, ("arm", "seed", "concurrency"))
 
 
 def arm_order(cap: LoadCapture) -> list[str]:
     return [a.name for a in cap.spec.arms]
-
-
-def aa_arms(spec: LoadSpec) -> list[str]:
-    """Arms identical to the baseline but for their name: the A/A controls."""
-    base = spec.arms[0].model_dump(exclude={"name"})
-    return [a.name for a in spec.arms[1:] if a.model_dump(exclude={"name"}) == base]
 
 
 # --------------------------------------------------------------------------- tables
@@ -207,7 +189,7 @@ def _why_below(cap: LoadCapture, arm: str, per: dict[int, Knee], predicted: int)
 
 
 def comparison_frame(comps: list[UsersComparison], spec: LoadSpec) -> pd.DataFrame:
-    aa = set(aa_arms(spec))
+    aa = set(spec.aa_arms())
     return pd.DataFrame(
         [
             {
@@ -287,7 +269,7 @@ def plot_load(cap: LoadCapture, cells: pd.DataFrame) -> Any:
 def verdict_facts(cap: LoadCapture | None, comps: list[UsersComparison]) -> dict[str, Any]:
     """The structured verdict the decision card reads (``kvstudy.report.notebook.verdict`` keyword facts)."""
     spec = cap.spec if cap is not None else None
-    aa = set(aa_arms(spec)) if spec else set()
+    aa = set(spec.aa_arms()) if spec else set()
     fp8 = (
         c for c in comps if c.candidate not in aa and spec and spec.arm(c.candidate).kv_cache_dtype.startswith("fp8")
     )
@@ -324,7 +306,7 @@ def verdict_text(cap: LoadCapture | None, comps: list[UsersComparison]) -> str:
     if cap is None:
         return "No load capture: what FP8 buys at equal memory was not measured."
     spec = cap.spec
-    aa = set(aa_arms(spec))
+    aa = set(spec.aa_arms())
     parts = [
         f"At {memory_text(spec.kv_memory_bytes)} of KV memory for every arm, {spec.context_tokens} tokens a request, target {spec.target_text()}:"
     ]

@@ -16,8 +16,7 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.bench import experiment
-from kvstudy.bench.experiment import MANIFEST
-from kvstudy.bench.grid import Captured, GridCapture, read_capture
+from kvstudy.bench.grid import Captured
 from kvstudy.bench.spec import ServerSpec
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, shorten_words
@@ -40,38 +39,17 @@ SUMMARY_COLUMNS = [
 # --------------------------------------------------------------------------- loading
 
 
-@dataclass
-class Capture:
-    """A sweep capture read from disk (:func:`kvstudy.bench.grid.read_capture`) and its frames."""
-
-    path: Path
-    manifest: dict[str, Any]
-    spec: SweepSpec
-    cells: pd.DataFrame  # one row per cell result (ok and failed)
-    requests: pd.DataFrame  # one row per measured request of ok cells
-    telemetry: pd.DataFrame  # one row per clock sample
-    grid: GridCapture  # the typed cells (per-request records) and server starts
-
-    @property
-    def complete(self) -> bool:
-        return len(self.missing) == 0
-
-    @property
-    def missing(self) -> list[str]:
-        ok = set(self.cells.loc[self.cells["status"] == "ok", "cell_id"]) if len(self.cells) else set()
-        return [c.id for c in self.spec.cells() if c.id not in ok]
+Capture = experiment.UsersCapture[SweepSpec]
 
 
 def load_capture(path: str | Path) -> Capture:
-    """Read a capture folder; StudyError if it is not one."""
-    path = Path(path)
-    if not (path / MANIFEST).is_file():
-        raise StudyError(f"{path}: no {MANIFEST} (expected a speed-sweep capture folder)")
-    grid = read_capture(path, KIND, ("cell_id", "configuration", "kv_cache_dtype", "seed", "users"))
-    cells, requests, telemetry = grid.to_frames()
-    if len(cells):
-        _on_one_timeline(cells, grid.manifest)
-    return Capture(path, dict(grid.manifest), load_spec(path, grid.manifest), cells, requests, telemetry, grid)
+    """Read a sweep capture folder; StudyError if it is not one."""
+    cap = experiment.read_users_capture(
+        load_spec, KIND, ("cell_id", "configuration", "kv_cache_dtype", "seed", "users"), path
+    )
+    if len(cap.cells):
+        _on_one_timeline(cap.cells, cap.manifest)
+    return cap
 
 
 def _on_one_timeline(cells: pd.DataFrame, manifest: Mapping[str, Any]) -> None:
