@@ -234,7 +234,7 @@ def _short(value: Any, width: int = 80) -> str:
 # --------------------------------------------------------------------------- figures
 
 
-def _colors(names: list[str]) -> dict[str, Any]:
+def arm_colors(names: list[str]) -> dict[str, Any]:
     import matplotlib.pyplot as plt
 
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -250,7 +250,7 @@ def plot_seed_ranges(seeds: pd.DataFrame, order: list[str], failed: dict[tuple[s
     failed = failed or {}
     users = sorted({*seeds["users"].unique(), *(u for _, u in failed)})
     fig, axes = plt.subplots(1, len(users), figsize=(4.2 * len(users), 3.2), squeeze=False)
-    colors = _colors(order)
+    colors = arm_colors(order)
     notes: list[str] = []
     for ax, u in zip(axes[0], users):
         for i, name in enumerate(order):
@@ -298,7 +298,7 @@ def plot_distributions(requests: pd.DataFrame, order: list[str]) -> Any:
 
     users = sorted(requests["users"].unique())
     fig, axes = plt.subplots(len(users), 3, figsize=(12, 2.8 * len(users)), squeeze=False)
-    colors = _colors(order)
+    colors = arm_colors(order)
     ok = requests[requests["success"]]
     for row, u in zip(axes, users):
         for name in order:
@@ -328,7 +328,7 @@ def plot_clock(telemetry: pd.DataFrame, order: list[str]) -> Any:
     has_util = "util_pct" in telemetry and telemetry["util_pct"].notna().any()
     nrows = 2 if has_util else 1
     fig, axes = plt.subplots(nrows, len(users), figsize=(4.8 * len(users), 2.8 * nrows), squeeze=False)
-    colors = _colors(order)
+    colors = arm_colors(order)
     device = str(telemetry["device"].iloc[0])
     for j, u in enumerate(users):
         t = telemetry[telemetry["users"] == u]

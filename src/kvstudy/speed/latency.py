@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.io import shorten_words
+from kvstudy.speed.analysis import arm_colors
 from kvstudy.speed.verdicts_table import capture_runs
 
 PERCENTILES = (50, 90, 99)
@@ -174,8 +175,7 @@ def plot_concurrency(points: list[ConcurrencyPoint], order: list[str]) -> Any:
     failed or unmeasurable arm is marked, numbered, with its cause under the axes."""
     import matplotlib.pyplot as plt
 
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    colors = {n: cycle[i % len(cycle)] for i, n in enumerate(order)}
+    colors = arm_colors(order)
     users = sorted({p.users for p in points})
     marked = [p for p in points if p.state != "measured"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6 + 0.22 * len(marked)))
