@@ -224,3 +224,16 @@ def capture_settings(
         shown["registered_runs_per_arm"] = len(spec.seeds)
         read.add("registered_runs_per_arm")
     return shown, read
+
+
+def arm_colors(names: list[str]) -> dict[str, Any]:
+    """Each arm's colour in the figures: matplotlib's colour cycle in arm order."""
+    import matplotlib.pyplot as plt
+
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {n: cycle[i % len(cycle)] for i, n in enumerate(names)}
+
+
+def mark_no_run(ax: Any, x: float, color: Any, ms: float = 10) -> None:
+    """An ``×`` at the foot of ``ax`` where an arm has no finished cell (the figure's note says why)."""
+    ax.plot([x], [0], marker="x", ms=ms, mew=2, color=color, transform=ax.get_xaxis_transform(), clip_on=False)

@@ -220,7 +220,7 @@ def plot_load(cap: LoadCapture, cells: pd.DataFrame) -> Any:
     import matplotlib.pyplot as plt
 
     order = arm_order(cap)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = experiment.arm_colors(order)
     pools = arm_pools(cap.spec)
     panels = (
         ("output tok/s", "output tokens/s"),
@@ -229,8 +229,8 @@ def plot_load(cap: LoadCapture, cells: pd.DataFrame) -> Any:
     )
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     notes: list[str] = []
-    for i, arm in enumerate(order):
-        color = colors[i % len(colors)]
+    for arm in order:
+        color = colors[arm]
         mine = cells[cells["arm"] == arm] if len(cells) else cells
         ok = mine[mine["status"] == "ok"] if len(mine) else mine
         for ax, (column, label) in zip(axes, panels):
@@ -246,16 +246,7 @@ def plot_load(cap: LoadCapture, cells: pd.DataFrame) -> Any:
             cause = str(failed[failed["users"] == users]["reason"].iloc[0])
             notes.append(f"[{len(notes) + 1}] {arm} at {users} users: {cause[:140]}")
             for ax in axes:
-                ax.plot(
-                    [users],
-                    [0],
-                    marker="x",
-                    ms=9,
-                    mew=2,
-                    color=color,
-                    transform=ax.get_xaxis_transform(),
-                    clip_on=False,
-                )
+                experiment.mark_no_run(ax, users, color, ms=9)
     axes[0].legend(fontsize=8, title="dotted: predicted capacity", title_fontsize=7)
     if notes:
         fig.text(0.01, 0.0, "\n".join(notes), ha="left", va="top", fontsize=8)

@@ -234,13 +234,6 @@ def _short(value: Any, width: int = 80) -> str:
 # --------------------------------------------------------------------------- figures
 
 
-def arm_colors(names: list[str]) -> dict[str, Any]:
-    import matplotlib.pyplot as plt
-
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    return {n: cycle[i % len(cycle)] for i, n in enumerate(names)}
-
-
 def plot_seed_ranges(seeds: pd.DataFrame, order: list[str], failed: dict[tuple[str, int], str] | None = None) -> Any:
     """Median TPOT per seed (dots) and the seed range (bar) per configuration and user count; an arm
     with no finished cell at a user count (``failed``: its cause) is an ``×`` on the axis, numbered,
@@ -250,7 +243,7 @@ def plot_seed_ranges(seeds: pd.DataFrame, order: list[str], failed: dict[tuple[s
     failed = failed or {}
     users = sorted({*seeds["users"].unique(), *(u for _, u in failed)})
     fig, axes = plt.subplots(1, len(users), figsize=(4.2 * len(users), 3.2), squeeze=False)
-    colors = arm_colors(order)
+    colors = experiment.arm_colors(order)
     notes: list[str] = []
     for ax, u in zip(axes[0], users):
         for i, name in enumerate(order):
@@ -260,16 +253,7 @@ def plot_seed_ranges(seeds: pd.DataFrame, order: list[str], failed: dict[tuple[s
                     notes.append(
                         f"[{len(notes) + 1}] {name}, {u} user(s): {shorten_words(failed[(name, int(u))], 150)}"
                     )
-                    ax.plot(
-                        [i],
-                        [0],
-                        marker="x",
-                        ms=10,
-                        mew=2,
-                        color=colors[name],
-                        transform=ax.get_xaxis_transform(),
-                        clip_on=False,
-                    )
+                    experiment.mark_no_run(ax, i, colors[name])
                     ax.annotate(
                         f"no run [{len(notes)}]", (i, 0.04), xycoords=("data", "axes fraction"), ha="center", fontsize=8
                     )
@@ -298,7 +282,7 @@ def plot_distributions(requests: pd.DataFrame, order: list[str]) -> Any:
 
     users = sorted(requests["users"].unique())
     fig, axes = plt.subplots(len(users), 3, figsize=(12, 2.8 * len(users)), squeeze=False)
-    colors = arm_colors(order)
+    colors = experiment.arm_colors(order)
     ok = requests[requests["success"]]
     for row, u in zip(axes, users):
         for name in order:
@@ -328,7 +312,7 @@ def plot_clock(telemetry: pd.DataFrame, order: list[str]) -> Any:
     has_util = "util_pct" in telemetry and telemetry["util_pct"].notna().any()
     nrows = 2 if has_util else 1
     fig, axes = plt.subplots(nrows, len(users), figsize=(4.8 * len(users), 2.8 * nrows), squeeze=False)
-    colors = arm_colors(order)
+    colors = experiment.arm_colors(order)
     device = str(telemetry["device"].iloc[0])
     for j, u in enumerate(users):
         t = telemetry[telemetry["users"] == u]
