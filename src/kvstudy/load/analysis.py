@@ -60,16 +60,15 @@ def cell_table(cap: LoadCapture) -> pd.DataFrame:
             "output tok/s": c.get("output_throughput_tok_s"),
             "req/s": c.get("request_throughput_req_s"),
         }
-        req = cap.requests
-        if len(req):
-            mine = req[(req["arm"] == c["arm"]) & (req["seed"] == c["seed"]) & (req["concurrency"] == c["concurrency"])]
-            ok = mine[mine["success"]]
+        if len(cap.requests):
+            cell = cap.grid.cells[c["cell_id"]]
+            ok = [r for r in cell.requests if r.success] if cell.ok else []  # a failed cell's requests are not summarised
             for metric in ("ttft", "tpot", "e2el"):
-                values = ok[f"{metric}_ms"].dropna().to_numpy(float)
+                values = [v for r in ok if (v := getattr(r, f"{metric}_ms")) is not None]
                 for q in PERCENTILES:
-                    row[f"{metric.upper()} p{q} (ms)"] = float(np.percentile(values, q)) if values.size else None
-            itls = np.concatenate([np.asarray(x, float) for x in ok["itls_ms"]]) if len(ok) else np.array([])
-            row["ITL p99 (ms)"] = float(np.percentile(itls, 99)) if itls.size else None
+                    row[f"{metric.upper()} p{q} (ms)"] = float(np.percentile(values, q)) if values else None
+            itls = [x for r in ok for x in r.itls_ms]
+            row["ITL p99 (ms)"] = float(np.percentile(itls, 99)) if itls else None
         before, after = c.get("server_metrics_before"), c.get("server_metrics_after")
         delta = metrics_delta(before if isinstance(before, dict) else None, after if isinstance(after, dict) else None)
         if "preemptions" in delta:

@@ -226,9 +226,8 @@ def ab_differences(capture: Capture, baseline: str, candidate: str) -> pd.DataFr
     return pd.DataFrame(rows, columns=["seed", "field", baseline, candidate, "note"])
 
 
-def _short(value: Any, width: int = 80) -> str:
-    text = json.dumps(value, default=str) if not isinstance(value, str) else value
-    return shorten_words(text, width)
+def _short(value: Any) -> str:
+    return shorten_words(value if isinstance(value, str) else json.dumps(value, default=str), 80)
 
 
 # --------------------------------------------------------------------------- figures
@@ -359,10 +358,12 @@ capture_settings = partial(experiment.capture_settings, load_spec)
 
 
 def cell_status_frame(capture: Capture) -> pd.DataFrame:
+    """Each cell of the grid: its status (the manifest's where no record was read) and reason."""
     status = capture.manifest.get("items") or capture.manifest.get("cells") or {}
-    rows = []
-    for c in capture.spec.cells():
-        got = capture.grid.cells.get(c.id)
-        status_now = got.status if got else status.get(c.id, "missing")
-        rows.append({"cell": c.id, "status": status_now, "reason": got.reason if got else ""})
-    return pd.DataFrame(rows)
+    got = {c.id: capture.grid.cells.get(c.id) for c in capture.spec.cells()}
+    return pd.DataFrame(
+        [
+            {"cell": i, "status": g.status if g else status.get(i, "missing"), "reason": g.reason if g else ""}
+            for i, g in got.items()
+        ]
+    )

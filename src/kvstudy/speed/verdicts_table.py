@@ -262,10 +262,6 @@ class Consistency:
     requests_that_fit: int
     check: str  # "consistent", or "contradiction: ..." with the figures that contradict
 
-    @property
-    def contradicted(self) -> bool:
-        return self.check != "consistent"
-
 
 def published_consistency(pub: Any, context_len: int) -> list[Consistency]:
     """Per published row: the decode streams its figures imply (output tok/s x median TPOT) against the
@@ -305,7 +301,7 @@ def published_consistency(pub: Any, context_len: int) -> list[Consistency]:
 
 
 def _length_contradicted(pub: Any, context_len: int) -> str:
-    bad = [r for r in published_consistency(pub, context_len) if r.contradicted and r.users > 1]
+    bad = [r for r in published_consistency(pub, context_len) if r.check != "consistent" and r.users > 1]
     if not bad:
         return ""
     r = bad[0]
