@@ -23,6 +23,7 @@ from scipy import stats
 from kvstudy.errors import StudyError
 from kvstudy.speed.verdict import ALPHA, RunSummary, statistical_claim
 from kvstudy.stats.binary import clopper_pearson
+from kvstudy.stats.binary_power import smallest_passing
 from kvstudy.stats.bootstrap import bootstrap_ratio_interval
 from kvstudy.stats.permutation import TARGET_POWER, blocked_min_p, minimum_p_value, permutation_test, sign_flip_power
 
@@ -313,16 +314,7 @@ def minimum_detectable_change(
         )
         return right / simulations >= TARGET_POWER
 
-    if not detected(max_change):
-        return None
-    low, high = 0.0, max_change
-    while high - low > precision:
-        mid = (low + high) / 2.0
-        if detected(mid):
-            high = mid
-        else:
-            low = mid
-    return high
+    return smallest_passing(detected, max_change, precision)
 
 
 def centred(arms: Sequence[Sequence[RunSummary]]) -> list[RunSummary]:

@@ -156,11 +156,11 @@ def concurrency_points(capture: Any, seeds: pd.DataFrame, order: list[str]) -> l
                 continue
             token_ok, cause = _per_token_state(capture, name, users)
             at = summary.loc[(name, users)]
-            figures = (
-                float(at[c]) for c in ("median_tpot_ms", "tpot_min_ms", "tpot_max_ms", "output_throughput_tok_s")
-            )
+            figures = {
+                c: float(at[c]) for c in ("median_tpot_ms", "tpot_min_ms", "tpot_max_ms", "output_throughput_tok_s")
+            }
             state = "measured" if token_ok else "not measurable"
-            out.append(ConcurrencyPoint(name, users, state, *figures, shorten_words(cause, CAUSE_WIDTH)))
+            out.append(ConcurrencyPoint(name, users, state, **figures, cause=shorten_words(cause, CAUSE_WIDTH)))
     return out
 
 
