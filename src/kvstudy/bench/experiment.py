@@ -5,22 +5,25 @@ helpers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 
 from pydantic import model_validator
 
 from kvstudy import capture as capture_format
 from kvstudy.bench.arm import Arm
-from kvstudy.bench.grid import GridPlan, cells_to_run, run_grid, scrubber
+from kvstudy.bench.grid import GridCapture, GridPlan, cells_to_run, read_capture, run_grid, scrubber
 from kvstudy.bench.spec import Cell, CellResult, Run, ServerSpec, Spec, ordered_runs
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_GRID_CELLS
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 from kvstudy.vllm.command import ServerConfig
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MANIFEST = capture_format.MANIFEST
 R = TypeVar("R", bound=CellResult)
@@ -77,6 +80,11 @@ class UsersSpec(ServerSpec, GridSpec):
                 return a
         raise StudyError(f"{self.ARMS}: {name!r} is not one of {[a.name for a in self.arm_list()]}")
 
+    def aa_arms(self) -> list[str]:
+        """Arms identical to the baseline but for their name: the A/A controls."""
+        base = self.arm_list()[0].model_dump(exclude={"name"})
+        return [a.name for a in self.arm_list()[1:] if a.model_dump(exclude={"name"}) == base]
+
     def runs(self) -> list[Run]:
         return ordered_runs([a.name for a in self.arm_list()], self.seeds, self.run_order)
 
@@ -91,6 +99,27 @@ def load_spec(cls: type[G], kind: str, capture: Path, manifest: Mapping[str, Any
     """The grid a capture's manifest holds (``manifest``: already read)."""
     manifest = manifest if manifest is not None else capture_format.read_manifest(capture, kind)
     return cls.from_dict(manifest.get("spec") or {}, where=f"{capture}/{MANIFEST}: spec")
+
+
+@dataclass
+class UsersCapture(Generic[S]):
+    """A users-axis capture read once (:func:`kvstudy.bench.grid.read_capture`) and its frames."""
+
+    path: Path
+    manifest: dict[str, Any]
+    spec: S
+    cells: pd.DataFrame  # one row per cell result (ok and failed), its metrics spread into columns
+    requests: pd.DataFrame  # one row per measured request of ok cells
+    telemetry: pd.DataFrame  # one row per clock sample
+    grid: GridCapture  # the typed cells (per-request records) and server starts
+
+
+def read_users_capture(
+    read_spec: Callable[[Path, Mapping[str, Any]], S], kind: str, keys: Sequence[str], path: str | Path
+) -> UsersCapture[S]:
+    """A capture folder of ``kind`` (StudyError if it is not one); its cells named by ``keys``."""
+    grid = read_capture(path, kind, keys)
+    return UsersCapture(grid.path, dict(grid.manifest), read_spec(grid.path, grid.manifest), *grid.to_frames(), grid)
 
 
 def missing_cells(spec: GridSpec, capture: Path, retry_failed: bool = False) -> list[Cell]:
@@ -195,3 +224,16 @@ def capture_settings(
         shown["registered_runs_per_arm"] = len(spec.seeds)
         read.add("registered_runs_per_arm")
     return shown, read
+
+
+def arm_colors(names: list[str]) -> dict[str, Any]:
+    """Each arm's colour in the figures: matplotlib's colour cycle in arm order."""
+    import matplotlib.pyplot as plt
+
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {n: cycle[i % len(cycle)] for i, n in enumerate(names)}
+
+
+def mark_no_run(ax: Any, x: float, color: Any, ms: float = 10) -> None:
+    """An ``×`` at the foot of ``ax`` where an arm has no finished cell (the figure's note says why)."""
+    ax.plot([x], [0], marker="x", ms=ms, mew=2, color=color, transform=ax.get_xaxis_transform(), clip_on=False)

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -14,11 +14,8 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.bench import experiment
-from kvstudy.bench.experiment import MANIFEST
-from kvstudy.bench.grid import read_capture
 from kvstudy.bench.telemetry import metrics_delta
 from kvstudy.capture import model_config
-from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
 from kvstudy.load.knee import MEASURED, NO_CELLS, Knee, UsersComparison, compare_users, decide, users_within
 from kvstudy.load.runner import KIND, load_spec, run_load
@@ -29,36 +26,21 @@ PERCENTILES = (50, 90, 99)
 PEAKS = (("running", "running"), ("waiting", "waiting"), ("KV usage", "kv_usage"))  # cell_table columns
 
 
-@dataclass
-class LoadCapture:
-    path: Path
-    manifest: dict[str, Any]
-    spec: LoadSpec
-    cells: pd.DataFrame  # one row per cell result (its metrics spread into columns)
-    requests: pd.DataFrame  # one row per measured request of ok cells
+LoadCapture = experiment.UsersCapture[LoadSpec]
 
 
-def load_capture(path: str | Path) -> LoadCapture:
-    path = Path(path)
-    if not (path / MANIFEST).is_file():
-        raise StudyError(f"{path}: no {MANIFEST} (expected a load capture folder)")
-    grid = read_capture(path, KIND, ("arm", "seed", "concurrency"))
-    spec = load_spec(path, grid.manifest)
+def _capture_spec(path: Path, manifest: Mapping[str, Any]) -> LoadSpec:
     # The pools are computed from the config.json the capture keeps (the served folder may not be here:
     # a fresh clone renders the bundled capture without the project-built model).
-    spec = spec.model_copy(update={"model": str(model_config(path, spec.model).parent)})
-    cells, requests, _ = grid.to_frames()
-    return LoadCapture(path, dict(grid.manifest), spec, cells, requests)
+    spec = load_spec(path, manifest)
+    return spec.model_copy(update={"model": str(model_config(path, spec.model).parent)})
+
+
+load_capture = partial(experiment.read_users_capture, _capture_spec, KIND, ("arm", "seed", "concurrency"))
 
 
 def arm_order(cap: LoadCapture) -> list[str]:
     return [a.name for a in cap.spec.arms]
-
-
-def aa_arms(spec: LoadSpec) -> list[str]:
-    """Arms identical to the baseline but for their name: the A/A controls."""
-    base = spec.arms[0].model_dump(exclude={"name"})
-    return [a.name for a in spec.arms[1:] if a.model_dump(exclude={"name"}) == base]
 
 
 # --------------------------------------------------------------------------- tables
@@ -78,16 +60,17 @@ def cell_table(cap: LoadCapture) -> pd.DataFrame:
             "output tok/s": c.get("output_throughput_tok_s"),
             "req/s": c.get("request_throughput_req_s"),
         }
-        req = cap.requests
-        if len(req):
-            mine = req[(req["arm"] == c["arm"]) & (req["seed"] == c["seed"]) & (req["concurrency"] == c["concurrency"])]
-            ok = mine[mine["success"]]
+        if len(cap.requests):
+            cell = cap.grid.cells[c["cell_id"]]
+            ok = (
+                [r for r in cell.requests if r.success] if cell.ok else []
+            )  # a failed cell's requests are not summarised
             for metric in ("ttft", "tpot", "e2el"):
-                values = ok[f"{metric}_ms"].dropna().to_numpy(float)
+                values = [v for r in ok if (v := getattr(r, f"{metric}_ms")) is not None]
                 for q in PERCENTILES:
-                    row[f"{metric.upper()} p{q} (ms)"] = float(np.percentile(values, q)) if values.size else None
-            itls = np.concatenate([np.asarray(x, float) for x in ok["itls_ms"]]) if len(ok) else np.array([])
-            row["ITL p99 (ms)"] = float(np.percentile(itls, 99)) if itls.size else None
+                    row[f"{metric.upper()} p{q} (ms)"] = float(np.percentile(values, q)) if values else None
+            itls = [x for r in ok for x in r.itls_ms]
+            row["ITL p99 (ms)"] = float(np.percentile(itls, 99)) if itls else None
         before, after = c.get("server_metrics_before"), c.get("server_metrics_after")
         delta = metrics_delta(before if isinstance(before, dict) else None, after if isinstance(after, dict) else None)
         if "preemptions" in delta:
@@ -207,7 +190,7 @@ def _why_below(cap: LoadCapture, arm: str, per: dict[int, Knee], predicted: int)
 
 
 def comparison_frame(comps: list[UsersComparison], spec: LoadSpec) -> pd.DataFrame:
-    aa = set(aa_arms(spec))
+    aa = set(spec.aa_arms())
     return pd.DataFrame(
         [
             {
@@ -238,7 +221,7 @@ def plot_load(cap: LoadCapture, cells: pd.DataFrame) -> Any:
     import matplotlib.pyplot as plt
 
     order = arm_order(cap)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = experiment.arm_colors(order)
     pools = arm_pools(cap.spec)
     panels = (
         ("output tok/s", "output tokens/s"),
@@ -247,8 +230,8 @@ def plot_load(cap: LoadCapture, cells: pd.DataFrame) -> Any:
     )
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     notes: list[str] = []
-    for i, arm in enumerate(order):
-        color = colors[i % len(colors)]
+    for arm in order:
+        color = colors[arm]
         mine = cells[cells["arm"] == arm] if len(cells) else cells
         ok = mine[mine["status"] == "ok"] if len(mine) else mine
         for ax, (column, label) in zip(axes, panels):
@@ -264,16 +247,7 @@ def plot_load(cap: LoadCapture, cells: pd.DataFrame) -> Any:
             cause = str(failed[failed["users"] == users]["reason"].iloc[0])
             notes.append(f"[{len(notes) + 1}] {arm} at {users} users: {cause[:140]}")
             for ax in axes:
-                ax.plot(
-                    [users],
-                    [0],
-                    marker="x",
-                    ms=9,
-                    mew=2,
-                    color=color,
-                    transform=ax.get_xaxis_transform(),
-                    clip_on=False,
-                )
+                experiment.mark_no_run(ax, users, color, ms=9)
     axes[0].legend(fontsize=8, title="dotted: predicted capacity", title_fontsize=7)
     if notes:
         fig.text(0.01, 0.0, "\n".join(notes), ha="left", va="top", fontsize=8)
@@ -287,7 +261,7 @@ def plot_load(cap: LoadCapture, cells: pd.DataFrame) -> Any:
 def verdict_facts(cap: LoadCapture | None, comps: list[UsersComparison]) -> dict[str, Any]:
     """The structured verdict the decision card reads (``kvstudy.report.notebook.verdict`` keyword facts)."""
     spec = cap.spec if cap is not None else None
-    aa = set(aa_arms(spec)) if spec else set()
+    aa = set(spec.aa_arms()) if spec else set()
     fp8 = (
         c for c in comps if c.candidate not in aa and spec and spec.arm(c.candidate).kv_cache_dtype.startswith("fp8")
     )
@@ -324,7 +298,7 @@ def verdict_text(cap: LoadCapture | None, comps: list[UsersComparison]) -> str:
     if cap is None:
         return "No load capture: what FP8 buys at equal memory was not measured."
     spec = cap.spec
-    aa = set(aa_arms(spec))
+    aa = set(spec.aa_arms())
     parts = [
         f"At {memory_text(spec.kv_memory_bytes)} of KV memory for every arm, {spec.context_tokens} tokens a request, target {spec.target_text()}:"
     ]

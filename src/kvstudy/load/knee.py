@@ -18,7 +18,7 @@ import numpy as np
 
 from kvstudy.stats.clustered import clustered_mean
 from kvstudy.stats.family import holm
-from kvstudy.stats.permutation import permutation_test
+from kvstudy.stats.permutation import blocks_needed, permutation_test
 
 ALPHA = 0.05
 CONFIDENCE = 0.95
@@ -141,9 +141,9 @@ def compare_users(
 
 
 def blocks_for_family(tests: int) -> int:
-    """Seed blocks (one run per arm each) with which the smallest p of the blocked test, 2 / 2^n,
-    passes Holm's first step over ``tests`` tests: tests x 2 / 2^n < ALPHA."""
-    return max(1, math.ceil(math.log2(2 * max(1, tests) / ALPHA) + 1e-12))
+    """Seed blocks (one run per arm each) with which the blocked test's smallest p passes Holm's first
+    step over ``tests`` tests (tests x its smallest p < ALPHA)."""
+    return blocks_needed(ALPHA / max(1, tests))
 
 
 def decide(comparisons: Sequence[UsersComparison], other_p: Sequence[float] = ()) -> list[float]:

@@ -76,13 +76,11 @@ def capture_noise(capture_dir: str | Path) -> list[Noise]:
     from kvstudy.speed import analysis, verdicts_table
 
     cap = analysis.load_capture(capture_dir)
-    base = cap.spec.configurations[0].name
-    repeats = verdicts_table.aa_pairs(cap)
-    if not repeats:
+    if not cap.spec.aa_arms():
         return [(None, None, "not estimable", f"{capture_dir}: no A/A repeat of the baseline in this capture")]
     out: list[Noise] = []
     for users in cap.spec.users:
-        runs = [r for name in [base, *repeats] for r in verdicts_table.capture_runs(cap, name, int(users))]
+        runs = verdicts_table.aa_runs(cap, int(users))
         usable = [r for r in runs if r.measurable and r.tpots_s]
         found = noise_sd(usable)
         if found is None:
@@ -138,7 +136,7 @@ def load_noise(capture_dir: str | Path) -> Noise:
     from kvstudy.load import analysis as load
 
     cap = load.load_capture(capture_dir)
-    aa = load.aa_arms(cap.spec)
+    aa = cap.spec.aa_arms()
     if not aa:
         raise StudyError(f"{capture_dir}: no A/A arm (the baseline repeated under another name): no noise to measure")
     knees = load.knees(cap)

@@ -16,8 +16,7 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.bench import experiment
-from kvstudy.bench.experiment import MANIFEST
-from kvstudy.bench.grid import Captured, GridCapture, read_capture
+from kvstudy.bench.grid import Captured
 from kvstudy.bench.spec import ServerSpec
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, shorten_words
@@ -40,38 +39,17 @@ SUMMARY_COLUMNS = [
 # --------------------------------------------------------------------------- loading
 
 
-@dataclass
-class Capture:
-    """A sweep capture read from disk (:func:`kvstudy.bench.grid.read_capture`) and its frames."""
-
-    path: Path
-    manifest: dict[str, Any]
-    spec: SweepSpec
-    cells: pd.DataFrame  # one row per cell result (ok and failed)
-    requests: pd.DataFrame  # one row per measured request of ok cells
-    telemetry: pd.DataFrame  # one row per clock sample
-    grid: GridCapture  # the typed cells (per-request records) and server starts
-
-    @property
-    def complete(self) -> bool:
-        return len(self.missing) == 0
-
-    @property
-    def missing(self) -> list[str]:
-        ok = set(self.cells.loc[self.cells["status"] == "ok", "cell_id"]) if len(self.cells) else set()
-        return [c.id for c in self.spec.cells() if c.id not in ok]
+Capture = experiment.UsersCapture[SweepSpec]
 
 
 def load_capture(path: str | Path) -> Capture:
-    """Read a capture folder; StudyError if it is not one."""
-    path = Path(path)
-    if not (path / MANIFEST).is_file():
-        raise StudyError(f"{path}: no {MANIFEST} (expected a speed-sweep capture folder)")
-    grid = read_capture(path, KIND, ("cell_id", "configuration", "kv_cache_dtype", "seed", "users"))
-    cells, requests, telemetry = grid.to_frames()
-    if len(cells):
-        _on_one_timeline(cells, grid.manifest)
-    return Capture(path, dict(grid.manifest), load_spec(path, grid.manifest), cells, requests, telemetry, grid)
+    """Read a sweep capture folder; StudyError if it is not one."""
+    cap = experiment.read_users_capture(
+        load_spec, KIND, ("cell_id", "configuration", "kv_cache_dtype", "seed", "users"), path
+    )
+    if len(cap.cells):
+        _on_one_timeline(cap.cells, cap.manifest)
+    return cap
 
 
 def _on_one_timeline(cells: pd.DataFrame, manifest: Mapping[str, Any]) -> None:
@@ -248,19 +226,11 @@ def ab_differences(capture: Capture, baseline: str, candidate: str) -> pd.DataFr
     return pd.DataFrame(rows, columns=["seed", "field", baseline, candidate, "note"])
 
 
-def _short(value: Any, width: int = 80) -> str:
-    text = json.dumps(value, default=str) if not isinstance(value, str) else value
-    return shorten_words(text, width)
+def _short(value: Any) -> str:
+    return shorten_words(value if isinstance(value, str) else json.dumps(value, default=str), 80)
 
 
 # --------------------------------------------------------------------------- figures
-
-
-def _colors(names: list[str]) -> dict[str, Any]:
-    import matplotlib.pyplot as plt
-
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    return {n: cycle[i % len(cycle)] for i, n in enumerate(names)}
 
 
 def plot_seed_ranges(seeds: pd.DataFrame, order: list[str], failed: dict[tuple[str, int], str] | None = None) -> Any:
@@ -272,7 +242,7 @@ def plot_seed_ranges(seeds: pd.DataFrame, order: list[str], failed: dict[tuple[s
     failed = failed or {}
     users = sorted({*seeds["users"].unique(), *(u for _, u in failed)})
     fig, axes = plt.subplots(1, len(users), figsize=(4.2 * len(users), 3.2), squeeze=False)
-    colors = _colors(order)
+    colors = experiment.arm_colors(order)
     notes: list[str] = []
     for ax, u in zip(axes[0], users):
         for i, name in enumerate(order):
@@ -282,16 +252,7 @@ def plot_seed_ranges(seeds: pd.DataFrame, order: list[str], failed: dict[tuple[s
                     notes.append(
                         f"[{len(notes) + 1}] {name}, {u} user(s): {shorten_words(failed[(name, int(u))], 150)}"
                     )
-                    ax.plot(
-                        [i],
-                        [0],
-                        marker="x",
-                        ms=10,
-                        mew=2,
-                        color=colors[name],
-                        transform=ax.get_xaxis_transform(),
-                        clip_on=False,
-                    )
+                    experiment.mark_no_run(ax, i, colors[name])
                     ax.annotate(
                         f"no run [{len(notes)}]", (i, 0.04), xycoords=("data", "axes fraction"), ha="center", fontsize=8
                     )
@@ -320,7 +281,7 @@ def plot_distributions(requests: pd.DataFrame, order: list[str]) -> Any:
 
     users = sorted(requests["users"].unique())
     fig, axes = plt.subplots(len(users), 3, figsize=(12, 2.8 * len(users)), squeeze=False)
-    colors = _colors(order)
+    colors = experiment.arm_colors(order)
     ok = requests[requests["success"]]
     for row, u in zip(axes, users):
         for name in order:
@@ -350,7 +311,7 @@ def plot_clock(telemetry: pd.DataFrame, order: list[str]) -> Any:
     has_util = "util_pct" in telemetry and telemetry["util_pct"].notna().any()
     nrows = 2 if has_util else 1
     fig, axes = plt.subplots(nrows, len(users), figsize=(4.8 * len(users), 2.8 * nrows), squeeze=False)
-    colors = _colors(order)
+    colors = experiment.arm_colors(order)
     device = str(telemetry["device"].iloc[0])
     for j, u in enumerate(users):
         t = telemetry[telemetry["users"] == u]
@@ -397,10 +358,12 @@ capture_settings = partial(experiment.capture_settings, load_spec)
 
 
 def cell_status_frame(capture: Capture) -> pd.DataFrame:
+    """Each cell of the grid: its status (the manifest's where no record was read) and reason."""
     status = capture.manifest.get("items") or capture.manifest.get("cells") or {}
-    rows = []
-    for c in capture.spec.cells():
-        got = capture.grid.cells.get(c.id)
-        status_now = got.status if got else status.get(c.id, "missing")
-        rows.append({"cell": c.id, "status": status_now, "reason": got.reason if got else ""})
-    return pd.DataFrame(rows)
+    got = {c.id: capture.grid.cells.get(c.id) for c in capture.spec.cells()}
+    return pd.DataFrame(
+        [
+            {"cell": i, "status": g.status if g else status.get(i, "missing"), "reason": g.reason if g else ""}
+            for i, g in got.items()
+        ]
+    )

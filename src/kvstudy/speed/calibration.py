@@ -23,6 +23,7 @@ from scipy import stats
 from kvstudy.errors import StudyError
 from kvstudy.speed.verdict import ALPHA, RunSummary, statistical_claim
 from kvstudy.stats.binary import clopper_pearson
+from kvstudy.stats.binary_power import smallest_passing
 from kvstudy.stats.bootstrap import bootstrap_ratio_interval
 from kvstudy.stats.permutation import TARGET_POWER, blocked_min_p, minimum_p_value, permutation_test, sign_flip_power
 
@@ -67,11 +68,12 @@ class ClaimRate:
         )
 
 
-def _usable(runs: Sequence[RunSummary]) -> list[RunSummary]:
+def _noise(runs: Sequence[RunSummary]) -> tuple[list[RunSummary], list[list[np.ndarray]] | None, list[np.ndarray]]:
+    """The runs (each must have a positive median TPOT), their seed blocks and per-request TPOTs."""
     bad = [r.name for r in runs if not r.tpots_s or not r.median_tpot_s > 0]
     if bad:
         raise StudyError(f"calibration: run(s) {', '.join(bad)} have no positive per-request TPOT")
-    return list(runs)
+    return list(runs), seed_blocks(runs), [np.asarray(r.tpots_s, dtype=float) for r in runs]
 
 
 def seed_blocks(runs: Sequence[RunSummary]) -> list[list[np.ndarray]] | None:
@@ -126,10 +128,8 @@ def false_claim_rate(
     """Split the A/A ``runs`` at random into pseudo-arms ``splits`` times; the share of splits with
     a claim: with seeds known each seed block's runs go one to each pseudo-arm (the blocked design
     the verdict tests), otherwise half the runs to each. A design that cannot reach p < alpha counts nothing."""
-    pool = _usable(runs)
-    blocks = seed_blocks(pool)
+    pool, blocks, tpots = _noise(runs)
     rng = np.random.default_rng(seed)
-    tpots = [np.asarray(r.tpots_s, dtype=float) for r in pool]
     if blocks is not None:
         n1 = n2 = len(blocks)
         what = f"A/A runs, one per pseudo-arm in each of {n1} seed blocks"
@@ -199,11 +199,6 @@ def _simulate(
         any_claims += claim != "no claim"
         right += claim == want
     return any_claims, right
-
-
-def _noise(runs: Sequence[RunSummary]) -> tuple[list[RunSummary], list[list[np.ndarray]] | None, list[np.ndarray]]:
-    usable = _usable(runs)
-    return usable, seed_blocks(usable), [np.asarray(r.tpots_s, dtype=float) for r in usable]
 
 
 def power(
@@ -319,16 +314,7 @@ def minimum_detectable_change(
         )
         return right / simulations >= TARGET_POWER
 
-    if not detected(max_change):
-        return None
-    low, high = 0.0, max_change
-    while high - low > precision:
-        mid = (low + high) / 2.0
-        if detected(mid):
-            high = mid
-        else:
-            low = mid
-    return high
+    return smallest_passing(detected, max_change, precision)
 
 
 def centred(arms: Sequence[Sequence[RunSummary]]) -> list[RunSummary]:
@@ -336,7 +322,7 @@ def centred(arms: Sequence[Sequence[RunSummary]]) -> list[RunSummary]:
     run medians (its effect removed), for power and detectable change when no A/A runs exist."""
     pooled: list[RunSummary] = []
     for arm in arms:
-        usable = _usable(arm)
+        usable = _noise(arm)[0]
         scale = math.exp(np.mean([math.log(r.median_tpot_s) for r in usable]))
         pooled.extend(replace(r, tpots_s=tuple(t / scale for t in r.tpots_s)) for r in usable)
     return pooled

@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 
 from kvstudy.bench.measurability import Measurability, assess_run
-from kvstudy.bench.result import RequestRecord, read_result_file, requests_from_result, result_files
+from kvstudy.bench.result import (
+    RequestRecord,
+    check_run_settings,
+    read_result_file,
+    requests_from_result,
+    result_files,
+)
 from kvstudy.errors import StudyError
 from kvstudy.io import is_finite_number
 from kvstudy.speed.calibration import centred, minimum_detectable_change
@@ -96,18 +102,9 @@ class Comparison:
 # --------------------------------------------------------------------------- reading
 
 
-def _metadata_number(data: dict[str, Any], keys: Sequence[str], path: Path) -> float | None:
-    """A number given with --metadata KEY=VALUE (stored as text by vLLM), or None."""
-    for key in keys:
-        if key in data and data[key] is not None:
-            try:
-                value = float(data[key])
-            except (TypeError, ValueError):
-                raise StudyError(f"{path}: {key} is {data[key]!r}, expected a number") from None
-            if not np.isfinite(value) or value <= 0:
-                raise StudyError(f"{path}: {key} is {data[key]!r}, expected a positive number")
-            return value
-    return None
+def _metadata_number(data: dict[str, Any], keys: Sequence[str]) -> float | None:
+    """A number given with --metadata KEY=VALUE (stored as text by vLLM; checked by check_run_settings), or None."""
+    return next((float(data[k]) for k in keys if data.get(k) is not None), None)
 
 
 def _start_time(data: dict[str, Any], duration: float) -> float | None:
@@ -128,6 +125,7 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
             f"{path}: not a vLLM bench serve result (missing {', '.join(missing) or 'backend'}); "
             "expected a file written by vllm bench serve --save-result --save-detailed"
         )
+    check_run_settings(data, str(path))
     records = requests_from_result(data, str(path), min_requests=1)
     duration = data["duration"]
     if not is_finite_number(duration) or duration <= 0:
@@ -135,15 +133,12 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
     num_prompts = data["num_prompts"]
     if not isinstance(num_prompts, int) or isinstance(num_prompts, bool) or num_prompts < 1:
         raise StudyError(f"{path}: num_prompts is {num_prompts!r}, expected a positive whole number")
-    concurrency = data.get("max_concurrency")
-    if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)):
-        raise StudyError(f"{path}: max_concurrency is {concurrency!r}, expected a whole number or null")
     input_lens = [r.input_len for r in records if r.input_len is not None]
-    asked = _metadata_number(data, ("output_len", "random_output_len"), path)
+    asked = _metadata_number(data, ("output_len", "random_output_len"))
     settings: dict[str, Any] = {
         "model_id": data["model_id"],
         "num_prompts": num_prompts,
-        "max_concurrency": concurrency,
+        "max_concurrency": data.get("max_concurrency"),
         "request_rate": data.get("request_rate"),
         "backend": data.get("backend", data.get("endpoint_type")),
         "input_len": float(np.median(input_lens)) if input_lens else None,
@@ -158,7 +153,7 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
         requests=records,
         start_time_s=_start_time(data, float(duration)),
         duration_s=float(duration),
-        median_clock_mhz=_metadata_number(data, ("median_clock_mhz",), path),
+        median_clock_mhz=_metadata_number(data, ("median_clock_mhz",)),
         settings=settings,
     )
 

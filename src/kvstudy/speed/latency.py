@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvstudy.bench.experiment import arm_colors
 from kvstudy.io import shorten_words
+from kvstudy.speed.analysis import summary_table
 from kvstudy.speed.verdicts_table import capture_runs
 
 PERCENTILES = (50, 90, 99)
@@ -141,31 +143,24 @@ class ConcurrencyPoint:
 
 
 def concurrency_points(capture: Any, seeds: pd.DataFrame, order: list[str]) -> list[ConcurrencyPoint]:
-    """Per arm and user count: the seed medians of TPOT and throughput, or why there are none."""
+    """Per arm and user count: the seed medians of TPOT and throughput (:func:`summary_table`), or why there are none."""
+    summary = summary_table(seeds, order).set_index(["configuration", "users"])
     failed = failed_causes(capture)
     users_seen = sorted({int(u) for u in capture.cells["users"]}) if len(capture.cells) else []
     out: list[ConcurrencyPoint] = []
     for name in order:
         for users in users_seen:
-            rows = seeds[(seeds["users"] == users) & (seeds["configuration"] == name)] if len(seeds) else seeds
-            if not len(rows):
+            if (name, users) not in summary.index:
                 cause = failed.get((name, users), "no finished cell")
                 out.append(ConcurrencyPoint(name, users, "failed", cause=shorten_words(cause, CAUSE_WIDTH)))
                 continue
             token_ok, cause = _per_token_state(capture, name, users)
-            tpot = pd.to_numeric(rows["median_tpot_ms"], errors="coerce")
-            out.append(
-                ConcurrencyPoint(
-                    name,
-                    users,
-                    "measured" if token_ok else "not measurable",
-                    float(tpot.median()),
-                    float(tpot.min()),
-                    float(tpot.max()),
-                    float(pd.to_numeric(rows["output_throughput_tok_s"], errors="coerce").median()),
-                    shorten_words(cause, CAUSE_WIDTH),
-                )
-            )
+            at = summary.loc[(name, users)]
+            figures = {
+                c: float(at[c]) for c in ("median_tpot_ms", "tpot_min_ms", "tpot_max_ms", "output_throughput_tok_s")
+            }
+            state = "measured" if token_ok else "not measurable"
+            out.append(ConcurrencyPoint(name, users, state, **figures, cause=shorten_words(cause, CAUSE_WIDTH)))
     return out
 
 
@@ -174,8 +169,7 @@ def plot_concurrency(points: list[ConcurrencyPoint], order: list[str]) -> Any:
     failed or unmeasurable arm is marked, numbered, with its cause under the axes."""
     import matplotlib.pyplot as plt
 
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    colors = {n: cycle[i % len(cycle)] for i, n in enumerate(order)}
+    colors = arm_colors(order)
     users = sorted({p.users for p in points})
     marked = [p for p in points if p.state != "measured"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6 + 0.22 * len(marked)))

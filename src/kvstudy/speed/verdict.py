@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -89,25 +90,16 @@ class Verdict:
     # --------------------------------------------------------------------------- inputs
 
 
-def summarise_run(
-    records: Sequence[RequestRecord],
-    m: Measurability,
-    *,
-    start_time_s: float | None,
-    median_clock_mhz: float | None,
-    **known: float | None,
-) -> RunSummary:
+def summarise_run(records: Sequence[RequestRecord], m: Measurability, **known: Any) -> RunSummary:
     """A :class:`RunSummary` from a run's per-request records, their :func:`assess_run` and what else is
-    ``known`` (its ``block``, ``clock_range_mhz``)."""
+    ``known`` of the run (``start_time_s``, ``median_clock_mhz``, ``block``, ``clock_range_mhz``)."""
     return RunSummary(
         name=m.run,
         tpots_s=tuple(float(x) for x in per_request_tpot_s(records)),
         measurable=m.measurable,
         unmeasurable_reasons=tuple(m.reasons),
-        start_time_s=start_time_s,
-        median_clock_mhz=median_clock_mhz,
         e2e_per_token_s=tuple(float(x) for x in per_request_e2e_per_token_s(records)),
-        **known,  # type: ignore[arg-type]
+        **known,
     )
 
 

@@ -12,12 +12,15 @@ from typing import Any
 
 import pandas as pd
 
+from kvstudy.bench.arm import Arm
 from kvstudy.bench.measurability import assess_run
 from kvstudy.bench.telemetry import metrics_delta
+from kvstudy.capture import model_config
 from kvstudy.errors import StudyError
 from kvstudy.model.allocator import predict_logged_pool
 from kvstudy.model.roofline import max_fp8_gain_pct
 from kvstudy.speed import calibration as cal
+from kvstudy.speed.analysis import Capture
 from kvstudy.speed.verdict import (
     CLOCK_TOLERANCE,
     RunSummary,
@@ -65,72 +68,65 @@ def beyond_bound(ratio: float | None, ci: tuple[float, float] | None, bound_pct:
 # --------------------------------------------------------------------------- capture runs
 
 
-def _cell_start(cell: pd.Series) -> float | None:
-    """The cell's start on the capture's one monotonic clock: ``started_mono_s``, else the bench window's."""
-    start, window = cell.get("started_mono_s"), cell.get("bench_window_s")
-    if _present(start):
-        return float(start)
-    return float(window[0]) if isinstance(window, (list, tuple)) and window else None
-
-
 def _present(value: Any) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
-def _clock_interval(cell: pd.Series, capture: Any) -> float | None:
-    """The sampling interval the cell recorded, else the spec's; None when the cell's clock window
-    was bracketed by edge samples (then the interval no longer limits what a window can hold)."""
-    if _present(cell.get("clock_window_s")) and _present(cell.get("clock_samples_in_window")):
-        return None
-    value = cell.get("clock_interval_s")
-    return float(value) if _present(value) else float(capture.spec.telemetry_interval_s)
-
-
-def capture_runs(capture: Any, configuration: str, users: int) -> list[RunSummary]:
-    """Per finished cell of ``configuration`` at ``users``: a RunSummary from its per-request records
-    (``capture.grid``), the cell's median clock and its start time; measurability assessed."""
-    cells = capture.cells
+def capture_runs(capture: Capture, configuration: str, users: int) -> list[RunSummary]:
+    """Per finished cell of ``configuration`` at ``users``, by seed: a RunSummary of its per-request
+    records (``capture.grid``), measurability assessed, with its median clock, the range of its clock
+    samples in its window, and its start (``started_mono_s``, else the bench window's, on the capture's
+    one monotonic clock)."""
+    cells, tel = capture.cells, capture.telemetry
     if not len(cells):
         return []
     sel = cells[(cells["status"] == "ok") & (cells["configuration"] == configuration) & (cells["users"] == users)]
     out = []
     for _, cell in sel.sort_values("seed").iterrows():
         window = cell.get("bench_window_s")
-        duration = float(window[1] - window[0]) if isinstance(window, (list, tuple)) and len(window) == 2 else None
-        clock = cell.get("median_clock_mhz")
-        records = capture.grid.cells[cell["cell_id"]].requests
-        samples = cell.get("clock_samples_in_window")
+        window = window if isinstance(window, (list, tuple)) and len(window) == 2 else None
+        duration = float(window[1] - window[0]) if window else None
+        start, clock, samples = (
+            cell.get("started_mono_s"),
+            cell.get("median_clock_mhz"),
+            cell.get("clock_samples_in_window"),
+        )
+        # the sampling interval limits what a window holds unless edge samples bracketed the cell's clock window
+        bracketed = _present(cell.get("clock_window_s")) and _present(samples)
+        interval = cell.get("clock_interval_s")
         m = assess_run(
-            records,
+            capture.grid.cells[cell["cell_id"]].requests,
             str(cell["cell_id"]),
             expected_output_len=int(capture.spec.output_len),
             duration_s=duration,
-            clock_interval_s=_clock_interval(cell, capture),
+            clock_interval_s=None
+            if bracketed
+            else float(interval if _present(interval) else capture.spec.telemetry_interval_s),
             clock_samples_in_window=int(samples) if _present(samples) else None,
         )
+        clocks = pd.Series(dtype=float)
+        if len(tel) and "clock_mhz" in tel.columns:
+            t = tel[tel["cell_id"] == cell["cell_id"]]
+            if duration is not None:
+                t = t[(t["t_rel_s"] >= 0) & (t["t_rel_s"] <= duration)]
+            clocks = pd.to_numeric(t["clock_mhz"], errors="coerce").dropna()
         out.append(
             summarise_run(
-                records,
+                capture.grid.cells[cell["cell_id"]].requests,
                 m,
-                start_time_s=_cell_start(cell),
+                start_time_s=float(start) if _present(start) else float(window[0]) if window else None,
                 median_clock_mhz=float(clock) if pd.notna(clock) else None,
                 block=int(cell["seed"]),
-                clock_range_mhz=_clock_range(capture, cell, duration),
+                clock_range_mhz=float(clocks.max() - clocks.min()) if len(clocks) else None,
             )
         )
     return out
 
 
-def _clock_range(capture: Any, cell: pd.Series, duration: float | None) -> float | None:
-    """max - min of the cell's clock samples in its measured window (None: no samples there)."""
-    tel = capture.telemetry
-    if not len(tel) or "clock_mhz" not in tel.columns:
-        return None
-    t = tel[tel["cell_id"] == cell["cell_id"]]
-    if duration is not None:
-        t = t[(t["t_rel_s"] >= 0) & (t["t_rel_s"] <= duration)]
-    clocks = pd.to_numeric(t["clock_mhz"], errors="coerce").dropna()
-    return float(clocks.max() - clocks.min()) if len(clocks) else None
+def aa_runs(capture: Capture, users: int) -> list[RunSummary]:
+    """The runs at ``users`` of the baseline and its A/A repeats (:meth:`UsersSpec.aa_arms`)."""
+    names = [capture.spec.configurations[0].name, *capture.spec.aa_arms()]
+    return [r for name in names for r in capture_runs(capture, name, users)]
 
 
 @dataclass
@@ -146,17 +142,19 @@ class CaptureVerdict:
     effect: str = ""  # what the pair isolates: "A/A (noise)", "KV dtype", "attention backend", ...
 
 
-def _arm(c: Any) -> tuple[str, str | None, tuple[tuple[str, str], ...], tuple[str, ...]]:
-    return (c.kv_cache_dtype, c.attention_backend, tuple(sorted(c.env.items())), tuple(c.extra_args))
+_DIFFERS = {
+    "kv_cache_dtype": "KV dtype",
+    "attention_backend": "attention backend",
+    "env": "environment",
+    "extra_args": "extra arguments",
+}
 
 
-def _what_differs(base: Any, cand: Any) -> list[str]:
-    a, b = _arm(base), _arm(cand)
-    names = ("KV dtype", "attention backend", "environment", "extra arguments")
-    return [n for n, x, y in zip(names, a, b) if x != y]
+def _what_differs(base: Arm, cand: Arm) -> list[str]:
+    return [name for field, name in _DIFFERS.items() if getattr(base, field) != getattr(cand, field)]
 
 
-def comparison_pairs(configurations: list[Any]) -> list[tuple[str, str, str]]:
+def comparison_pairs(configurations: list[Arm]) -> list[tuple[str, str, str]]:
     """(baseline, candidate, effect) pairs of a crossed design. Each configuration is compared with
     the first; one that changes the KV dtype and something else is also compared with the
     configuration that has everything of it but the baseline's dtype, which isolates the dtype."""
@@ -179,20 +177,17 @@ def comparison_pairs(configurations: list[Any]) -> list[tuple[str, str, str]]:
     return pairs
 
 
-def capture_queueing(capture: Any) -> dict[int, str]:
+def capture_queueing(capture: Capture) -> dict[int, str]:
     """Per user count whose users need more KV blocks than the held pool: the refusal reason
-    (from :func:`admission_rows` on the capture's model config); empty when nothing queues or the
-    pool is not held in blocks."""
-    blocks = capture.spec.num_gpu_blocks_override
-    if not blocks:
+    (:func:`admission_rows` on the capture's model config); empty when nothing queues or the pool is
+    not held in blocks."""
+    spec = capture.spec
+    if not spec.num_gpu_blocks_override:
         return {}
-    kept = Path(capture.path) / "model"
-    model = kept if (kept / "config.json").is_file() else Path(capture.spec.model)
-    device = "cpu" if capture.spec.cpu_kvcache_space_gib is not None else "cuda"
+    device = "cpu" if spec.cpu_kvcache_space_gib is not None else "cuda"
     try:
-        rows = admission_rows(
-            model, capture.spec.input_len + capture.spec.output_len, list(capture.spec.users), blocks, device
-        )
+        model = model_config(capture.path, spec.model).parent
+        rows = admission_rows(model, spec.input_len + spec.output_len, spec.users, spec.num_gpu_blocks_override, device)
     except (StudyError, OSError):
         return {}
     return {
@@ -204,7 +199,7 @@ def capture_queueing(capture: Any) -> dict[int, str]:
 
 
 def capture_verdicts(
-    capture: Any, clock_tolerance: float = CLOCK_TOLERANCE, registered_runs_per_arm: int | None = None
+    capture: Capture, clock_tolerance: float = CLOCK_TOLERANCE, registered_runs_per_arm: int | None = None
 ) -> list[CaptureVerdict]:
     """compare_runs for every pair (:func:`comparison_pairs`) per user count (both arms finished),
     within seed blocks, against the registered runs per arm (default: the capture's seed count, fixed
@@ -267,10 +262,6 @@ class Consistency:
     requests_that_fit: int
     check: str  # "consistent", or "contradiction: ..." with the figures that contradict
 
-    @property
-    def contradicted(self) -> bool:
-        return self.check != "consistent"
-
 
 def published_consistency(pub: Any, context_len: int) -> list[Consistency]:
     """Per published row: the decode streams its figures imply (output tok/s x median TPOT) against the
@@ -310,7 +301,7 @@ def published_consistency(pub: Any, context_len: int) -> list[Consistency]:
 
 
 def _length_contradicted(pub: Any, context_len: int) -> str:
-    bad = [r for r in published_consistency(pub, context_len) if r.contradicted and r.users > 1]
+    bad = [r for r in published_consistency(pub, context_len) if r.check != "consistent" and r.users > 1]
     if not bad:
         return ""
     r = bad[0]
@@ -441,7 +432,7 @@ def admission_rows(
     ]
 
 
-def server_metrics_frame(capture: Any) -> pd.DataFrame:
+def server_metrics_frame(capture: Capture) -> pd.DataFrame:
     """Per finished cell: preemptions and mean queue time during the cell, from vLLM's /metrics read
     before and after it (empty when the capture predates this or the server exposed none)."""
     rows = []
@@ -467,25 +458,13 @@ def server_metrics_frame(capture: Any) -> pd.DataFrame:
 # --------------------------------------------------------------------------- A/A calibration
 
 
-def aa_pairs(capture: Any) -> list[str]:
-    """Configurations with the baseline's KV dtype, attention backend and env (A/A controls)."""
-    confs = capture.spec.configurations
-    b = confs[0]
-    return [
-        c.name
-        for c in confs[1:]
-        if (c.kv_cache_dtype, c.attention_backend, c.env) == (b.kv_cache_dtype, b.attention_backend, b.env)
-    ]
-
-
-def calibration_frame(capture: Any, n_per_arm: int = 6, change: float = 0.2) -> pd.DataFrame:
+def calibration_frame(capture: Capture, n_per_arm: int = 6, change: float = 0.2) -> pd.DataFrame:
     """Per user count, from the capture's A/A runs (seed blocks): false-claim rates over real splits
     and resampled designs, power for ``change`` and its range over the noise, the 80 % power change."""
-    base = capture.spec.configurations[0].name
     rows = []
     origin = "computed here from the capture's A/A cells (calibration.py), seed as a block"
     for users in capture.spec.users:
-        runs = [r for name in [base, *aa_pairs(capture)] for r in capture_runs(capture, name, users)]
+        runs = aa_runs(capture, users)
         usable = [r for r in runs if r.measurable and r.tpots_s]
         if len(usable) < 2:
             why = sorted({reason.split(":")[0] for r in runs if not r.measurable for reason in r.unmeasurable_reasons})

@@ -65,7 +65,7 @@ def paired_power(n: int, loss: float, discordance: float, alpha: float = ALPHA) 
     return float(np.sum(weights * (low + high)))
 
 
-def _smallest(passes: Callable[[float], bool], hi: float, tol: float) -> float | None:
+def smallest_passing(passes: Callable[[float], bool], hi: float, tol: float) -> float | None:
     """The smallest x in (0, hi] at which ``passes`` holds (it holds from some x on), by bisection to
     ``tol``; None when it fails even at ``hi``."""
     if not passes(hi):
@@ -87,7 +87,7 @@ def smallest_detectable_loss(
     point (power rises with the loss at a fixed discordance). ``None`` when even the largest loss this
     discordance allows (every disagreement against the candidate) is found with less than ``power``.
     """
-    return _smallest(lambda loss: paired_power(n, loss, discordance, alpha) >= power, discordance, 1e-5)
+    return smallest_passing(lambda loss: paired_power(n, loss, discordance, alpha) >= power, discordance, 1e-5)
 
 
 # --------------------------------------------------------------------------- totals only
@@ -114,7 +114,7 @@ def check_totals(n: object, baseline: object, candidate: object) -> tuple[int, i
 def power_floor(n: int, power: float, alpha: float) -> float | None:
     """Smallest disagreement rate at which any loss is found with ``power`` (None: not at this n);
     power with every disagreement one way rises with the rate."""
-    return _smallest(lambda rate: rate > 0 and paired_power(n, rate, rate, alpha) >= power, 1.0, 1e-6)
+    return smallest_passing(lambda rate: rate > 0 and paired_power(n, rate, rate, alpha) >= power, 1.0, 1e-6)
 
 
 @dataclass(frozen=True)

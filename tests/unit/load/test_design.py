@@ -26,7 +26,7 @@ def test_cli_prints_one_line_per_change(capsys) -> None:
 
 def test_a_capture_without_a_manifest_is_one_line(tmp_path, capsys) -> None:
     assert main(["design", "load", "--capture", str(tmp_path)]) == 2
-    assert "expected a load capture folder" in capsys.readouterr().err
+    assert "manifest.json: missing" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad", ["-1", "nan"])
