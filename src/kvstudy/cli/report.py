@@ -93,11 +93,7 @@ def _design_runs(args: argparse.Namespace) -> int:
     """``design speed`` and ``design load``: the seed blocks per arm a change needs."""
     from kvstudy.report import design
 
-    changes = _at_most(args.change, "--change")
-    if args.what == "speed":
-        rows = design.speed_design(changes or list(design.DEFAULT_CHANGES_PCT), args.capture, args.noise_sd, args.power)
-    else:
-        rows = design.load_design(changes or [50.0, 100.0], args.capture, args.noise_sd, args.power)
+    rows = design.runs_design(args.what, _at_most(args.change, "--change"), args.capture, args.noise_sd, args.power)
     lines = design.speed_lines(rows) if args.what == "speed" else design.load_lines(rows)
     show([asdict(r) for r in rows], lines, args.json, default=lambda v: None)
     return 0

@@ -23,16 +23,16 @@ from kvstudy.io import REPO_ROOT
 from kvstudy.report.decision_guidance import Guidance, evaluate_guidance
 from kvstudy.report.status import read_status
 
-# Topics in the order the card lists them, with the notebook that states each.
+# The notebooks in the order the card lists their topics: the topic each states, its report as the card names it.
 TOPICS = {
-    "capacity": "01_capacity-math",
-    "load at equal memory": "08_load-at-equal-memory",
-    "speed": "02_speed-sweep",
-    "accuracy": "03_gsm8k-accuracy",
-    "long-context accuracy": "06_retrieval-accuracy",
-    "KV precision (simulated)": "07_kv-precision",
-    "context scaling": "05_context-scaling",
-    "scales": "04_scale-inspection",
+    "01_capacity-math": ("capacity", "capacity report"),
+    "08_load-at-equal-memory": ("load at equal memory", "load report"),
+    "02_speed-sweep": ("speed", "speed report"),
+    "03_gsm8k-accuracy": ("accuracy", "accuracy report"),
+    "06_retrieval-accuracy": ("long-context accuracy", "long-context report"),
+    "07_kv-precision": ("KV precision (simulated)", "precision report"),
+    "05_context-scaling": ("context scaling", "context report"),
+    "04_scale-inspection": ("scales", "scales report"),
 }
 MISSING = "–"
 
@@ -86,11 +86,9 @@ def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:
     """The verdicts of the profile's notebooks (status entries as :func:`read_status` checks them), topic
     by topic (:data:`TOPICS` first, then the rest in the profile's order); a notebook that did not
     render gives one line saying why and what to run."""
-    topic_of = {stem: topic for topic, stem in TOPICS.items()}
-    order = [s for s in TOPICS.values() if s in stems] + [s for s in stems if s not in TOPICS.values()]
     lines = []
-    for stem in order:
-        entry, topic = status.get(stem) or {}, topic_of.get(stem, stem)
+    for stem in [s for s in TOPICS if s in stems] + [s for s in stems if s not in TOPICS]:
+        entry, topic = status.get(stem) or {}, TOPICS.get(stem, (stem,))[0]
         if entry.get("error") or not entry:
             why = entry.get("error") or "not rendered yet for this profile"
             needs = entry.get("needs")
@@ -199,15 +197,8 @@ def _int(x: Any) -> str:
 def _how(inp: rule.Input, detail: str = "") -> str:
     if inp.state == rule.NOT_MEASURED and not inp.values:
         return "not measured"
-    where = {
-        "01": "capacity report",
-        "02": "speed report",
-        "03": "accuracy report",
-        "04": "scales report",
-        "06": "long-context report",
-        "07": "precision report",
-        "08": "load report",
-    }.get(inp.source[:2], inp.source.split(" ")[0])
+    stem = inp.source.split(" ")[0]
+    where = TOPICS.get(stem, (stem, stem))[1]
     return f"{inp.state}{', ' + detail if detail else ''} ({where})"
 
 
@@ -326,14 +317,14 @@ def _run(profile: str, stem: str, stems: list[str]) -> str:
 def _missing_step(missing: rule.Missing, profile: str, th: rule.Thresholds, stems: list[str]) -> str:
     """The command that gets a missing measurement, with its cost (the reports' own next steps stay in
     the topic table)."""
-    from kvstudy.report.design import accuracy_design, need_sentence, speed_design
+    from kvstudy.report.design import accuracy_design, need_sentence, runs_design
 
     if missing.what == "capacity":
         return (
             f"{_run(profile, '01_capacity-math', stems)} (seconds, no GPU; give weights_gib if the weights are unknown)"
         )
     if missing.what == "load":
-        need = next((r.runs_per_arm for r in speed_design((th.min_users_gain_pct,)) if r.runs_per_arm), None)
+        need = next((r.runs_per_arm for r in runs_design("speed", (th.min_users_gain_pct,)) if r.runs_per_arm), None)
         return (
             f"{_run(profile, '08_load-at-equal-memory', stems)} on the target GPU (both arms at equal KV memory"
             + (
@@ -408,19 +399,9 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
     guidance = evaluate_guidance(model, int(context) if isinstance(context, int) else None, gpu)
     decision = rule.decide(ev, th)
     missing = tuple({"what": m.step, "run": _missing_step(m, profile, th, stems)} for m in decision.missing)
-    inputs = {
-        "capacity": asdict(ev.capacity),
-        "load at equal memory": asdict(ev.load),
-        "engine screen": asdict(ev.screen),
-        "accuracy": [asdict(a) for a in ev.accuracy],
-        "time per output token": asdict(ev.tpot),
-        "scales": asdict(scales),
-        "kv_bound (profile)": {
-            "state": rule.STATED if th.kv_bound is not None else rule.NOT_MEASURED,
-            "source": "profile's decision: mapping",
-            "values": {"kv_bound": th.kv_bound},
-        },
-    }
+    stated = rule.STATED if th.kv_bound is not None else rule.NOT_MEASURED
+    kv_bound = rule.Input(stated, "profile's decision: mapping", {"kv_bound": th.kv_bound})
+    inputs = {**asdict(ev), "scales": asdict(scales), "kv_bound": asdict(kv_bound)}
     return Card(
         profile,
         model,
