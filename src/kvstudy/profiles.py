@@ -83,12 +83,11 @@ _ANNOTATION_NAMES: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Parameter:
-    """One parameter a notebook declares: its default, its type (None: not declared) and its help text."""
+    """One parameter a notebook declares: its default and its type (None: not declared)."""
 
     name: str
     default: Any
     annotation: Any
-    help: str
 
 
 def _is_name(name: Any) -> bool:
@@ -138,7 +137,7 @@ def declared_parameters(notebook: Path) -> dict[str, Parameter]:
             default = _UNPARSED
         help_text = info.get("help") or ""
         annotation = _annotation(info.get("inferred_type_name") or "None", default, help_text)
-        out[name] = Parameter(name, default, annotation, help_text)
+        out[name] = Parameter(name, default, annotation)
     return out
 
 

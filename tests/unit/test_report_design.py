@@ -96,7 +96,7 @@ def test_bad_totals_name_the_option(capsys: pytest.CaptureFixture[str]) -> None:
         ),
         (["accuracy", "--totals", "1", "0", "0"], "--totals N BASE CAND: 0/1 and 0/1 allow no question"),
         (["accuracy", "--totals", "7", "7", "7"], "--totals N BASE CAND: 7/7 and 7/7 allow no question"),
-        (["accuracy", "--totals", "1" * 5000, "1", "1"], "--totals: expected three whole numbers"),
+        (["accuracy", "--totals", "1" * 5000, "1", "1"], "argument --totals: invalid int value"),
     ],
 )
 def test_numbers_at_the_edge_are_one_line_naming_the_option(

@@ -102,14 +102,8 @@ def _design_runs(args: argparse.Namespace) -> int:
 def _design_accuracy(args: argparse.Namespace) -> int:
     from kvstudy.report.design import DEFAULT_MARGINS_POINTS, accuracy_design, accuracy_lines
 
-    totals = None
-    if args.totals is not None:
-        try:
-            totals = [int(t) for t in args.totals]
-        except ValueError:
-            raise StudyError(f"--totals: expected three whole numbers N BASE CAND, got {args.totals}") from None
-    margins = _at_most(args.margin_points, "--margin-points") or list(DEFAULT_MARGINS_POINTS)
-    rows = accuracy_design(margins, args.discordance, totals, args.power)
+    margins = _at_most(args.margin_points, "--margin-points") or DEFAULT_MARGINS_POINTS
+    rows = accuracy_design(margins, args.discordance, args.totals, args.power)
     show([asdict(r) for r in rows], accuracy_lines(rows), args.json, default=lambda v: None)
     return 0
 
@@ -138,7 +132,9 @@ def add_design(subparsers: Any) -> None:
     acc.add_argument(
         "--discordance", type=_share(1.0), help="share of questions the two configurations disagree on, e.g. 0.05"
     )
-    acc.add_argument("--totals", nargs=3, metavar=("N", "BASE", "CAND"), help="published totals: questions, correct")
+    acc.add_argument(
+        "--totals", nargs=3, type=int, metavar=("N", "BASE", "CAND"), help="published totals: questions, correct"
+    )
     ld = sub.add_parser("load", help="seed blocks per arm a change in users within the target needs at 80 %% power")
     ld.add_argument("--capture", help="a load capture folder with an A/A repeat of the baseline")
     ld.add_argument("--noise-sd", type=noise, help="SD of a per-block log users difference (instead of a capture)")

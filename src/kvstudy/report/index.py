@@ -4,7 +4,6 @@ line per notebook, what is not in the profile."""
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
 from kvstudy.redact import write_scrubbed
 from kvstudy.report.decision import card_from_status
 from kvstudy.report.html import TEMPLATES, extract_results, name_sources
-from kvstudy.report.notebook import git_commit
+from kvstudy.report.notebook import git_commit, utc_stamp
 
 TEMPLATE = "index.html.j2"
 ANSWER_CLASS = {rule.TURN_ON: "on", rule.KEEP: "keep", rule.UNDECIDED: "open"}
@@ -37,10 +36,6 @@ INTERRUPTED = "the render was interrupted before it recorded why this notebook f
 TORN = "the render was interrupted while it published this report"
 
 
-def _stamp(path: Path) -> str:
-    return dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
 def status_from_reports(out_dir: Path, stems: Sequence[str], status: dict[str, Any]) -> dict[str, Any]:
     """Each notebook's status entry as the reports in ``out_dir`` say it: the newer of its last good
     report (finding and verdicts read back from its executed notebook) and its failed one, with what
@@ -54,7 +49,12 @@ def status_from_reports(out_dir: Path, stems: Sequence[str], status: dict[str, A
         failed_at = failed.stat().st_mtime if failed.is_file() else None
         if failed_at is not None and (good_at is None or failed_at >= good_at):
             if not entry.get("error"):
-                entry = {"seconds": None, "rendered": _stamp(failed), "error": INTERRUPTED, "needs": None}
+                entry = {
+                    "seconds": None,
+                    "rendered": utc_stamp(failed.stat().st_mtime),
+                    "error": INTERRUPTED,
+                    "needs": None,
+                }
             healed[stem] = {**entry, "failed_html": failed.name}
         elif good.is_file():
             try:
@@ -63,7 +63,7 @@ def status_from_reports(out_dir: Path, stems: Sequence[str], status: dict[str, A
                 why = "missing" if not executed.is_file() else "unreadable"
                 healed[stem] = {
                     "seconds": None,
-                    "rendered": _stamp(good),
+                    "rendered": utc_stamp(good.stat().st_mtime),
                     "error": f"{TORN} (its executed notebook {executed.name} is {why}): render it again",
                     "needs": None,
                     "failed_html": good.name,
@@ -72,7 +72,7 @@ def status_from_reports(out_dir: Path, stems: Sequence[str], status: dict[str, A
             agrees = bool(entry) and not entry.get("error")
             healed[stem] = {
                 "seconds": entry.get("seconds") if agrees else None,
-                "rendered": entry.get("rendered") if agrees and entry.get("rendered") else _stamp(good),
+                "rendered": (agrees and entry.get("rendered")) or utc_stamp(good.stat().st_mtime),
                 "error": None,
                 "finding": found,
                 "verdicts": verdicts,
@@ -115,7 +115,7 @@ def write_index(
         absent=absent,
         reports={p.name for p in out_dir.glob("*.html")},
         description=name_sources(str(profile_data.get("description") or "")),
-        stamp=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        stamp=utc_stamp(),
         commit=git_commit(),
         cpu=cpu_model(),
         versions=", ".join(f"{k} {v}" for k, v in package_versions(REPORT_PACKAGES).items()),
