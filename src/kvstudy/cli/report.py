@@ -121,10 +121,18 @@ def add_design(subparsers: Any) -> None:
     )
     sub = parser.add_subparsers(dest="what", required=True)
     change, noise = float_arg(*DESIGN_CHANGE_PCT), _share(MAX_LOG_SD)
-    speed = sub.add_parser("speed", help="seed blocks per arm a TPOT change needs at 80 %% power")
-    speed.add_argument("--capture", help="a speed-sweep capture folder with an A/A repeat of the baseline")
-    speed.add_argument("--noise-sd", type=noise, help="SD of a per-seed log TPOT difference (instead of a capture)")
-    speed.add_argument("--change", nargs="+", type=change, help="TPOT changes in %% (default 5 10 20)")
+    runs = {
+        "speed": ("TPOT", "speed-sweep", "seed log TPOT"),
+        "load": ("users within the target", "load", "block log users"),
+    }
+    parsers = []
+    for name, (changed, capture, per) in runs.items():
+        default = " ".join(f"{c:g}" for c in design.DEFAULT_CHANGES_PCT[name])
+        what = sub.add_parser(name, help=f"seed blocks per arm a change in {changed} needs at 80 %% power")
+        what.add_argument("--capture", help=f"a {capture} capture folder with an A/A repeat of the baseline")
+        what.add_argument("--noise-sd", type=noise, help=f"SD of a per-{per} difference (instead of a capture)")
+        what.add_argument("--change", nargs="+", type=change, help=f"changes in {changed}, in %% (default {default})")
+        parsers.append((what, _design_runs))
     acc = sub.add_parser("accuracy", help="questions a non-inferiority margin needs at 80 %% power")
     acc.add_argument(
         "--margin-points", nargs="+", type=float_arg(*DESIGN_MARGIN_POINTS), help="margins in points (default 1 2 5)"
@@ -135,13 +143,7 @@ def add_design(subparsers: Any) -> None:
     acc.add_argument(
         "--totals", nargs=3, type=int, metavar=("N", "BASE", "CAND"), help="published totals: questions, correct"
     )
-    ld = sub.add_parser("load", help="seed blocks per arm a change in users within the target needs at 80 %% power")
-    ld.add_argument("--capture", help="a load capture folder with an A/A repeat of the baseline")
-    ld.add_argument("--noise-sd", type=noise, help="SD of a per-block log users difference (instead of a capture)")
-    ld.add_argument(
-        "--change", nargs="+", type=change, help="changes in users within the target, in %% (default 50 100)"
-    )
-    for what, func in ((speed, _design_runs), (acc, _design_accuracy), (ld, _design_runs)):
+    for what, func in [*parsers, (acc, _design_accuracy)]:
         what.add_argument("--power", type=_share(1.0, below=True), default=TARGET_POWER, help="power (default 0.8)")
         json_option(what, None)
         what.set_defaults(func=func)
