@@ -2,7 +2,8 @@
 
 Each notebook states structured verdicts (``kvstudy.report.notebook.verdict``: a state, a sentence, plain
 facts, the step that would settle it); ``kvstudy render`` keeps them in ``reports/<profile>/status.json``.
-This module reads them back (a verdict that is absent is "not measured") into the inputs of the one rule (:mod:`kvstudy.decision_rule`), and lays out the card: the answer and
+This module reads them back (:func:`read_status`, the one checked reader of ``status.json``, also
+the render's; a verdict that is absent is "not measured") into the inputs of the one rule (:mod:`kvstudy.decision_rule`), and lays out the card: the answer and
 its main reason, a 16-bit | FP8 | change | how-known table, what would change the answer, the
 per-topic verdicts, and the published usage guidance where it holds for this model and GPU.
 
@@ -16,12 +17,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict
+
 from kvstudy import decision_rule as rule
+from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
 from kvstudy.formats import finite
-from kvstudy.io import REPO_ROOT
+from kvstudy.io import REPO_ROOT, read_json
 from kvstudy.report.decision_guidance import Guidance, evaluate_guidance
-from kvstudy.report.status import read_status
 
 # The notebooks in the order the card lists their topics: the topic each states, its report as the card names it.
 TOPICS = {
@@ -80,6 +84,41 @@ class Card:
 
 
 # --------------------------------------------------------------------------- reading the verdicts
+
+
+class _Verdict(TypedDict, total=False):
+    topic: str | None
+    state: str | None
+    text: str | None
+    next_step: str | None
+    facts: dict[str, Any] | None
+
+
+class _Entry(TypedDict, total=False):
+    """The fields of a status entry a reader uses (others are kept as they are)."""
+
+    rendered: str | None
+    error: str | None
+    finding: str | None
+    needs: str | None
+    failed_html: str | None
+    seconds: float | None
+    verdicts: list[_Verdict] | None
+
+
+_STATUS = TypeAdapter(dict[str, _Entry])
+
+
+def read_status(path: Path) -> dict[str, dict[str, Any]]:
+    """``status.json`` as a render wrote it (its finding, error and verdicts per notebook), each field
+    of an entry and of its verdicts of its type (strict: a number is not a string), else one line
+    naming the file and the field."""
+    status: dict[str, dict[str, Any]] = read_json(path)
+    try:
+        _STATUS.validate_python(status, strict=True)
+    except ValidationError as exc:
+        raise StudyError(f"{path}: {one_line(exc)}") from None
+    return status
 
 
 def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:

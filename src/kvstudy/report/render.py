@@ -38,10 +38,10 @@ from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import REPO_ROOT, read_json, read_text_checked, without_machine_paths, write_text_atomic
 from kvstudy.profiles import given_parameters, load_profile, validate_profile
 from kvstudy.redact import REDACTED, redact, scrub_report, scrub_tree, write_json_scrubbed, write_scrubbed
+from kvstudy.report.decision import read_status
 from kvstudy.report.html import render_html
 from kvstudy.report.index import status_from_reports, write_index
 from kvstudy.report.notebook import GIVEN_ENV, utc_stamp
-from kvstudy.report.status import read_status
 
 STATUS_FILE = "status.json"
 # Where a render stages a notebook's files before moving them into reports/<profile>/: one folder
