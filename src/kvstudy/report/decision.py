@@ -150,11 +150,8 @@ def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:
 def _state(line: CardLine) -> str:
     if line.facts.get("simulated") is True:
         return rule.SIMULATED
-    return (
-        line.state
-        if line.state in rule.DECISIVE | {rule.PUBLISHED, rule.SIMULATED, rule.NO_CLAIM}
-        else rule.NOT_MEASURED
-    )
+    known = rule.DECISIVE | {rule.PUBLISHED, rule.SIMULATED, rule.NO_CLAIM}
+    return line.state if line.state in known else rule.NOT_MEASURED
 
 
 def _input(line: CardLine | None, keys: tuple[str, ...]) -> rule.Input:
@@ -363,15 +360,12 @@ def _missing_step(missing: rule.Missing, profile: str, th: rule.Thresholds, stem
             f"{_run(profile, '01_capacity-math', stems)} (seconds, no GPU; give weights_gib if the weights are unknown)"
         )
     if missing.what == "load":
-        need = next((r.runs_per_arm for r in runs_design("speed", (th.min_users_gain_pct,)) if r.runs_per_arm), None)
+        pct = th.min_users_gain_pct
+        need = runs_design("speed", (pct,))[0].runs_per_arm  # assumed noise: one row
+        blocks = f"; about {need} seed blocks per arm for a {pct:g} % change, assumed noise, `kvstudy design speed`"
         return (
             f"{_run(profile, '08_load-at-equal-memory', stems)} on the target GPU (both arms at equal KV memory"
-            + (
-                f"; about {need} seed blocks per arm for a {th.min_users_gain_pct:g} % change, assumed noise, `kvstudy design speed`"
-                if need
-                else ""
-            )
-            + "), or state `kv_bound: true` under `decision:` in the profile"
+            f"{blocks if need else ''}), or state `kv_bound: true` under `decision:` in the profile"
         )
     sentence = need_sentence(accuracy_design((th.accuracy_margin_points,)))
     return (
