@@ -219,6 +219,7 @@ def evidence(lines: list[CardLine]) -> rule.Evidence:
             _input(by_topic[t], ACCURACY_KEYS) for t in ("accuracy", "long-context accuracy") if t in by_topic
         ),
         tpot=tpot,
+        scales=_input(by_topic.get("scales"), SCALES_KEYS),
     )
 
 
@@ -260,7 +261,7 @@ def _row(quantity: str, baseline: str, fp8: str, change: str, inp: rule.Input, d
     return Row(quantity, baseline, fp8, change, _how(inp, detail), inp.state)
 
 
-def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
+def card_rows(ev: rule.Evidence) -> list[Row]:
     """The 16-bit | FP8 | change | how-known table (at most 8 rows)."""
     cap = ev.capacity
     tb, tf = cap.num("tokens_per_gib_baseline"), cap.num("tokens_per_gib_fp8")
@@ -318,7 +319,7 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
     quantity = "Engine screen: KL divergence, FP8 vs 16-bit (millinats)"
     source = f"margin {scr.get('margin_source')}" if scr.get("margin_source") else ""
     rows.append(_row(quantity, MISSING, MISSING if kl is None else f"{kl * 1000:.2f}{upper_text}", change, scr, source))
-    rows.append(_scales_row(scales))
+    rows.append(_scales_row(ev.scales))
     return rows[:8]
 
 
@@ -426,7 +427,6 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
     th = rule.Thresholds.from_dict(decision_settings or {}, "decision")
     lines = card_lines(status, stems)
     ev = evidence(lines)
-    scales = _input(next((line for line in lines if line.topic == "scales"), None), SCALES_KEYS)
     model, gpu, context = (ev.capacity.get(k) for k in ("model", "gpu", "context_len"))
     model, gpu = (v if isinstance(v, str) else None for v in (model, gpu))
     guidance = evaluate_guidance(model, int(context) if isinstance(context, int) else None, gpu)
@@ -434,7 +434,7 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
     missing = tuple({"what": m.step, "run": _missing_step(m, profile, th, stems)} for m in decision.missing)
     stated = rule.STATED if th.kv_bound is not None else rule.NOT_MEASURED
     kv_bound = rule.Input(stated, "profile's decision: mapping", {"kv_bound": th.kv_bound})
-    inputs = {**asdict(ev), "scales": asdict(scales), "kv_bound": asdict(kv_bound)}
+    inputs = {**asdict(ev), "kv_bound": asdict(kv_bound)}
     return Card(
         profile,
         model,
@@ -442,7 +442,7 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
         decision.answer,
         decision.rule,
         decision.reason,
-        tuple(card_rows(ev, scales)),
+        tuple(card_rows(ev)),
         tuple(what_would_change(decision, th, guidance)),
         missing,
         finite(inputs),

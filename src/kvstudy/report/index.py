@@ -36,6 +36,12 @@ INTERRUPTED = "the render was interrupted before it recorded why this notebook f
 TORN = "the render was interrupted while it published this report"
 
 
+def _failed(page: Path, error: str) -> dict[str, Any]:
+    """The status entry of a render that stopped at ``page`` (its time the page's)."""
+    stamp = utc_stamp(page.stat().st_mtime)
+    return {"seconds": None, "rendered": stamp, "error": error, "needs": None, "failed_html": page.name}
+
+
 def status_from_reports(out_dir: Path, stems: Sequence[str], status: dict[str, Any]) -> dict[str, Any]:
     """Each notebook's status entry as the reports in ``out_dir`` say it: the newer of its last good
     report (finding and verdicts read back from its executed notebook) and its failed one, with what
@@ -48,26 +54,15 @@ def status_from_reports(out_dir: Path, stems: Sequence[str], status: dict[str, A
         good_at = good.stat().st_mtime if good.is_file() and executed.is_file() else None
         failed_at = failed.stat().st_mtime if failed.is_file() else None
         if failed_at is not None and (good_at is None or failed_at >= good_at):
-            if not entry.get("error"):
-                entry = {
-                    "seconds": None,
-                    "rendered": utc_stamp(failed.stat().st_mtime),
-                    "error": INTERRUPTED,
-                    "needs": None,
-                }
-            healed[stem] = {**entry, "failed_html": failed.name}
+            healed[stem] = {**entry, "failed_html": failed.name} if entry.get("error") else _failed(failed, INTERRUPTED)
         elif good.is_file():
             try:
                 found, verdicts = extract_results(executed)
             except StudyError:  # the report without its executed notebook, or a torn one: say so
                 why = "missing" if not executed.is_file() else "unreadable"
-                healed[stem] = {
-                    "seconds": None,
-                    "rendered": utc_stamp(good.stat().st_mtime),
-                    "error": f"{TORN} (its executed notebook {executed.name} is {why}): render it again",
-                    "needs": None,
-                    "failed_html": good.name,
-                }
+                healed[stem] = _failed(
+                    good, f"{TORN} (its executed notebook {executed.name} is {why}): render it again"
+                )
                 continue
             agrees = bool(entry) and not entry.get("error")
             healed[stem] = {
