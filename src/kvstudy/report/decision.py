@@ -154,53 +154,11 @@ def _state(line: CardLine) -> str:
     return line.state if line.state in known else rule.NOT_MEASURED
 
 
-def _input(line: CardLine | None, keys: tuple[str, ...]) -> rule.Input:
+def _input(line: CardLine | None) -> rule.Input:
+    """A topic's line as the rule's input: its facts as the notebook stated them."""
     if line is None:
         return rule.ABSENT
-    return rule.Input(_state(line), f"{line.report} ({line.topic})", {k: line.facts.get(k) for k in keys})
-
-
-CAPACITY_KEYS = (
-    "fp8_share",
-    "users_baseline",
-    "users_fp8",
-    "tp",
-    "tokens_per_gib_baseline",
-    "tokens_per_gib_fp8",
-    "kv_pool_gib",
-    "skip_layers",
-    "skip_layers_advised",
-    "fits",
-    "baseline_dtype",
-    "gpu",
-    "context_len",
-    "model",
-)
-LOAD_KEYS = (
-    "claim",
-    "users_baseline",
-    "users_fp8",
-    "users_ratio",
-    "users_ratio_low",
-    "users_ratio_high",
-    "latency_target",
-    "kv_memory_gib",
-    "context_tokens",
-)
-SCREEN_KEYS = (
-    "equivalence",
-    "margin_kl",
-    "margin_state",
-    "margin_source",
-    "margin_points",
-    "kl_mean",
-    "kl_upper",
-    "top1_agreement",
-    "simulated",
-)
-ACCURACY_KEYS = ("task", "n", "change_points", "change_low", "change_high", "detectable_loss_points")
-TPOT_KEYS = ("users", "baseline_ms", "fp8_ms", "ratio", "ratio_low", "ratio_high", "machine", "prompt_tokens")
-SCALES_KEYS = ("checkpoints", "with_scales", "unit_scale", "logs_checked", "dropped")
+    return rule.Input(_state(line), f"{line.report} ({line.topic})", dict(line.facts))
 
 
 def evidence(lines: list[CardLine]) -> rule.Evidence:
@@ -209,17 +167,15 @@ def evidence(lines: list[CardLine]) -> rule.Evidence:
     speed = by_topic.get("speed")
     tpot = rule.ABSENT
     if speed is not None and speed.facts.get("tpot_ratio") is not None:
-        facts = {k: speed.facts.get(f"tpot_{k}") for k in TPOT_KEYS}
+        facts = {k.removeprefix("tpot_"): v for k, v in speed.facts.items() if k.startswith("tpot_")}
         tpot = rule.Input(_state(speed), f"{speed.report} (speed)", facts)
     return rule.Evidence(
-        capacity=_input(by_topic.get("capacity"), CAPACITY_KEYS),
-        load=_input(by_topic.get("load at equal memory"), LOAD_KEYS),
-        screen=_input(by_topic.get("engine screen"), SCREEN_KEYS),
-        accuracy=tuple(
-            _input(by_topic[t], ACCURACY_KEYS) for t in ("accuracy", "long-context accuracy") if t in by_topic
-        ),
+        capacity=_input(by_topic.get("capacity")),
+        load=_input(by_topic.get("load at equal memory")),
+        screen=_input(by_topic.get("engine screen")),
+        accuracy=tuple(_input(by_topic[t]) for t in ("accuracy", "long-context accuracy") if t in by_topic),
         tpot=tpot,
-        scales=_input(by_topic.get("scales"), SCALES_KEYS),
+        scales=_input(by_topic.get("scales")),
     )
 
 
@@ -232,7 +188,7 @@ def _int(x: Any) -> str:
 
 
 def _how(inp: rule.Input, detail: str = "") -> str:
-    if inp.state == rule.NOT_MEASURED and not inp.values:
+    if inp == rule.ABSENT:
         return "not measured"
     stem = inp.source.split(" ")[0]
     where = TOPICS.get(stem, (stem, stem))[1]
@@ -307,7 +263,7 @@ def card_rows(ev: rule.Evidence) -> list[Row]:
         if det is not None:
             detail = f"could detect a loss of {det:.1f} points"
         else:
-            detail = "its verdict states no interval" if c is None and acc.values else ""
+            detail = "its verdict states no interval" if c is None and acc != rule.ABSENT else ""
         rows.append(_row(label, MISSING, MISSING, change, acc, detail))
     scr = ev.screen
     kl, upper, margin = scr.num("kl_mean"), scr.num("kl_upper"), scr.num("margin_kl")
@@ -315,7 +271,7 @@ def card_rows(ev: rule.Evidence) -> list[Row]:
     if margin is not None:
         change = f"{scr.get('equivalence')} the margin {margin * 1000:.2f} ({scr.get('margin_state')})"
     else:
-        change = f"{scr.get('equivalence')}: no margin ({scr.get('margin_state')})" if scr.values else MISSING
+        change = f"{scr.get('equivalence')}: no margin ({scr.get('margin_state')})" if scr != rule.ABSENT else MISSING
     quantity = "Engine screen: KL divergence, FP8 vs 16-bit (millinats)"
     source = f"margin {scr.get('margin_source')}" if scr.get("margin_source") else ""
     rows.append(_row(quantity, MISSING, MISSING if kl is None else f"{kl * 1000:.2f}{upper_text}", change, scr, source))
