@@ -77,13 +77,15 @@ ABSENT = Input(NOT_MEASURED, "not measured", {})
 class Evidence:
     """What the card knows. ``capacity``: fp8_share, users_baseline, users_fp8; ``load``: claim,
     users_ratio_low/high; ``screen``: equivalence, margin_state, simulated; ``accuracy``: one per
-    accuracy verdict, change_low/high in points; ``tpot``: ratio_low/high (FP8 / 16-bit, 1 user)."""
+    accuracy verdict, change_low/high in points; ``tpot``: ratio_low/high (FP8 / 16-bit, 1 user);
+    ``scales``: what the checkpoints' KV scales are (shown, decides nothing)."""
 
     capacity: Input = ABSENT
     load: Input = ABSENT
     screen: Input = ABSENT
     accuracy: tuple[Input, ...] = ()
     tpot: Input = ABSENT
+    scales: Input = ABSENT
 
 
 @dataclass(frozen=True)

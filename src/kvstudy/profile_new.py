@@ -13,7 +13,6 @@ import json
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
@@ -26,26 +25,12 @@ SCALES = "04_scale-inspection"
 MODEL_SPECIFIC = {"weights_gib": "read or estimated from the model folder", "fixed_pool_tokens": "no pool held fixed"}
 
 
-# json.dumps writes a scalar or list in flow style, which YAML reads back as the same value.
-def _capacity_lines(model: str, gpu: str | None, declared: dict[str, Any]) -> list[str]:
-    lines = [
-        f"  {CAPACITY}:",
-        f"    model: {json.dumps(model)}  # a model folder, its config.json or a cached Hugging Face id",
-    ]
-    if gpu:
-        lines.append(f"    gpu: {json.dumps(find_gpu(gpu).name)}  # from data/gpus/catalog.json")
-    lines += [
-        f"    {key}: null  # {meaning}" for key, meaning in MODEL_SPECIFIC.items() if declared[key].default is not None
-    ]
-    lines.append(f"    # context_len: {declared['context_len'].default}  # tokens per request; uncomment to change")
-    return lines
-
-
 def profile_text(name: str, model: str, gpu: str | None, notebooks_dir: Path) -> str:
     """The commented YAML of a new profile for ``model`` (and ``gpu``)."""
-    capacity = declared_parameters(notebooks_dir / f"{CAPACITY}.ipynb")
+    declared = declared_parameters(notebooks_dir / f"{CAPACITY}.ipynb")
     stamp = dt.date.today().isoformat()
     gpu_text = f" on {gpu}" if gpu else ""
+    # json.dumps writes a scalar or list in flow style, which YAML reads back as the same value.
     lines = [
         f"# Profile {name}: {model}{gpu_text}. Written by `kvstudy profile new` on {stamp}.",
         f"# Render it with `make all PROFILE={name}`; one notebook: `make all PROFILE={name} ONLY={CAPACITY}`.",
@@ -55,7 +40,15 @@ def profile_text(name: str, model: str, gpu: str | None, notebooks_dir: Path) ->
         f"  What an FP8 KV cache buys for {model}{gpu_text}: capacity from the model's config.json,",
         "  and the KV scales its checkpoint carries.",
         "notebooks:",
-        *_capacity_lines(model, gpu, capacity),
+        f"  {CAPACITY}:",
+        f"    model: {json.dumps(model)}  # a model folder, its config.json or a cached Hugging Face id",
+        *([f"    gpu: {json.dumps(find_gpu(gpu).name)}  # from data/gpus/catalog.json"] if gpu else []),
+        *(
+            f"    {key}: null  # {meaning}"
+            for key, meaning in MODEL_SPECIFIC.items()
+            if declared[key].default is not None
+        ),
+        f"    # context_len: {declared['context_len'].default}  # tokens per request; uncomment to change",
         f"  {SCALES}:",
         f"    models: [{json.dumps(model)}]",
         f"    dump_root: {json.dumps(model)}  # every config.json under it is listed",

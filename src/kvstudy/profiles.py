@@ -83,28 +83,22 @@ _ANNOTATION_NAMES: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Parameter:
-    """One parameter a notebook declares: its default, its type (None: not declared) and its help text."""
+    """One parameter a notebook declares: its default and its type (None: not declared)."""
 
     name: str
     default: Any
     annotation: Any
-    help: str
 
 
-def _is_name(name: Any) -> bool:
-    """A plain profile name: no folder, no suffix."""
+def check_profile_name(name: Any, where: str = "profile") -> str:
+    """``name`` if it is a plain profile name (no folder, no suffix), else one line naming ``where``."""
     plain = isinstance(name, str) and PROFILE_NAME.match(name) and ".." not in name
-    return bool(plain) and not name.endswith((".yaml", ".yml"))
-
-
-def check_profile_name(profile: str) -> str:
-    """``profile`` if it is a plain profile name (no path, no suffix), else a StudyError."""
-    if not _is_name(profile):
+    if not plain or name.endswith((".yaml", ".yml")):
         raise StudyError(
-            f"profile {profile!r}: give the name of a file in profiles/ without "
-            f"folder or .yaml (for example PROFILE=reference)"
+            f"{where}: {_shown(name)} is not a profile name; give the name of a file in profiles/ without "
+            f"folder or .yaml (for example {'PROFILE=' if where == 'profile' else ''}reference)"
         )
-    return profile
+    return str(name)
 
 
 def _annotation(text: str, default: Any, help_text: str) -> Any:
@@ -138,7 +132,7 @@ def declared_parameters(notebook: Path) -> dict[str, Parameter]:
             default = _UNPARSED
         help_text = info.get("help") or ""
         annotation = _annotation(info.get("inferred_type_name") or "None", default, help_text)
-        out[name] = Parameter(name, default, annotation, help_text)
+        out[name] = Parameter(name, default, annotation)
     return out
 
 
@@ -165,11 +159,7 @@ def _base_name(data: dict[str, Any], path: Path, chain: Sequence[str]) -> str | 
     base = data.get("extends")
     if base is None:
         return None
-    if not _is_name(base):
-        raise StudyError(
-            f"{path}: extends: {_shown(base)} is not a profile name; expected the name of a file in "
-            f"profiles/ without folder or .yaml (for example extends: reference)"
-        )
+    check_profile_name(base, f"{path}: extends")
     if base in chain:
         raise StudyError(f"{path}: extends: {base!r} makes a cycle ({' -> '.join([*chain, base])})")
     if len(chain) >= MAX_EXTENDS:

@@ -334,7 +334,7 @@ def test_a_full_card_turns_fp8_on_and_json_is_strict() -> None:
     card = decision.card_from_status("demo", status(**{"08_load-at-equal-memory": load}), stems)
     assert card.answer == rule.TURN_ON and card.headline.startswith("Turn FP8 on: 2.1x the users fit")
     data = json.loads(decision.card_json(card))  # strict: NaN would fail allow_nan=False
-    assert data["rule"] == "all conditions met" and data["inputs"]["engine screen"]["values"]["kl_upper"] is None
+    assert data["rule"] == "all conditions met" and data["inputs"]["screen"]["values"]["kl_upper"] is None
     assert data["inputs"]["capacity"]["source"].startswith("01_capacity-math")
     target = next(r for r in card.rows if r.quantity.startswith("Users within"))
     assert target.change == "1.70x (1.40 to 2.00)" and "TPOT 50 ms" in target.quantity

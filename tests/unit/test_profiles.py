@@ -41,10 +41,10 @@ def check(study: Path, text: str, name: str = "p") -> dict:
     return data
 
 
-def test_declared_parameters_carry_types_and_help(study: Path) -> None:
+def test_declared_parameters_carry_types(study: Path) -> None:
     declared = profiles.declared_parameters(study / "notebooks" / "01_a.ipynb")
     assert list(declared) == ["profile", "figures_dir", "model", "gib", "weights", "flag", "names", "loose"]
-    assert declared["gib"].annotation == float | None and declared["gib"].help == "memory in GiB"
+    assert declared["gib"].annotation == float | None
     assert declared["weights"].annotation == float | None and declared["names"].annotation is list
     assert declared["flag"].annotation is bool and declared["loose"].annotation is None
 

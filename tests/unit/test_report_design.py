@@ -37,11 +37,11 @@ def test_normal_approximation_beyond_the_exact_search() -> None:
 
 
 def test_speed_design_reads_the_capture_aa_noise() -> None:
-    rows = report_design.speed_design([20.0], capture_dir=CAPTURE)
+    rows = report_design.runs_design("speed", [20.0], capture_dir=CAPTURE)
     assert [r.users for r in rows] == [1, 4]
     assert all(r.noise_state == "measured" and r.noise_origin.startswith("measured: A/A noise of") for r in rows)
     assert all(r.runs_per_arm for r in rows)
-    assumed = report_design.speed_design([20.0])
+    assumed = report_design.runs_design("speed", [20.0])
     assert assumed[0].noise_state == "assumed" and assumed[0].noise_origin.startswith("assumed")
     assert assumed[0].noise_sd == report_design.ASSUMED_NOISE_SD
 
@@ -96,7 +96,7 @@ def test_bad_totals_name_the_option(capsys: pytest.CaptureFixture[str]) -> None:
         ),
         (["accuracy", "--totals", "1", "0", "0"], "--totals N BASE CAND: 0/1 and 0/1 allow no question"),
         (["accuracy", "--totals", "7", "7", "7"], "--totals N BASE CAND: 7/7 and 7/7 allow no question"),
-        (["accuracy", "--totals", "1" * 5000, "1", "1"], "--totals: expected three whole numbers"),
+        (["accuracy", "--totals", "1" * 5000, "1", "1"], "argument --totals: invalid int value"),
     ],
 )
 def test_numbers_at_the_edge_are_one_line_naming_the_option(
@@ -110,4 +110,4 @@ def test_numbers_at_the_edge_are_one_line_naming_the_option(
 
 def test_speed_designs_are_bounded_as_a_product() -> None:
     with pytest.raises(report_design.StudyError, match=r"25 designs, expected at most 24"):
-        report_design.speed_design([1.0] * 25, sd=0.05)
+        report_design.runs_design("speed", [1.0] * 25, sd=0.05)

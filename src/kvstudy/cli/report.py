@@ -93,11 +93,7 @@ def _design_runs(args: argparse.Namespace) -> int:
     """``design speed`` and ``design load``: the seed blocks per arm a change needs."""
     from kvstudy.report import design
 
-    changes = _at_most(args.change, "--change")
-    if args.what == "speed":
-        rows = design.speed_design(changes or list(design.DEFAULT_CHANGES_PCT), args.capture, args.noise_sd, args.power)
-    else:
-        rows = design.load_design(changes or [50.0, 100.0], args.capture, args.noise_sd, args.power)
+    rows = design.runs_design(args.what, _at_most(args.change, "--change"), args.capture, args.noise_sd, args.power)
     lines = design.speed_lines(rows) if args.what == "speed" else design.load_lines(rows)
     show([asdict(r) for r in rows], lines, args.json, default=lambda v: None)
     return 0
@@ -106,14 +102,8 @@ def _design_runs(args: argparse.Namespace) -> int:
 def _design_accuracy(args: argparse.Namespace) -> int:
     from kvstudy.report.design import DEFAULT_MARGINS_POINTS, accuracy_design, accuracy_lines
 
-    totals = None
-    if args.totals is not None:
-        try:
-            totals = [int(t) for t in args.totals]
-        except ValueError:
-            raise StudyError(f"--totals: expected three whole numbers N BASE CAND, got {args.totals}") from None
-    margins = _at_most(args.margin_points, "--margin-points") or list(DEFAULT_MARGINS_POINTS)
-    rows = accuracy_design(margins, args.discordance, totals, args.power)
+    margins = _at_most(args.margin_points, "--margin-points") or DEFAULT_MARGINS_POINTS
+    rows = accuracy_design(margins, args.discordance, args.totals, args.power)
     show([asdict(r) for r in rows], accuracy_lines(rows), args.json, default=lambda v: None)
     return 0
 
@@ -131,10 +121,18 @@ def add_design(subparsers: Any) -> None:
     )
     sub = parser.add_subparsers(dest="what", required=True)
     change, noise = float_arg(*DESIGN_CHANGE_PCT), _share(MAX_LOG_SD)
-    speed = sub.add_parser("speed", help="seed blocks per arm a TPOT change needs at 80 %% power")
-    speed.add_argument("--capture", help="a speed-sweep capture folder with an A/A repeat of the baseline")
-    speed.add_argument("--noise-sd", type=noise, help="SD of a per-seed log TPOT difference (instead of a capture)")
-    speed.add_argument("--change", nargs="+", type=change, help="TPOT changes in %% (default 5 10 20)")
+    runs = {
+        "speed": ("TPOT", "speed-sweep", "seed log TPOT"),
+        "load": ("users within the target", "load", "block log users"),
+    }
+    parsers = []
+    for name, (changed, capture, per) in runs.items():
+        default = " ".join(f"{c:g}" for c in design.DEFAULT_CHANGES_PCT[name])
+        what = sub.add_parser(name, help=f"seed blocks per arm a change in {changed} needs at 80 %% power")
+        what.add_argument("--capture", help=f"a {capture} capture folder with an A/A repeat of the baseline")
+        what.add_argument("--noise-sd", type=noise, help=f"SD of a per-{per} difference (instead of a capture)")
+        what.add_argument("--change", nargs="+", type=change, help=f"changes in {changed}, in %% (default {default})")
+        parsers.append((what, _design_runs))
     acc = sub.add_parser("accuracy", help="questions a non-inferiority margin needs at 80 %% power")
     acc.add_argument(
         "--margin-points", nargs="+", type=float_arg(*DESIGN_MARGIN_POINTS), help="margins in points (default 1 2 5)"
@@ -142,14 +140,10 @@ def add_design(subparsers: Any) -> None:
     acc.add_argument(
         "--discordance", type=_share(1.0), help="share of questions the two configurations disagree on, e.g. 0.05"
     )
-    acc.add_argument("--totals", nargs=3, metavar=("N", "BASE", "CAND"), help="published totals: questions, correct")
-    ld = sub.add_parser("load", help="seed blocks per arm a change in users within the target needs at 80 %% power")
-    ld.add_argument("--capture", help="a load capture folder with an A/A repeat of the baseline")
-    ld.add_argument("--noise-sd", type=noise, help="SD of a per-block log users difference (instead of a capture)")
-    ld.add_argument(
-        "--change", nargs="+", type=change, help="changes in users within the target, in %% (default 50 100)"
+    acc.add_argument(
+        "--totals", nargs=3, type=int, metavar=("N", "BASE", "CAND"), help="published totals: questions, correct"
     )
-    for what, func in ((speed, _design_runs), (acc, _design_accuracy), (ld, _design_runs)):
+    for what, func in [*parsers, (acc, _design_accuracy)]:
         what.add_argument("--power", type=_share(1.0, below=True), default=TARGET_POWER, help="power (default 0.8)")
         json_option(what, None)
         what.set_defaults(func=func)

@@ -2,7 +2,8 @@
 
 Each notebook states structured verdicts (``kvstudy.report.notebook.verdict``: a state, a sentence, plain
 facts, the step that would settle it); ``kvstudy render`` keeps them in ``reports/<profile>/status.json``.
-This module reads them back (a verdict that is absent is "not measured") into the inputs of the one rule (:mod:`kvstudy.decision_rule`), and lays out the card: the answer and
+This module reads them back (:func:`read_status`, the one checked reader of ``status.json``, also
+the render's; a verdict that is absent is "not measured") into the inputs of the one rule (:mod:`kvstudy.decision_rule`), and lays out the card: the answer and
 its main reason, a 16-bit | FP8 | change | how-known table, what would change the answer, the
 per-topic verdicts, and the published usage guidance where it holds for this model and GPU.
 
@@ -16,23 +17,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict
+
 from kvstudy import decision_rule as rule
+from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
 from kvstudy.formats import finite
-from kvstudy.io import REPO_ROOT
+from kvstudy.io import REPO_ROOT, read_json
 from kvstudy.report.decision_guidance import Guidance, evaluate_guidance
-from kvstudy.report.status import read_status
 
-# Topics in the order the card lists them, with the notebook that states each.
+# The notebooks in the order the card lists their topics: the topic each states, its report as the card names it.
 TOPICS = {
-    "capacity": "01_capacity-math",
-    "load at equal memory": "08_load-at-equal-memory",
-    "speed": "02_speed-sweep",
-    "accuracy": "03_gsm8k-accuracy",
-    "long-context accuracy": "06_retrieval-accuracy",
-    "KV precision (simulated)": "07_kv-precision",
-    "context scaling": "05_context-scaling",
-    "scales": "04_scale-inspection",
+    "01_capacity-math": ("capacity", "capacity report"),
+    "08_load-at-equal-memory": ("load at equal memory", "load report"),
+    "02_speed-sweep": ("speed", "speed report"),
+    "03_gsm8k-accuracy": ("accuracy", "accuracy report"),
+    "06_retrieval-accuracy": ("long-context accuracy", "long-context report"),
+    "07_kv-precision": ("KV precision (simulated)", "precision report"),
+    "05_context-scaling": ("context scaling", "context report"),
+    "04_scale-inspection": ("scales", "scales report"),
 }
 MISSING = "–"
 
@@ -82,15 +86,48 @@ class Card:
 # --------------------------------------------------------------------------- reading the verdicts
 
 
+class _Verdict(TypedDict, total=False):
+    topic: str | None
+    state: str | None
+    text: str | None
+    next_step: str | None
+    facts: dict[str, Any] | None
+
+
+class _Entry(TypedDict, total=False):
+    """The fields of a status entry a reader uses (others are kept as they are)."""
+
+    rendered: str | None
+    error: str | None
+    finding: str | None
+    needs: str | None
+    failed_html: str | None
+    seconds: float | None
+    verdicts: list[_Verdict] | None
+
+
+_STATUS = TypeAdapter(dict[str, _Entry])
+
+
+def read_status(path: Path) -> dict[str, dict[str, Any]]:
+    """``status.json`` as a render wrote it (its finding, error and verdicts per notebook), each field
+    of an entry and of its verdicts of its type (strict: a number is not a string), else one line
+    naming the file and the field."""
+    status: dict[str, dict[str, Any]] = read_json(path)
+    try:
+        _STATUS.validate_python(status, strict=True)
+    except ValidationError as exc:
+        raise StudyError(f"{path}: {one_line(exc)}") from None
+    return status
+
+
 def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:
     """The verdicts of the profile's notebooks (status entries as :func:`read_status` checks them), topic
     by topic (:data:`TOPICS` first, then the rest in the profile's order); a notebook that did not
     render gives one line saying why and what to run."""
-    topic_of = {stem: topic for topic, stem in TOPICS.items()}
-    order = [s for s in TOPICS.values() if s in stems] + [s for s in stems if s not in TOPICS.values()]
     lines = []
-    for stem in order:
-        entry, topic = status.get(stem) or {}, topic_of.get(stem, stem)
+    for stem in [s for s in TOPICS if s in stems] + [s for s in stems if s not in TOPICS]:
+        entry, topic = status.get(stem) or {}, TOPICS.get(stem, (stem,))[0]
         if entry.get("error") or not entry:
             why = entry.get("error") or "not rendered yet for this profile"
             needs = entry.get("needs")
@@ -113,60 +150,15 @@ def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:
 def _state(line: CardLine) -> str:
     if line.facts.get("simulated") is True:
         return rule.SIMULATED
-    return (
-        line.state
-        if line.state in rule.DECISIVE | {rule.PUBLISHED, rule.SIMULATED, rule.NO_CLAIM}
-        else rule.NOT_MEASURED
-    )
+    known = rule.DECISIVE | {rule.PUBLISHED, rule.SIMULATED, rule.NO_CLAIM}
+    return line.state if line.state in known else rule.NOT_MEASURED
 
 
-def _input(line: CardLine | None, keys: tuple[str, ...]) -> rule.Input:
+def _input(line: CardLine | None) -> rule.Input:
+    """A topic's line as the rule's input: its facts as the notebook stated them."""
     if line is None:
         return rule.ABSENT
-    return rule.Input(_state(line), f"{line.report} ({line.topic})", {k: line.facts.get(k) for k in keys})
-
-
-CAPACITY_KEYS = (
-    "fp8_share",
-    "users_baseline",
-    "users_fp8",
-    "tp",
-    "tokens_per_gib_baseline",
-    "tokens_per_gib_fp8",
-    "kv_pool_gib",
-    "skip_layers",
-    "skip_layers_advised",
-    "fits",
-    "baseline_dtype",
-    "gpu",
-    "context_len",
-    "model",
-)
-LOAD_KEYS = (
-    "claim",
-    "users_baseline",
-    "users_fp8",
-    "users_ratio",
-    "users_ratio_low",
-    "users_ratio_high",
-    "latency_target",
-    "kv_memory_gib",
-    "context_tokens",
-)
-SCREEN_KEYS = (
-    "equivalence",
-    "margin_kl",
-    "margin_state",
-    "margin_source",
-    "margin_points",
-    "kl_mean",
-    "kl_upper",
-    "top1_agreement",
-    "simulated",
-)
-ACCURACY_KEYS = ("task", "n", "change_points", "change_low", "change_high", "detectable_loss_points")
-TPOT_KEYS = ("users", "baseline_ms", "fp8_ms", "ratio", "ratio_low", "ratio_high", "machine", "prompt_tokens")
-SCALES_KEYS = ("checkpoints", "with_scales", "unit_scale", "logs_checked", "dropped")
+    return rule.Input(_state(line), f"{line.report} ({line.topic})", dict(line.facts))
 
 
 def evidence(lines: list[CardLine]) -> rule.Evidence:
@@ -175,16 +167,15 @@ def evidence(lines: list[CardLine]) -> rule.Evidence:
     speed = by_topic.get("speed")
     tpot = rule.ABSENT
     if speed is not None and speed.facts.get("tpot_ratio") is not None:
-        facts = {k: speed.facts.get(f"tpot_{k}") for k in TPOT_KEYS}
+        facts = {k.removeprefix("tpot_"): v for k, v in speed.facts.items() if k.startswith("tpot_")}
         tpot = rule.Input(_state(speed), f"{speed.report} (speed)", facts)
     return rule.Evidence(
-        capacity=_input(by_topic.get("capacity"), CAPACITY_KEYS),
-        load=_input(by_topic.get("load at equal memory"), LOAD_KEYS),
-        screen=_input(by_topic.get("engine screen"), SCREEN_KEYS),
-        accuracy=tuple(
-            _input(by_topic[t], ACCURACY_KEYS) for t in ("accuracy", "long-context accuracy") if t in by_topic
-        ),
+        capacity=_input(by_topic.get("capacity")),
+        load=_input(by_topic.get("load at equal memory")),
+        screen=_input(by_topic.get("engine screen")),
+        accuracy=tuple(_input(by_topic[t]) for t in ("accuracy", "long-context accuracy") if t in by_topic),
         tpot=tpot,
+        scales=_input(by_topic.get("scales")),
     )
 
 
@@ -197,17 +188,10 @@ def _int(x: Any) -> str:
 
 
 def _how(inp: rule.Input, detail: str = "") -> str:
-    if inp.state == rule.NOT_MEASURED and not inp.values:
+    if inp == rule.ABSENT:
         return "not measured"
-    where = {
-        "01": "capacity report",
-        "02": "speed report",
-        "03": "accuracy report",
-        "04": "scales report",
-        "06": "long-context report",
-        "07": "precision report",
-        "08": "load report",
-    }.get(inp.source[:2], inp.source.split(" ")[0])
+    stem = inp.source.split(" ")[0]
+    where = TOPICS.get(stem, (stem, stem))[1]
     return f"{inp.state}{', ' + detail if detail else ''} ({where})"
 
 
@@ -233,7 +217,7 @@ def _row(quantity: str, baseline: str, fp8: str, change: str, inp: rule.Input, d
     return Row(quantity, baseline, fp8, change, _how(inp, detail), inp.state)
 
 
-def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
+def card_rows(ev: rule.Evidence) -> list[Row]:
     """The 16-bit | FP8 | change | how-known table (at most 8 rows)."""
     cap = ev.capacity
     tb, tf = cap.num("tokens_per_gib_baseline"), cap.num("tokens_per_gib_fp8")
@@ -279,7 +263,7 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
         if det is not None:
             detail = f"could detect a loss of {det:.1f} points"
         else:
-            detail = "its verdict states no interval" if c is None and acc.values else ""
+            detail = "its verdict states no interval" if c is None and acc != rule.ABSENT else ""
         rows.append(_row(label, MISSING, MISSING, change, acc, detail))
     scr = ev.screen
     kl, upper, margin = scr.num("kl_mean"), scr.num("kl_upper"), scr.num("margin_kl")
@@ -287,11 +271,11 @@ def card_rows(ev: rule.Evidence, scales: rule.Input) -> list[Row]:
     if margin is not None:
         change = f"{scr.get('equivalence')} the margin {margin * 1000:.2f} ({scr.get('margin_state')})"
     else:
-        change = f"{scr.get('equivalence')}: no margin ({scr.get('margin_state')})" if scr.values else MISSING
+        change = f"{scr.get('equivalence')}: no margin ({scr.get('margin_state')})" if scr != rule.ABSENT else MISSING
     quantity = "Engine screen: KL divergence, FP8 vs 16-bit (millinats)"
     source = f"margin {scr.get('margin_source')}" if scr.get("margin_source") else ""
     rows.append(_row(quantity, MISSING, MISSING if kl is None else f"{kl * 1000:.2f}{upper_text}", change, scr, source))
-    rows.append(_scales_row(scales))
+    rows.append(_scales_row(ev.scales))
     return rows[:8]
 
 
@@ -326,22 +310,19 @@ def _run(profile: str, stem: str, stems: list[str]) -> str:
 def _missing_step(missing: rule.Missing, profile: str, th: rule.Thresholds, stems: list[str]) -> str:
     """The command that gets a missing measurement, with its cost (the reports' own next steps stay in
     the topic table)."""
-    from kvstudy.report.design import accuracy_design, need_sentence, speed_design
+    from kvstudy.report.design import accuracy_design, need_sentence, runs_design
 
     if missing.what == "capacity":
         return (
             f"{_run(profile, '01_capacity-math', stems)} (seconds, no GPU; give weights_gib if the weights are unknown)"
         )
     if missing.what == "load":
-        need = next((r.runs_per_arm for r in speed_design((th.min_users_gain_pct,)) if r.runs_per_arm), None)
+        pct = th.min_users_gain_pct
+        need = runs_design("speed", (pct,))[0].runs_per_arm  # assumed noise: one row
+        blocks = f"; about {need} seed blocks per arm for a {pct:g} % change, assumed noise, `kvstudy design speed`"
         return (
             f"{_run(profile, '08_load-at-equal-memory', stems)} on the target GPU (both arms at equal KV memory"
-            + (
-                f"; about {need} seed blocks per arm for a {th.min_users_gain_pct:g} % change, assumed noise, `kvstudy design speed`"
-                if need
-                else ""
-            )
-            + "), or state `kv_bound: true` under `decision:` in the profile"
+            f"{blocks if need else ''}), or state `kv_bound: true` under `decision:` in the profile"
         )
     sentence = need_sentence(accuracy_design((th.accuracy_margin_points,)))
     return (
@@ -402,25 +383,14 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
     th = rule.Thresholds.from_dict(decision_settings or {}, "decision")
     lines = card_lines(status, stems)
     ev = evidence(lines)
-    scales = _input(next((line for line in lines if line.topic == "scales"), None), SCALES_KEYS)
     model, gpu, context = (ev.capacity.get(k) for k in ("model", "gpu", "context_len"))
     model, gpu = (v if isinstance(v, str) else None for v in (model, gpu))
     guidance = evaluate_guidance(model, int(context) if isinstance(context, int) else None, gpu)
     decision = rule.decide(ev, th)
     missing = tuple({"what": m.step, "run": _missing_step(m, profile, th, stems)} for m in decision.missing)
-    inputs = {
-        "capacity": asdict(ev.capacity),
-        "load at equal memory": asdict(ev.load),
-        "engine screen": asdict(ev.screen),
-        "accuracy": [asdict(a) for a in ev.accuracy],
-        "time per output token": asdict(ev.tpot),
-        "scales": asdict(scales),
-        "kv_bound (profile)": {
-            "state": rule.STATED if th.kv_bound is not None else rule.NOT_MEASURED,
-            "source": "profile's decision: mapping",
-            "values": {"kv_bound": th.kv_bound},
-        },
-    }
+    stated = rule.STATED if th.kv_bound is not None else rule.NOT_MEASURED
+    kv_bound = rule.Input(stated, "profile's decision: mapping", {"kv_bound": th.kv_bound})
+    inputs = {**asdict(ev), "kv_bound": asdict(kv_bound)}
     return Card(
         profile,
         model,
@@ -428,7 +398,7 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
         decision.answer,
         decision.rule,
         decision.reason,
-        tuple(card_rows(ev, scales)),
+        tuple(card_rows(ev)),
         tuple(what_would_change(decision, th, guidance)),
         missing,
         finite(inputs),

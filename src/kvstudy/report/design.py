@@ -37,7 +37,7 @@ from kvstudy.stats.binary_power import check_totals, non_inferiority_questions
 from kvstudy.stats.permutation import TARGET_POWER, runs_needed
 
 ASSUMED_NOISE_SD = 0.05  # SD of a per-seed log TPOT difference when no capture or value is given (assumed)
-DEFAULT_CHANGES_PCT = (5.0, 10.0, 20.0)
+DEFAULT_CHANGES_PCT = {"speed": (5.0, 10.0, 20.0), "load": (50.0, 100.0)}
 DEFAULT_MARGINS_POINTS = (1.0, 2.0, 5.0)
 NoiseState = Literal["measured", "not estimable", "given", "assumed"]
 
@@ -92,43 +92,6 @@ def capture_noise(capture_dir: str | Path) -> list[Noise]:
     return out
 
 
-def _designs(noises: Sequence[Noise], changes_pct: Sequence[float], power: float) -> list[RunsDesign]:
-    """One row per (noise, change): the seed blocks per arm the blocked sign-flip test needs."""
-    if len(noises) * len(changes_pct) > MAX_DESIGN_ROWS:
-        raise StudyError(
-            f"design speed: {len(noises)} noise estimate(s) x {len(changes_pct)} change(s) = "
-            f"{len(noises) * len(changes_pct)} designs, expected at most {MAX_DESIGN_ROWS} (give fewer --change values)"
-        )
-    rows = []
-    for users, sigma, state, origin in noises:
-        for pct in changes_pct:
-            if sigma is None:
-                rows.append(RunsDesign(users, math.nan, state, origin, pct, None, "no noise estimate", power))
-                continue
-            need = runs_needed(sigma, pct / 100.0, power=power)
-            rows.append(RunsDesign(users, sigma, state, origin, pct, need.runs_per_arm, need.method, power))
-    return rows
-
-
-def speed_design(
-    changes_pct: Sequence[float] = DEFAULT_CHANGES_PCT,
-    capture_dir: str | Path | None = None,
-    sd: float | None = None,
-    power: float = TARGET_POWER,
-) -> list[RunsDesign]:
-    """One row per (noise source, change): the seed blocks per arm a TPOT change needs."""
-    if capture_dir is not None and sd is not None:
-        raise StudyError("design speed: give --capture or --noise-sd, not both")
-    noises: list[Noise]
-    if capture_dir is not None:
-        noises = capture_noise(capture_dir)
-    elif sd is not None:
-        noises = [(None, sd, "given", "given")]
-    else:
-        noises = [(None, ASSUMED_NOISE_SD, "assumed", "assumed (no capture or --noise-sd given)")]
-    return _designs(noises, changes_pct, power)
-
-
 def load_noise(capture_dir: str | Path) -> Noise:
     """SD over seed blocks of log(A/A users / baseline users) in a load capture, and where it came from."""
     import numpy as np
@@ -160,20 +123,41 @@ def load_noise(capture_dir: str | Path) -> Noise:
     )
 
 
-def load_design(
-    changes_pct: Sequence[float],
+def runs_design(
+    what: Literal["speed", "load"],
+    changes_pct: Sequence[float] | None = None,
     capture_dir: str | Path | None = None,
     sd: float | None = None,
     power: float = TARGET_POWER,
 ) -> list[RunsDesign]:
-    """One row per change in users within the target: the seed blocks per arm it needs."""
+    """One row per (noise source, change): the seed blocks per arm a change in TPOT (``speed``) or in
+    users within the target (``load``) needs; ``changes_pct`` None: :data:`DEFAULT_CHANGES_PCT`."""
+    if capture_dir is not None and sd is not None:
+        raise StudyError(f"design {what}: give --capture or --noise-sd, not both")
+    changes_pct = DEFAULT_CHANGES_PCT[what] if changes_pct is None else changes_pct
+    noises: list[Noise]
     if capture_dir is not None:
-        noise = load_noise(capture_dir)
+        noises = capture_noise(capture_dir) if what == "speed" else [load_noise(capture_dir)]
     elif sd is not None:
-        noise = (None, sd, "given", "given")
+        noises = [(None, sd, "given", "given")]
+    elif what == "speed":
+        noises = [(None, ASSUMED_NOISE_SD, "assumed", "assumed (no capture or --noise-sd given)")]
     else:
-        noise = (None, ASSUMED_NOISE_SD * 4, "assumed", "assumed: 0.2 (no capture or value given)")
-    return _designs([noise], changes_pct, power)
+        noises = [(None, ASSUMED_NOISE_SD * 4, "assumed", "assumed: 0.2 (no capture or value given)")]
+    if len(noises) * len(changes_pct) > MAX_DESIGN_ROWS:
+        raise StudyError(
+            f"design {what}: {len(noises)} noise estimate(s) x {len(changes_pct)} change(s) = "
+            f"{len(noises) * len(changes_pct)} designs, expected at most {MAX_DESIGN_ROWS} (give fewer --change values)"
+        )
+    rows = []
+    for users, sigma, state, origin in noises:
+        for pct in changes_pct:
+            if sigma is None:
+                rows.append(RunsDesign(users, math.nan, state, origin, pct, None, "no noise estimate", power))
+                continue
+            need = runs_needed(sigma, pct / 100.0, power=power)
+            rows.append(RunsDesign(users, sigma, state, origin, pct, need.runs_per_arm, need.method, power))
+    return rows
 
 
 def load_lines(rows: Sequence[RunsDesign]) -> list[str]:

@@ -4,7 +4,6 @@ line per notebook, what is not in the profile."""
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
 from kvstudy.redact import write_scrubbed
 from kvstudy.report.decision import card_from_status
 from kvstudy.report.html import TEMPLATES, extract_results, name_sources
-from kvstudy.report.notebook import git_commit
+from kvstudy.report.notebook import git_commit, utc_stamp
 
 TEMPLATE = "index.html.j2"
 ANSWER_CLASS = {rule.TURN_ON: "on", rule.KEEP: "keep", rule.UNDECIDED: "open"}
@@ -37,8 +36,10 @@ INTERRUPTED = "the render was interrupted before it recorded why this notebook f
 TORN = "the render was interrupted while it published this report"
 
 
-def _stamp(path: Path) -> str:
-    return dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+def _failed(page: Path, error: str) -> dict[str, Any]:
+    """The status entry of a render that stopped at ``page`` (its time the page's)."""
+    stamp = utc_stamp(page.stat().st_mtime)
+    return {"seconds": None, "rendered": stamp, "error": error, "needs": None, "failed_html": page.name}
 
 
 def status_from_reports(out_dir: Path, stems: Sequence[str], status: dict[str, Any]) -> dict[str, Any]:
@@ -53,26 +54,20 @@ def status_from_reports(out_dir: Path, stems: Sequence[str], status: dict[str, A
         good_at = good.stat().st_mtime if good.is_file() and executed.is_file() else None
         failed_at = failed.stat().st_mtime if failed.is_file() else None
         if failed_at is not None and (good_at is None or failed_at >= good_at):
-            if not entry.get("error"):
-                entry = {"seconds": None, "rendered": _stamp(failed), "error": INTERRUPTED, "needs": None}
-            healed[stem] = {**entry, "failed_html": failed.name}
+            healed[stem] = {**entry, "failed_html": failed.name} if entry.get("error") else _failed(failed, INTERRUPTED)
         elif good.is_file():
             try:
                 found, verdicts = extract_results(executed)
             except StudyError:  # the report without its executed notebook, or a torn one: say so
                 why = "missing" if not executed.is_file() else "unreadable"
-                healed[stem] = {
-                    "seconds": None,
-                    "rendered": _stamp(good),
-                    "error": f"{TORN} (its executed notebook {executed.name} is {why}): render it again",
-                    "needs": None,
-                    "failed_html": good.name,
-                }
+                healed[stem] = _failed(
+                    good, f"{TORN} (its executed notebook {executed.name} is {why}): render it again"
+                )
                 continue
             agrees = bool(entry) and not entry.get("error")
             healed[stem] = {
                 "seconds": entry.get("seconds") if agrees else None,
-                "rendered": entry.get("rendered") if agrees and entry.get("rendered") else _stamp(good),
+                "rendered": (agrees and entry.get("rendered")) or utc_stamp(good.stat().st_mtime),
                 "error": None,
                 "finding": found,
                 "verdicts": verdicts,
@@ -115,7 +110,7 @@ def write_index(
         absent=absent,
         reports={p.name for p in out_dir.glob("*.html")},
         description=name_sources(str(profile_data.get("description") or "")),
-        stamp=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        stamp=utc_stamp(),
         commit=git_commit(),
         cpu=cpu_model(),
         versions=", ".join(f"{k} {v}" for k, v in package_versions(REPORT_PACKAGES).items()),

@@ -393,6 +393,12 @@ def _redact_figure_text(fig: Any) -> None:
         text.set_text(redact_shapes(text.get_text()))
 
 
+def utc_stamp(seconds: float | None = None) -> str:
+    """The time (seconds since the epoch; now where None) as every report writes it."""
+    at = dt.datetime.now(dt.UTC) if seconds is None else dt.datetime.fromtimestamp(seconds, dt.UTC)
+    return at.strftime("%Y-%m-%d %H:%M UTC")
+
+
 def git_commit(root: Path = REPO_ROOT) -> str:
     try:
         out = subprocess.run(
@@ -417,7 +423,7 @@ def provenance(data: Sequence[str | Path] = (), **settings: Any) -> Any:
     from IPython.display import Markdown
 
     rows = [
-        ("rendered", dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")),
+        ("rendered", utc_stamp()),
         ("study commit", git_commit()),
         ("python", platform.python_version()),
         ("machine", f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"),

@@ -16,7 +16,6 @@ the profile's secret values (``redact.scrub_report``).
 
 from __future__ import annotations
 
-import datetime as dt
 import fcntl
 import functools
 import json
@@ -39,10 +38,10 @@ from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import REPO_ROOT, read_json, read_text_checked, without_machine_paths, write_text_atomic
 from kvstudy.profiles import given_parameters, load_profile, validate_profile
 from kvstudy.redact import REDACTED, redact, scrub_report, scrub_tree, write_json_scrubbed, write_scrubbed
+from kvstudy.report.decision import read_status
 from kvstudy.report.html import render_html
 from kvstudy.report.index import status_from_reports, write_index
-from kvstudy.report.notebook import GIVEN_ENV
-from kvstudy.report.status import read_status
+from kvstudy.report.notebook import GIVEN_ENV, utc_stamp
 
 STATUS_FILE = "status.json"
 # Where a render stages a notebook's files before moving them into reports/<profile>/: one folder
@@ -275,8 +274,7 @@ def _publish(run: NotebookRun, stage: Path, out_dir: Path) -> dict[str, Any]:
             os.replace(staged, out_dir / f"{run.name}{suffix}{ext}")
         if not run.error:
             (out_dir / f"{run.name}.failed{ext}").unlink(missing_ok=True)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return {"seconds": round(run.seconds, 1), "rendered": stamp, "error": run.error, "needs": run.needs}
+    return {"seconds": round(run.seconds, 1), "rendered": utc_stamp(), "error": run.error, "needs": run.needs}
 
 
 def check_only(only: Sequence[str], profile_data: dict[str, Any], profile: str) -> list[str]:

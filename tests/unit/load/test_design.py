@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from kvstudy.cli import main
-from kvstudy.report.design import load_design
+from kvstudy.report.design import runs_design
 
 
 def test_more_noise_needs_more_blocks() -> None:
-    quiet = load_design([50.0], sd=0.05)[0]
-    loud = load_design([50.0], sd=0.5)[0]
+    quiet = runs_design("load", [50.0], sd=0.05)[0]
+    loud = runs_design("load", [50.0], sd=0.5)[0]
     assert quiet.noise_origin == "given"
     assert quiet.runs_per_arm is not None and loud.runs_per_arm is not None
     assert quiet.runs_per_arm >= 6  # never fewer than the blocked test needs to reach p < 0.05
