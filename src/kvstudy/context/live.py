@@ -27,29 +27,15 @@ from kvstudy.model.layout import load_layout
 from kvstudy.model.roofline import predicted_slope_ms_per_token
 from kvstudy.vllm.facts import SIXTEEN_BIT
 
-# The 05 notebook's parameters that make its live grid (named as ContextSweepSpec's fields).
-SPEC_PARAMETERS = (
-    "model",
-    "arms",
-    "lengths",
-    "seeds",
-    "output_len",
-    "prompts",
-    "cpu_kvcache_space_gib",
-    "kv_cache_memory_bytes",
-    "attention_backend",
-    "server_env",
-    "enforce_eager",
-)
-
 
 def spec_from_params(params: dict[str, Any], where: str = "notebook parameters") -> ContextSweepSpec:
-    """The live grid from the notebook's parameters (``SPEC_PARAMETERS``; arms None: ``default_arms``),
-    the one way a profile's 05 section becomes a ContextSweepSpec (the notebook's, ``kvstudy plan``'s)."""
-    data = {name: params.get(name) for name in SPEC_PARAMETERS}
+    """The live grid from the notebook's parameters named as ContextSweepSpec's fields (None: the
+    field's default; arms None: ``default_arms``), the one way a profile's 05 section becomes a
+    ContextSweepSpec (the notebook's, ``kvstudy plan``'s)."""
+    data = {name: params.get(name) for name in ContextSweepSpec.model_fields}
     if not data["arms"]:
         data["arms"] = default_arms(str(data["model"]))
-    return ContextSweepSpec.from_dict(data, where=where)
+    return ContextSweepSpec.from_params(where, **data)
 
 
 @dataclass(frozen=True)

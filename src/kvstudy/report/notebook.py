@@ -26,7 +26,7 @@ from typing import Any
 from kvstudy.digests import file_digest
 from kvstudy.formats import finite
 from kvstudy.io import REPO_ROOT, write_csv
-from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
+from kvstudy.machine import cpu_model, package_versions
 from kvstudy.secret_shapes import redact_shapes
 
 FINDING_KEY = "kvstudy_finding"
@@ -422,7 +422,7 @@ def provenance(data: Sequence[str | Path] = (), **settings: Any) -> Any:
         ("python", platform.python_version()),
         ("machine", f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"),
     ]
-    rows += [(f"package {k}", v) for k, v in package_versions(REPORT_PACKAGES).items()]
+    rows += [(f"package {k}", v) for k, v in package_versions().items()]
     rows += [(f"setting {k}", f"`{v}`") for k, v in settings.items()]
     for item in data:
         p = Path(item)
