@@ -22,7 +22,6 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationErr
 
 from kvstudy import capture as capture_format
 from kvstudy.bench.spec import one_line
-from kvstudy.context import live as context_live
 from kvstudy.context import sweep as context_sweep
 from kvstudy.errors import StudyError
 from kvstudy.io import (
@@ -105,7 +104,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "context",
         "05_context-scaling",
         context_sweep.KIND,
-        context_live.spec_from_params,
+        context_sweep.spec_from_params,
         context_sweep.ContextSweepSpec.from_dict,
         _seed_blocks("arms"),
         lambda spec: [f"{r.id} lengths {spec.lengths_for(i)}" for i, r in enumerate(spec.runs())],
