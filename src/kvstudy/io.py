@@ -26,6 +26,7 @@ from kvstudy.errors import StudyError
 from kvstudy.secret_shapes import redact_shapes
 
 T = TypeVar("T")
+N = TypeVar("N", int, float)
 # The repository's root folder: relative paths in parameters, profiles and records start here.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -471,50 +472,33 @@ def _short(value: Any, limit: int = 40) -> str:
 def bounded_int(value: Any, where: str, low: int | None = None, high: int | None = None) -> int:
     """``value`` (an int, or digits in text with optional thousands commas) as an int within
     [low, high]; anything else, or more than ``MAX_NUMBER_DIGITS`` digits, is a StudyError."""
-    if isinstance(value, bool):
-        raise StudyError(f"{where}: expected an integer, got a boolean")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, str):
-        text = value.strip().replace(",", "").replace("_", "")
-        if not _INT_TEXT.fullmatch(text):
-            raise StudyError(f"{where}: expected an integer, got {_short(value)}")
+    if isinstance(value, str) and _INT_TEXT.fullmatch(text := value.strip().replace(",", "").replace("_", "")):
         value = int(text)
-    if not isinstance(value, int):
-        raise StudyError(f"{where}: expected an integer, got {type_name(value)} {_short(value)}")
-    if value.bit_length() > 4 * MAX_NUMBER_DIGITS:
-        raise StudyError(f"{where}: integer too large")
-    _check_range(value, where, low, high)
-    return value
+    if isinstance(value, bool) or not isinstance(value, int) or value.bit_length() > 4 * MAX_NUMBER_DIGITS:
+        raise StudyError(f"{where}: expected an integer, got {_short(value)}")
+    return _check_range(value, where, low, high)
 
 
 def bounded_float(value: Any, where: str, low: float | None = None, high: float | None = None) -> float:
     """``value`` (a number, or decimal text with optional thousands commas) as a finite float
     within [low, high]; NaN, infinities, huge digit strings and other types are StudyErrors."""
-    if isinstance(value, bool):
-        raise StudyError(f"{where}: expected a number, got a boolean")
-    if isinstance(value, str):
-        text = value.strip().replace(",", "")
-        if not _FLOAT_TEXT.fullmatch(text):
-            raise StudyError(f"{where}: expected a number, got {_short(value)}")
+    if isinstance(value, str) and _FLOAT_TEXT.fullmatch(text := value.strip().replace(",", "")):
         value = float(text)
-    if isinstance(value, int):
-        if value.bit_length() > 1000:
-            raise StudyError(f"{where}: number too large")
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() <= 1000:
         value = float(value)
-    if not isinstance(value, float):
-        raise StudyError(f"{where}: expected a number, got {type_name(value)} {_short(value)}")
-    if not math.isfinite(value):
-        raise StudyError(f"{where}: expected a finite number, got {value!r}")
-    _check_range(value, where, low, high)
-    return value
+    if not isinstance(value, float) or not math.isfinite(value):
+        raise StudyError(f"{where}: expected a number, got {_short(value)}")
+    return _check_range(value, where, low, high)
 
 
-def _check_range(value: float, where: str, low: float | None, high: float | None) -> None:
+def _check_range(value: N, where: str, low: float | None, high: float | None) -> N:
     if low is not None and value < low:
         raise StudyError(f"{where}: {value!r} is below the minimum {low!r}")
     if high is not None and value > high:
         raise StudyError(f"{where}: {value!r} is above the maximum {high!r}")
+    return value
 
 
 def relocate_text(text: str, old: str | Path, new: str) -> str:
