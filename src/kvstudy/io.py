@@ -234,25 +234,17 @@ def read_bytes_checked(path: str | Path, limit: int = MAX_INPUT_BYTES) -> bytes:
     return data
 
 
-# Byte-order marks a text file may start with, longest first (UTF-32 LE begins with UTF-16 LE's mark).
-# Windows tools write them: PowerShell's ``>`` and ``Out-File`` save UTF-16 LE with a BOM (5.1).
-TEXT_BOMS: tuple[tuple[bytes, str], ...] = (
-    (codecs.BOM_UTF32_LE, "utf-32-le"),
-    (codecs.BOM_UTF32_BE, "utf-32-be"),
-    (codecs.BOM_UTF8, "utf-8"),
-    (codecs.BOM_UTF16_LE, "utf-16-le"),
-    (codecs.BOM_UTF16_BE, "utf-16-be"),
-)
-
-
 def decode_text(data: bytes, where: str | Path, errors: str = "strict", bom: bool = False) -> str:
     """``data`` as UTF-8 text, or with ``bom`` in the encoding its byte-order mark names (the mark
-    dropped); text not in that encoding is a StudyError (``errors='replace'`` keeps going, for logs)."""
+    dropped; Windows tools write them: PowerShell 5.1's ``>`` and ``Out-File`` save UTF-16 LE with
+    one); text not in that encoding is a StudyError (``errors='replace'`` keeps going, for logs)."""
     encoding = "utf-8"
-    for mark, name in TEXT_BOMS if bom else ():
-        if data.startswith(mark):
-            data, encoding = data[len(mark) :], name
-            break
+    if bom:  # UTF-32 LE's mark begins with UTF-16 LE's
+        encoding = "utf-8-sig"
+        if data.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):
+            encoding = "utf-32"
+        elif data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+            encoding = "utf-16"
     try:
         return data.decode(encoding, errors=errors)
     except UnicodeDecodeError as exc:

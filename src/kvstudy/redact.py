@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import MAX_LOG_BYTES, write_json_atomic, write_text_atomic
+from kvstudy.io import MAX_LOG_BYTES, read_text_checked, write_json_atomic, write_text_atomic
 from kvstudy.secret_shapes import REDACTED, SECRET_VALUE, is_secret_name, redact_shapes
 
 # NAME=value, NAME: value, --name value, --name=value, where NAME names a secret.
@@ -64,9 +64,8 @@ def redact_args(args: list[Any]) -> list[Any]:
 def redact(value: Any) -> Any:
     """A copy of ``value`` (mapping, list, tuple, string, other scalars) with secrets redacted.
 
-    A list whose items are strings and start with an option (``--...``) is treated as an argument
-    list. Mapping keys that name a secret have their whole value redacted, whatever its type.
-    """
+    A list or tuple is redacted as an argument list (:func:`redact_args`); mapping keys that name a
+    secret have their whole value redacted, whatever its type."""
     if isinstance(value, str):
         return redact_text(value)
     if isinstance(value, Mapping):
@@ -74,11 +73,8 @@ def redact(value: Any) -> Any:
             k: (_redact_named(v) if isinstance(k, str) and is_secret_name(k) else redact(v)) for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):
-        if any(isinstance(a, str) and a.startswith("-") for a in value):
-            items = redact_args(list(value))
-        else:
-            items = [redact(v) for v in value]
-        return type(value)(items) if isinstance(value, tuple) else items
+        items = redact_args(list(value))
+        return tuple(items) if isinstance(value, tuple) else items
     return value
 
 
@@ -153,10 +149,8 @@ def scrub_file(path: Path, values: list[str] | None = None, limit: int = MAX_LOG
     scrubbed copy (``copy_scrubbed``). A missing or unreadable file, or one over ``limit`` bytes, is
     left as it is."""
     try:
-        if not path.is_file() or path.stat().st_size > limit:
-            return
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        text = read_text_checked(path, limit, errors="replace")
+    except StudyError:
         return
     clean = scrub(text, values)
     if clean != text:
