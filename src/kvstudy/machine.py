@@ -6,7 +6,7 @@ import os
 import platform
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -61,9 +61,6 @@ class HardwareInfo:
     python: str = ""
     nvml_error: str | None = None  # why no GPU was read, when nvidia-ml-py is installed
     cpu_last_level_cache_bytes: int | None = None  # the largest CPU cache (L3 on most), from sysfs
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")

@@ -134,13 +134,11 @@ def _capacity(
     }
     max_len = info.max_model_len or info.max_concurrency_len or config.max_model_len
     override = info.block_override["override"] if info.block_override else config.num_gpu_blocks_override
-    if memory is None and override is None:
-        out["error"] = "no KV memory figure (neither asked nor logged)"
-        return out
-    if max_len is None:
-        out["error"] = "no max_model_len in the log or the config"
-        return out
     try:
+        if memory is None and override is None:
+            raise StudyError("no KV memory figure (neither asked nor logged)")
+        if max_len is None:
+            raise StudyError("no max_model_len in the log or the config")
         pool = predict_logged_pool(
             model_folder,
             info.kv_cache_dtype or config.kv_cache_dtype,
@@ -152,8 +150,7 @@ def _capacity(
             mamba_cache_mode=mamba_cache_mode_for(list(config.extra_args)),
         )
     except StudyError as exc:
-        out["error"] = str(exc)
-        return out
+        return {**out, "error": str(exc)}
     out["predicted"] = asdict(pool)
     if info.pool_tokens is not None:
         exact = memory_source.endswith("(asked)") or override is not None
@@ -189,7 +186,7 @@ def build_record(config: ServerConfig, log_path: Path, port: int | None = None) 
     memory, memory_source = kv_memory(config, info)
     resolved = info.to_dict()
     resolved.update(block_size=block, kv_memory_bytes=memory)
-    record: dict[str, Any] = {
+    return {
         "record_version": RECORD_VERSION,
         "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "log_path": str(log_path),
@@ -208,11 +205,10 @@ def build_record(config: ServerConfig, log_path: Path, port: int | None = None) 
             if model_folder.is_dir()
             else {"error": "model is not a local folder"}
         ),
-        "hardware": hardware_info().to_dict(),
+        "hardware": asdict(hardware_info()),
         "versions": package_versions(),
         "vllm_distribution": dist[0] if dist else None,
     }
-    return record
 
 
 def server_record(server: "VllmServer") -> dict[str, Any]:

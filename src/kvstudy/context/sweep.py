@@ -170,22 +170,14 @@ def run_context_sweep(
     )
 
 
-def record_bandwidth(capture: Path) -> dict[str, Any]:
+def record_bandwidth(capture: Path) -> None:
     """Measure this machine's memory bandwidth (:func:`measure_bandwidth`) and keep it in the capture."""
-    probe = measure_bandwidth()
-    data = {
+    how = {
         "source": "measured by this project",
         "measured_utc": now_utc(),
         "how": "kvstudy.context.sweep.measure_bandwidth",
-        **asdict(probe),
     }
-    grid.write_record(Path(capture) / BANDWIDTH, data)
-    return data
-
-
-def read_bandwidth(capture: str | Path) -> dict[str, Any] | None:
-    path = Path(capture) / BANDWIDTH
-    return read_json(path) if path.is_file() else None
+    grid.write_record(capture / BANDWIDTH, {**how, **asdict(measure_bandwidth())})
 
 
 # --------------------------------------------------------------------------- analysis
@@ -248,7 +240,7 @@ def analyse_capture(capture: str | Path, n_boot: int = fit.DEFAULT_BOOT, seed: i
         fits,
         tuple(comparisons),
         not_measured,
-        read_bandwidth(capture),
+        read_json(capture / BANDWIDTH) if (capture / BANDWIDTH).is_file() else None,
         baseline,
     )
 

@@ -4,6 +4,7 @@ CPU model and flags, clocks. ``node_id`` is what two runs compare to tell one no
 from __future__ import annotations
 
 import platform
+from dataclasses import asdict
 from typing import Any
 
 import psutil
@@ -41,7 +42,7 @@ def _cpu_clock() -> dict[str, float] | None:
 
 def node_identity() -> dict[str, Any]:
     """This node as a block's record keeps it."""
-    machine = hardware_info().to_dict()
+    machine = asdict(hardware_info())
     gpus, nvml_error = _nvml_details()
     host = platform.node() or "unknown-host"
     uuids = [g["uuid"] for g in gpus]
