@@ -21,6 +21,7 @@ even when the dtype explains it.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -236,10 +237,8 @@ def _intended(field: str, intended: Sequence[str]) -> bool:
 
 
 def _differs(a: Any, b: Any, tolerance: float | None) -> bool:
-    if tolerance is not None and isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        scale = max(abs(a), abs(b))
-        return scale > 0 and abs(a - b) / scale > tolerance
-    return a != b
+    numbers = isinstance(a, (int, float)) and isinstance(b, (int, float))
+    return not math.isclose(a, b, rel_tol=tolerance) if tolerance and numbers else a != b
 
 
 def _section(record: dict[str, Any], name: str) -> dict[str, Any]:
