@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 import yaml
 
 from kvstudy.errors import StudyError
-from kvstudy.secret_shapes import redact_shapes
 
 T = TypeVar("T")
 N = TypeVar("N", int, float)
@@ -57,18 +56,6 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def write_csv(frame: Any, directory: str | Path, name: str | None = None) -> Path:
-    """Write a table (a pandas DataFrame) as ``<directory>/<name>.csv``, or at exactly ``directory``
-    when no ``name`` (``kvstudy capacity --csv PATH``), atomically, every secret shape in it redacted
-    (``secret_shapes.redact_shapes``: a token inside a folder name, a URL password); the path. The one
-    writer of every CSV the study leaves beside its figures."""
-    path = Path(directory) / f"{name}.csv" if name else Path(directory)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    named_index = any(n is not None for n in getattr(getattr(frame, "index", None), "names", []) or [])
-    write_text_atomic(path, redact_shapes(frame.to_csv(index=named_index)))  # an index with a name is data
-    return path
 
 
 def shorten_words(text: str, width: int) -> str:

@@ -25,9 +25,9 @@ from typing import Any
 
 from kvstudy.digests import file_digest
 from kvstudy.formats import finite
-from kvstudy.io import REPO_ROOT, write_csv
+from kvstudy.io import REPO_ROOT
 from kvstudy.machine import cpu_model, package_versions
-from kvstudy.secret_shapes import redact_shapes
+from kvstudy.redact import redact_shapes, write_csv
 
 FINDING_KEY = "kvstudy_finding"
 VERDICT_KEY = "kvstudy_verdict"
@@ -385,7 +385,7 @@ def save_figure(
 
 def _redact_figure_text(fig: Any) -> None:
     """Every text drawn on ``fig`` (titles, labels, legends, notes) with the secrets known by their
-    shape replaced, as report text is (``secret_shapes.redact_shapes``): a PNG cannot be scrubbed
+    shape replaced, as report text is (``redact.redact_shapes``): a PNG cannot be scrubbed
     after it is drawn, and a title may name a model path that holds a token."""
     from matplotlib.text import Text
 
