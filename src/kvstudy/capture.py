@@ -24,10 +24,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvstudy.digests import file_digest
 from kvstudy.errors import StudyError
 from kvstudy.io import (
     REPO_ROOT,
+    file_digest,
     read_json_object,
     read_text_checked,
     relocate_text,
@@ -95,7 +95,7 @@ def write_manifest(capture: str | Path, manifest: dict[str, Any]) -> None:
 
 def model_inputs(model: str | Path) -> dict[str, Any]:
     """What a capture is made from: the model path and a digest of its folder (config, tokenizer and
-    the weight files' names, sizes and headers: ``digests.file_digest`` never reads tensors); a hub id
+    the weight files' names, sizes and headers: ``io.file_digest`` never reads tensors); a hub id
     (no such folder) has no digest."""
     folder = Path(str(model))
     return {"model": str(model), "model_digest": file_digest(folder) if folder.is_dir() else None}

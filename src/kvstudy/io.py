@@ -1,4 +1,4 @@
-"""Files in and out: atomic writes, checked JSON and JSON-lines reads, log tails (digests: ``kvstudy.digests``).
+"""Files in and out: atomic writes, checked JSON and JSON-lines reads, log tails, digests.
 
 Writes go through a temporary file beside the target, then ``os.replace``: a reader (or a resumed
 run) sees either the old file or the complete new one, never a torn write. Every read failure is a
@@ -10,11 +10,13 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import errno
+import hashlib
 import json
 import math
 import os
 import re
 import stat
+import struct
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -496,3 +498,67 @@ def without_machine_paths(text: str, root: str | Path = REPO_ROOT) -> str:
     """``text`` without the rendering machine's own folders: the repository root made relative and
     the home folder written ``~``."""
     return relocate_text(relocate_text(text, root, "."), Path.home(), "~")
+
+
+# --------------------------------------------------------------------------- digests: files read in chunks,
+# weight files by their size and safetensors header, never their tensors
+
+CHUNK_BYTES = 1024 * 1024
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def _update_with_file(digest: Any, path: Path) -> None:
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK_BYTES), b""):
+            digest.update(chunk)
+
+
+def _update_with_weights(digest: Any, path: Path) -> None:
+    """A weight file's size and, for safetensors, its header: enough to tell checkpoints apart."""
+    size = path.stat().st_size
+    digest.update(f"{path.name}:{size}".encode())
+    if path.suffix != ".safetensors" or size < 8:
+        return
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        digest.update(fh.read(min(n, 64 * 1024 * 1024, size - 8)))
+
+
+def file_digest(path: str | Path, weights_headers_only: bool = True) -> str:
+    """Short sha256 of a file, or of a folder's regular files in name order, read in chunks.
+
+    Weight files (``WEIGHT_SUFFIXES``) contribute their name, size and safetensors header unless
+    ``weights_headers_only`` is False, so digesting a model folder never reads its tensors.
+    """
+    path = Path(path)
+    digest = hashlib.sha256()
+    if path.is_dir():
+        files = sorted(
+            (p for p in path.rglob("*") if p.is_file() and not p.is_symlink()), key=lambda p: str(p.relative_to(path))
+        )
+    else:
+        files = [check_regular_file(path)]
+    try:
+        for file in files:
+            digest.update(file.name.encode())
+            if weights_headers_only and file.suffix in WEIGHT_SUFFIXES:
+                _update_with_weights(digest, file)
+            else:
+                _update_with_file(digest, file)
+    except (OSError, struct.error) as exc:
+        raise StudyError(f"{path}: cannot digest ({exc})") from None
+    return digest.hexdigest()[:12]
+
+
+def weights_digest(files: Iterable[Path]) -> str | None:
+    """A cheap identity of a set of weight files: names, sizes and safetensors headers (None if none)."""
+    files = sorted(files)
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        try:
+            _update_with_weights(digest, file)
+        except (OSError, struct.error):
+            continue
+    return digest.hexdigest()[:12]

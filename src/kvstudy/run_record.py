@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvstudy.digests import file_digest, weights_digest
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
+from kvstudy.io import file_digest, weights_digest
 from kvstudy.machine import hardware_info, package_versions, vllm_distribution
 from kvstudy.model.allocator import mamba_cache_mode_for, predict_logged_pool
 from kvstudy.model.scales import inspect_model

@@ -23,9 +23,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstudy.digests import file_digest
 from kvstudy.formats import finite
-from kvstudy.io import REPO_ROOT
+from kvstudy.io import REPO_ROOT, file_digest
 from kvstudy.machine import cpu_model, package_versions
 from kvstudy.redact import redact_shapes, write_csv
 
