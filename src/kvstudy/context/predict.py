@@ -76,14 +76,15 @@ def load_published(path: str | Path | None = None) -> dict[str, Any]:
 
 def slope_figures(path: str | Path | None = None) -> list[SlopeFigure]:
     """The ITL-slope comparisons of the published file."""
-    fields = SlopeFigure.__dataclass_fields__
-    out = []
-    for row in load_published(path)["itl_slopes"]:
-        missing = [k for k in fields if k not in row]
-        if missing:
-            raise StudyError(f"context-scaling.json itl_slopes {row.get('id', '?')}: missing {', '.join(missing)}")
-        out.append(SlopeFigure(**{k: row[k] for k in fields}))
-    return out
+    try:
+        return [
+            SlopeFigure(**{k: row[k] for k in SlopeFigure.__dataclass_fields__})
+            for row in load_published(path)["itl_slopes"]
+        ]
+    except KeyError as exc:
+        raise StudyError(
+            f"context-scaling.json itl_slopes: a figure lacks {exc} (expected every SlopeFigure field)"
+        ) from None
 
 
 def derive_slope(figure: SlopeFigure) -> SlopeDerivation:
