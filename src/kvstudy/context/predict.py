@@ -82,9 +82,7 @@ def slope_figures(path: str | Path | None = None) -> list[SlopeFigure]:
             for row in load_published(path)["itl_slopes"]
         ]
     except KeyError as exc:
-        raise StudyError(
-            f"context-scaling.json itl_slopes: a figure lacks {exc} (expected every SlopeFigure field)"
-        ) from None
+        raise StudyError(f"context-scaling.json itl_slopes: a figure lacks the field {exc}") from None
 
 
 def derive_slope(figure: SlopeFigure) -> SlopeDerivation:
