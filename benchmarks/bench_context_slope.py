@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_context_slope.py [CAPTURE] [--bandwidth-gb-s X | --measure-bandwidth]
 
 CAPTURE defaults to the bundled ``data/captures/context-cpu``. The roofline's slope is fed the
-bandwidth recorded in the capture (measured on the capture's machine by kvstudy.context.bandwidth),
+bandwidth recorded in the capture (measured on the capture's machine by kvstudy.context.sweep.measure_bandwidth),
 or one given, or one measured now. A slope whose 95 % interval includes 0 is printed as not resolved.
 """
 
@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvstudy.context.live import analyse_capture, slope_table
+from kvstudy.context.sweep import analyse_capture, slope_table
 from kvstudy.errors import StudyError
 from kvstudy.report.tables import slope_interval
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         analysis = analyse_capture(args.capture, n_boot=args.boot)
         bw, origin = args.bandwidth_gb_s, "given"
         if args.measure_bandwidth:
-            from kvstudy.context.bandwidth import measure_bandwidth
+            from kvstudy.context.sweep import measure_bandwidth
 
             bw, origin = measure_bandwidth().best_gb_s, "measured now"
         elif bw is None:

@@ -8,9 +8,9 @@ ran). ``items`` maps each item id to its state. An item is done when its result 
 says ``ok``; result files are written atomically, so an interrupted session leaves each item
 either complete or absent, and the next session runs only the others.
 
-The speed sweep's and the context sweep's items are their cells (``cells/<id>.json``, each cell's
-per-request rows in ``requests/<id>.jsonl``; both run on ``kvstudy.bench.grid``); the accuracy runs' items are configurations (``<config>/status.json``). All three write their manifest
-through this module; :func:`describe` says in one line what any of them is, for a report.
+The grid sweeps' items are their cells (``cells/<id>.json``, per-request rows in
+``requests/<id>.jsonl``; ``kvstudy.bench.grid``), the accuracy runs' their configurations
+(``<config>/status.json``); :func:`describe` says in one line what any capture is, for a report.
 """
 
 from __future__ import annotations
@@ -20,20 +20,21 @@ import json
 import os
 import stat
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvstudy.digests import file_digest
 from kvstudy.errors import StudyError
 from kvstudy.io import (
     REPO_ROOT,
+    file_digest,
     read_json_object,
     read_text_checked,
     relocate_text,
     write_json_atomic,
     write_text_atomic,
 )
-from kvstudy.machine import REPORT_PACKAGES, hardware_info, package_versions
+from kvstudy.machine import hardware_info, package_versions
 from kvstudy.outputs import GENERATED_MARKER, links_out
 from kvstudy.redact import redact
 
@@ -51,13 +52,13 @@ BLOCK_RECORD = "block.json"
 
 
 def now_utc() -> str:
-    """The current UTC time as the manifests write it."""
+    """The current UTC time as manifests write it."""
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def machine_section() -> dict[str, Any]:
     """The machine a session ran on (hardware_info) and the package versions it used."""
-    return {"machine": hardware_info().to_dict(), "versions": package_versions(REPORT_PACKAGES)}
+    return {"machine": asdict(hardware_info()), "versions": package_versions()}
 
 
 def new_manifest(kind: str, spec: dict[str, Any], how: str, inputs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -94,7 +95,7 @@ def write_manifest(capture: str | Path, manifest: dict[str, Any]) -> None:
 
 def model_inputs(model: str | Path) -> dict[str, Any]:
     """What a capture is made from: the model path and a digest of its folder (config, tokenizer and
-    the weight files' names, sizes and headers: ``digests.file_digest`` never reads tensors); a hub id
+    the weight files' names, sizes and headers: ``io.file_digest`` never reads tensors); a hub id
     (no such folder) has no digest."""
     folder = Path(str(model))
     return {"model": str(model), "model_digest": file_digest(folder) if folder.is_dir() else None}
@@ -151,9 +152,9 @@ def create_or_resume(
     inputs: dict[str, Any],
     canonical: Callable[[dict[str, Any], str], dict[str, Any]],
 ) -> tuple[dict[str, Any], bool]:
-    """A capture's manifest, and whether it was just created; an existing one must hold the same grid
-    and inputs (grids compared redacted, as ``write_manifest`` stores them, so a grid holding a secret
-    still resumes; ``canonical`` parses a stored grid back) and be of this format."""
+    """A capture's manifest, and whether it was just created; an existing one must be of this format
+    and hold the same grid (compared redacted, as stored, so a grid holding a secret still resumes;
+    ``canonical`` parses a stored grid back) and inputs."""
     capture = check_new_capture(capture)
     path = capture / MANIFEST
     created = not path.is_file()
@@ -224,8 +225,8 @@ def needs_run(state: str | None, retry_failed: bool = False) -> bool:
 
 
 def keep_old_attempt(path: str | Path) -> Path | None:
-    """Rename an existing ``<stem><suffix>`` to the first free ``<stem>.attemptN<suffix>`` so that
-    a retry never overwrites an earlier attempt's log; returns the new name (None if no file)."""
+    """Rename an existing ``<stem><suffix>`` to the first free ``<stem>.attemptN<suffix>`` (a retry
+    never overwrites an earlier attempt's log); the new name, None if no file."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -245,7 +246,6 @@ def start_session(manifest: dict[str, Any], items_to_run: list[str]) -> dict[str
 
 
 def finish_session(session: dict[str, Any]) -> None:
-    """Mark a session finished."""
     session["finished_utc"] = now_utc()
 
 

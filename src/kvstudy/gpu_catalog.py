@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -53,18 +52,6 @@ def normalize_name(name: str) -> str:
     return re.sub(r"[\s_\-]+", " ", str(name).strip().lower())
 
 
-def _spec_from_entry(entry: Any, where: str) -> GpuSpec:
-    try:
-        return GpuSpec.model_validate(entry)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        field = ".".join(map(str, err["loc"]))
-        name = entry.get("name", "?") if isinstance(entry, dict) else "?"
-        raise StudyError(
-            f"{where} ({name}): field {field!r}: {err['msg']}, got {str(err.get('input'))[:40]!r}"
-        ) from None
-
-
 def load_catalog(path: str | Path | None = None) -> dict[str, GpuSpec]:
     """Every GPU of the catalog file (default ``data/gpus/catalog.json``), keyed by canonical name."""
     where = Path(path) if path is not None else DEFAULT_CATALOG
@@ -75,7 +62,15 @@ def load_catalog(path: str | Path | None = None) -> dict[str, GpuSpec]:
     catalog: dict[str, GpuSpec] = {}
     seen: dict[str, str] = {}
     for i, entry in enumerate(entries):
-        spec = _spec_from_entry(entry, f"{where} gpus[{i}]")
+        try:
+            spec = GpuSpec.model_validate(entry)
+        except ValidationError as exc:
+            err = exc.errors(include_url=False)[0]
+            name = entry.get("name", "?") if isinstance(entry, dict) else "?"
+            raise StudyError(
+                f"{where} gpus[{i}] ({name}): field {'.'.join(map(str, err['loc']))!r}: {err['msg']}, "
+                f"got {str(err.get('input'))[:40]!r}"
+            ) from None
         for key in (spec.name, *spec.aliases):
             norm = normalize_name(key)
             if norm in seen and seen[norm] != spec.name:
@@ -88,8 +83,7 @@ def load_catalog(path: str | Path | None = None) -> dict[str, GpuSpec]:
 def find_gpu(name: str, path: str | Path | None = None) -> GpuSpec:
     """The GPU called ``name`` or one of its aliases (case, spaces, hyphens and underscores ignored)."""
     catalog = load_catalog(path)
-    wanted = normalize_name(name)
     for spec in catalog.values():
-        if wanted in {normalize_name(n) for n in (spec.name, *spec.aliases)}:
+        if normalize_name(name) in map(normalize_name, (spec.name, *spec.aliases)):
             return spec
     raise StudyError(f"gpu {name!r}: not in the GPU catalog (known: {', '.join(catalog)})")

@@ -1,4 +1,4 @@
-"""Files in and out: atomic writes, checked JSON and JSON-lines reads, log tails (digests: ``kvstudy.digests``).
+"""Files in and out: atomic writes, checked JSON and JSON-lines reads, log tails, digests.
 
 Writes go through a temporary file beside the target, then ``os.replace``: a reader (or a resumed
 run) sees either the old file or the complete new one, never a torn write. Every read failure is a
@@ -10,11 +10,13 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import errno
+import hashlib
 import json
 import math
 import os
 import re
 import stat
+import struct
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -23,9 +25,9 @@ from typing import Any, TypeVar
 import yaml
 
 from kvstudy.errors import StudyError
-from kvstudy.secret_shapes import redact_shapes
 
 T = TypeVar("T")
+N = TypeVar("N", int, float)
 # The repository's root folder: relative paths in parameters, profiles and records start here.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,18 +58,6 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def write_csv(frame: Any, directory: str | Path, name: str | None = None) -> Path:
-    """Write a table (a pandas DataFrame) as ``<directory>/<name>.csv``, or at exactly ``directory``
-    when no ``name`` (``kvstudy capacity --csv PATH``), atomically, every secret shape in it redacted
-    (``secret_shapes.redact_shapes``: a token inside a folder name, a URL password); the path. The one
-    writer of every CSV the study leaves beside its figures."""
-    path = Path(directory) / f"{name}.csv" if name else Path(directory)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    named_index = any(n is not None for n in getattr(getattr(frame, "index", None), "names", []) or [])
-    write_text_atomic(path, redact_shapes(frame.to_csv(index=named_index)))  # an index with a name is data
-    return path
 
 
 def shorten_words(text: str, width: int) -> str:
@@ -233,25 +223,17 @@ def read_bytes_checked(path: str | Path, limit: int = MAX_INPUT_BYTES) -> bytes:
     return data
 
 
-# Byte-order marks a text file may start with, longest first (UTF-32 LE begins with UTF-16 LE's mark).
-# Windows tools write them: PowerShell's ``>`` and ``Out-File`` save UTF-16 LE with a BOM (5.1).
-TEXT_BOMS: tuple[tuple[bytes, str], ...] = (
-    (codecs.BOM_UTF32_LE, "utf-32-le"),
-    (codecs.BOM_UTF32_BE, "utf-32-be"),
-    (codecs.BOM_UTF8, "utf-8"),
-    (codecs.BOM_UTF16_LE, "utf-16-le"),
-    (codecs.BOM_UTF16_BE, "utf-16-be"),
-)
-
-
 def decode_text(data: bytes, where: str | Path, errors: str = "strict", bom: bool = False) -> str:
     """``data`` as UTF-8 text, or with ``bom`` in the encoding its byte-order mark names (the mark
-    dropped); text not in that encoding is a StudyError (``errors='replace'`` keeps going, for logs)."""
+    dropped; Windows tools write them: PowerShell 5.1's ``>`` and ``Out-File`` save UTF-16 LE with
+    one); text not in that encoding is a StudyError (``errors='replace'`` keeps going, for logs)."""
     encoding = "utf-8"
-    for mark, name in TEXT_BOMS if bom else ():
-        if data.startswith(mark):
-            data, encoding = data[len(mark) :], name
-            break
+    if bom:  # UTF-32 LE's mark begins with UTF-16 LE's
+        encoding = "utf-8-sig"
+        if data.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):
+            encoding = "utf-32"
+        elif data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+            encoding = "utf-16"
     try:
         return data.decode(encoding, errors=errors)
     except UnicodeDecodeError as exc:
@@ -471,50 +453,33 @@ def _short(value: Any, limit: int = 40) -> str:
 def bounded_int(value: Any, where: str, low: int | None = None, high: int | None = None) -> int:
     """``value`` (an int, or digits in text with optional thousands commas) as an int within
     [low, high]; anything else, or more than ``MAX_NUMBER_DIGITS`` digits, is a StudyError."""
-    if isinstance(value, bool):
-        raise StudyError(f"{where}: expected an integer, got a boolean")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, str):
-        text = value.strip().replace(",", "").replace("_", "")
-        if not _INT_TEXT.fullmatch(text):
-            raise StudyError(f"{where}: expected an integer, got {_short(value)}")
+    if isinstance(value, str) and _INT_TEXT.fullmatch(text := value.strip().replace(",", "").replace("_", "")):
         value = int(text)
-    if not isinstance(value, int):
-        raise StudyError(f"{where}: expected an integer, got {type_name(value)} {_short(value)}")
-    if value.bit_length() > 4 * MAX_NUMBER_DIGITS:
-        raise StudyError(f"{where}: integer too large")
-    _check_range(value, where, low, high)
-    return value
+    if isinstance(value, bool) or not isinstance(value, int) or value.bit_length() > 4 * MAX_NUMBER_DIGITS:
+        raise StudyError(f"{where}: expected an integer, got {_short(value)}")
+    return _check_range(value, where, low, high)
 
 
 def bounded_float(value: Any, where: str, low: float | None = None, high: float | None = None) -> float:
     """``value`` (a number, or decimal text with optional thousands commas) as a finite float
     within [low, high]; NaN, infinities, huge digit strings and other types are StudyErrors."""
-    if isinstance(value, bool):
-        raise StudyError(f"{where}: expected a number, got a boolean")
-    if isinstance(value, str):
-        text = value.strip().replace(",", "")
-        if not _FLOAT_TEXT.fullmatch(text):
-            raise StudyError(f"{where}: expected a number, got {_short(value)}")
+    if isinstance(value, str) and _FLOAT_TEXT.fullmatch(text := value.strip().replace(",", "")):
         value = float(text)
-    if isinstance(value, int):
-        if value.bit_length() > 1000:
-            raise StudyError(f"{where}: number too large")
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() <= 1000:
         value = float(value)
-    if not isinstance(value, float):
-        raise StudyError(f"{where}: expected a number, got {type_name(value)} {_short(value)}")
-    if not math.isfinite(value):
-        raise StudyError(f"{where}: expected a finite number, got {value!r}")
-    _check_range(value, where, low, high)
-    return value
+    if not isinstance(value, float) or not math.isfinite(value):
+        raise StudyError(f"{where}: expected a number, got {_short(value)}")
+    return _check_range(value, where, low, high)
 
 
-def _check_range(value: float, where: str, low: float | None, high: float | None) -> None:
+def _check_range(value: N, where: str, low: float | None, high: float | None) -> N:
     if low is not None and value < low:
         raise StudyError(f"{where}: {value!r} is below the minimum {low!r}")
     if high is not None and value > high:
         raise StudyError(f"{where}: {value!r} is above the maximum {high!r}")
+    return value
 
 
 def relocate_text(text: str, old: str | Path, new: str) -> str:
@@ -533,3 +498,67 @@ def without_machine_paths(text: str, root: str | Path = REPO_ROOT) -> str:
     """``text`` without the rendering machine's own folders: the repository root made relative and
     the home folder written ``~``."""
     return relocate_text(relocate_text(text, root, "."), Path.home(), "~")
+
+
+# --------------------------------------------------------------------------- digests: files read in chunks,
+# weight files by their size and safetensors header, never their tensors
+
+CHUNK_BYTES = 1024 * 1024
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def _update_with_file(digest: Any, path: Path) -> None:
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK_BYTES), b""):
+            digest.update(chunk)
+
+
+def _update_with_weights(digest: Any, path: Path) -> None:
+    """A weight file's size and, for safetensors, its header: enough to tell checkpoints apart."""
+    size = path.stat().st_size
+    digest.update(f"{path.name}:{size}".encode())
+    if path.suffix != ".safetensors" or size < 8:
+        return
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        digest.update(fh.read(min(n, 64 * 1024 * 1024, size - 8)))
+
+
+def file_digest(path: str | Path, weights_headers_only: bool = True) -> str:
+    """Short sha256 of a file, or of a folder's regular files in name order, read in chunks.
+
+    Weight files (``WEIGHT_SUFFIXES``) contribute their name, size and safetensors header unless
+    ``weights_headers_only`` is False, so digesting a model folder never reads its tensors.
+    """
+    path = Path(path)
+    digest = hashlib.sha256()
+    if path.is_dir():
+        files = sorted(
+            (p for p in path.rglob("*") if p.is_file() and not p.is_symlink()), key=lambda p: str(p.relative_to(path))
+        )
+    else:
+        files = [check_regular_file(path)]
+    try:
+        for file in files:
+            digest.update(file.name.encode())
+            if weights_headers_only and file.suffix in WEIGHT_SUFFIXES:
+                _update_with_weights(digest, file)
+            else:
+                _update_with_file(digest, file)
+    except (OSError, struct.error) as exc:
+        raise StudyError(f"{path}: cannot digest ({exc})") from None
+    return digest.hexdigest()[:12]
+
+
+def weights_digest(files: Iterable[Path]) -> str | None:
+    """A cheap identity of a set of weight files: names, sizes and safetensors headers (None if none)."""
+    files = sorted(files)
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        try:
+            _update_with_weights(digest, file)
+        except (OSError, struct.error):
+            continue
+    return digest.hexdigest()[:12]

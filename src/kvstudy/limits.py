@@ -14,12 +14,14 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import Field
 
 from kvstudy.errors import StudyError
 from kvstudy.io import bounded_float, bounded_int, leaves
+
+N = TypeVar("N", int, float)
 
 MAX_TOKENS = 10_000_000  # a length in tokens (context, input, output, max_model_len): above any model's
 MAX_USERS = 100_000  # concurrent requests of one benchmark cell
@@ -93,29 +95,22 @@ def check_numbers(data: Any, where: str, largest: float = MAX_FILE_NUMBER) -> No
 
 def int_arg(low: int, high: int) -> Callable[[str], int]:
     """An argparse ``type``: an integer in [low, high], refused in one line naming the bound."""
-
-    def parse(text: str) -> int:
-        try:
-            return bounded_int(text, "value", low, high)
-        except StudyError:
-            raise argparse.ArgumentTypeError(
-                f"expected an integer from {low:,} to {high:,}, got {text[:40]!r}"
-            ) from None
-
-    parse.__name__ = "integer"
-    return parse
+    return _number_arg(bounded_int, low, high, f"an integer from {low:,} to {high:,}", "integer")
 
 
 def float_arg(low: float, high: float) -> Callable[[str], float]:
     """An argparse ``type``: a finite number in [low, high], refused in one line naming the bound."""
+    return _number_arg(bounded_float, low, high, f"a number from {low:g} to {high:g}", "number")
 
-    def parse(text: str) -> float:
+
+def _number_arg(read: Callable[[str, str, N, N], N], low: N, high: N, expected: str, name: str) -> Callable[[str], N]:
+    def parse(text: str) -> N:
         try:
-            return bounded_float(text, "value", low, high)
+            return read(text, "value", low, high)
         except StudyError:
-            raise argparse.ArgumentTypeError(f"expected a number from {low:g} to {high:g}, got {text[:40]!r}") from None
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text[:40]!r}") from None
 
-    parse.__name__ = "number"
+    parse.__name__ = name
     return parse
 
 

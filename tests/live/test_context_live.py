@@ -13,8 +13,7 @@ import pytest
 from tests.conftest import cpu_can_store_fp8_kv
 
 from kvstudy.bench.grid import read_requests
-from kvstudy.context.live import analyse_capture, slope_table
-from kvstudy.context.sweep import ContextSweepSpec, cells_to_run, run_context_sweep
+from kvstudy.context.sweep import ContextSweepSpec, analyse_capture, cells_to_run, run_context_sweep, slope_table
 
 pytestmark = pytest.mark.live
 

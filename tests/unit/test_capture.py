@@ -190,7 +190,7 @@ def test_capture_keeps_the_served_models_config(tmp_path: Path) -> None:
 
 
 def test_bundled_sweep_captures_hold_the_served_config_with_the_recorded_digest() -> None:
-    from kvstudy.digests import file_digest
+    from kvstudy.io import file_digest
 
     for name in ("speed-cpu", "context-cpu"):
         folder = ROOT / "data" / "captures" / name

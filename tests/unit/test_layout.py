@@ -16,7 +16,7 @@ EXPERIMENTS = ("speed", "accuracy", "context", "precision", "load")
 
 # Layers from the bottom up: a module may import only from its own layer or those below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "secret_shapes", "io", "digests", "formats", "limits", "outputs", "machine", "redact", "progress"),
+    ("errors", "io", "formats", "limits", "outputs", "machine", "redact", "progress"),
     ("stats",),  # every statistical test and interval
     ("capture", "gpu_catalog"),
     ("vllm",),

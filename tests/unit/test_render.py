@@ -10,8 +10,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kvstudy.digests import file_digest
 from kvstudy.errors import StudyError
+from kvstudy.io import file_digest
 from kvstudy.report import render as report
 
 

@@ -18,7 +18,7 @@ DESCRIPTION_TOKEN = "sk-PlantedDesc4q3r2s1t"
 PLANTED = (TOKEN, PASSWORD, ERROR_TOKEN, DESCRIPTION_TOKEN)
 
 OK_BODY = (
-    "from pathlib import Path\nimport pandas as pd\nfrom kvstudy.io import write_csv\n"
+    "from pathlib import Path\nimport pandas as pd\nfrom kvstudy.redact import write_csv\n"
     "from kvstudy.report.notebook import finding\n"
     "name = Path(model).name\nprint('serving', name)\n"  # part of the value: the folder's own name
     "print('mirror', endpoint.replace('hub.example', 'mirror.example/v2'))\n"  # a longer URL
@@ -64,7 +64,7 @@ def test_secret_shapes_reach_no_file_a_render_writes(tmp_path: Path) -> None:
 def test_every_csv_is_written_without_secret_shapes(tmp_path: Path) -> None:
     import pandas as pd
 
-    from kvstudy.io import write_csv
+    from kvstudy.redact import write_csv
 
     frame = pd.DataFrame({"model": [f"models/run_{TOKEN}-x"], "source": [f"https://u:{PASSWORD}@hub.example/m"]})
     text = write_csv(frame, tmp_path, "table").read_text()

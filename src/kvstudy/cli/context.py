@@ -8,7 +8,7 @@ from typing import Any
 
 from kvstudy.cli import MODEL_HELP, grid_arguments, json_option, retry_option, show
 from kvstudy.context.spec import ContextSweepSpec
-from kvstudy.context.sweep import cells_to_run, run_context_sweep
+from kvstudy.context.sweep import cells_to_run, measure_bandwidth, run_context_sweep
 from kvstudy.formats import GIB
 from kvstudy.io import read_json
 from kvstudy.limits import (
@@ -55,8 +55,6 @@ def _format(result: RooflineResult) -> str:
 def _roofline(args: argparse.Namespace) -> int:
     bandwidth, origin = args.bandwidth_gb_s, "given"
     if args.measure_bandwidth:
-        from kvstudy.context.bandwidth import measure_bandwidth
-
         bandwidth, origin = measure_bandwidth().best_gb_s, "measured"
     result = roofline(
         args.model,

@@ -9,6 +9,7 @@ one node from another.
 from __future__ import annotations
 
 import platform
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -66,7 +67,7 @@ def _cpu_clock() -> dict[str, float] | None:
 
 def node_identity() -> dict[str, Any]:
     """This node as a block's record keeps it."""
-    machine = hardware_info().to_dict()
+    machine = asdict(hardware_info())
     gpus, nvml_error = _nvml_details()
     host = platform.node() or "unknown-host"
     uuids = [g["uuid"] for g in gpus]

@@ -22,7 +22,6 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationErr
 
 from kvstudy import capture as capture_format
 from kvstudy.bench.spec import one_line
-from kvstudy.context import live as context_live
 from kvstudy.context import sweep as context_sweep
 from kvstudy.errors import StudyError
 from kvstudy.io import (
@@ -68,10 +67,10 @@ class Experiment:
     run: Callable[..., object]  # the runner: (spec, capture, how=, progress=, retry_failed=)
 
     def spec_from_params(self, params: dict[str, Any]) -> Any:
-        """The spec of the notebook's parameters (the context sweep's through ``context.live``, which
+        """The spec of the notebook's parameters (the context sweep's through ``context.sweep``, which
         fills in default arms)."""
         if self.name == "context":
-            return context_live.spec_from_params(params)
+            return context_sweep.spec_from_params(params)
         fields = {n: params.get(n) for n in self.spec_type.model_fields}
         return self.spec_type.from_params(where=f"{self.notebook} parameters", **fields)
 

@@ -13,10 +13,11 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
-from kvstudy.io import is_finite_number, write_csv
+from kvstudy.io import is_finite_number
 from kvstudy.model.capacity import FULL, GIB, MLA, SLIDING, ModelLayout, capacity_summary, kv_footprint
 from kvstudy.model.oracle import resolve_layout
 from kvstudy.model.weights import WeightsUnknown, weights_size
+from kvstudy.redact import write_csv
 from kvstudy.vllm.facts import DEFAULT_GPU_MEMORY_UTILIZATION, KV_POOL_OVERHEAD
 
 # Why a pool from GPU memory and weights alone comes out above the engine's: issue 20 compared such

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvstudy.io import read_json, write_csv
+from kvstudy.io import read_json
 from kvstudy.profiles import RUNNER_PARAMETERS
-from kvstudy.redact import write_scrubbed
+from kvstudy.redact import write_csv, write_scrubbed
 from kvstudy.report.notebook import CSV_NOTE, DEFAULT, FINDING_KEY, GIVEN, SETTINGS_KEY, SOURCE_TITLES, VERDICT_KEY
 
 HIDDEN_TAGS = {"parameters", "injected-parameters"}

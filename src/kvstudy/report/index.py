@@ -14,7 +14,7 @@ from markupsafe import Markup, escape
 
 from kvstudy import decision_rule as rule
 from kvstudy.errors import StudyError
-from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
+from kvstudy.machine import cpu_model, package_versions
 from kvstudy.redact import write_scrubbed
 from kvstudy.report.decision import card_from_status
 from kvstudy.report.html import TEMPLATES, extract_results, name_sources
@@ -113,7 +113,7 @@ def write_index(
         stamp=utc_stamp(),
         commit=git_commit(),
         cpu=cpu_model(),
-        versions=", ".join(f"{k} {v}" for k, v in package_versions(REPORT_PACKAGES).items()),
+        versions=", ".join(f"{k} {v}" for k, v in package_versions().items()),
     )
     path = out_dir / "index.html"
     write_scrubbed(path, page, secrets)

@@ -23,11 +23,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstudy.digests import file_digest
 from kvstudy.formats import finite
-from kvstudy.io import REPO_ROOT, write_csv
-from kvstudy.machine import REPORT_PACKAGES, cpu_model, package_versions
-from kvstudy.secret_shapes import redact_shapes
+from kvstudy.io import REPO_ROOT, file_digest
+from kvstudy.machine import cpu_model, package_versions
+from kvstudy.redact import redact_shapes, write_csv
 
 FINDING_KEY = "kvstudy_finding"
 VERDICT_KEY = "kvstudy_verdict"
@@ -385,7 +384,7 @@ def save_figure(
 
 def _redact_figure_text(fig: Any) -> None:
     """Every text drawn on ``fig`` (titles, labels, legends, notes) with the secrets known by their
-    shape replaced, as report text is (``secret_shapes.redact_shapes``): a PNG cannot be scrubbed
+    shape replaced, as report text is (``redact.redact_shapes``): a PNG cannot be scrubbed
     after it is drawn, and a title may name a model path that holds a token."""
     from matplotlib.text import Text
 
@@ -428,7 +427,7 @@ def provenance(data: Sequence[str | Path] = (), **settings: Any) -> Any:
         ("python", platform.python_version()),
         ("machine", f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"),
     ]
-    rows += [(f"package {k}", v) for k, v in package_versions(REPORT_PACKAGES).items()]
+    rows += [(f"package {k}", v) for k, v in package_versions().items()]
     rows += [(f"setting {k}", f"`{v}`") for k, v in settings.items()]
     for item in data:
         p = Path(item)

@@ -19,9 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvstudy.digests import file_digest
 from kvstudy.errors import StudyError
-from kvstudy.io import write_json_atomic, write_jsonl_atomic
+from kvstudy.io import file_digest, write_json_atomic, write_jsonl_atomic
 from kvstudy.limits import MAX_AXIS_VALUES, MAX_GENERATED_CHARS, MAX_TOKENS
 from kvstudy.outputs import claim_output_folder, record_says
 
@@ -300,5 +299,5 @@ def write_retrieval_data(folder: str | Path, spec: RetrievalSet = RetrievalSet()
             "contexts": len({item["context_id"] for item in items}),
             "test_jsonl_digest": file_digest(path),
         },
-    )  # kvstudy.digests.file_digest
+    )  # kvstudy.io.file_digest
     return path

@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 import safetensors
 
-from kvstudy.digests import file_digest
 from kvstudy.errors import StudyError
-from kvstudy.io import read_bytes_checked, read_json_object, write_text_atomic
+from kvstudy.io import file_digest, read_bytes_checked, read_json_object, write_text_atomic
 from kvstudy.model.safetensors import decode
 from kvstudy.outputs import claim_output_folder, record_says
 from kvstudy.tools.checkpoints import Tensors, write_json, write_safetensors

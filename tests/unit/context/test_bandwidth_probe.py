@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
-from kvstudy.context.bandwidth import measure_bandwidth
+from kvstudy.context.sweep import measure_bandwidth
 
 
 def test_probe_returns_a_positive_finite_figure() -> None:
@@ -12,4 +13,4 @@ def test_probe_returns_a_positive_finite_figure() -> None:
     for value in (probe.copy_gb_s, probe.triad_gb_s, probe.best_gb_s):
         assert value > 0 and math.isfinite(value)
     assert probe.array_bytes == 32 * 2**20 and probe.repeats == 2
-    assert set(probe.to_dict()) >= {"copy_gb_s", "triad_gb_s", "best_gb_s", "array_bytes", "repeats"}
+    assert set(asdict(probe)) >= {"copy_gb_s", "triad_gb_s", "best_gb_s", "array_bytes", "repeats"}

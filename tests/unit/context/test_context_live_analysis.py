@@ -10,9 +10,8 @@ import pytest
 
 from kvstudy.bench.grid import write_requests
 from kvstudy.bench.result import RequestRecord
-from kvstudy.context.live import analyse_capture, plot_fits, points_frame, slope_table
 from kvstudy.context.predict import published_vs_roofline
-from kvstudy.context.sweep import KIND, ContextSweepSpec
+from kvstudy.context.sweep import KIND, ContextSweepSpec, analyse_capture, plot_fits, points_frame, slope_table
 from kvstudy.errors import StudyError
 from kvstudy.report.tables import ARM_COMPARISONS, ROOFLINE_VS_PUBLISHED, SLOPES, render
 
@@ -157,7 +156,7 @@ def test_the_roofline_is_compared_only_where_the_kv_outgrows_the_cache() -> None
 
 
 def test_bundled_context_capture_makes_no_roofline_claim() -> None:
-    from kvstudy.context.live import analyse_capture
+    from kvstudy.context.sweep import analyse_capture
 
     row = {r.arm: r for r in slope_table(analyse_capture(ROOT / "data" / "captures" / "context-cpu", n_boot=100))}[
         "auto"

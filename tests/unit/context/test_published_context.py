@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstudy.context.published import (
+from kvstudy.context.predict import (
     derive_all,
     load_published,
     slope_figures,

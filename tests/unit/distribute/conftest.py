@@ -12,12 +12,12 @@ import yaml
 
 from kvstudy import capture as capture_format
 from kvstudy.bench.grid import cell_status, item_states
-from kvstudy.context.live import SPEC_PARAMETERS
 from kvstudy.context.sweep import ContextSweepSpec
 from kvstudy.context.sweep import prepare as prepare_context
 from kvstudy.distribute.block import BLOCK_RECORD, block_state
 from kvstudy.distribute.plan import make_plan, read_plan
 from kvstudy.io import read_json, write_json_atomic
+from kvstudy.profiles import declared_parameters
 from kvstudy.speed.runner import prepare_capture
 from kvstudy.speed.spec import SweepSpec
 
@@ -113,7 +113,8 @@ def profile_writer() -> Any:
 def context_plan(tmp_path: Path) -> Path:
     """A plan of a profile whose 05 section is the bundled context capture's grid."""
     grid = read_json(BUNDLED_CONTEXT / "manifest.json")["spec"]
-    params = {k: grid[k] for k in SPEC_PARAMETERS}
+    declared = declared_parameters(ROOT / "notebooks" / "05_context-scaling.ipynb")
+    params = {k: v for k, v in grid.items() if k in declared}
     profiles = write_profile(
         tmp_path / "cprofiles",
         "ctx",

@@ -208,7 +208,7 @@ def test_hand_edited_plan_record_is_refused(bundled_plan: Path) -> None:
 
 def test_context_blocks_collected_give_the_bundled_fits(context_plan: Path, tmp_path: Path, split: Any) -> None:
     """The context sweep too: split by seed block, collected, the same fits, slopes and comparisons."""
-    from kvstudy.context import live
+    from kvstudy.context import sweep
 
     bundled = ROOT / "data" / "captures" / "context-cpu"
     _, records = read_plan(context_plan)
@@ -218,7 +218,7 @@ def test_context_blocks_collected_give_the_bundled_fits(context_plan: Path, tmp_
     out = tmp_path / "collected"
     manifest = collect(stores, out)
     assert manifest["items"] == read_json(bundled / "manifest.json")["items"] and manifest["complete"]
-    mine, theirs = live.analyse_capture(out, n_boot=200), live.analyse_capture(bundled, n_boot=200)
+    mine, theirs = sweep.analyse_capture(out, n_boot=200), sweep.analyse_capture(bundled, n_boot=200)
     assert mine.fits and mine.fits == theirs.fits and mine.comparisons == theirs.comparisons
     assert mine.bandwidth == theirs.bandwidth and len(list((out / "nodes").glob("*/bandwidth.json"))) == 3
 
