@@ -344,7 +344,16 @@ def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> li
             "auto_stores": chosen[0],
             "auto_chosen_by": chosen[1],
             **dict.fromkeys(
-                "log log_kv_dtype log_scale_warning log_pool_tokens log_version log_failure agree note".split()
+                [
+                    "log",
+                    "log_kv_dtype",
+                    "log_scale_warning",
+                    "log_pool_tokens",
+                    "log_version",
+                    "log_failure",
+                    "agree",
+                    "note",
+                ]
             ),
             "errors": "; ".join(report.errors) or None,
         }

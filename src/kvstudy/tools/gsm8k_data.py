@@ -26,10 +26,29 @@ SEED = 20261023
 N_TEST = 1000
 N_TRAIN = 200
 
-NAMES = tuple(
-    "Ava Ben Chloe Diego Emma Farid Grace Hiro Isla Jamal Kira Liam Maya Noah Olga Priya Quinn Rosa Sami Tara".split()
+NAMES = (
+    "Ava",
+    "Ben",
+    "Chloe",
+    "Diego",
+    "Emma",
+    "Farid",
+    "Grace",
+    "Hiro",
+    "Isla",
+    "Jamal",
+    "Kira",
+    "Liam",
+    "Maya",
+    "Noah",
+    "Olga",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sami",
+    "Tara",
 )
-ITEMS = tuple("apples pencils stickers marbles cookies books shells stamps cards beads".split())
+ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "shells", "stamps", "cards", "beads")
 
 
 @dataclass(frozen=True)

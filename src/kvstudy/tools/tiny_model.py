@@ -37,8 +37,8 @@ SPECIAL_TOKENS = (EOS_TOKEN, BOS_TOKEN)
 # Files a build writes; a folder holding only these (and no marker) is a half-built one.
 KNOWN_FILES = {
     MARKER,
-    *"config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json".split(),
-    *"special_tokens_map.json chat_template.jinja".split(),
+    *["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"],
+    *["special_tokens_map.json", "chat_template.jinja"],
 }
 
 # A minimal chat template so /v1/chat/completions works too (the study uses completions).
@@ -151,10 +151,15 @@ def build_tokenizer(spec: TinyModelSpec) -> Any:
 
 
 # the shape of a Qwen3 model, as a TinyModelSpec and the trained model's settings both name it
-SHAPE_FIELDS = (
-    "hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads head_dim "
-    "max_position_embeddings"
-).split()
+SHAPE_FIELDS = [
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+]
 
 
 def qwen3_config(spec: Any, vocab_size: int, bos_id: int, eos_id: int, **extra: Any) -> Any:
