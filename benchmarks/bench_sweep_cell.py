@@ -137,11 +137,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="pairs of runs, alternating which goes first")
     ap.add_argument("--telemetry-interval", type=float, default=0.25, help="seconds between clock samples")
     args = ap.parse_args()
-    from kvstudy.tools.tiny_model import DEFAULT_PATHS, ensure_tiny_model, spec_for_size
+    from kvstudy.tools.tiny_model import DEFAULT_PATHS, SIZES, ensure_tiny_model
 
     for size, path in DEFAULT_PATHS.items():  # the project's own models are built when missing
         if Path(args.model) == path:
-            ensure_tiny_model(path, spec_for_size(size))
+            ensure_tiny_model(path, SIZES[size])
     spec = sweep.SweepSpec.from_dict(
         {
             "model": args.model,
