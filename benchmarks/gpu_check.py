@@ -24,6 +24,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import asdict
 from typing import Any
 
 from kvstudy.bench import telemetry as tm
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     except StudyError as exc:
         print(f"gpu_check: {exc}", file=sys.stderr)
         return 2
-    figures: dict[str, Any] = {"hardware": info.to_dict(), "catalog_entry": spec.name}
+    figures: dict[str, Any] = {"hardware": asdict(info), "catalog_entry": spec.name}
     memory = memory_figures(gpu.index)
     memory["catalog_memory_mib_driver"] = spec.memory_mib_driver
     memory["nvml_matches_catalog"] = memory["nvml_total_bytes"] == spec.memory_mib_driver * MIB
