@@ -90,12 +90,6 @@ def check_skip_layers(skip_layers: str | None) -> set[str]:
     return {item if item == "sliding_window" else str(int(item)) for item in items}
 
 
-def _skipped(layer: LayerSpec, skip_layers: str | None) -> bool:
-    """Whether --kv-cache-dtype-skip-layers keeps this layer in the model dtype."""
-    items = check_skip_layers(skip_layers)
-    return str(layer.index) in items or (layer.kind == SLIDING and "sliding_window" in items)
-
-
 def kv_heads_per_gpu(layer: LayerSpec, tensor_parallel_size: int) -> int:
     """The KV heads one GPU of a TP group holds: ``max(1, kv_heads // tp)`` of an attention layer
     (replicated when tp > kv_heads, vllm/model_executor/layers/linear.py QKVParallelLinear); MLA's
@@ -113,7 +107,8 @@ def layer_bytes_per_token(
         return Fraction(0)
     if layer.stored_bytes:  # the indexer's uint8 keys: their own size
         return Fraction(layer.head_size * layer.stored_bytes)
-    if _skipped(layer, skip_layers):
+    skipped = check_skip_layers(skip_layers)  # --kv-cache-dtype-skip-layers keeps these in the model dtype
+    if str(layer.index) in skipped or (layer.kind == SLIDING and "sliding_window" in skipped):
         dtype = model_dtype
     if layer.kind == MLA and dtype in MLA_SPECIAL_BYTES:
         return Fraction(MLA_SPECIAL_BYTES[dtype])
@@ -147,13 +142,6 @@ def default_context_len(layout: ModelLayout) -> int:
     return layout.max_position_embeddings
 
 
-def _limit(layer: LayerSpec, length: int) -> int:
-    """Tokens of a ``length``-token request one layer keeps: all, or at most its window / chunk."""
-    if layer.kind in (SLIDING, CHUNKED):
-        return min(length, layer.sliding_window or length)
-    return length
-
-
 def kv_footprint(
     model: str | Path | ModelLayout,
     kv_dtype: str = "auto",
@@ -174,7 +162,10 @@ def kv_footprint(
         bytes per token of each layer)."""
         costs = [layer_bytes_per_token(l, dtype, layout.model_dtype, skip_layers, tp) for l in layout.layers]
         state = sum(state_bytes(l, layout.model_dtype, tp) for l in layout.layers)
-        request = sum((c * _limit(l, length) for l, c in zip(layout.layers, costs)), Fraction(0)) + state
+        kept = [
+            min(length, l.sliding_window or length) if l.kind in (SLIDING, CHUNKED) else length for l in layout.layers
+        ]
+        request = sum((c * n for n, c in zip(kept, costs)), Fraction(0)) + state
         growing = sum((c for l, c in zip(layout.layers, costs) if l.kind in (FULL, MLA, INDEXER)), Fraction(0))
         return growing, sum(costs, Fraction(0)), request, state, costs
 

@@ -110,22 +110,6 @@ def _model_name(text: str) -> str:
     return (snapshot.group(1) if snapshot else Path(text).name).lower()
 
 
-def _names(model: str | Path, config: dict[str, Any], config_path: Path) -> set[str]:
-    """Names the model goes by: its folder (or cache id), and the config's ``_name_or_path``."""
-    names = {_model_name(str(model)), _model_name(str(config_path.parent))}
-    if isinstance(config.get("_name_or_path"), str):
-        names.add(_model_name(config["_name_or_path"]))
-    return {n for n in names if n}
-
-
-def _formulas(version: str | None) -> list[str]:
-    """How the logging version turned blocks into logged tokens; both when the log names no version."""
-    release = version_release(version)
-    if release is None:
-        return [CONCURRENCY, PER_GROUP]
-    return [PER_GROUP if release < POOL_LOG_PER_GROUP_BEFORE else CONCURRENCY]
-
-
 def _check_same_model(
     info: StartupInfo, layout: ModelLayout, model: str | Path, any_name: bool, where: str
 ) -> ModelLayout:
@@ -133,8 +117,9 @@ def _check_same_model(
     config, config_path = load_config(model)
     logged = info.model or info.served_model_name
     if logged and not any_name:
-        name = _model_name(logged)
-        if name and name not in _names(model, config, config_path):
+        name = _model_name(logged)  # against its folder (or cache id) and the config's _name_or_path
+        known = [model, config_path.parent, config.get("_name_or_path")]
+        if name and name not in {_model_name(str(n)) for n in known if isinstance(n, (str, Path))}:
             raise StudyError(
                 f"{where}: the log serves '{name}', not {model} (pass --any-name if it is the "
                 "same model under another folder name)"
@@ -320,7 +305,10 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
         device,
         mode,
     )
-    formulas = _formulas(info.version)
+    release = version_release(info.version)  # how it turned blocks into logged tokens; both when not named
+    formulas = [CONCURRENCY, PER_GROUP] if release is None else [CONCURRENCY]
+    if release is not None and release < POOL_LOG_PER_GROUP_BEFORE:
+        formulas = [PER_GROUP]
     checks = [
         (f, _agreement(dataclasses.replace(pools[0], formula=f), logged_tokens, override, info.pool_blocks))
         for f in formulas

@@ -73,12 +73,6 @@ def tp_problem(config: dict[str, Any], tp: int) -> str | None:
     return None
 
 
-def _state(records: dict[int, dict[str, Any]]) -> tuple[StateShape, tuple[str | None, ...]]:
-    """A state layer's element counts per TP and dtypes, from its MambaSpec at each size."""
-    by_tp = tuple(sorted((tp, tuple(int(math.prod(s)) for s in r["shapes"])) for tp, r in records.items()))
-    return StateShape("specs", 0, 0, 0, 0, 0, by_tp=by_tp), tuple(records[1]["dtypes"])
-
-
 def layout_from_specs(
     answer: dict[str, Any], rules: ModelLayout | None, where: str, config: dict[str, Any]
 ) -> ModelLayout:
@@ -99,8 +93,9 @@ def layout_from_specs(
             )
         if kind == LINEAR:
             per_tp = {tp: r["layers"][pos] for tp, r in tps.items() if len(r["layers"]) == len(first["layers"])}
-            state, dtypes = _state(per_tp)
-            layers.append(LayerSpec(index, LINEAR, state=state, state_dtypes=dtypes))
+            by_tp = tuple(sorted((tp, tuple(int(math.prod(s)) for s in r["shapes"])) for tp, r in per_tp.items()))
+            state = StateShape("specs", 0, 0, 0, 0, 0, by_tp=by_tp)  # element counts per TP, from each MambaSpec
+            layers.append(LayerSpec(index, LINEAR, state=state, state_dtypes=tuple(record["dtypes"])))
             continue
         if kind == MLA and record.get("dtype") == "uint8" and "k_cache" in str(record.get("name")):
             layers.append(LayerSpec(index, INDEXER, 1, record.get("head_size", 0), 0, stored_bytes=1))

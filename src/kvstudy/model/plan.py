@@ -175,7 +175,7 @@ def gpu_tp_table(
     rows = []
     for name in gpus:
         memory = resolve_gpu_memory(name, None, gpu_memory_utilization)
-        for tp in valid_tensor_parallel_sizes(layout, tensor_parallel_sizes):
+        for tp in [t for t in tensor_parallel_sizes if t not in dict(layout.tp_refused)]:  # vLLM accepts them
             plan = group_pool(memory, weights_bytes, overhead_gib, tp)
             row: dict[str, Any] = {
                 "GPU": memory.gpu_name,
@@ -262,12 +262,6 @@ def pool_sections_skipped(model_name: str, weights_problem: str | None, kv_memor
         "without them would be too large by their whole size; pass `weights_gib` (their memory in GiB) "
         "or `kv_memory_gib` (the KV memory itself) to count it."
     )
-
-
-def valid_tensor_parallel_sizes(layout: ModelLayout, sizes: list[int]) -> list[int]:
-    """The sizes of ``sizes`` vLLM accepts for this model."""
-    refused = dict(layout.tp_refused)
-    return [tp for tp in sizes if tp not in refused]
 
 
 def _format(summary: dict[str, Any]) -> str:
@@ -382,8 +376,8 @@ def capacity_facts(
         return facts
     else:
         pool = 0
-        tps = valid_tensor_parallel_sizes(layout, sorted({tensor_parallel_size, *compare_tp}))
-        tps = [t for t in tps if t >= tensor_parallel_size]
+        sizes = sorted({tensor_parallel_size, *compare_tp})
+        tps = [t for t in sizes if t >= tensor_parallel_size and t not in dict(layout.tp_refused)]
     for tp in tps:
         if kv_memory_gib is None:
             group = group_pool(memory, weights_bytes or 0, overhead_gib, tp)  # not None here

@@ -50,8 +50,7 @@ def _fp8_table(exp_bits: int, man_bits: int, bias: int, fn: bool) -> np.ndarray:
     return values.astype(np.float32)
 
 
-F8_E4M3_VALUES = _fp8_table(4, 3, 7, fn=True)
-F8_E5M2_VALUES = _fp8_table(5, 2, 15, fn=False)
+F8_VALUES = {"F8_E4M3": _fp8_table(4, 3, 7, fn=True), "F8_E5M2": _fp8_table(5, 2, 15, fn=False)}
 
 
 def decode(raw: bytes, dtype: str) -> np.ndarray:
@@ -61,10 +60,8 @@ def decode(raw: bytes, dtype: str) -> np.ndarray:
     if dtype == "BF16":
         halves = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
         return halves.view(np.float32).astype(np.float64)
-    if dtype == "F8_E4M3":
-        return F8_E4M3_VALUES[np.frombuffer(raw, dtype=np.uint8)].astype(np.float64)
-    if dtype == "F8_E5M2":
-        return F8_E5M2_VALUES[np.frombuffer(raw, dtype=np.uint8)].astype(np.float64)
+    if dtype in F8_VALUES:
+        return F8_VALUES[dtype][np.frombuffer(raw, dtype=np.uint8)].astype(np.float64)
     raise ValueError(f"dtype {dtype} is not a float type (expected F32, F16, BF16, F8_E4M3, F8_E5M2 or F64)")
 
 

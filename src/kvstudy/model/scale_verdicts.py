@@ -219,10 +219,6 @@ def _forcing_verdicts(report: ScaleReport) -> list[str]:
     return out
 
 
-def _all_ones(report: ScaleReport) -> bool:
-    return all(v == 1.0 for s in report.scales for v in s.values)
-
-
 def _version_at_least(version: str | None, wanted: tuple[int, int]) -> bool:
     release = version_release(version)
     return release is None or release >= wanted  # unknown: assume recent
@@ -248,7 +244,7 @@ def engine_outcome(report: ScaleReport, ev: EngineEvidence) -> str:
     if ev.kv_cache_dtype is not None and not fp8 and not ev.kv_scale_warning:
         return "not-fp8"
     if report.has_scales and ev.kv_scale_warning:
-        return "unit-scales" if _all_ones(report) else "dropped"
+        return "unit-scales" if all(v == 1.0 for s in report.scales for v in s.values) else "dropped"
     if report.has_scales:
         return "consistent" if fp8 else "unknown"
     if ev.kv_scale_warning:

@@ -84,9 +84,8 @@ def expert_routing(config: dict[str, Any]) -> tuple[int | None, int | None]:
     return _experts(cfg) or None, k
 
 
-NON_GATED_ACTS = frozenset(
-    {"relu2", "relu_squared"}
-)  # up and down only (vllm ReLUSquaredActivation, is_act_and_mul=False)
+# up and down only (vllm ReLUSquaredActivation, is_act_and_mul=False)
+NON_GATED_ACTS = frozenset({"relu2", "relu_squared"})
 
 
 def _matrices(cfg: dict[str, Any], where: str) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 import safetensors
 
 from kvstudy.io import check_write_target, write_text_atomic
-from kvstudy.model.safetensors import F8_E4M3_VALUES
+from kvstudy.model.safetensors import F8_VALUES
 from kvstudy.outputs import claim_output_folder
 
 SEED = 20261129
@@ -47,7 +47,7 @@ def to_bf16_bits(values: np.ndarray) -> np.ndarray:
 
 def to_f8_e4m3_bits(values: np.ndarray) -> np.ndarray:
     """float32 -> nearest float8 e4m3fn byte (finite values only)."""
-    table = np.nan_to_num(F8_E4M3_VALUES.astype(np.float64), nan=np.inf)
+    table = np.nan_to_num(F8_VALUES["F8_E4M3"].astype(np.float64), nan=np.inf)
     flat = np.asarray(values, dtype=np.float64).reshape(-1, 1)
     codes = np.abs(flat - table.reshape(1, -1)).argmin(axis=1)
     return codes.astype(np.uint8).reshape(np.shape(values))
