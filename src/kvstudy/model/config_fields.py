@@ -11,7 +11,7 @@ read and which they leave unread (for a refusal or an ``--assume`` warning that 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, type_name
@@ -19,25 +19,17 @@ from kvstudy.limits import MAX_FILE_NUMBER, MAX_LAYERS
 from kvstudy.vllm.facts import MODELOPT_KV_ALGO
 
 
-@overload
 def config_int(
-    cfg: dict[str, Any], key: str, where: str, required: Literal[True] = True, low: int = 1, high: int = ...
-) -> int: ...
-@overload
-def config_int(
-    cfg: dict[str, Any], key: str, where: str, required: bool, low: int = 1, high: int = ...
-) -> int | None: ...
-def config_int(
-    cfg: dict[str, Any], key: str, where: str, required: bool = True, low: int = 1, high: int = MAX_FILE_NUMBER
-) -> int | None:
-    """The integer field ``key`` within [low, high]; None when absent or null and not ``required``;
+    cfg: dict[str, Any], key: str, where: str, low: int = 1, high: int = MAX_FILE_NUMBER, default: int | None = None
+) -> int:
+    """The integer field ``key`` within [low, high]; ``default`` when absent or null (required without one);
     else one line naming the file and the field (a float, text, a boolean, a 400-digit number)."""
     value = cfg.get(key)
     expected = "a positive integer" if low == 1 else f"an integer of at least {low:,}"
     if value is None:
-        if required:
+        if default is None:
             raise StudyError(f"{where}: missing field '{key}' (expected {expected})")
-        return None
+        return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise StudyError(f"{where}: field '{key}' is {type_name(value)} {_short(value)} (expected {expected})")
     if value > high:
@@ -45,12 +37,6 @@ def config_int(
     if value < low:
         raise StudyError(f"{where}: field '{key}' is {_short(value)} (expected {expected})")
     return value
-
-
-def config_count(cfg: dict[str, Any], key: str, where: str, default: int = 0, low: int = 0) -> int:
-    """An optional count (experts, dense layers first, an interval): ``default`` when absent or null."""
-    value = config_int(cfg, key, where, required=False, low=low)
-    return default if value is None else value
 
 
 def _short(value: Any) -> str:

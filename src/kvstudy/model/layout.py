@@ -17,7 +17,6 @@ from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_LAYERS
 from kvstudy.model.config_fields import (
     checkpoint_kv_dtype,
-    config_count,
     config_int,
     model_dtype,
     nemotron_h_pattern,
@@ -221,18 +220,16 @@ def _model_type(cfg: dict[str, Any], where: str, assume: str | None) -> tuple[st
                 "(sparse or compressed attention with its own index cache); only vLLM's specs can size it"
             )
         return model_type, arch or model_type, ()
+    unread = ", ".join(unread_fields(cfg)) or "none"
     if assume is None:
-        unread = unread_fields(cfg)
         raise StudyError(
             f"{where}: unknown architecture, field 'model_type' is {model_type!r} (architectures "
-            f"{archs!r}); fields the KV rules do not understand: {', '.join(unread) or 'none'}; "
+            f"{archs!r}); fields the KV rules do not understand: {unread}; "
             f"to override, pass --assume FAMILY (notebook parameter assume_family), FAMILY one of: {known}"
         )
-    ignored = unread_fields(cfg)
     warning = (
         f"model_type {model_type!r} is not known to this study; its config was read with the rules of "
-        f"{assume!r} (--assume), which may not be how vLLM serves it; fields those rules ignored: "
-        + (", ".join(ignored) or "none")
+        f"{assume!r} (--assume), which may not be how vLLM serves it; fields those rules ignored: {unread}"
     )
     return assume, arch or model_type, (warning,)
 
@@ -261,17 +258,6 @@ def _kinds_from_layer_types(cfg: dict[str, Any], num_layers: int, where: str) ->
     return kinds
 
 
-def _llama4_kinds(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
-    """vLLM llama4.py: RoPE layers use chunked local attention, NoPE layers (no_rope_layers 0) are global."""
-    no_rope = cfg.get("no_rope_layers")
-    if not no_rope:  # transformers Llama4TextConfig default: every no_rope_layer_interval-th layer is NoPE
-        interval = config_int(cfg, "no_rope_layer_interval", where)
-        no_rope = [int((i + 1) % interval != 0) for i in range(num_layers)]
-    no_rope = _listed({"no_rope_layers": no_rope}, "no_rope_layers", num_layers, "values of 0 or 1", where)
-    chunked = cfg.get("attention_chunk_size") is not None
-    return [CHUNKED if flag and chunked else FULL for flag in no_rope]
-
-
 def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -> list[list[str]]:
     """The cache kinds of each layer (a Falcon-H1 layer has two: attention and Mamba-2)."""
     if family == "mimo_v2_flash":  # mimo_v2.py: hybrid_layer_pattern[i] == 1 is a sliding-window layer
@@ -280,8 +266,14 @@ def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -
     if family == "nemotron-nas":  # nemotron_nas.py: a block whose attention is no_op keeps no cache
         blocks = _listed(cfg, "block_configs", num_layers, "blocks", where)
         return [[] if _nas_attention(b).get("no_op") else [FULL] for b in blocks]
-    if family in ("llama4", "llama4_text"):
-        return [[k] for k in _llama4_kinds(cfg, num_layers, where)]
+    if family in ("llama4", "llama4_text"):  # llama4.py: RoPE layers chunked local, NoPE (no_rope_layers 0) global
+        no_rope = cfg.get("no_rope_layers")
+        if not no_rope:  # transformers Llama4TextConfig default: every no_rope_layer_interval-th layer is NoPE
+            interval = config_int(cfg, "no_rope_layer_interval", where)
+            no_rope = [int((i + 1) % interval != 0) for i in range(num_layers)]
+        no_rope = _listed({"no_rope_layers": no_rope}, "no_rope_layers", num_layers, "values of 0 or 1", where)
+        chunked = cfg.get("attention_chunk_size") is not None
+        return [[CHUNKED if flag and chunked else FULL] for flag in no_rope]
     if family == "nemotron_h":  # nemotron_h.py: 'M' Mamba-2, '*' attention, '-' MLP and 'E' MoE (no cache)
         return [{"M": [LINEAR], "*": [FULL]}.get(c, []) for c in nemotron_h_pattern(cfg, where)]
     if family == "jamba":  # jamba.py: layer i is attention when i % attn_layer_period == attn_layer_offset
@@ -316,9 +308,9 @@ def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -
 def attention_shape(cfg: dict[str, Any], where: str) -> tuple[int, int]:
     """(num_kv_heads, head_dim) of a standard attention layer."""
     heads = config_int(cfg, "num_attention_heads", where)
-    kv_heads = config_int(cfg, "num_key_value_heads", where, required=False) or heads
-    head_dim = config_int(cfg, "head_dim", where, required=False)
-    if head_dim is None:
+    kv_heads = config_int(cfg, "num_key_value_heads", where, default=0) or heads
+    head_dim = config_int(cfg, "head_dim", where, default=0)
+    if not head_dim:
         hidden = config_int(cfg, "hidden_size", where)
         if hidden % heads:
             raise StudyError(
@@ -347,7 +339,7 @@ def state_shape(cfg: dict[str, Any], family: str, where: str) -> StateShape:
     else:  # granitemoehybrid.py, falcon_h1.py: intermediate = mamba_expand * hidden (or mamba_d_ssm)
         heads, head_dim = need("mamba_n_heads"), need("mamba_d_head")
         groups, state, kernel = need("mamba_n_groups"), need("mamba_d_state"), need("mamba_d_conv")
-        inner = config_int(cfg, "mamba_d_ssm", where, required=False) or int(cfg.get("mamba_expand") or 0) * need(
+        inner = config_int(cfg, "mamba_d_ssm", where, default=0) or int(cfg.get("mamba_expand") or 0) * need(
             "hidden_size"
         )
         if inner <= 0:
@@ -362,8 +354,8 @@ def indexer_layers(cfg: dict[str, Any], num_layers: int, where: str) -> list[Lay
     builds an indexer: all but those ``index_topk_pattern`` marks 'S', or without a pattern those where
     ``max(i - index_skip_topk_offset + 1, 0) % index_topk_freq != 0`` (deepseek_v2.py DeepseekV2MLAAttention)."""
     head = config_int(cfg, "index_head_dim", where)
-    freq = config_int(cfg, "index_topk_freq", where, required=False) or 1
-    offset = config_count(cfg, "index_skip_topk_offset", where, default=2)
+    freq = config_int(cfg, "index_topk_freq", where, default=1)
+    offset = config_int(cfg, "index_skip_topk_offset", where, low=0, default=2)
     pattern = cfg.get("index_topk_pattern")
     if pattern is not None and not isinstance(pattern, (str, list)):
         raise StudyError(
@@ -404,13 +396,13 @@ def _attention_layer(
     kv_heads, head_dim = default
     if family in ("gemma4", "gemma4_text") and kind == FULL:  # gemma4.py: global layers' own heads
         heads = cfg.get("num_global_key_value_heads") if cfg.get("attention_k_eq_v") else None
-        size = config_int(cfg, "global_head_dim", where, required=False) or head_dim
+        size = config_int(cfg, "global_head_dim", where, default=head_dim)
         return int(heads or kv_heads), size, size
     if family == "mimo_v2_flash":
         prefix = "swa_" if kind == SLIDING else ""
         heads = config_int(cfg, f"{prefix}num_key_value_heads", where)
         size = config_int(cfg, f"{prefix}head_dim", where)
-        return heads, size, config_int(cfg, f"{prefix}v_head_dim", where, required=False) or size
+        return heads, size, config_int(cfg, f"{prefix}v_head_dim", where, default=size)
     if family == "nemotron-nas":
         group = _nas_attention(cfg["block_configs"][index]).get("n_heads_in_group")
         if not isinstance(group, int) or group <= 0:

@@ -271,18 +271,17 @@ def _format(summary: dict[str, Any]) -> str:
         f"{summary['model']} ({summary['model_type']}, {kinds}); request of {summary['context_len']:,} tokens"
         + (f"; TP {tp}" if tp > 1 else "")
         + (f"; skip layers {summary['skip_layers']}" if summary["skip_layers"] else "")
-        + f"; KV figures from {summary.get('source', 'kvstudy rules')}"
+        + f"; KV figures from {summary['source']}"
     ]
-    lines += [f"WARNING: {w}" for w in summary.get("warnings", [])] + [f"note: {n}" for n in summary.get("notes", [])]
+    lines += [f"WARNING: {w}" for w in summary["warnings"]] + [f"note: {n}" for n in summary["notes"]]
     if summary["weights_bytes"] is None:
         lines.append(
             f"weights {summary['weights_source']} (no GPU pool or users without them; --weights-gib gives them)"
         )
     else:
         lines.append(f"weights {summary['weights_bytes'] / GIB:,.2f} GiB ({summary['weights_source']})")
-    refused = summary.get("tensor_parallel_refused") or {}
-    if refused:
-        lines.append("TP sizes vLLM refuses: " + "; ".join(refused.values()))
+    if summary["tensor_parallel_refused"]:
+        lines.append("TP sizes vLLM refuses: " + "; ".join(summary["tensor_parallel_refused"].values()))
     gpu = summary.get("gpu")
     if gpu:
         lines.append(
@@ -300,7 +299,7 @@ def _format(summary: dict[str, Any]) -> str:
             f"{row['kib_per_token']:>11,.2f}{per_gib:>12}{row['bytes_per_request'] / 2**20:>13,.1f}"
             + (f"{row['users']:>8,}" if gpu else "")
         )
-    if summary.get("cap_tokens"):
+    if summary["cap_tokens"]:
         lines.append(
             f"every layer is windowed: a request stops growing at {summary['cap_tokens']:,} tokens; "
             "bytes/token is the cost per token within the window"

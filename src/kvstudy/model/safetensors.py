@@ -76,52 +76,38 @@ class SafetensorsHeader:
 def read_header(path: Path, sink: ProblemSink) -> SafetensorsHeader | None:
     """The JSON header of one safetensors file, or None with the reason in ``sink.errors``."""
     try:
-        target = check_regular_file(path)
-    except StudyError as exc:
-        sink.errors.append(str(exc))
-        return None
-    try:
-        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(check_regular_file(path), os.O_RDONLY | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as fh:
             st = os.fstat(fh.fileno())
             if not stat.S_ISREG(st.st_mode):
-                sink.errors.append(f"{path}: not a regular file (expected a safetensors file)")
-                return None
+                raise StudyError(f"{path}: not a regular file (expected a safetensors file)")
             size = st.st_size
             prefix = fh.read(8)
             sink.bytes_read += len(prefix)
             if len(prefix) < 8:
-                sink.errors.append(
+                raise StudyError(
                     f"{path}: truncated safetensors file ({size} bytes; expected an 8-byte header length first)"
                 )
-                return None
             length = int.from_bytes(prefix, "little")
             if length > size - 8:
-                sink.errors.append(
+                raise StudyError(
                     f"{path}: header length {length} is larger than the file "
                     f"({size} bytes); the file is truncated or not safetensors"
                 )
-                return None
             if length > MAX_HEADER_BYTES:
-                sink.errors.append(
+                raise StudyError(
                     f"{path}: header length {length} exceeds the safetensors limit of {MAX_HEADER_BYTES} bytes"
                 )
-                return None
             raw = fh.read(length)
             sink.bytes_read += len(raw)
+        header = parse_json_text(raw, f"{path}: safetensors header is not valid JSON (truncated or corrupt)")
+        if not isinstance(header, dict):
+            raise StudyError(f"{path}: safetensors header is not a JSON object")
+    except StudyError as exc:
+        sink.errors.append(str(exc))
+        return None
     except OSError as exc:
         sink.errors.append(f"{path}: cannot read ({exc.strerror or exc})")
-        return None
-    try:
-        header = parse_json_text(raw, "")
-    except StudyError as exc:
-        sink.errors.append(
-            f"{path}: safetensors header is not valid JSON ({str(exc).removeprefix(': ')}); "
-            "the header is truncated or corrupt"
-        )
-        return None
-    if not isinstance(header, dict):
-        sink.errors.append(f"{path}: safetensors header is not a JSON object")
         return None
     header.pop("__metadata__", None)
     return SafetensorsHeader(path, 8 + length, size, header)

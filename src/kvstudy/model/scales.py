@@ -57,15 +57,10 @@ _LAYER_RE = re.compile(r"\.(\d+)\.")
 def _read_json_file(path: Path, report: ScaleReport) -> Any | None:
     try:
         text = read_bytes_checked(path)
+        report.bytes_read += len(text)
+        return parse_json_text(text, f"{path}: not valid JSON (expected a JSON object)")
     except StudyError as exc:
         report.errors.append(str(exc))
-        report.files_unread.append(str(path))
-        return None
-    report.bytes_read += len(text)
-    try:
-        return parse_json_text(text, "")
-    except StudyError as exc:
-        report.errors.append(f"{path}: not valid JSON ({str(exc).removeprefix(': ')}); expected a JSON object")
         report.files_unread.append(str(path))
         return None
 
@@ -125,8 +120,8 @@ def _read_config(folder: Path, report: ScaleReport) -> None:
                     f"{path}: field '{name}' is {type_name(value)} {repr(value)[:40]} (expected a dtype name)"
                 )
         shape = {k: _first(config, k) for k in ("num_hidden_layers", "num_key_value_heads")}
-        layers = config_int(shape, "num_hidden_layers", str(path), required=False, high=MAX_LAYERS)
-        heads = config_int(shape, "num_key_value_heads", str(path), required=False)
+        layers = config_int(shape, "num_hidden_layers", str(path), high=MAX_LAYERS, default=0) or None
+        heads = config_int(shape, "num_key_value_heads", str(path), default=0) or None
     except StudyError as exc:
         report.errors.append(str(exc))
         report.files_unread.append(str(path))

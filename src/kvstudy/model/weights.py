@@ -15,7 +15,7 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
 from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR
-from kvstudy.model.config_fields import HF_QUANT_CONFIG, config_count, config_int, nemotron_h_pattern, usable_int
+from kvstudy.model.config_fields import HF_QUANT_CONFIG, config_int, nemotron_h_pattern, usable_int
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import LINEAR, MLA, SHARED, LayerSpec, ModelLayout, layout_from_config, text_config
 from kvstudy.model.safetensors import DTYPE_BYTES as FLOAT_DTYPE_BYTES
@@ -61,7 +61,7 @@ def _attention_parameters(cfg: dict[str, Any], layer: LayerSpec, hidden: int, he
         value = need("linear_num_value_heads") * need("linear_value_head_dim")
         return hidden * (2 * key + 2 * value) + hidden * 2 * need("linear_num_value_heads") + value * hidden
     if layer.kind == MLA:
-        q_rank = config_int(cfg, "q_lora_rank", where, required=False)
+        q_rank = config_int(cfg, "q_lora_rank", where, default=0)
         qk_dim = need("qk_nope_head_dim") + need("qk_rope_head_dim")
         q = hidden * heads * qk_dim if not q_rank else hidden * q_rank + q_rank * heads * qk_dim
         kv = hidden * (need("kv_lora_rank") + need("qk_rope_head_dim"))
@@ -100,19 +100,19 @@ def _matrices(cfg: dict[str, Any], where: str) -> int:
 def _mlp_parameters(cfg: dict[str, Any], index: int, hidden: int, where: str) -> tuple[int, int]:
     """(dense or shared MLP parameters, routed-expert parameters) of one layer."""
     experts = _experts(cfg)
-    dense_first = config_count(cfg, "first_k_dense_replace", where)
-    step = config_count(cfg, "interleave_moe_layer_step", where, default=1, low=1)
+    dense_first = config_int(cfg, "first_k_dense_replace", where, low=0, default=0)
+    step = config_int(cfg, "interleave_moe_layer_step", where, default=1)
     mats = _matrices(cfg, where)
     if experts and index >= dense_first and (index + 1) % step == 0:
         key = "moe_intermediate_size" if cfg.get("moe_intermediate_size") is not None else "intermediate_size"
         expert_size = config_int(cfg, key, where)
-        shared = config_count(cfg, "n_shared_experts", where)
+        shared = config_int(cfg, "n_shared_experts", where, low=0, default=0)
         shared_size = (
-            config_count(cfg, "shared_expert_intermediate_size", where)
-            or config_count(cfg, "moe_shared_expert_intermediate_size", where)
+            config_int(cfg, "shared_expert_intermediate_size", where, low=0, default=0)
+            or config_int(cfg, "moe_shared_expert_intermediate_size", where, low=0, default=0)
             or shared * expert_size
         )
-        latent = config_int(cfg, "moe_latent_size", where, required=False)
+        latent = config_int(cfg, "moe_latent_size", where, default=0)
         width = latent or hidden  # latent MoE (Nemotron-3): experts work in a smaller latent space
         projections = 2 * hidden * latent if latent else 0  # into and out of the latent space
         return mats * hidden * shared_size + hidden * experts + projections, mats * width * expert_size * experts
