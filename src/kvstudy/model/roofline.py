@@ -140,9 +140,12 @@ class RooflineResult:
 # --------------------------------------------------------------------------- checks
 
 
-def _positive_number(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise StudyError(f"{name} {value!r}: expected a positive number")
+def _positive_number(value: Any, name: str, high: float = math.inf) -> float:
+    """A finite number in (0, high] (the bandwidth factor: achievable over peak bandwidth, at most 1)."""
+    finite = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not finite or not 0 < value <= high:
+        expected = "a positive number" if high == math.inf else f"a number in (0, {high:g}]"
+        raise StudyError(f"{name} {value!r}: expected {expected}")
     return float(value)
 
 
@@ -156,14 +159,6 @@ def check_context(layout: ModelLayout, context_len: Any) -> int:
             f"(expected at most {limit} tokens)"
         )
     return length
-
-
-def check_bandwidth_factor(factor: Any) -> float:
-    """A factor in (0, 1]: achievable over peak bandwidth."""
-    value = _positive_number(factor, "bandwidth factor")
-    if value > 1:
-        raise StudyError(f"bandwidth factor {factor!r}: expected a fraction of the peak in (0, 1]")
-    return value
 
 
 # --------------------------------------------------------------------------- weights
@@ -254,7 +249,9 @@ def step_bytes(
 
 def tpot_ms(total_bytes: float, bandwidth_gb_s: float, bandwidth_factor: float = DEFAULT_BANDWIDTH_FACTOR) -> float:
     """Milliseconds to stream ``total_bytes`` at ``bandwidth_gb_s x bandwidth_factor``."""
-    bandwidth = _positive_number(bandwidth_gb_s, "bandwidth GB/s") * check_bandwidth_factor(bandwidth_factor)
+    bandwidth = _positive_number(bandwidth_gb_s, "bandwidth GB/s") * _positive_number(
+        bandwidth_factor, "bandwidth factor", 1
+    )
     return total_bytes / (bandwidth * 1e9) * 1e3
 
 
@@ -347,7 +344,7 @@ def roofline(
     if bandwidth_factor is None:
         factor, factor_origin, factor_note = DEFAULT_BANDWIDTH_FACTOR, "assumed", FACTOR_NOTE
     else:
-        factor, factor_origin, factor_note = check_bandwidth_factor(bandwidth_factor), "given", ""
+        factor, factor_origin, factor_note = _positive_number(bandwidth_factor, "bandwidth factor", 1), "given", ""
     dtypes = list(kv_dtypes) if kv_dtypes else [layout.model_dtype, "fp8"]
     weights = weights_read(layout, users, weights_bytes)
     weights_origin = "given" if weights_bytes is not None else "model folder"

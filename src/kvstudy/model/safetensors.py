@@ -114,51 +114,47 @@ def read_header(path: Path, sink: ProblemSink) -> SafetensorsHeader | None:
 
 
 def read_tensor(header: SafetensorsHeader, name: str, sink: ProblemSink) -> tuple[str, list[int], np.ndarray] | None:
+    """The dtype, shape and values of tensor ``name``, or None with the reason in ``sink.errors``."""
     where = f"{header.path}: tensor {name}"
     entry = header.tensors.get(name)
-    if not isinstance(entry, dict):
-        sink.errors.append(f"{where}: not in this file's header (the index points to the wrong shard)")
-        return None
-    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if (
-        not isinstance(dtype, str)
-        or dtype not in DTYPE_BYTES
-        or not isinstance(shape, list)
-        or not isinstance(offsets, list)
-        or len(offsets) != 2
-        or len(shape) > 8
-        or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**48 for x in shape + offsets)
-    ):
-        sink.errors.append(
-            f"{where}: header entry {json.dumps(entry)[:200]} is not a float tensor with a shape "
-            "and data_offsets [begin, end]"
-        )
-        return None
-    begin, end = offsets
-    count = math.prod(shape)
-    if end - begin != count * DTYPE_BYTES[dtype]:
-        sink.errors.append(
-            f"{where}: data_offsets span {end - begin} bytes, but {dtype} {shape} needs {count * DTYPE_BYTES[dtype]}"
-        )
-        return None
-    if end - begin > MAX_SCALE_BYTES:
-        sink.errors.append(f"{where}: {end - begin} bytes is too large for a KV scale (read skipped)")
-        return None
-    if header.data_start + end > header.size:
-        sink.errors.append(
-            f"{where}: data ends at byte {header.data_start + end}, past the end of the "
-            f"file ({header.size} bytes); the shard is truncated"
-        )
-        return None
     try:
+        if not isinstance(entry, dict):
+            raise StudyError(f"{where}: not in this file's header (the index points to the wrong shard)")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if (
+            not isinstance(dtype, str)
+            or dtype not in DTYPE_BYTES
+            or not isinstance(shape, list)
+            or not isinstance(offsets, list)
+            or len(offsets) != 2
+            or len(shape) > 8
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**48 for x in shape + offsets)
+        ):
+            raise StudyError(
+                f"{where}: header entry {json.dumps(entry)[:200]} is not a float tensor with a shape "
+                "and data_offsets [begin, end]"
+            )
+        begin, end = offsets
+        needed = math.prod(shape) * DTYPE_BYTES[dtype]
+        if end - begin != needed:
+            raise StudyError(f"{where}: data_offsets span {end - begin} bytes, but {dtype} {shape} needs {needed}")
+        if end - begin > MAX_SCALE_BYTES:
+            raise StudyError(f"{where}: {end - begin} bytes is too large for a KV scale (read skipped)")
+        if header.data_start + end > header.size:
+            raise StudyError(
+                f"{where}: data ends at byte {header.data_start + end}, past the end of the "
+                f"file ({header.size} bytes); the shard is truncated"
+            )
         with open(check_regular_file(header.path), "rb") as fh:
             fh.seek(header.data_start + begin)
             raw = fh.read(end - begin)
-    except (OSError, StudyError) as exc:
+        if len(raw) != end - begin:
+            raise StudyError(f"{where}: the file ended early (truncated shard)")
+    except OSError as exc:
         sink.errors.append(f"{where}: cannot read ({exc})")
         return None
-    if len(raw) != end - begin:
-        sink.errors.append(f"{where}: the file ended early (truncated shard)")
+    except StudyError as exc:
+        sink.errors.append(str(exc))
         return None
     sink.bytes_read += len(raw)
     return dtype, shape, decode(raw, dtype)
