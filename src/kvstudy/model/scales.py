@@ -22,7 +22,7 @@ from kvstudy.io import parse_json_text, read_bytes_checked, read_json_object, ty
 from kvstudy.limits import MAX_LAYERS
 from kvstudy.model.config_fields import HF_QUANT_CONFIG, checkpoint_kv_dtype, config_int
 from kvstudy.model.folder import cached_snapshots, resolve_model_path
-from kvstudy.model.safetensors import SafetensorsHeader, read_header, read_tensor
+from kvstudy.model.safetensors import read_header, read_tensor
 from kvstudy.model.scale_verdicts import (
     ScaleReport,
     ScaleTensor,
@@ -189,40 +189,6 @@ def layer_of(name: str) -> int | None:
     return int(match.group(1))
 
 
-def _check_values(name: str, file: str, values: np.ndarray, report: ScaleReport) -> None:
-    checks = {"NaN": np.isnan(values), "infinite": np.isinf(values), "zero": values == 0, "negative": values < 0}
-    bad = [word for word, hit in checks.items() if hit.any()]
-    if bad:
-        report.errors.append(
-            f"{file}: tensor {name}: {', '.join(bad)} scale value(s) "
-            f"{[_json_number(float(v)) for v in values[:8]]}; expected finite positive scales"
-        )
-
-
-def _collect_scales(header: SafetensorsHeader, names: Iterable[str], folder: Path, report: ScaleReport) -> None:
-    rel = str(header.path.relative_to(folder)) if header.path.is_relative_to(folder) else str(header.path)
-    for name in sorted(names):
-        matched = scale_kinds(name)
-        if matched is None:
-            continue
-        kinds, style = matched
-        layer, digits = layer_of(name), _LAYER_RE.search("." + name)
-        if digits and layer is None:
-            report.errors.append(
-                f"{header.path}: tensor {name[:80]}...: a layer number of {len(digits.group(1)):,} digits "
-                f"(expected a layer below {MAX_LAYERS:,}); not read"
-            )
-            continue
-        tensor = read_tensor(header, name, report)
-        if tensor is None:
-            continue
-        dtype, shape, values = tensor
-        _check_values(name, str(header.path), values, report)
-        for kind in kinds:
-            record = ScaleTensor(layer, kind, name, rel, dtype, shape, [float(v) for v in values], style)
-            (report.q_scales if kind == "q" else report.scales).append(record)
-
-
 def _scan_index(folder: Path, report: ScaleReport) -> bool:
     """Scale tensors through the index; False when the index is unusable (then scan each file)."""
     path = folder / INDEX_NAME
@@ -252,12 +218,37 @@ def _scan_index(folder: Path, report: ScaleReport) -> bool:
 
 def _scan_file(path: Path, names: Iterable[str] | None, folder: Path, report: ScaleReport) -> None:
     """The scale tensors ``names`` (None: every tensor the header lists) of one safetensors file."""
-    header, name = read_header(path, report), str(path.relative_to(folder))
+    header, rel = read_header(path, report), str(path.relative_to(folder))
     if header is None:
-        report.files_unread.append(name)
+        report.files_unread.append(rel)
         return
-    report.files_read.append(name)
-    _collect_scales(header, header.tensors.keys() if names is None else names, folder, report)
+    report.files_read.append(rel)
+    for name in sorted(header.tensors.keys() if names is None else names):
+        matched = scale_kinds(name)
+        if matched is None:
+            continue
+        kinds, style = matched
+        layer, digits = layer_of(name), _LAYER_RE.search("." + name)
+        if digits and layer is None:
+            report.errors.append(
+                f"{header.path}: tensor {name[:80]}...: a layer number of {len(digits.group(1)):,} digits "
+                f"(expected a layer below {MAX_LAYERS:,}); not read"
+            )
+            continue
+        tensor = read_tensor(header, name, report)
+        if tensor is None:
+            continue
+        dtype, shape, values = tensor
+        checks = {"NaN": np.isnan(values), "infinite": np.isinf(values), "zero": values == 0, "negative": values < 0}
+        bad = [word for word, hit in checks.items() if hit.any()]
+        if bad:
+            report.errors.append(
+                f"{header.path}: tensor {name}: {', '.join(bad)} scale value(s) "
+                f"{[_json_number(float(v)) for v in values[:8]]}; expected finite positive scales"
+            )
+        for kind in kinds:
+            record = ScaleTensor(layer, kind, name, rel, dtype, shape, [float(v) for v in values], style)
+            (report.q_scales if kind == "q" else report.scales).append(record)
 
 
 def _scan_weights(folder: Path, report: ScaleReport) -> None:
