@@ -10,6 +10,7 @@ state layers keep a fixed state per request; under tensor parallelism each GPU h
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
@@ -18,6 +19,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
+from kvstudy.io import is_finite_number
 from kvstudy.model.layout import (
     CHUNKED,
     FULL,
@@ -131,6 +133,14 @@ def check_positive_int(value: Any, name: str) -> int:
     return value
 
 
+def check_number(value: Any, name: str, high: float = math.inf) -> float:
+    """A finite number in (0, high] (the bandwidth factor: achievable over peak bandwidth, at most 1)."""
+    if not is_finite_number(value) or not 0 < value <= high:
+        expected = "a positive number" if high == math.inf else f"a number in (0, {high:g}]"
+        raise StudyError(f"{name} {value!r}: expected {expected}")
+    return float(value)
+
+
 def default_context_len(layout: ModelLayout) -> int:
     """The request length when none is given: the config's ``max_position_embeddings``, from which
     vLLM derives its default ``--max-model-len``."""
@@ -162,18 +172,15 @@ def kv_footprint(
         bytes per token of each layer)."""
         costs = [layer_bytes_per_token(l, dtype, layout.model_dtype, skip_layers, tp) for l in layout.layers]
         state = sum(state_bytes(l, layout.model_dtype, tp) for l in layout.layers)
-        kept = [
-            min(length, l.sliding_window or length) if l.kind in (SLIDING, CHUNKED) else length for l in layout.layers
-        ]
+        kept = [min(length, l.sliding_window or length) for l in layout.layers]  # only windows and chunks stop
         request = sum((c * n for n, c in zip(kept, costs)), Fraction(0)) + state
         growing = sum((c for l, c in zip(layout.layers, costs) if l.kind in (FULL, MLA, INDEXER)), Fraction(0))
         return growing, sum(costs, Fraction(0)), request, state, costs
 
     growing, short, per_request, state, costs = totals(1)
-    by_kind: dict[str, Fraction] = {}
-    for layer, cost in zip(layout.layers, costs):
-        by_kind[layer.kind] = by_kind.get(layer.kind, Fraction(0)) + cost
-    caps = [l.sliding_window for l in layout.layers if l.kind in (SLIDING, CHUNKED) and l.sliding_window]
+    kinds = dict.fromkeys(l.kind for l in layout.layers)
+    by_kind = {k: sum((c for l, c in zip(layout.layers, costs) if l.kind == k), Fraction(0)) for k in kinds}
+    caps = [l.sliding_window for l in layout.layers if l.sliding_window]
     cap_tokens = max(caps) if growing == 0 and caps else None
     gpu_token, gpu_short, gpu_request, gpu_state, _ = totals(tensor_parallel_size)
     return KVFootprint(

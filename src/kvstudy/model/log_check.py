@@ -385,17 +385,14 @@ def format_check(result: dict[str, Any]) -> str:
         f"per request over {predicted['num_groups']} layer group(s), {predicted['requests_at_max_len']}x requests; "
         f"from {predicted['path']}; KV layout from {result['kv_figures']}",
         f"{'AGREE' if result['agree'] else 'DISAGREE'}: {result['agreement']}",
-        *(
-            [
-                f"workers:   pools of {', '.join(f'{n:,}' for n in logged['pool_tokens_per_worker'])} tokens logged; "
-                "vLLM gives every worker the smallest (unify_kv_cache_configs), which is checked"
-            ]
-            if len(logged["pool_tokens_per_worker"]) > 1
-            else []
-        ),
-        *([f"KV dtype from {logged['kv_cache_dtype_source']}"] if logged["kv_cache_dtype_source"] else []),
-        "same KV memory and max length, per KV dtype:",
     ]
+    if len(logged["pool_tokens_per_worker"]) > 1:
+        lines.append(
+            f"workers:   pools of {', '.join(f'{n:,}' for n in logged['pool_tokens_per_worker'])} tokens logged; "
+            "vLLM gives every worker the smallest (unify_kv_cache_configs), which is checked"
+        )
+    lines += [f"KV dtype from {logged['kv_cache_dtype_source']}"] * bool(logged["kv_cache_dtype_source"])
+    lines.append("same KV memory and max length, per KV dtype:")
     for name, row in result["other_kv_dtypes"].items():
         mark = " (the logged dtype)" if row["logged_dtype"] else ""
         lines.append(

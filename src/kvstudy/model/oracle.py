@@ -81,9 +81,8 @@ def layout_from_specs(
     first = tps[1]
     layers: list[LayerSpec] = []
     for pos, record in enumerate(first["layers"]):
-        family = record.get("family")
         index = record["index"]
-        if family == "shared":
+        if record.get("family") == "shared":
             layers.append(LayerSpec(index, SHARED))
             continue
         kind = SPEC_KINDS.get(str(record.get("spec")))

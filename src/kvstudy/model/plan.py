@@ -14,7 +14,7 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
 from kvstudy.io import is_finite_number
-from kvstudy.model.capacity import FULL, GIB, MLA, SLIDING, ModelLayout, capacity_summary, kv_footprint
+from kvstudy.model.capacity import FULL, GIB, MLA, SLIDING, ModelLayout, capacity_summary, check_number, kv_footprint
 from kvstudy.model.oracle import resolve_layout
 from kvstudy.model.weights import WeightsUnknown, weights_size
 from kvstudy.redact import write_csv
@@ -95,10 +95,8 @@ def group_pool(
     The weights are split evenly over the group (an approximation: vLLM replicates norms and, when
     tp > kv heads, the K/V projections). A model that does not fit gets ``fits=False`` and a message.
     """
-    if not is_finite_number(memory.memory_gib) or memory.memory_gib <= 0:
-        raise StudyError(f"gpu_memory_gib {memory.memory_gib!r}: expected a positive number of GiB")
-    if not is_finite_number(memory.utilization) or not 0 < memory.utilization <= 1:
-        raise StudyError(f"gpu_memory_utilization {memory.utilization!r}: expected a number in (0, 1]")
+    check_number(memory.memory_gib, "gpu_memory_gib")
+    check_number(memory.utilization, "gpu_memory_utilization", 1)
     if not is_finite_number(overhead_gib) or overhead_gib < 0:
         raise StudyError(f"overhead_gib {overhead_gib!r}: expected a number of GiB >= 0")
     per_gpu = -(-int(weights_bytes) // tensor_parallel_size)

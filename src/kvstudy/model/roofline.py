@@ -24,14 +24,13 @@ also the largest gain the smaller KV reads can explain when a step is all memory
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
-from kvstudy.model.capacity import KVFootprint, check_positive_int, kv_footprint
+from kvstudy.model.capacity import KVFootprint, check_number, check_positive_int, kv_footprint
 from kvstudy.model.config_fields import text_config, usable_int
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import ModelLayout, load_layout
@@ -140,15 +139,6 @@ class RooflineResult:
 # --------------------------------------------------------------------------- checks
 
 
-def _positive_number(value: Any, name: str, high: float = math.inf) -> float:
-    """A finite number in (0, high] (the bandwidth factor: achievable over peak bandwidth, at most 1)."""
-    finite = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if not finite or not 0 < value <= high:
-        expected = "a positive number" if high == math.inf else f"a number in (0, {high:g}]"
-        raise StudyError(f"{name} {value!r}: expected {expected}")
-    return float(value)
-
-
 def check_context(layout: ModelLayout, context_len: Any) -> int:
     """A positive context length no longer than the model's ``max_position_embeddings``."""
     length = check_positive_int(context_len, "context")
@@ -169,7 +159,7 @@ def weights_read(model: str | Path | ModelLayout, users: int = 1, weights_bytes:
     layout = load_layout(model)
     users = check_positive_int(users, "users")
     if weights_bytes is not None:
-        total, source = int(_positive_number(weights_bytes, "weights bytes")), "given"
+        total, source = int(check_number(weights_bytes, "weights bytes")), "given"
     else:
         size = weights_size(layout.config_path, layout)
         total, source = size.bytes, size.source
@@ -249,9 +239,7 @@ def step_bytes(
 
 def tpot_ms(total_bytes: float, bandwidth_gb_s: float, bandwidth_factor: float = DEFAULT_BANDWIDTH_FACTOR) -> float:
     """Milliseconds to stream ``total_bytes`` at ``bandwidth_gb_s x bandwidth_factor``."""
-    bandwidth = _positive_number(bandwidth_gb_s, "bandwidth GB/s") * _positive_number(
-        bandwidth_factor, "bandwidth factor", 1
-    )
+    bandwidth = check_number(bandwidth_gb_s, "bandwidth GB/s") * check_number(bandwidth_factor, "bandwidth factor", 1)
     return total_bytes / (bandwidth * 1e9) * 1e3
 
 
@@ -335,7 +323,7 @@ def roofline(
     users = check_positive_int(users, "users")
     spec = find_gpu(gpu) if gpu is not None else None
     if bandwidth_gb_s is not None:
-        bandwidth = _positive_number(bandwidth_gb_s, "bandwidth GB/s")
+        bandwidth = check_number(bandwidth_gb_s, "bandwidth GB/s")
         origin, note = bandwidth_origin, "peak figure given instead of the catalog's"
     elif spec is not None:
         bandwidth, origin, note = spec.bandwidth_gb_s, "datasheet", spec.source
@@ -344,7 +332,7 @@ def roofline(
     if bandwidth_factor is None:
         factor, factor_origin, factor_note = DEFAULT_BANDWIDTH_FACTOR, "assumed", FACTOR_NOTE
     else:
-        factor, factor_origin, factor_note = _positive_number(bandwidth_factor, "bandwidth factor", 1), "given", ""
+        factor, factor_origin, factor_note = check_number(bandwidth_factor, "bandwidth factor", 1), "given", ""
     dtypes = list(kv_dtypes) if kv_dtypes else [layout.model_dtype, "fp8"]
     weights = weights_read(layout, users, weights_bytes)
     weights_origin = "given" if weights_bytes is not None else "model folder"
