@@ -37,9 +37,6 @@ from kvstudy.vllm.facts import DTYPE_BYTES, KV_AUTO_FROM_CHECKPOINT_SOURCE, MLA_
 KV_DTYPES: tuple[str, ...] = ("auto", *DTYPE_BYTES, *MLA_SPECIAL_BYTES)
 
 
-# --------------------------------------------------------------------------- records
-
-
 @dataclass(frozen=True)
 class KVFootprint:
     """KV bytes for one model and one KV dtype."""
@@ -64,9 +61,6 @@ class KVFootprint:
     @property
     def tokens_per_gib(self) -> float:
         return tokens_per_gib(self.bytes_per_token)
-
-
-# --------------------------------------------------------------------------- bytes per token
 
 
 def resolve_kv_dtype(layout: ModelLayout, kv_dtype: str) -> str:
@@ -204,20 +198,9 @@ def _plain(value: Fraction) -> int | float:
 
 
 def tokens_per_gib(bytes_per_token: float) -> float:
-    """KV tokens one GiB holds at a cost per token."""
     if bytes_per_token <= 0:
         raise StudyError(f"bytes per token {bytes_per_token!r}: expected a positive number")
     return GIB / bytes_per_token
-
-
-# --------------------------------------------------------------------------- tables and CLI
-
-
-def default_dtypes(layout: ModelLayout) -> list[str]:
-    """The model's own 16-bit dtype, fp8 and nvfp4 (MLA models: their own fp8/nvfp4 formats); first
-    'auto' when the checkpoint makes it store something other than the model dtype."""
-    quantized = ["fp8_ds_mla", "nvfp4_ds_mla"] if layout.count(MLA) else ["nvfp4"]
-    return ["auto"] * bool(layout.kv_scheme_dtype) + [layout.model_dtype, "fp8", *quantized]
 
 
 def capacity_summary(
@@ -229,7 +212,10 @@ def capacity_summary(
 ) -> dict[str, Any]:
     """The CLI's JSON object: the model's layer kinds and, per dtype, the footprint figures."""
     layout = load_layout(model)
-    dtypes = kv_dtypes or default_dtypes(layout)
+    # default: the model's 16-bit dtype, fp8 and nvfp4 (MLA: its own fp8/nvfp4 formats); first 'auto' when
+    # the checkpoint makes it store something other than the model dtype
+    quantized = ["fp8_ds_mla", "nvfp4_ds_mla"] if layout.count(MLA) else ["nvfp4"]
+    dtypes = kv_dtypes or ["auto"] * bool(layout.kv_scheme_dtype) + [layout.model_dtype, "fp8", *quantized]
     notes = list(layout.notes)
     if layout.kv_scheme_dtype:  # why 'auto' stores what it does
         notes.append(

@@ -13,13 +13,6 @@ from kvstudy.vllm.install_check import require_engine
 BUILT_MODELS = {Path("data/tiny-models"): "make engine tiny-model"}
 
 
-def _built_by(path: Path) -> str | None:
-    """The command that builds ``path`` when it is one of the project's built model folders (both
-    sides resolved: the folder may be a symlink out of the repository)."""
-    full = (REPO_ROOT / path).resolve()
-    return next((cmd for root, cmd in BUILT_MODELS.items() if full.is_relative_to((REPO_ROOT / root).resolve())), None)
-
-
 def cached_snapshots(cache_dir: str | Path | None = None, asked: str | None = None) -> dict[str, Path]:
     """The newest snapshot of each model repository in the local Hugging Face cache (no network);
     ``asked``: the id being looked up, named when there is no cache."""
@@ -54,7 +47,10 @@ def resolve_model_path(spec: str | Path, cache_dir: str | Path | None = None) ->
                 f"{text}: not a folder and not in the local Hugging Face cache (expected a model folder, a config.json or a cached repo id)"
             )
         return found
-    command = _built_by(path)
+    full = (REPO_ROOT / path).resolve()  # one of the project's built folders? (both resolved: it may be a symlink)
+    command = next(
+        (cmd for root, cmd in BUILT_MODELS.items() if full.is_relative_to((REPO_ROOT / root).resolve())), None
+    )
     if command:
         raise MissingPrerequisite(f"{spec}: this model folder is built by the project and is not built here", command)
     raise StudyError(f"{spec}: no such model folder or file")

@@ -111,8 +111,6 @@ DSA_MODEL_TYPES = frozenset({"deepseek_v32", "glm_moe_dsa", "deepseek_v3"})
 UNMODELLED_FIELDS = ("index_topk", "compress_rates", "compress_rate_csa", "compress_ratios", "hc_mult")
 SUPPORTED_MODEL_TYPES: frozenset[str] = PLAIN_MODEL_TYPES | SPECIAL_MODEL_TYPES
 
-# --------------------------------------------------------------------------- records
-
 
 @dataclass(frozen=True)
 class StateShape:
@@ -177,7 +175,6 @@ class ModelLayout:
     tp_refused: tuple[tuple[int, str], ...] = ()  # (TP size, vLLM's reason) for sizes vLLM refuses
 
     def count(self, kind: str) -> int:
-        """Layers of one kind."""
         return sum(1 for layer in self.layers if layer.kind == kind)
 
     @property
@@ -195,9 +192,6 @@ class ModelLayout:
     def chunk_sizes(self) -> tuple[int, ...]:
         """Distinct attention_chunk_size values of chunked local layers, tokens."""
         return tuple(sorted({l.sliding_window for l in self.layers if l.kind == CHUNKED and l.sliding_window}))
-
-
-# --------------------------------------------------------------------------- config fields
 
 
 def _model_type(cfg: dict[str, Any], where: str, assume: str | None) -> tuple[str, str, tuple[str, ...]]:
@@ -234,9 +228,6 @@ def _model_type(cfg: dict[str, Any], where: str, assume: str | None) -> tuple[st
     return assume, arch or model_type, (warning,)
 
 
-# --------------------------------------------------------------------------- layer kinds per family
-
-
 def _listed(cfg: dict[str, Any], key: str, count: int, what: str, where: str) -> list[Any]:
     """The list field ``key`` of exactly ``count`` items, else one line naming it and what it holds."""
     value = cfg.get(key)
@@ -244,18 +235,6 @@ def _listed(cfg: dict[str, Any], key: str, count: int, what: str, where: str) ->
         got = len(value) if isinstance(value, list) else value
         raise StudyError(f"{where}: field '{key}' must list {count} {what}, got {repr(got)[:60]}")
     return value
-
-
-def _kinds_from_layer_types(cfg: dict[str, Any], num_layers: int, where: str) -> list[str]:
-    kinds = []
-    for i, name in enumerate(_listed(cfg, "layer_types", num_layers, "layer kinds (num_hidden_layers)", where)):
-        if not isinstance(name, str) or name not in LAYER_TYPE_NAMES:
-            raise StudyError(
-                f"{where}: field 'layer_types[{i}]' is {repr(name)[:60]} "
-                f"(expected one of {', '.join(LAYER_TYPE_NAMES)})"
-            )
-        kinds.append(LAYER_TYPE_NAMES[name])
-    return kinds
 
 
 def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -> list[list[str]]:
@@ -283,7 +262,14 @@ def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -
     if family == "falcon_h1":
         return [[FULL, LINEAR] for _ in range(num_layers)]
     if cfg.get("layer_types") is not None:
-        kinds = _kinds_from_layer_types(cfg, num_layers, where)
+        kinds = []
+        for i, name in enumerate(_listed(cfg, "layer_types", num_layers, "layer kinds (num_hidden_layers)", where)):
+            if not isinstance(name, str) or name not in LAYER_TYPE_NAMES:
+                raise StudyError(
+                    f"{where}: field 'layer_types[{i}]' is {repr(name)[:60]} "
+                    f"(expected one of {', '.join(LAYER_TYPE_NAMES)})"
+                )
+            kinds.append(LAYER_TYPE_NAMES[name])
     elif family in GDN_MODEL_TYPES:
         interval = config_int(cfg, "full_attention_interval", where)
         kinds = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
@@ -300,9 +286,6 @@ def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -
         shared = cfg.get("num_kv_shared_layers") or 0
         kinds = [SHARED if i >= num_layers - shared else k for i, k in enumerate(kinds)]
     return [[k] for k in kinds]
-
-
-# --------------------------------------------------------------------------- shapes
 
 
 def attention_shape(cfg: dict[str, Any], where: str) -> tuple[int, int]:

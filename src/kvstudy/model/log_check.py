@@ -68,9 +68,6 @@ class PoolRange:
         return int(num_blocks / self.blocks_per_request * self.max_model_len)
 
 
-# --------------------------------------------------------------------------- reading the log
-
-
 def _kv_memory(info: StartupInfo, override: int | None, where: str) -> tuple[int, int, str]:
     """The KV memory interval (low, high bytes) the pool was built from, and where it was read;
     (0, 0) when the log has none and a block override fixes the pool."""
@@ -172,9 +169,6 @@ def _layout(model: str | Path) -> ModelLayout:
         )
         return dataclasses.replace(rules, notes=(*rules.notes, note))
     return resolve_layout(model)
-
-
-# --------------------------------------------------------------------------- predicting the pool
 
 
 def predict_ranges(
@@ -370,7 +364,6 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
 
 
 def format_check(result: dict[str, Any]) -> str:
-    """The check as a few lines of text."""
     logged, predicted = result["logged"], result["predicted"]
     lines = [
         f"{result['log']}: vLLM {logged['version'] or '(version not logged)'} on {logged['device']}, backend "

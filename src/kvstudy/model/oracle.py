@@ -176,5 +176,4 @@ def resolve_layouts(
 def resolve_layout(
     model: str | Path | ModelLayout, assume: str | None = None, tps: tuple[int, ...] = DEFAULT_TPS
 ) -> ModelLayout:
-    """One model's layout (:func:`resolve_layouts`)."""
     return resolve_layouts([model], assume, tps)[0]

@@ -80,9 +80,8 @@ def resolve_gpu_memory(
             "gpu memory: give a GPU name from the catalog (--gpu, parameter gpu) "
             "or its memory in GiB (--gpu-memory-gib, parameter gpu_memory_gib)"
         )
-    if gpu_memory_utilization is None:
-        utilization = (DEFAULT_GPU_MEMORY_UTILIZATION, "vLLM 0.32 default (vllm/config/cache.py)")
-    else:
+    utilization = (DEFAULT_GPU_MEMORY_UTILIZATION, "vLLM 0.32 default (vllm/config/cache.py)")
+    if gpu_memory_utilization is not None:
         utilization = (float(gpu_memory_utilization), "given")
     return GpuMemory(spec.name if spec is not None else None, memory, source, *utilization)
 
@@ -104,16 +103,12 @@ def group_pool(
     overhead = int(overhead_gib * GIB)
     pool = max(requested - per_gpu - overhead, 0)
     where = "per GPU " if tensor_parallel_size > 1 else ""
+    less = f" less {overhead_gib:.2f} GiB overhead" if overhead_gib else ""
     message = (
-        ""
-        if pool
-        else (
-            f"the weights {where}({per_gpu / GIB:.2f} GiB) exceed the memory vLLM may use "
-            f"({requested / GIB:.2f} GiB{' less ' + format(overhead_gib, '.2f') + ' GiB overhead' if overhead_gib else ''}): "
-            "use a larger GPU, more GPUs (tensor parallelism), or a smaller checkpoint"
-        )
+        f"the weights {where}({per_gpu / GIB:.2f} GiB) exceed the memory vLLM may use ({requested / GIB:.2f} GiB"
+        f"{less}): use a larger GPU, more GPUs (tensor parallelism), or a smaller checkpoint"
     )
-    return GroupPool(per_gpu, requested, overhead, pool, message)
+    return GroupPool(per_gpu, requested, overhead, pool, "" if pool else message)
 
 
 def users_at(
@@ -185,9 +180,6 @@ def gpu_tp_table(
                 row[f"users {dtype}"] = users_at(layout, dtype, plan.kv_pool_bytes, context_len, tp)
             rows.append(row)
     return pd.DataFrame(rows).set_index(["GPU", "TP"])
-
-
-# --------------------------------------------------------------------------- the command
 
 
 def plan_summary(
@@ -318,9 +310,6 @@ def _csv(summary: dict[str, Any], path: str, force: bool = False) -> None:
         write_csv(frame, target)
     except OSError as exc:  # a parent that is a file, a folder that cannot be made
         raise StudyError(f"--csv {path}: cannot be written ({exc.strerror or exc})") from None
-
-
-# --------------------------------------------------------------------------- the decision card's capacity
 
 
 def advised_skip_layers(layout: ModelLayout) -> str | None:

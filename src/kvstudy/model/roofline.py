@@ -90,7 +90,6 @@ class StepBytes:
 
     @property
     def kv_share(self) -> float:
-        """Share of the step's bytes that is KV cache."""
         return self.kv_bytes / self.total_bytes
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,9 +135,6 @@ class RooflineResult:
         return asdict(self) | {"steps": {k: s.to_dict() for k, s in self.steps.items()}}
 
 
-# --------------------------------------------------------------------------- checks
-
-
 def check_context(layout: ModelLayout, context_len: Any) -> int:
     """A positive context length no longer than the model's ``max_position_embeddings``."""
     length = check_positive_int(context_len, "context")
@@ -149,9 +145,6 @@ def check_context(layout: ModelLayout, context_len: Any) -> int:
             f"(expected at most {limit} tokens)"
         )
     return length
-
-
-# --------------------------------------------------------------------------- weights
 
 
 def weights_read(model: str | Path | ModelLayout, users: int = 1, weights_bytes: int | None = None) -> WeightsRead:
@@ -204,9 +197,6 @@ def activation_bytes_per_request(model: str | Path | ModelLayout) -> float:
     return float(layers * per_layer + (usable_int(cfg.get("vocab_size")) or 0) * LOGIT_BYTES)
 
 
-# --------------------------------------------------------------------------- KV per step
-
-
 def step_bytes(
     model: str | Path | ModelLayout,
     kv_dtype: str,
@@ -238,7 +228,6 @@ def step_bytes(
 
 
 def tpot_ms(total_bytes: float, bandwidth_gb_s: float, bandwidth_factor: float = DEFAULT_BANDWIDTH_FACTOR) -> float:
-    """Milliseconds to stream ``total_bytes`` at ``bandwidth_gb_s x bandwidth_factor``."""
     bandwidth = check_number(bandwidth_gb_s, "bandwidth GB/s") * check_number(bandwidth_factor, "bandwidth factor", 1)
     return total_bytes / (bandwidth * 1e9) * 1e3
 
@@ -301,9 +290,6 @@ def max_fp8_gain_pct(
     return speedup_pct(base.total_bytes, cand.total_bytes)
 
 
-# --------------------------------------------------------------------------- the whole prediction
-
-
 def roofline(
     model: str | Path | ModelLayout,
     context_len: int,
@@ -329,9 +315,8 @@ def roofline(
         bandwidth, origin, note = spec.bandwidth_gb_s, "datasheet", spec.source
     else:
         raise StudyError("gpu: none given (expected --gpu NAME from the catalog, or a bandwidth in GB/s)")
-    if bandwidth_factor is None:
-        factor, factor_origin, factor_note = DEFAULT_BANDWIDTH_FACTOR, "assumed", FACTOR_NOTE
-    else:
+    factor, factor_origin, factor_note = DEFAULT_BANDWIDTH_FACTOR, "assumed", FACTOR_NOTE
+    if bandwidth_factor is not None:
         factor, factor_origin, factor_note = check_number(bandwidth_factor, "bandwidth factor", 1), "given", ""
     dtypes = list(kv_dtypes) if kv_dtypes else [layout.model_dtype, "fp8"]
     weights = weights_read(layout, users, weights_bytes)

@@ -290,9 +290,6 @@ def verdicts(report: ScaleReport, evidence: EngineEvidence | None) -> list[str]:
     return out
 
 
-# --------------------------------------------------------------------------- engine evidence
-
-
 def read_evidence(path: str | Path) -> EngineEvidence:
     """A startup log (text, parsed by kvstudy.vllm.startup_log) or a resolved-run record / parsed log (JSON)."""
     path = Path(path)

@@ -51,9 +51,6 @@ _SCALE_ENDINGS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 _LAYER_RE = re.compile(r"\.(\d+)\.")
 
 
-# --------------------------------------------------------------------------- config fields
-
-
 def _read_json_file(path: Path, report: ScaleReport) -> Any | None:
     try:
         text = read_bytes_checked(path)
@@ -170,9 +167,6 @@ def _read_hf_quant_config(folder: Path, report: ScaleReport) -> None:
         report.quant_method = "modelopt"
 
 
-# --------------------------------------------------------------------------- safetensors
-
-
 def scale_kinds(name: str) -> tuple[tuple[str, ...], str] | None:
     """The kinds ("k", "v", "q") and naming style of a tensor vLLM loads as a KV/query scale."""
     for ending, kinds, style in _SCALE_ENDINGS:
@@ -269,9 +263,6 @@ def _scan_weights(folder: Path, report: ScaleReport) -> None:
         )
 
 
-# --------------------------------------------------------------------------- public entry points
-
-
 def inspect_model(
     path_or_id: str | Path, log: str | Path | None = None, cache_dir: str | Path | None = None
 ) -> ScaleReport:
@@ -298,9 +289,6 @@ def inspect_cache(cache_dir: str | Path | None = None) -> list[ScaleReport]:
     return [
         replace(inspect_model(path), source=repo_id) for repo_id, path in sorted(cached_snapshots(cache_dir).items())
     ]
-
-
-# --------------------------------------------------------------------------- seed 002's dump check
 
 
 def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -378,9 +366,6 @@ def _compare_kv_dtypes(declared: str | None, logged: str | None) -> tuple[bool |
     if _norm_kv_dtype(declared) == _norm_kv_dtype(logged):
         return True, None
     return False, "the engine stored the KV cache in another dtype than the folder declares"
-
-
-# --------------------------------------------------------------------------- command line
 
 
 def summary(report: ScaleReport) -> str:

@@ -47,9 +47,6 @@ class WeightsSize:
     source: str  # "safetensors index total_size", "safetensors headers", "estimated ..."
 
 
-# --------------------------------------------------------------------------- parameter counts
-
-
 def _attention_parameters(cfg: dict[str, Any], layer: LayerSpec, hidden: int, heads: int, where: str) -> int:
     need = lambda key: config_int(cfg, key, where)  # noqa: E731 - a required positive field
     if layer.kind == LINEAR:
@@ -188,9 +185,6 @@ def parameter_parts(
     return parts
 
 
-# --------------------------------------------------------------------------- bytes per parameter
-
-
 def _quantized_bytes(quant: dict[str, Any], where: str) -> tuple[Fraction, str]:
     """Bytes per quantized weight and a label, from a quantization_config."""
     method = str(quant.get("quant_method") or "").lower()
@@ -290,9 +284,6 @@ def estimate_weights(
         )
     total = sum(int(math.ceil(count * per_part[name])) for name, count in parts.items())
     return WeightsSize(total, f"estimated from config ({label})")
-
-
-# --------------------------------------------------------------------------- from the checkpoint
 
 
 def _header_bytes(files: list[Path]) -> int:
