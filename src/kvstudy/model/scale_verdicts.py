@@ -147,12 +147,12 @@ def kv_handling_method(report: ScaleReport) -> bool:
 
 
 def _scale_summary(report: ScaleReport) -> str:
-    k_layers, v_layers = report.scale_layers("k"), report.scale_layers("v")
     span = report.span()
     values = f"values {span[0]:.4g} to {span[1]:.4g}" if span else "no finite values"
     total = f" of {report.num_hidden_layers}" if report.num_hidden_layers else ""
     return (
-        f"KV scales present: k for {len(k_layers)}{total} layers, v for {len(v_layers)}{total} layers, "
+        f"KV scales present: k for {len(report.scale_layers('k'))}{total} layers, "
+        f"v for {len(report.scale_layers('v'))}{total} layers, "
         f"{'per head' if report.per_head() else 'one per tensor'}, {values} ({report.styles()})."
     )
 
@@ -252,22 +252,21 @@ def engine_outcome(report: ScaleReport, ev: EngineEvidence) -> str:
     return "silent-unit-scale" if fp8 else "unknown"
 
 
-def _evidence_verdicts(report: ScaleReport, ev: EngineEvidence) -> list[str]:
-    on = f"{ev.source}" + (f" (vLLM {ev.version})" if ev.version else "")
-    outcome = engine_outcome(report, ev)
-    report.engine_outcome = outcome
+def _evidence_verdict(report: ScaleReport, ev: EngineEvidence) -> str:
+    outcome = report.engine_outcome = engine_outcome(report, ev)
     text = OUTCOME_TEXT[outcome].format(dtype=ev.kv_cache_dtype)
-    if (ev.kv_cache_dtype or "").lower() == "auto" and effective_kv_dtype(report, ev) != ev.kv_cache_dtype:
+    effective = effective_kv_dtype(report, ev)
+    if (ev.kv_cache_dtype or "").lower() == "auto" and effective != ev.kv_cache_dtype:
         text += (
-            f" The flag was 'auto': the folder's declaration made the KV cache "
-            f"{effective_kv_dtype(report, ev)}, although the log never names that dtype."
+            f" The flag was 'auto': the folder's declaration made the KV cache {effective}, "
+            "although the log never names that dtype."
         )
     cause = f": {ev.failure_cause.rstrip('.')}" if ev.failure_cause else ""
     if ev.failed and outcome != "too-early":
         text += f" (The start failed afterwards, once the weights and scales were loaded{cause}.)"
     elif ev.failed:
         text += f" (Cause{cause or ': not named in the log'}.)"
-    return [f"{on}: {text}"]
+    return f"{ev.source}" + (f" (vLLM {ev.version})" if ev.version else "") + f": {text}"
 
 
 def verdicts(report: ScaleReport, evidence: EngineEvidence | None) -> list[str]:
@@ -286,7 +285,7 @@ def verdicts(report: ScaleReport, evidence: EngineEvidence | None) -> list[str]:
         out.append(_no_scale_verdict(report))
     out += _forcing_verdicts(report)
     if evidence is not None:
-        out += _evidence_verdicts(report, evidence)
+        out.append(_evidence_verdict(report, evidence))
     return out
 
 
