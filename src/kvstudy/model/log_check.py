@@ -21,7 +21,7 @@ from kvstudy.limits import MAX_POOL_CODE_LAYERS
 from kvstudy.model.allocator import predict_logged_pool, vllm_layer_records
 from kvstudy.model.capacity import GIB, LINEAR, ModelLayout, kv_heads_per_gpu, resolve_kv_dtype
 from kvstudy.model.folder import load_config
-from kvstudy.model.layout import layout_from_config
+from kvstudy.model.layout import load_layout
 from kvstudy.model.oracle import resolve_layout
 from kvstudy.vllm.command import version_release
 from kvstudy.vllm.facts import (
@@ -113,7 +113,8 @@ def _model_name(text: str) -> str:
 def _check_same_model(
     info: StartupInfo, layout: ModelLayout, model: str | Path, any_name: bool, where: str
 ) -> ModelLayout:
-    """Refuse a log of another model; the layout with the log's dtype where ``--dtype`` chose it."""
+    """Refuse a log of another model; the layout with the log's dtype where ``--dtype`` chose it, and the
+    layers one GPU of its TP group holds (``capacity.kv_heads_per_gpu``: the logged KV memory and pool are one GPU's)."""
     config, config_path = load_config(model)
     logged = info.model or info.served_model_name
     if logged and not any_name:
@@ -139,12 +140,7 @@ def _check_same_model(
                 "and no --dtype was asked: a log of another model?"
             )
         layout = dataclasses.replace(layout, model_dtype=dtype)
-    return _per_gpu(layout, info.tensor_parallel_size or 1, where)
-
-
-def _per_gpu(layout: ModelLayout, tp: int, where: str) -> ModelLayout:
-    """The layers one GPU of a TP group holds (``capacity.kv_heads_per_gpu``): the logged KV memory
-    and pool are one GPU's."""
+    tp = info.tensor_parallel_size or 1
     refused = dict(layout.tp_refused).get(tp)
     if refused:
         raise StudyError(f"{where}: the log runs TP {tp}, which the model does not allow ({refused})")
@@ -157,12 +153,11 @@ def _per_gpu(layout: ModelLayout, tp: int, where: str) -> ModelLayout:
 def _layout(model: str | Path) -> ModelLayout:
     """The model's KV layout (``oracle.resolve_layout``), except that vLLM is not asked to build a model
     of more than ``limits.MAX_POOL_CODE_LAYERS`` layers (minutes on the meta device): the rules answer."""
-    config, path = load_config(model)
     try:
-        rules = layout_from_config(config, str(path))
+        rules = load_layout(model)
     except StudyError:
-        rules = None
-    if rules is not None and len(rules.layers) > MAX_POOL_CODE_LAYERS:
+        return resolve_layout(model)
+    if len(rules.layers) > MAX_POOL_CODE_LAYERS:
         note = (
             f"KV figures from the kvstudy rules: vLLM is not asked to build {len(rules.layers):,} layers "
             "(limits.MAX_POOL_CODE_LAYERS)"
