@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ def _compare(args: argparse.Namespace) -> int:
     result = compare_folders(args.base, args.cand, clock_tolerance=args.clock_tolerance_pct / 100.0)
     # a bench result's model_id or a folder name may carry a URL password or a token: never echoed
     if args.json:
-        print(json.dumps(redact(result.to_dict()), default=str, allow_nan=False))
+        print(json.dumps(redact(asdict(result)), default=str, allow_nan=False))
     else:
         print(redact_text(format_text(result)))
     sys.stdout.flush()

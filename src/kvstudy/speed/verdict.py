@@ -147,8 +147,7 @@ def _clock_part(
             f"clocks differ by {clock_ratio - 1.0:+.1%} (baseline {cb:.0f} MHz, candidate {cc:.0f} MHz), "
             f"more than the {tolerance:.0%} tolerance"
         )
-    cycles = None
-    adjusted = None
+    cycles = adjusted = None
     if ratio is not None and all(r.tpots_s for r in runs):
         cycles = {
             label: _geomean([r.median_tpot_s * r.median_clock_mhz * 1e6 for r in arm])  # type: ignore[operator]
@@ -178,31 +177,25 @@ def compare_runs(
     is "no claim"); ``refusals``: reasons from outside the runs (e.g. queueing) that refuse a claim."""
     if not base or not cand:
         raise StudyError(f"verdict: {len(base)} baseline and {len(cand)} candidate runs, expected at least 1 each")
-    reasons: list[str] = list(refusals)
-    allowed = not refusals
+    runs = (*base, *cand)
     registration = registration_check(len(base), len(cand), registered_runs_per_arm)
-    if registration:
-        reasons.append(registration)
-        allowed = False
-    blocked = all(r.block is not None for r in (*base, *cand))
-    bb = [int(r.block) for r in base] if blocked else None  # type: ignore[arg-type]
-    cb = [int(r.block) for r in cand] if blocked else None  # type: ignore[arg-type]
-    if blocked and not set(bb or ()) & set(cb or ()):
-        blocked, bb, cb = False, None, None
-    measurable = all(r.measurable for r in (*base, *cand))
-    for r in (*base, *cand):
+    reasons = [*refusals, *filter(None, [registration])]
+    for r in runs:
         if not r.measurable:
             reasons.append(f"run {r.name}: per-token latency not measured ({'; '.join(r.unmeasurable_reasons)})")
-    if not measurable:
-        allowed = False
+    measurable = all(r.measurable for r in runs)
+    allowed = not refusals and not registration and measurable
+    blocks = [[r.block for r in arm] for arm in (base, cand)]
+    blocked = None not in (*blocks[0], *blocks[1]) and bool(set(blocks[0]) & set(blocks[1]))
+    bb, cb = blocks if blocked else (None, None)
 
     e2e_ratio = None
-    if all(r.e2e_per_token_s for r in (*base, *cand)):
+    if all(r.e2e_per_token_s for r in runs):
         e2e = [[float(np.median(r.e2e_per_token_s)) for r in arm] for arm in (base, cand)]
         if all(v > 0 for arm in e2e for v in arm):
             e2e_ratio = _geomean(e2e[1]) / _geomean(e2e[0])
 
-    medians_ok = all(r.tpots_s and r.median_tpot_s > 0 for r in (*base, *cand))
+    medians_ok = all(r.tpots_s and r.median_tpot_s > 0 for r in runs)
     ratio = ci = p = None
     test: PermutationTest | None = None
     base_ms = cand_ms = None
@@ -210,7 +203,7 @@ def compare_runs(
     if medians_ok:
         lb = [math.log(r.median_tpot_s) for r in base]
         lc = [math.log(r.median_tpot_s) for r in cand]
-        test = permutation_test(lb, lc, base_blocks=bb, cand_blocks=cb)
+        test = permutation_test(lb, lc, base_blocks=bb, cand_blocks=cb)  # type: ignore[arg-type]
         min_p = test.min_p_value
         ratio, p = math.exp(np.mean(lc) - np.mean(lb)), test.p_value
         base_ms, cand_ms = math.exp(np.mean(lb)) * 1e3, math.exp(np.mean(lc)) * 1e3
@@ -247,10 +240,10 @@ def compare_runs(
             f"not below alpha = {ALPHA:g}; {need}"
         )
 
-    order = order_check([r.start_time_s for r in base], [r.start_time_s for r in cand], bb, cb)
+    starts = ([r.start_time_s for r in base], [r.start_time_s for r in cand])
+    order = order_check(*starts, bb, cb)
     drift = None
     if order.design == UNBALANCED and medians_ok:  # adjacent blocks, same arm first: bound the drift
-        starts = ([r.start_time_s for r in base], [r.start_time_s for r in cand])
         drift = drift_check(lb, lc, *starts, alpha=ALPHA)  # type: ignore[arg-type]
         if drift.cleared:
             order = replace(order, accepted=True, design=DRIFT_BOUNDED, reason="")
@@ -263,8 +256,7 @@ def compare_runs(
     clocks_ok, clock_status, clock_ratio, cycles, adjusted = _clock_part(base, cand, ratio, clock_tolerance, reasons)
     allowed = allowed and clocks_ok
 
-    claim = statistical_claim(p, ci, ratio) if (ratio is not None and p is not None) else "no claim"
-    verdict = claim if allowed else "no claim"
+    verdict = statistical_claim(p, ci, ratio) if allowed and ratio is not None and p is not None else "no claim"
     if verdict != "no claim":
         word = "less" if verdict == "faster" else "more"
         reasons.insert(0, f"the candidate spends {abs(1.0 - ratio):.1%} {word} time per output token")  # type: ignore[operator]
