@@ -20,7 +20,7 @@ from kvstudy.errors import StudyError
 from kvstudy.model.allocator import predict_logged_pool
 from kvstudy.model.roofline import max_fp8_gain_pct
 from kvstudy.speed import calibration as cal
-from kvstudy.speed.analysis import Capture
+from kvstudy.speed.spec import Capture
 from kvstudy.speed.verdict import (
     CLOCK_TOLERANCE,
     RunSummary,
@@ -98,7 +98,7 @@ def capture_runs(capture: Capture, configuration: str, users: int) -> list[RunSu
         clocks = [
             t.clock_mhz
             for t in cell.telemetry
-            if t.clock_mhz is not None and (duration is None or 0 <= t.t_mono_s - window[0] <= duration)
+            if t.clock_mhz is not None and (not window or 0 <= t.t_mono_s - window[0] <= window[1] - window[0])
         ]
         start = row.get("started_mono_s")
         out.append(
