@@ -97,7 +97,9 @@ def knees(cap: LoadCapture) -> dict[str, dict[int, Knee]]:
     """Each arm's knee per seed block (cells that failed count as misses; a block with no finished cell is left out)."""
     share, loads = _ok_cells(cap)["share_within_target"], cap.spec.loads()
     per = {
-        arm: {s: users_within({n: share.get((arm, s, n)) for n in loads}, cap.spec.target_share) for s in cap.spec.seeds}
+        arm: {
+            s: users_within({n: share.get((arm, s, n)) for n in loads}, cap.spec.target_share) for s in cap.spec.seeds
+        }
         for arm in arm_order(cap)
     }
     return {arm: {s: k for s, k in seeds.items() if k.state != NO_CELLS} for arm, seeds in per.items()}
@@ -287,7 +289,9 @@ def verdict_text(cap: LoadCapture | None, comps: list[UsersComparison]) -> str:
     spec, mem = cap.spec, cap.spec.kv_memory_bytes
     aa = set(spec.aa_arms())
     memory = f"{mem / GIB:.3g} GiB" if mem >= GIB else f"{mem / 1024**2:.3g} MiB"
-    parts = [f"At {memory} of KV memory for every arm, {spec.context_tokens} tokens a request, target {spec.target_text()}:"]
+    parts = [
+        f"At {memory} of KV memory for every arm, {spec.context_tokens} tokens a request, target {spec.target_text()}:"
+    ]
     for c in comps:
         label = "A/A control" if c.candidate in aa else c.candidate
         if c.ratio is None:
