@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.bench.experiment import missing_cells
-from kvstudy.bench.grid import cell_status
 from kvstudy.cli import grid_arguments, json_option, print_failed, retry_option
 from kvstudy.io import read_json
 from kvstudy.limits import float_arg
@@ -33,7 +32,7 @@ def _sweep(args: argparse.Namespace) -> int:
     )
     failed = print_failed(results)
     ran = {r.cell_id for r in results}
-    kept = [c.id for c in spec.cells() if c.id not in ran and cell_status(args.capture, c.id) == "failed"]
+    kept = [c.id for c in missing_cells(spec, Path(args.capture), True) if c.id not in ran]
     if kept:
         print(
             f"kept {len(kept)} cell(s) that failed before ({', '.join(kept[:5])}); re-run with --retry-failed",
