@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from kvstudy.bench.experiment import missing_cells
-from kvstudy.bench.grid import cell_status
 from kvstudy.cli import grid_arguments, json_option, print_failed, retry_option
 from kvstudy.io import read_json
 from kvstudy.limits import float_arg
@@ -32,7 +32,7 @@ def _sweep(args: argparse.Namespace) -> int:
     )
     failed = print_failed(results)
     ran = {r.cell_id for r in results}
-    kept = [c.id for c in spec.cells() if c.id not in ran and cell_status(args.capture, c.id) == "failed"]
+    kept = [c.id for c in missing_cells(spec, Path(args.capture), True) if c.id not in ran]
     if kept:
         print(
             f"kept {len(kept)} cell(s) that failed before ({', '.join(kept[:5])}); re-run with --retry-failed",
@@ -56,7 +56,7 @@ def _compare(args: argparse.Namespace) -> int:
     result = compare_folders(args.base, args.cand, clock_tolerance=args.clock_tolerance_pct / 100.0)
     # a bench result's model_id or a folder name may carry a URL password or a token: never echoed
     if args.json:
-        print(json.dumps(redact(result.to_dict()), default=str, allow_nan=False))
+        print(json.dumps(redact(asdict(result)), default=str, allow_nan=False))
     else:
         print(redact_text(format_text(result)))
     sys.stdout.flush()

@@ -95,15 +95,14 @@ def _ok_cells(cap: LoadCapture) -> pd.DataFrame:
 
 def knees(cap: LoadCapture) -> dict[str, dict[int, Knee]]:
     """Each arm's knee per seed block (cells that failed count as misses; a block with no finished cell is left out)."""
-    share = _ok_cells(cap)["share_within_target"]
-    out: dict[str, dict[int, Knee]] = {}
-    for arm in arm_order(cap):
-        loads = cap.spec.loads()
-        per = {
+    share, loads = _ok_cells(cap)["share_within_target"], cap.spec.loads()
+    per = {
+        arm: {
             s: users_within({n: share.get((arm, s, n)) for n in loads}, cap.spec.target_share) for s in cap.spec.seeds
         }
-        out[arm] = {s: k for s, k in per.items() if k.state != NO_CELLS}
-    return out
+        for arm in arm_order(cap)
+    }
+    return {arm: {s: k for s, k in seeds.items() if k.state != NO_CELLS} for arm, seeds in per.items()}
 
 
 def comparisons(cap: LoadCapture) -> tuple[list[UsersComparison], pd.DataFrame]:
@@ -112,16 +111,15 @@ def comparisons(cap: LoadCapture) -> tuple[list[UsersComparison], pd.DataFrame]:
     order = arm_order(cap)
     k = knees(cap)
     comps = [compare_users(order[0], arm, k[order[0]], k[arm]) for arm in order[1:]]
-    rows, p_values = [], []
+    share = _ok_cells(cap)["share_within_target"]
+    done, rows, p_values = set(share.index), [], []
     for arm in order[1:]:
         for load in cap.spec.loads():
-            base, cand = _shares(cap, order[0], load), _shares(cap, arm, load)
-            seeds = [s for s in base if s in cand]
+            seeds = [s for s in cap.spec.seeds if {(order[0], s, load), (arm, s, load)} <= done]
             row: dict[str, Any] = {"comparison": f"{order[0]} → {arm}", "users": load, "seed blocks": len(seeds)}
             if seeds:
-                test = permutation_test(
-                    [base[s] for s in seeds], [cand[s] for s in seeds], base_blocks=seeds, cand_blocks=seeds
-                )
+                base, cand = ([float(share[(a, s, load)]) for s in seeds] for a in (order[0], arm))
+                test = permutation_test(base, cand, base_blocks=seeds, cand_blocks=seeds)
                 row.update(
                     {"share within target, change": test.statistic, "p": test.p_value, "smallest p": test.min_p_value}
                 )
@@ -132,11 +130,6 @@ def comparisons(cap: LoadCapture) -> tuple[list[UsersComparison], pd.DataFrame]:
     if p_values:
         per_load.loc[per_load["p"].notna(), "p, Holm"] = adjusted
     return comps, per_load
-
-
-def _shares(cap: LoadCapture, arm: str, load: int) -> dict[int, float]:
-    share = _ok_cells(cap)["share_within_target"]
-    return {s: float(share[(arm, s, load)]) for s in cap.spec.seeds if (arm, s, load) in share.index}
 
 
 def users_table(cap: LoadCapture) -> pd.DataFrame:
@@ -282,10 +275,6 @@ def verdict_facts(cap: LoadCapture | None, comps: list[UsersComparison]) -> dict
     return {"state": state, **facts}
 
 
-def memory_text(n_bytes: int) -> str:
-    return f"{n_bytes / GIB:.3g} GiB" if n_bytes >= GIB else f"{n_bytes / 1024**2:.3g} MiB"
-
-
 def family_size(cap: LoadCapture) -> int:
     """Tests in this report's Holm family: a users test per comparison and a test per comparison and load."""
     return (len(cap.spec.arms) - 1) * (1 + len(cap.spec.loads()))
@@ -297,10 +286,11 @@ capture_settings = partial(experiment.capture_settings, load_spec)
 def verdict_text(cap: LoadCapture | None, comps: list[UsersComparison]) -> str:
     if cap is None:
         return "No load capture: what FP8 buys at equal memory was not measured."
-    spec = cap.spec
+    spec, mem = cap.spec, cap.spec.kv_memory_bytes
     aa = set(spec.aa_arms())
+    memory = f"{mem / GIB:.3g} GiB" if mem >= GIB else f"{mem / 1024**2:.3g} MiB"
     parts = [
-        f"At {memory_text(spec.kv_memory_bytes)} of KV memory for every arm, {spec.context_tokens} tokens a request, target {spec.target_text()}:"
+        f"At {memory} of KV memory for every arm, {spec.context_tokens} tokens a request, target {spec.target_text()}:"
     ]
     for c in comps:
         label = "A/A control" if c.candidate in aa else c.candidate

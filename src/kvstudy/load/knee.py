@@ -25,23 +25,11 @@ CONFIDENCE = 0.95
 MEASURED, MISSED, HELD, NO_CELLS = "measured", "missed at the lowest load", "held at every load", "no finished cell"
 
 
-def request_within(
-    success: bool, ttft_ms: float, tpot_ms: float | None, e2el_ms: float, target: Mapping[str, float]
-) -> bool:
-    """vLLM's goodput rule for one request: succeeded, and each limit in ``target`` (ms) met."""
-    if not success:
-        return False
-    values = {"ttft": ttft_ms, "tpot": 0.0 if tpot_ms is None else tpot_ms, "e2el": e2el_ms}
-    return all(values[k] <= limit for k, limit in target.items())
-
-
 def share_within(records: Iterable[Any], target: Mapping[str, float]) -> tuple[int, int]:
-    """(requests within the target, requests) of a cell's per-request records."""
-    n = ok = 0
-    for r in records:
-        n += 1
-        ok += request_within(r.success, r.ttft_ms, r.tpot_ms, r.e2el_ms, target)
-    return ok, n
+    """(requests within the target, requests) of a cell's per-request records, by vLLM's goodput rule:
+    a request succeeded and met each limit in ``target`` (ms); one output token (no TPOT) counts as TPOT 0."""
+    rows = [(r.success, {"ttft": r.ttft_ms, "tpot": r.tpot_ms or 0.0, "e2el": r.e2el_ms}) for r in records]
+    return sum(ok and all(v[k] <= limit for k, limit in target.items()) for ok, v in rows), len(rows)
 
 
 @dataclass(frozen=True)

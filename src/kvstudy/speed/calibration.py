@@ -61,7 +61,10 @@ class ClaimRate:
     def text(self) -> str:
         """The rate with its interval, or why there is none."""
         if not self.possible:
-            return f"calibration not possible with this design (smallest reachable p {self.min_p:.3g})"
+            return (
+                f"calibration not possible with this design: {self.n_base} vs {self.n_cand}"
+                f"{' seed blocks' if self.blocked else ' runs'}, smallest reachable p {self.min_p:.3g}"
+            )
         return (
             f"{self.claims} of {self.trials} ({self.rate:.1%}, 95 % interval {self.ci_95[0]:.1%} to "
             f"{self.ci_95[1]:.1%})"

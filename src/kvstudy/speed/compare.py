@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,21 +82,6 @@ class Comparison:
     settings: dict[str, Any]
     detectable_change: float | None = None  # TPOT change detected with 80 % power by this design (fraction)
     files: dict[str, list[str]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """One JSON-ready object: the verdict's fields first, then the details."""
-        out = asdict(self.verdict)
-        out.update(
-            {
-                "baseline": str(self.baseline),
-                "candidate": str(self.candidate),
-                "settings": self.settings,
-                "detectable_change_80": self.detectable_change,
-                "files": self.files,
-                "measurability": {arm: [asdict(m) for m in ms] for arm, ms in self.measurability.items()},
-            }
-        )
-        return out
 
 
 # --------------------------------------------------------------------------- reading
@@ -223,16 +208,17 @@ def compare_folders(
     cand = read_bench_folder(cand_path)
     settings = check_same_settings([*base, *cand])
     expected = expected_output_len([*base, *cand])
+    arms = {"baseline": base, "candidate": cand}
     assessed = {
         label: [assess_run(r.requests, r.name, expected_output_len=expected, duration_s=r.duration_s) for r in arm]
-        for label, arm in (("baseline", base), ("candidate", cand))
+        for label, arm in arms.items()
     }
     summaries = {
         label: [
             summarise_run(r.requests, m, start_time_s=r.start_time_s, median_clock_mhz=r.median_clock_mhz)
-            for r, m in zip(arm, assessed[label])
+            for r, m in zip(arms[label], ms)
         ]
-        for label, arm in (("baseline", base), ("candidate", cand))
+        for label, ms in assessed.items()
     }
     verdict = compare_runs(summaries["baseline"], summaries["candidate"], clock_tolerance=clock_tolerance)
     mdc = None
@@ -265,7 +251,7 @@ def compare_folders(
         measurability=assessed,
         settings=settings,
         detectable_change=mdc,
-        files={"baseline": [str(r.path) for r in base], "candidate": [str(r.path) for r in cand]},
+        files={label: [str(r.path) for r in arm] for label, arm in arms.items()},
     )
 
 

@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from kvstudy.bench.arm import Arms
 from kvstudy.bench.client import BenchSettings
-from kvstudy.bench.experiment import UsersSpec
+from kvstudy.bench.experiment import UsersCapture, UsersSpec
 from kvstudy.bench.spec import Axis, Cell, CellResult, Run, Seeds
 from kvstudy.limits import Blocks, Bytes, Gib, Requests, Seconds, Tokens, Users, Warmups
 from kvstudy.vllm.command import ServerConfig
@@ -107,3 +107,6 @@ class SpeedCellResult(CellResult):
     clock_interval_s: float | None = None  # telemetry sampling interval
     clock_window_s: tuple[float, float] | None = None  # edge samples: measured run announced .. client exit
     clock_samples_in_window: int | None = None  # samples inside clock_window_s (the two edge samples included)
+
+
+Capture = UsersCapture[SweepSpec]  # a sweep capture read once (kvstudy.speed.analysis.load_capture)

@@ -7,10 +7,16 @@ every run names its seed. Interval: a hierarchical bootstrap (``kvstudy.stats.bo
 with few runs is too narrow: the permutation p guards against false claims.
 
 A claim needs every run measurable, p < alpha, the interval excluding 1, comparable clocks, a block
-design in time (:func:`kvstudy.speed.design.order_check`, or a drift bounded by
-:func:`kvstudy.stats.drift.drift_check`), the registered runs per arm and no outside refusal;
-:func:`adjust_for_multiplicity` then applies Holm over one report's tests. Otherwise "no claim", with
-the reasons.
+design in time (:func:`order_check`, or a drift bounded by :func:`kvstudy.stats.drift.drift_check`),
+the registered runs per arm and no outside refusal; :func:`adjust_for_multiplicity` then applies Holm
+over one report's tests. Otherwise "no claim", with the reasons.
+
+The permutation test's <= 5 % false-claim guarantee is for a design fixed in advance and tested once:
+:func:`order_check` accepts only block designs (one run per arm per seed, a block's runs adjacent in
+time, blocks balanced in which arm runs first), since a nearly grouped order confounds drift with the
+arm; blocks all starting with the same arm pass only where the verdict bounds the drift;
+:func:`registration_check` refuses a verdict on fewer or more runs than registered per arm (testing
+after each added seed raises the false-claim rate).
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ import numpy as np
 from kvstudy.bench.measurability import Measurability, per_request_e2e_per_token_s, per_request_tpot_s
 from kvstudy.bench.result import RequestRecord
 from kvstudy.errors import StudyError
-from kvstudy.speed.design import DRIFT_BOUNDED, UNBALANCED, order_check, registration_check
 from kvstudy.stats.bootstrap import CONFIDENCE, bootstrap_ratio_interval
 from kvstudy.stats.drift import drift_check
 from kvstudy.stats.family import MULTIPLICITY_METHOD, holm
@@ -107,6 +112,117 @@ def _geomean(values: Sequence[float]) -> float:
     return math.exp(np.mean(np.log(values)))
 
 
+# --------------------------------------------------------------------------- the design
+
+
+UNBALANCED = "blocks unbalanced"  # adjacent one-per-arm blocks, most starting with the same arm
+DRIFT_BOUNDED = "alternating, drift estimated and bounded"
+
+
+@dataclass(frozen=True)
+class OrderCheck:
+    """Whether a pair's run order lets the test tell drift from the effect."""
+
+    accepted: bool | None  # None: start times not known
+    overlap: bool | None  # the old, weak check: neither arm ran entirely before the other
+    design: str  # "blocked, balanced (ABBA)" / "nearly grouped" / ...
+    reason: str  # empty when accepted
+
+
+def registration_check(n_base: int, n_cand: int, registered: int | None) -> str:
+    """ "" when the runs match the registered number per arm (or none was registered); else the reason."""
+    if registered is None:
+        return ""
+    if n_base < registered or n_cand < registered:
+        return (
+            f"incomplete design, no claim: {n_base} baseline and {n_cand} candidate runs of the "
+            f"{registered} per arm registered before the runs"
+        )
+    if n_base > registered or n_cand > registered:
+        return (
+            f"more runs than the {registered} per arm registered ({n_base} / {n_cand}): a design grown "
+            "until it reaches p < alpha does not keep the 5 % guarantee, no claim"
+        )
+    return ""
+
+
+def order_check(
+    base_starts: Sequence[float | None],
+    cand_starts: Sequence[float | None],
+    base_blocks: Sequence[int | None] | None = None,
+    cand_blocks: Sequence[int | None] | None = None,
+) -> OrderCheck:
+    """Accept a block design (one run per arm per block, a block's runs adjacent in time, blocks
+    balanced in which arm runs first); refuse any other order, nearly grouped ones included.
+
+    With seeds known (``*_blocks``) the blocks are the seeds; without, consecutive pairs in time."""
+    if any(t is None for t in (*base_starts, *cand_starts)) or not base_starts or not cand_starts:
+        return OrderCheck(None, None, "unknown", "run start times not known: the run order cannot be checked")
+    bs = [float(t) for t in base_starts]  # type: ignore[arg-type]
+    cs = [float(t) for t in cand_starts]  # type: ignore[arg-type]
+    overlap = not (max(bs) < min(cs) or max(cs) < min(bs))
+    if not overlap:
+        first = "baseline" if max(bs) < min(cs) else "candidate"
+        return OrderCheck(
+            False,
+            False,
+            "grouped",
+            f"every {first} run started before every other run: the arms were not interleaved in time, "
+            "so drift cannot be told from the effect",
+        )
+    known = base_blocks is not None and cand_blocks is not None
+    known = known and all(b is not None for b in (*base_blocks, *cand_blocks))  # type: ignore[misc]
+    if not known and len(bs) != len(cs):
+        return OrderCheck(False, True, "unbalanced", f"{len(bs)} vs {len(cs)} runs: not a block design")
+    runs = sorted(
+        [(t, "b", blk) for t, blk in zip(bs, base_blocks if known else bs)]  # type: ignore[arg-type]
+        + [(t, "c", blk) for t, blk in zip(cs, cand_blocks if known else cs)]  # type: ignore[arg-type]
+    )
+    if not known:  # the blocks are consecutive pairs in time
+        runs = [(t, arm, i // 2) for i, (t, arm, _) in enumerate(runs)]
+    seq = [blk for _, _, blk in runs]
+    firsts: list[str] = []
+    for blk in dict.fromkeys(seq):
+        where = [i for i, x in enumerate(seq) if x == blk]
+        arms = sorted(runs[i][1] for i in where)
+        if arms != ["b", "c"] and not known:
+            order = "".join("A" if arm == "b" else "B" for _, arm, _ in runs)
+            return OrderCheck(
+                False,
+                True,
+                "nearly grouped",
+                f"run order {order} (A baseline, B candidate) is not a sequence of AB/BA blocks: an order "
+                "this close to grouped confounds drift with the arm",
+            )
+        if arms != ["b", "c"]:
+            return OrderCheck(
+                False,
+                True,
+                "unblocked",
+                f"seed {blk} has {arms.count('b')} baseline and {arms.count('c')} candidate run(s), "
+                "not one of each: not a block design",
+            )
+        if where[-1] - where[0] != 1:
+            return OrderCheck(
+                False,
+                True,
+                "blocks split in time",
+                f"the two runs of seed {blk} are not adjacent in time (other seeds ran between them): "
+                "drift between them is not removed by the block",
+            )
+        firsts.append(runs[where[0]][1])
+    n_b = sum(f == "b" for f in firsts)
+    if abs(n_b - (len(firsts) - n_b)) > 1:
+        return OrderCheck(
+            False,
+            True,
+            UNBALANCED,
+            f"the baseline ran first in {n_b} of {len(firsts)} blocks: a drift within blocks would not cancel "
+            "(ABBA or balanced randomized blocks expected)",
+        )
+    return OrderCheck(True, True, "blocked, balanced (ABBA)", "")
+
+
 # --------------------------------------------------------------------------- the verdict
 
 
@@ -147,8 +263,7 @@ def _clock_part(
             f"clocks differ by {clock_ratio - 1.0:+.1%} (baseline {cb:.0f} MHz, candidate {cc:.0f} MHz), "
             f"more than the {tolerance:.0%} tolerance"
         )
-    cycles = None
-    adjusted = None
+    cycles = adjusted = None
     if ratio is not None and all(r.tpots_s for r in runs):
         cycles = {
             label: _geomean([r.median_tpot_s * r.median_clock_mhz * 1e6 for r in arm])  # type: ignore[operator]
@@ -178,31 +293,25 @@ def compare_runs(
     is "no claim"); ``refusals``: reasons from outside the runs (e.g. queueing) that refuse a claim."""
     if not base or not cand:
         raise StudyError(f"verdict: {len(base)} baseline and {len(cand)} candidate runs, expected at least 1 each")
-    reasons: list[str] = list(refusals)
-    allowed = not refusals
+    runs = (*base, *cand)
     registration = registration_check(len(base), len(cand), registered_runs_per_arm)
-    if registration:
-        reasons.append(registration)
-        allowed = False
-    blocked = all(r.block is not None for r in (*base, *cand))
-    bb = [int(r.block) for r in base] if blocked else None  # type: ignore[arg-type]
-    cb = [int(r.block) for r in cand] if blocked else None  # type: ignore[arg-type]
-    if blocked and not set(bb or ()) & set(cb or ()):
-        blocked, bb, cb = False, None, None
-    measurable = all(r.measurable for r in (*base, *cand))
-    for r in (*base, *cand):
+    reasons = [*refusals, *filter(None, [registration])]
+    for r in runs:
         if not r.measurable:
             reasons.append(f"run {r.name}: per-token latency not measured ({'; '.join(r.unmeasurable_reasons)})")
-    if not measurable:
-        allowed = False
+    measurable = all(r.measurable for r in runs)
+    allowed = not refusals and not registration and measurable
+    blocks = [[r.block for r in arm] for arm in (base, cand)]
+    blocked = None not in (*blocks[0], *blocks[1]) and bool(set(blocks[0]) & set(blocks[1]))
+    bb, cb = blocks if blocked else (None, None)
 
     e2e_ratio = None
-    if all(r.e2e_per_token_s for r in (*base, *cand)):
+    if all(r.e2e_per_token_s for r in runs):
         e2e = [[float(np.median(r.e2e_per_token_s)) for r in arm] for arm in (base, cand)]
         if all(v > 0 for arm in e2e for v in arm):
             e2e_ratio = _geomean(e2e[1]) / _geomean(e2e[0])
 
-    medians_ok = all(r.tpots_s and r.median_tpot_s > 0 for r in (*base, *cand))
+    medians_ok = all(r.tpots_s and r.median_tpot_s > 0 for r in runs)
     ratio = ci = p = None
     test: PermutationTest | None = None
     base_ms = cand_ms = None
@@ -210,7 +319,7 @@ def compare_runs(
     if medians_ok:
         lb = [math.log(r.median_tpot_s) for r in base]
         lc = [math.log(r.median_tpot_s) for r in cand]
-        test = permutation_test(lb, lc, base_blocks=bb, cand_blocks=cb)
+        test = permutation_test(lb, lc, base_blocks=bb, cand_blocks=cb)  # type: ignore[arg-type]
         min_p = test.min_p_value
         ratio, p = math.exp(np.mean(lc) - np.mean(lb)), test.p_value
         base_ms, cand_ms = math.exp(np.mean(lb)) * 1e3, math.exp(np.mean(lc)) * 1e3
@@ -247,10 +356,10 @@ def compare_runs(
             f"not below alpha = {ALPHA:g}; {need}"
         )
 
-    order = order_check([r.start_time_s for r in base], [r.start_time_s for r in cand], bb, cb)
+    starts = ([r.start_time_s for r in base], [r.start_time_s for r in cand])
+    order = order_check(*starts, bb, cb)
     drift = None
     if order.design == UNBALANCED and medians_ok:  # adjacent blocks, same arm first: bound the drift
-        starts = ([r.start_time_s for r in base], [r.start_time_s for r in cand])
         drift = drift_check(lb, lc, *starts, alpha=ALPHA)  # type: ignore[arg-type]
         if drift.cleared:
             order = replace(order, accepted=True, design=DRIFT_BOUNDED, reason="")
@@ -263,8 +372,7 @@ def compare_runs(
     clocks_ok, clock_status, clock_ratio, cycles, adjusted = _clock_part(base, cand, ratio, clock_tolerance, reasons)
     allowed = allowed and clocks_ok
 
-    claim = statistical_claim(p, ci, ratio) if (ratio is not None and p is not None) else "no claim"
-    verdict = claim if allowed else "no claim"
+    verdict = statistical_claim(p, ci, ratio) if allowed and ratio is not None and p is not None else "no claim"
     if verdict != "no claim":
         word = "less" if verdict == "faster" else "more"
         reasons.insert(0, f"the candidate spends {abs(1.0 - ratio):.1%} {word} time per output token")  # type: ignore[operator]

@@ -20,7 +20,7 @@ from kvstudy.errors import StudyError
 from kvstudy.model.allocator import predict_logged_pool
 from kvstudy.model.roofline import max_fp8_gain_pct
 from kvstudy.speed import calibration as cal
-from kvstudy.speed.analysis import Capture
+from kvstudy.speed.spec import Capture
 from kvstudy.speed.verdict import (
     CLOCK_TOLERANCE,
     RunSummary,
@@ -68,56 +68,47 @@ def beyond_bound(ratio: float | None, ci: tuple[float, float] | None, bound_pct:
 # --------------------------------------------------------------------------- capture runs
 
 
-def _present(value: Any) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
 def capture_runs(capture: Capture, configuration: str, users: int) -> list[RunSummary]:
     """Per finished cell of ``configuration`` at ``users``, by seed: a RunSummary of its per-request
     records (``capture.grid``), measurability assessed, with its median clock, the range of its clock
     samples in its window, and its start (``started_mono_s``, else the bench window's, on the capture's
     one monotonic clock)."""
-    cells, tel = capture.cells, capture.telemetry
+    cells = capture.cells
     if not len(cells):
         return []
     sel = cells[(cells["status"] == "ok") & (cells["configuration"] == configuration) & (cells["users"] == users)]
     out = []
-    for _, cell in sel.sort_values("seed").iterrows():
-        window = cell.get("bench_window_s")
-        window = window if isinstance(window, (list, tuple)) and len(window) == 2 else None
-        duration = float(window[1] - window[0]) if window else None
-        start, clock, samples = (
-            cell.get("started_mono_s"),
-            cell.get("median_clock_mhz"),
-            cell.get("clock_samples_in_window"),
+    for _, row in sel.sort_values("seed").iterrows():
+        cell = capture.grid.cells[row["cell_id"]]
+        window, samples, clock = (
+            cell.data.get(k) for k in ("bench_window_s", "clock_samples_in_window", "median_clock_mhz")
         )
+        duration = float(window[1] - window[0]) if window else None
         # the sampling interval limits what a window holds unless edge samples bracketed the cell's clock window
-        bracketed = _present(cell.get("clock_window_s")) and _present(samples)
-        interval = cell.get("clock_interval_s")
+        bracketed = cell.data.get("clock_window_s") is not None and samples is not None
+        interval = cell.data.get("clock_interval_s") or capture.spec.telemetry_interval_s
         m = assess_run(
-            capture.grid.cells[cell["cell_id"]].requests,
-            str(cell["cell_id"]),
+            cell.requests,
+            cell.id,
             expected_output_len=int(capture.spec.output_len),
             duration_s=duration,
-            clock_interval_s=None
-            if bracketed
-            else float(interval if _present(interval) else capture.spec.telemetry_interval_s),
-            clock_samples_in_window=int(samples) if _present(samples) else None,
+            clock_interval_s=None if bracketed else float(interval),
+            clock_samples_in_window=samples,
         )
-        clocks = pd.Series(dtype=float)
-        if len(tel) and "clock_mhz" in tel.columns:
-            t = tel[tel["cell_id"] == cell["cell_id"]]
-            if duration is not None:
-                t = t[(t["t_rel_s"] >= 0) & (t["t_rel_s"] <= duration)]
-            clocks = pd.to_numeric(t["clock_mhz"], errors="coerce").dropna()
+        clocks = [
+            t.clock_mhz
+            for t in cell.telemetry
+            if t.clock_mhz is not None and (not window or 0 <= t.t_mono_s - window[0] <= window[1] - window[0])
+        ]
+        start = row.get("started_mono_s")
         out.append(
             summarise_run(
-                capture.grid.cells[cell["cell_id"]].requests,
+                cell.requests,
                 m,
-                start_time_s=float(start) if _present(start) else float(window[0]) if window else None,
-                median_clock_mhz=float(clock) if pd.notna(clock) else None,
-                block=int(cell["seed"]),
-                clock_range_mhz=float(clocks.max() - clocks.min()) if len(clocks) else None,
+                start_time_s=float(start) if pd.notna(start) else float(window[0]) if window else None,
+                median_clock_mhz=None if clock is None else float(clock),
+                block=int(row["seed"]),
+                clock_range_mhz=float(max(clocks) - min(clocks)) if clocks else None,
             )
         )
     return out
@@ -344,36 +335,31 @@ def published_verdicts(pub: Any, context_len: int, clock_tolerance: float = CLOC
         if base not in at.index or cand not in at.index:
             continue
         b, c = at.loc[base], at.loc[cand]
-        ratio = float(c["median_tpot_ms"] / b["median_tpot_ms"])
-        n_b, n_c = int(b["seeds"]), int(c["seeds"])
-        min_p = minimum_p_value(n_b, n_c)
-        clock_ratio = float(c["median_clock_mhz"] / b["median_clock_mhz"])
-        cyc_b = float(b["median_tpot_ms"]) * 1e-3 * float(b["median_clock_mhz"]) * 1e6
-        cyc_c = float(c["median_tpot_ms"]) * 1e-3 * float(c["median_clock_mhz"]) * 1e6
+        tpot = (float(b["median_tpot_ms"]), float(c["median_tpot_ms"]))
+        clock = (float(b["median_clock_mhz"]), float(c["median_clock_mhz"]))
+        seeds = (int(b["seeds"]), int(c["seeds"]))
+        min_p = minimum_p_value(*seeds)
         reasons = []
         if min_p >= 0.05:
             reasons.append(
-                f"no claim, the design cannot reach significance: {n_b} vs {n_c} seeds, smallest "
+                f"no claim, the design cannot reach significance: {seeds[0]} vs {seeds[1]} seeds, smallest "
                 f"two-sided p of an exact test is {min_p:.2g}"
             )
         reasons.append("per-seed values were not published: no test, no interval")
-        if abs(clock_ratio - 1.0) > clock_tolerance:
-            reasons.append(
-                f"clocks differ by {clock_ratio - 1:+.1%} ({b['median_clock_mhz']:.0f} vs "
-                f"{c['median_clock_mhz']:.0f} MHz)"
-            )
+        if abs(clock[1] / clock[0] - 1.0) > clock_tolerance:
+            reasons.append(f"clocks differ by {clock[1] / clock[0] - 1:+.1%} ({clock[0]:.0f} vs {clock[1]:.0f} MHz)")
         bound = None
         if (model_dir / "config.json").is_file():
             bound = bound_less_time_pct(max_fp8_gain_pct(model_dir, context_len, int(users)))
         rows.append(
             PublishedVerdict(
                 int(users),
-                (float(b["median_tpot_ms"]), float(c["median_tpot_ms"])),
-                (n_b, n_c),
-                ratio,
+                tpot,
+                seeds,
+                tpot[1] / tpot[0],
                 min_p,
-                clock_ratio,
-                (cyc_b, cyc_c),
+                clock[1] / clock[0],
+                (tpot[0] * 1e-3 * clock[0] * 1e6, tpot[1] * 1e-3 * clock[1] * 1e6),
                 int(context_len),
                 bound,
                 contradicted,
@@ -478,7 +464,6 @@ def calibration_frame(capture: Capture, n_per_arm: int = 6, change: float = 0.2)
                 }
             )
             continue
-        replay = cal.false_claim_rate(usable)
         sim = cal.power(usable, change=0.0, n_per_arm=n_per_arm)
         pw = cal.power(usable, change=change, n_per_arm=n_per_arm)
         sens = cal.noise_sensitivity(usable, change=change, n_per_arm=n_per_arm)
@@ -488,12 +473,7 @@ def calibration_frame(capture: Capture, n_per_arm: int = 6, change: float = 0.2)
             {
                 "users": users,
                 "A/A runs": f"{len(usable)} in {len(blocks)} seed blocks" if blocks else len(usable),
-                "false claims, real splits": (
-                    f"calibration not possible with this design: {replay.n_base} vs {replay.n_cand}"
-                    f"{' seed blocks' if replay.blocked else ' runs'}, smallest reachable p {replay.min_p:.3g}"
-                )
-                if not replay.possible
-                else replay.text,
+                "false claims, real splits": cal.false_claim_rate(usable).text,
                 f"false claims, {n_per_arm} blocks per arm resampled": sim.text,
                 f"power for {change:+.0%}, {n_per_arm} blocks per arm": pw.text
                 if not pw.possible

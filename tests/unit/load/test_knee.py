@@ -3,6 +3,8 @@ alone (no claim) and the A/A false-claim rate by simulation."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,7 @@ from kvstudy.load.knee import (
     Knee,
     compare_users,
     decide,
-    request_within,
+    share_within,
     users_within,
 )
 from kvstudy.stats.binary import clopper_pearson
@@ -61,14 +63,21 @@ def no_full_collections(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gc, "collect", lambda generation=2: 0)
 
 
-def test_request_within_is_vllms_goodput_rule() -> None:
+def test_share_within_is_vllms_goodput_rule() -> None:
     target = {"ttft": 2000.0, "tpot": 100.0}
+
+    def request_within(success: bool, ttft: float, tpot: float | None, e2el: float, target: dict[str, float]) -> bool:
+        record = SimpleNamespace(success=success, ttft_ms=ttft, tpot_ms=tpot, e2el_ms=e2el)
+        return share_within([record], target) == (1, 1)
+
     assert request_within(True, 1999, 99, 99999, target)
     assert not request_within(True, 2001, 50, 0, target)
     assert not request_within(True, 10, 101, 0, target)
     assert request_within(True, 10, None, 0, target)  # one output token: TPOT 0, as vLLM counts it
     assert not request_within(False, 1, 1, 1, target)  # a failed request is never within
     assert not request_within(True, 1, 1, 5001, {"e2el": 5000.0})
+    records = [SimpleNamespace(success=True, ttft_ms=t, tpot_ms=1.0, e2el_ms=1.0) for t in (10, 3000, 20)]
+    assert share_within(records, target) == (2, 3)
 
 
 def test_knee_hand_values() -> None:

@@ -45,7 +45,7 @@ def test_bundled_aa_folders_give_no_claim(tmp_path: Path, helpers: Any, capsys: 
         helpers.write(cand, f"{name}.json", helpers.bundled(name))
     rc, out, _ = run_cli(["speed", "compare", str(base), str(cand), "--json"], capsys)
     assert rc == 0
-    d = json.loads(out)  # one object
+    d = json.loads(out)["verdict"]  # the verdict's fields
     assert d["verdict"] == "no claim" and d["measurable"] is True
     assert d["runs"] == {"baseline": 2, "candidate": 2}
     assert d["p_value"] >= d["min_p_value"] == pytest.approx(1 / 3)
@@ -58,17 +58,17 @@ def test_bundled_aa_folders_give_no_claim(tmp_path: Path, helpers: Any, capsys: 
 def test_real_format_speed_up_is_claimed(make_arms: Any, capsys: pytest.CaptureFixture[str]) -> None:
     base, cand = make_arms(n=4, ratio=0.7)
     rc, out, _ = run_cli(["speed", "compare", str(base), str(cand), "--json"], capsys)
-    d = json.loads(out)
+    d = json.loads(out)["verdict"]
     assert rc == 0 and d["verdict"] == "faster", d["reasons"]
     assert d["tpot_ratio"] == pytest.approx(0.7, rel=1e-6) and d["p_value"] == pytest.approx(2 / 70)
     assert d["tpot_ratio_ci"][1] < 1.0
     rc, out, _ = run_cli(["speed", "compare", str(cand), str(base), "--json"], capsys)
-    assert json.loads(out)["verdict"] == "slower"
+    assert json.loads(out)["verdict"]["verdict"] == "slower"
 
 
 def test_arms_run_one_after_the_other_give_no_claim(make_arms: Any, capsys: pytest.CaptureFixture[str]) -> None:
     base, cand = make_arms(n=4, ratio=0.7, interleave=False)
-    d = json.loads(run_cli(["speed", "compare", str(base), str(cand), "--json"], capsys)[1])
+    d = json.loads(run_cli(["speed", "compare", str(base), str(cand), "--json"], capsys)[1])["verdict"]
     assert d["verdict"] == "no claim" and d["order_design"] == "grouped"
     assert any("drift cannot be told" in r for r in d["reasons"])
 
@@ -78,9 +78,9 @@ def test_identical_arms_with_enough_runs_state_the_detectable_change(
 ) -> None:
     base, cand = make_arms(n=4, ratio=1.0, spread=0.1)
     d = json.loads(run_cli(["speed", "compare", str(base), str(cand), "--json"], capsys)[1])
-    assert d["verdict"] == "no claim" and d["p_value"] == pytest.approx(1.0)
-    assert d["detectable_change_80"] is not None
-    assert any("80 % power" in r for r in d["reasons"])
+    assert d["verdict"]["verdict"] == "no claim" and d["verdict"]["p_value"] == pytest.approx(1.0)
+    assert d["detectable_change"] is not None
+    assert any("80 % power" in r for r in d["verdict"]["reasons"])
 
 
 def test_bursty_runs_are_not_measurable(make_arms: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -91,7 +91,7 @@ def test_bursty_runs_are_not_measurable(make_arms: Any, capsys: pytest.CaptureFi
         data["latencies"] = [t + 1e-5 for t in data["ttfts"]]
         path.write_text(json.dumps(data))
     d = json.loads(run_cli(["speed", "compare", str(base), str(cand), "--json"], capsys)[1])
-    assert d["verdict"] == "no claim" and d["measurable"] is False
+    assert d["verdict"]["verdict"] == "no claim" and d["verdict"]["measurable"] is False
     assert all(not m["measurable"] for m in d["measurability"]["candidate"])
 
 
@@ -103,10 +103,10 @@ def test_clock_metadata_is_used(make_arms: Any, capsys: pytest.CaptureFixture[st
             data["median_clock_mhz"] = clock  # as vllm bench serve --metadata median_clock_mhz=1000 stores it
             path.write_text(json.dumps(data))
     argv = ["speed", "compare", str(base), str(cand), "--json"]
-    d = json.loads(run_cli(argv, capsys)[1])
+    d = json.loads(run_cli(argv, capsys)[1])["verdict"]
     assert d["verdict"] == "no claim" and d["clock_ratio"] == pytest.approx(1.1)
     assert d["clock_adjusted_ratio"] == pytest.approx(0.77, rel=1e-6)
-    d = json.loads(run_cli(argv + ["--clock-tolerance-pct", "12"], capsys)[1])
+    d = json.loads(run_cli(argv + ["--clock-tolerance-pct", "12"], capsys)[1])["verdict"]
     assert d["verdict"] == "faster"
 
 
@@ -341,7 +341,7 @@ def test_compare_never_echoes_a_url_password_or_token(
     rc, out, _ = run_cli(["speed", "compare", str(base), str(cand), *(["--json"] if as_json else [])], capsys)
     assert rc == 0 and "plantedPw-4c1e9a" not in out and "hf_PlantedTok0123456789" not in out
     if as_json:
-        assert json.loads(out)["verdict"] == "faster"
+        assert json.loads(out)["verdict"]["verdict"] == "faster"
 
 
 @pytest.mark.parametrize(

