@@ -33,10 +33,25 @@ C = TypeVar("C")
 class GridSpec(Spec):
     """A grid of cells served from one model (every experiment's capture: its spec, missing cells)."""
 
+    ARMS: ClassVar[str] = "arms"  # the field listing the arms
+    CELL_KEY: ClassVar[str]  # the key of a cell's third axis in its result record
+
     if TYPE_CHECKING:  # declared by each experiment (pydantic orders the fields as declared there)
         model: str
 
         def cells(self) -> list[Cell]: ...
+
+        def arm(self, name: str) -> Arm: ...
+
+    def identity(self, cell: Cell) -> dict[str, Any]:
+        """The fields naming ``cell`` in its result record, under this experiment's keys."""
+        return {
+            "cell_id": cell.id,
+            self.ARMS.removesuffix("s"): cell.arm,
+            "kv_cache_dtype": self.arm(cell.arm).kv_cache_dtype,
+            "seed": cell.seed,
+            self.CELL_KEY: cell.users,
+        }
 
 
 G = TypeVar("G", bound=GridSpec)
@@ -45,7 +60,6 @@ G = TypeVar("G", bound=GridSpec)
 class UsersSpec(ServerSpec, GridSpec):
     """A grid of arms x seeds x a users axis, one fresh server per arm and seed."""
 
-    ARMS: ClassVar[str]  # the field listing the arms
     AXIS: ClassVar[str]  # the field listing the third axis
 
     if TYPE_CHECKING:
@@ -122,10 +136,6 @@ def read_users_capture(
     return UsersCapture(grid.path, dict(grid.manifest), read_spec(grid.path, grid.manifest), *grid.to_frames(), grid)
 
 
-def missing_cells(spec: GridSpec, capture: Path, retry_failed: bool = False) -> list[Cell]:
-    return cells_to_run(capture, spec.cells(), retry_failed)
-
-
 def prepare_capture(
     spec: GridSpec, capture: Path, kind: str, how: str, first: Callable[[], dict[str, Any]] | None = None
 ) -> dict[str, Any]:
@@ -198,7 +208,7 @@ def open_or_complete(
     path = Path(capture)
     if run_missing:
         spec = cls.from_params(**spec_data)  # None: the spec's default
-        if missing_cells(spec, path):
+        if cells_to_run(path, spec.cells()):
             results = run(spec, path, how=how, progress=progress)
             said = f"ran {len(results)} missing cell(s) into {path} ({sum(r.status != 'ok' for r in results)} failed)"
         else:

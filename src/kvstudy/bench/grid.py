@@ -10,16 +10,17 @@ the log tail, and the other starts go on. Per-request rows live in ``requests/<c
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from kvstudy import capture as capture_format
 from kvstudy import io as atomic
-from kvstudy.bench.result import RequestRecord, read_requests_jsonl
+from kvstudy.bench import client
+from kvstudy.bench.result import RequestRecord, read_requests_jsonl, requests_from_result
 from kvstudy.bench.spec import Run
-from kvstudy.bench.telemetry import ClockSample, read_telemetry_jsonl
+from kvstudy.bench.telemetry import WINDOW_END, ClockSample, Sampler, TelemetrySampler, read_telemetry_jsonl
 from kvstudy.errors import StudyError
 from kvstudy.io import log_tail, read_json_object
 from kvstudy.progress import Progress, Tracker
@@ -119,6 +120,39 @@ def read_requests(capture: str | Path, cell_id: str) -> list[RequestRecord] | No
     """A cell's per-request records; None when it has none (it failed before any request)."""
     path = requests_path(capture, cell_id)
     return read_requests_jsonl(path) if path.is_file() else None
+
+
+def bench_cell(
+    capture: Path,
+    cell_id: str,
+    settings: client.BenchSettings,
+    server: Any,
+    tokenizer: str | None,
+    timeout_s: float,
+    sampler: Sampler[Any] | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Any], list[RequestRecord]]:
+    """One cell's run of vLLM's client against ``server``, its output in ``logs/<cell>.bench.log``
+    (BenchError when it fails), ``sampler`` running meanwhile: a TelemetrySampler takes the closing
+    edge sample as the client exits, and the samples are kept either way (``telemetry/<cell>.jsonl``,
+    vLLM's /metrics in ``telemetry/<cell>.metrics.jsonl``). The result is kept in ``bench/<cell>.json``
+    and its per-request records in ``requests/<cell>.jsonl``."""
+    log = capture / LOGS / f"{cell_id}.bench.log"
+    try:
+        with sampler or nullcontext():
+            result = client.run_bench(
+                settings, server.base_url, server.model_name, tokenizer, log, timeout_s, on_line=on_line
+            )
+            if isinstance(sampler, TelemetrySampler):
+                sampler.mark(WINDOW_END)
+    finally:
+        if sampler is not None:
+            name = cell_id if isinstance(sampler, TelemetrySampler) else f"{cell_id}.metrics"
+            atomic.write_jsonl_atomic(capture / "telemetry" / f"{name}.jsonl", sampler.samples)
+    write_record(capture / "bench" / f"{cell_id}.json", result)
+    records = requests_from_result(result, where=f"bench/{cell_id}.json")
+    write_requests(capture, cell_id, records)
+    return result, records
 
 
 def update_manifest(capture: Path, manifest: dict[str, Any], cell_ids: Iterable[str]) -> None:

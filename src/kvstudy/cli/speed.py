@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvstudy.bench.experiment import missing_cells
-from kvstudy.bench.grid import cell_status
+from kvstudy.bench.grid import cell_status, cells_to_run
 from kvstudy.cli import grid_arguments, json_option, print_failed, retry_option
 from kvstudy.io import read_json
 from kvstudy.limits import float_arg
@@ -21,7 +20,7 @@ from kvstudy.speed.spec import SweepSpec
 
 def _sweep(args: argparse.Namespace) -> int:
     spec = SweepSpec.from_dict(read_json(Path(args.spec)), where=args.spec)
-    todo = missing_cells(spec, Path(args.capture), args.retry_failed)
+    todo = cells_to_run(args.capture, spec.cells(), args.retry_failed)
     if args.dry_run:
         for cell in todo:
             print(cell.id)

@@ -26,6 +26,8 @@ SKIP_SW = ("--kv-cache-dtype-skip-layers", "sliding_window")
 class ContextSweepSpec(GridSpec):
     """The grid (arms x seeds x input lengths, one user) and what is held fixed."""
 
+    CELL_KEY = "input_len"
+
     model: str = Field(min_length=1, max_length=4096, description="model folder or id the sweep serves")
     arms: Arms = Field(
         description="KV arms as [{name, kv_cache_dtype, extra_args}]; None: 16-bit, fp8 and, for windowed "
