@@ -38,10 +38,22 @@ class GridSpec(Spec):
 
     if TYPE_CHECKING:  # declared by each experiment (pydantic orders the fields as declared there)
         model: str
+        server_env: dict[str, Any]
 
         def cells(self) -> list[Cell]: ...
 
-        def arm(self, name: str) -> Arm: ...
+    def arm_list(self) -> list[Arm]:
+        arms: list[Arm] = getattr(self, self.ARMS)
+        return arms
+
+    def arm(self, name: str) -> Arm:
+        for a in self.arm_list():
+            if a.name == name:
+                return a
+        raise StudyError(f"{self.ARMS}: {name!r} is not one of {[a.name for a in self.arm_list()]}")
+
+    def scrub(self) -> Callable[[str], str]:
+        return scrubber([self.server_env, *(a.env for a in self.arm_list())])
 
     def identity(self, cell: Cell) -> dict[str, Any]:
         """The fields naming ``cell`` in its result record, under this experiment's keys."""
@@ -84,16 +96,6 @@ class UsersSpec(ServerSpec, GridSpec):
             )
         return self
 
-    def arm_list(self) -> list[Arm]:
-        arms: list[Arm] = getattr(self, self.ARMS)
-        return arms
-
-    def arm(self, name: str) -> Arm:
-        for a in self.arm_list():
-            if a.name == name:
-                return a
-        raise StudyError(f"{self.ARMS}: {name!r} is not one of {[a.name for a in self.arm_list()]}")
-
     def aa_arms(self) -> list[str]:
         """Arms identical to the baseline but for their name: the A/A controls."""
         base = self.arm_list()[0].model_dump(exclude={"name"})
@@ -101,9 +103,6 @@ class UsersSpec(ServerSpec, GridSpec):
 
     def runs(self) -> list[Run]:
         return ordered_runs([a.name for a in self.arm_list()], self.seeds, self.run_order)
-
-    def scrub(self) -> Callable[[str], str]:
-        return scrubber([self.server_env, *(a.env for a in self.arm_list())])
 
 
 S = TypeVar("S", bound=UsersSpec)

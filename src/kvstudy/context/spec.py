@@ -97,9 +97,6 @@ class ContextSweepSpec(GridSpec):
         limit = model_context_limit(self.model)
         return min(need, limit) if limit else need
 
-    def arm(self, name: str) -> Arm:
-        return next(a for a in self.arms if a.name == name)  # names come from this spec's own runs
-
     def runs(self) -> list[Run]:
         """Server starts in order: seeds outer, arms inner (interleaved in time)."""
         return ordered_runs([a.name for a in self.arms], self.seeds, "grouped")

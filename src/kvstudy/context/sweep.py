@@ -119,7 +119,7 @@ def context_plan(spec: ContextSweepSpec, capture: Path) -> grid.GridPlan[Cell, d
         record=lambda rec: rec,
         outcome=lambda rec: (str(rec["status"]), str(rec.get("reason", ""))),
         run_fields=lambda run, cells: {"arm": run.arm, "order": [c.users for c in cells]},
-        scrub=grid.scrubber([spec.server_env, *(a.env for a in spec.arms)]),
+        scrub=spec.scrub(),
     )
 
 
