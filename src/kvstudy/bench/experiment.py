@@ -1,7 +1,5 @@
-"""What the speed sweep and the load experiment share on the grid engine (:mod:`kvstudy.bench.grid`):
-the users grid's spec base, a capture's spec and missing cells, the plan and run, and the notebook
-helpers.
-"""
+"""What the experiments share on the grid engine (:mod:`kvstudy.bench.grid`): the grid specs'
+bases, a capture's spec, the plan and run, and the notebook helpers."""
 
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ C = TypeVar("C")
 
 
 class GridSpec(Spec):
-    """A grid of cells served from one model (every experiment's capture: its spec, missing cells)."""
+    """A grid of arms x seeds x an axis, served from one model."""
 
     ARMS: ClassVar[str] = "arms"  # the field listing the arms
     CELL_KEY: ClassVar[str]  # the key of a cell's third axis in its result record
