@@ -32,13 +32,24 @@ class GridSpec(Spec):
     """A grid of arms x seeds x an axis, served from one model."""
 
     ARMS: ClassVar[str] = "arms"  # the field listing the arms
+    AXIS: ClassVar[str]  # the field listing the third axis
     CELL_KEY: ClassVar[str]  # the key of a cell's third axis in its result record
 
     if TYPE_CHECKING:  # declared by each experiment (pydantic orders the fields as declared there)
         model: str
+        seeds: list[int]
         server_env: dict[str, Any]
 
         def cells(self) -> list[Cell]: ...
+
+    @model_validator(mode="after")
+    def _cells(self) -> Self:
+        cells = len(self.arm_list()) * len(self.seeds) * len(getattr(self, self.AXIS))
+        if cells > MAX_GRID_CELLS:
+            raise ValueError(
+                f"{cells:,} cells ({self.ARMS} x seeds x {self.AXIS}), expected at most {MAX_GRID_CELLS:,}"
+            )
+        return self
 
     def arm_list(self) -> list[Arm]:
         arms: list[Arm] = getattr(self, self.ARMS)
@@ -70,10 +81,7 @@ G = TypeVar("G", bound=GridSpec)
 class UsersSpec(ServerSpec, GridSpec):
     """A grid of arms x seeds x a users axis, one fresh server per arm and seed."""
 
-    AXIS: ClassVar[str]  # the field listing the third axis
-
     if TYPE_CHECKING:
-        seeds: list[int]
         input_len: int
         output_len: int
         max_model_len: int | None
@@ -81,12 +89,7 @@ class UsersSpec(ServerSpec, GridSpec):
         def server_config(self, run: Run) -> ServerConfig: ...
 
     @model_validator(mode="after")
-    def _grid(self) -> Self:
-        cells = len(self.arm_list()) * len(self.seeds) * len(getattr(self, self.AXIS))
-        if cells > MAX_GRID_CELLS:
-            raise ValueError(
-                f"{cells:,} cells ({self.ARMS} x seeds x {self.AXIS}), expected at most {MAX_GRID_CELLS:,}"
-            )
+    def _lengths(self) -> Self:
         if self.max_model_len is not None and self.max_model_len < self.input_len + self.output_len:
             raise ValueError(
                 f"max_model_len {self.max_model_len} is shorter than input_len + output_len = "
