@@ -174,7 +174,6 @@ def run_cells(
         run_cell=lambda cell, server: run_cell(spec, capture, cell, server, tokenizer),
         failed_cell=lambda cell, reason, tail, _start_failed: failed_cell(spec, cell, reason, tail),
         record=asdict,
-        outcome=lambda res: (res.status, res.reason),
         run_fields=lambda run, _cells: {spec.ARMS.removesuffix("s"): run.arm},
         scrub=spec.scrub(),
     )

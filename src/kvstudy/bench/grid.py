@@ -50,7 +50,7 @@ class GridPlan(Generic[C, R]):
     output, ``write_requests``) and returns its result without raising for a bench failure (a
     StudyError it raises fails the cell); ``failed_cell(cell, reason, log_tail, start_failed)`` is
     the result of a cell that could not run; ``record(result)`` is what ``cells/<cell>.json``
-    holds and ``outcome(result)`` its status and reason; ``run_fields(run, cells)`` adds the
+    holds (its status and reason among it); ``run_fields(run, cells)`` adds the
     experiment's own fields to ``runs/<run>.json``; ``scrub`` removes secrets from log text.
     """
 
@@ -61,7 +61,6 @@ class GridPlan(Generic[C, R]):
     run_cell: Callable[[C, Any], R]
     failed_cell: Callable[[C, str, str, bool], R]
     record: Callable[[R], dict[str, Any]]
-    outcome: Callable[[R], tuple[str, str]]
     run_fields: Callable[[Run, Sequence[C]], dict[str, Any]] = lambda run, cells: {}
     scrub: Callable[[str], str] = field(default=lambda text: text)
 
@@ -323,12 +322,13 @@ def run_grid(
                             on_cell_start(cell, server)
                         capture_format.keep_old_attempt(capture / LOGS / f"{cell.id}.bench.log")
                         result = _run_one(plan, cell, server, log_path)
-                        write_record(capture / CELLS / f"{cell.id}.json", plan.record(result))
+                        record = plan.record(result)
+                        write_record(capture / CELLS / f"{cell.id}.json", record)
                         results.append(result)
                         ran.add(cell.id)
                         update_manifest(capture, manifest, every)
-                        status, why = plan.outcome(result)
-                        tracker.finished(cell.id, "ok" if status == "ok" else f"{status}: {(why or '')[:160]}")
+                        status, why = record["status"], str(record.get("reason") or "")
+                        tracker.finished(cell.id, "ok" if status == "ok" else f"{status}: {why[:160]}")
             except EngineStartError as exc:
                 reason = " ".join(str(exc.args[0]).split())
                 tail = plan.scrub(getattr(exc, "log_tail", "") or "")

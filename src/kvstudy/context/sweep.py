@@ -117,7 +117,6 @@ def context_plan(spec: ContextSweepSpec, capture: Path) -> grid.GridPlan[Cell, d
         run_cell=lambda cell, server: _run_cell(spec, capture, cell, server),
         failed_cell=lambda cell, reason, tail, start_failed: _failed_cell(spec, cell, reason, tail, start_failed),
         record=lambda rec: rec,
-        outcome=lambda rec: (str(rec["status"]), str(rec.get("reason", ""))),
         run_fields=lambda run, cells: {"arm": run.arm, "order": [c.users for c in cells]},
         scrub=spec.scrub(),
     )

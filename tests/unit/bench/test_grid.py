@@ -100,7 +100,6 @@ def toy_plan(capture: Path, ran: list[str], fail_cell: str | None = None) -> gri
         run_cell=run_cell,
         failed_cell=failed,
         record=lambda rec: rec,
-        outcome=lambda rec: (rec["status"], rec.get("reason", "")),
         run_fields=lambda run, cells: {"arm": run.arm, "order": [c.n for c in cells]},
         scrub=lambda text: text.replace("hf_SecretValue123", "[redacted]"),
     )
