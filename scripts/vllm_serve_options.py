@@ -25,8 +25,12 @@ def main() -> int:
         return 1
     version = table.source.split("'s options")[0]
     when = dt.date.today().isoformat()
-    data = {"source": f"captured by this project from {version}'s make_arg_parser, {when}", "vllm": version}
-    data.update(table.to_dict())
+    data = {
+        "source": f"captured by this project from {version}'s make_arg_parser, {when}",
+        "vllm": version,
+        "allow_abbrev": table.allow_abbrev,
+        "options": table.options,
+    }
     path = REPO_ROOT / SERVE_OPTIONS_SNAPSHOT
     rows = ",\n".join(f"  {json.dumps(option)}" for option in data.pop("options"))  # one option a line
     head = json.dumps(data, indent=1)[:-2]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kvstudy.bench.experiment import missing_cells
+from kvstudy.bench.grid import cells_to_run
 from kvstudy.bench.result import read_requests_jsonl
 from kvstudy.bench.telemetry import read_telemetry_jsonl
 from kvstudy.progress import silent
@@ -87,7 +87,7 @@ def test_reduced_sweep_end_to_end(tmp_path: Path, tiny_model: Path) -> None:
     cap = speed.load_capture(tmp_path)
     verdicts = vt.capture_verdicts(cap)
     diffs = speed.ab_differences(cap, "auto", "fp8")
-    not_ok = [c.id for c in missing_cells(spec, tmp_path, retry_failed=True)]  # cells without an ok result
+    not_ok = [c.id for c in cells_to_run(tmp_path, spec.cells(), retry_failed=True)]  # cells without an ok result
     if fp8_kv_possible_here():
         for users in (1, 4):
             assert by_id[f"fp8__s0__u{users}"].status == "ok", by_id[f"fp8__s0__u{users}"].reason
@@ -142,7 +142,7 @@ def test_killed_server_is_resumed_with_only_missing_cells(tmp_path: Path, tiny_m
     assert u2["reason"] and u2["log_tail"]
     ok_cell = (tmp_path / "cells" / "auto__s0__u1.json").read_bytes()
     ok_requests = (tmp_path / "requests" / "auto__s0__u1.jsonl").read_bytes()
-    assert [c.id for c in missing_cells(spec, tmp_path, retry_failed=True)] == ["auto__s0__u2", "auto__s0__u3"]
+    assert [c.id for c in cells_to_run(tmp_path, spec.cells(), retry_failed=True)] == ["auto__s0__u2", "auto__s0__u3"]
 
     second = sweep.run_sweep(spec, tmp_path, progress=silent, retry_failed=True)
     assert [(r.cell_id, r.status) for r in second] == [("auto__s0__u2", "ok"), ("auto__s0__u3", "ok")], [

@@ -1,7 +1,5 @@
-"""What the speed sweep and the load experiment share on the grid engine (:mod:`kvstudy.bench.grid`):
-the users grid's spec base, a capture's spec and missing cells, the plan and run, and the notebook
-helpers.
-"""
+"""What the experiments share on the grid engine (:mod:`kvstudy.bench.grid`): the grid specs'
+bases, a capture's spec, the plan and run, and the notebook helpers."""
 
 from __future__ import annotations
 
@@ -31,42 +29,25 @@ C = TypeVar("C")
 
 
 class GridSpec(Spec):
-    """A grid of cells served from one model (every experiment's capture: its spec, missing cells)."""
+    """A grid of arms x seeds x an axis, served from one model."""
+
+    ARMS: ClassVar[str] = "arms"  # the field listing the arms
+    AXIS: ClassVar[str]  # the field listing the third axis
+    CELL_KEY: ClassVar[str]  # the key of a cell's third axis in its result record
 
     if TYPE_CHECKING:  # declared by each experiment (pydantic orders the fields as declared there)
         model: str
+        seeds: list[int]
+        server_env: dict[str, Any]
 
         def cells(self) -> list[Cell]: ...
 
-
-G = TypeVar("G", bound=GridSpec)
-
-
-class UsersSpec(ServerSpec, GridSpec):
-    """A grid of arms x seeds x a users axis, one fresh server per arm and seed."""
-
-    ARMS: ClassVar[str]  # the field listing the arms
-    AXIS: ClassVar[str]  # the field listing the third axis
-
-    if TYPE_CHECKING:
-        seeds: list[int]
-        input_len: int
-        output_len: int
-        max_model_len: int | None
-
-        def server_config(self, run: Run) -> ServerConfig: ...
-
     @model_validator(mode="after")
-    def _grid(self) -> Self:
+    def _cells(self) -> Self:
         cells = len(self.arm_list()) * len(self.seeds) * len(getattr(self, self.AXIS))
         if cells > MAX_GRID_CELLS:
             raise ValueError(
                 f"{cells:,} cells ({self.ARMS} x seeds x {self.AXIS}), expected at most {MAX_GRID_CELLS:,}"
-            )
-        if self.max_model_len is not None and self.max_model_len < self.input_len + self.output_len:
-            raise ValueError(
-                f"max_model_len {self.max_model_len} is shorter than input_len + output_len = "
-                f"{self.input_len + self.output_len}"
             )
         return self
 
@@ -80,6 +61,42 @@ class UsersSpec(ServerSpec, GridSpec):
                 return a
         raise StudyError(f"{self.ARMS}: {name!r} is not one of {[a.name for a in self.arm_list()]}")
 
+    def scrub(self) -> Callable[[str], str]:
+        return scrubber([self.server_env, *(a.env for a in self.arm_list())])
+
+    def identity(self, cell: Cell) -> dict[str, Any]:
+        """The fields naming ``cell`` in its result record, under this experiment's keys."""
+        return {
+            "cell_id": cell.id,
+            self.ARMS.removesuffix("s"): cell.arm,
+            "kv_cache_dtype": self.arm(cell.arm).kv_cache_dtype,
+            "seed": cell.seed,
+            self.CELL_KEY: cell.users,
+        }
+
+
+G = TypeVar("G", bound=GridSpec)
+
+
+class UsersSpec(ServerSpec, GridSpec):
+    """A grid of arms x seeds x a users axis, one fresh server per arm and seed."""
+
+    if TYPE_CHECKING:
+        input_len: int
+        output_len: int
+        max_model_len: int | None
+
+        def server_config(self, run: Run) -> ServerConfig: ...
+
+    @model_validator(mode="after")
+    def _lengths(self) -> Self:
+        if self.max_model_len is not None and self.max_model_len < self.input_len + self.output_len:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} is shorter than input_len + output_len = "
+                f"{self.input_len + self.output_len}"
+            )
+        return self
+
     def aa_arms(self) -> list[str]:
         """Arms identical to the baseline but for their name: the A/A controls."""
         base = self.arm_list()[0].model_dump(exclude={"name"})
@@ -87,9 +104,6 @@ class UsersSpec(ServerSpec, GridSpec):
 
     def runs(self) -> list[Run]:
         return ordered_runs([a.name for a in self.arm_list()], self.seeds, self.run_order)
-
-    def scrub(self) -> Callable[[str], str]:
-        return scrubber([self.server_env, *(a.env for a in self.arm_list())])
 
 
 S = TypeVar("S", bound=UsersSpec)
@@ -120,10 +134,6 @@ def read_users_capture(
     """A capture folder of ``kind`` (StudyError if it is not one); its cells named by ``keys``."""
     grid = read_capture(path, kind, keys)
     return UsersCapture(grid.path, dict(grid.manifest), read_spec(grid.path, grid.manifest), *grid.to_frames(), grid)
-
-
-def missing_cells(spec: GridSpec, capture: Path, retry_failed: bool = False) -> list[Cell]:
-    return cells_to_run(capture, spec.cells(), retry_failed)
 
 
 def prepare_capture(
@@ -164,7 +174,6 @@ def run_cells(
         run_cell=lambda cell, server: run_cell(spec, capture, cell, server, tokenizer),
         failed_cell=lambda cell, reason, tail, _start_failed: failed_cell(spec, cell, reason, tail),
         record=asdict,
-        outcome=lambda res: (res.status, res.reason),
         run_fields=lambda run, _cells: {spec.ARMS.removesuffix("s"): run.arm},
         scrub=spec.scrub(),
     )
@@ -198,7 +207,7 @@ def open_or_complete(
     path = Path(capture)
     if run_missing:
         spec = cls.from_params(**spec_data)  # None: the spec's default
-        if missing_cells(spec, path):
+        if cells_to_run(path, spec.cells()):
             results = run(spec, path, how=how, progress=progress)
             said = f"ran {len(results)} missing cell(s) into {path} ({sum(r.status != 'ok' for r in results)} failed)"
         else:

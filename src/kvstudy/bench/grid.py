@@ -10,16 +10,17 @@ the log tail, and the other starts go on. Per-request rows live in ``requests/<c
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from kvstudy import capture as capture_format
 from kvstudy import io as atomic
-from kvstudy.bench.result import RequestRecord, read_requests_jsonl
+from kvstudy.bench import client
+from kvstudy.bench.result import RequestRecord, read_requests_jsonl, requests_from_result
 from kvstudy.bench.spec import Run
-from kvstudy.bench.telemetry import ClockSample, read_telemetry_jsonl
+from kvstudy.bench.telemetry import WINDOW_END, ClockSample, Sampler, TelemetrySampler, read_telemetry_jsonl
 from kvstudy.errors import StudyError
 from kvstudy.io import log_tail, read_json_object
 from kvstudy.progress import Progress, Tracker
@@ -49,7 +50,7 @@ class GridPlan(Generic[C, R]):
     output, ``write_requests``) and returns its result without raising for a bench failure (a
     StudyError it raises fails the cell); ``failed_cell(cell, reason, log_tail, start_failed)`` is
     the result of a cell that could not run; ``record(result)`` is what ``cells/<cell>.json``
-    holds and ``outcome(result)`` its status and reason; ``run_fields(run, cells)`` adds the
+    holds (its status and reason among it); ``run_fields(run, cells)`` adds the
     experiment's own fields to ``runs/<run>.json``; ``scrub`` removes secrets from log text.
     """
 
@@ -60,7 +61,6 @@ class GridPlan(Generic[C, R]):
     run_cell: Callable[[C, Any], R]
     failed_cell: Callable[[C, str, str, bool], R]
     record: Callable[[R], dict[str, Any]]
-    outcome: Callable[[R], tuple[str, str]]
     run_fields: Callable[[Run, Sequence[C]], dict[str, Any]] = lambda run, cells: {}
     scrub: Callable[[str], str] = field(default=lambda text: text)
 
@@ -119,6 +119,39 @@ def read_requests(capture: str | Path, cell_id: str) -> list[RequestRecord] | No
     """A cell's per-request records; None when it has none (it failed before any request)."""
     path = requests_path(capture, cell_id)
     return read_requests_jsonl(path) if path.is_file() else None
+
+
+def bench_cell(
+    capture: Path,
+    cell_id: str,
+    settings: client.BenchSettings,
+    server: Any,
+    tokenizer: str | None,
+    timeout_s: float,
+    sampler: Sampler[Any] | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Any], list[RequestRecord]]:
+    """One cell's run of vLLM's client against ``server``, its output in ``logs/<cell>.bench.log``
+    (BenchError when it fails), ``sampler`` running meanwhile: a TelemetrySampler takes the closing
+    edge sample as the client exits, and the samples are kept either way (``telemetry/<cell>.jsonl``,
+    vLLM's /metrics in ``telemetry/<cell>.metrics.jsonl``). The result is kept in ``bench/<cell>.json``
+    and its per-request records in ``requests/<cell>.jsonl``."""
+    log = capture / LOGS / f"{cell_id}.bench.log"
+    try:
+        with sampler or nullcontext():
+            result = client.run_bench(
+                settings, server.base_url, server.model_name, tokenizer, log, timeout_s, on_line=on_line
+            )
+            if isinstance(sampler, TelemetrySampler):
+                sampler.mark(WINDOW_END)
+    finally:
+        if sampler is not None:
+            name = cell_id if isinstance(sampler, TelemetrySampler) else f"{cell_id}.metrics"
+            atomic.write_jsonl_atomic(capture / "telemetry" / f"{name}.jsonl", sampler.samples)
+    write_record(capture / "bench" / f"{cell_id}.json", result)
+    records = requests_from_result(result, where=f"bench/{cell_id}.json")
+    write_requests(capture, cell_id, records)
+    return result, records
 
 
 def update_manifest(capture: Path, manifest: dict[str, Any], cell_ids: Iterable[str]) -> None:
@@ -289,12 +322,13 @@ def run_grid(
                             on_cell_start(cell, server)
                         capture_format.keep_old_attempt(capture / LOGS / f"{cell.id}.bench.log")
                         result = _run_one(plan, cell, server, log_path)
-                        write_record(capture / CELLS / f"{cell.id}.json", plan.record(result))
+                        record = plan.record(result)
+                        write_record(capture / CELLS / f"{cell.id}.json", record)
                         results.append(result)
                         ran.add(cell.id)
                         update_manifest(capture, manifest, every)
-                        status, why = plan.outcome(result)
-                        tracker.finished(cell.id, "ok" if status == "ok" else f"{status}: {(why or '')[:160]}")
+                        status, why = record["status"], str(record.get("reason") or "")
+                        tracker.finished(cell.id, "ok" if status == "ok" else f"{status}: {why[:160]}")
             except EngineStartError as exc:
                 reason = " ".join(str(exc.args[0]).split())
                 tail = plan.scrub(getattr(exc, "log_tail", "") or "")

@@ -180,16 +180,6 @@ class Cell:
     def run(self) -> Run:
         return Run(self.arm, self.seed)
 
-    def identity(self, kv_cache_dtype: str, arm_key: str, users_key: str) -> dict[str, Any]:
-        """The fields naming this cell in its result record, under the experiment's own keys."""
-        return {
-            "cell_id": self.id,
-            arm_key: self.arm,
-            "kv_cache_dtype": kv_cache_dtype,
-            "seed": self.seed,
-            users_key: self.users,
-        }
-
 
 @dataclass(kw_only=True)
 class CellResult:

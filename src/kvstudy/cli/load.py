@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvstudy.bench.experiment import missing_cells
+from kvstudy.bench.grid import cells_to_run
 from kvstudy.cli import grid_arguments, print_failed, retry_option
 from kvstudy.io import read_json
 from kvstudy.load.runner import run_load
@@ -21,7 +21,7 @@ def _load(args: argparse.Namespace) -> int:
             print(
                 f"{p.arm}: {p.kv_cache_dtype}, {p.num_blocks:,} blocks, {p.tokens:,} tokens, {p.requests} requests fit"
             )
-        todo = missing_cells(spec, Path(args.capture))
+        todo = cells_to_run(args.capture, spec.cells())
         print(f"ladder {spec.loads()}; {len(todo)} of {len(spec.cells())} cells to run")
         return 0
     results = run_load(

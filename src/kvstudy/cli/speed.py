@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvstudy.bench.experiment import missing_cells
+from kvstudy.bench.grid import cells_to_run
 from kvstudy.cli import grid_arguments, json_option, print_failed, retry_option
 from kvstudy.io import read_json
 from kvstudy.limits import float_arg
@@ -21,7 +21,7 @@ from kvstudy.speed.spec import SweepSpec
 
 def _sweep(args: argparse.Namespace) -> int:
     spec = SweepSpec.from_dict(read_json(Path(args.spec)), where=args.spec)
-    todo = missing_cells(spec, Path(args.capture), args.retry_failed)
+    todo = cells_to_run(args.capture, spec.cells(), args.retry_failed)
     if args.dry_run:
         for cell in todo:
             print(cell.id)
@@ -32,7 +32,7 @@ def _sweep(args: argparse.Namespace) -> int:
     )
     failed = print_failed(results)
     ran = {r.cell_id for r in results}
-    kept = [c.id for c in missing_cells(spec, Path(args.capture), True) if c.id not in ran]
+    kept = [c.id for c in cells_to_run(args.capture, spec.cells(), True) if c.id not in ran]
     if kept:
         print(
             f"kept {len(kept)} cell(s) that failed before ({', '.join(kept[:5])}); re-run with --retry-failed",

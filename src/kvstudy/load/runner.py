@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.bench import experiment
-from kvstudy.bench.client import BenchError, run_bench
-from kvstudy.bench.grid import write_record, write_requests
+from kvstudy.bench.client import BenchError
+from kvstudy.bench.grid import bench_cell, cells_to_run
 from kvstudy.bench.metrics import calculate_metrics, metrics_reported_by_vllm
-from kvstudy.bench.result import requests_from_result
 from kvstudy.bench.spec import Cell, Run
 from kvstudy.bench.telemetry import ServerMetricsSampler, scrape_server_metrics
 from kvstudy.capture import now_utc
-from kvstudy.io import log_tail, read_text_checked, write_jsonl_atomic
+from kvstudy.io import log_tail, read_text_checked
 from kvstudy.load.knee import share_within
 from kvstudy.load.spec import LoadCellResult, LoadSpec, arm_pools, check_design, check_knobs, pool_table
 from kvstudy.model.allocator import predict_logged_pool
@@ -90,14 +89,10 @@ def pool_check(spec: LoadSpec, arm: str, log_text: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- one cell
 
 
-def _identity(spec: LoadSpec, cell: Cell) -> dict[str, Any]:
-    return cell.identity(spec.arm(cell.arm).kv_cache_dtype, "arm", "concurrency")
-
-
 def _failed(spec: LoadSpec, cell: Cell, reason: str, tail: str, pool: dict[str, Any] | None = None) -> LoadCellResult:
     scrub = spec.scrub()
     return LoadCellResult(
-        **_identity(spec, cell),
+        **spec.identity(cell),
         status="failed",
         reason=scrub(reason),
         log_tail=scrub(tail),
@@ -118,28 +113,15 @@ def run_cell(spec: LoadSpec, capture: Path, cell: Cell, server: Any, tokenizer: 
     before = scrape_server_metrics(server.base_url)
     sampler = ServerMetricsSampler(server.base_url, spec.telemetry_interval_s)
     try:
-        with sampler:
-            result = run_bench(
-                settings,
-                server.base_url,
-                server.model_name,
-                tokenizer,
-                capture / "logs" / f"{cell.id}.bench.log",
-                timeout_s=spec.bench_timeout_s,
-            )
+        result, records = bench_cell(capture, cell.id, settings, server, tokenizer, spec.bench_timeout_s, sampler)
     except BenchError as exc:
         res = _failed(spec, cell, str(exc), exc.log_tail, pool)
         res.seconds = time.perf_counter() - t0
         return res
-    finally:
-        write_jsonl_atomic(capture / "telemetry" / f"{cell.id}.metrics.jsonl", sampler.samples)
-    write_record(capture / "bench" / f"{cell.id}.json", result)
-    records = requests_from_result(result, where=f"bench/{cell.id}.json")
-    write_requests(capture, cell.id, records)
     duration = float(result.get("duration") or 0) or 1e-9
     within, n = share_within(records, spec.target)
     res = LoadCellResult(
-        **_identity(spec, cell),
+        **spec.identity(cell),
         status="ok",
         metrics=asdict(calculate_metrics(records, duration)),
         vllm_metrics={**metrics_reported_by_vllm(result), "request_goodput": result.get("request_goodput")},
@@ -174,7 +156,7 @@ def run_load(
 ) -> list[LoadCellResult]:
     """Run every cell ``capture`` lacks (failed ones only with ``retry_failed``); refusals come first."""
     capture = Path(capture)
-    if experiment.missing_cells(spec, capture, retry_failed):
+    if cells_to_run(capture, spec.cells(), retry_failed):
         check_design(spec)
         check_knobs(spec)
     manifest = prepare_capture(spec, capture, how)

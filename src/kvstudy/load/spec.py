@@ -39,7 +39,7 @@ OWN_FLAGS = ("--max-num-seqs", "--num-gpu-blocks-override", "--kv-cache-memory-b
 class LoadSpec(UsersSpec):
     """The whole grid and everything held fixed across it."""
 
-    ARMS, AXIS = "arms", "load_factors"
+    ARMS, AXIS, CELL_KEY = "arms", "load_factors", "concurrency"
 
     model: str = Field(min_length=1, description="model folder or id the servers serve (required to run cells)")
     arms: Annotated[Arms, Field(min_length=2)] = Field(

@@ -178,7 +178,7 @@ def vllm_layer_records(
     config: str | Path | ModelLayout, kv_cache_dtype: str, block_size: int
 ) -> list[dict[str, object]] | None:
     """The per-layer specs :func:`predict_logged_pool` works from, as the records
-    ``kvstudy.vllm.kv_pool.vllm_pools`` hands to vLLM's own pool code (the heads and sizes kept, so
+    ``kvstudy.vllm.kv_specs.vllm_pools`` hands to vLLM's own pool code (the heads and sizes kept, so
     vLLM groups the layers as it would); None for a KV dtype that path does not build (nvfp4, the
     MLA-only formats)."""
     layout = load_layout(config)

@@ -1,7 +1,7 @@
 """``kvstudy startup-log LOG [--model PATH] [--json]``: a user's own vLLM startup log against the model.
 
 With ``--model``: what the log says (version, backend, KV dtype, KV memory, pool), the pool the same
-KV memory gives (vLLM's own pool code when installed, ``kvstudy.vllm.kv_pool``, else the rules of
+KV memory gives (vLLM's own pool code when installed, ``kvstudy.vllm.kv_specs.vllm_pools``, else the rules of
 ``kvstudy.model.allocator``; each figure names its path), whether they agree to the block (a logged
 GiB is rounded to 0.01, so the memory and the block count are intervals; the logged tokens follow from
 the blocks as the logging version computes them, ``facts.POOL_LOG_PER_GROUP_BEFORE``), what the 16-bit
@@ -31,7 +31,7 @@ from kvstudy.vllm.facts import (
     POOL_LOG_PER_GROUP_BEFORE,
     device_defaults,
 )
-from kvstudy.vllm.kv_pool import vllm_pools
+from kvstudy.vllm.kv_specs import vllm_pools
 from kvstudy.vllm.startup_log import MEMORY_NAMES, StartupInfo, parse_startup_log
 
 VLLM_POOL_PATH = "vLLM 0.32's pool code (vllm/v1/core/kv_cache_utils.py)"

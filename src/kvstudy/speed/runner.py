@@ -28,13 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.bench import experiment
-from kvstudy.bench.client import MEASURED_RUN_MARKER, BenchError, run_bench
-from kvstudy.bench.grid import write_record, write_requests
+from kvstudy.bench.client import MEASURED_RUN_MARKER, BenchError
+from kvstudy.bench.grid import bench_cell
 from kvstudy.bench.metrics import calculate_metrics, metrics_reported_by_vllm
-from kvstudy.bench.result import RequestRecord, requests_from_result
+from kvstudy.bench.result import RequestRecord
 from kvstudy.bench.spec import RUN_ORDERS, Cell, Run
 from kvstudy.bench.telemetry import (
-    WINDOW_END,
     WINDOW_START,
     TelemetrySampler,
     default_reader,
@@ -43,7 +42,7 @@ from kvstudy.bench.telemetry import (
     scrape_server_metrics,
 )
 from kvstudy.capture import now_utc
-from kvstudy.io import log_tail, write_jsonl_atomic
+from kvstudy.io import log_tail
 from kvstudy.progress import Progress
 from kvstudy.speed.spec import SpeedCellResult, SweepSpec
 
@@ -70,7 +69,7 @@ def _failed(
     spec: SweepSpec, cell: Cell, reason: str, log_tail: str, started: str = "", seconds: float = 0.0
 ) -> SpeedCellResult:
     return SpeedCellResult(
-        **_identity(spec, cell),
+        **spec.identity(cell),
         status="failed",
         reason=spec.scrub()(reason),
         log_tail=spec.scrub()(log_tail),
@@ -80,15 +79,10 @@ def _failed(
     )
 
 
-def _identity(spec: SweepSpec, cell: Cell) -> dict[str, Any]:
-    return cell.identity(spec.arm(cell.arm).kv_cache_dtype, "configuration", "users")
-
-
 def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None) -> SpeedCellResult:
     """Run one cell against a ready server and write its files; never raises for a bench failure."""
     settings = spec.bench_settings(cell)
     started, t0, wall0 = now_utc(), time.perf_counter(), time.time()
-    bench_log = capture / "logs" / f"{cell.id}.bench.log"
     sampler = TelemetrySampler(default_reader(), spec.telemetry_interval_s)
     before = scrape_server_metrics(server.base_url) if spec.scrape_metrics else None
 
@@ -97,17 +91,9 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
             sampler.mark(WINDOW_START)
 
     try:
-        with sampler:
-            result = run_bench(
-                settings,
-                server.base_url,
-                server.model_name,
-                tokenizer,
-                bench_log,
-                timeout_s=spec.bench_timeout_s,
-                on_line=on_line,
-            )
-            sampler.mark(WINDOW_END)
+        result, records = bench_cell(
+            capture, cell.id, settings, server, tokenizer, spec.bench_timeout_s, sampler, on_line
+        )
     except BenchError as exc:
         alive = server.is_alive()
         reason = str(exc) + ("" if alive else " (the server is no longer running)")
@@ -115,17 +101,12 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
         res = _failed(spec, cell, reason, tail, started, time.perf_counter() - t0)
         _stamp(res, spec, t0, wall0)
         return res
-    finally:
-        write_jsonl_atomic(capture / "telemetry" / f"{cell.id}.jsonl", sampler.samples)
-    write_record(capture / "bench" / f"{cell.id}.json", result)
-    records = requests_from_result(result, where=f"bench/{cell.id}.json")
-    write_requests(capture, cell.id, records)
     metrics = calculate_metrics(records, float(result.get("duration") or 0) or 1e-9)
     window = _request_window([r for r in records if r.success])
     clock_window = _clock_window(sampler.window(), window)
     clock = median_clock(sampler.samples, *clock_window) if clock_window else None
     res = SpeedCellResult(
-        **_identity(spec, cell),
+        **spec.identity(cell),
         status="ok",
         metrics=asdict(metrics),
         vllm_metrics=metrics_reported_by_vllm(result),

@@ -23,7 +23,7 @@ from kvstudy.vllm.command import ServerConfig
 class SweepSpec(UsersSpec):
     """The whole grid and everything held fixed across it."""
 
-    ARMS, AXIS = "configurations", "users"
+    ARMS, AXIS, CELL_KEY = "configurations", "users", "users"
 
     model: str = Field(min_length=1, description="model folder or id the sweep serves (required to run cells)")
     configurations: Arms = Field(

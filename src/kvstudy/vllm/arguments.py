@@ -54,9 +54,6 @@ class OptionTable:
     allow_abbrev: bool
     source: str  # where the table was read, for messages
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"allow_abbrev": self.allow_abbrev, "options": [list(o) for o in self.options]}
-
 
 def table_from_dict(data: dict[str, Any], where: str, source: str) -> OptionTable:
     options = data.get("options")

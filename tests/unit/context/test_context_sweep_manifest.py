@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from kvstudy import capture
+from kvstudy.bench import client
 from kvstudy.bench.grid import item_states, read_requests
 from kvstudy.bench.result import requests_from_result
 from kvstudy.context import sweep
@@ -155,7 +156,7 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     result = json.loads((BUNDLED / "bench" / "auto__s0__L256.json").read_text())
     FakeServer.starts = []
     monkeypatch.setattr(engine, "VllmServer", FakeServer)
-    monkeypatch.setattr(sweep, "run_bench", lambda *a, **k: result)
+    monkeypatch.setattr(client, "run_bench", lambda *a, **k: result)
     return FakeServer.starts
 
 

@@ -16,8 +16,8 @@ import pytest
 from pydantic import ValidationError
 
 from kvstudy import capture as capture_format
-from kvstudy.bench.experiment import missing_cells
-from kvstudy.bench.grid import cell_status, write_record
+from kvstudy.bench import client
+from kvstudy.bench.grid import cell_status, cells_to_run, write_record
 from kvstudy.cli import main as cli_main
 from kvstudy.errors import StudyError
 from kvstudy.progress import silent
@@ -166,7 +166,7 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         if cell.id == state["interrupt_at"]:
             raise KeyboardInterrupt
         state["ran"].append(cell.id)
-        identity = cell.identity(spec.arm(cell.arm).kv_cache_dtype, "configuration", "users")
+        identity = spec.identity(cell)
         if cell.id == state["crash_at"]:
             server.alive = False
             return sweep.SpeedCellResult(
@@ -214,8 +214,8 @@ def test_crash_mid_sweep_fails_rest_of_run_and_resume_runs_only_those(tmp_path: 
     failed = json.loads((tmp_path / "cells" / "fp8__s0__u4.json").read_text())
     assert "stopped before this cell" in failed["reason"] and "fake server fp8" in failed["log_tail"]
     assert all(s == "ok" for k, s in status.items() if not k.startswith("fp8__s0"))
-    assert missing_cells(spec, tmp_path) == []  # failed cells are retried only when asked
-    assert [c.id for c in missing_cells(spec, tmp_path, retry_failed=True)] == ["fp8__s0__u1", "fp8__s0__u4"]
+    assert cells_to_run(tmp_path, spec.cells()) == []  # failed cells are retried only when asked
+    assert [c.id for c in cells_to_run(tmp_path, spec.cells(), retry_failed=True)] == ["fp8__s0__u1", "fp8__s0__u4"]
     ok_before = (tmp_path / "cells" / "auto__s1__u4.json").read_bytes()
     fakes["crash_at"], fakes["ran"] = None, []
     FakeServer.starts = []
@@ -232,7 +232,7 @@ def test_crash_mid_sweep_fails_rest_of_run_and_resume_runs_only_those(tmp_path: 
     assert (tmp_path / "logs" / "fp8__s0__u1.bench.attempt1.log").read_text() == "attempt one"
     assert (tmp_path / "logs" / "fp8__s0.server.attempt1.log").read_text().startswith("fake server fp8")
     assert (tmp_path / "cells" / "auto__s1__u4.json").read_bytes() == ok_before
-    assert missing_cells(spec, tmp_path, retry_failed=True) == []
+    assert cells_to_run(tmp_path, spec.cells(), retry_failed=True) == []
 
 
 def test_server_that_fails_to_start_is_recorded_and_others_go_on(tmp_path: Path, fakes: dict[str, Any]) -> None:
@@ -345,7 +345,7 @@ class CellServer:
 
 def test_run_cell_writes_records_and_telemetry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = sweep.SweepSpec.from_dict(grid(telemetry_interval_s=0.01))
-    monkeypatch.setattr(sweep, "run_bench", lambda *a, **k: (time.sleep(0.1), fake_result(["", ""]))[1])
+    monkeypatch.setattr(client, "run_bench", lambda *a, **k: (time.sleep(0.1), fake_result(["", ""]))[1])
     res = sweep.run_cell(spec, tmp_path, sweep.Cell("fp8", 0, 1), CellServer(tmp_path, True), None)
     assert res.status == "ok" and res.kv_cache_dtype == "fp8"
     assert res.metrics["median_tpot_ms"] == pytest.approx(100.0) and res.vllm_metrics["median_tpot_ms"] == 100.0
@@ -360,7 +360,7 @@ def test_run_cell_with_failed_requests_is_failed_with_last_error_line(
 ) -> None:
     spec = sweep.SweepSpec.from_dict(grid())
     err = "Traceback (most recent call last):\n  File x\naiohttp.ClientConnectorError: Cannot connect to host 127.0.0.1:1\n"
-    monkeypatch.setattr(sweep, "run_bench", lambda *a, **k: fake_result(["", err]))
+    monkeypatch.setattr(client, "run_bench", lambda *a, **k: fake_result(["", err]))
     res = sweep.run_cell(spec, tmp_path, sweep.Cell("auto", 0, 1), CellServer(tmp_path, False), None)
     assert res.status == "failed"
     assert res.reason == (
@@ -377,7 +377,7 @@ def test_run_cell_client_failure_is_recorded(tmp_path: Path, monkeypatch: pytest
         raise BenchError("vllm bench serve exited with status 1: boom", "client tail")
 
     spec = sweep.SweepSpec.from_dict(grid())
-    monkeypatch.setattr(sweep, "run_bench", boom)
+    monkeypatch.setattr(client, "run_bench", boom)
     res = sweep.run_cell(spec, tmp_path, sweep.Cell("auto", 0, 1), CellServer(tmp_path, True), None)
     assert res.status == "failed" and res.reason.endswith("status 1: boom") and res.log_tail == "client tail"
     assert (tmp_path / "telemetry" / "auto__s0__u1.jsonl").exists() and not (tmp_path / "requests").exists()
@@ -409,7 +409,7 @@ def test_run_cell_window_shorter_than_interval_still_holds_edge_samples(
         on_line("Starting main benchmark run...\n")
         return fake_result(["", ""])
 
-    monkeypatch.setattr(sweep, "run_bench", bench)
+    monkeypatch.setattr(client, "run_bench", bench)
     res = sweep.run_cell(spec, tmp_path, sweep.Cell("auto", 1, 4), CellServer(tmp_path, True), None)
     assert res.status == "ok"
     assert res.clock_samples_in_window == 2 and res.median_clock_mhz == pytest.approx(1000.0)
@@ -426,7 +426,7 @@ def test_run_cell_window_shorter_than_interval_still_holds_edge_samples(
 def test_run_cell_without_announcement_uses_request_span(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = sweep.SweepSpec.from_dict(grid(telemetry_interval_s=3600.0))
     monkeypatch.setattr(sweep, "default_reader", lambda: StepReader())
-    monkeypatch.setattr(sweep, "run_bench", lambda *a, **k: fake_result(["", ""]))
+    monkeypatch.setattr(client, "run_bench", lambda *a, **k: fake_result(["", ""]))
     res = sweep.run_cell(spec, tmp_path, sweep.Cell("auto", 0, 1), CellServer(tmp_path, True), None)
     assert res.clock_window_s == res.bench_window_s
 
