@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstudy.formats import finite
+from kvstudy.formats import MISSING, finite
 from kvstudy.io import REPO_ROOT, file_digest
 from kvstudy.machine import cpu_model, package_versions
 from kvstudy.redact import redact_shapes, write_csv
@@ -33,7 +33,6 @@ VERDICT_KEY = "kvstudy_verdict"
 SETTINGS_KEY = "kvstudy_settings"
 # The runner puts the names of the parameters the profile gave into this variable (a JSON list).
 GIVEN_ENV = "KVSTUDY_GIVEN_PARAMETERS"
-MISSING = "–"  # what a table shows for a value that does not exist
 
 # Where a setting's value came from, as the settings table says it.
 GIVEN = "given by the profile"
