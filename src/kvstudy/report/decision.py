@@ -275,9 +275,8 @@ def _scales_row(scales: rule.Input) -> Row:
     """What the checkpoints' KV scales are; none read is "not measured", not "0 of 0 measured"."""
     n = scales.num("checkpoints")
     if not n:
-        return Row(
-            "KV scales in the checkpoints", *[MISSING] * 3, "not measured (0 checkpoints read)", rule.NOT_MEASURED
-        )
+        how = "not measured (0 checkpoints read)"
+        return Row("KV scales in the checkpoints", MISSING, MISSING, MISSING, how, rule.NOT_MEASURED)
     dropped, logs = scales.num("dropped"), scales.num("logs_checked")
     text = f"{_int(scales.get('with_scales'))} carry scales; {_int(scales.get('unit_scale'))} run at 1.0"
     if logs:
