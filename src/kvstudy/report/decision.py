@@ -252,10 +252,8 @@ def card_rows(ev: rule.Evidence) -> list[Row]:
         label = topic + (f", {task}" if isinstance(task, str) else "") + (f", {n:,.0f} items" if n else "")
         interval = f" ({lo:+.1f} to {hi:+.1f})" if lo is not None and hi is not None else ""
         change = MISSING if c is None else f"{c:+.1f} points{interval}"
-        if det is not None:
-            detail = f"could detect a loss of {det:.1f} points"
-        else:
-            detail = "its verdict states no interval" if c is None and acc != rule.ABSENT else ""
+        detail = "its verdict states no interval" if c is None and acc != rule.ABSENT else ""
+        detail = f"could detect a loss of {det:.1f} points" if det is not None else detail
         rows.append(_row(label, MISSING, MISSING, change, acc, detail))
     scr = ev.screen
     kl, upper, margin = scr.num("kl_mean"), scr.num("kl_upper"), scr.num("margin_kl")
