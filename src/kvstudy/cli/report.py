@@ -72,8 +72,8 @@ def _share(high: float, below: bool = False) -> Callable[[str], float]:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
-        if not (0 < value <= high and math.isfinite(value)) or (below and value == high):
+            value = math.nan  # refused below, as NaN and infinities are
+        if not 0 < value <= high or (below and value == high):
             span = f"below {high:g}" if below else f"at most {high:g}"
             raise argparse.ArgumentTypeError(f"expected a number above 0, {span}, got {text[:40]!r}")
         return value
