@@ -325,13 +325,18 @@ def settings_table(
     for name, value in values.items():
         plain = json.dumps(value) if isinstance(value, (list, dict, tuple)) else value  # as the CSV holds it
         records.append((name, plain, origins.get(name) or (GIVEN if name in given else DEFAULT)))
-    rows = ["| setting | value | origin |", "|---|---|---|"]
-    rows += [f"| {name} | `{format_value(plain)}` | {origin} |".replace("\n", " ") for name, plain, origin in records]
     frame = pd.DataFrame(records, columns=["setting", "value", "origin"])
-    note = table_csv(frame, f"{_CSV['prefix']}-settings")
-    display(
-        Markdown("**Settings**\n\n" + "\n".join(rows) + ("\n\n" + note if note else "")), metadata={SETTINGS_KEY: True}
-    )
+    cells = [(name, f"`{format_value(plain)}`".replace("\n", " "), origin) for name, plain, origin in records]
+    text = markdown_table("**Settings**", frame, cells, table_csv(frame, f"{_CSV['prefix']}-settings"))
+    display(Markdown(text), metadata={SETTINGS_KEY: True})
+
+
+def markdown_table(title: str, frame: Any, cells: Sequence[Sequence[Any]], note: str) -> str:
+    """``title`` over a markdown table of ``cells`` under the headers of ``frame`` (what its CSV holds),
+    ``note`` (the line naming that CSV) under it."""
+    lines = [title, "", "| " + " | ".join(frame.columns) + " |", "|---" * len(frame.columns) + "|"]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in cells]
+    return "\n".join(lines) + (f"\n\n{note}" if note else "")
 
 
 def finding(text: str) -> None:
@@ -431,7 +436,5 @@ def provenance(data: Sequence[str | Path] = (), **settings: Any) -> Any:
     for item in data:
         p = Path(item)
         rows.append(("data", f"`{item}` (sha256 {file_digest(p)})" if p.exists() else f"`{item}` (missing)"))
-    lines = ["| what | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     frame = pd.DataFrame([(k, str(v).strip("`")) for k, v in rows], columns=["what", "value"])
-    note = table_csv(frame, f"{_CSV['prefix']}-provenance")
-    return Markdown("**Provenance**\n\n" + "\n".join(lines) + ("\n\n" + note if note else ""))
+    return Markdown(markdown_table("**Provenance**", frame, rows, table_csv(frame, f"{_CSV['prefix']}-provenance")))
