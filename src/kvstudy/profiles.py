@@ -129,8 +129,7 @@ def declared_parameters(notebook: Path) -> dict[str, Parameter]:
             default = ast.literal_eval(info.get("default") or "None")
         except (ValueError, SyntaxError):
             default = _UNPARSED
-        help_text = info.get("help") or ""
-        annotation = _annotation(info.get("inferred_type_name") or "None", default, help_text)
+        annotation = _annotation(info.get("inferred_type_name") or "None", default, info.get("help") or "")
         out[name] = Parameter(name, default, annotation)
     return out
 

@@ -381,19 +381,14 @@ def save_figure(
     folder = Path(figures_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"
-    _redact_figure_text(fig)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
-
-
-def _redact_figure_text(fig: Any) -> None:
-    """Every text drawn on ``fig`` (titles, labels, legends, notes) with the secrets known by their
-    shape replaced, as report text is (``redact.redact_shapes``): a PNG cannot be scrubbed
-    after it is drawn, and a title may name a model path that holds a token."""
     from matplotlib.text import Text
 
+    # every text drawn (titles, labels, legends, notes) without the secrets known by their shape, as report
+    # text is: a PNG cannot be scrubbed after it is drawn, and a title may name a model path holding a token
     for text in fig.findobj(Text):
         text.set_text(redact_shapes(text.get_text()))
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
 
 
 def utc_stamp(seconds: float | None = None) -> str:
