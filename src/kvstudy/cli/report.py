@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -81,12 +81,12 @@ def _share(high: float, below: bool = False) -> Callable[[str], float]:
     return parse
 
 
-def _at_most(values: Sequence[float] | None, option: str) -> list[float] | None:
+def _at_most(values: list[float] | None, option: str) -> list[float] | None:
     from kvstudy.limits import MAX_DESIGN_VALUES
 
     if values is not None and len(values) > MAX_DESIGN_VALUES:
         raise StudyError(f"{option}: {len(values):,} values, expected at most {MAX_DESIGN_VALUES}")
-    return None if values is None else list(values)
+    return values
 
 
 def _design_runs(args: argparse.Namespace) -> int:
