@@ -140,8 +140,8 @@ def _screen_verdict(screen: Input, margin_points: float) -> str | None:
 
 def decide(ev: Evidence, th: Thresholds) -> Decision:
     """The answer, the rule that fired and its reason; for Not decided yet, each missing input."""
-    cap = ev.capacity
-    share = cap.num("fp8_share") if cap.decisive else None
+    cap, load = (i if i.decisive else ABSENT for i in (ev.capacity, ev.load))  # the others decide nothing
+    share = cap.num("fp8_share")
     if share is not None and share < th.min_fp8_share:
         if share <= 0:
             return Decision(
@@ -152,7 +152,7 @@ def decide(ev: Evidence, th: Thresholds) -> Decision:
             "little to store",
             f"FP8 would store only {share:.0%} of each request's KV bytes (below {th.min_fp8_share:.0%})",
         )
-    users16, users8 = (cap.num("users_baseline"), cap.num("users_fp8")) if cap.decisive else (None, None)
+    users16, users8 = cap.num("users_baseline"), cap.num("users_fp8")
     if users16 and users8 is not None and users8 <= users16:
         return Decision(KEEP, "no more users", "FP8 fits no more users at this context on this GPU")
     accuracy = [v for v in (_accuracy_verdict(a, th.accuracy_margin_points) for a in ev.accuracy) if v]
@@ -161,10 +161,8 @@ def decide(ev: Evidence, th: Thresholds) -> Decision:
         return Decision(
             KEEP, "accuracy beyond margin", f"FP8 loses more than {points(th.accuracy_margin_points)} of accuracy"
         )
-    load = ev.load if ev.load.decisive else None
-    load_low = load.num("users_ratio_low") if load else None
-    load_high = load.num("users_ratio_high") if load else None
-    if load and load.get("claim") == "fewer users" and load_high is not None and load_high < 1:
+    load_low, load_high = load.num("users_ratio_low"), load.num("users_ratio_high")
+    if load.get("claim") == "fewer users" and load_high is not None and load_high < 1:
         return Decision(KEEP, "fewer users", "FP8 serves fewer users within the latency target at equal memory")
     tpot_low = ev.tpot.num("ratio_low") if ev.tpot.decisive else None
     costly = tpot_low is not None and tpot_low > 1 + th.tpot_cost_pct / 100
@@ -181,7 +179,7 @@ def decide(ev: Evidence, th: Thresholds) -> Decision:
         missing.append(Missing("capacity", "the KV bytes per token and the users that fit"))
     elif users16 is None or users8 is None or users8 <= 0:
         missing.append(Missing("capacity", "the users that fit on this GPU (the weights, or a TP at which they fit)"))
-    measured_gain = load is not None and load.get("claim") == "more users" and load_low is not None and load_low > 1
+    measured_gain = load.get("claim") == "more users" and load_low is not None and load_low > 1
     if not measured_gain and th.kv_bound is not True:
         missing.append(Missing("load", "users within the latency target at equal memory"))
     elif not measured_gain and costly:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import difflib
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -130,8 +129,7 @@ def declared_parameters(notebook: Path) -> dict[str, Parameter]:
             default = ast.literal_eval(info.get("default") or "None")
         except (ValueError, SyntaxError):
             default = _UNPARSED
-        help_text = info.get("help") or ""
-        annotation = _annotation(info.get("inferred_type_name") or "None", default, help_text)
+        annotation = _annotation(info.get("inferred_type_name") or "None", default, info.get("help") or "")
         out[name] = Parameter(name, default, annotation)
     return out
 
@@ -140,7 +138,7 @@ class _ProfileFile(Spec):
     """The keys a profile file may hold, each of its type (its parameters are checked against the notebooks)."""
 
     description: str = ""
-    extends: Any = None  # a profile name: checked by _base_name, with the chain
+    extends: Any = None  # a profile name: checked by load_profile, with the chain
     defaults: dict[str, Any] | None = None
     notebooks: dict[str, dict[str, Any] | None] | None = None
     decision: Thresholds | None = None
@@ -152,21 +150,6 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise StudyError(f"{path}: expected a mapping with 'description', 'defaults' and 'notebooks'")
     _ProfileFile.from_dict(data, str(path))
     return data
-
-
-def _base_name(data: dict[str, Any], path: Path, chain: Sequence[str]) -> str | None:
-    """The profile that ``data`` extends: a plain profile name, not one of ``chain``, else one line naming 'extends'."""
-    base = data.get("extends")
-    if base is None:
-        return None
-    check_profile_name(base, f"{path}: extends")
-    if base in chain:
-        raise StudyError(f"{path}: extends: {base!r} makes a cycle ({' -> '.join([*chain, base])})")
-    if len(chain) >= MAX_EXTENDS:
-        raise StudyError(
-            f"{path}: extends: a chain of more than {MAX_EXTENDS} profiles, expected at most {MAX_EXTENDS}"
-        )
-    return base
 
 
 def load_profile(profile: str, profiles_dir: Path) -> dict[str, Any]:
@@ -184,7 +167,15 @@ def load_profile(profile: str, profiles_dir: Path) -> dict[str, Any]:
         data = _read_yaml(path)
         chain.append(name)
         layers.append({**data, "path": str(path)})
-        name = _base_name(data, path, chain)
+        name = data.get("extends")
+        if name is not None:  # a plain profile name, not one of the chain
+            check_profile_name(name, f"{path}: extends")
+            if name in chain:
+                raise StudyError(f"{path}: extends: {name!r} makes a cycle ({' -> '.join([*chain, name])})")
+            if len(chain) >= MAX_EXTENDS:
+                raise StudyError(
+                    f"{path}: extends: a chain of more than {MAX_EXTENDS} profiles, expected at most {MAX_EXTENDS}"
+                )
     notebooks: dict[str, dict[str, Any]] = {}
     defaults: dict[str, Any] = {}
     decision: dict[str, Any] = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -72,8 +72,8 @@ def _share(high: float, below: bool = False) -> Callable[[str], float]:
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text[:40]!r}") from None
-        if not (0 < value <= high and math.isfinite(value)) or (below and value == high):
+            value = math.nan  # refused below, as NaN and infinities are
+        if not 0 < value <= high or (below and value == high):
             span = f"below {high:g}" if below else f"at most {high:g}"
             raise argparse.ArgumentTypeError(f"expected a number above 0, {span}, got {text[:40]!r}")
         return value
@@ -81,12 +81,12 @@ def _share(high: float, below: bool = False) -> Callable[[str], float]:
     return parse
 
 
-def _at_most(values: Sequence[float] | None, option: str) -> list[float] | None:
+def _at_most(values: list[float] | None, option: str) -> list[float] | None:
     from kvstudy.limits import MAX_DESIGN_VALUES
 
     if values is not None and len(values) > MAX_DESIGN_VALUES:
         raise StudyError(f"{option}: {len(values):,} values, expected at most {MAX_DESIGN_VALUES}")
-    return None if values is None else list(values)
+    return values
 
 
 def _design_runs(args: argparse.Namespace) -> int:

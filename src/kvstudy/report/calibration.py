@@ -118,21 +118,10 @@ def screen_grade(
     paired = pair_rows(capture.logp[(group.name, group.baseline)], capture.logp[(group.name, group.candidates[0])])
     if paired.kl is None:
         raise StudyError(f"{screen_capture}: no top-k log-probabilities (run kv-screen with --top-k)")
-    tost = paired.tost or paired.test
+    kl, t = paired.kl, paired.tost or paired.test
     top1 = paired.top1_agreement if paired.top1_agreement is not None else math.nan
     return dv.Grade(
-        factor,
-        change,
-        low,
-        high,
-        paired.kl.mean,
-        paired.test.mean,
-        bf16_change,
-        paired.kl.low,
-        paired.kl.high,
-        tost.ci_low,
-        tost.ci_high,
-        top1,
+        factor, change, low, high, kl.mean, paired.test.mean, bf16_change, kl.low, kl.high, t.ci_low, t.ci_high, top1
     )
 
 
@@ -225,12 +214,12 @@ def ladder_table(ladder: Ladder, shown: bool = True) -> Any:
 
     from kvstudy import formats as fmt
 
-    rows: dict[tuple[float, bool], dict[str, Any]] = {}
+    rows: dict[tuple[bool, float], dict[str, Any]] = {}
     for scales, by_task in ((False, ladder.grades), (True, ladder.with_scales)):
         for task, grades in by_task.items():
             for g in grades:
                 row = rows.setdefault(
-                    (g.factor, scales), {"factor": g.factor, "KV scales": "checkpoint" if scales else "none (1.0)"}
+                    (scales, g.factor), {"factor": g.factor, "KV scales": "checkpoint" if scales else "none (1.0)"}
                 )
                 row.update(
                     {
@@ -250,21 +239,21 @@ def ladder_table(ladder: Ladder, shown: bool = True) -> Any:
                             f"{label} 16-bit vs original": g.bf16_change_points,
                         }
                     )
-    frame = pd.DataFrame([rows[k] for k in sorted(rows, key=lambda k: (k[1], k[0]))])
+    frame = pd.DataFrame([rows[k] for k in sorted(rows)])
     if not shown:
         return frame
 
     def change(r: Any, label: str) -> str:
-        value = r.get(f"{label} change (points)")
-        if value is None or math.isnan(value):
-            return "not run"
-        return f"{value:+.1f} ({r[f'{label} low']:+.1f} to {r[f'{label} high']:+.1f})"
+        value = r.get(f"{label} change (points)", math.nan)
+        return (
+            "not run" if math.isnan(value) else f"{value:+.1f} ({r[f'{label} low']:+.1f} to {r[f'{label} high']:+.1f})"
+        )
 
     def bf16(r: Any) -> str:
         runs = [
-            f"{TASKS[t]} {r[c]:+.1f}"
-            for t in TASKS
-            if (c := f"{TASKS[t]} 16-bit vs original") in r and not math.isnan(r[c])
+            f"{t} {r[c]:+.1f}"
+            for t in TASKS.values()
+            if not math.isnan(r.get(c := f"{t} 16-bit vs original", math.nan))
         ]
         return "; ".join(runs) or "not run"
 

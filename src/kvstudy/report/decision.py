@@ -23,7 +23,7 @@ from typing_extensions import TypedDict
 from kvstudy import decision_rule as rule
 from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
-from kvstudy.formats import finite
+from kvstudy.formats import MISSING, finite
 from kvstudy.io import REPO_ROOT, read_json
 from kvstudy.report.decision_guidance import Guidance, evaluate_guidance
 
@@ -38,7 +38,6 @@ TOPICS = {
     "05_context-scaling": ("context scaling", "context report"),
     "04_scale-inspection": ("scales", "scales report"),
 }
-MISSING = "–"
 
 
 @dataclass(frozen=True)
@@ -147,34 +146,27 @@ def card_lines(status: dict[str, Any], stems: list[str]) -> list[CardLine]:
     return lines
 
 
-def _state(line: CardLine) -> str:
-    if line.facts.get("simulated") is True:
-        return rule.SIMULATED
-    known = rule.DECISIVE | {rule.PUBLISHED, rule.SIMULATED, rule.NO_CLAIM}
-    return line.state if line.state in known else rule.NOT_MEASURED
-
-
-def _input(line: CardLine | None) -> rule.Input:
-    """A topic's line as the rule's input: its facts as the notebook stated them."""
-    if line is None:
+def _input(line: CardLine | None, prefix: str = "") -> rule.Input:
+    """A topic's line as the rule's input: its facts as the notebook stated them (those named
+    ``prefix...``, without it); absent where it states no ``prefix`` ratio."""
+    if line is None or (prefix and line.facts.get(f"{prefix}ratio") is None):
         return rule.ABSENT
-    return rule.Input(_state(line), f"{line.report} ({line.topic})", dict(line.facts))
+    known = rule.DECISIVE | {rule.PUBLISHED, rule.SIMULATED, rule.NO_CLAIM}
+    state = line.state if line.state in known else rule.NOT_MEASURED
+    state = rule.SIMULATED if line.facts.get("simulated") is True else state
+    facts = {k.removeprefix(prefix): v for k, v in line.facts.items() if k.startswith(prefix)}
+    return rule.Input(state, f"{line.report} ({line.topic})", facts)
 
 
 def evidence(lines: list[CardLine]) -> rule.Evidence:
     """The rule's inputs from the card's lines (a topic absent or without facts: not measured)."""
     by_topic = {line.topic: line for line in lines}
-    speed = by_topic.get("speed")
-    tpot = rule.ABSENT
-    if speed is not None and speed.facts.get("tpot_ratio") is not None:
-        facts = {k.removeprefix("tpot_"): v for k, v in speed.facts.items() if k.startswith("tpot_")}
-        tpot = rule.Input(_state(speed), f"{speed.report} (speed)", facts)
     return rule.Evidence(
         capacity=_input(by_topic.get("capacity")),
         load=_input(by_topic.get("load at equal memory")),
         screen=_input(by_topic.get("engine screen")),
         accuracy=tuple(_input(by_topic[t]) for t in ("accuracy", "long-context accuracy") if t in by_topic),
-        tpot=tpot,
+        tpot=_input(by_topic.get("speed"), "tpot_"),
         scales=_input(by_topic.get("scales")),
     )
 
@@ -260,10 +252,8 @@ def card_rows(ev: rule.Evidence) -> list[Row]:
         label = topic + (f", {task}" if isinstance(task, str) else "") + (f", {n:,.0f} items" if n else "")
         interval = f" ({lo:+.1f} to {hi:+.1f})" if lo is not None and hi is not None else ""
         change = MISSING if c is None else f"{c:+.1f} points{interval}"
-        if det is not None:
-            detail = f"could detect a loss of {det:.1f} points"
-        else:
-            detail = "its verdict states no interval" if c is None and acc != rule.ABSENT else ""
+        detail = "its verdict states no interval" if c is None and acc != rule.ABSENT else ""
+        detail = f"could detect a loss of {det:.1f} points" if det is not None else detail
         rows.append(_row(label, MISSING, MISSING, change, acc, detail))
     scr = ev.screen
     kl, upper, margin = scr.num("kl_mean"), scr.num("kl_upper"), scr.num("margin_kl")
@@ -283,14 +273,8 @@ def _scales_row(scales: rule.Input) -> Row:
     """What the checkpoints' KV scales are; none read is "not measured", not "0 of 0 measured"."""
     n = scales.num("checkpoints")
     if not n:
-        return Row(
-            "KV scales in the checkpoints",
-            MISSING,
-            MISSING,
-            MISSING,
-            "not measured (0 checkpoints read)",
-            rule.NOT_MEASURED,
-        )
+        how = "not measured (0 checkpoints read)"
+        return Row("KV scales in the checkpoints", MISSING, MISSING, MISSING, how, rule.NOT_MEASURED)
     dropped, logs = scales.num("dropped"), scales.num("logs_checked")
     text = f"{_int(scales.get('with_scales'))} carry scales; {_int(scales.get('unit_scale'))} run at 1.0"
     if logs:

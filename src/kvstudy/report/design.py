@@ -112,15 +112,10 @@ def load_noise(capture_dir: str | Path) -> Noise:
         return None, sd, "measured", f"measured: A/A users over {len(logs)} seed blocks"
     loads = cap.spec.loads()
     step = max(b / a for a, b in zip(loads, loads[1:]))
-    return (
-        None,
-        math.log(step) / math.sqrt(12),
-        "measured",
-        (
-            f"ladder resolution: the A/A knees agreed in all {len(logs)} blocks, so the SD of rounding to the "
-            f"largest load step (x{step:.2f}) is used"
-        ),
+    why = (
+        f"the A/A knees agreed in all {len(logs)} blocks, so the SD of rounding to the largest load step (x{step:.2f})"
     )
+    return None, math.log(step) / math.sqrt(12), "measured", f"ladder resolution: {why} is used"
 
 
 def runs_design(

@@ -16,10 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvstudy.io import read_json
 from kvstudy.profiles import RUNNER_PARAMETERS
 from kvstudy.redact import write_csv, write_scrubbed
-from kvstudy.report.notebook import CSV_NOTE, DEFAULT, FINDING_KEY, GIVEN, SETTINGS_KEY, SOURCE_TITLES, VERDICT_KEY
+from kvstudy.report.notebook import CSV_NOTE, DEFAULT, GIVEN, SETTINGS_KEY, SOURCE_TITLES, markdown_table
 
 HIDDEN_TAGS = {"parameters", "injected-parameters"}
 RUNNER_SET = "set by the runner"
@@ -45,21 +44,15 @@ def settings_markdown(values: Mapping[str, Any], given: set[str], folder: Path, 
         )
         for k, v in values.items()
     ]
-    path = write_csv(pd.DataFrame(records, columns=["setting", "value", "origin"]), folder, name)
-    rows = [
-        "**Settings** (origin: given by the profile, or the notebook's default)",
-        "",
-        "| setting | value | origin |",
-        "|---|---|---|",
-    ]
+    frame = pd.DataFrame(records, columns=["setting", "value", "origin"])
+    path = write_csv(frame, folder, name)
+    cells = []
     for key, shown, origin in records:
         if len(shown) > 300:
             shown = shown[:300] + " … (full list in the executed notebook)"
-        shown = shown.replace("|", "\\|").replace("`", "'")
-        rows.append(f"| {key} | `{shown}` | {origin} |")
-    return (
-        "\n".join(rows) + f'\n\n<p class="kvstudy-note {CSV_NOTE}">As CSV: <code>{shown_folder}{path.name}</code></p>'
-    )
+        cells.append((key, "`" + shown.replace("|", "\\|").replace("`", "'") + "`", origin))
+    note = f'<p class="kvstudy-note {CSV_NOTE}">As CSV: <code>{shown_folder}{path.name}</code></p>'
+    return markdown_table("**Settings** (origin: given by the profile, or the notebook's default)", frame, cells, note)
 
 
 def prepare(nb: Any, values: Mapping[str, Any], given: set[str], csv: tuple[Path, str, str]) -> Any:
@@ -109,18 +102,3 @@ def render_html(
     )
     body, _ = exporter.from_notebook_node(nb)
     write_scrubbed(html_path, body)
-
-
-def extract_results(notebook_path: Path) -> tuple[str | None, list[dict[str, Any]]]:
-    """The notebook's finding and its structured verdicts (``notebook.verdict``), in order."""
-    nb = read_json(notebook_path)
-    finding, verdicts = None, []
-    for cell in nb.get("cells", []):
-        for output in cell.get("outputs", []) or []:
-            meta = output.get("metadata") or {}
-            if meta.get(FINDING_KEY) and finding is None:
-                finding = str(meta[FINDING_KEY])
-            item = meta.get(VERDICT_KEY)
-            if isinstance(item, dict) and item.get("text"):
-                verdicts.append({**item, "topic": str(item.get("topic", "")), "text": str(item["text"])})
-    return finding, verdicts

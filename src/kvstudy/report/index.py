@@ -14,11 +14,12 @@ from markupsafe import Markup, escape
 
 from kvstudy import decision_rule as rule
 from kvstudy.errors import StudyError
+from kvstudy.io import read_json
 from kvstudy.machine import cpu_model, package_versions
 from kvstudy.redact import write_scrubbed
 from kvstudy.report.decision import card_from_status
-from kvstudy.report.html import TEMPLATES, extract_results, name_sources
-from kvstudy.report.notebook import git_commit, utc_stamp
+from kvstudy.report.html import TEMPLATES, name_sources
+from kvstudy.report.notebook import FINDING_KEY, VERDICT_KEY, git_commit, utc_stamp
 
 TEMPLATE = "index.html.j2"
 ANSWER_CLASS = {rule.TURN_ON: "on", rule.KEEP: "keep", rule.UNDECIDED: "open"}
@@ -40,6 +41,21 @@ def _failed(page: Path, error: str) -> dict[str, Any]:
     """The status entry of a render that stopped at ``page`` (its time the page's)."""
     stamp = utc_stamp(page.stat().st_mtime)
     return {"seconds": None, "rendered": stamp, "error": error, "needs": None, "failed_html": page.name}
+
+
+def extract_results(notebook_path: Path) -> tuple[str | None, list[dict[str, Any]]]:
+    """The notebook's finding and its structured verdicts (``notebook.verdict``), in order."""
+    nb = read_json(notebook_path)
+    finding, verdicts = None, []
+    for cell in nb.get("cells", []):
+        for output in cell.get("outputs", []) or []:
+            meta = output.get("metadata") or {}
+            if meta.get(FINDING_KEY) and finding is None:
+                finding = str(meta[FINDING_KEY])
+            item = meta.get(VERDICT_KEY)
+            if isinstance(item, dict) and item.get("text"):
+                verdicts.append({**item, "topic": str(item.get("topic", "")), "text": str(item["text"])})
+    return finding, verdicts
 
 
 def status_from_reports(out_dir: Path, stems: Sequence[str], status: dict[str, Any]) -> dict[str, Any]:

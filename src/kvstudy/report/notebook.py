@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstudy.formats import finite
+from kvstudy.formats import MISSING, finite
 from kvstudy.io import REPO_ROOT, file_digest
 from kvstudy.machine import cpu_model, package_versions
 from kvstudy.redact import redact_shapes, write_csv
@@ -33,7 +33,6 @@ VERDICT_KEY = "kvstudy_verdict"
 SETTINGS_KEY = "kvstudy_settings"
 # The runner puts the names of the parameters the profile gave into this variable (a JSON list).
 GIVEN_ENV = "KVSTUDY_GIVEN_PARAMETERS"
-MISSING = "–"  # what a table shows for a value that does not exist
 
 # Where a setting's value came from, as the settings table says it.
 GIVEN = "given by the profile"
@@ -326,13 +325,18 @@ def settings_table(
     for name, value in values.items():
         plain = json.dumps(value) if isinstance(value, (list, dict, tuple)) else value  # as the CSV holds it
         records.append((name, plain, origins.get(name) or (GIVEN if name in given else DEFAULT)))
-    rows = ["| setting | value | origin |", "|---|---|---|"]
-    rows += [f"| {name} | `{format_value(plain)}` | {origin} |".replace("\n", " ") for name, plain, origin in records]
     frame = pd.DataFrame(records, columns=["setting", "value", "origin"])
-    note = table_csv(frame, f"{_CSV['prefix']}-settings")
-    display(
-        Markdown("**Settings**\n\n" + "\n".join(rows) + ("\n\n" + note if note else "")), metadata={SETTINGS_KEY: True}
-    )
+    cells = [(name, f"`{format_value(plain)}`".replace("\n", " "), origin) for name, plain, origin in records]
+    text = markdown_table("**Settings**", frame, cells, table_csv(frame, f"{_CSV['prefix']}-settings"))
+    display(Markdown(text), metadata={SETTINGS_KEY: True})
+
+
+def markdown_table(title: str, frame: Any, cells: Sequence[Sequence[Any]], note: str) -> str:
+    """``title`` over a markdown table of ``cells`` under the headers of ``frame`` (what its CSV holds),
+    ``note`` (the line naming that CSV) under it."""
+    lines = [title, "", "| " + " | ".join(frame.columns) + " |", "|---" * len(frame.columns) + "|"]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in cells]
+    return "\n".join(lines) + (f"\n\n{note}" if note else "")
 
 
 def finding(text: str) -> None:
@@ -377,19 +381,14 @@ def save_figure(
     folder = Path(figures_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"
-    _redact_figure_text(fig)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    return path
-
-
-def _redact_figure_text(fig: Any) -> None:
-    """Every text drawn on ``fig`` (titles, labels, legends, notes) with the secrets known by their
-    shape replaced, as report text is (``redact.redact_shapes``): a PNG cannot be scrubbed
-    after it is drawn, and a title may name a model path that holds a token."""
     from matplotlib.text import Text
 
+    # every text drawn (titles, labels, legends, notes) without the secrets known by their shape, as report
+    # text is: a PNG cannot be scrubbed after it is drawn, and a title may name a model path holding a token
     for text in fig.findobj(Text):
         text.set_text(redact_shapes(text.get_text()))
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
 
 
 def utc_stamp(seconds: float | None = None) -> str:
@@ -432,7 +431,5 @@ def provenance(data: Sequence[str | Path] = (), **settings: Any) -> Any:
     for item in data:
         p = Path(item)
         rows.append(("data", f"`{item}` (sha256 {file_digest(p)})" if p.exists() else f"`{item}` (missing)"))
-    lines = ["| what | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     frame = pd.DataFrame([(k, str(v).strip("`")) for k, v in rows], columns=["what", "value"])
-    note = table_csv(frame, f"{_CSV['prefix']}-provenance")
-    return Markdown("**Provenance**\n\n" + "\n".join(lines) + ("\n\n" + note if note else ""))
+    return Markdown(markdown_table("**Provenance**", frame, rows, table_csv(frame, f"{_CSV['prefix']}-provenance")))

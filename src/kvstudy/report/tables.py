@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from kvstudy.formats import per_token_interval, significant
 from kvstudy.speed.verdicts_table import (
     NO_CLAIM_AGAINST_BOUND,
-    Admission,
     CaptureVerdict,
     beyond_bound,
     change_text,
@@ -199,10 +198,6 @@ PUBLISHED_CONSISTENCY = Table(
 )
 
 
-def _queueing(a: Admission) -> str:
-    return f"yes: {a.waiting} of {a.users} requests wait" if a.waiting else "no"
-
-
 ADMISSION = Table(
     (
         Column("users", "users"),
@@ -212,7 +207,7 @@ ADMISSION = Table(
         Column("blocks_needed", "blocks needed by all users"),
         Column("pool_blocks", "pool blocks"),
         Column("requests_that_fit", "requests that fit at once"),
-        Column("", "queueing", format=_queueing),
+        Column("", "queueing", format=lambda a: f"yes: {a.waiting} of {a.users} requests wait" if a.waiting else "no"),
         Column("origin", "origin"),
     )
 )
