@@ -57,7 +57,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         f"items paired by doc_id: {c.n} ({args.filter}, {args.metric})",
         f"correct: baseline {c.baseline_correct}, candidate {c.candidate_correct}",
         f"discordant: baseline only {c.baseline_only}, candidate only {c.candidate_only}",
-        f"exact McNemar p (two-sided): {verdict.mcnemar.p_value:.4g}",
+        f"exact McNemar p (two-sided): {verdict.mcnemar_p:.4g}",
         f"95% interval of candidate - baseline (Newcombe, paired): "
         f"{100 * verdict.interval.low:+.2f} to {100 * verdict.interval.high:+.2f} points",
         f"non-inferior at {verdict.non_inferiority.margin_points:.2f} points: {verdict.non_inferiority.non_inferior}",

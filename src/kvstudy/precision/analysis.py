@@ -310,7 +310,7 @@ def greedy_records(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any
             cand = {r["id"]: bool(r["correct"]) for r in rows if r["id"] in by_id}
             counts = paired_counts({i: by_id[i] for i in cand}, cand, f"{group.name}/{arm} greedy")
             b, c = counts.baseline_only, counts.candidate_only
-            p = mcnemar_exact(b, c).p_value
+            p = mcnemar_exact(b, c)
             floor_p = p if role == FLOOR_ROLE else floor_p
             out.append(
                 {
