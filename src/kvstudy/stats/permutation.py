@@ -43,9 +43,7 @@ class PermutationTest:
 
 def minimum_p_value(n_base: int, n_cand: int) -> float:
     """Smallest two-sided p the exact permutation test can give with these arm sizes: 2 / C(n1+n2, n1)."""
-    if n_base < 1 or n_cand < 1:
-        return 1.0
-    return min(1.0, 2.0 / math.comb(n_base + n_cand, n_base))
+    return blocked_min_p([(n_base, n_cand)])
 
 
 def runs_per_arm_needed(alpha: float = ALPHA) -> int:
