@@ -19,9 +19,8 @@ import numpy.typing as npt
 from scipy import stats as sps
 
 from kvstudy.errors import StudyError
+from kvstudy.stats.binary import ALPHA, TARGET_POWER
 
-ALPHA = 0.05
-TARGET_POWER = 0.8
 MAX_EXACT_SPLITS = 20_000  # enumerate all splits up to this many (C(16, 8) = 12,870)
 MONTE_CARLO_DRAWS = 20_000  # random splits otherwise (>= 10,000 keeps the p-value's own error < 0.005)
 _TIE_TOL = 1e-12  # statistics this close to the observed one count as ties (float sums)
