@@ -384,10 +384,6 @@ def read_status(folder: Path) -> ConfigResult | None:
 
 
 KIND = "kvstudy accuracy runs"
-HOW = (
-    "kvstudy.accuracy.runner.run_missing: lm-eval local-completions against "
-    "kvstudy.vllm.server.VllmServer, one server per configuration"
-)
 
 
 def write_manifest(
@@ -408,7 +404,8 @@ def write_manifest(
         manifest = capture_format.read_manifest(capture, KIND)
         _check_same(capture, manifest, settings, inputs)
     else:
-        manifest = capture_format.new_manifest(KIND, spec, HOW, inputs)
+        how = "kvstudy.accuracy.runner.run_missing: lm-eval local-completions against kvstudy.vllm.server.VllmServer"
+        manifest = capture_format.new_manifest(KIND, spec, f"{how}, one server per configuration", inputs)
     capture_format.start_session(manifest, list(names))
     _record_states(capture, manifest)
 

@@ -169,16 +169,6 @@ def task_from_name(path: str | Path) -> str | None:
     return match.group("task") if match else None
 
 
-def _parse_rows(path: Path, data: list[Any]) -> list[SampleRow]:
-    rows = []
-    for number, row in enumerate(data):
-        try:
-            rows.append(parse_row(row))
-        except ValueError as exc:
-            raise StudyError(f"{path}: row {number}: not an lm-eval sample row ({exc})") from None
-    return rows
-
-
 def _read_rows(path: Path, max_bytes: int) -> list[SampleRow]:
     """Parse every line; lines end at "\\n" only (lm-eval writes U+2028 and U+0085 unescaped). A file
     that is one JSON array is lm-eval 0.4.0/0.4.1's format."""
@@ -190,7 +180,13 @@ def _read_rows(path: Path, max_bytes: int) -> list[SampleRow]:
             if "malformed JSON" not in str(exc):
                 raise  # else not one JSON array: a JSONL file whose first line is junk, read below line by line
         else:
-            return _parse_rows(path, data)
+            rows = []
+            for number, row in enumerate(data):
+                try:
+                    rows.append(parse_row(row))
+                except ValueError as exc:
+                    raise StudyError(f"{path}: row {number}: not an lm-eval sample row ({exc})") from None
+            return rows
     return parse_jsonl_text(text, path, parse_row, "an lm-eval sample row")
 
 

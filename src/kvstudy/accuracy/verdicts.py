@@ -19,7 +19,6 @@ from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.stats import binary, binary_power
 from kvstudy.stats.binary import (
     ChanceCheck,
-    McNemarTest,
     NonInferiority,
     PairedComparison,
     PairedCounts,
@@ -228,7 +227,7 @@ class RetrievalPaired:
     control: bool
     length: int | None  # None: every length together
     counts: PairedCounts
-    mcnemar: McNemarTest
+    mcnemar_p: float  # two-sided exact McNemar p
     clustered: ClusteredMean  # of candidate minus baseline, clustered by context
     non_inferiority: NonInferiority  # judged on the clustered interval (not judged without variation)
 
@@ -324,7 +323,7 @@ def _points(x: float) -> str:
 def paired_sentence(cmp: PairedComparison) -> str:
     """The verdict of one paired comparison: the counts, the test, the interval and the margin."""
     c, base, cand, alpha = cmp.counts, cmp.baseline, cmp.candidate, cmp.alpha
-    p, low, high = cmp.mcnemar.p_value, cmp.interval.low, cmp.interval.high
+    p, low, high = cmp.mcnemar_p, cmp.interval.low, cmp.interval.high
     level = round(100 * (1 - alpha))
     head = (
         f"{cand}: {c.candidate_correct}/{c.n} against {c.baseline_correct}/{c.n} for {base} "

@@ -48,8 +48,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         "metric": args.metric,
         "same_prompts": pair.same_prompts,
         "cut_off": {
-            "baseline": list(cuts[0].cut_off) if cuts[0].method != "not checked" else None,
-            "candidate": list(cuts[1].cut_off) if cuts[1].method != "not checked" else None,
+            k: None if t.method == "not checked" else list(t.cut_off) for k, t in zip(("baseline", "candidate"), cuts)
         },
     }
     c = verdict.counts
@@ -57,7 +56,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         f"items paired by doc_id: {c.n} ({args.filter}, {args.metric})",
         f"correct: baseline {c.baseline_correct}, candidate {c.candidate_correct}",
         f"discordant: baseline only {c.baseline_only}, candidate only {c.candidate_only}",
-        f"exact McNemar p (two-sided): {verdict.mcnemar.p_value:.4g}",
+        f"exact McNemar p (two-sided): {verdict.mcnemar_p:.4g}",
         f"95% interval of candidate - baseline (Newcombe, paired): "
         f"{100 * verdict.interval.low:+.2f} to {100 * verdict.interval.high:+.2f} points",
         f"non-inferior at {verdict.non_inferiority.margin_points:.2f} points: {verdict.non_inferiority.non_inferior}",
@@ -86,9 +85,8 @@ def _run_totals(args: argparse.Namespace) -> int:
     )
     lines = [
         f"exact McNemar p over all pairings: {bounds.mcnemar_p_min:.4g} to {bounds.mcnemar_p_max:.4g}",
-        f"disagreement rate: {100 * bounds.discordant_min / n:.1f}% to "
-        f"{100 * bounds.discordant_max / n:.1f}% ({bounds.discordant_min} to "
-        f"{bounds.discordant_max} items)",
+        f"disagreement rate: {100 * bounds.disagreement_min:.1f}% to {100 * bounds.disagreement_max:.1f}% "
+        f"({bounds.discordant_min} to {bounds.discordant_max} items)",
         f"detectable loss: {loss}",
         f"unpaired 95% interval of candidate - baseline (Newcombe): "
         f"{100 * bounds.unpaired.low:+.2f} to {100 * bounds.unpaired.high:+.2f} points",

@@ -55,21 +55,14 @@ def add_kv_simulate(subparsers: Any) -> None:
     p.add_argument("capture", type=output_folder, help="capture folder to write or resume")
     p.add_argument("--model", default=d.model)
     p.add_argument(
-        "--control-dir",
-        type=output_folder,
-        default=d.control_dir,
-        help="where the positive-control checkpoint is written",
+        "--control-dir", type=output_folder, default=d.control_dir, help=SimSpec.model_fields["control_dir"].description
     )
-    p.add_argument("--gsm8k-n", type=int_arg(0, MAX_ITEMS), default=d.gsm8k_n)
-    p.add_argument("--control-gsm8k-n", type=int_arg(0, MAX_ITEMS), default=d.control_gsm8k_n)
     p.add_argument("--retrieval-lengths", type=int_arg(1, MAX_TOKENS), nargs="+", default=list(d.retrieval_lengths))
-    p.add_argument("--retrieval-per-length", type=int_arg(0, MAX_ITEMS), default=d.retrieval_per_length)
-    p.add_argument(
-        "--greedy-n",
-        type=int_arg(0, MAX_ITEMS),
-        default=d.greedy_n,
-        help="GSM8K-format items answered greedily per arm",
-    )
+    for name in ("gsm8k_n", "control_gsm8k_n", "retrieval_per_length", "greedy_n"):
+        field = SimSpec.model_fields[name]
+        p.add_argument(
+            f"--{name.replace('_', '-')}", type=int_arg(0, MAX_ITEMS), default=field.default, help=field.description
+        )
     p.add_argument("--threads", type=int_arg(1, MAX_THREADS), default=d.threads)
     force_option(p, "write into a folder kv-simulate did not create")
     retry_option(p, "run arms that failed before again")

@@ -111,7 +111,7 @@ def _design_accuracy(args: argparse.Namespace) -> int:
 def add_design(subparsers: Any) -> None:
     from kvstudy.limits import DESIGN_CHANGE_PCT, DESIGN_MARGIN_POINTS, MAX_LOG_SD, float_arg
     from kvstudy.report import design
-    from kvstudy.stats.permutation import TARGET_POWER
+    from kvstudy.stats.binary import TARGET_POWER
 
     parser = subparsers.add_parser(
         "design",

@@ -155,11 +155,6 @@ def floor_verdict(floor_p: float, alpha: float = ALPHA) -> str:
 FLOOR_ROLE = "A/A floor"
 
 
-def _bucket_order(bucket: str) -> tuple[int, int]:
-    length = bucket_length(bucket)
-    return (0, 0) if length is None else (1, length)
-
-
 def _arm_label(group: Group, arm: str) -> str:
     info = group.arms.get(arm) or {}
     return str(info.get("label") or arm)
@@ -174,7 +169,8 @@ def comparisons(
     """
     out: list[dict[str, Any]] = []
     for group in capture.groups:
-        for bucket in sorted({str(r["bucket"]) for r in capture.logp[(group.name, group.baseline)]}, key=_bucket_order):
+        buckets = {str(r["bucket"]) for r in capture.logp[(group.name, group.baseline)]}
+        for bucket in sorted(buckets, key=lambda b: (bucket_length(b) is not None, bucket_length(b) or 0)):
             arms = (group.baseline, group.floor, *group.candidates)
             rows = {arm: [r for r in capture.logp[(group.name, arm)] if r["bucket"] == bucket] for arm in arms}
             floor = pair_rows(rows[group.baseline], rows[group.floor], alpha)
@@ -211,16 +207,10 @@ def comparisons(
                         ),
                     }
                 )
-    _holm(out, alpha)
-    return out
-
-
-def _holm(records: list[dict[str, Any]], alpha: float) -> None:
-    """Holm-adjust the candidates' p over the whole report (one family), then word each verdict."""
-    family = [r for r in records if r["role"] != FLOOR_ROLE and r["p"] == r["p"]]
+    family = [r for r in out if r["role"] != FLOOR_ROLE and r["p"] == r["p"]]  # p NaN: no test
     for r, p in zip(family, holm([r["p"] for r in family])):
         r["p_holm"] = p
-    for r in records:
+    for r in out:
         r.setdefault("p_holm", r["p"] if r["role"] == FLOOR_ROLE else float("nan"))
         r["family"] = len(family)
         r["verdict"] = (
@@ -228,6 +218,7 @@ def _holm(records: list[dict[str, Any]], alpha: float) -> None:
             if r["role"] == FLOOR_ROLE
             else verdict(r["p_holm"], r["mean"], r["floor_p"], alpha, label=f"Holm p over {len(family)}")
         )
+    return out
 
 
 def comparison_table(records: list[dict[str, Any]], shown: bool = True) -> Any:
@@ -310,7 +301,7 @@ def greedy_records(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any
             cand = {r["id"]: bool(r["correct"]) for r in rows if r["id"] in by_id}
             counts = paired_counts({i: by_id[i] for i in cand}, cand, f"{group.name}/{arm} greedy")
             b, c = counts.baseline_only, counts.candidate_only
-            p = mcnemar_exact(b, c).p_value
+            p = mcnemar_exact(b, c)
             floor_p = p if role == FLOOR_ROLE else floor_p
             out.append(
                 {

@@ -27,7 +27,6 @@ import numpy as np
 
 from kvstudy.errors import StudyError
 
-ALPHA = 0.05  # each one-sided test of the TOST pair
 REST_FLOOR = 1e-7  # the smallest rest mass counted (float32 resolves no finer near 1)
 LOSS_POINTS = 2.0  # the accuracy loss (points) the margin is calibrated to
 EQUIVALENCE = ("within", "beyond", "undecided")

@@ -71,8 +71,3 @@ def retrieval_prompts(
                 for item in items
             ]
     return out
-
-
-def calibration_prompts(n_gsm8k: int, lengths: Sequence[int], seed: int) -> list[ScoredPrompt]:
-    """Prompts for computing scales from data: train-split problems and one context per length of ``seed``."""
-    return gsm8k_prompts(n_gsm8k, GSM8K_TRAIN, prefix="calib-gsm8k") + retrieval_prompts(lengths, 1, seed=seed)

@@ -217,7 +217,8 @@ def run(spec: SimSpec, capture: str | Path, force: bool = False, retry_failed: b
     scored = pr.gsm8k_prompts(spec.gsm8k_n) + pr.retrieval_prompts(
         spec.retrieval_lengths, spec.retrieval_per_length, spec.retrieval_seed
     )
-    calib_prompts = pr.calibration_prompts(spec.calibration_gsm8k_n, spec.retrieval_lengths[:2], spec.calibration_seed)
+    calib_prompts = pr.gsm8k_prompts(spec.calibration_gsm8k_n, pr.GSM8K_TRAIN, prefix="calib-gsm8k")
+    calib_prompts += pr.retrieval_prompts(spec.retrieval_lengths[:2], 1, seed=spec.calibration_seed)
 
     def run_group(
         name: str, model_dir: str, loaded: Loaded, storages: list[qz.Storage], prompts: list[pr.ScoredPrompt], note: str

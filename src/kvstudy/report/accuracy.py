@@ -148,7 +148,7 @@ PAIRED = Table(
         Column("comparison.counts.baseline_only", "only {row.comparison.baseline} right"),
         Column("comparison.counts.candidate_only", "only this right"),
         Column("comparison.difference", "difference ({unit})", "points", POINTS_1),
-        Column("comparison.mcnemar.p_value", "exact McNemar p", format=_p),
+        Column("comparison.mcnemar_p", "exact McNemar p", format=_p),
         Column("comparison.interval", "95% interval (Newcombe, {unit})", "points", _interval),
         Column(
             "comparison.non_inferiority.non_inferior",
@@ -226,7 +226,7 @@ RETRIEVAL_PAIRED = Table(
         Column("clustered.clusters", "contexts"),
         Column("counts.baseline_only", "only {row.baseline} right"),
         Column("counts.candidate_only", "only this right"),
-        Column("mcnemar.p_value", "exact McNemar p", format=_p),
+        Column("mcnemar_p", "exact McNemar p", format=_p),
         Column("clustered.mean", "difference ({unit})", "points", POINTS_1),
         Column("clustered", "clustered 95% ({unit})", "points", _clustered_points),
         Column(
@@ -298,15 +298,15 @@ def retrieval_sentence(rows: Iterable[RetrievalPaired], alpha: float = 0.05) -> 
     cands = [r for r in rows if not r.control]
     text = " ".join(
         f"{r.label}: {100 * r.clustered.mean:+.1f} points over all lengths (clustered 95% "
-        f"{_clustered_points(r.clustered)}), exact McNemar p = {_p(r.mcnemar.p_value)}; "
+        f"{_clustered_points(r.clustered)}), exact McNemar p = {_p(r.mcnemar_p)}; "
         f"{_non_inferiority_words(r.non_inferiority)} at {r.non_inferiority.margin_points:g} points."
         for r in cands
         if r.length is None
     )
     by_length = [r for r in cands if r.length is not None]
-    adjusted = holm([r.mcnemar.p_value for r in by_length])
+    adjusted = holm([r.mcnemar_p for r in by_length])
     shown = [
-        f"{r.label} at {r.length} tokens ({100 * r.clustered.mean:+.1f} points, p = {_p(r.mcnemar.p_value)}, "
+        f"{r.label} at {r.length} tokens ({100 * r.clustered.mean:+.1f} points, p = {_p(r.mcnemar_p)}, "
         f"Holm p = {_p(p)})"
         for r, p in zip(by_length, adjusted)
         if p < alpha

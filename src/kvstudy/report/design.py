@@ -33,8 +33,9 @@ from kvstudy.decision_rule import points
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_DESIGN_ROWS
 from kvstudy.speed.calibration import noise_sd
+from kvstudy.stats.binary import TARGET_POWER
 from kvstudy.stats.binary_power import check_totals, non_inferiority_questions
-from kvstudy.stats.permutation import TARGET_POWER, runs_needed
+from kvstudy.stats.permutation import runs_needed
 
 ASSUMED_NOISE_SD = 0.05  # SD of a per-seed log TPOT difference when no capture or value is given (assumed)
 DEFAULT_CHANGES_PCT = {"speed": (5.0, 10.0, 20.0), "load": (50.0, 100.0)}

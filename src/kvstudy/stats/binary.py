@@ -120,19 +120,6 @@ def paired_counts(
 # --------------------------------------------------------------------------- exact McNemar
 
 
-@dataclass(frozen=True)
-class McNemarTest:
-    """Two-sided exact McNemar test on the discordant items."""
-
-    baseline_only: int
-    candidate_only: int
-    p_value: float  # 1.0 when no item is discordant
-
-    @property
-    def discordant(self) -> int:
-        return self.baseline_only + self.candidate_only
-
-
 def mcnemar_p_values(baseline_only: ArrayLike, candidate_only: ArrayLike) -> np.ndarray:
     """Two-sided exact McNemar p for arrays of discordant counts (1.0 where none is discordant)."""
     b, c = np.asarray(baseline_only), np.asarray(candidate_only)
@@ -141,9 +128,9 @@ def mcnemar_p_values(baseline_only: ArrayLike, candidate_only: ArrayLike) -> np.
     return np.where(d == 0, 1.0, p)
 
 
-def mcnemar_exact(baseline_only: int, candidate_only: int) -> McNemarTest:
-    """The exact McNemar test of ``baseline_only`` against ``candidate_only`` discordant items."""
-    return McNemarTest(baseline_only, candidate_only, float(mcnemar_p_values(baseline_only, candidate_only)))
+def mcnemar_exact(baseline_only: int, candidate_only: int) -> float:
+    """The two-sided exact McNemar p of ``baseline_only`` against ``candidate_only`` discordant items."""
+    return float(mcnemar_p_values(baseline_only, candidate_only))
 
 
 # --------------------------------------------------------------------------- interval of the difference
@@ -248,7 +235,7 @@ class PairedComparison:
     baseline: str  # labels
     candidate: str
     counts: PairedCounts
-    mcnemar: McNemarTest
+    mcnemar_p: float  # two-sided exact McNemar p (1.0 when no item is discordant)
     interval: DifferenceInterval
     non_inferiority: NonInferiority
     alpha: float
@@ -272,9 +259,9 @@ def compare(
     counts = paired_counts(baseline, candidate, f"{candidate_label} vs {baseline_label}")
     margin = resolve_margin(counts.baseline_correct / counts.n, margin_points, margin_share)
     interval = newcombe_paired_interval(counts, alpha)
-    test = mcnemar_exact(counts.baseline_only, counts.candidate_only)
+    p = mcnemar_exact(counts.baseline_only, counts.candidate_only)
     return PairedComparison(
-        baseline_label, candidate_label, counts, test, interval, non_inferiority(interval.low, margin), alpha
+        baseline_label, candidate_label, counts, p, interval, non_inferiority(interval.low, margin), alpha
     )
 
 

@@ -93,16 +93,13 @@ def smallest_detectable_loss(
 # --------------------------------------------------------------------------- totals only
 
 
-def whole_count(value: object, where: str) -> int:
-    """A whole number >= 0 (a bool is not one), or a StudyError naming ``where``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise StudyError(f"{where}: expected a whole number >= 0, got {value!r}")
-    return int(value)
-
-
 def check_totals(n: object, baseline: object, candidate: object) -> tuple[int, int, int]:
-    """Whole numbers with 0 <= baseline, candidate <= n and n > 0, or a StudyError naming the field."""
-    n_i, a, b = (whole_count(v, k) for k, v in (("n", n), ("baseline", baseline), ("candidate", candidate)))
+    """Whole numbers (a bool is not one) with 0 <= baseline, candidate <= n and n > 0, or a StudyError
+    naming the field."""
+    for where, value in (("n", n), ("baseline", baseline), ("candidate", candidate)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise StudyError(f"{where}: expected a whole number >= 0, got {value!r}")
+    n_i, a, b = int(n), int(baseline), int(candidate)  # type: ignore[call-overload]
     if n_i == 0:
         raise StudyError("n: expected a positive number of items, got 0")
     for name, value in (("baseline", a), ("candidate", b)):

@@ -19,9 +19,8 @@ import numpy.typing as npt
 from scipy import stats as sps
 
 from kvstudy.errors import StudyError
+from kvstudy.stats.binary import ALPHA, TARGET_POWER
 
-ALPHA = 0.05
-TARGET_POWER = 0.8
 MAX_EXACT_SPLITS = 20_000  # enumerate all splits up to this many (C(16, 8) = 12,870)
 MONTE_CARLO_DRAWS = 20_000  # random splits otherwise (>= 10,000 keeps the p-value's own error < 0.005)
 _TIE_TOL = 1e-12  # statistics this close to the observed one count as ties (float sums)
@@ -43,9 +42,7 @@ class PermutationTest:
 
 def minimum_p_value(n_base: int, n_cand: int) -> float:
     """Smallest two-sided p the exact permutation test can give with these arm sizes: 2 / C(n1+n2, n1)."""
-    if n_base < 1 or n_cand < 1:
-        return 1.0
-    return min(1.0, 2.0 / math.comb(n_base + n_cand, n_base))
+    return blocked_min_p([(n_base, n_cand)])
 
 
 def runs_per_arm_needed(alpha: float = ALPHA) -> int:

@@ -30,13 +30,13 @@ def test_compare_json_pairs_files_in_different_orders(
     code, out, err = run(["accuracy", "compare", str(base), str(cand), "--json", "--margin-points", "5"], capsys)
     assert code == 0 and err == ""
     data = json.loads(out)
-    assert {"counts", "mcnemar", "interval", "non_inferiority", "verdict"} <= set(data)  # dataclasses.asdict
+    assert {"counts", "mcnemar_p", "interval", "non_inferiority", "verdict"} <= set(data)  # dataclasses.asdict
     counts = data["counts"]
     assert sum(counts.values()) == 60
     assert counts["both_right"] + counts["baseline_only"] == sum(BASE.values())
     assert counts["both_right"] + counts["candidate_only"] == sum(CAND.values())
     assert (counts["baseline_only"], counts["candidate_only"]) == (4, 1)
-    assert data["mcnemar"]["p_value"] == pytest.approx(0.375)  # 2 * P(Bin(5, 1/2) <= 1) = 2 * 6/32
+    assert data["mcnemar_p"] == pytest.approx(0.375)  # 2 * P(Bin(5, 1/2) <= 1) = 2 * 6/32
     low, high = data["interval"]["low"], data["interval"]["high"]
     assert low < (1 - 4) / 60 < high and high > 0
     assert isinstance(data["non_inferiority"]["non_inferior"], bool)

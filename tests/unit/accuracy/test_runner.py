@@ -152,7 +152,7 @@ def test_capture_tables_paired_and_discrimination(tmp_path):
     assert [r.label for r in pairs] == ["FP8 KV cache"]  # the failed and zero-shot runs are left out
     counts = pairs[0].comparison.counts
     assert counts.baseline_only == 2 and counts.candidate_only == 0
-    assert pairs[0].comparison.mcnemar.p_value == pytest.approx(0.5)
+    assert pairs[0].comparison.mcnemar_p == pytest.approx(0.5)
     assert "The paired test shows no difference" in vt.paired_sentence(pairs[0].comparison)
     disc = ga.discrimination(results, "bf16", "bf16-zero-shot", "strict-match")
     assert disc.discriminates and disc.p_value == pytest.approx(0.5**8)

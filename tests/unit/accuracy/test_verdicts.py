@@ -28,7 +28,7 @@ def test_paired_rows_count_the_table_and_mark_the_control(acc):
     fp8 = rows[1].comparison
     assert (fp8.baseline, fp8.candidate) == ("BF16", "FP8-KV")
     assert (fp8.counts.baseline_only, fp8.counts.candidate_only) == (3, 1)
-    assert fp8.mcnemar.p_value == pytest.approx(stats.mcnemar_exact(3, 1).p_value)
+    assert fp8.mcnemar_p == pytest.approx(stats.mcnemar_exact(3, 1))
     assert fp8.difference == pytest.approx(-0.2)
     assert rows[0].comparison.counts.discordant == 0 and rows[0].identical_responses == 10
     assert fp8.non_inferiority.non_inferior is False  # 10 items cannot show it
@@ -87,7 +87,7 @@ def test_retrieval_paired_per_length_and_overall(acc):
     assert by_len[1024].counts.baseline_only == 3 and by_len[1024].clustered.mean == pytest.approx(-0.5)
     overall = by_len[None]
     assert overall.counts.n == 12 and overall.clustered.clusters == 4 and overall.baseline == "BF16"
-    assert overall.mcnemar.p_value == pytest.approx(stats.mcnemar_exact(3, 0).p_value)
+    assert overall.mcnemar_p == pytest.approx(stats.mcnemar_exact(3, 0))
     assert overall.non_inferiority.non_inferior is False and overall.non_inferiority.margin == pytest.approx(0.05)
 
 
