@@ -61,7 +61,16 @@ def test_secret_names(name: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["max_tokens", "--max-num-batched-tokens", "num_key_value_heads", "kv_cache_dtype", "tokenizer", "MODEL", "author", "qwen3-mini/int8-token-head"],
+    [
+        "max_tokens",
+        "--max-num-batched-tokens",
+        "num_key_value_heads",
+        "kv_cache_dtype",
+        "tokenizer",
+        "MODEL",
+        "author",
+        "qwen3-mini/int8-token-head",
+    ],
 )
 def test_harmless_names(name: str) -> None:
     assert not is_secret_name(name)
