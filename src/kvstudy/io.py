@@ -180,8 +180,9 @@ _INT_TEXT = re.compile(r"[+-]?[0-9]{1,30}", re.ASCII)
 _FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})(?:[eE][+-]?[0-9]{1,3})?", re.ASCII)
 
 
-def _regular_target(path: Path) -> tuple[Path, os.stat_result]:
-    """``path`` resolved through symlinks, with its stat; a StudyError unless it is a regular file."""
+def check_regular_file(path: str | Path) -> Path:
+    """The resolved path of ``path`` if it is a regular file (after symlinks), else a StudyError."""
+    path = Path(path)
     try:
         target = path.resolve(strict=True)
         st = target.stat()
@@ -196,27 +197,21 @@ def _regular_target(path: Path) -> tuple[Path, os.stat_result]:
         raise StudyError(f"{path}: is a directory (expected a file)")
     if not stat.S_ISREG(st.st_mode):
         raise StudyError(f"{path}: not a regular file (a FIFO, device or socket; expected a file)")
-    return target, st
-
-
-def check_regular_file(path: str | Path) -> Path:
-    """The resolved path of ``path`` if it is a regular file (after symlinks), else a StudyError."""
-    return _regular_target(Path(path))[0]
+    return target
 
 
 def read_bytes_checked(path: str | Path, limit: int = MAX_INPUT_BYTES) -> bytes:
     """The bytes of a regular file no larger than ``limit``; never blocks on a FIFO."""
-    path = Path(path)
-    target, st = _regular_target(path)
-    if st.st_size > limit:
-        raise StudyError(f"{path}: {st.st_size} bytes is larger than the {limit}-byte limit for this input")
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(check_regular_file(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise StudyError(f"{path}: cannot open ({exc.strerror or exc})") from None
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # swapped after the check
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):  # swapped after the check
             raise StudyError(f"{path}: not a regular file (expected a file)")
+        if st.st_size > limit:
+            raise StudyError(f"{path}: {st.st_size} bytes is larger than the {limit}-byte limit for this input")
         data = fh.read(limit + 1)
     if len(data) > limit:
         raise StudyError(f"{path}: larger than the {limit}-byte limit for this input")

@@ -206,6 +206,7 @@ class ContextAnalysis:
     not_measured: dict[str, str]
     bandwidth: dict[str, Any] | None
     baseline: str | None
+    machine: dict[str, Any]  # the manifest's: where the capture ran
 
 
 def analyse_capture(capture: str | Path, n_boot: int = fit.DEFAULT_BOOT, seed: int = 0) -> ContextAnalysis:
@@ -242,6 +243,7 @@ def analyse_capture(capture: str | Path, n_boot: int = fit.DEFAULT_BOOT, seed: i
         not_measured,
         read_json(capture / BANDWIDTH) if (capture / BANDWIDTH).is_file() else None,
         baseline,
+        dict(captured.manifest.get("machine") or {}),
     )
 
 
@@ -258,7 +260,7 @@ def slope_table(
         bandwidth_gb_s = float(analysis.bandwidth["best_gb_s"])
     spec = analysis.spec
     layout = load_layout(str(capture_format.model_config(analysis.capture, spec.model)))
-    machine = capture_format.read_manifest(analysis.capture).get("machine") or {}
+    machine = analysis.machine
     cache = machine.get("cpu_last_level_cache_bytes") if machine.get("device") == "cpu" else None
     longest = max(spec.lengths) + spec.output_len
     rows = []
