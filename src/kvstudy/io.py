@@ -294,17 +294,6 @@ def _strict_float(text: str) -> Any:
     return value if len(text) <= MAX_FLOAT_TEXT and math.isfinite(value) else _BadNumber(text)
 
 
-def _check_numbers(data: Any, where: str) -> None:
-    """A StudyError naming the first field (``a.b[2]``) holding a number a ``finite`` read refuses."""
-    for item, at in leaves(data):
-        if isinstance(item, _BadNumber):
-            text = item.text if len(item.text) <= 20 else f"a number of {len(item.text)} characters"
-            raise StudyError(
-                f"{where}: field {at or '(top level)'}: {text} is not a number this file holds "
-                f"(expected a finite number of at most {MAX_NUMBER_DIGITS} digits)"
-            )
-
-
 def leaves(data: Any) -> Iterator[tuple[Any, str]]:
     """Every value of a parsed JSON tree that is not a mapping or a list, with its path (``a.b[2]``)."""
     stack: list[tuple[Any, str]] = [(data, "")]
@@ -336,8 +325,13 @@ def parse_json_text(text: str | bytes, where: str, *, finite: bool = False) -> A
         raise StudyError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
         raise StudyError(f"{where}: malformed JSON ({str(exc)[:120]})") from None
-    if finite:
-        _check_numbers(data, where)
+    for item, at in leaves(data) if finite else ():  # the first field (``a.b[2]``) holding a refused number
+        if isinstance(item, _BadNumber):
+            text = item.text if len(item.text) <= 20 else f"a number of {len(item.text)} characters"
+            raise StudyError(
+                f"{where}: field {at or '(top level)'}: {text} is not a number this file holds "
+                f"(expected a finite number of at most {MAX_NUMBER_DIGITS} digits)"
+            )
     return data
 
 

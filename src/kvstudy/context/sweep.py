@@ -81,7 +81,7 @@ def _cell_record(spec: ContextSweepSpec, cell: Cell, status: str, **extra: Any) 
         "input_len": cell.users,
         "output_len": spec.output_len,
         "status": status,
-        "settings": asdict(spec.bench_settings(cell.users, cell.seed)),
+        "settings": asdict(spec.bench_settings(cell)),
         **extra,
     }
 
@@ -103,7 +103,7 @@ def _run_cell(spec: ContextSweepSpec, capture: Path, cell: Cell, server: Any) ->
 
     try:
         result = run_bench(
-            spec.bench_settings(cell.users, cell.seed),
+            spec.bench_settings(cell),
             server.base_url,
             server.model_name,
             tokenizer,
@@ -172,11 +172,7 @@ def run_context_sweep(
 
 def record_bandwidth(capture: Path) -> None:
     """Measure this machine's memory bandwidth (:func:`measure_bandwidth`) and keep it in the capture."""
-    how = {
-        "source": "measured by this project",
-        "measured_utc": now_utc(),
-        "how": "kvstudy.context.sweep.measure_bandwidth",
-    }
+    how = {"source": "measured by this project", "measured_utc": now_utc(), "how": f"{__name__}.measure_bandwidth"}
     grid.write_record(capture / BANDWIDTH, {**how, **asdict(measure_bandwidth())})
 
 
