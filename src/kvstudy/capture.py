@@ -201,7 +201,10 @@ def check_new_capture(capture: str | Path, own_item: Callable[[Path], bool] | No
     theirs = sorted(
         p.name
         for p in capture.iterdir()
-        if p.name != BLOCK_RECORD and not _atomic_leftover(p.name) and not (own_item is not None and own_item(p))
+        # an interrupted atomic write of the manifest or the block record leaves ``.<name>.<random>.tmp``
+        if p.name != BLOCK_RECORD
+        and not (p.name.endswith(".tmp") and p.name.startswith((f".{MANIFEST}.", f".{BLOCK_RECORD}.")))
+        and not (own_item is not None and own_item(p))
     )
     if theirs and not claimed:
         raise StudyError(
@@ -209,12 +212,6 @@ def check_new_capture(capture: str | Path, own_item: Callable[[Path], bool] | No
             "among files this project did not write: use a new or empty folder"
         )
     return capture
-
-
-def _atomic_leftover(name: str) -> bool:
-    """Whether ``name`` is the temporary file of an interrupted atomic write of the manifest or
-    the block record (``io.write_text_atomic``'s ``.<name>.<random>.tmp``)."""
-    return name.endswith(".tmp") and any(name.startswith(f".{n}.") for n in (MANIFEST, BLOCK_RECORD))
 
 
 def needs_run(state: str | None, retry_failed: bool = False) -> bool:

@@ -180,8 +180,9 @@ _INT_TEXT = re.compile(r"[+-]?[0-9]{1,30}", re.ASCII)
 _FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})(?:[eE][+-]?[0-9]{1,3})?", re.ASCII)
 
 
-def _regular_target(path: Path) -> tuple[Path, os.stat_result]:
-    """``path`` resolved through symlinks, with its stat; a StudyError unless it is a regular file."""
+def check_regular_file(path: str | Path) -> Path:
+    """The resolved path of ``path`` if it is a regular file (after symlinks), else a StudyError."""
+    path = Path(path)
     try:
         target = path.resolve(strict=True)
         st = target.stat()
@@ -196,27 +197,21 @@ def _regular_target(path: Path) -> tuple[Path, os.stat_result]:
         raise StudyError(f"{path}: is a directory (expected a file)")
     if not stat.S_ISREG(st.st_mode):
         raise StudyError(f"{path}: not a regular file (a FIFO, device or socket; expected a file)")
-    return target, st
-
-
-def check_regular_file(path: str | Path) -> Path:
-    """The resolved path of ``path`` if it is a regular file (after symlinks), else a StudyError."""
-    return _regular_target(Path(path))[0]
+    return target
 
 
 def read_bytes_checked(path: str | Path, limit: int = MAX_INPUT_BYTES) -> bytes:
     """The bytes of a regular file no larger than ``limit``; never blocks on a FIFO."""
-    path = Path(path)
-    target, st = _regular_target(path)
-    if st.st_size > limit:
-        raise StudyError(f"{path}: {st.st_size} bytes is larger than the {limit}-byte limit for this input")
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(check_regular_file(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise StudyError(f"{path}: cannot open ({exc.strerror or exc})") from None
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # swapped after the check
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):  # swapped after the check
             raise StudyError(f"{path}: not a regular file (expected a file)")
+        if st.st_size > limit:
+            raise StudyError(f"{path}: {st.st_size} bytes is larger than the {limit}-byte limit for this input")
         data = fh.read(limit + 1)
     if len(data) > limit:
         raise StudyError(f"{path}: larger than the {limit}-byte limit for this input")
@@ -299,17 +294,6 @@ def _strict_float(text: str) -> Any:
     return value if len(text) <= MAX_FLOAT_TEXT and math.isfinite(value) else _BadNumber(text)
 
 
-def _check_numbers(data: Any, where: str) -> None:
-    """A StudyError naming the first field (``a.b[2]``) holding a number a ``finite`` read refuses."""
-    for item, at in leaves(data):
-        if isinstance(item, _BadNumber):
-            text = item.text if len(item.text) <= 20 else f"a number of {len(item.text)} characters"
-            raise StudyError(
-                f"{where}: field {at or '(top level)'}: {text} is not a number this file holds "
-                f"(expected a finite number of at most {MAX_NUMBER_DIGITS} digits)"
-            )
-
-
 def leaves(data: Any) -> Iterator[tuple[Any, str]]:
     """Every value of a parsed JSON tree that is not a mapping or a list, with its path (``a.b[2]``)."""
     stack: list[tuple[Any, str]] = [(data, "")]
@@ -341,8 +325,13 @@ def parse_json_text(text: str | bytes, where: str, *, finite: bool = False) -> A
         raise StudyError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
         raise StudyError(f"{where}: malformed JSON ({str(exc)[:120]})") from None
-    if finite:
-        _check_numbers(data, where)
+    for item, at in leaves(data) if finite else ():  # the first field (``a.b[2]``) holding a refused number
+        if isinstance(item, _BadNumber):
+            text = item.text if len(item.text) <= 20 else f"a number of {len(item.text)} characters"
+            raise StudyError(
+                f"{where}: field {at or '(top level)'}: {text} is not a number this file holds "
+                f"(expected a finite number of at most {MAX_NUMBER_DIGITS} digits)"
+            )
     return data
 
 

@@ -23,9 +23,10 @@ REDACTED = "[REDACTED]"
 SECRET_NAME = re.compile(
     r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|PWD|CREDENTIAL|AUTH|COOKIE|PRIVATE|SESSION|CERT|SIGNATURE", re.I
 )
-# Names that match SECRET_NAME but hold nothing secret (a count of tokens is not a token).
+# Names that match SECRET_NAME but hold nothing secret (a count of tokens is not a token; "per token
+# and head" is a KV scale's granularity, as in the arm ``int8-token-head``).
 _HARMLESS_NAME = re.compile(
-    r"TOKENS|TOKENIZER|TOKEN_?IDS?$|TOKEN_?(?:LEN|COUNT)|KEY_?VALUE|KEY_?HEADS|KEY_?DIM|"
+    r"TOKENS|TOKENIZER|TOKEN_?IDS?$|TOKEN_?(?:LEN|COUNT)|TOKEN_?HEADS?(?![A-Z])|KEY_?VALUE|KEY_?HEADS|KEY_?DIM|"
     r"SORT_?KEY|AUTHOR(?!I)|KV_?CACHE|^SESSIONS$",
     re.I,
 )  # "sessions": a manifest's list of runs

@@ -248,13 +248,6 @@ def _section(record: dict[str, Any], name: str) -> dict[str, Any]:
     return value
 
 
-def _derived_explained(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether pool differences follow from the dtype alone: same KV memory, each pool as predicted."""
-    ca, cb = a.get("capacity") or {}, b.get("capacity") or {}
-    same_memory = ca.get("kv_memory_bytes") is not None and ca.get("kv_memory_bytes") == cb.get("kv_memory_bytes")
-    return bool(same_memory and ca.get("match") is True and cb.get("match") is True)
-
-
 def ab_guard(a: dict[str, Any], b: dict[str, Any], intended: Sequence[str] = ("kv_cache_dtype",)) -> list[Difference]:
     """Every resolved difference between records ``a`` and ``b`` besides the ``intended`` ones (a full
     dotted name such as ``resolved.version``, or its last part); empty when only those differ."""
@@ -269,7 +262,11 @@ def ab_guard(a: dict[str, Any], b: dict[str, Any], intended: Sequence[str] = ("k
     compare("asked", _section(a, "asked").get("config", {}), _section(b, "asked").get("config", {}), asked)
     ra, rb = _section(a, "resolved"), _section(b, "resolved")
     compare("resolved", ra, rb, RESOLVED_FIELDS)
-    if not (_derived_explained(a, b) and _intended("resolved.kv_cache_dtype", intended)):
+    # pool differences follow from the dtype alone when the KV memory is the same and each pool is as predicted
+    ca, cb = a.get("capacity") or {}, b.get("capacity") or {}
+    same_memory = ca.get("kv_memory_bytes") is not None and ca.get("kv_memory_bytes") == cb.get("kv_memory_bytes")
+    explained = same_memory and ca.get("match") is True and cb.get("match") is True
+    if not (explained and _intended("resolved.kv_cache_dtype", intended)):
         note = "not explained by the KV dtype alone: KV memory differs or a pool is off its prediction"
         compare("resolved", ra, rb, DERIVED_FIELDS, note)
     for name, keys in (("model", MODEL_FIELDS), ("hardware", HARDWARE_FIELDS)):

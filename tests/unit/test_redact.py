@@ -51,6 +51,8 @@ HANG_S = 60  # generous bounds: they only catch a hang or a survivor
         "--api-key",
         "--hf_token",
         "VLLM_API_KEY",
+        "AUTH_TOKEN_HEADER",
+        "--token-headers",
     ],
 )
 def test_secret_names(name: str) -> None:
@@ -59,7 +61,16 @@ def test_secret_names(name: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["max_tokens", "--max-num-batched-tokens", "num_key_value_heads", "kv_cache_dtype", "tokenizer", "MODEL", "author"],
+    [
+        "max_tokens",
+        "--max-num-batched-tokens",
+        "num_key_value_heads",
+        "kv_cache_dtype",
+        "tokenizer",
+        "MODEL",
+        "author",
+        "qwen3-mini/int8-token-head",
+    ],
 )
 def test_harmless_names(name: str) -> None:
     assert not is_secret_name(name)
@@ -95,10 +106,12 @@ def test_mappings_by_name_and_by_value() -> None:
         "PLAIN": "x",
         "OPENAI_API_KEY": {"from_env": "OPENAI_API_KEY"},
         "nested": {"password": SECRET, "n": 1},
+        "items": {"qwen3-mini/int8-token-head": "ok"},  # a capture item named after its KV format
     }
     out = redact(env)
     assert SECRET not in repr(out)
     assert out["PLAIN"] == "x" and out["nested"]["n"] == 1
+    assert out["items"] == {"qwen3-mini/int8-token-head": "ok"}
     assert out["OPENAI_API_KEY"] == {"from_env": "OPENAI_API_KEY"}  # a reference holds no secret
     assert out["HF_ENDPOINT"] == f"https://user:{REDACTED}@hub.example"
 

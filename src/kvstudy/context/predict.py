@@ -150,7 +150,6 @@ def published_table(path: str | Path | None = None) -> Any:
 
 PUBLISHED = "published (seed 003)"
 DERIVED = "derived from published figures"
-MEASURED = "measured (live capture)"
 
 # What each row of published_vs_roofline states (its quantity).
 BF16_SLOPE = "BF16 ITL slope (ms/token)"
@@ -180,14 +179,12 @@ class RooflineRow:
         return self.published / self.roofline if self.published is not None and self.roofline else None
 
 
-def _setting(models_root: Path, hub_id: str, gpu: str | None, assumed_gpu: str) -> tuple[str, str, str]:
-    """(model folder, GPU, what is assumed) where the roofline evaluates a published figure."""
-    folder = models_root / hub_id.split("/")[-1]
+def _folder(models_root: str | Path, hub_id: str) -> str:
+    """The model folder where the roofline evaluates a published figure of ``hub_id``."""
+    folder = Path(models_root) / hub_id.split("/")[-1]
     if not (folder / "config.json").is_file():
         raise StudyError(f"{folder}/config.json: not found (the roofline needs the config of {hub_id})")
-    if gpu:
-        return str(folder), {"H100": "H100-SXM"}.get(gpu, gpu), ""
-    return str(folder), assumed_gpu, f"GPU not given by the text; {assumed_gpu} assumed"
+    return str(folder)
 
 
 def published_vs_roofline(
@@ -201,15 +198,14 @@ def published_vs_roofline(
     ``bandwidth_factor`` 1.0 (peak) by default: the roofline's default 0.9 was itself read off the
     H100 slope, so using it here would predict that slope from itself.
     """
-    root = Path(models_root)
     rows: list[RooflineRow] = []
     for fig, der in zip(slope_figures(path), derive_all(path)):
-        folder, gpu, assumed = _setting(root, fig.model, fig.gpu, assumed_gpu)
+        folder, gpu = _folder(models_root, fig.model), find_gpu(fig.gpu or assumed_gpu)
+        assumed = "" if fig.gpu else f"GPU not given by the text; {assumed_gpu} assumed"
         skip = "sliding_window" if "skip-layers sliding_window" in fig.candidate else None
-        bw = find_gpu(gpu).bandwidth_gb_s
-        pb = predicted_slope_ms_per_token(folder, "bfloat16", bw, bandwidth_factor)
-        pc = predicted_slope_ms_per_token(folder, "fp8", bw, bandwidth_factor, skip_layers=skip)
-        peak = f"at {gpu} peak x {bandwidth_factor:g}"
+        pb = predicted_slope_ms_per_token(folder, "bfloat16", gpu.bandwidth_gb_s, bandwidth_factor)
+        pc = predicted_slope_ms_per_token(folder, "fp8", gpu.bandwidth_gb_s, bandwidth_factor, skip_layers=skip)
+        peak = f"at {gpu.name} peak x {bandwidth_factor:g}"
 
         def add(quantity: str, published: float | None, roofline: float, basis: str, origin: str = PUBLISHED) -> None:
             rows.append(RooflineRow(fig.id, quantity, published, roofline, assumed, basis, origin))  # noqa: B023
@@ -226,10 +222,9 @@ def published_vs_roofline(
             add(FIXED_COST_MS, der.fixed_cost_ms, 0.0, "slope difference x break-even length", DERIVED)
         elif der.fixed_cost_bf16_slope_tokens is not None:
             add(FIXED_COST_TOKENS, der.fixed_cost_bf16_slope_tokens, 0.0, "(1 - ratio) x break-even length", DERIVED)
-    data = load_published(path)
-    for item in data["throughput_under_load"]:
+    for item in load_published(path)["throughput_under_load"]:
         skip = "sliding_window" if "sliding_window" in item["candidate"] else None
-        folder = _setting(root, item["model"], None, assumed_gpu)[0]
+        folder = _folder(models_root, item["model"])
         gain = max_fp8_gain_pct(folder, item["input_tokens_approx"], item["concurrency"], skip_layers=skip)
         rows.append(
             RooflineRow(
@@ -319,7 +314,7 @@ def docs_table_vs_roofline(path: str | Path, models_root: str | Path, users: int
     data = read_json(path)
     if data.get("source") != "published" or not data.get("rows"):
         raise StudyError(f"{path}: expected 'source': 'published' and 'rows'")
-    folder = _setting(Path(models_root), str(data["model"]), None, "")[0]
+    folder = _folder(models_root, str(data["model"]))
     origin = f"published: vLLM docs (L4, {data['model']}); predicted: roofline from {folder}/config.json"
     rows = []
     for r in data["rows"]:

@@ -123,14 +123,14 @@ class ContextSweepSpec(GridSpec):
             extra_args=list(a.extra_args),
         )
 
-    def bench_settings(self, length: int, seed: int) -> BenchSettings:
+    def bench_settings(self, cell: Cell) -> BenchSettings:
         return BenchSettings(
-            input_len=length,
+            input_len=cell.users,
             output_len=self.output_len,
             num_prompts=self.prompts,
             max_concurrency=1,
             num_warmups=self.warmups,
-            seed=seed,
+            seed=cell.seed,
         )
 
 

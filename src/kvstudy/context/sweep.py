@@ -76,7 +76,7 @@ def _cell_record(spec: ContextSweepSpec, cell: Cell, status: str, **extra: Any) 
         **spec.identity(cell),
         "output_len": spec.output_len,
         "status": status,
-        "settings": asdict(spec.bench_settings(cell.users, cell.seed)),
+        "settings": asdict(spec.bench_settings(cell)),
         **extra,
     }
 
@@ -96,9 +96,8 @@ def _run_cell(spec: ContextSweepSpec, capture: Path, cell: Cell, server: Any) ->
     def record(status: str, **extra: Any) -> dict[str, Any]:
         return _cell_record(spec, cell, status, **extra, started_utc=started, seconds=time.monotonic() - t0)
 
-    settings = spec.bench_settings(cell.users, cell.seed)
     try:
-        result, records = grid.bench_cell(capture, cid, settings, server, tokenizer, spec.bench_timeout_s)
+        result, records = grid.bench_cell(capture, cid, spec.bench_settings(cell), server, tokenizer, spec.bench_timeout_s)
     except BenchError as exc:
         return record("failed", reason=str(exc), log_tail=exc.log_tail)
     failed = sum(1 for r in records if not r.success)
@@ -157,11 +156,7 @@ def run_context_sweep(
 
 def record_bandwidth(capture: Path) -> None:
     """Measure this machine's memory bandwidth (:func:`measure_bandwidth`) and keep it in the capture."""
-    how = {
-        "source": "measured by this project",
-        "measured_utc": now_utc(),
-        "how": "kvstudy.context.sweep.measure_bandwidth",
-    }
+    how = {"source": "measured by this project", "measured_utc": now_utc(), "how": f"{__name__}.measure_bandwidth"}
     grid.write_record(capture / BANDWIDTH, {**how, **asdict(measure_bandwidth())})
 
 
@@ -191,6 +186,7 @@ class ContextAnalysis:
     not_measured: dict[str, str]
     bandwidth: dict[str, Any] | None
     baseline: str | None
+    machine: dict[str, Any]  # the manifest's: where the capture ran
 
 
 def analyse_capture(capture: str | Path, n_boot: int = fit.DEFAULT_BOOT, seed: int = 0) -> ContextAnalysis:
@@ -227,6 +223,7 @@ def analyse_capture(capture: str | Path, n_boot: int = fit.DEFAULT_BOOT, seed: i
         not_measured,
         read_json(capture / BANDWIDTH) if (capture / BANDWIDTH).is_file() else None,
         baseline,
+        dict(captured.manifest.get("machine") or {}),
     )
 
 
@@ -243,7 +240,7 @@ def slope_table(
         bandwidth_gb_s = float(analysis.bandwidth["best_gb_s"])
     spec = analysis.spec
     layout = load_layout(str(capture_format.model_config(analysis.capture, spec.model)))
-    machine = capture_format.read_manifest(analysis.capture).get("machine") or {}
+    machine = analysis.machine
     cache = machine.get("cpu_last_level_cache_bytes") if machine.get("device") == "cpu" else None
     longest = max(spec.lengths) + spec.output_len
     rows = []
