@@ -46,6 +46,14 @@ class Rendered:
         return finding
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``: ``-n ... --dist loadgroup``) every test of the one render
+    runs in one worker, so the reference profile is still rendered once; other tests spread."""
+    for item in items:
+        if "reference" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("reference"))
+
+
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
     root = tmp_path_factory.mktemp("study")
