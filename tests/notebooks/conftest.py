@@ -46,12 +46,11 @@ class Rendered:
         return finding
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test``: ``-n ... --dist loadgroup``) every test of the one render
-    runs in one worker, so the reference profile is still rendered once; other tests spread."""
-    for item in items:
-        if "reference" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("reference"))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A test of the one render is a ``notebooks`` test: ``make test`` runs those in one process (the
+    render happens once there), the other tests without vLLM on every CPU (pytest-xdist)."""
+    if "reference" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.notebooks)
 
 
 @pytest.fixture(scope="session")
