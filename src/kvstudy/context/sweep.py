@@ -97,7 +97,9 @@ def _run_cell(spec: ContextSweepSpec, capture: Path, cell: Cell, server: Any) ->
         return _cell_record(spec, cell, status, **extra, started_utc=started, seconds=time.monotonic() - t0)
 
     try:
-        result, records = grid.bench_cell(capture, cid, spec.bench_settings(cell), server, tokenizer, spec.bench_timeout_s)
+        result, records = grid.bench_cell(
+            capture, cid, spec.bench_settings(cell), server, tokenizer, spec.bench_timeout_s
+        )
     except BenchError as exc:
         return record("failed", reason=str(exc), log_tail=exc.log_tail)
     failed = sum(1 for r in records if not r.success)
