@@ -65,14 +65,8 @@ class Experiment:
     arms_field: str
     order: Callable[[Any], list[str]]  # each server start's id, then what it runs; in time order
     run: Callable[..., object]  # the runner: (spec, capture, how=, progress=, retry_failed=)
-
-    def spec_from_params(self, params: dict[str, Any]) -> Any:
-        """The spec of the notebook's parameters (the context sweep's through ``context.sweep``, which
-        fills in default arms)."""
-        if self.name == "context":
-            return context_sweep.spec_from_params(params)
-        fields = {n: params.get(n) for n in self.spec_type.model_fields}
-        return self.spec_type.from_params(where=f"{self.notebook} parameters", **fields)
+    # the spec of the notebook's full parameters (the context sweep's fills in default arms)
+    from_params: Callable[[dict[str, Any]], Any]
 
     def server_starts(self, spec: Any) -> list[str]:
         return [entry.split(" ")[0] for entry in self.order(spec)]  # ids hold no space (arm names are file-safe)
@@ -100,6 +94,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "configurations",
         lambda spec: [f"{r.id} users {spec.users}" for r in spec.runs()],
         speed_runner.run_sweep,
+        lambda p: SweepSpec.from_params(**{n: p.get(n) for n in SweepSpec.model_fields}),
     ),
     "context": Experiment(
         "context",
@@ -109,6 +104,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "arms",
         lambda spec: [f"{r.id} lengths {spec.lengths_for(i)}" for i, r in enumerate(spec.runs())],
         context_sweep.run_context_sweep,
+        context_sweep.spec_from_params,
     ),
     "load": Experiment(
         "load",
@@ -118,6 +114,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "arms",
         lambda spec: [f"{r.id} loads {spec.load_factors} x the 16-bit capacity" for r in spec.runs()],
         load_runner.run_load,
+        lambda p: LoadSpec.from_params(**{n: p.get(n) for n in LoadSpec.model_fields}),
     ),
 }
 
@@ -213,7 +210,7 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
         if exp.notebook not in params_of:
             continue
         params = params_of[exp.notebook]
-        full = exp.spec_from_params(params)
+        full = exp.from_params(params)
         inputs = capture_format.model_inputs(full.model)
         full_dict = redact(full.to_dict())
         arms = exp.arms(full)

@@ -326,9 +326,38 @@ def earlier_record(folder: str | Path, settings: TrainSettings, config: dict[str
             f"{path}: its recipe is not this one's first {done} phase(s) "
             f"(expected a folder trained with the first phases of TrainSettings, to continue it)"
         )
-    _check_record(record, path, [p.steps for p in earlier.phases])
-    _check_files(folder, record["files"], path)
-    _check_config(folder / "config.json", config)
+    try:
+        checked = _Record.model_validate(record)
+    except ValidationError as exc:
+        raise StudyError(f"{path}: {first_error(exc)} (the record train-model wrote)") from None
+    steps = [p.steps for p in earlier.phases]
+    if checked.steps != steps:
+        raise StudyError(f"{path}: steps is {checked.steps!r:.80}, expected {steps} (the recipe's phases)")
+    for key in ("final_part_losses", "seconds_per_stage"):
+        if len(getattr(checked, key)) != len(steps):
+            raise StudyError(
+                f"{path}: {key} has {len(getattr(checked, key))} entries, expected {len(steps)} (one a phase)"
+            )
+    # the folder's files are the ones training.json lists, with the same digests
+    found = folder_digests(folder)
+    for name in sorted(set(checked.files) | set(found)):
+        if name not in found:
+            why = f"missing ({path.name} lists it)"
+        elif name not in checked.files:
+            why = f"not among the files {path.name} lists"
+        elif found[name] != checked.files[name]:
+            why = f"its content differs from the digest in {path.name} (changed since it was saved)"
+        else:
+            continue
+        raise StudyError(f"{folder / name}: {why}; expected the saved model, to continue")
+    # config.json describes the recipe's model (a folder whose digests were rewritten with it)
+    saved = read_json_object(folder / "config.json")
+    for key in ("model_type", "vocab_size", *SHAPE_FIELDS, "tie_word_embeddings"):
+        if saved.get(key) != config.get(key):
+            raise StudyError(
+                f"{folder / 'config.json'}: {key} is {str(saved.get(key))[:40]}, expected {config.get(key)} "
+                "(the recipe's model)"
+            )
     return record
 
 
@@ -351,49 +380,6 @@ class _Record(BaseModel):
     first_losses: list[FiniteFloat]
     wall_s: FiniteFloat = 0.0
     files: dict[str, str]
-
-
-def _check_record(record: dict[str, Any], path: Path, steps: list[int]) -> None:
-    try:
-        checked = _Record.model_validate(record)
-    except ValidationError as exc:
-        raise StudyError(f"{path}: {first_error(exc)} (the record train-model wrote)") from None
-    if checked.steps != steps:
-        raise StudyError(f"{path}: steps is {checked.steps!r:.80}, expected {steps} (the recipe's phases)")
-    for key in ("final_part_losses", "seconds_per_stage"):
-        if len(getattr(checked, key)) != len(steps):
-            raise StudyError(
-                f"{path}: {key} has {len(getattr(checked, key))} entries, expected {len(steps)} (one a phase)"
-            )
-
-
-def _check_files(folder: Path, recorded: dict[str, str], path: Path) -> None:
-    """The folder's files are the ones ``training.json`` lists, with the same digests; else name one."""
-    found = folder_digests(folder)
-    for name in sorted(set(recorded) | set(found)):
-        if name not in found:
-            why = f"missing ({path.name} lists it)"
-        elif name not in recorded:
-            why = f"not among the files {path.name} lists"
-        elif found[name] != recorded[name]:
-            why = f"its content differs from the digest in {path.name} (changed since it was saved)"
-        else:
-            continue
-        raise StudyError(f"{folder / name}: {why}; expected the saved model, to continue")
-
-
-# what a model's config.json must say for it to be the recipe's model
-CONFIG_KEYS = ("model_type", "vocab_size", *SHAPE_FIELDS, "tie_word_embeddings")
-
-
-def _check_config(path: Path, expected: dict[str, Any]) -> None:
-    """``config.json`` describes the recipe's model ``expected`` (a folder whose digests were rewritten with it)."""
-    saved = read_json_object(path)
-    for key in CONFIG_KEYS:
-        if saved.get(key) != expected.get(key):
-            raise StudyError(
-                f"{path}: {key} is {str(saved.get(key))[:40]}, expected {expected.get(key)} (the recipe's model)"
-            )
 
 
 _trained_before = record_says("training.json", "what", lambda what: str(what).startswith("kvstudy's trained"))
