@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import psutil
-from pydantic import BaseModel, ConfigDict
 
 from kvstudy import capture as capture_format
 from kvstudy.bench.spec import checked
-from kvstudy.distribute.plan import ENGINE_PACKAGES, check_block_id, experiment, plan_blocks, plan_index, typed
+from kvstudy.distribute.plan import ENGINE_PACKAGES, Strict, check_block_id, experiment, plan_blocks, plan_index, typed
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, write_json_atomic
 from kvstudy.machine import NvmlUnavailable, hardware_info, nvml_session, nvml_text, package_versions
@@ -29,12 +28,6 @@ BLOCK_RECORD = capture_format.BLOCK_RECORD
 
 
 BlockId = Annotated[str, checked(check_block_id)]
-
-
-class _Strict(BaseModel):
-    """Fields a command reads, each of its type (a file's other fields are kept, not read)."""
-
-    model_config = ConfigDict(strict=True)
 
 
 def _nvml_details() -> tuple[list[dict[str, Any]], str | None]:
@@ -85,23 +78,23 @@ def node_identity() -> dict[str, Any]:
     }
 
 
-class _PlanBlock(_Strict):
+class _PlanBlock(Strict):
     index: int
     block_id: BlockId
     experiment: str
     seed: int
 
 
-class _HeldRecord(_Strict):
+class _HeldRecord(Strict):
     experiment_spec: dict[str, Any]
     same_order_as_one_machine: bool | None = None
 
 
-class _Node(_Strict):
+class _Node(Strict):
     node_id: str | None = None
 
 
-class _BlockRecord(_Strict):
+class _BlockRecord(Strict):
     """The fields of ``block.json`` the commands read, each of its type."""
 
     plan_id: str
@@ -139,11 +132,11 @@ def _items_state(folder: Path) -> dict[str, str]:
     return manifest_items(folder, capture_format.read_manifest(folder))
 
 
-class _Inputs(_Strict):
+class _Inputs(Strict):
     model_digest: str | None = None
 
 
-class _Manifest(_Strict):
+class _Manifest(Strict):
     """The fields of a block capture's manifest that run-block and collect read."""
 
     items: dict[str, str] = {}

@@ -327,10 +327,14 @@ def write_plan(out: Path, profile: str, records: Sequence[dict[str, Any]], how: 
     return plan_id, True
 
 
-class _Record(BaseModel):
-    """The fields of a plan record the commands read, each of its type (the others are hashed, not read)."""
+class Strict(BaseModel):
+    """Fields a command reads, each of its type (a file's other fields are kept, not read)."""
 
     model_config = ConfigDict(strict=True)
+
+
+class _Record(Strict):
+    """The fields of a plan record the commands read (the others are hashed, not read)."""
 
     format: int
     record_hash: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]

@@ -142,7 +142,7 @@ def greedy(
     loaded: Loaded, prompts: Sequence[pr.ScoredPrompt], storage: qz.Storage, max_tokens: int
 ) -> list[dict[str, Any]]:
     """Greedy answers to GSM8K-format prompts (strict match of ``#### N``)."""
-    from kvstudy.tools.train_eval import greedy_complete, strict_match
+    from kvstudy.tools.train_model import greedy_complete, strict_match
 
     qz.STATE.storage = storage
     try:
