@@ -113,14 +113,6 @@ def needle_sentence(entry: Entry) -> str:
     return f"The special magic number for {entry.key} is {entry.value}."
 
 
-def filler_sentence(rng: random.Random) -> str:
-    """One sentence of haystack text (no digits, so it never looks like an answer)."""
-    return (
-        f"{rng.choice(FILLER_SUBJECTS)} {rng.choice(FILLER_VERBS)} "
-        f"{rng.choice(FILLER_OBJECTS)} {rng.choice(FILLER_ENDS)}."
-    )
-
-
 def kv_context(rng: random.Random, target_chars: int) -> tuple[str, list[Entry]]:
     """Key/value lines until the text reaches ``target_chars`` characters (at least two lines)."""
     used: set[str] = set()
@@ -145,7 +137,11 @@ def needle_context(
     sentences: list[str] = []
     length = -1
     while length + needle_chars < target_chars or not sentences:
-        sentence = filler_sentence(rng)
+        # haystack text: no digits, so it never looks like an answer
+        sentence = (
+            f"{rng.choice(FILLER_SUBJECTS)} {rng.choice(FILLER_VERBS)} "
+            f"{rng.choice(FILLER_OBJECTS)} {rng.choice(FILLER_ENDS)}."
+        )
         sentences.append(sentence)
         length += len(sentence) + 1
     total = len(sentences) + n_needles

@@ -47,7 +47,6 @@ from kvstudy.tools.train_data import (
     IGNORE,
     TrainSettings,
     arith_sequence,
-    data_seed,
     drill_sequence,
     echo_sequence,
     first_error,
@@ -68,8 +67,8 @@ def batch_for_step(
 ) -> list[tuple[str, list[list[int]], list[list[int]]]]:
     """The micro-batches of one step: ``(part, inputs, labels)``; a pure function of the step."""
     stage = stage_at(settings, step, phase)
-    prefix = data_seed(settings, phase)
-    needle_share = settings.phases[phase].needle_share
+    tag, needle_share = settings.phases[phase].seed_tag, settings.phases[phase].needle_share
+    prefix = f"{settings.seed}:{tag}" if tag else f"{settings.seed}"
     makers = {
         "gsm": lambda rng, n: gsm_sequence(rng, n, excluded),
         "drill": lambda rng, n: drill_sequence(rng, n, excluded),
