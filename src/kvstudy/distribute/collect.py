@@ -81,17 +81,6 @@ def _check_status(folder: Path, record: dict[str, Any], items: dict[str, str]) -
         )
 
 
-def _choose_experiment(plan_blocks: list[dict[str, Any]], name: str | None, plan_id: str) -> str:
-    names = list(dict.fromkeys(str(b["experiment"]) for b in plan_blocks))
-    if name is None:
-        if len(names) > 1:
-            raise StudyError(f"plan {plan_id}: holds blocks of {', '.join(names)}: name one with --experiment")
-        return names[0]
-    if name not in names:
-        raise StudyError(f"--experiment {name!r}: plan {plan_id} has blocks of {', '.join(names)} only")
-    return name
-
-
 def _check_out(out: Path, plan_id: str, exp: str) -> bool:
     """Whether ``out`` is an earlier collect of this plan (replaced); refuse anything else that exists."""
     if not out.exists():
@@ -153,7 +142,12 @@ def collect(
     found = _found_blocks([Path(s) for s in stores])
     any_record = next(iter(found.values()))[1]
     plan_id, plan_blocks = any_record["plan_id"], list(any_record["plan_blocks"])
-    name = _choose_experiment(plan_blocks, experiment_name, plan_id)
+    names = list(dict.fromkeys(str(b["experiment"]) for b in plan_blocks))
+    if experiment_name is None and len(names) > 1:
+        raise StudyError(f"plan {plan_id}: holds blocks of {', '.join(names)}: name one with --experiment")
+    name = names[0] if experiment_name is None else experiment_name
+    if name not in names:
+        raise StudyError(f"--experiment {name!r}: plan {plan_id} has blocks of {', '.join(names)} only")
     wanted = [b for b in plan_blocks if b["experiment"] == name]
     missing = []
     for b in wanted:
