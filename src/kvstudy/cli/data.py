@@ -14,8 +14,7 @@ from kvstudy.tools import gsm8k_data
 from kvstudy.tools import tiny_model as tm
 from kvstudy.tools.retrieval_data import RetrievalSet, write_retrieval_data
 from kvstudy.tools.train_data import TrainSettings
-from kvstudy.tools.train_eval import evaluate_gsm8k, evaluate_retrieval
-from kvstudy.tools.train_model import DEFAULT_OUT, run_training
+from kvstudy.tools.train_model import DEFAULT_OUT, evaluate_gsm8k, evaluate_retrieval, run_training
 
 
 def _tiny_model(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from kvstudy.precision import quantize as qz
 from kvstudy.precision.records import load
 from kvstudy.precision.screen import screen
 from kvstudy.precision.simulate import SimSpec, run
-from kvstudy.tools.scaled_k_checkpoint import FACTOR, build_control
+from kvstudy.tools.checkpoints import FACTOR, build_control
 
 
 def _control_checkpoint(args: argparse.Namespace) -> int:

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import psutil
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kvstudy import capture as capture_format
-from kvstudy.bench.spec import checked, one_line
-from kvstudy.distribute.plan import ENGINE_PACKAGES, check_block_id, experiment, plan_blocks, plan_index
+from kvstudy.bench.spec import checked
+from kvstudy.distribute.plan import ENGINE_PACKAGES, Strict, check_block_id, experiment, plan_blocks, plan_index, typed
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, write_json_atomic
 from kvstudy.machine import NvmlUnavailable, hardware_info, nvml_session, nvml_text, package_versions
@@ -29,12 +28,6 @@ BLOCK_RECORD = capture_format.BLOCK_RECORD
 
 
 BlockId = Annotated[str, checked(check_block_id)]
-
-
-class _Strict(BaseModel):
-    """Fields a command reads, each of its type (a file's other fields are kept, not read)."""
-
-    model_config = ConfigDict(strict=True)
 
 
 def _nvml_details() -> tuple[list[dict[str, Any]], str | None]:
@@ -85,23 +78,23 @@ def node_identity() -> dict[str, Any]:
     }
 
 
-class _PlanBlock(_Strict):
+class _PlanBlock(Strict):
     index: int
     block_id: BlockId
     experiment: str
     seed: int
 
 
-class _HeldRecord(_Strict):
+class _HeldRecord(Strict):
     experiment_spec: dict[str, Any]
     same_order_as_one_machine: bool | None = None
 
 
-class _Node(_Strict):
+class _Node(Strict):
     node_id: str | None = None
 
 
-class _BlockRecord(_Strict):
+class _BlockRecord(Strict):
     """The fields of ``block.json`` the commands read, each of its type."""
 
     plan_id: str
@@ -119,13 +112,8 @@ def read_block_record(folder: Path) -> dict[str, Any] | None:
     path = folder / BLOCK_RECORD
     if not path.is_file():
         return None
-    data = read_json(path, finite=True)
-    if not isinstance(data, dict):
-        raise StudyError(f"{path}: expected a block record (a JSON object), got a {type(data).__name__}")
-    try:
-        _BlockRecord.model_validate(data)
-    except ValidationError as exc:
-        raise StudyError(f"{path}: {one_line(exc)}") from None
+    data: dict[str, Any] = read_json(path, finite=True)
+    typed(_BlockRecord, data, str(path))
     return data
 
 
@@ -137,26 +125,6 @@ def store_blocks(store: Path) -> list[tuple[Path, dict[str, Any]]]:
     return [(folder, record) for folder in folders if (record := read_block_record(folder)) is not None]
 
 
-def _check_store(store: Path, plan_id: str) -> None:
-    for folder, record in store_blocks(store):
-        if record["plan_id"] != plan_id:
-            raise StudyError(
-                f"{folder / BLOCK_RECORD}: block {record['block_id']} belongs to plan {record['plan_id']}, "
-                f"not this plan {plan_id}: one store per plan (use another --store)"
-            )
-
-
-def _check_engine(record: dict[str, Any]) -> None:
-    planned = record.get("engine") or {}
-    here = package_versions(ENGINE_PACKAGES)
-    for name, version in planned.items():
-        if name in here and here[name] != version:
-            raise StudyError(
-                f"block {record['block_id']}: planned with {name} {version}, this node has {name} {here[name]} "
-                "(install the planned version, or plan again on this engine)"
-            )
-
-
 def _items_state(folder: Path) -> dict[str, str]:
     """The block's item states; none before its manifest."""
     if not (folder / capture_format.MANIFEST).is_file():
@@ -164,11 +132,11 @@ def _items_state(folder: Path) -> dict[str, str]:
     return manifest_items(folder, capture_format.read_manifest(folder))
 
 
-class _Inputs(_Strict):
+class _Inputs(Strict):
     model_digest: str | None = None
 
 
-class _Manifest(_Strict):
+class _Manifest(Strict):
     """The fields of a block capture's manifest that run-block and collect read."""
 
     items: dict[str, str] = {}
@@ -178,10 +146,7 @@ class _Manifest(_Strict):
 
 def manifest_items(folder: Path, manifest: dict[str, Any]) -> dict[str, str]:
     """A block capture's item states (cell id -> ok, failed, running, missing), its manifest typed."""
-    try:
-        return _Manifest.model_validate(manifest).items
-    except ValidationError as exc:
-        raise StudyError(f"{folder / capture_format.MANIFEST}: {one_line(exc)}") from None
+    return typed(_Manifest, manifest, str(folder / capture_format.MANIFEST)).items
 
 
 def block_state(
@@ -212,7 +177,12 @@ def run_block(
     plan_id, records, _ = plan_blocks(plan_dir, [index])
     record = records[index]
     store = Path(store)
-    _check_store(store, plan_id)
+    for other, held in store_blocks(store):
+        if held["plan_id"] != plan_id:
+            raise StudyError(
+                f"{other / BLOCK_RECORD}: block {held['block_id']} belongs to plan {held['plan_id']}, "
+                f"not this plan {plan_id}: one store per plan (use another --store)"
+            )
     folder = store / check_block_id(record["block_id"], f"{plan_dir}: block {index}")
     if folder.is_symlink():
         raise StudyError(
@@ -235,7 +205,13 @@ def run_block(
         if not capture_format.needs_run(old.get("status"), retry_failed):  # failed: kept (ok returned above)
             progress(f"block {record['block_id']}: failed before, kept; run again with --retry-failed")
             return "failed"
-    _check_engine(record)
+    here = package_versions(ENGINE_PACKAGES)
+    for name, version in (record.get("engine") or {}).items():
+        if name in here and here[name] != version:
+            raise StudyError(
+                f"block {record['block_id']}: planned with {name} {version}, this node has {name} {here[name]} "
+                "(install the planned version, or plan again on this engine)"
+            )
     exp = experiment(record["experiment"], f"block {record['block_id']}")
     spec = exp.spec_type.from_dict(record["spec"], f"block {record['block_id']}: spec")
     require_live(spec.model)  # before the block is claimed for this node: a node without the engine claims nothing

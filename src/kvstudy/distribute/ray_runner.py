@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 from kvstudy.distribute.plan import plan_blocks
 from kvstudy.errors import MissingPrerequisite, StudyError
@@ -60,22 +61,9 @@ def _init_local(ray: Any, num_cpus: int | None) -> None:
     single-machine switch off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) is a node's address loopback
     (else Ray resolves 127.0.0.1 to a reachable address); ``ray`` reads it on import, so the module
     constant is set too."""
-    saved = {k: os.environ.get(k) for k in LOCAL_ENV}
-    os.environ.update(LOCAL_ENV)  # the raylet, its agents and workers inherit it
-    try:
-        constants = ray._private.ray_constants
-        enabled = constants.ENABLE_RAY_CLUSTER
-        constants.ENABLE_RAY_CLUSTER = False
-        try:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-        finally:
-            constants.ENABLE_RAY_CLUSTER = enabled
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    # the raylet, its agents and workers inherit the environment
+    with patch.dict(os.environ, LOCAL_ENV), patch.object(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False):
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
 def run_blocks_ray(

@@ -1,6 +1,6 @@
 """Simulated FP8 KV storage where the engine refuses it: the model in PyTorch, K and V rounded as vLLM stores them.
 
-Two groups (the model itself, and the positive control of ``kvstudy.tools.scaled_k_checkpoint``
+Two groups (the model itself, and the positive control of ``kvstudy.tools.checkpoints``
 whose K is ``control_factor`` times larger), each with a 16-bit baseline, an A/A floor (16-bit
 again through the written-out attention, so only the order of sums differs) and candidates (FP8
 e4m3 at scale 1.0, with calibrated or the checkpoint's scales, e5m2, int8 per token and head). Every
@@ -36,7 +36,7 @@ from kvstudy.limits import Factor, Items, Seed, Threads, Tokens
 from kvstudy.precision import prompts as pr
 from kvstudy.precision import quantize as qz
 from kvstudy.precision.records import GROUP_FILE, KIND, Group, claim_capture, greedy_path, logp_path
-from kvstudy.tools import scaled_k_checkpoint as ctl
+from kvstudy.tools import checkpoints as ctl
 
 MAIN, CONTROL = "qwen3-mini", "positive-control"
 
@@ -142,7 +142,7 @@ def greedy(
     loaded: Loaded, prompts: Sequence[pr.ScoredPrompt], storage: qz.Storage, max_tokens: int
 ) -> list[dict[str, Any]]:
     """Greedy answers to GSM8K-format prompts (strict match of ``#### N``)."""
-    from kvstudy.tools.train_eval import greedy_complete, strict_match
+    from kvstudy.tools.train_model import greedy_complete, strict_match
 
     qz.STATE.storage = storage
     try:

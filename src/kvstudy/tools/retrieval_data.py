@@ -103,10 +103,6 @@ def _key(rng: random.Random, used: set[str]) -> str:
             return key
 
 
-def _value(rng: random.Random) -> str:
-    return str(rng.randint(10000, 99999))
-
-
 def kv_line(entry: Entry) -> str:
     """The line a ``kv`` context holds for one entry."""
     return f"{entry.key}: {entry.value}"
@@ -117,21 +113,13 @@ def needle_sentence(entry: Entry) -> str:
     return f"The special magic number for {entry.key} is {entry.value}."
 
 
-def filler_sentence(rng: random.Random) -> str:
-    """One sentence of haystack text (no digits, so it never looks like an answer)."""
-    return (
-        f"{rng.choice(FILLER_SUBJECTS)} {rng.choice(FILLER_VERBS)} "
-        f"{rng.choice(FILLER_OBJECTS)} {rng.choice(FILLER_ENDS)}."
-    )
-
-
 def kv_context(rng: random.Random, target_chars: int) -> tuple[str, list[Entry]]:
     """Key/value lines until the text reaches ``target_chars`` characters (at least two lines)."""
     used: set[str] = set()
     entries: list[Entry] = []
     length = -1
     while length < target_chars or len(entries) < 2:
-        entry = Entry(_key(rng, used), _value(rng))
+        entry = Entry(_key(rng, used), str(rng.randint(10000, 99999)))
         entries.append(entry)
         length += len(kv_line(entry)) + 1
     return "\n".join(kv_line(e) for e in entries), entries
@@ -144,12 +132,16 @@ def needle_context(
     entry's needle sits at that share of the sentences and the others at random places; without it every needle is
     at a random place."""
     used: set[str] = set()
-    entries = [Entry(_key(rng, used), _value(rng)) for _ in range(n_needles)]
+    entries = [Entry(_key(rng, used), str(rng.randint(10000, 99999))) for _ in range(n_needles)]
     needle_chars = sum(len(needle_sentence(e)) + 1 for e in entries)
     sentences: list[str] = []
     length = -1
     while length + needle_chars < target_chars or not sentences:
-        sentence = filler_sentence(rng)
+        # haystack text: no digits, so it never looks like an answer
+        sentence = (
+            f"{rng.choice(FILLER_SUBJECTS)} {rng.choice(FILLER_VERBS)} "
+            f"{rng.choice(FILLER_OBJECTS)} {rng.choice(FILLER_ENDS)}."
+        )
         sentences.append(sentence)
         length += len(sentence) + 1
     total = len(sentences) + n_needles

@@ -206,13 +206,8 @@ class Stage:
 
     def part_shapes(self) -> tuple[tuple[str, int, int], ...]:
         """``(part, sequences, length)`` of each part of a step's batch, in batch order."""
-        return (
-            ("gsm", self.gsm_seqs, self.gsm_len),
-            ("drill", self.drill_seqs, self.drill_len),
-            ("arith", self.arith_seqs, self.arith_len),
-            ("retrieval", self.retrieval_seqs, self.retrieval_len),
-            ("echo", self.echo_seqs, self.echo_len),
-        )
+        parts = ("gsm", "drill", "arith", "retrieval", "echo")
+        return tuple((p, getattr(self, f"{p}_seqs"), getattr(self, f"{p}_len")) for p in parts)
 
 
 @dataclass(frozen=True)
@@ -358,9 +353,3 @@ def learning_rate(settings: TrainSettings, step: int, phase: int = 0) -> float:
     progress = min(1.0, (step - current.warmup_steps) / span)
     floor = settings.min_lr_ratio
     return current.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def data_seed(settings: TrainSettings, phase: int) -> str:
-    """The prefix of every data seed in a phase (phase A's is the bare seed)."""
-    tag = settings.phases[phase].seed_tag
-    return f"{settings.seed}:{tag}" if tag else f"{settings.seed}"

@@ -6,7 +6,9 @@ A byte-level tokenizer without merges (every digit its own token, so arithmetic 
 made fresh for every step from a string-seeded ``random.Random`` (any step can be rebuilt), the loss
 counting only answers; the recipe's phases and stages (both :mod:`kvstudy.tools.train_data`), each
 phase after the first from the weights rounded to bfloat16. The output folder holds the HF files and ``training.json`` (settings, loss curve, wall
-time, versions, sha256 of every file); ``SOURCE.md`` is written by hand from it.
+time, versions, sha256 of every file); ``SOURCE.md`` is written by hand from it. The evaluation
+(below: greedy GSM8K-format strict-match and retrieval) is plain transformers, float32 compute on the
+stored weights, no server: what ``train-model --eval`` reports and ``SOURCE.md`` quotes.
 
     kvstudy train-model --out data/trained-model/qwen3-mini
 """
@@ -16,8 +18,9 @@ from __future__ import annotations
 import os
 import platform
 import random
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,6 +31,7 @@ from kvstudy.errors import StudyError
 from kvstudy.io import read_json_object, write_json_atomic
 from kvstudy.machine import cpu_model, package_versions
 from kvstudy.outputs import check_output_folder, claim_output_folder, record_says
+from kvstudy.tools import gsm8k_data, retrieval_data
 from kvstudy.tools.tiny_model import (
     BOS_TOKEN,
     EOS_TOKEN,
@@ -43,7 +47,6 @@ from kvstudy.tools.train_data import (
     IGNORE,
     TrainSettings,
     arith_sequence,
-    data_seed,
     drill_sequence,
     echo_sequence,
     first_error,
@@ -64,8 +67,8 @@ def batch_for_step(
 ) -> list[tuple[str, list[list[int]], list[list[int]]]]:
     """The micro-batches of one step: ``(part, inputs, labels)``; a pure function of the step."""
     stage = stage_at(settings, step, phase)
-    prefix = data_seed(settings, phase)
-    needle_share = settings.phases[phase].needle_share
+    tag, needle_share = settings.phases[phase].seed_tag, settings.phases[phase].needle_share
+    prefix = f"{settings.seed}:{tag}" if tag else f"{settings.seed}"
     makers = {
         "gsm": lambda rng, n: gsm_sequence(rng, n, excluded),
         "drill": lambda rng, n: drill_sequence(rng, n, excluded),
@@ -239,15 +242,7 @@ def continue_training(
 ) -> tuple[Any, list[PhaseResult]]:
     """Run the phases from ``first_phase`` on on a saved model folder (loaded in float32: exactly
     the bfloat16 rounding ``train`` does between phases). The result holds only those phases."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    try:
-        model = AutoModelForCausalLM.from_pretrained(Path(folder), dtype=torch.float32, attn_implementation="sdpa")
-    except Exception as exc:  # transformers and safetensors raise many kinds for a bad folder
-        raise StudyError(
-            f"{folder}: cannot be loaded as the saved model ({type(exc).__name__}: {str(exc)[:160]})"
-        ) from None
+    model, _ = load_trained(folder)
     phases = [train_phase(model, settings, index, None, progress) for index in range(first_phase, len(settings.phases))]
     return model, phases
 
@@ -326,9 +321,38 @@ def earlier_record(folder: str | Path, settings: TrainSettings, config: dict[str
             f"{path}: its recipe is not this one's first {done} phase(s) "
             f"(expected a folder trained with the first phases of TrainSettings, to continue it)"
         )
-    _check_record(record, path, [p.steps for p in earlier.phases])
-    _check_files(folder, record["files"], path)
-    _check_config(folder / "config.json", config)
+    try:
+        checked = _Record.model_validate(record)
+    except ValidationError as exc:
+        raise StudyError(f"{path}: {first_error(exc)} (the record train-model wrote)") from None
+    steps = [p.steps for p in earlier.phases]
+    if checked.steps != steps:
+        raise StudyError(f"{path}: steps is {checked.steps!r:.80}, expected {steps} (the recipe's phases)")
+    for key in ("final_part_losses", "seconds_per_stage"):
+        if len(getattr(checked, key)) != len(steps):
+            raise StudyError(
+                f"{path}: {key} has {len(getattr(checked, key))} entries, expected {len(steps)} (one a phase)"
+            )
+    # the folder's files are the ones training.json lists, with the same digests
+    found = folder_digests(folder)
+    for name in sorted(set(checked.files) | set(found)):
+        if name not in found:
+            why = f"missing ({path.name} lists it)"
+        elif name not in checked.files:
+            why = f"not among the files {path.name} lists"
+        elif found[name] != checked.files[name]:
+            why = f"its content differs from the digest in {path.name} (changed since it was saved)"
+        else:
+            continue
+        raise StudyError(f"{folder / name}: {why}; expected the saved model, to continue")
+    # config.json describes the recipe's model (a folder whose digests were rewritten with it)
+    saved = read_json_object(folder / "config.json")
+    for key in ("model_type", "vocab_size", *SHAPE_FIELDS, "tie_word_embeddings"):
+        if saved.get(key) != config.get(key):
+            raise StudyError(
+                f"{folder / 'config.json'}: {key} is {str(saved.get(key))[:40]}, expected {config.get(key)} "
+                "(the recipe's model)"
+            )
     return record
 
 
@@ -353,49 +377,6 @@ class _Record(BaseModel):
     files: dict[str, str]
 
 
-def _check_record(record: dict[str, Any], path: Path, steps: list[int]) -> None:
-    try:
-        checked = _Record.model_validate(record)
-    except ValidationError as exc:
-        raise StudyError(f"{path}: {first_error(exc)} (the record train-model wrote)") from None
-    if checked.steps != steps:
-        raise StudyError(f"{path}: steps is {checked.steps!r:.80}, expected {steps} (the recipe's phases)")
-    for key in ("final_part_losses", "seconds_per_stage"):
-        if len(getattr(checked, key)) != len(steps):
-            raise StudyError(
-                f"{path}: {key} has {len(getattr(checked, key))} entries, expected {len(steps)} (one a phase)"
-            )
-
-
-def _check_files(folder: Path, recorded: dict[str, str], path: Path) -> None:
-    """The folder's files are the ones ``training.json`` lists, with the same digests; else name one."""
-    found = folder_digests(folder)
-    for name in sorted(set(recorded) | set(found)):
-        if name not in found:
-            why = f"missing ({path.name} lists it)"
-        elif name not in recorded:
-            why = f"not among the files {path.name} lists"
-        elif found[name] != recorded[name]:
-            why = f"its content differs from the digest in {path.name} (changed since it was saved)"
-        else:
-            continue
-        raise StudyError(f"{folder / name}: {why}; expected the saved model, to continue")
-
-
-# what a model's config.json must say for it to be the recipe's model
-CONFIG_KEYS = ("model_type", "vocab_size", *SHAPE_FIELDS, "tie_word_embeddings")
-
-
-def _check_config(path: Path, expected: dict[str, Any]) -> None:
-    """``config.json`` describes the recipe's model ``expected`` (a folder whose digests were rewritten with it)."""
-    saved = read_json_object(path)
-    for key in CONFIG_KEYS:
-        if saved.get(key) != expected.get(key):
-            raise StudyError(
-                f"{path}: {key} is {str(saved.get(key))[:40]}, expected {expected.get(key)} (the recipe's model)"
-            )
-
-
 _trained_before = record_says("training.json", "what", lambda what: str(what).startswith("kvstudy's trained"))
 
 
@@ -415,3 +396,145 @@ def run_training(
         return save_model(*train(settings, progress=progress), settings, out)
     earlier = earlier_record(start, settings, model_config(settings).to_dict())
     return save_model(*continue_training(start, settings, len(earlier["steps"]), progress), settings, out, earlier)
+
+
+# --------------------------------------------------------------------------- evaluation
+
+STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+def load_trained(folder: str | Path) -> tuple[Any, Any]:
+    """The saved model (weights as stored, computed in float32) and its tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise StudyError(f"{folder}: no config.json (expected a model folder written by train-model)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+        tok = AutoTokenizer.from_pretrained(folder)
+    except Exception as exc:  # transformers and safetensors raise many kinds for a bad folder
+        raise StudyError(
+            f"{folder}: cannot be loaded as the saved model ({type(exc).__name__}: {str(exc)[:160]})"
+        ) from None
+    return model.eval(), tok
+
+
+def greedy_complete(
+    model: Any, tok: Any, prompts: Sequence[str], max_new_tokens: int, stop: Sequence[str], batch_size: int = 16
+) -> list[str]:
+    """Greedy continuations of ``prompts``, each cut at the first stop string (or EOS). A plain loop over the KV
+    cache with left padding: one forward pass per new token for the whole batch, stopping as soon as every row has
+    hit a stop string."""
+    import torch
+
+    tok.padding_side = "left"
+    tail = max(len(s) for s in stop) + 4
+    outputs: list[str] = []
+    for begin in range(0, len(prompts), batch_size):
+        enc = tok(list(prompts[begin : begin + batch_size]), return_tensors="pt", padding=True)
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        rows = ids.shape[0]
+        generated: list[list[int]] = [[] for _ in range(rows)]
+        done = [False] * rows
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        past = None
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                out = model(
+                    input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True
+                )
+                past = out.past_key_values
+                nxt = out.logits[:, -1].argmax(-1)
+                for row in range(rows):
+                    if done[row]:
+                        continue
+                    token = int(nxt[row])
+                    if token == EOS_ID:
+                        done[row] = True
+                        continue
+                    generated[row].append(token)
+                    recent = tok.decode(generated[row][-tail:], skip_special_tokens=True)
+                    done[row] = any(s in recent for s in stop)
+                if all(done):
+                    break
+                ids = nxt[:, None]
+                positions = positions[:, -1:] + 1
+                mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype)], dim=1)
+        for row in range(rows):
+            text = tok.decode(generated[row], skip_special_tokens=True)
+            cut = min([text.index(s) for s in stop if s in text], default=len(text))
+            outputs.append(text[:cut])
+    return outputs
+
+
+def strict_match(completion: str) -> str | None:
+    """The number after the first ``#### `` (lm-eval's strict-match), normalised like its metric."""
+    match = STRICT_RE.search(completion)
+    if not match:
+        return None
+    return match.group(1).replace(",", "").replace("$", "").rstrip(".")
+
+
+def evaluate_gsm8k(
+    folder: str | Path,
+    n: int,
+    shots: int = 0,
+    test_file: str | Path = "data/gsm8k/test.jsonl",
+    train_file: str | Path = "data/gsm8k/train.jsonl",
+    batch_size: int = 16,
+) -> dict[str, Any]:
+    """Greedy strict-match accuracy on the first ``n`` test questions, ``shots``-shot. Shots come from the train
+    file, drawn per question with ``random.Random(1234 + index)``."""
+    test = gsm8k_data.read_split(test_file)[:n]
+    pool = gsm8k_data.read_split(train_file) if shots else []
+    model, tok = load_trained(folder)
+    prompts = []  # lm-eval's gsm8k layout: shots as ``Question: q\nAnswer: a`` joined by blank lines
+    for i, p in enumerate(test):
+        head = "".join(
+            f"Question: {s.question}\nAnswer: {s.answer}\n\n" for s in random.Random(1234 + i).sample(pool, shots)
+        )
+        prompts.append(f"{head}Question: {p.question}\nAnswer:")
+    completions = greedy_complete(model, tok, prompts, 320, ["Question:"], batch_size)
+    answers = [strict_match(c) for c in completions]
+    gold = [gsm8k_data.final_answer(p.answer) for p in test]
+    correct = [a == g for a, g in zip(answers, gold)]
+    return {
+        "n": len(test),
+        "shots": shots,
+        "correct": sum(correct),
+        "accuracy": sum(correct) / max(1, len(test)),
+        "samples": [
+            {"doc_id": i, "gold": g, "answer": a, "completion": c}
+            for i, (g, a, c) in enumerate(zip(gold, answers, completions))
+        ],
+    }
+
+
+def evaluate_retrieval(
+    folder: str | Path,
+    lengths: Sequence[int],
+    n: int,
+    kinds: Sequence[str] = retrieval_data.KINDS,
+    seed: int = retrieval_data.DEFAULT_SEED,
+    batch_size: int = 4,
+) -> dict[str, Any]:
+    """Greedy accuracy per kind and context length on ``n`` generated items each."""
+    model, tok = load_trained(folder)
+    results: dict[str, Any] = {}
+    for kind in kinds:
+        for length in lengths:
+            items = retrieval_data.generate_items(kind, [length], n, seed=seed)
+            prompts = [retrieval_data.prompt_text(item) for item in items]
+            completions = greedy_complete(model, tok, prompts, 8, ["\n"], batch_size)
+            correct = [retrieval_data.answer_of(c) == item["answer"] for c, item in zip(completions, items)]
+            results[f"{kind}@{length}"] = {
+                "kind": kind,
+                "length": length,
+                "n": len(items),
+                "correct": sum(correct),
+                "accuracy": sum(correct) / len(items),
+                "context_tokens": sum(len(tok(p)["input_ids"]) for p in prompts) / len(prompts),
+            }
+    return results

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from kvstudy.precision import quantize
-from kvstudy.tools import scaled_k_checkpoint as ctl
+from kvstudy.tools import checkpoints as ctl
 
 SOURCE = Path(__file__).resolve().parents[3] / "data" / "trained-model" / "qwen3-mini"
 

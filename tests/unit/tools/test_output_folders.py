@@ -14,7 +14,6 @@ from kvstudy.errors import StudyError
 from kvstudy.io import write_json_atomic, write_text_atomic
 from kvstudy.precision import prompts, screen, simulate
 from kvstudy.tools import checkpoints, gsm8k_data, retrieval_data
-from kvstudy.tools import scaled_k_checkpoint as ctl
 from kvstudy.tools.retrieval_data import RetrievalSet
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -135,7 +134,7 @@ def test_control_checkpoint_refuses_a_folder_it_did_not_write(tmp_path: Path) ->
     mine.mkdir()
     (mine / "config.json").write_text('{"mine": true}')
     with pytest.raises(StudyError, match="not written by `kvstudy control-checkpoint`"):
-        ctl.build_control(source, mine)
+        checkpoints.build_control(source, mine)
     assert (mine / "config.json").read_text() == '{"mine": true}'
 
 
@@ -215,5 +214,5 @@ def test_a_record_without_the_generators_own_value_is_not_recognised(tmp_path: P
     with pytest.raises(StudyError, match="not written by `kvstudy retrieval-data`"):
         retrieval_data.write_retrieval_data(tmp_path, SMALL)
     with pytest.raises(StudyError, match="not written by `kvstudy control-checkpoint`"):
-        ctl.build_control(ROOT / "data" / "trained-model" / "qwen3-mini", tmp_path)
+        checkpoints.build_control(ROOT / "data" / "trained-model" / "qwen3-mini", tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["control.json", "spec.json"]
