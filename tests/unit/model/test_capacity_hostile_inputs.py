@@ -18,6 +18,12 @@ ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "data" / "tiny-models" / "tiny-qwen3"
 
 
+@pytest.fixture(autouse=True)
+def _tiny_model_built(tiny_model: Path) -> None:
+    """Every test here reads the tiny model's folder: build it (once per session) before each, so that no
+    test depends on another test having built it first (the unit tests run on several workers)."""
+
+
 def _model(tmp_path: Path, **changes: Any) -> Path:
     config = json.loads((TINY / "config.json").read_text())
     config.pop("layer_types", None)

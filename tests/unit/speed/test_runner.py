@@ -25,6 +25,12 @@ from kvstudy.speed import runner as sweep
 from kvstudy.vllm import server as engine
 
 
+@pytest.fixture(autouse=True)
+def _tiny_model_built(tiny_model: Path) -> None:
+    """Every test here reads the tiny model's folder: build it (once per session) before each, so that no
+    test depends on another test having built it first (the unit tests run on several workers)."""
+
+
 def grid(**over: Any) -> dict[str, Any]:
     data = {
         "model": "data/tiny-models/tiny-qwen3",
