@@ -26,29 +26,10 @@ SEED = 20261023
 N_TEST = 1000
 N_TRAIN = 200
 
-NAMES = (
-    "Ava",
-    "Ben",
-    "Chloe",
-    "Diego",
-    "Emma",
-    "Farid",
-    "Grace",
-    "Hiro",
-    "Isla",
-    "Jamal",
-    "Kira",
-    "Liam",
-    "Maya",
-    "Noah",
-    "Olga",
-    "Priya",
-    "Quinn",
-    "Rosa",
-    "Sami",
-    "Tara",
+NAMES = tuple(
+    "Ava Ben Chloe Diego Emma Farid Grace Hiro Isla Jamal Kira Liam Maya Noah Olga Priya Quinn Rosa Sami Tara".split()
 )
-ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "shells", "stamps", "cards", "beads")
+ITEMS = tuple("apples pencils stickers marbles cookies books shells stamps cards beads".split())
 
 
 @dataclass(frozen=True)

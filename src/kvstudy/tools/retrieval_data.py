@@ -31,57 +31,21 @@ QUESTIONS = {"kv": "What is the value of {}?", "needle": "What is the special ma
 ANSWER_PREFIXES = {"kv": "{}:", "needle": "The special magic number for {} is"}
 DEFAULT_SEED = 20261130
 
-FILLER_SUBJECTS = (
-    "The river",
-    "A small dog",
-    "The old house",
-    "Every morning the baker",
-    "The green hill",
-    "A quiet student",
-    "The market",
-    "Our neighbour",
-    "The night train",
-    "A tall tree",
-    "The school bus",
-    "My aunt",
+# the haystack's words (no digits, so a filler sentence never looks like an answer)
+FILLER_SUBJECTS = tuple(
+    "The river, A small dog, The old house, Every morning the baker, The green hill, A quiet student, "
+    "The market, Our neighbour, The night train, A tall tree, The school bus, My aunt".split(", ")
 )
-FILLER_VERBS = (
-    "watched",
-    "found",
-    "carried",
-    "painted",
-    "visited",
-    "followed",
-    "heard",
-    "cleaned",
-    "opened",
-    "passed",
-    "counted",
-    "remembered",
+FILLER_VERBS = tuple(
+    "watched found carried painted visited followed heard cleaned opened passed counted remembered".split()
 )
-FILLER_OBJECTS = (
-    "the bright window",
-    "a wooden box",
-    "the empty road",
-    "some warm bread",
-    "a blue kite",
-    "the long bridge",
-    "the garden gate",
-    "a paper map",
-    "the tiny boat",
-    "an old song",
-    "the red door",
-    "a stack of letters",
+FILLER_OBJECTS = tuple(
+    "the bright window, a wooden box, the empty road, some warm bread, a blue kite, the long bridge, "
+    "the garden gate, a paper map, the tiny boat, an old song, the red door, a stack of letters".split(", ")
 )
-FILLER_ENDS = (
-    "before noon",
-    "after the rain",
-    "in the evening",
-    "near the station",
-    "with great care",
-    "for a while",
-    "on Sunday",
-    "without a word",
+FILLER_ENDS = tuple(
+    "before noon, after the rain, in the evening, near the station, with great care, for a while, on Sunday, "
+    "without a word".split(", ")
 )
 _FILLER_TEXT = " ".join(FILLER_SUBJECTS + FILLER_VERBS + FILLER_OBJECTS + FILLER_ENDS).lower()
 
