@@ -30,8 +30,8 @@ BLOCK_RECORD = capture_format.BLOCK_RECORD
 BlockId = Annotated[str, checked(check_block_id)]
 
 
-def _nvml_details() -> tuple[list[dict[str, Any]], str | None]:
-    """Per GPU: index, UUID and its clocks now and at most (MHz); the error when NVML cannot be read."""
+def _gpu_clocks() -> list[dict[str, Any]]:
+    """Per GPU: index, UUID and its clocks now and at most (MHz); none when NVML cannot be read."""
     try:
         with nvml_session() as pynvml:
             out = []
@@ -45,9 +45,9 @@ def _nvml_details() -> tuple[list[dict[str, Any]], str | None]:
                     except Exception:  # a GPU that does not report this clock
                         continue
                 out.append(row)
-            return out, None
-    except NvmlUnavailable as exc:  # no nvidia-ml-py, no driver, no library: a CPU node
-        return [], str(exc)
+            return out
+    except NvmlUnavailable:  # no nvidia-ml-py, no driver, no library: a CPU node (hardware_info says why)
+        return []
 
 
 def _cpu_clock() -> dict[str, float] | None:
@@ -61,7 +61,7 @@ def _cpu_clock() -> dict[str, float] | None:
 def node_identity() -> dict[str, Any]:
     """This node as a block's record keeps it."""
     machine = asdict(hardware_info())
-    gpus, nvml_error = _nvml_details()
+    gpus = _gpu_clocks()
     host = platform.node() or "unknown-host"
     uuids = [g["uuid"] for g in gpus]
     return {
@@ -70,7 +70,7 @@ def node_identity() -> dict[str, Any]:
         "gpu_uuids": uuids,
         "gpu_driver": machine.get("gpu_driver"),
         "gpu_clocks": gpus,
-        "nvml_error": nvml_error if not gpus else None,
+        "nvml_error": machine["nvml_error"] if not gpus else None,
         "cpu_model": machine.get("cpu_model"),
         "cpu_flags": machine.get("cpu_flags"),
         "cpu_clock": _cpu_clock(),

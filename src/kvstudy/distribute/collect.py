@@ -83,15 +83,11 @@ def _check_status(folder: Path, record: dict[str, Any], items: dict[str, str]) -
 
 def _check_out(out: Path, plan_id: str, exp: str) -> bool:
     """Whether ``out`` is an earlier collect of this plan (replaced); refuse anything else that exists."""
-    if not out.exists():
-        return False
-    if out.is_dir() and not any(out.iterdir()):
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return False
     manifest_path = out / capture_format.MANIFEST
-    collected: dict[str, Any] = {}
-    if manifest_path.is_file():
-        data = read_json(manifest_path)
-        collected = (data.get("collected") or {}) if isinstance(data, dict) else {}
+    data = read_json(manifest_path) if manifest_path.is_file() else {}
+    collected = (data.get("collected") or {}) if isinstance(data, dict) else {}
     if collected.get("plan_id") == plan_id and collected.get("experiment") == exp:
         return True
     raise StudyError(
@@ -201,10 +197,7 @@ def collect(
                 "block_id": bid,
                 "seeds": [b["seed"]],
                 "status": record.get("status"),
-                "node_id": node.get("node_id"),
-                "host": node.get("host"),
-                "gpu_uuids": node.get("gpu_uuids"),
-                "cpu_model": node.get("cpu_model"),
+                **{key: node.get(key) for key in ("node_id", "host", "gpu_uuids", "cpu_model")},
                 "items": sorted(items),
                 "timeline_offset_s": offset,
                 "same_order_as_one_machine": record["record"].get("same_order_as_one_machine"),

@@ -142,15 +142,11 @@ def digest(data: Any) -> str:
 
 def _flag_value(args: Sequence[str], flags: Sequence[str]) -> int | None:
     for i, arg in enumerate(args):
-        for flag in flags:
-            if arg == flag and i + 1 < len(args):
-                value = args[i + 1]
-            elif arg.startswith(flag + "="):
-                value = arg.split("=", 1)[1]
-            else:
-                continue
+        name, eq, value = arg.partition("=")
+        if name in flags and (eq or i + 1 < len(args)):
+            value = value if eq else args[i + 1]
             if not value.isdigit() or int(value) < 1:
-                raise StudyError(f"server arguments: {flag} {value!r}: expected a positive integer")
+                raise StudyError(f"server arguments: {name} {value!r}: expected a positive integer")
             return int(value)
     return None
 
@@ -158,8 +154,7 @@ def _flag_value(args: Sequence[str], flags: Sequence[str]) -> int | None:
 def parallel_sizes(spec: Any, arms: Sequence[Any]) -> tuple[int, int]:
     """(tensor, pipeline) parallel size the block's servers are started with (1 when not set)."""
     arg_lists = [list(getattr(spec, "server_extra_args", []) or [])] + [list(a.extra_args) for a in arms]
-    tp = max((_flag_value(a, TP_FLAGS) or 1) for a in arg_lists)
-    pp = max((_flag_value(a, PP_FLAGS) or 1) for a in arg_lists)
+    tp, pp = (max((_flag_value(a, flags) or 1) for a in arg_lists) for flags in (TP_FLAGS, PP_FLAGS))
     return tp, pp
 
 

@@ -15,7 +15,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from unittest.mock import patch
 
 from kvstudy.distribute.plan import plan_blocks
 from kvstudy.errors import MissingPrerequisite, StudyError
@@ -60,10 +59,10 @@ def _init_local(ray: Any, num_cpus: int | None) -> None:
     """A local Ray cluster bound to loopback only, no dashboard, no usage statistics. Only with Ray's
     single-machine switch off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) is a node's address loopback
     (else Ray resolves 127.0.0.1 to a reachable address); ``ray`` reads it on import, so the module
-    constant is set too."""
-    # the raylet, its agents and workers inherit the environment
-    with patch.dict(os.environ, LOCAL_ENV), patch.object(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False):
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    constant is set too. Both stay set in this process (``run-blocks-ray`` runs in its own)."""
+    os.environ.update(LOCAL_ENV)  # the raylet, its agents and workers inherit the environment
+    ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
 def run_blocks_ray(

@@ -203,29 +203,24 @@ def _case(
     fp8: bool = False,
     shape: tuple[int, ...] = (),
     files: dict[str, object] | None = None,
+    kinds: str = "kv",
     **config: object,
 ) -> Callable[[Path, np.random.Generator], None]:
-    """A single-file checkpoint: the weights (FP8 projections with ``fp8``), then KV scales named by
-    the pattern ``scales`` (none when empty; ``shape`` (1,) or, per head, (KV_HEADS, 1, 1)), the
+    """A single-file checkpoint: the weights (FP8 projections with ``fp8``), then the ``kinds`` of KV scales
+    named by the pattern ``scales`` (none when empty; ``shape`` (1,) or, per head, (KV_HEADS, 1, 1)), the
     config's extra fields, and other JSON ``files``."""
 
     def build(folder: Path, rng: np.random.Generator) -> None:
         tensors = base_weights(rng, "F8_E4M3" if fp8 else "BF16")
         if scales:
             drawn = layer_scales(rng, per_head=shape == (KV_HEADS, 1, 1))
-            tensors.update(named_scales({k: v.reshape(shape or v.shape) for k, v in drawn.items()}, scales))
+            kept = {k: v.reshape(shape or v.shape) for k, v in drawn.items() if k[0] in kinds}
+            tensors.update(named_scales(kept, scales))
         _single(folder, base_config(**config), tensors)
         for name, data in (files or {}).items():
             write_json(folder / name, data)
 
     return build
-
-
-def build_deprecated_kv_scale(folder: Path, rng: np.random.Generator) -> None:
-    tensors = base_weights(rng, "F8_E4M3")
-    scales = {k: v for k, v in layer_scales(rng).items() if k.startswith("k")}
-    tensors.update({f"model.layers.{key[1:]}.self_attn.kv_scale": ("F32", value) for key, value in scales.items()})
-    _single(folder, base_config(quantization_config=FP8_QC), tensors)
 
 
 def build_multi_shard(folder: Path, rng: np.random.Generator) -> None:
@@ -293,7 +288,7 @@ CASES: tuple[CheckpointCase, ...] = (
     CheckpointCase(
         "deprecated-kv-scale",
         "quant_method fp8, one deprecated self_attn.kv_scale per layer",
-        build_deprecated_kv_scale,
+        _case("model.layers.{layer}.self_attn.kv_scale", fp8=True, kinds="k", quantization_config=FP8_QC),
     ),
     CheckpointCase(
         "per-head-scales",

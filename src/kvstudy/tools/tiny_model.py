@@ -35,11 +35,8 @@ EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS_TOKEN, BOS_TOKEN)
 
 # Files a build writes; a folder holding only these (and no marker) is a half-built one.
-KNOWN_FILES = {
-    MARKER,
-    *["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"],
-    *["special_tokens_map.json", "chat_template.jinja"],
-}
+KNOWN_FILES = {MARKER, "config.json", "generation_config.json", "model.safetensors", "chat_template.jinja"}
+KNOWN_FILES |= {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
 
 # A minimal chat template so /v1/chat/completions works too (the study uses completions).
 CHAT_TEMPLATE = (
@@ -151,47 +148,44 @@ def build_tokenizer(spec: TinyModelSpec) -> Any:
 
 
 # the shape of a Qwen3 model, as a TinyModelSpec and the trained model's settings both name it
-SHAPE_FIELDS = [
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-]
+SHAPE_FIELDS = (
+    "hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads head_dim "
+    "max_position_embeddings"
+).split()
 
 
-def qwen3_config(spec: Any, vocab_size: int, bos_id: int, eos_id: int, **extra: Any) -> Any:
-    """The ``Qwen3Config`` of ``spec``'s shape (a ``TinyModelSpec`` or the trained model's settings)."""
-    from transformers import Qwen3Config
+def new_qwen3(spec: Any, tokenizer: Any, **extra: Any) -> Any:
+    """The untrained float32 ``Qwen3ForCausalLM`` of ``spec``'s shape (a ``TinyModelSpec`` or the trained model's
+    settings), initialised from ``spec.seed``, its vocabulary, BOS and EOS ``tokenizer``'s."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    torch.manual_seed(spec.seed)
     shape = {name: getattr(spec, name) for name in SHAPE_FIELDS}
-    ids = {"bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": eos_id}
-    return Qwen3Config(vocab_size=vocab_size, **shape, tie_word_embeddings=True, **ids, **extra)
+    bos, eos = tokenizer.token_to_id(BOS_TOKEN), tokenizer.token_to_id(EOS_TOKEN)
+    ids = {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": eos}
+    config = Qwen3Config(vocab_size=tokenizer.get_vocab_size(), **shape, tie_word_embeddings=True, **ids, **extra)
+    return Qwen3ForCausalLM(config)
 
 
-def fast_tokenizer(tokenizer: Any, max_length: int, **extra: Any) -> Any:
-    """``tokenizer`` wrapped for transformers (and vLLM), with BOS/EOS and the chat template."""
-    from transformers import PreTrainedTokenizerFast
+def save_folder(model: Any, tokenizer: Any, out: Path, **extra: Any) -> None:
+    """Save ``model`` in bfloat16 (safetensors, with the generation config of its BOS and EOS) and ``tokenizer``
+    wrapped for transformers (and vLLM), with BOS/EOS and the chat template."""
+    import torch
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(
+    bos, eos = model.config.bos_token_id, model.config.eos_token_id
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=eos)
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=BOS_TOKEN,
         eos_token=EOS_TOKEN,
         pad_token=EOS_TOKEN,
-        model_max_length=max_length,
+        model_max_length=model.config.max_position_embeddings,
         chat_template=CHAT_TEMPLATE,
         **extra,
-    )
-
-
-def save_hf_model(model: Any, out: Path, bos_id: int, eos_id: int) -> None:
-    """Save ``model`` (safetensors) with the generation config of its BOS and EOS."""
-    from transformers import GenerationConfig
-
-    model.generation_config = GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=eos_id)
-    model.save_pretrained(out, safe_serialization=True)
+    ).save_pretrained(out)
 
 
 def _check_replaceable(folder: Path) -> None:
@@ -226,14 +220,7 @@ def build_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
     try:
         try:
             tokenizer = build_tokenizer(spec)
-            import torch
-            from transformers import Qwen3ForCausalLM
-
-            bos_id, eos_id = tokenizer.token_to_id(BOS_TOKEN), tokenizer.token_to_id(EOS_TOKEN)
-            torch.manual_seed(spec.seed)
-            config = qwen3_config(spec, tokenizer.get_vocab_size(), bos_id, eos_id)
-            save_hf_model(Qwen3ForCausalLM(config).to(torch.bfloat16), tmp, bos_id, eos_id)
-            fast_tokenizer(tokenizer, spec.max_position_embeddings).save_pretrained(tmp)
+            save_folder(new_qwen3(spec, tokenizer), tokenizer, tmp)
         except ModuleNotFoundError as exc:
             raise StudyError(
                 f"tiny-model: the package {exc.name!r} is not installed (the build needs torch, "

@@ -32,15 +32,7 @@ from kvstudy.io import read_json_object, write_json_atomic
 from kvstudy.machine import cpu_model, package_versions
 from kvstudy.outputs import check_output_folder, claim_output_folder, record_says
 from kvstudy.tools import gsm8k_data, retrieval_data
-from kvstudy.tools.tiny_model import (
-    BOS_TOKEN,
-    EOS_TOKEN,
-    SHAPE_FIELDS,
-    fast_tokenizer,
-    folder_digests,
-    qwen3_config,
-    save_hf_model,
-)
+from kvstudy.tools.tiny_model import BOS_TOKEN, EOS_TOKEN, SHAPE_FIELDS, folder_digests, new_qwen3, save_folder
 from kvstudy.tools.train_data import (
     BOS_ID,
     EOS_ID,
@@ -59,7 +51,6 @@ from kvstudy.tools.train_data import (
 )
 
 DEFAULT_OUT = Path("data/trained-model/qwen3-mini")
-VOCAB_SIZE = 258
 
 
 def batch_for_step(
@@ -89,12 +80,6 @@ def batch_for_step(
 # --------------------------------------------------------------------------- model and tokenizer
 
 
-def model_config(settings: TrainSettings) -> Any:
-    """The ``Qwen3Config`` of the recipe."""
-    rope = {"rope_type": "default", "rope_theta": settings.rope_theta}
-    return qwen3_config(settings, VOCAB_SIZE, BOS_ID, EOS_ID, rope_parameters=rope)
-
-
 def build_tokenizer() -> Any:
     """A byte-level tokenizer without merges: id = byte value, then BOS 256 and EOS 257."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -115,12 +100,11 @@ def build_tokenizer() -> Any:
 def new_model(settings: TrainSettings) -> Any:
     """The untrained model, float32, initialised from ``settings.seed``."""
     import torch
-    from transformers import Qwen3ForCausalLM
 
-    torch.manual_seed(settings.seed)
-    config = model_config(settings)
-    config._attn_implementation = "sdpa"
-    model = Qwen3ForCausalLM(config)
+    model = new_qwen3(
+        settings, build_tokenizer(), rope_parameters={"rope_type": "default", "rope_theta": settings.rope_theta}
+    )
+    model.config._attn_implementation = "sdpa"
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.q_norm.weight.fill_(settings.qk_norm_init)
@@ -253,13 +237,8 @@ def save_model(
     """Write the HF folder (bfloat16 weights) and ``training.json``; return the latter's data. ``earlier``: the
     record of the folder the ``phases`` continued (``continue_training``); its phases come first in the new record,
     and ``continued_from`` says which folder state they made."""
-    import torch
-
     claim_output_folder(out, "train-model", force=True, recognise=_trained_before)  # checked before training
-    save_hf_model(model.to(torch.bfloat16), out, BOS_ID, EOS_ID)
-    fast_tokenizer(
-        build_tokenizer(), settings.max_position_embeddings, add_bos_token=True, clean_up_tokenization_spaces=False
-    ).save_pretrained(out)  # with BOS/EOS and the chat template
+    save_folder(model, build_tokenizer(), out, add_bos_token=True, clean_up_tokenization_spaces=False)
     before = earlier or {"steps": [], "loss_curve": {"points": []}, "final_part_losses": [], "seconds_per_stage": []}
     offset, curve = sum(before["steps"]), list(before["loss_curve"]["points"])
     for phase in phases:
@@ -394,7 +373,7 @@ def run_training(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if start is None:
         return save_model(*train(settings, progress=progress), settings, out)
-    earlier = earlier_record(start, settings, model_config(settings).to_dict())
+    earlier = earlier_record(start, settings, new_model(settings).config.to_dict())
     return save_model(*continue_training(start, settings, len(earlier["steps"]), progress), settings, out, earlier)
 
 
