@@ -183,7 +183,7 @@ def run_block(
                 f"{other / BLOCK_RECORD}: block {held['block_id']} belongs to plan {held['plan_id']}, "
                 f"not this plan {plan_id}: one store per plan (use another --store)"
             )
-    folder = store / check_block_id(record["block_id"], f"{plan_dir}: block {index}")
+    folder = store / record["block_id"]  # a block id read_plan checked: a folder name, no path
     if folder.is_symlink():
         raise StudyError(
             f"{folder}: the block's folder is a symlink; refusing to run a block through it "
@@ -215,9 +215,8 @@ def run_block(
     exp = experiment(record["experiment"], f"block {record['block_id']}")
     spec = exp.spec_type.from_dict(record["spec"], f"block {record['block_id']}: spec")
     require_live(spec.model)  # before the block is claimed for this node: a node without the engine claims nothing
-    attempts = list((old or {}).get("attempts") or [])
     attempt: dict[str, Any] = {"started_utc": capture_format.now_utc(), "retry_failed": retry_failed}
-    state = block_state(plan_id, records, record, node, [*attempts, attempt])
+    state = block_state(plan_id, records, record, node, [*((old or {}).get("attempts") or []), attempt])
     capture_format.check_new_capture(folder)  # a folder of the user's files is refused before block.json
     folder.mkdir(parents=True, exist_ok=True)
     write_json_atomic(folder / BLOCK_RECORD, state, indent=1)
@@ -227,9 +226,8 @@ def run_block(
         exp.run(spec, folder, how=how, progress=progress, retry_failed=retry_failed)
     finally:
         items = _items_state(folder)
-        done = bool(items) and all(v == "ok" for v in items.values())
-        complete = bool(items) and all(v in ("ok", "failed") for v in items.values())
-        state["status"] = "ok" if done else "failed" if complete else "running"
+        states = set(items.values())
+        state["status"] = "ok" if states == {"ok"} else "failed" if states and states <= {"ok", "failed"} else "running"
         attempt.update(finished_utc=capture_format.now_utc(), items=items)
         write_json_atomic(folder / BLOCK_RECORD, state, indent=1)
     return str(state["status"])

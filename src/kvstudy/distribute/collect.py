@@ -34,7 +34,6 @@ def _found_blocks(stores: list[Path]) -> dict[str, tuple[Path, dict[str, Any]]]:
     """Each block id -> (its folder, its record). A store named twice (``store store/``, a link to it)
     is refused as that, before its blocks could look like a block run twice."""
     found: dict[str, tuple[Path, dict[str, Any]]] = {}
-    plan_of: tuple[str, str] | None = None
     named: dict[Path, Path] = {}
     for store in stores:
         if store.resolve() in named:
@@ -47,13 +46,11 @@ def _found_blocks(stores: list[Path]) -> dict[str, tuple[Path, dict[str, Any]]]:
         if not blocks:
             raise StudyError(f"{store}: no block folders (a folder with {BLOCK_RECORD}) in this store")
         for folder, record in blocks:
-            bid = record["block_id"]
-            if plan_of is None:
-                plan_of = (record["plan_id"], bid)
-            elif record["plan_id"] != plan_of[0]:
+            bid, first = record["block_id"], next(iter(found.values()), (folder, record))[1]
+            if record["plan_id"] != first["plan_id"]:
                 raise StudyError(
-                    f"block {bid} ({folder}): belongs to plan {record['plan_id']}, block {plan_of[1]} to plan "
-                    f"{plan_of[0]}: blocks of two plans (collect each plan on its own)"
+                    f"block {bid} ({folder}): belongs to plan {record['plan_id']}, block {first['block_id']} to plan "
+                    f"{first['plan_id']}: blocks of two plans (collect each plan on its own)"
                 )
             if bid in found:
                 other_folder, other = found[bid]

@@ -173,8 +173,6 @@ def model_revision(model: str) -> str | None:
 
 def _aa_controls(arms: Sequence[Any]) -> list[str]:
     """Arms identical to the first (baseline) but for their name: the A/A controls."""
-    if not arms:
-        return []
     base = arms[0].model_dump(exclude={"name"})
     return [a.name for a in arms[1:] if a.model_dump(exclude={"name"}) == base]
 
@@ -203,10 +201,8 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
     for exp in EXPERIMENTS.values():
         if exp.notebook not in params_of:
             continue
-        params = params_of[exp.notebook]
-        full = exp.from_params(params)
+        full = exp.from_params(params_of[exp.notebook])
         inputs = capture_format.model_inputs(full.model)
-        full_dict = redact(full.to_dict())
         arms = exp.arms(full)
         one_machine = exp.order(full)
         cpu_kv = getattr(full, "cpu_kvcache_space_gib", None)
@@ -253,18 +249,16 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
                 }
                 | ({"kv_memory_bytes": block.kv_memory_bytes} if isinstance(block, LoadSpec) else {}),
                 "spec": redact(block.to_dict()),
-                "experiment_spec": full_dict,
+                "experiment_spec": redact(full.to_dict()),
             }
             record["record_hash"] = digest(record)
-            record["block_id"] = block_id_of(record)
+            record["block_id"], record["index"] = block_id_of(record), len(records)
             records.append(record)
     if not records:
         raise StudyError(
             f"{profile['path']}: runs no live experiment a plan can split "
             f"({', '.join(e.notebook for e in EXPERIMENTS.values())})"
         )
-    for i, r in enumerate(records):
-        r["index"] = i
     return records
 
 

@@ -227,16 +227,11 @@ def build_multi_shard(folder: Path, rng: np.random.Generator) -> None:
     tensors = base_weights(rng, "F8_E4M3")
     tensors.update(named_scales(layer_scales(rng), K_SCALE))
     write_json(folder / "config.json", base_config(quantization_config=FP8_QC))
-    shards: dict[str, Tensors] = {"model-00001-of-00002.safetensors": {}, "model-00002-of-00002.safetensors": {}}
-    for name, tensor in tensors.items():
-        second = any(f"layers.{n}." in name for n in range(LAYERS // 2, LAYERS))
-        shards["model-00002-of-00002.safetensors" if second else "model-00001-of-00002.safetensors"][name] = tensor
-    total = 0
-    weight_map = {}
-    for shard, part in shards.items():
-        write_safetensors(folder / shard, part)
-        total += sum(_ENCODINGS[d][1](v).nbytes for d, v in part.values())
-        weight_map.update({name: shard for name in part})
+    shards = [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]
+    weight_map = {name: shards[any(f"layers.{n}." in name for n in range(LAYERS // 2, LAYERS))] for name in tensors}
+    for shard in shards:
+        write_safetensors(folder / shard, {name: t for name, t in tensors.items() if weight_map[name] == shard})
+    total = sum(_ENCODINGS[dtype][1](values).nbytes for dtype, values in tensors.values())
     write_json(
         folder / "model.safetensors.index.json",
         {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},

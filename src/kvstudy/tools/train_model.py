@@ -279,7 +279,7 @@ def save_model(
 # --------------------------------------------------------------------------- continuing an earlier folder
 
 
-def earlier_record(folder: str | Path, settings: TrainSettings, config: dict[str, Any]) -> dict[str, Any]:
+def earlier_record(folder: str | Path, settings: TrainSettings) -> dict[str, Any]:
     """``training.json`` of a model folder that ``settings``' later phases may continue: its recipe is
     ``settings`` with only the first phases, its record holds what the new one carries on, its files
     are plain files matching their recorded digests, and its ``config.json`` is the recipe's model;
@@ -325,7 +325,7 @@ def earlier_record(folder: str | Path, settings: TrainSettings, config: dict[str
             continue
         raise StudyError(f"{folder / name}: {why}; expected the saved model, to continue")
     # config.json describes the recipe's model (a folder whose digests were rewritten with it)
-    saved = read_json_object(folder / "config.json")
+    saved, config = read_json_object(folder / "config.json"), new_model(settings).config.to_dict()
     for key in ("model_type", "vocab_size", *SHAPE_FIELDS, "tie_word_embeddings"):
         if saved.get(key) != config.get(key):
             raise StudyError(
@@ -373,7 +373,7 @@ def run_training(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if start is None:
         return save_model(*train(settings, progress=progress), settings, out)
-    earlier = earlier_record(start, settings, new_model(settings).config.to_dict())
+    earlier = earlier_record(start, settings)
     return save_model(*continue_training(start, settings, len(earlier["steps"]), progress), settings, out, earlier)
 
 
