@@ -239,15 +239,11 @@ class RetrievalSet:
             raise StudyError(f"--lengths: expected whole numbers from 16 to {MAX_TOKENS:,}, got {shown}")
         if len(self.lengths) > MAX_AXIS_VALUES:
             raise StudyError(f"--lengths: {len(self.lengths):,} lengths, expected at most {MAX_AXIS_VALUES:,}")
-        if self.n_per_length < 1 or self.questions_per_context < 1:
-            raise StudyError("--n-per-length / --questions-per-context: expected >= 1 each")
         if self.n_per_length % self.questions_per_context:
             raise StudyError(
                 f"--n-per-length ({self.n_per_length}) must be a multiple of "
                 f"--questions-per-context ({self.questions_per_context})"
             )
-        if not self.chars_per_token > 0:
-            raise StudyError(f"--chars-per-token: expected a positive number, got {self.chars_per_token}")
         bad = [k for k in self.kinds if k not in KINDS]
         if bad:
             raise StudyError(f"kinds: unknown {bad}; expected some of {list(KINDS)}")
