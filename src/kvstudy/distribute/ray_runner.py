@@ -55,16 +55,6 @@ def _run_block_process(argv: list[str], cwd: str, env: dict[str, str], log: str)
         return subprocess.run(argv, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
-def _init_local(ray: Any, num_cpus: int | None) -> None:
-    """A local Ray cluster bound to loopback only, no dashboard, no usage statistics. Only with Ray's
-    single-machine switch off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) is a node's address loopback
-    (else Ray resolves 127.0.0.1 to a reachable address); ``ray`` reads it on import, so the module
-    constant is set too. Both stay set in this process (``run-blocks-ray`` runs in its own)."""
-    os.environ.update(LOCAL_ENV)  # the raylet, its agents and workers inherit the environment
-    ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-
-
 def run_blocks_ray(
     plan_dir: str | Path,
     store: str | Path,
@@ -90,10 +80,13 @@ def run_blocks_ray(
     started_here = not ray.is_initialized()
     if started_here:
         try:
-            if address:
-                ray.init(address=address, include_dashboard=False, log_to_driver=False)
-            else:
-                _init_local(ray, num_cpus)
+            # a local cluster: its node's address is loopback only with Ray's single-machine switch off
+            # (else Ray resolves 127.0.0.1 to a reachable address), which ``ray`` reads on import, so the
+            # module constant is set too; they stay set in this process (run-blocks-ray runs in its own)
+            if not address:
+                os.environ.update(LOCAL_ENV)  # the raylet, its agents and workers inherit the environment
+                ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+            ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         except Exception as exc:  # Ray's own start or connect failure: one line, its logs named
             ray.shutdown()  # what it started before failing (GCS, agents) is stopped
             what = f"the cluster at --address {address}" if address else "a local Ray cluster"

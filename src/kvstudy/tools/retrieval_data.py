@@ -162,11 +162,9 @@ def generate_items(
     end. With one question per needle context, the queried needle is placed at that depth."""
     items: list[dict[str, Any]] = []
     for length in lengths:
-        context, context_id = "", ""
-        entries: list[Any] = []
         for i in range(n_per_length):
             depth = (i + 0.5) / n_per_length
-            if i % questions_per_context == 0:
+            if i % questions_per_context == 0:  # the first item of each context (item 0 too)
                 context_id = f"{kind}-{length}-{i // questions_per_context}"
                 rng = random.Random(f"{seed}:{kind}:{length}:{i // questions_per_context}")  # no PYTHONHASHSEED
                 placed = depth if questions_per_context == 1 else None
