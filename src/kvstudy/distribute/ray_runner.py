@@ -23,7 +23,8 @@ from kvstudy.progress import Progress
 PASSED_ENV = ("PYTHONPATH", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "VLLM_CPU_KVCACHE_SPACE")
 LOG_DIR = "ray-logs"
 ADDRESS_PROBE_S = 5.0
-# a local cluster: on loopback only (Ray's single-machine mode), reporting nothing anywhere
+# a local cluster: on loopback only (Ray's single-machine mode), reporting nothing anywhere; these stay
+# set in this process (run-blocks-ray runs in its own)
 LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 _ADDRESS = re.compile(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253}):([0-9]{1,5})", re.ASCII)
 
@@ -80,9 +81,8 @@ def run_blocks_ray(
     started_here = not ray.is_initialized()
     if started_here:
         try:
-            # a local cluster: its node's address is loopback only with Ray's single-machine switch off
-            # (else Ray resolves 127.0.0.1 to a reachable address), which ``ray`` reads on import, so the
-            # module constant is set too; they stay set in this process (run-blocks-ray runs in its own)
+            # a node's address is loopback only with Ray's single-machine switch off (else Ray resolves
+            # 127.0.0.1 to a reachable address); ``ray`` reads it on import: the module constant too
             if not address:
                 os.environ.update(LOCAL_ENV)  # the raylet, its agents and workers inherit the environment
                 ray._private.ray_constants.ENABLE_RAY_CLUSTER = False

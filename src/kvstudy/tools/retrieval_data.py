@@ -101,7 +101,6 @@ def needle_context(
     sentences: list[str] = []
     length = -1
     while length + needle_chars < target_chars or not sentences:
-        # haystack text: no digits, so it never looks like an answer
         sentence = (
             f"{rng.choice(FILLER_SUBJECTS)} {rng.choice(FILLER_VERBS)} "
             f"{rng.choice(FILLER_OBJECTS)} {rng.choice(FILLER_ENDS)}."

@@ -228,6 +228,26 @@ class Phase:
         return sum(s.steps for s in self.stages)
 
 
+# the stages of the recipe's phases (``TrainSettings.phases``). A: from scratch
+STAGES_A = (
+    Stage(400, 4, 384, 4, 128, 4, 256, 4, echo_seqs=6, echo_len=256),
+    Stage(500, 4, 512, 2, 128, 2, 512, 8, echo_seqs=2, echo_len=512),
+    Stage(200, 2, 512, 2, 128, 1, 1536, 12, echo_seqs=1, echo_len=1024),
+)
+# B: retrieval over longer contexts, GSM8K-format problems packed as long as an 8-shot prompt
+STAGES_B = (
+    Stage(300, 2, 512, 1, 128, 2, 1024, 8, echo_seqs=2, echo_len=512),
+    Stage(150, 1, 2048, 1, 128, 1, 2048, 12, echo_seqs=1, echo_len=1024),
+    Stage(50, 1, 2560, 1, 128, 1, 4096, 16),
+)
+# C: column arithmetic (after B, additions and subtractions were wrong in most failed problems
+# while products were mostly right), and more retrieval at 4k tokens
+STAGES_C = (
+    Stage(400, 2, 512, 1, 128, 1, 1024, 8, echo_seqs=1, echo_len=512, arith_seqs=12, arith_len=128),
+    Stage(150, 1, 1024, 1, 128, 1, 4096, 16, arith_seqs=8, arith_len=128),
+)
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     """The whole recipe; ``training.json`` stores it, and the same settings give the same model."""
@@ -260,44 +280,9 @@ class TrainSettings:
     phases: tuple[Phase, ...] = (
         # A: from scratch. 3e-3 (the first recipes) never formed copying from context in a 2-layer
         # probe on text said twice; 1e-3 did within 1,000 steps and 5e-4 within 500 (SOURCE.md).
-        Phase(
-            "A",
-            "",
-            8e-4,
-            50,
-            0.3,
-            (
-                Stage(400, 4, 384, 4, 128, 4, 256, 4, echo_seqs=6, echo_len=256),
-                Stage(500, 4, 512, 2, 128, 2, 512, 8, echo_seqs=2, echo_len=512),
-                Stage(200, 2, 512, 2, 128, 1, 1536, 12, echo_seqs=1, echo_len=1024),
-            ),
-        ),
-        # B: retrieval over longer contexts, GSM8K-format problems packed as long as an 8-shot prompt
-        Phase(
-            "B",
-            "finetune",
-            4e-4,
-            20,
-            0.5,
-            (
-                Stage(300, 2, 512, 1, 128, 2, 1024, 8, echo_seqs=2, echo_len=512),
-                Stage(150, 1, 2048, 1, 128, 1, 2048, 12, echo_seqs=1, echo_len=1024),
-                Stage(50, 1, 2560, 1, 128, 1, 4096, 16),
-            ),
-        ),
-        # C: column arithmetic (after B, additions and subtractions were wrong in most failed
-        # problems while products were mostly right), and more retrieval at 4k tokens
-        Phase(
-            "C",
-            "arith",
-            4e-4,
-            20,
-            0.5,
-            (
-                Stage(400, 2, 512, 1, 128, 1, 1024, 8, echo_seqs=1, echo_len=512, arith_seqs=12, arith_len=128),
-                Stage(150, 1, 1024, 1, 128, 1, 4096, 16, arith_seqs=8, arith_len=128),
-            ),
-        ),
+        Phase("A", "", 8e-4, 50, 0.3, STAGES_A),
+        Phase("B", "finetune", 4e-4, 20, 0.5, STAGES_B),
+        Phase("C", "arith", 4e-4, 20, 0.5, STAGES_C),
     )
 
     def scaled(self, factor: float) -> TrainSettings:
