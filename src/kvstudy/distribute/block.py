@@ -107,8 +107,7 @@ class _BlockRecord(Strict):
 
 
 def read_block_record(folder: Path) -> dict[str, Any] | None:
-    """A block folder's ``block.json``, typed (None when there is none): one line naming the file
-    and the field for anything a command would trip on."""
+    """A block folder's ``block.json``, the fields the commands read typed (None when there is none)."""
     path = folder / BLOCK_RECORD
     if not path.is_file():
         return None

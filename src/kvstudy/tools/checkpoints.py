@@ -310,9 +310,8 @@ CASES: tuple[CheckpointCase, ...] = (
 
 
 def build_all(out_dir: str | Path, names: Sequence[str] = (), force: bool = False) -> list[Path]:
-    """Build the checkpoints (all, or those named) under ``out_dir``; each has its own seeded RNG.
-    ``out_dir`` must be new, empty or one this command wrote (``outputs.claim_output_folder``)
-    unless ``force``."""
+    """Build the checkpoints (all, or those named) under ``out_dir`` (``outputs.claim_output_folder``), each from
+    its own seeded RNG."""
     out = claim_output_folder(out_dir, "checkpoints build", force)
     built = []
     for number, case in enumerate(CASES):
@@ -369,10 +368,9 @@ _written_before = record_says(RECORD, "generator", lambda name: name == GENERATO
 def build_control(
     source: str | Path, out: str | Path, factor: float = FACTOR, force: bool = False, scales: bool = True
 ) -> dict[str, Any]:
-    """Write the scaled-K checkpoint of ``source`` into ``out`` (new, empty or a control this command
-    wrote: ``outputs.claim_output_folder``; any other folder only with ``force``); returns its record.
-    ``scales`` False: no ``k_scale``/``v_scale`` tensors, so vLLM serves FP8 KV at scale 1.0 (a grade
-    of the calibration ladder, ``kvstudy kv-calibrate``)."""
+    """Write the scaled-K checkpoint of ``source`` into ``out`` (``outputs.claim_output_folder``); its record.
+    ``scales`` False: no ``k_scale``/``v_scale`` tensors, so vLLM serves FP8 KV at scale 1.0 (a grade of the
+    calibration ladder, ``kvstudy kv-calibrate``)."""
     source, out = Path(source), Path(out)
     if not (source / WEIGHTS).is_file():
         raise StudyError(f"{source}: no {WEIGHTS} (expected a single-file Qwen3 model folder)")

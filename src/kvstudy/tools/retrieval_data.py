@@ -268,9 +268,8 @@ _written_before = record_says("spec.json", "source", lambda source: source == SP
 
 
 def write_retrieval_data(folder: str | Path, spec: RetrievalSet = RetrievalSet(), force: bool = False) -> Path:
-    """Write ``test.jsonl`` (what lm-eval's ``retrieval_offline`` reads: both kinds, every length) and
-    ``spec.json`` (settings, counts, the file's digest) into ``folder`` (new, empty, or this command's own:
-    ``outputs.claim_output_folder``; any other only with ``force``); returns the data file."""
+    """Write ``test.jsonl`` (what lm-eval's ``retrieval_offline`` reads: both kinds, every length) and ``spec.json``
+    (settings, counts, the file's digest) into ``folder`` (``outputs.claim_output_folder``); returns the data file."""
     items = items_for(spec)  # settings checked before the folder is touched
     folder = claim_output_folder(folder, GENERATOR, force, recognise=_written_before)
     path = folder / "test.jsonl"

@@ -366,9 +366,8 @@ def run_training(
     start: str | Path | None = None,
     force: bool = False,
 ) -> dict[str, Any]:
-    """Train with ``settings`` and save the folder at ``out``; return ``training.json``'s data. ``out`` must be new,
-    empty or a model this command saved (``outputs.check_output_folder``, checked before any training) unless
-    ``force``. ``start``: a folder saved after the recipe's first phases; only the later phases run."""
+    """Train with ``settings`` and save the folder at ``out`` (``outputs.check_output_folder``, before any training);
+    ``training.json``'s data. ``start``: a folder saved after the recipe's first phases; only the later phases run."""
     out = check_output_folder(out, "train-model", force, recognise=_trained_before)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if start is None:
