@@ -212,7 +212,7 @@ def final_answer(answer: str) -> str:
 def write_splits(
     folder: str | Path, seed: int = SEED, n_test: int = N_TEST, n_train: int = N_TRAIN, force: bool = False
 ) -> dict[str, Path]:
-    """Write ``train.jsonl`` and ``test.jsonl`` (a JSON object a line) into ``folder`` (``outputs.claim_output_folder``)."""
+    """Write ``train.jsonl`` and ``test.jsonl`` (JSON lines) into ``folder`` (``outputs.claim_output_folder``)."""
     splits = generate(n_test, n_train, seed)  # settings checked before the folder is touched
     folder = claim_output_folder(folder, "gsm8k-data", force)
     paths = {split: folder / f"{split}.jsonl" for split in splits}
