@@ -31,24 +31,9 @@ from kvstudy.errors import StudyError
 from kvstudy.io import read_json_object, write_json_atomic
 from kvstudy.machine import cpu_model, package_versions
 from kvstudy.outputs import check_output_folder, claim_output_folder, record_says
-from kvstudy.tools import gsm8k_data, retrieval_data
+from kvstudy.tools import gsm8k_data, retrieval_data, train_data
 from kvstudy.tools.tiny_model import BOS_TOKEN, EOS_TOKEN, SHAPE_FIELDS, folder_digests, new_qwen3, save_folder
-from kvstudy.tools.train_data import (
-    BOS_ID,
-    EOS_ID,
-    IGNORE,
-    TrainSettings,
-    arith_sequence,
-    drill_sequence,
-    echo_sequence,
-    first_error,
-    gsm_sequence,
-    learning_rate,
-    retrieval_sequence,
-    settings_from_dict,
-    stage_at,
-    test_questions,
-)
+from kvstudy.tools.train_data import BOS_ID, EOS_ID, IGNORE, TrainSettings, first_error, learning_rate, stage_at
 
 DEFAULT_OUT = Path("data/trained-model/qwen3-mini")
 
@@ -61,11 +46,11 @@ def batch_for_step(
     tag, needle_share = settings.phases[phase].seed_tag, settings.phases[phase].needle_share
     prefix = f"{settings.seed}:{tag}" if tag else f"{settings.seed}"
     makers = {
-        "gsm": lambda rng, n: gsm_sequence(rng, n, excluded),
-        "drill": lambda rng, n: drill_sequence(rng, n, excluded),
-        "arith": arith_sequence,
-        "echo": lambda rng, n: echo_sequence(rng, n, excluded),
-        "retrieval": lambda rng, n: retrieval_sequence(
+        "gsm": lambda rng, n: train_data.gsm_sequence(rng, n, excluded),
+        "drill": lambda rng, n: train_data.drill_sequence(rng, n, excluded),
+        "arith": train_data.arith_sequence,
+        "echo": lambda rng, n: train_data.echo_sequence(rng, n, excluded),
+        "retrieval": lambda rng, n: train_data.retrieval_sequence(
             rng, n, stage.retrieval_questions, needle_share, settings.copy_share
         ),
     }
@@ -139,7 +124,7 @@ def train_phase(
     import torch.nn.functional as F
 
     torch.set_num_threads(settings.threads)
-    excluded = test_questions()
+    excluded = train_data.test_questions()
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -292,7 +277,7 @@ def earlier_record(folder: str | Path, settings: TrainSettings) -> dict[str, Any
     if links:
         raise StudyError(f"{folder / links[0]}: a symbolic link; expected the file train-model saved, to continue")
     record = read_json_object(path)
-    earlier = settings_from_dict(record.get("settings", {}))
+    earlier = train_data.settings_from_dict(record.get("settings", {}))
     done = len(earlier.phases)
     same = earlier.phases == settings.phases[:done] and replace(earlier, phases=settings.phases) == settings
     if not same or done >= len(settings.phases):
