@@ -65,7 +65,7 @@ def test_committed_tokenizer_is_bos_then_bytes() -> None:
 
 def test_training_batches_never_hold_a_test_question() -> None:
     settings = train_data.settings_from_dict(_training()["settings"])
-    excluded = train_model.test_questions()
+    excluded = train_data.test_questions()
     parts = train_model.batch_for_step(settings, 0, excluded)
     gsm = next(inputs for part, inputs, _ in parts if part == "gsm")
     text = bytes(t for t in gsm[0] if t < 256).decode("utf-8")
@@ -77,7 +77,7 @@ def test_training_batches_never_hold_a_test_question() -> None:
 def test_retrieval_sequences_count_only_whole_answers(length: int) -> None:
     """No answer is cut by the sequence's end: every labelled run is a whole answer or key."""
     for index in range(12):
-        inputs, labels = train_model.retrieval_sequence(random.Random(f"t:{length}:{index}"), length, 4, 0.5)
+        inputs, labels = train_data.retrieval_sequence(random.Random(f"t:{length}:{index}"), length, 4, 0.5)
         assert len(inputs) == len(labels) == length
         runs, run = [], []
         for token in labels + [train_model.IGNORE]:
@@ -132,9 +132,9 @@ def test_retrieval_training_spans_are_the_answers() -> None:
 
 
 def test_echo_sequences_count_only_the_repeat() -> None:
-    excluded = train_model.test_questions()
+    excluded = train_data.test_questions()
     for index in range(8):
-        inputs, labels = train_model.echo_sequence(random.Random(f"echo:{index}"), 384, excluded)
+        inputs, labels = train_data.echo_sequence(random.Random(f"echo:{index}"), 384, excluded)
         assert len(inputs) == len(labels) == 384
         text = bytes(t for t in inputs if t < 256).decode("utf-8")
         labelled = bytes(t for t in labels if t != train_model.IGNORE).decode("utf-8")
