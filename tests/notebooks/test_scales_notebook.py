@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import pytest
 
-from kvstudy.model import scale_tables, scales
+from kvstudy.model import scale_verdicts, scales
 from kvstudy.profiles import declared_parameters, given_parameters, load_profile
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def test_notebook_finding_matches_the_package(reference: Rendered) -> None:
         mp.chdir(ROOT)
         reports = [scales.inspect_model(m, log=values["logs"].get(m)) for m in values["models"]]
         dump = pd.DataFrame(scales.dump_kv_settings(values["dump_root"], values["dump_logs"]))
-    expected = scale_tables.summarize(reports, dump)
+    expected = scale_verdicts.summarize(reports, dump)
     assert reference.finding(NOTEBOOK.stem) == expected["finding"]
     text = _outputs_text(reference.executed(NOTEBOOK.stem))
     for r in reports:

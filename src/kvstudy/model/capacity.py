@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from kvstudy.model.layout import (
     ModelLayout,
     load_layout,
 )
-from kvstudy.vllm.facts import DTYPE_BYTES, KV_AUTO_FROM_CHECKPOINT_SOURCE, MLA_SPECIAL_BYTES, SPARSE_MLA_QUANTIZED_AS
+from kvstudy.vllm.facts import DTYPE_BYTES, MLA_SPECIAL_BYTES, SPARSE_MLA_QUANTIZED_AS
 
 KV_DTYPES: tuple[str, ...] = ("auto", *DTYPE_BYTES, *MLA_SPECIAL_BYTES)
 
@@ -135,6 +135,19 @@ def check_number(value: Any, name: str, high: float = math.inf) -> float:
     return float(value)
 
 
+def check_context(layout: ModelLayout, context_len: Any, allow_long: bool = False) -> int:
+    """A positive context length within the config's ``max_position_embeddings``, beyond which vLLM refuses
+    a --max-model-len unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (``allow_long``: count it anyway)."""
+    length = check_positive_int(context_len, "context")
+    limit = layout.max_position_embeddings
+    if limit and length > limit and not allow_long:
+        raise StudyError(
+            f"context {length:,}: beyond {layout.config_path}'s max_position_embeddings {limit:,} (vLLM refuses "
+            "it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; `kvstudy capacity --allow-long-context` counts it anyway)"
+        )
+    return length
+
+
 def default_context_len(layout: ModelLayout) -> int:
     """The request length when none is given: the config's ``max_position_embeddings``, from which
     vLLM derives its default ``--max-model-len``."""
@@ -201,50 +214,6 @@ def tokens_per_gib(bytes_per_token: float) -> float:
     if bytes_per_token <= 0:
         raise StudyError(f"bytes per token {bytes_per_token!r}: expected a positive number")
     return GIB / bytes_per_token
-
-
-def capacity_summary(
-    model: str | Path | ModelLayout,
-    kv_dtypes: list[str] | None = None,
-    context_len: int | None = None,
-    skip_layers: str | None = None,
-    tensor_parallel_size: int = 1,
-) -> dict[str, Any]:
-    """The CLI's JSON object: the model's layer kinds and, per dtype, the footprint figures."""
-    layout = load_layout(model)
-    # default: the model's 16-bit dtype, fp8 and nvfp4 (MLA: its own fp8/nvfp4 formats); first 'auto' when
-    # the checkpoint makes it store something other than the model dtype
-    quantized = ["fp8_ds_mla", "nvfp4_ds_mla"] if layout.count(MLA) else ["nvfp4"]
-    dtypes = kv_dtypes or ["auto"] * bool(layout.kv_scheme_dtype) + [layout.model_dtype, "fp8", *quantized]
-    notes = list(layout.notes)
-    if layout.kv_scheme_dtype:  # why 'auto' stores what it does
-        notes.append(
-            f"--kv-cache-dtype auto stores {layout.kv_scheme_dtype} here, not {layout.model_dtype}: the checkpoint "
-            f"chooses it ({layout.kv_scheme_source}; {KV_AUTO_FROM_CHECKPOINT_SOURCE})"
-        )
-    result: dict[str, Any] = {
-        "model": layout.name,
-        "config": layout.config_path,
-        "model_type": layout.model_type,
-        "architecture": layout.architecture,
-        "model_dtype": layout.model_dtype,
-        "layer_kinds": layout.layer_kinds,
-        "sliding_windows": list(layout.sliding_windows),
-        "attention_chunk_sizes": list(layout.chunk_sizes),
-        "warnings": list(layout.warnings),
-        "notes": notes,
-        "auto_kv_dtype": {"stores": layout.kv_scheme_dtype or layout.model_dtype, "chosen_by": layout.kv_scheme_source},
-        "skip_layers": skip_layers,
-        "tensor_parallel_size": tensor_parallel_size,
-        "dtypes": {},
-    }
-    for dtype in dtypes:
-        fp = kv_footprint(layout, dtype, context_len, skip_layers, tensor_parallel_size)
-        result["context_len"] = fp.context_len
-        result["cap_tokens"] = fp.cap_tokens
-        tokens_per_gib = fp.tokens_per_gib if fp.bytes_per_token else None
-        result["dtypes"][dtype] = asdict(fp) | {"kib_per_token": fp.kib_per_token, "tokens_per_gib": tokens_per_gib}
-    return result
 
 
 def footprint_table(

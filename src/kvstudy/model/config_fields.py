@@ -56,27 +56,9 @@ NEUTRAL_FIELDS = frozenset(
     "text_config vision_config audio_config bias attention_bias mlp_bias tokenizer_class pretraining_tp "
     "kv_lora_rank q_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim".split()
 )
-NEUTRAL_PARTS = (
-    "token_id",
-    "rope",
-    "dropout",
-    "eps",
-    "expert",
-    "moe",
-    "router",
-    "routed",
-    "topk",
-    "_group",
-    "scaling",
-    "softcap",
-    "logit",
-    "norm",
-    "init",
-    "output_",
-    "aux_loss",
-    "_act",
-    "mlp",
-    "ffn",
+NEUTRAL_PARTS = tuple(
+    "token_id rope dropout eps expert moe router routed topk _group scaling softcap logit norm init output_ "
+    "aux_loss _act mlp ffn".split()
 )
 
 

@@ -54,54 +54,15 @@ LAYER_TYPE_NAMES: dict[str, str] = {
 # Families read with the plain GQA / MLA / window rules (checked against each family's config); qwen2_5_vl
 # (qwen2_5_vl.py) is the Qwen2 language model, plain GQA (text_config or top level).
 PLAIN_MODEL_TYPES = frozenset(
-    [
-        "llama",
-        "mistral",
-        "mixtral",
-        "qwen2",
-        "qwen2_moe",
-        "qwen3",
-        "qwen3_moe",
-        "gemma",
-        "gemma2",
-        "gemma3",
-        "gemma3_text",
-        "gpt_oss",
-        "deepseek_v2",
-        "deepseek_v3",
-        "kimi_k2",
-        "phi3",
-        "granite",
-        "olmo2",
-        "starcoder2",
-        "glm4_moe",
-        "minimax_m2",
-        "qwen3_vl",
-        "qwen3_vl_text",
-        "kimi_k25",
-        "qwen2_5_vl",
-        "qwen2_5_vl_text",
-    ]
+    "llama mistral mixtral qwen2 qwen2_moe qwen3 qwen3_moe gemma gemma2 gemma3 gemma3_text gpt_oss "
+    "deepseek_v2 deepseek_v3 kimi_k2 phi3 granite olmo2 starcoder2 glm4_moe minimax_m2 qwen3_vl qwen3_vl_text "
+    "kimi_k25 qwen2_5_vl qwen2_5_vl_text".split()
 )
 GDN_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
 # Families with their own layer rules in this module.
 SPECIAL_MODEL_TYPES = GDN_MODEL_TYPES | frozenset(
-    [
-        "llama4",
-        "llama4_text",
-        "gemma3n",
-        "gemma3n_text",
-        "granitemoehybrid",
-        "nemotron_h",
-        "falcon_h1",
-        "jamba",
-        "gemma4",
-        "gemma4_text",
-        "mimo_v2_flash",
-        "nemotron-nas",
-        "deepseek_v32",
-        "glm_moe_dsa",
-    ]
+    "llama4 llama4_text gemma3n gemma3n_text granitemoehybrid nemotron_h falcon_h1 jamba gemma4 gemma4_text "
+    "mimo_v2_flash nemotron-nas deepseek_v32 glm_moe_dsa".split()
 )
 # Sparse MLA with a lightning indexer (vllm/models/deepseek_v32: DeepSeek-V3.2 and GLM-5's glm_moe_dsa;
 # vllm/model_executor/models/deepseek_v2.py is_v32 = hasattr(config, "index_topk")).

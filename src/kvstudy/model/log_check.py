@@ -21,7 +21,6 @@ from kvstudy.limits import MAX_POOL_CODE_LAYERS
 from kvstudy.model.allocator import predict_logged_pool, vllm_layer_records
 from kvstudy.model.capacity import GIB, LINEAR, ModelLayout, kv_heads_per_gpu, resolve_kv_dtype
 from kvstudy.model.folder import load_config
-from kvstudy.model.layout import load_layout
 from kvstudy.model.oracle import resolve_layout
 from kvstudy.vllm.command import version_release
 from kvstudy.vllm.facts import (
@@ -150,22 +149,6 @@ def _check_same_model(
     return dataclasses.replace(layout, layers=layers)
 
 
-def _layout(model: str | Path) -> ModelLayout:
-    """The model's KV layout (``oracle.resolve_layout``), except that vLLM is not asked to build a model
-    of more than ``limits.MAX_POOL_CODE_LAYERS`` layers (minutes on the meta device): the rules answer."""
-    try:
-        rules = load_layout(model)
-    except StudyError:
-        return resolve_layout(model)
-    if len(rules.layers) > MAX_POOL_CODE_LAYERS:
-        note = (
-            f"KV figures from the kvstudy rules: vLLM is not asked to build {len(rules.layers):,} layers "
-            "(limits.MAX_POOL_CODE_LAYERS)"
-        )
-        return dataclasses.replace(rules, notes=(*rules.notes, note))
-    return resolve_layout(model)
-
-
 def predict_ranges(
     layout: ModelLayout,
     kv_dtypes: list[str],
@@ -273,7 +256,7 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
     max_len = info.max_concurrency_len or info.max_model_len
     if max_len is None:
         raise StudyError(f"{where}: no max model length ('Maximum concurrency for L tokens' or max_seq_len=)")
-    layout = _check_same_model(info, _layout(model), model, any_name, where)
+    layout = _check_same_model(info, resolve_layout(model), model, any_name, where)
     override = info.block_override["override"] if info.block_override else None
     low, high, memory_source = _kv_memory(info, override, where)
     device = "cpu" if info.device == "cpu" else "cuda"
@@ -295,9 +278,8 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
         mode,
     )
     release = version_release(info.version)  # how it turned blocks into logged tokens; both when not named
-    formulas = [CONCURRENCY, PER_GROUP] if release is None else [CONCURRENCY]
-    if release is not None and release < POOL_LOG_PER_GROUP_BEFORE:
-        formulas = [PER_GROUP]
+    before = release is not None and release < POOL_LOG_PER_GROUP_BEFORE
+    formulas = [CONCURRENCY, PER_GROUP] if release is None else [PER_GROUP if before else CONCURRENCY]
     checks = [
         (f, _agreement(dataclasses.replace(pools[0], formula=f), logged_tokens, override, info.pool_blocks))
         for f in formulas
@@ -327,23 +309,15 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
         "kv_figures": layout.source,
         "kv_figures_notes": list(layout.notes),
         "attempts": info.attempts,
-        "logged": {
-            "version": info.version,
-            "device": info.device,
-            "attention_backend": info.attention_backend,
+        "logged": dataclasses.asdict(info)  # what the log says, with what was read from it here
+        | {
             "kv_cache_dtype": kv_dtype,
-            "kv_cache_dtype_source": info.kv_cache_dtype_source,
-            "kv_memory_gib": info.available_kv_memory_gib,
             "kv_memory_source": memory_source,
             "pool_tokens": logged_tokens,
-            "pool_tokens_per_worker": info.pool_tokens_logged,
-            "kv_memory_gib_per_worker": info.available_kv_memory_logged,
             "pool_tokens_formula": LOG_FORMULAS[formula],
             "pool_blocks": blocks,
             "max_model_len": max_len,
-            "max_concurrency": info.max_concurrency,
             "model_loading_gib": info.model_load_gib if info.model_load_gib is not None else info.memory.get("weights"),
-            "block_override": info.block_override,
         },
         "predicted": dataclasses.asdict(pool)
         | {
@@ -365,7 +339,7 @@ def format_check(result: dict[str, Any]) -> str:
         f"{logged['attention_backend'] or 'not logged'}, "
         f"KV dtype {logged['kv_cache_dtype']}"
         + (f" (last of {result['attempts']} start attempts)" if result["attempts"] > 1 else ""),
-        f"logged:    KV memory {logged['kv_memory_gib']} GiB ({logged['kv_memory_source']}); pool {logged['pool_tokens']:,} "
+        f"logged:    KV memory {logged['available_kv_memory_gib']} GiB ({logged['kv_memory_source']}); pool {logged['pool_tokens']:,} "
         f"tokens; {logged['max_concurrency']}x requests of {logged['max_model_len']:,} tokens; model loading "
         + (f"{logged['model_loading_gib']} GiB" if logged["model_loading_gib"] is not None else "not logged"),
         f"predicted: {predicted['blocks_low']:,}..{predicted['blocks_high']:,} blocks of {predicted['block_size']} tokens "
@@ -374,9 +348,9 @@ def format_check(result: dict[str, Any]) -> str:
         f"from {predicted['path']}; KV layout from {result['kv_figures']}",
         f"{'AGREE' if result['agree'] else 'DISAGREE'}: {result['agreement']}",
     ]
-    if len(logged["pool_tokens_per_worker"]) > 1:
+    if len(logged["pool_tokens_logged"]) > 1:
         lines.append(
-            f"workers:   pools of {', '.join(f'{n:,}' for n in logged['pool_tokens_per_worker'])} tokens logged; "
+            f"workers:   pools of {', '.join(f'{n:,}' for n in logged['pool_tokens_logged'])} tokens logged; "
             "vLLM gives every worker the smallest (unify_kv_cache_configs), which is checked"
         )
     lines += [f"KV dtype from {logged['kv_cache_dtype_source']}"] * bool(logged["kv_cache_dtype_source"])

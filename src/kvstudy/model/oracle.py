@@ -6,7 +6,8 @@ device, every layer's ``get_kv_cache_spec``; the answer kept on disk per config 
 where they cannot: the specs become the same :class:`ModelLayout`, marked ``source = "vLLM 0.32 kv
 cache specs"``. ``tests/unit/model/test_oracle.py`` keeps comparing the two on every fixture. A model
 neither can read is refused in one line naming both reasons (the family among them). ``--assume``
-bypasses vLLM: the rules of the family named. ``KVSTUDY_VLLM_SPECS=always`` asks vLLM for every model.
+bypasses vLLM: the rules of the family named. ``KVSTUDY_VLLM_SPECS=always`` asks vLLM for every model
+of at most ``limits.MAX_POOL_CODE_LAYERS`` layers the rules read (a larger build takes minutes).
 
 The tensor-parallel sizes vLLM refuses (``ModelConfig.verify_with_parallel_config``: attention heads
 divisible by TP; ``QKVParallelLinear``: TP divides the KV heads or they divide TP) are kept in
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.limits import MAX_LAYERS
+from kvstudy.limits import MAX_LAYERS, MAX_POOL_CODE_LAYERS
 from kvstudy.model.config_fields import usable_int
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import (
@@ -147,8 +148,15 @@ def resolve_layouts(
             rules, reason = None, str(exc)
         loaded.append((str(path), config, rules, reason))
     always = os.environ.get("KVSTUDY_VLLM_SPECS", "") == "always"
+    big = {  # a model whose build would take minutes on the meta device: the rules answer
+        where: f"vLLM is not asked to build {len(r.layers):,} layers (limits.MAX_POOL_CODE_LAYERS)"
+        for where, _, r, _ in loaded
+        if r and len(r.layers) > MAX_POOL_CODE_LAYERS
+    }
     asked = [
-        (where, config) for where, config, rules, _ in loaded if config and assume is None and (always or not rules)
+        (where, config)
+        for where, config, rules, _ in loaded
+        if config and assume is None and (always and where not in big or not rules)
     ]
     answers = read_specs(asked, tps) if asked else {}
     out = []
@@ -164,7 +172,11 @@ def resolve_layouts(
                 continue
             except StudyError as exc:
                 answer = {"ok": False, "error": str(exc)}
-        why = "--assume given" if assume else (answer or {}).get("error") or oracle_disabled() or RULES_KNOW
+        why = (
+            "--assume given"
+            if assume
+            else (answer or {}).get("error") or big.get(where) or oracle_disabled() or RULES_KNOW
+        )
         if rules is None:
             raise StudyError(f"{reason}; vLLM could not read it either ({why})")
         refused = tuple((tp, p) for tp in tps if (p := tp_problem(config, tp)))

@@ -14,11 +14,12 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
 from kvstudy.io import is_finite_number
-from kvstudy.model.capacity import FULL, GIB, MLA, SLIDING, ModelLayout, capacity_summary, check_number, kv_footprint
+from kvstudy.model.capacity import GIB, check_context, check_number, kv_footprint
+from kvstudy.model.layout import FULL, MLA, SLIDING, ModelLayout
 from kvstudy.model.oracle import resolve_layout
 from kvstudy.model.weights import WeightsUnknown, weights_size
 from kvstudy.redact import write_csv
-from kvstudy.vllm.facts import DEFAULT_GPU_MEMORY_UTILIZATION, KV_POOL_OVERHEAD
+from kvstudy.vllm.facts import DEFAULT_GPU_MEMORY_UTILIZATION, KV_AUTO_FROM_CHECKPOINT_SOURCE, KV_POOL_OVERHEAD
 
 # Why a pool from GPU memory and weights alone comes out above the engine's: issue 20 compared such
 # predictions with the pools 24 public vLLM startup logs report (5-20 % above them).
@@ -196,14 +197,22 @@ def plan_summary(
     gpu_memory_utilization: float | None = None,
     allow_long_context: bool = False,
 ) -> dict[str, Any]:
-    """The ``capacity`` command's object (its options, by name): the footprint summary plus, when a
-    GPU is named, the pool."""
+    """The ``capacity`` command's object (its options, by name): the model's layer kinds and, per KV dtype,
+    the footprint figures; when a GPU is named, the pool and the users it holds."""
     tp = tensor_parallel_size
     layout = resolve_layout(path, assume, tuple(sorted({1, 2, 4, 8, tp})))
     check_plan(layout, tp, max_model_len, allow_long_context)
-    summary = capacity_summary(layout, kv_dtype, max_model_len, skip_layers, tp)
-    summary["source"] = layout.source
-    summary["tensor_parallel_refused"] = {str(t): why for t, why in layout.tp_refused}
+    # default: the model's 16-bit dtype, fp8 and nvfp4 (MLA: its own fp8/nvfp4 formats); first 'auto' when
+    # the checkpoint makes it store something other than the model dtype
+    quantized = ["fp8_ds_mla", "nvfp4_ds_mla"] if layout.count(MLA) else ["nvfp4"]
+    dtypes = kv_dtype or ["auto"] * bool(layout.kv_scheme_dtype) + [layout.model_dtype, "fp8", *quantized]
+    footprints = {d: kv_footprint(layout, d, max_model_len, skip_layers, tp) for d in dtypes}
+    notes = list(layout.notes)
+    if layout.kv_scheme_dtype:  # why 'auto' stores what it does
+        notes.append(
+            f"--kv-cache-dtype auto stores {layout.kv_scheme_dtype} here, not {layout.model_dtype}: the checkpoint "
+            f"chooses it ({layout.kv_scheme_source}; {KV_AUTO_FROM_CHECKPOINT_SOURCE})"
+        )
     weights_bytes: int | None
     if weights_gib is not None:
         weights_bytes, weights_source = int(weights_gib * GIB), "given"
@@ -213,14 +222,40 @@ def plan_summary(
             weights_bytes, weights_source = size.bytes, size.source
         except WeightsUnknown as exc:  # the KV figures stand without the weights
             weights_bytes, weights_source = None, f"unknown: {exc}"
-    summary.update(weights_bytes=weights_bytes, weights_source=weights_source)
+    first = footprints[dtypes[0]]
+    summary: dict[str, Any] = {
+        "model": layout.name,
+        "config": layout.config_path,
+        "model_type": layout.model_type,
+        "architecture": layout.architecture,
+        "model_dtype": layout.model_dtype,
+        "layer_kinds": layout.layer_kinds,
+        "sliding_windows": list(layout.sliding_windows),
+        "attention_chunk_sizes": list(layout.chunk_sizes),
+        "warnings": list(layout.warnings),
+        "notes": notes,
+        "auto_kv_dtype": {"stores": layout.kv_scheme_dtype or layout.model_dtype, "chosen_by": layout.kv_scheme_source},
+        "skip_layers": skip_layers,
+        "tensor_parallel_size": tp,
+        "context_len": first.context_len,
+        "cap_tokens": first.cap_tokens,
+        "source": layout.source,
+        "tensor_parallel_refused": {str(t): why for t, why in layout.tp_refused},
+        "weights_bytes": weights_bytes,
+        "weights_source": weights_source,
+        "dtypes": {
+            d: asdict(fp)
+            | {"kib_per_token": fp.kib_per_token, "tokens_per_gib": fp.tokens_per_gib if fp.bytes_per_token else None}
+            for d, fp in footprints.items()
+        },
+    }
     if (gpu is None and gpu_memory_gib is None) or weights_bytes is None:
         return summary
     memory = resolve_gpu_memory(gpu, gpu_memory_gib, gpu_memory_utilization)
     plan = group_pool(memory, weights_bytes, 0.0, tp)
     summary["gpu"] = asdict(memory) | asdict(plan) | {"fits": plan.fits, "overhead": GPU_ONLY_OVERHEAD_NOTE}
     for dtype, row in summary["dtypes"].items():
-        row["users"] = users_at(layout, dtype, plan.kv_pool_bytes, summary["context_len"], tp)
+        row["users"] = users_at(layout, dtype, plan.kv_pool_bytes, first.context_len, tp)
     return summary
 
 
@@ -231,12 +266,8 @@ def check_plan(
     refused = dict(layout.tp_refused).get(tensor_parallel_size)
     if refused:
         raise StudyError(f"--tensor-parallel-size {tensor_parallel_size}: {refused}")
-    limit = layout.max_position_embeddings
-    if context_len is not None and limit and context_len > limit and not allow_long:
-        raise StudyError(
-            f"--max-model-len {context_len:,}: beyond the config's max_position_embeddings {limit:,} "
-            "(vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; pass --allow-long-context to count it anyway)"
-        )
+    if context_len is not None:
+        check_context(layout, context_len, allow_long)
 
 
 def pool_sections_skipped(model_name: str, weights_problem: str | None, kv_memory_gib: float | None) -> str | None:
@@ -355,19 +386,17 @@ def capacity_facts(
         "kv_pool_gib": None,
         "fits": None,
     }
-    if kv_memory_gib is not None:
-        pool = int(kv_memory_gib * GIB)
-        tps = [tensor_parallel_size]
-    elif weights_bytes is None:
+    if kv_memory_gib is None and weights_bytes is None:
         return facts
-    else:
-        pool = 0
-        sizes = sorted({tensor_parallel_size, *compare_tp})
-        tps = [t for t in sizes if t >= tensor_parallel_size and t not in dict(layout.tp_refused)]
+    refused = dict(layout.tp_refused)
+    sizes = sorted(t for t in {tensor_parallel_size, *compare_tp} if t >= tensor_parallel_size and t not in refused)
+    tps = sizes if kv_memory_gib is None else [tensor_parallel_size]
     for tp in tps:
-        if kv_memory_gib is None:
-            group = group_pool(memory, weights_bytes or 0, overhead_gib, tp)  # not None here
-            pool = group.kv_pool_bytes  # 0 when the weights do not fit
+        pool = (  # a KV memory given as such, else what the weights leave (0 when they do not fit)
+            int(kv_memory_gib * GIB)
+            if kv_memory_gib is not None
+            else group_pool(memory, weights_bytes or 0, overhead_gib, tp).kv_pool_bytes
+        )
         users = {d: users_at(layout, d, pool, context_len, tp, s) for d, s in ((baseline_dtype, None), ("fp8", skip))}
         if max(users.values()) > 0 or tp == tps[-1]:
             facts.update(

@@ -30,7 +30,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
-from kvstudy.model.capacity import KVFootprint, check_number, check_positive_int, kv_footprint
+from kvstudy.model.capacity import KVFootprint, check_context, check_number, check_positive_int, kv_footprint
 from kvstudy.model.config_fields import text_config, usable_int
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import ModelLayout, load_layout
@@ -133,18 +133,6 @@ class RooflineResult:
     def to_dict(self) -> dict[str, Any]:
         """The CLI's JSON object: every field, each step with its total and KV share."""
         return asdict(self) | {"steps": {k: s.to_dict() for k, s in self.steps.items()}}
-
-
-def check_context(layout: ModelLayout, context_len: Any) -> int:
-    """A positive context length no longer than the model's ``max_position_embeddings``."""
-    length = check_positive_int(context_len, "context")
-    limit = layout.max_position_embeddings
-    if limit is not None and length > limit:
-        raise StudyError(
-            f"context {length}: above {layout.config_path} max_position_embeddings {limit} "
-            f"(expected at most {limit} tokens)"
-        )
-    return length
 
 
 def weights_read(model: str | Path | ModelLayout, users: int = 1, weights_bytes: int | None = None) -> WeightsRead:

@@ -1,18 +1,21 @@
 """The records of a scale inspection (one KV scale tensor, one model folder's report, what a startup
-log or run record says the engine did) and its verdicts: what vLLM will do with the KV settings and
-scales a folder has, and, given such a log, what the engine did (loaded, dropped or never had the scales)."""
+log or run record says the engine did), its verdicts (what vLLM will do with the KV settings and
+scales a folder has, and, given such a log, what the engine did: loaded, dropped or never had the
+scales), and the scale-inspection notebook's tables and text built from the reports."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json
+from kvstudy.io import is_finite_number, read_json
+from kvstudy.outputs import generated_by_project
 from kvstudy.vllm.command import version_release
-from kvstudy.vllm.startup_log import parse_startup_log
+from kvstudy.vllm.startup_log import StartupInfo, parse_startup_log
 
 
 @dataclass
@@ -85,19 +88,6 @@ class ScaleReport:
         for scale in data["scales"] + data["q_scales"]:
             scale["values"] = [_json_number(v) for v in scale["values"]]
         return data | {"has_scales": self.has_scales, "readable": self.readable}
-
-
-@dataclass
-class EngineEvidence:
-    """What a startup log or resolved-run record says the engine did about the KV cache."""
-
-    source: str
-    kv_cache_dtype: str | None  # the dtype the engine stored the KV cache in ("auto" counts as not FP8)
-    kv_scale_warning: bool  # the "Using KV cache scaling factor 1.0" warning was printed
-    version: str | None
-    failed: bool = False  # the start failed
-    weights_processed: bool = True  # the log goes past weight loading (pool sized, or ready)
-    failure_cause: str | None = None
 
 
 def _json_number(value: float) -> float | str:
@@ -224,7 +214,7 @@ def _version_at_least(version: str | None, wanted: tuple[int, int]) -> bool:
     return release is None or release >= wanted  # unknown: assume recent
 
 
-def effective_kv_dtype(report: ScaleReport, ev: EngineEvidence) -> str | None:
+def effective_kv_dtype(report: ScaleReport, ev: StartupInfo) -> str | None:
     """The KV dtype the engine used: the logged one, or for the flag 'auto' the folder's declaration."""
     logged = ev.kv_cache_dtype
     if logged is None or logged.lower() != "auto":
@@ -236,10 +226,10 @@ def effective_kv_dtype(report: ScaleReport, ev: EngineEvidence) -> str | None:
     return logged
 
 
-def engine_outcome(report: ScaleReport, ev: EngineEvidence) -> str:
+def engine_outcome(report: ScaleReport, ev: StartupInfo) -> str:
     """A key of OUTCOME_TEXT: what the log says happened to this checkpoint's scales."""
     fp8 = (effective_kv_dtype(report, ev) or "").lower().startswith("fp8")
-    if not ev.kv_scale_warning and not ev.weights_processed:
+    if not ev.kv_scale_warning and not _past_weights(ev):
         return "too-early"
     if ev.kv_cache_dtype is not None and not fp8 and not ev.kv_scale_warning:
         return "not-fp8"
@@ -252,7 +242,7 @@ def engine_outcome(report: ScaleReport, ev: EngineEvidence) -> str:
     return "silent-unit-scale" if fp8 else "unknown"
 
 
-def _evidence_verdict(report: ScaleReport, ev: EngineEvidence) -> str:
+def _evidence_verdict(report: ScaleReport, ev: StartupInfo) -> str:
     outcome = report.engine_outcome = engine_outcome(report, ev)
     text = OUTCOME_TEXT[outcome].format(dtype=ev.kv_cache_dtype)
     effective = effective_kv_dtype(report, ev)
@@ -266,10 +256,10 @@ def _evidence_verdict(report: ScaleReport, ev: EngineEvidence) -> str:
         text += f" (The start failed afterwards, once the weights and scales were loaded{cause}.)"
     elif ev.failed:
         text += f" (Cause{cause or ': not named in the log'}.)"
-    return f"{ev.source}" + (f" (vLLM {ev.version})" if ev.version else "") + f": {text}"
+    return f"{report.checked_against}" + (f" (vLLM {ev.version})" if ev.version else "") + f": {text}"
 
 
-def verdicts(report: ScaleReport, evidence: EngineEvidence | None) -> list[str]:
+def verdicts(report: ScaleReport, evidence: StartupInfo | None) -> list[str]:
     out: list[str] = []
     if report.weights == "bin-only":
         out.append("Weights are only in pickle (.bin) files: KV scales cannot be inspected safely.")
@@ -289,30 +279,156 @@ def verdicts(report: ScaleReport, evidence: EngineEvidence | None) -> list[str]:
     return out
 
 
-def read_evidence(path: str | Path) -> EngineEvidence:
-    """A startup log (text, parsed by kvstudy.vllm.startup_log) or a resolved-run record / parsed log (JSON)."""
+def read_evidence(path: str | Path) -> StartupInfo:
+    """What the engine did about the KV cache: a startup log (text, parsed by kvstudy.vllm.startup_log), or the
+    fields the verdicts read from a resolved-run record or a parsed log (JSON)."""
     path = Path(path)
     if not path.is_file():
         raise StudyError(f"{path}: no such startup log or run record")
-    if path.suffix == ".json":
-        data = read_json(path)
-        fields = data.get("resolved", data) if isinstance(data, dict) else None
-        if not isinstance(fields, dict) or not isinstance(fields.get("kv_scale_warning"), bool):
-            raise StudyError(
-                f"{path}: expected a JSON object (a resolved-run record or a parsed startup log) "
-                "with a boolean 'kv_scale_warning'"
-            )
-    else:
-        fields = vars(parse_startup_log(path))
-    dtype, version, failed = fields.get("kv_cache_dtype"), fields.get("version"), fields.get("failed") is True
-    # a start gets past weight loading (where vLLM prints the scale-1.0 warning) when it sized a pool or got ready
-    loaded = any(fields.get(k) is not None for k in ("pool_tokens", "model_load_gib")) or fields.get("ready") is True
-    return EngineEvidence(
-        str(path),
-        str(dtype) if dtype is not None else None,
-        fields["kv_scale_warning"],
-        str(version) if version is not None else None,
-        failed=failed,
-        weights_processed=not failed or loaded,
-        failure_cause=fields.get("failure_cause") if failed else None,
+    if path.suffix != ".json":
+        return parse_startup_log(path)
+    data = read_json(path)
+    fields = data.get("resolved", data) if isinstance(data, dict) else None
+    if not isinstance(fields, dict) or not isinstance(fields.get("kv_scale_warning"), bool):
+        raise StudyError(
+            f"{path}: expected a JSON object (a resolved-run record or a parsed startup log) "
+            "with a boolean 'kv_scale_warning'"
+        )
+    text = lambda key: None if fields.get(key) is None else str(fields[key])  # noqa: E731
+    number = lambda key: fields[key] if is_finite_number(fields.get(key)) else None  # noqa: E731
+    return StartupInfo(
+        kv_cache_dtype=text("kv_cache_dtype"),
+        version=text("version"),
+        failure_cause=text("failure_cause"),
+        kv_scale_warning=fields["kv_scale_warning"],
+        failed=fields.get("failed") is True,
+        ready=fields.get("ready") is True,
+        pool_tokens=number("pool_tokens"),
+        model_load_gib=number("model_load_gib"),
     )
+
+
+def _past_weights(ev: StartupInfo) -> bool:
+    """Whether the start got past weight loading (where vLLM prints the scale-1.0 warning): it did not fail,
+    or it sized a pool, or got ready."""
+    return not ev.failed or ev.ready or ev.pool_tokens is not None or ev.model_load_gib is not None
+
+
+def _span(report: ScaleReport, kind: str) -> str | None:
+    span = report.span(kind)
+    return None if span is None else f"{span[0]:.4g}" + (f" to {span[1]:.4g}" if span[0] != span[1] else "")
+
+
+def findings_table(reports: Sequence[ScaleReport]) -> Any:
+    """One row per report: what the folder declares, which scales it holds, what went wrong."""
+    import pandas as pd
+
+    rows = [
+        {
+            "model": r.source,
+            "weights": r.weights,
+            "quant method": r.quant_method,
+            "declares KV": declared_kv_dtype(r),
+            "scheme strategy": r.kv_scheme_strategy,
+            "layers with k / v scales": f"{len(r.scale_layers('k'))} / {len(r.scale_layers('v'))}"
+            + (f" of {r.num_hidden_layers}" if r.num_hidden_layers else ""),
+            "naming": r.styles() or None,
+            "per head": r.per_head() if r.scales else None,
+            "k scales": _span(r, "k"),
+            "v scales": _span(r, "v"),
+            "log check": r.engine_outcome,
+            "bytes read": r.bytes_read,
+            "errors": len(r.errors),
+        }
+        for r in reports
+    ]
+    return pd.DataFrame(rows).astype(object).fillna("–")
+
+
+def scale_values_frame(reports: Sequence[ScaleReport]) -> Any:
+    """Long table of every stored scale value: model, layer, kind, head, value."""
+    import pandas as pd
+
+    rows = [
+        {"model": r.source, "layer": s.layer, "kind": s.kind, "head": head, "value": value, "name": s.name}
+        for r in reports
+        for s in r.scales
+        for head, value in enumerate(s.values)
+    ]
+    return pd.DataFrame(rows, columns=["model", "layer", "kind", "head", "value", "name"])
+
+
+def verdicts_markdown(reports: Sequence[ScaleReport]) -> str:
+    parts = ([f"**{r.source}**"] + [f"- {v}" for v in r.verdicts or ["(nothing could be read)"]] for r in reports)
+    return "\n\n".join("\n".join(lines) for lines in parts)
+
+
+def pool_comparisons(dump: Any) -> list[str]:
+    """For folders logged under several KV flags: the pool each flag got (same KV memory assumed)."""
+    if dump is None or len(dump) == 0 or "log_pool_tokens" not in dump:
+        return []
+    lines = []
+    for config, rows in dump.dropna(subset=["log_pool_tokens"]).groupby("config", sort=True):
+        if rows["log_kv_dtype"].nunique() < 2:
+            continue
+        parts = [f"{int(r.log_pool_tokens):,} tokens with {r.log_kv_dtype}" for r in rows.itertuples()]
+        ratio = rows["log_pool_tokens"].max() / rows["log_pool_tokens"].min()
+        lines.append(f"{Path(config).parent.name}: {' vs '.join(parts)} (ratio {ratio:.2f})")
+    return lines
+
+
+def summarize(reports: Sequence[ScaleReport], dump: Any = None) -> dict[str, Any]:
+    """Counts behind the notebook's conclusion, a paragraph and a one-line finding."""
+    readable = [r for r in reports if r.readable and r.weights == "safetensors"]
+    dumped = dump is not None and len(dump) > 0
+    counts = {
+        "models": len(reports),
+        # folders this project generated (test checkpoints, tiny models), not published checkpoints
+        "generated": sum(r.folder is not None and generated_by_project(r.folder) for r in reports),
+        "inspected": len(readable),
+        "with_scales": sum(r.has_scales for r in readable),
+        "declare_kv": sum(declared_kv_dtype(r) is not None for r in reports),
+        "silent_unit_scale": sum(not r.has_scales and not kv_handling_method(r) for r in readable),
+        "with_errors": sum(bool(r.errors) for r in reports),
+        "checked": sum(r.engine_outcome is not None for r in reports),
+        "dropped": sum(r.engine_outcome == "dropped" for r in reports),
+        "disagree": int((dump["agree"] == False).sum()) if dumped else 0,  # noqa: E712
+        "dump_compared": int(dump["agree"].notna().sum()) if dumped else 0,
+    }
+    pool_lines = pool_comparisons(dump)
+    counts["pool_comparisons"] = len(pool_lines)
+    c = counts
+    text = (
+        f"Of {c['models']} model folders, {c['inspected']} had safetensors weights to inspect and "
+        f"{c['with_scales']} of those carry KV scale tensors. Folders that declare a KV dtype themselves: "
+        f"{c['declare_kv']}. Folders with no scales and no KV-handling quantization method, which run "
+        f"`--kv-cache-dtype fp8` with scale 1.0 and no warning: {c['silent_unit_scale']}. "
+        f"Folders with problems in their files: {c['with_errors']}. "
+    )
+    if c["checked"]:
+        text += (
+            f"Against {c['checked']} startup logs, {c['dropped']} show scales that the checkpoint has "
+            "but the loader dropped. "
+        )
+    if c["dump_compared"]:
+        text += (
+            f"In the settings dump, {c['disagree']} of {c['dump_compared']} logs used a KV dtype other than "
+            "the one the folder declares."
+        )
+    if pool_lines:
+        text += " Logged pools of the same folder under different flags: " + "; ".join(pool_lines) + "."
+    finding = (
+        f"{c['with_scales']} of {c['inspected']} inspected checkpoints carry KV scales, "
+        f"{c['declare_kv']} of {c['models']} folders declare their own KV dtype, and "
+        f"{c['silent_unit_scale']} would run FP8 at scale 1.0 with no warning"
+    )
+    if c["generated"]:
+        finding += (
+            f" ({'all' if c['generated'] == c['models'] else c['generated']} of the {c['models']} folders are test "
+            "checkpoints this project generated, not published models)"
+        )
+    if c["checked"]:
+        finding += f"; {c['dropped']} of {c['checked']} logs show dropped scales"
+    if c["dump_compared"]:
+        finding += f"; {c['disagree']} of {c['dump_compared']} logs disagree with the folder's KV dtype"
+    return {"counts": counts, "text": text, "finding": finding + "."}

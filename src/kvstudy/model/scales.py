@@ -51,11 +51,15 @@ _SCALE_ENDINGS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 _LAYER_RE = re.compile(r"\.(\d+)\.")
 
 
-def _read_json_file(path: Path, report: ScaleReport) -> Any | None:
+def _read_json_object(path: Path, report: ScaleReport) -> dict[str, Any] | None:
+    """A JSON file's object, or None with the reason in the report (the file then counts as unread)."""
     try:
         text = read_bytes_checked(path)
         report.bytes_read += len(text)
-        return parse_json_text(text, f"{path}: not valid JSON (expected a JSON object)")
+        data = parse_json_text(text, f"{path}: not valid JSON (expected a JSON object)")
+        if not isinstance(data, dict):
+            raise StudyError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
+        return data
     except StudyError as exc:
         report.errors.append(str(exc))
         report.files_unread.append(str(path))
@@ -89,12 +93,8 @@ def _kv_dtype_in_config(config: dict[str, Any]) -> tuple[Any, str | None]:
 def _first(config: dict[str, Any], *keys: str) -> Any:
     """A config value from the top level or from ``text_config`` (multimodal models)."""
     nested = config.get("text_config")
-    text_config: dict[str, Any] = nested if isinstance(nested, dict) else {}
-    for key in keys:
-        for source in (config, text_config):
-            if source.get(key) is not None:
-                return source[key]
-    return None
+    sources = (config, nested if isinstance(nested, dict) else {})
+    return next((source[key] for key in keys for source in sources if source.get(key) is not None), None)
 
 
 def _read_config(folder: Path, report: ScaleReport) -> None:
@@ -102,11 +102,8 @@ def _read_config(folder: Path, report: ScaleReport) -> None:
     if not path.is_file():
         report.errors.append(f"{path}: file not found (expected a Hugging Face config.json)")
         return
-    config = _read_json_file(path, report)
+    config = _read_json_object(path, report)
     if config is None:
-        return
-    if not isinstance(config, dict):
-        report.errors.append(f"{path}: expected a JSON object at the top level, got {type(config).__name__}")
         return
     try:  # the fields read here, checked here (the rest of the config is not this command's business)
         kv_dtype, kv_field = _kv_dtype_in_config(config)
@@ -153,10 +150,10 @@ def _read_hf_quant_config(folder: Path, report: ScaleReport) -> None:
     path = folder / HF_QUANT_CONFIG
     if not path.is_file():
         return
-    data = _read_json_file(path, report)
+    data = _read_json_object(path, report)
     if data is None:
         return
-    quant = data.get("quantization") if isinstance(data, dict) else None
+    quant = data.get("quantization")
     if not isinstance(quant, dict):
         report.errors.append(f"{path}: expected an object with a 'quantization' object")
         return
@@ -169,10 +166,7 @@ def _read_hf_quant_config(folder: Path, report: ScaleReport) -> None:
 
 def scale_kinds(name: str) -> tuple[tuple[str, ...], str] | None:
     """The kinds ("k", "v", "q") and naming style of a tensor vLLM loads as a KV/query scale."""
-    for ending, kinds, style in _SCALE_ENDINGS:
-        if name.endswith(ending):
-            return kinds, style
-    return None
+    return next(((kinds, style) for ending, kinds, style in _SCALE_ENDINGS if name.endswith(ending)), None)
 
 
 def layer_of(name: str) -> int | None:
@@ -186,10 +180,10 @@ def layer_of(name: str) -> int | None:
 def _scan_index(folder: Path, report: ScaleReport) -> bool:
     """Scale tensors through the index; False when the index is unusable (then scan each file)."""
     path = folder / INDEX_NAME
-    data = _read_json_file(path, report)
+    data = _read_json_object(path, report)
     if data is None:
         return False
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    weight_map = data.get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         report.errors.append(f"{path}: expected an object with a 'weight_map' of tensor name -> shard file")
         return False
@@ -278,8 +272,8 @@ def inspect_model(
     _read_config(folder, report)
     _read_hf_quant_config(folder, report)
     _scan_weights(folder, report)
-    if evidence is not None:
-        report.checked_against = evidence.source
+    if log is not None:
+        report.checked_against = str(Path(log))
     report.verdicts = verdicts(report, evidence)
     return report
 
@@ -318,16 +312,7 @@ def dump_kv_settings(root: str | Path, logs: dict[str, Any] | None = None) -> li
             "auto_stores": chosen[0],
             "auto_chosen_by": chosen[1],
             **dict.fromkeys(
-                [
-                    "log",
-                    "log_kv_dtype",
-                    "log_scale_warning",
-                    "log_pool_tokens",
-                    "log_version",
-                    "log_failure",
-                    "agree",
-                    "note",
-                ]
+                "log log_kv_dtype log_scale_warning log_pool_tokens log_version log_failure agree note".split()
             ),
             "errors": "; ".join(report.errors) or None,
         }

@@ -18,21 +18,7 @@ from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR
 from kvstudy.model.config_fields import HF_QUANT_CONFIG, config_int, nemotron_h_pattern, usable_int
 from kvstudy.model.folder import load_config
 from kvstudy.model.layout import LINEAR, MLA, SHARED, LayerSpec, ModelLayout, layout_from_config, text_config
-from kvstudy.model.safetensors import DTYPE_BYTES as FLOAT_DTYPE_BYTES
 from kvstudy.vllm.facts import DTYPE_BYTES, KV_RULES_SOURCE
-
-# Bytes per stored value of every safetensors header dtype (the format's own names).
-SAFETENSORS_DTYPE_BYTES: dict[str, int | Fraction] = {
-    **FLOAT_DTYPE_BYTES,
-    "I64": 8,
-    "I32": 4,
-    "I16": 2,
-    "I8": 1,
-    "U8": 1,
-    "BOOL": 1,
-    "F8_E8M0": 1,
-    "F4": Fraction(1, 2),
-}
 
 
 class WeightsUnknown(StudyError):
@@ -287,19 +273,18 @@ def estimate_weights(
 
 
 def _header_bytes(files: list[Path]) -> int:
-    """Tensor bytes declared by the safetensors headers (shape x dtype), no tensor read."""
+    """Tensor bytes of safetensors files: each file past its header, which safetensors' own reader checks
+    the tensors fill exactly (each its shape x dtype), no tensor read."""
     from safetensors import SafetensorError, safe_open
 
-    total = Fraction(0)
+    total = 0
     for path in files:
         try:
-            with safe_open(path, "numpy") as fh:
-                for name in fh.keys():
-                    entry = fh.get_slice(name)
-                    total += math.prod(entry.get_shape()) * SAFETENSORS_DTYPE_BYTES[entry.get_dtype()]
-        except (SafetensorError, OSError, KeyError) as exc:
+            with safe_open(path, "numpy"), path.open("rb") as fh:
+                total += path.stat().st_size - 8 - int.from_bytes(fh.read(8), "little")
+        except (SafetensorError, OSError) as exc:
             raise StudyError(f"{path}: not a readable safetensors file ({exc})") from None
-    return int(total)
+    return total
 
 
 def weights_size(model: str | Path, layout: ModelLayout | None = None) -> WeightsSize:

@@ -84,7 +84,7 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
         (["--gpu", "V100", "--context", "1000"], "known: L4, A10G"),
         (["--gpu", "L4", "--context", "0"], "--context: expected an integer from 1 to 10,000,000, got '0'"),
         (["--gpu", "L4", "--context", "-3"], "--context: expected an integer from 1 to 10,000,000, got '-3'"),
-        (["--gpu", "L4", "--context", "50000"], "max_position_embeddings 40960"),
+        (["--gpu", "L4", "--context", "50000"], "max_position_embeddings 40,960"),
         (["--context", "1000"], "--gpu"),
         (["--gpu", "L4", "--context", "100", "--weights-gib", "0"], "weights bytes 0: expected a positive number"),
     ],

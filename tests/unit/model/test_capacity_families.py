@@ -12,6 +12,7 @@ from kvstudy.errors import StudyError
 from kvstudy.model import allocator as alloc
 from kvstudy.model import capacity as cap
 from kvstudy.model import layout as model_layout
+from kvstudy.model.plan import plan_summary
 
 GIB = 1024**3
 
@@ -299,8 +300,8 @@ def test_qwen3_next_align_mode_reserves_two_state_blocks() -> None:
     assert alloc.predict_logged_pool(nxt, "bfloat16", 10 * GIB, 4096) == align
     with pytest.raises(StudyError, match="mamba_cache_mode"):
         alloc.predict_logged_pool(nxt, "bfloat16", GIB, 4096, mamba_cache_mode="all")
-    assert any("mamba cache mode 'align'" in note for note in cap.capacity_summary(nxt)["notes"])
-    assert not any("mamba" in note for note in cap.capacity_summary(nxt.parent / "Qwen3-8B")["notes"])
+    assert any("mamba cache mode 'align'" in note for note in plan_summary(str(nxt), max_model_len=4096)["notes"])
+    assert not any("mamba" in note for note in plan_summary(str(nxt.parent / "Qwen3-8B"))["notes"])
 
 
 @pytest.mark.parametrize(

@@ -46,8 +46,8 @@ def test_tensor_parallel_workers_are_checked_against_the_smallest_pool(tmp_path:
     result = log_check.check_log(log, QWEN3_14B)
     assert result["agree"] is True, result["agreement"]
     logged = result["logged"]
-    assert logged["pool_tokens"] == 42_656 and logged["pool_tokens_per_worker"] == [42_656, 43_888]
-    assert logged["kv_memory_gib"] == pytest.approx(6.51) and logged["pool_blocks"] == 2666
+    assert logged["pool_tokens"] == 42_656 and logged["pool_tokens_logged"] == [42_656, 43_888]
+    assert logged["available_kv_memory_gib"] == pytest.approx(6.51) and logged["pool_blocks"] == 2666
 
 
 def _gpt_oss_log(tmp_path: Path, version: str) -> Path:

@@ -15,9 +15,10 @@ import pytest
 
 from kvstudy import cli
 from kvstudy.errors import StudyError
-from kvstudy.model.capacity import capacity_summary, kv_footprint
+from kvstudy.model.capacity import kv_footprint
 from kvstudy.model.config_fields import checkpoint_kv_dtype
 from kvstudy.model.layout import INDEXER, MLA, layout_from_config, load_layout
+from kvstudy.model.plan import plan_summary
 from kvstudy.model.weights import parameter_parts, weights_size
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -114,7 +115,7 @@ def test_modelopt_sidecar_makes_auto_fp8(tmp_path: Path, capsys: pytest.CaptureF
     folder.mkdir()
     shutil.copy(MODELS / "Llama-3.3-70B-Instruct" / "config.json", folder)
     shutil.copy(FIXTURES / "Llama-3.1-8B-Instruct-FP8-ModelOpt" / "hf_quant_config.json", folder)
-    summary = capacity_summary(folder, ["auto"], 4096)
+    summary = plan_summary(str(folder), kv_dtype=["auto"], max_model_len=4096)
     assert summary["dtypes"]["auto"]["bytes_per_token"] == 163_840
     assert summary["dtypes"]["auto"]["resolved_dtype"] == "fp8_e4m3"
     assert summary["auto_kv_dtype"]["chosen_by"] == "hf_quant_config.json quantization.kv_cache_quant_algo 'FP8'"

@@ -163,7 +163,7 @@ def test_assumptions_carry_their_origin() -> None:
     [
         ({"context_len": 0}, "context 0"),
         ({"context_len": -5}, "context -5"),
-        ({"context_len": 50000}, "max_position_embeddings 40960"),
+        ({"context_len": 50000}, "max_position_embeddings 40,960"),
         ({"context_len": 1000, "users": 0}, "users 0"),
         ({"context_len": 1000, "bandwidth_factor": 1.5}, "bandwidth factor"),
         ({"context_len": 1000, "gpu": "V100"}, "known: L4"),

@@ -707,7 +707,7 @@ def test_dump_bad_root_and_bad_config(tmp_path: Path) -> None:
 def test_pool_comparison_across_flags(tmp_path: Path) -> None:
     import pandas as pd
 
-    from kvstudy.model.scale_tables import pool_comparisons, summarize
+    from kvstudy.model.scale_verdicts import pool_comparisons, summarize
     from kvstudy.model.scales import dump_kv_settings
 
     auto = write_log(tmp_path / "auto.log", dtype="auto")
@@ -754,7 +754,7 @@ def test_captured_vllm_cpu_logs(folder: str, log: str, outcome: str) -> None:
 def test_captured_config_trap_doubles_the_pool() -> None:
     import pandas as pd
 
-    from kvstudy.model.scale_tables import pool_comparisons
+    from kvstudy.model.scale_verdicts import pool_comparisons
     from kvstudy.model.scales import dump_kv_settings
 
     dump = pd.DataFrame(
@@ -769,7 +769,7 @@ def test_captured_config_trap_doubles_the_pool() -> None:
 
 
 def test_the_finding_says_which_folders_the_project_generated(tmp_path: Path) -> None:
-    from kvstudy.model.scale_tables import summarize
+    from kvstudy.model.scale_verdicts import summarize
 
     published = tmp_path / "published-model"
     shutil.copytree(BUNDLED / "fp8-kv-scales", published)  # the same files, without the generator's marker
