@@ -63,7 +63,7 @@ class Input:
 
     def num(self, key: str) -> float | None:
         """A finite number (not a bool), else None."""
-        value = self.values.get(key)
+        value: Any = self.values.get(key)
         return float(value) if is_finite_number(value) else None
 
     @property

@@ -108,9 +108,11 @@ def format_value(value: Any, decimals: int = 2) -> str:
         return MISSING
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, numbers.Real):  # numpy's numbers too
-        whole = isinstance(value, numbers.Integral) or float(value).is_integer()
-        return f"{int(value):,}" if whole else f"{float(value):,.{decimals}f}"
+    if isinstance(value, numbers.Integral):  # numpy's integers too
+        return f"{int(value):,}"
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return f"{int(number):,}" if number.is_integer() else f"{number:,.{decimals}f}"
     return str(value)
 
 
