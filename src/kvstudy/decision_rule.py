@@ -26,15 +26,15 @@ KEEP = "Keep 16-bit"
 UNDECIDED = "Not decided yet"
 
 # How an input is known. Only DECISIVE states can make the rule fire.
-COMPUTED, MEASURED, PUBLISHED, SIMULATED, NOT_MEASURED, NO_CLAIM, STATED = (
-    "computed",
-    "measured",
-    "published",
-    "simulated",
-    "not measured",
-    "no claim",
-    "stated by the profile",
-)
+COMPUTED = "computed"  # from the model's config (no run needed)
+MEASURED = "measured"  # with the interval or test stated
+PUBLISHED = "published"  # published figures, restated
+SIMULATED = "simulated"  # on a simulation of FP8 storage, not on the engine's own FP8 (decides nothing)
+NOT_MEASURED = "not measured"
+NO_CLAIM = "no claim"  # measured, but the data cannot support a claim
+STATED = "stated by the profile"
+# The states a notebook's verdict may give (kvstudy.report.notebook.verdict).
+VERDICT_STATES = (COMPUTED, MEASURED, PUBLISHED, NO_CLAIM, SIMULATED, NOT_MEASURED)
 DECISIVE = frozenset({COMPUTED, MEASURED, STATED})
 
 
@@ -63,7 +63,8 @@ class Input:
 
     def num(self, key: str) -> float | None:
         """A finite number (not a bool), else None."""
-        return number(self.values.get(key))
+        value: Any = self.values.get(key)
+        return float(value) if is_finite_number(value) else None
 
     @property
     def decisive(self) -> bool:
@@ -107,10 +108,6 @@ class Decision:
 def points(value: float) -> str:
     """``1 point``, ``2.5 points``."""
     return f"{value:g} point" + ("" if value == 1 else "s")
-
-
-def number(x: Any) -> float | None:
-    return float(x) if is_finite_number(x) else None
 
 
 def _accuracy_verdict(acc: Input, margin: float) -> str | None:

@@ -60,7 +60,7 @@ def load_catalog(path: str | Path | None = None) -> dict[str, GpuSpec]:
     if not isinstance(entries, list) or not entries:
         raise StudyError(f"{where}: expected an object with a non-empty list 'gpus'")
     catalog: dict[str, GpuSpec] = {}
-    seen: dict[str, str] = {}
+    owner: dict[str, str] = {}  # each normalized name or alias: the GPU it names
     for i, entry in enumerate(entries):
         try:
             spec = GpuSpec.model_validate(entry)
@@ -72,10 +72,8 @@ def load_catalog(path: str | Path | None = None) -> dict[str, GpuSpec]:
                 f"got {str(err.get('input'))[:40]!r}"
             ) from None
         for key in (spec.name, *spec.aliases):
-            norm = normalize_name(key)
-            if norm in seen and seen[norm] != spec.name:
-                raise StudyError(f"{where}: name or alias {key!r} is used by both {seen[norm]} and {spec.name}")
-            seen[norm] = spec.name
+            if (other := owner.setdefault(normalize_name(key), spec.name)) != spec.name:
+                raise StudyError(f"{where}: name or alias {key!r} is used by both {other} and {spec.name}")
         catalog[spec.name] = spec
     return catalog
 

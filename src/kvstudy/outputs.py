@@ -11,7 +11,6 @@ inside it is refused (no write follows a link out of its folder). Single files a
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -61,11 +60,7 @@ def record_says(file: str, key: str, accept: Callable[[Any], bool]) -> Callable[
 
 def links_out(folder: Path) -> Path | None:
     """The first symlink inside ``folder`` (at any depth, links not followed), or None."""
-    for top, dirs, files in os.walk(folder):
-        for name in [*dirs, *files]:
-            if (Path(top) / name).is_symlink():
-                return Path(top) / name
-    return None
+    return next((path for path in folder.rglob("*") if path.is_symlink()), None)
 
 
 def check_output_folder(

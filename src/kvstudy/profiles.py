@@ -5,13 +5,17 @@ profile's settings with ``extends: NAME`` and may give ``defaults`` for every no
 them. Every key is checked against the parameters the notebook declares in its ``parameters`` cell
 (read with papermill's inspector), every value against the declared default's type, before
 anything runs; an error is one line naming the profile, the notebook and the key.
+``kvstudy profile new`` writes a commented one for a new model (:func:`write_profile`).
 """
 
 from __future__ import annotations
 
 import ast
+import datetime as dt
 import difflib
+import json
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -22,7 +26,8 @@ from kvstudy.bench.spec import Spec, one_line
 from kvstudy.context.spec import ContextSweepSpec
 from kvstudy.decision_rule import Thresholds
 from kvstudy.errors import StudyError
-from kvstudy.io import read_yaml
+from kvstudy.gpu_catalog import find_gpu
+from kvstudy.io import REPO_ROOT, check_write_target, is_finite_number, read_yaml, write_text_atomic
 from kvstudy.limits import (
     MAX_AXIS_VALUES,
     MAX_EXTENDS,
@@ -84,7 +89,6 @@ _ANNOTATION_NAMES: dict[str, Any] = {
 class Parameter:
     """One parameter a notebook declares: its default and its type (None: not declared)."""
 
-    name: str
     default: Any
     annotation: Any
 
@@ -130,7 +134,7 @@ def declared_parameters(notebook: Path) -> dict[str, Parameter]:
         except (ValueError, SyntaxError):
             default = _UNPARSED
         annotation = _annotation(info.get("inferred_type_name") or "None", default, info.get("help") or "")
-        out[name] = Parameter(name, default, annotation)
+        out[name] = Parameter(default, annotation)
     return out
 
 
@@ -142,14 +146,6 @@ class _ProfileFile(Spec):
     defaults: dict[str, Any] | None = None
     notebooks: dict[str, dict[str, Any] | None] | None = None
     decision: Thresholds | None = None
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    data = read_yaml(path) or {}  # io's checked reader: size, nesting and alias limits
-    if not isinstance(data, dict):
-        raise StudyError(f"{path}: expected a mapping with 'description', 'defaults' and 'notebooks'")
-    _ProfileFile.from_dict(data, str(path))
-    return data
 
 
 def load_profile(profile: str, profiles_dir: Path) -> dict[str, Any]:
@@ -164,7 +160,10 @@ def load_profile(profile: str, profiles_dir: Path) -> dict[str, Any]:
             names = ", ".join(sorted(p.stem for p in profiles_dir.glob("*.yaml"))) or "none"
             where = f"{layers[-1]['path']}: extends: " if layers else ""
             raise StudyError(f"{where}{path}: no such profile (profiles available: {names})")
-        data = _read_yaml(path)
+        data = read_yaml(path) or {}  # io's checked reader: size, nesting and alias limits
+        if not isinstance(data, dict):
+            raise StudyError(f"{path}: expected a mapping with 'description', 'defaults' and 'notebooks'")
+        _ProfileFile.from_dict(data, str(path))
         chain.append(name)
         layers.append({**data, "path": str(path)})
         name = data.get("extends")
@@ -209,10 +208,11 @@ def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[
         if not any(key in params for params in declared.values()):
             raise StudyError(f"{path}: defaults: no notebook of this profile declares {key!r}")
     for stem, params in profile_data["notebooks"].items():
+        where = f"{path}: notebook {stem}"
         for key, value in params.items():
-            where = f"{path}: notebook {stem}"
+            named = f"{where}: parameter {key!r}"
             if key in RUNNER_PARAMETERS:
-                raise StudyError(f"{where}: parameter {key!r} is set by the runner, not by a profile")
+                raise StudyError(f"{named} is set by the runner, not by a profile")
             if key not in declared[stem]:
                 close = [f"; did you mean {c!r}?" for c in difflib.get_close_matches(key, list(declared[stem]), n=1)]
                 raise StudyError(
@@ -221,16 +221,23 @@ def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[
             annotation = declared[stem][key].annotation
             if annotation is None:  # `x = None` with no annotation: any value would pass unchecked
                 raise StudyError(
-                    f"{where}: parameter {key!r} is declared without a type in {stem}.ipynb, so its value "
+                    f"{named} is declared without a type in {stem}.ipynb, so its value "
                     f"cannot be checked: annotate it there, e.g. `{key}: Optional[float] = None`"
                 )
-            _check_bounds(value, f"{where}: parameter {key!r}", key)
+            # every number finite and not huge, a list of at most MAX_AXIS_VALUES items, a count or size
+            # parameter (or each number of its list) within its bound (PARAMETER_BOUNDS), then its type
+            check_numbers(value, named)
+            if isinstance(value, list) and len(value) > MAX_AXIS_VALUES:
+                raise StudyError(f"{named}: {len(value):,} items, expected at most {MAX_AXIS_VALUES:,}")
+            numbers = [v for v in (value if isinstance(value, list) else [value]) if is_finite_number(v)]
             try:
+                for item in numbers if key in PARAMETER_BOUNDS else []:
+                    TypeAdapter(PARAMETER_BOUNDS[key]).validate_python(item)
                 TypeAdapter(annotation).validate_python(value, strict=True)
             except ValidationError as exc:
-                raise StudyError(f"{where}: parameter {key!r}: {one_line(exc)}") from None
+                raise StudyError(f"{named}: {one_line(exc)}") from None
         if stem in SPECS:
-            SPECS[stem].check_given(params, f"{path}: notebook {stem}")
+            SPECS[stem].check_given(params, where)
     return declared
 
 
@@ -239,25 +246,82 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _check_bounds(value: Any, where: str, key: str) -> None:
-    """Every number finite and not huge; a count or size parameter (or each item of its list) within
-    its bound (:data:`PARAMETER_BOUNDS`); a list of at most ``MAX_AXIS_VALUES`` items."""
-    check_numbers(value, where)
-    if isinstance(value, list) and len(value) > MAX_AXIS_VALUES:
-        raise StudyError(f"{where}: {len(value):,} items, expected at most {MAX_AXIS_VALUES:,}")
-    if key not in PARAMETER_BOUNDS:
-        return
-    bound = TypeAdapter(PARAMETER_BOUNDS[key])
-    for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, (int, float)) and not isinstance(item, bool):
-            try:
-                bound.validate_python(item)
-            except ValidationError as exc:
-                raise StudyError(f"{where}: {one_line(exc)}") from None
-
-
 def given_parameters(profile_data: dict[str, Any], stem: str, declared: dict[str, Parameter]) -> dict[str, Any]:
     """The values the profile gives ``stem``: its defaults the notebook declares, then its own keys."""
     params = {k: v for k, v in profile_data["defaults"].items() if k in declared}
     params.update(profile_data["notebooks"].get(stem) or {})
     return params
+
+
+# --------------------------------------------------------------------------- kvstudy profile new
+
+CAPACITY = "01_capacity-math"
+SCALES = "04_scale-inspection"
+# Study values that describe Qwen3-8B or the L4, not a new model: cleared when the notebook's default is one.
+MODEL_SPECIFIC = {"weights_gib": "read or estimated from the model folder", "fixed_pool_tokens": "no pool held fixed"}
+
+
+def profile_text(name: str, model: str, gpu: str | None, notebooks_dir: Path) -> str:
+    """The commented YAML of a new profile for ``model`` (and ``gpu``)."""
+    declared = declared_parameters(notebooks_dir / f"{CAPACITY}.ipynb")
+    stamp = dt.date.today().isoformat()
+    gpu_text = f" on {gpu}" if gpu else ""
+    # json.dumps writes a scalar or list in flow style, which YAML reads back as the same value.
+    lines = [
+        f"# Profile {name}: {model}{gpu_text}. Written by `kvstudy profile new` on {stamp}.",
+        f"# Render it with `make all PROFILE={name}`; one notebook: `make all PROFILE={name} ONLY={CAPACITY}`.",
+        "# Each key must be a parameter the notebook declares: see",
+        f"# `.venv/bin/papermill --help-notebook notebooks/{CAPACITY}.ipynb`.",
+        "description: >-",
+        f"  What an FP8 KV cache buys for {model}{gpu_text}: capacity from the model's config.json,",
+        "  and the KV scales its checkpoint carries.",
+        "notebooks:",
+        f"  {CAPACITY}:",
+        f"    model: {json.dumps(model)}  # a model folder, its config.json or a cached Hugging Face id",
+        *([f"    gpu: {json.dumps(find_gpu(gpu).name)}  # from data/gpus/catalog.json"] if gpu else []),
+        *(
+            f"    {key}: null  # {meaning}"
+            for key, meaning in MODEL_SPECIFIC.items()
+            if declared[key].default is not None
+        ),
+        f"    # context_len: {declared['context_len'].default}  # tokens per request; uncomment to change",
+        f"  {SCALES}:",
+        f"    models: [{json.dumps(model)}]",
+        f"    dump_root: {json.dumps(model)}  # every config.json under it is listed",
+        "  # The live notebooks run vLLM (`make engine` first) and take long; uncomment to run them.",
+        f"  # 02_speed-sweep: {{capture: captures/{name}/speed-sweep, run_missing: true, model: {json.dumps(model)}}}",
+        f"  # 03_gsm8k-accuracy: {{capture_dir: captures/{name}/gsm8k, run_missing: true, model: {json.dumps(model)}}}",
+        f"  # 06_retrieval-accuracy: {{capture_dir: captures/{name}/retrieval, run_missing: true, "
+        f"model: {json.dumps(model)}}}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_profile(name: str, model: str, gpu: str | None, root: Path = REPO_ROOT, force: bool = False) -> Path:
+    """``kvstudy profile new NAME --model M [--gpu G]``: write a commented profile for a new model.
+
+    The profile it writes renders as it is (``make all PROFILE=NAME``): the capacity notebook on the
+    model (the GPU's memory from the GPU catalog when ``--gpu`` names one) and the scale inspection of
+    the model folder. The live notebooks (speed, accuracy) are listed commented out, with what they need.
+    Only parameters the notebooks declare are written, and the result is checked like any profile.
+
+    Writes ``profiles/<name>.yaml`` and checks it; an existing profile is kept unless ``force``.
+    """
+    check_profile_name(name)
+    path = check_write_target(root / "profiles" / f"{name}.yaml")  # a planted symlink is refused first
+    if path.exists() and not force:
+        raise StudyError(f"{path}: the profile exists (pass --force to replace it)")
+    if any(ord(c) < 32 or ord(c) == 127 for c in model) or (gpu and any(ord(c) < 32 for c in gpu)):
+        raise StudyError("--model/--gpu: control characters (a line break, a tab) are not allowed in a profile value")
+    if re.search(r"://[^/@\s]*@", model):
+        raise StudyError(
+            "--model: a URL with credentials in it; a profile is a file others read: give the model without them"
+        )
+    text = profile_text(name, model, gpu, root / "notebooks")
+    # Checked before anything is replaced: the new text is loaded and validated from a scratch
+    # folder, so a profile that fails the check never costs the user the one it would replace.
+    with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=root / "profiles") as scratch:
+        write_text_atomic(Path(scratch) / f"{name}.yaml", text)
+        validate_profile(load_profile(name, Path(scratch)), root / "notebooks")
+    write_text_atomic(path, text)
+    return path

@@ -46,7 +46,7 @@ def test_capacity_only_profiles_are_not_decided_and_agree_with_01(
     runs = render.run_profile(profile, root=root)
     assert all(r.error is None for r in runs), [r.error for r in runs]
     card = decision.read_card(profile, root)
-    assert card.answer == rule.UNDECIDED and card.headline.startswith("Not decided yet")
+    assert card.decision.answer == rule.UNDECIDED and card.headline.startswith("Not decided yet")
     runs_text = " ".join(m["run"] for m in card.missing)
     assert "08_load-at-equal-memory" in runs_text and "questions" in runs_text  # what to run, and its cost
     users = next(r for r in card.rows if r.quantity.startswith("Users that fit"))

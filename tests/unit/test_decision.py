@@ -16,7 +16,7 @@ from kvstudy.model import capacity as cap
 from kvstudy.model import plan
 from kvstudy.model import weights as model_weights
 from kvstudy.report import decision
-from kvstudy.report.decision_guidance import docs_l4_crossing, evaluate_guidance
+from kvstudy.report.decision import docs_l4_crossing, evaluate_guidance
 
 ROOT = Path(__file__).resolve().parents[2]
 STEMS = ["01_capacity-math", "02_speed-sweep", "03_gsm8k-accuracy", "04_scale-inspection"]
@@ -257,7 +257,7 @@ def status(**extra: dict) -> dict:
 
 def test_capacity_only_says_not_decided_and_names_what_to_run() -> None:
     card = decision.card_from_status("demo", status(), STEMS)
-    assert card.answer == rule.UNDECIDED and len(card.headline.split()) <= 30
+    assert card.decision.answer == rule.UNDECIDED and len(card.headline.split()) <= 30
     assert card.headline.startswith("Not decided yet")
     runs = " ".join(m["run"] for m in card.missing)
     assert "08_load-at-equal-memory" in runs and "kv-screen" in runs and "questions" in runs  # command and cost
@@ -291,9 +291,11 @@ def test_the_card_agrees_with_01s_tables(model: str, gpu: str, context: int, tp:
         layout, ["bfloat16"], [gpu], [1, 2, 4, 8], context, model_weights.weights_size(model, layout).bytes
     )
     assert table.loc[(plan.resolve_gpu_memory(gpu).gpu_name, tp), "users bfloat16"] == base
-    assert card.answer == rule.UNDECIDED  # capacity alone never turns FP8 on
+    assert card.decision.answer == rule.UNDECIDED  # capacity alone never turns FP8 on
     kv_bound = decision.card_from_status("demo", s, STEMS, {"kv_bound": True})
-    assert kv_bound.answer == rule.UNDECIDED and [m["what"] for m in kv_bound.missing] == ["accuracy within 1 point"]
+    assert kv_bound.decision.answer == rule.UNDECIDED and [m["what"] for m in kv_bound.missing] == [
+        "accuracy within 1 point"
+    ]
 
 
 def test_a_full_card_turns_fp8_on_and_json_is_strict() -> None:
@@ -332,9 +334,9 @@ def test_a_full_card_turns_fp8_on_and_json_is_strict() -> None:
     }
     stems = [*STEMS, "08_load-at-equal-memory"]
     card = decision.card_from_status("demo", status(**{"08_load-at-equal-memory": load}), stems)
-    assert card.answer == rule.TURN_ON and card.headline.startswith("Turn FP8 on: 2.1x the users fit")
+    assert card.decision.answer == rule.TURN_ON and card.headline.startswith("Turn FP8 on: 2.1x the users fit")
     data = json.loads(decision.card_json(card))  # strict: NaN would fail allow_nan=False
-    assert data["rule"] == "all conditions met" and data["inputs"]["screen"]["values"]["kl_upper"] is None
+    assert data["decision"]["rule"] == "all conditions met" and data["inputs"]["screen"]["values"]["kl_upper"] is None
     assert data["inputs"]["capacity"]["source"].startswith("01_capacity-math")
     target = next(r for r in card.rows if r.quantity.startswith("Users within"))
     assert target.change == "1.70x (1.40 to 2.00)" and "TPOT 50 ms" in target.quantity
@@ -429,7 +431,9 @@ def test_verdict_command_on_the_repository(capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     data = json.loads(out, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
     assert (
-        data["profile"] == "reference" and data["answer"] in (rule.TURN_ON, rule.KEEP, rule.UNDECIDED) and data["rows"]
+        data["profile"] == "reference"
+        and data["decision"]["answer"] in (rule.TURN_ON, rule.KEEP, rule.UNDECIDED)
+        and data["rows"]
     )
 
 
@@ -464,7 +468,7 @@ def test_mistral_with_its_sliding_layers_skipped_keeps_16_bit() -> None:
     facts.update(model=model, context_len=4096, gpu="L4")
     entry = {"error": None, "verdicts": [{"topic": "capacity", "text": "t", "state": "computed", "facts": facts}]}
     card = decision.card_from_status("demo", {"01_capacity-math": entry}, STEMS)
-    assert (card.answer, card.rule) == (rule.KEEP, "nothing to store")
+    assert (card.decision.answer, card.decision.rule) == (rule.KEEP, "nothing to store")
     assert card.headline.startswith("Keep 16-bit: FP8 would store none")
     shares = {
         m: plan.capacity_facts(

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     EXPERIMENTS,
     ("profiles", "decision_rule"),  # decision_rule: the card's one rule (profiles check its thresholds)
     ("distribute",),  # plans a profile's experiments as blocks, runs and collects them
-    ("report", "profile_new"),  # report/: tables, notebook, html, index, render, design, calibration, decision
+    ("report",),  # report/: tables, notebook, html, render, design, calibration, decision
     ("cli",),  # entry: the kvstudy command, one module per noun
 )
 

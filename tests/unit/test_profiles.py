@@ -10,7 +10,6 @@ import yaml
 
 from kvstudy import profiles
 from kvstudy.errors import StudyError
-from kvstudy.profile_new import write_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS = (
@@ -129,7 +128,7 @@ def test_a_bundled_optional_number_refuses_a_string_from_a_profile(tmp_path: Pat
 def test_profile_new_writes_a_valid_commented_profile(tmp_path: Path) -> None:
     (tmp_path / "profiles").mkdir()
     (tmp_path / "notebooks").symlink_to(ROOT / "notebooks")
-    path = write_profile("mine", "data/models/Mistral-7B-v0.1", "H100-SXM", root=tmp_path)
+    path = profiles.write_profile("mine", "data/models/Mistral-7B-v0.1", "H100-SXM", root=tmp_path)
     text = path.read_text()
     assert text.startswith("# Profile mine") and "make all PROFILE=mine" in text
     data = yaml.safe_load(text)
@@ -138,28 +137,28 @@ def test_profile_new_writes_a_valid_commented_profile(tmp_path: Path) -> None:
     assert "H100" in text and ("gpu" in capacity or capacity["gpu_memory_gib"] > 70)
     assert "02_speed-sweep" not in data["notebooks"]  # live notebooks only as comments
     with pytest.raises(StudyError, match="the profile exists"):
-        write_profile("mine", "data/models/Mistral-7B-v0.1", None, root=tmp_path)
+        profiles.write_profile("mine", "data/models/Mistral-7B-v0.1", None, root=tmp_path)
 
 
 def test_profile_new_refuses_an_unknown_gpu(tmp_path: Path) -> None:
     (tmp_path / "profiles").mkdir()
     (tmp_path / "notebooks").symlink_to(ROOT / "notebooks")
     with pytest.raises(StudyError, match="not in the GPU catalog"):
-        write_profile("mine", "data/models/Qwen3-8B", "Z9000", root=tmp_path)
+        profiles.write_profile("mine", "data/models/Qwen3-8B", "Z9000", root=tmp_path)
     assert not (tmp_path / "profiles" / "mine.yaml").exists()
 
 
 def test_profile_new_force_keeps_the_old_profile_when_the_new_one_fails(tmp_path: Path) -> None:
     (tmp_path / "profiles").mkdir()
     (tmp_path / "notebooks").symlink_to(ROOT / "notebooks")
-    path = write_profile("mine", "data/models/Qwen3-8B", "H100-SXM", root=tmp_path)
+    path = profiles.write_profile("mine", "data/models/Qwen3-8B", "H100-SXM", root=tmp_path)
     before = path.read_text()
     with pytest.raises(StudyError, match="not in the GPU catalog"):
-        write_profile("mine", "data/models/Qwen3-8B", "Z9000", root=tmp_path, force=True)
+        profiles.write_profile("mine", "data/models/Qwen3-8B", "Z9000", root=tmp_path, force=True)
     with pytest.raises(StudyError, match="control characters"):
-        write_profile("mine", "data/models/Qwen3-8B\nnotebooks: {}", None, root=tmp_path, force=True)
+        profiles.write_profile("mine", "data/models/Qwen3-8B\nnotebooks: {}", None, root=tmp_path, force=True)
     with pytest.raises(StudyError, match="URL with credentials"):
-        write_profile("mine", "https://user:hunter2@example.invalid/model", None, root=tmp_path, force=True)
+        profiles.write_profile("mine", "https://user:hunter2@example.invalid/model", None, root=tmp_path, force=True)
     assert path.read_text() == before
     assert sorted(p.name for p in (tmp_path / "profiles").iterdir()) == ["mine.yaml"]  # no scratch left
 
@@ -180,7 +179,7 @@ def test_profile_new_refuses_a_planted_symlink_even_with_force(tmp_path: Path) -
     outside.write_text("keep: me\n")
     (tmp_path / "profiles" / "mine.yaml").symlink_to(outside)
     with pytest.raises(StudyError, match="mine.yaml: is a symlink; refusing to write through it"):
-        write_profile("mine", "data/models/Mistral-7B-v0.1", None, root=tmp_path, force=True)
+        profiles.write_profile("mine", "data/models/Mistral-7B-v0.1", None, root=tmp_path, force=True)
     assert outside.read_text() == "keep: me\n" and (tmp_path / "profiles" / "mine.yaml").is_symlink()
 
 

@@ -12,7 +12,7 @@ import pytest
 from tests.unit.test_render import OK_BODY, make_notebook
 
 from kvstudy.report import render as report
-from kvstudy.report.index import INTERRUPTED, status_from_reports
+from kvstudy.report.html import INTERRUPTED, status_from_reports
 
 OTHER_BODY = "from kvstudy.report.notebook import finding\nfinding(f'other notebook saw {value}')"
 

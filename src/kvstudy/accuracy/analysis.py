@@ -2,7 +2,7 @@
 
 The statistics live in :mod:`kvstudy.stats.binary` and :mod:`kvstudy.stats.binary_power`; reading
 and running captures in :mod:`kvstudy.accuracy.runner`. This module joins them into typed records,
-one per row of what the report shows; :mod:`kvstudy.report.accuracy` renders them (the notebooks
+one per row of what the report shows; :mod:`kvstudy.report.tables` renders them (the notebooks
 read the records' fields, never a table's text).
 """
 
@@ -115,7 +115,7 @@ class CaptureRow:
 
 def capture_rows(results: Mapping[str, ConfigResult], filter_name: str) -> list[CaptureRow]:
     """One row per configuration: its state, and for finished ones the score and interval
-    (the diagnoses of failed ones: :func:`kvstudy.report.accuracy.failure_lines`)."""
+    (the diagnoses of failed ones: :func:`kvstudy.report.tables.failure_lines`)."""
     rows = []
     for res in results.values():
         interval = None

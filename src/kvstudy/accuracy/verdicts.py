@@ -4,7 +4,7 @@ Every number comes from :mod:`kvstudy.stats.binary` (exact McNemar, Newcombe's p
 non-inferiority at a margin, clustered errors, chance) and :mod:`kvstudy.stats.binary_power` (bounds
 from totals); this module only pairs the configurations of a capture and returns one typed record
 per row, for notebooks 03 (GSM8K-format) and 06 (long-context retrieval).
-:mod:`kvstudy.report.accuracy` renders the records and words their verdicts.
+:mod:`kvstudy.report.tables` renders the records and words their verdicts.
 """
 
 from __future__ import annotations

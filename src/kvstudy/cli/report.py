@@ -203,7 +203,7 @@ def add_kv_calibrate(subparsers: Any) -> None:
 
 def _profile(args: argparse.Namespace) -> int:
     from kvstudy.io import REPO_ROOT
-    from kvstudy.profile_new import write_profile
+    from kvstudy.profiles import write_profile
 
     path = write_profile(args.name, args.model, args.gpu, force=args.force)
     print(
@@ -214,12 +214,12 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def add_profile(subparsers: Any) -> None:
-    from kvstudy import profile_new
+    from kvstudy.profiles import write_profile
 
     parser = subparsers.add_parser(
         "profile",
         help="write a profile for your model",
-        description=profile_new.__doc__,
+        description=write_profile.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="profile_command", required=True)

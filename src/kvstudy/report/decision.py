@@ -2,10 +2,11 @@
 
 Each notebook states structured verdicts (``kvstudy.report.notebook.verdict``: a state, a sentence, plain
 facts, the step that would settle it); ``kvstudy render`` keeps them in ``reports/<profile>/status.json``.
-This module reads them back (:func:`read_status`, the one checked reader of ``status.json``, also
-the render's; a verdict that is absent is "not measured") into the inputs of the one rule (:mod:`kvstudy.decision_rule`), and lays out the card: the answer and
-its main reason, a 16-bit | FP8 | change | how-known table, what would change the answer, the
-per-topic verdicts, and the published usage guidance where it holds for this model and GPU.
+This module reads them back (:func:`read_status`, the one checked reader of ``status.json``, also the
+render's; a verdict that is absent is "not measured") into the inputs of the one rule
+(:mod:`kvstudy.decision_rule`), and lays out the card: the answer and its main reason, a 16-bit | FP8 |
+change | how-known table, what would change the answer, the per-topic verdicts, and the published usage
+guidance where it holds for this model and GPU.
 
 ``kvstudy verdict PROFILE [--json]`` prints the card the index page shows.
 """
@@ -13,6 +14,7 @@ per-topic verdicts, and the published usage guidance where it holds for this mod
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,6 @@ from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
 from kvstudy.formats import MISSING, finite
 from kvstudy.io import REPO_ROOT, read_json
-from kvstudy.report.decision_guidance import Guidance, evaluate_guidance
 
 # The notebooks in the order the card lists their topics: the topic each states, its report as the card names it.
 TOPICS = {
@@ -45,7 +46,7 @@ class CardLine:
     """One topic of the card: its state, the sentence, and what would settle it."""
 
     topic: str
-    state: str  # one of kvstudy.report.notebook.VERDICT_STATES, or "reported": a finding without a structured verdict
+    state: str  # one of kvstudy.decision_rule.VERDICT_STATES, or "reported": a finding without a structured verdict
     text: str
     report: str  # the notebook stem whose report holds the detail
     next_step: str | None = None
@@ -55,8 +56,6 @@ class CardLine:
 
 @dataclass(frozen=True)
 class Row:
-    """One row of the card's table."""
-
     quantity: str
     baseline: str
     fp8: str
@@ -70,9 +69,7 @@ class Card:
     profile: str
     model: str | None
     headline: str  # the answer and its main reason, at most 30 words
-    answer: str
-    rule: str
-    reason: str
+    decision: rule.Decision
     rows: tuple[Row, ...]
     changes: tuple[str, ...]  # what would change this answer
     missing: tuple[dict[str, str], ...]  # each missing measurement: what, and the command with its cost
@@ -80,6 +77,118 @@ class Card:
     thresholds: dict[str, Any]
     lines: tuple[CardLine, ...]
     guidance: tuple[Guidance, ...]
+
+
+# --------------------------------------------------------------------------- published usage guidance
+# vLLM's FP8 KV-cache update publishes a usage table: hybrid sliding-window models keep those layers
+# 16-bit, head size 256 with prefill priority stays 16-bit, and contexts below a decode break-even stay
+# 16-bit. That break-even was measured on H100 and B200 (Llama-3.1-8B); for any other GPU the card says
+# "not published for this GPU", and on an L4 adds what the vLLM documentation's L4 table suggests,
+# labelled as a suggestion.
+PUBLISHED_BREAK_EVEN_TOKENS = {"H100": 7000, "B200": 4000}
+DOCS_L4_TABLE = "data/published/vllm-docs-l4-qwen3-4b.json"
+DOCS_L4_MODEL = "data/models/Qwen3-4B"
+
+
+@dataclass(frozen=True)
+class Guidance:
+    """One row of the published usage table, evaluated on this model and GPU."""
+
+    scenario: str
+    published: str  # the table's recommendation, restated
+    applies: bool | None  # None: the study cannot tell
+    why: str
+
+
+def docs_l4_crossing(layout: Any, root: Path = REPO_ROOT) -> float | None:
+    """The context from which the vLLM documentation's L4 table (Qwen3-4B, FP8 vs BF16 throughput)
+    suggests FP8 is faster, for a model of ``layout``'s KV bytes per token: the line through the table's
+    two shortest contexts, where it crosses 0 %, scaled by Qwen3-4B's KV bytes per token over this
+    model's (a model with more KV per token reads as much at a shorter context). A suggestion from
+    published figures, not a measured break-even; None when the table or config is unreadable."""
+    from kvstudy.model.capacity import kv_footprint, load_layout
+
+    try:
+        table = read_json(root / DOCS_L4_TABLE)
+        points = sorted((float(r["context_tokens"]), float(r["fp8_throughput_change_pct"])) for r in table["rows"])[:2]
+        (x1, y1), (x2, y2) = points
+        crossing = x1 - y1 * (x2 - x1) / (y2 - y1)
+        ratio = (
+            kv_footprint(load_layout(root / DOCS_L4_MODEL), "auto", 4096).bytes_per_token
+            / kv_footprint(layout, "auto", 4096).bytes_per_token
+        )
+    except (StudyError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    return crossing * ratio if math.isfinite(crossing) and crossing > 0 else None
+
+
+def evaluate_guidance(model: str | None, context_len: int | None, gpu: str | None = None) -> list[Guidance]:
+    """vLLM's published usage table on this model and GPU: which rows apply, and why (or why the study cannot tell)."""
+    from kvstudy.model.capacity import SLIDING, load_layout
+    from kvstudy.model.plan import advised_skip_layers
+
+    try:
+        if not model:
+            raise StudyError("no model named by the profile")
+        layout = load_layout(model)
+    except StudyError as exc:
+        return [Guidance("model layout", "(needs the model's config)", None, str(exc))]
+    out = []
+    sliding = layout.count(SLIDING)
+    windows = ", ".join(f"{w:,}" for w in layout.sliding_windows)
+    hybrid = advised_skip_layers(layout) is not None
+    out.append(
+        Guidance(
+            "hybrid attention (sliding-window and full-attention layers)",
+            "FP8 with the sliding-window layers kept 16-bit (--kv-cache-dtype-skip-layers sliding_window)",
+            hybrid,
+            f"{sliding} of {len(layout.layers)} layers slide (window {windows} tokens); the card counts FP8 this way"
+            if hybrid
+            else f"all {sliding} layers slide (window {windows} tokens): not hybrid, FP8 stores every layer"
+            if sliding
+            else "no sliding-window layers",
+        )
+    )
+    heads = sorted({layer.head_size for layer in layout.layers if layer.head_size})
+    out.append(
+        Guidance(
+            "head size 256, prefill first",
+            "stay 16-bit (FP8 prefill about 1.6x slower at long contexts, measured on H100), or validate",
+            256 in heads,
+            f"head size {', '.join(map(str, heads)) or 'none'}",
+        )
+    )
+    key = (gpu or "").upper().replace(" ", "").replace("-", "")
+    family = next((name for name in PUBLISHED_BREAK_EVEN_TOKENS if key.startswith(name)), None)
+    if family is not None:
+        even = PUBLISHED_BREAK_EVEN_TOKENS[family]
+        out.append(
+            Guidance(
+                f"contexts below the {family} break-even (about {even:,} tokens, Llama-3.1-8B)",
+                "stay 16-bit: FP8's fixed cost per step outweighs the halved KV reads",
+                None if context_len is None else context_len < even,
+                "no context length given"
+                if context_len is None
+                else f"the profile's context is {context_len:,} tokens",
+            )
+        )
+    else:
+        crossing = docs_l4_crossing(layout) if gpu and gpu.upper().startswith("L4") else None
+        suggestion = (
+            f"; the vLLM documentation's L4 throughput table (Qwen3-4B, users not published) suggests FP8 is "
+            f"faster from about {crossing:,.0f} tokens for this model's KV size (a suggestion, not a measurement)"
+            if crossing
+            else ""
+        )
+        out.append(
+            Guidance(
+                "short contexts (below a break-even)",
+                "stay 16-bit below the break-even",
+                None,
+                f"not published for {gpu or 'this GPU'} (only for H100 and B200){suggestion}",
+            )
+        )
+    return out
 
 
 # --------------------------------------------------------------------------- reading the verdicts
@@ -174,8 +283,7 @@ def evidence(lines: list[CardLine]) -> rule.Evidence:
 # --------------------------------------------------------------------------- the table
 
 
-def _int(x: Any) -> str:
-    n = rule.number(x)
+def _int(n: float | None) -> str:
     return MISSING if n is None else f"{n:,.0f}"
 
 
@@ -276,7 +384,7 @@ def _scales_row(scales: rule.Input) -> Row:
         how = "not measured (0 checkpoints read)"
         return Row("KV scales in the checkpoints", MISSING, MISSING, MISSING, how, rule.NOT_MEASURED)
     dropped, logs = scales.num("dropped"), scales.num("logs_checked")
-    text = f"{_int(scales.get('with_scales'))} carry scales; {_int(scales.get('unit_scale'))} run at 1.0"
+    text = f"{_int(scales.num('with_scales'))} carry scales; {_int(scales.num('unit_scale'))} run at 1.0"
     if logs:
         text += f"; {_int(dropped)} of {logs:,.0f} logs dropped"
     return _row(f"KV scales ({n:,.0f} checkpoints)", MISSING, text, MISSING, scales)
@@ -371,21 +479,17 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
     model, gpu = (v if isinstance(v, str) else None for v in (model, gpu))
     guidance = evaluate_guidance(model, int(context) if isinstance(context, int) else None, gpu)
     decision = rule.decide(ev, th)
-    missing = tuple({"what": m.step, "run": _missing_step(m, profile, th, stems)} for m in decision.missing)
     stated = rule.STATED if th.kv_bound is not None else rule.NOT_MEASURED
     kv_bound = rule.Input(stated, "profile's decision: mapping", {"kv_bound": th.kv_bound})
-    inputs = {**asdict(ev), "kv_bound": asdict(kv_bound)}
     return Card(
         profile,
         model,
         _headline(decision, ev),
-        decision.answer,
-        decision.rule,
-        decision.reason,
+        decision,
         tuple(card_rows(ev)),
         tuple(what_would_change(decision, th, guidance)),
-        missing,
-        finite(inputs),
+        tuple({"what": m.step, "run": _missing_step(m, profile, th, stems)} for m in decision.missing),
+        finite({**asdict(ev), "kv_bound": asdict(kv_bound)}),
         th.model_dump(),
         tuple(lines),
         tuple(guidance),
@@ -409,7 +513,11 @@ def card_json(card: Card) -> str:
 
 
 def card_text(card: Card) -> str:
-    out = [card.headline, f"(rule: {card.rule}; profile {card.profile}, model {card.model or 'not named'})", ""]
+    out = [
+        card.headline,
+        f"(rule: {card.decision.rule}; profile {card.profile}, model {card.model or 'not named'})",
+        "",
+    ]
     head = ("", "16-bit", "FP8", "change (interval)", "how known")
     table = [head] + [(r.quantity, r.baseline, r.fp8, r.change, r.how) for r in card.rows]
     widths = [max(len(row[i]) for row in table) for i in range(4)]

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvstudy.decision_rule import VERDICT_STATES
 from kvstudy.formats import MISSING, finite
 from kvstudy.io import REPO_ROOT, file_digest
 from kvstudy.machine import cpu_model, package_versions
@@ -73,15 +74,6 @@ def progress(message: str) -> None:
     print(f"[progress] {message}", flush=True)
 
 
-# What a verdict's state says about how sure the study is (the decision card shows it per topic).
-VERDICT_STATES = {
-    "computed": "computed from the model's config (no run needed)",
-    "measured": "measured, with the interval or test stated",
-    "published": "published figures, restated",
-    "no claim": "measured, but the data cannot support a claim",
-    "simulated": "measured on a simulation of FP8 storage, not on the engine's own FP8 (decides nothing)",
-    "not measured": "not measured here",
-}
 _SHOWN: dict[str, str] = {"verdict": ""}  # the last verdict's sentence: a finding that repeats it is not shown twice
 
 
@@ -89,13 +81,13 @@ def verdict(topic: str, text: str, state: str = "measured", next_step: str | Non
     """Show a structured verdict; the index's decision card (``kvstudy.report.decision``) reads it back.
 
     ``topic``: capacity, speed, accuracy, long-context accuracy, context scaling or scales;
-    ``state``: one of :data:`VERDICT_STATES` (how sure the study is); ``next_step``: what would
+    ``state``: one of :data:`kvstudy.decision_rule.VERDICT_STATES` (how sure the study is); ``next_step``: what would
     settle it; ``facts``: plain values the card uses (``headline``, ``model``, ``context_len``, ...).
     """
     from IPython.display import Markdown, display
 
     if state not in VERDICT_STATES:
-        raise ValueError(f"verdict state {state!r}: expected one of {tuple(VERDICT_STATES)}")
+        raise ValueError(f"verdict state {state!r}: expected one of {VERDICT_STATES}")
     record = {"topic": topic, "text": text, "state": state, "next_step": next_step, "facts": facts}
     shown = f"**Verdict ({topic}, {state}):** {text}" + (f" *Next:* {next_step}" if next_step else "")
     _SHOWN["verdict"] = text
@@ -398,21 +390,14 @@ def utc_stamp(seconds: float | None = None) -> str:
 
 
 def git_commit(root: Path = REPO_ROOT) -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10).stdout
+
     try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True, timeout=10, check=False
-        )
+        commit, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain")
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
-    commit = out.stdout.strip() or "unknown"
-    return commit + ("+local changes" if dirty.stdout.strip() else "")
+    return (commit.strip() or "unknown") + ("+local changes" if dirty.strip() else "")
 
 
 def provenance(data: Sequence[str | Path] = (), **settings: Any) -> Any:

@@ -10,7 +10,7 @@ the index says it failed. One run per profile at a time. Lines a notebook prints
 
 A render killed part way heals on the next one: that one removes the staging folders left behind
 and rebuilds ``status.json`` and the index from the reports on disk
-(``report.index.status_from_reports``). Every file it writes is scrubbed of secrets by shape and of
+(``report.html.status_from_reports``). Every file it writes is scrubbed of secrets by shape and of
 the profile's secret values (``redact.scrub_report``).
 """
 
@@ -39,8 +39,7 @@ from kvstudy.io import REPO_ROOT, read_json, read_text_checked, without_machine_
 from kvstudy.profiles import given_parameters, load_profile, validate_profile
 from kvstudy.redact import REDACTED, redact, scrub_report, scrub_tree, write_json_scrubbed, write_scrubbed
 from kvstudy.report.decision import read_status
-from kvstudy.report.html import render_html
-from kvstudy.report.index import status_from_reports, write_index
+from kvstudy.report.html import render_html, status_from_reports, write_index
 from kvstudy.report.notebook import GIVEN_ENV, utc_stamp
 
 STATUS_FILE = "status.json"
@@ -72,11 +71,9 @@ class ProgressStream:
     says which cell is running (with the time so far) when a cell runs longer than ``every_s``."""
 
     def __init__(self, label: str, out: TextIO | None = None, every_s: float = 15.0) -> None:
-        self.label, self.out, self.pending = label, out or sys.stdout, ""
-        self.every_s, self.started = every_s, time.perf_counter()
+        self.label, self.out, self.pending, self.every_s = label, out or sys.stdout, "", every_s
+        self.started, self.lock, self.stop_event = time.perf_counter(), threading.Lock(), threading.Event()
         self.cell: tuple[int, int, str, float] | None = None  # (number, total, first line, started)
-        self.lock = threading.Lock()
-        self.stop_event = threading.Event()
         self.ticker: threading.Thread | None = None
 
     def write(self, text: str) -> int:
@@ -128,30 +125,20 @@ def _progress_engine() -> str:
     class ProgressEngine(NBClientEngine):
         @classmethod
         def execute_managed_notebook(cls, nb_man: Any, kernel_name: str, **kwargs: Any) -> Any:
-            stream = kwargs.get("stdout_file")
-            if isinstance(stream, ProgressStream):
-                original = nb_man.cell_start
-                code = [i for i, c in enumerate(nb_man.nb.cells) if c.cell_type == "code"]
+            stream: ProgressStream = kwargs["stdout_file"]  # run_notebook's, the one caller of this engine
+            original = nb_man.cell_start
+            code = [i for i, c in enumerate(nb_man.nb.cells) if c.cell_type == "code"]
 
-                def cell_start(cell: Any, cell_index: int | None = None, **kw: Any) -> Any:
-                    if cell_index in code:
-                        stream.cell_started(code.index(cell_index) + 1, len(code), str(cell.source))
-                    return original(cell, cell_index, **kw)
+            def cell_start(cell: Any, cell_index: int | None = None, **kw: Any) -> Any:
+                if cell_index in code:
+                    stream.cell_started(code.index(cell_index) + 1, len(code), str(cell.source))
+                return original(cell, cell_index, **kw)
 
-                nb_man.cell_start = cell_start
+            nb_man.cell_start = cell_start
             return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
 
     papermill_engines.register(PROGRESS_ENGINE, ProgressEngine)
     return PROGRESS_ENGINE
-
-
-def _quiet_kernel_logs(names: Sequence[str] = ("papermill", "traitlets", "jupyter_client", "nbclient")) -> None:
-    """Keep jupyter's kernel chatter (the TCP-without-encryption warning, a dead kernel's "Kernel died
-    while waiting for execute reply") off the terminal: what a notebook run ends with is its status."""
-    import logging
-
-    for name in names:
-        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def run_notebook(
@@ -163,11 +150,15 @@ def run_notebook(
     label: str | None = None,
 ) -> NotebookRun:
     """Execute ``source`` into ``out_dir`` and render its HTML there (also after a failure)."""
+    import logging
     import warnings
 
     import papermill as pm
 
-    _quiet_kernel_logs()
+    # jupyter's kernel chatter (the TCP-without-encryption warning, a dead kernel's "Kernel died while
+    # waiting for execute reply") stays off the terminal: what a notebook run ends with is its status
+    for name in ("papermill", "traitlets", "jupyter_client", "nbclient"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = out_dir / source.name
     start = time.perf_counter()
@@ -199,7 +190,7 @@ def run_notebook(
         else:
             error = f"cell {exc.exec_count}: {exc.ename}: {evalue}"[:500]
     except KeyboardInterrupt:  # Ctrl-C: the CLI says it in one line; the kernel task left pending is
-        _quiet_kernel_logs(("asyncio",))  # no "Task exception was never retrieved" at exit
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # no "Task exception was never retrieved" at exit
         raise
     except Exception as exc:  # a kernel that died, a notebook that cannot be read
         error = without_machine_paths(f"{type(exc).__name__}: {' '.join(str(exc).split())}")[:500]
@@ -226,27 +217,21 @@ def profile_lock(reports_dir: Path, profile: str) -> Iterator[None]:
             f"{path}: cannot be used as the render's lock ({'a symbolic link' if path.is_symlink() else exc.strerror}); "
             f"expected a plain file: remove it and run again"
         ) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise StudyError(f"{path}: not a plain file; expected the render's lock file: remove it and run again")
-    with open(fd, "r+") as handle:
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StudyError(f"{path}: not a plain file; expected the render's lock file: remove it and run again")
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             raise StudyError(
-                f"profile {profile!r} is being rendered by {holder} (lock {path}); "
-                f"wait for it to finish, then run again"
+                f"profile {profile!r} is being rendered by {holder} (lock {path}); wait for it to finish, then run again"
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"process {os.getpid()}")
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()}".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock
 
 
 def _read_status(out_dir: Path, profile: str) -> dict[str, Any]:
@@ -292,22 +277,19 @@ def check_only(only: Sequence[str], profile_data: dict[str, Any], profile: str) 
 def secret_parameter_values(parameters: Any) -> list[str]:
     """The string values ``redact`` would hide in ``parameters`` (by name or by shape), longest first;
     a ``{from_env: NAME}`` reference holds none."""
-    found: set[str] = set()
 
-    def walk(original: Any, hidden: Any) -> None:
-        if isinstance(original, str):
-            if original != hidden and len(original) >= 4:
-                found.add(original)
+    def walk(original: Any, hidden: Any) -> Iterator[str]:
+        if isinstance(original, str) and original != hidden and len(original) >= 4:
+            yield original
         elif isinstance(original, dict):
             for key, value in original.items():
-                walk(value, hidden.get(key) if isinstance(hidden, dict) else REDACTED)
+                yield from walk(value, hidden.get(key) if isinstance(hidden, dict) else REDACTED)
         elif isinstance(original, (list, tuple)):
             same = isinstance(hidden, (list, tuple)) and len(hidden) == len(original)
             for i, value in enumerate(original):
-                walk(value, hidden[i] if same else REDACTED)
+                yield from walk(value, hidden[i] if same else REDACTED)
 
-    walk(parameters, redact(parameters))
-    return sorted(found, key=len, reverse=True)
+    return sorted(set(walk(parameters, redact(parameters))), key=len, reverse=True)
 
 
 def scrub_executed(executed: Path, parameters: dict[str, Any], root: Path = REPO_ROOT) -> None:
@@ -339,33 +321,25 @@ def run_profile(profile: str, root: Path = REPO_ROOT, only: Sequence[str] = ()) 
     profile_data = load_profile(profile, root / "profiles")
     declared = validate_profile(profile_data, root / "notebooks")
     selected = check_only(only, profile_data, profile) if only else list(profile_data["notebooks"])
-    reports_dir = root / "reports"
-    out_dir = reports_dir / profile
-    figures_dir = Path("figures") / profile
-    runs = []
-    began = time.perf_counter()
+    reports_dir, figures_dir = root / "reports", Path("figures") / profile
+    out_dir, staging = reports_dir / profile, reports_dir / STAGING_DIR / profile
+    runs, began = [], time.perf_counter()
     given_by = {stem: given_parameters(profile_data, stem, declared[stem]) for stem in profile_data["notebooks"]}
     secrets = secret_parameter_values(list(given_by.values()))  # none reaches the index or status
     with profile_lock(reports_dir, profile):
         out_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(reports_dir / STAGING_DIR / profile, ignore_errors=True)  # what a killed render left
+        shutil.rmtree(staging, ignore_errors=True)  # what a killed render left
         status = _read_status(out_dir, profile)
-        (reports_dir / STAGING_DIR / profile).mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(dir=reports_dir / STAGING_DIR / profile))
+        staging.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(dir=staging))
         try:
             for number, stem in enumerate(sorted(selected), 1):
                 given = given_by[stem]
                 params = {**given, "profile": profile, "figures_dir": str(figures_dir)}
                 so_far = f", {time.perf_counter() - began:.0f} s so far" if number > 1 else ""
                 print(f"[{profile}] ({number}/{len(selected)}) running {stem}{so_far} ...", flush=True)
-                run = run_notebook(
-                    root / "notebooks" / f"{stem}.ipynb",
-                    stage,
-                    params,
-                    root,
-                    given=sorted(given),
-                    label=f"[{profile}]   {stem}:",
-                )
+                notebook = root / "notebooks" / f"{stem}.ipynb"
+                run = run_notebook(notebook, stage, params, root, sorted(given), f"[{profile}]   {stem}:")
                 scrub_figure_tables(root / figures_dir, secrets)
                 state = f"FAILED ({run.error})" if run.error else "ok"
                 print(f"[{profile}] {stem}: {state} in {run.seconds:.1f} s", flush=True)

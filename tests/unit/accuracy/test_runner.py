@@ -16,7 +16,7 @@ from kvstudy.accuracy import verdicts as vt
 from kvstudy.accuracy.task_specs import GSM8K_FILTERS
 from kvstudy.errors import StudyError
 from kvstudy.io import write_jsonl_atomic
-from kvstudy.report import accuracy as rt
+from kvstudy.report import tables as rt
 
 ROOT = Path(__file__).resolve().parents[3]
 PUBLISHED = ROOT / "data" / "published" / "gsm8k-l4-qwen3-8b.json"

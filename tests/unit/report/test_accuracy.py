@@ -1,4 +1,4 @@
-"""kvstudy.report.accuracy: the column specs render records as the reports show them, and the
+"""kvstudy.report.tables: the column specs render records as the reports show them, and the
 verdict sentences follow the numbers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import verdicts as vt
 from kvstudy.accuracy.runner import ConfigResult
-from kvstudy.report import accuracy as rt
+from kvstudy.report import tables as rt
 from kvstudy.report.tables import Table, render
 from kvstudy.stats import binary as stats
 from kvstudy.stats import binary_power as totals

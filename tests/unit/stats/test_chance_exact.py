@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kvstudy.report.accuracy import chance_sentence
+from kvstudy.report.tables import chance_sentence
 from kvstudy.stats import binary as stats
 
 
