@@ -84,7 +84,7 @@ def clock_under_load(seconds: float, interval_s: float) -> dict[str, Any]:
         "errors": sampler.errors,
         "idle_median_sm_mhz": tm.median_clock(samples, None, idle_end),
         "window_s": window[1] - window[0],
-        "window_samples": tm.samples_in_window(samples, *window),
+        "window_samples": len(tm.window_clocks(samples, *window)),
         "window_median_sm_mhz": tm.median_clock(samples, *window),
         "window_mem_clock_mhz": statistics.median(
             [s.mem_clock_mhz for s in inside if s.mem_clock_mhz is not None] or [0]

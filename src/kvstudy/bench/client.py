@@ -8,7 +8,7 @@ console command would take. The benchmark therefore is vLLM's, not ours: same da
 same request function, same timing.
 
 What the client saves is read by :mod:`kvstudy.bench.result` (the per-request records) and
-summarised by :mod:`kvstudy.bench.metrics` (vLLM's metric definitions).
+summarised there with vLLM's metric definitions.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from kvstudy.errors import StudyError
 from kvstudy.io import check_write_target, log_tail, text_tail
 from kvstudy.machine import vllm_distribution
 from kvstudy.redact import scrub, secret_values
-from kvstudy.vllm.process import die_with_parent
+from kvstudy.vllm.command import OFFLINE_ENV
+from kvstudy.vllm.process import spawn
 
 # The body of `vllm bench serve`, without the console entry point that needs the `vllm` dist.
 BENCH_ENTRY = (
@@ -133,8 +134,7 @@ def run_bench(
         cmd = [python, "-c", BENCH_ENTRY, *settings.cli_args(base_url, model, tokenizer, result_dir, "result.json")]
         run_env = {
             **os.environ,
-            "HF_HUB_OFFLINE": "1",
-            "HF_DATASETS_OFFLINE": "1",
+            **OFFLINE_ENV,
             **client_platform_env(),
             **({"PYTHONUNBUFFERED": "1"} if on_line else {}),
             **(env or {}),
@@ -160,16 +160,7 @@ def _run_streaming(
     """Run the client with its output read line by line: each line scrubbed of secrets (the secret
     values of ``env`` and every secret shape) before it reaches the log, and shown to ``on_line``."""
     values = secret_values(env)
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-        preexec_fn=die_with_parent,
-    )
+    proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
 
     def pump() -> None:
         assert proc.stdout is not None

@@ -4,6 +4,7 @@ bases, a capture's spec, the plan and run, and the notebook helpers."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
@@ -11,13 +12,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 from pydantic import model_validator
 
 from kvstudy import capture as capture_format
-from kvstudy.bench.arm import Arm
-from kvstudy.bench.grid import GridCapture, GridPlan, cells_to_run, read_capture, run_grid, scrubber
-from kvstudy.bench.spec import Cell, CellResult, Run, ServerSpec, Spec, ordered_runs
+from kvstudy.bench.grid import GridCapture, GridPlan, cells_to_run, read_capture, run_grid
+from kvstudy.bench.spec import Arm, Cell, CellResult, Run, ServerSpec, Spec, ordered_runs
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_GRID_CELLS
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
+from kvstudy.redact import resolve_env, scrub, secret_values
 from kvstudy.vllm.command import ServerConfig
 
 if TYPE_CHECKING:
@@ -62,7 +63,14 @@ class GridSpec(Spec):
         raise StudyError(f"{self.ARMS}: {name!r} is not one of {[a.name for a in self.arm_list()]}")
 
     def scrub(self) -> Callable[[str], str]:
-        return scrubber([self.server_env, *(a.env for a in self.arm_list())])
+        """Text with secrets removed: by shape, and every secret value this process or the grid's
+        environments hold."""
+        values = set(secret_values())
+        for env in [self.server_env, *(a.env for a in self.arm_list())]:
+            with suppress(StudyError):  # a from_env variable that is not set holds no value to scrub
+                values |= set(secret_values(resolve_env(dict(env))))
+        ordered = sorted(values, key=len, reverse=True)
+        return lambda text: scrub(text, ordered)
 
     def identity(self, cell: Cell) -> dict[str, Any]:
         """The fields naming ``cell`` in its result record, under this experiment's keys."""

@@ -10,39 +10,26 @@ the log tail, and the other starts go on. Per-request rows live in ``requests/<c
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import nullcontext, suppress
-from dataclasses import asdict, dataclass, field
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from kvstudy import capture as capture_format
 from kvstudy import io as atomic
 from kvstudy.bench import client
 from kvstudy.bench.result import RequestRecord, read_requests_jsonl, requests_from_result
-from kvstudy.bench.spec import Run
-from kvstudy.bench.telemetry import WINDOW_END, ClockSample, Sampler, TelemetrySampler, read_telemetry_jsonl
+from kvstudy.bench.spec import Cell, Run
+from kvstudy.bench.telemetry import ClockSample, Sampler, read_telemetry_jsonl
 from kvstudy.errors import StudyError
 from kvstudy.io import log_tail, read_json_object
 from kvstudy.progress import Progress, Tracker
-from kvstudy.redact import resolve_env, scrub, secret_values
 
-
-class GridCell(Protocol):
-    """A cell of a grid: anything with a file-safe ``id`` and the server start (``run``) it runs in."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def run(self) -> Run: ...
-
-
-C = TypeVar("C", bound=GridCell)
 R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class GridPlan(Generic[C, R]):
+class GridPlan(Generic[R]):
     """What an experiment supplies; everything else is the engine's.
 
     ``runs`` are the server starts in order and ``cells`` every cell, in the order the starts run
@@ -55,14 +42,14 @@ class GridPlan(Generic[C, R]):
     """
 
     runs: Sequence[Run]
-    cells: Sequence[C]
+    cells: Sequence[Cell]
     server_config: Callable[[Run], Any]
     ready_timeout_s: float
-    run_cell: Callable[[C, Any], R]
-    failed_cell: Callable[[C, str, str, bool], R]
+    run_cell: Callable[[Cell, Any], R]
+    failed_cell: Callable[[Cell, str, str, bool], R]
     record: Callable[[R], dict[str, Any]]
-    run_fields: Callable[[Run, Sequence[C]], dict[str, Any]] = lambda run, cells: {}
-    scrub: Callable[[str], str] = field(default=lambda text: text)
+    run_fields: Callable[[Run, Sequence[Cell]], dict[str, Any]] = lambda run, cells: {}
+    scrub: Callable[[str], str] = lambda text: text
 
 
 # --------------------------------------------------------------------------- files
@@ -96,7 +83,7 @@ def cell_status(capture: str | Path, cell_id: str) -> str:
     return "missing" if data is None else str(data.get("status", "missing"))
 
 
-def cells_to_run(capture: str | Path, cells: Iterable[C], retry_failed: bool = False) -> list[C]:
+def cells_to_run(capture: str | Path, cells: Iterable[Cell], retry_failed: bool = False) -> list[Cell]:
     """The cells without a result, and the failed ones only with ``retry_failed``: the one done rule."""
     return [c for c in cells if capture_format.needs_run(cell_status(capture, c.id), retry_failed)]
 
@@ -132,9 +119,8 @@ def bench_cell(
     on_line: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Any], list[RequestRecord]]:
     """One cell's run of vLLM's client against ``server``, its output in ``logs/<cell>.bench.log``
-    (BenchError when it fails), ``sampler`` running meanwhile: a TelemetrySampler takes the closing
-    edge sample as the client exits, and the samples are kept either way (``telemetry/<cell>.jsonl``,
-    vLLM's /metrics in ``telemetry/<cell>.metrics.jsonl``). The result is kept in ``bench/<cell>.json``
+    (BenchError when it fails), ``sampler`` running meanwhile (``mark_end()`` as the client exits; its
+    samples kept either way in ``telemetry/<cell><suffix>.jsonl``). The result is kept in ``bench/<cell>.json``
     and its per-request records in ``requests/<cell>.jsonl``."""
     log = capture / LOGS / f"{cell_id}.bench.log"
     try:
@@ -142,12 +128,11 @@ def bench_cell(
             result = client.run_bench(
                 settings, server.base_url, server.model_name, tokenizer, log, timeout_s, on_line=on_line
             )
-            if isinstance(sampler, TelemetrySampler):
-                sampler.mark(WINDOW_END)
+            if sampler is not None:
+                sampler.mark_end()
     finally:
         if sampler is not None:
-            name = cell_id if isinstance(sampler, TelemetrySampler) else f"{cell_id}.metrics"
-            atomic.write_jsonl_atomic(capture / "telemetry" / f"{name}.jsonl", sampler.samples)
+            atomic.write_jsonl_atomic(capture / "telemetry" / f"{cell_id}{sampler.suffix}.jsonl", sampler.samples)
     write_record(capture / "bench" / f"{cell_id}.json", result)
     records = requests_from_result(result, where=f"bench/{cell_id}.json")
     write_requests(capture, cell_id, records)
@@ -159,25 +144,18 @@ def update_manifest(capture: Path, manifest: dict[str, Any], cell_ids: Iterable[
     capture_format.write_manifest(capture, manifest)
 
 
-def scrubber(envs: Iterable[Mapping[str, Any]]) -> Callable[[str], str]:
-    """Text with secrets removed: by shape, and every secret value this process or ``envs`` holds."""
-    values: set[str] = set(secret_values())
-    for env in envs:
-        with suppress(StudyError):  # a from_env variable that is not set holds no value to scrub
-            values |= set(secret_values(resolve_env(dict(env))))
-    ordered = sorted(values, key=len, reverse=True)
-    return lambda text: scrub(text, ordered)
-
-
 # --------------------------------------------------------------------------- reading a capture
 
 
 @dataclass(frozen=True)
 class Captured:
-    """One record file of a capture (``runs/<run>.json``, ``cells/<cell>.json``): its id and contents."""
+    """One record file of a capture (``runs/<run>.json``, ``cells/<cell>.json``): its id and contents,
+    and a cell's per-request records (``requests/<cell>.jsonl``) and clock samples."""
 
     id: str
     data: Mapping[str, Any]
+    requests: tuple[RequestRecord, ...] = ()
+    telemetry: tuple[ClockSample, ...] = ()
 
     @property
     def status(self) -> str:
@@ -193,21 +171,13 @@ class Captured:
 
 
 @dataclass(frozen=True)
-class CapturedCell(Captured):
-    """A cell's record with its per-request records (``requests/<cell>.jsonl``) and clock samples."""
-
-    requests: tuple[RequestRecord, ...] = ()
-    telemetry: tuple[ClockSample, ...] = ()
-
-
-@dataclass(frozen=True)
 class GridCapture:
     """A grid capture read once: its manifest, cells (by id, in file order), server starts, and the
     fields every cell record holds (``keys``: what names a cell in the experiment's grid)."""
 
     path: Path
     manifest: Mapping[str, Any]
-    cells: Mapping[str, CapturedCell]
+    cells: Mapping[str, Captured]
     runs: Mapping[str, Captured]
     keys: tuple[str, ...] = ()
 
@@ -240,7 +210,7 @@ def read_capture(path: str | Path, kind: str | None = None, keys: Sequence[str] 
     cell record is a cell not run, anything else the engine does not write is one line naming it."""
     path = Path(path)
     manifest = capture_format.read_manifest(path, kind)
-    cells: dict[str, CapturedCell] = {}
+    cells: dict[str, Captured] = {}
     for file in sorted((path / CELLS).glob("*.json")):
         data = cell_record(path, file.stem)
         if data is None:
@@ -258,7 +228,7 @@ def read_capture(path: str | Path, kind: str | None = None, keys: Sequence[str] 
             raise StudyError(f"{requests_path(path, file.stem)}: missing (an ok cell keeps its per-request rows there)")
         samples = path / "telemetry" / f"{file.stem}.jsonl"
         telemetry = tuple(read_telemetry_jsonl(samples)) if samples.is_file() else ()
-        cells[file.stem] = CapturedCell(file.stem, data, tuple(requests or ()), telemetry)
+        cells[file.stem] = Captured(file.stem, data, tuple(requests or ()), telemetry)
     runs = {p.stem: Captured(p.stem, read_json_object(p)) for p in sorted((path / RUNS).glob("*.json"))}
     return GridCapture(path, manifest, cells, runs, tuple(keys))
 
@@ -267,13 +237,13 @@ def read_capture(path: str | Path, kind: str | None = None, keys: Sequence[str] 
 
 
 def run_grid(
-    plan: GridPlan[C, R],
+    plan: GridPlan[R],
     capture: str | Path,
     manifest: dict[str, Any],
     *,
     retry_failed: bool = False,
     progress: Progress = print,
-    on_cell_start: Callable[[C, Any], None] | None = None,
+    on_cell_start: Callable[[Cell, Any], None] | None = None,
     max_servers: int | None = None,
     before_first_start: Callable[[], None] | None = None,
 ) -> list[R]:
@@ -296,6 +266,16 @@ def run_grid(
     results: list[R] = []
     tracker = Tracker(len(todo), progress)
     starts = 0
+
+    def keep(cell: Cell, result: R, said: str = "") -> None:
+        record = plan.record(result)
+        write_record(capture / CELLS / f"{cell.id}.json", record)
+        results.append(result)
+        ran.add(cell.id)
+        update_manifest(capture, manifest, every)
+        status, why = record["status"], str(record.get("reason") or "")
+        tracker.finished(cell.id, said or ("ok" if status == "ok" else f"{status}: {why[:160]}"))
+
     try:
         for run in plan.runs:
             cells = [c for c in plan.cells if c.run == run and c.id in todo]
@@ -321,35 +301,23 @@ def run_grid(
                         if on_cell_start is not None:
                             on_cell_start(cell, server)
                         capture_format.keep_old_attempt(capture / LOGS / f"{cell.id}.bench.log")
-                        result = _run_one(plan, cell, server, log_path)
-                        record = plan.record(result)
-                        write_record(capture / CELLS / f"{cell.id}.json", record)
-                        results.append(result)
-                        ran.add(cell.id)
-                        update_manifest(capture, manifest, every)
-                        status, why = record["status"], str(record.get("reason") or "")
-                        tracker.finished(cell.id, "ok" if status == "ok" else f"{status}: {why[:160]}")
+                        keep(cell, _run_one(plan, cell, server, log_path))
             except EngineStartError as exc:
                 reason = " ".join(str(exc.args[0]).split())
                 tail = plan.scrub(getattr(exc, "log_tail", "") or "")
                 tracker.note(f"{run.id}: the server did not start: {reason[:200]}")
                 failed_run = {"status": "failed", **fields, "reason": plan.scrub(reason), "log_tail": tail}
                 write_record(capture / RUNS / f"{run.id}.json", failed_run)
-                for cell in cells:
-                    if cell.id in ran:
-                        continue
+                for cell in [c for c in cells if c.id not in ran]:
                     result = plan.failed_cell(cell, f"server did not start: {reason}", tail, True)
-                    write_record(capture / CELLS / f"{cell.id}.json", plan.record(result))
-                    results.append(result)
-                    tracker.finished(cell.id, f"failed: the server of {run.id} did not start")
-                update_manifest(capture, manifest, every)
+                    keep(cell, result, f"failed: the server of {run.id} did not start")
     finally:
         capture_format.finish_session(session)
         update_manifest(capture, manifest, every)
     return results
 
 
-def _run_one(plan: GridPlan[C, R], cell: C, server: Any, log_path: Path) -> R:
+def _run_one(plan: GridPlan[R], cell: Cell, server: Any, log_path: Path) -> R:
     if not server.is_alive():
         return plan.failed_cell(cell, "the server had stopped before this cell started", log_tail(log_path), False)
     try:

@@ -17,7 +17,6 @@ returns no prompt log-probabilities, a field of the wrong kind.
 from __future__ import annotations
 
 import json
-import math
 import re
 import threading
 import time
@@ -25,8 +24,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
 from kvstudy.io import bounded_int, get_field, parse_json_text, type_name
 from kvstudy.limits import MAX_RESPONSE_BYTES, MAX_TOKENS
@@ -72,18 +74,11 @@ def _answer_bytes(url: str, path: str, body: dict[str, Any] | None, timeout: flo
     def work() -> None:
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
-                chunks: list[bytes] = []
-                size = 0
-                while time.monotonic() < deadline:
-                    chunk = resp.read(1 << 16)
-                    if not chunk:
-                        result["data"] = b"".join(chunks)
-                        return
-                    size += len(chunk)
-                    if size > MAX_RESPONSE_BYTES:
-                        result["error"] = f"answered more than {MAX_RESPONSE_BYTES:,} bytes"
-                        return
-                    chunks.append(chunk)
+                data = resp.read(MAX_RESPONSE_BYTES + 1)
+            if len(data) > MAX_RESPONSE_BYTES:
+                result["error"] = f"answered more than {MAX_RESPONSE_BYTES:,} bytes"
+            else:
+                result["data"] = data
         except urllib.error.HTTPError as exc:
             result["http"] = (exc.code, exc.read(1 << 16).decode("utf-8", errors="replace"))
         except Exception as exc:  # noqa: BLE001 (any failure of the exchange is reported in one line below)
@@ -170,53 +165,52 @@ def reference_span(tokens: Sequence[str], continuation: str) -> int:
     return index
 
 
-def _number(value: Any, where: str) -> float:
-    """A finite log-probability (vLLM sends -inf as -9999.0)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value > 1e-3:
-        raise StudyError(f"{where}: expected a log-probability (a finite number <= 0), got {type_name(value)}")
-    return float(value)
+LogP = Annotated[float, Field(le=1e-3)]  # a log-probability (vLLM sends -inf as -9999.0)
+TokenId = Annotated[str, Field(pattern=r"^\d{1,12}$")]  # prompt_logprobs' keys: token ids as text
 
 
-def _top_k(entry: Any, where: str) -> dict[int, float]:
-    """One position of vLLM's ``prompt_logprobs``: {token id: {logprob, ...}} as {id: log p}."""
-    if not isinstance(entry, dict) or not entry:
-        raise StudyError(f"{where}: expected an object of token ids to log-probabilities, got {type_name(entry)}")
-    out: dict[int, float] = {}
-    for key, value in entry.items():
-        if not (isinstance(key, str) and key.isdigit() and len(key) <= 12):
-            raise StudyError(f"{where}: token id {str(key)[:20]!r}: expected a whole number")
-        logprob = value.get("logprob") if isinstance(value, dict) else None
-        out[int(key)] = _number(logprob, f"{where} token {key} logprob")
-    return out
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+
+
+class _Logprob(_Strict):
+    logprob: LogP
+
+
+class _Logprobs(_Strict):
+    tokens: list[str] = Field(min_length=1)
+    token_logprobs: list[LogP | None]
+
+
+class _Choice(_Strict):  # prompt_logprobs: per position null or {token id: {logprob, ...}}
+    logprobs: _Logprobs
+    prompt_logprobs: list[Annotated[dict[TokenId, _Logprob], Field(min_length=1)] | None]
 
 
 def parse_scores(
     reply: dict[str, Any], where: str
 ) -> tuple[list[str], list[float | None], list[dict[int, float] | None]]:
-    """The echoed tokens, their log p and each position's top-k from a completions answer, every
-    field checked (one line naming the field otherwise)."""
+    """The echoed tokens, their log p and each position's top-k ({token id: log p}) from a completions
+    answer, every field checked (one line naming the field otherwise)."""
     choices = get_field(reply, "choices", list, where)
     if not choices or not isinstance(choices[0], dict):
         raise StudyError(f"{where}: choices: expected a list holding a choice object")
-    logprobs = choices[0].get("logprobs")
-    tops = choices[0].get("prompt_logprobs")
-    if not isinstance(logprobs, dict) or not isinstance(tops, list):
+    if not isinstance(choices[0].get("logprobs"), dict) or not isinstance(choices[0].get("prompt_logprobs"), list):
         raise StudyError(
             f"{where}: returned no prompt log-probabilities (echo with logprobs, and vLLM's prompt_logprobs); "
             "this screen needs them"
         )
-    tokens = get_field(logprobs, "tokens", list, where + " logprobs")
-    values = get_field(logprobs, "token_logprobs", list, where + " logprobs")
-    if not tokens or not all(isinstance(t, str) for t in tokens):
-        raise StudyError(f"{where}: logprobs.tokens: expected a non-empty list of token strings")
+    try:
+        choice = _Choice.model_validate(choices[0])
+    except ValidationError as exc:
+        raise StudyError(f"{where}: {one_line(exc)}") from None
+    tokens, values, tops = choice.logprobs.tokens, choice.logprobs.token_logprobs, choice.prompt_logprobs
     if len(values) != len(tokens) or len(tops) != len(tokens):
         raise StudyError(
             f"{where}: {len(tokens)} tokens but {len(values)} token_logprobs and {len(tops)} prompt_logprobs; "
             "expected one of each per token"
         )
-    logp = [None if v is None else _number(v, f"{where} token_logprobs[{i}]") for i, v in enumerate(values)]
-    top = [None if t is None else _top_k(t, f"{where} prompt_logprobs[{i}]") for i, t in enumerate(tops)]
-    return list(tokens), logp, top
+    return tokens, values, [None if t is None else {int(k): v.logprob for k, v in t.items()} for t in tops]
 
 
 def _body(server: Server, text: str, top_k: int) -> dict[str, Any]:

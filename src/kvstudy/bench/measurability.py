@@ -82,17 +82,11 @@ def per_request_e2e_per_token_s(records: Sequence[RequestRecord]) -> np.ndarray:
 
 def _gap_figures(records: Sequence[RequestRecord]) -> tuple[float | None, float | None]:
     """(share of near-zero gaps, chunks per output token) over successful requests."""
-    gaps: list[float] = []
-    chunks = 0
-    tokens = 0
-    for r in records:
-        if not r.success or r.output_len <= 0:
-            continue
-        gaps.extend(g / 1e3 for g in r.itls_ms)
-        chunks += len(r.itls_ms) + 1
-        tokens += r.output_len
-    share = (sum(1 for g in gaps if g < NEAR_ZERO_GAP_S) / len(gaps)) if gaps else None
-    return share, (chunks / tokens if tokens else None)
+    ok = [r for r in records if r.success and r.output_len > 0]
+    gaps = [g / 1e3 for r in ok for g in r.itls_ms]
+    tokens = sum(r.output_len for r in ok)
+    share = sum(g < NEAR_ZERO_GAP_S for g in gaps) / len(gaps) if gaps else None
+    return share, (sum(len(r.itls_ms) + 1 for r in ok) / tokens if tokens else None)
 
 
 def assess_run(
@@ -111,9 +105,8 @@ def assess_run(
     failed = sum(not r.success for r in records)
     tpot_requests = int(per_request_tpot_s(records).size)
     share, chunks_per_token = _gap_figures(records)
-    short = 0
-    if expected_output_len is not None:
-        short = sum(r.success and r.output_len < expected_output_len for r in records)
+    expected = expected_output_len
+    short = 0 if expected is None else sum(r.success and r.output_len < expected for r in records)
 
     if n == 0:
         reasons.append("no requests")

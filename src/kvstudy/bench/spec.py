@@ -1,4 +1,5 @@
-"""The declared specs of the grid experiments, and the grid types the users grids share.
+"""The declared specs of the grid experiments, the one arm type of every A/B, and the grid types the
+users grids share.
 
 Each experiment's spec (``speed.spec.SweepSpec``, ``context.spec.ContextSweepSpec``,
 ``load.spec.LoadSpec``) is a :class:`Spec`: a pydantic model in strict mode, one declaration per
@@ -20,9 +21,10 @@ from pydantic_core import ErrorDetails
 
 from kvstudy.errors import StudyError
 from kvstudy.io import type_name
-from kvstudy.limits import MAX_AXIS_VALUES, Seconds, Seed
+from kvstudy.limits import MAX_ARMS, MAX_AXIS_VALUES, Seconds, Seed
 from kvstudy.redact import redact
 from kvstudy.vllm.arguments import check_server_args, check_server_env
+from kvstudy.vllm.facts import CACHE_DTYPES
 
 T = TypeVar("T")
 
@@ -135,6 +137,36 @@ class ServerSpec(Spec):
     ready_timeout_s: Seconds = Field(900.0, description="seconds a server may take to become ready")
     bench_timeout_s: Seconds = Field(1800.0, description="seconds one cell's benchmark client may take")
     run_order: RunOrder = Field("abba", description='"abba" (arms alternate over seeds) or "grouped"')
+
+
+def _cache_dtype(value: str) -> str:
+    if value not in CACHE_DTYPES:
+        raise ValueError(f"unknown kv_cache_dtype {value!r}, expected one of {', '.join(CACHE_DTYPES)}")
+    return value
+
+
+class Arm(Spec):
+    """One KV arm of every experiment's A/B (the speed sweep's ``configurations``, the context and load
+    sweeps' ``arms``: the notebooks' parameter names): its name, the KV dtype, and the attention
+    backend, environment and server flags it sets on top of what the whole grid sets."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9._-]+$", max_length=100, description="file-safe name: letters, digits, - _ ."
+    )
+    kv_cache_dtype: Annotated[str, AfterValidator(_cache_dtype)] = Field("auto", description="vLLM's --kv-cache-dtype")
+    attention_backend: str | None = Field(None, pattern=r"^[A-Za-z0-9_]+$", description="None: vLLM's choice")
+    env: Env = Field(default_factory=dict, description="server environment on top of the grid's")
+    extra_args: ExtraArgs = Field(default_factory=list, description="server flags on top of the grid's")
+
+
+def _distinct_names(arms: list[Arm]) -> list[Arm]:
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        raise ValueError(f"names repeat: {names}, expected each once")
+    return arms
+
+
+Arms = Annotated[list[Arm], Field(min_length=1, max_length=MAX_ARMS), AfterValidator(_distinct_names)]
 
 
 # --------------------------------------------------------------------------- the users grids' cells

@@ -166,14 +166,8 @@ class NvmlReader:
 
 def default_reader(gpu_index: int = 0) -> Reader:
     """NVML when an NVIDIA GPU answers, the CPU otherwise."""
-    with suppress(Exception):  # no driver, no library, no device: fall back to the CPU
-        import pynvml
-
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-        if count > gpu_index:
-            return NvmlReader(gpu_index)
+    with suppress(Exception):  # no driver, no library, no such device: fall back to the CPU
+        return NvmlReader(gpu_index)
     return CpuReader()
 
 
@@ -183,7 +177,10 @@ WINDOW_END = "window_end"
 
 class Sampler(Generic[S]):
     """A background thread that calls ``read()`` every ``interval_s`` seconds and keeps what it
-    answers (None: nothing to keep). ``with Sampler(read) as sampler: ...`` then ``sampler.samples``."""
+    answers (None: nothing to keep). ``with Sampler(read) as sampler: ...`` then ``sampler.samples``,
+    kept in ``telemetry/<cell><suffix>.jsonl``."""
+
+    suffix = ""
 
     def __init__(self, read: Callable[[], S | None], interval_s: float) -> None:
         self.read = read
@@ -220,6 +217,9 @@ class Sampler(Generic[S]):
             self._thread.join(timeout=5 * self.interval_s + 5)
         return self.samples
 
+    def mark_end(self) -> None:
+        """Called as the bench client exits (a clock sampler takes its closing edge sample)."""
+
     def __enter__(self) -> Self:
         return self.start()
 
@@ -241,6 +241,9 @@ class TelemetrySampler(Sampler[ClockSample]):
             sample.mark = label
             self.samples.append(sample)
 
+    def mark_end(self) -> None:
+        self.mark(WINDOW_END)
+
     def window(self) -> tuple[float, float] | None:
         """(start, end) monotonic seconds of the last pair of edge samples, None when not both taken."""
         starts = [s.t_mono_s for s in self.samples if s.mark == WINDOW_START]
@@ -252,23 +255,24 @@ def read_telemetry_jsonl(path: Path) -> list[ClockSample]:
     return read_jsonl(path, lambda row: ClockSample(**row), "a telemetry sample")
 
 
-def median_clock(
+def window_clocks(
     samples: Sequence[ClockSample], start_s: float | None = None, end_s: float | None = None
-) -> float | None:
-    """Median ``clock_mhz`` of the samples inside [start_s, end_s] (monotonic seconds)."""
-    values = [
+) -> list[float]:
+    """The ``clock_mhz`` readings of the samples inside [start_s, end_s] (monotonic seconds; None: open)."""
+    return [
         s.clock_mhz
         for s in samples
         if s.clock_mhz is not None
         and (start_s is None or s.t_mono_s >= start_s)
         and (end_s is None or s.t_mono_s <= end_s)
     ]
+
+
+def median_clock(
+    samples: Sequence[ClockSample], start_s: float | None = None, end_s: float | None = None
+) -> float | None:
+    values = window_clocks(samples, start_s, end_s)
     return statistics.median(values) if values else None
-
-
-def samples_in_window(samples: Sequence[ClockSample], start_s: float, end_s: float) -> int:
-    """How many samples with a clock reading lie inside [start_s, end_s] (monotonic seconds)."""
-    return sum(1 for s in samples if s.clock_mhz is not None and start_s <= s.t_mono_s <= end_s)
 
 
 # --------------------------------------------------------------------------- vLLM's /metrics
@@ -290,17 +294,10 @@ def parse_server_metrics(text: str) -> dict[str, float]:
     """The :data:`SERVER_METRICS` found in Prometheus text, summed over label sets (absent ones left out)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name not in SERVER_METRICS:
-            continue
-        try:
-            value = float(line.rsplit(" ", 1)[1])
-        except (IndexError, ValueError):
-            continue
-        key = SERVER_METRICS[name]
-        out[key] = out.get(key, 0.0) + value
+        key = SERVER_METRICS.get(line.split("{", 1)[0].split(" ", 1)[0])  # comments and other names: None
+        with suppress(IndexError, ValueError):
+            if key is not None:
+                out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -332,6 +329,8 @@ class ServerMetricsSampler(Sampler[dict[str, float]]):
     """vLLM's /metrics read in the background while a cell runs: running and waiting requests, KV
     cache usage, preemptions (:data:`SERVER_METRICS`), each row stamped with ``time.perf_counter()``
     (the client's clock)."""
+
+    suffix = ".metrics"
 
     def __init__(self, base_url: str, interval_s: float = 0.5, timeout_s: float = 2.0) -> None:
         def read() -> dict[str, float] | None:

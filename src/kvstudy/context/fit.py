@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvstudy.bench.grid import CapturedCell
+from kvstudy.bench.grid import Captured
 from kvstudy.bench.measurability import assess_run
 from kvstudy.errors import StudyError
 from kvstudy.stats.bootstrap import bootstrap_line, ols, percentile_interval
@@ -153,7 +153,7 @@ class CellCheck:
     near_zero_gap_share: float | None
 
 
-def check_cell(cell: CapturedCell) -> CellCheck:
+def check_cell(cell: Captured) -> CellCheck:
     """A cell is measurable when it ran and its requests pass the bench layer's measurability check
     (nothing failed, every output had the asked length, the tokens were not delivered in bursts)."""
     if not cell.ok:
@@ -162,7 +162,7 @@ def check_cell(cell: CapturedCell) -> CellCheck:
     return CellCheck(cell.id, m.measurable, "; ".join(m.reasons), m.near_zero_gap_share)
 
 
-def cells_from_records(records: Iterable[CapturedCell]) -> tuple[dict[str, Runs], list[CellCheck]]:
+def cells_from_records(records: Iterable[Captured]) -> tuple[dict[str, Runs], list[CellCheck]]:
     """The finite TPOTs of the measurable captured cells by arm and run, and the check of every cell."""
     arms: dict[str, Runs] = {}
     checks: list[CellCheck] = []

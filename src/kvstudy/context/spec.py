@@ -10,10 +10,9 @@ from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
-from kvstudy.bench.arm import Arm, Arms
 from kvstudy.bench.client import BenchSettings
 from kvstudy.bench.experiment import GridSpec
-from kvstudy.bench.spec import Axis, Cell, Env, Run, Seeds, ordered_runs
+from kvstudy.bench.spec import Arm, Arms, Axis, Cell, Env, Run, Seeds, ordered_runs
 from kvstudy.errors import StudyError
 from kvstudy.limits import Blocks, Bytes, Gib, Requests, Seconds, Tokens, Warmups
 from kvstudy.model.capacity import load_layout

@@ -108,7 +108,7 @@ def _run_cell(spec: ContextSweepSpec, capture: Path, cell: Cell, server: Any) ->
     return record(status, reason=reason, duration_s=result.get("duration"))
 
 
-def context_plan(spec: ContextSweepSpec, capture: Path) -> grid.GridPlan[Cell, dict[str, Any]]:
+def context_plan(spec: ContextSweepSpec, capture: Path) -> grid.GridPlan[dict[str, Any]]:
     """The context sweep as a grid: arms x seeds in ``spec.runs()`` order, the input lengths per start."""
     return grid.GridPlan(
         runs=spec.runs(),
@@ -181,7 +181,7 @@ class ContextAnalysis:
 
     capture: str
     spec: ContextSweepSpec
-    records: tuple[grid.CapturedCell, ...]  # the spec's cells that ran, in its order
+    records: tuple[grid.Captured, ...]  # the spec's cells that ran, in its order
     checks: tuple[fit.CellCheck, ...]
     fits: dict[str, fit.LineFit]
     comparisons: tuple[fit.ArmComparison, ...]

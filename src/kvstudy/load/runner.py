@@ -17,7 +17,7 @@ from typing import Any
 from kvstudy.bench import experiment
 from kvstudy.bench.client import BenchError
 from kvstudy.bench.grid import bench_cell, cells_to_run
-from kvstudy.bench.metrics import calculate_metrics, metrics_reported_by_vllm
+from kvstudy.bench.result import calculate_metrics, metrics_reported_by_vllm
 from kvstudy.bench.spec import Cell, Run
 from kvstudy.bench.telemetry import ServerMetricsSampler, scrape_server_metrics
 from kvstudy.capture import now_utc

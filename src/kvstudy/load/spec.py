@@ -17,10 +17,9 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
-from kvstudy.bench.arm import Arms
 from kvstudy.bench.client import BenchSettings
 from kvstudy.bench.experiment import UsersSpec
-from kvstudy.bench.spec import Axis, Cell, CellResult, Run, Seeds
+from kvstudy.bench.spec import Arms, Axis, Cell, CellResult, Run, Seeds
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
 from kvstudy.limits import Bytes, Milliseconds, Number, Requests, Tokens, Users, Warmups

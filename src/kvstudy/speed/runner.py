@@ -30,16 +30,15 @@ from typing import Any
 from kvstudy.bench import experiment
 from kvstudy.bench.client import MEASURED_RUN_MARKER, BenchError
 from kvstudy.bench.grid import bench_cell
-from kvstudy.bench.metrics import calculate_metrics, metrics_reported_by_vllm
-from kvstudy.bench.result import RequestRecord
+from kvstudy.bench.result import RequestRecord, calculate_metrics, metrics_reported_by_vllm
 from kvstudy.bench.spec import RUN_ORDERS, Cell, Run
 from kvstudy.bench.telemetry import (
     WINDOW_START,
     TelemetrySampler,
     default_reader,
     median_clock,
-    samples_in_window,
     scrape_server_metrics,
+    window_clocks,
 )
 from kvstudy.capture import now_utc
 from kvstudy.io import log_tail
@@ -117,7 +116,7 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
         started_utc=started,
         seconds=time.perf_counter() - t0,
         clock_window_s=clock_window,
-        clock_samples_in_window=samples_in_window(sampler.samples, *clock_window) if clock_window else 0,
+        clock_samples_in_window=len(window_clocks(sampler.samples, *clock_window)) if clock_window else 0,
         server_metrics_before=before,
         server_metrics_after=scrape_server_metrics(server.base_url) if spec.scrape_metrics else None,
     )

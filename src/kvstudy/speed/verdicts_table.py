@@ -12,8 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-from kvstudy.bench.arm import Arm
 from kvstudy.bench.measurability import assess_run
+from kvstudy.bench.spec import Arm
 from kvstudy.bench.telemetry import metrics_delta
 from kvstudy.capture import model_config
 from kvstudy.errors import StudyError

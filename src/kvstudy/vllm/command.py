@@ -35,6 +35,10 @@ OFFLINE_ENV = {
 RECORDED_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "PYTORCH_")
 
 
+# ServerConfig's fields that are not the vLLM option of their name (``--max-model-len`` for max_model_len).
+NOT_FLAGS = ("cpu_kvcache_space_gib", "enforce_eager", "env", "extra_args")
+
+
 @dataclass
 class ServerConfig:
     """One server start: the model folder and every flag the study varies or pins."""
@@ -81,20 +85,14 @@ def build_command(
     """The server's command line for ``config``."""
     model = str(Path(config.model).resolve()) if Path(config.model).exists() else config.model
     backend = None if backend_uses_env_var(vllm_version) else config.attention_backend or None
-    options: list[tuple[str, Any]] = [
-        ("--model", model),
-        ("--kv-cache-dtype", config.kv_cache_dtype),
-        ("--attention-backend", backend),
-        ("--num-gpu-blocks-override", config.num_gpu_blocks_override),
-        ("--kv-cache-memory-bytes", config.kv_cache_memory_bytes),
-        ("--max-model-len", config.max_model_len),
-        ("--gpu-memory-utilization", config.gpu_memory_utilization),
-        ("--seed", config.seed),
-        ("--quantization", config.quantization),
-        ("--served-model-name", config.served_model_name),
-    ]
+    flags = {**vars(config), "model": model, "attention_backend": backend}
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server"]
-    cmd += [item for flag, value in options if value is not None for item in (flag, str(value))]
+    cmd += [
+        x
+        for k, v in flags.items()
+        if k not in NOT_FLAGS and v is not None
+        for x in (f"--{k.replace('_', '-')}", str(v))
+    ]
     if config.enforce_eager:
         cmd.append("--enforce-eager")
     # the project's own --host and --port last: vLLM's parser keeps the last value of an option

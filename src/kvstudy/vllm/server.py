@@ -46,8 +46,8 @@ from kvstudy.vllm.facts import API_KEY_ENV
 from kvstudy.vllm.process import (
     PID_FILE_SUFFIX,
     STOP_GRACE_S,
-    die_with_parent,
     reap_pid_file,
+    spawn,
     stop_process_group,
     write_pid_file,
 )
@@ -76,19 +76,13 @@ class EngineStartError(StudyError):
         return f"{self.args[0]}{tail}"
 
 
-def port_is_free(port: int, host: str = HOST) -> bool:
+def free_port(port: int = 0, host: str = HOST) -> int | None:
+    """``port`` when it is free right now (0: one the OS picks), None when it is taken."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))
         except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = HOST) -> int:
-    """A port the OS calls free right now (bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+            return None
         return int(sock.getsockname()[1])
 
 
@@ -176,37 +170,32 @@ class VllmServer:
         return f"VllmServer(kv_cache_dtype={self.config.kv_cache_dtype!r}, port={self.port}, pid={self.pid})"
 
     # ---- start ----------------------------------------------------------------------------
-    def _fail_early(self, message: str) -> EngineStartError:
-        """An error found before any process started; it is written to the log as well."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log_path.write_text(f"kvstudy.vllm.server: not started: {message}\n", encoding="utf-8")
-        return EngineStartError(message, self.log_path, None)
-
-    def _check_inputs(self) -> None:
-        model = self.config.model
+    def _input_problem(self) -> str | None:
+        """What makes a start impossible before any process runs (None: nothing)."""
+        model, port = self.config.model, self.requested_port
         if not Path(model).exists() and (model.count("/") != 1 or model.startswith((".", "/", "~"))):  # nor a Hub id
-            raise self._fail_early(f"{model}: model folder not found (expected a folder with config.json and weights)")
+            return f"{model}: model folder not found (expected a folder with config.json and weights)"
         if Path(model).is_dir() and not (Path(model) / "config.json").is_file():
-            raise self._fail_early(
-                f"{model}: no config.json in the model folder (expected a Hugging Face model folder)"
-            )
-        if self.requested_port is not None and not port_is_free(self.requested_port):
-            raise self._fail_early(
-                f"port {self.requested_port}: already in use on {HOST} (pass port=None to pick a free one)"
-            )
+            return f"{model}: no config.json in the model folder (expected a Hugging Face model folder)"
+        if port is not None and free_port(port) is None:
+            return f"port {port}: already in use on {HOST} (pass port=None to pick a free one)"
         if vllm_distribution() is None:
-            raise self._fail_early("vllm: not installed in this environment (run `make engine`)")
+            return "vllm: not installed in this environment (run `make engine`)"
+        try:
+            check_server_args([str(a) for a in self.config.extra_args], "extra_args")
+        except StudyError as exc:
+            return str(exc)
+        return None
 
     def start(self) -> "VllmServer":
         """Start the server and block until ``/v1/models`` answers; raises EngineStartError."""
         if self._proc is not None:
             raise StudyError(f"server on port {self.port}: already started")
-        self._check_inputs()
-        try:
-            check_server_args([str(a) for a in self.config.extra_args], "extra_args")
-        except StudyError as exc:
-            raise self._fail_early(str(exc)) from None
-        self.port = self.requested_port or free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if problem := self._input_problem():  # written to the log as well
+            self.log_path.write_text(f"kvstudy.vllm.server: not started: {problem}\n", encoding="utf-8")
+            raise EngineStartError(problem, self.log_path)
+        self.port = self.requested_port or free_port() or 0
         self.command = build_command(self.config, self.port, vllm_version=self._version)
         if API_KEY_ENV in os.environ:
             _say_api_key_kept_out()
@@ -214,7 +203,6 @@ class VllmServer:
         if full_env.get(API_KEY_ENV):  # a key the spec's env sets on purpose: the probe sends it
             self._probe_headers = {"Authorization": f"Bearer {full_env[API_KEY_ENV]}"}
         self.environment = recorded_environment(full_env, self.config)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         reap_pid_file(self.pid_path)
         _install_handlers()
         try:
@@ -236,14 +224,8 @@ class VllmServer:
             check_write_target(self.log_path), "wb"
         )  # never through a planted symlink; the copy thread closes it
         try:
-            self._proc = proc = subprocess.Popen(
-                self.command,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=full_env,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
+            self._proc = proc = spawn(
+                self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env
             )
             assert proc.stdout is not None
             secrets = log_secrets(self.config, full_env)
@@ -271,20 +253,11 @@ class VllmServer:
                 raise self._start_error(f"vLLM server not ready after {self.ready_timeout_s:g} s (readiness timeout)")
             if failure_seen_at is None and now >= next_log_check:
                 next_log_check = now + 2.0
-                failure_seen_at = now if self._log_reports_fatal() else None
+                # vLLM's own fatal start message (not any traceback)
+                failure_seen_at = now if RE_ENGINE_FAILED.search(log_tail(self.log_path, 10**6)) else None
             elif failure_seen_at is not None and now - failure_seen_at > FAILED_EXIT_GRACE_S:
                 raise self._start_error(f"vLLM logged a failed start and did not exit within {FAILED_EXIT_GRACE_S:g} s")
             time.sleep(POLL_INTERVAL_S)
-
-    def _log_reports_fatal(self) -> bool:
-        """Whether the log holds vLLM's own fatal start message (not any traceback)."""
-        try:
-            with open(self.log_path, "rb") as fh:
-                fh.seek(max(0, fh.seek(0, os.SEEK_END) - 65536))
-                text = fh.read().decode("utf-8", errors="replace")
-        except OSError:
-            return False
-        return bool(RE_ENGINE_FAILED.search(text))
 
     def _models_answer(self) -> bool:
         request = urllib.request.Request(f"{self.base_url}/v1/models", headers=self._probe_headers)

@@ -14,25 +14,10 @@ import pytest
 from kvstudy import capture as capture_format
 from kvstudy.bench import grid
 from kvstudy.bench.result import RequestRecord
-from kvstudy.bench.spec import Run
+from kvstudy.bench.spec import Cell, Run
 from kvstudy.errors import StudyError
 from kvstudy.progress import silent
 from kvstudy.vllm import server as engine
-
-
-@dataclass(frozen=True)
-class ToyCell:
-    arm: str
-    seed: int
-    n: int
-
-    @property
-    def id(self) -> str:
-        return f"{self.arm}__s{self.seed}__n{self.n}"
-
-    @property
-    def run(self) -> Run:
-        return Run(self.arm, self.seed)
 
 
 @dataclass(frozen=True)
@@ -72,18 +57,18 @@ class FakeServer:
         return self.alive
 
 
-def toy_plan(capture: Path, ran: list[str], fail_cell: str | None = None) -> grid.GridPlan[ToyCell, dict[str, Any]]:
+def toy_plan(capture: Path, ran: list[str], fail_cell: str | None = None) -> grid.GridPlan[dict[str, Any]]:
     runs = [Run("auto", 0), Run("fp8", 0), Run("fp8", 1), Run("auto", 1)]
-    cells = [ToyCell(r.arm, r.seed, n) for i, r in enumerate(runs) for n in ((1, 2) if i % 2 else (2, 1))]
+    cells = [Cell(r.arm, r.seed, n, "n") for i, r in enumerate(runs) for n in ((1, 2) if i % 2 else (2, 1))]
 
-    def run_cell(cell: ToyCell, server: Any) -> dict[str, Any]:
+    def run_cell(cell: Cell, server: Any) -> dict[str, Any]:
         ran.append(cell.id)
         if cell.id == fail_cell:
             raise StudyError(f"bench/{cell.id}.json: unreadable")
         grid.write_requests(capture, cell.id, [RequestRecord(0, 1.0, 5.0, 50.0, 1.0, [1.0], 8, 4)])
         return {"cell_id": cell.id, "status": "ok"}
 
-    def failed(cell: ToyCell, reason: str, tail: str, start_failed: bool) -> dict[str, Any]:
+    def failed(cell: Cell, reason: str, tail: str, start_failed: bool) -> dict[str, Any]:
         return {
             "cell_id": cell.id,
             "status": "failed",
@@ -100,7 +85,7 @@ def toy_plan(capture: Path, ran: list[str], fail_cell: str | None = None) -> gri
         run_cell=run_cell,
         failed_cell=failed,
         record=lambda rec: rec,
-        run_fields=lambda run, cells: {"arm": run.arm, "order": [c.n for c in cells]},
+        run_fields=lambda run, cells: {"arm": run.arm, "order": [c.users for c in cells]},
         scrub=lambda text: text.replace("hf_SecretValue123", "[redacted]"),
     )
 
@@ -180,7 +165,7 @@ def test_a_failure_is_kept_and_runs_again_only_with_retry_failed(tmp_path: Path,
 def test_a_server_that_stopped_fails_the_cells_left_to_it(tmp_path: Path, fake_server: type[FakeServer]) -> None:
     ran: list[str] = []
 
-    def kill_before(cell: ToyCell, server: Any) -> None:
+    def kill_before(cell: Cell, server: Any) -> None:
         if cell.id == "fp8__s0__n2":
             server.alive = False
 

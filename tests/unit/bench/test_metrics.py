@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvstudy.bench import metrics as bm
+from kvstudy.bench import result as bm
 from kvstudy.bench.result import requests_from_result
 from kvstudy.errors import StudyError
 

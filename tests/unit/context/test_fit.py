@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvstudy.bench.grid import CapturedCell
+from kvstudy.bench.grid import Captured
 from kvstudy.bench.result import RequestRecord
 from kvstudy.context.fit import Runs, cells_from_records, check_cell, compare_arms, fit_all, fit_arm, ols
 from kvstudy.errors import StudyError
@@ -69,7 +69,7 @@ def test_unresolved_difference_claims_no_break_even() -> None:
     assert "not resolved" in cmp.statement
 
 
-def _record(status: str = "ok", gaps: list[float] | None = None, out: int = 8) -> CapturedCell:
+def _record(status: str = "ok", gaps: list[float] | None = None, out: int = 8) -> Captured:
     gaps = [2.0] * 7 if gaps is None else gaps
     req = {
         "ttft_ms": 10.0,
@@ -88,7 +88,7 @@ def _record(status: str = "ok", gaps: list[float] | None = None, out: int = 8) -
         "status": status,
         "reason": "server did not start" if status != "ok" else "",
     }
-    return CapturedCell("auto__s0__L256", data, tuple(RequestRecord(i, None, **req) for i in range(2)))
+    return Captured("auto__s0__L256", data, tuple(RequestRecord(i, None, **req) for i in range(2)))
 
 
 def test_check_cell_rules() -> None:

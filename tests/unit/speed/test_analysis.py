@@ -307,7 +307,7 @@ def test_capture_verdicts_use_per_run_requests(tmp_path: Path) -> None:
 
 
 def _confs(*items: dict) -> list:
-    from kvstudy.bench.arm import Arm
+    from kvstudy.bench.spec import Arm
 
     return [Arm(**i) for i in items]
 

@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 
 from kvstudy.vllm.command import ServerConfig
-from kvstudy.vllm.server import EngineStartError, VllmServer, free_port, port_is_free
+from kvstudy.vllm.server import EngineStartError, VllmServer, free_port
 
 
 def test_free_port_and_taken_port() -> None:
     port = free_port()
-    assert port_is_free(port)
+    assert port is not None and free_port(port) == port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
         sock.listen()
-        assert not port_is_free(port)
+        assert free_port(port) is None
 
 
 def test_missing_model_folder_fails_before_any_process(tmp_path: Path) -> None:
