@@ -28,9 +28,8 @@ from pydantic import Field, model_validator
 
 from kvstudy import capture as capture_format
 from kvstudy.accuracy import screening as sc
-from kvstudy.accuracy.configurations import EvalConfig, configurations, server_config_for
+from kvstudy.accuracy.configurations import EvalConfig, configurations, server_config_for, task_spec, write_task_folder
 from kvstudy.accuracy.records import AnyRecord, read_records, records_from_samples
-from kvstudy.accuracy.task_specs import task_spec, write_task_folder
 from kvstudy.bench.spec import Spec
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
@@ -51,7 +50,7 @@ class EvalSettings(Spec):
     n: int = Field(500, gt=0, description="the first n test questions (lm-eval --limit)")
     num_fewshot: int = Field(8, ge=0)
     fewshot_seed: int = 1234  # lm-eval's fewshot_random_seed
-    task: str = OFFLINE_TASK  # a name in kvstudy.accuracy.task_specs.TASKS; see for_task
+    task: str = OFFLINE_TASK  # a name in kvstudy.accuracy.configurations.TASKS; see for_task
     data_dir: str = "data/gsm8k"  # train.jsonl / test.jsonl for the offline task
     max_length: int = 4096  # tokens of context + generation (8-shot needs > 2048)
     max_gen_toks: int = 256
@@ -71,7 +70,7 @@ class EvalSettings(Spec):
 
     @classmethod
     def for_task(cls, task: str = OFFLINE_TASK, **given: Any) -> EvalSettings:
-        """Settings for ``task``: its own defaults (task_specs.TASKS), then ``given`` (None = default)."""
+        """Settings for ``task``: its own defaults (configurations.TASKS), then ``given`` (None = default)."""
         chosen = {k: v for k, v in given.items() if v is not None}
         return cls.from_dict({**task_spec(task).defaults, **chosen, "task": task}, "eval settings")
 

@@ -23,8 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstudy.accuracy.configurations import EvalConfig, configurations
-from kvstudy.accuracy.task_specs import task_spec
+from kvstudy.accuracy.configurations import EvalConfig, configurations, task_spec
 from kvstudy.bench.logprobs import (
     Capture,
     Group,

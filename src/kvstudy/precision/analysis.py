@@ -59,15 +59,8 @@ class PairedLogp:
 def _paired_kl(kls: list[TokenKL], groups: list[str], alpha: float) -> PairedKL:
     lower = clustered_mean([k.kl for k in kls], groups, 2 * alpha)
     upper = clustered_mean([k.kl + k.gap for k in kls], groups, 2 * alpha)
-    return PairedKL(
-        lower.mean,
-        lower.ci_low,
-        upper.ci_high,
-        float(np.mean([k.gap for k in kls])),
-        float(np.mean([k.rest for k in kls])),
-        lower.n,
-        lower.clusters,
-    )
+    gap, rest = (float(np.mean([getattr(k, name) for k in kls])) for name in ("gap", "rest"))
+    return PairedKL(lower.mean, lower.ci_low, upper.ci_high, gap, rest, lower.n, lower.clusters)
 
 
 def bucket_length(bucket: str) -> int | None:
