@@ -21,7 +21,7 @@ from kvstudy.accuracy import configurations as cf
 from kvstudy.accuracy import records as rec
 from kvstudy.accuracy import runner as ge
 from kvstudy.accuracy import verdicts as vt
-from kvstudy.accuracy.task_specs import GSM8K_FILTERS
+from kvstudy.accuracy.configurations import GSM8K_FILTERS
 from kvstudy.io import write_json_atomic
 from kvstudy.report import tables as rt
 from kvstudy.run_record import server_record

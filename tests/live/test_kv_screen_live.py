@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from kvstudy.bench import logprobs
 from kvstudy.errors import StudyError
-from kvstudy.precision import analysis, prompts, records, screen
+from kvstudy.precision import analysis, records, screen
 from kvstudy.vllm.facts import DEFAULT_MAX_LOGPROBS
 
 pytestmark = pytest.mark.live
@@ -32,8 +33,8 @@ def second_auto_server(tiny_model: Path, live_log_dir: Path, live_server_config:
         yield server
 
 
-def items() -> list[prompts.ScoredPrompt]:
-    return prompts.gsm8k_prompts(6) + prompts.retrieval_prompts([512, 1024], 4, chars_per_token=3.0)
+def items() -> list[logprobs.ScoredPrompt]:
+    return screen.scored_prompts(6, [512, 1024], 4, chars_per_token=3.0)
 
 
 def test_screen_of_two_16_bit_servers_makes_no_claim(
@@ -89,7 +90,7 @@ def test_a_top_k_above_max_logprobs_is_refused(live_server_auto: Any, tmp_path: 
 
 
 def test_screen_refuses_a_prompt_over_the_limit(live_server_auto: Any, tmp_path: Path) -> None:
-    too_long = prompts.retrieval_prompts([40000], 1)  # 40,000 characters: over 4,096 tokens in any tokenizer here
+    too_long = screen.scored_prompts(0, [40000], 1)  # 40,000 characters: over 4,096 tokens in any tokenizer here
     with pytest.raises(StudyError, match="longer than the model's limit") as caught:
         screen.screen(live_server_auto.base_url, live_server_auto.base_url, tmp_path / "s", too_long)
     assert live_server_auto.base_url in str(caught.value)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvstudy.accuracy.task_specs import GSM8K_FILTERS, RETRIEVAL_FILTERS, task_spec
+from kvstudy.accuracy.configurations import GSM8K_FILTERS, RETRIEVAL_FILTERS, task_spec
 from kvstudy.errors import StudyError
 from kvstudy.io import read_jsonl
 

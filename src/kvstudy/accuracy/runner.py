@@ -28,9 +28,8 @@ from pydantic import Field, model_validator
 
 from kvstudy import capture as capture_format
 from kvstudy.accuracy import screening as sc
-from kvstudy.accuracy.configurations import EvalConfig, configurations, server_config_for
+from kvstudy.accuracy.configurations import EvalConfig, configurations, server_config_for, task_spec, write_task_folder
 from kvstudy.accuracy.records import AnyRecord, read_records, records_from_samples
-from kvstudy.accuracy.task_specs import task_spec, write_task_folder
 from kvstudy.bench.spec import Spec
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
@@ -51,7 +50,7 @@ class EvalSettings(Spec):
     n: int = Field(500, gt=0, description="the first n test questions (lm-eval --limit)")
     num_fewshot: int = Field(8, ge=0)
     fewshot_seed: int = 1234  # lm-eval's fewshot_random_seed
-    task: str = OFFLINE_TASK  # a name in kvstudy.accuracy.task_specs.TASKS; see for_task
+    task: str = OFFLINE_TASK  # a name in kvstudy.accuracy.configurations.TASKS; see for_task
     data_dir: str = "data/gsm8k"  # train.jsonl / test.jsonl for the offline task
     max_length: int = 4096  # tokens of context + generation (8-shot needs > 2048)
     max_gen_toks: int = 256
@@ -71,7 +70,7 @@ class EvalSettings(Spec):
 
     @classmethod
     def for_task(cls, task: str = OFFLINE_TASK, **given: Any) -> EvalSettings:
-        """Settings for ``task``: its own defaults (task_specs.TASKS), then ``given`` (None = default)."""
+        """Settings for ``task``: its own defaults (configurations.TASKS), then ``given`` (None = default)."""
         chosen = {k: v for k, v in given.items() if v is not None}
         return cls.from_dict({**task_spec(task).defaults, **chosen, "task": task}, "eval settings")
 
@@ -233,8 +232,8 @@ def run_group(
                 folder = capture / cfg.name
                 write_json_atomic(folder / "resolved_record.json", record)
                 shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
-                screen = screen_top_k > 0 and sc.screened(cfg) and sc.state(folder, screen_top_k, prompts) != "ok"
-                scorer = sc.check_server(srv.base_url, screen_top_k, prompts) if screen else None
+                pending = sc.pending(cfg, folder, screen_top_k, prompts)
+                scorer = sc.check_server(srv.base_url, screen_top_k, prompts) if pending else None
                 status = _evaluate(cfg, srv, server_cfg, folder, settings, shots, progress)
                 if scorer is not None and status.state == "ok":
                     sc.run(scorer, folder, prompts, screen_top_k, progress)
@@ -348,14 +347,12 @@ def run_missing(
         shots = settings.num_fewshot if cfg.num_fewshot is None else cfg.num_fewshot
         folder = capture / cfg.name
         state = result_state(folder, settings, shots)
-        if state == "ok" and screen_top_k and sc.screened(cfg) and sc.state(folder, screen_top_k, prompts) != "ok":
+        if state == "ok" and sc.pending(cfg, folder, screen_top_k, prompts):
             state = None  # answered, not screened yet: its server starts again for the screen alone
         if not capture_format.needs_run(state, retry_failed):  # every experiment's rule
             diagnosis = getattr(read_status(folder), "diagnosis", None) or ""
             progress(
-                f"{cfg.name}: done already, kept"
-                if state == "ok"
-                else f"{cfg.name}: failed before ({diagnosis[:120]}), kept"
+                f"{cfg.name}: " + ("done already" if state == "ok" else f"failed before ({diagnosis[:120]})") + ", kept"
             )
             continue
         todo.setdefault(cfg.server_key(), []).append(cfg)
@@ -365,10 +362,10 @@ def run_missing(
         write_manifest(capture, names, model, settings, base, inputs)
     try:
         for group in todo.values():
-            for result in run_group(
+            statuses = run_group(
                 group, base, capture, settings, ready_timeout_s, progress, fp8_kv_backend, screen_top_k
-            ):
-                results[result.name] = result
+            )
+            results |= {status.name: status for status in statuses}
     finally:
         if todo:  # close this session and record the states the runs left
             manifest = capture_format.read_manifest(capture, KIND)

@@ -35,30 +35,12 @@ DEFAULT_FILTER = "strict-match"  # GSM8K's primary filter in lm-eval
 UNNAMED_FILTER = "(not recorded: lm-eval before 0.4.2)"  # rows without a ``filter`` key
 DEFAULT_METRIC = "exact_match"
 MAX_BYTES = 256 * 2**20  # a 500-question 8-shot GSM8K file is a few MB
-_NAME = re.compile(
-    r"^samples_(?P<task>.+)_(?P<date>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)"
-    r"\.jsonl$"
-)
+_NAME = re.compile(r"^samples_(?P<task>.+)_\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?\.jsonl$")
 _LENGTH_REASONS = ("length", "max_tokens", "max_length")
 # keys of a row that are not per-document metric values
 _KNOWN_KEYS = frozenset(
-    {
-        "doc_id",
-        "doc",
-        "target",
-        "arguments",
-        "resps",
-        "filtered_resps",
-        "filter",
-        "metrics",
-        "doc_hash",
-        "prompt_hash",
-        "target_hash",
-        "task",
-        "task_name",
-        "truncated",
-        "finish_reason",
-    }
+    "doc_id doc target arguments resps filtered_resps filter metrics doc_hash prompt_hash target_hash task task_name "
+    "truncated finish_reason".split()
 )
 
 

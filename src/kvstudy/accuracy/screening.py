@@ -5,9 +5,10 @@ first ``n`` items of the offline task's ``test.jsonl`` zero-shot in the task's o
 :mod:`kvstudy.bench.logprobs`, continued by the **reference continuation**, not the 16-bit arm's
 answer: it is fixed before any arm runs (each arm is screened on its own server, in any order, and
 resumes alone), every arm scores the same tokens, and a 16-bit answer would tilt Δ log p against
-every other arm. Notebook 07's analysis (:mod:`kvstudy.precision.analysis`) pairs the arms.
+every other arm. :func:`load` returns the arms as one ``bench.logprobs.Capture`` group, which notebook
+07's analysis (:mod:`kvstudy.precision.analysis`) pairs.
 
-Files per configuration: ``screen.logp.jsonl`` (the rows of :mod:`kvstudy.precision.records` plus
+Files per configuration: ``screen.logp.jsonl`` (the rows of ``bench.logprobs.score_prompt`` plus
 ``echo_sha256`` of the echoed tokens, which shows two tokenizers apart), ``screen.json`` (state,
 top-k, the prompts' digest, the model) and, while interrupted, ``screen.partial.jsonl``. A result is
 done (``capture.needs_run``) only when its screen is too. Only the run's own model at the run's
@@ -19,13 +20,21 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvstudy.accuracy.configurations import EvalConfig, configurations
-from kvstudy.accuracy.task_specs import task_spec
-from kvstudy.bench.logprobs import ScoredPrompt, Server, check_length, check_top_k, describe_server, score_prompt
+from kvstudy.accuracy.configurations import EvalConfig, configurations, task_spec
+from kvstudy.bench.logprobs import (
+    Capture,
+    Group,
+    ScoredPrompt,
+    Server,
+    check_prompts,
+    describe_server,
+    gsm8k_prompts,
+    retrieval_prompt,
+    score_prompt,
+)
 from kvstudy.errors import StudyError
 from kvstudy.io import (
     get_field,
@@ -38,7 +47,6 @@ from kvstudy.io import (
 )
 from kvstudy.limits import MAX_TOP_K
 from kvstudy.progress import Progress
-from kvstudy.tools import gsm8k_data, retrieval_data
 
 ROWS = "screen.logp.jsonl"
 PARTIAL = "screen.partial.jsonl"
@@ -55,20 +63,15 @@ def prompts_for(task: str, data_dir: str | Path, n: int) -> list[ScoredPrompt]:
         )
     path = Path(data_dir) / "test.jsonl"
     if spec.kind == "gsm8k":
-        problems = gsm8k_data.read_split(path)[:n]
-        return [
-            ScoredPrompt(f"gsm8k-{i}", "gsm8k", f"gsm8k-{i}", f"Question: {p.question}\nAnswer:", " " + p.answer)
-            for i, p in enumerate(problems)
-        ]
+        return gsm8k_prompts(n, path)
     out = []
     item: Any
     for item in read_jsonl(path)[:n]:
         where = f"{path}: item {str(item.get('id') if isinstance(item, dict) else item)[:40]}"
         for name in ("id", "context_id", "context", "question", "answer_prefix", "answer"):
             get_field(item, name, str, where)
-        length = get_field(item, "target_tokens", int, where)
-        text = retrieval_data.prompt_text(item)
-        out.append(ScoredPrompt(item["id"], f"retrieval {length}", item["context_id"], text, " " + item["answer"]))
+        get_field(item, "target_tokens", int, where)
+        out.append(retrieval_prompt(item))
     return out
 
 
@@ -77,16 +80,10 @@ def _digest(prompts: Sequence[ScoredPrompt]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def screened(cfg: EvalConfig) -> bool:
-    """Whether the runner screens this configuration (the run's model at the run's shots)."""
-    return cfg.model is None and cfg.num_fewshot is None
-
-
-def _status(folder: Path, top_k: int, prompts: Sequence[ScoredPrompt]) -> str | None:
-    """The state ``screen.json`` records for a screen of these prompts at this top-k (None: none)."""
-    status = _read_status(folder)
-    same = status.get("top_k") == top_k and status.get("prompts_sha256") == _digest(prompts)
-    return str(status.get("state")) if same else None
+def pending(cfg: EvalConfig, folder: Path, top_k: int, prompts: Sequence[ScoredPrompt]) -> bool:
+    """Whether the runner has yet to screen this configuration: a top-k asked for, the run's model
+    at the run's shots, and no finished screen of these prompts at this top-k in its folder."""
+    return top_k > 0 and cfg.model is None and cfg.num_fewshot is None and state(folder, top_k, prompts) != "ok"
 
 
 def _read_status(folder: Path) -> dict[str, Any]:
@@ -95,7 +92,9 @@ def _read_status(folder: Path) -> dict[str, Any]:
 
 def state(folder: Path, top_k: int, prompts: Sequence[ScoredPrompt]) -> str | None:
     """ "ok" when the folder holds a finished screen of these prompts at this top-k, else None."""
-    return "ok" if _status(folder, top_k, prompts) == "ok" and (folder / ROWS).is_file() else None
+    status = _read_status(folder)
+    wanted = {"state": "ok", "top_k": top_k, "prompts_sha256": _digest(prompts)}
+    return "ok" if wanted.items() <= status.items() and (folder / ROWS).is_file() else None
 
 
 def check_server(url: str, top_k: int, prompts: Sequence[ScoredPrompt]) -> Server:
@@ -104,18 +103,17 @@ def check_server(url: str, top_k: int, prompts: Sequence[ScoredPrompt]) -> Serve
     if not 1 <= top_k <= MAX_TOP_K:
         raise StudyError(f"screen_top_k: expected 0 (off) or 1 to {MAX_TOP_K}, got {top_k}")
     server = describe_server(url)
-    check_top_k(server, top_k)
-    for prompt in prompts:
-        check_length(server, prompt)
+    check_prompts(server, top_k, prompts)
     return server
 
 
 def run(server: Server, folder: Path, prompts: Sequence[ScoredPrompt], top_k: int, progress: Progress) -> None:
     """Score every prompt not scored yet on ``server`` and write the configuration's screen."""
-    if _status(folder, top_k, prompts) is None and (folder / PARTIAL).is_file():
-        (folder / PARTIAL).unlink()  # scored at another top-k or on other prompts: not this screen's rows
-    rows = {str(r.get("id")): r for r in _partial(folder / PARTIAL) if isinstance(r, dict)}
     info = {"state": "incomplete", "top_k": top_k, "prompts": len(prompts), "prompts_sha256": _digest(prompts)}
+    status = _read_status(folder)
+    if status.get("top_k") != top_k or status.get("prompts_sha256") != info["prompts_sha256"]:
+        (folder / PARTIAL).unlink(missing_ok=True)  # scored at another top-k or on other prompts: not this screen's
+    rows = {str(r.get("id")): r for r in _partial(folder / PARTIAL) if isinstance(r, dict)}
     info |= {"model": server.model, "root": server.root}
     write_json_atomic(folder / STATUS, info)
     todo = [p for p in prompts if p.id not in rows]
@@ -140,23 +138,9 @@ def _partial(path: Path) -> list[Any]:
     return parse_jsonl_text(text[: text.rfind("\n") + 1], path)
 
 
-@dataclass(frozen=True)
-class Screened:
-    """The screened arms of an accuracy capture, as ``kvstudy.precision.records.from_arms`` pairs
-    them: the 16-bit baseline, its repeat (the A/A floor) and the candidates, each arm's rows."""
-
-    baseline: str
-    floor: str
-    candidates: tuple[str, ...]
-    rows: dict[str, list[dict[str, Any]]]
-    labels: dict[str, str]
-    model: str
-    top_k: int
-
-
-def load(capture: str | Path, names: Sequence[str]) -> Screened | None:
-    """The finished screens of the named configurations (the first is the baseline, the one with
-    ``repeat`` the floor), or None when the baseline, the floor or every candidate lacks one.
+def load(capture: str | Path, names: Sequence[str]) -> Capture | None:
+    """The finished screens of the named configurations as one group (the first is the baseline, the
+    one with ``repeat`` the floor), or None when the baseline, the floor or every candidate lacks one.
     Refused: arms of two models, screened at two top-k or on other items, or whose servers
     tokenized an item differently."""
     found: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
@@ -179,6 +163,7 @@ def load(capture: str | Path, names: Sequence[str]) -> Screened | None:
         other = [r.get("id") for r in rows if echo.get(r.get("id")) != r.get("echo_sha256")]
         if other:
             raise StudyError(f"{where}: item {other[0]!r} tokenized differently from {names[0]}: different tokenizers")
-    labels = {c.name: c.label for c in configurations(names)}
-    arms = {name: r for name, (_, r) in found.items()}
-    return Screened(names[0], floor, candidates, arms, labels, str(ref.get("root")), int(ref.get("top_k") or 0))
+    arms = {c.name: {"label": c.label} for c in configurations(names) if c.name in found}
+    engine = f"vLLM, this capture's servers (top-{ref.get('top_k')} prompt log-probabilities)"
+    group = Group("screen", engine, str(ref.get("root")).split("/")[-1], names[0], floor, candidates, arms)
+    return Capture(Path(capture), {}, [group], {("screen", name): rows for name, (_, rows) in found.items()})

@@ -201,19 +201,9 @@ def retrieval_accuracy(
             right = [float(r.correct(filter_name)) for r in items]
             m = clustered_mean(right, [r.context_id for r in items])
             clustered = m if m.clusters >= 2 else None  # None: fewer than two contexts at this length
-            correct = int(sum(right))
-            rows.append(
-                RetrievalAccuracy(
-                    res.label,
-                    kind,
-                    length,
-                    len(items),
-                    len({r.context_id for r in items}),
-                    correct,
-                    clustered,
-                    binary.wilson_interval(correct, len(items)),
-                )
-            )
+            correct, contexts = int(sum(right)), len({r.context_id for r in items})
+            wilson = binary.wilson_interval(correct, len(items))
+            rows.append(RetrievalAccuracy(res.label, kind, length, len(items), contexts, correct, clustered, wilson))
     return rows
 
 
@@ -248,19 +238,10 @@ def retrieval_paired(
             b, c = _by_item(base, filter_name, ids), _by_item(res, filter_name, ids)
             counts = binary.paired_counts(b, c, f"{res.label} vs {base.label}")
             cl = clustered_difference(b, c, {r.doc_id: r.context_id for r in keep})
-            rows.append(
-                RetrievalPaired(
-                    res.name,
-                    res.label,
-                    base.label,
-                    is_control(res.name),
-                    length,
-                    counts,
-                    binary.mcnemar_exact(counts.baseline_only, counts.candidate_only),
-                    cl,
-                    binary.non_inferiority(cl.ci_low if cl.varies else None, margin_points / 100),
-                )
-            )
+            p = binary.mcnemar_exact(counts.baseline_only, counts.candidate_only)
+            ni = binary.non_inferiority(cl.ci_low if cl.varies else None, margin_points / 100)
+            control = is_control(res.name)
+            rows.append(RetrievalPaired(res.name, res.label, base.label, control, length, counts, p, cl, ni))
     return rows
 
 

@@ -8,6 +8,10 @@ returns, per position, the log p of the text's token and of its k most likely to
 in ``kvstudy.vllm.facts``). The reference tokens are the last tokens of the echoed text that cover
 the continuation; each gets its log p, its top-k and its most likely token id.
 
+What the screens score (:func:`gsm8k_prompts`, :func:`retrieval_prompt`) and keep (a :class:`Group` of
+arms and their rows in a :class:`Capture`) is shared here too: ``kv-screen``, ``kv-simulate`` and the
+accuracy runs' screen pair their arms the same way.
+
 Every answer is read within a size limit (``limits.MAX_RESPONSE_BYTES``) and a deadline, and every
 field is checked. Refused, with one line naming the server: a server whose ``max_logprobs`` is below
 the top-k asked for (a short probe), a prompt longer than the server's limit, an endpoint that
@@ -22,8 +26,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -32,11 +37,13 @@ from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
 from kvstudy.io import bounded_int, get_field, parse_json_text, type_name
 from kvstudy.limits import MAX_RESPONSE_BYTES, MAX_TOKENS
+from kvstudy.tools import gsm8k_data, retrieval_data
 from kvstudy.vllm.facts import DEFAULT_MAX_LOGPROBS, MAX_LOGPROBS_REFUSAL
 
 TIMEOUT_S = 600.0  # one completions answer (a long prompt on 2 CPU cores)
 MODELS_TIMEOUT_S = 30.0  # /v1/models and /tokenize
 DEFAULT_TOP_K = DEFAULT_MAX_LOGPROBS  # as many as a vLLM server started without --max-logprobs returns
+GSM8K_TEST = "data/gsm8k/test.jsonl"
 
 
 @dataclass(frozen=True)
@@ -133,25 +140,30 @@ def check_same_model(a: Server, b: Server, allow_other_checkpoint: bool = False)
         )
 
 
-def check_length(server: Server, prompt: ScoredPrompt) -> None:
-    """Refuse a prompt + continuation the server cannot hold (its max_model_len, one token to spare),
-    counted by the server's ``/tokenize`` (vLLM; no check where there is none)."""
-    if server.max_model_len is None:
+def check_prompts(server: Server, top_k: int, prompts: Sequence[ScoredPrompt]) -> None:
+    """Refuse a server that cannot return ``top_k`` log-probabilities (:func:`check_top_k`) or hold a
+    prompt + continuation (its max_model_len, one token to spare), counted by the server's
+    ``/tokenize`` (vLLM; no length check where there is none)."""
+    check_top_k(server, top_k)
+    limit = server.max_model_len
+    if limit is None:
         return
-    try:
-        body = _request(server.url, "/tokenize", {"model": server.model, "prompt": prompt.prompt + prompt.continuation})
-    except StudyError as exc:
-        if "HTTP 404" in str(exc):
+    for prompt in prompts:
+        text = prompt.prompt + prompt.continuation
+        try:
+            body = _request(server.url, "/tokenize", {"model": server.model, "prompt": text})
+        except StudyError as exc:
+            if "HTTP 404" in str(exc):
+                return
+            raise
+        if "count" not in body:
             return
-        raise
-    if "count" not in body:
-        return
-    count = bounded_int(body["count"], f"server {server.url}: /tokenize count", 0, MAX_TOKENS)
-    if count + 1 > server.max_model_len:
-        raise StudyError(
-            f"server {server.url}: prompt {prompt.id} has {count} tokens, longer than the model's limit "
-            f"(max_model_len {server.max_model_len}, one token to spare); use shorter retrieval lengths"
-        )
+        count = bounded_int(body["count"], f"server {server.url}: /tokenize count", 0, MAX_TOKENS)
+        if count + 1 > limit:
+            raise StudyError(
+                f"server {server.url}: prompt {prompt.id} has {count} tokens, longer than the model's limit "
+                f"(max_model_len {limit}, one token to spare); use shorter retrieval lengths"
+            )
 
 
 def reference_span(tokens: Sequence[str], continuation: str) -> int:
@@ -262,3 +274,68 @@ def score_prompt(server: Server, prompt: ScoredPrompt, top_k: int) -> tuple[dict
         "topk": [[[token, value] for token, value in t] for t in topk],
     }
     return row, tokens
+
+
+# --------------------------------------------------------------------------- what the screens score and keep
+
+
+def gsm8k_prompts(n: int, path: str | Path = GSM8K_TEST, prefix: str = "gsm8k") -> list[ScoredPrompt]:
+    """The first ``n`` GSM8K-format problems, each its own cluster, in lm-eval's zero-shot gsm8k
+    prompt (``Question: {q}\\nAnswer:``) continued by ``" "`` + the worked solution."""
+    problems = gsm8k_data.read_split(path)[:n] if n else []
+    return [
+        ScoredPrompt(
+            f"{prefix}-{i}",
+            "gsm8k",
+            f"{prefix}-{i}",
+            f"Question: {p.question}\nAnswer:",
+            " " + p.answer,
+            gsm8k_data.final_answer(p.answer),
+        )
+        for i, p in enumerate(problems)
+    ]
+
+
+def retrieval_prompt(item: dict[str, Any], suffix: str = "") -> ScoredPrompt:
+    """A retrieval item (``tools.retrieval_data``) continued by ``" "`` + its value, clustered on its
+    context (``suffix`` appended to both ids, e.g. the seed of generated items)."""
+    text = retrieval_data.prompt_text(item)
+    bucket = f"retrieval {item['target_tokens']}"
+    return ScoredPrompt(
+        item["id"] + suffix, bucket, item["context_id"] + suffix, text, " " + item["answer"], item["answer"]
+    )
+
+
+@dataclass(frozen=True)
+class Group:
+    """One comparison: a baseline arm, its A/A floor and the candidates, as one engine ran them."""
+
+    name: str
+    engine: str  # "simulated storage (PyTorch), not vLLM's kernels", or the servers' description
+    model: str
+    baseline: str
+    floor: str
+    candidates: tuple[str, ...]
+    arms: dict[str, dict[str, Any]] = field(default_factory=dict)  # arm -> how it stores K and V, its label
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str) -> Group:
+        try:
+            return cls(**{**data, "candidates": tuple(data["candidates"]), "notes": tuple(data.get("notes") or ())})
+        except (KeyError, TypeError) as exc:
+            raise StudyError(
+                f"{where}: not a group record ({exc}); expected name, engine, model, baseline, floor, candidates"
+            ) from None
+
+
+@dataclass
+class Capture:
+    """Screened arms read back: the manifest, the groups, and each (group, arm)'s rows (those of
+    :func:`score_prompt`, ``greedy``: answers scored right or wrong)."""
+
+    folder: Path
+    manifest: dict[str, Any]
+    groups: list[Group]
+    logp: dict[tuple[str, str], list[dict[str, Any]]]
+    greedy: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)

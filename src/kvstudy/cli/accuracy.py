@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.accuracy import runner, samples
-from kvstudy.accuracy.configurations import CONFIGURATIONS, configurations
-from kvstudy.accuracy.task_specs import TASKS
+from kvstudy.accuracy.configurations import CONFIGURATIONS, TASKS, configurations
 from kvstudy.cli import json_option, retry_option, show
 from kvstudy.errors import StudyError
 from kvstudy.io import bounded_int

@@ -9,10 +9,9 @@ from typing import Any
 from kvstudy.bench.logprobs import DEFAULT_TOP_K
 from kvstudy.cli import force_option, retry_option
 from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_THREADS, MAX_TOKENS, MAX_TOP_K, float_arg, int_arg, output_folder
-from kvstudy.precision import prompts as pr
 from kvstudy.precision import quantize as qz
 from kvstudy.precision.records import load
-from kvstudy.precision.screen import screen
+from kvstudy.precision.screen import scored_prompts, screen
 from kvstudy.precision.simulate import SimSpec, run
 from kvstudy.tools.checkpoints import FACTOR, build_control
 
@@ -72,8 +71,8 @@ def add_kv_simulate(subparsers: Any) -> None:
 def _kv_screen(args: argparse.Namespace) -> int:
     from kvstudy.precision.analysis import comparison_table, comparisons  # pandas: only when it runs
 
-    prompts = pr.gsm8k_prompts(args.gsm8k_n) + pr.retrieval_prompts(
-        args.retrieval_lengths, args.retrieval_per_length, chars_per_token=args.chars_per_token
+    prompts = scored_prompts(
+        args.gsm8k_n, args.retrieval_lengths, args.retrieval_per_length, chars_per_token=args.chars_per_token
     )
     capture = screen(
         args.baseline,

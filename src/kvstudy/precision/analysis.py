@@ -21,11 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from kvstudy.bench.logprobs import Capture, Group
 from kvstudy.errors import StudyError
 from kvstudy.formats import millinats, p_text, p_value
 from kvstudy.precision.divergence import MARGIN_STATES, TokenKL, equivalence, token_kl
-from kvstudy.precision.prompts import bucket_length
-from kvstudy.precision.records import Capture, Group
 from kvstudy.stats.binary import ALPHA, mcnemar_exact, paired_counts
 from kvstudy.stats.clustered import ClusteredMean, clustered_mean
 from kvstudy.stats.family import holm
@@ -60,15 +59,14 @@ class PairedLogp:
 def _paired_kl(kls: list[TokenKL], groups: list[str], alpha: float) -> PairedKL:
     lower = clustered_mean([k.kl for k in kls], groups, 2 * alpha)
     upper = clustered_mean([k.kl + k.gap for k in kls], groups, 2 * alpha)
-    return PairedKL(
-        lower.mean,
-        lower.ci_low,
-        upper.ci_high,
-        float(np.mean([k.gap for k in kls])),
-        float(np.mean([k.rest for k in kls])),
-        lower.n,
-        lower.clusters,
-    )
+    gap, rest = (float(np.mean([getattr(k, name) for k in kls])) for name in ("gap", "rest"))
+    return PairedKL(lower.mean, lower.ci_low, upper.ci_high, gap, rest, lower.n, lower.clusters)
+
+
+def bucket_length(bucket: str) -> int | None:
+    """The context length of a retrieval bucket (None for other buckets)."""
+    head, _, tail = bucket.partition(" ")
+    return int(tail) if head == "retrieval" and tail.isdigit() else None
 
 
 def _index(rows: Sequence[Mapping[str, Any]], what: str) -> dict[str, Mapping[str, Any]]:
@@ -226,63 +224,41 @@ def comparison_table(records: list[dict[str, Any]], shown: bool = True) -> Any:
     millinats, p as ``< 0.001`` below 0.001), or the full values for its CSV (Δ log p in nats)."""
     import pandas as pd
 
-    def delta(value: float | None) -> Any:
-        return millinats(value, 3, sign=False) if shown else value
+    def mn(value: float) -> str:
+        return millinats(value, 3, sign=False)
 
-    rows = [
-        {
-            "model": r["group"],
-            "bucket": r["bucket"],
-            "arm": r["label"],
-            "role": r["role"],
-            "prompts": r["prompts"],
-            "tokens": r["tokens"],
-            **(
-                {
-                    "mean Δ log p (millinats/token)": delta(r["mean"]),
-                    "clustered 95% (millinats/token)": f"{delta(r['low'])} to {delta(r['high'])}",
-                }
-                if shown
-                else {
-                    "mean Δ log p (nats/token)": r["mean"],
-                    "low 95% (nats/token)": r["low"],
-                    "high 95% (nats/token)": r["high"],
-                }
-            ),
-            "p": p_value(r["p"]) if shown else r["p"],
-            "p, Holm over the report's candidates": p_value(r.get("p_holm")) if shown else r.get("p_holm"),
-            **_kl_columns(r, shown),
-            "top-1 agreement %": ("–" if r["top1"] is None else f"{100 * r['top1']:.2f}")
-            if shown
-            else (None if r["top1"] is None else 100 * r["top1"]),
-            "A/A floor p": p_value(r["floor_p"]) if shown else r["floor_p"],
-            "verdict": r["verdict"],
-            "storage": r["engine"],
-        }
-        for r in records
-    ]
+    def p(value: float | None) -> Any:
+        return p_value(value) if shown else value
+
+    rows = []
+    for r in records:
+        row = {"model": r["group"], "bucket": r["bucket"], "arm": r["label"], "role": r["role"]}
+        row |= {"prompts": r["prompts"], "tokens": r["tokens"]}
+        if shown:
+            row["mean Δ log p (millinats/token)"] = mn(r["mean"])
+            row["clustered 95% (millinats/token)"] = f"{mn(r['low'])} to {mn(r['high'])}"
+        else:
+            row |= {
+                "mean Δ log p (nats/token)": r["mean"],
+                "low 95% (nats/token)": r["low"],
+                "high 95% (nats/token)": r["high"],
+            }
+        row |= {"p": p(r["p"]), "p, Holm over the report's candidates": p(r.get("p_holm"))}
+        if r.get("kl") is not None and shown:  # the KL columns: from the top-k, absent in a capture without it
+            row["KL (millinats/token)"] = mn(r["kl"])
+            row["KL one-sided 95% (millinats/token)"] = f"{mn(r['kl_low'])} to {mn(r['kl_high'])}"
+            row["mass outside top-k %"] = f"{100 * r['kl_rest']:.2f}"
+        elif r.get("kl") is not None:
+            row["KL lower bound (nats/token)"] = r["kl"]
+            row["KL one-sided 95% low (nats/token)"] = r["kl_low"]
+            row["KL + truncation one-sided 95% high (nats/token)"] = r["kl_high"]
+            row["mass outside the compared top-k"] = r["kl_rest"]
+        if r.get("kl") is not None:
+            row["equivalence (KL)"] = r["equivalence_kl"]
+        top1 = None if r["top1"] is None else 100 * r["top1"]
+        row["top-1 agreement %"] = ("–" if top1 is None else f"{top1:.2f}") if shown else top1
+        rows.append(row | {"A/A floor p": p(r["floor_p"]), "verdict": r["verdict"], "storage": r["engine"]})
     return pd.DataFrame(rows)
-
-
-def _kl_columns(r: dict[str, Any], shown: bool) -> dict[str, Any]:
-    """The KL columns (from the top-k; absent in a capture without it)."""
-    if r.get("kl") is None:
-        return {}
-    if not shown:
-        return {
-            "KL lower bound (nats/token)": r["kl"],
-            "KL one-sided 95% low (nats/token)": r["kl_low"],
-            "KL + truncation one-sided 95% high (nats/token)": r["kl_high"],
-            "mass outside the compared top-k": r["kl_rest"],
-            "equivalence (KL)": r["equivalence_kl"],
-        }
-    return {
-        "KL (millinats/token)": millinats(r["kl"], 3, sign=False),
-        "KL one-sided 95% (millinats/token)": f"{millinats(r['kl_low'], 3, sign=False)} to "
-        f"{millinats(r['kl_high'], 3, sign=False)}",
-        "mass outside top-k %": f"{100 * r['kl_rest']:.2f}",
-        "equivalence (KL)": r["equivalence_kl"],
-    }
 
 
 def greedy_records(capture: Capture, alpha: float = ALPHA) -> list[dict[str, Any]]:

@@ -97,12 +97,11 @@ def equivalence(low: float, high: float, margin: float | None, two_sided: bool =
     if not (math.isfinite(low) and math.isfinite(high)):
         return Equivalence("undecided", low, high, margin, "no interval (fewer than two clusters)")
     inside = (-margin < low and high < margin) if two_sided else high < margin
-    if inside:
-        return Equivalence("within", low, high, margin, f"the interval {low:.3g} to {high:.3g} lies inside the margin")
     outside = (high < -margin or low > margin) if two_sided else low > margin
-    if outside:
-        return Equivalence("beyond", low, high, margin, f"the interval {low:.3g} to {high:.3g} lies past the margin")
-    return Equivalence("undecided", low, high, margin, f"the interval {low:.3g} to {high:.3g} straddles the margin")
+    state, where = (
+        ("within", "lies inside") if inside else ("beyond", "lies past") if outside else ("undecided", "straddles")
+    )
+    return Equivalence(state, low, high, margin, f"the interval {low:.3g} to {high:.3g} {where} the margin")
 
 
 # --------------------------------------------------------------------------- calibration

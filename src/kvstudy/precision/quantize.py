@@ -56,40 +56,22 @@ class Storage:
         return float(scales[layer])
 
 
-def fp8_round_trip(x: Any, fmt: str = "float8_e4m3fn", scale: float = 1.0) -> Any:
-    """``x`` stored as FP8 with ``scale`` and read back: divide, saturate, round, multiply (the format
-    and scale as :class:`Storage` checked them)."""
-    import torch
-
-    limit = FORMAT_MAX[fmt]
-    scaled = (x.float() / scale).clamp(-limit, limit)
-    return (scaled.to(getattr(torch, fmt)).float() * scale).to(x.dtype)
-
-
-def bf16_round_trip(x: Any) -> Any:
-    """``x`` stored as bfloat16 (a 16-bit KV cache) and read back."""
-    import torch
-
-    return x.to(torch.bfloat16).to(x.dtype)
-
-
-def int8_round_trip(x: Any) -> Any:
-    """``x`` stored as int8 with one scale per token and head (max |x| over head_dim / 127)."""
-    import torch
-
-    amax = x.float().abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / FORMAT_MAX["int8"], torch.ones_like(amax))
-    q = torch.round(x.float() / scale).clamp(-127, 127)
-    return (q * scale).to(x.dtype)
-
-
 def store(x: Any, storage: Storage, kind: str, layer: int) -> Any:
-    """One layer's K (``kind`` "k") or V ("v") as ``storage`` keeps it."""
+    """One layer's K (``kind`` "k") or V ("v") as ``storage`` keeps it, read back: rounded to
+    bfloat16 (a 16-bit KV cache); int8 with one scale per token and head (max |x| over head_dim /
+    127); FP8 divided by its scale, saturated, rounded and multiplied again (the format and scale as
+    :class:`Storage` checked them)."""
+    import torch
+
     if storage.format == "bfloat16":
-        return bf16_round_trip(x)
+        return x.to(torch.bfloat16).to(x.dtype)
     if storage.format == "int8_per_token_head":
-        return int8_round_trip(x)
-    return fp8_round_trip(x, storage.format, storage.scale(kind, layer))
+        amax = x.float().abs().amax(dim=-1, keepdim=True)
+        scale = torch.where(amax > 0, amax / FORMAT_MAX["int8"], torch.ones_like(amax))
+        return (torch.round(x.float() / scale).clamp(-127, 127) * scale).to(x.dtype)
+    limit, scale = FORMAT_MAX[storage.format], storage.scale(kind, layer)
+    scaled = (x.float() / scale).clamp(-limit, limit)
+    return (scaled.to(getattr(torch, storage.format)).float() * scale).to(x.dtype)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The capture of a KV-precision run (simulated storage or a screen of two servers), on disk.
 
 A ``kv-precision`` capture (``kvstudy.capture`` manifest) holds one folder per **group** (a baseline
-arm, an A/A floor arm, candidates): ``group.json`` (:class:`Group`), ``<arm>.logp.jsonl`` (per
+arm, an A/A floor arm, candidates): ``group.json`` (``bench.logprobs.Group``), ``<arm>.logp.jsonl`` (per
 prompt: ``id``, ``bucket``, ``cluster``, ``prompt_tokens``, ``logp`` of the reference tokens,
 ``top1``, optionally ``topk``) and optionally ``<arm>.greedy.jsonl`` (``id``, ``gold``, ``answer``,
 ``correct``). Torch-free.
@@ -9,11 +9,11 @@ prompt: ``id``, ``bucket``, ``cluster``, ``prompt_tokens``, ``logp`` of the refe
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvstudy.bench.logprobs import Capture, Group
 from kvstudy.capture import MANIFEST, read_manifest
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json_object, read_jsonl
@@ -43,29 +43,6 @@ def claim_capture(
     return claim(capture, command, force, recognise=written_before)
 
 
-@dataclass(frozen=True)
-class Group:
-    """One comparison: a baseline arm, its A/A floor and the candidates, as one engine ran them."""
-
-    name: str
-    engine: str  # "simulated storage (PyTorch), not vLLM's kernels", or the servers' description
-    model: str
-    baseline: str
-    floor: str
-    candidates: tuple[str, ...]
-    arms: dict[str, dict[str, Any]] = field(default_factory=dict)  # arm -> how it stores K and V
-    notes: tuple[str, ...] = ()
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str) -> Group:
-        try:
-            return cls(**{**data, "candidates": tuple(data["candidates"]), "notes": tuple(data.get("notes") or ())})
-        except (KeyError, TypeError) as exc:
-            raise StudyError(
-                f"{where}: not a group record ({exc}); expected name, engine, model, baseline, floor, candidates"
-            ) from None
-
-
 def logp_path(capture: str | Path, group: str, arm: str) -> Path:
     return Path(capture) / group / f"{arm}.logp.jsonl"
 
@@ -78,17 +55,6 @@ def _row(row: Any) -> dict[str, Any]:
     if not isinstance(row, dict) or not {"id", "bucket", "cluster"} <= set(row):
         raise ValueError("expected an object with id, bucket, cluster")
     return row
-
-
-@dataclass
-class Capture:
-    """A capture read back: its manifest, groups, and each arm's rows."""
-
-    folder: Path
-    manifest: dict[str, Any]
-    groups: list[Group]
-    logp: dict[tuple[str, str], list[dict[str, Any]]]
-    greedy: dict[tuple[str, str], list[dict[str, Any]]]
 
 
 def captured_settings(capture: str | Path, run_missing: bool, names: Sequence[str]) -> dict[str, Any]:
@@ -120,21 +86,3 @@ def load(capture: str | Path) -> Capture:
             if path.is_file():
                 greedy[(group.name, arm)] = read_jsonl(path)
     return Capture(folder, manifest, groups, logp, greedy)
-
-
-def from_arms(
-    folder: str | Path,
-    baseline: str,
-    floor: str,
-    candidates: Sequence[str],
-    rows: Mapping[str, list[dict[str, Any]]],
-    labels: Mapping[str, str],
-    model: str,
-    engine: str,
-    manifest: dict[str, Any] | None = None,
-) -> Capture:
-    """One group of arms scored elsewhere (an accuracy run's screen of its own servers) as a capture
-    the analysis reads: ``rows`` per arm, in this module's row format."""
-    arms = {arm: {"label": labels.get(arm, arm)} for arm in (baseline, floor, *candidates)}
-    group = Group("screen", engine, model, baseline, floor, tuple(candidates), arms)
-    return Capture(Path(folder), manifest or {}, [group], {("screen", a): list(rows[a]) for a in arms}, {})

@@ -1,9 +1,17 @@
-"""A paired log-probability screen of two OpenAI-compatible servers (e.g. 16-bit KV against FP8 KV).
+"""A paired log-probability screen of two OpenAI-compatible servers (e.g. 16-bit KV against FP8 KV),
+and the fixed prompts both it and the simulator score (:func:`scored_prompts`).
 
-Each prompt of :mod:`kvstudy.precision.prompts` is scored teacher-forced on every server through
-:mod:`kvstudy.bench.logprobs`; the baseline is asked twice (or a third server, ``--repeat``, once)
-for the 16-bit A/A floor of the same engine. Servers that cannot return the top-k, serve other
-models or tokenize a prompt differently are refused before anything is written.
+Each prompt is scored teacher-forced on every server through :mod:`kvstudy.bench.logprobs`; the
+baseline is asked twice (or a third server, ``--repeat``, once) for the 16-bit A/A floor of the same
+engine. Servers that cannot return the top-k, serve other models or tokenize a prompt differently
+are refused before anything is written.
+
+The prompts: GSM8K-format (``bench.logprobs.gsm8k_prompts``: lm-eval's gsm8k prompt, zero-shot,
+continued by the worked solution of ``data/gsm8k/test.jsonl``; bucket ``gsm8k``), then generated
+retrieval items (``bench.logprobs.retrieval_prompt``), one question per context (so every prompt is
+its own cluster); bucket ``retrieval <length>``. Calibration prompts (for scales computed from data)
+come from other items: the GSM8K train split and retrieval contexts of another seed, never the
+scored ones.
 
     kvstudy kv-screen --baseline http://127.0.0.1:8000 --candidate http://127.0.0.1:8001 --capture DIR
 """
@@ -17,26 +25,53 @@ from typing import Any
 
 from kvstudy.bench.logprobs import (
     DEFAULT_TOP_K,
-    check_length,
+    GSM8K_TEST,
+    Group,
+    ScoredPrompt,
+    check_prompts,
     check_same_model,
-    check_top_k,
     describe_server,
+    gsm8k_prompts,
+    retrieval_prompt,
     score_prompt,
 )
 from kvstudy.capture import new_manifest, set_items, write_manifest
 from kvstudy.errors import StudyError
 from kvstudy.io import write_json_atomic, write_jsonl_atomic
-from kvstudy.precision import prompts as pr
-from kvstudy.precision.records import GROUP_FILE, KIND, Group, claim_capture, logp_path
+from kvstudy.precision.records import GROUP_FILE, KIND, claim_capture, logp_path
+from kvstudy.tools import retrieval_data
 
 GROUP = "screen"
+GSM8K_TRAIN = "data/gsm8k/train.jsonl"
+
+
+def scored_prompts(
+    gsm8k_n: int,
+    lengths: Sequence[int],
+    per_length: int,
+    seed: int = retrieval_data.DEFAULT_SEED,
+    chars_per_token: float = 1.0,
+    split: str | Path = GSM8K_TEST,
+    prefix: str = "gsm8k",
+) -> list[ScoredPrompt]:
+    """The first ``gsm8k_n`` problems of ``split``, then ``per_length`` retrieval items per length,
+    half key/value and half needle (one question per context)."""
+    out = gsm8k_prompts(gsm8k_n, split, prefix)
+    for length in lengths:
+        for kind, count in {"kv": (per_length + 1) // 2, "needle": per_length // 2}.items():
+            if count:
+                items = retrieval_data.generate_items(
+                    kind, [length], count, seed=seed, chars_per_token=chars_per_token, questions_per_context=1
+                )
+                out += [retrieval_prompt(item, f"-s{seed}") for item in items]
+    return out
 
 
 def screen(
     baseline: str,
     candidate: str,
     capture: str | Path,
-    prompts: Sequence[pr.ScoredPrompt],
+    prompts: Sequence[ScoredPrompt],
     repeat: str | None = None,
     allow_other_checkpoint: bool = False,
     candidate_label: str = "candidate",
@@ -54,46 +89,28 @@ def screen(
     floor = describe_server(repeat) if repeat else base
     check_same_model(base, floor)
     for server in {s.url: s for s in (base, cand, floor)}.values():
-        check_top_k(server, top_k)
-        for prompt in prompts:
-            check_length(server, prompt)
+        check_prompts(server, top_k, prompts)
     arms = {"baseline": base, "baseline-repeat": floor, candidate_label: cand}
     rows: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     for prompt in prompts:
-        first: list[str] | None = None
-        for arm, server in arms.items():
-            row, tokens = score_prompt(server, prompt, top_k)
-            if first is not None and tokens != first:
+        scored = {arm: score_prompt(server, prompt, top_k) for arm, server in arms.items()}
+        first = scored["baseline"][1]
+        for arm, (row, tokens) in scored.items():
+            if tokens != first:
                 raise StudyError(
-                    f"server {server.url}: tokenizes prompt {prompt.id} differently from {base.url} "
+                    f"server {arms[arm].url}: tokenizes prompt {prompt.id} differently from {base.url} "
                     f"({len(tokens)} tokens against {len(first)}): different tokenizers"
                 )
-            first = first if first is not None else tokens
             rows[arm].append(row)
     capture = claim_capture(capture, "kv-screen", [GROUP], force)
+    buckets = sorted({p.bucket for p in prompts})
+    spec = dict(groups=[GROUP], baseline=base.url, candidate=cand.url, repeat=repeat, prompts=len(prompts), top_k=top_k)
+    how = "kvstudy kv-screen (teacher-forced log p through /v1/completions)"
+    manifest = new_manifest(KIND, {**spec, "buckets": buckets}, how, {"model": base.root})
     engine = f"OpenAI-compatible servers: baseline {base.url}, candidate {cand.url}"
-    spec = {
-        "groups": [GROUP],
-        "baseline": base.url,
-        "candidate": cand.url,
-        "repeat": repeat,
-        "prompts": len(prompts),
-        "top_k": top_k,
-        "buckets": sorted({p.bucket for p in prompts}),
-    }
-    manifest = new_manifest(
-        KIND, spec, "kvstudy kv-screen (teacher-forced log p through /v1/completions)", {"model": base.root}
-    )
-    group = Group(
-        name=GROUP,
-        engine=engine,
-        model=base.root,
-        baseline="baseline",
-        floor="baseline-repeat",
-        candidates=(candidate_label,),
-        arms={arm: {"url": s.url, "model": s.model, "root": s.root, "label": arm} for arm, s in arms.items()},
-        notes=("A/A floor: " + (f"a third server {floor.url}" if repeat else "the baseline server asked again"),),
-    )
+    info = {arm: {"url": s.url, "model": s.model, "root": s.root, "label": arm} for arm, s in arms.items()}
+    note = "A/A floor: " + (f"a third server {floor.url}" if repeat else "the baseline server asked again")
+    group = Group(GROUP, engine, base.root, "baseline", "baseline-repeat", (candidate_label,), info, (note,))
     write_json_atomic(capture / GROUP / GROUP_FILE, asdict(group))
     for arm, arm_rows in rows.items():
         write_jsonl_atomic(logp_path(capture, GROUP, arm), arm_rows)

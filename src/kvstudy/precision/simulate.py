@@ -20,6 +20,7 @@ from typing import Any, Self
 
 from pydantic import Field, model_validator
 
+from kvstudy.bench.logprobs import Group, ScoredPrompt, gsm8k_prompts
 from kvstudy.bench.spec import Axis, Spec
 from kvstudy.capture import (
     create_or_resume,
@@ -33,9 +34,9 @@ from kvstudy.capture import (
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import write_json_atomic, write_jsonl_atomic
 from kvstudy.limits import Factor, Items, Seed, Threads, Tokens
-from kvstudy.precision import prompts as pr
 from kvstudy.precision import quantize as qz
-from kvstudy.precision.records import GROUP_FILE, KIND, Group, claim_capture, greedy_path, logp_path
+from kvstudy.precision.records import GROUP_FILE, KIND, claim_capture, greedy_path, logp_path
+from kvstudy.precision.screen import GSM8K_TRAIN, scored_prompts
 from kvstudy.tools import checkpoints as ctl
 
 MAIN, CONTROL = "qwen3-mini", "positive-control"
@@ -95,7 +96,7 @@ def load(folder: str | Path, threads: int) -> Loaded:
     return Loaded(model, tok, int(model.config.num_hidden_layers))
 
 
-def _ids(tok: Any, prompt: pr.ScoredPrompt) -> tuple[list[int], int]:
+def _ids(tok: Any, prompt: ScoredPrompt) -> tuple[list[int], int]:
     """Token ids of prompt + continuation, and where the continuation starts."""
     head = list(tok(prompt.prompt)["input_ids"])
     full = list(tok(prompt.prompt + prompt.continuation)["input_ids"])
@@ -107,7 +108,7 @@ def _ids(tok: Any, prompt: pr.ScoredPrompt) -> tuple[list[int], int]:
     return full, start
 
 
-def score(loaded: Loaded, prompts: Sequence[pr.ScoredPrompt], storage: qz.Storage) -> list[dict[str, Any]]:
+def score(loaded: Loaded, prompts: Sequence[ScoredPrompt], storage: qz.Storage) -> list[dict[str, Any]]:
     """Teacher-forced log p and top-1 token of every reference token, one prompt at a time."""
     import torch
 
@@ -139,7 +140,7 @@ def score(loaded: Loaded, prompts: Sequence[pr.ScoredPrompt], storage: qz.Storag
 
 
 def greedy(
-    loaded: Loaded, prompts: Sequence[pr.ScoredPrompt], storage: qz.Storage, max_tokens: int
+    loaded: Loaded, prompts: Sequence[ScoredPrompt], storage: qz.Storage, max_tokens: int
 ) -> list[dict[str, Any]]:
     """Greedy answers to GSM8K-format prompts (strict match of ``#### N``)."""
     from kvstudy.tools.train_model import greedy_complete, strict_match
@@ -156,7 +157,7 @@ def greedy(
     ]
 
 
-def calibrate(loaded: Loaded, prompts: Sequence[pr.ScoredPrompt]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def calibrate(loaded: Loaded, prompts: Sequence[ScoredPrompt]) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """e4m3 scales (max |x| / 448 per layer) observed over ``prompts`` with 16-bit storage."""
     qz.STATE.amax.clear()
     qz.STATE.observe = True
@@ -214,14 +215,18 @@ def run(spec: SimSpec, capture: str | Path, force: bool = False, retry_failed: b
     states: dict[str, str] = dict(manifest.get("items") or {})
     session = start_session(manifest, [MAIN, CONTROL])
     write_manifest(capture, manifest)
-    scored = pr.gsm8k_prompts(spec.gsm8k_n) + pr.retrieval_prompts(
-        spec.retrieval_lengths, spec.retrieval_per_length, spec.retrieval_seed
+    scored = scored_prompts(spec.gsm8k_n, spec.retrieval_lengths, spec.retrieval_per_length, spec.retrieval_seed)
+    calib_prompts = scored_prompts(
+        spec.calibration_gsm8k_n,
+        spec.retrieval_lengths[:2],
+        1,
+        spec.calibration_seed,
+        split=GSM8K_TRAIN,
+        prefix="calib-gsm8k",
     )
-    calib_prompts = pr.gsm8k_prompts(spec.calibration_gsm8k_n, pr.GSM8K_TRAIN, prefix="calib-gsm8k")
-    calib_prompts += pr.retrieval_prompts(spec.retrieval_lengths[:2], 1, seed=spec.calibration_seed)
 
     def run_group(
-        name: str, model_dir: str, loaded: Loaded, storages: list[qz.Storage], prompts: list[pr.ScoredPrompt], note: str
+        name: str, model_dir: str, loaded: Loaded, storages: list[qz.Storage], prompts: list[ScoredPrompt], note: str
     ) -> None:
         arms = {s.name: {**asdict(s), "label": LABELS.get(s.name, s.name)} for s in storages}
         candidates = tuple(s.name for s in storages[2:])
@@ -278,7 +283,7 @@ def run(spec: SimSpec, capture: str | Path, force: bool = False, retry_failed: b
             spec.control_dir,
             control,
             [*FIRST_ARMS, checkpoint],
-            pr.gsm8k_prompts(spec.control_gsm8k_n),
+            gsm8k_prompts(spec.control_gsm8k_n),
             f"k_norm x {spec.control_factor:g}, q_norm / {spec.control_factor:g}; checkpoint: {found}",
         )
     finally:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kvstudy.accuracy import configurations
 from kvstudy.accuracy import records as rec
 from kvstudy.accuracy import runner as ge
-from kvstudy.accuracy import task_specs
 from kvstudy.errors import StudyError
 from kvstudy.io import write_jsonl_atomic
 from kvstudy.tools import retrieval_data
@@ -68,7 +68,7 @@ def test_task_loads_in_lm_eval_with_the_generators_prompt(tmp_path, monkeypatch)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     write_retrieval_data(tmp_path / "data", SMALL)
-    folder = task_specs.write_task_folder("retrieval_offline", tmp_path / "data", tmp_path / "task")
+    folder = configurations.write_task_folder("retrieval_offline", tmp_path / "data", tmp_path / "task")
     manager = TaskManager(include_path=str(folder), include_defaults=False)
     task = manager.load(["retrieval_offline"])["tasks"]["retrieval_offline"]
     docs = list(task.test_docs())
@@ -88,7 +88,7 @@ def test_task_loads_in_lm_eval_with_the_generators_prompt(tmp_path, monkeypatch)
 
 def test_missing_retrieval_data_names_the_command(tmp_path):
     with pytest.raises(StudyError, match="retrieval-data"):
-        task_specs.write_task_folder("retrieval_offline", tmp_path / "none", tmp_path / "task")
+        configurations.write_task_folder("retrieval_offline", tmp_path / "none", tmp_path / "task")
 
 
 def _sample(doc_id: int, item: dict, response: str, right: bool) -> dict:
@@ -154,7 +154,7 @@ def test_for_task_fills_the_tasks_defaults_and_keeps_given_values():
     gsm = ge.EvalSettings.for_task("gsm8k_offline")
     assert gsm == ge.EvalSettings()  # GSM8K's defaults are EvalSettings' own
     ret = ge.EvalSettings.for_task("retrieval_offline", n=10, max_length=None)
-    defaults = task_specs.TASKS["retrieval_offline"].defaults
+    defaults = configurations.TASKS["retrieval_offline"].defaults
     assert ret.task == "retrieval_offline" and ret.n == 10
     assert {k: getattr(ret, k) for k in defaults} == dict(defaults)
     assert ge.EvalSettings.for_task("retrieval_offline", max_gen_toks=32).max_gen_toks == 32
@@ -172,10 +172,10 @@ def test_settings_refuse_unknown_tasks_and_foreign_filters():
 def test_every_packaged_task_file_exists_and_names_its_task():
     import yaml
 
-    for spec in task_specs.TASKS.values():
+    for spec in configurations.TASKS.values():
         if spec.yaml_file is None:
             continue
-        config = yaml.safe_load((task_specs.TASK_DIR / spec.yaml_file).read_text())
+        config = yaml.safe_load((configurations.TASK_DIR / spec.yaml_file).read_text())
         assert config["task"] == spec.name
         assert tuple(f["name"] for f in config["filter_list"]) == spec.filters
         assert set(config["dataset_kwargs"]["data_files"]) == set(spec.splits)

@@ -16,14 +16,17 @@ from kvstudy.accuracy import screening as sc
 from kvstudy.bench.logprobs import Server
 from kvstudy.errors import StudyError
 from kvstudy.io import write_jsonl_atomic
-from kvstudy.precision import analysis, prompts, records
+from kvstudy.precision import analysis
 
 SERVER = Server("http://127.0.0.1:9", "m", "models/m", 8192)
 
 
 def test_gsm8k_prompts_are_the_questions_asked_with_the_reference_solutions():
     found = sc.prompts_for("gsm8k_offline", "data/gsm8k", 5)
-    assert [(p.prompt, p.continuation) for p in found] == [(p.prompt, p.continuation) for p in prompts.gsm8k_prompts(5)]
+    items = [json.loads(line) for line in Path("data/gsm8k/test.jsonl").read_text().splitlines()[:5]]
+    assert [(p.prompt, p.continuation) for p in found] == [
+        (f"Question: {i['question']}\nAnswer:", " " + i["answer"]) for i in items
+    ]
     assert len({p.cluster for p in found}) == 5  # each question its own cluster
 
 
@@ -100,11 +103,10 @@ def _screened_capture(tmp_path: Path, arms: dict[str, float], **status: Any) -> 
 
 def test_the_arms_pair_into_kl_delta_logp_and_top1_against_the_floor(tmp_path):
     cap = _screened_capture(tmp_path, {"bf16": 0.0, "bf16-repeat": 0.0, "fp8-kv": 0.1})
-    found = sc.load(cap, ["bf16", "bf16-repeat", "fp8-kv"])
-    assert found is not None and (found.baseline, found.floor, found.candidates) == ("bf16", "bf16-repeat", ("fp8-kv",))
-    capture = records.from_arms(
-        cap, found.baseline, found.floor, found.candidates, found.rows, found.labels, "m", "vLLM"
-    )
+    capture = sc.load(cap, ["bf16", "bf16-repeat", "fp8-kv"])
+    assert capture is not None
+    group = capture.groups[0]
+    assert (group.baseline, group.floor, group.candidates, group.model) == ("bf16", "bf16-repeat", ("fp8-kv",), "m")
     table = {r["arm"]: r for r in analysis.comparisons(capture, margin_kl=1.0)}
     assert table["bf16-repeat"]["kl"] == pytest.approx(0.0, abs=1e-12) and table["bf16-repeat"]["top1"] == 1.0
     shifts = [0.1 * (1 + i / 10) for i in range(6)]
@@ -307,11 +309,9 @@ def test_the_runner_screens_each_server_and_resumes(tmp_path, monkeypatch):
     assert {k: s.state for k, s in run().items() if s} == dict.fromkeys(names, "ok")
     assert evaluated == names and _Served.started == ["auto", "auto", "fp8", "auto"]
     assert not (tmp_path / "cap" / "random-weights" / sc.ROWS).exists()  # a weak baseline is not screened
-    found = sc.load(tmp_path / "cap", names[:3])
-    assert found is not None and found.top_k == 20 and found.floor == "bf16-repeat"
-    capture = records.from_arms(
-        tmp_path / "cap", found.baseline, found.floor, found.candidates, found.rows, found.labels, "m", "x"
-    )
+    capture = sc.load(tmp_path / "cap", names[:3])
+    assert capture is not None and capture.groups[0].floor == "bf16-repeat"
+    assert capture.groups[0].engine == "vLLM, this capture's servers (top-20 prompt log-probabilities)"
     table = {r["arm"]: r for r in analysis.comparisons(capture)}
     assert table["bf16-repeat"]["kl"] == 0.0 and table["fp8-kv"]["mean"] == pytest.approx(math.log(0.6 / 0.7))
     # the screen of one configuration lost: its server starts again for the screen alone, lm-eval is not asked

@@ -10,40 +10,45 @@ from kvstudy.errors import StudyError  # noqa: E402
 from kvstudy.precision import quantize as qz  # noqa: E402
 
 
+def stored(x: torch.Tensor, fmt: str, scale: float = 1.0) -> torch.Tensor:
+    """``x`` kept as a K of layer 0 in ``fmt`` at ``scale`` and read back (``quantize.store``)."""
+    return qz.store(x, qz.Storage("t", fmt, (scale,), (scale,)), "k", 0)
+
+
 def test_fp8_round_trip_keeps_representable_values() -> None:
     values = torch.tensor([0.0, 1.0, -2.0, 0.5, 448.0, -448.0, 1.125, 0.015625])
-    assert torch.equal(qz.fp8_round_trip(values, "float8_e4m3fn", 1.0), values)
+    assert torch.equal(stored(values, "float8_e4m3fn", 1.0), values)
 
 
 def test_fp8_round_trip_rounds_to_three_mantissa_bits() -> None:
     x = torch.linspace(-300, 300, 2001)
-    y = qz.fp8_round_trip(x, "float8_e4m3fn", 1.0)
+    y = stored(x, "float8_e4m3fn", 1.0)
     rel = ((y - x).abs() / x.abs().clamp(min=1.0)).max()
     assert 0 < rel <= 2**-4 + 1e-6  # half an ulp of a 3-bit mantissa
 
 
 def test_fp8_saturates_instead_of_nan() -> None:
     x = torch.tensor([500.0, -1e6, 1e4])
-    y = qz.fp8_round_trip(x, "float8_e4m3fn", 1.0)
+    y = stored(x, "float8_e4m3fn", 1.0)
     assert torch.equal(y, torch.tensor([448.0, -448.0, 448.0]))
-    z = qz.fp8_round_trip(torch.tensor([1e9]), "float8_e5m2", 1.0)
+    z = stored(torch.tensor([1e9]), "float8_e5m2", 1.0)
     assert float(z) == 57344.0
 
 
 def test_fp8_scale_moves_the_range() -> None:
     x = torch.tensor([1000.0, -2000.0, 3.0])
-    y = qz.fp8_round_trip(x, "float8_e4m3fn", 2000.0 / 448.0)
+    y = stored(x, "float8_e4m3fn", 2000.0 / 448.0)
     assert abs(float(y[1]) + 2000.0) < 1e-3  # no saturation with the right scale
     assert abs(float(y[0]) - 1000.0) / 1000.0 <= 2**-4
 
 
 def test_bf16_and_int8_round_trips() -> None:
     x = torch.randn(2, 2, 5, 32, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(qz.bf16_round_trip(x), x.to(torch.bfloat16).float())
-    y = qz.int8_round_trip(x)
+    assert torch.equal(stored(x, "bfloat16"), x.to(torch.bfloat16).float())
+    y = stored(x, "int8_per_token_head")
     step = x.abs().amax(-1, keepdim=True) / 127
     assert ((y - x).abs() <= step / 2 + 1e-7).all()
-    assert torch.equal(qz.int8_round_trip(torch.zeros(1, 1, 1, 4)), torch.zeros(1, 1, 1, 4))
+    assert torch.equal(stored(torch.zeros(1, 1, 1, 4), "int8_per_token_head"), torch.zeros(1, 1, 1, 4))
 
 
 def test_storage_checks_its_fields() -> None:

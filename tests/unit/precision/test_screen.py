@@ -16,7 +16,7 @@ import pytest
 from kvstudy import cli
 from kvstudy.bench import logprobs
 from kvstudy.errors import StudyError
-from kvstudy.precision import analysis, prompts, records, screen
+from kvstudy.precision import analysis, records, screen
 
 
 class Fake:
@@ -127,7 +127,7 @@ def serve() -> Iterator[Any]:
         server.shutdown()
 
 
-PROMPTS = prompts.gsm8k_prompts(3) + prompts.retrieval_prompts([64], 2)
+PROMPTS = screen.scored_prompts(3, [64], 2)
 
 
 def test_two_equal_servers_make_no_claim(serve: Any, tmp_path: Path) -> None:

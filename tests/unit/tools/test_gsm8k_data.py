@@ -102,7 +102,7 @@ def test_offline_task_loads_in_lm_eval(tmp_path, monkeypatch):
     pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager
 
-    from kvstudy.accuracy.task_specs import write_task_folder
+    from kvstudy.accuracy.configurations import write_task_folder
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -117,7 +117,7 @@ def test_offline_task_loads_in_lm_eval(tmp_path, monkeypatch):
 
 
 def test_missing_data_folder_is_a_study_error(tmp_path):
-    from kvstudy.accuracy.task_specs import write_task_folder
+    from kvstudy.accuracy.configurations import write_task_folder
 
     with pytest.raises(StudyError, match="train split is missing"):
         write_task_folder("gsm8k_offline", tmp_path / "nowhere", tmp_path / "task")
