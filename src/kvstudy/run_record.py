@@ -44,34 +44,16 @@ if TYPE_CHECKING:
 RECORD_VERSION = 1
 
 # Fields the guard compares, by section.
-RESOLVED_FIELDS = (
-    "version",
-    "device",
-    "attention_backend",
-    "attention_candidates",
-    "attention_backend_forced",
-    "kv_cache_dtype",
-    "kv_cache_dtype_config",
-    "kv_scale_warning",
-    "max_model_len",
-    "quantization",
-    "block_size",
-    "kv_memory_bytes",
-    "available_kv_memory_gib",
-    "model_load_gib",
-    "failed",
+RESOLVED_FIELDS = tuple(
+    "version device attention_backend attention_candidates attention_backend_forced kv_cache_dtype "
+    "kv_cache_dtype_config kv_scale_warning max_model_len quantization block_size kv_memory_bytes "
+    "available_kv_memory_gib model_load_gib failed".split()
 )
 TOLERANCES = {"available_kv_memory_gib": 0.01, "model_load_gib": 0.02}  # relative; every other field exact
 DERIVED_FIELDS = ("pool_tokens", "max_concurrency", "max_concurrency_len", "block_override")
-MODEL_FIELDS = (
-    "config_sha256",
-    "weights_sha256",
-    "kv_cache_dtype_in_config",
-    "quant_method",
-    "kv_scheme",
-    "kv_cache_quant_algo",
-    "has_scales",
-    "torch_dtype",
+MODEL_FIELDS = tuple(
+    "config_sha256 weights_sha256 kv_cache_dtype_in_config quant_method kv_scheme kv_cache_quant_algo has_scales "
+    "torch_dtype".split()
 )
 HARDWARE_FIELDS = ("device", "cpu_model", "gpus", "gpu_driver")
 
