@@ -20,13 +20,13 @@ even when the dtype explains it.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
 from kvstudy.io import file_digest, weights_digest
@@ -171,7 +171,7 @@ def build_record(config: ServerConfig, log_path: Path, port: int | None = None) 
     resolved.update(block_size=block, kv_memory_bytes=memory)
     return {
         "record_version": RECORD_VERSION,
-        "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "created_utc": now_utc(),
         "log_path": str(log_path),
         "asked": {
             "config": config.to_dict(),

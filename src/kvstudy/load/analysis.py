@@ -211,10 +211,8 @@ def cell_table(cap: LoadCapture) -> pd.DataFrame:
             "req/s": c.get("request_throughput_req_s"),
         }
         if len(cap.requests):
-            cell = cap.grid.cells[c["cell_id"]]
-            ok = (
-                [r for r in cell.requests if r.success] if cell.ok else []
-            )  # a failed cell's requests are not summarised
+            cell = cap.grid.cells[c["cell_id"]]  # a failed cell's requests are not summarised
+            ok = [r for r in cell.requests if r.success] if cell.ok else []
             for metric in ("ttft", "tpot", "e2el"):
                 values = [v for r in ok if (v := getattr(r, f"{metric}_ms")) is not None]
                 for q in PERCENTILES:
