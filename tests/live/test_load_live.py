@@ -16,8 +16,7 @@ import pytest
 from kvstudy.bench.result import read_requests_jsonl
 from kvstudy.io import read_jsonl
 from kvstudy.load import analysis
-from kvstudy.load.knee import share_within
-from kvstudy.load.runner import run_load
+from kvstudy.load.runner import run_load, share_within
 from kvstudy.load.spec import LoadSpec, arm_pools
 from kvstudy.progress import silent
 

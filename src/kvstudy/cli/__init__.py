@@ -8,7 +8,8 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any, NoReturn
 
 from kvstudy.errors import StudyError
@@ -51,22 +52,59 @@ def show(data: Any, lines: list[str], as_json: bool, **dumps: Any) -> None:
     print(json.dumps(data, indent=2, **dumps) if as_json else "\n".join(lines))
 
 
-def print_failed(results: Sequence[Any]) -> list[Any]:
-    """Print each failed cell of a grid run on stderr; the failed results."""
-    failed = [r for r in results if r.status != "ok"]
-    for r in failed:
-        print(f"failed: {r.cell_id}: {r.reason}", file=sys.stderr)
-    return failed
-
-
-def grid_arguments(parser: argparse.ArgumentParser, spec_help: str) -> None:
-    """The spec file and capture folder of ``sweep``, ``load`` and ``context-sweep``."""
+def grid_command(
+    subparsers: Any,
+    name: str,
+    help: str,
+    spec: type[Any],
+    run: Callable[[Any, argparse.Namespace, str], Sequence[Any]],
+    plan: Callable[[Any, str], list[str]] = lambda spec, where: [],
+) -> argparse.ArgumentParser:
+    """``sweep``, ``load`` and ``context-sweep``: a JSON grid of ``spec`` run (or resumed) into a
+    capture folder by ``run(spec, args, how)``; ``--dry-run`` prints ``plan(spec, where)`` and the
+    cells to run. Exit 1 when a cell failed now or a failed one was kept."""
     from kvstudy.limits import output_folder  # not at the top: ``kvstudy engine-check`` needs no pydantic
 
-    parser.add_argument("spec", help=spec_help)
+    def main(args: argparse.Namespace) -> int:
+        from kvstudy.bench.grid import cells_to_run, item_states
+        from kvstudy.io import read_json
+
+        grid = spec.from_dict(read_json(args.spec), where=args.spec)
+        cells = grid.cells()
+        todo = cells_to_run(args.capture, cells, args.retry_failed)
+        if args.dry_run:
+            lines = [*plan(grid, args.spec), *(c.id for c in todo), f"{len(todo)} of {len(cells)} cells to run"]
+            print("\n".join(lines))
+            return 0
+        results = [
+            r if isinstance(r, dict) else asdict(r)
+            for r in run(grid, args, f"kvstudy {name} {args.spec} {args.capture}")
+        ]
+        failed = [r for r in results if r["status"] != "ok"]
+        for r in failed:
+            print(f"failed: {r['cell_id']}: {r['reason']}", file=sys.stderr)
+        states = item_states(args.capture, [c.id for c in cells])
+        kept = [c for c, state in states.items() if state == "failed" and c not in {r["cell_id"] for r in results}]
+        if kept:
+            print(
+                f"kept {len(kept)} cell(s) that failed before ({', '.join(kept[:5])}); re-run with --retry-failed",
+                file=sys.stderr,
+            )
+        left = sum(state == "missing" for state in states.values())
+        print(
+            f"{len(results) - len(failed)} cells ok, {len(failed)} failed; {left} still to run; capture in {args.capture}"
+        )
+        return 1 if failed or kept else 0
+
+    parser = subparsers.add_parser(name, help=help)
+    parser.add_argument("spec", help=f"JSON file with the grid ({spec.__name__} fields)")
     parser.add_argument(
         "capture", type=output_folder, help="capture folder (created, or resumed if it holds the same grid)"
     )
+    parser.add_argument("--dry-run", action="store_true", help="list the cells that would run, start nothing")
+    retry_option(parser)
+    parser.set_defaults(func=main)
+    return parser
 
 
 class _Parser(argparse.ArgumentParser):

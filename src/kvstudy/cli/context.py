@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from kvstudy.cli import MODEL_HELP, grid_arguments, json_option, retry_option, show
+from kvstudy.cli import MODEL_HELP, grid_command, json_option, show
 from kvstudy.context.spec import ContextSweepSpec
-from kvstudy.context.sweep import cells_to_run, measure_bandwidth, run_context_sweep
+from kvstudy.context.sweep import measure_bandwidth, run_context_sweep
 from kvstudy.formats import GIB
-from kvstudy.io import read_json
 from kvstudy.limits import (
     MAX_BANDWIDTH_GB_S,
     MAX_FACTOR,
@@ -111,38 +109,16 @@ def add_roofline(subparsers: Any) -> None:
 
 
 def add_context_sweep(subparsers: Any) -> None:
-    sweep = subparsers.add_parser(
+    """One user, a grid of input lengths, each KV arm; resumes an existing capture folder."""
+    sweep = grid_command(
+        subparsers,
         "context-sweep",
-        help="run (or resume) the live ITL-vs-context sweep described by a JSON spec",
-        description="One user, a grid of input lengths, each KV arm; resumes an existing capture folder.",
+        "run (or resume) the live ITL-vs-context sweep described by a JSON spec",
+        ContextSweepSpec,
+        lambda spec, args, how: run_context_sweep(spec, args.capture, how, args.max_servers, args.retry_failed),
     )
-    grid_arguments(sweep, "JSON file with ContextSweepSpec fields (model, arms, lengths, seeds, ...)")
     sweep.add_argument(
         "--max-servers",
         type=int_arg(0, MAX_GRID_CELLS),
         help="start at most this many servers in this run",
     )
-    retry_option(sweep)
-    sweep.add_argument("--dry-run", action="store_true", help="list the cells that would run, start nothing")
-    sweep.set_defaults(func=_context_sweep)
-
-
-def _context_sweep(args: argparse.Namespace) -> int:
-    spec = ContextSweepSpec.from_dict(read_json(Path(args.spec)), where=args.spec)
-    todo = cells_to_run(spec, Path(args.capture), args.retry_failed)
-    if args.dry_run:
-        print("\n".join(todo + [f"{len(todo)} of {len(spec.cells())} cells to run"]))
-        return 0
-    outcomes = run_context_sweep(
-        spec,
-        args.capture,
-        how=f"kvstudy context-sweep {args.spec} {args.capture}",
-        max_servers=args.max_servers,
-        retry_failed=args.retry_failed,
-    )
-    left = cells_to_run(spec, Path(args.capture), args.retry_failed)
-    print(
-        f"{sum(o['status'] == 'ok' for o in outcomes)} cells ok, {sum(o['status'] != 'ok' for o in outcomes)} failed "
-        f"now; {len(left)} still to run; capture in {args.capture}"
-    )
-    return 0

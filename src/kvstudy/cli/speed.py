@@ -7,47 +7,23 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-from kvstudy.bench.grid import cells_to_run
-from kvstudy.cli import grid_arguments, json_option, print_failed, retry_option
-from kvstudy.io import read_json
+from kvstudy.cli import grid_command, json_option
 from kvstudy.limits import float_arg
 from kvstudy.redact import redact, redact_text
 from kvstudy.speed.runner import run_sweep
 from kvstudy.speed.spec import SweepSpec
 
 
-def _sweep(args: argparse.Namespace) -> int:
-    spec = SweepSpec.from_dict(read_json(Path(args.spec)), where=args.spec)
-    todo = cells_to_run(args.capture, spec.cells(), args.retry_failed)
-    if args.dry_run:
-        for cell in todo:
-            print(cell.id)
-        print(f"{len(todo)} of {len(spec.cells())} cells to run")
-        return 0
-    results = run_sweep(
-        spec, args.capture, how=f"kvstudy sweep {args.spec} {args.capture}", retry_failed=args.retry_failed
-    )
-    failed = print_failed(results)
-    ran = {r.cell_id for r in results}
-    kept = [c.id for c in cells_to_run(args.capture, spec.cells(), True) if c.id not in ran]
-    if kept:
-        print(
-            f"kept {len(kept)} cell(s) that failed before ({', '.join(kept[:5])}); re-run with --retry-failed",
-            file=sys.stderr,
-        )
-    print(f"{len(results) - len(failed)} cells ok, {len(failed)} failed; capture in {args.capture}")
-    return 1 if failed or kept else 0
-
-
 def add_sweep(subparsers: Any) -> None:
-    p = subparsers.add_parser("sweep", help="run (or resume) a speed sweep described by a JSON grid")
-    grid_arguments(p, "JSON file with the grid (SweepSpec fields)")
-    p.add_argument("--dry-run", action="store_true", help="list the cells that would run, start nothing")
-    retry_option(p)
-    p.set_defaults(func=_sweep)
+    grid_command(
+        subparsers,
+        "sweep",
+        "run (or resume) a speed sweep described by a JSON grid",
+        SweepSpec,
+        lambda spec, args, how: run_sweep(spec, args.capture, how, retry_failed=args.retry_failed),
+    )
 
 
 def _compare(args: argparse.Namespace) -> int:

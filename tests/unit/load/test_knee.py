@@ -8,17 +8,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kvstudy.load.knee import (
-    HELD,
-    MEASURED,
-    MISSED,
-    NO_CELLS,
-    Knee,
-    compare_users,
-    decide,
-    share_within,
-    users_within,
-)
+from kvstudy.load.analysis import HELD, MEASURED, MISSED, NO_CELLS, Knee, compare_users, decide, users_within
+from kvstudy.load.runner import share_within
 from kvstudy.stats.binary import clopper_pearson
 
 LOADS = [2, 4, 6, 8, 12]
@@ -168,7 +159,7 @@ def test_the_aa_check_can_fail(no_full_collections: None) -> None:
 
 
 def test_blocks_for_family_hand_values() -> None:
-    from kvstudy.load.knee import blocks_for_family
+    from kvstudy.load.analysis import blocks_for_family
 
     assert blocks_for_family(1) == 6  # 2/64 < 0.05 <= 2/32
     assert blocks_for_family(10) == 9  # 10 x 2/512 = 0.039; 10 x 2/256 = 0.078
