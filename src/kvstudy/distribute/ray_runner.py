@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 from kvstudy.distribute.plan import plan_blocks
 from kvstudy.errors import MissingPrerequisite, StudyError
@@ -23,8 +24,7 @@ from kvstudy.progress import Progress
 PASSED_ENV = ("PYTHONPATH", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "VLLM_CPU_KVCACHE_SPACE")
 LOG_DIR = "ray-logs"
 ADDRESS_PROBE_S = 5.0
-# a local cluster: on loopback only (Ray's single-machine mode), reporting nothing anywhere; these stay
-# set in this process (run-blocks-ray runs in its own)
+# a local cluster: on loopback only (Ray's single-machine mode), reporting nothing anywhere
 LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 _ADDRESS = re.compile(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253}):([0-9]{1,5})", re.ASCII)
 
@@ -56,6 +56,16 @@ def _run_block_process(argv: list[str], cwd: str, env: dict[str, str], log: str)
         return subprocess.run(argv, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
+def _init_local(ray: Any, num_cpus: int | None) -> None:
+    """A local Ray cluster bound to loopback only, no dashboard, no usage statistics. Only with Ray's
+    single-machine switch off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) is a node's address loopback
+    (else Ray resolves 127.0.0.1 to a reachable address); ``ray`` reads it on import, so the module
+    constant is set too."""
+    # the raylet, its agents and workers inherit the environment
+    with patch.dict(os.environ, LOCAL_ENV), patch.object(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False):
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+
+
 def run_blocks_ray(
     plan_dir: str | Path,
     store: str | Path,
@@ -81,12 +91,10 @@ def run_blocks_ray(
     started_here = not ray.is_initialized()
     if started_here:
         try:
-            # a node's address is loopback only with Ray's single-machine switch off (else Ray resolves
-            # 127.0.0.1 to a reachable address); ``ray`` reads it on import: the module constant too
-            if not address:
-                os.environ.update(LOCAL_ENV)  # the raylet, its agents and workers inherit the environment
-                ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
-            ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            if address:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            else:
+                _init_local(ray, num_cpus)
         except Exception as exc:  # Ray's own start or connect failure: one line, its logs named
             ray.shutdown()  # what it started before failing (GCS, agents) is stopped
             what = f"the cluster at --address {address}" if address else "a local Ray cluster"
