@@ -230,15 +230,9 @@ def ladder_table(ladder: Ladder, shown: bool = True) -> Any:
                     }
                 )
                 if task in TASKS:
-                    label = TASKS[task]
-                    row.update(
-                        {
-                            f"{label} change (points)": g.change_points,
-                            f"{label} low": g.change_low,
-                            f"{label} high": g.change_high,
-                            f"{label} 16-bit vs original": g.bf16_change_points,
-                        }
-                    )
+                    values = (g.change_points, g.change_low, g.change_high, g.bf16_change_points)
+                    names = ("change (points)", "low", "high", "16-bit vs original")
+                    row.update({f"{TASKS[task]} {name}": v for name, v in zip(names, values)})
     frame = pd.DataFrame([rows[k] for k in sorted(rows)])
     if not shown:
         return frame

@@ -143,11 +143,7 @@ def load_published(path: str | Path) -> Published:
     table[["tpot_min_ms", "tpot_max_ms"]] = np.nan  # per-seed values were not published
     meta = {k: v for k, v in data.items() if k not in ("rows", "published_verdicts", "not_published")}
     return Published(
-        path,
-        meta,
-        table[SUMMARY_COLUMNS],
-        data.get("published_verdicts", []),
-        data.get("not_published", []),
+        path, meta, table[SUMMARY_COLUMNS], data.get("published_verdicts", []), data.get("not_published", [])
     )
 
 
@@ -395,39 +391,38 @@ def _samples(rows: pd.DataFrame, column: str) -> np.ndarray:
     return pd.to_numeric(rows[column], errors="coerce").dropna().to_numpy(dtype=float)
 
 
+def _users_seen(capture: Any) -> list[int]:
+    return sorted({int(u) for u in capture.cells["users"]}) if len(capture.cells) else []
+
+
 def failed_causes(capture: Any) -> dict[tuple[str, int], str]:
     """(configuration, users) -> the first failure cause, for arms with no finished cell there."""
     cells = capture.cells
-    if not len(cells):
-        return {}
     out: dict[tuple[str, int], str] = {}
-    ok = {
-        (c, int(u)) for c, u in cells.loc[cells["status"] == "ok", ["configuration", "users"]].itertuples(index=False)
-    }
+    if not len(cells):
+        return out
+    ok = set(zip(cells.loc[cells["status"] == "ok", "configuration"], cells.loc[cells["status"] == "ok", "users"]))
     for _, cell in cells[cells["status"] != "ok"].iterrows():
-        key = (str(cell["configuration"]), int(cell["users"]))
-        if key not in ok and key not in out:
-            out[key] = f"{cell['status']}: {cell.get('reason') or 'no cause recorded'}"
+        if (cell["configuration"], cell["users"]) not in ok:
+            key = (str(cell["configuration"]), int(cell["users"]))
+            out.setdefault(key, f"{cell['status']}: {cell.get('reason') or 'no cause recorded'}")
     return out
 
 
-def _per_token_state(capture: Any, configuration: str, users: int) -> tuple[bool, str]:
+def _per_token_cause(capture: Any, configuration: str, users: int) -> str:
+    """Why per-token latency is not measured in some of the arm's runs ("" when it is in all)."""
     runs = capture_runs(capture, configuration, users)
     bad = [r for r in runs if not r.measurable]
-    if not bad:
-        return True, ""
     reasons = sorted({reason for r in bad for reason in r.unmeasurable_reasons})
-    return False, f"{len(bad)} of {len(runs)} runs: " + "; ".join(reasons)
+    return f"{len(bad)} of {len(runs)} runs: " + "; ".join(reasons) if bad else ""
 
 
 def percentile_frame(capture: Any, order: list[str]) -> pd.DataFrame:
     """Percentiles per user count, arm and latency (see the module docstring), in arm order: one row
     each, a percentile too few samples resolve left empty, ``measurable`` "yes" or "no: <cause>"."""
-    requests = capture.requests
-    users_seen = sorted({int(u) for u in capture.cells["users"]}) if len(capture.cells) else []
-    failed = failed_causes(capture)
+    requests, failed = capture.requests, failed_causes(capture)
     out: list[dict[str, Any]] = []
-    for users in users_seen:
+    for users in _users_seen(capture):
         for name in order:
             key = {"users": users, "configuration": name}
             rows = (
@@ -444,20 +439,19 @@ def percentile_frame(capture: Any, order: list[str]) -> pd.DataFrame:
                 ]
                 continue
             ok_rows = rows[rows["success"]]
-            failed_requests = len(rows) - len(ok_rows)
-            token_ok, token_cause = _per_token_state(capture, name, users)
+            token_cause = _per_token_cause(capture, name, users)
             for label, column, _ in LATENCIES:
                 values = _samples(ok_rows, column)
+                if label in PER_TOKEN and token_cause:
+                    measurable = f"no: {shorten_words(token_cause, CAUSE_WIDTH)}"
+                elif len(ok_rows) < len(rows):
+                    measurable = f"no: {len(rows) - len(ok_rows)} of {len(rows)} requests failed (survivors biased)"
+                else:
+                    measurable = "yes" if len(values) else "no: no samples"
                 per_q = {
                     f"p{q} (ms)": float(np.percentile(values, q)) if len(values) >= min_samples(q) else None
                     for q in PERCENTILES
                 }
-                if label in PER_TOKEN and not token_ok:
-                    measurable = f"no: {shorten_words(token_cause, CAUSE_WIDTH)}"
-                elif failed_requests:
-                    measurable = f"no: {failed_requests} of {len(rows)} requests failed (survivors biased)"
-                else:
-                    measurable = "yes" if len(values) else "no: no samples"
                 out.append({**key, "latency": label, **per_q, "samples": len(values), "measurable": measurable})
     columns = ["users", "configuration", "latency", *(f"p{q} (ms)" for q in PERCENTILES), "samples", "measurable"]
     return pd.DataFrame(out, columns=columns)
@@ -495,20 +489,19 @@ def concurrency_points(capture: Any, seeds: pd.DataFrame, order: list[str]) -> l
     """Per arm and user count: the seed medians of TPOT and throughput (:func:`summary_table`), or why there are none."""
     summary = summary_table(seeds, order).set_index(["configuration", "users"])
     failed = failed_causes(capture)
-    users_seen = sorted({int(u) for u in capture.cells["users"]}) if len(capture.cells) else []
     out: list[ConcurrencyPoint] = []
     for name in order:
-        for users in users_seen:
+        for users in _users_seen(capture):
             if (name, users) not in summary.index:
                 cause = failed.get((name, users), "no finished cell")
                 out.append(ConcurrencyPoint(name, users, "failed", cause=shorten_words(cause, CAUSE_WIDTH)))
                 continue
-            token_ok, cause = _per_token_state(capture, name, users)
+            cause = _per_token_cause(capture, name, users)
             at = summary.loc[(name, users)]
             figures = {
                 c: float(at[c]) for c in ("median_tpot_ms", "tpot_min_ms", "tpot_max_ms", "output_throughput_tok_s")
             }
-            state = "measured" if token_ok else "not measurable"
+            state = "not measurable" if cause else "measured"
             out.append(ConcurrencyPoint(name, users, state, **figures, cause=shorten_words(cause, CAUSE_WIDTH)))
     return out
 

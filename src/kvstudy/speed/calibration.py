@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -30,19 +29,19 @@ from kvstudy.stats.permutation import blocked_min_p, minimum_p_value, permutatio
 SPLITS = 1_000  # pseudo-arm splits / simulated designs (>= 1,000: the rate's own SE <= 0.7 points at 5 %)
 CALIBRATION_RESAMPLES = 400  # bootstrap draws per simulated verdict (the interval only matters once p < alpha)
 
+Blocks = list[list[np.ndarray]]  # per seed, the per-request TPOTs of its runs
+
 
 @dataclass(frozen=True)
 class ClaimRate:
     """How many of ``trials`` simulated comparisons made a claim; no trials: the design cannot reach p < alpha."""
 
-    what: str
     claims: int
     trials: int
     n_base: int
     n_cand: int
-    change: float | None = None  # true candidate/baseline TPOT ratio minus 1 (power only)
-    min_p: float = 0.0  # smallest two-sided p the design can reach
-    blocked: bool = False  # seed blocks (one run per arm each) rather than free splits
+    min_p: float  # smallest two-sided p the design can reach
+    blocked: bool  # seed blocks (one run per arm each) rather than free splits
 
     @property
     def possible(self) -> bool:
@@ -71,15 +70,15 @@ class ClaimRate:
         )
 
 
-def _noise(runs: Sequence[RunSummary]) -> tuple[list[RunSummary], list[list[np.ndarray]] | None, list[np.ndarray]]:
-    """The runs (each must have a positive median TPOT), their seed blocks and per-request TPOTs."""
+def _noise(runs: Sequence[RunSummary]) -> tuple[list[np.ndarray], Blocks | None]:
+    """The runs' per-request TPOTs (each run must have a positive median) and their seed blocks."""
     bad = [r.name for r in runs if not r.tpots_s or not r.median_tpot_s > 0]
     if bad:
         raise StudyError(f"calibration: run(s) {', '.join(bad)} have no positive per-request TPOT")
-    return list(runs), seed_blocks(runs), [np.asarray(r.tpots_s, dtype=float) for r in runs]
+    return [np.asarray(r.tpots_s, dtype=float) for r in runs], seed_blocks(runs)
 
 
-def seed_blocks(runs: Sequence[RunSummary]) -> list[list[np.ndarray]] | None:
+def seed_blocks(runs: Sequence[RunSummary]) -> Blocks | None:
     """The runs' per-request TPOTs grouped by seed (blocks of at least 2 runs); None when a run names
     no seed or no seed has two runs."""
     if not runs or any(r.block is None for r in runs):
@@ -87,8 +86,7 @@ def seed_blocks(runs: Sequence[RunSummary]) -> list[list[np.ndarray]] | None:
     groups: dict[int, list[np.ndarray]] = {}
     for r in runs:
         groups.setdefault(int(r.block), []).append(np.asarray(r.tpots_s, dtype=float))  # type: ignore[arg-type]
-    blocks = [g for g in groups.values() if len(g) >= 2]
-    return blocks or None
+    return [g for g in groups.values() if len(g) >= 2] or None
 
 
 def design_min_p(n_per_arm: int, blocked: bool) -> float:
@@ -121,87 +119,58 @@ def claim_by_test(
     return statistical_claim(test.p_value, ci, math.exp(test.statistic))
 
 
-def false_claim_rate(
-    runs: Sequence[RunSummary],
+def _rate(
+    pool: Sequence[np.ndarray],
+    blocks: Blocks | None,
+    n_base: int,
+    n_cand: int,
+    change: float,
+    trials: int,
+    resamples: int,
+    seed: int,
     *,
-    splits: int = SPLITS,
-    resamples: int = CALIBRATION_RESAMPLES,
-    seed: int = 0,
+    resample: bool = True,
+    use_interval: bool = True,
+) -> ClaimRate:
+    """Claims over ``trials`` designs, candidate TPOTs times ``1 + change``: in its direction, or (no
+    change) in any. With ``blocks``, each of ``n_base`` seed blocks (drawn with replacement when
+    ``resample``, else every block once) gives one of its runs to each arm at random; otherwise runs
+    are drawn with replacement (``resample``) or split at random."""
+    blocked = blocks is not None
+    min_p = design_min_p(n_base, True) if blocked else minimum_p_value(n_base, n_cand)
+    if min_p >= ALPHA:
+        return ClaimRate(0, 0, n_base, n_cand, min_p, blocked)
+    rng = np.random.default_rng(seed)
+    want = "slower" if change > 0 else "faster"
+    hits = 0
+    for i in range(trials):
+        if blocks is not None:
+            chosen = rng.integers(0, len(blocks), size=n_base) if resample else range(n_base)
+            pairs = [[blocks[k][j] for j in rng.choice(len(blocks[k]), size=2, replace=False)] for k in chosen]
+            base, cand = [p[0] for p in pairs], [p[1] for p in pairs]
+        else:
+            picks = rng.integers(0, len(pool), size=n_base + n_cand) if resample else rng.permutation(len(pool))
+            base, cand = [pool[j] for j in picks[:n_base]], [pool[j] for j in picks[n_base:]]
+        cand = [c * (1.0 + change) for c in cand]
+        claim = claim_by_test(
+            base, cand, resamples=resamples, seed=seed + i, use_interval=use_interval, blocked=blocked
+        )
+        hits += claim == want if change else claim != "no claim"
+    return ClaimRate(hits, trials, n_base, n_cand, min_p, blocked)
+
+
+def false_claim_rate(
+    runs: Sequence[RunSummary], *, splits: int = SPLITS, resamples: int = CALIBRATION_RESAMPLES, seed: int = 0
 ) -> ClaimRate:
     """Split the A/A ``runs`` at random into pseudo-arms ``splits`` times; the share of splits with
     a claim: with seeds known each seed block's runs go one to each pseudo-arm (the blocked design
     the verdict tests), otherwise half the runs to each. A design that cannot reach p < alpha counts nothing."""
-    pool, blocks, tpots = _noise(runs)
-    rng = np.random.default_rng(seed)
-    if blocks is not None:
-        n1 = n2 = len(blocks)
-        what = f"A/A runs, one per pseudo-arm in each of {n1} seed blocks"
-
-        def split() -> tuple[list[Any], list[Any]]:
-            picks = [rng.choice(len(b), size=2, replace=False) for b in blocks]
-            return [b[j[0]] for b, j in zip(blocks, picks)], [b[j[1]] for b, j in zip(blocks, picks)]
-
-    else:
-        n1, n2 = len(pool) // 2, len(pool) - len(pool) // 2
-        if n1 < 1:
-            raise StudyError(f"calibration: cannot split {len(pool)} A/A runs into {n1} + {n2}")
-        what = "A/A runs split into pseudo-arms"
-
-        def split() -> tuple[list[Any], list[Any]]:
-            order = rng.permutation(len(pool))
-            return [tpots[j] for j in order[:n1]], [tpots[j] for j in order[n1:]]
-
-    blocked = blocks is not None
-    min_p = design_min_p(n1, True) if blocked else minimum_p_value(n1, n2)
-    if min_p >= ALPHA:
-        return ClaimRate(what, 0, 0, n1, n2, None, min_p, blocked)
-    claims = sum(
-        claim_by_test(*split(), resamples=resamples, seed=seed + i, blocked=blocked) != "no claim"
-        for i in range(splits)
-    )
-    return ClaimRate(what, claims, splits, n1, n2, None, min_p, blocked)
-
-
-def _simulate(
-    pool: Sequence[np.ndarray],
-    n_base: int,
-    n_cand: int,
-    ratio: float,
-    simulations: int,
-    resamples: int,
-    seed: int,
-    use_interval: bool = True,
-    blocks: Sequence[Sequence[np.ndarray]] | None = None,
-) -> tuple[int, int]:
-    """(claims in any direction, claims in the direction of ``ratio``) over simulated designs: with
-    ``blocks``, ``n_base`` seed blocks drawn with replacement, each block's two runs taken from one
-    observed seed and given to the arms at random; otherwise runs drawn with replacement."""
-    if n_base < 1 or n_cand < 1:
-        raise StudyError(f"calibration: {n_base} vs {n_cand} runs per arm, expected at least 1 each")
-    rng = np.random.default_rng(seed)
-    want = "slower" if ratio > 1.0 else "faster"
-    any_claims = right = 0
-    for i in range(simulations):
-        if blocks is not None:
-            chosen = rng.integers(0, len(blocks), size=n_base)
-            pairs = [rng.choice(len(blocks[k]), size=2, replace=False) for k in chosen]
-            base = [blocks[k][j[0]] for k, j in zip(chosen, pairs)]
-            cand = [blocks[k][j[1]] * ratio for k, j in zip(chosen, pairs)]
-        else:
-            picks = rng.integers(0, len(pool), size=n_base + n_cand)
-            base = [pool[j] for j in picks[:n_base]]
-            cand = [pool[j] * ratio for j in picks[n_base:]]
-        claim = claim_by_test(
-            base,
-            cand,
-            resamples=resamples,
-            seed=seed + i,
-            use_interval=use_interval,
-            blocked=blocks is not None,
-        )
-        any_claims += claim != "no claim"
-        right += claim == want
-    return any_claims, right
+    pool, blocks = _noise(runs)
+    n1 = len(blocks) if blocks else len(pool) // 2
+    n2 = n1 if blocks else len(pool) - n1
+    if n1 < 1:
+        raise StudyError(f"calibration: cannot split {len(pool)} A/A runs into {n1} + {n2}")
+    return _rate(pool, blocks, n1, n2, 0.0, splits, resamples, seed, resample=False)
 
 
 def power(
@@ -218,18 +187,7 @@ def power(
     claim (the false-claim rate)."""
     if not change > -1.0:
         raise StudyError(f"power: change is {change!r}, expected a fraction above -1 (0.2 = 20 % slower)")
-    _, blocks, pool = _noise(runs)
-    blocked = blocks is not None
-    min_p = design_min_p(n_per_arm, blocked)
-    what = f"designs resampled from A/A {'seed blocks' if blocked else 'runs'}, " + (
-        f"candidate TPOT x {1 + change:g}" if change else "no change"
-    )
-    if min_p >= ALPHA:
-        return ClaimRate(what, 0, 0, n_per_arm, n_per_arm, change or None, min_p, blocked)
-    claims, right = _simulate(pool, n_per_arm, n_per_arm, 1.0 + change, simulations, resamples, seed, blocks=blocks)
-    return ClaimRate(
-        what, right if change else claims, simulations, n_per_arm, n_per_arm, change or None, min_p, blocked
-    )
+    return _rate(*_noise(runs), n_per_arm, n_per_arm, change, simulations, resamples, seed)
 
 
 @dataclass(frozen=True)
@@ -258,24 +216,18 @@ def noise_sd(runs: Sequence[RunSummary]) -> tuple[float, int] | None:
     """The A/A noise: SD of one seed's log(candidate / baseline) median-TPOT difference when nothing
     changed, with its degrees of freedom; without seed blocks sqrt(2) x the runs' log-median SD.
     None when the runs cannot estimate it."""
-    usable, blocks, _ = _noise(runs)
+    pool, blocks = _noise(runs)
     if blocks is not None:
         d = [math.log(np.median(b[1])) - math.log(np.median(b[0])) for b in blocks]
         df, var = len(d), float(np.mean(np.square(d)))  # the mean difference is 0 under A/A
     else:
-        logs = [math.log(r.median_tpot_s) for r in usable]
-        df = len(logs) - 1
-        var = 2.0 * float(np.var(logs, ddof=1)) if df >= 1 else math.nan
+        df = len(pool) - 1
+        var = 2.0 * float(np.var([math.log(r.median_tpot_s) for r in runs], ddof=1)) if df >= 1 else math.nan
     return (math.sqrt(var), df) if df >= 1 and var > 0 else None
 
 
 def noise_sensitivity(
-    runs: Sequence[RunSummary],
-    *,
-    change: float = 0.2,
-    n_per_arm: int = 6,
-    simulations: int = 4_000,
-    seed: int = 0,
+    runs: Sequence[RunSummary], *, change: float = 0.2, n_per_arm: int = 6, simulations: int = 4_000, seed: int = 0
 ) -> NoiseSensitivity | None:
     """Power of ``n_per_arm`` seed blocks for ``change`` under a normal model of the per-seed log
     differences, at the A/A noise and at both ends of its 95 % interval; None when not estimable."""
@@ -283,11 +235,9 @@ def noise_sensitivity(
     if noise is None or design_min_p(n_per_arm, True) >= ALPHA or n_per_arm > 16:
         return None
     sigma, df = noise
-    var = sigma**2
-    low = math.sqrt(df * var / float(stats.chi2.ppf(0.975, df)))
-    high = math.sqrt(df * var / float(stats.chi2.ppf(0.025, df)))
+    low, high = (math.sqrt(df * sigma**2 / float(stats.chi2.ppf(q, df))) for q in (0.975, 0.025))
     at = [sign_flip_power(s, change, n_per_arm, ALPHA, simulations, seed) for s in (sigma, low, high)]
-    return NoiseSensitivity(sigma, low, high, df, at[0], at[1], at[2])
+    return NoiseSensitivity(sigma, low, high, df, *at)
 
 
 def minimum_detectable_change(
@@ -305,17 +255,14 @@ def minimum_detectable_change(
     """Smallest TPOT increase (0.2: 20 % slower) a design of ``n_per_arm`` vs ``n_cand`` runs detects
     with :data:`TARGET_POWER`, by bisection with common random numbers; None when none up to ``max_change`` is."""
     n2 = n_cand if n_cand is not None else n_per_arm
-    _, blocks, pool = _noise(runs)
-    if n2 != n_per_arm:
-        blocks = None
+    pool, blocks = _noise(runs)
+    blocks = blocks if n2 == n_per_arm else None
     if design_min_p(n_per_arm, blocks is not None) >= ALPHA or minimum_p_value(n_per_arm, n2) >= ALPHA:
         return None
 
     def detected(change: float) -> bool:
-        _, right = _simulate(
-            pool, n_per_arm, n2, 1.0 + change, simulations, resamples, seed, use_interval, blocks=blocks
-        )
-        return right / simulations >= TARGET_POWER
+        rate = _rate(pool, blocks, n_per_arm, n2, change, simulations, resamples, seed, use_interval=use_interval)
+        return rate.rate >= TARGET_POWER
 
     return smallest_passing(detected, max_change, precision)
 
@@ -325,7 +272,7 @@ def centred(arms: Sequence[Sequence[RunSummary]]) -> list[RunSummary]:
     run medians (its effect removed), for power and detectable change when no A/A runs exist."""
     pooled: list[RunSummary] = []
     for arm in arms:
-        usable = _noise(arm)[0]
-        scale = math.exp(np.mean([math.log(r.median_tpot_s) for r in usable]))
-        pooled.extend(replace(r, tpots_s=tuple(t / scale for t in r.tpots_s)) for r in usable)
+        _noise(arm)
+        scale = math.exp(np.mean([math.log(r.median_tpot_s) for r in arm]))
+        pooled.extend(replace(r, tpots_s=tuple(t / scale for t in r.tpots_s)) for r in arm)
     return pooled

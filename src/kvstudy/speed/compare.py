@@ -27,13 +27,7 @@ from typing import Any
 import numpy as np
 
 from kvstudy.bench.measurability import Measurability, assess_run
-from kvstudy.bench.result import (
-    RequestRecord,
-    check_run_settings,
-    read_result_file,
-    requests_from_result,
-    result_files,
-)
+from kvstudy.bench.result import RequestRecord, check_run_settings, read_result_file, requests_from_result, result_files
 from kvstudy.errors import StudyError
 from kvstudy.io import is_finite_number
 from kvstudy.speed.calibration import centred, minimum_detectable_change
@@ -213,14 +207,14 @@ def compare_folders(
         label: [assess_run(r.requests, r.name, expected_output_len=expected, duration_s=r.duration_s) for r in arm]
         for label, arm in arms.items()
     }
-    summaries = {
-        label: [
+    summaries = [
+        [
             summarise_run(r.requests, m, start_time_s=r.start_time_s, median_clock_mhz=r.median_clock_mhz)
-            for r, m in zip(arms[label], ms)
+            for r, m in zip(arms[label], assessed[label])
         ]
-        for label, ms in assessed.items()
-    }
-    verdict = compare_runs(summaries["baseline"], summaries["candidate"], clock_tolerance=clock_tolerance)
+        for label in arms
+    ]
+    verdict = compare_runs(*summaries, clock_tolerance=clock_tolerance)
     mdc = None
     if (
         verdict.verdict == "no claim"
@@ -228,28 +222,26 @@ def compare_folders(
         and minimum_p_value(len(base), len(cand)) < ALPHA
     ):
         mdc = minimum_detectable_change(
-            centred([summaries["baseline"], summaries["candidate"]]),
+            centred(summaries),
             n_per_arm=len(base),
             n_cand=len(cand),
             simulations=MDC_SIMULATIONS,
             precision=0.01,
             use_interval=False,
         )
-        if mdc is not None:
-            extra = (
-                f"with {len(base)} vs {len(cand)} runs and the run-to-run spread seen here, a TPOT "
-                f"change of about {mdc:.0%} would be detected with 80 % power"
-            )
-        else:
-            extra = "with the run-to-run spread seen here, no change up to 300 % would be detected with 80 % power"
+        extra = (
+            "with the run-to-run spread seen here, no change up to 300 % would be detected with 80 % power"
+            if mdc is None
+            else f"with {len(base)} vs {len(cand)} runs and the run-to-run spread seen here, a TPOT "
+            f"change of about {mdc:.0%} would be detected with 80 % power"
+        )
         verdict = replace(verdict, reasons=[*verdict.reasons, extra])
-    settings["output_len_checked"] = expected
     return Comparison(
         baseline=base_path,
         candidate=cand_path,
         verdict=verdict,
         measurability=assessed,
-        settings=settings,
+        settings={**settings, "output_len_checked": expected},
         detectable_change=mdc,
         files={label: [str(r.path) for r in arm] for label, arm in arms.items()},
     )

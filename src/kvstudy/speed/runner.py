@@ -97,9 +97,7 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
         alive = server.is_alive()
         reason = str(exc) + ("" if alive else " (the server is no longer running)")
         tail = exc.log_tail if alive else log_tail(server.log_path) + "\n--- client ---\n" + exc.log_tail
-        res = _failed(spec, cell, reason, tail, started, time.perf_counter() - t0)
-        _stamp(res, spec, t0, wall0)
-        return res
+        return _stamp(_failed(spec, cell, reason, tail, started, time.perf_counter() - t0), spec, t0, wall0)
     metrics = calculate_metrics(records, float(result.get("duration") or 0) or 1e-9)
     window = _request_window([r for r in records if r.success])
     clock_window = _clock_window(sampler.window(), window)
@@ -151,13 +149,14 @@ def _clock_window(
     return requests
 
 
-def _stamp(res: SpeedCellResult, spec: SweepSpec, t0_mono: float, t0_wall: float) -> None:
+def _stamp(res: SpeedCellResult, spec: SweepSpec, t0_mono: float, t0_wall: float) -> SpeedCellResult:
     """Start/end on the monotonic clock (shared with the client's request times) and the wall clock,
     the sampling interval, and the cell's server start in the run order."""
     res.started_mono_s, res.ended_mono_s = t0_mono, time.perf_counter()
     res.started_wall_s, res.ended_wall_s = t0_wall, time.time()
     res.clock_interval_s = spec.telemetry_interval_s
     res.run_position = spec.runs().index(Run(res.configuration, res.seed))
+    return res
 
 
 def run_sweep(

@@ -156,12 +156,11 @@ def order_check(
     balanced in which arm runs first); refuse any other order, nearly grouped ones included.
 
     With seeds known (``*_blocks``) the blocks are the seeds; without, consecutive pairs in time."""
-    if any(t is None for t in (*base_starts, *cand_starts)) or not base_starts or not cand_starts:
+    starts = [*base_starts, *cand_starts]
+    if None in starts or not base_starts or not cand_starts:
         return OrderCheck(None, None, "unknown", "run start times not known: the run order cannot be checked")
-    bs = [float(t) for t in base_starts]  # type: ignore[arg-type]
-    cs = [float(t) for t in cand_starts]  # type: ignore[arg-type]
-    overlap = not (max(bs) < min(cs) or max(cs) < min(bs))
-    if not overlap:
+    bs, cs = [float(t) for t in base_starts if t is not None], [float(t) for t in cand_starts if t is not None]
+    if max(bs) < min(cs) or max(cs) < min(bs):
         first = "baseline" if max(bs) < min(cs) else "candidate"
         return OrderCheck(
             False,
@@ -170,52 +169,44 @@ def order_check(
             f"every {first} run started before every other run: the arms were not interleaved in time, "
             "so drift cannot be told from the effect",
         )
-    known = base_blocks is not None and cand_blocks is not None
-    known = known and all(b is not None for b in (*base_blocks, *cand_blocks))  # type: ignore[misc]
+
+    def refuse(design: str, reason: str) -> OrderCheck:
+        return OrderCheck(False, True, design, reason)
+
+    labels = [*(base_blocks or ()), *(cand_blocks or ())]
+    known = base_blocks is not None and cand_blocks is not None and None not in labels
     if not known and len(bs) != len(cs):
-        return OrderCheck(False, True, "unbalanced", f"{len(bs)} vs {len(cs)} runs: not a block design")
-    runs = sorted(
-        [(t, "b", blk) for t, blk in zip(bs, base_blocks if known else bs)]  # type: ignore[arg-type]
-        + [(t, "c", blk) for t, blk in zip(cs, cand_blocks if known else cs)]  # type: ignore[arg-type]
-    )
-    if not known:  # the blocks are consecutive pairs in time
-        runs = [(t, arm, i // 2) for i, (t, arm, _) in enumerate(runs)]
-    seq = [blk for _, _, blk in runs]
-    firsts: list[str] = []
+        return refuse("unbalanced", f"{len(bs)} vs {len(cs)} runs: not a block design")
+    runs = sorted(zip([*bs, *cs], "b" * len(bs) + "c" * len(cs), labels if known else [*bs, *cs]))
+    arms = [arm for _, arm, _ in runs]
+    seq = [blk for _, _, blk in runs] if known else [i // 2 for i in range(len(runs))]
+    firsts = []
     for blk in dict.fromkeys(seq):
         where = [i for i, x in enumerate(seq) if x == blk]
-        arms = sorted(runs[i][1] for i in where)
-        if arms != ["b", "c"] and not known:
-            order = "".join("A" if arm == "b" else "B" for _, arm, _ in runs)
-            return OrderCheck(
-                False,
-                True,
+        mine = sorted(arms[i] for i in where)
+        if mine != ["b", "c"] and not known:
+            order = "".join("A" if arm == "b" else "B" for arm in arms)
+            return refuse(
                 "nearly grouped",
                 f"run order {order} (A baseline, B candidate) is not a sequence of AB/BA blocks: an order "
                 "this close to grouped confounds drift with the arm",
             )
-        if arms != ["b", "c"]:
-            return OrderCheck(
-                False,
-                True,
+        if mine != ["b", "c"]:
+            return refuse(
                 "unblocked",
-                f"seed {blk} has {arms.count('b')} baseline and {arms.count('c')} candidate run(s), "
+                f"seed {blk} has {mine.count('b')} baseline and {mine.count('c')} candidate run(s), "
                 "not one of each: not a block design",
             )
         if where[-1] - where[0] != 1:
-            return OrderCheck(
-                False,
-                True,
+            return refuse(
                 "blocks split in time",
                 f"the two runs of seed {blk} are not adjacent in time (other seeds ran between them): "
                 "drift between them is not removed by the block",
             )
-        firsts.append(runs[where[0]][1])
-    n_b = sum(f == "b" for f in firsts)
+        firsts.append(arms[where[0]])
+    n_b = firsts.count("b")
     if abs(n_b - (len(firsts) - n_b)) > 1:
-        return OrderCheck(
-            False,
-            True,
+        return refuse(
             UNBALANCED,
             f"the baseline ran first in {n_b} of {len(firsts)} blocks: a drift within blocks would not cancel "
             "(ABBA or balanced randomized blocks expected)",
@@ -235,17 +226,17 @@ def statistical_claim(p_value: float, interval: tuple[float, float] | None, rati
 
 def _clock_part(
     base: Sequence[RunSummary], cand: Sequence[RunSummary], ratio: float | None, tolerance: float, reasons: list[str]
-) -> tuple[bool, str, float | None, dict[str, float] | None, float | None]:
-    """(clocks allow a claim, clock status, clock ratio, cycles per token per arm, cycles ratio)."""
+) -> tuple[bool, dict[str, Any]]:
+    """Whether the clocks allow a claim, and the :class:`Verdict`'s clock fields."""
     runs = (*base, *cand)
     clocks = [r.median_clock_mhz for r in runs]
     if all(c is None for c in clocks):
         reasons.append("clocks were not recorded: the comparison assumes both arms ran at the same clock")
-        return True, "not recorded", None, None, None
+        return True, {"clock_status": "not recorded"}
     missing = [r.name for r in runs if r.median_clock_mhz is None or not r.median_clock_mhz > 0]
     if missing:
         reasons.append(f"no median clock for run(s) {', '.join(missing)}: clocks cannot be compared")
-        return False, "missing", None, None, None
+        return False, {"clock_status": "missing"}
     flat = all(r.clock_range_mhz is None or r.clock_range_mhz == 0 for r in runs)
     if len(runs) > 1 and len(set(clocks)) == 1 and flat:
         reasons.append(
@@ -253,7 +244,7 @@ def _clock_part(
             "a measurement of an equal clock (this machine may not report its frequency), so no clock "
             "ratio or cycles per token is given"
         )
-        return True, "not varied / not measured", None, None, None
+        return True, {"clock_status": "not varied / not measured"}
     cb = _geomean([r.median_clock_mhz for r in base])  # type: ignore[misc]
     cc = _geomean([r.median_clock_mhz for r in cand])  # type: ignore[misc]
     clock_ratio = cc / cb
@@ -276,7 +267,12 @@ def _clock_part(
             "clock ratio: arithmetic on the readings, not the effect of the candidate's setting, which "
             "may itself change the clock)"
         )
-    return ok, "compared", clock_ratio, cycles, adjusted
+    return ok, {
+        "clock_status": "compared",
+        "clock_ratio": clock_ratio,
+        "cycles_per_token": cycles,
+        "clock_adjusted_ratio": adjusted,
+    }
 
 
 def compare_runs(
@@ -369,7 +365,7 @@ def compare_runs(
     if drift is not None:
         reasons.append(drift.reason)
 
-    clocks_ok, clock_status, clock_ratio, cycles, adjusted = _clock_part(base, cand, ratio, clock_tolerance, reasons)
+    clocks_ok, clock = _clock_part(base, cand, ratio, clock_tolerance, reasons)
     allowed = allowed and clocks_ok
 
     verdict = statistical_claim(p, ci, ratio) if allowed and ratio is not None and p is not None else "no claim"
@@ -387,14 +383,11 @@ def compare_runs(
         reasons=reasons,
         baseline_tpot_ms=base_ms,
         candidate_tpot_ms=cand_ms,
-        clock_ratio=clock_ratio,
-        cycles_per_token=cycles,
-        clock_adjusted_ratio=adjusted,
         e2e_per_token_ratio=e2e_ratio,
-        clock_status=clock_status,
         blocks=test.blocks if test else 0,
         order_design=order.design,
         registered_runs_per_arm=registered_runs_per_arm,
+        **clock,
     )
 
 

@@ -195,29 +195,26 @@ def capture_verdicts(
     """compare_runs for every pair (:func:`comparison_pairs`) per user count (both arms finished),
     within seed blocks, against the registered runs per arm (default: the capture's seed count, fixed
     in its spec before the runs), refused where the users queue; then Holm over all of them."""
-    context = capture.spec.input_len + capture.spec.output_len
-    registered = registered_runs_per_arm if registered_runs_per_arm is not None else len(capture.spec.seeds)
+    spec = capture.spec
+    context = spec.input_len + spec.output_len
+    registered = registered_runs_per_arm if registered_runs_per_arm is not None else len(spec.seeds)
     queueing = capture_queueing(capture)
     out = []
-    for base, cand, effect in comparison_pairs(capture.spec.configurations):
-        for users in capture.spec.users:
-            base_runs, cand_runs = capture_runs(capture, base, users), capture_runs(capture, cand, users)
-            if not base_runs or not cand_runs:
+    for base, cand, effect in comparison_pairs(spec.configurations):
+        for users in spec.users:
+            runs = capture_runs(capture, base, users), capture_runs(capture, cand, users)
+            if not all(runs):
                 continue
             refusals = [queueing[users]] if users in queueing else []
             v = compare_runs(
-                base_runs,
-                cand_runs,
-                clock_tolerance=clock_tolerance,
-                registered_runs_per_arm=registered,
-                refusals=refusals,
+                *runs, clock_tolerance=clock_tolerance, registered_runs_per_arm=registered, refusals=refusals
             )
             bound, note = None, "same KV dtype in both arms: halving KV bytes plays no part"
-            if capture.spec.arm(cand).kv_cache_dtype != capture.spec.arm(base).kv_cache_dtype:
+            if spec.arm(cand).kv_cache_dtype != spec.arm(base).kv_cache_dtype:
                 try:
-                    bound = bound_less_time_pct(max_fp8_gain_pct(capture.spec.model, context, users))
+                    bound = bound_less_time_pct(max_fp8_gain_pct(spec.model, context, users))
                     note = (
-                        f"roofline, computed from {capture.spec.model}/config.json at {context} tokens x "
+                        f"roofline, computed from {spec.model}/config.json at {context} tokens x "
                         f"{users} user(s); bandwidth cancels, so no bandwidth figure is needed"
                     )
                 except (StudyError, OSError) as exc:
@@ -262,7 +259,8 @@ def published_consistency(pub: Any, context_len: int) -> list[Consistency]:
     fit = blocks // -(-int(context_len) // block)
     rows = []
     for _, r in pub.table.sort_values(["users", "configuration"]).iterrows():
-        implied = float(r["output_throughput_tok_s"]) * float(r["median_tpot_ms"]) / 1e3
+        tok_s, tpot = float(r["output_throughput_tok_s"]), float(r["median_tpot_ms"])
+        implied = tok_s * tpot / 1e3
         users = int(r["users"])
         longest = (blocks // math.ceil(implied)) * block if implied <= users else None
         if implied > users * 1.02:
@@ -277,16 +275,7 @@ def published_consistency(pub: Any, context_len: int) -> list[Consistency]:
         else:
             check = "consistent"
         rows.append(
-            Consistency(
-                users,
-                r["configuration"],
-                float(r["output_throughput_tok_s"]),
-                float(r["median_tpot_ms"]),
-                round(implied, 2),
-                int(context_len),
-                fit,
-                check,
-            )
+            Consistency(users, r["configuration"], tok_s, tpot, round(implied, 2), int(context_len), fit, check)
         )
     return rows
 
@@ -330,13 +319,12 @@ def published_verdicts(pub: Any, context_len: int, clock_tolerance: float = CLOC
     model_dir = published_model_dir(pub)
     contradicted = _length_contradicted(pub, context_len)
     rows = []
-    for users in sorted(pub.table["users"].unique()):
-        at = pub.table[pub.table["users"] == users].set_index("configuration")
+    for users, at in pub.table.groupby("users"):
+        at = at.set_index("configuration")
         if base not in at.index or cand not in at.index:
             continue
         b, c = at.loc[base], at.loc[cand]
-        tpot = (float(b["median_tpot_ms"]), float(c["median_tpot_ms"]))
-        clock = (float(b["median_clock_mhz"]), float(c["median_clock_mhz"]))
+        tb, tc, cb, cc = (float(x[k]) for k in ("median_tpot_ms", "median_clock_mhz") for x in (b, c))
         seeds = (int(b["seeds"]), int(c["seeds"]))
         min_p = minimum_p_value(*seeds)
         reasons = []
@@ -346,24 +334,16 @@ def published_verdicts(pub: Any, context_len: int, clock_tolerance: float = CLOC
                 f"two-sided p of an exact test is {min_p:.2g}"
             )
         reasons.append("per-seed values were not published: no test, no interval")
-        if abs(clock[1] / clock[0] - 1.0) > clock_tolerance:
-            reasons.append(f"clocks differ by {clock[1] / clock[0] - 1:+.1%} ({clock[0]:.0f} vs {clock[1]:.0f} MHz)")
+        if abs(cc / cb - 1.0) > clock_tolerance:
+            reasons.append(f"clocks differ by {cc / cb - 1:+.1%} ({cb:.0f} vs {cc:.0f} MHz)")
         bound = None
         if (model_dir / "config.json").is_file():
             bound = bound_less_time_pct(max_fp8_gain_pct(model_dir, context_len, int(users)))
+        cycles = (tb * 1e-3 * cb * 1e6, tc * 1e-3 * cc * 1e6)
+        why = tuple(reasons)
         rows.append(
             PublishedVerdict(
-                int(users),
-                tpot,
-                seeds,
-                tpot[1] / tpot[0],
-                min_p,
-                clock[1] / clock[0],
-                (tpot[0] * 1e-3 * clock[0] * 1e6, tpot[1] * 1e-3 * clock[1] * 1e6),
-                int(context_len),
-                bound,
-                contradicted,
-                tuple(reasons),
+                int(users), (tb, tc), seeds, tc / tb, min_p, cc / cb, cycles, context_len, bound, contradicted, why
             )
         )
     return rows
@@ -380,10 +360,16 @@ class Admission:
     context_len: int
     blocks_per_request: int
     block_size: int
-    blocks_needed: int
     pool_blocks: int
-    requests_that_fit: int
     origin: str
+
+    @property
+    def blocks_needed(self) -> int:
+        return self.users * self.blocks_per_request
+
+    @property
+    def requests_that_fit(self) -> int:
+        return self.pool_blocks // self.blocks_per_request
 
     @property
     def waiting(self) -> int:
@@ -392,30 +378,13 @@ class Admission:
 
 
 def admission_rows(
-    model: str | Path,
-    context_len: int,
-    users: list[int],
-    num_blocks: int,
-    device: str = "cuda",
+    model: str | Path, context_len: int, users: list[int], num_blocks: int, device: str = "cuda"
 ) -> list[Admission]:
     """Per user count: the KV blocks the users' requests need at once against the pool's (vLLM's block
     rules): beyond it the rest wait in vLLM's queue, and TPOT measures queueing too."""
     pool = predict_logged_pool(model, "auto", 1, int(context_len), num_blocks_override=num_blocks, device=device)
     origin = f"computed from {model}/config.json with vLLM 0.32's block rules (model/allocator.py), {device} block size"
-    fit = num_blocks // pool.blocks_per_request
-    return [
-        Admission(
-            u,
-            int(context_len),
-            pool.blocks_per_request,
-            pool.block_size,
-            u * pool.blocks_per_request,
-            num_blocks,
-            fit,
-            origin,
-        )
-        for u in users
-    ]
+    return [Admission(u, int(context_len), pool.blocks_per_request, pool.block_size, num_blocks, origin) for u in users]
 
 
 def server_metrics_frame(capture: Capture) -> pd.DataFrame:
@@ -448,33 +417,27 @@ def calibration_frame(capture: Capture, n_per_arm: int = 6, change: float = 0.2)
     """Per user count, from the capture's A/A runs (seed blocks): false-claim rates over real splits
     and resampled designs, power for ``change`` and its range over the noise, the 80 % power change."""
     rows = []
-    origin = "computed here from the capture's A/A cells (calibration.py), seed as a block"
     for users in capture.spec.users:
         runs = aa_runs(capture, users)
         usable = [r for r in runs if r.measurable and r.tpots_s]
+        row: dict[str, Any] = {"users": users}
         if len(usable) < 2:
             why = sorted({reason.split(":")[0] for r in runs if not r.measurable for reason in r.unmeasurable_reasons})
-            rows.append(
-                {
-                    "users": users,
-                    "A/A runs": f"{len(usable)} measurable of {len(runs)}",
-                    "false claims, real splits": "not computed: fewer than 2 measurable A/A runs"
-                    + (f" (not measured: {'; '.join(why)})" if why else ""),
-                    "origin": origin,
-                }
+            row["A/A runs"] = f"{len(usable)} measurable of {len(runs)}"
+            row["false claims, real splits"] = "not computed: fewer than 2 measurable A/A runs" + (
+                f" (not measured: {'; '.join(why)})" if why else ""
             )
-            continue
-        sim = cal.power(usable, change=0.0, n_per_arm=n_per_arm)
-        pw = cal.power(usable, change=change, n_per_arm=n_per_arm)
-        sens = cal.noise_sensitivity(usable, change=change, n_per_arm=n_per_arm)
-        mdc = cal.minimum_detectable_change(usable, n_per_arm=n_per_arm, simulations=200)
-        blocks = cal.seed_blocks(usable)
-        rows.append(
-            {
-                "users": users,
+        else:
+            blocks = cal.seed_blocks(usable)
+            pw = cal.power(usable, change=change, n_per_arm=n_per_arm)
+            sens = cal.noise_sensitivity(usable, change=change, n_per_arm=n_per_arm)
+            mdc = cal.minimum_detectable_change(usable, n_per_arm=n_per_arm, simulations=200)
+            row |= {
                 "A/A runs": f"{len(usable)} in {len(blocks)} seed blocks" if blocks else len(usable),
                 "false claims, real splits": cal.false_claim_rate(usable).text,
-                f"false claims, {n_per_arm} blocks per arm resampled": sim.text,
+                f"false claims, {n_per_arm} blocks per arm resampled": cal.power(
+                    usable, change=0.0, n_per_arm=n_per_arm
+                ).text,
                 f"power for {change:+.0%}, {n_per_arm} blocks per arm": pw.text
                 if not pw.possible
                 else f"{pw.rate:.0%} (95 % interval {pw.ci_95[0]:.0%} to {pw.ci_95[1]:.0%}, {pw.trials} designs)",
@@ -482,9 +445,8 @@ def calibration_frame(capture: Capture, n_per_arm: int = 6, change: float = 0.2)
                 f"80 % power from ({n_per_arm} blocks per arm)": "none up to 300 %"
                 if mdc is None
                 else f"slower by {mdc * 100:.1f} %",
-                "origin": origin,
             }
-        )
+        rows.append(row | {"origin": "computed here from the capture's A/A cells (calibration.py), seed as a block"})
     return pd.DataFrame(rows)
 
 
