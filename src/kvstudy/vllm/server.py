@@ -195,7 +195,10 @@ class VllmServer:
         if problem := self._input_problem():  # written to the log as well
             self.log_path.write_text(f"kvstudy.vllm.server: not started: {problem}\n", encoding="utf-8")
             raise EngineStartError(problem, self.log_path)
-        self.port = self.requested_port or free_port() or 0
+        port = self.requested_port or free_port()
+        if port is None:  # binding to port 0 failed: no port to give the server
+            raise EngineStartError(f"no free port on {HOST} to start the server on", self.log_path)
+        self.port = port
         self.command = build_command(self.config, self.port, vllm_version=self._version)
         if API_KEY_ENV in os.environ:
             _say_api_key_kept_out()

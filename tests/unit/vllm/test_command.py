@@ -36,9 +36,30 @@ def test_command_carries_every_flag(tmp_path: Path) -> None:
         enforce_eager=True,
         quantization="fp8",
         served_model_name="m",
+        cpu_kvcache_space_gib=4.0,
+        env={"OMP_NUM_THREADS": "2"},
         extra_args=["--block-size", "32"],
     )
     cmd = build_command(cfg, 8123, python="py", vllm_version="0.32.0")
+    # every ServerConfig field is a vLLM option of its name, except the ones that are not flags
+    # (the CPU pool and env go to the environment, extra_args as given): a new field must be one or the other
+    options = {a for a in cmd if a.startswith("--")}
+    assert options == {
+        "--model",
+        "--kv-cache-dtype",
+        "--attention-backend",
+        "--num-gpu-blocks-override",
+        "--kv-cache-memory-bytes",
+        "--max-model-len",
+        "--gpu-memory-utilization",
+        "--seed",
+        "--enforce-eager",
+        "--quantization",
+        "--served-model-name",
+        "--block-size",
+        "--host",
+        "--port",
+    }
     assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
     joined = " ".join(cmd)
     for part in (
