@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import configurations as cf
 from kvstudy.accuracy import records as rec
 from kvstudy.accuracy import runner as ge
@@ -97,11 +96,11 @@ def test_statistics_on_live_records(live_capture):
     cmp = acc.paired_counts(base, weak)
     assert cmp.both_right + cmp.baseline_only + cmp.candidate_only + cmp.both_wrong == N
     assert cmp.baseline_correct == sum(base.values()) and cmp.candidate_correct == sum(weak.values())
-    disc = ga.discrimination(results, "bf16", "bf16-zero-shot", SETTINGS.primary_filter)
+    disc = vt.discrimination(results, "bf16", "bf16-zero-shot", SETTINGS.primary_filter)
     assert (disc.model_correct, disc.weak_correct, disc.n) == (cmp.baseline_correct, cmp.candidate_correct, N)
     assert disc.discriminates == (disc.p_value < 0.05)
     assert ("cannot discriminate" in rt.discrimination_sentence(disc)) != disc.discriminates
-    rows = ga.capture_rows(results, SETTINGS.primary_filter)
+    rows = vt.capture_rows(results, SETTINGS.primary_filter)
     assert [r.state for r in rows] == ["ok", "ok"]
     assert rows[0].interval == acc.wilson_interval(cmp.baseline_correct, N)
 
@@ -152,7 +151,7 @@ def test_fp8_kv_against_bf16_kv(request, tiny_model, tmp_path, live_server_confi
     assert len(pairs) == 1 and "exact McNemar p" in vt.paired_sentence(pairs[0].comparison)
     same = sum(a.response == b.response for a, b in zip(results["bf16"].records, records))
     assert pairs[0].identical_responses == same
-    (guard,) = ga.guard_rows(results, "bf16")
+    (guard,) = vt.guard_rows(results, "bf16")
     # the shared fixtures pin everything but the KV dtype: anything else is flagged by ab_guard
     assert guard.clean, guard
 

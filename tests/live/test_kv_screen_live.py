@@ -13,7 +13,7 @@ import pytest
 
 from kvstudy.bench import logprobs
 from kvstudy.errors import StudyError
-from kvstudy.precision import analysis, records, screen
+from kvstudy.precision import analysis, records
 from kvstudy.vllm.facts import DEFAULT_MAX_LOGPROBS
 
 pytestmark = pytest.mark.live
@@ -34,14 +34,14 @@ def second_auto_server(tiny_model: Path, live_log_dir: Path, live_server_config:
 
 
 def items() -> list[logprobs.ScoredPrompt]:
-    return screen.scored_prompts(6, [512, 1024], 4, chars_per_token=3.0)
+    return records.scored_prompts(6, [512, 1024], 4, chars_per_token=3.0)
 
 
 def test_screen_of_two_16_bit_servers_makes_no_claim(
     live_server_auto: Any, second_auto_server: Any, tmp_path: Path
 ) -> None:
     scored = items()
-    capture = screen.screen(
+    capture = records.screen(
         live_server_auto.base_url, second_auto_server.base_url, tmp_path / "screen", scored, top_k=TOP_K
     )
     loaded = records.load(capture)
@@ -60,7 +60,7 @@ def test_screen_of_two_16_bit_servers_makes_no_claim(
 def test_screen_of_fp8_against_16_bit_with_the_repeat_as_floor(
     live_server_auto: Any, live_server_fp8: Any, second_auto_server: Any, tmp_path: Path
 ) -> None:
-    capture = screen.screen(
+    capture = records.screen(
         live_server_auto.base_url,
         live_server_fp8.base_url,
         tmp_path / "fp8",
@@ -85,12 +85,12 @@ def test_a_top_k_above_max_logprobs_is_refused(live_server_auto: Any, tmp_path: 
     url = live_server_auto.base_url
     too_many = DEFAULT_MAX_LOGPROBS + 1  # the shared server runs with vLLM's default --max-logprobs
     with pytest.raises(StudyError, match=f"max_logprobs is {DEFAULT_MAX_LOGPROBS}, below the top-k of {too_many}"):
-        screen.screen(url, url, tmp_path / "s", items()[:1], top_k=too_many)
+        records.screen(url, url, tmp_path / "s", items()[:1], top_k=too_many)
     assert not (tmp_path / "s").exists()
 
 
 def test_screen_refuses_a_prompt_over_the_limit(live_server_auto: Any, tmp_path: Path) -> None:
-    too_long = screen.scored_prompts(0, [40000], 1)  # 40,000 characters: over 4,096 tokens in any tokenizer here
+    too_long = records.scored_prompts(0, [40000], 1)  # 40,000 characters: over 4,096 tokens in any tokenizer here
     with pytest.raises(StudyError, match="longer than the model's limit") as caught:
-        screen.screen(live_server_auto.base_url, live_server_auto.base_url, tmp_path / "s", too_long)
+        records.screen(live_server_auto.base_url, live_server_auto.base_url, tmp_path / "s", too_long)
     assert live_server_auto.base_url in str(caught.value)

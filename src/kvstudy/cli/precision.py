@@ -10,8 +10,7 @@ from kvstudy.bench.logprobs import DEFAULT_TOP_K
 from kvstudy.cli import force_option, retry_option
 from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_THREADS, MAX_TOKENS, MAX_TOP_K, float_arg, int_arg, output_folder
 from kvstudy.precision import quantize as qz
-from kvstudy.precision.records import load
-from kvstudy.precision.screen import scored_prompts, screen
+from kvstudy.precision.records import load, scored_prompts, screen
 from kvstudy.precision.simulate import SimSpec, run
 from kvstudy.tools.checkpoints import FACTOR, build_control
 

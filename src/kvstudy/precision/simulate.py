@@ -35,8 +35,15 @@ from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import write_json_atomic, write_jsonl_atomic
 from kvstudy.limits import Factor, Items, Seed, Threads, Tokens
 from kvstudy.precision import quantize as qz
-from kvstudy.precision.records import GROUP_FILE, KIND, claim_capture, greedy_path, logp_path
-from kvstudy.precision.screen import GSM8K_TRAIN, scored_prompts
+from kvstudy.precision.records import (
+    GROUP_FILE,
+    GSM8K_TRAIN,
+    KIND,
+    claim_capture,
+    greedy_path,
+    logp_path,
+    scored_prompts,
+)
 from kvstudy.tools import checkpoints as ctl
 
 MAIN, CONTROL = "qwen3-mini", "positive-control"

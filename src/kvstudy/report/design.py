@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from kvstudy.accuracy.analysis import ASSUMED_DISCORDANCE
+from kvstudy.accuracy.verdicts import ASSUMED_DISCORDANCE
 from kvstudy.decision_rule import points
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_DESIGN_ROWS

@@ -5,7 +5,7 @@ formatted; :func:`render` makes the DataFrame a notebook displays (and writes as
 hand notebooks records (dataclasses), never frames keyed by prose headers; a notebook reads the
 records' fields for its own conclusions, never a rendered cell. This module is also the one place
 that words the accuracy verdicts (notebooks 03 and 06): the statistics (:mod:`kvstudy.stats`) and
-the records (:mod:`kvstudy.accuracy.analysis`, :mod:`kvstudy.accuracy.verdicts`) carry numbers only.
+the records (:mod:`kvstudy.accuracy.verdicts`) carry numbers only.
 
 Signs: a difference is candidate minus baseline, in points (hundredths), shown with its sign.
 Overlapping Wilson intervals are never used as a test, and no sentence here says they are.

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from kvstudy import capture, cli
-from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import configurations as cf
 from kvstudy.accuracy import records as rec
 from kvstudy.accuracy import runner as ge
@@ -92,9 +91,9 @@ def test_random_weights_weak_baseline_is_no_arm_and_not_guarded(tmp_path):
     results = ge.load_capture(cap, ["bf16", "bf16-repeat", "random-weights"])
     pairs = vt.paired_rows(results, "bf16", "strict-match", 2.0, 0.99)
     assert [r.label for r in pairs] == ["BF16, repeat"]
-    guard = {r.label: r for r in ga.guard_rows(results, "bf16")}
+    guard = {r.label: r for r in vt.guard_rows(results, "bf16")}
     assert guard["random weights (tiny model)"].compared == "another model"
-    disc = ga.discrimination(results, "bf16", "random-weights", "strict-match")
+    disc = vt.discrimination(results, "bf16", "random-weights", "strict-match")
     assert disc.discriminates and disc.p_value == pytest.approx(0.5**8)
     # one server per model: the weak baseline never shares the run's server
     keys = {c.name: c.server_key() for c in cf.configurations(["bf16", "bf16-zero-shot", "random-weights"])}
@@ -140,7 +139,7 @@ def test_capture_tables_paired_and_discrimination(tmp_path):
         failed={"fp8-weights": "vLLM server exited with code 1; cause: fp8 not supported"},
     )
     results = ge.load_capture(cap, ["bf16", "fp8-weights", "fp8-kv", "bf16-zero-shot"])
-    rows = ga.capture_rows(results, "strict-match")
+    rows = vt.capture_rows(results, "strict-match")
     assert [r.state for r in rows] == ["ok", "failed", "ok", "ok"]
     assert rows[0].interval is not None and (rows[0].interval.correct, rows[0].interval.n) == (8, 10)
     assert rows[2].interval is not None and rows[2].interval.correct == 6
@@ -154,21 +153,21 @@ def test_capture_tables_paired_and_discrimination(tmp_path):
     assert counts.baseline_only == 2 and counts.candidate_only == 0
     assert pairs[0].comparison.mcnemar_p == pytest.approx(0.5)
     assert "The paired test shows no difference" in vt.paired_sentence(pairs[0].comparison)
-    disc = ga.discrimination(results, "bf16", "bf16-zero-shot", "strict-match")
+    disc = vt.discrimination(results, "bf16", "bf16-zero-shot", "strict-match")
     assert disc.discriminates and disc.p_value == pytest.approx(0.5**8)
     with pytest.raises(StudyError, match="no finished records"):
-        ga.discrimination(results, "fp8-weights", "bf16-zero-shot", "strict-match")
+        vt.discrimination(results, "fp8-weights", "bf16-zero-shot", "strict-match")
 
 
 def test_guard_table_without_records_says_so(tmp_path):
     cap = _fake_capture(tmp_path, {"bf16": "10", "fp8-kv": "10"})
     results = ge.load_capture(cap, ["bf16", "fp8-kv"])
-    (row,) = ga.guard_rows(results, "bf16")
+    (row,) = vt.guard_rows(results, "bf16")
     assert row.compared == "no record" and not row.clean
 
 
 def test_published_intervals_reproduced():
-    checks = ga.published_checks(ga.load_published(PUBLISHED))
+    checks = vt.published_checks(vt.load_published(PUBLISHED))
     assert [c.interval.correct for c in checks] == [459, 453, 454, 453]
     assert all(c.matches for c in checks)
     assert [(round(100 * c.interval.low, 1), round(100 * c.interval.high, 1)) for c in checks] == [
@@ -184,7 +183,7 @@ def test_published_mismatch_is_detected(tmp_path):
     data["rows"][2]["published_wilson95_pct"] = [88.1, 93.0]
     path = tmp_path / "p.json"
     path.write_text(json.dumps(data))
-    assert [c.matches for c in ga.published_checks(ga.load_published(path))] == [True, True, False, True]
+    assert [c.matches for c in vt.published_checks(vt.load_published(path))] == [True, True, False, True]
 
 
 @pytest.mark.parametrize(
@@ -203,7 +202,7 @@ def test_published_bad_fields(tmp_path, change, message):
     path = tmp_path / "p.json"
     path.write_text(json.dumps(data))
     with pytest.raises(StudyError, match=message):
-        ga.load_published(path)
+        vt.load_published(path)
 
 
 def test_cli_bad_input_exits_2_without_traceback(tmp_path, capsys):

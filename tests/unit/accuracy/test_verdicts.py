@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import verdicts as vt
 from kvstudy.errors import StudyError
 from kvstudy.stats import binary as stats
@@ -42,7 +41,7 @@ def test_paired_rows_need_a_finished_baseline(acc):
 
 
 def test_totals_rows_give_the_published_bounds():
-    summary = ga.load_published(ROOT / "data" / "published" / "gsm8k-l4-qwen3-8b.json")
+    summary = vt.load_published(ROOT / "data" / "published" / "gsm8k-l4-qwen3-8b.json")
     rows = {r.name: r for r in vt.totals_rows(summary)}
     assert list(rows) == ["fp8-weights", "fp8-kv", "fp8-weights-fp8-kv"]  # the baseline is left out
     kv = rows["fp8-kv"].bounds

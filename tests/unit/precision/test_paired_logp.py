@@ -81,7 +81,7 @@ def test_the_analysis_side_imports_without_torch() -> None:
 
     code = (
         "import sys; import kvstudy.precision.analysis, kvstudy.precision.records, kvstudy.precision.quantize, "
-        "kvstudy.precision.screen, kvstudy.precision.simulate, kvstudy.tools.checkpoints; "
+        "kvstudy.precision.simulate, kvstudy.tools.checkpoints; "
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

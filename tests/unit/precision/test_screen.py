@@ -16,7 +16,7 @@ import pytest
 from kvstudy import cli
 from kvstudy.bench import logprobs
 from kvstudy.errors import StudyError
-from kvstudy.precision import analysis, records, screen
+from kvstudy.precision import analysis, records
 
 
 class Fake:
@@ -127,12 +127,12 @@ def serve() -> Iterator[Any]:
         server.shutdown()
 
 
-PROMPTS = screen.scored_prompts(3, [64], 2)
+PROMPTS = records.scored_prompts(3, [64], 2)
 
 
 def test_two_equal_servers_make_no_claim(serve: Any, tmp_path: Path) -> None:
     a, b = serve(Fake()), serve(Fake())
-    screen.screen(a, b, tmp_path / "cap", PROMPTS)
+    records.screen(a, b, tmp_path / "cap", PROMPTS)
     capture = records.load(tmp_path / "cap")
     rows = capture.logp[("screen", "candidate")]
     assert len(rows) == len(PROMPTS) and len(rows[0]["logp"]) == len(PROMPTS[0].continuation)
@@ -153,7 +153,7 @@ def test_two_equal_servers_make_no_claim(serve: Any, tmp_path: Path) -> None:
 def test_bad_input_is_one_line_naming_the_server(serve: Any, tmp_path: Path, candidate: Fake, message: str) -> None:
     a, b = serve(Fake()), serve(candidate)
     with pytest.raises(StudyError, match=message) as caught:
-        screen.screen(a, b, tmp_path / "cap", PROMPTS)
+        records.screen(a, b, tmp_path / "cap", PROMPTS)
     assert b in str(caught.value) and "\n" not in str(caught.value)
 
 
@@ -168,7 +168,7 @@ def test_cli_exits_non_zero_with_one_line(serve: Any, tmp_path: Path, capsys: An
 
 def test_unreachable_server(tmp_path: Path) -> None:
     with pytest.raises(StudyError, match="server http://127.0.0.1:9"):
-        screen.screen("http://127.0.0.1:9", "http://127.0.0.1:9", tmp_path / "c", PROMPTS)
+        records.screen("http://127.0.0.1:9", "http://127.0.0.1:9", tmp_path / "c", PROMPTS)
 
 
 def test_reference_span() -> None:
@@ -181,7 +181,7 @@ def test_top_k_kl_of_proportional_tails_is_the_exact_kl(serve: Any, tmp_path: Pa
     # both arms: the text's token, then 30 tokens sharing the rest geometrically; the candidate puts
     # 0.3 instead of 0.6 on the text's token. The tails are proportional, so lumping them loses nothing.
     a, b = serve(Fake()), serve(Fake(sure=0.3))
-    screen.screen(a, b, tmp_path / "cap", PROMPTS, top_k=20)
+    records.screen(a, b, tmp_path / "cap", PROMPTS, top_k=20)
     capture = records.load(tmp_path / "cap")
     row = capture.logp[("screen", "candidate")][0]
     assert len(row["topk"]) == len(row["logp"]) and len(row["topk"][0]) == 20
@@ -198,13 +198,13 @@ def test_top_k_kl_of_proportional_tails_is_the_exact_kl(serve: Any, tmp_path: Pa
 def test_max_logprobs_below_the_top_k_is_refused_before_scoring(serve: Any, tmp_path: Path, capsys: Any) -> None:
     a, b = serve(Fake()), serve(Fake(max_logprobs=5))
     with pytest.raises(StudyError, match=r"max_logprobs is 5, below the top-k of 20 asked for") as caught:
-        screen.screen(a, b, tmp_path / "cap", PROMPTS, top_k=20)
+        records.screen(a, b, tmp_path / "cap", PROMPTS, top_k=20)
     assert b in str(caught.value)
     assert not (tmp_path / "cap").exists()
     code = cli.main(["kv-screen", "--baseline", a, "--candidate", b, "--capture", str(tmp_path / "c"), "--top-k", "6"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "max_logprobs is 5" in err and "\n" not in err
-    screen.screen(a, b, tmp_path / "ok", PROMPTS, top_k=5)  # within the server's limit: scored
+    records.screen(a, b, tmp_path / "ok", PROMPTS, top_k=5)  # within the server's limit: scored
 
 
 @pytest.mark.parametrize(
@@ -254,7 +254,7 @@ def test_max_logprobs_below_the_top_k_is_refused_before_scoring(serve: Any, tmp_
 def test_a_misbehaving_server_is_one_line(serve: Any, tmp_path: Path, fake: Fake, message: str) -> None:
     a, b = serve(Fake()), serve(fake)
     with pytest.raises(StudyError, match=message) as caught:
-        screen.screen(a, b, tmp_path / "cap", PROMPTS)
+        records.screen(a, b, tmp_path / "cap", PROMPTS)
     assert b in str(caught.value) and "\n" not in str(caught.value)
 
 
@@ -291,7 +291,7 @@ def test_only_http_urls(tmp_path: Path) -> None:
 
 def test_engine_screen_facts_and_sentence(serve: Any, tmp_path: Path) -> None:
     a, b = serve(Fake()), serve(Fake(sure=0.3))
-    capture = records.load(screen.screen(a, b, tmp_path / "cap", PROMPTS, candidate_label="fp8-kv", top_k=20))
+    capture = records.load(records.screen(a, b, tmp_path / "cap", PROMPTS, candidate_label="fp8-kv", top_k=20))
     exact = 0.6 * math.log(0.6 / 0.3) + 0.4 * math.log(0.4 / 0.7)
     beyond = analysis.screen_facts(capture, 0.01, "assumed")
     assert beyond["equivalence"] == "beyond" and beyond["kl_mean"] == pytest.approx(exact)

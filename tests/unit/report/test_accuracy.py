@@ -8,7 +8,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvstudy.accuracy import analysis as ga
 from kvstudy.accuracy import verdicts as vt
 from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.report import tables as rt
@@ -42,7 +41,7 @@ def test_render_without_records_is_an_empty_frame() -> None:
 
 
 def test_published_table_reproduces_the_intervals() -> None:
-    table = render(ga.published_checks(ga.load_published(PUBLISHED)), rt.PUBLISHED)
+    table = render(vt.published_checks(vt.load_published(PUBLISHED)), rt.PUBLISHED)
     assert list(table.columns) == [
         "configuration",
         "correct",
@@ -58,7 +57,7 @@ def test_published_table_reproduces_the_intervals() -> None:
 
 
 def test_totals_table_and_sentences() -> None:
-    rows = vt.totals_rows(ga.load_published(PUBLISHED))
+    rows = vt.totals_rows(vt.load_published(PUBLISHED))
     table = render(rows, rt.TOTALS).set_index("configuration")
     kv = table.loc["FP8 KV cache"]
     assert kv["correct"] == "454 vs 459 of 500"
@@ -79,17 +78,17 @@ def test_capture_and_guard_tables(acc) -> None:
         "fp8-kv": ConfigResult(name="fp8-kv", label="FP8 KV cache", state="failed", diagnosis="fp8 not supported"),
         "random-weights": acc.config("random-weights", acc.questions("0000000000")),
     }
-    capture = render(ga.capture_rows(results, "strict-match"), rt.CAPTURE)
+    capture = render(vt.capture_rows(results, "strict-match"), rt.CAPTURE)
     assert list(capture.columns) == ["configuration", "state", "shots", "correct", "accuracy %", "Wilson 95%"]
     assert list(capture["correct"]) == ["8/10", "", "0/10"] and capture.loc[0, "accuracy %"] == "80.0"
-    assert "shots" not in render(ga.capture_rows(results, "strict-match"), rt.RETRIEVAL_CAPTURE)
+    assert "shots" not in render(vt.capture_rows(results, "strict-match"), rt.RETRIEVAL_CAPTURE)
     assert rt.failure_lines(results) == ["FP8 KV cache (failed): fp8 not supported"]
-    guard = render(ga.guard_rows(results, "bf16"), rt.GUARD).set_index("configuration")
+    guard = render(vt.guard_rows(results, "bf16"), rt.GUARD).set_index("configuration")
     assert guard.loc["FP8 KV cache", "intended change"] == "kv_cache_dtype"
     assert guard.loc["FP8 KV cache", "A/B guard"].startswith("no resolved record")
     assert guard.loc["RANDOM-WEIGHTS", "A/B guard"].startswith("not compared: another model")
-    flagged = ga.GuardRow("x", ("kv_cache_dtype",), "yes", ("seed: 0 -> 1",))
-    clean = ga.GuardRow("y", ("kv_cache_dtype",), "yes")
+    flagged = vt.GuardRow("x", ("kv_cache_dtype",), "yes", ("seed: 0 -> 1",))
+    clean = vt.GuardRow("y", ("kv_cache_dtype",), "yes")
     assert list(render([flagged, clean], rt.GUARD)["A/B guard"]) == [
         "FLAGGED: also seed: 0 -> 1",
         "clean: only the intended change",

@@ -12,7 +12,7 @@ import pytest
 from kvstudy import cli
 from kvstudy.errors import StudyError
 from kvstudy.io import write_json_atomic, write_text_atomic
-from kvstudy.precision import screen, simulate
+from kvstudy.precision import records, simulate
 from kvstudy.tools import checkpoints, gsm8k_data, retrieval_data
 from kvstudy.tools.retrieval_data import RetrievalSet
 
@@ -142,10 +142,10 @@ def test_kv_screen_refuses_a_foreign_folder_before_asking_any_server(tmp_path: P
     mine = tmp_path / "cap"
     mine.mkdir()
     (mine / "manifest.json").write_text('{"kind": "kvstudy speed sweep"}')
-    items = screen.scored_prompts(1, [], 0)
+    items = records.scored_prompts(1, [], 0)
     # port 9 (discard) is never asked: the folder is refused first
     with pytest.raises(StudyError, match="not written by `kvstudy kv-screen`"):
-        screen.screen("http://127.0.0.1:9", "http://127.0.0.1:9", mine, items)
+        records.screen("http://127.0.0.1:9", "http://127.0.0.1:9", mine, items)
     assert (mine / "manifest.json").read_text() == '{"kind": "kvstudy speed sweep"}'
     assert [p.name for p in mine.iterdir()] == ["manifest.json"]  # not even a marker written
 
