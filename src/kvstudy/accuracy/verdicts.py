@@ -25,14 +25,16 @@ from kvstudy.io import read_json
 from kvstudy.stats import binary, binary_power
 from kvstudy.stats.binary import (
     ChanceCheck,
+    ClusteredMean,
     Discrimination,
     NonInferiority,
     PairedComparison,
     PairedCounts,
     WilsonInterval,
+    clustered_difference,
+    clustered_mean,
 )
 from kvstudy.stats.binary_power import TotalsBounds
-from kvstudy.stats.clustered import ClusteredMean, clustered_difference, clustered_mean
 
 ASSUMED_DISCORDANCE = (0.02, 0.05, 0.10)  # fractions of questions on which two runs disagree
 

@@ -28,8 +28,7 @@ from kvstudy.capture import model_config
 from kvstudy.formats import GIB
 from kvstudy.load.runner import KIND, load_spec, run_load
 from kvstudy.load.spec import LoadSpec, arm_pools
-from kvstudy.stats.clustered import clustered_mean
-from kvstudy.stats.family import holm
+from kvstudy.stats.binary import clustered_mean, holm
 from kvstudy.stats.permutation import blocks_needed, permutation_test
 
 ALPHA = 0.05

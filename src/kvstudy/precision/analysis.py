@@ -4,7 +4,7 @@ engine, per bucket (GSM8K-format; retrieval by context length).
 
 Each arm scores the same prompts' reference tokens. Per token, ``Δ = log p(candidate) - log
 p(baseline)``; tokens of one prompt (or one shared context) are a cluster, so the mean Δ gets a
-cluster-robust standard error (:func:`kvstudy.stats.clustered.clustered_mean`). Top-1 agreement is
+cluster-robust standard error (:func:`kvstudy.stats.binary.clustered_mean`). Top-1 agreement is
 the share of reference positions where both arms' most likely next token is the same. Greedy
 answers are compared by exact McNemar (:func:`kvstudy.stats.binary.mcnemar_exact`).
 
@@ -25,9 +25,7 @@ from kvstudy.bench.logprobs import Capture, Group
 from kvstudy.errors import StudyError
 from kvstudy.formats import millinats, p_text, p_value
 from kvstudy.precision.divergence import MARGIN_STATES, TokenKL, equivalence, token_kl
-from kvstudy.stats.binary import ALPHA, mcnemar_exact, paired_counts
-from kvstudy.stats.clustered import ClusteredMean, clustered_mean
-from kvstudy.stats.family import holm
+from kvstudy.stats.binary import ALPHA, ClusteredMean, clustered_mean, holm, mcnemar_exact, paired_counts
 
 
 @dataclass(frozen=True)

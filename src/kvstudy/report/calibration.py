@@ -41,7 +41,7 @@ from kvstudy.precision import divergence as dv
 from kvstudy.precision import records as rc
 from kvstudy.precision.analysis import pair_rows
 from kvstudy.stats import binary as acc_stats
-from kvstudy.stats.clustered import clustered_difference
+from kvstudy.stats.binary import clustered_difference
 
 BASELINE, CANDIDATE = "bf16", "fp8-kv"
 LADDER_FILE = "ladder.json"

@@ -30,9 +30,8 @@ from kvstudy.speed.verdicts_table import (
     change_text,
     fmt,
 )
-from kvstudy.stats.binary import ChanceCheck, DifferenceInterval, Discrimination, NonInferiority
+from kvstudy.stats.binary import ChanceCheck, DifferenceInterval, Discrimination, NonInferiority, holm
 from kvstudy.stats.binary_power import TotalsBounds
-from kvstudy.stats.family import holm
 
 if TYPE_CHECKING:
     import pandas as pd

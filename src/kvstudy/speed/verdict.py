@@ -7,7 +7,7 @@ every run names its seed. Interval: a hierarchical bootstrap (``kvstudy.stats.bo
 with few runs is too narrow: the permutation p guards against false claims.
 
 A claim needs every run measurable, p < alpha, the interval excluding 1, comparable clocks, a block
-design in time (:func:`order_check`, or a drift bounded by :func:`kvstudy.stats.drift.drift_check`),
+design in time (:func:`order_check`, or a drift bounded by :func:`kvstudy.stats.permutation.drift_check`),
 the registered runs per arm and no outside refusal; :func:`adjust_for_multiplicity` then applies Holm
 over one report's tests. Otherwise "no claim", with the reasons.
 
@@ -31,12 +31,12 @@ import numpy as np
 from kvstudy.bench.measurability import Measurability, per_request_e2e_per_token_s, per_request_tpot_s
 from kvstudy.bench.result import RequestRecord
 from kvstudy.errors import StudyError
+from kvstudy.stats.binary import MULTIPLICITY_METHOD, holm
 from kvstudy.stats.bootstrap import CONFIDENCE, bootstrap_ratio_interval
-from kvstudy.stats.drift import drift_check
-from kvstudy.stats.family import MULTIPLICITY_METHOD, holm
 from kvstudy.stats.permutation import (
     PermutationTest,
     blocks_needed,
+    drift_check,
     minimum_p_value,
     permutation_test,
     runs_per_arm_needed,

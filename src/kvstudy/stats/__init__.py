@@ -1,8 +1,8 @@
 """Every statistical test and interval the study uses, and nothing else: no module outside this
 package defines one. Pure functions of numbers with typed results: :mod:`~kvstudy.stats.binary`
-(right/wrong outcomes), :mod:`~kvstudy.stats.binary_power` (power, bounds from totals),
-:mod:`~kvstudy.stats.clustered`, :mod:`~kvstudy.stats.permutation`, :mod:`~kvstudy.stats.bootstrap`,
-:mod:`~kvstudy.stats.drift` and :mod:`~kvstudy.stats.family` (Holm).
+(right/wrong outcomes, clustered means, Holm), :mod:`~kvstudy.stats.binary_power` (power, bounds
+from totals), :mod:`~kvstudy.stats.permutation` (per-run values: permutation tests, drift) and
+:mod:`~kvstudy.stats.bootstrap`.
 
 Libraries do what they can: Wilson and Clopper-Pearson (statsmodels' ``proportion_confint``), the
 exact McNemar p (scipy's binomial), Holm (``multipletests``), Newcombe's unpaired interval

@@ -148,7 +148,7 @@ def test_detectable_loss_at_the_observed_disagreement_and_at_best() -> None:
 
 
 def test_holm_of_a_family() -> None:
-    from kvstudy.stats.family import holm
+    from kvstudy.stats.binary import holm
 
     # notebook 07's case: p = 0.017 and 0.040 among 22 tests pass no longer
     adjusted = holm([0.017, 0.040] + [0.5] * 20)

@@ -7,7 +7,7 @@ import pytest
 
 from kvstudy.errors import StudyError
 from kvstudy.precision import analysis as pl
-from kvstudy.stats.clustered import clustered_mean
+from kvstudy.stats.binary import clustered_mean
 
 
 def _rows(values: list[list[float]], prefix: str = "p") -> list[dict]:

@@ -15,8 +15,7 @@ import pytest
 
 from kvstudy.speed import calibration as cal
 from kvstudy.speed.verdict import RunSummary, adjust_for_multiplicity, compare_runs, order_check, registration_check
-from kvstudy.stats.binary import clopper_pearson
-from kvstudy.stats.family import holm
+from kvstudy.stats.binary import clopper_pearson, holm
 from kvstudy.stats.permutation import blocked_min_p, blocks_needed, permutation_test
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvstudy.speed.verdict import ALPHA, DRIFT_BOUNDED, UNBALANCED, RunSummary, compare_runs, permutation_test
-from kvstudy.stats.drift import DriftCheck, drift_check
+from kvstudy.stats.permutation import DriftCheck, drift_check
 
 N_TRIALS = 2_000
 

@@ -1,4 +1,4 @@
-"""kvstudy.stats.binary and kvstudy.stats.clustered against published values, hand computation and reference libraries."""
+"""kvstudy.stats.binary (clustered errors included) against published values, hand computation and reference libraries."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from statsmodels.stats.contingency_tables import mcnemar
 
 from kvstudy.errors import StudyError
 from kvstudy.stats import binary as stats
-from kvstudy.stats import clustered
 
 
 def outcomes(
@@ -237,7 +236,7 @@ def test_chance_check_counts() -> None:
 def test_clustered_error_with_singleton_clusters_equals_the_independent_one() -> None:
     rng = np.random.default_rng(0)
     values = rng.integers(-1, 2, size=60).astype(float)
-    m = clustered.clustered_mean(values.tolist(), list(range(60)))
+    m = stats.clustered_mean(values.tolist(), list(range(60)))
     assert m.se_clustered == pytest.approx(m.se_independent, rel=1e-12)
     assert m.se_independent == pytest.approx(values.std(ddof=1) / math.sqrt(60))
     assert m.design_effect == pytest.approx(1.0) and m.varies
@@ -251,7 +250,7 @@ def test_clustered_error_matches_statsmodels_cluster_robust_ols() -> None:
     shared = rng.normal(size=12)[groups]
     values = (shared + rng.normal(size=60) > 0).astype(float)
     fit = sm.OLS(values, np.ones(60)).fit(cov_type="cluster", cov_kwds={"groups": groups})
-    m = clustered.clustered_mean(values.tolist(), groups.tolist())
+    m = stats.clustered_mean(values.tolist(), groups.tolist())
     assert m.mean == pytest.approx(float(fit.params[0]))
     assert m.se_clustered == pytest.approx(float(fit.bse[0]), rel=1e-10)
     assert m.clusters == 12 and m.design_effect > 1
@@ -261,9 +260,9 @@ def test_clustered_error_matches_statsmodels_cluster_robust_ols() -> None:
 
 def test_clustered_error_is_exactly_zero_when_clusters_agree() -> None:
     # two contexts, one of four right in each: the per-cluster sums of residuals are exactly 0
-    m = clustered.clustered_mean([1.0, 0, 0, 0, 0, 1.0, 0, 0], ["a"] * 4 + ["b"] * 4)
+    m = stats.clustered_mean([1.0, 0, 0, 0, 0, 1.0, 0, 0], ["a"] * 4 + ["b"] * 4)
     assert m.se_clustered == 0.0 and not m.varies and m.se_independent > 0 and m.design_effect == 0.0
-    alike = clustered.clustered_mean([0.0] * 6, [0, 0, 0, 1, 1, 1])
+    alike = stats.clustered_mean([0.0] * 6, [0, 0, 0, 1, 1, 1])
     assert alike.se_independent == alike.se_clustered == 0.0 and alike.design_effect == 1.0
 
 
@@ -273,16 +272,16 @@ def test_clustered_difference_of_needles_in_shared_haystacks() -> None:
     cluster_of = {i: f"haystack-{i // 5}" for i in ids}
     base = {i: True for i in ids}
     cand = {i: i // 5 not in (1, 3) for i in ids}
-    m = clustered.clustered_difference(base, cand, cluster_of)
+    m = stats.clustered_difference(base, cand, cluster_of)
     assert m.mean == pytest.approx(-0.5)
     assert m.clusters == 4
     assert m.se_clustered > m.se_independent
     with pytest.raises(StudyError, match="no cluster id"):
-        clustered.clustered_difference(base, cand, {i: 0 for i in range(19)})
+        stats.clustered_difference(base, cand, {i: 0 for i in range(19)})
     with pytest.raises(StudyError, match="one cluster"):
-        clustered.clustered_difference(base, cand, {i: "same" for i in ids})
+        stats.clustered_difference(base, cand, {i: "same" for i in ids})
     with pytest.raises(StudyError, match="one cluster id per item"):
-        clustered.clustered_mean([1.0, 0.0], ["a"])
+        stats.clustered_mean([1.0, 0.0], ["a"])
 
 
 def test_exact_mcnemar_of_ten_one_sided_discordant_items() -> None:
