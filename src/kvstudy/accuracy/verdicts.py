@@ -89,10 +89,8 @@ def load_published(path: str | Path) -> PublishedSummary:
 class PublishedCheck:
     """A published row with its Wilson interval recomputed here, and whether the two agree."""
 
-    name: str
     label: str
     interval: WilsonInterval  # recomputed from the published count
-    published_accuracy_pct: float
     published_wilson95_pct: tuple[float, float]
     matches: bool  # accuracy and both limits reproduced to 0.1 point
 
@@ -105,9 +103,7 @@ def published_checks(summary: PublishedSummary) -> list[PublishedCheck]:
         recomputed = (round(100 * x, 1) for x in (ours.accuracy, ours.low, ours.high))
         published = (row.published_accuracy_pct, *row.published_wilson95_pct)
         matches = all(abs(a - b) < 0.05 + 1e-9 for a, b in zip(recomputed, published))
-        out.append(
-            PublishedCheck(row.name, row.label, ours, row.published_accuracy_pct, row.published_wilson95_pct, matches)
-        )
+        out.append(PublishedCheck(row.label, ours, row.published_wilson95_pct, matches))
     return out
 
 

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvstudy.accuracy import runner, samples
+from kvstudy.accuracy import records, runner
 from kvstudy.accuracy.configurations import CONFIGURATIONS, TASKS, configurations
 from kvstudy.cli import json_option, retry_option, show
 from kvstudy.errors import StudyError
@@ -29,7 +29,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     from kvstudy.accuracy.verdicts import paired_sentence
     from kvstudy.stats import binary
 
-    pair = samples.read_pair(args.baseline, args.candidate, args.filter, args.metric)
+    pair = records.read_pair(args.baseline, args.candidate, args.filter, args.metric)
     verdict = binary.compare(
         pair.baseline.correctness(),
         pair.candidate.correctness(),
@@ -38,7 +38,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         baseline_label="baseline",
         candidate_label="candidate",
     )
-    cuts = [samples.cut_off_answers(s) for s in (pair.baseline, pair.candidate)]
+    cuts = [records.cut_off_answers(s) for s in (pair.baseline, pair.candidate)]
     data = {
         **asdict(verdict),
         "verdict": paired_sentence(verdict),
@@ -108,10 +108,10 @@ def add_accuracy(subparsers: Any) -> None:
     cmp.add_argument("baseline", help="the 16-bit run's samples_<task>_<date>.jsonl")
     cmp.add_argument("candidate", help="the candidate run's samples file (e.g. FP8 KV)")
     cmp.add_argument(
-        "--filter", default=samples.DEFAULT_FILTER, help=f"lm-eval filter to score (default {samples.DEFAULT_FILTER})"
+        "--filter", default=records.DEFAULT_FILTER, help=f"lm-eval filter to score (default {records.DEFAULT_FILTER})"
     )
     cmp.add_argument(
-        "--metric", default=samples.DEFAULT_METRIC, help=f"per-item metric, 0 or 1 (default {samples.DEFAULT_METRIC})"
+        "--metric", default=records.DEFAULT_METRIC, help=f"per-item metric, 0 or 1 (default {records.DEFAULT_METRIC})"
     )
     margin = cmp.add_mutually_exclusive_group()
     margin.add_argument(

@@ -9,9 +9,8 @@ from typing import Any
 from kvstudy.bench.logprobs import DEFAULT_TOP_K
 from kvstudy.cli import force_option, retry_option
 from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_THREADS, MAX_TOKENS, MAX_TOP_K, float_arg, int_arg, output_folder
-from kvstudy.precision import quantize as qz
 from kvstudy.precision.records import load, scored_prompts, screen
-from kvstudy.precision.simulate import SimSpec, run
+from kvstudy.precision.simulate import LABEL, SimSpec, run
 from kvstudy.tools.checkpoints import FACTOR, build_control
 
 
@@ -43,13 +42,13 @@ def add_control_checkpoint(subparsers: Any) -> None:
 def _kv_simulate(args: argparse.Namespace) -> int:
     spec = SimSpec.from_dict({k: v for k, v in vars(args).items() if k in SimSpec.model_fields}, "kv-simulate")
     run(spec, args.capture, args.force, args.retry_failed)
-    print(f"{args.capture}: done ({qz.LABEL})")
+    print(f"{args.capture}: done ({LABEL})")
     return 0
 
 
 def add_kv_simulate(subparsers: Any) -> None:
     d = SimSpec()
-    p = subparsers.add_parser("kv-simulate", help=f"score FP8/int8 KV storage in PyTorch ({qz.LABEL})")
+    p = subparsers.add_parser("kv-simulate", help=f"score FP8/int8 KV storage in PyTorch ({LABEL})")
     p.add_argument("capture", type=output_folder, help="capture folder to write or resume")
     p.add_argument("--model", default=d.model)
     p.add_argument(

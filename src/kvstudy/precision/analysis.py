@@ -39,8 +39,6 @@ class PairedKL:
     high: float
     gap: float  # mean truncation bound (under the tail assumption of kvstudy.precision.divergence)
     rest: float  # mean baseline mass outside the compared tokens
-    tokens: int
-    clusters: int
 
 
 @dataclass(frozen=True)
@@ -58,7 +56,7 @@ def _paired_kl(kls: list[TokenKL], groups: list[str], alpha: float) -> PairedKL:
     lower = clustered_mean([k.kl for k in kls], groups, 2 * alpha)
     upper = clustered_mean([k.kl + k.gap for k in kls], groups, 2 * alpha)
     gap, rest = (float(np.mean([getattr(k, name) for k in kls])) for name in ("gap", "rest"))
-    return PairedKL(lower.mean, lower.ci_low, upper.ci_high, gap, rest, lower.n, lower.clusters)
+    return PairedKL(lower.mean, lower.ci_low, upper.ci_high, gap, rest)
 
 
 def bucket_length(bucket: str) -> int | None:

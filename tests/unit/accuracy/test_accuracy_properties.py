@@ -15,7 +15,7 @@ pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st
 
-from kvstudy.accuracy import samples as smp  # noqa: E402
+from kvstudy.accuracy import records as smp  # noqa: E402
 from kvstudy.errors import StudyError  # noqa: E402
 from kvstudy.stats import binary as stats  # noqa: E402
 from kvstudy.stats import binary_power as totals  # noqa: E402

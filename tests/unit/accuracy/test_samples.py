@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvstudy.accuracy import samples as smp
+from kvstudy.accuracy import records as smp
 from kvstudy.errors import StudyError
 from kvstudy.stats import binary as stats
 

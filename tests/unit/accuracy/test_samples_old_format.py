@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvstudy import cli
-from kvstudy.accuracy.samples import UNNAMED_FILTER, read_pair, read_samples
+from kvstudy.accuracy.records import UNNAMED_FILTER, read_pair, read_samples
 from kvstudy.errors import StudyError
 
 OLD = Path(__file__).resolve().parents[2] / "fixtures" / "lm-eval-samples-0.4.0"

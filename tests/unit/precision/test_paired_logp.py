@@ -80,7 +80,7 @@ def test_the_analysis_side_imports_without_torch() -> None:
     import sys
 
     code = (
-        "import sys; import kvstudy.precision.analysis, kvstudy.precision.records, kvstudy.precision.quantize, "
+        "import sys; import kvstudy.precision.analysis, kvstudy.precision.records, "
         "kvstudy.precision.simulate, kvstudy.tools.checkpoints; "
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )

@@ -7,12 +7,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kvstudy.errors import StudyError  # noqa: E402
-from kvstudy.precision import quantize as qz  # noqa: E402
+from kvstudy.precision import simulate  # noqa: E402
 
 
 def stored(x: torch.Tensor, fmt: str, scale: float = 1.0) -> torch.Tensor:
     """``x`` kept as a K of layer 0 in ``fmt`` at ``scale`` and read back (``quantize.store``)."""
-    return qz.store(x, qz.Storage("t", fmt, (scale,), (scale,)), "k", 0)
+    return simulate.store(x, simulate.Storage("t", fmt, (scale,), (scale,)), "k", 0)
 
 
 def test_fp8_round_trip_keeps_representable_values() -> None:
@@ -52,23 +52,23 @@ def test_bf16_and_int8_round_trips() -> None:
 
 
 def test_storage_checks_its_fields() -> None:
-    s = qz.Storage("a", "float8_e4m3fn", (0.5, 2.0), None)
+    s = simulate.Storage("a", "float8_e4m3fn", (0.5, 2.0), None)
     assert s.scale("k", 1) == 2.0 and s.scale("v", 1) == 1.0
     with pytest.raises(StudyError):
         s.scale("k", 2)
     with pytest.raises(StudyError):
-        qz.Storage("b", "float4")
+        simulate.Storage("b", "float4")
     with pytest.raises(StudyError):
-        qz.Storage("c", "float8_e4m3fn", (0.0,))
+        simulate.Storage("c", "float8_e4m3fn", (0.0,))
     with pytest.raises(StudyError):
-        qz.Storage("d", "float8_e4m3fn", None, (-1.0,))
+        simulate.Storage("d", "float8_e4m3fn", None, (-1.0,))
 
 
 def test_calibrated_scales_are_amax_over_448() -> None:
-    k, v = qz.calibrated_scales({("k", 0): 448.0, ("v", 0): 44.8}, 1, "float8_e4m3fn")
+    k, v = simulate.calibrated_scales({("k", 0): 448.0, ("v", 0): 44.8}, 1, "float8_e4m3fn")
     assert k == (1.0,) and abs(v[0] - 0.1) < 1e-12
     with pytest.raises(StudyError, match="layers"):
-        qz.calibrated_scales({("k", 0): 1.0, ("v", 0): 1.0}, 2, "float8_e4m3fn")
+        simulate.calibrated_scales({("k", 0): 1.0, ("v", 0): 1.0}, 2, "float8_e4m3fn")
 
 
 def test_matmul_attention_matches_sdpa() -> None:
@@ -82,7 +82,7 @@ def test_matmul_attention_matches_sdpa() -> None:
         torch.randn(1, 2, 7, 8, generator=g),
         torch.randn(1, 2, 7, 8, generator=g),
     )
-    out, _ = qz.matmul_attention(Module(), q, k, v, None, 8**-0.5)
+    out, _ = simulate.matmul_attention(Module(), q, k, v, None, 8**-0.5)
     ref = torch.nn.functional.scaled_dot_product_attention(
         q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True
     )
