@@ -23,7 +23,7 @@ import numpy as np
 from kvstudy.bench.grid import Captured
 from kvstudy.bench.measurability import Measurability, assess_run
 from kvstudy.errors import StudyError
-from kvstudy.stats.bootstrap import bootstrap_line, ols, percentile_interval
+from kvstudy.stats.permutation import bootstrap_line, ols, percentile_interval
 
 DEFAULT_BOOT = 2000
 

@@ -23,8 +23,13 @@ from kvstudy.errors import StudyError
 from kvstudy.speed.verdict import ALPHA, RunSummary, statistical_claim
 from kvstudy.stats.binary import TARGET_POWER, clopper_pearson
 from kvstudy.stats.binary_power import smallest_passing
-from kvstudy.stats.bootstrap import bootstrap_ratio_interval
-from kvstudy.stats.permutation import blocked_min_p, minimum_p_value, permutation_test, sign_flip_power
+from kvstudy.stats.permutation import (
+    blocked_min_p,
+    bootstrap_ratio_interval,
+    minimum_p_value,
+    permutation_test,
+    sign_flip_power,
+)
 
 SPLITS = 1_000  # pseudo-arm splits / simulated designs (>= 1,000: the rate's own SE <= 0.7 points at 5 %)
 CALIBRATION_RESAMPLES = 400  # bootstrap draws per simulated verdict (the interval only matters once p < alpha)

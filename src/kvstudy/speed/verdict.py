@@ -3,7 +3,7 @@
 The unit of replication is the run (requests of one run share its state), summarised by the log of
 its median per-request TPOT. Effect: ``tpot_ratio``, candidate / baseline geometric means of the run
 medians. Test: the exact permutation test of ``kvstudy.stats.permutation``, within seed blocks when
-every run names its seed. Interval: a hierarchical bootstrap (``kvstudy.stats.bootstrap``), which
+every run names its seed. Interval: a hierarchical bootstrap (``kvstudy.stats.permutation``), which
 with few runs is too narrow: the permutation p guards against false claims.
 
 A claim needs every run measurable, p < alpha, the interval excluding 1, comparable clocks, a block
@@ -32,10 +32,11 @@ from kvstudy.bench.measurability import Measurability, per_request_e2e_per_token
 from kvstudy.bench.result import RequestRecord
 from kvstudy.errors import StudyError
 from kvstudy.stats.binary import MULTIPLICITY_METHOD, holm
-from kvstudy.stats.bootstrap import CONFIDENCE, bootstrap_ratio_interval
 from kvstudy.stats.permutation import (
+    CONFIDENCE,
     PermutationTest,
     blocks_needed,
+    bootstrap_ratio_interval,
     drift_check,
     minimum_p_value,
     permutation_test,

@@ -1,8 +1,7 @@
 """Every statistical test and interval the study uses, and nothing else: no module outside this
 package defines one. Pure functions of numbers with typed results: :mod:`~kvstudy.stats.binary`
 (right/wrong outcomes, clustered means, Holm), :mod:`~kvstudy.stats.binary_power` (power, bounds
-from totals), :mod:`~kvstudy.stats.permutation` (per-run values: permutation tests, drift) and
-:mod:`~kvstudy.stats.bootstrap`.
+from totals), :mod:`~kvstudy.stats.permutation` (per-run values: permutation tests, drift, two-level bootstraps).
 
 Libraries do what they can: Wilson and Clopper-Pearson (statsmodels' ``proportion_confint``), the
 exact McNemar p (scipy's binomial), Holm (``multipletests``), Newcombe's unpaired interval

@@ -11,8 +11,7 @@ import pytest
 from kvstudy.bench.measurability import assess_run
 from kvstudy.errors import StudyError
 from kvstudy.speed.verdict import compare_runs, order_check, summarise_run
-from kvstudy.stats.bootstrap import bootstrap_ratio_interval
-from kvstudy.stats.permutation import minimum_p_value, permutation_test, runs_per_arm_needed
+from kvstudy.stats.permutation import bootstrap_ratio_interval, minimum_p_value, permutation_test, runs_per_arm_needed
 
 
 def test_minimum_p_values_of_small_designs() -> None:
