@@ -66,7 +66,7 @@ def test_a_ladder_read_from_captures(tmp_path: Path) -> None:
 
     from kvstudy.accuracy import runner as ge
     from kvstudy.accuracy.records import correctness
-    from kvstudy.precision.divergence import calibrate
+    from kvstudy.precision.analysis import calibrate
     from kvstudy.report.calibration import grade_from_captures
     from kvstudy.stats import binary as stats
 

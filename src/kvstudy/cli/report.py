@@ -152,7 +152,7 @@ def add_design(subparsers: Any) -> None:
 def _calibrate(args: argparse.Namespace) -> int:
     from kvstudy.io import bounded_float
     from kvstudy.limits import MAX_FACTOR
-    from kvstudy.precision.divergence import calibrate
+    from kvstudy.precision.analysis import calibrate
     from kvstudy.report.calibration import grade_from_captures, read_ladder
 
     if bool(args.ladder) == bool(args.grade):

@@ -14,7 +14,7 @@ project's runners:
   server of the unmodified model, candidate the grade's FP8 server): mean KL, Δ log p and top-1.
 
 The grades must rank in order on every instrument; the first grade shown to lose 2 points or more
-(its 95 % interval wholly below -2) gives the KL and Δ log p margin (:func:`kvstudy.precision.divergence.calibrate`), else "not
+(its 95 % interval wholly below -2) gives the KL and Δ log p margin (:func:`kvstudy.precision.analysis.calibrate`), else "not
 calibrated" (one line, exit 2, after the grades are printed). A grade's 16-bit arm is checked
 against ``--reference``: a first grade that already loses 2 points there is a broken checkpoint.
 A bundled ladder (``data/captures/kv-calibrate-cpu``) lists its grades in ``ladder.json``
@@ -37,9 +37,8 @@ from kvstudy.capture import read_manifest
 from kvstudy.errors import StudyError
 from kvstudy.io import bounded_float, get_field, read_json_object
 from kvstudy.limits import MAX_FACTOR
-from kvstudy.precision import divergence as dv
+from kvstudy.precision import analysis as dv
 from kvstudy.precision import records as rc
-from kvstudy.precision.analysis import pair_rows
 from kvstudy.stats import binary as acc_stats
 from kvstudy.stats.binary import clustered_difference
 
@@ -115,7 +114,7 @@ def screen_grade(
     change given (nan: a grade screened only)."""
     capture = rc.load(screen_capture)
     group = capture.groups[0]
-    paired = pair_rows(capture.logp[(group.name, group.baseline)], capture.logp[(group.name, group.candidates[0])])
+    paired = dv.pair_rows(capture.logp[(group.name, group.baseline)], capture.logp[(group.name, group.candidates[0])])
     if paired.kl is None:
         raise StudyError(f"{screen_capture}: no top-k log-probabilities (run kv-screen with --top-k)")
     kl, t = paired.kl, paired.tost or paired.test
