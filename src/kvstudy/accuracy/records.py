@@ -351,17 +351,14 @@ def read_samples(
         raise StudyError(f"{path}: no rows for filter {filter_name!r}; the file has filters {list(filters)}")
     chosen = [r for r in rows if r.filter == filter_name]
     dupes = sorted(d for d, k in Counter(r.doc_id for r in chosen).items() if k > 1)
-    if dupes and filter_name == UNNAMED_FILTER:
-        raise StudyError(
-            f"{path}: doc_ids {dupes[:5]} appear more than once and the rows name no filter (lm-eval "
-            "before 0.4.2 logs one row per filter without its name): the filters cannot be told apart"
-        )
     if dupes:
-        raise StudyError(
-            f"{path}: doc_ids {dupes[:5]} appear more than once for filter "
-            f"{filter_name!r} (first 5 shown); expected one row per document per "
-            f"filter (lm-eval appends: was a run written into an old file?)"
+        why = (
+            "the rows name no filter (lm-eval before 0.4.2 logs one row per filter without its name): the "
+            "filters cannot be told apart"
+            if filter_name == UNNAMED_FILTER
+            else "expected one row per document per filter (lm-eval appends: was a run written into an old file?)"
         )
+        raise StudyError(f"{path}: doc_ids {dupes[:5]} appear more than once for filter {filter_name!r}; {why}")
     for r in chosen:
         if metric not in r.scores:
             have = sorted(set(r.metrics) | set(r.scores))

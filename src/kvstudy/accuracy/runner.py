@@ -356,21 +356,21 @@ def run_missing(
             )
             continue
         todo.setdefault(cfg.server_key(), []).append(cfg)
+    if not todo:
+        return {}
+    require_live(model, lm_eval=True)
+    write_manifest(capture, names, model, settings, base, inputs)
     results: dict[str, ConfigResult] = {}
-    if todo:
-        require_live(model, lm_eval=True)
-        write_manifest(capture, names, model, settings, base, inputs)
     try:
         for group in todo.values():
             statuses = run_group(
                 group, base, capture, settings, ready_timeout_s, progress, fp8_kv_backend, screen_top_k
             )
             results |= {status.name: status for status in statuses}
-    finally:
-        if todo:  # close this session and record the states the runs left
-            manifest = capture_format.read_manifest(capture, KIND)
-            capture_format.finish_session(manifest["sessions"][-1])
-            _record_states(capture, manifest)
+    finally:  # close this session and record the states the runs left
+        manifest = capture_format.read_manifest(capture, KIND)
+        capture_format.finish_session(manifest["sessions"][-1])
+        _record_states(capture, manifest)
     return results
 
 
