@@ -30,7 +30,7 @@ from kvstudy.io import check_write_target, log_tail, text_tail
 from kvstudy.machine import vllm_distribution
 from kvstudy.redact import scrub, secret_values
 from kvstudy.vllm.command import OFFLINE_ENV
-from kvstudy.vllm.process import spawn
+from kvstudy.vllm.process import spawn, stop_process_group
 
 # The body of `vllm bench serve`, without the console entry point that needs the `vllm` dist.
 BENCH_ENTRY = (
@@ -176,8 +176,7 @@ def _run_streaming(
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        stop_process_group(proc, grace_s=5.0)  # the client and anything it started
         reader.join(timeout=5)
         log.flush()
         raise BenchError(f"vllm bench serve: no result after {timeout_s:.0f} s", log_tail(log_path)) from None
