@@ -64,8 +64,10 @@ def checked(check: Callable[[Any, str], object]) -> AfterValidator:
 
 
 def _distinct(values: list[T]) -> list[T]:
-    if len(set(map(repr, values))) != len(values):
-        raise ValueError(f"{values!r}: expected no value twice")
+    """``values`` with no value (an arm: no name) twice."""
+    keys = [getattr(v, "name", v) for v in values]
+    if len(set(map(repr, keys))) != len(keys):
+        raise ValueError(f"{keys!r}: expected no value twice")
     return values
 
 
@@ -116,8 +118,8 @@ class Spec(BaseModel):
 # Field types the specs share.
 Env = Annotated[dict[str, Any], checked(check_server_env)]  # variable: a string or {from_env: NAME}
 ExtraArgs = Annotated[list[str], checked(check_server_args)]
-Seeds = Annotated[list[Seed], Field(min_length=1, max_length=MAX_AXIS_VALUES), AfterValidator(_distinct)]
 Axis = Annotated[list[T], Field(min_length=1, max_length=MAX_AXIS_VALUES), AfterValidator(_distinct)]
+Seeds = Axis[Seed]
 RunOrder = Literal["abba", "grouped"]
 RUN_ORDERS = {
     "abba": "seeds in turn; arms in order at even seed positions, reversed at odd ones",
@@ -159,14 +161,7 @@ class Arm(Spec):
     extra_args: ExtraArgs = Field(default_factory=list, description="server flags on top of the grid's")
 
 
-def _distinct_names(arms: list[Arm]) -> list[Arm]:
-    names = [a.name for a in arms]
-    if len(set(names)) != len(names):
-        raise ValueError(f"names repeat: {names}, expected each once")
-    return arms
-
-
-Arms = Annotated[list[Arm], Field(min_length=1, max_length=MAX_ARMS), AfterValidator(_distinct_names)]
+Arms = Annotated[list[Arm], Field(min_length=1, max_length=MAX_ARMS), AfterValidator(_distinct)]
 
 
 # --------------------------------------------------------------------------- the users grids' cells
