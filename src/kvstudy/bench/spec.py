@@ -23,7 +23,7 @@ from kvstudy.errors import StudyError
 from kvstudy.io import type_name
 from kvstudy.limits import MAX_ARMS, MAX_AXIS_VALUES, Seconds, Seed
 from kvstudy.redact import redact
-from kvstudy.vllm.arguments import check_server_args, check_server_env
+from kvstudy.vllm.command import check_server_args, check_server_env
 from kvstudy.vllm.facts import CACHE_DTYPES
 
 T = TypeVar("T")

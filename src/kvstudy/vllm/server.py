@@ -33,11 +33,11 @@ from kvstudy.errors import StudyError
 from kvstudy.io import check_write_target, log_tail
 from kvstudy.machine import vllm_distribution
 from kvstudy.redact import scrub_file, start_scrubbed_copy
-from kvstudy.vllm.arguments import check_server_args
 from kvstudy.vllm.command import (
     HOST,
     ServerConfig,
     build_command,
+    check_server_args,
     log_secrets,
     recorded_environment,
     server_environment,
