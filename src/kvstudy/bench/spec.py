@@ -101,14 +101,6 @@ class Spec(BaseModel):
             if errors:
                 raise StudyError(f"{where}: {error_line(errors[0])}") from None
 
-    def fill_parameters(self, params: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
-        """Notebook parameters as a report ran them: a field left None is this (a capture's) spec's
-        value, arms by name; with the names so filled."""
-        stored = self.to_dict()
-        read = {k for k in type(self).model_fields if k in params and params[k] is None}
-        named = {k: [a["name"] for a in stored[k]] if k in ("arms", "configurations") else stored[k] for k in read}
-        return {**params, **named}, read
-
     def to_dict(self) -> dict[str, Any]:
         """The spec as stored in a manifest: secrets redacted (``{from_env: NAME}`` kept as is)."""
         out: dict[str, Any] = redact(self.model_dump())
