@@ -1,6 +1,6 @@
 """Write data/vllm/serve_options.json: the option strings of the installed vLLM's serve parser.
 
-The table ``kvstudy.vllm.arguments`` resolves user server arguments against where vLLM is not
+The table ``kvstudy.vllm.command`` resolves user server arguments against where vLLM is not
 installed (with vLLM installed it reads the live table the same way, in a child process). Re-run it
 after the pinned vLLM changes:
 
@@ -14,7 +14,7 @@ import json
 import sys
 
 from kvstudy.io import REPO_ROOT, write_text_atomic
-from kvstudy.vllm.arguments import live_table
+from kvstudy.vllm.command import live_table
 from kvstudy.vllm.facts import SERVE_OPTIONS_SNAPSHOT
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from kvstudy.bench.result import read_result_file
 from kvstudy.errors import StudyError
@@ -30,7 +30,7 @@ from kvstudy.io import check_write_target, log_tail, text_tail
 from kvstudy.machine import vllm_distribution
 from kvstudy.redact import scrub, secret_values
 from kvstudy.vllm.command import OFFLINE_ENV
-from kvstudy.vllm.process import spawn
+from kvstudy.vllm.process import spawn, stop_process_group
 
 # The body of `vllm bench serve`, without the console entry point that needs the `vllm` dist.
 BENCH_ENTRY = (
@@ -125,13 +125,14 @@ def run_bench(
     env: dict[str, str] | None = None,
     on_line: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the client once and return vLLM's result JSON; its output goes to ``log_path`` and, line by
-    line, to ``on_line`` (the runner samples the clock at :data:`MEASURED_RUN_MARKER`)."""
+    """Run the client once and return vLLM's result JSON; its output, read line by line, goes to
+    ``log_path`` (each line scrubbed of secrets first: the secret values of its environment and every
+    secret shape) and to ``on_line`` (the runner samples the clock at :data:`MEASURED_RUN_MARKER`)."""
     check_write_target(log_path)  # open() would follow a planted symlink out of the capture
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kvstudy-bench-") as tmp:
-        result_dir = Path(tmp)
-        cmd = [python, "-c", BENCH_ENTRY, *settings.cli_args(base_url, model, tokenizer, result_dir, "result.json")]
+        result_file = Path(tmp) / "result.json"
+        cmd = [python, "-c", BENCH_ENTRY, *settings.cli_args(base_url, model, tokenizer, Path(tmp), result_file.name)]
         run_env = {
             **os.environ,
             **OFFLINE_ENV,
@@ -139,47 +140,33 @@ def run_bench(
             **({"PYTHONUNBUFFERED": "1"} if on_line else {}),
             **(env or {}),
         }
+        values = secret_values(run_env)
         with open(log_path, "w", encoding="utf-8") as log:
-            returncode = _run_streaming(cmd, run_env, log, timeout_s, log_path, on_line)
+            proc = spawn(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=run_env, text=True, errors="replace"
+            )
+
+            def pump() -> None:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    log.write(scrub(line, values))
+                    log.flush()
+                    if on_line is not None:
+                        with suppress(Exception):  # a failing observer must not lose the client's output
+                            on_line(line)
+
+            reader = threading.Thread(target=pump, name="kvstudy-bench-output", daemon=True)
+            reader.start()
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                stop_process_group(proc, grace_s=5.0)  # the client and anything it started
+                reader.join(timeout=5)
+                log.flush()
+                raise BenchError(f"vllm bench serve: no result after {timeout_s:.0f} s", log_tail(log_path)) from None
+            reader.join(timeout=30)
         output = log_path.read_text(errors="replace")
-        result_file = result_dir / "result.json"
-        if returncode != 0 or not result_file.is_file():
+        if proc.returncode != 0 or not result_file.is_file():
             last = next((ln for ln in reversed(output.splitlines()) if ln.strip()), "no output")
-            raise BenchError(f"vllm bench serve exited with status {returncode}: {last}", text_tail(output))
+            raise BenchError(f"vllm bench serve exited with status {proc.returncode}: {last}", text_tail(output))
         return read_result_file(result_file)
-
-
-def _run_streaming(
-    cmd: list[str],
-    env: dict[str, str],
-    log: IO[str],
-    timeout_s: float,
-    log_path: Path,
-    on_line: Callable[[str], None] | None,
-) -> int:
-    """Run the client with its output read line by line: each line scrubbed of secrets (the secret
-    values of ``env`` and every secret shape) before it reaches the log, and shown to ``on_line``."""
-    values = secret_values(env)
-    proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(scrub(line, values))
-            log.flush()
-            if on_line is not None:
-                with suppress(Exception):  # a failing observer must not lose the client's output
-                    on_line(line)
-
-    reader = threading.Thread(target=pump, name="kvstudy-bench-output", daemon=True)
-    reader.start()
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        reader.join(timeout=5)
-        log.flush()
-        raise BenchError(f"vllm bench serve: no result after {timeout_s:.0f} s", log_tail(log_path)) from None
-    reader.join(timeout=30)
-    return proc.returncode

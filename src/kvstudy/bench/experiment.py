@@ -230,17 +230,17 @@ def open_or_complete(
 def capture_settings(
     read_spec: Callable[[Path], UsersSpec], params: dict[str, Any], capture: str | Path
 ) -> tuple[dict[str, Any], set[str]]:
-    """The parameters as the report ran them (:meth:`kvstudy.bench.spec.Spec.fill_parameters`), and
-    ``registered_runs_per_arm``, where given and left None, the capture's seed count."""
+    """The parameters as the report ran them: a spec field left None is the capture's value (arms by
+    name), and ``registered_runs_per_arm``, where given and left None, its seed count; with the names
+    so filled."""
     path = Path(capture)
     if not (path / MANIFEST).is_file():
         return dict(params), set()
     spec = read_spec(path)
-    shown, read = spec.fill_parameters(params)
-    if "registered_runs_per_arm" in shown and shown["registered_runs_per_arm"] is None:
-        shown["registered_runs_per_arm"] = len(spec.seeds)
-        read.add("registered_runs_per_arm")
-    return shown, read
+    stored = {**spec.to_dict(), "registered_runs_per_arm": len(spec.seeds)}
+    read = {k for k in stored if k in params and params[k] is None}
+    named = {k: [a["name"] for a in stored[k]] if k in ("arms", "configurations") else stored[k] for k in read}
+    return {**params, **named}, read
 
 
 def arm_colors(names: list[str]) -> dict[str, Any]:

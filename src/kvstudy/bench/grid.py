@@ -271,7 +271,6 @@ def run_grid(
         record = plan.record(result)
         write_record(capture / CELLS / f"{cell.id}.json", record)
         results.append(result)
-        ran.add(cell.id)
         update_manifest(capture, manifest, every)
         status, why = record["status"], str(record.get("reason") or "")
         tracker.finished(cell.id, said or ("ok" if status == "ok" else f"{status}: {why[:160]}"))
@@ -287,7 +286,6 @@ def run_grid(
             log_path = capture / LOGS / f"{run.id}.server.log"
             tracker.note(f"starting the server of {run.id} for {len(cells)} cell(s)")
             capture_format.keep_old_attempt(log_path)
-            ran: set[str] = set()
             fields = {"run_id": run.id, "seed": run.seed, **plan.run_fields(run, cells)}
             try:
                 with VllmServer(plan.server_config(run), log_path, ready_timeout_s=plan.ready_timeout_s) as server:
@@ -308,7 +306,7 @@ def run_grid(
                 tracker.note(f"{run.id}: the server did not start: {reason[:200]}")
                 failed_run = {"status": "failed", **fields, "reason": plan.scrub(reason), "log_tail": tail}
                 write_record(capture / RUNS / f"{run.id}.json", failed_run)
-                for cell in [c for c in cells if c.id not in ran]:
+                for cell in cells:  # no cell ran: _run_one turns a cell's StudyError into its result
                     result = plan.failed_cell(cell, f"server did not start: {reason}", tail, True)
                     keep(cell, result, f"failed: the server of {run.id} did not start")
     finally:

@@ -80,15 +80,6 @@ def per_request_e2e_per_token_s(records: Sequence[RequestRecord]) -> np.ndarray:
     return lat[ok] / out[ok]
 
 
-def _gap_figures(records: Sequence[RequestRecord]) -> tuple[float | None, float | None]:
-    """(share of near-zero gaps, chunks per output token) over successful requests."""
-    ok = [r for r in records if r.success and r.output_len > 0]
-    gaps = [g / 1e3 for r in ok for g in r.itls_ms]
-    tokens = sum(r.output_len for r in ok)
-    share = sum(g < NEAR_ZERO_GAP_S for g in gaps) / len(gaps) if gaps else None
-    return share, (sum(len(r.itls_ms) + 1 for r in ok) / tokens if tokens else None)
-
-
 def assess_run(
     records: Sequence[RequestRecord],
     name: str,
@@ -104,7 +95,11 @@ def assess_run(
     n = len(records)
     failed = sum(not r.success for r in records)
     tpot_requests = int(per_request_tpot_s(records).size)
-    share, chunks_per_token = _gap_figures(records)
+    ok = [r for r in records if r.success and r.output_len > 0]  # the gap figures are over these
+    gaps = [g / 1e3 for r in ok for g in r.itls_ms]
+    tokens = sum(r.output_len for r in ok)
+    share = sum(g < NEAR_ZERO_GAP_S for g in gaps) / len(gaps) if gaps else None
+    chunks_per_token = sum(len(r.itls_ms) + 1 for r in ok) / tokens if tokens else None
     expected = expected_output_len
     short = 0 if expected is None else sum(r.success and r.output_len < expected for r in records)
 
@@ -139,18 +134,5 @@ def assess_run(
             f"{clock_samples_in_window} clock samples fell inside the bench window "
             f"(at least {MIN_CLOCK_SAMPLES_IN_WINDOW} needed)"
         )
-    return Measurability(
-        run=name,
-        measurable=not reasons,
-        reasons=reasons,
-        requests=n,
-        failed=failed,
-        tpot_requests=tpot_requests,
-        near_zero_gap_share=share,
-        chunks_per_token=chunks_per_token,
-        short_outputs=short,
-        expected_output_len=expected_output_len,
-        window_s=duration_s,
-        clock_interval_s=clock_interval_s,
-        clock_samples_in_window=clock_samples_in_window,
-    )
+    figures = (n, failed, tpot_requests, share, chunks_per_token, short, expected, duration_s, clock_interval_s)
+    return Measurability(name, not reasons, reasons, *figures, clock_samples_in_window)

@@ -23,7 +23,7 @@ from kvstudy.errors import StudyError
 from kvstudy.io import type_name
 from kvstudy.limits import MAX_ARMS, MAX_AXIS_VALUES, Seconds, Seed
 from kvstudy.redact import redact
-from kvstudy.vllm.arguments import check_server_args, check_server_env
+from kvstudy.vllm.command import check_server_args, check_server_env
 from kvstudy.vllm.facts import CACHE_DTYPES
 
 T = TypeVar("T")
@@ -64,8 +64,10 @@ def checked(check: Callable[[Any, str], object]) -> AfterValidator:
 
 
 def _distinct(values: list[T]) -> list[T]:
-    if len(set(map(repr, values))) != len(values):
-        raise ValueError(f"{values!r}: expected no value twice")
+    """``values`` with no value (an arm: no name) twice."""
+    keys = [getattr(v, "name", v) for v in values]
+    if len(set(map(repr, keys))) != len(keys):
+        raise ValueError(f"{keys!r}: expected no value twice")
     return values
 
 
@@ -99,14 +101,6 @@ class Spec(BaseModel):
             if errors:
                 raise StudyError(f"{where}: {error_line(errors[0])}") from None
 
-    def fill_parameters(self, params: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
-        """Notebook parameters as a report ran them: a field left None is this (a capture's) spec's
-        value, arms by name; with the names so filled."""
-        stored = self.to_dict()
-        read = {k for k in type(self).model_fields if k in params and params[k] is None}
-        named = {k: [a["name"] for a in stored[k]] if k in ("arms", "configurations") else stored[k] for k in read}
-        return {**params, **named}, read
-
     def to_dict(self) -> dict[str, Any]:
         """The spec as stored in a manifest: secrets redacted (``{from_env: NAME}`` kept as is)."""
         out: dict[str, Any] = redact(self.model_dump())
@@ -116,8 +110,8 @@ class Spec(BaseModel):
 # Field types the specs share.
 Env = Annotated[dict[str, Any], checked(check_server_env)]  # variable: a string or {from_env: NAME}
 ExtraArgs = Annotated[list[str], checked(check_server_args)]
-Seeds = Annotated[list[Seed], Field(min_length=1, max_length=MAX_AXIS_VALUES), AfterValidator(_distinct)]
 Axis = Annotated[list[T], Field(min_length=1, max_length=MAX_AXIS_VALUES), AfterValidator(_distinct)]
+Seeds = Axis[Seed]
 RunOrder = Literal["abba", "grouped"]
 RUN_ORDERS = {
     "abba": "seeds in turn; arms in order at even seed positions, reversed at odd ones",
@@ -159,14 +153,7 @@ class Arm(Spec):
     extra_args: ExtraArgs = Field(default_factory=list, description="server flags on top of the grid's")
 
 
-def _distinct_names(arms: list[Arm]) -> list[Arm]:
-    names = [a.name for a in arms]
-    if len(set(names)) != len(names):
-        raise ValueError(f"names repeat: {names}, expected each once")
-    return arms
-
-
-Arms = Annotated[list[Arm], Field(min_length=1, max_length=MAX_ARMS), AfterValidator(_distinct_names)]
+Arms = Annotated[list[Arm], Field(min_length=1, max_length=MAX_ARMS), AfterValidator(_distinct)]
 
 
 # --------------------------------------------------------------------------- the users grids' cells

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvstudy.vllm.install_check import check
+from kvstudy.vllm.kv_specs import check
 
 
 def _engine_check(args: argparse.Namespace) -> int:

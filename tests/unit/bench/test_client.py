@@ -104,3 +104,22 @@ def test_a_planted_symlink_at_the_log_is_refused_before_the_client_runs(tmp_path
     with pytest.raises(StudyError, match="bench.log: is a symlink"):
         bc.run_bench(s, "http://127.0.0.1:9", "m", None, tmp_path / "bench.log", python=str(fake_python))
     assert outside.read_text() == "keep me\n" and not ran.exists()
+
+
+def test_a_client_past_its_timeout_is_stopped_with_what_it_started(tmp_path: Path) -> None:
+    """On the timeout the client's whole process group goes (a process it started included), and the
+    error carries the log's tail."""
+    import psutil
+
+    s = bc.BenchSettings(input_len=8, output_len=8, num_prompts=1, max_concurrency=1)
+    fake_python = tmp_path / "fakepy"
+    fake_python.write_text('#!/bin/sh\nsleep 600 &\necho "child $!"\nsleep 600\n')
+    fake_python.chmod(0o755)
+    with pytest.raises(bc.BenchError, match="no result after 2 s") as info:
+        bc.run_bench(s, "http://127.0.0.1:9", "m", None, tmp_path / "bench.log", timeout_s=2, python=str(fake_python))
+    assert "child" in info.value.log_tail
+    child = int((tmp_path / "bench.log").read_text().split()[1])
+    try:
+        assert psutil.Process(child).status() == psutil.STATUS_ZOMBIE  # killed, not yet reaped by init
+    except psutil.NoSuchProcess:
+        pass  # killed and reaped

@@ -190,3 +190,11 @@ def test_any_json_gives_a_spec_or_one_line(cls: type[Spec], data: st.DataObject)
         cls.from_dict({**BASES[cls], **over})
     except StudyError as exc:
         assert "\n" not in str(exc)
+
+
+@pytest.mark.parametrize("cls", list(BASES))
+def test_an_arm_name_given_twice_is_refused(cls: type[Spec]) -> None:
+    field = "configurations" if cls is SweepSpec else "arms"
+    arms = [{"name": "auto"}, {"name": "auto", "kv_cache_dtype": "fp8"}]
+    with pytest.raises(StudyError, match=rf"^spec: {field}: \['auto', 'auto'\]: expected no value twice$"):
+        cls.from_dict({**BASES[cls], field: arms})

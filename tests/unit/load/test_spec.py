@@ -130,12 +130,10 @@ def test_bad_specs_one_line(over, words) -> None:
 
 
 def test_a_knob_the_engine_lacks_is_refused(monkeypatch) -> None:
-    from kvstudy.vllm import arguments
+    from kvstudy.vllm import command
 
-    table = arguments.OptionTable(
-        (("--max-num-seqs",), ("--max-model-len",), ("--kv-cache-dtype",)), True, "an old vLLM"
-    )
-    monkeypatch.setattr(arguments, "option_table", lambda: table)
+    table = command.OptionTable((("--max-num-seqs",), ("--max-model-len",), ("--kv-cache-dtype",)), True, "an old vLLM")
+    monkeypatch.setattr(command, "option_table", lambda: table)
     with pytest.raises(StudyError, match="--kv-cache-memory-bytes not among the options of an old vLLM"):
         check_knobs(spec())
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -64,7 +64,7 @@ def test_answers_are_kept_on_disk_by_digest_and_version(monkeypatch: pytest.Monk
     monkeypatch.setenv("KVSTUDY_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(kv_specs, "oracle_disabled", lambda: None)
     monkeypatch.setattr(kv_specs, "_CACHE", {})
-    monkeypatch.setattr(kv_specs, "vllm_distribution", lambda: ("vllm", "9.9.9"))
+    monkeypatch.setattr(kv_specs.machine, "vllm_distribution", lambda: ("vllm", "9.9.9"))
     calls: list[int] = []
 
     def child(request: dict[str, Any], module: str = "") -> dict[str, Any]:
@@ -81,12 +81,12 @@ def test_answers_are_kept_on_disk_by_digest_and_version(monkeypatch: pytest.Monk
     assert kv_specs.read_specs([("b", config)], (2, 1)) == {"b": first["a"]} and calls == [1]
     assert kv_specs.read_specs([("c", config | {"vocab_size": 1})], (1, 2))["c"]["error"] == "built"
     assert calls == [1, 1]
-    monkeypatch.setattr(kv_specs, "vllm_distribution", lambda: ("vllm", "9.9.10"))
+    monkeypatch.setattr(kv_specs.machine, "vllm_distribution", lambda: ("vllm", "9.9.10"))
     kv_specs.read_specs([("d", config)], (1, 2))  # another vLLM version: asked again
     assert calls == [1, 1, 1]
     files[0].write_text("{torn")  # a torn file is asked again, not trusted
     monkeypatch.setattr(kv_specs, "_CACHE", {})
-    monkeypatch.setattr(kv_specs, "vllm_distribution", lambda: ("vllm", "9.9.9"))
+    monkeypatch.setattr(kv_specs.machine, "vllm_distribution", lambda: ("vllm", "9.9.9"))
     kv_specs.read_specs([("e", config)], (1, 2))
     assert calls == [1, 1, 1, 1]
 

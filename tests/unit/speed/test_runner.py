@@ -110,7 +110,7 @@ def test_server_config_holds_pool_and_differs_only_in_arm() -> None:
         ({"seeds": [-1]}, "seeds[0]: expected greater than or equal to 0"),
         ({"configurations": [{"name": "x", "kv_cache_dtype": "fp9"}]}, "unknown kv_cache_dtype 'fp9'"),
         ({"configurations": []}, "configurations: expected at least 1 item"),
-        ({"configurations": [{"name": "a"}, {"name": "a", "kv_cache_dtype": "fp8"}]}, "repeat"),
+        ({"configurations": [{"name": "a"}, {"name": "a", "kv_cache_dtype": "fp8"}]}, "expected no value twice"),
         ({"cpu_kvcache_space_gib": None}, "no fixed KV pool"),
         ({"input_len": 0}, "input_len: expected greater than or equal to 1"),
         ({"max_model_len": 20}, "max_model_len"),

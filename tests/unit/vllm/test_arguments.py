@@ -21,9 +21,16 @@ from kvstudy.cli import main
 from kvstudy.context.sweep import ContextSweepSpec
 from kvstudy.errors import StudyError
 from kvstudy.speed.spec import SweepSpec
-from kvstudy.vllm import arguments
-from kvstudy.vllm.arguments import check_server_args, option_table, resolve, snapshot_table
-from kvstudy.vllm.command import HOST, ServerConfig, build_command
+from kvstudy.vllm import command
+from kvstudy.vllm.command import (
+    HOST,
+    ServerConfig,
+    build_command,
+    check_server_args,
+    option_table,
+    resolve,
+    snapshot_table,
+)
 from kvstudy.vllm.facts import NETWORK_OPTIONS
 
 EXPOSING = [
@@ -135,7 +142,7 @@ def test_project_host_and_port_come_last() -> None:
 
 def test_every_network_option_is_in_the_table() -> None:
     """A misspelt entry of NETWORK_OPTIONS would silently guard nothing."""
-    names = {arguments.canonical(o) for o in snapshot_table().options}
+    names = {command.canonical(o) for o in snapshot_table().options}
     assert set(NETWORK_OPTIONS) <= names
 
 
@@ -184,10 +191,10 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 def live() -> Any:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KVSTUDY_NO_VLLM", "0")
-        arguments._read_child.cache_clear()
-        table = arguments.live_table()
+        command._read_child.cache_clear()
+        table = command.live_table()
         yield table
-    arguments._read_child.cache_clear()
+    command._read_child.cache_clear()
 
 
 @needs_vllm

@@ -11,11 +11,11 @@ import pytest
 from kvstudy.errors import StudyError
 from kvstudy.redact import scrub_file
 from kvstudy.run_record import build_record
-from kvstudy.vllm.arguments import check_server_args
 from kvstudy.vllm.command import (
     ServerConfig,
     backend_uses_env_var,
     build_command,
+    check_server_args,
     log_secrets,
     server_environment,
 )

