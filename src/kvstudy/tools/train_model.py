@@ -387,48 +387,27 @@ def load_trained(folder: str | Path) -> tuple[Any, Any]:
 def greedy_complete(
     model: Any, tok: Any, prompts: Sequence[str], max_new_tokens: int, stop: Sequence[str], batch_size: int = 16
 ) -> list[str]:
-    """Greedy continuations of ``prompts``, each cut at the first stop string (or EOS). A plain loop over the KV
-    cache with left padding: one forward pass per new token for the whole batch, stopping as soon as every row has
-    hit a stop string."""
+    """Greedy continuations of ``prompts`` (transformers' ``generate`` on left-padded batches, a batch ending when
+    every row has hit a stop string or EOS), each cut at its first stop string."""
     import torch
 
     tok.padding_side = "left"
-    tail = max(len(s) for s in stop) + 4
     outputs: list[str] = []
     for begin in range(0, len(prompts), batch_size):
         enc = tok(list(prompts[begin : begin + batch_size]), return_tensors="pt", padding=True)
-        ids, mask = enc["input_ids"], enc["attention_mask"]
-        rows = ids.shape[0]
-        generated: list[list[int]] = [[] for _ in range(rows)]
-        done = [False] * rows
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        past = None
         with torch.no_grad():
-            for _ in range(max_new_tokens):
-                out = model(
-                    input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True
-                )
-                past = out.past_key_values
-                nxt = out.logits[:, -1].argmax(-1)
-                for row in range(rows):
-                    if done[row]:
-                        continue
-                    token = int(nxt[row])
-                    if token == EOS_ID:
-                        done[row] = True
-                        continue
-                    generated[row].append(token)
-                    recent = tok.decode(generated[row][-tail:], skip_special_tokens=True)
-                    done[row] = any(s in recent for s in stop)
-                if all(done):
-                    break
-                ids = nxt[:, None]
-                positions = positions[:, -1:] + 1
-                mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype)], dim=1)
-        for row in range(rows):
-            text = tok.decode(generated[row], skip_special_tokens=True)
-            cut = min([text.index(s) for s in stop if s in text], default=len(text))
-            outputs.append(text[:cut])
+            ids = model.generate(
+                input_ids=enc["input_ids"],
+                attention_mask=enc["attention_mask"],
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                stop_strings=list(stop),
+                tokenizer=tok,
+                eos_token_id=EOS_ID,
+                pad_token_id=EOS_ID,
+            )
+        for text in tok.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True):
+            outputs.append(text[: min([text.index(s) for s in stop if s in text], default=len(text))])
     return outputs
 
 
