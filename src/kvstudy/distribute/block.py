@@ -124,13 +124,6 @@ def store_blocks(store: Path) -> list[tuple[Path, dict[str, Any]]]:
     return [(folder, record) for folder in folders if (record := read_block_record(folder)) is not None]
 
 
-def _items_state(folder: Path) -> dict[str, str]:
-    """The block's item states; none before its manifest."""
-    if not (folder / capture_format.MANIFEST).is_file():
-        return {}
-    return manifest_items(folder, capture_format.read_manifest(folder))
-
-
 class _Inputs(Strict):
     model_digest: str | None = None
 
@@ -143,9 +136,13 @@ class _Manifest(Strict):
     sessions: list[dict[str, Any]] = []
 
 
-def manifest_items(folder: Path, manifest: dict[str, Any]) -> dict[str, str]:
-    """A block capture's item states (cell id -> ok, failed, running, missing), its manifest typed."""
-    return typed(_Manifest, manifest, str(folder / capture_format.MANIFEST)).items
+def manifest_items(folder: Path, manifest: dict[str, Any] | None = None) -> dict[str, str]:
+    """A block capture's item states (cell id -> ok, failed, running, missing), its manifest (read
+    when not given) typed; none before its manifest."""
+    if manifest is None and not (folder / capture_format.MANIFEST).is_file():
+        return {}
+    data = capture_format.read_manifest(folder) if manifest is None else manifest
+    return typed(_Manifest, data, str(folder / capture_format.MANIFEST)).items
 
 
 def block_state(
@@ -196,7 +193,7 @@ def run_block(
             progress(f"block {record['block_id']}: done on {ran_on} already; nothing run")
             return "ok"
         # a block whose cells have no result (ok or failed) yet may move to another node
-        if ran_on != node["node_id"] and {"ok", "failed"} & set(_items_state(folder).values()):
+        if ran_on != node["node_id"] and {"ok", "failed"} & set(manifest_items(folder).values()):
             raise StudyError(
                 f"block {record['block_id']}: started on node {ran_on!r}, this is {node['node_id']!r}: a block "
                 f"runs on one node (delete {folder} to run it here from the start)"
@@ -224,7 +221,7 @@ def run_block(
     try:
         exp.run(spec, folder, how=how, progress=progress, retry_failed=retry_failed)
     finally:
-        items = _items_state(folder)
+        items = manifest_items(folder)
         states = set(items.values())
         state["status"] = "ok" if states == {"ok"} else "failed" if states and states <= {"ok", "failed"} else "running"
         attempt.update(finished_utc=capture_format.now_utc(), items=items)

@@ -56,16 +56,6 @@ def _run_block_process(argv: list[str], cwd: str, env: dict[str, str], log: str)
         return subprocess.run(argv, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
-def _init_local(ray: Any, num_cpus: int | None) -> None:
-    """A local Ray cluster bound to loopback only, no dashboard, no usage statistics. Only with Ray's
-    single-machine switch off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``) is a node's address loopback
-    (else Ray resolves 127.0.0.1 to a reachable address); ``ray`` reads it on import, so the module
-    constant is set too."""
-    # the raylet, its agents and workers inherit the environment
-    with patch.dict(os.environ, LOCAL_ENV), patch.object(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False):
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-
-
 def run_blocks_ray(
     plan_dir: str | Path,
     store: str | Path,
@@ -93,8 +83,13 @@ def run_blocks_ray(
         try:
             if address:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False)
-            else:
-                _init_local(ray, num_cpus)
+            else:  # a local cluster bound to loopback only, no dashboard, no usage statistics. Only with Ray's
+                # single-machine switch off (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0) is a node's address loopback
+                # (else Ray resolves 127.0.0.1 to a reachable address); ``ray`` reads it on import, so the
+                # module constant is set too; the raylet, its agents and workers inherit the environment
+                constants = ray._private.ray_constants
+                with patch.dict(os.environ, LOCAL_ENV), patch.object(constants, "ENABLE_RAY_CLUSTER", False):
+                    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         except Exception as exc:  # Ray's own start or connect failure: one line, its logs named
             ray.shutdown()  # what it started before failing (GCS, agents) is stopped
             what = f"the cluster at --address {address}" if address else "a local Ray cluster"

@@ -206,21 +206,11 @@ def train(
     return model, phases
 
 
-def continue_training(
-    folder: str | Path, settings: TrainSettings, first_phase: int, progress: Callable[[str], None] | None = None
-) -> tuple[Any, list[PhaseResult]]:
-    """Run the phases from ``first_phase`` on on a saved model folder (loaded in float32: exactly
-    the bfloat16 rounding ``train`` does between phases). The result holds only those phases."""
-    model, _ = load_trained(folder)
-    phases = [train_phase(model, settings, index, None, progress) for index in range(first_phase, len(settings.phases))]
-    return model, phases
-
-
 def save_model(
     model: Any, phases: list[PhaseResult], settings: TrainSettings, out: Path, earlier: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Write the HF folder (bfloat16 weights) and ``training.json``; return the latter's data. ``earlier``: the
-    record of the folder the ``phases`` continued (``continue_training``); its phases come first in the new record,
+    record of the folder the ``phases`` continued; its phases come first in the new record,
     and ``continued_from`` says which folder state they made."""
     claim_output_folder(out, "train-model", force=True, recognise=_trained_before)  # checked before training
     save_folder(model, build_tokenizer(), out, add_bos_token=True, clean_up_tokenization_spaces=False)
@@ -358,7 +348,11 @@ def run_training(
     if start is None:
         return save_model(*train(settings, progress=progress), settings, out)
     earlier = earlier_record(start, settings)
-    return save_model(*continue_training(start, settings, len(earlier["steps"]), progress), settings, out, earlier)
+    model, _ = load_trained(start)  # float32: exactly the bfloat16 rounding ``train`` does between phases
+    phases = [
+        train_phase(model, settings, i, None, progress) for i in range(len(earlier["steps"]), len(settings.phases))
+    ]
+    return save_model(model, phases, settings, out, earlier)
 
 
 # --------------------------------------------------------------------------- evaluation
