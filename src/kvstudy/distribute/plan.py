@@ -193,15 +193,20 @@ def check_block_id(value: Any, where: str) -> str:
     return value
 
 
-def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[str, dict[str, Any]]) -> list[dict]:
-    """One record per pair-block of every live experiment the profile runs, in plan order."""
+def block_records(profile_name: str, profiles_dir: Path, notebooks_dir: Path) -> list[dict]:
+    """One record per pair-block of every live experiment the profile runs, in plan order. The profile
+    is checked like ``kvstudy render`` checks it; a notebook's parameters are its declared defaults,
+    then the profile's values."""
+    profile = load_profile(profile_name, profiles_dir)
+    declared = validate_profile(profile, notebooks_dir)
     engine = package_versions(ENGINE_PACKAGES)
-    gpu = (params_of.get("01_capacity-math") or {}).get("gpu")
+    gpu = (profile["notebooks"].get("01_capacity-math") or {}).get("gpu")
     records: list[dict[str, Any]] = []
     for exp in EXPERIMENTS.values():
-        if exp.notebook not in params_of:
+        if exp.notebook not in declared:
             continue
-        full = exp.from_params(params_of[exp.notebook])
+        defaults = {name: p.default for name, p in declared[exp.notebook].items()}
+        full = exp.from_params(defaults | given_parameters(profile, exp.notebook, declared[exp.notebook]))
         inputs = capture_format.model_inputs(full.model)
         arms = exp.arms(full)
         one_machine = exp.order(full)
@@ -260,24 +265,6 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
             f"({', '.join(e.notebook for e in EXPERIMENTS.values())})"
         )
     return records
-
-
-def profile_parameters(profile: str, profiles_dir: Path, notebooks_dir: Path) -> tuple[dict, dict[str, dict]]:
-    """The profile (checked like ``kvstudy render`` checks it) and each notebook's full parameters
-    (the notebook's declared defaults, then the profile's values)."""
-    data = load_profile(profile, profiles_dir)
-    declared = validate_profile(data, notebooks_dir)
-    params_of = {
-        stem: {
-            **{name: p.default for name, p in declared[stem].items()},
-            **given_parameters(data, stem, declared[stem]),
-        }
-        for stem in (exp.notebook for exp in EXPERIMENTS.values())
-        if stem in declared
-    }
-    if "01_capacity-math" in data["notebooks"]:
-        params_of["01_capacity-math"] = dict(data["notebooks"]["01_capacity-math"])
-    return data, params_of
 
 
 # --------------------------------------------------------------------------- files
@@ -413,7 +400,6 @@ def plan_blocks(
 
 def make_plan(profile: str, out: str | Path, root: Path = REPO_ROOT, profiles_dir: Path | None = None) -> tuple:
     """Plan ``profile`` into ``out``: (plan id, records, written)."""
-    data, params_of = profile_parameters(profile, profiles_dir or root / "profiles", root / "notebooks")
-    records = block_records(profile, data, params_of)
+    records = block_records(profile, profiles_dir or root / "profiles", root / "notebooks")
     plan_id, written = write_plan(Path(out), profile, records, how=f"kvstudy plan {profile} --out {out}")
     return plan_id, records, written

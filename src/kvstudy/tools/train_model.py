@@ -126,16 +126,15 @@ def train_phase(
     torch.set_num_threads(settings.threads)
     excluded = train_data.test_questions()
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    current = settings.phases[phase]
+    groups = [[p for p in model.parameters() if (p.dim() >= 2) == decay] for decay in (True, False)]
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=settings.phases[phase].lr,
+        [{"params": groups[0], "weight_decay": settings.weight_decay}, {"params": groups[1], "weight_decay": 0.0}],
+        lr=current.lr,
         betas=(0.9, settings.beta2),
         eps=1e-8,
     )
-    total_steps = settings.phases[phase].steps
-    steps = total_steps if max_steps is None else min(max_steps, total_steps)
+    steps = current.steps if max_steps is None else min(max_steps, current.steps)
     losses: list[float] = []
     per_part: dict[str, float] = {}  # the last step's loss per part
     stage_seconds: list[float] = []
@@ -170,7 +169,7 @@ def train_phase(
             elapsed = time.perf_counter() - start
             parts_text = " ".join(f"{k} {v:.3f}" for k, v in per_part.items())
             progress(
-                f"phase {settings.phases[phase].name} step {step + 1}/{steps} loss {losses[-1]:.4f} "
+                f"phase {current.name} step {step + 1}/{steps} loss {losses[-1]:.4f} "
                 f"({parts_text}) lr {learning_rate(settings, step, phase):.2e} {elapsed:.0f}s"
             )
     stage_seconds.append(time.perf_counter() - stage_start)
