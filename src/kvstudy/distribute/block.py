@@ -30,6 +30,7 @@ import psutil
 
 from kvstudy import capture as capture_format
 from kvstudy.bench.spec import checked
+from kvstudy.distribute import plan
 from kvstudy.distribute.plan import ENGINE_PACKAGES, Strict, check_block_id, experiment, plan_blocks, plan_index, typed
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import read_json, write_json_atomic
@@ -104,11 +105,6 @@ class _PlanBlock(Strict):
     seed: int
 
 
-class _HeldRecord(Strict):
-    experiment_spec: dict[str, Any]
-    same_order_as_one_machine: bool | None = None
-
-
 class _Node(Strict):
     node_id: str | None = None
 
@@ -119,7 +115,7 @@ class _BlockRecord(Strict):
     plan_id: str
     block_id: BlockId
     plan_blocks: list[_PlanBlock]
-    record: _HeldRecord
+    record: plan.PlanRecord
     node: _Node
     status: Literal["running", "ok", "failed"]
     attempts: list[Any] = []

@@ -240,12 +240,8 @@ def save_model(
         "files": folder_digests(out),
     }
     if earlier:
-        record["continued_from"] = {
-            "phases": len(earlier["steps"]),
-            "created_utc": earlier.get("created_utc"),
-            "files": earlier.get("files"),
-            "continued_from": earlier.get("continued_from"),
-        }
+        kept = {key: earlier.get(key) for key in ("created_utc", "files", "continued_from")}
+        record["continued_from"] = {"phases": len(earlier["steps"]), **kept}
     write_json_atomic(out / "training.json", record)
     return record
 
@@ -407,9 +403,7 @@ def greedy_complete(
 def strict_match(completion: str) -> str | None:
     """The number after the first ``#### `` (lm-eval's strict-match), normalised like its metric."""
     match = STRICT_RE.search(completion)
-    if not match:
-        return None
-    return match.group(1).replace(",", "").replace("$", "").rstrip(".")
+    return match.group(1).replace(",", "").replace("$", "").rstrip(".") if match else None
 
 
 def evaluate_gsm8k(
