@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -59,11 +60,9 @@ def _gpu_clocks() -> list[dict[str, Any]]:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                 row: dict[str, Any] = {"index": i, "uuid": nvml_text(pynvml.nvmlDeviceGetUUID(handle))}
                 for key, clock in (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM)):
-                    try:
+                    with suppress(Exception):  # a GPU that does not report this clock
                         row[f"{key}_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(handle, clock)
                         row[f"{key}_clock_max_mhz"] = pynvml.nvmlDeviceGetMaxClockInfo(handle, clock)
-                    except Exception:  # a GPU that does not report this clock
-                        continue
                 out.append(row)
             return out
     except NvmlUnavailable:  # no nvidia-ml-py, no driver, no library: a CPU node (hardware_info says why)

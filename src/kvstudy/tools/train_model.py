@@ -4,11 +4,11 @@ model whose answers depend on what it computes, so that a 16-bit and an FP8 KV c
 
 A byte-level tokenizer without merges (every digit its own token, so arithmetic is learnable); data
 made fresh for every step from a string-seeded ``random.Random`` (any step can be rebuilt), the loss
-counting only answers; the recipe's phases and stages (both :mod:`kvstudy.tools.train_data`), each
-phase after the first from the weights rounded to bfloat16. The output folder holds the HF files and ``training.json`` (settings, loss curve, wall
-time, versions, sha256 of every file); ``SOURCE.md`` is written by hand from it. The evaluation
-(below: greedy GSM8K-format strict-match and retrieval) is plain transformers, float32 compute on the
-stored weights, no server: what ``train-model --eval`` reports and ``SOURCE.md`` quotes.
+counting only answers; the recipe's phases and stages (both :mod:`kvstudy.tools.train_data`). The
+output folder holds the HF files and ``training.json`` (settings, loss curve, wall time, versions,
+sha256 of every file); ``SOURCE.md`` is written by hand from it. The evaluation (below: greedy
+GSM8K-format strict-match and retrieval) is plain transformers, float32 compute on the stored
+weights, no server: what ``train-model --eval`` reports and ``SOURCE.md`` quotes.
 
     kvstudy train-model --out data/trained-model/qwen3-mini
 """
@@ -209,8 +209,7 @@ def save_model(
     model: Any, phases: list[PhaseResult], settings: TrainSettings, out: Path, earlier: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Write the HF folder (bfloat16 weights) and ``training.json``; return the latter's data. ``earlier``: the
-    record of the folder the ``phases`` continued; its phases come first in the new record,
-    and ``continued_from`` says which folder state they made."""
+    record of the folder the ``phases`` continued; its phases come first, ``continued_from`` says which state."""
     claim_output_folder(out, "train-model", force=True, recognise=_trained_before)  # checked before training
     save_folder(model, build_tokenizer(), out, add_bos_token=True, clean_up_tokenization_spaces=False)
     before = earlier or {"steps": [], "loss_curve": {"points": []}, "final_part_losses": [], "seconds_per_stage": []}
