@@ -168,7 +168,7 @@ def test_two_blocks_as_ray_tasks_on_a_local_cluster(
     tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("ray", reason="ray is pinned in requirements/engine-cpu.txt (make engine installs it)")
-    from kvstudy.distribute.ray_runner import run_blocks_ray
+    from kvstudy.distribute.block import run_blocks_ray
 
     profiles = _profile(tmp_path / "profiles", tiny_model, [{"name": "auto", "kv_cache_dtype": "auto"}])
     plan = tmp_path / "plan"

@@ -53,7 +53,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 
 
 def _cmd_ray(args: argparse.Namespace) -> int:
-    from kvstudy.distribute.ray_runner import run_blocks_ray
+    from kvstudy.distribute.block import run_blocks_ray
 
     codes = run_blocks_ray(args.plan, args.store, args.index or None, args.address, args.num_cpus, args.retry_failed)
     bad = [i for i, c in codes.items() if c != 0]

@@ -4,27 +4,48 @@ attempts). A block belongs to one node: once any cell has a result, another node
 comparison is never split across machines. The node is its host, GPUs (UUID, driver, clocks through
 nvidia-ml-py when present), CPU model, flags and clocks; ``node_id`` is what two runs compare to tell
 one node from another.
+
+``kvstudy run-blocks-ray``: a plan's blocks as Ray tasks that each run ``kvstudy run-block`` in a
+subprocess and return its exit code; results are the files it writes into the store, never Ray's
+object store (a multi-node cluster needs the project at the driver's paths). A local cluster binds
+loopback only, without dashboard or usage statistics; an ``--address`` is probed with one TCP
+connection first (one line at once instead of Ray's minutes of retries).
 """
 
 from __future__ import annotations
 
+import os
 import platform
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from unittest.mock import patch
 
 import psutil
 
 from kvstudy import capture as capture_format
 from kvstudy.bench.spec import checked
+from kvstudy.distribute import plan
 from kvstudy.distribute.plan import ENGINE_PACKAGES, Strict, check_block_id, experiment, plan_blocks, plan_index, typed
-from kvstudy.errors import StudyError
+from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import read_json, write_json_atomic
 from kvstudy.machine import NvmlUnavailable, hardware_info, nvml_session, nvml_text, package_versions
 from kvstudy.model.folder import require_live
 from kvstudy.progress import Progress
 
 BLOCK_RECORD = capture_format.BLOCK_RECORD
+PASSED_ENV = ("PYTHONPATH", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "VLLM_CPU_KVCACHE_SPACE")
+LOG_DIR = "ray-logs"
+ADDRESS_PROBE_S = 5.0
+# a local cluster: on loopback only (Ray's single-machine mode), reporting nothing anywhere
+LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+_ADDRESS = re.compile(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253}):([0-9]{1,5})", re.ASCII)
 
 
 BlockId = Annotated[str, checked(check_block_id)]
@@ -39,11 +60,9 @@ def _gpu_clocks() -> list[dict[str, Any]]:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                 row: dict[str, Any] = {"index": i, "uuid": nvml_text(pynvml.nvmlDeviceGetUUID(handle))}
                 for key, clock in (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM)):
-                    try:
+                    with suppress(Exception):  # a GPU that does not report this clock
                         row[f"{key}_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(handle, clock)
                         row[f"{key}_clock_max_mhz"] = pynvml.nvmlDeviceGetMaxClockInfo(handle, clock)
-                    except Exception:  # a GPU that does not report this clock
-                        continue
                 out.append(row)
             return out
     except NvmlUnavailable:  # no nvidia-ml-py, no driver, no library: a CPU node (hardware_info says why)
@@ -85,11 +104,6 @@ class _PlanBlock(Strict):
     seed: int
 
 
-class _HeldRecord(Strict):
-    experiment_spec: dict[str, Any]
-    same_order_as_one_machine: bool | None = None
-
-
 class _Node(Strict):
     node_id: str | None = None
 
@@ -100,7 +114,7 @@ class _BlockRecord(Strict):
     plan_id: str
     block_id: BlockId
     plan_blocks: list[_PlanBlock]
-    record: _HeldRecord
+    record: plan.PlanRecord
     node: _Node
     status: Literal["running", "ok", "failed"]
     attempts: list[Any] = []
@@ -124,13 +138,6 @@ def store_blocks(store: Path) -> list[tuple[Path, dict[str, Any]]]:
     return [(folder, record) for folder in folders if (record := read_block_record(folder)) is not None]
 
 
-def _items_state(folder: Path) -> dict[str, str]:
-    """The block's item states; none before its manifest."""
-    if not (folder / capture_format.MANIFEST).is_file():
-        return {}
-    return manifest_items(folder, capture_format.read_manifest(folder))
-
-
 class _Inputs(Strict):
     model_digest: str | None = None
 
@@ -143,9 +150,13 @@ class _Manifest(Strict):
     sessions: list[dict[str, Any]] = []
 
 
-def manifest_items(folder: Path, manifest: dict[str, Any]) -> dict[str, str]:
-    """A block capture's item states (cell id -> ok, failed, running, missing), its manifest typed."""
-    return typed(_Manifest, manifest, str(folder / capture_format.MANIFEST)).items
+def manifest_items(folder: Path, manifest: dict[str, Any] | None = None) -> dict[str, str]:
+    """A block capture's item states (cell id -> ok, failed, running, missing), its manifest (read
+    when not given) typed; none before its manifest."""
+    if manifest is None and not (folder / capture_format.MANIFEST).is_file():
+        return {}
+    data = capture_format.read_manifest(folder) if manifest is None else manifest
+    return typed(_Manifest, data, str(folder / capture_format.MANIFEST)).items
 
 
 def block_state(
@@ -196,7 +207,7 @@ def run_block(
             progress(f"block {record['block_id']}: done on {ran_on} already; nothing run")
             return "ok"
         # a block whose cells have no result (ok or failed) yet may move to another node
-        if ran_on != node["node_id"] and {"ok", "failed"} & set(_items_state(folder).values()):
+        if ran_on != node["node_id"] and {"ok", "failed"} & set(manifest_items(folder).values()):
             raise StudyError(
                 f"block {record['block_id']}: started on node {ran_on!r}, this is {node['node_id']!r}: a block "
                 f"runs on one node (delete {folder} to run it here from the start)"
@@ -224,9 +235,97 @@ def run_block(
     try:
         exp.run(spec, folder, how=how, progress=progress, retry_failed=retry_failed)
     finally:
-        items = _items_state(folder)
+        items = manifest_items(folder)
         states = set(items.values())
         state["status"] = "ok" if states == {"ok"} else "failed" if states and states <= {"ok", "failed"} else "running"
         attempt.update(finished_utc=capture_format.now_utc(), items=items)
         write_json_atomic(folder / BLOCK_RECORD, state, indent=1)
     return str(state["status"])
+
+
+def check_address(address: str) -> None:
+    """A one-line StudyError unless something accepts a TCP connection at ``address``
+    (``HOST:PORT`` or ``ray://HOST:PORT``; ``auto`` is left to Ray)."""
+    if address == "auto":
+        return
+    match = _ADDRESS.fullmatch(address)
+    if not match or not 0 < int(match.group(2)) < 65536:
+        raise StudyError(f"--address {address[:80]!r}: expected HOST:PORT or ray://HOST:PORT of a Ray cluster's head")
+    host, port = match.group(1).strip("[]"), int(match.group(2))
+    try:
+        with socket.create_connection((host, port), timeout=ADDRESS_PROBE_S):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise StudyError(
+            f"--address {address}: nothing answers there ({reason}); expected a running Ray cluster's head "
+            "(`ray start --head` prints its address), or leave --address out to start a local cluster"
+        ) from None
+
+
+def _run_block_process(argv: list[str], cwd: str, env: dict[str, str], log: str) -> int:
+    """The body of each Ray task: ``kvstudy run-block`` in a subprocess, its output in ``log``."""
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        return subprocess.run(argv, cwd=cwd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT).returncode
+
+
+def run_blocks_ray(
+    plan_dir: str | Path,
+    store: str | Path,
+    indices: Sequence[int] | None = None,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    retry_failed: bool = False,
+    progress: Progress = print,
+) -> dict[int, int]:
+    """Schedule the blocks (all, or ``indices``) as Ray tasks; block index -> run-block's exit code."""
+    _, records, chosen = plan_blocks(plan_dir, indices)
+    if address and num_cpus:
+        raise StudyError(f"--num-cpus {num_cpus}: only for a local cluster (the cluster at --address has its own)")
+    if address:
+        check_address(address)
+    try:
+        import ray
+    except ImportError:
+        raise MissingPrerequisite(
+            "ray is not installed here (requirements/engine-cpu.txt pins it)",
+            "make engine",
+        ) from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        try:
+            if address:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            else:  # a local cluster bound to loopback only, no dashboard, no usage statistics. Only with Ray's
+                # single-machine switch off (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0) is a node's address loopback
+                # (else Ray resolves 127.0.0.1 to a reachable address); ``ray`` reads it on import, so the
+                # module constant is set too; the raylet, its agents and workers inherit the environment
+                constants = ray._private.ray_constants
+                with patch.dict(os.environ, LOCAL_ENV), patch.object(constants, "ENABLE_RAY_CLUSTER", False):
+                    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        except Exception as exc:  # Ray's own start or connect failure: one line, its logs named
+            ray.shutdown()  # what it started before failing (GCS, agents) is stopped
+            what = f"the cluster at --address {address}" if address else "a local Ray cluster"
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise StudyError(
+                f"{what} did not start or answer ({first}); Ray's logs: /tmp/ray/session_latest/logs"
+            ) from None
+    try:
+        task = ray.remote(_run_block_process)
+        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+        refs: dict[int, Any] = {}
+        for i in chosen:
+            argv = [sys.executable, "-m", "kvstudy.cli", "run-block", str(plan_dir), "--index", str(i)]
+            argv += ["--store", str(store)] + (["--retry-failed"] if retry_failed else [])
+            log = str(Path(store).resolve() / LOG_DIR / f"{records[i]['block_id']}.log")
+            gpus = int(records[i].get("gpus_per_block") or 0)
+            refs[i] = task.options(num_gpus=gpus, num_cpus=1).remote(argv, os.getcwd(), env, log)
+            progress(f"block {i} ({records[i]['block_id']}) scheduled on Ray with {gpus} GPU(s)")
+        codes = {i: int(ray.get(ref)) for i, ref in refs.items()}
+    finally:
+        if started_here:
+            ray.shutdown()
+    for i, code in codes.items():
+        progress(f"block {i} ({records[i]['block_id']}): run-block exited {code}")
+    return codes

@@ -79,7 +79,12 @@ def _check_status(folder: Path, record: dict[str, Any], items: dict[str, str]) -
 
 
 def _check_out(out: Path, plan_id: str, exp: str) -> bool:
-    """Whether ``out`` is an earlier collect of this plan (replaced); refuse anything else that exists."""
+    """Whether ``out`` is an earlier collect of this plan (replaced); refuse anything else that exists.
+    A collect killed between moving the earlier capture aside and putting the new one in place left
+    only ``.OUT.replaced``: it is put back first, so this one sees (and replaces) it."""
+    old = out.parent / f".{out.name}.replaced"
+    if not out.exists() and not out.is_symlink() and old.is_dir() and not old.is_symlink():
+        old.rename(out)
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return False
     manifest_path = out / capture_format.MANIFEST
@@ -142,10 +147,11 @@ def collect(
     if name not in names:
         raise StudyError(f"--experiment {name!r}: plan {plan_id} has blocks of {', '.join(names)} only")
     wanted = [b for b in plan_blocks if b["experiment"] == name]
-    missing = []
+    missing, present = [], []
     for b in wanted:
         state = found.get(b["block_id"], (None, {}))[1].get("status")
         if state in ("ok", "failed"):
+            present.append(b)
             continue
         why = "missing from the stores" if state is None else f"unfinished (status {state!r})"
         if not partial:
@@ -154,11 +160,9 @@ def collect(
                 f"{b['index']} --store STORE`, or collect with --partial"
             )
         missing.append({**b, "why": why})
-    present = [b for b in wanted if b["block_id"] not in {m["block_id"] for m in missing}]
     if not present:
         raise StudyError(f"plan {plan_id}: no finished {name} block in the stores")
     exp = experiment(name, f"plan {plan_id}")
-    _restore_replaced(out)
     replace = _check_out(out, plan_id, name)
     manifests = {b["block_id"]: capture_format.read_manifest(found[b["block_id"]][0], exp.kind) for b in present}
     first = manifests[present[0]["block_id"]]
@@ -257,14 +261,6 @@ def _staging(out: Path) -> Iterator[tuple[Path, Path]]:
             if out.is_dir():  # else ``old`` is the only copy (a failure between the two renames)
                 shutil.rmtree(old, ignore_errors=True)
             Path(lock.name).unlink(missing_ok=True)
-
-
-def _restore_replaced(out: Path) -> None:
-    """A collect killed between moving the earlier capture aside and putting the new one in place
-    left only ``.OUT.replaced``: put it back, so the next collect sees (and replaces) it."""
-    old = out.parent / f".{out.name}.replaced"
-    if not out.exists() and not out.is_symlink() and old.is_dir() and not old.is_symlink():
-        old.rename(out)
 
 
 def blocks_frame(manifest: dict[str, Any]) -> Any:

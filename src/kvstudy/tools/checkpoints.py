@@ -92,7 +92,7 @@ def write_json(path: Path, data: object) -> None:
 
 
 def base_config(**extra: object) -> dict[str, object]:
-    config: dict[str, object] = {
+    return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
         "hidden_size": HIDDEN,
@@ -107,9 +107,7 @@ def base_config(**extra: object) -> dict[str, object]:
         "rope_theta": 1000000.0,
         "tie_word_embeddings": True,
         "torch_dtype": "bfloat16",
-    }
-    config.update(extra)
-    return config
+    } | extra
 
 
 def base_weights(rng: np.random.Generator, proj_dtype: str = "BF16") -> Tensors:

@@ -198,7 +198,7 @@ def prompt_text(item: dict[str, Any]) -> str:
 
 def answer_of(completion: str) -> str:
     """The answer a completion gives: its first line, stripped."""
-    return completion.strip().split("\n", 1)[0].strip() if completion.strip() else ""
+    return completion.strip().split("\n", 1)[0].strip()
 
 
 def training_text(

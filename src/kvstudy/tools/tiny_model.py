@@ -216,8 +216,9 @@ def build_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
     _check_replaceable(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.building-", dir=folder.parent))
-    try:
+    # removed on the way out, unless moved in place
+    with tempfile.TemporaryDirectory(prefix=f".{folder.name}.building-", dir=folder.parent) as name:
+        tmp = Path(name)
         try:
             tokenizer = build_tokenizer(spec)
             save_folder(new_qwen3(spec, tokenizer), tokenizer, tmp)
@@ -239,9 +240,6 @@ def build_tiny_model(path: str | Path, spec: TinyModelSpec = TinyModelSpec()) ->
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(tmp, folder)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 

@@ -162,8 +162,7 @@ def retrieval_sequence(
     """A retrieval context sized so that it and its questions fill ``length`` tokens (or, a
     ``copy_share`` of the time, a ``copy_sequence``); the loss counts whole answers only (one the
     cut at ``length`` would split is masked). Each question is followed by RULER's answer prefix
-    (``retrieval_data.ANSWER_PREFIXES``), as the evaluation asks it.
-    """
+    (``retrieval_data.ANSWER_PREFIXES``), as the evaluation asks it."""
     if copy_share and rng.random() < copy_share:
         return copy_sequence(rng, length)
     kind = "needle" if rng.random() < needle_share else "kv"

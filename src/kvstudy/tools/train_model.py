@@ -4,11 +4,11 @@ model whose answers depend on what it computes, so that a 16-bit and an FP8 KV c
 
 A byte-level tokenizer without merges (every digit its own token, so arithmetic is learnable); data
 made fresh for every step from a string-seeded ``random.Random`` (any step can be rebuilt), the loss
-counting only answers; the recipe's phases and stages (both :mod:`kvstudy.tools.train_data`), each
-phase after the first from the weights rounded to bfloat16. The output folder holds the HF files and ``training.json`` (settings, loss curve, wall
-time, versions, sha256 of every file); ``SOURCE.md`` is written by hand from it. The evaluation
-(below: greedy GSM8K-format strict-match and retrieval) is plain transformers, float32 compute on the
-stored weights, no server: what ``train-model --eval`` reports and ``SOURCE.md`` quotes.
+counting only answers; the recipe's phases and stages (both :mod:`kvstudy.tools.train_data`). The
+output folder holds the HF files and ``training.json`` (settings, loss curve, wall time, versions,
+sha256 of every file); ``SOURCE.md`` is written by hand from it. The evaluation (below: greedy
+GSM8K-format strict-match and retrieval) is plain transformers, float32 compute on the stored
+weights, no server: what ``train-model --eval`` reports and ``SOURCE.md`` quotes.
 
     kvstudy train-model --out data/trained-model/qwen3-mini
 """
@@ -126,16 +126,15 @@ def train_phase(
     torch.set_num_threads(settings.threads)
     excluded = train_data.test_questions()
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    current = settings.phases[phase]
+    groups = [[p for p in model.parameters() if (p.dim() >= 2) == decay] for decay in (True, False)]
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=settings.phases[phase].lr,
+        [{"params": groups[0], "weight_decay": settings.weight_decay}, {"params": groups[1], "weight_decay": 0.0}],
+        lr=current.lr,
         betas=(0.9, settings.beta2),
         eps=1e-8,
     )
-    total_steps = settings.phases[phase].steps
-    steps = total_steps if max_steps is None else min(max_steps, total_steps)
+    steps = current.steps if max_steps is None else min(max_steps, current.steps)
     losses: list[float] = []
     per_part: dict[str, float] = {}  # the last step's loss per part
     stage_seconds: list[float] = []
@@ -170,7 +169,7 @@ def train_phase(
             elapsed = time.perf_counter() - start
             parts_text = " ".join(f"{k} {v:.3f}" for k, v in per_part.items())
             progress(
-                f"phase {settings.phases[phase].name} step {step + 1}/{steps} loss {losses[-1]:.4f} "
+                f"phase {current.name} step {step + 1}/{steps} loss {losses[-1]:.4f} "
                 f"({parts_text}) lr {learning_rate(settings, step, phase):.2e} {elapsed:.0f}s"
             )
     stage_seconds.append(time.perf_counter() - stage_start)
@@ -206,22 +205,11 @@ def train(
     return model, phases
 
 
-def continue_training(
-    folder: str | Path, settings: TrainSettings, first_phase: int, progress: Callable[[str], None] | None = None
-) -> tuple[Any, list[PhaseResult]]:
-    """Run the phases from ``first_phase`` on on a saved model folder (loaded in float32: exactly
-    the bfloat16 rounding ``train`` does between phases). The result holds only those phases."""
-    model, _ = load_trained(folder)
-    phases = [train_phase(model, settings, index, None, progress) for index in range(first_phase, len(settings.phases))]
-    return model, phases
-
-
 def save_model(
     model: Any, phases: list[PhaseResult], settings: TrainSettings, out: Path, earlier: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Write the HF folder (bfloat16 weights) and ``training.json``; return the latter's data. ``earlier``: the
-    record of the folder the ``phases`` continued (``continue_training``); its phases come first in the new record,
-    and ``continued_from`` says which folder state they made."""
+    record of the folder the ``phases`` continued; its phases come first, ``continued_from`` says which state."""
     claim_output_folder(out, "train-model", force=True, recognise=_trained_before)  # checked before training
     save_folder(model, build_tokenizer(), out, add_bos_token=True, clean_up_tokenization_spaces=False)
     before = earlier or {"steps": [], "loss_curve": {"points": []}, "final_part_losses": [], "seconds_per_stage": []}
@@ -251,12 +239,8 @@ def save_model(
         "files": folder_digests(out),
     }
     if earlier:
-        record["continued_from"] = {
-            "phases": len(earlier["steps"]),
-            "created_utc": earlier.get("created_utc"),
-            "files": earlier.get("files"),
-            "continued_from": earlier.get("continued_from"),
-        }
+        kept = {key: earlier.get(key) for key in ("created_utc", "files", "continued_from")}
+        record["continued_from"] = {"phases": len(earlier["steps"]), **kept}
     write_json_atomic(out / "training.json", record)
     return record
 
@@ -358,7 +342,11 @@ def run_training(
     if start is None:
         return save_model(*train(settings, progress=progress), settings, out)
     earlier = earlier_record(start, settings)
-    return save_model(*continue_training(start, settings, len(earlier["steps"]), progress), settings, out, earlier)
+    model, _ = load_trained(start)  # float32: exactly the bfloat16 rounding ``train`` does between phases
+    phases = [
+        train_phase(model, settings, i, None, progress) for i in range(len(earlier["steps"]), len(settings.phases))
+    ]
+    return save_model(model, phases, settings, out, earlier)
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -387,57 +375,34 @@ def load_trained(folder: str | Path) -> tuple[Any, Any]:
 def greedy_complete(
     model: Any, tok: Any, prompts: Sequence[str], max_new_tokens: int, stop: Sequence[str], batch_size: int = 16
 ) -> list[str]:
-    """Greedy continuations of ``prompts``, each cut at the first stop string (or EOS). A plain loop over the KV
-    cache with left padding: one forward pass per new token for the whole batch, stopping as soon as every row has
-    hit a stop string."""
+    """Greedy continuations of ``prompts`` (transformers' ``generate`` on left-padded batches, a batch ending when
+    every row has hit a stop string or EOS), each cut at its first stop string."""
     import torch
 
     tok.padding_side = "left"
-    tail = max(len(s) for s in stop) + 4
     outputs: list[str] = []
     for begin in range(0, len(prompts), batch_size):
         enc = tok(list(prompts[begin : begin + batch_size]), return_tensors="pt", padding=True)
-        ids, mask = enc["input_ids"], enc["attention_mask"]
-        rows = ids.shape[0]
-        generated: list[list[int]] = [[] for _ in range(rows)]
-        done = [False] * rows
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        past = None
         with torch.no_grad():
-            for _ in range(max_new_tokens):
-                out = model(
-                    input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True
-                )
-                past = out.past_key_values
-                nxt = out.logits[:, -1].argmax(-1)
-                for row in range(rows):
-                    if done[row]:
-                        continue
-                    token = int(nxt[row])
-                    if token == EOS_ID:
-                        done[row] = True
-                        continue
-                    generated[row].append(token)
-                    recent = tok.decode(generated[row][-tail:], skip_special_tokens=True)
-                    done[row] = any(s in recent for s in stop)
-                if all(done):
-                    break
-                ids = nxt[:, None]
-                positions = positions[:, -1:] + 1
-                mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype)], dim=1)
-        for row in range(rows):
-            text = tok.decode(generated[row], skip_special_tokens=True)
-            cut = min([text.index(s) for s in stop if s in text], default=len(text))
-            outputs.append(text[:cut])
+            ids = model.generate(
+                input_ids=enc["input_ids"],
+                attention_mask=enc["attention_mask"],
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                stop_strings=list(stop),
+                tokenizer=tok,
+                eos_token_id=EOS_ID,
+                pad_token_id=EOS_ID,
+            )
+        for text in tok.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True):
+            outputs.append(text[: min([text.index(s) for s in stop if s in text], default=len(text))])
     return outputs
 
 
 def strict_match(completion: str) -> str | None:
     """The number after the first ``#### `` (lm-eval's strict-match), normalised like its metric."""
     match = STRICT_RE.search(completion)
-    if not match:
-        return None
-    return match.group(1).replace(",", "").replace("$", "").rstrip(".")
+    return match.group(1).replace(",", "").replace("$", "").rstrip(".") if match else None
 
 
 def evaluate_gsm8k(

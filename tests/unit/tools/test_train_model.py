@@ -306,5 +306,8 @@ def test_a_folder_transformers_cannot_load_is_one_line(trained_once: Path, tmp_p
     folder = tmp_path / "copy"
     shutil.copytree(trained_once, folder)
     (folder / "model.safetensors").write_bytes(b"not safetensors")
+    record = json.loads((folder / "training.json").read_text())
+    record["files"]["model.safetensors"] = tiny_model.sha256_file(folder / "model.safetensors")  # digest kept true
+    (folder / "training.json").write_text(json.dumps(record))
     with pytest.raises(StudyError, match=r"copy: cannot be loaded as the saved model \("):
-        train_model.continue_training(folder, _small_recipe(2), 1)
+        train_model.run_training(tmp_path / "out", _small_recipe(2), progress=None, start=folder)
