@@ -145,14 +145,12 @@ def text_config(config: dict[str, Any], defaults: dict[str, dict[str, Any]] = FA
 def model_dtype(cfg: dict[str, Any], where: str) -> str:
     """The dtype vLLM serves the model in with ``--dtype auto`` (and so what KV 'auto' stores)."""
     value = cfg.get("torch_dtype", cfg.get("dtype"))
-    if value is None:
-        return "bfloat16"  # vLLM reads a missing torch_dtype as float32 and serves it in bfloat16
-    text = str(value).removeprefix("torch.")
-    if text in ("bfloat16", "float16"):
-        return text
-    if text == "float32":
-        return "bfloat16"  # vLLM serves float32 checkpoints in bfloat16 by default
-    raise StudyError(f"{where}: field 'torch_dtype' is {value!r} (expected bfloat16, float16 or float32)")
+    # vLLM reads a missing torch_dtype as float32, and serves float32 checkpoints in bfloat16 by default
+    text = "float32" if value is None else str(value).removeprefix("torch.")
+    served = {"bfloat16": "bfloat16", "float16": "float16", "float32": "bfloat16"}
+    if text not in served:
+        raise StudyError(f"{where}: field 'torch_dtype' is {value!r} (expected bfloat16, float16 or float32)")
+    return served[text]
 
 
 # Nemotron-H's block names (transformers 5.19 NemotronHConfig: ``layers_block_type``, with the legacy

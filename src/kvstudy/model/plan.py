@@ -63,28 +63,28 @@ def resolve_gpu_memory(
     spec = find_gpu(gpu) if gpu is not None else None
     if gpu_memory_gib is not None:
         memory, source = float(gpu_memory_gib), "given"
-    elif spec is not None:
-        if spec.cuda_total_bytes is not None:  # what vLLM multiplies by the utilization
-            memory = spec.cuda_total_bytes / GIB
-            source = (
-                f"from the GPU catalog ({spec.name}, CUDA's total {spec.cuda_total_bytes:,} B, which vLLM "
-                f"multiplies by the utilization; the driver shows {spec.memory_mib_driver:,} MiB)"
-            )
-        else:
-            memory = spec.memory_gib
-            source = (
-                f"from the GPU catalog ({spec.name}, {spec.memory_mib_driver:,} MiB as the driver reports it; "
-                "CUDA's total, which vLLM uses, is not in the catalog and can be a little lower)"
-            )
-    else:
+    elif spec is None:
         raise StudyError(
             "gpu memory: give a GPU name from the catalog (--gpu, parameter gpu) "
             "or its memory in GiB (--gpu-memory-gib, parameter gpu_memory_gib)"
         )
-    utilization = (DEFAULT_GPU_MEMORY_UTILIZATION, "vLLM 0.32 default (vllm/config/cache.py)")
-    if gpu_memory_utilization is not None:
+    elif spec.cuda_total_bytes is not None:  # what vLLM multiplies by the utilization
+        memory = spec.cuda_total_bytes / GIB
+        source = (
+            f"from the GPU catalog ({spec.name}, CUDA's total {spec.cuda_total_bytes:,} B, which vLLM "
+            f"multiplies by the utilization; the driver shows {spec.memory_mib_driver:,} MiB)"
+        )
+    else:
+        memory = spec.memory_gib
+        source = (
+            f"from the GPU catalog ({spec.name}, {spec.memory_mib_driver:,} MiB as the driver reports it; "
+            "CUDA's total, which vLLM uses, is not in the catalog and can be a little lower)"
+        )
+    if gpu_memory_utilization is None:
+        utilization = (DEFAULT_GPU_MEMORY_UTILIZATION, "vLLM 0.32 default (vllm/config/cache.py)")
+    else:
         utilization = (float(gpu_memory_utilization), "given")
-    return GpuMemory(spec.name if spec is not None else None, memory, source, *utilization)
+    return GpuMemory(spec.name if spec else None, memory, source, *utilization)
 
 
 def group_pool(
@@ -214,14 +214,11 @@ def plan_summary(
             f"chooses it ({layout.kv_scheme_source}; {KV_AUTO_FROM_CHECKPOINT_SOURCE})"
         )
     weights_bytes: int | None
-    if weights_gib is not None:
-        weights_bytes, weights_source = int(weights_gib * GIB), "given"
-    else:
-        try:
-            size = weights_size(path, layout)
-            weights_bytes, weights_source = size.bytes, size.source
-        except WeightsUnknown as exc:  # the KV figures stand without the weights
-            weights_bytes, weights_source = None, f"unknown: {exc}"
+    try:
+        size = weights_size(path, layout, None if weights_gib is None else weights_gib * GIB)
+        weights_bytes, weights_source = size.bytes, size.source
+    except WeightsUnknown as exc:  # the KV figures stand without the weights
+        weights_bytes, weights_source = None, f"unknown: {exc}"
     first = footprints[dtypes[0]]
     summary: dict[str, Any] = {
         "model": layout.name,

@@ -1,28 +1,31 @@
 """What a model folder says about its KV cache: the config fields and the KV scale tensors.
 
 Only the config files, the safetensors index or headers and the scale tensors' own bytes are read
-(never the whole weights, never a pickle); problems are collected in the report's ``errors`` and the
-scan of the other files goes on. Verdicts say what vLLM will do with what was found, optionally
+(never the whole weights, never a pickle: the 8-byte header length, the JSON header, then only the
+bytes of the tensors asked for); problems are collected in the report's ``errors`` and the scan of
+the other files goes on. Verdicts say what vLLM will do with what was found, optionally
 checked against a startup log or a resolved-run record.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
+import stat
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kvstudy.errors import StudyError
-from kvstudy.io import parse_json_text, read_bytes_checked, read_json_object, type_name
+from kvstudy.io import check_regular_file, parse_json_text, read_bytes_checked, read_json_object, type_name
 from kvstudy.limits import MAX_LAYERS
 from kvstudy.model.config_fields import HF_QUANT_CONFIG, checkpoint_kv_dtype, config_int
 from kvstudy.model.folder import cached_snapshots, resolve_model_path
-from kvstudy.model.safetensors import read_header, read_tensor
 from kvstudy.model.scale_verdicts import (
     ScaleReport,
     ScaleTensor,
@@ -32,6 +35,139 @@ from kvstudy.model.scale_verdicts import (
     verdicts,
 )
 from kvstudy.vllm.startup_log import parse_startup_log
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
+MAX_SCALE_BYTES = 1024 * 1024  # a KV scale is one value per tensor or per head: far below this
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def _fp8_table(exp_bits: int, man_bits: int, bias: int, fn: bool) -> np.ndarray:
+    """float32 value of every byte of an 8-bit float (e4m3fn: no inf, 0x7f/0xff NaN)."""
+    codes = np.arange(256, dtype=np.uint32)
+    sign = np.where(codes >> 7, -1.0, 1.0)
+    exp = ((codes >> man_bits) & ((1 << exp_bits) - 1)).astype(np.int64)
+    man = (codes & ((1 << man_bits) - 1)).astype(np.float64)
+    normal = (1.0 + man / (1 << man_bits)) * np.power(2.0, exp - bias)
+    subnormal = (man / (1 << man_bits)) * 2.0 ** (1 - bias)
+    values = sign * np.where(exp == 0, subnormal, normal)
+    top = (1 << exp_bits) - 1
+    if fn:
+        values[(exp == top) & (man == (1 << man_bits) - 1)] = np.nan
+    else:
+        values[(exp == top) & (man == 0)] = sign[(exp == top) & (man == 0)] * np.inf
+        values[(exp == top) & (man != 0)] = np.nan
+    return values.astype(np.float32)
+
+
+F8_VALUES = {"F8_E4M3": _fp8_table(4, 3, 7, fn=True), "F8_E5M2": _fp8_table(5, 2, 15, fn=False)}
+
+
+def decode(raw: bytes, dtype: str) -> np.ndarray:
+    """Little-endian safetensors bytes of one dtype as float64 values."""
+    if dtype in ("F64", "F32", "F16"):
+        return np.frombuffer(raw, dtype=f"<f{DTYPE_BYTES[dtype]}").astype(np.float64)
+    if dtype == "BF16":
+        halves = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+        return halves.view(np.float32).astype(np.float64)
+    if dtype in F8_VALUES:
+        return F8_VALUES[dtype][np.frombuffer(raw, dtype=np.uint8)].astype(np.float64)
+    raise ValueError(f"dtype {dtype} is not a float type (expected F32, F16, BF16, F8_E4M3, F8_E5M2 or F64)")
+
+
+@dataclass
+class SafetensorsHeader:
+    path: Path
+    data_start: int
+    size: int
+    tensors: dict[str, Any]
+
+
+def read_header(path: Path, sink: ScaleReport) -> SafetensorsHeader | None:
+    """The JSON header of one safetensors file, or None with the reason in ``sink.errors``."""
+    try:
+        fd = os.open(check_regular_file(path), os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise StudyError(f"{path}: not a regular file (expected a safetensors file)")
+            size = st.st_size
+            prefix = fh.read(8)
+            sink.bytes_read += len(prefix)
+            if len(prefix) < 8:
+                raise StudyError(
+                    f"{path}: truncated safetensors file ({size} bytes; expected an 8-byte header length first)"
+                )
+            length = int.from_bytes(prefix, "little")
+            if length > size - 8:
+                raise StudyError(
+                    f"{path}: header length {length} is larger than the file "
+                    f"({size} bytes); the file is truncated or not safetensors"
+                )
+            if length > MAX_HEADER_BYTES:
+                raise StudyError(
+                    f"{path}: header length {length} exceeds the safetensors limit of {MAX_HEADER_BYTES} bytes"
+                )
+            raw = fh.read(length)
+            sink.bytes_read += len(raw)
+        header = parse_json_text(raw, f"{path}: safetensors header is not valid JSON (truncated or corrupt)")
+        if not isinstance(header, dict):
+            raise StudyError(f"{path}: safetensors header is not a JSON object")
+    except StudyError as exc:
+        sink.errors.append(str(exc))
+        return None
+    except OSError as exc:
+        sink.errors.append(f"{path}: cannot read ({exc.strerror or exc})")
+        return None
+    header.pop("__metadata__", None)
+    return SafetensorsHeader(path, 8 + length, size, header)
+
+
+def read_tensor(header: SafetensorsHeader, name: str, sink: ScaleReport) -> tuple[str, list[int], np.ndarray] | None:
+    """The dtype, shape and values of tensor ``name``, or None with the reason in ``sink.errors``."""
+    where = f"{header.path}: tensor {name}"
+    entry = header.tensors.get(name)
+    try:
+        if not isinstance(entry, dict):
+            raise StudyError(f"{where}: not in this file's header (the index points to the wrong shard)")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if (
+            not isinstance(dtype, str)
+            or dtype not in DTYPE_BYTES
+            or not isinstance(shape, list)
+            or not isinstance(offsets, list)
+            or len(offsets) != 2
+            or len(shape) > 8
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**48 for x in shape + offsets)
+        ):
+            raise StudyError(
+                f"{where}: header entry {json.dumps(entry)[:200]} is not a float tensor with a shape "
+                "and data_offsets [begin, end]"
+            )
+        begin, end = offsets
+        needed = math.prod(shape) * DTYPE_BYTES[dtype]
+        if end - begin != needed:
+            raise StudyError(f"{where}: data_offsets span {end - begin} bytes, but {dtype} {shape} needs {needed}")
+        if end - begin > MAX_SCALE_BYTES:
+            raise StudyError(f"{where}: {end - begin} bytes is too large for a KV scale (read skipped)")
+        if header.data_start + end > header.size:
+            raise StudyError(
+                f"{where}: data ends at byte {header.data_start + end}, past the end of the "
+                f"file ({header.size} bytes); the shard is truncated"
+            )
+        with open(check_regular_file(header.path), "rb") as fh:
+            fh.seek(header.data_start + begin)
+            raw = fh.read(end - begin)
+        if len(raw) != end - begin:
+            raise StudyError(f"{where}: the file ended early (truncated shard)")
+    except OSError as exc:
+        sink.errors.append(f"{where}: cannot read ({exc})")
+        return None
+    except StudyError as exc:
+        sink.errors.append(str(exc))
+        return None
+    sink.bytes_read += len(raw)
+    return dtype, shape, decode(raw, dtype)
+
 
 INDEX_NAME = "model.safetensors.index.json"
 # (name ending, kinds, naming style). Order matters: longer endings first.
@@ -188,18 +324,16 @@ def _scan_index(folder: Path, report: ScaleReport) -> bool:
         report.errors.append(f"{path}: expected an object with a 'weight_map' of tensor name -> shard file")
         return False
     report.files_read.append(INDEX_NAME)
-    by_shard: dict[str, list[str]] = {}
+    by_shard: dict[str, list[str]] = {shard: [] for shard in weight_map.values()}
     for name, shard in weight_map.items():
         if scale_kinds(name) is not None:
-            by_shard.setdefault(shard, []).append(name)
-    shards = {shard: _inside(folder, shard, path, report) for shard in sorted(set(weight_map.values()))}
-    for shard, where in shards.items():
+            by_shard[shard].append(name)
+    for shard, names in sorted(by_shard.items()):
+        where = _inside(folder, shard, path, report)
         if where is not None and not where.exists():
             report.errors.append(f"{path}: names shard {shard}, which is not in {folder}")
             report.files_unread.append(shard)
-    for shard, names in sorted(by_shard.items()):
-        where = shards[shard]
-        if where is not None and where.exists():
+        elif where is not None and names:
             _scan_file(where, names, folder, report)
     return True
 

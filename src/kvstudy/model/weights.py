@@ -287,8 +287,11 @@ def _header_bytes(files: list[Path]) -> int:
     return total
 
 
-def weights_size(model: str | Path, layout: ModelLayout | None = None) -> WeightsSize:
-    """Weight bytes: the index's total_size, else the safetensors headers, else an estimate from the config."""
+def weights_size(model: str | Path, layout: ModelLayout | None = None, given: float | None = None) -> WeightsSize:
+    """Weight bytes: ``given`` (bytes) when given, else the index's total_size, else the safetensors headers,
+    else an estimate from the config."""
+    if given is not None:
+        return WeightsSize(int(given), "given")
     config, cfg_path = load_config(model)
     folder = cfg_path.parent
     index = folder / "model.safetensors.index.json"
