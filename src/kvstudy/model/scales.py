@@ -217,20 +217,19 @@ def _inside(folder: Path, name: str, index: Path, report: ScaleReport) -> Path |
     return folder / name
 
 
-def _kv_dtype_in_config(config: dict[str, Any]) -> tuple[Any, str | None]:
-    for prefix in ("", "text_config.", "quantization_config."):
-        holder = config.get(prefix.rstrip(".")) if prefix else config
-        value = holder.get("kv_cache_dtype") if isinstance(holder, dict) else None
-        if value is not None:
-            return value, f"{prefix}kv_cache_dtype"
-    return None, None
+def _first(config: dict[str, Any], keys: tuple[str, ...], nests: tuple[str, ...] = ("text_config",)) -> tuple[Any, str]:
+    """A config value and its field, from the top level or else an object nested under ``nests``
+    (``text_config``: multimodal models); (None, "") when absent."""
+    for key in keys:
+        for prefix in ("", *nests):
+            holder = config.get(prefix) if prefix else config
+            if isinstance(holder, dict) and holder.get(key) is not None:
+                return holder[key], f"{prefix}.{key}".lstrip(".")
+    return None, ""
 
 
-def _first(config: dict[str, Any], *keys: str) -> Any:
-    """A config value from the top level or from ``text_config`` (multimodal models)."""
-    nested = config.get("text_config")
-    sources = (config, nested if isinstance(nested, dict) else {})
-    return next((source[key] for key in keys for source in sources if source.get(key) is not None), None)
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _read_config(folder: Path, report: ScaleReport) -> None:
@@ -242,14 +241,14 @@ def _read_config(folder: Path, report: ScaleReport) -> None:
     if config is None:
         return
     try:  # the fields read here, checked here (the rest of the config is not this command's business)
-        kv_dtype, kv_field = _kv_dtype_in_config(config)
-        dtype = _first(config, "torch_dtype", "dtype")
+        kv_dtype, kv_field = _first(config, ("kv_cache_dtype",), ("text_config", "quantization_config"))
+        dtype = _first(config, ("torch_dtype", "dtype"))[0]
         for name, value in (("torch_dtype", dtype), (kv_field, kv_dtype)):
             if value is not None and not isinstance(value, str):
                 raise StudyError(
                     f"{path}: field '{name}' is {type_name(value)} {repr(value)[:40]} (expected a dtype name)"
                 )
-        shape = {k: _first(config, k) for k in ("num_hidden_layers", "num_key_value_heads")}
+        shape = {k: _first(config, (k,))[0] for k in ("num_hidden_layers", "num_key_value_heads")}
         layers = config_int(shape, "num_hidden_layers", str(path), high=MAX_LAYERS, default=0) or None
         heads = config_int(shape, "num_key_value_heads", str(path), default=0) or None
     except StudyError as exc:
@@ -257,7 +256,7 @@ def _read_config(folder: Path, report: ScaleReport) -> None:
         report.files_unread.append(str(path))
         return
     report.config_read = True
-    report.kv_cache_dtype_in_config, report.kv_cache_dtype_field = kv_dtype, kv_field
+    report.kv_cache_dtype_in_config, report.kv_cache_dtype_field = kv_dtype, kv_field or None
     report.torch_dtype = dtype
     report.num_hidden_layers, report.num_key_value_heads = layers, heads
     qc = config.get("quantization_config")
@@ -266,13 +265,10 @@ def _read_config(folder: Path, report: ScaleReport) -> None:
     if not isinstance(qc, dict):
         report.errors.append(f"{path}: quantization_config: expected an object, got {type(qc).__name__}")
         return
-    method = qc.get("quant_method")
-    report.quant_method = str(method) if method is not None else None
+    report.quant_method = _text(qc.get("quant_method"))
     scheme = qc.get("kv_cache_scheme")
     if isinstance(scheme, dict):
-        report.kv_scheme = scheme
-        strategy = scheme.get("strategy")
-        report.kv_scheme_strategy = str(strategy) if strategy is not None else None
+        report.kv_scheme, report.kv_scheme_strategy = scheme, _text(scheme.get("strategy"))
     elif scheme is not None:
         report.errors.append(
             f"{path}: quantization_config.kv_cache_scheme: expected an object or null, got {type(scheme).__name__}"
