@@ -110,6 +110,14 @@ def checkpoint_kv_dtype(config: dict[str, Any], folder: Path | None = None) -> t
     return None, None
 
 
+def named_items(values: list[Any], key: str, names: dict[str, str], where: str) -> list[str]:
+    """``names[item]`` for each item of the list field ``key``, else one line naming the item and what it may be."""
+    for i, name in enumerate(values):
+        if not isinstance(name, str) or name not in names:
+            raise StudyError(f"{where}: field '{key}[{i}]' is {repr(name)[:60]} (expected one of {', '.join(names)})")
+    return [names[name] for name in values]
+
+
 def usable_int(value: Any, high: int = MAX_FILE_NUMBER) -> int | None:
     """``value`` when it is an integer in [1, high], else None (for fields read without refusing)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= high else None
@@ -179,13 +187,7 @@ def nemotron_h_pattern(cfg: dict[str, Any], where: str) -> str:
                 f"{where}: field 'layers_block_type' must list 1 to {MAX_LAYERS:,} block names "
                 f"({', '.join(NEMOTRON_H_BLOCKS)})"
             )
-        for i, name in enumerate(blocks):
-            if not isinstance(name, str) or name not in NEMOTRON_H_BLOCKS:
-                raise StudyError(
-                    f"{where}: field 'layers_block_type[{i}]' is {repr(name)[:60]} (expected one of "
-                    f"{', '.join(NEMOTRON_H_BLOCKS)})"
-                )
-        return "".join(NEMOTRON_H_BLOCKS[name] for name in blocks)
+        return "".join(named_items(blocks, "layers_block_type", NEMOTRON_H_BLOCKS, where))
     pattern = cfg.get("hybrid_override_pattern")
     if not isinstance(pattern, str) or not 0 < len(pattern) <= MAX_LAYERS:
         raise StudyError(

@@ -280,14 +280,11 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
     release = version_release(info.version)  # how it turned blocks into logged tokens; both when not named
     before = release is not None and release < POOL_LOG_PER_GROUP_BEFORE
     formulas = [CONCURRENCY, PER_GROUP] if release is None else [PER_GROUP if before else CONCURRENCY]
-    checks = [
-        (f, _agreement(dataclasses.replace(pools[0], formula=f), logged_tokens, override, info.pool_blocks))
-        for f in formulas
-    ]
-    formula, (agree, blocks, why) = next(((f, c) for f, c in checks if c[0]), checks[0])
-    pool = dataclasses.replace(pools[0], formula=formula)
+    read_as = [dataclasses.replace(pools[0], formula=f) for f in formulas]
+    checks = [(p, _agreement(p, logged_tokens, override, info.pool_blocks)) for p in read_as]
+    pool, (agree, blocks, why) = next((c for c in checks if c[1][0]), checks[0])
     if len(formulas) > 1:
-        why += f" (the log names no vLLM version: logged tokens read as {LOG_FORMULAS[formula]})"
+        why += f" (the log names no vLLM version: logged tokens read as {LOG_FORMULAS[pool.formula]})"
     if override is not None and info.block_override and low:
         profiled = info.block_override["profiled"]
         why += f"; vLLM profiled {profiled:,} blocks, the logged memory gives {pool.blocks_low:,}..{pool.blocks_high:,}"
@@ -314,7 +311,7 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
             "kv_cache_dtype": kv_dtype,
             "kv_memory_source": memory_source,
             "pool_tokens": logged_tokens,
-            "pool_tokens_formula": LOG_FORMULAS[formula],
+            "pool_tokens_formula": LOG_FORMULAS[pool.formula],
             "pool_blocks": blocks,
             "max_model_len": max_len,
             "model_loading_gib": info.model_load_gib if info.model_load_gib is not None else info.memory.get("weights"),
