@@ -264,19 +264,12 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
     mode = "none" if info.prefix_caching_off else DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING
     kv_dtype = info.kv_cache_dtype or "auto"
     try:
-        resolve_kv_dtype(layout, kv_dtype)
+        logged_stores = resolve_kv_dtype(layout, kv_dtype)
     except StudyError as exc:
         raise StudyError(f"{where}: the logged KV dtype {kv_dtype!r} ({exc})") from exc
     mid = (low + high) // 2
-    pools = predict_ranges(
-        layout,
-        [kv_dtype, *OTHER_KV_DTYPES],
-        [(low or 1, high or 1)] + [(mid or 1, mid or 1)] * len(OTHER_KV_DTYPES),
-        max_len,
-        block,
-        device,
-        mode,
-    )
+    memories = [(low or 1, high or 1)] + [(mid or 1, mid or 1)] * len(OTHER_KV_DTYPES)
+    pools = predict_ranges(layout, [kv_dtype, *OTHER_KV_DTYPES], memories, max_len, block, device, mode)
     release = version_release(info.version)  # how it turned blocks into logged tokens; both when not named
     before = release is not None and release < POOL_LOG_PER_GROUP_BEFORE
     formulas = [CONCURRENCY, PER_GROUP] if release is None else [PER_GROUP if before else CONCURRENCY]
@@ -292,13 +285,14 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
     others = {}
     for dtype, other in zip(OTHER_KV_DTYPES, pools[1:]):
         n = other.blocks_low if mid else (override or 0)
-        others[f"{dtype} ({resolve_kv_dtype(layout, dtype)})"] = {
+        stores = resolve_kv_dtype(layout, dtype)
+        others[f"{dtype} ({stores})"] = {
             "path": other.path,
             "kv_memory_gib": round(mid / GIB, 3) if mid else None,
             "num_blocks": n,
             "tokens": other.tokens(n),
             "requests_at_max_len": round(n / other.blocks_per_request, 2),
-            "logged_dtype": resolve_kv_dtype(layout, dtype) == resolve_kv_dtype(layout, kv_dtype),
+            "logged_dtype": stores == logged_stores,
         }
     return {
         "log": where,
