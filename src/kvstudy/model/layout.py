@@ -301,16 +301,10 @@ def indexer_layers(cfg: dict[str, Any], num_layers: int, where: str) -> list[Lay
             f"{where}: field 'index_topk_pattern' is {type(pattern).__name__} (expected a string or a list)"
         )
     size = head + head // INDEXER_QUANT_BLOCK * INDEXER_SCALE_BYTES
-    out = []
-    for i in range(num_layers):
-        skip = (
-            pattern[i] == "S"
-            if pattern is not None and i < len(pattern)
-            else pattern is None and max(i - offset + 1, 0) % freq != 0
-        )
-        if not skip:
-            out.append(LayerSpec(i, INDEXER, 1, size, 0, stored_bytes=1))
-    return out
+    if pattern is None:
+        pattern = ["S" if max(i - offset + 1, 0) % freq else "" for i in range(num_layers)]
+    kept = [i for i in range(num_layers) if i >= len(pattern) or pattern[i] != "S"]
+    return [LayerSpec(i, INDEXER, 1, size, 0, stored_bytes=1) for i in kept]
 
 
 def _state_dtypes(cfg: dict[str, Any], family: str) -> tuple[str | None, str | None]:

@@ -171,15 +171,16 @@ def gpu_tp_table(
         memory = resolve_gpu_memory(name, None, gpu_memory_utilization)
         for tp in [t for t in tensor_parallel_sizes if t not in dict(layout.tp_refused)]:  # vLLM accepts them
             plan = group_pool(memory, weights_bytes, overhead_gib, tp)
-            row: dict[str, Any] = {
-                "GPU": memory.gpu_name,
-                "TP": tp,
-                "weights per GPU (GiB)": plan.weights_bytes_per_gpu / GIB,
-                "KV pool per GPU (GiB)": plan.kv_pool_bytes / GIB,
-            }
-            for dtype in kv_dtypes:
-                row[f"users {dtype}"] = users_at(layout, dtype, plan.kv_pool_bytes, context_len, tp)
-            rows.append(row)
+            users = {f"users {d}": users_at(layout, d, plan.kv_pool_bytes, context_len, tp) for d in kv_dtypes}
+            rows.append(
+                {
+                    "GPU": memory.gpu_name,
+                    "TP": tp,
+                    "weights per GPU (GiB)": plan.weights_bytes_per_gpu / GIB,
+                    "KV pool per GPU (GiB)": plan.kv_pool_bytes / GIB,
+                    **users,
+                }
+            )
     return pd.DataFrame(rows).set_index(["GPU", "TP"])
 
 
