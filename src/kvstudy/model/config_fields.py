@@ -32,10 +32,9 @@ def config_int(
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise StudyError(f"{where}: field '{key}' is {type_name(value)} {_short(value)} (expected {expected})")
-    if value > high:
-        raise StudyError(f"{where}: field '{key}' is {_short(value)} (expected at most {high:,})")
-    if value < low:
-        raise StudyError(f"{where}: field '{key}' is {_short(value)} (expected {expected})")
+    if not low <= value <= high:
+        bound = f"at most {high:,}" if value > high else expected
+        raise StudyError(f"{where}: field '{key}' is {_short(value)} (expected {bound})")
     return value
 
 

@@ -161,10 +161,10 @@ def predict_ranges(
     """The pool of each (KV dtype, memory interval): vLLM's pool code when it runs here (one child
     process for all), else the project's rules; each :class:`PoolRange` names its path."""
     rules = []
-    for dtype, (low, high) in zip(kv_dtypes, memories):
+    for dtype, memory in zip(kv_dtypes, memories):
         lo, hi = (
             predict_logged_pool(layout, dtype, m, max_len, block_size=block, device=device, mamba_cache_mode=mode)
-            for m in (low, high)
+            for m in memory
         )
         fields = (lo.blocks_per_request, lo.num_groups, lo.bytes_per_block, max_len, block)
         rules.append(PoolRange(RULES_POOL_PATH, lo.num_blocks, hi.num_blocks, *fields))

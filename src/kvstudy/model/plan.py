@@ -142,15 +142,11 @@ def users_vs_context(
     """Users that fit per context length (rows) and KV dtype (columns), a DataFrame."""
     import pandas as pd
 
-    rows = {
-        length: {
-            d: users_at(layout, d, pool_bytes_per_gpu, length, tensor_parallel_size, skip_layers) for d in kv_dtypes
-        }
-        for length in contexts
+    users = {
+        d: [users_at(layout, d, pool_bytes_per_gpu, n, tensor_parallel_size, skip_layers) for n in contexts]
+        for d in kv_dtypes
     }
-    frame = pd.DataFrame.from_dict(rows, orient="index")
-    frame.index.name = "context length (tokens)"
-    return frame
+    return pd.DataFrame(users, index=pd.Index(contexts, name="context length (tokens)"))
 
 
 def gpu_tp_table(
@@ -333,10 +329,8 @@ def _csv(summary: dict[str, Any], path: str, force: bool = False) -> None:
     target = Path(path)  # a name too long or under a file: refused by its argparse type (limits.output_file)
     if (target.exists() or target.is_symlink()) and not force:
         raise StudyError(f"--csv {path}: exists; refusing to replace it (pick another path, or pass --force)")
-    frame = pd.DataFrame.from_dict(summary["dtypes"], orient="index")
-    frame.index.name = "kv dtype"
     try:
-        write_csv(frame, target)
+        write_csv(pd.DataFrame.from_dict(summary["dtypes"], orient="index").rename_axis("kv dtype"), target)
     except OSError as exc:  # a parent that is a file, a folder that cannot be made
         raise StudyError(f"--csv {path}: cannot be written ({exc.strerror or exc})") from None
 
