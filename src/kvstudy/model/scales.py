@@ -388,12 +388,10 @@ def inspect_model(
         folder = resolve_model_path(path_or_id, cache_dir)
     except StudyError as exc:
         return ScaleReport(source, None, errors=[str(exc)])
-    report = ScaleReport(source, str(folder))
+    report = ScaleReport(source, str(folder), checked_against=None if log is None else str(Path(log)))
     _read_config(folder, report)
     _read_hf_quant_config(folder, report)
     _scan_weights(folder, report)
-    if log is not None:
-        report.checked_against = str(Path(log))
     report.verdicts = verdicts(report, evidence)
     return report
 
