@@ -53,17 +53,17 @@ class PoolRange:
     blocks_low: int
     blocks_high: int
     blocks_per_request: int  # blocks one request of max_len takes, over all layer groups
-    num_groups: int | None
-    bytes_per_block: int | None
+    num_groups: int
+    bytes_per_block: int
     max_model_len: int
-    block_size: int = 16
+    block_size: int
     formula: str = CONCURRENCY  # how the logged tokens follow from the blocks (LOG_FORMULAS)
 
     def tokens(self, num_blocks: int) -> int:
         """The tokens vLLM logs for ``num_blocks``: ``int(num_blocks / blocks_per_request * max_model_len)``
         since 0.18, ``num_blocks // groups * block_size`` before."""
         if self.formula == PER_GROUP:
-            return num_blocks // max(self.num_groups or 1, 1) * self.block_size
+            return num_blocks // self.num_groups * self.block_size
         return int(num_blocks / self.blocks_per_request * self.max_model_len)
 
 
