@@ -32,10 +32,9 @@ def config_int(
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise StudyError(f"{where}: field '{key}' is {type_name(value)} {_short(value)} (expected {expected})")
-    if value > high:
-        raise StudyError(f"{where}: field '{key}' is {_short(value)} (expected at most {high:,})")
-    if value < low:
-        raise StudyError(f"{where}: field '{key}' is {_short(value)} (expected {expected})")
+    if not low <= value <= high:
+        bound = f"at most {high:,}" if value > high else expected
+        raise StudyError(f"{where}: field '{key}' is {_short(value)} (expected {bound})")
     return value
 
 
@@ -110,6 +109,14 @@ def checkpoint_kv_dtype(config: dict[str, Any], folder: Path | None = None) -> t
     return None, None
 
 
+def named_items(values: list[Any], key: str, names: dict[str, str], where: str) -> list[str]:
+    """``names[item]`` for each item of the list field ``key``, else one line naming the item and what it may be."""
+    for i, name in enumerate(values):
+        if not isinstance(name, str) or name not in names:
+            raise StudyError(f"{where}: field '{key}[{i}]' is {repr(name)[:60]} (expected one of {', '.join(names)})")
+    return [names[name] for name in values]
+
+
 def usable_int(value: Any, high: int = MAX_FILE_NUMBER) -> int | None:
     """``value`` when it is an integer in [1, high], else None (for fields read without refusing)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= high else None
@@ -145,14 +152,12 @@ def text_config(config: dict[str, Any], defaults: dict[str, dict[str, Any]] = FA
 def model_dtype(cfg: dict[str, Any], where: str) -> str:
     """The dtype vLLM serves the model in with ``--dtype auto`` (and so what KV 'auto' stores)."""
     value = cfg.get("torch_dtype", cfg.get("dtype"))
-    if value is None:
-        return "bfloat16"  # vLLM reads a missing torch_dtype as float32 and serves it in bfloat16
-    text = str(value).removeprefix("torch.")
-    if text in ("bfloat16", "float16"):
-        return text
-    if text == "float32":
-        return "bfloat16"  # vLLM serves float32 checkpoints in bfloat16 by default
-    raise StudyError(f"{where}: field 'torch_dtype' is {value!r} (expected bfloat16, float16 or float32)")
+    # vLLM reads a missing torch_dtype as float32, and serves float32 checkpoints in bfloat16 by default
+    text = "float32" if value is None else str(value).removeprefix("torch.")
+    served = {"bfloat16": "bfloat16", "float16": "float16", "float32": "bfloat16"}
+    if text not in served:
+        raise StudyError(f"{where}: field 'torch_dtype' is {value!r} (expected bfloat16, float16 or float32)")
+    return served[text]
 
 
 # Nemotron-H's block names (transformers 5.19 NemotronHConfig: ``layers_block_type``, with the legacy
@@ -181,13 +186,7 @@ def nemotron_h_pattern(cfg: dict[str, Any], where: str) -> str:
                 f"{where}: field 'layers_block_type' must list 1 to {MAX_LAYERS:,} block names "
                 f"({', '.join(NEMOTRON_H_BLOCKS)})"
             )
-        for i, name in enumerate(blocks):
-            if not isinstance(name, str) or name not in NEMOTRON_H_BLOCKS:
-                raise StudyError(
-                    f"{where}: field 'layers_block_type[{i}]' is {repr(name)[:60]} (expected one of "
-                    f"{', '.join(NEMOTRON_H_BLOCKS)})"
-                )
-        return "".join(NEMOTRON_H_BLOCKS[name] for name in blocks)
+        return "".join(named_items(blocks, "layers_block_type", NEMOTRON_H_BLOCKS, where))
     pattern = cfg.get("hybrid_override_pattern")
     if not isinstance(pattern, str) or not 0 < len(pattern) <= MAX_LAYERS:
         raise StudyError(

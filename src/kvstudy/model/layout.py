@@ -19,6 +19,7 @@ from kvstudy.model.config_fields import (
     checkpoint_kv_dtype,
     config_int,
     model_dtype,
+    named_items,
     nemotron_h_pattern,
     text_config,
     unread_fields,
@@ -223,14 +224,8 @@ def layer_kinds(cfg: dict[str, Any], family: str, num_layers: int, where: str) -
     if family == "falcon_h1":
         return [[FULL, LINEAR] for _ in range(num_layers)]
     if cfg.get("layer_types") is not None:
-        kinds = []
-        for i, name in enumerate(_listed(cfg, "layer_types", num_layers, "layer kinds (num_hidden_layers)", where)):
-            if not isinstance(name, str) or name not in LAYER_TYPE_NAMES:
-                raise StudyError(
-                    f"{where}: field 'layer_types[{i}]' is {repr(name)[:60]} "
-                    f"(expected one of {', '.join(LAYER_TYPE_NAMES)})"
-                )
-            kinds.append(LAYER_TYPE_NAMES[name])
+        types = _listed(cfg, "layer_types", num_layers, "layer kinds (num_hidden_layers)", where)
+        kinds = named_items(types, "layer_types", LAYER_TYPE_NAMES, where)
     elif family in GDN_MODEL_TYPES:
         interval = config_int(cfg, "full_attention_interval", where)
         kinds = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(num_layers)]
@@ -306,16 +301,10 @@ def indexer_layers(cfg: dict[str, Any], num_layers: int, where: str) -> list[Lay
             f"{where}: field 'index_topk_pattern' is {type(pattern).__name__} (expected a string or a list)"
         )
     size = head + head // INDEXER_QUANT_BLOCK * INDEXER_SCALE_BYTES
-    out = []
-    for i in range(num_layers):
-        skip = (
-            pattern[i] == "S"
-            if pattern is not None and i < len(pattern)
-            else pattern is None and max(i - offset + 1, 0) % freq != 0
-        )
-        if not skip:
-            out.append(LayerSpec(i, INDEXER, 1, size, 0, stored_bytes=1))
-    return out
+    if pattern is None:
+        pattern = ["S" if max(i - offset + 1, 0) % freq else "" for i in range(num_layers)]
+    kept = [i for i in range(num_layers) if i >= len(pattern) or pattern[i] != "S"]
+    return [LayerSpec(i, INDEXER, 1, size, 0, stored_bytes=1) for i in kept]
 
 
 def _state_dtypes(cfg: dict[str, Any], family: str) -> tuple[str | None, str | None]:

@@ -53,17 +53,17 @@ class PoolRange:
     blocks_low: int
     blocks_high: int
     blocks_per_request: int  # blocks one request of max_len takes, over all layer groups
-    num_groups: int | None
-    bytes_per_block: int | None
+    num_groups: int
+    bytes_per_block: int
     max_model_len: int
-    block_size: int = 16
+    block_size: int
     formula: str = CONCURRENCY  # how the logged tokens follow from the blocks (LOG_FORMULAS)
 
     def tokens(self, num_blocks: int) -> int:
         """The tokens vLLM logs for ``num_blocks``: ``int(num_blocks / blocks_per_request * max_model_len)``
         since 0.18, ``num_blocks // groups * block_size`` before."""
         if self.formula == PER_GROUP:
-            return num_blocks // max(self.num_groups or 1, 1) * self.block_size
+            return num_blocks // self.num_groups * self.block_size
         return int(num_blocks / self.blocks_per_request * self.max_model_len)
 
 
@@ -161,10 +161,10 @@ def predict_ranges(
     """The pool of each (KV dtype, memory interval): vLLM's pool code when it runs here (one child
     process for all), else the project's rules; each :class:`PoolRange` names its path."""
     rules = []
-    for dtype, (low, high) in zip(kv_dtypes, memories):
+    for dtype, memory in zip(kv_dtypes, memories):
         lo, hi = (
             predict_logged_pool(layout, dtype, m, max_len, block_size=block, device=device, mamba_cache_mode=mode)
-            for m in (low, high)
+            for m in memory
         )
         fields = (lo.blocks_per_request, lo.num_groups, lo.bytes_per_block, max_len, block)
         rules.append(PoolRange(RULES_POOL_PATH, lo.num_blocks, hi.num_blocks, *fields))
@@ -264,30 +264,20 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
     mode = "none" if info.prefix_caching_off else DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING
     kv_dtype = info.kv_cache_dtype or "auto"
     try:
-        resolve_kv_dtype(layout, kv_dtype)
+        logged_stores = resolve_kv_dtype(layout, kv_dtype)
     except StudyError as exc:
         raise StudyError(f"{where}: the logged KV dtype {kv_dtype!r} ({exc})") from exc
     mid = (low + high) // 2
-    pools = predict_ranges(
-        layout,
-        [kv_dtype, *OTHER_KV_DTYPES],
-        [(low or 1, high or 1)] + [(mid or 1, mid or 1)] * len(OTHER_KV_DTYPES),
-        max_len,
-        block,
-        device,
-        mode,
-    )
+    memories = [(low or 1, high or 1)] + [(mid or 1, mid or 1)] * len(OTHER_KV_DTYPES)
+    pools = predict_ranges(layout, [kv_dtype, *OTHER_KV_DTYPES], memories, max_len, block, device, mode)
     release = version_release(info.version)  # how it turned blocks into logged tokens; both when not named
     before = release is not None and release < POOL_LOG_PER_GROUP_BEFORE
     formulas = [CONCURRENCY, PER_GROUP] if release is None else [PER_GROUP if before else CONCURRENCY]
-    checks = [
-        (f, _agreement(dataclasses.replace(pools[0], formula=f), logged_tokens, override, info.pool_blocks))
-        for f in formulas
-    ]
-    formula, (agree, blocks, why) = next(((f, c) for f, c in checks if c[0]), checks[0])
-    pool = dataclasses.replace(pools[0], formula=formula)
+    read_as = [dataclasses.replace(pools[0], formula=f) for f in formulas]
+    checks = [(p, _agreement(p, logged_tokens, override, info.pool_blocks)) for p in read_as]
+    pool, (agree, blocks, why) = next((c for c in checks if c[1][0]), checks[0])
     if len(formulas) > 1:
-        why += f" (the log names no vLLM version: logged tokens read as {LOG_FORMULAS[formula]})"
+        why += f" (the log names no vLLM version: logged tokens read as {LOG_FORMULAS[pool.formula]})"
     if override is not None and info.block_override and low:
         profiled = info.block_override["profiled"]
         why += f"; vLLM profiled {profiled:,} blocks, the logged memory gives {pool.blocks_low:,}..{pool.blocks_high:,}"
@@ -295,13 +285,14 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
     others = {}
     for dtype, other in zip(OTHER_KV_DTYPES, pools[1:]):
         n = other.blocks_low if mid else (override or 0)
-        others[f"{dtype} ({resolve_kv_dtype(layout, dtype)})"] = {
+        stores = resolve_kv_dtype(layout, dtype)
+        others[f"{dtype} ({stores})"] = {
             "path": other.path,
             "kv_memory_gib": round(mid / GIB, 3) if mid else None,
             "num_blocks": n,
             "tokens": other.tokens(n),
             "requests_at_max_len": round(n / other.blocks_per_request, 2),
-            "logged_dtype": resolve_kv_dtype(layout, dtype) == resolve_kv_dtype(layout, kv_dtype),
+            "logged_dtype": stores == logged_stores,
         }
     return {
         "log": where,
@@ -314,7 +305,7 @@ def check_log(log: str | Path, model: str | Path, any_name: bool = False) -> dic
             "kv_cache_dtype": kv_dtype,
             "kv_memory_source": memory_source,
             "pool_tokens": logged_tokens,
-            "pool_tokens_formula": LOG_FORMULAS[formula],
+            "pool_tokens_formula": LOG_FORMULAS[pool.formula],
             "pool_blocks": blocks,
             "max_model_len": max_len,
             "model_loading_gib": info.model_load_gib if info.model_load_gib is not None else info.memory.get("weights"),

@@ -132,21 +132,16 @@ def layout_from_specs(
 
 
 def resolve_layouts(
-    models: list[str | Path | ModelLayout], assume: str | None = None, tps: tuple[int, ...] = DEFAULT_TPS
+    models: list[str | Path], assume: str | None = None, tps: tuple[int, ...] = DEFAULT_TPS
 ) -> list[ModelLayout]:
     """The KV layout of each model: vLLM's specs when vLLM can build it, else the rules (one child for all)."""
     loaded: list[tuple[str, dict[str, Any], ModelLayout | None, str | None]] = []
     for model in models:
-        if isinstance(model, ModelLayout):
-            loaded.append((model.config_path, {}, model, None))
-            continue
         config, path = load_config(model)
         try:
-            rules: ModelLayout | None = layout_from_config(config, str(path), assume)
-            reason = None
+            loaded.append((str(path), config, layout_from_config(config, str(path), assume), None))
         except StudyError as exc:
-            rules, reason = None, str(exc)
-        loaded.append((str(path), config, rules, reason))
+            loaded.append((str(path), config, None, str(exc)))
     always = os.environ.get("KVSTUDY_VLLM_SPECS", "") == "always"
     big = {  # a model whose build would take minutes on the meta device: the rules answer
         where: f"vLLM is not asked to build {len(r.layers):,} layers (limits.MAX_POOL_CODE_LAYERS)"
@@ -156,15 +151,11 @@ def resolve_layouts(
     asked = [
         (where, config)
         for where, config, rules, _ in loaded
-        if config and assume is None and (always and where not in big or not rules)
+        if assume is None and (always and where not in big or not rules)
     ]
     answers = read_specs(asked, tps) if asked else {}
     out = []
     for where, config, rules, reason in loaded:
-        if not config:
-            assert rules is not None
-            out.append(rules)
-            continue
         answer = answers.get(where)
         if answer and answer.get("ok"):
             try:
@@ -185,7 +176,5 @@ def resolve_layouts(
     return out
 
 
-def resolve_layout(
-    model: str | Path | ModelLayout, assume: str | None = None, tps: tuple[int, ...] = DEFAULT_TPS
-) -> ModelLayout:
+def resolve_layout(model: str | Path, assume: str | None = None, tps: tuple[int, ...] = DEFAULT_TPS) -> ModelLayout:
     return resolve_layouts([model], assume, tps)[0]

@@ -63,28 +63,28 @@ def resolve_gpu_memory(
     spec = find_gpu(gpu) if gpu is not None else None
     if gpu_memory_gib is not None:
         memory, source = float(gpu_memory_gib), "given"
-    elif spec is not None:
-        if spec.cuda_total_bytes is not None:  # what vLLM multiplies by the utilization
-            memory = spec.cuda_total_bytes / GIB
-            source = (
-                f"from the GPU catalog ({spec.name}, CUDA's total {spec.cuda_total_bytes:,} B, which vLLM "
-                f"multiplies by the utilization; the driver shows {spec.memory_mib_driver:,} MiB)"
-            )
-        else:
-            memory = spec.memory_gib
-            source = (
-                f"from the GPU catalog ({spec.name}, {spec.memory_mib_driver:,} MiB as the driver reports it; "
-                "CUDA's total, which vLLM uses, is not in the catalog and can be a little lower)"
-            )
-    else:
+    elif spec is None:
         raise StudyError(
             "gpu memory: give a GPU name from the catalog (--gpu, parameter gpu) "
             "or its memory in GiB (--gpu-memory-gib, parameter gpu_memory_gib)"
         )
-    utilization = (DEFAULT_GPU_MEMORY_UTILIZATION, "vLLM 0.32 default (vllm/config/cache.py)")
-    if gpu_memory_utilization is not None:
+    elif spec.cuda_total_bytes is not None:  # what vLLM multiplies by the utilization
+        memory = spec.cuda_total_bytes / GIB
+        source = (
+            f"from the GPU catalog ({spec.name}, CUDA's total {spec.cuda_total_bytes:,} B, which vLLM "
+            f"multiplies by the utilization; the driver shows {spec.memory_mib_driver:,} MiB)"
+        )
+    else:
+        memory = spec.memory_gib
+        source = (
+            f"from the GPU catalog ({spec.name}, {spec.memory_mib_driver:,} MiB as the driver reports it; "
+            "CUDA's total, which vLLM uses, is not in the catalog and can be a little lower)"
+        )
+    if gpu_memory_utilization is None:
+        utilization = (DEFAULT_GPU_MEMORY_UTILIZATION, "vLLM 0.32 default (vllm/config/cache.py)")
+    else:
         utilization = (float(gpu_memory_utilization), "given")
-    return GpuMemory(spec.name if spec is not None else None, memory, source, *utilization)
+    return GpuMemory(spec.name if spec else None, memory, source, *utilization)
 
 
 def group_pool(
@@ -142,15 +142,11 @@ def users_vs_context(
     """Users that fit per context length (rows) and KV dtype (columns), a DataFrame."""
     import pandas as pd
 
-    rows = {
-        length: {
-            d: users_at(layout, d, pool_bytes_per_gpu, length, tensor_parallel_size, skip_layers) for d in kv_dtypes
-        }
-        for length in contexts
+    users = {
+        d: [users_at(layout, d, pool_bytes_per_gpu, n, tensor_parallel_size, skip_layers) for n in contexts]
+        for d in kv_dtypes
     }
-    frame = pd.DataFrame.from_dict(rows, orient="index")
-    frame.index.name = "context length (tokens)"
-    return frame
+    return pd.DataFrame(users, index=pd.Index(contexts, name="context length (tokens)"))
 
 
 def gpu_tp_table(
@@ -171,15 +167,16 @@ def gpu_tp_table(
         memory = resolve_gpu_memory(name, None, gpu_memory_utilization)
         for tp in [t for t in tensor_parallel_sizes if t not in dict(layout.tp_refused)]:  # vLLM accepts them
             plan = group_pool(memory, weights_bytes, overhead_gib, tp)
-            row: dict[str, Any] = {
-                "GPU": memory.gpu_name,
-                "TP": tp,
-                "weights per GPU (GiB)": plan.weights_bytes_per_gpu / GIB,
-                "KV pool per GPU (GiB)": plan.kv_pool_bytes / GIB,
-            }
-            for dtype in kv_dtypes:
-                row[f"users {dtype}"] = users_at(layout, dtype, plan.kv_pool_bytes, context_len, tp)
-            rows.append(row)
+            users = {f"users {d}": users_at(layout, d, plan.kv_pool_bytes, context_len, tp) for d in kv_dtypes}
+            rows.append(
+                {
+                    "GPU": memory.gpu_name,
+                    "TP": tp,
+                    "weights per GPU (GiB)": plan.weights_bytes_per_gpu / GIB,
+                    "KV pool per GPU (GiB)": plan.kv_pool_bytes / GIB,
+                    **users,
+                }
+            )
     return pd.DataFrame(rows).set_index(["GPU", "TP"])
 
 
@@ -214,14 +211,11 @@ def plan_summary(
             f"chooses it ({layout.kv_scheme_source}; {KV_AUTO_FROM_CHECKPOINT_SOURCE})"
         )
     weights_bytes: int | None
-    if weights_gib is not None:
-        weights_bytes, weights_source = int(weights_gib * GIB), "given"
-    else:
-        try:
-            size = weights_size(path, layout)
-            weights_bytes, weights_source = size.bytes, size.source
-        except WeightsUnknown as exc:  # the KV figures stand without the weights
-            weights_bytes, weights_source = None, f"unknown: {exc}"
+    try:
+        size = weights_size(path, layout, None if weights_gib is None else weights_gib * GIB)
+        weights_bytes, weights_source = size.bytes, size.source
+    except WeightsUnknown as exc:  # the KV figures stand without the weights
+        weights_bytes, weights_source = None, f"unknown: {exc}"
     first = footprints[dtypes[0]]
     summary: dict[str, Any] = {
         "model": layout.name,
@@ -335,10 +329,8 @@ def _csv(summary: dict[str, Any], path: str, force: bool = False) -> None:
     target = Path(path)  # a name too long or under a file: refused by its argparse type (limits.output_file)
     if (target.exists() or target.is_symlink()) and not force:
         raise StudyError(f"--csv {path}: exists; refusing to replace it (pick another path, or pass --force)")
-    frame = pd.DataFrame.from_dict(summary["dtypes"], orient="index")
-    frame.index.name = "kv dtype"
     try:
-        write_csv(frame, target)
+        write_csv(pd.DataFrame.from_dict(summary["dtypes"], orient="index").rename_axis("kv dtype"), target)
     except OSError as exc:  # a parent that is a file, a folder that cannot be made
         raise StudyError(f"--csv {path}: cannot be written ({exc.strerror or exc})") from None
 

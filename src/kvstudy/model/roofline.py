@@ -139,11 +139,9 @@ def weights_read(model: str | Path | ModelLayout, users: int = 1, weights_bytes:
     """Weight bytes one decode step streams (see the module docstring for what is left out)."""
     layout = load_layout(model)
     users = check_positive_int(users, "users")
-    if weights_bytes is not None:
-        total, source = int(check_number(weights_bytes, "weights bytes")), "given"
-    else:
-        size = weights_size(layout.config_path, layout)
-        total, source = size.bytes, size.source
+    given = None if weights_bytes is None else check_number(weights_bytes, "weights bytes")
+    size = weights_size(layout.config_path, layout, given)
+    total, source = size.bytes, size.source
     config, path = load_config(layout.config_path)
     try:
         parts = parameter_parts(config, str(path))

@@ -1,28 +1,31 @@
 """What a model folder says about its KV cache: the config fields and the KV scale tensors.
 
 Only the config files, the safetensors index or headers and the scale tensors' own bytes are read
-(never the whole weights, never a pickle); problems are collected in the report's ``errors`` and the
-scan of the other files goes on. Verdicts say what vLLM will do with what was found, optionally
+(never the whole weights, never a pickle: the 8-byte header length, the JSON header, then only the
+bytes of the tensors asked for); problems are collected in the report's ``errors`` and the scan of
+the other files goes on. Verdicts say what vLLM will do with what was found, optionally
 checked against a startup log or a resolved-run record.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
+import stat
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kvstudy.errors import StudyError
-from kvstudy.io import parse_json_text, read_bytes_checked, read_json_object, type_name
+from kvstudy.io import check_regular_file, parse_json_text, read_bytes_checked, read_json_object, type_name
 from kvstudy.limits import MAX_LAYERS
 from kvstudy.model.config_fields import HF_QUANT_CONFIG, checkpoint_kv_dtype, config_int
 from kvstudy.model.folder import cached_snapshots, resolve_model_path
-from kvstudy.model.safetensors import read_header, read_tensor
 from kvstudy.model.scale_verdicts import (
     ScaleReport,
     ScaleTensor,
@@ -32,6 +35,129 @@ from kvstudy.model.scale_verdicts import (
     verdicts,
 )
 from kvstudy.vllm.startup_log import parse_startup_log
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
+MAX_SCALE_BYTES = 1024 * 1024  # a KV scale is one value per tensor or per head: far below this
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+# float32 value of every byte of an 8-bit float, through float16, whose layout both embed: E5M2 is its
+# top byte; E4M3's exponent and mantissa bits sit one bit lower there (bias 15 against 7: x 2^8), and
+# E4M3FN has no infinity, 0x7f/0xff are NaN
+_CODES = np.arange(256, dtype=np.uint16)
+F8_VALUES = {
+    "F8_E4M3": ((_CODES & 0x80) << 8 | (_CODES & 0x7F) << 7).view(np.float16).astype(np.float32) * 256,
+    "F8_E5M2": (_CODES << 8).view(np.float16).astype(np.float32),
+}
+F8_VALUES["F8_E4M3"][[0x7F, 0xFF]] = np.nan
+
+
+def decode(raw: bytes, dtype: str) -> np.ndarray:
+    """Little-endian safetensors bytes of one dtype as float64 values."""
+    if dtype in ("F64", "F32", "F16"):
+        return np.frombuffer(raw, dtype=f"<f{DTYPE_BYTES[dtype]}").astype(np.float64)
+    if dtype == "BF16":
+        halves = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+        return halves.view(np.float32).astype(np.float64)
+    if dtype in F8_VALUES:
+        return F8_VALUES[dtype][np.frombuffer(raw, dtype=np.uint8)].astype(np.float64)
+    raise ValueError(f"dtype {dtype} is not a float type (expected F32, F16, BF16, F8_E4M3, F8_E5M2 or F64)")
+
+
+@dataclass
+class SafetensorsHeader:
+    path: Path
+    data_start: int
+    size: int
+    tensors: dict[str, Any]
+
+
+def read_header(path: Path, sink: ScaleReport) -> SafetensorsHeader | None:
+    """The JSON header of one safetensors file, or None with the reason in ``sink.errors``."""
+    try:
+        fd = os.open(check_regular_file(path), os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise StudyError(f"{path}: not a regular file (expected a safetensors file)")
+            size = st.st_size
+            prefix = fh.read(8)
+            sink.bytes_read += len(prefix)
+            if len(prefix) < 8:
+                raise StudyError(
+                    f"{path}: truncated safetensors file ({size} bytes; expected an 8-byte header length first)"
+                )
+            length = int.from_bytes(prefix, "little")
+            if length > size - 8:
+                raise StudyError(
+                    f"{path}: header length {length} is larger than the file "
+                    f"({size} bytes); the file is truncated or not safetensors"
+                )
+            if length > MAX_HEADER_BYTES:
+                raise StudyError(
+                    f"{path}: header length {length} exceeds the safetensors limit of {MAX_HEADER_BYTES} bytes"
+                )
+            raw = fh.read(length)
+            sink.bytes_read += len(raw)
+        header = parse_json_text(raw, f"{path}: safetensors header is not valid JSON (truncated or corrupt)")
+        if not isinstance(header, dict):
+            raise StudyError(f"{path}: safetensors header is not a JSON object")
+    except StudyError as exc:
+        sink.errors.append(str(exc))
+        return None
+    except OSError as exc:
+        sink.errors.append(f"{path}: cannot read ({exc.strerror or exc})")
+        return None
+    header.pop("__metadata__", None)
+    return SafetensorsHeader(path, 8 + length, size, header)
+
+
+def read_tensor(header: SafetensorsHeader, name: str, sink: ScaleReport) -> tuple[str, list[int], np.ndarray] | None:
+    """The dtype, shape and values of tensor ``name``, or None with the reason in ``sink.errors``."""
+    where = f"{header.path}: tensor {name}"
+    entry = header.tensors.get(name)
+    try:
+        if not isinstance(entry, dict):
+            raise StudyError(f"{where}: not in this file's header (the index points to the wrong shard)")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if (
+            not isinstance(dtype, str)
+            or dtype not in DTYPE_BYTES
+            or not isinstance(shape, list)
+            or not isinstance(offsets, list)
+            or len(offsets) != 2
+            or len(shape) > 8
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**48 for x in shape + offsets)
+        ):
+            raise StudyError(
+                f"{where}: header entry {json.dumps(entry)[:200]} is not a float tensor with a shape "
+                "and data_offsets [begin, end]"
+            )
+        begin, end = offsets
+        needed = math.prod(shape) * DTYPE_BYTES[dtype]
+        if end - begin != needed:
+            raise StudyError(f"{where}: data_offsets span {end - begin} bytes, but {dtype} {shape} needs {needed}")
+        if end - begin > MAX_SCALE_BYTES:
+            raise StudyError(f"{where}: {end - begin} bytes is too large for a KV scale (read skipped)")
+        if header.data_start + end > header.size:
+            raise StudyError(
+                f"{where}: data ends at byte {header.data_start + end}, past the end of the "
+                f"file ({header.size} bytes); the shard is truncated"
+            )
+        with open(check_regular_file(header.path), "rb") as fh:
+            fh.seek(header.data_start + begin)
+            raw = fh.read(end - begin)
+        if len(raw) != end - begin:
+            raise StudyError(f"{where}: the file ended early (truncated shard)")
+    except OSError as exc:
+        sink.errors.append(f"{where}: cannot read ({exc})")
+        return None
+    except StudyError as exc:
+        sink.errors.append(str(exc))
+        return None
+    sink.bytes_read += len(raw)
+    return dtype, shape, decode(raw, dtype)
+
 
 INDEX_NAME = "model.safetensors.index.json"
 # (name ending, kinds, naming style). Order matters: longer endings first.
@@ -81,20 +207,19 @@ def _inside(folder: Path, name: str, index: Path, report: ScaleReport) -> Path |
     return folder / name
 
 
-def _kv_dtype_in_config(config: dict[str, Any]) -> tuple[Any, str | None]:
-    for prefix in ("", "text_config.", "quantization_config."):
-        holder = config.get(prefix.rstrip(".")) if prefix else config
-        value = holder.get("kv_cache_dtype") if isinstance(holder, dict) else None
-        if value is not None:
-            return value, f"{prefix}kv_cache_dtype"
-    return None, None
+def _first(config: dict[str, Any], keys: tuple[str, ...], nests: tuple[str, ...] = ("text_config",)) -> tuple[Any, str]:
+    """A config value and its field, from the top level or else an object nested under ``nests``
+    (``text_config``: multimodal models); (None, "") when absent."""
+    for key in keys:
+        for prefix in ("", *nests):
+            holder = config.get(prefix) if prefix else config
+            if isinstance(holder, dict) and holder.get(key) is not None:
+                return holder[key], f"{prefix}.{key}".lstrip(".")
+    return None, ""
 
 
-def _first(config: dict[str, Any], *keys: str) -> Any:
-    """A config value from the top level or from ``text_config`` (multimodal models)."""
-    nested = config.get("text_config")
-    sources = (config, nested if isinstance(nested, dict) else {})
-    return next((source[key] for key in keys for source in sources if source.get(key) is not None), None)
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _read_config(folder: Path, report: ScaleReport) -> None:
@@ -106,14 +231,14 @@ def _read_config(folder: Path, report: ScaleReport) -> None:
     if config is None:
         return
     try:  # the fields read here, checked here (the rest of the config is not this command's business)
-        kv_dtype, kv_field = _kv_dtype_in_config(config)
-        dtype = _first(config, "torch_dtype", "dtype")
+        kv_dtype, kv_field = _first(config, ("kv_cache_dtype",), ("text_config", "quantization_config"))
+        dtype = _first(config, ("torch_dtype", "dtype"))[0]
         for name, value in (("torch_dtype", dtype), (kv_field, kv_dtype)):
             if value is not None and not isinstance(value, str):
                 raise StudyError(
                     f"{path}: field '{name}' is {type_name(value)} {repr(value)[:40]} (expected a dtype name)"
                 )
-        shape = {k: _first(config, k) for k in ("num_hidden_layers", "num_key_value_heads")}
+        shape = {k: _first(config, (k,))[0] for k in ("num_hidden_layers", "num_key_value_heads")}
         layers = config_int(shape, "num_hidden_layers", str(path), high=MAX_LAYERS, default=0) or None
         heads = config_int(shape, "num_key_value_heads", str(path), default=0) or None
     except StudyError as exc:
@@ -121,7 +246,7 @@ def _read_config(folder: Path, report: ScaleReport) -> None:
         report.files_unread.append(str(path))
         return
     report.config_read = True
-    report.kv_cache_dtype_in_config, report.kv_cache_dtype_field = kv_dtype, kv_field
+    report.kv_cache_dtype_in_config, report.kv_cache_dtype_field = kv_dtype, kv_field or None
     report.torch_dtype = dtype
     report.num_hidden_layers, report.num_key_value_heads = layers, heads
     qc = config.get("quantization_config")
@@ -130,13 +255,10 @@ def _read_config(folder: Path, report: ScaleReport) -> None:
     if not isinstance(qc, dict):
         report.errors.append(f"{path}: quantization_config: expected an object, got {type(qc).__name__}")
         return
-    method = qc.get("quant_method")
-    report.quant_method = str(method) if method is not None else None
+    report.quant_method = _text(qc.get("quant_method"))
     scheme = qc.get("kv_cache_scheme")
     if isinstance(scheme, dict):
-        report.kv_scheme = scheme
-        strategy = scheme.get("strategy")
-        report.kv_scheme_strategy = str(strategy) if strategy is not None else None
+        report.kv_scheme, report.kv_scheme_strategy = scheme, _text(scheme.get("strategy"))
     elif scheme is not None:
         report.errors.append(
             f"{path}: quantization_config.kv_cache_scheme: expected an object or null, got {type(scheme).__name__}"
@@ -188,18 +310,16 @@ def _scan_index(folder: Path, report: ScaleReport) -> bool:
         report.errors.append(f"{path}: expected an object with a 'weight_map' of tensor name -> shard file")
         return False
     report.files_read.append(INDEX_NAME)
-    by_shard: dict[str, list[str]] = {}
+    by_shard: dict[str, list[str]] = {shard: [] for shard in weight_map.values()}
     for name, shard in weight_map.items():
         if scale_kinds(name) is not None:
-            by_shard.setdefault(shard, []).append(name)
-    shards = {shard: _inside(folder, shard, path, report) for shard in sorted(set(weight_map.values()))}
-    for shard, where in shards.items():
+            by_shard[shard].append(name)
+    for shard, names in sorted(by_shard.items()):
+        where = _inside(folder, shard, path, report)
         if where is not None and not where.exists():
             report.errors.append(f"{path}: names shard {shard}, which is not in {folder}")
             report.files_unread.append(shard)
-    for shard, names in sorted(by_shard.items()):
-        where = shards[shard]
-        if where is not None and where.exists():
+        elif where is not None and names:
             _scan_file(where, names, folder, report)
     return True
 
@@ -268,12 +388,10 @@ def inspect_model(
         folder = resolve_model_path(path_or_id, cache_dir)
     except StudyError as exc:
         return ScaleReport(source, None, errors=[str(exc)])
-    report = ScaleReport(source, str(folder))
+    report = ScaleReport(source, str(folder), checked_against=None if log is None else str(Path(log)))
     _read_config(folder, report)
     _read_hf_quant_config(folder, report)
     _scan_weights(folder, report)
-    if log is not None:
-        report.checked_against = str(Path(log))
     report.verdicts = verdicts(report, evidence)
     return report
 

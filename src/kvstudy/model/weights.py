@@ -145,30 +145,24 @@ def parameter_parts(
     hidden = config_int(cfg, "hidden_size", where)
     vocab = config_int(cfg, "vocab_size", where)
     heads = config_int(cfg, "num_attention_heads", where)
-    parts = {
+    pattern = nemotron_h_pattern(cfg, where) if layout.model_type == "nemotron_h" else None  # MLPs at '-' and 'E'
+    mlps = [
+        (_nas_mlp_parameters(cfg, i, hidden, where), 0)
+        if layout.model_type == "nemotron-nas"
+        else _mlp_parameters(cfg, i, hidden, where)
+        for i in range(layout.num_hidden_layers)
+        if pattern is None or pattern[i] in "-E"
+    ]
+    return {
         "embedding": vocab * hidden,
         "output_head": 0 if cfg.get("tie_word_embeddings") else vocab * hidden,
-        "attention": 0,
-        "mlp": 0,
-        "experts": 0,
-        "towers": 0,
+        "attention": sum(
+            _attention_parameters(cfg, l, hidden, heads, where) for l in layout.layers if l.kind != SHARED
+        ),
+        "mlp": sum(dense for dense, _ in mlps),
+        "experts": sum(experts for _, experts in mlps),
+        "towers": sum(_tower_parameters(config.get(key)) for key in ("vision_config", "audio_config")),
     }
-    for layer in layout.layers:
-        if layer.kind != SHARED:
-            parts["attention"] += _attention_parameters(cfg, layer, hidden, heads, where)
-    pattern = nemotron_h_pattern(cfg, where) if layout.model_type == "nemotron_h" else None
-    for index in range(layout.num_hidden_layers):
-        if pattern and pattern[index] not in "-E":
-            continue
-        if layout.model_type == "nemotron-nas":
-            dense, experts = _nas_mlp_parameters(cfg, index, hidden, where), 0
-        else:
-            dense, experts = _mlp_parameters(cfg, index, hidden, where)
-        parts["mlp"] += dense
-        parts["experts"] += experts
-    for key in ("vision_config", "audio_config"):
-        parts["towers"] += _tower_parameters(config.get(key))
-    return parts
 
 
 def _quantized_bytes(quant: dict[str, Any], where: str) -> tuple[Fraction, str]:
@@ -218,9 +212,8 @@ def quantization_config(config: dict[str, Any], folder: Path | None = None) -> d
         quant = where.get("quantization_config") if isinstance(where, dict) else None
         if isinstance(quant, dict) and quant.get("quant_method"):
             return quant
-    sidecar = folder / HF_QUANT_CONFIG if folder is not None else None
-    if sidecar is not None and sidecar.is_file():
-        data = read_json(sidecar)
+    if folder is not None and (folder / HF_QUANT_CONFIG).is_file():
+        data = read_json(folder / HF_QUANT_CONFIG)
         inner = data.get("quantization") if isinstance(data, dict) else None
         if isinstance(inner, dict):
             return {
@@ -257,14 +250,12 @@ def estimate_weights(
     parts = parameter_parts(config, where, layout)
     base = DTYPE_BYTES[layout.model_dtype]
     quant = quantization_config(config, Path(where).parent)
-    per_part = {name: base for name in parts}
+    per_part = dict.fromkeys(parts, base)
     label = f"{layout.model_dtype}, {int(base)} bytes per weight"
-    if isinstance(quant, dict) and quant.get("quant_method"):
+    if quant:  # always with a quant_method
         per, label = _quantized_bytes(quant, where)
         kept = _unconverted(quant)
-        for name in ("attention", "mlp", "experts"):
-            if name not in kept:
-                per_part[name] = per
+        per_part |= dict.fromkeys({"attention", "mlp", "experts"} - kept, per)
         label += "; embeddings, output head and towers 16-bit" + (
             f"; {', '.join(sorted(kept))} 16-bit (modules_to_not_convert)" if kept else ""
         )
@@ -287,8 +278,11 @@ def _header_bytes(files: list[Path]) -> int:
     return total
 
 
-def weights_size(model: str | Path, layout: ModelLayout | None = None) -> WeightsSize:
-    """Weight bytes: the index's total_size, else the safetensors headers, else an estimate from the config."""
+def weights_size(model: str | Path, layout: ModelLayout | None = None, given: float | None = None) -> WeightsSize:
+    """Weight bytes: ``given`` (bytes) when given, else the index's total_size, else the safetensors headers,
+    else an estimate from the config."""
+    if given is not None:
+        return WeightsSize(int(given), "given")
     config, cfg_path = load_config(model)
     folder = cfg_path.parent
     index = folder / "model.safetensors.index.json"

@@ -24,7 +24,7 @@ import safetensors
 
 from kvstudy.errors import StudyError
 from kvstudy.io import check_write_target, file_digest, read_bytes_checked, read_json_object, write_text_atomic
-from kvstudy.model.safetensors import F8_VALUES, decode
+from kvstudy.model.scales import F8_VALUES, decode
 from kvstudy.outputs import claim_output_folder, record_says
 
 SEED = 20261129

@@ -15,9 +15,9 @@ from safetensors import safe_open
 
 from kvstudy.cli import main as cli_main
 from kvstudy.errors import StudyError
-from kvstudy.model.safetensors import decode
 from kvstudy.model.scales import (
     ScaleReport,
+    decode,
     inspect_cache,
     inspect_model,
     layer_of,

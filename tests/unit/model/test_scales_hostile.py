@@ -13,14 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvstudy.cli import main as cli_main
-from kvstudy.model.safetensors import read_header
-from kvstudy.model.scales import inspect_model
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.bytes_read = 0
+from kvstudy.model.scale_verdicts import ScaleReport
+from kvstudy.model.scales import inspect_model, read_header
 
 
 def shard(path: Path, header: dict, data: bytes = b"") -> Path:
@@ -124,6 +118,6 @@ def test_odd_header_entries_are_errors_not_tracebacks(tmp_path: Path, entry: dic
 def test_any_shard_bytes_give_a_header_or_an_error(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
     path = tmp_path_factory.mktemp("st") / "x.safetensors"
     path.write_bytes(data)
-    sink = Sink()
+    sink = ScaleReport(str(path), None)
     header = read_header(path, sink)
     assert (header is None) == bool(sink.errors)
