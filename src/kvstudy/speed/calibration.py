@@ -89,11 +89,6 @@ def seed_blocks(runs: Sequence[RunSummary]) -> Blocks | None:
     return [g for g in groups.values() if len(g) >= 2] or None
 
 
-def design_min_p(n_per_arm: int, blocked: bool) -> float:
-    """Smallest reachable two-sided p of ``n_per_arm`` runs per arm, in seed blocks or free."""
-    return blocked_min_p([(1, 1)] * n_per_arm) if blocked else minimum_p_value(n_per_arm, n_per_arm)
-
-
 def claim_by_test(
     base: Sequence[Sequence[float]],
     cand: Sequence[Sequence[float]],
@@ -137,7 +132,7 @@ def _rate(
     ``resample``, else every block once) gives one of its runs to each arm at random; otherwise runs
     are drawn with replacement (``resample``) or split at random."""
     blocked = blocks is not None
-    min_p = design_min_p(n_base, True) if blocked else minimum_p_value(n_base, n_cand)
+    min_p = blocked_min_p([(1, 1)] * n_base) if blocked else minimum_p_value(n_base, n_cand)
     if min_p >= ALPHA:
         return ClaimRate(0, 0, n_base, n_cand, min_p, blocked)
     rng = np.random.default_rng(seed)
@@ -232,7 +227,7 @@ def noise_sensitivity(
     """Power of ``n_per_arm`` seed blocks for ``change`` under a normal model of the per-seed log
     differences, at the A/A noise and at both ends of its 95 % interval; None when not estimable."""
     noise = noise_sd(runs)
-    if noise is None or design_min_p(n_per_arm, True) >= ALPHA or n_per_arm > 16:
+    if noise is None or blocked_min_p([(1, 1)] * n_per_arm) >= ALPHA or n_per_arm > 16:
         return None
     sigma, df = noise
     low, high = (math.sqrt(df * sigma**2 / float(stats.chi2.ppf(q, df))) for q in (0.975, 0.025))
@@ -253,12 +248,11 @@ def minimum_detectable_change(
     use_interval: bool = True,
 ) -> float | None:
     """Smallest TPOT increase (0.2: 20 % slower) a design of ``n_per_arm`` vs ``n_cand`` runs detects
-    with :data:`TARGET_POWER`, by bisection with common random numbers; None when none up to ``max_change`` is."""
+    with :data:`TARGET_POWER`, by bisection with common random numbers; None when none up to ``max_change`` is
+    (a design that cannot reach p < alpha detects none)."""
     n2 = n_cand if n_cand is not None else n_per_arm
     pool, blocks = _noise(runs)
     blocks = blocks if n2 == n_per_arm else None
-    if design_min_p(n_per_arm, blocks is not None) >= ALPHA or minimum_p_value(n_per_arm, n2) >= ALPHA:
-        return None
 
     def detected(change: float) -> bool:
         rate = _rate(pool, blocks, n_per_arm, n2, change, simulations, resamples, seed, use_interval=use_interval)
