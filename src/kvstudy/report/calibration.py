@@ -181,7 +181,9 @@ def read_ladder(folder: str | Path) -> Ladder:
     why = "; ".join(f"{TASKS[t]}: {c.reason}" for t, c in calibrations.items())
     first = next(iter(calibrations.values()))
     margin = (
-        calibrations[margin_task] if margin_task else dv.Calibration("not calibrated", *[None] * 6, first.ranked, why)
+        calibrations[margin_task]
+        if margin_task
+        else dv.Calibration("not calibrated", None, None, None, None, None, None, first.ranked, why)
     )
     how, engine = str(data.get("how", "")), str(get_field(data, "engine", str, where))
     return Ladder(folder, grades, calibrations, scaled, margin, margin_task, how, engine)

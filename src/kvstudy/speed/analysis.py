@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -85,15 +85,15 @@ def seed_table(capture: Capture) -> pd.DataFrame:
     ]
     if not len(capture.cells):
         return pd.DataFrame(columns=cols)
-    ok = capture.cells[capture.cells["status"] == "ok"]
-    order = {c.name: i for i, c in enumerate(capture.spec.configurations)}
-    return (
-        ok[cols]
-        .assign(_o=ok["configuration"].map(order))
-        .sort_values(["users", "_o", "seed"])
-        .drop(columns="_o")
-        .reset_index(drop=True)
-    )
+    ok = capture.cells.loc[capture.cells["status"] == "ok", cols]
+    by_arm = _arm_order([c.name for c in capture.spec.configurations])
+    return ok.sort_values(["users", "configuration", "seed"], key=by_arm).reset_index(drop=True)
+
+
+def _arm_order(order: list[str]) -> Callable[[pd.Series], pd.Series]:
+    """A ``sort_values`` key that sorts the configuration column in ``order`` (the others as they are)."""
+    rank = {name: i for i, name in enumerate(order)}
+    return lambda column: column.map(rank) if column.name == "configuration" else column
 
 
 def summary_table(seeds: pd.DataFrame, order: list[str]) -> pd.DataFrame:
@@ -109,9 +109,7 @@ def summary_table(seeds: pd.DataFrame, order: list[str]) -> pd.DataFrame:
         median_clock_mhz=("median_clock_mhz", "median"),
         seeds=("seed", "nunique"),
     ).reset_index()
-    out["_o"] = out["configuration"].map({n: i for i, n in enumerate(order)})
-    out = out.sort_values(["users", "_o"]).drop(columns="_o")
-    return out[SUMMARY_COLUMNS].reset_index(drop=True)
+    return out.sort_values(["users", "configuration"], key=_arm_order(order))[SUMMARY_COLUMNS].reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------- published summary
@@ -430,19 +428,14 @@ def percentile_frame(capture: Any, order: list[str]) -> pd.DataFrame:
                 if len(requests)
                 else requests
             )
-            if (name, users) in failed or not len(rows):
-                cause = shorten_words(failed.get((name, users), "no per-request rows"), CAUSE_WIDTH)
-                empty = {f"p{q} (ms)": None for q in PERCENTILES}
-                out += [
-                    {**key, "latency": label, **empty, "samples": 0, "measurable": f"no: {cause}"}
-                    for label, _, _ in LATENCIES
-                ]
-                continue
-            ok_rows = rows[rows["success"]]
-            token_cause = _per_token_cause(capture, name, users)
+            gone = failed.get((name, users), "" if len(rows) else "no per-request rows")
+            ok_rows = rows if gone else rows[rows["success"]]
+            token_cause = "" if gone else _per_token_cause(capture, name, users)
             for label, column, _ in LATENCIES:
-                values = _samples(ok_rows, column)
-                if label in PER_TOKEN and token_cause:
+                values = np.array([]) if gone else _samples(ok_rows, column)
+                if gone:
+                    measurable = f"no: {shorten_words(gone, CAUSE_WIDTH)}"
+                elif label in PER_TOKEN and token_cause:
                     measurable = f"no: {shorten_words(token_cause, CAUSE_WIDTH)}"
                 elif len(ok_rows) < len(rows):
                     measurable = f"no: {len(rows) - len(ok_rows)} of {len(rows)} requests failed (survivors biased)"
