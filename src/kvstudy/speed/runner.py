@@ -100,7 +100,11 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
         return _stamp(_failed(spec, cell, reason, tail, started, time.perf_counter() - t0), spec, t0, wall0)
     metrics = calculate_metrics(records, float(result.get("duration") or 0) or 1e-9)
     window = _request_window([r for r in records if r.success])
-    clock_window = _clock_window(sampler.window(), window)
+    # the clock median's span: from the edge sample taken when the client announced its measured requests
+    # to the one taken when it exited (it contains every measured request); when the client printed no
+    # announcement, the span of the measured requests themselves
+    edges = sampler.window()
+    clock_window = edges if edges is not None and (window is None or edges[0] <= window[0]) else window
     clock = median_clock(sampler.samples, *clock_window) if clock_window else None
     res = SpeedCellResult(
         **spec.identity(cell),
@@ -136,17 +140,6 @@ def _request_window(ok: list[RequestRecord]) -> tuple[float, float] | None:
     if not ok or len(starts) < len(ok):
         return None
     return min(starts), max(ends)
-
-
-def _clock_window(
-    edges: tuple[float, float] | None, requests: tuple[float, float] | None
-) -> tuple[float, float] | None:
-    """The span the cell's clock median covers: from the edge sample taken when the client announced
-    its measured requests to the one taken when it exited (it contains every measured request); when
-    the client printed no announcement, the span of the measured requests themselves."""
-    if edges is not None and (requests is None or edges[0] <= requests[0]):
-        return edges
-    return requests
 
 
 def _stamp(res: SpeedCellResult, spec: SweepSpec, t0_mono: float, t0_wall: float) -> SpeedCellResult:

@@ -291,11 +291,13 @@ def compare_runs(
         raise StudyError(f"verdict: {len(base)} baseline and {len(cand)} candidate runs, expected at least 1 each")
     runs = (*base, *cand)
     registration = registration_check(len(base), len(cand), registered_runs_per_arm)
-    reasons = [*refusals, *filter(None, [registration])]
-    for r in runs:
-        if not r.measurable:
-            reasons.append(f"run {r.name}: per-token latency not measured ({'; '.join(r.unmeasurable_reasons)})")
-    measurable = all(r.measurable for r in runs)
+    unmeasured = [
+        f"run {r.name}: per-token latency not measured ({'; '.join(r.unmeasurable_reasons)})"
+        for r in runs
+        if not r.measurable
+    ]
+    reasons = [*refusals, *filter(None, [registration]), *unmeasured]
+    measurable = not unmeasured
     allowed = not refusals and not registration and measurable
     blocks = [[r.block for r in arm] for arm in (base, cand)]
     blocked = None not in (*blocks[0], *blocks[1]) and bool(set(blocks[0]) & set(blocks[1]))

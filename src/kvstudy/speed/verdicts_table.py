@@ -336,9 +336,8 @@ def published_verdicts(pub: Any, context_len: int, clock_tolerance: float = CLOC
         reasons.append("per-seed values were not published: no test, no interval")
         if abs(cc / cb - 1.0) > clock_tolerance:
             reasons.append(f"clocks differ by {cc / cb - 1:+.1%} ({cb:.0f} vs {cc:.0f} MHz)")
-        bound = None
-        if (model_dir / "config.json").is_file():
-            bound = bound_less_time_pct(max_fp8_gain_pct(model_dir, context_len, int(users)))
+        has_config = (model_dir / "config.json").is_file()
+        bound = bound_less_time_pct(max_fp8_gain_pct(model_dir, context_len, int(users))) if has_config else None
         cycles = (tb * 1e-3 * cb * 1e6, tc * 1e-3 * cc * 1e6)
         why = tuple(reasons)
         rows.append(
@@ -362,19 +361,9 @@ class Admission:
     block_size: int
     pool_blocks: int
     origin: str
-
-    @property
-    def blocks_needed(self) -> int:
-        return self.users * self.blocks_per_request
-
-    @property
-    def requests_that_fit(self) -> int:
-        return self.pool_blocks // self.blocks_per_request
-
-    @property
-    def waiting(self) -> int:
-        """Requests that wait in vLLM's queue (0 when every user's request fits)."""
-        return self.users - self.requests_that_fit if self.blocks_needed > self.pool_blocks else 0
+    blocks_needed: int
+    requests_that_fit: int
+    waiting: int  # requests that wait in vLLM's queue (0 when every user's request fits)
 
 
 def admission_rows(
@@ -384,7 +373,11 @@ def admission_rows(
     rules): beyond it the rest wait in vLLM's queue, and TPOT measures queueing too."""
     pool = predict_logged_pool(model, "auto", 1, int(context_len), num_blocks_override=num_blocks, device=device)
     origin = f"computed from {model}/config.json with vLLM 0.32's block rules (model/allocator.py), {device} block size"
-    return [Admission(u, int(context_len), pool.blocks_per_request, pool.block_size, num_blocks, origin) for u in users]
+    per, fit = pool.blocks_per_request, num_blocks // pool.blocks_per_request
+    return [
+        Admission(u, int(context_len), per, pool.block_size, num_blocks, origin, u * per, fit, max(0, u - fit))
+        for u in users
+    ]
 
 
 def server_metrics_frame(capture: Capture) -> pd.DataFrame:
