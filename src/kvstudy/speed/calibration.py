@@ -4,7 +4,7 @@ From A/A runs (one configuration: the noise, no effect): the false-claim rate ov
 into pseudo-arms and over designs resampled from the seed blocks, the power for a given change with
 its Clopper-Pearson interval, its range over the noise estimate's own 95 % interval, and the
 smallest change detected with 80 % power. A design that cannot reach p < alpha is reported as such
-(``ClaimRate.possible`` False), since "0 false claims" would say nothing.
+(``ClaimRate.trials`` 0), since "0 false claims" would say nothing.
 
 The rule counted is the test's part of :func:`kvstudy.speed.verdict.compare_runs`: its other
 conditions only turn claims into "no claim", so the rates are upper bounds. Pure and seeded.
@@ -44,10 +44,6 @@ class ClaimRate:
     blocked: bool  # seed blocks (one run per arm each) rather than free splits
 
     @property
-    def possible(self) -> bool:
-        return self.trials > 0
-
-    @property
     def rate(self) -> float:
         return self.claims / self.trials if self.trials else math.nan
 
@@ -59,7 +55,7 @@ class ClaimRate:
     @property
     def text(self) -> str:
         """The rate with its interval, or why there is none."""
-        if not self.possible:
+        if not self.trials:
             return (
                 f"calibration not possible with this design: {self.n_base} vs {self.n_cand}"
                 f"{' seed blocks' if self.blocked else ' runs'}, smallest reachable p {self.min_p:.3g}"

@@ -14,7 +14,7 @@ import pandas as pd
 
 from kvstudy.bench.measurability import assess_run
 from kvstudy.bench.spec import Arm
-from kvstudy.bench.telemetry import metrics_delta
+from kvstudy.bench.telemetry import metrics_delta, window_clocks
 from kvstudy.capture import model_config
 from kvstudy.errors import StudyError
 from kvstudy.model.allocator import predict_logged_pool
@@ -95,11 +95,7 @@ def capture_runs(capture: Capture, configuration: str, users: int) -> list[RunSu
             clock_interval_s=None if bracketed else float(interval),
             clock_samples_in_window=samples,
         )
-        clocks = [
-            t.clock_mhz
-            for t in cell.telemetry
-            if t.clock_mhz is not None and (not window or 0 <= t.t_mono_s - window[0] <= window[1] - window[0])
-        ]
+        clocks = window_clocks(cell.telemetry, *(window or (None, None)))
         start = row.get("started_mono_s")
         out.append(
             summarise_run(
@@ -432,7 +428,7 @@ def calibration_frame(capture: Capture, n_per_arm: int = 6, change: float = 0.2)
                     usable, change=0.0, n_per_arm=n_per_arm
                 ).text,
                 f"power for {change:+.0%}, {n_per_arm} blocks per arm": pw.text
-                if not pw.possible
+                if not pw.trials
                 else f"{pw.rate:.0%} (95 % interval {pw.ci_95[0]:.0%} to {pw.ci_95[1]:.0%}, {pw.trials} designs)",
                 "power across the noise estimate's uncertainty": sens.text if sens else "not estimable",
                 f"80 % power from ({n_per_arm} blocks per arm)": "none up to 300 %"
@@ -443,17 +439,12 @@ def calibration_frame(capture: Capture, n_per_arm: int = 6, change: float = 0.2)
     return pd.DataFrame(rows)
 
 
-def _first_reason(why: str, verdict: str) -> str:
-    """The first reason's head, without repeating the verdict ("no claim, the design ..." -> "the design ...")."""
-    head = why.split(":")[0].strip()
-    return head[len(verdict) :].lstrip(" ,") if head.lower().startswith(verdict.lower()) else head
-
-
 def finding_text(published: list[PublishedVerdict], measured: list[CaptureVerdict], machine: str) -> str:
     """One line from the verdicts: the published table under the new rule, then this capture."""
+    # each with its first reason's head, without repeating the verdict ("no claim, the design ..." -> "the design ...")
     parts = [
         f"L4 published, {r.users} user(s): FP8 {change_text(r.tpot_ratio)} per token, {r.verdict}"
-        + (f" ({_first_reason(r.reasons[0], r.verdict)})" if r.reasons else "")
+        + (f" ({r.reasons[0].split(':')[0].strip().removeprefix(r.verdict).lstrip(' ,')})" if r.reasons else "")
         for r in published
     ]
     for cv in measured:
