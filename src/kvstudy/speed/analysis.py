@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -49,24 +49,19 @@ SUMMARY_COLUMNS = [
 
 
 def load_capture(path: str | Path) -> Capture:
-    """Read a sweep capture folder; StudyError if it is not one."""
+    """Read a sweep capture folder; StudyError if it is not one. In a collected capture (``kvstudy
+    collect``) each block's cells are on its own node's monotonic clock; the manifest's
+    ``timeline_offset_s`` per block lays the blocks end to end in plan order."""
     cap = experiment.read_users_capture(
         load_spec, KIND, ("cell_id", "configuration", "kv_cache_dtype", "seed", "users"), path
     )
-    if len(cap.cells):
-        _on_one_timeline(cap.cells, cap.manifest)
-    return cap
-
-
-def _on_one_timeline(cells: pd.DataFrame, manifest: Mapping[str, Any]) -> None:
-    """A collected capture (``kvstudy collect``): each block's cells are on its own node's monotonic
-    clock; the manifest's ``timeline_offset_s`` per block lays the blocks end to end in plan order."""
-    for block in manifest.get("blocks") or []:
+    for block in (cap.manifest.get("blocks") or []) if len(cap.cells) else []:
         offset = block.get("timeline_offset_s")
-        mine = cells["cell_id"].isin(block.get("items") or [])
+        mine = cap.cells["cell_id"].isin(block.get("items") or [])
         for column in ("started_mono_s", "ended_mono_s"):
-            if isinstance(offset, (int, float)) and column in cells:
-                cells.loc[mine, column] = cells.loc[mine, column] + offset
+            if isinstance(offset, (int, float)) and column in cap.cells:
+                cap.cells.loc[mine, column] += offset
+    return cap
 
 
 def seed_table(capture: Capture) -> pd.DataFrame:

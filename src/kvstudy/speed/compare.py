@@ -18,7 +18,6 @@ and what was wrong.
 from __future__ import annotations
 
 import datetime as dt
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -166,10 +165,8 @@ def expected_output_len(runs: Sequence[BenchRun]) -> int | None:
     if asked:
         return max(asked)
     lens = [q.output_len for r in runs for q in r.requests if q.success]
-    if not lens:
-        return None
-    longest = max(lens)
-    return longest if Counter(lens)[longest] * 2 >= len(lens) else None
+    longest = max(lens, default=0)
+    return longest if lens and lens.count(longest) * 2 >= len(lens) else None
 
 
 # --------------------------------------------------------------------------- comparing
