@@ -273,19 +273,13 @@ def plot_distributions(requests: pd.DataFrame, order: list[str]) -> Any:
     colors = experiment.arm_colors(order)
     ok = requests[requests["success"]]
     for row, u in zip(axes, users):
-        for name in order:
-            r = ok[(ok["users"] == u) & (ok["configuration"] == name)]
-            for ax, column in zip(row, ("ttft_ms", "tpot_ms", "itls_ms")):
+        for ax, (label, column, _) in zip(row, LATENCIES):  # TTFT, TPOT, ITL
+            for name in order:
+                r = ok[(ok["users"] == u) & (ok["configuration"] == name)]
                 if len(values := np.sort(_samples(r, column))):
-                    ax.step(
-                        values,
-                        np.arange(1, len(values) + 1) / len(values),
-                        where="post",
-                        color=colors[name],
-                        label=name,
-                    )
-        for ax, what in zip(row, ("TTFT (ms)", "TPOT (ms)", "ITL (ms)")):
-            ax.set_xlabel(what)
+                    share = np.arange(1, len(values) + 1) / len(values)
+                    ax.step(values, share, where="post", color=colors[name], label=name)
+            ax.set_xlabel(f"{label} (ms)")
             ax.set_ylabel(f"{u} user{'s' if u != 1 else ''}: share ≤ x")
         row[0].legend(fontsize=8)
     fig.tight_layout()

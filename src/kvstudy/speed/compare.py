@@ -242,8 +242,6 @@ def format_text(result: Comparison) -> str:
             f"TPOT candidate / baseline: {v.tpot_ratio:.3f} (95 % interval {v.tpot_ratio_ci[0]:.3f} to "
             f"{v.tpot_ratio_ci[1]:.3f}), p = {v.p_value:.3g} (smallest possible {v.min_p_value:.3g})"
         )
-    lines.append(
-        "per-token latency measured in every run" if v.measurable else "per-token latency NOT measured in every run"
-    )
+    lines.append(f"per-token latency {'' if v.measurable else 'NOT '}measured in every run")
     lines.extend(f"- {reason}" for reason in v.reasons)
     return "\n".join(lines)
