@@ -130,14 +130,12 @@ class OrderCheck:
 
 def registration_check(n_base: int, n_cand: int, registered: int | None) -> str:
     """ "" when the runs match the registered number per arm (or none was registered); else the reason."""
-    if registered is None:
-        return ""
-    if n_base < registered or n_cand < registered:
+    if registered is not None and min(n_base, n_cand) < registered:
         return (
             f"incomplete design, no claim: {n_base} baseline and {n_cand} candidate runs of the "
             f"{registered} per arm registered before the runs"
         )
-    if n_base > registered or n_cand > registered:
+    if registered is not None and max(n_base, n_cand) > registered:
         return (
             f"more runs than the {registered} per arm registered ({n_base} / {n_cand}): a design grown "
             "until it reaches p < alpha does not keep the 5 % guarantee, no claim"
@@ -309,9 +307,8 @@ def compare_runs(
             e2e_ratio = _geomean(e2e[1]) / _geomean(e2e[0])
 
     medians_ok = all(r.tpots_s and r.median_tpot_s > 0 for r in runs)
-    ratio = ci = p = None
+    ratio = ci = p = base_ms = cand_ms = None
     test: PermutationTest | None = None
-    base_ms = cand_ms = None
     min_p = minimum_p_value(len(base), len(cand))
     if medians_ok:
         lb = [math.log(r.median_tpot_s) for r in base]
