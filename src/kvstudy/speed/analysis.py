@@ -399,15 +399,12 @@ def percentile_frame(capture: Any, order: list[str]) -> pd.DataFrame:
     """Percentiles per user count, arm and latency (see the module docstring), in arm order: one row
     each, a percentile too few samples resolve left empty, ``measurable`` "yes" or "no: <cause>"."""
     requests, failed = capture.requests, failed_causes(capture)
+    by_arm = dict(iter(requests.groupby(["users", "configuration"]))) if len(requests) else {}
     out: list[dict[str, Any]] = []
     for users in _users_seen(capture):
         for name in order:
             key = {"users": users, "configuration": name}
-            rows = (
-                requests[(requests["users"] == users) & (requests["configuration"] == name)]
-                if len(requests)
-                else requests
-            )
+            rows = by_arm.get((users, name), requests.iloc[:0])
             gone = failed.get((name, users), "" if len(rows) else "no per-request rows")
             ok_rows = rows if gone else rows[rows["success"]]
             token_cause = "" if gone else _per_token_cause(capture, name, users)
