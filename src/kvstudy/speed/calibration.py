@@ -220,8 +220,7 @@ def noise_sd(runs: Sequence[RunSummary]) -> tuple[float, int] | None:
 def noise_sensitivity(
     runs: Sequence[RunSummary], *, change: float = 0.2, n_per_arm: int = 6, simulations: int = 4_000, seed: int = 0
 ) -> NoiseSensitivity | None:
-    """Power of ``n_per_arm`` seed blocks for ``change`` under a normal model of the per-seed log
-    differences, at the A/A noise and at both ends of its 95 % interval; None when not estimable."""
+    """The :class:`NoiseSensitivity` of ``n_per_arm`` seed blocks for ``change``; None when not estimable."""
     noise = noise_sd(runs)
     if noise is None or blocked_min_p([(1, 1)] * n_per_arm) >= ALPHA or n_per_arm > 16:
         return None

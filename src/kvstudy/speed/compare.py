@@ -52,8 +52,7 @@ DATE_FORMAT = "%Y%m%d-%H%M%S"
 
 @dataclass(frozen=True)
 class BenchRun:
-    """One vLLM bench result file: its path, its run's name, requests, start, window and clock, and
-    the settings it ran with."""
+    """One vLLM bench result file, read."""
 
     path: Path
     name: str

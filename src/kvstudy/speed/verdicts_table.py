@@ -277,10 +277,9 @@ def published_consistency(pub: Any, context_len: int) -> list[Consistency]:
 
 
 def _length_contradicted(pub: Any, context_len: int) -> str:
-    bad = [r for r in published_consistency(pub, context_len) if r.check != "consistent" and r.users > 1]
-    if not bad:
+    r = next((r for r in published_consistency(pub, context_len) if r.check != "consistent" and r.users > 1), None)
+    if r is None:
         return ""
-    r = bad[0]
     return (
         f"the request length was not published, and the {context_len:,} tokens assumed are contradicted by "
         f"the published throughput ({r.implied_streams:.1f} streams implied at {r.users} "
