@@ -176,15 +176,14 @@ def read_ladder(folder: str | Path) -> Ladder:
         raise StudyError(
             f"{where}: no task with two grades without KV scales; expected a ladder of at least two factors"
         )
-    reached = sorted((c.grade, t) for t, c in calibrations.items() if c.state == "calibrated")
-    if reached:
-        margin_task = reached[0][1]
-        margin = calibrations[margin_task]
-    else:
-        why = "; ".join(f"{TASKS[t]}: {c.reason}" for t, c in calibrations.items())
-        first = next(iter(calibrations.values()))
-        margin = dv.Calibration("not calibrated", None, None, None, None, None, None, first.ranked, why)
-        margin_task = None
+    margin_task = min(((c.grade, t) for t, c in calibrations.items() if c.state == "calibrated"), default=(0, None))[1]
+    why = "; ".join(f"{TASKS[t]}: {c.reason}" for t, c in calibrations.items())
+    first = next(iter(calibrations.values()))
+    margin = (
+        calibrations[margin_task]
+        if margin_task
+        else dv.Calibration("not calibrated", None, None, None, None, None, None, first.ranked, why)
+    )
     how, engine = str(data.get("how", "")), str(get_field(data, "engine", str, where))
     return Ladder(folder, grades, calibrations, scaled, margin, margin_task, how, engine)
 
@@ -236,32 +235,26 @@ def ladder_table(ladder: Ladder, shown: bool = True) -> Any:
     if not shown:
         return frame
 
-    def change(r: Any, label: str) -> str:
-        value = r.get(f"{label} change (points)", math.nan)
-        return (
-            "not run" if math.isnan(value) else f"{value:+.1f} ({r[f'{label} low']:+.1f} to {r[f'{label} high']:+.1f})"
-        )
-
-    def bf16(r: Any) -> str:
-        runs = [
-            f"{t} {r[c]:+.1f}"
-            for t in TASKS.values()
-            if not math.isnan(r.get(c := f"{t} 16-bit vs original", math.nan))
+    def row_shown(r: dict[str, Any]) -> dict[str, Any]:
+        kl, kl_high = (fmt.significant(r[c], 3) for c in ("KL (mnats/token)", "KL upper (mnats)"))
+        out = {
+            "factor": r["factor"],
+            "KV scales": r["KV scales"],
+            "KL, mnats/token (upper)": f"{kl} ({kl_high})",
+            "Δ log p, mnats/token": fmt.significant(r["Δ log p (mnats/token)"], 3),
+            "top-1 agreement": f"{100 * r['top-1 agreement']:.1f} %",
+        }
+        for t in TASKS.values():
+            value = r.get(f"{t} change (points)", math.nan)
+            out[f"{t}, points (95 %)"] = (
+                "not run" if math.isnan(value) else f"{value:+.1f} ({r[f'{t} low']:+.1f} to {r[f'{t} high']:+.1f})"
+            )
+        bf16 = [
+            f"{t} {v:+.1f}" for t in TASKS.values() if not math.isnan(v := r.get(f"{t} 16-bit vs original", math.nan))
         ]
-        return "; ".join(runs) or "not run"
+        return {**out, "16-bit arm vs the model, points": "; ".join(bf16) or "not run"}
 
-    out = pd.DataFrame({"factor": frame["factor"], "KV scales": frame["KV scales"]})
-    out["KL, mnats/token (upper)"] = [
-        f"{fmt.significant(a, 3)} ({fmt.significant(b, 3)})"
-        for a, b in zip(frame["KL (mnats/token)"], frame["KL upper (mnats)"])
-    ]
-    out["Δ log p, mnats/token"] = [fmt.significant(v, 3) for v in frame["Δ log p (mnats/token)"]]
-    out["top-1 agreement"] = [f"{100 * v:.1f} %" for v in frame["top-1 agreement"]]
-    records = frame.to_dict("records")
-    for label in TASKS.values():
-        out[f"{label}, points (95 %)"] = [change(r, label) for r in records]
-    out["16-bit arm vs the model, points"] = [bf16(r) for r in records]
-    return out
+    return pd.DataFrame([row_shown(r) for r in frame.to_dict("records")])
 
 
 def ladder_sentence(ladder: Ladder) -> str:

@@ -35,7 +35,7 @@ from kvstudy.limits import MAX_DESIGN_ROWS
 from kvstudy.speed.calibration import noise_sd
 from kvstudy.stats.binary import TARGET_POWER
 from kvstudy.stats.binary_power import check_totals, non_inferiority_questions
-from kvstudy.stats.permutation import runs_needed
+from kvstudy.stats.permutation import RunsNeeded, runs_needed
 
 ASSUMED_NOISE_SD = 0.05  # SD of a per-seed log TPOT difference when no capture or value is given (assumed)
 DEFAULT_CHANGES_PCT = {"speed": (5.0, 10.0, 20.0), "load": (50.0, 100.0)}
@@ -70,6 +70,10 @@ class AccuracyDesign:
 
 
 Noise = tuple[int | None, float | None, NoiseState, str]  # users, SD (None: not estimable), state, origin
+ASSUMED_NOISE: dict[str, Noise] = {
+    "speed": (None, ASSUMED_NOISE_SD, "assumed", "assumed (no capture or --noise-sd given)"),
+    "load": (None, ASSUMED_NOISE_SD * 4, "assumed", "assumed: 0.2 (no capture or value given)"),
+}
 
 
 def capture_noise(capture_dir: str | Path) -> list[Noise]:
@@ -131,15 +135,9 @@ def runs_design(
     if capture_dir is not None and sd is not None:
         raise StudyError(f"design {what}: give --capture or --noise-sd, not both")
     changes_pct = DEFAULT_CHANGES_PCT[what] if changes_pct is None else changes_pct
-    noises: list[Noise]
+    noises: list[Noise] = [(None, sd, "given", "given")] if sd is not None else [ASSUMED_NOISE[what]]
     if capture_dir is not None:
         noises = capture_noise(capture_dir) if what == "speed" else [load_noise(capture_dir)]
-    elif sd is not None:
-        noises = [(None, sd, "given", "given")]
-    elif what == "speed":
-        noises = [(None, ASSUMED_NOISE_SD, "assumed", "assumed (no capture or --noise-sd given)")]
-    else:
-        noises = [(None, ASSUMED_NOISE_SD * 4, "assumed", "assumed: 0.2 (no capture or value given)")]
     if len(noises) * len(changes_pct) > MAX_DESIGN_ROWS:
         raise StudyError(
             f"design {what}: {len(noises)} noise estimate(s) x {len(changes_pct)} change(s) = "
@@ -148,11 +146,12 @@ def runs_design(
     rows = []
     for users, sigma, state, origin in noises:
         for pct in changes_pct:
-            if sigma is None:
-                rows.append(RunsDesign(users, math.nan, state, origin, pct, None, "no noise estimate", power))
-                continue
-            need = runs_needed(sigma, pct / 100.0, power=power)
-            rows.append(RunsDesign(users, sigma, state, origin, pct, need.runs_per_arm, need.method, power))
+            need = (
+                RunsNeeded(pct / 100.0, math.nan, None, "no noise estimate")
+                if sigma is None
+                else runs_needed(sigma, pct / 100.0, power=power)
+            )
+            rows.append(RunsDesign(users, need.sigma, state, origin, pct, need.runs_per_arm, need.method, power))
     return rows
 
 

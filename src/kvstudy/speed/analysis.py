@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,41 +32,35 @@ from kvstudy.speed.runner import KIND, SweepSpec, load_spec, run_sweep
 from kvstudy.speed.spec import Capture
 from kvstudy.speed.verdicts_table import capture_runs
 
-SUMMARY_COLUMNS = [
-    "users",
-    "configuration",
-    "kv_cache_dtype",
-    "median_tpot_ms",
-    "tpot_min_ms",
-    "tpot_max_ms",
-    "output_throughput_tok_s",
-    "median_clock_mhz",
-    "seeds",
-]
+# the study's table per user count and arm: medians over seeds, the seed range, seed counts
+SUMMARY = {
+    "median_tpot_ms": ("median_tpot_ms", "median"),
+    "tpot_min_ms": ("median_tpot_ms", "min"),
+    "tpot_max_ms": ("median_tpot_ms", "max"),
+    "output_throughput_tok_s": ("output_throughput_tok_s", "median"),
+    "median_clock_mhz": ("median_clock_mhz", "median"),
+    "seeds": ("seed", "nunique"),
+}
+SUMMARY_COLUMNS = ["users", "configuration", "kv_cache_dtype", *SUMMARY]
 
 
 # --------------------------------------------------------------------------- loading
 
 
 def load_capture(path: str | Path) -> Capture:
-    """Read a sweep capture folder; StudyError if it is not one."""
+    """Read a sweep capture folder; StudyError if it is not one. In a collected capture (``kvstudy
+    collect``) each block's cells are on its own node's monotonic clock; the manifest's
+    ``timeline_offset_s`` per block lays the blocks end to end in plan order."""
     cap = experiment.read_users_capture(
         load_spec, KIND, ("cell_id", "configuration", "kv_cache_dtype", "seed", "users"), path
     )
-    if len(cap.cells):
-        _on_one_timeline(cap.cells, cap.manifest)
-    return cap
-
-
-def _on_one_timeline(cells: pd.DataFrame, manifest: Mapping[str, Any]) -> None:
-    """A collected capture (``kvstudy collect``): each block's cells are on its own node's monotonic
-    clock; the manifest's ``timeline_offset_s`` per block lays the blocks end to end in plan order."""
-    for block in manifest.get("blocks") or []:
+    for block in (cap.manifest.get("blocks") or []) if len(cap.cells) else []:
         offset = block.get("timeline_offset_s")
-        mine = cells["cell_id"].isin(block.get("items") or [])
+        mine = cap.cells["cell_id"].isin(block.get("items") or [])
         for column in ("started_mono_s", "ended_mono_s"):
-            if isinstance(offset, (int, float)) and column in cells:
-                cells.loc[mine, column] = cells.loc[mine, column] + offset
+            if isinstance(offset, (int, float)) and column in cap.cells:
+                cap.cells.loc[mine, column] += offset
+    return cap
 
 
 def seed_table(capture: Capture) -> pd.DataFrame:
@@ -85,33 +79,23 @@ def seed_table(capture: Capture) -> pd.DataFrame:
     ]
     if not len(capture.cells):
         return pd.DataFrame(columns=cols)
-    ok = capture.cells[capture.cells["status"] == "ok"]
-    order = {c.name: i for i, c in enumerate(capture.spec.configurations)}
-    return (
-        ok[cols]
-        .assign(_o=ok["configuration"].map(order))
-        .sort_values(["users", "_o", "seed"])
-        .drop(columns="_o")
-        .reset_index(drop=True)
-    )
+    ok = capture.cells.loc[capture.cells["status"] == "ok", cols]
+    by_arm = _arm_order([c.name for c in capture.spec.configurations])
+    return ok.sort_values(["users", "configuration", "seed"], key=by_arm).reset_index(drop=True)
+
+
+def _arm_order(order: list[str]) -> Callable[[pd.Series], pd.Series]:
+    """A ``sort_values`` key that sorts the configuration column in ``order`` (the others as they are)."""
+    rank = {name: i for i, name in enumerate(order)}
+    return lambda column: column.map(rank) if column.name == "configuration" else column
 
 
 def summary_table(seeds: pd.DataFrame, order: list[str]) -> pd.DataFrame:
     """The study's table from per-seed rows: medians over seeds, seed ranges, seed counts."""
     if not len(seeds):
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
-    g = seeds.groupby(["users", "configuration", "kv_cache_dtype"], sort=False)
-    out = g.agg(
-        median_tpot_ms=("median_tpot_ms", "median"),
-        tpot_min_ms=("median_tpot_ms", "min"),
-        tpot_max_ms=("median_tpot_ms", "max"),
-        output_throughput_tok_s=("output_throughput_tok_s", "median"),
-        median_clock_mhz=("median_clock_mhz", "median"),
-        seeds=("seed", "nunique"),
-    ).reset_index()
-    out["_o"] = out["configuration"].map({n: i for i, n in enumerate(order)})
-    out = out.sort_values(["users", "_o"]).drop(columns="_o")
-    return out[SUMMARY_COLUMNS].reset_index(drop=True)
+    out = seeds.groupby(SUMMARY_COLUMNS[:3], sort=False).agg(**SUMMARY).reset_index()
+    return out.sort_values(["users", "configuration"], key=_arm_order(order)).reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------- published summary
@@ -280,19 +264,13 @@ def plot_distributions(requests: pd.DataFrame, order: list[str]) -> Any:
     colors = experiment.arm_colors(order)
     ok = requests[requests["success"]]
     for row, u in zip(axes, users):
-        for name in order:
-            r = ok[(ok["users"] == u) & (ok["configuration"] == name)]
-            for ax, column in zip(row, ("ttft_ms", "tpot_ms", "itls_ms")):
+        for ax, (label, column, _) in zip(row, LATENCIES):  # TTFT, TPOT, ITL
+            for name in order:
+                r = ok[(ok["users"] == u) & (ok["configuration"] == name)]
                 if len(values := np.sort(_samples(r, column))):
-                    ax.step(
-                        values,
-                        np.arange(1, len(values) + 1) / len(values),
-                        where="post",
-                        color=colors[name],
-                        label=name,
-                    )
-        for ax, what in zip(row, ("TTFT (ms)", "TPOT (ms)", "ITL (ms)")):
-            ax.set_xlabel(what)
+                    share = np.arange(1, len(values) + 1) / len(values)
+                    ax.step(values, share, where="post", color=colors[name], label=name)
+            ax.set_xlabel(f"{label} (ms)")
             ax.set_ylabel(f"{u} user{'s' if u != 1 else ''}: share ≤ x")
         row[0].legend(fontsize=8)
     fig.tight_layout()
@@ -421,28 +399,20 @@ def percentile_frame(capture: Any, order: list[str]) -> pd.DataFrame:
     """Percentiles per user count, arm and latency (see the module docstring), in arm order: one row
     each, a percentile too few samples resolve left empty, ``measurable`` "yes" or "no: <cause>"."""
     requests, failed = capture.requests, failed_causes(capture)
+    by_arm = dict(iter(requests.groupby(["users", "configuration"]))) if len(requests) else {}
     out: list[dict[str, Any]] = []
     for users in _users_seen(capture):
         for name in order:
             key = {"users": users, "configuration": name}
-            rows = (
-                requests[(requests["users"] == users) & (requests["configuration"] == name)]
-                if len(requests)
-                else requests
-            )
-            if (name, users) in failed or not len(rows):
-                cause = shorten_words(failed.get((name, users), "no per-request rows"), CAUSE_WIDTH)
-                empty = {f"p{q} (ms)": None for q in PERCENTILES}
-                out += [
-                    {**key, "latency": label, **empty, "samples": 0, "measurable": f"no: {cause}"}
-                    for label, _, _ in LATENCIES
-                ]
-                continue
-            ok_rows = rows[rows["success"]]
-            token_cause = _per_token_cause(capture, name, users)
+            rows = by_arm.get((users, name), requests.iloc[:0])
+            gone = failed.get((name, users), "" if len(rows) else "no per-request rows")
+            ok_rows = rows if gone else rows[rows["success"]]
+            token_cause = "" if gone else _per_token_cause(capture, name, users)
             for label, column, _ in LATENCIES:
-                values = _samples(ok_rows, column)
-                if label in PER_TOKEN and token_cause:
+                values = np.array([]) if gone else _samples(ok_rows, column)
+                if gone:
+                    measurable = f"no: {shorten_words(gone, CAUSE_WIDTH)}"
+                elif label in PER_TOKEN and token_cause:
                     measurable = f"no: {shorten_words(token_cause, CAUSE_WIDTH)}"
                 elif len(ok_rows) < len(rows):
                     measurable = f"no: {len(rows) - len(ok_rows)} of {len(rows)} requests failed (survivors biased)"

@@ -4,7 +4,7 @@ From A/A runs (one configuration: the noise, no effect): the false-claim rate ov
 into pseudo-arms and over designs resampled from the seed blocks, the power for a given change with
 its Clopper-Pearson interval, its range over the noise estimate's own 95 % interval, and the
 smallest change detected with 80 % power. A design that cannot reach p < alpha is reported as such
-(``ClaimRate.possible`` False), since "0 false claims" would say nothing.
+(``ClaimRate.trials`` 0), since "0 false claims" would say nothing.
 
 The rule counted is the test's part of :func:`kvstudy.speed.verdict.compare_runs`: its other
 conditions only turn claims into "no claim", so the rates are upper bounds. Pure and seeded.
@@ -49,10 +49,6 @@ class ClaimRate:
     blocked: bool  # seed blocks (one run per arm each) rather than free splits
 
     @property
-    def possible(self) -> bool:
-        return self.trials > 0
-
-    @property
     def rate(self) -> float:
         return self.claims / self.trials if self.trials else math.nan
 
@@ -64,7 +60,7 @@ class ClaimRate:
     @property
     def text(self) -> str:
         """The rate with its interval, or why there is none."""
-        if not self.possible:
+        if not self.trials:
             return (
                 f"calibration not possible with this design: {self.n_base} vs {self.n_cand}"
                 f"{' seed blocks' if self.blocked else ' runs'}, smallest reachable p {self.min_p:.3g}"
@@ -92,11 +88,6 @@ def seed_blocks(runs: Sequence[RunSummary]) -> Blocks | None:
     for r in runs:
         groups.setdefault(int(r.block), []).append(np.asarray(r.tpots_s, dtype=float))  # type: ignore[arg-type]
     return [g for g in groups.values() if len(g) >= 2] or None
-
-
-def design_min_p(n_per_arm: int, blocked: bool) -> float:
-    """Smallest reachable two-sided p of ``n_per_arm`` runs per arm, in seed blocks or free."""
-    return blocked_min_p([(1, 1)] * n_per_arm) if blocked else minimum_p_value(n_per_arm, n_per_arm)
 
 
 def claim_by_test(
@@ -142,7 +133,7 @@ def _rate(
     ``resample``, else every block once) gives one of its runs to each arm at random; otherwise runs
     are drawn with replacement (``resample``) or split at random."""
     blocked = blocks is not None
-    min_p = design_min_p(n_base, True) if blocked else minimum_p_value(n_base, n_cand)
+    min_p = blocked_min_p([(1, 1)] * n_base) if blocked else minimum_p_value(n_base, n_cand)
     if min_p >= ALPHA:
         return ClaimRate(0, 0, n_base, n_cand, min_p, blocked)
     rng = np.random.default_rng(seed)
@@ -234,10 +225,9 @@ def noise_sd(runs: Sequence[RunSummary]) -> tuple[float, int] | None:
 def noise_sensitivity(
     runs: Sequence[RunSummary], *, change: float = 0.2, n_per_arm: int = 6, simulations: int = 4_000, seed: int = 0
 ) -> NoiseSensitivity | None:
-    """Power of ``n_per_arm`` seed blocks for ``change`` under a normal model of the per-seed log
-    differences, at the A/A noise and at both ends of its 95 % interval; None when not estimable."""
+    """The :class:`NoiseSensitivity` of ``n_per_arm`` seed blocks for ``change``; None when not estimable."""
     noise = noise_sd(runs)
-    if noise is None or design_min_p(n_per_arm, True) >= ALPHA or n_per_arm > 16:
+    if noise is None or blocked_min_p([(1, 1)] * n_per_arm) >= ALPHA or n_per_arm > 16:
         return None
     sigma, df = noise
     low, high = (math.sqrt(df * sigma**2 / float(stats.chi2.ppf(q, df))) for q in (0.975, 0.025))
@@ -258,12 +248,11 @@ def minimum_detectable_change(
     use_interval: bool = True,
 ) -> float | None:
     """Smallest TPOT increase (0.2: 20 % slower) a design of ``n_per_arm`` vs ``n_cand`` runs detects
-    with :data:`TARGET_POWER`, by bisection with common random numbers; None when none up to ``max_change`` is."""
+    with :data:`TARGET_POWER`, by bisection with common random numbers; None when none up to ``max_change`` is
+    (a design that cannot reach p < alpha detects none)."""
     n2 = n_cand if n_cand is not None else n_per_arm
     pool, blocks = _noise(runs)
     blocks = blocks if n2 == n_per_arm else None
-    if design_min_p(n_per_arm, blocks is not None) >= ALPHA or minimum_p_value(n_per_arm, n2) >= ALPHA:
-        return None
 
     def detected(change: float) -> bool:
         rate = _rate(pool, blocks, n_per_arm, n2, change, simulations, resamples, seed, use_interval=use_interval)

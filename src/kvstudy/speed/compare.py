@@ -18,7 +18,6 @@ and what was wrong.
 from __future__ import annotations
 
 import datetime as dt
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -53,8 +52,7 @@ DATE_FORMAT = "%Y%m%d-%H%M%S"
 
 @dataclass(frozen=True)
 class BenchRun:
-    """One vLLM bench result file: its path, its run's name, requests, start, window and clock, and
-    the settings it ran with."""
+    """One vLLM bench result file, read."""
 
     path: Path
     name: str
@@ -62,7 +60,8 @@ class BenchRun:
     start_time_s: float | None
     duration_s: float
     median_clock_mhz: float | None
-    settings: dict[str, Any]
+    settings: dict[str, Any]  # what every run of a comparison must share
+    output_len_asked: bool  # the output length was given with --metadata (else the longest output)
 
 
 @dataclass(frozen=True)
@@ -86,15 +85,6 @@ def _metadata_number(data: dict[str, Any], keys: Sequence[str]) -> float | None:
     return next((float(data[k]) for k in keys if data.get(k) is not None), None)
 
 
-def _start_time(data: dict[str, Any], duration: float) -> float | None:
-    """Wall-clock start of the run: vLLM's ``date`` (local time at the end, 1 s resolution) minus its duration."""
-    try:
-        end = dt.datetime.strptime(str(data.get("date")), DATE_FORMAT).timestamp()
-    except ValueError:
-        return None
-    return end - duration
-
-
 def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
     """Check one parsed result object and turn it into a :class:`BenchRun`."""
     path = Path(path)
@@ -110,8 +100,12 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
     if not is_finite_number(duration) or duration <= 0:
         raise StudyError(f"{path}: duration is {duration!r}, expected a positive number of seconds")
     num_prompts = data["num_prompts"]
-    if not isinstance(num_prompts, int) or isinstance(num_prompts, bool) or num_prompts < 1:
+    if type(num_prompts) is not int or num_prompts < 1:
         raise StudyError(f"{path}: num_prompts is {num_prompts!r}, expected a positive whole number")
+    try:  # wall-clock start: vLLM's ``date`` (local time at the end, 1 s resolution) minus the duration
+        start = dt.datetime.strptime(str(data.get("date")), DATE_FORMAT).timestamp() - float(duration)
+    except ValueError:
+        start = None
     input_lens = [r.input_len for r in records if r.input_len is not None]
     asked = _metadata_number(data, ("output_len", "random_output_len"))
     settings: dict[str, Any] = {
@@ -122,19 +116,12 @@ def run_from_result(data: dict[str, Any], path: str | Path) -> BenchRun:
         "backend": data.get("backend", data.get("endpoint_type")),
         "input_len": float(np.median(input_lens)) if input_lens else None,
         "output_len": int(asked) if asked is not None else max(r.output_len for r in records),
-        "output_len_asked": asked is not None,
     }
     if settings["request_rate"] not in (None, "inf"):
         settings["burstiness"] = data.get("burstiness")
-    return BenchRun(
-        path=path,
-        name=f"{path.parent.name}/{path.name}" if path.parent.name else path.name,
-        requests=records,
-        start_time_s=_start_time(data, float(duration)),
-        duration_s=float(duration),
-        median_clock_mhz=_metadata_number(data, ("median_clock_mhz",)),
-        settings=settings,
-    )
+    name = f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+    clock = _metadata_number(data, ("median_clock_mhz",))
+    return BenchRun(path, name, records, start, float(duration), clock, settings, asked is not None)
 
 
 def read_bench_folder(folder: str | Path) -> list[BenchRun]:
@@ -149,42 +136,36 @@ def read_bench_folder(folder: str | Path) -> list[BenchRun]:
     return [run_from_result(read_result_file(p), p) for p in files]
 
 
-def _differs(key: str, a: Any, b: Any) -> bool:
-    if key == "input_len":
-        if a is None or b is None:
-            return False
-        return abs(a - b) > max(INPUT_LEN_SLACK_TOKENS, INPUT_LEN_TOLERANCE * max(a, b))
-    if key == "output_len":
-        return abs(a - b) > OUTPUT_LEN_TOLERANCE * max(a, b)
-    return a != b
+# (slack, share of the larger): the settings that may differ a little between runs of one workload
+TOLERANCES = {"input_len": (INPUT_LEN_SLACK_TOKENS, INPUT_LEN_TOLERANCE), "output_len": (0, OUTPUT_LEN_TOLERANCE)}
 
 
 def check_same_settings(runs: Sequence[BenchRun]) -> dict[str, Any]:
     """The settings all ``runs`` share (those of the first); a StudyError naming the first file that differs."""
     first = runs[0]
     for other in runs[1:]:
-        for key in [k for k in {**first.settings, **other.settings} if k != "output_len_asked"]:
+        for key in {**first.settings, **other.settings}:
             a, b = first.settings.get(key), other.settings.get(key)
-            if _differs(key, a, b):
+            slack, share = TOLERANCES.get(key, (0, 0.0))
+            close = key in TOLERANCES and (a is None or b is None or abs(a - b) <= max(slack, share * max(a, b)))
+            if a != b and not close:
                 raise StudyError(
                     f"{other.path}: {key} is {b!r}, but {first.path} has {a!r}; runs in one comparison "
                     "must share model, prompts, concurrency, request rate, backend and input/output "
                     "lengths"
                 )
-    return {k: v for k, v in first.settings.items() if k != "output_len_asked"}
+    return first.settings
 
 
 def expected_output_len(runs: Sequence[BenchRun]) -> int | None:
     """The output length asked for: given with --metadata, else the longest output when at least half
     of all successful requests have it (a fixed length, as with --ignore-eos); else None (unknown)."""
-    asked = {r.settings["output_len"] for r in runs if r.settings["output_len_asked"]}
+    asked = {r.settings["output_len"] for r in runs if r.output_len_asked}
     if asked:
         return max(asked)
     lens = [q.output_len for r in runs for q in r.requests if q.success]
-    if not lens:
-        return None
-    longest = max(lens)
-    return longest if Counter(lens)[longest] * 2 >= len(lens) else None
+    longest = max(lens, default=0)
+    return longest if lens and lens.count(longest) * 2 >= len(lens) else None
 
 
 # --------------------------------------------------------------------------- comparing
@@ -260,8 +241,6 @@ def format_text(result: Comparison) -> str:
             f"TPOT candidate / baseline: {v.tpot_ratio:.3f} (95 % interval {v.tpot_ratio_ci[0]:.3f} to "
             f"{v.tpot_ratio_ci[1]:.3f}), p = {v.p_value:.3g} (smallest possible {v.min_p_value:.3g})"
         )
-    lines.append(
-        "per-token latency measured in every run" if v.measurable else "per-token latency NOT measured in every run"
-    )
+    lines.append(f"per-token latency {'' if v.measurable else 'NOT '}measured in every run")
     lines.extend(f"- {reason}" for reason in v.reasons)
     return "\n".join(lines)

@@ -30,7 +30,7 @@ from typing import Any
 from kvstudy.bench import experiment
 from kvstudy.bench.client import MEASURED_RUN_MARKER, BenchError
 from kvstudy.bench.grid import bench_cell
-from kvstudy.bench.result import RequestRecord, calculate_metrics, metrics_reported_by_vllm
+from kvstudy.bench.result import calculate_metrics, metrics_reported_by_vllm
 from kvstudy.bench.spec import RUN_ORDERS, Cell, Run
 from kvstudy.bench.telemetry import (
     WINDOW_START,
@@ -99,8 +99,16 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
         tail = exc.log_tail if alive else log_tail(server.log_path) + "\n--- client ---\n" + exc.log_tail
         return _stamp(_failed(spec, cell, reason, tail, started, time.perf_counter() - t0), spec, t0, wall0)
     metrics = calculate_metrics(records, float(result.get("duration") or 0) or 1e-9)
-    window = _request_window([r for r in records if r.success])
-    clock_window = _clock_window(sampler.window(), window)
+    # the measured requests' span: first start and last end of the successful ones (None without their starts)
+    ok = [r for r in records if r.success]
+    starts = [r.start_time_s for r in ok if r.start_time_s is not None]
+    ends = [r.end_time_s for r in ok if r.end_time_s is not None]
+    window = (min(starts), max(ends)) if ok and len(starts) == len(ok) else None
+    # the clock median's span: from the edge sample taken when the client announced its measured requests
+    # to the one taken when it exited (it contains every measured request); when the client printed no
+    # announcement, the span of the measured requests themselves
+    edges = sampler.window()
+    clock_window = edges if edges is not None and (window is None or edges[0] <= window[0]) else window
     clock = median_clock(sampler.samples, *clock_window) if clock_window else None
     res = SpeedCellResult(
         **spec.identity(cell),
@@ -127,26 +135,6 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
         res.reason = f"{metrics.failed} of {len(records)} requests failed{alive}; first error: {last_line[:300]}"
         res.log_tail = spec.scrub()(log_tail(server.log_path))
     return res
-
-
-def _request_window(ok: list[RequestRecord]) -> tuple[float, float] | None:
-    """First start and last end of the successful requests; None without any, or without their start times."""
-    starts = [r.start_time_s for r in ok if r.start_time_s is not None]
-    ends = [r.end_time_s for r in ok if r.end_time_s is not None]
-    if not ok or len(starts) < len(ok):
-        return None
-    return min(starts), max(ends)
-
-
-def _clock_window(
-    edges: tuple[float, float] | None, requests: tuple[float, float] | None
-) -> tuple[float, float] | None:
-    """The span the cell's clock median covers: from the edge sample taken when the client announced
-    its measured requests to the one taken when it exited (it contains every measured request); when
-    the client printed no announcement, the span of the measured requests themselves."""
-    if edges is not None and (requests is None or edges[0] <= requests[0]):
-        return edges
-    return requests
 
 
 def _stamp(res: SpeedCellResult, spec: SweepSpec, t0_mono: float, t0_wall: float) -> SpeedCellResult:

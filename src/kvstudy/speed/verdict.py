@@ -125,21 +125,18 @@ class OrderCheck:
     """Whether a pair's run order lets the test tell drift from the effect."""
 
     accepted: bool | None  # None: start times not known
-    overlap: bool | None  # the old, weak check: neither arm ran entirely before the other
     design: str  # "blocked, balanced (ABBA)" / "nearly grouped" / ...
     reason: str  # empty when accepted
 
 
 def registration_check(n_base: int, n_cand: int, registered: int | None) -> str:
     """ "" when the runs match the registered number per arm (or none was registered); else the reason."""
-    if registered is None:
-        return ""
-    if n_base < registered or n_cand < registered:
+    if registered is not None and min(n_base, n_cand) < registered:
         return (
             f"incomplete design, no claim: {n_base} baseline and {n_cand} candidate runs of the "
             f"{registered} per arm registered before the runs"
         )
-    if n_base > registered or n_cand > registered:
+    if registered is not None and max(n_base, n_cand) > registered:
         return (
             f"more runs than the {registered} per arm registered ({n_base} / {n_cand}): a design grown "
             "until it reaches p < alpha does not keep the 5 % guarantee, no claim"
@@ -159,25 +156,21 @@ def order_check(
     With seeds known (``*_blocks``) the blocks are the seeds; without, consecutive pairs in time."""
     starts = [*base_starts, *cand_starts]
     if None in starts or not base_starts or not cand_starts:
-        return OrderCheck(None, None, "unknown", "run start times not known: the run order cannot be checked")
+        return OrderCheck(None, "unknown", "run start times not known: the run order cannot be checked")
     bs, cs = [float(t) for t in base_starts if t is not None], [float(t) for t in cand_starts if t is not None]
     if max(bs) < min(cs) or max(cs) < min(bs):
         first = "baseline" if max(bs) < min(cs) else "candidate"
         return OrderCheck(
-            False,
             False,
             "grouped",
             f"every {first} run started before every other run: the arms were not interleaved in time, "
             "so drift cannot be told from the effect",
         )
 
-    def refuse(design: str, reason: str) -> OrderCheck:
-        return OrderCheck(False, True, design, reason)
-
     labels = [*(base_blocks or ()), *(cand_blocks or ())]
     known = base_blocks is not None and cand_blocks is not None and None not in labels
     if not known and len(bs) != len(cs):
-        return refuse("unbalanced", f"{len(bs)} vs {len(cs)} runs: not a block design")
+        return OrderCheck(False, "unbalanced", f"{len(bs)} vs {len(cs)} runs: not a block design")
     runs = sorted(zip([*bs, *cs], "b" * len(bs) + "c" * len(cs), labels if known else [*bs, *cs]))
     arms = [arm for _, arm, _ in runs]
     seq = [blk for _, _, blk in runs] if known else [i // 2 for i in range(len(runs))]
@@ -187,19 +180,22 @@ def order_check(
         mine = sorted(arms[i] for i in where)
         if mine != ["b", "c"] and not known:
             order = "".join("A" if arm == "b" else "B" for arm in arms)
-            return refuse(
+            return OrderCheck(
+                False,
                 "nearly grouped",
                 f"run order {order} (A baseline, B candidate) is not a sequence of AB/BA blocks: an order "
                 "this close to grouped confounds drift with the arm",
             )
         if mine != ["b", "c"]:
-            return refuse(
+            return OrderCheck(
+                False,
                 "unblocked",
                 f"seed {blk} has {mine.count('b')} baseline and {mine.count('c')} candidate run(s), "
                 "not one of each: not a block design",
             )
         if where[-1] - where[0] != 1:
-            return refuse(
+            return OrderCheck(
+                False,
                 "blocks split in time",
                 f"the two runs of seed {blk} are not adjacent in time (other seeds ran between them): "
                 "drift between them is not removed by the block",
@@ -207,12 +203,13 @@ def order_check(
         firsts.append(arms[where[0]])
     n_b = firsts.count("b")
     if abs(n_b - (len(firsts) - n_b)) > 1:
-        return refuse(
+        return OrderCheck(
+            False,
             UNBALANCED,
             f"the baseline ran first in {n_b} of {len(firsts)} blocks: a drift within blocks would not cancel "
             "(ABBA or balanced randomized blocks expected)",
         )
-    return OrderCheck(True, True, "blocked, balanced (ABBA)", "")
+    return OrderCheck(True, "blocked, balanced (ABBA)", "")
 
 
 # --------------------------------------------------------------------------- the verdict
@@ -292,11 +289,13 @@ def compare_runs(
         raise StudyError(f"verdict: {len(base)} baseline and {len(cand)} candidate runs, expected at least 1 each")
     runs = (*base, *cand)
     registration = registration_check(len(base), len(cand), registered_runs_per_arm)
-    reasons = [*refusals, *filter(None, [registration])]
-    for r in runs:
-        if not r.measurable:
-            reasons.append(f"run {r.name}: per-token latency not measured ({'; '.join(r.unmeasurable_reasons)})")
-    measurable = all(r.measurable for r in runs)
+    unmeasured = [
+        f"run {r.name}: per-token latency not measured ({'; '.join(r.unmeasurable_reasons)})"
+        for r in runs
+        if not r.measurable
+    ]
+    reasons = [*refusals, *filter(None, [registration]), *unmeasured]
+    measurable = not unmeasured
     allowed = not refusals and not registration and measurable
     blocks = [[r.block for r in arm] for arm in (base, cand)]
     blocked = None not in (*blocks[0], *blocks[1]) and bool(set(blocks[0]) & set(blocks[1]))
@@ -309,9 +308,8 @@ def compare_runs(
             e2e_ratio = _geomean(e2e[1]) / _geomean(e2e[0])
 
     medians_ok = all(r.tpots_s and r.median_tpot_s > 0 for r in runs)
-    ratio = ci = p = None
+    ratio = ci = p = base_ms = cand_ms = None
     test: PermutationTest | None = None
-    base_ms = cand_ms = None
     min_p = minimum_p_value(len(base), len(cand))
     if medians_ok:
         lb = [math.log(r.median_tpot_s) for r in base]

@@ -14,7 +14,7 @@ import pandas as pd
 
 from kvstudy.bench.measurability import assess_run
 from kvstudy.bench.spec import Arm
-from kvstudy.bench.telemetry import metrics_delta
+from kvstudy.bench.telemetry import metrics_delta, window_clocks
 from kvstudy.capture import model_config
 from kvstudy.errors import StudyError
 from kvstudy.model.allocator import predict_logged_pool
@@ -95,11 +95,7 @@ def capture_runs(capture: Capture, configuration: str, users: int) -> list[RunSu
             clock_interval_s=None if bracketed else float(interval),
             clock_samples_in_window=samples,
         )
-        clocks = [
-            t.clock_mhz
-            for t in cell.telemetry
-            if t.clock_mhz is not None and (not window or 0 <= t.t_mono_s - window[0] <= window[1] - window[0])
-        ]
+        clocks = window_clocks(cell.telemetry, *(window or (None, None)))
         start = row.get("started_mono_s")
         out.append(
             summarise_run(
@@ -281,10 +277,9 @@ def published_consistency(pub: Any, context_len: int) -> list[Consistency]:
 
 
 def _length_contradicted(pub: Any, context_len: int) -> str:
-    bad = [r for r in published_consistency(pub, context_len) if r.check != "consistent" and r.users > 1]
-    if not bad:
+    r = next((r for r in published_consistency(pub, context_len) if r.check != "consistent" and r.users > 1), None)
+    if r is None:
         return ""
-    r = bad[0]
     return (
         f"the request length was not published, and the {context_len:,} tokens assumed are contradicted by "
         f"the published throughput ({r.implied_streams:.1f} streams implied at {r.users} "
@@ -336,9 +331,8 @@ def published_verdicts(pub: Any, context_len: int, clock_tolerance: float = CLOC
         reasons.append("per-seed values were not published: no test, no interval")
         if abs(cc / cb - 1.0) > clock_tolerance:
             reasons.append(f"clocks differ by {cc / cb - 1:+.1%} ({cb:.0f} vs {cc:.0f} MHz)")
-        bound = None
-        if (model_dir / "config.json").is_file():
-            bound = bound_less_time_pct(max_fp8_gain_pct(model_dir, context_len, int(users)))
+        has_config = (model_dir / "config.json").is_file()
+        bound = bound_less_time_pct(max_fp8_gain_pct(model_dir, context_len, int(users))) if has_config else None
         cycles = (tb * 1e-3 * cb * 1e6, tc * 1e-3 * cc * 1e6)
         why = tuple(reasons)
         rows.append(
@@ -362,19 +356,9 @@ class Admission:
     block_size: int
     pool_blocks: int
     origin: str
-
-    @property
-    def blocks_needed(self) -> int:
-        return self.users * self.blocks_per_request
-
-    @property
-    def requests_that_fit(self) -> int:
-        return self.pool_blocks // self.blocks_per_request
-
-    @property
-    def waiting(self) -> int:
-        """Requests that wait in vLLM's queue (0 when every user's request fits)."""
-        return self.users - self.requests_that_fit if self.blocks_needed > self.pool_blocks else 0
+    blocks_needed: int
+    requests_that_fit: int
+    waiting: int  # requests that wait in vLLM's queue (0 when every user's request fits)
 
 
 def admission_rows(
@@ -384,7 +368,11 @@ def admission_rows(
     rules): beyond it the rest wait in vLLM's queue, and TPOT measures queueing too."""
     pool = predict_logged_pool(model, "auto", 1, int(context_len), num_blocks_override=num_blocks, device=device)
     origin = f"computed from {model}/config.json with vLLM 0.32's block rules (model/allocator.py), {device} block size"
-    return [Admission(u, int(context_len), pool.blocks_per_request, pool.block_size, num_blocks, origin) for u in users]
+    per, fit = pool.blocks_per_request, num_blocks // pool.blocks_per_request
+    return [
+        Admission(u, int(context_len), per, pool.block_size, num_blocks, origin, u * per, fit, max(0, u - fit))
+        for u in users
+    ]
 
 
 def server_metrics_frame(capture: Capture) -> pd.DataFrame:
@@ -439,7 +427,7 @@ def calibration_frame(capture: Capture, n_per_arm: int = 6, change: float = 0.2)
                     usable, change=0.0, n_per_arm=n_per_arm
                 ).text,
                 f"power for {change:+.0%}, {n_per_arm} blocks per arm": pw.text
-                if not pw.possible
+                if not pw.trials
                 else f"{pw.rate:.0%} (95 % interval {pw.ci_95[0]:.0%} to {pw.ci_95[1]:.0%}, {pw.trials} designs)",
                 "power across the noise estimate's uncertainty": sens.text if sens else "not estimable",
                 f"80 % power from ({n_per_arm} blocks per arm)": "none up to 300 %"
@@ -450,17 +438,12 @@ def calibration_frame(capture: Capture, n_per_arm: int = 6, change: float = 0.2)
     return pd.DataFrame(rows)
 
 
-def _first_reason(why: str, verdict: str) -> str:
-    """The first reason's head, without repeating the verdict ("no claim, the design ..." -> "the design ...")."""
-    head = why.split(":")[0].strip()
-    return head[len(verdict) :].lstrip(" ,") if head.lower().startswith(verdict.lower()) else head
-
-
 def finding_text(published: list[PublishedVerdict], measured: list[CaptureVerdict], machine: str) -> str:
     """One line from the verdicts: the published table under the new rule, then this capture."""
+    # each with its first reason's head, without repeating the verdict ("no claim, the design ..." -> "the design ...")
     parts = [
         f"L4 published, {r.users} user(s): FP8 {change_text(r.tpot_ratio)} per token, {r.verdict}"
-        + (f" ({_first_reason(r.reasons[0], r.verdict)})" if r.reasons else "")
+        + (f" ({r.reasons[0].split(':')[0].strip().removeprefix(r.verdict).lstrip(' ,')})" if r.reasons else "")
         for r in published
     ]
     for cv in measured:

@@ -68,10 +68,10 @@ def test_permutation_test_refuses_empty_or_infinite() -> None:
 
 
 def test_interleaving_rule() -> None:
-    assert order_check([0, 2, 4], [1, 3, 5]).overlap
-    assert order_check([0, 3], [1, 2]).overlap  # ABBA
-    assert not order_check([0, 1, 2], [3, 4, 5]).overlap  # all baseline first
-    assert not order_check([3, 4], [0, 1]).overlap  # all candidate first
+    assert order_check([0, 2, 4], [1, 3, 5]).design != "grouped"
+    assert order_check([0, 3], [1, 2]).design != "grouped"  # ABBA
+    assert order_check([0, 1, 2], [3, 4, 5]).design == "grouped"  # all baseline first
+    assert order_check([3, 4], [0, 1]).design == "grouped"  # all candidate first
 
 
 def _arms(
