@@ -27,6 +27,10 @@ from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
 from kvstudy.formats import MISSING, finite
 from kvstudy.io import REPO_ROOT, read_json
+from kvstudy.model.capacity import SLIDING, kv_footprint, load_layout
+from kvstudy.model.plan import advised_skip_layers
+from kvstudy.profiles import load_profile
+from kvstudy.report.design import accuracy_design, need_sentence, runs_design
 
 # The notebooks in the order the card lists their topics: the topic each states, its report as the card names it.
 TOPICS = {
@@ -106,8 +110,6 @@ def docs_l4_crossing(layout: Any, root: Path = REPO_ROOT) -> float | None:
     two shortest contexts, where it crosses 0 %, scaled by Qwen3-4B's KV bytes per token over this
     model's (a model with more KV per token reads as much at a shorter context). A suggestion from
     published figures, not a measured break-even; None when the table or config is unreadable."""
-    from kvstudy.model.capacity import kv_footprint, load_layout
-
     try:
         table = read_json(root / DOCS_L4_TABLE)
         points = sorted((float(r["context_tokens"]), float(r["fp8_throughput_change_pct"])) for r in table["rows"])[:2]
@@ -124,9 +126,6 @@ def docs_l4_crossing(layout: Any, root: Path = REPO_ROOT) -> float | None:
 
 def evaluate_guidance(model: str | None, context_len: int | None, gpu: str | None = None) -> list[Guidance]:
     """vLLM's published usage table on this model and GPU: which rows apply, and why (or why the study cannot tell)."""
-    from kvstudy.model.capacity import SLIDING, load_layout
-    from kvstudy.model.plan import advised_skip_layers
-
     try:
         if not model:
             raise StudyError("no model named by the profile")
@@ -402,8 +401,6 @@ def _run(profile: str, stem: str, stems: list[str]) -> str:
 def _missing_step(missing: rule.Missing, profile: str, th: rule.Thresholds, stems: list[str]) -> str:
     """The command that gets a missing measurement, with its cost (the reports' own next steps stay in
     the topic table)."""
-    from kvstudy.report.design import accuracy_design, need_sentence, runs_design
-
     if missing.what == "capacity":
         return (
             f"{_run(profile, '01_capacity-math', stems)} (seconds, no GPU; give weights_gib if the weights are unknown)"
@@ -498,8 +495,6 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
 
 def read_card(profile: str, root: Path = REPO_ROOT) -> Card:
     """The card of a rendered profile (``reports/<profile>/status.json``)."""
-    from kvstudy.profiles import load_profile
-
     data = load_profile(profile, root / "profiles")
     path = root / "reports" / profile / "status.json"
     if not path.is_file():

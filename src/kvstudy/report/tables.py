@@ -17,7 +17,9 @@ import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import pandas as pd
 
 from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.accuracy.verdicts import RetrievalPaired
@@ -33,9 +35,6 @@ from kvstudy.speed.verdicts_table import (
 from kvstudy.stats.binary import ChanceCheck, DifferenceInterval, Discrimination, NonInferiority
 from kvstudy.stats.binary_power import TotalsBounds
 from kvstudy.stats.family import holm
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -71,8 +70,6 @@ class Table:
 
 def render(records: Sequence[Any], table: Table) -> pd.DataFrame:
     """The records as a DataFrame for :func:`kvstudy.report.notebook.table` (empty without records)."""
-    import pandas as pd
-
     if not records:
         return pd.DataFrame()
     titles = [c.title(records[0]) for c in table.columns]
