@@ -132,11 +132,21 @@ def evaluate_guidance(model: str | None, context_len: int | None, gpu: str | Non
         layout = load_layout(model)
     except StudyError as exc:
         return [Guidance("model layout", "(needs the model's config)", None, str(exc))]
-    out = []
     sliding = layout.count(SLIDING)
     windows = ", ".join(f"{w:,}" for w in layout.sliding_windows)
     hybrid = advised_skip_layers(layout) is not None
-    out.append(
+    heads = sorted({layer.head_size for layer in layout.layers if layer.head_size})
+    key = (gpu or "").upper().replace(" ", "").replace("-", "")
+    family = next((name for name in PUBLISHED_BREAK_EVEN_TOKENS if key.startswith(name)), None)
+    even = PUBLISHED_BREAK_EVEN_TOKENS.get(family or "", 0)
+    crossing = docs_l4_crossing(layout) if family is None and gpu and gpu.upper().startswith("L4") else None
+    suggestion = (
+        f"; the vLLM documentation's L4 throughput table (Qwen3-4B, users not published) suggests FP8 is "
+        f"faster from about {crossing:,.0f} tokens for this model's KV size (a suggestion, not a measurement)"
+        if crossing
+        else ""
+    )
+    return [
         Guidance(
             "hybrid attention (sliding-window and full-attention layers)",
             "FP8 with the sliding-window layers kept 16-bit (--kv-cache-dtype-skip-layers sliding_window)",
@@ -146,48 +156,27 @@ def evaluate_guidance(model: str | None, context_len: int | None, gpu: str | Non
             else f"all {sliding} layers slide (window {windows} tokens): not hybrid, FP8 stores every layer"
             if sliding
             else "no sliding-window layers",
-        )
-    )
-    heads = sorted({layer.head_size for layer in layout.layers if layer.head_size})
-    out.append(
+        ),
         Guidance(
             "head size 256, prefill first",
             "stay 16-bit (FP8 prefill about 1.6x slower at long contexts, measured on H100), or validate",
             256 in heads,
             f"head size {', '.join(map(str, heads)) or 'none'}",
+        ),
+        Guidance(
+            f"contexts below the {family} break-even (about {even:,} tokens, Llama-3.1-8B)",
+            "stay 16-bit: FP8's fixed cost per step outweighs the halved KV reads",
+            None if context_len is None else context_len < even,
+            "no context length given" if context_len is None else f"the profile's context is {context_len:,} tokens",
         )
-    )
-    key = (gpu or "").upper().replace(" ", "").replace("-", "")
-    family = next((name for name in PUBLISHED_BREAK_EVEN_TOKENS if key.startswith(name)), None)
-    if family is not None:
-        even = PUBLISHED_BREAK_EVEN_TOKENS[family]
-        out.append(
-            Guidance(
-                f"contexts below the {family} break-even (about {even:,} tokens, Llama-3.1-8B)",
-                "stay 16-bit: FP8's fixed cost per step outweighs the halved KV reads",
-                None if context_len is None else context_len < even,
-                "no context length given"
-                if context_len is None
-                else f"the profile's context is {context_len:,} tokens",
-            )
-        )
-    else:
-        crossing = docs_l4_crossing(layout) if gpu and gpu.upper().startswith("L4") else None
-        suggestion = (
-            f"; the vLLM documentation's L4 throughput table (Qwen3-4B, users not published) suggests FP8 is "
-            f"faster from about {crossing:,.0f} tokens for this model's KV size (a suggestion, not a measurement)"
-            if crossing
-            else ""
-        )
-        out.append(
-            Guidance(
-                "short contexts (below a break-even)",
-                "stay 16-bit below the break-even",
-                None,
-                f"not published for {gpu or 'this GPU'} (only for H100 and B200){suggestion}",
-            )
-        )
-    return out
+        if family
+        else Guidance(
+            "short contexts (below a break-even)",
+            "stay 16-bit below the break-even",
+            None,
+            f"not published for {gpu or 'this GPU'} (only for H100 and B200){suggestion}",
+        ),
+    ]
 
 
 # --------------------------------------------------------------------------- reading the verdicts
