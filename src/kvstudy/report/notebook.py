@@ -312,14 +312,6 @@ def finding(text: str) -> None:
     display(Markdown("" if repeated else f"**Finding:** {text}"), metadata={FINDING_KEY: text})
 
 
-def _figure_title(fig: Any) -> str:
-    """The title a figure already carries (its suptitle or its first axes title), or ``""``."""
-    suptitle = getattr(fig, "_suptitle", None)
-    if suptitle is not None and suptitle.get_text().strip():
-        return str(suptitle.get_text())
-    return next((ax.get_title() for ax in fig.axes if ax.get_title().strip()), "")
-
-
 def save_figure(
     fig: Any, figures_dir: str | Path, name: str, *, title: str | None = None, source: str | None = None
 ) -> Path:
@@ -330,9 +322,10 @@ def save_figure(
     figure must say what it shows: one with neither ``title`` nor a title of its own still saves (old
     calls keep working) but warns, so its owner sees it in the report.
     """
+    own = [fig._suptitle.get_text() if fig._suptitle else "", *(ax.get_title() for ax in fig.axes)]
     if title:
         fig.suptitle(title, fontsize=11, y=1.01, va="bottom")  # above the axes' own titles
-    elif not _figure_title(fig):
+    elif not any(text.strip() for text in own):
         warnings.warn(
             f"figure {name!r} has no title: pass title= (what it shows) and source= "
             f"(where its data comes from) to save_figure",
