@@ -83,6 +83,11 @@ def _pair(spec: str, scale: float = 1.0, sep: str = " / ") -> Callable[[tuple[fl
     return lambda ab: f"{ab[0] / scale:{spec}}{sep}{ab[1] / scale:{spec}}"
 
 
+def _p(p: float | None) -> str:
+    """A p-value with three significant digits, "" where missing (tables print floats at fixed decimals)."""
+    return fmt(p, ".3g")
+
+
 # --------------------------------------------------------------------------- notebook 02 (speed)
 
 
@@ -113,9 +118,9 @@ SPEED_VERDICTS = (
         "95 % interval",
         format=lambda ci: "" if ci is None else _pair(".3f", sep=" to ")(ci),
     ),
-    Column("verdict.p_value", "p", format=lambda p: fmt(p, ".3g")),
-    Column("verdict.min_p_value", "min reachable p", format=lambda p: fmt(p, ".3g")),
-    Column("verdict.p_adjusted", "p, Holm over {row.verdict.family_size} tests", format=lambda p: fmt(p, ".3g")),
+    Column("verdict.p_value", "p", format=_p),
+    Column("verdict.min_p_value", "min reachable p", format=_p),
+    Column("verdict.p_adjusted", "p, Holm over {row.verdict.family_size} tests", format=_p),
     Column("verdict.blocks", "seed blocks", format=lambda b: b or "none (unblocked)"),
     Column("verdict.registered_runs_per_arm", "registered runs per arm", format=or_text("")),
     Column(
@@ -294,11 +299,6 @@ def captured_settings(capture_dir: str | Path, run_missing: bool) -> dict[str, A
 def _hundred(decimals: int) -> Callable[[float], float]:
     """A fraction as percent or points, rounded (a number: the report table prints it)."""
     return lambda x: round(100 * x, decimals)
-
-
-def _p(p: float) -> str:
-    """A p-value with three significant digits (tables print floats at fixed decimals)."""
-    return f"{p:.3g}"
 
 
 def _pct_range(low: float, high: float) -> str:
