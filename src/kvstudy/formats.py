@@ -47,9 +47,7 @@ def finite(value: Any) -> Any:
 
 def p_value(p: float | None, digits: int = 3) -> str:
     """``< 0.001`` below 0.001, else ``digits`` significant digits (``0.0676``, ``0.419``, ``1``)."""
-    if p is None or p != p:
-        return MISSING
-    return f"< {P_FLOOR:g}" if p < P_FLOOR else significant(p, digits)
+    return f"< {P_FLOOR:g}" if p is not None and p < P_FLOOR else significant(p, digits)  # NaN: not below
 
 
 def p_text(p: float | None, digits: int = 3) -> str:
@@ -80,9 +78,7 @@ def per_token_interval(low: float | None, high: float | None, digits: int = 3) -
 
 def millinats(nats: float | None, digits: int = 2, sign: bool = True) -> str:
     """A log-probability difference given in nats, in millinats (no unit): ``-4.41e-04`` -> ``-0.44``."""
-    if nats is None or nats != nats:
-        return MISSING
-    return significant(nats * 1000.0, digits, sign=sign)
+    return significant(None if nats is None else nats * 1000.0, digits, sign=sign)
 
 
 def logp_difference(mean: float | None, low: float | None = None, high: float | None = None, digits: int = 2) -> str:

@@ -97,8 +97,9 @@ def check_profile_name(name: Any, where: str = "profile") -> str:
     """``name`` if it is a plain profile name (no folder, no suffix), else one line naming ``where``."""
     plain = isinstance(name, str) and PROFILE_NAME.match(name) and ".." not in name
     if not plain or name.endswith((".yaml", ".yml")):
+        shown = "a huge integer" if isinstance(name, int) and name.bit_length() >= 200 else repr(name)
         raise StudyError(
-            f"{where}: {_shown(name)} is not a profile name; give the name of a file in profiles/ without "
+            f"{where}: {shown if len(shown) <= 80 else shown[:77] + '...'} is not a profile name; give the name of a file in profiles/ without "
             f"folder or .yaml (for example {'PROFILE=' if where == 'profile' else ''}reference)"
         )
     return str(name)
@@ -239,11 +240,6 @@ def validate_profile(profile_data: dict[str, Any], notebooks_dir: Path) -> dict[
         if stem in SPECS:
             SPECS[stem].check_given(params, where)
     return declared
-
-
-def _shown(value: Any) -> str:
-    text = repr(value) if not isinstance(value, int) or value.bit_length() < 200 else "a huge integer"
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def given_parameters(profile_data: dict[str, Any], stem: str, declared: dict[str, Parameter]) -> dict[str, Any]:

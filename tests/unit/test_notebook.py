@@ -45,7 +45,7 @@ def test_table_has_no_row_numbers_no_nan_and_integers_as_integers() -> None:
 
 def test_settings_origins(monkeypatch: pytest.MonkeyPatch) -> None:
     shown = []
-    monkeypatch.setattr("IPython.display.display", lambda obj, metadata=None: shown.append((obj.data, metadata)))
+    monkeypatch.setattr(notebook, "display", lambda obj, metadata=None: shown.append((obj.data, metadata)))
     monkeypatch.setenv(notebook.GIVEN_ENV, '["model"]')
     notebook.settings_table(
         {"model": "m", "context_len": 4096, "weights_gib": 14.5}, origins={"weights_gib": notebook.FROM_MODEL}

@@ -29,7 +29,7 @@ def test_headers_in_words_with_units() -> None:
 
 def test_each_table_shown_is_written_as_csv_with_its_values(csv_folder: Path) -> None:
     frame = pd.DataFrame({"median_tpot_ms": [7.123456, 8.5], "measured": [True, False]})
-    shown = notebook._frame_html(frame)
+    shown = notebook.styled(frame) + notebook.table_csv(frame)  # what a kernel shows for display(frame)
     assert "median TPOT (ms)" in shown and "median_tpot_ms" not in shown.split("As CSV")[0]
     assert re.search(r"<td[^>]*>yes</td>", shown) and "True" not in shown
     assert re.search(r"<td[^>]*>8.5</td>", shown) and "<th" not in shown.split("<tbody>")[1]  # no row numbers

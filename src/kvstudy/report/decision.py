@@ -27,6 +27,10 @@ from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
 from kvstudy.formats import MISSING, finite
 from kvstudy.io import REPO_ROOT, read_json
+from kvstudy.model.capacity import SLIDING, kv_footprint, load_layout
+from kvstudy.model.plan import advised_skip_layers
+from kvstudy.profiles import load_profile
+from kvstudy.report.design import accuracy_design, need_sentence, runs_design
 
 # The notebooks in the order the card lists their topics: the topic each states, its report as the card names it.
 TOPICS = {
@@ -106,8 +110,6 @@ def docs_l4_crossing(layout: Any, root: Path = REPO_ROOT) -> float | None:
     two shortest contexts, where it crosses 0 %, scaled by Qwen3-4B's KV bytes per token over this
     model's (a model with more KV per token reads as much at a shorter context). A suggestion from
     published figures, not a measured break-even; None when the table or config is unreadable."""
-    from kvstudy.model.capacity import kv_footprint, load_layout
-
     try:
         table = read_json(root / DOCS_L4_TABLE)
         points = sorted((float(r["context_tokens"]), float(r["fp8_throughput_change_pct"])) for r in table["rows"])[:2]
@@ -124,20 +126,27 @@ def docs_l4_crossing(layout: Any, root: Path = REPO_ROOT) -> float | None:
 
 def evaluate_guidance(model: str | None, context_len: int | None, gpu: str | None = None) -> list[Guidance]:
     """vLLM's published usage table on this model and GPU: which rows apply, and why (or why the study cannot tell)."""
-    from kvstudy.model.capacity import SLIDING, load_layout
-    from kvstudy.model.plan import advised_skip_layers
-
     try:
         if not model:
             raise StudyError("no model named by the profile")
         layout = load_layout(model)
     except StudyError as exc:
         return [Guidance("model layout", "(needs the model's config)", None, str(exc))]
-    out = []
     sliding = layout.count(SLIDING)
     windows = ", ".join(f"{w:,}" for w in layout.sliding_windows)
     hybrid = advised_skip_layers(layout) is not None
-    out.append(
+    heads = sorted({layer.head_size for layer in layout.layers if layer.head_size})
+    key = (gpu or "").upper().replace(" ", "").replace("-", "")
+    family = next((name for name in PUBLISHED_BREAK_EVEN_TOKENS if key.startswith(name)), None)
+    even = PUBLISHED_BREAK_EVEN_TOKENS.get(family or "", 0)
+    crossing = docs_l4_crossing(layout) if family is None and gpu and gpu.upper().startswith("L4") else None
+    suggestion = (
+        f"; the vLLM documentation's L4 throughput table (Qwen3-4B, users not published) suggests FP8 is "
+        f"faster from about {crossing:,.0f} tokens for this model's KV size (a suggestion, not a measurement)"
+        if crossing
+        else ""
+    )
+    return [
         Guidance(
             "hybrid attention (sliding-window and full-attention layers)",
             "FP8 with the sliding-window layers kept 16-bit (--kv-cache-dtype-skip-layers sliding_window)",
@@ -147,48 +156,27 @@ def evaluate_guidance(model: str | None, context_len: int | None, gpu: str | Non
             else f"all {sliding} layers slide (window {windows} tokens): not hybrid, FP8 stores every layer"
             if sliding
             else "no sliding-window layers",
-        )
-    )
-    heads = sorted({layer.head_size for layer in layout.layers if layer.head_size})
-    out.append(
+        ),
         Guidance(
             "head size 256, prefill first",
             "stay 16-bit (FP8 prefill about 1.6x slower at long contexts, measured on H100), or validate",
             256 in heads,
             f"head size {', '.join(map(str, heads)) or 'none'}",
+        ),
+        Guidance(
+            f"contexts below the {family} break-even (about {even:,} tokens, Llama-3.1-8B)",
+            "stay 16-bit: FP8's fixed cost per step outweighs the halved KV reads",
+            None if context_len is None else context_len < even,
+            "no context length given" if context_len is None else f"the profile's context is {context_len:,} tokens",
         )
-    )
-    key = (gpu or "").upper().replace(" ", "").replace("-", "")
-    family = next((name for name in PUBLISHED_BREAK_EVEN_TOKENS if key.startswith(name)), None)
-    if family is not None:
-        even = PUBLISHED_BREAK_EVEN_TOKENS[family]
-        out.append(
-            Guidance(
-                f"contexts below the {family} break-even (about {even:,} tokens, Llama-3.1-8B)",
-                "stay 16-bit: FP8's fixed cost per step outweighs the halved KV reads",
-                None if context_len is None else context_len < even,
-                "no context length given"
-                if context_len is None
-                else f"the profile's context is {context_len:,} tokens",
-            )
-        )
-    else:
-        crossing = docs_l4_crossing(layout) if gpu and gpu.upper().startswith("L4") else None
-        suggestion = (
-            f"; the vLLM documentation's L4 throughput table (Qwen3-4B, users not published) suggests FP8 is "
-            f"faster from about {crossing:,.0f} tokens for this model's KV size (a suggestion, not a measurement)"
-            if crossing
-            else ""
-        )
-        out.append(
-            Guidance(
-                "short contexts (below a break-even)",
-                "stay 16-bit below the break-even",
-                None,
-                f"not published for {gpu or 'this GPU'} (only for H100 and B200){suggestion}",
-            )
-        )
-    return out
+        if family
+        else Guidance(
+            "short contexts (below a break-even)",
+            "stay 16-bit below the break-even",
+            None,
+            f"not published for {gpu or 'this GPU'} (only for H100 and B200){suggestion}",
+        ),
+    ]
 
 
 # --------------------------------------------------------------------------- reading the verdicts
@@ -402,8 +390,6 @@ def _run(profile: str, stem: str, stems: list[str]) -> str:
 def _missing_step(missing: rule.Missing, profile: str, th: rule.Thresholds, stems: list[str]) -> str:
     """The command that gets a missing measurement, with its cost (the reports' own next steps stay in
     the topic table)."""
-    from kvstudy.report.design import accuracy_design, need_sentence, runs_design
-
     if missing.what == "capacity":
         return (
             f"{_run(profile, '01_capacity-math', stems)} (seconds, no GPU; give weights_gib if the weights are unknown)"
@@ -498,8 +484,6 @@ def card_from_status(profile: str, status: dict[str, Any], stems: list[str], dec
 
 def read_card(profile: str, root: Path = REPO_ROOT) -> Card:
     """The card of a rendered profile (``reports/<profile>/status.json``)."""
-    from kvstudy.profiles import load_profile
-
     data = load_profile(profile, root / "profiles")
     path = root / "reports" / profile / "status.json"
     if not path.is_file():

@@ -19,14 +19,21 @@ import numbers
 import os
 import platform
 import subprocess
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
+from IPython import get_ipython
+from IPython.display import HTML, Markdown, display
+from pandas.io.formats.style import Styler
 
 from kvstudy.decision_rule import VERDICT_STATES
 from kvstudy.formats import MISSING, finite
 from kvstudy.io import REPO_ROOT, file_digest
 from kvstudy.machine import cpu_model, package_versions
+from kvstudy.profiles import declared_parameters
 from kvstudy.redact import redact_shapes, write_csv
 
 FINDING_KEY = "kvstudy_finding"
@@ -84,8 +91,6 @@ def verdict(topic: str, text: str, state: str = "measured", next_step: str | Non
     ``state``: one of :data:`kvstudy.decision_rule.VERDICT_STATES` (how sure the study is); ``next_step``: what would
     settle it; ``facts``: plain values the card uses (``headline``, ``model``, ``context_len``, ...).
     """
-    from IPython.display import Markdown, display
-
     if state not in VERDICT_STATES:
         raise ValueError(f"verdict state {state!r}: expected one of {VERDICT_STATES}")
     record = {"topic": topic, "text": text, "state": state, "next_step": next_step, "facts": facts}
@@ -102,8 +107,6 @@ def _plain_fact(value: Any) -> Any:
 
 def format_value(value: Any, decimals: int = 2) -> str:
     """A cell as a reader wants it: a dash if missing, integers without ``.0``, thousands separated."""
-    import pandas as pd
-
     if pd.api.types.is_scalar(value) and pd.isna(value):  # None, NaN, pandas' NA
         return MISSING
     if isinstance(value, bool):
@@ -119,8 +122,6 @@ def format_value(value: Any, decimals: int = 2) -> str:
 def table(df: Any, decimals: int = 2, note: str | None = None, values: Any = None) -> Any:
     """A DataFrame as a report table (:func:`styled`, cells by :func:`format_value`), with ``note``
     under it. ``values``: the frame its CSV holds when ``df`` shows formatted numbers (full precision there)."""
-    from IPython.display import HTML
-
     shown = df.reset_index() if _has_named_index(df) else df.reset_index(drop=True)
     cell = lambda value: _breakable(format_value(value, decimals))  # noqa: E731
     return HTML(styled(shown, cell, note) + table_csv(df if values is None else values))
@@ -170,22 +171,6 @@ def csv_tables(figures_dir: str | Path, prefix: str) -> None:
         stale.unlink()
 
 
-def _show_frames_as_reports() -> None:
-    """Make this kernel show every DataFrame and Styler as a report table (:func:`styled`), with its CSV
-    once :func:`csv_tables` names a folder; nothing outside a kernel."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is None:
-        return
-    import pandas as pd
-    from pandas.io.formats.style import Styler
-
-    formatter = shell.display_formatter.formatters["text/html"]
-    formatter.for_type(pd.DataFrame, _frame_html)
-    formatter.for_type(Styler, _styler_html)
-
-
 def human_header(name: Any) -> Any:
     """``median_tpot_ms`` -> ``median TPOT (ms)``; a name that is not snake_case stays as it is."""
     if not isinstance(name, str) or " " in name or "_" not in name:
@@ -233,8 +218,6 @@ def _cell(value: Any) -> str:
     one, integers without ``.0``, no e-notation, long text breakable after path separators."""
     if isinstance(value, float) or type(value).__name__.startswith("float"):
         number = float(value)
-        import pandas as pd
-
         shown = pd.get_option("display.float_format")
         if shown is not None:
             return html.escape(str(shown(number)))
@@ -246,8 +229,6 @@ def _cell(value: Any) -> str:
 
 def _no_row_numbers(styler: Any) -> Any:
     """The Styler without the index where it only numbers the rows."""
-    import pandas as pd
-
     index = styler.data.index
     plain = not _has_named_index(styler.data) and pd.api.types.is_integer_dtype(index)
     return styler.hide(axis="index") if plain else styler
@@ -263,10 +244,6 @@ def styled(df: Any, cell: Any = _cell, note: str | None = None) -> str:
         notes.append(f"{MISSING}: no value (not measured, not applicable or not stated by the source).")
     foot = "".join(f'<p class="kvstudy-note">{html.escape(n)}</p>' for n in notes)
     return f'<div class="kvstudy-table">{styler.to_html(exclude_styles=True)}{foot}</div>'
-
-
-def _frame_html(df: Any) -> str:
-    return styled(df) + table_csv(df)
 
 
 def _styler_html(styler: Any) -> str:
@@ -288,14 +265,15 @@ def _has_named_index(df: Any) -> bool:
     return any(n is not None for n in df.index.names)
 
 
-_show_frames_as_reports()
+# In a kernel, every DataFrame and Styler shows as a report table (styled), with its CSV once csv_tables names a folder.
+if (shell := get_ipython()) is not None:
+    shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, lambda df: styled(df) + table_csv(df))
+    shell.display_formatter.formatters["text/html"].for_type(Styler, _styler_html)
 
 
 def parameter_values(stem: str, namespace: Mapping[str, Any]) -> dict[str, Any]:
     """The values a notebook's parameters have in ``namespace`` (its ``globals()``), in the order the
     parameters cell declares them; ``profile`` and ``figures_dir`` (the runner's) left out."""
-    from kvstudy.profiles import declared_parameters
-
     names = declared_parameters(REPO_ROOT / "notebooks" / f"{stem}.ipynb")
     return {name: namespace[name] for name in names if name not in ("profile", "figures_dir") and name in namespace}
 
@@ -308,9 +286,6 @@ def settings_table(
     parameters whose default is an assumption (``ASSUMED`` unless the profile gave them); others are
     ``GIVEN`` by the profile or the ``DEFAULT`` of the notebook. The runner shows this table instead of
     the raw parameter cells."""
-    import pandas as pd
-    from IPython.display import Markdown, display
-
     given = set(json.loads(os.environ.get(GIVEN_ENV, "[]")))  # the runner's names of the parameters the profile gave
     origins = {**{name: ASSUMED for name in assumed if name not in given}, **dict(origins or {})}
     records = []
@@ -333,18 +308,8 @@ def markdown_table(title: str, frame: Any, cells: Sequence[Sequence[Any]], note:
 
 def finding(text: str) -> None:
     """Show ``text`` as the notebook's headline result; the index page quotes it."""
-    from IPython.display import Markdown, display
-
     repeated = text.strip() == _SHOWN["verdict"].strip()  # the verdict above already says it: record, do not repeat
     display(Markdown("" if repeated else f"**Finding:** {text}"), metadata={FINDING_KEY: text})
-
-
-def _figure_title(fig: Any) -> str:
-    """The title a figure already carries (its suptitle or its first axes title), or ``""``."""
-    suptitle = getattr(fig, "_suptitle", None)
-    if suptitle is not None and suptitle.get_text().strip():
-        return str(suptitle.get_text())
-    return next((ax.get_title() for ax in fig.axes if ax.get_title().strip()), "")
 
 
 def save_figure(
@@ -357,11 +322,10 @@ def save_figure(
     figure must say what it shows: one with neither ``title`` nor a title of its own still saves (old
     calls keep working) but warns, so its owner sees it in the report.
     """
+    own = [fig._suptitle.get_text() if fig._suptitle else "", *(ax.get_title() for ax in fig.axes)]
     if title:
         fig.suptitle(title, fontsize=11, y=1.01, va="bottom")  # above the axes' own titles
-    elif not _figure_title(fig):
-        import warnings
-
+    elif not any(text.strip() for text in own):
         warnings.warn(
             f"figure {name!r} has no title: pass title= (what it shows) and source= "
             f"(where its data comes from) to save_figure",
@@ -402,9 +366,6 @@ def git_commit(root: Path = REPO_ROOT) -> str:
 
 def provenance(data: Sequence[str | Path] = (), **settings: Any) -> Any:
     """A markdown block: when, on what machine, with which versions, settings and data files."""
-    import pandas as pd
-    from IPython.display import Markdown
-
     rows = [
         ("rendered", utc_stamp()),
         ("study commit", git_commit()),

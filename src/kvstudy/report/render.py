@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import json
+import logging
 import os
 import re
 import shutil
@@ -27,12 +28,16 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 from unittest import mock
+
+import papermill as pm
+from papermill.engines import NBClientEngine, papermill_engines
 
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import REPO_ROOT, read_json, read_text_checked, without_machine_paths, write_text_atomic
@@ -120,7 +125,6 @@ class ProgressStream:
 @functools.cache
 def _progress_engine() -> str:
     """Register (once) papermill's nbclient engine that tells a :class:`ProgressStream` each cell's start."""
-    from papermill.engines import NBClientEngine, papermill_engines
 
     class ProgressEngine(NBClientEngine):
         @classmethod
@@ -150,11 +154,6 @@ def run_notebook(
     label: str | None = None,
 ) -> NotebookRun:
     """Execute ``source`` into ``out_dir`` and render its HTML there (also after a failure)."""
-    import logging
-    import warnings
-
-    import papermill as pm
-
     # jupyter's kernel chatter (the TCP-without-encryption warning, a dead kernel's "Kernel died while
     # waiting for execute reply") stays off the terminal: what a notebook run ends with is its status
     for name in ("papermill", "traitlets", "jupyter_client", "nbclient"):

@@ -1,4 +1,4 @@
-"""The one table layer: every report table is a :class:`Table` of :class:`Column` specs over typed records.
+"""The one table layer: every report table is a ``Table``, a tuple of :class:`Column` specs, over typed records.
 
 A column names the record field it shows (``key``), its header, its unit and how its cells are
 formatted; :func:`render` makes the DataFrame a notebook displays (and writes as CSV). The experiments
@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import pandas as pd
 
 from kvstudy.accuracy.runner import ConfigResult
 from kvstudy.accuracy.verdicts import RetrievalPaired
@@ -32,9 +34,6 @@ from kvstudy.speed.verdicts_table import (
 )
 from kvstudy.stats.binary import ChanceCheck, DifferenceInterval, Discrimination, NonInferiority, holm
 from kvstudy.stats.binary_power import TotalsBounds
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -53,29 +52,25 @@ class Column:
         return self.format(operator.attrgetter(self.key)(record) if self.key else record)
 
 
-@dataclass(frozen=True)
-class Table:
-    """The column specs of one table, in order."""
+Table = tuple[Column, ...]  # the column specs of one table, in order
 
-    columns: tuple[Column, ...]
 
-    def without(self, *headers: str) -> Table:
-        """The same table without the columns with these headers (as written in the spec)."""
-        return replace(self, columns=tuple(c for c in self.columns if c.header not in headers))
+def without(table: Table, *headers: str) -> Table:
+    """The same table without the columns with these headers (as written in the spec)."""
+    return tuple(c for c in table if c.header not in headers)
 
-    def only(self, *headers: str) -> Table:
-        """The same table with only the columns with these headers (as written in the spec), in its order."""
-        return replace(self, columns=tuple(c for c in self.columns if c.header in headers))
+
+def only(table: Table, *headers: str) -> Table:
+    """The same table with only the columns with these headers (as written in the spec), in its order."""
+    return tuple(c for c in table if c.header in headers)
 
 
 def render(records: Sequence[Any], table: Table) -> pd.DataFrame:
     """The records as a DataFrame for :func:`kvstudy.report.notebook.table` (empty without records)."""
-    import pandas as pd
-
     if not records:
         return pd.DataFrame()
-    titles = [c.title(records[0]) for c in table.columns]
-    return pd.DataFrame([{t: c.cell(r) for t, c in zip(titles, table.columns)} for r in records])
+    titles = [c.title(records[0]) for c in table]
+    return pd.DataFrame([{t: c.cell(r) for t, c in zip(titles, table)} for r in records])
 
 
 def or_text(text: str) -> Callable[[Any], Any]:
@@ -85,6 +80,11 @@ def or_text(text: str) -> Callable[[Any], Any]:
 
 def _pair(spec: str, scale: float = 1.0, sep: str = " / ") -> Callable[[tuple[float, float]], str]:
     return lambda ab: f"{ab[0] / scale:{spec}}{sep}{ab[1] / scale:{spec}}"
+
+
+def _p(p: float | None) -> str:
+    """A p-value with three significant digits, "" where missing (tables print floats at fixed decimals)."""
+    return fmt(p, ".3g")
 
 
 # --------------------------------------------------------------------------- notebook 02 (speed)
@@ -105,136 +105,123 @@ def _against_bound(cv: CaptureVerdict) -> str:
     )
 
 
-SPEED_VERDICTS = Table(
-    (
-        Column("users", "users"),
-        Column("", "baseline → candidate", format=lambda cv: f"{cv.baseline} → {cv.candidate}"),
-        Column("effect", "effect"),
-        Column("verdict.runs", "runs", format=lambda n: f"{n['baseline']} / {n['candidate']}"),
-        Column("verdict.tpot_ratio", "TPOT ratio (cand/base)", format=lambda r: fmt(r, ".3f")),
-        Column("verdict.tpot_ratio", "change", format=change_text),
-        Column(
-            "verdict.tpot_ratio_ci",
-            "95 % interval",
-            format=lambda ci: "" if ci is None else _pair(".3f", sep=" to ")(ci),
-        ),
-        Column("verdict.p_value", "p", format=lambda p: fmt(p, ".3g")),
-        Column("verdict.min_p_value", "min reachable p", format=lambda p: fmt(p, ".3g")),
-        Column("verdict.p_adjusted", "p, Holm over {row.verdict.family_size} tests", format=lambda p: fmt(p, ".3g")),
-        Column("verdict.blocks", "seed blocks", format=lambda b: b or "none (unblocked)"),
-        Column("verdict.registered_runs_per_arm", "registered runs per arm", format=or_text("")),
-        Column(
-            "verdict",
-            "measurable",
-            format=lambda v: "yes" if v.measurable else "no: " + "; ".join(r for r in v.reasons if "not measured" in r),
-        ),
-        Column(
-            "verdict",
-            "clock ratio (cand/base)",
-            format=lambda v: fmt(v.clock_ratio, ".3f") if v.clock_status == "compared" else v.clock_status,
-        ),
-        Column(
-            "verdict.cycles_per_token",
-            "cycles/token base, cand (M)",
-            format=lambda c: _pair(".3g", 1e6, ", ")((c["baseline"], c["candidate"])) if c else "",
-        ),
-        Column("verdict.clock_adjusted_ratio", "cycles ratio (cand/base)", format=lambda r: fmt(r, ".3f")),
-        Column("verdict.order_design", "run order"),
-        Column("", "roofline bound (% less time)", format=_bound),
-        Column("", "against the bound", format=_against_bound),
-        Column("verdict.verdict", "verdict"),
-        Column(
-            "verdict.reasons",
-            "why",
-            format=lambda rs: "; ".join(r for r in rs if not r.startswith(("TPOT ratio", "cycles per token"))),
-        ),
-    )
+SPEED_VERDICTS = (
+    Column("users", "users"),
+    Column("", "baseline → candidate", format=lambda cv: f"{cv.baseline} → {cv.candidate}"),
+    Column("effect", "effect"),
+    Column("verdict.runs", "runs", format=lambda n: f"{n['baseline']} / {n['candidate']}"),
+    Column("verdict.tpot_ratio", "TPOT ratio (cand/base)", format=lambda r: fmt(r, ".3f")),
+    Column("verdict.tpot_ratio", "change", format=change_text),
+    Column(
+        "verdict.tpot_ratio_ci",
+        "95 % interval",
+        format=lambda ci: "" if ci is None else _pair(".3f", sep=" to ")(ci),
+    ),
+    Column("verdict.p_value", "p", format=_p),
+    Column("verdict.min_p_value", "min reachable p", format=_p),
+    Column("verdict.p_adjusted", "p, Holm over {row.verdict.family_size} tests", format=_p),
+    Column("verdict.blocks", "seed blocks", format=lambda b: b or "none (unblocked)"),
+    Column("verdict.registered_runs_per_arm", "registered runs per arm", format=or_text("")),
+    Column(
+        "verdict",
+        "measurable",
+        format=lambda v: "yes" if v.measurable else "no: " + "; ".join(r for r in v.reasons if "not measured" in r),
+    ),
+    Column(
+        "verdict",
+        "clock ratio (cand/base)",
+        format=lambda v: fmt(v.clock_ratio, ".3f") if v.clock_status == "compared" else v.clock_status,
+    ),
+    Column(
+        "verdict.cycles_per_token",
+        "cycles/token base, cand (M)",
+        format=lambda c: _pair(".3g", 1e6, ", ")((c["baseline"], c["candidate"])) if c else "",
+    ),
+    Column("verdict.clock_adjusted_ratio", "cycles ratio (cand/base)", format=lambda r: fmt(r, ".3f")),
+    Column("verdict.order_design", "run order"),
+    Column("", "roofline bound (% less time)", format=_bound),
+    Column("", "against the bound", format=_against_bound),
+    Column("verdict.verdict", "verdict"),
+    Column(
+        "verdict.reasons",
+        "why",
+        format=lambda rs: "; ".join(r for r in rs if not r.startswith(("TPOT ratio", "cycles per token"))),
+    ),
 )
 _KEY = ("users", "baseline → candidate")
+_MAIN = ("effect", "change", "95 % interval", "p", "p, Holm over {row.verdict.family_size} tests", "verdict")
 # the verdicts, then the design and clock behind them (two tables that fit the page; the CSV keeps all)
-SPEED_VERDICT_MAIN = SPEED_VERDICTS.only(
-    *_KEY, "effect", "change", "95 % interval", "p", "p, Holm over {row.verdict.family_size} tests", "verdict"
-)
-SPEED_VERDICT_DESIGN = SPEED_VERDICTS.without(
-    *(c.header for c in SPEED_VERDICT_MAIN.columns if c.header not in _KEY), "why"
-)
+SPEED_VERDICT_MAIN = only(SPEED_VERDICTS, *_KEY, *_MAIN)
+SPEED_VERDICT_DESIGN = without(SPEED_VERDICTS, *_MAIN, "why")
 
-PUBLISHED_VERDICTS = Table(
-    (
-        Column("users", "users"),
-        Column("tpot_ms", "TPOT base / cand (ms, published)", format=_pair("g")),
-        Column("seeds", "seeds", format=lambda n: f"{n[0]} / {n[1]}"),
-        Column("tpot_ratio", "TPOT ratio (cand/base)", format=lambda r: f"{r:.3f}"),
-        Column("tpot_ratio", "change", format=change_text),
-        Column("min_p_value", "min reachable p", format=lambda p: f"{p:.2g}"),
-        Column("clock_ratio", "clock ratio (cand/base)", format=lambda r: f"{r:.3f}"),
-        Column("cycles_per_token", "cycles/token base, cand (M)", format=_pair(".1f", 1e6, ", ")),
-        Column(
-            "cycles_per_token",
-            "cycles per token (cand/base)",
-            format=lambda c: change_text(c[1] / c[0]).replace("faster by", "fewer by").replace("slower by", "more by"),
+PUBLISHED_VERDICTS = (
+    Column("users", "users"),
+    Column("tpot_ms", "TPOT base / cand (ms, published)", format=_pair("g")),
+    Column("seeds", "seeds", format=lambda n: f"{n[0]} / {n[1]}"),
+    Column("tpot_ratio", "TPOT ratio (cand/base)", format=lambda r: f"{r:.3f}"),
+    Column("tpot_ratio", "change", format=change_text),
+    Column("min_p_value", "min reachable p", format=lambda p: f"{p:.2g}"),
+    Column("clock_ratio", "clock ratio (cand/base)", format=lambda r: f"{r:.3f}"),
+    Column("cycles_per_token", "cycles/token base, cand (M)", format=_pair(".1f", 1e6, ", ")),
+    Column(
+        "cycles_per_token",
+        "cycles per token (cand/base)",
+        format=lambda c: change_text(c[1] / c[0]).replace("faster by", "fewer by").replace("slower by", "more by"),
+    ),
+    Column(
+        "bound_pct",
+        "roofline bound (% less time, {row.context_len} tokens assumed)",
+        format=lambda b: "not computed (no config.json)" if b is None else f"{b:.2f}",
+    ),
+    Column(
+        "",
+        "against the bound",
+        format=lambda r: (
+            ""
+            if r.bound_pct is None
+            else f"no claim: {r.contradicted}; and the smallest reachable p is {r.min_p_value:.2g}"
+            if r.contradicted
+            else f"{NO_CLAIM_AGAINST_BOUND} (smallest reachable p {r.min_p_value:.2g})"
         ),
-        Column(
-            "bound_pct",
-            "roofline bound (% less time, {row.context_len} tokens assumed)",
-            format=lambda b: "not computed (no config.json)" if b is None else f"{b:.2f}",
-        ),
-        Column(
-            "",
-            "against the bound",
-            format=lambda r: (
-                ""
-                if r.bound_pct is None
-                else f"no claim: {r.contradicted}; and the smallest reachable p is {r.min_p_value:.2g}"
-                if r.contradicted
-                else f"{NO_CLAIM_AGAINST_BOUND} (smallest reachable p {r.min_p_value:.2g})"
-            ),
-        ),
-        Column("verdict", "verdict (new rule)"),
-        Column("reasons", "why", format="; ".join),
-    )
+    ),
+    Column("verdict", "verdict (new rule)"),
+    Column("reasons", "why", format="; ".join),
 )
 
-PUBLISHED_CONSISTENCY = Table(
-    (
-        Column("users", "users"),
-        Column("configuration", "configuration"),
-        Column("output_tok_s", "output tok/s (published)"),
-        Column("median_tpot_ms", "median TPOT ms (published)"),
-        Column("implied_streams", "streams implied (tok/s x TPOT)"),
-        Column("requests_that_fit", "requests of {row.context_len:,} tokens that fit"),
-        Column("check", "check"),
-    )
+PUBLISHED_CONSISTENCY = (
+    Column("users", "users"),
+    Column("configuration", "configuration"),
+    Column("output_tok_s", "output tok/s (published)"),
+    Column("median_tpot_ms", "median TPOT ms (published)"),
+    Column("implied_streams", "streams implied (tok/s x TPOT)"),
+    Column("requests_that_fit", "requests of {row.context_len:,} tokens that fit"),
+    Column("check", "check"),
 )
 
 
-ADMISSION = Table(
-    (
-        Column("users", "users"),
-        Column("context_len", "tokens per request"),
-        Column("blocks_per_request", "blocks per request"),
-        Column("block_size", "block size"),
-        Column("blocks_needed", "blocks needed by all users"),
-        Column("pool_blocks", "pool blocks"),
-        Column("requests_that_fit", "requests that fit at once"),
-        Column("", "queueing", format=lambda a: f"yes: {a.waiting} of {a.users} requests wait" if a.waiting else "no"),
-        Column("origin", "origin"),
-    )
+ADMISSION = (
+    Column("users", "users"),
+    Column("context_len", "tokens per request"),
+    Column("blocks_per_request", "blocks per request"),
+    Column("block_size", "block size"),
+    Column("blocks_needed", "blocks needed by all users"),
+    Column("pool_blocks", "pool blocks"),
+    Column("requests_that_fit", "requests that fit at once"),
+    Column("", "queueing", format=lambda a: f"yes: {a.waiting} of {a.users} requests wait" if a.waiting else "no"),
+    Column("origin", "origin"),
 )
 
 # --------------------------------------------------------------------------- notebook 05 (context)
 
-ROOFLINE_VS_PUBLISHED = Table(
-    (
-        Column("figure", "figure"),
-        Column("quantity", "quantity"),
-        Column("published", "published"),
-        Column("published_origin", "published origin"),
-        Column("roofline", "roofline"),
-        Column("basis", "roofline basis"),
-        Column("gap", "published / roofline"),
-        Column("assumed", "assumed"),
-    )
+ROOFLINE_VS_PUBLISHED = (
+    Column("figure", "figure"),
+    Column("quantity", "quantity"),
+    Column("published", "published"),
+    Column("published_origin", "published origin"),
+    Column("roofline", "roofline"),
+    Column("basis", "roofline basis"),
+    Column("gap", "published / roofline"),
+    Column("assumed", "assumed"),
 )
 
 
@@ -251,44 +238,38 @@ def ratio_interval(row: Any) -> str:
     return f"{significant(lo / row.predicted_ms, 2)} .. {significant(hi / row.predicted_ms, 2)}"
 
 
-SLOPES = Table(
-    (
-        Column("arm", "arm"),
-        Column("kv_dtype", "kv dtype"),
-        Column("slope_ms", "measured slope (ms/token)"),
-        Column("slope_ci", "95 % interval", format=slope_interval),
-        Column("resolved", "resolved"),
-        Column("predicted_ms", "predicted slope (ms/token)"),
-        Column("bandwidth_gb_s", "bandwidth ({row.bandwidth_origin})"),
-        Column("ratio", "measured / predicted"),
-        Column("", "measured / predicted, 95 %", format=ratio_interval),
-        Column("kv_longest_mib", "KV at the longest length (MiB)"),
-        Column("roofline_applies", "roofline applies"),
-        Column("status", "status"),
-    )
+SLOPES = (
+    Column("arm", "arm"),
+    Column("kv_dtype", "kv dtype"),
+    Column("slope_ms", "measured slope (ms/token)"),
+    Column("slope_ci", "95 % interval", format=slope_interval),
+    Column("resolved", "resolved"),
+    Column("predicted_ms", "predicted slope (ms/token)"),
+    Column("bandwidth_gb_s", "bandwidth ({row.bandwidth_origin})"),
+    Column("ratio", "measured / predicted"),
+    Column("", "measured / predicted, 95 %", format=ratio_interval),
+    Column("kv_longest_mib", "KV at the longest length (MiB)"),
+    Column("roofline_applies", "roofline applies"),
+    Column("status", "status"),
 )
 
-ARM_COMPARISONS = Table(
-    (
-        Column("baseline", "baseline"),
-        Column("candidate", "candidate"),
-        Column("slope_ratio", "slope ratio"),
-        Column("slope_ratio_ci", "ratio 95 % interval"),
-        Column("break_even_tokens", "break-even (tokens)"),
-        Column("break_even_ci", "break-even 95 % interval"),
-        Column("statement", "statement"),
-    )
+ARM_COMPARISONS = (
+    Column("baseline", "baseline"),
+    Column("candidate", "candidate"),
+    Column("slope_ratio", "slope ratio"),
+    Column("slope_ratio_ci", "ratio 95 % interval"),
+    Column("break_even_tokens", "break-even (tokens)"),
+    Column("break_even_ci", "break-even 95 % interval"),
+    Column("statement", "statement"),
 )
 
-DOCS_VS_ROOFLINE = Table(
-    (
-        Column("context", "context"),
-        Column("tokens", "tokens"),
-        Column("published_pct", "FP8 tok/s change (%), published"),
-        Column("roofline_pct", "roofline gain (%), {row.users} user(s) assumed", format=lambda x: round(x, 2)),
-        Column("gap", "published / roofline"),
-        Column("origin", "origin"),
-    )
+DOCS_VS_ROOFLINE = (
+    Column("context", "context"),
+    Column("tokens", "tokens"),
+    Column("published_pct", "FP8 tok/s change (%), published"),
+    Column("roofline_pct", "roofline gain (%), {row.users} user(s) assumed", format=lambda x: round(x, 2)),
+    Column("gap", "published / roofline"),
+    Column("origin", "origin"),
 )
 
 
@@ -319,11 +300,6 @@ def _hundred(decimals: int) -> Callable[[float], float]:
     return lambda x: round(100 * x, decimals)
 
 
-def _p(p: float) -> str:
-    """A p-value with three significant digits (tables print floats at fixed decimals)."""
-    return f"{p:.3g}"
-
-
 def _pct_range(low: float, high: float) -> str:
     """Two fractions as percent, e.g. '87.9 to 93.0'."""
     return f"{100 * low:.1f} to {100 * high:.1f}"
@@ -343,15 +319,13 @@ POINTS_1 = _hundred(1)
 
 # --------------------------------------------------------------------------- notebook 03
 
-PUBLISHED = Table(
-    (
-        LABEL,
-        Column("interval", "correct", format=lambda w: f"{w.correct}/{w.n}"),
-        Column("interval.accuracy", "accuracy {unit}", "%", POINTS_1),
-        Column("interval", "Wilson 95% (recomputed)", "%", lambda w: _pct_range(w.low, w.high)),
-        Column("published_wilson95_pct", "Wilson 95% (published)", "%", lambda lh: f"{lh[0]:.1f} to {lh[1]:.1f}"),
-        Column("matches", "matches to 0.1"),
-    )
+PUBLISHED = (
+    LABEL,
+    Column("interval", "correct", format=lambda w: f"{w.correct}/{w.n}"),
+    Column("interval.accuracy", "accuracy {unit}", "%", POINTS_1),
+    Column("interval", "Wilson 95% (recomputed)", "%", lambda w: _pct_range(w.low, w.high)),
+    Column("published_wilson95_pct", "Wilson 95% (published)", "%", lambda lh: f"{lh[0]:.1f} to {lh[1]:.1f}"),
+    Column("matches", "matches to 0.1"),
 )
 
 
@@ -360,30 +334,26 @@ def _loss_range(b: TotalsBounds) -> str:
     return "none" if high is None else f"{100 * (low or high):.1f} to {100 * high:.1f}"
 
 
-TOTALS = Table(
-    (
-        LABEL,
-        Column("bounds", "correct", format=lambda b: f"{b.candidate} vs {b.baseline} of {b.n}"),
-        Column("bounds.mcnemar_p_min", "exact McNemar p, smallest possible", format=_p),
-        Column("bounds.mcnemar_p_max", "exact McNemar p, largest possible", format=_p),
-        Column("bounds", "runs disagree on ({unit})", "items", lambda b: f"{b.discordant_min} to {b.discordant_max}"),
-        Column("bounds", "disagreement rate {unit}", "%", lambda b: _pct_range(b.disagreement_min, b.disagreement_max)),
-        Column("bounds", "loss found with 80% power ({unit})", "points", _loss_range),
-        Column("bounds.unpaired", "unpaired 95% interval (Newcombe, {unit})", "points", _interval),
-    )
+TOTALS = (
+    LABEL,
+    Column("bounds", "correct", format=lambda b: f"{b.candidate} vs {b.baseline} of {b.n}"),
+    Column("bounds.mcnemar_p_min", "exact McNemar p, smallest possible", format=_p),
+    Column("bounds.mcnemar_p_max", "exact McNemar p, largest possible", format=_p),
+    Column("bounds", "runs disagree on ({unit})", "items", lambda b: f"{b.discordant_min} to {b.discordant_max}"),
+    Column("bounds", "disagreement rate {unit}", "%", lambda b: _pct_range(b.disagreement_min, b.disagreement_max)),
+    Column("bounds", "loss found with 80% power ({unit})", "points", _loss_range),
+    Column("bounds.unpaired", "unpaired 95% interval (Newcombe, {unit})", "points", _interval),
 )
 
-CAPTURE = Table(
-    (
-        LABEL,
-        Column("state", "state"),
-        Column("shots", "shots"),
-        Column("interval", "correct", format=lambda w: "" if w is None else f"{w.correct}/{w.n}"),
-        Column("interval", "accuracy {unit}", "%", lambda w: "" if w is None else f"{100 * w.accuracy:.1f}"),
-        Column("interval", "Wilson 95%", "%", lambda w: "" if w is None else _pct_range(w.low, w.high)),
-    )
+CAPTURE = (
+    LABEL,
+    Column("state", "state"),
+    Column("shots", "shots"),
+    Column("interval", "correct", format=lambda w: "" if w is None else f"{w.correct}/{w.n}"),
+    Column("interval", "accuracy {unit}", "%", lambda w: "" if w is None else f"{100 * w.accuracy:.1f}"),
+    Column("interval", "Wilson 95%", "%", lambda w: "" if w is None else _pct_range(w.low, w.high)),
 )
-RETRIEVAL_CAPTURE = CAPTURE.without("shots")  # a retrieval capture is asked zero-shot
+RETRIEVAL_CAPTURE = without(CAPTURE, "shots")  # a retrieval capture is asked zero-shot
 
 
 def _guard_text(row: Any) -> str:
@@ -394,47 +364,41 @@ def _guard_text(row: Any) -> str:
     return "clean: only the intended change" if row.clean else "FLAGGED: also " + "; ".join(row.differences)
 
 
-GUARD = Table(
-    (
-        LABEL,
-        Column("intended", "intended change", format=", ".join),
-        Column("", "A/B guard", format=_guard_text),
-    )
+GUARD = (
+    LABEL,
+    Column("intended", "intended change", format=", ".join),
+    Column("", "A/B guard", format=_guard_text),
 )
 
-PAIRED = Table(
-    (
-        LABEL,
-        Column("control", "role", format=lambda c: CONTROL_PREFIX + " (16-bit again)" if c else "candidate"),
-        Column("comparison.counts.n", "items"),
-        Column("comparison.counts.baseline_correct", "{row.comparison.baseline} right"),
-        Column("comparison.counts.candidate_correct", "this right"),
-        Column("comparison.counts.baseline_only", "only {row.comparison.baseline} right"),
-        Column("comparison.counts.candidate_only", "only this right"),
-        Column("comparison.difference", "difference ({unit})", "points", POINTS_1),
-        Column("comparison.mcnemar_p", "exact McNemar p", format=_p),
-        Column("comparison.interval", "95% interval (Newcombe, {unit})", "points", _interval),
-        Column(
-            "comparison.non_inferiority.non_inferior",
-            "non-inferior at {row.comparison.non_inferiority.margin_points:g} points",
-        ),
-        Column(
-            "by_share.non_inferior",
-            "non-inferior at {row.by_share.share_pct:g}% of {row.comparison.baseline} "
-            "({row.by_share.margin_points:.2f} points)",
-            format=or_text("not defined (16-bit score 0)"),
-        ),
-        Column("", "identical responses", format=lambda r: f"{r.identical_responses}/{r.comparison.counts.n}"),
-    )
+PAIRED = (
+    LABEL,
+    Column("control", "role", format=lambda c: CONTROL_PREFIX + " (16-bit again)" if c else "candidate"),
+    Column("comparison.counts.n", "items"),
+    Column("comparison.counts.baseline_correct", "{row.comparison.baseline} right"),
+    Column("comparison.counts.candidate_correct", "this right"),
+    Column("comparison.counts.baseline_only", "only {row.comparison.baseline} right"),
+    Column("comparison.counts.candidate_only", "only this right"),
+    Column("comparison.difference", "difference ({unit})", "points", POINTS_1),
+    Column("comparison.mcnemar_p", "exact McNemar p", format=_p),
+    Column("comparison.interval", "95% interval (Newcombe, {unit})", "points", _interval),
+    Column(
+        "comparison.non_inferiority.non_inferior",
+        "non-inferior at {row.comparison.non_inferiority.margin_points:g} points",
+    ),
+    Column(
+        "by_share.non_inferior",
+        "non-inferior at {row.by_share.share_pct:g}% of {row.comparison.baseline} "
+        "({row.by_share.margin_points:.2f} points)",
+        format=or_text("not defined (16-bit score 0)"),
+    ),
+    Column("", "identical responses", format=lambda r: f"{r.identical_responses}/{r.comparison.counts.n}"),
 )
 
-CUT_OFF = Table(
-    (
-        LABEL,
-        Column("answers", "answers"),
-        Column("reached", "reached {row.limit} {row.measure}"),
-        Column("wrong", "of these scored wrong"),
-    )
+CUT_OFF = (
+    LABEL,
+    Column("answers", "answers"),
+    Column("reached", "reached {row.limit} {row.measure}"),
+    Column("wrong", "of these scored wrong"),
 )
 
 # --------------------------------------------------------------------------- notebook 06
@@ -455,25 +419,25 @@ def _clustered_pct(row: Any) -> str | None:
     return _pct_range(*row.interval)
 
 
-RETRIEVAL_ACCURACY = Table(
-    (
-        LABEL,
-        Column("length", "context length ({unit})", "tokens"),
-        Column("items", "items"),
-        Column("contexts", "contexts"),
-        Column("correct", "correct"),
-        Column("accuracy", "accuracy {unit}", "%", _hundred(2)),
-        Column("", "clustered 95% {unit}", "%", _clustered_pct),
-        Column(
-            "clustered",
-            "design effect",
-            format=lambda m: round(m.design_effect, 2) if m is not None and m.se_independent else None,
-        ),
-        Column("wilson", "Wilson 95% {unit} (ignores clusters)", "%", lambda w: _pct_range(w.low, w.high)),
-    )
+RETRIEVAL_ACCURACY = (
+    LABEL,
+    Column("length", "context length ({unit})", "tokens"),
+    Column("items", "items"),
+    Column("contexts", "contexts"),
+    Column("correct", "correct"),
+    Column("accuracy", "accuracy {unit}", "%", _hundred(2)),
+    Column("", "clustered 95% {unit}", "%", _clustered_pct),
+    Column(
+        "clustered",
+        "design effect",
+        format=lambda m: round(m.design_effect, 2) if m is not None and m.se_independent else None,
+    ),
+    Column("wilson", "Wilson 95% {unit} (ignores clusters)", "%", lambda w: _pct_range(w.low, w.high)),
 )
-RETRIEVAL_ACCURACY_BY_KIND = Table(
-    (LABEL, Column("kind", "kind"), *RETRIEVAL_ACCURACY.without("Wilson 95% {unit} (ignores clusters)").columns[1:])
+RETRIEVAL_ACCURACY_BY_KIND = (
+    LABEL,
+    Column("kind", "kind"),
+    *without(RETRIEVAL_ACCURACY, "Wilson 95% {unit} (ignores clusters)")[1:],
 )
 
 
@@ -481,30 +445,28 @@ def _clustered_points(m: Any) -> str:
     return _signed_range(m.ci_low, m.ci_high) if m.varies else NO_VARIATION
 
 
-RETRIEVAL_PAIRED = Table(
-    (
-        LABEL,
-        Column("control", "role", format=lambda c: CONTROL_PREFIX if c else "candidate"),
-        Column("length", "context length ({unit})", "tokens", or_text("all")),
-        Column("counts.n", "items"),
-        Column("clustered.clusters", "contexts"),
-        Column("counts.baseline_only", "only {row.baseline} right"),
-        Column("counts.candidate_only", "only this right"),
-        Column("mcnemar_p", "exact McNemar p", format=_p),
-        Column("clustered.mean", "difference ({unit})", "points", POINTS_1),
-        Column("clustered", "clustered 95% ({unit})", "points", _clustered_points),
-        Column(
-            "non_inferiority.non_inferior",
-            "non-inferior at {row.non_inferiority.margin_points:g} points",
-            format=or_text("not judged (no variation)"),
-        ),
-        Column(
-            "clustered",
-            "SE independent / clustered ({unit})",
-            "points",
-            lambda m: f"{100 * m.se_independent:.2f} / {100 * m.se_clustered:.2f}",
-        ),
-    )
+RETRIEVAL_PAIRED = (
+    LABEL,
+    Column("control", "role", format=lambda c: CONTROL_PREFIX if c else "candidate"),
+    Column("length", "context length ({unit})", "tokens", or_text("all")),
+    Column("counts.n", "items"),
+    Column("clustered.clusters", "contexts"),
+    Column("counts.baseline_only", "only {row.baseline} right"),
+    Column("counts.candidate_only", "only this right"),
+    Column("mcnemar_p", "exact McNemar p", format=_p),
+    Column("clustered.mean", "difference ({unit})", "points", POINTS_1),
+    Column("clustered", "clustered 95% ({unit})", "points", _clustered_points),
+    Column(
+        "non_inferiority.non_inferior",
+        "non-inferior at {row.non_inferiority.margin_points:g} points",
+        format=or_text("not judged (no variation)"),
+    ),
+    Column(
+        "clustered",
+        "SE independent / clustered ({unit})",
+        "points",
+        lambda m: f"{100 * m.se_independent:.2f} / {100 * m.se_clustered:.2f}",
+    ),
 )
 
 
