@@ -120,47 +120,31 @@ def redact_text(text: str) -> str:
     return _ASSIGN.sub(assign, text)
 
 
-def redact_args(args: list[Any]) -> list[Any]:
-    """An argument list with the value after any secret-naming option (``--api-key X``) redacted,
-    and ``--api-key=X`` forms and secret-shaped values redacted in place."""
-    out: list[Any] = []
-    hide_next = False
-    for arg in args:
-        if hide_next:  # whatever follows a secret-naming option is its value, even if it looks like a flag
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        if isinstance(arg, str) and arg.startswith("-") and "=" not in arg and is_secret_name(arg):
-            hide_next = True
-            out.append(arg)
-        else:
-            out.append(redact(arg))
-    return out
-
-
 def redact(value: Any) -> Any:
     """A copy of ``value`` (mapping, list, tuple, string, other scalars) with secrets redacted.
 
-    A list or tuple is redacted as an argument list (:func:`redact_args`); mapping keys that name a
-    secret have their whole value redacted, whatever its type."""
+    A list or tuple is an argument list: whatever follows a secret-naming option (``--api-key X``)
+    is its value, even if it looks like a flag. A mapping key that names a secret has its whole value
+    redacted, whatever its type, but for a ``{from_env: NAME}`` reference (it holds no secret)."""
     if isinstance(value, str):
         return redact_text(value)
     if isinstance(value, Mapping):
         return {
-            k: (_redact_named(v) if isinstance(k, str) and is_secret_name(k) else redact(v)) for k, v in value.items()
+            k: (
+                (dict(v) if is_env_reference(v) else REDACTED if v not in (None, "") else v)
+                if isinstance(k, str) and is_secret_name(k)
+                else redact(v)
+            )
+            for k, v in value.items()
         }
-    if isinstance(value, (list, tuple)):
-        items = redact_args(list(value))
-        return tuple(items) if isinstance(value, tuple) else items
-    return value
-
-
-def _redact_named(value: Any) -> Any:
-    """The value of a secret-named field: a ``{from_env: NAME}`` reference is kept (it holds no
-    secret), anything else is replaced."""
-    if is_env_reference(value):
-        return dict(value)
-    return REDACTED if value not in (None, "") else value
+    if not isinstance(value, (list, tuple)):
+        return value
+    items: list[Any] = []
+    for arg in value:
+        prev = items[-1] if items else None
+        after_secret = isinstance(prev, str) and prev.startswith("-") and "=" not in prev and is_secret_name(prev)
+        items.append(REDACTED if after_secret else redact(arg))
+    return tuple(items) if isinstance(value, tuple) else items
 
 
 def is_env_reference(value: Any) -> bool:

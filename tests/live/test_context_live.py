@@ -35,13 +35,13 @@ def test_small_context_sweep_end_to_end(tiny_model: Path, tmp_path: Path) -> Non
     )
     capture = tmp_path / "context"
     outcomes = run_context_sweep(spec, capture, progress=lambda _line: None)
-    status = {o["cell_id"]: o for o in outcomes}
-    assert status["auto__s0__L64"]["status"] == "ok" and status["auto__s0__L512"]["status"] == "ok"
+    status = {o.cell_id: o for o in outcomes}
+    assert status["auto__s0__L64"].status == "ok" and status["auto__s0__L512"].status == "ok"
     if cpu_can_store_fp8_kv():
-        assert status["fp8__s0__L512"]["status"] == "ok"
+        assert status["fp8__s0__L512"].status == "ok"
     else:
-        assert status["fp8__s0__L512"]["status"] == "failed"
-        assert "AVX-512" in status["fp8__s0__L512"]["reason"]
+        assert status["fp8__s0__L512"].status == "failed"
+        assert "AVX-512" in status["fp8__s0__L512"].reason
     assert (capture / "bandwidth.json").is_file()
     rows = read_requests(capture, "auto__s0__L512")  # per-request rows in requests/<cell>.jsonl, not inline
     assert rows and len(rows) == spec.prompts and all(r.input_len for r in rows)

@@ -40,8 +40,13 @@ class GridSpec(Spec):
         model: str
         seeds: list[int]
         server_env: dict[str, Any]
+        ready_timeout_s: float
+
+        def runs(self) -> list[Run]: ...
 
         def cells(self) -> list[Cell]: ...
+
+        def server_config(self, run: Run) -> ServerConfig: ...
 
     @model_validator(mode="after")
     def _cells(self) -> Self:
@@ -93,8 +98,6 @@ class UsersSpec(ServerSpec, GridSpec):
         input_len: int
         output_len: int
         max_model_len: int | None
-
-        def server_config(self, run: Run) -> ServerConfig: ...
 
     @model_validator(mode="after")
     def _lengths(self) -> Self:
@@ -163,17 +166,25 @@ def prepare_capture(
 
 
 def run_cells(
-    spec: S,
+    spec: G,
     capture: Path,
     manifest: dict[str, Any],
-    run_cell: Callable[[S, Path, Cell, Any, str | None], R],
-    failed_cell: Callable[[S, Cell, str, str], R],
+    run_cell: Callable[[G, Path, Cell, Any, str | None], R],
+    failed_cell: Callable[[G, Cell, str, str], R],
     retry_failed: bool,
     progress: Progress,
-    on_cell_start: Callable[[Cell, Any], None] | None,
+    on_cell_start: Callable[[Cell, Any], None] | None = None,
+    max_servers: int | None = None,
+    before_first_start: Callable[[], None] = lambda: None,
 ) -> list[R]:
-    """Run the cells ``capture`` lacks on the grid engine; the results of the cells run now."""
+    """Run the cells ``capture`` lacks on the grid engine, at most ``max_servers`` server starts,
+    ``before_first_start()`` after the model check; the results of the cells run now."""
     tokenizer = spec.model if Path(spec.model).is_dir() else None
+
+    def before() -> None:
+        require_live(spec.model)
+        before_first_start()
+
     plan = GridPlan(
         runs=spec.runs(),
         cells=spec.cells(),
@@ -192,7 +203,8 @@ def run_cells(
         retry_failed=retry_failed,
         progress=progress,
         on_cell_start=on_cell_start,
-        before_first_start=lambda: require_live(spec.model),
+        max_servers=max_servers,
+        before_first_start=before,
     )
 
 

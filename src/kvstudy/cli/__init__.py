@@ -9,7 +9,6 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from typing import Any, NoReturn
 
 from kvstudy.errors import StudyError
@@ -76,15 +75,12 @@ def grid_command(
             lines = [*plan(grid, args.spec), *(c.id for c in todo), f"{len(todo)} of {len(cells)} cells to run"]
             print("\n".join(lines))
             return 0
-        results = [
-            r if isinstance(r, dict) else asdict(r)
-            for r in run(grid, args, f"kvstudy {name} {args.spec} {args.capture}")
-        ]
-        failed = [r for r in results if r["status"] != "ok"]
+        results = run(grid, args, f"kvstudy {name} {args.spec} {args.capture}")
+        failed = [r for r in results if r.status != "ok"]
         for r in failed:
-            print(f"failed: {r['cell_id']}: {r['reason']}", file=sys.stderr)
+            print(f"failed: {r.cell_id}: {r.reason}", file=sys.stderr)
         states = item_states(args.capture, [c.id for c in cells])
-        kept = [c for c, state in states.items() if state == "failed" and c not in {r["cell_id"] for r in results}]
+        kept = [c for c, state in states.items() if state == "failed" and c not in {r.cell_id for r in results}]
         if kept:
             print(
                 f"kept {len(kept)} cell(s) that failed before ({', '.join(kept[:5])}); re-run with --retry-failed",

@@ -1,9 +1,5 @@
 """``kvstudy accuracy``: paired verdicts from lm-eval sample files, or bounds from published totals.
 
-    kvstudy accuracy compare BASE CAND [--filter NAME] [--metric exact_match]
-                                       [--margin-points X | --margin-share S] [--json]
-    kvstudy accuracy totals --n N --baseline A --candidate B [--json]
-
 A count may be negative here: the totals' own check names it. And ``kvstudy gsm8k``: lm-eval
 on served configurations (:mod:`kvstudy.accuracy.runner`), exit 1 when any is not ok.
 """

@@ -6,13 +6,14 @@ manifest); its field names are notebook 05's parameter names.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
 from kvstudy.bench.client import BenchSettings
 from kvstudy.bench.experiment import GridSpec
-from kvstudy.bench.spec import Arm, Arms, Axis, Cell, Env, Run, Seeds, ordered_runs
+from kvstudy.bench.spec import Arm, Arms, Axis, Cell, CellResult, Env, Run, Seeds, ordered_runs
 from kvstudy.errors import StudyError
 from kvstudy.limits import Blocks, Bytes, Gib, Requests, Seconds, Tokens, Warmups
 from kvstudy.model.capacity import load_layout
@@ -106,8 +107,8 @@ class ContextSweepSpec(GridSpec):
         """Every cell in run order; ``tag`` "L": the cell's axis is the input length."""
         return [Cell(r.arm, r.seed, L, "L") for i, r in enumerate(self.runs()) for L in self.lengths_for(i)]
 
-    def server_config(self, arm: str, seed: int) -> ServerConfig:
-        a = self.arm(arm)
+    def server_config(self, run: Run) -> ServerConfig:
+        a = self.arm(run.arm)
         return ServerConfig(
             model=self.model,
             kv_cache_dtype=a.kv_cache_dtype,
@@ -116,7 +117,7 @@ class ContextSweepSpec(GridSpec):
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             cpu_kvcache_space_gib=self.cpu_kvcache_space_gib,
             max_model_len=self.served_max_model_len,
-            seed=seed,
+            seed=run.seed,
             enforce_eager=self.enforce_eager,
             env={**self.server_env, **a.env},
             extra_args=list(a.extra_args),
@@ -131,6 +132,16 @@ class ContextSweepSpec(GridSpec):
             num_warmups=self.warmups,
             seed=cell.seed,
         )
+
+
+@dataclass(kw_only=True)
+class ContextCellResult(CellResult):
+    """What a context cell's ``cells/<cell>.json`` holds beyond every grid's fields."""
+
+    arm: str
+    input_len: int
+    output_len: int
+    duration_s: float | None = None  # vLLM's benchmark duration
 
 
 def model_context_limit(model: str) -> int | None:

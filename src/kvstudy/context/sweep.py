@@ -6,19 +6,11 @@ grid, the lengths in ascending order for even server starts and descending for o
 drift of the machine does not line up with the context length. The KV pool is held fixed by the
 spec (``cpu_kvcache_space_gib`` on vllm-cpu, bytes or blocks on a GPU).
 
-One folder per sweep::
-
-    manifest.json                      kvstudy.capture's format: the grid (spec), the model (inputs),
-                                       how/when/where, versions, sessions, cell states (items)
-    runs/<arm>__s<seed>.json           the server start: resolved record, or why it failed
-    logs/<arm>__s<seed>.server.log     server log;  logs/<cell>.bench.log  the client's output
-    cells/<arm>__s<seed>__L<len>.json  status, settings, reason (no per-request rows)
-    requests/<cell>.jsonl              per-request records (TTFT, TPOT, ITLs, lengths, errors)
-    bench/<cell>.json                  vLLM's saved result (per-request arrays)
-
-The loop, the done rule and resuming are the grid engine's (``kvstudy.bench.grid.run_grid``); this
-module supplies the grid, a start's server config and how one length runs; :func:`analyse_capture`
-reads a capture back: per-arm fits, comparisons against the 16-bit arm, the roofline beside them.
+A capture is the grid engine's folder (``kvstudy.bench.grid``: ``manifest.json``, ``runs/``, ``logs/``,
+``cells/<arm>__s<seed>__L<len>.json``, ``requests/<cell>.jsonl``, ``bench/<cell>.json``) plus
+``bandwidth.json``, the machine's memory bandwidth measured before the first start. The loop, the
+done rule and resuming are the engine's; :func:`analyse_capture` reads a capture back: per-arm
+fits, comparisons against the 16-bit arm, the roofline beside them.
 """
 
 from __future__ import annotations
@@ -40,11 +32,10 @@ from kvstudy.bench.spec import Cell
 from kvstudy.capture import now_utc
 from kvstudy.context import fit
 from kvstudy.context.predict import SlopeRow, roofline_applies
-from kvstudy.context.spec import ContextSweepSpec, default_arms
+from kvstudy.context.spec import ContextCellResult, ContextSweepSpec, default_arms
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, shorten_words
 from kvstudy.model.capacity import kv_footprint
-from kvstudy.model.folder import require_live
 from kvstudy.model.layout import load_layout
 from kvstudy.model.roofline import predicted_slope_ms_per_token
 from kvstudy.progress import Progress
@@ -67,55 +58,40 @@ def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- running
 
 
-def _record(
-    spec: ContextSweepSpec, cell: Cell, status: str, started: str = "", t0: float | None = None, **extra: Any
-) -> dict[str, Any]:
-    """``cells/<cell>.json``: the cell and its settings, ``status``, ``extra``, its start and seconds since ``t0``."""
-    settings = asdict(spec.bench_settings(cell))
-    head = {**spec.identity(cell), "output_len": spec.output_len, "status": status, "settings": settings}
-    return {
-        **head,
-        **extra,
-        "started_utc": started or now_utc(),
-        "seconds": 0.0 if t0 is None else time.monotonic() - t0,
-    }
+def _result(
+    spec: ContextSweepSpec, cell: Cell, reason: str, tail: str = "", status: str = "failed", **fields: Any
+) -> ContextCellResult:
+    """``cells/<cell>.json``: the cell, its settings, ``status`` and why, ``fields``."""
+    return ContextCellResult(
+        **spec.identity(cell),
+        output_len=spec.output_len,
+        status=status,
+        reason=reason,
+        log_tail=tail,
+        settings=asdict(spec.bench_settings(cell)),
+        started_utc=now_utc(),
+        **fields,
+    )
 
 
-def _failed_cell(spec: ContextSweepSpec, cell: Cell, reason: str, tail: str, start_failed: bool) -> dict[str, Any]:
-    extra: dict[str, Any] = {"start_failed": True} if start_failed else {}
-    return _record(spec, cell, "failed", reason=reason, **extra, log_tail=tail)
-
-
-def _run_cell(spec: ContextSweepSpec, capture: Path, cell: Cell, server: Any) -> dict[str, Any]:
+def run_cell(
+    spec: ContextSweepSpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None
+) -> ContextCellResult:
     """One length against a ready server: vLLM's saved result in ``bench/<cell>.json``, its
-    per-request rows in ``requests/<cell>.jsonl``; the returned record is ``cells/<cell>.json``."""
+    per-request rows in ``requests/<cell>.jsonl``; never raises for a bench failure."""
     started, t0 = now_utc(), time.monotonic()
-    tokenizer = spec.model if Path(spec.model).is_dir() else None
     try:
         result, records = grid.bench_cell(
             capture, cell.id, spec.bench_settings(cell), server, tokenizer, spec.bench_timeout_s
         )
     except BenchError as exc:
-        return _record(spec, cell, "failed", started, t0, reason=str(exc), log_tail=exc.log_tail)
-    failed = sum(1 for r in records if not r.success)
-    status = "ok" if records and not failed else "failed"
-    reason = f"{failed} of {len(records)} requests failed" if failed else ("" if records else "no requests")
-    return _record(spec, cell, status, started, t0, reason=reason, duration_s=result.get("duration"))
-
-
-def context_plan(spec: ContextSweepSpec, capture: Path) -> grid.GridPlan[dict[str, Any]]:
-    """The context sweep as a grid: arms x seeds in ``spec.runs()`` order, the input lengths per start."""
-    return grid.GridPlan(
-        runs=spec.runs(),
-        cells=spec.cells(),
-        server_config=lambda run: spec.server_config(run.arm, run.seed),
-        ready_timeout_s=spec.ready_timeout_s,
-        run_cell=lambda cell, server: _run_cell(spec, capture, cell, server),
-        failed_cell=lambda cell, reason, tail, start_failed: _failed_cell(spec, cell, reason, tail, start_failed),
-        record=lambda rec: rec,
-        run_fields=lambda run, cells: {"arm": run.arm, "order": [c.users for c in cells]},
-        scrub=spec.scrub(),
-    )
+        res = _result(spec, cell, str(exc), exc.log_tail)
+    else:
+        failed = sum(1 for r in records if not r.success)
+        reason = f"{failed} of {len(records)} requests failed" if failed else ("" if records else "no requests")
+        res = _result(spec, cell, reason, status="failed" if reason else "ok", duration_s=result.get("duration"))
+    res.started_utc, res.seconds = started, time.monotonic() - t0
+    return res
 
 
 def run_context_sweep(
@@ -125,29 +101,19 @@ def run_context_sweep(
     max_servers: int | None = None,
     retry_failed: bool = False,
     progress: Progress = print,
-) -> list[dict[str, Any]]:
-    """Run the cells ``capture`` lacks, at most ``max_servers`` server starts; return the records
-    (``cells/<cell>.json``) of what ran now.
-
-    The context grid on the one engine (``kvstudy.bench.grid.run_grid``); before the first start the
-    machine's memory bandwidth is measured once into ``bandwidth.json``.
-    """
+) -> list[ContextCellResult]:
+    """Run the cells ``capture`` lacks, at most ``max_servers`` server starts; return the results of
+    what ran now. Before the first start the machine's memory bandwidth is measured once into
+    ``bandwidth.json``."""
     capture = Path(capture)
     manifest = prepare(spec, capture, how)
 
     def before_first_start() -> None:
-        require_live(spec.model)
         if not (capture / BANDWIDTH).is_file():
             record_bandwidth(capture)
 
-    return grid.run_grid(
-        context_plan(spec, capture),
-        capture,
-        manifest,
-        retry_failed=retry_failed,
-        progress=progress,
-        max_servers=max_servers,
-        before_first_start=before_first_start,
+    return experiment.run_cells(
+        spec, capture, manifest, run_cell, _result, retry_failed, progress, None, max_servers, before_first_start
     )
 
 

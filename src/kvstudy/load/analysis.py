@@ -225,11 +225,8 @@ def cell_table(cap: LoadCapture) -> pd.DataFrame:
         row["mean queue (s)"] = delta.get("mean_queue_time_s")
         row |= {f"peak {what}": c.get(f"peak_{column}") for what, column in PEAKS}
         rows.append({**row, "reason": c.get("reason") or ""})
-    out = pd.DataFrame(rows)
-    if len(out):
-        order = {n: i for i, n in enumerate(arm_order(cap))}
-        out = out.assign(_o=out["arm"].map(order)).sort_values(["_o", "seed", "users"]).drop(columns="_o")
-    return out.reset_index(drop=True)
+    order = arm_order(cap)
+    return pd.DataFrame(sorted(rows, key=lambda r: (order.index(r["arm"]), r["seed"], r["users"])))
 
 
 def _ok_cells(cap: LoadCapture) -> pd.DataFrame:

@@ -172,7 +172,7 @@ def test_a_run_records_sessions_and_cell_states(
     )
     lines: list[str] = []
     outcomes = run_context_sweep(spec, cap, how="test", max_servers=1, progress=lines.append)
-    assert fakes == ["auto:0"] and [o["status"] for o in outcomes] == ["ok", "ok"]
+    assert fakes == ["auto:0"] and [o.status for o in outcomes] == ["ok", "ok"]
     assert any("starting the server of auto__s0 for 2 cell(s)" in line for line in lines)
     assert any("auto__s0__L256: ok" in line for line in lines)
     manifest = capture.read_manifest(cap, KIND)
@@ -201,5 +201,5 @@ def test_a_run_records_sessions_and_cell_states(
     assert manifest["created_utc"] == capture.read_manifest(cap)["created_utc"]
     assert capture.read_manifest(cap)["sessions"][2]["items_to_run"] == []
     retried = run_context_sweep(spec, cap, how="test", retry_failed=True, progress=lines.append)
-    assert [o["cell_id"] for o in retried] == ["fp8__s0__L1024", "fp8__s0__L256"]
+    assert [o.cell_id for o in retried] == ["fp8__s0__L1024", "fp8__s0__L256"]
     assert fakes == ["auto:0", "fp8:0", "fp8:0"] and len(capture.read_manifest(cap)["sessions"]) == 4
