@@ -208,9 +208,10 @@ def capture_verdicts(
             bound, note = None, "same KV dtype in both arms: halving KV bytes plays no part"
             if spec.arm(cand).kv_cache_dtype != spec.arm(base).kv_cache_dtype:
                 try:
-                    bound = bound_less_time_pct(max_fp8_gain_pct(spec.model, context, users))
+                    config = model_config(capture.path, spec.model)
+                    bound = bound_less_time_pct(max_fp8_gain_pct(config.parent, context, users))
                     note = (
-                        f"roofline, computed from {spec.model}/config.json at {context} tokens x "
+                        f"roofline, computed from {config} at {context} tokens x "
                         f"{users} user(s); bandwidth cancels, so no bandwidth figure is needed"
                     )
                 except (StudyError, OSError) as exc:

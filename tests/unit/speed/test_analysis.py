@@ -298,6 +298,12 @@ def test_capture_verdicts_use_per_run_requests(tmp_path: Path) -> None:
     assert frame.loc[0, "change"].startswith("faster by")
     assert list(render(verdicts, SPEED_VERDICT_DESIGN).columns[:2]) == ["users", "baseline → candidate"]
     assert "why" not in render(verdicts, SPEED_VERDICT_DESIGN).columns
+    # the capture's own copy of the model's config.json serves where the model folder is absent
+    kept = tmp_path / "model" / "config.json"
+    kept.parent.mkdir()
+    kept.write_text((PUBLISHED.parents[1] / "captures" / "speed-cpu" / "model" / "config.json").read_text())
+    bounded = vt.capture_verdicts(speed.load_capture(tmp_path))[0]
+    assert bounded.bound_pct is not None and bounded.bound_pct > 0 and str(kept) in bounded.bound_note
     assert "p, Holm over 2 tests" in render(verdicts, SPEED_VERDICT_MAIN).columns
     text = vt.finding_text([], verdicts, "vllm-cpu")
     assert "vllm-cpu, 1 user(s): fp8 vs auto: no claim (faster by" in text
