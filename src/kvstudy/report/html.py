@@ -23,10 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import nbformat
 import pandas as pd
 from markupsafe import Markup, escape
-from nbconvert import HTMLExporter
 
 from kvstudy import decision_rule as rule
 from kvstudy.errors import StudyError
@@ -84,6 +82,8 @@ def settings_markdown(values: Mapping[str, Any], given: set[str], folder: Path, 
 def prepare(nb: Any, values: Mapping[str, Any], given: set[str], csv: tuple[Path, str, str]) -> Any:
     """The notebook as the HTML shows it (see the module docstring); ``nb`` is changed in place.
     ``csv``: (folder, name, folder as shown) where the settings table the renderer adds is also written as CSV."""
+    import nbformat  # here, not at module level: it loads jsonschema, seconds of the CLI's start
+
     outputs = [out for cell in nb.cells for out in cell.get("outputs", []) or []]
     own_settings = any((out.get("metadata") or {}).get(SETTINGS_KEY) for out in outputs)  # notebook.settings_table
     cells = []
@@ -111,6 +111,9 @@ def render_html(
     notebook_path: Path, html_path: Path, values: Mapping[str, Any], given: set[str], csv: tuple[Path, str, str]
 ) -> None:
     """Render an executed notebook as the report HTML (prose, tables, figures; no code)."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
     nb = prepare(nbformat.read(notebook_path, as_version=4), values, given, csv)
     exporter = HTMLExporter(
         template_name="lab",

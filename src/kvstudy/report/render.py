@@ -36,9 +36,6 @@ from pathlib import Path
 from typing import Any, TextIO
 from unittest import mock
 
-import papermill as pm
-from papermill.engines import NBClientEngine, papermill_engines
-
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import REPO_ROOT, read_json, read_text_checked, without_machine_paths, write_text_atomic
 from kvstudy.profiles import given_parameters, load_profile, validate_profile
@@ -125,6 +122,7 @@ class ProgressStream:
 @functools.cache
 def _progress_engine() -> str:
     """Register (once) papermill's nbclient engine that tells a :class:`ProgressStream` each cell's start."""
+    from papermill.engines import NBClientEngine, papermill_engines  # here: the CLI's parser imports this module
 
     class ProgressEngine(NBClientEngine):
         @classmethod
@@ -154,6 +152,8 @@ def run_notebook(
     label: str | None = None,
 ) -> NotebookRun:
     """Execute ``source`` into ``out_dir`` and render its HTML there (also after a failure)."""
+    import papermill as pm  # here, not at module level: importing papermill costs the CLI's start about 3 s
+
     # jupyter's kernel chatter (the TCP-without-encryption warning, a dead kernel's "Kernel died while
     # waiting for execute reply") stays off the terminal: what a notebook run ends with is its status
     for name in ("papermill", "traitlets", "jupyter_client", "nbclient"):
