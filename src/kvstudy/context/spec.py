@@ -12,7 +12,7 @@ from typing import Annotated, Self
 from pydantic import Field, model_validator
 
 from kvstudy.bench.client import BenchSettings
-from kvstudy.bench.experiment import GridSpec
+from kvstudy.bench.grid import GridSpec
 from kvstudy.bench.spec import Arm, Arms, Axis, Cell, CellResult, Env, Run, Seeds, ordered_runs
 from kvstudy.errors import StudyError
 from kvstudy.limits import Blocks, Bytes, Gib, Requests, Seconds, Tokens, Warmups

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from kvstudy import capture as capture_format
-from kvstudy.bench import experiment, grid
+from kvstudy.bench import grid
 from kvstudy.bench.client import BenchError
 from kvstudy.bench.measurability import Measurability
 from kvstudy.bench.spec import Cell
@@ -48,11 +48,11 @@ BANDWIDTH = "bandwidth.json"
 # --------------------------------------------------------------------------- capture files
 
 
-load_context_spec = partial(experiment.load_spec, ContextSweepSpec, KIND)
+load_context_spec = partial(grid.load_spec, ContextSweepSpec, KIND)
 
 
 def prepare(spec: ContextSweepSpec, capture: Path, how: str) -> dict[str, Any]:
-    return experiment.prepare_capture(spec, capture, KIND, how or "kvstudy.context.sweep")
+    return grid.prepare_capture(spec, capture, KIND, how or "kvstudy.context.sweep")
 
 
 # --------------------------------------------------------------------------- running
@@ -112,7 +112,7 @@ def run_context_sweep(
         if not (capture / BANDWIDTH).is_file():
             record_bandwidth(capture)
 
-    return experiment.run_cells(
+    return grid.run_cells(
         spec, capture, manifest, run_cell, _result, retry_failed, progress, None, max_servers, before_first_start
     )
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvstudy.bench import experiment
+from kvstudy.bench import grid
 from kvstudy.bench.telemetry import metrics_delta
 from kvstudy.capture import model_config
 from kvstudy.formats import GIB
@@ -38,7 +38,7 @@ PERCENTILES = (50, 90, 99)
 PEAKS = (("running", "running"), ("waiting", "waiting"), ("KV usage", "kv_usage"))  # cell_table columns
 
 
-LoadCapture = experiment.UsersCapture[LoadSpec]
+LoadCapture = grid.UsersCapture[LoadSpec]
 
 
 def _capture_spec(path: Path, manifest: Mapping[str, Any]) -> LoadSpec:
@@ -48,7 +48,7 @@ def _capture_spec(path: Path, manifest: Mapping[str, Any]) -> LoadSpec:
     return spec.model_copy(update={"model": str(model_config(path, spec.model).parent)})
 
 
-load_capture = partial(experiment.read_users_capture, _capture_spec, KIND, ("arm", "seed", "concurrency"))
+load_capture = partial(grid.read_users_capture, _capture_spec, KIND, ("arm", "seed", "concurrency"))
 
 
 def arm_order(cap: LoadCapture) -> list[str]:
@@ -358,7 +358,7 @@ def plot_load(cap: LoadCapture, cells: pd.DataFrame) -> Any:
     import matplotlib.pyplot as plt
 
     order = arm_order(cap)
-    colors = experiment.arm_colors(order)
+    colors = grid.arm_colors(order)
     pools = arm_pools(cap.spec)
     panels = (
         ("output tok/s", "output tokens/s"),
@@ -384,7 +384,7 @@ def plot_load(cap: LoadCapture, cells: pd.DataFrame) -> Any:
             cause = str(failed[failed["users"] == users]["reason"].iloc[0])
             notes.append(f"[{len(notes) + 1}] {arm} at {users} users: {cause[:140]}")
             for ax in axes:
-                experiment.mark_no_run(ax, users, color, ms=9)
+                grid.mark_no_run(ax, users, color, ms=9)
     axes[0].legend(fontsize=8, title="dotted: predicted capacity", title_fontsize=7)
     if notes:
         fig.text(0.01, 0.0, "\n".join(notes), ha="left", va="top", fontsize=8)
@@ -424,7 +424,7 @@ def family_size(cap: LoadCapture) -> int:
     return (len(cap.spec.arms) - 1) * (1 + len(cap.spec.loads()))
 
 
-capture_settings = partial(experiment.capture_settings, load_spec)
+capture_settings = partial(grid.capture_settings, load_spec)
 
 
 def verdict_text(cap: LoadCapture | None, comps: list[UsersComparison]) -> str:
@@ -451,4 +451,4 @@ def verdict_text(cap: LoadCapture | None, comps: list[UsersComparison]) -> str:
     return " ".join(parts)
 
 
-open_or_complete = partial(experiment.open_or_complete, LoadSpec, run_load, load_capture, "nothing to analyse")
+open_or_complete = partial(grid.open_or_complete, LoadSpec, run_load, load_capture, "nothing to analyse")

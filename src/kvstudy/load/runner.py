@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kvstudy.bench import experiment
+from kvstudy.bench import grid
 from kvstudy.bench.client import BenchError
 from kvstudy.bench.grid import bench_cell, cells_to_run
 from kvstudy.bench.result import calculate_metrics, metrics_reported_by_vllm
@@ -30,11 +30,11 @@ from kvstudy.vllm.facts import EQUAL_MEMORY_KNOB
 from kvstudy.vllm.startup_log import parse_startup_text
 
 KIND = "kvstudy load sweep"
-load_spec = partial(experiment.load_spec, LoadSpec, KIND)
+load_spec = partial(grid.load_spec, LoadSpec, KIND)
 
 
 def prepare_capture(spec: LoadSpec, capture: Path, how: str = "") -> dict[str, Any]:
-    return experiment.prepare_capture(
+    return grid.prepare_capture(
         spec,
         capture,
         KIND,
@@ -167,4 +167,4 @@ def run_load(
         check_design(spec)
         check_knobs(spec)
     manifest = prepare_capture(spec, capture, how)
-    return experiment.run_cells(spec, capture, manifest, run_cell, _failed, retry_failed, progress, on_cell_start)
+    return grid.run_cells(spec, capture, manifest, run_cell, _failed, retry_failed, progress, on_cell_start)

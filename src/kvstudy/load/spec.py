@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import Field, model_validator
 
 from kvstudy.bench.client import BenchSettings
-from kvstudy.bench.experiment import UsersSpec
+from kvstudy.bench.grid import UsersSpec
 from kvstudy.bench.spec import Arms, Axis, Cell, CellResult, Run, Seeds
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvstudy.bench import experiment
+from kvstudy.bench import grid
 from kvstudy.bench.grid import Captured
 from kvstudy.bench.spec import ServerSpec
 from kvstudy.errors import StudyError
@@ -51,7 +51,7 @@ def load_capture(path: str | Path) -> Capture:
     """Read a sweep capture folder; StudyError if it is not one. In a collected capture (``kvstudy
     collect``) each block's cells are on its own node's monotonic clock; the manifest's
     ``timeline_offset_s`` per block lays the blocks end to end in plan order."""
-    cap = experiment.read_users_capture(
+    cap = grid.read_users_capture(
         load_spec, KIND, ("cell_id", "configuration", "kv_cache_dtype", "seed", "users"), path
     )
     for block in (cap.manifest.get("blocks") or []) if len(cap.cells) else []:
@@ -228,7 +228,7 @@ def plot_seed_ranges(seeds: pd.DataFrame, order: list[str], failed: dict[tuple[s
     failed = failed or {}
     users = sorted({*seeds["users"].unique(), *(u for _, u in failed)})
     fig, axes = plt.subplots(1, len(users), figsize=(4.2 * len(users), 3.2), squeeze=False)
-    colors = experiment.arm_colors(order)
+    colors = grid.arm_colors(order)
     notes: list[str] = []
     for ax, u in zip(axes[0], users):
         for i, name in enumerate(order):
@@ -238,7 +238,7 @@ def plot_seed_ranges(seeds: pd.DataFrame, order: list[str], failed: dict[tuple[s
                     notes.append(
                         f"[{len(notes) + 1}] {name}, {u} user(s): {shorten_words(failed[(name, int(u))], 150)}"
                     )
-                    experiment.mark_no_run(ax, i, colors[name])
+                    grid.mark_no_run(ax, i, colors[name])
                     ax.annotate(
                         f"no run [{len(notes)}]", (i, 0.04), xycoords=("data", "axes fraction"), ha="center", fontsize=8
                     )
@@ -261,7 +261,7 @@ def plot_distributions(requests: pd.DataFrame, order: list[str]) -> Any:
 
     users = sorted(requests["users"].unique())
     fig, axes = plt.subplots(len(users), 3, figsize=(12, 2.8 * len(users)), squeeze=False)
-    colors = experiment.arm_colors(order)
+    colors = grid.arm_colors(order)
     ok = requests[requests["success"]]
     for row, u in zip(axes, users):
         for ax, (label, column, _) in zip(row, LATENCIES):  # TTFT, TPOT, ITL
@@ -286,7 +286,7 @@ def plot_clock(telemetry: pd.DataFrame, order: list[str]) -> Any:
     has_util = "util_pct" in telemetry and telemetry["util_pct"].notna().any()
     nrows = 2 if has_util else 1
     fig, axes = plt.subplots(nrows, len(users), figsize=(4.8 * len(users), 2.8 * nrows), squeeze=False)
-    colors = experiment.arm_colors(order)
+    colors = grid.arm_colors(order)
     device = str(telemetry["device"].iloc[0])
     for j, u in enumerate(users):
         t = telemetry[telemetry["users"] == u]
@@ -325,9 +325,9 @@ def describe_spec(spec: SweepSpec) -> pd.DataFrame:
 
 
 open_or_complete = partial(
-    experiment.open_or_complete, SweepSpec, run_sweep, load_capture, "only the published table is shown"
+    grid.open_or_complete, SweepSpec, run_sweep, load_capture, "only the published table is shown"
 )
-capture_settings = partial(experiment.capture_settings, load_spec)
+capture_settings = partial(grid.capture_settings, load_spec)
 
 
 def cell_status_frame(capture: Capture) -> pd.DataFrame:
@@ -481,7 +481,7 @@ def plot_concurrency(points: list[ConcurrencyPoint], order: list[str]) -> Any:
     failed or unmeasurable arm is marked, numbered, with its cause under the axes."""
     import matplotlib.pyplot as plt
 
-    colors = experiment.arm_colors(order)
+    colors = grid.arm_colors(order)
     users = sorted({p.users for p in points})
     marked = [p for p in points if p.state != "measured"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6 + 0.22 * len(marked)))

@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kvstudy.bench import experiment
+from kvstudy.bench import grid
 from kvstudy.bench.client import MEASURED_RUN_MARKER, BenchError
 from kvstudy.bench.grid import bench_cell
 from kvstudy.bench.result import calculate_metrics, metrics_reported_by_vllm
@@ -46,7 +46,7 @@ from kvstudy.progress import Progress
 from kvstudy.speed.spec import SpeedCellResult, SweepSpec
 
 KIND = "kvstudy speed sweep"
-load_spec = partial(experiment.load_spec, SweepSpec, KIND)
+load_spec = partial(grid.load_spec, SweepSpec, KIND)
 
 
 def prepare_capture(spec: SweepSpec, capture: Path, how: str = "") -> dict[str, Any]:
@@ -56,7 +56,7 @@ def prepare_capture(spec: SweepSpec, capture: Path, how: str = "") -> dict[str, 
         "meaning": RUN_ORDERS[spec.run_order],
         "server_starts": [r.id for r in spec.runs()],
     }
-    return experiment.prepare_capture(
+    return grid.prepare_capture(
         spec, capture, KIND, how or "kvstudy.speed.runner.run_sweep", lambda: {"run_order": run_order}
     )
 
@@ -159,4 +159,4 @@ def run_sweep(
     cells run now. ``on_cell_start(cell, server)`` is called before each cell (tests inject faults)."""
     capture = Path(capture)
     manifest = prepare_capture(spec, capture, how)
-    return experiment.run_cells(spec, capture, manifest, run_cell, _failed, retry_failed, progress, on_cell_start)
+    return grid.run_cells(spec, capture, manifest, run_cell, _failed, retry_failed, progress, on_cell_start)

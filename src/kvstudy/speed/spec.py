@@ -13,7 +13,7 @@ from typing import Self
 from pydantic import Field, model_validator
 
 from kvstudy.bench.client import BenchSettings
-from kvstudy.bench.experiment import UsersCapture, UsersSpec
+from kvstudy.bench.grid import UsersCapture, UsersSpec
 from kvstudy.bench.spec import Arms, Axis, Cell, CellResult, Run, Seeds
 from kvstudy.limits import Blocks, Bytes, Gib, Requests, Seconds, Tokens, Users, Warmups
 from kvstudy.vllm.command import ServerConfig
