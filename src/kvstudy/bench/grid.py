@@ -1,7 +1,7 @@
 """The one grid engine of every sweep: server starts (arm x seed, in the experiment's order), each
-running its bench cells; an experiment supplies a :class:`GridPlan`, the engine owns the rest. Also
-what the experiments share on it: the grid specs' bases, a capture's spec, the plan and run, and the
-notebook helpers.
+running its bench cells; an experiment supplies its spec (a :class:`GridSpec`) and how one cell runs,
+the engine owns the rest. Also what the experiments share on it: the grid specs' bases, a capture's
+spec and the notebook helpers.
 
 A cell is done when ``cells/<cell>.json`` exists (``capture.needs_run``; failed ones rerun only with
 ``retry_failed``, earlier logs kept). A start that fails marks its cells failed with the reason and
@@ -35,33 +35,6 @@ from kvstudy.vllm.command import ServerConfig
 
 if TYPE_CHECKING:
     import pandas as pd
-
-R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class GridPlan(Generic[R]):
-    """What an experiment supplies; everything else is the engine's.
-
-    ``runs`` are the server starts in order and ``cells`` every cell, in the order the starts run
-    them; ``run_cell(cell, server)`` runs one cell against a ready server, writes its own files (bench
-    output, ``write_requests``) and returns its result without raising for a bench failure (a
-    StudyError it raises fails the cell); ``failed_cell(cell, reason, log_tail, start_failed)`` is
-    the result of a cell that could not run; ``record(result)`` is what ``cells/<cell>.json``
-    holds (its status and reason among it); ``run_fields(run, cells)`` adds the
-    experiment's own fields to ``runs/<run>.json``; ``scrub`` removes secrets from log text.
-    """
-
-    runs: Sequence[Run]
-    cells: Sequence[Cell]
-    server_config: Callable[[Run], Any]
-    ready_timeout_s: float
-    run_cell: Callable[[Cell, Any], R]
-    failed_cell: Callable[[Cell, str, str, bool], R]
-    record: Callable[[R], dict[str, Any]]
-    run_fields: Callable[[Run, Sequence[Cell]], dict[str, Any]] = lambda run, cells: {}
-    scrub: Callable[[str], str] = lambda text: text
-
 
 # --------------------------------------------------------------------------- files
 
@@ -244,97 +217,6 @@ def read_capture(path: str | Path, kind: str | None = None, keys: Sequence[str] 
     return GridCapture(path, manifest, cells, runs, tuple(keys))
 
 
-# --------------------------------------------------------------------------- running
-
-
-def run_grid(
-    plan: GridPlan[R],
-    capture: str | Path,
-    manifest: dict[str, Any],
-    *,
-    retry_failed: bool = False,
-    progress: Progress = print,
-    on_cell_start: Callable[[Cell, Any], None] | None = None,
-    max_servers: int | None = None,
-    before_first_start: Callable[[], None] | None = None,
-) -> list[R]:
-    """Run the cells of ``plan`` that ``capture`` lacks (and its failed ones with ``retry_failed``),
-    at most ``max_servers`` server starts; return the results of the cells run now.
-
-    ``before_first_start()`` runs once when there is anything to run (the experiment's checks that
-    the engine and model are here, a bandwidth probe), before the session is recorded.
-    """
-    from kvstudy.run_record import server_record
-    from kvstudy.vllm.server import EngineStartError, VllmServer
-
-    capture = Path(capture)
-    every = [c.id for c in plan.cells]
-    todo = {c.id for c in cells_to_run(capture, plan.cells, retry_failed)}
-    if todo and before_first_start is not None:
-        before_first_start()
-    session = capture_format.start_session(manifest, [c for c in every if c in todo])
-    update_manifest(capture, manifest, every)
-    results: list[R] = []
-    tracker = Tracker(len(todo), progress)
-    starts = 0
-
-    def keep(cell: Cell, result: R, said: str = "") -> None:
-        record = plan.record(result)
-        write_record(capture / CELLS / f"{cell.id}.json", record)
-        results.append(result)
-        update_manifest(capture, manifest, every)
-        status, why = record["status"], str(record.get("reason") or "")
-        tracker.finished(cell.id, said or ("ok" if status == "ok" else f"{status}: {why[:160]}"))
-
-    try:
-        for run in plan.runs:
-            cells = [c for c in plan.cells if c.run == run and c.id in todo]
-            if not cells:
-                continue
-            if max_servers is not None and starts >= max_servers:
-                break
-            starts += 1
-            log_path = capture / LOGS / f"{run.id}.server.log"
-            tracker.note(f"starting the server of {run.id} for {len(cells)} cell(s)")
-            capture_format.keep_old_attempt(log_path)
-            fields = {"run_id": run.id, "seed": run.seed, **plan.run_fields(run, cells)}
-            try:
-                with VllmServer(plan.server_config(run), log_path, ready_timeout_s=plan.ready_timeout_s) as server:
-                    ok = {"status": "ok", **fields}
-                    try:
-                        ok["record"] = server_record(server)
-                    except Exception as exc:  # a record that cannot be built must not lose the measurements
-                        ok.update(record={}, record_error=f"{type(exc).__name__}: {exc}")
-                    write_record(capture / RUNS / f"{run.id}.json", ok)
-                    for cell in cells:
-                        if on_cell_start is not None:
-                            on_cell_start(cell, server)
-                        capture_format.keep_old_attempt(capture / LOGS / f"{cell.id}.bench.log")
-                        keep(cell, _run_one(plan, cell, server, log_path))
-            except EngineStartError as exc:
-                reason = " ".join(str(exc.args[0]).split())
-                tail = plan.scrub(getattr(exc, "log_tail", "") or "")
-                tracker.note(f"{run.id}: the server did not start: {reason[:200]}")
-                failed_run = {"status": "failed", **fields, "reason": plan.scrub(reason), "log_tail": tail}
-                write_record(capture / RUNS / f"{run.id}.json", failed_run)
-                for cell in cells:  # no cell ran: _run_one turns a cell's StudyError into its result
-                    result = plan.failed_cell(cell, f"server did not start: {reason}", tail, True)
-                    keep(cell, result, f"failed: the server of {run.id} did not start")
-    finally:
-        capture_format.finish_session(session)
-        update_manifest(capture, manifest, every)
-    return results
-
-
-def _run_one(plan: GridPlan[R], cell: Cell, server: Any, log_path: Path) -> R:
-    if not server.is_alive():
-        return plan.failed_cell(cell, "the server had stopped before this cell started", log_tail(log_path), False)
-    try:
-        return plan.run_cell(cell, server)
-    except StudyError as exc:  # e.g. an unreadable client result
-        return plan.failed_cell(cell, str(exc), log_tail(log_path), False)
-
-
 # --------------------------------------------------------------------------- the experiments' grids
 
 MANIFEST = capture_format.MANIFEST
@@ -478,47 +360,98 @@ def prepare_capture(
     return manifest
 
 
-def run_cells(
+def run_grid(
     spec: G,
-    capture: Path,
+    capture: str | Path,
     manifest: dict[str, Any],
     run_cell: Callable[[G, Path, Cell, Any, str | None], RC],
     failed_cell: Callable[[G, Cell, str, str], RC],
-    retry_failed: bool,
-    progress: Progress,
+    retry_failed: bool = False,
+    progress: Progress = print,
     on_cell_start: Callable[[Cell, Any], None] | None = None,
     max_servers: int | None = None,
     before_first_start: Callable[[], None] = lambda: None,
 ) -> list[RC]:
-    """Run the cells ``capture`` lacks on the grid engine, at most ``max_servers`` server starts,
-    ``before_first_start()`` after the model check; the results of the cells run now."""
-    tokenizer = spec.model if Path(spec.model).is_dir() else None
+    """Run the cells of ``spec`` that ``capture`` lacks (and its failed ones with ``retry_failed``),
+    at most ``max_servers`` server starts (``spec.runs()``, each running its cells in ``spec.cells()``
+    order); return the results of the cells run now.
 
-    def before() -> None:
+    ``run_cell(spec, capture, cell, server, tokenizer)`` runs one cell against a ready server, writes
+    its own files (bench output, ``write_requests``) and returns its result without raising for a
+    bench failure (a StudyError it raises fails the cell); ``failed_cell(spec, cell, reason,
+    log_tail)`` is the result of a cell that could not run. When there is anything to run, the model
+    is checked and ``before_first_start()`` runs (a bandwidth probe), before the session is recorded.
+    """
+    from kvstudy.run_record import server_record
+    from kvstudy.vllm.server import EngineStartError, VllmServer
+
+    capture = Path(capture)
+    tokenizer = spec.model if Path(spec.model).is_dir() else None
+    every = [c.id for c in spec.cells()]
+    todo = {c.id for c in cells_to_run(capture, spec.cells(), retry_failed)}
+    if todo:
         require_live(spec.model)
         before_first_start()
+    session = capture_format.start_session(manifest, [c for c in every if c in todo])
+    update_manifest(capture, manifest, every)
+    results: list[RC] = []
+    tracker = Tracker(len(todo), progress)
+    scrub = spec.scrub()
+    starts = 0
 
-    plan = GridPlan(
-        runs=spec.runs(),
-        cells=spec.cells(),
-        server_config=spec.server_config,
-        ready_timeout_s=spec.ready_timeout_s,
-        run_cell=lambda cell, server: run_cell(spec, capture, cell, server, tokenizer),
-        failed_cell=lambda cell, reason, tail, _start_failed: failed_cell(spec, cell, reason, tail),
-        record=asdict,
-        run_fields=lambda run, _cells: {spec.ARMS.removesuffix("s"): run.arm},
-        scrub=spec.scrub(),
-    )
-    return run_grid(
-        plan,
-        capture,
-        manifest,
-        retry_failed=retry_failed,
-        progress=progress,
-        on_cell_start=on_cell_start,
-        max_servers=max_servers,
-        before_first_start=before,
-    )
+    def keep(cell: Cell, result: RC, said: str = "") -> None:
+        write_record(capture / CELLS / f"{cell.id}.json", asdict(result))
+        results.append(result)
+        update_manifest(capture, manifest, every)
+        tracker.finished(
+            cell.id, said or ("ok" if result.status == "ok" else f"{result.status}: {result.reason[:160]}")
+        )
+
+    try:
+        for run in spec.runs():
+            cells = [c for c in spec.cells() if c.run == run and c.id in todo]
+            if not cells:
+                continue
+            if max_servers is not None and starts >= max_servers:
+                break
+            starts += 1
+            log_path = capture / LOGS / f"{run.id}.server.log"
+            tracker.note(f"starting the server of {run.id} for {len(cells)} cell(s)")
+            capture_format.keep_old_attempt(log_path)
+            fields = {"run_id": run.id, "seed": run.seed, spec.ARMS.removesuffix("s"): run.arm}
+            try:
+                with VllmServer(spec.server_config(run), log_path, ready_timeout_s=spec.ready_timeout_s) as server:
+                    ok = {"status": "ok", **fields}
+                    try:
+                        ok["record"] = server_record(server)
+                    except Exception as exc:  # a record that cannot be built must not lose the measurements
+                        ok.update(record={}, record_error=f"{type(exc).__name__}: {exc}")
+                    write_record(capture / RUNS / f"{run.id}.json", ok)
+                    for cell in cells:
+                        if on_cell_start is not None:
+                            on_cell_start(cell, server)
+                        capture_format.keep_old_attempt(capture / LOGS / f"{cell.id}.bench.log")
+                        if not server.is_alive():
+                            why = "the server had stopped before this cell started"
+                            keep(cell, failed_cell(spec, cell, why, log_tail(log_path)))
+                            continue
+                        try:
+                            keep(cell, run_cell(spec, capture, cell, server, tokenizer))
+                        except StudyError as exc:  # e.g. an unreadable client result
+                            keep(cell, failed_cell(spec, cell, str(exc), log_tail(log_path)))
+            except EngineStartError as exc:
+                reason = " ".join(str(exc.args[0]).split())
+                tail = scrub(getattr(exc, "log_tail", "") or "")
+                tracker.note(f"{run.id}: the server did not start: {reason[:200]}")
+                failed_run = {"status": "failed", **fields, "reason": scrub(reason), "log_tail": tail}
+                write_record(capture / RUNS / f"{run.id}.json", failed_run)
+                for cell in cells:  # no cell ran
+                    result = failed_cell(spec, cell, f"server did not start: {reason}", tail)
+                    keep(cell, result, f"failed: the server of {run.id} did not start")
+    finally:
+        capture_format.finish_session(session)
+        update_manifest(capture, manifest, every)
+    return results
 
 
 # --------------------------------------------------------------------------- notebook helpers

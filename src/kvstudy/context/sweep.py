@@ -112,7 +112,7 @@ def run_context_sweep(
         if not (capture / BANDWIDTH).is_file():
             record_bandwidth(capture)
 
-    return grid.run_cells(
+    return grid.run_grid(
         spec, capture, manifest, run_cell, _result, retry_failed, progress, None, max_servers, before_first_start
     )
 

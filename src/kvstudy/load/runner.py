@@ -167,4 +167,4 @@ def run_load(
         check_design(spec)
         check_knobs(spec)
     manifest = prepare_capture(spec, capture, how)
-    return grid.run_cells(spec, capture, manifest, run_cell, _failed, retry_failed, progress, on_cell_start)
+    return grid.run_grid(spec, capture, manifest, run_cell, _failed, retry_failed, progress, on_cell_start)

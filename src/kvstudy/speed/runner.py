@@ -159,4 +159,4 @@ def run_sweep(
     cells run now. ``on_cell_start(cell, server)`` is called before each cell (tests inject faults)."""
     capture = Path(capture)
     manifest = prepare_capture(spec, capture, how)
-    return grid.run_cells(spec, capture, manifest, run_cell, _failed, retry_failed, progress, on_cell_start)
+    return grid.run_grid(spec, capture, manifest, run_cell, _failed, retry_failed, progress, on_cell_start)

@@ -5,16 +5,17 @@ progress lines and the capture files. The speed and context sweeps' own tests ru
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from kvstudy import capture as capture_format
 from kvstudy.bench import grid
 from kvstudy.bench.result import RequestRecord
-from kvstudy.bench.spec import Cell, Run
+from kvstudy.bench.spec import Arm, Cell, CellResult, Run
 from kvstudy.errors import StudyError
 from kvstudy.progress import silent
 from kvstudy.vllm import server as engine
@@ -57,43 +58,56 @@ class FakeServer:
         return self.alive
 
 
-def toy_plan(capture: Path, ran: list[str], fail_cell: str | None = None) -> grid.GridPlan[dict[str, Any]]:
-    runs = [Run("auto", 0), Run("fp8", 0), Run("fp8", 1), Run("auto", 1)]
-    cells = [Cell(r.arm, r.seed, n, "n") for i, r in enumerate(runs) for n in ((1, 2) if i % 2 else (2, 1))]
+class ToySpec(grid.GridSpec):
+    """Four starts (auto, fp8, fp8, auto) of two cells each, in alternating user order."""
 
-    def run_cell(cell: Cell, server: Any) -> dict[str, Any]:
+    AXIS: ClassVar[str] = "users"
+    CELL_KEY: ClassVar[str] = "users"
+    model: str = "toy"
+    arms: list[Arm] = [Arm(name="auto"), Arm(name="fp8", kv_cache_dtype="fp8")]
+    seeds: list[int] = [0, 1]
+    users: list[int] = [1, 2]
+    server_env: dict[str, Any] = {}
+    ready_timeout_s: float = 1.0
+
+    def runs(self) -> list[Run]:
+        return [Run("auto", 0), Run("fp8", 0), Run("fp8", 1), Run("auto", 1)]
+
+    def cells(self) -> list[Cell]:
+        return [Cell(r.arm, r.seed, n, "n") for i, r in enumerate(self.runs()) for n in ((1, 2) if i % 2 else (2, 1))]
+
+    def server_config(self, run: Run) -> Any:
+        return ToyConfig(run.arm, run.seed)
+
+    def scrub(self) -> Callable[[str], str]:
+        return lambda text: text.replace("hf_SecretValue123", "[redacted]")
+
+
+def _failed(spec: ToySpec, cell: Cell, reason: str, tail: str) -> CellResult:
+    return CellResult(
+        cell_id=cell.id, kv_cache_dtype=cell.arm, seed=cell.seed, status="failed", reason=reason, log_tail=tail
+    )
+
+
+def run_toy(capture: Path, ran: list[str], fail_cell: str | None = None, **kwargs: Any) -> list[CellResult]:
+    """The toy grid on the engine; ``fail_cell`` raises a StudyError."""
+
+    def run_cell(spec: ToySpec, capture: Path, cell: Cell, server: Any, tokenizer: str | None) -> CellResult:
         ran.append(cell.id)
         if cell.id == fail_cell:
             raise StudyError(f"bench/{cell.id}.json: unreadable")
         grid.write_requests(capture, cell.id, [RequestRecord(0, 1.0, 5.0, 50.0, 1.0, [1.0], 8, 4)])
-        return {"cell_id": cell.id, "status": "ok"}
+        return CellResult(cell_id=cell.id, kv_cache_dtype=cell.arm, seed=cell.seed, status="ok")
 
-    def failed(cell: Cell, reason: str, tail: str, start_failed: bool) -> dict[str, Any]:
-        return {
-            "cell_id": cell.id,
-            "status": "failed",
-            "reason": reason,
-            "log_tail": tail,
-            "start_failed": start_failed,
-        }
-
-    return grid.GridPlan(
-        runs=runs,
-        cells=cells,
-        server_config=lambda run: ToyConfig(run.arm, run.seed),
-        ready_timeout_s=1.0,
-        run_cell=run_cell,
-        failed_cell=failed,
-        record=lambda rec: rec,
-        run_fields=lambda run, cells: {"arm": run.arm, "order": [c.users for c in cells]},
-        scrub=lambda text: text.replace("hf_SecretValue123", "[redacted]"),
-    )
+    manifest = kwargs.pop("manifest", None) or _manifest(capture)
+    return grid.run_grid(ToySpec(), capture, manifest, run_cell, _failed, **{"progress": silent, **kwargs})
 
 
 @pytest.fixture
 def fake_server(monkeypatch: pytest.MonkeyPatch) -> type[FakeServer]:
     FakeServer.starts, FakeServer.fail = [], set()
     monkeypatch.setattr(engine, "VllmServer", FakeServer)
+    monkeypatch.setattr(grid, "require_live", lambda model: None)
     monkeypatch.setattr(capture_format, "machine_section", lambda: {"machine": {"cpu": "test"}, "versions": {}})
     return FakeServer
 
@@ -106,19 +120,18 @@ def _manifest(capture: Path) -> dict[str, Any]:
 
 def test_runs_in_the_plans_order_and_a_rerun_runs_nothing(tmp_path: Path, fake_server: type[FakeServer]) -> None:
     ran: list[str] = []
-    plan = toy_plan(tmp_path, ran)
-    results = grid.run_grid(plan, tmp_path, _manifest(tmp_path), progress=silent)
+    results = run_toy(tmp_path, ran)
     assert fake_server.starts == ["auto:0", "fp8:0", "fp8:1", "auto:1"]
-    assert ran == [c.id for c in plan.cells] == [r["cell_id"] for r in results]
+    assert ran == [c.id for c in ToySpec().cells()] == [r.cell_id for r in results]
     assert ran[:4] == ["auto__s0__n2", "auto__s0__n1", "fp8__s0__n1", "fp8__s0__n2"]  # each start's own order
     run = json.loads((tmp_path / "runs" / "fp8__s0.json").read_text())
-    assert run["status"] == "ok" and run["arm"] == "fp8" and run["order"] == [1, 2] and "record" in run
+    assert run["status"] == "ok" and run["arm"] == "fp8" and "record" in run
     rows = (tmp_path / "requests" / "auto__s0__n2.jsonl").read_text().splitlines()
     assert [json.loads(r)["tpot_ms"] for r in rows] == [1.0]
     manifest = capture_format.read_manifest(tmp_path)
     assert manifest["complete"] is True and list(manifest["items"]) == ran
     ran.clear()
-    assert grid.run_grid(plan, tmp_path, manifest, progress=silent) == [] and ran == []
+    assert run_toy(tmp_path, ran, manifest=manifest) == [] and ran == []
     assert len(fake_server.starts) == 4 and capture_format.read_manifest(tmp_path)["sessions"][-1]["items_to_run"] == []
 
 
@@ -128,11 +141,11 @@ def test_failed_start_fails_its_cells_with_reason_and_tail_and_others_go_on(
     fake_server.fail = {"fp8"}
     ran: list[str] = []
     lines: list[str] = []
-    results = grid.run_grid(toy_plan(tmp_path, ran), tmp_path, _manifest(tmp_path), progress=lines.append)
-    failed = {r["cell_id"]: r for r in results if r["status"] == "failed"}
+    results = run_toy(tmp_path, ran, progress=lines.append)
+    failed = {r.cell_id: r for r in results if r.status == "failed"}
     assert sorted(failed) == ["fp8__s0__n1", "fp8__s0__n2", "fp8__s1__n1", "fp8__s1__n2"]
     cell = json.loads((tmp_path / "cells" / "fp8__s1__n2.json").read_text())
-    assert cell["start_failed"] is True and cell["reason"].startswith("server did not start: vLLM server exited")
+    assert cell["reason"].startswith("server did not start: vLLM server exited")
     assert "needs AVX-512" in cell["reason"] and "\n" not in cell["reason"]
     assert cell["log_tail"] == "RuntimeError: Engine core initialization failed. [redacted]"
     run = json.loads((tmp_path / "runs" / "fp8__s0.json").read_text())
@@ -146,7 +159,7 @@ def test_failed_start_fails_its_cells_with_reason_and_tail_and_others_go_on(
 def test_a_failure_is_kept_and_runs_again_only_with_retry_failed(tmp_path: Path, fake_server: type[FakeServer]) -> None:
     ran: list[str] = []
     manifest = _manifest(tmp_path)
-    grid.run_grid(toy_plan(tmp_path, ran, fail_cell="fp8__s1__n1"), tmp_path, manifest, progress=silent)
+    run_toy(tmp_path, ran, fail_cell="fp8__s1__n1", manifest=manifest)
     cell = json.loads((tmp_path / "cells" / "fp8__s1__n1.json").read_text())
     assert cell["status"] == "failed" and "unreadable" in cell["reason"] and "server fp8 1" in cell["log_tail"]
     assert grid.cell_status(tmp_path, "fp8__s1__n1") == "failed"
@@ -154,9 +167,9 @@ def test_a_failure_is_kept_and_runs_again_only_with_retry_failed(tmp_path: Path,
     bench_log.write_text("first attempt")
     ran.clear()
     fake_server.starts = []
-    assert grid.run_grid(toy_plan(tmp_path, ran), tmp_path, manifest, progress=silent) == [] and ran == []
-    again = grid.run_grid(toy_plan(tmp_path, ran), tmp_path, manifest, retry_failed=True, progress=silent)
-    assert [r["cell_id"] for r in again] == ["fp8__s1__n1"] and fake_server.starts == ["fp8:1"]
+    assert run_toy(tmp_path, ran, manifest=manifest) == [] and ran == []
+    again = run_toy(tmp_path, ran, manifest=manifest, retry_failed=True)
+    assert [r.cell_id for r in again] == ["fp8__s1__n1"] and fake_server.starts == ["fp8:1"]
     assert (tmp_path / "logs" / "fp8__s1__n1.bench.attempt1.log").read_text() == "first attempt"
     assert (tmp_path / "logs" / "fp8__s1.server.attempt1.log").read_text().startswith("server fp8 1")
     assert capture_format.read_manifest(tmp_path)["complete"] is True
@@ -169,11 +182,11 @@ def test_a_server_that_stopped_fails_the_cells_left_to_it(tmp_path: Path, fake_s
         if cell.id == "fp8__s0__n2":
             server.alive = False
 
-    grid.run_grid(toy_plan(tmp_path, ran), tmp_path, _manifest(tmp_path), progress=silent, on_cell_start=kill_before)
+    run_toy(tmp_path, ran, on_cell_start=kill_before)
     assert "fp8__s0__n2" not in ran and "fp8__s0__n1" in ran
     cell = json.loads((tmp_path / "cells" / "fp8__s0__n2.json").read_text())
     assert cell["status"] == "failed" and "stopped before this cell" in cell["reason"]
-    assert cell["start_failed"] is False and "server fp8 0" in cell["log_tail"]
+    assert "server fp8 0" in cell["log_tail"]
 
 
 def test_max_servers_stops_after_that_many_starts_and_a_resume_goes_on(
@@ -181,13 +194,13 @@ def test_max_servers_stops_after_that_many_starts_and_a_resume_goes_on(
 ) -> None:
     ran: list[str] = []
     manifest = _manifest(tmp_path)
-    first = grid.run_grid(toy_plan(tmp_path, ran), tmp_path, manifest, progress=silent, max_servers=1)
+    first = run_toy(tmp_path, ran, manifest=manifest, max_servers=1)
     assert fake_server.starts == ["auto:0"] and len(first) == 2
     assert grid.item_states(tmp_path, ["auto__s0__n1", "fp8__s0__n1"]) == {
         "auto__s0__n1": "ok",
         "fp8__s0__n1": "missing",
     }
-    grid.run_grid(toy_plan(tmp_path, ran), tmp_path, manifest, progress=silent)
+    run_toy(tmp_path, ran, manifest=manifest)
     assert fake_server.starts == ["auto:0", "fp8:0", "fp8:1", "auto:1"] and len(ran) == 8
 
 
@@ -195,12 +208,8 @@ def test_nothing_to_run_starts_nothing_and_skips_the_live_checks(tmp_path: Path,
     ran: list[str] = []
     checks: list[str] = []
     manifest = _manifest(tmp_path)
-    grid.run_grid(
-        toy_plan(tmp_path, ran), tmp_path, manifest, progress=silent, before_first_start=lambda: checks.append("x")
-    )
-    grid.run_grid(
-        toy_plan(tmp_path, ran), tmp_path, manifest, progress=silent, before_first_start=lambda: checks.append("y")
-    )
+    run_toy(tmp_path, ran, manifest=manifest, before_first_start=lambda: checks.append("x"))
+    run_toy(tmp_path, ran, manifest=manifest, before_first_start=lambda: checks.append("y"))
     assert checks == ["x"]
 
 
