@@ -73,13 +73,13 @@ def capture_runs(capture: Capture, configuration: str, users: int) -> list[RunSu
     records (``capture.grid``), measurability assessed, with its median clock, the range of its clock
     samples in its window, and its start (``started_mono_s``, else the bench window's, on the capture's
     one monotonic clock)."""
-    cells = [
-        c
-        for c in capture.grid.cells.values()
-        if c.ok and c.data["configuration"] == configuration and c.data["users"] == users
-    ]
+    cells = capture.cells
+    if not len(cells):
+        return []
+    sel = cells[(cells["status"] == "ok") & (cells["configuration"] == configuration) & (cells["users"] == users)]
     out = []
-    for cell in sorted(cells, key=lambda c: c.data["seed"]):
+    for _, row in sel.sort_values("seed").iterrows():
+        cell = capture.grid.cells[row["cell_id"]]
         window, samples, clock = (
             cell.data.get(k) for k in ("bench_window_s", "clock_samples_in_window", "median_clock_mhz")
         )
@@ -96,14 +96,14 @@ def capture_runs(capture: Capture, configuration: str, users: int) -> list[RunSu
             clock_samples_in_window=samples,
         )
         clocks = window_clocks(cell.telemetry, *(window or (None, None)))
-        start = cell.data.get("started_mono_s")
+        start = row.get("started_mono_s")
         out.append(
             summarise_run(
                 cell.requests,
                 m,
-                start_time_s=float(start) if start is not None else float(window[0]) if window else None,
+                start_time_s=float(start) if pd.notna(start) else float(window[0]) if window else None,
                 median_clock_mhz=None if clock is None else float(clock),
-                block=int(cell.data["seed"]),
+                block=int(row["seed"]),
                 clock_range_mhz=float(max(clocks) - min(clocks)) if clocks else None,
             )
         )
