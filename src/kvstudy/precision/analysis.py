@@ -540,7 +540,6 @@ def screen_facts(
     state = equivalence(cand.kl.low, cand.kl.high, margin_kl)
     if state.state != "undecided" and margin_kl is not None and floor.kl.high >= margin_kl:
         state = Equivalence("undecided", "the A/A floor alone reaches the margin")
-    simulated = group.engine.startswith("simulated")
     return {
         "equivalence": state.state,
         "equivalence_reason": state.reason,
@@ -561,7 +560,7 @@ def screen_facts(
         "prompts": cand.prompts,
         "candidate": _arm_label(group, arm),
         "engine": group.engine,
-        "simulated": simulated,
+        "simulated": group.engine.startswith("simulated"),
     }
 
 

@@ -117,7 +117,7 @@ def screen_grade(
     paired = dv.pair_rows(capture.logp[(group.name, group.baseline)], capture.logp[(group.name, group.candidates[0])])
     if paired.kl is None:
         raise StudyError(f"{screen_capture}: no top-k log-probabilities (run kv-screen with --top-k)")
-    kl, t = paired.kl, paired.tost or paired.test
+    kl, t = paired.kl, paired.tost
     top1 = paired.top1_agreement if paired.top1_agreement is not None else math.nan
     return dv.Grade(
         factor, change, low, high, kl.mean, paired.test.mean, bf16_change, kl.low, kl.high, t.ci_low, t.ci_high, top1
