@@ -9,7 +9,7 @@ from totals); reading and running captures is :mod:`kvstudy.accuracy.runner`'s.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -192,11 +192,6 @@ def finished(results: Mapping[str, ConfigResult], name: str) -> ConfigResult:
     return res
 
 
-def _by_item(results: ConfigResult, filter_name: str, ids: set[int] | None = None) -> dict[Hashable, bool]:
-    """Item id -> correct, the input of kvstudy.stats.binary (``ids``: only these items)."""
-    return {k: v for k, v in correctness(results.records, filter_name).items() if ids is None or k in ids}
-
-
 def _candidates(results: Mapping[str, ConfigResult], baseline: str) -> list[ConfigResult]:
     """Finished configurations of the run's model asked like the baseline (same shots), the
     baseline left out (a weak baseline on another model is no arm)."""
@@ -237,13 +232,13 @@ def paired_rows(
     """Each finished configuration against the baseline on the same items (binary.compare),
     non-inferiority judged at a margin in points and at a share of the baseline's score."""
     base = finished(results, baseline)
-    base_correct = _by_item(base, filter_name)
+    base_correct = correctness(base.records, filter_name)
     base_resp = {r.doc_id: r.response for r in base.records}
     rows = []
     for res in _candidates(results, baseline):
         cmp = binary.compare(
             base_correct,
-            _by_item(res, filter_name),
+            correctness(res.records, filter_name),
             margin_points=margin_points,
             baseline_label=base.label,
             candidate_label=res.label,
@@ -393,13 +388,15 @@ def retrieval_paired(
     discordant items, exact McNemar p, the difference with its clustered 95 % interval, and
     non-inferiority at ``margin_points`` judged on that interval (its lower limit above -margin)."""
     base = results[baseline]
+    base_correct = correctness(base.records, filter_name)
+    lengths: list[int | None] = [*sorted({r.target_tokens for r in base.records}), None]
     rows = []
     for res in _candidates(results, baseline):
-        lengths: list[int | None] = [*sorted({r.target_tokens for r in base.records}), None]
+        cand = correctness(res.records, filter_name)
         for length in lengths:
             keep = [r for r in base.records if length is None or r.target_tokens == length]
-            ids = {r.doc_id for r in keep}
-            b, c = _by_item(base, filter_name, ids), _by_item(res, filter_name, ids)
+            b = {r.doc_id: base_correct[r.doc_id] for r in keep}
+            c = {k: v for k, v in cand.items() if k in b}
             counts = binary.paired_counts(b, c, f"{res.label} vs {base.label}")
             cl = clustered_difference(b, c, {r.doc_id: r.context_id for r in keep})
             p = binary.mcnemar_exact(counts.baseline_only, counts.candidate_only)

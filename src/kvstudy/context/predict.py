@@ -51,7 +51,7 @@ class SlopeFigure:
 class SlopeDerivation:
     """What one slope figure implies."""
 
-    id: str
+    figure: SlopeFigure
     slope_ratio: float  # candidate / baseline (from absolute slopes when printed)
     slope_ratio_pct: float
     slope_reduction_pct: float  # (1 - ratio) x 100
@@ -60,6 +60,10 @@ class SlopeDerivation:
     fixed_cost_ms: float | None  # slope difference x break-even length
     fixed_cost_bf16_slope_tokens: float | None  # (1 - ratio) x break-even: the fixed cost in tokens of baseline slope
     statement: str
+
+    @property
+    def id(self) -> str:
+        return self.figure.id
 
 
 def load_published(path: str | Path | None = None) -> dict[str, Any]:
@@ -112,38 +116,13 @@ def derive_slope(figure: SlopeFigure) -> SlopeDerivation:
             f"tokens of baseline ITL slope (no absolute slope printed)"
         )
     return SlopeDerivation(
-        figure.id, ratio, ratio * 100, (1 - ratio) * 100, source, diff, fixed_ms, fixed_tokens, statement
+        figure, ratio, ratio * 100, (1 - ratio) * 100, source, diff, fixed_ms, fixed_tokens, statement
     )
 
 
 def derive_all(path: str | Path | None = None) -> list[SlopeDerivation]:
     """``derive_slope`` for every published slope figure."""
     return [derive_slope(f) for f in slope_figures(path)]
-
-
-def published_table(path: str | Path | None = None) -> Any:
-    """One row per slope figure: as printed and as derived (a pandas DataFrame)."""
-    import pandas as pd
-
-    rows = []
-    for fig, der in zip(slope_figures(path), derive_all(path)):
-        rows.append(
-            {
-                "id": fig.id,
-                "model": fig.model,
-                "gpu": fig.gpu,
-                "candidate": fig.candidate,
-                "slope bf16 (ms/token)": fig.slope_baseline_ms_per_token,
-                "slope fp8 (ms/token)": fig.slope_candidate_ms_per_token,
-                "printed ratio %": fig.slope_ratio_printed_pct,
-                "ratio %": der.slope_ratio_pct,
-                "reduction %": der.slope_reduction_pct,
-                "break-even tokens": fig.break_even_tokens,
-                "fixed FP8 cost (ms)": der.fixed_cost_ms,
-                "fixed cost (tokens of bf16 slope)": der.fixed_cost_bf16_slope_tokens,
-            }
-        )
-    return pd.DataFrame(rows).set_index("id")
 
 
 # --------------------------------------------------------------------------- the roofline beside them
@@ -199,7 +178,8 @@ def published_vs_roofline(
     H100 slope, so using it here would predict that slope from itself.
     """
     rows: list[RooflineRow] = []
-    for fig, der in zip(slope_figures(path), derive_all(path)):
+    for der in derive_all(path):
+        fig = der.figure
         folder, gpu = _folder(models_root, fig.model), find_gpu(fig.gpu or assumed_gpu)
         assumed = "" if fig.gpu else f"GPU not given by the text; {assumed_gpu} assumed"
         skip = "sliding_window" if "skip-layers sliding_window" in fig.candidate else None

@@ -142,31 +142,42 @@ class Calibration:
     """The margin read off a ladder, or why there is none."""
 
     state: str  # "calibrated" or "not calibrated"
-    margin_kl: float | None
-    margin_delta_logp: float | None  # a magnitude, nats/token
-    grade: float | None  # the factor at which accuracy first fell by loss_points
-    change_points: float | None
-    change_low: float | None
-    change_high: float | None
     ranked: dict[str, bool]  # instrument -> the grades rank in order on it (no reversal beyond the noise)
     reason: str
+    margin_kl: float | None = None
+    margin_delta_logp: float | None = None  # a magnitude, nats/token
+    grade: float | None = None  # the factor at which accuracy first fell by loss_points
+    change_points: float | None = None
+    change_low: float | None = None
+    change_high: float | None = None
     margin_kl_high: float | None = None  # the KL's upper one-sided bound at that grade
     below: float | None = None  # the largest factor below it (its accuracy change did not reach the loss)
     below_kl: float | None = None  # that grade's KL: the 2-point loss lies between below_kl and margin_kl
 
 
-def in_order(values: Sequence[float], lows: Sequence[float], highs: Sequence[float], increasing: bool) -> bool:
-    """No larger grade is better than a smaller one beyond the noise: a reversal counts when the two
-    grades' intervals do not overlap (without intervals, nan: any reversal counts)."""
-    for i in range(len(values) - 1):
-        a, b = values[i], values[i + 1]
-        reversed_ = b < a if increasing else b > a
-        if not reversed_:
-            continue
-        hi_b, lo_a = (highs[i + 1], lows[i]) if increasing else (highs[i], lows[i + 1])
-        if not (math.isfinite(hi_b) and math.isfinite(lo_a)) or hi_b < lo_a:
-            return False
-    return True
+# instrument -> the Grade fields of its value and its bounds, and whether it rises with the factor
+INSTRUMENTS = {
+    "KL": ("kl", "kl_low", "kl_high", True),
+    "Δ log p": ("delta_logp", "delta_logp_low", "delta_logp_high", False),
+    "accuracy": ("change_points", "change_low", "change_high", False),
+}
+
+
+def ranked(grades: Sequence[Grade], instruments: Sequence[str] = tuple(INSTRUMENTS)) -> dict[str, bool]:
+    """Per instrument, whether no larger grade is better than a smaller one beyond the noise: a reversal
+    counts when the two grades' intervals do not overlap (without intervals, nan: any reversal counts)."""
+    ladder = sorted(grades, key=lambda g: g.factor)
+    out = {}
+    for name in instruments:
+        *fields, rises = INSTRUMENTS[name]
+        value, low, high = ([float(getattr(g, f)) for g in ladder] for f in fields)
+        if not rises:  # the same test on the negated values, whose bounds swap
+            value, low, high = [-v for v in value], [-h for h in high], [-lo for lo in low]
+        out[name] = all(
+            not b < a or (math.isfinite(hi_b) and math.isfinite(lo_a) and hi_b >= lo_a)
+            for a, b, lo_a, hi_b in zip(value, value[1:], low, high[1:])
+        )
+    return out
 
 
 def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Calibration:
@@ -192,18 +203,9 @@ def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Cali
             f"control ladder: grade {broken.factor:g} already loses {-broken.bf16_change_points:.1f} points "
             "with 16-bit KV: the checkpoint is broken, not the FP8 storage; expected every grade to match 16-bit"
         )
-
-    def order(value: str, low: str, high: str, increasing: bool) -> bool:
-        values, lows, highs = ([float(getattr(g, f)) for g in ladder] for f in (value, low, high))
-        return in_order(values, lows, highs, increasing)
-
-    ranked = {
-        "KL": order("kl", "kl_low", "kl_high", True),
-        "Δ log p": order("delta_logp", "delta_logp_low", "delta_logp_high", False),
-        "accuracy": order("change_points", "change_low", "change_high", False),
-    }
+    ranks = ranked(ladder)
     reached = next((g for g in ladder if g.change_high < -loss_points), None)
-    unranked = ", ".join(name for name, ok in ranked.items() if not ok)
+    unranked = ", ".join(name for name, ok in ranks.items() if not ok)
     if unranked or reached is None:
         why = (
             f"the grades are out of order on: {unranked}"
@@ -211,19 +213,19 @@ def calibrate(grades: Sequence[Grade], loss_points: float = LOSS_POINTS) -> Cali
             else f"no grade is shown to lose {loss_points:g} points (the largest factor {ladder[-1].factor:g} "
             f"changes accuracy by {ladder[-1].change_points:+.1f} points)"
         )
-        return Calibration("not calibrated", None, None, None, None, None, None, ranked, why)
+        return Calibration("not calibrated", ranks, why)
     below = ladder[ladder.index(reached) - 1] if ladder.index(reached) > 0 else None
     return Calibration(
         "calibrated",
+        ranks,
+        f"factor {reached.factor:g} is the first grade shown to lose {loss_points:g} points or more "
+        f"({reached.change_points:+.1f}, 95 % {reached.change_low:+.1f} to {reached.change_high:+.1f})",
         reached.kl,
         abs(reached.delta_logp),
         reached.factor,
         reached.change_points,
         reached.change_low,
         reached.change_high,
-        ranked,
-        f"factor {reached.factor:g} is the first grade shown to lose {loss_points:g} points or more "
-        f"({reached.change_points:+.1f}, 95 % {reached.change_low:+.1f} to {reached.change_high:+.1f})",
         reached.kl_high if math.isfinite(reached.kl_high) else None,
         below.factor if below else None,
         below.kl if below else None,
@@ -538,7 +540,6 @@ def screen_facts(
     state = equivalence(cand.kl.low, cand.kl.high, margin_kl)
     if state.state != "undecided" and margin_kl is not None and floor.kl.high >= margin_kl:
         state = Equivalence("undecided", "the A/A floor alone reaches the margin")
-    simulated = group.engine.startswith("simulated")
     return {
         "equivalence": state.state,
         "equivalence_reason": state.reason,
@@ -559,7 +560,7 @@ def screen_facts(
         "prompts": cand.prompts,
         "candidate": _arm_label(group, arm),
         "engine": group.engine,
-        "simulated": simulated,
+        "simulated": group.engine.startswith("simulated"),
     }
 
 

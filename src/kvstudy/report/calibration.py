@@ -117,7 +117,7 @@ def screen_grade(
     paired = dv.pair_rows(capture.logp[(group.name, group.baseline)], capture.logp[(group.name, group.candidates[0])])
     if paired.kl is None:
         raise StudyError(f"{screen_capture}: no top-k log-probabilities (run kv-screen with --top-k)")
-    kl, t = paired.kl, paired.tost or paired.test
+    kl, t = paired.kl, paired.tost
     top1 = paired.top1_agreement if paired.top1_agreement is not None else math.nan
     return dv.Grade(
         factor, change, low, high, kl.mean, paired.test.mean, bf16_change, kl.low, kl.high, t.ci_low, t.ci_high, top1
@@ -179,11 +179,7 @@ def read_ladder(folder: str | Path) -> Ladder:
     margin_task = min(((c.grade, t) for t, c in calibrations.items() if c.state == "calibrated"), default=(0, None))[1]
     why = "; ".join(f"{TASKS[t]}: {c.reason}" for t, c in calibrations.items())
     first = next(iter(calibrations.values()))
-    margin = (
-        calibrations[margin_task]
-        if margin_task
-        else dv.Calibration("not calibrated", None, None, None, None, None, None, first.ranked, why)
-    )
+    margin = calibrations[margin_task] if margin_task else dv.Calibration("not calibrated", first.ranked, why)
     how, engine = str(data.get("how", "")), str(get_field(data, "engine", str, where))
     return Ladder(folder, grades, calibrations, scaled, margin, margin_task, how, engine)
 
@@ -260,17 +256,12 @@ def ladder_table(ladder: Ladder, shown: bool = True) -> Any:
 def ladder_sentence(ladder: Ladder) -> str:
     """The ranking of each instrument and the margin, in words."""
     screened = {g.factor: g for rows in ladder.grades.values() for g in rows}  # every grade's screen, by factor
-    rows = [screened[f] for f in sorted(screened)]
-
-    def ranked(field: str, up: bool) -> bool:
-        value, low, high = ([float(getattr(g, f)) for g in rows] for f in (field, f"{field}_low", f"{field}_high"))
-        return dv.in_order(value, low, high, increasing=up)
 
     def order(ranks: dict[str, bool]) -> str:
         return ", ".join(f"{name} {'in order' if ok else 'OUT OF ORDER'}" for name, ok in ranks.items())
 
     factors = ", ".join(f"{f:g}" for f in sorted(screened))
-    screen = order({"KL": ranked("kl", True), "Δ log p": ranked("delta_logp", False)})
+    screen = order(dv.ranked(list(screened.values()), ("KL", "Δ log p")))
     parts = [f"The screen over every grade screened without scales (factors {factors}): {screen}."]
     for task, cal in ladder.calibrations.items():
         parts.append(f"{TASKS[task]} ladder ({len(ladder.grades[task])} grades): {order(cal.ranked)}.")

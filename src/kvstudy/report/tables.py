@@ -213,6 +213,21 @@ ADMISSION = (
 
 # --------------------------------------------------------------------------- notebook 05 (context)
 
+PUBLISHED_SLOPES = (  # kvstudy.context.predict.SlopeDerivation: each figure as printed and as derived
+    Column("id", "id"),
+    Column("figure.model", "model"),
+    Column("figure.gpu", "gpu"),
+    Column("figure.candidate", "candidate"),
+    Column("figure.slope_baseline_ms_per_token", "slope bf16 (ms/token)"),
+    Column("figure.slope_candidate_ms_per_token", "slope fp8 (ms/token)"),
+    Column("figure.slope_ratio_printed_pct", "printed ratio %"),
+    Column("slope_ratio_pct", "ratio %"),
+    Column("slope_reduction_pct", "reduction %"),
+    Column("figure.break_even_tokens", "break-even tokens"),
+    Column("fixed_cost_ms", "fixed FP8 cost (ms)"),
+    Column("fixed_cost_bf16_slope_tokens", "fixed cost (tokens of bf16 slope)"),
+)
+
 ROOFLINE_VS_PUBLISHED = (
     Column("figure", "figure"),
     Column("quantity", "quantity"),

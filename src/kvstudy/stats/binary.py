@@ -410,9 +410,9 @@ def clustered_mean(
 
 
 def clustered_difference(
-    baseline: Mapping[Hashable, bool],
-    candidate: Mapping[Hashable, bool],
-    cluster_of: Mapping[Hashable, Hashable],
+    baseline: Mapping[Any, bool],
+    candidate: Mapping[Any, bool],
+    cluster_of: Mapping[Any, Hashable],
     alpha: float = ALPHA,
 ) -> ClusteredMean:
     """Candidate minus baseline accuracy over paired items, clustered by shared context (at least
