@@ -16,7 +16,7 @@ from kvstudy.bench.grid import GridCapture, GridPlan, cells_to_run, read_capture
 from kvstudy.bench.spec import Arm, Cell, CellResult, Run, ServerSpec, Spec, ordered_runs
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_GRID_CELLS
-from kvstudy.model.folder import require_live
+from kvstudy.model.config_fields import require_live
 from kvstudy.progress import Progress
 from kvstudy.redact import resolve_env, scrub, secret_values
 from kvstudy.vllm.command import ServerConfig

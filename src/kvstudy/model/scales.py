@@ -24,8 +24,13 @@ import numpy as np
 from kvstudy.errors import StudyError
 from kvstudy.io import check_regular_file, parse_json_text, read_bytes_checked, read_json_object, type_name
 from kvstudy.limits import MAX_LAYERS
-from kvstudy.model.config_fields import HF_QUANT_CONFIG, checkpoint_kv_dtype, config_int
-from kvstudy.model.folder import cached_snapshots, resolve_model_path
+from kvstudy.model.config_fields import (
+    HF_QUANT_CONFIG,
+    cached_snapshots,
+    checkpoint_kv_dtype,
+    config_int,
+    resolve_model_path,
+)
 from kvstudy.model.scale_verdicts import (
     ScaleReport,
     ScaleTensor,

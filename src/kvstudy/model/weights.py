@@ -15,8 +15,7 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
 from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR
-from kvstudy.model.config_fields import HF_QUANT_CONFIG, config_int, nemotron_h_pattern, usable_int
-from kvstudy.model.folder import load_config
+from kvstudy.model.config_fields import HF_QUANT_CONFIG, config_int, load_config, nemotron_h_pattern, usable_int
 from kvstudy.model.layout import LINEAR, MLA, SHARED, LayerSpec, ModelLayout, layout_from_config, text_config
 from kvstudy.vllm.facts import DTYPE_BYTES, KV_RULES_SOURCE
 
