@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import MissingPrerequisite, StudyError
-from kvstudy.io import REPO_ROOT, read_json, read_json_object, type_name
+from kvstudy.io import REPO_ROOT, read_json, read_json_object, short_repr, type_name
 from kvstudy.limits import MAX_FILE_NUMBER, MAX_LAYERS
 from kvstudy.vllm.facts import MODELOPT_KV_ALGO
 from kvstudy.vllm.kv_specs import require_engine
@@ -114,19 +114,11 @@ def config_int(
             raise StudyError(f"{where}: missing field '{key}' (expected {expected})")
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise StudyError(f"{where}: field '{key}' is {type_name(value)} {_short(value)} (expected {expected})")
+        raise StudyError(f"{where}: field '{key}' is {type_name(value)} {short_repr(value)} (expected {expected})")
     if not low <= value <= high:
         bound = f"at most {high:,}" if value > high else expected
-        raise StudyError(f"{where}: field '{key}' is {_short(value)} (expected {bound})")
+        raise StudyError(f"{where}: field '{key}' is {short_repr(value)} (expected {bound})")
     return value
-
-
-def _short(value: Any) -> str:
-    try:
-        text = repr(value)
-    except ValueError:  # an int past Python's digit limit for text
-        return "a number of more than 4300 digits"
-    return text if len(text) <= 60 else text[:40] + f"... ({len(text):,} characters)"
 
 
 # Fields that do not change the KV layout (checked by name or by these endings), left out of the
