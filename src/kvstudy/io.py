@@ -424,13 +424,13 @@ def get_field(data: Any, field_path: str, kind: type | tuple[type, ...], where: 
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         names = {**_TYPE_NAMES, bool: "true/false"}
         expected = " or ".join(names.get(k, k.__name__) for k in asked)
-        raise StudyError(f"{where}: {field_path}: expected {expected}, got {type_name(value)} {_short(value)}")
+        raise StudyError(f"{where}: {field_path}: expected {expected}, got {type_name(value)} {short_repr(value)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise StudyError(f"{where}: {field_path}: expected a finite number, got {value!r}")
     return value
 
 
-def _short(value: Any, limit: int = 40) -> str:
+def short_repr(value: Any, limit: int = 40) -> str:
     """``repr(value)`` cut to ``limit`` characters (huge values stay on one short line)."""
     try:
         text = repr(value)
@@ -447,7 +447,7 @@ def bounded_int(value: Any, where: str, low: int | None = None, high: int | None
     if isinstance(value, str) and _INT_TEXT.fullmatch(text := value.strip().replace(",", "").replace("_", "")):
         value = int(text)
     if isinstance(value, bool) or not isinstance(value, int) or value.bit_length() > 4 * MAX_NUMBER_DIGITS:
-        raise StudyError(f"{where}: expected an integer, got {_short(value)}")
+        raise StudyError(f"{where}: expected an integer, got {short_repr(value)}")
     return _check_range(value, where, low, high)
 
 
@@ -459,7 +459,7 @@ def bounded_float(value: Any, where: str, low: float | None = None, high: float 
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() <= 1000:
         value = float(value)
     if not isinstance(value, float) or not math.isfinite(value):
-        raise StudyError(f"{where}: expected a number, got {_short(value)}")
+        raise StudyError(f"{where}: expected a number, got {short_repr(value)}")
     return _check_range(value, where, low, high)
 
 

@@ -27,7 +27,7 @@ from kvstudy.context.spec import ContextSweepSpec
 from kvstudy.decision_rule import Thresholds
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
-from kvstudy.io import REPO_ROOT, check_write_target, is_finite_number, read_yaml, write_text_atomic
+from kvstudy.io import REPO_ROOT, check_write_target, is_finite_number, read_yaml, short_repr, write_text_atomic
 from kvstudy.limits import (
     MAX_AXIS_VALUES,
     MAX_EXTENDS,
@@ -97,9 +97,8 @@ def check_profile_name(name: Any, where: str = "profile") -> str:
     """``name`` if it is a plain profile name (no folder, no suffix), else one line naming ``where``."""
     plain = isinstance(name, str) and PROFILE_NAME.match(name) and ".." not in name
     if not plain or name.endswith((".yaml", ".yml")):
-        shown = "a huge integer" if isinstance(name, int) and name.bit_length() >= 200 else repr(name)
         raise StudyError(
-            f"{where}: {shown if len(shown) <= 80 else shown[:77] + '...'} is not a profile name; give the name of a file in profiles/ without "
+            f"{where}: {short_repr(name, 80)} is not a profile name; give the name of a file in profiles/ without "
             f"folder or .yaml (for example {'PROFILE=' if where == 'profile' else ''}reference)"
         )
     return str(name)

@@ -31,7 +31,7 @@ from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
 from kvstudy.io import file_digest, weights_digest
 from kvstudy.machine import hardware_info, package_versions, vllm_distribution
-from kvstudy.model.allocator import mamba_cache_mode_for, predict_logged_pool
+from kvstudy.model.allocator import mamba_cache_mode_for, predict_logged_pool, server_option
 from kvstudy.model.scales import inspect_model
 from kvstudy.redact import redact
 from kvstudy.vllm.command import ServerConfig, build_command, recorded_environment, server_environment
@@ -70,16 +70,6 @@ class Difference:
     def __str__(self) -> str:
         extra = f" ({self.note})" if self.note else ""
         return f"{self.field}: {self.a!r} vs {self.b!r}{extra}"
-
-
-def _block_size(config: ServerConfig, device: str | None) -> int:
-    args = [str(a) for a in config.extra_args]
-    for i, arg in enumerate(args):
-        if arg == "--block-size" and i + 1 < len(args):
-            return int(args[i + 1])
-        if arg.startswith("--block-size="):
-            return int(arg.split("=", 1)[1])
-    return device_defaults(device)["block_size"]
 
 
 def kv_memory(config: ServerConfig, info: StartupInfo) -> tuple[int | None, str]:
@@ -130,7 +120,7 @@ def _capacity(
             block_size=block_size,
             num_blocks_override=override,
             device="cpu" if info.device == "cpu" else "cuda",
-            mamba_cache_mode=mamba_cache_mode_for(list(config.extra_args)),
+            mamba_cache_mode=mamba_cache_mode_for(config.extra_args),
         )
     except StudyError as exc:
         return {**out, "error": str(exc)}
@@ -165,7 +155,8 @@ def build_record(config: ServerConfig, log_path: Path, port: int | None = None) 
     dist = vllm_distribution()
     version = dist[1] if dist else None
     model_folder = Path(config.model)
-    block = _block_size(config, info.device)
+    given = server_option(config.extra_args, "--block-size")
+    block = int(given) if given is not None else device_defaults(info.device)["block_size"]
     memory, memory_source = kv_memory(config, info)
     resolved = asdict(info)
     resolved.update(block_size=block, kv_memory_bytes=memory)

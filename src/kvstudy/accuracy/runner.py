@@ -34,7 +34,7 @@ from kvstudy.bench.spec import Spec
 from kvstudy.capture import now_utc
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, strip_ansi, write_json_atomic, write_jsonl_atomic
-from kvstudy.model.folder import require_live
+from kvstudy.model.config_fields import require_live
 from kvstudy.progress import Progress
 
 OFFLINE_TASK = "gsm8k_offline"

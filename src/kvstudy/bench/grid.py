@@ -28,7 +28,7 @@ from kvstudy.bench.telemetry import ClockSample, Sampler, read_telemetry_jsonl
 from kvstudy.errors import StudyError
 from kvstudy.io import log_tail, read_json_object
 from kvstudy.limits import MAX_GRID_CELLS
-from kvstudy.model.folder import require_live
+from kvstudy.model.config_fields import require_live
 from kvstudy.progress import Progress, Tracker
 from kvstudy.redact import resolve_env, scrub, secret_values
 from kvstudy.vllm.command import ServerConfig

@@ -37,7 +37,7 @@ from kvstudy.bench.spec import one_line
 from kvstudy.errors import StudyError
 from kvstudy.io import bounded_int, get_field, parse_json_text, type_name
 from kvstudy.limits import MAX_RESPONSE_BYTES, MAX_TOKENS
-from kvstudy.tools import gsm8k_data, retrieval_data
+from kvstudy.tools import retrieval_data, train_data
 from kvstudy.vllm.facts import DEFAULT_MAX_LOGPROBS, MAX_LOGPROBS_REFUSAL
 
 TIMEOUT_S = 600.0  # one completions answer (a long prompt on 2 CPU cores)
@@ -282,7 +282,7 @@ def score_prompt(server: Server, prompt: ScoredPrompt, top_k: int) -> tuple[dict
 def gsm8k_prompts(n: int, path: str | Path = GSM8K_TEST, prefix: str = "gsm8k") -> list[ScoredPrompt]:
     """The first ``n`` GSM8K-format problems, each its own cluster, in lm-eval's zero-shot gsm8k
     prompt (``Question: {q}\\nAnswer:``) continued by ``" "`` + the worked solution."""
-    problems = gsm8k_data.read_split(path)[:n] if n else []
+    problems = train_data.read_split(path)[:n] if n else []
     return [
         ScoredPrompt(
             f"{prefix}-{i}",
@@ -290,7 +290,7 @@ def gsm8k_prompts(n: int, path: str | Path = GSM8K_TEST, prefix: str = "gsm8k") 
             f"{prefix}-{i}",
             f"Question: {p.question}\nAnswer:",
             " " + p.answer,
-            gsm8k_data.final_answer(p.answer),
+            train_data.final_answer(p.answer),
         )
         for i, p in enumerate(problems)
     ]

@@ -10,8 +10,8 @@ from kvstudy.cli import force_option
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json
 from kvstudy.limits import MAX_FACTOR, MAX_ITEMS, MAX_NEEDLES, MAX_SEED, float_arg, int_arg, output_folder
-from kvstudy.tools import gsm8k_data
 from kvstudy.tools import tiny_model as tm
+from kvstudy.tools import train_data
 from kvstudy.tools.retrieval_data import RetrievalSet, write_retrieval_data
 from kvstudy.tools.train_data import TrainSettings
 from kvstudy.tools.train_model import DEFAULT_OUT, evaluate_gsm8k, evaluate_retrieval, run_training
@@ -86,7 +86,7 @@ def add_checkpoints(subparsers: Any) -> None:
 
 
 def _gsm8k_data(args: argparse.Namespace) -> int:
-    for split, path in gsm8k_data.write_splits(args.folder, args.seed, args.n_test, args.n_train, args.force).items():
+    for split, path in train_data.write_splits(args.folder, args.seed, args.n_test, args.n_train, args.force).items():
         print(f"{split}: {path}")
     return 0
 
@@ -95,13 +95,13 @@ def add_gsm8k_data(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "gsm8k-data",
         help="write the offline GSM8K-format train/test files",
-        description=gsm8k_data.__doc__,
+        description=train_data.GSM8K_DATA_DOC,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("folder", type=output_folder, help="where to write train.jsonl and test.jsonl")
-    parser.add_argument("--seed", type=int_arg(0, MAX_SEED), default=gsm8k_data.SEED)
-    parser.add_argument("--n-test", type=int_arg(1, MAX_ITEMS), default=gsm8k_data.N_TEST)
-    parser.add_argument("--n-train", type=int_arg(1, MAX_ITEMS), default=gsm8k_data.N_TRAIN)
+    parser.add_argument("--seed", type=int_arg(0, MAX_SEED), default=train_data.SEED)
+    parser.add_argument("--n-test", type=int_arg(1, MAX_ITEMS), default=train_data.N_TEST)
+    parser.add_argument("--n-train", type=int_arg(1, MAX_ITEMS), default=train_data.N_TRAIN)
     force_option(parser)
     parser.set_defaults(func=_gsm8k_data)
 

@@ -36,7 +36,7 @@ from kvstudy.distribute.plan import ENGINE_PACKAGES, Strict, check_block_id, exp
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import read_json, write_json_atomic
 from kvstudy.machine import NvmlUnavailable, hardware_info, nvml_session, nvml_text, package_versions
-from kvstudy.model.folder import require_live
+from kvstudy.model.config_fields import require_live
 from kvstudy.progress import Progress
 
 BLOCK_RECORD = capture_format.BLOCK_RECORD

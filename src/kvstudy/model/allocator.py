@@ -11,9 +11,11 @@ mode (``MambaSpec.max_memory_usage_bytes``); KV-shared layers (gemma-3n) hold no
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.model.capacity import (
@@ -204,21 +206,28 @@ def vllm_layer_records(
     return records
 
 
-def mamba_cache_mode_for(server_args: list[str]) -> str:
+def mamba_cache_mode_for(server_args: Sequence[Any]) -> str:
     """The mamba cache mode vLLM 0.32 runs hybrid models' state layers in for these server arguments
     (vllm/model_executor/models/config.py MambaModelConfig): "none" when prefix caching is off
     (``--no-enable-prefix-caching``), whatever ``--mamba-cache-mode`` says; with prefix caching on
     (the default) "align", unless ``--mamba-cache-mode`` names another mode than "none"."""
-    args = [str(a) for a in server_args]
-    if "--no-enable-prefix-caching" in args:
+    if "--no-enable-prefix-caching" in map(str, server_args):
         return "none"
-    explicit = None
-    for index, arg in enumerate(args):
-        if arg.startswith("--mamba-cache-mode="):
-            explicit = arg.split("=", 1)[1]
-        elif arg == "--mamba-cache-mode" and index + 1 < len(args):
-            explicit = args[index + 1]
+    explicit = server_option(server_args, "--mamba-cache-mode")
     return explicit if explicit not in (None, "none") else DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING
+
+
+def server_option(server_args: Sequence[Any], name: str) -> str | None:
+    """The value of option ``name`` (``name VALUE`` or ``name=VALUE``; the last given, as argparse
+    reads it) in a server's arguments, None when it is not given."""
+    args = [str(a) for a in server_args]
+    found = None
+    for arg, after in zip(args, [*args[1:], None]):
+        if arg == name and after is not None:
+            found = after
+        elif arg.startswith(f"{name}="):
+            found = arg.split("=", 1)[1]
+    return found
 
 
 def kv_memory_for_pool(

@@ -19,7 +19,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
-from kvstudy.io import is_finite_number
+from kvstudy.io import is_finite_number, short_repr
 from kvstudy.model.layout import (
     CHUNKED,
     FULL,
@@ -123,7 +123,7 @@ def state_bytes(layer: LayerSpec, model_dtype: str, tensor_parallel_size: int = 
 
 def check_positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise StudyError(f"{name} {repr(value)[:40]}: expected a positive integer")
+        raise StudyError(f"{name} {short_repr(value)}: expected a positive integer")
     return value
 
 

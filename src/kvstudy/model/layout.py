@@ -18,6 +18,7 @@ from kvstudy.limits import MAX_LAYERS
 from kvstudy.model.config_fields import (
     checkpoint_kv_dtype,
     config_int,
+    load_config,
     model_dtype,
     named_items,
     nemotron_h_pattern,
@@ -25,7 +26,6 @@ from kvstudy.model.config_fields import (
     unread_fields,
     usable_int,
 )
-from kvstudy.model.folder import load_config
 from kvstudy.vllm.facts import INDEXER_QUANT_BLOCK, INDEXER_SCALE_BYTES, KV_RULES_SOURCE, NEMOTRON_H_SSM_STATE_DTYPE
 
 FULL = "full_attention"

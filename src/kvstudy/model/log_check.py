@@ -20,7 +20,7 @@ from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_POOL_CODE_LAYERS
 from kvstudy.model.allocator import predict_logged_pool, vllm_layer_records
 from kvstudy.model.capacity import GIB, LINEAR, ModelLayout, kv_heads_per_gpu, resolve_kv_dtype
-from kvstudy.model.folder import load_config
+from kvstudy.model.config_fields import load_config
 from kvstudy.model.oracle import resolve_layout
 from kvstudy.vllm.command import version_release
 from kvstudy.vllm.facts import (

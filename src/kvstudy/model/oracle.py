@@ -24,8 +24,7 @@ from typing import Any
 
 from kvstudy.errors import StudyError
 from kvstudy.limits import MAX_LAYERS, MAX_POOL_CODE_LAYERS
-from kvstudy.model.config_fields import usable_int
-from kvstudy.model.folder import load_config
+from kvstudy.model.config_fields import load_config, usable_int
 from kvstudy.model.layout import (
     CHUNKED,
     FULL,

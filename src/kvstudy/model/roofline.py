@@ -31,8 +31,7 @@ from typing import Any
 from kvstudy.errors import StudyError
 from kvstudy.gpu_catalog import find_gpu
 from kvstudy.model.capacity import KVFootprint, check_context, check_number, check_positive_int, kv_footprint
-from kvstudy.model.config_fields import text_config, usable_int
-from kvstudy.model.folder import load_config
+from kvstudy.model.config_fields import load_config, text_config, usable_int
 from kvstudy.model.layout import ModelLayout, load_layout
 from kvstudy.model.weights import expert_routing, parameter_parts, weights_size
 from kvstudy.vllm.facts import SIXTEEN_BIT

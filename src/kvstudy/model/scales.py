@@ -22,10 +22,15 @@ from typing import Any
 import numpy as np
 
 from kvstudy.errors import StudyError
-from kvstudy.io import check_regular_file, parse_json_text, read_bytes_checked, read_json_object, type_name
+from kvstudy.io import check_regular_file, parse_json_text, read_bytes_checked, read_json_object, short_repr, type_name
 from kvstudy.limits import MAX_LAYERS
-from kvstudy.model.config_fields import HF_QUANT_CONFIG, checkpoint_kv_dtype, config_int
-from kvstudy.model.folder import cached_snapshots, resolve_model_path
+from kvstudy.model.config_fields import (
+    HF_QUANT_CONFIG,
+    cached_snapshots,
+    checkpoint_kv_dtype,
+    config_int,
+    resolve_model_path,
+)
 from kvstudy.model.scale_verdicts import (
     ScaleReport,
     ScaleTensor,
@@ -236,7 +241,7 @@ def _read_config(folder: Path, report: ScaleReport) -> None:
         for name, value in (("torch_dtype", dtype), (kv_field, kv_dtype)):
             if value is not None and not isinstance(value, str):
                 raise StudyError(
-                    f"{path}: field '{name}' is {type_name(value)} {repr(value)[:40]} (expected a dtype name)"
+                    f"{path}: field '{name}' is {type_name(value)} {short_repr(value)} (expected a dtype name)"
                 )
         shape = {k: _first(config, (k,))[0] for k in ("num_hidden_layers", "num_key_value_heads")}
         layers = config_int(shape, "num_hidden_layers", str(path), high=MAX_LAYERS, default=0) or None

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from kvstudy.errors import StudyError
-from kvstudy.io import read_json
+from kvstudy.io import read_json, short_repr
 from kvstudy.limits import MAX_EXPERTS, MAX_FACTOR
-from kvstudy.model.config_fields import HF_QUANT_CONFIG, config_int, nemotron_h_pattern, usable_int
-from kvstudy.model.folder import load_config
+from kvstudy.model.config_fields import HF_QUANT_CONFIG, config_int, load_config, nemotron_h_pattern, usable_int
 from kvstudy.model.layout import LINEAR, MLA, SHARED, LayerSpec, ModelLayout, layout_from_config, text_config
 from kvstudy.vllm.facts import DTYPE_BYTES, KV_RULES_SOURCE
 
@@ -119,7 +118,7 @@ def _nas_mlp_parameters(cfg: dict[str, Any], index: int, hidden: int, where: str
         return 0
     mult = ffn.get("ffn_mult")
     if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not 0 < mult <= MAX_FACTOR:
-        raise StudyError(f"{where}: field '{field}.ffn_mult' is {repr(mult)[:40]} (expected a positive number)")
+        raise StudyError(f"{where}: field '{field}.ffn_mult' is {short_repr(mult)} (expected a positive number)")
     width = -(-int(2 * mult * hidden / 3) // 256) * 256
     return _matrices(cfg, where) * hidden * width
 

@@ -31,7 +31,7 @@ from kvstudy.errors import StudyError
 from kvstudy.io import read_json_object, write_json_atomic
 from kvstudy.machine import cpu_model, package_versions
 from kvstudy.outputs import check_output_folder, claim_output_folder, record_says
-from kvstudy.tools import gsm8k_data, retrieval_data, train_data
+from kvstudy.tools import retrieval_data, train_data
 from kvstudy.tools.tiny_model import BOS_TOKEN, EOS_TOKEN, SHAPE_FIELDS, folder_digests, new_qwen3, save_folder
 from kvstudy.tools.train_data import BOS_ID, EOS_ID, IGNORE, TrainSettings, first_error, learning_rate, stage_at
 
@@ -415,8 +415,8 @@ def evaluate_gsm8k(
 ) -> dict[str, Any]:
     """Greedy strict-match accuracy on the first ``n`` test questions, ``shots``-shot. Shots come from the train
     file, drawn per question with ``random.Random(1234 + index)``."""
-    test = gsm8k_data.read_split(test_file)[:n]
-    pool = gsm8k_data.read_split(train_file) if shots else []
+    test = train_data.read_split(test_file)[:n]
+    pool = train_data.read_split(train_file) if shots else []
     model, tok = load_trained(folder)
     prompts = []  # lm-eval's gsm8k layout: shots as ``Question: q\nAnswer: a`` joined by blank lines
     for i, p in enumerate(test):
@@ -426,7 +426,7 @@ def evaluate_gsm8k(
         prompts.append(f"{head}Question: {p.question}\nAnswer:")
     completions = greedy_complete(model, tok, prompts, 320, ["Question:"], batch_size)
     answers = [strict_match(c) for c in completions]
-    gold = [gsm8k_data.final_answer(p.answer) for p in test]
+    gold = [train_data.final_answer(p.answer) for p in test]
     correct = [a == g for a, g in zip(answers, gold)]
     return {
         "n": len(test),

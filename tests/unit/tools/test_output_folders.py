@@ -13,7 +13,7 @@ from kvstudy import cli
 from kvstudy.errors import StudyError
 from kvstudy.io import write_json_atomic, write_text_atomic
 from kvstudy.precision import records, simulate
-from kvstudy.tools import checkpoints, gsm8k_data, retrieval_data
+from kvstudy.tools import checkpoints, retrieval_data, train_data
 from kvstudy.tools.retrieval_data import RetrievalSet
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -59,7 +59,7 @@ def test_checkpoints_build_never_follows_a_symlinked_case_folder(tmp_path: Path)
 
 def test_retrieval_and_gsm8k_data_never_overwrite_each_others_test_file(tmp_path: Path) -> None:
     gsm = tmp_path / "gsm8k"
-    gsm8k_data.write_splits(gsm, n_test=3, n_train=8)
+    train_data.write_splits(gsm, n_test=3, n_train=8)
     before = (gsm / "test.jsonl").read_bytes()
     with pytest.raises(StudyError, match="holds the output of `kvstudy gsm8k-data`"):
         retrieval_data.write_retrieval_data(gsm, SMALL)
@@ -70,7 +70,7 @@ def test_retrieval_and_gsm8k_data_never_overwrite_each_others_test_file(tmp_path
     retrieval_data.write_retrieval_data(retrieval, SMALL)
     kept = (retrieval / "test.jsonl").read_bytes()
     with pytest.raises(StudyError, match="holds the output of `kvstudy retrieval-data`"):
-        gsm8k_data.write_splits(retrieval, n_test=3, n_train=8, force=True)
+        train_data.write_splits(retrieval, n_test=3, n_train=8, force=True)
     assert (retrieval / "test.jsonl").read_bytes() == kept
     retrieval_data.write_retrieval_data(retrieval, SMALL)  # its own folder: rewritten
 
@@ -91,7 +91,7 @@ def test_data_generators_refuse_an_unmarked_folder_unless_forced(
 
 def test_bad_settings_are_refused_before_the_folder_is_touched(tmp_path: Path) -> None:
     with pytest.raises(StudyError, match="n_train >= 8"):
-        gsm8k_data.write_splits(tmp_path / "new", n_train=2)
+        train_data.write_splits(tmp_path / "new", n_train=2)
     assert not (tmp_path / "new").exists()
 
 
