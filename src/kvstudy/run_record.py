@@ -31,10 +31,10 @@ from kvstudy.errors import StudyError
 from kvstudy.formats import GIB
 from kvstudy.io import file_digest, weights_digest
 from kvstudy.machine import hardware_info, package_versions, vllm_distribution
-from kvstudy.model.allocator import mamba_cache_mode_for, predict_logged_pool, server_option
+from kvstudy.model.allocator import mamba_cache_mode_for, predict_logged_pool
 from kvstudy.model.scales import inspect_model
 from kvstudy.redact import redact
-from kvstudy.vllm.command import ServerConfig, build_command, recorded_environment, server_environment
+from kvstudy.vllm.command import ServerConfig, build_command, recorded_environment, server_environment, server_option
 from kvstudy.vllm.facts import device_defaults
 from kvstudy.vllm.startup_log import StartupInfo, parse_startup_log
 

@@ -17,7 +17,6 @@ from typing import Any
 
 from kvstudy.bench import grid
 from kvstudy.bench.client import BenchError
-from kvstudy.bench.grid import bench_cell, cells_to_run
 from kvstudy.bench.result import calculate_metrics, metrics_reported_by_vllm
 from kvstudy.bench.spec import Cell, Run
 from kvstudy.bench.telemetry import ServerMetricsSampler, scrape_server_metrics
@@ -120,7 +119,7 @@ def run_cell(spec: LoadSpec, capture: Path, cell: Cell, server: Any, tokenizer: 
     before = scrape_server_metrics(server.base_url)
     sampler = ServerMetricsSampler(server.base_url, spec.telemetry_interval_s)
     try:
-        result, records = bench_cell(capture, cell.id, settings, server, tokenizer, spec.bench_timeout_s, sampler)
+        result, records = grid.bench_cell(capture, cell.id, settings, server, tokenizer, spec.bench_timeout_s, sampler)
     except BenchError as exc:
         res = _failed(spec, cell, str(exc), exc.log_tail, pool)
         res.seconds = time.perf_counter() - t0
@@ -163,7 +162,7 @@ def run_load(
 ) -> list[LoadCellResult]:
     """Run every cell ``capture`` lacks (failed ones only with ``retry_failed``); refusals come first."""
     capture = Path(capture)
-    if cells_to_run(capture, spec.cells(), retry_failed):
+    if grid.cells_to_run(capture, spec.cells(), retry_failed):
         check_design(spec)
         check_knobs(spec)
     manifest = prepare_capture(spec, capture, how)

@@ -32,6 +32,7 @@ from kvstudy.model.capacity import (
     resolve_kv_dtype,
     state_bytes,
 )
+from kvstudy.vllm.command import server_option
 from kvstudy.vllm.facts import DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING, DEVICE_DEFAULTS
 
 
@@ -215,19 +216,6 @@ def mamba_cache_mode_for(server_args: Sequence[Any]) -> str:
         return "none"
     explicit = server_option(server_args, "--mamba-cache-mode")
     return explicit if explicit not in (None, "none") else DEFAULT_MAMBA_CACHE_MODE_WITH_PREFIX_CACHING
-
-
-def server_option(server_args: Sequence[Any], name: str) -> str | None:
-    """The value of option ``name`` (``name VALUE`` or ``name=VALUE``; the last given, as argparse
-    reads it) in a server's arguments, None when it is not given."""
-    args = [str(a) for a in server_args]
-    found = None
-    for arg, after in zip(args, [*args[1:], None]):
-        if arg == name and after is not None:
-            found = after
-        elif arg.startswith(f"{name}="):
-            found = arg.split("=", 1)[1]
-    return found
 
 
 def kv_memory_for_pool(

@@ -23,7 +23,6 @@ import numpy as np
 import pandas as pd
 
 from kvstudy.bench import grid
-from kvstudy.bench.grid import Captured
 from kvstudy.bench.spec import ServerSpec
 from kvstudy.errors import StudyError
 from kvstudy.io import read_json, shorten_words
@@ -193,7 +192,7 @@ def ab_differences(capture: Capture, baseline: str, candidate: str) -> pd.DataFr
     """Per seed, what the resolved-run records of the two arms differ in besides the KV dtype."""
     rows = []
     for seed in capture.spec.seeds:
-        missing = Captured("", {})
+        missing = grid.Captured("", {})
         a = capture.grid.runs.get(f"{baseline}__s{seed}", missing).data
         b = capture.grid.runs.get(f"{candidate}__s{seed}", missing).data
         whole = {"seed": seed, "field": "(run record)"}

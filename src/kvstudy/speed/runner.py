@@ -29,7 +29,6 @@ from typing import Any
 
 from kvstudy.bench import grid
 from kvstudy.bench.client import MEASURED_RUN_MARKER, BenchError
-from kvstudy.bench.grid import bench_cell
 from kvstudy.bench.result import calculate_metrics, metrics_reported_by_vllm
 from kvstudy.bench.spec import RUN_ORDERS, Cell, Run
 from kvstudy.bench.telemetry import (
@@ -90,7 +89,7 @@ def run_cell(spec: SweepSpec, capture: Path, cell: Cell, server: Any, tokenizer:
             sampler.mark(WINDOW_START)
 
     try:
-        result, records = bench_cell(
+        result, records = grid.bench_cell(
             capture, cell.id, settings, server, tokenizer, spec.bench_timeout_s, sampler, on_line
         )
     except BenchError as exc:

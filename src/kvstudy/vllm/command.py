@@ -34,6 +34,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
@@ -279,6 +280,19 @@ def check_server_args(args: list[str], where: str, table: OptionTable | None = N
                 "listen on 127.0.0.1 at a port the project chooses; remove it"
             )
     return list(args)
+
+
+def server_option(server_args: Sequence[Any], name: str) -> str | None:
+    """The value of option ``name`` (``name VALUE`` or ``name=VALUE``; the last given, as argparse
+    reads it) in a server's arguments, None when it is not given."""
+    args = [str(a) for a in server_args]
+    found = None
+    for arg, after in zip(args, [*args[1:], None]):
+        if arg == name and after is not None:
+            found = after
+        elif arg.startswith(f"{name}="):
+            found = arg.split("=", 1)[1]
+    return found
 
 
 def check_server_env(env: Any, where: str) -> dict[str, Any]:
